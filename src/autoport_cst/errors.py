@@ -1,0 +1,76 @@
+"""The error types that cross layer boundaries.
+
+Inside the engine, outcomes are data (results with a failure field). These
+exceptions are raised by loaders and codemods and turned into results by the
+engine, or into one message and exit code 2 by the CLI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Position:
+    """A place in an input: a file, and optionally a 1-based line and column,
+    or a JSON path for JSON inputs."""
+
+    path: str
+    line: int | None = None
+    column: int | None = None
+    json_path: str | None = None
+
+    def __str__(self) -> str:
+        text = self.path
+        if self.line is not None:
+            text += f":{self.line}"
+            if self.column is not None:
+                text += f":{self.column}"
+        if self.json_path is not None:
+            text += f" at {self.json_path}"
+        return text
+
+
+class AutoportError(Exception):
+    """Base class: a user-facing problem with a clear message (exit code 2)."""
+
+    def __init__(self, message: str, position: Position | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.position = position
+
+    def __str__(self) -> str:
+        if self.position is None:
+            return self.message
+        return f"{self.position}: {self.message}"
+
+
+class InputError(AutoportError):
+    """Malformed input: a plan, a manifest, a parameter, a path."""
+
+
+class MultiInputError(InputError):
+    """Several input errors found in one pass (for example every schema
+    violation of a plan), reported together."""
+
+    def __init__(self, summary: str, errors: list[AutoportError]) -> None:
+        super().__init__(summary)
+        self.errors = errors
+
+    def __str__(self) -> str:
+        lines = [self.message]
+        lines += [f"  {error}" for error in self.errors]
+        return "\n".join(lines)
+
+
+class PreconditionError(AutoportError):
+    """A codemod did not find what it transforms. The message names the file,
+    the class and what was looked for."""
+
+
+class UnrealizableDiffError(AutoportError):
+    """No codemod realizes some fields of the architecture diff."""
+
+    def __init__(self, message: str, fields: list[str]) -> None:
+        super().__init__(message)
+        self.fields = fields

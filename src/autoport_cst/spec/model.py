@@ -1,0 +1,188 @@
+"""The architecture spec: a typed, versioned description of what a decoder-only
+transformer computes.
+
+Every leaf field has a *role*, which decides how a difference is realized:
+
+- ``feature``: the code must change (a codemod) unless the reference declares
+  the field config-driven (its code reads the choice from the config at run
+  time), for example norm kind, biases, MLP kind.
+- ``value``: a number or setting every reference reads from the config (sizes,
+  head counts, eps, RoPE theta). A difference never needs a codemod.
+- ``optional``: a number that may be absent (``None``), for example a logit
+  softcap or a residual multiplier. Whether it is present is a feature; its
+  value, when both sides have one, is a value.
+
+Defaults describe a Llama-like model, so a hand-written spec only lists what
+differs. Bump ``SPEC_VERSION`` when a field changes meaning or is removed;
+adding a field with a default that keeps old specs' meaning is compatible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+SPEC_VERSION = 1
+
+FEATURE = "feature"
+VALUE = "value"
+OPTIONAL = "optional"
+
+
+def feature(default: Any, doc: str) -> Any:
+    return field(default=default, metadata={"role": FEATURE, "doc": doc})
+
+
+def value(default: Any, doc: str) -> Any:
+    return field(default=default, metadata={"role": VALUE, "doc": doc})
+
+
+def optional(doc: str) -> Any:
+    return field(default=None, metadata={"role": OPTIONAL, "doc": doc})
+
+
+def section(factory: Any, doc: str) -> Any:
+    return field(default_factory=factory, metadata={"doc": doc})
+
+
+NormKind = Literal["rmsnorm", "layernorm"]
+NormPlacement = Literal["pre", "post", "sandwich"]
+QKNorm = Literal["none", "per_head", "full_width"]
+SlidingWindow = Literal["none", "all", "per_layer"]
+RopeType = Literal["default", "llama3", "linear", "dynamic", "yarn", "longrope", "none"]
+RopeStyle = Literal["rotate_half", "interleaved"]
+MLPKind = Literal["gated", "plain"]
+Activation = Literal["silu", "gelu", "gelu_tanh", "relu", "relu2", "quick_gelu"]
+ParallelResidual = Literal["none", "shared_norm", "separate_norms"]
+EmbeddingScale = Literal["none", "sqrt_hidden"]
+RouterActivation = Literal["softmax", "sigmoid"]
+RouterDtype = Literal["float32", "bfloat16"]
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    kind: NormKind = feature("rmsnorm", "RMSNorm (no mean subtraction) or LayerNorm.")
+    bias: bool = feature(False, "The norm has an additive bias (LayerNorm with bias).")
+    unit_offset: bool = feature(
+        False, "The weight is applied as (1 + weight), as in Gemma's RMSNorm."
+    )
+    placement: NormPlacement = feature(
+        "pre",
+        "pre: norm before each sublayer; post: norm applied to the sublayer output "
+        "before the residual add (OLMo 2); sandwich: both (Gemma 2).",
+    )
+    eps_key: str = feature(
+        "rms_norm_eps", "Name of the config field that holds the norm epsilon."
+    )
+    eps: float | None = value(None, "Norm epsilon.")
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    num_heads: int | None = value(None, "Query heads.")
+    num_kv_heads: int | None = value(None, "Key/value heads (GQA when fewer than query heads).")
+    head_dim: int | None = value(None, "Per-head dimension.")
+    qkv_bias: bool = feature(False, "The Q, K and V projections have biases.")
+    o_bias: bool = feature(False, "The output projection has a bias.")
+    qk_norm: QKNorm = feature(
+        "none", "Norm on queries and keys before RoPE: per head (head_dim) or full width."
+    )
+    sliding_window: SlidingWindow = feature(
+        "none", "Sliding-window attention on no layer, every layer, or some layers."
+    )
+    sliding_window_size: int | None = value(None, "Window length in tokens.")
+    layer_types: tuple[str, ...] | None = value(
+        None, "Per-layer attention type (for example full_attention / sliding_attention)."
+    )
+    sinks: bool = feature(False, "Learned attention-sink logits per head (GPT-OSS).")
+    softcap: float | None = optional("tanh softcapping of attention logits (Gemma 2).")
+    scale: float | None = optional(
+        "Attention score scale replacing head_dim ** -0.5 (Granite attention_multiplier)."
+    )
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    type: RopeType = feature("default", "RoPE frequency variant, or none.")
+    theta: float | None = value(None, "RoPE base.")
+    parameters: dict[str, Any] | None = value(
+        None, "Scaling parameters of the variant (factor, original_max_position_embeddings, ...)."
+    )
+    partial_rotary_factor: float = feature(
+        1.0, "Fraction of head_dim that is rotated; 1.0 rotates the whole head."
+    )
+    style: RopeStyle = feature(
+        "rotate_half", "Pairs (i, i + d/2) (rotate_half) or adjacent pairs (interleaved)."
+    )
+    nope_layers: tuple[int, ...] | None = optional(
+        "Layers that use no positional embedding (SmolLM3)."
+    )
+
+
+@dataclass(frozen=True)
+class MLPSpec:
+    kind: MLPKind = feature("gated", "act(x W_gate) * (x W_up) W_down, or act(x W_up) W_down.")
+    activation: Activation = feature("silu", "Activation function.")
+    bias: bool = feature(False, "The MLP projections have biases.")
+    intermediate_size: int | None = value(None, "Intermediate size of the dense MLP.")
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    num_experts: int | None = value(None, "Routed experts.")
+    top_k: int | None = value(None, "Experts per token.")
+    intermediate_size: int | None = value(None, "Intermediate size of one expert.")
+    shared_experts: int = feature(0, "Always-on shared experts.")
+    shared_expert_gate: bool = feature(False, "A sigmoid gate scales the shared expert output.")
+    router_activation: RouterActivation = feature("softmax", "Router score function.")
+    router_bias: bool = feature(False, "The router projection has a bias (GPT-OSS).")
+    routing_bias: bool = feature(
+        False, "A per-expert bias added to the scores for expert selection only."
+    )
+    norm_topk_prob: bool = feature(False, "Renormalize the top-k weights to sum to 1.")
+    router_dtype: RouterDtype = feature("float32", "dtype of the router weight.")
+
+
+@dataclass(frozen=True)
+class EmbeddingSpec:
+    vocab_size: int | None = value(None, "Vocabulary size.")
+    tied: bool = feature(False, "The LM head reuses the embedding matrix.")
+    scale: EmbeddingScale = feature("none", "Embeddings multiplied by sqrt(hidden_size) (Gemma).")
+    multiplier: float | None = optional("Constant embedding multiplier (Granite).")
+
+
+@dataclass(frozen=True)
+class LMHeadSpec:
+    bias: bool = feature(False, "The LM head has a bias.")
+    softcap: float | None = optional("tanh softcapping of the final logits (Gemma 2).")
+    logits_divisor: float | None = optional("Logits divided by a constant (Granite logits_scaling).")
+
+
+@dataclass(frozen=True)
+class ResidualSpec:
+    parallel: ParallelResidual = feature(
+        "none",
+        "Attention and MLP read the same input and are summed: with one shared norm "
+        "(GPT-J, Phi) or separate norms (GPT-NeoX).",
+    )
+    multiplier: float | None = optional("Sublayer outputs scaled before the residual add (Granite).")
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """What a decoder-only model computes, independent of any implementation."""
+
+    hidden_size: int | None = value(None, "Model width.")
+    num_layers: int | None = value(None, "Decoder layers.")
+    max_position_embeddings: int | None = value(None, "Longest supported context.")
+    norm: NormSpec = section(NormSpec, "Normalization layers.")
+    attention: AttentionSpec = section(AttentionSpec, "Self-attention.")
+    rope: RopeSpec = section(RopeSpec, "Rotary position embedding.")
+    mlp: MLPSpec = section(MLPSpec, "Dense feed-forward block.")
+    moe: MoESpec | None = field(
+        default=None,
+        metadata={"role": FEATURE, "doc": "Mixture of experts replacing the dense MLP; null when dense."},
+    )
+    embedding: EmbeddingSpec = section(EmbeddingSpec, "Token embedding.")
+    lm_head: LMHeadSpec = section(LMHeadSpec, "Language-model head.")
+    residual: ResidualSpec = section(ResidualSpec, "Residual stream.")

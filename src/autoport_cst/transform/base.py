@@ -1,0 +1,231 @@
+"""The codemod framework: what a codemod declares and how it is run on one file.
+
+A codemod is one class in one file of ``autoport_cst.codemods``. Its class
+docstring is its documentation; its ``EXAMPLES`` (before/after pairs) are run
+as tests and printed by ``autoport-cst codemods show``. A codemod declares:
+
+- ``ID``: the kebab-case name used in plan.json and on the command line;
+- ``REALIZES``: the architecture-spec fields (dotted paths) it can change;
+- ``Params``: a frozen dataclass of parameters, validated from plan.json;
+- ``AFTER``: codemods it must run after when both are in one port;
+- ``FILES``: the file roles of a package it transforms (``model``, ``config``,
+  ``factory``, ``init``, ``docs``, ``registry``, ``companion``);
+- ``SAFE``: False when the change alters numerics (lint applies such fixes
+  only with ``--unsafe-fixes``).
+
+``transform_module`` receives a parsed module and returns a new one, or raises
+:class:`~autoport_cst.errors.PreconditionError` naming the file, the class and
+what it looked for. A codemod applied to its own output changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+
+import libcst as cst
+
+from autoport_cst.errors import InputError, MultiInputError, Position, PreconditionError
+from autoport_cst.spec import JsonProblem, from_json
+
+if TYPE_CHECKING:
+    from autoport_cst.spec import ArchSpec, FieldDiff
+
+FILE_ROLES = ("model", "config", "factory", "init", "docs", "registry", "companion")
+
+
+@dataclass(frozen=True)
+class NoParams:
+    """This codemod takes no parameters."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """A before/after pair. Both sides are dedented with ``textwrap.dedent`` and
+    compared byte for byte after the transform. ``raises`` instead expects a
+    precondition error whose message contains that text."""
+
+    before: str
+    after: str | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    role: str = "model"
+    path: str = "model.py"
+    raises: str | None = None
+    title: str = ""
+
+    @property
+    def source(self) -> str:
+        return textwrap.dedent(self.before).lstrip("\n")
+
+    @property
+    def expected(self) -> str | None:
+        return None if self.after is None else textwrap.dedent(self.after).lstrip("\n")
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something a codemod reports about its edit (for example each string or
+    comment it rewrote), with a position in the input file."""
+
+    path: str
+    line: int
+    column: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}:{self.column}: {self.message}"
+
+
+@dataclass
+class PortContext:
+    """What a codemod may know about the port as a whole."""
+
+    model_name: str = "model"
+    class_prefix: str = "Model"
+    architecture: str = "ModelForCausalLM"
+    reference_prefix: str = "Model"
+    # class names defined anywhere in the package being transformed
+    package_classes: frozenset[str] = frozenset()
+
+
+@dataclass
+class FileContext:
+    """The file a codemod is transforming, and where its notes go."""
+
+    path: str
+    role: str
+    port: PortContext = field(default_factory=PortContext)
+    notes: list[Note] = field(default_factory=list)
+
+    def note(self, line: int, column: int, message: str) -> None:
+        self.notes.append(Note(self.path, line, column, message))
+
+    def precondition(self, message: str, node: cst.CSTNode | None = None,
+                     module: cst.Module | None = None) -> PreconditionError:
+        """Build a positioned precondition error (raise the result)."""
+        line = column = None
+        if node is not None and module is not None:
+            line, column = locate(module, node)
+        return PreconditionError(message, Position(self.path, line, column))
+
+
+def locate(module: cst.Module, node: cst.CSTNode) -> tuple[int | None, int | None]:
+    """1-based line and column of ``node`` in ``module``. Computed on demand
+    (only when a diagnostic needs it), so codemods pay nothing for positions on
+    the success path."""
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    positions = wrapper.resolve(PositionProvider)
+    pos = positions.get(node)
+    if pos is None:
+        return None, None
+    return pos.start.line, pos.start.column + 1
+
+
+class Codemod:
+    """Base class of every codemod. Subclasses set the class attributes below
+    and implement :meth:`transform_module` (and :meth:`transform_text` for
+    non-Python files)."""
+
+    ID: ClassVar[str] = ""
+    REALIZES: ClassVar[tuple[str, ...]] = ()
+    Params: ClassVar[type] = NoParams
+    AFTER: ClassVar[tuple[str, ...]] = ()
+    FILES: ClassVar[tuple[str, ...]] = ("model",)
+    SAFE: ClassVar[bool] = True
+    EXAMPLES: ClassVar[tuple[Example, ...]] = ()
+
+    def __init__(self, params: Any = None) -> None:
+        self.params = params if params is not None else self.Params()
+
+    # -- declaration helpers -------------------------------------------------
+
+    @classmethod
+    def summary(cls) -> str:
+        doc = (cls.__doc__ or "").strip()
+        return doc.splitlines()[0] if doc else ""
+
+    @classmethod
+    def documentation(cls) -> str:
+        return textwrap.dedent((cls.__doc__ or "").strip("\n")).strip()
+
+    @classmethod
+    def parse_params(cls, data: Mapping[str, Any] | None, json_path: str = "$.params",
+                     source: str = "<params>") -> Any:
+        """Validate parameters from JSON data; raises with JSON paths."""
+        problems: list[JsonProblem]
+        params, problems = from_json(cls.Params, dict(data or {}), json_path)
+        if params is not None:
+            problems = [JsonProblem(json_path, msg) for msg in cls.check_params(params)]
+        if problems:
+            errors = [InputError(p.message, Position(source, json_path=p.json_path)) for p in problems]
+            raise MultiInputError(f"{source}: invalid parameters for codemod {cls.ID}", errors)
+        return params
+
+    @classmethod
+    def check_params(cls, params: Any) -> list[str]:
+        """Semantic checks beyond types; return messages (empty when fine)."""
+        return []
+
+    @classmethod
+    def realizes(cls, diff: FieldDiff) -> bool:
+        """Whether this codemod can realize one diff (by default: any change to
+        a field listed in ``REALIZES``). Override to restrict direction."""
+        return diff.path in cls.REALIZES
+
+    @classmethod
+    def params_for(cls, diffs: list[FieldDiff], target: ArchSpec, port: PortContext) -> Any:
+        """Parameters that realize ``diffs`` (those this codemod realizes)."""
+        return cls.Params()
+
+    @classmethod
+    def param_docs(cls) -> list[tuple[str, str, str, str]]:
+        """(name, type, default, doc) of each parameter."""
+        rows = []
+        for f in dataclasses.fields(cls.Params):
+            default = "required"
+            if f.default is not dataclasses.MISSING:
+                default = repr(f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                default = repr(f.default_factory())
+            type_name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+            rows.append((f.name, str(type_name), default, f.metadata.get("doc", "")))
+        return rows
+
+    # -- transformation ------------------------------------------------------
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        raise NotImplementedError
+
+    def transform_text(self, text: str, ctx: FileContext) -> str:
+        """Non-Python files (README.md). Default: unchanged."""
+        return text
+
+    def applies_to(self, role: str) -> bool:
+        return role in self.FILES
+
+
+def run_on_source(codemod: Codemod, source: str, path: str = "model.py", role: str = "model",
+                  port: PortContext | None = None) -> tuple[str, list[Note]]:
+    """Parse, transform and print one file (used by tests, docs and lint fixes).
+    Raises PreconditionError."""
+    ctx = FileContext(path=path, role=role, port=port or PortContext())
+    if path.endswith(".py"):
+        module = cst.parse_module(source)
+        if not ctx.port.package_classes:
+            ctx.port.package_classes = frozenset(defined_classes(module))
+        return codemod.transform_module(module, ctx).code, ctx.notes
+    return codemod.transform_text(source, ctx), ctx.notes
+
+
+def defined_classes(module: cst.Module) -> list[str]:
+    return [s.name.value for s in module.body if isinstance(s, cst.ClassDef)]
+
+
+def fail(ctx: FileContext, message: str, node: cst.CSTNode | None = None,
+         module: cst.Module | None = None) -> PreconditionError:
+    """Shorthand: ``raise fail(ctx, "...", node, module)``."""
+    return ctx.precondition(message, node, module)
