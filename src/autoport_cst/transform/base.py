@@ -54,6 +54,9 @@ class Example:
     path: str = "model.py"
     raises: str | None = None
     title: str = ""
+    # classes defined elsewhere in the package (for codemods that need the
+    # package's class list, such as rename-classes)
+    package_classes: tuple[str, ...] = ()
 
     @property
     def source(self) -> str:
@@ -215,10 +218,16 @@ def run_on_source(codemod: Codemod, source: str, path: str = "model.py", role: s
     ctx = FileContext(path=path, role=role, port=port or PortContext())
     if path.endswith(".py"):
         module = cst.parse_module(source)
-        if not ctx.port.package_classes:
-            ctx.port.package_classes = frozenset(defined_classes(module))
+        ctx.port.package_classes = ctx.port.package_classes | frozenset(defined_classes(module))
         return codemod.transform_module(module, ctx).code, ctx.notes
     return codemod.transform_text(source, ctx), ctx.notes
+
+
+def run_example(codemod_cls: type[Codemod], example: Example) -> tuple[str, list[Note]]:
+    """Run one inline example (raises PreconditionError for ``raises`` examples)."""
+    codemod = codemod_cls(codemod_cls.parse_params(example.params))
+    port = PortContext(package_classes=frozenset(example.package_classes))
+    return run_on_source(codemod, example.source, example.path, example.role, port)
 
 
 def defined_classes(module: cst.Module) -> list[str]:

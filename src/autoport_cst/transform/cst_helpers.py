@@ -87,9 +87,18 @@ def find_all(node: cst.CSTNode, predicate: Callable[[cst.CSTNode], bool]) -> lis
 
 
 def free_names(node: cst.CSTNode) -> set[str]:
-    """Names read under ``node`` that are not attribute names (``self.x`` reads
-    ``self``, not ``x``)."""
-    return _direct_names(node)
+    """Variable names used under ``node``: every Name except attribute names
+    (``self.x`` uses ``self``, not ``x``) and keyword-argument names."""
+    not_variables: set[int] = set()
+    names: set[str] = set()
+    for n in walk(node):
+        if isinstance(n, cst.Attribute):
+            not_variables.add(id(n.attr))
+        elif isinstance(n, cst.Arg) and n.keyword is not None:
+            not_variables.add(id(n.keyword))
+        elif isinstance(n, cst.Name) and id(n) not in not_variables:
+            names.add(n.value)
+    return names
 
 
 # -- strings ------------------------------------------------------------------
@@ -234,22 +243,28 @@ def _suites_of(node: cst.CSTNode) -> Iterator[cst.BaseSuite]:
             yield from _suites_of(child)
 
 
-def insert_after(func_or_block: cst.CSTNode, anchor: cst.BaseStatement,
+def insert_after(node: cst.CSTNode, anchor: cst.BaseStatement,
                  new: Sequence[cst.BaseStatement]) -> cst.CSTNode:
-    """Insert ``new`` after ``anchor`` wherever it sits under ``func_or_block``
-    (in the block that contains it)."""
-    return func_or_block.visit(_InsertAfter(anchor, new))  # type: ignore[return-value]
+    """Insert ``new`` after ``anchor`` wherever it sits under ``node`` (in the
+    block that contains it)."""
+    return insert_many_after(node, {id(anchor): list(new)})
 
 
-class _InsertAfter(cst.CSTTransformer):
-    def __init__(self, anchor: cst.BaseStatement, new: Sequence[cst.BaseStatement]) -> None:
-        self.anchor = anchor
-        self.new = new
+def insert_many_after(node: cst.CSTNode, additions: dict[int, list[cst.BaseStatement]]) -> cst.CSTNode:
+    """Several insertions in one pass: ``additions`` maps ``id(anchor)`` to the
+    statements to insert after it. (Node identities do not survive a
+    transformer pass, so insertions must be gathered and done together.)"""
+    if not additions:
+        return node
 
-    def on_leave(self, original, updated):  # type: ignore[override]
-        if original is self.anchor:
-            return cst.FlattenSentinel([updated, *self.new])
-        return updated
+    class _InsertAfter(cst.CSTTransformer):
+        def on_leave(self, original, updated):  # type: ignore[override]
+            new = additions.get(id(original))
+            if new:
+                return cst.FlattenSentinel([updated, *new])
+            return updated
+
+    return node.visit(_InsertAfter())
 
 
 def remove_statements(node: cst.CSTNode, doomed: Sequence[cst.CSTNode]) -> cst.CSTNode:

@@ -1,0 +1,442 @@
+"""lazy-rope: RoPE tensors move out of ``__init__`` into ``_compute_inv_freq(device)``."""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from autoport_cst.transform import Codemod, Example, FileContext
+from autoport_cst.transform.cst_helpers import (
+    classes,
+    classes_with_role,
+    code_of,
+    dotted,
+    free_names,
+    is_call,
+    keyword_arg,
+    method,
+    parse_statement,
+    parse_statements,
+    self_assignment,
+    self_attr,
+    statements,
+    string_text,
+    walk,
+    with_statements,
+)
+
+ROPE_NAME = re.compile(r"(inv_freq|cos|sin)", re.IGNORECASE)
+METHOD = "_compute_inv_freq"
+TENSOR_FACTORIES = (
+    "arange", "ones", "zeros", "empty", "full", "tensor", "linspace", "logspace",
+    "rand", "randn", "eye", "ones_like", "zeros_like",
+)
+
+
+class LazyRope(Codemod):
+    """Compute RoPE tensors lazily: ``inv_freq`` (and cos/sin caches) move from
+    ``__init__`` into a ``_compute_inv_freq(device)`` method called from ``forward``.
+
+    Models are built under ``torch.device("meta")``: a tensor computed in
+    ``__init__`` is a meta tensor with no data, and loading fails ("Cannot
+    copy out of meta tensor"). Parameters are replaced by the weight loader,
+    computed buffers are not.
+
+    In every class whose ``__init__`` stores a RoPE tensor (an attribute or a
+    ``register_buffer`` whose name contains ``inv_freq``, ``cos`` or ``sin``,
+    with a value computed by ``torch`` calls):
+
+    - those statements, and the tensor-valued local statements they depend on,
+      move into ``_compute_inv_freq(self, device)``, which returns the tensors;
+      tensor factories (``torch.arange`` ...) get ``device=device``;
+    - Python values the moved code reads from ``__init__``'s locals or
+      parameters stay in ``__init__`` and are kept as attributes (an existing
+      ``self.x = x`` is reused);
+    - ``forward`` starts with ``inv_freq = self._compute_inv_freq(<device>)``
+      (the ``device`` parameter, or the first input's ``.device``) and reads
+      the local instead of ``self.inv_freq``.
+
+    Code that is already lazy is left unchanged. Preconditions: a moved
+    attribute read outside ``forward`` (or by code staying in ``__init__``) is
+    an error with its position, since rewriting only ``forward`` would leave
+    that read broken; so is a file with neither a rotary-embedding class nor
+    an eager RoPE tensor.
+    """
+
+    ID = "lazy-rope"
+    EXAMPLES = (
+        Example(
+            title="register_buffer of inv_freq",
+            before='''
+                class LlamaRotaryEmbedding(nn.Module):
+                    def __init__(self, dim, base=10000, device=None):
+                        super().__init__()
+                        self.dim = dim
+                        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+                        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+                    def forward(self, x, position_ids):
+                        freqs = torch.outer(position_ids.float(), self.inv_freq)
+                        return freqs.cos(), freqs.sin()
+            ''',
+            after='''
+                class LlamaRotaryEmbedding(nn.Module):
+                    def __init__(self, dim, base=10000, device=None):
+                        super().__init__()
+                        self.dim = dim
+                        self.base = base
+
+                    def _compute_inv_freq(self, device):
+                        inv_freq = 1.0 / (self.base ** (torch.arange(0, self.dim, 2, dtype=torch.int64, device=device).float() / self.dim))
+                        return inv_freq
+
+                    def forward(self, x, position_ids):
+                        inv_freq = self._compute_inv_freq(x.device)
+                        freqs = torch.outer(position_ids.float(), inv_freq)
+                        return freqs.cos(), freqs.sin()
+            ''',
+        ),
+        Example(
+            title="already lazy: unchanged",
+            before='''
+                class LlamaRotaryEmbedding(nn.Module):
+                    def __init__(self, config):
+                        self.head_dim = config.head_dim
+
+                    def _compute_inv_freq(self, device):
+                        return 1.0 / (10000 ** (torch.arange(0, self.head_dim, 2, device=device) / self.head_dim))
+            ''',
+            after='''
+                class LlamaRotaryEmbedding(nn.Module):
+                    def __init__(self, config):
+                        self.head_dim = config.head_dim
+
+                    def _compute_inv_freq(self, device):
+                        return 1.0 / (10000 ** (torch.arange(0, self.head_dim, 2, device=device) / self.head_dim))
+            ''',
+        ),
+        Example(
+            title="a cached table read outside forward",
+            before='''
+                class OldRotaryEmbedding(nn.Module):
+                    def __init__(self, dim):
+                        self.cos_cached = torch.ones(dim).cos()
+
+                    def forward(self, x):
+                        return x * self.cos_cached
+
+                    def extend(self):
+                        return self.cos_cached
+            ''',
+            raises="self.cos_cached is read in extend",
+        ),
+        Example(
+            title="nothing to make lazy",
+            before="""
+                class LlamaMLP(nn.Module):
+                    def __init__(self, config):
+                        self.size = config.intermediate_size
+            """,
+            raises="no rotary embedding class",
+        ),
+    )
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        changed = False
+        new_body = []
+        for stmt in module.body:
+            if isinstance(stmt, cst.ClassDef):
+                new = self._transform_class(stmt, module, ctx)
+                changed |= new is not stmt
+                new_body.append(new)
+            else:
+                new_body.append(stmt)
+        if changed:
+            return module.with_changes(body=new_body)
+        if not classes_with_role(module, "rotary") and not any(
+            method(c, METHOD) for c in classes(module)
+        ):
+            raise ctx.precondition(
+                "lazy-rope: no rotary embedding class (<Prefix>RotaryEmbedding) and no "
+                "inv_freq/cos/sin tensor computed in an __init__ in this file"
+            )
+        return module
+
+    def _transform_class(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext) -> cst.ClassDef:
+        init = method(cls, "__init__")
+        if init is None:
+            return cls
+        body = list(statements(init))
+        tensor_locals: set[str] = set()
+        moved: list[int] = []  # indexes of statements to move
+        rope_indexes: set[int] = set()
+        outputs: list[str] = []  # rope tensor names, in order
+        for index, stmt in enumerate(body):
+            rope = _rope_tensor(stmt, tensor_locals)
+            if rope is not None:
+                moved.append(index)
+                rope_indexes.add(index)
+                if rope not in outputs:
+                    outputs.append(rope)
+                continue
+            local = _tensor_local(stmt, tensor_locals)
+            if local is not None:
+                tensor_locals.add(local)
+                moved.append(index)
+        if not outputs:
+            return cls
+        if method(cls, METHOD) is not None:
+            raise ctx.precondition(
+                f"lazy-rope: {cls.name.value} already defines {METHOD} but still computes "
+                f"{', '.join(outputs)} in __init__",
+                cls,
+                module,
+            )
+        # keep only the tensor locals the rope tensors need
+        moved = _needed(body, moved, rope_indexes)
+        moved_set = set(moved)
+        kept = [s for i, s in enumerate(body) if i not in moved_set]
+        for stmt in kept:
+            reads = free_names(stmt) & tensor_locals
+            if reads:
+                raise ctx.precondition(
+                    f"lazy-rope: {cls.name.value}.__init__ keeps using the tensor "
+                    f"{sorted(reads)[0]} after it would move",
+                    stmt,
+                    module,
+                )
+        for node in walk(cls):
+            if isinstance(node, cst.FunctionDef) and node.name.value not in ("__init__", "forward"):
+                for attr in outputs:
+                    if any(self_attr(n) == attr for n in walk(node)):
+                        raise ctx.precondition(
+                            f"lazy-rope: self.{attr} is read in {node.name.value}; only forward "
+                            "is rewritten to use the lazily computed tensor",
+                            node,
+                            module,
+                        )
+        forward = method(cls, "forward")
+        if forward is None:
+            raise ctx.precondition(
+                f"lazy-rope: {cls.name.value} has no forward to compute {outputs[0]} in", cls, module
+            )
+
+        # Python values the moved code reads from __init__ locals/parameters
+        init_params = [p.name.value for p in init.params.params[1:]]
+        scalar_locals = {
+            t for s in kept for t in _assigned_names(s)
+        } | set(init_params)
+        existing_attr = {}
+        for stmt in kept:
+            found = self_assignment(stmt)
+            if found and isinstance(found[1], cst.Name) and found[1].value not in existing_attr:
+                existing_attr[found[1].value] = found[0]
+        moved_stmts = [body[i] for i in moved]
+        needed = set()
+        for stmt in moved_stmts:
+            needed |= free_names(stmt)
+        needed = (needed & scalar_locals) - tensor_locals - {"device"}
+        keep_attrs = []
+        rename = {}
+        for name in sorted(needed):
+            attr = existing_attr.get(name)
+            if attr is None:
+                attr = name
+                keep_attrs.append(parse_statement(f"self.{name} = {name}", module))
+            rename[name] = attr
+
+        # the new method
+        method_body = []
+        for stmt in moved_stmts:
+            converted = _as_local(stmt)
+            if converted is None:
+                continue
+            converted = converted.visit(_Relocate(rename))
+            method_body.append(converted.with_changes(leading_lines=[]))
+        returned = ", ".join(outputs)
+        method_body += parse_statements(f"return {returned}", module)
+        new_method = parse_statement(f"def {METHOD}(self, device):\n    pass\n", module)
+        new_method = with_statements(new_method, method_body).with_changes(
+            leading_lines=[cst.EmptyLine(indent=False)]
+        )
+
+        new_init = with_statements(init, kept + keep_attrs)
+        new_forward = self._rewrite_forward(forward, outputs, module)
+        new_members = []
+        for member in cls.body.body:
+            if member is init:
+                new_members += [new_init, new_method]
+            elif member is forward:
+                new_members.append(new_forward)
+            else:
+                new_members.append(member)
+        return cls.with_changes(body=cls.body.with_changes(body=new_members))
+
+    def _rewrite_forward(self, forward: cst.FunctionDef, outputs: list[str], module) -> cst.FunctionDef:
+        params = [p.name.value for p in forward.params.params[1:]]
+        if "device" in params:
+            device = "device"
+        elif params:
+            device = f"{params[0]}.device"
+        else:
+            device = "None"
+        targets = ", ".join(outputs)
+        call = parse_statement(f"{targets} = self.{METHOD}({device})", module)
+        body = list(statements(forward))
+        insert_at = 1 if body and _is_docstring(body[0]) else 0
+        body = body[:insert_at] + [call] + [s.visit(_ReadLocal(set(outputs))) for s in body[insert_at:]]
+        return with_statements(forward, body)
+
+
+def _is_docstring(stmt: cst.CSTNode) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and isinstance(stmt.body[0], cst.Expr)
+        and string_text(stmt.body[0].value) is not None
+    )
+
+
+def _is_tensor_expr(node: cst.CSTNode, tensor_locals: set[str]) -> bool:
+    for n in walk(node):
+        if isinstance(n, cst.Call) and (dotted(n.func) or "").startswith("torch."):
+            return True
+        if isinstance(n, cst.Name) and n.value in tensor_locals:
+            return True
+    return False
+
+
+def _rope_tensor(stmt: cst.BaseStatement, tensor_locals: set[str]) -> str | None:
+    """Name of the RoPE tensor this statement stores on self, if any."""
+    found = self_assignment(stmt)
+    if found and ROPE_NAME.search(found[0]) and _is_tensor_expr(found[1], tensor_locals):
+        return found[0]
+    if (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and isinstance(stmt.body[0], cst.Expr)
+        and is_call(stmt.body[0].value, "self.register_buffer")
+    ):
+        call = stmt.body[0].value
+        if len(call.args) >= 2:
+            name = string_text(call.args[0].value)
+            if name and ROPE_NAME.search(name) and _is_tensor_expr(call.args[1].value, tensor_locals):
+                return name
+    return None
+
+
+def _tensor_local(stmt: cst.BaseStatement, tensor_locals: set[str]) -> str | None:
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return None
+    small = stmt.body[0]
+    if isinstance(small, (cst.Assign, cst.AnnAssign)):
+        targets = small.targets if isinstance(small, cst.Assign) else [small]
+        if len(targets) == 1 and isinstance(targets[0].target, cst.Name) and small.value is not None:
+            if _is_tensor_expr(small.value, tensor_locals):
+                return targets[0].target.value
+    return None
+
+
+def _assigned_names(stmt: cst.CSTNode) -> set[str]:
+    names = set()
+    for n in walk(stmt):
+        if isinstance(n, cst.AssignTarget) and isinstance(n.target, cst.Name):
+            names.add(n.target.value)
+        if isinstance(n, cst.AnnAssign) and isinstance(n.target, cst.Name):
+            names.add(n.target.value)
+    return names
+
+
+def _needed(body, moved: list[int], rope_indexes: set[int]) -> list[int]:
+    """Moved statements that the rope tensors depend on (backward slice)."""
+    keep: list[int] = []
+    wanted: set[str] = set()
+    for index in reversed(moved):
+        stmt = body[index]
+        if index in rope_indexes:
+            keep.append(index)
+            wanted |= free_names(stmt)
+            continue
+        if _assigned_names(stmt) & wanted:
+            keep.append(index)
+            wanted |= free_names(stmt)
+    return sorted(keep)
+
+
+def _as_local(stmt: cst.BaseStatement) -> cst.BaseStatement | None:
+    """``self.x = e`` / ``register_buffer("x", e)`` -> ``x = e`` (None when
+    it would be ``x = x``); other statements unchanged."""
+    found = self_assignment(stmt)
+    name = value = None
+    if found:
+        name, value = found
+    elif (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and isinstance(stmt.body[0], cst.Expr)
+        and is_call(stmt.body[0].value, "self.register_buffer")
+    ):
+        call = stmt.body[0].value
+        name, value = string_text(call.args[0].value), call.args[1].value
+    if name is None:
+        return stmt
+    if isinstance(value, cst.Name) and value.value == name:
+        return None
+    return cst.SimpleStatementLine(
+        body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=value)]
+    )
+
+
+class _Relocate(cst.CSTTransformer):
+    """Inside the new method: __init__ locals become attributes, and tensor
+    factories are created on ``device``."""
+
+    def __init__(self, rename: dict[str, str]) -> None:
+        self.rename = rename
+        self.not_variables: set[int] = set()
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.not_variables.add(id(node.attr))
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None:
+            self.not_variables.add(id(node.keyword))
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        name = dotted(updated.func) or ""
+        if name.startswith("torch.") and name.split(".")[-1] in TENSOR_FACTORIES:
+            device = cst.Name("device")
+            existing = keyword_arg(updated, "device")
+            if existing is not None:
+                return updated.with_changes(
+                    args=[a.with_changes(value=device) if a is existing else a for a in updated.args]
+                )
+            new_arg = cst.Arg(
+                keyword=cst.Name("device"),
+                value=device,
+                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+            )
+            args = list(updated.args)
+            if args:
+                last = args[-1]
+                args[-1] = last.with_changes(
+                    comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+                ) if last.comma is cst.MaybeSentinel.DEFAULT else last
+            return updated.with_changes(args=[*args, new_arg])
+        return updated
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        if id(original) in self.not_variables or original.value not in self.rename:
+            return updated
+        return cst.Attribute(value=cst.Name("self"), attr=cst.Name(self.rename[original.value]))
+
+
+class _ReadLocal(cst.CSTTransformer):
+    """``self.inv_freq`` -> ``inv_freq`` for the lazily computed tensors."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
+        attr = self_attr(updated)
+        if attr in self.names:
+            return cst.Name(attr)
+        return updated

@@ -1,0 +1,275 @@
+"""rename-classes: give every class of the package the port's prefix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.scope_rename import NameRenamer, rename_targets
+from autoport_cst.transform.words import line_col, rename_words
+
+
+@dataclass(frozen=True)
+class RenameClassesParams:
+    old_prefix: str | None = field(
+        default=None, metadata={"doc": "Prefix to replace; default: the reference's prefix."}
+    )
+    new_prefix: str | None = field(
+        default=None, metadata={"doc": "New prefix; default: the port's class prefix."}
+    )
+    overrides: dict[str, str] = field(
+        default_factory=dict,
+        metadata={"doc": "Explicit per-class renames, applied on top of the prefix map."},
+    )
+    rename_text: bool = field(
+        default=True,
+        metadata={"doc": "Also rename whole words in strings, docstrings and comments."},
+    )
+    rename_prefix_word: bool = field(
+        default=True,
+        metadata={"doc": "In that text pass, also rename the bare prefix word (`Llama` -> `Qwen2`)."},
+    )
+
+
+class RenameClasses(Codemod):
+    """Rename every class that carries the reference's prefix, and all uses.
+
+    The rename table is built from the classes defined anywhere in the package
+    (``LlamaRMSNorm``, ``LlamaConfig``, ``LlamaForCausalLM`` ...): a class
+    whose name is the old prefix followed by a capitalised remainder gets the
+    new prefix, unless ``overrides`` names it explicitly.
+
+    Identifiers are renamed through LibCST scope analysis: a class definition,
+    every reference to it, and package-relative imports of it
+    (``from .config import LlamaConfig``, ``from .model import LlamaForCausalLM
+    as Model``). Names imported from elsewhere are left alone even when they
+    are spelled the same (``from transformers import LlamaConfig``), and so are
+    functions, attributes and local variables.
+
+    A second, separate pass renames whole words in strings, docstrings,
+    comments and Markdown: the table's class names and, unless
+    ``rename_prefix_word`` is off, the bare prefix word. Words inside hub IDs,
+    paths and URLs (anything with ``/``) and versioned model names
+    (``Llama-3.1-8B``) are untouched, as is any other case form (``llama3``,
+    ``LLAMA``). Every text edit is listed as a note with its position.
+
+    Applying the codemod to its own output changes nothing. If the package has
+    neither old-prefix nor new-prefix classes, it is a precondition error.
+    """
+
+    ID = "rename-classes"
+    Params = RenameClassesParams
+    FILES = ("model", "config", "factory", "init", "docs", "module", "companion")
+    EXAMPLES = (
+        Example(
+            title="classes, uses, relative imports and docstrings",
+            params={"old_prefix": "Llama", "new_prefix": "Qwen2"},
+            package_classes=("LlamaConfig",),
+            before='''
+                from transformers import LlamaConfig as HFLlamaConfig
+
+                from .config import LlamaConfig
+
+
+                class LlamaMLP(nn.Module):
+                    """Llama MLP; see meta-llama/Llama-3.1-8B."""
+
+
+                class LlamaModel(nn.Module):
+                    def __init__(self, config: LlamaConfig):
+                        self.mlp = LlamaMLP(config)  # one LlamaMLP per layer
+                        self.rope_type = "llama3"
+            ''',
+            after='''
+                from transformers import LlamaConfig as HFLlamaConfig
+
+                from .config import Qwen2Config
+
+
+                class Qwen2MLP(nn.Module):
+                    """Qwen2 MLP; see meta-llama/Llama-3.1-8B."""
+
+
+                class Qwen2Model(nn.Module):
+                    def __init__(self, config: Qwen2Config):
+                        self.mlp = Qwen2MLP(config)  # one Qwen2MLP per layer
+                        self.rope_type = "llama3"
+            ''',
+        ),
+        Example(
+            title="a local variable that shadows a class name is not a use of it",
+            params={"old_prefix": "Llama", "new_prefix": "GPTNeoX", "rename_text": False},
+            before="""
+                class LlamaAttention:
+                    pass
+
+
+                def build():
+                    LlamaAttention = make_other()
+                    return LlamaAttention
+            """,
+            after="""
+                class GPTNeoXAttention:
+                    pass
+
+
+                def build():
+                    LlamaAttention = make_other()
+                    return LlamaAttention
+            """,
+        ),
+        Example(
+            title="lazy import with an alias and __all__",
+            role="factory",
+            path="factory.py",
+            params={"old_prefix": "Llama", "new_prefix": "Qwen2"},
+            package_classes=("LlamaConfig", "LlamaForCausalLM"),
+            before="""
+                from .config import LlamaConfig
+
+                __all__ = ["LlamaConfig", "build"]
+
+
+                def build(config):
+                    from .model import LlamaForCausalLM as Model
+
+                    return Model(LlamaConfig(config))
+            """,
+            after="""
+                from .config import Qwen2Config
+
+                __all__ = ["Qwen2Config", "build"]
+
+
+                def build(config):
+                    from .model import Qwen2ForCausalLM as Model
+
+                    return Model(Qwen2Config(config))
+            """,
+        ),
+        Example(
+            title="no class with either prefix",
+            params={"old_prefix": "Llama", "new_prefix": "Qwen2"},
+            before="""
+                class Helper:
+                    pass
+            """,
+            raises="no class named Llama<Role> or Qwen2<Role>",
+        ),
+    )
+
+    @classmethod
+    def params_for(cls, diffs, target, port: PortContext) -> RenameClassesParams:
+        return RenameClassesParams(old_prefix=port.reference_prefix, new_prefix=port.class_prefix)
+
+    # -- the rename table ------------------------------------------------------
+
+    def _prefixes(self, port: PortContext) -> tuple[str, str]:
+        return (
+            self.params.old_prefix or port.reference_prefix,
+            self.params.new_prefix or port.class_prefix,
+        )
+
+    def table(self, port: PortContext) -> dict[str, str]:
+        """Old class name -> new class name, for classes of the package."""
+        old, new = self._prefixes(port)
+        table: dict[str, str] = {}
+        if old != new:
+            for name in sorted(port.package_classes):
+                if new.startswith(old) and name.startswith(new):
+                    continue  # already renamed (new prefix extends the old one)
+                rest = name[len(old):]
+                if name.startswith(old) and (not rest or rest[0].isupper()):
+                    table[name] = new + rest
+        for name, renamed in self.params.overrides.items():
+            if name in port.package_classes:
+                table[name] = renamed
+        return {k: v for k, v in table.items() if k != v}
+
+    def _check(self, ctx: FileContext) -> dict[str, str]:
+        table = self.table(ctx.port)
+        if not table:
+            old, new = self._prefixes(ctx.port)
+            if not any(n.startswith(old) or n.startswith(new) for n in ctx.port.package_classes):
+                raise ctx.precondition(
+                    f"rename-classes: no class named {old}<Role> or {new}<Role> in the package "
+                    f"(classes found: {', '.join(sorted(ctx.port.package_classes)) or 'none'})"
+                )
+        return table
+
+    def _word_table(self, table: dict[str, str], port: PortContext) -> dict[str, str]:
+        words = dict(table)
+        old, new = self._prefixes(port)
+        if self.params.rename_prefix_word and old != new:
+            words.setdefault(old, new)
+        return words
+
+    # -- transformation --------------------------------------------------------
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        table = self._check(ctx)
+        if not table:
+            return module
+        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+        targets = rename_targets(wrapper, table)
+        words = self._word_table(table, ctx.port) if self.params.rename_text else {}
+        renamer = _Renamer(targets, table, words)
+        result = wrapper.module.visit(renamer)
+        if renamer.text_edits:
+            positions = wrapper.resolve(PositionProvider)
+            for node, raw, edits in renamer.text_edits:
+                start = positions[node].start
+                for edit in edits:
+                    line, col = line_col(raw, edit.offset)
+                    ctx.note(
+                        start.line + line,
+                        (start.column if line == 0 else 0) + col + 1,
+                        f"text: {edit.old} -> {edit.new}",
+                    )
+        return result
+
+    def transform_text(self, text: str, ctx: FileContext) -> str:
+        table = self._check(ctx)
+        if not self.params.rename_text or not table:
+            return text
+        new_text, edits = rename_words(text, self._word_table(table, ctx.port))
+        for edit in edits:
+            line, col = line_col(text, edit.offset)
+            ctx.note(line + 1, col + 1, f"text: {edit.old} -> {edit.new}")
+        return new_text
+
+
+class _Renamer(NameRenamer):
+    """Identifier renames plus the whole-word pass over strings and comments."""
+
+    def __init__(self, targets: set[int], table: dict[str, str], words: dict[str, str]) -> None:
+        super().__init__(targets, table)
+        self.words = words
+        self.text_edits: list = []
+
+    def _text(self, original, raw: str):
+        new, edits = rename_words(raw, self.words)
+        if edits:
+            self.text_edits.append((original, raw, edits))
+        return new
+
+    def leave_SimpleString(self, original: cst.SimpleString, updated: cst.SimpleString):
+        if not self.words or "b" in updated.prefix.lower():
+            return updated
+        new = self._text(original, updated.value)
+        return updated if new == updated.value else updated.with_changes(value=new)
+
+    def leave_FormattedStringText(self, original, updated):
+        if not self.words:
+            return updated
+        new = self._text(original, updated.value)
+        return updated if new == updated.value else updated.with_changes(value=new)
+
+    def leave_Comment(self, original: cst.Comment, updated: cst.Comment):
+        if not self.words:
+            return updated
+        new = self._text(original, updated.value)
+        return updated if new == updated.value else updated.with_changes(value=new)

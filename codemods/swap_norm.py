@@ -1,0 +1,437 @@
+"""swap-norm: RMSNorm <-> LayerNorm (with or without bias)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import libcst as cst
+
+from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.cst_helpers import (
+    classes_with_role,
+    dotted,
+    find_all,
+    find_self_assignment,
+    insert_after,
+    insert_many_after,
+    is_call,
+    keyword_arg,
+    method,
+    parse_statement,
+    parse_statements,
+    remove_statements,
+    replace_method,
+    self_assignment,
+    self_attr,
+    statements,
+    string_text,
+    walk,
+    with_statements,
+)
+from autoport_cst.transform.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.cst_helpers import replace_string_suffix
+from autoport_cst.transform.scope_rename import rename_classes_in_module
+
+SUFFIX = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
+
+
+@dataclass(frozen=True)
+class SwapNormParams:
+    kind: Literal["rmsnorm", "layernorm"] = field(
+        default="layernorm", metadata={"doc": "The norm the port computes."}
+    )
+    bias: bool = field(default=False, metadata={"doc": "LayerNorm with an additive bias."})
+    eps_key: str | None = field(
+        default=None,
+        metadata={"doc": "Config field holding the epsilon (`layer_norm_eps`, ...); default: keep."},
+    )
+
+
+class SwapNorm(Codemod):
+    """Switch the model's norm between RMSNorm and LayerNorm, with or without bias.
+
+    In the model file, the norm class (``<Prefix>RMSNorm`` or
+    ``<Prefix>LayerNorm``) is renamed to match what it computes, with every
+    use; ``__init__`` gains or loses ``self.bias`` (zeros, shaped and typed
+    like ``self.weight``); ``forward`` is rewritten to compute the chosen norm
+    in float32 and cast back to the input dtype; and ``load_weights`` gains or
+    loses a ``.bias`` mapping entry next to the ``.weight`` entry of every
+    attribute that holds the norm (``input_layernorm``, ``norm``, ...).
+
+    With ``eps_key``, the config field holding the epsilon is renamed in the
+    config dataclass and at every ``config.<field>`` use, so that a checkpoint
+    whose config calls it ``layer_norm_eps`` does not silently fall back to the
+    default.
+
+    Preconditions: exactly one norm class; ``self.weight`` created as
+    ``nn.Parameter(torch.ones(...))``; an epsilon attribute; no ``(1 + weight)``
+    offset in the current forward (a different norm this codemod does not
+    produce); and no decode kernel call that fuses an RMSNorm
+    (``rmsnorm_X_enabled=True``) when switching to LayerNorm.
+    """
+
+    ID = "swap-norm"
+    REALIZES = ("norm.kind", "norm.bias", "norm.eps_key")
+    Params = SwapNormParams
+    FILES = ("model", "config")
+    EXAMPLES = (
+        Example(
+            title="RMSNorm to LayerNorm with bias",
+            params={"kind": "layernorm", "bias": True, "eps_key": "layer_norm_eps"},
+            before='''
+                class LlamaRMSNorm(nn.Module):
+                    """RMSNorm computed in float32, cast back to the input dtype."""
+
+                    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype):
+                        super().__init__()
+                        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+                        self.variance_epsilon = eps
+
+                    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+                        input_dtype = hidden_states.dtype
+                        hidden_states = hidden_states.to(torch.float32)
+                        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+                        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+                        return (self.weight * hidden_states).to(input_dtype)
+
+
+                class LlamaModel(nn.Module):
+                    def __init__(self, config):
+                        self.norm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps, config.torch_dtype)
+
+                    def load_weights(self, path):
+                        mappings = {}
+                        mappings["model.norm.weight"] = "model.norm.weight"
+            ''',
+            after='''
+                class LlamaLayerNorm(nn.Module):
+                    """LayerNorm with bias, computed in float32 and cast back to the input dtype."""
+
+                    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype):
+                        super().__init__()
+                        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+                        self.bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype))
+                        self.variance_epsilon = eps
+
+                    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+                        input_dtype = hidden_states.dtype
+                        hidden_states = hidden_states.to(torch.float32)
+                        mean = hidden_states.mean(-1, keepdim=True)
+                        variance = (hidden_states - mean).pow(2).mean(-1, keepdim=True)
+                        hidden_states = (hidden_states - mean) * torch.rsqrt(variance + self.variance_epsilon)
+                        return (self.weight * hidden_states + self.bias).to(input_dtype)
+
+
+                class LlamaModel(nn.Module):
+                    def __init__(self, config):
+                        self.norm = LlamaLayerNorm(config.hidden_size, config.layer_norm_eps, config.torch_dtype)
+
+                    def load_weights(self, path):
+                        mappings = {}
+                        mappings["model.norm.weight"] = "model.norm.weight"
+                        mappings["model.norm.bias"] = "model.norm.bias"
+            ''',
+        ),
+        Example(
+            title="the config field holding the epsilon",
+            role="config",
+            path="config.py",
+            params={"kind": "layernorm", "bias": True, "eps_key": "layer_norm_eps"},
+            before="""
+                @dataclass
+                class LlamaConfig:
+                    hidden_size: int = 4096
+                    rms_norm_eps: float = 1e-5
+            """,
+            after="""
+                @dataclass
+                class LlamaConfig:
+                    hidden_size: int = 4096
+                    layer_norm_eps: float = 1e-5
+            """,
+        ),
+        Example(
+            title="a (1 + weight) norm is not rewritten",
+            params={"kind": "layernorm"},
+            before="""
+                class GemmaRMSNorm(nn.Module):
+                    def __init__(self, dim, eps):
+                        self.weight = nn.Parameter(torch.zeros(dim))
+                        self.eps = eps
+
+                    def forward(self, x):
+                        return self._norm(x) * (1.0 + self.weight)
+            """,
+            raises="(1 + weight) offset",
+        ),
+    )
+
+    @classmethod
+    def check_params(cls, params: SwapNormParams) -> list[str]:
+        if params.kind == "rmsnorm" and params.bias:
+            return ["bias is only supported with kind 'layernorm'"]
+        return []
+
+    @classmethod
+    def params_for(cls, diffs, target, port: PortContext) -> SwapNormParams:
+        return SwapNormParams(kind=target.norm.kind, bias=target.norm.bias, eps_key=target.norm.eps_key)
+
+    # -- model files -----------------------------------------------------------
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        if ctx.role == "config":
+            return self._transform_config(module, ctx)
+        norm = self._norm_class(module, ctx)
+        old_name = norm.name.value
+        prefix = old_name[: -len("LayerNorm" if old_name.endswith("LayerNorm") else "RMSNorm")]
+        new_name = prefix + SUFFIX[self.params.kind]
+        init = method(norm, "__init__")
+        forward = method(norm, "forward")
+        if init is None or forward is None:
+            raise ctx.precondition(
+                f"swap-norm: norm class {old_name} needs __init__ and forward", norm, module
+            )
+        if _has_unit_offset(forward):
+            raise ctx.precondition(
+                f"swap-norm: {old_name}.forward applies a (1 + weight) offset; "
+                "swap-norm only produces plain RMSNorm or LayerNorm",
+                forward,
+                module,
+            )
+        weight = find_self_assignment(init, "weight")
+        if weight is None or not _is_param_ctor(self_assignment(weight)[1], "ones"):
+            raise ctx.precondition(
+                f"swap-norm: {old_name}.__init__ must create self.weight = nn.Parameter(torch.ones(...))",
+                init,
+                module,
+            )
+        eps_attr = next(
+            (a for s in statements(init) if (a := (self_assignment(s) or ("", None))[0]) and "eps" in a),
+            None,
+        )
+        if eps_attr is None:
+            raise ctx.precondition(
+                f"swap-norm: no epsilon attribute (self.<...eps...> = ...) in {old_name}.__init__",
+                init,
+                module,
+            )
+        if self.params.kind == "layernorm":
+            self._check_no_fused_rmsnorm(module, ctx)
+
+        current_bias = find_self_assignment(init, "bias") is not None
+        if (old_name, current_bias) != (new_name, self.params.bias):
+            new_norm = self._rewrite_norm(norm, init, forward, weight, eps_attr, module)
+            module = module.with_changes(
+                body=[new_norm if s is norm else s for s in module.body]
+            )
+            module = rename_classes_in_module(module, {old_name: new_name})
+        module = self._update_mappings(module, new_name)
+        if self.params.eps_key:
+            module = module.visit(_RenameEpsField(self.params.eps_key))
+        return module
+
+    def _norm_class(self, module: cst.Module, ctx: FileContext) -> cst.ClassDef:
+        norms = [
+            c for c in classes_with_role(module, "norm")
+            if c.name.value.endswith(("RMSNorm", "LayerNorm"))
+        ]
+        if len(norms) != 1:
+            found = ", ".join(c.name.value for c in norms) or "none"
+            raise ctx.precondition(
+                f"swap-norm: expected exactly one norm class named <Prefix>RMSNorm or "
+                f"<Prefix>LayerNorm, found: {found}"
+            )
+        return norms[0]
+
+    def _check_no_fused_rmsnorm(self, module: cst.Module, ctx: FileContext) -> None:
+        for call in find_all(module, lambda n: is_call(n, "NF.attention_decode")):
+            arg = keyword_arg(call, "rmsnorm_X_enabled")  # type: ignore[arg-type]
+            if arg is not None and dotted(arg.value) != "False":
+                raise ctx.precondition(
+                    "swap-norm: NF.attention_decode fuses an RMSNorm (rmsnorm_X_enabled); "
+                    "apply the LayerNorm module before the kernel instead",
+                    call,
+                    module,
+                )
+
+    def _rewrite_norm(self, norm, init, forward, weight, eps_attr, module):
+        kind, bias = self.params.kind, self.params.bias
+        # __init__: add or remove self.bias
+        new_init = init
+        existing_bias = find_self_assignment(init, "bias")
+        if bias and existing_bias is None:
+            weight_value = self_assignment(weight)[1]
+            bias_value = _with_ctor(weight_value, "zeros")
+            small = weight.body[0]
+            bias_stmt = weight.with_changes(
+                body=[small.with_changes(
+                    targets=[small.targets[0].with_changes(target=cst.parse_expression("self.bias"))],
+                    value=bias_value,
+                )],
+                leading_lines=[],
+            )
+            new_init = insert_after(init, weight, [bias_stmt])
+        elif not bias and existing_bias is not None:
+            new_init = remove_statements(init, [existing_bias])
+        # forward: the chosen computation
+        params = forward.params.params
+        if len(params) < 2:
+            raise ValueError("forward takes no input")
+        x = params[1].name.value
+        body = parse_statements(_forward_code(x, eps_attr, kind, bias), module)
+        new_forward = with_statements(forward, body)
+        new_norm = replace_method(replace_method(norm, init, new_init), forward, new_forward)
+        # docstring
+        doc = _docstring(kind, bias)
+        first = new_norm.body.body[0]
+        if _is_docstring(first):
+            new_norm = new_norm.with_changes(
+                body=new_norm.body.with_changes(
+                    body=[parse_statement(doc, module).with_changes(leading_lines=first.leading_lines),
+                          *new_norm.body.body[1:]]
+                )
+            )
+        return new_norm
+
+    def _update_mappings(self, module: cst.Module, norm_name: str) -> cst.Module:
+        attrs = set()
+        for node in walk(module):
+            found = self_assignment(node) if isinstance(node, cst.SimpleStatementLine) else None
+            if found and isinstance(found[1], cst.Call) and dotted(found[1].func) == norm_name:
+                attrs.add(found[0])
+        if not attrs:
+            return module
+        entries = mapping_entries(module)
+        keys = {e.key for e in entries}
+
+        def is_norm_key(key: str, leaf: str) -> bool:
+            return any(key == f"{a}.{leaf}" or key.endswith(f".{a}.{leaf}") for a in attrs)
+
+        if self.params.bias:
+            additions = {}
+            for entry in entries:
+                if not is_norm_key(entry.key, "weight"):
+                    continue
+                if entry.key[: -len("weight")] + "bias" in keys:
+                    continue
+                key = replace_string_suffix(entry.key_node, ".weight", ".bias")
+                value = replace_string_suffix(entry.value, ".weight", ".bias")
+                if key is not None and value is not None:
+                    additions[id(entry.statement)] = [entry_statement(entry, key, value)]
+            return insert_many_after(module, additions)
+        doomed = [e.statement for e in entries if is_norm_key(e.key, "bias")]
+        return remove_statements(module, doomed) if doomed else module
+
+    # -- config file -----------------------------------------------------------
+
+    def _transform_config(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        if not self.params.eps_key:
+            return module
+        configs = classes_with_role(module, "config")
+        if not configs:
+            raise ctx.precondition("swap-norm: no config class (<Prefix>Config) in the config file")
+        config = configs[0]
+        eps_fields = [
+            s for s in config.body.body
+            if isinstance(s, cst.SimpleStatementLine)
+            and isinstance(s.body[0], cst.AnnAssign)
+            and isinstance(s.body[0].target, cst.Name)
+            and _is_eps_name(s.body[0].target.value)
+        ]
+        if len(eps_fields) != 1:
+            raise ctx.precondition(
+                f"swap-norm: expected one epsilon field in {config.name.value}, "
+                f"found {len(eps_fields)}",
+                config,
+                module,
+            )
+        stmt = eps_fields[0]
+        ann = stmt.body[0]
+        if ann.target.value == self.params.eps_key:
+            return module
+        new_stmt = stmt.with_changes(body=[ann.with_changes(target=cst.Name(self.params.eps_key))])
+        new_config = config.with_changes(
+            body=config.body.with_changes(body=[new_stmt if s is stmt else s for s in config.body.body])
+        )
+        return module.with_changes(body=[new_config if s is config else s for s in module.body])
+
+
+def _is_eps_name(name: str) -> bool:
+    return "eps" in name and "norm" in name
+
+
+class _RenameEpsField(cst.CSTTransformer):
+    """``<...config>.<norm eps field>`` -> ``<...config>.<eps_key>``."""
+
+    def __init__(self, eps_key: str) -> None:
+        self.eps_key = eps_key
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.Attribute:
+        base = dotted(updated.value) or ""
+        if _is_eps_name(updated.attr.value) and base.split(".")[-1] == "config":
+            if updated.attr.value != self.eps_key:
+                return updated.with_changes(attr=cst.Name(self.eps_key))
+        return updated
+
+
+def _is_param_ctor(value: cst.BaseExpression, ctor: str) -> bool:
+    return (
+        isinstance(value, cst.Call)
+        and dotted(value.func) in ("nn.Parameter", "torch.nn.Parameter", "Parameter")
+        and bool(value.args)
+        and isinstance(value.args[0].value, cst.Call)
+        and (dotted(value.args[0].value.func) or "").endswith(ctor)
+    )
+
+
+def _with_ctor(value: cst.Call, ctor: str) -> cst.Call:
+    inner = value.args[0].value
+    func = inner.func
+    new_func = func.with_changes(attr=cst.Name(ctor)) if isinstance(func, cst.Attribute) else cst.Name(ctor)
+    new_inner = inner.with_changes(func=new_func)
+    return value.with_changes(args=[value.args[0].with_changes(value=new_inner), *value.args[1:]])
+
+
+def _has_unit_offset(forward: cst.FunctionDef) -> bool:
+    for node in walk(forward):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
+            sides = (node.left, node.right)
+            if any(self_attr(s) == "weight" for s in sides) and any(
+                isinstance(s, (cst.Integer, cst.Float)) and float(s.value) == 1.0 for s in sides
+            ):
+                return True
+    return False
+
+
+def _is_docstring(stmt: cst.CSTNode) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and isinstance(stmt.body[0], cst.Expr)
+        and string_text(stmt.body[0].value) is not None
+    )
+
+
+def _docstring(kind: str, bias: bool) -> str:
+    if kind == "layernorm":
+        what = "LayerNorm with bias" if bias else "LayerNorm without bias"
+        return f'"""{what}, computed in float32 and cast back to the input dtype."""'
+    return '"""RMSNorm computed in float32, cast back to the input dtype."""'
+
+
+def _forward_code(x: str, eps: str, kind: str, bias: bool) -> str:
+    lines = [f"input_dtype = {x}.dtype", f"{x} = {x}.to(torch.float32)"]
+    if kind == "layernorm":
+        lines += [
+            f"mean = {x}.mean(-1, keepdim=True)",
+            f"variance = ({x} - mean).pow(2).mean(-1, keepdim=True)",
+            f"{x} = ({x} - mean) * torch.rsqrt(variance + self.{eps})",
+        ]
+    else:
+        lines += [
+            f"variance = {x}.pow(2).mean(-1, keepdim=True)",
+            f"{x} = {x} * torch.rsqrt(variance + self.{eps})",
+        ]
+    scaled = f"self.weight * {x} + self.bias" if bias else f"self.weight * {x}"
+    lines.append(f"return ({scaled}).to(input_dtype)")
+    return "\n".join(lines) + "\n"
