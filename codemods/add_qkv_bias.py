@@ -12,9 +12,8 @@ from autoport_cst.transform.cst_helpers import (
     code_of,
     dotted,
     ensure_import_from,
-    find_all,
-    find_self_assignment,
     insert_many_after,
+    rewrite,
     is_call,
     is_none,
     keyword_arg,
@@ -242,7 +241,8 @@ class AddQkvBias(Codemod):
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         attention = [
-            c for c in classes_with_role(module, "attention") if _param_stmt(c, "qkv_proj_weight")
+            c for c in classes_with_role(module, "attention")
+            if "qkv_proj_weight" in _ClassSurvey(c).params
         ]
         if not attention:
             raise ctx.precondition(
@@ -253,20 +253,23 @@ class AddQkvBias(Codemod):
         if self.params.o:
             wanted.append(("o", "o_proj_weight", "o_proj_bias"))
         for cls in attention:
+            params = _ClassSurvey(cls).params
             for _, weight, _ in wanted:
-                if _param_stmt(cls, weight) is None:
+                if weight not in params:
                     raise ctx.precondition(
                         f"add-qkv-bias: {cls.name.value} has no self.{weight} = nn.Parameter(...)",
                         cls,
                         module,
                     )
         new_body = []
-        needs_loader_fn = False
+        needs_loader_fn = needs_scaled_loader = False
         for stmt in module.body:
             if stmt in attention:
-                new_cls, added_qkv_loader = self._transform_attention(stmt, wanted, module, ctx)
+                new_cls, added = self._transform_attention(stmt, wanted, module, ctx)
                 new_body.append(new_cls)
+                added_qkv_loader = "qkv" in added
                 needs_loader_fn |= added_qkv_loader
+                needs_scaled_loader |= "o" in added
                 if added_qkv_loader and not _defines(module, "fused_qkv_bias_loader"):
                     helper = parse_statement(BIAS_LOADER.strip("\n"), module)
                     new_body.append(
@@ -277,22 +280,23 @@ class AddQkvBias(Codemod):
         module = module.with_changes(body=new_body)
         if needs_loader_fn:
             module = ensure_import_from(module, WEIGHT_LOADERS, "SafetensorsWeightLoader")
-        if self.params.o and _contains_call(module, "scaled_bias_loader"):
+        if needs_scaled_loader:
             module = ensure_import_from(module, WEIGHT_LOADERS, "scaled_bias_loader")
         return self._add_mappings(module, wanted, ctx)
 
     # -- attention class -------------------------------------------------------
 
     def _transform_attention(self, cls, wanted, module, ctx):
+        survey = _ClassSurvey(cls)
         additions: dict[int, list[cst.BaseStatement]] = {}
-        added_qkv_loader = False
+        added_loaders: set[str] = set()
         for which, weight_attr, bias_attr in wanted:
-            weight_stmt = _param_stmt(cls, weight_attr)
-            if _param_stmt(cls, bias_attr) is None:
+            weight_stmt = survey.params[weight_attr]
+            if bias_attr not in survey.params:
                 additions.setdefault(id(weight_stmt), []).append(
                     _bias_param(weight_stmt, bias_attr, module)
                 )
-            loader_stmt = _loader_stmt(cls, weight_attr)
+            loader_stmt = survey.loaders.get(weight_attr)
             if loader_stmt is None:
                 raise ctx.precondition(
                     f"add-qkv-bias: {cls.name.value} attaches no loader to self.{weight_attr} "
@@ -300,19 +304,26 @@ class AddQkvBias(Codemod):
                     cls,
                     module,
                 )
-            if _loader_stmt(cls, bias_attr) is None:
+            if bias_attr not in survey.loaders:
                 additions.setdefault(id(loader_stmt), []).append(
                     _bias_loader(which, loader_stmt, bias_attr, module)
                 )
-                added_qkv_loader |= which == "qkv"
-        for name in ("NF.qkv_proj", "NF.attention_decode") + (("NF.o_proj",) if self.params.o else ()):
-            if not find_all(cls, lambda n, name=name: is_call(n, name)):
+                added_loaders.add(which)
+        wanted_calls = ("NF.qkv_proj", "NF.attention_decode") + (("NF.o_proj",) if self.params.o else ())
+        for name in wanted_calls:
+            if not survey.calls.get(name):
                 raise ctx.precondition(
                     f"add-qkv-bias: {cls.name.value} has no {name}(...) call", cls, module
                 )
-        cls = insert_many_after(cls, additions)
-        cls = cls.visit(_BiasArguments(self.params, module))
-        return cls, added_qkv_loader
+        edits = {
+            key: (lambda updated, new=new: cst.FlattenSentinel([updated, *new]))
+            for key, new in additions.items()
+        }
+        arguments = _BiasArguments(self.params, module)
+        for name in wanted_calls:
+            for call in survey.calls[name]:
+                edits[id(call)] = arguments.edit
+        return rewrite(cls, edits), added_loaders
 
     # -- load_weights ----------------------------------------------------------
 
@@ -343,7 +354,34 @@ class AddQkvBias(Codemod):
         return insert_many_after(module, additions)
 
 
-class _BiasArguments(cst.CSTTransformer):
+class _ClassSurvey:
+    """One walk over the attention class: its parameters, loader calls and
+    kernel calls."""
+
+    CALLS = ("NF.qkv_proj", "NF.attention_decode", "NF.o_proj")
+
+    def __init__(self, cls: cst.ClassDef) -> None:
+        self.params: dict[str, cst.SimpleStatementLine] = {}
+        self.loaders: dict[str, cst.SimpleStatementLine] = {}
+        self.calls: dict[str, list[cst.Call]] = {}
+        for node in walk(cls):
+            if isinstance(node, cst.SimpleStatementLine):
+                found = self_assignment(node)
+                if found is not None:
+                    self.params.setdefault(found[0], node)
+                small = node.body[0]
+                if isinstance(small, cst.Expr) and is_call(small.value, "set_weight_loader"):
+                    args = small.value.args
+                    attr = self_attr(args[0].value) if args else None
+                    if attr is not None:
+                        self.loaders.setdefault(attr, node)
+            elif isinstance(node, cst.Call):
+                for name in self.CALLS:
+                    if is_call(node, name):
+                        self.calls.setdefault(name, []).append(node)
+
+
+class _BiasArguments:
     """Pass the biases to the prefill ops and the decode megakernel."""
 
     def __init__(self, params: AddQkvBiasParams, module: cst.Module) -> None:
@@ -353,7 +391,7 @@ class _BiasArguments(cst.CSTTransformer):
     def _bias(self, attr: str) -> cst.BaseExpression:
         return parse_expr(f"self.{attr}.unsqueeze(0)", self.module)
 
-    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+    def edit(self, updated: cst.Call) -> cst.Call:
         if self.params.qkv and is_call(updated, "NF.qkv_proj"):
             return _set_keyword(updated, "bias", self._bias("qkv_proj_bias"))
         if self.params.qkv and is_call(updated, "NF.attention_decode"):
@@ -394,28 +432,6 @@ def _set_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Ca
     return call
 
 
-def _param_stmt(cls: cst.ClassDef, attr: str) -> cst.SimpleStatementLine | None:
-    for node in walk(cls):
-        if isinstance(node, cst.SimpleStatementLine):
-            found = self_assignment(node)
-            if found and found[0] == attr:
-                return node
-    return None
-
-
-def _loader_stmt(cls: cst.ClassDef, attr: str) -> cst.SimpleStatementLine | None:
-    for node in walk(cls):
-        if (
-            isinstance(node, cst.SimpleStatementLine)
-            and isinstance(node.body[0], cst.Expr)
-            and is_call(node.body[0].value, "set_weight_loader")
-        ):
-            args = node.body[0].value.args
-            if args and self_attr(args[0].value) == attr:
-                return node
-    return None
-
-
 def _bias_param(weight_stmt: cst.SimpleStatementLine, bias_attr: str, module: cst.Module) -> cst.BaseStatement:
     """``self.<bias> = nn.Parameter(torch.zeros(<last weight dim>, dtype=<same>))``."""
     _, value = self_assignment(weight_stmt)
@@ -454,7 +470,3 @@ def _bias_loader(which: str, loader_stmt, bias_attr: str, module: cst.Module) ->
 
 def _defines(module: cst.Module, name: str) -> bool:
     return any(isinstance(s, cst.FunctionDef) and s.name.value == name for s in module.body)
-
-
-def _contains_call(module: cst.Module, name: str) -> bool:
-    return bool(find_all(module, lambda n: is_call(n, name)))

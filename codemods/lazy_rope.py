@@ -10,7 +10,6 @@ from autoport_cst.transform import Codemod, Example, FileContext
 from autoport_cst.transform.cst_helpers import (
     classes,
     classes_with_role,
-    code_of,
     dotted,
     free_names,
     is_call,

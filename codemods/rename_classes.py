@@ -5,11 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
-
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.scope_rename import NameRenamer, rename_targets
-from autoport_cst.transform.words import line_col, rename_words
+from autoport_cst.transform.words import line_col, locate_prose, prose_token_positions, rename_words
 
 
 @dataclass(frozen=True)
@@ -213,20 +211,20 @@ class RenameClasses(Codemod):
         table = self._check(ctx)
         if not table:
             return module
-        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-        targets = rename_targets(wrapper, table)
+        targets = rename_targets(module, table)
         words = self._word_table(table, ctx.port) if self.params.rename_text else {}
         renamer = _Renamer(targets, table, words)
-        result = wrapper.module.visit(renamer)
+        result = module.visit(renamer)
         if renamer.text_edits:
-            positions = wrapper.resolve(PositionProvider)
-            for node, raw, edits in renamer.text_edits:
-                start = positions[node].start
+            tokens = prose_token_positions(module.code)
+            positions = locate_prose(tokens, [raw for raw, _ in renamer.text_edits])
+            for (raw, edits), position in zip(renamer.text_edits, positions):
+                line0, col0 = position or (0, 0)
                 for edit in edits:
                     line, col = line_col(raw, edit.offset)
                     ctx.note(
-                        start.line + line,
-                        (start.column if line == 0 else 0) + col + 1,
+                        line0 + line,
+                        (col0 if line == 0 else 1) + col,
                         f"text: {edit.old} -> {edit.new}",
                     )
         return result
@@ -250,26 +248,26 @@ class _Renamer(NameRenamer):
         self.words = words
         self.text_edits: list = []
 
-    def _text(self, original, raw: str):
+    def _text(self, raw: str) -> str:
         new, edits = rename_words(raw, self.words)
         if edits:
-            self.text_edits.append((original, raw, edits))
+            self.text_edits.append((raw, edits))
         return new
 
     def leave_SimpleString(self, original: cst.SimpleString, updated: cst.SimpleString):
         if not self.words or "b" in updated.prefix.lower():
             return updated
-        new = self._text(original, updated.value)
+        new = self._text(updated.value)
         return updated if new == updated.value else updated.with_changes(value=new)
 
     def leave_FormattedStringText(self, original, updated):
         if not self.words:
             return updated
-        new = self._text(original, updated.value)
+        new = self._text(updated.value)
         return updated if new == updated.value else updated.with_changes(value=new)
 
     def leave_Comment(self, original: cst.Comment, updated: cst.Comment):
         if not self.words:
             return updated
-        new = self._text(original, updated.value)
+        new = self._text(updated.value)
         return updated if new == updated.value else updated.with_changes(value=new)

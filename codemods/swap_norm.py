@@ -11,10 +11,8 @@ from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.cst_helpers import (
     classes_with_role,
     dotted,
-    find_all,
     find_self_assignment,
     insert_after,
-    insert_many_after,
     is_call,
     keyword_arg,
     method,
@@ -22,6 +20,7 @@ from autoport_cst.transform.cst_helpers import (
     parse_statements,
     remove_statements,
     replace_method,
+    rewrite,
     self_assignment,
     self_attr,
     statements,
@@ -31,7 +30,7 @@ from autoport_cst.transform.cst_helpers import (
 )
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
 from autoport_cst.transform.cst_helpers import replace_string_suffix
-from autoport_cst.transform.scope_rename import rename_classes_in_module
+from autoport_cst.transform.scope_rename import rename_targets
 
 SUFFIX = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
 
@@ -216,20 +215,27 @@ class SwapNorm(Codemod):
                 init,
                 module,
             )
+        nodes = walk(module)
         if self.params.kind == "layernorm":
-            self._check_no_fused_rmsnorm(module, ctx)
+            self._check_no_fused_rmsnorm(nodes, module, ctx)
 
+        edits: dict = {}
         current_bias = find_self_assignment(init, "bias") is not None
         if (old_name, current_bias) != (new_name, self.params.bias):
             new_norm = self._rewrite_norm(norm, init, forward, weight, eps_attr, module)
-            module = module.with_changes(
-                body=[new_norm if s is norm else s for s in module.body]
-            )
-            module = rename_classes_in_module(module, {old_name: new_name})
-        module = self._update_mappings(module, new_name)
+            new_norm = new_norm.with_changes(name=cst.Name(new_name))
+            edits[id(norm)] = lambda updated: new_norm
+            inside = {id(n) for n in walk(norm)}
+            for target in rename_targets(module, {old_name: new_name}) - inside:
+                edits[target] = lambda updated: updated.with_changes(value=new_name)
+        edits.update(self._mapping_edits(nodes, old_name))
         if self.params.eps_key:
-            module = module.visit(_RenameEpsField(self.params.eps_key))
-        return module
+            for node in nodes:
+                if _is_eps_use(node) and node.attr.value != self.params.eps_key:
+                    edits[id(node)] = lambda updated: updated.with_changes(
+                        attr=cst.Name(self.params.eps_key)
+                    )
+        return rewrite(module, edits)
 
     def _norm_class(self, module: cst.Module, ctx: FileContext) -> cst.ClassDef:
         norms = [
@@ -244,8 +250,10 @@ class SwapNorm(Codemod):
             )
         return norms[0]
 
-    def _check_no_fused_rmsnorm(self, module: cst.Module, ctx: FileContext) -> None:
-        for call in find_all(module, lambda n: is_call(n, "NF.attention_decode")):
+    def _check_no_fused_rmsnorm(self, nodes, module: cst.Module, ctx: FileContext) -> None:
+        for call in nodes:
+            if not is_call(call, "NF.attention_decode"):
+                continue
             arg = keyword_arg(call, "rmsnorm_X_enabled")  # type: ignore[arg-type]
             if arg is not None and dotted(arg.value) != "False":
                 raise ctx.precondition(
@@ -294,34 +302,35 @@ class SwapNorm(Codemod):
             )
         return new_norm
 
-    def _update_mappings(self, module: cst.Module, norm_name: str) -> cst.Module:
+    def _mapping_edits(self, nodes, norm_name: str) -> dict:
+        """Add (or remove) the ``.bias`` mapping entry next to the ``.weight``
+        entry of every attribute that holds the norm."""
         attrs = set()
-        for node in walk(module):
+        for node in nodes:
             found = self_assignment(node) if isinstance(node, cst.SimpleStatementLine) else None
             if found and isinstance(found[1], cst.Call) and dotted(found[1].func) == norm_name:
                 attrs.add(found[0])
         if not attrs:
-            return module
-        entries = mapping_entries(module)
+            return {}
+        entries = mapping_entries(nodes)
         keys = {e.key for e in entries}
 
         def is_norm_key(key: str, leaf: str) -> bool:
             return any(key == f"{a}.{leaf}" or key.endswith(f".{a}.{leaf}") for a in attrs)
 
-        if self.params.bias:
-            additions = {}
-            for entry in entries:
-                if not is_norm_key(entry.key, "weight"):
-                    continue
+        edits = {}
+        for entry in entries:
+            if self.params.bias and is_norm_key(entry.key, "weight"):
                 if entry.key[: -len("weight")] + "bias" in keys:
                     continue
                 key = replace_string_suffix(entry.key_node, ".weight", ".bias")
                 value = replace_string_suffix(entry.value, ".weight", ".bias")
                 if key is not None and value is not None:
-                    additions[id(entry.statement)] = [entry_statement(entry, key, value)]
-            return insert_many_after(module, additions)
-        doomed = [e.statement for e in entries if is_norm_key(e.key, "bias")]
-        return remove_statements(module, doomed) if doomed else module
+                    new = entry_statement(entry, key, value)
+                    edits[id(entry.statement)] = lambda updated, new=new: cst.FlattenSentinel([updated, new])
+            elif not self.params.bias and is_norm_key(entry.key, "bias"):
+                edits[id(entry.statement)] = lambda updated: cst.RemoveFromParent()
+        return edits
 
     # -- config file -----------------------------------------------------------
 
@@ -361,18 +370,13 @@ def _is_eps_name(name: str) -> bool:
     return "eps" in name and "norm" in name
 
 
-class _RenameEpsField(cst.CSTTransformer):
-    """``<...config>.<norm eps field>`` -> ``<...config>.<eps_key>``."""
-
-    def __init__(self, eps_key: str) -> None:
-        self.eps_key = eps_key
-
-    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.Attribute:
-        base = dotted(updated.value) or ""
-        if _is_eps_name(updated.attr.value) and base.split(".")[-1] == "config":
-            if updated.attr.value != self.eps_key:
-                return updated.with_changes(attr=cst.Name(self.eps_key))
-        return updated
+def _is_eps_use(node: cst.CSTNode) -> bool:
+    """``<...config>.<norm eps field>``, such as ``config.rms_norm_eps``."""
+    return (
+        isinstance(node, cst.Attribute)
+        and _is_eps_name(node.attr.value)
+        and (dotted(node.value) or "").split(".")[-1] == "config"
+    )
 
 
 def _is_param_ctor(value: cst.BaseExpression, ctor: str) -> bool:

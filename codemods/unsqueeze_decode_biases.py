@@ -8,11 +8,11 @@ from autoport_cst.transform import Codemod, Example, FileContext
 from autoport_cst.transform.cst_helpers import (
     code_of,
     dotted,
-    find_all,
     is_call,
     is_none,
     parse_expr,
     positional_args,
+    rewrite,
     self_assignment,
     self_attr,
     walk,
@@ -80,18 +80,20 @@ class UnsqueezeDecodeBiases(Codemod):
     )
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        if not find_all(module, lambda n: is_call(n, "NF.attention_decode")):
+        nodes = walk(module)
+        calls = [n for n in nodes if is_call(n, "NF.attention_decode")]
+        if not calls:
             raise ctx.precondition(
                 "unsqueeze-decode-biases: no NF.attention_decode(...) call in this file"
             )
-        two_d = _two_d_parameters(module)
-        return module.visit(_Unsqueeze(two_d, module))
+        fixer = _Unsqueeze(_two_d_parameters(nodes), module)
+        return rewrite(module, {id(call): fixer.edit for call in calls})
 
 
-def _two_d_parameters(module: cst.Module) -> set[str]:
+def _two_d_parameters(nodes: list[cst.CSTNode]) -> set[str]:
     """Attributes created as 2-D parameters: ``self.x = nn.Parameter(torch.zeros(a, b, ...))``."""
     found = set()
-    for node in walk(module):
+    for node in nodes:
         if not isinstance(node, cst.SimpleStatementLine):
             continue
         assignment = self_assignment(node)
@@ -118,7 +120,7 @@ def is_two_d(value: cst.BaseExpression, two_d_params: set[str]) -> bool:
     return attr is not None and attr in two_d_params
 
 
-class _Unsqueeze(cst.CSTTransformer):
+class _Unsqueeze:
     def __init__(self, two_d: set[str], module: cst.Module) -> None:
         self.two_d = two_d
         self.module = module
@@ -133,9 +135,7 @@ class _Unsqueeze(cst.CSTTransformer):
             code = f"({code})"
         return parse_expr(f"{code}.unsqueeze(0)", self.module)
 
-    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        if not is_call(updated, "NF.attention_decode"):
-            return updated
+    def edit(self, updated: cst.Call) -> cst.Call:
         args = list(updated.args)
         for index, arg in enumerate(args):
             if arg.keyword is not None and arg.keyword.value in BIAS_ARGUMENTS:

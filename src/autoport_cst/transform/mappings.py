@@ -29,10 +29,11 @@ class MappingEntry:
     value: cst.BaseExpression
 
 
-def mapping_entries(node: cst.CSTNode) -> list[MappingEntry]:
-    """Every ``mappings[key] = value`` statement under ``node``."""
+def mapping_entries(node: cst.CSTNode | list[cst.CSTNode]) -> list[MappingEntry]:
+    """Every ``mappings[key] = value`` statement under ``node`` (or among
+    already walked ``nodes``)."""
     entries = []
-    for stmt in walk(node):
+    for stmt in walk(node) if isinstance(node, cst.CSTNode) else node:
         if not isinstance(stmt, cst.SimpleStatementLine):
             continue
         pair = simple_assign(stmt)

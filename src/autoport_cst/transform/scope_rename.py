@@ -1,55 +1,144 @@
-"""Rename classes by scope analysis: definitions, package-relative imports and
-every reference to those bindings, never a look-alike name in another scope or
-a same-named import from another package."""
+"""Rename classes by scope: definitions, package-relative imports and every
+reference that resolves to those bindings; never a same-named variable bound
+in another scope, and never a same-named class imported from another package.
+
+Resolution has two paths with the same result:
+
+- Fast path: when the module binds a name exactly once (its class definition
+  or its relative import) and nowhere else (no parameter, assignment, loop
+  target, import, ``def`` or ``class`` of that name in any scope), every
+  variable reference of that name can only resolve to that binding.
+- Otherwise LibCST's ``ScopeProvider`` resolves each reference.
+"""
 
 from __future__ import annotations
 
-from typing import Iterator
+import dataclasses
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ScopeProvider
 
-from autoport_cst.transform.cst_helpers import dotted
+from autoport_cst.transform.cst_helpers import dotted, rewrite, walk
 
 
-def rename_targets(wrapper: MetadataWrapper, table: dict[str, str]) -> set[int]:
-    """ids of the Name nodes of ``wrapper.module`` to rename: definitions of
-    classes in ``table``, package-relative imports of them, and every
-    reference to those bindings."""
-    scopes = wrapper.resolve(ScopeProvider)
-    targets: set[int] = set()
-    bindings: set[int] = set()
-    for node in _definitions(wrapper.module):
-        if isinstance(node, cst.ClassDef) and node.name.value in table:
-            targets.add(id(node.name))
-            bindings.add(id(node))
-        elif (
-            isinstance(node, cst.ImportFrom)
-            and node.relative
-            and not isinstance(node.names, cst.ImportStar)
-        ):
-            for alias in node.names:
-                if dotted(alias.name) in table:
-                    targets.add(id(alias.name))
-                    if alias.asname is None:
-                        bindings.add(id(node))
-    for scope in {s for s in scopes.values() if s is not None}:
-        for assignment in scope.assignments:
-            if assignment.name in table and id(getattr(assignment, "node", None)) in bindings:
-                for access in assignment.references:
-                    if isinstance(access.node, cst.Name):
-                        targets.add(id(access.node))
+class _BindingSurvey:
+    """One pass: own bindings (classes, relative imports), how often each name
+    is bound anywhere, and the variable references of each name."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+        self.definitions: list[cst.Name] = []
+        self.own_bindings: dict[str, list[cst.CSTNode]] = {}
+        self.counts: dict[str, int] = {}
+        self.references: dict[str, list[cst.Name]] = {}
+        self.not_variables: set[int] = set()
+
+    def _bind(self, node: cst.CSTNode | None) -> None:
+        if isinstance(node, cst.Name) and node.value in self.names:
+            self.counts[node.value] = self.counts.get(node.value, 0) + 1
+        elif isinstance(node, (cst.Tuple, cst.List)):
+            for element in node.elements:
+                self._bind(element.value)
+        elif isinstance(node, cst.StarredElement):
+            self._bind(node.value)
+
+    def survey(self, module: cst.Module) -> None:
+        skipped: set[int] = set()  # import subtrees (handled as bindings)
+        for node in walk(module):
+            if id(node) in skipped:
+                if not isinstance(node, cst.Name):
+                    skipped.update(id(c) for c in _direct_children(node))
+                continue
+            if not self.visit(node):
+                skipped.update(id(c) for c in _direct_children(node))
+
+    def visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.Name):
+            if node.value in self.names and id(node) not in self.not_variables:
+                self.references.setdefault(node.value, []).append(node)
+            return False
+        if isinstance(node, cst.Attribute):
+            self.not_variables.add(id(node.attr))
+        elif isinstance(node, cst.Arg):
+            if node.keyword is not None:
+                self.not_variables.add(id(node.keyword))
+        elif isinstance(node, cst.ClassDef):
+            self._bind(node.name)
+            if node.name.value in self.names:
+                self.definitions.append(node.name)
+                self.own_bindings.setdefault(node.name.value, []).append(node)
+        elif isinstance(node, cst.FunctionDef):
+            self._bind(node.name)
+        elif isinstance(node, cst.Param):
+            self._bind(node.name)
+        elif isinstance(node, cst.AssignTarget):
+            self._bind(node.target)
+        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)):
+            self._bind(node.target)
+        elif isinstance(node, (cst.For, cst.CompFor)):
+            self._bind(node.target)
+        elif isinstance(node, cst.AsName):
+            self._bind(node.name)
+        elif isinstance(node, cst.NamedExpr):
+            self._bind(node.target)
+        elif isinstance(node, (cst.Global, cst.Nonlocal)):
+            for item in node.names:
+                self._bind(item.name)
+        elif isinstance(node, (cst.MatchAs, cst.MatchStar)):
+            self._bind(node.name)
+        elif isinstance(node, cst.MatchMapping):
+            self._bind(node.rest)
+        elif isinstance(node, (cst.Import, cst.ImportFrom)):
+            self._import(node)
+            return False
+        return True
+
+    def _import(self, node: cst.Import | cst.ImportFrom) -> None:
+        if isinstance(node.names, cst.ImportStar):
+            return
+        relative = isinstance(node, cst.ImportFrom) and bool(node.relative)
+        for alias in node.names:
+            if alias.asname is not None:
+                self._bind(alias.asname.name)
+            name = dotted(alias.name)
+            if name not in self.names:
+                continue
+            if relative:
+                self.definitions.append(alias.name)  # type: ignore[arg-type]
+            if alias.asname is None:
+                self.counts[name] = self.counts.get(name, 0) + 1
+                if relative:
+                    self.own_bindings.setdefault(name, []).append(node)
+
+
+def rename_targets(module: cst.Module, table: dict[str, str]) -> set[int]:
+    """ids of the Name nodes of ``module`` to rename."""
+    survey = _BindingSurvey(set(table))
+    survey.survey(module)
+    targets = {id(node) for node in survey.definitions}
+    complicated: set[str] = set()
+    for name, bindings in survey.own_bindings.items():
+        if survey.counts.get(name, 0) == len(bindings) == 1:
+            targets.update(id(n) for n in survey.references.get(name, []))
+        else:
+            complicated.add(name)
+    if complicated:
+        own = {id(b) for name in complicated for b in survey.own_bindings[name]}
+        targets |= _scoped_references(module, complicated, own)
     return targets
 
 
-def _definitions(module: cst.Module) -> Iterator[cst.CSTNode]:
-    stack: list[cst.CSTNode] = [module]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (cst.ClassDef, cst.ImportFrom)):
-            yield node
-        if not isinstance(node, cst.BaseExpression):
-            stack.extend(node.children)
+def _scoped_references(module: cst.Module, names: set[str], bindings: set[int]) -> set[int]:
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    scopes = wrapper.resolve(ScopeProvider)
+    found: set[int] = set()
+    for scope in {s for s in scopes.values() if s is not None}:
+        for assignment in scope.assignments:
+            if assignment.name in names and id(getattr(assignment, "node", None)) in bindings:
+                for access in assignment.references:
+                    if isinstance(access.node, cst.Name):
+                        found.add(id(access.node))
+    return found
 
 
 class NameRenamer(cst.CSTTransformer):
@@ -69,8 +158,20 @@ def rename_classes_in_module(module: cst.Module, table: dict[str, str]) -> cst.M
     """Identifiers only (no strings or comments)."""
     if not table:
         return module
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    targets = rename_targets(wrapper, table)
-    if not targets:
-        return module
-    return wrapper.module.visit(NameRenamer(targets, table))
+    targets = rename_targets(module, table)
+    names = {id(n): n.value for n in walk(module) if id(n) in targets}
+    return rewrite(
+        module,
+        {key: (lambda updated, new=table[old]: updated.with_changes(value=new)) for key, old in names.items()},
+    )
+
+
+def _direct_children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    children = []
+    for field in dataclasses.fields(node):
+        value = getattr(node, field.name)
+        if isinstance(value, cst.CSTNode):
+            children.append(value)
+        elif isinstance(value, (list, tuple)):
+            children.extend(v for v in value if isinstance(v, cst.CSTNode))
+    return children

@@ -60,3 +60,48 @@ def line_col(text: str, offset: int) -> tuple[int, int]:
     line = text.count("\n", 0, offset)
     col = offset - (text.rfind("\n", 0, offset) + 1)
     return line, col
+
+
+def prose_token_positions(source: str) -> list[tuple[str, int, int]]:
+    """(raw text, 1-based line, 1-based column) of every string and comment
+    token of Python ``source``, in source order (f-string text parts on
+    Python 3.12+ included). Empty when the source does not tokenize."""
+    import io
+    import tokenize
+
+    kinds = {tokenize.STRING, tokenize.COMMENT}
+    middle = getattr(tokenize, "FSTRING_MIDDLE", None)
+    if middle is not None:
+        kinds.add(middle)
+    found = []
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type in kinds:
+                found.append((token.string, token.start[0], token.start[1] + 1))
+    except (tokenize.TokenError, SyntaxError):
+        return []
+    return found
+
+
+def locate_prose(tokens: list[tuple[str, int, int]], raw_texts: list[str]) -> list[tuple[int, int] | None]:
+    """Positions of string/comment texts, given in source order: each is
+    matched to the next token that equals it (or, for f-string parts, that
+    contains it)."""
+    positions: list[tuple[int, int] | None] = []
+    start = 0
+    for raw in raw_texts:
+        for index in range(start, len(tokens)):
+            text, line, col = tokens[index]
+            if text == raw:
+                positions.append((line, col))
+                start = index + 1
+                break
+            offset = text.find(raw)
+            if offset >= 0:
+                line_offset, col_offset = line_col(text, offset)
+                positions.append((line + line_offset, (col if line_offset == 0 else 1) + col_offset))
+                start = index
+                break
+        else:
+            positions.append(None)
+    return positions

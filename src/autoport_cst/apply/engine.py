@@ -1,0 +1,282 @@
+"""The apply engine: run a composition of codemods over a reference package
+and produce every file of the port, in memory. Nothing here writes to disk
+(see ``writer.py``); the outcome is data (:class:`PortResult`).
+
+Output layout, relative to the output directory::
+
+    vllm_neuron/model/<name>/...              every file of the reference package, transformed
+    vllm_neuron/model/<name>/reference.json   the port's manifest (spec, provenance)
+    vllm_neuron/model/registry.py             registry with the port's entry
+    <companion templates>                     example script and logit test
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+
+from autoport_cst import __version__
+from autoport_cst.apply.composer import Composition, Step, compose, port_context
+from autoport_cst.apply.reference import (
+    MANIFEST,
+    Manifest,
+    Provenance,
+    Reference,
+)
+from autoport_cst.errors import AutoportError, InputError, Position
+from autoport_cst.plan import Plan, plan_to_json
+from autoport_cst.spec import to_json
+from autoport_cst.transform import FileContext, Note, PortContext
+from autoport_cst.transform.base import defined_classes
+from autoport_cst.transform.library import get_codemod
+from autoport_cst.transform.roles import file_role
+
+MODEL_ROOT = "vllm_neuron/model"
+REGISTRY = f"{MODEL_ROOT}/registry.py"
+PORT_SECTION_BEGIN = "<!-- autoport-cst: port notes (generated) -->"
+PORT_SECTION_END = "<!-- autoport-cst: end of port notes -->"
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step as run: which files it changed and what it noted."""
+
+    codemod: str
+    params: dict
+    origin: str
+    realizes: tuple[str, ...]
+    changed: tuple[str, ...]
+    notes: tuple[Note, ...] = ()
+
+
+@dataclass
+class PortResult:
+    """Everything ``apply`` would write, or why it cannot."""
+
+    plan: Plan
+    reference: Reference
+    composition: Composition | None = None
+    steps: list[StepResult] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)  # output-relative path -> content
+    sources: dict[str, str] = field(default_factory=dict)  # output path -> reference text (for diffs)
+    failure: AutoportError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+    @property
+    def package_dir(self) -> str:
+        return f"{MODEL_ROOT}/{self.plan.name}"
+
+
+@dataclass
+class _Unit:
+    """One file being transformed."""
+
+    out_path: str
+    rel: str  # path inside the package (or companion name) for messages
+    role: str
+    text: str
+    module: cst.Module | None = None
+    original: str = ""
+
+    def __post_init__(self) -> None:
+        self.original = self.text
+
+    def current(self) -> str:
+        return self.module.code if self.module is not None else self.text
+
+
+def build_port(
+    plan: Plan,
+    reference: Reference,
+    existing_registry: str | None = None,
+    plan_source: str = "<plan>",
+    replace_registry_entry: bool = False,
+) -> PortResult:
+    """Compose and run the codemods; return the files of the port. Never raises
+    for bad input or failed preconditions: those become ``result.failure``."""
+    result = PortResult(plan, reference)
+    try:
+        result.composition = compose(plan, reference, plan_source)
+        port = port_context(plan, reference)
+        units = _load_units(plan, reference, existing_registry)
+        for step in result.composition.steps:
+            result.steps.append(_run_step(step, units, port))
+        result.steps += _identity_steps(plan, reference, units, port, replace_registry_entry)
+        _finish(plan, reference, result, units, plan_source)
+    except AutoportError as error:
+        result.failure = error
+        result.files = {}
+    return result
+
+
+def _load_units(plan: Plan, reference: Reference, existing_registry: str | None) -> list[_Unit]:
+    units = []
+    package = f"{MODEL_ROOT}/{plan.name}"
+    for rel, text in reference.files.items():
+        units.append(_Unit(f"{package}/{rel}", rel, file_role(rel), text))
+    for name, text in reference.companions.items():
+        out = reference.manifest.companions[name].format(name=plan.name)
+        units.append(_Unit(out, f"companions/{name}", "companion", text))
+    if existing_registry is None:
+        from autoport_cst.reference_models import ROOT
+
+        existing_registry = (ROOT / "registry_base.py").read_text(encoding="utf-8")
+    units.append(_Unit(REGISTRY, "registry.py", "registry", existing_registry))
+    for unit in units:
+        if unit.out_path.endswith(".py"):
+            try:
+                unit.module = cst.parse_module(unit.text)
+            except cst.ParserSyntaxError as exc:
+                where = reference.directory / unit.rel if unit.role != "registry" else Path(REGISTRY)
+                raise InputError(
+                    f"cannot parse: {exc.message}", Position(str(where), exc.raw_line, exc.raw_column + 1)
+                ) from None
+    return units
+
+
+def _package_classes(units: list[_Unit]) -> frozenset[str]:
+    names: set[str] = set()
+    for unit in units:
+        if unit.module is not None and unit.role not in ("registry", "companion"):
+            names.update(defined_classes(unit.module))
+    return frozenset(names)
+
+
+def _run_step(step: Step, units: list[_Unit], port: PortContext, label: str | None = None) -> StepResult:
+    codemod = step.codemod(step.params)
+    port.package_classes = _package_classes(units)
+    changed = []
+    notes: list[Note] = []
+    targets = [u for u in units if codemod.applies_to(u.role)]
+    if not targets:
+        raise InputError(f"{step.id}: the reference has no file of role {'/'.join(codemod.FILES)}")
+    for unit in targets:
+        ctx = FileContext(path=unit.rel, role=unit.role, port=port)
+        if unit.module is not None:
+            before = unit.module
+            after = codemod.transform_module(before, ctx)
+            if after is not before and after.code != before.code:
+                unit.module = after
+                changed.append(unit.out_path)
+        else:
+            new_text = codemod.transform_text(unit.text, ctx)
+            if new_text != unit.text:
+                unit.text = new_text
+                changed.append(unit.out_path)
+        notes += ctx.notes
+    return StepResult(label or step.id, step.params_json(), step.origin, step.realizes, tuple(changed), tuple(notes))
+
+
+def _identity_steps(plan, reference, units, port, replace: bool) -> list[StepResult]:
+    """Steps every port gets: model identity in the companions, and the
+    registry entry."""
+    results = []
+    if reference.companions:
+        cls = get_codemod("set-constants")
+        params = cls.parse_params(
+            {"values": {"MODEL_NAME": plan.name, "HF_ARCHITECTURE": plan.architecture}}
+        )
+        results.append(_run_step(Step(cls, params, "identity"), units, port))
+    cls = get_codemod("register-model")
+    params = cls.parse_params(
+        {
+            "package": plan.name,
+            "class_name": f"{plan.prefix}ForCausalLM",
+            "architecture": plan.architecture,
+            "replace": replace,
+        }
+    )
+    results.append(_run_step(Step(cls, params, "identity"), units, port))
+    return results
+
+
+def plan_digest(plan: Plan) -> str:
+    canonical = json.dumps(plan_to_json(plan), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _finish(plan: Plan, reference: Reference, result: PortResult, units: list[_Unit], source: str) -> None:
+    package = f"{MODEL_ROOT}/{plan.name}"
+    step_ids = tuple(s.codemod for s in result.steps)
+    for unit in units:
+        text = unit.current()
+        if unit.role == "docs":
+            text = _port_notes(text, plan, reference, result)
+        elif unit.out_path.endswith(".py") and unit.out_path.startswith(package + "/"):
+            text = _banner(text, reference.name, plan.name)
+        result.files[unit.out_path] = text
+        result.sources[unit.out_path] = unit.original
+    manifest = Manifest(
+        format=reference.manifest.format,
+        name=plan.name,
+        class_prefix=plan.prefix,
+        architecture=plan.architecture,
+        spec=plan.spec,
+        summary=plan.description or f"Ported from the {reference.name} reference by autoport-cst.",
+        config_driven=reference.manifest.config_driven,
+        companions={},
+        provenance=Provenance(
+            reference=reference.name,
+            reference_sha256=reference.sha256,
+            plan_sha256=plan_digest(plan),
+            steps=step_ids,
+            tool_version=__version__,
+        ),
+    )
+    result.files[f"{package}/{MANIFEST}"] = json.dumps(to_json(manifest), indent=2) + "\n"
+    for path, text in result.files.items():
+        if path.endswith(".py"):
+            try:
+                compile(text, path, "exec")
+            except SyntaxError as exc:
+                raise InputError(
+                    f"internal error: the port does not compile: {exc.msg}",
+                    Position(path, exc.lineno, exc.offset),
+                ) from None
+
+
+def _banner(text: str, reference: str, name: str) -> str:
+    line = (
+        f"# Ported to {name} by autoport-cst from the {reference} reference; "
+        f"steps and provenance are in reference.json.\n"
+    )
+    if text.startswith(line):
+        return text
+    if text.startswith("# SPDX-License-Identifier"):
+        first, _, rest = text.partition("\n")
+        return f"{first}\n{line}{rest}"
+    return line + text
+
+
+def _port_notes(text: str, plan: Plan, reference: Reference, result: PortResult) -> str:
+    """Replace (or append) the generated port-notes section of a README."""
+    lines = [
+        PORT_SECTION_BEGIN,
+        "## Port notes",
+        "",
+        f"Ported from the `{reference.name}` reference by autoport-cst, plan `{plan.name}` "
+        f"(architecture `{plan.architecture}`).",
+        "",
+        "| step | codemod | realizes | origin |",
+        "|---|---|---|---|",
+    ]
+    for number, step in enumerate(result.steps, 1):
+        realizes = ", ".join(f"`{r}`" for r in step.realizes) or "-"
+        lines.append(f"| {number} | `{step.codemod}` | {realizes} | {step.origin} |")
+    if result.composition and result.composition.by_config:
+        lines += ["", "Read from the model config at run time (no code change):", ""]
+        lines += [f"- `{d.path}`: {json.dumps(to_json(d.target))}" for d in result.composition.by_config]
+    lines.append(PORT_SECTION_END)
+    section = "\n".join(lines) + "\n"
+    if PORT_SECTION_BEGIN in text and PORT_SECTION_END in text:
+        before, _, rest = text.partition(PORT_SECTION_BEGIN)
+        _, _, after = rest.partition(PORT_SECTION_END)
+        return before + section + after.lstrip("\n")
+    return text.rstrip("\n") + "\n\n" + section
