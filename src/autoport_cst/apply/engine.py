@@ -81,15 +81,20 @@ class _Unit:
     out_path: str
     rel: str  # path inside the package (or companion name) for messages
     role: str
-    text: str
+    text: str | None
     module: cst.Module | None = None
     original: str = ""
+    label: str = ""  # how notes and errors name the file (reference-relative)
 
     def __post_init__(self) -> None:
         self.original = self.text
+        self.label = self.label or self.rel
 
     def current(self) -> str:
-        return self.module.code if self.module is not None else self.text
+        """The file's current text (module code is generated once per change)."""
+        if self.module is not None and self.text is None:
+            self.text = self.module.code
+        return self.text
 
 
 def build_port(
@@ -120,10 +125,12 @@ def _load_units(plan: Plan, reference: Reference, existing_registry: str | None)
     units = []
     package = f"{MODEL_ROOT}/{plan.name}"
     for rel, text in reference.files.items():
-        units.append(_Unit(f"{package}/{rel}", rel, file_role(rel), text))
+        units.append(_Unit(f"{package}/{rel}", rel, file_role(rel), text, label=f"{reference.name}/{rel}"))
     for name, text in reference.companions.items():
         out = reference.manifest.companions[name].format(name=plan.name)
-        units.append(_Unit(out, f"companions/{name}", "companion", text))
+        units.append(
+            _Unit(out, f"companions/{name}", "companion", text, label=f"{reference.name}/companions/{name}")
+        )
     if existing_registry is None:
         from autoport_cst.reference_models import ROOT
 
@@ -158,13 +165,15 @@ def _run_step(step: Step, units: list[_Unit], port: PortContext, label: str | No
     if not targets:
         raise InputError(f"{step.id}: the reference has no file of role {'/'.join(codemod.FILES)}")
     for unit in targets:
-        ctx = FileContext(path=unit.rel, role=unit.role, port=port)
+        ctx = FileContext(path=unit.label, role=unit.role, port=port)
         if unit.module is not None:
             before = unit.module
             after = codemod.transform_module(before, ctx)
-            if after is not before and after.code != before.code:
-                unit.module = after
-                changed.append(unit.out_path)
+            if after is not before:
+                previous = unit.current()
+                unit.module, unit.text = after, None
+                if unit.current() != previous:
+                    changed.append(unit.out_path)
         else:
             new_text = codemod.transform_text(unit.text, ctx)
             if new_text != unit.text:

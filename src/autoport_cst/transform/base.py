@@ -148,8 +148,8 @@ class Codemod:
 
     @classmethod
     def summary(cls) -> str:
-        doc = (cls.__doc__ or "").strip()
-        return doc.splitlines()[0] if doc else ""
+        doc = textwrap.dedent((cls.__doc__ or "").strip("\n")).strip()
+        return " ".join(doc.split("\n\n")[0].split())
 
     @classmethod
     def documentation(cls) -> str:

@@ -1,0 +1,129 @@
+"""Properties of the codemod library over generated model-shaped sources.
+
+- idempotence: T(T(x)) == T(x), byte for byte;
+- a codemod either transforms its target or raises a clear precondition
+  error; code it does not target comes back unchanged or is refused;
+- every output parses and compiles;
+- codemods with no ordering constraint between them commute.
+
+Examples per property: 25 by default; set HYPOTHESIS_PROFILE=thorough for
+many more (an opt-in, slower run).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import libcst as cst
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autoport_cst.errors import PreconditionError
+from autoport_cst.transform.base import Codemod, PortContext, run_on_source
+from autoport_cst.transform.library import get_codemod
+
+from .model_sources import PREFIX, model_sources, unrelated_sources
+
+settings.register_profile(
+    "default", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "thorough", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+# codemods that apply to model files, with strategies for their parameters
+PARAMS = {
+    "rename-classes": PREFIX.map(lambda p: {"new_prefix": p + "X"}),
+    "swap-norm": st.builds(
+        lambda kind, bias, key: {"kind": kind, "bias": bias and kind == "layernorm", "eps_key": key},
+        st.sampled_from(["rmsnorm", "layernorm"]),
+        st.booleans(),
+        st.sampled_from([None, "layer_norm_eps", "rms_norm_eps"]),
+    ),
+    "add-qkv-bias": st.sampled_from([{"qkv": True}, {"qkv": True, "o": True}, {"qkv": False, "o": True}]),
+    "lazy-rope": st.just({}),
+    "unsqueeze-decode-biases": st.just({}),
+    "float32-router": st.just({}),
+}
+
+
+def apply(codemod_id: str, params: dict, source: str, old_prefix: str) -> str:
+    cls = get_codemod(codemod_id)
+    if codemod_id == "rename-classes":
+        params = {"old_prefix": old_prefix, **params}
+    codemod: Codemod = cls(cls.parse_params(params))
+    return run_on_source(codemod, source, "model.py", "model", PortContext())[0]
+
+
+def checked(output: str) -> str:
+    cst.parse_module(output)
+    compile(output, "model.py", "exec")
+    return output
+
+
+@pytest.mark.parametrize("codemod_id", sorted(PARAMS))
+@given(data=st.data(), generated=model_sources)
+def test_idempotent_and_compiles(codemod_id, data, generated):
+    shape, source = generated
+    params = data.draw(PARAMS[codemod_id])
+    try:
+        once = checked(apply(codemod_id, params, source, shape.prefix))
+    except PreconditionError as error:
+        assert error.position is not None and error.position.path == "model.py"
+        assert codemod_id in str(error)
+        return
+    old = shape.prefix
+    if codemod_id == "rename-classes":  # the second run renames from the new prefix
+        old = params["new_prefix"]
+    assert apply(codemod_id, params, once, old) == once
+
+
+@pytest.mark.parametrize("codemod_id", sorted(PARAMS))
+@given(data=st.data(), source=unrelated_sources())
+def test_untargeted_code_is_unchanged_or_refused(codemod_id, data, source):
+    params = data.draw(PARAMS[codemod_id])
+    try:
+        output = apply(codemod_id, params, source, "Llama")
+    except PreconditionError as error:
+        assert "model.py" in str(error)
+        return
+    assert output == source
+
+
+def _independent_pairs():
+    ids = sorted(PARAMS)
+    for a, b in itertools.combinations(ids, 2):
+        ca, cb = get_codemod(a), get_codemod(b)
+        if a not in cb.AFTER and b not in ca.AFTER:
+            yield a, b
+
+
+@pytest.mark.parametrize("first, second", list(_independent_pairs()))
+@given(data=st.data(), generated=model_sources)
+def test_independent_codemods_commute(first, second, data, generated):
+    shape, source = generated
+    p1, p2 = data.draw(PARAMS[first]), data.draw(PARAMS[second])
+
+    def run(order):
+        text, prefix = source, shape.prefix
+        for codemod_id, params in order:
+            text = apply(codemod_id, params, text, prefix)
+            if codemod_id == "rename-classes":
+                prefix = params["new_prefix"]
+        return text
+
+    try:
+        ab = run([(first, p1), (second, p2)])
+        ba = run([(second, p2), (first, p1)])
+    except PreconditionError:
+        return
+    assert ab == ba
+
+
+def test_independent_pairs_are_declared():
+    pairs = set(_independent_pairs())
+    assert ("add-qkv-bias", "unsqueeze-decode-biases") not in pairs
+    assert ("rename-classes", "swap-norm") in pairs
