@@ -10,9 +10,11 @@ from autoport_cst.transform import Codemod, Example, FileContext
 from autoport_cst.transform.cst_helpers import (
     classes,
     classes_with_role,
+    deep_statements,
     dotted,
     free_names,
     is_call,
+    is_none,
     keyword_arg,
     method,
     parse_statement,
@@ -24,8 +26,9 @@ from autoport_cst.transform.cst_helpers import (
     walk,
     with_statements,
 )
+from autoport_cst.transform.roles import class_role
 
-ROPE_NAME = re.compile(r"(inv_freq|cos|sin)", re.IGNORECASE)
+ROPE_NAME = re.compile(r"(^|_)(inv_freq|cos|sin)(_|$)")
 METHOD = "_compute_inv_freq"
 TENSOR_FACTORIES = (
     "arange", "ones", "zeros", "empty", "full", "tensor", "linspace", "logspace",
@@ -167,22 +170,42 @@ class LazyRope(Codemod):
         if init is None:
             return cls
         body = list(statements(init))
-        tensor_locals: set[str] = set()
-        moved: list[int] = []  # indexes of statements to move
-        rope_indexes: set[int] = set()
-        outputs: list[str] = []  # rope tensor names, in order
+        # RoPE tensors stored on self: attributes and buffers (a registered
+        # buffer is a tensor whatever computes it)
+        sinks: dict[int, str] = {}
         for index, stmt in enumerate(body):
-            rope = _rope_tensor(stmt, tensor_locals)
-            if rope is not None:
-                moved.append(index)
-                rope_indexes.add(index)
-                if rope not in outputs:
-                    outputs.append(rope)
-                continue
-            local = _tensor_local(stmt, tensor_locals)
-            if local is not None:
-                tensor_locals.add(local)
-                moved.append(index)
+            name = _rope_sink(stmt)
+            if name is not None:
+                sinks[index] = name
+        outputs = list(dict.fromkeys(sinks.values()))
+        self._refuse_nested_buffers(cls, init, body, module, ctx)
+        # locals holding tensors: computed by torch, or stored as a RoPE tensor
+        tensor_locals: set[str] = set()
+        for index in sinks:
+            tensor_locals |= _payload_names(_sink_value(body[index]))
+        grew = True
+        while grew:
+            grew = False
+            for stmt in body:
+                local = _simple_local(stmt)
+                if local and local[0] not in tensor_locals and _is_tensor_expr(local[1], tensor_locals, outputs):
+                    tensor_locals.add(local[0])
+                    grew = True
+        moved = sorted(
+            i for i, stmt in enumerate(body)
+            if i in sinks or (_simple_local(stmt) or ("",))[0] in tensor_locals
+        )
+        rope_indexes = set(sinks)
+        # a tensor local assigned by anything but ``name = value`` cannot move
+        for stmt in body:
+            if _simple_local(stmt) is None and _assigned_names(stmt) & tensor_locals:
+                raise ctx.precondition(
+                    f"lazy-rope: {cls.name.value}.__init__ computes "
+                    f"{', '.join(sorted(_assigned_names(stmt) & tensor_locals))} in a statement "
+                    "that also assigns other values; split it so the tensor can move",
+                    stmt,
+                    module,
+                )
         if not outputs:
             return cls
         if method(cls, METHOD) is not None:
@@ -251,7 +274,7 @@ class LazyRope(Codemod):
             converted = _as_local(stmt)
             if converted is None:
                 continue
-            converted = converted.visit(_Relocate(rename))
+            converted = converted.visit(_Relocate(rename)).visit(_ReadLocal(set(outputs)))
             method_body.append(converted.with_changes(leading_lines=[]))
         returned = ", ".join(outputs)
         method_body += parse_statements(f"return {returned}", module)
@@ -271,6 +294,36 @@ class LazyRope(Codemod):
             else:
                 new_members.append(member)
         return cls.with_changes(body=cls.body.with_changes(body=new_members))
+
+    def _refuse_nested_buffers(self, cls, init, body, module, ctx) -> None:
+        """Buffers registered inside loops or conditions (per-layer-type tables,
+        ``setattr(self, f"{t}_inv_freq", ...)``) are not moved: refuse rather
+        than leave them silently."""
+        rotary = class_role(cls.name.value) == "rotary"
+        top_level = {id(s) for s in body}
+        for stmt in deep_statements(init):
+            if id(stmt) in top_level:
+                continue
+            for node in walk(stmt):
+                if not isinstance(node, cst.Call):
+                    continue
+                name = dotted(node.func) or ""
+                stored = None
+                if name == "self.register_buffer" and node.args:
+                    stored = string_text(node.args[0].value)
+                elif name == "setattr" and len(node.args) >= 2 and dotted(node.args[0].value) == "self":
+                    stored = string_text(node.args[1].value)
+                elif name.endswith("Buffer") and rotary:
+                    stored = "a buffer"
+                else:
+                    continue
+                if stored is None or "{" in stored or ROPE_NAME.search(stored) or rotary:
+                    raise ctx.precondition(
+                        f"lazy-rope: {cls.name.value}.__init__ stores {stored or 'a computed tensor'} "
+                        "inside a loop or condition; lazy-rope only moves top-level statements",
+                        node,
+                        module,
+                    )
 
     def _rewrite_forward(self, forward: cst.FunctionDef, outputs: list[str], module) -> cst.FunctionDef:
         params = [p.name.value for p in forward.params.params[1:]]
@@ -296,52 +349,94 @@ def _is_docstring(stmt: cst.CSTNode) -> bool:
     )
 
 
-def _is_tensor_expr(node: cst.CSTNode, tensor_locals: set[str]) -> bool:
+def _is_tensor_expr(node: cst.CSTNode, tensor_locals: set[str], rope_attrs=()) -> bool:
     for n in walk(node):
         if isinstance(n, cst.Call) and (dotted(n.func) or "").startswith("torch."):
             return True
         if isinstance(n, cst.Name) and n.value in tensor_locals:
             return True
+        if self_attr(n) in rope_attrs:
+            return True
     return False
 
 
-def _rope_tensor(stmt: cst.BaseStatement, tensor_locals: set[str]) -> str | None:
-    """Name of the RoPE tensor this statement stores on self, if any."""
-    found = self_assignment(stmt)
-    if found and ROPE_NAME.search(found[0]) and _is_tensor_expr(found[1], tensor_locals):
-        return found[0]
+def _register_buffer(stmt: cst.BaseStatement) -> cst.Call | None:
     if (
         isinstance(stmt, cst.SimpleStatementLine)
         and isinstance(stmt.body[0], cst.Expr)
         and is_call(stmt.body[0].value, "self.register_buffer")
+        and len(stmt.body[0].value.args) >= 2
     ):
-        call = stmt.body[0].value
-        if len(call.args) >= 2:
-            name = string_text(call.args[0].value)
-            if name and ROPE_NAME.search(name) and _is_tensor_expr(call.args[1].value, tensor_locals):
-                return name
+        return stmt.body[0].value
     return None
 
 
-def _tensor_local(stmt: cst.BaseStatement, tensor_locals: set[str]) -> str | None:
+def _rope_sink(stmt: cst.BaseStatement) -> str | None:
+    """Name of the RoPE tensor this statement stores on self: a buffer or an
+    attribute named like inv_freq / cos / sin, holding a computed value."""
+    found = self_assignment(stmt)
+    if found and ROPE_NAME.search(found[0]):
+        value = found[1]
+        literal = (cst.Integer, cst.Float, cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)
+        if isinstance(value, literal) or dotted(value) in ("None", "True", "False"):
+            return None
+        return found[0]
+    call = _register_buffer(stmt)
+    if call is not None:
+        name = string_text(call.args[0].value)
+        if name and ROPE_NAME.search(name) and not is_none(call.args[1].value):
+            return name
+    return None
+
+
+def _sink_value(stmt: cst.BaseStatement) -> cst.BaseExpression:
+    found = self_assignment(stmt)
+    if found:
+        return found[1]
+    return _register_buffer(stmt).args[1].value
+
+
+def _payload_names(value: cst.BaseExpression) -> set[str]:
+    """Locals whose tensor a stored value carries: ``x``, ``nn.Buffer(x, ...)``,
+    ``x.clone()``, ``x.cos()``, ``x[...]``."""
+    if isinstance(value, cst.Name):
+        return {value.value}
+    if isinstance(value, cst.Call):
+        if (dotted(value.func) or "").endswith("Buffer") and value.args:
+            return _payload_names(value.args[0].value)
+        if isinstance(value.func, cst.Attribute):
+            return _payload_names(value.func.value)
+    if isinstance(value, cst.Subscript):
+        return _payload_names(value.value)
+    return set()
+
+
+def _simple_local(stmt: cst.BaseStatement) -> tuple[str, cst.BaseExpression] | None:
+    """(name, value) of ``name = value`` (one Name target)."""
     if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
         return None
     small = stmt.body[0]
-    if isinstance(small, (cst.Assign, cst.AnnAssign)):
-        targets = small.targets if isinstance(small, cst.Assign) else [small]
-        if len(targets) == 1 and isinstance(targets[0].target, cst.Name) and small.value is not None:
-            if _is_tensor_expr(small.value, tensor_locals):
-                return targets[0].target.value
+    if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+        return small.targets[0].target.value, small.value
+    if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.value is not None:
+        return small.target.value, small.value
     return None
 
 
 def _assigned_names(stmt: cst.CSTNode) -> set[str]:
+    """Names a statement binds (plain, annotated, augmented and tuple targets,
+    loop targets)."""
     names = set()
     for n in walk(stmt):
-        if isinstance(n, cst.AssignTarget) and isinstance(n.target, cst.Name):
-            names.add(n.target.value)
-        if isinstance(n, cst.AnnAssign) and isinstance(n.target, cst.Name):
-            names.add(n.target.value)
+        targets = []
+        if isinstance(n, cst.AssignTarget):
+            targets = [n.target]
+        elif isinstance(n, (cst.AnnAssign, cst.AugAssign, cst.For)):
+            targets = [n.target]
+        for target in targets:
+            for leaf in walk(target):
+                if isinstance(leaf, cst.Name) and not isinstance(target, cst.Attribute):
+                    names.add(leaf.value)
     return names
 
 
@@ -368,15 +463,13 @@ def _as_local(stmt: cst.BaseStatement) -> cst.BaseStatement | None:
     name = value = None
     if found:
         name, value = found
-    elif (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and isinstance(stmt.body[0], cst.Expr)
-        and is_call(stmt.body[0].value, "self.register_buffer")
-    ):
-        call = stmt.body[0].value
+    elif _register_buffer(stmt) is not None:
+        call = _register_buffer(stmt)
         name, value = string_text(call.args[0].value), call.args[1].value
     if name is None:
         return stmt
+    if isinstance(value, cst.Call) and (dotted(value.func) or "").endswith("Buffer") and value.args:
+        value = value.args[0].value  # nn.Buffer(t, persistent=False) -> t
     if isinstance(value, cst.Name) and value.value == name:
         return None
     return cst.SimpleStatementLine(
