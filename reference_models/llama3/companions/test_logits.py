@@ -20,6 +20,7 @@ MODEL_NAME = "llama3"  # package under vllm_neuron/model/
 HF_ARCHITECTURE = "LlamaForCausalLM"  # config.json architectures[0]
 DECODE_STEPS = 8
 
+pytest.importorskip("torch", reason="needs autoport-cst[validate]")
 validate = pytest.importorskip("autoport_cst.validate", reason="needs autoport-cst[validate]")
 
 PACKAGE = Path(__file__).resolve().parents[4] / "vllm_neuron" / "model" / MODEL_NAME

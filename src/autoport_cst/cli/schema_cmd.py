@@ -8,7 +8,7 @@ import click
 
 from autoport_cst.cli.common import error_boundary
 
-SCHEMAS = ("plan", "reference", "spec")
+SCHEMAS = ("plan", "reference", "spec", "report")
 
 
 @click.command("schema")
@@ -16,7 +16,13 @@ SCHEMAS = ("plan", "reference", "spec")
 @error_boundary
 def schema_command(name):
     """Print the JSON Schema of NAME: `plan` (plan.json), `reference` (a
-    reference package's reference.json) or `spec` (the architecture spec)."""
+    reference package's reference.json), `spec` (the architecture spec) or
+    `report` (the JSON report of `validate`)."""
+    if name == "report":
+        from autoport_cst.validate import report_schema_json
+
+        click.echo(report_schema_json())
+        return
     if name == "plan":
         from autoport_cst.plan import plan_schema
 

@@ -1,0 +1,172 @@
+"""``autoport-cst tiny`` and ``autoport-cst validate``.
+
+torch and transformers are imported inside the commands only, so importing
+``autoport_cst.cli`` stays cheap.
+
+Exit codes of ``validate``: 0 equivalent within the documented tolerances
+(docs/validation.md), 1 not equivalent (the first diverging component, or the
+stage where the port failed, is named), 2 bad input.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from autoport_cst.cli.common import EXIT_ERROR, error_boundary, stderr_console, stdout_console
+from autoport_cst.errors import InputError
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@click.command("tiny")
+@click.argument("arch_or_config")
+@click.argument("outdir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed of the weights.")
+@error_boundary
+def tiny_command(arch_or_config: str, outdir: Path, seed: int) -> None:
+    """Build a tiny random checkpoint (config.json + model.safetensors).
+
+    ARCH_OR_CONFIG is a transformers architecture (LlamaForCausalLM), a
+    model_type (llama) or a config.json path. The same seed gives
+    byte-identical tensors.
+    """
+    from autoport_cst.validate.tiny import build_tiny_checkpoint
+
+    result = build_tiny_checkpoint(arch_or_config, outdir, seed=seed)
+    stdout_console().print(
+        f"wrote {result.directory}/config.json and model.safetensors: {result.architecture} "
+        f"({result.model_type}), {result.num_parameters:,} parameters, seed {result.seed}"
+    )
+
+
+@click.command("validate")
+@click.argument("model_dir", type=click.Path(path_type=Path))
+@click.option("--hf", "checkpoint_dir", required=True, type=click.Path(path_type=Path),
+              help="Checkpoint directory (config.json + safetensors) read by both sides.")
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size (ranks run as local processes).")
+@click.option("--dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True)
+@click.option("--steps", type=int, default=16, show_default=True, help="Decode steps after the prefill.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the JSON report here.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the prompts and block tables.")
+@error_boundary
+def validate_command(
+    model_dir: Path, checkpoint_dir: Path, tp: int, dtype: str, steps: int, json_path: Path | None, seed: int
+) -> None:
+    """Run the port in MODEL_DIR and transformers on the same checkpoint
+    through prefill and decode, and compare them.
+
+    Exit code 0: equivalent; 1: not equivalent (names the first diverging
+    component); 2: bad input.
+    """
+    import sys
+
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from autoport_cst.validate.api import STAGES, validate_model
+
+    if steps < 1:
+        raise InputError(f"--steps must be at least 1, got {steps}")
+    console = stderr_console()
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]validate[/] {task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("starting", total=len(STAGES))
+
+        def on_stage(stage: str) -> None:
+            done = STAGES.index(stage) if stage in STAGES else 0
+            progress.update(task, description=stage, completed=done)
+
+        report = validate_model(model_dir, checkpoint_dir, tp=tp, dtype=dtype, steps=steps, seed=seed, on_stage=on_stage)
+        progress.update(task, completed=len(STAGES), description="done")
+
+    if json_path is not None:
+        _atomic_write(json_path, report.to_json())
+    print_report(report)
+    sys.exit(report.exit_code)
+
+
+def print_report(report) -> None:
+    """The rich summary: settings, verdict, logit metrics, component table."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = stdout_console()
+    settings = report.settings
+    console.print(
+        f"[bold]{escape(report.factory or '?')}[/] from {escape(report.model_dir)} vs transformers "
+        f"{escape(report.architecture or '?')} on {escape(report.checkpoint_dir)}"
+    )
+    console.print(
+        f"tp={settings['tp']} dtype={settings['dtype']} prompts={settings['prompt_lengths']} "
+        f"decode steps={settings['steps']} block size={settings.get('block_size')}"
+    )
+    if report.failure is not None:
+        console.print(f"[bold red]NOT EQUIVALENT[/]: the port failed at {report.failure.stage}")
+        console.print(escape(report.failure.message))
+        return
+    logits = report.logits or {}
+    table = Table(title="logits", show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for level, error in (logits.get("topk_max_error") or {}).items():
+        rtol = logits["topk_rtol"][level]
+        table.add_row(f"top-{level} error (rtol {rtol})", _num(error))
+    table.add_row("tokens passing the two-way check", f"{logits.get('tokens_passed')}/{logits.get('tokens')}")
+    for key in ("max_abs_error", "max_rel_error", "cosine_min", "cosine_p5", "kl_mean", "kl_max",
+                "top1_agreement", "greedy_match", "sigma_ratio", "bhattacharyya"):
+        if logits.get(key) is not None:
+            table.add_row(key.replace("_", " "), _num(logits[key]))
+    for gate, ok in (logits.get("gates") or {}).items():
+        table.add_row(f"gate: {gate}", "[green]pass[/]" if ok else "[red]FAIL[/]")
+    console.print(table)
+
+    first = report.components[0] if report.components else None
+    caption = None
+    if first is not None:
+        sign = "<=" if first["gate"] == "rel_error" else "<"
+        caption = f"gate: {first['gate']} {sign} {first['tolerance']:g}"
+    components = Table(title="components (port vs transformers)", caption=caption, header_style="bold")
+    components.add_column("component", overflow="fold")
+    components.add_column("phase", no_wrap=True)
+    for column in ("rel error", "R-ratio", "max abs"):
+        components.add_column(column, justify="right", no_wrap=True)
+    components.add_column("gate", no_wrap=True, min_width=4)
+    for row in report.components:
+        gate = "[green]pass[/]" if row["passed"] else "[red]FAIL[/]"
+        components.add_row(
+            escape(row["name"]), row["phase"], _num(row["rel_error"]), _num(row["r_ratio"]),
+            _num(row["max_abs_error"]), gate,
+        )
+    console.print(components)
+    if report.not_compared:
+        console.print("not compared: " + escape(", ".join(report.not_compared)))
+    if report.equivalent:
+        console.print("[bold green]EQUIVALENT[/] within tolerances")
+    else:
+        console.print(f"[bold red]NOT EQUIVALENT[/]: {escape(report.summary().removeprefix('not equivalent: '))}")
+
+
+def _num(value) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+__all__ = ["EXIT_ERROR", "tiny_command", "validate_command"]

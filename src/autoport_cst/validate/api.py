@@ -1,0 +1,276 @@
+"""Validate a model package against transformers on the same checkpoint.
+
+``validate_model(model_dir, checkpoint_dir, tp=1, dtype="fp32", steps=16)``
+returns a ``ValidationReport`` (``report.equivalent``, ``report.exit_code``,
+``report.first_diverging``, ``report.to_json()``). Bad input (paths, options,
+a checkpoint that lacks a tensor or has one of the wrong shape) raises
+``autoport_cst.errors.InputError``; a port that crashes or breaks a hardware
+rule gives a report that is not equivalent and says where (``failure``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from autoport_cst.errors import InputError
+
+from . import compare
+from .driver import PortFailure, PortOutput, PortSession, port_hf_config
+from .package import PortImportError, check_package_dir, imported_package
+from .reference import ReferenceOutput, greedy_teacher, load_reference, run_reference
+from .report import PortFailureInfo, ValidationReport
+from .scenario import DEFAULT_BLOCK_SIZE, DEFAULT_STEPS, Scenario
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+MAX_TP = 8
+VALIDATION_THREADS = 1  # torch intra-op threads per process (see _intra_op_threads)
+
+# The stages ``on_stage`` reports, in order.
+STAGES = ("load port", "reference fp32", "reference bf16", "run port", "compare")
+
+StageCallback = Callable[[str], None]
+
+
+def _check_inputs(model_dir: str | Path, checkpoint_dir: str | Path, tp: int, dtype: str) -> tuple[Path, Path, dict]:
+    package = check_package_dir(model_dir)
+    checkpoint = Path(checkpoint_dir)
+    if not checkpoint.is_dir():
+        raise InputError(f"{checkpoint}: no such checkpoint directory")
+    config_path = checkpoint / "config.json"
+    if not config_path.is_file():
+        raise InputError(f"{checkpoint}: no config.json")
+    if not any(checkpoint.glob("*.safetensors")):
+        raise InputError(f"{checkpoint}: no .safetensors file")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise InputError(f"{config_path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}") from error
+    if dtype not in DTYPES:
+        raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if not 1 <= tp <= MAX_TP:
+        raise InputError(f"--tp must be between 1 and {MAX_TP}, got {tp}")
+    return package, checkpoint, config
+
+
+@contextlib.contextmanager
+def _intra_op_threads(count: int):
+    """Run with ``count`` torch intra-op threads, restoring the caller's
+    setting afterwards. Tiny models gain nothing from intra-op parallelism,
+    and on a shared 2-vCPU machine the OpenMP hand-off of each small matmul
+    costs up to 100x its work."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def validate_model(
+    model_dir: str | Path,
+    checkpoint_dir: str | Path,
+    *,
+    tp: int = 1,
+    dtype: str = "fp32",
+    steps: int = DEFAULT_STEPS,
+    prompt_lengths: tuple[int, ...] | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    seed: int = 0,
+    on_stage: StageCallback | None = None,
+) -> ValidationReport:
+    """Run the port in ``model_dir`` and transformers on ``checkpoint_dir``
+    through prefill and ``steps`` decode steps, and compare them."""
+    with _intra_op_threads(VALIDATION_THREADS):
+        return _validate(
+            model_dir, checkpoint_dir, tp=tp, dtype=dtype, steps=steps, prompt_lengths=prompt_lengths,
+            block_size=block_size, seed=seed, on_stage=on_stage,
+        )
+
+
+def _validate(
+    model_dir: str | Path,
+    checkpoint_dir: str | Path,
+    *,
+    tp: int,
+    dtype: str,
+    steps: int,
+    prompt_lengths: tuple[int, ...] | None,
+    block_size: int,
+    seed: int,
+    on_stage: StageCallback | None,
+) -> ValidationReport:
+    package_dir, checkpoint, config = _check_inputs(model_dir, checkpoint_dir, tp, dtype)
+    notify = on_stage or (lambda _stage: None)
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    architecture = (config.get("architectures") or [None])[0]
+    vocab_size = config.get("vocab_size")
+    if not isinstance(vocab_size, int) or vocab_size < 2:
+        raise InputError(f"{checkpoint / 'config.json'}: no usable vocab_size")
+    scenario = Scenario.build(vocab_size, tp, steps, prompt_lengths, block_size, seed)
+    settings = {
+        "tp": tp,
+        "dtype": dtype,
+        "steps": steps,
+        "prompt_lengths": list(scenario.prompt_lengths),
+        "block_size": scenario.layout.block_size,
+        "blocks_per_seq": scenario.layout.blocks_per_seq,
+        "seed": seed,
+    }
+    report = ValidationReport(
+        model_dir=str(package_dir),
+        checkpoint_dir=str(checkpoint),
+        architecture=architecture,
+        factory=None,
+        settings=settings,
+        equivalent=False,
+        tolerances=compare.tolerances(dtype),
+    )
+    references: dict[str, ReferenceOutput] = {}
+
+    def reference_run(teacher_holder: list) -> list[list[int]]:
+        start = time.perf_counter()
+        notify("reference fp32")
+        model32 = load_reference(checkpoint, torch.float32)
+        teacher = greedy_teacher(model32, scenario.prompts, steps)
+        references["fp32"] = run_reference(model32, scenario.prompts, teacher)
+        del model32
+        timings["reference_fp32"] = time.perf_counter() - start
+        start = time.perf_counter()
+        notify("reference bf16")
+        model16 = load_reference(checkpoint, torch.bfloat16)
+        references["bf16"] = run_reference(model16, scenario.prompts, teacher)
+        del model16
+        timings["reference_bf16"] = time.perf_counter() - start
+        teacher_holder.append(teacher)
+        return teacher
+
+    try:
+        if tp == 1:
+            port, teacher, factory_name, standin = _run_in_process(
+                package_dir, checkpoint, dtype, scenario, notify, reference_run, timings
+            )
+        else:
+            port, teacher, factory_name, standin = _run_ranks(
+                package_dir, checkpoint, dtype, scenario, tp, notify, reference_run, timings
+            )
+    except PortFailure as failure:
+        report.failure = PortFailureInfo(failure.stage, failure.message)
+        report.failed_checks = [f"port failed at {failure.stage}"]
+        report.timings = _finish(timings, started)
+        return report
+    except PortImportError as error:
+        report.failure = PortFailureInfo("import", str(error))
+        report.failed_checks = ["port failed at import"]
+        report.timings = _finish(timings, started)
+        return report
+
+    report.factory = factory_name
+    report.environment = {
+        "stand_in": standin,
+        "torch": torch.__version__,
+        "transformers": _transformers_version(),
+    }
+    notify("compare")
+    start = time.perf_counter()
+    components, not_compared = compare.compare_components(
+        port, references["fp32"], references.get("bf16"), scenario, dtype
+    )
+    logits = compare.compare_logits(port, references["fp32"], references.get("bf16"), scenario, teacher, dtype)
+    equivalent, first, failed = compare.verdict(components, logits)
+    report.equivalent = equivalent
+    report.first_diverging = first
+    report.failed_checks = failed
+    report.components = [vars(c) for c in components]
+    report.not_compared = not_compared
+    report.unused_checkpoint_keys = list(port.unexpected_keys)
+    report.logits = vars(logits)
+    timings["compare"] = time.perf_counter() - start
+    for key, value in port.timings.items():
+        timings[f"port_{key}"] = value
+    report.timings = _finish(timings, started)
+    # In-memory only (not part of the JSON report): the port's logits and
+    # component outputs, for callers that compare runs (e.g. TP=1 vs TP=2).
+    report.port_output = port
+    return report
+
+
+def _finish(timings: dict[str, float], started: float) -> dict[str, float]:
+    timings["total"] = time.perf_counter() - started
+    return {key: round(value, 4) for key, value in timings.items()}
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def _checkpoint_input_error(error: Exception) -> InputError:
+    return InputError(f"the port cannot load the checkpoint: {error}")
+
+
+def _run_in_process(
+    package_dir: Path,
+    checkpoint: Path,
+    dtype: str,
+    scenario: Scenario,
+    notify: StageCallback,
+    reference_run: Callable[[list], list[list[int]]],
+    timings: dict[str, float],
+) -> tuple[PortOutput, list[list[int]], str, dict]:
+    from .standin import standin_installed
+    from .standin.checkpoints import CheckpointError
+
+    start = time.perf_counter()
+    notify("load port")
+    with standin_installed(model=str(checkpoint)) as installation, imported_package(package_dir) as package:
+        hf_config = port_hf_config(checkpoint, DTYPES[dtype])
+        try:
+            session = PortSession(package.factory, checkpoint, hf_config, scenario)
+        except CheckpointError as error:
+            raise _checkpoint_input_error(error) from error
+        timings["port_setup"] = time.perf_counter() - start
+        teacher = reference_run([])
+        notify("run port")
+        start = time.perf_counter()
+        output = session.run(teacher)
+        timings["port_run"] = time.perf_counter() - start
+        return output, teacher, package.factory_name, installation.describe()
+
+
+def _run_ranks(
+    package_dir: Path,
+    checkpoint: Path,
+    dtype: str,
+    scenario: Scenario,
+    tp: int,
+    notify: StageCallback,
+    reference_run: Callable[[list], list[list[int]]],
+    timings: dict[str, float],
+) -> tuple[PortOutput, list[list[int]], str, dict]:
+    from .distributed import RankCheckpointError, merge_rank_outputs, run_port_ranks
+
+    notify("load port")
+    start = time.perf_counter()
+    holder: list = []
+    try:
+        outputs, factory_name, description, teacher = run_port_ranks(
+            package_dir, checkpoint, dtype, scenario, tp, lambda: _reference_then_run(reference_run, holder, notify)
+        )
+    except RankCheckpointError as error:
+        raise _checkpoint_input_error(error) from error
+    timings["port_ranks"] = time.perf_counter() - start
+    return merge_rank_outputs(outputs, scenario), teacher, factory_name, description
+
+
+def _reference_then_run(reference_run: Callable[[list], list[list[int]]], holder: list, notify: StageCallback):
+    teacher = reference_run(holder)
+    notify("run port")
+    return teacher

@@ -1,0 +1,204 @@
+"""Align the port's outputs with the transformers outputs position by
+position and turn the metrics into a verdict.
+
+Row alignment: the prefill of sequence ``b`` (length ``T_b``) covers
+positions ``0..T_b-1``; decode step ``j`` covers position ``T_b + j`` of every
+sequence. Transformers ran each full sequence in one forward, so its row for
+a position is simply that position.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import metrics as M
+from .driver import PortOutput
+from .reference import ReferenceOutput
+from .report import Divergence
+from .scenario import Scenario
+
+PHASES = ("prefill", "decode")
+
+
+def _port_rows(records: dict[str, list[torch.Tensor]], name: str) -> list[torch.Tensor] | None:
+    rows = records.get(name)
+    return rows if rows else None
+
+
+def _ref_rows(reference: list[torch.Tensor], scenario: Scenario, phase: str) -> torch.Tensor:
+    if phase == "prefill":
+        return torch.cat([reference[b][: len(p)] for b, p in enumerate(scenario.prompts)])
+    return torch.cat(
+        [
+            torch.stack([reference[b][len(p) + step] for b, p in enumerate(scenario.prompts)])
+            for step in range(scenario.steps)
+        ]
+    )
+
+
+def compare_components(
+    port: PortOutput,
+    ref32: ReferenceOutput,
+    ref16: ReferenceOutput | None,
+    scenario: Scenario,
+    dtype: str,
+) -> tuple[list[M.ComponentMetrics], list[str]]:
+    """Metrics per component and phase, in data-flow order, plus the names
+    found on only one side."""
+    port_names = [c.name for c in port.components]
+    ref_names = [c.name for c in ref32.components]
+    modules = {c.name: c.module_path for c in port.components}
+    results: list[M.ComponentMetrics] = []
+    for name in ref_names:
+        if name not in port_names:
+            continue
+        for phase in PHASES:
+            records = port.prefill_records if phase == "prefill" else port.decode_records
+            rows = _port_rows(records, name)
+            if rows is None:
+                continue
+            target = torch.cat(rows)
+            f = _ref_rows(ref32.records[name], scenario, phase)
+            b = _ref_rows(ref16.records[name], scenario, phase) if ref16 else None
+            results.append(M.component_metrics(name, phase, modules[name], target, f, b, dtype))
+    # logits, the model output
+    for phase in PHASES:
+        target = torch.cat(port.prefill_logits if phase == "prefill" else port.decode_logits)
+        f = _ref_rows(ref32.logits, scenario, phase)
+        b = _ref_rows(ref16.logits, scenario, phase) if ref16 else None
+        results.append(M.component_metrics("logits", phase, "<output>", target, f, b, dtype))
+    not_compared = sorted(
+        [f"{n} (port only)" for n in port_names if n not in ref_names]
+        + [f"{n} (transformers only)" for n in ref_names if n not in port_names]
+    )
+    return results, not_compared
+
+
+def compare_logits(
+    port: PortOutput,
+    ref32: ReferenceOutput,
+    ref16: ReferenceOutput | None,
+    scenario: Scenario,
+    teacher: list[list[int]],
+    dtype: str,
+) -> M.LogitMetrics:
+    target = torch.cat(port.prefill_logits + port.decode_logits)
+    f = torch.cat([_ref_rows(ref32.logits, scenario, phase) for phase in PHASES])
+    b = torch.cat([_ref_rows(ref16.logits, scenario, phase) for phase in PHASES]) if ref16 else None
+    expected = f if dtype == "fp32" or b is None else b
+    positions: list[tuple[str, int, int]] = []
+    for seq, prompt in enumerate(scenario.prompts):
+        positions += [("prefill", seq, p) for p in range(len(prompt))]
+    for step in range(scenario.steps):
+        positions += [("decode", seq, len(p) + step) for seq, p in enumerate(scenario.prompts)]
+    prefill_total = sum(len(p) for p in scenario.prompts)
+    greedy_rows: list[list[int]] = []
+    greedy_tokens: list[list[int]] = []
+    offset = 0
+    for seq, prompt in enumerate(scenario.prompts):
+        offset += len(prompt)
+        rows = [offset - 1] + [prefill_total + step * scenario.batch + seq for step in range(scenario.steps)]
+        last = int(torch.argmax(ref32.logits[seq][len(prompt) + scenario.steps - 1]))
+        greedy_rows.append(rows)
+        greedy_tokens.append(list(teacher[seq]) + [last])
+    return M.logit_metrics(target, expected, f, b, positions, greedy_rows, greedy_tokens, dtype)
+
+
+def verdict(
+    components: list[M.ComponentMetrics], logits: M.LogitMetrics
+) -> tuple[bool, Divergence | None, list[str]]:
+    """Equivalent iff every component passes its gate and every logit gate
+    passes; the first failure in data-flow order is named."""
+    failed: list[str] = []
+    first: Divergence | None = None
+    for result in components:
+        if result.passed:
+            continue
+        failed.append(f"{result.name} ({result.phase}): {result.gate}")
+        if first is None:
+            value = result.rel_error if result.gate == "rel_error" else result.r_ratio
+            if result.note:
+                detail = result.note
+            else:
+                comparison = "<=" if result.gate == "rel_error" else "<"
+                detail = f"{result.gate} {_fmt(value)} (needs {comparison} {result.tolerance:g})"
+            first = Divergence(
+                component=result.name,
+                phase=result.phase,
+                metric=result.gate,
+                value=value,
+                tolerance=result.tolerance,
+                message=f"first diverging component: {result.name} ({result.phase}, "
+                f"module {result.module}): {detail}",
+            )
+    for gate, ok in logits.gates.items():
+        if ok:
+            continue
+        failed.append(f"logits: {gate}")
+        if first is None:
+            first = Divergence(
+                component="logits",
+                phase=(logits.first_failing_token or {}).get("phase") if gate == "two_way_all_tokens" else None,
+                metric=gate,
+                value=_gate_value(gate, logits),
+                tolerance=None,
+                message=f"logits fail the {gate} check ({_gate_detail(gate, logits)})",
+            )
+    return not failed, first, failed
+
+
+def _gate_value(gate: str, logits: M.LogitMetrics) -> float | None:
+    return {
+        "two_way_all_tokens": logits.tokens_passed / max(logits.tokens, 1),
+        "logit_validation": logits.sigma_ratio,
+        "three_way": logits.sigma_ratio,
+        "cosine": logits.cosine_p5,
+        "top1_agreement": logits.top1_agreement,
+        "greedy_match": logits.greedy_match,
+    }.get(gate)
+
+
+def _gate_detail(gate: str, logits: M.LogitMetrics) -> str:
+    if gate == "two_way_all_tokens":
+        token = logits.first_failing_token or {}
+        return (
+            f"{logits.tokens - logits.tokens_passed} of {logits.tokens} tokens fail; first: "
+            f"{token.get('phase')} sequence {token.get('sequence')} position {token.get('position')}, "
+            f"{token.get('label')}"
+        )
+    if gate in ("logit_validation", "three_way"):
+        return (
+            f"{logits.tokens - logits.tokens_passed} of {logits.tokens} tokens fail the two-way check, "
+            f"sigma-ratio {_fmt(logits.sigma_ratio)} (<= {M.SIGMA_RATIO_MAX}), "
+            f"Bhattacharyya {_fmt(logits.bhattacharyya)} (>= {M.BHATTACHARYYA_MIN}), "
+            f"worst L-inf ratio {_fmt(logits.linf_ratio_max)} (< {M.LINF_RATIO_MAX}), "
+            f"worst L2 ratio {_fmt(logits.l2_ratio_max)} (< {M.L2_RATIO_MAX})"
+        )
+    if gate == "cosine":
+        return f"p5 {_fmt(logits.cosine_p5)}, {logits.cosine_fraction_below:.1%} below {M.COSINE_THRESHOLD}"
+    if gate == "top1_agreement":
+        return f"{logits.top1_agreement:.1%}, needs > {M.TOP1_AGREEMENT_MIN:.0%}"
+    return f"{logits.greedy_match:.1%}, needs > {M.GREEDY_MATCH_MIN:.0%}"
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
+
+
+def tolerances(dtype: str) -> dict:
+    return {
+        "component_gate": "rel_error" if dtype == "fp32" else "r_ratio",
+        "fp32_rel_error": M.FP32_REL_ERROR_TOLERANCE,
+        "r_ratio": M.R_RATIO_TOLERANCE,
+        "topk_tolerance_map": {k: {"atol": a, "rtol": r} for k, (a, r) in M.DEFAULT_TOLERANCE_MAP.items()},
+        "divergence_n_ulps": M.DIVERGENCE_N_ULPS,
+        "divergence_mantissa_bits": M.MANTISSA_BITS[dtype],
+        "sigma_ratio_max": M.SIGMA_RATIO_MAX,
+        "bhattacharyya_min": M.BHATTACHARYYA_MIN,
+        "linf_ratio_max": M.LINF_RATIO_MAX,
+        "l2_ratio_max": M.L2_RATIO_MAX,
+        "cosine_threshold": M.COSINE_THRESHOLD,
+        "cosine_max_fraction_below": M.COSINE_MAX_FRACTION_BELOW,
+        "top1_agreement_min": M.TOP1_AGREEMENT_MIN,
+        "greedy_match_min": M.GREEDY_MATCH_MIN,
+    }

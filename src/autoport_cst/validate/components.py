@@ -1,0 +1,103 @@
+"""The components compared between a port and the transformers model, found
+structurally in both (no per-model tables): the token embedding; per decoder
+layer the input norm, attention, post-attention norm, MLP and the layer's
+output (the residual stream); the final norm; and the logits.
+
+Both model families keep the Hugging Face names (``model.embed_tokens``,
+``model.layers.N.self_attn``, ``model.layers.N.mlp``, ``model.norm``); other
+common spellings (``transformer.wte``, ``h``, ``attn``, ``ln_f``...) are also
+recognised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from torch import nn
+
+BACKBONE_NAMES = ("model", "transformer", "gpt_neox", "backbone", "language_model")
+EMBEDDING_NAMES = ("embed_tokens", "wte", "embed_in", "word_embeddings", "embeddings")
+LAYER_LIST_NAMES = ("layers", "h", "blocks", "decoder_layers")
+ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
+MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "moe", "ffn")
+ATTENTION_NORM_NAMES = ("input_layernorm", "ln_1", "attention_norm", "pre_attention_layernorm")
+MLP_NORM_NAMES = ("post_attention_layernorm", "ln_2", "ffn_norm", "pre_feedforward_layernorm")
+FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f")
+
+
+@dataclass(frozen=True)
+class Component:
+    """A compared component: its report name and its module path."""
+
+    name: str
+    module_path: str
+
+
+def _child(module: nn.Module, names: tuple[str, ...]) -> tuple[str, nn.Module] | None:
+    for name in names:
+        child = getattr(module, name, None)
+        if isinstance(child, nn.Module):
+            return name, child
+    return None
+
+
+def find_components(model: nn.Module) -> list[Component]:
+    """Components of a causal LM in data-flow order (logits excluded: they are
+    the model's output)."""
+    found: list[Component] = []
+    backbone_entry = _child(model, BACKBONE_NAMES)
+    prefix, backbone = ("", model) if backbone_entry is None else (backbone_entry[0] + ".", backbone_entry[1])
+    embedding = _child(backbone, EMBEDDING_NAMES)
+    if embedding is not None:
+        found.append(Component("embedding", prefix + embedding[0]))
+    layers = _child(backbone, LAYER_LIST_NAMES)
+    if layers is not None and isinstance(layers[1], nn.ModuleList):
+        for index, layer in enumerate(layers[1]):
+            base = f"{prefix}{layers[0]}.{index}"
+            for role, names in (
+                ("input_norm", ATTENTION_NORM_NAMES),
+                ("attention", ATTENTION_NAMES),
+                ("post_attention_norm", MLP_NORM_NAMES),
+                ("mlp", MLP_NAMES),
+            ):
+                child = _child(layer, names)
+                if child is not None:
+                    found.append(Component(f"layers.{index}.{role}", f"{base}.{child[0]}"))
+            found.append(Component(f"layers.{index}.output", base))
+    norm = _child(backbone, FINAL_NORM_NAMES)
+    if norm is not None:
+        found.append(Component("final_norm", prefix + norm[0]))
+    return found
+
+
+class ComponentRecorder:
+    """Forward hooks that record each component's output per call.
+
+    ``records[name]`` is a list of ``(tag, tensor)``; the tag is whatever
+    ``set_tag`` last set (the driver tags each forward call).
+    """
+
+    def __init__(self, model: nn.Module, components: list[Component]) -> None:
+        self.components = components
+        self.records: dict[str, list[tuple[Any, Any]]] = {c.name: [] for c in components}
+        self.tag: Any = None
+        self._handles = []
+        for component in components:
+            module = model.get_submodule(component.module_path)
+            self._handles.append(module.register_forward_hook(self._hook(component.name)))
+
+    def _hook(self, name: str) -> Callable[..., None]:
+        def record(module: nn.Module, args: Any, output: Any) -> None:
+            tensor = output[0] if isinstance(output, (tuple, list)) else output
+            self.records[name].append((self.tag, tensor.detach().clone()))
+
+        return record
+
+    def set_tag(self, tag: Any) -> None:
+        self.tag = tag
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()

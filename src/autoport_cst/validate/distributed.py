@@ -1,0 +1,303 @@
+"""Run a port with TP > 1: one local process per rank, joined by
+torch.distributed with the gloo backend, so sharded weight loading and the
+all-gather / reduce-scatter / all-reduce collectives are real.
+
+Each rank is a fresh interpreter (``python -m
+autoport_cst.validate.distributed JOB RANK``), so nothing depends on how the
+caller's ``__main__`` is written. The parent writes the job (a pickled
+``RankJob``), starts the ranks, computes the transformers reference and the
+teacher tokens while they build and load the port, then sends the teacher
+tokens on each rank's stdin. Every rank writes its result (``PortOutput`` or
+an error) to ``rank<N>.pt`` in the job directory. ``merge_rank_outputs``
+reassembles the sequence-parallel slices (a prefill output holding
+``T / tp`` rows on each rank) in rank order.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from autoport_cst.errors import InputError
+
+from .driver import PortFailure, PortOutput
+from .scenario import Scenario
+
+WORKER_TIMEOUT_S = 600.0
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class RankCheckpointError(Exception):
+    """A rank's checkpoint load failed (re-raised as InputError by the API)."""
+
+
+@dataclass(frozen=True)
+class RankJob:
+    world_size: int
+    port: int
+    model_dir: str
+    checkpoint_dir: str
+    dtype_name: str
+    scenario: Scenario
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# -- the rank process ------------------------------------------------------------
+
+
+def _rank_main(job_path: Path, rank: int) -> int:
+    import torch.distributed as dist
+
+    job: RankJob = pickle.loads(job_path.read_bytes())
+    result_path = job_path.parent / f"rank{rank}.pt"
+
+    def finish(result: dict[str, Any]) -> None:
+        tmp = result_path.with_suffix(".tmp")
+        torch.save(result, tmp)
+        os.replace(tmp, result_path)
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{job.port}",
+            rank=rank,
+            world_size=job.world_size,
+            timeout=timedelta(seconds=WORKER_TIMEOUT_S),
+        )
+    except Exception as error:  # noqa: BLE001
+        finish({"kind": "error", "category": "internal", "stage": "init", "message": str(error)})
+        return 1
+    try:
+        from .driver import PortSession, port_hf_config
+        from .package import PortImportError, imported_package
+        from .standin import standin_installed
+        from .standin.checkpoints import CheckpointError
+
+        try:
+            with standin_installed(dist.group.WORLD, job.world_size, model=job.checkpoint_dir) as installation:
+                with imported_package(job.model_dir) as package:
+                    hf_config = port_hf_config(job.checkpoint_dir, _DTYPES[job.dtype_name])
+                    session = PortSession(package.factory, job.checkpoint_dir, hf_config, job.scenario, rank)
+                    (job_path.parent / f"rank{rank}.loaded").touch()
+                    try:
+                        teacher = pickle.load(sys.stdin.buffer)
+                    except EOFError:
+                        return 0  # the parent stopped before the run
+                    if teacher is None:
+                        return 0
+                    output = session.run(teacher)
+                    finish(
+                        {
+                            "kind": "done",
+                            "output": output,
+                            "factory": package.factory_name,
+                            "stand_in": installation.describe(),
+                        }
+                    )
+                    return 0
+        except CheckpointError as error:
+            finish({"kind": "error", "category": "checkpoint", "stage": "load", "message": str(error)})
+        except PortFailure as error:
+            finish({"kind": "error", "category": "port", "stage": error.stage, "message": error.message})
+        except PortImportError as error:
+            finish({"kind": "error", "category": "port", "stage": "import", "message": str(error)})
+        except InputError as error:
+            finish({"kind": "error", "category": "input", "stage": "input", "message": str(error)})
+    except BaseException as error:  # noqa: BLE001 - report, never hang the parent
+        finish(
+            {
+                "kind": "error",
+                "category": "internal",
+                "stage": "run",
+                "message": "".join(traceback.format_exception(error)),
+            }
+        )
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
+    return 1
+
+
+# -- the parent ------------------------------------------------------------------
+
+
+def _package_root() -> str:
+    import autoport_cst
+
+    return str(Path(autoport_cst.__file__).resolve().parents[1])
+
+
+def _raise_rank_error(rank: int, result: dict[str, Any]) -> None:
+    category, stage, message = result["category"], result["stage"], result["message"]
+    if category == "checkpoint":
+        raise RankCheckpointError(f"rank {rank}: {message}")
+    if category == "port":
+        raise PortFailure(stage, f"rank {rank}: {message}")
+    if category == "input":
+        raise InputError(f"rank {rank}: {message}")
+    raise RuntimeError(f"TP rank {rank} failed ({stage}): {message}")
+
+
+def run_port_ranks(
+    model_dir: str | Path,
+    checkpoint_dir: str | Path,
+    dtype_name: str,
+    scenario: Scenario,
+    world_size: int,
+    compute_teacher: Callable[[], list[list[int]]],
+) -> tuple[list[PortOutput], str, dict[str, Any], list[list[int]]]:
+    """Run the port on ``world_size`` ranks. Returns the per-rank outputs,
+    the factory name, the stand-in description and the teacher tokens."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([_package_root(), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory(prefix="autoport-validate-") as tmp:
+        job_path = Path(tmp) / "job.pkl"
+        job = RankJob(world_size, _free_port(), str(model_dir), str(checkpoint_dir), dtype_name, scenario)
+        job_path.write_bytes(pickle.dumps(job))
+        processes = [
+            subprocess.Popen(
+                [sys.executable, "-m", "autoport_cst.validate.distributed", str(job_path), str(rank)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=env,
+            )
+            for rank in range(world_size)
+        ]
+        try:
+            try:
+                teacher = compute_teacher()
+            except Exception:
+                # A rank's own load error (it names the parameter) explains
+                # more than the reference's: prefer it when there is one.
+                _raise_first_load_error(processes, Path(tmp), world_size)
+                raise
+            payload = pickle.dumps(teacher)
+            for process in processes:
+                try:
+                    process.stdin.write(payload)
+                    process.stdin.close()
+                except (BrokenPipeError, OSError):
+                    pass  # the rank already stopped; its result file says why
+            results = _collect(processes, Path(tmp), world_size)
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                process.wait(timeout=10)
+                if process.stderr:
+                    process.stderr.close()
+                if process.stdin and not process.stdin.closed:
+                    try:
+                        process.stdin.close()
+                    except OSError:
+                        pass
+    outputs = [results[r]["output"] for r in range(world_size)]
+    return outputs, results[0]["factory"], results[0]["stand_in"], teacher
+
+
+def _raise_first_load_error(processes: list[subprocess.Popen], directory: Path, world_size: int) -> None:
+    deadline = time.monotonic() + WORKER_TIMEOUT_S
+    pending = set(range(world_size))
+    while pending and time.monotonic() < deadline:
+        for rank in sorted(pending):
+            result_path = directory / f"rank{rank}.pt"
+            if result_path.exists():
+                result = torch.load(result_path, weights_only=False)
+                if result["kind"] == "error" and result["category"] in ("checkpoint", "port"):
+                    _raise_rank_error(rank, result)
+                pending.discard(rank)
+            elif (directory / f"rank{rank}.loaded").exists() or processes[rank].poll() is not None:
+                pending.discard(rank)
+        time.sleep(0.01)
+
+
+def _collect(processes: list[subprocess.Popen], directory: Path, world_size: int) -> dict[int, dict]:
+    """Wait for every rank; stop at the first error."""
+    deadline = time.monotonic() + WORKER_TIMEOUT_S
+    results: dict[int, dict] = {}
+    while len(results) < world_size:
+        for rank, process in enumerate(processes):
+            if rank in results:
+                continue
+            path = directory / f"rank{rank}.pt"
+            if path.exists():
+                result = torch.load(path, weights_only=False)
+                if result["kind"] == "error":
+                    _raise_rank_error(rank, result)
+                results[rank] = result
+            elif process.poll() is not None:
+                stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
+                tail = "\n".join(stderr.strip().splitlines()[-15:])
+                raise RuntimeError(
+                    f"TP rank {rank} exited with code {process.returncode} without a result\n{tail}"
+                )
+        if len(results) < world_size:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"TP ranks did not finish within {WORKER_TIMEOUT_S:.0f} s")
+            time.sleep(0.01)
+    return results
+
+
+def _merge_slices(per_rank: list[list[torch.Tensor]], full_rows: list[int]) -> list[torch.Tensor]:
+    merged = []
+    for index, rows in enumerate(full_rows):
+        parts = [rank_rows[index] for rank_rows in per_rank]
+        if parts[0].shape[0] == rows:
+            merged.append(parts[0])
+        elif sum(p.shape[0] for p in parts) == rows:
+            merged.append(torch.cat(parts))
+        else:
+            merged.append(parts[0])  # the comparison reports the shape mismatch
+    return merged
+
+
+def merge_rank_outputs(outputs: list[PortOutput], scenario: Scenario) -> PortOutput:
+    """One ``PortOutput`` with full rows: sequence-parallel prefill slices are
+    concatenated in rank order; replicated outputs are taken from rank 0."""
+    first = outputs[0]
+    prompt_rows = [len(p) for p in scenario.prompts]
+    decode_rows = [scenario.batch] * scenario.steps
+    prefill = {
+        name: _merge_slices([o.prefill_records[name] for o in outputs], prompt_rows)
+        for name in first.prefill_records
+    }
+    decode = {
+        name: _merge_slices([o.decode_records[name] for o in outputs], decode_rows)
+        for name in first.decode_records
+    }
+    timings = {key: max(o.timings.get(key, 0.0) for o in outputs) for key in first.timings}
+    return PortOutput(
+        prefill_logits=_merge_slices([o.prefill_logits for o in outputs], prompt_rows),
+        decode_logits=_merge_slices([o.decode_logits for o in outputs], decode_rows),
+        components=first.components,
+        prefill_records=prefill,
+        decode_records=decode,
+        unexpected_keys=first.unexpected_keys,
+        timings=timings,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(_rank_main(Path(sys.argv[1]), int(sys.argv[2])))

@@ -1,0 +1,221 @@
+"""The validation report: a versioned JSON document with a published JSON
+Schema (``REPORT_SCHEMA``; print it with ``report_schema_json()``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Any
+
+REPORT_KIND = "autoport-cst/validation-report"
+REPORT_VERSION = 1
+
+
+@dataclass
+class PortFailureInfo:
+    """The port crashed or broke a hardware rule at ``stage``."""
+
+    stage: str
+    message: str
+
+
+@dataclass
+class Divergence:
+    """The first check that failed, in data-flow order."""
+
+    component: str
+    phase: str | None
+    metric: str
+    value: float | None
+    tolerance: float | None
+    message: str
+
+
+@dataclass
+class ValidationReport:
+    model_dir: str
+    checkpoint_dir: str
+    architecture: str | None
+    factory: str | None
+    settings: dict[str, Any]
+    equivalent: bool
+    first_diverging: Divergence | None = None
+    failed_checks: list[str] = field(default_factory=list)
+    failure: PortFailureInfo | None = None
+    logits: dict[str, Any] | None = None
+    components: list[dict[str, Any]] = field(default_factory=list)
+    not_compared: list[str] = field(default_factory=list)
+    unused_checkpoint_keys: list[str] = field(default_factory=list)
+    tolerances: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    version: int = REPORT_VERSION
+    kind: str = REPORT_KIND
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.equivalent else 1
+
+    def summary(self) -> str:
+        if self.equivalent:
+            return "equivalent within tolerances"
+        if self.failure is not None:
+            return f"not equivalent: the port failed at {self.failure.stage}: {self.failure.message}"
+        if self.first_diverging is not None:
+            return f"not equivalent: {self.first_diverging.message}"
+        return "not equivalent: " + ", ".join(self.failed_checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = _plain(asdict(self))
+        ordered = {"kind": data.pop("kind"), "version": data.pop("version")}
+        ordered.update(data)
+        return ordered
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe copy: non-finite floats become null, tuples lists."""
+    if is_dataclass(value) and not isinstance(value, type):
+        value = asdict(value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+_NUMBER = {"type": ["number", "null"]}
+_COMPONENT = {
+    "type": "object",
+    "required": ["name", "phase", "module", "rows", "rel_error", "r_ratio", "gate", "tolerance", "passed"],
+    "properties": {
+        "name": {"type": "string"},
+        "phase": {"enum": ["prefill", "decode"]},
+        "module": {"type": "string"},
+        "rows": {"type": "integer", "minimum": 0},
+        "rel_error": _NUMBER,
+        "max_abs_error": _NUMBER,
+        "cosine_min": _NUMBER,
+        "r_ratio": _NUMBER,
+        "gate": {"enum": ["rel_error", "r_ratio"]},
+        "tolerance": {"type": "number"},
+        "passed": {"type": "boolean"},
+        "note": {"type": ["string", "null"]},
+    },
+}
+_LOGITS = {
+    "type": ["object", "null"],
+    "required": [
+        "tokens",
+        "tokens_passed",
+        "topk_max_error",
+        "max_abs_error",
+        "max_rel_error",
+        "cosine_p5",
+        "kl_mean",
+        "top1_agreement",
+        "greedy_match",
+        "gates",
+    ],
+    "properties": {
+        "tokens": {"type": "integer", "minimum": 0},
+        "tokens_passed": {"type": "integer", "minimum": 0},
+        "labels": {"type": "object", "additionalProperties": {"type": "integer"}},
+        "topk_max_error": {"type": "object", "additionalProperties": _NUMBER},
+        "topk_rtol": {"type": "object", "additionalProperties": {"type": "number"}},
+        "topk_passed": {"type": "object", "additionalProperties": {"type": "boolean"}},
+        "max_abs_error": _NUMBER,
+        "max_rel_error": _NUMBER,
+        "rel_error": _NUMBER,
+        "cosine_min": _NUMBER,
+        "cosine_p5": _NUMBER,
+        "cosine_fraction_below": _NUMBER,
+        "kl_mean": _NUMBER,
+        "kl_p95": _NUMBER,
+        "kl_max": _NUMBER,
+        "top1_agreement": _NUMBER,
+        "greedy_match": _NUMBER,
+        "greedy_first_mismatch": {"type": "array", "items": {"type": ["integer", "null"]}},
+        "sigma_ratio": _NUMBER,
+        "first_failing_token": {"type": ["object", "null"]},
+        "gates": {"type": "object", "additionalProperties": {"type": "boolean"}},
+    },
+}
+
+REPORT_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://autoport-cst/schemas/validation-report-1.json",
+    "title": "autoport-cst validation report",
+    "description": "A port run on CPU against transformers on the same checkpoint "
+    "(docs/validation.md defines every metric and tolerance).",
+    "type": "object",
+    "required": [
+        "kind",
+        "version",
+        "model_dir",
+        "checkpoint_dir",
+        "settings",
+        "equivalent",
+        "first_diverging",
+        "failed_checks",
+        "failure",
+        "logits",
+        "components",
+    ],
+    "properties": {
+        "kind": {"const": REPORT_KIND},
+        "version": {"const": REPORT_VERSION},
+        "model_dir": {"type": "string"},
+        "checkpoint_dir": {"type": "string"},
+        "architecture": {"type": ["string", "null"]},
+        "factory": {"type": ["string", "null"]},
+        "settings": {
+            "type": "object",
+            "required": ["tp", "dtype", "steps", "prompt_lengths"],
+            "properties": {
+                "tp": {"type": "integer", "minimum": 1},
+                "dtype": {"enum": ["fp32", "bf16"]},
+                "steps": {"type": "integer", "minimum": 1},
+                "prompt_lengths": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+                "block_size": {"type": "integer"},
+                "blocks_per_seq": {"type": "integer"},
+                "seed": {"type": "integer"},
+            },
+        },
+        "equivalent": {"type": "boolean"},
+        "first_diverging": {
+            "type": ["object", "null"],
+            "required": ["component", "phase", "metric", "value", "tolerance", "message"],
+            "properties": {
+                "component": {"type": "string"},
+                "phase": {"enum": ["prefill", "decode", None]},
+                "metric": {"type": "string"},
+                "value": _NUMBER,
+                "tolerance": _NUMBER,
+                "message": {"type": "string"},
+            },
+        },
+        "failed_checks": {"type": "array", "items": {"type": "string"}},
+        "failure": {
+            "type": ["object", "null"],
+            "required": ["stage", "message"],
+            "properties": {"stage": {"type": "string"}, "message": {"type": "string"}},
+        },
+        "logits": _LOGITS,
+        "components": {"type": "array", "items": _COMPONENT},
+        "not_compared": {"type": "array", "items": {"type": "string"}},
+        "unused_checkpoint_keys": {"type": "array", "items": {"type": "string"}},
+        "tolerances": {"type": "object"},
+        "environment": {"type": "object"},
+        "timings": {"type": "object", "additionalProperties": {"type": "number"}},
+    },
+}
+
+
+def report_schema_json() -> str:
+    return json.dumps(REPORT_SCHEMA, indent=2) + "\n"

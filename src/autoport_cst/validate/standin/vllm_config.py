@@ -1,0 +1,67 @@
+"""Stand-in for ``vllm.config``: the few fields model code reads from the
+current vLLM config (parallel, cache and model settings)."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+
+@dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    cp_kv_cache_interleave_size: int = 1
+    decode_context_parallel_size: int = 1
+
+
+@dataclass
+class CacheConfig:
+    cache_dtype: str = "auto"
+    block_size: int = 128
+
+
+@dataclass
+class ModelConfig:
+    model: str = ""
+    revision: str | None = None
+    runner_type: str = "generate"
+    dtype: Any = None
+
+
+@dataclass
+class VllmConfig:
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
+    model_config: ModelConfig = field(default_factory=ModelConfig)
+    additional_config: dict = field(default_factory=dict)
+
+
+_CURRENT: VllmConfig = VllmConfig()
+
+
+def get_current_vllm_config() -> VllmConfig:
+    return _CURRENT
+
+
+@contextlib.contextmanager
+def set_current_vllm_config(config: VllmConfig, *args: Any, **kwargs: Any) -> Iterator[None]:
+    global _CURRENT
+    previous = _CURRENT
+    _CURRENT = config
+    try:
+        yield
+    finally:
+        _CURRENT = previous
+
+
+def configure(tensor_parallel_size: int, model: str = "") -> VllmConfig:
+    """Set the config the validation run's model sees."""
+    global _CURRENT
+    _CURRENT = VllmConfig(
+        parallel_config=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
+        model_config=ModelConfig(model=model),
+    )
+    return _CURRENT

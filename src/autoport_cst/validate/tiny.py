@@ -1,0 +1,226 @@
+"""Tiny random checkpoints built with transformers, deterministic per seed.
+
+``build_tiny_checkpoint(source, outdir, seed=0)`` takes an HF architecture
+name (``LlamaForCausalLM``), a ``model_type`` (``llama``) or a path to a
+``config.json`` (or a directory holding one), shrinks the configuration to a
+few thousand parameters and writes ``config.json`` and ``model.safetensors``.
+Nothing is downloaded.
+
+The shrinking is generic: a fixed set of small dimensions is applied to every
+attribute the config class has (``hidden_size``, ``num_attention_heads``,
+``num_experts``...), and per-layer lists such as ``layer_types`` are cut to the
+new layer count. No table is keyed by model name.
+
+Random initialisation uses ``initializer_range`` (see ``TINY_INIT_STD``): the
+transformers default of 0.02 gives near-uniform next-token distributions on a
+64-wide model, where greedy and top-1 metrics only measure ties. The larger
+standard deviation gives peaked distributions, as a trained model has.
+
+Tensors that transformers initialises to a constant (biases to 0, norm weights
+to 1) get noise of the same standard deviation added: a port that drops a
+bias or forgets a norm weight must change the outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoport_cst.errors import InputError
+
+# Small dimensions applied to every config attribute of that name that exists.
+TINY_DIMENSIONS: dict[str, int] = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 512,
+    "max_position_embeddings": 512,
+    # mixture of experts
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64,
+}
+TINY_INIT_STD = 0.2
+
+# Attributes that name token ids: kept inside the tiny vocabulary.
+_TOKEN_ID_ATTRIBUTES = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+@dataclass(frozen=True)
+class TinyCheckpoint:
+    """Where a tiny checkpoint was written and what it is."""
+
+    directory: Path
+    architecture: str
+    model_type: str
+    seed: int
+    num_parameters: int
+
+
+def _import_transformers():
+    try:
+        import transformers  # noqa: F401
+    except ImportError as error:  # pragma: no cover - depends on the install
+        raise InputError(
+            "building a tiny checkpoint needs torch and transformers: "
+            "pip install 'autoport-cst[validate]'"
+        ) from error
+    return transformers
+
+
+def resolve_config(source: str | os.PathLike[str]) -> tuple[Any, str]:
+    """Return ``(config, architecture)`` for an architecture name, a model_type
+    or a config.json path (a directory holding one is accepted)."""
+    transformers = _import_transformers()
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    text = os.fspath(source)
+    path = Path(text)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.suffix == ".json" or path.is_file():
+        if not path.is_file():
+            raise InputError(f"{path}: no such config file")
+        try:
+            values = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as error:
+            raise InputError(f"{path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}")
+        model_type = values.get("model_type")
+        if model_type not in CONFIG_MAPPING:
+            raise InputError(f"{path}: unknown or missing model_type {model_type!r}")
+        values = {k: v for k, v in values.items() if k != "model_type"}
+        config = AutoConfig.for_model(model_type, **values)
+        architectures = values.get("architectures") or []
+        architecture = architectures[0] if architectures else None
+        if architecture is None:
+            architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+        if architecture is None:
+            raise InputError(f"{path}: no 'architectures' and no causal-LM class for {model_type!r}")
+        return config, architecture
+
+    if text in CONFIG_MAPPING:
+        architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(text)
+        if architecture is None:
+            raise InputError(f"model_type {text!r} has no causal-LM class in transformers")
+        return AutoConfig.for_model(text), architecture
+
+    model_class = getattr(transformers, text, None)
+    config_class = getattr(model_class, "config_class", None)
+    if config_class is None or not hasattr(config_class, "model_type"):
+        raise InputError(
+            f"{text!r} is neither a transformers architecture (e.g. LlamaForCausalLM), "
+            "a model_type (e.g. llama) nor a config.json path"
+        )
+    return config_class(), text
+
+
+def shrink_config(config: Any, architecture: str) -> Any:
+    """Apply the tiny dimensions to the attributes this config class has."""
+    for name, value in TINY_DIMENSIONS.items():
+        if hasattr(config, name) and getattr(config, name) is not None:
+            setattr(config, name, value)
+    hidden = getattr(config, "hidden_size", None)
+    heads = getattr(config, "num_attention_heads", None)
+    if hasattr(config, "head_dim") and hidden and heads:
+        config.head_dim = hidden // heads
+    layers = getattr(config, "num_hidden_layers", None)
+    for name, value in list(vars(config).items()):
+        # per-layer lists (layer_types, mlp_only_layers patterns...) follow the layer count
+        if name == "layer_types" and isinstance(value, list) and layers:
+            pattern = value or ["full_attention"]
+            setattr(config, name, [pattern[i % len(pattern)] for i in range(layers)])
+    vocab = getattr(config, "vocab_size", None)
+    for name in _TOKEN_ID_ATTRIBUTES:
+        token = getattr(config, name, None)
+        if isinstance(token, int) and vocab and token >= vocab:
+            setattr(config, name, vocab - 1)
+    if hasattr(config, "initializer_range"):
+        config.initializer_range = TINY_INIT_STD
+    config.architectures = [architecture]
+    return config
+
+
+def build_tiny_checkpoint(
+    source: str | os.PathLike[str], outdir: str | os.PathLike[str], seed: int = 0
+) -> TinyCheckpoint:
+    """Build a tiny random model and save ``config.json`` + ``model.safetensors``.
+
+    The same ``source`` and ``seed`` give byte-identical tensors.
+    """
+    transformers = _import_transformers()
+    import torch
+    from safetensors.torch import save_file
+
+    config, architecture = resolve_config(source)
+    config = shrink_config(config, architecture)
+    model_class = getattr(transformers, architecture, None)
+    if model_class is None:
+        raise InputError(f"transformers has no class {architecture!r}")
+
+    directory = Path(outdir)
+    if directory.exists() and not directory.is_dir():
+        raise InputError(f"{directory}: exists and is not a directory")
+    directory.mkdir(parents=True, exist_ok=True)
+
+    torch.manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config).to(torch.float32).eval()
+
+    # Tied weights are stored once, under the input embedding's name.
+    state: dict[str, torch.Tensor] = {}
+    seen: dict[int, str] = {}
+    for name, tensor in model.state_dict().items():
+        pointer = tensor.data_ptr()
+        if pointer in seen:
+            continue
+        seen[pointer] = name
+        state[name] = tensor.detach().contiguous().clone()
+    state = dict(sorted(state.items()))
+    _perturb_constant_tensors(state, seed)
+
+    config.dtype = torch.float32
+    values = config.to_dict()
+    values.pop("transformers_version", None)
+    _write_atomic(directory / "config.json", json.dumps(values, indent=2, sort_keys=True) + "\n")
+    tmp = directory / "model.safetensors.tmp"
+    save_file(state, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, directory / "model.safetensors")
+    return TinyCheckpoint(
+        directory=directory,
+        architecture=architecture,
+        model_type=config.model_type,
+        seed=seed,
+        num_parameters=sum(t.numel() for t in state.values()),
+    )
+
+
+def _perturb_constant_tensors(state: dict, seed: int) -> None:
+    """Add ``TINY_INIT_STD`` noise to every floating tensor whose elements are
+    all equal (zero biases, unit norm weights), deterministically per seed."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed + 1)
+    for name, tensor in state.items():
+        if not tensor.is_floating_point() or tensor.numel() < 2:
+            continue
+        flat = tensor.reshape(-1)
+        if bool((flat == flat[0]).all()):
+            noise = torch.randn(tensor.shape, generator=generator, dtype=torch.float32)
+            state[name] = (tensor.to(torch.float32) + TINY_INIT_STD * noise).to(tensor.dtype)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,57 @@
+"""A checkpoint with a missing tensor or a tensor of the wrong shape is bad
+input with an error naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from autoport_cst.errors import InputError
+from autoport_cst.validate import validate_model
+
+MISSING = "model.layers.1.mlp.up_proj.weight"
+RESHAPED = "model.layers.0.self_attn.o_proj.weight"
+
+
+@pytest.fixture(scope="module")
+def missing_tensor(tiny_llama: Path, tmp_path_factory, checkpoint_editor) -> Path:
+    return checkpoint_editor(tiny_llama, tmp_path_factory.mktemp("missing") / "ckpt", lambda s: s.pop(MISSING))
+
+
+@pytest.fixture(scope="module")
+def wrong_shape(tiny_llama: Path, tmp_path_factory, checkpoint_editor) -> Path:
+    return checkpoint_editor(
+        tiny_llama, tmp_path_factory.mktemp("shape") / "ckpt", lambda s: s.__setitem__(RESHAPED, torch.zeros(64, 32))
+    )
+
+
+def test_missing_tensor_names_the_key(llama3_dir: Path, missing_tensor: Path) -> None:
+    with pytest.raises(InputError) as caught:
+        validate_model(llama3_dir, missing_tensor, steps=2)
+    assert f"no tensor '{MISSING}'" in str(caught.value)
+    assert "model.layers.1.mlp.up_proj_weight" in str(caught.value)
+
+
+def test_wrong_shape_names_the_key(llama3_dir: Path, wrong_shape: Path) -> None:
+    with pytest.raises(InputError) as caught:
+        validate_model(llama3_dir, wrong_shape, steps=2)
+    assert f"'{RESHAPED}' [64, 32]" in str(caught.value)
+
+
+@pytest.mark.slow
+def test_tp2_missing_tensor_names_the_key(llama3_dir: Path, missing_tensor: Path) -> None:
+    with pytest.raises(InputError, match=f"no tensor '{MISSING}'"):
+        validate_model(llama3_dir, missing_tensor, steps=2, tp=2)
+
+
+def test_bad_paths_and_options_are_input_errors(llama3_dir: Path, tiny_llama: Path, tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="no such model package"):
+        validate_model(tmp_path / "nope", tiny_llama)
+    with pytest.raises(InputError, match="no such checkpoint"):
+        validate_model(llama3_dir, tmp_path / "nope")
+    with pytest.raises(InputError, match="--dtype"):
+        validate_model(llama3_dir, tiny_llama, dtype="fp16")
+    with pytest.raises(InputError, match="divisible by the TP size"):
+        validate_model(llama3_dir, tiny_llama, tp=2, prompt_lengths=(8, 9))

@@ -1,0 +1,59 @@
+"""Metric definitions (docs/validation.md)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autoport_cst.validate import metrics as M
+
+
+def test_identical_logits_match() -> None:
+    logits = torch.linspace(-3, 5, 100)
+    check = M.check_token(logits, logits.clone())
+    assert check.passed and check.label == "Matched" and check.argmax_match
+
+
+@settings(max_examples=30, deadline=None, database=None)
+@given(shift=st.floats(min_value=-50, max_value=50), seed=st.integers(0, 1000))
+def test_a_constant_shift_is_removed(shift: float, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    expected = torch.randn(200, generator=generator, dtype=torch.float64) * 3
+    check = M.check_token(expected, expected + shift)
+    assert check.passed, check.errors
+
+
+def test_topk_error_detects_a_perturbed_top_logit() -> None:
+    expected = torch.linspace(0, 10, 64, dtype=torch.float64)
+    actual = expected.clone()
+    actual[-2] += 0.5  # second-best logit moves by 5 % of the top logit
+    check = M.check_token(expected, actual)
+    assert not check.levels_passed["5"] and check.errors["5"] > 0.011
+
+
+def test_divergence_within_one_ulp_is_acceptable() -> None:
+    expected = torch.tensor([1.0, 4.0, 4.0 - 2 ** -6, 0.0], dtype=torch.float64)
+    actual = torch.tensor([1.0, 4.0 - 2 ** -6, 4.0, 0.0], dtype=torch.float64)
+    check = M.check_token(expected, actual, mantissa_bits=7)  # bf16 ULP at 4 is 2**-5
+    assert not check.argmax_match and check.divergence <= check.divergence_bound
+    assert check.label.startswith("Acceptable divergence")
+    strict = M.check_token(expected, actual, mantissa_bits=23)
+    assert strict.label.startswith("Diverged") and not strict.passed
+
+
+def test_r_ratio_is_port_error_over_reference_bf16_error() -> None:
+    f = torch.ones(10, 4, dtype=torch.float64)
+    b = f + 0.01
+    assert math.isclose(M.r_ratio(f + 0.01, b, f), 1.0, rel_tol=1e-4)  # eps = 1e-7 ||f|| in the denominator
+    assert math.isclose(M.r_ratio(f + 0.03, b, f), 3.0, rel_tol=1e-4)  # eps = 1e-7 ||f|| in the denominator
+    assert M.r_ratio(f, f, f) == 0.0
+
+
+def test_kl_and_cosine() -> None:
+    logits = torch.randn(3, 10, dtype=torch.float64)
+    assert torch.allclose(M.row_kl(logits, logits), torch.zeros(3, dtype=torch.float64))
+    assert torch.allclose(M.row_cosines(logits, 2 * logits), torch.ones(3, dtype=torch.float64))
+    assert float(M.row_kl(logits, -logits).min()) > 0

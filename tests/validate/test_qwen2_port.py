@@ -1,0 +1,59 @@
+"""The qwen2 port from examples/ validates against Qwen2ForCausalLM, and the
+logit test `apply` writes beside it passes when run on its own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from autoport_cst.cli import cli
+from autoport_cst.validate import build_tiny_checkpoint, validate_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def qwen2_port(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("qwen2-port")
+    result = CliRunner().invoke(
+        cli, ["apply", "--plan", str(ROOT / "examples" / "qwen2.plan.json"), "--out", str(out), "-q"]
+    )
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("tiny-qwen2")
+    build_tiny_checkpoint("Qwen2ForCausalLM", directory, seed=0)
+    return directory
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_qwen2_port_validates(qwen2_port, tiny_qwen2, dtype):
+    report = validate_model(qwen2_port / "vllm_neuron/model/qwen2", tiny_qwen2, dtype=dtype, steps=8)
+    assert report.equivalent, report.summary()
+
+
+def test_the_reference_does_not_validate_against_qwen2(tiny_qwen2):
+    """Without the QKV bias codemod the port is wrong, and validation says where."""
+    report = validate_model(ROOT / "reference_models" / "llama3", tiny_qwen2, dtype="fp32", steps=4)
+    assert not report.equivalent
+    assert report.first_diverging is not None and "attention" in str(report.first_diverging)
+
+
+def test_generated_logit_test_passes(qwen2_port):
+    test = qwen2_port / "test/vllm_neuron/model/qwen2/test_logits.py"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test)],
+        cwd=qwen2_port,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout

@@ -1,0 +1,43 @@
+"""Tiny checkpoints: sources, small dimensions, determinism per seed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autoport_cst.errors import InputError
+from autoport_cst.validate.tiny import build_tiny_checkpoint
+
+
+def test_same_seed_gives_byte_identical_tensors(tmp_path: Path) -> None:
+    first = build_tiny_checkpoint("LlamaForCausalLM", tmp_path / "a", seed=7)
+    second = build_tiny_checkpoint("LlamaForCausalLM", tmp_path / "b", seed=7)
+    other = build_tiny_checkpoint("LlamaForCausalLM", tmp_path / "c", seed=8)
+    data = (first.directory / "model.safetensors").read_bytes()
+    assert data == (second.directory / "model.safetensors").read_bytes()
+    assert data != (other.directory / "model.safetensors").read_bytes()
+    assert (first.directory / "config.json").read_text() == (second.directory / "config.json").read_text()
+
+
+def test_model_type_and_config_path_sources(tmp_path: Path) -> None:
+    by_type = build_tiny_checkpoint("qwen2", tmp_path / "qwen2")
+    assert by_type.architecture == "Qwen2ForCausalLM"
+    config = json.loads((by_type.directory / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"]) == (64, 2, 4)
+    assert (config["num_key_value_heads"], config["intermediate_size"]) == (2, 128)
+    assert config.get("head_dim", config["hidden_size"] // config["num_attention_heads"]) == 16
+    assert config["vocab_size"] == 512
+    assert len(config["layer_types"]) == 2
+    again = build_tiny_checkpoint(by_type.directory / "config.json", tmp_path / "again")
+    assert again.architecture == "Qwen2ForCausalLM"
+    assert (again.directory / "model.safetensors").read_bytes() == (
+        by_type.directory / "model.safetensors"
+    ).read_bytes()
+
+
+@pytest.mark.parametrize("source", ["NoSuchForCausalLM", "no_such_type", "missing/config.json"])
+def test_unknown_source_is_input_error(tmp_path: Path, source: str) -> None:
+    with pytest.raises(InputError):
+        build_tiny_checkpoint(source, tmp_path / "out")
