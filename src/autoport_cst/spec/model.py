@@ -57,6 +57,7 @@ ParallelResidual = Literal["none", "shared_norm", "separate_norms"]
 EmbeddingScale = Literal["none", "sqrt_hidden"]
 RouterActivation = Literal["softmax", "sigmoid"]
 RouterDtype = Literal["float32", "bfloat16"]
+CheckpointFusion = Literal["separate", "fused"]
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,19 @@ class ResidualSpec:
 
 
 @dataclass(frozen=True)
+class CheckpointSpec:
+    qkv: CheckpointFusion = feature(
+        "separate", "Q, K and V stored as separate q/k/v tensors, or as one fused qkv tensor."
+    )
+    gate_up: CheckpointFusion = feature(
+        "separate", "Gate and up projections stored separately, or as one fused gate_up tensor."
+    )
+    lm_head_stored: bool | None = value(
+        None, "Whether the checkpoint stores lm_head.weight (tied models usually do not)."
+    )
+
+
+@dataclass(frozen=True)
 class ArchSpec:
     """What a decoder-only model computes, independent of any implementation."""
 
@@ -186,3 +200,4 @@ class ArchSpec:
     embedding: EmbeddingSpec = section(EmbeddingSpec, "Token embedding.")
     lm_head: LMHeadSpec = section(LMHeadSpec, "Language-model head.")
     residual: ResidualSpec = section(ResidualSpec, "Residual stream.")
+    checkpoint: CheckpointSpec = section(CheckpointSpec, "How the checkpoint stores the weights.")
