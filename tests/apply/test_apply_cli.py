@@ -294,3 +294,19 @@ def test_write_is_all_or_nothing(tmp_path, monkeypatch):
     assert result.exit_code == 2
     assert tree(tmp_path) == before
     assert not list(tmp_path.glob(".autoport-*"))
+
+
+def test_a_port_that_breaks_a_hardware_rule_is_refused(tmp_path):
+    """A reference whose RoPE computes a tensor in __init__ gives a port that
+    fails the lint post-check: nothing is written, and the rule is named."""
+    ref = tmp_path / "ref"
+    shutil.copytree(ROOT / "reference_models" / "llama3", ref)
+    model = ref / "model.py"
+    text = model.read_text()
+    anchor = "        self.head_dim = config.head_dim\n        self.rope_theta = float(config.rope_theta)\n"
+    assert text.count(anchor) == 1
+    model.write_text(text.replace(anchor, anchor + "        self.inv_freq = torch.arange(0, self.head_dim, 2).float()\n"))
+    result = run("apply", "--plan", write_plan(tmp_path, BASE), "--ref", ref, "--out", tmp_path / "out")
+    assert result.exit_code == 2, result.output
+    assert "NRN001" in result.output and "hardware rule" in result.output
+    assert not (tmp_path / "out").exists()

@@ -63,6 +63,7 @@ class PortResult:
     steps: list[StepResult] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)  # output-relative path -> content
     sources: dict[str, str] = field(default_factory=dict)  # output path -> reference text (for diffs)
+    warnings: list = field(default_factory=list)  # lint warnings on the port (Diagnostic)
     failure: AutoportError | None = None
 
     @property
@@ -249,6 +250,32 @@ def _finish(plan: Plan, reference: Reference, result: PortResult, units: list[_U
                     f"internal error: the port does not compile: {exc.msg}",
                     Position(path, exc.lineno, exc.offset),
                 ) from None
+    _check_hardware_rules(result, package)
+
+
+def _check_hardware_rules(result: PortResult, package: str) -> None:
+    """The port's package must pass the hardware lint rules: errors stop the
+    port (nothing is written), warnings are kept for the summary."""
+    from autoport_cst.lint import lint_source
+
+    errors = []
+    for path, text in sorted(result.files.items()):
+        if not (path.startswith(package + "/") and path.endswith(".py")):
+            continue
+        for diagnostic in lint_source(text, path):
+            if diagnostic.severity == "error":
+                errors.append(diagnostic)
+            else:
+                result.warnings.append(diagnostic)
+    if errors:
+        lines = "\n".join(
+            f"  {d.path}:{d.line}:{d.column}: {d.code} {d.message}" for d in errors
+        )
+        raise InputError(
+            f"the port breaks {len(errors)} hardware rule(s); add the codemod that fixes "
+            f"them to the plan's steps, or fix the reference:\n{lines}",
+            Position(errors[0].path, errors[0].line, errors[0].column),
+        )
 
 
 def _banner(text: str, reference: str, name: str) -> str:

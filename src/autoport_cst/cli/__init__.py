@@ -10,6 +10,7 @@ commands' imports.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 
 import click

@@ -157,6 +157,9 @@ def _summary(result, report, output_format: str, to_stderr: bool, out: Path | No
                 for s in result.steps
             ],
             "by_config": [d.path for d in result.composition.by_config],
+            "warnings": [
+                f"{w.path}:{w.line}:{w.column}: {w.code} {w.message}" for w in result.warnings
+            ],
             "files": sorted(result.files),
         }
         if report is not None:
@@ -189,6 +192,12 @@ def _summary(result, report, output_format: str, to_stderr: bool, out: Path | No
     if result.composition.by_config:
         fields = ", ".join(d.path for d in result.composition.by_config)
         console.print(f"read from the config at run time: {fields}")
+    for warning in result.warnings:
+        console.print(
+            f"warning: {warning.path}:{warning.line}:{warning.column}: {warning.code} {warning.message}",
+            style="yellow",
+            markup=False,
+        )
     notes = [n for s in result.steps for n in s.notes]
     if notes:
         console.print(f"text edits in strings, docstrings and comments ({len(notes)}):")

@@ -1,0 +1,380 @@
+"""Lint configuration: ``[tool.autoport-cst.lint]`` in ``pyproject.toml``.
+
+The nearest ``pyproject.toml`` that has a ``[tool.autoport-cst]`` table,
+walking up from each input file, configures that file. Unknown keys, wrong
+types and selectors that match no rule are errors (exit code 2), reported
+with the file and the key.
+
+```toml
+[tool.autoport-cst.lint]
+select = ["NRN"]                 # codes, prefixes, rule names or "ALL" (default: all)
+ignore = ["NRN005"]
+exclude = ["build/**"]           # globs, relative to this file's directory
+per-file-ignores = { "legacy/*.py" = ["NRN001"] }
+forward-roots = ["run_step"]     # more entry points of the forward path
+forward-exclude = ["debug_dump"] # functions the forward path never enters
+warnings-as-errors = false       # warnings fail the run too
+cache-dir = ".autoport-cst-cache"
+
+[tool.autoport-cst.lint.options.NRN005]
+allow = ["GptOssExperts.router_weight"]
+```
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from autoport_cst import __version__
+from autoport_cst.errors import InputError, MultiInputError, Position
+
+TABLE = "autoport-cst"
+# sections of [tool.autoport-cst] owned by other commands: accepted, not read here
+OTHER_SECTIONS = frozenset({"apply", "plan", "validate", "port", "codemods", "schema", "tiny"})
+
+LINT_KEYS = {
+    "select": "list[str]",
+    "ignore": "list[str]",
+    "exclude": "list[str]",
+    "per-file-ignores": "table",
+    "forward-roots": "list[str]",
+    "forward-exclude": "list[str]",
+    "warnings-as-errors": "bool",
+    "cache-dir": "str",
+    "options": "table",
+}
+
+SYNTAX_ERROR = "NRN999"
+
+
+@dataclass(frozen=True)
+class LintSettings:
+    """Resolved settings for the files under one configuration."""
+
+    select: tuple[str, ...] = ("ALL",)
+    ignore: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    forward_roots: tuple[str, ...] = ()
+    forward_exclude: tuple[str, ...] = ()
+    warnings_as_errors: bool = False
+    cache_dir: str | None = None
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    root: str | None = None  # directory of the configuration file
+    source: str | None = None  # the configuration file
+
+    # -- selection ----------------------------------------------------------
+
+    def with_cli(self, select: list[str] | None, ignore: list[str] | None) -> "LintSettings":
+        new = self
+        if select:
+            check_selectors(select, "--select")
+            new = replace(new, select=tuple(select))
+        if ignore:
+            check_selectors(ignore, "--ignore")
+            new = replace(new, ignore=new.ignore + tuple(ignore))
+        return new
+
+    def enabled(self, path: str | None = None) -> frozenset[str]:
+        """Codes of the rules that run on ``path``."""
+        codes = expand(self.select) - expand(self.ignore)
+        if path is not None and self.per_file_ignores:
+            rel = self.relative(path)
+            for pattern, selectors in self.per_file_ignores:
+                if _glob_match(rel, pattern):
+                    codes -= expand(selectors)
+        return frozenset(codes | {SYNTAX_ERROR})
+
+    def relative(self, path: str) -> str:
+        absolute = os.path.abspath(path)
+        if self.root:
+            try:
+                return Path(absolute).relative_to(self.root).as_posix()
+            except ValueError:
+                pass
+        return Path(path).as_posix()
+
+    def excluded(self, path: str) -> bool:
+        if not self.exclude:
+            return False
+        rel = self.relative(path)
+        return any(_glob_match(rel, pattern) for pattern in self.exclude)
+
+    def rule_options(self, code: str) -> Mapping[str, Any]:
+        return self.options.get(code, {})
+
+    def fingerprint(self, enabled: frozenset[str]) -> str:
+        """What the lint result of a file depends on besides its content."""
+        data = {
+            "version": __version__,
+            "engine": _engine_signature(),
+            "enabled": sorted(enabled),
+            "options": {c: dict(self.options.get(c, {})) for c in sorted(enabled)},
+            "forward-roots": list(self.forward_roots),
+            "forward-exclude": list(self.forward_exclude),
+            "warnings-as-errors": self.warnings_as_errors,
+        }
+        blob = json.dumps(data, sort_keys=True, default=str).encode()
+        return hashlib.blake2b(blob, digest_size=16).hexdigest()
+
+
+def _glob_match(rel: str, pattern: str) -> bool:
+    pattern = pattern.rstrip("/")
+    if fnmatch.fnmatchcase(rel, pattern):
+        return True
+    if pattern.endswith("/**") and (rel == pattern[:-3] or rel.startswith(pattern[:-2])):
+        return True
+    if "/" not in pattern:  # a bare name matches any path component
+        return any(fnmatch.fnmatchcase(part, pattern) for part in rel.split("/"))
+    return False
+
+
+_SIGNATURE: str | None = None
+
+
+def _engine_signature() -> str:
+    """Changes whenever a file of the lint package changes (so a cache
+    written by an edited checkout is not reused)."""
+    global _SIGNATURE
+    if _SIGNATURE is None:
+        base = Path(__file__).parent
+        digest = hashlib.blake2b(digest_size=12)
+        for path in sorted(base.rglob("*.py")):
+            stat = path.stat()
+            digest.update(f"{path.relative_to(base)}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+        _SIGNATURE = digest.hexdigest()
+    return _SIGNATURE
+
+
+# -- selectors ------------------------------------------------------------------
+
+
+def expand(selectors: tuple[str, ...] | list[str]) -> set[str]:
+    from autoport_cst.lint.rules import registry
+
+    rules = registry()
+    out: set[str] = set()
+    for selector in selectors:
+        out |= _match(selector, rules)
+    return out
+
+
+def _match(selector: str, rules) -> set[str]:
+    if selector.upper() == "ALL":
+        return set(rules)
+    by_name = {rule.NAME: code for code, rule in rules.items()}
+    if selector in by_name:
+        return {by_name[selector]}
+    upper = selector.upper()
+    return {code for code in rules if code.startswith(upper)}
+
+
+def check_selectors(selectors, where: str, source: str = "<command line>") -> None:
+    from autoport_cst.lint.rules import registry
+
+    rules = registry()
+    errors = []
+    for selector in selectors:
+        if not isinstance(selector, str) or not _match(selector, rules):
+            known = ", ".join(f"{c} ({r.NAME})" for c, r in rules.items())
+            errors.append(
+                InputError(f"{where}: {selector!r} matches no rule; rules are {known}",
+                           Position(source))
+            )
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise MultiInputError(f"{source}: invalid rule selectors", errors)
+
+
+# -- discovery and loading --------------------------------------------------------
+
+_FOUND: dict[str, str | None] = {}
+_LOADED: dict[str, LintSettings] = {}
+
+
+def find_config(directory: str) -> str | None:
+    """The nearest pyproject.toml with a [tool.autoport-cst] table at or
+    above ``directory``."""
+    directory = os.path.abspath(directory)
+    visited = []
+    current = directory
+    result: str | None = None
+    while True:
+        if current in _FOUND:
+            result = _FOUND[current]
+            break
+        visited.append(current)
+        candidate = os.path.join(current, "pyproject.toml")
+        if os.path.isfile(candidate) and _has_table(candidate):
+            result = candidate
+            break
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    for path in visited:
+        _FOUND[path] = result
+    return result
+
+
+def _has_table(path: str) -> bool:
+    data = _read_toml(path)
+    return isinstance(data.get("tool"), dict) and TABLE in data["tool"]
+
+
+_TOML: dict[str, dict] = {}
+
+
+def _read_toml(path: str) -> dict:
+    if path not in _TOML:
+        try:
+            with open(path, "rb") as handle:
+                _TOML[path] = tomllib.load(handle)
+        except tomllib.TOMLDecodeError as error:
+            raise InputError(f"invalid TOML: {error}", Position(path)) from None
+        except OSError as error:
+            raise InputError(f"cannot read: {error}", Position(path)) from None
+    return _TOML[path]
+
+
+def settings_for(path: str, explicit_config: str | None = None) -> LintSettings:
+    """Settings for one input file (or directory)."""
+    if explicit_config is not None:
+        return load_config(explicit_config)
+    directory = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    config = find_config(directory)
+    if config is None:
+        return LintSettings()
+    return load_config(config)
+
+
+def load_config(path: str) -> LintSettings:
+    path = os.path.abspath(path)
+    if path in _LOADED:
+        return _LOADED[path]
+    data = _read_toml(path)
+    table = data.get("tool", {}).get(TABLE, {})
+    settings = parse_table(table, path)
+    _LOADED[path] = settings
+    return settings
+
+
+def parse_table(table: Any, source: str) -> LintSettings:
+    """Validate ``[tool.autoport-cst]`` (as a dict); errors name the key."""
+    from autoport_cst.lint.rules import registry
+
+    errors: list[InputError] = []
+    prefix = f"tool.{TABLE}"
+
+    def problem(key: str, message: str) -> None:
+        errors.append(InputError(message, Position(source, json_path=key)))
+
+    if not isinstance(table, dict):
+        raise InputError("expected a table", Position(source, json_path=prefix))
+    for key in table:
+        if key != "lint" and key not in OTHER_SECTIONS:
+            problem(f"{prefix}.{key}", f"unknown key {key!r} (known: lint, "
+                    f"{', '.join(sorted(OTHER_SECTIONS))})")
+    lint = table.get("lint", {})
+    values: dict[str, Any] = {}
+    if not isinstance(lint, dict):
+        problem(f"{prefix}.lint", "expected a table")
+        lint = {}
+    for key, value in lint.items():
+        where = f"{prefix}.lint.{key}"
+        kind = LINT_KEYS.get(key)
+        if kind is None:
+            problem(where, f"unknown key {key!r} (known: {', '.join(sorted(LINT_KEYS))})")
+            continue
+        if kind == "list[str]" and not (
+            isinstance(value, list) and all(isinstance(v, str) for v in value)
+        ):
+            problem(where, "expected a list of strings")
+            continue
+        if kind == "bool" and not isinstance(value, bool):
+            problem(where, "expected true or false")
+            continue
+        if kind == "str" and not isinstance(value, str):
+            problem(where, "expected a string")
+            continue
+        if kind == "table" and not isinstance(value, dict):
+            problem(where, "expected a table")
+            continue
+        values[key] = value
+
+    rules = registry()
+    for key in ("select", "ignore"):
+        for selector in values.get(key, []):
+            if not _match(selector, rules):
+                problem(f"{prefix}.lint.{key}", f"{selector!r} matches no rule")
+    per_file: list[tuple[str, tuple[str, ...]]] = []
+    for pattern, selectors in values.get("per-file-ignores", {}).items():
+        where = f"{prefix}.lint.per-file-ignores.{pattern}"
+        if not (isinstance(selectors, list) and all(isinstance(s, str) for s in selectors)):
+            problem(where, "expected a list of rule selectors")
+            continue
+        for selector in selectors:
+            if not _match(selector, rules):
+                problem(where, f"{selector!r} matches no rule")
+        per_file.append((pattern, tuple(selectors)))
+
+    options: dict[str, dict[str, Any]] = {}
+    by_name = {rule.NAME: code for code, rule in rules.items()}
+    for name, opts in values.get("options", {}).items():
+        where = f"{prefix}.lint.options.{name}"
+        code = name if name in rules else by_name.get(name)
+        if code is None:
+            problem(where, f"unknown rule {name!r}")
+            continue
+        if not isinstance(opts, dict):
+            problem(where, "expected a table")
+            continue
+        declared = rules[code].OPTIONS
+        for opt, value in opts.items():
+            if opt not in declared:
+                known = ", ".join(sorted(declared)) or "none"
+                problem(f"{where}.{opt}", f"unknown option {opt!r} of {code} (known: {known})")
+                continue
+            message = declared[opt].check(value)
+            if message:
+                problem(f"{where}.{opt}", message)
+                continue
+            options.setdefault(code, {})[opt] = value
+
+    if errors:
+        if len(errors) == 1:
+            raise errors[0]
+        raise MultiInputError(f"{source}: invalid [tool.{TABLE}] configuration", errors)
+
+    root = os.path.dirname(source) if os.path.isabs(source) else None
+    cache_dir = values.get("cache-dir")
+    if cache_dir is not None and root is not None and not os.path.isabs(cache_dir):
+        cache_dir = os.path.join(root, cache_dir)
+    return LintSettings(
+        select=tuple(values.get("select", ["ALL"])),
+        ignore=tuple(values.get("ignore", [])),
+        exclude=tuple(values.get("exclude", [])),
+        per_file_ignores=tuple(per_file),
+        forward_roots=tuple(values.get("forward-roots", [])),
+        forward_exclude=tuple(values.get("forward-exclude", [])),
+        warnings_as_errors=values.get("warnings-as-errors", False),
+        cache_dir=cache_dir,
+        options=options,
+        root=root,
+        source=source,
+    )
+
+
+def clear_caches() -> None:
+    """Forget discovered and loaded configuration (tests, long-lived processes)."""
+    _FOUND.clear()
+    _LOADED.clear()
+    _TOML.clear()
