@@ -24,12 +24,22 @@ def test_ci_runs_the_readme_setup_commands(repo_root):
     assert ci.index(install) < ci.index(tests)
 
 
-def test_documented_apply_flags_exist(repo_root):
+COMMANDS = ("apply", "lint", "validate", "tiny", "codemods", "schema")
+
+
+def test_documented_flags_exist(repo_root):
     readme = (repo_root / "README.md").read_text()
-    help_text = CliRunner().invoke(cli, ["apply", "--help"]).output
-    for flag in set(re.findall(r"`(--[a-z-]+)", readme)):
-        if flag in ("--run-slow",):
+    helps = {c: CliRunner().invoke(cli, [c, "--help"]).output for c in COMMANDS}
+    for command, text in helps.items():
+        assert "Usage:" in text, command
+    # flags in command examples belong to that command
+    for segment in re.split(r"&&|\n|`", readme):
+        match = re.search(r"autoport-cst (\w+) (.*)", segment)
+        if not match or match.group(1) not in helps:
             continue
-        command = "apply"
-        if flag not in help_text:
-            raise AssertionError(f"README documents {flag}, which `autoport-cst {command}` does not have")
+        command, rest = match.groups()
+        for flag in re.findall(r"(--[a-z][a-z-]*)", rest.split("#")[0]):
+            assert flag in helps[command], f"README: `autoport-cst {command} ... {flag}` does not exist"
+    # every other documented flag exists on some command
+    for flag in set(re.findall(r"`(--[a-z][a-z-]*)", readme)) - {"--run-slow"}:
+        assert any(flag in text for text in helps.values()), f"README documents {flag}, which no command has"
