@@ -1,0 +1,257 @@
+"""``autoport-cst plan``: research a model and write the plan ``apply`` consumes.
+
+transformers is imported inside the command only (through the research),
+so importing ``autoport_cst.cli`` stays cheap.
+
+Exit codes: 0 plan written (or, with ``--review``, declined), 2 bad input
+(missing or malformed config.json, no modeling source for the model_type,
+an unreadable safetensors header, an invalid name); nothing is written then.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from autoport_cst.cli.common import error_boundary, stderr_console, stdout_console
+from autoport_cst.errors import InputError
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same
+    directory and a rename: the file is either the old one or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+@click.command("plan")
+@click.argument("source")
+@click.option("--name", required=True, help="Model name in snake_case: the package directory of the port.")
+@click.option("-o", "--output", "output", default="plan.json", show_default=True,
+              type=click.Path(dir_okay=False, path_type=Path), help="Where to write the plan.")
+@click.option("--ref", "ref", default=None,
+              help="Reference to measure and use (a built-in name or a reference directory). "
+                   "Default: the built-in reference with the smallest realizable diff.")
+@click.option("--review", is_flag=True,
+              help="Show the analysis and ask before writing (y/N, or the path of an edited plan).")
+@error_boundary
+def plan_command(source: str, name: str, output: Path, ref: str | None, review: bool) -> None:
+    """Research SOURCE and write a plan for `autoport-cst apply`.
+
+    SOURCE is a local checkpoint directory (config.json and optionally
+    *.safetensors) or a Hugging Face hub id (needs the network). The
+    research reads config.json, analyses the transformers modeling source of
+    the model_type as code, and reads the safetensors headers (no tensor is
+    loaded); it picks the reference with the smallest realizable diff and
+    the tensor/expert-parallel sizes for a trn2.48xlarge.
+    """
+    from autoport_cst.plan import PLAN_VERSION, Plan, derive_class_prefix, load_plan, parse_plan, plan_to_json
+    from autoport_cst.plan.naming import MODEL_NAME_RE
+    from autoport_cst.research import choose_reference, research
+
+    if not MODEL_NAME_RE.match(name):
+        raise InputError(f"--name {name!r} is not snake_case ({MODEL_NAME_RE.pattern})")
+    if ref:
+        from autoport_cst.apply.reference import load_reference
+
+        load_reference(ref)  # a bad --ref is bad input, before any research
+    result = research(source)
+    choice = choose_reference(result.spec, name, result.architecture, [ref] if ref else None)
+    description = _description(result, choice)
+    plan = Plan(
+        version=PLAN_VERSION,
+        name=name,
+        architecture=result.architecture,
+        reference=choice.chosen,
+        class_prefix=derive_class_prefix(name),
+        spec=result.spec,
+        description=description,
+    )
+    data = plan_to_json(plan)
+    plan = parse_plan(data, "<generated plan>")  # the written plan always loads
+    console = stdout_console()
+    if not console.is_terminal:
+        console.width = max(console.width, 140)  # logs and pipes: keep table rows whole
+    print_analysis(console, result, choice)
+    if review:
+        answer = click.prompt(
+            f"Write {output}? [y/N] or the path of an edited plan", default="N", show_default=False
+        ).strip()
+        if answer.lower() in ("y", "yes"):
+            pass
+        elif answer.lower() in ("", "n", "no"):
+            stderr_console().print("plan not written")
+            return
+        else:
+            plan = load_plan(answer)
+            data = plan_to_json(plan)
+            stderr_console().print(f"using the edited plan {answer}")
+    write_atomic(output, json.dumps(data, indent=2) + "\n")
+    console.print(f"wrote {output} (reference {plan.reference or 'none'}, class prefix {plan.prefix})")
+
+
+def _description(result, choice) -> str:
+    parts = [f"Planned by autoport-cst from {result.source} ({result.model_type}, {result.architecture})."]
+    if result.unknown:
+        parts.append(f"Unclassified (defaults kept, check by hand): {', '.join(result.unknown)}.")
+    if result.conflicts:
+        parts.append(f"Conflicts: {', '.join(sorted({c.field for c in result.conflicts}))}.")
+    if not choice.realizable:
+        parts.append(f"No reference realizes this diff: {choice.reason}")
+    return " ".join(parts)
+
+
+# ---- output ---------------------------------------------------------------------
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_show(v)}" for k, v in value.items())
+    if isinstance(value, (tuple, list)):
+        if len(value) > 4:
+            counts: dict[Any, int] = {}
+            for item in value:
+                counts[item] = counts.get(item, 0) + 1
+            return ", ".join(f"{k} x{n}" for k, n in counts.items())
+        return ", ".join(_show(v) for v in value)
+    return str(value)
+
+
+def analysis_rows(result, choice) -> list[tuple[str, str, str, str]]:
+    """(section, reference, target, change needed) for every spec field."""
+    from autoport_cst.spec import ArchSpec, get_field, leaf_fields
+
+    candidate = choice.candidate(choice.chosen) if choice.chosen else None
+    plans = {f.path: f for f in candidate.fields} if candidate else {}
+    ref_spec = None
+    if choice.chosen:
+        from autoport_cst.apply.reference import load_reference
+
+        ref_spec = load_reference(choice.chosen).spec
+    rows = []
+    unknown = set(result.unknown)
+    for path, role, _ in leaf_fields(ArchSpec):
+        if path.startswith("moe.") and result.spec.moe is None:
+            continue
+        target = get_field(result.spec, path)
+        if path == "moe":
+            if target is None and (ref_spec is None or ref_spec.moe is None):
+                continue
+            target = "MoE" if target is not None else None
+        reference = get_field(ref_spec, path) if ref_spec is not None else None
+        if path == "moe":
+            reference = "MoE" if reference is not None else None
+        plan = plans.get(path)
+        if plan is None:
+            change = "-"
+        elif plan.how == "config":
+            change = "read from the config"
+        elif plan.how == "blocked":
+            change = "BLOCKED: no codemod"
+        else:
+            change = plan.how
+        if path in unknown:
+            change = f"UNKNOWN (default kept); {change}"
+        ref_text = _show(reference) if reference is not None or role != "value" else "(config)"
+        rows.append((path, ref_text, _show(target), change))
+    return rows
+
+
+def print_analysis(console, result, choice) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    console.print(f"[bold]{escape(result.source)}[/]: {result.model_type}, {result.architecture}")
+    console.print(f"  modeling source: {escape(result.modeling_source or '-')}", markup=True)
+    files = ", ".join(result.checkpoint_files) or "none (config and code only)"
+    p = result.parameters
+    console.print(f"  checkpoint: {escape(files)}")
+    console.print(f"  parameters: {p.total:,} ({p.source}: {escape(p.evidence)})"
+                  + (f", {p.experts:,} in routed experts" if p.experts else ""))
+    table = Table(title=f"architecture: reference {choice.chosen or 'none'} vs target", title_justify="left")
+    table.add_column("section", no_wrap=True)
+    for column in ("reference", "target", "change needed"):
+        table.add_column(column, overflow="fold")
+    for row in analysis_rows(result, choice):
+        style = None
+        if row[3].startswith(("BLOCKED", "UNKNOWN")):
+            style = "red"
+        elif row[3] != "-":
+            style = "yellow"
+        table.add_row(*(escape(c) for c in row), style=style)
+    console.print(table)
+    console.print(f"[bold]reference:[/] {escape(choice.reason)}")
+    for candidate in choice.candidates:
+        if candidate.error:
+            console.print(f"  {candidate.name}: unusable ({escape(candidate.error)})")
+        elif candidate.blocking:
+            console.print(f"  {candidate.name}: blocked by {escape(', '.join(candidate.blocking))}")
+        else:
+            console.print(f"  {candidate.name}: {len(candidate.code_changes)} codemod field(s), "
+                          f"steps {escape(', '.join(candidate.steps) or '-')}")
+    if result.unknown:
+        console.print("[bold red]unknown[/] (no source could classify; the plan keeps the default):")
+        for name in result.unknown:
+            decision = result.decision(name)
+            console.print(f"  {name}: {escape(decision.evidence if decision else '')}")
+    if result.conflicts:
+        console.print("[bold red]conflicts[/]:")
+        for conflict in result.conflicts:
+            claims = "; ".join(f"{c.source} says {_show(c.value)} ({c.evidence})" for c in conflict.claims)
+            console.print(f"  [{conflict.severity}] {conflict.field}: {escape(claims)} -> {escape(conflict.resolution)}")
+    notes = [f for f in result.findings if f.field in (
+        "checkpoint.unexpected_keys", "checkpoint.missing_keys", "config.sliding_window_unused",
+        "code.activation_fixed", "config.num_experts_unused", "code.dense_layers", "code.norm_affine")]
+    if notes:
+        console.print("[bold]notes[/]:")
+        for note in notes:
+            console.print(f"  {note.field}: {escape(note.evidence)}")
+    if result.pitfalls:
+        console.print("[bold]pitfalls for this model[/]:")
+        for item in result.pitfalls:
+            console.print(f"  - {escape(item)}")
+    print_parallel(console, result.parallel)
+
+
+def print_parallel(console, parallel) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"tensor parallelism (trn2.48xlarge: {parallel.world_size} ranks, "
+                        f"{parallel.budget_bytes / 1e9:.0f} GB bf16 weights per rank)", title_justify="left")
+    for column in ("TP", "valid", "GB per rank", "fits", "why not / notes"):
+        table.add_column(column, overflow="fold")
+    for check in parallel.checks:
+        table.add_row(
+            str(check.tp),
+            "yes" if check.valid else "no",
+            f"{check.bytes_per_rank / 1e9:.2f}",
+            "yes" if check.fits else "no",
+            escape("; ".join(check.failures + check.notes) or "-"),
+            style="green" if check.tp == parallel.recommended_tp else None,
+        )
+    console.print(table)
+    console.print(f"[bold]recommendation:[/] {escape(parallel.reason)}")
+    if parallel.ep_options:
+        for option in parallel.ep_options:
+            console.print(f"  EP {option.ep} x TP {option.tp}: {option.local_experts} experts per rank, "
+                          f"{option.bytes_per_rank / 1e9:.2f} GB per rank{'' if option.fits else ' (does not fit)'}")

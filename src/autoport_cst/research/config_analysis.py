@@ -1,0 +1,312 @@
+"""What config.json says: sizes, the architecture string, norm epsilon (and
+the key that holds it), RoPE in both the ``rope_scaling`` + ``rope_theta``
+form and the ``rope_parameters`` form, activation, tying, bias flags,
+sliding window and per-layer types, MoE fields, multipliers.
+
+The file is read as JSON (positions of syntax errors are reported). When
+transformers is installed the configuration class of the ``model_type`` is
+also instantiated, so that values config.json leaves out take the class
+defaults that the modeling code will see; findings say which of the two a
+value came from. The names below are Hugging Face config keys (the
+vocabulary of config.json), not model names.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autoport_cst.errors import InputError, Position
+from autoport_cst.research.findings import CONFIG, DERIVED, INFERRED, Finding, known, unknown
+
+EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "norm_eps", "epsilon")
+ACTIVATION_KEYS = ("hidden_act", "hidden_activation", "activation_function")
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
+HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
+KV_KEYS = ("num_key_value_heads", "num_kv_heads", "multi_query_group_num")
+INTERMEDIATE_KEYS = ("intermediate_size", "ffn_hidden_size", "n_inner")
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "seq_length")
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+TOPK_KEYS = ("num_experts_per_tok", "moe_topk", "top_k")
+MOE_INTERMEDIATE_KEYS = ("moe_intermediate_size", "expert_intermediate_size")
+SHARED_KEYS = ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts")
+MULTIPLIER_KEYS = (
+    "embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling",
+    "final_logit_softcapping", "attn_logit_softcapping", "query_pre_attn_scalar", "logit_scale",
+)
+ROPE_META_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
+ROPE_TYPES = {"default", "llama3", "linear", "dynamic", "yarn", "longrope", "none"}
+ROPE_ALIASES = {"su": "longrope", "ntk": "dynamic"}
+
+
+@dataclass
+class ConfigAnalysis:
+    path: str
+    raw: dict[str, Any]
+    model_type: str
+    architecture: str | None
+    resolved: Any = None  # the transformers configuration object, when available
+    findings: list[Finding] = field(default_factory=list)
+    dims: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, name: str) -> Finding | None:
+        for finding in reversed(self.findings):
+            if finding.field == name:
+                return finding
+        return None
+
+    def value(self, name: str, default: Any = None) -> Any:
+        finding = self.get(name)
+        return finding.value if finding is not None and finding.known else default
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """config.json as a dict; InputError with a position on any problem."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no config.json (a checkpoint directory must contain one)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"malformed JSON: {exc.msg}", Position(str(path), exc.lineno, exc.colno)) from None
+    if not isinstance(data, dict):
+        raise InputError("config.json must hold a JSON object", Position(str(path), json_path="$"))
+    model_type = data.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise InputError("no model_type: cannot tell which modeling code computes this model",
+                         Position(str(path), json_path="$.model_type"))
+    architectures = data.get("architectures")
+    if architectures is not None and (
+        not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures)
+    ):
+        raise InputError("expected a list of class names", Position(str(path), json_path="$.architectures"))
+    return data
+
+
+def resolve_config(raw: dict[str, Any], path: str) -> Any:
+    """The transformers configuration object for ``raw`` (class defaults
+    filled in), or None when transformers is not installed."""
+    try:
+        from transformers import AutoConfig
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    except ImportError:
+        return None
+    model_type = raw["model_type"]
+    if model_type not in CONFIG_MAPPING:
+        raise InputError(
+            f"model_type {model_type!r} is not known to the installed transformers: no modeling source",
+            Position(path, json_path="$.model_type"),
+        )
+    values = {k: v for k, v in raw.items() if k not in ("model_type", "transformers_version")}
+    try:
+        return AutoConfig.for_model(model_type, **values)
+    except Exception as exc:  # the config class rejected a value
+        raise InputError(f"transformers cannot build a {model_type} configuration: {exc}",
+                         Position(path)) from None
+
+
+def _lookup(raw: dict[str, Any], resolved: Any, keys: tuple[str, ...]) -> tuple[str | None, Any, str]:
+    """First key present: (key, value, where) with where = 'config.json' or
+    'class default'."""
+    for key in keys:
+        if key in raw and raw[key] is not None:
+            return key, raw[key], "config.json"
+    if resolved is not None:
+        for key in keys:
+            value = _attr(resolved, key)
+            if value is not None and not callable(value):
+                return key, value, f"{type(resolved).__name__} default"
+    return None, None, ""
+
+
+def analyze_config(raw: dict[str, Any], resolved: Any, path: str) -> ConfigAnalysis:
+    architectures = raw.get("architectures") or []
+    result = ConfigAnalysis(path, raw, raw["model_type"], architectures[0] if architectures else None, resolved)
+    add = result.findings.append
+    if result.architecture:
+        extra = f" (also lists {architectures[1:]})" if len(architectures) > 1 else ""
+        add(known(result.architecture, "architecture", CONFIG, f"architectures[0]{extra}"))
+    else:
+        add(unknown("architecture", CONFIG, "config.json has no architectures list"))
+
+    def value(name: str, keys: tuple[str, ...], required: bool = True) -> Any:
+        key, v, where = _lookup(raw, resolved, keys)
+        if key is None:
+            if required:
+                add(unknown(name, CONFIG, f"none of {', '.join(keys)} in config.json"))
+            return None
+        add(known(v, name, CONFIG, f"{key} ({where})", confidence="certain" if where == "config.json" else INFERRED))
+        return v
+
+    hidden = value("hidden_size", HIDDEN_KEYS)
+    layers = value("num_layers", LAYER_KEYS)
+    heads = value("attention.num_heads", HEAD_KEYS)
+    kv_key, kv, kv_where = _lookup(raw, resolved, KV_KEYS)
+    if kv is None and heads is not None:
+        kv = heads
+        add(known(kv, "attention.num_kv_heads", CONFIG, "no KV head count: one KV head per query head (MHA)",
+                  confidence=INFERRED))
+    elif kv is not None:
+        add(known(kv, "attention.num_kv_heads", CONFIG, f"{kv_key} ({kv_where})"))
+    head_dim_raw = raw.get("head_dim")
+    if head_dim_raw is None and resolved is not None:
+        head_dim_raw = _attr(resolved, "head_dim")
+    if isinstance(head_dim_raw, int):
+        head_dim = head_dim_raw
+        add(known(head_dim, "attention.head_dim", CONFIG,
+                  "head_dim" + (" (config.json)" if "head_dim" in raw else " (class default)")))
+    elif isinstance(hidden, int) and isinstance(heads, int) and heads:
+        head_dim = hidden // heads
+        add(known(head_dim, "attention.head_dim", DERIVED, f"no head_dim: hidden_size {hidden} / {heads} heads"))
+    else:
+        head_dim = None
+        add(unknown("attention.head_dim", CONFIG, "no head_dim and no hidden_size / heads"))
+    vocab = value("embedding.vocab_size", ("vocab_size", "padded_vocab_size"))
+    value("max_position_embeddings", POSITION_KEYS, required=False)
+    intermediate = value("mlp.intermediate_size", INTERMEDIATE_KEYS, required=False)
+    eps_key, eps, eps_where = _lookup(raw, resolved, EPS_KEYS)
+    if eps_key is None:
+        add(unknown("norm.eps", CONFIG, f"none of {', '.join(EPS_KEYS)}"))
+    else:
+        add(known(float(eps), "norm.eps", CONFIG, f"{eps_key} ({eps_where})"))
+        add(known(eps_key, "norm.eps_key", CONFIG, f"the epsilon is config.{eps_key}"))
+        others = [k for k in EPS_KEYS if k in raw and k != eps_key]
+        if others:
+            add(known(others, "config.other_eps_keys", CONFIG, f"config.json also holds {others}", INFERRED))
+    _rope(raw, resolved, head_dim, add)
+    act_key, act, where = _lookup(raw, resolved, ACTIVATION_KEYS)
+    if act_key is None:
+        add(unknown("config.activation", CONFIG, f"none of {', '.join(ACTIVATION_KEYS)}"))
+    else:
+        add(known(act, "config.activation", CONFIG, f"{act_key} ({where})"))
+    tie = raw.get("tie_word_embeddings")
+    if tie is None and resolved is not None:
+        tie = _attr(resolved, "tie_word_embeddings")
+        where = "class default"
+    else:
+        where = "config.json"
+    if isinstance(tie, bool):
+        add(known(tie, "embedding.tied", CONFIG, f"tie_word_embeddings ({where})",
+                  confidence="certain" if where == "config.json" else INFERRED))
+    else:
+        add(unknown("embedding.tied", CONFIG, "no tie_word_embeddings"))
+    for key in sorted(set(raw) | set(_resolved_keys(resolved))):
+        if "bias" in key and not key.startswith("_"):
+            v = raw.get(key, _attr(resolved, key) if resolved is not None else None)
+            if isinstance(v, bool):
+                add(known(v, f"config.{key}", CONFIG, f"{key} ({'config.json' if key in raw else 'class default'})"))
+    _sliding(raw, resolved, layers, add)
+    experts = value("moe.num_experts", EXPERT_KEYS, required=False)
+    moe_intermediate = None
+    if experts:
+        value("moe.top_k", TOPK_KEYS, required=False)
+        moe_intermediate = value("moe.intermediate_size", MOE_INTERMEDIATE_KEYS, required=False)
+        value("config.shared_experts", SHARED_KEYS, required=False)
+        value("moe.norm_topk_prob", ("norm_topk_prob",), required=False)
+        value("config.decoder_sparse_step", ("decoder_sparse_step",), required=False)
+        value("config.mlp_only_layers", ("mlp_only_layers",), required=False)
+    for key in MULTIPLIER_KEYS:
+        k, v, where = _lookup(raw, resolved, (key,))
+        if k is not None:
+            add(known(v, f"config.{key}", CONFIG, f"{key} ({where})"))
+    dtype = raw.get("torch_dtype", raw.get("dtype"))
+    if dtype is not None:
+        add(known(str(dtype), "config.dtype", CONFIG, "torch_dtype / dtype"))
+    if raw.get("quantization_config"):
+        method = raw["quantization_config"].get("quant_method") if isinstance(raw["quantization_config"], dict) else None
+        add(known(method or "yes", "config.quantization", CONFIG, "quantization_config is set"))
+    result.dims = {
+        "hidden_size": hidden, "num_layers": layers, "num_heads": heads, "num_kv_heads": kv,
+        "head_dim": head_dim, "vocab_size": vocab, "intermediate_size": intermediate,
+        "moe_intermediate_size": moe_intermediate, "num_experts": experts,
+    }
+    return result
+
+
+def _attr(obj: Any, key: str) -> Any:
+    try:
+        return getattr(obj, key, None)
+    except Exception:  # a config that refuses the access (per-layer attributes)
+        return None
+
+
+def _resolved_keys(resolved: Any) -> list[str]:
+    if resolved is None:
+        return []
+    try:
+        return list(resolved.to_dict())
+    except Exception:  # pragma: no cover - defensive
+        return []
+
+
+def _rope(raw: dict, resolved: Any, head_dim: int | None, add) -> None:
+    params = raw.get("rope_parameters")
+    scaling = raw.get("rope_scaling")
+    form = None
+    if isinstance(params, dict):
+        form = "rope_parameters"
+        source = dict(params)
+    elif isinstance(scaling, dict):
+        form = "rope_scaling"
+        source = dict(scaling)
+    else:
+        source = {}
+        form = "rope_theta" if "rope_theta" in raw else None
+    if form is None and resolved is not None and isinstance(_attr(resolved, "rope_parameters"), dict):
+        source = dict(resolved.rope_parameters)
+        form = f"{type(resolved).__name__}.rope_parameters default"
+    theta = source.get("rope_theta", raw.get("rope_theta"))
+    if theta is None and resolved is not None and isinstance(_attr(resolved, "rope_parameters"), dict):
+        theta = resolved.rope_parameters.get("rope_theta")
+    rope_type = source.get("rope_type", source.get("type")) or "default"
+    rope_type = ROPE_ALIASES.get(rope_type, rope_type)
+    if form is None:
+        add(unknown("rope.type", CONFIG, "no rope_parameters, rope_scaling or rope_theta"))
+    elif rope_type in ROPE_TYPES:
+        add(known(rope_type, "rope.type", CONFIG, f"{form}: rope_type {rope_type!r}"))
+    else:
+        add(unknown("rope.type", CONFIG, f"{form}: rope_type {rope_type!r} has no spec value"))
+    if theta is not None:
+        add(known(float(theta), "rope.theta", CONFIG, "rope_theta" + (f" in {form}" if form != "rope_theta" else "")))
+    extra = {k: v for k, v in source.items() if k not in ROPE_META_KEYS}
+    add(known(extra or None, "rope.parameters", CONFIG, f"{form}: scaling parameters {sorted(extra) or 'none'}"))
+    add(known(form, "config.rope_form", CONFIG, "where RoPE is configured"))
+    factor = source.get("partial_rotary_factor", raw.get("partial_rotary_factor"))
+    where = "partial_rotary_factor"
+    if factor is None and "rotary_pct" in raw:
+        factor, where = raw["rotary_pct"], "rotary_pct"
+    if factor is None and isinstance(raw.get("rotary_dim"), int) and head_dim:
+        factor, where = raw["rotary_dim"] / head_dim, f"rotary_dim {raw['rotary_dim']} / head_dim {head_dim}"
+    if factor is None and resolved is not None:
+        rp = _attr(resolved, "rope_parameters")
+        if isinstance(rp, dict) and "partial_rotary_factor" in rp:
+            factor, where = rp["partial_rotary_factor"], "rope_parameters.partial_rotary_factor (class default)"
+    if factor is not None:
+        add(known(float(factor), "rope.partial_rotary_factor", CONFIG, where))
+
+
+def _sliding(raw: dict, resolved: Any, layers: Any, add) -> None:
+    def get(key: str) -> Any:
+        if key in raw:
+            return raw[key]
+        return _attr(resolved, key) if resolved is not None else None
+
+    window = get("sliding_window")
+    use = get("use_sliding_window")
+    types = get("layer_types")
+    if isinstance(types, list) and types:
+        add(known(tuple(types), "attention.layer_types", CONFIG, "layer_types"))
+    if window is not None:
+        add(known(window, "config.sliding_window", CONFIG,
+                  "sliding_window" + (f" (use_sliding_window={use})" if use is not None else "")))
+    if use is not None:
+        add(known(use, "config.use_sliding_window", CONFIG, "use_sliding_window"))
+    if get("max_window_layers") is not None:
+        add(known(get("max_window_layers"), "config.max_window_layers", CONFIG, "max_window_layers"))

@@ -1,0 +1,548 @@
+"""Cross-check config, code and checkpoint, and decide the spec.
+
+Which source decides a field:
+
+- sizes and settings read from the configuration (hidden size, heads,
+  vocabulary, eps, RoPE theta and scaling) come from config.json; the
+  checkpoint shapes and the code's own computation check them;
+- what is computed (norm kind, biases, MLP kind, placement, scaling...)
+  comes from the code evaluated with the configuration, because that is what
+  transformers computes and what validation compares against; the
+  checkpoint checks that the tensors the code creates are the ones stored.
+
+A disagreement is a :class:`Conflict` naming every claim and the value the
+spec took. A field no source could classify keeps the spec default and is
+listed in ``unknown`` (never guessed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from autoport_cst.research.checkpoint import CheckpointHeader, pattern
+from autoport_cst.research.code_analysis import CodeAnalysis
+from autoport_cst.research.config_analysis import ConfigAnalysis
+from autoport_cst.research.findings import (
+    CHECKPOINT,
+    CODE,
+    CONFIG,
+    DERIVED,
+    INFERRED,
+    Claim,
+    Conflict,
+    Finding,
+    known,
+    unknown,
+)
+from autoport_cst.spec import (
+    ArchSpec,
+    AttentionSpec,
+    CheckpointSpec,
+    EmbeddingSpec,
+    LMHeadSpec,
+    MLPSpec,
+    MoESpec,
+    NormSpec,
+    ResidualSpec,
+    RopeSpec,
+)
+
+
+@dataclass(frozen=True)
+class ParameterCount:
+    total: int
+    experts: int
+    source: str  # checkpoint | code | config
+    evidence: str
+
+
+@dataclass
+class Decision:
+    spec: ArchSpec
+    decisions: list[Finding]
+    conflicts: list[Conflict]
+    unknown: list[str]
+    notes: list[Finding]
+
+
+class _Decider:
+    def __init__(self, cfg: ConfigAnalysis, code: CodeAnalysis | None, ckpt: CheckpointHeader | None,
+                 ckpt_findings: list[Finding]) -> None:
+        self.cfg = cfg
+        self.code = code
+        self.ckpt = ckpt
+        self.ckpt_findings = ckpt_findings
+        self.decisions: list[Finding] = []
+        self.conflicts: list[Conflict] = []
+        self.unknown: list[str] = []
+        self.notes: list[Finding] = []
+
+    # ---- lookups -------------------------------------------------------------
+
+    def code_finding(self, name: str) -> Finding | None:
+        return self.code.get(name) if self.code is not None else None
+
+    def code_value(self, name: str) -> Any:
+        finding = self.code_finding(name)
+        if finding is not None and finding.known:
+            self.decisions.append(finding)
+            return finding.value
+        return None
+
+    def cfg_finding(self, name: str) -> Finding | None:
+        return self.cfg.get(name)
+
+    def ckpt_finding(self, name: str) -> Finding | None:
+        for finding in reversed(self.ckpt_findings):
+            if finding.field == name:
+                return finding
+        return None
+
+    def decide(self, name: str, default: Any, order: tuple[str, ...] = (CODE, CONFIG)) -> Any:
+        """The value of spec field ``name`` from the first source (in
+        ``order``) that classified it; the default and an unknown mark
+        otherwise."""
+        seen: list[Finding] = []
+        for source in order:
+            finding = self.code_finding(name) if source == CODE else self.cfg_finding(name)
+            if finding is None:
+                continue
+            seen.append(finding)
+            if finding.known:
+                self.decisions.append(finding)
+                return finding.value
+        evidence = "; ".join(f"{f.source}: {f.evidence}" for f in seen) or "no source describes it"
+        self.decisions.append(unknown(name, DERIVED, f"{evidence} (spec keeps the default {default!r})"))
+        self.unknown.append(name)
+        return default
+
+    def value(self, name: str, default: Any = None) -> Any:
+        finding = self.cfg_finding(name)
+        if finding is not None and finding.known:
+            self.decisions.append(finding)
+            return finding.value
+        return default
+
+    def conflict(self, field: str, claims: list[tuple[str, Any, str]], resolution: str,
+                 severity: str = "error") -> None:
+        self.conflicts.append(Conflict(field, tuple(Claim(s, v, e) for s, v, e in claims), resolution, severity))
+
+    # ---- the spec ------------------------------------------------------------
+
+    def build(self) -> ArchSpec:
+        cfg = self.cfg
+        dims = cfg.dims
+        code_head_dim = self.code_finding("attention.head_dim")
+        head_dim = dims.get("head_dim")
+        if code_head_dim is not None and code_head_dim.known:
+            if head_dim is not None and code_head_dim.value != head_dim:
+                self.conflict("attention.head_dim", [
+                    (CONFIG, head_dim, self.cfg_finding("attention.head_dim").evidence),
+                    (CODE, code_head_dim.value, code_head_dim.evidence)],
+                    f"the spec takes {code_head_dim.value}: the code computes the head size itself")
+            head_dim = code_head_dim.value
+        norm = NormSpec(
+            kind=self.decide("norm.kind", "rmsnorm"),
+            bias=self.decide("norm.bias", False),
+            unit_offset=self.decide("norm.unit_offset", False),
+            placement=self.decide("norm.placement", "pre"),
+            eps_key=self.eps_key(),
+            eps=self.eps(),
+        )
+        sliding = self.decide("attention.sliding_window", "none", (CODE,))
+        window_size = None
+        if sliding != "none":
+            window_size = self.decide("attention.sliding_window_size", None, (CODE,))
+            if window_size is None:
+                window_size = self.value("config.sliding_window")
+        layer_types = self.value("attention.layer_types")
+        heads = self.count("attention.num_heads", dims.get("num_heads"))
+        kv_heads = self.count("attention.num_kv_heads", dims.get("num_kv_heads"))
+        attention = AttentionSpec(
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            qkv_bias=self.decide("attention.qkv_bias", False, (CODE,)),
+            o_bias=self.decide("attention.o_bias", False, (CODE,)),
+            qk_norm=self.decide("attention.qk_norm", "none", (CODE,)),
+            sliding_window=sliding,
+            sliding_window_size=window_size,
+            layer_types=tuple(layer_types) if layer_types else None,
+            sinks=self.decide("attention.sinks", False, (CODE,)),
+            softcap=self.decide("attention.softcap", None, (CODE,)),
+            scale=self.decide("attention.scale", None, (CODE,)),
+        )
+        rope = self.rope()
+        moe = self.moe()
+        mlp = MLPSpec(
+            kind=self.decide("mlp.kind", "gated", (CODE,)),
+            activation=self.decide("mlp.activation", "silu", (CODE,)),
+            bias=self.decide("mlp.bias", False, (CODE,)),
+            intermediate_size=self.intermediate(moe is not None),
+        )
+        embedding = EmbeddingSpec(
+            vocab_size=dims.get("vocab_size"),
+            tied=self.tied(),
+            scale=self.decide("embedding.scale", "none", (CODE,)),
+            multiplier=self.decide("embedding.multiplier", None, (CODE,)),
+        )
+        lm_head = LMHeadSpec(
+            bias=self.decide("lm_head.bias", False, (CODE,)),
+            softcap=self.decide("lm_head.softcap", None, (CODE,)),
+            logits_divisor=self.decide("lm_head.logits_divisor", None, (CODE,)),
+        )
+        residual = ResidualSpec(
+            parallel=self.decide("residual.parallel", "none", (CODE,)),
+            multiplier=self.decide("residual.multiplier", None, (CODE,)),
+        )
+        self.num_layers_check()
+        self.config_code_checks(rope)
+        if self.code is not None and self.ckpt is not None:
+            self.checkpoint_checks(attention, lm_head, embedding)
+        checkpoint = self.checkpoint_layout(moe is not None, embedding.tied)
+        return ArchSpec(
+            hidden_size=dims.get("hidden_size"),
+            num_layers=dims.get("num_layers"),
+            max_position_embeddings=self.value("max_position_embeddings"),
+            norm=norm,
+            attention=attention,
+            rope=rope,
+            mlp=mlp,
+            moe=moe,
+            embedding=embedding,
+            lm_head=lm_head,
+            residual=residual,
+            checkpoint=checkpoint,
+        )
+
+    def checkpoint_layout(self, is_moe: bool, tied: bool) -> CheckpointSpec:
+        """How the weights are stored: the checkpoint's own tensors when there
+        is one (module names from the code, shapes from the header), else the
+        tensors the code creates."""
+        code, ckpt = self.code, self.ckpt
+        stored = ckpt.tensors if ckpt is not None else None
+
+        def fusion(field: str, code_flag: str, modules: list[str], ckpt_flag: str) -> str:
+            flag = self.code_finding(code_flag)
+            fused_code = bool(flag.value) if flag is not None and flag.known else None
+            if stored is not None:
+                if code is not None and modules and all(f"{m}.weight" in stored for m in modules) \
+                        and fused_code is not None:
+                    value = "fused" if fused_code else "separate"
+                    self.decisions.append(known(value, field, CHECKPOINT,
+                                                f"stored as {', '.join(m + '.weight' for m in modules)}"))
+                    return value
+                f = self.ckpt_finding(ckpt_flag)
+                if f is not None and f.known:
+                    value = "fused" if f.value else "separate"
+                    self.decisions.append(known(value, field, CHECKPOINT, f.evidence, f.confidence))
+                    return value
+            if fused_code is not None and (stored is None or code is not None):
+                value = "fused" if fused_code else "separate"
+                self.decisions.append(known(value, field, CODE, flag.evidence,
+                                            INFERRED if stored is not None else flag.confidence))
+                return value
+            self.decisions.append(unknown(field, DERIVED, "neither the code nor the checkpoint shows the layout"))
+            self.unknown.append(field)
+            return "separate"
+
+        qkv = fusion("checkpoint.qkv", "code.fused_qkv", code.qkv_modules if code else [], "checkpoint.fused_qkv")
+        gate_modules = [] if is_moe else (code.mlp_modules if code else [])
+        if is_moe and stored is not None:
+            layout = self.ckpt_finding("checkpoint.expert_layout")
+            if layout is not None and layout.value == "per_expert":
+                gate_modules = []  # per-expert keys: decided by shapes below
+        gate_up = fusion("checkpoint.gate_up", "code.fused_gate_up", gate_modules, "checkpoint.fused_gate_up")
+        if is_moe and stored is not None and self.ckpt_finding("checkpoint.fused_gate_up") is None:
+            layout = self.ckpt_finding("checkpoint.expert_layout")
+            if layout is not None and layout.value == "per_expert":
+                gate_up = "separate"
+                self.decisions.append(known("separate", "checkpoint.gate_up", CHECKPOINT,
+                                            f"{layout.evidence}: no tensor of width 2 x expert intermediate"))
+        head_stored = None
+        if stored is not None:
+            if code is not None and code.head_key is not None:
+                head_stored = code.head_key in stored
+                evidence = f"{code.head_key} {'is' if head_stored else 'is not'} stored"
+            else:
+                f = self.ckpt_finding("checkpoint.lm_head_stored")
+                head_stored = f.value if f is not None and f.known else None
+                evidence = f.evidence if f is not None else "no vocabulary matrix found"
+            self.decisions.append(known(head_stored, "checkpoint.lm_head_stored", CHECKPOINT, evidence))
+        return CheckpointSpec(qkv=qkv, gate_up=gate_up, lm_head_stored=head_stored)
+
+    def count(self, name: str, config_value: Any) -> Any:
+        """A head count: the config's, unless the code builds another."""
+        code = self.code_finding(name)
+        cfg = self.cfg_finding(name)
+        if code is not None and code.known:
+            if config_value is not None and code.value != config_value:
+                self.conflict(name, [(CONFIG, config_value, cfg.evidence if cfg else ""),
+                                     (CODE, code.value, code.evidence)],
+                              f"the spec takes {code.value}: the projections the code builds")
+            self.decisions.append(code)
+            return code.value
+        if cfg is not None:
+            self.decisions.append(cfg)
+        return config_value
+
+    def eps(self) -> float | None:
+        value = self.value("norm.eps")
+        return value if value is not None else self.code_value("norm.eps")
+
+    def eps_key(self) -> str:
+        code = self.code_finding("norm.eps_key")
+        cfg = self.cfg_finding("norm.eps_key")
+        if code is not None and code.known:
+            if cfg is not None and cfg.known and cfg.value != code.value:
+                self.conflict("norm.eps_key", [(CONFIG, cfg.value, cfg.evidence), (CODE, code.value, code.evidence)],
+                              f"the spec takes {code.value!r}: the code reads that key", "warning")
+            self.decisions.append(code)
+            return code.value
+        return self.decide("norm.eps_key", "rms_norm_eps", (CONFIG,))
+
+    def rope(self) -> RopeSpec:
+        code_type = self.code_finding("rope.type")
+        if code_type is not None and code_type.known and code_type.value == "none":
+            self.decisions.append(code_type)
+            return RopeSpec(type="none", theta=None, parameters=None)
+        rope_type = self.decide("rope.type", "default", (CONFIG,))
+        theta = self.value("rope.theta")
+        parameters = self.value("rope.parameters")
+        factor = self.decide("rope.partial_rotary_factor", 1.0, (CODE, CONFIG))
+        style = self.decide("rope.style", "rotate_half", (CODE,))
+        nope = self.decide("rope.nope_layers", None, (CODE,))
+        return RopeSpec(type=rope_type, theta=theta, parameters=parameters,
+                        partial_rotary_factor=float(factor), style=style, nope_layers=nope)
+
+    def moe(self) -> MoESpec | None:
+        if self.code is None:
+            experts = self.cfg.value("moe.num_experts")
+            if experts:
+                self.unknown.append("moe")
+                self.decisions.append(unknown("moe", CONFIG, f"config has {experts} experts; no code to read routing from"))
+            return None
+        marker = self.code_finding("moe")
+        if marker is not None and marker.known and marker.value is None:
+            self.decisions.append(marker)
+            experts = self.cfg.value("moe.num_experts")
+            if experts:
+                self.notes.append(known(experts, "config.num_experts_unused", CONFIG,
+                                        f"config sets {experts} experts but no layer routes to experts"))
+            return None
+        if self.code.get("moe.num_experts") is None:
+            return None
+        spec = MoESpec(
+            num_experts=self.decide("moe.num_experts", None, (CODE, CONFIG)),
+            top_k=self.decide("moe.top_k", None, (CODE, CONFIG)),
+            intermediate_size=self.decide("moe.intermediate_size", None, (CODE, CONFIG)),
+            shared_experts=self.decide("moe.shared_experts", 0, (CODE,)),
+            shared_expert_gate=self.decide("moe.shared_expert_gate", False, (CODE,)),
+            router_activation=self.decide("moe.router_activation", "softmax", (CODE,)),
+            router_bias=self.decide("moe.router_bias", False, (CODE,)),
+            routing_bias=self.decide("moe.routing_bias", False, (CODE,)),
+            norm_topk_prob=self.decide("moe.norm_topk_prob", False, (CODE, CONFIG)),
+        )
+        for name in ("num_experts", "top_k", "intermediate_size"):
+            c, k = self.cfg_finding(f"moe.{name}"), self.code_finding(f"moe.{name}")
+            if c is not None and k is not None and c.known and k.known and c.value != k.value:
+                self.conflict(f"moe.{name}", [(CONFIG, c.value, c.evidence), (CODE, k.value, k.evidence)],
+                              f"the spec takes {k.value}: the value the code builds")
+        return spec
+
+    def intermediate(self, is_moe: bool) -> int | None:
+        code = self.code_finding("mlp.intermediate_size")
+        if code is not None and code.known:
+            self.decisions.append(code)
+            return code.value
+        if is_moe:
+            return None
+        return self.value("mlp.intermediate_size")
+
+    def tied(self) -> bool:
+        tied = self.decide("embedding.tied", False, (CONFIG,))
+        if self.code is not None and tied and not self.code.tied_keys_declared:
+            self.conflict("embedding.tied", [
+                (CONFIG, True, "tie_word_embeddings"),
+                (CODE, False, f"{self.code.causal_lm} declares no _tied_weights_keys")],
+                "the spec takes False: transformers cannot tie what the class does not declare")
+            tied = False
+        if self.ckpt is not None:
+            head_key = self.code.head_key if self.code is not None else None
+            if head_key is not None:
+                stored = head_key in self.ckpt.tensors
+                evidence = f"{head_key} {'is' if stored else 'is not'} in the checkpoint"
+            else:
+                f = self.ckpt_finding("checkpoint.lm_head_stored")
+                stored = f.value if f is not None else None
+                evidence = f.evidence if f is not None else ""
+            if stored is True and tied:
+                self.conflict("embedding.tied", [(CONFIG, True, "tie_word_embeddings"),
+                                                 (CHECKPOINT, "head stored", evidence)],
+                              "the spec keeps tied=True: transformers ties and ignores the stored head",
+                              "warning")
+            elif stored is False and not tied:
+                self.conflict("embedding.tied", [(CONFIG, False, "tie_word_embeddings"),
+                                                 (CHECKPOINT, "no head", evidence)],
+                              "the spec keeps tied=False: the head weight is missing from the checkpoint")
+        return tied
+
+    # ---- checks ----------------------------------------------------------------
+
+    def num_layers_check(self) -> None:
+        counts = []
+        for source, finding in ((CONFIG, self.cfg_finding("num_layers")), (CODE, self.code_finding("num_layers")),
+                                (CHECKPOINT, self.ckpt_finding("num_layers"))):
+            if finding is not None and finding.known:
+                counts.append((source, finding.value, finding.evidence))
+        if len({v for _, v, _ in counts}) > 1:
+            self.conflict("num_layers", counts, "the spec takes the config value")
+
+    def config_code_checks(self, rope: RopeSpec) -> None:
+        cfg = self.cfg_finding("rope.partial_rotary_factor")
+        code = self.code_finding("rope.partial_rotary_factor")
+        if cfg is not None and code is not None and cfg.known and code.known and \
+                not math.isclose(cfg.value, code.value, rel_tol=1e-6):
+            self.conflict("rope.partial_rotary_factor", [(CONFIG, cfg.value, cfg.evidence),
+                                                         (CODE, code.value, code.evidence)],
+                          f"the spec takes {code.value}: the rotary dimension the code builds")
+        act = self.cfg_finding("config.activation")
+        key = self.code_finding("code.activation_key")
+        if act is not None and act.known and self.code is not None:
+            code_act = self.code_finding("mlp.activation")
+            if key is None and code_act is not None and code_act.known:
+                self.notes.append(known(code_act.value, "code.activation_fixed", CODE,
+                                        f"the code does not read {act.evidence}; it applies {code_act.value}"))
+        window = self.cfg_finding("config.sliding_window")
+        sliding = self.code_finding("attention.sliding_window")
+        if window is not None and window.known and window.value and sliding is not None and sliding.known \
+                and sliding.value == "none":
+            self.notes.append(known(window.value, "config.sliding_window_unused", CONFIG,
+                                    f"config sets sliding_window={window.value} but the code applies no window "
+                                    f"({window.evidence})"))
+
+    def checkpoint_checks(self, attention: AttentionSpec, lm_head: LMHeadSpec, embedding: EmbeddingSpec) -> None:
+        code, ckpt = self.code, self.ckpt
+        expected = code.expected
+        stored = ckpt.tensors
+        # module-level bias and presence checks, layer 0 and across layers
+        groups = [
+            ("attention.qkv_bias", code.qkv_modules),
+            ("attention.o_bias", [code.o_module] if code.o_module else []),
+            ("mlp.bias", code.mlp_modules),
+            ("norm.bias", code.norm_modules),
+        ]
+        for field, modules in groups:
+            for module in modules:
+                if f"{module}.weight" not in stored:
+                    continue  # the checkpoint names this module differently
+                want = f"{module}.bias" in expected
+                have = f"{module}.bias" in stored
+                if want != have:
+                    self.conflict(field, [
+                        (CODE, want, f"{module}: the code creates {'a' if want else 'no'} bias"),
+                        (CHECKPOINT, have, f"{module}.bias {'is' if have else 'is not'} stored")],
+                        "the spec follows the code (transformers "
+                        + ("drops the stored bias" if have else "leaves the bias uninitialised") + ")")
+                    break
+        # tensors the code does not create / creates but are not stored
+        exp_patterns = {pattern(k) for k in expected}
+        got_patterns = {pattern(k) for k in stored}
+        extra = sorted(got_patterns - exp_patterns)
+        missing = sorted(exp_patterns - got_patterns)
+        if code.tied_keys_declared and embedding.tied and code.head_key in missing:
+            missing.remove(code.head_key)
+        if extra:
+            self.notes.append(known(extra, "checkpoint.unexpected_keys", CHECKPOINT,
+                                    f"{len(extra)} stored tensor pattern(s) the code does not create: "
+                                    + ", ".join(extra[:6]) + (" ..." if len(extra) > 6 else "")))
+        if missing:
+            self.notes.append(known(missing, "checkpoint.missing_keys", CHECKPOINT,
+                                    f"{len(missing)} tensor pattern(s) the code creates that are not stored: "
+                                    + ", ".join(missing[:6]) + (" ..." if len(missing) > 6 else "")))
+        for name in code.qk_norm_modules:
+            if f"{name}.weight" in expected and f"{name}.weight" not in stored and any(
+                    k.startswith(name + ".") for k in stored) is False:
+                self.conflict("attention.qk_norm", [
+                    (CODE, attention.qk_norm, f"{name} is applied to queries/keys"),
+                    (CHECKPOINT, "absent", f"no {name}.* tensor stored")],
+                    "the spec follows the code; loading leaves the norm weight at its initial value")
+                break
+        for name in code.sink_keys:
+            if name not in stored:
+                self.conflict("attention.sinks", [(CODE, True, f"{name} is passed to the kernel"),
+                                                  (CHECKPOINT, False, f"{name} is not stored")],
+                              "the spec follows the code")
+        # shapes
+        mismatched = []
+        for key, shape in expected.items():
+            got = stored.get(key)
+            if got is not None and shape is not None and tuple(got.shape) != tuple(shape):
+                mismatched.append(f"{key}: code {tuple(shape)}, checkpoint {tuple(got.shape)}")
+        if mismatched:
+            self.conflict("shapes", [(CODE, "module tree", f"{len(mismatched)} tensor(s) differ"),
+                                     (CHECKPOINT, "header", "; ".join(mismatched[:4]))],
+                          "sizes come from config.json; the checkpoint does not match it")
+
+    def run(self) -> Decision:
+        spec = self.build()
+        return Decision(spec, self.decisions, self.conflicts, sorted(set(self.unknown)), self.notes)
+
+
+def decide_spec(cfg: ConfigAnalysis, code: CodeAnalysis | None, ckpt: CheckpointHeader | None,
+                ckpt_findings: list[Finding]) -> Decision:
+    return _Decider(cfg, code, ckpt, ckpt_findings).run()
+
+
+# ---- parameter counts ----------------------------------------------------------
+
+
+def count_parameters(spec: ArchSpec, code: CodeAnalysis | None, ckpt: CheckpointHeader | None,
+                     quantized: bool) -> ParameterCount:
+    """Parameters, and how many of them are routed-expert weights: from the
+    checkpoint header when it holds plain floating-point tensors, else from
+    the code's module tree, else from the spec's dimensions."""
+    if ckpt is not None and not quantized and ckpt.tensors:
+        total = ckpt.parameter_count
+        expert_keys = code.expert_keys if code is not None else set()
+        experts = sum(t.numel for n, t in ckpt.tensors.items()
+                      if n in expert_keys or ".experts." in f".{n}")
+        return ParameterCount(total, experts, "checkpoint", f"{len(ckpt.tensors)} tensors in the safetensors headers")
+    if code is not None and code.expected and all(s is not None for s in code.expected.values()):
+        shapes = dict(code.expected)
+        if spec.embedding.tied and code.head_key in shapes:
+            shapes.pop(code.head_key)
+        total = sum(math.prod(s) for s in shapes.values())
+        experts = sum(math.prod(s) for k, s in shapes.items() if k in code.expert_keys)
+        return ParameterCount(total, experts, "code", f"{len(shapes)} parameters of the module tree built from the config")
+    return _formula(spec)
+
+
+def _formula(spec: ArchSpec) -> ParameterCount:
+    h = spec.hidden_size or 0
+    layers = spec.num_layers or 0
+    a = spec.attention
+    nh, nkv = a.num_heads or 0, a.num_kv_heads or a.num_heads or 0
+    hd = a.head_dim or (h // nh if nh else 0)
+    attn = h * nh * hd + 2 * h * nkv * hd + nh * hd * h
+    if a.qkv_bias:
+        attn += (nh + 2 * nkv) * hd
+    per_proj = 3 if spec.mlp.kind == "gated" else 2
+    experts = 0
+    if spec.moe is not None:
+        e_int = spec.moe.intermediate_size or 0
+        experts = layers * (spec.moe.num_experts or 0) * per_proj * h * e_int
+        ffn = h * (spec.moe.num_experts or 0)
+    else:
+        ffn = per_proj * h * (spec.mlp.intermediate_size or 0)
+    norms = 2 * h * (2 if spec.norm.bias else 1)
+    vocab = spec.embedding.vocab_size or 0
+    total = layers * (attn + ffn + norms) + experts + vocab * h * (1 if spec.embedding.tied else 2) + h
+    return ParameterCount(total, experts, "config", "estimated from the spec dimensions")
+
+
+def spec_replace(spec: ArchSpec, **changes: Any) -> ArchSpec:
+    return dataclasses.replace(spec, **changes)

@@ -1,0 +1,172 @@
+"""Tensor- and expert-parallel sizes for a trn2.48xlarge.
+
+Valid tensor-parallel (TP) degrees are the divisors of the world size
+(64 ranks at LNC=2) that satisfy all five rules:
+
+1. attention heads divisible by TP;
+2. heads per rank even (the decode kernel);
+3. KV heads divisible by TP, or TP divisible by KV heads (KV replication);
+4. the intermediate size divisible by TP (for MoE, the expert intermediate
+   size: every rank holds a slice of every expert);
+5. the vocabulary divisible by TP, or padded to a multiple of TP (the
+   embedding pads; the LM head's ColumnParallelLinear needs the padding).
+
+Memory: bf16 weights (2 bytes per parameter) divided evenly over the ranks
+must stay under a per-rank budget (20 GB of the ~24 GB HBM per rank; the
+rest is KV cache and activations). The recommended TP is the smallest valid
+TP >= 2 that fits (TP = 1 is not used on device).
+
+Expert parallelism (EP) is needed for an MoE model when no valid TP fits:
+with the world size fixed, ``ep = world / tp``, attention and dense weights
+are split over the TP group and expert weights over all ranks (each rank
+holds ``experts / ep`` experts, each sliced over the TP group); the expert
+count must be divisible by the EP degree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+WORLD_SIZE = 64
+RANK_BUDGET_BYTES = 20 * 10**9
+BYTES_PER_PARAM = 2  # bf16
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int | None  # the size rule 4 checks (expert intermediate for MoE)
+    vocab_size: int
+    num_experts: int | None = None
+    shared_intermediate_size: int | None = None
+    dense_intermediate_size: int | None = None  # dense layers of an MoE model
+
+
+@dataclass(frozen=True)
+class TPCheck:
+    tp: int
+    valid: bool
+    failures: tuple[str, ...]
+    notes: tuple[str, ...]
+    bytes_per_rank: int
+    fits: bool
+
+
+@dataclass(frozen=True)
+class EPOption:
+    tp: int
+    ep: int
+    local_experts: int
+    bytes_per_rank: int
+    fits: bool
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    world_size: int
+    budget_bytes: int
+    parameters: int
+    expert_parameters: int
+    weight_bytes: int
+    checks: tuple[TPCheck, ...]
+    recommended_tp: int | None
+    ep_needed: bool
+    ep: EPOption | None
+    ep_options: tuple[EPOption, ...] = field(default=())
+    reason: str = ""
+
+    @property
+    def valid_tps(self) -> tuple[int, ...]:
+        return tuple(c.tp for c in self.checks if c.valid)
+
+
+def tp_candidates(world_size: int = WORLD_SIZE) -> list[int]:
+    return [d for d in range(1, world_size + 1) if world_size % d == 0]
+
+
+def check_tp(tp: int, dims: ParallelDims, weight_bytes: int, budget: int = RANK_BUDGET_BYTES) -> TPCheck:
+    failures = []
+    notes = []
+    h, kv = dims.num_heads, dims.num_kv_heads
+    if h % tp:
+        failures.append(f"rule 1: {h} attention heads not divisible by {tp}")
+    elif (h // tp) % 2:
+        failures.append(f"rule 2: {h // tp} heads per rank is odd")
+    if kv % tp and tp % kv:
+        failures.append(f"rule 3: {kv} KV heads and TP {tp}: neither divides the other")
+    elif tp > kv:
+        notes.append(f"KV heads replicated {tp // kv}x")
+    if dims.intermediate_size is not None and dims.intermediate_size % tp:
+        which = "expert intermediate size" if dims.num_experts else "intermediate size"
+        failures.append(f"rule 4: {which} {dims.intermediate_size} not divisible by {tp}")
+    for label, size in (("shared-expert intermediate", dims.shared_intermediate_size),
+                        ("dense intermediate", dims.dense_intermediate_size)):
+        if size is not None and size % tp:
+            failures.append(f"rule 4: {label} size {size} not divisible by {tp}")
+    if dims.vocab_size % tp:
+        padded = -(-dims.vocab_size // tp) * tp
+        notes.append(f"rule 5: vocabulary {dims.vocab_size} padded to {padded}")
+    per_rank = -(-weight_bytes // tp)
+    return TPCheck(tp, not failures, tuple(failures), tuple(notes), per_rank, per_rank <= budget)
+
+
+def plan_parallelism(
+    dims: ParallelDims,
+    parameters: int,
+    expert_parameters: int = 0,
+    world_size: int = WORLD_SIZE,
+    budget: int = RANK_BUDGET_BYTES,
+) -> ParallelPlan:
+    weight_bytes = parameters * BYTES_PER_PARAM
+    checks = tuple(check_tp(tp, dims, weight_bytes, budget) for tp in tp_candidates(world_size))
+    fitting = [c for c in checks if c.valid and c.tp >= 2 and c.fits]
+    recommended = fitting[0].tp if fitting else None
+    ep_options: list[EPOption] = []
+    ep_needed = False
+    chosen = None
+    if recommended is not None:
+        check = fitting[0]
+        reason = (f"TP {recommended}: the smallest valid TP >= 2 whose bf16 weights fit "
+                  f"({check.bytes_per_rank / 1e9:.1f} GB per rank <= {budget / 1e9:.0f} GB)")
+    else:
+        valid = [c for c in checks if c.valid and c.tp >= 2]
+        if not valid:
+            reason = "no TP degree satisfies the five rules"
+        elif not dims.num_experts:
+            reason = (f"no valid TP fits: {weight_bytes / 1e9:.1f} GB of bf16 weights need more than "
+                      f"{world_size} ranks of {budget / 1e9:.0f} GB; the model needs more than one instance "
+                      "or quantized weights")
+        else:
+            ep_needed = True
+            expert_bytes = expert_parameters * BYTES_PER_PARAM
+            dense_bytes = weight_bytes - expert_bytes
+            for check in valid:
+                ep = world_size // check.tp
+                if ep < 2 or dims.num_experts % ep:
+                    continue
+                per_rank = -(-dense_bytes // check.tp) + -(-expert_bytes // (check.tp * ep))
+                ep_options.append(EPOption(check.tp, ep, dims.num_experts // ep, per_rank, per_rank <= budget))
+            fitting_ep = [o for o in ep_options if o.fits]
+            if fitting_ep:
+                chosen = max(fitting_ep, key=lambda o: o.tp)  # the least expert parallelism that fits
+                reason = (f"no valid TP fits ({valid[-1].bytes_per_rank / 1e9:.1f} GB per rank at the largest "
+                          f"valid TP {valid[-1].tp}): expert parallelism EP {chosen.ep} x TP {chosen.tp} = "
+                          f"{world_size} ranks, {chosen.local_experts} experts per rank, "
+                          f"{chosen.bytes_per_rank / 1e9:.1f} GB per rank")
+            else:
+                reason = (f"expert parallelism needed, but no EP degree dividing {dims.num_experts} experts "
+                          f"fits in {world_size} ranks")
+    return ParallelPlan(
+        world_size=world_size,
+        budget_bytes=budget,
+        parameters=parameters,
+        expert_parameters=expert_parameters,
+        weight_bytes=weight_bytes,
+        checks=checks,
+        recommended_tp=recommended,
+        ep_needed=ep_needed,
+        ep=chosen,
+        ep_options=tuple(ep_options),
+        reason=reason,
+    )
