@@ -8,8 +8,9 @@ Nothing is downloaded.
 
 The shrinking is generic: a fixed set of small dimensions is applied to every
 attribute the config class has (``hidden_size``, ``num_attention_heads``,
-``num_experts``...), and per-layer lists such as ``layer_types`` are cut to the
-new layer count. No table is keyed by model name.
+``num_experts``...), per-layer lists such as ``layer_types`` are cut to the
+new layer count, and a sliding window shrinks below the validation prompts so
+that it takes effect. No table is keyed by model name.
 
 Random initialisation uses ``initializer_range`` (see ``TINY_INIT_STD``): the
 transformers default of 0.02 gives near-uniform next-token distributions on a
@@ -49,6 +50,9 @@ TINY_DIMENSIONS: dict[str, int] = {
     "shared_expert_intermediate_size": 64,
 }
 TINY_INIT_STD = 0.2
+# Sliding windows shrink below the validation prompts (8 to 20 tokens plus the
+# decode steps), so a port that ignores the window shows it.
+TINY_WINDOW = 6
 
 # Attributes that name token ids: kept inside the tiny vocabulary.
 _TOKEN_ID_ATTRIBUTES = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -139,6 +143,9 @@ def shrink_config(config: Any, architecture: str) -> Any:
         if name == "layer_types" and isinstance(value, list) and layers:
             pattern = value or ["full_attention"]
             setattr(config, name, [pattern[i % len(pattern)] for i in range(layers)])
+    window = getattr(config, "sliding_window", None)
+    if isinstance(window, int) and not isinstance(window, bool) and window > TINY_WINDOW:
+        config.sliding_window = TINY_WINDOW
     vocab = getattr(config, "vocab_size", None)
     for name in _TOKEN_ID_ATTRIBUTES:
         token = getattr(config, name, None)

@@ -1,0 +1,217 @@
+"""``port`` = plan + apply + validate, as one function with results as data.
+
+The research decides the target spec and the reference; the engine writes the
+port; the port is validated on CPU against transformers. By default the
+validation checkpoint is a tiny random model built from the source's own
+config (same architecture and features, small dimensions), so any model can be
+checked in seconds; ``checkpoint="source"`` validates on the source's weights.
+
+A port "validates" only when every run (TP=1 in fp32 and bf16, and fp32 at the
+requested TP size) is equivalent within the documented tolerances.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from autoport_cst.errors import InputError, UnrealizableDiffError
+
+STAGES = ("research", "apply", "checkpoint", "validate")
+
+
+@dataclass
+class ValidationRun:
+    tp: int
+    dtype: str
+    equivalent: bool
+    summary: str
+    first_diverging: str | None
+    max_abs_error: float | None
+    seconds: float
+
+
+@dataclass
+class PortOutcome:
+    name: str
+    architecture: str
+    reference: str | None = None
+    plan_path: Path | None = None
+    package_dir: Path | None = None
+    checkpoint_dir: Path | None = None
+    steps: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    runs: list[ValidationRun] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def validated(self) -> bool:
+        return bool(self.runs) and all(r.equivalent for r in self.runs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "name": self.name,
+            "architecture": self.architecture,
+            "reference": self.reference,
+            "plan": str(self.plan_path) if self.plan_path else None,
+            "package": str(self.package_dir) if self.package_dir else None,
+            "checkpoint": str(self.checkpoint_dir) if self.checkpoint_dir else None,
+            "steps": self.steps,
+            "unknown": self.unknown,
+            "validated": self.validated,
+            "runs": [vars(r) for r in self.runs],
+            "seconds": self.seconds,
+        }
+
+
+def port(
+    source: str,
+    name: str,
+    out: Path,
+    *,
+    tp: int = 1,
+    ref: str | None = None,
+    checkpoint: str = "tiny",
+    steps: int = 8,
+    seed: int = 0,
+    force: bool = False,
+    on_stage: Callable[[str], None] | None = None,
+) -> PortOutcome:
+    """Plan, apply and validate. Raises InputError (bad input) and
+    UnrealizableDiffError (a feature no codemod realizes, named)."""
+    from autoport_cst.apply import build_port, load_reference, write_port
+    from autoport_cst.apply.engine import REGISTRY
+    from autoport_cst.plan import PLAN_VERSION, Plan, derive_class_prefix, parse_plan, plan_to_json
+    from autoport_cst.plan.naming import MODEL_NAME_RE
+    from autoport_cst.research import choose_reference, research
+
+    def stage(label: str) -> None:
+        if on_stage is not None:
+            on_stage(label)
+
+    if not MODEL_NAME_RE.match(name):
+        raise InputError(f"--name {name!r} is not snake_case ({MODEL_NAME_RE.pattern})")
+    if checkpoint not in ("tiny", "source"):
+        raise InputError(f"--checkpoint must be tiny or source, got {checkpoint!r}")
+    if tp < 1:
+        raise InputError(f"--tp must be at least 1, got {tp}")
+    out = Path(out)
+
+    stage("research")
+    start = time.perf_counter()
+    if ref:
+        load_reference(ref)
+    found = research(source)
+    choice = choose_reference(found.spec, name, found.architecture, [ref] if ref else None)
+    outcome = PortOutcome(name, found.architecture, unknown=list(found.unknown))
+    if not choice.realizable or choice.chosen is None:
+        blocked = _blocked_fields(choice)
+        raise UnrealizableDiffError(
+            f"{found.architecture} cannot be ported: {choice.reason}", blocked
+        )
+    outcome.reference = choice.chosen
+    plan = Plan(
+        version=PLAN_VERSION,
+        name=name,
+        architecture=found.architecture,
+        reference=choice.chosen,
+        class_prefix=derive_class_prefix(name),
+        spec=found.spec,
+        description=f"Planned by autoport-cst port from {found.source}.",
+    )
+    plan = parse_plan(plan_to_json(plan), "<port plan>")
+    outcome.seconds["research"] = time.perf_counter() - start
+
+    stage("apply")
+    start = time.perf_counter()
+    reference = load_reference(ref or choice.chosen)
+    registry = out / REGISTRY
+    result = build_port(
+        plan,
+        reference,
+        existing_registry=registry.read_text(encoding="utf-8") if registry.is_file() else None,
+        plan_source="<port plan>",
+        replace_registry_entry=force,
+    )
+    if result.failure is not None:
+        raise result.failure
+    plan_file = f"plans/{name}.plan.json"
+    files = dict(result.files)
+    files[plan_file] = json.dumps(plan_to_json(plan), indent=2) + "\n"
+    write_port(out, files, result.package_dir, force)
+    outcome.plan_path = out / plan_file
+    outcome.package_dir = out / result.package_dir
+    outcome.steps = [s.codemod for s in result.steps]
+    outcome.seconds["apply"] = time.perf_counter() - start
+
+    stage("checkpoint")
+    start = time.perf_counter()
+    outcome.checkpoint_dir = _validation_checkpoint(found, out, name, checkpoint, seed)
+    outcome.seconds["checkpoint"] = time.perf_counter() - start
+
+    stage("validate")
+    start = time.perf_counter()
+    from autoport_cst.validate import validate_model
+
+    runs = [(1, "fp32"), (1, "bf16")] + ([(tp, "fp32")] if tp > 1 else [])
+    for run_tp, dtype in runs:
+        t0 = time.perf_counter()
+        report = validate_model(outcome.package_dir, outcome.checkpoint_dir, tp=run_tp, dtype=dtype, steps=steps, seed=seed)
+        outcome.runs.append(
+            ValidationRun(
+                tp=run_tp,
+                dtype=dtype,
+                equivalent=report.equivalent,
+                summary=report.summary(),
+                first_diverging=_first_diverging(report),
+                max_abs_error=_max_abs(report),
+                seconds=time.perf_counter() - t0,
+            )
+        )
+    outcome.seconds["validate"] = time.perf_counter() - start
+    return outcome
+
+
+def _validation_checkpoint(found, out: Path, name: str, checkpoint: str, seed: int) -> Path:
+    source_dir = Path(found.source)
+    if checkpoint == "source":
+        if not source_dir.is_dir() or not any(source_dir.glob("*.safetensors")):
+            raise InputError(f"{found.source}: --checkpoint source needs a local directory with safetensors")
+        return source_dir
+    from autoport_cst.validate import build_tiny_checkpoint
+
+    config = source_dir / "config.json" if source_dir.is_dir() else None
+    target = out / "checkpoints" / f"{name}-tiny"
+    build_tiny_checkpoint(str(config) if config and config.is_file() else found.architecture, target, seed=seed)
+    return target
+
+
+def _blocked_fields(choice) -> list[str]:
+    """Fields that block the closest candidate (the one with fewest blockers)."""
+    candidates = [c for c in choice.candidates if c.error is None]
+    if not candidates:
+        return []
+    closest = min(candidates, key=lambda c: len(c.blocking))
+    return list(closest.blocking)
+
+
+def _first_diverging(report) -> str | None:
+    data = report.to_dict()
+    diverging = data.get("first_diverging")
+    if diverging:
+        phase = f" ({diverging['phase']})" if diverging.get("phase") else ""
+        return f"{diverging['component']}{phase}"
+    failure = data.get("failure")
+    if failure:
+        return f"failure: {failure.get('stage', '?')}"
+    return None
+
+
+def _max_abs(report) -> float | None:
+    logits = report.to_dict().get("logits") or {}
+    value = logits.get("max_abs_error")
+    return float(value) if isinstance(value, (int, float)) else None

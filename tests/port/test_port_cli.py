@@ -1,0 +1,79 @@
+"""`autoport-cst port`: research, apply and validate in one command."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from autoport_cst.cli import cli
+from autoport_cst.validate import build_tiny_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("llama")
+    build_tiny_checkpoint("LlamaForCausalLM", directory, seed=1)
+    return directory
+
+
+def test_port_validates_a_llama(tiny_llama, tmp_path):
+    report = tmp_path / "outcome.json"
+    result = run("port", tiny_llama, "--name", "my_llama", "--out", tmp_path / "out", "--json", report)
+    assert result.exit_code == 0, result.output
+    assert "PORTED and validated" in result.output
+    outcome = json.loads(report.read_text())
+    assert outcome["validated"] and outcome["reference"] == "llama3"
+    assert [(r["tp"], r["dtype"]) for r in outcome["runs"]] == [(1, "fp32"), (1, "bf16")]
+    assert (tmp_path / "out/vllm_neuron/model/my_llama/model.py").is_file()
+    assert (tmp_path / "out/plans/my_llama.plan.json").is_file()
+
+
+def test_port_at_tp2(tiny_llama, tmp_path):
+    report = tmp_path / "outcome.json"
+    result = run("port", tiny_llama, "--name", "my_llama", "--out", tmp_path / "out", "--tp", "2", "--json", report)
+    assert result.exit_code == 0, result.output
+    runs = json.loads(report.read_text())["runs"]
+    assert [(r["tp"], r["dtype"], r["equivalent"]) for r in runs][-1] == (2, "fp32", True)
+
+
+def test_a_port_that_does_not_validate_exits_1(tiny_llama, tmp_path):
+    """A reference with a wrong RMSNorm gives a port that is written but fails
+    validation, naming the first diverging component."""
+    ref = tmp_path / "ref"
+    shutil.copytree(ROOT / "reference_models" / "llama3", ref, ignore=shutil.ignore_patterns("__pycache__"))
+    model = ref / "model.py"
+    text = model.read_text()
+    wrong = "hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)"
+    assert text.count(wrong) == 1
+    model.write_text(text.replace(wrong, wrong.replace("variance + ", "2 * variance + ")))
+    result = run("port", tiny_llama, "--name", "my_llama", "--out", tmp_path / "out", "--ref", ref)
+    assert result.exit_code == 1, result.output
+    assert "does NOT validate" in result.output
+    assert "input_norm" in result.output
+
+
+def test_an_unrealizable_feature_is_refused_by_name(tmp_path):
+    source = tmp_path / "mixtral"
+    build_tiny_checkpoint("MixtralForCausalLM", source, seed=0)
+    result = run("port", source, "--name", "my_mixtral", "--out", tmp_path / "out", "--ref", "llama3")
+    assert result.exit_code == 2, result.output
+    assert "moe" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_input(tmp_path):
+    result = run("port", tmp_path / "missing", "--name", "x", "--out", tmp_path / "out")
+    assert result.exit_code == 2
+    assert "error:" in result.output
+    result = run("port", tmp_path, "--name", "Not-Snake", "--out", tmp_path / "out")
+    assert result.exit_code == 2 and "snake_case" in result.output
