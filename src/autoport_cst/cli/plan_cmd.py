@@ -11,30 +11,14 @@ an unreadable safetensors header, an invalid name); nothing is written then.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import click
 
+from autoport_cst.atomic import write_atomic
 from autoport_cst.cli.common import error_boundary, stderr_console, stdout_console
 from autoport_cst.errors import InputError
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same
-    directory and a rename: the file is either the old one or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 @click.command("plan")
@@ -58,7 +42,14 @@ def plan_command(source: str, name: str, output: Path, ref: str | None, review: 
     loaded); it picks the reference with the smallest realizable diff and
     the tensor/expert-parallel sizes for a trn2.48xlarge.
     """
-    from autoport_cst.plan import PLAN_VERSION, Plan, derive_class_prefix, load_plan, parse_plan, plan_to_json
+    from autoport_cst.plan import (
+        PLAN_VERSION,
+        Plan,
+        derive_class_prefix,
+        load_plan,
+        parse_plan,
+        plan_to_json,
+    )
     from autoport_cst.plan.naming import MODEL_NAME_RE
     from autoport_cst.research import choose_reference, research
 

@@ -14,17 +14,14 @@ from pathlib import Path
 
 import click
 
-from autoport_cst.cli.common import EXIT_ERROR, error_boundary, stderr_console, stdout_console
+from autoport_cst.atomic import write_atomic
+from autoport_cst.cli.common import (
+    EXIT_ERROR,
+    error_boundary,
+    stderr_console,
+    stdout_console,
+)
 from autoport_cst.errors import InputError
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    import os
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 @click.command("tiny")
@@ -70,7 +67,13 @@ def validate_command(
     """
     import sys
 
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from autoport_cst.validate.api import STAGES, validate_model
 
@@ -95,7 +98,7 @@ def validate_command(
         progress.update(task, completed=len(STAGES), description="done")
 
     if json_path is not None:
-        _atomic_write(json_path, report.to_json())
+        write_atomic(json_path, report.to_json())
     print_report(report)
     sys.exit(report.exit_code)
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 
+from autoport_cst.atomic import write_atomic
 from autoport_cst.lint.diagnostics import Diagnostic
 
 CACHE_VERSION = 1
@@ -75,11 +75,10 @@ class Cache:
             if not os.path.exists(ignore):
                 with open(ignore, "w", encoding="utf-8") as handle:
                     handle.write("# created by autoport-cst lint\n*\n")
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".lint-", suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump({"version": CACHE_VERSION, "entries": self.entries}, handle,
-                          separators=(",", ":"))
-            os.replace(tmp, self.path)
+            write_atomic(
+                self.path,
+                json.dumps({"version": CACHE_VERSION, "entries": self.entries}, separators=(",", ":")),
+            )
         except OSError:
             pass  # a read-only tree: run without a cache
         self.dirty = False

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import traceback
 from dataclasses import dataclass, field
 
+from autoport_cst.atomic import write_atomic as _write_atomic
 from autoport_cst.errors import InputError, Position
 from autoport_cst.lint import cache as cache_mod
-from autoport_cst.lint.config import LintSettings, find_config, load_config, settings_for
+from autoport_cst.lint.config import (
+    LintSettings,
+    find_config,
+    load_config,
+    settings_for,
+)
 from autoport_cst.lint.diagnostics import ERROR, Diagnostic, FileResult
 
 PRUNED_DIRS = frozenset({"__pycache__", "node_modules", "venv", "build", "dist", "site-packages"})
@@ -258,24 +263,5 @@ def _fix_one(path: str, data: bytes, settings: LintSettings, options: RunOptions
 
 
 def write_atomic(path: str, data: bytes) -> None:
-    """Write through a temporary file in the same directory and rename it
-    over ``path``, keeping the file's permissions."""
-    directory = os.path.dirname(os.path.abspath(path))
-    mode = None
-    try:
-        mode = os.stat(path).st_mode & 0o7777
-    except OSError:
-        pass
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".autoport-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Write a fixed file atomically (the project's one atomic writer)."""
+    _write_atomic(path, data)

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import torch
 
+from autoport_cst.atomic import atomic_output
 from autoport_cst.errors import InputError
 
 from .driver import PortFailure, PortOutput
@@ -69,9 +70,8 @@ def _rank_main(job_path: Path, rank: int) -> int:
     result_path = job_path.parent / f"rank{rank}.pt"
 
     def finish(result: dict[str, Any]) -> None:
-        tmp = result_path.with_suffix(".tmp")
-        torch.save(result, tmp)
-        os.replace(tmp, result_path)
+        with atomic_output(result_path) as tmp:
+            torch.save(result, tmp)
 
     torch.set_num_threads(1)
     try:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoport_cst.atomic import atomic_output, write_atomic
 from autoport_cst.errors import InputError
 
 # Small dimensions applied to every config attribute of that name that exists.
@@ -199,10 +200,9 @@ def build_tiny_checkpoint(
     config.dtype = torch.float32
     values = config.to_dict()
     values.pop("transformers_version", None)
-    _write_atomic(directory / "config.json", json.dumps(values, indent=2, sort_keys=True) + "\n")
-    tmp = directory / "model.safetensors.tmp"
-    save_file(state, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, directory / "model.safetensors")
+    write_atomic(directory / "config.json", json.dumps(values, indent=2, sort_keys=True) + "\n")
+    with atomic_output(directory / "model.safetensors") as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
     return TinyCheckpoint(
         directory=directory,
         architecture=architecture,
@@ -225,9 +225,3 @@ def _perturb_constant_tensors(state: dict, seed: int) -> None:
         if bool((flat == flat[0]).all()):
             noise = torch.randn(tensor.shape, generator=generator, dtype=torch.float32)
             state[name] = (tensor.to(torch.float32) + TINY_INIT_STD * noise).to(tensor.dtype)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

@@ -1,0 +1,43 @@
+"""The one way this project writes a file: a temporary file in the target's
+directory, then ``os.replace``. A reader sees the old file or the new one,
+never half of either. (A whole port is written as one transaction on top of
+this, in ``apply/writer.py``.)"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success it replaces
+    ``path`` (keeping an existing file's permissions), on error it is removed."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    mode = None
+    with contextlib.suppress(OSError):
+        mode = target.stat().st_mode & 0o7777
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
+    """Write text (UTF-8) or bytes to ``path`` atomically."""
+    with atomic_output(path) as tmp:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data, encoding="utf-8")
