@@ -251,17 +251,20 @@ class SwapNorm(Codemod):
         return norms[0]
 
     def _check_no_fused_rmsnorm(self, nodes, module: cst.Module, ctx: FileContext) -> None:
+        """The decode kernel's fused norms are RMSNorms: with LayerNorm modules
+        they would compute something else than prefill."""
         for call in nodes:
             if not is_call(call, "NF.attention_decode"):
                 continue
-            arg = keyword_arg(call, "rmsnorm_X_enabled")  # type: ignore[arg-type]
-            if arg is not None and dotted(arg.value) != "False":
-                raise ctx.precondition(
-                    "swap-norm: NF.attention_decode fuses an RMSNorm (rmsnorm_X_enabled); "
-                    "apply the LayerNorm module before the kernel instead",
-                    call,
-                    module,
-                )
+            for flag in ("rmsnorm_X_enabled", "rmsnorm_QK_pre_rope_enabled", "rmsnorm_QK_post_rope_enabled"):
+                arg = keyword_arg(call, flag)  # type: ignore[arg-type]
+                if arg is not None and dotted(arg.value) != "False":
+                    raise ctx.precondition(
+                        f"swap-norm: NF.attention_decode fuses an RMSNorm ({flag}); "
+                        "apply the LayerNorm modules outside the kernel instead",
+                        call,
+                        module,
+                    )
 
     def _rewrite_norm(self, norm, init, forward, weight, eps_attr, module):
         kind, bias = self.params.kind, self.params.bias
@@ -397,11 +400,18 @@ def _with_ctor(value: cst.Call, ctor: str) -> cst.Call:
     return value.with_changes(args=[value.args[0].with_changes(value=new_inner), *value.args[1:]])
 
 
+def _is_weight(node: cst.CSTNode) -> bool:
+    """``self.weight``, possibly cast: ``self.weight.float()``, ``self.weight.to(x)``."""
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        node = node.func.value
+    return self_attr(node) == "weight"
+
+
 def _has_unit_offset(forward: cst.FunctionDef) -> bool:
     for node in walk(forward):
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
             sides = (node.left, node.right)
-            if any(self_attr(s) == "weight" for s in sides) and any(
+            if any(_is_weight(s) for s in sides) and any(
                 isinstance(s, (cst.Integer, cst.Float)) and float(s.value) == 1.0 for s in sides
             ):
                 return True

@@ -36,7 +36,8 @@ class LlamaConfig:
     intermediate_size: int = 14336
     num_hidden_layers: int = 32
     num_attention_heads: int = 32
-    num_key_value_heads: int = 8
+    # None (absent from the checkpoint's config) means one KV head per query head
+    num_key_value_heads: int | None = None
     head_dim: int | None = None
     max_position_embeddings: int = 131072
     # <-- MODEL-SPECIFIC: RMSNorm epsilon under its Hugging Face name
@@ -49,6 +50,8 @@ class LlamaConfig:
     neuron_config: NeuronConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if isinstance(self.torch_dtype, str):

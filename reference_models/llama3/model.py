@@ -5,7 +5,7 @@ Llama for the vLLM Neuron backend (bf16)
 
 autoport-cst reference model ``llama3``: a dense decoder with grouped-query
 attention, a SiLU-gated MLP, RMSNorm, and rotary position embedding with
-optional Llama 3 frequency scaling. Tied and untied embeddings are both
+optional ``llama3``-type frequency scaling. Tied and untied embeddings are both
 handled at load time.
 
 Supported parallelism: TP, with sequence-parallel (SP) hidden states between
@@ -75,7 +75,7 @@ class LlamaRMSNorm(nn.Module):
 
 # =============================================================================
 # Section 2: Rotary Position Embedding
-# <-- MODEL-SPECIFIC: rotate-half RoPE with optional Llama 3 frequency scaling
+# <-- MODEL-SPECIFIC: rotate-half RoPE with optional llama3-type frequency scaling
 # =============================================================================
 
 

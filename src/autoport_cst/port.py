@@ -76,7 +76,7 @@ def port(
     tp: int = 1,
     ref: str | None = None,
     checkpoint: str = "tiny",
-    steps: int = 8,
+    steps: int = 16,
     seed: int = 0,
     force: bool = False,
     on_stage: Callable[[str], None] | None = None,

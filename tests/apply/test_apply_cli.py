@@ -211,7 +211,7 @@ BASE = {"version": 1, "name": "demo", "architecture": "DemoForCausalLM", "refere
         (BASE, ["--ref", "no_such_reference"], "unknown reference 'no_such_reference'"),
         ({**BASE, "steps": [{"codemod": "no-such-codemod"}]}, [], "unknown codemod 'no-such-codemod'"),
         ({**BASE, "steps": [{"codemod": "swap-norm", "params": {"kind": 1}}]}, [], "$.steps[0].params.kind"),
-        ({**BASE, "spec": {"norm": {"placement": "post"}}}, [], "norm.placement"),
+        ({**BASE, "spec": {"moe": {"num_experts": 4, "top_k": 2}}}, [], "no codemod realizes 1 field(s)"),
         ({**BASE, "steps": [{"codemod": "float32-router"}]}, [], "no MoE router weight"),
         ({k: v for k, v in BASE.items() if k != "reference"}, [], "no reference"),
     ],

@@ -64,10 +64,19 @@ def test_values_are_read_from_the_config(llama3):
 
 
 def test_unrealizable_fields_are_all_listed(llama3):
+    """No codemod turns a dense reference into a mixture of experts, nor
+    removes a norm's (1 + weight) offset."""
+    reference = dataclasses.replace(
+        llama3,
+        manifest=dataclasses.replace(
+            llama3.manifest,
+            spec=dataclasses.replace(llama3.spec, norm=dataclasses.replace(llama3.spec.norm, unit_offset=True)),
+        ),
+    )
     with pytest.raises(UnrealizableDiffError) as info:
-        compose(plan(norm={"placement": "post"}, attention={"sinks": True}, rope={"type": "yarn"}), llama3)
-    assert info.value.fields == ["norm.placement", "attention.sinks", "rope.type"]
-    assert "no codemod realizes 3 field(s)" in str(info.value)
+        compose(plan(moe={"num_experts": 4, "top_k": 2}, rope={"type": "llama3"}), reference)
+    assert info.value.fields == ["norm.unit_offset", "moe"]
+    assert "no codemod realizes 2 field(s)" in str(info.value)
 
 
 def test_removing_a_bias_is_not_realized_by_add_qkv_bias(llama3):

@@ -54,7 +54,7 @@ def test_report_json_follows_the_published_schema(fp32_report, tmp_path: Path) -
     data = json.loads(fp32_report.to_json())
     jsonschema.validate(data, REPORT_SCHEMA)
     assert data["version"] == 1 and data["kind"] == "autoport-cst/validation-report"
-    assert data["environment"]["stand_in"]["stand_in_packages"] == ["nkilib", "vllm", "vllm_neuron"]
+    assert data["environment"]["stand_in"]["stand_in_packages"] == ["nki", "nkilib", "vllm", "vllm_neuron"]
 
 
 def test_bf16_equivalent_with_r_ratio(llama3_dir: Path, tiny_llama: Path) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 MODEL_NAME = "llama3"  # package under vllm_neuron/model/
 HF_ARCHITECTURE = "LlamaForCausalLM"  # config.json architectures[0]
-DECODE_STEPS = 8
+DECODE_STEPS = 16
 
 pytest.importorskip("torch", reason="needs autoport-cst[validate]")
 validate = pytest.importorskip("autoport_cst.validate", reason="needs autoport-cst[validate]")

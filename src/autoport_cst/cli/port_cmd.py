@@ -21,7 +21,7 @@ from autoport_cst.cli.common import EXIT_FOUND, EXIT_OK, error_boundary, stderr_
 @click.option("--ref", default=None, help="Reference to port from; default: the closest built-in one.")
 @click.option("--checkpoint", type=click.Choice(["tiny", "source"]), default="tiny", show_default=True,
               help="Validate on a tiny random checkpoint built from SOURCE's config, or on SOURCE's weights.")
-@click.option("--steps", type=int, default=8, show_default=True, help="Decode steps per validation run.")
+@click.option("--steps", type=int, default=16, show_default=True, help="Decode steps per validation run.")
 @click.option("--force", is_flag=True, help="Replace an existing port of this name.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the outcome as JSON here.")

@@ -6,7 +6,7 @@ this separate, conservative pass. A *word* is a maximal run of
 exactly (case-sensitive), and never inside a protected chunk: a
 whitespace-delimited chunk that looks like a hub ID, a path or a URL
 (contains ``/``, ``://`` or ``@``), or a versioned model name (the word is
-followed by ``-`` and a digit, as in ``Llama-3.1-8B``).
+followed by ``-`` or a space and a digit, as in ``Llama-3.1-8B`` or ``Llama 3``).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def rename_words(text: str, table: dict[str, str]) -> tuple[str, list[WordEdit]]
             new = table.get(word.group())
             if new is None:
                 continue
-            after = chunk_text[word.end(): word.end() + 2]
-            if len(after) == 2 and after[0] == "-" and after[1].isdigit():
+            after = text[chunk.start() + word.end(): chunk.start() + word.end() + 2]
+            if len(after) == 2 and after[0] in "- " and after[1].isdigit():
                 continue
             start = chunk.start() + word.start()
             out.append(text[last:start])

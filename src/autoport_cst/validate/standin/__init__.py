@@ -30,6 +30,8 @@ from . import (
     dtype_utils,
     functional,
     kv_cache,
+    moe,
+    nki_language,
     layers,
     neuron_config,
     parallel_state,
@@ -66,6 +68,16 @@ NKILIB_MODULES: dict[str, tuple[types.ModuleType | None, tuple[str, ...] | None]
     "nkilib.core": (None, None),
     "nkilib.core.utils": (None, None),
     "nkilib.core.utils.common_types": (common_types, None),
+    "nkilib.core.moe": (None, None),
+    "nkilib.core.moe.moe_cte": (None, None),
+    "nkilib.core.moe.moe_cte.moe_cte": (
+        moe,
+        ("MoECTEImplementation", "ActFnType", "ExpertAffinityScaleMode"),
+    ),
+}
+NKI_MODULES: dict[str, tuple[types.ModuleType | None, tuple[str, ...] | None]] = {
+    "nki": (None, None),
+    "nki.language": (nki_language, None),
 }
 VLLM_MODULES: dict[str, tuple[types.ModuleType | None, tuple[str, ...] | None]] = {
     "vllm": (None, None),
@@ -108,7 +120,12 @@ class Installation:
 # A submodule every real installation of each package has. A directory named
 # like the package without it (a port's output tree ``OUT/vllm_neuron/model/``
 # on sys.path, seen as a namespace package) is not the real package.
-_PROBES = {"vllm_neuron": "vllm_neuron.functional", "vllm": "vllm.distributed", "nkilib": "nkilib.core"}
+_PROBES = {
+    "vllm_neuron": "vllm_neuron.functional",
+    "vllm": "vllm.distributed",
+    "nkilib": "nkilib.core",
+    "nki": "nki.language",
+}
 
 
 def _is_importable(name: str) -> bool:
@@ -169,6 +186,10 @@ def install(installation: Installation) -> None:
         installation.real_packages.append("nkilib")
     else:
         _install_tree(NKILIB_MODULES, installation)
+    if _is_importable("nki"):
+        installation.real_packages.append("nki")
+    else:
+        _install_tree(NKI_MODULES, installation)
     if not _is_importable("vllm"):
         _install_tree(VLLM_MODULES, installation)
         return

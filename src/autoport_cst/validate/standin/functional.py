@@ -587,9 +587,16 @@ def _not_in_standin(name: str):
 
 segmented_attention = _not_in_standin("segmented_attention")
 segmented_attention_cp = _not_in_standin("segmented_attention_cp")
-router = _not_in_standin("router")
-moe_cte = _not_in_standin("moe_cte")
-moe_block_tkg = _not_in_standin("moe_block_tkg")
-build_blockwise_mapping = _not_in_standin("build_blockwise_mapping")
-get_local_expert_affinities = _not_in_standin("get_local_expert_affinities")
 sample = _not_in_standin("sample")
+
+
+# -- mixture of experts (implemented in .moe) ------------------------------------------
+
+from .moe import (  # noqa: E402  (moe imports KernelConstraintError from this module)
+    RouterComputationOrder,
+    build_blockwise_mapping,
+    get_local_expert_affinities,
+    moe_block_tkg,
+    moe_cte,
+    router,
+)

@@ -1,0 +1,180 @@
+"""attention-scale: an attention score scale from the config instead of head_dim ** -0.5."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+import libcst as cst
+
+from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.cst_helpers import (
+    code_of,
+    find_self_assignment,
+    parse_expr,
+    rewrite,
+    self_assignment,
+)
+
+from ._attention_common import (
+    add_config_fields,
+    attention_classes,
+    require_method,
+    with_comment,
+)
+
+ID = "attention-scale"
+COMMENT = "<-- MODEL-SPECIFIC: attention score scale from the config (not head_dim ** -0.5)"
+
+
+@dataclass(frozen=True)
+class AttentionScaleParams:
+    config_key: str = field(
+        default="attention_multiplier",
+        metadata={"doc": "Config field holding the scale (Granite: attention_multiplier; Gemma: query_pre_attn_scalar)."},
+    )
+    form: Literal["scale", "inverse_sqrt"] = field(
+        default="scale",
+        metadata={
+            "doc": "scale: the field is the scale itself (Granite); inverse_sqrt: the scale is "
+            "field ** -0.5 (Gemma's query_pre_attn_scalar)."
+        },
+    )
+
+
+class AttentionScale(Codemod):
+    """Scale attention scores by a value from the config instead of ``head_dim ** -0.5``.
+
+    ``config.attention_multiplier`` (Granite) or
+    ``config.query_pre_attn_scalar ** -0.5`` (Gemma 2 / 3).
+
+    Model file, attention class (``<Prefix>Attention``): the value of
+    ``self.scaling`` in ``__init__`` becomes the config expression. Both paths
+    already read ``self.scaling``: prefill passes it to
+    ``NF.flash_attention(scale=...)`` and decode to the kernel's
+    ``softmax_scale``, so neither changes. Config file: the dataclass gains
+    the field (``float | None``; a config without it keeps
+    ``head_dim ** -0.5``).
+
+    Preconditions: an attention class whose ``__init__`` sets
+    ``self.scaling``; ``config_key`` is a Python identifier.
+    """
+
+    ID = ID
+    REALIZES = ("attention.scale",)
+    Params = AttentionScaleParams
+    FILES = ("model", "config")
+    EXAMPLES = (
+        Example(
+            title="Granite's attention_multiplier",
+            params={"config_key": "attention_multiplier"},
+            before="""
+                class GraniteAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
+                        self.scaling = self.head_dim**-0.5
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+            """,
+            after="""
+                class GraniteAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
+                        # <-- MODEL-SPECIFIC: attention score scale from the config (not head_dim ** -0.5)
+                        self.scaling = (
+                            config.attention_multiplier if config.attention_multiplier is not None else self.head_dim**-0.5
+                        )
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+            """,
+        ),
+        Example(
+            title="Gemma's query_pre_attn_scalar, and its config field",
+            role="config",
+            path="config.py",
+            params={"config_key": "query_pre_attn_scalar", "form": "inverse_sqrt"},
+            before="""
+                @dataclass
+                class Gemma2Config:
+                    head_dim: int | None = None
+                    torch_dtype: torch.dtype = torch.bfloat16
+            """,
+            after="""
+                @dataclass
+                class Gemma2Config:
+                    head_dim: int | None = None
+                    # <-- MODEL-SPECIFIC: fields of this architecture's features (sorted by name)
+                    # attention score scale: query_pre_attn_scalar ** -0.5
+                    query_pre_attn_scalar: float | None = None
+                    torch_dtype: torch.dtype = torch.bfloat16
+            """,
+        ),
+        Example(
+            title="no scaling attribute",
+            before="""
+                class GraniteAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+            """,
+            raises="attention-scale: GraniteAttention.__init__ sets no self.scaling",
+        ),
+    )
+
+    @classmethod
+    def check_params(cls, params: AttentionScaleParams) -> list[str]:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", params.config_key):
+            return [f"config_key {params.config_key!r} is not an identifier"]
+        return []
+
+    @classmethod
+    def realizes(cls, diff) -> bool:
+        return diff.path in cls.REALIZES and diff.target is not None
+
+    @classmethod
+    def params_for(cls, diffs, target, port: PortContext) -> AttentionScaleParams:
+        return AttentionScaleParams()
+
+    def _value(self, config: str) -> str:
+        field_ = f"{config}.{self.params.config_key}"
+        scale = field_ if self.params.form == "scale" else f"{field_}**-0.5"
+        return f"{scale} if {field_} is not None else self.head_dim**-0.5"
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        key = self.params.config_key
+        if ctx.role == "config":
+            what = "the scale itself" if self.params.form == "scale" else f"{key} ** -0.5"
+            comment = (
+                f"attention score scale: {what}"
+                if self.params.form == "inverse_sqrt"
+                else "attention score scale (None: head_dim ** -0.5)"
+            )
+            return add_config_fields(module, ctx, ID, [(f"{key}: float | None = None", comment)])
+        edits: dict = {}
+        for cls in attention_classes(module, ctx, ID):
+            init = require_method(cls, "__init__", ctx, module, ID)
+            stmt = find_self_assignment(init, "scaling")
+            if stmt is None:
+                raise ctx.precondition(f"{ID}: {cls.name.value}.__init__ sets no self.scaling", init, module)
+            params = [p.name.value for p in init.params.params]
+            config = params[1] if len(params) > 1 else "config"
+            value = parse_expr(self._value(config), module)
+            current = self_assignment(stmt)[1]
+            if code_of(current) == code_of(value) or (
+                isinstance(current, cst.IfExp) and code_of(current.test) == code_of(value.test)
+            ):
+                continue
+            small = stmt.body[0]
+            if isinstance(value, cst.IfExp):
+                value = value.with_changes(
+                    lpar=[cst.LeftParen(whitespace_after=cst.ParenthesizedWhitespace(
+                        first_line=cst.TrailingWhitespace(), indent=True,
+                        last_line=cst.SimpleWhitespace(module.default_indent)))],
+                    rpar=[cst.RightParen(whitespace_before=cst.ParenthesizedWhitespace(
+                        first_line=cst.TrailingWhitespace(), indent=True,
+                        last_line=cst.SimpleWhitespace("")))],
+                )
+            new = stmt.with_changes(body=[small.with_changes(value=value)])
+            new = with_comment(new, COMMENT).with_changes(
+                leading_lines=[*stmt.leading_lines, *with_comment(new, COMMENT).leading_lines]
+            )
+            edits[id(stmt)] = lambda updated, new=new: new
+        return rewrite(module, edits)

@@ -1,0 +1,134 @@
+"""embedding-multiplier: the input embeddings times a constant (Granite)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from autoport_cst.codemods._layers import config_scalar_edit, init_reads_config, one_class, require_method
+from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.cst_helpers import parse_statement, positional_args, rewrite, self_attr, statements, walk
+
+
+@dataclass(frozen=True)
+class EmbeddingMultiplierParams:
+    config_key: str = field(
+        default="embedding_multiplier", metadata={"doc": "Config field holding the multiplier."}
+    )
+    default: float = field(default=1.0, metadata={"doc": "Its value when the config has none."})
+
+
+class EmbeddingMultiplier(Codemod):
+    """Multiply the decoder's input embeddings by a constant read from the config.
+
+    Granite computes ``inputs_embeds * embedding_multiplier`` after the
+    lookup, in the backbone (the embedding module's own output is unscaled,
+    and prompt embeddings passed in are scaled too). In the backbone
+    (``<Prefix>Model``): ``__init__`` gets ``self.<key> = config.<key>`` (a
+    Python float); ``forward`` gets ``h = h * self.<key>`` right before the
+    loop over the decoder layers, ``h`` being what the layers take. In the
+    config file, the dataclass gets ``<key>: float = <default>``.
+
+    Precondition: one ``<Prefix>Model`` class taking ``config`` whose
+    ``forward`` has a top-level ``for <layer> in self.<layers>:`` loop that
+    calls ``<layer>(h, ...)``.
+    """
+
+    ID = "embedding-multiplier"
+    REALIZES = ("embedding.multiplier",)
+    Params = EmbeddingMultiplierParams
+    FILES = ("model", "config")
+    EXAMPLES = (
+        Example(
+            title="Granite",
+            before="""
+                class LlamaModel(nn.Module):
+                    def __init__(self, config):
+                        self.norm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps, config.torch_dtype)
+
+                    def forward(self, input_ids, positions):
+                        hidden_states = self.embed_tokens(input_ids)
+                        position_embeddings = self.rotary_emb(positions)
+                        for layer in self.layers:
+                            hidden_states = layer(hidden_states, positions, position_embeddings)
+                        return self.norm(hidden_states)
+            """,
+            after="""
+                class LlamaModel(nn.Module):
+                    def __init__(self, config):
+                        self.norm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps, config.torch_dtype)
+                        self.embedding_multiplier = config.embedding_multiplier
+
+                    def forward(self, input_ids, positions):
+                        hidden_states = self.embed_tokens(input_ids)
+                        position_embeddings = self.rotary_emb(positions)
+                        hidden_states = hidden_states * self.embedding_multiplier
+                        for layer in self.layers:
+                            hidden_states = layer(hidden_states, positions, position_embeddings)
+                        return self.norm(hidden_states)
+            """,
+        ),
+        Example(
+            title="no loop over the layers",
+            before="""
+                class LlamaModel(nn.Module):
+                    def __init__(self, config):
+                        self.norm = None
+
+                    def forward(self, hidden_states):
+                        return self.norm(hidden_states)
+            """,
+            raises="no top-level for-loop over the decoder layers",
+        ),
+    )
+
+    @classmethod
+    def realizes(cls, diff) -> bool:
+        return diff.path in cls.REALIZES and diff.target is not None
+
+    @classmethod
+    def params_for(cls, diffs, target, port: PortContext) -> EmbeddingMultiplierParams:
+        return EmbeddingMultiplierParams()
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        key = self.params.config_key
+        if ctx.role == "config":
+            return config_scalar_edit(
+                module, ctx, self.ID, key, "float", self.params.default,
+                "<-- MODEL-SPECIFIC: input embeddings times this",
+            )
+        backbone = one_class(module, "backbone", ctx, self.ID, "<Prefix>Model backbone")
+        forward = require_method(backbone, "forward", ctx, module, self.ID)
+        loop, hidden = None, None
+        for stmt in statements(forward):
+            if isinstance(stmt, cst.For) and isinstance(stmt.target, cst.Name) and self_attr(stmt.iter) is not None:
+                calls = [
+                    n for n in walk(stmt.body)
+                    if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == stmt.target.value
+                ]
+                args = positional_args(calls[0]) if calls else []
+                if args and isinstance(args[0].value, cst.Name):
+                    loop, hidden = stmt, args[0].value.value
+                    break
+        if loop is None:
+            raise ctx.precondition(
+                f"{self.ID}: {backbone.name.value}.forward has no top-level for-loop over the decoder layers "
+                "(for layer in self.layers: h = layer(h, ...))",
+                forward,
+                module,
+            )
+        edits = init_reads_config(backbone, key, module, ctx, self.ID)
+        already = any(
+            isinstance(n, cst.BinaryOperation) and self_attr(n.right) == key for n in walk(forward)
+        )
+        if not already:
+            stmt = parse_statement(f"{hidden} = {hidden} * self.{key}", module)
+
+            def insert(updated: cst.For) -> cst.FlattenSentinel:
+                return cst.FlattenSentinel(
+                    [stmt.with_changes(leading_lines=updated.leading_lines), updated.with_changes(leading_lines=[])]
+                )
+
+            edits[id(loop)] = insert
+        return rewrite(module, edits)

@@ -1,0 +1,157 @@
+"""embedding-scale: token embeddings multiplied by sqrt(hidden_size) (Gemma)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import libcst as cst
+
+from autoport_cst.codemods._layers import one_class, require_method, self_assignments, with_keyword
+from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.cst_helpers import dotted, parse_expr, parse_statement, rewrite
+from autoport_cst.transform.roles import class_role
+
+SCALED = "ScaledVocabEmbedding"
+BASE = "VocabDimShardedEmbedding"
+
+SCALED_CLASS = f'''
+class {SCALED}({BASE}):
+    """The vocabulary-sharded token embedding with its output multiplied by a
+    constant factor, turned into a tensor of the output's dtype first (so a
+    bfloat16 model multiplies by the factor rounded to bfloat16, as
+    transformers does)."""
+
+    def __init__(self, *args, embed_scale: float = 1.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.embed_scale = embed_scale
+
+    def forward(self, *args, **kwargs):
+        output = super().forward(*args, **kwargs)
+        return output * output.new_tensor(self.embed_scale)
+'''
+
+
+@dataclass(frozen=True)
+class EmbeddingScaleParams:
+    scale: Literal["sqrt_hidden"] = field(
+        default="sqrt_hidden", metadata={"doc": "sqrt_hidden: multiply by hidden_size ** 0.5."}
+    )
+
+
+class EmbeddingScale(Codemod):
+    """Multiply the token embeddings by ``sqrt(hidden_size)``, rounded to the model dtype.
+
+    Gemma's embedding module multiplies its output by ``hidden_size ** 0.5``,
+    held in a float32 tensor and cast to the weights' dtype before the
+    multiply (in bfloat16, ``sqrt(3072) = 55.43`` becomes ``55.5``). The port
+    does the same inside the embedding module, so that the module's output is
+    the scaled embedding as in transformers: a ``ScaledVocabEmbedding``
+    subclass of ``VocabDimShardedEmbedding`` is added to the model file (its
+    forward multiplies the looked-up, reduced output by
+    ``output.new_tensor(embed_scale)``: a tensor of the output's dtype and
+    device), and the backbone builds its embedding with it, passing
+    ``embed_scale=config.hidden_size**0.5`` (a Python float: allowed on the meta
+    device). The weight keeps its name and loader. Prompt embeddings merged
+    after the lookup (``NF.merge_prompt_embeds``) are not scaled, as in Gemma.
+
+    Precondition: one ``<Prefix>Model`` class whose ``__init__`` builds one
+    ``VocabDimShardedEmbedding(...)``.
+    """
+
+    ID = "embedding-scale"
+    REALIZES = ("embedding.scale",)
+    Params = EmbeddingScaleParams
+    EXAMPLES = (
+        Example(
+            title="Gemma",
+            before="""
+                class LlamaModel(nn.Module):
+                    def __init__(self, config):
+                        super().__init__()
+                        self.embed_tokens = VocabDimShardedEmbedding(
+                            vocab_size=config.vocab_size,
+                            embed_dim=config.hidden_size,
+                        )
+                        self.rotary_emb = LlamaRotaryEmbedding(config)
+            """,
+            after='''
+                class ScaledVocabEmbedding(VocabDimShardedEmbedding):
+                    """The vocabulary-sharded token embedding with its output multiplied by a
+                    constant factor, turned into a tensor of the output's dtype first (so a
+                    bfloat16 model multiplies by the factor rounded to bfloat16, as
+                    transformers does)."""
+
+                    def __init__(self, *args, embed_scale: float = 1.0, **kwargs):
+                        super().__init__(*args, **kwargs)
+                        self.embed_scale = embed_scale
+
+                    def forward(self, *args, **kwargs):
+                        output = super().forward(*args, **kwargs)
+                        return output * output.new_tensor(self.embed_scale)
+
+
+                class LlamaModel(nn.Module):
+                    def __init__(self, config):
+                        super().__init__()
+                        self.embed_tokens = ScaledVocabEmbedding(
+                            vocab_size=config.vocab_size,
+                            embed_dim=config.hidden_size,
+                            embed_scale=config.hidden_size**0.5,
+                        )
+                        self.rotary_emb = LlamaRotaryEmbedding(config)
+            ''',
+        ),
+        Example(
+            title="no embedding in the backbone",
+            before="""
+                class LlamaModel(nn.Module):
+                    def __init__(self, config):
+                        self.layers = nn.ModuleList([])
+            """,
+            raises="builds no VocabDimShardedEmbedding",
+        ),
+    )
+
+    @classmethod
+    def realizes(cls, diff) -> bool:
+        return diff.path in cls.REALIZES and diff.target == "sqrt_hidden"
+
+    @classmethod
+    def params_for(cls, diffs, target, port: PortContext) -> EmbeddingScaleParams:
+        return EmbeddingScaleParams()
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        backbone = one_class(module, "backbone", ctx, self.ID, "<Prefix>Model backbone")
+        name = backbone.name.value
+        init = require_method(backbone, "__init__", ctx, module, self.ID)
+        embeddings = [
+            value for _, (_, value) in self_assignments(init).items()
+            if isinstance(value, cst.Call) and (dotted(value.func) or "").split(".")[-1] in (BASE, SCALED)
+        ]
+        if len(embeddings) != 1:
+            raise ctx.precondition(
+                f"{self.ID}: {name}.__init__ builds no {BASE}(...) token embedding, or more than one",
+                init,
+                module,
+            )
+        call = embeddings[0]
+        edits: dict = {}
+        if dotted(call.func) != SCALED:
+            edits[id(call)] = lambda updated: with_keyword(
+                updated.with_changes(func=cst.Name(SCALED)),
+                "embed_scale",
+                parse_expr("config.hidden_size**0.5", module),
+            )
+        module = rewrite(module, edits)
+        if not any(isinstance(s, cst.ClassDef) and s.name.value == SCALED for s in module.body):
+            body = list(module.body)
+            index = next(
+                i for i, s in enumerate(body) if isinstance(s, cst.ClassDef) and class_role(s.name.value) == "backbone"
+            )
+            new_class = parse_statement(SCALED_CLASS.strip("\n"), module)
+            anchor = body[index]
+            body[index] = anchor.with_changes(leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(indent=False)])
+            body.insert(index, new_class.with_changes(leading_lines=anchor.leading_lines))
+            module = module.with_changes(body=body)
+        return module

@@ -1,0 +1,126 @@
+"""logit-softcap: tanh softcapping of the final logits (Gemma 2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from autoport_cst.codemods._layers import config_scalar_edit, init_reads_config, logits_site
+from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.cst_helpers import is_call, parse_statement, rewrite, self_attr, walk
+
+
+@dataclass(frozen=True)
+class LogitSoftcapParams:
+    config_key: str = field(
+        default="final_logit_softcapping", metadata={"doc": "Config field holding the cap (null: no capping)."}
+    )
+
+
+class LogitSoftcap(Codemod):
+    """Softcap the final logits: ``cap * tanh(logits / cap)``.
+
+    Gemma 2 bounds its logits with ``final_logit_softcapping``: ``logits =
+    tanh(logits / cap) * cap``, in the logits' dtype. In the causal LM class
+    (``<Prefix>ForCausalLM``): ``__init__`` gets ``self.<key> = config.<key>``;
+    ``forward``, after the last top-level statement assigning the logits,
+    gets ``if self.<key> is not None: logits = torch.tanh(logits / self.<key>)
+    * self.<key>`` (a Python-level test of a config float, resolved when the
+    graph is traced). In the config file the dataclass gets ``<key>: float |
+    None = None``. Applied per vocabulary shard, the capping is the same with
+    or without gathered logits, so on-device sampling sees capped logits too.
+
+    Runs after ``logits-divisor`` (a model with both divides first).
+    Precondition: one ``<Prefix>ForCausalLM`` class taking ``config`` whose
+    ``forward`` has a top-level ``<logits> = self.lm_head(...)`` statement.
+    """
+
+    ID = "logit-softcap"
+    REALIZES = ("lm_head.softcap",)
+    Params = LogitSoftcapParams
+    FILES = ("model", "config")
+    AFTER = ("logits-divisor",)
+    EXAMPLES = (
+        Example(
+            title="Gemma 2",
+            before="""
+                class LlamaForCausalLM(nn.Module):
+                    def __init__(self, config):
+                        self.lm_head = ColumnParallelLinear(config.hidden_size, config.vocab_size, bias=False)
+
+                    def forward(self, input_ids, positions):
+                        hidden_states = self.model(input_ids, positions)
+                        logits = self.lm_head(hidden_states)
+                        return logits
+            """,
+            after="""
+                class LlamaForCausalLM(nn.Module):
+                    def __init__(self, config):
+                        self.lm_head = ColumnParallelLinear(config.hidden_size, config.vocab_size, bias=False)
+                        self.final_logit_softcapping = config.final_logit_softcapping
+
+                    def forward(self, input_ids, positions):
+                        hidden_states = self.model(input_ids, positions)
+                        logits = self.lm_head(hidden_states)
+                        if self.final_logit_softcapping is not None:
+                            logits = torch.tanh(logits / self.final_logit_softcapping) * self.final_logit_softcapping
+                        return logits
+            """,
+        ),
+        Example(
+            title="the config field",
+            role="config",
+            path="config.py",
+            before="""
+                @dataclass
+                class LlamaConfig:
+                    hidden_size: int = 4096
+                    neuron_config: NeuronConfig | None = None
+            """,
+            after="""
+                @dataclass
+                class LlamaConfig:
+                    hidden_size: int = 4096
+                    final_logit_softcapping: float | None = None  # <-- MODEL-SPECIFIC: logits softcapped at this value
+                    neuron_config: NeuronConfig | None = None
+            """,
+        ),
+        Example(
+            title="no LM head call",
+            before="""
+                class LlamaForCausalLM(nn.Module):
+                    def __init__(self, config):
+                        pass
+
+                    def forward(self, input_ids):
+                        return self.model(input_ids)
+            """,
+            raises="no top-level <logits> = self.lm_head(...) statement",
+        ),
+    )
+
+    @classmethod
+    def realizes(cls, diff) -> bool:
+        return diff.path in cls.REALIZES and diff.target is not None
+
+    @classmethod
+    def params_for(cls, diffs, target, port: PortContext) -> LogitSoftcapParams:
+        return LogitSoftcapParams()
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        key = self.params.config_key
+        if ctx.role == "config":
+            return config_scalar_edit(
+                module, ctx, self.ID, key, "float | None", None, "<-- MODEL-SPECIFIC: logits softcapped at this value"
+            )
+        lm, forward, name, last = logits_site(module, ctx, self.ID)
+        edits = init_reads_config(lm, key, module, ctx, self.ID)
+        if not any(
+            is_call(n, "torch.tanh") and any(self_attr(m) == key for m in walk(n)) for n in walk(forward)
+        ):
+            stmt = parse_statement(
+                f"if self.{key} is not None:\n    {name} = torch.tanh({name} / self.{key}) * self.{key}", module
+            )
+            edits[id(last)] = lambda updated: cst.FlattenSentinel([updated, stmt])
+        return rewrite(module, edits)

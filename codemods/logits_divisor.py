@@ -1,0 +1,101 @@
+"""logits-divisor: the final logits divided by a constant (Granite logits_scaling)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from autoport_cst.codemods._layers import config_scalar_edit, init_reads_config, logits_site
+from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.cst_helpers import parse_statement, rewrite, self_attr, walk
+
+
+@dataclass(frozen=True)
+class LogitsDivisorParams:
+    config_key: str = field(default="logits_scaling", metadata={"doc": "Config field holding the divisor."})
+    default: float = field(default=1.0, metadata={"doc": "Its value when the config has none."})
+
+
+class LogitsDivisor(Codemod):
+    """Divide the LM-head logits by a constant read from the config.
+
+    Granite computes ``logits = lm_head(h) / logits_scaling``. In the causal
+    LM class (``<Prefix>ForCausalLM``): ``__init__`` gets ``self.<key> =
+    config.<key>``; ``forward`` gets ``logits = logits / self.<key>`` after the
+    last top-level statement that assigns the logits (``logits =
+    self.lm_head(...)``), so that sampling sees the divided logits. In the
+    config file, the dataclass gets ``<key>: float = <default>``.
+
+    Precondition: one ``<Prefix>ForCausalLM`` class taking ``config`` whose
+    ``forward`` has a top-level ``<logits> = self.lm_head(...)`` statement.
+    """
+
+    ID = "logits-divisor"
+    REALIZES = ("lm_head.logits_divisor",)
+    Params = LogitsDivisorParams
+    FILES = ("model", "config")
+    EXAMPLES = (
+        Example(
+            title="Granite",
+            before="""
+                class LlamaForCausalLM(nn.Module):
+                    def __init__(self, config):
+                        self.lm_head = ColumnParallelLinear(config.hidden_size, config.vocab_size, bias=False)
+
+                    def forward(self, input_ids, positions):
+                        hidden_states = self.model(input_ids, positions)
+                        logits = self.lm_head(hidden_states)
+                        return logits
+            """,
+            after="""
+                class LlamaForCausalLM(nn.Module):
+                    def __init__(self, config):
+                        self.lm_head = ColumnParallelLinear(config.hidden_size, config.vocab_size, bias=False)
+                        self.logits_scaling = config.logits_scaling
+
+                    def forward(self, input_ids, positions):
+                        hidden_states = self.model(input_ids, positions)
+                        logits = self.lm_head(hidden_states)
+                        logits = logits / self.logits_scaling
+                        return logits
+            """,
+        ),
+        Example(
+            title="no LM head call",
+            before="""
+                class LlamaForCausalLM(nn.Module):
+                    def __init__(self, config):
+                        pass
+
+                    def forward(self, input_ids):
+                        return self.model(input_ids)
+            """,
+            raises="no top-level <logits> = self.lm_head(...) statement",
+        ),
+    )
+
+    @classmethod
+    def realizes(cls, diff) -> bool:
+        return diff.path in cls.REALIZES and diff.target is not None
+
+    @classmethod
+    def params_for(cls, diffs, target, port: PortContext) -> LogitsDivisorParams:
+        return LogitsDivisorParams()
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        key = self.params.config_key
+        if ctx.role == "config":
+            return config_scalar_edit(
+                module, ctx, self.ID, key, "float", self.params.default,
+                "<-- MODEL-SPECIFIC: logits divided by this",
+            )
+        lm, forward, name, last = logits_site(module, ctx, self.ID)
+        edits = init_reads_config(lm, key, module, ctx, self.ID)
+        if not any(
+            isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Divide) and self_attr(n.right) == key
+            for n in walk(forward)
+        ):
+            stmt = parse_statement(f"{name} = {name} / self.{key}", module)
+            edits[id(last)] = lambda updated: cst.FlattenSentinel([updated, stmt])
+        return rewrite(module, edits)

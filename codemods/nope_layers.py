@@ -1,0 +1,216 @@
+"""nope-layers: layers that use no positional embedding (SmolLM3)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
+from autoport_cst.transform.cst_helpers import (
+    find_self_assignment,
+    parse_statement,
+    parse_statements,
+    rewrite,
+    statements,
+    string_text,
+)
+
+from ._attention_common import (
+    add_config_fields,
+    add_functions,
+    attention_classes,
+    place_setting,
+    require_method,
+    with_comment,
+)
+
+ID = "nope-layers"
+
+LAYER_FUNCTION = '''
+def _layer_uses_rope(config, layer_idx: int) -> bool:
+    """Whether a layer rotates its queries and keys (some layers use no
+    positional embedding at all).
+
+    ``config.no_rope_layers`` holds 1 for a layer with RoPE and 0 for one
+    without; without it, every ``no_rope_layer_interval``-th layer has none.
+    """
+    if config.no_rope_layers is not None:
+        return bool(config.no_rope_layers[layer_idx])
+    if config.no_rope_layer_interval:
+        return (layer_idx + 1) % config.no_rope_layer_interval != 0
+    return True
+'''
+
+CONFIG_FIELDS = [
+    (
+        "no_rope_layer_interval: int | None = None",
+        "layers without positional embedding (no_rope_layers: 1 RoPE, 0 none)",
+    ),
+    ("no_rope_layers: list[int] | None = None", ""),
+]
+
+IDENTITY = """
+if not self.use_rope:
+    cos, sin = {embeddings}
+    {embeddings} = (torch.ones_like(cos), torch.zeros_like(sin))
+"""
+
+
+class NopeLayers(Codemod):
+    """Layers without positional embedding: their queries and keys are not rotated (SmolLM3).
+
+    Model file, attention class (``<Prefix>Attention``): ``__init__`` sets
+    ``self.use_rope`` from ``_layer_uses_rope(config, layer_idx)`` (added to
+    the module), which reads ``config.no_rope_layers`` (1: RoPE, 0: none) or,
+    without it, leaves every ``no_rope_layer_interval``-th layer without RoPE
+    (SmolLM3's rule). ``forward`` replaces the step's ``(cos, sin)`` by
+    ``(1, 0)`` on those layers before dispatching to prefill or decode: a
+    rotation by angle zero, which leaves q and k bit for bit unchanged in
+    the hand-written prefill RoPE and in the decode kernel alike, so neither
+    path changes. Config file: the dataclass gains ``no_rope_layers`` and
+    ``no_rope_layer_interval``.
+
+    Preconditions: an attention class with ``__init__(self, config,
+    layer_idx)`` and a ``forward`` taking ``position_embeddings``.
+    """
+
+    ID = ID
+    REALIZES = ("rope.nope_layers",)
+    Params = NoParams
+    FILES = ("model", "config")
+    EXAMPLES = (
+        Example(
+            title="RoPE skipped on the layers the config marks",
+            before="""
+                class SmolLM3Attention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.scaling = self.head_dim**-0.5
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward(self, hidden_states, positions, position_embeddings, attn_metadata=None):
+                        \"\"\">>> PARALLELISM: dispatch to the prefill or decode path. <<<\"\"\"
+                        if not _is_prefill(attn_metadata):
+                            return self.forward_decode(hidden_states, positions, position_embeddings)
+                        return self.forward_prefill(hidden_states, positions, position_embeddings)
+            """,
+            after='''
+                def _layer_uses_rope(config, layer_idx: int) -> bool:
+                    """Whether a layer rotates its queries and keys (some layers use no
+                    positional embedding at all).
+
+                    ``config.no_rope_layers`` holds 1 for a layer with RoPE and 0 for one
+                    without; without it, every ``no_rope_layer_interval``-th layer has none.
+                    """
+                    if config.no_rope_layers is not None:
+                        return bool(config.no_rope_layers[layer_idx])
+                    if config.no_rope_layer_interval:
+                        return (layer_idx + 1) % config.no_rope_layer_interval != 0
+                    return True
+
+
+                class SmolLM3Attention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.scaling = self.head_dim**-0.5
+                        # <-- MODEL-SPECIFIC: this layer rotates q and k (False: no positional embedding)
+                        self.use_rope = _layer_uses_rope(config, layer_idx)
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward(self, hidden_states, positions, position_embeddings, attn_metadata=None):
+                        """>>> PARALLELISM: dispatch to the prefill or decode path. <<<"""
+                        # <-- MODEL-SPECIFIC: no positional embedding: rotate by angle zero
+                        if not self.use_rope:
+                            cos, sin = position_embeddings
+                            position_embeddings = (torch.ones_like(cos), torch.zeros_like(sin))
+                        if not _is_prefill(attn_metadata):
+                            return self.forward_decode(hidden_states, positions, position_embeddings)
+                        return self.forward_prefill(hidden_states, positions, position_embeddings)
+            ''',
+        ),
+        Example(
+            title="the config fields",
+            role="config",
+            path="config.py",
+            before="""
+                @dataclass
+                class SmolLM3Config:
+                    hidden_size: int = 4096
+                    torch_dtype: torch.dtype = torch.bfloat16
+            """,
+            after="""
+                @dataclass
+                class SmolLM3Config:
+                    hidden_size: int = 4096
+                    # <-- MODEL-SPECIFIC: fields of this architecture's features (sorted by name)
+                    # layers without positional embedding (no_rope_layers: 1 RoPE, 0 none)
+                    no_rope_layer_interval: int | None = None
+                    no_rope_layers: list[int] | None = None
+                    torch_dtype: torch.dtype = torch.bfloat16
+            """,
+        ),
+        Example(
+            title="the position embeddings must reach the attention's forward",
+            before="""
+                class SmolLM3Attention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward(self, hidden_states, cos, sin):
+                        return hidden_states
+            """,
+            raises="nope-layers: SmolLM3Attention.forward takes no position_embeddings",
+        ),
+    )
+
+    @classmethod
+    def realizes(cls, diff) -> bool:
+        return diff.path in cls.REALIZES and diff.target is not None
+
+    @classmethod
+    def params_for(cls, diffs, target, port: PortContext) -> NoParams:
+        return NoParams()
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        if ctx.role == "config":
+            return add_config_fields(module, ctx, ID, CONFIG_FIELDS)
+        edits: dict = {}
+        for cls in attention_classes(module, ctx, ID):
+            self._attention_edits(cls, module, ctx, edits)
+        module = rewrite(module, edits)
+        return add_functions(module, [LAYER_FUNCTION])
+
+    def _attention_edits(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext, edits: dict) -> None:
+        name = cls.name.value
+        init = require_method(cls, "__init__", ctx, module, ID)
+        forward = require_method(cls, "forward", ctx, module, ID)
+        params = [p.name.value for p in init.params.params]
+        if len(params) < 3:
+            raise ctx.precondition(f"{ID}: {name}.__init__ must take (self, config, layer_idx)", init, module)
+        forward_params = [p.name.value for p in forward.params.params]
+        if "position_embeddings" not in forward_params:
+            raise ctx.precondition(
+                f"{ID}: {name}.forward takes no position_embeddings (the step's (cos, sin))", forward, module
+            )
+        if find_self_assignment(init, "use_rope") is None:
+            stmt = with_comment(
+                parse_statement(f"self.use_rope = _layer_uses_rope({params[1]}, {params[2]})", module),
+                "<-- MODEL-SPECIFIC: this layer rotates q and k (False: no positional embedding)",
+            )
+            if not place_setting(init, "use_rope", stmt, edits):
+                body = list(statements(init))
+                start = 1 if body and "super()" in module.code_for_node(body[0]) else 0
+                edits[id(body[start])] = lambda updated, stmt=stmt: cst.FlattenSentinel([stmt, updated])
+        body = list(statements(forward))
+        if any("self.use_rope" in module.code_for_node(s) for s in body):
+            return
+        new = parse_statements(IDENTITY.format(embeddings="position_embeddings").strip("\n"), module)
+        new[0] = with_comment(new[0], "<-- MODEL-SPECIFIC: no positional embedding: rotate by angle zero")
+        start = 1 if body and _is_docstring(body[0]) else 0
+        target = body[start]
+        edits[id(target)] = lambda updated, new=new: cst.FlattenSentinel([*new, updated])
+
+
+def _is_docstring(stmt: cst.BaseStatement) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and isinstance(stmt.body[0], cst.Expr)
+        and string_text(stmt.body[0].value) is not None
+    )

@@ -1,0 +1,320 @@
+"""norm-placement: post-norm (OLMo 2) or sandwich norms (Gemma 2/3) in the decoder layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import libcst as cst
+
+from autoport_cst.codemods._layers import (
+    add_edit,
+    assigned_name,
+    layer_forward,
+    mapping_entries_of_attr,
+    other_uses,
+    removal_edits,
+    replace_segment,
+    self_assignments,
+)
+from autoport_cst.transform import Codemod, Example, FileContext, PortContext, locate
+from autoport_cst.transform.cst_helpers import parse_statement, rewrite
+from autoport_cst.transform.mappings import entry_statement
+
+
+@dataclass(frozen=True)
+class NormPlacementParams:
+    placement: Literal["post", "sandwich"] = field(
+        default="sandwich",
+        metadata={
+            "doc": "post: norm on each sublayer output before the residual add, no pre-norms (OLMo 2); "
+            "sandwich: pre- and post-norms around each sublayer (Gemma 2/3)."
+        },
+    )
+    post_attention_norm: str = field(
+        default="post_attention_layernorm",
+        metadata={"doc": "Attribute (= checkpoint module name) of the norm on the attention output."},
+    )
+    pre_mlp_norm: str = field(
+        default="pre_feedforward_layernorm",
+        metadata={"doc": "Attribute of the norm before the MLP (sandwich only)."},
+    )
+    post_mlp_norm: str = field(
+        default="post_feedforward_layernorm",
+        metadata={"doc": "Attribute of the norm on the MLP output."},
+    )
+
+
+class NormPlacement(Codemod):
+    """Move the decoder layer's norms to post-norm or sandwich placement.
+
+    The reference is pre-norm: ``h = h + attn(input_norm(h))``, ``h = h +
+    mlp(pre_mlp_norm(h))``. Target placements, named as the checkpoints name
+    them (the attribute names are the checkpoint module names, so
+    ``load_weights`` needs no translation):
+
+    - ``sandwich`` (Gemma 2/3): ``h = h + post_attention_layernorm(attn(
+      input_layernorm(h)))``, ``h = h + post_feedforward_layernorm(mlp(
+      pre_feedforward_layernorm(h)))``;
+    - ``post`` (OLMo 2): ``h = h + post_attention_layernorm(attn(h))``, ``h = h
+      + post_feedforward_layernorm(mlp(h))``, no input norm.
+
+    In ``<Prefix>DecoderLayer``: the pre-MLP norm call switches to
+    ``pre_mlp_norm`` (sandwich) or is removed with the input-norm call (post);
+    ``h = self.<post norm>(h)`` statements follow the attention and MLP calls.
+    ``__init__`` gets the new norms (built like the reference's pre-MLP norm)
+    and loses the ones no longer used; ``load_weights`` gets entries for the
+    new norms (copies of the pre-MLP norm's entries, ``.bias`` included) and
+    loses those of removed norms. Note that in the reference
+    ``post_attention_layernorm`` is the pre-MLP norm, while in Gemma 2 and
+    OLMo 2 it is applied to the attention output: the attribute keeps its
+    name and checkpoint key and changes place.
+
+    Preconditions: one ``<Prefix>DecoderLayer`` whose ``forward`` has one
+    top-level ``h = self.<attention>(...)`` and one ``h = self.<mlp>(...)``
+    statement, each preceded by a ``h = self.<norm>(h)`` statement (pre-norm);
+    removed norms used nowhere else. A layer already in the target placement
+    is left as it is; other placements are refused.
+    """
+
+    ID = "norm-placement"
+    REALIZES = ("norm.placement",)
+    Params = NormPlacementParams
+    EXAMPLES = (
+        Example(
+            title="Gemma 2 sandwich norms",
+            params={"placement": "sandwich"},
+            before="""
+                class LlamaDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.self_attn = LlamaAttention(config, layer_idx)
+                        self.mlp = LlamaMLP(config)
+                        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+                    def forward(self, hidden_states, positions):
+                        residual = hidden_states
+                        hidden_states = self.input_layernorm(hidden_states)
+                        hidden_states = self.self_attn(hidden_states, positions)
+                        hidden_states = residual + hidden_states
+
+                        residual = hidden_states
+                        hidden_states = self.post_attention_layernorm(hidden_states)
+                        hidden_states = self.mlp(hidden_states)
+                        return residual + hidden_states
+
+
+                class LlamaForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.input_layernorm.weight"] = f"{prefix}.input_layernorm.weight"
+                            mappings[f"{prefix}.post_attention_layernorm.weight"] = f"{prefix}.post_attention_layernorm.weight"
+            """,
+            after="""
+                class LlamaDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.self_attn = LlamaAttention(config, layer_idx)
+                        self.mlp = LlamaMLP(config)
+                        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.pre_feedforward_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.post_feedforward_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+                    def forward(self, hidden_states, positions):
+                        residual = hidden_states
+                        hidden_states = self.input_layernorm(hidden_states)
+                        hidden_states = self.self_attn(hidden_states, positions)
+                        hidden_states = self.post_attention_layernorm(hidden_states)
+                        hidden_states = residual + hidden_states
+
+                        residual = hidden_states
+                        hidden_states = self.pre_feedforward_layernorm(hidden_states)
+                        hidden_states = self.mlp(hidden_states)
+                        hidden_states = self.post_feedforward_layernorm(hidden_states)
+                        return residual + hidden_states
+
+
+                class LlamaForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.input_layernorm.weight"] = f"{prefix}.input_layernorm.weight"
+                            mappings[f"{prefix}.post_attention_layernorm.weight"] = f"{prefix}.post_attention_layernorm.weight"
+                            mappings[f"{prefix}.pre_feedforward_layernorm.weight"] = f"{prefix}.pre_feedforward_layernorm.weight"
+                            mappings[f"{prefix}.post_feedforward_layernorm.weight"] = f"{prefix}.post_feedforward_layernorm.weight"
+            """,
+        ),
+        Example(
+            title="OLMo 2 post-norm",
+            params={"placement": "post"},
+            before="""
+                class LlamaDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.self_attn = LlamaAttention(config, layer_idx)
+                        self.mlp = LlamaMLP(config)
+                        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+                    def forward(self, hidden_states, positions):
+                        residual = hidden_states
+                        hidden_states = self.input_layernorm(hidden_states)
+                        hidden_states = self.self_attn(hidden_states, positions)
+                        hidden_states = residual + hidden_states
+
+                        residual = hidden_states
+                        hidden_states = self.post_attention_layernorm(hidden_states)
+                        hidden_states = self.mlp(hidden_states)
+                        return residual + hidden_states
+            """,
+            after="""
+                class LlamaDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.self_attn = LlamaAttention(config, layer_idx)
+                        self.mlp = LlamaMLP(config)
+                        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.post_feedforward_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+                    def forward(self, hidden_states, positions):
+                        residual = hidden_states
+                        hidden_states = self.self_attn(hidden_states, positions)
+                        hidden_states = self.post_attention_layernorm(hidden_states)
+                        hidden_states = residual + hidden_states
+
+                        residual = hidden_states
+                        hidden_states = self.mlp(hidden_states)
+                        hidden_states = self.post_feedforward_layernorm(hidden_states)
+                        return residual + hidden_states
+            """,
+        ),
+        Example(
+            title="a layer without pre-norm statements",
+            params={"placement": "sandwich"},
+            before="""
+                class LlamaDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.self_attn = LlamaAttention(config, layer_idx)
+                        self.mlp = LlamaMLP(config)
+                        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+                    def forward(self, hidden_states, positions):
+                        hidden_states = self.self_attn(self.input_layernorm(hidden_states), positions)
+                        hidden_states = self.mlp(hidden_states)
+                        return hidden_states
+            """,
+            raises="not a pre-norm layer",
+        ),
+    )
+
+    @classmethod
+    def realizes(cls, diff) -> bool:
+        return diff.path in cls.REALIZES and diff.target in ("post", "sandwich")
+
+    @classmethod
+    def params_for(cls, diffs, target, port: PortContext) -> NormPlacementParams:
+        return NormPlacementParams(placement=target.norm.placement)
+
+    @classmethod
+    def check_params(cls, params: NormPlacementParams) -> list[str]:
+        names = [params.post_attention_norm, params.post_mlp_norm]
+        if params.placement == "sandwich":
+            names.append(params.pre_mlp_norm)
+        return [] if len(set(names)) == len(names) else ["the norm attribute names must differ"]
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        p = self.params
+        shape = layer_forward(module, ctx, self.ID)
+        name = shape.layer.name.value
+        current = shape.placement
+        if current == p.placement:
+            return module
+        if current != "pre":
+            raise ctx.precondition(
+                f"{self.ID}: {name}.forward is not a pre-norm layer (h = self.<norm>(h) right before the "
+                f"attention and the MLP calls, no norm right after them); found placement {current or 'unknown'}",
+                shape.forward,
+                module,
+            )
+        input_norm = self._norm(shape.pre_attn)
+        pre_mlp = self._norm(shape.pre_mlp)
+        variable = assigned_name(shape.attn)
+        mlp_variable = assigned_name(shape.mlp)
+        if p.placement == "sandwich":
+            wanted = [input_norm, p.post_attention_norm, p.pre_mlp_norm, p.post_mlp_norm]
+        else:
+            wanted = [p.post_attention_norm, p.post_mlp_norm]
+        if p.placement == "sandwich" and input_norm in wanted[1:]:
+            raise ctx.precondition(
+                f"{self.ID}: a new norm is named like the input norm ({input_norm})", shape.forward, module
+            )
+        existing = [input_norm, pre_mlp]
+        removed = [a for a in existing if a not in wanted]
+        added = [a for a in wanted if a not in existing]
+
+        # __init__: clone the pre-MLP norm for each new attribute, remove unused ones
+        assignments = self_assignments(shape.init)
+        if pre_mlp not in assignments:
+            raise ctx.precondition(f"{self.ID}: {name}.__init__ does not assign self.{pre_mlp}", shape.init, module)
+        template = assignments[pre_mlp][0]
+        clones = [_renamed_assignment(template, a) for a in added]
+        edits: dict = removal_edits(shape.init, [assignments[a][0] for a in removed if a in assignments])
+        if clones:
+            add_edit(edits, id(template), lambda updated: cst.FlattenSentinel([updated, *clones]))
+
+        # forward
+        doomed = []
+        if p.placement == "post":
+            doomed = [shape.pre_attn, shape.pre_mlp]
+        edits.update(removal_edits(shape.forward, doomed))
+        if p.placement == "sandwich" and pre_mlp != p.pre_mlp_norm:
+            call = shape.pre_mlp.body[0].value  # type: ignore[union-attr]
+            edits[id(call.func)] = lambda updated: updated.with_changes(attr=cst.Name(p.pre_mlp_norm))
+        post_attn = parse_statement(f"{variable} = self.{p.post_attention_norm}({variable})", module)
+        post_mlp = parse_statement(f"{mlp_variable} = self.{p.post_mlp_norm}({mlp_variable})", module)
+        edits[id(shape.attn)] = lambda updated: cst.FlattenSentinel([updated, post_attn])
+        edits[id(shape.mlp)] = lambda updated: cst.FlattenSentinel([updated, post_mlp])
+
+        # load_weights
+        template_entries = mapping_entries_of_attr(module, pre_mlp)
+        if template_entries:
+            new_entries = []
+            for attr in added:
+                for entry in template_entries:
+                    key = replace_segment(entry.key_node, pre_mlp, attr)
+                    value = replace_segment(entry.value, pre_mlp, attr) or entry.value
+                    if key is not None:
+                        new_entries.append(entry_statement(entry, key, value))
+            if new_entries:
+                add_edit(edits, id(template_entries[-1].statement),
+                         lambda updated: cst.FlattenSentinel([updated, *new_entries]))
+        for attr in removed:
+            for entry in mapping_entries_of_attr(module, attr):
+                add_edit(edits, id(entry.statement), lambda updated: cst.RemoveFromParent())
+            handled = [assignments[attr][0]] if attr in assignments else []
+            handled += [s for s in (shape.pre_attn, shape.pre_mlp) if s is not None and self._norm(s) == attr]
+            use = other_uses(module, attr, handled)
+            if use is not None:
+                line, column = locate(module, use)
+                raise ctx.precondition(
+                    f"{self.ID}: the norm {attr} would be removed but is still used at line {line}, column {column}",
+                    use,
+                    module,
+                )
+        return rewrite(module, edits)
+
+    @staticmethod
+    def _norm(stmt) -> str:
+        return stmt.body[0].value.func.attr.value
+
+
+def _renamed_assignment(stmt: cst.SimpleStatementLine, attr: str) -> cst.SimpleStatementLine:
+    """``self.<attr> = <same value>`` shaped like ``stmt`` (no leading comments)."""
+    small = stmt.body[0]
+    target = small.targets[0].target  # type: ignore[union-attr]
+    new_small = small.with_changes(
+        targets=[small.targets[0].with_changes(target=target.with_changes(attr=cst.Name(attr)))]  # type: ignore[union-attr]
+    )
+    return stmt.with_changes(body=[new_small], leading_lines=[])
+

@@ -1,0 +1,241 @@
+"""remove-qk-norm: drop the per-head RMSNorm of queries and keys."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from autoport_cst.transform import Codemod, Example, FileContext
+from autoport_cst.transform.cst_helpers import (
+    classes_with_role,
+    is_call,
+    keyword_arg,
+    parse_expr,
+    rewrite,
+    self_assignment,
+    self_attr,
+    simple_assign,
+    walk,
+)
+from autoport_cst.transform.mappings import mapping_entries
+
+from . import _moe
+
+NORMS = ("q_norm", "k_norm")
+DECODE_NORM_ARGS = (
+    "rmsnorm_QK_pre_rope_eps",
+    "rmsnorm_QK_pre_rope_W_Q",
+    "rmsnorm_QK_pre_rope_W_K",
+)
+PREFILL_NORM_ARGS = (
+    "qk_norm_pre_rope_q_norm",
+    "qk_norm_pre_rope_k_norm",
+    "qk_norm_pre_rope_eps",
+    "qk_norm_pre_rope_q_gamma",
+    "qk_norm_pre_rope_k_gamma",
+)
+
+
+class RemoveQkNorm(Codemod):
+    """Remove the per-head RMSNorm of queries and keys (Qwen3 -> Llama/Mixtral attention).
+
+    The reverse of adding a QK-norm, for references that have one (the
+    ``qwen3_moe`` reference) and targets that do not. In the attention class
+    (``<Prefix>Attention``):
+
+    - ``__init__``: the ``self.q_norm = ...`` and ``self.k_norm = ...``
+      modules go (with the comment above them);
+    - prefill: the statements applying them (``q = self.q_norm(q)``) go; a
+      fused ``NF.qkv_proj`` loses its ``qk_norm_pre_rope_*`` arguments;
+    - decode: ``NF.attention_decode`` gets ``rmsnorm_QK_pre_rope_enabled=False``
+      and loses the norm's eps and gamma arguments.
+
+    In ``load_weights`` the ``...q_norm.weight`` / ``...k_norm.weight``
+    entries go.
+
+    Preconditions: an attention class; when it has ``self.q_norm`` it has
+    ``self.k_norm`` too, and every other read of them is one of the forms
+    above (a use it cannot remove is an error naming its position). An
+    attention class already without QK-norm is left as it is.
+    """
+
+    ID = "remove-qk-norm"
+    REALIZES = ("attention.qk_norm",)
+    EXAMPLES = (
+        Example(
+            title="Qwen3-style QK-norm removed",
+            before="""
+                class Qwen3MoeAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(8, 24, dtype=self.dtype))
+                        # <-- MODEL-SPECIFIC: per-head RMSNorm of queries and keys before RoPE
+                        self.q_norm = Qwen3MoeRMSNorm(self.head_dim, config.rms_norm_eps, self.dtype)
+                        self.k_norm = Qwen3MoeRMSNorm(self.head_dim, config.rms_norm_eps, self.dtype)
+                        self.k_cache = None
+
+                    def forward_prefill(self, q, k):
+                        # <-- MODEL-SPECIFIC: per-head RMSNorm of queries and keys before RoPE
+                        q = self.q_norm(q)
+                        k = self.k_norm(k)
+                        return q, k
+
+                    def forward_decode(self, x):
+                        return NF.attention_decode(
+                            X=x,
+                            rmsnorm_QK_pre_rope_enabled=True,
+                            rmsnorm_QK_pre_rope_eps=self.q_norm.variance_epsilon,
+                            rmsnorm_QK_pre_rope_W_Q=self.q_norm.weight.view(1, -1),
+                            rmsnorm_QK_pre_rope_W_K=self.k_norm.weight.view(1, -1),
+                            softmax_scale=self.scaling,
+                        )
+
+
+                class Qwen3MoeForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        for layer_id in range(2):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.self_attn.q_norm.weight"] = f"{prefix}.self_attn.q_norm.weight"
+                            mappings[f"{prefix}.self_attn.k_norm.weight"] = f"{prefix}.self_attn.k_norm.weight"
+                            mappings[f"{prefix}.input_layernorm.weight"] = f"{prefix}.input_layernorm.weight"
+            """,
+            after="""
+                class Qwen3MoeAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(8, 24, dtype=self.dtype))
+                        self.k_cache = None
+
+                    def forward_prefill(self, q, k):
+                        return q, k
+
+                    def forward_decode(self, x):
+                        return NF.attention_decode(
+                            X=x,
+                            rmsnorm_QK_pre_rope_enabled=False,
+                            softmax_scale=self.scaling,
+                        )
+
+
+                class Qwen3MoeForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        for layer_id in range(2):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.input_layernorm.weight"] = f"{prefix}.input_layernorm.weight"
+            """,
+        ),
+        Example(
+            title="a use of the norm the codemod cannot remove",
+            before="""
+                class Qwen3Attention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.q_norm = Qwen3RMSNorm(self.head_dim, config.rms_norm_eps, self.dtype)
+                        self.k_norm = Qwen3RMSNorm(self.head_dim, config.rms_norm_eps, self.dtype)
+
+                    def forward_prefill(self, q, k):
+                        return self.q_norm(q) + self.k_norm(k)
+            """,
+            raises="other use of self.q_norm",
+        ),
+        Example(
+            title="no attention class",
+            before="""
+                class LlamaMLP(nn.Module):
+                    def forward(self, x):
+                        return x
+            """,
+            raises="no attention class",
+        ),
+    )
+
+    @classmethod
+    def realizes(cls, diff) -> bool:
+        return diff.path in cls.REALIZES and diff.reference == "per_head" and diff.target == "none"
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        classes = classes_with_role(module, "attention")
+        if not classes:
+            raise ctx.precondition("remove-qk-norm: no attention class (<Prefix>Attention) in this file")
+        for cls in classes:
+            present = set(NORMS) & _assigned(cls)
+            if len(present) == 1:
+                raise ctx.precondition(
+                    f"remove-qk-norm: {cls.name.value} has self.{present.pop()} but not its pair "
+                    "(expected both self.q_norm and self.k_norm)",
+                    cls,
+                    module,
+                )
+        attention = [c for c in classes if _assigns_norms(c)]
+        edits: dict = {}
+        false = parse_expr("False", module)
+        for cls in attention:
+            handled: set[int] = set()
+            for node in walk(cls):
+                if isinstance(node, cst.SimpleStatementLine):
+                    pair = self_assignment(node)
+                    if pair is not None and pair[0] in NORMS:
+                        edits[id(node)] = _remove
+                        handled.update(id(n) for n in walk(node))
+                        continue
+                    assign = simple_assign(node)
+                    if assign is not None and isinstance(assign[1], cst.Call) and self_attr(assign[1].func) in NORMS:
+                        edits[id(node)] = _remove
+                        handled.update(id(n) for n in walk(node))
+                elif isinstance(node, cst.Call) and (is_call(node, "NF.attention_decode") or is_call(node, "NF.qkv_proj")):
+                    handled.update(id(n) for a in node.args for n in walk(a.value) if _reads_norm(a))
+                    edits[id(node)] = lambda updated, false=false: _strip_call(updated, false)
+            for node in walk(cls):
+                if id(node) in handled:
+                    continue
+                if (
+                    isinstance(node, cst.Attribute)
+                    and node.attr.value in NORMS
+                    and isinstance(node.value, cst.Name)
+                    and node.value.value == "self"
+                ):
+                    raise ctx.precondition(
+                        f"remove-qk-norm: {cls.name.value} has another use of self.{node.attr.value} that this "
+                        "codemod cannot remove (other use of self.q_norm / self.k_norm)",
+                        node,
+                        module,
+                    )
+        module = rewrite(module, edits)
+        return _drop_mappings(module)
+
+
+def _assigned(cls: cst.ClassDef) -> set[str]:
+    names = set()
+    for node in walk(cls):
+        if isinstance(node, cst.SimpleStatementLine):
+            pair = self_assignment(node)
+            if pair is not None:
+                names.add(pair[0])
+    return names
+
+
+def _assigns_norms(cls: cst.ClassDef) -> bool:
+    return set(NORMS) <= _assigned(cls)
+
+
+def _reads_norm(arg: cst.Arg) -> bool:
+    return arg.keyword is not None and arg.keyword.value in DECODE_NORM_ARGS + PREFILL_NORM_ARGS
+
+
+def _strip_call(call: cst.Call, false: cst.BaseExpression) -> cst.Call:
+    for name in DECODE_NORM_ARGS + PREFILL_NORM_ARGS:
+        call = _moe.remove_keyword(call, name)
+    enabled = keyword_arg(call, "rmsnorm_QK_pre_rope_enabled")
+    if enabled is not None:
+        call = _moe.set_keyword(call, "rmsnorm_QK_pre_rope_enabled", false)
+    return call
+
+
+def _remove(updated: cst.CSTNode) -> cst.RemovalSentinel:
+    return cst.RemoveFromParent()
+
+
+def _norm_entries(module: cst.Module):
+    return [e for e in mapping_entries(module) if e.key.endswith((".q_norm.weight", ".k_norm.weight"))]
+
+
+
+def _drop_mappings(module: cst.Module) -> cst.Module:
+    entries = _norm_entries(module)
+    return rewrite(module, {id(e.statement): (lambda updated: cst.RemoveFromParent()) for e in entries})

@@ -1,0 +1,170 @@
+"""residual-multiplier: sublayer outputs scaled before the residual add (Granite)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from autoport_cst.codemods._layers import config_scalar_edit, init_reads_config, one_class, require_method
+from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.cst_helpers import deep_statements, parse_expr, rewrite, self_attr, simple_assign, walk
+
+
+@dataclass(frozen=True)
+class ResidualMultiplierParams:
+    config_key: str = field(
+        default="residual_multiplier", metadata={"doc": "Config field holding the multiplier."}
+    )
+    default: float = field(default=1.0, metadata={"doc": "Its value when the config has none."})
+
+
+class ResidualMultiplier(Codemod):
+    """Scale each sublayer's output by a constant before it is added to the residual stream.
+
+    Granite computes ``h = residual + sublayer(...) * residual_multiplier`` for
+    attention and MLP. In the decoder layer (``<Prefix>DecoderLayer``):
+    ``__init__`` gets ``self.<key> = config.<key>``; in ``forward`` every
+    addition with a residual variable (a name assigned a plain copy of
+    another, ``residual = hidden_states``) has its other operand multiplied:
+    ``residual + hidden_states`` becomes ``residual + hidden_states *
+    self.<key>``. A parallel-residual sum ``attn_output + mlp_output +
+    residual`` becomes ``(attn_output + mlp_output) * self.<key> + residual``.
+    In the config file, the dataclass gets ``<key>: float = <default>``.
+
+    The factor is a Python float read at build time; the value comes from the
+    checkpoint's config (the spec field is an optional value: present or not).
+    Runs after the codemods that restructure the residual blocks.
+
+    Precondition: one ``<Prefix>DecoderLayer`` class taking ``config`` whose
+    ``forward`` adds a residual variable to something.
+    """
+
+    ID = "residual-multiplier"
+    REALIZES = ("residual.multiplier",)
+    Params = ResidualMultiplierParams
+    FILES = ("model", "config")
+    AFTER = ("norm-placement", "parallel-residual")
+    EXAMPLES = (
+        Example(
+            title="Granite",
+            before="""
+                class LlamaDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.mlp = LlamaMLP(config)
+
+                    def forward(self, hidden_states, positions):
+                        residual = hidden_states
+                        hidden_states = self.self_attn(self.input_layernorm(hidden_states), positions)
+                        hidden_states = residual + hidden_states
+
+                        residual = hidden_states
+                        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
+                        return residual + hidden_states
+            """,
+            after="""
+                class LlamaDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.mlp = LlamaMLP(config)
+                        self.residual_multiplier = config.residual_multiplier
+
+                    def forward(self, hidden_states, positions):
+                        residual = hidden_states
+                        hidden_states = self.self_attn(self.input_layernorm(hidden_states), positions)
+                        hidden_states = residual + hidden_states * self.residual_multiplier
+
+                        residual = hidden_states
+                        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
+                        return residual + hidden_states * self.residual_multiplier
+            """,
+        ),
+        Example(
+            title="the config field",
+            role="config",
+            path="config.py",
+            before="""
+                @dataclass
+                class LlamaConfig:
+                    hidden_size: int = 4096
+                    torch_dtype: torch.dtype = torch.bfloat16
+            """,
+            after="""
+                @dataclass
+                class LlamaConfig:
+                    hidden_size: int = 4096
+                    residual_multiplier: float = 1.0  # <-- MODEL-SPECIFIC: sublayer outputs times this before the residual add
+                    torch_dtype: torch.dtype = torch.bfloat16
+            """,
+        ),
+        Example(
+            title="no residual add",
+            before="""
+                class LlamaDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.mlp = LlamaMLP(config)
+
+                    def forward(self, hidden_states):
+                        return self.mlp(hidden_states)
+            """,
+            raises="adds no residual variable",
+        ),
+    )
+
+    @classmethod
+    def realizes(cls, diff) -> bool:
+        return diff.path in cls.REALIZES and diff.target is not None
+
+    @classmethod
+    def params_for(cls, diffs, target, port: PortContext) -> ResidualMultiplierParams:
+        return ResidualMultiplierParams()
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        key = self.params.config_key
+        if ctx.role == "config":
+            return config_scalar_edit(
+                module, ctx, self.ID, key, "float", self.params.default,
+                "<-- MODEL-SPECIFIC: sublayer outputs times this before the residual add",
+            )
+        layer = one_class(module, "decoder_layer", ctx, self.ID, "<Prefix>DecoderLayer")
+        forward = require_method(layer, "forward", ctx, module, self.ID)
+        residuals = set()
+        for stmt in deep_statements(forward):
+            pair = simple_assign(stmt)
+            if pair is not None and isinstance(pair[0], cst.Name) and isinstance(pair[1], cst.Name):
+                residuals.add(pair[0].value)
+        adds = []
+        for node in walk(forward):
+            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
+                sides = [node.left, node.right]
+                if any(isinstance(s, cst.Name) and s.value in residuals for s in sides):
+                    adds.append(node)
+        if not adds:
+            raise ctx.precondition(
+                f"{self.ID}: {layer.name.value}.forward adds no residual variable "
+                "(residual = hidden_states ... residual + hidden_states)",
+                forward,
+                module,
+            )
+        edits = init_reads_config(layer, key, module, ctx, self.ID)
+        for node in adds:
+            other_side = "right" if isinstance(node.left, cst.Name) and node.left.value in residuals else "left"
+            other = getattr(node, other_side)
+            if _is_scaled(other, key):
+                continue
+            edits[id(other)] = lambda updated, side=other_side: _scaled(updated, key, module)
+        return rewrite(module, edits)
+
+
+def _is_scaled(node: cst.CSTNode, key: str) -> bool:
+    return (
+        isinstance(node, cst.BinaryOperation)
+        and isinstance(node.operator, cst.Multiply)
+        and self_attr(node.right) == key
+    )
+
+
+def _scaled(node: cst.BaseExpression, key: str, module: cst.Module) -> cst.BaseExpression:
+    code = cst.Module([]).code_for_node(node.with_changes(lpar=[], rpar=[]))
+    if isinstance(node, cst.BinaryOperation) and not isinstance(node.operator, (cst.Multiply, cst.Divide)):
+        code = f"({code})"
+    return parse_expr(f"{code} * self.{key}", module)

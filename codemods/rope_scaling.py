@@ -1,0 +1,666 @@
+"""rope-scaling: a RoPE frequency variant (linear, dynamic NTK, YaRN, LongRoPE)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import libcst as cst
+
+from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.cst_helpers import (
+    classes_with_role,
+    dotted,
+    method,
+    parse_expr,
+    parse_statement,
+    parse_statements,
+    rewrite,
+    self_assignment,
+    statements,
+    string_text,
+    walk,
+)
+
+from ._attention_common import (
+    add_config_fields,
+    has_comment,
+    parse_method,
+    with_comment,
+)
+
+ID = "rope-scaling"
+
+Variant = Literal["linear", "dynamic", "yarn", "longrope", "none"]
+
+# Scalars read in __init__ by every variant (Python values only: lazy rule).
+COMMON_INIT = {
+    "max_position_embeddings": "self.max_position_embeddings = {config}.max_position_embeddings",
+    "attention_scaling": "self.attention_scaling = 1.0",
+}
+
+SETUP = {
+    "yarn": '''
+def _setup_yarn(self, config, scaling):
+    """YaRN's frequency band and attention factor, as Python scalars: the
+    band (in rotated dimensions) between beta_fast and beta_slow rotations
+    over the original context blends interpolated and original frequencies."""
+    original = scaling.get("original_max_position_embeddings") or config.original_max_position_embeddings
+    factor = scaling.get("factor")
+    if factor is None:
+        factor = config.max_position_embeddings / original
+    self.scaling_factor = float(factor)
+
+    def mscale(scale, coefficient=1.0):
+        return 1.0 if scale <= 1 else 0.1 * coefficient * math.log(scale) + 1.0
+
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+            attention_factor = mscale(factor, scaling["mscale"]) / mscale(factor, scaling["mscale_all_dim"])
+        else:
+            attention_factor = mscale(factor)
+    self.attention_scaling = float(attention_factor)
+
+    def correction_dim(rotations):
+        return (self.head_dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(self.rope_theta))
+
+    low = correction_dim(scaling.get("beta_fast") or 32)
+    high = correction_dim(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    self.yarn_low = max(low, 0)
+    self.yarn_high = min(high, self.head_dim - 1)
+    if self.yarn_low == self.yarn_high:
+        self.yarn_high += 0.001
+''',
+    "longrope": '''
+def _setup_longrope(self, config, scaling):
+    """LongRoPE's per-frequency factors (short within the original context,
+    long beyond it) and attention factor, as Python scalars."""
+    original = scaling.get("original_max_position_embeddings") or config.original_max_position_embeddings
+    self.original_max_position_embeddings = int(original)
+    self.long_factor = [float(f) for f in scaling["long_factor"]]
+    self.short_factor = [float(f) for f in scaling["short_factor"]]
+    factor = scaling.get("factor")
+    if factor is None:
+        factor = config.max_position_embeddings / original
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        if factor <= 1.0:
+            attention_factor = 1.0
+        else:
+            attention_factor = math.sqrt(1 + math.log(factor) / math.log(original))
+    self.attention_scaling = float(attention_factor)
+''',
+}
+
+COMPUTE_BRANCH = {
+    "linear": """
+if self.rope_type == "linear":
+    inv_freq = inv_freq / self.scaling_factor
+""",
+    "yarn": """
+if self.rope_type == "yarn":
+    ramp = (torch.arange(self.head_dim // 2, dtype=torch.float32, device=device) - self.yarn_low) / (
+        self.yarn_high - self.yarn_low
+    )
+    extrapolation = 1 - torch.clamp(ramp, 0, 1)
+    inv_freq = (inv_freq / self.scaling_factor) * (1 - extrapolation) + inv_freq * extrapolation
+""",
+}
+
+FORWARD_BRANCH = {
+    "dynamic": """
+if self.rope_type == "dynamic":
+    inv_freq = self._dynamic_ntk_inv_freq(inv_freq, {positions})
+""",
+    "longrope": """
+if self.rope_type == "longrope":
+    inv_freq = self._longrope_inv_freq(inv_freq, {positions})
+""",
+}
+
+FORWARD_METHOD = {
+    "dynamic": '''
+def _dynamic_ntk_inv_freq(self, inv_freq, position_ids):
+    """Dynamic NTK: beyond max_position_embeddings the base grows with the
+    sequence length (the step's last position + 1, kept as a tensor)."""
+    seq_len = position_ids.max().to(torch.float32) + 1
+    limit = float(self.max_position_embeddings)
+    factor = self.scaling_factor
+    base = self.rope_theta * (
+        (factor * torch.clamp(seq_len, min=limit) / limit) - (factor - 1)
+    ) ** (self.head_dim / (self.head_dim - 2))
+    exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=inv_freq.device)
+    scaled = 1.0 / (base ** (exponents.to(torch.float32) / self.head_dim))
+    return torch.where(seq_len > limit, scaled, inv_freq)
+''',
+    "longrope": '''
+def _longrope_inv_freq(self, inv_freq, position_ids):
+    """LongRoPE: each frequency divided by its short factor, or by its long
+    factor once the sequence (the step's last position + 1) outgrows the
+    original context."""
+    seq_len = position_ids.max() + 1
+    long_factor = torch.tensor(self.long_factor, dtype=torch.float32, device=inv_freq.device)
+    short_factor = torch.tensor(self.short_factor, dtype=torch.float32, device=inv_freq.device)
+    factors = torch.where(seq_len > self.original_max_position_embeddings, long_factor, short_factor)
+    return inv_freq / factors
+''',
+}
+
+SCALED = ("yarn", "longrope")
+
+
+@dataclass(frozen=True)
+class RopeScalingParams:
+    variant: Variant = field(
+        default="yarn",
+        metadata={"doc": "RoPE type added to those the rotary embedding accepts (rope_type in the config)."},
+    )
+
+
+class RopeScaling(Codemod):
+    """Teach the rotary embedding a RoPE frequency variant: linear, dynamic NTK, YaRN, LongRoPE, or none.
+
+    The variant is chosen at run time by the config's ``rope_type`` (except
+    ``none``), with the semantics of transformers' ``ROPE_INIT_FUNCTIONS``:
+
+    - ``linear``: every inverse frequency divided by ``factor``;
+    - ``dynamic`` (NTK): once the sequence (the step's last position + 1)
+      exceeds ``max_position_embeddings``, the base becomes
+      ``theta * (factor * L / max - (factor - 1)) ** (d / (d - 2))``; computed
+      on tensors in ``forward`` (no ``.item()``). Like transformers, each step
+      uses its own length: a prefill of T tokens and a later decode step rotate
+      with different bases past the limit;
+    - ``yarn``: the frequencies between the beta_fast and beta_slow
+      correction dimensions blend interpolated (``/ factor``) and original
+      values; cos and sin are multiplied by the attention factor (default
+      ``0.1 ln(factor) + 1``, or the mscale ratio);
+    - ``longrope``: frequencies divided by the short factors, or by the long
+      factors past ``original_max_position_embeddings``; cos and sin times
+      the attention factor (default ``sqrt(1 + ln(factor) / ln(original))``);
+    - ``none``: no positional embedding on any layer, whatever the config's
+      ``rope_type``: every frequency is zero, so cos = 1 and sin = 0 and both
+      attention paths rotate by angle zero (q and k unchanged, bit for bit).
+
+    Model file, rotary class (``<Prefix>RotaryEmbedding``): the variant joins
+    the ``rope_type`` guard tuple; ``__init__`` gains the Python scalars the
+    variant needs (``max_position_embeddings``, ``attention_scaling``, and a
+    ``_setup_<variant>`` method for YaRN and LongRoPE) while every tensor is
+    still built in ``forward`` (lazy rule); ``_compute_inv_freq`` gains the
+    static variants' branch, ``forward`` the length-dependent ones'; cos and
+    sin are scaled by ``self.attention_scaling``. Config file: the dataclass
+    gains ``original_max_position_embeddings`` (Phi-3 keeps it outside the
+    RoPE parameters).
+
+    Preconditions: one rotary class whose ``__init__`` reads the scaling dict
+    into a local and refuses other types with ``if self.rope_type not in
+    (...)``, with ``_compute_inv_freq(self, device)`` ending in ``return
+    inv_freq``, and a ``forward`` computing ``inv_freq =
+    self._compute_inv_freq(...)`` and returning ``emb.cos()`` / ``emb.sin()``.
+    """
+
+    ID = ID
+    REALIZES = ("rope.type",)
+    Params = RopeScalingParams
+    FILES = ("model", "config")
+    EXAMPLES = (
+        Example(
+            title="YaRN",
+            params={"variant": "yarn"},
+            before='''
+                import math
+
+
+                class LlamaRotaryEmbedding(nn.Module):
+                    def __init__(self, config):
+                        super().__init__()
+                        self.head_dim = config.head_dim
+                        self.rope_theta = float(config.rope_theta)
+                        scaling = dict(config.rope_scaling or {})
+                        self.rope_type = scaling.get("rope_type") or "default"
+                        if self.rope_type not in ("default", "llama3"):
+                            raise NotImplementedError(f"rope_type {self.rope_type!r} is not supported")
+                        self.scaling_factor = float(scaling.get("factor", 1.0))
+
+                    def _compute_inv_freq(self, device):
+                        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device)
+                        inv_freq = 1.0 / (self.rope_theta ** (exponents.to(torch.float32) / self.head_dim))
+                        return inv_freq
+
+                    def forward(self, position_ids, device, dtype):
+                        inv_freq = self._compute_inv_freq(device)
+                        freqs = torch.outer(position_ids.to(torch.float32), inv_freq)
+                        emb = torch.cat((freqs, freqs), dim=-1)
+                        return emb.cos().to(dtype), emb.sin().to(dtype)
+            ''',
+            after='''
+                import math
+
+
+                class LlamaRotaryEmbedding(nn.Module):
+                    def __init__(self, config):
+                        super().__init__()
+                        self.head_dim = config.head_dim
+                        self.rope_theta = float(config.rope_theta)
+                        scaling = dict(config.rope_scaling or {})
+                        self.rope_type = scaling.get("rope_type") or "default"
+                        if self.rope_type not in ("default", "llama3", "yarn"):
+                            raise NotImplementedError(f"rope_type {self.rope_type!r} is not supported")
+                        self.scaling_factor = float(scaling.get("factor", 1.0))
+                        # <-- MODEL-SPECIFIC: scalars of the RoPE variants (tensors are built in forward)
+                        self.max_position_embeddings = config.max_position_embeddings
+                        self.attention_scaling = 1.0
+                        if self.rope_type == "yarn":
+                            self._setup_yarn(config, scaling)
+
+                    def _setup_yarn(self, config, scaling):
+                        """YaRN's frequency band and attention factor, as Python scalars: the
+                        band (in rotated dimensions) between beta_fast and beta_slow rotations
+                        over the original context blends interpolated and original frequencies."""
+                        original = scaling.get("original_max_position_embeddings") or config.original_max_position_embeddings
+                        factor = scaling.get("factor")
+                        if factor is None:
+                            factor = config.max_position_embeddings / original
+                        self.scaling_factor = float(factor)
+
+                        def mscale(scale, coefficient=1.0):
+                            return 1.0 if scale <= 1 else 0.1 * coefficient * math.log(scale) + 1.0
+
+                        attention_factor = scaling.get("attention_factor")
+                        if attention_factor is None:
+                            if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+                                attention_factor = mscale(factor, scaling["mscale"]) / mscale(factor, scaling["mscale_all_dim"])
+                            else:
+                                attention_factor = mscale(factor)
+                        self.attention_scaling = float(attention_factor)
+
+                        def correction_dim(rotations):
+                            return (self.head_dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(self.rope_theta))
+
+                        low = correction_dim(scaling.get("beta_fast") or 32)
+                        high = correction_dim(scaling.get("beta_slow") or 1)
+                        if scaling.get("truncate", True):
+                            low, high = math.floor(low), math.ceil(high)
+                        self.yarn_low = max(low, 0)
+                        self.yarn_high = min(high, self.head_dim - 1)
+                        if self.yarn_low == self.yarn_high:
+                            self.yarn_high += 0.001
+
+                    def _compute_inv_freq(self, device):
+                        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device)
+                        inv_freq = 1.0 / (self.rope_theta ** (exponents.to(torch.float32) / self.head_dim))
+                        if self.rope_type == "yarn":
+                            ramp = (torch.arange(self.head_dim // 2, dtype=torch.float32, device=device) - self.yarn_low) / (
+                                self.yarn_high - self.yarn_low
+                            )
+                            extrapolation = 1 - torch.clamp(ramp, 0, 1)
+                            inv_freq = (inv_freq / self.scaling_factor) * (1 - extrapolation) + inv_freq * extrapolation
+                        return inv_freq
+
+                    def forward(self, position_ids, device, dtype):
+                        inv_freq = self._compute_inv_freq(device)
+                        freqs = torch.outer(position_ids.to(torch.float32), inv_freq)
+                        emb = torch.cat((freqs, freqs), dim=-1)
+                        return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
+            ''',
+        ),
+        Example(
+            title="dynamic NTK, computed from the step's positions",
+            params={"variant": "dynamic"},
+            before="""
+                class LlamaRotaryEmbedding(nn.Module):
+                    def __init__(self, config):
+                        scaling = dict(config.rope_scaling or {})
+                        self.rope_type = scaling.get("rope_type") or "default"
+                        if self.rope_type not in ("default",):
+                            raise NotImplementedError(self.rope_type)
+
+                    def _compute_inv_freq(self, device):
+                        inv_freq = 1.0 / (self.rope_theta ** (torch.arange(0, self.head_dim, 2, device=device).float() / self.head_dim))
+                        return inv_freq
+
+                    def forward(self, positions, device, dtype):
+                        inv_freq = self._compute_inv_freq(device)
+                        emb = torch.outer(positions.float(), inv_freq).repeat(1, 2)
+                        return emb.cos().to(dtype), emb.sin().to(dtype)
+            """,
+            after='''
+                class LlamaRotaryEmbedding(nn.Module):
+                    def __init__(self, config):
+                        scaling = dict(config.rope_scaling or {})
+                        self.rope_type = scaling.get("rope_type") or "default"
+                        if self.rope_type not in ("default", "dynamic"):
+                            raise NotImplementedError(self.rope_type)
+                        # <-- MODEL-SPECIFIC: scalars of the RoPE variants (tensors are built in forward)
+                        self.max_position_embeddings = config.max_position_embeddings
+                        self.attention_scaling = 1.0
+
+                    def _compute_inv_freq(self, device):
+                        inv_freq = 1.0 / (self.rope_theta ** (torch.arange(0, self.head_dim, 2, device=device).float() / self.head_dim))
+                        return inv_freq
+
+                    def _dynamic_ntk_inv_freq(self, inv_freq, position_ids):
+                        """Dynamic NTK: beyond max_position_embeddings the base grows with the
+                        sequence length (the step's last position + 1, kept as a tensor)."""
+                        seq_len = position_ids.max().to(torch.float32) + 1
+                        limit = float(self.max_position_embeddings)
+                        factor = self.scaling_factor
+                        base = self.rope_theta * (
+                            (factor * torch.clamp(seq_len, min=limit) / limit) - (factor - 1)
+                        ) ** (self.head_dim / (self.head_dim - 2))
+                        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=inv_freq.device)
+                        scaled = 1.0 / (base ** (exponents.to(torch.float32) / self.head_dim))
+                        return torch.where(seq_len > limit, scaled, inv_freq)
+
+                    def forward(self, positions, device, dtype):
+                        inv_freq = self._compute_inv_freq(device)
+                        if self.rope_type == "dynamic":
+                            inv_freq = self._dynamic_ntk_inv_freq(inv_freq, positions)
+                        emb = torch.outer(positions.float(), inv_freq).repeat(1, 2)
+                        return emb.cos().to(dtype), emb.sin().to(dtype)
+            ''',
+        ),
+        Example(
+            title="no positional embedding on any layer",
+            params={"variant": "none"},
+            before="""
+                class LlamaRotaryEmbedding(nn.Module):
+                    def __init__(self, config):
+                        scaling = dict(config.rope_scaling or {})
+                        self.rope_type = scaling.get("rope_type") or "default"
+                        if self.rope_type not in ("default",):
+                            raise NotImplementedError(self.rope_type)
+
+                    def _compute_inv_freq(self, device):
+                        inv_freq = 1.0 / (self.rope_theta ** (torch.arange(0, self.head_dim, 2, device=device).float() / self.head_dim))
+                        return inv_freq
+            """,
+            after="""
+                class LlamaRotaryEmbedding(nn.Module):
+                    def __init__(self, config):
+                        scaling = dict(config.rope_scaling or {})
+                        self.rope_type = scaling.get("rope_type") or "default"
+                        if self.rope_type not in ("default",):
+                            raise NotImplementedError(self.rope_type)
+
+                    def _compute_inv_freq(self, device):
+                        inv_freq = 1.0 / (self.rope_theta ** (torch.arange(0, self.head_dim, 2, device=device).float() / self.head_dim))
+                        # <-- MODEL-SPECIFIC: no positional embedding: zero frequencies, cos = 1 and sin = 0
+                        inv_freq = torch.zeros_like(inv_freq)
+                        return inv_freq
+            """,
+        ),
+        Example(
+            title="the config field",
+            role="config",
+            path="config.py",
+            params={"variant": "longrope"},
+            before="""
+                @dataclass
+                class LlamaConfig:
+                    max_position_embeddings: int = 131072
+                    torch_dtype: torch.dtype = torch.bfloat16
+            """,
+            after="""
+                @dataclass
+                class LlamaConfig:
+                    max_position_embeddings: int = 131072
+                    # <-- MODEL-SPECIFIC: fields of this architecture's features (sorted by name)
+                    # pretraining context of YaRN / LongRoPE when not in rope_scaling
+                    original_max_position_embeddings: int | None = None
+                    torch_dtype: torch.dtype = torch.bfloat16
+            """,
+        ),
+        Example(
+            title="a rotary embedding without a rope_type guard",
+            params={"variant": "linear"},
+            before="""
+                class LlamaRotaryEmbedding(nn.Module):
+                    def __init__(self, config):
+                        self.inv_freq = None
+
+                    def _compute_inv_freq(self, device):
+                        return inv_freq
+
+                    def forward(self, x):
+                        return x
+            """,
+            raises="rope-scaling: LlamaRotaryEmbedding.__init__ has no `if self.rope_type not in (...)` guard",
+        ),
+    )
+
+    @classmethod
+    def realizes(cls, diff) -> bool:
+        return diff.path in cls.REALIZES and diff.target in ("linear", "dynamic", "yarn", "longrope", "none")
+
+    @classmethod
+    def params_for(cls, diffs, target, port: PortContext) -> RopeScalingParams:
+        return RopeScalingParams(variant=target.rope.type)
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        variant = self.params.variant
+        if ctx.role == "config":
+            if variant not in SCALED:
+                return module
+            return add_config_fields(
+                module,
+                ctx,
+                ID,
+                [(
+                    "original_max_position_embeddings: int | None = None",
+                    "pretraining context of YaRN / LongRoPE when not in rope_scaling",
+                )],
+            )
+        rotary = classes_with_role(module, "rotary")
+        if len(rotary) != 1:
+            raise ctx.precondition(
+                f"{ID}: expected one rotary embedding class (<Prefix>RotaryEmbedding), found {len(rotary)}"
+            )
+        cls = rotary[0]
+        name = cls.name.value
+        init = method(cls, "__init__")
+        compute = method(cls, "_compute_inv_freq")
+        forward = method(cls, "forward")
+        if variant == "none" and compute is not None:
+            return self._no_rope(cls, compute, module, ctx)
+        if init is None or compute is None or forward is None:
+            raise ctx.precondition(
+                f"{ID}: {name} needs __init__, _compute_inv_freq and forward (lazy RoPE; run lazy-rope first)",
+                cls,
+                module,
+            )
+        guard = _guard(init)
+        if guard is None:
+            raise ctx.precondition(
+                f"{ID}: {name}.__init__ has no `if self.rope_type not in (...)` guard", init, module
+            )
+        _, guard_tuple = guard
+        supported = [string_text(e.value) for e in guard_tuple.elements]
+        if variant in supported:
+            return module
+
+        edits: dict = {}
+        # the guard accepts the variant
+        new_tuple = parse_expr(
+            "(" + ", ".join(f'"{s}"' for s in [*supported, variant]) + ")", module
+        )
+        edits[id(guard_tuple)] = lambda updated: updated.with_changes(
+            elements=new_tuple.elements, lpar=updated.lpar, rpar=updated.rpar
+        )
+
+        # __init__: scalars (after the guard and the statements that follow it)
+        config = init.params.params[1].name.value if len(init.params.params) > 1 else "config"
+        scaling_local = _scaling_local(init)
+        init_body = list(statements(init))
+        existing = {pair[0] for s in init_body if (pair := self_assignment(s)) is not None}
+        new_init: list[cst.BaseStatement] = []
+        for attr, code in COMMON_INIT.items():
+            if attr not in existing:
+                new_init.append(parse_statement(code.format(config=config), module))
+        if variant in SETUP:
+            if scaling_local is None:
+                raise ctx.precondition(
+                    f"{ID}: {name}.__init__ keeps no local copy of the scaling dict "
+                    "(scaling = dict(config.rope_scaling or {}))",
+                    init,
+                    module,
+                )
+            new_init += parse_statements(
+                f'if self.rope_type == "{variant}":\n    self._setup_{variant}({config}, {scaling_local})\n',
+                module,
+            )
+        if new_init and not has_comment(init, "scalars of the RoPE variants"):
+            new_init[0] = with_comment(
+                new_init[0], "<-- MODEL-SPECIFIC: scalars of the RoPE variants (tensors are built in forward)"
+            )
+        if new_init:
+            last = init_body[-1]
+            edits[id(last)] = lambda updated, new=new_init: cst.FlattenSentinel([updated, *new])
+
+        # methods
+        new_methods: list[cst.BaseStatement] = []
+        if variant in SETUP:
+            new_methods.append(parse_method(SETUP[variant], module))
+        if new_methods:
+            placed = [m.with_changes(leading_lines=[cst.EmptyLine(indent=False)]) for m in new_methods]
+            edits[id(init)] = lambda updated, placed=placed: cst.FlattenSentinel([updated, *placed])
+
+        # _compute_inv_freq: static variants
+        if variant in COMPUTE_BRANCH:
+            returns = [s for s in statements(compute) if _returns_name(s, "inv_freq")]
+            if not returns:
+                raise ctx.precondition(
+                    f"{ID}: {name}._compute_inv_freq must end with `return inv_freq`", compute, module
+                )
+            branch = parse_statements(COMPUTE_BRANCH[variant].strip("\n"), module)
+            edits[id(returns[-1])] = lambda updated, branch=branch: cst.FlattenSentinel([*branch, updated])
+
+        # forward: length-dependent variants
+        if variant in FORWARD_BRANCH:
+            params = [p.name.value for p in forward.params.params]
+            positions = params[1] if len(params) > 1 else None
+            holder = next(
+                (s for s in statements(forward) if any(
+                    isinstance(n, cst.Call) and dotted(n.func) == "self._compute_inv_freq" for n in walk(s)
+                ) and _assigns(s, "inv_freq")),
+                None,
+            )
+            if holder is None or positions is None:
+                raise ctx.precondition(
+                    f"{ID}: {name}.forward must compute `inv_freq = self._compute_inv_freq(...)` "
+                    "from its position ids",
+                    forward,
+                    module,
+                )
+            branch = parse_statements(FORWARD_BRANCH[variant].format(positions=positions).strip("\n"), module)
+            edits[id(holder)] = lambda updated, branch=branch: cst.FlattenSentinel([updated, *branch])
+            method_stmt = parse_method(FORWARD_METHOD[variant], module).with_changes(
+                leading_lines=[cst.EmptyLine(indent=False)]
+            )
+            edits[id(compute)] = lambda updated, m=method_stmt: cst.FlattenSentinel([updated, m])
+
+        # forward: cos and sin scaled by the attention factor
+        if variant in SCALED:
+            found = 0
+            for node in walk(forward):
+                if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("cos", "sin") and not node.args:
+                    found += 1
+                    edits[id(node)] = lambda updated: parse_expr(
+                        f"({module.code_for_node(updated)} * self.attention_scaling)", module
+                    )
+            if found != 2:
+                raise ctx.precondition(
+                    f"{ID}: {name}.forward must compute cos and sin as <emb>.cos() and <emb>.sin()",
+                    forward,
+                    module,
+                )
+        module = rewrite(module, edits)
+        if variant in SETUP and not any(
+            isinstance(s, cst.SimpleStatementLine) and any(
+                isinstance(i, cst.Import) and any(dotted(a.name) == "math" for a in i.names) for i in s.body
+            )
+            for s in module.body
+        ):
+            module = _ensure_import_math(module)
+        return module
+
+
+    def _no_rope(self, cls, compute, module, ctx) -> cst.Module:
+        returns = [s for s in statements(compute) if _returns_name(s, "inv_freq")]
+        if not returns:
+            raise ctx.precondition(
+                f"{ID}: {cls.name.value}._compute_inv_freq must end with `return inv_freq`", compute, module
+            )
+        if has_comment(compute, "no positional embedding"):
+            return module
+        zero = with_comment(
+            parse_statement("inv_freq = torch.zeros_like(inv_freq)", module),
+            "<-- MODEL-SPECIFIC: no positional embedding: zero frequencies, cos = 1 and sin = 0",
+        )
+        return rewrite(module, {id(returns[-1]): lambda updated: cst.FlattenSentinel([zero, updated])})
+
+
+def _guard(init: cst.FunctionDef) -> tuple[cst.If, cst.Tuple] | None:
+    for stmt in statements(init):
+        if not isinstance(stmt, cst.If) or not isinstance(stmt.test, cst.Comparison):
+            continue
+        test = stmt.test
+        if dotted(test.left) != "self.rope_type" or len(test.comparisons) != 1:
+            continue
+        target = test.comparisons[0]
+        if isinstance(target.operator, cst.NotIn) and isinstance(target.comparator, cst.Tuple):
+            if all(string_text(e.value) is not None for e in target.comparator.elements):
+                return stmt, target.comparator
+    return None
+
+
+def _scaling_local(init: cst.FunctionDef) -> str | None:
+    for stmt in statements(init):
+        if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+            small = stmt.body[0]
+            if (
+                isinstance(small, cst.Assign)
+                and len(small.targets) == 1
+                and isinstance(small.targets[0].target, cst.Name)
+                and any(isinstance(n, cst.Attribute) and n.attr.value in ("rope_scaling", "rope_parameters")
+                        for n in walk(small.value))
+            ):
+                return small.targets[0].target.value
+    return None
+
+
+def _returns_name(stmt: cst.BaseStatement, name: str) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and isinstance(stmt.body[0], cst.Return)
+        and isinstance(stmt.body[0].value, cst.Name)
+        and stmt.body[0].value.value == name
+    )
+
+
+def _assigns(stmt: cst.BaseStatement, name: str) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and isinstance(stmt.body[0], cst.Assign)
+        and len(stmt.body[0].targets) == 1
+        and isinstance(stmt.body[0].targets[0].target, cst.Name)
+        and stmt.body[0].targets[0].target.value == name
+    )
+
+
+def _ensure_import_math(module: cst.Module) -> cst.Module:
+    body = list(module.body)
+    index = 0
+    for i, stmt in enumerate(body):
+        if isinstance(stmt, cst.SimpleStatementLine) and any(
+            isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
+        ):
+            index = i
+            break
+    body.insert(index, parse_statement("import math", module))
+    return module.with_changes(body=body)
+
+
+

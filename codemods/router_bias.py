@@ -1,0 +1,143 @@
+"""router-bias: the MoE router projection gets a learned bias (GPT-OSS)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.cst_helpers import is_none, keyword_arg, parse_expr, parse_statement, rewrite
+
+from . import _moe
+
+BIAS = "router_bias"
+
+
+class RouterBias(Codemod):
+    """Give the MoE router projection a learned bias: ``logits = x W + b``.
+
+    The bias moves both which experts are chosen and their weights (unlike a
+    routing bias, which only moves the choice; see ``routing-bias``). In the
+    experts class (``<Prefix>Experts``, the class that calls ``NF.router``):
+
+    - ``__init__``: ``self.router_bias = nn.Parameter(torch.zeros(E,
+      dtype=torch.float32))`` right after the router weight, with the router
+      weight's expert count; replicated on every rank like the weight;
+    - ``NF.router(..., router_bias=self.router_bias)`` (the op takes ``[E]``);
+    - the fused decode kernel ``NF.moe_block_tkg`` gets
+      ``router_bias=self.router_bias.unsqueeze(0)`` (it takes ``[1, E]``).
+
+    In ``load_weights`` the mapping gains ``...router_bias`` next to the
+    router weight's entry, with the checkpoint key's ``.weight`` replaced by
+    ``.bias``.
+
+    Preconditions: an experts class calling ``NF.router`` with a
+    ``self.router_weight`` (or ``gate_weight``) parameter, and its mapping
+    entry. Parts already present are left as they are.
+    """
+
+    ID = "router-bias"
+    REALIZES = ("moe.router_bias",)
+    EXAMPLES = (
+        Example(
+            title="GPT-OSS-style router bias",
+            before="""
+                class Qwen3MoeExperts(nn.Module):
+                    def __init__(self, config):
+                        self.router_weight = nn.Parameter(torch.empty(self.num_experts, self.hidden_size, dtype=torch.float32))
+
+                    def _route(self, hidden_states):
+                        return NF.router(hidden_states, router_weights=self.router_weight.T, top_k=2, router_bias=None)
+
+                    def _run_moe_block_tkg(self, hidden_states):
+                        return NF.moe_block_tkg(
+                            inp=hidden_states,
+                            router_weights=self.router_weight.T,
+                            top_k=2,
+                        )
+
+
+                class Qwen3MoeForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        for layer_id in range(2):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.mlp.experts.router_weight"] = f"{moe.router}.weight"
+            """,
+            after="""
+                class Qwen3MoeExperts(nn.Module):
+                    def __init__(self, config):
+                        self.router_weight = nn.Parameter(torch.empty(self.num_experts, self.hidden_size, dtype=torch.float32))
+                        self.router_bias = nn.Parameter(torch.zeros(self.num_experts, dtype=torch.float32))
+
+                    def _route(self, hidden_states):
+                        return NF.router(hidden_states, router_weights=self.router_weight.T, top_k=2, router_bias=self.router_bias)
+
+                    def _run_moe_block_tkg(self, hidden_states):
+                        return NF.moe_block_tkg(
+                            inp=hidden_states,
+                            router_weights=self.router_weight.T,
+                            top_k=2,
+                            router_bias=self.router_bias.unsqueeze(0),
+                        )
+
+
+                class Qwen3MoeForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        for layer_id in range(2):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.mlp.experts.router_weight"] = f"{moe.router}.weight"
+                            mappings[f"{prefix}.mlp.experts.router_bias"] = f"{moe.router}.bias"
+            """,
+        ),
+        Example(
+            title="no router weight parameter",
+            before="""
+                class Qwen3MoeExperts(nn.Module):
+                    def _route(self, hidden_states):
+                        return NF.router(hidden_states, router_weights=self.w.T, top_k=2)
+            """,
+            raises="no router weight",
+        ),
+    )
+
+    @classmethod
+    def realizes(cls, diff) -> bool:
+        return diff.path in cls.REALIZES and diff.target is True
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        found = _moe.experts_classes(module)
+        if not found:
+            raise ctx.precondition(
+                "router-bias: no experts class in this file (a <Prefix>Experts class calling NF.router)"
+            )
+        edits: dict = {}
+        router_params: set[str] = set()
+        for survey in found:
+            router = survey.router_param
+            if router is None:
+                raise ctx.precondition(
+                    f"router-bias: {survey.cls.name.value} has no router weight parameter "
+                    "(self.router_weight = nn.Parameter(...) or self.gate_weight)",
+                    survey.cls,
+                    module,
+                )
+            router_params.add(router)
+            if BIAS not in survey.params:
+                statement = survey.params[router]
+                experts = _moe.expert_count(statement)
+                new = parse_statement(
+                    f"self.{BIAS} = nn.Parameter(torch.zeros({experts}, dtype=torch.float32))", module
+                )
+                edits[id(statement)] = lambda updated, new=new: cst.FlattenSentinel([updated, new])
+            value = parse_expr(f"self.{BIAS}", module)
+            arg = keyword_arg(survey.router_call, "router_bias")
+            if arg is None or is_none(arg.value):
+                edits[id(survey.router_call)] = lambda updated, value=value: _moe.set_keyword(
+                    updated, "router_bias", value
+                )
+            two_d = parse_expr(f"self.{BIAS}.unsqueeze(0)", module)
+            for kernel in _moe.calls_named(survey, _moe.DECODE_KERNEL):
+                arg = keyword_arg(kernel, "router_bias")
+                if arg is None or is_none(arg.value):
+                    edits[id(kernel)] = lambda updated, two_d=two_d: _moe.set_keyword(updated, "router_bias", two_d)
+        module = rewrite(module, edits)
+        return _moe.add_router_mapping(module, router_params, BIAS, ".bias", "router-bias", ctx)

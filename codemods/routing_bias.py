@@ -1,0 +1,239 @@
+"""routing-bias: a per-expert bias moves which experts are chosen, not their weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.cst_helpers import (
+    code_of,
+    keyword_arg,
+    parse_expr,
+    parse_statement,
+    parse_statements,
+    rewrite,
+    simple_assign,
+    walk,
+)
+
+from . import _moe
+
+BIAS = "routing_bias"
+FLAG = "fused_decode"
+COMMENT = "# <-- MODEL-SPECIFIC: the routing bias moves which experts are chosen, not their weights"
+
+
+@dataclass(frozen=True)
+class RoutingBiasParams:
+    checkpoint_name: str = field(
+        default="e_score_correction_bias",
+        metadata={"doc": "Name of the bias tensor under the router module in the checkpoint."},
+    )
+
+
+class RoutingBias(Codemod):
+    """Add a per-expert routing bias used for expert selection only (DeepSeek-V3's
+    ``e_score_correction_bias``).
+
+    The experts are chosen by ``scores + bias``; the chosen experts' weights
+    stay the unbiased scores (renormalized when the model's
+    ``norm_topk_prob`` says so), as in Hugging Face's DeepSeek-V3, Dots1 and
+    GLM-4-MoE routers. In the experts class (``<Prefix>Experts``, the class
+    that calls ``NF.router``):
+
+    - ``__init__``: ``self.routing_bias = nn.Parameter(torch.zeros(E,
+      dtype=torch.float32))`` after the router weight (and after a router
+      bias when there is one);
+    - the routing method, which takes the logits back from ``NF.router``
+      (``selected, logits = NF.router(..., return_logits=True)``) and turns
+      them into ``scores``: after the scores statement, the top-k choice is
+      recomputed from ``scores + self.routing_bias`` and rebinds the
+      selection mask (``selected``);
+    - decode: the fused kernel ``NF.moe_block_tkg`` has no selection-only
+      bias, so ``self.fused_decode`` becomes ``False`` and decode runs the
+      routing method and the blockwise expert kernel instead.
+
+    In ``load_weights`` the mapping gains ``...routing_bias`` next to the
+    router's entries: the router module's ``<checkpoint_name>`` tensor
+    (``...mlp.gate.e_score_correction_bias``).
+
+    Preconditions: an experts class calling ``NF.router`` and assigning
+    ``(selection, logits)``, a statement computing scores from the logits, a
+    router weight parameter and its mapping entry, and (when the class calls
+    ``NF.moe_block_tkg``) the ``self.fused_decode`` flag.
+    """
+
+    ID = "routing-bias"
+    REALIZES = ("moe.routing_bias",)
+    Params = RoutingBiasParams
+    EXAMPLES = (
+        Example(
+            title="selection-only bias (DeepSeek-V3 e_score_correction_bias)",
+            before="""
+                class Qwen3MoeExperts(nn.Module):
+                    def __init__(self, config):
+                        self.fused_decode = True
+                        self.router_weight = nn.Parameter(torch.empty(self.num_experts, self.hidden_size, dtype=torch.float32))
+
+                    def _route(self, hidden_states):
+                        selected, router_logits = NF.router(
+                            hidden_states,
+                            router_weights=self.router_weight.T,
+                            top_k=self.num_experts_per_token,
+                            return_logits=True,
+                        )
+                        scores = torch.sigmoid(router_logits)
+                        return torch.where(selected != 0, scores, torch.zeros_like(scores))
+
+                    def _run_moe_block_tkg(self, hidden_states):
+                        return NF.moe_block_tkg(inp=hidden_states, router_weights=self.router_weight.T)
+
+
+                class Qwen3MoeForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        for layer_id in range(2):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.mlp.experts.router_weight"] = f"{moe.router}.weight"
+            """,
+            after="""
+                class Qwen3MoeExperts(nn.Module):
+                    def __init__(self, config):
+                        self.fused_decode = False
+                        self.router_weight = nn.Parameter(torch.empty(self.num_experts, self.hidden_size, dtype=torch.float32))
+                        self.routing_bias = nn.Parameter(torch.zeros(self.num_experts, dtype=torch.float32))
+
+                    def _route(self, hidden_states):
+                        selected, router_logits = NF.router(
+                            hidden_states,
+                            router_weights=self.router_weight.T,
+                            top_k=self.num_experts_per_token,
+                            return_logits=True,
+                        )
+                        scores = torch.sigmoid(router_logits)
+                        # <-- MODEL-SPECIFIC: the routing bias moves which experts are chosen, not their weights
+                        chosen = torch.topk(scores + self.routing_bias, self.num_experts_per_token, dim=-1).indices
+                        selected = torch.zeros_like(scores).scatter(-1, chosen, 1.0)
+                        return torch.where(selected != 0, scores, torch.zeros_like(scores))
+
+                    def _run_moe_block_tkg(self, hidden_states):
+                        return NF.moe_block_tkg(inp=hidden_states, router_weights=self.router_weight.T)
+
+
+                class Qwen3MoeForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        for layer_id in range(2):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.mlp.experts.router_weight"] = f"{moe.router}.weight"
+                            mappings[f"{prefix}.mlp.experts.routing_bias"] = f"{moe.router}.e_score_correction_bias"
+            """,
+        ),
+        Example(
+            title="the router result is not split into selection and logits",
+            before="""
+                class Qwen3MoeExperts(nn.Module):
+                    def __init__(self, config):
+                        self.router_weight = nn.Parameter(torch.empty(4, 8, dtype=torch.float32))
+
+                    def forward(self, x):
+                        return NF.router(x, router_weights=self.router_weight.T, top_k=2)
+            """,
+            raises="takes the router logits back",
+        ),
+    )
+
+    @classmethod
+    def realizes(cls, diff) -> bool:
+        return diff.path in cls.REALIZES and diff.target is True
+
+    @classmethod
+    def check_params(cls, params: RoutingBiasParams) -> list[str]:
+        if not params.checkpoint_name.isidentifier():
+            return [f"checkpoint_name {params.checkpoint_name!r} is not a tensor name"]
+        return []
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        found = _moe.experts_classes(module)
+        if not found:
+            raise ctx.precondition(
+                "routing-bias: no experts class in this file (a <Prefix>Experts class calling NF.router)"
+            )
+        edits: dict = {}
+        router_params: set[str] = set()
+        for survey in found:
+            name = survey.cls.name.value
+            router = survey.router_param
+            if router is None:
+                raise ctx.precondition(
+                    f"routing-bias: {name} has no router weight parameter "
+                    "(self.router_weight = nn.Parameter(...) or self.gate_weight)",
+                    survey.cls,
+                    module,
+                )
+            router_params.add(router)
+            if len(survey.router_targets) != 2 or not survey.score_statements:
+                raise ctx.precondition(
+                    f"routing-bias: {name} must have a routing method that takes the router logits back "
+                    "(selected, logits = NF.router(..., return_logits=True)) and computes scores from "
+                    "them (scores = torch.sigmoid(logits))",
+                    survey.router_call,
+                    module,
+                )
+            if BIAS not in survey.params:
+                anchor = survey.params.get("router_bias") or survey.params[router]
+                experts = _moe.expert_count(survey.params[router])
+                new = parse_statement(
+                    f"self.{BIAS} = nn.Parameter(torch.zeros({experts}, dtype=torch.float32))", module
+                )
+                edits[id(anchor)] = lambda updated, new=new: cst.FlattenSentinel([updated, new])
+            if not _chooses_with_bias(survey):
+                score_stmt = survey.score_statements[-1]
+                scores = code_of(simple_assign(score_stmt)[0])
+                selected = survey.router_targets[0]
+                top_k = keyword_arg(survey.router_call, "top_k")
+                if top_k is None:
+                    raise ctx.precondition(
+                        f"routing-bias: the NF.router call of {name} passes no top_k=", survey.router_call, module
+                    )
+                lines = parse_statements(
+                    f"chosen = torch.topk({scores} + self.{BIAS}, {code_of(top_k.value)}, dim=-1).indices\n"
+                    f"{selected} = torch.zeros_like({scores}).scatter(-1, chosen, 1.0)\n",
+                    module,
+                )
+                lines[0] = lines[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(COMMENT))])
+                edits[id(score_stmt)] = lambda updated, lines=lines: cst.FlattenSentinel([updated, *lines])
+            if _moe.calls_named(survey, _moe.DECODE_KERNEL):
+                flag = survey.assigned.get(FLAG)
+                if flag is None:
+                    raise ctx.precondition(
+                        f"routing-bias: {name} runs the fused decode kernel NF.moe_block_tkg, which cannot "
+                        f"apply a selection-only bias, and has no self.{FLAG} flag to run the routing "
+                        "method in decode instead",
+                        survey.cls,
+                        module,
+                    )
+                _, value = simple_assign(flag)
+                if code_of(value) != "False":
+                    edits[id(value)] = lambda updated: parse_expr("False", module)
+        module = rewrite(module, edits)
+        return _moe.add_router_mapping(
+            module, router_params, BIAS, f".{self.params.checkpoint_name}", "routing-bias", ctx,
+            after=("router_bias",),
+        )
+
+
+def _chooses_with_bias(survey: _moe.ExpertsSurvey) -> bool:
+    """Whether a method other than ``__init__`` already reads ``self.routing_bias``."""
+    for method in survey.methods.values():
+        if method.name.value == "__init__":
+            continue
+        for node in walk(method):
+            if (
+                isinstance(node, cst.Attribute)
+                and node.attr.value == BIAS
+                and isinstance(node.value, cst.Name)
+                and node.value.value == "self"
+            ):
+                return True
+    return False

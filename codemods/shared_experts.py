@@ -1,0 +1,618 @@
+"""shared-experts: an always-on shared expert beside the routed ones, optionally gated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.cst_helpers import (
+    classes_with_role,
+    code_of,
+    dotted,
+    ensure_import_from,
+    insert_many_after,
+    is_call,
+    keyword_arg,
+    parse_expr,
+    parse_statement,
+    parse_statements,
+    replace_string_suffix,
+    rewrite,
+    self_attr,
+    simple_assign,
+    statements,
+    string_text,
+    walk,
+)
+from autoport_cst.transform.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.roles import class_role
+
+from . import _moe
+
+WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"
+WEIGHTS = ("shared_gate_proj_weight", "shared_up_proj_weight", "shared_down_proj_weight")
+GATE = "shared_expert_gate_weight"
+SIZE = "shared_intermediate_size_per_rank"
+METHOD = "_shared_expert"
+NEEDED = ("hidden_size", "dtype", "world_size")
+
+
+@dataclass(frozen=True)
+class SharedExpertsParams:
+    gate: bool = field(
+        default=True,
+        metadata={"doc": "A sigmoid gate (a [1, H] linear) scales the shared expert's output per token."},
+    )
+    checkpoint_name: str = field(
+        default="shared_expert",
+        metadata={"doc": "Name of the shared expert under the MoE block in the checkpoint ('shared_experts' in DeepSeek-style models)."},
+    )
+    intermediate_size_key: str = field(
+        default="shared_expert_intermediate_size",
+        metadata={"doc": "Config field holding the shared expert's intermediate size (used without count_key)."},
+    )
+    count_key: str | None = field(
+        default=None,
+        metadata={"doc": "Config field counting the shared experts (n_shared_experts): their intermediate size is then moe_intermediate_size times that count."},
+    )
+
+
+class SharedExperts(Codemod):
+    """Add an always-on shared expert to the MoE, optionally scaled by a sigmoid gate.
+
+    Qwen2-MoE adds ``sigmoid(x W_g) * shared_expert(x)`` to the routed
+    experts' output; DeepSeek-style models (Dots1, GLM-4-MoE) add
+    ``shared_experts(x)`` without a gate, sized ``n_shared_experts`` times the
+    expert intermediate size. ``x`` is the normalized input of the MoE.
+
+    In the experts class (``<Prefix>Experts``):
+
+    - ``__init__``: the shared expert's SiLU-gated MLP weights
+      ``shared_gate_proj_weight`` / ``shared_up_proj_weight`` ``[H, Is/tp]``
+      and ``shared_down_proj_weight`` ``[Is/tp, H]`` (intermediate sharded
+      over TP, like a dense MLP) after the routed experts' ``down_proj_weight``,
+      and with ``gate`` the replicated ``shared_expert_gate_weight`` ``[H, 1]``;
+    - ``_setup_weight_loaders``: sharding loaders for them (transposed from
+      the checkpoint's ``[out, in]``);
+    - a method ``_shared_expert(hidden_states)``: ``NF.mlp`` over the shared
+      weights, times the sigmoid gate; its output is a partial sum over TP
+      ranks, like the routed experts';
+    - prefill: right after the routed experts' output is computed (the
+      statement calling the blockwise method or ``NF.moe_cte``), the shared
+      expert's output on the same normalized tokens is added, before the
+      reduce-scatter;
+    - decode: before the all-reduce, the shared expert's output on the
+      normalized decode tokens (``self.<norm>(<input>)``, the experts class's
+      own norm) is added.
+
+    In ``load_weights`` the mapping gains the four (or three) entries next to
+    the routed experts' ``down_proj_weight`` entry, from
+    ``<MoE block>.<checkpoint_name>.{gate,up,down}_proj.weight`` and
+    ``<MoE block>.shared_expert_gate.weight``. In config.py the config
+    dataclass gains the intermediate-size (or count) field after
+    ``moe_intermediate_size``.
+
+    Preconditions: an experts class calling ``NF.router`` with
+    ``self.down_proj_weight``, ``self.hidden_size``, ``self.dtype``,
+    ``self.world_size``, a ``_setup_weight_loaders`` method, its own norm
+    module, a ``forward_prefill`` computing the routed output, a
+    ``forward_decode`` with an all-reduce, and the router's mapping entry.
+    """
+
+    ID = "shared-experts"
+    REALIZES = ("moe.shared_experts", "moe.shared_expert_gate")
+    Params = SharedExpertsParams
+    FILES = ("model", "config")
+    EXAMPLES = (
+        Example(
+            title="Qwen2-MoE: one shared expert with a sigmoid gate",
+            params={"gate": True},
+            before='''
+                from vllm_neuron.utils.weight_loader import set_weight_loader
+
+
+                class Qwen3MoeExperts(nn.Module):
+                    def __init__(self, config):
+                        self.dtype = config.torch_dtype
+                        self.hidden_size = config.hidden_size
+                        self.world_size = self.tp_group.world_size
+                        self.post_attention_layernorm = Qwen3MoeRMSNorm(config.hidden_size, config.rms_norm_eps, self.dtype)
+                        self.router_weight = nn.Parameter(torch.empty(self.num_experts, self.hidden_size, dtype=torch.float32))
+                        self.down_proj_weight = nn.Parameter(torch.empty(self.num_experts, self.size, self.hidden_size, dtype=self.dtype))
+
+                    def _setup_weight_loaders(self):
+                        set_weight_loader(self.down_proj_weight, expert_down_loader(self.size))
+
+                    def _route(self, hidden_states):
+                        return NF.router(hidden_states, router_weights=self.router_weight.T, top_k=2)
+
+                    def forward_prefill(self, hidden_states, positions):
+                        hidden_states = self.post_attention_layernorm(hidden_states)
+                        output = self._experts_blockwise(hidden_states, self._route(hidden_states))
+                        if self.world_size > 1:
+                            output = self.tp_group.reduce_scatter(output, dim=0)
+                        return output
+
+                    def forward_decode(self, hidden_states):
+                        output = self._run_moe_block_tkg(hidden_states)
+                        if self.world_size > 1:
+                            output = self.tp_group.all_reduce(output)
+                        return output
+
+
+                class Qwen3MoeForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        for layer_id in range(2):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.mlp.experts.router_weight"] = f"{moe.router}.weight"
+                            mappings[f"{prefix}.mlp.experts.down_proj_weight"] = moe.down
+            ''',
+            after='''
+                from vllm_neuron.utils.weight_loader import set_weight_loader, sharding_weight_loader
+
+
+                class Qwen3MoeExperts(nn.Module):
+                    def __init__(self, config):
+                        self.dtype = config.torch_dtype
+                        self.hidden_size = config.hidden_size
+                        self.world_size = self.tp_group.world_size
+                        self.post_attention_layernorm = Qwen3MoeRMSNorm(config.hidden_size, config.rms_norm_eps, self.dtype)
+                        self.router_weight = nn.Parameter(torch.empty(self.num_experts, self.hidden_size, dtype=torch.float32))
+                        self.down_proj_weight = nn.Parameter(torch.empty(self.num_experts, self.size, self.hidden_size, dtype=self.dtype))
+                        # <-- MODEL-SPECIFIC: always-on shared expert (SiLU-gated MLP), intermediate sharded over TP
+                        self.shared_intermediate_size_per_rank = config.shared_expert_intermediate_size // self.world_size
+                        self.shared_gate_proj_weight = nn.Parameter(
+                            torch.empty(self.hidden_size, self.shared_intermediate_size_per_rank, dtype=self.dtype)
+                        )
+                        self.shared_up_proj_weight = nn.Parameter(
+                            torch.empty(self.hidden_size, self.shared_intermediate_size_per_rank, dtype=self.dtype)
+                        )
+                        self.shared_down_proj_weight = nn.Parameter(
+                            torch.empty(self.shared_intermediate_size_per_rank, self.hidden_size, dtype=self.dtype)
+                        )
+                        # <-- MODEL-SPECIFIC: a sigmoid gate (float32, like the router) scales the shared expert's output per token
+                        self.shared_expert_gate_weight = nn.Parameter(torch.empty(self.hidden_size, 1, dtype=torch.float32))
+
+                    def _setup_weight_loaders(self):
+                        set_weight_loader(self.down_proj_weight, expert_down_loader(self.size))
+                        # >>> PARALLELISM: the shared expert's intermediate dimension is sharded like a dense MLP's <<<
+                        for weight in (self.shared_gate_proj_weight, self.shared_up_proj_weight):
+                            set_weight_loader(
+                                weight,
+                                sharding_weight_loader(
+                                    shard_dim=1,
+                                    shard_size=self.shared_intermediate_size_per_rank,
+                                    num_shards=self.world_size,
+                                    is_storage_transposed=True,
+                                ),
+                            )
+                        set_weight_loader(
+                            self.shared_down_proj_weight,
+                            sharding_weight_loader(
+                                shard_dim=0,
+                                shard_size=self.shared_intermediate_size_per_rank,
+                                num_shards=self.world_size,
+                                is_storage_transposed=True,
+                            ),
+                        )
+                        set_weight_loader(
+                            self.shared_expert_gate_weight,
+                            sharding_weight_loader(shard_dim=1, shard_size=1, num_shards=1, is_storage_transposed=True),
+                        )
+
+                    def _shared_expert(self, hidden_states):
+                        """The always-on shared expert on normalized hidden states [T, H]; partial sums over TP."""
+                        output = NF.mlp(
+                            hidden_states,
+                            self.shared_gate_proj_weight,
+                            self.shared_up_proj_weight,
+                            self.shared_down_proj_weight,
+                        )
+                        gate = torch.sigmoid(hidden_states.to(torch.float32) @ self.shared_expert_gate_weight.to(torch.float32))
+                        output = (output.to(torch.float32) * gate).to(output.dtype)
+                        return output
+
+                    def _route(self, hidden_states):
+                        return NF.router(hidden_states, router_weights=self.router_weight.T, top_k=2)
+
+                    def forward_prefill(self, hidden_states, positions):
+                        hidden_states = self.post_attention_layernorm(hidden_states)
+                        output = self._experts_blockwise(hidden_states, self._route(hidden_states))
+                        output = output + self._shared_expert(hidden_states)
+                        if self.world_size > 1:
+                            output = self.tp_group.reduce_scatter(output, dim=0)
+                        return output
+
+                    def forward_decode(self, hidden_states):
+                        output = self._run_moe_block_tkg(hidden_states)
+                        output = output + self._shared_expert(self.post_attention_layernorm(hidden_states))
+                        if self.world_size > 1:
+                            output = self.tp_group.all_reduce(output)
+                        return output
+
+
+                class Qwen3MoeForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        for layer_id in range(2):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.mlp.experts.router_weight"] = f"{moe.router}.weight"
+                            mappings[f"{prefix}.mlp.experts.down_proj_weight"] = moe.down
+                            mappings[f"{prefix}.mlp.experts.shared_gate_proj_weight"] = f"{moe.module}.shared_expert.gate_proj.weight"
+                            mappings[f"{prefix}.mlp.experts.shared_up_proj_weight"] = f"{moe.module}.shared_expert.up_proj.weight"
+                            mappings[f"{prefix}.mlp.experts.shared_down_proj_weight"] = f"{moe.module}.shared_expert.down_proj.weight"
+                            mappings[f"{prefix}.mlp.experts.shared_expert_gate_weight"] = f"{moe.module}.shared_expert_gate.weight"
+            ''',
+        ),
+        Example(
+            title="the config field (DeepSeek style: a count of shared experts)",
+            role="config",
+            path="config.py",
+            params={"gate": False, "checkpoint_name": "shared_experts", "count_key": "n_shared_experts"},
+            before="""
+                @dataclass
+                class Qwen3MoeConfig:
+                    num_experts: int = 128
+                    moe_intermediate_size: int = 768
+            """,
+            after="""
+                @dataclass
+                class Qwen3MoeConfig:
+                    num_experts: int = 128
+                    moe_intermediate_size: int = 768
+                    # <-- MODEL-SPECIFIC: shared experts (their intermediate size is moe_intermediate_size times this)
+                    n_shared_experts: int | None = None
+            """,
+        ),
+        Example(
+            title="no experts class",
+            before="""
+                class LlamaMLP(nn.Module):
+                    def forward(self, x):
+                        return NF.mlp(x, self.gate_proj_weight, self.up_proj_weight, self.down_proj_weight)
+            """,
+            raises="no experts class",
+        ),
+    )
+
+    @classmethod
+    def realizes(cls, diff) -> bool:
+        if diff.path == "moe.shared_experts":
+            return isinstance(diff.target, int) and diff.target > 0
+        return diff.path == "moe.shared_expert_gate" and diff.target is True
+
+    @classmethod
+    def params_for(cls, diffs, target, port: PortContext) -> SharedExpertsParams:
+        if target.moe.shared_expert_gate:
+            return SharedExpertsParams(gate=True)
+        return SharedExpertsParams(gate=False, checkpoint_name="shared_experts", count_key="n_shared_experts")
+
+    @classmethod
+    def check_params(cls, params: SharedExpertsParams) -> list[str]:
+        problems = []
+        for name in ("checkpoint_name", "intermediate_size_key", "count_key"):
+            value = getattr(params, name)
+            if value is not None and not value.isidentifier():
+                problems.append(f"{name} {value!r} is not an identifier")
+        return problems
+
+    @property
+    def config_field(self) -> str:
+        return self.params.count_key or self.params.intermediate_size_key
+
+    # -- config.py -------------------------------------------------------------
+
+    def _transform_config(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        configs = classes_with_role(module, "config")
+        target = None
+        for cls in configs:
+            for stmt in cls.body.body:
+                if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.AnnAssign):
+                    name = dotted(stmt.body[0].target)
+                    if name == self.config_field:
+                        return module
+                    if name == "moe_intermediate_size":
+                        target = stmt
+        if target is None:
+            raise ctx.precondition(
+                "shared-experts: no config dataclass with a moe_intermediate_size field in this file"
+            )
+        if self.params.count_key:
+            comment = "# <-- MODEL-SPECIFIC: shared experts (their intermediate size is moe_intermediate_size times this)"
+        else:
+            comment = "# <-- MODEL-SPECIFIC: intermediate size of the shared expert"
+        new = parse_statement(f"{self.config_field}: int | None = None", module)
+        new = new.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(comment))])
+        return insert_many_after(module, {id(target): [new]})
+
+    # -- model.py --------------------------------------------------------------
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        if ctx.role == "config":
+            return self._transform_config(module, ctx)
+        found = _moe.experts_classes(module)
+        if not found:
+            raise ctx.precondition(
+                "shared-experts: no experts class in this file (a <Prefix>Experts class calling NF.router)"
+            )
+        edits: dict = {}
+        router_params: set[str] = set()
+        added = False
+        for survey in found:
+            router = survey.router_param
+            if router is None:
+                raise self._missing(ctx, survey, "a router weight parameter (self.router_weight)", module)
+            router_params.add(router)
+            added |= self._edit_class(survey, edits, module, ctx)
+        module = rewrite(module, edits)
+        if added:
+            module = ensure_import_from(module, WEIGHT_LOADERS, "sharding_weight_loader")
+        return self._add_mappings(module, router_params, ctx)
+
+    def _missing(self, ctx, survey, what, module):
+        return ctx.precondition(
+            f"shared-experts: {survey.cls.name.value} has no {what}", survey.cls, module
+        )
+
+    def _edit_class(self, survey, edits, module, ctx) -> bool:
+        gate = self.params.gate
+        for attr in ("down_proj_weight",):
+            if attr not in survey.params:
+                raise self._missing(ctx, survey, f"self.{attr} = nn.Parameter(...)", module)
+        for attr in NEEDED:
+            if attr not in survey.assigned:
+                raise self._missing(ctx, survey, f"self.{attr} attribute", module)
+        init = survey.methods.get("__init__")
+        loaders = survey.methods.get("_setup_weight_loaders")
+        prefill = survey.methods.get("forward_prefill")
+        decode = survey.methods.get("forward_decode")
+        for name, method in (
+            ("__init__", init), ("_setup_weight_loaders", loaders),
+            ("forward_prefill", prefill), ("forward_decode", decode),
+        ):
+            if method is None:
+                raise self._missing(ctx, survey, f"{name} method", module)
+        norm = _norm_attribute(survey)
+        if norm is None:
+            raise self._missing(ctx, survey, "norm module of its own (self.<norm> = <Prefix>RMSNorm(...))", module)
+        config = _moe.method_parameter(init, 0) or "config"
+        has_weights = all(w in survey.params for w in WEIGHTS)
+        has_gate = GATE in survey.params
+        if has_weights and (has_gate or not gate):
+            return False
+
+        # __init__: the parameters after the routed experts' down weight
+        new_init: list[cst.BaseStatement] = []
+        if not has_weights:
+            if self.params.count_key:
+                size = f"({config}.moe_intermediate_size * {config}.{self.params.count_key})"
+            else:
+                size = f"{config}.{self.params.intermediate_size_key}"
+            lines = parse_statements(
+                f"self.{SIZE} = {size} // self.world_size\n"
+                f"self.{WEIGHTS[0]} = nn.Parameter(\n"
+                f"    torch.empty(self.hidden_size, self.{SIZE}, dtype=self.dtype)\n)\n"
+                f"self.{WEIGHTS[1]} = nn.Parameter(\n"
+                f"    torch.empty(self.hidden_size, self.{SIZE}, dtype=self.dtype)\n)\n"
+                f"self.{WEIGHTS[2]} = nn.Parameter(\n"
+                f"    torch.empty(self.{SIZE}, self.hidden_size, dtype=self.dtype)\n)\n",
+                module,
+            )
+            lines[0] = _with_comment(
+                lines[0], "# <-- MODEL-SPECIFIC: always-on shared expert (SiLU-gated MLP), intermediate sharded over TP"
+            )
+            new_init += lines
+        if gate and not has_gate:
+            line = parse_statement(
+                f"self.{GATE} = nn.Parameter(torch.empty(self.hidden_size, 1, dtype=torch.float32))", module
+            )
+            new_init.append(
+                _with_comment(line, "# <-- MODEL-SPECIFIC: a sigmoid gate (float32, like the router) scales the shared expert's output per token")
+            )
+        anchor = _last_param_statement(init, WEIGHTS) if has_weights else survey.params["down_proj_weight"]
+        edits[id(anchor)] = lambda updated, new=new_init: cst.FlattenSentinel([updated, *new])
+
+        # loaders
+        loader_lines: list[cst.BaseStatement] = []
+        if not has_weights:
+            loader_lines += parse_statements(
+                f"for weight in (self.{WEIGHTS[0]}, self.{WEIGHTS[1]}):\n"
+                "    set_weight_loader(\n"
+                "        weight,\n"
+                "        sharding_weight_loader(\n"
+                "            shard_dim=1,\n"
+                f"            shard_size=self.{SIZE},\n"
+                "            num_shards=self.world_size,\n"
+                "            is_storage_transposed=True,\n"
+                "        ),\n"
+                "    )\n"
+                "set_weight_loader(\n"
+                f"    self.{WEIGHTS[2]},\n"
+                "    sharding_weight_loader(\n"
+                "        shard_dim=0,\n"
+                f"        shard_size=self.{SIZE},\n"
+                "        num_shards=self.world_size,\n"
+                "        is_storage_transposed=True,\n"
+                "    ),\n"
+                ")\n",
+                module,
+            )
+            loader_lines[0] = _with_comment(
+                loader_lines[0],
+                "# >>> PARALLELISM: the shared expert's intermediate dimension is sharded like a dense MLP's <<<",
+            )
+        if gate and not has_gate:
+            loader_lines += parse_statements(
+                "set_weight_loader(\n"
+                f"    self.{GATE},\n"
+                "    sharding_weight_loader(shard_dim=1, shard_size=1, num_shards=1, is_storage_transposed=True),\n"
+                ")\n",
+                module,
+            )
+        last_loader = statements(loaders)[-1]
+        edits[id(last_loader)] = lambda updated, new=loader_lines: cst.FlattenSentinel([updated, *new])
+
+        # the method computing the shared expert
+        method = _shared_method(gate, module)
+        existing = survey.methods.get(METHOD)
+        if existing is not None:
+            edits[id(existing)] = lambda updated, method=method: method
+        else:
+            edits[id(loaders)] = lambda updated, method=method: cst.FlattenSentinel([updated, method])
+        if not has_weights:
+            self._edit_forward(prefill, decode, norm, edits, module, ctx, survey)
+        return True
+
+    def _edit_forward(self, prefill, decode, norm, edits, module, ctx, survey) -> None:
+        # prefill: after the statement that computes the routed output
+        routed = None
+        for stmt in _body_statements(prefill):
+            pair = simple_assign(stmt)
+            if pair is None or not isinstance(pair[0], cst.Name) or not isinstance(pair[1], cst.Call):
+                continue
+            call = pair[1]
+            if is_call(call, _moe.BLOCKWISE_KERNEL):
+                arg = keyword_arg(call, "hidden_states")
+                routed = (stmt, pair[0].value, arg.value if arg else None)
+            elif self_attr(call.func) is not None and self_attr(call.func).startswith("_experts") and call.args:
+                routed = (stmt, pair[0].value, call.args[0].value)
+        if routed is None or routed[2] is None:
+            raise ctx.precondition(
+                f"shared-experts: forward_prefill of {survey.cls.name.value} has no statement computing the "
+                "routed output (output = self._experts_blockwise(hidden, ...) or output = NF.moe_cte(hidden_states=...))",
+                prefill,
+                module,
+            )
+        stmt, out, hidden = routed
+        add = parse_statement(f"{out} = {out} + self.{METHOD}({code_of(hidden)})", module)
+        edits[id(stmt)] = lambda updated, add=add: cst.FlattenSentinel([updated, add])
+        # decode: before the all-reduce
+        reduce = None
+        for stmt in _body_statements(decode):
+            calls = [n for n in walk(stmt) if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
+                     and n.func.attr.value == "all_reduce" and n.args]
+            if calls:
+                reduce = (stmt, calls[0].args[0].value)
+                break
+        inp = _moe.method_parameter(decode, 0)
+        if reduce is None or inp is None or not isinstance(reduce[1], cst.Name):
+            raise ctx.precondition(
+                f"shared-experts: forward_decode of {survey.cls.name.value} has no all-reduce of its output "
+                "(output = self.tp_group.all_reduce(output))",
+                decode,
+                module,
+            )
+        stmt, value = reduce
+        out = value.value
+        add = parse_statement(f"{out} = {out} + self.{METHOD}(self.{norm}({inp}))", module)
+        edits[id(stmt)] = lambda updated, add=add: cst.FlattenSentinel([add, updated])
+
+    # -- load_weights ----------------------------------------------------------
+
+    def _add_mappings(self, module, router_params, ctx):
+        entries = mapping_entries(module)
+        keys = {e.key for e in entries}
+        routers = [e for e in entries if any(e.key.endswith(f".{p}") for p in router_params)]
+        if not routers:
+            raise ctx.precondition(
+                f"shared-experts: load_weights has no mappings[...{' / '.join(sorted(router_params))}] entry"
+            )
+        name = self.params.checkpoint_name
+        wanted = [(WEIGHTS[0], f"{name}.gate_proj.weight"), (WEIGHTS[1], f"{name}.up_proj.weight"),
+                  (WEIGHTS[2], f"{name}.down_proj.weight")]
+        if self.params.gate:
+            wanted.append((GATE, "shared_expert_gate.weight"))
+        additions: dict[int, list] = {}
+        for entry in routers:
+            param = next(p for p in router_params if entry.key.endswith(f".{p}"))
+            base = entry.key[: -len(param)]
+            block = _block_key(entry.value, module)
+            if block is None:
+                raise ctx.precondition(
+                    f"shared-experts: cannot derive the MoE block's checkpoint key from the mapping of "
+                    f"{entry.key} (expected f\"{{keys.router}}.weight\" or a key ending in .gate.weight / "
+                    ".router.weight)",
+                    entry.statement,
+                    module,
+                )
+            anchor = next((e for e in entries if e.key == base + "down_proj_weight"), entry)
+            for attr, suffix in wanted:
+                if base + attr in keys:
+                    continue
+                key = replace_string_suffix(entry.key_node, param, attr)
+                value = parse_expr(block(suffix), module)
+                additions.setdefault(id(anchor.statement), []).append(entry_statement(entry, key, value))
+        return insert_many_after(module, additions)
+
+
+def _with_comment(stmt: cst.BaseStatement, comment: str) -> cst.BaseStatement:
+    return stmt.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(comment))])
+
+
+def _body_statements(func: cst.FunctionDef) -> list[cst.BaseStatement]:
+    return list(statements(func))
+
+
+def _last_param_statement(init: cst.FunctionDef, attrs) -> cst.CSTNode:
+    last = None
+    for node in walk(init):
+        if isinstance(node, cst.SimpleStatementLine):
+            pair = simple_assign(node)
+            if pair is not None and self_attr(pair[0]) in attrs:
+                last = node
+    return last
+
+
+def _norm_attribute(survey: _moe.ExpertsSurvey) -> str | None:
+    for attr, stmt in survey.assigned.items():
+        _, value = simple_assign(stmt)
+        if isinstance(value, cst.Call) and class_role(dotted(value.func) or "") == "norm":
+            return attr
+    return None
+
+
+def _block_key(value: cst.BaseExpression, module: cst.Module):
+    """A function suffix -> f-string source of ``<MoE block>.<suffix>``, from
+    the router weight's checkpoint key."""
+    text = string_text(value)
+    if text is None:
+        return None
+    if isinstance(value, cst.FormattedString) and len(value.parts) == 2:
+        head, tail = value.parts
+        if (
+            isinstance(head, cst.FormattedStringExpression)
+            and isinstance(head.expression, cst.Attribute)
+            and head.expression.attr.value == "router"
+            and isinstance(tail, cst.FormattedStringText)
+            and tail.value == ".weight"
+        ):
+            owner = code_of(head.expression.value)
+            return lambda suffix: f'f"{{{owner}.module}}.{suffix}"'
+    for router in (".gate.weight", ".router.weight"):
+        if text.endswith(router):
+            prefix = "f" if isinstance(value, cst.FormattedString) else ""
+            body = text[: -len(router)]
+            return lambda suffix, body=body, prefix=prefix: f'{prefix}"{body}.{suffix}"'
+    return None
+
+
+def _shared_method(gate: bool, module: cst.Module) -> cst.FunctionDef:
+    lines = [
+        f"def {METHOD}(self, hidden_states):",
+        '    """The always-on shared expert on normalized hidden states [T, H]; partial sums over TP."""',
+        "    output = NF.mlp(",
+        "        hidden_states,",
+        f"        self.{WEIGHTS[0]},",
+        f"        self.{WEIGHTS[1]},",
+        f"        self.{WEIGHTS[2]},",
+        "    )",
+    ]
+    if gate:
+        lines += [
+            f"    gate = torch.sigmoid(hidden_states.to(torch.float32) @ self.{GATE}.to(torch.float32))",
+            "    output = (output.to(torch.float32) * gate).to(output.dtype)",
+        ]
+    lines.append("    return output")
+    method = parse_statement("\n".join(lines) + "\n", module)
+    return method.with_changes(leading_lines=[cst.EmptyLine(indent=False)])

@@ -1,0 +1,497 @@
+"""sliding-window: sliding-window attention on every layer or on the layers the config marks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import libcst as cst
+
+from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.cst_helpers import (
+    code_of,
+    dotted,
+    find_self_assignment,
+    is_none,
+    keyword_arg,
+    parse_expr,
+    parse_statement,
+    parse_statements,
+    rewrite,
+    statements,
+    walk,
+)
+
+from ._attention_common import (
+    UNFUSED_PREFILL_CALL,
+    add_config_fields,
+    add_functions,
+    attention_classes,
+    calls_in,
+    place_setting,
+    require_method,
+    set_keyword,
+    statement_containing,
+    with_comment,
+)
+
+ID = "sliding-window"
+
+LAYER_FUNCTION = '''
+def _layer_sliding_window(config, layer_idx: int) -> int | None:
+    """The attention window of one layer in tokens, or None for full attention.
+
+    ``config.layer_types`` marks each layer "sliding_attention" or
+    "full_attention"; {fallback_doc}
+    """
+    if config.sliding_window is None or not config.use_sliding_window:
+        return None
+    if config.layer_types is not None:
+        if config.layer_types[layer_idx] == "sliding_attention":
+            return config.sliding_window
+        return None
+{fallback_code}
+'''
+
+FALLBACKS = {
+    "none": (
+        "a config without it does not say which layers slide.",
+        '    raise ValueError("the config sets sliding_window but no layer_types")',
+    ),
+    "max_window_layers": (
+        "without it, the layers from ``max_window_layers`` on slide.",
+        "    if layer_idx >= config.max_window_layers:\n"
+        "        return config.sliding_window\n"
+        "    return None",
+    ),
+    "even_layers": (
+        "without it, the even-numbered layers slide.",
+        "    if layer_idx % 2 == 0:\n        return config.sliding_window\n    return None",
+    ),
+}
+
+CONFIG_FIELDS = [
+    ("sliding_window: int | None = None", "attention window in tokens (None: full attention)"),
+    ("use_sliding_window: bool = True", ""),
+]
+PER_LAYER_FIELDS = [("layer_types: list[str] | None = None", "")]
+MAX_WINDOW_FIELD = [("max_window_layers: int | None = None", "")]
+
+START_POS = """
+start_pos = None
+if self.sliding_window is not None:
+    start_pos = torch.clamp({positions} - (self.sliding_window - 1), min=0)
+"""
+
+
+@dataclass(frozen=True)
+class SlidingWindowParams:
+    layers: Literal["all", "per_layer"] = field(
+        default="all",
+        metadata={"doc": "Every layer slides (Mistral), or the layers the config's layer_types marks."},
+    )
+    without_layer_types: Literal["none", "max_window_layers", "even_layers"] = field(
+        default="none",
+        metadata={
+            "doc": "per_layer: which layers slide when the config has no layer_types "
+            "(none: refuse; max_window_layers: Qwen2; even_layers: Gemma 2, GPT-OSS)."
+        },
+    )
+
+
+class SlidingWindow(Codemod):
+    """Sliding-window attention on every layer or on the layers the config marks.
+
+    A query at position p sees the keys at positions p - window + 1 .. p
+    (transformers' mask keeps ``kv > q - window``, for Mistral, Qwen2/3,
+    Gemma 2/3 and Cohere 2 alike).
+
+    Model file, attention class (``<Prefix>Attention``):
+
+    - ``__init__``: ``self.sliding_window``, the layer's window or None. With
+      ``layers="all"`` it is ``config.sliding_window`` on every layer; with
+      ``"per_layer"`` it comes from ``_layer_sliding_window(config,
+      layer_idx)`` (added to the module), which reads ``config.layer_types``
+      and, per ``without_layer_types``, falls back to ``max_window_layers`` or
+      to the even layers. ``use_sliding_window=False`` (Qwen2) turns it off.
+    - prefill: ``NF.flash_attention(..., sliding_window=self.sliding_window)``.
+    - decode: ``start_pos = clamp(pos_ids - (window - 1), min=0)`` passed to
+      ``NF.gen_attention_decode_mask`` (None for full-attention layers), so
+      prior slots before the window are masked.
+
+    ``get_kv_spec``: each ``LayerSpec`` gets ``sliding_window_size`` from its
+    layer's attention. Config file: the dataclass gains ``sliding_window``,
+    ``use_sliding_window`` and, per layer, ``layer_types`` (and
+    ``max_window_layers`` for that fallback).
+
+    Preconditions: an attention class with ``__init__(self, config,
+    layer_idx)``, one ``NF.flash_attention`` call in ``forward_prefill``, one
+    ``NF.gen_attention_decode_mask`` call (with ``pos_ids=``) in
+    ``forward_decode``, and ``LayerSpec(...)`` in the KV-cache spec. A runner
+    that trims block tables for windowed layers (``swa_kv_pos_offset``) is
+    not handled: the decode mask assumes slot ``s`` holds position ``s``.
+    """
+
+    ID = ID
+    REALIZES = ("attention.sliding_window",)
+    Params = SlidingWindowParams
+    FILES = ("model", "config")
+    EXAMPLES = (
+        Example(
+            title="every layer slides (Mistral)",
+            params={"layers": "all"},
+            before="""
+                class LlamaAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
+                        self.scaling = self.head_dim**-0.5
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward_prefill(self, q, k, v):
+                        return NF.flash_attention(q, k, v, scale=self.scaling, tp_q=False, tp_out=True)
+
+                    def forward_decode(self, x, positions, meta):
+                        tokens = x.shape[0]
+                        mask = NF.gen_attention_decode_mask(
+                            pos_ids=positions.view(1, tokens).to(torch.float32),
+                            bs=1,
+                            start_pos=None,
+                        )
+                        return NF.attention_decode(X=x, attention_mask=mask)
+
+
+                class LlamaForCausalLM(nn.Module):
+                    def get_kv_spec(self):
+                        layers = [
+                            LayerSpec(
+                                name=layer.self_attn.layer_name,
+                                num_kv_heads=layer.self_attn.num_key_value_heads_per_rank,
+                                sliding_window_size=None,
+                            )
+                            for layer in self.model.layers
+                        ]
+                        return KVSpec(layers=layers)
+            """,
+            after="""
+                class LlamaAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
+                        self.scaling = self.head_dim**-0.5
+                        # <-- MODEL-SPECIFIC: sliding-window attention (window in tokens, None: full attention)
+                        self.sliding_window = config.sliding_window if config.use_sliding_window else None
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward_prefill(self, q, k, v):
+                        return NF.flash_attention(q, k, v, scale=self.scaling, sliding_window=self.sliding_window, tp_q=False, tp_out=True)
+
+                    def forward_decode(self, x, positions, meta):
+                        tokens = x.shape[0]
+                        # <-- MODEL-SPECIFIC: sliding window: mask prior positions before p - window + 1
+                        start_pos = None
+                        if self.sliding_window is not None:
+                            start_pos = torch.clamp(positions.view(1, tokens).to(torch.float32) - (self.sliding_window - 1), min=0)
+                        mask = NF.gen_attention_decode_mask(
+                            pos_ids=positions.view(1, tokens).to(torch.float32),
+                            bs=1,
+                            start_pos=start_pos,
+                        )
+                        return NF.attention_decode(X=x, attention_mask=mask)
+
+
+                class LlamaForCausalLM(nn.Module):
+                    def get_kv_spec(self):
+                        layers = [
+                            LayerSpec(
+                                name=layer.self_attn.layer_name,
+                                num_kv_heads=layer.self_attn.num_key_value_heads_per_rank,
+                                sliding_window_size=layer.self_attn.sliding_window,
+                            )
+                            for layer in self.model.layers
+                        ]
+                        return KVSpec(layers=layers)
+            """,
+        ),
+        Example(
+            title="the layers marked in layer_types slide; Qwen2 configs without them use max_window_layers",
+            params={"layers": "per_layer", "without_layer_types": "max_window_layers"},
+            before="""
+                def _is_prefill(attn_metadata):
+                    return attn_metadata is not None
+
+
+                class Qwen2Attention(nn.Module):
+                    def __init__(self, cfg, index):
+                        self.scaling = self.head_dim**-0.5
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward_prefill(self, q, k, v):
+                        return NF.flash_attention(q, k, v, scale=self.scaling)
+
+                    def forward_decode(self, x, positions):
+                        mask = NF.gen_attention_decode_mask(pos_ids=positions, bs=1)
+                        return NF.attention_decode(X=x, attention_mask=mask)
+
+                    def get_kv_spec(self):
+                        return LayerSpec(name=self.layer_name, num_kv_heads=1)
+            """,
+            after='''
+                def _is_prefill(attn_metadata):
+                    return attn_metadata is not None
+
+
+                def _layer_sliding_window(config, layer_idx: int) -> int | None:
+                    """The attention window of one layer in tokens, or None for full attention.
+
+                    ``config.layer_types`` marks each layer "sliding_attention" or
+                    "full_attention"; without it, the layers from ``max_window_layers`` on slide.
+                    """
+                    if config.sliding_window is None or not config.use_sliding_window:
+                        return None
+                    if config.layer_types is not None:
+                        if config.layer_types[layer_idx] == "sliding_attention":
+                            return config.sliding_window
+                        return None
+                    if layer_idx >= config.max_window_layers:
+                        return config.sliding_window
+                    return None
+
+
+                class Qwen2Attention(nn.Module):
+                    def __init__(self, cfg, index):
+                        self.scaling = self.head_dim**-0.5
+                        # <-- MODEL-SPECIFIC: sliding-window attention (window in tokens, None: full attention)
+                        self.sliding_window = _layer_sliding_window(cfg, index)
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward_prefill(self, q, k, v):
+                        return NF.flash_attention(q, k, v, scale=self.scaling, sliding_window=self.sliding_window)
+
+                    def forward_decode(self, x, positions):
+                        # <-- MODEL-SPECIFIC: sliding window: mask prior positions before p - window + 1
+                        start_pos = None
+                        if self.sliding_window is not None:
+                            start_pos = torch.clamp(positions - (self.sliding_window - 1), min=0)
+                        mask = NF.gen_attention_decode_mask(pos_ids=positions, bs=1, start_pos=start_pos)
+                        return NF.attention_decode(X=x, attention_mask=mask)
+
+                    def get_kv_spec(self):
+                        return LayerSpec(name=self.layer_name, num_kv_heads=1, sliding_window_size=self.sliding_window)
+            ''',
+        ),
+        Example(
+            title="the config fields",
+            role="config",
+            path="config.py",
+            params={"layers": "per_layer"},
+            before="""
+                @dataclass
+                class LlamaConfig:
+                    hidden_size: int = 4096
+                    rope_scaling: dict[str, Any] | None = None
+                    tie_word_embeddings: bool = False
+                    torch_dtype: torch.dtype = torch.bfloat16
+            """,
+            after="""
+                @dataclass
+                class LlamaConfig:
+                    hidden_size: int = 4096
+                    rope_scaling: dict[str, Any] | None = None
+                    tie_word_embeddings: bool = False
+                    # <-- MODEL-SPECIFIC: fields of this architecture's features (sorted by name)
+                    layer_types: list[str] | None = None
+                    # attention window in tokens (None: full attention)
+                    sliding_window: int | None = None
+                    use_sliding_window: bool = True
+                    torch_dtype: torch.dtype = torch.bfloat16
+            """,
+        ),
+        Example(
+            title="a decode path without the mask op",
+            params={"layers": "all"},
+            before="""
+                class LlamaAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward_prefill(self, q, k, v):
+                        return NF.flash_attention(q, k, v)
+
+                    def forward_decode(self, x):
+                        return NF.attention_decode(X=x)
+            """,
+            raises="no NF.gen_attention_decode_mask(...) call in LlamaAttention.forward_decode",
+        ),
+    )
+
+    @classmethod
+    def realizes(cls, diff) -> bool:
+        return diff.path in cls.REALIZES and diff.target != "none"
+
+    @classmethod
+    def params_for(cls, diffs, target, port: PortContext) -> SlidingWindowParams:
+        layers = target.attention.sliding_window
+        return SlidingWindowParams(layers="per_layer" if layers == "per_layer" else "all")
+
+    # -- files -----------------------------------------------------------------------
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        if ctx.role == "config":
+            fields = list(CONFIG_FIELDS)
+            if self.params.layers == "per_layer":
+                fields += PER_LAYER_FIELDS
+                if self.params.without_layer_types == "max_window_layers":
+                    fields += MAX_WINDOW_FIELD
+            return add_config_fields(module, ctx, ID, fields)
+        edits: dict = {}
+        for cls in attention_classes(module, ctx, ID):
+            self._attention_edits(cls, module, ctx, edits)
+        self._kv_spec_edits(module, ctx, edits)
+        module = rewrite(module, edits)
+        if self.params.layers == "all":
+            module = _drop_unused_layer_rule(module)
+        if self.params.layers == "per_layer":
+            doc, code = FALLBACKS[self.params.without_layer_types]
+            module = add_functions(
+                module, [LAYER_FUNCTION.format(fallback_doc=doc, fallback_code=code)], replace=True
+            )
+        return module
+
+    def _attention_edits(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext, edits: dict) -> None:
+        name = cls.name.value
+        init = require_method(cls, "__init__", ctx, module, ID)
+        prefill = require_method(cls, "forward_prefill", ctx, module, ID)
+        decode = require_method(cls, "forward_decode", ctx, module, ID)
+        params = [p.name.value for p in init.params.params]
+        if len(params) < 3:
+            raise ctx.precondition(
+                f"{ID}: {name}.__init__ must take (self, config, layer_idx)", init, module
+            )
+        config, layer_idx = params[1], params[2]
+
+        # __init__: the layer's window
+        if self.params.layers == "all":
+            value = f"{config}.sliding_window if {config}.use_sliding_window else None"
+        else:
+            value = f"_layer_sliding_window({config}, {layer_idx})"
+        stmt = with_comment(
+            parse_statement(f"self.sliding_window = {value}", module),
+            "<-- MODEL-SPECIFIC: sliding-window attention (window in tokens, None: full attention)",
+        )
+        existing = find_self_assignment(init, "sliding_window")
+        if existing is not None:
+            # another rule already set: take this one (a reference may slide per layer)
+            current = code_of(existing.body[0].value)
+            if current != value:
+                edits[id(existing)] = lambda updated, stmt=stmt: stmt.with_changes(
+                    leading_lines=updated.leading_lines
+                )
+        else:
+            if not place_setting(init, "sliding_window", stmt, edits):
+                body = list(statements(init))
+                start = 1 if body and _is_super_call(body[0]) else 0
+                if start >= len(body):
+                    raise ctx.precondition(f"{ID}: {name}.__init__ has no statements", init, module)
+                edits[id(body[start])] = lambda updated, stmt=stmt: cst.FlattenSentinel([stmt, updated])
+
+        # prefill: the flash attention kernel masks the window
+        flash = calls_in(prefill, "NF.flash_attention") + calls_in(prefill, UNFUSED_PREFILL_CALL)
+        if not flash:
+            raise ctx.precondition(
+                f"{ID}: no NF.flash_attention(...) call in {name}.forward_prefill", prefill, module
+            )
+        window = parse_expr("self.sliding_window", module)
+        for call in flash:
+            edits[id(call)] = lambda updated: set_keyword(updated, "sliding_window", window, after=("scale",))
+
+        # decode: the mask starts at p - window + 1
+        masks = calls_in(decode, "NF.gen_attention_decode_mask")
+        if len(masks) != 1:
+            raise ctx.precondition(
+                f"{ID}: no NF.gen_attention_decode_mask(...) call in {name}.forward_decode"
+                if not masks
+                else f"{ID}: {len(masks)} NF.gen_attention_decode_mask(...) calls in {name}.forward_decode",
+                decode,
+                module,
+            )
+        mask = masks[0]
+        current = keyword_arg(mask, "start_pos")
+        if current is not None and dotted(current.value) == "start_pos":
+            return
+        if current is not None and not is_none(current.value):
+            raise ctx.precondition(
+                f"{ID}: {name}.forward_decode already passes start_pos={code_of(current.value)}",
+                mask,
+                module,
+            )
+        positions = keyword_arg(mask, "pos_ids")
+        if positions is None:
+            raise ctx.precondition(
+                f"{ID}: NF.gen_attention_decode_mask in {name}.forward_decode has no pos_ids= argument",
+                mask,
+                module,
+            )
+        holder = statement_containing(decode, mask)
+        if holder is None:
+            raise ctx.precondition(f"{ID}: cannot place the window start in {name}.forward_decode", mask, module)
+        code = START_POS.format(positions=code_of(positions.value)).strip("\n")
+        new_statements = parse_statements(code, module)
+        new_statements[0] = with_comment(
+            new_statements[0],
+            "<-- MODEL-SPECIFIC: sliding window: mask prior positions before p - window + 1",
+        )
+        start = parse_expr("start_pos", module)
+        edits[id(mask)] = lambda updated: set_keyword(updated, "start_pos", start)
+        lines = holder.leading_lines
+
+        def place(updated, new_statements=new_statements, lines=lines):
+            first = new_statements[0]
+            moved = first.with_changes(leading_lines=[*lines, *first.leading_lines])
+            return cst.FlattenSentinel([moved, *new_statements[1:], updated.with_changes(leading_lines=[])])
+
+        edits[id(holder)] = place
+
+    def _kv_spec_edits(self, module: cst.Module, ctx: FileContext, edits: dict) -> None:
+        specs = [n for n in walk(module) if isinstance(n, cst.Call) and dotted(n.func) == "LayerSpec"]
+        if not specs:
+            raise ctx.precondition(f"{ID}: no LayerSpec(...) in the KV-cache spec of this file")
+        for call in specs:
+            current = keyword_arg(call, "sliding_window_size")
+            if current is not None and not is_none(current.value):
+                continue
+            base = None
+            for key in ("name", "num_kv_heads", "head_size"):
+                arg = keyword_arg(call, key)
+                text = dotted(arg.value) if arg is not None else None
+                if text and "." in text:
+                    base = text.rsplit(".", 1)[0]
+                    break
+            if base is None:
+                raise ctx.precondition(
+                    f"{ID}: cannot tell which attention module a LayerSpec(...) describes "
+                    "(expected name=<attention>.layer_name)",
+                    call,
+                    module,
+                )
+            value = parse_expr(f"{base}.sliding_window", module)
+            edits[id(call)] = lambda updated, value=value: set_keyword(updated, "sliding_window_size", value)
+
+
+def _is_super_call(stmt: cst.BaseStatement) -> bool:
+    return "super()" in code_of(stmt) if isinstance(stmt, cst.SimpleStatementLine) else False
+
+
+
+def _drop_unused_layer_rule(module: cst.Module) -> cst.Module:
+    """A per-layer rule left by a reference that slid per layer, now unused."""
+    rule = next(
+        (s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == "_layer_sliding_window"),
+        None,
+    )
+    if rule is None:
+        return module
+    for stmt in module.body:
+        if stmt is rule:
+            continue
+        if any(isinstance(n, cst.Name) and n.value == "_layer_sliding_window" for n in walk(stmt)):
+            return module
+    return module.with_changes(body=[s for s in module.body if s is not rule])

@@ -1,0 +1,96 @@
+"""Model-file variants the attention and RoPE codemods are property-tested on.
+
+The generic sources of ``tests/codemods/model_sources.py`` have no RoPE call,
+decode mask or KV-cache spec, so these codemods refuse them. The variants
+here are real reference model files (``llama3``, ``qwen3``, ``smollm3``)
+transformed by other codemods first: another class prefix, Q/K/V and O
+biases, LayerNorm instead of RMSNorm. Each variant is built once and cached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from hypothesis import strategies as st
+
+from autoport_cst.transform.base import Codemod, PortContext, run_on_source
+from autoport_cst.transform.library import get_codemod
+
+ROOT = Path(__file__).resolve().parents[2]
+BASES = {"llama3": "Llama", "qwen3": "Qwen3", "smollm3": "SmolLM3"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    base: str = "llama3"
+    prefix: str | None = None  # None: keep the base's
+    bias: str = "none"  # none | qkv | qkv_o
+    layernorm: bool = False
+
+    @property
+    def class_prefix(self) -> str:
+        return self.prefix or BASES[self.base]
+
+
+def apply(codemod_id: str, params: dict, source: str) -> str:
+    cls = get_codemod(codemod_id)
+    codemod: Codemod = cls(cls.parse_params(params))
+    return run_on_source(codemod, source, "model.py", "model", PortContext())[0]
+
+
+@cache
+def variant_source(variant: Variant) -> str:
+    source = (ROOT / "reference_models" / variant.base / "model.py").read_text(encoding="utf-8")
+    if variant.prefix:
+        source = apply("rename-classes", {"old_prefix": BASES[variant.base], "new_prefix": variant.prefix}, source)
+    if variant.bias != "none":
+        source = apply("add-qkv-bias", {"qkv": True, "o": variant.bias == "qkv_o"}, source)
+    if variant.layernorm:
+        source = apply("swap-norm", {"kind": "layernorm", "bias": True, "eps_key": "layer_norm_eps"}, source)
+    return source
+
+
+variants = st.builds(
+    Variant,
+    base=st.sampled_from(sorted(BASES)),
+    prefix=st.sampled_from([None, "Foo", "Qwen9"]),
+    bias=st.sampled_from(["none", "qkv", "qkv_o"]),
+    layernorm=st.booleans(),
+).filter(
+    # swap-norm refuses a base whose decode kernel fuses the (RMS) q/k norms
+    lambda v: not (v.layernorm and v.base == "qwen3")
+)
+
+# parameters of each codemod
+PARAMS = {
+    "sliding-window": st.builds(
+        lambda layers, fallback: {"layers": layers, "without_layer_types": fallback},
+        st.sampled_from(["all", "per_layer"]),
+        st.sampled_from(["none", "max_window_layers", "even_layers"]),
+    ),
+    "qk-norm": st.sampled_from([{"kind": "per_head"}, {"kind": "full_width"}]),
+    "nope-layers": st.just({}),
+    "rope-scaling": st.sampled_from([{"variant": v} for v in ("linear", "dynamic", "yarn", "longrope", "none")]),
+    "partial-rotary": st.just({}),
+    "interleaved-rope": st.just({}),
+    "attention-scale": st.sampled_from([
+        {"config_key": "attention_multiplier"},
+        {"config_key": "query_pre_attn_scalar", "form": "inverse_sqrt"},
+    ]),
+    "attention-softcap": st.just({}),
+    "attention-sinks": st.just({}),
+}
+
+DEFAULT_PARAMS = {
+    "sliding-window": {"layers": "per_layer"},
+    "qk-norm": {"kind": "per_head"},
+    "nope-layers": {},
+    "rope-scaling": {"variant": "yarn"},
+    "partial-rotary": {},
+    "interleaved-rope": {},
+    "attention-scale": {},
+    "attention-softcap": {},
+    "attention-sinks": {},
+}

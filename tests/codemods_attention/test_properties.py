@@ -1,0 +1,133 @@
+"""Properties of the attention and RoPE codemods on real model files
+(``model_variants``): each one transforms its target or refuses it with a
+precondition error that names the codemod and the file; its output compiles
+and is a fixed point; and codemods with no ordering constraint between them
+commute, byte for byte.
+
+The fast run checks every independent pair once on the llama3 file and a few
+random variants per property; ``--run-slow`` explores many more variants.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import libcst as cst
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autoport_cst.errors import PreconditionError
+from autoport_cst.transform.library import get_codemod
+
+from .model_variants import (
+    DEFAULT_PARAMS,
+    PARAMS,
+    Variant,
+    apply,
+    variant_source,
+    variants,
+)
+
+FAST = settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+THOROUGH = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+IDS = sorted(PARAMS)
+
+
+def checked(output: str) -> str:
+    cst.parse_module(output)
+    compile(output, "model.py", "exec")
+    return output
+
+
+def transformed_or_refused(codemod_id: str, params: dict, source: str) -> str | None:
+    try:
+        output = checked(apply(codemod_id, params, source))
+    except PreconditionError as error:
+        assert error.position is not None and error.position.path == "model.py"
+        assert str(error).startswith("model.py") and codemod_id in str(error)
+        return None
+    assert output != source or _already_there(codemod_id, source)
+    return output
+
+
+def _already_there(codemod_id: str, source: str) -> bool:
+    """The qwen3 and smollm3 references already have some of these features."""
+    markers = {
+        "qk-norm": "self.q_norm",
+        "sliding-window": "self.sliding_window",
+        "nope-layers": "self.use_rope",
+        "rope-scaling": '"yarn"',
+    }
+    return markers.get(codemod_id, "\0") in source
+
+
+def _idempotent(codemod_id: str, params: dict, source: str) -> None:
+    once = transformed_or_refused(codemod_id, params, source)
+    if once is not None:
+        assert apply(codemod_id, params, once) == once
+
+
+@pytest.mark.parametrize("codemod_id", IDS)
+@FAST
+@given(data=st.data(), variant=variants)
+def test_idempotent_and_compiles(codemod_id, data, variant):
+    _idempotent(codemod_id, data.draw(PARAMS[codemod_id]), variant_source(variant))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("codemod_id", IDS)
+@THOROUGH
+@given(data=st.data(), variant=variants)
+def test_idempotent_and_compiles_thoroughly(codemod_id, data, variant):
+    _idempotent(codemod_id, data.draw(PARAMS[codemod_id]), variant_source(variant))
+
+
+def _independent_pairs():
+    for a, b in itertools.combinations(IDS, 2):
+        if a not in get_codemod(b).AFTER and b not in get_codemod(a).AFTER:
+            yield a, b
+
+
+def _commute(first: str, p1: dict, second: str, p2: dict, source: str) -> None:
+    try:
+        ab = apply(second, p2, apply(first, p1, source))
+        ba = apply(first, p1, apply(second, p2, source))
+    except PreconditionError:
+        return
+    assert ab == ba
+
+
+@pytest.mark.parametrize("first, second", list(_independent_pairs()))
+def test_independent_codemods_commute_on_llama3(first, second):
+    _commute(first, DEFAULT_PARAMS[first], second, DEFAULT_PARAMS[second], variant_source(Variant()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first, second", list(_independent_pairs()))
+@THOROUGH
+@given(data=st.data(), variant=variants)
+def test_independent_codemods_commute(first, second, data, variant):
+    _commute(first, data.draw(PARAMS[first]), second, data.draw(PARAMS[second]), variant_source(variant))
+
+
+def test_the_ordered_pairs_are_declared():
+    pairs = set(_independent_pairs())
+    assert ("partial-rotary", "rope-scaling") not in pairs
+    assert ("attention-softcap", "qk-norm") not in pairs
+    assert ("interleaved-rope", "partial-rotary") in pairs
+
+
+def test_all_codemods_compose_on_llama3():
+    """Every codemod, applied one after the other (in an order their AFTER
+    constraints allow), gives a file that compiles, where each is a fixed point."""
+    order = [
+        "rope-scaling", "qk-norm", "sliding-window", "nope-layers", "attention-scale",
+        "attention-sinks", "attention-softcap", "interleaved-rope", "partial-rotary",
+    ]
+    source = variant_source(Variant())
+    params = dict(DEFAULT_PARAMS, **{"qk-norm": {"kind": "full_width"}})
+    for codemod_id in order:
+        source = checked(apply(codemod_id, params[codemod_id], source))
+    for codemod_id in order:
+        assert apply(codemod_id, params[codemod_id], source) == source, codemod_id

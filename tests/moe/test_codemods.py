@@ -1,0 +1,119 @@
+"""Properties of the mixture-of-experts codemods on sources in the shape of
+the qwen3_moe reference: idempotent, compiling output, independent of the
+order they run in (with each other and with the codemods a MoE port also
+uses), and the edits each one promises."""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autoport_cst.errors import PreconditionError
+from autoport_cst.transform.base import PortContext, run_on_source
+from autoport_cst.transform.library import get_codemod
+
+from .moe_sources import moe_sources, reduced_source
+
+MOE_PARAMS = {
+    "router-activation": st.sampled_from([{"activation": "sigmoid"}, {"activation": "softmax"}]),
+    "router-bias": st.just({}),
+    "routing-bias": st.just({}),
+    "shared-experts": st.sampled_from(
+        [{"gate": True}, {"gate": False, "checkpoint_name": "shared_experts", "count_key": "n_shared_experts"}]
+    ),
+    "remove-qk-norm": st.just({}),
+}
+OTHERS = {
+    "add-qkv-bias": st.just({"qkv": True}),
+    "float32-router": st.just({}),
+}
+FEW = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def apply(codemod_id: str, params: dict, source: str) -> str:
+    cls = get_codemod(codemod_id)
+    output, _ = run_on_source(cls(cls.parse_params(params)), source, "model.py", "model", PortContext())
+    compile(output, "model.py", "exec")
+    return output
+
+
+@pytest.mark.parametrize("codemod_id", sorted(MOE_PARAMS))
+@FEW
+@given(data=st.data(), generated=moe_sources())
+def test_idempotent_and_compiles(codemod_id, data, generated):
+    _, source = generated
+    params = data.draw(MOE_PARAMS[codemod_id])
+    once = apply(codemod_id, params, source)
+    assert once != source or codemod_id == "router-activation" and params["activation"] == "softmax"
+    assert apply(codemod_id, params, once) == once
+
+
+@FEW
+@given(data=st.data(), generated=moe_sources())
+def test_every_order_gives_the_same_port(data, generated):
+    _, source = generated
+    ids = data.draw(
+        st.lists(st.sampled_from(sorted(MOE_PARAMS) + sorted(OTHERS)), min_size=2, max_size=4, unique=True)
+    )
+    params = {i: data.draw({**MOE_PARAMS, **OTHERS}[i]) for i in ids}
+    order = data.draw(st.permutations(ids))
+
+    def run(sequence):
+        text = source
+        for codemod_id in sequence:
+            text = apply(codemod_id, params[codemod_id], text)
+        return text
+
+    assert run(ids) == run(order)
+
+
+def test_reference_edits():
+    """What each codemod promises, on the reference's own experts class."""
+    source = reduced_source()
+    sigmoid = apply("router-activation", {"activation": "sigmoid"}, source)
+    assert 'activation="sigmoid"' in sigmoid and "scores = torch.sigmoid(router_logits)" in sigmoid
+    assert "router_act_fn=RouterActFnType.SIGMOID" in sigmoid
+
+    bias = apply("router-bias", {}, source)
+    assert "router_bias=self.router_bias," in bias and "router_bias=self.router_bias.unsqueeze(0)" in bias
+    assert 'mappings[f"{prefix}.mlp.experts.router_bias"] = f"{moe.router}.bias"' in bias
+
+    routing = apply("routing-bias", {}, source)
+    assert "self.fused_decode = False" in routing
+    assert "torch.topk(scores + self.routing_bias, self.num_experts_per_token, dim=-1).indices" in routing
+    assert 'f"{moe.router}.e_score_correction_bias"' in routing
+
+    shared = apply("shared-experts", {"gate": True}, source)
+    assert "output = output + self._shared_expert(hidden_states)" in shared
+    assert "output = output + self._shared_expert(self.post_attention_layernorm(hidden_states))" in shared
+    assert 'f"{moe.module}.shared_expert_gate.weight"' in shared
+
+    plain = apply("remove-qk-norm", {}, source)
+    assert "q_norm" not in plain and "k_norm" not in plain
+    assert "rmsnorm_QK_pre_rope_enabled=False" in plain
+
+
+def test_routing_bias_needs_the_logits():
+    source = reduced_source().replace("selected, router_logits = NF.router(", "selected = NF.router(")
+    with pytest.raises(PreconditionError, match="takes the router logits back"):
+        apply("routing-bias", {}, source)
+
+
+def test_shared_experts_names_what_is_missing():
+    source = reduced_source().replace("self.tp_group.all_reduce(output)", "output")
+    with pytest.raises(PreconditionError, match="forward_decode of .*Experts has no all-reduce"):
+        apply("shared-experts", {"gate": True}, source)
+
+
+def test_config_gains_the_shared_expert_field():
+    from .conftest import QWEN3_MOE
+
+    cls = get_codemod("shared-experts")
+    config = (QWEN3_MOE / "config.py").read_text(encoding="utf-8")
+    output, _ = run_on_source(
+        cls(cls.parse_params({"gate": True})), config, "config.py", "config", PortContext()
+    )
+    cst.parse_module(output)
+    assert "    shared_expert_intermediate_size: int | None = None\n" in output
