@@ -9,20 +9,17 @@ from typing import Literal
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.attention import attention_classes
+from autoport_cst.transform.config_fields import add_config_fields
 from autoport_cst.transform.cst_helpers import (
     code_of,
     find_self_assignment,
     parse_expr,
     rewrite,
     self_assignment,
-)
-
-from ._attention_common import (
-    add_config_fields,
-    attention_classes,
-    require_method,
     with_comment,
 )
+from autoport_cst.transform.layers import require_method
 
 ID = "attention-scale"
 COMMENT = "<-- MODEL-SPECIFIC: attention score scale from the config (not head_dim ** -0.5)"

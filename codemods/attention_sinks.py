@@ -5,6 +5,14 @@ from __future__ import annotations
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
+from autoport_cst.transform.arguments import set_keyword
+from autoport_cst.transform.attention import (
+    UNFUSED_DECODE_CALL,
+    UNFUSED_PREFILL_CALL,
+    attention_classes,
+    calls_in,
+    self_parameters,
+)
 from autoport_cst.transform.cst_helpers import (
     dotted,
     ensure_import_from,
@@ -16,20 +24,10 @@ from autoport_cst.transform.cst_helpers import (
     self_assignment,
     statements,
     walk,
-)
-from autoport_cst.transform.mappings import entry_statement, mapping_entries
-
-from ._attention_common import (
-    UNFUSED_DECODE_CALL,
-    UNFUSED_PREFILL_CALL,
-    attention_classes,
-    calls_in,
-    is_parameter,
-    require_method,
-    self_parameters,
-    set_keyword,
     with_comment,
 )
+from autoport_cst.transform.layers import is_parameter, require_method
+from autoport_cst.transform.mappings import entry_statement, mapping_entries
 
 ID = "attention-sinks"
 WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"

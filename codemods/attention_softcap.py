@@ -8,29 +8,28 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.arguments import set_keyword
+from autoport_cst.transform.attention import (
+    DECODE_UNFUSED,
+    PREFILL_UNFUSED,
+    UNFUSED_DECODE_CALL,
+    UNFUSED_PREFILL_CALL,
+    add_functions,
+    attention_classes,
+    calls_in,
+    place_setting,
+    to_unfused_decode,
+    to_unfused_prefill,
+)
+from autoport_cst.transform.config_fields import add_config_fields
 from autoport_cst.transform.cst_helpers import (
     find_self_assignment,
     parse_expr,
     parse_statement,
     rewrite,
-)
-
-from ._attention_common import (
-    DECODE_UNFUSED,
-    PREFILL_UNFUSED,
-    UNFUSED_DECODE_CALL,
-    UNFUSED_PREFILL_CALL,
-    add_config_fields,
-    add_functions,
-    attention_classes,
-    calls_in,
-    place_setting,
-    require_method,
-    set_keyword,
-    to_unfused_decode,
-    to_unfused_prefill,
     with_comment,
 )
+from autoport_cst.transform.layers import require_method
 
 ID = "attention-softcap"
 

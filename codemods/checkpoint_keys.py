@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from autoport_cst.codemods._layers import kwarg_code, loader_sites, loop_attrs, strings_of
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.cst_helpers import (
     classes,
@@ -19,6 +18,12 @@ from autoport_cst.transform.cst_helpers import (
     simple_assign,
     string_text,
     walk,
+)
+from autoport_cst.transform.layers import (
+    kwarg_code,
+    loader_sites,
+    loop_attrs,
+    strings_of,
 )
 from autoport_cst.transform.mappings import mapping_entries
 

@@ -6,9 +6,21 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from autoport_cst.codemods._layers import config_scalar_edit, init_reads_config, one_class, require_method
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.cst_helpers import parse_statement, positional_args, rewrite, self_attr, statements, walk
+from autoport_cst.transform.cst_helpers import (
+    parse_statement,
+    positional_args,
+    rewrite,
+    self_attr,
+    statements,
+    walk,
+)
+from autoport_cst.transform.layers import (
+    config_scalar_edit,
+    init_reads_config,
+    one_class,
+    require_method,
+)
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,15 @@ from typing import Literal
 
 import libcst as cst
 
-from autoport_cst.codemods._layers import one_class, require_method, self_assignments, with_keyword
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.cst_helpers import dotted, parse_expr, parse_statement, rewrite
+from autoport_cst.transform.arguments import set_keyword
+from autoport_cst.transform.cst_helpers import (
+    dotted,
+    parse_expr,
+    parse_statement,
+    rewrite,
+)
+from autoport_cst.transform.layers import one_class, require_method, self_assignments
 from autoport_cst.transform.roles import class_role
 
 SCALED = "ScaledVocabEmbedding"
@@ -138,7 +144,7 @@ class EmbeddingScale(Codemod):
         call = embeddings[0]
         edits: dict = {}
         if dotted(call.func) != SCALED:
-            edits[id(call)] = lambda updated: with_keyword(
+            edits[id(call)] = lambda updated: set_keyword(
                 updated.with_changes(func=cst.Name(SCALED)),
                 "embed_scale",
                 parse_expr("config.hidden_size**0.5", module),

@@ -7,17 +7,8 @@ from typing import Literal
 
 import libcst as cst
 
-from autoport_cst.codemods._layers import (
-    WEIGHT_LOADERS,
-    add_edit,
-    loader_sites,
-    loop_attrs,
-    replace_segment,
-    set_loader_statement,
-    the_mlp,
-    with_keyword,
-)
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.cst_helpers import (
     classes_with_role,
     code_of,
@@ -28,6 +19,15 @@ from autoport_cst.transform.cst_helpers import (
     parse_statement,
     rewrite,
     string_text,
+)
+from autoport_cst.transform.layers import (
+    WEIGHT_LOADERS,
+    add_edit,
+    loader_sites,
+    loop_attrs,
+    replace_segment,
+    set_loader_statement,
+    the_mlp,
 )
 from autoport_cst.transform.mappings import mapping_entries
 
@@ -301,8 +301,8 @@ class FusedCheckpoint(Codemod):
                 kept[-1] = kept[-1].with_changes(comma=updated.args[-1].comma)
             call = updated.with_changes(func=cst.Name(QKV_SPLIT), args=kept)
             if per_head:
-                call = with_keyword(call, "per_head", parse_expr("True", module))
-                call = with_keyword(call, "head_dim", parse_expr("self.head_dim", module))
+                call = set_keyword(call, "per_head", parse_expr("True", module))
+                call = set_keyword(call, "head_dim", parse_expr("self.head_dim", module))
             return call
 
         return edit

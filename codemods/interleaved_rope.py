@@ -5,8 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
-
-from ._attention_common import reorder_rope_columns
+from autoport_cst.transform.attention import reorder_rope_columns
 
 ID = "interleaved-rope"
 

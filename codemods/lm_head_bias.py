@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoport_cst.codemods._layers import one_class, require_method, self_assignments
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
 from autoport_cst.transform.cst_helpers import (
     code_of,
@@ -15,6 +14,7 @@ from autoport_cst.transform.cst_helpers import (
     rewrite,
     walk,
 )
+from autoport_cst.transform.layers import one_class, require_method, self_assignments
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
 
 

@@ -6,9 +6,19 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from autoport_cst.codemods._layers import config_scalar_edit, init_reads_config, logits_site
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.cst_helpers import is_call, parse_statement, rewrite, self_attr, walk
+from autoport_cst.transform.cst_helpers import (
+    is_call,
+    parse_statement,
+    rewrite,
+    self_attr,
+    walk,
+)
+from autoport_cst.transform.layers import (
+    config_scalar_edit,
+    init_reads_config,
+    logits_site,
+)
 
 
 @dataclass(frozen=True)
@@ -82,8 +92,10 @@ class LogitSoftcap(Codemod):
                 @dataclass
                 class LlamaConfig:
                     hidden_size: int = 4096
-                    final_logit_softcapping: float | None = None  # <-- MODEL-SPECIFIC: logits softcapped at this value
                     neuron_config: NeuronConfig | None = None
+                    # <-- MODEL-SPECIFIC: fields of this architecture's features (sorted by name)
+                    # logits softcapped at this value
+                    final_logit_softcapping: float | None = None
             """,
         ),
         Example(

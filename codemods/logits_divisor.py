@@ -6,9 +6,13 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from autoport_cst.codemods._layers import config_scalar_edit, init_reads_config, logits_site
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.cst_helpers import parse_statement, rewrite, self_attr, walk
+from autoport_cst.transform.layers import (
+    config_scalar_edit,
+    init_reads_config,
+    logits_site,
+)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from typing import Literal
 
 import libcst as cst
 
-from autoport_cst.codemods._layers import ACT_TYPES, MLP_KEYWORDS, TORCH_MLP, the_mlp, with_keyword
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.cst_helpers import (
     dotted,
     ensure_import_from,
@@ -18,6 +18,7 @@ from autoport_cst.transform.cst_helpers import (
     rewrite,
     walk,
 )
+from autoport_cst.transform.layers import ACT_TYPES, MLP_KEYWORDS, TORCH_MLP, the_mlp
 
 # spec activation -> NF.mlp kernel activation (nkilib ActFnType member)
 KERNEL = {"silu": "SiLU", "gelu": "GELU", "gelu_tanh": "GELU_Tanh_Approx"}
@@ -200,7 +201,7 @@ class MlpActivation(Codemod):
             def edit(updated: cst.Call) -> cst.Call:
                 if is_torch:
                     updated = updated.with_changes(func=parse_expr("NF.mlp", module))
-                return with_keyword(updated, "act_fn", value, MLP_KEYWORDS)
+                return set_keyword(updated, "act_fn", value, order=MLP_KEYWORDS)
 
             edits[id(call)] = edit
             module = rewrite(module, edits)
@@ -221,8 +222,8 @@ class MlpActivation(Codemod):
         if dotted(call.func) == TORCH_MLP and current is not None and isinstance(current.value, cst.SimpleString) \
                 and current.value.evaluated_value == activation:
             return module
-        edits[id(call)] = lambda updated: with_keyword(
-            updated.with_changes(func=cst.Name(TORCH_MLP)), "act_fn", value, MLP_KEYWORDS
+        edits[id(call)] = lambda updated: set_keyword(
+            updated.with_changes(func=cst.Name(TORCH_MLP)), "act_fn", value, order=MLP_KEYWORDS
         )
         module = rewrite(module, edits)
         if not any(isinstance(s, cst.FunctionDef) and s.name.value == TORCH_MLP for s in module.body):

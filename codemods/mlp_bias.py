@@ -4,18 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoport_cst.codemods._layers import (
-    MLP_KEYWORDS,
-    WEIGHT_LOADERS,
-    bias_parameter,
-    kwarg_code,
-    loader_sites,
-    map_value_strings,
-    parameters,
-    the_mlp,
-    with_keyword,
-)
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
+from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.cst_helpers import (
     dotted,
     ensure_import_from,
@@ -24,6 +14,16 @@ from autoport_cst.transform.cst_helpers import (
     parse_statement,
     replace_string_suffix,
     rewrite,
+)
+from autoport_cst.transform.layers import (
+    MLP_KEYWORDS,
+    WEIGHT_LOADERS,
+    bias_parameter,
+    kwarg_code,
+    loader_sites,
+    map_value_strings,
+    parameters,
+    the_mlp,
 )
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
 
@@ -216,7 +216,7 @@ class MlpBias(Codemod):
             for keyword, bias in arguments:
                 arg = keyword_arg(updated, keyword)
                 if arg is None or dotted(arg.value) == "None":
-                    updated = with_keyword(updated, keyword, parse_expr(f"self.{bias}.unsqueeze(0)", module), MLP_KEYWORDS)
+                    updated = set_keyword(updated, keyword, parse_expr(f"self.{bias}.unsqueeze(0)", module), order=MLP_KEYWORDS)
             return updated
 
         edits[id(parsed.call)] = edit_call

@@ -7,18 +7,8 @@ from typing import Literal
 
 import libcst as cst
 
-from autoport_cst.codemods._layers import (
-    MLP_KEYWORDS,
-    add_edit,
-    removal_edits,
-    loader_sites,
-    loop_attrs,
-    parameters,
-    set_loader_statement,
-    the_mlp,
-    with_keyword,
-)
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext, locate
+from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.cst_helpers import (
     code_of,
     keyword_arg,
@@ -27,6 +17,16 @@ from autoport_cst.transform.cst_helpers import (
     rewrite,
     self_attr,
     walk,
+)
+from autoport_cst.transform.layers import (
+    MLP_KEYWORDS,
+    add_edit,
+    loader_sites,
+    loop_attrs,
+    parameters,
+    removal_edits,
+    set_loader_statement,
+    the_mlp,
 )
 from autoport_cst.transform.mappings import mapping_entries
 
@@ -192,7 +192,7 @@ class MlpKind(Codemod):
             args = list(updated.args)
             gate_arg = positional_args(updated)[1]
             args = [a.with_changes(value=up_arg) if a is gate_arg else a for a in args]
-            return with_keyword(updated.with_changes(args=args), "skip_gate", parse_expr("True", module), MLP_KEYWORDS)
+            return set_keyword(updated.with_changes(args=args), "skip_gate", parse_expr("True", module), order=MLP_KEYWORDS)
 
         edits[id(parsed.call)] = edit_call
         for entry in mapping_entries(module):

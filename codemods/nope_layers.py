@@ -5,6 +5,12 @@ from __future__ import annotations
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
+from autoport_cst.transform.attention import (
+    add_functions,
+    attention_classes,
+    place_setting,
+)
+from autoport_cst.transform.config_fields import add_config_fields
 from autoport_cst.transform.cst_helpers import (
     find_self_assignment,
     parse_statement,
@@ -12,16 +18,9 @@ from autoport_cst.transform.cst_helpers import (
     rewrite,
     statements,
     string_text,
-)
-
-from ._attention_common import (
-    add_config_fields,
-    add_functions,
-    attention_classes,
-    place_setting,
-    require_method,
     with_comment,
 )
+from autoport_cst.transform.layers import require_method
 
 ID = "nope-layers"
 

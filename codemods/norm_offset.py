@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoport_cst.codemods._layers import forward_path_functions, instances_of_role, param_ctor
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
 from autoport_cst.transform.cst_helpers import (
     classes_with_role,
@@ -15,6 +14,11 @@ from autoport_cst.transform.cst_helpers import (
     rewrite,
     self_attr,
     walk,
+)
+from autoport_cst.transform.layers import (
+    forward_path_functions,
+    instances_of_role,
+    param_ctor,
 )
 
 

@@ -7,7 +7,9 @@ from typing import Literal
 
 import libcst as cst
 
-from autoport_cst.codemods._layers import (
+from autoport_cst.transform import Codemod, Example, FileContext, PortContext, locate
+from autoport_cst.transform.cst_helpers import parse_statement, rewrite
+from autoport_cst.transform.layers import (
     add_edit,
     assigned_name,
     layer_forward,
@@ -17,8 +19,6 @@ from autoport_cst.codemods._layers import (
     replace_segment,
     self_assignments,
 )
-from autoport_cst.transform import Codemod, Example, FileContext, PortContext, locate
-from autoport_cst.transform.cst_helpers import parse_statement, rewrite
 from autoport_cst.transform.mappings import entry_statement
 
 

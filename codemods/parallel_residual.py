@@ -7,15 +7,6 @@ from typing import Literal
 
 import libcst as cst
 
-from autoport_cst.codemods._layers import (
-    assigned_call,
-    assigned_name,
-    layer_forward,
-    mapping_entries_of_attr,
-    other_uses,
-    removal_edits,
-    self_assignments,
-)
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext, locate
 from autoport_cst.transform.cst_helpers import (
     code_of,
@@ -24,6 +15,15 @@ from autoport_cst.transform.cst_helpers import (
     rewrite,
     simple_assign,
     with_statements,
+)
+from autoport_cst.transform.layers import (
+    assigned_call,
+    assigned_name,
+    layer_forward,
+    mapping_entries_of_attr,
+    other_uses,
+    removal_edits,
+    self_assignments,
 )
 
 

@@ -5,6 +5,13 @@ from __future__ import annotations
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
+from autoport_cst.transform.attention import (
+    PARTIAL_FACTOR_FUNCTION,
+    add_functions,
+    reorder_rope_columns,
+    statement_containing,
+)
+from autoport_cst.transform.config_fields import add_config_fields
 from autoport_cst.transform.cst_helpers import (
     classes_with_role,
     dotted,
@@ -16,14 +23,6 @@ from autoport_cst.transform.cst_helpers import (
     self_attr,
     statements,
     walk,
-)
-
-from ._attention_common import (
-    PARTIAL_FACTOR_FUNCTION,
-    add_config_fields,
-    add_functions,
-    reorder_rope_columns,
-    statement_containing,
     with_comment,
 )
 

@@ -8,6 +8,19 @@ from typing import Literal
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.arguments import set_keyword
+from autoport_cst.transform.attention import (
+    DECODE_UNFUSED,
+    UNFUSED_DECODE_CALL,
+    add_functions,
+    attention_classes,
+    calls_in,
+    eps_attribute,
+    norm_class,
+    parse_method,
+    statement_containing,
+    to_unfused_decode,
+)
 from autoport_cst.transform.cst_helpers import (
     code_of,
     dotted,
@@ -23,24 +36,10 @@ from autoport_cst.transform.cst_helpers import (
     self_assignment,
     statements,
     walk,
-)
-from autoport_cst.transform.mappings import entry_statement, mapping_entries
-
-from ._attention_common import (
-    DECODE_UNFUSED,
-    UNFUSED_DECODE_CALL,
-    add_functions,
-    attention_classes,
-    calls_in,
-    eps_attribute,
-    norm_class,
-    parse_method,
-    require_method,
-    set_keyword,
-    statement_containing,
-    to_unfused_decode,
     with_comment,
 )
+from autoport_cst.transform.layers import require_method
+from autoport_cst.transform.mappings import entry_statement, mapping_entries
 
 ID = "qk-norm"
 ROPE_CALLS = ("apply_rotary_pos_emb",)
@@ -435,7 +434,7 @@ def _rebase(node: cst.BaseExpression, config: str) -> str:
 
 
 def _last_parameter_statement(init: cst.FunctionDef) -> cst.BaseStatement | None:
-    from ._attention_common import is_parameter
+    from autoport_cst.transform.layers import is_parameter
 
     found = None
     for stmt in statements(init):

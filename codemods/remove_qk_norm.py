@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext
+from autoport_cst.transform import moe as moe_edits
 from autoport_cst.transform.cst_helpers import (
     classes_with_role,
     is_call,
@@ -17,8 +18,6 @@ from autoport_cst.transform.cst_helpers import (
     walk,
 )
 from autoport_cst.transform.mappings import mapping_entries
-
-from . import _moe
 
 NORMS = ("q_norm", "k_norm")
 DECODE_NORM_ARGS = (
@@ -220,10 +219,10 @@ def _reads_norm(arg: cst.Arg) -> bool:
 
 def _strip_call(call: cst.Call, false: cst.BaseExpression) -> cst.Call:
     for name in DECODE_NORM_ARGS + PREFILL_NORM_ARGS:
-        call = _moe.remove_keyword(call, name)
+        call = moe_edits.remove_keyword(call, name)
     enabled = keyword_arg(call, "rmsnorm_QK_pre_rope_enabled")
     if enabled is not None:
-        call = _moe.set_keyword(call, "rmsnorm_QK_pre_rope_enabled", false)
+        call = moe_edits.set_keyword(call, "rmsnorm_QK_pre_rope_enabled", false)
     return call
 
 

@@ -5,9 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
+
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.scope_rename import NameRenamer, rename_targets
-from autoport_cst.transform.words import line_col, locate_prose, prose_token_positions, rename_words
+from autoport_cst.transform.words import (
+    line_col,
+    locate_prose,
+    prose_token_positions,
+    rename_words,
+)
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,21 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from autoport_cst.codemods._layers import config_scalar_edit, init_reads_config, one_class, require_method
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.cst_helpers import deep_statements, parse_expr, rewrite, self_attr, simple_assign, walk
+from autoport_cst.transform.cst_helpers import (
+    deep_statements,
+    parse_expr,
+    rewrite,
+    self_attr,
+    simple_assign,
+    walk,
+)
+from autoport_cst.transform.layers import (
+    config_scalar_edit,
+    init_reads_config,
+    one_class,
+    require_method,
+)
 
 
 @dataclass(frozen=True)
@@ -92,7 +104,9 @@ class ResidualMultiplier(Codemod):
                 @dataclass
                 class LlamaConfig:
                     hidden_size: int = 4096
-                    residual_multiplier: float = 1.0  # <-- MODEL-SPECIFIC: sublayer outputs times this before the residual add
+                    # <-- MODEL-SPECIFIC: fields of this architecture's features (sorted by name)
+                    # sublayer outputs times this before the residual add
+                    residual_multiplier: float = 1.0
                     torch_dtype: torch.dtype = torch.bfloat16
             """,
         ),

@@ -8,9 +8,12 @@ from typing import Literal
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.attention import parse_method
+from autoport_cst.transform.config_fields import add_config_fields
 from autoport_cst.transform.cst_helpers import (
     classes_with_role,
     dotted,
+    has_comment,
     method,
     parse_expr,
     parse_statement,
@@ -20,12 +23,6 @@ from autoport_cst.transform.cst_helpers import (
     statements,
     string_text,
     walk,
-)
-
-from ._attention_common import (
-    add_config_fields,
-    has_comment,
-    parse_method,
     with_comment,
 )
 

@@ -8,9 +8,14 @@ from typing import Literal
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.cst_helpers import code_of, keyword_arg, parse_expr, rewrite, simple_assign
-
-from . import _moe
+from autoport_cst.transform import moe as moe_edits
+from autoport_cst.transform.cst_helpers import (
+    code_of,
+    keyword_arg,
+    parse_expr,
+    rewrite,
+    simple_assign,
+)
 
 KERNEL_ENUM = {"softmax": "RouterActFnType.SOFTMAX", "sigmoid": "RouterActFnType.SIGMOID"}
 
@@ -117,7 +122,7 @@ class RouterActivation(Codemod):
         return RouterActivationParams(activation=target.moe.router_activation)
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        found = _moe.experts_classes(module)
+        found = moe_edits.experts_classes(module)
         if not found:
             raise ctx.precondition(
                 "router-activation: no experts class in this file (a <Prefix>Experts class "
@@ -132,7 +137,7 @@ class RouterActivation(Codemod):
             call = survey.router_call
             current = keyword_arg(call, "activation")
             if current is None or code_of(current.value).strip("\"'") != activation:
-                edits[id(call)] = lambda updated: _moe.set_keyword(updated, "activation", string)
+                edits[id(call)] = lambda updated: moe_edits.set_keyword(updated, "activation", string)
             if len(survey.router_targets) == 2:
                 logits = survey.router_targets[1]
                 score = (
@@ -142,8 +147,8 @@ class RouterActivation(Codemod):
                     _, value = simple_assign(stmt)
                     if code_of(value) != score:
                         edits[id(value)] = lambda updated, score=score: parse_expr(score, module)
-            for kernel in _moe.calls_named(survey, _moe.DECODE_KERNEL):
+            for kernel in moe_edits.calls_named(survey, moe_edits.DECODE_KERNEL):
                 arg = keyword_arg(kernel, "router_act_fn")
                 if arg is None or code_of(arg.value) != KERNEL_ENUM[activation]:
-                    edits[id(kernel)] = lambda updated: _moe.set_keyword(updated, "router_act_fn", kernel_enum)
+                    edits[id(kernel)] = lambda updated: moe_edits.set_keyword(updated, "router_act_fn", kernel_enum)
         return rewrite(module, edits)

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.cst_helpers import is_none, keyword_arg, parse_expr, parse_statement, rewrite
-
-from . import _moe
+from autoport_cst.transform import Codemod, Example, FileContext
+from autoport_cst.transform import moe as moe_edits
+from autoport_cst.transform.cst_helpers import (
+    is_none,
+    keyword_arg,
+    parse_expr,
+    parse_statement,
+    rewrite,
+)
 
 BIAS = "router_bias"
 
@@ -104,7 +109,7 @@ class RouterBias(Codemod):
         return diff.path in cls.REALIZES and diff.target is True
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        found = _moe.experts_classes(module)
+        found = moe_edits.experts_classes(module)
         if not found:
             raise ctx.precondition(
                 "router-bias: no experts class in this file (a <Prefix>Experts class calling NF.router)"
@@ -123,7 +128,7 @@ class RouterBias(Codemod):
             router_params.add(router)
             if BIAS not in survey.params:
                 statement = survey.params[router]
-                experts = _moe.expert_count(statement)
+                experts = moe_edits.expert_count(statement)
                 new = parse_statement(
                     f"self.{BIAS} = nn.Parameter(torch.zeros({experts}, dtype=torch.float32))", module
                 )
@@ -131,13 +136,13 @@ class RouterBias(Codemod):
             value = parse_expr(f"self.{BIAS}", module)
             arg = keyword_arg(survey.router_call, "router_bias")
             if arg is None or is_none(arg.value):
-                edits[id(survey.router_call)] = lambda updated, value=value: _moe.set_keyword(
+                edits[id(survey.router_call)] = lambda updated, value=value: moe_edits.set_keyword(
                     updated, "router_bias", value
                 )
             two_d = parse_expr(f"self.{BIAS}.unsqueeze(0)", module)
-            for kernel in _moe.calls_named(survey, _moe.DECODE_KERNEL):
+            for kernel in moe_edits.calls_named(survey, moe_edits.DECODE_KERNEL):
                 arg = keyword_arg(kernel, "router_bias")
                 if arg is None or is_none(arg.value):
-                    edits[id(kernel)] = lambda updated, two_d=two_d: _moe.set_keyword(updated, "router_bias", two_d)
+                    edits[id(kernel)] = lambda updated, two_d=two_d: moe_edits.set_keyword(updated, "router_bias", two_d)
         module = rewrite(module, edits)
-        return _moe.add_router_mapping(module, router_params, BIAS, ".bias", "router-bias", ctx)
+        return moe_edits.add_router_mapping(module, router_params, BIAS, ".bias", "router-bias", ctx)

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform import Codemod, Example, FileContext
+from autoport_cst.transform import moe as moe_edits
 from autoport_cst.transform.cst_helpers import (
     code_of,
     keyword_arg,
@@ -17,8 +18,6 @@ from autoport_cst.transform.cst_helpers import (
     simple_assign,
     walk,
 )
-
-from . import _moe
 
 BIAS = "routing_bias"
 FLAG = "fused_decode"
@@ -154,7 +153,7 @@ class RoutingBias(Codemod):
         return []
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        found = _moe.experts_classes(module)
+        found = moe_edits.experts_classes(module)
         if not found:
             raise ctx.precondition(
                 "routing-bias: no experts class in this file (a <Prefix>Experts class calling NF.router)"
@@ -182,7 +181,7 @@ class RoutingBias(Codemod):
                 )
             if BIAS not in survey.params:
                 anchor = survey.params.get("router_bias") or survey.params[router]
-                experts = _moe.expert_count(survey.params[router])
+                experts = moe_edits.expert_count(survey.params[router])
                 new = parse_statement(
                     f"self.{BIAS} = nn.Parameter(torch.zeros({experts}, dtype=torch.float32))", module
                 )
@@ -203,7 +202,7 @@ class RoutingBias(Codemod):
                 )
                 lines[0] = lines[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(COMMENT))])
                 edits[id(score_stmt)] = lambda updated, lines=lines: cst.FlattenSentinel([updated, *lines])
-            if _moe.calls_named(survey, _moe.DECODE_KERNEL):
+            if moe_edits.calls_named(survey, moe_edits.DECODE_KERNEL):
                 flag = survey.assigned.get(FLAG)
                 if flag is None:
                     raise ctx.precondition(
@@ -217,13 +216,13 @@ class RoutingBias(Codemod):
                 if code_of(value) != "False":
                     edits[id(value)] = lambda updated: parse_expr("False", module)
         module = rewrite(module, edits)
-        return _moe.add_router_mapping(
+        return moe_edits.add_router_mapping(
             module, router_params, BIAS, f".{self.params.checkpoint_name}", "routing-bias", ctx,
             after=("router_bias",),
         )
 
 
-def _chooses_with_bias(survey: _moe.ExpertsSurvey) -> bool:
+def _chooses_with_bias(survey: moe_edits.ExpertsSurvey) -> bool:
     """Whether a method other than ``__init__`` already reads ``self.routing_bias``."""
     for method in survey.methods.values():
         if method.name.value == "__init__":

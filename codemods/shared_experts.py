@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform import moe as moe_edits
 from autoport_cst.transform.cst_helpers import (
     classes_with_role,
     code_of,
@@ -28,8 +29,6 @@ from autoport_cst.transform.cst_helpers import (
 )
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
 from autoport_cst.transform.roles import class_role
-
-from . import _moe
 
 WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"
 WEIGHTS = ("shared_gate_proj_weight", "shared_up_proj_weight", "shared_down_proj_weight")
@@ -331,7 +330,7 @@ class SharedExperts(Codemod):
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         if ctx.role == "config":
             return self._transform_config(module, ctx)
-        found = _moe.experts_classes(module)
+        found = moe_edits.experts_classes(module)
         if not found:
             raise ctx.precondition(
                 "shared-experts: no experts class in this file (a <Prefix>Experts class calling NF.router)"
@@ -376,7 +375,7 @@ class SharedExperts(Codemod):
         norm = _norm_attribute(survey)
         if norm is None:
             raise self._missing(ctx, survey, "norm module of its own (self.<norm> = <Prefix>RMSNorm(...))", module)
-        config = _moe.method_parameter(init, 0) or "config"
+        config = moe_edits.method_parameter(init, 0) or "config"
         has_weights = all(w in survey.params for w in WEIGHTS)
         has_gate = GATE in survey.params
         if has_weights and (has_gate or not gate):
@@ -472,7 +471,7 @@ class SharedExperts(Codemod):
             if pair is None or not isinstance(pair[0], cst.Name) or not isinstance(pair[1], cst.Call):
                 continue
             call = pair[1]
-            if is_call(call, _moe.BLOCKWISE_KERNEL):
+            if is_call(call, moe_edits.BLOCKWISE_KERNEL):
                 arg = keyword_arg(call, "hidden_states")
                 routed = (stmt, pair[0].value, arg.value if arg else None)
             elif self_attr(call.func) is not None and self_attr(call.func).startswith("_experts") and call.args:
@@ -495,7 +494,7 @@ class SharedExperts(Codemod):
             if calls:
                 reduce = (stmt, calls[0].args[0].value)
                 break
-        inp = _moe.method_parameter(decode, 0)
+        inp = moe_edits.method_parameter(decode, 0)
         if reduce is None or inp is None or not isinstance(reduce[1], cst.Name):
             raise ctx.precondition(
                 f"shared-experts: forward_decode of {survey.cls.name.value} has no all-reduce of its output "
@@ -564,7 +563,7 @@ def _last_param_statement(init: cst.FunctionDef, attrs) -> cst.CSTNode:
     return last
 
 
-def _norm_attribute(survey: _moe.ExpertsSurvey) -> str | None:
+def _norm_attribute(survey: moe_edits.ExpertsSurvey) -> str | None:
     for attr, stmt in survey.assigned.items():
         _, value = simple_assign(stmt)
         if isinstance(value, cst.Call) and class_role(dotted(value.func) or "") == "norm":

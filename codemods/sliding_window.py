@@ -8,6 +8,16 @@ from typing import Literal
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.arguments import set_keyword
+from autoport_cst.transform.attention import (
+    UNFUSED_PREFILL_CALL,
+    add_functions,
+    attention_classes,
+    calls_in,
+    place_setting,
+    statement_containing,
+)
+from autoport_cst.transform.config_fields import add_config_fields
 from autoport_cst.transform.cst_helpers import (
     code_of,
     dotted,
@@ -20,20 +30,9 @@ from autoport_cst.transform.cst_helpers import (
     rewrite,
     statements,
     walk,
-)
-
-from ._attention_common import (
-    UNFUSED_PREFILL_CALL,
-    add_config_fields,
-    add_functions,
-    attention_classes,
-    calls_in,
-    place_setting,
-    require_method,
-    set_keyword,
-    statement_containing,
     with_comment,
 )
+from autoport_cst.transform.layers import require_method
 
 ID = "sliding-window"
 

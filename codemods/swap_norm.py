@@ -20,6 +20,7 @@ from autoport_cst.transform.cst_helpers import (
     parse_statements,
     remove_statements,
     replace_method,
+    replace_string_suffix,
     rewrite,
     self_assignment,
     self_attr,
@@ -29,7 +30,6 @@ from autoport_cst.transform.cst_helpers import (
     with_statements,
 )
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
-from autoport_cst.transform.cst_helpers import replace_string_suffix
 from autoport_cst.transform.scope_rename import rename_targets
 
 SUFFIX = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}

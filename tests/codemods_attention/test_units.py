@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from autoport_cst.codemods import _attention_common as common
+from autoport_cst.transform import attention as common
 from autoport_cst.codemods import nope_layers, sliding_window
 from hypothesis import given, settings
 from hypothesis import strategies as st

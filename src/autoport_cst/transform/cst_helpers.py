@@ -124,6 +124,20 @@ def free_names(node: cst.CSTNode) -> set[str]:
     return names
 
 
+# -- comments -----------------------------------------------------------------------
+
+
+def with_comment(stmt: cst.BaseStatement, comment: str, blank_before: bool = False) -> cst.BaseStatement:
+    """``stmt`` preceded by a ``# comment`` line (inside a block: indented)."""
+    lines = [cst.EmptyLine()] if blank_before else []
+    lines.append(cst.EmptyLine(comment=cst.Comment(f"# {comment}")))
+    return stmt.with_changes(leading_lines=lines)
+
+
+def has_comment(node: cst.CSTNode, text: str) -> bool:
+    return any(isinstance(n, cst.Comment) and text in n.value for n in walk(node))
+
+
 # -- strings ------------------------------------------------------------------
 
 

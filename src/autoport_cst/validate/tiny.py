@@ -51,6 +51,8 @@ TINY_DIMENSIONS: dict[str, int] = {
     "shared_expert_intermediate_size": 64,
 }
 TINY_INIT_STD = 0.2
+# A shrunk model larger than this keeps dimensions the shrinker does not know.
+MAX_TINY_PARAMETERS = 5_000_000
 # Sliding windows shrink below the validation prompts (8 to 20 tokens plus the
 # decode steps), so a port that ignores the window shows it.
 TINY_WINDOW = 6
@@ -174,6 +176,15 @@ def build_tiny_checkpoint(
     model_class = getattr(transformers, architecture, None)
     if model_class is None:
         raise InputError(f"transformers has no class {architecture!r}")
+
+    with torch.device("meta"):  # count before allocating anything
+        parameters = sum(p.numel() for p in model_class(config).parameters())
+    if parameters > MAX_TINY_PARAMETERS:
+        raise InputError(
+            f"{architecture}: {parameters:,} parameters after shrinking (limit "
+            f"{MAX_TINY_PARAMETERS:,}); its config has size fields the shrinker does not know "
+            "(nested sub-configs?): give a small config.json instead"
+        )
 
     directory = Path(outdir)
     if directory.exists() and not directory.is_dir():

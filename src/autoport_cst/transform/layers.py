@@ -15,6 +15,12 @@ from typing import Iterable
 import libcst as cst
 
 from autoport_cst.transform import FileContext
+from autoport_cst.transform.arguments import keyword, remove_keyword, set_keyword  # noqa: F401  (re-exported)
+from autoport_cst.transform.config_fields import (  # noqa: F401
+    add_config_fields,
+    config_class,
+    config_fields,
+)
 from autoport_cst.transform.cst_helpers import (
     classes_with_role,
     code_of,
@@ -264,102 +270,7 @@ def the_mlp(module: cst.Module, ctx: FileContext, codemod_id: str) -> tuple[cst.
 MLP_KEYWORDS = ("eps", "ln_w", "skip_gate", "act_fn", "gate_b", "up_b", "down_b", "norm_b", "norm_type")
 
 
-def with_keyword(call: cst.Call, name: str, value: cst.BaseExpression,
-                 order: tuple[str, ...] = ()) -> cst.Call:
-    """``call`` with ``name=value`` set: replaced when present; otherwise
-    inserted before the first keyword that comes after ``name`` in ``order``
-    (appended when none does), keeping a multi-line call's layout."""
-    arg = keyword_arg(call, name)
-    if arg is not None:
-        return call.with_changes(args=[a.with_changes(value=value) if a is arg else a for a in call.args])
-    new_arg = cst.Arg(
-        keyword=cst.Name(name),
-        value=value,
-        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
-    )
-    args = list(call.args)
-    index = len(args)
-    if name in order:
-        later = set(order[order.index(name) + 1:])
-        for i, a in enumerate(args):
-            if a.keyword is not None and a.keyword.value in later:
-                index = i
-                break
-    if index < len(args):
-        # in the middle: same separator as the argument before it has
-        comma = args[index - 1].comma if index > 0 else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-        if not isinstance(comma, cst.Comma):
-            comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-        args.insert(index, new_arg.with_changes(comma=comma))
-        return call.with_changes(args=args)
-    if args:
-        last = args[-1]
-        if isinstance(last.comma, cst.Comma):
-            # trailing comma (multi-line call): the new argument takes the last
-            # one's comma (which leads to the closing parenthesis), and the last
-            # one takes the comma of the one before (which leads to the next
-            # argument's indentation)
-            new_arg = new_arg.with_changes(comma=last.comma)
-            if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma):
-                args[-1] = last.with_changes(comma=args[-2].comma)
-        else:
-            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return call.with_changes(args=[*args, new_arg])
-
-
-def without_keyword(call: cst.Call, name: str) -> cst.Call:
-    arg = keyword_arg(call, name)
-    if arg is None:
-        return call
-    args = [a for a in call.args if a is not arg]
-    if args and not isinstance(call.args[-1].comma, cst.Comma):
-        args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-    return call.with_changes(args=args)
-
-
 # -- config dataclass --------------------------------------------------------------
-
-
-def config_fields(config: cst.ClassDef) -> dict[str, cst.SimpleStatementLine]:
-    found = {}
-    for stmt in config.body.body:
-        if (
-            isinstance(stmt, cst.SimpleStatementLine)
-            and isinstance(stmt.body[0], cst.AnnAssign)
-            and isinstance(stmt.body[0].target, cst.Name)
-        ):
-            found[stmt.body[0].target.value] = stmt
-    return found
-
-
-def add_config_fields(module: cst.Module, ctx: FileContext, codemod_id: str,
-                      fields: Iterable[tuple[str, str, str, str]]) -> cst.Module:
-    """Add ``name: annotation = default  # comment`` fields to the config
-    dataclass (before ``torch_dtype`` / ``neuron_config``); existing fields are
-    left as they are."""
-    configs = classes_with_role(module, "config")
-    if not configs:
-        raise ctx.precondition(f"{codemod_id}: no config class (<Prefix>Config) in the config file")
-    config = configs[0]
-    existing = config_fields(config)
-    new = []
-    for name, annotation, default, comment in fields:
-        if name in existing:
-            continue
-        suffix = f"  # {comment}" if comment else ""
-        new.append(parse_statement(f"{name}: {annotation} = {default}{suffix}", module))
-    if not new:
-        return module
-    body = list(config.body.body)
-    anchor = next((existing[n] for n in ("torch_dtype", "neuron_config") if n in existing), None)
-    if anchor is None:
-        last = [i for i, s in enumerate(body) if s in existing.values()]
-        index = last[-1] + 1 if last else len(body)
-    else:
-        index = body.index(anchor)
-    body[index:index] = new
-    new_config = config.with_changes(body=config.body.with_changes(body=body))
-    return module.with_changes(body=[new_config if s is config else s for s in module.body])
 
 
 # -- checkpoint keys ---------------------------------------------------------------
@@ -475,7 +386,8 @@ def config_scalar_edit(module: cst.Module, ctx: FileContext, codemod_id: str, ke
                        default: object, comment: str) -> cst.Module:
     """The config-file half of a codemod that reads a scalar setting from the
     config: the dataclass field ``key: annotation = default``."""
-    return add_config_fields(module, ctx, codemod_id, [(key, annotation, repr(default), comment)])
+    comment = comment.removeprefix("<-- MODEL-SPECIFIC: ")
+    return add_config_fields(module, ctx, codemod_id, [(f"{key}: {annotation} = {default!r}", comment)])
 
 
 def init_reads_config(cls: cst.ClassDef, key: str, module: cst.Module, ctx: FileContext,

@@ -27,17 +27,11 @@ from autoport_cst.transform.cst_helpers import (
     rewrite,
     self_assignment,
     walk,
+    with_comment,
 )
+from autoport_cst.transform.layers import is_parameter, require_method
 
 # -- finding targets -------------------------------------------------------------
-
-
-def is_parameter(value: cst.BaseExpression) -> bool:
-    return isinstance(value, cst.Call) and dotted(value.func) in (
-        "nn.Parameter",
-        "torch.nn.Parameter",
-        "Parameter",
-    )
 
 
 def self_parameters(cls: cst.ClassDef) -> dict[str, cst.SimpleStatementLine]:
@@ -61,15 +55,6 @@ def attention_classes(module: cst.Module, ctx: FileContext, codemod_id: str) -> 
             f"{codemod_id}: no attention class (<Prefix>Attention with "
             "self.qkv_proj_weight = nn.Parameter(...)) in this file"
         )
-    return found
-
-
-def require_method(
-    cls: cst.ClassDef, name: str, ctx: FileContext, module: cst.Module, codemod_id: str
-) -> cst.FunctionDef:
-    found = method(cls, name)
-    if found is None:
-        raise ctx.precondition(f"{codemod_id}: {cls.name.value} has no {name} method", cls, module)
     return found
 
 
@@ -153,168 +138,10 @@ def eps_attribute(norm: cst.ClassDef) -> str | None:
 # -- call arguments -----------------------------------------------------------------
 
 
-def _separator(call: cst.Call) -> cst.Comma:
-    for arg in call.args[:-1]:
-        if isinstance(arg.comma, cst.Comma):
-            return arg.comma
-    return cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-
-
-def keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
-    return cst.Arg(
-        keyword=cst.Name(name),
-        value=value,
-        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
-    )
-
-
-def set_keyword(
-    call: cst.Call, name: str, value: cst.BaseExpression, after: tuple[str, ...] = ()
-) -> cst.Call:
-    """``name=value`` in ``call``: the value replaced when the keyword exists,
-    otherwise a new argument right after the first of ``after`` that is
-    present (else at the end), in the call's own layout."""
-    existing = keyword_arg(call, name)
-    if existing is not None:
-        if existing.value.deep_equals(value):
-            return call
-        return call.with_changes(
-            args=[a.with_changes(value=value) if a is existing else a for a in call.args]
-        )
-    args = list(call.args)
-    position = len(args)
-    for anchor_name in after:
-        anchor = keyword_arg(call, anchor_name)
-        if anchor is not None:
-            position = args.index(anchor) + 1
-            break
-    sep = _separator(call)
-    new = keyword(name, value)
-    if position < len(args):
-        args.insert(position, new.with_changes(comma=sep))
-    elif args:
-        last = args[-1]
-        args[-1] = last.with_changes(comma=sep)
-        args.append(new.with_changes(comma=last.comma))
-    else:
-        args.append(new)
-    return call.with_changes(args=args)
-
-
 # -- comments -----------------------------------------------------------------------
 
 
-def with_comment(stmt: cst.BaseStatement, comment: str, blank_before: bool = False) -> cst.BaseStatement:
-    """``stmt`` preceded by a ``# comment`` line (inside a block: indented)."""
-    lines = [cst.EmptyLine()] if blank_before else []
-    lines.append(cst.EmptyLine(comment=cst.Comment(f"# {comment}")))
-    return stmt.with_changes(leading_lines=lines)
-
-
-def has_comment(node: cst.CSTNode, text: str) -> bool:
-    return any(isinstance(n, cst.Comment) and text in n.value for n in walk(node))
-
-
 # -- config dataclass ---------------------------------------------------------------
-
-
-def config_class(module: cst.Module, ctx: FileContext, codemod_id: str) -> cst.ClassDef:
-    configs = classes_with_role(module, "config")
-    if len(configs) != 1:
-        raise ctx.precondition(
-            f"{codemod_id}: expected one config dataclass (<Prefix>Config) in the config file, "
-            f"found {len(configs)}"
-        )
-    return configs[0]
-
-
-def _field_name(stmt: cst.BaseStatement) -> str | None:
-    if (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and len(stmt.body) == 1
-        and isinstance(stmt.body[0], cst.AnnAssign)
-        and isinstance(stmt.body[0].target, cst.Name)
-    ):
-        return stmt.body[0].target.value
-    return None
-
-
-def config_fields(cls: cst.ClassDef) -> list[str]:
-    return [name for s in cls.body.body if (name := _field_name(s)) is not None]
-
-
-FIELDS_MARKER = "<-- MODEL-SPECIFIC: fields of this architecture's features (sorted by name)"
-
-
-def add_config_fields(
-    module: cst.Module,
-    ctx: FileContext,
-    codemod_id: str,
-    fields: list[tuple[str, str]],
-) -> cst.Module:
-    """Add dataclass fields (``(code, comment)``, code like ``name: int | None
-    = None``) that the config class does not have yet.
-
-    They go in one block right before ``torch_dtype`` (or after the last
-    field), opened by a marker comment and sorted by name, so that codemods
-    adding fields give the same file in any order."""
-    cls = config_class(module, ctx, codemod_id)
-    body = list(cls.body.body)
-    present = set(config_fields(cls))
-    changed = False
-    for code, comment in fields:
-        stmt = parse_statement(code, module)
-        name = _field_name(stmt)
-        assert name is not None, code
-        if name in present:
-            continue
-        stmt = with_comment(stmt, comment) if comment else stmt.with_changes(leading_lines=[])
-        names = [_field_name(s) for s in body]
-        if "torch_dtype" in names:
-            end = names.index("torch_dtype")
-        else:
-            last = [i for i, n in enumerate(names) if n is not None]
-            if not last:
-                raise ctx.precondition(f"{codemod_id}: {cls.name.value} has no fields", cls, module)
-            end = last[-1] + 1
-        start = next((i for i in range(end) if _has_marker(body[i])), None)
-        if start is None:
-            body.insert(end, _with_marker(stmt))
-        else:
-            position = start
-            while position < end and names[position] is not None and names[position] < name:
-                position += 1
-            if position == start:
-                body[start] = _without_marker(body[start])
-                stmt = _with_marker(stmt)
-            body.insert(position, stmt)
-        present.add(name)
-        changed = True
-    if not changed:
-        return module
-    new_cls = cls.with_changes(body=cls.body.with_changes(body=body))
-    return module.with_changes(body=[new_cls if s is cls else s for s in module.body])
-
-
-def _has_marker(stmt: cst.BaseStatement) -> bool:
-    return any(
-        line.comment is not None and FIELDS_MARKER in line.comment.value
-        for line in getattr(stmt, "leading_lines", ())
-    )
-
-
-def _with_marker(stmt: cst.BaseStatement) -> cst.BaseStatement:
-    marker = cst.EmptyLine(comment=cst.Comment(f"# {FIELDS_MARKER}"))
-    return stmt.with_changes(leading_lines=[marker, *stmt.leading_lines])
-
-
-def _without_marker(stmt: cst.BaseStatement) -> cst.BaseStatement:
-    return stmt.with_changes(
-        leading_lines=[
-            line for line in stmt.leading_lines
-            if line.comment is None or FIELDS_MARKER not in line.comment.value
-        ]
-    )
 
 
 # -- module-level helper functions -------------------------------------------------
