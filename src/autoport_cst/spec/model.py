@@ -58,6 +58,9 @@ EmbeddingScale = Literal["none", "sqrt_hidden"]
 RouterActivation = Literal["softmax", "sigmoid"]
 RouterDtype = Literal["float32", "bfloat16"]
 CheckpointFusion = Literal["separate", "fused"]
+QKVLayout = Literal["separate", "fused", "fused_per_head"]
+LinearLayout = Literal["out_in", "in_out"]
+ScaleForm = Literal["multiplier", "inverse_sqrt"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,7 @@ class NormSpec:
     eps_key: str = feature(
         "rms_norm_eps", "Name of the config field that holds the norm epsilon."
     )
+    affine: bool = feature(True, "The norm has a learned weight (False: non-parametric, as in OLMo).")
     eps: float | None = value(None, "Norm epsilon.")
 
 
@@ -99,6 +103,12 @@ class AttentionSpec:
     softcap: float | None = optional("tanh softcapping of attention logits (Gemma 2).")
     scale: float | None = optional(
         "Attention score scale replacing head_dim ** -0.5 (Granite attention_multiplier)."
+    )
+    scale_key: str | None = feature(
+        None, "Config field the scale is computed from (attention_multiplier, query_pre_attn_scalar)."
+    )
+    scale_form: ScaleForm = feature(
+        "multiplier", "How the scale follows from that field: the value itself, or value ** -0.5."
     )
 
 
@@ -142,6 +152,12 @@ class MoESpec:
     )
     norm_topk_prob: bool = feature(False, "Renormalize the top-k weights to sum to 1.")
     router_dtype: RouterDtype = feature("float32", "dtype of the router weight.")
+    routed_scaling_factor: float | None = optional(
+        "Routed experts' output multiplied by a constant (DeepSeek-V3 routed_scaling_factor)."
+    )
+    dense_layers: tuple[int, ...] | None = optional(
+        "Layers with a dense MLP instead of experts (first_k_dense_replace, mlp_only_layers)."
+    )
 
 
 @dataclass(frozen=True)
@@ -171,14 +187,24 @@ class ResidualSpec:
 
 @dataclass(frozen=True)
 class CheckpointSpec:
-    qkv: CheckpointFusion = feature(
-        "separate", "Q, K and V stored as separate q/k/v tensors, or as one fused qkv tensor."
+    qkv: QKVLayout = feature(
+        "separate",
+        "Q, K and V stored as separate q/k/v tensors, as one fused [q | k | v] tensor, or fused per "
+        "head ([h0: q k v, h1: q k v, ...], GPT-NeoX).",
     )
     gate_up: CheckpointFusion = feature(
         "separate", "Gate and up projections stored separately, or as one fused gate_up tensor."
     )
     lm_head_stored: bool | None = value(
         None, "Whether the checkpoint stores lm_head.weight (tied models usually do not)."
+    )
+    key_map: dict[str, str] | None = feature(
+        None,
+        "Key segments of this checkpoint that differ from the Llama-style names, canonical -> "
+        "checkpoint ({'model': 'gpt_neox', 'self_attn.o_proj': 'attention.dense'}); null: Llama-style.",
+    )
+    linear_layout: LinearLayout = feature(
+        "out_in", "Linear weights stored [out, in] (torch nn.Linear) or [in, out] (GPT-2 Conv1D)."
     )
 
 
