@@ -24,7 +24,7 @@ def test_ci_runs_the_readme_setup_commands(repo_root):
     assert ci.index(install) < ci.index(tests)
 
 
-COMMANDS = ("apply", "lint", "validate", "tiny", "codemods", "schema")
+COMMANDS = ("apply", "lint", "validate", "tiny", "codemods", "schema", "plan", "port")
 
 
 def test_documented_flags_exist(repo_root):
