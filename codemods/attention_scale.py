@@ -59,7 +59,7 @@ class AttentionScale(Codemod):
     """
 
     ID = ID
-    REALIZES = ("attention.scale",)
+    REALIZES = ("attention.scale", "attention.scale_key", "attention.scale_form")
     Params = AttentionScaleParams
     FILES = ("model", "config")
     EXAMPLES = (
@@ -124,11 +124,19 @@ class AttentionScale(Codemod):
 
     @classmethod
     def realizes(cls, diff) -> bool:
+        # the scale's config field must be known: a scale the code computes
+        # some other way has no realization here
         return diff.path in cls.REALIZES and diff.target is not None
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> AttentionScaleParams:
-        return AttentionScaleParams()
+        attention = target.attention
+        if attention.scale_key is None:
+            return AttentionScaleParams()
+        return AttentionScaleParams(
+            config_key=attention.scale_key,
+            form="inverse_sqrt" if attention.scale_form == "inverse_sqrt" else "scale",
+        )
 
     def _value(self, config: str) -> str:
         field_ = f"{config}.{self.params.config_key}"

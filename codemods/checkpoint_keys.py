@@ -9,6 +9,7 @@ import libcst as cst
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.cst_helpers import (
     classes,
+    classes_with_role,
     dotted,
     keyword_arg,
     method,
@@ -53,6 +54,13 @@ class CheckpointKeysParams:
             "e.g. ['up_proj_weight', 'down_proj_weight']: their loaders stop transposing."
         },
     )
+    in_out_layers: bool = field(
+        default=False,
+        metadata={
+            "doc": "Every *_weight parameter of the attention and MLP classes whose loader transposes is stored "
+            "[in, out] (checkpoint.linear_layout = in_out)."
+        },
+    )
 
 
 class CheckpointKeys(Codemod):
@@ -84,12 +92,28 @@ class CheckpointKeys(Codemod):
     ``in_out_params`` parameter has a loader that transposes (in a loop, every
     parameter of the loop must be listed).
 
-    Proposed spec field (realized by this codemod once it exists):
-    ``checkpoint.key_map: dict[str, str]`` (these ``renames``) and
-    ``checkpoint.linear_layout: "out_in" | "in_out"``.
+    ``in_out_layers`` does the same for every ``*_weight`` parameter of the
+    attention and MLP classes (``<Prefix>Attention``, ``<Prefix>MLP``) whose
+    loader transposes.
+
+    Renames can permute names (GLM-4's ``post_attention_layernorm`` is the
+    reference's ``pre_feedforward_layernorm``, and its
+    ``post_self_attn_layernorm`` the reference's ``post_attention_layernorm``),
+    so a renamed key cannot be told from an original one by its text: the
+    codemod records the renames it applied in a comment above ``mappings =
+    {}`` (``# checkpoint key renames: a -> b, ...``) and a ``load_weights``
+    carrying that comment is left alone (another set of renames there is a
+    precondition error).
+
+    Realizes ``checkpoint.key_map`` (canonical Llama-style segments -> the
+    checkpoint's; the renames are computed from the reference's map to the
+    target's, so a reference whose own keys differ from Llama's, declared in
+    its spec, is translated too) and ``checkpoint.linear_layout = in_out``
+    (``in_out_layers``).
     """
 
     ID = "checkpoint-keys"
+    REALIZES = ("checkpoint.key_map", "checkpoint.linear_layout")
     Params = CheckpointKeysParams
     # every codemod that adds, removes or rewrites mapping entries
     AFTER = (
@@ -138,6 +162,12 @@ class CheckpointKeys(Codemod):
             after="""
                 class LlamaForCausalLM(nn.Module):
                     def load_weights(self, path):
+                        # checkpoint key renames (reference -> checkpoint):
+                        #   embed_tokens -> embed_in
+                        #   lm_head -> embed_out
+                        #   model -> gpt_neox
+                        #   norm -> final_layer_norm
+                        #   self_attn.o_proj -> attention.dense
                         mappings = {}
                         for layer_id in range(n):
                             prefix = f"model.layers.{layer_id}"
@@ -176,8 +206,40 @@ class CheckpointKeys(Codemod):
                         )
 
                     def load_weights(self, path):
+                        # checkpoint key renames (reference -> checkpoint):
+                        #   mlp.up_proj -> mlp.c_fc
                         mappings = {}
                         mappings["mlp.up_proj_weight"] = "mlp.c_fc.weight"
+            """,
+        ),
+        Example(
+            title="GLM-4: names that permute (a rename's target is another rename's source)",
+            params={
+                "renames": {
+                    "post_attention_layernorm": "post_self_attn_layernorm",
+                    "pre_feedforward_layernorm": "post_attention_layernorm",
+                }
+            },
+            before="""
+                class LlamaForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.post_attention_layernorm.weight"] = f"{prefix}.post_attention_layernorm.weight"
+                            mappings[f"{prefix}.pre_feedforward_layernorm.weight"] = f"{prefix}.pre_feedforward_layernorm.weight"
+            """,
+            after="""
+                class LlamaForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        # checkpoint key renames (reference -> checkpoint):
+                        #   post_attention_layernorm -> post_self_attn_layernorm
+                        #   pre_feedforward_layernorm -> post_attention_layernorm
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.post_attention_layernorm.weight"] = f"{prefix}.post_self_attn_layernorm.weight"
+                            mappings[f"{prefix}.pre_feedforward_layernorm.weight"] = f"{prefix}.post_attention_layernorm.weight"
             """,
         ),
         Example(
@@ -196,8 +258,8 @@ class CheckpointKeys(Codemod):
     @classmethod
     def check_params(cls, params: CheckpointKeysParams) -> list[str]:
         problems = []
-        if not params.renames and not params.in_out_params:
-            problems.append("nothing to do: give renames or in_out_params")
+        if not params.renames and not params.in_out_params and not params.in_out_layers:
+            problems.append("nothing to do: give renames, in_out_params or in_out_layers")
         for old, new in params.renames.items():
             if not old or not new or "" in old.split(".") or "" in new.split("."):
                 problems.append(f"rename {old!r} -> {new!r}: patterns are non-empty dotted names")
@@ -206,8 +268,21 @@ class CheckpointKeys(Codemod):
         return problems
 
     @classmethod
+    def realizes(cls, diff) -> bool:
+        if diff.path == "checkpoint.linear_layout":
+            return diff.target == "in_out"
+        return diff.path in cls.REALIZES
+
+    @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> CheckpointKeysParams:
-        return CheckpointKeysParams()
+        reference_map: dict[str, str] = {}
+        for diff in diffs:
+            if diff.path == "checkpoint.key_map":
+                reference_map = dict(diff.reference or {})
+        return CheckpointKeysParams(
+            renames=translate_key_maps(reference_map, dict(target.checkpoint.key_map or {})),
+            in_out_layers=target.checkpoint.linear_layout == "in_out",
+        )
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         loads = [m for c in classes(module) if (m := method(c, "load_weights")) is not None]
@@ -217,7 +292,7 @@ class CheckpointKeys(Codemod):
         edits: dict = {}
         if self.params.renames:
             edits.update(self._rename_edits(module, loads, ctx))
-        if self.params.in_out_params:
+        if self.params.in_out_params or self.params.in_out_layers:
             edits.update(self._layout_edits(module, ctx))
         return rewrite(module, edits)
 
@@ -225,12 +300,39 @@ class CheckpointKeys(Codemod):
 
     def _rename_edits(self, module: cst.Module, loads: list[cst.FunctionDef], ctx: FileContext) -> dict:
         renamer = _Renamer(self.params.renames)
+        marker = _marker(self.params.renames)
         edits: dict = {}
         matched: set[str] = set()
         for fn in loads:
+            anchor = _mappings_statement(fn)
+            recorded = _recorded_renames(anchor)
+            if recorded == marker:
+                matched |= set(self.params.renames)
+                continue
+            if recorded is not None:
+                raise ctx.precondition(
+                    f"{self.ID}: load_weights already has other checkpoint key renames "
+                    f"({'; '.join(line[4:] for line in recorded[1:])})",
+                    anchor,
+                    module,
+                )
+            if anchor is not None:
+                lines = [cst.EmptyLine(comment=cst.Comment(text)) for text in marker]
+                edits[id(anchor)] = lambda updated, lines=lines: updated.with_changes(
+                    leading_lines=[*updated.leading_lines, *lines]
+                )
             variables, assignments = _string_variables(fn)
             derived: dict[str, str] = {}  # variable -> checkpoint variable name
-            for entry in mapping_entries(fn):
+
+            def replace(node: cst.BaseExpression, text: str, new_full: str) -> None:
+                new_text = self._new_text(text, new_full, variables, derived, renamer)
+                new_node = parse_expr(_literal(new_text), module)
+                edits[id(node)] = lambda updated, new_node=new_node: new_node.with_changes(
+                    lpar=updated.lpar, rpar=updated.rpar
+                )
+
+            entries = mapping_entries(fn)
+            for entry in entries:
                 for node in strings_of(entry.value):
                     text = string_text(node)
                     if text is None:
@@ -238,13 +340,25 @@ class CheckpointKeys(Codemod):
                     full = _expand(text, variables)
                     matched |= renamer.matched(full)
                     new_full = renamer.apply(full)
-                    if new_full == full:
-                        continue
-                    new_text = self._new_text(text, new_full, variables, derived, renamer)
-                    new_node = parse_expr(_literal(new_text), module)
-                    edits[id(node)] = lambda updated, new_node=new_node: new_node.with_changes(
-                        lpar=updated.lpar, rpar=updated.rpar
-                    )
+                    if new_full != full:
+                        replace(node, text, new_full)
+            # Patterns no checkpoint key spells: the reference names that tensor
+            # its own way (starcoder2's mlp.c_fc for the up projection). Match
+            # them against the parameter names, which are the canonical names
+            # in every reference, and give the entry the renamed parameter path.
+            missing = _Renamer({old: new for old, new in self.params.renames.items() if old not in matched})
+            for entry in entries:
+                if not missing.rules or not isinstance(entry.value, (cst.SimpleString, cst.FormattedString)):
+                    continue
+                canonical = _parameter_path(entry.key)
+                if canonical is None:
+                    continue
+                full = _expand(canonical, variables)
+                hits = missing.matched(full) - renamer.matched(_expand(string_text(entry.value) or "", variables))
+                if not hits or missing.apply(full) == full:
+                    continue
+                matched |= hits
+                replace(entry.value, canonical, renamer.apply(full))
             for var, checkpoint_var in derived.items():
                 if checkpoint_var in variables:
                     continue
@@ -252,7 +366,10 @@ class CheckpointKeys(Codemod):
                 new_value = renamer.apply(variables[var])
                 new_stmt = parse_statement(f"{checkpoint_var} = {_literal(new_value)}", module)
                 edits[id(stmt)] = lambda updated, new_stmt=new_stmt: cst.FlattenSentinel([updated, new_stmt])
-        unmatched = [old for old in self.params.renames if old not in matched]
+        unmatched = [
+            old for old in self.params.renames
+            if old not in matched and not any(other.startswith(old + ".") for other in matched)
+        ]  # a container rename (self_attn -> attention) whose children all have their own is fine
         if unmatched:
             raise ctx.precondition(
                 f"{self.ID}: rename pattern(s) {', '.join(repr(p) for p in unmatched)} match(es) no checkpoint "
@@ -282,6 +399,19 @@ class CheckpointKeys(Codemod):
 
     def _layout_edits(self, module: cst.Module, ctx: FileContext) -> dict:
         wanted = set(self.params.in_out_params)
+        if self.params.in_out_layers:
+            layer_classes = classes_with_role(module, "attention") + classes_with_role(module, "mlp")
+            if not layer_classes:
+                raise ctx.precondition(f"{self.ID}: no attention or MLP class (<Prefix>Attention, <Prefix>MLP)")
+            for cls in layer_classes:
+                for attr, site in loader_sites(cls).items():
+                    if attr.endswith("_weight") and site.loader is not None \
+                            and dotted(site.loader.func) in TRANSPOSING_LOADERS:
+                        wanted.add(attr)
+            if not wanted:
+                raise ctx.precondition(
+                    f"{self.ID}: no projection weight of the attention and MLP classes has a transposing loader"
+                )
         sites = {}
         for cls in classes(module):
             for attr, site in loader_sites(cls).items():
@@ -367,6 +497,61 @@ class _Renamer:
             if any(self._match(new, segments, i) is not None for i in range(len(segments))):
                 found.add(name)
         return found
+
+
+MARKER = "# checkpoint key renames (reference -> checkpoint):"
+
+
+def _parameter_path(key: str) -> str | None:
+    """The module path of a parameter named ``...<module>_weight`` (or
+    ``_bias``), as a checkpoint key: ``...<module>.weight``."""
+    head, _, leaf = key.rpartition(".")
+    for suffix in ("weight", "bias"):
+        if leaf.endswith("_" + suffix) and len(leaf) > len(suffix) + 1:
+            return f"{head}.{leaf[: -len(suffix) - 1]}.{suffix}" if head else f"{leaf[: -len(suffix) - 1]}.{suffix}"
+        if leaf == suffix:
+            return key
+    return None
+
+
+def _marker(renames: dict[str, str]) -> list[str]:
+    return [MARKER] + [f"#   {old} -> {new}" for old, new in sorted(renames.items())]
+
+
+def _mappings_statement(fn: cst.FunctionDef) -> cst.SimpleStatementLine | None:
+    """The ``mappings = {}`` statement of a load_weights."""
+    for stmt in walk(fn):
+        pair = simple_assign(stmt) if isinstance(stmt, cst.SimpleStatementLine) else None
+        if pair is not None and isinstance(pair[0], cst.Name) and pair[0].value == "mappings":
+            return stmt  # type: ignore[return-value]
+    return None
+
+
+def _recorded_renames(stmt: cst.SimpleStatementLine | None) -> list[str] | None:
+    if stmt is None:
+        return None
+    comments = [line.comment.value if line.comment is not None else "" for line in stmt.leading_lines]
+    if MARKER not in comments:
+        return None
+    start = comments.index(MARKER)
+    recorded = [MARKER]
+    for text in comments[start + 1:]:
+        if not text.startswith("#   "):
+            break
+        recorded.append(text)
+    return recorded
+
+
+def translate_key_maps(reference: dict[str, str], target: dict[str, str]) -> dict[str, str]:
+    """Renames from the keys a reference loads to a target's, both given as
+    maps from the canonical Llama-style segments (an empty map: Llama names)."""
+    out: dict[str, str] = {}
+    for canonical in sorted(set(reference) | set(target), key=lambda p: (p.count("."), p)):
+        have = _Renamer(reference).apply(canonical)
+        want = _Renamer(target).apply(canonical)
+        if have != want and _Renamer(out).apply(have) != want:
+            out[have] = want
+    return out
 
 
 def _string_variables(fn: cst.FunctionDef) -> tuple[dict[str, str], dict[str, cst.SimpleStatementLine]]:

@@ -169,6 +169,9 @@ class FusedCheckpoint(Codemod):
     model file), for weights and biases alike, and their keys point at the
     ``gate_up_name`` tensor.
 
+    Realizes ``checkpoint.qkv`` (``fused``: concatenated; ``fused_per_head``:
+    ``qkv_layout="per_head"``) and ``checkpoint.gate_up = fused``.
+
     Runs after ``add-qkv-bias`` and ``mlp-bias`` (their bias loaders are
     rewritten too). Preconditions: the parameters to change have the expected
     loaders (a fused weight loader with ``shard_dim=1``); a gated MLP for
@@ -230,12 +233,15 @@ class FusedCheckpoint(Codemod):
 
     @classmethod
     def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target == "fused"
+        return diff.path in cls.REALIZES and diff.target in ("fused", "fused_per_head")
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> FusedCheckpointParams:
+        qkv = target.checkpoint.qkv
         return FusedCheckpointParams(
-            qkv=target.checkpoint.qkv == "fused", gate_up=target.checkpoint.gate_up == "fused"
+            qkv=qkv in ("fused", "fused_per_head"),
+            qkv_layout="per_head" if qkv == "fused_per_head" else "concatenated",
+            gate_up=target.checkpoint.gate_up == "fused",
         )
 
     @classmethod

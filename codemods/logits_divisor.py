@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import libcst as cst
 
@@ -17,8 +18,12 @@ from autoport_cst.transform.layers import (
 
 @dataclass(frozen=True)
 class LogitsDivisorParams:
-    config_key: str = field(default="logits_scaling", metadata={"doc": "Config field holding the divisor."})
+    config_key: str = field(default="logits_scaling", metadata={"doc": "Config field holding the factor."})
     default: float = field(default=1.0, metadata={"doc": "Its value when the config has none."})
+    form: Literal["divide", "multiply"] = field(
+        default="divide",
+        metadata={"doc": "divide: logits / field (Granite logits_scaling); multiply: logits * field (Cohere logit_scale)."},
+    )
 
 
 class LogitsDivisor(Codemod):
@@ -31,12 +36,20 @@ class LogitsDivisor(Codemod):
     self.lm_head(...)``), so that sampling sees the divided logits. In the
     config file, the dataclass gets ``<key>: float = <default>``.
 
+    With ``form="multiply"`` the logits are multiplied by the field instead
+    (Cohere's ``logits = lm_head(h) * logit_scale``): the spec's
+    ``logits_divisor`` is then the field's reciprocal, and the port multiplies
+    by the field itself, which is exact.
+
     Precondition: one ``<Prefix>ForCausalLM`` class taking ``config`` whose
     ``forward`` has a top-level ``<logits> = self.lm_head(...)`` statement.
+
+    Realizes ``lm_head.logits_divisor`` with ``lm_head.logits_key`` and
+    ``lm_head.logits_form`` (``divisor`` -> divide, ``multiplier`` -> multiply).
     """
 
     ID = "logits-divisor"
-    REALIZES = ("lm_head.logits_divisor",)
+    REALIZES = ("lm_head.logits_divisor", "lm_head.logits_key", "lm_head.logits_form")
     Params = LogitsDivisorParams
     FILES = ("model", "config")
     EXAMPLES = (
@@ -66,6 +79,32 @@ class LogitsDivisor(Codemod):
             """,
         ),
         Example(
+            title="Cohere multiplies by logit_scale",
+            params={"config_key": "logit_scale", "form": "multiply"},
+            before="""
+                class LlamaForCausalLM(nn.Module):
+                    def __init__(self, config):
+                        self.lm_head = ColumnParallelLinear(config.hidden_size, config.vocab_size, bias=False)
+
+                    def forward(self, input_ids, positions):
+                        hidden_states = self.model(input_ids, positions)
+                        logits = self.lm_head(hidden_states)
+                        return logits
+            """,
+            after="""
+                class LlamaForCausalLM(nn.Module):
+                    def __init__(self, config):
+                        self.lm_head = ColumnParallelLinear(config.hidden_size, config.vocab_size, bias=False)
+                        self.logit_scale = config.logit_scale
+
+                    def forward(self, input_ids, positions):
+                        hidden_states = self.model(input_ids, positions)
+                        logits = self.lm_head(hidden_states)
+                        logits = logits * self.logit_scale
+                        return logits
+            """,
+        ),
+        Example(
             title="no LM head call",
             before="""
                 class LlamaForCausalLM(nn.Module):
@@ -85,21 +124,28 @@ class LogitsDivisor(Codemod):
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> LogitsDivisorParams:
-        return LogitsDivisorParams()
+        head = target.lm_head
+        if head.logits_key is None:
+            return LogitsDivisorParams()
+        return LogitsDivisorParams(
+            config_key=head.logits_key, form="multiply" if head.logits_form == "multiplier" else "divide"
+        )
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         key = self.params.config_key
         if ctx.role == "config":
             return config_scalar_edit(
                 module, ctx, self.ID, key, "float", self.params.default,
-                "<-- MODEL-SPECIFIC: logits divided by this",
+                "<-- MODEL-SPECIFIC: logits " + ("divided" if self.params.form == "divide" else "multiplied") + " by this",
             )
         lm, forward, name, last = logits_site(module, ctx, self.ID)
         edits = init_reads_config(lm, key, module, ctx, self.ID)
+        operator = cst.Divide if self.params.form == "divide" else cst.Multiply
         if not any(
-            isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Divide) and self_attr(n.right) == key
+            isinstance(n, cst.BinaryOperation) and isinstance(n.operator, operator) and self_attr(n.right) == key
             for n in walk(forward)
         ):
-            stmt = parse_statement(f"{name} = {name} / self.{key}", module)
+            symbol = "/" if self.params.form == "divide" else "*"
+            stmt = parse_statement(f"{name} = {name} {symbol} self.{key}", module)
             edits[id(last)] = lambda updated: cst.FlattenSentinel([updated, stmt])
         return rewrite(module, edits)

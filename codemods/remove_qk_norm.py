@@ -45,6 +45,9 @@ class RemoveQkNorm(Codemod):
       modules go (with the comment above them);
     - prefill: the statements applying them (``q = self.q_norm(q)``) go; a
       fused ``NF.qkv_proj`` loses its ``qk_norm_pre_rope_*`` arguments;
+    - loaders attached to their gammas
+      (``set_weight_loader(self.q_norm.weight, ...)``, as a RoPE column
+      reordering adds) go with them;
     - decode: ``NF.attention_decode`` gets ``rmsnorm_QK_pre_rope_enabled=False``
       and loses the norm's eps and gamma arguments.
 
@@ -121,6 +124,35 @@ class RemoveQkNorm(Codemod):
             """,
         ),
         Example(
+            title="loaders another codemod put on the norm gammas go with the norms",
+            before="""
+                class Qwen3MoeAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.q_norm = Qwen3MoeRMSNorm(self.head_dim, config.rms_norm_eps, self.dtype)
+                        self.k_norm = Qwen3MoeRMSNorm(self.head_dim, config.rms_norm_eps, self.dtype)
+                        self._setup_weight_loaders()
+
+                    def _setup_weight_loaders(self):
+                        set_weight_loader(self.qkv_proj_weight, fused_qkv_weight_loader(q_size=self.q_size))
+                        set_weight_loader(
+                            self.q_norm.weight,
+                            _rope_columns_loader(get_weight_loader(self.q_norm.weight), self.rope_column_order, self.head_dim),
+                        )
+                        set_weight_loader(
+                            self.k_norm.weight,
+                            _rope_columns_loader(get_weight_loader(self.k_norm.weight), self.rope_column_order, self.head_dim),
+                        )
+            """,
+            after="""
+                class Qwen3MoeAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self._setup_weight_loaders()
+
+                    def _setup_weight_loaders(self):
+                        set_weight_loader(self.qkv_proj_weight, fused_qkv_weight_loader(q_size=self.q_size))
+            """,
+        ),
+        Example(
             title="a use of the norm the codemod cannot remove",
             before="""
                 class Qwen3Attention(nn.Module):
@@ -177,6 +209,9 @@ class RemoveQkNorm(Codemod):
                     if assign is not None and isinstance(assign[1], cst.Call) and self_attr(assign[1].func) in NORMS:
                         edits[id(node)] = _remove
                         handled.update(id(n) for n in walk(node))
+                    elif _attaches_norm_loader(node):
+                        edits[id(node)] = _remove
+                        handled.update(id(n) for n in walk(node))
                 elif isinstance(node, cst.Call) and (is_call(node, "NF.attention_decode") or is_call(node, "NF.qkv_proj")):
                     handled.update(id(n) for a in node.args for n in walk(a.value) if _reads_norm(a))
                     edits[id(node)] = lambda updated, false=false: _strip_call(updated, false)
@@ -207,6 +242,22 @@ def _assigned(cls: cst.ClassDef) -> set[str]:
             if pair is not None:
                 names.add(pair[0])
     return names
+
+
+def _attaches_norm_loader(stmt: cst.SimpleStatementLine) -> bool:
+    """``set_weight_loader(self.q_norm.weight, ...)`` (a loader another codemod
+    put on the norm's gamma, such as a RoPE column reordering)."""
+    if len(stmt.body) != 1 or not isinstance(stmt.body[0], cst.Expr):
+        return False
+    call = stmt.body[0].value
+    if not isinstance(call, cst.Call) or not is_call(call, "set_weight_loader") or not call.args:
+        return False
+    target = call.args[0].value
+    return (
+        isinstance(target, cst.Attribute)
+        and target.attr.value == "weight"
+        and self_attr(target.value) in NORMS
+    )
 
 
 def _assigns_norms(cls: cst.ClassDef) -> bool:

@@ -8,7 +8,10 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext
 from autoport_cst.transform import moe as moe_edits
+from autoport_cst.transform.attention import add_functions
 from autoport_cst.transform.cst_helpers import (
+    ensure_import_from,
+    statements,
     code_of,
     keyword_arg,
     parse_expr,
@@ -20,6 +23,31 @@ from autoport_cst.transform.cst_helpers import (
 )
 
 BIAS = "routing_bias"
+WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"
+
+KEY_FUNCTION = '''
+def _routing_bias_key(names, router: str, block: str, tensor: str) -> str:
+    """Checkpoint key of the per-expert routing bias ``tensor``: under the
+    router module (DeepSeek-V3, GLM-4-MoE), under the router's
+    ``moe_statics`` (ERNIE-4.5-MoE) or under the MoE block (Hunyuan)."""
+    for key in (f"{router}.{tensor}", f"{router}.moe_statics.{tensor}", f"{block}.{tensor}"):
+        if key in names:
+            return key
+    raise KeyError(
+        f"no routing bias in the checkpoint for {block} (looked for {router}.{tensor}, "
+        f"{router}.moe_statics.{tensor}, {block}.{tensor})"
+    )
+'''
+
+LOADER_FUNCTION = '''
+def _vector_loader():
+    """Loader of a per-expert vector stored [E] or [1, E]: read whole, flattened to [E]."""
+
+    def transform(slices, rank):
+        return slices[0][:].reshape(-1)
+
+    return SafetensorsWeightLoader(transform)
+'''
 FLAG = "fused_decode"
 COMMENT = "# <-- MODEL-SPECIFIC: the routing bias moves which experts are chosen, not their weights"
 
@@ -55,8 +83,12 @@ class RoutingBias(Codemod):
       routing method and the blockwise expert kernel instead.
 
     In ``load_weights`` the mapping gains ``...routing_bias`` next to the
-    router's entries: the router module's ``<checkpoint_name>`` tensor
-    (``...mlp.gate.e_score_correction_bias``).
+    router's entries: the ``<checkpoint_name>`` tensor found in the
+    checkpoint by ``_routing_bias_key(names, router, block, tensor)`` (added
+    to the model file) under the router module
+    (``...mlp.gate.e_score_correction_bias``), its ``moe_statics``
+    (ERNIE-4.5) or the MoE block (Hunyuan); ``_vector_loader()`` reads it
+    flattened, since some checkpoints store it ``[1, E]``.
 
     Preconditions: an experts class calling ``NF.router`` and assigning
     ``(selection, logits)``, a statement computing scores from the logits, a
@@ -71,10 +103,16 @@ class RoutingBias(Codemod):
         Example(
             title="selection-only bias (DeepSeek-V3 e_score_correction_bias)",
             before="""
+                from vllm_neuron.utils.weight_loader import set_weight_loader
+
+
                 class Qwen3MoeExperts(nn.Module):
                     def __init__(self, config):
                         self.fused_decode = True
                         self.router_weight = nn.Parameter(torch.empty(self.num_experts, self.hidden_size, dtype=torch.float32))
+
+                    def _setup_weight_loaders(self):
+                        set_weight_loader(self.down_proj_weight, expert_down_loader(self.size))
 
                     def _route(self, hidden_states):
                         selected, router_logits = NF.router(
@@ -92,16 +130,46 @@ class RoutingBias(Codemod):
 
                 class Qwen3MoeForCausalLM(nn.Module):
                     def load_weights(self, path):
+                        names = set(checkpoint.get_tensor_names())
                         for layer_id in range(2):
                             prefix = f"model.layers.{layer_id}"
                             mappings[f"{prefix}.mlp.experts.router_weight"] = f"{moe.router}.weight"
             """,
-            after="""
+            after='''
+                from vllm_neuron.utils.weight_loader import SafetensorsWeightLoader, set_weight_loader
+
+
+                def _routing_bias_key(names, router: str, block: str, tensor: str) -> str:
+                    """Checkpoint key of the per-expert routing bias ``tensor``: under the
+                    router module (DeepSeek-V3, GLM-4-MoE), under the router's
+                    ``moe_statics`` (ERNIE-4.5-MoE) or under the MoE block (Hunyuan)."""
+                    for key in (f"{router}.{tensor}", f"{router}.moe_statics.{tensor}", f"{block}.{tensor}"):
+                        if key in names:
+                            return key
+                    raise KeyError(
+                        f"no routing bias in the checkpoint for {block} (looked for {router}.{tensor}, "
+                        f"{router}.moe_statics.{tensor}, {block}.{tensor})"
+                    )
+
+
+                def _vector_loader():
+                    """Loader of a per-expert vector stored [E] or [1, E]: read whole, flattened to [E]."""
+
+                    def transform(slices, rank):
+                        return slices[0][:].reshape(-1)
+
+                    return SafetensorsWeightLoader(transform)
+
+
                 class Qwen3MoeExperts(nn.Module):
                     def __init__(self, config):
                         self.fused_decode = False
                         self.router_weight = nn.Parameter(torch.empty(self.num_experts, self.hidden_size, dtype=torch.float32))
                         self.routing_bias = nn.Parameter(torch.zeros(self.num_experts, dtype=torch.float32))
+
+                    def _setup_weight_loaders(self):
+                        set_weight_loader(self.routing_bias, _vector_loader())
+                        set_weight_loader(self.down_proj_weight, expert_down_loader(self.size))
 
                     def _route(self, hidden_states):
                         selected, router_logits = NF.router(
@@ -122,11 +190,12 @@ class RoutingBias(Codemod):
 
                 class Qwen3MoeForCausalLM(nn.Module):
                     def load_weights(self, path):
+                        names = set(checkpoint.get_tensor_names())
                         for layer_id in range(2):
                             prefix = f"model.layers.{layer_id}"
                             mappings[f"{prefix}.mlp.experts.router_weight"] = f"{moe.router}.weight"
-                            mappings[f"{prefix}.mlp.experts.routing_bias"] = f"{moe.router}.e_score_correction_bias"
-            """,
+                            mappings[f"{prefix}.mlp.experts.routing_bias"] = _routing_bias_key(names, moe.router, moe.module, "e_score_correction_bias")
+            ''',
         ),
         Example(
             title="the router result is not split into selection and logits",
@@ -186,6 +255,20 @@ class RoutingBias(Codemod):
                     f"self.{BIAS} = nn.Parameter(torch.zeros({experts}, dtype=torch.float32))", module
                 )
                 edits[id(anchor)] = lambda updated, new=new: cst.FlattenSentinel([updated, new])
+                loaders = survey.methods.get("_setup_weight_loaders")
+                if loaders is None:
+                    raise ctx.precondition(
+                        f"routing-bias: {name} has no _setup_weight_loaders method", survey.cls, module
+                    )
+                # first in the method (after its docstring), so that codemods appending loaders commute
+                line = parse_statement(f"set_weight_loader(self.{BIAS}, _vector_loader())", module)
+                body = list(statements(loaders))
+                first = next((st for st in body if not _is_docstring(st)), None)
+                if first is None:
+                    raise ctx.precondition(
+                        f"routing-bias: {name}._setup_weight_loaders has no statement", loaders, module
+                    )
+                edits[id(first)] = lambda updated, line=line: cst.FlattenSentinel([line, updated])
             if not _chooses_with_bias(survey):
                 score_stmt = survey.score_statements[-1]
                 scores = code_of(simple_assign(score_stmt)[0])
@@ -216,10 +299,23 @@ class RoutingBias(Codemod):
                 if code_of(value) != "False":
                     edits[id(value)] = lambda updated: parse_expr("False", module)
         module = rewrite(module, edits)
-        return moe_edits.add_router_mapping(
-            module, router_params, BIAS, f".{self.params.checkpoint_name}", "routing-bias", ctx,
-            after=("router_bias",),
+        module = add_functions(module, [KEY_FUNCTION, LOADER_FUNCTION])
+        module = ensure_import_from(module, WEIGHT_LOADERS, "SafetensorsWeightLoader")
+        tensor = self.params.checkpoint_name
+        return moe_edits.add_router_mapping_value(
+            module, router_params, BIAS,
+            lambda router, block: f'_routing_bias_key(names, {router}, {block}, "{tensor}")',
+            "routing-bias", ctx, after=("router_bias",),
         )
+
+
+def _is_docstring(stmt: cst.CSTNode) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
 
 
 def _chooses_with_bias(survey: moe_edits.ExpertsSurvey) -> bool:

@@ -8,6 +8,8 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform import moe as moe_edits
+from autoport_cst.transform.attention import add_functions
+from autoport_cst.transform.config_fields import add_config_fields
 from autoport_cst.transform.cst_helpers import (
     classes_with_role,
     code_of,
@@ -44,27 +46,54 @@ class SharedExpertsParams:
         default=True,
         metadata={"doc": "A sigmoid gate (a [1, H] linear) scales the shared expert's output per token."},
     )
-    checkpoint_name: str = field(
-        default="shared_expert",
-        metadata={"doc": "Name of the shared expert under the MoE block in the checkpoint ('shared_experts' in DeepSeek-style models)."},
+
+
+CONFIG_FIELDS = [
+    ("n_shared_experts: int | None = None", ""),
+    ("shared_expert_intermediate_size: int | None = None", ""),
+]
+CONFIG_ALIASES = {
+    "n_shared_experts": ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts", "num_shared_expert"),
+    "shared_expert_intermediate_size": ("shared_expert_intermediate_size", "shared_intermediate_size"),
+}
+
+WIDTH_FUNCTION = '''
+def _shared_expert_width(config) -> int:
+    """Intermediate size of the always-on shared expert: the config's
+    ``shared_expert_intermediate_size`` when it has one (Qwen2-MoE), else the
+    expert intermediate size times the number of shared experts
+    (``n_shared_experts``; one when the config does not say)."""
+    if config.shared_expert_intermediate_size:
+        return config.shared_expert_intermediate_size
+    return config.moe_intermediate_size * (config.n_shared_experts or 1)
+'''
+
+KEY_FUNCTION = '''
+def _shared_expert_key(names, block: str, tensor: str) -> str:
+    """Checkpoint key of ``tensor`` (``gate_proj.weight``...) of the shared
+    expert of MoE block ``block``, which checkpoints name ``shared_expert``,
+    ``shared_experts`` or ``shared_mlp``."""
+    for name in ("shared_expert", "shared_experts", "shared_mlp"):
+        if f"{block}.{name}.{tensor}" in names:
+            return f"{block}.{name}.{tensor}"
+    raise KeyError(
+        f"no shared expert in the checkpoint for {block} (looked for {block}.shared_expert.{tensor}, "
+        f"{block}.shared_experts.{tensor}, {block}.shared_mlp.{tensor})"
     )
-    intermediate_size_key: str = field(
-        default="shared_expert_intermediate_size",
-        metadata={"doc": "Config field holding the shared expert's intermediate size (used without count_key)."},
-    )
-    count_key: str | None = field(
-        default=None,
-        metadata={"doc": "Config field counting the shared experts (n_shared_experts): their intermediate size is then moe_intermediate_size times that count."},
-    )
+'''
 
 
 class SharedExperts(Codemod):
     """Add an always-on shared expert to the MoE, optionally scaled by a sigmoid gate.
 
     Qwen2-MoE adds ``sigmoid(x W_g) * shared_expert(x)`` to the routed
-    experts' output; DeepSeek-style models (Dots1, GLM-4-MoE) add
-    ``shared_experts(x)`` without a gate, sized ``n_shared_experts`` times the
-    expert intermediate size. ``x`` is the normalized input of the MoE.
+    experts' output; DeepSeek-style models (Dots1, GLM-4-MoE, ERNIE-4.5-MoE,
+    Hunyuan) add ``shared_experts(x)`` without a gate. ``x`` is the
+    normalized input of the MoE. The shared expert's width is read from the
+    config at run time by ``_shared_expert_width(config)`` (added to the
+    model file): ``shared_expert_intermediate_size`` when the config has it,
+    else ``moe_intermediate_size`` times ``n_shared_experts`` (one when the
+    config does not say).
 
     In the experts class (``<Prefix>Experts``):
 
@@ -87,17 +116,22 @@ class SharedExperts(Codemod):
       own norm) is added.
 
     In ``load_weights`` the mapping gains the four (or three) entries next to
-    the routed experts' ``down_proj_weight`` entry, from
-    ``<MoE block>.<checkpoint_name>.{gate,up,down}_proj.weight`` and
+    the routed experts' ``down_proj_weight`` entry: the shared expert's
+    ``{gate,up,down}_proj.weight`` under the MoE block, found in the
+    checkpoint's tensor names by ``_shared_expert_key(names, block, tensor)``
+    (added to the model file; checkpoints call the module ``shared_expert``,
+    ``shared_experts`` or ``shared_mlp``), and
     ``<MoE block>.shared_expert_gate.weight``. In config.py the config
-    dataclass gains the intermediate-size (or count) field after
-    ``moe_intermediate_size``.
+    dataclass gains ``shared_expert_intermediate_size`` and
+    ``n_shared_experts``, with the config keys that hold them in
+    ``_ALIASES``.
 
     Preconditions: an experts class calling ``NF.router`` with
     ``self.down_proj_weight``, ``self.hidden_size``, ``self.dtype``,
     ``self.world_size``, a ``_setup_weight_loaders`` method, its own norm
     module, a ``forward_prefill`` computing the routed output, a
-    ``forward_decode`` with an all-reduce, and the router's mapping entry.
+    ``forward_decode`` with an all-reduce, the router's mapping entry and a
+    ``names`` variable (the checkpoint's tensor names) in ``load_weights``.
     """
 
     ID = "shared-experts"
@@ -143,6 +177,7 @@ class SharedExperts(Codemod):
 
                 class Qwen3MoeForCausalLM(nn.Module):
                     def load_weights(self, path):
+                        names = set(checkpoint.get_tensor_names())
                         for layer_id in range(2):
                             prefix = f"model.layers.{layer_id}"
                             mappings[f"{prefix}.mlp.experts.router_weight"] = f"{moe.router}.weight"
@@ -150,6 +185,29 @@ class SharedExperts(Codemod):
             ''',
             after='''
                 from vllm_neuron.utils.weight_loader import set_weight_loader, sharding_weight_loader
+
+
+                def _shared_expert_key(names, block: str, tensor: str) -> str:
+                    """Checkpoint key of ``tensor`` (``gate_proj.weight``...) of the shared
+                    expert of MoE block ``block``, which checkpoints name ``shared_expert``,
+                    ``shared_experts`` or ``shared_mlp``."""
+                    for name in ("shared_expert", "shared_experts", "shared_mlp"):
+                        if f"{block}.{name}.{tensor}" in names:
+                            return f"{block}.{name}.{tensor}"
+                    raise KeyError(
+                        f"no shared expert in the checkpoint for {block} (looked for {block}.shared_expert.{tensor}, "
+                        f"{block}.shared_experts.{tensor}, {block}.shared_mlp.{tensor})"
+                    )
+
+
+                def _shared_expert_width(config) -> int:
+                    """Intermediate size of the always-on shared expert: the config's
+                    ``shared_expert_intermediate_size`` when it has one (Qwen2-MoE), else the
+                    expert intermediate size times the number of shared experts
+                    (``n_shared_experts``; one when the config does not say)."""
+                    if config.shared_expert_intermediate_size:
+                        return config.shared_expert_intermediate_size
+                    return config.moe_intermediate_size * (config.n_shared_experts or 1)
 
 
                 class Qwen3MoeExperts(nn.Module):
@@ -161,7 +219,7 @@ class SharedExperts(Codemod):
                         self.router_weight = nn.Parameter(torch.empty(self.num_experts, self.hidden_size, dtype=torch.float32))
                         self.down_proj_weight = nn.Parameter(torch.empty(self.num_experts, self.size, self.hidden_size, dtype=self.dtype))
                         # <-- MODEL-SPECIFIC: always-on shared expert (SiLU-gated MLP), intermediate sharded over TP
-                        self.shared_intermediate_size_per_rank = config.shared_expert_intermediate_size // self.world_size
+                        self.shared_intermediate_size_per_rank = _shared_expert_width(config) // self.world_size
                         self.shared_gate_proj_weight = nn.Parameter(
                             torch.empty(self.hidden_size, self.shared_intermediate_size_per_rank, dtype=self.dtype)
                         )
@@ -234,34 +292,52 @@ class SharedExperts(Codemod):
 
                 class Qwen3MoeForCausalLM(nn.Module):
                     def load_weights(self, path):
+                        names = set(checkpoint.get_tensor_names())
                         for layer_id in range(2):
                             prefix = f"model.layers.{layer_id}"
                             mappings[f"{prefix}.mlp.experts.router_weight"] = f"{moe.router}.weight"
                             mappings[f"{prefix}.mlp.experts.down_proj_weight"] = moe.down
-                            mappings[f"{prefix}.mlp.experts.shared_gate_proj_weight"] = f"{moe.module}.shared_expert.gate_proj.weight"
-                            mappings[f"{prefix}.mlp.experts.shared_up_proj_weight"] = f"{moe.module}.shared_expert.up_proj.weight"
-                            mappings[f"{prefix}.mlp.experts.shared_down_proj_weight"] = f"{moe.module}.shared_expert.down_proj.weight"
+                            mappings[f"{prefix}.mlp.experts.shared_gate_proj_weight"] = _shared_expert_key(names, moe.module, "gate_proj.weight")
+                            mappings[f"{prefix}.mlp.experts.shared_up_proj_weight"] = _shared_expert_key(names, moe.module, "up_proj.weight")
+                            mappings[f"{prefix}.mlp.experts.shared_down_proj_weight"] = _shared_expert_key(names, moe.module, "down_proj.weight")
                             mappings[f"{prefix}.mlp.experts.shared_expert_gate_weight"] = f"{moe.module}.shared_expert_gate.weight"
             ''',
         ),
         Example(
-            title="the config field (DeepSeek style: a count of shared experts)",
+            title="config: the shared expert's width or count, under the keys configs use",
             role="config",
             path="config.py",
-            params={"gate": False, "checkpoint_name": "shared_experts", "count_key": "n_shared_experts"},
+            params={"gate": False},
             before="""
+                _ALIASES = {
+                    "moe_intermediate_size": ("moe_intermediate_size", "intermediate_size"),
+                    "num_experts": ("num_experts", "n_routed_experts"),
+                }
+
+
                 @dataclass
                 class Qwen3MoeConfig:
                     num_experts: int = 128
                     moe_intermediate_size: int = 768
+                    torch_dtype: torch.dtype = torch.bfloat16
             """,
             after="""
+                _ALIASES = {
+                    "moe_intermediate_size": ("moe_intermediate_size", "intermediate_size"),
+                    "n_shared_experts": ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts", "num_shared_expert"),
+                    "num_experts": ("num_experts", "n_routed_experts"),
+                    "shared_expert_intermediate_size": ("shared_expert_intermediate_size", "shared_intermediate_size"),
+                }
+
+
                 @dataclass
                 class Qwen3MoeConfig:
                     num_experts: int = 128
                     moe_intermediate_size: int = 768
-                    # <-- MODEL-SPECIFIC: shared experts (their intermediate size is moe_intermediate_size times this)
+                    # <-- MODEL-SPECIFIC: fields of this architecture's features (sorted by name)
                     n_shared_experts: int | None = None
+                    shared_expert_intermediate_size: int | None = None
+                    torch_dtype: torch.dtype = torch.bfloat16
             """,
         ),
         Example(
@@ -283,47 +359,14 @@ class SharedExperts(Codemod):
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> SharedExpertsParams:
-        if target.moe.shared_expert_gate:
-            return SharedExpertsParams(gate=True)
-        return SharedExpertsParams(gate=False, checkpoint_name="shared_experts", count_key="n_shared_experts")
-
-    @classmethod
-    def check_params(cls, params: SharedExpertsParams) -> list[str]:
-        problems = []
-        for name in ("checkpoint_name", "intermediate_size_key", "count_key"):
-            value = getattr(params, name)
-            if value is not None and not value.isidentifier():
-                problems.append(f"{name} {value!r} is not an identifier")
-        return problems
-
-    @property
-    def config_field(self) -> str:
-        return self.params.count_key or self.params.intermediate_size_key
+        return SharedExpertsParams(gate=bool(target.moe.shared_expert_gate))
 
     # -- config.py -------------------------------------------------------------
 
     def _transform_config(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        configs = classes_with_role(module, "config")
-        target = None
-        for cls in configs:
-            for stmt in cls.body.body:
-                if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.AnnAssign):
-                    name = dotted(stmt.body[0].target)
-                    if name == self.config_field:
-                        return module
-                    if name == "moe_intermediate_size":
-                        target = stmt
-        if target is None:
-            raise ctx.precondition(
-                "shared-experts: no config dataclass with a moe_intermediate_size field in this file"
-            )
-        if self.params.count_key:
-            comment = "# <-- MODEL-SPECIFIC: shared experts (their intermediate size is moe_intermediate_size times this)"
-        else:
-            comment = "# <-- MODEL-SPECIFIC: intermediate size of the shared expert"
-        new = parse_statement(f"{self.config_field}: int | None = None", module)
-        new = new.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(comment))])
-        return insert_many_after(module, {id(target): [new]})
+        for name, keys in CONFIG_ALIASES.items():
+            module = moe_edits.add_config_alias(module, ctx, self.ID, name, keys)
+        return add_config_fields(module, ctx, self.ID, CONFIG_FIELDS)
 
     # -- model.py --------------------------------------------------------------
 
@@ -347,6 +390,7 @@ class SharedExperts(Codemod):
         module = rewrite(module, edits)
         if added:
             module = ensure_import_from(module, WEIGHT_LOADERS, "sharding_weight_loader")
+        module = add_functions(module, [WIDTH_FUNCTION, KEY_FUNCTION])
         return self._add_mappings(module, router_params, ctx)
 
     def _missing(self, ctx, survey, what, module):
@@ -384,10 +428,7 @@ class SharedExperts(Codemod):
         # __init__: the parameters after the routed experts' down weight
         new_init: list[cst.BaseStatement] = []
         if not has_weights:
-            if self.params.count_key:
-                size = f"({config}.moe_intermediate_size * {config}.{self.params.count_key})"
-            else:
-                size = f"{config}.{self.params.intermediate_size_key}"
+            size = f"_shared_expert_width({config})"
             lines = parse_statements(
                 f"self.{SIZE} = {size} // self.world_size\n"
                 f"self.{WEIGHTS[0]} = nn.Parameter(\n"
@@ -517,11 +558,15 @@ class SharedExperts(Codemod):
             raise ctx.precondition(
                 f"shared-experts: load_weights has no mappings[...{' / '.join(sorted(router_params))}] entry"
             )
-        name = self.params.checkpoint_name
-        wanted = [(WEIGHTS[0], f"{name}.gate_proj.weight"), (WEIGHTS[1], f"{name}.up_proj.weight"),
-                  (WEIGHTS[2], f"{name}.down_proj.weight")]
+        wanted = [(WEIGHTS[0], "gate_proj.weight"), (WEIGHTS[1], "up_proj.weight"), (WEIGHTS[2], "down_proj.weight")]
         if self.params.gate:
-            wanted.append((GATE, "shared_expert_gate.weight"))
+            wanted.append((GATE, None))
+        if not _assigns_names(routers[0].statement, module):
+            raise ctx.precondition(
+                "shared-experts: load_weights has no names variable (names = set(checkpoint.get_tensor_names()))",
+                routers[0].statement,
+                module,
+            )
         additions: dict[int, list] = {}
         for entry in routers:
             param = next(p for p in router_params if entry.key.endswith(f".{p}"))
@@ -536,11 +581,14 @@ class SharedExperts(Codemod):
                     module,
                 )
             anchor = next((e for e in entries if e.key == base + "down_proj_weight"), entry)
-            for attr, suffix in wanted:
+            for attr, tensor in wanted:
                 if base + attr in keys:
                     continue
                 key = replace_string_suffix(entry.key_node, param, attr)
-                value = parse_expr(block(suffix), module)
+                if tensor is None:
+                    value = parse_expr(block("shared_expert_gate.weight"), module)
+                else:
+                    value = parse_expr(f'_shared_expert_key(names, {block(None)}, "{tensor}")', module)
                 additions.setdefault(id(anchor.statement), []).append(entry_statement(entry, key, value))
         return insert_many_after(module, additions)
 
@@ -571,9 +619,25 @@ def _norm_attribute(survey: moe_edits.ExpertsSurvey) -> str | None:
     return None
 
 
+def _assigns_names(stmt: cst.CSTNode, module: cst.Module) -> bool:
+    """Whether the ``load_weights`` holding ``stmt`` assigns ``names``."""
+    for cls in classes_with_role(module, "causal_lm"):
+        for node in walk(cls):
+            if isinstance(node, cst.FunctionDef) and any(n is stmt for n in walk(node)):
+                return any(
+                    isinstance(n, cst.SimpleStatementLine)
+                    and (pair := simple_assign(n)) is not None
+                    and isinstance(pair[0], cst.Name)
+                    and pair[0].value == "names"
+                    for n in walk(node)
+                )
+    return False
+
+
 def _block_key(value: cst.BaseExpression, module: cst.Module):
-    """A function suffix -> f-string source of ``<MoE block>.<suffix>``, from
-    the router weight's checkpoint key."""
+    """From the router weight's checkpoint key, a function: suffix -> source
+    of the key ``<MoE block>.<suffix>``, or with ``None`` the source of the
+    MoE block's key itself."""
     text = string_text(value)
     if text is None:
         return None
@@ -587,12 +651,14 @@ def _block_key(value: cst.BaseExpression, module: cst.Module):
             and tail.value == ".weight"
         ):
             owner = code_of(head.expression.value)
-            return lambda suffix: f'f"{{{owner}.module}}.{suffix}"'
+            return lambda suffix: f"{owner}.module" if suffix is None else f'f"{{{owner}.module}}.{suffix}"'
     for router in (".gate.weight", ".router.weight"):
         if text.endswith(router):
             prefix = "f" if isinstance(value, cst.FormattedString) else ""
             body = text[: -len(router)]
-            return lambda suffix, body=body, prefix=prefix: f'{prefix}"{body}.{suffix}"'
+            return lambda suffix, body=body, prefix=prefix: (
+                f'{prefix}"{body}"' if suffix is None else f'{prefix}"{body}.{suffix}"'
+            )
     return None
 
 

@@ -8,7 +8,9 @@ directory holding one). Only keys that are fields of the dataclass are kept.
 Mixture-of-experts configs name the same quantities differently; the first
 key present wins:
 
-- routed experts: ``num_experts``, ``num_local_experts``, ``n_routed_experts``;
+- routed experts: ``num_experts``, ``num_local_experts``, ``n_routed_experts``,
+  ``moe_num_experts``;
+- experts per token: ``num_experts_per_tok``, ``moe_topk``, ``moe_k``;
 - one expert's intermediate size: ``moe_intermediate_size``, else
   ``intermediate_size`` (models whose every layer is an MoE use the dense
   name for the experts).
@@ -34,10 +36,12 @@ _DTYPES = {
     "fp32": torch.float32,
 }
 
-# field -> config keys that hold it, in order of preference
+# field -> config keys that hold it, in order of preference (sorted by field;
+# codemods add the aliases of the fields they add in sorted place)
 _ALIASES = {
-    "num_experts": ("num_experts", "num_local_experts", "n_routed_experts"),
     "moe_intermediate_size": ("moe_intermediate_size", "intermediate_size"),
+    "num_experts": ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"),
+    "num_experts_per_tok": ("num_experts_per_tok", "moe_topk", "moe_k"),
 }
 
 

@@ -388,13 +388,16 @@ class Qwen3MoeAttention(nn.Module):
 # =============================================================================
 
 
-def expert_gate_up_loader(intermediate_per_rank, num_shards, num_experts):
+def expert_gate_up_loader(intermediate_per_rank, num_shards, num_experts, hidden_size):
     """Loader for the stacked gate|up weight [E, H, 2 * I/tp] of all experts.
 
     Takes either the per-expert checkpoint tensors, listed
     ``[gate_0 .. gate_{E-1}, up_0 .. up_{E-1}]`` (each [I, H]), or one fused
-    [E, 2 * I, H] tensor (gate rows, then up rows: the layout transformers
-    saves). Each rank keeps its slice of the intermediate dimension of gate
+    tensor: [E, 2 * I, H] (gate rows, then up rows: the layout transformers
+    saves), or [E, H, 2 * I] (gate columns, then up columns: checkpoints that
+    store experts [in, out], such as Aria's). The fused layout is told by the
+    shape; when hidden == 2 * intermediate both shapes agree and [E, 2I, H] is
+    assumed. Each rank keeps its slice of the intermediate dimension of gate
     and of up.
     """
 
@@ -406,7 +409,11 @@ def expert_gate_up_loader(intermediate_per_rank, num_shards, num_experts):
             up = torch.stack([s[start:stop, :] for s in slices[num_experts:]])
         elif len(slices) == 1 and len(slices[0].get_shape()) == 3:
             fused = slices[0]
-            full = fused.get_shape()[1] // 2
+            shape = tuple(fused.get_shape())
+            full = intermediate_per_rank * num_shards
+            if shape[1:] != (2 * full, hidden_size) and shape[1:] == (hidden_size, 2 * full):
+                # [E, H, 2I]: already [in, out]
+                return torch.cat([fused[:, :, start:stop], fused[:, :, full + start : full + stop]], dim=2)
             gate = fused[:, start:stop, :]
             up = fused[:, full + start : full + stop, :]
         else:
@@ -419,9 +426,11 @@ def expert_gate_up_loader(intermediate_per_rank, num_shards, num_experts):
     return SafetensorsWeightLoader(transform)
 
 
-def expert_down_loader(intermediate_per_rank, num_shards, num_experts):
+def expert_down_loader(intermediate_per_rank, num_shards, num_experts, hidden_size):
     """Loader for the stacked down weight [E, I/tp, H] of all experts, from
-    ``[down_0 .. down_{E-1}]`` (each [H, I]) or one fused [E, H, I] tensor."""
+    ``[down_0 .. down_{E-1}]`` (each [H, I]) or one fused tensor, [E, H, I]
+    or [E, I, H] (stored [in, out]; when hidden == intermediate both shapes
+    agree and [E, H, I] is assumed)."""
 
     def transform(slices, rank):
         start = (rank % num_shards) * intermediate_per_rank
@@ -429,6 +438,10 @@ def expert_down_loader(intermediate_per_rank, num_shards, num_experts):
         if len(slices) == num_experts:
             down = torch.stack([s[:, start:stop] for s in slices])
         elif len(slices) == 1 and len(slices[0].get_shape()) == 3:
+            shape = tuple(slices[0].get_shape())
+            full = intermediate_per_rank * num_shards
+            if shape[1:] != (hidden_size, full) and shape[1:] == (full, hidden_size):
+                return slices[0][:, start:stop, :]  # [E, I, H]: already [in, out]
             down = slices[0][:, :, start:stop]
         else:
             raise ValueError(
@@ -503,6 +516,7 @@ class Qwen3MoeExperts(nn.Module):
                 intermediate_per_rank=self.intermediate_size_per_rank,
                 num_shards=self.world_size,
                 num_experts=self.num_experts,
+                hidden_size=self.hidden_size,
             ),
         )
         set_weight_loader(
@@ -511,6 +525,7 @@ class Qwen3MoeExperts(nn.Module):
                 intermediate_per_rank=self.intermediate_size_per_rank,
                 num_shards=self.world_size,
                 num_experts=self.num_experts,
+                hidden_size=self.hidden_size,
             ),
         )
 
@@ -778,11 +793,15 @@ class MoECheckpointKeys(NamedTuple):
 # (MoE block, router, gate, up, down) for per-expert tensors
 # "<block>.experts.<j>.<gate|up|down>.weight"; a checkpoint saved by
 # transformers >= 5 stores "<block>.experts.gate_up_proj" [E, 2I, H] and
-# "<block>.experts.down_proj" [E, H, I] instead.
+# "<block>.experts.down_proj" [E, H, I] instead. The router is a submodule
+# of the block: "gate" (Qwen, DeepSeek), "router" (Aria, Granite), "gate.wg"
+# (Hunyuan).
 EXPERT_LAYOUTS = (
     ("mlp", "gate", "gate_proj", "up_proj", "down_proj"),
     ("mlp", "router", "gate_proj", "up_proj", "down_proj"),
+    ("mlp", "gate.wg", "gate_proj", "up_proj", "down_proj"),
     ("block_sparse_moe", "gate", "w1", "w3", "w2"),
+    ("block_sparse_moe", "router", "w1", "w3", "w2"),
 )
 
 

@@ -46,7 +46,8 @@ def torch_activation_plan(activation: str) -> dict:
         {"norm": {"kind": "layernorm", "bias": True, "eps_key": "norm_epsilon"},
          "attention": {"qkv_bias": True, "o_bias": True, "sliding_window": "all"},
          "rope": {"type": "default"}, "mlp": {"kind": "plain", "activation": activation, "bias": True},
-         "embedding": {"tied": True}},
+         "embedding": {"tied": True},
+         "checkpoint": {"key_map": {"mlp.up_proj": "mlp.c_fc", "mlp.down_proj": "mlp.c_proj"}}},
         reference="starcoder2", prefix="Starcoder2",
     )
 

@@ -20,10 +20,9 @@ MOE_PARAMS = {
     "router-activation": st.sampled_from([{"activation": "sigmoid"}, {"activation": "softmax"}]),
     "router-bias": st.just({}),
     "routing-bias": st.just({}),
-    "shared-experts": st.sampled_from(
-        [{"gate": True}, {"gate": False, "checkpoint_name": "shared_experts", "count_key": "n_shared_experts"}]
-    ),
+    "shared-experts": st.sampled_from([{"gate": True}, {"gate": False}]),
     "remove-qk-norm": st.just({}),
+    "routed-scaling": st.just({}),
 }
 OTHERS = {
     "add-qkv-bias": st.just({"qkv": True}),
@@ -83,7 +82,7 @@ def test_reference_edits():
     routing = apply("routing-bias", {}, source)
     assert "self.fused_decode = False" in routing
     assert "torch.topk(scores + self.routing_bias, self.num_experts_per_token, dim=-1).indices" in routing
-    assert 'f"{moe.router}.e_score_correction_bias"' in routing
+    assert '_routing_bias_key(names, moe.router, moe.module, "e_score_correction_bias")' in routing
 
     shared = apply("shared-experts", {"gate": True}, source)
     assert "output = output + self._shared_expert(hidden_states)" in shared
@@ -117,3 +116,57 @@ def test_config_gains_the_shared_expert_field():
     )
     cst.parse_module(output)
     assert "    shared_expert_intermediate_size: int | None = None\n" in output
+
+
+# codemods that edit more of the reference than the reduced source holds (the
+# MoE wrapper, the decoder layer, the config): run on the whole model file
+FULL_PARAMS = {
+    "dense-layers": {},
+    "routed-scaling": {},
+    "routing-bias": {},
+    "shared-experts": {"gate": False},
+    "router-activation": {"activation": "sigmoid"},
+    "remove-qk-norm": {},
+}
+
+
+@FEW
+@given(order=st.permutations(sorted(FULL_PARAMS)))
+def test_dense_layers_and_routed_scaling_commute_on_the_reference(order):
+    from .moe_sources import reference_source
+
+    def run(sequence):
+        text = reference_source()
+        for codemod_id in sequence:
+            text = apply(codemod_id, FULL_PARAMS[codemod_id], text)
+        return text
+
+    first = run(sorted(FULL_PARAMS))
+    assert run(order) == first
+    for codemod_id in FULL_PARAMS:
+        assert apply(codemod_id, FULL_PARAMS[codemod_id], first) == first
+    assert "self.mlp = Qwen3MoeDenseMLP(config) if _layer_is_dense(config, layer_idx) else Qwen3MoeMLP(config)" in first
+    assert "affinities = affinities * self.routed_scaling_factor" in first
+    assert "output = output * self.routed_scaling_factor" in first
+
+
+def test_config_edits_commute():
+    from .conftest import QWEN3_MOE
+
+    config = (QWEN3_MOE / "config.py").read_text(encoding="utf-8")
+    ids = ["dense-layers", "routed-scaling", "shared-experts"]
+    params = {"dense-layers": {}, "routed-scaling": {}, "shared-experts": {"gate": False}}
+
+    def run(sequence):
+        text = config
+        for codemod_id in sequence:
+            cls = get_codemod(codemod_id)
+            text, _ = run_on_source(cls(cls.parse_params(params[codemod_id])), text, "config.py", "config",
+                                    PortContext())
+        return text
+
+    forward, backward = run(ids), run(list(reversed(ids)))
+    assert forward == backward
+    compile(forward, "config.py", "exec")
+    assert '"routed_scaling_factor": ("routed_scaling_factor", "router_scaling_factor"),' in forward
+    assert "    first_k_dense_replace: int | None = None\n" in forward

@@ -21,8 +21,14 @@ classified by what they compute:
   (plain), fused gate/up projections, biases;
 - MoE blocks: top-k routing, the score function, renormalisation, shared
   experts and their gate, router and routing biases;
-- the backbone and head: scalars applied to embeddings, logit divisors and
-  tanh softcapping.
+- the backbone and head: scalars applied to embeddings (and extra
+  embeddings added to them: learned positions), logit divisors and
+  multipliers with the config field they come from, tanh softcapping;
+- module names: which module plays each canonical (Llama-style) role, for
+  ``checkpoint.key_map`` (see :mod:`autoport_cst.research.keys`);
+- what the spec cannot describe (``attention.kind``, an attention-output
+  norm, q/k norms after RoPE, clamped projections, learned parameters in the
+  attention, layers without softmax attention), for the planner to refuse.
 
 Anything that does not match a known computation is reported as unknown,
 with what was seen.
@@ -96,6 +102,13 @@ class CodeAnalysis:
     layer_count: int | None = None
     dense_layers: list[int] = field(default_factory=list)
     moe_layers: list[int] = field(default_factory=list)
+    # canonical (Llama-style) module path -> the module path the code builds.
+    # Top-level entries are full paths (model, model.layers, model.embed_tokens,
+    # model.norm, lm_head); decoder-layer entries are relative to a layer
+    # (self_attn, self_attn.q_proj, mlp.down_proj, input_layernorm, ...).
+    module_names: dict[str, str] = field(default_factory=dict)
+    final_norm_key: str | None = None
+    linear_modules: list[str] = field(default_factory=list)  # torch base of the layer projections: Linear | Conv1D
 
     def add(self, finding: Finding) -> None:
         self.findings.append(finding)
@@ -529,7 +542,7 @@ class _Run:
         backbone, layers_attr, layers = self.find_backbone()
         if backbone is None or not layers:
             self.add(unknown("code.decoder_layers", CODE,
-                             f"no list of decoder layers found under {self.cls.name}"))
+                             f"no list of decoder layers found under {self.cls.name}" + self.layer_list_shape()))
             return
         backbone_path, backbone_inst = backbone
         r.layer_count = len(layers)
@@ -537,6 +550,15 @@ class _Run:
                        f"{backbone_inst.class_name}.{layers_attr}: {len(layers)} decoder layers built"))
         self.layers = layers
         self.layer_prefix = f"{backbone_path}.{layers_attr}." if backbone_path else f"{layers_attr}."
+        r.module_names["model"] = backbone_path
+        r.module_names["model.layers"] = self.layer_prefix[:-1]
+        others = [i for i, layer in enumerate(layers)
+                  if not any(self.a.role(c) == "attention" for _, c in layer.children())]
+        if others:
+            kinds = sorted({layers[i].class_name for i in others})
+            self.add(known(tuple(others), "attention.other_mixer_layers", CODE,
+                           f"{backbone_inst.class_name}.{layers_attr}: layers {_ranges(others)} of {len(layers)} "
+                           f"have no softmax attention ({', '.join(kinds)})"))
         self.analyze_layers()
         self.analyze_backbone(backbone_path, backbone_inst)
         self.analyze_head(backbone_inst)
@@ -554,12 +576,55 @@ class _Run:
             for name, value in inst.attrs.items():
                 if isinstance(value, Instance) and value.cls == MODULE_LIST:
                     items = [i for i in value.attrs.get("items", []) if isinstance(i, Instance)]
-                    if items and self.is_decoder_layer(items[0]):
+                    if items and any(self.is_decoder_layer(item) for item in items):
                         return (path, inst), name, items
             for name, child in inst.children():
                 if "." not in name:
                     queue.append((f"{path}.{name}" if path else name, child))
         return None, None, []
+
+    def layer_list_shape(self) -> str:
+        """What the first list of modules holds, when it is not a list of
+        decoder layers with one attention and one MLP module; and whether
+        the module owning it adds a second embedding (positions) to the
+        token embedding."""
+        queue: list[Instance] = [self.top]
+        seen = 0
+        while queue and seen < 64:
+            inst = queue.pop(0)
+            seen += 1
+            for value in inst.attrs.values():
+                if isinstance(value, Instance) and value.cls == MODULE_LIST:
+                    items = [i for i in value.attrs.get("items", []) if isinstance(i, Instance)]
+                    if not items:
+                        continue
+                    children = ", ".join(f"{n} ({self.a.role(c)})" for n, c in items[0].children())
+                    text = f": its layers ({items[0].class_name}) hold {children or 'no modules'}, not one " \
+                           "attention and one MLP module"
+                    positions = self.added_embeddings(inst)
+                    if positions:
+                        text += f"; {inst.class_name} adds {', '.join(positions)} to the token embedding"
+                        self.add(known(True, "embedding.learned_positions", CODE,
+                                       f"{inst.class_name}.forward adds {', '.join(positions)} to the token embedding"))
+                    return text
+            queue += [c for n, c in inst.children() if "." not in n]
+        return ""
+
+    def added_embeddings(self, owner: Instance) -> list[str]:
+        """Embeddings (other than the first) whose output ``owner``'s forward
+        adds to another embedding's output."""
+        embeds = {id(c): n for n, c in owner.children() if self.a.role(c) == "embedding"}
+        if len(embeds) < 2:
+            return []
+        found = set()
+        for state in self.a.forward(owner):
+            for node in walk(state.value):
+                if node.kind == "binop" and node.name == "add":
+                    sides = [{embeds[id(m.ref)] for m in walk(arg) if m.kind == "module" and id(m.ref) in embeds}
+                             for arg in node.args]
+                    if all(sides) and sides[0] != sides[1]:
+                        found |= (sides[0] | sides[1]) - {next(iter(embeds.values()))}
+        return sorted(found)
 
     def is_decoder_layer(self, inst: Instance) -> bool:
         roles = {self.a.role(c) for _, c in inst.children()}
@@ -590,7 +655,7 @@ class _Run:
             return
         verdicts = [self.decoder_verdict(layer, value) for value in outs]
         first = verdicts[0]
-        for key in ("placement", "parallel", "multiplier", "norm_names"):
+        for key in ("placement", "parallel", "multiplier", "norm_names", "norm_roles"):
             values = {repr(v[key]) for v in verdicts}
             if len(values) > 1:
                 first[key] = None
@@ -600,6 +665,7 @@ class _Run:
         norms = [dict(layer.children())[n] for n in norm_names if n in dict(layer.children())]
         self.r.norm_modules = [f"{self.layer_prefix}0.{n}" for n in norm_names]
         self.classify_norms(norms, norm_names, layer)
+        self.canonical_norm_names(first.get("norm_roles"), first.get("placement"))
         if first["placement"] is None:
             self.add(unknown("norm.placement", CODE, f"{where}: {first.get('why_placement', '')}"))
         else:
@@ -616,13 +682,36 @@ class _Run:
                            f"{where}: sublayer outputs scaled by {value:g} before the residual add"
                            if value is not None else f"{where}: sublayer outputs added unscaled"))
 
+    def canonical_norm_names(self, roles: dict[str, str | None] | None, placement: str | None) -> None:
+        """The decoder-layer norms under the names the references load:
+        input_layernorm before the attention; post_attention_layernorm before
+        the MLP (pre-norm) or on the attention output (post, sandwich);
+        pre_feedforward_layernorm before the MLP (sandwich);
+        post_feedforward_layernorm on the MLP output."""
+        if not roles or placement is None:
+            return
+        names = self.r.module_names
+        if placement == "pre":
+            canonical = {"pre_attention": "input_layernorm", "pre_mlp": "post_attention_layernorm"}
+            if roles.get("pre_attention") is not None and roles.get("pre_attention") == roles.get("pre_mlp"):
+                canonical.pop("pre_mlp")  # one norm feeds both sublayers (parallel residual)
+        elif placement == "sandwich":
+            canonical = {"pre_attention": "input_layernorm", "post_attention": "post_attention_layernorm",
+                         "pre_mlp": "pre_feedforward_layernorm", "post_mlp": "post_feedforward_layernorm"}
+        else:
+            canonical = {"post_attention": "post_attention_layernorm", "post_mlp": "post_feedforward_layernorm"}
+        for role, name in canonical.items():
+            if roles.get(role):
+                names[name] = roles[role]
+
     def decoder_verdict(self, layer: Instance, value: Any) -> dict[str, Any]:
         a = self.a
         calls = [n for n in walk(value) if n.kind == "module" and n.ref is not None]
         subs = [n for n in calls if a.role(n.ref) in ("attention", "mlp", "moe")]
         attn = [n for n in subs if a.role(n.ref) == "attention"]
         ffn = [n for n in subs if a.role(n.ref) in ("mlp", "moe")]
-        verdict: dict[str, Any] = {"placement": None, "parallel": None, "multiplier": None, "norm_names": []}
+        verdict: dict[str, Any] = {"placement": None, "parallel": None, "multiplier": None, "norm_names": [],
+                                   "norm_roles": None}
         if len(attn) != 1 or len(ffn) != 1:
             verdict["why_placement"] = verdict["why_parallel"] = (
                 f"found {len(attn)} attention and {len(ffn)} MLP calls in the output")
@@ -645,6 +734,10 @@ class _Run:
                 if norm is not None and norm.name and norm.name not in names:
                     names.append(norm.name)
         verdict["norm_names"] = names
+        verdict["norm_roles"] = {
+            f"{when}_{kind}": (norm.name if norm is not None else None)
+            for kind in ("attention", "mlp") for when, norm in (("pre", pre[kind]), ("post", post[kind]))
+        }
         has_pre = {k: v is not None for k, v in pre.items()}
         has_post = {k: v is not None for k, v in post.items()}
         desc = ", ".join(
@@ -834,13 +927,32 @@ class _Run:
         head_dim = attn.attrs.get("head_dim", attn.attrs.get("head_size"))
         if isinstance(head_dim, int):
             self.add(known(head_dim, "attention.head_dim", CODE, f"{attn.class_name}.head_dim = {head_dim}"))
-        # q/k norms
-        qk = []
+        # q/k norms: applied to a projection before the scores; a norm of the
+        # attention's result (before the output projection) is something else
+        kernels = self.kernel_calls(attn, nodes)
+        mixers = kernels + [n for n in nodes if n.kind in ("call", "method")
+                            and n.name.rsplit(".", 1)[-1] in ("softmax", "scaled_dot_product_attention")]
+        qk, after = [], []
         for n in nodes:
             if n.kind == "module" and n.ref is not None and a.role(n.ref) == "norm":
-                if any(depends_on(n.args[0] if n.args else None, c) for c in inputs):
+                arg = n.args[0] if n.args else None
+                if any(depends_on(arg, m) for m in mixers):
+                    after.append(n)
+                elif any(depends_on(arg, c) for c in inputs):
                     qk.append(n.ref)
+                    if any(depends_on(arg, r) for r in nodes if self.is_rotation(r)):
+                        self.add(known(True, "code.qk_norm_after_rope", CODE,
+                                       f"{where}: {n.ref.name} normalises the rotated {n.ref.name[:1]} (after RoPE)"))
         qk = _unique(qk)
+        out_norms = _unique([n.ref for n in after if any(depends_on(o.args[0] if o.args else None, n) for o in outputs)])
+        if out_norms:
+            self.add(known(True, "attention.output_norm", CODE,
+                           f"{where}: {', '.join(q.name or '?' for q in out_norms)} normalises the attention "
+                           "output before the output projection"))
+        else:
+            self.add(known(False, "attention.output_norm", CODE, f"{where}: the output projection reads the "
+                                                                "attention output directly"))
+        self.attention_kind(attn, nodes, inputs, outputs, kernels, where)
         self.r.qk_norm_modules = [prefix + (q.name or "?") for q in qk]
         if not qk:
             self.add(known("none", "attention.qk_norm", CODE, f"{where}: no norm applied to queries or keys"))
@@ -867,8 +979,42 @@ class _Run:
             self.explicit_attention(nodes, inputs, where, hd)
         else:
             self.kernel_arguments(attn, kernel, where, hd)
+        self.attention_names(nodes, inputs, in_insts, out_insts, kernel)
         self.per_layer_attention(where)
         self.rope_style(nodes, inputs, attn, where)
+
+    def attention_names(self, nodes: list[Node], inputs: list[Node], in_insts: list[Instance],
+                        out_insts: list[Instance], kernel: Node | None) -> None:
+        """Canonical names of the attention's modules: which input projection
+        produces the queries, keys and values (the kernel's query, key and
+        value arguments), the output projection, and the q/k norms."""
+        a = self.a
+        names = self.r.module_names
+        base = self.attn_name
+        names["self_attn"] = base
+        for inst in in_insts + out_insts:
+            self.r.linear_modules.append(a.base_module(inst) or "?")
+        if len(out_insts) == 1 and out_insts[0].name:
+            names["self_attn.o_proj"] = f"{base}.{out_insts[0].name}"
+        if len(in_insts) == 1 and in_insts[0].name:
+            names["self_attn.qkv_proj"] = f"{base}.{in_insts[0].name}"
+        roles: dict[str, Instance] = {}
+        if len(in_insts) == 3:
+            if kernel is not None and len(kernel.args) >= 4:
+                for role, arg in zip(("q_proj", "k_proj", "v_proj"), kernel.args[1:4]):
+                    sources = _unique([c.ref for c in inputs if depends_on(arg, c)])
+                    if len(sources) == 1:
+                        roles[role] = sources[0]
+            if len({id(v) for v in roles.values()}) != 3:
+                roles = dict(zip(("q_proj", "k_proj", "v_proj"), in_insts))  # declaration order
+            for role, inst in roles.items():
+                if inst.name:
+                    names[f"self_attn.{role}"] = f"{base}.{inst.name}"
+        for n in nodes:
+            if n.kind == "module" and n.ref is not None and a.role(n.ref) == "norm" and n.args and n.ref.name:
+                for role, proj in (("q_norm", roles.get("q_proj")), ("k_norm", roles.get("k_proj"))):
+                    if proj is not None and any(depends_on(n.args[0], c) for c in inputs if c.ref is proj):
+                        names[f"self_attn.{role}"] = f"{base}.{n.ref.name}"
 
     def norm_width(self, inst: Instance) -> int | None:
         width = self.a.norm_info(inst)["width"]
@@ -887,6 +1033,42 @@ class _Run:
                     if m.kind == "method" and m.name in ("chunk", "split") and m.args and depends_on(m.args[0], n):
                         return "per_head_interleaved"
         return "concatenated"
+
+    def kernel_calls(self, attn: Instance, nodes: list[Node]) -> list[Node]:
+        return [n for n in nodes if n.kind == "call" and any(
+            isinstance(x, Node) and x.kind == "instance" and x.ref is attn for x in n.args)]
+
+    def attention_kind(self, attn: Instance, nodes: list[Node], inputs: list[Node], outputs: list[Node],
+                       kernels: list[Node], where: str) -> None:
+        """softmax (one kernel call on projections of the layer input),
+        differential (the kernel called twice and the results combined) or
+        latent (queries, keys or values from a projection of another
+        projection); and learned parameters of the attention module that its
+        computation uses beyond the projections, norms and sinks."""
+        kind, evidence = "softmax", "one attention over projections of the layer input"
+        if len(kernels) > 1:
+            kind, evidence = "differential", f"the attention kernel is called {len(kernels)} times and combined"
+        elif kernels and len(kernels[0].args) >= 4:
+            chained = _unique([c.ref for c in outputs if any(depends_on(arg, c) for arg in kernels[0].args[1:4])])
+            if chained:
+                kind = "latent"
+                evidence = (f"queries/keys/values come from {', '.join(c.name or '?' for c in chained)}, "
+                            "projections of other projections (low-rank latent attention)")
+        self.add(known(kind, "attention.kind", CODE, f"{where}: {evidence}"))
+        clipped = [n for n in nodes if n.kind in ("method", "call") and n.args
+                   and n.name.rsplit(".", 1)[-1] in ("clamp", "clamp_", "clip", "clip_")
+                   and any(depends_on(n.args[0], c) for c in inputs)
+                   and not any(depends_on(n.args[0], k) for k in kernels)]
+        if clipped:
+            self.add(known(True, "code.qkv_clip", CODE,
+                           f"{where}: the projections are clamped before the attention ({clipped[0].name})"))
+        sinks = {id(v.ref) for k in kernels for _, v in k.kwargs if isinstance(v, Node) and v.kind == "param"}
+        own = [n for n in nodes if n.kind == "param" and isinstance(n.ref, Param) and id(n.ref) not in sinks
+               and any(n.ref is p for _, p in attn.params())]
+        names = sorted({name for name, p in attn.params() if any(p is n.ref for n in own)})
+        if names:
+            self.add(known(names, "code.attention_parameters", CODE,
+                           f"{where}: the attention computation uses the parameters {', '.join(names)}"))
 
     def kernel_call(self, attn: Instance, nodes: list[Node]) -> Node | None:
         for n in nodes:
@@ -908,6 +1090,7 @@ class _Run:
             else:
                 self.add(known(float(scaling), "attention.scale", CODE,
                                f"{where}: scaling = {scaling:g} (head_dim ** -0.5 would be {default:g})"))
+                self.scale_source(attn, float(scaling), where)
         else:
             self.add(unknown("attention.scale", CODE, f"{where}: scaling not computable from the config"))
         softcap = kwargs.get("softcap", None)
@@ -923,6 +1106,32 @@ class _Run:
             self.r.sink_keys = [f"{self.layer_prefix}0.{self.attn_name}.{dict(kernel.kwargs)[k].name}" for k in sinks]
         else:
             self.add(known(False, "attention.sinks", CODE, f"{where}: no parameter passed to the kernel"))
+
+    def scale_source(self, attn: Instance, scaling: float, where: str) -> None:
+        """The config field a non-default attention scale comes from, and how:
+        the field itself (Granite's attention_multiplier) or its inverse
+        square root (Gemma's query_pre_attn_scalar ** -0.5)."""
+        config = self.a.interp.config
+        candidates = []
+        for attr, value in attn.attrs.items():
+            if not (_number(value) and math.isclose(value, scaling, rel_tol=1e-9)):
+                continue
+            for key in sorted(attn.attr_reads.get(attr, ())):
+                field_value = config.read(key, None) if config.has(key) else None
+                if not _number(field_value) or field_value <= 0:
+                    continue
+                if math.isclose(field_value, scaling, rel_tol=1e-9):
+                    candidates.append((key, "multiplier", f"self.{attr} = config.{key}"))
+                elif math.isclose(field_value ** -0.5, scaling, rel_tol=1e-9):
+                    candidates.append((key, "inverse_sqrt", f"self.{attr} = config.{key} ** -0.5"))
+        found = {(k, f) for k, f, _ in candidates}
+        if len(found) == 1:
+            key, form, evidence = candidates[0]
+            self.add(known(key, "attention.scale_key", CODE, f"{where}: {evidence}"))
+            self.add(known(form, "attention.scale_form", CODE, f"{where}: {evidence}"))
+        else:
+            seen = ", ".join(e for _, _, e in candidates) or "no config field gives it"
+            self.add(unknown("attention.scale_key", CODE, f"{where}: scaling {scaling:g}: {seen}"))
 
     def explicit_attention(self, nodes: list[Node], inputs: list[Node], where: str, hd: Any) -> None:
         """Attention written out (matmul, softmax) instead of a kernel call:
@@ -992,6 +1201,9 @@ class _Run:
             self.add(known(nope, "rope.nope_layers", CODE, f"{where}: no rotation applied on layers {_ranges(list(nope))}"))
         elif rotary and all(rotary):
             self.add(known(None, "rope.nope_layers", CODE, f"{where}: rotation applied on every layer"))
+        elif rotary:
+            self.no_rotation = True
+            self.add(known(None, "rope.nope_layers", CODE, f"{where}: no layer applies a rotation"))
 
     def is_rotation(self, node: Node) -> bool:
         if node.kind != "func" or not isinstance(node.ref, FuncRef):
@@ -1008,7 +1220,7 @@ class _Run:
                 styles[n.ref.name] = style
         if not styles:
             rotary = self.find_rotary()
-            if rotary is None:
+            if rotary is None or getattr(self, "no_rotation", False):
                 self.add(known("none", "rope.type", CODE, f"{where}: no rotary embedding module and no rotation applied"))
             else:
                 self.add(unknown("rope.style", CODE, f"{where}: rotation function not recognised"))
@@ -1171,12 +1383,42 @@ class _Run:
             width = up[0].args["out_features"]
             facts["intermediate"] = width // 2 if fused else width
         facts["linears"] = [(i.name, i.args.get("out_features"), i.args.get("bias")) for i in lin_insts]
+        facts["roles"] = self.mlp_roles(linear_calls, acts, gated, fused)
         return facts
+
+    def mlp_roles(self, calls: list[Node], acts: list[Node], gated: bool, fused: bool) -> dict[str, str]:
+        """Canonical MLP projection names (gate_proj, up_proj, down_proj,
+        gate_up_proj) -> the attribute names the code uses."""
+        outputs = [c for c in calls if any(depends_on(c.args[0] if c.args else None, o) for o in calls if o is not c)]
+        inputs = [c for c in calls if not any(c is o for o in outputs)]
+        out_insts = _unique([c.ref for c in outputs])
+        in_insts = _unique([c.ref for c in inputs])
+        roles: dict[str, str] = {}
+        if len(out_insts) == 1 and out_insts[0].name:
+            roles["down_proj"] = out_insts[0].name
+        if len(in_insts) == 1 and in_insts[0].name:
+            roles["gate_up_proj" if fused else "up_proj"] = in_insts[0].name
+        elif len(in_insts) == 2 and gated:
+            activated = [i for i in in_insts if any(
+                depends_on(act, c) for act in acts for c in inputs if c.ref is i)]
+            if len(activated) == 1:
+                gate = activated[0]
+                up = in_insts[1] if in_insts[0] is gate else in_insts[0]
+                if gate.name and up.name:
+                    roles["gate_proj"], roles["up_proj"] = gate.name, up.name
+        return roles
 
     def analyze_mlp(self, mlp: Instance, prefix: str, field_prefix: str) -> None:
         where = self.a.where(mlp)
         facts = self.mlp_facts(mlp)
         self.r.mlp_modules = [prefix + (name or "?") for name, _, _ in facts.get("linears", [])]
+        if field_prefix == "mlp":
+            ffn = prefix[len(self.layer_prefix):].split(".", 1)[1].rstrip(".")  # "<index>.mlp." -> "mlp"
+            self.r.module_names["mlp"] = ffn
+            for role, name in facts.get("roles", {}).items():
+                self.r.module_names[f"mlp.{role}"] = f"{ffn}.{name}"
+            self.r.linear_modules += [self.a.base_module(c) or "?" for _, c in mlp.children()
+                                      if self.a.role(c) == "linear"]
         self.mlp_findings(facts, where, field_prefix)
         if facts["intermediate"] is not None:
             self.add(known(facts["intermediate"], "mlp.intermediate_size", CODE,
@@ -1228,7 +1470,7 @@ class _Run:
         facts: dict[str, Any] = {}
         rwhere = a.where(routing_owner) if routing_owner else where
         if routing_out is not None:
-            facts.update(self.routing(routing_owner, routing_out))
+            facts.update(self.routing(routing_owner, routing_out, block))
         experts = None
         experts_name = None
         for name, child in block.attrs.items():
@@ -1296,6 +1538,46 @@ class _Run:
         router_f32 = any(p.float32 for p in router_params)
         self.add(known(router_f32, "code.router_param_float32", CODE,
                        f"{rwhere}: router weight created in {'float32' if router_f32 else 'the model dtype'}"))
+        self.moe_extras(facts, rwhere, where, expert_facts, experts)
+        if isinstance(experts, Instance):
+            self.expert_input(block, experts, where)
+
+    def expert_input(self, block: Instance, experts: Instance, where: str) -> None:
+        """Experts that read the router-weighted input (Llama 4: experts(x *
+        score), weights not applied to their outputs): no spec field describes it."""
+        for out in self.a.outputs(block):
+            nodes = list(walk(out))
+            topks = [n for n in nodes if n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "topk"]
+            routed = [n for n in nodes if n.kind == "module" and n.ref is experts]
+            for call in routed:
+                first = call.args[0] if call.args else call.kwarg("hidden_states")
+                scores = [n for n in nodes if n.kind == "module" and isinstance(n.ref, Instance)
+                          and n.ref is not experts and self.a.role(n.ref) in ("router", "linear")]
+                if isinstance(first, Node) and any(depends_on(first, t) for t in topks + scores):
+                    self.add(known("router-weighted expert input", "unsupported.moe.expert_input_scaling", CODE,
+                                   f"{where}: the experts read the hidden states multiplied by the router "
+                                   "scores, not the hidden states"))
+                    return
+
+    def moe_extras(self, facts: dict[str, Any], rwhere: str, where: str, expert_facts: dict[str, Any] | None,
+                   experts: Any) -> None:
+        """The routed scaling factor, the dense layers, and what the spec cannot
+        describe (``unsupported.moe.*`` findings: the plan refuses them)."""
+        if "routed_scaling_evidence" in facts:
+            self.add(known(facts.get("routed_scaling"), "moe.routed_scaling_factor", CODE,
+                           f"{rwhere}: {facts['routed_scaling_evidence']}"))
+        dense = tuple(self.r.dense_layers) if self.r.moe_layers and self.r.dense_layers else None
+        self.add(known(dense, "moe.dense_layers", CODE,
+                       f"{where}: " + (f"dense MLP instead of experts on layers {_ranges(list(dense))}" if dense
+                                       else "experts on every layer")))
+        if facts.get("group_limited"):
+            self.add(known("group-limited routing", "unsupported.moe.group_limited_routing", CODE,
+                           f"{rwhere}: {facts['group_evidence']}"))
+        if expert_facts is not None and (expert_facts["kind"] is None or expert_facts["act"] is None):
+            ewhere = self.a.where(experts[0] if isinstance(experts, list) else experts)
+            self.add(known("expert computation", "unsupported.moe.expert_mlp", CODE,
+                           f"{ewhere}: the experts are not act(x W_gate) * (x W_up) W_down with a known activation "
+                           f"({expert_facts['evidence'] or 'not classified'})"))
 
     def expert_width(self, experts: Instance, shapes: list[tuple]) -> int | None:
         keys = [v for k, v in experts.attrs.items()
@@ -1312,7 +1594,7 @@ class _Run:
             return dims.pop()
         return None
 
-    def routing(self, owner: Instance, value: Any) -> dict[str, Any]:
+    def routing(self, owner: Instance, value: Any, block: Instance | None = None) -> dict[str, Any]:
         nodes = list(walk(value))
         topk = next(n for n in nodes if n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "topk")
         facts: dict[str, Any] = {}
@@ -1330,6 +1612,11 @@ class _Run:
         elif after_softmax:
             facts["activation"] = "softmax"
             facts["activation_evidence"] = "top-k of the logits, then softmax over the k values"
+        elif any(n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "sigmoid" and depends_on(n, topk)
+                 for n in nodes):
+            # sigmoid is monotonic: the same experts as sigmoid first, then top-k
+            facts["activation"] = "sigmoid"
+            facts["activation_evidence"] = "top-k of the logits, then sigmoid of the k values"
         else:
             facts["activation_evidence"] = "no softmax or sigmoid around the top-k"
         renorm = any(
@@ -1344,6 +1631,10 @@ class _Run:
         elif after_softmax:
             facts["renorm"] = True
             facts["renorm_evidence"] = "softmax over the top-k values sums to 1"
+        elif facts.get("activation") == "sigmoid":
+            facts["renorm"] = renorm
+            facts["renorm_evidence"] = ("top-k weights divided by their sum" if renorm
+                                        else "top-k weights used as computed")
         # router bias: the logits projection has a bias
         proj = [n for n in before if n.kind == "call" and n.name.endswith(".linear")]
         lin = [n for n in before if n.kind == "module" and n.ref is not None and self.a.base_module(n.ref) == "Linear"]
@@ -1365,7 +1656,88 @@ class _Run:
         facts["routing_bias"] = bool(added)
         facts["routing_bias_evidence"] = ("a per-expert parameter is added to the scores before top-k" if added
                                           else "top-k of the scores as computed")
+        if not added:
+            elsewhere = self.routing_bias_elsewhere(owner, block, before, facts.get("router_width"))
+            if elsewhere:
+                facts["routing_bias"] = True
+                facts["routing_bias_evidence"] = elsewhere
+        facts.update(self.routed_scaling(nodes, topk))
+        facts.update(self.group_routing(nodes, topk, facts.get("router_width")))
         return facts
+
+    def routing_bias_elsewhere(self, owner: Instance, block: Instance | None, before: list[Any],
+                               experts: int | None) -> str | None:
+        """A per-expert vector added to the scores that is not a parameter of
+        the router's forward: a buffer (``nn.Buffer``), a vector the MoE block
+        passes in, or the output of a submodule that adds one (ERNIE's
+        ``moe_statics``). Returns the evidence, or None."""
+        for n in before:
+            if n.kind == "module" and isinstance(n.ref, Instance) and self.a.base_module(n.ref) != "Linear":
+                for out in self.a.outputs(n.ref):
+                    if any(m.kind == "binop" and m.name == "add"
+                           and any(isinstance(x, Node) and x.kind == "param" for x in map(_strip_shape, m.args))
+                           for m in walk(out)):
+                        return (f"{n.ref.class_name} (self.{n.name}) adds a per-expert parameter to the scores "
+                                "before top-k")
+            if n.kind != "binop" or n.name != "add":
+                continue
+            for x in map(_strip_casts, n.args):
+                if isinstance(x, Node) and x.kind == "input":
+                    holders = [i for i in (owner, block) if isinstance(i, Instance)]
+                    if any(name == x.name and p.shape and max(p.shape) == experts and _vector(p.shape)
+                           for i in holders for name, p in i.params()) \
+                            or any(x.name in _buffers(i) for i in holders):
+                        return f"the per-expert vector {x.name} is passed in and added to the scores before top-k"
+                elif x is UNKNOWN:
+                    buffers = _added_buffers(owner)
+                    if buffers:
+                        return f"the per-expert buffer self.{buffers[0]} is added to the scores before top-k"
+        return None
+
+    def routed_scaling(self, nodes: list[Any], topk: Node) -> dict[str, Any]:
+        """A constant the chosen experts' weights are multiplied by."""
+        for n in nodes:
+            if n.kind != "binop" or n.name != "mul":
+                continue
+            for x, y in (n.args, tuple(reversed(n.args))):
+                if isinstance(y, (int, float)) and not isinstance(y, bool) and isinstance(x, Node) \
+                        and depends_on(x, topk):
+                    if math.isclose(float(y), 1.0):
+                        return {"routed_scaling": None,
+                                "routed_scaling_evidence": "top-k weights multiplied by 1.0 (no scaling)"}
+                    return {"routed_scaling": float(y),
+                            "routed_scaling_evidence": f"top-k weights multiplied by {float(y):g}"}
+        return {"routed_scaling": None, "routed_scaling_evidence": "top-k weights not scaled by a constant"}
+
+    def group_routing(self, nodes: list[Any], topk: Node, experts: int | None) -> dict[str, Any]:
+        """Group-limited routing (DeepSeek-V3's n_group / topk_group): a top-k
+        over per-group scores that masks the experts before the final top-k.
+        It changes nothing when every group is kept."""
+        inner = [n for n in nodes if n is not topk and n.kind in ("call", "method")
+                 and n.name.rsplit(".", 1)[-1] == "topk" and depends_on(topk, n)]
+        if not inner:
+            return {}
+        groups = None
+        for n in nodes:
+            if n.kind == "method" and n.name in ("view", "reshape") and len(n.args) == 4 \
+                    and all(isinstance(d, int) for d in n.args[1:]) and n.args[1] == -1:
+                g, per = n.args[2], n.args[3]
+                if experts is None or g * per == experts:
+                    groups = g
+                    break
+        kept = None
+        for n in inner:
+            source = n.args[0] if n.args else None
+            if isinstance(source, Node) and source.kind == "method" and source.name == "sum":
+                k = n.args[1] if len(n.args) > 1 else n.kwarg("k")
+                kept = k if isinstance(k, int) else None
+        if groups is not None and kept is not None and (groups == 1 or kept >= groups):
+            return {"group_limited": False,
+                    "group_evidence": f"{kept} of {groups} expert group(s) kept: no restriction"}
+        detail = (f"experts restricted to the top {kept} of {groups} groups before the top-k"
+                  if groups is not None and kept is not None
+                  else "a top-k over expert groups masks the experts before the top-k")
+        return {"group_limited": True, "group_evidence": detail}
 
     # ---- backbone and head --------------------------------------------------------
 
@@ -1378,9 +1750,19 @@ class _Run:
             return
         embed_name, embed = embeds[0]
         self.r.embed_key = f"{path}.{embed_name}.weight" if path else f"{embed_name}.weight"
+        self.r.module_names["model.embed_tokens"] = self.r.embed_key[: -len(".weight")]
+        self.final_norm(path, backbone)
         if len(embeds) > 1:
             self.add(known([n for n, _ in embeds[1:]], "code.extra_embeddings", CODE,
                            f"{where}: more embeddings than the token embedding (absolute positions?)"))
+            extra = {id(c): n for n, c in embeds[1:]}
+            added = sorted({extra[id(n.ref)] for state in a.forward(backbone) for call in walk(state.value)
+                            if call.kind == "module" and call.ref is self.layers[0]
+                            for n in walk(call.args[0] if call.args else call.kwarg("hidden_states"))
+                            if n.kind == "module" and id(n.ref) in extra})
+            if added:
+                self.add(known(True, "embedding.learned_positions", CODE,
+                               f"{where}: the first layer's input adds {', '.join(added)} to the token embedding"))
         first_layer = self.layers[0]
         factors = set()
         evidence = []
@@ -1418,6 +1800,24 @@ class _Run:
             self.add(known("none", "embedding.scale", CODE, f"{where}: scale is a constant, not sqrt(hidden_size)"))
             self.add(known(factor, "embedding.multiplier", CODE, f"{where}: embeddings multiplied by {factor:g} ({ops})"))
 
+    def final_norm(self, path: str, backbone: Instance) -> None:
+        """The norm the backbone applies to the last layer's output."""
+        a = self.a
+        layer_ids = {id(layer) for layer in self.layers}  # a loop over the layers may be summarised as one call
+        found = []
+        for state in a.forward(backbone):
+            for n in walk(state.value):
+                if n.kind == "module" and n.ref is not None and a.role(n.ref) == "norm" and n.args \
+                        and any(m.kind == "module" and id(m.ref) in layer_ids for m in walk(n.args[0])):
+                    found.append(n.ref)
+        found = _unique(found)
+        names = {name: child for name, child in backbone.children()}
+        owned = [name for name, child in names.items() if any(child is f for f in found)]
+        if len(owned) == 1:
+            full = f"{path}.{owned[0]}" if path else owned[0]
+            self.r.final_norm_key = full
+            self.r.module_names["model.norm"] = full
+
     def embedding_factor(self, embed: Instance) -> tuple[float | None, list[str]]:
         if embed.is_external or self.a.interp.find_method(embed.cls, "forward") is None:
             return 1.0, []
@@ -1445,6 +1845,7 @@ class _Run:
             return
         name, head = heads[0]
         self.r.head_key = f"{name}.weight"
+        self.r.module_names["lm_head"] = name
         self.add(known(bool(head.args.get("bias")), "lm_head.bias", CODE, f"{where}: {name}(bias={head.args.get('bias')})"))
         tied = self.a.interp.class_attribute(self.cls, "_tied_weights_keys")
         self.r.tied_keys_declared = bool(tied) if tied is not UNKNOWN else False
@@ -1464,6 +1865,45 @@ class _Run:
                        f"{where}: " + (f"logits = tanh(logits / {softcap:g}) * {softcap:g}" if softcap else "no tanh softcap")))
         self.add(known(divisor, "lm_head.logits_divisor", CODE,
                        f"{where}: " + (f"logits divided by {divisor:g}" if divisor else "logits not rescaled")))
+        if divisor is not None:
+            self.logits_source(divisor, where)
+
+    def logits_source(self, divisor: float, where: str) -> None:
+        """The config field the logits are rescaled by: divided by it
+        (Granite's logits_scaling) or multiplied by it (Cohere's logit_scale)."""
+        config = self.a.interp.config
+        found = set()
+        for attr, value in self.top.attrs.items():
+            if not _number(value) or value == 0 or not (
+                    math.isclose(value, divisor, rel_tol=1e-9) or math.isclose(1.0 / value, divisor, rel_tol=1e-9)):
+                continue
+            for key in sorted(self.top.attr_reads.get(attr, frozenset())):
+                field_value = config.read(key, None) if config.has(key) else None
+                if not _number(field_value) or field_value == 0:
+                    continue
+                if math.isclose(field_value, divisor, rel_tol=1e-9):
+                    found.add((key, "divisor", f"self.{attr} = config.{key}; logits / {field_value:g}"))
+                elif math.isclose(1.0 / field_value, divisor, rel_tol=1e-9):
+                    found.add((key, "multiplier", f"self.{attr} = config.{key}; logits * {field_value:g}"))
+        forward = self.a.interp.find_method(self.cls, "forward")
+        if not found and forward is not None:  # read in forward: logits / self.config.<key>
+            read = sorted({node.attr for node in ast.walk(forward[1]) if isinstance(node, ast.Attribute)
+                           and isinstance(node.value, ast.Attribute) and node.value.attr == "config"})
+            for key in read:
+                field_value = config.read(key, None) if config.has(key) else None
+                if not _number(field_value) or field_value == 0:
+                    continue
+                if math.isclose(field_value, divisor, rel_tol=1e-9):
+                    found.add((key, "divisor", f"forward divides the logits by self.config.{key} = {field_value:g}"))
+                elif math.isclose(1.0 / field_value, divisor, rel_tol=1e-9):
+                    found.add((key, "multiplier", f"forward multiplies the logits by self.config.{key} = {field_value:g}"))
+        if len({(k, f) for k, f, _ in found}) == 1:
+            key, form, evidence = found.pop()
+            self.add(known(key, "lm_head.logits_key", CODE, f"{where}: {evidence}"))
+            self.add(known(form, "lm_head.logits_form", CODE, f"{where}: {evidence}"))
+        else:
+            self.add(unknown("lm_head.logits_key", CODE,
+                             f"{where}: no single config field gives the logits factor ({len(found)} candidates)"))
 
     def logits_of(self, value: Any, head: Instance) -> Any:
         if isinstance(value, Node) and value.kind == "call":
@@ -1617,3 +2057,56 @@ def _slices(node: ast.expr) -> list[ast.Slice]:
     if isinstance(node, ast.Tuple):
         return [e for e in node.elts if isinstance(e, ast.Slice)]
     return []
+
+
+def _vector(shape: tuple) -> bool:
+    """A shape ``[n]`` or ``[1, n]``."""
+    return len(shape) == 1 or (len(shape) == 2 and shape[0] == 1)
+
+
+def _strip_shape(value: Any) -> Any:
+    """Drop casts and shape-only methods (``squeeze``, ``view``...)."""
+    value = _strip_casts(value)
+    while isinstance(value, Node) and value.kind == "method" and value.args \
+            and value.name in ("squeeze", "unsqueeze", "view", "reshape", "flatten", "expand_as", "expand"):
+        value = _strip_casts(value.args[0])
+    return value
+
+
+def _buffers(owner: Instance) -> list[str]:
+    """Buffers of the owner's class: ``self.x = nn.Buffer(...)`` or
+    ``self.register_buffer("x", ...)``."""
+    node = getattr(owner.cls, "node", None)
+    if not isinstance(node, ast.ClassDef):
+        return []
+    buffers: list[str] = []
+    for stmt in ast.walk(node):
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call):
+            func = stmt.value.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name == "Buffer":
+                buffers += [t.attr for t in stmt.targets if isinstance(t, ast.Attribute)
+                            and isinstance(t.value, ast.Name) and t.value.id == "self"]
+        elif isinstance(stmt, ast.Call) and isinstance(stmt.func, ast.Attribute) \
+                and stmt.func.attr == "register_buffer" and stmt.args \
+                and isinstance(stmt.args[0], ast.Constant) and isinstance(stmt.args[0].value, str):
+            buffers.append(stmt.args[0].value)
+    return buffers
+
+
+def _added_buffers(owner: Instance) -> list[str]:
+    """Buffers of the owner's class that its methods add to a value
+    (``... + self.x``): a per-expert routing bias held as a buffer, which the
+    interpreter does not follow as a parameter."""
+    node = getattr(owner.cls, "node", None)
+    buffers = _buffers(owner)
+    if not buffers or not isinstance(node, ast.ClassDef):
+        return []
+    added = []
+    for expr in ast.walk(node):
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
+            for side in (expr.left, expr.right):
+                if isinstance(side, ast.Attribute) and isinstance(side.value, ast.Name) \
+                        and side.value.id == "self" and side.attr in buffers and side.attr not in added:
+                    added.append(side.attr)
+    return added

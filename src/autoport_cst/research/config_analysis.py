@@ -262,6 +262,17 @@ def _rope(raw: dict, resolved: Any, head_dim: int | None, add) -> None:
     if form is None and resolved is not None and isinstance(_attr(resolved, "rope_parameters"), dict):
         source = dict(resolved.rope_parameters)
         form = f"{type(resolved).__name__}.rope_parameters default"
+    per_type = {k: v for k, v in source.items() if isinstance(v, dict)}
+    if per_type and len(per_type) == len(source):  # keyed by attention layer type (Gemma 3)
+        distinct = {json.dumps(v, sort_keys=True) for v in per_type.values()}
+        if len(distinct) == 1:
+            source = dict(next(iter(per_type.values())))
+            form = f"{form} (the same for every layer type)"
+        else:
+            add(known(per_type, "rope.layer_parameters", CONFIG,
+                      f"{form}: RoPE differs per layer type ({', '.join(sorted(per_type))})"))
+            types = {v.get("rope_type", v.get("type")) or "default" for v in per_type.values()}
+            source = {"rope_type": types.pop()} if len(types) == 1 else {"rope_type": "per layer type"}
     theta = source.get("rope_theta", raw.get("rope_theta"))
     if theta is None and resolved is not None and isinstance(_attr(resolved, "rope_parameters"), dict):
         theta = resolved.rope_parameters.get("rope_theta")

@@ -25,6 +25,7 @@ from typing import Any
 from autoport_cst.research.checkpoint import CheckpointHeader, pattern
 from autoport_cst.research.code_analysis import CodeAnalysis
 from autoport_cst.research.config_analysis import ConfigAnalysis
+from autoport_cst.research.keys import canonical_keys, derive_key_map, rename
 from autoport_cst.research.findings import (
     CHECKPOINT,
     CODE,
@@ -49,6 +50,26 @@ from autoport_cst.spec import (
     ResidualSpec,
     RopeSpec,
 )
+
+
+# structure the analysis could not establish: nothing else it says can be trusted
+ANALYSIS_FAILURES = ("code.analysis", "code.causal_lm", "code.decoder_layers", "code.attention", "code.mixers")
+# sizes every reference reads from config.json at run time
+CONFIG_READ_SIZES = ("mlp.intermediate_size", "attention.num_heads", "attention.num_kv_heads", "attention.head_dim")
+# unknown spec fields whose default is not a guess at the computation
+NOT_COMPUTATIONS = ("norm.eps_key",)
+# code facts the spec has no field for, and that no reference computes
+FEATURE_FINDINGS = {
+    "code.qk_norm_after_rope": "q/k norms applied after RoPE",
+    "code.qkv_clip": "queries, keys and values clamped to a range (clip_qkv)",
+    "code.qk_norm_kind": "q/k norms that are not RMSNorms",
+    "code.mlp_inner_norm": "a norm inside the MLP before its output projection",
+    "code.attention_parameters": "learned parameters in the attention computation",
+}
+
+
+def _short(text: str, limit: int = 180) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -119,6 +140,15 @@ class _Decider:
         self.unknown.append(name)
         return default
 
+    def flag(self, name: str, default: Any) -> Any:
+        """A field only the code analysis reports, and only when it sees the
+        feature: its finding, else the default (absent), without an unknown."""
+        finding = self.code_finding(name)
+        if finding is not None and finding.known:
+            self.decisions.append(finding)
+            return tuple(finding.value) if isinstance(finding.value, list) else finding.value
+        return default
+
     def value(self, name: str, default: Any = None) -> Any:
         finding = self.cfg_finding(name)
         if finding is not None and finding.known:
@@ -150,6 +180,7 @@ class _Decider:
             unit_offset=self.decide("norm.unit_offset", False),
             placement=self.decide("norm.placement", "pre"),
             eps_key=self.eps_key(),
+            affine=self.flag("code.norm_affine", True),
             eps=self.eps(),
         )
         sliding = self.decide("attention.sliding_window", "none", (CODE,))
@@ -161,6 +192,12 @@ class _Decider:
         layer_types = self.value("attention.layer_types")
         heads = self.count("attention.num_heads", dims.get("num_heads"))
         kv_heads = self.count("attention.num_kv_heads", dims.get("num_kv_heads"))
+        scale = self.decide("attention.scale", None, (CODE,))
+        scale_key, scale_form = None, "multiplier"
+        if scale is not None:
+            scale_key = self.decide("attention.scale_key", None, (CODE,))
+            if scale_key is not None:
+                scale_form = self.decide("attention.scale_form", "multiplier", (CODE,))
         attention = AttentionSpec(
             num_heads=heads,
             num_kv_heads=kv_heads,
@@ -173,7 +210,12 @@ class _Decider:
             layer_types=tuple(layer_types) if layer_types else None,
             sinks=self.decide("attention.sinks", False, (CODE,)),
             softcap=self.decide("attention.softcap", None, (CODE,)),
-            scale=self.decide("attention.scale", None, (CODE,)),
+            scale=scale,
+            scale_key=scale_key,
+            scale_form=scale_form,
+            kind=self.flag("attention.kind", "softmax"),
+            output_norm=self.flag("attention.output_norm", False),
+            other_mixer_layers=self.flag("attention.other_mixer_layers", None),
         )
         rope = self.rope()
         moe = self.moe()
@@ -188,11 +230,20 @@ class _Decider:
             tied=self.tied(),
             scale=self.decide("embedding.scale", "none", (CODE,)),
             multiplier=self.decide("embedding.multiplier", None, (CODE,)),
+            learned_positions=self.flag("embedding.learned_positions", False),
         )
+        divisor = self.decide("lm_head.logits_divisor", None, (CODE,))
+        logits_key, logits_form = None, "divisor"
+        if divisor is not None:
+            logits_key = self.decide("lm_head.logits_key", None, (CODE,))
+            if logits_key is not None:
+                logits_form = self.decide("lm_head.logits_form", "divisor", (CODE,))
         lm_head = LMHeadSpec(
             bias=self.decide("lm_head.bias", False, (CODE,)),
             softcap=self.decide("lm_head.softcap", None, (CODE,)),
-            logits_divisor=self.decide("lm_head.logits_divisor", None, (CODE,)),
+            logits_divisor=divisor,
+            logits_key=logits_key,
+            logits_form=logits_form,
         )
         residual = ResidualSpec(
             parallel=self.decide("residual.parallel", "none", (CODE,)),
@@ -216,7 +267,41 @@ class _Decider:
             lm_head=lm_head,
             residual=residual,
             checkpoint=checkpoint,
+            unsupported=self.unsupported(),
         )
+
+    def unsupported(self) -> tuple[str, ...] | None:
+        """What the spec cannot describe, named: a failed analysis of the
+        model's structure, or a computation field no source could classify
+        (its default would be a guess). Checkpoint layout fields and the
+        epsilon's config key are not computations (a wrong guess fails to
+        load, or reads the same value)."""
+        items: list[str] = list(self.unsupported_features() or ())
+        for name in ANALYSIS_FAILURES:
+            finding = self.code_finding(name)
+            if finding is not None and not finding.known:
+                items.append(f"{name}: {_short(finding.evidence)}")
+        if not any(item.split(":", 1)[0] in ANALYSIS_FAILURES for item in items):
+            for name in sorted(set(self.unknown)):
+                if name.startswith("checkpoint.") or name in NOT_COMPUTATIONS:
+                    continue
+                evidence = next((d.evidence for d in reversed(self.decisions) if d.field == name), "")
+                items.append(f"{name}: {_short(evidence)}")
+        for name in CONFIG_READ_SIZES:
+            cfg, code = self.cfg_finding(name), self.code_finding(name)
+            if cfg is not None and code is not None and cfg.known and code.known and cfg.source == CONFIG \
+                    and cfg.value is not None and code.value is not None and cfg.value != code.value:
+                items.append(f"{name}: the code builds {code.value} where the config says {cfg.value} "
+                             f"({_short(code.evidence, 100)}); a port reads the config's value")
+        for name, what in FEATURE_FINDINGS.items():
+            finding = self.code_finding(name)
+            if finding is not None and finding.known and finding.value:
+                items.append(f"{what}: {_short(finding.evidence)}")
+        if not items:
+            return None
+        self.decisions.append(known(tuple(items), "unsupported", DERIVED,
+                                    f"{len(items)} computation(s) the spec cannot describe"))
+        return tuple(items)
 
     def checkpoint_layout(self, is_moe: bool, tied: bool) -> CheckpointSpec:
         """How the weights are stored: the checkpoint's own tensors when there
@@ -250,6 +335,11 @@ class _Decider:
             return "separate"
 
         qkv = fusion("checkpoint.qkv", "code.fused_qkv", code.qkv_modules if code else [], "checkpoint.fused_qkv")
+        layout = self.code_finding("code.qkv_layout")
+        if qkv == "fused" and layout is not None and layout.known and layout.value == "per_head_interleaved":
+            qkv = "fused_per_head"
+            self.decisions.append(known(qkv, "checkpoint.qkv", CODE,
+                                        f"{layout.evidence}: the fused tensor's rows are [q k v] per head"))
         gate_modules = [] if is_moe else (code.mlp_modules if code else [])
         if is_moe and stored is not None:
             layout = self.ckpt_finding("checkpoint.expert_layout")
@@ -272,7 +362,97 @@ class _Decider:
                 head_stored = f.value if f is not None and f.known else None
                 evidence = f.evidence if f is not None else "no vocabulary matrix found"
             self.decisions.append(known(head_stored, "checkpoint.lm_head_stored", CHECKPOINT, evidence))
-        return CheckpointSpec(qkv=qkv, gate_up=gate_up, lm_head_stored=head_stored)
+        key_map = self.key_map(qkv, gate_up, is_moe)
+        layout = self.linear_layout()
+        return CheckpointSpec(qkv=qkv, gate_up=gate_up, lm_head_stored=head_stored, key_map=key_map,
+                              linear_layout=layout)
+
+    def key_map(self, qkv: str, gate_up: str, is_moe: bool) -> dict[str, str] | None:
+        """Renames from the Llama-style module paths to the ones the code
+        builds, checked against the stored tensor names."""
+        code = self.code
+        if code is None or not code.module_names:
+            self.decisions.append(unknown("checkpoint.key_map", DERIVED, "no module tree to read names from"))
+            self.unknown.append("checkpoint.key_map")
+            return None
+        names = dict(code.module_names)
+        if is_moe:  # expert and router keys are the MoE codemods' business
+            names = {k: v for k, v in names.items() if k != "mlp" and not k.startswith("mlp.")}
+        missing = self.missing_names(names, qkv, gate_up, is_moe)
+        key_map = derive_key_map(names)
+        shown = ", ".join(f"{k} -> {v}" for k, v in (key_map or {}).items()) or "Llama-style names"
+        if missing:
+            self.decisions.append(unknown("checkpoint.key_map", CODE,
+                                          f"module names not identified for {', '.join(missing)} ({shown})"))
+            self.unknown.append("checkpoint.key_map")
+            return key_map
+        evidence = f"module paths the code builds: {shown}"
+        if self.ckpt is not None:
+            stored = self.ckpt.tensors
+            absent = []
+            for key in canonical_keys(names):
+                actual = rename(key, key_map or {})
+                wanted = [k for k in (f"{actual}.weight", f"{actual}.bias") if k in code.expected]
+                if key == "lm_head" and self.code.tied_keys_declared:
+                    continue
+                absent += [k for k in wanted if k not in stored]
+            if absent:
+                self.conflict("checkpoint.key_map", [
+                    (CODE, key_map, evidence),
+                    (CHECKPOINT, "absent", f"not stored: {', '.join(absent[:6])}")],
+                    "the spec follows the code's module names; the checkpoint stores other names")
+            else:
+                evidence += "; every renamed key is stored"
+        self.decisions.append(known(key_map, "checkpoint.key_map", CODE if self.ckpt is None else CHECKPOINT,
+                                    evidence))
+        return key_map
+
+    def missing_names(self, names: dict[str, str], qkv: str, gate_up: str, is_moe: bool) -> list[str]:
+        """Canonical modules a port of this model loads whose names the
+        code analysis did not identify."""
+        spec_qk = self.code_finding("attention.qk_norm")
+        placement = self.code_finding("norm.placement")
+        parallel = self.code_finding("residual.parallel")
+        kind = self.code_finding("mlp.kind")
+        affine = self.code_finding("code.norm_affine")
+        wanted = ["model", "model.layers", "model.embed_tokens", "lm_head", "self_attn", "self_attn.o_proj"]
+        fused = qkv in ("fused", "fused_per_head")
+        wanted += ["self_attn.qkv_proj"] if fused else ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]
+        if spec_qk is not None and spec_qk.known and spec_qk.value != "none" and not fused:
+            wanted += ["self_attn.q_norm", "self_attn.k_norm"]
+        if not is_moe:
+            wanted += ["mlp", "mlp.down_proj"]
+            if gate_up == "fused":
+                wanted.append("mlp.gate_up_proj")
+            else:
+                wanted += ["mlp.up_proj"] + (["mlp.gate_proj"] if kind is not None and kind.value == "gated" else [])
+        if affine is None or affine.value is not False:
+            wanted.append("model.norm")
+            where = placement.value if placement is not None and placement.known else None
+            if where == "pre":
+                wanted.append("input_layernorm")
+                if parallel is None or parallel.value != "shared_norm":
+                    wanted.append("post_attention_layernorm")
+            elif where == "sandwich":
+                wanted += ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                           "post_feedforward_layernorm"]
+            elif where == "post":
+                wanted += ["post_attention_layernorm", "post_feedforward_layernorm"]
+        return [w for w in wanted if not names.get(w)]
+
+    def linear_layout(self) -> str:
+        code = self.code
+        kinds = set(code.linear_modules) if code is not None else set()
+        if kinds == {"Conv1D"}:
+            self.decisions.append(known("in_out", "checkpoint.linear_layout", CODE,
+                                        "the layer projections are transformers Conv1D (weights [in, out])"))
+            return "in_out"
+        if kinds == {"Linear"} or not kinds:
+            return "out_in"
+        self.decisions.append(unknown("checkpoint.linear_layout", CODE,
+                                      f"the layer projections mix module kinds {sorted(kinds)}"))
+        self.unknown.append("checkpoint.linear_layout")
+        return "out_in"
 
     def count(self, name: str, config_value: Any) -> Any:
         """A head count: the config's, unless the code builds another."""
@@ -316,7 +496,8 @@ class _Decider:
         style = self.decide("rope.style", "rotate_half", (CODE,))
         nope = self.decide("rope.nope_layers", None, (CODE,))
         return RopeSpec(type=rope_type, theta=theta, parameters=parameters,
-                        partial_rotary_factor=float(factor), style=style, nope_layers=nope)
+                        partial_rotary_factor=float(factor), style=style, nope_layers=nope,
+                        layer_parameters=self.value("rope.layer_parameters"))
 
     def moe(self) -> MoESpec | None:
         if self.code is None:
@@ -345,6 +526,8 @@ class _Decider:
             router_bias=self.decide("moe.router_bias", False, (CODE,)),
             routing_bias=self.decide("moe.routing_bias", False, (CODE,)),
             norm_topk_prob=self.decide("moe.norm_topk_prob", False, (CODE, CONFIG)),
+            routed_scaling_factor=self.decide("moe.routed_scaling_factor", None, (CODE,)),
+            dense_layers=self.decide("moe.dense_layers", None, (CODE,)),
         )
         for name in ("num_experts", "top_k", "intermediate_size"):
             c, k = self.cfg_finding(f"moe.{name}"), self.code_finding(f"moe.{name}")
@@ -352,6 +535,20 @@ class _Decider:
                 self.conflict(f"moe.{name}", [(CONFIG, c.value, c.evidence), (CODE, k.value, k.evidence)],
                               f"the spec takes {k.value}: the value the code builds")
         return spec
+
+    def unsupported_features(self) -> tuple[str, ...] | None:
+        """What the code computes that no spec field describes: every
+        ``unsupported.<name>`` finding of the code analysis, as
+        ``"<name>: <evidence>"`` (sorted). A plan carrying any is refused."""
+        if self.code is None:
+            return None
+        found = {}
+        for finding in self.code.findings:
+            if finding.field.startswith("unsupported.") and finding.known and finding.value:
+                name = finding.field[len("unsupported."):]
+                found.setdefault(name, f"{name}: {finding.evidence}")
+                self.decisions.append(finding)
+        return tuple(found[name] for name in sorted(found)) or None
 
     def intermediate(self, is_moe: bool) -> int | None:
         code = self.code_finding("mlp.intermediate_size")

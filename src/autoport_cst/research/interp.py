@@ -412,6 +412,14 @@ class Interpreter:
 
     # ---- construction --------------------------------------------------------
 
+    def _is_data_class(self, cls: SourceClass) -> bool:
+        """A @dataclass output container (ModelOutput subclass) defined in the
+        modeling file, with no __init__ of its own."""
+        if self.find_method(cls, "__init__") is not None:
+            return False
+        return any(qual.rsplit(".", 1)[-1].endswith("ModelOutput") or qual.rsplit(".", 1)[-1].endswith("OutputWithPast")
+                   for qual in self.external_bases(cls))
+
     def instantiate(self, cls: SourceClass | External, args: list, kwargs: dict, reads: dict) -> Any:
         if isinstance(cls, External):
             return self._external_instance(cls, args, kwargs, reads)
@@ -1023,6 +1031,9 @@ class Interpreter:
 
     def call(self, func: Any, args: list, kwargs: dict, reads: dict, expr: ast.Call, module, env) -> Any:
         if isinstance(func, SourceClass):
+            if self._is_data_class(func):  # a ModelOutput built in forward: a value, like the external ones
+                return Node("call", f"{func.module.dotted}.{func.name}", tuple(_symbolic(a) for a in args),
+                            tuple((k, _symbolic(v)) for k, v in kwargs.items()))
             init_reads = _map_reads(self, func, reads, len(args))
             return self.instantiate(func, args, kwargs, init_reads)
         if isinstance(func, External):

@@ -89,11 +89,15 @@ def check_tp(tp: int, dims: ParallelDims, weight_bytes: int, budget: int = RANK_
     failures = []
     notes = []
     h, kv = dims.num_heads, dims.num_kv_heads
-    if h % tp:
+    if not h or not kv:  # no attention heads found (a model without softmax attention)
+        failures.append(f"rules 1-3: {h} attention heads, {kv} KV heads")
+    elif h % tp:
         failures.append(f"rule 1: {h} attention heads not divisible by {tp}")
     elif (h // tp) % 2:
         failures.append(f"rule 2: {h // tp} heads per rank is odd")
-    if kv % tp and tp % kv:
+    if not h or not kv:
+        pass
+    elif kv % tp and tp % kv:
         failures.append(f"rule 3: {kv} KV heads and TP {tp}: neither divides the other")
     elif tp > kv:
         notes.append(f"KV heads replicated {tp // kv}x")

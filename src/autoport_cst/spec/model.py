@@ -61,6 +61,8 @@ CheckpointFusion = Literal["separate", "fused"]
 QKVLayout = Literal["separate", "fused", "fused_per_head"]
 LinearLayout = Literal["out_in", "in_out"]
 ScaleForm = Literal["multiplier", "inverse_sqrt"]
+LogitsForm = Literal["divisor", "multiplier"]
+AttentionKind = Literal["softmax", "differential", "latent"]
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,19 @@ class AttentionSpec:
     scale_form: ScaleForm = feature(
         "multiplier", "How the scale follows from that field: the value itself, or value ** -0.5."
     )
+    kind: AttentionKind = feature(
+        "softmax",
+        "softmax: one softmax(q k^T) v per head from q/k/v projections of the layer input; differential: "
+        "the difference of two softmax maps (DiffLlama); latent: queries/keys/values from low-rank latent "
+        "projections (multi-head latent attention, DeepSeek-V2/V3).",
+    )
+    output_norm: bool = feature(
+        False, "A norm on the attention output before the output projection (BitNet's attn_sub_norm)."
+    )
+    other_mixer_layers: tuple[int, ...] | None = optional(
+        "Layers whose token mixer is not softmax attention (state-space, linear-attention or convolution "
+        "blocks of hybrid models); null: every layer attends."
+    )
 
 
 @dataclass(frozen=True)
@@ -127,6 +142,10 @@ class RopeSpec:
     )
     nope_layers: tuple[int, ...] | None = optional(
         "Layers that use no positional embedding (SmolLM3)."
+    )
+    layer_parameters: dict[str, Any] | None = optional(
+        "RoPE type and parameters per attention layer type when they differ (Gemma 3: one base for "
+        "sliding layers, another for full ones); null: one RoPE for every layer."
     )
 
 
@@ -166,6 +185,9 @@ class EmbeddingSpec:
     tied: bool = feature(False, "The LM head reuses the embedding matrix.")
     scale: EmbeddingScale = feature("none", "Embeddings multiplied by sqrt(hidden_size) (Gemma).")
     multiplier: float | None = optional("Constant embedding multiplier (Granite).")
+    learned_positions: bool = feature(
+        False, "Learned absolute position embeddings (or other extra embeddings) added to the token embeddings."
+    )
 
 
 @dataclass(frozen=True)
@@ -173,6 +195,14 @@ class LMHeadSpec:
     bias: bool = feature(False, "The LM head has a bias.")
     softcap: float | None = optional("tanh softcapping of the final logits (Gemma 2).")
     logits_divisor: float | None = optional("Logits divided by a constant (Granite logits_scaling).")
+    logits_key: str | None = feature(
+        None, "Config field the logits are rescaled by (logits_scaling, logit_scale); null: none or unknown."
+    )
+    logits_form: LogitsForm = feature(
+        "divisor",
+        "How that field applies: logits divided by it (Granite), or multiplied by it (Cohere's logit_scale; "
+        "logits_divisor is then its reciprocal).",
+    )
 
 
 @dataclass(frozen=True)
@@ -227,3 +257,8 @@ class ArchSpec:
     lm_head: LMHeadSpec = section(LMHeadSpec, "Language-model head.")
     residual: ResidualSpec = section(ResidualSpec, "Residual stream.")
     checkpoint: CheckpointSpec = section(CheckpointSpec, "How the checkpoint stores the weights.")
+    unsupported: tuple[str, ...] | None = optional(
+        "Computations of the model the fields above cannot describe, each named with its evidence (what "
+        "the research could not classify); null: none. No reference realizes them, so a plan with any is "
+        "refused."
+    )

@@ -203,3 +203,128 @@ def add_router_mapping(module, router_params, attr, suffix, codemod_id, ctx, aft
         anchor = next((e for e in entries if any(e.key == base + a for a in after)), entry)
         additions.setdefault(id(anchor.statement), []).append(entry_statement(entry, key, value))
     return insert_many_after(module, additions)
+
+
+# -- config aliases ------------------------------------------------------------------
+
+ALIASES_NAME = "_ALIASES"
+
+
+def add_config_alias(module: cst.Module, ctx, codemod_id: str, name: str, keys: tuple[str, ...]) -> cst.Module:
+    """Add ``"name": (keys...)`` to the config file's ``_ALIASES`` dict (field
+    -> the config keys that may hold it, first present wins), unless the dict
+    has an entry for ``name`` already. Entries are kept sorted by field name,
+    so that codemods adding aliases give the same file in any order."""
+    for stmt in module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        pair = simple_assign(stmt)
+        if pair is None or not isinstance(pair[0], cst.Name) or pair[0].value != ALIASES_NAME:
+            continue
+        table = pair[1]
+        if not isinstance(table, cst.Dict):
+            break
+        if any(isinstance(e, cst.DictElement) and string_text_of(e.key) == name for e in table.elements):
+            return module
+        from autoport_cst.transform.cst_helpers import parse_expr
+
+        keys_code = "(" + ", ".join(f'"{k}"' for k in keys) + ("," if len(keys) == 1 else "") + ")"
+        element = cst.DictElement(parse_expr(f'"{name}"', module), parse_expr(keys_code, module))
+        elements = list(table.elements)
+        keys = [string_text_of(e.key) if isinstance(e, cst.DictElement) else None for e in elements]
+        index = next((i for i, k in enumerate(keys) if k is not None and k > name), len(elements))
+        if index < len(elements):
+            # sorted position, so that codemods adding aliases commute
+            model = elements[index - 1] if index > 0 else elements[index]
+            element = element.with_changes(comma=model.comma)
+        elif elements:
+            last = elements[-1]
+            if len(elements) > 1 and isinstance(elements[-2].comma, cst.Comma):
+                separator = elements[-2].comma  # one entry per line: keep the layout
+            elif isinstance(table.lbrace.whitespace_after, cst.ParenthesizedWhitespace):
+                separator = cst.Comma(whitespace_after=table.lbrace.whitespace_after)
+            else:
+                separator = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            element = element.with_changes(comma=last.comma)
+            elements[-1] = last.with_changes(comma=separator)
+        elements.insert(index, element)
+        new_table = table.with_changes(elements=elements)
+        return rewrite_node(module, table, new_table)
+    raise ctx.precondition(
+        f"{codemod_id}: the config file has no {ALIASES_NAME} dict (field -> config keys that may hold it)"
+    )
+
+
+def string_text_of(node: cst.CSTNode) -> str | None:
+    from autoport_cst.transform.cst_helpers import string_text
+
+    return string_text(node)
+
+
+def rewrite_node(root: cst.CSTNode, old: cst.CSTNode, new: cst.CSTNode) -> cst.CSTNode:
+    from autoport_cst.transform.cst_helpers import rewrite
+
+    return rewrite(root, {id(old): lambda updated, new=new: new})
+
+
+# -- checkpoint keys of the router and its MoE block ----------------------------------
+
+
+def router_key_parts(value: cst.BaseExpression) -> tuple[str, str] | None:
+    """From a router weight's mapping value, the source of the router
+    module's checkpoint key and of its MoE block's:
+    ``f"{moe.router}.weight"`` -> (``moe.router``, ``moe.module``);
+    ``f"{prefix}.mlp.gate.weight"`` -> (``f"{prefix}.mlp.gate"``, ``f"{prefix}.mlp"``)."""
+    from autoport_cst.transform.cst_helpers import string_text
+
+    if isinstance(value, cst.FormattedString) and len(value.parts) == 2:
+        head, tail = value.parts
+        if (
+            isinstance(head, cst.FormattedStringExpression)
+            and isinstance(head.expression, cst.Attribute)
+            and head.expression.attr.value == "router"
+            and isinstance(tail, cst.FormattedStringText)
+            and tail.value == ".weight"
+        ):
+            owner = code_of(head.expression.value)
+            return f"{owner}.router", f"{owner}.module"
+    text = string_text(value)
+    if text is None or not text.endswith(".weight"):
+        return None
+    prefix = "f" if isinstance(value, cst.FormattedString) else ""
+    router = text[: -len(".weight")]
+    if "." not in router:
+        return None
+    return f'{prefix}"{router}"', f'{prefix}"{router.rsplit(".", 1)[0]}"'
+
+
+def add_router_mapping_value(module, router_params, attr, make_value, codemod_id, ctx, after=()):
+    """Like :func:`add_router_mapping`, the value built by ``make_value(router,
+    block)`` from the sources of the router's and the MoE block's keys."""
+    from autoport_cst.transform.cst_helpers import parse_expr
+
+    entries = mapping_entries(module)
+    keys = {e.key for e in entries}
+    router_entries = [e for e in entries if any(e.key.endswith(f".{p}") for p in router_params)]
+    if not router_entries:
+        wanted = " / ".join(sorted(router_params))
+        raise ctx.precondition(f"{codemod_id}: load_weights has no mappings[...{wanted}] entry")
+    additions: dict[int, list] = {}
+    for entry in router_entries:
+        param = next(p for p in router_params if entry.key.endswith(f".{p}"))
+        base = entry.key[: -len(param)]
+        if base + attr in keys:
+            continue
+        key = replace_string_suffix(entry.key_node, param, attr)
+        parts = router_key_parts(entry.value)
+        if key is None or parts is None:
+            raise ctx.precondition(
+                f"{codemod_id}: cannot derive the router's checkpoint key from the mapping of {entry.key} "
+                '(expected f"{moe.router}.weight" or a key ending in .<router>.weight)',
+                entry.statement,
+                module,
+            )
+        value = parse_expr(make_value(*parts), module)
+        anchor = next((e for e in entries if any(e.key == base + a for a in after)), entry)
+        additions.setdefault(id(anchor.statement), []).append(entry_statement(entry, key, value))
+    return insert_many_after(module, additions)

@@ -22,7 +22,9 @@ LAYER_LIST_NAMES = ("layers", "h", "blocks", "decoder_layers")
 ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
 MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "moe", "ffn")
 ATTENTION_NORM_NAMES = ("input_layernorm", "ln_1", "attention_norm", "pre_attention_layernorm")
-MLP_NORM_NAMES = ("post_attention_layernorm", "ln_2", "ffn_norm", "pre_feedforward_layernorm")
+# pre_feedforward_layernorm first: in sandwich layers (Gemma 2, GLM-4 ports) post_attention_layernorm
+# is the norm on the attention output, and pre_feedforward_layernorm the one before the MLP
+MLP_NORM_NAMES = ("pre_feedforward_layernorm", "post_attention_layernorm", "ln_2", "ffn_norm")
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f")
 
 

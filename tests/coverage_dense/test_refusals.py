@@ -1,0 +1,86 @@
+"""Architectures whose computation the spec cannot describe, or that no
+codemod realizes, are refused by the planner with the feature named (the
+spec field that blocks every reference), not ported and left to fail."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoport_cst.errors import UnrealizableDiffError
+from autoport_cst.port import port
+from autoport_cst.research import research
+from autoport_cst.validate import build_tiny_checkpoint
+
+pytest.importorskip("transformers")
+
+# architecture -> (blocking spec field, text its value or evidence must contain)
+REFUSALS = {
+    "Gemma3ForCausalLM": ("rope.layer_parameters", "sliding_attention"),  # a RoPE base per layer type
+    "DiffLlamaForCausalLM": ("attention.kind", "differential"),  # two softmax maps, subtracted
+    "BitNetForCausalLM": ("attention.output_norm", "True"),  # attn_sub_norm before o_proj
+    "DeepseekV3ForCausalLM": ("attention.kind", "latent"),  # multi-head latent attention
+    "HunYuanDenseV1ForCausalLM": ("unsupported", "q/k norms applied after RoPE"),
+    "PersimmonForCausalLM": ("unsupported", "q/k norms that are not RMSNorms"),
+    "Lfm2ForCausalLM": ("unsupported", "mlp.intermediate_size: the code builds"),  # adjusted FFN width
+    "GPTBigCodeForCausalLM": ("embedding.learned_positions", "True"),  # wpe added to wte
+    "OPTForCausalLM": ("embedding.learned_positions", "True"),  # embed_positions added to embed_tokens
+    "RobertaForCausalLM": ("unsupported", "code.decoder_layers"),  # BERT-style post-LN encoder
+    # dynamic mask attention: a bias from dt_proj(values) scaled by the learned A, added to the scores
+    "DogeForCausalLM": ("unsupported", "learned parameters in the attention computation"),
+}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("refusals")
+
+
+@pytest.mark.parametrize("architecture", sorted(REFUSALS))
+def test_refused_with_the_feature_named(architecture, workdir):
+    field, text = REFUSALS[architecture]
+    source = workdir / architecture
+    build_tiny_checkpoint(architecture, source, seed=0)
+    found = research(str(source))
+    value = found.spec
+    for part in field.split("."):
+        value = getattr(value, part)
+    assert text in str(value), value
+    with pytest.raises(UnrealizableDiffError) as refused:
+        port(str(source), "refused_" + architecture.lower().removesuffix("forcausallm"), workdir / "out")
+    assert field in refused.value.fields, refused.value.fields
+
+
+def test_clipped_qkv_is_refused(workdir):
+    """OLMo with clip_qkv clamps the projections: the spec has no field for it."""
+    import json
+    import shutil
+
+    plain = workdir / "olmo-plain"
+    build_tiny_checkpoint("OlmoForCausalLM", plain, seed=0)
+    clipped = workdir / "olmo-clip"
+    shutil.copytree(plain, clipped)
+    config = json.loads((clipped / "config.json").read_text())
+    config["clip_qkv"] = 8.0
+    (clipped / "config.json").write_text(json.dumps(config))
+    assert research(str(plain)).spec.unsupported is None
+    entries = research(str(clipped)).spec.unsupported
+    assert entries and any("clip_qkv" in e for e in entries)
+    with pytest.raises(UnrealizableDiffError) as refused:
+        port(str(clipped), "refused_olmo_clip", workdir / "out")
+    assert "unsupported" in refused.value.fields
+
+
+def test_gpt2_is_described_then_refused_for_its_positions(workdir):
+    """GPT-2: Conv1D projections ([in, out] tensors) and its key names are
+    described; its learned absolute positions refuse the port."""
+    source = workdir / "gpt2"
+    build_tiny_checkpoint("GPT2LMHeadModel", source, seed=0)
+    spec = research(str(source)).spec
+    assert spec.checkpoint.linear_layout == "in_out"
+    assert spec.checkpoint.qkv == "fused"
+    assert spec.checkpoint.key_map["self_attn.qkv_proj"] == "attn.c_attn"
+    assert spec.checkpoint.key_map["model.layers"] == "transformer.h"
+    assert spec.embedding.learned_positions is True
+    with pytest.raises(UnrealizableDiffError) as refused:
+        port(str(source), "refused_gpt2", workdir / "out")
+    assert "embedding.learned_positions" in refused.value.fields

@@ -1,0 +1,116 @@
+"""Mixture-of-experts architectures that ``autoport-cst port`` ports with no
+hand edit, from a tiny checkpoint of each (research -> reference -> codemods
+-> CPU validation against transformers), and the ones the planner refuses,
+with the feature it names.
+
+| architecture | what its port needs besides the qwen3_moe reference |
+|---|---|
+| Glm4MoeForCausalLM | dense layer 0, partial rotary, no QK-norm, sigmoid router, routing bias (a buffer), routed scaling, one shared expert; group-limited routing that keeps every group |
+| SolarOpenForCausalLM | no QK-norm, sigmoid router, routing bias, routed scaling, shared expert |
+| HYV3ForCausalLM | dense layer 0 (mlp_layer_types), sigmoid router, routing bias held by the MoE block, router_scaling_factor, shared expert |
+| Ernie4_5_MoeForCausalLM | dense layer 0 (moe_layer_start_index), interleaved RoPE, no QK-norm, routing bias in moe_statics ([1, E]), shared experts |
+| GraniteMoeForCausalLM, GraniteMoeSharedForCausalLM | router under block_sparse_moe, attention scale, embedding/residual multipliers, logits divisor |
+| GraniteMoeSWAForCausalLM | the same with sliding window and attention sinks |
+| AriaTextForCausalLM | experts stored [in, out], two shared experts' width, router under mlp.router |
+| Dots1ForCausalLM | dense layer 0, sigmoid router, routing bias, routed scaling, shared expert |
+
+Every port validates in float32 at TP=1. In bf16 a port either validates or
+fails only on routing near-ties (``ties.py``): with those tokens left out it
+keeps the gate. TP=2 runs for GLM-4-MoE here and for every architecture in
+the slow test.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from autoport_cst.errors import UnrealizableDiffError
+
+from .conftest import CONFIGS, REFUSALS, build
+from .ties import bf16_failure_is_a_routing_tie
+
+STEPS = 8
+
+EXPECTED_STEPS = {
+    "Glm4MoeForCausalLM": {"dense-layers", "partial-rotary", "remove-qk-norm", "routed-scaling",
+                           "router-activation", "routing-bias", "shared-experts"},
+    "SolarOpenForCausalLM": {"remove-qk-norm", "routed-scaling", "router-activation", "routing-bias",
+                             "shared-experts"},
+    "HYV3ForCausalLM": {"dense-layers", "routed-scaling", "router-activation", "routing-bias", "shared-experts"},
+    "Ernie4_5_MoeForCausalLM": {"dense-layers", "interleaved-rope", "remove-qk-norm", "routing-bias",
+                                "shared-experts"},
+    "GraniteMoeForCausalLM": {"attention-scale", "embedding-multiplier", "logits-divisor", "remove-qk-norm",
+                              "residual-multiplier"},
+    "GraniteMoeSharedForCausalLM": {"attention-scale", "embedding-multiplier", "logits-divisor",
+                                    "remove-qk-norm", "residual-multiplier"},
+    "GraniteMoeSWAForCausalLM": {"attention-scale", "attention-sinks", "remove-qk-norm", "sliding-window"},
+    "AriaTextForCausalLM": {"remove-qk-norm", "shared-experts"},
+    "Dots1ForCausalLM": {"dense-layers", "routed-scaling", "router-activation", "routing-bias", "shared-experts"},
+}
+ALWAYS = {"rename-classes", "set-constants", "register-model"}
+# codemods of other features a port may also take (checkpoint key renames)
+MAY = {"checkpoint-keys"}
+
+
+@pytest.mark.parametrize("architecture", sorted(CONFIGS))
+def test_port_validates(ported, tiny_moe, architecture):
+    outcome = ported(architecture)
+    steps = set(outcome.steps) - ALWAYS - MAY
+    assert steps == EXPECTED_STEPS[architecture], outcome.steps
+    assert outcome.reference == "qwen3_moe"
+    runs = {run.dtype: run for run in outcome.runs}
+    assert runs["fp32"].equivalent, runs["fp32"].summary
+    if not runs["bf16"].equivalent:
+        from autoport_cst.research import research
+
+        moe = research(str(tiny_moe(architecture))).spec.moe
+        bf16_failure_is_a_routing_tie(outcome.package_dir, outcome.checkpoint_dir, STEPS,
+                                      moe.router_activation, moe.top_k)
+
+
+def test_glm4_moe_validates_on_two_ranks(ported):
+    outcome = ported("Glm4MoeForCausalLM", tp=2)
+    tp2 = [run for run in outcome.runs if run.tp == 2]
+    assert tp2 and all(run.equivalent for run in tp2), [run.summary for run in tp2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("architecture", sorted(CONFIGS))
+def test_port_validates_on_two_ranks(ported, architecture):
+    outcome = ported(architecture, tp=2)
+    tp2 = [run for run in outcome.runs if run.tp == 2]
+    assert tp2 and all(run.equivalent for run in tp2), [run.summary for run in tp2]
+
+
+def test_research_fills_the_moe_fields(tiny_moe):
+    from autoport_cst.research import research
+
+    glm = research(str(tiny_moe("Glm4MoeForCausalLM")))
+    assert glm.spec.moe.dense_layers == (0,)
+    assert glm.spec.moe.routed_scaling_factor == 2.5
+    assert glm.spec.moe.routing_bias is True
+    assert glm.spec.unsupported is None  # every group kept: no group restriction
+    hy = research(str(tiny_moe("HYV3ForCausalLM")))
+    assert hy.spec.moe.routed_scaling_factor == pytest.approx(2.826)
+    assert hy.spec.moe.dense_layers == (0,) and hy.spec.moe.routing_bias is True
+    ernie = research(str(tiny_moe("Ernie4_5_MoeForCausalLM")))
+    assert ernie.spec.moe.routing_bias is True and ernie.spec.moe.routed_scaling_factor is None
+    assert "moe_statics" in ernie.decision("moe.routing_bias").evidence
+    aria = research(str(tiny_moe("AriaTextForCausalLM")))
+    assert aria.spec.moe.dense_layers is None and aria.spec.moe.shared_experts == 1
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_named_refusal(tmp_path_factory, case):
+    from autoport_cst.port import port
+    from autoport_cst.research import research
+
+    architecture, overrides, feature = REFUSALS[case]
+    source = build(tmp_path_factory, architecture, overrides, f"refused-{case}")
+    spec = research(str(source)).spec
+    assert spec.unsupported is not None
+    assert any(item.startswith(f"{feature}:") for item in spec.unsupported), spec.unsupported
+    with pytest.raises(UnrealizableDiffError) as refused:
+        port(str(source), "refused", tmp_path_factory.mktemp(f"refused-out-{case}"))
+    assert "unsupported" in refused.value.fields
+    assert not (tmp_path_factory.getbasetemp() / "refused" / "vllm_neuron").exists()
