@@ -79,7 +79,8 @@ def run_one(model_type: str, architecture: str, work: Path, tp2: bool) -> dict:
             row["verdict"] = "does not validate"
             row["detail"] = "; ".join(f"tp{r.tp} {r.dtype}: {r.first_diverging}" for r in bad)
     except UnrealizableDiffError as error:
-        row.update(verdict="refused", blocked=list(error.fields), detail=str(error).splitlines()[0][:200])
+        row.update(verdict="refused", blocked=list(error.features),
+                   detail="no codemod realizes " + ", ".join(error.features))
     except AutoportError as error:
         row.update(verdict="error", detail=str(error).splitlines()[0][:200])
     except Exception as error:  # noqa: BLE001
@@ -91,26 +92,27 @@ def run_one(model_type: str, architecture: str, work: Path, tp2: bool) -> dict:
 
 def markdown(rows: list[dict], total: float) -> str:
     lines = [
-        "| architecture | reference | codemods | verdict | max error (fp32) | s |",
-        "|---|---|---|---|---|---|",
+        "| architecture | model_type | reference | codemods | verdict | max error (fp32) | s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         steps = ", ".join(s for s in r["steps"] if s not in ("rename-classes", "set-constants", "register-model"))
         verdict = r["verdict"] + (f": {r['detail']}" if r["detail"] and r["verdict"] != "ported" else "")
         error = "-" if r["max_error"] is None else f"{r['max_error']:.1e}"
         lines.append(
-            f"| {r['architecture']} | {r['reference'] or '-'} | {steps or '-'} | {verdict} | {error} | {r['seconds']:.1f} |"
+            f"| {r['architecture']} | {r['model_type']} | {r['reference'] or '-'} | {steps or '-'} | {verdict} | {error} | {r['seconds']:.1f} |"
         )
     counts = collections.Counter(r["verdict"] for r in rows)
+    ported = sorted({r["architecture"] for r in rows if r["verdict"] == "ported"})
     lines.append("")
     lines.append(
-        f"{len(rows)} architectures: " + ", ".join(f"{n} {v}" for v, n in counts.most_common())
-        + f"; total {total / 60:.1f} min"
+        f"{len(rows)} model types: " + ", ".join(f"{n} {v}" for v, n in counts.most_common())
+        + f"; {len(ported)} distinct architectures ported; total {total / 60:.1f} min"
     )
     blocked = collections.Counter(f for r in rows for f in r["blocked"])
     if blocked:
         lines.append("")
-        lines.append("Unrealized features (architectures refused because of each):")
+        lines.append("Unrealized features (model types refused because of each):")
         lines.append("")
         for feature, n in blocked.most_common():
             lines.append(f"- `{feature}`: {n}")

@@ -17,6 +17,7 @@ from autoport_cst.transform.attention import (
     calls_in,
     eps_attribute,
     norm_class,
+    norm_is_full_width,
     parse_method,
     statement_containing,
     to_unfused_decode,
@@ -118,7 +119,10 @@ class QkNorm(Codemod):
     Preconditions: one RMSNorm class built somewhere as ``<Norm>(size, eps,
     dtype)``; the attention's ``forward_prefill`` rotates q and k with
     ``apply_rotary_pos_emb(q, k, ...)``; ``forward_decode`` calls
-    ``NF.attention_decode``; a ``...self_attn.o_proj_weight`` mapping entry.
+    ``NF.attention_decode``; a ``...self_attn.o_proj_weight`` mapping entry;
+    no ``self.q_norm`` in the attention yet (the composer does not pick this
+    codemod for a reference that has q/k norms of the other kind: it adds
+    norms, it does not convert them).
     """
 
     ID = ID
@@ -230,7 +234,9 @@ class QkNorm(Codemod):
 
     @classmethod
     def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target != "none"
+        # adds norms to a reference without them; it does not convert one kind
+        # into the other (a qwen3 reference's per-head norms stay per head)
+        return diff.path in cls.REALIZES and diff.reference == "none" and diff.target != "none"
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> QkNormParams:
@@ -282,8 +288,18 @@ class QkNorm(Codemod):
         config = init_params[1] if len(init_params) > 1 else "config"
         full = self.params.kind == "full_width"
 
+        existing = find_self_assignment(init, "q_norm")
+        if existing is not None and full != norm_is_full_width(cls, "q_norm"):
+            have = "full-width" if not full else "per-head"
+            raise ctx.precondition(
+                f"{ID}: {name} already has {have} q/k norms; turning them into "
+                f"{self.params.kind.replace('_', '-')} ones is not supported (port from a reference "
+                "without q/k norms)",
+                existing,
+                module,
+            )
         # __init__: the norms
-        if find_self_assignment(init, "q_norm") is None:
+        if existing is None:
             anchor = _last_parameter_statement(init)
             if anchor is None:
                 raise ctx.precondition(

@@ -71,6 +71,9 @@ class PreconditionError(AutoportError):
 class UnrealizableDiffError(AutoportError):
     """No codemod realizes some fields of the architecture diff."""
 
-    def __init__(self, message: str, fields: list[str]) -> None:
+    def __init__(self, message: str, fields: list[str], features: list[str] | None = None) -> None:
         super().__init__(message)
         self.fields = fields
+        # The features by name: ``fields`` with the spec's ``unsupported``
+        # entry replaced by the computations it lists (``moe.expert_mlp``, ...).
+        self.features = features if features is not None else list(fields)

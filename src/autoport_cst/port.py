@@ -110,9 +110,12 @@ def port(
     outcome = PortOutcome(name, found.architecture, unknown=list(found.unknown))
     if not choice.realizable or choice.chosen is None:
         blocked = _blocked_fields(choice)
-        raise UnrealizableDiffError(
-            f"{found.architecture} cannot be ported: {choice.reason}", blocked
+        features, details = _named_features(found.spec, blocked)
+        message = f"{found.architecture} cannot be ported: no codemod realizes " + (
+            ", ".join(features) if features else "its architecture diff"
         )
+        message += "".join(f"\n  {line}" for line in details) + f"\n{choice.reason}"
+        raise UnrealizableDiffError(message, blocked, features)
     outcome.reference = choice.chosen
     plan = Plan(
         version=PLAN_VERSION,
@@ -209,6 +212,22 @@ def _blocked_fields(choice) -> list[str]:
         return []
     closest = min(candidates, key=lambda c: len(c.blocking))
     return list(closest.blocking)
+
+
+def _named_features(spec, blocked: list[str]) -> tuple[list[str], list[str]]:
+    """The blocking features by name, and one line of evidence per
+    computation the spec lists as unsupported."""
+    features: list[str] = []
+    details: list[str] = []
+    for path in blocked:
+        if path == "unsupported" and spec.unsupported:
+            for entry in spec.unsupported:
+                name, _, evidence = entry.partition(":")
+                features.append(name.strip())
+                details.append(f"{name.strip()}: {evidence.strip()}" if evidence else name.strip())
+        else:
+            features.append(path)
+    return list(dict.fromkeys(features)), details
 
 
 def _first_diverging(report) -> str | None:

@@ -48,6 +48,13 @@ def test_refused_with_the_feature_named(architecture, workdir):
     with pytest.raises(UnrealizableDiffError) as refused:
         port(str(source), "refused_" + architecture.lower().removesuffix("forcausallm"), workdir / "out")
     assert field in refused.value.fields, refused.value.fields
+    # the message and the features name what blocks, not only the spec section
+    if field == "unsupported":
+        named = [entry.partition(":")[0] for entry in found.spec.unsupported]
+        assert named and set(named) <= set(refused.value.features), refused.value.features
+        assert all(name in str(refused.value) for name in named)
+    else:
+        assert field in refused.value.features
 
 
 def test_clipped_qkv_is_refused(workdir):
@@ -68,6 +75,17 @@ def test_clipped_qkv_is_refused(workdir):
     with pytest.raises(UnrealizableDiffError) as refused:
         port(str(clipped), "refused_olmo_clip", workdir / "out")
     assert "unsupported" in refused.value.fields
+
+
+def test_full_width_qk_norms_are_not_grafted_onto_per_head_ones(workdir):
+    """OLMo 3 has full-width q/k norms: the qwen3 reference's per-head norms
+    cannot become those, so the port starts from llama3 and adds them."""
+    source = workdir / "olmo3"
+    build_tiny_checkpoint("Olmo3ForCausalLM", source, seed=0)
+    assert research(str(source)).spec.attention.qk_norm == "full_width"
+    outcome = port(str(source), "port_olmo3", workdir / "out", force=True, steps=8)
+    assert outcome.reference == "llama3" and "qk-norm" in outcome.steps
+    assert outcome.validated, [(r.dtype, r.first_diverging) for r in outcome.runs]
 
 
 def test_gpt2_is_described_then_refused_for_its_positions(workdir):

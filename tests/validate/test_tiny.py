@@ -28,7 +28,7 @@ def test_model_type_and_config_path_sources(tmp_path: Path) -> None:
     assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"]) == (64, 2, 4)
     assert (config["num_key_value_heads"], config["intermediate_size"]) == (2, 128)
     assert config.get("head_dim", config["hidden_size"] // config["num_attention_heads"]) == 16
-    assert config["vocab_size"] == 4096
+    assert config["vocab_size"] == 512
     assert len(config["layer_types"]) == 2
     again = build_tiny_checkpoint(by_type.directory / "config.json", tmp_path / "again")
     assert again.architecture == "Qwen2ForCausalLM"
@@ -41,3 +41,23 @@ def test_model_type_and_config_path_sources(tmp_path: Path) -> None:
 def test_unknown_source_is_input_error(tmp_path: Path, source: str) -> None:
     with pytest.raises(InputError):
         build_tiny_checkpoint(source, tmp_path / "out")
+
+
+def test_every_per_layer_list_follows_the_layer_count(tmp_path: Path) -> None:
+    """GPT-Neo's attention_layers has one entry per layer: it keeps its first
+    two (a global and a local layer), and the saved config loads back."""
+    from transformers import AutoConfig
+
+    built = build_tiny_checkpoint("GPTNeoForCausalLM", tmp_path / "neo")
+    config = json.loads((built.directory / "config.json").read_text())
+    assert config["num_layers"] == 2
+    assert config["attention_layers"] == ["global", "local"]
+    AutoConfig.from_pretrained(built.directory)
+
+
+def test_a_shrunk_config_transformers_rejects_is_input_error(tmp_path: Path) -> None:
+    """Mamba-2 ties its head count to hidden_size * expand, which the shrinker
+    does not know: the error quotes transformers' validator and nothing is written."""
+    with pytest.raises(InputError, match="does not validate in transformers.*hidden_size \\* expand"):
+        build_tiny_checkpoint("Mamba2ForCausalLM", tmp_path / "mamba2")
+    assert not (tmp_path / "mamba2").exists()

@@ -40,9 +40,7 @@ TINY_DIMENSIONS: dict[str, int] = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "intermediate_size": 128,
-    # Wide enough that a per-token maximum over the vocabulary (the three-way
-    # check's L-inf ratio) is a stable statistic; see docs/validation.md.
-    "vocab_size": 4096,
+    "vocab_size": 512,
     "max_position_embeddings": 512,
     # mixture of experts
     "num_experts": 4,
@@ -135,6 +133,7 @@ def resolve_config(source: str | os.PathLike[str]) -> tuple[Any, str]:
 
 def shrink_config(config: Any, architecture: str) -> Any:
     """Apply the tiny dimensions to the attributes this config class has."""
+    original_layers = getattr(config, "num_hidden_layers", None)
     for name, value in TINY_DIMENSIONS.items():
         if hasattr(config, name) and getattr(config, name) is not None:
             setattr(config, name, value)
@@ -148,6 +147,16 @@ def shrink_config(config: Any, architecture: str) -> Any:
         if name == "layer_types" and isinstance(value, list) and layers:
             pattern = value or ["full_attention"]
             setattr(config, name, [pattern[i % len(pattern)] for i in range(layers)])
+        elif (
+            isinstance(value, (list, tuple))
+            and layers
+            and isinstance(original_layers, int)
+            and original_layers > layers
+            and len(value) == original_layers
+        ):
+            # any other list with one entry per layer (mlp_layer_types,
+            # attention_layers, ...) keeps its first entries
+            setattr(config, name, type(value)(value[:layers]))
     window = getattr(config, "sliding_window", None)
     if isinstance(window, int) and not isinstance(window, bool) and window > TINY_WINDOW:
         config.sliding_window = TINY_WINDOW
@@ -178,6 +187,14 @@ def build_tiny_checkpoint(
     model_class = getattr(transformers, architecture, None)
     if model_class is None:
         raise InputError(f"transformers has no class {architecture!r}")
+    try:  # the saved config.json must load back
+        type(config).from_dict(config.to_dict())
+    except Exception as error:  # noqa: BLE001 - transformers' own validators
+        first = str(error).strip().splitlines()
+        raise InputError(
+            f"{architecture}: the shrunk config does not validate in transformers "
+            f"({' '.join(line.strip() for line in first[:2])}); give a small config.json instead"
+        ) from error
 
     with torch.device("meta"):  # count before allocating anything
         parameters = sum(p.numel() for p in model_class(config).parameters())
