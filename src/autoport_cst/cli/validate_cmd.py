@@ -50,6 +50,9 @@ def tiny_command(arch_or_config: str, outdir: Path, seed: int) -> None:
 @click.option("--hf", "checkpoint_dir", required=True, type=click.Path(path_type=Path),
               help="Checkpoint directory (config.json + safetensors) read by both sides.")
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size (ranks run as local processes).")
+@click.option("--ep", type=int, default=1, show_default=True,
+              help="Expert-parallel degree inside the TP ranks (MoE ports; must divide --tp and the "
+                   "expert count). 1: no expert parallelism.")
 @click.option("--dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True)
 @click.option("--steps", type=int, default=16, show_default=True, help="Decode steps after the prefill.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -57,7 +60,8 @@ def tiny_command(arch_or_config: str, outdir: Path, seed: int) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the prompts and block tables.")
 @error_boundary
 def validate_command(
-    model_dir: Path, checkpoint_dir: Path, tp: int, dtype: str, steps: int, json_path: Path | None, seed: int
+    model_dir: Path, checkpoint_dir: Path, tp: int, ep: int, dtype: str, steps: int, json_path: Path | None,
+    seed: int,
 ) -> None:
     """Run the port in MODEL_DIR and transformers on the same checkpoint
     through prefill and decode, and compare them.
@@ -94,7 +98,9 @@ def validate_command(
             done = STAGES.index(stage) if stage in STAGES else 0
             progress.update(task, description=stage, completed=done)
 
-        report = validate_model(model_dir, checkpoint_dir, tp=tp, dtype=dtype, steps=steps, seed=seed, on_stage=on_stage)
+        report = validate_model(
+            model_dir, checkpoint_dir, tp=tp, dtype=dtype, steps=steps, seed=seed, on_stage=on_stage, ep=ep
+        )
         progress.update(task, completed=len(STAGES), description="done")
 
     if json_path is not None:
@@ -114,8 +120,9 @@ def print_report(report) -> None:
         f"[bold]{escape(report.factory or '?')}[/] from {escape(report.model_dir)} vs transformers "
         f"{escape(report.architecture or '?')} on {escape(report.checkpoint_dir)}"
     )
+    ep = f" ep={settings['ep']}" if settings.get("ep", 1) > 1 else ""
     console.print(
-        f"tp={settings['tp']} dtype={settings['dtype']} prompts={settings['prompt_lengths']} "
+        f"tp={settings['tp']}{ep} dtype={settings['dtype']} prompts={settings['prompt_lengths']} "
         f"decode steps={settings['steps']} block size={settings.get('block_size')}"
     )
     if report.failure is not None:

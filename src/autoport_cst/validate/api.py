@@ -1,7 +1,7 @@
 """Validate a model package against transformers on the same checkpoint.
 
-``validate_model(model_dir, checkpoint_dir, tp=1, dtype="fp32", steps=16)``
-returns a ``ValidationReport`` (``report.equivalent``, ``report.exit_code``,
+``validate_model(model_dir, checkpoint_dir, tp=1, dtype="fp32", steps=16,
+ep=1)`` returns a ``ValidationReport`` (``report.equivalent``, ``report.exit_code``,
 ``report.first_diverging``, ``report.to_json()``). Bad input (paths, options,
 a checkpoint that lacks a tensor or has one of the wrong shape) raises
 ``autoport_cst.errors.InputError``; a port that crashes or breaks a hardware
@@ -29,6 +29,9 @@ from .scenario import DEFAULT_BLOCK_SIZE, DEFAULT_STEPS, Scenario
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 MAX_TP = 8
+# config.json keys that hold the number of routed experts (mixture-of-experts
+# configs spell it differently); the first one present is used
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 VALIDATION_THREADS = 1  # torch intra-op threads per process (see _intra_op_threads)
 
 # The stages ``on_stage`` reports, in order.
@@ -37,7 +40,9 @@ STAGES = ("load port", "reference fp32", "reference bf16", "run port", "compare"
 StageCallback = Callable[[str], None]
 
 
-def _check_inputs(model_dir: str | Path, checkpoint_dir: str | Path, tp: int, dtype: str) -> tuple[Path, Path, dict]:
+def _check_inputs(
+    model_dir: str | Path, checkpoint_dir: str | Path, tp: int, dtype: str, ep: int = 1
+) -> tuple[Path, Path, dict]:
     package = check_package_dir(model_dir)
     checkpoint = Path(checkpoint_dir)
     if not checkpoint.is_dir():
@@ -55,7 +60,33 @@ def _check_inputs(model_dir: str | Path, checkpoint_dir: str | Path, tp: int, dt
         raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if not 1 <= tp <= MAX_TP:
         raise InputError(f"--tp must be between 1 and {MAX_TP}, got {tp}")
+    _check_expert_parallel(ep, tp, config, config_path)
     return package, checkpoint, config
+
+
+def _check_expert_parallel(ep: int, tp: int, config: dict, config_path: Path) -> None:
+    """EP runs inside the TP world: ``ep`` partitions of the experts, each
+    held by ``tp / ep`` ranks. 1 turns it off."""
+    if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1:
+        raise InputError(f"--ep must be a positive integer (1: no expert parallelism), got {ep!r}")
+    if ep == 1:
+        return
+    if tp % ep != 0:
+        raise InputError(
+            f"--ep {ep} needs --tp to be a multiple of it (expert parallelism splits the experts "
+            f"among the TP ranks), got --tp {tp}"
+        )
+    experts = next((config[k] for k in EXPERT_COUNT_KEYS if isinstance(config.get(k), int)), None)
+    if experts is None:
+        raise InputError(
+            f"--ep {ep} needs a mixture-of-experts checkpoint: {config_path} has no expert count "
+            f"({', '.join(EXPERT_COUNT_KEYS)})"
+        )
+    if experts % ep != 0:
+        raise InputError(
+            f"--ep {ep}: the {experts} experts of {config_path} do not split into {ep} equal "
+            f"partitions ({experts} is not a multiple of {ep})"
+        )
 
 
 @contextlib.contextmanager
@@ -83,13 +114,18 @@ def validate_model(
     block_size: int = DEFAULT_BLOCK_SIZE,
     seed: int = 0,
     on_stage: StageCallback | None = None,
+    ep: int = 1,
 ) -> ValidationReport:
     """Run the port in ``model_dir`` and transformers on ``checkpoint_dir``
-    through prefill and ``steps`` decode steps, and compare them."""
+    through prefill and ``steps`` decode steps, and compare them.
+
+    ``ep > 1`` enables expert parallelism inside the ``tp`` ranks: ``ep``
+    partitions of the experts (``tp`` must be a multiple of ``ep`` and the
+    expert count of ``ep``); the port must read the EP degree and rank."""
     with _intra_op_threads(VALIDATION_THREADS):
         return _validate(
             model_dir, checkpoint_dir, tp=tp, dtype=dtype, steps=steps, prompt_lengths=prompt_lengths,
-            block_size=block_size, seed=seed, on_stage=on_stage,
+            block_size=block_size, seed=seed, on_stage=on_stage, ep=ep,
         )
 
 
@@ -104,8 +140,9 @@ def _validate(
     block_size: int,
     seed: int,
     on_stage: StageCallback | None,
+    ep: int = 1,
 ) -> ValidationReport:
-    package_dir, checkpoint, config = _check_inputs(model_dir, checkpoint_dir, tp, dtype)
+    package_dir, checkpoint, config = _check_inputs(model_dir, checkpoint_dir, tp, dtype, ep)
     notify = on_stage or (lambda _stage: None)
     timings: dict[str, float] = {}
     started = time.perf_counter()
@@ -116,6 +153,7 @@ def _validate(
     scenario = Scenario.build(vocab_size, tp, steps, prompt_lengths, block_size, seed)
     settings = {
         "tp": tp,
+        "ep": ep,
         "dtype": dtype,
         "steps": steps,
         "prompt_lengths": list(scenario.prompt_lengths),
@@ -158,7 +196,7 @@ def _validate(
             )
         else:
             port, teacher, factory_name, standin = _run_ranks(
-                package_dir, checkpoint, dtype, scenario, tp, notify, reference_run, timings
+                package_dir, checkpoint, dtype, scenario, tp, notify, reference_run, timings, ep
             )
     except PortFailure as failure:
         report.failure = PortFailureInfo(failure.stage, failure.message)
@@ -254,6 +292,7 @@ def _run_ranks(
     notify: StageCallback,
     reference_run: Callable[[list], list[list[int]]],
     timings: dict[str, float],
+    ep: int = 1,
 ) -> tuple[PortOutput, list[list[int]], str, dict]:
     from .distributed import RankCheckpointError, merge_rank_outputs, run_port_ranks
 
@@ -262,7 +301,8 @@ def _run_ranks(
     holder: list = []
     try:
         outputs, factory_name, description, teacher = run_port_ranks(
-            package_dir, checkpoint, dtype, scenario, tp, lambda: _reference_then_run(reference_run, holder, notify)
+            package_dir, checkpoint, dtype, scenario, tp, lambda: _reference_then_run(reference_run, holder, notify),
+            ep_degree=ep,
         )
     except RankCheckpointError as error:
         raise _checkpoint_input_error(error) from error

@@ -52,6 +52,7 @@ class RankJob:
     checkpoint_dir: str
     dtype_name: str
     scenario: Scenario
+    ep_degree: int = 1
 
 
 def _free_port() -> int:
@@ -88,14 +89,22 @@ def _rank_main(job_path: Path, rank: int) -> int:
     try:
         from .driver import PortSession, port_hf_config
         from .package import PortImportError, imported_package
-        from .standin import standin_installed
+        from .standin import parallel_state, standin_installed
         from .standin.checkpoints import CheckpointError
 
         try:
-            with standin_installed(dist.group.WORLD, job.world_size, model=job.checkpoint_dir) as installation:
+            with standin_installed(
+                dist.group.WORLD, job.world_size, model=job.checkpoint_dir, ep_degree=job.ep_degree
+            ) as installation:
                 with imported_package(job.model_dir) as package:
                     hf_config = port_hf_config(job.checkpoint_dir, _DTYPES[job.dtype_name])
                     session = PortSession(package.factory, job.checkpoint_dir, hf_config, job.scenario, rank)
+                    if job.ep_degree > 1 and not parallel_state.expert_parallel_read():
+                        raise InputError(
+                            f"expert parallelism was asked for (EP degree {job.ep_degree}) but the port "
+                            "never reads the EP degree or rank (get_neuron_ep_degree / get_neuron_ep_rank): "
+                            "it does not implement expert parallelism; validate it without --ep"
+                        )
                     (job_path.parent / f"rank{rank}.loaded").touch()
                     try:
                         teacher = pickle.load(sys.stdin.buffer)
@@ -165,15 +174,19 @@ def run_port_ranks(
     scenario: Scenario,
     world_size: int,
     compute_teacher: Callable[[], list[list[int]]],
+    ep_degree: int = 1,
 ) -> tuple[list[PortOutput], str, dict[str, Any], list[list[int]]]:
-    """Run the port on ``world_size`` ranks. Returns the per-rank outputs,
-    the factory name, the stand-in description and the teacher tokens."""
+    """Run the port on ``world_size`` ranks (with ``ep_degree`` expert
+    partitions among them). Returns the per-rank outputs, the factory name,
+    the stand-in description and the teacher tokens."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([_package_root(), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory(prefix="autoport-validate-") as tmp:
         job_path = Path(tmp) / "job.pkl"
-        job = RankJob(world_size, _free_port(), str(model_dir), str(checkpoint_dir), dtype_name, scenario)
+        job = RankJob(
+            world_size, _free_port(), str(model_dir), str(checkpoint_dir), dtype_name, scenario, ep_degree
+        )
         job_path.write_bytes(pickle.dumps(job))
         processes = [
             subprocess.Popen(

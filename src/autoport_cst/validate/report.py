@@ -179,6 +179,7 @@ REPORT_SCHEMA: dict[str, Any] = {
             "required": ["tp", "dtype", "steps", "prompt_lengths"],
             "properties": {
                 "tp": {"type": "integer", "minimum": 1},
+                "ep": {"type": "integer", "minimum": 1},
                 "dtype": {"enum": ["fp32", "bf16"]},
                 "steps": {"type": "integer", "minimum": 1},
                 "prompt_lengths": {"type": "array", "items": {"type": "integer", "minimum": 1}},

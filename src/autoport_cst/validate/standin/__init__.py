@@ -110,11 +110,15 @@ class Installation:
 
     def describe(self) -> dict[str, Any]:
         roots = sorted({name.split(".")[0] for name in self.added_modules})
-        return {
+        described = {
             "stand_in_packages": roots,
             "real_packages": sorted(self.real_packages),
             "patched": sorted(f"{getattr(owner, '__name__', owner)}.{name}" for owner, name, _ in self.patched),
         }
+        layout = parallel_state.expert_parallel_layout()
+        if layout is not None:
+            described["expert_parallel"] = layout
+        return described
 
 
 # A submodule every real installation of each package has. A directory named
@@ -221,14 +225,21 @@ def uninstall(installation: Installation) -> None:
 
 @contextlib.contextmanager
 def standin_installed(
-    device_group: Any = LOCAL_GROUP, tensor_parallel_size: int | None = None, model: str = ""
+    device_group: Any = LOCAL_GROUP,
+    tensor_parallel_size: int | None = None,
+    model: str = "",
+    ep_degree: int = 1,
 ) -> Iterator[Installation]:
     """Install the stand-in for the duration of the block, with
-    ``device_group`` as the tensor-parallel group."""
+    ``device_group`` as the tensor-parallel group. With ``ep_degree > 1``
+    expert parallelism is enabled (``enable_expert_parallel``) with that many
+    expert partitions inside the TP world (see ``parallel_state``)."""
     installation = Installation()
-    parallel_state.configure(device_group)
+    parallel_state.configure(device_group, ep_degree)
     vllm_config.configure(
-        tensor_parallel_size or parallel_state.get_tp_group().world_size, model=model
+        tensor_parallel_size or parallel_state.get_tp_group().world_size,
+        model=model,
+        enable_expert_parallel=ep_degree > 1,
     )
     try:
         install(installation)

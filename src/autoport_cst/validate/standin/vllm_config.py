@@ -57,11 +57,13 @@ def set_current_vllm_config(config: VllmConfig, *args: Any, **kwargs: Any) -> It
         _CURRENT = previous
 
 
-def configure(tensor_parallel_size: int, model: str = "") -> VllmConfig:
+def configure(tensor_parallel_size: int, model: str = "", enable_expert_parallel: bool = False) -> VllmConfig:
     """Set the config the validation run's model sees."""
     global _CURRENT
     _CURRENT = VllmConfig(
-        parallel_config=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
+        parallel_config=ParallelConfig(
+            tensor_parallel_size=tensor_parallel_size, enable_expert_parallel=enable_expert_parallel
+        ),
         model_config=ModelConfig(model=model),
     )
     return _CURRENT
