@@ -51,6 +51,26 @@ def causal_lm_architectures() -> list[tuple[str, str]]:
     return pairs
 
 
+def full_size_refusal(architecture: str, directory: Path) -> list[str]:
+    """The features that refuse ``architecture``, researched from its
+    transformers default config alone, when no tiny checkpoint can be built;
+    empty when the research does not refuse it (or cannot run)."""
+    from autoport_cst.port import refusal
+    from autoport_cst.research import choose_reference, research
+    from autoport_cst.validate.tiny import resolve_config
+
+    try:
+        config, _ = resolve_config(architecture)
+        config.architectures = [architecture]
+        directory.mkdir(parents=True, exist_ok=True)
+        config.to_json_file(str(directory / "config.json"))
+        found = research(str(directory))
+        error = refusal(found, choose_reference(found.spec, "full_size", found.architecture, None))
+    except Exception:  # noqa: BLE001 - the row keeps its tiny-checkpoint error
+        return []
+    return list(error.features) if error is not None else []
+
+
 def run_one(model_type: str, architecture: str, work: Path, tp2: bool) -> dict:
     from autoport_cst.errors import AutoportError, UnrealizableDiffError
     from autoport_cst.port import port
@@ -64,6 +84,11 @@ def run_one(model_type: str, architecture: str, work: Path, tp2: bool) -> dict:
         build_tiny_checkpoint(architecture, source, seed=0)
     except Exception as error:  # noqa: BLE001
         row.update(verdict="no tiny checkpoint", detail=f"{type(error).__name__}: {error}"[:160])
+        features = full_size_refusal(architecture, work / f"{model_type}-full")
+        if features:
+            # refused by research on the full-size config (no weights needed)
+            row.update(verdict="refused", blocked=features,
+                       detail="no codemod realizes " + ", ".join(features) + " (full-size config)")
         row["seconds"] = time.perf_counter() - start
         return row
     name = "port_" + "".join(c if c.isalnum() else "_" for c in model_type.lower())

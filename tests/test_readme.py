@@ -43,3 +43,12 @@ def test_documented_flags_exist(repo_root):
     # every other documented flag exists on some command
     for flag in set(re.findall(r"`(--[a-z][a-z-]*)", readme)) - {"--run-slow"}:
         assert any(flag in text for text in helps.values()), f"README documents {flag}, which no command has"
+
+
+def test_the_codemod_table_lists_the_whole_library(repo_root):
+    from autoport_cst.transform.library import library
+
+    readme = (repo_root / "README.md").read_text()
+    table = readme.split("| codemod | realizes | what it does |", 1)[1].split("\n\n", 1)[0]
+    listed = set(re.findall(r"^\| `([a-z0-9-]+)` \|", table, re.M))
+    assert listed == set(library()), sorted(set(library()) ^ listed)

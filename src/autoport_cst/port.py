@@ -108,14 +108,9 @@ def port(
     found = research(source)
     choice = choose_reference(found.spec, name, found.architecture, [ref] if ref else None)
     outcome = PortOutcome(name, found.architecture, unknown=list(found.unknown))
-    if not choice.realizable or choice.chosen is None:
-        blocked = _blocked_fields(choice)
-        features, details = _named_features(found.spec, blocked)
-        message = f"{found.architecture} cannot be ported: no codemod realizes " + (
-            ", ".join(features) if features else "its architecture diff"
-        )
-        message += "".join(f"\n  {line}" for line in details) + f"\n{choice.reason}"
-        raise UnrealizableDiffError(message, blocked, features)
+    refused = refusal(found, choice)
+    if refused is not None:
+        raise refused
     outcome.reference = choice.chosen
     plan = Plan(
         version=PLAN_VERSION,
@@ -203,6 +198,20 @@ def _validation_checkpoint(found, out: Path, name: str, checkpoint: str, seed: i
     target = out / "checkpoints" / f"{name}-tiny"
     build_tiny_checkpoint(str(config) if config and config.is_file() else found.architecture, target, seed=seed)
     return target
+
+
+def refusal(found, choice) -> UnrealizableDiffError | None:
+    """The error that refuses a researched model no reference can be turned
+    into, naming the blocking features; None when a reference was chosen."""
+    if choice.realizable and choice.chosen is not None:
+        return None
+    blocked = _blocked_fields(choice)
+    features, details = _named_features(found.spec, blocked)
+    message = f"{found.architecture} cannot be ported: no codemod realizes " + (
+        ", ".join(features) if features else "its architecture diff"
+    )
+    message += "".join(f"\n  {line}" for line in details) + f"\n{choice.reason}"
+    return UnrealizableDiffError(message, blocked, features)
 
 
 def _blocked_fields(choice) -> list[str]:
