@@ -67,6 +67,10 @@ class PreconditionError(AutoportError):
     """A codemod did not find what it transforms. The message names the file,
     the class and what was looked for."""
 
+    # set by the engine: the failing step's codemod and the spec fields it realizes
+    step: str | None = None
+    realizes: tuple[str, ...] = ()
+
 
 class UnrealizableDiffError(AutoportError):
     """No codemod realizes some fields of the architecture diff."""

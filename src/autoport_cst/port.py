@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from autoport_cst.errors import InputError, UnrealizableDiffError
+from autoport_cst.errors import InputError, PreconditionError, UnrealizableDiffError
 
 STAGES = ("research", "apply", "checkpoint", "validate")
 
@@ -111,32 +111,42 @@ def port(
     refused = refusal(found, choice)
     if refused is not None:
         raise refused
-    outcome.reference = choice.chosen
-    plan = Plan(
-        version=PLAN_VERSION,
-        name=name,
-        architecture=found.architecture,
-        reference=choice.chosen,
-        class_prefix=derive_class_prefix(name),
-        spec=found.spec,
-        description=f"Planned by autoport-cst port from {found.source}.",
-    )
-    plan = parse_plan(plan_to_json(plan), "<port plan>")
-    outcome.seconds["research"] = time.perf_counter() - start
+    attempts: list[tuple[str, PreconditionError]] = []
+    for reference_name in [ref] if ref else _preference_order(choice):
+        plan = Plan(
+            version=PLAN_VERSION,
+            name=name,
+            architecture=found.architecture,
+            reference=choice.chosen if ref else reference_name,
+            class_prefix=derive_class_prefix(name),
+            spec=found.spec,
+            description=f"Planned by autoport-cst port from {found.source}.",
+        )
+        plan = parse_plan(plan_to_json(plan), "<port plan>")
+        outcome.seconds["research"] = time.perf_counter() - start
 
-    stage("apply")
-    start = time.perf_counter()
-    reference = load_reference(ref or choice.chosen)
-    registry = out / REGISTRY
-    result = build_port(
-        plan,
-        reference,
-        existing_registry=registry.read_text(encoding="utf-8") if registry.is_file() else None,
-        plan_source="<port plan>",
-        replace_registry_entry=force,
-    )
-    if result.failure is not None:
-        raise result.failure
+        stage("apply")
+        start = time.perf_counter()
+        reference = load_reference(reference_name)
+        registry = out / REGISTRY
+        result = build_port(
+            plan,
+            reference,
+            existing_registry=registry.read_text(encoding="utf-8") if registry.is_file() else None,
+            plan_source="<port plan>",
+            replace_registry_entry=force,
+        )
+        if isinstance(result.failure, PreconditionError) and result.failure.realizes:
+            # this reference's code does not have the shape the codemod
+            # needs: try the next realizable reference
+            attempts.append((reference_name, result.failure))
+            continue
+        if result.failure is not None:
+            raise result.failure
+        break
+    else:
+        raise _precondition_refusal(found.architecture, attempts)
+    outcome.reference = reference.name
     plan_file = f"plans/{name}.plan.json"
     files = dict(result.files)
     files[plan_file] = json.dumps(plan_to_json(plan), indent=2) + "\n"
@@ -212,6 +222,28 @@ def refusal(found, choice) -> UnrealizableDiffError | None:
     )
     message += "".join(f"\n  {line}" for line in details) + f"\n{choice.reason}"
     return UnrealizableDiffError(message, blocked, features)
+
+
+def _preference_order(choice) -> list[str]:
+    """The chosen reference, then the other realizable ones, closest first."""
+    others = sorted(
+        (c for c in choice.candidates if c.realizable and c.error is None and c.name != choice.chosen),
+        key=lambda c: (len(c.code_changes), len(c.fields), c.name),
+    )
+    return [choice.chosen] + [c.name for c in others]
+
+
+def _precondition_refusal(architecture: str, attempts) -> UnrealizableDiffError:
+    """Every realizable reference failed a codemod precondition: the features
+    those codemods were to realize are what no codemod realizes here."""
+    features = list(dict.fromkeys(path for _, error in attempts for path in error.realizes))
+    lines = [f"  from {ref}: {error}" for ref, error in attempts]
+    return UnrealizableDiffError(
+        f"{architecture} cannot be ported: no codemod realizes {', '.join(features)} on any reference "
+        "(the codemods' preconditions fail)\n" + "\n".join(lines),
+        features,
+        features,
+    )
 
 
 def _blocked_fields(choice) -> list[str]:

@@ -102,3 +102,17 @@ def test_gpt2_is_described_then_refused_for_its_positions(workdir):
     with pytest.raises(UnrealizableDiffError) as refused:
         port(str(source), "refused_gpt2", workdir / "out")
     assert "embedding.learned_positions" in refused.value.fields
+
+
+def test_a_failed_codemod_precondition_refuses_with_the_feature(workdir):
+    """Cohere 2 MoE has a parallel residual; the only MoE reference's decoder
+    layer is not in the form parallel-residual rewrites, so the port is refused
+    naming residual.parallel and the position, and nothing is written."""
+    source = workdir / "cohere2_moe"
+    build_tiny_checkpoint("Cohere2MoeForCausalLM", source, seed=0)
+    out = workdir / "cohere2-out"
+    with pytest.raises(UnrealizableDiffError) as refused:
+        port(str(source), "refused_cohere2_moe", out)
+    assert refused.value.features == ["residual.parallel"]
+    assert "qwen3_moe/model.py:" in str(refused.value)
+    assert not (out / "vllm_neuron" / "model" / "refused_cohere2_moe").exists()

@@ -27,7 +27,7 @@ from autoport_cst.apply.reference import (
     Provenance,
     Reference,
 )
-from autoport_cst.errors import AutoportError, InputError, Position
+from autoport_cst.errors import AutoportError, InputError, Position, PreconditionError
 from autoport_cst.plan import Plan, plan_to_json
 from autoport_cst.spec import to_json
 from autoport_cst.transform import FileContext, Note, PortContext
@@ -169,7 +169,12 @@ def _run_step(step: Step, units: list[_Unit], port: PortContext, label: str | No
         ctx = FileContext(path=unit.label, role=unit.role, port=port)
         if unit.module is not None:
             before = unit.module
-            after = codemod.transform_module(before, ctx)
+            try:
+                after = codemod.transform_module(before, ctx)
+            except PreconditionError as error:
+                # which step, and which spec fields it was to realize
+                error.step, error.realizes = step.id, tuple(step.realizes)
+                raise
             if after is not before:
                 previous = unit.current()
                 unit.module, unit.text = after, None
