@@ -52,8 +52,6 @@ REFUSALS: dict[str, tuple[str, dict, str]] = {
     # GLM-4-MoE restricting experts to the best groups: group-limited routing
     "glm4_moe_groups": ("Glm4MoeForCausalLM", {"n_group": 2, "topk_group": 1, "n_routed_experts": 8},
                         "moe.group_limited_routing"),
-    # GPT-OSS: clamped x * sigmoid(1.702 x) * (up + 1) experts
-    "gpt_oss": ("GptOssForCausalLM", {}, "moe.expert_mlp"),
     # JetMoe: experts without a classifiable gated MLP (and mixture-of-attention heads)
     "jetmoe": ("JetMoeForCausalLM", {}, "moe.expert_mlp"),
 }

@@ -30,6 +30,7 @@ LLAMA_LIKE = {
     "mlp.kind": "gated",
     "mlp.activation": "silu",
     "mlp.bias": False,
+    "mlp.glu": "standard",
     "moe": None,
     "embedding.scale": "none",
     "embedding.multiplier": None,
@@ -101,10 +102,11 @@ EXPECTED: dict[str, dict[str, object]] = {
     "qwen2_moe": {**MOE_LIKE, "attention.qkv_bias": True, "moe.num_experts": 4, "moe.top_k": 2,
                   "moe.intermediate_size": 48, "moe.norm_topk_prob": False, "moe.shared_experts": 1,
                   "moe.shared_expert_gate": True, "checkpoint.gate_up": "fused"},
-    "gpt_oss": {**{k: v for k, v in MOE_LIKE.items() if k != "unsupported"}, "attention.qkv_bias": True, "attention.o_bias": True, "attention.sinks": True,
+    "gpt_oss": {**MOE_LIKE, "attention.qkv_bias": True, "attention.o_bias": True, "attention.sinks": True,
                 "attention.sliding_window": "per_layer", "attention.sliding_window_size": 32,
                 "rope.type": "yarn", "moe.num_experts": 4, "moe.top_k": 2, "moe.router_bias": True,
                 "moe.norm_topk_prob": True, "moe.router_activation": "softmax", "mlp.bias": True,
+                "mlp.glu": "clamped_swiglu", "mlp.glu_alpha": 1.702, "mlp.glu_limit": 7.0,
                 "checkpoint.gate_up": "fused"},
     "phi": {**LLAMA_LIKE, "norm.kind": "layernorm", "norm.bias": True, "norm.eps_key": "layer_norm_eps",
             "attention.qkv_bias": True, "attention.o_bias": True, "rope.partial_rotary_factor": 0.5,
@@ -122,7 +124,6 @@ EXPECTED: dict[str, dict[str, object]] = {
 }
 # what a source could not classify, by design of the model (never guessed)
 EXPECTED_UNKNOWN = {
-    "gpt_oss": {"mlp.activation"},  # clamped x * sigmoid(alpha x) with (up + 1): no spec value
     "olmo": {"norm.eps_key"},  # the epsilon is a constant of the code, no config field
 }
 
@@ -185,9 +186,17 @@ def test_sizes_come_from_the_config(tiny):
     assert result.spec.hidden_size == 64 and result.spec.num_layers == 2 and result.spec.embedding.vocab_size == 320
 
 
-def test_gpt_oss_unknown_activation_names_what_it_saw(tiny):
-    decision = tiny.research("gpt_oss").decision("mlp.activation")
-    assert "sigmoid" in decision.evidence
+def test_gpt_oss_clamped_swiglu_is_read_from_the_code(tiny):
+    """GPT-OSS's experts compute gate.clamp(max=L) * sigmoid(alpha * gate) *
+    (up.clamp(-L, L) + 1): the research names that computation (mlp.glu),
+    with alpha and L as the code evaluates them, instead of leaving the
+    activation unknown."""
+    result = tiny.research("gpt_oss")
+    glu = result.decision("mlp.glu")
+    assert glu.source == "code" and glu.value == "clamped_swiglu"
+    assert "clamp" in glu.evidence and "sigmoid" in glu.evidence
+    assert result.decision("mlp.activation").value == "silu"
+    assert result.spec.unsupported is None
 
 
 def test_checkpoint_findings(tiny):
@@ -224,9 +233,9 @@ def test_research_is_deterministic(tiny):
     assert to_data(research(directory)) == to_data(research(directory))
 
 
-def test_an_unknown_computation_is_refused_by_name(tiny):
-    """GPT-OSS's clamped x * sigmoid(1.702 x) activation has no spec value:
-    the research names it in ``unsupported``, which no reference realizes."""
-    result = tiny.research("gpt_oss")
-    names = {entry.split(":", 1)[0] for entry in result.spec.unsupported or ()}
-    assert "mlp.activation" in names
+def test_plain_swiglu_experts_are_not_clamped(tiny):
+    """The clamped form is recognised by its arithmetic only: experts that
+    compute act(gate) * up (Qwen3-MoE, Mixtral) stay standard."""
+    for name in ("qwen3_moe", "mixtral"):
+        spec = tiny.research(name).spec
+        assert spec.mlp.glu == "standard" and spec.mlp.glu_alpha is None, name

@@ -65,7 +65,7 @@ def test_ref_option_reports_blocking_fields(tiny, tmp_path):
     assert "llama3 blocked by" in result.output and "attention.sinks" in result.output
     plan = load_plan(out)
     assert plan.reference == "llama3"
-    assert "mlp.activation" in plan.description  # the unknown is recorded in the plan
+    assert "mlp.glu" in plan.description  # the blocking fields are recorded in the plan
 
 
 def test_review_declined_writes_nothing(tiny, tmp_path):

@@ -1345,6 +1345,9 @@ class _Run:
             sig = [n for n in nodes if n.kind == "call" and n.name.rsplit(".", 1)[-1] == "sigmoid"]
             facts["evidence"] = ("custom activation (x * sigmoid(alpha * x)-like)" if sig
                                  else "no activation function found")
+            clamped = _clamped_swiglu(nodes)
+            if clamped is not None:
+                facts["act"], facts["glu"], facts["evidence"] = "silu", clamped, clamped["evidence"]
         gated = False
         for n in nodes:
             if n.kind == "binop" and n.name == "mul":
@@ -1432,8 +1435,11 @@ class _Run:
                 else "activation applied to one projection, no product"
             self.add(known(facts["kind"], f"{field_prefix}.kind", CODE, f"{where}: {detail}"))
         act = facts["act"]
+        glu = facts.get("glu")
         if act is None:
             self.add(unknown(f"{field_prefix}.activation", CODE, f"{where}: {facts['evidence'] or 'no activation'}"))
+        elif glu is not None:
+            self.add(known("silu", f"{field_prefix}.activation", CODE, f"{where}: {glu['evidence']}"))
         elif act not in ACTIVATIONS:
             self.add(unknown(f"{field_prefix}.activation", CODE, f"{where}: activation {act!r} has no spec value"))
         else:
@@ -1441,6 +1447,12 @@ class _Run:
             self.add(known(ACTIVATIONS[act], f"{field_prefix}.activation", CODE, f"{where}: ACT2FN{key}"))
         if facts["act_key"]:
             self.add(known(facts["act_key"], "code.activation_key", CODE, f"{where}: activation read from config.{facts['act_key']}"))
+        if glu is not None:
+            self.add(known("clamped_swiglu", f"{field_prefix}.glu", CODE, f"{where}: {glu['evidence']}"))
+            self.add(known(glu["alpha"], f"{field_prefix}.glu_alpha", CODE, f"{where}: sigmoid gain {glu['alpha']}"))
+            self.add(known(glu["limit"], f"{field_prefix}.glu_limit", CODE, f"{where}: clamp bound {glu['limit']}"))
+        elif facts["kind"] == "gated":
+            self.add(known("standard", f"{field_prefix}.glu", CODE, f"{where}: act(gate) * up"))
         if facts["bias"] is None:
             self.add(unknown(f"{field_prefix}.bias", CODE, f"{where}: projection biases not determined"))
         else:
@@ -1975,6 +1987,56 @@ def _peel_scalars(value: Any) -> Any:
 
 def _only_scalar(value: Any) -> bool:
     return _number(value)
+
+
+def _clamp_bounds(value: Any) -> tuple[Any, Any, Any] | None:
+    """``x.clamp(min, max)`` / ``torch.clamp(x, min, max)`` -> (x, min, max)."""
+    if not isinstance(value, Node) or value.kind not in ("method", "call") or \
+            value.name.rsplit(".", 1)[-1] not in ("clamp", "clamp_", "clip", "clip_") or not value.args:
+        return None
+    rest = list(value.args[1:]) + [None, None]
+    return value.args[0], value.kwarg("min", rest[0]), value.kwarg("max", rest[1])
+
+
+def _gain_sigmoid(value: Any) -> tuple[Any, float] | None:
+    """``g * sigmoid(alpha * g)`` (either operand order) -> (g, alpha)."""
+    if not (isinstance(value, Node) and value.kind == "binop" and value.name == "mul" and len(value.args) == 2):
+        return None
+    for g, sig in (value.args, value.args[::-1]):
+        if not (isinstance(sig, Node) and sig.kind in ("call", "method") and sig.args
+                and sig.name.rsplit(".", 1)[-1] == "sigmoid"):
+            continue
+        inner = sig.args[0]
+        if isinstance(inner, Node) and inner.kind == "binop" and inner.name == "mul" and len(inner.args) == 2:
+            for x, alpha in (inner.args, inner.args[::-1]):
+                if _number(alpha) and not isinstance(alpha, bool) and (x is g or x == g):
+                    return g, float(alpha)
+    return None
+
+
+def _clamped_swiglu(nodes: list[Node]) -> dict[str, Any] | None:
+    """The clamped SwiGLU of GPT-OSS, by its arithmetic: ``g = clamp(gate,
+    max=L)``, ``u = clamp(up, -L, L)``, ``g * sigmoid(alpha g) * (u + 1)``.
+    Any other bound, offset or gate function is not this computation."""
+    for node in nodes:
+        if not (node.kind == "binop" and node.name == "mul" and len(node.args) == 2):
+            continue
+        for glu, shifted in (node.args, node.args[::-1]):
+            gated = _gain_sigmoid(glu)
+            if gated is None or not (isinstance(shifted, Node) and shifted.kind == "binop"
+                                     and shifted.name == "add" and len(shifted.args) == 2):
+                continue
+            up = next((x for x, one in (shifted.args, shifted.args[::-1]) if _is_one(one)), None)
+            gate_bounds, up_bounds = _clamp_bounds(gated[0]), _clamp_bounds(up)
+            if gate_bounds is None or up_bounds is None:
+                continue
+            limit = gate_bounds[2]
+            if gate_bounds[1] is None and _number(limit) and up_bounds[2] == limit and _number(up_bounds[1]) \
+                    and up_bounds[1] == -limit:
+                return {"alpha": gated[1], "limit": float(limit),
+                        "evidence": f"clamped SwiGLU: g = gate.clamp(max={limit}), u = up.clamp({-limit}, {limit}), "
+                                    f"g * sigmoid({gated[1]} * g) * (u + 1)"}
+    return None
 
 
 def _has_step2(index: Any) -> bool:

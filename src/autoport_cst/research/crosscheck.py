@@ -224,6 +224,9 @@ class _Decider:
             activation=self.decide("mlp.activation", "silu", (CODE,)),
             bias=self.decide("mlp.bias", False, (CODE,)),
             intermediate_size=self.intermediate(moe is not None),
+            glu=self.flag("mlp.glu", "standard"),
+            glu_alpha=self.flag("mlp.glu_alpha", None),
+            glu_limit=self.flag("mlp.glu_limit", None),
         )
         embedding = EmbeddingSpec(
             vocab_size=dims.get("vocab_size"),

@@ -89,6 +89,9 @@ def pitfalls(spec: ArchSpec, findings: list[Finding], conflicts: list[Conflict],
         out.append("non-gated MLP: NF.mlp(skip_gate=True) with the up weight as gate placeholder")
     if m.bias:
         out.append("MLP biases: down_proj bias is added before the TP sum, load it divided by TP")
+    if m.glu == "clamped_swiglu":
+        out.append(f"clamped SwiGLU (alpha {m.glu_alpha}, limit {m.glu_limit}): the MoE kernels' Swish has alpha "
+                   "1.702 built in; fold the +1 of (up + 1) into the up bias and shift the up clamp by 1")
     if _value(findings, "mlp.activation") is None and any(f.field == "mlp.activation" and not f.known for f in findings):
         out.append("the MLP activation is not a standard one (see the findings): port its formula by hand")
     if spec.embedding.tied:

@@ -52,6 +52,7 @@ SlidingWindow = Literal["none", "all", "per_layer"]
 RopeType = Literal["default", "llama3", "linear", "dynamic", "yarn", "longrope", "none"]
 RopeStyle = Literal["rotate_half", "interleaved"]
 MLPKind = Literal["gated", "plain"]
+GLUForm = Literal["standard", "clamped_swiglu"]
 Activation = Literal["silu", "gelu", "gelu_tanh", "relu", "relu2", "quick_gelu"]
 ParallelResidual = Literal["none", "shared_norm", "separate_norms"]
 EmbeddingScale = Literal["none", "sqrt_hidden"]
@@ -155,6 +156,14 @@ class MLPSpec:
     activation: Activation = feature("silu", "Activation function.")
     bias: bool = feature(False, "The MLP projections have biases.")
     intermediate_size: int | None = value(None, "Intermediate size of the dense MLP.")
+    glu: GLUForm = feature(
+        "standard",
+        "How a gated MLP combines its two projections. standard: act(x W_gate) * (x W_up). clamped_swiglu "
+        "(GPT-OSS): the gate clamped from above and the up projection on both sides at glu_limit, then "
+        "g * sigmoid(glu_alpha * g) * (u + 1); activation is then silu, the family of that gate function.",
+    )
+    glu_alpha: float | None = value(None, "Sigmoid gain of the clamped SwiGLU's gate function (swiglu_alpha).")
+    glu_limit: float | None = value(None, "Clamp bound of the clamped SwiGLU (swiglu_limit).")
 
 
 @dataclass(frozen=True)
