@@ -31,19 +31,30 @@ class ReferenceOutput:
 
 
 def load_reference(checkpoint_dir: str | Path, dtype: torch.dtype) -> Any:
-    """``AutoModelForCausalLM`` from the checkpoint, refusing a checkpoint
-    with missing or mismatched tensors (transformers would initialise them
-    randomly)."""
+    """The checkpoint's own architecture class (its config's
+    ``architectures``; ``AutoModelForCausalLM`` when transformers has no such
+    class), refusing a checkpoint with missing or mismatched tensors
+    (transformers would initialise them randomly)."""
+    import json
+
     import transformers
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
+
+    model_class = AutoModelForCausalLM
+    try:
+        names = json.loads((Path(checkpoint_dir) / "config.json").read_text(encoding="utf-8")).get("architectures")
+    except (OSError, ValueError):
+        names = None  # from_pretrained reports it
+    if isinstance(names, list) and names and isinstance(getattr(transformers, str(names[0]), None), type):
+        model_class = getattr(transformers, names[0])
 
     verbosity = hf_logging.get_verbosity()
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
+        model, info = model_class.from_pretrained(
             str(checkpoint_dir),
             dtype=dtype,
             attn_implementation="eager",
