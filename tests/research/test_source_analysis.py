@@ -231,3 +231,16 @@ def test_modeling_source_is_read_not_imported():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["modeling_qwen2.py", "True", "False"]
+
+
+def test_a_norm_subclass_with_its_own_forward_is_not_taken_for_its_base(tmp_path):
+    """Nemotron's LayerNorm1P subclasses nn.LayerNorm but applies
+    (1 + weight): the base class alone must not classify it as a plain
+    LayerNorm (what its forward computes is unknown to the analysis here)."""
+    from autoport_cst.research import research
+    from autoport_cst.validate import build_tiny_checkpoint
+
+    build_tiny_checkpoint("NemotronForCausalLM", tmp_path / "nemotron")
+    found = research(str(tmp_path / "nemotron"))
+    decision = found.decision("norm.unit_offset")
+    assert decision.value is not False or decision.confidence == "unknown", decision

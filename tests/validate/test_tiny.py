@@ -61,3 +61,11 @@ def test_a_shrunk_config_transformers_rejects_is_input_error(tmp_path: Path) -> 
     with pytest.raises(InputError, match="does not validate in transformers.*hidden_size \\* expand"):
         build_tiny_checkpoint("Mamba2ForCausalLM", tmp_path / "mamba2")
     assert not (tmp_path / "mamba2").exists()
+
+
+def test_a_config_without_kv_head_count_gets_one_per_query_head(tmp_path: Path) -> None:
+    """Nemotron's default config leaves num_key_value_heads None (multi-head
+    attention), which its modeling code cannot build."""
+    built = build_tiny_checkpoint("NemotronForCausalLM", tmp_path / "nemotron")
+    config = json.loads((built.directory / "config.json").read_text())
+    assert config["num_key_value_heads"] == config["num_attention_heads"] == 4

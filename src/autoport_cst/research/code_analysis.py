@@ -247,6 +247,9 @@ class _Analyzer:
                 keys = instance.reads.get(name, frozenset())
                 info["eps_key"] = sorted(keys)[0] if len(keys) == 1 else None
                 break
+        own_forward = isinstance(instance.cls, SourceClass) and self.interp.find_method(instance.cls, "forward")
+        if own_forward and base in ("LayerNorm", "RMSNorm"):
+            base = None  # a subclass with its own forward: classified by what that computes
         if base == "LayerNorm":
             affine = args.get("elementwise_affine", True)
             info.update(kind="layernorm", bias=bool(affine and args.get("bias", True)), unit_offset=False,
@@ -294,10 +297,15 @@ class _Analyzer:
                 if _number(eps):
                     info["eps_constant"] = float(eps)
                 info["bias"] = is_param(bias) is not None
-                info["affine"] = is_param(weight) is not None
-                info["unit_offset"] = False
-                info["evidence"] = f"calls {n.name}(weight={'param' if info['affine'] else weight!r}, " \
-                                   f"bias={'param' if info['bias'] else 'none'})"
+                # the weight argument may be the parameter plus one (Nemotron's LayerNorm1P)
+                offset = _strip_casts(weight)
+                info["unit_offset"] = bool(
+                    isinstance(offset, Node) and offset.kind == "binop" and offset.name == "add"
+                    and any(_is_one(a) and _param_inside(b) for a, b in (offset.args, offset.args[::-1]))
+                )
+                info["affine"] = is_param(weight) is not None or info["unit_offset"]
+                shown = "1 + param" if info["unit_offset"] else "param" if info["affine"] else repr(weight)
+                info["evidence"] = f"calls {n.name}(weight={shown}, bias={'param' if info['bias'] else 'none'})"
                 return info
         means = [n for n in nodes if (n.kind == "method" and n.name == "mean") or
                  (n.kind == "call" and n.name.endswith(".mean"))]

@@ -139,6 +139,8 @@ def shrink_config(config: Any, architecture: str) -> Any:
             setattr(config, name, value)
     hidden = getattr(config, "hidden_size", None)
     heads = getattr(config, "num_attention_heads", None)
+    if hasattr(config, "num_key_value_heads") and config.num_key_value_heads is None and heads:
+        config.num_key_value_heads = heads  # None means one KV head per query head
     if hasattr(config, "head_dim") and hidden and heads:
         config.head_dim = hidden // heads
     layers = getattr(config, "num_hidden_layers", None)
