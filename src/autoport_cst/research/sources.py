@@ -173,9 +173,13 @@ def locate_modeling_source(model_type: str, config_path: str = "config.json") ->
             "(pip install 'autoport-cst[validate]')"
         )
     directory = module_directory_name(model_type)
-    dotted = f"transformers.models.{directory}.modeling_{directory}"
     library = SourceLibrary(root)
-    module = library.module(dotted)
+    module = None
+    # a directory may hold several model types (data2vec: modeling_data2vec_text.py)
+    for stem in dict.fromkeys((directory, model_type.replace("-", "_"))):
+        module = library.module(f"transformers.models.{directory}.modeling_{stem}")
+        if module is not None:
+            break
     if module is None:
         raise InputError(
             f"model_type {model_type!r}: no modeling source found in the installed transformers "
