@@ -9,6 +9,7 @@ the refused ones, by name.
     python benchmarks/corpus.py                     # everything (tens of minutes)
     python benchmarks/corpus.py --only llama,qwen2  # some model types
     python benchmarks/corpus.py --no-tp2 --markdown corpus.md
+    python benchmarks/corpus.py --readme README.md  # refresh the README's table
 
 An architecture counts as ported only when every validation run is
 equivalent. Refusals name the features no codemod realizes; failures name the
@@ -144,6 +145,20 @@ def markdown(rows: list[dict], total: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+README_START = "<!-- corpus table: written by benchmarks/corpus.py --readme -->"
+README_END = "<!-- end of corpus table -->"
+
+
+def update_readme(path: Path, table: str) -> None:
+    """Put ``table`` between the README's corpus markers."""
+    text = path.read_text(encoding="utf-8")
+    if README_START not in text or README_END not in text:
+        raise SystemExit(f"{path}: no corpus markers ({README_START} ... {README_END})")
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    path.write_text(f"{head}{README_START}\n{table}{README_END}{tail}", encoding="utf-8")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated model types")
@@ -151,6 +166,8 @@ def main() -> None:
     parser.add_argument("--no-tp2", action="store_true", help="validate at TP=1 only")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument("--readme", type=Path, default=None,
+                        help="replace the table between the corpus markers of this README")
     args = parser.parse_args()
 
     start = time.perf_counter()
@@ -177,6 +194,8 @@ def main() -> None:
     print(table)
     if args.markdown:
         args.markdown.write_text(table, encoding="utf-8")
+    if args.readme:
+        update_readme(args.readme, table)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
 
