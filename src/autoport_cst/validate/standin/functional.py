@@ -51,11 +51,19 @@ class KernelConstraintError(ValueError):
 # -- helpers -----------------------------------------------------------------
 
 
-def _matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``x @ w`` with float32 accumulation, result in ``x``'s dtype."""
+def _matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ w (+ bias)`` with float32 accumulation, result in ``x``'s dtype.
+
+    A bias is added to the float32 accumulator, so the result is rounded once
+    (as a fused projection with bias rounds, and as torch's ``F.linear``
+    with a bias does); adding it after the rounding would round twice."""
     if x.dtype == torch.float32 and w.dtype == torch.float32:
-        return x @ w
-    return (x.to(torch.float32) @ w.to(torch.float32)).to(x.dtype)
+        out = x @ w
+        return out if bias is None else out + bias.to(torch.float32)
+    out = x.to(torch.float32) @ w.to(torch.float32)
+    if bias is not None:
+        out = out + bias.to(torch.float32)
+    return out.to(x.dtype)
 
 
 def _check_bias(bias: torch.Tensor | None, width: int, op: str, name: str = "bias") -> None:
@@ -158,9 +166,7 @@ def qkv_proj(
         raise KernelConstraintError(f"NF.qkv_proj: hidden must be [B, S, H], got {tuple(hidden.shape)}")
     width = qkv_weights.shape[1]
     _check_bias(bias, width, "qkv_proj")
-    qkv = _matmul(hidden, qkv_weights)
-    if bias is not None:
-        qkv = qkv + bias.to(qkv.dtype)
+    qkv = _matmul(hidden, qkv_weights, bias)
     norm_q = qk_norm_pre_rope_q_norm not in (None, NormType.NO_NORM)
     rope = cos_cache is not None and sin_cache is not None
     if not (rope or norm_q):
@@ -207,9 +213,7 @@ def o_proj(active: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
             f"NF.o_proj: input width {active.shape[-1]} does not match weight {tuple(weight.shape)}"
         )
     _check_bias(bias, weight.shape[1], "o_proj")
-    output = _matmul(active, weight)
-    if bias is not None:
-        output = output + bias.to(output.dtype)
+    output = _matmul(active, weight, bias)
     return output
 
 
@@ -430,9 +434,7 @@ def attention_decode(
     x = X
     if rmsnorm_X_enabled:
         x = _rms_norm(x, 1e-3 if rmsnorm_X_eps is None else rmsnorm_X_eps, rmsnorm_X_gamma)
-    qkv = _matmul(x, W_qkv)
-    if bias_qkv is not None:
-        qkv = qkv + bias_qkv.to(qkv.dtype)
+    qkv = _matmul(x, W_qkv, bias_qkv)
     q_width, kv_width = q_heads * d_head, kv_heads * d_head
     q = qkv[..., :q_width].reshape(batch, seq, q_heads, d_head).transpose(1, 2)
     k = qkv[..., q_width : q_width + kv_width].reshape(batch, seq, kv_heads, d_head).transpose(1, 2)
@@ -505,9 +507,7 @@ def attention_decode(
         output = attn.transpose(2, 3)  # [B, q_heads, d, S]
     else:
         flat = attn.transpose(1, 2).reshape(batch * seq, q_heads * d_head)
-        output = _matmul(flat, W_out)
-        if bias_out is not None:
-            output = output + bias_out.to(output.dtype)
+        output = _matmul(flat, W_out, bias_out)
     if update_cache:
         return output
     k_new = k.permute(3, 0, 1, 2).reshape(d_head, batch * kv_heads, seq)
@@ -546,19 +546,13 @@ def mlp(
         x = _rms_norm(x, eps, ln_w)
     elif norm_type == NormType.LAYER_NORM:
         x = _layer_norm(x, eps, ln_w, norm_b)
-    up = _matmul(x, up_w)
-    if up_b is not None:
-        up = up + up_b.to(up.dtype)
+    up = _matmul(x, up_w, up_b)
     if skip_gate:
         inner = _activation(up.to(torch.float32), act_fn)
     else:
-        gate = _matmul(x, gate_w)
-        if gate_b is not None:
-            gate = gate + gate_b.to(gate.dtype)
+        gate = _matmul(x, gate_w, gate_b)
         inner = _activation(gate.to(torch.float32), act_fn) * up.to(torch.float32)
-    output = _matmul(inner.to(hidden.dtype), down_w)
-    if down_b is not None:
-        output = output + down_b.to(output.dtype)
+    output = _matmul(inner.to(hidden.dtype), down_w, down_b)
     return output
 
 
