@@ -1,0 +1,54 @@
+"""``autoport-cst port`` on a tiny GPT-OSS checkpoint: research picks the
+gpt_oss reference, apply only renames and registers, and the port validates
+in float32 (one rank and two); its bf16 run validates or fails only as
+``explain.py`` describes for the reference."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from autoport_cst.cli import cli
+
+from .explain import explain_bf16_failure
+
+ALWAYS = {"rename-classes", "set-constants", "register-model"}
+
+
+def test_port_end_to_end(tiny_gpt_oss, tmp_path):
+    from autoport_cst.port import port
+
+    outcome = port(str(tiny_gpt_oss), "gpt_oss_port", tmp_path, tp=2, steps=8)
+    assert outcome.reference == "gpt_oss"
+    assert set(outcome.steps) == ALWAYS
+    runs = {(run.tp, run.dtype): run for run in outcome.runs}
+    assert runs[(1, "fp32")].equivalent, runs[(1, "fp32")].summary
+    assert runs[(2, "fp32")].equivalent, runs[(2, "fp32")].summary
+    assert (outcome.package_dir / "model.py").read_text().count("class GptOssPortExperts") == 1
+    if not runs[(1, "bf16")].equivalent:
+        from autoport_cst.validate import validate_model
+
+        report = validate_model(outcome.package_dir, outcome.checkpoint_dir, dtype="bf16", steps=8)
+        explain_bf16_failure(report, outcome.package_dir, outcome.checkpoint_dir, 8)
+
+
+def test_the_port_validates_with_expert_parallelism(tiny_gpt_oss, tmp_path):
+    from autoport_cst.validate import validate_model
+
+    result = CliRunner().invoke(cli, ["apply", "--plan", str(_plan(tiny_gpt_oss, tmp_path)), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    report = validate_model(tmp_path / "vllm_neuron" / "model" / "oss_ep", tiny_gpt_oss, tp=2, ep=2, steps=8)
+    assert report.equivalent, report.summary()
+
+
+def _plan(checkpoint, tmp_path):
+    out = tmp_path / "oss_ep.plan.json"
+    result = CliRunner().invoke(cli, ["plan", str(checkpoint), "--name", "oss_ep", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_lint_is_clean():
+    from .conftest import GPT_OSS
+
+    result = CliRunner().invoke(cli, ["lint", "--no-cache", str(GPT_OSS)])
+    assert result.exit_code == 0, result.output
