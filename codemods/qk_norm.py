@@ -120,9 +120,9 @@ class QkNorm(Codemod):
     dtype)``; the attention's ``forward_prefill`` rotates q and k with
     ``apply_rotary_pos_emb(q, k, ...)``; ``forward_decode`` calls
     ``NF.attention_decode``; a ``...self_attn.o_proj_weight`` mapping entry;
-    no ``self.q_norm`` in the attention yet (the composer does not pick this
-    codemod for a reference that has q/k norms of the other kind: it adds
-    norms, it does not convert them).
+    per-head norms already in the attention are replaced (through
+    ``remove-qk-norm``) when full-width ones are asked for; full-width norms
+    are not turned into per-head ones.
     """
 
     ID = ID
@@ -234,9 +234,12 @@ class QkNorm(Codemod):
 
     @classmethod
     def realizes(cls, diff) -> bool:
-        # adds norms to a reference without them; it does not convert one kind
-        # into the other (a qwen3 reference's per-head norms stay per head)
-        return diff.path in cls.REALIZES and diff.reference == "none" and diff.target != "none"
+        # adds norms to a reference without them, or replaces per-head norms
+        # with full-width ones (remove-qk-norm first); not the other way
+        return diff.path in cls.REALIZES and (
+            (diff.reference == "none" and diff.target != "none")
+            or (diff.reference == "per_head" and diff.target == "full_width")
+        )
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> QkNormParams:
@@ -265,6 +268,17 @@ class QkNorm(Codemod):
                 module,
             )
         full = self.params.kind == "full_width"
+        if full and any(
+            find_self_assignment(require_method(c, "__init__", ctx, module, ID), "q_norm") is not None
+            and not norm_is_full_width(c, "q_norm")
+            for c in attention
+        ):
+            # per-head norms (a qwen3 / qwen3_moe reference) make way for full-width ones
+            from autoport_cst.transform.library import get_codemod
+
+            remove = get_codemod("remove-qk-norm")
+            module = remove(remove.parse_params({})).transform_module(module, ctx)
+            attention = attention_classes(module, ctx, ID)
         edits: dict = {}
         for cls in attention:
             self._attention_edits(cls, norm.name.value, eps_attr, ctor_args, module, ctx, edits)

@@ -77,14 +77,16 @@ def test_clipped_qkv_is_refused(workdir):
     assert "unsupported" in refused.value.fields
 
 
-def test_full_width_qk_norms_are_not_grafted_onto_per_head_ones(workdir):
-    """OLMo 3 has full-width q/k norms: the qwen3 reference's per-head norms
-    cannot become those, so the port starts from llama3 and adds them."""
+def test_full_width_qk_norms_replace_per_head_ones(workdir):
+    """OLMo 3 has full-width q/k norms: from the qwen3 reference, qk-norm
+    removes the per-head norms and adds full-width ones."""
     source = workdir / "olmo3"
     build_tiny_checkpoint("Olmo3ForCausalLM", source, seed=0)
     assert research(str(source)).spec.attention.qk_norm == "full_width"
     outcome = port(str(source), "port_olmo3", workdir / "out", force=True, steps=8)
-    assert outcome.reference == "llama3" and "qk-norm" in outcome.steps
+    assert outcome.reference == "qwen3" and "qk-norm" in outcome.steps
+    text = (outcome.package_dir / "model.py").read_text()
+    assert "_full_width_qk_norm" in text and "rmsnorm_QK_pre_rope_enabled=True" not in text
     assert outcome.validated, [(r.dtype, r.first_diverging) for r in outcome.runs]
 
 
