@@ -107,6 +107,12 @@ class GptOssConfig:
 
         # Newer checkpoints nest the RoPE base and scaling in ``rope_parameters``.
         rope = values.get("rope_parameters") or values.get("rope_scaling")
+        if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
+            # keyed by layer type (full_attention, sliding_attention): one set when all agree
+            sets = list(rope.values())
+            if any(s != sets[0] for s in sets):
+                raise ValueError(f"RoPE parameters differ per layer type ({sorted(rope)}): not supported")
+            rope = sets[0]
         if isinstance(rope, dict):
             if values.get("rope_theta") is None and "rope_theta" in rope:
                 values["rope_theta"] = rope["rope_theta"]
