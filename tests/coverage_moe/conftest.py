@@ -39,6 +39,11 @@ CONFIGS: dict[str, dict] = {
     "GraniteMoeSWAForCausalLM": {},
     # Aria's text model: experts stored [in, out], two shared experts' width
     "AriaTextForCausalLM": {},
+    # MiniMax-M2: full-width q/k norms (qk-norm replaces the reference's
+    # per-head ones), sigmoid router with a selection-only bias
+    "MiniMaxM2ForCausalLM": {},
+    # OLMoE: full-width q/k norms on Mixtral-like routing
+    "OlmoeForCausalLM": {},
     # dots.llm1: its config class has no expert counts by default
     "Dots1ForCausalLM": {
         "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "norm_topk_prob": True,

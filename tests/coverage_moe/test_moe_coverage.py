@@ -13,6 +13,8 @@ with the feature it names.
 | GraniteMoeSWAForCausalLM | the same with sliding window and attention sinks |
 | AriaTextForCausalLM | experts stored [in, out], two shared experts' width, router under mlp.router |
 | Dots1ForCausalLM | dense layer 0, sigmoid router, routing bias, routed scaling, shared expert |
+| MiniMaxM2ForCausalLM | full-width q/k norms in place of the per-head ones, sigmoid router, routing bias |
+| OlmoeForCausalLM | full-width q/k norms in place of the per-head ones |
 
 Every port validates in float32 at TP=1. In bf16 a port either validates or
 fails only on routing near-ties (``ties.py``): with those tokens left out it
@@ -45,6 +47,8 @@ EXPECTED_STEPS = {
                                     "remove-qk-norm", "residual-multiplier"},
     "GraniteMoeSWAForCausalLM": {"attention-scale", "attention-sinks", "remove-qk-norm", "sliding-window"},
     "AriaTextForCausalLM": {"remove-qk-norm", "shared-experts"},
+    "MiniMaxM2ForCausalLM": {"qk-norm", "router-activation", "routing-bias"},
+    "OlmoeForCausalLM": {"qk-norm"},
     "Dots1ForCausalLM": {"dense-layers", "routed-scaling", "router-activation", "routing-bias", "shared-experts"},
 }
 ALWAYS = {"rename-classes", "set-constants", "register-model"}
