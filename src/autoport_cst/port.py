@@ -46,6 +46,7 @@ class PortOutcome:
     unknown: list[str] = field(default_factory=list)
     runs: list[ValidationRun] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    seed: int = 0
 
     @property
     def validated(self) -> bool:
@@ -65,6 +66,7 @@ class PortOutcome:
             "validated": self.validated,
             "runs": [vars(r) for r in self.runs],
             "seconds": self.seconds,
+            "seed": self.seed,
         }
 
 
@@ -107,7 +109,7 @@ def port(
         load_reference(ref)
     found = research(source)
     choice = choose_reference(found.spec, name, found.architecture, [ref] if ref else None)
-    outcome = PortOutcome(name, found.architecture, unknown=list(found.unknown))
+    outcome = PortOutcome(name, found.architecture, unknown=list(found.unknown), seed=seed)
     refused = refusal(found, choice)
     if refused is not None:
         raise refused

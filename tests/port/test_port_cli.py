@@ -77,3 +77,19 @@ def test_bad_input(tmp_path):
     assert "error:" in result.output
     result = run("port", tmp_path, "--name", "Not-Snake", "--out", tmp_path / "out")
     assert result.exit_code == 2 and "snake_case" in result.output
+
+
+def test_seed_is_used_and_recorded(tiny_llama, tmp_path):
+    """--seed sets the tiny checkpoint's weights and the prompts; the JSON
+    outcome records it."""
+    import json
+
+    report = tmp_path / "outcome.json"
+    result = run("port", tiny_llama, "--name", "seeded", "--out", tmp_path / "out", "--seed", "3",
+                 "--json", report)
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    assert data["seed"] == 3 and data["validated"] is True
+    expected = build_tiny_checkpoint(str(Path(tiny_llama) / "config.json"), tmp_path / "seed3", seed=3)
+    built = Path(data["checkpoint"]) / "model.safetensors"
+    assert built.read_bytes() == (expected.directory / "model.safetensors").read_bytes()

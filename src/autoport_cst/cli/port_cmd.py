@@ -22,11 +22,13 @@ from autoport_cst.cli.common import EXIT_FOUND, EXIT_OK, error_boundary, stderr_
 @click.option("--checkpoint", type=click.Choice(["tiny", "source"]), default="tiny", show_default=True,
               help="Validate on a tiny random checkpoint built from SOURCE's config, or on SOURCE's weights.")
 @click.option("--steps", type=int, default=16, show_default=True, help="Decode steps per validation run.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the tiny checkpoint's weights and of the validation prompts.")
 @click.option("--force", is_flag=True, help="Replace an existing port of this name.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the outcome as JSON here.")
 @error_boundary
-def port_command(source, name, out_dir, tp, ref, checkpoint, steps, force, json_path):
+def port_command(source, name, out_dir, tp, ref, checkpoint, steps, seed, force, json_path):
     """Port SOURCE (a checkpoint directory or hub id) end to end.
 
     Research the model, write the plan, apply the codemods to the closest
@@ -49,7 +51,7 @@ def port_command(source, name, out_dir, tp, ref, checkpoint, steps, force, json_
             progress.update(task, description=label, advance=0 if label == STAGES[0] else 1)
 
         outcome = port(source, name, out_dir, tp=tp, ref=ref, checkpoint=checkpoint, steps=steps,
-                       force=force, on_stage=on_stage)
+                       seed=seed, force=force, on_stage=on_stage)
     _print(outcome)
     if json_path is not None:
         json_path.write_text(json.dumps(outcome.to_dict(), indent=2) + "\n", encoding="utf-8")
