@@ -82,8 +82,6 @@ def test_bad_input(tmp_path):
 def test_seed_is_used_and_recorded(tiny_llama, tmp_path):
     """--seed sets the tiny checkpoint's weights and the prompts; the JSON
     outcome records it."""
-    import json
-
     report = tmp_path / "outcome.json"
     result = run("port", tiny_llama, "--name", "seeded", "--out", tmp_path / "out", "--seed", "3",
                  "--json", report)
