@@ -15,6 +15,7 @@ with the feature it names.
 | Dots1ForCausalLM | dense layer 0, sigmoid router, routing bias, routed scaling, shared expert |
 | MiniMaxM2ForCausalLM | full-width q/k norms in place of the per-head ones, sigmoid router, routing bias |
 | OlmoeForCausalLM | full-width q/k norms in place of the per-head ones |
+| ExaoneMoeForCausalLM | dense layers, sigmoid router, routing bias, routed scaling, shared expert, sliding window |
 
 Every port validates in float32 at TP=1. In bf16 a port either validates or
 fails only on routing near-ties (``ties.py``): with those tokens left out it
@@ -49,6 +50,8 @@ EXPECTED_STEPS = {
     "AriaTextForCausalLM": {"remove-qk-norm", "shared-experts"},
     "MiniMaxM2ForCausalLM": {"qk-norm", "router-activation", "routing-bias"},
     "OlmoeForCausalLM": {"qk-norm"},
+    "ExaoneMoeForCausalLM": {"dense-layers", "routed-scaling", "router-activation", "routing-bias",
+                             "shared-experts", "sliding-window"},
     "Dots1ForCausalLM": {"dense-layers", "routed-scaling", "router-activation", "routing-bias", "shared-experts"},
 }
 ALWAYS = {"rename-classes", "set-constants", "register-model"}
