@@ -277,7 +277,7 @@ class QkNorm(Codemod):
             from autoport_cst.transform.library import get_codemod
 
             remove = get_codemod("remove-qk-norm")
-            module = remove(remove.parse_params({})).transform_module(module, ctx)
+            module = remove(remove.parse_params({})).remove_from_attention(module, ctx)
             attention = attention_classes(module, ctx, ID)
         edits: dict = {}
         for cls in attention:

@@ -181,6 +181,11 @@ class RemoveQkNorm(Codemod):
         return diff.path in cls.REALIZES and diff.reference == "per_head" and diff.target == "none"
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        return _drop_mappings(self.remove_from_attention(module, ctx))
+
+    def remove_from_attention(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        """Everything above except the ``load_weights`` entries (``qk-norm``
+        keeps them when it puts full-width norms in place of per-head ones)."""
         classes = classes_with_role(module, "attention")
         if not classes:
             raise ctx.precondition("remove-qk-norm: no attention class (<Prefix>Attention) in this file")
@@ -230,8 +235,7 @@ class RemoveQkNorm(Codemod):
                         node,
                         module,
                     )
-        module = rewrite(module, edits)
-        return _drop_mappings(module)
+        return rewrite(module, edits)
 
 
 def _assigned(cls: cst.ClassDef) -> set[str]:
