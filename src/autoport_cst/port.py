@@ -114,7 +114,11 @@ def port(
     if refused is not None:
         raise refused
     attempts: list[tuple[str, PreconditionError]] = []
-    for reference_name in [ref] if ref else _preference_order(choice):
+    outcome.seconds["research"] = time.perf_counter() - start
+
+    stage("apply")
+    start = time.perf_counter()
+    for reference_name in [ref] if ref else [c.name for c in choice.realizable_in_order()]:
         plan = Plan(
             version=PLAN_VERSION,
             name=name,
@@ -125,10 +129,6 @@ def port(
             description=f"Planned by autoport-cst port from {found.source}.",
         )
         plan = parse_plan(plan_to_json(plan), "<port plan>")
-        outcome.seconds["research"] = time.perf_counter() - start
-
-        stage("apply")
-        start = time.perf_counter()
         reference = load_reference(reference_name)
         registry = out / REGISTRY
         result = build_port(
@@ -224,15 +224,6 @@ def refusal(found, choice) -> UnrealizableDiffError | None:
     )
     message += "".join(f"\n  {line}" for line in details) + f"\n{choice.reason}"
     return UnrealizableDiffError(message, blocked, features)
-
-
-def _preference_order(choice) -> list[str]:
-    """The chosen reference, then the other realizable ones, closest first."""
-    others = sorted(
-        (c for c in choice.candidates if c.realizable and c.error is None and c.name != choice.chosen),
-        key=lambda c: (len(c.code_changes), len(c.fields), c.name),
-    )
-    return [choice.chosen] + [c.name for c in others]
 
 
 def _precondition_refusal(architecture: str, attempts) -> UnrealizableDiffError:

@@ -53,11 +53,20 @@ class ReferenceChoice:
     candidates: tuple[Candidate, ...]
     reason: str
 
+    def realizable_in_order(self) -> list[Candidate]:
+        """The realizable candidates, closest first (the chosen one first)."""
+        return _closest_first(c for c in self.candidates if c.error is None and c.realizable)
+
     def candidate(self, name: str) -> Candidate | None:
         for c in self.candidates:
             if c.name == name:
                 return c
         return None
+
+
+def _closest_first(candidates) -> list[Candidate]:
+    """Fewest fields needing a codemod, then the smallest diff, then by name."""
+    return sorted(candidates, key=lambda c: (len(c.code_changes), len(c.fields), c.name))
 
 
 def evaluate_reference(ref_name: str, spec: ArchSpec, name: str, architecture: str) -> Candidate:
@@ -111,7 +120,7 @@ def choose_reference(spec: ArchSpec, name: str, architecture: str, refs: list[st
     usable = [c for c in candidates if c.error is None]
     realizable = [c for c in usable if c.realizable]
     if realizable:
-        best = min(realizable, key=lambda c: (len(c.code_changes), len(c.fields), c.name))
+        best = _closest_first(realizable)[0]
         changes = ", ".join(best.code_changes) or "none"
         others = [c.name for c in realizable if c is not best]
         reason = (f"{best.name}: realizable with {len(best.code_changes)} field(s) needing a codemod ({changes}) "
