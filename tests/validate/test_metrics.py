@@ -57,3 +57,40 @@ def test_kl_and_cosine() -> None:
     assert torch.allclose(M.row_kl(logits, logits), torch.zeros(3, dtype=torch.float64))
     assert torch.allclose(M.row_cosines(logits, 2 * logits), torch.ones(3, dtype=torch.float64))
     assert float(M.row_kl(logits, -logits).min()) > 0
+
+
+def _three_way(target: torch.Tensor, bf16: torch.Tensor, fp32: torch.Tensor, sequences: list[int]) -> M.LogitMetrics:
+    positions = [("prefill", s, i) for i, s in enumerate(sequences)]
+    return M.logit_metrics(target, bf16, fp32, bf16, positions, [], [], "bf16")
+
+
+def test_three_way_ratios_are_taken_per_sequence() -> None:
+    """Independent rounding noise of the same size: one row where transformers
+    rounded luckily gives a large single-token ratio (reported) while every
+    sequence's ratio stays about 1 (gated)."""
+    generator = torch.Generator().manual_seed(0)
+    f = torch.randn(12, 50, generator=generator, dtype=torch.float64) * 5
+    noise_b = torch.randn(12, 50, generator=generator, dtype=torch.float64) * 0.05
+    noise_t = torch.randn(12, 50, generator=generator, dtype=torch.float64) * 0.05
+    noise_b[3] *= 0.1  # a lucky row for the bf16 reference
+    metrics = _three_way(f + noise_t, f + noise_b, f, [0] * 6 + [1] * 6)
+    assert metrics.token_l2_ratio_max > 5 and metrics.token_linf_ratio_max > 5
+    assert metrics.l2_ratio_max < 1.5 and metrics.linf_ratio_max < 1.5
+    assert metrics.gates["three_way"]
+
+
+def test_one_wrong_token_fails_the_per_sequence_linf_ratio() -> None:
+    generator = torch.Generator().manual_seed(1)
+    f = torch.randn(12, 50, generator=generator, dtype=torch.float64) * 5
+    noise = torch.randn(12, 50, generator=generator, dtype=torch.float64) * 0.05
+    target = f + noise.flip(0)
+    target[7, 11] += 1.0  # one logit of one token off by 20 bf16 noise sigmas
+    metrics = _three_way(target, f + noise, f, [0] * 6 + [1] * 6)
+    assert metrics.linf_ratio_max > M.LINF_RATIO_MAX
+    assert not metrics.gates["three_way"]
+
+
+def test_worst_error_ratios_of_exact_reference_rows() -> None:
+    zero = torch.zeros(2, 3, dtype=torch.float64)
+    assert M.worst_error_ratios(zero, zero, [0, 1]) == (0.0, 0.0)
+    assert M.worst_error_ratios(zero + 1, zero, [0, 0]) == (math.inf, math.inf)

@@ -69,3 +69,28 @@ def test_a_config_without_kv_head_count_gets_one_per_query_head(tmp_path: Path) 
     built = build_tiny_checkpoint("NemotronForCausalLM", tmp_path / "nemotron")
     config = json.loads((built.directory / "config.json").read_text())
     assert config["num_key_value_heads"] == config["num_attention_heads"] == 4
+
+
+def test_non_finite_config_values_round_trip(tmp_path: Path) -> None:
+    """transformers' to_dict encodes Mamba's infinite time_step_limit as
+    {"__float__": "Infinity"}, which its own validators then reject; the
+    written config.json holds the float and loads back."""
+    import math
+
+    from transformers import AutoConfig, Mamba2Config
+
+    from autoport_cst.validate.tiny import config_values
+
+    values = config_values(Mamba2Config())
+    assert values["time_step_limit"][1] == math.inf
+    (tmp_path / "config.json").write_text(json.dumps(values))
+    assert AutoConfig.from_pretrained(tmp_path).time_step_limit[1] == math.inf
+
+
+def test_a_model_transformers_cannot_build_is_input_error(tmp_path: Path) -> None:
+    """CohereCompass's default text config has no RoPE parameters for its
+    layer types, so its own modeling code fails: a positioned InputError, not
+    a KeyError, and nothing written."""
+    with pytest.raises(InputError, match="cannot build the model.*KeyError"):
+        build_tiny_checkpoint("CohereCompassForCausalLM", tmp_path / "compass")
+    assert not (tmp_path / "compass").exists()

@@ -141,6 +141,12 @@ def print_report(report) -> None:
                 "top1_agreement", "greedy_match", "sigma_ratio", "bhattacharyya"):
         if logits.get(key) is not None:
             table.add_row(key.replace("_", " "), _num(logits[key]))
+    for key, label in (("linf_ratio_max", "worst L-inf ratio, per sequence"),
+                       ("l2_ratio_max", "worst L2 ratio, per sequence"),
+                       ("token_linf_ratio_max", "worst L-inf ratio, per token (not gated)"),
+                       ("token_l2_ratio_max", "worst L2 ratio, per token (not gated)")):
+        if logits.get(key) is not None:
+            table.add_row(label, _num(logits[key]))
     for gate, ok in (logits.get("gates") or {}).items():
         table.add_row(f"gate: {gate}", "[green]pass[/]" if ok else "[red]FAIL[/]")
     console.print(table)

@@ -171,8 +171,8 @@ def _gate_detail(gate: str, logits: M.LogitMetrics) -> str:
             f"{logits.tokens - logits.tokens_passed} of {logits.tokens} tokens fail the two-way check, "
             f"sigma-ratio {_fmt(logits.sigma_ratio)} (<= {M.SIGMA_RATIO_MAX}), "
             f"Bhattacharyya {_fmt(logits.bhattacharyya)} (>= {M.BHATTACHARYYA_MIN}), "
-            f"worst L-inf ratio {_fmt(logits.linf_ratio_max)} (< {M.LINF_RATIO_MAX}), "
-            f"worst L2 ratio {_fmt(logits.l2_ratio_max)} (< {M.L2_RATIO_MAX})"
+            f"worst per-sequence L-inf ratio {_fmt(logits.linf_ratio_max)} (< {M.LINF_RATIO_MAX}), "
+            f"worst per-sequence L2 ratio {_fmt(logits.l2_ratio_max)} (< {M.L2_RATIO_MAX})"
         )
     if gate == "cosine":
         return f"p5 {_fmt(logits.cosine_p5)}, {logits.cosine_fraction_below:.1%} below {M.COSINE_THRESHOLD}"

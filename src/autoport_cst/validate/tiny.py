@@ -173,6 +173,25 @@ def shrink_config(config: Any, architecture: str) -> Any:
     return config
 
 
+def config_values(config: Any) -> dict:
+    """``config.to_dict()`` with the non-finite floats transformers encodes as
+    ``{"__float__": "Infinity"}`` (e.g. Mamba's ``time_step_limit``) turned
+    back into floats, so that the config's own validators accept the values
+    and ``json.dumps`` writes them as ``Infinity``, which ``json.loads``
+    (and so ``from_pretrained``) reads back."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            if set(value) == {"__float__"} and isinstance(value["__float__"], str):
+                return float(value["__float__"])
+            return {key: plain(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [plain(item) for item in value]
+        return value
+
+    return plain(config.to_dict())
+
+
 def build_tiny_checkpoint(
     source: str | os.PathLike[str], outdir: str | os.PathLike[str], seed: int = 0
 ) -> TinyCheckpoint:
@@ -190,7 +209,7 @@ def build_tiny_checkpoint(
     if model_class is None:
         raise InputError(f"transformers has no class {architecture!r}")
     try:  # the saved config.json must load back
-        type(config).from_dict(config.to_dict())
+        type(config).from_dict(config_values(config))
     except Exception as error:  # noqa: BLE001 - transformers' own validators
         first = str(error).strip().splitlines()
         raise InputError(
@@ -198,8 +217,14 @@ def build_tiny_checkpoint(
             f"({' '.join(line.strip() for line in first[:2])}); give a small config.json instead"
         ) from error
 
-    with torch.device("meta"):  # count before allocating anything
-        parameters = sum(p.numel() for p in model_class(config).parameters())
+    try:
+        with torch.device("meta"):  # count before allocating anything
+            parameters = sum(p.numel() for p in model_class(config).parameters())
+    except Exception as error:  # noqa: BLE001 - transformers' own model code
+        raise InputError(
+            f"{architecture}: transformers cannot build the model from its shrunk config "
+            f"({type(error).__name__}: {error}); give a small config.json instead"
+        ) from error
     if parameters > MAX_TINY_PARAMETERS:
         raise InputError(
             f"{architecture}: {parameters:,} parameters after shrinking (limit "
@@ -230,7 +255,7 @@ def build_tiny_checkpoint(
     _perturb_constant_tensors(state, seed)
 
     config.dtype = torch.float32
-    values = config.to_dict()
+    values = config_values(config)
     values.pop("transformers_version", None)
     write_atomic(directory / "config.json", json.dumps(values, indent=2, sort_keys=True) + "\n")
     with atomic_output(directory / "model.safetensors") as tmp:

@@ -1,0 +1,65 @@
+"""The architectures the coverage issue names port and validate with no hand
+edit, each from a tiny checkpoint of transformers' default config (seed 0, as
+the corpus benchmark builds them): research picks the reference and the
+codemods, and validation runs prefill and decode in fp32 and bf16 at TP=1
+(TP=2 in fp32 too in the slow run; the corpus runs it for all of them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from autoport_cst.port import port  # noqa: E402
+from autoport_cst.validate import build_tiny_checkpoint  # noqa: E402
+
+# architecture -> the built-in reference its port starts from
+REQUIRED = {
+    "LlamaForCausalLM": "llama3",
+    "MistralForCausalLM": "llama3",
+    "Qwen2ForCausalLM": "llama3",
+    "Qwen3ForCausalLM": "qwen3",
+    "GemmaForCausalLM": "llama3",
+    "Gemma2ForCausalLM": "smollm3",
+    "Phi3ForCausalLM": "llama3",
+    "StableLmForCausalLM": "llama3",
+    "Starcoder2ForCausalLM": "starcoder2",
+    "Olmo2ForCausalLM": "llama3",
+    "GraniteForCausalLM": "llama3",
+    "MixtralForCausalLM": "qwen3_moe",
+    "Qwen2MoeForCausalLM": "qwen3_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("required")
+
+
+def _port(architecture: str, workdir: Path, tp: int):
+    source = workdir / f"{architecture}-src"
+    if not source.exists():
+        build_tiny_checkpoint(architecture, source, seed=0)
+    name = "port_" + architecture.removesuffix("ForCausalLM").lower() + f"_tp{tp}"
+    return port(str(source), name, workdir / "out", tp=tp, force=True, steps=8)
+
+
+@pytest.mark.parametrize("architecture", sorted(REQUIRED))
+def test_ports_and_validates(architecture, workdir):
+    outcome = _port(architecture, workdir, tp=1)
+    failures = [f"tp{r.tp} {r.dtype}: {r.first_diverging}" for r in outcome.runs if not r.equivalent]
+    assert outcome.validated, failures
+    assert [(r.tp, r.dtype) for r in outcome.runs] == [(1, "fp32"), (1, "bf16")]
+    assert outcome.reference == REQUIRED[architecture]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("architecture", sorted(REQUIRED))
+def test_ports_and_validates_on_two_ranks(architecture, workdir):
+    outcome = _port(architecture, workdir, tp=2)
+    assert outcome.validated, [(r.tp, r.dtype, r.first_diverging) for r in outcome.runs]
+    assert (2, "fp32") in [(r.tp, r.dtype) for r in outcome.runs]
