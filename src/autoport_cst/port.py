@@ -240,11 +240,11 @@ def _precondition_refusal(architecture: str, attempts) -> UnrealizableDiffError:
 
 
 def _blocked_fields(choice) -> list[str]:
-    """Fields that block the closest candidate (the one with fewest blockers)."""
-    candidates = [c for c in choice.candidates if c.error is None]
-    if not candidates:
+    """Fields that block the candidate the reference choice names as closest
+    (fewest blockers, then the smallest diff, then the name)."""
+    closest = choice.candidate(choice.chosen) if choice.chosen else None
+    if closest is None or closest.error is not None:
         return []
-    closest = min(candidates, key=lambda c: len(c.blocking))
     return list(closest.blocking)
 
 
