@@ -17,6 +17,11 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success it replaces
     ``path`` (keeping an existing file's permissions), on error it is removed."""
     target = Path(path)
+    if target.exists() and not target.is_file() and not target.is_dir():
+        # a device or a pipe (-o /dev/null, /dev/stdout): write through it; a
+        # rename would replace the device node with a regular file
+        yield from _through_special_file(target)
+        return
     target.parent.mkdir(parents=True, exist_ok=True)
     mode = None
     with contextlib.suppress(OSError):
@@ -32,6 +37,15 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _through_special_file(target: Path) -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="autoport-") as directory:
+        tmp = Path(directory) / target.name
+        yield tmp
+        with open(target, "wb") as out, open(tmp, "rb") as data:
+            while chunk := data.read(1 << 20):
+                out.write(chunk)
 
 
 def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:

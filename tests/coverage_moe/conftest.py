@@ -47,6 +47,8 @@ CONFIGS: dict[str, dict] = {
     # EXAONE MoE: dense layers, sigmoid router with a selection bias, routed
     # scaling, a shared expert, sliding window on the layers marked
     "ExaoneMoeForCausalLM": {},
+    # HunYuan MoE v1: per-head q/k norms after RoPE, a shared expert
+    "HunYuanMoEV1ForCausalLM": {},
     # dots.llm1: its config class has no expert counts by default
     "Dots1ForCausalLM": {
         "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "norm_topk_prob": True,

@@ -15,6 +15,7 @@ with the feature it names.
 | Dots1ForCausalLM | dense layer 0, sigmoid router, routing bias, routed scaling, shared expert |
 | MiniMaxM2ForCausalLM | full-width q/k norms in place of the per-head ones, sigmoid router, routing bias |
 | OlmoeForCausalLM | full-width q/k norms in place of the per-head ones |
+| HunYuanMoEV1ForCausalLM | per-head q/k norms applied after RoPE, shared expert |
 | ExaoneMoeForCausalLM | dense layers, sigmoid router, routing bias, routed scaling, shared expert, sliding window |
 
 Every port validates in float32 at TP=1. In bf16 a port either validates or
@@ -52,6 +53,7 @@ EXPECTED_STEPS = {
     "OlmoeForCausalLM": {"qk-norm"},
     "ExaoneMoeForCausalLM": {"dense-layers", "routed-scaling", "router-activation", "routing-bias",
                              "shared-experts", "sliding-window"},
+    "HunYuanMoEV1ForCausalLM": {"qk-norm-position", "shared-experts"},
     "Dots1ForCausalLM": {"dense-layers", "routed-scaling", "router-activation", "routing-bias", "shared-experts"},
 }
 ALWAYS = {"rename-classes", "set-constants", "register-model"}

@@ -26,9 +26,11 @@ classified by what they compute:
   multipliers with the config field they come from, tanh softcapping;
 - module names: which module plays each canonical (Llama-style) role, for
   ``checkpoint.key_map`` (see :mod:`autoport_cst.research.keys`);
+- where q/k norms apply (to the projections, or to the rotated queries and
+  keys: after RoPE);
 - what the spec cannot describe (``attention.kind``, an attention-output
-  norm, q/k norms after RoPE, clamped projections, learned parameters in the
-  attention, layers without softmax attention), for the planner to refuse.
+  norm, clamped projections, learned parameters in the attention, layers
+  without softmax attention), for the planner to refuse.
 
 Anything that does not match a known computation is reported as unknown,
 with what was seen.
@@ -949,7 +951,7 @@ class _Run:
                 elif any(depends_on(arg, c) for c in inputs):
                     qk.append(n.ref)
                     if any(depends_on(arg, r) for r in nodes if self.is_rotation(r)):
-                        self.add(known(True, "code.qk_norm_after_rope", CODE,
+                        self.add(known("after_rope", "attention.qk_norm_position", CODE,
                                        f"{where}: {n.ref.name} normalises the rotated {n.ref.name[:1]} (after RoPE)"))
         qk = _unique(qk)
         out_norms = _unique([n.ref for n in after if any(depends_on(o.args[0] if o.args else None, n) for o in outputs)])
@@ -1020,9 +1022,22 @@ class _Run:
                     names[f"self_attn.{role}"] = f"{base}.{inst.name}"
         for n in nodes:
             if n.kind == "module" and n.ref is not None and a.role(n.ref) == "norm" and n.args and n.ref.name:
+                normed = self.unrotated(n.args[0])
                 for role, proj in (("q_norm", roles.get("q_proj")), ("k_norm", roles.get("k_proj"))):
-                    if proj is not None and any(depends_on(n.args[0], c) for c in inputs if c.ref is proj):
+                    if proj is not None and any(depends_on(normed, c) for c in inputs if c.ref is proj):
                         names[f"self_attn.{role}"] = f"{base}.{n.ref.name}"
+
+    def unrotated(self, value: Any) -> Any:
+        """What a rotated query or key was rotated from: the ``i``-th result
+        of a RoPE function (``q, k = apply_rotary_pos_emb(q, k, cos, sin)``)
+        is its ``i``-th argument rotated. Any other value is returned as it
+        is. (Both results depend on both arguments through the call, so a
+        norm after RoPE would otherwise read as a norm of q and of k.)"""
+        if isinstance(value, Node) and value.kind == "item" and len(value.args) == 2:
+            call, index = value.args
+            if isinstance(call, Node) and isinstance(index, int) and self.is_rotation(call) and index < len(call.args):
+                return call.args[index]
+        return value
 
     def norm_width(self, inst: Instance) -> int | None:
         width = self.a.norm_info(inst)["width"]

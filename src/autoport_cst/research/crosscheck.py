@@ -60,7 +60,6 @@ CONFIG_READ_SIZES = ("mlp.intermediate_size", "attention.num_heads", "attention.
 NOT_COMPUTATIONS = ("norm.eps_key",)
 # code facts the spec has no field for, and that no reference computes
 FEATURE_FINDINGS = {
-    "code.qk_norm_after_rope": "q/k norms applied after RoPE",
     "code.qkv_clip": "queries, keys and values clamped to a range (clip_qkv)",
     "code.qk_norm_kind": "q/k norms that are not RMSNorms",
     "code.mlp_inner_norm": "a norm inside the MLP before its output projection",
@@ -205,6 +204,7 @@ class _Decider:
             qkv_bias=self.decide("attention.qkv_bias", False, (CODE,)),
             o_bias=self.decide("attention.o_bias", False, (CODE,)),
             qk_norm=self.decide("attention.qk_norm", "none", (CODE,)),
+            qk_norm_position=self.flag("attention.qk_norm_position", "before_rope"),
             sliding_window=sliding,
             sliding_window_size=window_size,
             layer_types=tuple(layer_types) if layer_types else None,

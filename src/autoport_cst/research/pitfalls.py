@@ -43,7 +43,10 @@ def pitfalls(spec: ArchSpec, findings: list[Finding], conflicts: list[Conflict],
                    "QKV bias needs its own per-rank loader")
     if a.o_bias:
         out.append("o_proj bias is added after the cross-rank sum: load it divided by the TP degree")
-    if a.qk_norm == "per_head":
+    if a.qk_norm == "per_head" and a.qk_norm_position == "after_rope":
+        out.append("per-head q/k norm after RoPE: the decode kernel's post-RoPE norm (rmsnorm_QK_post_rope_*), "
+                   "and in prefill the norm on the rotated heads; a pre-RoPE norm is silently wrong")
+    elif a.qk_norm == "per_head":
         out.append("per-head q/k norm before RoPE: the fused-RoPE prefill and the decode kernel need the q/k gammas "
                    "(qk_norm_pre_rope_*), a module norm after a fused-RoPE projection is wrong")
     elif a.qk_norm == "full_width":

@@ -48,6 +48,7 @@ def section(factory: Any, doc: str) -> Any:
 NormKind = Literal["rmsnorm", "layernorm"]
 NormPlacement = Literal["pre", "post", "sandwich"]
 QKNorm = Literal["none", "per_head", "full_width"]
+QKNormPosition = Literal["before_rope", "after_rope"]
 SlidingWindow = Literal["none", "all", "per_layer"]
 RopeType = Literal["default", "llama3", "linear", "dynamic", "yarn", "longrope", "none"]
 RopeStyle = Literal["rotate_half", "interleaved"]
@@ -93,7 +94,12 @@ class AttentionSpec:
     qkv_bias: bool = feature(False, "The Q, K and V projections have biases.")
     o_bias: bool = feature(False, "The output projection has a bias.")
     qk_norm: QKNorm = feature(
-        "none", "Norm on queries and keys before RoPE: per head (head_dim) or full width."
+        "none", "Norm on queries and keys: per head (head_dim) or full width."
+    )
+    qk_norm_position: QKNormPosition = feature(
+        "before_rope",
+        "Where the q/k norms apply: to the projected queries and keys (before RoPE, Qwen3) or to the "
+        "rotated ones (after RoPE, HunYuan).",
     )
     sliding_window: SlidingWindow = feature(
         "none", "Sliding-window attention on no layer, every layer, or some layers."
