@@ -43,8 +43,9 @@ class EmbeddingMultiplier(Codemod):
     config file, the dataclass gets ``<key>: float = <default>``.
 
     Precondition: one ``<Prefix>Model`` class taking ``config`` whose
-    ``forward`` has a top-level ``for <layer> in self.<layers>:`` loop that
-    calls ``<layer>(h, ...)``.
+    ``forward`` has a top-level ``for <layer> in self.<layers>:`` (or ``for
+    <i>, <layer> in enumerate(self.<layers>):``) loop that calls
+    ``<layer>(h, ...)``.
     """
 
     ID = "embedding-multiplier"
@@ -82,6 +83,33 @@ class EmbeddingMultiplier(Codemod):
             """,
         ),
         Example(
+            title="a loop that enumerates the layers",
+            before="""
+                class LlamaModel(nn.Module):
+                    def __init__(self, config):
+                        self.norm = None
+
+                    def forward(self, input_ids, positions):
+                        hidden_states = self.embed_tokens(input_ids)
+                        for layer_idx, layer in enumerate(self.layers):
+                            hidden_states = layer(hidden_states, positions, embeddings[layer_idx])
+                        return self.norm(hidden_states)
+            """,
+            after="""
+                class LlamaModel(nn.Module):
+                    def __init__(self, config):
+                        self.norm = None
+                        self.embedding_multiplier = config.embedding_multiplier
+
+                    def forward(self, input_ids, positions):
+                        hidden_states = self.embed_tokens(input_ids)
+                        hidden_states = hidden_states * self.embedding_multiplier
+                        for layer_idx, layer in enumerate(self.layers):
+                            hidden_states = layer(hidden_states, positions, embeddings[layer_idx])
+                        return self.norm(hidden_states)
+            """,
+        ),
+        Example(
             title="no loop over the layers",
             before="""
                 class LlamaModel(nn.Module):
@@ -114,10 +142,11 @@ class EmbeddingMultiplier(Codemod):
         forward = require_method(backbone, "forward", ctx, module, self.ID)
         loop, hidden = None, None
         for stmt in statements(forward):
-            if isinstance(stmt, cst.For) and isinstance(stmt.target, cst.Name) and self_attr(stmt.iter) is not None:
+            layer = _layer_name(stmt)
+            if layer is not None:
                 calls = [
                     n for n in walk(stmt.body)
-                    if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == stmt.target.value
+                    if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == layer
                 ]
                 args = positional_args(calls[0]) if calls else []
                 if args and isinstance(args[0].value, cst.Name):
@@ -144,3 +173,23 @@ class EmbeddingMultiplier(Codemod):
 
             edits[id(loop)] = insert
         return rewrite(module, edits)
+
+
+def _layer_name(stmt: cst.BaseStatement) -> str | None:
+    """``layer`` in ``for layer in self.layers:`` or ``for i, layer in enumerate(self.layers):``."""
+    if not isinstance(stmt, cst.For):
+        return None
+    if isinstance(stmt.target, cst.Name) and self_attr(stmt.iter) is not None:
+        return stmt.target.value
+    if (
+        isinstance(stmt.target, cst.Tuple)
+        and len(stmt.target.elements) == 2
+        and isinstance(stmt.target.elements[1].value, cst.Name)
+        and isinstance(stmt.iter, cst.Call)
+        and isinstance(stmt.iter.func, cst.Name)
+        and stmt.iter.func.value == "enumerate"
+        and len(stmt.iter.args) == 1
+        and self_attr(stmt.iter.args[0].value) is not None
+    ):
+        return stmt.target.elements[1].value.value
+    return None

@@ -44,3 +44,38 @@ def test_rope_parameters_that_differ_per_layer_type_are_refused(reference):
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
     with pytest.raises(ValueError, match="differ per layer type"):
         cls.from_configs({"rope_parameters": rope})
+
+
+@pytest.mark.parametrize("reference", builtin_names())
+def test_rope_layer_parameters_keeps_each_layer_types_rope(reference, tmp_path):
+    """With the rope-layer-parameters codemod the config keeps every type's
+    RoPE, and ``rope_config(type)`` is what that type's rotary embedding reads."""
+    import sys
+    import types
+    from pathlib import Path
+
+    from autoport_cst.transform.base import PortContext, run_on_source
+    from autoport_cst.transform.library import get_codemod
+
+    module = importlib.import_module(f"autoport_cst.reference_models.{reference}.config")
+    codemod = get_codemod("rope-layer-parameters")()
+    source, _ = run_on_source(codemod, Path(module.__file__).read_text(encoding="utf-8"), "config.py", "config",
+                              PortContext())
+    name = f"_ported_{reference}_config"
+    ported = types.ModuleType(name)
+    sys.modules[name] = ported
+    try:
+        exec(compile(source, f"<{reference} config.py>", "exec"), ported.__dict__)
+        cls = next(v for v in vars(ported).values() if isinstance(v, type) and hasattr(v, "rope_config"))
+        rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+        config = cls.from_configs({"rope_parameters": rope, "layer_types": ["sliding_attention", "full_attention"]})
+        assert config.rope_layer_parameters == rope
+        assert config.layer_types == ["sliding_attention", "full_attention"]
+        sliding, full = config.rope_config("sliding_attention"), config.rope_config("full_attention")
+        assert (sliding.rope_theta, sliding.rope_scaling) == (1e4, {"rope_type": "default"})
+        assert (full.rope_theta, full.rope_scaling) == (1e6, {"rope_type": "linear", "factor": 8.0})
+        assert full.rope_layer_parameters is None and config.rope_config(None) is config
+        assert rope["full_attention"]["rope_theta"] == 1e6  # the checkpoint's dict is not mutated
+    finally:
+        del sys.modules[name]

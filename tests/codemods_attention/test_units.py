@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from autoport_cst.transform import attention as common
-from autoport_cst.codemods import nope_layers, sliding_window
+from autoport_cst.codemods import nope_layers, rope_layer_parameters, sliding_window
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -349,3 +349,31 @@ def test_layer_sliding_window_without_layer_types_is_refused():
 def test_layer_uses_rope(config, expected):
     rule = _function(nope_layers.LAYER_FUNCTION, "_layer_uses_rope")
     assert [rule(config, i) for i in range(len(expected))] == expected
+
+
+@pytest.mark.parametrize(
+    "config, expected",
+    [
+        (
+            _config(rope_layer_parameters={"sliding_attention": {}, "full_attention": {}}, num_hidden_layers=2,
+                    layer_types=["sliding_attention", "full_attention"]),
+            ["sliding_attention", "full_attention"],
+        ),
+        (_config(rope_layer_parameters=None, num_hidden_layers=3), [None, None, None]),
+    ],
+)
+def test_rope_layer_types(config, expected):
+    rule = _function(rope_layer_parameters.LAYER_TYPES_FUNCTION, "_rope_layer_types")
+    assert rule(config) == expected
+
+
+@pytest.mark.parametrize(
+    "layer_types, message",
+    [(None, "need layer_types"), (["sliding_attention", "chunked_attention"], "chunked_attention")],
+)
+def test_rope_layer_types_refuses_layers_without_parameters(layer_types, message):
+    rule = _function(rope_layer_parameters.LAYER_TYPES_FUNCTION, "_rope_layer_types")
+    config = _config(rope_layer_parameters={"sliding_attention": {}}, num_hidden_layers=2, layer_types=layer_types)
+    with pytest.raises(ValueError, match=message):
+        rule(config)
+

@@ -45,6 +45,17 @@ PORTS = {
         "steps": {"attention-scale", "norm-placement"},
         "spec": {("attention", "scale_key"): "query_pre_attn_scalar", ("attention", "scale_form"): "inverse_sqrt"},
     },
+    # RoPE per attention layer type (sliding: base 1e4, full: 1e6); the tiny config's layers are all sliding
+    "Gemma3ForCausalLM": {
+        "steps": {"rope-layer-parameters", "attention-scale", "norm-placement", "norm-offset", "embedding-scale"},
+        "spec": {
+            ("attention", "scale_key"): "query_pre_attn_scalar",
+            ("rope", "layer_parameters"): {
+                "full_attention": {"rope_theta": 1000000.0, "rope_type": "default"},
+                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+            },
+        },
+    },
     "CohereForCausalLM": {
         "steps": {"logits-divisor", "parallel-residual"},
         "spec": {("lm_head", "logits_key"): "logit_scale", ("lm_head", "logits_form"): "multiplier"},
@@ -91,12 +102,32 @@ def test_port_validates(architecture, workdir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("architecture", ["GPTNeoXForCausalLM", "Glm4ForCausalLM", "CohereForCausalLM"])
+@pytest.mark.parametrize(
+    "architecture", ["GPTNeoXForCausalLM", "Glm4ForCausalLM", "CohereForCausalLM", "Gemma3ForCausalLM"]
+)
 def test_port_validates_on_two_ranks(architecture, workdir):
     source = workdir / f"{architecture}-src2"
     build_tiny_checkpoint(architecture, source, seed=1)
     outcome = port(str(source), snake(architecture) + "_tp2", workdir / "out2", tp=2, force=True, steps=8)
     assert outcome.validated, [(r.tp, r.dtype, r.first_diverging) for r in outcome.runs]
+
+
+def test_gemma3_with_both_layer_types_validates(workdir):
+    """Gemma 3 as its larger checkpoints set RoPE: sliding layers with the
+    default RoPE at base 1e4, full-attention layers with linear scaling (factor
+    8) at base 1e6 (the tiny config of the corpus has sliding layers only)."""
+    source = workdir / "gemma3-mixed-src"
+    build_tiny_checkpoint("Gemma3ForCausalLM", source, seed=0)
+    config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    config["layer_types"] = ["sliding_attention", "full_attention"]
+    config["rope_parameters"]["full_attention"] = {"rope_theta": 1000000.0, "rope_type": "linear", "factor": 8.0}
+    (source / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    outcome = port(str(source), "port_gemma3_mixed", workdir / "out", force=True, steps=8)
+    assert outcome.validated, [(r.dtype, r.first_diverging) for r in outcome.runs]
+    assert {"rope-layer-parameters", "rope-scaling"} <= set(outcome.steps)
+    plan = json.loads(outcome.plan_path.read_text(encoding="utf-8"))
+    assert plan["spec"]["rope"]["type"] == "linear"
+    assert plan["spec"]["attention"]["layer_types"] == ["sliding_attention", "full_attention"]
 
 
 def test_granite_with_its_multipliers_validates(workdir):

@@ -15,7 +15,6 @@ pytest.importorskip("transformers")
 
 # architecture -> (blocking spec field, text its value or evidence must contain)
 REFUSALS = {
-    "Gemma3ForCausalLM": ("rope.layer_parameters", "sliding_attention"),  # a RoPE base per layer type
     "DiffLlamaForCausalLM": ("attention.kind", "differential"),  # two softmax maps, subtracted
     "BitNetForCausalLM": ("attention.output_norm", "True"),  # attn_sub_norm before o_proj
     "DeepseekV3ForCausalLM": ("attention.kind", "latent"),  # multi-head latent attention

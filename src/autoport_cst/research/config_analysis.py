@@ -272,7 +272,10 @@ def _rope(raw: dict, resolved: Any, head_dim: int | None, add) -> None:
             add(known(per_type, "rope.layer_parameters", CONFIG,
                       f"{form}: RoPE differs per layer type ({', '.join(sorted(per_type))})"))
             types = {v.get("rope_type", v.get("type")) or "default" for v in per_type.values()}
-            source = {"rope_type": types.pop()} if len(types) == 1 else {"rope_type": "per layer type"}
+            # each layer type's rotary embedding picks its variant by its own rope_type at run time:
+            # the model needs the one variant beside "default" (Gemma 3: linear on full-attention layers)
+            variants = types - {"default"} if len(types) > 1 else types
+            source = {"rope_type": variants.pop()} if len(variants) == 1 else {"rope_type": "per layer type"}
     theta = source.get("rope_theta", raw.get("rope_theta"))
     if theta is None and resolved is not None and isinstance(_attr(resolved, "rope_parameters"), dict):
         theta = resolved.rope_parameters.get("rope_theta")

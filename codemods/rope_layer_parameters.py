@@ -1,0 +1,528 @@
+"""rope-layer-parameters: RoPE base, type and scaling per attention layer type (Gemma 3)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
+from autoport_cst.transform.attention import add_functions, parse_method
+from autoport_cst.transform.config_fields import add_config_fields, config_class
+from autoport_cst.transform.cst_helpers import (
+    dotted,
+    ensure_import_from,
+    method,
+    parse_expr,
+    parse_statement,
+    parse_statements,
+    rewrite,
+    self_assignment,
+    self_attr,
+    statements,
+    string_text,
+    walk,
+    with_comment,
+)
+from autoport_cst.transform.layers import one_class, require_method
+from autoport_cst.transform.roles import class_role
+
+ID = "rope-layer-parameters"
+
+CONFIG_FIELDS = [
+    (
+        "rope_layer_parameters: dict[str, dict[str, Any]] | None = None",
+        "RoPE base, type and scaling parameters per attention layer type, when they differ",
+    ),
+    ("layer_types: list[str] | None = None", ""),
+]
+
+# config dataclass: the view one layer type's rotary embedding is built from
+ROPE_CONFIG_METHOD = '''
+def rope_config(self, layer_type: str | None) -> "{cls}":
+    """This config as the rotary embedding of one attention layer type reads
+    it: ``rope_theta`` and ``rope_scaling`` (RoPE type and scaling parameters)
+    from ``rope_layer_parameters[layer_type]``. Itself when one RoPE serves
+    every layer."""
+    if layer_type is None or not self.rope_layer_parameters:
+        return self
+    parameters = dict(self.rope_layer_parameters[layer_type])
+    rope_theta = parameters.pop("rope_theta", self.rope_theta)
+    return replace(self, rope_theta=rope_theta, rope_scaling=parameters, rope_layer_parameters=None)
+'''
+
+LAYER_TYPES_FUNCTION = '''
+def _rope_layer_types(config) -> list[str | None]:
+    """Each layer's attention type (``config.layer_types``), the key of its RoPE
+    parameters in ``config.rope_layer_parameters``; None for every layer when
+    one RoPE serves them all."""
+    if not config.rope_layer_parameters:
+        return [None] * config.num_hidden_layers
+    if config.layer_types is None:
+        raise ValueError("RoPE parameters per layer type (rope_layer_parameters) need layer_types")
+    missing = sorted(set(config.layer_types) - set(config.rope_layer_parameters))
+    if missing:
+        raise ValueError(f"no RoPE parameters for layer type(s) {missing}")
+    return list(config.layer_types)
+'''
+
+INIT = """
+self.rope_layer_types = _rope_layer_types({config})
+self.layer_rotary_embs = nn.ModuleDict(
+    {{
+        layer_type: {rotary}({config}.rope_config(layer_type))
+        for layer_type in sorted(set(self.rope_layer_types) - {{None}})
+    }}
+)
+"""
+
+BY_TYPE = "rope_by_layer_type"
+PER_LAYER = "layer_position_embeddings"
+INDEX = "layer_idx"
+
+FORWARD = """
+{by_type} = {{
+    layer_type: rotary({arguments})
+    for layer_type, rotary in self.layer_rotary_embs.items()
+}}
+{per_layer} = [
+    {by_type}.get(layer_type, {embeddings}) for layer_type in self.rope_layer_types
+]
+"""
+
+
+class RopeLayerParameters(Codemod):
+    """RoPE that differs per attention layer type: each layer rotates with its own type's base, type and scaling (Gemma 3).
+
+    Gemma 3 keys ``rope_parameters`` by attention layer type: sliding layers
+    use one RoPE base (and type), full-attention layers another.
+
+    Config file: the dataclass gains ``rope_layer_parameters`` (layer type ->
+    that type's ``rope_theta``, ``rope_type`` and scaling keys) and
+    ``layer_types``; ``from_configs`` keeps the per-type parameters instead of
+    raising when they differ (``rope_theta`` / ``rope_scaling`` still hold one
+    type's, the fallback for a layer without a type); a ``rope_config(layer_type)``
+    method returns the config as that type's rotary embedding reads it (a
+    ``dataclasses.replace`` copy with the type's ``rope_theta`` and
+    ``rope_scaling``), so the rotary class itself is unchanged and every RoPE
+    variant it implements works per type.
+
+    Model file, backbone (``<Prefix>Model``): ``__init__`` keeps each layer's
+    type (``_rope_layer_types(config)``, added to the module: ``config.layer_types``,
+    checked against the per-type parameters; all None with one RoPE) and builds
+    one rotary embedding per type in use (``self.layer_rotary_embs``, from
+    ``config.rope_config(type)``) next to ``self.rotary_emb``; ``forward``
+    computes each type's ``(cos, sin)`` with the same arguments as the
+    model-wide one and passes every layer the pair of its own type (the loop
+    over the layers is enumerated). Both attention paths take the layer's pair
+    as before, so prefill and decode rotate alike.
+
+    Preconditions: a config ``from_configs`` that splits per-type RoPE
+    parameters (``sets = list(rope.values())``) and raises ``ValueError`` when
+    they differ; a backbone whose ``__init__`` builds the rotary embedding
+    (``self.rotary_emb = <Prefix>RotaryEmbedding(config)``) and whose
+    ``forward`` computes the step's embeddings from it and passes them to each
+    layer in a loop over the layers.
+    """
+
+    ID = ID
+    REALIZES = ("rope.layer_parameters",)
+    Params = NoParams
+    FILES = ("model", "config")
+    EXAMPLES = (
+        Example(
+            title="one (cos, sin) per layer type, each layer gets its own type's",
+            before="""
+                class Gemma3Model(nn.Module):
+                    def __init__(self, config):
+                        super().__init__()
+                        self.norm = Gemma3RMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.rotary_emb = Gemma3RotaryEmbedding(config)
+
+                    def forward(self, input_ids, positions, attn_metadata=None):
+                        hidden_states = self.embed_tokens(input_ids)
+                        position_embeddings = self.rotary_emb(
+                            positions, device=hidden_states.device, dtype=hidden_states.dtype
+                        )
+                        for layer in self.layers:
+                            hidden_states = layer(hidden_states, positions, position_embeddings, attn_metadata)
+                        return self.norm(hidden_states)
+            """,
+            after='''
+                def _rope_layer_types(config) -> list[str | None]:
+                    """Each layer's attention type (``config.layer_types``), the key of its RoPE
+                    parameters in ``config.rope_layer_parameters``; None for every layer when
+                    one RoPE serves them all."""
+                    if not config.rope_layer_parameters:
+                        return [None] * config.num_hidden_layers
+                    if config.layer_types is None:
+                        raise ValueError("RoPE parameters per layer type (rope_layer_parameters) need layer_types")
+                    missing = sorted(set(config.layer_types) - set(config.rope_layer_parameters))
+                    if missing:
+                        raise ValueError(f"no RoPE parameters for layer type(s) {missing}")
+                    return list(config.layer_types)
+
+
+                class Gemma3Model(nn.Module):
+                    def __init__(self, config):
+                        super().__init__()
+                        self.norm = Gemma3RMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.rotary_emb = Gemma3RotaryEmbedding(config)
+                        # <-- MODEL-SPECIFIC: RoPE per attention layer type: each layer's type, one rotary embedding per type
+                        self.rope_layer_types = _rope_layer_types(config)
+                        self.layer_rotary_embs = nn.ModuleDict(
+                            {
+                                layer_type: Gemma3RotaryEmbedding(config.rope_config(layer_type))
+                                for layer_type in sorted(set(self.rope_layer_types) - {None})
+                            }
+                        )
+
+                    def forward(self, input_ids, positions, attn_metadata=None):
+                        hidden_states = self.embed_tokens(input_ids)
+                        position_embeddings = self.rotary_emb(
+                            positions, device=hidden_states.device, dtype=hidden_states.dtype
+                        )
+                        # <-- MODEL-SPECIFIC: each layer type's (cos, sin); every layer gets the pair of its own type
+                        rope_by_layer_type = {
+                            layer_type: rotary(positions, device=hidden_states.device, dtype=hidden_states.dtype)
+                            for layer_type, rotary in self.layer_rotary_embs.items()
+                        }
+                        layer_position_embeddings = [
+                            rope_by_layer_type.get(layer_type, position_embeddings) for layer_type in self.rope_layer_types
+                        ]
+                        for layer_idx, layer in enumerate(self.layers):
+                            hidden_states = layer(hidden_states, positions, layer_position_embeddings[layer_idx], attn_metadata)
+                        return self.norm(hidden_states)
+            ''',
+        ),
+        Example(
+            title="the config keeps the per-type parameters and gives each type its view",
+            role="config",
+            path="config.py",
+            before='''
+                from dataclasses import dataclass, fields
+
+
+                @dataclass
+                class Gemma3Config:
+                    rope_theta: float = 10000.0
+                    rope_scaling: dict[str, Any] | None = None
+                    torch_dtype: torch.dtype = torch.bfloat16
+
+                    def __post_init__(self) -> None:
+                        pass
+
+                    @classmethod
+                    def from_configs(cls, hf_config):
+                        values = dict(hf_config)
+                        rope = values.get("rope_parameters") or values.get("rope_scaling")
+                        if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
+                            sets = list(rope.values())
+                            if any(s != sets[0] for s in sets):
+                                raise ValueError(f"RoPE parameters differ per layer type ({sorted(rope)}): not supported")
+                            rope = sets[0]
+                        if isinstance(rope, dict):
+                            values["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+                        return cls(**values)
+            ''',
+            after='''
+                from dataclasses import dataclass, fields, replace
+
+
+                @dataclass
+                class Gemma3Config:
+                    rope_theta: float = 10000.0
+                    rope_scaling: dict[str, Any] | None = None
+                    # <-- MODEL-SPECIFIC: fields of this architecture's features (sorted by name)
+                    layer_types: list[str] | None = None
+                    # RoPE base, type and scaling parameters per attention layer type, when they differ
+                    rope_layer_parameters: dict[str, dict[str, Any]] | None = None
+                    torch_dtype: torch.dtype = torch.bfloat16
+
+                    def __post_init__(self) -> None:
+                        pass
+
+                    # <-- MODEL-SPECIFIC: RoPE per attention layer type
+                    def rope_config(self, layer_type: str | None) -> "Gemma3Config":
+                        """This config as the rotary embedding of one attention layer type reads
+                        it: ``rope_theta`` and ``rope_scaling`` (RoPE type and scaling parameters)
+                        from ``rope_layer_parameters[layer_type]``. Itself when one RoPE serves
+                        every layer."""
+                        if layer_type is None or not self.rope_layer_parameters:
+                            return self
+                        parameters = dict(self.rope_layer_parameters[layer_type])
+                        rope_theta = parameters.pop("rope_theta", self.rope_theta)
+                        return replace(self, rope_theta=rope_theta, rope_scaling=parameters, rope_layer_parameters=None)
+
+                    @classmethod
+                    def from_configs(cls, hf_config):
+                        values = dict(hf_config)
+                        rope = values.get("rope_parameters") or values.get("rope_scaling")
+                        if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
+                            sets = list(rope.values())
+                            if any(s != sets[0] for s in sets):
+                                # <-- MODEL-SPECIFIC: RoPE per attention layer type: every type's parameters are kept
+                                values["rope_layer_parameters"] = {key: dict(value) for key, value in rope.items()}
+                            rope = sets[0]
+                        if isinstance(rope, dict):
+                            values["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+                        return cls(**values)
+            ''',
+        ),
+        Example(
+            title="the layers must take the step's embeddings in a loop",
+            before="""
+                class Gemma3Model(nn.Module):
+                    def __init__(self, config):
+                        self.rotary_emb = Gemma3RotaryEmbedding(config)
+
+                    def forward(self, input_ids, positions):
+                        position_embeddings = self.rotary_emb(positions)
+                        return self.layers[0](input_ids, positions, position_embeddings)
+            """,
+            raises="rope-layer-parameters: Gemma3Model.forward passes position_embeddings to no layer in a loop over the layers",
+        ),
+    )
+
+    @classmethod
+    def realizes(cls, diff) -> bool:
+        return diff.path in cls.REALIZES and diff.target is not None
+
+    @classmethod
+    def params_for(cls, diffs, target, port: PortContext) -> NoParams:
+        return NoParams()
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        if ctx.role == "config":
+            return self._config(module, ctx)
+        return self._model(module, ctx)
+
+    # -- config ------------------------------------------------------------------------
+
+    def _config(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        module = add_config_fields(module, ctx, ID, CONFIG_FIELDS)
+        cls = config_class(module, ctx, ID)
+        name = cls.name.value
+        edits: dict = {}
+        from_configs = require_method(cls, "from_configs", ctx, module, ID)
+        if not any(_subscript_target(n) == "rope_layer_parameters" for n in walk(from_configs)):
+            per_type, raise_stmt = _per_type_refusal(from_configs)
+            values = next(
+                (key_owner for n in walk(from_configs) if (key_owner := _subscript_owner(n, "rope_scaling"))),
+                None,
+            )
+            if per_type is None or raise_stmt is None or values is None:
+                raise ctx.precondition(
+                    f"{ID}: {name}.from_configs does not split RoPE parameters keyed by layer type "
+                    "(sets = list(rope.values()), then raise ValueError when they differ)",
+                    from_configs,
+                    module,
+                )
+            keep = with_comment(
+                parse_statement(
+                    f'{values}["rope_layer_parameters"] = {{key: dict(value) for key, value in {per_type}.items()}}',
+                    module,
+                ),
+                "<-- MODEL-SPECIFIC: RoPE per attention layer type: every type's parameters are kept",
+            )
+            edits[id(raise_stmt)] = lambda updated, keep=keep: keep
+        if method(cls, "rope_config") is None:
+            new = parse_method(ROPE_CONFIG_METHOD.format(cls=name), module)
+            new = with_comment(new, "<-- MODEL-SPECIFIC: RoPE per attention layer type")
+            new = new.with_changes(leading_lines=[cst.EmptyLine(indent=False), *new.leading_lines])
+            anchor = method(cls, "__post_init__")
+            if anchor is not None:
+                edits[id(anchor)] = lambda updated, new=new: cst.FlattenSentinel([updated, new])
+            else:
+                edits[id(from_configs)] = lambda updated, new=new: cst.FlattenSentinel(
+                    [new, updated.with_changes(leading_lines=[cst.EmptyLine(indent=False)])]
+                )
+        module = rewrite(module, edits)
+        return ensure_import_from(module, "dataclasses", "replace")
+
+    # -- model -------------------------------------------------------------------------
+
+    def _model(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        backbone = one_class(module, "backbone", ctx, ID, "<Prefix>Model backbone")
+        name = backbone.name.value
+        init = require_method(backbone, "__init__", ctx, module, ID)
+        forward = require_method(backbone, "forward", ctx, module, ID)
+        config = init.params.params[1].name.value if len(init.params.params) > 1 else None
+        built = next(
+            (
+                (s, pair[0], pair[1])
+                for s in statements(init)
+                if (pair := self_assignment(s)) is not None
+                and isinstance(pair[1], cst.Call)
+                and class_role(dotted(pair[1].func) or "") == "rotary"
+            ),
+            None,
+        )
+        if built is None or config is None:
+            raise ctx.precondition(
+                f"{ID}: {name}.__init__(self, config) builds no rotary embedding "
+                "(self.rotary_emb = <Prefix>RotaryEmbedding(config))",
+                init,
+                module,
+            )
+        built_stmt, rotary_attr, rotary_call = built
+        step = next(
+            (
+                (s, target)
+                for s in statements(forward)
+                if isinstance(s, cst.SimpleStatementLine)
+                and isinstance(s.body[0], cst.Assign)
+                and len(s.body[0].targets) == 1
+                and isinstance(target := s.body[0].targets[0].target, cst.Name)
+                and isinstance(s.body[0].value, cst.Call)
+                and self_attr(s.body[0].value.func) == rotary_attr
+            ),
+            None,
+        )
+        if step is None:
+            raise ctx.precondition(
+                f"{ID}: {name}.forward computes no position embeddings with self.{rotary_attr}(...)",
+                forward,
+                module,
+            )
+        step_stmt, embeddings_name = step
+        embeddings = embeddings_name.value
+        forward_done = any(isinstance(n, cst.Name) and n.value == PER_LAYER for n in walk(forward))
+        loop = next(
+            (s for s in statements(forward) if isinstance(s, cst.For) and _layer_calls(s, embeddings)),
+            None,
+        )
+        if loop is None and not forward_done:
+            raise ctx.precondition(
+                f"{ID}: {name}.forward passes {embeddings} to no layer in a loop over the layers",
+                forward,
+                module,
+            )
+        edits: dict = {}
+        if not any(self_assignment(s) is not None and self_assignment(s)[0] == "layer_rotary_embs"
+                   for s in statements(init)):
+            rotary_name = dotted(rotary_call.func)
+            new_init = parse_statements(INIT.format(config=config, rotary=rotary_name).strip("\n"), module)
+            new_init[0] = with_comment(
+                new_init[0],
+                "<-- MODEL-SPECIFIC: RoPE per attention layer type: each layer's type, one rotary embedding per type",
+            )
+            edits[id(built_stmt)] = lambda updated, new=new_init: cst.FlattenSentinel([updated, *new])
+        if not forward_done:
+            # the per-type call takes the model-wide call's arguments
+            arguments = ", ".join(
+                module.code_for_node(a.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip()
+                for a in step_stmt.body[0].value.args
+            )
+            new_forward = parse_statements(
+                FORWARD.format(
+                    by_type=BY_TYPE, per_layer=PER_LAYER, embeddings=embeddings, arguments=arguments
+                ).strip("\n"),
+                module,
+            )
+            new_forward[0] = with_comment(
+                new_forward[0],
+                "<-- MODEL-SPECIFIC: each layer type's (cos, sin); every layer gets the pair of its own type",
+            )
+            edits[id(step_stmt)] = lambda updated, new=new_forward: cst.FlattenSentinel([updated, *new])
+            self._loop_edits(loop, embeddings, module, edits)
+        module = rewrite(module, edits)
+        return add_functions(module, [LAYER_TYPES_FUNCTION])
+
+    def _loop_edits(self, loop: cst.For, embeddings: str, module: cst.Module, edits: dict) -> None:
+        index = INDEX
+        if isinstance(loop.target, cst.Tuple) and _is_enumerate(loop.iter):
+            index = loop.target.elements[0].value.value
+        else:
+            target, iterable = loop.target, loop.iter
+
+            def enumerate_loop(updated: cst.For, target=target, iterable=iterable) -> cst.For:
+                return updated.with_changes(
+                    target=cst.Tuple(
+                        [cst.Element(cst.Name(index), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                         cst.Element(updated.target)],
+                        lpar=[],
+                        rpar=[],
+                    ),
+                    iter=cst.Call(cst.Name("enumerate"), [cst.Arg(updated.iter)]),
+                )
+
+            edits[id(loop)] = enumerate_loop
+        chosen = parse_expr(f"{PER_LAYER}[{index}]", module)
+        for call in _layer_calls(loop, embeddings):
+            for arg in call.args:
+                if isinstance(arg.value, cst.Name) and arg.value.value == embeddings:
+                    edits[id(arg.value)] = lambda updated, chosen=chosen: chosen
+
+
+def _layer_calls(loop: cst.For, embeddings: str) -> list[cst.Call]:
+    """Calls of the loop's layer (``layer(...)``) that pass ``embeddings``."""
+    target = loop.target
+    if isinstance(target, cst.Tuple) and _is_enumerate(loop.iter) and len(target.elements) == 2:
+        target = target.elements[1].value
+    if not isinstance(target, cst.Name):
+        return []
+    return [
+        n for n in walk(loop.body)
+        if isinstance(n, cst.Call)
+        and isinstance(n.func, cst.Name)
+        and n.func.value == target.value
+        and any(isinstance(a.value, cst.Name) and a.value.value == embeddings for a in n.args)
+    ]
+
+
+def _is_enumerate(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Call) and dotted(node.func) == "enumerate"
+
+
+def _subscript_target(node: cst.CSTNode) -> str | None:
+    """The string key of ``x["key"] = ...``."""
+    if isinstance(node, cst.Assign) and len(node.targets) == 1:
+        target = node.targets[0].target
+        if isinstance(target, cst.Subscript) and len(target.slice) == 1:
+            element = target.slice[0].slice
+            if isinstance(element, cst.Index):
+                return string_text(element.value)
+    return None
+
+
+def _subscript_owner(node: cst.CSTNode, key: str) -> str | None:
+    """``values`` for ``values["key"] = ...``."""
+    if _subscript_target(node) == key:
+        value = node.targets[0].target.value
+        if isinstance(value, cst.Name):
+            return value.value
+    return None
+
+
+def _per_type_refusal(func: cst.FunctionDef) -> tuple[str | None, cst.BaseStatement | None]:
+    """The per-type dict (``rope`` in ``sets = list(rope.values())``) and the
+    ``raise ValueError(...)`` statement in the ``if`` that follows it."""
+    per_type = None
+    for node in walk(func):
+        if (
+            isinstance(node, cst.Assign)
+            and isinstance(node.value, cst.Call)
+            and dotted(node.value.func) == "list"
+            and len(node.value.args) == 1
+            and isinstance(call := node.value.args[0].value, cst.Call)
+            and isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == "values"
+            and isinstance(call.func.value, cst.Name)
+        ):
+            per_type = call.func.value.value
+            break
+    if per_type is None:
+        return None, None
+    for node in walk(func):
+        if isinstance(node, cst.If) and any(
+            isinstance(n, cst.Call) and dotted(n.func) == "any" for n in walk(node.test)
+        ):
+            body = list(node.body.body)
+            if (
+                len(body) == 1
+                and isinstance(body[0], cst.SimpleStatementLine)
+                and isinstance(body[0].body[0], cst.Raise)
+                and isinstance(body[0].body[0].exc, cst.Call)
+                and dotted(body[0].body[0].exc.func) == "ValueError"
+            ):
+                return per_type, body[0]
+    return per_type, None
