@@ -71,6 +71,7 @@ PARAMS = {
         st.sampled_from(["none", "max_window_layers", "even_layers"]),
     ),
     "qk-norm": st.sampled_from([{"kind": "per_head"}, {"kind": "full_width"}]),
+    "qk-norm-position": st.just({}),
     "nope-layers": st.just({}),
     "rope-layer-parameters": st.just({}),
     "rope-scaling": st.sampled_from([{"variant": v} for v in ("linear", "dynamic", "yarn", "longrope", "none")]),
@@ -87,6 +88,7 @@ PARAMS = {
 DEFAULT_PARAMS = {
     "sliding-window": {"layers": "per_layer"},
     "qk-norm": {"kind": "per_head"},
+    "qk-norm-position": {},
     "nope-layers": {},
     "rope-layer-parameters": {},
     "rope-scaling": {"variant": "yarn"},

@@ -65,6 +65,12 @@ PORTS = {
         "spec": {("lm_head", "logits_key"): "logit_scale", ("lm_head", "logits_form"): "multiplier"},
     },
     "CwmForCausalLM": {"steps": set()},
+    # per-head q/k norms applied to the rotated queries and keys
+    "HunYuanDenseV1ForCausalLM": {
+        "steps": {"qk-norm-position", "checkpoint-keys"},
+        "spec": {("attention", "qk_norm"): "per_head", ("attention", "qk_norm_position"): "after_rope"},
+        "key_map": {"self_attn.q_norm": "self_attn.query_layernorm", "self_attn.k_norm": "self_attn.key_layernorm"},
+    },
     "OlmoForCausalLM": {"steps": {"swap-norm", "norm-affine"}, "spec": {("norm", "affine"): False}},
     "Jais2ForCausalLM": {"steps": {"mlp-activation"}},  # starcoder2's c_fc/c_proj keys translated back
     # the tiny config has only full-attention layers, which Flint leaves without RoPE

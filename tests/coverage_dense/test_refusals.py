@@ -18,7 +18,6 @@ REFUSALS = {
     "DiffLlamaForCausalLM": ("attention.kind", "differential"),  # two softmax maps, subtracted
     "BitNetForCausalLM": ("attention.output_norm", "True"),  # attn_sub_norm before o_proj
     "DeepseekV3ForCausalLM": ("attention.kind", "latent"),  # multi-head latent attention
-    "HunYuanDenseV1ForCausalLM": ("unsupported", "q/k norms applied after RoPE"),
     "PersimmonForCausalLM": ("unsupported", "q/k norms that are not RMSNorms"),
     "Lfm2ForCausalLM": ("unsupported", "mlp.intermediate_size: the code builds"),  # adjusted FFN width
     "GPTBigCodeForCausalLM": ("embedding.learned_positions", "True"),  # wpe added to wte
