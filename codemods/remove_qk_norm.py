@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext
-from autoport_cst.transform import moe as moe_edits
+from autoport_cst.transform.arguments import remove_keyword, set_keyword
 from autoport_cst.transform.cst_helpers import (
     classes_with_role,
     is_call,
@@ -274,10 +274,10 @@ def _reads_norm(arg: cst.Arg) -> bool:
 
 def _strip_call(call: cst.Call, false: cst.BaseExpression) -> cst.Call:
     for name in DECODE_NORM_ARGS + PREFILL_NORM_ARGS:
-        call = moe_edits.remove_keyword(call, name)
+        call = remove_keyword(call, name)
     enabled = keyword_arg(call, "rmsnorm_QK_pre_rope_enabled")
     if enabled is not None:
-        call = moe_edits.set_keyword(call, "rmsnorm_QK_pre_rope_enabled", false)
+        call = set_keyword(call, "rmsnorm_QK_pre_rope_enabled", false)
     return call
 
 

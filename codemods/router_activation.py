@@ -9,6 +9,7 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform import moe as moe_edits
+from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.cst_helpers import (
     code_of,
     keyword_arg,
@@ -137,7 +138,7 @@ class RouterActivation(Codemod):
             call = survey.router_call
             current = keyword_arg(call, "activation")
             if current is None or code_of(current.value).strip("\"'") != activation:
-                edits[id(call)] = lambda updated: moe_edits.set_keyword(updated, "activation", string)
+                edits[id(call)] = lambda updated: set_keyword(updated, "activation", string)
             if len(survey.router_targets) == 2:
                 logits = survey.router_targets[1]
                 score = (
@@ -150,5 +151,5 @@ class RouterActivation(Codemod):
             for kernel in moe_edits.calls_named(survey, moe_edits.DECODE_KERNEL):
                 arg = keyword_arg(kernel, "router_act_fn")
                 if arg is None or code_of(arg.value) != KERNEL_ENUM[activation]:
-                    edits[id(kernel)] = lambda updated: moe_edits.set_keyword(updated, "router_act_fn", kernel_enum)
+                    edits[id(kernel)] = lambda updated: set_keyword(updated, "router_act_fn", kernel_enum)
         return rewrite(module, edits)

@@ -6,6 +6,7 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext
 from autoport_cst.transform import moe as moe_edits
+from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.cst_helpers import (
     is_none,
     keyword_arg,
@@ -136,13 +137,13 @@ class RouterBias(Codemod):
             value = parse_expr(f"self.{BIAS}", module)
             arg = keyword_arg(survey.router_call, "router_bias")
             if arg is None or is_none(arg.value):
-                edits[id(survey.router_call)] = lambda updated, value=value: moe_edits.set_keyword(
+                edits[id(survey.router_call)] = lambda updated, value=value: set_keyword(
                     updated, "router_bias", value
                 )
             two_d = parse_expr(f"self.{BIAS}.unsqueeze(0)", module)
             for kernel in moe_edits.calls_named(survey, moe_edits.DECODE_KERNEL):
                 arg = keyword_arg(kernel, "router_bias")
                 if arg is None or is_none(arg.value):
-                    edits[id(kernel)] = lambda updated, two_d=two_d: moe_edits.set_keyword(updated, "router_bias", two_d)
+                    edits[id(kernel)] = lambda updated, two_d=two_d: set_keyword(updated, "router_bias", two_d)
         module = rewrite(module, edits)
         return moe_edits.add_router_mapping(module, router_params, BIAS, ".bias", "router-bias", ctx)

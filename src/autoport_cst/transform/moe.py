@@ -20,7 +20,6 @@ from autoport_cst.transform.cst_helpers import (
     dotted,
     insert_many_after,
     is_call,
-    keyword_arg,
     positional_args,
     replace_string_suffix,
     self_assignment,
@@ -113,49 +112,6 @@ def experts_classes(module: cst.Module) -> list[ExpertsSurvey]:
 def calls_named(found: ExpertsSurvey, name: str) -> list[cst.Call]:
     short = name.rsplit(".", 1)[-1]
     return found.calls.get(name, []) + (found.calls.get(short, []) if short != name else [])
-
-
-def keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
-    return cst.Arg(
-        keyword=cst.Name(name),
-        value=value,
-        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
-    )
-
-
-def set_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
-    """``name=value`` in ``call``: replaced when present, appended otherwise
-    (after the last argument, keeping the call's comma style)."""
-    arg = keyword_arg(call, name)
-    if arg is not None:
-        return call.with_changes(args=[a.with_changes(value=value) if a is arg else a for a in call.args])
-    args = list(call.args)
-    if not args:
-        return call.with_changes(args=[keyword(name, value)])
-    last = args[-1]
-    multiline = isinstance(last.comma, cst.Comma) and isinstance(
-        last.comma.whitespace_after, cst.ParenthesizedWhitespace
-    )
-    if multiline:
-        # a trailing comma after the last argument, one argument per line
-        new = keyword(name, value).with_changes(comma=last.comma)
-        previous = [a for a in args[:-1] if isinstance(a.comma, cst.Comma)]
-        separator = previous[-1].comma if previous else last.comma
-        args[-1] = last.with_changes(comma=separator)
-        return call.with_changes(args=[*args, new])
-    if last.comma is cst.MaybeSentinel.DEFAULT:
-        args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return call.with_changes(args=[*args, keyword(name, value)])
-
-
-def remove_keyword(call: cst.Call, name: str) -> cst.Call:
-    arg = keyword_arg(call, name)
-    if arg is None:
-        return call
-    args = [a for a in call.args if a is not arg]
-    if args and call.args[-1] is arg:
-        args[-1] = args[-1].with_changes(comma=arg.comma)
-    return call.with_changes(args=args)
 
 
 def statement_calls(stmt: cst.CSTNode, name: str) -> list[cst.Call]:
