@@ -58,13 +58,13 @@ def full_size_refusal(architecture: str, directory: Path) -> list[str]:
     empty when the research does not refuse it (or cannot run)."""
     from autoport_cst.port import refusal
     from autoport_cst.research import choose_reference, research
-    from autoport_cst.validate.tiny import config_values, resolve_config
+    from autoport_cst.validate.tiny import resolve_config, write_config_json
 
     try:
         config, _ = resolve_config(architecture)
         config.architectures = [architecture]
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / "config.json").write_text(json.dumps(config_values(config), indent=2), encoding="utf-8")
+        write_config_json(config, directory / "config.json")
         found = research(str(directory))
         error = refusal(found, choose_reference(found.spec, "full_size", found.architecture, None))
     except Exception:  # noqa: BLE001 - the row keeps its tiny-checkpoint error

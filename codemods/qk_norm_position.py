@@ -6,9 +6,14 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams
 from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.attention import UNFUSED_DECODE_CALL, attention_classes, calls_in
+from autoport_cst.transform.attention import (
+    UNFUSED_DECODE_CALL,
+    attention_classes,
+    calls_in,
+)
 from autoport_cst.transform.cst_helpers import (
     dotted,
+    free_names,
     is_call,
     keyword_arg,
     parse_expr,
@@ -216,7 +221,7 @@ class QkNormPosition(Codemod):
             )
         rotation = later[index]
         for stmt in later[:index]:
-            used = sorted(targets & _names(stmt))
+            used = sorted(targets & free_names(stmt))
             if used:
                 raise ctx.precondition(
                     f"{ID}: {name}.forward_prefill uses {', '.join(used)} between the q/k norms and the "
@@ -292,10 +297,6 @@ def _rotates(stmt: cst.BaseStatement, names: set[str]) -> bool:
         return False
     assigned = {e.value.value for e in target.elements if isinstance(e.value, cst.Name)}
     return names <= assigned
-
-
-def _names(stmt: cst.BaseStatement) -> set[str]:
-    return {n.value for n in walk(stmt) if isinstance(n, cst.Name)}
 
 
 def _is_before_rope_comment(line: cst.EmptyLine) -> bool:

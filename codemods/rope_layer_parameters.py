@@ -10,6 +10,7 @@ from autoport_cst.transform.config_fields import add_config_fields, config_class
 from autoport_cst.transform.cst_helpers import (
     dotted,
     ensure_import_from,
+    find_self_assignment,
     method,
     parse_expr,
     parse_statement,
@@ -397,8 +398,7 @@ class RopeLayerParameters(Codemod):
                 module,
             )
         edits: dict = {}
-        if not any(self_assignment(s) is not None and self_assignment(s)[0] == "layer_rotary_embs"
-                   for s in statements(init)):
+        if find_self_assignment(init, "layer_rotary_embs") is None:
             rotary_name = dotted(rotary_call.func)
             new_init = parse_statements(INIT.format(config=config, rotary=rotary_name).strip("\n"), module)
             new_init[0] = with_comment(

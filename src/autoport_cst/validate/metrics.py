@@ -110,9 +110,11 @@ def worst_error_ratios(
     tooling's ``assert_close_three_way`` (docs/validation.md); with one group
     per row the same ratios describe single tokens, whose denominators are
     single draws of bf16 rounding noise."""
+    members: dict = {}
+    for row, group in enumerate(groups):
+        members.setdefault(group, []).append(row)
     linf = l2 = 0.0
-    for group in dict.fromkeys(groups):
-        rows = torch.tensor([i for i, g in enumerate(groups) if g == group])
+    for rows in members.values():
         t, b = target_error[rows], reference_error[rows]
         linf = max(linf, _ratio(float(t.abs().max()), float(b.abs().max())))
         l2 = max(l2, _ratio(frobenius(t), frobenius(b)))
@@ -294,7 +296,7 @@ def logit_metrics(
         b64 = reference_bf16.double()
         base = float(((b64 - f64) ** 2).mean().sqrt())
         tgt = float(((t64 - f64) ** 2).mean().sqrt())
-        sigma = tgt / base if base > 0 else (0.0 if tgt == 0 else math.inf)
+        sigma = _ratio(tgt, base)
         bc = bhattacharyya((b64 - f64).abs(), (t64 - f64).abs())
         sequences = [p[1] for p in positions]
         linf_ratio, l2_ratio = worst_error_ratios(t64 - f64, b64 - f64, sequences)

@@ -192,6 +192,14 @@ def config_values(config: Any) -> dict:
     return plain(config.to_dict())
 
 
+def write_config_json(config: Any, path: str | os.PathLike[str]) -> None:
+    """Write ``config`` as the ``config.json`` transformers reads back (its
+    values from :func:`config_values`, without the writer's version)."""
+    values = config_values(config)
+    values.pop("transformers_version", None)
+    write_atomic(path, json.dumps(values, indent=2, sort_keys=True) + "\n")
+
+
 def build_tiny_checkpoint(
     source: str | os.PathLike[str], outdir: str | os.PathLike[str], seed: int = 0
 ) -> TinyCheckpoint:
@@ -255,9 +263,7 @@ def build_tiny_checkpoint(
     _perturb_constant_tensors(state, seed)
 
     config.dtype = torch.float32
-    values = config_values(config)
-    values.pop("transformers_version", None)
-    write_atomic(directory / "config.json", json.dumps(values, indent=2, sort_keys=True) + "\n")
+    write_config_json(config, directory / "config.json")
     with atomic_output(directory / "model.safetensors") as tmp:
         save_file(state, str(tmp), metadata={"format": "pt"})
     return TinyCheckpoint(
