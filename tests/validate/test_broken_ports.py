@@ -46,18 +46,40 @@ def test_decode_only_bug_names_decode_attention(broken_port, tiny_llama: Path) -
     assert all(c["passed"] for c in report.components if c["phase"] == "prefill")
 
 
-def test_tensor_computed_in_init_fails_loudly(broken_port, tiny_llama: Path) -> None:
+def test_tensor_computed_in_init_and_read_fails_loudly(broken_port, tiny_llama: Path) -> None:
+    """A plain tensor attribute made in __init__ stays on the meta device; the
+    first computation with it fails and names it."""
     port = broken_port(
-        "        self.head_dim = config.head_dim\n        self.rope_theta",
-        "        self.head_dim = config.head_dim\n"
-        "        self.inv_freq = torch.arange(0, config.head_dim, 2).float()\n"
-        "        self.rope_theta",
+        "        inv_freq = 1.0 / (self.rope_theta ** (exponents.to(torch.float32) / self.head_dim))\n",
+        "        inv_freq = 1.0 / (self.rope_theta ** (exponents.to(torch.float32) / self.head_dim))\n"
+        "        inv_freq = inv_freq * self.inv_freq_scale\n",
+    )
+    model = port / "model.py"
+    text = model.read_text(encoding="utf-8")
+    anchor = "        self.head_dim = config.head_dim\n        self.rope_theta"
+    model.write_text(
+        text.replace(anchor, "        self.head_dim = config.head_dim\n        self.inv_freq_scale = torch.ones(1)\n"
+                     "        self.rope_theta", 1),
+        encoding="utf-8",
     )
     report = validate_model(port, tiny_llama, steps=2)
     assert not report.equivalent and report.exit_code == 1
-    assert report.failure.stage == "load"
-    assert "'model.rotary_emb.inv_freq'" in report.failure.message
+    assert report.failure.stage == "prefill"
+    assert "'model.rotary_emb.inv_freq_scale'" in report.failure.message
     assert "meta" in report.failure.message and "__init__" in report.failure.message
+
+
+def test_tensor_attribute_never_read_is_allowed(broken_port, tiny_llama: Path) -> None:
+    """Real models keep FP8 KV-cache scales as plain attributes made in
+    __init__ and read them only with an FP8 cache: unread, they pass."""
+    port = broken_port(
+        "        self.head_dim = config.head_dim\n        self.rope_theta",
+        "        self.head_dim = config.head_dim\n"
+        "        self.unused_scale = torch.ones(1, 1)\n"
+        "        self.rope_theta",
+    )
+    report = validate_model(port, tiny_llama, steps=2, dtype="fp32")
+    assert report.equivalent, report.summary()
 
 
 def test_1d_bias_to_the_decode_kernel_fails_like_hardware(broken_port, tiny_llama: Path) -> None:

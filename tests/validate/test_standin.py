@@ -40,8 +40,11 @@ def test_installed_only_inside_the_block() -> None:
         assert nf.qkv_proj is NF.qkv_proj
         group = get_tp_group()
         assert (group.world_size, group.rank_in_group) == (1, 0)
-        assert set(installation.describe()["stand_in_packages"]) == {"vllm", "vllm_neuron", "nkilib", "nki"}
-    assert not [name for name in sys.modules if name.split(".")[0] in ("vllm", "vllm_neuron", "nkilib", "nki")]
+        assert set(installation.describe()["stand_in_packages"]) == {
+            "vllm", "vllm_neuron", "nkilib", "nki", "libtorch_neuronx_lite"
+        }
+    roots = ("vllm", "vllm_neuron", "nkilib", "nki", "libtorch_neuronx_lite")
+    assert not [name for name in sys.modules if name.split(".")[0] in roots]
 
 
 def test_real_vllm_without_distributed_state_gets_the_getters(tmp_path: Path, monkeypatch) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -25,9 +26,11 @@ from .driver import PortFailure, PortOutput, PortSession, port_hf_config
 from .package import PortImportError, check_package_dir, imported_package
 from .reference import ReferenceOutput, greedy_teacher, load_reference, run_reference
 from .report import PortFailureInfo, ValidationReport
-from .scenario import DEFAULT_BLOCK_SIZE, DEFAULT_STEPS, Scenario
+from .driver import PREFILL_MODES
+from .scenario import DEFAULT_STEPS, Scenario, cache_paths_fit, segment_block_size
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+KV_CACHE_DTYPE_NAMES = ("auto", "fp8")
 MAX_TP = 8
 # config.json keys that hold the number of routed experts (mixture-of-experts
 # configs spell it differently); the first one present is used
@@ -111,21 +114,30 @@ def validate_model(
     dtype: str = "fp32",
     steps: int = DEFAULT_STEPS,
     prompt_lengths: tuple[int, ...] | None = None,
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    block_size: int | None = None,
     seed: int = 0,
     on_stage: StageCallback | None = None,
     ep: int = 1,
+    prefill: str = "auto",
+    kv_cache_dtype: str = "auto",
 ) -> ValidationReport:
     """Run the port in ``model_dir`` and transformers on ``checkpoint_dir``
     through prefill and ``steps`` decode steps, and compare them.
 
     ``ep > 1`` enables expert parallelism inside the ``tp`` ranks: ``ep``
     partitions of the experts (``tp`` must be a multiple of ``ep`` and the
-    expert count of ``ep``); the port must read the EP degree and rank."""
+    expert count of ``ep``); the port must read the EP degree and rank.
+    ``prefill`` says whether the run takes the cache paths (a chunked
+    prefill and a prefix-cache hit, both segmented): ``"auto"`` when the
+    port reads ``kv_segment_size``, ``"segmented"`` always, ``"off"`` never.
+    ``kv_cache_dtype="fp8"`` runs with an FP8 KV cache (emulated in
+    ``float8_e4m3fn``); the cache paths then stay off unless asked for
+    (segmented prefill needs a packed FP8 cache)."""
     with _intra_op_threads(VALIDATION_THREADS):
         return _validate(
             model_dir, checkpoint_dir, tp=tp, dtype=dtype, steps=steps, prompt_lengths=prompt_lengths,
-            block_size=block_size, seed=seed, on_stage=on_stage, ep=ep,
+            block_size=block_size, seed=seed, on_stage=on_stage, ep=ep, prefill=prefill,
+            kv_cache_dtype=kv_cache_dtype,
         )
 
 
@@ -137,12 +149,15 @@ def _validate(
     dtype: str,
     steps: int,
     prompt_lengths: tuple[int, ...] | None,
-    block_size: int,
+    block_size: int | None,
     seed: int,
     on_stage: StageCallback | None,
     ep: int = 1,
+    prefill: str = "auto",
+    kv_cache_dtype: str = "auto",
 ) -> ValidationReport:
     package_dir, checkpoint, config = _check_inputs(model_dir, checkpoint_dir, tp, dtype, ep)
+    prefill = _check_prefill(prefill, kv_cache_dtype)
     notify = on_stage or (lambda _stage: None)
     timings: dict[str, float] = {}
     started = time.perf_counter()
@@ -150,7 +165,11 @@ def _validate(
     vocab_size = config.get("vocab_size")
     if not isinstance(vocab_size, int) or vocab_size < 2:
         raise InputError(f"{checkpoint / 'config.json'}: no usable vocab_size")
-    scenario = Scenario.build(vocab_size, tp, steps, prompt_lengths, block_size, seed)
+    if block_size is None:
+        block_size = segment_block_size(_sliding_windows(config))
+    scenario = Scenario.build(
+        vocab_size, tp, steps, prompt_lengths, block_size, seed, cache_paths=cache_paths_fit(tp)
+    )
     settings = {
         "tp": tp,
         "ep": ep,
@@ -160,6 +179,8 @@ def _validate(
         "block_size": scenario.layout.block_size,
         "blocks_per_seq": scenario.layout.blocks_per_seq,
         "seed": seed,
+        "prefill": prefill,
+        "kv_cache_dtype": kv_cache_dtype,
     }
     report = ValidationReport(
         model_dir=str(package_dir),
@@ -190,13 +211,14 @@ def _validate(
         return teacher
 
     try:
+        run = _RunOptions(dtype, prefill, kv_cache_dtype)
         if tp == 1:
             port, teacher, factory_name, standin = _run_in_process(
-                package_dir, checkpoint, dtype, scenario, notify, reference_run, timings
+                package_dir, checkpoint, run, scenario, notify, reference_run, timings
             )
         else:
             port, teacher, factory_name, standin = _run_ranks(
-                package_dir, checkpoint, dtype, scenario, tp, notify, reference_run, timings, ep
+                package_dir, checkpoint, run, scenario, tp, notify, reference_run, timings, ep
             )
     except PortFailure as failure:
         report.failure = PortFailureInfo(failure.stage, failure.message)
@@ -210,6 +232,7 @@ def _validate(
         return report
 
     report.factory = factory_name
+    report.settings["prefill_calls"] = _describe_calls(port, scenario)
     report.environment = {
         "stand_in": standin,
         "torch": torch.__version__,
@@ -239,6 +262,48 @@ def _validate(
     return report
 
 
+@dataclass(frozen=True)
+class _RunOptions:
+    dtype: str
+    prefill: str
+    kv_cache_dtype: str
+
+
+def _check_prefill(prefill: str, kv_cache_dtype: str) -> str:
+    if prefill not in PREFILL_MODES:
+        raise InputError(f"--prefill must be one of {', '.join(PREFILL_MODES)}, got {prefill!r}")
+    if kv_cache_dtype not in KV_CACHE_DTYPE_NAMES:
+        raise InputError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPE_NAMES)}, got {kv_cache_dtype!r}")
+    if kv_cache_dtype == "fp8" and prefill == "auto":
+        return "off"  # segmented prefill reads only a packed FP8 cache
+    return prefill
+
+
+def _sliding_windows(config: dict) -> list[int]:
+    """Sliding windows the checkpoint's attention uses (the block size must
+    divide them for segmented prefill)."""
+    window = config.get("sliding_window")
+    if not isinstance(window, int) or window <= 0 or config.get("use_sliding_window") is False:
+        return []
+    return [window]
+
+
+def _describe_calls(port: PortOutput, scenario: Scenario) -> list[dict]:
+    """The prefill calls the port ran, as data for the report."""
+    kinds = {scenario.chunked: "chunked", scenario.prefix_hit: "prefix_cache_hit"}
+    return [
+        {
+            "sequence": call.sequence,
+            "kind": kinds.get(call.sequence, "whole") if call.segment else "whole",
+            "positions": [call.start, call.end],
+            "cached_seq_len": call.start,
+            "kv_segment_size": call.segment,
+            "rows": call.rows,
+        }
+        for call in port.prefill_calls
+    ]
+
+
 def _finish(timings: dict[str, float], started: float) -> dict[str, float]:
     timings["total"] = time.perf_counter() - started
     return {key: round(value, 4) for key, value in timings.items()}
@@ -257,7 +322,7 @@ def _checkpoint_input_error(error: Exception) -> InputError:
 def _run_in_process(
     package_dir: Path,
     checkpoint: Path,
-    dtype: str,
+    run: _RunOptions,
     scenario: Scenario,
     notify: StageCallback,
     reference_run: Callable[[list], list[list[int]]],
@@ -265,13 +330,18 @@ def _run_in_process(
 ) -> tuple[PortOutput, list[list[int]], str, dict]:
     from .standin import standin_installed
     from .standin.checkpoints import CheckpointError
+    from .standin.dtype_utils import KV_CACHE_DTYPES
 
     start = time.perf_counter()
     notify("load port")
-    with standin_installed(model=str(checkpoint)) as installation, imported_package(package_dir) as package:
-        hf_config = port_hf_config(checkpoint, DTYPES[dtype])
+    with standin_installed(model=str(checkpoint), cache_dtype=run.kv_cache_dtype) as installation, \
+            imported_package(package_dir) as package:
+        hf_config = port_hf_config(checkpoint, DTYPES[run.dtype])
         try:
-            session = PortSession(package.factory, checkpoint, hf_config, scenario)
+            session = PortSession(
+                package.factory, checkpoint, hf_config, scenario, prefill=run.prefill,
+                kv_cache_dtype=KV_CACHE_DTYPES.get(run.kv_cache_dtype),
+            )
         except CheckpointError as error:
             raise _checkpoint_input_error(error) from error
         timings["port_setup"] = time.perf_counter() - start
@@ -286,7 +356,7 @@ def _run_in_process(
 def _run_ranks(
     package_dir: Path,
     checkpoint: Path,
-    dtype: str,
+    run: _RunOptions,
     scenario: Scenario,
     tp: int,
     notify: StageCallback,
@@ -301,8 +371,9 @@ def _run_ranks(
     holder: list = []
     try:
         outputs, factory_name, description, teacher = run_port_ranks(
-            package_dir, checkpoint, dtype, scenario, tp, lambda: _reference_then_run(reference_run, holder, notify),
-            ep_degree=ep,
+            package_dir, checkpoint, run.dtype, scenario, tp,
+            lambda: _reference_then_run(reference_run, holder, notify),
+            ep_degree=ep, prefill=run.prefill, kv_cache_dtype=run.kv_cache_dtype,
         )
     except RankCheckpointError as error:
         raise _checkpoint_input_error(error) from error

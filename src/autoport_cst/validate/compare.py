@@ -1,10 +1,11 @@
 """Align the port's outputs with the transformers outputs position by
 position and turn the metrics into a verdict.
 
-Row alignment: the prefill of sequence ``b`` (length ``T_b``) covers
-positions ``0..T_b-1``; decode step ``j`` covers position ``T_b + j`` of every
-sequence. Transformers ran each full sequence in one forward, so its row for
-a position is simply that position.
+Row alignment: the prefill of sequence ``b`` (prompt length ``T_b``) covers
+the positions its calls computed, ``start_b..T_b-1`` (``start_b`` > 0 for a
+prefix-cache hit, whose cached tokens are not recomputed); decode step ``j``
+covers position ``T_b + j`` of every sequence. Transformers ran each full
+sequence in one forward, so its row for a position is simply that position.
 """
 
 from __future__ import annotations
@@ -25,12 +26,26 @@ def _port_rows(records: dict[str, list[torch.Tensor]], name: str) -> list[torch.
     return rows if rows else None
 
 
-def _ref_rows(reference: list[torch.Tensor], scenario: Scenario, phase: str) -> torch.Tensor:
+def prefill_spans(port: PortOutput, scenario: Scenario) -> dict[int, tuple[int, int]]:
+    """For each sequence the port ran, the positions ``[start, end)`` its
+    prefill computed."""
+    if port.sequences:
+        return dict(zip(port.sequences, port.prefill_spans))
+    return {b: (0, len(p)) for b, p in enumerate(scenario.prompts)}
+
+
+def _ref_rows(
+    reference: list[torch.Tensor], scenario: Scenario, phase: str, spans: dict[int, tuple[int, int]] | None = None
+) -> torch.Tensor:
+    """The reference rows matching the port's: by default every prompt of the
+    scenario, prefilled whole."""
+    if spans is None:
+        spans = {b: (0, len(p)) for b, p in enumerate(scenario.prompts)}
     if phase == "prefill":
-        return torch.cat([reference[b][: len(p)] for b, p in enumerate(scenario.prompts)])
+        return torch.cat([reference[b][start:end] for b, (start, end) in spans.items()])
     return torch.cat(
         [
-            torch.stack([reference[b][len(p) + step] for b, p in enumerate(scenario.prompts)])
+            torch.stack([reference[b][len(scenario.prompts[b]) + step] for b in spans])
             for step in range(scenario.steps)
         ]
     )
@@ -48,6 +63,7 @@ def compare_components(
     port_names = [c.name for c in port.components]
     ref_names = [c.name for c in ref32.components]
     modules = {c.name: c.module_path for c in port.components}
+    spans = prefill_spans(port, scenario)
     results: list[M.ComponentMetrics] = []
     for name in ref_names:
         if name not in port_names:
@@ -58,14 +74,14 @@ def compare_components(
             if rows is None:
                 continue
             target = torch.cat(rows)
-            f = _ref_rows(ref32.records[name], scenario, phase)
-            b = _ref_rows(ref16.records[name], scenario, phase) if ref16 else None
+            f = _ref_rows(ref32.records[name], scenario, phase, spans)
+            b = _ref_rows(ref16.records[name], scenario, phase, spans) if ref16 else None
             results.append(M.component_metrics(name, phase, modules[name], target, f, b, dtype))
     # logits, the model output
     for phase in PHASES:
         target = torch.cat(port.prefill_logits if phase == "prefill" else port.decode_logits)
-        f = _ref_rows(ref32.logits, scenario, phase)
-        b = _ref_rows(ref16.logits, scenario, phase) if ref16 else None
+        f = _ref_rows(ref32.logits, scenario, phase, spans)
+        b = _ref_rows(ref16.logits, scenario, phase, spans) if ref16 else None
         results.append(M.component_metrics("logits", phase, "<output>", target, f, b, dtype))
     not_compared = sorted(
         [f"{n} (port only)" for n in port_names if n not in ref_names]
@@ -83,21 +99,24 @@ def compare_logits(
     dtype: str,
 ) -> M.LogitMetrics:
     target = torch.cat(port.prefill_logits + port.decode_logits)
-    f = torch.cat([_ref_rows(ref32.logits, scenario, phase) for phase in PHASES])
-    b = torch.cat([_ref_rows(ref16.logits, scenario, phase) for phase in PHASES]) if ref16 else None
+    spans = prefill_spans(port, scenario)
+    f = torch.cat([_ref_rows(ref32.logits, scenario, phase, spans) for phase in PHASES])
+    b = torch.cat([_ref_rows(ref16.logits, scenario, phase, spans) for phase in PHASES]) if ref16 else None
     expected = f if dtype == "fp32" or b is None else b
     positions: list[tuple[str, int, int]] = []
-    for seq, prompt in enumerate(scenario.prompts):
-        positions += [("prefill", seq, p) for p in range(len(prompt))]
+    for seq, (start, end) in spans.items():
+        positions += [("prefill", seq, p) for p in range(start, end)]
     for step in range(scenario.steps):
-        positions += [("decode", seq, len(p) + step) for seq, p in enumerate(scenario.prompts)]
-    prefill_total = sum(len(p) for p in scenario.prompts)
+        positions += [("decode", seq, len(scenario.prompts[seq]) + step) for seq in spans]
+    prefill_total = sum(end - start for start, end in spans.values())
     greedy_rows: list[list[int]] = []
     greedy_tokens: list[list[int]] = []
     offset = 0
-    for seq, prompt in enumerate(scenario.prompts):
-        offset += len(prompt)
-        rows = [offset - 1] + [prefill_total + step * scenario.batch + seq for step in range(scenario.steps)]
+    batch = len(spans)
+    for index, seq in enumerate(spans):
+        prompt = scenario.prompts[seq]
+        offset += spans[seq][1] - spans[seq][0]
+        rows = [offset - 1] + [prefill_total + step * batch + index for step in range(scenario.steps)]
         last = int(torch.argmax(ref32.logits[seq][len(prompt) + scenario.steps - 1]))
         greedy_rows.append(rows)
         greedy_tokens.append(list(teacher[seq]) + [last])

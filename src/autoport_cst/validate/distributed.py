@@ -34,6 +34,7 @@ from autoport_cst.atomic import atomic_output
 from autoport_cst.errors import InputError
 
 from .driver import PortFailure, PortOutput
+from .standin.dtype_utils import KV_CACHE_DTYPES
 from .scenario import Scenario
 
 WORKER_TIMEOUT_S = 600.0
@@ -53,6 +54,8 @@ class RankJob:
     dtype_name: str
     scenario: Scenario
     ep_degree: int = 1
+    prefill: str = "auto"
+    kv_cache_dtype: str = "auto"
 
 
 def _free_port() -> int:
@@ -94,11 +97,15 @@ def _rank_main(job_path: Path, rank: int) -> int:
 
         try:
             with standin_installed(
-                dist.group.WORLD, job.world_size, model=job.checkpoint_dir, ep_degree=job.ep_degree
+                dist.group.WORLD, job.world_size, model=job.checkpoint_dir, ep_degree=job.ep_degree,
+                cache_dtype=job.kv_cache_dtype,
             ) as installation:
                 with imported_package(job.model_dir) as package:
                     hf_config = port_hf_config(job.checkpoint_dir, _DTYPES[job.dtype_name])
-                    session = PortSession(package.factory, job.checkpoint_dir, hf_config, job.scenario, rank)
+                    session = PortSession(
+                        package.factory, job.checkpoint_dir, hf_config, job.scenario, rank, job.world_size,
+                        prefill=job.prefill, kv_cache_dtype=KV_CACHE_DTYPES.get(job.kv_cache_dtype),
+                    )
                     if job.ep_degree > 1 and not parallel_state.expert_parallel_read():
                         raise InputError(
                             f"expert parallelism was asked for (EP degree {job.ep_degree}) but the port "
@@ -175,6 +182,8 @@ def run_port_ranks(
     world_size: int,
     compute_teacher: Callable[[], list[list[int]]],
     ep_degree: int = 1,
+    prefill: str = "auto",
+    kv_cache_dtype: str = "auto",
 ) -> tuple[list[PortOutput], str, dict[str, Any], list[list[int]]]:
     """Run the port on ``world_size`` ranks (with ``ep_degree`` expert
     partitions among them). Returns the per-rank outputs, the factory name,
@@ -185,7 +194,8 @@ def run_port_ranks(
     with tempfile.TemporaryDirectory(prefix="autoport-validate-") as tmp:
         job_path = Path(tmp) / "job.pkl"
         job = RankJob(
-            world_size, _free_port(), str(model_dir), str(checkpoint_dir), dtype_name, scenario, ep_degree
+            world_size, _free_port(), str(model_dir), str(checkpoint_dir), dtype_name, scenario, ep_degree,
+            prefill, kv_cache_dtype,
         )
         job_path.write_bytes(pickle.dumps(job))
         processes = [
@@ -290,8 +300,8 @@ def merge_rank_outputs(outputs: list[PortOutput], scenario: Scenario) -> PortOut
     """One ``PortOutput`` with full rows: sequence-parallel prefill slices are
     concatenated in rank order; replicated outputs are taken from rank 0."""
     first = outputs[0]
-    prompt_rows = [len(p) for p in scenario.prompts]
-    decode_rows = [scenario.batch] * scenario.steps
+    prompt_rows = [call.tokens for call in first.prefill_calls]
+    decode_rows = [len(first.sequences) or scenario.batch] * scenario.steps
     prefill = {
         name: _merge_slices([o.prefill_records[name] for o in outputs], prompt_rows)
         for name in first.prefill_records
@@ -309,6 +319,11 @@ def merge_rank_outputs(outputs: list[PortOutput], scenario: Scenario) -> PortOut
         decode_records=decode,
         unexpected_keys=first.unexpected_keys,
         timings=timings,
+        prefill_calls=first.prefill_calls,
+        prefill_spans=first.prefill_spans,
+        sequences=first.sequences,
+        segmented=first.segmented,
+        guarded_attributes=first.guarded_attributes,
     )
 
 

@@ -3,11 +3,19 @@
 ``PortSession`` follows the engine's lifecycle: build the model under
 ``torch.device("meta")`` with ``<Prefix>ForCausalLM.from_configs(hf_config,
 None)``, ask it for its KV-cache spec, allocate the paged caches and
-``bind_kv_cache``, ``load_weights(checkpoint_dir)``, then check that no tensor
-is left on the meta device. ``run(teacher)`` prefills every prompt (one
-sequence per call; logits for every prompt position) and then runs
+``bind_kv_cache``, call ``load_weights(checkpoint_path, device, cache_dir)``
+with the runner's positional arguments (the checkpoint directory, the CPU
+device, no download directory), then check what is left on the meta device
+(``meta_tensors``).
+
+``run(teacher)`` prefills the prompts by the scenario's plan and then runs
 ``scenario.steps`` decode steps for the whole batch, feeding the teacher
-tokens (teacher forcing), while forward hooks record each component's output.
+tokens (teacher forcing), while forward hooks record each component's
+output. Every call passes the runner's rank tensor and metadata
+(``runner_metadata``). With ``prefill="auto"`` the run takes the scenario's
+cache paths (a chunked prefill and a prefix-cache hit, segmented) when the
+port reads ``kv_segment_size`` during the first prefill, and leaves those two
+prompts out otherwise; ``"segmented"`` always takes them, ``"off"`` never.
 
 The session runs inside a process where the stand-in is installed
 (``standin_installed``) and the port package imported (``imported_package``).
@@ -24,9 +32,11 @@ import torch
 from torch import nn
 
 from .components import Component, ComponentRecorder, find_components
-from .scenario import Scenario
+from .meta_tensors import guard_meta_attributes, unloaded_parameters_and_buffers
+from .runner_metadata import PAD_SLOT, StepInputs, build_metadata
+from .scenario import PrefillCall, Scenario
 
-DECODE_TOKEN_THRESHOLD = 1
+PREFILL_MODES = ("auto", "segmented", "off")
 
 
 class PortFailure(Exception):
@@ -41,15 +51,26 @@ class PortFailure(Exception):
 
 @dataclass
 class PortOutput:
-    """What a port run produced (one rank's view for TP > 1)."""
+    """What a port run produced (one rank's view for TP > 1).
 
-    prefill_logits: list[torch.Tensor]  # per sequence [T_b, V]
+    ``sequences`` are the scenario's sequences the run fed, in order. Prefill
+    entries are per call, in call order (calls go sequence by sequence),
+    holding only the call's real rows; ``prefill_spans`` gives, per sequence,
+    the positions ``[start, end)`` its prefill computed. Decode entries hold
+    one row per sequence."""
+
+    prefill_logits: list[torch.Tensor]  # per call [tokens, V]
     decode_logits: list[torch.Tensor]  # per step [B, V]
     components: list[Component]
-    prefill_records: dict[str, list[torch.Tensor]]  # name -> per sequence
+    prefill_records: dict[str, list[torch.Tensor]]  # name -> per call
     decode_records: dict[str, list[torch.Tensor]]  # name -> per step
     unexpected_keys: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    prefill_calls: list[PrefillCall] = field(default_factory=list)
+    prefill_spans: list[tuple[int, int]] = field(default_factory=list)
+    sequences: list[int] = field(default_factory=list)
+    segmented: bool = False
+    guarded_attributes: list[str] = field(default_factory=list)
 
 
 def port_hf_config(checkpoint_dir: str | Path, dtype: torch.dtype) -> Any:
@@ -61,35 +82,15 @@ def port_hf_config(checkpoint_dir: str | Path, dtype: torch.dtype) -> Any:
     return config
 
 
-def find_meta_tensors(model: nn.Module) -> list[str]:
-    """Every parameter, buffer or tensor attribute still on the meta device."""
-    found: list[str] = []
-    for name, param in model.named_parameters():
-        if param.is_meta:
-            found.append(f"parameter '{name}' (not loaded from the checkpoint)")
-    for name, buffer in model.named_buffers():
-        if buffer is not None and buffer.is_meta:
-            found.append(f"buffer '{name}' (computed in __init__)")
-    for module_name, module in model.named_modules():
-        for attribute, value in vars(module).items():
-            if attribute.startswith("_") or not isinstance(value, torch.Tensor):
-                continue
-            if value.is_meta:
-                where = f"{module_name}.{attribute}" if module_name else attribute
-                found.append(f"tensor attribute '{where}' (computed in __init__)")
-    return found
-
-
-def allocate_kv_cache(kv_spec: Any, scenario: Scenario) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Zeroed ``(k, v)`` caches ``[num_blocks, kv_heads, block_size, head]`` per layer."""
+def allocate_kv_cache(kv_spec: Any, scenario: Scenario, dtype: torch.dtype | None = None) -> dict[str, tuple]:
+    """Zeroed ``(k, v)`` caches ``[num_blocks, kv_heads, block_size, head]``
+    per layer, in the layer's dtype or ``dtype`` (an FP8 KV cache)."""
     layout = scenario.layout
     caches = {}
     for layer in kv_spec.layers:
         shape = (layout.num_blocks, layer.num_kv_heads, layout.block_size, layer.head_size)
-        caches[layer.name] = (
-            torch.zeros(shape, dtype=layer.dtype),
-            torch.zeros(shape, dtype=layer.dtype),
-        )
+        cache_dtype = dtype or layer.dtype
+        caches[layer.name] = (torch.zeros(shape, dtype=cache_dtype), torch.zeros(shape, dtype=cache_dtype))
     return caches
 
 
@@ -103,67 +104,71 @@ class PortSession:
         hf_config: Any,
         scenario: Scenario,
         rank: int = 0,
+        tp: int = 1,
+        prefill: str = "auto",
+        kv_cache_dtype: torch.dtype | None = None,
     ) -> None:
-        self.scenario = scenario
-        self.rank = rank
+        if prefill not in PREFILL_MODES:
+            raise ValueError(f"prefill must be one of {PREFILL_MODES}, got {prefill!r}")
+        self.scenario, self.rank, self.tp, self.prefill = scenario, rank, tp, prefill
         self.timings: dict[str, float] = {}
+        self.reads: set[str] = set()
         start = time.perf_counter()
+        self.model = self._build(factory, hf_config)
         try:
-            with torch.device("meta"):
-                model = factory.from_configs(hf_config, None)
-        except Exception as error:
-            raise PortFailure("build", f"{_describe(error)} while building the model on the meta device") from error
-        self.model: nn.Module = model
-        try:
-            self.kv_spec = model.get_kv_spec()
+            self.kv_spec = self.model.get_kv_spec()
             self.layer_names = [layer.name for layer in self.kv_spec.layers]
-            self.caches = allocate_kv_cache(self.kv_spec, scenario)
-            model.bind_kv_cache(self.caches)
+            self.caches = allocate_kv_cache(self.kv_spec, scenario, kv_cache_dtype)
+            self.model.bind_kv_cache(self.caches)
         except Exception as error:
             raise PortFailure("kv_cache", f"{_describe(error)} in get_kv_spec / bind_kv_cache") from error
         self.timings["build"] = time.perf_counter() - start
-
         start = time.perf_counter()
+        self.unexpected_keys = self._load(checkpoint_dir)
+        self.timings["load"] = time.perf_counter() - start
+
+    @staticmethod
+    def _build(factory: Any, hf_config: Any) -> nn.Module:
+        try:
+            with torch.device("meta"):
+                return factory.from_configs(hf_config, None)
+        except Exception as error:
+            raise PortFailure("build", f"{_describe(error)} while building the model on the meta device") from error
+
+    def _load(self, checkpoint_dir: str | Path) -> list[str]:
         from .standin.checkpoints import CheckpointError
 
         try:
-            result = model.load_weights(str(checkpoint_dir))
+            result = self.model.load_weights(str(checkpoint_dir), torch.device("cpu"), None)
         except CheckpointError:
             raise
         except Exception as error:
             raise PortFailure("load", f"{_describe(error)} in load_weights") from error
-        self.unexpected_keys = list(getattr(result, "unexpected_keys", []) or [])
-        meta = find_meta_tensors(model)
-        if meta:
+        unloaded = unloaded_parameters_and_buffers(self.model)
+        if unloaded:
             raise PortFailure(
                 "load",
                 "tensors still on the meta device after load_weights: "
-                + "; ".join(meta)
+                + "; ".join(unloaded)
                 + ". The engine builds the model under torch.device('meta'): a tensor computed "
                 "in __init__ never holds data (compute it in forward), and every parameter "
                 "must be loaded by load_weights.",
             )
-        model.eval()
-        self.timings["load"] = time.perf_counter() - start
+        self.guarded = guard_meta_attributes(self.model)
+        self.model.eval()
+        return list(getattr(result, "unexpected_keys", []) or [])
 
-    # -- metadata -------------------------------------------------------------
+    # -- one call ---------------------------------------------------------------
 
-    def _metadata(self, query_len: int, slots: list[int], rows: list[int]) -> dict[str, dict[str, Any]]:
-        layout = self.scenario.layout
-        table = torch.tensor([layout.block_tables[r] for r in rows], dtype=torch.int32)
-        entry = {
-            "max_query_len": query_len,
-            "decode_token_threshold": DECODE_TOKEN_THRESHOLD,
-            "slot_mapping": torch.tensor(slots, dtype=torch.int64),
-            "block_size": layout.block_size,
-            "block_table_tensor": table,
-            "max_blocks_per_seq": layout.blocks_per_seq,
-        }
-        return {name: dict(entry) for name in self.layer_names}
-
-    def _forward(self, stage: str, **inputs: Any) -> torch.Tensor:
+    def _forward(self, stage: str, step: StepInputs) -> torch.Tensor:
         try:
-            output = self.model(**inputs)
+            output = self.model(
+                input_ids=step.input_ids,
+                positions=step.positions,
+                attn_metadata=step.metadata,
+                sampling_positions=step.sampling_positions,
+                rank=torch.tensor(self.rank, dtype=torch.int32),
+            )
         except Exception as error:
             raise PortFailure(stage, f"{_describe(error)} in the {stage} forward") from error
         logits = output[0] if isinstance(output, (tuple, list)) else output
@@ -171,73 +176,134 @@ class PortSession:
             raise PortFailure(stage, f"the {stage} forward returned {type(logits).__name__}, not logits")
         return logits.detach().clone()
 
+    def _prefill_inputs(self, call: PrefillCall) -> StepInputs:
+        prompt = self.scenario.prompts[call.sequence]
+        table = self.scenario.block_table(call.sequence)
+        padding = call.rows - call.tokens
+        slots = [self.scenario.layout.slot(table, p) for p in range(call.start, call.end)]
+        return StepInputs(
+            input_ids=torch.tensor(list(prompt[call.start : call.end]) + [0] * padding, dtype=torch.int64),
+            positions=torch.tensor(list(range(call.start, call.end)) + [0] * padding, dtype=torch.int64),
+            sampling_positions=torch.arange(call.tokens, dtype=torch.int64),
+            metadata=build_metadata(
+                self.layer_names, self.reads, max_query_len=call.rows, slots=slots + [PAD_SLOT] * padding,
+                tables=[table], block_size=self.scenario.layout.block_size, cached=[call.start],
+                kv_segment_size=call.segment,
+            ),
+        )
+
+    def _decode_inputs(self, step: int, tokens: list[int], sequences: tuple[int, ...]) -> StepInputs:
+        scenario = self.scenario
+        positions = [len(scenario.prompts[b]) + step for b in sequences]
+        tables = [scenario.block_table(b) for b in sequences]
+        return StepInputs(
+            input_ids=torch.tensor(tokens, dtype=torch.int64),
+            positions=torch.tensor(positions, dtype=torch.int64),
+            sampling_positions=torch.arange(len(sequences), dtype=torch.int64),
+            metadata=build_metadata(
+                self.layer_names, self.reads, max_query_len=1,
+                slots=[scenario.layout.slot(table, position) for table, position in zip(tables, positions)],
+                tables=tables, block_size=scenario.layout.block_size, cached=positions, kv_segment_size=0,
+            ),
+        )
+
     # -- run ------------------------------------------------------------------
 
+    def _cache_paths(self) -> bool:
+        """Whether the run takes the cache paths (decided after the first call)."""
+        if self.scenario.chunked is None or self.prefill == "off":
+            return False
+        return self.prefill == "segmented" or "kv_segment_size" in self.reads
+
     def run(self, teacher: list[list[int]], capture: bool = True) -> PortOutput:
-        """Prefill each prompt, then ``steps`` decode steps over the batch
+        """Prefill the prompts, then ``steps`` decode steps over the batch
         fed with ``teacher[b][j]``."""
-        scenario = self.scenario
         components = find_components(self.model) if capture else []
         recorder = ComponentRecorder(self.model, components) if capture else None
-        prefill_logits: list[torch.Tensor] = []
-        decode_logits: list[torch.Tensor] = []
-        start = time.perf_counter()
         try:
             with torch.no_grad():
-                for b, prompt in enumerate(scenario.prompts):
-                    length = len(prompt)
-                    if recorder:
-                        recorder.set_tag(("prefill", b))
-                    prefill_logits.append(
-                        self._forward(
-                            "prefill",
-                            input_ids=torch.tensor(prompt, dtype=torch.int64),
-                            positions=torch.arange(length, dtype=torch.int64),
-                            attn_metadata=self._metadata(
-                                length, [scenario.layout.slot(b, p) for p in range(length)], [b]
-                            ),
-                            sampling_positions=torch.arange(length, dtype=torch.int64),
-                        )
-                    )
-                self.timings["prefill"] = time.perf_counter() - start
-                start = time.perf_counter()
-                rows = list(range(scenario.batch))
-                for step in range(scenario.steps):
-                    positions = [len(p) + step for p in scenario.prompts]
-                    if recorder:
-                        recorder.set_tag(("decode", step))
-                    decode_logits.append(
-                        self._forward(
-                            "decode",
-                            input_ids=torch.tensor([teacher[b][step] for b in rows], dtype=torch.int64),
-                            positions=torch.tensor(positions, dtype=torch.int64),
-                            attn_metadata=self._metadata(
-                                1, [scenario.layout.slot(b, positions[b]) for b in rows], rows
-                            ),
-                            sampling_positions=torch.arange(scenario.batch, dtype=torch.int64),
-                        )
-                    )
-                self.timings["decode"] = time.perf_counter() - start
+                calls, prefill_logits = self._run_prefill(recorder)
+                sequences = self.scenario.sequences(any(call.segment for call in calls))
+                decode_logits = self._run_decode(teacher, recorder, sequences)
         finally:
             if recorder:
                 recorder.remove()
-
-        prefill_records: dict[str, list[torch.Tensor]] = {c.name: [] for c in components}
-        decode_records: dict[str, list[torch.Tensor]] = {c.name: [] for c in components}
-        if recorder:
-            for name, entries in recorder.records.items():
-                for (phase, _index), tensor in entries:
-                    rows_tensor = tensor.reshape(-1, tensor.shape[-1])
-                    (prefill_records if phase == "prefill" else decode_records)[name].append(rows_tensor)
-        return PortOutput(
+        output = PortOutput(
             prefill_logits=prefill_logits,
             decode_logits=decode_logits,
             components=components,
-            prefill_records=prefill_records,
-            decode_records=decode_records,
+            prefill_records={c.name: [] for c in components},
+            decode_records={c.name: [] for c in components},
             unexpected_keys=self.unexpected_keys,
             timings=dict(self.timings),
+            prefill_calls=calls,
+            prefill_spans=_spans(calls, sequences),
+            sequences=list(sequences),
+            segmented=any(call.segment for call in calls),
+            guarded_attributes=list(self.guarded),
         )
+        if recorder:
+            self._keep_records(recorder, calls, output)
+        return output
+
+    def _run_prefill(self, recorder: ComponentRecorder | None) -> tuple[list[PrefillCall], list[torch.Tensor]]:
+        start = time.perf_counter()
+        first = PrefillCall(0, 0, len(self.scenario.prompts[0]))
+        calls, logits = [first], []
+        if recorder:
+            recorder.set_tag(("prefill", 0))
+        logits.append(self._forward("prefill", self._prefill_inputs(first)))
+        for call in self.scenario.prefill_plan(self._cache_paths())[1:]:
+            if recorder:
+                recorder.set_tag(("prefill", len(calls)))
+            logits.append(self._forward("prefill", self._prefill_inputs(call)))
+            calls.append(call)
+        self.timings["prefill"] = time.perf_counter() - start
+        return calls, logits
+
+    def _run_decode(self, teacher, recorder, sequences: tuple[int, ...]) -> list[torch.Tensor]:
+        start = time.perf_counter()
+        logits = []
+        for step in range(self.scenario.steps):
+            if recorder:
+                recorder.set_tag(("decode", step))
+            tokens = [teacher[b][step] for b in sequences]
+            logits.append(self._forward("decode", self._decode_inputs(step, tokens, sequences)))
+        self.timings["decode"] = time.perf_counter() - start
+        return logits
+
+    def _keep_records(self, recorder: ComponentRecorder, calls: list[PrefillCall], output: PortOutput) -> None:
+        """Each call's real rows of each component output (this rank's share
+        of them when the output is a sequence-parallel slice)."""
+        for name, entries in recorder.records.items():
+            for (phase, index), tensor in entries:
+                rows = tensor.reshape(-1, tensor.shape[-1])
+                if phase == "prefill":
+                    output.prefill_records[name].append(_real_rows(rows, calls[index], self.rank, self.tp))
+                else:
+                    output.decode_records[name].append(rows)
+
+
+def _real_rows(rows: torch.Tensor, call: PrefillCall, rank: int, tp: int) -> torch.Tensor:
+    """The rows of ``rows`` that hold the call's tokens: all of a replicated
+    output's first ``tokens`` rows, or this rank's part of them in a
+    sequence-parallel slice (``rows / tp`` of the padded call)."""
+    if rows.shape[0] == call.rows:
+        return rows[: call.tokens]
+    if rows.shape[0] * tp == call.rows:
+        first = rank * rows.shape[0]
+        keep = max(0, min(rows.shape[0], call.tokens - first))
+        return rows[:keep]
+    return rows
+
+
+def _spans(calls: list[PrefillCall], sequences: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Per sequence, the positions its prefill calls computed."""
+    spans: dict[int, tuple[int, int]] = {}
+    for call in calls:
+        start = spans[call.sequence][0] if call.sequence in spans else call.start
+        spans[call.sequence] = (start, call.end)
+    return [spans[b] for b in sequences]
 
 
 def _describe(error: BaseException) -> str:

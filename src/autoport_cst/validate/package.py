@@ -1,10 +1,16 @@
 """Import a model package directory the way the serving engine's registry
 does, and find its exported ``<Prefix>ForCausalLM`` factory.
 
-The directory (``reference_models/llama3`` or a port's
-``vllm_neuron/model/<name>/``) is imported under a private package name, so
-its relative imports (``from .config import ...``) work without installing
-it; ``imported_package`` removes it from ``sys.modules`` afterwards.
+The directory (``reference_models/llama3``, a port's
+``vllm_neuron/model/<name>/`` or a real vllm_neuron model package) is
+imported under its real package name, ``vllm_neuron.model.<directory
+name>``, when ``vllm_neuron.model`` is importable (the stand-in installs it):
+both its relative imports (``from .config import ...``) and absolute imports
+of its own modules (``from vllm_neuron.model.gpt_oss.weight_loaders_bf16
+import ...``) then work without installing it. Otherwise it gets a private
+name (relative imports only). ``imported_package`` restores ``sys.modules``
+afterwards: the package and its submodules are removed, and any module they
+shadowed is put back.
 """
 
 from __future__ import annotations
@@ -60,19 +66,44 @@ def _find_factory(module: types.ModuleType, directory: Path) -> tuple[str, Any]:
     return candidates[0], getattr(module, candidates[0])
 
 
+MODEL_PARENT = "vllm_neuron.model"
+
+
+def package_name(path: Path) -> str:
+    """``vllm_neuron.model.<name>`` when that parent package is importable,
+    a private name otherwise."""
+    slug = re.sub(r"\W", "_", path.name)
+    if slug[:1].isdigit():
+        slug = "_" + slug
+    if MODEL_PARENT in sys.modules:
+        return f"{MODEL_PARENT}.{slug}"
+    return f"_autoport_port_{slug}_{next(_COUNTER)}"
+
+
+def _modules_under(name: str) -> dict[str, types.ModuleType]:
+    return {key: module for key, module in sys.modules.items() if key == name or key.startswith(name + ".")}
+
+
 @contextlib.contextmanager
 def imported_package(directory: str | Path) -> Iterator[ModelPackage]:
     """Import the package for the duration of the block."""
     path = check_package_dir(directory).resolve()
-    slug = re.sub(r"\W", "_", path.name)
-    name = f"_autoport_port_{slug}_{next(_COUNTER)}"
+    name = package_name(path)
     spec = importlib.util.spec_from_file_location(
         name, path / "__init__.py", submodule_search_locations=[str(path)]
     )
     if spec is None or spec.loader is None:  # pragma: no cover - defensive
         raise InputError(f"{path}: cannot be imported as a package")
+    shadowed = _modules_under(name)
+    parent, _, child = name.rpartition(".")
+    parent_module = sys.modules.get(parent)
+    previous_attribute = getattr(parent_module, child, None) if parent_module else None
+    for key in shadowed:
+        del sys.modules[key]
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    if parent_module is not None:
+        setattr(parent_module, child, module)
     try:
         try:
             spec.loader.exec_module(module)
@@ -81,5 +112,11 @@ def imported_package(directory: str | Path) -> Iterator[ModelPackage]:
         factory_name, factory = _find_factory(module, path)
         yield ModelPackage(path, module, factory, factory_name)
     finally:
-        for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+        for key in _modules_under(name):
             del sys.modules[key]
+        sys.modules.update(shadowed)
+        if parent_module is not None:
+            if previous_attribute is None:
+                parent_module.__dict__.pop(child, None)
+            else:
+                setattr(parent_module, child, previous_attribute)

@@ -106,6 +106,7 @@ _COMPONENT = {
         "tolerance": {"type": "number"},
         "passed": {"type": "boolean"},
         "note": {"type": ["string", "null"]},
+        "compared_columns": {"type": ["string", "null"]},
     },
 }
 _LOGITS = {
@@ -191,6 +192,9 @@ REPORT_SCHEMA: dict[str, Any] = {
                 "block_size": {"type": "integer"},
                 "blocks_per_seq": {"type": "integer"},
                 "seed": {"type": "integer"},
+                "prefill": {"enum": ["auto", "segmented", "off"]},
+                "kv_cache_dtype": {"enum": ["auto", "fp8"]},
+                "prefill_calls": {"type": "array", "items": {"type": "object"}},
             },
         },
         "equivalent": {"type": "boolean"},

@@ -1,5 +1,23 @@
 """What a validation run feeds the models: prompts of different lengths,
-the number of decode steps, and the paged KV-cache layout the port runs with.
+the number of decode steps, the paged KV-cache layout, and how each prompt
+is prefilled.
+
+Besides the prompts prefilled whole (one call each), a scenario holds two
+prompts that exercise the runner's cache paths when the port implements
+segmented prefill:
+
+- a **chunked** prompt, prefilled in two calls: its first ``PREFIX_TOKENS``
+  tokens, then the rest with ``cached_seq_len = PREFIX_TOKENS``;
+- a **prefix-cache hit**: a prompt that starts with the chunked prompt's
+  first ``PREFIX_TOKENS`` tokens, whose block table starts with that
+  prompt's blocks (already filled), and whose prefill computes only the
+  remaining tokens, from ``cached_seq_len = PREFIX_TOKENS``.
+
+Segmented calls carry ``kv_segment_size = SEGMENT_SIZE`` and are padded to
+that many rows, as the runner pads a chunk to the segment size (padding rows:
+token 0, position 0, slot -1). A run without the cache paths (a port that
+does not implement segmented prefill) leaves those two prompts out (see
+``sequences`` and ``prefill_plan``).
 
 Everything is a plain, picklable value, so TP ranks in other processes get
 exactly the same scenario.
@@ -7,6 +25,7 @@ exactly the same scenario.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -16,13 +35,40 @@ DEFAULT_PROMPT_LENGTHS = (8, 12, 20)
 DEFAULT_STEPS = 16
 DEFAULT_BLOCK_SIZE = 32
 DECODE_CONTEXT_MULTIPLE = 128  # the decode kernel needs s_prior % 128 == 0
+SEGMENT_SIZE = 512  # the smallest kv_segment_size the segmented kernel supports
+PREFIX_TOKENS = 32  # the chunk boundary and the shared prefix
+CHUNKED_LENGTH = 40
+PREFIX_HIT_LENGTH = 48
+
+
+@dataclass(frozen=True)
+class PrefillCall:
+    """One prefill forward: positions ``[start, end)`` of a sequence, with
+    ``start`` tokens already cached; ``segment`` is the kv_segment_size (0:
+    a whole prompt, not padded)."""
+
+    sequence: int
+    start: int
+    end: int
+    segment: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.end - self.start
+
+    @property
+    def rows(self) -> int:
+        """Rows fed to the model: the chunk padded to the segment size."""
+        return max(self.segment, self.tokens)
 
 
 @dataclass(frozen=True)
 class PagedLayout:
     """Block tables of a paged KV cache: sequence ``b`` owns the blocks
     ``block_tables[b]`` (not contiguous: the order is shuffled so that a port
-    that ignores the block table reads the wrong blocks)."""
+    that ignores the block table reads the wrong blocks). Block 0 (the
+    runner's null block) and the last block (the cache is over-allocated:
+    a write to the -1 sentinel slot lands there) are never handed out."""
 
     block_size: int
     blocks_per_seq: int
@@ -33,8 +79,8 @@ class PagedLayout:
     def context(self) -> int:
         return self.blocks_per_seq * self.block_size
 
-    def slot(self, sequence: int, position: int) -> int:
-        block = self.block_tables[sequence][position // self.block_size]
+    def slot(self, table: tuple[int, ...], position: int) -> int:
+        block = table[position // self.block_size]
         return block * self.block_size + position % self.block_size
 
     @classmethod
@@ -46,28 +92,65 @@ class PagedLayout:
             )
         context = -(-max_length // DECODE_CONTEXT_MULTIPLE) * DECODE_CONTEXT_MULTIPLE
         blocks_per_seq = context // block_size
-        # block 0 is never handed out, like a runner's null block
         blocks = list(range(1, batch * blocks_per_seq + 1))
         random.Random(seed).shuffle(blocks)
         tables = tuple(
             tuple(blocks[b * blocks_per_seq : (b + 1) * blocks_per_seq]) for b in range(batch)
         )
-        return cls(block_size, blocks_per_seq, batch * blocks_per_seq + 1, tables)
+        return cls(block_size, blocks_per_seq, batch * blocks_per_seq + 2, tables)
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """Prompts (token ids), decode steps and KV layout of one validation."""
+    """Prompts (token ids), decode steps, KV layout and prefill plans of one
+    validation. ``chunked`` and ``prefix_hit`` index the two cache-path
+    prompts (None when the scenario has none)."""
 
     prompts: tuple[tuple[int, ...], ...]
     steps: int
     layout: PagedLayout
     seed: int = 0
     prompt_lengths: tuple[int, ...] = field(default=())
+    chunked: int | None = None
+    prefix_hit: int | None = None
 
     @property
     def batch(self) -> int:
         return len(self.prompts)
+
+    @property
+    def shared_blocks(self) -> int:
+        return PREFIX_TOKENS // self.layout.block_size
+
+    def sequences(self, cache_paths: bool) -> tuple[int, ...]:
+        """The sequences a run feeds: every prompt, or without the cache paths
+        the prompts prefilled whole only."""
+        return tuple(b for b in range(self.batch) if cache_paths or b not in (self.chunked, self.prefix_hit))
+
+    def prefill_plan(self, cache_paths: bool) -> tuple[PrefillCall, ...]:
+        """The prefill calls in order: one per whole prompt, and with the
+        cache paths the chunked prompt's two calls and the prefix-cache hit's
+        call."""
+        calls: list[PrefillCall] = []
+        for b in self.sequences(cache_paths):
+            length = len(self.prompts[b])
+            if b == self.chunked:
+                calls += [PrefillCall(b, 0, PREFIX_TOKENS, SEGMENT_SIZE),
+                          PrefillCall(b, PREFIX_TOKENS, length, SEGMENT_SIZE)]
+            elif b == self.prefix_hit:
+                calls.append(PrefillCall(b, PREFIX_TOKENS, length, SEGMENT_SIZE))
+            else:
+                calls.append(PrefillCall(b, 0, length))
+        return tuple(calls)
+
+    def block_table(self, sequence: int) -> tuple[int, ...]:
+        """A sequence's block table; the prefix-cache hit's starts with the
+        chunked prompt's blocks."""
+        table = self.layout.block_tables[sequence]
+        if sequence == self.prefix_hit:
+            shared = self.layout.block_tables[self.chunked][: self.shared_blocks]
+            return shared + table[self.shared_blocks :]
+        return table
 
     @classmethod
     def build(
@@ -78,6 +161,7 @@ class Scenario:
         prompt_lengths: tuple[int, ...] | None = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
         seed: int = 0,
+        cache_paths: bool = False,
     ) -> "Scenario":
         if steps < 1:
             raise InputError(f"--steps must be at least 1, got {steps}")
@@ -91,10 +175,19 @@ class Scenario:
                 )
         if len(set(prompt_lengths)) < 2:
             raise InputError("validation needs prompts of at least two different lengths")
+        if PREFIX_TOKENS % block_size != 0:
+            raise InputError(f"block size {block_size} must divide the {PREFIX_TOKENS}-token shared prefix")
         rng = random.Random(seed)
-        prompts = tuple(tuple(rng.randrange(vocab_size) for _ in range(n)) for n in prompt_lengths)
-        layout = PagedLayout.plan(len(prompts), max(prompt_lengths) + steps, block_size, seed)
-        return cls(prompts, steps, layout, seed, tuple(prompt_lengths))
+        prompts = [tuple(rng.randrange(vocab_size) for _ in range(n)) for n in prompt_lengths]
+        chunked = prefix_hit = None
+        if cache_paths:
+            chunked, prefix_hit = len(prompts), len(prompts) + 1
+            chunk = tuple(rng.randrange(vocab_size) for _ in range(CHUNKED_LENGTH))
+            suffix = tuple(rng.randrange(vocab_size) for _ in range(PREFIX_HIT_LENGTH - PREFIX_TOKENS))
+            prompts += [chunk, chunk[:PREFIX_TOKENS] + suffix]
+        longest = max(len(p) for p in prompts)
+        layout = PagedLayout.plan(len(prompts), longest + steps, block_size, seed)
+        return cls(tuple(prompts), steps, layout, seed, tuple(prompt_lengths), chunked, prefix_hit)
 
 
 def default_prompt_lengths(tp: int) -> tuple[int, ...]:
@@ -104,3 +197,19 @@ def default_prompt_lengths(tp: int) -> tuple[int, ...]:
         length = max(length, 2 * tp)
         lengths.append(-(-length // tp) * tp)
     return tuple(lengths)
+
+
+def cache_paths_fit(tp: int) -> bool:
+    """Whether the padded segmented calls meet the sequence-parallel rule at
+    this TP size."""
+    return SEGMENT_SIZE > tp and SEGMENT_SIZE % tp == 0
+
+
+def segment_block_size(sliding_windows: list[int], default: int = DEFAULT_BLOCK_SIZE) -> int:
+    """The block size of the run: ``default``, or a divisor of it that also
+    divides every sliding window (the segmented kernel needs windows in
+    whole blocks)."""
+    size = default
+    for window in sliding_windows:
+        size = math.gcd(size, window)
+    return size

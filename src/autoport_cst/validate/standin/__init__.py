@@ -27,14 +27,19 @@ from typing import Any, Iterator
 from . import (
     checkpoints,
     common_types,
+    decode_attention,
+    decode_mask,
     dtype_utils,
     functional,
     kv_cache,
-    moe,
-    nki_language,
     layers,
+    moe,
     neuron_config,
+    neuron_platform,
+    nki_language,
     parallel_state,
+    prefill_attention,
+    projections,
     spec_decode,
     vllm_config,
     weight_loader,
@@ -47,6 +52,23 @@ _MARKER = "__autoport_standin__"
 VLLM_NEURON_MODULES: dict[str, tuple[types.ModuleType | None, tuple[str, ...] | None]] = {
     "vllm_neuron": (None, None),
     "vllm_neuron.functional": (functional, None),
+    "vllm_neuron.functional.attention": (None, None),
+    "vllm_neuron.functional.attention.attention_decode": (
+        decode_attention,
+        ("attention_decode", "packed_fp8_viable_for_bucket", "swizzle_packed_k", "unswizzle_packed_k",
+         "_swizzle_packed_k", "_unswizzle_packed_k"),
+    ),
+    "vllm_neuron.functional.attention.attention_decode_mask": (
+        decode_mask,
+        ("gen_attention_decode_mask", "_resize_block_len", "P_MAX"),
+    ),
+    "vllm_neuron.functional.attention.attention_segmented_cte": (
+        prefill_attention,
+        ("segmented_attention", "segmented_attention_cp", "SUPPORTED_KV_SEGMENT_SIZES"),
+    ),
+    "vllm_neuron.functional.attention.attention_cte": (prefill_attention, ("flash_attention",)),
+    "vllm_neuron.functional.attention.qkv": (projections, ("qkv_proj",)),
+    "vllm_neuron.functional.attention.o_proj": (projections, ("o_proj",)),
     "vllm_neuron.nn": (layers, ("ColumnParallelLinear", "RowParallelLinear", "VocabDimShardedEmbedding")),
     "vllm_neuron.nn.embedding": (layers, ("VocabDimShardedEmbedding",)),
     "vllm_neuron.nn.sampler": (layers, ("Sampler",)),
@@ -74,6 +96,11 @@ NKILIB_MODULES: dict[str, tuple[types.ModuleType | None, tuple[str, ...] | None]
         moe,
         ("MoECTEImplementation", "ActFnType", "ExpertAffinityScaleMode"),
     ),
+}
+NEURONX_LITE_MODULES: dict[str, tuple[types.ModuleType | None, tuple[str, ...] | None]] = {
+    "libtorch_neuronx_lite": (None, None),
+    "libtorch_neuronx_lite.compile": (None, None),
+    "libtorch_neuronx_lite.compile.platform": (neuron_platform, ("get_platform_target",)),
 }
 NKI_MODULES: dict[str, tuple[types.ModuleType | None, tuple[str, ...] | None]] = {
     "nki": (None, None),
@@ -129,6 +156,7 @@ _PROBES = {
     "vllm": "vllm.distributed",
     "nkilib": "nkilib.core",
     "nki": "nki.language",
+    "libtorch_neuronx_lite": "libtorch_neuronx_lite.compile",
 }
 
 
@@ -194,6 +222,10 @@ def install(installation: Installation) -> None:
         installation.real_packages.append("nki")
     else:
         _install_tree(NKI_MODULES, installation)
+    if _is_importable("libtorch_neuronx_lite"):
+        installation.real_packages.append("libtorch_neuronx_lite")
+    else:
+        _install_tree(NEURONX_LITE_MODULES, installation)
     if not _is_importable("vllm"):
         _install_tree(VLLM_MODULES, installation)
         return
@@ -229,6 +261,7 @@ def standin_installed(
     tensor_parallel_size: int | None = None,
     model: str = "",
     ep_degree: int = 1,
+    cache_dtype: str = "auto",
 ) -> Iterator[Installation]:
     """Install the stand-in for the duration of the block, with
     ``device_group`` as the tensor-parallel group. With ``ep_degree > 1``
@@ -240,6 +273,7 @@ def standin_installed(
         tensor_parallel_size or parallel_state.get_tp_group().world_size,
         model=model,
         enable_expert_parallel=ep_degree > 1,
+        cache_dtype=cache_dtype,
     )
     try:
         install(installation)

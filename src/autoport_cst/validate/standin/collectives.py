@@ -85,3 +85,22 @@ def all_reduce(tensor: torch.Tensor, group: Any) -> torch.Tensor:
         return tensor
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
     return tensor
+
+
+def all_to_all(tensor: torch.Tensor, split_dim: int, concat_dim: int, group: Any) -> torch.Tensor:
+    """Split ``tensor`` into ``world`` chunks along ``split_dim``, send chunk
+    ``i`` to rank ``i``, and concatenate the chunks received, in rank order,
+    along ``concat_dim``."""
+    world = group_size(group)
+    if world == 1:
+        return tensor
+    if tensor.shape[split_dim] % world != 0:
+        raise ValueError(
+            f"all_to_all: dimension {split_dim} of shape {tuple(tensor.shape)} "
+            f"is not divisible by the group size {world}"
+        )
+    sent = [chunk.contiguous() for chunk in tensor.chunk(world, dim=split_dim)]
+    received = [torch.empty_like(chunk) for chunk in sent]
+    dist.all_to_all(received, sent, group=group)
+    return torch.cat(received, dim=concat_dim)
+

@@ -34,3 +34,13 @@ class QuantizationType(enum.Enum):
     STATIC = "static"
     ROW = "row"
     BLOCK = "block"
+
+
+class QKVOutputLayout(enum.Enum):
+    BSD = "bsd"
+    NBSd = "nbsd"
+    NBdS = "nbds"
+
+
+class QKVWeightLayout(enum.Enum):
+    CONTIGUOUS = "contiguous"

@@ -39,7 +39,13 @@ import torch
 import torch.nn.functional as F
 
 from .common_types import ActFnType, ExpertAffinityScaleMode, RouterActFnType
-from .functional import KernelConstraintError
+from .kernel_options import KernelOptions
+from .numerics import KernelConstraintError
+
+# keyword arguments beyond the explicit parameters: none is modelled
+ROUTER_OPTIONS = KernelOptions("router")
+MOE_CTE_OPTIONS = KernelOptions("moe_cte")
+MOE_BLOCK_TKG_OPTIONS = KernelOptions("moe_block_tkg")
 
 # The moe kernels' Swish is x * sigmoid(1.702 x) (the constant is baked into
 # the instruction set); NF.mlp's Swish is SiLU.
@@ -107,6 +113,7 @@ def router(
     L1-renormalizes them; TOPK_SCATTER_ACT scatters the top-k logits into
     ``-inf`` and activates the whole row.
     """
+    ROUTER_OPTIONS.check(kernel_only)
     if hidden_states.dim() != 2:
         raise ValueError(f"Expected hidden_states to be 2D [T, H], got shape {tuple(hidden_states.shape)}")
     if router_weights.dim() != 2:
@@ -179,6 +186,7 @@ def build_blockwise_mapping(
     moe_group: Any = None,
     tp_degree: int = 1,
     padding_mask: torch.Tensor | None = None,
+    rank: torch.Tensor | int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Blockwise token-to-expert mapping for ``moe_cte``.
 
@@ -192,8 +200,13 @@ def build_blockwise_mapping(
 
     The device path shards the mapping's construction over ``moe_group``
     (``tp_degree`` ranks) and combines it; every rank ends with the same
-    mapping, which is what this stand-in computes directly.
+    mapping, which is what this stand-in computes directly. ``rank`` (the
+    runner's rank tensor, passed so the rank is a runtime input rather than a
+    compiled-in constant) picks the rank's share of that construction and
+    does not change the mapping; it must be a whole number when given.
     """
+    if rank is not None and (isinstance(rank, torch.Tensor) and rank.is_floating_point() or isinstance(rank, float)):
+        raise KernelConstraintError(f"NF.build_blockwise_mapping: rank must be an integer rank, got {rank!r}")
     if expert_affinities.dim() != 2 or expert_affinities.shape[1] != num_local_experts:
         raise KernelConstraintError(
             f"NF.build_blockwise_mapping: expert_affinities must be [T, {num_local_experts}] "
@@ -329,6 +342,7 @@ def moe_cte(
     ``block_to_expert[n]``; its output is scaled by the affinity (POST_SCALE,
     or before the down projection for PRE_SCALE_DELAYED) and accumulated.
     """
+    MOE_CTE_OPTIONS.check(options)
     if not isinstance(implementation, MoECTEImplementation):
         raise KernelConstraintError(
             f"NF.moe_cte: implementation must be a MoECTEImplementation, got {implementation!r}"
@@ -450,6 +464,7 @@ def moe_block_tkg(
     than global experts, ``rank_id [1, 1]`` int32 names the rank owning
     experts ``[E_L * rank_id, E_L * (rank_id + 1))``.
     """
+    MOE_BLOCK_TKG_OPTIONS.check(options)
     if any(w is not None for w in (shared_expert_gate_w, shared_expert_up_w, shared_expert_down_w)):
         raise NotImplementedError("NF.moe_block_tkg: fused shared experts are not in the CPU stand-in")
     if expert_gate_up_weights_scale is not None or expert_down_weights_scale is not None:

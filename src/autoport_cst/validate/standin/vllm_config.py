@@ -57,13 +57,17 @@ def set_current_vllm_config(config: VllmConfig, *args: Any, **kwargs: Any) -> It
         _CURRENT = previous
 
 
-def configure(tensor_parallel_size: int, model: str = "", enable_expert_parallel: bool = False) -> VllmConfig:
-    """Set the config the validation run's model sees."""
+def configure(
+    tensor_parallel_size: int, model: str = "", enable_expert_parallel: bool = False, cache_dtype: str = "auto"
+) -> VllmConfig:
+    """Set the config the validation run's model sees (``cache_dtype`` is the
+    KV-cache dtype name: ``"auto"`` or ``"fp8"``)."""
     global _CURRENT
     _CURRENT = VllmConfig(
         parallel_config=ParallelConfig(
             tensor_parallel_size=tensor_parallel_size, enable_expert_parallel=enable_expert_parallel
         ),
+        cache_config=CacheConfig(cache_dtype=cache_dtype),
         model_config=ModelConfig(model=model),
     )
     return _CURRENT

@@ -177,10 +177,11 @@ def fused_qkv_weight_loader(
 
     Q rows ``[q_rank * q_size, +q_size)``; K and V rows
     ``[kv_rank * kv_size, +kv_size)`` with ``kv_rank = rank // num_kv_replicas``
-    (several ranks share a KV head when TP exceeds the KV head count).
+    (several ranks share a KV head when TP exceeds the KV head count). With
+    attention data parallelism the Q heads are sharded over TP x DP ranks:
+    ``q_rank = attention_dp_rank + rank * attention_dp_size``; the K/V heads
+    too when ``kv_sharded_across_attention_dp`` (then ``kv_rank = q_rank``).
     """
-    if attention_dp_size != 1 or kv_sharded_across_attention_dp:
-        raise NotImplementedError("the CPU stand-in does not implement attention data parallelism")
 
     def transform(slices: Sequence[Any], rank: int) -> torch.Tensor:
         if len(slices) != 3:
@@ -191,8 +192,9 @@ def fused_qkv_weight_loader(
                     f"fused_qkv_weight_loader: the {name} tensor must be 2-D, "
                     f"got shape {source.get_shape()}"
                 )
-        q_rank = rank % num_shards
-        kv_rank = q_rank // num_kv_replicas
+        tp_rank = rank % num_shards
+        q_rank = attention_dp_rank + tp_rank * attention_dp_size
+        kv_rank = q_rank if kv_sharded_across_attention_dp else tp_rank // num_kv_replicas
         storage_dim = _storage_dim(shard_dim, is_storage_transposed)
         parts = [
             _read_shard(slices[0], storage_dim, q_rank * q_size, q_size),
@@ -244,17 +246,87 @@ def scaled_bias_loader(scale: float, padded_size: int | None = None) -> Safetens
     return SafetensorsWeightLoader(transform=transform)
 
 
+# -- expert parallelism ----------------------------------------------------------
+#
+# An EP rank holds a contiguous range of experts. These wrappers restrict the
+# INPUT of the inner loader (built for the local expert count) to that range
+# before it runs; they differ in how the experts are laid out in the slices.
+
+
+def _contiguous_range(local_expert_indices: Sequence[int]) -> tuple[int, int]:
+    """``(first, last + 1)`` of a contiguous, increasing expert list."""
+    indices = list(local_expert_indices)
+    if not indices or indices != list(range(indices[0], indices[0] + len(indices))):
+        raise ValueError(f"local expert indices must be a contiguous increasing range, got {indices}")
+    return indices[0], indices[-1] + 1
+
+
+def _inner_transform(original_loader: SafetensorsWeightLoader, wrapper: str) -> Transform:
+    if original_loader.transform is None:
+        raise ValueError(f"{wrapper}: the wrapped loader must have a transform")
+    return original_loader.transform
+
+
 def expert_parallel_tensor_dim_loader(
     local_expert_indices: Sequence[int],
     original_loader: SafetensorsWeightLoader,
     expert_dim: int = 0,
 ) -> SafetensorsWeightLoader:
-    """Keep only this rank's experts (``local_expert_indices``) of a stacked
-    expert tensor, after ``original_loader``."""
-    indices = list(local_expert_indices)
+    """Each checkpoint tensor holds every expert on ``expert_dim`` (GPT-OSS's
+    ``[E, ...]``): the inner loader sees each restricted to this rank's
+    experts."""
+    start, stop = _contiguous_range(local_expert_indices)
+    inner = _inner_transform(original_loader, "expert_parallel_tensor_dim_loader")
 
     def transform(slices: Sequence[Any], rank: int) -> torch.Tensor:
-        tensor = original_loader.load(slices, rank)
-        return tensor.index_select(expert_dim, torch.tensor(indices, dtype=torch.long))
+        local = [TensorSlice(_read_shard(s, expert_dim, start, stop - start)) for s in slices]
+        return inner(local, rank)
+
+    return SafetensorsWeightLoader(transform=transform)
+
+
+def _items_per_expert(slices: Sequence[Any], total_num_experts: int, wrapper: str) -> int:
+    if total_num_experts <= 0 or len(slices) % total_num_experts != 0:
+        raise ValueError(
+            f"{wrapper}: {len(slices)} checkpoint tensors do not divide into {total_num_experts} experts"
+        )
+    return len(slices) // total_num_experts
+
+
+def expert_parallel_grouped_loader(
+    local_expert_indices: Sequence[int],
+    original_loader: SafetensorsWeightLoader,
+    total_num_experts: int,
+) -> SafetensorsWeightLoader:
+    """One tensor per expert, grouped by item: ``[gate_0 .. gate_{E-1},
+    up_0 .. up_{E-1}]`` (Qwen3-MoE); the inner loader sees this rank's
+    experts of every group."""
+    start, stop = _contiguous_range(local_expert_indices)
+    inner = _inner_transform(original_loader, "expert_parallel_grouped_loader")
+
+    def transform(slices: Sequence[Any], rank: int) -> torch.Tensor:
+        groups = _items_per_expert(slices, total_num_experts, "expert_parallel_grouped_loader")
+        local = []
+        for group in range(groups):
+            base = group * total_num_experts
+            local.extend(slices[base + start : base + stop])
+        return inner(local, rank)
+
+    return SafetensorsWeightLoader(transform=transform)
+
+
+def expert_parallel_interleaved_loader(
+    local_expert_indices: Sequence[int],
+    original_loader: SafetensorsWeightLoader,
+    total_num_experts: int,
+) -> SafetensorsWeightLoader:
+    """Tensors interleaved by expert: ``[gate_0, up_0, gate_1, up_1, ...]``;
+    the inner loader sees this rank's experts' consecutive items."""
+    start, stop = _contiguous_range(local_expert_indices)
+    inner = _inner_transform(original_loader, "expert_parallel_interleaved_loader")
+
+    def transform(slices: Sequence[Any], rank: int) -> torch.Tensor:
+        items = _items_per_expert(slices, total_num_experts, "expert_parallel_interleaved_loader")
+        return inner(list(slices[start * items : stop * items]), rank)
 
     return SafetensorsWeightLoader(transform=transform)
