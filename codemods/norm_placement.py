@@ -79,6 +79,8 @@ class NormPlacement(Codemod):
 
     ID = "norm-placement"
     REALIZES = ("norm.placement",)
+    # where the norms sit around each sublayer call, not what a norm computes
+    TOUCHES = ("decoder.sublayer",)
     Params = NormPlacementParams
     EXAMPLES = (
         Example(

@@ -7,7 +7,14 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.scope_rename import NameRenamer, rename_targets
+from autoport_cst.transform.base import locate
+from autoport_cst.transform.cst_helpers import code_of
+from autoport_cst.transform.scope_rename import (
+    NameRenamer,
+    attribute_references,
+    rename_targets,
+    string_references,
+)
 from autoport_cst.transform.words import (
     line_col,
     locate_prose,
@@ -155,6 +162,42 @@ class RenameClasses(Codemod):
             """,
         ),
         Example(
+            title="a sibling module reached through a module alias",
+            role="module",
+            path="quantization.py",
+            params={"old_prefix": "Llama", "new_prefix": "Qwen2", "rename_text": False},
+            package_classes=("LlamaAttention", "LlamaMLP"),
+            before="""
+                def resolve_classes(spec):
+                    from . import model as _bf16
+
+                    if spec is None:
+                        return _bf16.LlamaAttention, _bf16.LlamaMLP
+                    return getattr(_bf16, "LlamaAttention"), None
+            """,
+            after="""
+                def resolve_classes(spec):
+                    from . import model as _bf16
+
+                    if spec is None:
+                        return _bf16.Qwen2Attention, _bf16.Qwen2MLP
+                    return getattr(_bf16, "Qwen2Attention"), None
+            """,
+        ),
+        Example(
+            title="a class reached through an object the rename cannot follow",
+            role="module",
+            path="quantization.py",
+            params={"old_prefix": "Llama", "new_prefix": "Qwen2", "rename_text": False},
+            package_classes=("LlamaAttention",),
+            before="""
+                def resolve_classes(name):
+                    implementation = importlib.import_module(name)
+                    return implementation.LlamaAttention
+            """,
+            raises="the rename cannot follow them",
+        ),
+        Example(
             title="no class with either prefix",
             params={"old_prefix": "Llama", "new_prefix": "Qwen2"},
             before="""
@@ -218,8 +261,12 @@ class RenameClasses(Codemod):
         if not table:
             return module
         targets = rename_targets(module, table)
+        through_modules, unknown = attribute_references(module, table, ctx.port.reference_name)
+        if unknown:
+            raise _unfollowed(unknown, module, ctx)
+        targets |= through_modules
         words = self._word_table(table, ctx.port) if self.params.rename_text else {}
-        renamer = _Renamer(targets, table, words)
+        renamer = _Renamer(targets, table, words, string_references(module, table, ctx.port.reference_name))
         result = module.visit(renamer)
         if renamer.text_edits:
             tokens = prose_token_positions(module.code)
@@ -246,12 +293,30 @@ class RenameClasses(Codemod):
         return new_text
 
 
+def _unfollowed(unknown: list[cst.Attribute], module: cst.Module, ctx: FileContext):
+    """A class reached through something that is not a module of the package:
+    renaming the class would leave this access pointing at the old name."""
+    where = []
+    for node in unknown:
+        line, column = locate(module, node)
+        where.append(f"  {ctx.path}:{line}:{column}: {code_of(node)}")
+    return ctx.precondition(
+        "rename-classes: these accesses reach a class of the package through an object that is "
+        "neither a module of the package nor an import, so the rename cannot follow them:\n"
+        + "\n".join(where),
+        unknown[0],
+        module,
+    )
+
+
 class _Renamer(NameRenamer):
     """Identifier renames plus the whole-word pass over strings and comments."""
 
-    def __init__(self, targets: set[int], table: dict[str, str], words: dict[str, str]) -> None:
+    def __init__(self, targets: set[int], table: dict[str, str], words: dict[str, str],
+                 names_in_strings: dict[int, str]) -> None:
         super().__init__(targets, table)
         self.words = words
+        self.names_in_strings = names_in_strings
         self.text_edits: list = []
 
     def _text(self, raw: str) -> str:
@@ -261,6 +326,8 @@ class _Renamer(NameRenamer):
         return new
 
     def leave_SimpleString(self, original: cst.SimpleString, updated: cst.SimpleString):
+        if id(original) in self.names_in_strings:  # a class name Python resolves as a name
+            return updated.with_changes(value=self.names_in_strings[id(original)])
         if not self.words or "b" in updated.prefix.lower():
             return updated
         new = self._text(updated.value)

@@ -63,6 +63,7 @@ def port_context(plan: Plan, reference: Reference) -> PortContext:
         class_prefix=plan.prefix,
         architecture=plan.architecture,
         reference_prefix=reference.class_prefix,
+        reference_name=reference.name,
     )
 
 

@@ -21,6 +21,7 @@ import libcst as cst
 
 from autoport_cst import __version__
 from autoport_cst.apply.composer import Composition, Step, compose, port_context
+from autoport_cst.apply.exhaustive import StepCensus, reference_position
 from autoport_cst.apply.reference import (
     MANIFEST,
     Manifest,
@@ -165,16 +166,20 @@ def _run_step(step: Step, units: list[_Unit], port: PortContext, label: str | No
     targets = [u for u in units if codemod.applies_to(u.role)]
     if not targets:
         raise InputError(f"{step.id}: the reference has no file of role {'/'.join(codemod.FILES)}")
+    census = StepCensus(units, codemod.touches())
+    unaffected: dict[int, str] = {}
     for unit in targets:
-        ctx = FileContext(path=unit.label, role=unit.role, port=port)
+        ctx = FileContext(path=unit.label, role=unit.role, port=port, codemod=step.id)
         if unit.module is not None:
             before = unit.module
             try:
                 after = codemod.transform_module(before, ctx)
             except PreconditionError as error:
-                # which step, and which spec fields it was to realize
+                # which step, which spec fields it was to realize, and where in the reference
                 error.step, error.realizes = step.id, tuple(step.realizes)
+                _to_reference_position(error, unit)
                 raise
+            unaffected.update(ctx.unaffected_sites)
             if after is not before:
                 previous = unit.current()
                 unit.module, unit.text = after, None
@@ -186,13 +191,32 @@ def _run_step(step: Step, units: list[_Unit], port: PortContext, label: str | No
                 unit.text = new_text
                 changed.append(unit.out_path)
         notes += ctx.notes
+    try:
+        census.check(step.id, unaffected)
+    except PreconditionError as error:
+        error.step, error.realizes = step.id, tuple(step.realizes)
+        raise
     return StepResult(label or step.id, step.params_json(), step.origin, step.realizes, tuple(changed), tuple(notes))
 
 
+def _to_reference_position(error: PreconditionError, unit: _Unit) -> None:
+    """A codemod positions its errors in the text it was given; the user has
+    the reference file."""
+    position = error.position
+    if position is None or position.path != unit.label or position.line is None:
+        return
+    error.position = reference_position(unit.label, unit.original, unit.current(), position.line, position.column)
+
+
 def _identity_steps(plan, reference, units, port, replace: bool) -> list[StepResult]:
-    """Steps every port gets: model identity in the companions, and the
-    registry entry."""
+    """Steps every port gets: its package name in absolute imports of its own
+    modules, model identity in the companions, and the registry entry."""
     results = []
+    own_package = f"vllm_neuron.model.{reference.name}"
+    if reference.name != plan.name and any(own_package in u.original for u in units if u.module is not None):
+        cls = get_codemod("package-imports")
+        params = cls.parse_params({"old_package": reference.name, "new_package": plan.name})
+        results.append(_run_step(Step(cls, params, "identity"), units, port))
     if reference.companions:
         cls = get_codemod("set-constants")
         params = cls.parse_params(

@@ -89,21 +89,34 @@ class PortContext:
     class_prefix: str = "Model"
     architecture: str = "ModelForCausalLM"
     reference_prefix: str = "Model"
+    reference_name: str = ""  # the reference package's name (``llama3``)
     # class names defined anywhere in the package being transformed
     package_classes: frozenset[str] = frozenset()
 
 
 @dataclass
 class FileContext:
-    """The file a codemod is transforming, and where its notes go."""
+    """The file a codemod is transforming, and where its notes go.
+
+    ``codemod`` is the ID of the codemod at work (messages name it).
+    ``unaffected`` collects the sites of a touched family that the codemod
+    looked at and left alone on purpose, with the reason (see
+    ``autoport_cst.transform.anatomy.census``)."""
 
     path: str
     role: str
     port: PortContext = field(default_factory=PortContext)
     notes: list[Note] = field(default_factory=list)
+    codemod: str = ""
+    unaffected_sites: dict[int, str] = field(default_factory=dict)
 
     def note(self, line: int, column: int, message: str) -> None:
         self.notes.append(Note(self.path, line, column, message))
+
+    def unaffected(self, node: cst.CSTNode, reason: str) -> None:
+        """Declare the site at ``node`` (a call of the input module) left
+        unchanged on purpose: the codemod's change does not reach it."""
+        self.unaffected_sites[id(node)] = reason
 
     def precondition(self, message: str, node: cst.CSTNode | None = None,
                      module: cst.Module | None = None) -> PreconditionError:
@@ -135,6 +148,9 @@ class Codemod:
 
     ID: ClassVar[str] = ""
     REALIZES: ClassVar[tuple[str, ...]] = ()
+    # Families of sites (``autoport_cst.transform.anatomy``) whose computation
+    # this codemod changes; None: derived from ``REALIZES``.
+    TOUCHES: ClassVar[tuple[str, ...] | None] = None
     Params: ClassVar[type] = NoParams
     AFTER: ClassVar[tuple[str, ...]] = ()
     FILES: ClassVar[tuple[str, ...]] = ("model",)
@@ -197,6 +213,15 @@ class Codemod:
             type_name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
             rows.append((f.name, str(type_name), default, f.metadata.get("doc", "")))
         return rows
+
+    def touches(self) -> tuple[str, ...]:
+        """The site families this codemod, with its parameters, changes: each
+        of their sites must be edited or declared unaffected."""
+        if self.TOUCHES is not None:
+            return self.TOUCHES
+        from autoport_cst.transform.anatomy.census import families_of
+
+        return families_of(self.REALIZES)
 
     # -- transformation ------------------------------------------------------
 

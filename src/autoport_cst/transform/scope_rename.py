@@ -14,6 +14,7 @@ Resolution has two paths with the same result:
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ScopeProvider
@@ -138,6 +139,107 @@ def _scoped_references(module: cst.Module, names: set[str], bindings: set[int]) 
                 for access in assignment.references:
                     if isinstance(access.node, cst.Name):
                         found.add(id(access.node))
+    return found
+
+
+# -- references through modules of the package ----------------------------------------------
+
+MODEL_ROOT = "vllm_neuron.model"
+
+
+def own_package_module(name: str | None, package: str) -> bool:
+    """Whether dotted ``name`` is the package (``vllm_neuron.model.<package>``)
+    or one of its modules."""
+    if not name or not package:
+        return False
+    root = f"{MODEL_ROOT}.{package}"
+    return name == root or name.startswith(root + ".")
+
+
+@dataclass
+class ModuleReferences:
+    """How a file reaches classes of its package through modules:
+    ``aliases`` are names bound to a module of the package (``from . import
+    model as _bf16``); ``external`` are names bound by any other import."""
+
+    aliases: set[str] = dataclasses.field(default_factory=set)
+    external: set[str] = dataclasses.field(default_factory=set)
+
+
+def module_references(module: cst.Module, package: str) -> ModuleReferences:
+    found = ModuleReferences()
+    for node in walk(module):
+        if isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
+            source = dotted(node.module) if node.module is not None else None
+            own = bool(node.relative) or own_package_module(source, package)
+            for alias in node.names:
+                bound = alias.asname.name if alias.asname else alias.name
+                if not isinstance(bound, cst.Name):
+                    continue
+                # ``from . import model`` binds a module; ``from .model import X`` a class
+                (found.aliases if own and (node.module is None or source == f"{MODEL_ROOT}.{package}")
+                 else found.external).add(bound.value)
+        elif isinstance(node, cst.Import):
+            for alias in node.names:
+                name = dotted(alias.name) or ""
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                    bound = alias.asname.name.value
+                    (found.aliases if own_package_module(name, package) else found.external).add(bound)
+                else:
+                    found.external.add(name.split(".")[0])
+    found.external -= found.aliases
+    return found
+
+
+def _root(node: cst.BaseExpression) -> str | None:
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return node.value if isinstance(node, cst.Name) else None
+
+
+def attribute_references(module: cst.Module, table: dict[str, str], package: str,
+                         ) -> tuple[set[int], list[cst.Attribute]]:
+    """``<module of the package>.<Class>`` attribute names to rename (ids),
+    and the ``<something>.<Class>`` accesses whose ``something`` is neither a
+    module of the package nor another import: they may reach a renamed class
+    in a way this rename cannot follow."""
+    refs = module_references(module, package)
+    targets: set[int] = set()
+    unknown: list[cst.Attribute] = []
+    for node in walk(module):
+        if not isinstance(node, cst.Attribute) or node.attr.value not in table:
+            continue
+        value = dotted(node.value)
+        if value in refs.aliases or own_package_module(value, package):
+            targets.add(id(node.attr))
+        elif _root(node.value) not in refs.external and _root(node.value) != "self":
+            unknown.append(node)
+    return targets, unknown
+
+
+def string_references(module: cst.Module, table: dict[str, str], package: str) -> dict[int, str]:
+    """Class names spelled as strings where Python resolves them as names:
+    ``getattr(<module of the package>, "Class")`` and the ``__all__`` list.
+    Maps each string node's id to its renamed literal."""
+    aliases = module_references(module, package).aliases
+    found: dict[int, str] = {}
+
+    def take(node: cst.CSTNode) -> None:
+        if isinstance(node, cst.SimpleString) and isinstance(node.evaluated_value, str):
+            new = table.get(node.evaluated_value)
+            if new is not None:
+                quote = node.value[len(node.prefix):][0]
+                found[id(node)] = f"{node.prefix}{quote}{new}{quote}"
+
+    for node in walk(module):
+        if isinstance(node, cst.Call) and dotted(node.func) in ("getattr", "hasattr") and len(node.args) >= 2:
+            if dotted(node.args[0].value) in aliases:
+                take(node.args[1].value)
+        elif isinstance(node, cst.Assign) and any(
+            isinstance(t.target, cst.Name) and t.target.value == "__all__" for t in node.targets
+        ) and isinstance(node.value, (cst.List, cst.Tuple)):
+            for element in node.value.elements:
+                take(element.value)
     return found
 
 
