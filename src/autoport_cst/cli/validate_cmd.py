@@ -58,10 +58,15 @@ def tiny_command(arch_or_config: str, outdir: Path, seed: int) -> None:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the JSON report here.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the prompts and block tables.")
+@click.option("--prefill", type=click.Choice(["auto", "segmented", "off"]), default="auto", show_default=True,
+              help="The runner's cache paths (a chunked prefill and a prefix-cache hit, segmented): auto = when "
+                   "the port reads kv_segment_size; segmented = always; off = never.")
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
+              help="KV-cache dtype: the model's, or FP8 (emulated in float8_e4m3fn; cache paths off under auto).")
 @error_boundary
 def validate_command(
     model_dir: Path, checkpoint_dir: Path, tp: int, ep: int, dtype: str, steps: int, json_path: Path | None,
-    seed: int,
+    seed: int, prefill: str, kv_cache_dtype: str,
 ) -> None:
     """Run the port in MODEL_DIR and transformers on the same checkpoint
     through prefill and decode, and compare them.
@@ -99,7 +104,8 @@ def validate_command(
             progress.update(task, description=stage, completed=done)
 
         report = validate_model(
-            model_dir, checkpoint_dir, tp=tp, dtype=dtype, steps=steps, seed=seed, on_stage=on_stage, ep=ep
+            model_dir, checkpoint_dir, tp=tp, dtype=dtype, steps=steps, seed=seed, on_stage=on_stage, ep=ep,
+            prefill=prefill, kv_cache_dtype=kv_cache_dtype,
         )
         progress.update(task, completed=len(STAGES), description="done")
 

@@ -1,0 +1,60 @@
+"""The runner's cache paths in the driver: a chunked prefill (two segmented
+calls, the second from ``cached_seq_len`` 32) and a prefix-cache hit (a
+prompt whose first block is the chunked prompt's, prefilled from
+``cached_seq_len`` 32), on copies of the llama3 reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autoport_cst.validate import validate_model
+
+# The reference has no segmented prefill; this edit gives a copy one: the
+# chunk's K/V are already in the cache, so segmented attention reads the
+# prior and current tokens from it.
+FLASH_CALL = "        attn_output = NF.flash_attention(\n"
+SEGMENTED_OR_FLASH = (
+    "        attn_output = NF.segmented_attention(\n"
+    "            q, k_cache=self.k_cache, v_cache=self.v_cache, block_tables=meta['block_table_tensor'],\n"
+    "            prior_tokens=meta['cached_seq_len'], block_size=meta['block_size'],\n"
+    "            kv_segment_size=meta['kv_segment_size'], scale=self.scaling, tp_q=True, tp_out=True,\n"
+    "        ) if meta.get('kv_segment_size') else NF.flash_attention(\n"
+)
+
+
+def _calls(report) -> list[tuple[str, int, int, int]]:
+    return [
+        (call["kind"], call["positions"][0], call["cached_seq_len"], call["kv_segment_size"])
+        for call in report.settings["prefill_calls"]
+    ]
+
+
+def test_segmented_port_validates_through_chunked_prefill_and_prefix_hit(broken_port, tiny_llama: Path) -> None:
+    port = broken_port(FLASH_CALL, SEGMENTED_OR_FLASH, name="segmented")
+    report = validate_model(port, tiny_llama, dtype="fp32", steps=4)
+    assert report.equivalent, report.summary()
+    assert _calls(report)[3:] == [
+        ("chunked", 0, 0, 512), ("chunked", 32, 32, 512), ("prefix_cache_hit", 32, 32, 512)
+    ]
+    output = report.port_output
+    assert output.sequences == [0, 1, 2, 3, 4] and output.prefill_spans[3:] == [(0, 40), (32, 48)]
+    # every prompt position the calls computed is compared, prefix-hit rows included
+    rows = {c["name"]: c["rows"] for c in report.components if c["phase"] == "prefill"}
+    assert rows["logits"] == 8 + 12 + 20 + 40 + 16
+
+
+def test_port_ignoring_cached_tokens_fails_at_the_first_attention(llama3_dir: Path, tiny_llama: Path) -> None:
+    """Forced through the cache paths, the reference (flash attention over
+    the chunk only) misses the cached tokens."""
+    report = validate_model(llama3_dir, tiny_llama, dtype="fp32", steps=4, prefill="segmented")
+    assert not report.equivalent
+    assert (report.first_diverging.component, report.first_diverging.phase) == ("layers.0.attention", "prefill")
+
+
+def test_auto_leaves_the_cache_paths_out_of_a_port_without_segmented_prefill(
+    llama3_dir: Path, tiny_llama: Path
+) -> None:
+    report = validate_model(llama3_dir, tiny_llama, dtype="fp32", steps=2)
+    assert report.equivalent, report.summary()
+    assert [call["kind"] for call in report.settings["prefill_calls"]] == ["whole"] * 3
+    assert report.port_output.sequences == [0, 1, 2]
