@@ -22,6 +22,7 @@ import libcst as cst
 from autoport_cst import __version__
 from autoport_cst.apply.composer import Composition, Step, compose, port_context
 from autoport_cst.apply.exhaustive import StepCensus, reference_position
+from autoport_cst.transform.anatomy.census import SiteCache
 from autoport_cst.apply.reference import (
     MANIFEST,
     Manifest,
@@ -113,8 +114,9 @@ def build_port(
         result.composition = compose(plan, reference, plan_source)
         port = port_context(plan, reference)
         units = _load_units(plan, reference, existing_registry)
+        sites = SiteCache()
         for step in result.composition.steps:
-            result.steps.append(_run_step(step, units, port))
+            result.steps.append(_run_step(step, units, port, sites=sites))
         result.steps += _identity_steps(plan, reference, units, port, replace_registry_entry)
         _finish(plan, reference, result, units, plan_source)
     except AutoportError as error:
@@ -158,7 +160,8 @@ def _package_classes(units: list[_Unit]) -> frozenset[str]:
     return frozenset(names)
 
 
-def _run_step(step: Step, units: list[_Unit], port: PortContext, label: str | None = None) -> StepResult:
+def _run_step(step: Step, units: list[_Unit], port: PortContext, label: str | None = None,
+              sites: SiteCache | None = None) -> StepResult:
     codemod = step.codemod(step.params)
     port.package_classes = _package_classes(units)
     changed = []
@@ -166,7 +169,7 @@ def _run_step(step: Step, units: list[_Unit], port: PortContext, label: str | No
     targets = [u for u in units if codemod.applies_to(u.role)]
     if not targets:
         raise InputError(f"{step.id}: the reference has no file of role {'/'.join(codemod.FILES)}")
-    census = StepCensus(units, codemod.touches())
+    census = StepCensus(units, codemod.touches(), sites)
     unaffected: dict[int, str] = {}
     for unit in targets:
         ctx = FileContext(path=unit.label, role=unit.role, port=port, codemod=step.id)

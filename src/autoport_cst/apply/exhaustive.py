@@ -17,6 +17,7 @@ import libcst as cst
 from autoport_cst.errors import Position, PreconditionError
 from autoport_cst.transform.base import locate
 from autoport_cst.transform.anatomy import FileCensus, Site, take_census, unhandled_sites
+from autoport_cst.transform.anatomy.census import SiteCache
 from autoport_cst.transform.positions import PositionMap
 
 CENSUS_ROLES = ("model", "module")
@@ -53,15 +54,16 @@ def reference_position(label: str, original: str, text: str, line: int | None,
 class StepCensus:
     """The sites of ``families`` in ``units`` before a step."""
 
-    def __init__(self, units: list, families: tuple[str, ...]) -> None:
+    def __init__(self, units: list, families: tuple[str, ...], cache: SiteCache | None = None) -> None:
         self.families = families
+        self.cache = cache or SiteCache()
         self.before: dict[int, tuple[CensusUnit, _Before]] = {}
         if not families:
             return
         for unit in units:
             if unit.module is None or unit.role not in CENSUS_ROLES:
                 continue
-            census = take_census(unit.module, unit.label, families)
+            census = take_census(unit.module, unit.label, families, self.cache)
             if census.sites:
                 self.before[id(unit)] = (unit, _Before(unit.module, unit.current(), census))
 
@@ -71,7 +73,7 @@ class StepCensus:
             if unit.module is before.module:
                 sites = [s for v in before.census.sites.values() for s in v if id(s.node) not in unaffected]
             else:
-                after = take_census(unit.module, unit.label, self.families)  # type: ignore[arg-type]
+                after = take_census(unit.module, unit.label, self.families, self.cache)  # type: ignore[arg-type]
                 sites = unhandled_sites(before.census, after, set(unaffected))
             for site in sites:
                 line, column = locate(before.module, site.node)

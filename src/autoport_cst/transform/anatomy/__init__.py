@@ -9,7 +9,8 @@ from autoport_cst.transform.anatomy.census import (
     take_census,
     unhandled_sites,
 )
-from autoport_cst.transform.anatomy.sites import FAMILIES, Site, find_sites
+from autoport_cst.transform.anatomy.families import FAMILIES
+from autoport_cst.transform.anatomy.sites import Site, find_sites
 
 __all__ = [
     "FAMILIES",

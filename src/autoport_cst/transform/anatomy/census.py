@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from autoport_cst.transform.anatomy.sites import FAMILIES, ModuleIndex, Site, find_sites
+from autoport_cst.transform.anatomy.families import FAMILIES
+from autoport_cst.transform.anatomy.index import ModuleIndex
+from autoport_cst.transform.anatomy.sites import Site, find_sites
 
 # Spec sections -> the families a change to them touches, for codemods that
 # do not declare ``TOUCHES`` themselves.
@@ -60,11 +62,30 @@ class FileCensus:
         self.sites.setdefault(site.key, []).append(site)
 
 
-def take_census(module: cst.Module, label: str, families: tuple[str, ...]) -> FileCensus:
+class SiteCache:
+    """Sites per (module, family), kept across the steps of one port: a file
+    a step did not change keeps its module object, so its sites are not
+    found again. Holds the modules it has seen (their ids stay theirs)."""
+
+    def __init__(self) -> None:
+        self._modules: dict[int, tuple[cst.Module, ModuleIndex]] = {}
+        self._sites: dict[tuple[int, str], list[Site]] = {}
+
+    def sites(self, module: cst.Module, family: str) -> list[Site]:
+        key = (id(module), family)
+        if key not in self._sites:
+            if id(module) not in self._modules:
+                self._modules[id(module)] = (module, ModuleIndex(module))
+            self._sites[key] = find_sites(module, family, self._modules[id(module)][1])
+        return self._sites[key]
+
+
+def take_census(module: cst.Module, label: str, families: tuple[str, ...],
+                cache: SiteCache | None = None) -> FileCensus:
     census = FileCensus(label)
-    index = ModuleIndex(module)
+    cache = cache or SiteCache()
     for family in families:
-        for site in find_sites(module, family, index):
+        for site in cache.sites(module, family):
             census.add(site)
     return census
 

@@ -43,14 +43,16 @@ class FlatFunction:
     func: cst.FunctionDef
     items: list[Item] = field(default_factory=list)
     if_tests: dict[str, cst.BaseExpression] = field(default_factory=dict)
+    _by_node: dict[int, Item] | None = None
 
     def item_of(self, node: cst.CSTNode) -> Item | None:
         """The innermost item whose node contains ``node``."""
-        best = None
-        for item in self.items:
-            if any(n is node for n in walk(item.node)):
-                best = item
-        return best
+        if self._by_node is None:
+            self._by_node = {}
+            for item in self.items:  # inner items come later and win
+                for n in walk(item.node):
+                    self._by_node[id(n)] = item
+        return self._by_node.get(id(node))
 
 
 def _targets(node: cst.CSTNode) -> set[str]:

@@ -1,0 +1,141 @@
+"""What the locators read of a module, computed once per module.
+
+Every site of every family is sliced against the same few facts: the
+flattened methods, what each class assigns to ``self`` (and where it
+attaches weight loaders), which methods call which, and the generated code
+of nodes. ``ModuleIndex`` computes each on first use and keeps it, so a
+census of a large file walks each method a bounded number of times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from autoport_cst.transform.anatomy import flow
+from autoport_cst.transform.anatomy.families import Owner
+from autoport_cst.transform.cst_helpers import call_name, dotted, self_assignment, self_attr, walk
+from autoport_cst.transform.roles import class_role
+
+
+def methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else []
+    return [s for s in body if isinstance(s, cst.FunctionDef)]
+
+
+def own_nodes(item: flow.Item) -> list[cst.CSTNode]:
+    """The nodes an item stands for (a compound statement only by its header)."""
+    node = item.node
+    if item.header == "for":
+        return [node.target, node.iter]  # type: ignore[attr-defined]
+    if item.header == "with":
+        return list(node.items)  # type: ignore[attr-defined]
+    return [node]
+
+
+def loaded_attr(stmt: cst.CSTNode) -> str | None:
+    """``x`` for ``set_weight_loader(self.x, ...)`` (or ``self.x.weight``)."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return None
+    small = stmt.body[0]
+    if not isinstance(small, cst.Expr) or not isinstance(small.value, cst.Call):
+        return None
+    call = small.value
+    if (call_name(call) or "").rsplit(".", 1)[-1] != "set_weight_loader" or not call.args:
+        return None
+    target = call.args[0].value
+    attr = self_attr(target)
+    if attr is None and isinstance(target, cst.Attribute):
+        attr = self_attr(target.value)
+    return attr
+
+
+@dataclass
+class Reads:
+    """What a subtree reads: ``self`` attributes and calls."""
+
+    attrs: set[str] = field(default_factory=set)
+    calls: list[cst.Call] = field(default_factory=list)
+
+
+@dataclass
+class ClassFacts:
+    """Per class: where each ``self`` attribute is set or gets its loader, and
+    where each method is called through ``self``."""
+
+    setters: dict[str, list[tuple[flow.FlatFunction, flow.Item]]] = field(default_factory=dict)
+    self_calls: dict[str, list[tuple[flow.FlatFunction, flow.Item, cst.Call]]] = field(default_factory=dict)
+    methods: dict[str, cst.FunctionDef] = field(default_factory=dict)
+
+
+class ModuleIndex:
+    """Classes, module functions and generated code of one module, cached."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        self.classes = {s.name.value: s for s in module.body if isinstance(s, cst.ClassDef)}
+        self.functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
+        self._code: dict[int, str] = {}
+        self._flat: dict[int, flow.FlatFunction] = {}
+        self._owners: dict[int, Owner] = {}
+        self._facts: dict[int, ClassFacts] = {}
+        self._reads: dict[int, Reads] = {}
+
+    def code(self, node: cst.CSTNode) -> str:
+        key = id(node)
+        if key not in self._code:
+            self._code[key] = self.module.code_for_node(node)
+        return self._code[key]
+
+    def flat(self, func: cst.FunctionDef) -> flow.FlatFunction:
+        if id(func) not in self._flat:
+            self._flat[id(func)] = flow.flatten(func)
+        return self._flat[id(func)]
+
+    def owner(self, cls: cst.ClassDef) -> Owner:
+        if id(cls) not in self._owners:
+            attrs: dict[str, str] = {}
+            for node in walk(cls):
+                pair = self_assignment(node) if isinstance(node, cst.SimpleStatementLine) else None
+                if pair is not None and isinstance(pair[1], cst.Call) and pair[0] not in attrs:
+                    attrs[pair[0]] = dotted(pair[1].func) or ""
+            self._owners[id(cls)] = Owner(cls, class_role(cls.name.value), attrs)
+        return self._owners[id(cls)]
+
+    def reads(self, node: cst.CSTNode) -> Reads:
+        """The ``self`` attributes and calls under ``node``."""
+        key = id(node)
+        if key not in self._reads:
+            found = Reads()
+            for n in walk(node):
+                attr = self_attr(n)
+                if attr is not None:
+                    found.attrs.add(attr)
+                if isinstance(n, cst.Call):
+                    found.calls.append(n)
+            self._reads[key] = found
+        return self._reads[key]
+
+    def facts(self, cls: cst.ClassDef) -> ClassFacts:
+        if id(cls) not in self._facts:
+            self._facts[id(cls)] = self._class_facts(cls)
+        return self._facts[id(cls)]
+
+    def _class_facts(self, cls: cst.ClassDef) -> ClassFacts:
+        facts = ClassFacts()
+        for func in methods(cls):
+            facts.methods[func.name.value] = func
+            flat = self.flat(func)
+            for item in flat.items:
+                node = item.node
+                if isinstance(node, cst.SimpleStatementLine):
+                    pair = self_assignment(node)
+                    for attr in {pair[0] if pair else None, loaded_attr(node)} - {None}:
+                        facts.setters.setdefault(attr, []).append((flat, item))  # type: ignore[arg-type]
+                for part in own_nodes(item):
+                    for call in self.reads(part).calls:
+                        callee = self_attr(call.func)
+                        if callee is not None:
+                            facts.self_calls.setdefault(callee, []).append((flat, item, call))
+        return facts
