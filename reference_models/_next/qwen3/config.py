@@ -1,0 +1,106 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Configuration dataclass of the Qwen3 reference model.
+
+Beyond the Llama fields it reads the sliding-window settings
+(``sliding_window``, ``use_sliding_window``, ``layer_types``,
+``max_window_layers``) and ``original_max_position_embeddings`` for YaRN.
+
+``Qwen3Config.from_configs`` accepts what the serving engine hands over (a
+``PretrainedConfig``), a plain dict, or a path to a ``config.json`` (or to the
+directory holding one). Only keys that are fields of the dataclass are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from vllm_neuron.model.neuron_config import NeuronConfig
+
+_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+}
+
+
+@dataclass
+class Qwen3Config:
+    """Model fields of a Qwen3 checkpoint (defaults: Qwen3-8B)."""
+
+    vocab_size: int = 151936
+    hidden_size: int = 4096
+    intermediate_size: int = 12288
+    num_hidden_layers: int = 36
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 8
+    head_dim: int | None = None
+    max_position_embeddings: int = 40960
+    # <-- MODEL-SPECIFIC: RMSNorm epsilon under its Hugging Face name (also the QK norms')
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1000000.0
+    # RoPE scaling parameters (``rope_type`` plus the variant's keys), or None
+    rope_scaling: dict[str, Any] | None = None
+    tie_word_embeddings: bool = False
+    # <-- MODEL-SPECIFIC: fields of this architecture's features (sorted by name)
+    layer_types: list[str] | None = None
+    max_window_layers: int | None = None
+    # pretraining context of YaRN / LongRoPE when not in rope_scaling
+    original_max_position_embeddings: int | None = None
+    # attention window in tokens (None: full attention)
+    sliding_window: int | None = None
+    use_sliding_window: bool = True
+    torch_dtype: torch.dtype = torch.bfloat16
+    neuron_config: NeuronConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if isinstance(self.torch_dtype, str):
+            self.torch_dtype = _DTYPES[self.torch_dtype.replace("torch.", "")]
+
+    @classmethod
+    def from_configs(cls, hf_config: Any, neuron_config: NeuronConfig | None = None) -> "Qwen3Config":
+        """Build the config from a ``PretrainedConfig``, a dict or a JSON path."""
+        if isinstance(hf_config, (str, os.PathLike)):
+            path = os.fspath(hf_config)
+            if os.path.isdir(path):
+                path = os.path.join(path, "config.json")
+            with open(path, encoding="utf-8") as handle:
+                values = json.load(handle)
+        elif hasattr(hf_config, "to_dict"):
+            values = hf_config.to_dict()
+        else:
+            values = dict(hf_config)
+
+        # Newer checkpoints nest the RoPE base and scaling in ``rope_parameters``.
+        rope = values.get("rope_parameters") or values.get("rope_scaling")
+        if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
+            # keyed by layer type (full_attention, sliding_attention): one set when all agree
+            sets = list(rope.values())
+            if any(s != sets[0] for s in sets):
+                raise ValueError(f"RoPE parameters differ per layer type ({sorted(rope)}): not supported")
+            rope = sets[0]
+        if isinstance(rope, dict):
+            if values.get("rope_theta") is None and "rope_theta" in rope:
+                values["rope_theta"] = rope["rope_theta"]
+            values["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+
+        dtype = values.get("torch_dtype") or values.get("dtype")
+        if isinstance(dtype, str):
+            values["torch_dtype"] = _DTYPES.get(dtype.replace("torch.", ""), torch.bfloat16)
+        elif isinstance(dtype, torch.dtype):
+            values["torch_dtype"] = dtype
+        else:
+            values.pop("torch_dtype", None)
+
+        names = {f.name for f in fields(cls)} - {"neuron_config"}
+        kept = {k: v for k, v in values.items() if k in names and v is not None}
+        return cls(**kept, neuron_config=neuron_config)
