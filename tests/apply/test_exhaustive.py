@@ -15,10 +15,10 @@ from autoport_cst.cli import cli
 ROOT = Path(__file__).resolve().parents[2]
 MISTRAL = ROOT / "examples" / "mistral.plan.json"
 
-# a chunked-prefill branch the sliding-window codemod does not know
+# a prefill branch through a kernel no codemod knows
 FLASH = "        attn_output = NF.flash_attention("
 SEGMENTED = '''        if meta.get("kv_segment_size"):
-            extra = NF.segmented_attention(q, k_cache=self.k_cache, v_cache=self.v_cache, scale=self.scaling)
+            extra = NF.chunked_attention(q, k_cache=self.k_cache, v_cache=self.v_cache, scale=self.scaling)
 '''
 
 
@@ -42,7 +42,7 @@ def test_a_kernel_the_codemod_left_stops_the_port(reference_with_segmented_prefi
     assert "sliding-window changes attention.kernel" in result.output
     # the site, named and placed in the reference file as it is on disk
     assert f"llama3/model.py:{line}:" in result.output
-    assert "MistralAttention.forward_prefill: NF.segmented_attention" in result.output
+    assert "MistralAttention.forward_prefill: NF.chunked_attention" in result.output
     assert not out.exists()
 
 

@@ -24,10 +24,10 @@ from typing import Any, Callable, Iterable, Mapping
 import libcst as cst
 
 from autoport_cst.lint import suppressions as sup_mod
-from autoport_cst.lint._cst import dotted, self_attribute
+from autoport_cst.transform.vocabulary import dotted, self_attr
 from autoport_cst.lint.config import SYNTAX_ERROR, LintSettings
 from autoport_cst.lint.diagnostics import ERROR, WARNING, Diagnostic, Fix
-from autoport_cst.lint.index import UNKNOWN, CallSite, ClassInfo, FunctionInfo, ModuleIndex
+from autoport_cst.lint.index import UNKNOWN, CallSite, ClassInfo, FunctionInfo, ModuleIndex, Site
 from autoport_cst.lint.positions import positions
 from autoport_cst.lint.rule import Rule
 
@@ -68,17 +68,6 @@ def _fields(t: type) -> tuple[str, ...]:
 _CSTNode = cst.CSTNode
 _SEQ = (tuple, list)
 _STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
-
-
-@dataclass(frozen=True)
-class Site:
-    """Where a node was seen: its function, class, statement and whether it
-    is inside a lambda."""
-
-    function: FunctionInfo | None
-    cls: ClassInfo | None
-    statement: cst.CSTNode | None
-    in_lambda: bool
 
 
 @dataclass
@@ -238,7 +227,7 @@ class LintContext:
 
     def _visit_attribute(self, node: cst.Attribute) -> None:
         if self.function is not None:
-            attr = self_attribute(node)
+            attr = self_attr(node)
             if attr is not None:
                 self.function.self_loads.add(attr)
 
@@ -253,7 +242,7 @@ class LintContext:
         elif isinstance(target, cst.StarredElement):
             self._assign_target(target.value, UNKNOWN)
         elif value is not None and fn is not None:
-            attr = self_attribute(target)
+            attr = self_attr(target)
             cls = fn.method_class
             if attr is not None and cls is not None:
                 cls.attrs.setdefault(attr, []).append((fn, value))

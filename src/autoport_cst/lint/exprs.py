@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoport_cst.lint._cst import dotted, method_name, self_attribute, strip_optional, string_value
+from autoport_cst.transform.vocabulary import dotted, method_name, self_attr, strip_optional, string_value
 from autoport_cst.lint.index import ClassInfo, FunctionInfo, ModuleIndex
 
 TORCH_DTYPES = frozenset(
@@ -120,7 +120,7 @@ class Types:
             attr = node.attr.value
             if attr in NOT_TENSOR_ATTRIBUTES:
                 return False
-            owner = self_attribute(node)
+            owner = self_attr(node)
             if owner is not None and fn is not None:
                 return self._attribute_is_tensor(owner, fn.method_class, fn)
             if attr in TENSOR_ATTRIBUTES:

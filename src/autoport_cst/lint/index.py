@@ -314,3 +314,14 @@ class ModuleIndex:
         """Call sites in ``fn`` itself (not in closures defined in it, which
         run later) and the in-file functions they reach."""
         return [(site, target) for site in fn.calls for target in self.resolve(fn, site)]
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a node was seen: its function, class, statement and whether it
+    is inside a lambda."""
+
+    function: FunctionInfo | None
+    cls: ClassInfo | None
+    statement: cst.CSTNode | None
+    in_lambda: bool

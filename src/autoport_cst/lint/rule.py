@@ -34,7 +34,8 @@ from autoport_cst.lint.diagnostics import ERROR, Fix
 if TYPE_CHECKING:  # pragma: no cover
     import libcst as cst
 
-    from autoport_cst.lint.engine import LintContext, Site
+    from autoport_cst.lint.engine import LintContext
+    from autoport_cst.lint.index import Site
 
 
 @dataclass(frozen=True)

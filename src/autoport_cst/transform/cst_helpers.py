@@ -1,127 +1,54 @@
-"""Small, shared LibCST helpers for codemods.
+"""Edit primitives shared by the codemods: rewriting a tree in one pass,
+inserting and removing statements, parsing snippets, imports.
 
 Everything here works on plain nodes (no metadata), so codemods stay cheap:
-a codemod that needs scopes or positions asks for them itself.
+a codemod that needs scopes or positions asks for them itself. Reading
+nodes is the vocabulary's job (``autoport_cst.transform.vocabulary``,
+re-exported here for the codemods that import it from this module).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Sequence
 
 import libcst as cst
 
-from autoport_cst.transform.roles import class_role
+from autoport_cst.transform.vocabulary import (  # noqa: F401 - the vocabulary, re-exported
+    _FIELDS,
+    dotted,
+    self_attr,
+    call_name,
+    is_call,
+    keyword_arg,
+    positional_args,
+    is_none,
+    walk,
+    find_all,
+    free_names,
+    has_comment,
+    string_text,
+    classes,
+    classes_with_role,
+    method,
+    statements,
+    simple_assign,
+    self_assignment,
+    find_self_assignment,
+    deep_statements,
+    code_of,
+    imported_names,
+    class_of_role,
+    role_of,
+)
 
 # -- names and expressions ----------------------------------------------------
-
-
-def dotted(node: cst.CSTNode | None) -> str | None:
-    """``NF.attention_decode`` for an Attribute chain of Names, ``x`` for a Name."""
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        base = dotted(node.value)
-        return None if base is None else f"{base}.{node.attr.value}"
-    return None
-
-
-def self_attr(node: cst.CSTNode | None) -> str | None:
-    """``foo`` for ``self.foo``; None otherwise."""
-    if (
-        isinstance(node, cst.Attribute)
-        and isinstance(node.value, cst.Name)
-        and node.value.value == "self"
-    ):
-        return node.attr.value
-    return None
-
-
-def call_name(node: cst.CSTNode) -> str | None:
-    return dotted(node.func) if isinstance(node, cst.Call) else None
-
-
-def is_call(node: cst.CSTNode, *names: str) -> bool:
-    """Whether ``node`` is a call to one of ``names`` (dotted). A name given as
-    ``NF.attention_decode`` also matches a bare ``attention_decode(...)``."""
-    name = call_name(node)
-    if name is None:
-        return False
-    for wanted in names:
-        if name == wanted or wanted.rsplit(".", 1)[-1] == name:
-            return True
-    return False
-
-
-def keyword_arg(call: cst.Call, name: str) -> cst.Arg | None:
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == name:
-            return arg
-    return None
-
-
-def positional_args(call: cst.Call) -> list[cst.Arg]:
-    return [a for a in call.args if a.keyword is None and not a.star]
 
 
 def replace_arg_value(call: cst.Call, arg: cst.Arg, value: cst.BaseExpression) -> cst.Call:
     return call.with_changes(
         args=[a.with_changes(value=value) if a is arg else a for a in call.args]
     )
-
-
-def is_none(node: cst.CSTNode | None) -> bool:
-    return isinstance(node, cst.Name) and node.value == "None"
-
-
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def walk(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """Every node under ``node`` (including it), parents before children.
-
-    Reads the node dataclasses' fields directly: about 3x cheaper than a
-    visitor pass, and far cheaper than recursing through ``.children`` (which
-    LibCST computes by visiting). Statements of one block come in source
-    order; the order of sibling fields follows the dataclass, not always the
-    source (a class's body before its bases), so use a visitor when source
-    order matters."""
-    out: list[cst.CSTNode] = []
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        out.append(current)
-        names = _FIELDS.get(type(current))
-        if names is None:
-            names = _FIELDS[type(current)] = tuple(f.name for f in dataclasses.fields(current))
-        children: list[cst.CSTNode] = []
-        for name in names:
-            value = getattr(current, name)
-            if isinstance(value, cst.CSTNode):
-                children.append(value)
-            elif isinstance(value, (list, tuple)):
-                children.extend(v for v in value if isinstance(v, cst.CSTNode))
-        stack.extend(reversed(children))
-    return out
-
-
-def find_all(node: cst.CSTNode, predicate: Callable[[cst.CSTNode], bool]) -> list[cst.CSTNode]:
-    return [n for n in walk(node) if predicate(n)]
-
-
-def free_names(node: cst.CSTNode) -> set[str]:
-    """Variable names used under ``node``: every Name except attribute names
-    (``self.x`` uses ``self``, not ``x``) and keyword-argument names."""
-    not_variables: set[int] = set()
-    names: set[str] = set()
-    for n in walk(node):
-        if isinstance(n, cst.Attribute):
-            not_variables.add(id(n.attr))
-        elif isinstance(n, cst.Arg) and n.keyword is not None:
-            not_variables.add(id(n.keyword))
-        elif isinstance(n, cst.Name) and id(n) not in not_variables:
-            names.add(n.value)
-    return names
 
 
 # -- comments -----------------------------------------------------------------------
@@ -134,30 +61,7 @@ def with_comment(stmt: cst.BaseStatement, comment: str, blank_before: bool = Fal
     return stmt.with_changes(leading_lines=lines)
 
 
-def has_comment(node: cst.CSTNode, text: str) -> bool:
-    return any(isinstance(n, cst.Comment) and text in n.value for n in walk(node))
-
-
 # -- strings ------------------------------------------------------------------
-
-
-def string_text(node: cst.CSTNode | None) -> str | None:
-    """The text of a string literal; f-string expressions appear as ``{expr}``.
-    None for anything that is not a string."""
-    if isinstance(node, cst.SimpleString):
-        return node.evaluated_value if isinstance(node.evaluated_value, str) else None
-    if isinstance(node, cst.FormattedString):
-        parts = []
-        for part in node.parts:
-            if isinstance(part, cst.FormattedStringText):
-                parts.append(part.value)
-            else:
-                parts.append("{" + cst.Module([]).code_for_node(part.expression) + "}")
-        return "".join(parts)
-    if isinstance(node, cst.ConcatenatedString):
-        left, right = string_text(node.left), string_text(node.right)
-        return None if left is None or right is None else left + right
-    return None
 
 
 def replace_string_suffix(node: cst.BaseExpression, old: str, new: str) -> cst.BaseExpression | None:
@@ -201,83 +105,13 @@ def map_strings(node: cst.BaseExpression, fn: Callable[[cst.BaseExpression], cst
 # -- classes, functions, statements ------------------------------------------
 
 
-def classes(module: cst.Module) -> list[cst.ClassDef]:
-    return [s for s in module.body if isinstance(s, cst.ClassDef)]
-
-
-def classes_with_role(module: cst.Module, role: str) -> list[cst.ClassDef]:
-    return [c for c in classes(module) if class_role(c.name.value) == role]
-
-
-def method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
-    for stmt in cls.body.body:
-        if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
-            return stmt
-    return None
-
-
 def replace_method(cls: cst.ClassDef, old: cst.FunctionDef, new: cst.FunctionDef) -> cst.ClassDef:
     body = [new if s is old else s for s in cls.body.body]
     return cls.with_changes(body=cls.body.with_changes(body=body))
 
 
-def statements(func: cst.FunctionDef) -> Sequence[cst.BaseStatement]:
-    return func.body.body if isinstance(func.body, cst.IndentedBlock) else []
-
-
 def with_statements(func: cst.FunctionDef, stmts: Iterable[cst.BaseStatement]) -> cst.FunctionDef:
     return func.with_changes(body=func.body.with_changes(body=list(stmts)))
-
-
-def simple_assign(stmt: cst.CSTNode) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
-    """(target, value) of a one-target ``x = v`` statement line."""
-    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-        return None
-    small = stmt.body[0]
-    if isinstance(small, cst.Assign) and len(small.targets) == 1:
-        return small.targets[0].target, small.value
-    if isinstance(small, cst.AnnAssign) and small.value is not None:
-        return small.target, small.value
-    return None
-
-
-def self_assignment(stmt: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
-    """(attr, value) for a ``self.attr = value`` statement line."""
-    pair = simple_assign(stmt)
-    if pair is None:
-        return None
-    attr = self_attr(pair[0])
-    return None if attr is None else (attr, pair[1])
-
-
-def find_self_assignment(func: cst.FunctionDef, attr: str) -> cst.SimpleStatementLine | None:
-    for stmt in deep_statements(func):
-        found = self_assignment(stmt)
-        if found is not None and found[0] == attr:
-            return stmt  # type: ignore[return-value]
-    return None
-
-
-def deep_statements(node: cst.CSTNode) -> Iterator[cst.BaseStatement]:
-    """Every statement under ``node`` (a function, class, module or suite),
-    including inside if/for/while/with/try blocks, excluding the bodies of
-    nested functions and classes."""
-    for suite in _suites_of(node):
-        for stmt in suite.body if isinstance(suite, cst.IndentedBlock) else []:
-            yield stmt
-            if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-                yield from deep_statements(stmt)
-
-
-def _suites_of(node: cst.CSTNode) -> Iterator[cst.BaseSuite]:
-    if isinstance(node, cst.BaseSuite):
-        yield node
-        return
-    for child in node.children:
-        if isinstance(child, cst.BaseSuite):
-            yield child
-        elif isinstance(child, (cst.If, cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally)):
-            yield from _suites_of(child)
 
 
 Edit = Callable[[cst.CSTNode], object]
@@ -383,10 +217,6 @@ def parse_expr(code: str, module: cst.Module | None = None) -> cst.BaseExpressio
     return cst.parse_expression(code, config)
 
 
-def code_of(node: cst.CSTNode) -> str:
-    return cst.Module([]).code_for_node(node)
-
-
 # -- imports ------------------------------------------------------------------
 
 
@@ -449,27 +279,3 @@ def _reflow_aliases(names: list[cst.ImportAlias], original: cst.ImportFrom) -> l
         out.append(alias.with_changes(comma=sample if i < len(names) - 1 else last_comma))
     return out
 
-
-def imported_names(module: cst.Module) -> dict[str, str]:
-    """Local name -> dotted source for top-level ``from x import y [as z]``."""
-    found: dict[str, str] = {}
-    for stmt in module.body:
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            continue
-        for small in stmt.body:
-            if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
-                base = "." * len(small.relative) + (dotted(small.module) or "")
-                for alias in small.names:
-                    local = alias.asname.name.value if alias.asname else dotted(alias.name)
-                    if isinstance(local, str):
-                        found[local] = f"{base}.{dotted(alias.name)}"
-    return found
-
-
-def class_of_role(module: cst.Module, role: str) -> cst.ClassDef | None:
-    found = classes_with_role(module, role)
-    return found[0] if found else None
-
-
-def role_of(cls: cst.ClassDef) -> str | None:
-    return class_role(cls.name.value)

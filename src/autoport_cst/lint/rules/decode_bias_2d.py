@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoport_cst.lint._cst import dotted, int_value, keyword, positional, receiver
-from autoport_cst.lint.engine import Site
-from autoport_cst.lint.index import ClassInfo, FunctionInfo
+from autoport_cst.transform.vocabulary import dotted, int_value, keyword_arg, positional_args, receiver
+from autoport_cst.lint.index import ClassInfo, FunctionInfo, Site
 from autoport_cst.lint.rule import Invalid, Rule, Valid
 
 BIASES = ("bias_qkv", "bias_out")
@@ -132,7 +131,7 @@ class DecodeBias2d(Rule):
         if name is None or not (name == "attention_decode" or name.endswith(".attention_decode")):
             return
         for bias in BIASES:
-            arg = keyword(node, bias)
+            arg = keyword_arg(node, bias)
             if arg is not None:
                 self.pending.append((bias, arg.value, self.ctx.site()))
 
@@ -196,7 +195,7 @@ class DecodeBias2d(Rule):
                 inner, _ = self.rank(base, fn, depth + 1)
                 return (inner if inner not in (None, _NONE) else 1) + 1, ""
             if method in ("view", "reshape", "expand"):
-                args = positional(node)
+                args = positional_args(node)
                 if any(a.star for a in node.args) or not args:
                     return None, ""
                 if len(args) == 1:
@@ -241,7 +240,7 @@ class DecodeBias2d(Rule):
                     if isinstance(value, cst.Name) and value.value == "None":
                         continue
                     if isinstance(value, cst.Call) and dotted(value.func) in PARAMETER:
-                        inner = positional(value)
+                        inner = positional_args(value)
                         data = inner[0].value if inner else None
                         if data is None and value.args:
                             data = value.args[0].value
@@ -258,8 +257,8 @@ class DecodeBias2d(Rule):
 
 
 def _shape_rank(call: cst.Call) -> int | None:
-    size = keyword(call, "size")
-    args = positional(call)
+    size = keyword_arg(call, "size")
+    args = positional_args(call)
     if size is not None:
         value = size.value
     elif len(args) == 1:

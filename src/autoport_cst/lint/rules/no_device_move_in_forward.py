@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoport_cst.lint._cst import keyword, positional, receiver
-from autoport_cst.lint.engine import Site
+from autoport_cst.transform.vocabulary import keyword_arg, positional_args, receiver
+from autoport_cst.lint.index import Site
 from autoport_cst.lint.rule import Invalid, Rule, Valid
 
 
@@ -140,18 +140,18 @@ class NoDeviceMoveInForward(Rule):
             return
         name = func.attr.value
         if name in ("cuda", "cpu"):
-            if not positional(node) or name == "cuda":
+            if not positional_args(node) or name == "cuda":
                 self.report(func.attr, f"`.{name}()` moves a tensor on the forward path; "
                             "Neuron traces forward with torch.compile and cannot lower "
                             "device copies")
             return
         if name != "to" or self.ctx.function is None:
             return
-        device = keyword(node, "device")
+        device = keyword_arg(node, "device")
         if device is not None:
             self.pending.append((node, device.value, self.ctx.site(), "device="))
             return
-        args = positional(node)
+        args = positional_args(node)
         if args:
             self.pending.append((node, args[0].value, self.ctx.site(), ""))
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoport_cst.lint._cst import positional, receiver
-from autoport_cst.lint.engine import Site
+from autoport_cst.transform.vocabulary import positional_args, receiver
+from autoport_cst.lint.index import Site
 from autoport_cst.lint.rule import Invalid, Rule, Valid
 
 HOST_READS = {
@@ -151,7 +151,7 @@ class NoItemInForward(Rule):
                             "capture it on Neuron (keep the value as a tensor)")
             return
         if isinstance(func, cst.Name) and func.value in CONVERSIONS:
-            args = positional(node)
+            args = positional_args(node)
             if len(args) == 1 and len(node.args) == 1:
                 self.pending.append((node, args[0].value, self.ctx.site(), f"{func.value}()"))
 
@@ -193,7 +193,7 @@ class NoItemInForward(Rule):
 
 
 def _dotted(node):
-    from autoport_cst.lint._cst import dotted
+    from autoport_cst.transform.vocabulary import dotted
 
     return dotted(node)
 

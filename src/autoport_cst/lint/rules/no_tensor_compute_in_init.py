@@ -7,11 +7,10 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from autoport_cst.lint._cst import dotted, iter_nodes, keyword, positional, receiver, string_value
+from autoport_cst.transform.vocabulary import dotted, iter_nodes, keyword_arg, positional_args, receiver, string_value
 from autoport_cst.lint.diagnostics import WARNING
-from autoport_cst.lint.engine import Site
 from autoport_cst.lint.exprs import tensor_call
-from autoport_cst.lint.index import FunctionInfo
+from autoport_cst.lint.index import FunctionInfo, Site
 from autoport_cst.lint.rule import Invalid, Option, Rule, Valid
 from autoport_cst.transform.roles import class_role
 
@@ -227,10 +226,10 @@ class NoTensorComputeInInit(Rule):
             return
         name = dotted(node.func)
         if name in PARAMETER:
-            args = positional(node)
+            args = positional_args(node)
             data = args[0].value if args else None
             if data is None:
-                arg = keyword(node, "data")
+                arg = keyword_arg(node, "data")
                 data = arg.value if arg is not None else None
             root = _allocation_root(data)
             if root is not None:
@@ -412,7 +411,7 @@ def _allocation_root(data: cst.BaseExpression | None) -> cst.Call | None:
 
 
 def _device(call: cst.Call) -> str | None:
-    arg = keyword(call, "device")
+    arg = keyword_arg(call, "device")
     if arg is None:
         return None
     value = arg.value

@@ -6,11 +6,10 @@ import re
 
 import libcst as cst
 
-from autoport_cst.lint._cst import dotted, keyword, positional, self_attribute, string_value
+from autoport_cst.transform.vocabulary import dotted, keyword_arg, positional_args, self_attr, string_value
 from autoport_cst.lint.diagnostics import WARNING
-from autoport_cst.lint.engine import Site
 from autoport_cst.lint.exprs import FLOAT32
-from autoport_cst.lint.index import ClassInfo
+from autoport_cst.lint.index import ClassInfo, Site
 from autoport_cst.lint.rule import Invalid, Option, Rule, Valid
 from autoport_cst.transform.roles import class_role
 
@@ -131,7 +130,7 @@ class RouterFloat32(Rule):
         self.fp32_routing: set[int] = set()
 
     def _assignment(self, target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
-        attr = self_attribute(target)
+        attr = self_attr(target)
         if attr is None or value is None or not isinstance(value, cst.Call):
             return
         fn = self.ctx.function
@@ -157,7 +156,7 @@ class RouterFloat32(Rule):
         name = dotted(node.func) or ""
         if name.rsplit(".", 1)[-1] != "router":
             return
-        arg = keyword(node, "computation_dtype")
+        arg = keyword_arg(node, "computation_dtype")
         fn = self.ctx.function
         cls = fn.method_class if fn is not None else None
         if arg is not None and cls is not None and (dotted(arg.value) or "") in FLOAT32:
@@ -204,20 +203,20 @@ def _dtype_argument(call: cst.Call) -> cst.BaseExpression | None:
     """The ``dtype=`` of a parameter's allocation or of a linear layer."""
     name = dotted(call.func) or ""
     if name in PARAMETER:
-        args = positional(call)
+        args = positional_args(call)
         data = args[0].value if args else None
         if data is None:
-            arg = keyword(call, "data")
+            arg = keyword_arg(call, "data")
             data = arg.value if arg is not None else None
         while isinstance(data, cst.Call):
-            arg = keyword(data, "dtype")
+            arg = keyword_arg(data, "dtype")
             if arg is not None:
                 return arg.value
             func = data.func
             if isinstance(func, cst.Attribute) and func.attr.value in ("to", "float", "bfloat16",
                                                                         "half"):
                 if func.attr.value == "to":
-                    inner = positional(data)
+                    inner = positional_args(data)
                     if inner:
                         return inner[0].value
                 elif func.attr.value != "float":
@@ -229,6 +228,6 @@ def _dtype_argument(call: cst.Call) -> cst.BaseExpression | None:
             return None
         return None
     if name.endswith("Linear"):
-        arg = keyword(call, "dtype")
+        arg = keyword_arg(call, "dtype")
         return arg.value if arg is not None else None
     return None
