@@ -20,12 +20,21 @@ from autoport_cst.transform.layers import (
     WEIGHT_LOADERS,
     bias_parameter,
     kwarg_code,
-    loader_sites,
     map_value_strings,
     parameters,
-    the_mlp,
+    parse_mlp_call,
+)
+from autoport_cst.transform.loaders import (
+    LoaderEdits,
+    attach_statement,
+    declare_guarded,
+    guard_edit,
+    mlp_classes,
+    mlp_mapping_weights,
 )
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
+
+GUARD = "mlp-bias: biases on the MLP projections are not implemented for this quantized MLP"
 
 
 class MlpBias(Codemod):
@@ -153,64 +162,60 @@ class MlpBias(Codemod):
         return NoParams()
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        mlp_cls, parsed = the_mlp(module, ctx, self.ID)
-        name = mlp_cls.name.value
-        roles = ([("gate", parsed.gate)] if parsed.gated else []) + [("up", parsed.up), ("down", parsed.down)]
-        params = parameters(mlp_cls)
-        sites = loader_sites(mlp_cls)
         edits: dict = {}
-        after_weight: dict[int, list] = {}
-        after_loader: dict[int, list] = {}
-        arguments: list[tuple[str, str]] = []
-        biases: list[tuple[str, str]] = []
+        weights: list[str] = []
         needs_scaled = False
+        mlps = mlp_classes(module, ctx, self.ID)
+        for mlp in mlps:
+            if mlp.quantized:
+                edits.update(guard_edit(mlp.cls, GUARD, module))
+                declare_guarded(mlp.cls, ctx, GUARD)
+                continue
+            class_weights, scaled = self._class_edits(mlp, module, ctx, edits)
+            weights += [w for w in class_weights if w not in weights]
+            needs_scaled = needs_scaled or scaled
+        if not mlps:
+            weights = mlp_mapping_weights(module)
+        edits.update(self._mapping_edits(module, weights, ctx, required=bool(mlps)))
+        module = rewrite(module, edits)
+        if needs_scaled:
+            module = ensure_import_from(module, WEIGHT_LOADERS, "scaled_bias_loader")
+        return module
+
+    def _class_edits(self, mlp, module: cst.Module, ctx: FileContext, edits: dict) -> tuple[list[str], bool]:
+        """Bias parameters, loaders and kernel arguments of one MLP class;
+        returns its weights and whether a scaled bias loader was added."""
+        name = mlp.name
+        roles: list[tuple[str, str]] = []
+        for call in mlp.calls:
+            parsed = parse_mlp_call(call, ctx, module, self.ID)
+            for role, weight in ([("gate", parsed.gate)] if parsed.gated else []) + [("up", parsed.up), ("down", parsed.down)]:
+                if weight is None or not weight.endswith("_weight"):
+                    raise ctx.precondition(
+                        f"{self.ID}: the {role} weight of NF.mlp in {name} must be a self.<x>_weight parameter",
+                        call,
+                        module,
+                    )
+                if (role, weight) not in roles:
+                    roles.append((role, weight))
+        params = parameters(mlp.cls)
+        loaders = LoaderEdits(mlp.cls, module, ctx, self.ID)
+        after_weight: dict[int, list] = {}
+        scaled = False
         for role, weight in roles:
-            if weight is None or not weight.endswith("_weight"):
-                raise ctx.precondition(
-                    f"{self.ID}: the {role} weight of NF.mlp in {name} must be a self.<x>_weight parameter",
-                    parsed.call,
-                    module,
-                )
-            bias = weight[: -len("_weight")] + "_bias"
-            arguments.append((f"{role}_b", bias))
-            biases.append((weight, bias))
+            bias = _bias_of(weight)
             if bias in params:
                 continue
             if weight not in params:
-                raise ctx.precondition(f"{self.ID}: {name} has no self.{weight} = nn.Parameter(...)", mlp_cls, module)
-            site = sites.get(weight)
-            if site is None or site.loader is None:
-                raise ctx.precondition(
-                    f"{self.ID}: {name} attaches no loader to self.{weight} (set_weight_loader(self.{weight}, ...))",
-                    mlp_cls,
-                    module,
-                )
-            if dotted(site.loader.func) != "sharding_weight_loader":
-                raise ctx.precondition(
-                    f"{self.ID}: the loader of self.{weight} is {dotted(site.loader.func)}, expected "
-                    "sharding_weight_loader (run mlp-bias before fused-checkpoint)",
-                    site.statement,
-                    module,
-                )
-            shards = kwarg_code(site.loader, "num_shards") or "1"
+                raise ctx.precondition(f"{self.ID}: {name} has no self.{weight} = nn.Parameter(...)", mlp.cls, module)
             after_weight.setdefault(id(params[weight]), []).append(bias_parameter(params[weight], bias, module))
-            if role == "down":
-                loader = parse_statement(f"set_weight_loader(self.{bias}, scaled_bias_loader(scale={shards}))", module)
-                needs_scaled = True
-            else:
-                size = kwarg_code(site.loader, "shard_size")
-                if size is None:
-                    raise ctx.precondition(
-                        f"{self.ID}: the loader of self.{weight} has no shard_size= argument", site.statement, module
-                    )
-                loader = parse_statement(
-                    f"set_weight_loader(\n    self.{bias},\n    sharding_weight_loader(shard_dim=0, "
-                    f"shard_size={size}, num_shards={shards}),\n)",
-                    module,
-                )
-            after_loader.setdefault(id(site.statement), []).append(loader)
-        for key, new in {**after_weight, **after_loader}.items():
+            for site in loaders.require(weight):
+                loaders.add_after(site, [self._bias_loader(role, site, bias, loaders, module, ctx)])
+                scaled = scaled or role == "down"
+        for key, new in after_weight.items():
             edits[key] = lambda updated, new=new: cst.FlattenSentinel([updated, *new])
+        edits.update(loaders.edits())
+        arguments = [(f"{role}_b", _bias_of(weight)) for role, weight in roles]
 
         def edit_call(updated: cst.Call) -> cst.Call:
             for keyword, bias in arguments:
@@ -219,20 +224,46 @@ class MlpBias(Codemod):
                     updated = set_keyword(updated, keyword, parse_expr(f"self.{bias}.unsqueeze(0)", module), order=MLP_KEYWORDS)
             return updated
 
-        edits[id(parsed.call)] = edit_call
-        edits.update(self._mapping_edits(module, biases, ctx))
-        module = rewrite(module, edits)
-        if needs_scaled:
-            module = ensure_import_from(module, WEIGHT_LOADERS, "scaled_bias_loader")
-        return module
+        for call in mlp.calls:
+            edits[id(call)] = edit_call
+        return [weight for _, weight in roles], scaled
 
-    def _mapping_edits(self, module: cst.Module, biases, ctx: FileContext) -> dict:
+    def _bias_loader(self, role: str, site, bias: str, loaders: LoaderEdits, module: cst.Module,
+                     ctx: FileContext) -> cst.BaseStatement:
+        """The loader of ``bias`` from its weight's loader ``site``: sharded
+        like the weight's intermediate dimension (with the same rank
+        wrappers), or for the down bias, whole and divided by the number of
+        shards summed after the kernel."""
+        name = dotted(site.base.func)
+        if name != "sharding_weight_loader":
+            raise ctx.precondition(
+                f"{self.ID}: the loader of self.{site.key} is {name} ({site.describe()}), expected "
+                "sharding_weight_loader (run mlp-bias before fused-checkpoint)",
+                site.base,
+                module,
+            )
+        shards = kwarg_code(site.base, "num_shards") or "1"
+        if role == "down":
+            loaders.sibling_loader(site, "")  # the weight's wrappers only choose ranks
+            return parse_statement(f"set_weight_loader(self.{bias}, scaled_bias_loader(scale={shards}))", module)
+        size = kwarg_code(site.base, "shard_size")
+        if size is None:
+            raise ctx.precondition(
+                f"{self.ID}: the loader of self.{site.key} has no shard_size= argument ({site.describe()})",
+                site.base,
+                module,
+            )
+        base = f"sharding_weight_loader(shard_dim=0, shard_size={size}, num_shards={shards})"
+        return attach_statement(bias, loaders.sibling_loader(site, base), module)
+
+    def _mapping_edits(self, module: cst.Module, weights: list[str], ctx: FileContext, required: bool) -> dict:
         entries = mapping_entries(module)
         keys = {e.key for e in entries}
         edits = {}
-        for weight, bias in biases:
+        for weight in weights:
+            bias = _bias_of(weight)
             found = [e for e in entries if e.key.endswith("." + weight)]
-            if not found:
+            if not found and required:
                 raise ctx.precondition(f"{self.ID}: load_weights has no mappings[...{weight}] entry")
             for entry in found:
                 if entry.key[: -len(weight)] + bias in keys:
@@ -249,3 +280,7 @@ class MlpBias(Codemod):
                 new = entry_statement(entry, key, value)
                 edits[id(entry.statement)] = lambda updated, new=new: cst.FlattenSentinel([updated, new])
         return edits
+
+
+def _bias_of(weight: str) -> str:
+    return weight[: -len("_weight")] + "_bias"

@@ -1,0 +1,832 @@
+"""Weight loaders where model code builds them, and the MLP classes that use them.
+
+``set_weight_loader(self.<x>, <loader>)`` attaches a loader to a parameter.
+The loader expression is often not the loader call itself: a local variable
+bound before (``gate_up_loader = sharding_weight_loader(...)``), rebound
+through wrappers (``gate_up_loader = with_rank_override(gate_up_loader,
+rank=self.mlp_tp_rank)``) and passed to several parameters.
+
+``find_loaders`` resolves each attachment back to its *base* loader call
+(the innermost call, whose name contains ``loader``) and the *wrappers*
+around it (calls whose first argument is a loader), through the local
+assignments in between; what it cannot resolve it describes (``problem``).
+``LoaderEdits`` changes loaders where they are built: in place when every
+parameter sharing a built loader gets the same change; otherwise it
+*splits*: each parameter that changes gets its own loader expression (the
+chain inlined around the new base), the others keep the shared local, and
+locals no parameter reads any more are removed.
+
+Quantized classes (a call passing ``quantization_type=``) may be *guarded*
+by a codemod that cannot express its change there: ``guard_edit`` makes
+their ``__init__`` raise ``NotImplementedError`` naming the feature.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import libcst as cst
+
+from autoport_cst.transform.base import FileContext
+from autoport_cst.transform.cst_helpers import (
+    classes_with_role,
+    code_of,
+    dotted,
+    keyword_arg,
+    method,
+    parse_statement,
+    positional_args,
+    self_attr,
+    walk,
+)
+from autoport_cst.transform.roles import class_role
+
+SET_WEIGHT_LOADER = "set_weight_loader"
+# Wrappers that only choose the rank a loader reads for: a new loader of a
+# sibling tensor (the bias of a weight) is wrapped the same way.
+RANK_WRAPPERS = ("with_rank_override",)
+LINE_WIDTH = 100
+INDENT = "    "
+
+# -- statements in source order --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A statement of a function, its rank in source order and the blocks
+    (ids of the suites) that enclose it, outermost first."""
+
+    stmt: cst.CSTNode
+    index: int
+    blocks: tuple[int, ...]
+
+
+def _suites(stmt: cst.CSTNode) -> list[cst.BaseSuite]:
+    """The blocks of a compound statement, every branch."""
+    if isinstance(stmt, cst.If):
+        out = [stmt.body]
+        orelse = stmt.orelse
+        while orelse is not None:
+            out.append(orelse.body)
+            orelse = orelse.orelse if isinstance(orelse, cst.If) else None
+        return out
+    if isinstance(stmt, (cst.For, cst.While)):
+        return [stmt.body] + ([stmt.orelse.body] if stmt.orelse is not None else [])
+    if isinstance(stmt, cst.With):
+        return [stmt.body]
+    if isinstance(stmt, (cst.Try, cst.TryStar)):
+        out = [stmt.body] + [h.body for h in stmt.handlers]
+        out += [s.body for s in (stmt.orelse, stmt.finalbody) if s is not None]
+        return out
+    return []
+
+
+def placed_statements(func: cst.FunctionDef) -> list[Placed]:
+    """Every statement of ``func`` in source order (compound statements
+    before their bodies), nested functions and classes excluded."""
+    out: list[Placed] = []
+
+    def visit(suite: cst.BaseSuite, blocks: tuple[int, ...]) -> None:
+        blocks = blocks + (id(suite),)
+        body = suite.body if isinstance(suite, cst.IndentedBlock) else [suite]
+        for stmt in body:
+            out.append(Placed(stmt, len(out), blocks))
+            if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+                for inner in _suites(stmt):
+                    visit(inner, blocks)
+
+    visit(func.body, ())
+    return out
+
+
+def _target_names(target: cst.CSTNode) -> set[str]:
+    return {n.value for n in walk(target) if isinstance(n, cst.Name)} if not isinstance(target, cst.Attribute) \
+        and not isinstance(target, cst.Subscript) else set()
+
+
+def bound_names(stmt: cst.CSTNode) -> set[str]:
+    """Local names a statement (re)binds: assignment targets, loop and
+    ``with`` targets, names of nested definitions."""
+    names: set[str] = set()
+    if isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+        for small in stmt.body:
+            if isinstance(small, cst.Assign):
+                for target in small.targets:
+                    names |= _target_names(target.target)
+            elif isinstance(small, (cst.AugAssign, cst.AnnAssign)):
+                names |= _target_names(small.target)
+    elif isinstance(stmt, cst.For):
+        names |= _target_names(stmt.target)
+    elif isinstance(stmt, cst.With):
+        for item in stmt.items:
+            if item.asname is not None:
+                names |= _target_names(item.asname.name)
+    elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        names.add(stmt.name.value)
+    return names
+
+
+def plain_binding(stmt: cst.CSTNode, name: str) -> cst.BaseExpression | None:
+    """The value of ``name = value`` (one target, one statement on the line)."""
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        small = stmt.body[0]
+        if isinstance(small, cst.Assign) and len(small.targets) == 1:
+            target = small.targets[0].target
+            if isinstance(target, cst.Name) and target.value == name:
+                return small.value
+        if isinstance(small, cst.AnnAssign) and small.value is not None:
+            if isinstance(small.target, cst.Name) and small.target.value == name:
+                return small.value
+    return None
+
+
+def _first_line(node: cst.CSTNode) -> str:
+    text = code_of(node).strip().splitlines()[0]
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# -- finding loaders --------------------------------------------------------------------------
+
+
+@dataclass
+class Loader:
+    """One attachment of a loader to a parameter, resolved to where the
+    loader is built.
+
+    ``key`` is the parameter path after ``self.`` (``gate_proj_weight``,
+    ``lm_head.weight``); ``statement`` the ``set_weight_loader`` statement,
+    or the ``for w in (self.a, self.b): set_weight_loader(w, ...)`` loop
+    (``in_loop``); ``argument`` the loader expression it passes; ``base``
+    the loader call it resolves to (None when ``problem`` says why not);
+    ``wrappers`` the calls around it, outermost first; ``bindings`` the
+    local assignments it went through, from the use back to the base."""
+
+    key: str
+    statement: cst.BaseStatement
+    call: cst.Call
+    function: cst.FunctionDef
+    placed: Placed
+    argument: cst.BaseExpression
+    base: cst.Call | None = None
+    wrappers: tuple[cst.Call, ...] = ()
+    bindings: tuple[Placed, ...] = ()
+    in_loop: bool = False
+    problem: str | None = None
+    problem_node: cst.CSTNode | None = None
+
+    # the names of the older LoaderSite
+    @property
+    def attr(self) -> str:
+        return self.key
+
+    @property
+    def loader(self) -> cst.Call | None:
+        return self.base
+
+    @property
+    def direct(self) -> bool:
+        """The loader call is written in the attaching statement itself."""
+        return not self.bindings and not self.wrappers and self.argument is self.base
+
+    def wrapper_names(self) -> list[str]:
+        return [dotted(w.func) or code_of(w.func) for w in self.wrappers]
+
+    def describe(self) -> str:
+        """``set_weight_loader(self.x, l)`` with ``l = with_rank_override(...)``..."""
+        text = f"set_weight_loader(self.{self.key}, {_first_line(self.argument)})"
+        for binding in self.bindings:
+            text += f", where {_first_line(binding.stmt)}"
+        return text
+
+
+@dataclass
+class _Chain:
+    base: cst.Call | None = None
+    wrappers: list[cst.Call] = field(default_factory=list)
+    bindings: list[Placed] = field(default_factory=list)
+    problem: str | None = None
+    node: cst.CSTNode | None = None
+
+
+def _is_loader_call(node: cst.CSTNode) -> bool:
+    name = dotted(node.func) if isinstance(node, cst.Call) else None
+    return name is not None and "loader" in name.rsplit(".", 1)[-1].lower()
+
+
+class _Resolver:
+    """Resolves loader expressions of one function."""
+
+    def __init__(self, func: cst.FunctionDef) -> None:
+        self.func = func
+        self.placed = placed_statements(func)
+
+    def binding(self, name: str, at: Placed) -> tuple[Placed | None, str | None]:
+        before = [p for p in self.placed[: at.index] if name in bound_names(p.stmt)]
+        params = {p.name.value for p in self.func.params.params}
+        if not before:
+            where = "a parameter of" if name in params else "not assigned before its use in"
+            return None, f"the local `{name}` is {where} {self.func.name.value}"
+        last = before[-1]
+        if plain_binding(last.stmt, name) is None:
+            return None, f"`{name}` is bound by `{_first_line(last.stmt)}`, not by a plain assignment"
+        if last.blocks != at.blocks[: len(last.blocks)]:
+            return None, f"`{name}` is assigned conditionally (`{_first_line(last.stmt)}`, in a block apart from its use)"
+        return last, None
+
+    def is_loader(self, expr: cst.CSTNode, at: Placed, depth: int = 0) -> bool:
+        if depth > 20:
+            return False
+        if isinstance(expr, cst.Name):
+            found, _ = self.binding(expr.value, at)
+            return found is not None and self.is_loader(plain_binding(found.stmt, expr.value), found, depth + 1)
+        if isinstance(expr, cst.Call):
+            return _is_loader_call(expr) or self.is_wrapper(expr, at, depth + 1)
+        return False
+
+    def is_wrapper(self, call: cst.Call, at: Placed, depth: int = 0) -> bool:
+        args = positional_args(call)
+        return bool(args) and self.is_loader(args[0].value, at, depth + 1)
+
+    def resolve(self, expr: cst.BaseExpression, at: Placed) -> _Chain:
+        if isinstance(expr, cst.Name):
+            found, problem = self.binding(expr.value, at)
+            if found is None:
+                return _Chain(problem=problem, node=expr)
+            chain = self.resolve(plain_binding(found.stmt, expr.value), found)  # type: ignore[arg-type]
+            chain.bindings.insert(0, found)
+            return chain
+        if isinstance(expr, cst.Call) and self.is_wrapper(expr, at):
+            chain = self.resolve(positional_args(expr)[0].value, at)
+            chain.wrappers.insert(0, expr)
+            return chain
+        if isinstance(expr, cst.Call) and _is_loader_call(expr):
+            return _Chain(base=expr)
+        return _Chain(
+            problem=f"`{_first_line(expr)}` is not a loader call (a call named *loader*), a wrapper of one, "
+            "or a local bound to one",
+            node=expr,
+        )
+
+
+def _set_weight_loader_args(stmt: cst.CSTNode) -> tuple[cst.Call, cst.BaseExpression, cst.BaseExpression] | None:
+    """(call, parameter, loader) of a ``set_weight_loader(param, loader)`` statement."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+        return None
+    small = stmt.body[0]
+    if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
+        return None
+    call = small.value
+    if (dotted(call.func) or "").rsplit(".", 1)[-1] != SET_WEIGHT_LOADER:
+        return None
+    positional = [a.value for a in positional_args(call)]
+    param = keyword_arg(call, "param")
+    loader = keyword_arg(call, "loader") or keyword_arg(call, "weight_loader")
+    values = positional + [a.value for a in (param, loader) if a is not None]
+    if len(values) != 2:
+        return None
+    return call, values[0], values[1]
+
+
+def _param_key(node: cst.CSTNode) -> str | None:
+    name = dotted(node)
+    return name[len("self."):] if name is not None and name.startswith("self.") else None
+
+
+def _loop_keys(loop: cst.CSTNode, name: str) -> list[str] | None:
+    """Parameters of ``for name in (self.a, self.b): <one statement>``."""
+    if not (isinstance(loop, cst.For) and isinstance(loop.target, cst.Name) and loop.target.value == name):
+        return None
+    if not isinstance(loop.iter, (cst.Tuple, cst.List)):
+        return None
+    body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else []
+    if len(body) != 1:
+        return None
+    keys = [_param_key(e.value) for e in loop.iter.elements]
+    return None if None in keys else keys  # type: ignore[return-value]
+
+
+def find_loaders(node: cst.CSTNode) -> dict[str, list[Loader]]:
+    """``key -> attachments`` of every loader attached under ``node`` to a
+    ``self.<key>`` parameter, in source order per function."""
+    found: dict[str, list[Loader]] = {}
+    for func in walk(node):
+        if not isinstance(func, cst.FunctionDef):
+            continue
+        resolver = _Resolver(func)
+        by_id = {id(p.stmt): p for p in resolver.placed}
+        for placed in resolver.placed:
+            parts = _set_weight_loader_args(placed.stmt)
+            if parts is None:
+                continue
+            call, param, argument = parts
+            keys, statement, in_loop = [_param_key(param)], placed.stmt, False
+            if keys[0] is None and isinstance(param, cst.Name):
+                loop = _enclosing_loop(resolver.placed, placed)
+                loop_keys = _loop_keys(loop.stmt, param.value) if loop is not None else None
+                if loop_keys is not None:
+                    keys, statement, in_loop = loop_keys, loop.stmt, True  # type: ignore[assignment,union-attr]
+            chain = resolver.resolve(argument, placed)
+            for key in keys:
+                if key is None:
+                    continue
+                found.setdefault(key, []).append(
+                    Loader(key, statement, call, func, by_id[id(placed.stmt)], argument, chain.base,
+                           tuple(chain.wrappers), tuple(chain.bindings), in_loop, chain.problem, chain.node)
+                )
+    return found
+
+
+def _enclosing_loop(placed: list[Placed], inner: Placed) -> Placed | None:
+    """The statement whose block holds ``inner``, when it is a ``for`` loop."""
+    for candidate in reversed(placed[: inner.index]):
+        if len(candidate.blocks) == len(inner.blocks) - 1:
+            return candidate if isinstance(candidate.stmt, cst.For) else None
+    return None
+
+
+def loader_helpers(cls: cst.ClassDef) -> list[cst.Call]:
+    """Calls in ``cls`` that hand ``self`` to a function (``attach_mlp_loaders(self,
+    ...)``): loaders may be attached there, out of sight."""
+    return [
+        n for n in walk(cls)
+        if isinstance(n, cst.Call) and any(isinstance(a.value, cst.Name) and a.value.value == "self" for a in n.args)
+    ]
+
+
+# -- rendering loader expressions -----------------------------------------------------------------
+
+
+def _arg_code(arg: cst.Arg) -> str:
+    value = code_of(arg.value).strip()
+    star = arg.star if isinstance(arg.star, str) else ""
+    return f"{arg.keyword.value}={value}" if arg.keyword is not None else f"{star}{value}"
+
+
+def render_call(func: str, args: list[str], level: int) -> str:
+    """``func(a, b)`` on one line when it fits, else one argument per line;
+    continuation lines indented ``level`` steps."""
+    flat = f"{func}({', '.join(args)})"
+    if len(INDENT * level) + len(flat) <= LINE_WIDTH and "\n" not in flat:
+        return flat
+    inner = INDENT * (level + 1)
+    lines = "".join(f"{inner}{a},\n" for a in args)
+    return f"{func}(\n{lines}{INDENT * level})"
+
+
+def render_loader(base: str, wrappers: tuple[cst.Call, ...], level: int = 1) -> str:
+    """``base`` inside ``wrappers`` (outermost first), each wrapper keeping
+    its other arguments."""
+    if not wrappers:
+        return base
+    outer, rest = wrappers[0], wrappers[1:]
+    others = [_arg_code(a) for a in outer.args[1:]]
+    inner = render_loader(base, rest, level + 1)
+    func = code_of(outer.func)
+    return render_call(func, [inner, *others], level) if "\n" in inner or others else f"{func}({inner})"
+
+
+def render_base(call: cst.Call, level: int) -> str:
+    return render_call(code_of(call.func), [_arg_code(a) for a in call.args], level)
+
+
+def attach_statement(key: str, loader_code: str, module: cst.Module) -> cst.BaseStatement:
+    """``set_weight_loader(self.<key>, <loader>)`` over several lines."""
+    return parse_statement(f"set_weight_loader(\n{INDENT}self.{key},\n{INDENT}{loader_code},\n)", module)
+
+
+# -- editing loaders ----------------------------------------------------------------------------
+
+
+class LoaderEdits:
+    """Changes to the loaders attached under ``scope`` (a class), gathered,
+    then turned into ``rewrite`` edits by :meth:`edits`.
+
+    Errors are positioned precondition errors of ``codemod_id``."""
+
+    def __init__(self, scope: cst.CSTNode, module: cst.Module, ctx: FileContext, codemod_id: str,
+                 owner: str = "") -> None:
+        self.scope = scope
+        self.module = module
+        self.ctx = ctx
+        self.codemod_id = codemod_id
+        self.owner = owner or (scope.name.value if isinstance(scope, cst.ClassDef) else "this file")
+        self.found = find_loaders(scope)
+        self._new_base: dict[str, Callable[[cst.Call], cst.Call]] = {}
+        self._removed: set[str] = set()
+        self._after: dict[int, list[cst.BaseStatement]] = {}
+
+    # -- reading ------------------------------------------------------------------
+
+    def of(self, key: str) -> list[Loader]:
+        return self.found.get(key, [])
+
+    def require(self, key: str) -> list[Loader]:
+        """The attachments of ``self.<key>``, each resolved to its base
+        loader call; a precondition error naming what was found otherwise."""
+        loaders = self.of(key)
+        if not loaders:
+            helpers = loader_helpers(self.scope) if isinstance(self.scope, cst.ClassDef) else []
+            hint = ""
+            if helpers:
+                hint = f"; it hands self to {', '.join(sorted({_first_line(h.func) for h in helpers}))}(...), " \
+                       "which may attach it out of sight"
+            raise self.ctx.precondition(
+                f"{self.codemod_id}: {self.owner} attaches no loader to self.{key} "
+                f"(no set_weight_loader(self.{key}, ...) in the class{hint})",
+                self.scope,
+                self.module,
+            )
+        for loader in loaders:
+            if loader.problem is not None:
+                raise self.ctx.precondition(
+                    f"{self.codemod_id}: cannot read the loader of self.{key} in {self.owner} "
+                    f"({loader.describe()}): {loader.problem}",
+                    loader.problem_node or loader.statement,
+                    self.module,
+                )
+        return loaders
+
+    def base_name(self, key: str) -> str | None:
+        """The name of the base loader call of ``key`` (one for every attachment), or None."""
+        names = {dotted(l.base.func) for l in self.require(key)}  # type: ignore[union-attr]
+        return names.pop() if len(names) == 1 else None
+
+    # -- changes --------------------------------------------------------------------
+
+    def replace_base(self, key: str, fn: Callable[[cst.Call], cst.Call]) -> None:
+        """Build ``key``'s loader from ``fn(base call)`` instead."""
+        self.require(key)
+        self._new_base[key] = fn
+
+    def remove(self, key: str) -> None:
+        """Stop attaching a loader to ``key`` (its parameter goes)."""
+        self.require(key)
+        self._removed.add(key)
+
+    def add_after(self, loader: Loader, statements: list[cst.BaseStatement]) -> None:
+        """Insert ``statements`` after the attachment ``loader`` (after its loop)."""
+        self._after.setdefault(id(loader.statement), []).extend(statements)
+
+    def sibling_loader(self, loader: Loader, base_code: str, at: Loader | None = None) -> str:
+        """Code of a loader for a sibling tensor of ``loader``'s parameter
+        (its bias): ``base_code`` inside ``loader``'s rank wrappers, for a
+        statement placed right after ``at``'s attachment (default: the same).
+        A wrapper that does more than choose a rank is a precondition error."""
+        others = [name for name in loader.wrapper_names() if name.rsplit(".", 1)[-1] not in RANK_WRAPPERS]
+        if others:
+            raise self.ctx.precondition(
+                f"{self.codemod_id}: the loader of self.{loader.key} in {self.owner} is wrapped in "
+                f"{', '.join(others)}(...) ({loader.describe()}); a loader for a sibling tensor cannot be "
+                f"derived from it (only {', '.join(RANK_WRAPPERS)} is carried over)",
+                loader.wrappers[0],
+                self.module,
+            )
+        self._check_names(loader, _wrapper_args(loader), at or loader)
+        return render_loader(base_code, loader.wrappers)
+
+    def _check_names(self, loader: Loader, nodes: list[cst.CSTNode], at: Loader) -> None:
+        """The names that ``nodes`` (parts of ``loader``'s chain) read must
+        mean the same right after ``at``'s attachment."""
+        placed = placed_statements(loader.function)
+        where = {id(p.stmt): p for p in placed}
+        sources = [b for b in loader.bindings] + [loader.placed]
+        start = min(p.index for p in sources)
+        end = where[id(at.placed.stmt)].index if id(at.placed.stmt) in where else loader.placed.index
+        for node in nodes:
+            for other in _read_names(node) - {"self"}:
+                for p in placed[start + 1: end + 1]:
+                    if other in bound_names(p.stmt) and id(p.stmt) not in {id(b.stmt) for b in loader.bindings}:
+                        raise self.ctx.precondition(
+                            f"{self.codemod_id}: the loader of self.{loader.key} reads `{other}`, which is "
+                            f"rebound at `{_first_line(p.stmt)}` before the new loader would be attached",
+                            p.stmt,
+                            self.module,
+                        )
+
+    # -- edits ----------------------------------------------------------------------
+
+    def edits(self) -> dict:
+        """The gathered changes as ``rewrite`` edits."""
+        from autoport_cst.transform.layers import add_edit
+
+        edits: dict = {}
+        split: dict[int, str] = {}  # id(loader) -> its new argument code
+        for users in self._users_by_base().values():
+            changed = [u for u in users if u.key in self._new_base and u.key not in self._removed]
+            if not changed:
+                continue
+            base = changed[0].base
+            new = {id(u): self._new_base[u.key](base) for u in changed}  # type: ignore[arg-type]
+            live = [u for u in users if u.key not in self._removed]
+            if len(changed) == len(live) and len({code_of(n) for n in new.values()}) == 1:
+                fn = self._new_base[changed[0].key]
+                add_edit(edits, id(base), lambda updated, fn=fn: fn(updated))
+                continue
+            for user in changed:
+                split[id(user)] = self._inline(user, new[id(user)])
+        statements = self._statement_edits(split)
+        for key, fn in statements.items():
+            add_edit(edits, key, fn)
+        for key, new in self._after.items():
+            _compose(edits, key, _then_insert(new))
+        for key, fn in self._dead_binding_edits(split).items():
+            add_edit(edits, key, fn)
+        return edits
+
+    def _all(self) -> Iterator[Loader]:
+        for loaders in self.found.values():
+            yield from loaders
+
+    def _users_by_base(self) -> dict[int, list[Loader]]:
+        users: dict[int, list[Loader]] = {}
+        for loader in self._all():
+            if loader.base is not None:
+                users.setdefault(id(loader.base), []).append(loader)
+        return users
+
+    def _inline(self, loader: Loader, new_base: cst.Call) -> str:
+        """The loader expression of ``loader`` with its chain written out
+        around ``new_base``."""
+        if loader.direct:
+            return code_of(new_base)
+        self._check_names(loader, [*_wrapper_args(loader), *(a.value for a in new_base.args)], loader)
+        return render_loader(render_base(new_base, len(loader.wrappers) + 1), loader.wrappers)
+
+    def _statement_edits(self, split: dict[int, str]) -> dict:
+        """Edits of the attaching statements: removed, rebuilt when split,
+        loops unrolled or shortened."""
+        edits: dict = {}
+        loops: dict[int, list[Loader]] = {}
+        for loader in self._all():
+            if loader.in_loop:
+                loops.setdefault(id(loader.statement), []).append(loader)
+            elif loader.key in self._removed:
+                edits[id(loader.statement)] = self._removal(loader.statement)
+            elif id(loader) in split:
+                stmt = attach_statement(loader.key, split[id(loader)], self.module)
+                edits[id(loader.statement)] = lambda updated, stmt=stmt: stmt.with_changes(
+                    leading_lines=updated.leading_lines
+                )
+        for members in loops.values():
+            edit = self._loop_edit(members, split)
+            if edit is not None:
+                edits[id(members[0].statement)] = edit
+        return edits
+
+    def _removal(self, stmt: cst.CSTNode):
+        def remove(updated):
+            return cst.RemoveFromParent()
+
+        return remove
+
+    def _loop_edit(self, members: list[Loader], split: dict[int, str]):
+        kept = [m for m in members if m.key not in self._removed]
+        if len(kept) == len(members) and not any(id(m) in split for m in members):
+            return None
+        loop = members[0].statement
+        if not kept:
+            return self._removal(loop)
+        if len(kept) > 1 and not any(id(m) in split for m in kept):
+            gone = {m.key for m in members} - {m.key for m in kept}
+
+            def shorten(updated: cst.For) -> cst.For:
+                elements = [e for e in updated.iter.elements if _param_key(e.value) not in gone]
+                elements[-1] = elements[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+                return updated.with_changes(iter=updated.iter.with_changes(elements=elements))
+
+            return shorten
+
+        def unroll(updated: cst.For):
+            inner = updated.body.body[0].body[0].value  # set_weight_loader(w, <loader>)
+            current = code_of(inner.args[1].value)
+            statements = [
+                attach_statement(m.key, split.get(id(m), current), self.module)
+                for m in kept
+            ]
+            statements[0] = statements[0].with_changes(leading_lines=updated.leading_lines)
+            return statements[0] if len(statements) == 1 else cst.FlattenSentinel(statements)
+
+        return unroll
+
+    def _dead_binding_edits(self, split: dict[int, str]) -> dict:
+        """Remove the local assignments of changed chains that nothing reads
+        any more (those that were read before)."""
+        from autoport_cst.transform.layers import removal_edits
+
+        gone_statements: set[int] = set()
+        for loader in self._all():
+            removed = loader.key in self._removed
+            if loader.in_loop:
+                members = [m for m in self._all() if m.statement is loader.statement]
+                if all(m.key in self._removed or id(m) in split for m in members):
+                    gone_statements.add(id(loader.placed.stmt))
+            elif removed or id(loader) in split:
+                gone_statements.add(id(loader.placed.stmt))
+        candidates: dict[int, tuple[Loader, Placed]] = {}
+        for loader in self._all():
+            if id(loader.placed.stmt) in gone_statements:
+                for binding in loader.bindings:
+                    candidates[id(binding.stmt)] = (loader, binding)
+        dead: set[int] = set()
+        changed = True
+        while changed:
+            changed = False
+            for key, (loader, binding) in candidates.items():
+                if key in dead:
+                    continue
+                readers = _readers(loader.function, binding)
+                if readers and all(id(r) in gone_statements or id(r) in dead for r in readers):
+                    dead.add(key)
+                    changed = True
+        doomed = [binding.stmt for key, (loader, binding) in candidates.items() if key in dead]
+        return removal_edits(self.scope, doomed) if doomed else {}
+
+
+def _compose(edits: dict, key: int, fn) -> None:
+    """Register ``fn`` for node ``key`` after an edit already there, whatever
+    that one returns."""
+    previous = edits.get(key)
+    edits[key] = fn if previous is None else (lambda updated, first=previous: fn(first(updated)))
+
+
+def _wrapper_args(loader: Loader) -> list[cst.CSTNode]:
+    """The arguments of ``loader``'s wrappers besides the loader they wrap."""
+    return [a.value for w in loader.wrappers for a in w.args[1:]]
+
+
+def _then_insert(new: list[cst.BaseStatement]):
+    """An edit appending ``new`` after a statement, also after one an earlier
+    edit turned into several."""
+
+    def edit(updated):
+        if isinstance(updated, cst.FlattenSentinel):
+            return cst.FlattenSentinel([*updated.nodes, *new])
+        return cst.FlattenSentinel([updated, *new])
+
+    return edit
+
+
+def _read_names(node: cst.CSTNode) -> set[str]:
+    """Variable names read under ``node`` (attribute and keyword names excluded)."""
+    skip: set[int] = set()
+    names: set[str] = set()
+    for n in walk(node):
+        if isinstance(n, cst.Attribute):
+            skip.add(id(n.attr))
+        elif isinstance(n, cst.Arg) and n.keyword is not None:
+            skip.add(id(n.keyword))
+        elif isinstance(n, cst.Name) and id(n) not in skip:
+            names.add(n.value)
+    return names
+
+
+def _header(stmt: cst.CSTNode) -> list[cst.CSTNode]:
+    """The parts of a statement evaluated by the statement itself (not its body)."""
+    if isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+        return [stmt]
+    if isinstance(stmt, cst.For):
+        return [stmt.iter]
+    if isinstance(stmt, (cst.If, cst.While)):
+        return [stmt.test]
+    if isinstance(stmt, cst.With):
+        return [item.item for item in stmt.items]
+    return []
+
+
+def _readers(func: cst.FunctionDef, binding: Placed) -> list[cst.CSTNode]:
+    """Statements that read the value ``binding`` gives its name: up to the
+    next binding of the name (whose right-hand side counts)."""
+    name = next(iter(bound_names(binding.stmt)))
+    readers: list[cst.CSTNode] = []
+    for placed in placed_statements(func)[binding.index + 1:]:
+        rebinds = name in bound_names(placed.stmt)
+        value = plain_binding(placed.stmt, name) if rebinds else None
+        parts = [value] if value is not None else ([] if rebinds else _header(placed.stmt))
+        if any(name in _read_names(part) for part in parts):
+            readers.append(placed.stmt)
+        if rebinds:
+            break
+    return readers
+
+
+# -- quantized classes and guards -----------------------------------------------------------------
+
+
+def is_quantized(cls: cst.ClassDef) -> bool:
+    """A class running quantized kernels: one of its calls passes
+    ``quantization_type=``."""
+    return any(isinstance(n, cst.Call) and keyword_arg(n, "quantization_type") is not None for n in walk(cls))
+
+
+def _guard_message(stmt: cst.CSTNode) -> str | None:
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Raise):
+        exc = stmt.body[0].exc
+        if isinstance(exc, cst.Call) and dotted(exc.func) == "NotImplementedError" and len(exc.args) == 1:
+            value = exc.args[0].value
+            if isinstance(value, cst.SimpleString):
+                return value.evaluated_value  # type: ignore[return-value]
+    return None
+
+
+def _is_super_init(stmt: cst.CSTNode) -> bool:
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr):
+        call = stmt.body[0].value
+        return isinstance(call, cst.Call) and (dotted(call.func) or code_of(call.func)).endswith("__init__")
+    return False
+
+
+def guard_edit(cls: cst.ClassDef, message: str, module: cst.Module) -> dict:
+    """An edit making ``cls.__init__`` raise ``NotImplementedError(message)``
+    right after ``super().__init__()`` (none when it already does). Guards of
+    several codemods are kept sorted by message, so that the codemods commute."""
+    init = method(cls, "__init__")
+    if init is None or not isinstance(init.body, cst.IndentedBlock):
+        raise ValueError(f"{cls.name.value} has no __init__ to guard")
+    body = list(init.body.body)
+    start = next((i + 1 for i, s in enumerate(body) if _is_super_init(s)), 0)
+    end = start
+    while end < len(body) and _guard_message(body[end]) is not None:
+        end += 1
+    messages = [_guard_message(s) for s in body[start:end]]
+    if message in messages:
+        return {}
+    guard = parse_statement(f"raise NotImplementedError({_quoted(message)})", module)
+    position = start + sum(1 for m in messages if m < message)  # type: ignore[operator]
+
+    def edit(updated: cst.FunctionDef) -> cst.FunctionDef:
+        stmts = list(updated.body.body)
+        stmts.insert(position, guard)
+        return updated.with_changes(body=updated.body.with_changes(body=stmts))
+
+    return {id(init): edit}
+
+
+def declare_guarded(cls: cst.ClassDef, ctx: FileContext, reason: str) -> None:
+    """Declare every call of a guarded class unaffected (the class raises
+    before any of them runs)."""
+    for node in walk(cls):
+        if isinstance(node, cst.Call):
+            ctx.unaffected(node, f"guarded: {reason}")
+
+
+# -- dense MLP classes -----------------------------------------------------------------------------
+
+MLP_CALLS = ("NF.mlp", "torch_mlp")
+
+
+@dataclass
+class MlpClass:
+    """A ``<Prefix>MLP`` class with its dense MLP kernel calls."""
+
+    cls: cst.ClassDef
+    calls: list[cst.Call]
+    quantized: bool
+
+    @property
+    def name(self) -> str:
+        return self.cls.name.value
+
+
+def mlp_classes(module: cst.Module, ctx: FileContext, codemod_id: str) -> list[MlpClass]:
+    """Every MLP class of the file with its ``NF.mlp`` calls (none for a
+    file without MLP classes, when the package has one elsewhere); an MLP
+    class without such a call, or a package without any MLP class, is a
+    precondition error."""
+    found = []
+    for cls in classes_with_role(module, "mlp"):
+        calls = [n for n in walk(cls) if isinstance(n, cst.Call) and dotted(n.func) in MLP_CALLS]
+        found.append(MlpClass(cls, calls, is_quantized(cls)))
+    with_calls = [m for m in found if m.calls]
+    if found and not with_calls:
+        names = ", ".join(m.name for m in found)
+        raise ctx.precondition(
+            f"{codemod_id}: expected one <Prefix>MLP class with one NF.mlp(...) call in this file "
+            f"(MLP classes: {names})"
+        )
+    if not found and not any(class_role(name) == "mlp" for name in ctx.port.package_classes):
+        raise ctx.precondition(f"{codemod_id}: no <Prefix>MLP class in the package")
+    return with_calls
+
+
+MLP_SUBLAYERS = ("mlp", "feed_forward")
+
+
+def mlp_mapping_weights(module: cst.Module) -> list[str]:
+    """The MLP weights a file maps without defining the MLP class (another
+    model class over the same backbone, such as an embedding model): the
+    ``<x>_weight`` leaves of mapping keys right under an MLP sublayer
+    (``...mlp.<x>_weight``), in order."""
+    from autoport_cst.transform.mappings import mapping_entries
+
+    found: list[str] = []
+    for entry in mapping_entries(module):
+        segments = entry.key.split(".")
+        if len(segments) >= 2 and segments[-2] in MLP_SUBLAYERS and segments[-1].endswith("_weight"):
+            if segments[-1] not in found:
+                found.append(segments[-1])
+    return found
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
