@@ -1,5 +1,7 @@
 """Suite-wide options: slow, exhaustive runs are opt-in (``--run-slow`` or
-``AUTOPORT_RUN_SLOW=1``)."""
+``AUTOPORT_RUN_SLOW=1``); property tests run 25 examples each by default,
+400 with ``HYPOTHESIS_PROFILE=thorough``, and never against a clock (a
+deadline flakes on a loaded machine; speed lives in ``benchmarks/``)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,15 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "default", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "thorough", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 ROOT = Path(__file__).resolve().parents[1]
 

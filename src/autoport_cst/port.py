@@ -87,7 +87,7 @@ def port(
     UnrealizableDiffError (a feature no codemod realizes, named)."""
     from autoport_cst.apply import build_port, load_reference, write_port
     from autoport_cst.apply.engine import REGISTRY
-    from autoport_cst.plan import PLAN_VERSION, Plan, derive_class_prefix, parse_plan, plan_to_json
+    from autoport_cst.plan import from_research, plan_to_json
     from autoport_cst.plan.naming import MODEL_NAME_RE
     from autoport_cst.research import choose_reference, research
 
@@ -119,16 +119,13 @@ def port(
     stage("apply")
     start = time.perf_counter()
     for reference_name in [ref] if ref else [c.name for c in choice.realizable_in_order()]:
-        plan = Plan(
-            version=PLAN_VERSION,
-            name=name,
-            architecture=found.architecture,
-            reference=choice.chosen if ref else reference_name,
-            class_prefix=derive_class_prefix(name),
-            spec=found.spec,
-            description=f"Planned by autoport-cst port from {found.source}.",
+        plan = from_research(
+            found,
+            name,
+            choice.chosen if ref else reference_name,
+            f"Planned by autoport-cst port from {found.source}.",
+            "<port plan>",
         )
-        plan = parse_plan(plan_to_json(plan), "<port plan>")
         reference = load_reference(reference_name)
         registry = out / REGISTRY
         result = build_port(

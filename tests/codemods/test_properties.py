@@ -17,7 +17,7 @@ import os
 
 import libcst as cst
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoport_cst.errors import PreconditionError
@@ -26,13 +26,7 @@ from autoport_cst.transform.library import get_codemod
 
 from .model_sources import PREFIX, model_sources, unrelated_sources
 
-settings.register_profile(
-    "default", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.register_profile(
-    "thorough", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+# profiles: tests/conftest.py
 
 # codemods that apply to model files, with strategies for their parameters
 PARAMS = {

@@ -42,14 +42,7 @@ def plan_command(source: str, name: str, output: Path, ref: str | None, review: 
     loaded); it picks the reference with the smallest realizable diff and
     the tensor/expert-parallel sizes for a trn2.48xlarge.
     """
-    from autoport_cst.plan import (
-        PLAN_VERSION,
-        Plan,
-        derive_class_prefix,
-        load_plan,
-        parse_plan,
-        plan_to_json,
-    )
+    from autoport_cst.plan import from_research, load_plan, plan_to_json
     from autoport_cst.plan.naming import MODEL_NAME_RE
     from autoport_cst.research import choose_reference, research
 
@@ -62,17 +55,8 @@ def plan_command(source: str, name: str, output: Path, ref: str | None, review: 
     result = research(source)
     choice = choose_reference(result.spec, name, result.architecture, [ref] if ref else None)
     description = _description(result, choice)
-    plan = Plan(
-        version=PLAN_VERSION,
-        name=name,
-        architecture=result.architecture,
-        reference=choice.chosen,
-        class_prefix=derive_class_prefix(name),
-        spec=result.spec,
-        description=description,
-    )
+    plan = from_research(result, name, choice.chosen, description)  # the written plan always loads
     data = plan_to_json(plan)
-    plan = parse_plan(data, "<generated plan>")  # the written plan always loads
     console = stdout_console()
     if not console.is_terminal:
         console.width = max(console.width, 140)  # logs and pipes: keep table rows whole

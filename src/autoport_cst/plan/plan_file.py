@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from autoport_cst.errors import InputError, MultiInputError, Position
 from autoport_cst.plan.naming import (
@@ -157,3 +157,26 @@ def load_plan(path: str | Path) -> Plan:
 
 def plan_to_json(plan: Plan) -> dict[str, Any]:
     return to_json(plan)
+
+
+class Researched(Protocol):
+    """What a plan needs of a research result."""
+
+    architecture: str
+    spec: ArchSpec
+
+
+def from_research(found: Researched, name: str, reference: str | None, description: str,
+                  source: str = "<generated plan>") -> Plan:
+    """The plan of a researched model, validated as a plan read from disk is
+    (the plan ``plan`` writes and the one ``port`` applies are built here)."""
+    plan = Plan(
+        version=PLAN_VERSION,
+        name=name,
+        architecture=found.architecture,
+        reference=reference,
+        class_prefix=derive_class_prefix(name),
+        spec=found.spec,
+        description=description,
+    )
+    return parse_plan(plan_to_json(plan), source)
