@@ -168,6 +168,22 @@ def _heads(x: torch.Tensor, batch: int, seq: int, count: int, d_head: int) -> to
     return x.reshape(batch, seq, count, d_head).transpose(1, 2)
 
 
+def _project(X, W_qkv, bias_qkv, g: _Geometry, x_norm: tuple, qk_norm: tuple):
+    """Optional RMSNorm of X, the QKV projection and optional per-head QK
+    norms: ``q [B, q_heads, S, d]``, ``k``, ``v [B, kv_heads, S, d]``."""
+    enabled, eps, gamma, width = x_norm
+    x = rms_norm(X, 1e-3 if eps is None else eps, gamma, width) if enabled else X
+    qkv = matmul(x, W_qkv, bias_qkv)
+    q_end, k_end = g.q_heads * g.d_head, (g.q_heads + g.kv_heads) * g.d_head
+    q = _heads(qkv[..., :q_end], g.batch, g.seq, g.q_heads, g.d_head)
+    k = _heads(qkv[..., q_end:k_end], g.batch, g.seq, g.kv_heads, g.d_head)
+    v = _heads(qkv[..., k_end:], g.batch, g.seq, g.kv_heads, g.d_head)
+    enabled, eps, w_q, w_k = qk_norm
+    if enabled:
+        q, k = rms_norm(q, eps, w_q), rms_norm(k, eps, w_k)
+    return q, k, v
+
+
 def _apply_rope(q, k, cos, sin, geometry: _Geometry, contiguous: bool):
     """RoPE with ``cos``/``sin`` ``[d/2, B, S]`` on ``[B, heads, S, d]``."""
     expected = (geometry.d_head // 2, q.shape[0], geometry.seq)
@@ -222,7 +238,7 @@ def _gathered_context(K_cache, V_cache, table, geometry, fp8_packed, dtype):
     return contexts
 
 
-def _visible(attention_mask, pos_ids, swa_start_pos_ids, max_context_len, geometry, q_heads, dcp_size):
+def _visible(attention_mask, pos_ids, swa_start_pos_ids, max_context_len, geometry, q_heads):
     """The mask ``[B, q_heads, S, S_ctx]`` the attention applies."""
     shape = (geometry.context, geometry.local_batch, q_heads, geometry.seq)
     if swa_start_pos_ids is not None and pos_ids is None:
@@ -374,19 +390,11 @@ def attention_decode(
     elif bias_out is not None:
         raise KernelConstraintError("NF.attention_decode: bias_out without W_out")
 
-    x = X
-    if rmsnorm_X_enabled:
-        eps = 1e-3 if rmsnorm_X_eps is None else rmsnorm_X_eps
-        x = rms_norm(x, eps, rmsnorm_X_gamma, X_hidden_dim_actual)
-    qkv = matmul(x, W_qkv, bias_qkv)
+    q, k, v = _project(
+        X, W_qkv, bias_qkv, geometry, (rmsnorm_X_enabled, rmsnorm_X_eps, rmsnorm_X_gamma, X_hidden_dim_actual),
+        (rmsnorm_QK_pre_rope_enabled, rmsnorm_QK_pre_rope_eps, rmsnorm_QK_pre_rope_W_Q, rmsnorm_QK_pre_rope_W_K),
+    )
     g = geometry
-    q_end, k_end = g.q_heads * g.d_head, (g.q_heads + g.kv_heads) * g.d_head
-    q = _heads(qkv[..., :q_end], g.batch, g.seq, g.q_heads, g.d_head)
-    k = _heads(qkv[..., q_end:k_end], g.batch, g.seq, g.kv_heads, g.d_head)
-    v = _heads(qkv[..., k_end:], g.batch, g.seq, g.kv_heads, g.d_head)
-    if rmsnorm_QK_pre_rope_enabled:
-        q = rms_norm(q, rmsnorm_QK_pre_rope_eps, rmsnorm_QK_pre_rope_W_Q)
-        k = rms_norm(k, rmsnorm_QK_pre_rope_eps, rmsnorm_QK_pre_rope_W_K)
     if attention_dp > 1:
         q, k, v = _exchange_for_attention_dp(q, k, v, g, attention_dp_group, attention_dp_rank, kv_needs_a2a)
     if cos is not None and sin is not None:
@@ -402,7 +410,7 @@ def attention_decode(
     k_ctx, v_ctx = _gathered_context(K_cache, V_cache, active_blocks_table, g, fp8_packed, X.dtype)
     k_ctx[:, :, g.context - g.seq :] = k.to(X.dtype)
     v_ctx[:, :, g.context - g.seq :] = v.to(X.dtype)
-    visible = _visible(attention_mask, pos_ids, swa_start_pos_ids, max_context_len, g, q.shape[1], dcp_size)
+    visible = _visible(attention_mask, pos_ids, swa_start_pos_ids, max_context_len, g, q.shape[1])
     scale = g.d_head**-0.5 if softmax_scale is None else softmax_scale
     attn, lse = _attend(q, k_ctx, v_ctx, visible, sink, scale, X.dtype)
     if dcp_size > 1:
