@@ -18,12 +18,14 @@ from autoport_cst.transform.cst_helpers import (
     rewrite,
     walk,
 )
-from autoport_cst.transform.layers import ACT_TYPES, MLP_KEYWORDS, TORCH_MLP, the_mlp
+from autoport_cst.transform.layers import ACT_TYPES, MLP_KEYWORDS, TORCH_MLP, parse_mlp_call
+from autoport_cst.transform.loaders import declare_guarded, guard_edit, mlp_classes
 
 # spec activation -> NF.mlp kernel activation (nkilib ActFnType member)
 KERNEL = {"silu": "SiLU", "gelu": "GELU", "gelu_tanh": "GELU_Tanh_Approx"}
 # activations the kernel lacks: computed by torch_mlp, added to the model file
 OUTSIDE_KERNEL = ("relu", "relu2", "quick_gelu")
+GUARD = "mlp-activation: an activation outside the NF.mlp kernel is not implemented for this quantized MLP"
 KERNEL_OPTIONS = ("hidden", "gate_w", "up_w", "down_w", "skip_gate", "act_fn", "gate_b", "up_b", "down_b")
 
 TORCH_MLP_CODE = '''
@@ -185,30 +187,60 @@ class MlpActivation(Codemod):
         return MlpActivationParams(activation=target.mlp.activation)
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        mlp_cls, parsed = the_mlp(module, ctx, self.ID)
-        call = parsed.call
         activation = self.params.activation
         edits: dict = {}
+        torch_after: list[str] = []  # MLP classes whose calls become torch_mlp
+        for mlp in mlp_classes(module, ctx, self.ID):
+            if mlp.quantized and activation not in KERNEL:
+                edits.update(guard_edit(mlp.cls, GUARD, module))
+                declare_guarded(mlp.cls, ctx, GUARD)
+                continue
+            for call in mlp.calls:
+                if not mlp.quantized:
+                    parse_mlp_call(call, ctx, module, self.ID)
+                edit = self._kernel_edit(call, module) if activation in KERNEL else self._torch_edit(call, module, ctx)
+                if edit is not None:
+                    edits[id(call)] = edit
+                    if activation not in KERNEL and mlp.name not in torch_after:
+                        torch_after.append(mlp.name)
+        if not edits:
+            return module
+        module = rewrite(module, edits)
         if activation in KERNEL:
-            value = parse_expr(f"ActFnType.{KERNEL[activation]}", module)
-            current = keyword_arg(call, "act_fn")
-            is_torch = dotted(call.func) == TORCH_MLP
-            if not is_torch and current is not None and dotted(current.value) == f"ActFnType.{KERNEL[activation]}":
-                return module
-            if not is_torch and current is None and activation == "silu":
-                return module
-
-            def edit(updated: cst.Call) -> cst.Call:
-                if is_torch:
-                    updated = updated.with_changes(func=parse_expr("NF.mlp", module))
-                return set_keyword(updated, "act_fn", value, order=MLP_KEYWORDS)
-
-            edits[id(call)] = edit
-            module = rewrite(module, edits)
             module = ensure_import_from(module, ACT_TYPES, "ActFnType")
             return self._drop_unused_helper(module)
+        if torch_after and not any(isinstance(s, cst.FunctionDef) and s.name.value == TORCH_MLP for s in module.body):
+            helper = parse_statement(TORCH_MLP_CODE.strip("\n"), module).with_changes(
+                leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(indent=False)]
+            )
+            body = list(module.body)
+            index = next(i for i, s in enumerate(body) if isinstance(s, cst.ClassDef) and s.name.value == torch_after[0])
+            body.insert(index + 1, helper)
+            module = module.with_changes(body=body)
+        return module
 
-        # outside the kernel: torch_mlp with the same arguments
+    def _kernel_edit(self, call: cst.Call, module: cst.Module):
+        """The edit giving one call a kernel activation (None when it has it)."""
+        kernel = KERNEL[self.params.activation]
+        value = parse_expr(f"ActFnType.{kernel}", module)
+        current = keyword_arg(call, "act_fn")
+        is_torch = dotted(call.func) == TORCH_MLP
+        if not is_torch and current is not None and dotted(current.value) == f"ActFnType.{kernel}":
+            return None
+        if not is_torch and current is None and self.params.activation == "silu":
+            return None
+
+        def edit(updated: cst.Call) -> cst.Call:
+            if is_torch:
+                updated = updated.with_changes(func=parse_expr("NF.mlp", module))
+            return set_keyword(updated, "act_fn", value, order=MLP_KEYWORDS)
+
+        return edit
+
+    def _torch_edit(self, call: cst.Call, module: cst.Module, ctx: FileContext):
+        """The edit turning one call into ``torch_mlp`` with an activation the
+        kernel lacks (None when it is one already)."""
+        activation = self.params.activation
         extra = [a.keyword.value for a in call.args if a.keyword is not None and a.keyword.value not in KERNEL_OPTIONS]
         if extra:
             raise ctx.precondition(
@@ -221,20 +253,10 @@ class MlpActivation(Codemod):
         current = keyword_arg(call, "act_fn")
         if dotted(call.func) == TORCH_MLP and current is not None and isinstance(current.value, cst.SimpleString) \
                 and current.value.evaluated_value == activation:
-            return module
-        edits[id(call)] = lambda updated: set_keyword(
+            return None
+        return lambda updated: set_keyword(
             updated.with_changes(func=cst.Name(TORCH_MLP)), "act_fn", value, order=MLP_KEYWORDS
         )
-        module = rewrite(module, edits)
-        if not any(isinstance(s, cst.FunctionDef) and s.name.value == TORCH_MLP for s in module.body):
-            helper = parse_statement(TORCH_MLP_CODE.strip("\n"), module).with_changes(
-                leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(indent=False)]
-            )
-            body = list(module.body)
-            index = next(i for i, s in enumerate(body) if isinstance(s, cst.ClassDef) and s.name.value == mlp_cls.name.value)
-            body.insert(index + 1, helper)
-            module = module.with_changes(body=body)
-        return module
 
     @staticmethod
     def _drop_unused_helper(module: cst.Module) -> cst.Module:

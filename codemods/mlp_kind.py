@@ -15,20 +15,19 @@ from autoport_cst.transform.cst_helpers import (
     parse_expr,
     positional_args,
     rewrite,
-    self_attr,
     walk,
 )
-from autoport_cst.transform.layers import (
-    MLP_KEYWORDS,
-    add_edit,
-    loader_sites,
-    loop_attrs,
-    parameters,
-    removal_edits,
-    set_loader_statement,
-    the_mlp,
+from autoport_cst.transform.layers import MLP_KEYWORDS, add_edit, parameters, parse_mlp_call, removal_edits
+from autoport_cst.transform.loaders import (
+    LoaderEdits,
+    declare_guarded,
+    guard_edit,
+    mlp_classes,
+    mlp_mapping_weights,
 )
 from autoport_cst.transform.mappings import mapping_entries
+
+GUARD = "mlp-kind: a plain (non-gated) MLP is not implemented for this quantized MLP"
 
 
 @dataclass(frozen=True)
@@ -149,74 +148,76 @@ class MlpKind(Codemod):
         return MlpKindParams()
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        mlp_cls, parsed = the_mlp(module, ctx, self.ID)
-        if not parsed.gated:
-            return module
-        gate = parsed.gate
-        name = mlp_cls.name.value
-        if gate is None:
+        edits: dict = {}
+        gates: list[str] = []
+        handled: set[int] = set()
+        mlps = mlp_classes(module, ctx, self.ID)
+        for mlp in mlps:
+            if mlp.quantized:
+                edits.update(guard_edit(mlp.cls, GUARD, module))
+                declare_guarded(mlp.cls, ctx, GUARD)
+                handled.add(id(mlp.cls))
+                continue
+            gate = self._class_edits(mlp, module, ctx, edits, handled)
+            if gate is not None and gate not in gates:
+                gates.append(gate)
+        if not mlps:
+            candidates = [w for w in mlp_mapping_weights(module) if w.startswith("gate")]
+            gates = candidates if len(candidates) == 1 else []
+        doomed = [e.statement for e in mapping_entries(module) if any(_is_entry_of(e.key, g) for g in gates)]
+        for key, fn in removal_edits(module, doomed).items():
+            add_edit(edits, key, fn)
+        handled.update(id(stmt) for stmt in doomed)
+        for gate in gates:
+            self._check_no_other_use(module, gate, handled, ctx)
+        return rewrite(module, edits)
+
+    def _class_edits(self, mlp, module: cst.Module, ctx: FileContext, edits: dict, handled: set[int]) -> str | None:
+        """Remove the gate of one MLP class; returns its weight attribute
+        (None when the class is plain already)."""
+        name = mlp.name
+        parsed = [parse_mlp_call(call, ctx, module, self.ID) for call in mlp.calls]
+        if not any(p.gated for p in parsed):
+            return None
+        gates = {p.gate for p in parsed if p.gated}
+        if len(gates) != 1 or None in gates or not all(p.gated for p in parsed):
             raise ctx.precondition(
-                f"{self.ID}: the gate argument of NF.mlp in {name} is not a self.<weight>", parsed.call, module
+                f"{self.ID}: the NF.mlp calls of {name} do not all pass one self.<gate> weight", mlp.calls[0], module
             )
-        gate_bias = keyword_arg(parsed.call, "gate_b")
-        if gate_bias is not None and code_of(gate_bias.value) != "None":
-            raise ctx.precondition(
-                f"{self.ID}: NF.mlp in {name} has a gate bias (gate_b=...); remove the gate first "
-                "(mlp-kind runs before mlp-bias)",
-                parsed.call,
-                module,
-            )
-        params = parameters(mlp_cls)
+        gate = gates.pop()
+        for p in parsed:
+            gate_bias = keyword_arg(p.call, "gate_b")
+            if gate_bias is not None and code_of(gate_bias.value) != "None":
+                raise ctx.precondition(
+                    f"{self.ID}: NF.mlp in {name} has a gate bias (gate_b=...); remove the gate first "
+                    "(mlp-kind runs before mlp-bias)",
+                    p.call,
+                    module,
+                )
+        params = parameters(mlp.cls)
         if gate not in params:
-            raise ctx.precondition(
-                f"{self.ID}: {name} has no self.{gate} = nn.Parameter(...)", mlp_cls, module
-            )
-        sites = loader_sites(mlp_cls)
-        site = sites.get(gate)
-        if site is None:
-            raise ctx.precondition(
-                f"{self.ID}: {name} attaches no loader to self.{gate} (set_weight_loader(self.{gate}, ...))",
-                mlp_cls,
-                module,
-            )
-        doomed = [params[gate]] + ([] if site.in_loop else [site.statement])
-        edits: dict = removal_edits(mlp_cls, doomed)
-        handled = {id(params[gate]), id(parsed.call), id(site.statement)}
-        if site.in_loop:
-            loop = site.statement
-            rest = [a for a in loop_attrs(loop) if a != gate]  # type: ignore[arg-type]
-            add_edit(edits, id(loop), self._loop_edit(loop, gate, rest, module))
+            raise ctx.precondition(f"{self.ID}: {name} has no self.{gate} = nn.Parameter(...)", mlp.cls, module)
+        loaders = LoaderEdits(mlp.cls, module, ctx, self.ID)
+        loaders.remove(gate)
+        loaders.doom(params[gate])
+        handled.add(id(params[gate]))
+        handled.update(id(site.statement) for site in loaders.of(gate))
+        edits.update(loaders.edits())
+        for p in parsed:
+            edits[id(p.call)] = self._call_edit(p, module)
+            handled.add(id(p.call))
+        return gate
+
+    @staticmethod
+    def _call_edit(parsed, module: cst.Module):
         up_arg = positional_args(parsed.call)[2].value
 
         def edit_call(updated: cst.Call) -> cst.Call:
-            args = list(updated.args)
             gate_arg = positional_args(updated)[1]
-            args = [a.with_changes(value=up_arg) if a is gate_arg else a for a in args]
+            args = [a.with_changes(value=up_arg) if a is gate_arg else a for a in updated.args]
             return set_keyword(updated.with_changes(args=args), "skip_gate", parse_expr("True", module), order=MLP_KEYWORDS)
 
-        edits[id(parsed.call)] = edit_call
-        for entry in mapping_entries(module):
-            if entry.key.endswith("." + gate) or entry.key == gate:
-                edits[id(entry.statement)] = lambda updated: cst.RemoveFromParent()
-                handled.add(id(entry.statement))
-        self._check_no_other_use(module, gate, handled, ctx)
-        return rewrite(module, edits)
-
-    def _loop_edit(self, loop: cst.For, gate: str, rest: list[str], module: cst.Module):
-        if not rest:
-            return lambda updated: cst.RemoveFromParent()
-        if len(rest) == 1:
-            inner = loop.body.body[0].body[0].value  # set_weight_loader(w, <loader>)
-            stmt = set_loader_statement(rest[0], code_of(inner.args[1].value), module)
-            stmt = stmt.with_changes(leading_lines=loop.leading_lines)
-            return lambda updated: stmt
-
-        def keep(updated: cst.For) -> cst.For:
-            elements = [e for e in updated.iter.elements if self_attr(e.value) != gate]
-            elements[-1] = elements[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-            return updated.with_changes(iter=updated.iter.with_changes(elements=elements))
-
-        return keep
+        return edit_call
 
     def _check_no_other_use(self, module: cst.Module, attr: str, handled: set[int], ctx: FileContext) -> None:
         skipped: set[int] = set()
@@ -233,3 +234,12 @@ class MlpKind(Codemod):
                     node,
                     module,
                 )
+
+
+def _is_entry_of(key: str, param: str) -> bool:
+    """A mapping key of ``param``: ``...<param>``, or a copy for a variant of
+    it, ``...<param>{suffix}`` (the FP8 ``_cte``/``_tkg``/``_plain`` buffers)."""
+    leaf = key.rsplit(".", 1)[-1]
+    if leaf == param:
+        return True
+    return leaf.startswith(param + "{") and leaf.endswith("}") and leaf.count("{") == 1

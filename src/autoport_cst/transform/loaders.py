@@ -415,6 +415,7 @@ class LoaderEdits:
         self._new_base: dict[str, Callable[[cst.Call], cst.Call]] = {}
         self._removed: set[str] = set()
         self._after: dict[int, list[cst.BaseStatement]] = {}
+        self._doomed: list[cst.CSTNode] = []
 
     # -- reading ------------------------------------------------------------------
 
@@ -460,9 +461,16 @@ class LoaderEdits:
         self._new_base[key] = fn
 
     def remove(self, key: str) -> None:
-        """Stop attaching a loader to ``key`` (its parameter goes)."""
-        self.require(key)
+        """Stop attaching a loader to ``key`` (its parameter goes), whatever
+        the loader is."""
+        if not self.of(key):
+            self.require(key)
         self._removed.add(key)
+
+    def doom(self, statement: cst.CSTNode) -> None:
+        """Remove another statement of the scope with the loaders' own
+        removals (comments above removed statements move down together)."""
+        self._doomed.append(statement)
 
     def add_after(self, loader: Loader, statements: list[cst.BaseStatement]) -> None:
         """Insert ``statements`` after the attachment ``loader`` (after its loop)."""
@@ -530,8 +538,6 @@ class LoaderEdits:
             add_edit(edits, key, fn)
         for key, new in self._after.items():
             _compose(edits, key, _then_insert(new))
-        for key, fn in self._dead_binding_edits(split).items():
-            add_edit(edits, key, fn)
         return edits
 
     def _all(self) -> Iterator[Loader]:
@@ -556,37 +562,36 @@ class LoaderEdits:
     def _statement_edits(self, split: dict[int, str]) -> dict:
         """Edits of the attaching statements: removed, rebuilt when split,
         loops unrolled or shortened."""
+        from autoport_cst.transform.layers import removal_edits
+
         edits: dict = {}
+        doomed: list[cst.CSTNode] = list(self._doomed) + self._dead_bindings(split)
         loops: dict[int, list[Loader]] = {}
         for loader in self._all():
             if loader.in_loop:
                 loops.setdefault(id(loader.statement), []).append(loader)
             elif loader.key in self._removed:
-                edits[id(loader.statement)] = self._removal(loader.statement)
+                doomed.append(loader.statement)
             elif id(loader) in split:
                 stmt = attach_statement(loader.key, split[id(loader)], self.module)
                 edits[id(loader.statement)] = lambda updated, stmt=stmt: stmt.with_changes(
                     leading_lines=updated.leading_lines
                 )
         for members in loops.values():
+            if all(m.key in self._removed for m in members):
+                doomed.append(members[0].statement)
+                continue
             edit = self._loop_edit(members, split)
             if edit is not None:
                 edits[id(members[0].statement)] = edit
+        for key, fn in removal_edits(self.scope, doomed).items() if doomed else ():
+            _compose(edits, key, fn)
         return edits
-
-    def _removal(self, stmt: cst.CSTNode):
-        def remove(updated):
-            return cst.RemoveFromParent()
-
-        return remove
 
     def _loop_edit(self, members: list[Loader], split: dict[int, str]):
         kept = [m for m in members if m.key not in self._removed]
         if len(kept) == len(members) and not any(id(m) in split for m in members):
             return None
-        loop = members[0].statement
-        if not kept:
-            return self._removal(loop)
         if len(kept) > 1 and not any(id(m) in split for m in kept):
             gone = {m.key for m in members} - {m.key for m in kept}
 
@@ -609,11 +614,9 @@ class LoaderEdits:
 
         return unroll
 
-    def _dead_binding_edits(self, split: dict[int, str]) -> dict:
-        """Remove the local assignments of changed chains that nothing reads
-        any more (those that were read before)."""
-        from autoport_cst.transform.layers import removal_edits
-
+    def _dead_bindings(self, split: dict[int, str]) -> list[cst.CSTNode]:
+        """The local assignments of changed chains that nothing reads any
+        more (of those that were read before)."""
         gone_statements: set[int] = set()
         for loader in self._all():
             removed = loader.key in self._removed
@@ -639,8 +642,7 @@ class LoaderEdits:
                 if readers and all(id(r) in gone_statements or id(r) in dead for r in readers):
                     dead.add(key)
                     changed = True
-        doomed = [binding.stmt for key, (loader, binding) in candidates.items() if key in dead]
-        return removal_edits(self.scope, doomed) if doomed else {}
+        return [binding.stmt for key, (loader, binding) in candidates.items() if key in dead]
 
 
 def _compose(edits: dict, key: int, fn) -> None:
