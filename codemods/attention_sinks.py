@@ -6,39 +6,64 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
 from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.attention import (
-    UNFUSED_DECODE_CALL,
-    UNFUSED_PREFILL_CALL,
-    attention_classes,
-    calls_in,
-    self_parameters,
-)
+from autoport_cst.transform.attention import add_functions, self_parameters
 from autoport_cst.transform.cst_helpers import (
+    code_of,
     dotted,
     ensure_import_from,
     insert_many_after,
+    is_none,
+    keyword_arg,
     parse_expr,
     parse_statements,
     replace_string_suffix,
     rewrite,
     self_assignment,
+    self_attr,
     statements,
     walk,
     with_comment,
 )
+from autoport_cst.transform.kernels import (
+    DECODE,
+    FLASH,
+    KERNEL_NAMES,
+    SEGMENTED,
+    SEGMENTED_CP,
+    argument,
+    attention_classes_in,
+    guard,
+    kernel_sites,
+)
 from autoport_cst.transform.layers import is_parameter, require_method
+from autoport_cst.transform.loaders import (
+    RANK_WRAPPERS,
+    attach_statement,
+    find_loaders,
+    render_call,
+    render_loader,
+)
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
 
 ID = "attention-sinks"
 WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"
 
-SINKS = """
-self.sinks = nn.Parameter(torch.zeros(self.num_attention_heads_per_rank, dtype=torch.float32))
-set_weight_loader(
-    self.sinks,
-    sharding_weight_loader(shard_dim=0, shard_size=self.num_attention_heads_per_rank, num_shards=self.world_size),
-)
-"""
+SINKS = "self.sinks = nn.Parameter(torch.zeros(self.num_attention_heads_per_rank, dtype=torch.float32))"
+PARAMETER_COMMENT = "<-- MODEL-SPECIFIC: a learned sink logit per query head (float32), sharded by head"
+LOADER_COMMENT = "<-- MODEL-SPECIFIC: the sinks are sharded by query head, as the output projection's rows"
+GUARD_COMMENT = "<-- MODEL-SPECIFIC: attention sinks: a path whose kernel takes none refuses"
+CP_MESSAGE = "attention sinks: NF.segmented_attention_cp (context-parallel prefill) takes no sink"
+
+DP_SINKS = '''
+def _attention_dp_sinks(sinks, attention_dp, group):
+    """The sink logits [heads, 1] of the query heads the decode kernel attends
+    with: under attention data parallelism it gathers the heads of every rank
+    of ``group`` (in rank order), so their sinks are gathered alike."""
+    sink = sinks.unsqueeze(1)
+    if attention_dp == 1:
+        return sink
+    return group.all_gather(sink, dim=0)
+'''
 
 
 class AttentionSinks(Codemod):
@@ -66,7 +91,7 @@ class AttentionSinks(Codemod):
     Params = NoParams
     EXAMPLES = (
         Example(
-            title="sinks on both paths",
+            title="sinks on both paths, sharded like the output projection (TP)",
             before="""
                 from vllm_neuron.utils.weight_loader import set_weight_loader
 
@@ -75,6 +100,10 @@ class AttentionSinks(Codemod):
                     def __init__(self, config, layer_idx):
                         self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
                         self.o_proj_weight = nn.Parameter(torch.empty(self.q_size, self.hidden_size))
+                        set_weight_loader(
+                            self.o_proj_weight,
+                            sharding_weight_loader(shard_dim=0, shard_size=self.q_size, num_shards=self.world_size),
+                        )
 
                     def forward_prefill(self, q, k, v):
                         return NF.flash_attention(q, k, v, scale=self.scaling)
@@ -98,8 +127,17 @@ class AttentionSinks(Codemod):
                         # <-- MODEL-SPECIFIC: a learned sink logit per query head (float32), sharded by head
                         self.sinks = nn.Parameter(torch.zeros(self.num_attention_heads_per_rank, dtype=torch.float32))
                         set_weight_loader(
+                            self.o_proj_weight,
+                            sharding_weight_loader(shard_dim=0, shard_size=self.q_size, num_shards=self.world_size),
+                        )
+                        # <-- MODEL-SPECIFIC: the sinks are sharded by query head, as the output projection's rows
+                        set_weight_loader(
                             self.sinks,
-                            sharding_weight_loader(shard_dim=0, shard_size=self.num_attention_heads_per_rank, num_shards=self.world_size),
+                            sharding_weight_loader(
+                                shard_dim=0,
+                                shard_size=self.num_attention_heads_per_rank,
+                                num_shards=self.world_size,
+                            ),
                         )
 
                     def forward_prefill(self, q, k, v):
@@ -116,6 +154,125 @@ class AttentionSinks(Codemod):
             """,
         ),
         Example(
+            title=(
+                "every path of a layer that shards query heads over TP x attention DP: flash and segmented "
+                "prefill, decode (with the heads of every attention-DP rank), context-parallel prefill guarded"
+            ),
+            before='''
+                from vllm_neuron.utils.weight_loader import set_weight_loader, sharding_weight_loader, with_rank_override
+
+
+                class LlamaAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.num_attention_heads_per_rank = self.num_attention_heads // (self.world_size * self.attention_dp_size)
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+                        self.o_proj_weight = nn.Parameter(torch.empty(self.q_size, self.hidden_size))
+                        self._setup_weight_loaders()
+
+                    def _setup_weight_loaders(self):
+                        ddp = self.attention_dp_size
+                        effective_q_rank = self.attention_dp_rank + self.rank * ddp
+                        set_weight_loader(
+                            self.o_proj_weight,
+                            with_rank_override(
+                                sharding_weight_loader(shard_dim=0, shard_size=self.q_size, num_shards=self.world_size * ddp),
+                                rank=effective_q_rank,
+                            ),
+                        )
+
+                    def forward_prefill(self, q, k, v, meta):
+                        if self.dcp_size > 1:
+                            out = NF.segmented_attention_cp(q=q, k_local=k, v_local=v, scale=self.scaling)
+                        elif meta["kv_segment_size"]:
+                            out = NF.segmented_attention(q, k_cache=self.k_cache, v_cache=self.v_cache, scale=self.scaling)
+                        else:
+                            out = NF.flash_attention(q, k, v, scale=self.scaling)
+                        return out
+
+                    def forward_decode(self, x, mask, pos_ids):
+                        return NF.attention_decode(
+                            X=x,
+                            attention_mask=mask,
+                            pos_ids=pos_ids,
+                            softmax_scale=self.scaling,
+                            sink=None,
+                            attention_dp=self.attention_dp_size,
+                            attention_dp_group=self.attention_dp_group.device_group if self.attention_dp_group else None,
+                        )
+            ''',
+            after='''
+                from vllm_neuron.utils.weight_loader import set_weight_loader, sharding_weight_loader, with_rank_override
+
+
+                def _attention_dp_sinks(sinks, attention_dp, group):
+                    """The sink logits [heads, 1] of the query heads the decode kernel attends
+                    with: under attention data parallelism it gathers the heads of every rank
+                    of ``group`` (in rank order), so their sinks are gathered alike."""
+                    sink = sinks.unsqueeze(1)
+                    if attention_dp == 1:
+                        return sink
+                    return group.all_gather(sink, dim=0)
+
+
+                class LlamaAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.num_attention_heads_per_rank = self.num_attention_heads // (self.world_size * self.attention_dp_size)
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+                        self.o_proj_weight = nn.Parameter(torch.empty(self.q_size, self.hidden_size))
+                        # <-- MODEL-SPECIFIC: a learned sink logit per query head (float32), sharded by head
+                        self.sinks = nn.Parameter(torch.zeros(self.num_attention_heads_per_rank, dtype=torch.float32))
+                        self._setup_weight_loaders()
+
+                    def _setup_weight_loaders(self):
+                        ddp = self.attention_dp_size
+                        effective_q_rank = self.attention_dp_rank + self.rank * ddp
+                        set_weight_loader(
+                            self.o_proj_weight,
+                            with_rank_override(
+                                sharding_weight_loader(shard_dim=0, shard_size=self.q_size, num_shards=self.world_size * ddp),
+                                rank=effective_q_rank,
+                            ),
+                        )
+                        # <-- MODEL-SPECIFIC: the sinks are sharded by query head, as the output projection's rows
+                        set_weight_loader(
+                            self.sinks,
+                            with_rank_override(
+                                sharding_weight_loader(
+                                    shard_dim=0,
+                                    shard_size=self.num_attention_heads_per_rank,
+                                    num_shards=self.world_size * ddp,
+                                ),
+                                rank=effective_q_rank,
+                            ),
+                        )
+
+                    def forward_prefill(self, q, k, v, meta):
+                        if self.dcp_size > 1:
+                            # <-- MODEL-SPECIFIC: attention sinks: a path whose kernel takes none refuses
+                            if self.sinks is not None:
+                                raise NotImplementedError(
+                                    "attention sinks: NF.segmented_attention_cp (context-parallel prefill) takes no sink"
+                                )
+                            out = NF.segmented_attention_cp(q=q, k_local=k, v_local=v, scale=self.scaling)
+                        elif meta["kv_segment_size"]:
+                            out = NF.segmented_attention(q, k_cache=self.k_cache, v_cache=self.v_cache, scale=self.scaling, sink=self.sinks.unsqueeze(1))
+                        else:
+                            out = NF.flash_attention(q, k, v, scale=self.scaling, sink=self.sinks.unsqueeze(1))
+                        return out
+
+                    def forward_decode(self, x, mask, pos_ids):
+                        return NF.attention_decode(
+                            X=x,
+                            attention_mask=mask,
+                            pos_ids=pos_ids,
+                            softmax_scale=self.scaling,
+                            sink=_attention_dp_sinks(self.sinks, self.attention_dp_size, self.attention_dp_group),
+                            attention_dp=self.attention_dp_size,
+                            attention_dp_group=self.attention_dp_group.device_group if self.attention_dp_group else None,
+                        )
+            ''',
+        ),
+        Example(
             title="no decode attention call",
             before="""
                 class GptOssAttention(nn.Module):
@@ -128,7 +285,7 @@ class AttentionSinks(Codemod):
                     def forward_decode(self, x):
                         return x
             """,
-            raises="attention-sinks: no NF.attention_decode(...) call in GptOssAttention.forward_decode",
+            raises="attention-sinks: no NF.attention_decode(...) call in GptOssAttention",
         ),
     )
 
@@ -142,51 +299,99 @@ class AttentionSinks(Codemod):
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         edits: dict = {}
-        sink = parse_expr("self.sinks.unsqueeze(1)", module)
-        for cls in attention_classes(module, ctx, ID):
-            name = cls.name.value
-            init = require_method(cls, "__init__", ctx, module, ID)
-            prefill = require_method(cls, "forward_prefill", ctx, module, ID)
-            decode = require_method(cls, "forward_decode", ctx, module, ID)
-            flash = calls_in(prefill, "NF.flash_attention") + calls_in(prefill, UNFUSED_PREFILL_CALL)
-            if not flash:
-                raise ctx.precondition(
-                    f"{ID}: no NF.flash_attention(...) call in {name}.forward_prefill", prefill, module
-                )
-            kernel = calls_in(decode, "NF.attention_decode") + calls_in(decode, UNFUSED_DECODE_CALL)
-            if not kernel:
-                raise ctx.precondition(
-                    f"{ID}: no NF.attention_decode(...) call in {name}.forward_decode", decode, module
-                )
-            if "sinks" not in self_parameters(cls):
-                # after the projection weights and biases, and after query/key norms
-                # (whichever codemod added them first, the order is the same)
-                anchor = None
-                for stmt in statements(init):
-                    pair = self_assignment(stmt)
-                    projection = (
-                        pair is not None and is_parameter(pair[1]) and pair[0].endswith(("_weight", "_bias"))
-                    )
-                    if projection or (anchor is not None and _mentions_qk_norm(stmt)):
-                        anchor = stmt
-                if anchor is None:
-                    raise ctx.precondition(f"{ID}: {name}.__init__ creates no nn.Parameter", init, module)
-                new = parse_statements(SINKS.strip("\n"), module)
-                new[0] = with_comment(
-                    new[0], "<-- MODEL-SPECIFIC: a learned sink logit per query head (float32), sharded by head"
-                )
-                edits[id(anchor)] = lambda updated, new=new: cst.FlattenSentinel([updated, *new])
-            for call in flash + kernel:
-                edits[id(call)] = lambda updated: set_keyword(
-                    updated, "sink", sink, after=("sliding_window", "scale", "softmax_scale")
-                )
+        helpers: list[str] = []
+        wrapped = False
+        for cls in attention_classes_in(module, ctx, ID):
+            self._kernel_edits(cls, module, ctx, edits, helpers)
+            wrapped |= self._parameter_edits(cls, module, ctx, edits)
         module = rewrite(module, edits)
-        module = ensure_import_from(module, WEIGHT_LOADERS, "sharding_weight_loader")
-        module = ensure_import_from(module, WEIGHT_LOADERS, "set_weight_loader")
+        if helpers:
+            module = add_functions(module, helpers)
+        for name in ("sharding_weight_loader", "set_weight_loader") + (("with_rank_override",) if wrapped else ()):
+            if edits:
+                module = ensure_import_from(module, WEIGHT_LOADERS, name)
         return self._mappings(module, ctx)
+
+    def _parameter_edits(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext, edits: dict) -> bool:
+        """``self.sinks`` after the projections, its loader after the output
+        projection's, built the same way: this rank's query heads of the same
+        shards (TP, times attention DP where the layer shards heads over it),
+        read at the same rank. Returns whether the loader is rank-wrapped."""
+        name = cls.name.value
+        init = require_method(cls, "__init__", ctx, module, ID)
+        loaders = find_loaders(cls)
+        if "sinks" in loaders:
+            return False
+        o_proj = next(iter(loaders.get("o_proj_weight", [])), None)
+        if o_proj is None or o_proj.base is None or keyword_arg(o_proj.base, "num_shards") is None:
+            raise ctx.precondition(
+                f"{ID}: {name} attaches no sharding loader with num_shards= to self.o_proj_weight "
+                f"({o_proj.problem if o_proj is not None and o_proj.problem else 'the sinks are sharded like it'})",
+                o_proj.statement if o_proj is not None else cls,
+                module,
+            )
+        if "sinks" not in self_parameters(cls):
+            anchor = None
+            for stmt in statements(init):
+                pair = self_assignment(stmt)
+                projection = pair is not None and is_parameter(pair[1]) and pair[0].endswith(("_weight", "_bias"))
+                if projection or (anchor is not None and _mentions_qk_norm(stmt)):
+                    anchor = stmt
+            if anchor is None:
+                raise ctx.precondition(f"{ID}: {name}.__init__ creates no nn.Parameter", init, module)
+            new = parse_statements(SINKS, module)
+            new[0] = with_comment(new[0], PARAMETER_COMMENT)
+            _after(edits, anchor, new)
+        wrappers = tuple(w for w in o_proj.wrappers if dotted(w.func) in RANK_WRAPPERS)
+        shards = code_of(keyword_arg(o_proj.base, "num_shards").value)
+        arguments = ["shard_dim=0", "shard_size=self.num_attention_heads_per_rank", f"num_shards={shards}"]
+        base = render_call("sharding_weight_loader", arguments, 1 + len(wrappers))
+        loader = render_loader(base, wrappers)
+        _after(edits, o_proj.statement, [with_comment(attach_statement("sinks", loader, module), LOADER_COMMENT)])
+        return bool(wrappers)
+
+    def _kernel_edits(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext, edits: dict,
+                      helpers: list[str]) -> None:
+        name = cls.name.value
+        sites = kernel_sites(cls)
+        for kind in (FLASH, DECODE):
+            if not any(site.kind == kind for site in sites):
+                raise ctx.precondition(f"{ID}: no {KERNEL_NAMES[kind]}(...) call in {name}", cls, module)
+        after = ("sliding_window", "scale", "softmax_scale")
+        for site in sites:
+            if site.kind == SEGMENTED_CP:
+                guard(site, "self.sinks is not None", CP_MESSAGE, module, ctx, edits, GUARD_COMMENT)
+                continue
+            sink = parse_expr("self.sinks.unsqueeze(1)", module)
+            if site.kind == DECODE:
+                sink = self._decode_sink(site, cls, module, ctx, helpers) or sink
+            edits[id(site.call)] = lambda updated, sink=sink: set_keyword(updated, "sink", sink, after=after)
+
+    def _decode_sink(self, site, cls, module, ctx, helpers: list[str]) -> cst.BaseExpression | None:
+        """With attention data parallelism the decode kernel attends with the
+        query heads of every attention-DP rank: their sinks, gathered."""
+        degree = argument(site.call, "attention_dp")
+        if degree is None or (isinstance(degree, cst.Integer) and degree.value == "1"):
+            return None
+        group = argument(site.call, "attention_dp_group")
+        holder = next(
+            (n for n in walk(group) if isinstance(n, cst.Attribute) and self_attr(n) is not None), None
+        ) if group is not None and not is_none(group) else None
+        if holder is None:
+            raise ctx.precondition(
+                f"{ID}: {site.where(cls)} passes attention_dp={code_of(degree)} but no attention_dp_group "
+                "held by the layer (self.<group>) to gather the sinks over",
+                site.call,
+                module,
+            )
+        if DP_SINKS not in helpers:
+            helpers.append(DP_SINKS)
+        return parse_expr(f"_attention_dp_sinks(self.sinks, {code_of(degree)}, {code_of(holder)})", module)
 
     def _mappings(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         entries = mapping_entries(module)
+        if not entries:
+            return module  # the checkpoint keys are mapped in another file of the package
         keys = {e.key for e in entries}
         anchors = [e for e in entries if e.key.endswith(".self_attn.o_proj_weight")]
         if not anchors:
@@ -208,3 +413,15 @@ def _mentions_qk_norm(stmt: cst.BaseStatement) -> bool:
         isinstance(n, cst.Attribute) and n.attr.value in ("q_norm", "k_norm") and dotted(n.value) == "self"
         for n in walk(stmt)
     )
+
+
+def _after(edits: dict, anchor: cst.CSTNode, new: list[cst.BaseStatement]) -> None:
+    """Record the insertion of ``new`` after ``anchor``, after earlier insertions there."""
+    previous = edits.get(id(anchor))
+
+    def place(updated, previous=previous, new=new):
+        base = previous(updated) if previous is not None else updated
+        nodes = list(base.nodes) if isinstance(base, cst.FlattenSentinel) else [base]
+        return cst.FlattenSentinel([*nodes, *new])
+
+    edits[id(anchor)] = place

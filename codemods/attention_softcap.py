@@ -9,18 +9,7 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.attention import (
-    DECODE_UNFUSED,
-    PREFILL_UNFUSED,
-    UNFUSED_DECODE_CALL,
-    UNFUSED_PREFILL_CALL,
-    add_functions,
-    attention_classes,
-    calls_in,
-    place_setting,
-    to_unfused_decode,
-    to_unfused_prefill,
-)
+from autoport_cst.transform.attention import add_functions, place_setting
 from autoport_cst.transform.config_fields import add_config_fields
 from autoport_cst.transform.cst_helpers import (
     find_self_assignment,
@@ -29,9 +18,24 @@ from autoport_cst.transform.cst_helpers import (
     rewrite,
     with_comment,
 )
+from autoport_cst.transform.kernels import (
+    DECODE,
+    FLASH,
+    KERNEL_NAMES,
+    SEGMENTED,
+    SEGMENTED_CP,
+    attention_classes_in,
+    guard,
+    kernel_sites,
+    substitutes_for,
+    to_unfused,
+)
 from autoport_cst.transform.layers import require_method
 
 ID = "attention-softcap"
+COMMENT = "<-- MODEL-SPECIFIC: tanh softcap of the attention scores (None: no cap)"
+GUARD_COMMENT = "<-- MODEL-SPECIFIC: attention softcap: a path no substitute computes refuses"
+CP_MESSAGE = "attention softcap: NF.segmented_attention_cp (context-parallel prefill) has no softcap and no substitute"
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,10 @@ class AttentionSoftcap(Codemod):
                     ...
 
 
+                def _softmax_attention(q, k, v, scale, visible, sink, softcap, tp_out):
+                    ...
+
+
                 class Gemma2Attention(nn.Module):
                     def __init__(self, config, layer_idx):
                         self.scaling = config.query_pre_attn_scalar**-0.5
@@ -106,6 +114,10 @@ class AttentionSoftcap(Codemod):
 
 
                 def _flash_attention_unfused(q, k, v, scale=None, softcap=None, **kernel_options):
+                    ...
+
+
+                def _softmax_attention(q, k, v, scale, visible, sink, softcap, tp_out):
                     ...
 
 
@@ -151,12 +163,12 @@ class AttentionSoftcap(Codemod):
                         self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
 
                     def forward_prefill(self, q, k, v):
-                        return NF.segmented_attention(q, k, v)
+                        return NF.ring_attention(q, k, v)
 
                     def forward_decode(self, x):
                         return NF.attention_decode(X=x)
             """,
-            raises="attention-softcap: no NF.flash_attention(...) call in Gemma2Attention.forward_prefill",
+            raises="attention-softcap: no NF.flash_attention(...) call in Gemma2Attention",
         ),
     )
 
@@ -176,42 +188,41 @@ class AttentionSoftcap(Codemod):
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         key = self.params.config_key
-        comment = "<-- MODEL-SPECIFIC: tanh softcap of the attention scores (None: no cap)"
         if ctx.role == "config":
             return add_config_fields(
                 module, ctx, ID, [(f"{key}: float | None = None", "tanh softcap of the attention scores (None: no cap)")]
             )
         edits: dict = {}
-        cap = parse_expr(f"self.{key}", module)
-        for cls in attention_classes(module, ctx, ID):
-            name = cls.name.value
-            init = require_method(cls, "__init__", ctx, module, ID)
-            prefill = require_method(cls, "forward_prefill", ctx, module, ID)
-            decode = require_method(cls, "forward_decode", ctx, module, ID)
-            flash = calls_in(prefill, "NF.flash_attention") + calls_in(prefill, UNFUSED_PREFILL_CALL)
-            if not flash:
-                raise ctx.precondition(
-                    f"{ID}: no NF.flash_attention(...) call in {name}.forward_prefill", prefill, module
-                )
-            kernel = calls_in(decode, "NF.attention_decode") + calls_in(decode, UNFUSED_DECODE_CALL)
-            if not kernel:
-                raise ctx.precondition(
-                    f"{ID}: no NF.attention_decode(...) call in {name}.forward_decode", decode, module
-                )
-            if find_self_assignment(init, key) is None:
-                params = [p.name.value for p in init.params.params]
-                config = params[1] if len(params) > 1 else "config"
-                stmt = with_comment(parse_statement(f"self.{key} = {config}.{key}", module), comment)
-                if not place_setting(init, key, stmt, edits):
-                    raise ctx.precondition(
-                        f"{ID}: {name}.__init__ sets none of self.scaling / self.head_dim / self.layer_idx "
-                        "to place the cap after",
-                        init,
-                        module,
-                    )
-            for call in flash:
-                edits[id(call)] = lambda updated: set_keyword(to_unfused_prefill(updated), "softcap", cap)
-            for call in kernel:
-                edits[id(call)] = lambda updated: set_keyword(to_unfused_decode(updated), "softcap", cap)
+        kinds: set[str] = set()
+        for cls in attention_classes_in(module, ctx, ID):
+            self._attention_edits(cls, module, ctx, edits, kinds)
         module = rewrite(module, edits)
-        return add_functions(module, [DECODE_UNFUSED, PREFILL_UNFUSED])
+        return add_functions(module, substitutes_for(kinds))
+
+    def _attention_edits(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext, edits: dict,
+                         kinds: set[str]) -> None:
+        key, name = self.params.config_key, cls.name.value
+        init = require_method(cls, "__init__", ctx, module, ID)
+        sites = kernel_sites(cls)
+        if not any(site.kind in (FLASH, SEGMENTED) for site in sites):
+            raise ctx.precondition(f"{ID}: no {KERNEL_NAMES[FLASH]}(...) call in {name}", cls, module)
+        if not any(site.kind == DECODE for site in sites):
+            raise ctx.precondition(f"{ID}: no {KERNEL_NAMES[DECODE]}(...) call in {name}", cls, module)
+        if find_self_assignment(init, key) is None:
+            params = [p.name.value for p in init.params.params]
+            config = params[1] if len(params) > 1 else "config"
+            stmt = with_comment(parse_statement(f"self.{key} = {config}.{key}", module), COMMENT)
+            if not place_setting(init, key, stmt, edits):
+                raise ctx.precondition(
+                    f"{ID}: {name}.__init__ sets none of self.scaling / self.head_dim / self.layer_idx "
+                    "to place the cap after",
+                    init,
+                    module,
+                )
+        cap = parse_expr(f"self.{key}", module)
+        for site in sites:
+            if site.kind == SEGMENTED_CP:
+                guard(site, f"self.{key} is not None", CP_MESSAGE, module, ctx, edits, GUARD_COMMENT)
+                continue
+            kinds.add(site.kind)
+            edits[id(site.call)] = lambda updated, kind=site.kind: set_keyword(to_unfused(updated, kind), "softcap", cap)

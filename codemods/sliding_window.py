@@ -9,19 +9,13 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.attention import (
-    UNFUSED_PREFILL_CALL,
-    add_functions,
-    attention_classes,
-    calls_in,
-    place_setting,
-    statement_containing,
-)
+from autoport_cst.transform.attention import add_functions, calls_in, place_setting
 from autoport_cst.transform.config_fields import add_config_fields
 from autoport_cst.transform.cst_helpers import (
     code_of,
     dotted,
     find_self_assignment,
+    is_call,
     is_none,
     keyword_arg,
     parse_expr,
@@ -32,7 +26,23 @@ from autoport_cst.transform.cst_helpers import (
     walk,
     with_comment,
 )
+from autoport_cst.transform.kernels import (
+    DECODE,
+    FLASH,
+    KERNEL_NAMES,
+    SEGMENTED,
+    SEGMENTED_CP,
+    KernelSite,
+    argument,
+    attention_classes_in,
+    guard,
+    guard_statement,
+    innermost_statement,
+    insert_before,
+    kernel_sites,
+)
 from autoport_cst.transform.layers import require_method
+from autoport_cst.transform.roles import class_role
 
 ID = "sliding-window"
 
@@ -75,6 +85,20 @@ CONFIG_FIELDS = [
 ]
 PER_LAYER_FIELDS = [("layer_types: list[str] | None = None", "")]
 MAX_WINDOW_FIELD = [("max_window_layers: int | None = None", "")]
+
+WINDOW_START = '''
+def _window_start(pos_ids, window):
+    """The first position each query of a sliding-window layer sees,
+    ``pos_ids - window + 1`` clamped at 0 (None: full attention, or no positions)."""
+    if window is None or pos_ids is None:
+        return None
+    return torch.clamp(pos_ids - (window - 1), min=0)
+'''
+
+GUARD_COMMENT = "<-- MODEL-SPECIFIC: sliding window: a path whose kernel cannot mask it refuses"
+CP_MESSAGE = "sliding-window attention: NF.segmented_attention_cp (context-parallel prefill) takes no window"
+DCP_MESSAGE = "sliding-window attention: the context-parallel decode mask (local_filled_slots) takes no window"
+BLOCKS_MESSAGE = "sliding-window attention: NF.segmented_attention needs a window of whole KV-cache blocks"
 
 START_POS = """
 start_pos = None
@@ -342,32 +366,48 @@ class SlidingWindow(Codemod):
                     fields += MAX_WINDOW_FIELD
             return add_config_fields(module, ctx, ID, fields)
         edits: dict = {}
-        for cls in attention_classes(module, ctx, ID):
+        self._helpers: set[str] = set()
+        attention = attention_classes_in(module, ctx, ID)
+        for cls in attention:
             self._attention_edits(cls, module, ctx, edits)
         self._kv_spec_edits(module, ctx, edits)
         module = rewrite(module, edits)
         if self.params.layers == "all":
             module = _drop_unused_layer_rule(module)
-        if self.params.layers == "per_layer":
+        functions = [WINDOW_START] if self._helpers else []
+        if self.params.layers == "per_layer" and attention:
             doc, code = FALLBACKS[self.params.without_layer_types]
-            module = add_functions(
-                module, [LAYER_FUNCTION.format(fallback_doc=doc, fallback_code=code)], replace=True
-            )
-        return module
+            functions.append(LAYER_FUNCTION.format(fallback_doc=doc, fallback_code=code))
+        return add_functions(module, functions, replace=True) if functions else module
 
     def _attention_edits(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext, edits: dict) -> None:
         name = cls.name.value
         init = require_method(cls, "__init__", ctx, module, ID)
-        prefill = require_method(cls, "forward_prefill", ctx, module, ID)
-        decode = require_method(cls, "forward_decode", ctx, module, ID)
+        self._init_edit(cls, init, module, ctx, edits)
+        sites = kernel_sites(cls)
+        for kind in (FLASH, DECODE):
+            if not any(site.kind == kind for site in sites):
+                raise ctx.precondition(f"{ID}: no {KERNEL_NAMES[kind]}(...) call in {name}", cls, module)
+        window = parse_expr("self.sliding_window", module)
+        decodes: set[int] = set()
+        for site in sites:
+            if site.kind in (FLASH, SEGMENTED):
+                edits[id(site.call)] = lambda updated: set_keyword(updated, "sliding_window", window, after=("scale",))
+            if site.kind == SEGMENTED:
+                self._whole_blocks_guard(site, cls, module, ctx, edits)
+            elif site.kind == SEGMENTED_CP:
+                guard(site, "self.sliding_window is not None", CP_MESSAGE, module, ctx, edits, GUARD_COMMENT)
+            elif site.kind == DECODE:
+                self._decode_edits(site, cls, module, ctx, edits, decodes)
+
+    def _init_edit(self, cls, init, module, ctx, edits) -> None:
+        """``self.sliding_window``: the layer's window, or None."""
         params = [p.name.value for p in init.params.params]
         if len(params) < 3:
             raise ctx.precondition(
-                f"{ID}: {name}.__init__ must take (self, config, layer_idx)", init, module
+                f"{ID}: {cls.name.value}.__init__ must take (self, config, layer_idx)", init, module
             )
         config, layer_idx = params[1], params[2]
-
-        # __init__: the layer's window
         if self.params.layers == "all":
             value = f"{config}.sliding_window if {config}.use_sliding_window else None"
         else:
@@ -379,79 +419,78 @@ class SlidingWindow(Codemod):
         existing = find_self_assignment(init, "sliding_window")
         if existing is not None:
             # another rule already set: take this one (a reference may slide per layer)
-            current = code_of(existing.body[0].value)
-            if current != value:
+            if code_of(existing.body[0].value) != value:
                 edits[id(existing)] = lambda updated, stmt=stmt: stmt.with_changes(
                     leading_lines=updated.leading_lines
                 )
-        else:
-            if not place_setting(init, "sliding_window", stmt, edits):
-                body = list(statements(init))
-                start = 1 if body and _is_super_call(body[0]) else 0
-                if start >= len(body):
-                    raise ctx.precondition(f"{ID}: {name}.__init__ has no statements", init, module)
-                edits[id(body[start])] = lambda updated, stmt=stmt: cst.FlattenSentinel([stmt, updated])
+        elif not place_setting(init, "sliding_window", stmt, edits):
+            body = list(statements(init))
+            start = 1 if body and _is_super_call(body[0]) else 0
+            if start >= len(body):
+                raise ctx.precondition(f"{ID}: {cls.name.value}.__init__ has no statements", init, module)
+            edits[id(body[start])] = lambda updated, stmt=stmt: cst.FlattenSentinel([stmt, updated])
 
-        # prefill: the flash attention kernel masks the window
-        flash = calls_in(prefill, "NF.flash_attention") + calls_in(prefill, UNFUSED_PREFILL_CALL)
-        if not flash:
+    def _whole_blocks_guard(self, site: KernelSite, cls, module, ctx, edits) -> None:
+        """The segmented kernel masks a window of whole cache blocks only."""
+        block = argument(site.call, "block_size", 5)
+        if block is None:
             raise ctx.precondition(
-                f"{ID}: no NF.flash_attention(...) call in {name}.forward_prefill", prefill, module
+                f"{ID}: {site.where(cls)}: NF.segmented_attention(...) has no block_size argument", site.call, module
             )
-        window = parse_expr("self.sliding_window", module)
-        for call in flash:
-            edits[id(call)] = lambda updated: set_keyword(updated, "sliding_window", window, after=("scale",))
+        condition = f"self.sliding_window is not None and self.sliding_window % {code_of(block)} != 0"
+        guard_statement(site.method, site.call, condition, BLOCKS_MESSAGE, module, ctx, edits, GUARD_COMMENT)
 
-        # decode: the mask starts at p - window + 1
-        masks = calls_in(decode, "NF.gen_attention_decode_mask")
-        if len(masks) != 1:
-            raise ctx.precondition(
-                f"{ID}: no NF.gen_attention_decode_mask(...) call in {name}.forward_decode"
-                if not masks
-                else f"{ID}: {len(masks)} NF.gen_attention_decode_mask(...) calls in {name}.forward_decode",
-                decode,
-                module,
+    def _decode_edits(self, site: KernelSite, cls, module, ctx, edits, done: set[int]) -> None:
+        """The decode mask starts at p - window + 1: ``start_pos`` of each
+        mask the decode method builds, ``swa_start_pos_ids`` of a kernel
+        that builds its own from ``pos_ids`` (bounded gather)."""
+        masks = calls_in(site.method, "NF.gen_attention_decode_mask")
+        positions = argument(site.call, "pos_ids")
+        if positions is not None and not is_none(positions):
+            start = parse_expr(f"_window_start({code_of(positions)}, self.sliding_window)", module)
+            edits[id(site.call)] = lambda updated: set_keyword(
+                updated, "swa_start_pos_ids", start, after=("pos_ids",)
             )
-        mask = masks[0]
+            self._helpers.add("window_start")
+        elif not masks:
+            raise ctx.precondition(
+                f"{ID}: no NF.gen_attention_decode_mask(...) call in {site.where(cls)}", site.method, module
+            )
+        for mask in masks:
+            if id(mask) not in done:
+                done.add(id(mask))
+                self._mask_edits(mask, site.method, cls, module, ctx, edits)
+
+    def _mask_edits(self, mask: cst.Call, decode: cst.FunctionDef, cls, module, ctx, edits) -> None:
+        where = f"{cls.name.value}.{decode.name.value}"
+        filled = keyword_arg(mask, "local_filled_slots")
+        if filled is not None and not is_none(filled.value):
+            condition = f"self.sliding_window is not None and {code_of(filled.value)} is not None"
+            guard_statement(decode, mask, condition, DCP_MESSAGE, module, ctx, edits, GUARD_COMMENT)
+        _memoized_mask_edits(mask, decode, where, module, ctx, edits)
         current = keyword_arg(mask, "start_pos")
         if current is not None and dotted(current.value) == "start_pos":
             return
         if current is not None and not is_none(current.value):
-            raise ctx.precondition(
-                f"{ID}: {name}.forward_decode already passes start_pos={code_of(current.value)}",
-                mask,
-                module,
-            )
+            raise ctx.precondition(f"{ID}: {where} already passes start_pos={code_of(current.value)}", mask, module)
         positions = keyword_arg(mask, "pos_ids")
         if positions is None:
             raise ctx.precondition(
-                f"{ID}: NF.gen_attention_decode_mask in {name}.forward_decode has no pos_ids= argument",
-                mask,
-                module,
+                f"{ID}: NF.gen_attention_decode_mask in {where} has no pos_ids= argument", mask, module
             )
-        holder = statement_containing(decode, mask)
-        if holder is None:
-            raise ctx.precondition(f"{ID}: cannot place the window start in {name}.forward_decode", mask, module)
-        code = START_POS.format(positions=code_of(positions.value)).strip("\n")
-        new_statements = parse_statements(code, module)
+        holder = innermost_statement(decode, mask)
+        new_statements = parse_statements(START_POS.format(positions=code_of(positions.value)).strip("\n"), module)
         new_statements[0] = with_comment(
-            new_statements[0],
-            "<-- MODEL-SPECIFIC: sliding window: mask prior positions before p - window + 1",
+            new_statements[0], "<-- MODEL-SPECIFIC: sliding window: mask prior positions before p - window + 1"
         )
         start = parse_expr("start_pos", module)
         edits[id(mask)] = lambda updated: set_keyword(updated, "start_pos", start)
-        lines = holder.leading_lines
-
-        def place(updated, new_statements=new_statements, lines=lines):
-            first = new_statements[0]
-            moved = first.with_changes(leading_lines=[*lines, *first.leading_lines])
-            return cst.FlattenSentinel([moved, *new_statements[1:], updated.with_changes(leading_lines=[])])
-
-        edits[id(holder)] = place
+        insert_before(edits, holder, new_statements)
 
     def _kv_spec_edits(self, module: cst.Module, ctx: FileContext, edits: dict) -> None:
         specs = [n for n in walk(module) if isinstance(n, cst.Call) and dotted(n.func) == "LayerSpec"]
-        if not specs:
+        lm = any(isinstance(c, cst.ClassDef) and class_role(c.name.value) == "causal_lm" for c in module.body)
+        if not specs and lm:
             raise ctx.precondition(f"{ID}: no LayerSpec(...) in the KV-cache spec of this file")
         for call in specs:
             current = keyword_arg(call, "sliding_window_size")
@@ -494,3 +533,38 @@ def _drop_unused_layer_rule(module: cst.Module) -> cst.Module:
         if any(isinstance(n, cst.Name) and n.value == "_layer_sliding_window" for n in walk(stmt)):
             return module
     return module.with_changes(body=[s for s in module.body if s is not rule])
+
+
+def _memoized_mask_edits(mask: cst.Call, decode: cst.FunctionDef, where: str, module, ctx, edits) -> None:
+    """A decode mask kept in a dict for the next layers (``meta[KEY] =
+    mask`` ... ``meta.get(KEY)``) holds one layer's window: key it by the
+    window too."""
+    target = _assigned_name(innermost_statement(decode, mask))
+    stores = [
+        node.targets[0].target.slice[0].slice.value
+        for node in walk(decode)
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and dotted(node.value) == target
+        and isinstance(node.targets[0].target, cst.Subscript)
+    ] if target else []
+    for key in stores:
+        text = code_of(key)
+        if "self.sliding_window" in text:
+            continue
+        reads = [
+            n.args[0].value for n in walk(decode)
+            if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "get"
+            and n.args and code_of(n.args[0].value) == text
+        ]
+        if not reads:
+            raise ctx.precondition(
+                f"{ID}: {where} keeps its decode mask under {text} but does not read it back there", mask, module
+            )
+        keyed = parse_expr(f"({text}, self.sliding_window)", module)
+        for node in [key, *reads]:
+            edits[id(node)] = lambda updated, keyed=keyed: keyed
+
+
+def _assigned_name(stmt) -> str | None:
+    if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign):
+        return dotted(stmt.body[0].targets[0].target)
+    return None

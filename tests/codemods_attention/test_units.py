@@ -9,7 +9,6 @@ end-to-end validation cannot reach:
   on both sides of the threshold;
 - the query/key column order of partial and interleaved RoPE, against the
   transformers RoPE functions of StableLM, Helium and GLM;
-- the unfused prefill and decode attention against the stand-in kernels;
 - the per-layer rules read from configs without ``layer_types`` /
   ``no_rope_layers``.
 """
@@ -27,7 +26,6 @@ from autoport_cst.codemods import nope_layers, rope_layer_parameters, sliding_wi
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from .conftest import ROOT
 
 
 def _function(source: str, name: str, **namespace):
@@ -210,94 +208,6 @@ def test_column_loader_reorders_query_and_key_heads_only():
         dim=-1,
     )
     assert torch.equal(loaded, expected)
-
-
-# -- the unfused attention paths against the stand-in kernels -------------------------------
-
-
-def _llama_rope():
-    source = (ROOT / "reference_models" / "llama3" / "model.py").read_text()
-    start = source.index("def _apply_rotary_emb")
-    end = source.index("class LlamaRotaryEmbedding")
-    scope = {"torch": torch}
-    exec(compile(source[start:end], "<llama3 rope>", "exec"), scope)
-    return scope["apply_rotary_pos_emb"]
-
-
-@pytest.mark.parametrize("window, sink", [(None, False), (3, False), (None, True), (4, True)])
-def test_unfused_prefill_matches_flash_attention(window, sink):
-    from autoport_cst.validate.standin import functional as NF
-
-    unfused = _function(common.PREFILL_UNFUSED, "_flash_attention_unfused")
-    generator = torch.Generator().manual_seed(0)
-    q = torch.randn(4, 16, 7, generator=generator)  # [Nq, D, T]
-    k = torch.randn(2, 16, 7, generator=generator)
-    v = torch.randn(2, 7, 16, generator=generator)
-    sinks = torch.randn(4, 1, generator=generator) if sink else None
-    kwargs = dict(scale=0.3, sliding_window=window, sink=sinks, tp_q=False, tp_out=True)
-    torch.testing.assert_close(unfused(q, k, v, **kwargs), NF.flash_attention(q, k, v, **kwargs))
-    capped = unfused(q, k, v, softcap=0.5, **kwargs)
-    assert not torch.allclose(capped, NF.flash_attention(q, k, v, **kwargs))
-
-
-@pytest.mark.parametrize("qk_norm, sink", [(False, False), (True, False), (False, True)])
-def test_unfused_decode_matches_the_decode_kernel(qk_norm, sink):
-    from autoport_cst.validate.standin import functional as NF
-
-    unfused = _function(
-        common.DECODE_UNFUSED, "_attention_decode_unfused", NF=NF, apply_rotary_pos_emb=_llama_rope()
-    )
-    generator = torch.Generator().manual_seed(1)
-    batch, hidden, d, q_heads, kv_heads, block, blocks = 2, 32, 8, 4, 2, 32, 4
-    caches = [torch.randn(1 + batch * blocks, kv_heads, block, d, generator=generator) for _ in range(2)]
-    table = torch.tensor([[4, 2, 6, 8], [1, 3, 5, 7]], dtype=torch.int32)
-    positions = torch.tensor([37, 90])
-    slots = torch.stack([table[b, positions[b] // block] * block + positions[b] % block for b in range(batch)])
-    mask = NF.gen_attention_decode_mask(
-        pos_ids=positions.view(1, batch).float(), bs=batch, q_head=q_heads, s_active=1,
-        s_prior=blocks * block, start_pos=(positions.view(1, batch) - 20).float(), block_len=block,
-    )
-    angles = torch.randn(d // 2, batch, 1, generator=generator)
-    kwargs = dict(
-        X=torch.randn(batch, 1, hidden, generator=generator),
-        W_qkv=torch.randn(hidden, (q_heads + 2 * kv_heads) * d, generator=generator) * 0.2,
-        bias_qkv=torch.randn(1, (q_heads + 2 * kv_heads) * d, generator=generator),
-        attention_mask=mask,
-        active_blocks_table=table,
-        cos=angles.cos(),
-        sin=angles.sin(),
-        softmax_scale=0.4,
-        update_cache=True,
-        kv_cache_update_idx=slots.view(batch, 1).to(torch.uint32),
-        W_out=torch.randn(q_heads * d, hidden, generator=generator),
-        bias_out=torch.randn(1, hidden, generator=generator),
-        rope_contiguous_layout=True,
-        rmsnorm_X_enabled=False,
-        rmsnorm_QK_post_rope_enabled=False,
-    )
-    if qk_norm:
-        kwargs.update(
-            rmsnorm_QK_pre_rope_enabled=True,
-            rmsnorm_QK_pre_rope_eps=1e-6,
-            rmsnorm_QK_pre_rope_W_Q=torch.randn(1, d, generator=generator),
-            rmsnorm_QK_pre_rope_W_K=torch.randn(1, d, generator=generator),
-        )
-    if sink:
-        kwargs["sink"] = torch.randn(q_heads, 1, generator=generator)
-    k1, v1 = (c.clone() for c in caches)
-    k2, v2 = (c.clone() for c in caches)
-    expected = NF.attention_decode(K_cache=k1, V_cache=v1, **kwargs)
-    actual = unfused(K_cache=k2, V_cache=v2, **kwargs)
-    torch.testing.assert_close(actual, expected)
-    torch.testing.assert_close(k2, k1)
-    torch.testing.assert_close(v2, v1)
-
-
-def test_unfused_decode_refuses_what_it_does_not_implement():
-    unfused = _function(common.DECODE_UNFUSED, "_attention_decode_unfused", NF=None, apply_rotary_pos_emb=None)
-    with pytest.raises(NotImplementedError, match="rmsnorm_X_enabled"):
-        unfused(None, None, torch.zeros(1, 1, 1, 1), None, None, None, None, None, 1.0, None, None,
-                rmsnorm_X_enabled=True)
 
 
 # -- per-layer rules ------------------------------------------------------------------------

@@ -186,119 +186,16 @@ def add_functions(module: cst.Module, functions: list[str], replace: bool = Fals
     return module.with_changes(body=body) if changed else module
 
 
-# -- decode computed op by op ----------------------------------------------------------
+# -- the op-by-op kernel substitutes live in autoport_cst.transform.kernels -----------------
 
-UNFUSED_DECODE_CALL = "_attention_decode_unfused"
-
-DECODE_UNFUSED = '''
-def _attention_decode_unfused(
-    X,
-    W_qkv,
-    K_cache,
-    V_cache,
-    attention_mask,
-    active_blocks_table,
-    cos,
-    sin,
-    softmax_scale,
-    kv_cache_update_idx,
-    W_out,
-    bias_qkv=None,
-    bias_out=None,
-    sink=None,
-    update_cache=True,
-    rmsnorm_QK_pre_rope_enabled=False,
-    rmsnorm_QK_pre_rope_eps=1e-6,
-    rmsnorm_QK_pre_rope_W_Q=None,
-    rmsnorm_QK_pre_rope_W_K=None,
-    qk_norm=None,
-    softcap=None,
-    **kernel_options,
-):
-    """NF.attention_decode computed op by op, for what the fused decode kernel
-    cannot do: ``qk_norm`` (a function of q [Nq, T, Dh] and k [Nkv, T, Dh]
-    applied before RoPE, such as a norm over all heads) and ``softcap`` (tanh
-    softcapping of the attention scores).
-
-    Same arguments and layouts as the kernel with ``update_cache=True``:
-    caches [blocks, Nkv, block, Dh], cos/sin [Dh/2, B, S], attention_mask
-    [context, B, Nq, S] whose last S slots are the active tokens. Returns
-    [B * S, H].
-    """
-    enabled = [
-        name
-        for name in ("rmsnorm_X_enabled", "rmsnorm_QK_post_rope_enabled", "K_cache_transposed", "transposed_out")
-        if kernel_options.get(name)
-    ]
-    if enabled or not update_cache:
-        raise NotImplementedError(
-            f"the unfused decode path does not implement {enabled or ['update_cache=False']}"
-        )
-    batch, seq, _ = X.shape
-    tokens = batch * seq
-    _, kv_heads, block_size, head_dim = K_cache.shape
-    qkv = NF.qkv_proj(hidden=X, qkv_weights=W_qkv, bias=bias_qkv).reshape(tokens, -1)
-    q_heads = qkv.shape[-1] // head_dim - 2 * kv_heads
-    q, k, v = torch.split(qkv, [q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-    q = q.reshape(tokens, q_heads, head_dim).transpose(0, 1)
-    k = k.reshape(tokens, kv_heads, head_dim).transpose(0, 1)
-    v = v.reshape(tokens, kv_heads, head_dim).transpose(0, 1)
-    if rmsnorm_QK_pre_rope_enabled:
-        q, k = (
-            (
-                weight.to(torch.float32).reshape(-1)
-                * x.to(torch.float32)
-                * torch.rsqrt(x.to(torch.float32).pow(2).mean(-1, keepdim=True) + rmsnorm_QK_pre_rope_eps)
-            ).to(x.dtype)
-            for x, weight in ((q, rmsnorm_QK_pre_rope_W_Q), (k, rmsnorm_QK_pre_rope_W_K))
-        )
-    if qk_norm is not None:
-        q, k = qk_norm(q, k)
-    cos = cos.permute(1, 2, 0).reshape(tokens, head_dim // 2)
-    sin = sin.permute(1, 2, 0).reshape(tokens, head_dim // 2)
-    q, k = apply_rotary_pos_emb(q, k, torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1))
-
-    # the new keys and values go to their cache slots
-    slots = kv_cache_update_idx.reshape(-1).to(torch.int64)
-    blocks = (slots // block_size).repeat(kv_heads)
-    offsets = (slots % block_size).repeat(kv_heads)
-    heads = torch.arange(kv_heads, device=X.device).repeat_interleave(tokens)
-    K_cache.index_put_((blocks, heads, offsets), k.reshape(-1, head_dim).to(K_cache.dtype))
-    V_cache.index_put_((blocks, heads, offsets), v.reshape(-1, head_dim).to(V_cache.dtype))
-
-    # each sequence's context from its blocks, the active tokens in the last S slots
-    table = active_blocks_table.to(torch.int64)
-    context = table.shape[1] * block_size
-    k_ctx = K_cache[table].transpose(1, 2).reshape(batch, kv_heads, context, head_dim).to(X.dtype)
-    v_ctx = V_cache[table].transpose(1, 2).reshape(batch, kv_heads, context, head_dim).to(X.dtype)
-    k_ctx[:, :, context - seq :] = k.reshape(kv_heads, batch, seq, head_dim).transpose(0, 1)
-    v_ctx[:, :, context - seq :] = v.reshape(kv_heads, batch, seq, head_dim).transpose(0, 1)
-    k_ctx = k_ctx.repeat_interleave(q_heads // kv_heads, dim=1)
-    v_ctx = v_ctx.repeat_interleave(q_heads // kv_heads, dim=1)
-    q = q.reshape(q_heads, batch, seq, head_dim).transpose(0, 1)
-
-    scores = torch.matmul(q.to(torch.float32), k_ctx.to(torch.float32).transpose(-1, -2)) * softmax_scale
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    visible = attention_mask.permute(1, 2, 3, 0) != 0
-    scores = scores.masked_fill(~visible, float("-inf"))
-    if sink is not None:
-        sink = sink.to(torch.float32).reshape(1, q_heads, 1, 1).expand(batch, q_heads, seq, 1)
-        scores = torch.cat((scores, sink), dim=-1)
-    probs = torch.softmax(scores, dim=-1)
-    if sink is not None:
-        probs = probs[..., :-1]
-    attn = torch.matmul(probs.to(X.dtype), v_ctx)
-    attn = attn.transpose(1, 2).reshape(1, tokens, q_heads * head_dim)
-    return NF.o_proj(attn, W_out, bias_out).reshape(tokens, -1)
-'''
-
-
-def to_unfused_decode(call: cst.Call) -> cst.Call:
-    """``NF.attention_decode(...)`` -> ``_attention_decode_unfused(...)``, same arguments."""
-    if dotted(call.func) == UNFUSED_DECODE_CALL:
-        return call
-    return call.with_changes(func=cst.Name(UNFUSED_DECODE_CALL))
+from autoport_cst.transform.kernels import (  # noqa: E402,F401 - re-exported for the codemods
+    DECODE_UNFUSED,
+    PREFILL_UNFUSED,
+    UNFUSED_DECODE_CALL,
+    UNFUSED_PREFILL_CALL,
+    to_unfused_decode,
+    to_unfused_prefill,
+)
 
 
 def parse_method(code: str, module: cst.Module) -> cst.FunctionDef:
@@ -549,65 +446,3 @@ def norm_is_full_width(cls: cst.ClassDef, norm: str) -> bool:
             if pair is not None and pair[0] == norm and isinstance(pair[1], cst.Call) and pair[1].args:
                 return dotted(pair[1].args[0].value) in ("self.q_size", "self.kv_size")
     return False
-
-
-# -- prefill attention computed op by op ------------------------------------------------
-
-UNFUSED_PREFILL_CALL = "_flash_attention_unfused"
-
-PREFILL_UNFUSED = '''
-def _flash_attention_unfused(
-    q,
-    k,
-    v,
-    scale=None,
-    causal_mask=True,
-    sink=None,
-    sliding_window=None,
-    tp_q=True,
-    tp_k=False,
-    tp_out=False,
-    softcap=None,
-):
-    """NF.flash_attention computed op by op, for what the kernel cannot do:
-    ``softcap`` (tanh softcapping of the attention scores, before the mask).
-
-    Same arguments and layouts as the kernel: q [B, S, D] with ``tp_q``, else
-    [B, D, S]; k [B, S, D] with ``tp_k``, else [B, D, S]; v [B, S, D]; B may
-    be heads (GQA when q has a multiple of k's). Returns [B, D, S] with
-    ``tp_out``, else [B, S, D].
-    """
-    q = q if tp_q else q.transpose(1, 2)
-    k = k if tp_k else k.transpose(1, 2)
-    if q.shape[0] != k.shape[0]:
-        k = k.repeat_interleave(q.shape[0] // k.shape[0], dim=0)
-        v = v.repeat_interleave(q.shape[0] // v.shape[0], dim=0)
-    seq_q, seq_k = q.shape[1], k.shape[1]
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    scores = torch.matmul(q.to(torch.float32), k.to(torch.float32).transpose(-1, -2)) * scale
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    q_pos = torch.arange(seq_q, device=q.device).unsqueeze(1) + (seq_k - seq_q)
-    k_pos = torch.arange(seq_k, device=q.device).unsqueeze(0)
-    visible = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device)
-    if causal_mask:
-        visible = visible & (k_pos <= q_pos)
-    if sliding_window is not None:
-        visible = visible & (q_pos < k_pos + sliding_window)
-    scores = scores.masked_fill(~visible, float("-inf"))
-    if sink is not None:
-        sink = sink.to(torch.float32).reshape(-1, 1, 1).expand(scores.shape[0], seq_q, 1)
-        scores = torch.cat((scores, sink), dim=-1)
-    probs = torch.softmax(scores, dim=-1)
-    if sink is not None:
-        probs = probs[..., :-1]
-    output = torch.matmul(probs.to(v.dtype), v)
-    return output.transpose(1, 2) if tp_out else output
-'''
-
-
-def to_unfused_prefill(call: cst.Call) -> cst.Call:
-    """``NF.flash_attention(...)`` -> ``_flash_attention_unfused(...)``, same arguments."""
-    if dotted(call.func) == UNFUSED_PREFILL_CALL:
-        return call
-    return call.with_changes(func=cst.Name(UNFUSED_PREFILL_CALL))
