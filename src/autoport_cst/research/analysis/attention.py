@@ -1,0 +1,432 @@
+"""The attention section: the first layer's attention module traced once
+(its input projections, reading the layer input, and its output projection,
+reading their result), then classified: head counts and head size as the
+code builds them, projection biases, fused QKV and its layout, q/k norms
+(their width, and whether they normalise the rotated queries and keys), a
+norm of the attention output, the attention kind (softmax, differential,
+latent), clamped projections, learned parameters beyond projections and
+norms, the kernel's keyword arguments (scaling and the config field it comes
+from, softcap, sinks) or, for attention written out, the scale of q k^T, the
+canonical module names, and the sliding window of every layer."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from autoport_cst.research.analysis.graph import first_int, number, ranges, scalar_path, strip_casts, unique
+from autoport_cst.research.analysis.state import AnalyzerState, AttentionGraph
+from autoport_cst.research.findings import CODE, INFERRED, known, unknown
+from autoport_cst.research.interp import UNKNOWN, Instance, Node, Param, depends_on, walk
+
+
+def analyze(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
+    """Classify the attention of ``layer0``; its traced graph (for the RoPE
+    section), or None when its forward could not be followed."""
+    g = _trace(st, layer0)
+    if g is None:
+        return None
+    nh, nkv, hd = _head_counts(st, g)
+    _biases(st, g)
+    _fused_qkv(st, g, nh, nkv, hd)
+    # head_dim as the code computes it
+    head_dim = g.attn.attrs.get("head_dim", g.attn.attrs.get("head_size"))
+    if isinstance(head_dim, int):
+        st.add(known(head_dim, "attention.head_dim", CODE, f"{g.attn.class_name}.head_dim = {head_dim}"))
+    kernels = _kernel_calls(g.attn, g.nodes)
+    qk = _qk_and_output_norms(st, g, kernels)
+    _kind(st, g.attn, g.nodes, g.inputs, g.outputs, kernels, g.where)
+    _qk_norm(st, g, qk, nh, nkv, hd)
+    # kernel keyword arguments
+    kernel = _kernel_call(g.attn, g.nodes)
+    if kernel is None:
+        _explicit(st, g.nodes, g.inputs, g.where, hd)
+    else:
+        _kernel_arguments(st, g.attn, kernel, g.where, hd)
+    _names(st, g.nodes, g.inputs, g.in_insts, g.out_insts, kernel)
+    _per_layer(st, g.where)
+    return g
+
+
+def _trace(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
+    """The attention's first forward output, its input projections (calls
+    not reading another projection) and output projections."""
+    attn = dict(layer0.children())[st.attn_name]
+    where = st.where(attn)
+    prefix = f"{st.layer_prefix}0.{st.attn_name}."
+    outs = st.outputs(attn)
+    if not outs:
+        st.add(unknown("attention.qkv_bias", CODE, f"{where}: forward could not be followed"))
+        return None
+    out = outs[0]
+    nodes = list(walk(out))
+    linear_calls = [n for n in nodes if n.kind == "module" and n.ref is not None and st.role(n.ref) == "linear"]
+    inputs, outputs = [], []
+    for call in linear_calls:
+        arg = call.args[0] if call.args else None
+        if any(depends_on(arg, other) for other in linear_calls if other is not call):
+            outputs.append(call)
+        else:
+            inputs.append(call)
+    order = list(attn.attrs)
+    in_insts = sorted(unique([c.ref for c in inputs]), key=lambda i: order.index(i.name) if i.name in order else 99)
+    out_insts = unique([c.ref for c in outputs])
+    st.result.qkv_modules = [prefix + (i.name or "?") for i in in_insts]
+    st.result.o_module = prefix + (out_insts[0].name or "?") if len(out_insts) == 1 else None
+    return AttentionGraph(attn, where, nodes, inputs, outputs, in_insts, out_insts)
+
+
+def _head_counts(st: AnalyzerState, g: AttentionGraph) -> tuple[Any, Any, Any]:
+    """Heads, KV heads and head size: the config's, unless the projection
+    widths the code builds say otherwise."""
+    where, in_insts, out_insts = g.where, g.in_insts, g.out_insts
+    nh, nkv, hd = st.dims.get("num_heads"), st.dims.get("num_kv_heads"), st.dims.get("head_dim")
+    code_hd = g.attn.attrs.get("head_dim", g.attn.attrs.get("head_size"))
+    if isinstance(code_hd, int):
+        hd = code_hd
+    widths = [i.args.get("out_features") for i in in_insts]
+    q_width = out_insts[0].args.get("in_features") if len(out_insts) == 1 else None
+    if isinstance(hd, int) and hd and isinstance(q_width, int) and all(isinstance(w, int) for w in widths) \
+            and widths and q_width % hd == 0 and (sum(widths) - q_width) % (2 * hd) == 0:
+        nh, nkv = q_width // hd, (sum(widths) - q_width) // (2 * hd)
+        st.add(known(nh, "attention.num_heads", CODE,
+                     f"{where}: output projection reads {q_width} = {nh} heads x {hd}"))
+        st.add(known(nkv, "attention.num_kv_heads", CODE,
+                     f"{where}: input projections {widths} = q {q_width} + 2 x {nkv} KV heads x {hd}"))
+    return nh, nkv, hd
+
+
+def _describe(in_insts: list[Instance]) -> str:
+    return ", ".join(f"{i.name}(out={i.args.get('out_features')}, bias={i.args.get('bias')})" for i in in_insts)
+
+
+def _biases(st: AnalyzerState, g: AttentionGraph) -> None:
+    where, in_insts, out_insts = g.where, g.in_insts, g.out_insts
+    desc = _describe(in_insts)
+    biases = {i.args.get("bias") for i in in_insts}
+    if not in_insts:
+        st.add(unknown("attention.qkv_bias", CODE, f"{where}: no input projection found"))
+    elif len(biases) == 1 and biases <= {True, False}:
+        st.add(known(biases.pop(), "attention.qkv_bias", CODE, f"{where}: {desc}"))
+    else:
+        st.add(unknown("attention.qkv_bias", CODE, f"{where}: projections disagree: {desc}"))
+    if len(out_insts) == 1 and out_insts[0].args.get("bias") in (True, False):
+        o = out_insts[0]
+        st.add(known(o.args["bias"], "attention.o_bias", CODE,
+                     f"{where}: output projection {o.name}(bias={o.args['bias']})"))
+    else:
+        st.add(unknown("attention.o_bias", CODE, f"{where}: {len(out_insts)} output projections"))
+
+
+def _fused_qkv(st: AnalyzerState, g: AttentionGraph, nh: Any, nkv: Any, hd: Any) -> None:
+    """One input projection of width (heads + 2 KV heads) x head_dim, and
+    how its output is split; or three separate projections."""
+    where, in_insts = g.where, g.in_insts
+    if len(in_insts) == 1 and isinstance(nh, int) and isinstance(nkv, int) and isinstance(hd, int):
+        width = in_insts[0].args.get("out_features")
+        evidence = (f"{where}: one input projection {in_insts[0].name} of width {width}"
+                    f" ((heads + 2 kv heads) x head_dim = {(nh + 2 * nkv) * hd})")
+        if width == (nh + 2 * nkv) * hd:
+            st.add(known(True, "code.fused_qkv", CODE, evidence))
+            st.add(known(_qkv_layout(g.nodes, g.inputs[0]), "code.qkv_layout", CODE,
+                         f"{where}: how the fused output is split"))
+        else:
+            st.add(unknown("code.fused_qkv", CODE, evidence))
+    elif len(in_insts) == 3:
+        st.add(known(False, "code.fused_qkv", CODE, f"{where}: separate projections {_describe(in_insts)}"))
+
+
+def _qk_and_output_norms(st: AnalyzerState, g: AttentionGraph, kernels: list[Node]) -> list[Instance]:
+    """q/k norms: norms applied to a projection before the scores (and
+    whether they read the rotated q or k); a norm of the attention's result
+    before the output projection is an output norm. Returns the q/k norms."""
+    where, nodes = g.where, g.nodes
+    mixers = kernels + [n for n in nodes if n.kind in ("call", "method")
+                        and n.name.rsplit(".", 1)[-1] in ("softmax", "scaled_dot_product_attention")]
+    qk, after = [], []
+    for n in nodes:
+        if n.kind == "module" and n.ref is not None and st.role(n.ref) == "norm":
+            arg = n.args[0] if n.args else None
+            if any(depends_on(arg, m) for m in mixers):
+                after.append(n)
+            elif any(depends_on(arg, c) for c in g.inputs):
+                qk.append(n.ref)
+                if any(depends_on(arg, r) for r in nodes if st.is_rotation(r)):
+                    st.add(known("after_rope", "attention.qk_norm_position", CODE,
+                                 f"{where}: {n.ref.name} normalises the rotated {n.ref.name[:1]} (after RoPE)"))
+    qk = unique(qk)
+    out_norms = unique([n.ref for n in after
+                        if any(depends_on(o.args[0] if o.args else None, n) for o in g.outputs)])
+    if out_norms:
+        st.add(known(True, "attention.output_norm", CODE,
+                     f"{where}: {', '.join(q.name or '?' for q in out_norms)} normalises the attention "
+                     "output before the output projection"))
+    else:
+        st.add(known(False, "attention.output_norm", CODE, f"{where}: the output projection reads the "
+                                                            "attention output directly"))
+    return qk
+
+
+def _qk_norm(st: AnalyzerState, g: AttentionGraph, qk: list[Instance], nh: Any, nkv: Any, hd: Any) -> None:
+    """The q/k norms' width (per head or full width) and kind."""
+    where = g.where
+    st.result.qk_norm_modules = [f"{st.layer_prefix}0.{st.attn_name}." + (q.name or "?") for q in qk]
+    if not qk:
+        st.add(known("none", "attention.qk_norm", CODE, f"{where}: no norm applied to queries or keys"))
+        return
+    widths = {_norm_width(st, q) for q in qk}
+    kinds = {st.norm_info(q)["kind"] or _child_norm_kind(st, q) for q in qk}
+    if widths == {hd}:
+        verdict = "per_head"
+    elif isinstance(nh, int) and isinstance(hd, int) and widths <= {nh * hd, (nkv or 0) * hd} and widths:
+        verdict = "full_width"
+    else:
+        verdict = None
+    names = ", ".join(f"{q.name}(width {_norm_width(st, q)})" for q in qk)
+    if verdict is None:
+        st.add(unknown("attention.qk_norm", CODE, f"{where}: q/k norms {names}, width not classified"))
+    else:
+        st.add(known(verdict, "attention.qk_norm", CODE, f"{where}: {names} applied to the projections"))
+    if kinds and kinds != {"rmsnorm"}:
+        st.add(known(sorted(k or "unknown" for k in kinds)[0], "code.qk_norm_kind", CODE,
+                     f"{where}: q/k norm computes {kinds}"))
+
+
+def _names(st: AnalyzerState, nodes: list[Node], inputs: list[Node], in_insts: list[Instance],
+           out_insts: list[Instance], kernel: Node | None) -> None:
+    """Canonical names of the attention's modules: which input projection
+    produces the queries, keys and values (the kernel's query, key and
+    value arguments), the output projection, and the q/k norms."""
+    names = st.result.module_names
+    base = st.attn_name
+    names["self_attn"] = base
+    for inst in in_insts + out_insts:
+        st.result.linear_modules.append(st.base_module(inst) or "?")
+    if len(out_insts) == 1 and out_insts[0].name:
+        names["self_attn.o_proj"] = f"{base}.{out_insts[0].name}"
+    if len(in_insts) == 1 and in_insts[0].name:
+        names["self_attn.qkv_proj"] = f"{base}.{in_insts[0].name}"
+    roles: dict[str, Instance] = {}
+    if len(in_insts) == 3:
+        if kernel is not None and len(kernel.args) >= 4:
+            for role, arg in zip(("q_proj", "k_proj", "v_proj"), kernel.args[1:4]):
+                sources = unique([c.ref for c in inputs if depends_on(arg, c)])
+                if len(sources) == 1:
+                    roles[role] = sources[0]
+        if len({id(v) for v in roles.values()}) != 3:
+            roles = dict(zip(("q_proj", "k_proj", "v_proj"), in_insts))  # declaration order
+        for role, inst in roles.items():
+            if inst.name:
+                names[f"self_attn.{role}"] = f"{base}.{inst.name}"
+    for n in nodes:
+        if n.kind == "module" and n.ref is not None and st.role(n.ref) == "norm" and n.args and n.ref.name:
+            normed = _unrotated(st, n.args[0])
+            for role, proj in (("q_norm", roles.get("q_proj")), ("k_norm", roles.get("k_proj"))):
+                if proj is not None and any(depends_on(normed, c) for c in inputs if c.ref is proj):
+                    names[f"self_attn.{role}"] = f"{base}.{n.ref.name}"
+
+
+def _unrotated(st: AnalyzerState, value: Any) -> Any:
+    """What a rotated query or key was rotated from: the ``i``-th result
+    of a RoPE function (``q, k = apply_rotary_pos_emb(q, k, cos, sin)``)
+    is its ``i``-th argument rotated. Any other value is returned as it
+    is. (Both results depend on both arguments through the call, so a
+    norm after RoPE would otherwise read as a norm of q and of k.)"""
+    if isinstance(value, Node) and value.kind == "item" and len(value.args) == 2:
+        call, index = value.args
+        if isinstance(call, Node) and isinstance(index, int) and st.is_rotation(call) and index < len(call.args):
+            return call.args[index]
+    return value
+
+
+def _norm_width(st: AnalyzerState, inst: Instance) -> int | None:
+    width = st.norm_info(inst)["width"]
+    if width is None:
+        width = first_int(inst.args)
+    return width
+
+
+def _child_norm_kind(st: AnalyzerState, inst: Instance) -> str | None:
+    kinds = {st.norm_info(c)["kind"] for _, c in inst.children()}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def _qkv_layout(nodes: list[Node], proj: Node) -> str:
+    """How a fused projection's output is split: viewed per head, then
+    chunked (``per_head_interleaved``), or split as it is (``concatenated``)."""
+    for n in nodes:
+        if n.kind == "method" and n.name in ("view", "reshape") and n.args and n.args[0] is proj:
+            for m in nodes:
+                if m.kind == "method" and m.name in ("chunk", "split") and m.args and depends_on(m.args[0], n):
+                    return "per_head_interleaved"
+    return "concatenated"
+
+
+def _kernel_calls(attn: Instance, nodes: list[Node]) -> list[Node]:
+    """Calls of the attention kernel: the calls that receive the attention
+    module itself (``attention_interface(self, q, k, v, ...)``)."""
+    return [n for n in nodes if n.kind == "call" and any(
+        isinstance(x, Node) and x.kind == "instance" and x.ref is attn for x in n.args)]
+
+
+def _kernel_call(attn: Instance, nodes: list[Node]) -> Node | None:
+    calls = _kernel_calls(attn, nodes)
+    return calls[0] if calls else None
+
+
+def _kind(st: AnalyzerState, attn: Instance, nodes: list[Node], inputs: list[Node], outputs: list[Node],
+          kernels: list[Node], where: str) -> None:
+    """softmax (one kernel call on projections of the layer input),
+    differential (the kernel called twice and the results combined) or
+    latent (queries, keys or values from a projection of another
+    projection); and learned parameters of the attention module that its
+    computation uses beyond the projections, norms and sinks."""
+    kind, evidence = "softmax", "one attention over projections of the layer input"
+    if len(kernels) > 1:
+        kind, evidence = "differential", f"the attention kernel is called {len(kernels)} times and combined"
+    elif kernels and len(kernels[0].args) >= 4:
+        chained = unique([c.ref for c in outputs if any(depends_on(arg, c) for arg in kernels[0].args[1:4])])
+        if chained:
+            kind = "latent"
+            evidence = (f"queries/keys/values come from {', '.join(c.name or '?' for c in chained)}, "
+                        "projections of other projections (low-rank latent attention)")
+    st.add(known(kind, "attention.kind", CODE, f"{where}: {evidence}"))
+    clipped = [n for n in nodes if n.kind in ("method", "call") and n.args
+               and n.name.rsplit(".", 1)[-1] in ("clamp", "clamp_", "clip", "clip_")
+               and any(depends_on(n.args[0], c) for c in inputs)
+               and not any(depends_on(n.args[0], k) for k in kernels)]
+    if clipped:
+        st.add(known(True, "code.qkv_clip", CODE,
+                     f"{where}: the projections are clamped before the attention ({clipped[0].name})"))
+    sinks = {id(v.ref) for k in kernels for _, v in k.kwargs if isinstance(v, Node) and v.kind == "param"}
+    own = [n for n in nodes if n.kind == "param" and isinstance(n.ref, Param) and id(n.ref) not in sinks
+           and any(n.ref is p for _, p in attn.params())]
+    names = sorted({name for name, p in attn.params() if any(p is n.ref for n in own)})
+    if names:
+        st.add(known(names, "code.attention_parameters", CODE,
+                     f"{where}: the attention computation uses the parameters {', '.join(names)}"))
+
+
+def _kernel_arguments(st: AnalyzerState, attn: Instance, kernel: Node, where: str, hd: Any) -> None:
+    kwargs = dict(kernel.kwargs)
+    scaling = kwargs.get("scaling", None)
+    if "scaling" not in kwargs:
+        st.add(known(None, "attention.scale", CODE, f"{where}: no scaling argument (kernel default)"))
+    elif number(scaling) and isinstance(hd, int):
+        default = hd ** -0.5
+        if math.isclose(scaling, default, rel_tol=1e-9):
+            st.add(known(None, "attention.scale", CODE, f"{where}: scaling = head_dim ** -0.5"))
+        else:
+            st.add(known(float(scaling), "attention.scale", CODE,
+                         f"{where}: scaling = {scaling:g} (head_dim ** -0.5 would be {default:g})"))
+            _scale_source(st, attn, float(scaling), where)
+    else:
+        st.add(unknown("attention.scale", CODE, f"{where}: scaling not computable from the config"))
+    softcap = kwargs.get("softcap", None)
+    if softcap is None or number(softcap):
+        st.add(known(float(softcap) if softcap is not None else None, "attention.softcap", CODE,
+                     f"{where}: softcap={softcap!r}"))
+    else:
+        st.add(unknown("attention.softcap", CODE, f"{where}: softcap not computable"))
+    sinks = [k for k, v in kernel.kwargs if isinstance(v, Node) and v.kind == "param"]
+    if sinks:
+        names = ", ".join(f"{k}=self.{dict(kernel.kwargs)[k].name}" for k in sinks)
+        st.add(known(True, "attention.sinks", CODE, f"{where}: learned per-head logits passed to the kernel ({names})"))
+        st.result.sink_keys = [f"{st.layer_prefix}0.{st.attn_name}.{dict(kernel.kwargs)[k].name}" for k in sinks]
+    else:
+        st.add(known(False, "attention.sinks", CODE, f"{where}: no parameter passed to the kernel"))
+
+
+def _scale_source(st: AnalyzerState, attn: Instance, scaling: float, where: str) -> None:
+    """The config field a non-default attention scale comes from, and how:
+    the field itself (Granite's attention_multiplier) or its inverse
+    square root (Gemma's query_pre_attn_scalar ** -0.5)."""
+    config = st.interp.config
+    candidates = []
+    for attr, value in attn.attrs.items():
+        if not (number(value) and math.isclose(value, scaling, rel_tol=1e-9)):
+            continue
+        for key in sorted(attn.attr_reads.get(attr, ())):
+            field_value = config.read(key, None) if config.has(key) else None
+            if not number(field_value) or field_value <= 0:
+                continue
+            if math.isclose(field_value, scaling, rel_tol=1e-9):
+                candidates.append((key, "multiplier", f"self.{attr} = config.{key}"))
+            elif math.isclose(field_value ** -0.5, scaling, rel_tol=1e-9):
+                candidates.append((key, "inverse_sqrt", f"self.{attr} = config.{key} ** -0.5"))
+    found = {(k, f) for k, f, _ in candidates}
+    if len(found) == 1:
+        key, form, evidence = candidates[0]
+        st.add(known(key, "attention.scale_key", CODE, f"{where}: {evidence}"))
+        st.add(known(form, "attention.scale_form", CODE, f"{where}: {evidence}"))
+    else:
+        seen = ", ".join(e for _, _, e in candidates) or "no config field gives it"
+        st.add(unknown("attention.scale_key", CODE, f"{where}: scaling {scaling:g}: {seen}"))
+
+
+def _explicit(st: AnalyzerState, nodes: list[Node], inputs: list[Node], where: str, hd: Any) -> None:
+    """Attention written out (matmul, softmax) instead of a kernel call:
+    the scale is the scalar applied to q @ k^T."""
+    scores = [n for n in nodes if n.kind == "call" and n.name.endswith("matmul") and len(n.args) == 2
+              and all(any(depends_on(a, c) for c in inputs) for a in n.args)]
+    softmax = [n for n in nodes if n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "softmax"]
+    if not scores or not softmax:
+        st.add(unknown("attention.scale", CODE, f"{where}: attention kernel call not found"))
+        return
+    factor, ops, reached = scalar_path(strip_casts(softmax[0].args[0]) if softmax[0].args else None,
+                                       lambda v: any(v is s for s in scores))
+    if not reached or not isinstance(hd, int):
+        st.add(unknown("attention.scale", CODE, f"{where}: scores scaling not traced"))
+        return
+    default = hd ** -0.5
+    if math.isclose(factor, default, rel_tol=1e-9):
+        st.add(known(None, "attention.scale", CODE, f"{where}: scores scaled by head_dim ** -0.5"))
+    else:
+        st.add(known(float(factor), "attention.scale", CODE, f"{where}: scores {' '.join(ops) or 'unscaled'}"))
+    st.add(known(False, "attention.sinks", CODE, f"{where}: explicit softmax over the scores only",
+                 confidence=INFERRED))
+    if any(n.kind == "call" and n.name.endswith("tanh") and any(depends_on(n, s) for s in scores) for n in nodes):
+        st.add(unknown("attention.softcap", CODE, f"{where}: tanh applied to the scores"))
+    else:
+        st.add(known(None, "attention.softcap", CODE, f"{where}: no tanh on the scores"))
+
+
+def _per_layer(st: AnalyzerState, where: str) -> None:
+    """Sliding window per layer: the kernel's ``sliding_window`` argument
+    evaluated for every layer's attention module. Records, per layer whose
+    attention forward was traced, whether it applies a rotation (for the
+    RoPE section)."""
+    windows = []
+    rotary = []
+    for layer in st.layers:
+        attn = dict(layer.children()).get(st.attn_name)
+        if attn is None:
+            windows.append(UNKNOWN)
+            continue
+        outs = st.outputs(attn)
+        if not outs:
+            windows.append(UNKNOWN)
+            continue
+        nodes = list(walk(outs[0]))
+        kernel = _kernel_call(attn, nodes)
+        value = dict(kernel.kwargs).get("sliding_window", None) if kernel is not None else UNKNOWN
+        windows.append(value)
+        rotary.append(any(n.kind == "func" for n in nodes if st.is_rotation(n)))
+    st.layer_rotation = rotary
+    if any(w is UNKNOWN or not (w is None or number(w)) for w in windows):
+        st.add(unknown("attention.sliding_window", CODE,
+                       f"{where}: sliding_window argument not computable for every layer"))
+    else:
+        on = [w is not None and w > 0 for w in windows]
+        if not any(on):
+            st.add(known("none", "attention.sliding_window", CODE, f"{where}: no sliding window on any layer"))
+        elif all(on):
+            st.add(known("all", "attention.sliding_window", CODE,
+                         f"{where}: sliding_window={windows[0]} on every layer"))
+        else:
+            layers = [i for i, o in enumerate(on) if o]
+            st.add(known("per_layer", "attention.sliding_window", CODE,
+                         f"{where}: sliding window on layers {ranges(layers)} of {len(on)}"))
+        sizes = {w for w in windows if w}
+        if len(sizes) == 1:
+            st.add(known(int(sizes.pop()), "attention.sliding_window_size", CODE, f"{where}: window length"))

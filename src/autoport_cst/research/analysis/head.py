@@ -1,0 +1,252 @@
+"""The embedding and LM head section: the token embedding and its scale
+(sqrt(hidden_size) or a constant multiplier between it and the first
+layer), learned position embeddings added to it, the final norm, and the
+head: its bias, tying declared by the class, tanh softcapping and a
+logits divisor or multiplier with the config field it comes from."""
+
+from __future__ import annotations
+
+import ast
+import math
+from typing import Any
+
+from autoport_cst.research.analysis.graph import number, scalar_path, strip_casts, unique
+from autoport_cst.research.analysis.state import AnalyzerState
+from autoport_cst.research.findings import CODE, known, unknown
+from autoport_cst.research.interp import UNKNOWN, Instance, Node, walk
+
+
+def analyze_backbone(st: AnalyzerState, path: str, backbone: Instance) -> None:
+    """The backbone: its token embedding, final norm, extra embeddings and
+    the embedding scale."""
+    where = st.where(backbone)
+    embeds = [(n, c) for n, c in backbone.children() if st.role(c) == "embedding"]
+    if len(embeds) < 1:
+        st.add(unknown("embedding.scale", CODE, f"{where}: no token embedding found"))
+        return
+    embed_name, embed = embeds[0]
+    st.result.embed_key = f"{path}.{embed_name}.weight" if path else f"{embed_name}.weight"
+    st.result.module_names["model.embed_tokens"] = st.result.embed_key[: -len(".weight")]
+    _final_norm(st, path, backbone)
+    if len(embeds) > 1:
+        _extra_embeddings(st, backbone, embeds, where)
+    _embedding_scale(st, backbone, embed_name, embed, where)
+
+
+def _extra_embeddings(st: AnalyzerState, backbone: Instance, embeds: list[tuple[str, Instance]], where: str) -> None:
+    """Embeddings beyond the token embedding; learned positions when one is
+    added to the first layer's input."""
+    st.add(known([n for n, _ in embeds[1:]], "code.extra_embeddings", CODE,
+                 f"{where}: more embeddings than the token embedding (absolute positions?)"))
+    extra = {id(c): n for n, c in embeds[1:]}
+    added = sorted({extra[id(n.ref)] for state in st.forward(backbone) for call in walk(state.value)
+                    if call.kind == "module" and call.ref is st.layers[0]
+                    for n in walk(call.args[0] if call.args else call.kwarg("hidden_states"))
+                    if n.kind == "module" and id(n.ref) in extra})
+    if added:
+        st.add(known(True, "embedding.learned_positions", CODE,
+                     f"{where}: the first layer's input adds {', '.join(added)} to the token embedding"))
+
+
+def _embedding_scale(st: AnalyzerState, backbone: Instance, embed_name: str, embed: Instance, where: str) -> None:
+    """Scalars between the token embedding (including its own forward) and
+    the first layer: sqrt(hidden_size) or another constant."""
+    first_layer = st.layers[0]
+    factors = set()
+    evidence = []
+    for state in st.forward(backbone):
+        calls = [n for n in walk(state.value) if n.kind == "module" and n.ref is first_layer]
+        for call in calls:
+            arg = call.args[0] if call.args else call.kwarg("hidden_states")
+            f, ops, reached = scalar_path(
+                arg, lambda v: isinstance(v, Node) and v.kind == "module" and v.ref is embed,
+                transparent=lambda n: st.role(n.ref) == "dropout")
+            if reached:
+                inner, inner_ops = _embedding_factor(st, embed)
+                if inner is None:
+                    factors.add(None)
+                else:
+                    factors.add(round(f * inner, 9))
+                    evidence = ops + inner_ops
+    if not factors:
+        st.add(unknown("embedding.scale", CODE, f"{where}: the first layer's input is not traced to {embed_name}"))
+        return
+    if len(factors) > 1 or None in factors:
+        st.add(unknown("embedding.scale", CODE, f"{where}: embedding scaling differs between paths"))
+        return
+    factor = factors.pop()
+    hidden = st.dims.get("hidden_size")
+    ops = " ".join(evidence) or "none"
+    if math.isclose(factor, 1.0):
+        st.add(known("none", "embedding.scale", CODE, f"{where}: embeddings enter the first layer unscaled"))
+        st.add(known(None, "embedding.multiplier", CODE, f"{where}: no constant multiplier"))
+    elif isinstance(hidden, int) and math.isclose(factor, math.sqrt(hidden), rel_tol=1e-6):
+        st.add(known("sqrt_hidden", "embedding.scale", CODE,
+                     f"{where}: embeddings multiplied by {factor:g} = sqrt(hidden_size) ({ops})"))
+        st.add(known(None, "embedding.multiplier", CODE, f"{where}: the scale is sqrt(hidden_size)"))
+    else:
+        st.add(known("none", "embedding.scale", CODE, f"{where}: scale is a constant, not sqrt(hidden_size)"))
+        st.add(known(factor, "embedding.multiplier", CODE, f"{where}: embeddings multiplied by {factor:g} ({ops})"))
+
+
+def _final_norm(st: AnalyzerState, path: str, backbone: Instance) -> None:
+    """The norm the backbone applies to the last layer's output."""
+    layer_ids = {id(layer) for layer in st.layers}  # a loop over the layers may be summarised as one call
+    found = []
+    for state in st.forward(backbone):
+        for n in walk(state.value):
+            if n.kind == "module" and n.ref is not None and st.role(n.ref) == "norm" and n.args \
+                    and any(m.kind == "module" and id(m.ref) in layer_ids for m in walk(n.args[0])):
+                found.append(n.ref)
+    found = unique(found)
+    names = {name: child for name, child in backbone.children()}
+    owned = [name for name, child in names.items() if any(child is f for f in found)]
+    if len(owned) == 1:
+        full = f"{path}.{owned[0]}" if path else owned[0]
+        st.result.final_norm_key = full
+        st.result.module_names["model.norm"] = full
+
+
+def _embedding_factor(st: AnalyzerState, embed: Instance) -> tuple[float | None, list[str]]:
+    if embed.is_external or st.interp.find_method(embed.cls, "forward") is None:
+        return 1.0, []
+    factors = set()
+    ops_seen: list[str] = []
+    for value in st.outputs(embed):
+        f, ops, reached = scalar_path(value, lambda v: isinstance(v, Node) and v.kind == "call"
+                                      and v.name.startswith("super."))
+        if not reached:
+            return None, []
+        factors.add(round(f, 9))
+        ops_seen = ops
+    if len(factors) != 1:
+        return None, []
+    return factors.pop(), ops_seen
+
+
+def analyze_head(st: AnalyzerState) -> None:
+    """The LM head (the projection to the vocabulary): bias, tying declared
+    by the class, softcap and logit rescaling with its config field."""
+    where = st.where(st.top)
+    vocab = st.dims.get("vocab_size")
+    heads = [(n, c) for n, c in st.top.children()
+             if st.base_module(c) == "Linear" and c.args.get("out_features") == vocab]
+    if len(heads) != 1:
+        st.add(unknown("lm_head.bias", CODE, f"{where}: {len(heads)} projections to the vocabulary"))
+        return
+    name, head = heads[0]
+    st.result.head_key = f"{name}.weight"
+    st.result.module_names["lm_head"] = name
+    st.add(known(bool(head.args.get("bias")), "lm_head.bias", CODE, f"{where}: {name}(bias={head.args.get('bias')})"))
+    tied = st.interp.class_attribute(st.cls, "_tied_weights_keys")
+    st.result.tied_keys_declared = bool(tied) if tied is not UNKNOWN else False
+    verdicts = set()
+    for state in st.forward(st.top):
+        logits = _logits_of(state.value, head)
+        if logits is None:
+            continue
+        verdicts.add(_head_ops(logits, head))
+    verdicts.discard(None)
+    if len(verdicts) != 1:
+        st.add(unknown("lm_head.softcap", CODE, f"{where}: logits not traced to {name}"))
+        st.add(unknown("lm_head.logits_divisor", CODE, f"{where}: logits not traced to {name}"))
+        return
+    softcap, divisor = verdicts.pop()
+    st.add(known(softcap, "lm_head.softcap", CODE,
+                 f"{where}: " + (f"logits = tanh(logits / {softcap:g}) * {softcap:g}" if softcap else "no tanh softcap")))
+    st.add(known(divisor, "lm_head.logits_divisor", CODE,
+                 f"{where}: " + (f"logits divided by {divisor:g}" if divisor else "logits not rescaled")))
+    if divisor is not None:
+        _logits_source(st, divisor, where)
+
+
+def _logits_source(st: AnalyzerState, divisor: float, where: str) -> None:
+    """The config field the logits are rescaled by: divided by it
+    (Granite's logits_scaling) or multiplied by it (Cohere's logit_scale)."""
+    config = st.interp.config
+    found = set()
+    for attr, value in st.top.attrs.items():
+        if not number(value) or value == 0 or not (
+                math.isclose(value, divisor, rel_tol=1e-9) or math.isclose(1.0 / value, divisor, rel_tol=1e-9)):
+            continue
+        for key in sorted(st.top.attr_reads.get(attr, frozenset())):
+            field_value = config.read(key, None) if config.has(key) else None
+            if not number(field_value) or field_value == 0:
+                continue
+            if math.isclose(field_value, divisor, rel_tol=1e-9):
+                found.add((key, "divisor", f"self.{attr} = config.{key}; logits / {field_value:g}"))
+            elif math.isclose(1.0 / field_value, divisor, rel_tol=1e-9):
+                found.add((key, "multiplier", f"self.{attr} = config.{key}; logits * {field_value:g}"))
+    forward = st.interp.find_method(st.cls, "forward")
+    if not found and forward is not None:  # read in forward: logits / self.config.<key>
+        read = sorted({node.attr for node in ast.walk(forward[1]) if isinstance(node, ast.Attribute)
+                       and isinstance(node.value, ast.Attribute) and node.value.attr == "config"})
+        for key in read:
+            field_value = config.read(key, None) if config.has(key) else None
+            if not number(field_value) or field_value == 0:
+                continue
+            if math.isclose(field_value, divisor, rel_tol=1e-9):
+                found.add((key, "divisor", f"forward divides the logits by self.config.{key} = {field_value:g}"))
+            elif math.isclose(1.0 / field_value, divisor, rel_tol=1e-9):
+                found.add((key, "multiplier", f"forward multiplies the logits by self.config.{key} = {field_value:g}"))
+    if len({(k, f) for k, f, _ in found}) == 1:
+        key, form, evidence = found.pop()
+        st.add(known(key, "lm_head.logits_key", CODE, f"{where}: {evidence}"))
+        st.add(known(form, "lm_head.logits_form", CODE, f"{where}: {evidence}"))
+    else:
+        st.add(unknown("lm_head.logits_key", CODE,
+                       f"{where}: no single config field gives the logits factor ({len(found)} candidates)"))
+
+
+def _logits_of(value: Any, head: Instance) -> Any:
+    if isinstance(value, Node) and value.kind == "call":
+        logits = value.kwarg("logits")
+        if logits is not None:
+            return logits
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            if any(n.kind == "module" and n.ref is head for n in walk(item)):
+                return item
+    if isinstance(value, Node) and any(n.kind == "module" and n.ref is head for n in walk(value)):
+        return value
+    return None
+
+
+def _head_ops(value: Any, head: Instance) -> tuple[float | None, float | None] | None:
+    softcap = None
+    divisor = 1.0
+    for _ in range(16):
+        value = strip_casts(value)
+        if isinstance(value, Node) and value.kind == "module" and value.ref is head:
+            return softcap, (None if math.isclose(divisor, 1.0) else divisor)
+        if not isinstance(value, Node):
+            return None
+        if value.kind == "binop" and value.name == "mul":
+            x, c = value.args
+            if number(x):
+                x, c = c, x
+            inner = strip_casts(x)
+            if number(c) and isinstance(inner, Node) and inner.kind == "call" and inner.name.endswith("tanh"):
+                arg = strip_casts(inner.args[0]) if inner.args else None
+                if isinstance(arg, Node) and arg.kind == "binop" and arg.name == "div" and number(arg.args[1]) \
+                        and math.isclose(arg.args[1], c):
+                    softcap = float(c)
+                    value = arg.args[0]
+                    continue
+            if number(c) and c != 0:
+                divisor /= c
+                value = x
+                continue
+            return None
+        if value.kind == "binop" and value.name == "div" and number(value.args[1]):
+            divisor *= value.args[1]
+            value = value.args[0]
+            continue
+        if value.kind in ("item", "func", "call") and value.args:
+            # slicing helpers (logits_to_keep) before the head
+            if any(n.kind == "module" and n.ref is head for n in walk(value.args[0])):
+                if value.kind == "item":
+                    value = value.args[0]
+                    continue
+        return None
+    return None

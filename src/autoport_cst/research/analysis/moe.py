@@ -1,0 +1,413 @@
+"""The MoE section: which decoder layers route to experts and which keep a
+dense MLP, and the routed block: the top-k (its k), the score function
+(softmax or sigmoid, before or after the top-k), renormalisation, router and
+routing biases, a routed scaling factor, the experts (a list of MLPs or 3-D
+parameters; their computation classified by :func:`.mlp.mlp_facts`), shared
+experts and their gate, and what the spec cannot describe (group-limited
+routing, other expert computations, router-weighted expert inputs)."""
+
+from __future__ import annotations
+
+import ast
+import math
+from typing import Any
+
+from autoport_cst.research.analysis import mlp
+from autoport_cst.research.analysis.graph import ranges, strip_casts, strip_shape, vector_shape
+from autoport_cst.research.analysis.state import AnalyzerState
+from autoport_cst.research.findings import CODE, known, unknown
+from autoport_cst.research.interp import MODULE_LIST, UNKNOWN, Instance, Node, Param, depends_on, walk
+
+
+def split_layers(st: AnalyzerState) -> str | None:
+    """The feed-forward child of the decoder layers, and which layers hold a
+    dense MLP (``result.dense_layers``) or a routed block (``moe_layers``);
+    None, with an unknown, when a layer has no single MLP or MoE module."""
+    kinds_per_layer = []
+    ffn_name = None
+    for layer in st.layers:
+        children = dict(layer.children())
+        names = [n for n, c in children.items() if st.role(c) in ("mlp", "moe")]
+        if len(names) != 1:
+            kinds_per_layer.append(None)
+            continue
+        ffn_name = ffn_name or names[0]
+        kinds_per_layer.append(st.role(children[names[0]]))
+    st.result.moe_layers = [i for i, k in enumerate(kinds_per_layer) if k == "moe"]
+    st.result.dense_layers = [i for i, k in enumerate(kinds_per_layer) if k == "mlp"]
+    if None in kinds_per_layer or ffn_name is None:
+        st.add(unknown("mlp.kind", CODE, "a decoder layer has no single MLP or MoE module"))
+        return None
+    if st.result.moe_layers and st.result.dense_layers:
+        st.add(known(st.result.dense_layers, "code.dense_layers", CODE,
+                     f"dense MLP on layers {ranges(st.result.dense_layers)}, MoE on {ranges(st.result.moe_layers)}"))
+    return ffn_name
+
+
+def no_routed_block(st: AnalyzerState) -> None:
+    st.add(known(None, "moe", CODE, "no top-k routed block in any decoder layer"))
+
+
+def analyze(st: AnalyzerState, block: Instance, prefix: str) -> None:
+    """Classify the routed block ``block`` (state-dict prefix ``prefix``)."""
+    where = st.where(block)
+    children = list(block.children())
+    routing_owner, routing_out = _routing_forward(st, block, children)
+    facts: dict[str, Any] = {}
+    rwhere = st.where(routing_owner) if routing_owner else where
+    if routing_out is not None:
+        facts.update(_routing(st, routing_owner, routing_out, block))
+    experts, experts_name = _experts(st, block)
+    num_experts, intermediate, expert_facts = _expert_sizes(st, experts, facts)
+    st.result.router_modules = [prefix + n for n, c in children
+                                if c is routing_owner or (st.base_module(c) == "Linear"
+                                                          and c.args.get("out_features") == num_experts)]
+    values = {
+        "moe.num_experts": (num_experts, f"{where}: {experts_name} holds {num_experts} experts"),
+        "moe.top_k": (facts.get("top_k"), f"{rwhere}: topk(k={facts.get('top_k')})"),
+        "moe.intermediate_size": (intermediate, f"{where}: expert projection width {intermediate}"),
+        "moe.router_activation": (facts.get("activation"), f"{rwhere}: {facts.get('activation_evidence', '')}"),
+        "moe.norm_topk_prob": (facts.get("renorm"), f"{rwhere}: {facts.get('renorm_evidence', '')}"),
+        "moe.router_bias": (facts.get("router_bias"), f"{rwhere}: {facts.get('router_bias_evidence', '')}"),
+        "moe.routing_bias": (facts.get("routing_bias"), f"{rwhere}: {facts.get('routing_bias_evidence', '')}"),
+    }
+    for name, (value, evidence) in values.items():
+        if value is None:
+            st.add(unknown(name, CODE, evidence))
+        else:
+            st.add(known(value, name, CODE, evidence))
+    _shared_experts(st, children, experts_name, where)
+    if expert_facts is not None:
+        mlp.mlp_findings(st, expert_facts, st.where(experts[0] if isinstance(experts, list) else experts), "mlp")
+    if isinstance(experts, Instance):
+        st.add(known(True, "code.stacked_experts", CODE,
+                     f"{where}: experts stored as 3-D parameters {[n for n, _ in experts.params()]}"))
+    if not st.result.dense_layers:
+        st.add(known(None, "mlp.intermediate_size", CODE, f"{where}: no dense MLP layer"))
+    router_params = [p for _, c in children if c is routing_owner for _, p in c.params()]
+    router_f32 = any(p.float32 for p in router_params)
+    st.add(known(router_f32, "code.router_param_float32", CODE,
+                 f"{rwhere}: router weight created in {'float32' if router_f32 else 'the model dtype'}"))
+    _extras(st, facts, rwhere, where, expert_facts, experts)
+    if isinstance(experts, Instance):
+        _expert_input(st, block, experts, where)
+
+
+def _routing_forward(st: AnalyzerState, block: Instance,
+                     children: list[tuple[str, Instance]]) -> tuple[Instance | None, Any]:
+    """The forward with the top-k call (the block's or a child's), and its
+    output."""
+    for owner in [block] + [c for _, c in children if not c.is_external]:
+        for value in [path.value for path in st.forward(owner)]:
+            if any(n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "topk" for n in walk(value)):
+                return owner, value
+    return None, None
+
+
+def _experts(st: AnalyzerState, block: Instance) -> tuple[Any, str | None]:
+    """The experts: a list of MLPs, or a module of 3-D parameters (the
+    last one declared), and its attribute name."""
+    experts = None
+    experts_name = None
+    for name, child in block.attrs.items():
+        if isinstance(child, Instance) and child.cls == MODULE_LIST:
+            items = child.attrs.get("items", [])
+            if len(items) > 1 and all(isinstance(i, Instance) and st.role(i) == "mlp" for i in items[:2]):
+                experts, experts_name = items, name
+        elif isinstance(child, Instance) and st.role(child) == "experts":
+            experts, experts_name = child, name
+    return experts, experts_name
+
+
+def _expert_sizes(st: AnalyzerState, experts: Any,
+                  facts: dict[str, Any]) -> tuple[int | None, int | None, dict[str, Any] | None]:
+    """The number of experts (else the router's width), their width, and
+    what one expert computes."""
+    num_experts = None
+    intermediate = None
+    expert_facts = None
+    if isinstance(experts, list):
+        num_experts = len(experts)
+        expert_facts = mlp.mlp_facts(st, experts[0])
+        intermediate = expert_facts["intermediate"]
+    elif isinstance(experts, Instance):
+        shapes = [p.shape for _, p in experts.params() if p.shape and len(p.shape) == 3]
+        firsts = {s[0] for s in shapes}
+        num_experts = firsts.pop() if len(firsts) == 1 else None
+        expert_facts = mlp.mlp_facts(st, experts)
+        intermediate = _expert_width(st, experts, shapes)
+    if num_experts is None:
+        num_experts = facts.get("router_width")
+    return num_experts, intermediate, expert_facts
+
+
+def _shared_experts(st: AnalyzerState, children: list[tuple[str, Instance]], experts_name: str | None,
+                    where: str) -> None:
+    """Always-on experts (other MLP children) and a width-1 gate on them."""
+    shared = [(n, c) for n, c in children if st.role(c) == "mlp" and n != experts_name and "." not in n]
+    gates = [(n, c) for n, c in children if st.base_module(c) == "Linear" and c.args.get("out_features") == 1]
+    st.add(known(len(shared), "moe.shared_experts", CODE,
+                 f"{where}: " + (", ".join(f"{n} (width {mlp.mlp_facts(st, c)['intermediate']})" for n, c in shared)
+                                 or "no always-on expert")))
+    if shared:
+        width = mlp.mlp_facts(st, shared[0][1])["intermediate"]
+        if width is not None:
+            st.add(known(width, "code.shared_expert_intermediate", CODE, f"{where}: {shared[0][0]} width"))
+    has_gate = bool(gates and shared)
+    st.add(known(has_gate, "moe.shared_expert_gate", CODE,
+                 f"{where}: " + (f"{gates[0][0]} (width 1) gates the shared expert" if has_gate
+                                 else "no gate on a shared expert")))
+
+
+def _routing(st: AnalyzerState, owner: Instance, value: Any, block: Instance | None = None) -> dict[str, Any]:
+    """What the routing forward computes around its top-k."""
+    nodes = list(walk(value))
+    topk = next(n for n in nodes if n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "topk")
+    facts: dict[str, Any] = {}
+    k = topk.args[1] if len(topk.args) > 1 else topk.kwarg("k")
+    facts["top_k"] = k if isinstance(k, int) else None
+    scores = topk.args[0] if topk.args else None
+    before = list(walk(scores))
+    _score_function(nodes, before, topk, facts)
+    _router_projection(st, before, facts)
+    added = [n for n in before if n.kind == "binop" and n.name == "add" and any(
+        isinstance(x, Node) and x.kind == "param" for x in map(strip_casts, n.args))]
+    facts["routing_bias"] = bool(added)
+    facts["routing_bias_evidence"] = ("a per-expert parameter is added to the scores before top-k" if added
+                                      else "top-k of the scores as computed")
+    if not added:
+        elsewhere = _routing_bias_elsewhere(st, owner, block, before, facts.get("router_width"))
+        if elsewhere:
+            facts["routing_bias"] = True
+            facts["routing_bias_evidence"] = elsewhere
+    facts.update(_routed_scaling(nodes, topk))
+    facts.update(_group_routing(nodes, topk, facts.get("router_width")))
+    return facts
+
+
+def _score_function(nodes: list[Node], before: list[Node], topk: Node, facts: dict[str, Any]) -> None:
+    """softmax or sigmoid of the router logits (before the top-k, or of the
+    k values after it), and whether the k weights are renormalised."""
+    fn_before = [n.name.rsplit(".", 1)[-1] for n in before if n.kind in ("call", "method")
+                 and n.name.rsplit(".", 1)[-1] in ("softmax", "sigmoid")]
+    after_softmax = [n for n in nodes if n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "softmax"
+                     and depends_on(n, topk)]
+    if fn_before:
+        facts["activation"] = "softmax" if fn_before[0] == "softmax" else "sigmoid"
+        facts["activation_evidence"] = f"{fn_before[0]} over the router logits, then top-k"
+    elif after_softmax:
+        facts["activation"] = "softmax"
+        facts["activation_evidence"] = "top-k of the logits, then softmax over the k values"
+    elif any(n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "sigmoid" and depends_on(n, topk)
+             for n in nodes):
+        # sigmoid is monotonic: the same experts as sigmoid first, then top-k
+        facts["activation"] = "sigmoid"
+        facts["activation_evidence"] = "top-k of the logits, then sigmoid of the k values"
+    else:
+        facts["activation_evidence"] = "no softmax or sigmoid around the top-k"
+    renorm = any(
+        n.kind == "binop" and n.name == "div" and depends_on(n.args[0], topk)
+        and any(m.kind == "method" and m.name == "sum" for m in walk(n.args[1]))
+        for n in nodes
+    )
+    if fn_before:
+        facts["renorm"] = renorm
+        facts["renorm_evidence"] = ("top-k weights divided by their sum" if renorm
+                                    else "top-k weights used as computed")
+    elif after_softmax:
+        facts["renorm"] = True
+        facts["renorm_evidence"] = "softmax over the top-k values sums to 1"
+    elif facts.get("activation") == "sigmoid":
+        facts["renorm"] = renorm
+        facts["renorm_evidence"] = ("top-k weights divided by their sum" if renorm
+                                    else "top-k weights used as computed")
+
+
+def _router_projection(st: AnalyzerState, before: list[Node], facts: dict[str, Any]) -> None:
+    """The projection producing the router logits: its bias and width."""
+    proj = [n for n in before if n.kind == "call" and n.name.endswith(".linear")]
+    lin = [n for n in before if n.kind == "module" and n.ref is not None and st.base_module(n.ref) == "Linear"]
+    if proj:
+        bias = proj[0].args[2] if len(proj[0].args) > 2 else proj[0].kwarg("bias")
+        facts["router_bias"] = isinstance(bias, Node) and bias.kind == "param"
+        facts["router_bias_evidence"] = f"logits = linear(x, weight, bias={'param' if facts['router_bias'] else 'none'})"
+        weight = proj[0].args[1] if len(proj[0].args) > 1 else None
+        if isinstance(weight, Node) and isinstance(weight.ref, Param) and weight.ref.shape:
+            facts["router_width"] = weight.ref.shape[0]
+    elif lin:
+        facts["router_bias"] = bool(lin[0].ref.args.get("bias"))
+        facts["router_bias_evidence"] = f"router {lin[0].ref.name}(bias={lin[0].ref.args.get('bias')})"
+        facts["router_width"] = lin[0].ref.args.get("out_features")
+    else:
+        facts["router_bias_evidence"] = "router projection not found"
+
+
+def _expert_input(st: AnalyzerState, block: Instance, experts: Instance, where: str) -> None:
+    """Experts that read the router-weighted input (Llama 4: experts(x *
+    score), weights not applied to their outputs): no spec field describes it."""
+    for out in st.outputs(block):
+        nodes = list(walk(out))
+        topks = [n for n in nodes if n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "topk"]
+        routed = [n for n in nodes if n.kind == "module" and n.ref is experts]
+        for call in routed:
+            first = call.args[0] if call.args else call.kwarg("hidden_states")
+            scores = [n for n in nodes if n.kind == "module" and isinstance(n.ref, Instance)
+                      and n.ref is not experts and st.role(n.ref) in ("router", "linear")]
+            if isinstance(first, Node) and any(depends_on(first, t) for t in topks + scores):
+                st.add(known("router-weighted expert input", "unsupported.moe.expert_input_scaling", CODE,
+                             f"{where}: the experts read the hidden states multiplied by the router "
+                             "scores, not the hidden states"))
+                return
+
+
+def _extras(st: AnalyzerState, facts: dict[str, Any], rwhere: str, where: str, expert_facts: dict[str, Any] | None,
+            experts: Any) -> None:
+    """The routed scaling factor, the dense layers, and what the spec cannot
+    describe (``unsupported.moe.*`` findings: the plan refuses them)."""
+    if "routed_scaling_evidence" in facts:
+        st.add(known(facts.get("routed_scaling"), "moe.routed_scaling_factor", CODE,
+                     f"{rwhere}: {facts['routed_scaling_evidence']}"))
+    dense = tuple(st.result.dense_layers) if st.result.moe_layers and st.result.dense_layers else None
+    st.add(known(dense, "moe.dense_layers", CODE,
+                 f"{where}: " + (f"dense MLP instead of experts on layers {ranges(list(dense))}" if dense
+                                 else "experts on every layer")))
+    if facts.get("group_limited"):
+        st.add(known("group-limited routing", "unsupported.moe.group_limited_routing", CODE,
+                     f"{rwhere}: {facts['group_evidence']}"))
+    if expert_facts is not None and (expert_facts["kind"] is None or expert_facts["act"] is None):
+        ewhere = st.where(experts[0] if isinstance(experts, list) else experts)
+        st.add(known("expert computation", "unsupported.moe.expert_mlp", CODE,
+                     f"{ewhere}: the experts are not act(x W_gate) * (x W_up) W_down with a known activation "
+                     f"({expert_facts['evidence'] or 'not classified'})"))
+
+
+def _expert_width(st: AnalyzerState, experts: Instance, shapes: list[tuple]) -> int | None:
+    keys = [v for k, v in experts.attrs.items()
+            if isinstance(v, int) and any("intermediate" in r for r in experts.attr_reads.get(k, ()))]
+    hidden = st.dims.get("hidden_size")
+    if len(set(keys)) == 1:
+        return keys[0]
+    dims = {d for s in shapes for d in s[1:] if d != hidden}
+    if len(dims) == 2:
+        small, big = sorted(dims)
+        if big == 2 * small:
+            return small
+    if len(dims) == 1:
+        return dims.pop()
+    return None
+
+
+def _routing_bias_elsewhere(st: AnalyzerState, owner: Instance, block: Instance | None, before: list[Any],
+                            experts: int | None) -> str | None:
+    """A per-expert vector added to the scores that is not a parameter of
+    the router's forward: a buffer (``nn.Buffer``), a vector the MoE block
+    passes in, or the output of a submodule that adds one (ERNIE's
+    ``moe_statics``). Returns the evidence, or None."""
+    for n in before:
+        if n.kind == "module" and isinstance(n.ref, Instance) and st.base_module(n.ref) != "Linear":
+            for out in st.outputs(n.ref):
+                if any(m.kind == "binop" and m.name == "add"
+                       and any(isinstance(x, Node) and x.kind == "param" for x in map(strip_shape, m.args))
+                       for m in walk(out)):
+                    return (f"{n.ref.class_name} (self.{n.name}) adds a per-expert parameter to the scores "
+                            "before top-k")
+        if n.kind != "binop" or n.name != "add":
+            continue
+        for x in map(strip_casts, n.args):
+            if isinstance(x, Node) and x.kind == "input":
+                holders = [i for i in (owner, block) if isinstance(i, Instance)]
+                if any(name == x.name and p.shape and max(p.shape) == experts and vector_shape(p.shape)
+                       for i in holders for name, p in i.params()) \
+                        or any(x.name in _buffers(i) for i in holders):
+                    return f"the per-expert vector {x.name} is passed in and added to the scores before top-k"
+            elif x is UNKNOWN:
+                buffers = _added_buffers(owner)
+                if buffers:
+                    return f"the per-expert buffer self.{buffers[0]} is added to the scores before top-k"
+    return None
+
+
+def _routed_scaling(nodes: list[Any], topk: Node) -> dict[str, Any]:
+    """A constant the chosen experts' weights are multiplied by."""
+    for n in nodes:
+        if n.kind != "binop" or n.name != "mul":
+            continue
+        for x, y in (n.args, tuple(reversed(n.args))):
+            if isinstance(y, (int, float)) and not isinstance(y, bool) and isinstance(x, Node) \
+                    and depends_on(x, topk):
+                if math.isclose(float(y), 1.0):
+                    return {"routed_scaling": None,
+                            "routed_scaling_evidence": "top-k weights multiplied by 1.0 (no scaling)"}
+                return {"routed_scaling": float(y),
+                        "routed_scaling_evidence": f"top-k weights multiplied by {float(y):g}"}
+    return {"routed_scaling": None, "routed_scaling_evidence": "top-k weights not scaled by a constant"}
+
+
+def _group_routing(nodes: list[Any], topk: Node, experts: int | None) -> dict[str, Any]:
+    """Group-limited routing (DeepSeek-V3's n_group / topk_group): a top-k
+    over per-group scores that masks the experts before the final top-k.
+    It changes nothing when every group is kept."""
+    inner = [n for n in nodes if n is not topk and n.kind in ("call", "method")
+             and n.name.rsplit(".", 1)[-1] == "topk" and depends_on(topk, n)]
+    if not inner:
+        return {}
+    groups = None
+    for n in nodes:
+        if n.kind == "method" and n.name in ("view", "reshape") and len(n.args) == 4 \
+                and all(isinstance(d, int) for d in n.args[1:]) and n.args[1] == -1:
+            g, per = n.args[2], n.args[3]
+            if experts is None or g * per == experts:
+                groups = g
+                break
+    kept = None
+    for n in inner:
+        source = n.args[0] if n.args else None
+        if isinstance(source, Node) and source.kind == "method" and source.name == "sum":
+            k = n.args[1] if len(n.args) > 1 else n.kwarg("k")
+            kept = k if isinstance(k, int) else None
+    if groups is not None and kept is not None and (groups == 1 or kept >= groups):
+        return {"group_limited": False,
+                "group_evidence": f"{kept} of {groups} expert group(s) kept: no restriction"}
+    detail = (f"experts restricted to the top {kept} of {groups} groups before the top-k"
+              if groups is not None and kept is not None
+              else "a top-k over expert groups masks the experts before the top-k")
+    return {"group_limited": True, "group_evidence": detail}
+
+
+def _buffers(owner: Instance) -> list[str]:
+    """Buffers of the owner's class: ``self.x = nn.Buffer(...)`` or
+    ``self.register_buffer("x", ...)``."""
+    node = getattr(owner.cls, "node", None)
+    if not isinstance(node, ast.ClassDef):
+        return []
+    buffers: list[str] = []
+    for stmt in ast.walk(node):
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call):
+            func = stmt.value.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name == "Buffer":
+                buffers += [t.attr for t in stmt.targets if isinstance(t, ast.Attribute)
+                            and isinstance(t.value, ast.Name) and t.value.id == "self"]
+        elif isinstance(stmt, ast.Call) and isinstance(stmt.func, ast.Attribute) \
+                and stmt.func.attr == "register_buffer" and stmt.args \
+                and isinstance(stmt.args[0], ast.Constant) and isinstance(stmt.args[0].value, str):
+            buffers.append(stmt.args[0].value)
+    return buffers
+
+
+def _added_buffers(owner: Instance) -> list[str]:
+    """Buffers of the owner's class that its methods add to a value
+    (``... + self.x``): a per-expert routing bias held as a buffer, which the
+    interpreter does not follow as a parameter."""
+    node = getattr(owner.cls, "node", None)
+    buffers = _buffers(owner)
+    if not buffers or not isinstance(node, ast.ClassDef):
+        return []
+    added = []
+    for expr in ast.walk(node):
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
+            for side in (expr.left, expr.right):
+                if isinstance(side, ast.Attribute) and isinstance(side.value, ast.Name) \
+                        and side.value.id == "self" and side.attr in buffers and side.attr not in added:
+                    added.append(side.attr)
+    return added
