@@ -15,12 +15,8 @@ from autoport_cst.transform.cst_helpers import (
     statements,
     walk,
 )
-from autoport_cst.transform.layers import (
-    config_scalar_edit,
-    init_reads_config,
-    one_class,
-    require_method,
-)
+from autoport_cst.transform.decoder import class_here, declare_upstream, other_model_file
+from autoport_cst.transform.layers import config_scalar_edit, init_reads_config, require_method
 
 
 @dataclass(frozen=True)
@@ -51,7 +47,7 @@ class EmbeddingMultiplier(Codemod):
     ID = "embedding-multiplier"
     REALIZES = ("embedding.multiplier",)
     Params = EmbeddingMultiplierParams
-    FILES = ("model", "config")
+    FILES = ("model", "config", "module")
     EXAMPLES = (
         Example(
             title="Granite",
@@ -138,7 +134,11 @@ class EmbeddingMultiplier(Codemod):
                 module, ctx, self.ID, key, "float", self.params.default,
                 "<-- MODEL-SPECIFIC: input embeddings times this",
             )
-        backbone = one_class(module, "backbone", ctx, self.ID, "<Prefix>Model backbone")
+        if ctx.role == "module":
+            return other_model_file(module, ctx, self.touches(), "the embedding multiplier")
+        backbone = class_here(module, "backbone", ctx, self.ID, "<Prefix>Model backbone")
+        if backbone is None:
+            return module
         forward = require_method(backbone, "forward", ctx, module, self.ID)
         loop, hidden = None, None
         for stmt in statements(forward):
@@ -172,6 +172,10 @@ class EmbeddingMultiplier(Codemod):
                 )
 
             edits[id(loop)] = insert
+        declare_upstream(
+            module, ctx, "embedding.lookup", forward, loop,
+            "multiplied where the decoder layers read the embeddings (after any prompt-embeds merge)",
+        )
         return rewrite(module, edits)
 
 

@@ -14,11 +14,8 @@ from autoport_cst.transform.cst_helpers import (
     self_attr,
     walk,
 )
-from autoport_cst.transform.layers import (
-    config_scalar_edit,
-    init_reads_config,
-    logits_site,
-)
+from autoport_cst.transform.decoder import logits_site, other_model_file
+from autoport_cst.transform.layers import config_scalar_edit, init_reads_config
 
 
 @dataclass(frozen=True)
@@ -49,7 +46,7 @@ class LogitSoftcap(Codemod):
     ID = "logit-softcap"
     REALIZES = ("lm_head.softcap",)
     Params = LogitSoftcapParams
-    FILES = ("model", "config")
+    FILES = ("model", "config", "module")
     AFTER = ("logits-divisor",)
     EXAMPLES = (
         Example(
@@ -126,7 +123,12 @@ class LogitSoftcap(Codemod):
             return config_scalar_edit(
                 module, ctx, self.ID, key, "float | None", None, "<-- MODEL-SPECIFIC: logits softcapped at this value"
             )
-        lm, forward, name, last = logits_site(module, ctx, self.ID)
+        if ctx.role == "module":
+            return other_model_file(module, ctx, self.touches(), "the logit softcap")
+        site = logits_site(module, ctx, self.ID)
+        if site is None:
+            return module
+        lm, forward, name, last = site
         edits = init_reads_config(lm, key, module, ctx, self.ID)
         if not any(
             is_call(n, "torch.tanh") and any(self_attr(m) == key for m in walk(n)) for n in walk(forward)

@@ -9,11 +9,8 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.cst_helpers import parse_statement, rewrite, self_attr, walk
-from autoport_cst.transform.layers import (
-    config_scalar_edit,
-    init_reads_config,
-    logits_site,
-)
+from autoport_cst.transform.decoder import logits_site, other_model_file
+from autoport_cst.transform.layers import config_scalar_edit, init_reads_config
 
 
 @dataclass(frozen=True)
@@ -51,7 +48,7 @@ class LogitsDivisor(Codemod):
     ID = "logits-divisor"
     REALIZES = ("lm_head.logits_divisor", "lm_head.logits_key", "lm_head.logits_form")
     Params = LogitsDivisorParams
-    FILES = ("model", "config")
+    FILES = ("model", "config", "module")
     EXAMPLES = (
         Example(
             title="Granite",
@@ -138,7 +135,12 @@ class LogitsDivisor(Codemod):
                 module, ctx, self.ID, key, "float", self.params.default,
                 "<-- MODEL-SPECIFIC: logits " + ("divided" if self.params.form == "divide" else "multiplied") + " by this",
             )
-        lm, forward, name, last = logits_site(module, ctx, self.ID)
+        if ctx.role == "module":
+            return other_model_file(module, ctx, self.touches(), "the logits scaling")
+        site = logits_site(module, ctx, self.ID)
+        if site is None:
+            return module
+        lm, forward, name, last = site
         edits = init_reads_config(lm, key, module, ctx, self.ID)
         operator = cst.Divide if self.params.form == "divide" else cst.Multiply
         if not any(

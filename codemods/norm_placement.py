@@ -9,10 +9,9 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext, locate
 from autoport_cst.transform.cst_helpers import parse_statement, rewrite
+from autoport_cst.transform.decoder import decoder_layer, guard_fused
 from autoport_cst.transform.layers import (
     add_edit,
-    assigned_name,
-    layer_forward,
     mapping_entries_of_attr,
     other_uses,
     removal_edits,
@@ -227,56 +226,60 @@ class NormPlacement(Codemod):
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         p = self.params
-        shape = layer_forward(module, ctx, self.ID)
-        name = shape.layer.name.value
-        current = shape.placement
+        layer = decoder_layer(module, ctx, self.ID)
+        if layer is None:
+            return module
+        current = layer.placement
         if current == p.placement:
             return module
         if current != "pre":
             raise ctx.precondition(
-                f"{self.ID}: {name}.forward is not a pre-norm layer (h = self.<norm>(h) right before the "
-                f"attention and the MLP calls, no norm right after them); found placement {current or 'unknown'}",
-                shape.forward,
+                f"{self.ID}: {layer.name} is not a pre-norm layer (h = self.<norm>(h) right before each "
+                f"attention and MLP call, no norm right after them); found placement {current or 'unknown'}",
+                layer.forwards[0].func,
                 module,
             )
-        input_norm = self._norm(shape.pre_attn)
-        pre_mlp = self._norm(shape.pre_mlp)
-        variable = assigned_name(shape.attn)
-        mlp_variable = assigned_name(shape.mlp)
+        input_norm = self._one_norm(layer, "attention", module, ctx)
+        pre_mlp = self._one_norm(layer, "mlp", module, ctx)
         if p.placement == "sandwich":
             wanted = [input_norm, p.post_attention_norm, p.pre_mlp_norm, p.post_mlp_norm]
         else:
             wanted = [p.post_attention_norm, p.post_mlp_norm]
         if p.placement == "sandwich" and input_norm in wanted[1:]:
             raise ctx.precondition(
-                f"{self.ID}: a new norm is named like the input norm ({input_norm})", shape.forward, module
+                f"{self.ID}: a new norm is named like the input norm ({input_norm})", layer.cls, module
             )
         existing = [input_norm, pre_mlp]
         removed = [a for a in existing if a not in wanted]
         added = [a for a in wanted if a not in existing]
 
         # __init__: clone the pre-MLP norm for each new attribute, remove unused ones
-        assignments = self_assignments(shape.init)
+        assignments = self_assignments(layer.init)
         if pre_mlp not in assignments:
-            raise ctx.precondition(f"{self.ID}: {name}.__init__ does not assign self.{pre_mlp}", shape.init, module)
+            raise ctx.precondition(f"{self.ID}: {layer.name}.__init__ does not assign self.{pre_mlp}", layer.init, module)
         template = assignments[pre_mlp][0]
         clones = [_renamed_assignment(template, a) for a in added]
-        edits: dict = removal_edits(shape.init, [assignments[a][0] for a in removed if a in assignments])
+        edits: dict = removal_edits(layer.init, [assignments[a][0] for a in removed if a in assignments])
         if clones:
             add_edit(edits, id(template), lambda updated: cst.FlattenSentinel([updated, *clones]))
 
-        # forward
-        doomed = []
+        # every forward: fused branches guarded, the others rewritten
+        guards, guarded = guard_fused(
+            layer, f"{p.placement} norm placement: the FP8 kernels fuse a norm before the sublayer",
+            module, ctx, self.ID,
+        )
+        edits.update(guards)
+        calls = layer.unfused()
         if p.placement == "post":
-            doomed = [shape.pre_attn, shape.pre_mlp]
-        edits.update(removal_edits(shape.forward, doomed))
-        if p.placement == "sandwich" and pre_mlp != p.pre_mlp_norm:
-            call = shape.pre_mlp.body[0].value  # type: ignore[union-attr]
-            edits[id(call.func)] = lambda updated: updated.with_changes(attr=cst.Name(p.pre_mlp_norm))
-        post_attn = parse_statement(f"{variable} = self.{p.post_attention_norm}({variable})", module)
-        post_mlp = parse_statement(f"{mlp_variable} = self.{p.post_mlp_norm}({mlp_variable})", module)
-        edits[id(shape.attn)] = lambda updated: cst.FlattenSentinel([updated, post_attn])
-        edits[id(shape.mlp)] = lambda updated: cst.FlattenSentinel([updated, post_mlp])
+            for key, edit in removal_edits(layer.cls, [c.pre_norm for c in calls]).items():
+                add_edit(edits, key, edit)
+        for call in calls:
+            if p.placement == "sandwich" and call.kind == "mlp" and pre_mlp != p.pre_mlp_norm:
+                norm_call = call.pre_norm.body[0].value  # type: ignore[union-attr]
+                edits[id(norm_call.func)] = lambda updated: updated.with_changes(attr=cst.Name(p.pre_mlp_norm))
+            post = p.post_attention_norm if call.kind == "attention" else p.post_mlp_norm
+            stmt = parse_statement(f"{call.variable} = self.{post}({call.variable})", module)
+            add_edit(edits, id(call.stmt), lambda updated, stmt=stmt: cst.FlattenSentinel([updated, stmt]))
 
         # load_weights
         template_entries = mapping_entries_of_attr(module, pre_mlp)
@@ -295,7 +298,7 @@ class NormPlacement(Codemod):
             for entry in mapping_entries_of_attr(module, attr):
                 add_edit(edits, id(entry.statement), lambda updated: cst.RemoveFromParent())
             handled = [assignments[attr][0]] if attr in assignments else []
-            handled += [s for s in (shape.pre_attn, shape.pre_mlp) if s is not None and self._norm(s) == attr]
+            handled += [c.pre_norm for c in calls if c.pre_norm_attr == attr] + guarded
             use = other_uses(module, attr, handled)
             if use is not None:
                 line, column = locate(module, use)
@@ -306,9 +309,17 @@ class NormPlacement(Codemod):
                 )
         return rewrite(module, edits)
 
-    @staticmethod
-    def _norm(stmt) -> str:
-        return stmt.body[0].value.func.attr.value
+    def _one_norm(self, layer, kind: str, module, ctx) -> str:
+        """The norm every unfused call of ``kind`` is preceded by."""
+        found = {c.pre_norm_attr for c in layer.unfused(kind)}
+        if len(found) != 1:
+            raise ctx.precondition(
+                f"{self.ID}: the {kind} calls of {layer.name} are preceded by different norms: "
+                f"{', '.join(sorted(str(n) for n in found))}",
+                layer.cls,
+                module,
+            )
+        return found.pop()
 
 
 def _renamed_assignment(stmt: cst.SimpleStatementLine, attr: str) -> cst.SimpleStatementLine:

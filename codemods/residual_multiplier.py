@@ -15,12 +15,8 @@ from autoport_cst.transform.cst_helpers import (
     simple_assign,
     walk,
 )
-from autoport_cst.transform.layers import (
-    config_scalar_edit,
-    init_reads_config,
-    one_class,
-    require_method,
-)
+from autoport_cst.transform.decoder import class_here, layer_forwards, other_model_file
+from autoport_cst.transform.layers import config_scalar_edit, init_reads_config
 
 
 @dataclass(frozen=True)
@@ -55,7 +51,7 @@ class ResidualMultiplier(Codemod):
     ID = "residual-multiplier"
     REALIZES = ("residual.multiplier",)
     Params = ResidualMultiplierParams
-    FILES = ("model", "config")
+    FILES = ("model", "config", "module")
     AFTER = ("norm-placement", "parallel-residual")
     EXAMPLES = (
         Example(
@@ -139,34 +135,45 @@ class ResidualMultiplier(Codemod):
                 module, ctx, self.ID, key, "float", self.params.default,
                 "<-- MODEL-SPECIFIC: sublayer outputs times this before the residual add",
             )
-        layer = one_class(module, "decoder_layer", ctx, self.ID, "<Prefix>DecoderLayer")
-        forward = require_method(layer, "forward", ctx, module, self.ID)
-        residuals = set()
-        for stmt in deep_statements(forward):
-            pair = simple_assign(stmt)
-            if pair is not None and isinstance(pair[0], cst.Name) and isinstance(pair[1], cst.Name):
-                residuals.add(pair[0].value)
-        adds = []
-        for node in walk(forward):
-            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
-                sides = [node.left, node.right]
-                if any(isinstance(s, cst.Name) and s.value in residuals for s in sides):
-                    adds.append(node)
+        if ctx.role == "module":
+            return other_model_file(module, ctx, self.touches(), "the residual multiplier")
+        layer = class_here(module, "decoder_layer", ctx, self.ID, "<Prefix>DecoderLayer")
+        if layer is None:
+            return module
+        adds = [pair for forward in layer_forwards(layer) for pair in _residual_adds(forward)]
         if not adds:
             raise ctx.precondition(
-                f"{self.ID}: {layer.name.value}.forward adds no residual variable "
+                f"{self.ID}: {layer.name.value} adds no residual variable in its forwards "
                 "(residual = hidden_states ... residual + hidden_states)",
-                forward,
+                layer,
                 module,
             )
         edits = init_reads_config(layer, key, module, ctx, self.ID)
-        for node in adds:
-            other_side = "right" if isinstance(node.left, cst.Name) and node.left.value in residuals else "left"
+        for node, other_side in adds:
             other = getattr(node, other_side)
             if _is_scaled(other, key):
                 continue
             edits[id(other)] = lambda updated, side=other_side: _scaled(updated, key, module)
         return rewrite(module, edits)
+
+
+def _residual_adds(forward: cst.FunctionDef) -> list[tuple[cst.BinaryOperation, str]]:
+    """Additions of a residual variable (a name assigned a plain copy of
+    another: ``residual = hidden_states``) to something, in ``forward``:
+    (addition, the side that is not the residual)."""
+    residuals = set()
+    for stmt in deep_statements(forward):
+        pair = simple_assign(stmt)
+        if pair is not None and isinstance(pair[0], cst.Name) and isinstance(pair[1], cst.Name):
+            residuals.add(pair[0].value)
+    adds = []
+    for node in walk(forward):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
+            if isinstance(node.left, cst.Name) and node.left.value in residuals:
+                adds.append((node, "right"))
+            elif isinstance(node.right, cst.Name) and node.right.value in residuals:
+                adds.append((node, "left"))
+    return adds
 
 
 def _is_scaled(node: cst.CSTNode, key: str) -> bool:

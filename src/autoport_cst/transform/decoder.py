@@ -1,0 +1,475 @@
+"""Decoder-layer structure: every forward of a decoder layer and the sublayer
+calls in each (shared by the norm, residual and embedding codemods).
+
+The bundled references compute a decoder layer in one ``forward`` with one
+top-level ``h = self.<attention>(...)`` and one ``h = self.<mlp>(...)``. The
+real vllm_neuron llama3 computes it in two methods: a decode ``forward``
+(which moves the hidden states between data-parallel layouts with
+``_dp_transition`` calls, and hands prefill to the other method) and a
+``_forward_prefill``. In both, a sublayer may run inside an ``if``/``else``
+whose FP8 branch hands a norm's weight to the sublayer
+(``ln_w=self.input_layernorm.weight``) for a fused RMSNorm kernel, while the
+other branch calls the norm module first. A codemod that changes the layer
+changes every forward and every branch the same way, or guards a branch that
+cannot express its change (``guard_edit``: the branch raises
+``NotImplementedError`` naming the feature).
+
+Words used here:
+
+- a *forward* is a method of the layer that calls a sublayer;
+- a *slot* is the top-level statement of a forward in which one sublayer
+  runs: the call statement itself, or an ``if`` with one call statement (or
+  a guard) per branch;
+- a *call* is one ``v = self.<sublayer>(...)`` statement, with the norm
+  statement right before it (``v = self.<norm>(v)``), the one right after it,
+  and the norm whose weight it is handed (*fused*), if any.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from autoport_cst.transform import FileContext
+from autoport_cst.transform.cst_helpers import (
+    classes_with_role,
+    dotted,
+    parse_statement,
+    self_attr,
+    walk,
+)
+from autoport_cst.transform.layers import logits_site as _logits_site
+from autoport_cst.transform.layers import (
+    LOAD_TIME,
+    assigned_call,
+    assigned_name,
+    norm_call_attr,
+    one_class,
+    require_method,
+    self_assignments,
+)
+from autoport_cst.transform.roles import class_role
+
+KINDS = ("attention", "mlp")
+# class roles of each sublayer, and the attribute names of a sublayer whose
+# class is picked at run time (``self.self_attn = attn_cls(config, ...)``)
+ROLES = {"attention": ("attention",), "mlp": ("mlp", "moe")}
+NAMES = {"attention": ("self_attn", "attn", "attention"), "mlp": ("mlp", "feed_forward", "block_sparse_moe", "moe")}
+
+
+@dataclass
+class SublayerCall:
+    """One ``v = self.<sublayer>(...)`` statement of a forward."""
+
+    kind: str  # "attention" or "mlp"
+    stmt: cst.SimpleStatementLine
+    call: cst.Call
+    variable: str
+    block: cst.IndentedBlock | None  # the branch holding it; None at the forward's top level
+    pre_norm: cst.SimpleStatementLine | None  # ``v = self.<norm>(v)`` right before, same block
+    post_norm: cst.SimpleStatementLine | None  # the same right after
+    fused: str | None  # the norm whose weight the call is handed (``ln_w=self.<norm>.weight``)
+
+    @property
+    def pre_norm_attr(self) -> str | None:
+        return _called_attr(self.pre_norm)
+
+    @property
+    def post_norm_attr(self) -> str | None:
+        return _called_attr(self.post_norm)
+
+
+@dataclass
+class Slot:
+    """The top-level statement of a forward in which one sublayer runs."""
+
+    kind: str
+    stmt: cst.BaseStatement
+    calls: list[SublayerCall]  # one per live branch
+    guarded: list[cst.IndentedBlock] = field(default_factory=list)  # branches that raise
+
+
+@dataclass
+class DecoderForward:
+    func: cst.FunctionDef
+    slots: dict[str, Slot]
+
+    @property
+    def body(self) -> list[cst.BaseStatement]:
+        return list(self.func.body.body) if isinstance(self.func.body, cst.IndentedBlock) else []
+
+    def calls(self) -> list[SublayerCall]:
+        return [c for kind in KINDS for c in self.slots[kind].calls]
+
+
+@dataclass
+class DecoderLayer:
+    cls: cst.ClassDef
+    init: cst.FunctionDef
+    forwards: list[DecoderForward]
+    norms: list[str]  # attributes holding a norm module
+    sublayers: dict[str, str]  # attribute -> kind
+
+    @property
+    def name(self) -> str:
+        return self.cls.name.value
+
+    def calls(self, kind: str | None = None) -> list[SublayerCall]:
+        return [c for f in self.forwards for c in f.calls() if kind is None or c.kind == kind]
+
+    def unfused(self, kind: str | None = None) -> list[SublayerCall]:
+        return [c for c in self.calls(kind) if c.fused is None]
+
+    @property
+    def placement(self) -> str | None:
+        """``pre``, ``post`` or ``sandwich`` when every call that is not
+        fused agrees (a norm statement right before, right after, or both),
+        else None."""
+        shapes = {(c.pre_norm is not None, c.post_norm is not None) for c in self.unfused()}
+        if len(shapes) != 1:
+            return None
+        return {(True, False): "pre", (False, True): "post", (True, True): "sandwich"}.get(shapes.pop())
+
+
+# -- finding the layer ---------------------------------------------------------
+
+
+def class_here(module: cst.Module, role: str, ctx: FileContext, codemod_id: str, what: str) -> cst.ClassDef | None:
+    """The single class of ``role`` in this file; None when the file has
+    none and another file of the package defines one (a model file of FP8
+    sublayers beside ``model.py``); otherwise a precondition error."""
+    if not classes_with_role(module, role) and any(class_role(n) == role for n in ctx.port.package_classes):
+        return None
+    return one_class(module, role, ctx, codemod_id, what)
+
+
+def sublayer_attrs(cls: cst.ClassDef) -> dict[str, str]:
+    """``attr -> kind`` of the attributes holding the attention and MLP modules."""
+    found: dict[str, str] = {}
+    for attr, (_, value) in self_assignments(cls).items():
+        if not isinstance(value, cst.Call):
+            continue
+        role = class_role((dotted(value.func) or "").split(".")[-1])
+        for kind in KINDS:
+            if role in ROLES[kind] or (role is None and attr in NAMES[kind]):
+                found[attr] = kind
+    return found
+
+
+def norm_attrs(cls: cst.ClassDef) -> list[str]:
+    found = []
+    for attr, (_, value) in self_assignments(cls).items():
+        if isinstance(value, cst.Call) and class_role((dotted(value.func) or "").split(".")[-1]) == "norm":
+            found.append(attr)
+    return found
+
+
+def decoder_layer(module: cst.Module, ctx: FileContext, codemod_id: str) -> DecoderLayer | None:
+    """The decoder layer of this file with every forward and its slots (None
+    when the layer lives in another file of the package). A forward whose
+    sublayers do not run in one slot each is refused, positioned."""
+    cls = class_here(module, "decoder_layer", ctx, codemod_id, "<Prefix>DecoderLayer")
+    if cls is None:
+        return None
+    init = require_method(cls, "__init__", ctx, module, codemod_id)
+    attrs = sublayer_attrs(cls)
+    norms = norm_attrs(cls)
+    forwards = [
+        DecoderForward(func, _slots(func, attrs, norms, ctx, module, codemod_id, cls))
+        for func in layer_forwards(cls, attrs)
+    ]
+    if not forwards:
+        raise ctx.precondition(
+            f"{codemod_id}: {cls.name.value} calls no attention or MLP module in any method "
+            f"(sublayer attributes: {', '.join(attrs) or 'none'})",
+            cls,
+            module,
+        )
+    return DecoderLayer(cls, init, forwards, norms, attrs)
+
+
+def layer_forwards(cls: cst.ClassDef, attrs: dict[str, str] | None = None) -> list[cst.FunctionDef]:
+    """The methods of a decoder layer that call its attention or MLP."""
+    attrs = sublayer_attrs(cls) if attrs is None else attrs
+    return [f for f in _methods(cls) if f.name.value not in LOAD_TIME and _sublayer_calls(f, attrs)]
+
+
+def _methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else []
+    return [s for s in body if isinstance(s, cst.FunctionDef)]
+
+
+def _sublayer_calls(node: cst.CSTNode, attrs: dict[str, str]) -> list[cst.Call]:
+    return [n for n in walk(node) if isinstance(n, cst.Call) and self_attr(n.func) in attrs]
+
+
+def _slots(func, attrs, norms, ctx, module, codemod_id, cls) -> dict[str, Slot]:
+    where = f"{cls.name.value}.{func.name.value}"
+    slots: dict[str, Slot] = {}
+    for stmt in func.body.body:
+        kinds = {attrs[self_attr(c.func)] for c in _sublayer_calls(stmt, attrs)}
+        if not kinds:
+            continue
+        if len(kinds) > 1 or kinds & set(slots):
+            raise ctx.precondition(
+                f"{codemod_id}: {where} calls its sublayers in an unknown arrangement (expected one top-level "
+                "statement per sublayer: h = self.<sublayer>(...), or an if/else calling it once per branch)",
+                stmt,
+                module,
+            )
+        kind = kinds.pop()
+        slots[kind] = _slot(kind, stmt, attrs, norms, func.body.body, ctx, module, f"{codemod_id}: {where}")
+    missing = [k for k in KINDS if k not in slots]
+    if missing:
+        raise ctx.precondition(
+            f"{codemod_id}: {where} needs one top-level statement h = self.<{missing[0]}>(...) "
+            f"(or an if/else calling it once per branch); the {missing[0]} attributes of "
+            f"{cls.name.value}: {', '.join(a for a, k in attrs.items() if k == missing[0]) or 'none'}",
+            func,
+            module,
+        )
+    return slots
+
+
+def _slot(kind, stmt, attrs, norms, body, ctx, module, where) -> Slot:
+    call = _call_statement(stmt, attrs)
+    if call is not None:
+        return Slot(kind, stmt, [_sublayer(kind, stmt, None, body, norms)])
+    blocks = _branches(stmt) if isinstance(stmt, cst.If) else None
+    if blocks is None:
+        raise ctx.precondition(
+            f"{where} calls self.<{kind}> inside a statement that is neither h = self.<{kind}>(...) nor an "
+            "if/else around such calls",
+            stmt,
+            module,
+        )
+    slot = Slot(kind, stmt, [])
+    for block in blocks:
+        hits = [s for s in block.body if _sublayer_calls(s, attrs)]
+        if is_guard(block):
+            slot.guarded.append(block)
+        elif len(hits) == 1 and _call_statement(hits[0], attrs) is not None:
+            slot.calls.append(_sublayer(kind, hits[0], block, list(block.body), norms))
+        else:
+            raise ctx.precondition(
+                f"{where}: every branch of this if must call self.<{kind}> once, as h = self.<{kind}>(...) "
+                f"(found {len(hits)} such statement(s) in one branch)",
+                stmt,
+                module,
+            )
+    return slot
+
+
+def _branches(stmt: cst.If) -> list[cst.IndentedBlock] | None:
+    """The blocks of an ``if``/``elif``/``else`` chain; None without a final ``else``."""
+    blocks = []
+    node: cst.If | cst.Else | None = stmt
+    while isinstance(node, cst.If):
+        blocks.append(node.body)
+        node = node.orelse
+    if not isinstance(node, cst.Else):
+        return None
+    blocks.append(node.body)
+    return blocks if all(isinstance(b, cst.IndentedBlock) for b in blocks) else None
+
+
+def _call_statement(stmt: cst.CSTNode, attrs: dict[str, str]) -> cst.Call | None:
+    call = assigned_call(stmt)
+    return call if call is not None and self_attr(call.func) in attrs else None
+
+
+def _sublayer(kind, stmt, block, body, norms) -> SublayerCall:
+    call = assigned_call(stmt)
+    index = body.index(stmt)
+    before = body[index - 1] if index > 0 else None
+    after = body[index + 1] if index + 1 < len(body) else None
+    return SublayerCall(
+        kind, stmt, call, assigned_name(stmt), block,
+        before if norm_call_attr(before, norms) is not None else None,
+        after if norm_call_attr(after, norms) is not None else None,
+        _fused_norm(call, norms),
+    )
+
+
+def _fused_norm(call: cst.Call, norms: list[str]) -> str | None:
+    for arg in call.args:
+        for node in walk(arg.value):
+            if isinstance(node, cst.Attribute) and node.attr.value in ("weight", "bias"):
+                attr = self_attr(node.value)
+                if attr in norms:
+                    return attr
+    return None
+
+
+def _called_attr(stmt: cst.SimpleStatementLine | None) -> str | None:
+    call = assigned_call(stmt) if stmt is not None else None
+    return self_attr(call.func) if call is not None else None
+
+
+# -- guards ----------------------------------------------------------------------
+
+
+def is_guard(block: cst.BaseSuite) -> bool:
+    """A branch that only raises ``NotImplementedError(...)``."""
+    body = block.body if isinstance(block, cst.IndentedBlock) else []
+    if len(body) != 1 or not isinstance(body[0], cst.SimpleStatementLine) or len(body[0].body) != 1:
+        return False
+    small = body[0].body[0]
+    exc = small.exc if isinstance(small, cst.Raise) else None
+    target = exc.func if isinstance(exc, cst.Call) else exc
+    return dotted(target) == "NotImplementedError"
+
+
+def guard_edit(block: cst.IndentedBlock, message: str, module: cst.Module) -> tuple[int, object]:
+    """An edit (``(id, fn)`` for ``rewrite``) that makes ``block`` raise
+    ``NotImplementedError(message)`` instead of running its statements."""
+    stmt = _raise(message, module)
+    return id(block), (lambda updated: updated.with_changes(body=[stmt]))
+
+
+def guard_fused(layer: DecoderLayer, message: str, module: cst.Module, ctx: FileContext,
+                codemod_id: str) -> tuple[dict, list[cst.IndentedBlock]]:
+    """Guard every branch whose sublayer call is handed a norm's weight (a
+    fused kernel computes that norm itself): edits and the guarded blocks. A
+    fused call outside a branch cannot be guarded and is refused."""
+    edits: dict = {}
+    blocks = []
+    for call in layer.calls():
+        if call.fused is None:
+            continue
+        if call.block is None:
+            raise ctx.precondition(
+                f"{codemod_id}: {layer.name} hands self.{call.fused}'s weight to self.<{call.kind}> outside "
+                "an if/else branch: the fused kernel cannot compute the change, and there is no branch to guard",
+                call.stmt,
+                module,
+            )
+        key, edit = guard_edit(call.block, message, module)
+        edits[key] = edit
+        blocks.append(call.block)
+    return edits, blocks
+
+
+
+
+# -- the backbone's layer loop and the LM head ------------------------------------------
+
+
+def logits_site(module: cst.Module, ctx: FileContext, codemod_id: str):
+    """``layers.logits_site`` (the causal LM class, its ``forward``, the
+    logits variable and the top-level statement assigning it from
+    ``self.lm_head(...)``), or None when the causal LM class lives in
+    another file of the package. Every later use of the logits (gathered
+    for logprobs, sliced back from LM-head data parallelism, sampled,
+    returned) reads that variable after the statement."""
+    if class_here(module, "causal_lm", ctx, codemod_id, "<Prefix>ForCausalLM") is None:
+        return None
+    return _logits_site(module, ctx, codemod_id)
+
+
+def declare_upstream(module: cst.Module, ctx: FileContext, family: str, func: cst.FunctionDef,
+                     anchor: cst.BaseStatement, reason: str) -> None:
+    """Declare the sites of ``family`` in the top-level statements of
+    ``func`` before ``anchor`` as handled at ``anchor``: a change made at a
+    top-level statement that every path from them to the rest of ``func``
+    runs through (no ``return`` before it), where the census, which looks one
+    hop past a site, cannot see it."""
+    from autoport_cst.transform.anatomy import find_sites
+
+    body = list(func.body.body)
+    before = body[: body.index(anchor)]
+    if any(isinstance(n, cst.Return) for stmt in before for n in walk(stmt)):
+        return
+    inside = {id(n) for stmt in before for n in walk(stmt)}
+    for site in find_sites(module, family):
+        if id(site.node) in inside:
+            ctx.unaffected(site.node, reason)
+
+
+# -- other models in the package (a speculative-decoding drafter) ------------------------
+
+OTHER_MODEL_ROLES = ("decoder_layer", "backbone", "causal_lm")
+
+
+def other_model_classes(module: cst.Module) -> list[cst.ClassDef]:
+    """Model classes (decoder layer, backbone, causal LM) of a module file
+    that is not a model file: another model shipped with the package, such
+    as llama3's Eagle3 drafter (``eagle3_model.py``), which reuses the
+    model's classes but computes its own (Llama-shaped) architecture."""
+    return classes_with_role_in(module, OTHER_MODEL_ROLES)
+
+
+def classes_with_role_in(module: cst.Module, roles: tuple[str, ...]) -> list[cst.ClassDef]:
+    return [s for s in module.body if isinstance(s, cst.ClassDef) and class_role(s.name.value) in roles]
+
+
+def subclasses_role(cls: cst.ClassDef, role: str) -> bool:
+    return any(class_role((dotted(base.value) or "").split(".")[-1]) == role for base in cls.bases)
+
+
+def leave_other_model(module: cst.Module, ctx: FileContext, families: tuple[str, ...], change: str) -> None:
+    """Declare the sites of ``families`` in another model's classes (a
+    module file) unaffected: ``change`` is the target model's, not theirs."""
+    from autoport_cst.transform.anatomy import find_sites
+
+    reason = f"another model ({ctx.path}: a drafter keeps its own architecture): {change} is the target's"
+    for family in families:
+        for site in find_sites(module, family):
+            ctx.unaffected(site.node, reason)
+
+
+def guard_other_model(module: cst.Module, ctx: FileContext, families: tuple[str, ...], message: str) -> cst.Module:
+    """Make each model class of a module file raise ``NotImplementedError``
+    when built (first statement of its ``__init__``), for a change that
+    reaches it through the classes it is built on but that it does not
+    compute (a drafter whose norms or layer come from the model's classes);
+    its sites are declared guarded."""
+    from autoport_cst.transform.anatomy import find_sites
+    from autoport_cst.transform.cst_helpers import rewrite
+
+    for family in families:
+        for site in find_sites(module, family):
+            ctx.unaffected(site.node, f"guarded: {message}")
+    edits: dict = {}
+    for cls in other_model_classes(module):
+        init = next((f for f in _methods(cls) if f.name.value == "__init__"), None)
+        if init is None or not isinstance(init.body, cst.IndentedBlock):
+            continue
+        body = list(init.body.body)
+        start = 1 if body and _is_docstring(body[0]) else 0
+        if start < len(body) and is_guard(cst.IndentedBlock(body=[body[start]])):
+            continue
+        stmt = _raise(message, module)
+        edits[id(init.body)] = lambda updated, start=start, stmt=stmt: updated.with_changes(
+            body=[*updated.body[:start], stmt, *updated.body[start:]]
+        )
+    return rewrite(module, edits)
+
+
+def _is_docstring(stmt: cst.BaseStatement) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def _raise(message: str, module: cst.Module) -> cst.BaseStatement:
+    text = message.replace("\\", "\\\\").replace('"', '\\"')
+    return parse_statement(f'raise NotImplementedError("{text}")', module)
+
+
+def other_model_file(module: cst.Module, ctx: FileContext, families: tuple[str, ...], change: str,
+                     guard: bool = False) -> cst.Module:
+    """A codemod of the target model in a module file: nothing to do without
+    model classes; otherwise their sites are left to them (their
+    architecture is their own), or, with ``guard``, they are guarded because
+    ``change`` reaches them through the classes they are built on."""
+    if not other_model_classes(module):
+        return module
+    if guard:
+        message = f"{change}: a model of this file is built on classes of the ported model that the change alters"
+        return guard_other_model(module, ctx, families, message)
+    leave_other_model(module, ctx, families, change)
+    return module
