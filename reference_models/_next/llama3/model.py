@@ -330,7 +330,9 @@ class LlamaAttention(nn.Module):
         itself (K/V use the TP rank unless ``kv_needs_a2a``); the O loader is
         pinned to that rank with ``with_rank_override``.
         """
+        effective_q_shards = self.world_size * self.attention_dp_size
         effective_q_rank = self.attention_dp_rank + self.rank * self.attention_dp_size
+        o_shard_size = self.num_attention_heads * self.head_dim // effective_q_shards
         # <-- MODEL-SPECIFIC: separate q/k/v checkpoint tensors fused on load
         set_weight_loader(
             self.qkv_proj_weight,
@@ -351,8 +353,8 @@ class LlamaAttention(nn.Module):
             with_rank_override(
                 sharding_weight_loader(
                     shard_dim=0,
-                    shard_size=self.o_proj_weight.shape[0],
-                    num_shards=self.world_size * self.attention_dp_size,
+                    shard_size=o_shard_size,
+                    num_shards=effective_q_shards,
                     is_storage_transposed=True,
                 ),
                 rank=effective_q_rank,

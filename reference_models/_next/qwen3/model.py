@@ -513,6 +513,11 @@ class Qwen3Attention(nn.Module):
             out_in_sb=False,
             k_scale=self.k_scale,
             v_scale=self.v_scale,
+            # >>> PARALLELISM: TP only: no attention data parallelism <<<
+            attention_dp=1,
+            attention_dp_group=None,
+            attention_dp_rank=0,
+            kv_needs_a2a=False,
         )
 
         # The step's K ([Dh, B * Nkv, S]) and V ([B, Nkv, S, Dh]), quantized by the
