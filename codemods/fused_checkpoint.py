@@ -20,24 +20,48 @@ from autoport_cst.transform.cst_helpers import (
     rewrite,
     string_text,
 )
-from autoport_cst.transform.layers import (
-    WEIGHT_LOADERS,
-    add_edit,
-    loader_sites,
-    loop_attrs,
-    replace_segment,
-    set_loader_statement,
-    the_mlp,
+from autoport_cst.transform.layers import WEIGHT_LOADERS, parse_mlp_call, replace_segment
+from autoport_cst.transform.loaders import (
+    LoaderEdits,
+    declare_guarded,
+    guard_edit,
+    is_quantized,
+    mlp_classes,
+    mlp_mapping_weights,
 )
 from autoport_cst.transform.mappings import mapping_entries
+from autoport_cst.transform.roles import class_role
 
 QKV_LOADERS = ("fused_qkv_weight_loader", "fused_qkv_bias_loader")
 QKV_SPLIT = "fused_qkv_split_loader"
 PART = "fused_part_loader"
-QKV_KWARGS = ("q_size", "kv_size", "num_shards", "num_kv_replicas", "is_storage_transposed")
+QKV_KWARGS = (
+    "q_size",
+    "kv_size",
+    "num_shards",
+    "num_kv_replicas",
+    "is_storage_transposed",
+    "attention_dp_rank",
+    "attention_dp_size",
+    "kv_sharded_across_attention_dp",
+)
+PART_KWARGS = ("shard_size", "num_shards", "is_storage_transposed")
+GUARD_QKV = "fused-checkpoint: Q/K/V loaded from one fused checkpoint tensor is not implemented for this quantized attention"
+GUARD_GATE_UP = "fused-checkpoint: gate and up loaded from one fused checkpoint tensor is not implemented for this quantized MLP"
 
 QKV_SPLIT_CODE = f'''
-def {QKV_SPLIT}(q_size, kv_size, num_shards, num_kv_replicas=1, is_storage_transposed=False, per_head=False, head_dim=None):
+def {QKV_SPLIT}(
+    q_size,
+    kv_size,
+    num_shards,
+    num_kv_replicas=1,
+    is_storage_transposed=False,
+    per_head=False,
+    head_dim=None,
+    attention_dp_rank=0,
+    attention_dp_size=1,
+    kv_sharded_across_attention_dp=False,
+):
     """Loader for this rank's [q | k | v] slice of one checkpoint tensor that
     fuses Q, K and V on its first dimension.
 
@@ -46,7 +70,10 @@ def {QKV_SPLIT}(q_size, kv_size, num_shards, num_kv_replicas=1, is_storage_trans
     head by head, that head's query, key and value rows (head_dim each); it
     needs as many key/value heads as query heads. Each rank takes its query
     heads and the key/value heads it holds (ranks share a KV head when there
-    are fewer KV heads than ranks). Weights come out transposed to
+    are fewer KV heads than ranks). With attention data parallelism the query
+    heads are sharded over num_shards x attention_dp_size ranks (this rank's:
+    attention_dp_rank + rank x attention_dp_size), the key/value heads too
+    with kv_sharded_across_attention_dp. Weights come out transposed to
     [hidden, q | k | v] with is_storage_transposed; biases stay 1-D.
     """
 
@@ -55,17 +82,26 @@ def {QKV_SPLIT}(q_size, kv_size, num_shards, num_kv_replicas=1, is_storage_trans
             raise ValueError(f"{QKV_SPLIT} takes one fused tensor, got {{len(slices)}}")
         fused = slices[0]
         rows = fused.get_shape()[0]
-        q_rank = rank % num_shards
-        kv_rank = q_rank // num_kv_replicas
+        tp_rank = rank % num_shards
+        q_rank = attention_dp_rank + tp_rank * attention_dp_size
+        kv_rank = q_rank if kv_sharded_across_attention_dp else tp_rank // num_kv_replicas
         if per_head:
-            if kv_size != q_size or num_kv_replicas != 1:
+            if rows % (3 * head_dim) != 0 or num_kv_replicas != 1:
                 raise ValueError("a per-head fused QKV tensor needs as many KV heads as query heads")
-            heads = q_size // head_dim
-            block = fused[q_rank * 3 * q_size : (q_rank + 1) * 3 * q_size]
-            block = block.reshape(heads, 3, head_dim, *block.shape[1:])
-            parts = [block[:, index].reshape(q_size, *block.shape[3:]) for index in range(3)]
+
+            def heads(first, size, index):
+                start = first // head_dim * 3 * head_dim
+                block = fused[start : start + 3 * size]
+                block = block.reshape(size // head_dim, 3, head_dim, *block.shape[1:])
+                return block[:, index].reshape(size, *block.shape[3:])
+
+            parts = [
+                heads(q_rank * q_size, q_size, 0),
+                heads(kv_rank * kv_size, kv_size, 1),
+                heads(kv_rank * kv_size, kv_size, 2),
+            ]
         else:
-            q_total = q_size * num_shards
+            q_total = q_size * num_shards * attention_dp_size
             kv_total = (rows - q_total) // 2
             k_start = q_total + kv_rank * kv_size
             v_start = q_total + kv_total + kv_rank * kv_size
@@ -254,10 +290,12 @@ class FusedCheckpoint(Codemod):
         renamed_keys: dict[str, str] = {}  # parameter attribute -> checkpoint module name
         if self.params.qkv:
             attention = self._qkv_edits(module, ctx, edits)
-            helpers.append((QKV_SPLIT, QKV_SPLIT_CODE, attention))
+            if attention is not None:
+                helpers.append((QKV_SPLIT, QKV_SPLIT_CODE, attention))
         if self.params.gate_up:
             mlp, attrs = self._gate_up_edits(module, ctx, edits)
-            helpers.append((PART, PART_CODE, mlp))
+            if mlp is not None:
+                helpers.append((PART, PART_CODE, mlp))
             renamed_keys.update(attrs)
         self._mapping_edits(module, ctx, edits, renamed_keys)
         module = rewrite(module, edits)
@@ -269,34 +307,63 @@ class FusedCheckpoint(Codemod):
 
     # -- attention ---------------------------------------------------------------
 
-    def _qkv_edits(self, module: cst.Module, ctx: FileContext, edits: dict) -> str:
+    def _qkv_edits(self, module: cst.Module, ctx: FileContext, edits: dict) -> str | None:
+        """Edits of the attention classes' fused QKV loaders; the class the
+        split loader is written after (None: no attention class in this file)."""
         classes = classes_with_role(module, "attention")
-        found = False
+        if not classes:
+            if not any(class_role(name) == "attention" for name in ctx.port.package_classes):
+                raise ctx.precondition(f"{self.ID}: no attention class in the package")
+            return None
+        target = None
         for cls in classes:
-            for attr, site in loader_sites(cls).items():
-                name = dotted(site.loader.func) if site.loader is not None else None
-                if name == QKV_SPLIT:
-                    found = True
-                elif name in QKV_LOADERS:
-                    found = True
-                    if site.in_loop:
-                        raise ctx.precondition(
-                            f"{self.ID}: the fused QKV loader of {attr} is in a loop", site.statement, module
-                        )
-                    shard_dim = keyword_arg(site.loader, "shard_dim")
-                    if shard_dim is not None and code_of(shard_dim.value) != "1":
-                        raise ctx.precondition(
-                            f"{self.ID}: the fused QKV weight of {cls.name.value} is sharded on dim "
-                            f"{code_of(shard_dim.value)}; fused-checkpoint handles shard_dim=1 ([hidden, q|k|v])",
-                            site.statement,
-                            module,
-                        )
-                    edits[id(site.loader)] = self._split_loader_edit(module)
-            if found:
-                return cls.name.value
-        raise ctx.precondition(
-            f"{self.ID}: no attention class attaching fused_qkv_weight_loader(...) to its QKV weight in this file"
-        )
+            if is_quantized(cls):
+                edits.update(guard_edit(cls, GUARD_QKV, module))
+                declare_guarded(cls, ctx, GUARD_QKV)
+                continue
+            loaders = LoaderEdits(cls, module, ctx, self.ID)
+            for key, sites in loaders.found.items():
+                names = {dotted(s.base.func) for s in sites if s.base is not None}
+                if QKV_SPLIT in names:
+                    target = target or cls.name.value
+                elif names & set(QKV_LOADERS) or ("qkv" in key and any(s.problem for s in sites)):
+                    for site in loaders.require(key):
+                        self._check_qkv_loader(site, cls, module, ctx)
+                    loaders.replace_base(key, self._split_loader_edit(module))
+                    target = target or cls.name.value
+            edits.update(loaders.edits())
+        if target is None:
+            raise ctx.precondition(
+                f"{self.ID}: no attention class attaching fused_qkv_weight_loader(...) to its QKV weight in this file"
+            )
+        return target
+
+    def _check_qkv_loader(self, site, cls: cst.ClassDef, module: cst.Module, ctx: FileContext) -> None:
+        base = site.base
+        if dotted(base.func) not in QKV_LOADERS:
+            raise ctx.precondition(
+                f"{self.ID}: the loader of self.{site.key} is {dotted(base.func)} ({site.describe()}), expected "
+                f"{' or '.join(QKV_LOADERS)}",
+                base,
+                module,
+            )
+        shard_dim = keyword_arg(base, "shard_dim")
+        if shard_dim is not None and code_of(shard_dim.value) != "1":
+            raise ctx.precondition(
+                f"{self.ID}: the fused QKV weight of {cls.name.value} is sharded on dim "
+                f"{code_of(shard_dim.value)}; fused-checkpoint handles shard_dim=1 ([hidden, q|k|v])",
+                base,
+                module,
+            )
+        unknown = [code_of(a).strip().rstrip(",") for a in base.args
+                   if a.keyword is None or a.keyword.value not in (*QKV_KWARGS, "shard_dim")]
+        if unknown:
+            raise ctx.precondition(
+                f"{self.ID}: the loader of self.{site.key} passes {', '.join(unknown)}, which {QKV_SPLIT} "
+                "does not take (it reads keyword arguments: " + ", ".join(QKV_KWARGS) + ")",
+                base,
+                module,
+            )
 
     def _split_loader_edit(self, module: cst.Module):
         per_head = self.params.qkv_layout == "per_head"
@@ -315,91 +382,148 @@ class FusedCheckpoint(Codemod):
 
     # -- MLP ----------------------------------------------------------------------
 
-    def _gate_up_edits(self, module: cst.Module, ctx: FileContext, edits: dict) -> tuple[str, dict[str, str]]:
-        mlp_cls, parsed = the_mlp(module, ctx, self.ID)
-        if not parsed.gated or parsed.gate is None:
-            raise ctx.precondition(f"{self.ID}: gate_up needs a gated MLP (NF.mlp without skip_gate)", parsed.call, module)
-        parts = {parsed.gate: 0, parsed.up: 1}
+    def _gate_up_edits(self, module: cst.Module, ctx: FileContext, edits: dict) -> tuple[str | None, dict[str, str]]:
+        """Edits of the MLP classes' gate and up loaders; the class the part
+        loader is written after, and the parameters whose keys change."""
+        mlps = mlp_classes(module, ctx, self.ID)
+        if not mlps:
+            return None, {a: self.params.gate_up_name for a in self._mapped_gate_up(module, ctx)}
+        target = None
+        renamed: dict[str, str] = {}
+        for mlp in mlps:
+            if mlp.quantized:
+                edits.update(guard_edit(mlp.cls, GUARD_GATE_UP, module))
+                declare_guarded(mlp.cls, ctx, GUARD_GATE_UP)
+                continue
+            parts = self._parts(mlp, module, ctx)
+            loaders = LoaderEdits(mlp.cls, module, ctx, self.ID)
+            for attr, part in parts.items():
+                if not loaders.of(attr) and not attr.endswith("_weight"):
+                    continue  # no bias
+                for site in loaders.require(attr):
+                    self._check_part_loader(site, module, ctx)
+                if loaders.base_name(attr) != PART:
+                    loaders.replace_base(attr, _part_loader_edit(part))
+                renamed[attr] = self.params.gate_up_name
+            edits.update(loaders.edits())
+            target = target or mlp.name
+        return target, renamed
+
+    def _parts(self, mlp, module: cst.Module, ctx: FileContext) -> dict[str, int]:
+        """``attr -> part`` (0: gate, 1: up) of the weights and their biases."""
+        parsed = [parse_mlp_call(call, ctx, module, self.ID) for call in mlp.calls]
+        pairs = {(p.gate, p.up) for p in parsed}
+        if not all(p.gated and p.gate is not None for p in parsed):
+            raise ctx.precondition(
+                f"{self.ID}: gate_up needs a gated MLP (NF.mlp without skip_gate)", parsed[0].call, module
+            )
+        if len(pairs) != 1:
+            raise ctx.precondition(f"{self.ID}: the NF.mlp calls of {mlp.name} use different gate/up weights",
+                                   mlp.calls[0], module)
+        gate, up = pairs.pop()
+        parts = {gate: 0, up: 1}
         for weight in list(parts):
             if weight.endswith("_weight"):
                 parts[weight[: -len("_weight")] + "_bias"] = parts[weight]
-        sites = {a: s for a, s in loader_sites(mlp_cls).items() if a in parts}
-        for weight in (parsed.gate, parsed.up):
-            if weight not in sites:
-                raise ctx.precondition(
-                    f"{self.ID}: {mlp_cls.name.value} attaches no loader to self.{weight}", mlp_cls, module
-                )
-        loops: dict[int, cst.For] = {}
-        for attr, site in sites.items():
-            if site.loader is None:
-                raise ctx.precondition(f"{self.ID}: the loader of self.{attr} is not a call", site.statement, module)
-            name = dotted(site.loader.func)
-            if name == PART:
-                continue
-            if name != "sharding_weight_loader":
-                raise ctx.precondition(
-                    f"{self.ID}: the loader of self.{attr} is {name}, expected sharding_weight_loader",
-                    site.statement,
-                    module,
-                )
-            if site.in_loop:
-                loops[id(site.statement)] = site.statement  # type: ignore[assignment]
-            else:
-                edits[id(site.loader)] = _part_loader_edit(parts[attr])
-        for loop in loops.values():
-            attrs = loop_attrs(loop)
-            inner = loop.body.body[0].body[0].value  # set_weight_loader(w, <loader>)
-            statements = []
-            for attr in attrs:
-                loader = inner.args[1].value
-                if attr in parts:
-                    loader = _part_loader_edit(parts[attr])(loader)
-                statements.append(set_loader_statement(attr, code_of(loader), module))
-            statements[0] = statements[0].with_changes(leading_lines=loop.leading_lines)
-            add_edit(edits, id(loop), lambda updated, new=statements: cst.FlattenSentinel(new))
-        return mlp_cls.name.value, {a: self.params.gate_up_name for a in parts}
+        return parts  # type: ignore[return-value]
+
+    def _check_part_loader(self, site, module: cst.Module, ctx: FileContext) -> None:
+        name = dotted(site.base.func)
+        if name == PART:
+            return
+        if name != "sharding_weight_loader":
+            raise ctx.precondition(
+                f"{self.ID}: the loader of self.{site.key} is {name} ({site.describe()}), expected sharding_weight_loader",
+                site.base,
+                module,
+            )
+        unknown = [code_of(a).strip().rstrip(",") for a in site.base.args
+                   if a.keyword is None or a.keyword.value not in (*PART_KWARGS, "shard_dim")]
+        if unknown:
+            raise ctx.precondition(
+                f"{self.ID}: the loader of self.{site.key} passes {', '.join(unknown)}, which {PART} does not take",
+                site.base,
+                module,
+            )
+
+    def _mapped_gate_up(self, module: cst.Module, ctx: FileContext) -> list[str]:
+        """In a file that maps the MLP without defining it: the gate and up
+        weights (and biases) among its MLP mapping keys, by their leading
+        ``gate``/``up``; a precondition error when that does not tell."""
+        weights = mlp_mapping_weights(module)
+        if not weights:
+            return []
+        gates = [w for w in weights if w.startswith("gate")]
+        ups = [w for w in weights if w.startswith("up")]
+        if len(gates) != 1 or len(ups) != 1:
+            raise ctx.precondition(
+                f"{self.ID}: this file maps MLP weights ({', '.join(weights)}) without defining the MLP class; "
+                "cannot tell its gate and up weights apart"
+            )
+        found = [gates[0], ups[0]]
+        return found + [w[: -len("_weight")] + "_bias" for w in found]
 
     # -- load_weights ------------------------------------------------------------
 
     def _mapping_edits(self, module: cst.Module, ctx: FileContext, edits: dict, renamed: dict[str, str]) -> None:
         entries = mapping_entries(module)
-        qkv_lists = 0
         for entry in entries:
             value = entry.value
             if self.params.qkv and isinstance(value, (cst.List, cst.Tuple)) and "qkv" in entry.key.rsplit(".", 1)[-1]:
-                texts = [string_text(e.value) for e in value.elements]
-                if len(texts) != 3 or any(t is None for t in texts):
-                    continue
-                segments = [t.split(".") for t in texts]  # type: ignore[union-attr]
-                differing = [i for i in range(len(segments[0])) if len({tuple(s[i:i + 1]) for s in segments}) > 1]
-                if len({len(s) for s in segments}) != 1 or len(differing) != 1:
-                    raise ctx.precondition(
-                        f"{self.ID}: the checkpoint keys of {entry.key} do not differ in exactly one segment",
-                        entry.statement,
-                        module,
-                    )
-                old = segments[0][differing[0]]
-                new_node = replace_segment(value.elements[0].value, old, self.params.qkv_name)
-                edits[id(value)] = lambda updated, new_node=new_node: new_node
-                qkv_lists += 1
-            leaf = entry.key.rsplit(".", 1)[-1]
-            if leaf in renamed:
-                stem = leaf.rsplit("_", 1)[0]  # gate_proj_weight -> gate_proj
-                fused = renamed[leaf]
-                text = string_text(value)
-                if text is None:
-                    continue
-                new_node = replace_segment(value, stem, fused)
-                if new_node is None and f".{fused}." not in f".{text}.":
-                    raise ctx.precondition(
-                        f"{self.ID}: the checkpoint key of {entry.key} has no segment {stem!r} to replace",
-                        entry.statement,
-                        module,
-                    )
-                if new_node is not None:
-                    edits[id(value)] = lambda updated, new_node=new_node: new_node.with_changes(
-                        lpar=updated.lpar, rpar=updated.rpar
-                    )
+                self._qkv_entry_edit(entry, module, ctx, edits)
+            param = _entry_param(entry.key)
+            if param in renamed:
+                self._part_entry_edit(entry, param, renamed[param], module, ctx, edits)
+
+    def _qkv_entry_edit(self, entry, module: cst.Module, ctx: FileContext, edits: dict) -> None:
+        value = entry.value
+        texts = [string_text(e.value) for e in value.elements]
+        if len(texts) != 3 or any(t is None for t in texts):
+            return
+        segments = [t.split(".") for t in texts]  # type: ignore[union-attr]
+        differing = [i for i in range(len(segments[0])) if len({tuple(s[i:i + 1]) for s in segments}) > 1]
+        if len({len(s) for s in segments}) != 1 or len(differing) != 1:
+            raise ctx.precondition(
+                f"{self.ID}: the checkpoint keys of {entry.key} do not differ in exactly one segment",
+                entry.statement,
+                module,
+            )
+        old = segments[0][differing[0]]
+        new_node = replace_segment(value.elements[0].value, old, self.params.qkv_name)
+        edits[id(value)] = lambda updated, new_node=new_node: new_node
+
+    def _part_entry_edit(self, entry, param: str, fused: str, module: cst.Module, ctx: FileContext,
+                         edits: dict) -> None:
+        value = entry.value
+        stem = param.rsplit("_", 1)[0]  # gate_proj_weight -> gate_proj
+        text = string_text(value)
+        if text is None:
+            raise ctx.precondition(
+                f"{self.ID}: the checkpoint key of {entry.key} is not a string ({code_of(value).strip()})",
+                entry.statement,
+                module,
+            )
+        new_node = replace_segment(value, stem, fused)
+        if new_node is None and f".{fused}." not in f".{text}.":
+            raise ctx.precondition(
+                f"{self.ID}: the checkpoint key of {entry.key} has no segment {stem!r} to replace",
+                entry.statement,
+                module,
+            )
+        if new_node is not None:
+            edits[id(value)] = lambda updated, new_node=new_node: new_node.with_changes(
+                lpar=updated.lpar, rpar=updated.rpar
+            )
+
+
+def _entry_param(key: str) -> str:
+    """The parameter a mapping key is for: its last segment, without the
+    ``{suffix}`` of a variant's copy (``gate_proj_weight{suffix}``: the FP8
+    ``_cte``/``_tkg``/``_plain`` buffers)."""
+    leaf = key.rsplit(".", 1)[-1]
+    if leaf.endswith("}") and leaf.count("{") == 1 and not leaf.startswith("{"):
+        return leaf[: leaf.index("{")]
+    return leaf
 
 
 def _part_loader_edit(part: int):
