@@ -162,8 +162,11 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
 class Researched(Protocol):
     """What a plan needs of a research result."""
 
-    architecture: str
-    spec: ArchSpec
+    @property
+    def architecture(self) -> str: ...
+
+    @property
+    def spec(self) -> ArchSpec: ...
 
 
 def from_research(found: Researched, name: str, reference: str | None, description: str,
