@@ -1,0 +1,94 @@
+"""The attention section of the spec: head counts and head size (the
+config's, unless the code builds others: a conflict), biases, q/k norms,
+sliding window, sinks, softcap, the scale and the config field it comes
+from, the attention kind and the features no field describes as flags; and
+the note when the config sets a window the code does not apply."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoport_cst.research.decide.state import Decider
+from autoport_cst.research.findings import CODE, CONFIG, known
+from autoport_cst.spec import AttentionSpec
+
+
+def head_dim(d: Decider) -> Any:
+    """The head size: the code's when it computes one (a conflict when the
+    config says otherwise), else the config's."""
+    code_head_dim = d.code_finding("attention.head_dim")
+    value = d.cfg.dims.get("head_dim")
+    if code_head_dim is not None and code_head_dim.known:
+        if value is not None and code_head_dim.value != value:
+            d.conflict("attention.head_dim", [
+                (CONFIG, value, d.cfg_finding("attention.head_dim").evidence),
+                (CODE, code_head_dim.value, code_head_dim.evidence)],
+                f"the spec takes {code_head_dim.value}: the code computes the head size itself")
+        value = code_head_dim.value
+    return value
+
+
+def attention(d: Decider, head_size: Any) -> AttentionSpec:
+    dims = d.cfg.dims
+    sliding = d.decide("attention.sliding_window", "none", (CODE,))
+    window_size = None
+    if sliding != "none":
+        window_size = d.decide("attention.sliding_window_size", None, (CODE,))
+        if window_size is None:
+            window_size = d.value("config.sliding_window")
+    layer_types = d.value("attention.layer_types")
+    heads = _count(d, "attention.num_heads", dims.get("num_heads"))
+    kv_heads = _count(d, "attention.num_kv_heads", dims.get("num_kv_heads"))
+    scale = d.decide("attention.scale", None, (CODE,))
+    scale_key, scale_form = None, "multiplier"
+    if scale is not None:
+        scale_key = d.decide("attention.scale_key", None, (CODE,))
+        if scale_key is not None:
+            scale_form = d.decide("attention.scale_form", "multiplier", (CODE,))
+    return AttentionSpec(
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_size,
+        qkv_bias=d.decide("attention.qkv_bias", False, (CODE,)),
+        o_bias=d.decide("attention.o_bias", False, (CODE,)),
+        qk_norm=d.decide("attention.qk_norm", "none", (CODE,)),
+        qk_norm_position=d.flag("attention.qk_norm_position", "before_rope"),
+        sliding_window=sliding,
+        sliding_window_size=window_size,
+        layer_types=tuple(layer_types) if layer_types else None,
+        sinks=d.decide("attention.sinks", False, (CODE,)),
+        softcap=d.decide("attention.softcap", None, (CODE,)),
+        scale=scale,
+        scale_key=scale_key,
+        scale_form=scale_form,
+        kind=d.flag("attention.kind", "softmax"),
+        output_norm=d.flag("attention.output_norm", False),
+        other_mixer_layers=d.flag("attention.other_mixer_layers", None),
+    )
+
+
+def window_check(d: Decider) -> None:
+    """A note when config.json sets a sliding window the code never applies."""
+    window = d.cfg_finding("config.sliding_window")
+    sliding = d.code_finding("attention.sliding_window")
+    if window is not None and window.known and window.value and sliding is not None and sliding.known \
+            and sliding.value == "none":
+        d.notes.append(known(window.value, "config.sliding_window_unused", CONFIG,
+                             f"config sets sliding_window={window.value} but the code applies no window "
+                             f"({window.evidence})"))
+
+
+def _count(d: Decider, name: str, config_value: Any) -> Any:
+    """A head count: the config's, unless the code builds another."""
+    code = d.code_finding(name)
+    cfg = d.cfg_finding(name)
+    if code is not None and code.known:
+        if config_value is not None and code.value != config_value:
+            d.conflict(name, [(CONFIG, config_value, cfg.evidence if cfg else ""),
+                              (CODE, code.value, code.evidence)],
+                       f"the spec takes {code.value}: the projections the code builds")
+        d.decisions.append(code)
+        return code.value
+    if cfg is not None:
+        d.decisions.append(cfg)
+    return config_value

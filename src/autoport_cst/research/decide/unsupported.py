@@ -1,0 +1,78 @@
+"""What the spec cannot describe, named (the spec's ``unsupported``): a
+failed analysis of the model's structure, computation fields no source
+classified (their default would be a guess), sizes the code computes
+differently from the config field a port reads, code features no field
+describes, and every ``unsupported.<name>`` finding of the code analysis.
+A plan carrying any is refused."""
+
+from __future__ import annotations
+
+from autoport_cst.research.decide.state import Decider
+from autoport_cst.research.findings import CONFIG, DERIVED, known
+
+# structure the analysis could not establish: nothing else it says can be trusted
+ANALYSIS_FAILURES = ("code.analysis", "code.causal_lm", "code.decoder_layers", "code.attention", "code.mixers")
+# sizes every reference reads from config.json at run time
+CONFIG_READ_SIZES = ("mlp.intermediate_size", "attention.num_heads", "attention.num_kv_heads", "attention.head_dim")
+# unknown spec fields whose default is not a guess at the computation
+NOT_COMPUTATIONS = ("norm.eps_key",)
+# code facts the spec has no field for, and that no reference computes
+FEATURE_FINDINGS = {
+    "code.qkv_clip": "queries, keys and values clamped to a range (clip_qkv)",
+    "code.qk_norm_kind": "q/k norms that are not RMSNorms",
+    "code.mlp_inner_norm": "a norm inside the MLP before its output projection",
+    "code.attention_parameters": "learned parameters in the attention computation",
+}
+
+
+def _short(text: str, limit: int = 180) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def unsupported(d: Decider) -> tuple[str, ...] | None:
+    """What the spec cannot describe, named: a failed analysis of the
+    model's structure, or a computation field no source could classify
+    (its default would be a guess). Checkpoint layout fields and the
+    epsilon's config key are not computations (a wrong guess fails to
+    load, or reads the same value)."""
+    items: list[str] = list(_features(d) or ())
+    for name in ANALYSIS_FAILURES:
+        finding = d.code_finding(name)
+        if finding is not None and not finding.known:
+            items.append(f"{name}: {_short(finding.evidence)}")
+    if not any(item.split(":", 1)[0] in ANALYSIS_FAILURES for item in items):
+        for name in sorted(set(d.unknown)):
+            if name.startswith("checkpoint.") or name in NOT_COMPUTATIONS:
+                continue
+            evidence = next((x.evidence for x in reversed(d.decisions) if x.field == name), "")
+            items.append(f"{name}: {_short(evidence)}")
+    for name in CONFIG_READ_SIZES:
+        cfg, code = d.cfg_finding(name), d.code_finding(name)
+        if cfg is not None and code is not None and cfg.known and code.known and cfg.source == CONFIG \
+                and cfg.value is not None and code.value is not None and cfg.value != code.value:
+            items.append(f"{name}: the code builds {code.value} where the config says {cfg.value} "
+                         f"({_short(code.evidence, 100)}); a port reads the config's value")
+    for name, what in FEATURE_FINDINGS.items():
+        finding = d.code_finding(name)
+        if finding is not None and finding.known and finding.value:
+            items.append(f"{what}: {_short(finding.evidence)}")
+    if not items:
+        return None
+    d.decisions.append(known(tuple(items), "unsupported", DERIVED,
+                             f"{len(items)} computation(s) the spec cannot describe"))
+    return tuple(items)
+
+
+def _features(d: Decider) -> tuple[str, ...] | None:
+    """What the code computes that no spec field describes: every
+    ``unsupported.<name>`` finding of the code analysis, as
+    ``"<name>: <evidence>"`` (sorted)."""
+    if d.code is None:
+        return None
+    found = {}
+    for finding in d.code.findings:
+        if finding.field.startswith("unsupported.") and finding.known and finding.value:
+            name = finding.field[len("unsupported."):]
+            found.setdefault(name, f"{name}: {finding.evidence}")
+            d.decisions.append(finding)
+    return tuple(found[name] for name in sorted(found)) or None

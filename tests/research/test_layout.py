@@ -1,0 +1,92 @@
+"""The research code split by spec section stays split: the code analysis
+(``research/analysis``) and the spec decision (``research/decide``) import
+from their orchestrator down to the sections and from the sections to the
+shared state, never sideways or back up; no module or function grows back
+into what it replaced (files up to 800 lines, functions up to 80)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+RESEARCH = Path(__file__).resolve().parents[2] / "src" / "autoport_cst" / "research"
+PACKAGE = "autoport_cst.research"
+
+# package -> (its orchestrator, shared modules every section may import)
+LAYERS = {
+    "analysis": ("code_analysis", {"state", "graph", "norms"}),
+    "decide": ("crosscheck", {"state"}),
+}
+# the one section a section builds on: the MoE experts are classified as MLPs
+SECTION_EDGES = {("analysis", "moe"): {"mlp"}}
+MAX_FILE_LINES = 800
+MAX_FUNCTION_LINES = 80
+
+
+def _modules(package: str) -> dict[str, Path]:
+    return {path.stem: path for path in sorted((RESEARCH / package).glob("*.py")) if path.stem != "__init__"}
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """The modules of ``package`` that ``path`` imports."""
+    prefix = f"{PACKAGE}.{package}"
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == prefix:
+                names |= {alias.name for alias in node.names}
+            elif node.module.startswith(prefix + "."):
+                names.add(node.module[len(prefix) + 1:].split(".")[0])
+        elif isinstance(node, ast.Import):
+            names |= {a.name[len(prefix) + 1:].split(".")[0] for a in node.names if a.name.startswith(prefix + ".")}
+    return names
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_sections_import_only_the_shared_state(package):
+    orchestrator, shared = LAYERS[package]
+    modules = _modules(package)
+    assert shared <= set(modules)
+    for name, path in modules.items():
+        allowed = shared | SECTION_EDGES.get((package, name), set())
+        if name in shared:
+            allowed = shared - {name}
+        found = _imports(path, package) - {name}
+        assert found <= allowed, f"{package}/{name}.py imports {sorted(found - allowed)}"
+    assert not _imports(RESEARCH / package / "__init__.py", package), f"{package}/__init__.py imports its modules"
+    sections = set(modules) - shared
+    used = _imports(RESEARCH / f"{orchestrator}.py", package)
+    assert sections <= used, f"{orchestrator}.py does not run {sorted(sections - used)}"
+
+
+def test_shared_modules_form_no_cycle():
+    for package, (_, shared) in LAYERS.items():
+        modules = _modules(package)
+        graph = {name: _imports(modules[name], package) & shared for name in shared}
+        done: set[str] = set()
+
+        def visit(name: str, stack: tuple[str, ...]) -> None:
+            assert name not in stack, f"import cycle in {package}: {' -> '.join(stack + (name,))}"
+            if name in done:
+                return
+            for dep in graph[name]:
+                visit(dep, stack + (name,))
+            done.add(name)
+
+        for name in graph:
+            visit(name, ())
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_files_and_functions_stay_short(package):
+    orchestrator = LAYERS[package][0]
+    paths = [*_modules(package).values(), RESEARCH / f"{orchestrator}.py"]
+    for path in paths:
+        text = path.read_text(encoding="utf-8")
+        assert len(text.splitlines()) <= MAX_FILE_LINES, f"{path.name}: {len(text.splitlines())} lines"
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                assert length <= MAX_FUNCTION_LINES, f"{path.name}:{node.lineno} {node.name}: {length} lines"
