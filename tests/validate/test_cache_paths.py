@@ -58,3 +58,20 @@ def test_auto_leaves_the_cache_paths_out_of_a_port_without_segmented_prefill(
     assert report.equivalent, report.summary()
     assert [call["kind"] for call in report.settings["prefill_calls"]] == ["whole"] * 3
     assert report.port_output.sequences == [0, 1, 2]
+
+
+def test_scenario_plans_the_cache_paths() -> None:
+    from autoport_cst.validate.scenario import Scenario
+
+    scenario = Scenario.build(512, 1, steps=2, block_size=8, cache_paths=True)
+    chunked, hit = scenario.chunked, scenario.prefix_hit
+    assert scenario.prompts[hit][:32] == scenario.prompts[chunked][:32]
+    assert scenario.block_table(hit)[:4] == scenario.layout.block_tables[chunked][:4]
+    assert scenario.block_table(hit)[4:] == scenario.layout.block_tables[hit][4:]
+    plan = scenario.prefill_plan(cache_paths=True)
+    assert [(c.sequence, c.start, c.end, c.rows) for c in plan[3:]] == [
+        (chunked, 0, 32, 512), (chunked, 32, 40, 512), (hit, 32, 48, 512)
+    ]
+    assert [c.sequence for c in scenario.prefill_plan(cache_paths=False)] == [0, 1, 2]
+    handed_out = {block for table in scenario.layout.block_tables for block in table}
+    assert 0 not in handed_out and scenario.layout.num_blocks - 1 not in handed_out

@@ -94,3 +94,15 @@ def test_worst_error_ratios_of_exact_reference_rows() -> None:
     zero = torch.zeros(2, 3, dtype=torch.float64)
     assert M.worst_error_ratios(zero, zero, [0, 1]) == (0.0, 0.0)
     assert M.worst_error_ratios(zero + 1, zero, [0, 0]) == (math.inf, math.inf)
+
+
+def test_padded_hidden_size_is_compared_on_the_model_columns() -> None:
+    """A port that pads the hidden size (GPT-OSS: 3072) is compared on the
+    model's first columns; the padding is named, not failed."""
+    generator = torch.Generator().manual_seed(0)
+    reference = torch.randn(5, 8, generator=generator)
+    padded = torch.cat((reference, torch.zeros(5, 24)), dim=1)
+    row = M.component_metrics("layers.0.mlp", "prefill", "m", padded, reference, reference.clone(), "fp32")
+    assert row.passed and row.rel_error == 0.0 and row.compared_columns == "8 of 32"
+    wrong = M.component_metrics("layers.0.mlp", "prefill", "m", padded[:, :6], reference, None, "fp32")
+    assert not wrong.passed and "shape mismatch" in wrong.note

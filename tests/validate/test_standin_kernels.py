@@ -288,6 +288,10 @@ def test_options_accept_their_default_and_refuse_lookalikes() -> None:
         NF.qkv_proj(torch.zeros(1, 2, 4), torch.zeros(4, 8), transpose_k_cache=True)
     with pytest.raises(UnsupportedKernelOption, match="k_prior"):
         NF.flash_attention(torch.zeros(1, 2, 4), torch.zeros(1, 4, 2), torch.zeros(1, 2, 4), k_prior=torch.zeros(1))
+    args = (torch.zeros(2, 4), torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(8, 4))
+    NF.mlp(*args, quant_clipping_bound=0, quantization_type=QuantizationType.NONE)  # defaults, spelled out
+    with pytest.raises(UnsupportedKernelOption, match="quant_clipping_bound=False"):
+        NF.mlp(*args, quant_clipping_bound=False)
     with pytest.raises(UnsupportedKernelOption, match="quantization_type=<QuantizationType.STATIC"):
         NF.mlp(torch.zeros(2, 4), torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(8, 4),
                quantization_type=QuantizationType.STATIC)

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from . import collectives
+from .common_types import QuantizationType
 from .decode_mask import _resize_block_len, gen_attention_decode_mask
 from .kernel_options import KernelOptions
 from .numerics import KernelConstraintError, check_bias, is_fp8, matmul, quantize_kv, rms_norm, rotate_half
@@ -56,10 +57,10 @@ from .numerics import KernelConstraintError, check_bias, is_fp8, matmul, quantiz
 DECODE_OPTIONS = KernelOptions(
     "attention_decode",
     refused={
-        "quantization_type_qkv": None,
+        "quantization_type_qkv": QuantizationType.NONE,
         "weight_dequant_scale_qkv": None,
         "input_dequant_scale_qkv": None,
-        "quantization_type_out": None,
+        "quantization_type_out": QuantizationType.NONE,
         "weight_dequant_scale_out": None,
         "input_dequant_scale_out": None,
         "K_cache_transposed": False,

@@ -13,9 +13,10 @@ groups, declared per kernel as data (``KernelOptions``):
   names the argument and the value.
 
 A name in neither group is not an argument of the kernel at all and is
-refused as such. Defaults compare by identity for ``None``/``True``/``False``
-and by type and value otherwise, so ``True`` never passes for a default of
-``1`` (nor ``1`` for ``False``).
+refused as such. Defaults compare by identity for ``None``/``True``/``False``,
+by value for numbers (a bool is never taken for a number) and by type and
+value otherwise, so ``True`` never passes for a default of ``1`` (nor ``1``
+for ``False``).
 """
 
 from __future__ import annotations
@@ -56,9 +57,12 @@ class KernelOptions:
 
 def is_default(value: Any, default: Any) -> bool:
     """Whether ``value`` is the option's default: the same singleton for
-    None/True/False, the same type and value otherwise (enums by identity)."""
+    None/True/False, an equal number (never a bool) for a numeric default,
+    the same type and value otherwise (enum members)."""
     if default is None or isinstance(default, bool):
         return value is default
+    if isinstance(default, (int, float)):
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value == default
     return type(value) is type(default) and value == default
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .common_types import NormType, QKVOutputLayout, QuantizationType
+from .common_types import NormType, QKVOutputLayout, QKVWeightLayout, QuantizationType
 from .kernel_options import KernelOptions, refuse_unless_default
 from .numerics import KernelConstraintError, check_bias, layer_norm, matmul, rms_norm
 
@@ -34,7 +34,7 @@ QKV_OPTIONS = KernelOptions(
         "quantization_type": QuantizationType.NONE,
         "qkv_w_scale": None,
         "qkv_in_scale": None,
-        "weight_layout": None,
+        "weight_layout": QKVWeightLayout.CONTIGUOUS,
         "store_output_in_sbuf": False,
         "transpose_k_cache": False,
         "fp8_packed": False,
