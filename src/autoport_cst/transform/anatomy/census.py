@@ -39,6 +39,10 @@ FAMILIES_OF_FIELD: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("mlp.", ("mlp.kernel",)),
     ("embedding.", ("embedding.lookup",)),
     ("lm_head.", ("lm_head.logits",)),
+    ("moe.shared_experts", ("moe.experts",)),
+    ("moe.shared_expert_gate", ("moe.experts",)),
+    ("moe.dense_layers", ("decoder.sublayer",)),
+    ("moe.", ("moe.router",)),
 )
 
 

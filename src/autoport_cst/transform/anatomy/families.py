@@ -15,6 +15,7 @@ from typing import Callable
 
 import libcst as cst
 
+from autoport_cst.transform.anatomy.moe_families import experts_kind, router_kind
 from autoport_cst.transform.cst_helpers import call_name, dotted, self_attr, walk
 from autoport_cst.transform.roles import class_role
 
@@ -181,5 +182,17 @@ FAMILIES: dict[str, Family] = {
             roles=("causal_lm",),
         ),
         Family("rope.frequencies", "rotary-embedding modules called", _module_call_kind(("rotary",))),
+        Family(
+            "moe.router",
+            "MoE routing: NF.router, the router fused in NF.moe_block_tkg, fused router kernels, "
+            "router modules and explicit matmuls with the router weight",
+            router_kind,
+        ),
+        Family(
+            "moe.experts",
+            "MoE expert computation: NF.moe_cte, NF.moe_block_tkg, NF.moe_tkg and substitutes, "
+            "expert modules called in loops, shared experts",
+            experts_kind,
+        ),
     )
 }
