@@ -11,7 +11,6 @@ from autoport_cst.transform.cst_helpers import (
     classes,
     classes_with_role,
     dotted,
-    keyword_arg,
     method,
     parse_expr,
     parse_statement,
@@ -20,12 +19,8 @@ from autoport_cst.transform.cst_helpers import (
     string_text,
     walk,
 )
-from autoport_cst.transform.layers import (
-    kwarg_code,
-    loader_sites,
-    loop_attrs,
-    strings_of,
-)
+from autoport_cst.transform.layers import kwarg_code, strings_of
+from autoport_cst.transform.loaders import LoaderEdits, find_loaders
 from autoport_cst.transform.mappings import mapping_entries
 
 TRANSPOSING_LOADERS = (
@@ -404,46 +399,55 @@ class CheckpointKeys(Codemod):
             if not layer_classes:
                 raise ctx.precondition(f"{self.ID}: no attention or MLP class (<Prefix>Attention, <Prefix>MLP)")
             for cls in layer_classes:
-                for attr, site in loader_sites(cls).items():
-                    if attr.endswith("_weight") and site.loader is not None \
-                            and dotted(site.loader.func) in TRANSPOSING_LOADERS:
+                for attr, sites in find_loaders(cls).items():
+                    if attr.endswith("_weight") and any(
+                        s.base is not None and dotted(s.base.func) in TRANSPOSING_LOADERS for s in sites
+                    ):
                         wanted.add(attr)
             if not wanted:
                 raise ctx.precondition(
                     f"{self.ID}: no projection weight of the attention and MLP classes has a transposing loader"
                 )
-        sites = {}
+        edits: dict = {}
+        seen: set[str] = set()
         for cls in classes(module):
-            for attr, site in loader_sites(cls).items():
-                if attr in wanted:
-                    sites[attr] = site
-        missing = sorted(wanted - set(sites))
+            loaders = LoaderEdits(cls, module, ctx, self.ID)
+            for attr in sorted(wanted & set(loaders.found)):
+                seen.add(attr)
+                if self._stop_transposing(loaders, attr, module, ctx):
+                    loaders.replace_base(attr, _not_transposed)
+            edits.update(loaders.edits())
+        missing = sorted(wanted - seen)
         if missing:
             raise ctx.precondition(
                 f"{self.ID}: no loader attached to {', '.join(missing)} (set_weight_loader(self.<attr>, ...))"
             )
-        edits: dict = {}
-        for attr, site in sites.items():
-            if site.in_loop and not set(loop_attrs(site.statement)) <= wanted:  # type: ignore[arg-type]
-                others = sorted(set(loop_attrs(site.statement)) - wanted)  # type: ignore[arg-type]
-                raise ctx.precondition(
-                    f"{self.ID}: {attr} shares its loader loop with {', '.join(others)}; list them in "
-                    "in_out_params too, or unroll the loop",
-                    site.statement,
-                    module,
-                )
-            loader = site.loader
-            if loader is None or dotted(loader.func) not in TRANSPOSING_LOADERS:
-                raise ctx.precondition(
-                    f"{self.ID}: the loader of {attr} is not one of {', '.join(TRANSPOSING_LOADERS)}",
-                    site.statement,
-                    module,
-                )
-            if kwarg_code(loader, "is_storage_transposed") in (None, "False"):
-                continue
-            arg = keyword_arg(loader, "is_storage_transposed")
-            edits[id(arg)] = lambda updated: updated.with_changes(value=cst.Name("False"))
         return edits
+
+    def _stop_transposing(self, loaders: LoaderEdits, attr: str, module: cst.Module, ctx: FileContext) -> bool:
+        """Whether ``attr``'s loaders transpose (each must be a transposing
+        loader; a loader shared with parameters that stay is split)."""
+        transposing = False
+        for site in loaders.require(attr):
+            name = dotted(site.base.func)
+            if name not in TRANSPOSING_LOADERS:
+                raise ctx.precondition(
+                    f"{self.ID}: the loader of {attr} is {name} ({site.describe()}), not one of "
+                    f"{', '.join(TRANSPOSING_LOADERS)}",
+                    site.base,
+                    module,
+                )
+            transposing = transposing or kwarg_code(site.base, "is_storage_transposed") not in (None, "False")
+        return transposing
+
+
+def _not_transposed(call: cst.Call) -> cst.Call:
+    """A loader call with ``is_storage_transposed=False``."""
+    return call.with_changes(args=[
+        a.with_changes(value=cst.Name("False")) if a.keyword is not None and a.keyword.value == "is_storage_transposed"
+        else a
+        for a in call.args
+    ])
 
 
 class _Renamer:
@@ -504,8 +508,12 @@ MARKER = "# checkpoint key renames (reference -> checkpoint):"
 
 def _parameter_path(key: str) -> str | None:
     """The module path of a parameter named ``...<module>_weight`` (or
-    ``_bias``), as a checkpoint key: ``...<module>.weight``."""
+    ``_bias``), as a checkpoint key: ``...<module>.weight``. A copy for a
+    variant (``...<module>_weight{suffix}``, the FP8 buffers) has the path of
+    the parameter it copies."""
     head, _, leaf = key.rpartition(".")
+    if leaf.endswith("}") and leaf.count("{") == 1 and not leaf.startswith("{"):
+        leaf = leaf[: leaf.index("{")]
     for suffix in ("weight", "bias"):
         if leaf.endswith("_" + suffix) and len(leaf) > len(suffix) + 1:
             return f"{head}.{leaf[: -len(suffix) - 1]}.{suffix}" if head else f"{leaf[: -len(suffix) - 1]}.{suffix}"

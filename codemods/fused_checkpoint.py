@@ -20,7 +20,11 @@ from autoport_cst.transform.cst_helpers import (
     rewrite,
     string_text,
 )
-from autoport_cst.transform.layers import WEIGHT_LOADERS, parse_mlp_call, replace_segment
+from autoport_cst.transform.layers import (
+    WEIGHT_LOADERS,
+    parse_mlp_call,
+    replace_segment,
+)
 from autoport_cst.transform.loaders import (
     LoaderEdits,
     declare_guarded,

@@ -18,7 +18,12 @@ from autoport_cst.transform.cst_helpers import (
     rewrite,
     walk,
 )
-from autoport_cst.transform.layers import ACT_TYPES, MLP_KEYWORDS, TORCH_MLP, parse_mlp_call
+from autoport_cst.transform.layers import (
+    ACT_TYPES,
+    MLP_KEYWORDS,
+    TORCH_MLP,
+    parse_mlp_call,
+)
 from autoport_cst.transform.loaders import declare_guarded, guard_edit, mlp_classes
 
 # spec activation -> NF.mlp kernel activation (nkilib ActFnType member)

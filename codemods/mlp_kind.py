@@ -17,7 +17,13 @@ from autoport_cst.transform.cst_helpers import (
     rewrite,
     walk,
 )
-from autoport_cst.transform.layers import MLP_KEYWORDS, add_edit, parameters, parse_mlp_call, removal_edits
+from autoport_cst.transform.layers import (
+    MLP_KEYWORDS,
+    add_edit,
+    parameters,
+    parse_mlp_call,
+    removal_edits,
+)
 from autoport_cst.transform.loaders import (
     LoaderEdits,
     declare_guarded,

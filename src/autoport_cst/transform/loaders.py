@@ -23,8 +23,8 @@ their ``__init__`` raise ``NotImplementedError`` naming the feature.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import libcst as cst
 
@@ -37,7 +37,6 @@ from autoport_cst.transform.cst_helpers import (
     method,
     parse_statement,
     positional_args,
-    self_attr,
     walk,
 )
 from autoport_cst.transform.roles import class_role
@@ -135,9 +134,8 @@ def plain_binding(stmt: cst.CSTNode, name: str) -> cst.BaseExpression | None:
             target = small.targets[0].target
             if isinstance(target, cst.Name) and target.value == name:
                 return small.value
-        if isinstance(small, cst.AnnAssign) and small.value is not None:
-            if isinstance(small.target, cst.Name) and small.target.value == name:
-                return small.value
+        if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.target.value == name:
+            return small.value
     return None
 
 
@@ -824,9 +822,9 @@ def mlp_mapping_weights(module: cst.Module) -> list[str]:
     found: list[str] = []
     for entry in mapping_entries(module):
         segments = entry.key.split(".")
-        if len(segments) >= 2 and segments[-2] in MLP_SUBLAYERS and segments[-1].endswith("_weight"):
-            if segments[-1] not in found:
-                found.append(segments[-1])
+        leaf = segments[-1]
+        if len(segments) >= 2 and segments[-2] in MLP_SUBLAYERS and leaf.endswith("_weight") and leaf not in found:
+            found.append(leaf)
     return found
 
 
