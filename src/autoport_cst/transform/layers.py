@@ -25,7 +25,6 @@ from autoport_cst.transform.cst_helpers import (
     classes_with_role,
     code_of,
     dotted,
-    is_call,
     keyword_arg,
     method,
     parse_statement,
@@ -35,12 +34,20 @@ from autoport_cst.transform.cst_helpers import (
     string_text,
     walk,
 )
+from autoport_cst.transform.loaders import (  # noqa: F401  (re-exported)
+    MLP_CALLS,
+    TORCH_MLP,
+    Loader,
+    LoaderEdits,
+    MlpClass,
+    attach_statement,
+    find_loaders,
+    mlp_classes,
+)
 from autoport_cst.transform.roles import class_role
 
 WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"
 ACT_TYPES = "nkilib.core.utils.common_types"
-TORCH_MLP = "torch_mlp"
-MLP_CALLS = ("NF.mlp", TORCH_MLP)
 # Methods that run at load time or build the module, not on the forward path.
 LOAD_TIME = ("__init__", "_setup_weight_loaders", "load_weights", "load_weights_lite", "from_configs")
 
@@ -135,78 +142,8 @@ def bias_parameter(weight_stmt: cst.SimpleStatementLine, bias_attr: str, module:
 
 
 # -- weight loaders -------------------------------------------------------------
-
-
-@dataclass
-class LoaderSite:
-    """Where a parameter's loader is attached: a ``set_weight_loader(self.x,
-    <loader>)`` statement, or a ``for w in (self.a, self.b): set_weight_loader(w,
-    <loader>)`` loop (``statement`` is then the ``for``)."""
-
-    attr: str
-    statement: cst.BaseStatement
-    loader: cst.Call | None  # the loader call expression
-    in_loop: bool = False
-
-
-def _set_weight_loader_call(stmt: cst.CSTNode) -> cst.Call | None:
-    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
-        small = stmt.body[0]
-        if isinstance(small, cst.Expr) and is_call(small.value, "set_weight_loader"):
-            return small.value  # type: ignore[return-value]
-    return None
-
-
-def loader_sites(node: cst.CSTNode) -> dict[str, LoaderSite]:
-    """``attr -> LoaderSite`` of every loader attached under ``node``."""
-    sites: dict[str, LoaderSite] = {}
-    for stmt in walk(node):
-        call = _set_weight_loader_call(stmt)
-        if call is not None and len(call.args) >= 2:
-            attr = self_attr(call.args[0].value)
-            loader = call.args[1].value
-            if attr is not None and attr not in sites:
-                sites[attr] = LoaderSite(attr, stmt, loader if isinstance(loader, cst.Call) else None)  # type: ignore[arg-type]
-        elif isinstance(stmt, cst.For) and isinstance(stmt.target, cst.Name) and isinstance(stmt.iter, (cst.Tuple, cst.List)):
-            body = stmt.body.body if isinstance(stmt.body, cst.IndentedBlock) else []
-            inner = _set_weight_loader_call(body[0]) if len(body) == 1 else None
-            if inner is None or len(inner.args) < 2:
-                continue
-            first = inner.args[0].value
-            if not (isinstance(first, cst.Name) and first.value == stmt.target.value):
-                continue
-            loader = inner.args[1].value
-            for element in stmt.iter.elements:
-                attr = self_attr(element.value)
-                if attr is not None and attr not in sites:
-                    sites[attr] = LoaderSite(
-                        attr, stmt, loader if isinstance(loader, cst.Call) else None, in_loop=True
-                    )
-    return sites
-
-
-def loop_attrs(loop: cst.For) -> list[str]:
-    return [a for e in loop.iter.elements if (a := self_attr(e.value)) is not None]  # type: ignore[union-attr]
-
-
-def set_loader_statement(attr: str, loader_code: str, module: cst.Module) -> cst.BaseStatement:
-    return parse_statement(f"set_weight_loader(\n    self.{attr},\n    {loader_code},\n)", module)
-
-
-def unrolled_loop(loop: cst.For, module: cst.Module, loaders: dict[str, str] | None = None) -> list[cst.BaseStatement]:
-    """The statements of a ``for w in (self.a, self.b): set_weight_loader(w,
-    <loader>)`` loop, one per parameter; ``loaders`` overrides the loader code
-    of some parameters."""
-    inner = _set_weight_loader_call(loop.body.body[0])  # type: ignore[union-attr]
-    assert inner is not None
-    default = code_of(inner.args[1].value)
-    out = []
-    for attr in loop_attrs(loop):
-        code = (loaders or {}).get(attr, default)
-        out.append(set_loader_statement(attr, code, module))
-    if out:
-        out[0] = out[0].with_changes(leading_lines=loop.leading_lines)
-    return out
+# Found and edited where they are built, through locals and wrappers:
+# ``autoport_cst.transform.loaders`` (re-exported above).
 
 
 def kwarg_code(call: cst.Call | None, name: str) -> str | None:
@@ -235,10 +172,6 @@ class MLPCall:
         return arg is None or dotted(arg.value) != "True"
 
 
-def mlp_calls(cls: cst.ClassDef) -> list[cst.Call]:
-    return [n for n in walk(cls) if isinstance(n, cst.Call) and dotted(n.func) in MLP_CALLS]
-
-
 def parse_mlp_call(call: cst.Call, ctx: FileContext, module: cst.Module, codemod_id: str) -> MLPCall:
     args = positional_args(call)
     attrs = [self_attr(a.value) for a in args[1:4]]
@@ -252,17 +185,8 @@ def parse_mlp_call(call: cst.Call, ctx: FileContext, module: cst.Module, codemod
     return MLPCall(call, attrs[0], attrs[1], attrs[2])  # type: ignore[arg-type]
 
 
-def the_mlp(module: cst.Module, ctx: FileContext, codemod_id: str) -> tuple[cst.ClassDef, MLPCall]:
-    """The dense MLP class and its single ``NF.mlp`` call."""
-    found = [(c, calls) for c in classes_with_role(module, "mlp") if (calls := mlp_calls(c))]
-    if len(found) != 1 or len(found[0][1]) != 1:
-        names = ", ".join(c.name.value for c in classes_with_role(module, "mlp")) or "none"
-        raise ctx.precondition(
-            f"{codemod_id}: expected one <Prefix>MLP class with one NF.mlp(...) call in this file "
-            f"(MLP classes: {names})"
-        )
-    cls, calls = found[0]
-    return cls, parse_mlp_call(calls[0], ctx, module, codemod_id)
+# Every dense MLP class of a file (quantized ones flagged): ``loaders.mlp_classes``
+# (re-exported above).
 
 
 # Keyword order of NF.mlp (its signature): codemods insert keywords in this

@@ -772,7 +772,8 @@ def declare_guarded(cls: cst.ClassDef, ctx: FileContext, reason: str) -> None:
 
 # -- dense MLP classes -----------------------------------------------------------------------------
 
-MLP_CALLS = ("NF.mlp", "torch_mlp")
+TORCH_MLP = "torch_mlp"  # the plain-torch MLP of mlp-activation, NF.mlp's arguments
+MLP_CALLS = ("NF.mlp", TORCH_MLP)
 
 
 @dataclass
