@@ -12,9 +12,12 @@ from autoport_cst.transform.cst_helpers import (
     keyword_arg,
     parse_statement,
     rewrite,
+    self_assignment,
     walk,
 )
-from autoport_cst.transform.layers import one_class, require_method, self_assignments
+from autoport_cst.transform.decoder import class_here, other_model_file
+from autoport_cst.transform.layers import add_edit, require_method
+from autoport_cst.transform.loaders import LoaderEdits, attach_statement, render_base
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
 
 
@@ -129,18 +132,21 @@ class LmHeadBias(Codemod):
         return NoParams()
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        lm = one_class(module, "causal_lm", ctx, self.ID, "<Prefix>ForCausalLM")
+        if ctx.role == "module":
+            return other_model_file(module, ctx, self.touches(), "the LM-head bias")
+        lm = class_here(module, "causal_lm", ctx, self.ID, "<Prefix>ForCausalLM")
+        if lm is None:
+            return module
         name = lm.name.value
         init = require_method(lm, "__init__", ctx, module, self.ID)
-        head = self_assignments(init).get("lm_head")
-        ctor = head[1] if head is not None else None
-        if not (isinstance(ctor, cst.Call) and (dotted(ctor.func) or "").endswith("ColumnParallelLinear")):
+        heads = _heads(init)
+        if not heads:
             raise ctx.precondition(
                 f"{self.ID}: {name}.__init__ has no self.lm_head = <...>ColumnParallelLinear(...)", init, module
             )
         edits: dict = {}
-        bias_arg = keyword_arg(ctor, "bias")
-        if bias_arg is None or dotted(bias_arg.value) != "True":
+        for ctor in heads:  # one per branch (tied or not)
+            bias_arg = keyword_arg(ctor, "bias")
             if bias_arg is None:
                 raise ctx.precondition(
                     f"{self.ID}: the LM head's ColumnParallelLinear(...) has no bias= argument "
@@ -148,33 +154,40 @@ class LmHeadBias(Codemod):
                     ctor,
                     module,
                 )
-            edits[id(bias_arg)] = lambda updated: updated.with_changes(value=cst.Name("True"))
-        loaders = {}
-        for stmt in deep_statements(init):
-            if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Expr):
-                call = stmt.body[0].value
-                if isinstance(call, cst.Call) and dotted(call.func) == "set_weight_loader" and len(call.args) >= 2:
-                    loaders[dotted(call.args[0].value)] = (stmt, call.args[1].value)
-        if "self.lm_head.weight" not in loaders:
-            raise ctx.precondition(
-                f"{self.ID}: {name} attaches no loader to self.lm_head.weight", init, module
-            )
-        if "self.lm_head.bias" not in loaders:
-            stmt, loader = loaders["self.lm_head.weight"]
-            if not isinstance(loader, cst.Call) or dotted(loader.func) != "sharding_weight_loader":
-                raise ctx.precondition(
-                    f"{self.ID}: the loader of self.lm_head.weight is not a sharding_weight_loader(...)", stmt, module
-                )
-            args = [a for a in loader.args if not (a.keyword is not None and a.keyword.value == "is_storage_transposed")]
-            if args and len(args) < len(loader.args) and loader.args[-1] not in args:
-                args[-1] = args[-1].with_changes(comma=loader.args[-1].comma)
-            code = code_of(loader.with_changes(args=args))
-            new = parse_statement(f"set_weight_loader(\n    self.lm_head.bias,\n    {code},\n)", module)
-            if "\n" not in code:
-                new = parse_statement(f"set_weight_loader(self.lm_head.bias, {code})", module)
-            edits[id(stmt)] = lambda updated: cst.FlattenSentinel([updated, new])
+            if dotted(bias_arg.value) != "True":
+                edits[id(bias_arg)] = lambda updated: updated.with_changes(value=cst.Name("True"))
+        loaders = LoaderEdits(lm, module, ctx, self.ID)
+        if not loaders.of("lm_head.bias"):
+            for loader in loaders.require("lm_head.weight"):
+                loaders.add_after(loader, [self._bias_loader(loaders, loader, module, ctx)])
+            for key, edit in loaders.edits().items():
+                add_edit(edits, key, edit)
         edits.update(self._mapping_edit(module, ctx))
         return rewrite(module, edits)
+
+    def _bias_loader(self, loaders: LoaderEdits, loader, module: cst.Module, ctx: FileContext) -> cst.BaseStatement:
+        """``set_weight_loader(self.lm_head.bias, ...)``: the weight's
+        vocabulary sharding without the storage transpose, inside the same
+        rank wrappers (``with_rank_override``: LM-head data parallelism)."""
+        base = loader.base
+        if dotted(base.func) != "sharding_weight_loader":
+            raise ctx.precondition(
+                f"{self.ID}: the loader of self.lm_head.weight is built by {dotted(base.func) or 'a call'}(...), "
+                f"not sharding_weight_loader(...) ({loader.describe()})",
+                base,
+                module,
+            )
+        args = [a for a in base.args if not (a.keyword is not None and a.keyword.value == "is_storage_transposed")]
+        if args and len(args) < len(base.args) and base.args[-1] not in args:
+            args[-1] = args[-1].with_changes(comma=base.args[-1].comma)
+        bias_base = base.with_changes(args=args)
+        if not loader.direct:
+            code = loaders.sibling_loader(loader, render_base(bias_base, 1 + len(loader.wrappers)))
+            return attach_statement("lm_head.bias", code, module)
+        code = code_of(bias_base)
+        if "\n" not in code:
+            return parse_statement(f"set_weight_loader(self.lm_head.bias, {code})", module)
+        return parse_statement(f"set_weight_loader(\n    self.lm_head.bias,\n    {code},\n)", module)
 
     def _mapping_edit(self, module: cst.Module, ctx: FileContext) -> dict:
         entries = mapping_entries(module)
@@ -195,3 +208,16 @@ class LmHeadBias(Codemod):
                         break
         new = entry_statement(entry, cst.SimpleString('"lm_head.bias"'), cst.SimpleString('"lm_head.bias"'))
         return {id(holder): lambda updated: cst.FlattenSentinel([updated, new])}
+
+
+def _heads(init: cst.FunctionDef) -> list[cst.Call]:
+    """The ``ColumnParallelLinear(...)`` calls assigned to ``self.lm_head``
+    (anywhere in ``__init__``: one per branch when tied and untied heads are
+    built apart)."""
+    found = []
+    for stmt in deep_statements(init):
+        pair = self_assignment(stmt) if isinstance(stmt, cst.SimpleStatementLine) else None
+        if pair is not None and pair[0] == "lm_head" and isinstance(pair[1], cst.Call):
+            if (dotted(pair[1].func) or "").endswith("ColumnParallelLinear"):
+                found.append(pair[1])
+    return found

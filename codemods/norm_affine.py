@@ -13,6 +13,7 @@ from autoport_cst.transform.cst_helpers import (
     self_attr,
     walk,
 )
+from autoport_cst.transform.decoder import defined_elsewhere, guard_fused_norms, other_model_file
 from autoport_cst.transform.layers import (
     forward_path_functions,
     instances_of_role,
@@ -46,6 +47,7 @@ class NormAffine(Codemod):
     ID = ID
     REALIZES = ("norm.affine",)
     Params = NoParams
+    FILES = ("model", "module")
     AFTER = ("swap-norm", "norm-placement", "parallel-residual", "norm-offset")
     EXAMPLES = (
         Example(
@@ -144,6 +146,10 @@ class NormAffine(Codemod):
         return NoParams()
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        if ctx.role == "module":
+            return other_model_file(module, ctx, self.touches(), "non-parametric norms", guard=True)
+        if defined_elsewhere(module, ctx, "norm") and not instances_of_role(module, "norm"):
+            return module  # a file of sublayers beside the model file, with no norm of its own
         norms = [c for c in classes_with_role(module, "norm") if c.name.value.endswith(("RMSNorm", "LayerNorm"))]
         if len(norms) != 1:
             found = ", ".join(c.name.value for c in norms) or "none"
@@ -163,11 +169,16 @@ class NormAffine(Codemod):
                 f"{ID}: the attention class also builds {name} ({', '.join(shared)}), whose weights are "
                 "learned: the decoder norms cannot drop theirs in the shared class"
             )
-        inside = {id(n) for n in walk(norm)}
+        edits, blocks = guard_fused_norms(
+            module, ctx, ID, "non-parametric norms: the FP8 kernels fuse a norm with a learned weight"
+        )
+        inside = {id(n) for n in walk(norm)} | {id(n) for block in blocks for n in walk(block)}
         for fn in forward_path_functions(module):
             if id(fn) in inside:
                 continue
             for node in walk(fn):
+                if id(node) in inside:
+                    continue
                 if isinstance(node, cst.Attribute) and node.attr.value in AFFINE \
                         and isinstance(node.value, cst.Attribute) and node.value.attr.value in instances:
                     raise ctx.precondition(
@@ -176,7 +187,6 @@ class NormAffine(Codemod):
                         node,
                         module,
                     )
-        edits: dict = {}
         doomed = [stmt for attr in AFFINE if (stmt := find_self_assignment(init, attr)) is not None]
         handled: set[int] = set()
         for node in walk(forward):

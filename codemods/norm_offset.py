@@ -15,6 +15,7 @@ from autoport_cst.transform.cst_helpers import (
     self_attr,
     walk,
 )
+from autoport_cst.transform.decoder import defined_elsewhere, other_model_file
 from autoport_cst.transform.layers import (
     forward_path_functions,
     instances_of_role,
@@ -66,6 +67,7 @@ class NormOffset(Codemod):
     ID = "norm-offset"
     REALIZES = ("norm.unit_offset",)
     Params = NoParams
+    FILES = ("model", "module")
     AFTER = ("swap-norm", "qk-norm")
     EXAMPLES = (
         Example(
@@ -134,6 +136,10 @@ class NormOffset(Codemod):
         return NoParams()
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        if ctx.role == "module":
+            return other_model_file(module, ctx, self.touches(), "(1 + weight) norms", guard=True)
+        if defined_elsewhere(module, ctx, "norm") and not instances_of_role(module, "norm"):
+            return module  # a file of sublayers beside the model file, with no norm of its own
         norms = [c for c in classes_with_role(module, "norm") if c.name.value.endswith(("RMSNorm", "LayerNorm"))]
         if len(norms) != 1:
             found = ", ".join(c.name.value for c in norms) or "none"

@@ -9,7 +9,13 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext, locate
 from autoport_cst.transform.cst_helpers import parse_statement, rewrite
-from autoport_cst.transform.decoder import decoder_layer, guard_fused
+from autoport_cst.transform.decoder import (
+    decoder_layer,
+    guard_fused,
+    other_model_classes,
+    other_model_file,
+    subclasses_role,
+)
 from autoport_cst.transform.layers import (
     add_edit,
     mapping_entries_of_attr,
@@ -81,6 +87,7 @@ class NormPlacement(Codemod):
     # where the norms sit around each sublayer call, not what a norm computes
     TOUCHES = ("decoder.sublayer",)
     Params = NormPlacementParams
+    FILES = ("model", "module")
     EXAMPLES = (
         Example(
             title="Gemma 2 sandwich norms",
@@ -226,6 +233,12 @@ class NormPlacement(Codemod):
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         p = self.params
+        if ctx.role == "module":
+            # post-norm removes the input norm, which a layer built on this one reads
+            inherits = any(subclasses_role(c, "decoder_layer") for c in other_model_classes(module))
+            return other_model_file(
+                module, ctx, self.touches(), f"{p.placement} norm placement", guard=p.placement == "post" and inherits
+            )
         layer = decoder_layer(module, ctx, self.ID)
         if layer is None:
             return module

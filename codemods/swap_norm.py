@@ -12,6 +12,7 @@ from autoport_cst.transform.cst_helpers import (
     classes_with_role,
     dotted,
     find_self_assignment,
+    imported_names,
     insert_after,
     is_call,
     keyword_arg,
@@ -29,7 +30,10 @@ from autoport_cst.transform.cst_helpers import (
     walk,
     with_statements,
 )
+from autoport_cst.transform.decoder import defined_elsewhere, guard_fused_norms, other_model_file
+from autoport_cst.transform.layers import instances_of_role
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.roles import split_prefix
 from autoport_cst.transform.scope_rename import rename_targets
 
 SUFFIX = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
@@ -73,7 +77,7 @@ class SwapNorm(Codemod):
     ID = "swap-norm"
     REALIZES = ("norm.kind", "norm.bias", "norm.eps_key")
     Params = SwapNormParams
-    FILES = ("model", "config")
+    FILES = ("model", "config", "module")
     EXAMPLES = (
         Example(
             title="RMSNorm to LayerNorm with bias",
@@ -181,6 +185,13 @@ class SwapNorm(Codemod):
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         if ctx.role == "config":
             return self._transform_config(module, ctx)
+        if ctx.role == "module":
+            return self._other_model(module, ctx)
+        if defined_elsewhere(module, ctx, "norm") and not instances_of_role(module, "norm"):
+            # a file of sublayers beside the model file: only its fused kernels matter
+            if self.params.kind == "layernorm":
+                self._check_no_fused_rmsnorm(walk(module), module, ctx)
+            return module
         norm = self._norm_class(module, ctx)
         old_name = norm.name.value
         prefix = old_name[: -len("LayerNorm" if old_name.endswith("LayerNorm") else "RMSNorm")]
@@ -216,16 +227,22 @@ class SwapNorm(Codemod):
                 module,
             )
         nodes = walk(module)
-        if self.params.kind == "layernorm":
-            self._check_no_fused_rmsnorm(nodes, module, ctx)
-
         edits: dict = {}
+        guarded: set[int] = set()
+        if self.params.kind == "layernorm":
+            guards, blocks = guard_fused_norms(
+                module, ctx, self.ID, "LayerNorm: the FP8 kernels fuse an RMSNorm into the sublayer"
+            )
+            edits.update(guards)
+            guarded = {id(n) for block in blocks for n in walk(block)}
+            self._check_no_fused_rmsnorm([n for n in nodes if id(n) not in guarded], module, ctx)
+
         current_bias = find_self_assignment(init, "bias") is not None
         if (old_name, current_bias) != (new_name, self.params.bias):
             new_norm = self._rewrite_norm(norm, init, forward, weight, eps_attr, module)
             new_norm = new_norm.with_changes(name=cst.Name(new_name))
             edits[id(norm)] = lambda updated: new_norm
-            inside = {id(n) for n in walk(norm)}
+            inside = {id(n) for n in walk(norm)} | guarded
             for target in rename_targets(module, {old_name: new_name}) - inside:
                 edits[target] = lambda updated: updated.with_changes(value=new_name)
         edits.update(self._mapping_edits(nodes, old_name))
@@ -236,6 +253,21 @@ class SwapNorm(Codemod):
                         attr=cst.Name(self.params.eps_key)
                     )
         return rewrite(module, edits)
+
+    def _other_model(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        """A module file whose models (a drafter) are built on the model's
+        norm class and config: they import the class by its new name, and are
+        guarded (their architecture keeps its own norms, which the class and
+        the config's epsilon field no longer are)."""
+        table = {}
+        for local in imported_names(module):
+            split = split_prefix(local)
+            if split is not None and split[1] in SUFFIX.values() and local in ctx.port.package_classes:
+                table[local] = split[0] + SUFFIX[self.params.kind]
+        table = {old: new for old, new in table.items() if old != new}
+        module = other_model_file(module, ctx, self.touches(), f"{self.params.kind} norms", guard=True)
+        targets = rename_targets(module, table) if table else set()
+        return rewrite(module, {t: (lambda updated: updated.with_changes(value=table[updated.value])) for t in targets})
 
     def _norm_class(self, module: cst.Module, ctx: FileContext) -> cst.ClassDef:
         norms = [

@@ -139,9 +139,14 @@ def class_here(module: cst.Module, role: str, ctx: FileContext, codemod_id: str,
     """The single class of ``role`` in this file; None when the file has
     none and another file of the package defines one (a model file of FP8
     sublayers beside ``model.py``); otherwise a precondition error."""
-    if not classes_with_role(module, role) and any(class_role(n) == role for n in ctx.port.package_classes):
+    if defined_elsewhere(module, ctx, role):
         return None
     return one_class(module, role, ctx, codemod_id, what)
+
+
+def defined_elsewhere(module: cst.Module, ctx: FileContext, role: str) -> bool:
+    """This file defines no class of ``role``, another file of the package does."""
+    return not classes_with_role(module, role) and any(class_role(n) == role for n in ctx.port.package_classes)
 
 
 def sublayer_attrs(cls: cst.ClassDef) -> dict[str, str]:
@@ -351,6 +356,22 @@ def guard_fused(layer: DecoderLayer, message: str, module: cst.Module, ctx: File
     return edits, blocks
 
 
+
+
+def guard_fused_norms(module: cst.Module, ctx: FileContext, codemod_id: str,
+                      message: str) -> tuple[dict, list[cst.IndentedBlock]]:
+    """For a codemod that changes what the norms compute into something a
+    fused RMSNorm kernel cannot: guard every branch of the decoder layer
+    whose sublayer call is handed a norm's weight (``guard_fused``); nothing
+    when no call is."""
+    layers = classes_with_role(module, "decoder_layer")
+    if len(layers) != 1:
+        return {}, []
+    attrs, norms = sublayer_attrs(layers[0]), norm_attrs(layers[0])
+    if not any(_fused_norm(c, norms) for c in _sublayer_calls(layers[0], attrs)):
+        return {}, []
+    layer = decoder_layer(module, ctx, codemod_id)
+    return guard_fused(layer, message, module, ctx, codemod_id) if layer is not None else ({}, [])
 
 
 # -- the backbone's layer loop and the LM head ------------------------------------------
