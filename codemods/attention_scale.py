@@ -9,7 +9,6 @@ from typing import Literal
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.attention import attention_classes
 from autoport_cst.transform.config_fields import add_config_fields
 from autoport_cst.transform.cst_helpers import (
     code_of,
@@ -19,9 +18,21 @@ from autoport_cst.transform.cst_helpers import (
     self_assignment,
     with_comment,
 )
+from autoport_cst.transform.kernels import (
+    DECODE,
+    FLASH,
+    KERNEL_NAMES,
+    SEGMENTED,
+    SEGMENTED_CP,
+    argument,
+    attention_classes_in,
+    kernel_sites,
+)
 from autoport_cst.transform.layers import require_method
 
 ID = "attention-scale"
+# where each kernel takes its scale when it is passed by position
+SCALE_POSITIONS = {FLASH: 3, SEGMENTED: 7, SEGMENTED_CP: 12}
 COMMENT = "<-- MODEL-SPECIFIC: attention score scale from the config (not head_dim ** -0.5)"
 
 
@@ -47,15 +58,17 @@ class AttentionScale(Codemod):
     ``config.query_pre_attn_scalar ** -0.5`` (Gemma 2 / 3).
 
     Model file, attention class (``<Prefix>Attention``): the value of
-    ``self.scaling`` in ``__init__`` becomes the config expression. Both paths
-    already read ``self.scaling``: prefill passes it to
-    ``NF.flash_attention(scale=...)`` and decode to the kernel's
-    ``softmax_scale``, so neither changes. Config file: the dataclass gains
-    the field (``float | None``; a config without it keeps
-    ``head_dim ** -0.5``).
+    ``self.scaling`` in ``__init__`` becomes the config expression. Every
+    kernel of every path already reads ``self.scaling``: flash, segmented
+    and context-parallel prefill pass it as ``scale=``, decode as
+    ``softmax_scale=`` (``self.scaling / self.k_scale_float`` with an FP8
+    cache), so none of them changes. Config file: the dataclass gains the
+    field (``float | None``; a config without it keeps ``head_dim ** -0.5``).
 
     Preconditions: an attention class whose ``__init__`` sets
-    ``self.scaling``; ``config_key`` is a Python identifier.
+    ``self.scaling``, and whose kernel calls each pass a scale (a call left
+    to the kernel's default ``head_dim ** -0.5`` would not follow);
+    ``config_key`` is a Python identifier.
     """
 
     ID = ID
@@ -154,7 +167,16 @@ class AttentionScale(Codemod):
             )
             return add_config_fields(module, ctx, ID, [(f"{key}: float | None = None", comment)])
         edits: dict = {}
-        for cls in attention_classes(module, ctx, ID):
+        for cls in attention_classes_in(module, ctx, ID):
+            for site in kernel_sites(cls):
+                name = "softmax_scale" if site.kind == DECODE else "scale"
+                if argument(site.call, name, SCALE_POSITIONS.get(site.kind)) is None:
+                    raise ctx.precondition(
+                        f"{ID}: {site.where(cls)}: {KERNEL_NAMES[site.kind]}(...) passes no {name}= "
+                        "(the kernel's default head_dim ** -0.5 would stay)",
+                        site.call,
+                        module,
+                    )
             init = require_method(cls, "__init__", ctx, module, ID)
             stmt = find_self_assignment(init, "scaling")
             if stmt is None:

@@ -28,7 +28,6 @@ from autoport_cst.transform.kernels import (
     DECODE,
     FLASH,
     KERNEL_NAMES,
-    SEGMENTED,
     SEGMENTED_CP,
     argument,
     attention_classes_in,
@@ -73,17 +72,34 @@ class AttentionSinks(Codemod):
     only takes probability mass (GraniteSWA's ``sigmoid(logsumexp - sink)``
     output scaling is the same thing).
 
-    Model file, attention class (``<Prefix>Attention``): ``__init__`` creates
-    ``self.sinks``, this rank's heads' sinks in float32 (sharded over TP by
-    query head); prefill passes ``sink=self.sinks.unsqueeze(1)`` (``[Nq, 1]``)
-    to ``NF.flash_attention`` and decode the same to ``NF.attention_decode``
-    (both kernels take it), or to their unfused forms. ``load_weights`` maps
-    ``...self_attn.sinks`` to the checkpoint key of the same name.
+    Model file, attention class (``<Prefix>Attention``):
+
+    - ``__init__`` creates ``self.sinks``, this rank's query heads' sinks in
+      float32 (``num_attention_heads_per_rank`` of them);
+    - its loader is attached right after the output projection's and built
+      like it: a ``sharding_weight_loader`` over the same ``num_shards`` (TP,
+      times attention DP where the layer shards query heads over it), inside
+      the same rank wrapper (``with_rank_override(..., rank=<effective
+      rank>)``), so each rank reads the sinks of the heads whose rows of
+      ``o_proj`` it holds;
+    - ``NF.flash_attention`` and ``NF.segmented_attention`` (or their unfused
+      forms) get ``sink=self.sinks.unsqueeze(1)`` (``[Nq, 1]``);
+    - ``NF.attention_decode`` gets the same, or, when the call runs attention
+      data parallelism (``attention_dp=`` not 1), the sinks of the heads of
+      every attention-DP rank, which the kernel attends with:
+      ``_attention_dp_sinks(self.sinks, <attention_dp>, self.<group>)``
+      gathers them over the layer's ``attention_dp_group``;
+    - ``NF.segmented_attention_cp`` takes no sink: its path raises
+      ``NotImplementedError``.
+
+    ``load_weights`` maps ``...self_attn.sinks`` to the checkpoint key of the
+    same name (in the file that maps the keys).
 
     Preconditions: an attention class with ``self.num_attention_heads_per_rank``
-    and ``self.world_size`` set in ``__init__`` before its parameters, the
-    prefill and decode attention calls, and a ``...self_attn.o_proj_weight``
-    mapping entry.
+    set in ``__init__`` before its parameters, a sharding loader (with
+    ``num_shards=``) attached to ``self.o_proj_weight``, flash attention and
+    decode kernel calls, and a ``...self_attn.o_proj_weight`` mapping entry
+    where ``load_weights`` maps keys.
     """
 
     ID = ID

@@ -51,29 +51,35 @@ class AttentionSoftcap(Codemod):
 
     The cap applies after the scale and before the mask and softmax.
 
-    Neither attention kernel has a softcap, so with this codemod attention is
-    computed op by op on both paths, in the model file:
+    No attention kernel has a softcap, so with this codemod attention is
+    computed op by op on every path of the attention class, in the model
+    file (``autoport_cst.transform.kernels``):
 
-    - prefill: the ``NF.flash_attention(...)`` call becomes
-      ``_flash_attention_unfused(..., softcap=self.<key>)`` (same arguments,
-      same layouts; causal and sliding-window masks, sinks);
-    - decode: the ``NF.attention_decode(...)`` call becomes
-      ``_attention_decode_unfused(..., softcap=self.<key>)``: the kernel's
-      steps with the same arguments (``NF.qkv_proj``, pre-RoPE QK norm, RoPE
-      from the kernel's cos/sin layout, the in-place paged cache write,
-      attention over each sequence's blocks with the kernel's mask,
-      ``NF.o_proj``).
+    - ``NF.flash_attention(...)`` becomes ``_flash_attention_unfused(...,
+      softcap=self.<key>)`` and ``NF.segmented_attention(...)`` (chunked
+      prefill, prefix-cache hits) ``_segmented_attention_unfused(...)``:
+      same arguments, layouts and masks (causal, sliding window, sinks);
+    - ``NF.attention_decode(...)`` becomes ``_attention_decode_unfused(...,
+      softcap=self.<key>)``, masked or bounded-gather alike: the kernel's
+      steps with the same arguments (``NF.qkv_proj``, the QK norms, RoPE in
+      the kernel's cos/sin layout, attention over each sequence's blocks
+      with the kernel's mask, the in-place cache write or, with
+      ``update_cache=False``, the new keys and values returned, ``NF.o_proj``);
+      what it does not implement (FP8 caches, attention data parallelism,
+      decode context parallelism, quantized projections) it refuses by name
+      when a call sets it;
+    - ``NF.segmented_attention_cp`` (context-parallel prefill) has no
+      substitute: its path raises ``NotImplementedError`` when the cap is set.
 
-    Both functions are added to the module once (other codemods that need an
-    unfused path share them). The attention's ``__init__`` keeps the cap
-    (``self.<key> = config.<key>``, None: no capping), and the config
+    The functions a port needs are added to the module once (other codemods
+    that need an unfused path share them). The attention's ``__init__`` keeps
+    the cap (``self.<key> = config.<key>``, None: no capping), and the config
     dataclass gains the field. On Trainium this trades the fused kernels for
     plain tensor ops on these layers: correct, slower.
 
     Preconditions: an attention class with ``__init__(self, config, ...)``,
-    an ``NF.flash_attention`` call in ``forward_prefill`` and an
-    ``NF.attention_decode`` call in ``forward_decode`` (or their unfused
-    forms).
+    a flash or segmented prefill call and a decode kernel call (or their
+    unfused forms). A file without attention classes is left alone.
     """
 
     ID = ID
@@ -133,6 +139,102 @@ class AttentionSoftcap(Codemod):
 
                     def forward_decode(self, x, mask):
                         return _attention_decode_unfused(X=x, W_qkv=self.qkv_proj_weight, attention_mask=mask, softcap=self.attn_logit_softcapping)
+            """,
+        ),
+        Example(
+            title=(
+                "every path: flash and segmented prefill and the decode (here with update_cache=False) "
+                "substituted, the context-parallel prefill guarded"
+            ),
+            before="""
+                def _attention_decode_unfused(X, softcap=None, **kernel_options):
+                    ...
+
+
+                def _flash_attention_unfused(q, k, v, softcap=None, **kernel_options):
+                    ...
+
+
+                def _segmented_attention_unfused(q, k_cache, v_cache, softcap=None, **kernel_options):
+                    ...
+
+
+                def _softmax_attention(q, k, v, scale, visible, sink, softcap, tp_out):
+                    ...
+
+
+                class Gemma2Attention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.scaling = config.query_pre_attn_scalar**-0.5
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward_prefill(self, q, k, v, meta):
+                        if self.dcp_size > 1:
+                            out = NF.segmented_attention_cp(q=q, k_local=k, v_local=v, scale=self.scaling)
+                        elif meta["kv_segment_size"]:
+                            out = NF.segmented_attention(q, k_cache=self.k_cache, v_cache=self.v_cache, scale=self.scaling)
+                        else:
+                            out = NF.flash_attention(q, k, v, scale=self.scaling)
+                        return out
+
+                    def forward_decode(self, x, mask, pos_ids):
+                        output, k_new, v_new = NF.attention_decode(
+                            X=x,
+                            attention_mask=mask,
+                            pos_ids=pos_ids,
+                            softmax_scale=self.scaling / self.k_scale_float,
+                            update_cache=False,
+                        )
+                        return output
+            """,
+            after="""
+                def _attention_decode_unfused(X, softcap=None, **kernel_options):
+                    ...
+
+
+                def _flash_attention_unfused(q, k, v, softcap=None, **kernel_options):
+                    ...
+
+
+                def _segmented_attention_unfused(q, k_cache, v_cache, softcap=None, **kernel_options):
+                    ...
+
+
+                def _softmax_attention(q, k, v, scale, visible, sink, softcap, tp_out):
+                    ...
+
+
+                class Gemma2Attention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.scaling = config.query_pre_attn_scalar**-0.5
+                        # <-- MODEL-SPECIFIC: tanh softcap of the attention scores (None: no cap)
+                        self.attn_logit_softcapping = config.attn_logit_softcapping
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward_prefill(self, q, k, v, meta):
+                        if self.dcp_size > 1:
+                            # <-- MODEL-SPECIFIC: attention softcap: a path no substitute computes refuses
+                            if self.attn_logit_softcapping is not None:
+                                raise NotImplementedError(
+                                    "attention softcap: NF.segmented_attention_cp (context-parallel prefill) has no softcap and no substitute"
+                                )
+                            out = NF.segmented_attention_cp(q=q, k_local=k, v_local=v, scale=self.scaling)
+                        elif meta["kv_segment_size"]:
+                            out = _segmented_attention_unfused(q, k_cache=self.k_cache, v_cache=self.v_cache, scale=self.scaling, softcap=self.attn_logit_softcapping)
+                        else:
+                            out = _flash_attention_unfused(q, k, v, scale=self.scaling, softcap=self.attn_logit_softcapping)
+                        return out
+
+                    def forward_decode(self, x, mask, pos_ids):
+                        output, k_new, v_new = _attention_decode_unfused(
+                            X=x,
+                            attention_mask=mask,
+                            pos_ids=pos_ids,
+                            softmax_scale=self.scaling / self.k_scale_float,
+                            update_cache=False,
+                            softcap=self.attn_logit_softcapping,
+                        )
+                        return output
             """,
         ),
         Example(

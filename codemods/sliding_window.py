@@ -15,7 +15,6 @@ from autoport_cst.transform.cst_helpers import (
     code_of,
     dotted,
     find_self_assignment,
-    is_call,
     is_none,
     keyword_arg,
     parse_expr,
@@ -137,22 +136,40 @@ class SlidingWindow(Codemod):
       layer_idx)`` (added to the module), which reads ``config.layer_types``
       and, per ``without_layer_types``, falls back to ``max_window_layers`` or
       to the even layers. ``use_sliding_window=False`` (Qwen2) turns it off.
-    - prefill: ``NF.flash_attention(..., sliding_window=self.sliding_window)``.
-    - decode: ``start_pos = clamp(pos_ids - (window - 1), min=0)`` passed to
-      ``NF.gen_attention_decode_mask`` (None for full-attention layers), so
-      prior slots before the window are masked.
+
+    Every attention kernel of the class, on every path
+    (``autoport_cst.transform.kernels``):
+
+    - ``NF.flash_attention`` and ``NF.segmented_attention`` (chunked prefill,
+      prefix-cache hits) get ``sliding_window=self.sliding_window``; the
+      segmented kernel masks whole KV-cache blocks only, so its path raises
+      ``NotImplementedError`` for a window that is not a multiple of the
+      call's ``block_size``;
+    - ``NF.segmented_attention_cp`` (context-parallel prefill, or a helper
+      wrapping it) takes no window: its path raises when the layer slides;
+    - decode: each ``NF.gen_attention_decode_mask`` of the decode method gets
+      ``start_pos = clamp(pos_ids - (window - 1), min=0)`` (None for
+      full-attention layers), so prior slots before the window are masked; a
+      kernel call that builds its mask from ``pos_ids=`` (bounded gather) gets
+      ``swa_start_pos_ids=_window_start(pos_ids, self.sliding_window)``; the
+      context-parallel mask (``local_filled_slots=``) ignores the window, so
+      that path raises when the layer slides; a mask kept in a dict for the
+      next layers (``meta[KEY] = mask`` ... ``meta.get(KEY)``) is keyed by
+      the window too.
 
     ``get_kv_spec``: each ``LayerSpec`` gets ``sliding_window_size`` from its
-    layer's attention. Config file: the dataclass gains ``sliding_window``,
+    layer's attention (every file that has one; a file with a causal-LM
+    class must). Config file: the dataclass gains ``sliding_window``,
     ``use_sliding_window`` and, per layer, ``layer_types`` (and
     ``max_window_layers`` for that fallback).
 
     Preconditions: an attention class with ``__init__(self, config,
-    layer_idx)``, one ``NF.flash_attention`` call in ``forward_prefill``, one
-    ``NF.gen_attention_decode_mask`` call (with ``pos_ids=``) in
-    ``forward_decode``, and ``LayerSpec(...)`` in the KV-cache spec. A runner
-    that trims block tables for windowed layers (``swa_kv_pos_offset``) is
-    not handled: the decode mask assumes slot ``s`` holds position ``s``.
+    layer_idx)``, a flash attention and a decode kernel call, and for each
+    decode kernel call a mask built in its method or ``pos_ids=``. A file
+    without attention classes (an FP8 variant's helpers) is left alone. A
+    runner that trims block tables for windowed layers
+    (``swa_kv_pos_offset``) is not handled: the decode mask assumes slot
+    ``s`` holds position ``s``.
     """
 
     ID = ID
@@ -233,6 +250,159 @@ class SlidingWindow(Codemod):
                         ]
                         return KVSpec(layers=layers)
             """,
+        ),
+        Example(
+            title=(
+                "every path: flash and segmented prefill (in whole blocks), the context-parallel prefill and "
+                "decode mask guarded, the masked and the bounded-gather decode"
+            ),
+            params={'layers': 'all'},
+            before='''
+                class LlamaAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.scaling = config.head_dim**-0.5
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward_prefill(self, q, k, v, meta):
+                        block_size = meta["block_size"]
+                        if self.dcp_size > 1:
+                            out = NF.segmented_attention_cp(q=q, k_local=k, v_local=v, block_size=block_size, scale=self.scaling)
+                        elif meta["kv_segment_size"]:
+                            out = NF.segmented_attention(q, k_cache=self.k_cache, block_size=block_size, scale=self.scaling)
+                        else:
+                            out = NF.flash_attention(q, k, v, scale=self.scaling)
+                        return out
+
+                    def forward_decode(self, x, positions, local_filled):
+                        pos_ids = positions.view(1, -1)
+                        if self.bounded_gather:
+                            pos_ids = pos_ids.to(torch.float32)
+                            mask = None
+                        else:
+                            mask = NF.gen_attention_decode_mask(
+                                pos_ids=pos_ids.to(torch.float32),
+                                start_pos=None,
+                                local_filled_slots=local_filled,
+                            )
+                            pos_ids = None
+                        return NF.attention_decode(X=x, attention_mask=mask, pos_ids=pos_ids)
+            ''',
+            after='''
+                def _window_start(pos_ids, window):
+                    """The first position each query of a sliding-window layer sees,
+                    ``pos_ids - window + 1`` clamped at 0 (None: full attention, or no positions)."""
+                    if window is None or pos_ids is None:
+                        return None
+                    return torch.clamp(pos_ids - (window - 1), min=0)
+
+
+                class LlamaAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.scaling = config.head_dim**-0.5
+                        # <-- MODEL-SPECIFIC: sliding-window attention (window in tokens, None: full attention)
+                        self.sliding_window = config.sliding_window if config.use_sliding_window else None
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward_prefill(self, q, k, v, meta):
+                        block_size = meta["block_size"]
+                        if self.dcp_size > 1:
+                            # <-- MODEL-SPECIFIC: sliding window: a path whose kernel cannot mask it refuses
+                            if self.sliding_window is not None:
+                                raise NotImplementedError(
+                                    "sliding-window attention: NF.segmented_attention_cp (context-parallel prefill) takes no window"
+                                )
+                            out = NF.segmented_attention_cp(q=q, k_local=k, v_local=v, block_size=block_size, scale=self.scaling)
+                        elif meta["kv_segment_size"]:
+                            # <-- MODEL-SPECIFIC: sliding window: a path whose kernel cannot mask it refuses
+                            if self.sliding_window is not None and self.sliding_window % block_size != 0:
+                                raise NotImplementedError(
+                                    "sliding-window attention: NF.segmented_attention needs a window of whole KV-cache blocks"
+                                )
+                            out = NF.segmented_attention(q, k_cache=self.k_cache, block_size=block_size, scale=self.scaling, sliding_window=self.sliding_window)
+                        else:
+                            out = NF.flash_attention(q, k, v, scale=self.scaling, sliding_window=self.sliding_window)
+                        return out
+
+                    def forward_decode(self, x, positions, local_filled):
+                        pos_ids = positions.view(1, -1)
+                        if self.bounded_gather:
+                            pos_ids = pos_ids.to(torch.float32)
+                            mask = None
+                        else:
+                            # <-- MODEL-SPECIFIC: sliding window: a path whose kernel cannot mask it refuses
+                            if self.sliding_window is not None and local_filled is not None:
+                                raise NotImplementedError(
+                                    "sliding-window attention: the context-parallel decode mask (local_filled_slots) takes no window"
+                                )
+                            # <-- MODEL-SPECIFIC: sliding window: mask prior positions before p - window + 1
+                            start_pos = None
+                            if self.sliding_window is not None:
+                                start_pos = torch.clamp(pos_ids.to(torch.float32) - (self.sliding_window - 1), min=0)
+                            mask = NF.gen_attention_decode_mask(
+                                pos_ids=pos_ids.to(torch.float32),
+                                start_pos=start_pos,
+                                local_filled_slots=local_filled,
+                            )
+                            pos_ids = None
+                        return NF.attention_decode(X=x, attention_mask=mask, pos_ids=pos_ids, swa_start_pos_ids=_window_start(pos_ids, self.sliding_window))
+            ''',
+        ),
+        Example(
+            title="a decode mask kept for the next layers is kept per window",
+            params={'layers': 'per_layer'},
+            before='''
+                class LlamaAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.scaling = config.head_dim**-0.5
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward_prefill(self, q, k, v):
+                        return NF.flash_attention(q, k, v, scale=self.scaling)
+
+                    def forward_decode(self, x, pos_ids, meta):
+                        mask = meta.get(_MASK_KEY)
+                        if mask is None:
+                            mask = NF.gen_attention_decode_mask(pos_ids=pos_ids, start_pos=None)
+                            meta[_MASK_KEY] = mask
+                        return NF.attention_decode(X=x, attention_mask=mask)
+            ''',
+            after='''
+                def _layer_sliding_window(config, layer_idx: int) -> int | None:
+                    """The attention window of one layer in tokens, or None for full attention.
+
+                    ``config.layer_types`` marks each layer "sliding_attention" or
+                    "full_attention"; a config without it does not say which layers slide.
+                    """
+                    if config.sliding_window is None or not config.use_sliding_window:
+                        return None
+                    if config.layer_types is not None:
+                        if config.layer_types[layer_idx] == "sliding_attention":
+                            return config.sliding_window
+                        return None
+                    raise ValueError("the config sets sliding_window but no layer_types")
+
+
+                class LlamaAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.scaling = config.head_dim**-0.5
+                        # <-- MODEL-SPECIFIC: sliding-window attention (window in tokens, None: full attention)
+                        self.sliding_window = _layer_sliding_window(config, layer_idx)
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward_prefill(self, q, k, v):
+                        return NF.flash_attention(q, k, v, scale=self.scaling, sliding_window=self.sliding_window)
+
+                    def forward_decode(self, x, pos_ids, meta):
+                        mask = meta.get((_MASK_KEY, self.sliding_window))
+                        if mask is None:
+                            # <-- MODEL-SPECIFIC: sliding window: mask prior positions before p - window + 1
+                            start_pos = None
+                            if self.sliding_window is not None:
+                                start_pos = torch.clamp(pos_ids - (self.sliding_window - 1), min=0)
+                            mask = NF.gen_attention_decode_mask(pos_ids=pos_ids, start_pos=start_pos)
+                            meta[(_MASK_KEY, self.sliding_window)] = mask
+                        return NF.attention_decode(X=x, attention_mask=mask)
+            ''',
         ),
         Example(
             title="the layers marked in layer_types slide; Qwen2 configs without them use max_window_layers",

@@ -121,9 +121,13 @@ def attention_classes_in(module: cst.Module, ctx: FileContext, codemod_id: str) 
 
 def _has_parameter(cls: cst.ClassDef, name: str) -> bool:
     for node in walk(cls):
-        if isinstance(node, cst.Assign) and len(node.targets) == 1:
-            if self_attr(node.targets[0].target) == name and is_parameter(node.value):
-                return True
+        if (
+            isinstance(node, cst.Assign)
+            and len(node.targets) == 1
+            and self_attr(node.targets[0].target) == name
+            and is_parameter(node.value)
+        ):
+            return True
     return False
 
 
