@@ -7,48 +7,74 @@ import re
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform import moe as moe_edits
+from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.cst_helpers import (
     classes,
     code_of,
     dotted,
     keyword_arg,
     parse_expr,
+    rewrite,
     self_assignment,
     walk,
 )
 from autoport_cst.transform.roles import class_role
 
-ROUTER_PARAM = re.compile(r"^(router|gate|routing)(_gate)?_weight$|router.*weight")
+ROUTER_PARAM = re.compile(r"^(router|gate|routing)(_gate)?_weight$|router.*weight|^router_bias$")
 ROUTER_MODULE = ("gate", "router")
 LOAD_METHODS = re.compile(r"^(load_weights|_load_\w*|_cast\w*)$")
 FLOAT32 = "torch.float32"
+DTYPE_KEYWORDS = ("router_mm_dtype", "computation_dtype")
+
+
+def _float32_like(dtype: str) -> str:
+    """``nl.bfloat16`` -> ``nl.float32``; ``torch.float16`` -> ``torch.float32``."""
+    namespace = dtype.rsplit(".", 1)[0] if "." in dtype else "torch"
+    return f"{namespace}.float32"
 
 
 class Float32Router(Codemod):
-    """Create and load the MoE router weight in float32.
+    """Create and load the MoE router weight in float32, and compute every router site in float32.
 
     Expert selection is a top-k over router scores; in bf16, near-ties between
     experts flip, and the model silently routes tokens to the wrong experts.
     This changes numerics (by design), so lint applies it only with
     ``--unsafe-fixes``.
 
+    What the real packages do, and what this codemod decides: qwen3_moe and
+    gpt_oss keep the router weight (and bias) in bf16, compute the prefill
+    router in float32 (``NF.router(..., computation_dtype=torch.float32)``
+    casts the weight up) but the decode router's matmul in bf16
+    (``NF.moe_block_tkg(..., router_mm_dtype=nl.bfloat16)``). Their spec is
+    therefore ``router_dtype: bfloat16`` (a bf16 weight, and a bf16 decode
+    router). A float32 router here means both the weight and every router
+    computation:
+
     - Creation: ``self.<router>_weight = nn.Parameter(torch.<ctor>(..., dtype=...))``
       (``router_weight``, ``gate_weight``, ...; not an MLP's ``gate_proj_weight``)
-      gets ``dtype=torch.float32``; so does an ``nn.Linear`` router assigned to
-      ``self.gate`` / ``self.router`` in an MoE, experts or router class.
+      and a router bias (``router_bias``) get ``dtype=torch.float32``; so does an
+      ``nn.Linear`` router assigned to ``self.gate`` / ``self.router`` in an
+      MoE, experts or router class.
+    - Every router site (the ``moe.router`` family): ``NF.router`` and its
+      op-by-op substitute get ``computation_dtype=torch.float32``; the decode
+      kernel ``NF.moe_block_tkg`` (and its substitute) gets
+      ``router_mm_dtype=nl.float32``; other router kernels with a
+      ``router_mm_dtype`` / ``computation_dtype`` argument get float32 in the
+      same namespace (``torch.float16`` -> ``torch.float32``); a router site
+      with no dtype argument (an explicit matmul with the weight, a router
+      module) is guarded (its path raises ``NotImplementedError``), since a
+      float32 weight against bf16 activations would not run as written.
     - Loading: a blanket cast in a load method (``load_weights``, ``_load_*``,
       ``_cast*``) of the form ``for name, tensor in state.items(): ...
       tensor.to(<dtype>)`` (or the same in a comprehension) keeps router tensors
       in float32: ``tensor.to(torch.float32 if name.endswith(<router keys>)
-      else <dtype>)``. Loaders that cast to the parameter's own dtype need no
-      change.
+      else <dtype>)``. Loaders that cast to the parameter's own dtype (the
+      pipelined loader of the real packages) need no change.
 
-    Kernels that take the router weight (``NF.router``, ``NF.moe_block_tkg``)
-    compute the scores in float32 given a float32 weight; a hand-written
-    ``F.linear(hidden, weight)`` needs the input cast too, which this codemod
-    does not do.
-
-    Precondition: a router weight exists in the file. Already float32: unchanged.
+    Preconditions: a router weight exists in the file; ``nl`` (``nki.language``)
+    imported where a decode kernel gets a new ``router_mm_dtype``. Already
+    float32: unchanged.
     """
 
     ID = "float32-router"
@@ -113,9 +139,41 @@ class Float32Router(Codemod):
                 "self.router_weight / self.gate_weight = nn.Parameter(...), or an nn.Linear "
                 "self.gate / self.router in an MoE, experts or router class)"
             )
+        module = self._sites(module, ctx)
+        routers = _router_parameters(module)
         module = module.visit(_Float32Creation({id(stmt) for stmt in routers.values()}, module))
         suffixes = tuple(f".{attr}" for attr in sorted(routers))
         return module.visit(_KeepRouterOnLoad(suffixes, module))
+
+    def _sites(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        """Every router site computes in float32."""
+        edits: dict = {}
+        for site in moe_edits.moe_sites(module, "moe.router"):
+            if site.kind in ("router", "router_sub"):
+                key, value = "computation_dtype", FLOAT32
+            elif site.kind in ("block", "block_sub"):
+                current = moe_edits.literal(site.call, "router_mm_dtype")
+                if current is None and not moe_edits.module_imports_name(module, "nl"):
+                    raise ctx.precondition(
+                        f"float32-router: {site.name} computes its router in the kernel's default dtype and "
+                        "nki.language is not imported as nl (for router_mm_dtype=nl.float32)",
+                        site.call,
+                        module,
+                    )
+                key, value = "router_mm_dtype", _float32_like(current or "nl.bfloat16")
+            else:
+                key = next((k for k in DTYPE_KEYWORDS if moe_edits.literal(site.call, k) is not None), None)
+                if key is None:
+                    moe_edits.guard_site(
+                        module, site, f"float32 router: {site.name} is not ported to a float32 router weight",
+                        "<-- MODEL-SPECIFIC: this router computation does not take a float32 router", ctx, edits,
+                    )
+                    continue
+                value = _float32_like(moe_edits.literal(site.call, key))
+            if moe_edits.literal(site.call, key) != value:
+                expr = parse_expr(value, module)
+                edits[id(site.call)] = lambda updated, key=key, expr=expr: set_keyword(updated, key, expr)
+        return rewrite(module, edits)
 
 
 def _router_parameters(module: cst.Module) -> dict[str, cst.SimpleStatementLine]:

@@ -284,3 +284,394 @@ def add_router_mapping_value(module, router_params, attr, make_value, codemod_id
         anchor = next((e for e in entries if any(e.key == base + a for a in after)), entry)
         additions.setdefault(id(anchor.statement), []).append(entry_statement(entry, key, value))
     return insert_many_after(module, additions)
+
+
+# -- router and MoE-kernel sites on every path (the real packages' shapes) -------------
+#
+# The real packages route in the prefill with ``x = NF.router(...)`` (no
+# logits taken back) and in decode inside ``NF.moe_block_tkg`` (norm, router,
+# top-k and experts in one call); our references take the logits back in a
+# routing method and compute the scores themselves. The codemods edit each
+# site by its kind, substitute an op-by-op function where the kernel cannot
+# express a feature, and guard the sites nothing can express.
+
+ROUTER_SUBSTITUTE = "_moe_router"
+BLOCK_SUBSTITUTE = "_moe_block_tkg_unfused"
+TOPK_FUNCTION_NAME = "_moe_topk_affinities"
+
+
+@dataclass(frozen=True)
+class MoESite:
+    """One call of a family (its path variants merged)."""
+
+    call: cst.Call
+    cls: str
+    function: str
+    kind: str  # "router", "router_sub", "block", "block_sub", "cte", "other"
+    name: str  # the callee as written
+
+
+def site_kind(name: str) -> str:
+    last = name.rsplit(".", 1)[-1]
+    if last == ROUTER_SUBSTITUTE:
+        return "router_sub"
+    if last == BLOCK_SUBSTITUTE:
+        return "block_sub"
+    if last == "router":
+        return "router"
+    if last == "moe_block_tkg":
+        return "block"
+    if last == "moe_cte":
+        return "cte"
+    return "other"
+
+
+def moe_sites(module: cst.Module, family: str) -> list[MoESite]:
+    """Every call of ``family`` (``moe.router`` or ``moe.experts``) in the
+    forward methods of ``module``'s classes, once per call."""
+    from autoport_cst.transform.anatomy import find_sites
+
+    seen: set[int] = set()
+    found: list[MoESite] = []
+    for site in find_sites(module, family):
+        if id(site.node) in seen:
+            continue
+        seen.add(id(site.node))
+        found.append(MoESite(site.node, site.cls, site.function, site_kind(site.kind), site.kind))
+    return found
+
+
+def class_named(module: cst.Module, name: str) -> cst.ClassDef | None:
+    return next((s for s in module.body if isinstance(s, cst.ClassDef) and s.name.value == name), None)
+
+
+def method_of(module: cst.Module, site: MoESite) -> cst.FunctionDef | None:
+    cls = class_named(module, site.cls)
+    if cls is None:
+        return None
+    return next(
+        (s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == site.function), None
+    )
+
+
+def literal(call: cst.Call, name: str) -> str | None:
+    """The source of ``name=``'s value, or None when absent."""
+    from autoport_cst.transform.cst_helpers import keyword_arg
+
+    arg = keyword_arg(call, name)
+    return None if arg is None else code_of(arg.value)
+
+
+def _bool(text: str | None, default: bool | None) -> bool | None:
+    if text is None:
+        return default
+    return {"True": True, "False": False}.get(text)
+
+
+def activation_of(site: MoESite) -> str | None:
+    """``softmax`` or ``sigmoid``: the router activation of a site."""
+    if site.kind in ("router", "router_sub"):
+        text = literal(site.call, "activation")
+        return "softmax" if text is None else text.strip("\"'")
+    text = literal(site.call, "router_act_fn") or ""
+    for name in ("softmax", "sigmoid"):
+        if text.lower().endswith(name):
+            return name
+    return None
+
+
+def renormalizes(site: MoESite) -> bool | None:
+    """Whether the site renormalizes the chosen experts' weights to sum to one:
+    a constant, or None when it is read at run time (``self.norm_topk_prob``),
+    the site post-processes its logits itself, or the kernel is not known."""
+    call = site.call
+    if site.kind == "router":
+        if literal(call, "return_logits") is not None or literal(call, "router_computation_order") is not None:
+            return None
+        return activation_of(site) == "softmax"
+    if site.kind == "router_sub":
+        return _bool(literal(call, "norm_topk_prob"), True)
+    if site.kind in ("block", "block_sub"):
+        norm = literal(call, "norm_topk_prob")
+        pre_norm = _bool(literal(call, "router_pre_norm"), True)
+        if norm == "True" or (pre_norm is False and activation_of(site) == "softmax"):
+            return True
+        if norm is not None and norm != "False" or pre_norm is None:
+            return None
+        return False
+    return None
+
+
+# -- substitutes: NF.router and NF.moe_block_tkg op by op ------------------------------
+
+TOPK_FUNCTION = '''
+def _moe_topk_affinities(logits, top_k: int, activation: str, pre_norm: bool, norm_topk_prob: bool, selection_bias=None):
+    """Router logits [T, E] -> float32 affinities [T, E], zero for the experts a
+    token does not use. ``pre_norm``: every expert's score (softmax over all
+    experts, or sigmoid) before the top-k, the chosen keep theirs; otherwise
+    the activation over the chosen logits only. The top k are chosen by score
+    plus ``selection_bias`` when given (a per-expert bias that moves the choice
+    only, as DeepSeek-V3's ``e_score_correction_bias``). ``norm_topk_prob``:
+    the chosen weights renormalized to sum to 1."""
+    logits = logits.to(torch.float32)
+    scores = torch.softmax(logits, dim=-1) if activation == "softmax" else torch.sigmoid(logits)
+    if selection_bias is not None:
+        choice = scores + selection_bias.reshape(-1).to(torch.float32)
+    else:
+        choice = scores if pre_norm else logits
+    chosen = torch.topk(choice, top_k, dim=-1).indices
+    if pre_norm:
+        weights = scores.gather(-1, chosen)
+    elif activation == "softmax":
+        weights = torch.softmax(logits.gather(-1, chosen), dim=-1)
+    else:
+        weights = torch.sigmoid(logits.gather(-1, chosen))
+    if norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return torch.zeros_like(scores).scatter(-1, chosen, weights)
+'''
+
+ROUTER_FUNCTION = '''
+def _moe_router(
+    hidden_states,
+    router_weights,
+    top_k: int,
+    router_bias=None,
+    activation: str = "softmax",
+    computation_dtype=torch.float32,
+    norm_topk_prob: bool = True,
+    selection_bias=None,
+):
+    """NF.router with routing the kernel cannot express alone: the logits from
+    NF.router, then every expert's score, the top k chosen by score (plus
+    ``selection_bias``), the chosen scores renormalized when
+    ``norm_topk_prob`` (``_moe_topk_affinities``). Affinities [T, E] in
+    ``computation_dtype``."""
+    _, logits = NF.router(
+        hidden_states,
+        router_weights=router_weights,
+        top_k=top_k,
+        router_bias=router_bias,
+        activation=activation,
+        return_logits=True,
+        computation_dtype=computation_dtype,
+    )
+    affinities = _moe_topk_affinities(logits, top_k, activation, True, norm_topk_prob, selection_bias)
+    return affinities.to(computation_dtype)
+'''
+
+BLOCK_FUNCTION = '''
+def _moe_block_tkg_unfused(
+    inp,
+    gamma,
+    router_weights,
+    expert_gate_up_weights,
+    expert_down_weights,
+    *,
+    top_k: int,
+    eps: float,
+    router_act_fn,
+    expert_affinities_scaling_mode,
+    hidden_act_fn,
+    implementation,
+    block_size: int,
+    moe_group,
+    tp_degree: int,
+    rank_id=None,
+    router_bias=None,
+    expert_gate_up_bias=None,
+    expert_down_bias=None,
+    router_pre_norm: bool = True,
+    norm_topk_prob: bool = False,
+    gate_clamp_upper_limit=None,
+    gate_clamp_lower_limit=None,
+    up_clamp_upper_limit=None,
+    up_clamp_lower_limit=None,
+    router_mm_dtype=None,
+    hidden_actual=None,
+    is_all_expert: bool = False,
+    skip_router_logits: bool = True,
+    compute_dtype=None,
+    selection_bias=None,
+):
+    """NF.moe_block_tkg op by op, for routing the fused kernel cannot express
+    (``selection_bias``): the RMSNorm with ``gamma`` (over the first
+    ``hidden_actual`` columns), the router matmul in ``router_mm_dtype``
+    (float32 when not a torch dtype) with its bias, the top-k
+    (``_moe_topk_affinities``), then this rank's experts (``rank_id`` names the
+    expert-parallel rank when the rank holds fewer experts than the router
+    scores) through NF.build_blockwise_mapping and NF.moe_cte. [T, H] partial
+    sums, like the kernel with ``skip_router_logits``."""
+    x = inp.reshape(-1, inp.shape[-1])
+    width = x.shape[-1] if hidden_actual is None else hidden_actual
+    x32 = x.to(torch.float32)
+    variance = x32[:, :width].pow(2).mean(-1, keepdim=True)
+    normed = (x32 * torch.rsqrt(variance + eps) * gamma.reshape(-1).to(torch.float32)).to(x.dtype)
+    if hidden_actual is not None:
+        normed = torch.cat([normed[:, :width], torch.zeros_like(normed[:, width:])], dim=-1)
+    mm_dtype = router_mm_dtype if isinstance(router_mm_dtype, torch.dtype) else torch.float32
+    logits = normed.to(mm_dtype).to(torch.float32) @ router_weights.to(mm_dtype).to(torch.float32)
+    if router_bias is not None:
+        logits = logits + router_bias.reshape(-1).to(torch.float32)
+    activation = "softmax" if getattr(router_act_fn, "name", str(router_act_fn)).lower() == "softmax" else "sigmoid"
+    affinities = _moe_topk_affinities(logits, top_k, activation, router_pre_norm, norm_topk_prob, selection_bias)
+    local_experts = expert_gate_up_weights.shape[0]
+    if local_experts < affinities.shape[1]:
+        first = rank_id.reshape(-1)[:1].to(torch.int64) * local_experts
+        local = first + torch.arange(local_experts, dtype=torch.int64, device=affinities.device)
+        affinities = NF.get_local_expert_affinities(affinities, local)
+    masked, token_position_to_id, block_to_expert, conditions = NF.build_blockwise_mapping(
+        expert_affinities=affinities,
+        num_local_experts=local_experts,
+        num_experts_per_token=top_k,
+        block_size=block_size,
+        moe_group=moe_group,
+        tp_degree=tp_degree,
+    )
+    options = {} if compute_dtype is None else {"compute_dtype": compute_dtype}
+    return NF.moe_cte(
+        implementation=implementation,
+        conditions=conditions,
+        hidden_states=normed,
+        expert_affinities_masked=masked,
+        gate_up_proj_weight=expert_gate_up_weights,
+        down_proj_weight=expert_down_weights,
+        gate_and_up_proj_bias=expert_gate_up_bias,
+        down_proj_bias=expert_down_bias,
+        activation_function=hidden_act_fn,
+        block_size=block_size,
+        token_position_to_id=token_position_to_id.to(torch.int32),
+        block_to_expert=block_to_expert.to(torch.int32),
+        expert_affinities_scaling_mode=expert_affinities_scaling_mode,
+        skip_token=True,
+        is_tensor_update_accumulating=True,
+        gate_clamp_upper_limit=gate_clamp_upper_limit,
+        gate_clamp_lower_limit=gate_clamp_lower_limit,
+        up_clamp_upper_limit=up_clamp_upper_limit,
+        up_clamp_lower_limit=up_clamp_lower_limit,
+        **options,
+    )
+'''
+
+# the keywords each substitute takes from the kernel call it replaces
+ROUTER_SUBSTITUTE_KEYWORDS = (
+    "hidden_states", "router_weights", "top_k", "router_bias", "activation", "computation_dtype",
+)
+BLOCK_SUBSTITUTE_KEYWORDS = (
+    "inp", "gamma", "router_weights", "expert_gate_up_weights", "expert_down_weights", "top_k", "eps",
+    "router_act_fn", "expert_affinities_scaling_mode", "hidden_act_fn", "rank_id", "router_bias",
+    "expert_gate_up_bias", "expert_down_bias", "router_pre_norm", "norm_topk_prob",
+    "gate_clamp_upper_limit", "gate_clamp_lower_limit", "up_clamp_upper_limit", "up_clamp_lower_limit",
+    "router_mm_dtype", "hidden_actual", "is_all_expert", "skip_router_logits",
+)
+BLOCK_REQUIRED = ("top_k", "eps", "router_act_fn", "expert_affinities_scaling_mode", "hidden_act_fn")
+
+
+def substitute_problems(site: MoESite) -> list[str]:
+    """Why ``site`` cannot be replaced by its op-by-op substitute (empty: it can)."""
+    call = site.call
+    if site.kind == "router":
+        allowed, positional = ROUTER_SUBSTITUTE_KEYWORDS, 3
+    elif site.kind == "block":
+        allowed, positional = BLOCK_SUBSTITUTE_KEYWORDS, 5
+    else:
+        return [f"{site.name} has no op-by-op substitute"]
+    problems = []
+    if sum(1 for a in call.args if a.keyword is None) > positional or any(a.star for a in call.args):
+        problems.append(f"{site.name} takes arguments by position beyond the substitute's")
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value not in allowed:
+            problems.append(f"{site.name}({arg.keyword.value}=...) is not expressed op by op")
+    if site.kind == "block":
+        for name in BLOCK_REQUIRED:
+            if literal(call, name) is None:
+                problems.append(f"{site.name} is not given {name}= (the substitute needs it explicit)")
+        if (literal(call, "skip_router_logits") or "False") != "True":
+            problems.append(f"{site.name} returns the router logits (skip_router_logits is not True)")
+        mode = literal(call, "expert_affinities_scaling_mode") or ""
+        if not mode.endswith("POST_SCALE"):
+            problems.append(f"{site.name}(expert_affinities_scaling_mode={mode}) is not POST_SCALE")
+    return problems
+
+
+def to_substitute(call: cst.Call, kind: str, extra: dict[str, cst.BaseExpression]) -> cst.Call:
+    """``call`` as a call of its substitute, with the ``extra`` keywords."""
+    from autoport_cst.transform.arguments import set_keyword
+
+    name = ROUTER_SUBSTITUTE if kind == "router" else BLOCK_SUBSTITUTE
+    new = call.with_changes(func=cst.Name(name))
+    for key, value in extra.items():
+        new = set_keyword(new, key, value)
+    return new
+
+
+def substitute_functions(kinds: set[str]) -> list[str]:
+    """The module functions the substitutes of ``kinds`` need."""
+    functions = []
+    if kinds & {"router", "router_sub", "block", "block_sub"}:
+        functions.append(TOPK_FUNCTION)
+    if kinds & {"router", "router_sub"}:
+        functions.append(ROUTER_FUNCTION)
+    if kinds & {"block", "block_sub"}:
+        functions.append(BLOCK_FUNCTION)
+    return functions
+
+
+def blockwise_arguments(module: cst.Module, cls_name: str) -> dict[str, cst.BaseExpression] | None:
+    """What the blockwise prefill of class ``cls_name`` passes to
+    NF.build_blockwise_mapping (``block_size``, ``moe_group``, ``tp_degree``)
+    and NF.moe_cte (``implementation``, ``compute_dtype``), for a decode
+    substitute that runs the same kernels; None when the class runs neither."""
+    from autoport_cst.transform.cst_helpers import keyword_arg
+
+    cls = class_named(module, cls_name)
+    if cls is None:
+        return None
+    mapping = [n for n in walk(cls) if isinstance(n, cst.Call) and is_call(n, "NF.build_blockwise_mapping")]
+    cte = [n for n in walk(cls) if isinstance(n, cst.Call) and is_call(n, BLOCKWISE_KERNEL)]
+    if not mapping or not cte:
+        return None
+    found: dict[str, cst.BaseExpression] = {}
+    for call, names in ((mapping[0], ("block_size", "moe_group", "tp_degree")), (cte[0], ("implementation", "compute_dtype"))):
+        for name in names:
+            arg = keyword_arg(call, name)
+            if arg is not None:
+                found[name] = arg.value
+    if any(n not in found for n in ("block_size", "moe_group", "tp_degree", "implementation")):
+        return None
+    return found
+
+
+# -- guards ----------------------------------------------------------------------------
+
+
+def guard_site(module: cst.Module, site: MoESite, message: str, comment: str, ctx, edits: dict) -> None:
+    """Make the path of ``site`` raise ``NotImplementedError(message)`` right
+    before the statement that runs it, and declare the site guarded."""
+    from autoport_cst.transform.cst_helpers import parse_statement, with_comment
+    from autoport_cst.transform.kernels import innermost_statement, insert_before
+
+    func = method_of(module, site)
+    holder = innermost_statement(func, site.call) if func is not None else None
+    if holder is None:  # pragma: no cover - a site always sits in a method's statement
+        raise ctx.precondition(f"{ctx.codemod}: cannot place a guard before this call", site.call, module)
+    ctx.unaffected(site.call, f"guarded: {message}")
+    text = message.replace("\\", "\\\\").replace('"', '\\"')
+    if any(isinstance(n, cst.SimpleString) and n.value == f'"{text}"' for n in walk(func)):
+        return
+    stmt = parse_statement(f'raise NotImplementedError(\n    "{text}"\n)', module)
+    insert_before(edits, holder, [with_comment(stmt, comment)])
+
+
+def module_imports_name(module: cst.Module, name: str) -> bool:
+    """Whether ``module`` binds ``name`` at its top level by an import."""
+    for stmt in module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+                for alias in small.names:
+                    bound = alias.asname.name if alias.asname else alias.name
+                    if isinstance(bound, cst.Name) and bound.value == name:
+                        return True
+    return False

@@ -68,6 +68,8 @@ def is_expert_kernel(name: str) -> bool:
     """``NF.moe_cte``, ``NF.moe_tkg``, ``NF.moe_block_tkg`` and module
     functions named ``_moe_...`` (op-by-op substitutes). A bare local name
     (``moe_func = ...; moe_func(x)``) is not a kernel: what it runs is."""
+    if "router" in _last(name):
+        return False  # a router substitute (``_moe_router``) routes, the experts run after it
     if "." in name:
         return _last(name).startswith("moe_")
     return name in EXPERT_KERNELS or name.startswith("_moe_")
