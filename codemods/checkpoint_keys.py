@@ -84,8 +84,11 @@ class CheckpointKeys(Codemod):
     they add are renamed too. Preconditions: a ``load_weights`` with
     ``mappings[...]`` entries; every pattern matches some checkpoint key (or
     its replacement already does: the codemod is idempotent); each
-    ``in_out_params`` parameter has a loader that transposes (in a loop, every
-    parameter of the loop must be listed).
+    ``in_out_params`` parameter has a transposing loader this codemod can
+    read where it is built (a loader it shares, in a loop or a local
+    variable, with a parameter that keeps its layout is split off). Keys of
+    copies for variants (``<param>{suffix}``, the FP8 buffers) are renamed
+    like their parameter's.
 
     ``in_out_layers`` does the same for every ``*_weight`` parameter of the
     attention and MLP classes (``<Prefix>Attention``, ``<Prefix>MLP``) whose
@@ -235,6 +238,40 @@ class CheckpointKeys(Codemod):
                             prefix = f"model.layers.{layer_id}"
                             mappings[f"{prefix}.post_attention_layernorm.weight"] = f"{prefix}.post_self_attn_layernorm.weight"
                             mappings[f"{prefix}.pre_feedforward_layernorm.weight"] = f"{prefix}.post_attention_layernorm.weight"
+            """,
+        ),
+        Example(
+            title='one of two parameters sharing a local loader stops transposing: its loader is split off',
+            params={'in_out_params': ['up_proj_weight']},
+            before="""
+                class Gpt2MLP(nn.Module):
+                    def _setup_weight_loaders(self):
+                        loader = sharding_weight_loader(shard_dim=1, shard_size=i, num_shards=n, is_storage_transposed=True)
+                        loader = with_rank_override(loader, rank=self.mlp_tp_rank)
+                        set_weight_loader(self.gate_proj_weight, loader)
+                        set_weight_loader(self.up_proj_weight, loader)
+
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        mappings = {}
+                        mappings["mlp.up_proj_weight"] = "mlp.up_proj.weight"
+            """,
+            after="""
+                class Gpt2MLP(nn.Module):
+                    def _setup_weight_loaders(self):
+                        loader = sharding_weight_loader(shard_dim=1, shard_size=i, num_shards=n, is_storage_transposed=True)
+                        loader = with_rank_override(loader, rank=self.mlp_tp_rank)
+                        set_weight_loader(self.gate_proj_weight, loader)
+                        set_weight_loader(
+                            self.up_proj_weight,
+                            with_rank_override(
+                                sharding_weight_loader(shard_dim=1, shard_size=i, num_shards=n, is_storage_transposed=False),
+                                rank=self.mlp_tp_rank,
+                            ),
+                        )
+
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        mappings = {}
+                        mappings["mlp.up_proj_weight"] = "mlp.up_proj.weight"
             """,
         ),
         Example(

@@ -197,17 +197,26 @@ class FusedCheckpoint(Codemod):
     gate, then up); GPT-NeoX stores ``query_key_value`` with the rows grouped
     per head (``qkv_layout="per_head"``).
 
-    With ``qkv``, in the attention class, the loaders built with
+    With ``qkv``, in the attention classes, the loaders built with
     ``fused_qkv_weight_loader`` / ``fused_qkv_bias_loader`` (same sizes, shard
-    count, KV replication and transpose) become ``fused_qkv_split_loader``
+    count, KV replication, transpose and attention data parallelism; any
+    other argument is refused by name) become ``fused_qkv_split_loader``
     (added to the model file): each rank reads its query rows and the rows of
     the KV heads it holds from the one tensor. In ``load_weights`` a ``[q, k, v]``
     key list becomes the single fused key (the differing segment replaced by
-    ``qkv_name``). With ``gate_up``, in the MLP class, the gate and up
-    parameters' ``sharding_weight_loader`` (shared ``for`` loops are unrolled)
-    become ``fused_part_loader(part=0 or 1, num_parts=2, ...)`` (added to the
-    model file), for weights and biases alike, and their keys point at the
-    ``gate_up_name`` tensor.
+    ``qkv_name``). With ``gate_up``, in the MLP classes, the gate and up
+    parameters' ``sharding_weight_loader`` become ``fused_part_loader(part=0
+    or 1, num_parts=2, ...)`` (added to the model file), for weights and
+    biases alike, and their keys point at the ``gate_up_name`` tensor.
+    Loaders are changed where they are built: a ``for`` loop or a local
+    variable that gate and up share is split (each gets its own loader,
+    inside the same wrappers such as ``with_rank_override``; the local goes
+    when nothing reads it). Every mapping entry of a changed parameter is
+    rewritten, copies for variants (``<param>{suffix}``) included, also in a
+    file that maps the MLP without defining it (its ``...mlp.gate*`` and
+    ``...mlp.up*`` weights). Quantized attention and MLP classes (a call
+    passing ``quantization_type=``) are guarded: their ``__init__`` raises
+    ``NotImplementedError``.
 
     Realizes ``checkpoint.qkv`` (``fused``: concatenated; ``fused_per_head``:
     ``qkv_layout="per_head"``) and ``checkpoint.gate_up = fused``.
@@ -258,6 +267,108 @@ class FusedCheckpoint(Codemod):
                             ]
             """,
             after=QKV_EXAMPLE_AFTER,
+        ),
+        Example(
+            title='gate and up share a local loader: each gets its own part, inside the same rank override',
+            params={'gate_up': True},
+            before='''
+                from vllm_neuron.utils.weight_loader import set_weight_loader, sharding_weight_loader, with_rank_override
+
+
+                class LlamaMLP(nn.Module):
+                    def _setup_weight_loaders(self):
+                        gate_up_loader = sharding_weight_loader(shard_dim=1, shard_size=i, num_shards=self.mlp_tp_size, is_storage_transposed=True)
+                        down_loader = sharding_weight_loader(shard_dim=0, shard_size=i, num_shards=self.mlp_tp_size, is_storage_transposed=True)
+                        gate_up_loader = with_rank_override(gate_up_loader, rank=self.mlp_tp_rank)
+                        down_loader = with_rank_override(down_loader, rank=self.mlp_tp_rank)
+                        set_weight_loader(self.gate_proj_weight, gate_up_loader)
+                        set_weight_loader(self.up_proj_weight, gate_up_loader)
+                        set_weight_loader(self.down_proj_weight, down_loader)
+
+                    def forward(self, x, is_prefill):
+                        return NF.mlp(x, self.gate_proj_weight, self.up_proj_weight, self.down_proj_weight)
+
+
+                class LlamaForCausalLM(nn.Module):
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.mlp.gate_proj_weight"] = f"{prefix}.mlp.gate_proj.weight"
+                            mappings[f"{prefix}.mlp.up_proj_weight"] = f"{prefix}.mlp.up_proj.weight"
+                            for suffix in ("_cte", "_tkg"):
+                                mappings[f"{prefix}.mlp.gate_proj_weight{suffix}"] = f"{prefix}.mlp.gate_proj.weight"
+                                mappings[f"{prefix}.mlp.up_proj_weight{suffix}"] = f"{prefix}.mlp.up_proj.weight"
+            ''',
+            after='''
+                from vllm_neuron.utils.weight_loader import SafetensorsWeightLoader, set_weight_loader, sharding_weight_loader, with_rank_override
+
+
+                class LlamaMLP(nn.Module):
+                    def _setup_weight_loaders(self):
+                        down_loader = sharding_weight_loader(shard_dim=0, shard_size=i, num_shards=self.mlp_tp_size, is_storage_transposed=True)
+                        down_loader = with_rank_override(down_loader, rank=self.mlp_tp_rank)
+                        set_weight_loader(
+                            self.gate_proj_weight,
+                            with_rank_override(
+                                fused_part_loader(
+                                    part=0,
+                                    num_parts=2,
+                                    shard_size=i,
+                                    num_shards=self.mlp_tp_size,
+                                    is_storage_transposed=True,
+                                ),
+                                rank=self.mlp_tp_rank,
+                            ),
+                        )
+                        set_weight_loader(
+                            self.up_proj_weight,
+                            with_rank_override(
+                                fused_part_loader(
+                                    part=1,
+                                    num_parts=2,
+                                    shard_size=i,
+                                    num_shards=self.mlp_tp_size,
+                                    is_storage_transposed=True,
+                                ),
+                                rank=self.mlp_tp_rank,
+                            ),
+                        )
+                        set_weight_loader(self.down_proj_weight, down_loader)
+
+                    def forward(self, x, is_prefill):
+                        return NF.mlp(x, self.gate_proj_weight, self.up_proj_weight, self.down_proj_weight)
+
+
+                def fused_part_loader(part, num_parts, shard_size, num_shards, is_storage_transposed=False):
+                    """Loader for this rank's shard of one part of a checkpoint tensor made of
+                    num_parts equal blocks on its first dimension (Phi-3 gate_up_proj:
+                    [gate | up]); a weight comes out transposed with is_storage_transposed."""
+
+                    def transform(slices, rank):
+                        if len(slices) != 1:
+                            raise ValueError(f"fused_part_loader takes one fused tensor, got {len(slices)}")
+                        rows = slices[0].get_shape()[0]
+                        if rows % num_parts != 0:
+                            raise ValueError(f"fused_part_loader: {rows} rows do not split into {num_parts} parts")
+                        start = part * (rows // num_parts) + (rank % num_shards) * shard_size
+                        shard = slices[0][start : start + shard_size]
+                        return shard.T if is_storage_transposed else shard
+
+                    return SafetensorsWeightLoader(transform)
+
+
+                class LlamaForCausalLM(nn.Module):
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.mlp.gate_proj_weight"] = f"{prefix}.mlp.gate_up_proj.weight"
+                            mappings[f"{prefix}.mlp.up_proj_weight"] = f"{prefix}.mlp.gate_up_proj.weight"
+                            for suffix in ("_cte", "_tkg"):
+                                mappings[f"{prefix}.mlp.gate_proj_weight{suffix}"] = f"{prefix}.mlp.gate_up_proj.weight"
+                                mappings[f"{prefix}.mlp.up_proj_weight{suffix}"] = f"{prefix}.mlp.gate_up_proj.weight"
+            ''',
         ),
         Example(
             title="a plain MLP has no gate to fuse",

@@ -91,9 +91,17 @@ class MlpActivation(Codemod):
     (added to the model file), with ``act_fn="relu"`` etc. Switching back to a
     kernel activation turns it into ``NF.mlp`` again.
 
-    Preconditions: one ``<Prefix>MLP`` class with one ``NF.mlp(hidden,
-    self.<gate>, self.<up>, self.<down>, ...)`` call; for the plain-torch path,
-    no fused-norm arguments (``ln_w``, ``norm_type``...) in that call.
+    Every ``NF.mlp`` call of every ``<Prefix>MLP`` class changes, those of
+    quantized MLPs (``quantization_type=``, the FP8 classes) included for a
+    kernel activation: the activation is the kernel's own argument. A
+    quantized MLP cannot run the plain-torch path: for ``relu``, ``relu2`` and
+    ``quick_gelu`` it is guarded (its ``__init__`` raises
+    ``NotImplementedError``).
+
+    Preconditions: ``NF.mlp(hidden, self.<gate>, self.<up>, self.<down>,
+    ...)`` calls in the MLP classes that are not quantized; for the
+    plain-torch path, no fused-norm arguments (``ln_w``, ``norm_type``...) in
+    them.
     """
 
     ID = "mlp-activation"
@@ -174,6 +182,51 @@ class MlpActivation(Codemod):
                         output = output + down_b
                     return output
             ''',
+        ),
+        Example(
+            title='every MLP kernel call, the quantized ones too',
+            params={'activation': 'gelu'},
+            before="""
+                import vllm_neuron.functional as NF
+
+
+                class LlamaMLP(nn.Module):
+                    def forward(self, x, is_prefill):
+                        return NF.mlp(x, self.gate_proj_weight, self.up_proj_weight, self.down_proj_weight)
+
+
+                class QuantizedLlamaMLP(nn.Module):
+                    def __init__(self, config):
+                        super().__init__()
+
+                    def forward(self, x, is_prefill):
+                        if is_prefill:
+                            gate_w, up_w = self.gate_proj_weight, self.up_proj_weight
+                        else:
+                            gate_w, up_w = self.gate_proj_weight_tkg, self.up_proj_weight_tkg
+                        return NF.mlp(x, gate_w, up_w, self.down_proj_weight, quantization_type=QuantizationType.STATIC)
+            """,
+            after="""
+                import vllm_neuron.functional as NF
+                from nkilib.core.utils.common_types import ActFnType
+
+
+                class LlamaMLP(nn.Module):
+                    def forward(self, x, is_prefill):
+                        return NF.mlp(x, self.gate_proj_weight, self.up_proj_weight, self.down_proj_weight, act_fn=ActFnType.GELU)
+
+
+                class QuantizedLlamaMLP(nn.Module):
+                    def __init__(self, config):
+                        super().__init__()
+
+                    def forward(self, x, is_prefill):
+                        if is_prefill:
+                            gate_w, up_w = self.gate_proj_weight, self.up_proj_weight
+                        else:
+                            gate_w, up_w = self.gate_proj_weight_tkg, self.up_proj_weight_tkg
+                        return NF.mlp(x, gate_w, up_w, self.down_proj_weight, quantization_type=QuantizationType.STATIC, act_fn=ActFnType.GELU)
+            """,
         ),
         Example(
             title="no NF.mlp call",

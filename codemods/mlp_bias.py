@@ -40,26 +40,38 @@ GUARD = "mlp-bias: biases on the MLP projections are not implemented for this qu
 class MlpBias(Codemod):
     """Give the dense MLP projections biases (up, gate when gated, and down).
 
-    In the ``<Prefix>MLP`` class, for each weight passed to ``NF.mlp`` (named
-    ``<x>_weight``):
+    In every ``<Prefix>MLP`` class, for each weight passed to ``NF.mlp``
+    (named ``<x>_weight``):
 
     - ``__init__``: ``self.<x>_bias = nn.Parameter(torch.zeros(<last weight
       dim>, dtype=<same>))`` after the weight;
     - loaders: the up and gate biases are sharded on the intermediate
       dimension like their weights (``sharding_weight_loader(shard_dim=0,
       shard_size=<the weight's shard size>, num_shards=<the weight's shard
-      count>)``); the down bias is loaded whole and divided by the shard
-      count (``scaled_bias_loader(scale=<shard count>)``), because ``NF.mlp``
-      adds it to each rank's partial output before the sum across ranks;
+      count>)``), inside the same rank wrappers (``with_rank_override(...,
+      rank=self.mlp_tp_rank)`` with MLP data parallelism); the down bias is
+      loaded whole and divided by the shard count (``scaled_bias_loader(scale=
+      <shard count>)``), because ``NF.mlp`` adds it to each rank's partial
+      output before the sum across ranks. A weight's loader is found where it
+      is built: written in ``set_weight_loader(self.<x>_weight, ...)``, in a
+      ``for`` loop over weights, or in a local variable (shared, rebound
+      through wrappers); each bias loader is attached right after its
+      weight's;
     - ``NF.mlp`` gets ``gate_b=``, ``up_b=``, ``down_b=`` as ``<bias>.unsqueeze(0)``
       (the kernel wants ``[1, N]`` biases);
     - ``load_weights``: a ``.<x>_bias`` entry after each ``.<x>_weight`` entry,
-      its checkpoint key(s) ending in ``.bias`` instead of ``.weight``.
+      its checkpoint key(s) ending in ``.bias`` instead of ``.weight``; also in
+      a file that maps the MLP without defining it (an embedding model over
+      the same backbone: the ``...mlp.<x>_weight`` keys).
+
+    A quantized MLP (its kernel call passes ``quantization_type=``: the FP8
+    classes) is guarded: its ``__init__`` raises ``NotImplementedError``.
 
     Runs after ``mlp-kind`` (a plain MLP gets no gate bias). Preconditions:
-    one ``<Prefix>MLP`` class with one ``NF.mlp`` call whose weights are
-    ``nn.Parameter`` attributes named ``<x>_weight``, each with a
-    ``sharding_weight_loader`` (directly or in a ``for`` loop), and a
+    ``NF.mlp`` calls whose weights are ``nn.Parameter`` attributes named
+    ``<x>_weight``, each with a ``sharding_weight_loader`` this codemod can
+    read (a wrapper other than ``with_rank_override``, or a loader attached
+    by a helper the class hands ``self`` to, is refused by name), and a
     ``mappings[...<x>_weight]`` entry per weight.
     """
 
@@ -137,6 +149,176 @@ class MlpBias(Codemod):
                             mappings[f"{prefix}.mlp.down_proj_weight"] = f"{prefix}.mlp.down_proj.weight"
                             mappings[f"{prefix}.mlp.down_proj_bias"] = f"{prefix}.mlp.down_proj.bias"
             """,
+        ),
+        Example(
+            title="loaders in locals shared by gate and up, rebound through a rank override (MLP data parallelism)",
+            before="""
+                from vllm_neuron.utils.weight_loader import set_weight_loader, sharding_weight_loader, with_rank_override
+
+
+                class LlamaMLP(nn.Module):
+                    def __init__(self, config):
+                        self.gate_proj_weight = nn.Parameter(torch.empty(h, self.i_per_rank, dtype=dtype))
+                        self.up_proj_weight = nn.Parameter(torch.empty(h, self.i_per_rank, dtype=dtype))
+                        self.down_proj_weight = nn.Parameter(torch.empty(self.i_per_rank, h, dtype=dtype))
+                        self._setup_weight_loaders()
+
+                    def _setup_weight_loaders(self):
+                        gate_up_loader = sharding_weight_loader(shard_dim=1, shard_size=self.i_per_rank, num_shards=self.mlp_tp_size)
+                        down_loader = sharding_weight_loader(shard_dim=0, shard_size=self.i_per_rank, num_shards=self.mlp_tp_size)
+                        gate_up_loader = with_rank_override(gate_up_loader, rank=self.mlp_tp_rank)
+                        down_loader = with_rank_override(down_loader, rank=self.mlp_tp_rank)
+                        set_weight_loader(self.gate_proj_weight, gate_up_loader)
+                        set_weight_loader(self.up_proj_weight, gate_up_loader)
+                        set_weight_loader(self.down_proj_weight, down_loader)
+
+                    def forward(self, x, is_prefill):
+                        output = NF.mlp(x, self.gate_proj_weight, self.up_proj_weight, self.down_proj_weight)
+                        if not is_prefill:
+                            self.mlp_tp_group.all_reduce(output)
+                        return output
+
+
+                class LlamaForCausalLM(nn.Module):
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.mlp.gate_proj_weight"] = f"{prefix}.mlp.gate_proj.weight"
+                            mappings[f"{prefix}.mlp.up_proj_weight"] = f"{prefix}.mlp.up_proj.weight"
+                            mappings[f"{prefix}.mlp.down_proj_weight"] = f"{prefix}.mlp.down_proj.weight"
+                            for suffix in ("_cte", "_tkg"):
+                                mappings[f"{prefix}.mlp.gate_proj_weight{suffix}"] = f"{prefix}.mlp.gate_proj.weight"
+            """,
+            after="""
+                from vllm_neuron.utils.weight_loader import scaled_bias_loader, set_weight_loader, sharding_weight_loader, with_rank_override
+
+
+                class LlamaMLP(nn.Module):
+                    def __init__(self, config):
+                        self.gate_proj_weight = nn.Parameter(torch.empty(h, self.i_per_rank, dtype=dtype))
+                        self.gate_proj_bias = nn.Parameter(torch.zeros(self.i_per_rank, dtype=dtype))
+                        self.up_proj_weight = nn.Parameter(torch.empty(h, self.i_per_rank, dtype=dtype))
+                        self.up_proj_bias = nn.Parameter(torch.zeros(self.i_per_rank, dtype=dtype))
+                        self.down_proj_weight = nn.Parameter(torch.empty(self.i_per_rank, h, dtype=dtype))
+                        self.down_proj_bias = nn.Parameter(torch.zeros(h, dtype=dtype))
+                        self._setup_weight_loaders()
+
+                    def _setup_weight_loaders(self):
+                        gate_up_loader = sharding_weight_loader(shard_dim=1, shard_size=self.i_per_rank, num_shards=self.mlp_tp_size)
+                        down_loader = sharding_weight_loader(shard_dim=0, shard_size=self.i_per_rank, num_shards=self.mlp_tp_size)
+                        gate_up_loader = with_rank_override(gate_up_loader, rank=self.mlp_tp_rank)
+                        down_loader = with_rank_override(down_loader, rank=self.mlp_tp_rank)
+                        set_weight_loader(self.gate_proj_weight, gate_up_loader)
+                        set_weight_loader(
+                            self.gate_proj_bias,
+                            with_rank_override(
+                                sharding_weight_loader(shard_dim=0, shard_size=self.i_per_rank, num_shards=self.mlp_tp_size),
+                                rank=self.mlp_tp_rank,
+                            ),
+                        )
+                        set_weight_loader(self.up_proj_weight, gate_up_loader)
+                        set_weight_loader(
+                            self.up_proj_bias,
+                            with_rank_override(
+                                sharding_weight_loader(shard_dim=0, shard_size=self.i_per_rank, num_shards=self.mlp_tp_size),
+                                rank=self.mlp_tp_rank,
+                            ),
+                        )
+                        set_weight_loader(self.down_proj_weight, down_loader)
+                        set_weight_loader(self.down_proj_bias, scaled_bias_loader(scale=self.mlp_tp_size))
+
+                    def forward(self, x, is_prefill):
+                        output = NF.mlp(x, self.gate_proj_weight, self.up_proj_weight, self.down_proj_weight, gate_b=self.gate_proj_bias.unsqueeze(0), up_b=self.up_proj_bias.unsqueeze(0), down_b=self.down_proj_bias.unsqueeze(0))
+                        if not is_prefill:
+                            self.mlp_tp_group.all_reduce(output)
+                        return output
+
+
+                class LlamaForCausalLM(nn.Module):
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.mlp.gate_proj_weight"] = f"{prefix}.mlp.gate_proj.weight"
+                            mappings[f"{prefix}.mlp.gate_proj_bias"] = f"{prefix}.mlp.gate_proj.bias"
+                            mappings[f"{prefix}.mlp.up_proj_weight"] = f"{prefix}.mlp.up_proj.weight"
+                            mappings[f"{prefix}.mlp.up_proj_bias"] = f"{prefix}.mlp.up_proj.bias"
+                            mappings[f"{prefix}.mlp.down_proj_weight"] = f"{prefix}.mlp.down_proj.weight"
+                            mappings[f"{prefix}.mlp.down_proj_bias"] = f"{prefix}.mlp.down_proj.bias"
+                            for suffix in ("_cte", "_tkg"):
+                                mappings[f"{prefix}.mlp.gate_proj_weight{suffix}"] = f"{prefix}.mlp.gate_proj.weight"
+            """,
+        ),
+        Example(
+            title="a quantized MLP is guarded: it raises when built",
+            before="""
+                class LlamaMLP(nn.Module):
+                    def __init__(self, config):
+                        super().__init__()
+                        self.gate_proj_weight = nn.Parameter(torch.empty(h, i, dtype=torch.float8_e4m3fn))
+                        self.up_proj_weight = nn.Parameter(torch.empty(h, i, dtype=torch.float8_e4m3fn))
+                        self.down_proj_weight = nn.Parameter(torch.empty(i, h, dtype=torch.float8_e4m3fn))
+
+                    def forward(self, x, is_prefill):
+                        return NF.mlp(
+                            x,
+                            self.gate_proj_weight,
+                            self.up_proj_weight,
+                            self.down_proj_weight,
+                            quantization_type=QuantizationType.STATIC,
+                        )
+            """,
+            after="""
+                class LlamaMLP(nn.Module):
+                    def __init__(self, config):
+                        super().__init__()
+                        raise NotImplementedError("mlp-bias: biases on the MLP projections are not implemented for this quantized MLP")
+                        self.gate_proj_weight = nn.Parameter(torch.empty(h, i, dtype=torch.float8_e4m3fn))
+                        self.up_proj_weight = nn.Parameter(torch.empty(h, i, dtype=torch.float8_e4m3fn))
+                        self.down_proj_weight = nn.Parameter(torch.empty(i, h, dtype=torch.float8_e4m3fn))
+
+                    def forward(self, x, is_prefill):
+                        return NF.mlp(
+                            x,
+                            self.gate_proj_weight,
+                            self.up_proj_weight,
+                            self.down_proj_weight,
+                            quantization_type=QuantizationType.STATIC,
+                        )
+            """,
+        ),
+        Example(
+            title="loaders attached out of sight",
+            before="""
+                class LlamaMLP(nn.Module):
+                    def __init__(self, config):
+                        self.gate_proj_weight = nn.Parameter(torch.empty(h, i))
+                        self.up_proj_weight = nn.Parameter(torch.empty(h, i))
+                        self.down_proj_weight = nn.Parameter(torch.empty(i, h))
+                        attach_mlp_loaders(self, shard_size=i)
+
+                    def forward(self, x, is_prefill):
+                        return NF.mlp(x, self.gate_proj_weight, self.up_proj_weight, self.down_proj_weight)
+            """,
+            raises="it hands self to attach_mlp_loaders(...)",
+        ),
+        Example(
+            title="a wrapper that does more than choose a rank",
+            before="""
+                class LlamaMLP(nn.Module):
+                    def __init__(self, config):
+                        self.up_proj_weight = nn.Parameter(torch.empty(h, i))
+                        self.down_proj_weight = nn.Parameter(torch.empty(i, h))
+                        up_loader = sharding_weight_loader(shard_dim=1, shard_size=i, num_shards=n)
+                        up_loader = wrap_with_downscale(up_loader)
+                        set_weight_loader(self.up_proj_weight, up_loader)
+                        set_weight_loader(self.down_proj_weight, sharding_weight_loader(shard_dim=0, shard_size=i, num_shards=n))
+
+                    def forward(self, x, is_prefill):
+                        return NF.mlp(x, self.up_proj_weight, self.up_proj_weight, self.down_proj_weight, skip_gate=True)
+            """,
+            raises="is wrapped in wrap_with_downscale(...)",
         ),
         Example(
             title="a weight without a sharding loader",

@@ -30,6 +30,7 @@ from autoport_cst.transform.loaders import (
     guard_edit,
     mlp_classes,
     mlp_mapping_weights,
+    with_emptied_blocks,
 )
 from autoport_cst.transform.mappings import mapping_entries
 
@@ -47,21 +48,27 @@ class MlpKindParams:
 class MlpKind(Codemod):
     """Turn the gated dense MLP into a plain one: ``act(x @ up) @ down``.
 
-    In the ``<Prefix>MLP`` class: the gate weight (the second positional
-    argument of ``NF.mlp``) is deleted with its loader (taken out of a
-    ``for weight in (...)`` loop, which is unrolled when one parameter is
-    left); the ``NF.mlp`` call passes the up weight in the gate position (the
-    kernel reads the intermediate size from it and ignores it with
-    ``skip_gate``) and gets ``skip_gate=True``. In ``load_weights`` the gate
-    weight's mapping entry is deleted. The up and down parameters keep their
+    In every ``<Prefix>MLP`` class: the gate weight (the second positional
+    argument of ``NF.mlp``) is deleted with its loader attachment (taken out
+    of a ``for weight in (...)`` loop, which is unrolled when one parameter
+    is left; a local loader the up weight shares stays); the ``NF.mlp``
+    calls pass the up weight in the gate position (the kernel reads the
+    intermediate size from it and ignores it with ``skip_gate``) and get
+    ``skip_gate=True``. In ``load_weights`` every mapping entry of the gate
+    weight is deleted, its copies for variants (``<gate>{suffix}``: the FP8
+    ``_cte``/``_tkg``/``_plain`` buffers) included, and a loop they leave
+    empty; a file that maps the MLP without defining it loses its gate
+    entries too (the one ``...mlp.gate*`` weight). A quantized MLP (its kernel
+    call passes ``quantization_type=``) is guarded: its ``__init__`` raises
+    ``NotImplementedError``. The up and down parameters keep their
     names; checkpoints that call them ``c_fc``/``c_proj``, ``fc1``/``fc2`` or
     ``dense_h_to_4h``/``dense_4h_to_h`` are mapped with ``checkpoint-keys``.
 
     Runs before ``mlp-bias`` (which then adds no gate bias) and before
     ``fused-checkpoint``.
 
-    Preconditions: one ``<Prefix>MLP`` class with one ``NF.mlp(hidden,
-    self.<gate>, self.<up>, self.<down>, ...)`` call; the gate weight is an
+    Preconditions: ``NF.mlp(hidden, self.<gate>, self.<up>, self.<down>,
+    ...)`` calls, one gate weight per class; the gate weight is an
     ``nn.Parameter`` of that class, with a loader, and used nowhere else (a
     remaining use is reported with its position). Only gated -> plain is
     supported: a plain MLP has no gate weights to load.
@@ -130,6 +137,75 @@ class MlpKind(Codemod):
             """,
         ),
         Example(
+            title='a gate loader in a local the up weight shares; the FP8 copies of its mapping go too',
+            before="""
+                class LlamaMLP(nn.Module):
+                    def __init__(self, config):
+                        self.gate_proj_weight = nn.Parameter(torch.empty(h, i, dtype=dtype))
+                        self.up_proj_weight = nn.Parameter(torch.empty(h, i, dtype=dtype))
+                        self.down_proj_weight = nn.Parameter(torch.empty(i, h, dtype=dtype))
+                        self._setup_weight_loaders()
+
+                    def _setup_weight_loaders(self):
+                        gate_up_loader = sharding_weight_loader(shard_dim=1, shard_size=i, num_shards=self.mlp_tp_size)
+                        down_loader = sharding_weight_loader(shard_dim=0, shard_size=i, num_shards=self.mlp_tp_size)
+                        gate_up_loader = with_rank_override(gate_up_loader, rank=self.mlp_tp_rank)
+                        down_loader = with_rank_override(down_loader, rank=self.mlp_tp_rank)
+                        set_weight_loader(self.gate_proj_weight, gate_up_loader)
+                        set_weight_loader(self.up_proj_weight, gate_up_loader)
+                        set_weight_loader(self.down_proj_weight, down_loader)
+
+                    def forward(self, x, is_prefill):
+                        return NF.mlp(x, self.gate_proj_weight, self.up_proj_weight, self.down_proj_weight)
+
+
+                class LlamaForCausalLM(nn.Module):
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            # <-- MODEL-SPECIFIC: dense MLP weight names
+                            mappings[f"{prefix}.mlp.gate_proj_weight"] = f"{prefix}.mlp.gate_proj.weight"
+                            mappings[f"{prefix}.mlp.up_proj_weight"] = f"{prefix}.mlp.up_proj.weight"
+                            # FP8 copies (parameters of the quantized classes)
+                            for suffix in ("_cte", "_tkg"):
+                                mappings[f"{prefix}.mlp.gate_proj_weight{suffix}"] = f"{prefix}.mlp.gate_proj.weight"
+                                mappings[f"{prefix}.mlp.up_proj_weight{suffix}"] = f"{prefix}.mlp.up_proj.weight"
+                            for suffix in ("_plain",):
+                                mappings[f"{prefix}.mlp.gate_proj_weight{suffix}"] = f"{prefix}.mlp.gate_proj.weight"
+            """,
+            after="""
+                class LlamaMLP(nn.Module):
+                    def __init__(self, config):
+                        self.up_proj_weight = nn.Parameter(torch.empty(h, i, dtype=dtype))
+                        self.down_proj_weight = nn.Parameter(torch.empty(i, h, dtype=dtype))
+                        self._setup_weight_loaders()
+
+                    def _setup_weight_loaders(self):
+                        gate_up_loader = sharding_weight_loader(shard_dim=1, shard_size=i, num_shards=self.mlp_tp_size)
+                        down_loader = sharding_weight_loader(shard_dim=0, shard_size=i, num_shards=self.mlp_tp_size)
+                        gate_up_loader = with_rank_override(gate_up_loader, rank=self.mlp_tp_rank)
+                        down_loader = with_rank_override(down_loader, rank=self.mlp_tp_rank)
+                        set_weight_loader(self.up_proj_weight, gate_up_loader)
+                        set_weight_loader(self.down_proj_weight, down_loader)
+
+                    def forward(self, x, is_prefill):
+                        return NF.mlp(x, self.up_proj_weight, self.up_proj_weight, self.down_proj_weight, skip_gate=True)
+
+
+                class LlamaForCausalLM(nn.Module):
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            # <-- MODEL-SPECIFIC: dense MLP weight names
+                            mappings[f"{prefix}.mlp.up_proj_weight"] = f"{prefix}.mlp.up_proj.weight"
+                            # FP8 copies (parameters of the quantized classes)
+                            for suffix in ("_cte", "_tkg"):
+                                mappings[f"{prefix}.mlp.up_proj_weight{suffix}"] = f"{prefix}.mlp.up_proj.weight"
+            """,
+        ),
+        Example(
             title="the gate weight is used elsewhere",
             before="""
                 class LlamaMLP(nn.Module):
@@ -170,10 +246,11 @@ class MlpKind(Codemod):
         if not mlps:
             candidates = [w for w in mlp_mapping_weights(module) if w.startswith("gate")]
             gates = candidates if len(candidates) == 1 else []
-        doomed = [e.statement for e in mapping_entries(module) if any(_is_entry_of(e.key, g) for g in gates)]
+        entries = [e.statement for e in mapping_entries(module) if any(_is_entry_of(e.key, g) for g in gates)]
+        doomed = with_emptied_blocks(module, entries)
         for key, fn in removal_edits(module, doomed).items():
             add_edit(edits, key, fn)
-        handled.update(id(stmt) for stmt in doomed)
+        handled.update(id(stmt) for stmt in [*entries, *doomed])
         for gate in gates:
             self._check_no_other_use(module, gate, handled, ctx)
         return rewrite(module, edits)

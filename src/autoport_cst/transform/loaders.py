@@ -582,6 +582,7 @@ class LoaderEdits:
             edit = self._loop_edit(members, split)
             if edit is not None:
                 edits[id(members[0].statement)] = edit
+        doomed = with_emptied_blocks(self.scope, doomed)
         for key, fn in removal_edits(self.scope, doomed).items() if doomed else ():
             _compose(edits, key, fn)
         return edits
@@ -648,6 +649,27 @@ def _compose(edits: dict, key: int, fn) -> None:
     that one returns."""
     previous = edits.get(key)
     edits[key] = fn if previous is None else (lambda updated, first=previous: fn(first(updated)))
+
+
+def with_emptied_blocks(root: cst.CSTNode, doomed: list[cst.CSTNode]) -> list[cst.CSTNode]:
+    """``doomed`` statements, with each compound statement (``for``, ``if``
+    without ``else``, ``with``) whose body they would empty in their place."""
+    gone = {id(s) for s in doomed}
+    changed = True
+    while changed:
+        changed = False
+        for node in walk(root):
+            if id(node) in gone or not isinstance(node, (cst.For, cst.If, cst.With, cst.While)):
+                continue
+            if getattr(node, "orelse", None) is not None:
+                continue
+            body = node.body.body if isinstance(node.body, cst.IndentedBlock) else []
+            if body and all(id(s) in gone for s in body):
+                gone -= {id(s) for s in body}
+                gone.add(id(node))
+                doomed = [s for s in doomed if id(s) not in {id(b) for b in body}] + [node]
+                changed = True
+    return doomed
 
 
 def _wrapper_args(loader: Loader) -> list[cst.CSTNode]:
