@@ -30,7 +30,14 @@ class RouterBias(Codemod):
       weight's expert count; replicated on every rank like the weight;
     - ``NF.router(..., router_bias=self.router_bias)`` (the op takes ``[E]``);
     - the fused decode kernel ``NF.moe_block_tkg`` gets
-      ``router_bias=self.router_bias.unsqueeze(0)`` (it takes ``[1, E]``).
+      ``router_bias=self.router_bias.unsqueeze(0)`` (it takes ``[1, E]``);
+    - the op-by-op substitutes (``_moe_router``, ``_moe_block_tkg_unfused``)
+      likewise; any other router site (a fused router-top-k kernel, an
+      explicit matmul) is guarded: its path raises ``NotImplementedError``.
+
+    Every router site of every model file is edited (the prefill router and
+    the router fused into the decode kernel alike). The bias is float32 and
+    loaded whole on every rank, like the replicated router weight.
 
     In ``load_weights`` the mapping gains ``...router_bias`` next to the
     router weight's entry, with the checkpoint key's ``.weight`` replaced by
@@ -134,16 +141,24 @@ class RouterBias(Codemod):
                     f"self.{BIAS} = nn.Parameter(torch.zeros({experts}, dtype=torch.float32))", module
                 )
                 edits[id(statement)] = lambda updated, new=new: cst.FlattenSentinel([updated, new])
-            value = parse_expr(f"self.{BIAS}", module)
-            arg = keyword_arg(survey.router_call, "router_bias")
-            if arg is None or is_none(arg.value):
-                edits[id(survey.router_call)] = lambda updated, value=value: set_keyword(
-                    updated, "router_bias", value
-                )
-            two_d = parse_expr(f"self.{BIAS}.unsqueeze(0)", module)
-            for kernel in moe_edits.calls_named(survey, moe_edits.DECODE_KERNEL):
-                arg = keyword_arg(kernel, "router_bias")
-                if arg is None or is_none(arg.value):
-                    edits[id(kernel)] = lambda updated, two_d=two_d: set_keyword(updated, "router_bias", two_d)
+        self._sites(module, ctx, edits)
         module = rewrite(module, edits)
         return moe_edits.add_router_mapping(module, router_params, BIAS, ".bias", "router-bias", ctx)
+
+    def _sites(self, module, ctx, edits) -> None:
+        """Every router site adds the bias to its logits: ``[E]`` for NF.router,
+        ``[1, E]`` for the fused decode kernels."""
+        for site in moe_edits.moe_sites(module, "moe.router"):
+            if site.kind in ("router", "router_sub"):
+                value = parse_expr(f"self.{BIAS}", module)
+            elif site.kind in ("block", "block_sub"):
+                value = parse_expr(f"self.{BIAS}.unsqueeze(0)", module)
+            else:
+                moe_edits.guard_site(
+                    module, site, f"router bias: {site.name} is not ported to a router bias",
+                    "<-- MODEL-SPECIFIC: this router computation does not take the router bias", ctx, edits,
+                )
+                continue
+            arg = keyword_arg(site.call, "router_bias")
+            if arg is None or is_none(arg.value):
+                edits[id(site.call)] = lambda updated, value=value: set_keyword(updated, "router_bias", value)

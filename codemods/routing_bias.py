@@ -8,7 +8,9 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext
 from autoport_cst.transform import moe as moe_edits
+from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.attention import add_functions
+from autoport_cst.transform.mappings import mapping_entries
 from autoport_cst.transform.cst_helpers import (
     ensure_import_from,
     statements,
@@ -198,16 +200,19 @@ class RoutingBias(Codemod):
             ''',
         ),
         Example(
-            title="the router result is not split into selection and logits",
+            title="a prefill router whose arguments the substitute does not take",
             before="""
                 class Qwen3MoeExperts(nn.Module):
                     def __init__(self, config):
                         self.router_weight = nn.Parameter(torch.empty(4, 8, dtype=torch.float32))
 
-                    def forward(self, x):
-                        return NF.router(x, router_weights=self.router_weight.T, top_k=2)
+                    def _setup_weight_loaders(self):
+                        set_weight_loader(self.router_weight, replicated_loader())
+
+                    def forward_prefill(self, x):
+                        return NF.router(x, router_weights=self.router_weight.T, top_k=2, gamma=self.norm_weight)
             """,
-            raises="takes the router logits back",
+            raises="NF.router(gamma=...) is not expressed op by op",
         ),
     )
 
@@ -229,83 +234,146 @@ class RoutingBias(Codemod):
             )
         edits: dict = {}
         router_params: set[str] = set()
+        substituted: set[str] = set()
         for survey in found:
-            name = survey.cls.name.value
-            router = survey.router_param
-            if router is None:
-                raise ctx.precondition(
-                    f"routing-bias: {name} has no router weight parameter "
-                    "(self.router_weight = nn.Parameter(...) or self.gate_weight)",
-                    survey.cls,
-                    module,
+            router_params.add(self._parameter(survey, module, ctx, edits))
+        by_class = {survey.cls.name.value: survey for survey in found}
+        for site in moe_edits.moe_sites(module, "moe.router"):
+            survey = by_class.get(site.cls)
+            if survey is not None and site.call is survey.router_call and len(survey.router_targets) == 2:
+                self._route_method(survey, module, ctx, edits)
+            elif site.kind in ("router", "block") and not (site.kind == "block" and survey is not None and FLAG in survey.assigned):
+                self._substitute(site, module, ctx, edits, substituted)
+            elif site.kind in ("router_sub", "block_sub"):
+                value = parse_expr(f"self.{BIAS}", module)
+                edits[id(site.call)] = lambda updated, value=value: set_keyword(updated, "selection_bias", value)
+            elif site.kind == "block":
+                self._unfuse_decode(survey, module, edits)
+            else:
+                moe_edits.guard_site(
+                    module, site, f"routing bias: {site.name} chooses experts by the scores it weighs them with",
+                    "<-- MODEL-SPECIFIC: this router computation cannot apply a selection-only bias", ctx, edits,
                 )
-            router_params.add(router)
-            if len(survey.router_targets) != 2 or not survey.score_statements:
-                raise ctx.precondition(
-                    f"routing-bias: {name} must have a routing method that takes the router logits back "
-                    "(selected, logits = NF.router(..., return_logits=True)) and computes scores from "
-                    "them (scores = torch.sigmoid(logits))",
-                    survey.router_call,
-                    module,
-                )
-            if BIAS not in survey.params:
-                anchor = survey.params.get("router_bias") or survey.params[router]
-                experts = moe_edits.expert_count(survey.params[router])
-                new = parse_statement(
-                    f"self.{BIAS} = nn.Parameter(torch.zeros({experts}, dtype=torch.float32))", module
-                )
-                edits[id(anchor)] = lambda updated, new=new: cst.FlattenSentinel([updated, new])
-                loaders = survey.methods.get("_setup_weight_loaders")
-                if loaders is None:
-                    raise ctx.precondition(
-                        f"routing-bias: {name} has no _setup_weight_loaders method", survey.cls, module
-                    )
-                # first in the method (after its docstring), so that codemods appending loaders commute
-                line = parse_statement(f"set_weight_loader(self.{BIAS}, _vector_loader())", module)
-                body = list(statements(loaders))
-                first = next((st for st in body if not _is_docstring(st)), None)
-                if first is None:
-                    raise ctx.precondition(
-                        f"routing-bias: {name}._setup_weight_loaders has no statement", loaders, module
-                    )
-                edits[id(first)] = lambda updated, line=line: cst.FlattenSentinel([line, updated])
-            if not _chooses_with_bias(survey):
-                score_stmt = survey.score_statements[-1]
-                scores = code_of(simple_assign(score_stmt)[0])
-                selected = survey.router_targets[0]
-                top_k = keyword_arg(survey.router_call, "top_k")
-                if top_k is None:
-                    raise ctx.precondition(
-                        f"routing-bias: the NF.router call of {name} passes no top_k=", survey.router_call, module
-                    )
-                lines = parse_statements(
-                    f"chosen = torch.topk({scores} + self.{BIAS}, {code_of(top_k.value)}, dim=-1).indices\n"
-                    f"{selected} = torch.zeros_like({scores}).scatter(-1, chosen, 1.0)\n",
-                    module,
-                )
-                lines[0] = lines[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(COMMENT))])
-                edits[id(score_stmt)] = lambda updated, lines=lines: cst.FlattenSentinel([updated, *lines])
-            if moe_edits.calls_named(survey, moe_edits.DECODE_KERNEL):
-                flag = survey.assigned.get(FLAG)
-                if flag is None:
-                    raise ctx.precondition(
-                        f"routing-bias: {name} runs the fused decode kernel NF.moe_block_tkg, which cannot "
-                        f"apply a selection-only bias, and has no self.{FLAG} flag to run the routing "
-                        "method in decode instead",
-                        survey.cls,
-                        module,
-                    )
-                _, value = simple_assign(flag)
-                if code_of(value) != "False":
-                    edits[id(value)] = lambda updated: parse_expr("False", module)
         module = rewrite(module, edits)
-        module = add_functions(module, [KEY_FUNCTION, LOADER_FUNCTION])
+        if substituted:
+            module = add_functions(module, moe_edits.substitute_functions(substituted))
+        module = add_functions(module, [LOADER_FUNCTION])
         module = ensure_import_from(module, WEIGHT_LOADERS, "SafetensorsWeightLoader")
+        return self._mappings(module, router_params, ctx)
+
+    def _parameter(self, survey, module, ctx, edits) -> str:
+        """``self.routing_bias`` after the router weight (and bias), and its loader."""
+        name = survey.cls.name.value
+        router = survey.router_param
+        if router is None:
+            raise ctx.precondition(
+                f"routing-bias: {name} has no router weight parameter "
+                "(self.router_weight = nn.Parameter(...) or self.gate_weight)",
+                survey.cls,
+                module,
+            )
+        if BIAS in survey.params:
+            return router
+        anchor = survey.params.get("router_bias") or survey.params[router]
+        experts = moe_edits.expert_count(survey.params[router])
+        new = parse_statement(f"self.{BIAS} = nn.Parameter(torch.zeros({experts}, dtype=torch.float32))", module)
+        edits[id(anchor)] = lambda updated, new=new: cst.FlattenSentinel([updated, new])
+        loaders = survey.methods.get("_setup_weight_loaders")
+        if loaders is None:
+            raise ctx.precondition(f"routing-bias: {name} has no _setup_weight_loaders method", survey.cls, module)
+        # first in the method (after its docstring), so that codemods appending loaders commute
+        line = parse_statement(f"set_weight_loader(self.{BIAS}, _vector_loader())", module)
+        first = next((st for st in statements(loaders) if not _is_docstring(st)), None)
+        if first is None:
+            raise ctx.precondition(f"routing-bias: {name}._setup_weight_loaders has no statement", loaders, module)
+        edits[id(first)] = lambda updated, line=line: cst.FlattenSentinel([line, updated])
+        return router
+
+    def _route_method(self, survey, module, ctx, edits) -> None:
+        """A routing method that takes the logits back: choose with the bias after the scores."""
+        name = survey.cls.name.value
+        if not survey.score_statements:
+            raise ctx.precondition(
+                f"routing-bias: {name} must compute scores from the router logits it takes back "
+                "(scores = torch.sigmoid(logits))",
+                survey.router_call,
+                module,
+            )
+        if _chooses_with_bias(survey):
+            return
+        score_stmt = survey.score_statements[-1]
+        scores = code_of(simple_assign(score_stmt)[0])
+        selected = survey.router_targets[0]
+        top_k = keyword_arg(survey.router_call, "top_k")
+        if top_k is None:
+            raise ctx.precondition(
+                f"routing-bias: the NF.router call of {name} passes no top_k=", survey.router_call, module
+            )
+        lines = parse_statements(
+            f"chosen = torch.topk({scores} + self.{BIAS}, {code_of(top_k.value)}, dim=-1).indices\n"
+            f"{selected} = torch.zeros_like({scores}).scatter(-1, chosen, 1.0)\n",
+            module,
+        )
+        lines[0] = lines[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(COMMENT))])
+        edits[id(score_stmt)] = lambda updated, lines=lines: cst.FlattenSentinel([updated, *lines])
+
+    def _unfuse_decode(self, survey, module, edits) -> None:
+        """Decode runs the routing method and the blockwise kernel (``self.fused_decode = False``)."""
+        _, value = simple_assign(survey.assigned[FLAG])
+        if code_of(value) != "False":
+            edits[id(value)] = lambda updated: parse_expr("False", module)
+
+    def _substitute(self, site, module, ctx, edits, substituted) -> None:
+        """NF.router and NF.moe_block_tkg choose with the scores they weigh with:
+        their op-by-op substitutes take the bias."""
+        problems = moe_edits.substitute_problems(site)
+        extra = {"selection_bias": parse_expr(f"self.{BIAS}", module)}
+        if site.kind == "router":
+            norm = moe_edits.renormalizes(site)
+            if norm is None:
+                problems.append(f"whether {site.name} renormalizes its top-k weights is not known")
+            else:
+                extra["norm_topk_prob"] = parse_expr(str(norm), module)
+        else:
+            blockwise = moe_edits.blockwise_arguments(module, site.cls)
+            if blockwise is None:
+                problems.append(
+                    f"{site.cls} runs no NF.build_blockwise_mapping and NF.moe_cte (block_size=, moe_group=, "
+                    "tp_degree=, implementation=) for the decode substitute to run"
+                )
+            else:
+                extra.update(blockwise)
+        if problems:
+            if site.kind == "router":
+                raise ctx.precondition(
+                    f"routing-bias: {site.cls}.{site.function}: {site.name} cannot apply a selection-only bias "
+                    "and its op-by-op substitute cannot take this call: " + "; ".join(problems),
+                    site.call,
+                    module,
+                )
+            moe_edits.guard_site(
+                module, site, f"routing bias: {site.name} chooses experts by the scores it weighs them with",
+                "<-- MODEL-SPECIFIC: this decode kernel cannot apply a selection-only bias", ctx, edits,
+            )
+            return
+        edits[id(site.call)] = lambda updated, kind=site.kind, extra=extra: moe_edits.to_substitute(
+            updated, kind, extra
+        )
+        substituted.add(site.kind)
+
+    def _mappings(self, module, router_params, ctx) -> cst.Module:
+        """The bias's checkpoint key next to the router's: probed among the
+        checkpoint's ``names`` when ``load_weights`` has them, else under the
+        router module."""
         tensor = self.params.checkpoint_name
+        entries = [e for e in mapping_entries(module) if any(e.key.endswith(f".{p}") for p in router_params)]
+        if entries and moe_edits.function_assigns(module, entries[0].statement, "names"):
+            module = add_functions(module, [KEY_FUNCTION])
+            make = lambda router, block: f'_routing_bias_key(names, {router}, {block}, "{tensor}")'  # noqa: E731
+        else:
+            make = lambda router, block: moe_edits.key_under(router, tensor)  # noqa: E731
         return moe_edits.add_router_mapping_value(
-            module, router_params, BIAS,
-            lambda router, block: f'_routing_bias_key(names, {router}, {block}, "{tensor}")',
-            "routing-bias", ctx, after=("router_bias",),
+            module, router_params, BIAS, make, "routing-bias", ctx, after=("router_bias",),
         )
 
 

@@ -69,7 +69,11 @@ def survey(cls: cst.ClassDef) -> ExpertsSurvey:
                 if isinstance(pair[1], cst.Call) and (dotted(pair[1].func) or "").endswith("Parameter"):
                     found.params.setdefault(pair[0], node)
             assign = simple_assign(node)
-            if assign is not None and is_call(assign[1], ROUTER_CALL) and found.router_call is None:
+            if (
+                assign is not None
+                and is_call(assign[1], ROUTER_CALL, "_moe_router")
+                and found.router_call is None
+            ):
                 found.router_statement = node
                 found.router_call = assign[1]
                 target = assign[0]
@@ -84,7 +88,7 @@ def survey(cls: cst.ClassDef) -> ExpertsSurvey:
             if name is not None:
                 found.calls.setdefault(name, []).append(node)
     if found.router_call is None:
-        routers = found.calls.get(ROUTER_CALL) or found.calls.get("router") or []
+        routers = found.calls.get(ROUTER_CALL) or found.calls.get("router") or found.calls.get("_moe_router") or []
         found.router_call = routers[0] if routers else None
     if len(found.router_targets) == 2:
         logits = found.router_targets[1]
@@ -105,7 +109,8 @@ def survey(cls: cst.ClassDef) -> ExpertsSurvey:
 
 
 def experts_classes(module: cst.Module) -> list[ExpertsSurvey]:
-    """Surveys of the ``<Prefix>Experts`` classes that call ``NF.router``."""
+    """Surveys of the ``<Prefix>Experts`` classes that call ``NF.router`` (or
+    its op-by-op substitute ``_moe_router``)."""
     return [s for s in map(survey, classes_with_role(module, "experts")) if s.router_call is not None]
 
 
@@ -675,3 +680,28 @@ def module_imports_name(module: cst.Module, name: str) -> bool:
                     if isinstance(bound, cst.Name) and bound.value == name:
                         return True
     return False
+
+
+# -- load_weights ----------------------------------------------------------------------
+
+
+def function_assigns(module: cst.Module, stmt: cst.CSTNode, name: str) -> bool:
+    """Whether the function of ``module`` holding ``stmt`` assigns ``name``."""
+    for node in walk(module):
+        if isinstance(node, cst.FunctionDef) and any(n is stmt for n in walk(node)):
+            for inner in walk(node):
+                if isinstance(inner, cst.SimpleStatementLine):
+                    pair = simple_assign(inner)
+                    if pair is not None and isinstance(pair[0], cst.Name) and pair[0].value == name:
+                        return True
+            return False
+    return False
+
+
+def key_under(module_key: str, tensor: str) -> str:
+    """Source of the checkpoint key ``<module_key>.<tensor>``, ``module_key``
+    being the source of a string (``f"{prefix}.mlp.gate"``) or of an
+    expression (``moe.router``)."""
+    if module_key[:2] in ('f"', "f'") or module_key[:1] in ('"', "'"):
+        return module_key[:-1] + f".{tensor}" + module_key[-1]
+    return f'f"{{{module_key}}}.{tensor}"'
