@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.attention import self_parameters
 from autoport_cst.transform.cst_helpers import (
-    classes_with_role,
     code_of,
     dotted,
     ensure_import_from,
@@ -23,11 +23,32 @@ from autoport_cst.transform.cst_helpers import (
     replace_string_suffix,
     rewrite,
     self_assignment,
-    self_attr,
     walk,
 )
+from autoport_cst.transform.kernels import attention_classes_in
+from autoport_cst.transform.layers import add_edit
+from autoport_cst.transform.loaders import (
+    LoaderEdits,
+    attach_statement,
+    declare_guarded,
+    guard_edit,
+    is_quantized,
+)
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.qkv import (
+    ATTENTION_DP,
+    BIAS_LOADER_DP,
+    QKV_SHARDING,
+    append_after,
+    forward_methods,
+    function_parameters,
+    projection_kind,
+    projections,
+    qkv_loader_arguments,
+    stray_reads,
+)
 
+ID = "add-qkv-bias"
 WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"
 
 BIAS_LOADER = '''
@@ -62,35 +83,46 @@ class AddQkvBiasParams:
 class AddQkvBias(Codemod):
     """Give attention a fused Q/K/V bias and, optionally, an output-projection bias.
 
-    In the attention class (``<Prefix>Attention``):
+    In each attention class (``<Prefix>Attention``) of each model file:
 
     - ``__init__``: ``self.qkv_proj_bias`` (zeros, sized like the last
       dimension of ``self.qkv_proj_weight``) and, with ``o``,
       ``self.o_proj_bias`` (sized like the last dimension of
       ``self.o_proj_weight``), right after the weights;
-    - weight loaders: the Q/K/V bias is loaded with ``fused_qkv_bias_loader``
-      (added to the model file: it fuses the separate ``q_proj.bias``,
-      ``k_proj.bias`` and ``v_proj.bias`` checkpoint tensors into this rank's
-      slice, with the same sizes, shard count and KV replication as the weight
-      loader); the O bias with ``scaled_bias_loader(scale=<TP shards>)``,
-      because the output projection's partial sums are added across ranks;
-    - prefill: ``bias=`` of ``NF.qkv_proj`` and the bias argument of
-      ``NF.o_proj`` get ``<bias>.unsqueeze(0)``;
-    - decode: ``bias_qkv=`` and ``bias_out=`` of ``NF.attention_decode`` get
-      ``<bias>.unsqueeze(0)`` (the megakernel wants 2-D biases).
+    - weight loaders, right after each weight's (wherever it is attached:
+      a local bound to the loader, inside ``with_rank_override``): the Q/K/V
+      bias is loaded with ``fused_qkv_bias_loader`` (added to the model file),
+      given the sharding arguments of the weight's ``fused_qkv_weight_loader``
+      (sizes, shard count, KV replication, and attention data parallelism:
+      the query rank ``attention_dp_rank + tp_rank * attention_dp_size``, KV
+      heads sharded over DP too when ``kv_sharded_across_attention_dp``), so
+      each rank holds the bias of the rows of its weight; the O bias with
+      ``scaled_bias_loader(scale=<the O weight's num_shards>)``, because the
+      output projection's partial sums are added over those ranks; both
+      inside the weight's rank wrappers;
+    - every projection: ``bias=`` of each ``NF.qkv_proj`` (the plain prefill
+      and the chunked-prefill ``use_block_kv`` one) and the bias argument of
+      ``NF.o_proj`` get ``<bias>.unsqueeze(0)``; ``bias_qkv=`` and
+      ``bias_out=`` of each decode kernel call (``NF.attention_decode`` or its
+      op-by-op substitute) likewise (the megakernel wants 2-D biases).
 
-    In ``load_weights``, the mapping gains ``...self_attn.qkv_proj_bias`` ->
-    the list of q/k/v ``.bias`` keys, and ``...self_attn.o_proj_bias`` -> the
-    ``o_proj.bias`` key, derived from the weights' entries.
+    In ``load_weights`` (of every file that maps the attention), the mapping
+    gains ``...self_attn.qkv_proj_bias`` -> the list of q/k/v ``.bias`` keys,
+    and ``...self_attn.o_proj_bias`` -> the ``o_proj.bias`` key, derived from
+    the weights' entries.
 
     Preconditions: an attention class with ``self.qkv_proj_weight`` (and
     ``self.o_proj_weight`` for ``o``) created as ``nn.Parameter(...)``, their
-    ``set_weight_loader`` calls, the ``NF.qkv_proj`` / ``NF.o_proj`` /
-    ``NF.attention_decode`` calls, and the weights' mapping entries. Parts
-    already present are left as they are.
+    loaders (``fused_qkv_weight_loader`` with no argument the bias loader
+    does not know; an O loader naming ``num_shards``), the ``NF.qkv_proj`` /
+    ``NF.o_proj`` / decode kernel calls, no other computation with those
+    weights in a forward method (it would go without the bias), and the
+    weights' mapping entries. A quantized attention class (FP8 kernels) is
+    guarded: its ``__init__`` raises ``NotImplementedError`` naming the bias.
+    Parts already present are left as they are.
     """
 
-    ID = "add-qkv-bias"
+    ID = ID
     REALIZES = ("attention.qkv_bias", "attention.o_bias")
     Params = AddQkvBiasParams
     AFTER = ("unsqueeze-decode-biases",)
@@ -214,6 +246,201 @@ class AddQkvBias(Codemod):
             ''',
         ),
         Example(
+            title="attention data parallelism, a rank override, two prefill projections (real vllm_neuron shape)",
+            params={"qkv": True, "o": True},
+            before="""
+                from vllm_neuron.utils.weight_loader import fused_qkv_weight_loader, set_weight_loader, sharding_weight_loader, with_rank_override
+
+
+                class LlamaAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, qkv_size, dtype=self.dtype))
+                        self.o_proj_weight = nn.Parameter(torch.empty(o_in, self.hidden_size, dtype=self.dtype))
+                        self._setup_weight_loaders()
+
+                    def _setup_weight_loaders(self):
+                        ddp = self.attention_dp_size
+                        q_rank = self.attention_dp_rank + self.rank * ddp
+                        set_weight_loader(
+                            self.qkv_proj_weight,
+                            fused_qkv_weight_loader(
+                                q_size=self.q_size,
+                                kv_size=self.kv_size,
+                                shard_dim=1,
+                                num_shards=self.world_size,
+                                is_storage_transposed=True,
+                                num_kv_replicas=self.num_kv_replicas,
+                                attention_dp_rank=self.attention_dp_rank,
+                                attention_dp_size=ddp,
+                                kv_sharded_across_attention_dp=self.kv_needs_a2a,
+                            ),
+                        )
+                        set_weight_loader(
+                            self.o_proj_weight,
+                            with_rank_override(
+                                sharding_weight_loader(shard_dim=0, shard_size=o_in, num_shards=self.world_size * ddp),
+                                rank=q_rank,
+                            ),
+                        )
+
+                    def forward_prefill(self, x, cos, sin, kv_segment_size):
+                        if kv_segment_size:
+                            q, _, _ = NF.qkv_proj(hidden=x, qkv_weights=self.qkv_proj_weight, bias=None, cos_cache=cos, sin_cache=sin, use_block_kv=True)
+                        else:
+                            q = NF.qkv_proj(hidden=x, qkv_weights=self.qkv_proj_weight, bias=None, cos_cache=cos, sin_cache=sin)
+                        return NF.o_proj(q, self.o_proj_weight, None)
+
+                    def forward_decode(self, x):
+                        return NF.attention_decode(X=x, W_qkv=self.qkv_proj_weight, bias_qkv=None, W_out=self.o_proj_weight, bias_out=None)
+
+
+                class LlamaForCausalLM(nn.Module):
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        for layer_id in range(2):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.self_attn.qkv_proj_weight"] = [
+                                f"{prefix}.self_attn.q_proj.weight",
+                                f"{prefix}.self_attn.k_proj.weight",
+                                f"{prefix}.self_attn.v_proj.weight",
+                            ]
+                            mappings[f"{prefix}.self_attn.o_proj_weight"] = f"{prefix}.self_attn.o_proj.weight"
+            """,
+            after='''
+                from vllm_neuron.utils.weight_loader import SafetensorsWeightLoader, fused_qkv_weight_loader, scaled_bias_loader, set_weight_loader, sharding_weight_loader, with_rank_override
+
+
+                class LlamaAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, qkv_size, dtype=self.dtype))
+                        self.qkv_proj_bias = nn.Parameter(torch.zeros(qkv_size, dtype=self.dtype))
+                        self.o_proj_weight = nn.Parameter(torch.empty(o_in, self.hidden_size, dtype=self.dtype))
+                        self.o_proj_bias = nn.Parameter(torch.zeros(self.hidden_size, dtype=self.dtype))
+                        self._setup_weight_loaders()
+
+                    def _setup_weight_loaders(self):
+                        ddp = self.attention_dp_size
+                        q_rank = self.attention_dp_rank + self.rank * ddp
+                        set_weight_loader(
+                            self.qkv_proj_weight,
+                            fused_qkv_weight_loader(
+                                q_size=self.q_size,
+                                kv_size=self.kv_size,
+                                shard_dim=1,
+                                num_shards=self.world_size,
+                                is_storage_transposed=True,
+                                num_kv_replicas=self.num_kv_replicas,
+                                attention_dp_rank=self.attention_dp_rank,
+                                attention_dp_size=ddp,
+                                kv_sharded_across_attention_dp=self.kv_needs_a2a,
+                            ),
+                        )
+                        set_weight_loader(
+                            self.qkv_proj_bias,
+                            fused_qkv_bias_loader(
+                                q_size=self.q_size,
+                                kv_size=self.kv_size,
+                                num_shards=self.world_size,
+                                num_kv_replicas=self.num_kv_replicas,
+                                attention_dp_rank=self.attention_dp_rank,
+                                attention_dp_size=ddp,
+                                kv_sharded_across_attention_dp=self.kv_needs_a2a,
+                            ),
+                        )
+                        set_weight_loader(
+                            self.o_proj_weight,
+                            with_rank_override(
+                                sharding_weight_loader(shard_dim=0, shard_size=o_in, num_shards=self.world_size * ddp),
+                                rank=q_rank,
+                            ),
+                        )
+                        set_weight_loader(
+                            self.o_proj_bias,
+                            with_rank_override(scaled_bias_loader(scale=self.world_size * ddp), rank=q_rank),
+                        )
+
+                    def forward_prefill(self, x, cos, sin, kv_segment_size):
+                        if kv_segment_size:
+                            q, _, _ = NF.qkv_proj(hidden=x, qkv_weights=self.qkv_proj_weight, bias=self.qkv_proj_bias.unsqueeze(0), cos_cache=cos, sin_cache=sin, use_block_kv=True)
+                        else:
+                            q = NF.qkv_proj(hidden=x, qkv_weights=self.qkv_proj_weight, bias=self.qkv_proj_bias.unsqueeze(0), cos_cache=cos, sin_cache=sin)
+                        return NF.o_proj(q, self.o_proj_weight, self.o_proj_bias.unsqueeze(0))
+
+                    def forward_decode(self, x):
+                        return NF.attention_decode(X=x, W_qkv=self.qkv_proj_weight, bias_qkv=self.qkv_proj_bias.unsqueeze(0), W_out=self.o_proj_weight, bias_out=self.o_proj_bias.unsqueeze(0))
+
+
+                def fused_qkv_bias_loader(
+                    q_size,
+                    kv_size,
+                    num_shards,
+                    num_kv_replicas=1,
+                    attention_dp_rank=0,
+                    attention_dp_size=1,
+                    kv_sharded_across_attention_dp=False,
+                ):
+                    """Loader for a fused [q | k | v] bias from separate q, k and v bias tensors,
+                    sharded like fused_qkv_weight_loader shards the weight.
+
+                    Each rank takes its slice of the query bias, and the slice of the key and
+                    value biases of the KV heads it holds (ranks share a KV head when there are
+                    fewer KV heads than ranks). With attention data parallelism the query heads
+                    are sharded over the TP x DP ranks (query rank ``attention_dp_rank + tp_rank
+                    * attention_dp_size``), and the KV heads too when
+                    ``kv_sharded_across_attention_dp``.
+                    """
+
+                    def transform(slices, rank):
+                        if len(slices) != 3:
+                            raise ValueError(f"fused QKV bias expects q, k and v tensors, got {len(slices)}")
+                        tp_rank = rank % num_shards
+                        q_rank = attention_dp_rank + tp_rank * attention_dp_size
+                        kv_rank = q_rank if kv_sharded_across_attention_dp else tp_rank // num_kv_replicas
+                        q = slices[0][q_rank * q_size : (q_rank + 1) * q_size]
+                        k = slices[1][kv_rank * kv_size : (kv_rank + 1) * kv_size]
+                        v = slices[2][kv_rank * kv_size : (kv_rank + 1) * kv_size]
+                        return torch.cat([q, k, v], dim=0)
+
+                    return SafetensorsWeightLoader(transform)
+
+
+                class LlamaForCausalLM(nn.Module):
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        for layer_id in range(2):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.self_attn.qkv_proj_weight"] = [
+                                f"{prefix}.self_attn.q_proj.weight",
+                                f"{prefix}.self_attn.k_proj.weight",
+                                f"{prefix}.self_attn.v_proj.weight",
+                            ]
+                            mappings[f"{prefix}.self_attn.qkv_proj_bias"] = [
+                                f"{prefix}.self_attn.q_proj.bias",
+                                f"{prefix}.self_attn.k_proj.bias",
+                                f"{prefix}.self_attn.v_proj.bias",
+                            ]
+                            mappings[f"{prefix}.self_attn.o_proj_weight"] = f"{prefix}.self_attn.o_proj.weight"
+                            mappings[f"{prefix}.self_attn.o_proj_bias"] = f"{prefix}.self_attn.o_proj.bias"
+            ''',
+        ),
+        Example(
+            title="a projection the bias would not reach",
+            params={"qkv": True},
+            before="""
+                class LlamaAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, qkv_size, dtype=self.dtype))
+                        set_weight_loader(self.qkv_proj_weight, fused_qkv_weight_loader(q_size=self.q_size, kv_size=self.kv_size, num_shards=self.world_size))
+
+                    def forward_prefill(self, x):
+                        if self.quantized:
+                            return torch.matmul(x, self.qkv_proj_weight)
+                        return NF.qkv_proj(hidden=x, qkv_weights=self.qkv_proj_weight, bias=None)
+
+                    def forward_decode(self, x):
+                        return NF.attention_decode(X=x, W_qkv=self.qkv_proj_weight, bias_qkv=None)
+            """,
+            raises="computes with self.qkv_proj_weight outside NF.qkv_proj",
+        ),
+        Example(
             title="no attention class",
             params={"qkv": True},
             before="""
@@ -240,100 +467,160 @@ class AddQkvBias(Codemod):
         return []
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        attention = [
-            c for c in classes_with_role(module, "attention")
-            if "qkv_proj_weight" in _ClassSurvey(c).params
-        ]
-        if not attention:
-            raise ctx.precondition(
-                "add-qkv-bias: no attention class (<Prefix>Attention with "
-                "self.qkv_proj_weight = nn.Parameter(...)) in this file"
-            )
         wanted = [("qkv", "qkv_proj_weight", "qkv_proj_bias")] if self.params.qkv else []
         if self.params.o:
             wanted.append(("o", "o_proj_weight", "o_proj_bias"))
+        attention = attention_classes_in(module, ctx, ID)
+        if not attention:
+            return self._add_mappings(module, wanted, ctx, required=False)
+        edits: dict = {}
+        helper = None
+        imports: set[str] = set()
         for cls in attention:
-            params = _ClassSurvey(cls).params
-            for _, weight, _ in wanted:
-                if weight not in params:
-                    raise ctx.precondition(
-                        f"add-qkv-bias: {cls.name.value} has no self.{weight} = nn.Parameter(...)",
-                        cls,
-                        module,
+            if is_quantized(cls):
+                self._guard(cls, module, ctx, edits)
+                continue
+            added = self._attention_edits(cls, wanted, module, ctx, edits)
+            if "qkv" in added:
+                imports.add("SafetensorsWeightLoader")
+                if helper is None and function_parameters(module, "fused_qkv_bias_loader") is None:
+                    helper = parse_statement(added["qkv"].strip("\n"), module).with_changes(
+                        leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(indent=False)]
                     )
-        new_body = []
-        needs_loader_fn = needs_scaled_loader = False
-        for stmt in module.body:
-            if stmt in attention:
-                new_cls, added = self._transform_attention(stmt, wanted, module, ctx)
-                new_body.append(new_cls)
-                added_qkv_loader = "qkv" in added
-                needs_loader_fn |= added_qkv_loader
-                needs_scaled_loader |= "o" in added
-                if added_qkv_loader and not _defines(module, "fused_qkv_bias_loader"):
-                    helper = parse_statement(BIAS_LOADER.strip("\n"), module)
-                    new_body.append(
-                        helper.with_changes(leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(indent=False)])
-                    )
-            else:
-                new_body.append(stmt)
-        module = module.with_changes(body=new_body)
-        if needs_loader_fn:
-            module = ensure_import_from(module, WEIGHT_LOADERS, "SafetensorsWeightLoader")
-        if needs_scaled_loader:
-            module = ensure_import_from(module, WEIGHT_LOADERS, "scaled_bias_loader")
+                    append_after(edits, id(cls), [helper])
+            if "o" in added:
+                imports.add("scaled_bias_loader")
+        module = rewrite(module, edits)
+        for name in sorted(imports):
+            module = ensure_import_from(module, WEIGHT_LOADERS, name)
         return self._add_mappings(module, wanted, ctx)
+
+    def _guard(self, cls, module, ctx, edits) -> None:
+        """A quantized attention class (FP8 kernels) raises in ``__init__``:
+        its kernels are not given the biases here."""
+        parts = [w for w, on in (("Q/K/V bias", self.params.qkv), ("output-projection bias", self.params.o)) if on]
+        reason = f"{' and '.join(parts)} in the quantized attention {cls.name.value}"
+        for key, fn in guard_edit(cls, f"{reason} is not implemented", module).items():
+            add_edit(edits, key, fn)
+        declare_guarded(cls, ctx, reason)
 
     # -- attention class -------------------------------------------------------
 
-    def _transform_attention(self, cls, wanted, module, ctx):
-        survey = _ClassSurvey(cls)
-        additions: dict[int, list[cst.BaseStatement]] = {}
-        added_loaders: set[str] = set()
+    def _attention_edits(self, cls, wanted, module, ctx, edits) -> dict[str, str]:
+        """Edits of one attention class; returns the helper functions its new
+        loaders call (``qkv``: the text of ``fused_qkv_bias_loader``)."""
+        name = cls.name.value
+        params = self_parameters(cls)
+        for _, weight, _ in wanted:
+            if weight not in params:
+                raise ctx.precondition(f"{ID}: {name} has no self.{weight} = nn.Parameter(...)", cls, module)
+        calls = self._projection_calls(cls, wanted, module, ctx)
+        loaders = LoaderEdits(cls, module, ctx, ID)
+        added: dict[str, str] = {}
         for which, weight_attr, bias_attr in wanted:
-            weight_stmt = survey.params[weight_attr]
-            if bias_attr not in survey.params:
-                additions.setdefault(id(weight_stmt), []).append(
-                    _bias_param(weight_stmt, bias_attr, module)
-                )
-            loader_stmt = survey.loaders.get(weight_attr)
-            if loader_stmt is None:
+            if bias_attr not in params:
+                append_after(edits, id(params[weight_attr]), [_bias_param(params[weight_attr], bias_attr, module)])
+            if loaders.of(bias_attr):
+                continue
+            for loader in loaders.require(weight_attr):
+                statement, helper = self._bias_loader(which, loader, bias_attr, loaders, module, ctx)
+                append_after(edits, id(loader.statement), [statement])
+                added[which] = helper
+        arguments = _BiasArguments(self.params, module)
+        for call in calls:
+            add_edit(edits, id(call), arguments.edit)
+        return added
+
+    def _projection_calls(self, cls, wanted, module, ctx) -> list[cst.Call]:
+        """Every call that projects with a weight getting a bias; any other
+        read of those weights in a forward method is refused."""
+        name = cls.name.value
+        found = projections(cls)
+        outputs = [n for f in forward_methods(cls) for n in walk(f) if isinstance(n, cst.Call) and is_call(n, "NF.o_proj")]
+        for kind, kernel in (("prefill", "NF.qkv_proj"), ("decode", "NF.attention_decode")):
+            if not any(p.kind == kind for p in found):
+                raise ctx.precondition(f"{ID}: {name} has no {kernel}(...) call", cls, module)
+        if self.params.o and not outputs:
+            raise ctx.precondition(f"{ID}: {name} has no NF.o_proj(...) call", cls, module)
+        calls = [p.call for p in found] + (outputs if self.params.o else [])
+        for _, weight, _ in wanted:
+            stray = stray_reads(cls, weight, [p.call for p in found] + outputs)
+            if stray is not None:
                 raise ctx.precondition(
-                    f"add-qkv-bias: {cls.name.value} attaches no loader to self.{weight_attr} "
-                    f"(set_weight_loader(self.{weight_attr}, ...))",
-                    cls,
+                    f"{ID}: {name} computes with self.{weight} outside NF.qkv_proj, NF.o_proj and the "
+                    "decode kernel; that computation would go without the bias",
+                    stray,
                     module,
                 )
-            if bias_attr not in survey.loaders:
-                additions.setdefault(id(loader_stmt), []).append(
-                    _bias_loader(which, loader_stmt, bias_attr, module)
-                )
-                added_loaders.add(which)
-        wanted_calls = ("NF.qkv_proj", "NF.attention_decode") + (("NF.o_proj",) if self.params.o else ())
-        for name in wanted_calls:
-            if not survey.calls.get(name):
+        return calls
+
+    def _bias_loader(self, which, loader, bias_attr, loaders, module, ctx) -> tuple[cst.BaseStatement, str]:
+        """The statement attaching the bias's loader (right after ``loader``,
+        the weight's attachment, inside the same rank wrappers), sharded as the
+        weight is, and the helper function it calls."""
+        base = loader.base
+        if which == "qkv":
+            inner, helper = self._qkv_bias_loader(base, module, ctx)
+        else:
+            shards = keyword_arg(base, "num_shards")
+            if shards is None:
                 raise ctx.precondition(
-                    f"add-qkv-bias: {cls.name.value} has no {name}(...) call", cls, module
+                    f"{ID}: the loader of self.o_proj_weight ({dotted(base.func)}(...)) names no num_shards: "
+                    "cannot tell over how many ranks the output projection's partial sums are added (the bias "
+                    "is divided by it)",
+                    base,
+                    module,
                 )
-        edits = {
-            key: (lambda updated, new=new: cst.FlattenSentinel([updated, *new]))
-            for key, new in additions.items()
-        }
-        arguments = _BiasArguments(self.params, module)
-        for name in wanted_calls:
-            for call in survey.calls[name]:
-                edits[id(call)] = arguments.edit
-        return rewrite(cls, edits), added_loaders
+            inner, helper = f"scaled_bias_loader(scale={code_of(shards.value).strip()})", ""
+        if loader.wrappers:
+            code = loaders.sibling_loader(loader, inner.replace("\n", "\n" + "    " * len(loader.wrappers)))
+            return attach_statement(bias_attr, code, module), helper
+        if which == "qkv":
+            return parse_statement(f"set_weight_loader(\n    self.{bias_attr},\n    {inner},\n)", module), helper
+        return parse_statement(f"set_weight_loader(self.{bias_attr}, {inner})", module), helper
+
+    def _qkv_bias_loader(self, base: cst.Call, module, ctx) -> tuple[str, str]:
+        """``fused_qkv_bias_loader(...)`` with the weight loader's sharding
+        arguments (attention data parallelism included), and its text."""
+        name = dotted(base.func) or ""
+        if name.rsplit(".", 1)[-1] != "fused_qkv_weight_loader":
+            raise ctx.precondition(
+                f"{ID}: the loader of self.qkv_proj_weight is {name}(...), not fused_qkv_weight_loader(...); "
+                "cannot tell how to shard a Q/K/V bias like it",
+                base,
+                module,
+            )
+        arguments, unknown = qkv_loader_arguments(base)
+        if unknown or not {"q_size", "kv_size", "num_shards"} <= set(arguments):
+            what = ", ".join(code_of(a).strip() for a in unknown) or "no q_size, kv_size or num_shards"
+            raise ctx.precondition(
+                f"{ID}: cannot shard a Q/K/V bias like self.qkv_proj_weight: its loader "
+                f"fused_qkv_weight_loader(...) takes {what}",
+                base,
+                module,
+            )
+        existing = function_parameters(module, "fused_qkv_bias_loader")
+        if existing is not None and not set(arguments) <= set(existing):
+            missing = ", ".join(sorted(set(arguments) - set(existing)))
+            raise ctx.precondition(
+                f"{ID}: this file's fused_qkv_bias_loader takes no {missing} (sharding arguments of the "
+                "weight's loader)",
+                base,
+                module,
+            )
+        kept = "".join(f"        {key}={arguments[key]},\n" for key in QKV_SHARDING if key in arguments)
+        helper = BIAS_LOADER_DP if any(key in arguments for key in ATTENTION_DP) else BIAS_LOADER
+        return f"fused_qkv_bias_loader(\n{kept}    )", helper
 
     # -- load_weights ----------------------------------------------------------
 
-    def _add_mappings(self, module, wanted, ctx):
+    def _add_mappings(self, module, wanted, ctx, required: bool = True):
         entries = mapping_entries(module)
         keys = {e.key for e in entries}
         additions = {}
         for _, weight_attr, bias_attr in wanted:
             found = [e for e in entries if e.key.endswith(f".{weight_attr}")]
-            if not found:
+            if not found and required:
                 raise ctx.precondition(
                     f"add-qkv-bias: load_weights has no mappings[...{weight_attr}] entry"
                 )
@@ -354,33 +641,6 @@ class AddQkvBias(Codemod):
         return insert_many_after(module, additions)
 
 
-class _ClassSurvey:
-    """One walk over the attention class: its parameters, loader calls and
-    kernel calls."""
-
-    CALLS = ("NF.qkv_proj", "NF.attention_decode", "NF.o_proj")
-
-    def __init__(self, cls: cst.ClassDef) -> None:
-        self.params: dict[str, cst.SimpleStatementLine] = {}
-        self.loaders: dict[str, cst.SimpleStatementLine] = {}
-        self.calls: dict[str, list[cst.Call]] = {}
-        for node in walk(cls):
-            if isinstance(node, cst.SimpleStatementLine):
-                found = self_assignment(node)
-                if found is not None:
-                    self.params.setdefault(found[0], node)
-                small = node.body[0]
-                if isinstance(small, cst.Expr) and is_call(small.value, "set_weight_loader"):
-                    args = small.value.args
-                    attr = self_attr(args[0].value) if args else None
-                    if attr is not None:
-                        self.loaders.setdefault(attr, node)
-            elif isinstance(node, cst.Call):
-                for name in self.CALLS:
-                    if is_call(node, name):
-                        self.calls.setdefault(name, []).append(node)
-
-
 class _BiasArguments:
     """Pass the biases to the prefill ops and the decode megakernel."""
 
@@ -392,11 +652,12 @@ class _BiasArguments:
         return parse_expr(f"self.{attr}.unsqueeze(0)", self.module)
 
     def edit(self, updated: cst.Call) -> cst.Call:
-        if self.params.qkv and is_call(updated, "NF.qkv_proj"):
+        kind = projection_kind(updated)
+        if self.params.qkv and kind == "prefill":
             return _set_keyword(updated, "bias", self._bias("qkv_proj_bias"))
-        if self.params.qkv and is_call(updated, "NF.attention_decode"):
+        if self.params.qkv and kind == "decode":
             updated = _set_keyword(updated, "bias_qkv", self._bias("qkv_proj_bias"))
-        if self.params.o and is_call(updated, "NF.attention_decode"):
+        if self.params.o and kind == "decode":
             updated = _set_keyword(updated, "bias_out", self._bias("o_proj_bias"))
         if self.params.o and is_call(updated, "NF.o_proj"):
             arg = keyword_arg(updated, "bias")
@@ -446,27 +707,37 @@ def _bias_param(weight_stmt: cst.SimpleStatementLine, bias_attr: str, module: cs
     return parse_statement(f"self.{bias_attr} = {param}(torch.zeros({size}{dtype_code}))", module)
 
 
-def _bias_loader(which: str, loader_stmt, bias_attr: str, module: cst.Module) -> cst.BaseStatement:
-    call = loader_stmt.body[0].value
-    inner = call.args[1].value if len(call.args) > 1 else None
-    if not isinstance(inner, cst.Call):
-        raise ValueError("set_weight_loader without a loader call")
-    if which == "qkv":
-        kept = [
-            f"{a.keyword.value}={code_of(a.value)}"
-            for a in inner.args
-            if a.keyword is not None and a.keyword.value in ("q_size", "kv_size", "num_shards", "num_kv_replicas")
-        ]
-        args = ",\n        ".join(kept)
-        code = (
-            f"set_weight_loader(\n    self.{bias_attr},\n    fused_qkv_bias_loader(\n        {args},\n    ),\n)"
+def _set_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
+    """Set ``name=value`` when the argument is absent or None; keep any
+    other existing value (already a bias)."""
+    arg = keyword_arg(call, name)
+    if arg is None:
+        new_arg = cst.Arg(
+            keyword=cst.Name(name),
+            value=value,
+            equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
         )
-    else:
-        shards = keyword_arg(inner, "num_shards")
-        scale = code_of(shards.value) if shards is not None else "1"
-        code = f"set_weight_loader(self.{bias_attr}, scaled_bias_loader(scale={scale}))"
-    return parse_statement(code, module)
+        return call.with_changes(args=[*call.args, new_arg])
+    if is_none(arg.value):
+        return call.with_changes(
+            args=[a.with_changes(value=value) if a is arg else a for a in call.args]
+        )
+    return call
 
 
-def _defines(module: cst.Module, name: str) -> bool:
-    return any(isinstance(s, cst.FunctionDef) and s.name.value == name for s in module.body)
+def _bias_param(weight_stmt: cst.SimpleStatementLine, bias_attr: str, module: cst.Module) -> cst.BaseStatement:
+    """``self.<bias> = nn.Parameter(torch.zeros(<last weight dim>, dtype=<same>))``."""
+    _, value = self_assignment(weight_stmt)
+    ctor = value.args[0].value if isinstance(value, cst.Call) and value.args else None
+    if not isinstance(ctor, cst.Call):
+        raise ValueError("weight is not nn.Parameter(torch.<ctor>(...))")
+    dims = positional_args(ctor)
+    dtype = keyword_arg(ctor, "dtype")
+    size = code_of(dims[-1].value)
+    dtype_code = f", dtype={code_of(dtype.value)}" if dtype is not None else ""
+    param = dotted(value.func)
+    return parse_statement(f"self.{bias_attr} = {param}(torch.zeros({size}{dtype_code}))", module)
+
+
+def _nodes(updated) -> list:
+    return list(updated.nodes) if isinstance(updated, cst.FlattenSentinel) else [updated]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
-from autoport_cst.transform.attention import reorder_rope_columns
+from autoport_cst.transform.qkv import reorder_rope_columns
 
 ID = "interleaved-rope"
 
@@ -28,8 +28,17 @@ class InterleavedRope(Codemod):
     tables, values and the output projection stay as they are. With
     ``partial-rotary`` the same order also moves the pass-through columns.
 
-    Preconditions: attention classes with ``self.q_size`` / ``self.kv_size``
-    and a loader on ``self.qkv_proj_weight``.
+    Every loader of a tensor laid out in query/key head columns is wrapped
+    where it is attached, however it is built (a local bound to the loader, a
+    ``with_rank_override`` wrapper, a ``for`` loop over parameters): the
+    fused QKV weight and bias, and the query/key norm gammas (norm modules or
+    bare ``q_norm_weight`` parameters). A parameter the file's
+    ``load_weights`` maps from query/key checkpoint tensors in another layout
+    is refused by name; a quantized attention class (FP8) is guarded.
+
+    Preconditions: attention classes with ``self.head_dim``, ``self.q_size``
+    and ``self.kv_size`` assigned in ``__init__`` and a loader on
+    ``self.qkv_proj_weight``.
     """
 
     ID = ID
@@ -45,6 +54,7 @@ class InterleavedRope(Codemod):
 
                 class HeliumAttention(nn.Module):
                     def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
                         self.q_size = self.num_attention_heads_per_rank * self.head_dim
                         self.kv_size = self.num_key_value_heads_per_rank * self.head_dim
                         self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.q_size + 2 * self.kv_size))
@@ -102,6 +112,7 @@ class InterleavedRope(Codemod):
 
                 class HeliumAttention(nn.Module):
                     def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
                         self.q_size = self.num_attention_heads_per_rank * self.head_dim
                         self.kv_size = self.num_key_value_heads_per_rank * self.head_dim
                         # <-- MODEL-SPECIFIC: checkpoint RoPE pairs moved to the pairs (i, i + head_dim / 2) rotated here
@@ -121,11 +132,118 @@ class InterleavedRope(Codemod):
             ''',
         ),
         Example(
+            title="loaders in a local, in a rank override and in a loop (real vllm_neuron shapes)",
+            before='''
+                from vllm_neuron.utils.weight_loader import set_weight_loader
+
+
+                class HeliumAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
+                        self.q_size = self.num_attention_heads_per_rank * self.head_dim
+                        self.kv_size = self.num_key_value_heads_per_rank * self.head_dim
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.q_size + 2 * self.kv_size))
+                        self.qkv_proj_bias = nn.Parameter(torch.zeros(self.q_size + 2 * self.kv_size))
+                        self.q_norm_weight = nn.Parameter(torch.ones(self.head_dim))
+                        self.k_norm_weight = nn.Parameter(torch.ones(self.head_dim))
+                        self._setup_weight_loaders()
+
+                    def _setup_weight_loaders(self):
+                        qkv_loader = fused_qkv_weight_loader(q_size=self.q_size, kv_size=self.kv_size)
+                        set_weight_loader(self.qkv_proj_weight, qkv_loader)
+                        set_weight_loader(self.qkv_proj_bias, with_rank_override(fused_qkv_bias_loader(self.q_size, self.kv_size), rank=self.rank))
+                        for gamma in (self.q_norm_weight, self.k_norm_weight):
+                            set_weight_loader(gamma, replicated_loader())
+            ''',
+            after='''
+                from vllm_neuron.utils.weight_loader import SafetensorsWeightLoader, get_weight_loader, set_weight_loader
+
+
+                def _rope_column_order(head_dim: int, rotary_dim: int, interleaved: bool) -> list[int]:
+                    """The checkpoint column that each column of a query or key head comes from,
+                    so that the checkpoint's rotated pairs land on the pairs (i, i + head_dim / 2)
+                    that the RoPE here and the decode kernel rotate together.
+
+                    The checkpoint rotates the first ``rotary_dim`` columns of each head, in
+                    pairs (j, j + rotary_dim / 2), or (2j, 2j + 1) when ``interleaved``; the
+                    other columns pass through. Pair i < rotary_dim / 2 here is the
+                    checkpoint's pair j = i; the pass-through columns fill the other places in
+                    order (the cos/sin tables rotate them by angle zero). Queries and keys are
+                    reordered alike, so their dot products do not change.
+                    """
+                    half, rotary_half = head_dim // 2, rotary_dim // 2
+                    if interleaved:
+                        first = [2 * j for j in range(rotary_half)]
+                        second = [2 * j + 1 for j in range(rotary_half)]
+                    else:
+                        first = list(range(rotary_half))
+                        second = [rotary_half + j for j in range(rotary_half)]
+                    rest = list(range(rotary_dim, head_dim))
+                    return first + rest[: half - rotary_half] + second + rest[half - rotary_half :]
+
+
+                def _rope_columns_loader(loader, order: list[int], width: int):
+                    """Wrap a weight loader: reorder the columns of each head, by ``order``,
+                    in the first ``width`` entries of the loaded tensor's last dimension (the
+                    query and key heads of a fused [q | k | v] weight or bias, or a norm's
+                    gammas); the rest (values) is left as it is."""
+                    head_dim = len(order)
+
+                    def transform(slices, rank):
+                        tensor = loader.load(slices, rank)
+                        index = torch.arange(tensor.shape[-1])
+                        starts = torch.arange(0, width, head_dim).repeat_interleave(head_dim)
+                        index[:width] = torch.tensor(order).repeat(width // head_dim) + starts
+                        return tensor[..., index]
+
+                    return SafetensorsWeightLoader(transform)
+
+
+                class HeliumAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
+                        self.q_size = self.num_attention_heads_per_rank * self.head_dim
+                        self.kv_size = self.num_key_value_heads_per_rank * self.head_dim
+                        # <-- MODEL-SPECIFIC: checkpoint RoPE pairs moved to the pairs (i, i + head_dim / 2) rotated here
+                        self.rope_column_order = _rope_column_order(self.head_dim, rotary_dim=self.head_dim, interleaved=True)
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.q_size + 2 * self.kv_size))
+                        self.qkv_proj_bias = nn.Parameter(torch.zeros(self.q_size + 2 * self.kv_size))
+                        self.q_norm_weight = nn.Parameter(torch.ones(self.head_dim))
+                        self.k_norm_weight = nn.Parameter(torch.ones(self.head_dim))
+                        self._setup_weight_loaders()
+
+                    def _setup_weight_loaders(self):
+                        qkv_loader = fused_qkv_weight_loader(q_size=self.q_size, kv_size=self.kv_size)
+                        set_weight_loader(self.qkv_proj_weight, qkv_loader)
+                        set_weight_loader(
+                            self.qkv_proj_weight,
+                            _rope_columns_loader(get_weight_loader(self.qkv_proj_weight), self.rope_column_order, self.q_size + self.kv_size),
+                        )
+                        set_weight_loader(self.qkv_proj_bias, with_rank_override(fused_qkv_bias_loader(self.q_size, self.kv_size), rank=self.rank))
+                        set_weight_loader(
+                            self.qkv_proj_bias,
+                            _rope_columns_loader(get_weight_loader(self.qkv_proj_bias), self.rope_column_order, self.q_size + self.kv_size),
+                        )
+                        for gamma in (self.q_norm_weight, self.k_norm_weight):
+                            set_weight_loader(gamma, replicated_loader())
+                        set_weight_loader(
+                            self.q_norm_weight,
+                            _rope_columns_loader(get_weight_loader(self.q_norm_weight), self.rope_column_order, self.head_dim),
+                        )
+                        set_weight_loader(
+                            self.k_norm_weight,
+                            _rope_columns_loader(get_weight_loader(self.k_norm_weight), self.rope_column_order, self.head_dim),
+                        )
+            ''',
+        ),
+        Example(
             title="no loader to reorder",
             before="""
                 class HeliumAttention(nn.Module):
                     def __init__(self, config, layer_idx):
+                        self.head_dim = 16
                         self.q_size = 64
+                        self.kv_size = 32
                         self.qkv_proj_weight = nn.Parameter(torch.empty(64, 128))
             """,
             raises="interleaved-rope: HeliumAttention attaches no loader to self.qkv_proj_weight",

@@ -56,8 +56,12 @@ class LazyRope(Codemod):
       parameters stay in ``__init__`` and are kept as attributes (an existing
       ``self.x = x`` is reused);
     - ``forward`` starts with ``inv_freq = self._compute_inv_freq(<device>)``
-      (the ``device`` parameter, or the first input's ``.device``) and reads
-      the local instead of ``self.inv_freq``.
+      and reads the local instead of ``self.inv_freq``. The device is the
+      ``device`` parameter when callers must pass it; the first other input's
+      ``.device`` when there is none; and when ``device`` has a default (a
+      caller may omit it, and ``None`` would build the tables on the default
+      device, not the model's), ``device if device is not None else
+      <input>.device``. A ``forward`` with neither is refused.
 
     Code that is already lazy is left unchanged. Preconditions: a moved
     attribute read outside ``forward`` (or by code staying in ``__init__``) is
@@ -97,6 +101,35 @@ class LazyRope(Codemod):
                         inv_freq = self._compute_inv_freq(x.device)
                         freqs = torch.outer(position_ids.float(), inv_freq)
                         return freqs.cos(), freqs.sin()
+            ''',
+        ),
+        Example(
+            title="a device argument a caller may omit: the input's device when it does",
+            before='''
+                class OldRotaryEmbedding(nn.Module):
+                    def __init__(self, dim, base=10000):
+                        super().__init__()
+                        self.inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))
+
+                    def forward(self, position_ids, device=None, dtype=None):
+                        freqs = torch.outer(position_ids.float(), self.inv_freq)
+                        return freqs.cos().to(dtype), freqs.sin().to(dtype)
+            ''',
+            after='''
+                class OldRotaryEmbedding(nn.Module):
+                    def __init__(self, dim, base=10000):
+                        super().__init__()
+                        self.base = base
+                        self.dim = dim
+
+                    def _compute_inv_freq(self, device):
+                        inv_freq = 1.0 / (self.base ** (torch.arange(0, self.dim, 2, device=device).float() / self.dim))
+                        return inv_freq
+
+                    def forward(self, position_ids, device=None, dtype=None):
+                        inv_freq = self._compute_inv_freq(device if device is not None else position_ids.device)
+                        freqs = torch.outer(position_ids.float(), inv_freq)
+                        return freqs.cos().to(dtype), freqs.sin().to(dtype)
             ''',
         ),
         Example(
@@ -284,7 +317,7 @@ class LazyRope(Codemod):
         )
 
         new_init = with_statements(init, kept + keep_attrs)
-        new_forward = self._rewrite_forward(forward, outputs, module)
+        new_forward = self._rewrite_forward(forward, outputs, module, ctx, cls)
         new_members = []
         for member in cls.body.body:
             if member is init:
@@ -325,20 +358,40 @@ class LazyRope(Codemod):
                         module,
                     )
 
-    def _rewrite_forward(self, forward: cst.FunctionDef, outputs: list[str], module) -> cst.FunctionDef:
-        params = [p.name.value for p in forward.params.params[1:]]
-        if "device" in params:
-            device = "device"
-        elif params:
-            device = f"{params[0]}.device"
-        else:
-            device = "None"
+    def _rewrite_forward(self, forward: cst.FunctionDef, outputs: list[str], module, ctx, cls) -> cst.FunctionDef:
+        device = _forward_device(forward)
+        if device is None:
+            raise ctx.precondition(
+                f"lazy-rope: {cls.name.value}.forward takes neither a device nor a tensor to compute the RoPE "
+                "tensors on",
+                forward,
+                module,
+            )
         targets = ", ".join(outputs)
         call = parse_statement(f"{targets} = self.{METHOD}({device})", module)
         body = list(statements(forward))
         insert_at = 1 if body and _is_docstring(body[0]) else 0
         body = body[:insert_at] + [call] + [s.visit(_ReadLocal(set(outputs))) for s in body[insert_at:]]
         return with_statements(forward, body)
+
+
+def _forward_device(forward: cst.FunctionDef) -> str | None:
+    """Where ``forward`` computes the RoPE tensors: its ``device`` argument
+    when a caller must pass one; the device of its first other input (a
+    tensor: the hidden states or the position ids) when there is no
+    ``device`` argument, or as the fallback of one that defaults (a caller
+    may omit it: ``None`` would build the tables on the default device)."""
+    params = list(forward.params.params[1:])
+    others = [p.name.value for p in params if p.name.value not in ("device", "dtype")]
+    tensor = f"{others[0]}.device" if others else None
+    device = next((p for p in params if p.name.value == "device"), None)
+    if device is None:
+        return tensor
+    if device.default is None:
+        return "device"
+    if tensor is None:
+        return None
+    return f"device if device is not None else {tensor}"
 
 
 def _is_docstring(stmt: cst.CSTNode) -> bool:
@@ -429,9 +482,7 @@ def _assigned_names(stmt: cst.CSTNode) -> set[str]:
     names = set()
     for n in walk(stmt):
         targets = []
-        if isinstance(n, cst.AssignTarget):
-            targets = [n.target]
-        elif isinstance(n, (cst.AnnAssign, cst.AugAssign, cst.For)):
+        if isinstance(n, (cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.For)):
             targets = [n.target]
         for target in targets:
             for leaf in walk(target):

@@ -6,9 +6,7 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
 from autoport_cst.transform.attention import (
-    PARTIAL_FACTOR_FUNCTION,
     add_functions,
-    reorder_rope_columns,
     statement_containing,
 )
 from autoport_cst.transform.config_fields import add_config_fields
@@ -25,6 +23,12 @@ from autoport_cst.transform.cst_helpers import (
     walk,
     with_comment,
 )
+from autoport_cst.transform.qkv import (
+    mentions,
+    partial_factor_function,
+    reorder_rope_columns,
+)
+from autoport_cst.transform.roles import class_role
 
 ID = "partial-rotary"
 ROTARY_DIM = "int(self.head_dim * _partial_rotary_factor({config}))"
@@ -57,14 +61,22 @@ class PartialRotary(Codemod):
 
     The factor comes from ``partial_rotary_factor`` in the config (added to
     the dataclass) or, as transformers v5 stores it, from the RoPE
-    parameters. Composes with ``interleaved-rope`` (one column order for
+    parameters: the config attribute the model file reads them from
+    (``rope_parameters`` or ``rope_scaling``); a config that keeps no
+    ``rope_parameters`` gains that field, read when the model file reads
+    neither. Composes with ``interleaved-rope`` (one column order for
     both) and runs after ``rope-scaling``, whose frequency code then uses
     ``self.rotary_dim`` too.
 
-    Preconditions: one rotary class with ``__init__`` (setting
-    ``self.head_dim``) and a ``forward`` that duplicates the frequencies
-    with ``torch.cat((freqs, freqs), ...)``; attention classes with
-    ``self.q_size`` / ``self.kv_size`` and a loader on ``self.qkv_proj_weight``.
+    The loaders are wrapped as ``interleaved-rope`` wraps them: every tensor
+    laid out in query/key head columns, wherever and however its loader is
+    attached.
+
+    Preconditions: one rotary class in the package, with ``__init__``
+    (setting ``self.head_dim``) and a ``forward`` that duplicates the
+    frequencies with ``torch.cat((freqs, freqs), ...)``; attention classes
+    with ``self.head_dim``, ``self.q_size`` and ``self.kv_size`` assigned in
+    ``__init__`` and a loader on ``self.qkv_proj_weight``.
     """
 
     ID = ID
@@ -95,6 +107,7 @@ class PartialRotary(Codemod):
 
                 class StableLmAttention(nn.Module):
                     def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
                         self.q_size = self.num_attention_heads_per_rank * self.head_dim
                         self.kv_size = self.num_key_value_heads_per_rank * self.head_dim
                         self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.q_size + 2 * self.kv_size))
@@ -109,7 +122,7 @@ class PartialRotary(Codemod):
                     in the RoPE parameters, else 1 (the whole head)."""
                     if config.partial_rotary_factor is not None:
                         return float(config.partial_rotary_factor)
-                    return float((config.rope_scaling or {}).get("partial_rotary_factor", 1.0))
+                    return float((config.rope_parameters or {}).get("partial_rotary_factor", 1.0))
 
 
                 def _rope_column_order(head_dim: int, rotary_dim: int, interleaved: bool) -> list[int]:
@@ -172,6 +185,7 @@ class PartialRotary(Codemod):
 
                 class StableLmAttention(nn.Module):
                     def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
                         self.q_size = self.num_attention_heads_per_rank * self.head_dim
                         self.kv_size = self.num_key_value_heads_per_rank * self.head_dim
                         # <-- MODEL-SPECIFIC: checkpoint RoPE pairs moved to the pairs (i, i + head_dim / 2) rotated here
@@ -199,8 +213,10 @@ class PartialRotary(Codemod):
                 class StableLmConfig:
                     head_dim: int | None = None
                     # <-- MODEL-SPECIFIC: fields of this architecture's features (sorted by name)
-                    # fraction of each head that RoPE rotates (else read from rope_scaling)
+                    # fraction of each head that RoPE rotates (else read from rope_parameters)
                     partial_rotary_factor: float | None = None
+                    # RoPE type, base and parameters
+                    rope_parameters: dict | None = None
                     torch_dtype: torch.dtype = torch.bfloat16
             """,
         ),
@@ -228,23 +244,29 @@ class PartialRotary(Codemod):
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         if ctx.role == "config":
-            return add_config_fields(
-                module,
-                ctx,
-                ID,
-                [(
-                    "partial_rotary_factor: float | None = None",
-                    "fraction of each head that RoPE rotates (else read from rope_scaling)",
-                )],
-            )
+            # a config that turns rope_parameters into rope_scaling (ours) is read from the latter
+            both = mentions(module, "rope_scaling") and mentions(module, "rope_parameters")
+            where = "rope_scaling" if both else "rope_parameters"
+            fields = [(
+                "partial_rotary_factor: float | None = None",
+                f"fraction of each head that RoPE rotates (else read from {where})",
+            )]
+            if not mentions(module, "rope_parameters"):
+                # transformers v5 keeps the factor in rope_parameters only
+                fields.append(("rope_parameters: dict | None = None", "RoPE type, base and parameters"))
+            return add_config_fields(module, ctx, ID, fields)
         rotary = classes_with_role(module, "rotary")
-        if len(rotary) != 1:
+        elsewhere = not rotary and any(class_role(name) == "rotary" for name in ctx.port.package_classes)
+        if len(rotary) != 1 and not elsewhere:
             raise ctx.precondition(
                 f"{ID}: expected one rotary embedding class (<Prefix>RotaryEmbedding), found {len(rotary)}"
             )
-        module = self._rotary(rotary[0], module, ctx)
+        if rotary:
+            module = self._rotary(rotary[0], module, ctx)
         module = reorder_rope_columns(module, ctx, ID, rotary_dim=ROTARY_DIM)
-        return add_functions(module, [PARTIAL_FACTOR_FUNCTION])
+        if elsewhere and not any(isinstance(s, cst.FunctionDef) and s.name.value == "_rope_column_order" for s in module.body):
+            return module  # neither the rotary embedding nor an attention class in this file
+        return add_functions(module, [partial_factor_function(module)])
 
     def _rotary(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext) -> cst.Module:
         name = cls.name.value

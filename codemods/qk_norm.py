@@ -11,10 +11,7 @@ from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.attention import (
     DECODE_UNFUSED,
-    UNFUSED_DECODE_CALL,
     add_functions,
-    attention_classes,
-    calls_in,
     eps_attribute,
     norm_class,
     norm_is_full_width,
@@ -36,15 +33,74 @@ from autoport_cst.transform.cst_helpers import (
     rewrite,
     self_assignment,
     statements,
+    string_text,
     walk,
     with_comment,
 )
-from autoport_cst.transform.layers import require_method
+from autoport_cst.transform.kernels import attention_classes_in
+from autoport_cst.transform.layers import add_edit, require_method
+from autoport_cst.transform.loaders import LoaderEdits
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.qkv import (
+    QKV_PROJ_UNFUSED,
+    QKV_PROJ_UNFUSED_FUNCTION,
+    QKV_PROJ_UNFUSED_PARAMETERS,
+    after_attrs,
+    append_after,
+    forward_methods,
+    projections,
+    qkv_loader_arguments,
+    self_attribute_behind,
+    stray_reads,
+    unsupported_arguments,
+)
 
 ID = "qk-norm"
 ROPE_CALLS = ("apply_rotary_pos_emb",)
 WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"
+
+COMMON_TYPES = "nkilib.core.utils.common_types"
+
+# full-width norms, sharded by head like the projection (TP ranks; a KV head
+# held by several ranks is loaded by each of them)
+FULL_WIDTH_NORMS = """\
+self.q_norm = {norm}(self.q_size, {eps}, {dtype})
+self.k_norm = {norm}(self.kv_size, {eps}, {dtype})
+set_weight_loader(
+    self.q_norm.weight,
+    sharding_weight_loader(shard_dim=0, shard_size=self.q_size, num_shards=self.world_size),
+)
+set_weight_loader(
+    self.k_norm.weight,
+    with_rank_override(
+        sharding_weight_loader(
+            shard_dim=0,
+            shard_size=self.kv_size,
+            num_shards=self.num_key_value_heads // self.num_key_value_heads_per_rank,
+        ),
+        self.rank // self.num_kv_replicas,
+    ),
+)
+"""
+# the attributes the full-width norms, their loaders and _full_width_rms_norm read
+FULL_WIDTH_READS = (
+    "q_size",
+    "kv_size",
+    "world_size",
+    "rank",
+    "num_key_value_heads",
+    "num_key_value_heads_per_rank",
+    "num_kv_replicas",
+    "tp_group",
+)
+# the kernel's pre-RoPE q/k norm of NF.qkv_proj, per head
+FUSED_NORM_ARGS = (
+    ("qk_norm_pre_rope_q_norm", "NormType.RMS_NORM"),
+    ("qk_norm_pre_rope_k_norm", "NormType.RMS_NORM"),
+    ("qk_norm_pre_rope_eps", "self.q_norm.{eps}"),
+    ("qk_norm_pre_rope_q_gamma", "self.q_norm.weight.view(1, -1)"),
+    ("qk_norm_pre_rope_k_gamma", "self.k_norm.weight.view(1, -1)"),
+)
 
 FULL_WIDTH_METHOD = '''
 def _full_width_qk_norm(self, q, k):
@@ -95,34 +151,46 @@ class QkNorm(Codemod):
 
     Model file, attention class (``<Prefix>Attention``), with the model's own
     RMSNorm class (``<Prefix>RMSNorm``, built like the decoder layer's norms,
-    with the same epsilon and dtype):
+    with the same epsilon and dtype). The norm modules go in ``__init__``
+    after the last parameter and after every attribute they read is assigned
+    (an attribute ``__init__`` never assigns is refused by name).
 
     ``per_head`` (Qwen3): ``self.q_norm`` and ``self.k_norm`` of width
-    ``head_dim``; prefill applies them to q ``[Nq, T, Dh]`` and k right
-    before ``apply_rotary_pos_emb``; decode passes them to the kernel's
-    pre-RoPE QK norm (``rmsnorm_QK_pre_rope_enabled=True``, its epsilon, and
-    the gammas as ``[1, Dh]``). The weights are replicated on every rank.
+    ``head_dim``, replicated on every rank. Prefill: where q and k are
+    rotated by ``apply_rotary_pos_emb(q, k, ...)``, the norms are applied
+    right before; where RoPE is fused into ``NF.qkv_proj``
+    (``cos_cache``/``sin_cache``), every such call (the plain one and the
+    chunked-prefill ``use_block_kv`` one) gets the kernel's pre-RoPE norm
+    (``qk_norm_pre_rope_q_norm=NormType.RMS_NORM``, the epsilon, the gammas
+    as ``[1, Dh]``). Decode: every decode kernel call gets its pre-RoPE QK
+    norm (``rmsnorm_QK_pre_rope_enabled=True``, the epsilon and gammas).
 
     ``full_width`` (OLMo 2): the norms span all query heads (``Nq * Dh``) and
     all key heads; each rank holds the slice of the weights of its heads
     (sharded loaders), and ``_full_width_rms_norm`` sums the squares over the
-    ranks (``tp_group.all_reduce``) before normalizing. Prefill applies it
-    before RoPE. The fused decode kernel normalizes one head at a time only,
-    so decode runs ``_attention_decode_unfused`` (added to the module): the
-    kernel's work op by op (``NF.qkv_proj``, the norm, RoPE, the in-place
-    cache write, attention over the paged context with the kernel's mask,
-    ``NF.o_proj``), with the same arguments as the kernel call it replaces.
+    TP ranks (``tp_group.all_reduce``, a KV head held by several ranks
+    counted once) before normalizing. No kernel fuses a norm over all heads:
+    an explicit ``apply_rotary_pos_emb`` gets it right before; a projection
+    with fused RoPE becomes ``_qkv_proj_unfused`` (added to the module: the
+    projection, the norm, RoPE and the ``use_block_kv`` cache write op by op,
+    same arguments and results; an argument it does not take is refused);
+    decode runs the decode kernel's op-by-op substitute with
+    ``qk_norm=self._full_width_qk_norm``. With attention data parallelism
+    (the QKV loader's ``attention_dp_size``) the query heads are spread over
+    more ranks than the TP group: ``__init__`` raises NotImplementedError
+    when it is on.
 
-    ``load_weights`` maps ``...self_attn.q_norm.weight`` and
-    ``...self_attn.k_norm.weight`` to the checkpoint keys of the same name.
+    ``load_weights`` (of every file that maps the attention) maps
+    ``...self_attn.q_norm.weight`` and ``...self_attn.k_norm.weight`` to the
+    checkpoint keys beside ``o_proj.weight``'s.
 
     Preconditions: one RMSNorm class built somewhere as ``<Norm>(size, eps,
-    dtype)``; the attention's ``forward_prefill`` rotates q and k with
-    ``apply_rotary_pos_emb(q, k, ...)``; ``forward_decode`` calls
-    ``NF.attention_decode``; a ``...self_attn.o_proj_weight`` mapping entry;
-    per-head norms already in the attention are replaced (through
-    ``remove-qk-norm``) when full-width ones are asked for; full-width norms
-    are not turned into per-head ones.
+    dtype)``; q and k rotated in every prefill path either in ``NF.qkv_proj``
+    or by one ``apply_rotary_pos_emb(q, k, ...)`` per method; a decode kernel
+    call; no other computation with ``self.qkv_proj_weight``; a
+    ``...self_attn.o_proj_weight`` mapping entry; per-head norms already in
+    the attention are replaced (through ``remove-qk-norm``) when full-width
+    ones are asked for; full-width norms are not turned into per-head ones.
     """
 
     ID = ID
@@ -142,6 +210,7 @@ class QkNorm(Codemod):
 
                 class Qwen3Attention(nn.Module):
                     def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
                         self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
                         self.o_proj_weight = nn.Parameter(torch.empty(self.q_size, self.hidden_size))
 
@@ -177,6 +246,7 @@ class QkNorm(Codemod):
 
                 class Qwen3Attention(nn.Module):
                     def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
                         self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
                         self.o_proj_weight = nn.Parameter(torch.empty(self.q_size, self.hidden_size))
                         # <-- MODEL-SPECIFIC: RMSNorm of each query and key head before RoPE
@@ -216,6 +286,142 @@ class QkNorm(Codemod):
             """,
         ),
         Example(
+            title="RoPE fused into the projection (real vllm_neuron llama3 shape): the kernel's norms on every call",
+            params={"kind": "per_head"},
+            before="""
+                import torch
+
+
+                class Qwen3RMSNorm(nn.Module):
+                    def __init__(self, hidden_size, eps, dtype):
+                        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+                        self.variance_epsilon = eps
+
+
+                class Qwen3Attention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, qkv_size))
+                        self.o_proj_weight = nn.Parameter(torch.empty(o_in, self.hidden_size))
+
+                    def forward_prefill(self, x, cos, sin, kv_segment_size):
+                        if kv_segment_size:
+                            q, _, _ = NF.qkv_proj(
+                                hidden=x,
+                                qkv_weights=self.qkv_proj_weight,
+                                cos_cache=cos,
+                                sin_cache=sin,
+                                use_block_kv=True,
+                            )
+                        else:
+                            q = NF.qkv_proj(hidden=x, qkv_weights=self.qkv_proj_weight, cos_cache=cos, sin_cache=sin)
+                        return q
+
+                    def forward_decode(self, x):
+                        return NF.attention_decode(X=x, W_qkv=self.qkv_proj_weight, rmsnorm_QK_pre_rope_enabled=False)
+
+
+                class Qwen3DecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps, config.torch_dtype)
+
+
+                class Qwen3ForCausalLM(nn.Module):
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        for layer_id in range(2):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.self_attn.o_proj_weight"] = (
+                                f"{prefix}.self_attn.o_proj.weight"
+                            )
+            """,
+            after="""
+                import torch
+                from nkilib.core.utils.common_types import NormType
+
+
+                class Qwen3RMSNorm(nn.Module):
+                    def __init__(self, hidden_size, eps, dtype):
+                        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+                        self.variance_epsilon = eps
+
+
+                class Qwen3Attention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, qkv_size))
+                        self.o_proj_weight = nn.Parameter(torch.empty(o_in, self.hidden_size))
+                        # <-- MODEL-SPECIFIC: RMSNorm of each query and key head before RoPE
+                        self.q_norm = Qwen3RMSNorm(self.head_dim, config.rms_norm_eps, config.torch_dtype)
+                        self.k_norm = Qwen3RMSNorm(self.head_dim, config.rms_norm_eps, config.torch_dtype)
+
+                    def forward_prefill(self, x, cos, sin, kv_segment_size):
+                        if kv_segment_size:
+                            q, _, _ = NF.qkv_proj(
+                                hidden=x,
+                                qkv_weights=self.qkv_proj_weight,
+                                cos_cache=cos,
+                                sin_cache=sin,
+                                use_block_kv=True,
+                                qk_norm_pre_rope_q_norm=NormType.RMS_NORM,
+                                qk_norm_pre_rope_k_norm=NormType.RMS_NORM,
+                                qk_norm_pre_rope_eps=self.q_norm.variance_epsilon,
+                                qk_norm_pre_rope_q_gamma=self.q_norm.weight.view(1, -1),
+                                qk_norm_pre_rope_k_gamma=self.k_norm.weight.view(1, -1),
+                            )
+                        else:
+                            q = NF.qkv_proj(hidden=x, qkv_weights=self.qkv_proj_weight, cos_cache=cos, sin_cache=sin, qk_norm_pre_rope_q_norm=NormType.RMS_NORM, qk_norm_pre_rope_k_norm=NormType.RMS_NORM, qk_norm_pre_rope_eps=self.q_norm.variance_epsilon, qk_norm_pre_rope_q_gamma=self.q_norm.weight.view(1, -1), qk_norm_pre_rope_k_gamma=self.k_norm.weight.view(1, -1))
+                        return q
+
+                    def forward_decode(self, x):
+                        return NF.attention_decode(X=x, W_qkv=self.qkv_proj_weight, rmsnorm_QK_pre_rope_enabled=True, rmsnorm_QK_pre_rope_eps=self.q_norm.variance_epsilon, rmsnorm_QK_pre_rope_W_Q=self.q_norm.weight.view(1, -1), rmsnorm_QK_pre_rope_W_K=self.k_norm.weight.view(1, -1))
+
+
+                class Qwen3DecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps, config.torch_dtype)
+
+
+                class Qwen3ForCausalLM(nn.Module):
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        for layer_id in range(2):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.self_attn.o_proj_weight"] = (
+                                f"{prefix}.self_attn.o_proj.weight"
+                            )
+                            mappings[f"{prefix}.self_attn.q_norm.weight"] = f"{prefix}.self_attn.q_norm.weight"
+                            mappings[f"{prefix}.self_attn.k_norm.weight"] = f"{prefix}.self_attn.k_norm.weight"
+            """,
+        ),
+        Example(
+            title="attributes the full-width norms read that __init__ never assigns",
+            params={"kind": "full_width"},
+            before="""
+                class Olmo2RMSNorm(nn.Module):
+                    def __init__(self, hidden_size, eps, dtype):
+                        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+                        self.variance_epsilon = eps
+
+
+                class Olmo2Attention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, qkv_size))
+                        self.o_proj_weight = nn.Parameter(torch.empty(o_in, self.hidden_size))
+                        self.q_size = q_size
+                        self.world_size = self.tp_group.world_size
+
+                    def forward_prefill(self, q, k, cos, sin):
+                        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+                        return q, k
+
+
+                class Olmo2DecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.input_layernorm = Olmo2RMSNorm(config.hidden_size, config.rms_norm_eps, config.torch_dtype)
+            """,
+            raises="qk-norm: Olmo2Attention.__init__ assigns no self.kv_size, self.num_key_value_heads, "
+            "self.num_key_value_heads_per_rank, self.num_kv_replicas, self.rank, self.tp_group",
+        ),
+        Example(
             title="the norm must be an RMSNorm",
             params={"kind": "per_head"},
             before="""
@@ -246,6 +452,9 @@ class QkNorm(Codemod):
         return QkNormParams(kind=target.attention.qk_norm)
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        attention = attention_classes_in(module, ctx, ID)
+        if not attention:
+            return self._mappings(module, ctx, required=False)
         norm = norm_class(module)
         if norm is None or not norm.name.value.endswith("RMSNorm"):
             found = ", ".join(
@@ -253,7 +462,6 @@ class QkNorm(Codemod):
                 if isinstance(c, cst.ClassDef) and c.name.value.endswith(("Norm",))
             ) or "none"
             raise ctx.precondition(f"{ID}: needs one RMSNorm class (<Prefix>RMSNorm), found {found}")
-        attention = attention_classes(module, ctx, ID)
         eps_attr = eps_attribute(norm)
         if eps_attr is None:
             raise ctx.precondition(
@@ -278,30 +486,32 @@ class QkNorm(Codemod):
 
             remove = get_codemod("remove-qk-norm")
             module = remove(remove.parse_params({})).remove_from_attention(module, ctx)
-            attention = attention_classes(module, ctx, ID)
+            attention = attention_classes_in(module, ctx, ID)
         edits: dict = {}
+        needs = set()
         for cls in attention:
-            self._attention_edits(cls, norm.name.value, eps_attr, ctor_args, module, ctx, edits)
+            needs |= self._attention_edits(cls, norm.name.value, eps_attr, ctor_args, module, ctx, edits)
         module = rewrite(module, edits)
         module = self._mappings(module, ctx)
+        if "unfused_prefill" in needs:
+            module = add_functions(module, [QKV_PROJ_UNFUSED_FUNCTION])
         if full:
             module = add_functions(module, [DECODE_UNFUSED])
             module = ensure_import_from(module, WEIGHT_LOADERS, "with_rank_override")
             module = ensure_import_from(module, WEIGHT_LOADERS, "sharding_weight_loader")
             module = ensure_import_from(module, WEIGHT_LOADERS, "set_weight_loader")
+        if "norm_type" in needs:
+            module = ensure_import_from(module, COMMON_TYPES, "NormType")
         return module
 
     # -- attention class -----------------------------------------------------------
 
-    def _attention_edits(self, cls, norm_name, eps_attr, ctor_args, module, ctx, edits) -> None:
+    def _attention_edits(self, cls, norm_name, eps_attr, ctor_args, module, ctx, edits) -> set[str]:
+        """Edits of one attention class; returns what the module needs beside
+        (``unfused_prefill``: the op-by-op projection; ``norm_type``: NormType)."""
         name = cls.name.value
         init = require_method(cls, "__init__", ctx, module, ID)
-        prefill = require_method(cls, "forward_prefill", ctx, module, ID)
-        decode = require_method(cls, "forward_decode", ctx, module, ID)
-        init_params = [p.name.value for p in init.params.params]
-        config = init_params[1] if len(init_params) > 1 else "config"
         full = self.params.kind == "full_width"
-
         existing = find_self_assignment(init, "q_norm")
         if existing is not None and full != norm_is_full_width(cls, "q_norm"):
             have = "full-width" if not full else "per-head"
@@ -312,122 +522,218 @@ class QkNorm(Codemod):
                 existing,
                 module,
             )
-        # __init__: the norms
-        if existing is None:
-            anchor = _last_parameter_statement(init)
-            if anchor is None:
-                raise ctx.precondition(
-                    f"{ID}: {name}.__init__ creates no nn.Parameter to place the norms after", init, module
-                )
-            eps, dtype = (_rebase(a, config) for a in ctor_args)
-            if full:
-                code = (
-                    f"self.q_norm = {norm_name}(self.q_size, {eps}, {dtype})\n"
-                    f"self.k_norm = {norm_name}(self.kv_size, {eps}, {dtype})\n"
-                    "set_weight_loader(\n"
-                    "    self.q_norm.weight,\n"
-                    "    sharding_weight_loader(shard_dim=0, shard_size=self.q_size, num_shards=self.world_size),\n"
-                    ")\n"
-                    "set_weight_loader(\n"
-                    "    self.k_norm.weight,\n"
-                    "    with_rank_override(\n"
-                    "        sharding_weight_loader(\n"
-                    "            shard_dim=0,\n"
-                    "            shard_size=self.kv_size,\n"
-                    "            num_shards=self.num_key_value_heads // self.num_key_value_heads_per_rank,\n"
-                    "        ),\n"
-                    "        self.rank // self.num_kv_replicas,\n"
-                    "    ),\n"
-                    ")\n"
-                )
-                comment = "<-- MODEL-SPECIFIC: RMSNorm over all query / all key heads before RoPE, sharded by head"
-            else:
-                code = (
-                    f"self.q_norm = {norm_name}(self.head_dim, {eps}, {dtype})\n"
-                    f"self.k_norm = {norm_name}(self.head_dim, {eps}, {dtype})\n"
-                )
-                comment = "<-- MODEL-SPECIFIC: RMSNorm of each query and key head before RoPE"
-            new = parse_statements(code, module)
-            new[0] = with_comment(new[0], comment)
-            edits[id(anchor)] = lambda updated, new=new: cst.FlattenSentinel([updated, *new])
-
-        # prefill: the norms before RoPE
-        if not any(
-            isinstance(n, cst.Call) and dotted(n.func) in ("self.q_norm", "self._full_width_qk_norm")
-            for n in walk(prefill)
-        ):
-            rope = [n for n in walk(prefill) if isinstance(n, cst.Call) and is_call(n, *ROPE_CALLS)]
-            if len(rope) != 1:
-                raise ctx.precondition(
-                    f"{ID}: expected one apply_rotary_pos_emb(q, k, ...) call in {name}.forward_prefill, "
-                    f"found {len(rope)}",
-                    prefill,
-                    module,
-                )
-            args = positional_args(rope[0])
-            if len(args) < 2 or not all(isinstance(a.value, cst.Name) for a in args[:2]):
-                raise ctx.precondition(
-                    f"{ID}: apply_rotary_pos_emb in {name}.forward_prefill must take q and k as names",
-                    rope[0],
-                    module,
-                )
-            q, k = args[0].value.value, args[1].value.value
-            holder = statement_containing(prefill, rope[0])
-            if full:
-                code = f"{q}, {k} = self._full_width_qk_norm({q}, {k})\n"
-            else:
-                code = f"{q} = self.q_norm({q})\n{k} = self.k_norm({k})\n"
-            new = parse_statements(code, module)
-            new[0] = with_comment(new[0], "<-- MODEL-SPECIFIC: query and key norms before RoPE")
-
-            def place(updated, new=new):
-                first = new[0].with_changes(leading_lines=[*updated.leading_lines, *new[0].leading_lines])
-                return cst.FlattenSentinel([first, *new[1:], updated.with_changes(leading_lines=[])])
-
-            edits[id(holder)] = place
-
-        # decode
-        kernel = calls_in(decode, "NF.attention_decode")
-        unfused = calls_in(decode, UNFUSED_DECODE_CALL)
-        if not kernel and not unfused:
+        found = projections(cls)
+        stray = stray_reads(cls, "qkv_proj_weight", [p.call for p in found])
+        if stray is not None:
             raise ctx.precondition(
-                f"{ID}: no NF.attention_decode(...) call in {name}.forward_decode", decode, module
+                f"{ID}: {name} projects with self.qkv_proj_weight outside NF.qkv_proj and the decode kernel; "
+                "its queries and keys would go without the norms",
+                stray,
+                module,
             )
+        if existing is None:
+            self._norm_modules(cls, init, norm_name, ctor_args, module, ctx, edits)
+        needs = self._prefill_edits(cls, found, eps_attr, module, ctx, edits)
+        self._decode_edits(cls, found, eps_attr, module, ctx, edits)
+        return needs
+
+    def _norm_modules(self, cls, init, norm_name, ctor_args, module, ctx, edits) -> None:
+        """``self.q_norm`` / ``self.k_norm`` in ``__init__``, after the last
+        parameter and after every attribute they read is assigned."""
+        name = cls.name.value
+        full = self.params.kind == "full_width"
+        init_params = [p.name.value for p in init.params.params]
+        config = init_params[1] if len(init_params) > 1 else "config"
+        eps, dtype = (_rebase(a, config) for a in ctor_args)
         if full:
-            for call in kernel + unfused:
-                edits[id(call)] = lambda updated: set_keyword(
-                    to_unfused_decode(updated), "qk_norm", parse_expr("self._full_width_qk_norm", module)
-                )
-            if all(s.name.value != "_full_width_qk_norm" for s in cls.body.body if isinstance(s, cst.FunctionDef)):
-                methods = [parse_method(FULL_WIDTH_METHOD, module),
-                           parse_method(FULL_WIDTH_NORM, module)]
-                methods = [m.with_changes(leading_lines=[cst.EmptyLine(indent=False)]) for m in methods]
-                edits[id(decode)] = lambda updated, methods=methods: cst.FlattenSentinel([updated, *methods])
+            code = FULL_WIDTH_NORMS.format(norm=norm_name, eps=eps, dtype=dtype)
+            comment = "<-- MODEL-SPECIFIC: RMSNorm over all query / all key heads before RoPE, sharded by head"
+            reads = set(FULL_WIDTH_READS)
+            guard = self._attention_dp_guard(cls, module, ctx)
+            if guard is not None:
+                code += guard[0]
+                reads.add(guard[1])
         else:
-            values = {
-                "rmsnorm_QK_pre_rope_enabled": "True",
-                "rmsnorm_QK_pre_rope_eps": f"self.q_norm.{eps_attr}",
-                "rmsnorm_QK_pre_rope_W_Q": "self.q_norm.weight.view(1, -1)",
-                "rmsnorm_QK_pre_rope_W_K": "self.k_norm.weight.view(1, -1)",
-            }
+            code = f"self.q_norm = {norm_name}(self.head_dim, {eps}, {dtype})\n" \
+                   f"self.k_norm = {norm_name}(self.head_dim, {eps}, {dtype})\n"
+            comment = "<-- MODEL-SPECIFIC: RMSNorm of each query and key head before RoPE"
+            reads = {"head_dim"}
+        reads |= {expr.split(".")[1] for expr in (eps, dtype) if expr.startswith("self.")}
+        anchor, missing = after_attrs(init, reads, _last_parameter_statement(init))
+        if missing:
+            raise ctx.precondition(
+                f"{ID}: {name}.__init__ assigns no self.{', self.'.join(sorted(missing))} "
+                "(read to build the query and key norms)",
+                init,
+                module,
+            )
+        if anchor is None:
+            raise ctx.precondition(
+                f"{ID}: {name}.__init__ creates no nn.Parameter to place the norms after", init, module
+            )
+        new = parse_statements(code, module)
+        new[0] = with_comment(new[0], comment)
+        append_after(edits, id(anchor), new)
 
-            def decode_args(updated):
-                previous = ()
-                for key, code in values.items():
-                    updated = set_keyword(updated, key, parse_expr(code, module), after=previous)
-                    previous = (key,)
-                return updated
+    def _attention_dp_guard(self, cls, module, ctx) -> tuple[str, str] | None:
+        """``(statement, attribute)``: raise when attention data parallelism
+        is on (the norm sums the squares over the TP ranks only), read from the
+        ``attention_dp_size`` of the fused QKV weight's loader; None without it."""
+        loaders = LoaderEdits(cls, module, ctx, ID)
+        for loader in loaders.of("qkv_proj_weight"):
+            if loader.base is None:
+                continue
+            arguments, _ = qkv_loader_arguments(loader.base)
+            if "attention_dp_size" not in arguments:
+                continue
+            attr = self_attribute_behind(loader, arguments["attention_dp_size"])
+            if attr is None:
+                raise ctx.precondition(
+                    f"{ID}: cannot tell which attribute holds the attention data-parallel size "
+                    f"(attention_dp_size={arguments['attention_dp_size']} of the QKV weight's loader)",
+                    loader.base,
+                    module,
+                )
+            return (
+                (
+                    f"if self.{attr} > 1:\n"
+                    '    raise NotImplementedError("q/k norms over all heads with attention data parallelism")\n'
+                ),
+                attr,
+            )
+        return None
 
-            for call in kernel + unfused:
-                edits[id(call)] = decode_args
+    def _prefill_edits(self, cls, found, eps_attr, module, ctx, edits) -> set[str]:
+        """The norms on every prefill path: fused into each ``NF.qkv_proj``
+        that rotates (per-head: the kernel's pre-RoPE norm; full-width: the
+        op-by-op projection), or applied right before each explicit
+        ``apply_rotary_pos_emb(q, k, ...)``."""
+        name = cls.name.value
+        full = self.params.kind == "full_width"
+        needs: set[str] = set()
+        fused = [p for p in found if p.kind == "prefill" and p.fused_rope]
+        for projection in fused:
+            if full:
+                unsupported = unsupported_arguments(projection.call, QKV_PROJ_UNFUSED_PARAMETERS)
+                if unsupported:
+                    raise ctx.precondition(
+                        f"{ID}: the op-by-op projection that applies q/k norms over all heads does not take "
+                        f"{', '.join(unsupported)} of this NF.qkv_proj call in {name}.{projection.method.name.value}",
+                        projection.call,
+                        module,
+                    )
+                add_edit(edits, id(projection.call), lambda updated: set_keyword(
+                    updated.with_changes(func=cst.Name(QKV_PROJ_UNFUSED)), "qk_norm",
+                    parse_expr("self._full_width_qk_norm", module),
+                ))
+                needs.add("unfused_prefill")
+            else:
+                add_edit(edits, id(projection.call), lambda updated: _fused_norm_args(updated, eps_attr, module))
+                needs.add("norm_type")
+        if "unfused_prefill" in needs and "apply_rotary_pos_emb" not in {
+            s.name.value for s in module.body if isinstance(s, cst.FunctionDef)
+        }:
+            raise ctx.precondition(
+                f"{ID}: the op-by-op projection rotates with the module's apply_rotary_pos_emb, which this "
+                "file does not define",
+                fused[0].call,
+                module,
+            )
+        explicit = 0
+        for method in forward_methods(cls):
+            rope = [n for n in walk(method) if isinstance(n, cst.Call) and is_call(n, *ROPE_CALLS)]
+            if not rope:
+                continue
+            explicit += 1
+            self._explicit_norms(cls, method, rope, module, ctx, edits)
+        if not fused and not explicit:
+            raise ctx.precondition(
+                f"{ID}: {name} rotates q and k neither in NF.qkv_proj (cos_cache/sin_cache) nor with "
+                "apply_rotary_pos_emb(q, k, ...); cannot tell where the norms go",
+                cls,
+                module,
+            )
+        return needs
+
+    def _explicit_norms(self, cls, method, rope, module, ctx, edits) -> None:
+        name = f"{cls.name.value}.{method.name.value}"
+        full = self.params.kind == "full_width"
+        if any(isinstance(n, cst.Call) and dotted(n.func) in ("self.q_norm", "self._full_width_qk_norm")
+               for n in walk(method)):
+            return
+        if len(rope) != 1:
+            raise ctx.precondition(
+                f"{ID}: expected one apply_rotary_pos_emb(q, k, ...) call in {name}, found {len(rope)}",
+                method,
+                module,
+            )
+        args = positional_args(rope[0])
+        if len(args) < 2 or not all(isinstance(a.value, cst.Name) for a in args[:2]):
+            raise ctx.precondition(
+                f"{ID}: apply_rotary_pos_emb in {name} must take q and k as names", rope[0], module
+            )
+        q, k = args[0].value.value, args[1].value.value
+        holder = statement_containing(method, rope[0])
+        if holder is None:
+            raise ctx.precondition(
+                f"{ID}: apply_rotary_pos_emb in {name} is not in a top-level statement of the method",
+                rope[0],
+                module,
+            )
+        code = f"{q}, {k} = self._full_width_qk_norm({q}, {k})\n" if full else \
+            f"{q} = self.q_norm({q})\n{k} = self.k_norm({k})\n"
+        new = parse_statements(code, module)
+        new[0] = with_comment(new[0], "<-- MODEL-SPECIFIC: query and key norms before RoPE")
+
+        def place(updated, new=new):
+            first = new[0].with_changes(leading_lines=[*updated.leading_lines, *new[0].leading_lines])
+            return cst.FlattenSentinel([first, *new[1:], updated.with_changes(leading_lines=[])])
+
+        add_edit(edits, id(holder), place)
+
+    def _decode_edits(self, cls, found, eps_attr, module, ctx, edits) -> None:
+        name = cls.name.value
+        full = self.params.kind == "full_width"
+        kernels = [p for p in found if p.kind == "decode"]
+        if not kernels:
+            raise ctx.precondition(f"{ID}: no NF.attention_decode(...) call in {name}", cls, module)
+        if full:
+            for projection in kernels:
+                add_edit(edits, id(projection.call), lambda updated: set_keyword(
+                    to_unfused_decode(updated), "qk_norm", parse_expr("self._full_width_qk_norm", module)
+                ))
+            if all(s.name.value != "_full_width_qk_norm" for s in cls.body.body if isinstance(s, cst.FunctionDef)):
+                methods = [parse_method(FULL_WIDTH_METHOD, module), parse_method(FULL_WIDTH_NORM, module)]
+                methods = [m.with_changes(leading_lines=[cst.EmptyLine(indent=False)]) for m in methods]
+                append_after(edits, id(kernels[-1].method), methods)
+            return
+        values = {
+            "rmsnorm_QK_pre_rope_enabled": "True",
+            "rmsnorm_QK_pre_rope_eps": f"self.q_norm.{eps_attr}",
+            "rmsnorm_QK_pre_rope_W_Q": "self.q_norm.weight.view(1, -1)",
+            "rmsnorm_QK_pre_rope_W_K": "self.k_norm.weight.view(1, -1)",
+        }
+
+        def decode_args(updated):
+            previous = ()
+            for key, code in values.items():
+                updated = set_keyword(updated, key, parse_expr(code, module), after=previous)
+                previous = (key,)
+            return updated
+
+        for projection in kernels:
+            add_edit(edits, id(projection.call), decode_args)
 
     # -- load_weights ------------------------------------------------------------------
 
-    def _mappings(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+    def _mappings(self, module: cst.Module, ctx: FileContext, required: bool = True) -> cst.Module:
+        """``...q_norm.weight`` / ``...k_norm.weight`` entries after each
+        ``...self_attn.o_proj_weight`` one, their checkpoint keys derived from
+        its checkpoint key (``...o_proj.weight``)."""
         entries = mapping_entries(module)
         keys = {e.key for e in entries}
         anchors = [e for e in entries if e.key.endswith(".self_attn.o_proj_weight")]
-        if not anchors:
+        if not anchors and required:
             raise ctx.precondition(f"{ID}: load_weights has no mappings[...self_attn.o_proj_weight] entry")
         additions: dict[int, list[cst.BaseStatement]] = {}
         for entry in anchors:
@@ -437,8 +743,17 @@ class QkNorm(Codemod):
                 if key_text in keys:
                     continue
                 key = replace_string_suffix(entry.key_node, "o_proj_weight", f"{which}.weight")
-                value = replace_string_suffix(entry.key_node, "o_proj_weight", f"{which}.weight")
-                new.append(entry_statement(entry, key, value))
+                value = replace_string_suffix(
+                    entry.value.with_changes(lpar=[], rpar=[]), "o_proj.weight", f"{which}.weight"
+                )
+                if key is None or value is None:
+                    raise ctx.precondition(
+                        f"{ID}: cannot derive the norms' checkpoint keys from the mapping of {entry.key} "
+                        "(expected one checkpoint key ending in o_proj.weight)",
+                        entry.statement,
+                        module,
+                    )
+                new.append(entry_statement(entry, key, key if string_text(value) == string_text(key) else value))
             if new:
                 additions[id(entry.statement)] = new
         return insert_many_after(module, additions)
@@ -475,3 +790,16 @@ def _last_parameter_statement(init: cst.FunctionDef) -> cst.BaseStatement | None
 
 
 
+
+
+def _fused_norm_args(call: cst.Call, eps_attr: str, module: cst.Module) -> cst.Call:
+    """``NF.qkv_proj(...)`` with the kernel's per-head pre-RoPE q/k norm."""
+    previous: tuple[str, ...] = ()
+    for key, code in FUSED_NORM_ARGS:
+        call = set_keyword(call, key, parse_expr(code.format(eps=eps_attr), module), after=previous)
+        previous = (key,)
+    return call
+
+
+def _nodes(updated) -> list:
+    return list(updated.nodes) if isinstance(updated, cst.FlattenSentinel) else [updated]

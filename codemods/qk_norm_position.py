@@ -9,7 +9,6 @@ from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.attention import (
     UNFUSED_DECODE_CALL,
     attention_classes,
-    calls_in,
 )
 from autoport_cst.transform.cst_helpers import (
     dotted,
@@ -23,7 +22,7 @@ from autoport_cst.transform.cst_helpers import (
     walk,
     with_comment,
 )
-from autoport_cst.transform.layers import require_method
+from autoport_cst.transform.qkv import forward_methods, projections
 
 ID = "qk-norm-position"
 ROPE_CALLS = ("apply_rotary_pos_emb",)
@@ -45,11 +44,14 @@ class QkNormPosition(Codemod):
     ``self.q_norm`` / ``self.k_norm`` (a ``qwen3``-family reference, or after
     ``qk-norm``):
 
-    - prefill: the two statements ``q = self.q_norm(q)`` and
+    - prefill, explicit RoPE: the two statements ``q = self.q_norm(q)`` and
       ``k = self.k_norm(k)`` move from right before the statement that
       rotates q and k (``q, k = apply_rotary_pos_emb(q, k, ...)``) to right
-      after it;
-    - decode: ``NF.attention_decode`` switches from the kernel's pre-RoPE
+      after it, in every forward method that has them;
+    - prefill, RoPE fused into ``NF.qkv_proj``: each call fusing the norms
+      before RoPE (``qk_norm_pre_rope_*``) fuses them after it instead (the
+      same arguments named ``qk_norm_post_rope_*``);
+    - decode: every decode kernel call switches from the kernel's pre-RoPE
       q/k norm to its post-RoPE one: ``rmsnorm_QK_pre_rope_enabled=False``,
       ``rmsnorm_QK_post_rope_enabled=True``, and the epsilon and gamma
       arguments take their ``post_rope`` names with the same values.
@@ -57,13 +59,12 @@ class QkNormPosition(Codemod):
     The norm modules, their weights and the ``load_weights`` entries do not
     change.
 
-    Preconditions: the norms are applied in ``forward_prefill`` by those two
-    consecutive statements, followed by the statement rotating the same names,
-    and nothing in between reads or writes those names; ``forward_decode`` calls ``NF.attention_decode``
-    with ``rmsnorm_QK_pre_rope_enabled=True``. Full-width q/k norms (decode
-    through ``_attention_decode_unfused``) and a prefill that fuses the norm
-    into ``NF.qkv_proj`` (``qk_norm_pre_rope_*`` arguments) are refused with
-    their position.
+    Preconditions: explicit norms are applied by those two consecutive
+    statements, followed by the statement rotating the same names, and
+    nothing in between reads or writes those names; a projection fusing the
+    norms fuses RoPE too; every decode kernel call has
+    ``rmsnorm_QK_pre_rope_enabled=True``. Full-width q/k norms (decode through
+    ``_attention_decode_unfused``) are refused with their position.
     """
 
     ID = ID
@@ -125,6 +126,51 @@ class QkNormPosition(Codemod):
             """,
         ),
         Example(
+            title="norms fused into a projection that fuses RoPE (real vllm_neuron llama3 shape)",
+            before="""
+                class Qwen3Attention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward_prefill(self, x, cos, sin):
+                        return NF.qkv_proj(
+                            hidden=x,
+                            qkv_weights=self.qkv_proj_weight,
+                            cos_cache=cos,
+                            sin_cache=sin,
+                            qk_norm_pre_rope_q_norm=NormType.RMS_NORM,
+                            qk_norm_pre_rope_k_norm=NormType.RMS_NORM,
+                            qk_norm_pre_rope_eps=self.q_norm.variance_epsilon,
+                            qk_norm_pre_rope_q_gamma=self.q_norm.weight.view(1, -1),
+                            qk_norm_pre_rope_k_gamma=self.k_norm.weight.view(1, -1),
+                        )
+
+                    def forward_decode(self, x):
+                        return NF.attention_decode(X=x, rmsnorm_QK_pre_rope_enabled=True, rmsnorm_QK_pre_rope_eps=1e-6)
+            """,
+            after="""
+                class Qwen3Attention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward_prefill(self, x, cos, sin):
+                        return NF.qkv_proj(
+                            hidden=x,
+                            qkv_weights=self.qkv_proj_weight,
+                            cos_cache=cos,
+                            sin_cache=sin,
+                            qk_norm_post_rope_q_norm=NormType.RMS_NORM,
+                            qk_norm_post_rope_k_norm=NormType.RMS_NORM,
+                            qk_norm_post_rope_eps=self.q_norm.variance_epsilon,
+                            qk_norm_post_rope_q_gamma=self.q_norm.weight.view(1, -1),
+                            qk_norm_post_rope_k_gamma=self.k_norm.weight.view(1, -1),
+                        )
+
+                    def forward_decode(self, x):
+                        return NF.attention_decode(X=x, rmsnorm_QK_pre_rope_enabled=False, rmsnorm_QK_post_rope_eps=1e-6, rmsnorm_QK_post_rope_enabled=True)
+            """,
+        ),
+        Example(
             title="something between the norms and the rotation",
             before="""
                 class Qwen3Attention(nn.Module):
@@ -177,8 +223,7 @@ class QkNormPosition(Codemod):
 
     def _prefill_edits(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext, edits: dict) -> None:
         name = cls.name.value
-        prefill = require_method(cls, "forward_prefill", ctx, module, ID)
-        for node in walk(prefill):
+        for node in walk(cls):
             if isinstance(node, cst.Call) and dotted(node.func) == "self._full_width_qk_norm":
                 raise ctx.precondition(
                     f"{ID}: {name} has full-width q/k norms; full-width q/k norms after RoPE are not "
@@ -186,21 +231,38 @@ class QkNormPosition(Codemod):
                     node,
                     module,
                 )
-            if isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value.startswith(
-                "qk_norm_pre_rope"
-            ):
+        fused = [p for p in projections(cls) if p.kind == "prefill" and _fused_norm(p.call) is not None]
+        for projection in fused:
+            if _fused_norm(projection.call) == "post":
+                continue
+            if not projection.fused_rope:
                 raise ctx.precondition(
-                    f"{ID}: {name}.forward_prefill fuses the q/k norm into the projection "
-                    f"({node.keyword.value}); the fused kernel has no post-RoPE form",
-                    node,
+                    f"{ID}: this NF.qkv_proj call in {name}.{projection.method.name.value} fuses the q/k norm "
+                    "but not RoPE (no cos_cache/sin_cache); its queries and keys are rotated elsewhere",
+                    projection.call,
                     module,
                 )
+            edits[id(projection.call)] = _post_rope_projection
+        explicit = [m for m in forward_methods(cls) if any(_norm_target(s) is not None for s in statements(m))]
+        for method_node in explicit:
+            self._move_statements(cls, method_node, module, ctx, edits)
+        if not fused and not explicit:
+            raise ctx.precondition(
+                f"{ID}: expected the two statements q = self.q_norm(q) and k = self.k_norm(k), one after "
+                f"the other, in a forward method of {name}, or NF.qkv_proj calls fusing the norms "
+                "(qk_norm_pre_rope_*); found neither",
+                cls,
+                module,
+            )
+
+    def _move_statements(self, cls, prefill, module, ctx, edits) -> None:
+        name = f"{cls.name.value}.{prefill.name.value}"
         body = list(statements(prefill))
         norms = [i for i, stmt in enumerate(body) if _norm_target(stmt) is not None]
         if len(norms) != 2 or norms[1] != norms[0] + 1:
             raise ctx.precondition(
                 f"{ID}: expected the two statements q = self.q_norm(q) and k = self.k_norm(k), one after "
-                f"the other, in {name}.forward_prefill; found {len(norms)}",
+                f"the other, in {name}; found {len(norms)}",
                 prefill,
                 module,
             )
@@ -215,7 +277,7 @@ class QkNormPosition(Codemod):
             raise ctx.precondition(
                 f"{ID}: no statement rotating {' and '.join(sorted(targets))} "
                 "(q, k = apply_rotary_pos_emb(q, k, ...)) after the q/k norms in "
-                f"{name}.forward_prefill",
+                f"{name}",
                 second,
                 module,
             )
@@ -224,7 +286,7 @@ class QkNormPosition(Codemod):
             used = sorted(targets & free_names(stmt))
             if used:
                 raise ctx.precondition(
-                    f"{ID}: {name}.forward_prefill uses {', '.join(used)} between the q/k norms and the "
+                    f"{ID}: {name} uses {', '.join(used)} between the q/k norms and the "
                     "statement rotating q and k; the norms cannot move past it",
                     stmt,
                     module,
@@ -244,24 +306,24 @@ class QkNormPosition(Codemod):
 
     def _decode_edits(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext, edits: dict) -> None:
         name = cls.name.value
-        decode = require_method(cls, "forward_decode", ctx, module, ID)
-        unfused = calls_in(decode, UNFUSED_DECODE_CALL)
-        if unfused:
+        kernels = [p for p in projections(cls) if p.kind == "decode"]
+        unfused = [p for p in kernels if dotted(p.call.func) == UNFUSED_DECODE_CALL]
+        if unfused and keyword_arg(unfused[0].call, "qk_norm") is not None:
             raise ctx.precondition(
-                f"{ID}: {name}.forward_decode runs the unfused decode (full-width q/k norms); "
-                "full-width q/k norms after RoPE are not supported",
-                unfused[0],
+                f"{ID}: {name}.{unfused[0].method.name.value} runs the unfused decode with full-width q/k "
+                "norms; full-width q/k norms after RoPE are not supported",
+                unfused[0].call,
                 module,
             )
-        kernels = calls_in(decode, "NF.attention_decode")
         if not kernels:
-            raise ctx.precondition(f"{ID}: no NF.attention_decode(...) call in {name}.forward_decode", decode, module)
-        for call in kernels:
+            raise ctx.precondition(f"{ID}: no NF.attention_decode(...) call in {name}", cls, module)
+        for projection in kernels:
+            call = projection.call
             if _keyword_is(call, "rmsnorm_QK_post_rope_enabled", "True"):
                 continue  # already after RoPE
             if not _keyword_is(call, "rmsnorm_QK_pre_rope_enabled", "True"):
                 raise ctx.precondition(
-                    f"{ID}: {name}.forward_decode calls NF.attention_decode without "
+                    f"{ID}: {name}.{projection.method.name.value} calls {dotted(call.func)} without "
                     "rmsnorm_QK_pre_rope_enabled=True: no q/k norm to move",
                     call,
                     module,
@@ -323,3 +385,27 @@ def _post_rope_call(call: cst.Call, module: cst.Module) -> cst.Call:
     if keyword_arg(call, "rmsnorm_QK_post_rope_enabled") is None:
         call = set_keyword(call, "rmsnorm_QK_post_rope_enabled", parse_expr("True", module))
     return call
+
+
+PROJECTION_NORM_ARGS = ("q_norm", "k_norm", "eps", "q_gamma", "k_gamma", "q_beta", "k_beta")
+
+
+def _fused_norm(call: cst.Call) -> str | None:
+    """``pre`` or ``post``: where an ``NF.qkv_proj`` call fuses its q/k norm
+    (None: it fuses none)."""
+    for stage in ("post", "pre"):
+        if any(keyword_arg(call, f"qk_norm_{stage}_rope_{a}") is not None for a in PROJECTION_NORM_ARGS):
+            return stage
+    return None
+
+
+def _post_rope_projection(call: cst.Call) -> cst.Call:
+    """The projection's fused q/k norm moved after its fused RoPE: the
+    ``qk_norm_pre_rope_*`` arguments take their ``qk_norm_post_rope_*`` names."""
+    renamed = {f"qk_norm_pre_rope_{a}": f"qk_norm_post_rope_{a}" for a in PROJECTION_NORM_ARGS}
+    args = [
+        a.with_changes(keyword=cst.Name(renamed[a.keyword.value]))
+        if a.keyword is not None and a.keyword.value in renamed else a
+        for a in call.args
+    ]
+    return call.with_changes(args=args)

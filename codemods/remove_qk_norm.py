@@ -18,19 +18,18 @@ from autoport_cst.transform.cst_helpers import (
     walk,
 )
 from autoport_cst.transform.mappings import mapping_entries
+from autoport_cst.transform.qkv import projection_kind
+from autoport_cst.transform.roles import class_role
 
 NORMS = ("q_norm", "k_norm")
-DECODE_NORM_ARGS = (
-    "rmsnorm_QK_pre_rope_eps",
-    "rmsnorm_QK_pre_rope_W_Q",
-    "rmsnorm_QK_pre_rope_W_K",
+DECODE_NORM_ARGS = tuple(
+    f"rmsnorm_QK_{stage}_rope_{arg}" for stage in ("pre", "post") for arg in ("eps", "W_Q", "W_K")
 )
-PREFILL_NORM_ARGS = (
-    "qk_norm_pre_rope_q_norm",
-    "qk_norm_pre_rope_k_norm",
-    "qk_norm_pre_rope_eps",
-    "qk_norm_pre_rope_q_gamma",
-    "qk_norm_pre_rope_k_gamma",
+DECODE_NORM_FLAGS = ("rmsnorm_QK_pre_rope_enabled", "rmsnorm_QK_post_rope_enabled")
+PREFILL_NORM_ARGS = tuple(
+    f"qk_norm_{stage}_rope_{arg}"
+    for stage in ("pre", "post")
+    for arg in ("q_norm", "k_norm", "eps", "q_gamma", "k_gamma", "q_beta", "k_beta")
 )
 
 
@@ -44,12 +43,14 @@ class RemoveQkNorm(Codemod):
     - ``__init__``: the ``self.q_norm = ...`` and ``self.k_norm = ...``
       modules go (with the comment above them);
     - prefill: the statements applying them (``q = self.q_norm(q)``) go; a
-      fused ``NF.qkv_proj`` loses its ``qk_norm_pre_rope_*`` arguments;
+      ``NF.qkv_proj`` that fuses them loses its ``qk_norm_pre_rope_*`` (or
+      ``qk_norm_post_rope_*``) arguments, on every prefill path;
     - loaders attached to their gammas
       (``set_weight_loader(self.q_norm.weight, ...)``, as a RoPE column
       reordering adds) go with them;
-    - decode: ``NF.attention_decode`` gets ``rmsnorm_QK_pre_rope_enabled=False``
-      and loses the norm's eps and gamma arguments.
+    - decode: every ``NF.attention_decode`` call (or its op-by-op substitute)
+      gets ``rmsnorm_QK_pre_rope_enabled=False`` (and the post-RoPE flag
+      False) and loses the norm's eps and gamma arguments.
 
     In ``load_weights`` the ``...q_norm.weight`` / ``...k_norm.weight``
     entries go.
@@ -153,6 +154,50 @@ class RemoveQkNorm(Codemod):
             """,
         ),
         Example(
+            title="norms fused into every projection (real vllm_neuron shape)",
+            before="""
+                class Qwen3MoeAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
+                        self.q_norm = Qwen3MoeRMSNorm(self.head_dim, config.rms_norm_eps, self.dtype)
+                        self.k_norm = Qwen3MoeRMSNorm(self.head_dim, config.rms_norm_eps, self.dtype)
+
+                    def forward_prefill(self, x, cos, sin, kv_segment_size):
+                        if kv_segment_size:
+                            q, _, _ = NF.qkv_proj(
+                                hidden=x,
+                                cos_cache=cos,
+                                sin_cache=sin,
+                                use_block_kv=True,
+                                qk_norm_pre_rope_q_norm=NormType.RMS_NORM,
+                                qk_norm_pre_rope_k_norm=NormType.RMS_NORM,
+                                qk_norm_pre_rope_eps=self.q_norm.variance_epsilon,
+                                qk_norm_pre_rope_q_gamma=self.q_norm.weight.view(1, -1),
+                                qk_norm_pre_rope_k_gamma=self.k_norm.weight.view(1, -1),
+                            )
+                        else:
+                            q = NF.qkv_proj(hidden=x, cos_cache=cos, sin_cache=sin, qk_norm_post_rope_eps=self.q_norm.variance_epsilon)
+                        return q
+            """,
+            after="""
+                class Qwen3MoeAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
+
+                    def forward_prefill(self, x, cos, sin, kv_segment_size):
+                        if kv_segment_size:
+                            q, _, _ = NF.qkv_proj(
+                                hidden=x,
+                                cos_cache=cos,
+                                sin_cache=sin,
+                                use_block_kv=True,
+                            )
+                        else:
+                            q = NF.qkv_proj(hidden=x, cos_cache=cos, sin_cache=sin)
+                        return q
+            """,
+        ),
+        Example(
             title="a use of the norm the codemod cannot remove",
             before="""
                 class Qwen3Attention(nn.Module):
@@ -188,6 +233,8 @@ class RemoveQkNorm(Codemod):
         keeps them when it puts full-width norms in place of per-head ones)."""
         classes = classes_with_role(module, "attention")
         if not classes:
+            if any(class_role(name) == "attention" for name in ctx.port.package_classes):
+                return module  # the attention is defined elsewhere; this file may map its norms
             raise ctx.precondition("remove-qk-norm: no attention class (<Prefix>Attention) in this file")
         for cls in classes:
             present = set(NORMS) & _assigned(cls)
@@ -211,13 +258,10 @@ class RemoveQkNorm(Codemod):
                         handled.update(id(n) for n in walk(node))
                         continue
                     assign = simple_assign(node)
-                    if assign is not None and isinstance(assign[1], cst.Call) and self_attr(assign[1].func) in NORMS:
+                    if assign is not None and isinstance(assign[1], cst.Call) and self_attr(assign[1].func) in NORMS or _attaches_norm_loader(node):
                         edits[id(node)] = _remove
                         handled.update(id(n) for n in walk(node))
-                    elif _attaches_norm_loader(node):
-                        edits[id(node)] = _remove
-                        handled.update(id(n) for n in walk(node))
-                elif isinstance(node, cst.Call) and (is_call(node, "NF.attention_decode") or is_call(node, "NF.qkv_proj")):
+                elif isinstance(node, cst.Call) and projection_kind(node) is not None:
                     handled.update(id(n) for a in node.args for n in walk(a.value) if _reads_norm(a))
                     edits[id(node)] = lambda updated, false=false: _strip_call(updated, false)
             for node in walk(cls):
@@ -275,9 +319,9 @@ def _reads_norm(arg: cst.Arg) -> bool:
 def _strip_call(call: cst.Call, false: cst.BaseExpression) -> cst.Call:
     for name in DECODE_NORM_ARGS + PREFILL_NORM_ARGS:
         call = remove_keyword(call, name)
-    enabled = keyword_arg(call, "rmsnorm_QK_pre_rope_enabled")
-    if enabled is not None:
-        call = set_keyword(call, "rmsnorm_QK_pre_rope_enabled", false)
+    for flag in DECODE_NORM_FLAGS:
+        if keyword_arg(call, flag) is not None:
+            call = set_keyword(call, flag, false)
     return call
 
 

@@ -6,8 +6,13 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
 from autoport_cst.transform.attention import add_functions, parse_method
-from autoport_cst.transform.config_fields import add_config_fields, config_class
+from autoport_cst.transform.config_fields import (
+    add_config_fields,
+    config_class,
+    config_fields,
+)
 from autoport_cst.transform.cst_helpers import (
+    classes_with_role,
     dotted,
     ensure_import_from,
     find_self_assignment,
@@ -23,7 +28,7 @@ from autoport_cst.transform.cst_helpers import (
     walk,
     with_comment,
 )
-from autoport_cst.transform.layers import one_class, require_method
+from autoport_cst.transform.layers import add_edit, one_class, require_method
 from autoport_cst.transform.roles import class_role
 
 ID = "rope-layer-parameters"
@@ -48,6 +53,24 @@ def rope_config(self, layer_type: str | None) -> "{cls}":
     parameters = dict(self.rope_layer_parameters[layer_type])
     rope_theta = parameters.pop("rope_theta", self.rope_theta)
     return replace(self, rope_theta=rope_theta, rope_scaling=parameters, rope_layer_parameters=None)
+'''
+
+# a config keeping the checkpoint's rope_parameters: the split, and each type's view
+SPLIT_PARAMETERS = """
+if self.rope_parameters and all(isinstance(value, dict) for value in self.rope_parameters.values()):
+    self.rope_layer_parameters = {key: dict(value) for key, value in self.rope_parameters.items()}
+    self.rope_parameters = dict(next(iter(self.rope_layer_parameters.values())))
+"""
+
+PARAMETERS_CONFIG_METHOD = '''
+def rope_config(self, layer_type: str | None) -> "{cls}":
+    """This config as the rotary embedding of one attention layer type reads
+    it: ``rope_parameters`` (RoPE base, type and scaling parameters) from
+    ``rope_layer_parameters[layer_type]``. Itself when one RoPE serves every
+    layer."""
+    if layer_type is None or not self.rope_layer_parameters:
+        return self
+    return replace(self, rope_parameters=dict(self.rope_layer_parameters[layer_type]), rope_layer_parameters=None)
 '''
 
 LAYER_TYPES_FUNCTION = '''
@@ -269,6 +292,70 @@ class RopeLayerParameters(Codemod):
             ''',
         ),
         Example(
+            title="a config keeping the checkpoint's rope_parameters (real vllm_neuron llama3 shape)",
+            role="config",
+            path="config.py",
+            before='''
+                from dataclasses import dataclass, field
+
+
+                @dataclass
+                class LlamaConfig:
+                    head_dim: int = 64
+                    rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 500000.0})
+                    torch_dtype: torch.dtype = torch.bfloat16
+
+                    def __post_init__(self):
+                        if self.head_dim is None:
+                            self.head_dim = self.hidden_size // self.num_attention_heads
+
+                    @classmethod
+                    def from_configs(cls, hf_config, neuron_config=None):
+                        config_dict = hf_config.to_dict()
+                        field_names = {f.name for f in cls.__dataclass_fields__.values()}
+                        return cls(**{k: v for k, v in config_dict.items() if k in field_names})
+            ''',
+            after='''
+                from dataclasses import dataclass, field, replace
+                from typing import Any
+
+
+                @dataclass
+                class LlamaConfig:
+                    head_dim: int = 64
+                    rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 500000.0})
+                    # <-- MODEL-SPECIFIC: fields of this architecture's features (sorted by name)
+                    layer_types: list[str] | None = None
+                    # RoPE base, type and scaling parameters per attention layer type, when they differ
+                    rope_layer_parameters: dict[str, dict[str, Any]] | None = None
+                    torch_dtype: torch.dtype = torch.bfloat16
+
+                    def __post_init__(self):
+                        if self.head_dim is None:
+                            self.head_dim = self.hidden_size // self.num_attention_heads
+                        # <-- MODEL-SPECIFIC: RoPE per attention layer type: parameters keyed by type are kept per type
+                        if self.rope_parameters and all(isinstance(value, dict) for value in self.rope_parameters.values()):
+                            self.rope_layer_parameters = {key: dict(value) for key, value in self.rope_parameters.items()}
+                            self.rope_parameters = dict(next(iter(self.rope_layer_parameters.values())))
+
+                    # <-- MODEL-SPECIFIC: RoPE per attention layer type
+                    def rope_config(self, layer_type: str | None) -> "LlamaConfig":
+                        """This config as the rotary embedding of one attention layer type reads
+                        it: ``rope_parameters`` (RoPE base, type and scaling parameters) from
+                        ``rope_layer_parameters[layer_type]``. Itself when one RoPE serves every
+                        layer."""
+                        if layer_type is None or not self.rope_layer_parameters:
+                            return self
+                        return replace(self, rope_parameters=dict(self.rope_layer_parameters[layer_type]), rope_layer_parameters=None)
+
+                    @classmethod
+                    def from_configs(cls, hf_config, neuron_config=None):
+                        config_dict = hf_config.to_dict()
+                        field_names = {f.name for f in cls.__dataclass_fields__.values()}
+                        return cls(**{k: v for k, v in config_dict.items() if k in field_names})
+            ''',
+        ),
+        Example(
             title="the layers must take the step's embeddings in a loop",
             before="""
                 class Gemma3Model(nn.Module):
@@ -301,6 +388,8 @@ class RopeLayerParameters(Codemod):
     def _config(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         module = add_config_fields(module, ctx, ID, CONFIG_FIELDS)
         cls = config_class(module, ctx, ID)
+        if "rope_parameters" in config_fields(cls) and _per_type_refusal(method(cls, "from_configs") or cls)[0] is None:
+            return self._parameters_config(cls, module, ctx)
         name = cls.name.value
         edits: dict = {}
         from_configs = require_method(cls, "from_configs", ctx, module, ID)
@@ -339,9 +428,51 @@ class RopeLayerParameters(Codemod):
         module = rewrite(module, edits)
         return ensure_import_from(module, "dataclasses", "replace")
 
+    def _parameters_config(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext) -> cst.Module:
+        """A config that keeps the checkpoint's ``rope_parameters`` as they
+        come (transformers v5; the real vllm_neuron llama3): parameters keyed
+        by layer type are split in ``__post_init__`` (``rope_layer_parameters``;
+        ``rope_parameters`` keeps the first type's for the model-wide rotary
+        embedding) and ``rope_config`` gives each type's view."""
+        edits: dict = {}
+        post_init = method(cls, "__post_init__")
+        if post_init is None or not any(self_attr(n) == "rope_layer_parameters" for n in walk(post_init)):
+            split = parse_statements(SPLIT_PARAMETERS.strip("\n"), module)
+            split[0] = with_comment(
+                split[0], "<-- MODEL-SPECIFIC: RoPE per attention layer type: parameters keyed by type are kept per type"
+            )
+            if post_init is None:
+                new = parse_method("def __post_init__(self) -> None:\n    pass\n", module)
+                new = new.with_changes(body=new.body.with_changes(body=split), leading_lines=[cst.EmptyLine(indent=False)])
+                last_field = list(config_fields(cls).values())[-1]
+                edits[id(last_field)] = lambda updated, new=new: cst.FlattenSentinel([updated, new])
+            else:
+                last = list(statements(post_init))[-1]
+                edits[id(last)] = lambda updated, split=split: cst.FlattenSentinel([updated, *split])
+        if method(cls, "rope_config") is None:
+            new = parse_method(PARAMETERS_CONFIG_METHOD.format(cls=cls.name.value), module)
+            new = with_comment(new, "<-- MODEL-SPECIFIC: RoPE per attention layer type")
+            new = new.with_changes(leading_lines=[cst.EmptyLine(indent=False), *new.leading_lines])
+            anchor = post_init or method(cls, "from_configs")
+            if anchor is None:
+                raise ctx.precondition(f"{ID}: {cls.name.value} has no __post_init__ or from_configs", cls, module)
+            if anchor is post_init:
+                add_edit(edits, id(anchor), lambda updated, new=new: cst.FlattenSentinel([updated, new]))
+            else:
+                edits[id(anchor)] = lambda updated, new=new: cst.FlattenSentinel(
+                    [new, updated.with_changes(leading_lines=[cst.EmptyLine(indent=False)])]
+                )
+        module = rewrite(module, edits)
+        module = ensure_import_from(module, "typing", "Any")  # the new fields' annotation
+        return ensure_import_from(module, "dataclasses", "replace")
+
     # -- model -------------------------------------------------------------------------
 
     def _model(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        if not classes_with_role(module, "backbone") and any(
+            class_role(name) == "backbone" for name in ctx.port.package_classes
+        ):
+            return module  # the backbone is defined in another file of the package
         backbone = one_class(module, "backbone", ctx, ID, "<Prefix>Model backbone")
         name = backbone.name.value
         init = require_method(backbone, "__init__", ctx, module, ID)

@@ -12,6 +12,7 @@ from autoport_cst.transform.attention import parse_method
 from autoport_cst.transform.config_fields import add_config_fields
 from autoport_cst.transform.cst_helpers import (
     classes_with_role,
+    code_of,
     dotted,
     has_comment,
     method,
@@ -20,11 +21,13 @@ from autoport_cst.transform.cst_helpers import (
     parse_statements,
     rewrite,
     self_assignment,
+    self_attr,
     statements,
     string_text,
     walk,
     with_comment,
 )
+from autoport_cst.transform.roles import class_role
 
 ID = "rope-scaling"
 
@@ -147,6 +150,8 @@ def _longrope_inv_freq(self, inv_freq, position_ids):
 }
 
 SCALED = ("yarn", "longrope")
+# variants whose code reads self.scaling_factor without setting it
+FACTOR_READERS = ("linear", "dynamic")
 
 
 @dataclass(frozen=True)
@@ -191,9 +196,17 @@ class RopeScaling(Codemod):
     gains ``original_max_position_embeddings`` (Phi-3 keeps it outside the
     RoPE parameters).
 
-    Preconditions: one rotary class whose ``__init__`` reads the scaling dict
-    into a local and refuses other types with ``if self.rope_type not in
-    (...)``, with ``_compute_inv_freq(self, device)`` ending in ``return
+    The rotary class may keep the RoPE type as ``self.rope_type`` or in a
+    local read from the RoPE parameters (``rope_type =
+    self.rope_parameters.get("rope_type")``, transformers v5's
+    ``config.rope_parameters``, as the real vllm_neuron llama3 does): the type
+    is then also kept as ``self.rope_type`` for the variant's branches, and
+    ``self.scaling_factor`` set unconditionally when the variant reads it.
+
+    Preconditions: one rotary class whose ``__init__`` reads the RoPE
+    parameters (into a local, or an attribute holding the config's) and
+    refuses other types with ``if <rope type> not in (...)`` (an ``if`` or an
+    ``elif``), with ``_compute_inv_freq(self, device)`` ending in ``return
     inv_freq``, and a ``forward`` computing ``inv_freq =
     self._compute_inv_freq(...)`` and returning ``emb.cos()`` / ``emb.sin()``.
     """
@@ -333,6 +346,7 @@ class RopeScaling(Codemod):
                         # <-- MODEL-SPECIFIC: scalars of the RoPE variants (tensors are built in forward)
                         self.max_position_embeddings = config.max_position_embeddings
                         self.attention_scaling = 1.0
+                        self.scaling_factor = float(scaling.get("factor", 1.0))
 
                     def _compute_inv_freq(self, device):
                         inv_freq = 1.0 / (self.rope_theta ** (torch.arange(0, self.head_dim, 2, device=device).float() / self.head_dim))
@@ -357,6 +371,65 @@ class RopeScaling(Codemod):
                             inv_freq = self._dynamic_ntk_inv_freq(inv_freq, positions)
                         emb = torch.outer(positions.float(), inv_freq).repeat(1, 2)
                         return emb.cos().to(dtype), emb.sin().to(dtype)
+            ''',
+        ),
+        Example(
+            title="a guard of its own shape: the type in a local, elif, the config's rope_parameters (real vllm_neuron llama3)",
+            params={"variant": "linear"},
+            before='''
+                class LlamaRotaryEmbedding(nn.Module):
+                    def __init__(self, config):
+                        super().__init__()
+                        self.rope_theta = config.rope_parameters["rope_theta"]
+                        self.head_dim = config.head_dim
+                        self.rope_parameters = config.rope_parameters
+                        rope_type = self.rope_parameters.get("rope_type")
+                        if rope_type == "llama3":
+                            self.scaling_factor = self.rope_parameters.get("factor", 1.0)
+                        elif rope_type not in (None, "default"):
+                            raise NotImplementedError(f"rope_type '{rope_type}' is not supported")
+
+                    def _compute_inv_freq(self, device):
+                        inv_freq = 1.0 / (self.rope_theta ** (torch.arange(0, self.head_dim, 2, device=device).float() / self.head_dim))
+                        if self.rope_parameters.get("rope_type") == "llama3":
+                            inv_freq = self._apply_llama3_scaling(inv_freq)
+                        return inv_freq
+
+                    def forward(self, position_ids, device, dtype):
+                        inv_freq = self._compute_inv_freq(device)
+                        emb = torch.outer(position_ids.float(), inv_freq).repeat(1, 2)
+                        return emb.cos().to(dtype=dtype), emb.sin().to(dtype=dtype)
+            ''',
+            after='''
+                class LlamaRotaryEmbedding(nn.Module):
+                    def __init__(self, config):
+                        super().__init__()
+                        self.rope_theta = config.rope_parameters["rope_theta"]
+                        self.head_dim = config.head_dim
+                        self.rope_parameters = config.rope_parameters
+                        rope_type = self.rope_parameters.get("rope_type")
+                        if rope_type == "llama3":
+                            self.scaling_factor = self.rope_parameters.get("factor", 1.0)
+                        elif rope_type not in (None, "default", "linear"):
+                            raise NotImplementedError(f"rope_type '{rope_type}' is not supported")
+                        # <-- MODEL-SPECIFIC: scalars of the RoPE variants (tensors are built in forward)
+                        self.rope_type = rope_type
+                        self.max_position_embeddings = config.max_position_embeddings
+                        self.attention_scaling = 1.0
+                        self.scaling_factor = float(self.rope_parameters.get("factor", 1.0))
+
+                    def _compute_inv_freq(self, device):
+                        inv_freq = 1.0 / (self.rope_theta ** (torch.arange(0, self.head_dim, 2, device=device).float() / self.head_dim))
+                        if self.rope_parameters.get("rope_type") == "llama3":
+                            inv_freq = self._apply_llama3_scaling(inv_freq)
+                        if self.rope_type == "linear":
+                            inv_freq = inv_freq / self.scaling_factor
+                        return inv_freq
+
+                    def forward(self, position_ids, device, dtype):
+                        inv_freq = self._compute_inv_freq(device)
+                        emb = torch.outer(position_ids.float(), inv_freq).repeat(1, 2)
+                        return emb.cos().to(dtype=dtype), emb.sin().to(dtype=dtype)
             ''',
         ),
         Example(
@@ -424,7 +497,7 @@ class RopeScaling(Codemod):
                     def forward(self, x):
                         return x
             """,
-            raises="rope-scaling: LlamaRotaryEmbedding.__init__ has no `if self.rope_type not in (...)` guard",
+            raises="rope-scaling: LlamaRotaryEmbedding.__init__ has no `if <rope type> not in (...)` guard",
         ),
     )
 
@@ -451,6 +524,8 @@ class RopeScaling(Codemod):
                 )],
             )
         rotary = classes_with_role(module, "rotary")
+        if not rotary and any(class_role(name) == "rotary" for name in ctx.port.package_classes):
+            return module  # the rotary embedding is defined in another file of the package
         if len(rotary) != 1:
             raise ctx.precondition(
                 f"{ID}: expected one rotary embedding class (<Prefix>RotaryEmbedding), found {len(rotary)}"
@@ -471,36 +546,51 @@ class RopeScaling(Codemod):
         guard = _guard(init)
         if guard is None:
             raise ctx.precondition(
-                f"{ID}: {name}.__init__ has no `if self.rope_type not in (...)` guard", init, module
+                f"{ID}: {name}.__init__ has no `if <rope type> not in (...)` guard refusing the RoPE types it "
+                "does not implement",
+                init,
+                module,
             )
-        _, guard_tuple = guard
+        _, guard_tuple, rope_type = guard
         supported = [string_text(e.value) for e in guard_tuple.elements]
         if variant in supported:
             return module
-
         edits: dict = {}
         # the guard accepts the variant
         new_tuple = parse_expr(
-            "(" + ", ".join(f'"{s}"' for s in [*supported, variant]) + ")", module
-        )
-        edits[id(guard_tuple)] = lambda updated: updated.with_changes(
-            elements=new_tuple.elements, lpar=updated.lpar, rpar=updated.rpar
+            "(" + ", ".join([*(code_of(e.value) for e in guard_tuple.elements), f'"{variant}"']) + ")", module
         )
 
+        def accept(updated, new_tuple=new_tuple):
+            return updated.with_changes(elements=new_tuple.elements, lpar=updated.lpar, rpar=updated.rpar)
+
+        edits[id(guard_tuple)] = accept
         # __init__: scalars (after the guard and the statements that follow it)
         config = init.params.params[1].name.value if len(init.params.params) > 1 else "config"
         scaling_local = _scaling_local(init)
         init_body = list(statements(init))
         existing = {pair[0] for s in init_body if (pair := self_assignment(s)) is not None}
         new_init: list[cst.BaseStatement] = []
+        if "rope_type" not in existing:
+            # the branches below read the type as self.rope_type
+            new_init.append(parse_statement(f"self.rope_type = {rope_type}", module))
         for attr, code in COMMON_INIT.items():
             if attr not in existing:
                 new_init.append(parse_statement(code.format(config=config), module))
+        if variant in FACTOR_READERS and "scaling_factor" not in existing:
+            if scaling_local is None:
+                raise ctx.precondition(
+                    f"{ID}: {name}.__init__ reads no RoPE parameters dict (config.rope_parameters or "
+                    "config.rope_scaling) to take the scaling factor from",
+                    init,
+                    module,
+                )
+            new_init.append(parse_statement(f'self.scaling_factor = float({scaling_local}.get("factor", 1.0))', module))
         if variant in SETUP:
             if scaling_local is None:
                 raise ctx.precondition(
-                    f"{ID}: {name}.__init__ keeps no local copy of the scaling dict "
-                    "(scaling = dict(config.rope_scaling or {}))",
+                    f"{ID}: {name}.__init__ reads no RoPE parameters dict (scaling = dict(config.rope_scaling "
+                    "or {}), or self.rope_parameters = config.rope_parameters)",
                     init,
                     module,
                 )
@@ -599,32 +689,51 @@ class RopeScaling(Codemod):
         return rewrite(module, {id(returns[-1]): lambda updated: cst.FlattenSentinel([zero, updated])})
 
 
-def _guard(init: cst.FunctionDef) -> tuple[cst.If, cst.Tuple] | None:
+def _guard(init: cst.FunctionDef) -> tuple[cst.If, cst.Tuple, str] | None:
+    """The ``if <rope type> not in (...)`` test (an ``if`` or an ``elif``
+    among the top-level statements of ``__init__``) that refuses the RoPE
+    types the class does not implement: the statement, the tuple of accepted
+    types (strings and None) and the code of the rope-type expression
+    (``self.rope_type``, or a local read from the RoPE parameters)."""
     for stmt in statements(init):
-        if not isinstance(stmt, cst.If) or not isinstance(stmt.test, cst.Comparison):
-            continue
-        test = stmt.test
-        if dotted(test.left) != "self.rope_type" or len(test.comparisons) != 1:
-            continue
-        target = test.comparisons[0]
-        if isinstance(target.operator, cst.NotIn) and isinstance(target.comparator, cst.Tuple):
-            if all(string_text(e.value) is not None for e in target.comparator.elements):
-                return stmt, target.comparator
+        branch = stmt
+        while isinstance(branch, cst.If):
+            found = _guard_test(branch.test)
+            if found is not None:
+                return (branch, *found)
+            branch = branch.orelse
+    return None
+
+
+def _guard_test(test: cst.BaseExpression) -> tuple[cst.Tuple, str] | None:
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return None
+    subject = dotted(test.left)
+    target = test.comparisons[0]
+    if subject is None or not (subject == "self.rope_type" or "." not in subject):
+        return None
+    if isinstance(target.operator, cst.NotIn) and isinstance(target.comparator, cst.Tuple):
+        if all(string_text(e.value) is not None or dotted(e.value) == "None" for e in target.comparator.elements):
+            return target.comparator, subject
     return None
 
 
 def _scaling_local(init: cst.FunctionDef) -> str | None:
+    """The code of the RoPE parameters dict ``__init__`` reads: a local
+    (``scaling = dict(config.rope_scaling or {})``) or an attribute holding
+    the config's (``self.rope_parameters = config.rope_parameters``)."""
     for stmt in statements(init):
         if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
             small = stmt.body[0]
             if (
                 isinstance(small, cst.Assign)
                 and len(small.targets) == 1
-                and isinstance(small.targets[0].target, cst.Name)
+                and (isinstance(small.targets[0].target, cst.Name) or self_attr(small.targets[0].target))
                 and any(isinstance(n, cst.Attribute) and n.attr.value in ("rope_scaling", "rope_parameters")
                         for n in walk(small.value))
+                and not isinstance(small.value, cst.Subscript)
             ):
-                return small.targets[0].target.value
+                return code_of(small.targets[0].target)
     return None
 
 

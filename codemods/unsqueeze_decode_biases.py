@@ -6,9 +6,9 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext
 from autoport_cst.transform.cst_helpers import (
+    classes_with_role,
     code_of,
     dotted,
-    is_call,
     is_none,
     parse_expr,
     positional_args,
@@ -17,6 +17,8 @@ from autoport_cst.transform.cst_helpers import (
     self_attr,
     walk,
 )
+from autoport_cst.transform.qkv import projection_kind
+from autoport_cst.transform.roles import class_role
 
 BIAS_ARGUMENTS = ("bias_qkv", "bias_out")
 TWO_D_FORMS = ("unsqueeze", "view", "reshape")
@@ -31,11 +33,14 @@ class UnsqueezeDecodeBiases(Codemod):
     the ``x if x is not None else None`` form keeps its guard
     (``x.unsqueeze(0) if x is not None else None``).
 
-    Left as they are: ``None``; values already made 2-D with ``.unsqueeze``,
-    ``.view`` or ``.reshape``; and ``self.<attr>`` parameters created 2-D in
-    the same class (``torch.zeros(1, n)``).
+    Every decode kernel call of the file is fixed (``NF.attention_decode`` or
+    its op-by-op substitute). Left as they are: ``None``; values already made
+    2-D with ``.unsqueeze``, ``.view`` or ``.reshape`` (a local is judged by
+    the value it was last bound to before the call); and ``self.<attr>``
+    parameters created 2-D in the same class (``torch.zeros(1, n)``).
 
-    Precondition: the file calls ``NF.attention_decode``.
+    Precondition: the file calls the decode kernel, unless the package's
+    attention is defined in another file.
     """
 
     ID = "unsqueeze-decode-biases"
@@ -70,6 +75,23 @@ class UnsqueezeDecodeBiases(Codemod):
             """,
         ),
         Example(
+            title="biases passed through locals, to the kernel or its op-by-op substitute",
+            before="""
+                class GptOssAttention(nn.Module):
+                    def forward_decode(self, x):
+                        qkv_bias = self.qkv_proj_bias.unsqueeze(0) if self.qkv_proj_bias is not None else None
+                        out_bias = self.o_proj_bias
+                        return _attention_decode_unfused(X=x, bias_qkv=qkv_bias, bias_out=out_bias)
+            """,
+            after="""
+                class GptOssAttention(nn.Module):
+                    def forward_decode(self, x):
+                        qkv_bias = self.qkv_proj_bias.unsqueeze(0) if self.qkv_proj_bias is not None else None
+                        out_bias = self.o_proj_bias
+                        return _attention_decode_unfused(X=x, bias_qkv=qkv_bias, bias_out=out_bias.unsqueeze(0))
+            """,
+        ),
+        Example(
             title="no decode kernel call",
             before="""
                 def forward(x):
@@ -81,13 +103,22 @@ class UnsqueezeDecodeBiases(Codemod):
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         nodes = walk(module)
-        calls = [n for n in nodes if is_call(n, "NF.attention_decode")]
+        calls = [n for n in nodes if isinstance(n, cst.Call) and projection_kind(n) == "decode"]
         if not calls:
+            if any(class_role(name) == "attention" for name in ctx.port.package_classes) and not any(
+                c.name.value for c in classes_with_role(module, "attention")
+            ):
+                return module  # the attention (and its decode kernel) is in another file of the package
             raise ctx.precondition(
                 "unsqueeze-decode-biases: no NF.attention_decode(...) call in this file"
             )
         fixer = _Unsqueeze(_two_d_parameters(nodes), module)
-        return rewrite(module, {id(call): fixer.edit for call in calls})
+        edits = {}
+        for func in (n for n in nodes if isinstance(n, cst.FunctionDef)):
+            for call in (n for n in walk(func) if isinstance(n, cst.Call) and projection_kind(n) == "decode"):
+                if id(call) not in edits:
+                    edits[id(call)] = lambda updated, func=func, call=call: fixer.edit(updated, _locals(func, call))
+        return rewrite(module, edits)
 
 
 def _two_d_parameters(nodes: list[cst.CSTNode]) -> set[str]:
@@ -107,17 +138,42 @@ def _two_d_parameters(nodes: list[cst.CSTNode]) -> set[str]:
     return found
 
 
-def is_two_d(value: cst.BaseExpression, two_d_params: set[str]) -> bool:
-    """Whether a bias argument is None or already 2-D."""
+def is_two_d(value: cst.BaseExpression, two_d_params: set[str], local: dict | None = None) -> bool:
+    """Whether a bias argument is None or already 2-D (a local is judged by
+    the value ``local`` says it was bound to)."""
     if is_none(value):
         return True
     if isinstance(value, cst.IfExp):
-        return is_two_d(value.body, two_d_params) and is_two_d(value.orelse, two_d_params)
+        return is_two_d(value.body, two_d_params, local) and is_two_d(value.orelse, two_d_params, local)
     if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
         if value.func.attr.value in TWO_D_FORMS:
             return True
+    if isinstance(value, cst.Name) and local is not None and value.value in local:
+        return is_two_d(local[value.value], two_d_params)
     attr = self_attr(value)
     return attr is not None and attr in two_d_params
+
+
+def _locals(func: cst.FunctionDef, call: cst.Call) -> dict[str, cst.BaseExpression]:
+    """The value each local of ``func`` was last bound to (by a plain
+    assignment) before the statement holding ``call``."""
+    from autoport_cst.transform.loaders import (
+        bound_names,
+        placed_statements,
+        plain_binding,
+    )
+
+    values: dict[str, cst.BaseExpression] = {}
+    for placed in placed_statements(func):
+        if any(n is call for n in walk(placed.stmt)) and isinstance(placed.stmt, cst.SimpleStatementLine):
+            break
+        for name in bound_names(placed.stmt):
+            value = plain_binding(placed.stmt, name)
+            if value is None:
+                values.pop(name, None)
+            else:
+                values[name] = value
+    return values
 
 
 class _Unsqueeze:
@@ -125,21 +181,21 @@ class _Unsqueeze:
         self.two_d = two_d
         self.module = module
 
-    def _fix(self, value: cst.BaseExpression) -> cst.BaseExpression:
-        if is_two_d(value, self.two_d):
+    def _fix(self, value: cst.BaseExpression, local: dict) -> cst.BaseExpression:
+        if is_two_d(value, self.two_d, local):
             return value
         if isinstance(value, cst.IfExp):
-            return value.with_changes(body=self._fix(value.body), orelse=self._fix(value.orelse))
+            return value.with_changes(body=self._fix(value.body, local), orelse=self._fix(value.orelse, local))
         code = code_of(value)
         if _needs_parens(value):
             code = f"({code})"
         return parse_expr(f"{code}.unsqueeze(0)", self.module)
 
-    def edit(self, updated: cst.Call) -> cst.Call:
+    def edit(self, updated: cst.Call, local: dict) -> cst.Call:
         args = list(updated.args)
         for index, arg in enumerate(args):
             if arg.keyword is not None and arg.keyword.value in BIAS_ARGUMENTS:
-                args[index] = arg.with_changes(value=self._fix(arg.value))
+                args[index] = arg.with_changes(value=self._fix(arg.value, local))
         return updated.with_changes(args=args)
 
 
