@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoport_cst.transform import Codemod, Example, FileContext, NoParams
+from dataclasses import dataclass, field
+
+from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform import moe as moe_edits
 from autoport_cst.transform.config_fields import add_config_fields
 from autoport_cst.transform.cst_helpers import (
     code_of,
     is_call,
+    parse_expr,
     parse_statement,
     rewrite,
     self_attr,
@@ -24,6 +27,17 @@ ATTR = "routed_scaling_factor"
 CONFIG_KEYS = ("routed_scaling_factor", "router_scaling_factor")
 COMMENT = "<-- MODEL-SPECIFIC: the routed experts' weights are scaled by a constant (after any renormalization)"
 ANCHORS = ("norm_topk_prob", "num_experts_per_token", "top_k")
+
+
+@dataclass(frozen=True)
+class RoutedScalingParams:
+    factor: float = field(
+        default=1.0,
+        metadata={
+            "doc": "The architecture's factor: the config field's default in a config file that has no alias "
+            "table (a config spelling the key otherwise still gets it); with the table the default stays 1.0."
+        },
+    )
 
 
 class RoutedScaling(Codemod):
@@ -57,7 +71,7 @@ class RoutedScaling(Codemod):
 
     ID = ID
     REALIZES = ("moe.routed_scaling_factor",)
-    Params = NoParams
+    Params = RoutedScalingParams
     FILES = ("model", "config")
     EXAMPLES = (
         Example(
@@ -155,8 +169,14 @@ class RoutedScaling(Codemod):
     def realizes(cls, diff) -> bool:
         return diff.path in cls.REALIZES and diff.target is not None
 
+    @classmethod
+    def params_for(cls, diffs, target, port: PortContext) -> RoutedScalingParams:
+        return RoutedScalingParams(factor=float(target.moe.routed_scaling_factor))
+
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         if ctx.role == "config":
+            if not moe_edits.has_config_aliases(module):
+                return add_config_fields(module, ctx, ID, [(f"{ATTR}: float = {self.params.factor!r}", "")])
             module = moe_edits.add_config_alias(module, ctx, ID, ATTR, CONFIG_KEYS)
             return add_config_fields(module, ctx, ID, [(f"{ATTR}: float = 1.0", "")])
         found = moe_edits.experts_classes(module)
@@ -184,9 +204,18 @@ class RoutedScaling(Codemod):
                 edits[id(anchor)] = lambda updated, line=line: cst.FlattenSentinel([updated, line])
             self._scale_route(survey, module, ctx, edits)
             self._scale_kernel(survey, module, ctx, edits)
+        self._guard_others(module, ctx, edits)
         return rewrite(module, edits)
 
     def _scale_route(self, survey, module, ctx, edits) -> None:
+        if len(survey.router_targets) == 1 and survey.router_statement is not None:
+            # x = NF.router(...): the kernel (or its substitute) returns the final weights
+            out = survey.router_targets[0]
+            line = parse_statement(f"{out} = {out} * self.{ATTR}", module)
+            statement = survey.router_statement
+            if not _scaled_after(survey.cls, statement, out):
+                edits[id(statement)] = lambda updated, line=line: cst.FlattenSentinel([updated, line])
+            return
         route = next(
             (m for m in survey.methods.values() if any(n is survey.router_call for n in walk(m))), None
         )
@@ -212,17 +241,34 @@ class RoutedScaling(Codemod):
         edits[id(last)] = lambda updated, line=line: cst.FlattenSentinel([line, updated])
 
     def _scale_kernel(self, survey, module, ctx, edits) -> None:
+        """The fused decode kernel weighs the experts itself: its output is scaled."""
+        kernels = (moe_edits.DECODE_KERNEL, moe_edits.BLOCK_SUBSTITUTE)
         for method in survey.methods.values():
             body = list(statements(method))
             for index, stmt in enumerate(body):
-                pair = simple_assign(stmt) if isinstance(stmt, cst.SimpleStatementLine) else None
-                calls = [n for n in walk(stmt) if isinstance(n, cst.Call) and is_call(n, moe_edits.DECODE_KERNEL)]
+                calls = [n for n in walk(stmt) if isinstance(n, cst.Call) and is_call(n, *kernels)]
                 if not calls:
                     continue
+                if _returns_scaled(stmt):
+                    continue
+                if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Return) \
+                        and stmt.body[0].value is calls[0]:
+                    if (moe_edits.literal(calls[0], "skip_router_logits") or "False") != "True":
+                        raise ctx.precondition(
+                            f"routed-scaling: the decode kernel of {survey.cls.name.value} returns its router "
+                            "logits too (skip_router_logits is not True)",
+                            stmt,
+                            module,
+                        )
+                    ret = stmt.body[0]
+                    new = parse_expr(f"{code_of(calls[0])} * self.{ATTR}", module)
+                    edits[id(ret)] = lambda updated, new=new: updated.with_changes(value=new)
+                    continue
+                pair = simple_assign(stmt) if isinstance(stmt, cst.SimpleStatementLine) else None
                 if pair is None or not isinstance(pair[0], cst.Name):
                     raise ctx.precondition(
                         f"routed-scaling: the NF.moe_block_tkg call of {survey.cls.name.value} is not assigned "
-                        "to a name (output = NF.moe_block_tkg(...))",
+                        "to a name (output = NF.moe_block_tkg(...)) nor returned",
                         stmt,
                         module,
                     )
@@ -231,6 +277,35 @@ class RoutedScaling(Codemod):
                     continue
                 line = parse_statement(f"{out} = {out} * self.{ATTR}", module)
                 edits[id(stmt)] = lambda updated, line=line: cst.FlattenSentinel([updated, line])
+
+    def _guard_others(self, module, ctx, edits) -> None:
+        """Router kernels whose weights feed experts elsewhere (an all-to-all decode) are guarded."""
+        for site in moe_edits.moe_sites(module, "moe.router"):
+            if site.kind == "other":
+                moe_edits.guard_site(
+                    module, site, f"routed scaling factor: {site.name} is not ported to it",
+                    "<-- MODEL-SPECIFIC: the weights of this router kernel are not scaled", ctx, edits,
+                )
+
+
+def _returns_scaled(stmt: cst.CSTNode) -> bool:
+    """``return <kernel>(...) * self.routed_scaling_factor``."""
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and isinstance(stmt.body[0], cst.Return)
+        and isinstance(stmt.body[0].value, cst.BinaryOperation)
+        and self_attr(stmt.body[0].value.right) == ATTR
+    )
+
+
+def _scaled_after(cls: cst.ClassDef, statement: cst.CSTNode, name: str) -> bool:
+    """Whether the statement after ``statement`` (in its block) scales ``name``."""
+    for node in walk(cls):
+        body = getattr(node, "body", None)
+        if isinstance(body, (list, tuple)) and any(s is statement for s in body):
+            index = next(i for i, s in enumerate(body) if s is statement)
+            return index + 1 < len(body) and _scales(body[index + 1], name)
+    return False
 
 
 def _scales(stmt: cst.CSTNode, name: str) -> bool:

@@ -46,6 +46,13 @@ class SharedExpertsParams:
         default=True,
         metadata={"doc": "A sigmoid gate (a [1, H] linear) scales the shared expert's output per token."},
     )
+    count: int = field(
+        default=1,
+        metadata={
+            "doc": "Shared experts of the architecture: the default of n_shared_experts in a config "
+            "file that has no alias table (a config spelling it otherwise still gets this count)."
+        },
+    )
 
 
 CONFIG_FIELDS = [
@@ -359,11 +366,16 @@ class SharedExperts(Codemod):
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> SharedExpertsParams:
-        return SharedExpertsParams(gate=bool(target.moe.shared_expert_gate))
+        return SharedExpertsParams(gate=bool(target.moe.shared_expert_gate), count=int(target.moe.shared_experts or 1))
 
     # -- config.py -------------------------------------------------------------
 
     def _transform_config(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        if not moe_edits.has_config_aliases(module):
+            # no alias table: the fields under the names Qwen2-MoE and DeepSeek-style
+            # configs use, the count defaulting to the architecture's
+            fields = [(f"n_shared_experts: int | None = {self.params.count}", ""), CONFIG_FIELDS[1]]
+            return add_config_fields(module, ctx, self.ID, fields)
         for name, keys in CONFIG_ALIASES.items():
             module = moe_edits.add_config_alias(module, ctx, self.ID, name, keys)
         return add_config_fields(module, ctx, self.ID, CONFIG_FIELDS)
@@ -390,6 +402,8 @@ class SharedExperts(Codemod):
         module = rewrite(module, edits)
         if added:
             module = ensure_import_from(module, WEIGHT_LOADERS, "sharding_weight_loader")
+            if "with_rank_override(" in module.code:
+                module = ensure_import_from(module, WEIGHT_LOADERS, "with_rank_override")
         module = add_functions(module, [WIDTH_FUNCTION, KEY_FUNCTION])
         return self._add_mappings(module, router_params, ctx)
 
@@ -400,12 +414,10 @@ class SharedExperts(Codemod):
 
     def _edit_class(self, survey, edits, module, ctx) -> bool:
         gate = self.params.gate
-        for attr in ("down_proj_weight",):
-            if attr not in survey.params:
-                raise self._missing(ctx, survey, f"self.{attr} = nn.Parameter(...)", module)
-        for attr in NEEDED:
-            if attr not in survey.assigned:
-                raise self._missing(ctx, survey, f"self.{attr} attribute", module)
+        if "down_proj_weight" not in survey.params:
+            raise self._missing(ctx, survey, "self.down_proj_weight = nn.Parameter(...)", module)
+        if "hidden_size" not in survey.assigned:
+            raise self._missing(ctx, survey, "self.hidden_size attribute", module)
         init = survey.methods.get("__init__")
         loaders = survey.methods.get("_setup_weight_loaders")
         prefill = survey.methods.get("forward_prefill")
@@ -419,6 +431,22 @@ class SharedExperts(Codemod):
         norm = _norm_attribute(survey)
         if norm is None:
             raise self._missing(ctx, survey, "norm module of its own (self.<norm> = <Prefix>RMSNorm(...))", module)
+        dtype = "self.dtype" if "dtype" in survey.assigned else _dtype_of(survey.params["down_proj_weight"])
+        if dtype is None:
+            raise self._missing(ctx, survey, "self.dtype, nor a dtype= on self.down_proj_weight", module)
+        group = _output_group(decode)
+        if group is None:
+            raise ctx.precondition(
+                f"shared-experts: forward_decode of {survey.cls.name.value} has no all-reduce of the routed "
+                "output over one group (<group>.all_reduce(output)) for the shared expert to share",
+                decode,
+                module,
+            )
+        if group == "self.tp_group" and "world_size" in survey.assigned:
+            shards, rank = "self.world_size", None
+        else:
+            shards, rank = f"{group}.world_size", f"{group}.rank_in_group"
+        cross_dp = "cross_dp_ep" in survey.assigned
         config = moe_edits.method_parameter(init, 0) or "config"
         has_weights = all(w in survey.params for w in WEIGHTS)
         has_gate = GATE in survey.params
@@ -430,13 +458,13 @@ class SharedExperts(Codemod):
         if not has_weights:
             size = f"_shared_expert_width({config})"
             lines = parse_statements(
-                f"self.{SIZE} = {size} // self.world_size\n"
+                f"self.{SIZE} = {size} // {shards}\n"
                 f"self.{WEIGHTS[0]} = nn.Parameter(\n"
-                f"    torch.empty(self.hidden_size, self.{SIZE}, dtype=self.dtype)\n)\n"
+                f"    torch.empty(self.hidden_size, self.{SIZE}, dtype={dtype})\n)\n"
                 f"self.{WEIGHTS[1]} = nn.Parameter(\n"
-                f"    torch.empty(self.hidden_size, self.{SIZE}, dtype=self.dtype)\n)\n"
+                f"    torch.empty(self.hidden_size, self.{SIZE}, dtype={dtype})\n)\n"
                 f"self.{WEIGHTS[2]} = nn.Parameter(\n"
-                f"    torch.empty(self.{SIZE}, self.hidden_size, dtype=self.dtype)\n)\n",
+                f"    torch.empty(self.{SIZE}, self.hidden_size, dtype={dtype})\n)\n",
                 module,
             )
             lines[0] = _with_comment(
@@ -456,7 +484,20 @@ class SharedExperts(Codemod):
         # loaders
         loader_lines: list[cst.BaseStatement] = []
         if not has_weights:
+            def sharded(dim: int, indent: str) -> str:
+                inner = indent + "    "
+                loader = (
+                    f"sharding_weight_loader(\n{inner}    shard_dim={dim},\n{inner}    shard_size=self.{SIZE},\n"
+                    f"{inner}    num_shards={shards},\n{inner}    is_storage_transposed=True,\n{inner})"
+                )
+                return f"with_rank_override(\n{inner}{loader},\n{inner}rank={rank},\n{indent})"
+
             loader_lines += parse_statements(
+                f"for weight in (self.{WEIGHTS[0]}, self.{WEIGHTS[1]}):\n"
+                f"    set_weight_loader(\n        weight,\n        {sharded(1, '        ')},\n    )\n"
+                f"set_weight_loader(\n    self.{WEIGHTS[2]},\n    {sharded(0, '    ')},\n)\n",
+                module,
+            ) if rank is not None else parse_statements(
                 f"for weight in (self.{WEIGHTS[0]}, self.{WEIGHTS[1]}):\n"
                 "    set_weight_loader(\n"
                 "        weight,\n"
@@ -494,7 +535,7 @@ class SharedExperts(Codemod):
         edits[id(last_loader)] = lambda updated, new=loader_lines: cst.FlattenSentinel([updated, *new])
 
         # the method computing the shared expert
-        method = _shared_method(gate, module)
+        method = _shared_method(gate, module, cross_dp)
         existing = survey.methods.get(METHOD)
         if existing is not None:
             edits[id(existing)] = lambda updated, method=method: method
@@ -562,11 +603,10 @@ class SharedExperts(Codemod):
         if self.params.gate:
             wanted.append((GATE, None))
         if not _assigns_names(routers[0].statement, module):
-            raise ctx.precondition(
-                "shared-experts: load_weights has no names variable (names = set(checkpoint.get_tensor_names()))",
-                routers[0].statement,
-                module,
-            )
+            module = moe_edits.add_tensor_names(module, routers[0].statement, ctx, self.ID)
+            entries = mapping_entries(module)
+            keys = {e.key for e in entries}
+            routers = [e for e in entries if any(e.key.endswith(f".{p}") for p in router_params)]
         additions: dict[int, list] = {}
         for entry in routers:
             param = next(p for p in router_params if entry.key.endswith(f".{p}"))
@@ -662,10 +702,21 @@ def _block_key(value: cst.BaseExpression, module: cst.Module):
     return None
 
 
-def _shared_method(gate: bool, module: cst.Module) -> cst.FunctionDef:
+def _shared_method(gate: bool, module: cst.Module, cross_dp: bool = False) -> cst.FunctionDef:
     lines = [
         f"def {METHOD}(self, hidden_states):",
         '    """The always-on shared expert on normalized hidden states [T, H]; partial sums over TP."""',
+    ]
+    if cross_dp:
+        lines += [
+            "    # >>> PARALLELISM: with cross-DP expert parallelism the routed output is summed over every",
+            "    # DP replica's ranks, which would count a TP-sharded shared expert once per replica <<<",
+            "    if self.cross_dp_ep:",
+            "        raise NotImplementedError(",
+            '            "shared experts with cross-DP expert parallelism (data_parallel_size > 1 with EP)"',
+            "        )",
+        ]
+    lines += [
         "    output = NF.mlp(",
         "        hidden_states,",
         f"        self.{WEIGHTS[0]},",
@@ -681,3 +732,26 @@ def _shared_method(gate: bool, module: cst.Module) -> cst.FunctionDef:
     lines.append("    return output")
     method = parse_statement("\n".join(lines) + "\n", module)
     return method.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
+
+
+def _dtype_of(statement: cst.CSTNode) -> str | None:
+    """The ``dtype=`` of the tensor a parameter statement creates."""
+    for node in walk(statement):
+        if isinstance(node, cst.Call):
+            arg = keyword_arg(node, "dtype")
+            if arg is not None:
+                return code_of(arg.value)
+    return None
+
+
+def _output_group(decode: cst.FunctionDef) -> str | None:
+    """The group the decode path sums the routed partial outputs over
+    (``<group>.all_reduce(output)``), leaving out the world-wide group of
+    cross-DP expert parallelism; None when it is not one group."""
+    groups = []
+    for node in walk(decode):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "all_reduce":
+            group = dotted(node.func.value)
+            if group is not None and "wide" not in group and group not in groups:
+                groups.append(group)
+    return groups[0] if len(groups) == 1 else None

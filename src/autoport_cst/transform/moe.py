@@ -705,3 +705,48 @@ def key_under(module_key: str, tensor: str) -> str:
     if module_key[:2] in ('f"', "f'") or module_key[:1] in ('"', "'"):
         return module_key[:-1] + f".{tensor}" + module_key[-1]
     return f'f"{{{module_key}}}.{tensor}"'
+
+
+def has_config_aliases(module: cst.Module) -> bool:
+    """Whether the config file has the ``_ALIASES`` table (field -> config keys)."""
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            pair = simple_assign(stmt)
+            if pair is not None and isinstance(pair[0], cst.Name) and pair[0].value == ALIASES_NAME:
+                return True
+    return False
+
+
+def add_tensor_names(module: cst.Module, stmt: cst.CSTNode, ctx, codemod_id: str) -> cst.Module:
+    """Give the ``load_weights`` holding ``stmt`` a ``names`` variable (the
+    checkpoint's tensor names) as its first statement, read with the
+    checkpoint class it loads with: ``SafetensorsCheckpoint(<path>, <cache_dir>)``."""
+    from autoport_cst.transform.cst_helpers import parse_statement, rewrite, statements
+
+    for node in walk(module):
+        if not (isinstance(node, cst.FunctionDef) and any(n is stmt for n in walk(node))):
+            continue
+        params = [p.name.value for p in node.params.params if p.name.value != "self"]
+        makes = [n for n in walk(node) if isinstance(n, cst.Call) and is_call(n, "SafetensorsCheckpoint")]
+        if not params or not makes:
+            raise ctx.precondition(
+                f"{codemod_id}: {node.name.value} has no names variable (the checkpoint's tensor names) "
+                "and builds no SafetensorsCheckpoint to read them from",
+                node,
+                module,
+            )
+        args = ", ".join(code_of(a.value) if a.keyword is None else f"{a.keyword.value}={code_of(a.value)}" for a in makes[0].args)
+        line = parse_statement(f"names = set(SafetensorsCheckpoint({args}).get_tensor_names())", module)
+        line = line.with_changes(
+            leading_lines=[cst.EmptyLine(comment=cst.Comment("# <-- MODEL-SPECIFIC: the checkpoint's tensor names, for keys that differ by model"))]
+        )
+        body = list(statements(node))
+        first = next(
+            (s for s in body if not (isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Expr)
+                                     and isinstance(s.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))),
+            None,
+        )
+        if first is None:  # pragma: no cover - load_weights has statements
+            raise ctx.precondition(f"{codemod_id}: {node.name.value} is empty", node, module)
+        return rewrite(module, {id(first): lambda updated, line=line: cst.FlattenSentinel([line, updated])})
+    raise ctx.precondition(f"{codemod_id}: the load_weights of the router mapping was not found", stmt, module)
