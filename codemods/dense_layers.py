@@ -6,6 +6,7 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams
 from autoport_cst.transform import moe as moe_edits
+from autoport_cst.transform.anatomy import find_sites
 from autoport_cst.transform.attention import add_functions
 from autoport_cst.transform.config_fields import add_config_fields
 from autoport_cst.transform.cst_helpers import (
@@ -180,6 +181,13 @@ class DenseLayers(Codemod):
       ``<layer>.post_attention_layernorm.weight``.
 
     Config file: the fields the rule reads, and ``intermediate_size``.
+
+    Only ``self.mlp`` changes among the sublayer calls of the decoder layer's
+    forwards (its attention calls are declared unaffected). The dense class
+    follows the wrapper's call signature ``forward(hidden_states, positions,
+    is_prefill)``; a wrapper called otherwise (the real packages' ``(...,
+    is_decode, rank)`` with MLP data parallelism and expert-parallel groups) is
+    refused, naming its signature.
 
     Preconditions: one MoE wrapper class holding ``self.experts``, an experts
     class with its own norm module (``self.<norm> = <Prefix>RMSNorm(...)``), a
@@ -441,12 +449,25 @@ class DenseLayers(Codemod):
                 experts[0].cls,
                 module,
             )
+        wrapper_forward = method(wrapper, "forward")
+        wanted = ["hidden_states", "positions", "is_prefill"]
+        taken = [p.name.value for p in wrapper_forward.params.params if p.name.value != "self"] if wrapper_forward else []
+        if wrapper_forward is not None and taken != wanted:
+            raise ctx.precondition(
+                f"dense-layers: the MoE wrapper {wrapper.name.value}.forward takes ({', '.join(taken)}); the dense "
+                f"MLP class is written for ({', '.join(wanted)}) and the collectives of that signature",
+                wrapper_forward or wrapper,
+                module,
+            )
         split = split_prefix(wrapper.name.value)
         dense_name = f"{split[0]}{DENSE_SUFFIX}"
         edits: dict = {}
         self._dense_class(module, wrapper, dense_name, norm, edits)
         self._decoder_layer(module, ctx, wrapper.name.value, dense_name, edits)
         self._load_weights(module, ctx, norm, edits)
+        for site in find_sites(module, "decoder.sublayer"):
+            if site.kind != "self.mlp":
+                ctx.unaffected(site.node, "dense-layers changes which MLP a layer builds, not its attention")
         module = rewrite(module, edits)
         module = add_functions(module, [RULE_FUNCTION])
         return ensure_import_from(module, WEIGHT_LOADERS, "sharding_weight_loader")
@@ -479,7 +500,8 @@ class DenseLayers(Codemod):
                 raise ctx.precondition(
                     f"dense-layers: {layer.name.value}.__init__ does not take (config, layer_idx)", layer, module
                 )
-            config, layer_idx = params[0], params[1]
+            config = params[0]
+            layer_idx = "layer_idx" if "layer_idx" in params else params[1]
             site = None
             for node in walk(init):
                 if isinstance(node, cst.SimpleStatementLine):
