@@ -10,16 +10,25 @@ import libcst as cst
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext, locate
 from autoport_cst.transform.cst_helpers import (
     code_of,
-    parse_statements,
+    parse_statement,
     positional_args,
     rewrite,
     simple_assign,
-    with_statements,
+)
+from autoport_cst.transform.decoder import (
+    DecoderForward,
+    DecoderLayer,
+    SublayerCall,
+    decoder_layer,
+    guard_fused,
+    other_model_classes,
+    other_model_file,
+    subclasses_role,
 )
 from autoport_cst.transform.layers import (
+    add_edit,
     assigned_call,
     assigned_name,
-    layer_forward,
     mapping_entries_of_attr,
     other_uses,
     removal_edits,
@@ -204,101 +213,63 @@ class ParallelResidual(Codemod):
         return ParallelResidualParams(kind=target.residual.parallel)
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        shape = layer_forward(module, ctx, self.ID)
-        name = shape.layer.name.value
-        body = shape.body
-        attn_index, mlp_index = body.index(shape.attn), body.index(shape.mlp)
-        attn_var, mlp_var = assigned_name(shape.attn), assigned_name(shape.mlp)
-        if attn_var != mlp_var and mlp_index == attn_index + 1:
-            return self._already(shape, module, ctx)
-        start = attn_index - 2
-        expected = self._sequential(shape, start)
-        if expected is None:
+        kind = self.params.kind
+        if ctx.role == "module":
+            # a shared norm removes the pre-MLP norm, which a layer built on this one reads
+            inherits = any(subclasses_role(c, "decoder_layer") for c in other_model_classes(module))
+            return other_model_file(
+                module, ctx, self.touches(), f"parallel residual ({kind})", guard=kind == "shared_norm" and inherits
+            )
+        layer = decoder_layer(module, ctx, self.ID)
+        if layer is None or self._already(layer, module, ctx):
+            return module
+        forms = [_sequential(layer, forward, module, ctx, self.ID) for forward in layer.forwards]
+        pre_mlp = {form.pre_mlp for form in forms}
+        if len(pre_mlp) != 1 or len({form.input_norm for form in forms}) != 1:
             raise ctx.precondition(
-                f"{self.ID}: {name}.forward is not the sequential pre-norm form (r = h; h = norm(h); "
-                "h = attn(h, ...); h = r + h; r = h; h = norm(h); h = mlp(h, ...); return r + h)",
-                shape.forward,
+                f"{self.ID}: the forwards of {layer.name} use different norms before the same sublayer",
+                layer.cls,
                 module,
             )
-        residual, hidden = expected
-        input_norm = _called(shape.pre_attn)
-        pre_mlp = _called(shape.pre_mlp)
-        attn_call = assigned_call(shape.attn)
-        mlp_call = assigned_call(shape.mlp)
-        if self.params.kind == "shared_norm":
-            attn_args = code_of(_with_first_arg(attn_call, hidden))
-            mlp_args = code_of(_with_first_arg(mlp_call, hidden))
-            code = (
-                f"{residual} = {hidden}\n"
-                f"{hidden} = self.{input_norm}({hidden})\n"
-                f"attn_output = {attn_args}\n"
-                f"mlp_output = {mlp_args}\n"
-                f"return attn_output + mlp_output + {residual}\n"
-            )
-        else:
-            attn_args = code_of(_with_first_arg(attn_call, "attn_input"))
-            mlp_args = code_of(_with_first_arg(mlp_call, "mlp_input"))
-            code = (
-                f"{residual} = {hidden}\n"
-                f"attn_input = self.{input_norm}({hidden})\n"
-                f"mlp_input = self.{pre_mlp}({hidden})\n"
-                f"attn_output = {attn_args}\n"
-                f"mlp_output = {mlp_args}\n"
-                f"return attn_output + mlp_output + {residual}\n"
-            )
-        new = parse_statements(code, module)
-        new[0] = new[0].with_changes(leading_lines=body[start].leading_lines)
-        forward = with_statements(shape.forward, [*body[:start], *new])
-        edits: dict = {id(shape.forward): lambda updated: forward}
-        if self.params.kind == "shared_norm":
-            edits.update(self._remove_norm(module, ctx, shape, pre_mlp))
+        edits, guarded = guard_fused(
+            layer, "parallel residual: the FP8 kernels fuse each sublayer's norm into the sequential layer",
+            module, ctx, self.ID,
+        )
+        for form in forms:
+            for key, edit in form.edits(kind, module).items():
+                add_edit(edits, key, edit)
+        if kind == "shared_norm":
+            for key, edit in self._remove_norm(module, ctx, layer, pre_mlp.pop(), guarded).items():
+                add_edit(edits, key, edit)
         return rewrite(module, edits)
 
-    def _sequential(self, shape, start: int) -> tuple[str, str] | None:
-        """(residual name, hidden name) when body[start:] is the sequential pre-norm form."""
-        body = shape.body
-        tail = body[start:]
-        if start < 0 or len(tail) != 8 or shape.post_attn is not None or shape.post_mlp is not None:
-            return None
-        copy = simple_assign(tail[0])
-        if copy is None or not isinstance(copy[0], cst.Name) or not isinstance(copy[1], cst.Name):
-            return None
-        residual, hidden = copy[0].value, copy[1].value
-        ok = (
-            tail[1] is shape.pre_attn
-            and tail[2] is shape.attn
-            and _is_add_of(tail[3], residual, hidden, assign=hidden)
-            and _is_copy(tail[4], residual, hidden)
-            and tail[5] is shape.pre_mlp
-            and tail[6] is shape.mlp
-            and _is_add_of(tail[7], residual, hidden, assign=None)
-            and assigned_name(shape.attn) == hidden
-            and assigned_name(shape.mlp) == hidden
-            and _first_arg_is(assigned_call(shape.attn), hidden)
-            and _first_arg_is(assigned_call(shape.mlp), hidden)
-        )
-        return (residual, hidden) if ok else None
-
-    def _already(self, shape, module, ctx):
-        attn_first = positional_args(assigned_call(shape.attn))[:1]
-        mlp_first = positional_args(assigned_call(shape.mlp))[:1]
-        same = bool(attn_first and mlp_first) and code_of(attn_first[0].value) == code_of(mlp_first[0].value)
-        if same == (self.params.kind == "shared_norm"):
-            return module
+    def _already(self, layer, module, ctx) -> bool:
+        """Whether every forward already computes both sublayers from the
+        layer input (the attention's result is not its input's name); a
+        parallel layer with the other kind of norms is refused."""
+        shapes = set()
+        for forward in layer.forwards:
+            attn = [c for c in forward.slots["attention"].calls if c.fused is None]
+            mlp = [c for c in forward.slots["mlp"].calls if c.fused is None]
+            if not attn or not mlp or any(c.variable in _input_names(c.call) for c in attn):
+                return False
+            shapes.add(_hidden_input(attn[0].call) == _hidden_input(mlp[0].call))
+        if shapes == {self.params.kind == "shared_norm"}:
+            return True
         raise ctx.precondition(
-            f"{self.ID}: {shape.layer.name.value}.forward already computes attention and MLP in parallel, "
-            f"with {'one shared' if same else 'separate'} input(s)",
-            shape.forward,
+            f"{self.ID}: {layer.name} already computes attention and MLP in parallel, "
+            f"with {'one shared' if True in shapes else 'separate'} input(s)",
+            layer.cls,
             module,
         )
 
-    def _remove_norm(self, module, ctx, shape, attr: str) -> dict:
-        assignments = self_assignments(shape.init)
+    def _remove_norm(self, module, ctx, layer, attr: str, guarded) -> dict:
+        assignments = self_assignments(layer.init)
         doomed = [assignments[attr][0]] if attr in assignments else []
-        edits = removal_edits(shape.init, doomed)
+        edits = removal_edits(layer.init, doomed)
         for entry in mapping_entries_of_attr(module, attr):
             edits[id(entry.statement)] = lambda updated: cst.RemoveFromParent()
-        use = other_uses(module, attr, [*doomed, shape.forward])
+        use = other_uses(module, attr, [*doomed, *(f.func for f in layer.forwards), *guarded])
         if use is not None:
             line, column = locate(module, use)
             raise ctx.precondition(
@@ -310,18 +281,182 @@ class ParallelResidual(Codemod):
         return edits
 
 
-def _called(stmt) -> str:
-    return stmt.body[0].value.func.attr.value
+@dataclass
+class _Sequential:
+    """One forward in the sequential pre-norm form: ``r = h``, the attention
+    slot, ``h = r + h``, statements moving ``h`` between layouts (``h =
+    f(h, ...)``), ``r = h``, the MLP slot, ``return r + h``."""
+
+    forward: DecoderForward
+    residual: str
+    hidden: str
+    attn: list[SublayerCall]  # the unfused calls (fused ones are guarded)
+    mlp: list[SublayerCall]
+    copy: cst.BaseStatement  # r = h before the attention
+    anchor: cst.BaseStatement  # where the MLP input is computed with separate norms
+    removed: list[cst.BaseStatement]  # the first residual add and the second copy
+    middle: list[cst.SimpleStatementLine]
+    tail: list[cst.BaseStatement]
+
+    @property
+    def input_norm(self) -> str:
+        return self.attn[0].pre_norm_attr  # type: ignore[return-value]
+
+    @property
+    def pre_mlp(self) -> str:
+        return self.mlp[0].pre_norm_attr  # type: ignore[return-value]
+
+    def edits(self, kind: str, module: cst.Module) -> dict:
+        r, h = self.residual, self.hidden
+        separate = kind == "separate_norms"
+        doomed = list(self.removed) + [c.pre_norm for c in self.mlp]
+        edits = removal_edits(self.forward.func, doomed)  # type: ignore[arg-type]
+        for call in self.attn:
+            source = "attn_input" if separate else h
+            add_edit(edits, id(call.stmt), _assigning(call, "attn_output", h, source, module))
+            if separate:
+                add_edit(edits, id(call.pre_norm), _renamed_target("attn_input"))
+        for call in self.mlp:
+            add_edit(edits, id(call.stmt), _assigning(call, "mlp_output", h, "mlp_input" if separate else h, module))
+        if separate:
+            hoisted = parse_statement(f"mlp_input = self.{self.pre_mlp}({h})", module)
+            add_edit(edits, id(self.anchor), lambda updated: cst.FlattenSentinel([updated, hoisted]))
+        carried = ["attn_output", r, "mlp_input" if separate else h]
+        for stmt in self.middle:
+            copies = [_rebound(stmt, h, name, module) for name in carried]
+            add_edit(edits, id(stmt), lambda updated, copies=copies: cst.FlattenSentinel(
+                [copies[0].with_changes(leading_lines=updated.leading_lines), *copies[1:]]
+            ))
+        total = parse_statement(f"return attn_output + mlp_output + {r}", module)
+        first, rest = self.tail[0], self.tail[1:]
+        add_edit(edits, id(first), lambda updated: total.with_changes(leading_lines=updated.leading_lines))
+        for stmt in rest:
+            edits[id(stmt)] = lambda updated: cst.RemoveFromParent()
+        return edits
 
 
-def _first_arg_is(call: cst.Call | None, name: str) -> bool:
-    args = positional_args(call) if call is not None else []
-    return bool(args) and isinstance(args[0].value, cst.Name) and args[0].value.value == name
+def _sequential(layer: DecoderLayer, forward: DecoderForward, module, ctx, codemod_id: str) -> _Sequential:
+    where = f"{layer.name}.{forward.func.name.value}"
+
+    def refuse(what: str, node: cst.CSTNode):
+        return ctx.precondition(
+            f"{codemod_id}: {where} is not the sequential pre-norm form (r = h; h = norm(h); h = attn(h, ...); "
+            f"h = r + h; [h = f(h, ...)]; r = h; h = norm(h); h = mlp(h, ...); return r + h): {what}",
+            node,
+            module,
+        )
+
+    body = forward.body
+    slots = [forward.slots["attention"], forward.slots["mlp"]]
+    live = [[c for c in slot.calls if c.fused is None] for slot in slots]
+    starts = []
+    for slot, calls in zip(slots, live):
+        if not calls:
+            raise refuse(f"every branch of the self.<{slot.kind}> call fuses its norm", slot.stmt)
+        for call in calls:
+            if call.pre_norm is None or call.post_norm is not None:
+                raise refuse(f"self.<{slot.kind}> is not preceded by h = self.<norm>(h) alone", call.stmt)
+        top = calls[0].pre_norm if slot.stmt is calls[0].stmt else None
+        starts.append((body.index(top) if top is not None else body.index(slot.stmt), top))
+    (start_a, top_a), (start_b, _) = starts
+    ia, ib = body.index(slots[0].stmt), body.index(slots[1].stmt)
+    copy = body[start_a - 1] if start_a > 0 else None
+    pair = simple_assign(copy) if copy is not None else None
+    if pair is None or not isinstance(pair[0], cst.Name) or not isinstance(pair[1], cst.Name):
+        raise refuse("no r = h right before the attention", slots[0].stmt)
+    r, h = pair[0].value, pair[1].value
+    if not all(c.variable == h and _hidden_input(c.call) == h for calls in live for c in calls):
+        raise refuse(f"the sublayer calls do not read and assign {h}", slots[0].stmt)
+    if ia + 1 >= len(body) or not _is_add_of(body[ia + 1], r, h, assign=h):
+        raise refuse(f"no {h} = {r} + {h} right after the attention", slots[0].stmt)
+    if not _is_copy(body[start_b - 1], r, h):
+        raise refuse(f"no {r} = {h} right before the MLP", slots[1].stmt)
+    middle = body[ia + 2: start_b - 1]
+    for stmt in middle:
+        if not _is_transition(stmt, h):
+            raise refuse(f"between the sublayers, a statement other than {h} = f({h}, ...)", stmt)
+    tail = body[ib + 1:]
+    if not (
+        (len(tail) == 1 and _is_add_of(tail[0], r, h, assign=None))
+        or (len(tail) == 2 and _is_add_of(tail[0], r, h, assign=h) and _returns(tail[1], h))
+    ):
+        raise refuse(f"the MLP is not followed by return {r} + {h}", slots[1].stmt)
+    return _Sequential(
+        forward, r, h, live[0], live[1], copy, top_a if top_a is not None else copy,
+        [body[ia + 1], body[start_b - 1]], middle, tail,
+    )
 
 
-def _with_first_arg(call: cst.Call, name: str) -> cst.Call:
+def _input_names(call: cst.Call) -> set[str]:
+    """The names passed whole as arguments (the hidden states a sublayer reads)."""
+    return {a.value.value for a in call.args if isinstance(a.value, cst.Name)}
+
+
+def _hidden_input(call: cst.Call) -> str | None:
+    """The hidden states a sublayer reads: its first positional argument, or
+    its ``hidden_states=`` keyword."""
+    args = positional_args(call)
+    arg = args[0] if args else next((a for a in call.args if a.keyword and a.keyword.value == "hidden_states"), None)
+    return arg.value.value if arg is not None and isinstance(arg.value, cst.Name) else None
+
+
+def _assigning(call: SublayerCall, target: str, hidden: str, source: str, module: cst.Module):
+    """An edit making ``h = self.<sublayer>(..., h, ...)`` assign ``target``
+    and read ``source`` where it read ``h``."""
+
+    def edit(updated: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+        small = updated.body[0]
+        value = small.value
+        args = [
+            a.with_changes(value=cst.Name(source)) if isinstance(a.value, cst.Name) and a.value.value == hidden else a
+            for a in value.args
+        ]
+        return updated.with_changes(body=[small.with_changes(
+            targets=[small.targets[0].with_changes(target=cst.Name(target))], value=value.with_changes(args=args),
+        )])
+
+    return edit
+
+
+def _renamed_target(name: str):
+    def edit(updated: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+        small = updated.body[0]
+        return updated.with_changes(body=[small.with_changes(targets=[small.targets[0].with_changes(target=cst.Name(name))])])
+
+    return edit
+
+
+def _is_transition(stmt: cst.BaseStatement, hidden: str) -> bool:
+    """``h = f(h, ...)`` with ``f`` a function (not a module of the layer):
+    a move of the rows between layouts (a gather or a slice), which applied
+    to a sum can be applied to each term."""
+    call = assigned_call(stmt)
+    return (
+        call is not None
+        and assigned_name(stmt) == hidden
+        and isinstance(call.func, cst.Name)
+        and bool(positional_args(call))
+        and isinstance(positional_args(call)[0].value, cst.Name)
+        and positional_args(call)[0].value.value == hidden
+    )
+
+
+def _rebound(stmt: cst.SimpleStatementLine, hidden: str, name: str, module: cst.Module) -> cst.BaseStatement:
+    """``name = f(name, ...)`` for ``hidden = f(hidden, ...)``."""
+    call = assigned_call(stmt)
     first = positional_args(call)[0]
-    return call.with_changes(args=[a.with_changes(value=cst.Name(name)) if a is first else a for a in call.args])
+    args = [a.with_changes(value=cst.Name(name)) if a is first else a for a in call.args]
+    code = code_of(call.with_changes(args=args))
+    return parse_statement(f"{name} = {code}", module)
+
+
+def _returns(stmt: cst.BaseStatement, name: str) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and isinstance(stmt.body[0], cst.Return)
+        and isinstance(stmt.body[0].value, cst.Name)
+        and stmt.body[0].value.value == name
+    )
 
 
 def _is_copy(stmt, target: str, source: str) -> bool:
