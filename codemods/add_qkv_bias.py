@@ -471,6 +471,7 @@ class AddQkvBias(Codemod):
         if self.params.o:
             wanted.append(("o", "o_proj_weight", "o_proj_bias"))
         attention = attention_classes_in(module, ctx, ID)
+        loads = _defines_method(module, "load_weights")
         if not attention:
             return self._add_mappings(module, wanted, ctx, required=False)
         edits: dict = {}
@@ -493,7 +494,7 @@ class AddQkvBias(Codemod):
         module = rewrite(module, edits)
         for name in sorted(imports):
             module = ensure_import_from(module, WEIGHT_LOADERS, name)
-        return self._add_mappings(module, wanted, ctx)
+        return self._add_mappings(module, wanted, ctx, required=loads)
 
     def _guard(self, cls, module, ctx, edits) -> None:
         """A quantized attention class (FP8 kernels) raises in ``__init__``:
@@ -741,3 +742,12 @@ def _bias_param(weight_stmt: cst.SimpleStatementLine, bias_attr: str, module: cs
 
 def _nodes(updated) -> list:
     return list(updated.nodes) if isinstance(updated, cst.FlattenSentinel) else [updated]
+
+
+def _defines_method(module: cst.Module, name: str) -> bool:
+    """Whether a class of ``module`` defines method ``name``."""
+    return any(
+        isinstance(member, cst.FunctionDef) and member.name.value == name
+        for cls in module.body if isinstance(cls, cst.ClassDef)
+        for member in cls.body.body
+    )

@@ -39,7 +39,7 @@ from autoport_cst.transform.cst_helpers import (
 )
 from autoport_cst.transform.kernels import attention_classes_in
 from autoport_cst.transform.layers import add_edit, require_method
-from autoport_cst.transform.loaders import LoaderEdits
+from autoport_cst.transform.loaders import LoaderEdits, declare_guarded, guard_edit, is_quantized
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
 from autoport_cst.transform.qkv import (
     QKV_PROJ_UNFUSED,
@@ -453,8 +453,8 @@ class QkNorm(Codemod):
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         attention = attention_classes_in(module, ctx, ID)
-        if not attention:
-            return self._mappings(module, ctx, required=False)
+        if not any(not is_quantized(c) for c in attention):
+            return self._mappings(rewrite(module, self._guards(module, ctx)), ctx, required=False)
         norm = norm_class(module)
         if norm is None or not norm.name.value.endswith("RMSNorm"):
             found = ", ".join(
@@ -487,9 +487,9 @@ class QkNorm(Codemod):
             remove = get_codemod("remove-qk-norm")
             module = remove(remove.parse_params({})).remove_from_attention(module, ctx)
             attention = attention_classes_in(module, ctx, ID)
-        edits: dict = {}
+        edits = self._guards(module, ctx)
         needs = set()
-        for cls in attention:
+        for cls in [c for c in attention if not is_quantized(c)]:
             needs |= self._attention_edits(cls, norm.name.value, eps_attr, ctor_args, module, ctx, edits)
         module = rewrite(module, edits)
         module = self._mappings(module, ctx)
@@ -503,6 +503,18 @@ class QkNorm(Codemod):
         if "norm_type" in needs:
             module = ensure_import_from(module, COMMON_TYPES, "NormType")
         return module
+
+    def _guards(self, module: cst.Module, ctx: FileContext) -> dict:
+        """Edits making each quantized attention class (FP8 kernels, not given
+        the norms here) raise in ``__init__``, its sites declared guarded."""
+        edits: dict = {}
+        for cls in attention_classes_in(module, ctx, ID):
+            if is_quantized(cls):
+                reason = f"q/k norms in the quantized attention {cls.name.value}"
+                for key, fn in guard_edit(cls, f"{reason} are not implemented", module).items():
+                    add_edit(edits, key, fn)
+                declare_guarded(cls, ctx, reason)
+        return edits
 
     # -- attention class -----------------------------------------------------------
 
