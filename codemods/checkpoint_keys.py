@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -18,10 +19,11 @@ from autoport_cst.transform.cst_helpers import (
     simple_assign,
     string_text,
     walk,
+    with_comment,
 )
-from autoport_cst.transform.layers import kwarg_code, strings_of
+from autoport_cst.transform.layers import add_edit, kwarg_code, strings_of
 from autoport_cst.transform.loaders import LoaderEdits, find_loaders
-from autoport_cst.transform.mappings import mapping_entries
+from autoport_cst.transform.mappings import mapping_entries, parameter_names
 
 TRANSPOSING_LOADERS = (
     "sharding_weight_loader",
@@ -391,6 +393,8 @@ class CheckpointKeys(Codemod):
                     continue
                 matched |= hits
                 replace(entry.value, canonical, renamer.apply(full))
+            owner = next(c for c in classes(module) if method(c, "load_weights") is fn)
+            matched |= self._unmapped_edits(fn, owner, anchor, variables, renamer, module, ctx, edits)
             for var, checkpoint_var in derived.items():
                 if checkpoint_var in variables:
                     continue
@@ -408,6 +412,34 @@ class CheckpointKeys(Codemod):
                 "key of load_weights (patterns match whole dotted segments of the reference's keys)"
             )
         return edits
+
+    def _unmapped_edits(self, fn: cst.FunctionDef, owner: cst.ClassDef, anchor, variables: dict[str, str],
+                        renamer: _Renamer, module: cst.Module, ctx: FileContext, edits: dict) -> set[str]:
+        """Entries for the parameters ``load_weights`` does not map (they load
+        under their own names) whose names the renames change, added after
+        ``mappings = {}``; returns the patterns they match. A renamed
+        parameter of every layer without an entry is a precondition error."""
+        mapped = {_FIELD.sub("{i}", _expand(e.key, variables)) for e in mapping_entries(fn)}
+        added, per_layer, matched = [], [], set()
+        for name in parameter_names(module, owner):
+            new = renamer.apply(name)
+            if name in mapped or new == name:
+                continue
+            matched |= renamer.matched(name)
+            (per_layer if "{i}" in name else added).append((name, new))
+        if per_layer:
+            names = ", ".join(name for name, _ in per_layer)
+            raise ctx.precondition(
+                f"{self.ID}: load_weights maps no entry for {names} (loaded under its own name), which the "
+                "renames change; add the entry to the reference's per-layer mappings",
+                fn,
+                module,
+            )
+        if added and anchor is not None:
+            statements = [parse_statement(f"mappings[{_literal(name)}] = {_literal(new)}", module) for name, new in added]
+            statements[0] = with_comment(statements[0], "parameters the reference loads under their own names")
+            add_edit(edits, id(anchor), lambda updated, new=statements: cst.FlattenSentinel([updated, *new]))
+        return matched
 
     @staticmethod
     def _new_text(text: str, new_full: str, variables: dict[str, str], derived: dict[str, str],
@@ -541,6 +573,7 @@ class _Renamer:
 
 
 MARKER = "# checkpoint key renames (reference -> checkpoint):"
+_FIELD = re.compile(r"\{[^{}]*\}")
 
 
 def _parameter_path(key: str) -> str | None:

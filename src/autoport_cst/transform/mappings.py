@@ -11,6 +11,7 @@ from typing import Callable
 import libcst as cst
 
 from autoport_cst.transform.cst_helpers import (
+    dotted,
     insert_after,
     remove_statements,
     simple_assign,
@@ -81,3 +82,46 @@ def add_after(node: cst.CSTNode, entry: MappingEntry, new: list[cst.BaseStatemen
 
 def remove_entries(node: cst.CSTNode, entries: list[MappingEntry]) -> cst.CSTNode:
     return remove_statements(node, [e.statement for e in entries])
+
+
+# -- the parameters a file shows --------------------------------------------------------------
+
+MODULE_LIST = ("nn.ModuleList", "torch.nn.ModuleList", "ModuleList")
+
+
+def parameter_names(module: cst.Module, root: cst.ClassDef) -> list[str]:
+    """Dotted names of the parameters under class ``root`` that the file
+    shows: ``self.<p> = nn.Parameter(...)``, and ``set_weight_loader(self.<m>.<p>,
+    ...)`` (a parameter of a library module), through the attributes built
+    from the file's own classes (``{i}`` for the items of an ``nn.ModuleList``).
+    Modules built otherwise (a class chosen at run time) are not followed."""
+    from autoport_cst.transform.layers import is_parameter, self_assignments
+    from autoport_cst.transform.loaders import find_loaders
+
+    by_name = {c.name.value: c for c in module.body if isinstance(c, cst.ClassDef)}
+    names: list[str] = []
+
+    def built_class(value: cst.BaseExpression) -> cst.ClassDef | None:
+        name = dotted(value.func) if isinstance(value, cst.Call) else None
+        return by_name.get(name.rsplit(".", 1)[-1]) if name else None
+
+    def visit(cls: cst.ClassDef, prefix: str, depth: int) -> None:
+        if depth > 8:
+            return
+        init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+        assigned = self_assignments(init) if init is not None else {}
+        for attr, (_, value) in assigned.items():
+            if is_parameter(value):
+                names.append(prefix + attr)
+            elif (child := built_class(value)) is not None:
+                visit(child, f"{prefix}{attr}.", depth + 1)
+            elif isinstance(value, cst.Call) and dotted(value.func) in MODULE_LIST:
+                items = [c for n in walk(value) if isinstance(n, cst.Call) and (c := built_class(n)) is not None]
+                if items:
+                    visit(items[0], f"{prefix}{attr}.{{i}}.", depth + 1)
+        for key in find_loaders(cls):
+            if "." in key and prefix + key not in names:
+                names.append(prefix + key)
+
+    visit(root, "", 0)
+    return names
