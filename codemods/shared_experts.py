@@ -586,6 +586,16 @@ class SharedExperts(Codemod):
             )
         stmt, value = reduce
         out = value.value
+        if _dispatched(decode, out):
+            # the routed output comes from a kernel chosen at run time (an all-to-all
+            # decode beside the fused one): where its partial sums meet is not known
+            message = "shared experts: this decode chooses its expert kernel at run time (moe_func)"
+            for site in moe_edits.moe_sites(module, "moe.experts"):
+                if site.cls == survey.cls.name.value and site.function != prefill.name.value:
+                    ctx.unaffected(site.call, f"guarded: {message}")
+            guard = parse_statement(f'raise NotImplementedError("{message}")', module)
+            edits[id(stmt)] = lambda updated, guard=guard: cst.FlattenSentinel([guard, updated])
+            return
         add = parse_statement(f"{out} = {out} + self.{METHOD}(self.{norm}({inp}))", module)
         edits[id(stmt)] = lambda updated, add=add: cst.FlattenSentinel([add, updated])
 
@@ -755,3 +765,14 @@ def _output_group(decode: cst.FunctionDef) -> str | None:
             if group is not None and "wide" not in group and group not in groups:
                 groups.append(group)
     return groups[0] if len(groups) == 1 else None
+
+
+def _dispatched(decode: cst.FunctionDef, out: str) -> bool:
+    """Whether ``decode`` computes ``out`` by calling a local name (a kernel
+    method picked at run time, ``moe_func = ... if ... else ...``)."""
+    for stmt in _body_statements(decode):
+        pair = simple_assign(stmt) if isinstance(stmt, cst.SimpleStatementLine) else None
+        if pair is not None and code_of(pair[0]) == out and isinstance(pair[1], cst.Call):
+            if isinstance(pair[1].func, cst.Name):
+                return True
+    return False
