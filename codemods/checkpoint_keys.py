@@ -75,7 +75,12 @@ class CheckpointKeys(Codemod):
     ``input_layernorm``), the longest pattern first, left to right; ``*``
     matches one segment and is copied to the same place in the replacement.
     Only mapping *values* (checkpoint keys) change: the keys, which are
-    parameter names, stay.
+    parameter names, stay. A parameter ``load_weights`` does not map loads
+    under its own name (the real llama3's ``model.norm.weight``): when the
+    renames change that name, it gets an entry after ``mappings = {}``; the
+    parameters are those the file shows under the ``load_weights`` class
+    (``nn.Parameter`` attributes and ``set_weight_loader(self.<m>.<p>, ...)``
+    through the file's classes). One per layer without an entry is refused.
 
     ``in_out_params`` names parameters whose checkpoint tensors are already
     ``[in, out]`` (GPT-2 ``Conv1D``): their loaders get
@@ -274,6 +279,68 @@ class CheckpointKeys(Codemod):
                     def load_weights(self, checkpoint_path, device, cache_dir):
                         mappings = {}
                         mappings["mlp.up_proj_weight"] = "mlp.up_proj.weight"
+            """,
+        ),
+        Example(
+            title='parameters loaded under their own names (no mapping entry) get one when a rename changes their key',
+            params={'renames': {'model': 'gpt_neox', 'embed_tokens': 'embed_in', 'norm': 'final_layer_norm'}},
+            before="""
+                class LlamaModel(nn.Module):
+                    def __init__(self, config):
+                        self.embed_tokens = VocabDimShardedEmbedding(config.vocab_size, config.hidden_size)
+                        self.norm = LlamaRMSNorm(config.hidden_size)
+                        set_weight_loader(self.embed_tokens.weight, emb_loader)
+
+
+                class LlamaRMSNorm(nn.Module):
+                    def __init__(self, hidden_size):
+                        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+
+                class LlamaForCausalLM(nn.Module):
+                    def __init__(self, config):
+                        self.model = LlamaModel(config)
+
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.self_attn.o_proj_weight"] = f"{prefix}.self_attn.o_proj.weight"
+                        if self.config.tie_word_embeddings:
+                            mappings["lm_head.weight"] = "model.embed_tokens.weight"
+            """,
+            after="""
+                class LlamaModel(nn.Module):
+                    def __init__(self, config):
+                        self.embed_tokens = VocabDimShardedEmbedding(config.vocab_size, config.hidden_size)
+                        self.norm = LlamaRMSNorm(config.hidden_size)
+                        set_weight_loader(self.embed_tokens.weight, emb_loader)
+
+
+                class LlamaRMSNorm(nn.Module):
+                    def __init__(self, hidden_size):
+                        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+
+                class LlamaForCausalLM(nn.Module):
+                    def __init__(self, config):
+                        self.model = LlamaModel(config)
+
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        # checkpoint key renames (reference -> checkpoint):
+                        #   embed_tokens -> embed_in
+                        #   model -> gpt_neox
+                        #   norm -> final_layer_norm
+                        mappings = {}
+                        # parameters the reference loads under their own names
+                        mappings["model.norm.weight"] = "gpt_neox.final_layer_norm.weight"
+                        mappings["model.embed_tokens.weight"] = "gpt_neox.embed_in.weight"
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            checkpoint_prefix = f"gpt_neox.layers.{layer_id}"
+                            mappings[f"{prefix}.self_attn.o_proj_weight"] = f"{checkpoint_prefix}.self_attn.o_proj.weight"
+                        if self.config.tie_word_embeddings:
+                            mappings["lm_head.weight"] = "gpt_neox.embed_in.weight"
             """,
         ),
         Example(
