@@ -96,7 +96,7 @@ def test_reference_edits():
 
 def test_routing_bias_needs_the_logits():
     source = reduced_source().replace("selected, router_logits = NF.router(", "selected = NF.router(")
-    with pytest.raises(PreconditionError, match="takes the router logits back"):
+    with pytest.raises(PreconditionError, match="cannot apply a selection-only bias"):
         apply("routing-bias", {}, source)
 
 
