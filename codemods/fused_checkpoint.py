@@ -431,6 +431,7 @@ class FusedCheckpoint(Codemod):
                 raise ctx.precondition(f"{self.ID}: no attention class in the package")
             return None
         target = None
+        plain = [cls for cls in classes if not is_quantized(cls)]
         for cls in classes:
             if is_quantized(cls):
                 edits.update(guard_edit(cls, GUARD_QKV, module))
@@ -447,7 +448,7 @@ class FusedCheckpoint(Codemod):
                     loaders.replace_base(key, self._split_loader_edit(module))
                     target = target or cls.name.value
             edits.update(loaders.edits())
-        if target is None:
+        if target is None and plain:
             raise ctx.precondition(
                 f"{self.ID}: no attention class attaching fused_qkv_weight_loader(...) to its QKV weight in this file"
             )
