@@ -38,6 +38,12 @@ class EmbeddingMultiplier(Codemod):
     loop over the decoder layers, ``h`` being what the layers take. In the
     config file, the dataclass gets ``<key>: float = <default>``.
 
+    Placed where the layers read the hidden states, the multiply follows every
+    way the embeddings are built: the lookup with embedding data parallelism
+    (token ids gathered, rank offsets, layout transitions) and the merge of
+    prompt embeddings, which are scaled too (as transformers scales the
+    ``inputs_embeds`` it is given).
+
     Precondition: one ``<Prefix>Model`` class taking ``config`` whose
     ``forward`` has a top-level ``for <layer> in self.<layers>:`` (or ``for
     <i>, <layer> in enumerate(self.<layers>):``) loop that calls
@@ -116,6 +122,45 @@ class EmbeddingMultiplier(Codemod):
                         return self.norm(hidden_states)
             """,
             raises="no top-level for-loop over the decoder layers",
+        ),
+        Example(
+            title="embedding data parallelism and prompt embeddings: scaled where the layers read them",
+            before="""
+                class LlamaModel(nn.Module):
+                    def __init__(self, config):
+                        self.norm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps, config.torch_dtype)
+
+                    def forward(self, input_ids, positions, rank=None, inputs_embeds=None, is_token_ids=None):
+                        if not is_prefill and self.embedding_dp_size > 1:
+                            input_ids = self.embedding_dp_group.all_gather(input_ids, dim=0)
+                        hidden_states = self.embed_tokens(input_ids, scatter_tokens=is_prefill, rank=rank)
+                        if not is_prefill:
+                            hidden_states = _dp_transition(hidden_states, self.embedding_dp_group, self.mlp_dp_group)
+                        hidden_states = NF.merge_prompt_embeds(hidden_states, inputs_embeds, is_token_ids)
+                        aux_hidden_states = []
+                        for idx, layer in enumerate(self.layers):
+                            hidden_states = layer(hidden_states, positions)
+                        return self.norm(hidden_states), aux_hidden_states
+            """,
+            after="""
+                class LlamaModel(nn.Module):
+                    def __init__(self, config):
+                        self.norm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps, config.torch_dtype)
+                        self.embedding_multiplier = config.embedding_multiplier
+
+                    def forward(self, input_ids, positions, rank=None, inputs_embeds=None, is_token_ids=None):
+                        if not is_prefill and self.embedding_dp_size > 1:
+                            input_ids = self.embedding_dp_group.all_gather(input_ids, dim=0)
+                        hidden_states = self.embed_tokens(input_ids, scatter_tokens=is_prefill, rank=rank)
+                        if not is_prefill:
+                            hidden_states = _dp_transition(hidden_states, self.embedding_dp_group, self.mlp_dp_group)
+                        hidden_states = NF.merge_prompt_embeds(hidden_states, inputs_embeds, is_token_ids)
+                        aux_hidden_states = []
+                        hidden_states = hidden_states * self.embedding_multiplier
+                        for idx, layer in enumerate(self.layers):
+                            hidden_states = layer(hidden_states, positions)
+                        return self.norm(hidden_states), aux_hidden_states
+            """,
         ),
     )
 

@@ -28,18 +28,24 @@ class LmHeadBias(Codemod):
     sharded over ranks; its own bias is sharded the same way and added before
     the optional gather, so it is the right place for a vocabulary bias with or
     without on-device sampling. In the causal LM class
-    (``<Prefix>ForCausalLM``): the ``ColumnParallelLinear(...)`` assigned to
-    ``self.lm_head`` gets ``bias=True``; ``self.lm_head.bias`` gets the same
+    (``<Prefix>ForCausalLM``): every ``ColumnParallelLinear(...)`` assigned to
+    ``self.lm_head`` (one per branch when tied and untied heads are built
+    apart) gets ``bias=True``; ``self.lm_head.bias`` gets the same
     vocabulary-sharding loader as ``self.lm_head.weight`` without the
     storage transpose (``sharding_weight_loader(shard_dim=0,
     shard_size=self.lm_head.out_features_per_rank,
-    num_shards=self.lm_head.tp_size)``); ``load_weights`` maps
+    num_shards=self.lm_head.tp_size)``), wherever the weight's is built (a
+    local variable included) and inside the same rank wrappers
+    (``with_rank_override(..., rank=<LM-head TP rank>)`` under LM-head data
+    parallelism, so that bias and weight rows match); ``load_weights`` maps
     ``lm_head.bias`` to ``lm_head.bias`` (a bias is never tied to the
     embedding), after the statement holding the ``lm_head.weight`` entries.
 
     Preconditions: one ``<Prefix>ForCausalLM`` class assigning
-    ``self.lm_head = <...>ColumnParallelLinear(...)``, with a loader attached to
-    ``self.lm_head.weight`` and a ``mappings["lm_head.weight"]`` entry.
+    ``self.lm_head = <...>ColumnParallelLinear(...)``, with a
+    ``sharding_weight_loader(...)`` attached to ``self.lm_head.weight``
+    (wrapped in nothing but rank overrides) and a
+    ``mappings["lm_head.weight"]`` entry.
     """
 
     ID = "lm-head-bias"
@@ -120,6 +126,71 @@ class LmHeadBias(Codemod):
                         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
             """,
             raises="self.lm_head = <...>ColumnParallelLinear(...)",
+        ),
+        Example(
+            title="the weight's loader built in a local and wrapped for LM-head data parallelism",
+            before="""
+                class LlamaForCausalLM(nn.Module):
+                    def __init__(self, config):
+                        lm_head_tp_group = get_neuron_lm_head_tp_group()
+                        self.lm_head = neuron_nn.ColumnParallelLinear(
+                            config.hidden_size,
+                            config.vocab_size,
+                            bias=False,
+                            tp_group=lm_head_tp_group.device_group,
+                        )
+                        lm_head_loader = sharding_weight_loader(
+                            shard_dim=0,
+                            shard_size=self.lm_head.out_features_per_rank,
+                            num_shards=self.lm_head.tp_size,
+                            is_storage_transposed=False,
+                        )
+                        lm_head_loader = with_rank_override(lm_head_loader, rank=lm_head_tp_group.rank_in_group)
+                        set_weight_loader(self.lm_head.weight, lm_head_loader)
+
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        mappings = {}
+                        if self.config.tie_word_embeddings:
+                            mappings["lm_head.weight"] = "model.embed_tokens.weight"
+                        return mappings
+            """,
+            after="""
+                class LlamaForCausalLM(nn.Module):
+                    def __init__(self, config):
+                        lm_head_tp_group = get_neuron_lm_head_tp_group()
+                        self.lm_head = neuron_nn.ColumnParallelLinear(
+                            config.hidden_size,
+                            config.vocab_size,
+                            bias=True,
+                            tp_group=lm_head_tp_group.device_group,
+                        )
+                        lm_head_loader = sharding_weight_loader(
+                            shard_dim=0,
+                            shard_size=self.lm_head.out_features_per_rank,
+                            num_shards=self.lm_head.tp_size,
+                            is_storage_transposed=False,
+                        )
+                        lm_head_loader = with_rank_override(lm_head_loader, rank=lm_head_tp_group.rank_in_group)
+                        set_weight_loader(self.lm_head.weight, lm_head_loader)
+                        set_weight_loader(
+                            self.lm_head.bias,
+                            with_rank_override(
+                                sharding_weight_loader(
+                                    shard_dim=0,
+                                    shard_size=self.lm_head.out_features_per_rank,
+                                    num_shards=self.lm_head.tp_size,
+                                ),
+                                rank=lm_head_tp_group.rank_in_group,
+                            ),
+                        )
+
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        mappings = {}
+                        if self.config.tie_word_embeddings:
+                            mappings["lm_head.weight"] = "model.embed_tokens.weight"
+                        mappings["lm_head.bias"] = "lm_head.bias"
+                        return mappings
+            """,
         ),
     )
 

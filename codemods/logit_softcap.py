@@ -31,8 +31,9 @@ class LogitSoftcap(Codemod):
     Gemma 2 bounds its logits with ``final_logit_softcapping``: ``logits =
     tanh(logits / cap) * cap``, in the logits' dtype. In the causal LM class
     (``<Prefix>ForCausalLM``): ``__init__`` gets ``self.<key> = config.<key>``;
-    ``forward``, after the last top-level statement assigning the logits,
-    gets ``if self.<key> is not None: logits = torch.tanh(logits / self.<key>)
+    ``forward``, right after the LM-head statement (``logits =
+    self.lm_head(...)``) and the logits' own rescaling, before any other use
+    of them (gathered logits, LM-head data-parallel rows, sampling), gets ``if self.<key> is not None: logits = torch.tanh(logits / self.<key>)
     * self.<key>`` (a Python-level test of a config float, resolved when the
     graph is traced). In the config file the dataclass gets ``<key>: float |
     None = None``. Applied per vocabulary shard, the capping is the same with
@@ -40,7 +41,8 @@ class LogitSoftcap(Codemod):
 
     Runs after ``logits-divisor`` (a model with both divides first).
     Precondition: one ``<Prefix>ForCausalLM`` class taking ``config`` whose
-    ``forward`` has a top-level ``<logits> = self.lm_head(...)`` statement.
+    ``forward`` calls the LM head once, in a top-level ``<logits> =
+    self.lm_head(...)`` statement.
     """
 
     ID = "logit-softcap"
@@ -105,7 +107,7 @@ class LogitSoftcap(Codemod):
                     def forward(self, input_ids):
                         return self.model(input_ids)
             """,
-            raises="no top-level <logits> = self.lm_head(...) statement",
+            raises="needs one top-level <logits> = self.lm_head(...) statement",
         ),
     )
 

@@ -28,10 +28,12 @@ class LogitsDivisor(Codemod):
 
     Granite computes ``logits = lm_head(h) / logits_scaling``. In the causal
     LM class (``<Prefix>ForCausalLM``): ``__init__`` gets ``self.<key> =
-    config.<key>``; ``forward`` gets ``logits = logits / self.<key>`` after the
-    last top-level statement that assigns the logits (``logits =
-    self.lm_head(...)``), so that sampling sees the divided logits. In the
-    config file, the dataclass gets ``<key>: float = <default>``.
+    config.<key>``; ``forward`` gets ``logits = logits / self.<key>`` right
+    after the LM-head statement (and the logits' own rescaling) (``logits = self.lm_head(...)``), so that
+    every use of the logits sees them divided: the gathered logits of
+    logprobs, the rows kept after LM-head data parallelism, on-device
+    sampling, the returned logits. In the config file, the dataclass gets
+    ``<key>: float = <default>``.
 
     With ``form="multiply"`` the logits are multiplied by the field instead
     (Cohere's ``logits = lm_head(h) * logit_scale``): the spec's
@@ -39,7 +41,8 @@ class LogitsDivisor(Codemod):
     by the field itself, which is exact.
 
     Precondition: one ``<Prefix>ForCausalLM`` class taking ``config`` whose
-    ``forward`` has a top-level ``<logits> = self.lm_head(...)`` statement.
+    ``forward`` calls the LM head once, in a top-level ``<logits> =
+    self.lm_head(...)`` statement.
 
     Realizes ``lm_head.logits_divisor`` with ``lm_head.logits_key`` and
     ``lm_head.logits_form`` (``divisor`` -> divide, ``multiplier`` -> multiply).
@@ -111,7 +114,7 @@ class LogitsDivisor(Codemod):
                     def forward(self, input_ids):
                         return self.model(input_ids)
             """,
-            raises="no top-level <logits> = self.lm_head(...) statement",
+            raises="needs one top-level <logits> = self.lm_head(...) statement",
         ),
     )
 

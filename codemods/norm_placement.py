@@ -75,11 +75,23 @@ class NormPlacement(Codemod):
     OLMo 2 it is applied to the attention output: the attribute keeps its
     name and checkpoint key and changes place.
 
-    Preconditions: one ``<Prefix>DecoderLayer`` whose ``forward`` has one
-    top-level ``h = self.<attention>(...)`` and one ``h = self.<mlp>(...)``
-    statement, each preceded by a ``h = self.<norm>(h)`` statement (pre-norm);
-    removed norms used nowhere else. A layer already in the target placement
-    is left as it is; other placements are refused.
+    Every forward of the layer is edited (a decode ``forward`` and a
+    ``_forward_prefill``), and every branch of an ``if``/``else`` that calls
+    a sublayer. A branch that hands a norm's weight to the sublayer
+    (``ln_w=self.input_layernorm.weight``: an FP8 kernel fusing the pre-norm)
+    cannot place the norms elsewhere: it is guarded (raises
+    ``NotImplementedError`` naming the placement). A model in a module file
+    built on the layer (a drafter subclassing it) is guarded with post-norm,
+    which removes the input norm it reads.
+
+    Preconditions: one ``<Prefix>DecoderLayer`` (in a model file of the
+    package) whose forwards each run the attention and the MLP in one
+    top-level statement: ``h = self.<sublayer>(...)``, or an ``if``/``else``
+    with one such statement per branch; each call not handed a norm weight
+    preceded by a ``h = self.<norm>(h)`` statement (pre-norm), the same norm
+    for a sublayer in every forward; removed norms used nowhere else. A layer
+    already in the target placement is left as it is; other placements are
+    refused.
     """
 
     ID = "norm-placement"
@@ -213,6 +225,80 @@ class NormPlacement(Codemod):
                         return hidden_states
             """,
             raises="not a pre-norm layer",
+        ),
+        Example(
+            title="a decode forward with an FP8 branch that fuses the norm, and a prefill forward",
+            params={"placement": "post"},
+            before="""
+                class LlamaDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.self_attn = attn_cls(config, layer_idx)
+                        self.mlp = mlp_cls(config)
+                        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+                    def forward(self, hidden_states, attn_metadata):
+                        if not self._is_decode(attn_metadata):
+                            return self._forward_prefill(hidden_states, attn_metadata)
+                        hidden_states = _dp_transition(hidden_states, self.mlp_dp_group, self.attn_dp_group)
+                        residual = hidden_states
+                        if self.fp8:
+                            hidden_states = self.self_attn(hidden_states, attn_metadata, ln_w=self.input_layernorm.weight)
+                        else:
+                            hidden_states = self.input_layernorm(hidden_states)
+                            hidden_states = self.self_attn(hidden_states, attn_metadata)
+                        hidden_states = residual + hidden_states
+                        hidden_states = _dp_transition(hidden_states, self.attn_dp_group, self.mlp_dp_group)
+                        residual = hidden_states
+                        hidden_states = self.post_attention_layernorm(hidden_states)
+                        hidden_states = self.mlp(hidden_states, is_prefill=False)
+                        return residual + hidden_states
+
+                    def _forward_prefill(self, hidden_states, attn_metadata):
+                        residual = hidden_states
+                        hidden_states = self.input_layernorm(hidden_states)
+                        hidden_states = self.self_attn(hidden_states, attn_metadata)
+                        hidden_states = residual + hidden_states
+                        residual = hidden_states
+                        hidden_states = self.post_attention_layernorm(hidden_states)
+                        hidden_states = self.mlp(hidden_states, is_prefill=True)
+                        return residual + hidden_states
+            """,
+            after="""
+                class LlamaDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.self_attn = attn_cls(config, layer_idx)
+                        self.mlp = mlp_cls(config)
+                        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.post_feedforward_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+                    def forward(self, hidden_states, attn_metadata):
+                        if not self._is_decode(attn_metadata):
+                            return self._forward_prefill(hidden_states, attn_metadata)
+                        hidden_states = _dp_transition(hidden_states, self.mlp_dp_group, self.attn_dp_group)
+                        residual = hidden_states
+                        if self.fp8:
+                            raise NotImplementedError("post norm placement: the FP8 kernels fuse a norm before the sublayer")
+                        else:
+                            hidden_states = self.self_attn(hidden_states, attn_metadata)
+                            hidden_states = self.post_attention_layernorm(hidden_states)
+                        hidden_states = residual + hidden_states
+                        hidden_states = _dp_transition(hidden_states, self.attn_dp_group, self.mlp_dp_group)
+                        residual = hidden_states
+                        hidden_states = self.mlp(hidden_states, is_prefill=False)
+                        hidden_states = self.post_feedforward_layernorm(hidden_states)
+                        return residual + hidden_states
+
+                    def _forward_prefill(self, hidden_states, attn_metadata):
+                        residual = hidden_states
+                        hidden_states = self.self_attn(hidden_states, attn_metadata)
+                        hidden_states = self.post_attention_layernorm(hidden_states)
+                        hidden_states = residual + hidden_states
+                        residual = hidden_states
+                        hidden_states = self.mlp(hidden_states, is_prefill=True)
+                        hidden_states = self.post_feedforward_layernorm(hidden_states)
+                        return residual + hidden_states
+            """,
         ),
     )
 

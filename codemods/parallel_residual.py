@@ -71,12 +71,24 @@ class ParallelResidual(Codemod):
     and MLP calls are kept; statements before the first residual copy (such
     as ``is_prefill = ...``) stay.
 
-    Preconditions: one ``<Prefix>DecoderLayer`` whose ``forward`` is the
+    Every forward of the layer is rewritten (a decode ``forward`` and a
+    ``_forward_prefill``). Statements between the two residual blocks that
+    move the rows between data-parallel layouts (``h = _dp_transition(h,
+    ...)``: gathers and slices, which distribute over a sum) are applied to
+    each term carried past them: the attention output, the residual and the
+    MLP's input. A sublayer called in an ``if``/``else`` keeps its branches;
+    a branch handing a norm's weight to the sublayer (an FP8 kernel fusing
+    the norm into the sequential layer) is guarded (raises
+    ``NotImplementedError``). A drafter in a module file that subclasses the
+    layer is guarded when the shared norm removes the norm it reads.
+
+    Preconditions: one ``<Prefix>DecoderLayer`` whose forwards are each the
     sequential pre-norm form: ``r = h``, ``h = self.<norm>(h)``, ``h =
-    self.<attention>(h, ...)``, ``h = r + h``, ``r = h``, ``h = self.<norm>(h)``,
-    ``h = self.<mlp>(h, ...)``, ``return r + h``; the deleted norm used
-    nowhere else. A layer already parallel with the requested norms is left
-    as it is.
+    self.<attention>(h, ...)``, ``h = r + h``, any ``h = f(h, ...)``, ``r =
+    h``, ``h = self.<norm>(h)``, ``h = self.<mlp>(h, ...)``, ``return r + h``
+    (each sublayer call, with its norm, possibly one per branch of an
+    ``if``/``else``); the deleted norm used nowhere else. A layer already
+    parallel with the requested norms is left as it is.
     """
 
     ID = "parallel-residual"
@@ -201,6 +213,78 @@ class ParallelResidual(Codemod):
                         return residual + hidden_states
             """,
             raises="not the sequential pre-norm form",
+        ),
+        Example(
+            title="a decode forward moving rows between data-parallel layouts, and a prefill forward",
+            params={"kind": "separate_norms"},
+            before="""
+                class LlamaDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.self_attn = attn_cls(config, layer_idx)
+                        self.mlp = mlp_cls(config)
+                        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+                    def forward(self, hidden_states, attn_metadata):
+                        if not self._is_decode(attn_metadata):
+                            return self._forward_prefill(hidden_states, attn_metadata)
+                        hidden_states = _dp_transition(hidden_states, self.mlp_dp_group, self.attn_dp_group)
+                        residual = hidden_states
+                        if self.fp8:
+                            hidden_states = self.self_attn(hidden_states, attn_metadata, ln_w=self.input_layernorm.weight)
+                        else:
+                            hidden_states = self.input_layernorm(hidden_states)
+                            hidden_states = self.self_attn(hidden_states, attn_metadata)
+                        hidden_states = residual + hidden_states
+                        hidden_states = _dp_transition(hidden_states, self.attn_dp_group, self.mlp_dp_group)
+                        residual = hidden_states
+                        hidden_states = self.post_attention_layernorm(hidden_states)
+                        hidden_states = self.mlp(hidden_states, is_prefill=False)
+                        return residual + hidden_states
+
+                    def _forward_prefill(self, hidden_states, attn_metadata):
+                        residual = hidden_states
+                        hidden_states = self.input_layernorm(hidden_states)
+                        hidden_states = self.self_attn(hidden_states, attn_metadata)
+                        hidden_states = residual + hidden_states
+                        residual = hidden_states
+                        hidden_states = self.post_attention_layernorm(hidden_states)
+                        hidden_states = self.mlp(hidden_states, is_prefill=True)
+                        return residual + hidden_states
+            """,
+            after="""
+                class LlamaDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.self_attn = attn_cls(config, layer_idx)
+                        self.mlp = mlp_cls(config)
+                        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+                    def forward(self, hidden_states, attn_metadata):
+                        if not self._is_decode(attn_metadata):
+                            return self._forward_prefill(hidden_states, attn_metadata)
+                        hidden_states = _dp_transition(hidden_states, self.mlp_dp_group, self.attn_dp_group)
+                        residual = hidden_states
+                        mlp_input = self.post_attention_layernorm(hidden_states)
+                        if self.fp8:
+                            raise NotImplementedError("parallel residual: the FP8 kernels fuse each sublayer's norm into the sequential layer")
+                        else:
+                            attn_input = self.input_layernorm(hidden_states)
+                            attn_output = self.self_attn(attn_input, attn_metadata)
+                        attn_output = _dp_transition(attn_output, self.attn_dp_group, self.mlp_dp_group)
+                        residual = _dp_transition(residual, self.attn_dp_group, self.mlp_dp_group)
+                        mlp_input = _dp_transition(mlp_input, self.attn_dp_group, self.mlp_dp_group)
+                        mlp_output = self.mlp(mlp_input, is_prefill=False)
+                        return attn_output + mlp_output + residual
+
+                    def _forward_prefill(self, hidden_states, attn_metadata):
+                        residual = hidden_states
+                        attn_input = self.input_layernorm(hidden_states)
+                        mlp_input = self.post_attention_layernorm(hidden_states)
+                        attn_output = self.self_attn(attn_input, attn_metadata)
+                        mlp_output = self.mlp(mlp_input, is_prefill=True)
+                        return attn_output + mlp_output + residual
+            """,
         ),
     )
 

@@ -32,8 +32,9 @@ class ResidualMultiplier(Codemod):
 
     Granite computes ``h = residual + sublayer(...) * residual_multiplier`` for
     attention and MLP. In the decoder layer (``<Prefix>DecoderLayer``):
-    ``__init__`` gets ``self.<key> = config.<key>``; in ``forward`` every
-    addition with a residual variable (a name assigned a plain copy of
+    ``__init__`` gets ``self.<key> = config.<key>``; in every forward (every
+    method calling the attention or the MLP: a decode ``forward`` and a
+    ``_forward_prefill``, FP8 branches included) every addition with a residual variable (a name assigned a plain copy of
     another, ``residual = hidden_states``) has its other operand multiplied:
     ``residual + hidden_states`` becomes ``residual + hidden_states *
     self.<key>``. A parallel-residual sum ``attn_output + mlp_output +
@@ -44,8 +45,9 @@ class ResidualMultiplier(Codemod):
     checkpoint's config (the spec field is an optional value: present or not).
     Runs after the codemods that restructure the residual blocks.
 
-    Precondition: one ``<Prefix>DecoderLayer`` class taking ``config`` whose
-    ``forward`` adds a residual variable to something.
+    Precondition: one ``<Prefix>DecoderLayer`` class taking ``config`` (in
+    a model file of the package) whose forwards add a residual variable to
+    something.
     """
 
     ID = "residual-multiplier"
@@ -117,6 +119,80 @@ class ResidualMultiplier(Codemod):
                         return self.mlp(hidden_states)
             """,
             raises="adds no residual variable",
+        ),
+        Example(
+            title="a decode forward with an FP8 branch, and a prefill forward",
+            before="""
+                class LlamaDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.self_attn = attn_cls(config, layer_idx)
+                        self.mlp = mlp_cls(config)
+                        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+                    def forward(self, hidden_states, attn_metadata):
+                        if not self._is_decode(attn_metadata):
+                            return self._forward_prefill(hidden_states, attn_metadata)
+                        hidden_states = _dp_transition(hidden_states, self.mlp_dp_group, self.attn_dp_group)
+                        residual = hidden_states
+                        if self.fp8:
+                            hidden_states = self.self_attn(hidden_states, attn_metadata, ln_w=self.input_layernorm.weight)
+                        else:
+                            hidden_states = self.input_layernorm(hidden_states)
+                            hidden_states = self.self_attn(hidden_states, attn_metadata)
+                        hidden_states = residual + hidden_states
+                        hidden_states = _dp_transition(hidden_states, self.attn_dp_group, self.mlp_dp_group)
+                        residual = hidden_states
+                        hidden_states = self.post_attention_layernorm(hidden_states)
+                        hidden_states = self.mlp(hidden_states, is_prefill=False)
+                        return residual + hidden_states
+
+                    def _forward_prefill(self, hidden_states, attn_metadata):
+                        residual = hidden_states
+                        hidden_states = self.input_layernorm(hidden_states)
+                        hidden_states = self.self_attn(hidden_states, attn_metadata)
+                        hidden_states = residual + hidden_states
+                        residual = hidden_states
+                        hidden_states = self.post_attention_layernorm(hidden_states)
+                        hidden_states = self.mlp(hidden_states, is_prefill=True)
+                        return residual + hidden_states
+            """,
+            after="""
+                class LlamaDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.self_attn = attn_cls(config, layer_idx)
+                        self.mlp = mlp_cls(config)
+                        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.residual_multiplier = config.residual_multiplier
+
+                    def forward(self, hidden_states, attn_metadata):
+                        if not self._is_decode(attn_metadata):
+                            return self._forward_prefill(hidden_states, attn_metadata)
+                        hidden_states = _dp_transition(hidden_states, self.mlp_dp_group, self.attn_dp_group)
+                        residual = hidden_states
+                        if self.fp8:
+                            hidden_states = self.self_attn(hidden_states, attn_metadata, ln_w=self.input_layernorm.weight)
+                        else:
+                            hidden_states = self.input_layernorm(hidden_states)
+                            hidden_states = self.self_attn(hidden_states, attn_metadata)
+                        hidden_states = residual + hidden_states * self.residual_multiplier
+                        hidden_states = _dp_transition(hidden_states, self.attn_dp_group, self.mlp_dp_group)
+                        residual = hidden_states
+                        hidden_states = self.post_attention_layernorm(hidden_states)
+                        hidden_states = self.mlp(hidden_states, is_prefill=False)
+                        return residual + hidden_states * self.residual_multiplier
+
+                    def _forward_prefill(self, hidden_states, attn_metadata):
+                        residual = hidden_states
+                        hidden_states = self.input_layernorm(hidden_states)
+                        hidden_states = self.self_attn(hidden_states, attn_metadata)
+                        hidden_states = residual + hidden_states * self.residual_multiplier
+                        residual = hidden_states
+                        hidden_states = self.post_attention_layernorm(hidden_states)
+                        hidden_states = self.mlp(hidden_states, is_prefill=True)
+                        return residual + hidden_states * self.residual_multiplier
+            """,
         ),
     )
 

@@ -67,11 +67,21 @@ class SwapNorm(Codemod):
     whose config calls it ``layer_norm_eps`` does not silently fall back to the
     default.
 
-    Preconditions: exactly one norm class; ``self.weight`` created as
-    ``nn.Parameter(torch.ones(...))``; an epsilon attribute; no ``(1 + weight)``
-    offset in the current forward (a different norm this codemod does not
-    produce); and no decode kernel call that fuses an RMSNorm
-    (``rmsnorm_X_enabled=True``) when switching to LayerNorm.
+    A fused RMSNorm kernel cannot compute a LayerNorm: with LayerNorm, every
+    branch of the decoder layer that hands a norm's weight to a sublayer
+    (``ln_w=self.input_layernorm.weight``: an FP8 kernel fusing the norm) is
+    guarded (raises ``NotImplementedError``), and the other branches call the
+    LayerNorm modules. A model in a module file built on the norm class (a
+    drafter) imports it by its new name and is guarded: its own norms are not
+    the port's.
+
+    Preconditions: exactly one norm class (in a model file of the package);
+    ``self.weight`` created as ``nn.Parameter(torch.ones(...))``; an epsilon
+    attribute; no ``(1 + weight)`` offset in the current forward (a different
+    norm this codemod does not produce); and no decode kernel call that fuses
+    an RMSNorm (``rmsnorm_X_enabled``, the q/k norms) when switching to
+    LayerNorm: the decode kernel computes every decode step, it cannot be
+    guarded.
     """
 
     ID = "swap-norm"
@@ -167,6 +177,82 @@ class SwapNorm(Codemod):
                         return self._norm(x) * (1.0 + self.weight)
             """,
             raises="(1 + weight) offset",
+        ),
+        Example(
+            title="a branch handing the norm's weight to a fused RMSNorm kernel is guarded",
+            params={"kind": "layernorm", "bias": True, "eps_key": "layer_norm_eps"},
+            before="""
+                class LlamaRMSNorm(nn.Module):
+                    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype):
+                        super().__init__()
+                        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+                        self.variance_epsilon = eps
+
+                    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+                        input_dtype = hidden_states.dtype
+                        hidden_states = hidden_states.to(torch.float32)
+                        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+                        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+                        return (self.weight * hidden_states).to(input_dtype)
+
+
+                class LlamaDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.self_attn = attn_cls(config, layer_idx)
+                        self.mlp = mlp_cls(config)
+                        self.input_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps, config.torch_dtype)
+                        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps, config.torch_dtype)
+
+                    def forward(self, hidden_states, attn_metadata):
+                        residual = hidden_states
+                        hidden_states = self.input_layernorm(hidden_states)
+                        hidden_states = self.self_attn(hidden_states, attn_metadata)
+                        hidden_states = residual + hidden_states
+                        residual = hidden_states
+                        if self.fp8:
+                            hidden_states = self.mlp(hidden_states, ln_w=self.post_attention_layernorm.weight)
+                        else:
+                            hidden_states = self.post_attention_layernorm(hidden_states)
+                            hidden_states = self.mlp(hidden_states)
+                        return residual + hidden_states
+            """,
+            after="""
+                class LlamaLayerNorm(nn.Module):
+                    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype):
+                        super().__init__()
+                        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+                        self.bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype))
+                        self.variance_epsilon = eps
+
+                    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+                        input_dtype = hidden_states.dtype
+                        hidden_states = hidden_states.to(torch.float32)
+                        mean = hidden_states.mean(-1, keepdim=True)
+                        variance = (hidden_states - mean).pow(2).mean(-1, keepdim=True)
+                        hidden_states = (hidden_states - mean) * torch.rsqrt(variance + self.variance_epsilon)
+                        return (self.weight * hidden_states + self.bias).to(input_dtype)
+
+
+                class LlamaDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.self_attn = attn_cls(config, layer_idx)
+                        self.mlp = mlp_cls(config)
+                        self.input_layernorm = LlamaLayerNorm(config.hidden_size, config.layer_norm_eps, config.torch_dtype)
+                        self.post_attention_layernorm = LlamaLayerNorm(config.hidden_size, config.layer_norm_eps, config.torch_dtype)
+
+                    def forward(self, hidden_states, attn_metadata):
+                        residual = hidden_states
+                        hidden_states = self.input_layernorm(hidden_states)
+                        hidden_states = self.self_attn(hidden_states, attn_metadata)
+                        hidden_states = residual + hidden_states
+                        residual = hidden_states
+                        if self.fp8:
+                            raise NotImplementedError("LayerNorm: the FP8 kernels fuse an RMSNorm into the sublayer")
+                        else:
+                            hidden_states = self.post_attention_layernorm(hidden_states)
+                            hidden_states = self.mlp(hidden_states)
+                        return residual + hidden_states
+            """,
         ),
     )
 

@@ -39,7 +39,6 @@ from autoport_cst.transform.cst_helpers import (
     self_attr,
     walk,
 )
-from autoport_cst.transform.layers import logits_site as _logits_site
 from autoport_cst.transform.layers import (
     LOAD_TIME,
     assigned_call,
@@ -378,15 +377,43 @@ def guard_fused_norms(module: cst.Module, ctx: FileContext, codemod_id: str,
 
 
 def logits_site(module: cst.Module, ctx: FileContext, codemod_id: str):
-    """``layers.logits_site`` (the causal LM class, its ``forward``, the
-    logits variable and the top-level statement assigning it from
-    ``self.lm_head(...)``), or None when the causal LM class lives in
-    another file of the package. Every later use of the logits (gathered
-    for logprobs, sliced back from LM-head data parallelism, sampled,
-    returned) reads that variable after the statement."""
-    if class_here(module, "causal_lm", ctx, codemod_id, "<Prefix>ForCausalLM") is None:
+    """``(causal LM class, forward, logits variable, statement)``: the one
+    top-level ``<logits> = self.lm_head(...)`` statement of the causal LM's
+    ``forward``, after which every use of the logits (gathered for logprobs,
+    sliced back from LM-head data parallelism, sampled, returned) reads that
+    variable; None when the class lives in another file of the package. A
+    forward that calls the LM head elsewhere is refused."""
+    lm = class_here(module, "causal_lm", ctx, codemod_id, "<Prefix>ForCausalLM")
+    if lm is None:
         return None
-    return _logits_site(module, ctx, codemod_id)
+    forward = require_method(lm, "forward", ctx, module, codemod_id)
+    calls = [n for n in walk(forward) if isinstance(n, cst.Call) and self_attr(n.func) == "lm_head"]
+    heads = [s for s in forward.body.body if assigned_call(s) is not None and self_attr(assigned_call(s).func) == "lm_head"]
+    if len(heads) != 1 or len(calls) != 1:
+        raise ctx.precondition(
+            f"{codemod_id}: {lm.name.value}.forward needs one top-level <logits> = self.lm_head(...) statement "
+            f"and no other LM-head call (found {len(heads)} such statement(s), {len(calls)} call(s))",
+            forward,
+            module,
+        )
+    name = assigned_name(heads[0])
+    body = list(forward.body.body)
+    at = body.index(heads[0])
+    while at + 1 < len(body) and _rescales(body[at + 1], name):
+        at += 1  # after the logits' own rescaling (a divisor before a softcap)
+    return lm, forward, name, body[at]
+
+
+def _rescales(stmt: cst.BaseStatement, name: str) -> bool:
+    """``<name> = <expression of name>``, or an ``if`` (no ``else``) whose
+    body is only such statements."""
+    if isinstance(stmt, cst.If):
+        inner = stmt.body.body if isinstance(stmt.body, cst.IndentedBlock) else []
+        return stmt.orelse is None and bool(inner) and all(_rescales(s, name) for s in inner)
+    if assigned_name(stmt) != name:
+        return False
+    value = stmt.body[0].value  # type: ignore[union-attr]
+    return any(isinstance(n, cst.Name) and n.value == name for n in walk(value))
 
 
 def declare_upstream(module: cst.Module, ctx: FileContext, family: str, func: cst.FunctionDef,
