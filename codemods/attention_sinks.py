@@ -34,11 +34,13 @@ from autoport_cst.transform.kernels import (
     guard,
     kernel_sites,
 )
-from autoport_cst.transform.layers import is_parameter, require_method
+from autoport_cst.transform.layers import add_edit, is_parameter, require_method
 from autoport_cst.transform.loaders import (
     RANK_WRAPPERS,
     attach_statement,
     find_loaders,
+    guard_edit,
+    is_quantized,
     render_call,
     render_loader,
 )
@@ -52,6 +54,7 @@ PARAMETER_COMMENT = "<-- MODEL-SPECIFIC: a learned sink logit per query head (fl
 LOADER_COMMENT = "<-- MODEL-SPECIFIC: the sinks are sharded by query head, as the output projection's rows"
 GUARD_COMMENT = "<-- MODEL-SPECIFIC: attention sinks: a path whose kernel takes none refuses"
 CP_MESSAGE = "attention sinks: NF.segmented_attention_cp (context-parallel prefill) takes no sink"
+QUANTIZED_MESSAGE = "attention sinks are not ported to the quantized attention class"
 
 DP_SINKS = '''
 def _attention_dp_sinks(sinks, attention_dp, group):
@@ -318,6 +321,9 @@ class AttentionSinks(Codemod):
         helpers: list[str] = []
         wrapped = False
         for cls in attention_classes_in(module, ctx, ID):
+            if is_quantized(cls):
+                self._guard_quantized(cls, module, ctx, edits)
+                continue
             self._kernel_edits(cls, module, ctx, edits, helpers)
             wrapped |= self._parameter_edits(cls, module, ctx, edits)
         module = rewrite(module, edits)
@@ -327,6 +333,14 @@ class AttentionSinks(Codemod):
             if edits:
                 module = ensure_import_from(module, WEIGHT_LOADERS, name)
         return self._mappings(module, ctx)
+
+    def _guard_quantized(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext, edits: dict) -> None:
+        """A quantized attention class loads its projections its own way:
+        it refuses to be built rather than run without sinks."""
+        for key, edit in guard_edit(cls, QUANTIZED_MESSAGE, module).items():
+            add_edit(edits, key, edit)
+        for site in kernel_sites(cls):
+            ctx.unaffected(site.call, f"guarded: {QUANTIZED_MESSAGE}")
 
     def _parameter_edits(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext, edits: dict) -> bool:
         """``self.sinks`` after the projections, its loader after the output
