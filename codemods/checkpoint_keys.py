@@ -476,7 +476,8 @@ class CheckpointKeys(Codemod):
         if unmatched:
             raise ctx.precondition(
                 f"{self.ID}: rename pattern(s) {', '.join(repr(p) for p in unmatched)} match(es) no checkpoint "
-                "key of load_weights (patterns match whole dotted segments of the reference's keys)"
+                "key of load_weights (patterns match whole dotted segments of the reference's keys; renames "
+                "written for another reference's keys do not carry over, the spec's checkpoint.key_map does)"
             )
         return edits
 
