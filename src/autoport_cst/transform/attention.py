@@ -24,12 +24,10 @@ from autoport_cst.transform.cst_helpers import (
     keyword_arg,
     method,
     parse_statement,
-    rewrite,
     self_assignment,
     walk,
-    with_comment,
 )
-from autoport_cst.transform.layers import is_parameter, require_method
+from autoport_cst.transform.layers import is_parameter
 
 # -- finding targets -------------------------------------------------------------
 
@@ -257,15 +255,6 @@ def _rope_columns_loader(loader, order: list[int], width: int):
     return SafetensorsWeightLoader(transform)
 '''
 
-PARTIAL_FACTOR_FUNCTION = '''
-def _partial_rotary_factor(config) -> float:
-    """Fraction of each head that RoPE rotates: the config field, else the value
-    in the RoPE parameters, else 1 (the whole head)."""
-    if config.partial_rotary_factor is not None:
-        return float(config.partial_rotary_factor)
-    return float((config.rope_scaling or {}).get("partial_rotary_factor", 1.0))
-'''
-
 ROPE_ORDER_COMMENT = (
     "<-- MODEL-SPECIFIC: checkpoint RoPE pairs moved to the pairs (i, i + head_dim / 2) rotated here"
 )
@@ -290,142 +279,6 @@ def _order_call_values(call: cst.Call) -> tuple[str, str]:
         module.code_for_node(rotary.value) if rotary is not None else "self.head_dim",
         module.code_for_node(interleaved.value) if interleaved is not None else "False",
     )
-
-
-def reorder_rope_columns(
-    module: cst.Module,
-    ctx: FileContext,
-    codemod_id: str,
-    rotary_dim: str | None = None,
-    interleaved: bool | None = None,
-) -> cst.Module:
-    """Give every attention class ``self.rope_column_order`` (built with the
-    given ``rotary_dim`` expression and/or ``interleaved`` flag, keeping what
-    another codemod set) and wrap the loaders of the fused QKV weight and
-    bias, and of per-head query/key norms, so that they load reordered."""
-    from autoport_cst.transform.cst_helpers import ensure_import_from
-
-    edits: dict = {}
-    for cls in attention_classes(module, ctx, codemod_id):
-        name = cls.name.value
-        init = require_method(cls, "__init__", ctx, module, codemod_id)
-        existing = None
-        for node in walk(init):
-            if isinstance(node, cst.SimpleStatementLine):
-                pair = self_assignment(node)
-                if pair is not None and pair[0] == "rope_column_order":
-                    existing = node
-        current_rotary, current_interleaved = "self.head_dim", "False"
-        if existing is not None:
-            call = self_assignment(existing)[1]
-            if not (isinstance(call, cst.Call) and dotted(call.func) == "_rope_column_order"):
-                raise ctx.precondition(
-                    f"{codemod_id}: {name}.rope_column_order is not built by _rope_column_order(...)",
-                    existing,
-                    module,
-                )
-            current_rotary, current_interleaved = _order_call_values(call)
-        init_params = [p.name.value for p in init.params.params]
-        config = init_params[1] if len(init_params) > 1 else "config"
-        new_rotary = rotary_dim.format(config=config) if rotary_dim is not None else current_rotary
-        new_interleaved = (
-            ("True" if interleaved else "False") if interleaved is not None else current_interleaved
-        )
-        code = (
-            f"self.rope_column_order = _rope_column_order(self.head_dim, "
-            f"rotary_dim={new_rotary}, interleaved={new_interleaved})"
-        )
-        stmt = with_comment(parse_statement(code, module), ROPE_ORDER_COMMENT)
-        if existing is not None:
-            if module.code_for_node(existing.with_changes(leading_lines=[])).strip() != code:
-                edits[id(existing)] = lambda updated, stmt=stmt: stmt.with_changes(
-                    leading_lines=updated.leading_lines
-                )
-        else:
-            anchor = None
-            for attr in ("qkv_split_indices", "kv_size", "q_size"):
-                anchor = next(
-                    (s for s in init.body.body if (p := self_assignment(s)) is not None and p[0] == attr),
-                    None,
-                )
-                if anchor is not None:
-                    break
-            if anchor is None:
-                raise ctx.precondition(
-                    f"{codemod_id}: {name}.__init__ sets no self.q_size / self.kv_size "
-                    "(the widths of the query and key heads)",
-                    init,
-                    module,
-                )
-            edits[id(anchor)] = lambda updated, stmt=stmt: cst.FlattenSentinel([updated, stmt])
-
-        # loaders
-        loaders: dict[str, cst.SimpleStatementLine] = {}
-        wrapped: set[str] = set()
-        for node in walk(cls):
-            if isinstance(node, cst.SimpleStatementLine) and isinstance(node.body[0], cst.Expr):
-                call = node.body[0].value
-                if is_call(call, "set_weight_loader") and call.args:
-                    target = dotted(call.args[0].value) or ""
-                    inner = call.args[1].value if len(call.args) > 1 else None
-                    if isinstance(inner, cst.Call) and dotted(inner.func) == "_rope_columns_loader":
-                        wrapped.add(target)
-                    else:
-                        loaders.setdefault(target, node)
-        params = self_parameters(cls)
-        if "self.qkv_proj_weight" not in loaders and "self.qkv_proj_weight" not in wrapped:
-            raise ctx.precondition(
-                f"{codemod_id}: {name} attaches no loader to self.qkv_proj_weight "
-                "(set_weight_loader(self.qkv_proj_weight, ...))",
-                cls,
-                module,
-            )
-        targets = [(f"self.{p}", width) for p, width in ROPE_REORDERED if p in params]
-        for norm in ("q_norm", "k_norm"):
-            if find_self_assignment_deep(init, norm) is not None:
-                width = "self.head_dim"
-                if norm_is_full_width(cls, norm):
-                    width = "self.q_size" if norm == "q_norm" else "self.kv_size"
-                targets.append((f"self.{norm}.weight", width))
-        last_anchor = None
-        additions = []
-        for target, width in targets:
-            if target in wrapped:
-                continue
-            anchor = loaders.get(target)
-            wrap = parse_statement(
-                f"set_weight_loader(\n"
-                f"    {target},\n"
-                f"    _rope_columns_loader(get_weight_loader({target}), self.rope_column_order, {width}),\n"
-                f")",
-                module,
-            )
-            if anchor is not None:
-                edits[id(anchor)] = lambda updated, wrap=wrap: cst.FlattenSentinel([updated, wrap])
-                last_anchor = anchor
-            else:
-                additions.append(wrap)
-        if additions:
-            # parameters loaded by name (norm gammas): wrap after the last loader
-            anchor = last_anchor or loaders.get("self.qkv_proj_weight")
-            if anchor is None:
-                raise ctx.precondition(
-                    f"{codemod_id}: nowhere to attach the reordering loaders in {name}", cls, module
-                )
-            previous = edits.get(id(anchor))
-
-            def place(updated, previous=previous, additions=additions):
-                base = previous(updated) if previous else updated
-                nodes = list(base.nodes) if isinstance(base, cst.FlattenSentinel) else [base]
-                return cst.FlattenSentinel([*nodes, *additions])
-
-            edits[id(anchor)] = place
-    module = rewrite(module, edits)
-    module = add_functions(module, [ROPE_ORDER_FUNCTION, ROPE_LOADER_FUNCTION])
-    loaders_module = "vllm_neuron.utils.weight_loader"
-    for imported in ("SafetensorsWeightLoader", "get_weight_loader", "set_weight_loader"):
-        module = ensure_import_from(module, loaders_module, imported)
-    return module
 
 
 def find_self_assignment_deep(func: cst.FunctionDef, attr: str):

@@ -35,7 +35,6 @@ from autoport_cst.transform.cst_helpers import (
     walk,
 )
 
-QKV_PROJ = "NF.qkv_proj"
 DECODE_KERNELS = ("NF.attention_decode", "_attention_decode_unfused")
 QKV_PROJ_UNFUSED = "_qkv_proj_unfused"
 
@@ -321,36 +320,6 @@ def after_attrs(init: cst.FunctionDef, attrs: set[str], default: cst.BaseStateme
     if start >= needed:
         return default, missing
     return (body[needed] if needed >= 0 else default), missing
-
-
-def statement_index(init: cst.FunctionDef, stmt: cst.BaseStatement | None) -> int:
-    body = list(statements(init))
-    return body.index(stmt) if stmt is not None and stmt in body else -1
-
-
-def first_call_of(init: cst.FunctionDef, method_name: str) -> cst.BaseStatement | None:
-    """The top-level statement of ``init`` that calls ``self.<method_name>()``."""
-    for stmt in statements(init):
-        if any(isinstance(n, cst.Call) and dotted(n.func) == f"self.{method_name}" for n in walk(stmt)):
-            return stmt
-    return None
-
-
-def check_before(ctx: FileContext, module: cst.Module, init: cst.FunctionDef, anchor: cst.BaseStatement | None,
-                 readers: list[str], what: str, codemod_id: str) -> None:
-    """Refuse when ``anchor`` (where ``what`` goes) comes at or after the
-    statement of ``init`` calling one of the methods ``readers`` (which read
-    what is placed)."""
-    position = statement_index(init, anchor)
-    for name in readers:
-        call = first_call_of(init, name)
-        if call is not None and statement_index(init, call) <= position:
-            raise ctx.precondition(
-                f"{codemod_id}: {what} needs attributes that __init__ assigns only after it calls "
-                f"self.{name}(), which reads {what}",
-                call,
-                module,
-            )
 
 
 def self_attribute_behind(loader, code: str) -> str | None:
