@@ -72,6 +72,8 @@ def test_rule_set_is_stable():
         "NRN003": "no-item-in-forward",
         "NRN004": "decode-bias-2d",
         "NRN005": "router-float32",
+        "NRN006": "config-default-shadows-derivation",
+        "NRN007": "config-rope-theta-top-level",
         "NRN900": "invalid-suppression",
         "NRN901": "unused-suppression",
         "NRN999": "syntax-error",

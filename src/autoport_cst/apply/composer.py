@@ -12,7 +12,9 @@ Rules, in order:
    first by ID).
 3. A field nothing realizes makes the whole composition fail, listing every
    such field: no partial port.
-4. ``rename-classes`` runs when the class prefix changes.
+4. ``rename-classes`` runs when the class prefix changes; the fixes of lint
+   rules marked ``REPAIR`` run when the reference's config breaks them
+   (origin ``repair``).
 5. Steps are ordered by their ``AFTER`` constraints; ties keep a fixed order
    (rename first, then codemod ID), so the same plan always gives the same
    steps.
@@ -38,7 +40,7 @@ RENAME = "rename-classes"
 class Step:
     codemod: type[Codemod]
     params: Any
-    origin: str  # "plan" (explicit), "diff" (derived from the diff), "identity" (prefix)
+    origin: str  # "plan" (explicit), "diff" (derived from the diff), "identity" (prefix), "repair"
     realizes: tuple[str, ...] = ()
 
     @property
@@ -133,8 +135,31 @@ def compose(plan: Plan, reference: Reference, plan_source: str = "<plan>") -> Co
     if plan.prefix != reference.class_prefix and RENAME not in explicit_ids:
         cls = codemods[RENAME]
         steps.append(Step(cls, cls.params_for([], plan.spec, port), "identity"))
+    steps += [Step(codemods[c], codemods[c].Params(), "repair") for c in repairs(reference) if c not in explicit_ids]
 
     return Composition(tuple(order_steps(steps)), tuple(diffs), tuple(by_config))
+
+
+def repairs(reference: Reference) -> list[str]:
+    """Codemods that repair latent bugs of the reference's config: the fixes
+    of the lint rules marked ``REPAIR`` that its config files break (a field
+    read where transformers 5 no longer writes it, a default that hides a
+    derivation). Harmless for the reference's own model, they make ports to
+    other models read their configs right."""
+    from autoport_cst.lint import lint_source
+    from autoport_cst.lint.rules import registry
+    from autoport_cst.transform.roles import file_role
+
+    fixes = {code: rule.FIX for code, rule in registry().items() if rule.REPAIR and rule.FIX}
+    found: list[str] = []
+    for rel, text in sorted(reference.files.items()):
+        if file_role(rel) != "config":
+            continue
+        for diagnostic in lint_source(text, rel, select=list(fixes)):
+            fix = fixes.get(diagnostic.code)
+            if fix is not None and fix not in found:
+                found.append(fix)
+    return found
 
 
 def order_steps(steps: list[Step]) -> list[Step]:

@@ -12,8 +12,10 @@ Output layout, relative to the output directory::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -286,19 +288,28 @@ def _finish(plan: Plan, reference: Reference, result: PortResult, units: list[_U
 
 
 def _check_hardware_rules(result: PortResult, package: str) -> None:
-    """The port's package must pass the hardware lint rules: errors stop the
-    port (nothing is written), warnings are kept for the summary."""
+    """The port's package must pass the hardware lint rules: errors the port
+    introduces stop it (nothing is written); errors it inherits from the
+    reference (no more of a rule in a file than the reference file has) and
+    warnings are kept for the summary. The tool must not make a reference
+    worse; what the reference already does is its owner's call."""
     from autoport_cst.lint import lint_source
 
     errors = []
     for path, text in sorted(result.files.items()):
         if not (path.startswith(package + "/") and path.endswith(".py")):
             continue
-        for diagnostic in lint_source(text, path):
-            if diagnostic.severity == "error":
-                errors.append(diagnostic)
-            else:
+        found = lint_source(text, path)
+        inherited = _error_counts(lint_source(result.sources.get(path) or "", path))
+        for diagnostic in found:
+            if diagnostic.severity != "error":
                 result.warnings.append(diagnostic)
+            elif _error_counts(found)[diagnostic.code] <= inherited.get(diagnostic.code, 0):
+                result.warnings.append(
+                    dataclasses.replace(diagnostic, note="inherited from the reference, not made by the port")
+                )
+            else:
+                errors.append(diagnostic)
     if errors:
         lines = "\n".join(
             f"  {d.path}:{d.line}:{d.column}: {d.code} {d.message}" for d in errors
@@ -308,6 +319,10 @@ def _check_hardware_rules(result: PortResult, package: str) -> None:
             f"them to the plan's steps, or fix the reference:\n{lines}",
             Position(errors[0].path, errors[0].line, errors[0].column),
         )
+
+
+def _error_counts(diagnostics) -> Counter:
+    return Counter(d.code for d in diagnostics if d.severity == "error")
 
 
 def _banner(text: str, reference: str, name: str) -> str:

@@ -158,7 +158,8 @@ def _summary(result, report, output_format: str, to_stderr: bool, out: Path | No
             ],
             "by_config": [d.path for d in result.composition.by_config],
             "warnings": [
-                f"{w.path}:{w.line}:{w.column}: {w.code} {w.message}" for w in result.warnings
+                f"{w.path}:{w.line}:{w.column}: {w.code} {w.message}" + (f" ({w.note})" if w.note else "")
+                for w in result.warnings
             ],
             "files": sorted(result.files),
         }
@@ -194,7 +195,8 @@ def _summary(result, report, output_format: str, to_stderr: bool, out: Path | No
         console.print(f"read from the config at run time: {fields}")
     for warning in result.warnings:
         console.print(
-            f"warning: {warning.path}:{warning.line}:{warning.column}: {warning.code} {warning.message}",
+            f"warning: {warning.path}:{warning.line}:{warning.column}: {warning.code} {warning.message}"
+            + (f" ({warning.note})" if warning.note else ""),
             style="yellow",
             markup=False,
         )

@@ -13,6 +13,7 @@ A rule is one class in one module of ``autoport_cst.lint.rules``:
   when the module's call graph is known;
 - ``FIX`` / ``FIX_SAFE``: the codemod (by ID) that fixes a finding, and
   whether that fix keeps numerics (unsafe fixes need ``--unsafe-fixes``);
+- ``REPAIR``: ``apply`` runs the fix on a reference that breaks the rule;
 - ``OPTIONS``: settings read from ``[tool.autoport-cst.lint.options.CODE]``;
 - ``VALID`` / ``INVALID``: inline examples that are run as tests.
 
@@ -111,6 +112,9 @@ class Rule:
     INVALID: ClassVar[tuple[Invalid, ...]] = ()
     # emitted by the engine itself (syntax errors, suppression problems)
     PSEUDO: ClassVar[bool] = False
+    # a reference package breaking this rule gets the fix as a repair step of
+    # every port (the rule finds a latent bug that ports to other models expose)
+    REPAIR: ClassVar[bool] = False
 
     def __init__(self, ctx: "LintContext", options: Mapping[str, Any] | None = None) -> None:
         self.ctx = ctx

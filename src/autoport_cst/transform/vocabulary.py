@@ -242,6 +242,16 @@ def role_of(cls: cst.ClassDef) -> str | None:
     return class_role(cls.name.value)
 
 
+def is_docstring(stmt: cst.CSTNode) -> bool:
+    """Whether a statement is a bare string (a docstring at the top of a body)."""
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
 # -- read by the lint rules --------------------------------------------------------------
 
 

@@ -1,0 +1,117 @@
+"""config-rope-parameters: the config reads the RoPE base where transformers 5 keeps it."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from autoport_cst.transform import Codemod, Example, FileContext
+from autoport_cst.transform.config_reading import dataclass_fields, mentions, method_of
+from autoport_cst.transform.cst_helpers import parse_statement, parse_statements, rewrite, with_comment
+from autoport_cst.transform.vocabulary import is_docstring
+
+FIELD = "rope_parameters: dict | None = None"
+
+LIFT = '''
+if self.rope_parameters:
+    if "rope_theta" not in self.rope_parameters and any(
+        isinstance(value, dict) for value in self.rope_parameters.values()
+    ):
+        raise ValueError(
+            "RoPE parameters given per layer type are not supported by this config"
+        )
+    self.rope_theta = self.rope_parameters.get("rope_theta", self.rope_theta)
+'''
+
+POST_INIT = '''
+def __post_init__(self):
+    pass
+'''
+
+
+class ConfigRopeParameters(Codemod):
+    """Read the RoPE base from ``rope_parameters`` when the model config has
+    them, as transformers 5 writes it.
+
+    A config dataclass with a top-level ``rope_theta`` field and no
+    ``rope_parameters`` keeps its default under transformers 5 (which no
+    longer writes ``rope_theta`` at the top). The config gains a
+    ``rope_parameters`` field, and ``__post_init__`` (added if absent) takes
+    ``rope_theta`` from it; RoPE parameters given per layer type (a dict of
+    dicts without a base of their own) are refused with a ValueError rather
+    than read as one. A config that sets ``rope_theta`` at the top and has no
+    ``rope_parameters`` reads as before. This is the fix of lint rule NRN007,
+    run by ``apply`` as a repair step on a reference that needs it.
+    """
+
+    ID = "config-rope-parameters"
+    FILES = ("config",)
+    TOUCHES = ()
+    EXAMPLES = (
+        Example(
+            title="a top-level RoPE base",
+            role="config",
+            path="config.py",
+            before="""
+                @dataclass
+                class Qwen3Config:
+                    rope_theta: float = 1_000_000.0
+                    rope_scaling: dict | None = None
+
+                    def __post_init__(self):
+                        if self.head_dim is None:
+                            self.head_dim = 128
+            """,
+            after="""
+                @dataclass
+                class Qwen3Config:
+                    rope_theta: float = 1_000_000.0
+                    # <-- MODEL-SPECIFIC: transformers 5 keeps the RoPE base in rope_parameters
+                    rope_parameters: dict | None = None
+                    rope_scaling: dict | None = None
+
+                    def __post_init__(self):
+                        if self.rope_parameters:
+                            if "rope_theta" not in self.rope_parameters and any(
+                                isinstance(value, dict) for value in self.rope_parameters.values()
+                            ):
+                                raise ValueError(
+                                    "RoPE parameters given per layer type are not supported by this config"
+                                )
+                            self.rope_theta = self.rope_parameters.get("rope_theta", self.rope_theta)
+                        if self.head_dim is None:
+                            self.head_dim = 128
+            """,
+        ),
+    )
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        for cls in (s for s in module.body if isinstance(s, cst.ClassDef)):
+            field = dataclass_fields(cls).get("rope_theta")
+            if field is not None and not mentions(cls, "rope_parameters"):
+                module = rewrite(module, {id(cls): lambda updated: self._read_parameters(updated, module)})  # type: ignore[assignment]
+        return module
+
+    def _read_parameters(self, cls: cst.ClassDef, module: cst.Module) -> cst.ClassDef:
+        anchor = dataclass_fields(cls)["rope_theta"].statement
+        field = with_comment(
+            parse_statement(FIELD, module),
+            "<-- MODEL-SPECIFIC: transformers 5 keeps the RoPE base in rope_parameters",
+        )
+        body = list(cls.body.body)  # type: ignore[union-attr]
+        body.insert(body.index(anchor) + 1, field)
+        lift = parse_statements(LIFT.strip("\n"), module)
+        post_init = method_of(cls, "__post_init__")
+        if post_init is None:
+            from autoport_cst.transform.attention import parse_method
+
+            post_init = parse_method(POST_INIT, module)
+            post_init = post_init.with_changes(body=post_init.body.with_changes(body=lift))
+            body.append(post_init.with_changes(leading_lines=[cst.EmptyLine(indent=False)]))
+        else:
+            index = body.index(post_init)
+            statements = list(post_init.body.body)  # type: ignore[union-attr]
+            first = 1 if is_docstring(statements[0]) else 0
+            new_body = statements[:first] + lift + statements[first:]
+            body[index] = post_init.with_changes(body=post_init.body.with_changes(body=new_body))
+        return cls.with_changes(body=cls.body.with_changes(body=body))
+
