@@ -67,7 +67,7 @@ class GptOssConfig:
     num_hidden_layers: int = 36
     num_attention_heads: int = 64
     num_key_value_heads: int = 8
-    head_dim: int | None = 64
+    head_dim: int | None = None
     max_position_embeddings: int = 131072
     # <-- MODEL-SPECIFIC: RMSNorm epsilon under its Hugging Face name
     rms_norm_eps: float = 1e-5
@@ -114,7 +114,22 @@ class GptOssConfig:
         else:
             values = dict(hf_config)
 
-        _read_rope(values)
+        # RoPE: transformers 5 nests the base and the scaling in ``rope_parameters``
+        # (keyed by layer type in some models: one set when all agree); older
+        # configs keep ``rope_theta`` at the top level and the scaling in
+        # ``rope_scaling``. The base inside the dictionary wins.
+        rope = values.get("rope_parameters") or values.get("rope_scaling")
+        if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
+            sets = list(rope.values())
+            if any(s != sets[0] for s in sets):
+                raise ValueError(f"RoPE parameters differ per layer type ({sorted(rope)}): not supported")
+            rope = sets[0]
+        if isinstance(rope, dict):
+            if rope.get("rope_theta") is not None:
+                values["rope_theta"] = rope["rope_theta"]
+            values["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+        elif "rope_parameters" not in values and "rope_scaling" not in values:
+            values["rope_scaling"] = dict(_DEFAULT_ROPE_SCALING)
 
         for name, keys in _ALIASES.items():
             found = next((values[key] for key in keys if values.get(key) is not None), None)
@@ -135,25 +150,3 @@ class GptOssConfig:
         if "sliding_window" in values and values["sliding_window"] is None:
             kept["sliding_window"] = None
         return cls(**kept, neuron_config=neuron_config)
-
-
-def _read_rope(values: dict[str, Any]) -> None:
-    """Normalize the RoPE keys in place: ``rope_theta`` the base,
-    ``rope_scaling`` the variant's parameters without the base (YaRN as
-    released when the config names none).
-
-    Transformers 5 nests both in ``rope_parameters`` (keyed by layer type in
-    some models: one set when all agree); older configs keep ``rope_theta``
-    at the top level and the scaling in ``rope_scaling``."""
-    rope = values.get("rope_parameters") or values.get("rope_scaling")
-    if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
-        sets = list(rope.values())
-        if any(s != sets[0] for s in sets):
-            raise ValueError(f"RoPE parameters differ per layer type ({sorted(rope)}): not supported")
-        rope = sets[0]
-    if isinstance(rope, dict):
-        if rope.get("rope_theta") is not None:
-            values["rope_theta"] = rope["rope_theta"]
-        values["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
-    elif "rope_parameters" not in values and "rope_scaling" not in values:
-        values["rope_scaling"] = dict(_DEFAULT_ROPE_SCALING)

@@ -101,7 +101,20 @@ class Qwen3MoeConfig:
         else:
             values = dict(hf_config)
 
-        _read_rope(values)
+        # RoPE: transformers 5 nests the base and the scaling in ``rope_parameters``
+        # (keyed by layer type in some models: one set when all agree); older
+        # configs keep ``rope_theta`` at the top level and the scaling in
+        # ``rope_scaling``. The base inside the dictionary wins.
+        rope = values.get("rope_parameters") or values.get("rope_scaling")
+        if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
+            sets = list(rope.values())
+            if any(s != sets[0] for s in sets):
+                raise ValueError(f"RoPE parameters differ per layer type ({sorted(rope)}): not supported")
+            rope = sets[0]
+        if isinstance(rope, dict):
+            if rope.get("rope_theta") is not None:
+                values["rope_theta"] = rope["rope_theta"]
+            values["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
 
         for name, keys in _ALIASES.items():
             found = next((values[key] for key in keys if values.get(key) is not None), None)
@@ -119,22 +132,3 @@ class Qwen3MoeConfig:
         names = {f.name for f in fields(cls)} - {"neuron_config"}
         kept = {k: v for k, v in values.items() if k in names and v is not None}
         return cls(**kept, neuron_config=neuron_config)
-
-
-def _read_rope(values: dict[str, Any]) -> None:
-    """Normalize the RoPE keys in place: ``rope_theta`` the base,
-    ``rope_scaling`` the variant's parameters without the base.
-
-    Transformers 5 nests both in ``rope_parameters`` (keyed by layer type in
-    some models: one set when all agree); older configs keep ``rope_theta``
-    at the top level and the scaling in ``rope_scaling``."""
-    rope = values.get("rope_parameters") or values.get("rope_scaling")
-    if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
-        sets = list(rope.values())
-        if any(s != sets[0] for s in sets):
-            raise ValueError(f"RoPE parameters differ per layer type ({sorted(rope)}): not supported")
-        rope = sets[0]
-    if isinstance(rope, dict):
-        if rope.get("rope_theta") is not None:
-            values["rope_theta"] = rope["rope_theta"]
-        values["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
