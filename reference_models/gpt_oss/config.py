@@ -58,7 +58,7 @@ class GptOssConfig:
     num_hidden_layers: int = 36
     num_attention_heads: int = 64
     num_key_value_heads: int = 8
-    head_dim: int | None = 64
+    head_dim: int | None = None
     max_position_embeddings: int = 131072
     # <-- MODEL-SPECIFIC: RMSNorm epsilon under its Hugging Face name
     rms_norm_eps: float = 1e-5
