@@ -87,7 +87,7 @@ class ConfigRopeParameters(Codemod):
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         for cls in (s for s in module.body if isinstance(s, cst.ClassDef)):
             field = dataclass_fields(cls).get("rope_theta")
-            if field is not None and not mentions(cls, "rope_parameters"):
+            if field is not None and not mentions(module, "rope_parameters"):
                 module = rewrite(module, {id(cls): lambda updated: self._read_parameters(updated, module)})  # type: ignore[assignment]
         return module
 

@@ -85,10 +85,10 @@ def derived_when_none(cls: cst.ClassDef) -> list[str]:
     return found
 
 
-def mentions(cls: cst.ClassDef, word: str) -> bool:
-    """Whether the class reads ``word`` anywhere: as a name, an attribute or
-    a string key."""
-    for node in walk(cls):
+def mentions(node: cst.CSTNode, word: str) -> bool:
+    """Whether the code under ``node`` reads ``word`` anywhere: as a name, an
+    attribute or a string key."""
+    for node in walk(node):
         if isinstance(node, cst.Name) and node.value == word:
             return True
         if isinstance(node, cst.SimpleString) and node.evaluated_value == word:

@@ -10,8 +10,8 @@ from autoport_cst.transform.config_reading import dataclass_fields, mentions
 
 
 class ConfigRopeThetaTopLevel(Rule):
-    """A config dataclass with a top-level ``rope_theta`` field that never
-    reads ``rope_parameters``.
+    """A config dataclass with a top-level ``rope_theta`` field, in a module
+    that never reads ``rope_parameters``.
 
     Why: transformers 5 no longer writes ``rope_theta`` at the top of a model
     config; it keeps the RoPE base (and the scaling) in ``rope_parameters``.
@@ -52,6 +52,19 @@ class ConfigRopeThetaTopLevel(Rule):
         ),
         Valid(
             """
+            def _rope_values(values):
+                return values.get("rope_parameters") or {}
+
+
+            @dataclass
+            class LlamaConfig:
+                rope_theta: float = 500000.0
+            """,
+            path="config.py",
+            title="read by a helper of the module",
+        ),
+        Valid(
+            """
             class NotADataclass:
                 rope_theta: float = 10000.0
             """,
@@ -76,7 +89,8 @@ class ConfigRopeThetaTopLevel(Rule):
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         field = dataclass_fields(node).get("rope_theta")
-        if field is None or mentions(node, "rope_parameters"):
+        # a helper of the module may read them for the class (from_configs calls it)
+        if field is None or mentions(self.ctx.module, "rope_parameters"):
             return
         self.report(
             field.statement,
