@@ -15,7 +15,8 @@ from autoport_cst.transform.cst_helpers import (
     parse_statement,
     rewrite,
 )
-from autoport_cst.transform.layers import one_class, require_method, self_assignments
+from autoport_cst.transform.decoder import class_here, other_model_file
+from autoport_cst.transform.layers import require_method, self_assignments
 from autoport_cst.transform.roles import class_role
 
 SCALED = "ScaledVocabEmbedding"
@@ -58,8 +59,16 @@ class EmbeddingScale(Codemod):
     ``output.new_tensor(embed_scale)``: a tensor of the output's dtype and
     device), and the backbone builds its embedding with it, passing
     ``embed_scale=config.hidden_size**0.5`` (a Python float: allowed on the meta
-    device). The weight keeps its name and loader. Prompt embeddings merged
-    after the lookup (``NF.merge_prompt_embeds``) are not scaled, as in Gemma.
+    device). The weight keeps its name and loader. Every lookup path goes
+    through the module (embedding data parallelism: gathered token ids, rank
+    offsets), so every one is scaled.
+
+    Prompt embeddings merged after the lookup (``NF.merge_prompt_embeds``) are
+    not scaled: that is Gemma 3, whose transformers embedding module scales
+    (embeddings handed in are taken as scaled). Gemma and Gemma 2 scale the
+    ``inputs_embeds`` they are handed in the model's forward instead; the
+    spec does not tell the two apart, so their ports differ from transformers
+    on prompt embeddings (token ids are scaled alike).
 
     Precondition: one ``<Prefix>Model`` class whose ``__init__`` builds one
     ``VocabDimShardedEmbedding(...)``.
@@ -68,6 +77,7 @@ class EmbeddingScale(Codemod):
     ID = "embedding-scale"
     REALIZES = ("embedding.scale",)
     Params = EmbeddingScaleParams
+    FILES = ("model", "module")
     EXAMPLES = (
         Example(
             title="Gemma",
@@ -128,7 +138,11 @@ class EmbeddingScale(Codemod):
         return EmbeddingScaleParams()
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        backbone = one_class(module, "backbone", ctx, self.ID, "<Prefix>Model backbone")
+        if ctx.role == "module":
+            return other_model_file(module, ctx, self.touches(), "the embedding scale")
+        backbone = class_here(module, "backbone", ctx, self.ID, "<Prefix>Model backbone")
+        if backbone is None:
+            return module
         name = backbone.name.value
         init = require_method(backbone, "__init__", ctx, module, self.ID)
         embeddings = [
