@@ -51,6 +51,7 @@ class LmHeadBias(Codemod):
     ID = "lm-head-bias"
     REALIZES = ("lm_head.bias",)
     Params = NoParams
+    FILES = ("model", "module")
     EXAMPLES = (
         Example(
             title="Phi",

@@ -94,6 +94,7 @@ class ParallelResidual(Codemod):
     ID = "parallel-residual"
     REALIZES = ("residual.parallel",)
     Params = ParallelResidualParams
+    FILES = ("model", "module")
     EXAMPLES = (
         Example(
             title="Phi: one shared norm",

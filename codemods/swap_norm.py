@@ -370,19 +370,24 @@ class SwapNorm(Codemod):
 
     def _check_no_fused_rmsnorm(self, nodes, module: cst.Module, ctx: FileContext) -> None:
         """The decode kernel's fused norms are RMSNorms: with LayerNorm modules
-        they would compute something else than prefill."""
+        they would compute something else than prefill. A flag that is on only
+        when the method is handed a norm weight (``rmsnorm_X_enabled=ln_w is
+        not None``, ``ln_w`` a parameter defaulting to None) is fused only
+        for the decoder-layer calls that hand one, which are guarded."""
+        handed = _handed_params(nodes)
         for call in nodes:
             if not is_call(call, "NF.attention_decode"):
                 continue
             for flag in ("rmsnorm_X_enabled", "rmsnorm_QK_pre_rope_enabled", "rmsnorm_QK_post_rope_enabled"):
                 arg = keyword_arg(call, flag)  # type: ignore[arg-type]
-                if arg is not None and dotted(arg.value) != "False":
-                    raise ctx.precondition(
-                        f"swap-norm: NF.attention_decode fuses an RMSNorm ({flag}); "
-                        "apply the LayerNorm modules outside the kernel instead",
-                        call,
-                        module,
-                    )
+                if arg is None or dotted(arg.value) == "False" or _handed(arg.value, handed.get(id(call), ())):
+                    continue
+                raise ctx.precondition(
+                    f"swap-norm: NF.attention_decode fuses an RMSNorm ({flag}); "
+                    "apply the LayerNorm modules outside the kernel instead",
+                    call,
+                    module,
+                )
 
     def _rewrite_norm(self, norm, init, forward, weight, eps_attr, module):
         kind, bias = self.params.kind, self.params.bias
@@ -485,6 +490,30 @@ class SwapNorm(Codemod):
             body=config.body.with_changes(body=[new_stmt if s is stmt else s for s in config.body.body])
         )
         return module.with_changes(body=[new_config if s is config else s for s in module.body])
+
+
+def _handed_params(nodes) -> dict[int, tuple[str, ...]]:
+    """id(call) -> the parameters defaulting to None of the function around it."""
+    found: dict[int, tuple[str, ...]] = {}
+    for func in nodes:
+        if isinstance(func, cst.FunctionDef):
+            names = tuple(p.name.value for p in func.params.params if p.default is not None and dotted(p.default) == "None")
+            for node in walk(func):
+                if isinstance(node, cst.Call):
+                    found[id(node)] = names  # inner functions come later and win
+    return found
+
+
+def _handed(value: cst.BaseExpression, params: tuple[str, ...]) -> bool:
+    """``<param> is not None`` for one of ``params``."""
+    return (
+        isinstance(value, cst.Comparison)
+        and isinstance(value.left, cst.Name)
+        and value.left.value in params
+        and len(value.comparisons) == 1
+        and isinstance(value.comparisons[0].operator, cst.IsNot)
+        and dotted(value.comparisons[0].comparator) == "None"
+    )
 
 
 def _is_eps_name(name: str) -> bool:
