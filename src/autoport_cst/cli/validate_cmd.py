@@ -63,10 +63,26 @@ def tiny_command(arch_or_config: str, outdir: Path, seed: int) -> None:
                    "the port reads kv_segment_size; segmented = always; off = never.")
 @click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
               help="KV-cache dtype: the model's, or FP8 (emulated in float8_e4m3fn; cache paths off under auto).")
+@click.option("--attention-dp", type=int, default=1, show_default=True,
+              help="Attention data parallelism of the decode graph (Q/O heads over TP x this; each DP replica "
+                   "decodes its own batch). Runs tp x dp ranks.")
+@click.option("--mlp-dp", type=int, default=1, show_default=True,
+              help="MLP data parallelism of the decode graph (intermediate size over TP x this).")
+@click.option("--embedding-dp", type=int, default=1, show_default=True,
+              help="Embedding data parallelism of the decode graph (vocabulary over TP x this).")
+@click.option("--lm-head-dp", type=int, default=1, show_default=True,
+              help="LM-head data parallelism of the decode graph (vocabulary over TP x this).")
+@click.option("--dcp", type=int, default=1, show_default=True,
+              help="Decode context parallelism inside TP (the KV cache interleaved over this many ranks).")
+@click.option("--dcp-interleave", type=int, default=1, show_default=True,
+              help="cp_kv_cache_interleave_size: positions per run dealt to each DCP rank (divides the block size).")
+@click.option("--prefill-dcp", is_flag=True, default=False,
+              help="Context-parallel prefill graph too (apply_prefill_dcp; needs --tp equal to --dcp).")
 @error_boundary
 def validate_command(
     model_dir: Path, checkpoint_dir: Path, tp: int, ep: int, dtype: str, steps: int, json_path: Path | None,
-    seed: int, prefill: str, kv_cache_dtype: str,
+    seed: int, prefill: str, kv_cache_dtype: str, attention_dp: int, mlp_dp: int, embedding_dp: int,
+    lm_head_dp: int, dcp: int, dcp_interleave: int, prefill_dcp: bool,
 ) -> None:
     """Run the port in MODEL_DIR and transformers on the same checkpoint
     through prefill and decode, and compare them.
@@ -105,7 +121,9 @@ def validate_command(
 
         report = validate_model(
             model_dir, checkpoint_dir, tp=tp, dtype=dtype, steps=steps, seed=seed, on_stage=on_stage, ep=ep,
-            prefill=prefill, kv_cache_dtype=kv_cache_dtype,
+            prefill=prefill, kv_cache_dtype=kv_cache_dtype, attention_dp=attention_dp, mlp_dp=mlp_dp,
+            embedding_dp=embedding_dp, lm_head_dp=lm_head_dp, dcp=dcp, dcp_interleave=dcp_interleave,
+            prefill_dcp=prefill_dcp,
         )
         progress.update(task, completed=len(STAGES), description="done")
 
@@ -127,6 +145,7 @@ def print_report(report) -> None:
         f"{escape(report.architecture or '?')} on {escape(report.checkpoint_dir)}"
     )
     ep = f" ep={settings['ep']}" if settings.get("ep", 1) > 1 else ""
+    ep += _layout_text(settings.get("layout"))
     console.print(
         f"tp={settings['tp']}{ep} dtype={settings['dtype']} prompts={settings['prompt_lengths']} "
         f"decode steps={settings['steps']} block size={settings.get('block_size')}"
@@ -181,6 +200,18 @@ def print_report(report) -> None:
         console.print("[bold green]EQUIVALENT[/] within tolerances")
     else:
         console.print(f"[bold red]NOT EQUIVALENT[/]: {escape(report.summary().removeprefix('not equivalent: '))}")
+
+
+def _layout_text(layout: dict | None) -> str:
+    """The DP / DCP sizes of a disaggregated run (prefill and decode graphs)."""
+    if not layout:
+        return ""
+    parts = [f"{name}={layout[name]}" for name in ("attention_dp", "mlp_dp", "embedding_dp", "lm_head_dp", "dcp")
+             if layout[name] > 1]
+    if layout["dcp"] > 1:
+        parts.append(f"dcp_interleave={layout['dcp_interleave']}")
+        parts.append("prefill=context-parallel" if layout["prefill_dcp"] else "prefill=plain TP")
+    return " " + " ".join(parts) + f" ({layout['world']} ranks, decode graph fed the prefill graph's KV cache)"
 
 
 def _num(value) -> str:

@@ -27,7 +27,16 @@ from .package import PortImportError, check_package_dir, imported_package
 from .reference import ReferenceOutput, greedy_teacher, load_reference, run_reference
 from .report import PortFailureInfo, ValidationReport
 from .driver import PREFILL_MODES
-from .scenario import DEFAULT_STEPS, Scenario, cache_paths_fit, segment_block_size
+from .layout import ParallelLayout, check_layout
+from .scenario import (
+    DEFAULT_PROMPT_LENGTHS,
+    DEFAULT_STEPS,
+    PREFIX_TOKENS,
+    Scenario,
+    cache_paths_fit,
+    default_prompt_lengths,
+    segment_block_size,
+)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 KV_CACHE_DTYPE_NAMES = ("auto", "fp8")
@@ -120,9 +129,24 @@ def validate_model(
     ep: int = 1,
     prefill: str = "auto",
     kv_cache_dtype: str = "auto",
+    attention_dp: int = 1,
+    mlp_dp: int = 1,
+    embedding_dp: int = 1,
+    lm_head_dp: int = 1,
+    dcp: int = 1,
+    dcp_interleave: int = 1,
+    prefill_dcp: bool = False,
 ) -> ValidationReport:
     """Run the port in ``model_dir`` and transformers on ``checkpoint_dir``
     through prefill and ``steps`` decode steps, and compare them.
+
+    ``attention_dp``, ``mlp_dp``, ``embedding_dp``, ``lm_head_dp`` (> 1) run
+    the decode graph with that data-parallel degree of the component, over
+    ``tp * dp`` ranks (``dp`` the largest degree); ``dcp`` (> 1) with decode
+    context parallelism inside TP, the KV cache interleaved in runs of
+    ``dcp_interleave`` positions; ``prefill_dcp`` makes the prefill graph
+    context-parallel too (``apply_prefill_dcp``). These run disaggregated, as
+    vllm_neuron serves them (``autoport_cst.validate.layout_session``).
 
     ``ep > 1`` enables expert parallelism inside the ``tp`` ranks: ``ep``
     partitions of the experts (``tp`` must be a multiple of ``ep`` and the
@@ -138,6 +162,10 @@ def validate_model(
             model_dir, checkpoint_dir, tp=tp, dtype=dtype, steps=steps, prompt_lengths=prompt_lengths,
             block_size=block_size, seed=seed, on_stage=on_stage, ep=ep, prefill=prefill,
             kv_cache_dtype=kv_cache_dtype,
+            layout=ParallelLayout(
+                tp=tp, attention_dp=attention_dp, mlp_dp=mlp_dp, embedding_dp=embedding_dp,
+                lm_head_dp=lm_head_dp, dcp=dcp, dcp_interleave=dcp_interleave, prefill_dcp=prefill_dcp, ep=ep,
+            ),
         )
 
 
@@ -155,8 +183,11 @@ def _validate(
     ep: int = 1,
     prefill: str = "auto",
     kv_cache_dtype: str = "auto",
+    layout: ParallelLayout | None = None,
 ) -> ValidationReport:
     package_dir, checkpoint, config = _check_inputs(model_dir, checkpoint_dir, tp, dtype, ep)
+    layout = layout or ParallelLayout(tp=tp, ep=ep)
+    check_layout(layout, config, MAX_TP)
     prefill = _check_prefill(prefill, kv_cache_dtype)
     notify = on_stage or (lambda _stage: None)
     timings: dict[str, float] = {}
@@ -166,7 +197,10 @@ def _validate(
     if not isinstance(vocab_size, int) or vocab_size < 2:
         raise InputError(f"{checkpoint / 'config.json'}: no usable vocab_size")
     if block_size is None:
-        block_size = segment_block_size(_sliding_windows(config))
+        block_size = segment_block_size(_sliding_windows(config) + _context_parallel_blocks(layout))
+    _check_interleave(layout, block_size)
+    if prompt_lengths is None and layout.dp > len(DEFAULT_PROMPT_LENGTHS):
+        prompt_lengths = default_prompt_lengths(tp, layout.dp)
     scenario = Scenario.build(
         vocab_size, tp, steps, prompt_lengths, block_size, seed, cache_paths=cache_paths_fit(tp)
     )
@@ -182,6 +216,8 @@ def _validate(
         "prefill": prefill,
         "kv_cache_dtype": kv_cache_dtype,
     }
+    if layout.disaggregated:
+        settings["layout"] = layout.describe()
     report = ValidationReport(
         model_dir=str(package_dir),
         checkpoint_dir=str(checkpoint),
@@ -212,13 +248,13 @@ def _validate(
 
     try:
         run = _RunOptions(dtype, prefill, kv_cache_dtype)
-        if tp == 1:
+        if layout.world == 1:
             port, teacher, factory_name, standin = _run_in_process(
                 package_dir, checkpoint, run, scenario, notify, reference_run, timings
             )
         else:
             port, teacher, factory_name, standin = _run_ranks(
-                package_dir, checkpoint, run, scenario, tp, notify, reference_run, timings, ep
+                package_dir, checkpoint, run, scenario, layout, notify, reference_run, timings
             )
     except PortFailure as failure:
         report.failure = PortFailureInfo(failure.stage, failure.message)
@@ -286,6 +322,21 @@ def _sliding_windows(config: dict) -> list[int]:
     if not isinstance(window, int) or window <= 0 or config.get("use_sliding_window") is False:
         return []
     return [window]
+
+
+def _context_parallel_blocks(layout: ParallelLayout) -> list[int]:
+    """Under DCP a cache block holds ``block_size * dcp`` positions of a
+    sequence (a virtual block): the block size must let the shared prefix of
+    the prefix-cache hit fill whole virtual blocks."""
+    return [PREFIX_TOKENS // layout.dcp] if layout.dcp > 1 else []
+
+
+def _check_interleave(layout: ParallelLayout, block_size: int) -> None:
+    if layout.dcp > 1 and block_size % layout.dcp_interleave != 0:
+        raise InputError(
+            f"--dcp-interleave {layout.dcp_interleave} must divide the block size {block_size} "
+            "(the KV cache is dealt to the DCP ranks in runs of that many positions within each block)"
+        )
 
 
 def _describe_calls(port: PortOutput, scenario: Scenario) -> list[dict]:
@@ -358,26 +409,28 @@ def _run_ranks(
     checkpoint: Path,
     run: _RunOptions,
     scenario: Scenario,
-    tp: int,
+    layout: ParallelLayout,
     notify: StageCallback,
     reference_run: Callable[[list], list[list[int]]],
     timings: dict[str, float],
-    ep: int = 1,
 ) -> tuple[PortOutput, list[list[int]], str, dict]:
-    from .distributed import RankCheckpointError, merge_rank_outputs, run_port_ranks
+    from .distributed import RankCheckpointError, merge_layout_outputs, merge_rank_outputs, run_port_ranks
 
     notify("load port")
     start = time.perf_counter()
     holder: list = []
     try:
         outputs, factory_name, description, teacher = run_port_ranks(
-            package_dir, checkpoint, run.dtype, scenario, tp,
+            package_dir, checkpoint, run.dtype, scenario, layout.world,
             lambda: _reference_then_run(reference_run, holder, notify),
-            ep_degree=ep, prefill=run.prefill, kv_cache_dtype=run.kv_cache_dtype,
+            ep_degree=layout.ep, prefill=run.prefill, kv_cache_dtype=run.kv_cache_dtype,
+            layout=layout if layout.disaggregated else None,
         )
     except RankCheckpointError as error:
         raise _checkpoint_input_error(error) from error
     timings["port_ranks"] = time.perf_counter() - start
+    if layout.disaggregated:
+        return merge_layout_outputs(outputs, scenario, layout), teacher, factory_name, description
     return merge_rank_outputs(outputs, scenario), teacher, factory_name, description
 
 

@@ -34,6 +34,7 @@ from autoport_cst.atomic import atomic_output
 from autoport_cst.errors import InputError
 
 from .driver import PortFailure, PortOutput
+from .layout import ParallelLayout
 from .standin.dtype_utils import KV_CACHE_DTYPES
 from .scenario import Scenario
 
@@ -56,6 +57,7 @@ class RankJob:
     ep_degree: int = 1
     prefill: str = "auto"
     kv_cache_dtype: str = "auto"
+    layout: ParallelLayout | None = None  # data / context parallelism (layout_session)
 
 
 def _free_port() -> int:
@@ -90,7 +92,7 @@ def _rank_main(job_path: Path, rank: int) -> int:
         finish({"kind": "error", "category": "internal", "stage": "init", "message": str(error)})
         return 1
     try:
-        from .driver import PortSession, port_hf_config
+        from .driver import port_hf_config
         from .package import PortImportError, imported_package
         from .standin import parallel_state, standin_installed
         from .standin.checkpoints import CheckpointError
@@ -98,14 +100,11 @@ def _rank_main(job_path: Path, rank: int) -> int:
         try:
             with standin_installed(
                 dist.group.WORLD, job.world_size, model=job.checkpoint_dir, ep_degree=job.ep_degree,
-                cache_dtype=job.kv_cache_dtype,
+                cache_dtype=job.kv_cache_dtype, layout=job.layout, rank=rank,
             ) as installation:
                 with imported_package(job.model_dir) as package:
                     hf_config = port_hf_config(job.checkpoint_dir, _DTYPES[job.dtype_name])
-                    session = PortSession(
-                        package.factory, job.checkpoint_dir, hf_config, job.scenario, rank, job.world_size,
-                        prefill=job.prefill, kv_cache_dtype=KV_CACHE_DTYPES.get(job.kv_cache_dtype),
-                    )
+                    session = _session(job, package.factory, hf_config, rank)
                     if job.ep_degree > 1 and not parallel_state.expert_parallel_read():
                         raise InputError(
                             f"expert parallelism was asked for (EP degree {job.ep_degree}) but the port "
@@ -120,12 +119,15 @@ def _rank_main(job_path: Path, rank: int) -> int:
                     if teacher is None:
                         return 0
                     output = session.run(teacher)
+                    description = installation.describe()
+                    if job.layout is not None and job.layout.disaggregated:
+                        description["parallel_groups"] = _group_ranks(parallel_state)
                     finish(
                         {
                             "kind": "done",
                             "output": output,
                             "factory": package.factory_name,
-                            "stand_in": installation.describe(),
+                            "stand_in": description,
                         }
                     )
                     return 0
@@ -152,6 +154,31 @@ def _rank_main(job_path: Path, rank: int) -> int:
         except Exception:  # noqa: BLE001
             pass
     return 1
+
+
+def _session(job: RankJob, factory: Any, hf_config: Any, rank: int):
+    from .driver import PortSession
+    from .layout_session import LayoutSession
+
+    cache_dtype = KV_CACHE_DTYPES.get(job.kv_cache_dtype)
+    if job.layout is not None and job.layout.disaggregated:
+        return LayoutSession(
+            factory, job.checkpoint_dir, hf_config, job.scenario, job.layout, rank, prefill=job.prefill,
+            kv_cache_dtype=cache_dtype,
+        )
+    return PortSession(
+        factory, job.checkpoint_dir, hf_config, job.scenario, rank, job.world_size, prefill=job.prefill,
+        kv_cache_dtype=cache_dtype,
+    )
+
+
+def _group_ranks(parallel_state: Any) -> dict[str, dict[str, list[int]]]:
+    """This rank's groups in each graph's layout (the report's record)."""
+    groups = {}
+    for name in parallel_state.layouts():
+        parallel_state.activate(name)
+        groups[name] = parallel_state.group_layout()
+    return groups
 
 
 # -- the parent ------------------------------------------------------------------
@@ -184,6 +211,7 @@ def run_port_ranks(
     ep_degree: int = 1,
     prefill: str = "auto",
     kv_cache_dtype: str = "auto",
+    layout: ParallelLayout | None = None,
 ) -> tuple[list[PortOutput], str, dict[str, Any], list[list[int]]]:
     """Run the port on ``world_size`` ranks (with ``ep_degree`` expert
     partitions among them). Returns the per-rank outputs, the factory name,
@@ -195,7 +223,7 @@ def run_port_ranks(
         job_path = Path(tmp) / "job.pkl"
         job = RankJob(
             world_size, _free_port(), str(model_dir), str(checkpoint_dir), dtype_name, scenario, ep_degree,
-            prefill, kv_cache_dtype,
+            prefill, kv_cache_dtype, layout,
         )
         job_path.write_bytes(pickle.dumps(job))
         processes = [
@@ -324,6 +352,34 @@ def merge_rank_outputs(outputs: list[PortOutput], scenario: Scenario) -> PortOut
         sequences=first.sequences,
         segmented=first.segmented,
         guarded_attributes=first.guarded_attributes,
+    )
+
+
+def merge_layout_outputs(outputs: list[PortOutput], scenario: Scenario, layout: ParallelLayout) -> PortOutput:
+    """One ``PortOutput`` for a run with data-parallel replicas: each
+    replica's TP ranks merged (``merge_rank_outputs``), then the replicas'
+    sequences, prefill calls and decode rows put together in replica order."""
+    replicas = [
+        merge_rank_outputs(outputs[d * layout.tp : (d + 1) * layout.tp], scenario) for d in range(layout.dp)
+    ]
+    first = replicas[0]
+    steps = range(len(first.decode_logits))
+    return PortOutput(
+        prefill_logits=[t for r in replicas for t in r.prefill_logits],
+        decode_logits=[torch.cat([r.decode_logits[j] for r in replicas]) for j in steps],
+        components=first.components,
+        prefill_records={n: [t for r in replicas for t in r.prefill_records[n]] for n in first.prefill_records},
+        decode_records={
+            n: [torch.cat([r.decode_records[n][j] for r in replicas]) for j in range(len(first.decode_records[n]))]
+            for n in first.decode_records
+        },
+        unexpected_keys=first.unexpected_keys,
+        timings={key: max(r.timings.get(key, 0.0) for r in replicas) for key in first.timings},
+        prefill_calls=[c for r in replicas for c in r.prefill_calls],
+        prefill_spans=[s for r in replicas for s in r.prefill_spans],
+        sequences=[b for r in replicas for b in r.sequences],
+        segmented=any(r.segmented for r in replicas),
+        guarded_attributes=sorted({a for r in replicas for a in r.guarded_attributes}),
     )
 
 

@@ -12,7 +12,7 @@ Every entry holds the keys the runner passes:
 | ``block_size``, ``max_blocks_per_seq`` | the paged layout |
 | ``block_table_tensor``, ``full_block_table_tensor`` | int32 ``[B, blocks_per_seq]`` |
 | ``host_block_table`` | the same table as host lists |
-| ``cached_seq_len`` | int32 ``[[n]]``: the most tokens any sequence of the call has cached |
+| ``cached_seq_len`` | int32 ``[[n]]``: the most tokens any sequence of the call has cached; per sequence (``[B, 1]``) in decode under decode context parallelism, whose mask needs each sequence's share |
 | ``host_num_computed_tokens`` | per sequence, the tokens already cached |
 | ``kv_segment_size`` | the segment size of segmented prefill, 0 otherwise |
 
@@ -73,9 +73,14 @@ def build_metadata(
     block_size: int,
     cached: list[int],
     kv_segment_size: int,
+    cached_per_sequence: bool = False,
 ) -> dict[str, RecordingEntry]:
     """One entry per layer (see the module docstring)."""
     table = torch.tensor(tables, dtype=torch.int32)
+    if cached_per_sequence:
+        cached_seq_len = torch.tensor([[n] for n in cached], dtype=torch.int32)
+    else:
+        cached_seq_len = torch.tensor([[max(cached)]], dtype=torch.int32)
     values = {
         "max_query_len": max_query_len,
         "decode_token_threshold": DECODE_TOKEN_THRESHOLD,
@@ -85,7 +90,7 @@ def build_metadata(
         "full_block_table_tensor": table.clone(),
         "host_block_table": [list(row) for row in tables],
         "max_blocks_per_seq": table.shape[1],
-        "cached_seq_len": torch.tensor([[max(cached)]], dtype=torch.int32),
+        "cached_seq_len": cached_seq_len,
         "host_num_computed_tokens": list(cached),
         "kv_segment_size": kv_segment_size,
     }

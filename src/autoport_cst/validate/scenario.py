@@ -51,6 +51,7 @@ class PrefillCall:
     start: int
     end: int
     segment: int = 0
+    padded_rows: int = 0  # a whole prompt padded (context-parallel prefill)
 
     @property
     def tokens(self) -> int:
@@ -58,8 +59,9 @@ class PrefillCall:
 
     @property
     def rows(self) -> int:
-        """Rows fed to the model: the chunk padded to the segment size."""
-        return max(self.segment, self.tokens)
+        """Rows fed to the model: the chunk padded to the segment size (or to
+        ``padded_rows``)."""
+        return max(self.segment, self.tokens, self.padded_rows)
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,21 @@ class PagedLayout:
     def slot(self, table: tuple[int, ...], position: int) -> int:
         block = table[position // self.block_size]
         return block * self.block_size + position % self.block_size
+
+    def cp_slot(self, table: tuple[int, ...], position: int, width: int, interleave: int, rank: int) -> int:
+        """The slot of ``position`` in context-parallel rank ``rank``'s cache
+        (-1 when another rank holds it), as vLLM maps it: table entry ``j`` is
+        a *virtual* block of ``block_size * width`` positions, dealt to the
+        ranks in runs of ``interleave``; a rank stores its runs of a virtual
+        block in order in its own block ``table[j]``."""
+        if width == 1:
+            return self.slot(table, position)
+        virtual = self.block_size * width
+        offset = position % virtual
+        if (offset // interleave) % width != rank:
+            return -1
+        local = (offset // (width * interleave)) * interleave + offset % interleave
+        return table[position // virtual] * self.block_size + local
 
     @classmethod
     def plan(cls, batch: int, max_length: int, block_size: int, seed: int) -> "PagedLayout":
@@ -122,6 +139,11 @@ class Scenario:
     def shared_blocks(self) -> int:
         return PREFIX_TOKENS // self.layout.block_size
 
+    def shared_blocks_at(self, width: int) -> int:
+        """Blocks of the shared prefix when each block holds ``width`` times
+        ``block_size`` positions (a context-parallel cache's virtual blocks)."""
+        return PREFIX_TOKENS // (self.layout.block_size * width)
+
     def sequences(self, cache_paths: bool) -> tuple[int, ...]:
         """The sequences a run feeds: every prompt, or without the cache paths
         the prompts prefilled whole only."""
@@ -143,14 +165,36 @@ class Scenario:
                 calls.append(PrefillCall(b, 0, length))
         return tuple(calls)
 
-    def block_table(self, sequence: int) -> tuple[int, ...]:
+    def block_table(self, sequence: int, width: int = 1) -> tuple[int, ...]:
         """A sequence's block table; the prefix-cache hit's starts with the
-        chunked prompt's blocks."""
+        chunked prompt's blocks (those holding the shared prefix: fewer when
+        a context-parallel cache's blocks are ``width`` times larger)."""
         table = self.layout.block_tables[sequence]
         if sequence == self.prefix_hit:
-            shared = self.layout.block_tables[self.chunked][: self.shared_blocks]
-            return shared + table[self.shared_blocks :]
+            count = self.shared_blocks_at(width)
+            shared = self.layout.block_tables[self.chunked][:count]
+            return shared + table[count:]
         return table
+
+    def replicas(self, sequences: tuple[int, ...], dp: int) -> list[tuple[int, ...]]:
+        """The sequences of each of ``dp`` data-parallel replicas: the whole
+        prompts dealt in contiguous runs (the first replicas take one more
+        when they do not divide evenly), then the two cache-path prompts
+        (which share blocks: one replica) to the replica with the fewest. Each
+        replica has at least one whole prompt, so its first prefill is one."""
+        whole = [b for b in sequences if b not in (self.chunked, self.prefix_hit)]
+        if len(whole) < dp:
+            raise InputError(f"{dp} data-parallel replicas need at least {dp} prompts prefilled whole")
+        runs, first = [], 0
+        for replica in range(dp):
+            size = len(whole) // dp + (1 if replica < len(whole) % dp else 0)
+            runs.append(list(whole[first : first + size]))
+            first += size
+        paths = [b for b in sequences if b in (self.chunked, self.prefix_hit)]
+        if paths:
+            smallest = min(range(dp), key=lambda r: (len(runs[r]), -r))
+            runs[smallest] += paths
+        return [tuple(run) for run in runs]
 
     @classmethod
     def build(
@@ -190,10 +234,12 @@ class Scenario:
         return cls(tuple(prompts), steps, layout, seed, tuple(prompt_lengths), chunked, prefix_hit)
 
 
-def default_prompt_lengths(tp: int) -> tuple[int, ...]:
-    """The default lengths, raised to a multiple of ``tp`` above ``tp``."""
+def default_prompt_lengths(tp: int, count: int = len(DEFAULT_PROMPT_LENGTHS)) -> tuple[int, ...]:
+    """The default lengths (``count`` of them: after the defaults, 16, 24,
+    28, ...), raised to a multiple of ``tp`` above ``tp``."""
+    extra = [16, 24] + [28 + 4 * k for k in range(max(0, count - 5))]
     lengths = []
-    for length in DEFAULT_PROMPT_LENGTHS:
+    for length in (list(DEFAULT_PROMPT_LENGTHS) + extra)[: max(count, len(DEFAULT_PROMPT_LENGTHS))]:
         length = max(length, 2 * tp)
         lengths.append(-(-length // tp) * tp)
     return tuple(lengths)

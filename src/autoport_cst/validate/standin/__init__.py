@@ -108,7 +108,9 @@ NKI_MODULES: dict[str, tuple[types.ModuleType | None, tuple[str, ...] | None]] =
 }
 VLLM_MODULES: dict[str, tuple[types.ModuleType | None, tuple[str, ...] | None]] = {
     "vllm": (None, None),
-    "vllm.distributed": (parallel_state, ("get_tp_group", "get_dp_group", "get_pp_group")),
+    "vllm.distributed": (
+        parallel_state, ("get_tp_group", "get_dp_group", "get_pp_group", "get_dcp_group", "get_world_group")
+    ),
     "vllm.distributed.parallel_state": (parallel_state, None),
     "vllm.config": (vllm_config, None),
     "vllm.model_executor": (None, None),
@@ -262,19 +264,32 @@ def standin_installed(
     model: str = "",
     ep_degree: int = 1,
     cache_dtype: str = "auto",
+    layout: Any = None,
+    rank: int = 0,
 ) -> Iterator[Installation]:
     """Install the stand-in for the duration of the block, with
     ``device_group`` as the tensor-parallel group. With ``ep_degree > 1``
     expert parallelism is enabled (``enable_expert_parallel``) with that many
-    expert partitions inside the TP world (see ``parallel_state``)."""
+    expert partitions inside the TP world (see ``parallel_state``). A
+    ``layout`` with data or context parallelism (``ParallelLayout``) lays out
+    its groups over the default torch.distributed group instead, this process
+    being global rank ``rank`` (``parallel_state.configure_layout``); the
+    vLLM config then describes the decode graph."""
     installation = Installation()
-    parallel_state.configure(device_group, ep_degree)
-    vllm_config.configure(
-        tensor_parallel_size or parallel_state.get_tp_group().world_size,
-        model=model,
-        enable_expert_parallel=ep_degree > 1,
-        cache_dtype=cache_dtype,
-    )
+    if layout is not None and layout.disaggregated:
+        parallel_state.configure_layout(layout, rank)
+        vllm_config.configure(
+            layout.tp, model=model, cache_dtype=cache_dtype, data_parallel_size=layout.dp,
+            decode_context_parallel_size=layout.dcp, cp_kv_cache_interleave_size=layout.dcp_interleave,
+        )
+    else:
+        parallel_state.configure(device_group, ep_degree)
+        vllm_config.configure(
+            tensor_parallel_size or parallel_state.get_tp_group().world_size,
+            model=model,
+            enable_expert_parallel=ep_degree > 1,
+            cache_dtype=cache_dtype,
+        )
     try:
         install(installation)
         yield installation

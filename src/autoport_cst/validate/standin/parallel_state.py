@@ -3,8 +3,21 @@ parallel-state getters): group coordinators over the validation run's ranks.
 
 ``configure(group, ep_degree)`` sets the process group every getter
 describes: the single-process ``LOCAL_GROUP`` for TP = 1, or the default
-torch.distributed group of a multi-process run. Data-parallel and
-context-parallel groups have size 1 in the validation run.
+torch.distributed group of a multi-process run. Data-parallel groups then
+have size 1, the component TP groups are the TP group, and the DCP groups
+are those of DCP size 1 (the DCP group a single rank, the DCP TP group the
+TP group).
+
+``configure_layout(layout, rank)`` lays out a run with data or context
+parallelism (``autoport_cst.validate.layout``) over the default
+torch.distributed group of ``layout.world`` ranks, creating every sub-group
+collectively, twice: the decode graph's groups (``"decode"``: attention DP
+column and TP supergroup, MLP / embedding / LM-head TP supergroups and DP
+columns, vLLM's DP column, the DCP, DCP KV and DCP TP groups) and the
+prefill graph's (``"prefill"``: each replica's TP group alone, with DCP only
+for a context-parallel prefill). ``activate(name)`` selects the layout the
+getters describe; the driver activates one while it builds, loads and runs
+the graph of that layout.
 
 Expert parallelism runs inside the TP world, as vllm_neuron lays it out: with
 ``ep_degree`` E over a world of W ranks, ``t = W / E`` ranks share each expert
@@ -65,6 +78,8 @@ class GroupCoordinator:
 
 _TP: GroupCoordinator | None = None
 _SINGLE: GroupCoordinator = GroupCoordinator(LOCAL_GROUP, name="single")
+# The active layout's other groups (see _groups_of_plain_tp for their names).
+_GROUPS: dict[str, GroupCoordinator] = {}
 
 
 @dataclass
@@ -79,14 +94,36 @@ class _ExpertParallel:
 _EP = _ExpertParallel()
 
 
+@dataclass
+class _Layout:
+    tp: GroupCoordinator
+    groups: dict[str, GroupCoordinator]
+    ep: _ExpertParallel
+
+
+_LAYOUTS: dict[str, _Layout] = {}
+
+
+def _groups_of_plain_tp(tp: GroupCoordinator) -> dict[str, GroupCoordinator]:
+    """The groups of a TP-only run: DP and DCP groups of one rank, component
+    TP groups and the DCP TP group equal to the TP group."""
+    groups = {"world": tp, "dp": _SINGLE, "dcp": _SINGLE, "dcp_tp": tp}
+    for component in ("attention", "mlp", "embedding", "lm_head"):
+        groups[f"{component}_tp"] = tp
+        groups[f"{component}_dp"] = _SINGLE
+    return groups
+
+
 def configure(device_group: Any, ep_degree: int = 1) -> GroupCoordinator:
     """Make ``device_group`` the tensor-parallel group of this process and lay
     out ``ep_degree`` expert-parallel partitions inside it.
 
     With ``ep_degree > 1`` every rank of ``device_group`` must call this (the
     sub-groups are created collectively, in the same order on every rank)."""
-    global _TP, _EP
+    global _TP, _EP, _GROUPS
+    _LAYOUTS.clear()
     _TP = GroupCoordinator(device_group, name="tp")
+    _GROUPS = _groups_of_plain_tp(_TP)
     _EP = _ExpertParallel()
     world = _TP.world_size
     if ep_degree < 1 or world % ep_degree != 0:
@@ -121,10 +158,87 @@ def _subgroup(ranks: list[int], device_group: Any, world: int) -> Any:
     return dist.new_group(ranks, backend="gloo")
 
 
+class _GroupFactory:
+    """Process groups over rank lists, created once per distinct list, in the
+    order asked (every rank asks for the same lists in the same order)."""
+
+    def __init__(self, world: int) -> None:
+        import torch.distributed as dist
+
+        self.world = world
+        self.created: dict[tuple[int, ...], Any] = {tuple(range(world)): dist.group.WORLD}
+
+    def group(self, ranks: list[int]) -> Any:
+        key = tuple(ranks)
+        if len(key) == 1:
+            return LOCAL_GROUP
+        if key not in self.created:
+            import torch.distributed as dist
+
+            self.created[key] = dist.new_group(list(key), backend="gloo")
+        return self.created[key]
+
+    def coordinators(self, partitions: dict[str, list[list[int]]], rank: int) -> dict[str, GroupCoordinator]:
+        """Create every group of every partition; this rank's coordinators."""
+        from autoport_cst.validate.layout import group_of
+
+        mine = {}
+        for name, partition in partitions.items():
+            groups = [self.group(ranks) for ranks in partition]
+            own = group_of(partition, rank)
+            mine[name] = GroupCoordinator(groups[partition.index(own)], name=name, ranks=own)
+        return mine
+
+
+def configure_layout(layout: Any, rank: int) -> None:
+    """Lay out ``layout`` (a ``ParallelLayout`` over the default
+    torch.distributed group, this process being global rank ``rank``):
+    the ``"decode"`` and ``"prefill"`` groups (module docstring). Every rank
+    must call it. The decode layout is active afterwards."""
+    from autoport_cst.validate.layout import partitions
+
+    _LAYOUTS.clear()
+    factory = _GroupFactory(layout.world)
+    decode = factory.coordinators(partitions(layout.decode_layout()), rank)
+    prefill_layout = layout.prefill_layout()
+    prefill_parts = {
+        name: [[d * layout.tp + r for r in group] for d in range(layout.dp) for group in partition]
+        for name, partition in partitions(prefill_layout).items()
+    }
+    prefill = factory.coordinators(prefill_parts, rank)
+    for name, groups, sizes in (("decode", decode, layout.decode_layout()), ("prefill", prefill, prefill_layout)):
+        groups["dcp_kv"] = groups["dcp"]
+        _LAYOUTS[name] = _Layout(groups["tp"], groups, _layout_ep(groups, sizes.ep))
+    activate("decode")
+
+
+def _layout_ep(groups: dict[str, GroupCoordinator], degree: int) -> _ExpertParallel:
+    if degree == 1:
+        return _ExpertParallel()
+    return _ExpertParallel(
+        degree=degree, rank=groups["tp"].rank_in_group // groups["ep_tp"].world_size,
+        tp_group=groups["ep_tp"], group=groups["ep"],
+    )
+
+
+def activate(name: str) -> None:
+    """Make the layout ``name`` of ``configure_layout`` the one the getters
+    describe."""
+    global _TP, _GROUPS, _EP
+    layout = _LAYOUTS[name]
+    _TP, _GROUPS, _EP = layout.tp, layout.groups, layout.ep
+
+
+def layouts() -> list[str]:
+    return list(_LAYOUTS)
+
+
 def reset() -> None:
-    global _TP, _EP
+    global _TP, _EP, _GROUPS
     _TP = None
+    _GROUPS = {}
     _EP = _ExpertParallel()
+    _LAYOUTS.clear()
 
 
 def expert_parallel_read() -> bool:
@@ -144,6 +258,11 @@ def expert_parallel_layout() -> dict[str, Any] | None:
     }
 
 
+def group_layout() -> dict[str, list[int]]:
+    """The ranks of this rank's groups in the active layout (for the report)."""
+    return {name: list(group.ranks) for name, group in sorted(_GROUPS.items()) if group is not _SINGLE}
+
+
 def get_tp_group() -> GroupCoordinator:
     if _TP is None:
         raise RuntimeError(
@@ -151,6 +270,11 @@ def get_tp_group() -> GroupCoordinator:
             "run the model through autoport_cst.validate"
         )
     return _TP
+
+
+def _group(name: str) -> GroupCoordinator:
+    get_tp_group()
+    return _GROUPS[name]
 
 
 def get_tensor_model_parallel_world_size() -> int:
@@ -165,12 +289,18 @@ def model_parallel_is_initialized() -> bool:
     return _TP is not None
 
 
+def get_world_group() -> GroupCoordinator:
+    return _group("world")
+
+
 def get_dp_group() -> GroupCoordinator:
-    return _SINGLE
+    """vLLM's data-parallel group: the same TP rank in every replica."""
+    return _group("dp")
 
 
 def get_dcp_group() -> GroupCoordinator:
-    return _SINGLE
+    """vLLM's decode-context-parallel group: ``dcp`` consecutive TP ranks."""
+    return _group("dcp")
 
 
 def get_pp_group() -> GroupCoordinator:
@@ -181,26 +311,66 @@ def get_wide_ep_group() -> GroupCoordinator:
     return _SINGLE
 
 
-get_world_group = get_tp_group
+# vllm_neuron.parallel.neuron_parallel_state (see the module docstring and
+# autoport_cst.validate.layout for the layouts).
 
 
-# vllm_neuron.parallel.neuron_parallel_state: attention/MLP/embedding/LM-head
-# groups coincide with the TP group; DP and DCP groups have size 1; the EP
-# getters are below.
-get_neuron_attention_tp_group = get_tp_group
-get_neuron_mlp_tp_group = get_tp_group
-get_neuron_embedding_tp_group = get_tp_group
-get_neuron_lm_head_tp_group = get_tp_group
-get_neuron_attention_dp_group = get_dp_group
-get_neuron_mlp_dp_group = get_dp_group
-get_neuron_embedding_dp_group = get_dp_group
-get_neuron_lm_head_dp_group = get_dp_group
-get_neuron_dcp_kv_group = get_dcp_group
-get_neuron_dcp_tp_group = get_dcp_group
+def get_neuron_attention_tp_group() -> GroupCoordinator:
+    return _group("attention_tp")
+
+
+def get_neuron_mlp_tp_group() -> GroupCoordinator:
+    return _group("mlp_tp")
+
+
+def get_neuron_embedding_tp_group() -> GroupCoordinator:
+    return _group("embedding_tp")
+
+
+def get_neuron_lm_head_tp_group() -> GroupCoordinator:
+    return _group("lm_head_tp")
+
+
+def get_neuron_attention_dp_group() -> GroupCoordinator:
+    return _group("attention_dp")
+
+
+def get_neuron_mlp_dp_group() -> GroupCoordinator:
+    return _group("mlp_dp")
+
+
+def get_neuron_embedding_dp_group() -> GroupCoordinator:
+    return _group("embedding_dp")
+
+
+def get_neuron_lm_head_dp_group() -> GroupCoordinator:
+    return _group("lm_head_dp")
+
+
+def get_neuron_dcp_kv_group() -> GroupCoordinator:
+    """The ranks with the same KV heads and different tokens (the DCP group)."""
+    return _group("dcp")
+
+
+def get_neuron_dcp_tp_group() -> GroupCoordinator:
+    """The ranks with the same tokens and different heads (stride ``dcp``)."""
+    return _group("dcp_tp")
 
 
 def get_neuron_attention_dp_rank() -> int:
-    return 0
+    return get_neuron_attention_dp_group().rank_in_group
+
+
+def get_neuron_attention_dp_size() -> int:
+    return get_neuron_attention_dp_group().world_size
+
+
+def get_neuron_mlp_dp_rank() -> int:
+    return get_neuron_mlp_dp_group().rank_in_group
+
+
+def get_neuron_mlp_dp_size() -> int:
+    return get_neuron_mlp_dp_group().world_size
 
 
 def get_neuron_ep_degree() -> int:
@@ -227,7 +397,7 @@ def is_initialized() -> bool:
     return model_parallel_is_initialized()
 
 
-def initialize_neuron_parallel_state(tp_global_ranks=None, local_rank=0) -> None:
+def initialize_neuron_parallel_state(*args, **kwargs) -> None:
     """The validation driver configures the groups itself; nothing to do."""
 
 

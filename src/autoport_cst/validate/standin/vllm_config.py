@@ -58,16 +58,33 @@ def set_current_vllm_config(config: VllmConfig, *args: Any, **kwargs: Any) -> It
 
 
 def configure(
-    tensor_parallel_size: int, model: str = "", enable_expert_parallel: bool = False, cache_dtype: str = "auto"
+    tensor_parallel_size: int,
+    model: str = "",
+    enable_expert_parallel: bool = False,
+    cache_dtype: str = "auto",
+    data_parallel_size: int = 1,
+    decode_context_parallel_size: int = 1,
+    cp_kv_cache_interleave_size: int = 1,
 ) -> VllmConfig:
     """Set the config the validation run's model sees (``cache_dtype`` is the
     KV-cache dtype name: ``"auto"`` or ``"fp8"``)."""
     global _CURRENT
     _CURRENT = VllmConfig(
         parallel_config=ParallelConfig(
-            tensor_parallel_size=tensor_parallel_size, enable_expert_parallel=enable_expert_parallel
+            tensor_parallel_size=tensor_parallel_size,
+            data_parallel_size=data_parallel_size,
+            enable_expert_parallel=enable_expert_parallel,
+            cp_kv_cache_interleave_size=cp_kv_cache_interleave_size,
+            decode_context_parallel_size=decode_context_parallel_size,
         ),
         cache_config=CacheConfig(cache_dtype=cache_dtype),
         model_config=ModelConfig(model=model),
     )
     return _CURRENT
+
+
+def use(config: VllmConfig) -> None:
+    """Make ``config`` the current one (the driver switches between the
+    prefill and decode graphs' configs)."""
+    global _CURRENT
+    _CURRENT = config
