@@ -28,6 +28,7 @@ from autoport_cst.transform.cst_helpers import (
     walk,
     with_comment,
 )
+from autoport_cst.transform.kernels import kernel_sites
 from autoport_cst.transform.layers import add_edit, one_class, require_method
 from autoport_cst.transform.roles import class_role
 
@@ -555,8 +556,32 @@ class RopeLayerParameters(Codemod):
             )
             edits[id(step_stmt)] = lambda updated, new=new_forward: cst.FlattenSentinel([updated, *new])
             self._loop_edits(loop, embeddings, module, edits)
+        self._declare_kernels(module, ctx)
         module = rewrite(module, edits)
         return add_functions(module, [LAYER_TYPES_FUNCTION])
+
+    def _declare_kernels(self, module: cst.Module, ctx: FileContext) -> None:
+        """The attention kernels rotate with the ``(cos, sin)`` their layer is
+        passed (``position_embeddings`` of the attention's ``forward``), which
+        the backbone now chooses per layer type: a change the census cannot
+        see from the attention class, declared on each kernel site. An
+        attention class that computes its own RoPE tables (calls a rotary
+        module) is not declared, so the census names its sites."""
+        for cls in classes_with_role(module, "attention"):
+            forward = method(cls, "forward")
+            params = [p.name.value for p in forward.params.params] if forward is not None else []
+            rotary_attrs = {
+                pair[0] for node in walk(cls) if isinstance(node, cst.SimpleStatementLine)
+                and (pair := self_assignment(node)) is not None and isinstance(pair[1], cst.Call)
+                and class_role(dotted(pair[1].func) or "") == "rotary"
+            }
+            own_rope = any(isinstance(n, cst.Call) and self_attr(n.func) in rotary_attrs for n in walk(cls))
+            if "position_embeddings" not in params or own_rope:
+                continue
+            for site in kernel_sites(cls):
+                ctx.unaffected(
+                    site.call, "rotates with the (cos, sin) its layer is passed, chosen per layer type by the backbone"
+                )
 
     def _loop_edits(self, loop: cst.For, embeddings: str, module: cst.Module, edits: dict) -> None:
         index = INDEX
