@@ -289,6 +289,32 @@ class MlpBias(Codemod):
             """,
         ),
         Example(
+            title="a file that maps the MLP without defining it (an embedding model over the same backbone)",
+            package_classes=("LlamaMLP",),
+            before="""
+                class LlamaForEmbedding(nn.Module):
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.self_attn.o_proj_weight"] = f"{prefix}.self_attn.o_proj.weight"
+                            mappings[f"{prefix}.mlp.up_proj_weight"] = f"{prefix}.mlp.up_proj.weight"
+                            mappings[f"{prefix}.mlp.down_proj_weight"] = f"{prefix}.mlp.down_proj.weight"
+            """,
+            after="""
+                class LlamaForEmbedding(nn.Module):
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.self_attn.o_proj_weight"] = f"{prefix}.self_attn.o_proj.weight"
+                            mappings[f"{prefix}.mlp.up_proj_weight"] = f"{prefix}.mlp.up_proj.weight"
+                            mappings[f"{prefix}.mlp.up_proj_bias"] = f"{prefix}.mlp.up_proj.bias"
+                            mappings[f"{prefix}.mlp.down_proj_weight"] = f"{prefix}.mlp.down_proj.weight"
+                            mappings[f"{prefix}.mlp.down_proj_bias"] = f"{prefix}.mlp.down_proj.bias"
+            """,
+        ),
+        Example(
             title="loaders attached out of sight",
             before="""
                 class LlamaMLP(nn.Module):
