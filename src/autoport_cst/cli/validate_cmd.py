@@ -28,8 +28,10 @@ from autoport_cst.errors import InputError
 @click.argument("arch_or_config")
 @click.argument("outdir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed of the weights.")
+@click.option("--set", "settings", multiple=True, metavar="NAME=INT",
+              help="Set an integer config attribute after shrinking (e.g. num_key_value_heads=1); repeatable.")
 @error_boundary
-def tiny_command(arch_or_config: str, outdir: Path, seed: int) -> None:
+def tiny_command(arch_or_config: str, outdir: Path, seed: int, settings: tuple[str, ...]) -> None:
     """Build a tiny random checkpoint (config.json + model.safetensors).
 
     ARCH_OR_CONFIG is a transformers architecture (LlamaForCausalLM), a
@@ -38,7 +40,13 @@ def tiny_command(arch_or_config: str, outdir: Path, seed: int) -> None:
     """
     from autoport_cst.validate.tiny import build_tiny_checkpoint
 
-    result = build_tiny_checkpoint(arch_or_config, outdir, seed=seed)
+    dimensions = {}
+    for setting in settings:
+        name, _, value = setting.partition("=")
+        if not name or not value.lstrip("-").isdigit():
+            raise InputError(f"--set takes NAME=INT, got {setting!r}")
+        dimensions[name] = int(value)
+    result = build_tiny_checkpoint(arch_or_config, outdir, seed=seed, dimensions=dimensions)
     stdout_console().print(
         f"wrote {result.directory}/config.json and model.safetensors: {result.architecture} "
         f"({result.model_type}), {result.num_parameters:,} parameters, seed {result.seed}"

@@ -131,10 +131,15 @@ def resolve_config(source: str | os.PathLike[str]) -> tuple[Any, str]:
     return config_class(), text
 
 
-def shrink_config(config: Any, architecture: str) -> Any:
-    """Apply the tiny dimensions to the attributes this config class has."""
+def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | None = None) -> Any:
+    """Apply the tiny dimensions (``TINY_DIMENSIONS``, updated with
+    ``dimensions``) to the attributes this config class has."""
     original_layers = getattr(config, "num_hidden_layers", None)
-    for name, value in TINY_DIMENSIONS.items():
+    sizes = {**TINY_DIMENSIONS, **(dimensions or {})}
+    for name in dimensions or {}:
+        if not hasattr(config, name):
+            raise InputError(f"{architecture}: its config has no {name!r} to set")
+    for name, value in sizes.items():
         if hasattr(config, name) and getattr(config, name) is not None:
             setattr(config, name, value)
     hidden = getattr(config, "hidden_size", None)
@@ -201,18 +206,24 @@ def write_config_json(config: Any, path: str | os.PathLike[str]) -> None:
 
 
 def build_tiny_checkpoint(
-    source: str | os.PathLike[str], outdir: str | os.PathLike[str], seed: int = 0
+    source: str | os.PathLike[str],
+    outdir: str | os.PathLike[str],
+    seed: int = 0,
+    dimensions: dict[str, int] | None = None,
 ) -> TinyCheckpoint:
     """Build a tiny random model and save ``config.json`` + ``model.safetensors``.
 
-    The same ``source`` and ``seed`` give byte-identical tensors.
+    ``dimensions`` overrides tiny dimensions or sets other integer config
+    attributes (``{"num_key_value_heads": 1}``: a layout that needs one KV
+    head). The same ``source``, ``seed`` and ``dimensions`` give
+    byte-identical tensors.
     """
     transformers = _import_transformers()
     import torch
     from safetensors.torch import save_file
 
     config, architecture = resolve_config(source)
-    config = shrink_config(config, architecture)
+    config = shrink_config(config, architecture, dimensions)
     model_class = getattr(transformers, architecture, None)
     if model_class is None:
         raise InputError(f"transformers has no class {architecture!r}")
