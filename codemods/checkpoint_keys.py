@@ -22,9 +22,17 @@ from autoport_cst.transform.cst_helpers import (
     with_comment,
 )
 from autoport_cst.transform.layers import add_edit, kwarg_code, strings_of
-from autoport_cst.transform.loaders import LoaderEdits, find_loaders
+from autoport_cst.transform.loaders import (
+    LoaderEdits,
+    declare_guarded,
+    find_loaders,
+    guard_edit,
+    is_quantized,
+)
 from autoport_cst.transform.mappings import mapping_entries, parameter_names
+from autoport_cst.transform.roles import class_role
 
+GUARD_LAYOUT = "checkpoint-keys: [in, out] checkpoint tensors are not implemented for this quantized layer"
 TRANSPOSING_LOADERS = (
     "sharding_weight_loader",
     "sharding_weight_loader_with_padding",
@@ -388,14 +396,21 @@ class CheckpointKeys(Codemod):
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         loads = [m for c in classes(module) if (m := method(c, "load_weights")) is not None]
         entries = [e for fn in loads for e in mapping_entries(fn)]
-        if not entries:
+        if not entries and (classes_with_role(module, "causal_lm") or not self._layers_elsewhere(module, ctx)):
             raise ctx.precondition(f"{self.ID}: no load_weights with mappings[...] = ... entries in this file")
         edits: dict = {}
-        if self.params.renames:
+        if self.params.renames and entries:
             edits.update(self._rename_edits(module, loads, ctx))
         if self.params.in_out_params or self.params.in_out_layers:
             edits.update(self._layout_edits(module, ctx))
         return rewrite(module, edits)
+
+    @staticmethod
+    def _layers_elsewhere(module: cst.Module, ctx: FileContext) -> bool:
+        """A file of layer classes only (the FP8 attention and MLP of the real
+        llama3), in a package whose causal LM class is in another file."""
+        here = {c.name.value for c in classes(module)}
+        return any(class_role(name) == "causal_lm" for name in ctx.port.package_classes - here)
 
     # -- key renames -------------------------------------------------------------
 
@@ -531,21 +546,27 @@ class CheckpointKeys(Codemod):
 
     def _layout_edits(self, module: cst.Module, ctx: FileContext) -> dict:
         wanted = set(self.params.in_out_params)
+        edits: dict = {}
         if self.params.in_out_layers:
             layer_classes = classes_with_role(module, "attention") + classes_with_role(module, "mlp")
             if not layer_classes:
+                if self._layers_elsewhere(module, ctx) or not wanted:
+                    return {}
                 raise ctx.precondition(f"{self.ID}: no attention or MLP class (<Prefix>Attention, <Prefix>MLP)")
             for cls in layer_classes:
+                if is_quantized(cls) and not find_loaders(cls):
+                    edits.update(guard_edit(cls, GUARD_LAYOUT, module))
+                    declare_guarded(cls, ctx, GUARD_LAYOUT)
+                    continue
                 for attr, sites in find_loaders(cls).items():
                     if attr.endswith("_weight") and any(
                         s.base is not None and dotted(s.base.func) in TRANSPOSING_LOADERS for s in sites
                     ):
                         wanted.add(attr)
-            if not wanted:
+            if not wanted and not edits:
                 raise ctx.precondition(
                     f"{self.ID}: no projection weight of the attention and MLP classes has a transposing loader"
                 )
-        edits: dict = {}
         seen: set[str] = set()
         for cls in classes(module):
             loaders = LoaderEdits(cls, module, ctx, self.ID)
@@ -555,7 +576,7 @@ class CheckpointKeys(Codemod):
                     loaders.replace_base(attr, _not_transposed)
             edits.update(loaders.edits())
         missing = sorted(wanted - seen)
-        if missing:
+        if missing and not self._layers_elsewhere(module, ctx):
             raise ctx.precondition(
                 f"{self.ID}: no loader attached to {', '.join(missing)} (set_weight_loader(self.<attr>, ...))"
             )
