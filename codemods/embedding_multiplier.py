@@ -15,8 +15,16 @@ from autoport_cst.transform.cst_helpers import (
     statements,
     walk,
 )
-from autoport_cst.transform.decoder import class_here, declare_upstream, other_model_file
-from autoport_cst.transform.layers import config_scalar_edit, init_reads_config, require_method
+from autoport_cst.transform.decoder import (
+    class_here,
+    declare_upstream,
+    other_model_file,
+)
+from autoport_cst.transform.layers import (
+    config_scalar_edit,
+    init_reads_config,
+    require_method,
+)
 
 
 @dataclass(frozen=True)

@@ -289,7 +289,11 @@ def _heads(init: cst.FunctionDef) -> list[cst.Call]:
     found = []
     for stmt in deep_statements(init):
         pair = self_assignment(stmt) if isinstance(stmt, cst.SimpleStatementLine) else None
-        if pair is not None and pair[0] == "lm_head" and isinstance(pair[1], cst.Call):
-            if (dotted(pair[1].func) or "").endswith("ColumnParallelLinear"):
-                found.append(pair[1])
+        if (
+            pair is not None
+            and pair[0] == "lm_head"
+            and isinstance(pair[1], cst.Call)
+            and (dotted(pair[1].func) or "").endswith("ColumnParallelLinear")
+        ):
+            found.append(pair[1])
     return found

@@ -13,7 +13,11 @@ from autoport_cst.transform.cst_helpers import (
     self_attr,
     walk,
 )
-from autoport_cst.transform.decoder import defined_elsewhere, guard_fused_norms, other_model_file
+from autoport_cst.transform.decoder import (
+    defined_elsewhere,
+    guard_fused_norms,
+    other_model_file,
+)
 from autoport_cst.transform.layers import (
     forward_path_functions,
     instances_of_role,
@@ -197,7 +201,6 @@ class NormAffine(Codemod):
                     continue
                 for side in sides:
                     if self_attr(getattr(node, side)) == attr:
-                        other = node.right if side == "left" else node.left
                         handled.add(id(getattr(node, side)))
                         edits[id(node)] = lambda updated, side=side: (
                             updated.right if side == "left" else updated.left

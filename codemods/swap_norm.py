@@ -30,7 +30,11 @@ from autoport_cst.transform.cst_helpers import (
     walk,
     with_statements,
 )
-from autoport_cst.transform.decoder import defined_elsewhere, guard_fused_norms, other_model_file
+from autoport_cst.transform.decoder import (
+    defined_elsewhere,
+    guard_fused_norms,
+    other_model_file,
+)
 from autoport_cst.transform.layers import instances_of_role
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
 from autoport_cst.transform.roles import split_prefix
@@ -252,6 +256,40 @@ class SwapNorm(Codemod):
                             hidden_states = self.post_attention_layernorm(hidden_states)
                             hidden_states = self.mlp(hidden_states)
                         return residual + hidden_states
+            """,
+        ),
+        Example(
+            title="a drafter in a module file, built on the norm class, is guarded",
+            role="module",
+            path="eagle3_model.py",
+            package_classes=("LlamaDecoderLayer", "LlamaRMSNorm"),
+            params={'kind': 'layernorm', 'bias': True, 'eps_key': 'layer_norm_eps'},
+            before="""
+                from .model import LlamaDecoderLayer, LlamaRMSNorm
+
+
+                class DraftLlamaDecoderLayer(LlamaDecoderLayer):
+                    def __init__(self, config, layer_idx):
+                        super().__init__(config, layer_idx)
+                        self.hidden_norm = LlamaRMSNorm(config.hidden_size, config.rms_norm_eps, config.torch_dtype)
+
+                    def forward(self, embeds, hidden_states):
+                        hidden_states = self.hidden_norm(hidden_states)
+                        return self.mlp(hidden_states)
+            """,
+            after="""
+                from .model import LlamaDecoderLayer, LlamaLayerNorm
+
+
+                class DraftLlamaDecoderLayer(LlamaDecoderLayer):
+                    def __init__(self, config, layer_idx):
+                        raise NotImplementedError("layernorm norms: a model of this file is built on classes of the ported model that the change alters")
+                        super().__init__(config, layer_idx)
+                        self.hidden_norm = LlamaLayerNorm(config.hidden_size, config.rms_norm_eps, config.torch_dtype)
+
+                    def forward(self, embeds, hidden_states):
+                        hidden_states = self.hidden_norm(hidden_states)
+                        return self.mlp(hidden_states)
             """,
         ),
     )

@@ -185,8 +185,8 @@ pytest.importorskip("transformers")
 # the multipliers of a Granite checkpoint differ from 1 (the attention
 # scale equals the tiny model's head_dim ** -0.5); Cohere's default
 # logit_scale is 1/16
-GRANITE_CONFIG = dict(embedding_multiplier=12.0, residual_multiplier=0.22, logits_scaling=8.0,
-                      attention_multiplier=0.25)
+GRANITE_CONFIG = {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 8.0,
+                  "attention_multiplier": 0.25}
 CHECKPOINTS = {
     "granite": ("GraniteForCausalLM", GRANITE_CONFIG),
     "olmo2": ("Olmo2ForCausalLM", {}),
