@@ -185,6 +185,30 @@ class RenameClasses(Codemod):
             """,
         ),
         Example(
+            title="a drafter importing the package's classes by their absolute module name",
+            role="module",
+            path="eagle3_model.py",
+            params={"old_prefix": "Llama", "new_prefix": "Qwen2", "rename_text": False},
+            package_classes=("LlamaDecoderLayer", "LlamaRMSNorm"),
+            reference="llama3",
+            before="""
+                from vllm_neuron.model.llama3.model import LlamaDecoderLayer, LlamaRMSNorm
+
+
+                class Eagle3Drafter(nn.Module):
+                    def __init__(self, config):
+                        self.layer = LlamaDecoderLayer(config, 0)
+            """,
+            after="""
+                from vllm_neuron.model.llama3.model import Qwen2DecoderLayer, Qwen2RMSNorm
+
+
+                class Eagle3Drafter(nn.Module):
+                    def __init__(self, config):
+                        self.layer = Qwen2DecoderLayer(config, 0)
+            """,
+        ),
+        Example(
             title="a class reached through an object the rename cannot follow",
             role="module",
             path="quantization.py",
@@ -260,7 +284,7 @@ class RenameClasses(Codemod):
         table = self._check(ctx)
         if not table:
             return module
-        targets = rename_targets(module, table)
+        targets = rename_targets(module, table, ctx.port.reference_name)
         through_modules, unknown = attribute_references(module, table, ctx.port.reference_name)
         if unknown:
             raise _unfollowed(unknown, module, ctx)

@@ -57,6 +57,8 @@ class Example:
     # classes defined elsewhere in the package (for codemods that need the
     # package's class list, such as rename-classes)
     package_classes: tuple[str, ...] = ()
+    # the reference package's name (for absolute imports of its own modules)
+    reference: str = ""
 
     @property
     def source(self) -> str:
@@ -117,6 +119,12 @@ class FileContext:
         """Declare the site at ``node`` (a call of the input module) left
         unchanged on purpose: the codemod's change does not reach it."""
         self.unaffected_sites[id(node)] = reason
+
+    def handled(self, node: cst.CSTNode, how: str) -> None:
+        """Declare the site at ``node`` handled where the census cannot see it:
+        guarded (its path raises when the feature is on), or changed upstream,
+        where every path meets (an embedding scaled before the layer loop)."""
+        self.unaffected_sites[id(node)] = how
 
     def precondition(self, message: str, node: cst.CSTNode | None = None,
                      module: cst.Module | None = None) -> PreconditionError:
@@ -251,7 +259,7 @@ def run_on_source(codemod: Codemod, source: str, path: str = "model.py", role: s
 def run_example(codemod_cls: type[Codemod], example: Example) -> tuple[str, list[Note]]:
     """Run one inline example (raises PreconditionError for ``raises`` examples)."""
     codemod = codemod_cls(codemod_cls.parse_params(example.params))
-    port = PortContext(package_classes=frozenset(example.package_classes))
+    port = PortContext(package_classes=frozenset(example.package_classes), reference_name=example.reference)
     return run_on_source(codemod, example.source, example.path, example.role, port)
 
 

@@ -26,8 +26,9 @@ class _BindingSurvey:
     """One pass: own bindings (classes, relative imports), how often each name
     is bound anywhere, and the variable references of each name."""
 
-    def __init__(self, names: set[str]) -> None:
+    def __init__(self, names: set[str], package: str = "") -> None:
         self.names = names
+        self.package = package
         self.definitions: list[cst.Name] = []
         self.own_bindings: dict[str, list[cst.CSTNode]] = {}
         self.counts: dict[str, int] = {}
@@ -97,7 +98,10 @@ class _BindingSurvey:
     def _import(self, node: cst.Import | cst.ImportFrom) -> None:
         if isinstance(node.names, cst.ImportStar):
             return
-        relative = isinstance(node, cst.ImportFrom) and bool(node.relative)
+        # the package's own modules, by a relative or an absolute name
+        relative = isinstance(node, cst.ImportFrom) and (
+            bool(node.relative) or own_package_module(dotted(node.module), self.package)
+        )
         for alias in node.names:
             if alias.asname is not None:
                 self._bind(alias.asname.name)
@@ -112,9 +116,10 @@ class _BindingSurvey:
                     self.own_bindings.setdefault(name, []).append(node)
 
 
-def rename_targets(module: cst.Module, table: dict[str, str]) -> set[int]:
-    """ids of the Name nodes of ``module`` to rename."""
-    survey = _BindingSurvey(set(table))
+def rename_targets(module: cst.Module, table: dict[str, str], package: str = "") -> set[int]:
+    """ids of the Name nodes of ``module`` to rename (``package``: the
+    package's own name, for absolute imports of its modules)."""
+    survey = _BindingSurvey(set(table), package)
     survey.survey(module)
     targets = {id(node) for node in survey.definitions}
     complicated: set[str] = set()
