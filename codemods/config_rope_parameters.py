@@ -5,9 +5,9 @@ from __future__ import annotations
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext
-from autoport_cst.transform.config_reading import dataclass_fields, mentions, method_of
+from autoport_cst.transform.config_fields import prepend_to_post_init
+from autoport_cst.transform.config_reading import dataclass_fields, mentions
 from autoport_cst.transform.cst_helpers import parse_statement, parse_statements, rewrite, with_comment
-from autoport_cst.transform.vocabulary import is_docstring
 
 FIELD = "rope_parameters: dict | None = None"
 
@@ -21,12 +21,6 @@ if self.rope_parameters:
         )
     self.rope_theta = self.rope_parameters.get("rope_theta", self.rope_theta)
 '''
-
-POST_INIT = '''
-def __post_init__(self):
-    pass
-'''
-
 
 class ConfigRopeParameters(Codemod):
     """Read the RoPE base from ``rope_parameters`` when the model config has
@@ -99,19 +93,5 @@ class ConfigRopeParameters(Codemod):
         )
         body = list(cls.body.body)  # type: ignore[union-attr]
         body.insert(body.index(anchor) + 1, field)
-        lift = parse_statements(LIFT.strip("\n"), module)
-        post_init = method_of(cls, "__post_init__")
-        if post_init is None:
-            from autoport_cst.transform.attention import parse_method
-
-            post_init = parse_method(POST_INIT, module)
-            post_init = post_init.with_changes(body=post_init.body.with_changes(body=lift))
-            body.append(post_init.with_changes(leading_lines=[cst.EmptyLine(indent=False)]))
-        else:
-            index = body.index(post_init)
-            statements = list(post_init.body.body)  # type: ignore[union-attr]
-            first = 1 if is_docstring(statements[0]) else 0
-            new_body = statements[:first] + lift + statements[first:]
-            body[index] = post_init.with_changes(body=post_init.body.with_changes(body=new_body))
+        body = prepend_to_post_init(body, parse_statements(LIFT.strip("\n"), module), module)
         return cls.with_changes(body=cls.body.with_changes(body=body))
-

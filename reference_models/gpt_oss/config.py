@@ -57,7 +57,7 @@ class GptOssConfig:
     hidden_size: int = 2880
     num_hidden_layers: int = 36
     num_attention_heads: int = 64
-    num_key_value_heads: int = 8
+    num_key_value_heads: int | None = None
     head_dim: int | None = None
     max_position_embeddings: int = 131072
     # <-- MODEL-SPECIFIC: RMSNorm epsilon under its Hugging Face name
@@ -81,6 +81,8 @@ class GptOssConfig:
     neuron_config: NeuronConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if isinstance(self.torch_dtype, str):

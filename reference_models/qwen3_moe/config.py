@@ -53,7 +53,7 @@ class Qwen3MoeConfig:
     hidden_size: int = 2048
     num_hidden_layers: int = 48
     num_attention_heads: int = 32
-    num_key_value_heads: int = 4
+    num_key_value_heads: int | None = None
     head_dim: int | None = None
     max_position_embeddings: int = 40960
     # <-- MODEL-SPECIFIC: RMSNorm epsilon under its Hugging Face name
@@ -73,6 +73,8 @@ class Qwen3MoeConfig:
     neuron_config: NeuronConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if isinstance(self.torch_dtype, str):

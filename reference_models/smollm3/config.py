@@ -44,7 +44,7 @@ class SmolLM3Config:
     intermediate_size: int = 11008
     num_hidden_layers: int = 36
     num_attention_heads: int = 16
-    num_key_value_heads: int = 4
+    num_key_value_heads: int | None = None
     head_dim: int | None = None
     max_position_embeddings: int = 32768
     # <-- MODEL-SPECIFIC: RMSNorm epsilon under its Hugging Face name
@@ -65,6 +65,8 @@ class SmolLM3Config:
     neuron_config: NeuronConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if isinstance(self.torch_dtype, str):

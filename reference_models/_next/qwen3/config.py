@@ -40,7 +40,7 @@ class Qwen3Config:
     intermediate_size: int = 12288
     num_hidden_layers: int = 36
     num_attention_heads: int = 32
-    num_key_value_heads: int = 8
+    num_key_value_heads: int | None = None
     head_dim: int | None = None
     max_position_embeddings: int = 40960
     # <-- MODEL-SPECIFIC: RMSNorm epsilon under its Hugging Face name (also the QK norms')
@@ -61,6 +61,8 @@ class Qwen3Config:
     neuron_config: NeuronConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if isinstance(self.torch_dtype, str):

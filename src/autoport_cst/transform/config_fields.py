@@ -15,6 +15,7 @@ from autoport_cst.transform.cst_helpers import (
     parse_statement,
     with_comment,
 )
+from autoport_cst.transform.vocabulary import is_docstring
 
 
 def config_class(module: cst.Module, ctx: FileContext, codemod_id: str) -> cst.ClassDef:
@@ -115,3 +116,28 @@ def _without_marker(stmt: cst.BaseStatement) -> cst.BaseStatement:
             if line.comment is None or FIELDS_MARKER not in line.comment.value
         ]
     )
+
+
+def prepend_to_post_init(body: list[cst.BaseStatement], statements: list[cst.BaseStatement],
+                         module: cst.Module) -> list[cst.BaseStatement]:
+    """A config class body whose ``__post_init__`` runs ``statements`` first
+    (after its docstring); the method is added at the end when absent."""
+    if not statements:
+        return body
+    post_init = next(
+        (s for s in body if isinstance(s, cst.FunctionDef) and s.name.value == "__post_init__"), None
+    )
+    if post_init is None:
+        method = parse_statement("def __post_init__(self):\n    pass", module)
+        assert isinstance(method, cst.FunctionDef)
+        method = method.with_changes(
+            body=method.body.with_changes(body=statements),
+            leading_lines=[cst.EmptyLine(indent=False)],
+        )
+        return [*body, method]
+    current = list(post_init.body.body)  # type: ignore[union-attr]
+    first = 1 if current and is_docstring(current[0]) else 0
+    new_method = post_init.with_changes(
+        body=post_init.body.with_changes(body=[*current[:first], *statements, *current[first:]])
+    )
+    return [new_method if s is post_init else s for s in body]

@@ -94,3 +94,26 @@ def mentions(node: cst.CSTNode, word: str) -> bool:
         if isinstance(node, cst.SimpleString) and node.evaluated_value == word:
             return True
     return False
+
+
+# Fields transformers derives when a model config does not set them, and how.
+KNOWN_DERIVATIONS: dict[str, str] = {
+    "head_dim": "self.hidden_size // self.num_attention_heads",
+    "num_key_value_heads": "self.num_attention_heads",
+}
+
+
+def fixed_defaults(cls: cst.ClassDef) -> list[ConfigField]:
+    """Fields of a config dataclass that a model config may leave unset and
+    that should then be derived, but that default to a fixed value instead:
+    those ``__post_init__`` derives when None, and those transformers derives
+    (``KNOWN_DERIVATIONS``) when the fields they derive from are there too."""
+    fields = dataclass_fields(cls)
+    names = list(derived_when_none(cls))
+    for name, derivation in KNOWN_DERIVATIONS.items():
+        sources = {n for n in ("hidden_size", "num_attention_heads") if f"self.{n}" in derivation}
+        if name in fields and sources <= set(fields) and name not in names:
+            names.append(name)
+    return [
+        fields[n] for n in names if n in fields and fields[n].default is not None and not fields[n].default_is_none
+    ]

@@ -6,13 +6,16 @@ import libcst as cst
 
 from autoport_cst.lint.diagnostics import WARNING
 from autoport_cst.lint.rule import Invalid, Rule, Valid
-from autoport_cst.transform.config_reading import dataclass_fields, derived_when_none
+from autoport_cst.transform.config_reading import KNOWN_DERIVATIONS, derived_when_none, fixed_defaults
 
 
 class ConfigDefaultShadowsDerivation(Rule):
-    """A config dataclass field with a default, whose ``__post_init__`` derives
-    it only when it is None: ``head_dim: int = 64`` beside ``if self.head_dim
-    is None: self.head_dim = self.hidden_size // self.num_attention_heads``.
+    """A config dataclass field with a fixed default that should be derived
+    when the model config does not set it: one ``__post_init__`` derives only
+    when it is None (``head_dim: int = 64`` beside ``if self.head_dim is None:
+    self.head_dim = self.hidden_size // self.num_attention_heads``), or one
+    transformers derives (``num_key_value_heads`` is ``num_attention_heads``
+    when a config has none, as GPT-NeoX's).
 
     Why: ``from_configs`` keeps the keys the model's config has. A config
     without the field (transformers 5 writes no ``head_dim`` for Qwen2, for
@@ -20,8 +23,8 @@ class ConfigDefaultShadowsDerivation(Rule):
     port computes with a head size of 64 whatever the model's is: it fails to
     load, or worse, loads and computes something else.
 
-    Fix: the ``config-derived-defaults`` codemod makes such defaults None, so
-    the derivation runs whenever the config does not set the field. ``apply``
+    Fix: the ``config-derived-defaults`` codemod makes such defaults None and
+    derives the field in ``__post_init__`` when it is None. ``apply``
     runs it as a repair step when a reference has this problem.
 
     Example::
@@ -69,20 +72,36 @@ class ConfigDefaultShadowsDerivation(Rule):
             fixable=True,
             path="config.py",
         ),
+        Invalid(
+            """
+            @dataclass
+            class LlamaConfig:
+                hidden_size: int = 64
+                num_attention_heads: int = 4
+                num_key_value_heads: int = 8
+            """,
+            at=((5, 32),),
+            severity=WARNING,
+            message="num_attention_heads",
+            fixable=True,
+            path="config.py",
+            title="a key-value head count transformers derives",
+        ),
     )
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        fields = dataclass_fields(node)
-        if not fields:
-            return
-        for name in derived_when_none(node):
-            field = fields.get(name)
-            if field is None or field.default is None or field.default_is_none:
-                continue
-            default = self.ctx.module.code_for_node(field.default)
+        derived = set(derived_when_none(node))
+        for field in fixed_defaults(node):
+            default = self.ctx.module.code_for_node(field.default)  # type: ignore[arg-type]
+            if field.name in derived:
+                why = f"so `__post_init__` never derives it: a model config without `{field.name}` gets {default}"
+            else:
+                why = (
+                    f"while transformers derives it when a model config does not set it "
+                    f"(`{KNOWN_DERIVATIONS[field.name]}`): such a config gets {default}"
+                )
             self.report(
-                field.default,
-                f"config field `{name}` defaults to {default}, so `__post_init__` never derives it: "
-                f"a model config without `{name}` gets {default} instead of the derived value",
+                field.default,  # type: ignore[arg-type]
+                f"config field `{field.name}` defaults to {default}, {why} instead of the derived value",
                 severity=WARNING,
             )
