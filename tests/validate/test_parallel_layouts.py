@@ -120,7 +120,7 @@ def test_cli_refuses_a_dcp_layout_the_checkpoint_cannot_take(tiny_llama: Path) -
 def _equivalent(report) -> None:
     assert report.equivalent, report.summary()
     assert report.settings["layout"]["world"] > 1
-    decode = [c for c in report.components if c["phase"] == "decode" and c["name"] == "logits"][0]
+    decode = next(c for c in report.components if c["phase"] == "decode" and c["name"] == "logits")
     assert decode["rows"] == len(report.port_output.sequences) * RUN["steps"]
 
 
