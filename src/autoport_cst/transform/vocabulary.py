@@ -11,7 +11,7 @@ in ``cst_helpers`` (primitives) and the modules above it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import libcst as cst
 
@@ -30,11 +30,7 @@ def dotted(node: cst.CSTNode | None) -> str | None:
 
 def self_attr(node: cst.CSTNode | None) -> str | None:
     """``foo`` for ``self.foo``; None otherwise."""
-    if (
-        isinstance(node, cst.Attribute)
-        and isinstance(node.value, cst.Name)
-        and node.value.value == "self"
-    ):
+    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
         return node.attr.value
     return None
 
@@ -81,7 +77,26 @@ def walk(node: cst.CSTNode) -> list[cst.CSTNode]:
     LibCST computes by visiting). Statements of one block come in source
     order; the order of sibling fields follows the dataclass, not always the
     source (a class's body before its bases), so use a visitor when source
-    order matters."""
+    order matters.
+
+    Nodes are immutable, so the walk of a recently walked node is served from a
+    small cache (the anatomy census and the renamers walk the same module many
+    times); the caller gets its own copy of the list."""
+    cached = _WALKS.get(id(node))
+    if cached is not None and cached[0] is node:
+        return list(cached[1])
+    out = _walk(node)
+    if len(_WALKS) >= _WALK_CACHE_SIZE:
+        del _WALKS[next(iter(_WALKS))]
+    _WALKS[id(node)] = (node, out)
+    return list(out)
+
+
+_WALK_CACHE_SIZE = 512
+_WALKS: dict[int, tuple[cst.CSTNode, list[cst.CSTNode]]] = {}
+
+
+def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
     out: list[cst.CSTNode] = []
     stack = [node]
     while stack:
