@@ -77,8 +77,17 @@ def run_one(model_type: str, architecture: str, work: Path, tp2: bool) -> dict:
     from autoport_cst.port import port
     from autoport_cst.validate import build_tiny_checkpoint
 
-    row = {"model_type": model_type, "architecture": architecture, "reference": None, "steps": [],
-           "verdict": "", "detail": "", "max_error": None, "seconds": 0.0, "blocked": []}
+    row = {
+        "model_type": model_type,
+        "architecture": architecture,
+        "reference": None,
+        "steps": [],
+        "verdict": "",
+        "detail": "",
+        "max_error": None,
+        "seconds": 0.0,
+        "blocked": [],
+    }
     start = time.perf_counter()
     source = work / f"{model_type}-src"
     try:
@@ -88,8 +97,11 @@ def run_one(model_type: str, architecture: str, work: Path, tp2: bool) -> dict:
         features = full_size_refusal(architecture, work / f"{model_type}-full")
         if features:
             # refused by research on the full-size config (no weights needed)
-            row.update(verdict="refused", blocked=features,
-                       detail="no codemod realizes " + ", ".join(features) + " (full-size config)")
+            row.update(
+                verdict="refused",
+                blocked=features,
+                detail="no codemod realizes " + ", ".join(features) + " (full-size config)",
+            )
         row["seconds"] = time.perf_counter() - start
         return row
     name = "port_" + "".join(c if c.isalnum() else "_" for c in model_type.lower())
@@ -105,8 +117,11 @@ def run_one(model_type: str, architecture: str, work: Path, tp2: bool) -> dict:
             row["verdict"] = "does not validate"
             row["detail"] = "; ".join(f"tp{r.tp} {r.dtype}: {r.first_diverging}" for r in bad)
     except UnrealizableDiffError as error:
-        row.update(verdict="refused", blocked=list(error.features),
-                   detail="no codemod realizes " + ", ".join(error.features))
+        row.update(
+            verdict="refused",
+            blocked=list(error.features),
+            detail="no codemod realizes " + ", ".join(error.features),
+        )
     except AutoportError as error:
         row.update(verdict="error", detail=str(error).splitlines()[0][:200])
     except Exception as error:  # noqa: BLE001
@@ -122,7 +137,9 @@ def markdown(rows: list[dict], total: float) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        steps = ", ".join(s for s in r["steps"] if s not in ("rename-classes", "set-constants", "register-model"))
+        steps = ", ".join(
+            s for s in r["steps"] if s not in ("rename-classes", "set-constants", "register-model")
+        )
         verdict = r["verdict"] + (f": {r['detail']}" if r["detail"] and r["verdict"] != "ported" else "")
         error = "-" if r["max_error"] is None else f"{r['max_error']:.1e}"
         lines.append(
@@ -132,7 +149,8 @@ def markdown(rows: list[dict], total: float) -> str:
     ported = sorted({r["architecture"] for r in rows if r["verdict"] == "ported"})
     lines.append("")
     lines.append(
-        f"{len(rows)} model types: " + ", ".join(f"{n} {v}" for v, n in counts.most_common())
+        f"{len(rows)} model types: "
+        + ", ".join(f"{n} {v}" for v, n in counts.most_common())
         + f"; {len(ported)} distinct architectures ported; total {total / 60:.1f} min"
     )
     blocked = collections.Counter(f for r in rows for f in r["blocked"])
@@ -166,8 +184,12 @@ def main() -> None:
     parser.add_argument("--no-tp2", action="store_true", help="validate at TP=1 only")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
-    parser.add_argument("--readme", type=Path, default=None,
-                        help="replace the table between the corpus markers of this README")
+    parser.add_argument(
+        "--readme",
+        type=Path,
+        default=None,
+        help="replace the table between the corpus markers of this README",
+    )
     args = parser.parse_args()
 
     start = time.perf_counter()

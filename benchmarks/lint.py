@@ -75,8 +75,7 @@ def timed(cmd: list[str], cwd: Path, env: dict | None = None) -> tuple[float, fl
     """(wall s, CPU s of the process and its children, return code, stderr tail)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -92,9 +91,16 @@ def fixit_command(explicit: str | None) -> list[str] | None:
         print(f"creating a virtual environment for Fixit in {FIXIT_VENV} ...", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(FIXIT_VENV)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", "fixit"], check=True)
-    probe = subprocess.run([str(python), "-c", "import fixit, libcst; print(fixit.__version__, "
-                            "libcst.__version__ if hasattr(libcst, '__version__') else '?')"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import fixit, libcst; print(fixit.__version__, "
+            "libcst.__version__ if hasattr(libcst, '__version__') else '?')",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if probe.returncode != 0:
         return None
     print(f"fixit {probe.stdout.split()[0]} (its own venv)")
@@ -126,8 +132,10 @@ def main() -> int:
     chosen = sample(every, args.sample)
     lines = sum(p.read_bytes().count(b"\n") for p in chosen)
     print(f"corpus: {models} ({len(every)} files); sample: {len(chosen)} files, {lines} lines")
-    print(f"python {sys.version.split()[0]}, libcst {_version('libcst')}, "
-          f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"python {sys.version.split()[0]}, libcst {_version('libcst')}, "
+        f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}"
+    )
     work = Path(tempfile.mkdtemp(prefix="autoport-lint-bench-"))
     env = {**os.environ, "AUTOPORT_CST_CACHE_DIR": str(work / "cache")}
     ours = [sys.executable, "-m", "autoport_cst", "lint", "--exit-zero", "--output-format", "json"]
@@ -162,8 +170,7 @@ def main() -> int:
             print("  fixit: not available")
         else:
             fixit_wall, fixit_cpu, frc, ftail = timed([*command, "lint", *names], work)
-            row("fixit lint (default rules)", len(chosen), fixit_wall, fixit_cpu,
-                f"rc {frc}; {ftail[:50]}")
+            row("fixit lint (default rules)", len(chosen), fixit_wall, fixit_cpu, f"rc {frc}; {ftail[:50]}")
 
     print("\ntargets")
     if fixit_wall:
@@ -190,8 +197,10 @@ def main() -> int:
     ):
         runs = [timed([*cmd, str(llama)], work, env)[0] for _ in range(5)]
         results[label] = min(runs)
-        print(f"  {size}-line file end to end, {label:<28} min {min(runs):.3f} s, "
-              f"median {sorted(runs)[2]:.3f} s")
+        print(
+            f"  {size}-line file end to end, {label:<28} min {min(runs):.3f} s, "
+            f"median {sorted(runs)[2]:.3f} s"
+        )
     best = min(results.values())
     print(f"  500-line file end to end: {best:.3f} s (target < 0.5 s)     {verdict(best < 0.5)}")
     shutil.rmtree(work, ignore_errors=True)

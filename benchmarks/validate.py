@@ -52,7 +52,9 @@ def main() -> int:
                 times = []
                 for _ in range(args.repeat):
                     began = time.perf_counter()
-                    report = validate_model(ROOT / "reference_models" / "llama3", checkpoint, tp=tp, dtype=dtype, steps=16)
+                    report = validate_model(
+                        ROOT / "reference_models" / "llama3", checkpoint, tp=tp, dtype=dtype, steps=16
+                    )
                     times.append(time.perf_counter() - began)
                 rows.append((tp, dtype, times[0], min(times), report.equivalent, report.timings))
         peak_self = _peak_mib(resource.RUSAGE_SELF)
@@ -61,7 +63,9 @@ def main() -> int:
     print(f"{'tp':>3} {'dtype':>5} {'first s':>8} {'best s':>7}  verdict     breakdown of the last run (s)")
     for tp, dtype, first, best, equivalent, timings in rows:
         parts = ", ".join(f"{k}={v:.2f}" for k, v in timings.items() if k != "total")
-        print(f"{tp:>3} {dtype:>5} {first:8.2f} {best:7.2f}  {'equivalent' if equivalent else 'DIVERGES  '}  {parts}")
+        print(
+            f"{tp:>3} {dtype:>5} {first:8.2f} {best:7.2f}  {'equivalent' if equivalent else 'DIVERGES  '}  {parts}"
+        )
     print(f"peak RSS: this process {peak_self:.0f} MiB, largest TP rank process {peak_children:.0f} MiB")
     tp1 = max(first for tp, _d, first, _b, _e, _t in rows if tp == 1)
     verdict = "meets" if tp1 < TARGET_TP1_S else "MISSES"

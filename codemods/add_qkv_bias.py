@@ -499,7 +499,9 @@ class AddQkvBias(Codemod):
     def _guard(self, cls, module, ctx, edits) -> None:
         """A quantized attention class (FP8 kernels) raises in ``__init__``:
         its kernels are not given the biases here."""
-        parts = [w for w, on in (("Q/K/V bias", self.params.qkv), ("output-projection bias", self.params.o)) if on]
+        parts = [
+            w for w, on in (("Q/K/V bias", self.params.qkv), ("output-projection bias", self.params.o)) if on
+        ]
         reason = f"{' and '.join(parts)} in the quantized attention {cls.name.value}"
         for key, fn in guard_edit(cls, f"{reason} is not implemented", module).items():
             add_edit(edits, key, fn)
@@ -520,7 +522,9 @@ class AddQkvBias(Codemod):
         added: dict[str, str] = {}
         for which, weight_attr, bias_attr in wanted:
             if bias_attr not in params:
-                append_after(edits, id(params[weight_attr]), [_bias_param(params[weight_attr], bias_attr, module)])
+                append_after(
+                    edits, id(params[weight_attr]), [_bias_param(params[weight_attr], bias_attr, module)]
+                )
             if loaders.of(bias_attr):
                 continue
             for loader in loaders.require(weight_attr):
@@ -537,7 +541,12 @@ class AddQkvBias(Codemod):
         read of those weights in a forward method is refused."""
         name = cls.name.value
         found = projections(cls)
-        outputs = [n for f in forward_methods(cls) for n in walk(f) if isinstance(n, cst.Call) and is_call(n, "NF.o_proj")]
+        outputs = [
+            n
+            for f in forward_methods(cls)
+            for n in walk(f)
+            if isinstance(n, cst.Call) and is_call(n, "NF.o_proj")
+        ]
         for kind, kernel in (("prefill", "NF.qkv_proj"), ("decode", "NF.attention_decode")):
             if not any(p.kind == kind for p in found):
                 raise ctx.precondition(f"{ID}: {name} has no {kernel}(...) call", cls, module)
@@ -577,7 +586,9 @@ class AddQkvBias(Codemod):
             code = loaders.sibling_loader(loader, inner.replace("\n", "\n" + "    " * len(loader.wrappers)))
             return attach_statement(bias_attr, code, module), helper
         if which == "qkv":
-            return parse_statement(f"set_weight_loader(\n    self.{bias_attr},\n    {inner},\n)", module), helper
+            return parse_statement(
+                f"set_weight_loader(\n    self.{bias_attr},\n    {inner},\n)", module
+            ), helper
         return parse_statement(f"set_weight_loader(self.{bias_attr}, {inner})", module), helper
 
     def _qkv_bias_loader(self, base: cst.Call, module, ctx) -> tuple[str, str]:
@@ -622,9 +633,7 @@ class AddQkvBias(Codemod):
         for _, weight_attr, bias_attr in wanted:
             found = [e for e in entries if e.key.endswith(f".{weight_attr}")]
             if not found and required:
-                raise ctx.precondition(
-                    f"add-qkv-bias: load_weights has no mappings[...{weight_attr}] entry"
-                )
+                raise ctx.precondition(f"add-qkv-bias: load_weights has no mappings[...{weight_attr}] entry")
             for entry in found:
                 bias_key_text = entry.key[: -len(weight_attr)] + bias_attr
                 if bias_key_text in keys:
@@ -666,12 +675,13 @@ class _BiasArguments:
             if arg is None and len(positional) >= 3:
                 arg = positional[2]
             if arg is None:
-                return updated.with_changes(
-                    args=[*updated.args, cst.Arg(self._bias("o_proj_bias"))]
-                )
+                return updated.with_changes(args=[*updated.args, cst.Arg(self._bias("o_proj_bias"))])
             if is_none(arg.value):
                 return updated.with_changes(
-                    args=[a.with_changes(value=self._bias("o_proj_bias")) if a is arg else a for a in updated.args]
+                    args=[
+                        a.with_changes(value=self._bias("o_proj_bias")) if a is arg else a
+                        for a in updated.args
+                    ]
                 )
         return updated
 
@@ -688,13 +698,13 @@ def _set_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Ca
         )
         return call.with_changes(args=[*call.args, new_arg])
     if is_none(arg.value):
-        return call.with_changes(
-            args=[a.with_changes(value=value) if a is arg else a for a in call.args]
-        )
+        return call.with_changes(args=[a.with_changes(value=value) if a is arg else a for a in call.args])
     return call
 
 
-def _bias_param(weight_stmt: cst.SimpleStatementLine, bias_attr: str, module: cst.Module) -> cst.BaseStatement:
+def _bias_param(
+    weight_stmt: cst.SimpleStatementLine, bias_attr: str, module: cst.Module
+) -> cst.BaseStatement:
     """``self.<bias> = nn.Parameter(torch.zeros(<last weight dim>, dtype=<same>))``."""
     _, value = self_assignment(weight_stmt)
     ctor = value.args[0].value if isinstance(value, cst.Call) and value.args else None
@@ -720,13 +730,13 @@ def _set_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Ca
         )
         return call.with_changes(args=[*call.args, new_arg])
     if is_none(arg.value):
-        return call.with_changes(
-            args=[a.with_changes(value=value) if a is arg else a for a in call.args]
-        )
+        return call.with_changes(args=[a.with_changes(value=value) if a is arg else a for a in call.args])
     return call
 
 
-def _bias_param(weight_stmt: cst.SimpleStatementLine, bias_attr: str, module: cst.Module) -> cst.BaseStatement:
+def _bias_param(
+    weight_stmt: cst.SimpleStatementLine, bias_attr: str, module: cst.Module
+) -> cst.BaseStatement:
     """``self.<bias> = nn.Parameter(torch.zeros(<last weight dim>, dtype=<same>))``."""
     _, value = self_assignment(weight_stmt)
     ctor = value.args[0].value if isinstance(value, cst.Call) and value.args else None
@@ -748,6 +758,7 @@ def _defines_method(module: cst.Module, name: str) -> bool:
     """Whether a class of ``module`` defines method ``name``."""
     return any(
         isinstance(member, cst.FunctionDef) and member.name.value == name
-        for cls in module.body if isinstance(cls, cst.ClassDef)
+        for cls in module.body
+        if isinstance(cls, cst.ClassDef)
         for member in cls.body.body
     )

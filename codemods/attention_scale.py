@@ -40,7 +40,9 @@ COMMENT = "<-- MODEL-SPECIFIC: attention score scale from the config (not head_d
 class AttentionScaleParams:
     config_key: str = field(
         default="attention_multiplier",
-        metadata={"doc": "Config field holding the scale (Granite: attention_multiplier; Gemma: query_pre_attn_scalar)."},
+        metadata={
+            "doc": "Config field holding the scale (Granite: attention_multiplier; Gemma: query_pre_attn_scalar)."
+        },
     )
     form: Literal["scale", "inverse_sqrt"] = field(
         default="scale",
@@ -192,12 +194,24 @@ class AttentionScale(Codemod):
             small = stmt.body[0]
             if isinstance(value, cst.IfExp):
                 value = value.with_changes(
-                    lpar=[cst.LeftParen(whitespace_after=cst.ParenthesizedWhitespace(
-                        first_line=cst.TrailingWhitespace(), indent=True,
-                        last_line=cst.SimpleWhitespace(module.default_indent)))],
-                    rpar=[cst.RightParen(whitespace_before=cst.ParenthesizedWhitespace(
-                        first_line=cst.TrailingWhitespace(), indent=True,
-                        last_line=cst.SimpleWhitespace("")))],
+                    lpar=[
+                        cst.LeftParen(
+                            whitespace_after=cst.ParenthesizedWhitespace(
+                                first_line=cst.TrailingWhitespace(),
+                                indent=True,
+                                last_line=cst.SimpleWhitespace(module.default_indent),
+                            )
+                        )
+                    ],
+                    rpar=[
+                        cst.RightParen(
+                            whitespace_before=cst.ParenthesizedWhitespace(
+                                first_line=cst.TrailingWhitespace(),
+                                indent=True,
+                                last_line=cst.SimpleWhitespace(""),
+                            )
+                        )
+                    ],
                 )
             new = stmt.with_changes(body=[small.with_changes(value=value)])
             new = with_comment(new, COMMENT).with_changes(

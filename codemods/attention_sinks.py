@@ -177,7 +177,7 @@ class AttentionSinks(Codemod):
                 "every path of a layer that shards query heads over TP x attention DP: flash and segmented "
                 "prefill, decode (with the heads of every attention-DP rank), context-parallel prefill guarded"
             ),
-            before='''
+            before="""
                 from vllm_neuron.utils.weight_loader import set_weight_loader, sharding_weight_loader, with_rank_override
 
 
@@ -218,7 +218,7 @@ class AttentionSinks(Codemod):
                             attention_dp=self.attention_dp_size,
                             attention_dp_group=self.attention_dp_group.device_group if self.attention_dp_group else None,
                         )
-            ''',
+            """,
             after='''
                 from vllm_neuron.utils.weight_loader import set_weight_loader, sharding_weight_loader, with_rank_override
 
@@ -329,7 +329,9 @@ class AttentionSinks(Codemod):
         module = rewrite(module, edits)
         if helpers:
             module = add_functions(module, helpers)
-        for name in ("sharding_weight_loader", "set_weight_loader") + (("with_rank_override",) if wrapped else ()):
+        for name in ("sharding_weight_loader", "set_weight_loader") + (
+            ("with_rank_override",) if wrapped else ()
+        ):
             if edits:
                 module = ensure_import_from(module, WEIGHT_LOADERS, name)
         return self._mappings(module, ctx)
@@ -364,7 +366,9 @@ class AttentionSinks(Codemod):
             anchor = None
             for stmt in statements(init):
                 pair = self_assignment(stmt)
-                projection = pair is not None and is_parameter(pair[1]) and pair[0].endswith(("_weight", "_bias"))
+                projection = (
+                    pair is not None and is_parameter(pair[1]) and pair[0].endswith(("_weight", "_bias"))
+                )
                 if projection or (anchor is not None and _mentions_qk_norm(stmt)):
                     anchor = stmt
             if anchor is None:
@@ -377,11 +381,14 @@ class AttentionSinks(Codemod):
         arguments = ["shard_dim=0", "shard_size=self.num_attention_heads_per_rank", f"num_shards={shards}"]
         base = render_call("sharding_weight_loader", arguments, 1 + len(wrappers))
         loader = render_loader(base, wrappers)
-        _after(edits, o_proj.statement, [with_comment(attach_statement("sinks", loader, module), LOADER_COMMENT)])
+        _after(
+            edits, o_proj.statement, [with_comment(attach_statement("sinks", loader, module), LOADER_COMMENT)]
+        )
         return bool(wrappers)
 
-    def _kernel_edits(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext, edits: dict,
-                      helpers: list[str]) -> None:
+    def _kernel_edits(
+        self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext, edits: dict, helpers: list[str]
+    ) -> None:
         name = cls.name.value
         sites = kernel_sites(cls)
         for kind in (FLASH, DECODE):
@@ -404,9 +411,11 @@ class AttentionSinks(Codemod):
         if degree is None or (isinstance(degree, cst.Integer) and degree.value == "1"):
             return None
         group = argument(site.call, "attention_dp_group")
-        holder = next(
-            (n for n in walk(group) if isinstance(n, cst.Attribute) and self_attr(n) is not None), None
-        ) if group is not None and not is_none(group) else None
+        holder = (
+            next((n for n in walk(group) if isinstance(n, cst.Attribute) and self_attr(n) is not None), None)
+            if group is not None and not is_none(group)
+            else None
+        )
         if holder is None:
             raise ctx.precondition(
                 f"{ID}: {site.where(cls)} passes attention_dp={code_of(degree)} but no attention_dp_group "

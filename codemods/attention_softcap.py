@@ -35,7 +35,9 @@ from autoport_cst.transform.layers import require_method
 ID = "attention-softcap"
 COMMENT = "<-- MODEL-SPECIFIC: tanh softcap of the attention scores (None: no cap)"
 GUARD_COMMENT = "<-- MODEL-SPECIFIC: attention softcap: a path no substitute computes refuses"
-CP_MESSAGE = "attention softcap: NF.segmented_attention_cp (context-parallel prefill) has no softcap and no substitute"
+CP_MESSAGE = (
+    "attention softcap: NF.segmented_attention_cp (context-parallel prefill) has no softcap and no substitute"
+)
 
 
 @dataclass(frozen=True)
@@ -292,7 +294,10 @@ class AttentionSoftcap(Codemod):
         key = self.params.config_key
         if ctx.role == "config":
             return add_config_fields(
-                module, ctx, ID, [(f"{key}: float | None = None", "tanh softcap of the attention scores (None: no cap)")]
+                module,
+                ctx,
+                ID,
+                [(f"{key}: float | None = None", "tanh softcap of the attention scores (None: no cap)")],
             )
         edits: dict = {}
         kinds: set[str] = set()
@@ -301,8 +306,9 @@ class AttentionSoftcap(Codemod):
         module = rewrite(module, edits)
         return add_functions(module, substitutes_for(kinds))
 
-    def _attention_edits(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext, edits: dict,
-                         kinds: set[str]) -> None:
+    def _attention_edits(
+        self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext, edits: dict, kinds: set[str]
+    ) -> None:
         key, name = self.params.config_key, cls.name.value
         init = require_method(cls, "__init__", ctx, module, ID)
         sites = kernel_sites(cls)
@@ -327,4 +333,6 @@ class AttentionSoftcap(Codemod):
                 guard(site, f"self.{key} is not None", CP_MESSAGE, module, ctx, edits, GUARD_COMMENT)
                 continue
             kinds.add(site.kind)
-            edits[id(site.call)] = lambda updated, kind=site.kind: set_keyword(to_unfused(updated, kind), "softcap", cap)
+            edits[id(site.call)] = lambda updated, kind=site.kind: set_keyword(
+                to_unfused(updated, kind), "softcap", cap
+            )

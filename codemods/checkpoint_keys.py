@@ -256,8 +256,8 @@ class CheckpointKeys(Codemod):
             """,
         ),
         Example(
-            title='one of two parameters sharing a local loader stops transposing: its loader is split off',
-            params={'in_out_params': ['up_proj_weight']},
+            title="one of two parameters sharing a local loader stops transposing: its loader is split off",
+            params={"in_out_params": ["up_proj_weight"]},
             before="""
                 class Gpt2MLP(nn.Module):
                     def _setup_weight_loaders(self):
@@ -290,8 +290,8 @@ class CheckpointKeys(Codemod):
             """,
         ),
         Example(
-            title='parameters loaded under their own names (no mapping entry) get one when a rename changes their key',
-            params={'renames': {'model': 'gpt_neox', 'embed_tokens': 'embed_in', 'norm': 'final_layer_norm'}},
+            title="parameters loaded under their own names (no mapping entry) get one when a rename changes their key",
+            params={"renames": {"model": "gpt_neox", "embed_tokens": "embed_in", "norm": "final_layer_norm"}},
             before="""
                 class LlamaModel(nn.Module):
                     def __init__(self, config):
@@ -396,8 +396,12 @@ class CheckpointKeys(Codemod):
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         loads = [m for c in classes(module) if (m := method(c, "load_weights")) is not None]
         entries = [e for fn in loads for e in mapping_entries(fn)]
-        if not entries and (classes_with_role(module, "causal_lm") or not self._layers_elsewhere(module, ctx)):
-            raise ctx.precondition(f"{self.ID}: no load_weights with mappings[...] = ... entries in this file")
+        if not entries and (
+            classes_with_role(module, "causal_lm") or not self._layers_elsewhere(module, ctx)
+        ):
+            raise ctx.precondition(
+                f"{self.ID}: no load_weights with mappings[...] = ... entries in this file"
+            )
         edits: dict = {}
         if self.params.renames and entries:
             edits.update(self._rename_edits(module, loads, ctx))
@@ -440,7 +444,13 @@ class CheckpointKeys(Codemod):
             variables, assignments = _string_variables(fn)
             derived: dict[str, str] = {}  # variable -> checkpoint variable name
 
-            def replace(node: cst.BaseExpression, text: str, new_full: str) -> None:
+            def replace(
+                node: cst.BaseExpression,
+                text: str,
+                new_full: str,
+                variables: dict[str, str] = variables,
+                derived: dict[str, str] = derived,
+            ) -> None:
                 new_text = self._new_text(text, new_full, variables, derived, renamer)
                 new_node = parse_expr(_literal(new_text), module)
                 edits[id(node)] = lambda updated, new_node=new_node: new_node.with_changes(
@@ -470,7 +480,9 @@ class CheckpointKeys(Codemod):
                 if canonical is None:
                     continue
                 full = _expand(canonical, variables)
-                hits = missing.matched(full) - renamer.matched(_expand(string_text(entry.value) or "", variables))
+                hits = missing.matched(full) - renamer.matched(
+                    _expand(string_text(entry.value) or "", variables)
+                )
                 if not hits or missing.apply(full) == full:
                     continue
                 matched |= hits
@@ -485,7 +497,8 @@ class CheckpointKeys(Codemod):
                 new_stmt = parse_statement(f"{checkpoint_var} = {_literal(new_value)}", module)
                 edits[id(stmt)] = lambda updated, new_stmt=new_stmt: cst.FlattenSentinel([updated, new_stmt])
         unmatched = [
-            old for old in self.params.renames
+            old
+            for old in self.params.renames
             if old not in matched and not any(other.startswith(old + ".") for other in matched)
         ]  # a container rename (self_attn -> attention) whose children all have their own is fine
         if unmatched:
@@ -496,8 +509,17 @@ class CheckpointKeys(Codemod):
             )
         return edits
 
-    def _unmapped_edits(self, fn: cst.FunctionDef, owner: cst.ClassDef, anchor, variables: dict[str, str],
-                        renamer: _Renamer, module: cst.Module, ctx: FileContext, edits: dict) -> set[str]:
+    def _unmapped_edits(
+        self,
+        fn: cst.FunctionDef,
+        owner: cst.ClassDef,
+        anchor,
+        variables: dict[str, str],
+        renamer: _Renamer,
+        module: cst.Module,
+        ctx: FileContext,
+        edits: dict,
+    ) -> set[str]:
         """Entries for the parameters ``load_weights`` does not map (they load
         under their own names) whose names the renames change, added after
         ``mappings = {}``; returns the patterns they match. A renamed
@@ -519,27 +541,33 @@ class CheckpointKeys(Codemod):
                 module,
             )
         if added and anchor is not None:
-            statements = [parse_statement(f"mappings[{_literal(name)}] = {_literal(new)}", module) for name, new in added]
-            statements[0] = with_comment(statements[0], "parameters the reference loads under their own names")
+            statements = [
+                parse_statement(f"mappings[{_literal(name)}] = {_literal(new)}", module)
+                for name, new in added
+            ]
+            statements[0] = with_comment(
+                statements[0], "parameters the reference loads under their own names"
+            )
             add_edit(edits, id(anchor), lambda updated, new=statements: cst.FlattenSentinel([updated, *new]))
         return matched
 
     @staticmethod
-    def _new_text(text: str, new_full: str, variables: dict[str, str], derived: dict[str, str],
-                  renamer: "_Renamer") -> str:
+    def _new_text(
+        text: str, new_full: str, variables: dict[str, str], derived: dict[str, str], renamer: _Renamer
+    ) -> str:
         """Keep a leading ``{prefix}`` when the rename leaves it alone; use a
         ``{checkpoint_prefix}`` variable when the rename changes it."""
         if text.startswith("{"):
-            var = text[1: text.index("}")]
+            var = text[1 : text.index("}")]
             if var in variables:
                 expansion = variables[var]
                 if new_full.startswith(expansion + "."):
-                    return "{" + var + "}" + new_full[len(expansion):]
+                    return "{" + var + "}" + new_full[len(expansion) :]
                 renamed = renamer.apply(expansion)
                 if new_full.startswith(renamed + "."):
                     name = var if var.startswith("checkpoint_") else f"checkpoint_{var}"
                     derived[var] = name
-                    return "{" + name + "}" + new_full[len(renamed):]
+                    return "{" + name + "}" + new_full[len(renamed) :]
         return new_full
 
     # -- [in, out] checkpoint tensors --------------------------------------------
@@ -552,7 +580,9 @@ class CheckpointKeys(Codemod):
             if not layer_classes:
                 if self._layers_elsewhere(module, ctx) or not wanted:
                     return {}
-                raise ctx.precondition(f"{self.ID}: no attention or MLP class (<Prefix>Attention, <Prefix>MLP)")
+                raise ctx.precondition(
+                    f"{self.ID}: no attention or MLP class (<Prefix>Attention, <Prefix>MLP)"
+                )
             for cls in layer_classes:
                 if is_quantized(cls) and not find_loaders(cls):
                     edits.update(guard_edit(cls, GUARD_LAYOUT, module))
@@ -582,7 +612,9 @@ class CheckpointKeys(Codemod):
             )
         return edits
 
-    def _stop_transposing(self, loaders: LoaderEdits, attr: str, module: cst.Module, ctx: FileContext) -> bool:
+    def _stop_transposing(
+        self, loaders: LoaderEdits, attr: str, module: cst.Module, ctx: FileContext
+    ) -> bool:
         """Whether ``attr``'s loaders transpose (each must be a transposing
         loader; a loader shared with parameters that stay is split)."""
         transposing = False
@@ -601,11 +633,14 @@ class CheckpointKeys(Codemod):
 
 def _not_transposed(call: cst.Call) -> cst.Call:
     """A loader call with ``is_storage_transposed=False``."""
-    return call.with_changes(args=[
-        a.with_changes(value=cst.Name("False")) if a.keyword is not None and a.keyword.value == "is_storage_transposed"
-        else a
-        for a in call.args
-    ])
+    return call.with_changes(
+        args=[
+            a.with_changes(value=cst.Name("False"))
+            if a.keyword is not None and a.keyword.value == "is_storage_transposed"
+            else a
+            for a in call.args
+        ]
+    )
 
 
 class _Renamer:
@@ -622,7 +657,7 @@ class _Renamer:
         if at + len(pattern) > len(segments):
             return None
         stars = []
-        for want, have in zip(pattern, segments[at:]):
+        for want, have in zip(pattern, segments[at:], strict=False):
             if want == "*":
                 stars.append(have)
             elif want != have:
@@ -655,7 +690,7 @@ class _Renamer:
         """Patterns that match ``text``, or whose replacement already appears in it."""
         found = set(self._walk(text)[1])
         segments = text.split(".")
-        for old, new, name in self.rules:
+        for _old, new, name in self.rules:
             if any(self._match(new, segments, i) is not None for i in range(len(segments))):
                 found.add(name)
         return found
@@ -675,7 +710,11 @@ def _parameter_path(key: str) -> str | None:
         leaf = leaf[: leaf.index("{")]
     for suffix in ("weight", "bias"):
         if leaf.endswith("_" + suffix) and len(leaf) > len(suffix) + 1:
-            return f"{head}.{leaf[: -len(suffix) - 1]}.{suffix}" if head else f"{leaf[: -len(suffix) - 1]}.{suffix}"
+            return (
+                f"{head}.{leaf[: -len(suffix) - 1]}.{suffix}"
+                if head
+                else f"{leaf[: -len(suffix) - 1]}.{suffix}"
+            )
         if leaf == suffix:
             return key
     return None
@@ -702,7 +741,7 @@ def _recorded_renames(stmt: cst.SimpleStatementLine | None) -> list[str] | None:
         return None
     start = comments.index(MARKER)
     recorded = [MARKER]
-    for text in comments[start + 1:]:
+    for text in comments[start + 1 :]:
         if not text.startswith("#   "):
             break
         recorded.append(text)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext
+from autoport_cst.transform.config_fields import prepend_to_post_init
 from autoport_cst.transform.config_reading import (
     KNOWN_DERIVATIONS,
     derived_when_none,
     fixed_defaults,
 )
-from autoport_cst.transform.config_fields import prepend_to_post_init
 from autoport_cst.transform.cst_helpers import parse_expr, parse_statement, rewrite
 
 
@@ -98,7 +98,9 @@ def _repaired(cls: cst.ClassDef, module: cst.Module) -> cst.ClassDef:
     fields = fixed_defaults(cls)
     missing = [f.name for f in fields if f.name not in derived_when_none(cls)]
     body = [
-        s.with_changes(body=[_none_default(s.body[0], module)]) if any(s is f.statement for f in fields) else s
+        s.with_changes(body=[_none_default(s.body[0], module)])
+        if any(s is f.statement for f in fields)
+        else s
         for s in cls.body.body  # type: ignore[union-attr]
     ]
     derivations = [
@@ -112,4 +114,6 @@ def _none_default(assign: cst.AnnAssign, module: cst.Module) -> cst.AnnAssign:
     text = module.code_for_node(assign.annotation.annotation)
     optional = "None" in text.replace(" ", "").split("|") or text.startswith("Optional")
     annotation = assign.annotation.annotation if optional else parse_expr(f"{text} | None", module)
-    return assign.with_changes(annotation=assign.annotation.with_changes(annotation=annotation), value=cst.Name("None"))
+    return assign.with_changes(
+        annotation=assign.annotation.with_changes(annotation=annotation), value=cst.Name("None")
+    )

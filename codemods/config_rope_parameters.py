@@ -11,7 +11,7 @@ from autoport_cst.transform.cst_helpers import parse_statement, parse_statements
 
 FIELD = "rope_parameters: dict | None = None"
 
-LIFT = '''
+LIFT = """
 if self.rope_parameters:
     if "rope_theta" not in self.rope_parameters and any(
         isinstance(value, dict) for value in self.rope_parameters.values()
@@ -20,7 +20,8 @@ if self.rope_parameters:
             "RoPE parameters given per layer type are not supported by this config"
         )
     self.rope_theta = self.rope_parameters.get("rope_theta", self.rope_theta)
-'''
+"""
+
 
 class ConfigRopeParameters(Codemod):
     """Read the RoPE base from ``rope_parameters`` when the model config has
@@ -82,7 +83,9 @@ class ConfigRopeParameters(Codemod):
         for cls in (s for s in module.body if isinstance(s, cst.ClassDef)):
             field = dataclass_fields(cls).get("rope_theta")
             if field is not None and not mentions(module, "rope_parameters"):
-                module = rewrite(module, {id(cls): lambda updated: self._read_parameters(updated, module)})  # type: ignore[assignment]
+                module = rewrite(
+                    module, {id(cls): lambda updated, module=module: self._read_parameters(updated, module)}
+                )  # type: ignore[assignment]
         return module
 
     def _read_parameters(self, cls: cst.ClassDef, module: cst.Module) -> cst.ClassDef:

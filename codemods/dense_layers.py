@@ -18,8 +18,8 @@ from autoport_cst.transform.cst_helpers import (
     parse_statement,
     rewrite,
     self_assignment,
-    with_comment,
     walk,
+    with_comment,
 )
 from autoport_cst.transform.mappings import mapping_entries
 from autoport_cst.transform.roles import split_prefix
@@ -203,7 +203,7 @@ class DenseLayers(Codemod):
     EXAMPLES = (
         Example(
             title="the layers the config marks dense get an MLP instead of the experts",
-            before='''
+            before="""
                 import vllm_neuron.functional as NF
                 from vllm_neuron.utils.weight_loader import set_weight_loader
 
@@ -239,7 +239,7 @@ class DenseLayers(Codemod):
                             moe = moe_checkpoint_keys(names, prefix, self.config.num_experts)
                             mappings[f"{prefix}.input_layernorm.weight"] = f"{prefix}.input_layernorm.weight"
                             mappings[f"{prefix}.mlp.experts.router_weight"] = f"{moe.router}.weight"
-            ''',
+            """,
             after='''
                 import vllm_neuron.functional as NF
                 from vllm_neuron.utils.weight_loader import set_weight_loader, sharding_weight_loader
@@ -451,7 +451,11 @@ class DenseLayers(Codemod):
             )
         wrapper_forward = method(wrapper, "forward")
         wanted = ["hidden_states", "positions", "is_prefill"]
-        taken = [p.name.value for p in wrapper_forward.params.params if p.name.value != "self"] if wrapper_forward else []
+        taken = (
+            [p.name.value for p in wrapper_forward.params.params if p.name.value != "self"]
+            if wrapper_forward
+            else []
+        )
         if wrapper_forward is not None and taken != wanted:
             raise ctx.precondition(
                 f"dense-layers: the MoE wrapper {wrapper.name.value}.forward takes ({', '.join(taken)}); the dense "
@@ -498,7 +502,9 @@ class DenseLayers(Codemod):
             params = [p.name.value for p in init.params.params if p.name.value != "self"] if init else []
             if init is None or len(params) < 2:
                 raise ctx.precondition(
-                    f"dense-layers: {layer.name.value}.__init__ does not take (config, layer_idx)", layer, module
+                    f"dense-layers: {layer.name.value}.__init__ does not take (config, layer_idx)",
+                    layer,
+                    module,
                 )
             config = params[0]
             layer_idx = "layer_idx" if "layer_idx" in params else params[1]
@@ -523,12 +529,14 @@ class DenseLayers(Codemod):
                     stmt,
                     module,
                 )
-            args = code_of(value)[len(wrapper_name):]
+            args = code_of(value)[len(wrapper_name) :]
             new = parse_statement(
-                f"self.mlp = {dense_name}{args} if {RULE}({config}, {layer_idx}) else {code_of(value)}", module
+                f"self.mlp = {dense_name}{args} if {RULE}({config}, {layer_idx}) else {code_of(value)}",
+                module,
             )
             new = with_comment(
-                new, "<-- MODEL-SPECIFIC: a dense MLP instead of the experts on the layers the config marks dense"
+                new,
+                "<-- MODEL-SPECIFIC: a dense MLP instead of the experts on the layers the config marks dense",
             )
             edits[id(stmt)] = lambda updated, new=new: new.with_changes(
                 leading_lines=[*updated.leading_lines, *new.leading_lines]
@@ -543,9 +551,7 @@ class DenseLayers(Codemod):
             if load is None:
                 continue
             for node in walk(load):
-                if isinstance(node, cst.For) and any(
-                    _is_moe_key(e.key) for e in mapping_entries(node.body)
-                ):
+                if isinstance(node, cst.For) and any(_is_moe_key(e.key) for e in mapping_entries(node.body)):
                     loops.append(node)
         if not loops:
             if any(
@@ -565,14 +571,16 @@ class DenseLayers(Codemod):
             moe_entries = [e for e in mapping_entries(list(body)) if _is_moe_key(e.key)]
             moved_ids = {id(e.statement) for e in moe_entries}
             # variables only the expert entries read (moe = moe_checkpoint_keys(...))
-            read_by_moe = {
-                n.value for e in moe_entries for n in walk(e.value) if isinstance(n, cst.Name)
-            }
+            read_by_moe = {n.value for e in moe_entries for n in walk(e.value) if isinstance(n, cst.Name)}
             for stmt in body:
                 if id(stmt) in moved_ids or not isinstance(stmt, cst.SimpleStatementLine):
                     continue
                 pair = _assigned_name(stmt)
-                if pair is not None and pair in read_by_moe and not _read_elsewhere(body, stmt, moved_ids, pair):
+                if (
+                    pair is not None
+                    and pair in read_by_moe
+                    and not _read_elsewhere(body, stmt, moved_ids, pair)
+                ):
                     moved_ids.add(id(stmt))
             target = code_of(loop.target)
             key = moe_entries[0].key
@@ -591,10 +599,14 @@ class DenseLayers(Codemod):
             block = parse_statement(
                 f"if not {RULE}(self.config, {target}):\n    pass\nelse:\n{dense}\n", module
             )
-            block = block.with_changes(body=block.body.with_changes(body=[
-                s.with_changes(leading_lines=[]) if i == 0 else s for i, s in enumerate(moved)
-            ]))
-            block = with_comment(block, "<-- MODEL-SPECIFIC: the experts, or the dense MLP of the layers without them")
+            block = block.with_changes(
+                body=block.body.with_changes(
+                    body=[s.with_changes(leading_lines=[]) if i == 0 else s for i, s in enumerate(moved)]
+                )
+            )
+            block = with_comment(
+                block, "<-- MODEL-SPECIFIC: the experts, or the dense MLP of the layers without them"
+            )
             entry_ids = {id(e.statement) for e in moe_entries}
             first = next(i for i, s in enumerate(body) if id(s) in entry_ids)
             new_body = [s for i, s in enumerate(body) if id(s) not in moved_ids or i == first]
@@ -624,12 +636,18 @@ def _norm_statement(cls: cst.ClassDef) -> cst.SimpleStatementLine | None:
     for node in walk(init) if init is not None else []:
         if isinstance(node, cst.SimpleStatementLine):
             pair = self_assignment(node)
-            if pair is not None and isinstance(pair[1], cst.Call) and class_role(dotted(pair[1].func) or "") == "norm":
+            if (
+                pair is not None
+                and isinstance(pair[1], cst.Call)
+                and class_role(dotted(pair[1].func) or "") == "norm"
+            ):
                 return node
     return None
 
 
-def _replace_placeholder(cls: cst.ClassDef, norm: cst.SimpleStatementLine, module: cst.Module) -> cst.ClassDef:
+def _replace_placeholder(
+    cls: cst.ClassDef, norm: cst.SimpleStatementLine, module: cst.Module
+) -> cst.ClassDef:
     """Put the experts' norm statement where the class template has ``{norm}``."""
     init = method(cls, "__init__")
     for node in walk(init):

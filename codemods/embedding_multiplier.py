@@ -184,7 +184,12 @@ class EmbeddingMultiplier(Codemod):
         key = self.params.config_key
         if ctx.role == "config":
             return config_scalar_edit(
-                module, ctx, self.ID, key, "float", self.params.default,
+                module,
+                ctx,
+                self.ID,
+                key,
+                "float",
+                self.params.default,
                 "<-- MODEL-SPECIFIC: input embeddings times this",
             )
         if ctx.role == "module":
@@ -198,7 +203,8 @@ class EmbeddingMultiplier(Codemod):
             layer = _layer_name(stmt)
             if layer is not None:
                 calls = [
-                    n for n in walk(stmt.body)
+                    n
+                    for n in walk(stmt.body)
                     if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == layer
                 ]
                 args = positional_args(calls[0]) if calls else []
@@ -213,20 +219,25 @@ class EmbeddingMultiplier(Codemod):
                 module,
             )
         edits = init_reads_config(backbone, key, module, ctx, self.ID)
-        already = any(
-            isinstance(n, cst.BinaryOperation) and self_attr(n.right) == key for n in walk(forward)
-        )
+        already = any(isinstance(n, cst.BinaryOperation) and self_attr(n.right) == key for n in walk(forward))
         if not already:
             stmt = parse_statement(f"{hidden} = {hidden} * self.{key}", module)
 
             def insert(updated: cst.For) -> cst.FlattenSentinel:
                 return cst.FlattenSentinel(
-                    [stmt.with_changes(leading_lines=updated.leading_lines), updated.with_changes(leading_lines=[])]
+                    [
+                        stmt.with_changes(leading_lines=updated.leading_lines),
+                        updated.with_changes(leading_lines=[]),
+                    ]
                 )
 
             edits[id(loop)] = insert
         declare_upstream(
-            module, ctx, "embedding.lookup", forward, loop,
+            module,
+            ctx,
+            "embedding.lookup",
+            forward,
+            loop,
             "multiplied where the decoder layers read the embeddings (after any prompt-embeds merge)",
         )
         return rewrite(module, edits)

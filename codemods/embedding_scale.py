@@ -146,7 +146,8 @@ class EmbeddingScale(Codemod):
         name = backbone.name.value
         init = require_method(backbone, "__init__", ctx, module, self.ID)
         embeddings = [
-            value for _, (_, value) in self_assignments(init).items()
+            value
+            for _, (_, value) in self_assignments(init).items()
             if isinstance(value, cst.Call) and (dotted(value.func) or "").split(".")[-1] in (BASE, SCALED)
         ]
         if len(embeddings) != 1:
@@ -167,11 +168,15 @@ class EmbeddingScale(Codemod):
         if not any(isinstance(s, cst.ClassDef) and s.name.value == SCALED for s in module.body):
             body = list(module.body)
             index = next(
-                i for i, s in enumerate(body) if isinstance(s, cst.ClassDef) and class_role(s.name.value) == "backbone"
+                i
+                for i, s in enumerate(body)
+                if isinstance(s, cst.ClassDef) and class_role(s.name.value) == "backbone"
             )
             new_class = parse_statement(SCALED_CLASS.strip("\n"), module)
             anchor = body[index]
-            body[index] = anchor.with_changes(leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(indent=False)])
+            body[index] = anchor.with_changes(
+                leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(indent=False)]
+            )
             body.insert(index, new_class.with_changes(leading_lines=anchor.leading_lines))
             module = module.with_changes(body=body)
         return module

@@ -165,8 +165,12 @@ class Float32Router(Codemod):
                 key = next((k for k in DTYPE_KEYWORDS if moe_edits.literal(site.call, k) is not None), None)
                 if key is None:
                     moe_edits.guard_site(
-                        module, site, f"float32 router: {site.name} is not ported to a float32 router weight",
-                        "<-- MODEL-SPECIFIC: this router computation does not take a float32 router", ctx, edits,
+                        module,
+                        site,
+                        f"float32 router: {site.name} is not ported to a float32 router weight",
+                        "<-- MODEL-SPECIFIC: this router computation does not take a float32 router",
+                        ctx,
+                        edits,
                     )
                     continue
                 value = _float32_like(moe_edits.literal(site.call, key))
@@ -202,9 +206,7 @@ def _set_dtype(call: cst.Call, module: cst.Module) -> cst.Call:
     if dtype is not None:
         if code_of(dtype.value) == FLOAT32:
             return call
-        return call.with_changes(
-            args=[a.with_changes(value=value) if a is dtype else a for a in call.args]
-        )
+        return call.with_changes(args=[a.with_changes(value=value) if a is dtype else a for a in call.args])
     new_arg = cst.Arg(
         keyword=cst.Name("dtype"),
         value=value,
@@ -313,4 +315,3 @@ class _KeepRouterOnLoad(cst.CSTTransformer):
         condition = f"{key}.endswith({suffixes!r})".replace("'", '"')
         new_dtype = parse_expr(f"{FLOAT32} if {condition} else {dtype_code}", self.module)
         return updated.with_changes(args=[updated.args[0].with_changes(value=new_dtype)])
-

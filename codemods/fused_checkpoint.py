@@ -184,8 +184,12 @@ class FusedCheckpointParams:
         },
     )
     qkv_name: str = field(default="qkv_proj", metadata={"doc": "Checkpoint module name of the fused tensor."})
-    gate_up: bool = field(default=False, metadata={"doc": "Gate and up come from one fused [gate | up] tensor."})
-    gate_up_name: str = field(default="gate_up_proj", metadata={"doc": "Checkpoint module name of that tensor."})
+    gate_up: bool = field(
+        default=False, metadata={"doc": "Gate and up come from one fused [gate | up] tensor."}
+    )
+    gate_up_name: str = field(
+        default="gate_up_proj", metadata={"doc": "Checkpoint module name of that tensor."}
+    )
 
 
 class FusedCheckpoint(Codemod):
@@ -269,9 +273,9 @@ class FusedCheckpoint(Codemod):
             after=QKV_EXAMPLE_AFTER,
         ),
         Example(
-            title='gate and up share a local loader: each gets its own part, inside the same rank override',
-            params={'gate_up': True},
-            before='''
+            title="gate and up share a local loader: each gets its own part, inside the same rank override",
+            params={"gate_up": True},
+            before="""
                 from vllm_neuron.utils.weight_loader import set_weight_loader, sharding_weight_loader, with_rank_override
 
 
@@ -299,7 +303,7 @@ class FusedCheckpoint(Codemod):
                             for suffix in ("_cte", "_tkg"):
                                 mappings[f"{prefix}.mlp.gate_proj_weight{suffix}"] = f"{prefix}.mlp.gate_proj.weight"
                                 mappings[f"{prefix}.mlp.up_proj_weight{suffix}"] = f"{prefix}.mlp.up_proj.weight"
-            ''',
+            """,
             after='''
                 from vllm_neuron.utils.weight_loader import SafetensorsWeightLoader, set_weight_loader, sharding_weight_loader, with_rank_override
 
@@ -471,8 +475,11 @@ class FusedCheckpoint(Codemod):
                 base,
                 module,
             )
-        unknown = [code_of(a).strip().rstrip(",") for a in base.args
-                   if a.keyword is None or a.keyword.value not in (*QKV_KWARGS, "shard_dim")]
+        unknown = [
+            code_of(a).strip().rstrip(",")
+            for a in base.args
+            if a.keyword is None or a.keyword.value not in (*QKV_KWARGS, "shard_dim")
+        ]
         if unknown:
             raise ctx.precondition(
                 f"{self.ID}: the loader of self.{site.key} passes {', '.join(unknown)}, which {QKV_SPLIT} "
@@ -498,7 +505,9 @@ class FusedCheckpoint(Codemod):
 
     # -- MLP ----------------------------------------------------------------------
 
-    def _gate_up_edits(self, module: cst.Module, ctx: FileContext, edits: dict) -> tuple[str | None, dict[str, str]]:
+    def _gate_up_edits(
+        self, module: cst.Module, ctx: FileContext, edits: dict
+    ) -> tuple[str | None, dict[str, str]]:
         """Edits of the MLP classes' gate and up loaders; the class the part
         loader is written after, and the parameters whose keys change."""
         mlps = mlp_classes(module, ctx, self.ID)
@@ -534,8 +543,11 @@ class FusedCheckpoint(Codemod):
                 f"{self.ID}: gate_up needs a gated MLP (NF.mlp without skip_gate)", parsed[0].call, module
             )
         if len(pairs) != 1:
-            raise ctx.precondition(f"{self.ID}: the NF.mlp calls of {mlp.name} use different gate/up weights",
-                                   mlp.calls[0], module)
+            raise ctx.precondition(
+                f"{self.ID}: the NF.mlp calls of {mlp.name} use different gate/up weights",
+                mlp.calls[0],
+                module,
+            )
         gate, up = pairs.pop()
         parts = {gate: 0, up: 1}
         for weight in list(parts):
@@ -553,8 +565,11 @@ class FusedCheckpoint(Codemod):
                 site.base,
                 module,
             )
-        unknown = [code_of(a).strip().rstrip(",") for a in site.base.args
-                   if a.keyword is None or a.keyword.value not in (*PART_KWARGS, "shard_dim")]
+        unknown = [
+            code_of(a).strip().rstrip(",")
+            for a in site.base.args
+            if a.keyword is None or a.keyword.value not in (*PART_KWARGS, "shard_dim")
+        ]
         if unknown:
             raise ctx.precondition(
                 f"{self.ID}: the loader of self.{site.key} passes {', '.join(unknown)}, which {PART} does not take",
@@ -581,11 +596,17 @@ class FusedCheckpoint(Codemod):
 
     # -- load_weights ------------------------------------------------------------
 
-    def _mapping_edits(self, module: cst.Module, ctx: FileContext, edits: dict, renamed: dict[str, str]) -> None:
+    def _mapping_edits(
+        self, module: cst.Module, ctx: FileContext, edits: dict, renamed: dict[str, str]
+    ) -> None:
         entries = mapping_entries(module)
         for entry in entries:
             value = entry.value
-            if self.params.qkv and isinstance(value, (cst.List, cst.Tuple)) and "qkv" in entry.key.rsplit(".", 1)[-1]:
+            if (
+                self.params.qkv
+                and isinstance(value, (cst.List, cst.Tuple))
+                and "qkv" in entry.key.rsplit(".", 1)[-1]
+            ):
                 self._qkv_entry_edit(entry, module, ctx, edits)
             param = _entry_param(entry.key)
             if param in renamed:
@@ -597,7 +618,7 @@ class FusedCheckpoint(Codemod):
         if len(texts) != 3 or any(t is None for t in texts):
             return
         segments = [t.split(".") for t in texts]  # type: ignore[union-attr]
-        differing = [i for i in range(len(segments[0])) if len({tuple(s[i:i + 1]) for s in segments}) > 1]
+        differing = [i for i in range(len(segments[0])) if len({tuple(s[i : i + 1]) for s in segments}) > 1]
         if len({len(s) for s in segments}) != 1 or len(differing) != 1:
             raise ctx.precondition(
                 f"{self.ID}: the checkpoint keys of {entry.key} do not differ in exactly one segment",
@@ -608,8 +629,9 @@ class FusedCheckpoint(Codemod):
         new_node = replace_segment(value.elements[0].value, old, self.params.qkv_name)
         edits[id(value)] = lambda updated, new_node=new_node: new_node
 
-    def _part_entry_edit(self, entry, param: str, fused: str, module: cst.Module, ctx: FileContext,
-                         edits: dict) -> None:
+    def _part_entry_edit(
+        self, entry, param: str, fused: str, module: cst.Module, ctx: FileContext, edits: dict
+    ) -> None:
         value = entry.value
         stem = param.rsplit("_", 1)[0]  # gate_proj_weight -> gate_proj
         text = string_text(value)
@@ -649,10 +671,18 @@ def _part_loader_edit(part: int):
             args[-1] = args[-1].with_changes(comma=updated.args[-1].comma)
         first_comma = args[0].comma if args else cst.MaybeSentinel.DEFAULT
         new = [
-            cst.Arg(keyword=cst.Name("part"), value=cst.Integer(str(part)),
-                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")), comma=first_comma),
-            cst.Arg(keyword=cst.Name("num_parts"), value=cst.Integer("2"),
-                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")), comma=first_comma),
+            cst.Arg(
+                keyword=cst.Name("part"),
+                value=cst.Integer(str(part)),
+                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+                comma=first_comma,
+            ),
+            cst.Arg(
+                keyword=cst.Name("num_parts"),
+                value=cst.Integer("2"),
+                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+                comma=first_comma,
+            ),
         ]
         return updated.with_changes(func=cst.Name(PART), args=[*new, *args])
 

@@ -133,7 +133,7 @@ class InterleavedRope(Codemod):
         ),
         Example(
             title="loaders in a local, in a rank override and in a loop (real vllm_neuron shapes)",
-            before='''
+            before="""
                 from vllm_neuron.utils.weight_loader import set_weight_loader
 
 
@@ -154,7 +154,7 @@ class InterleavedRope(Codemod):
                         set_weight_loader(self.qkv_proj_bias, with_rank_override(fused_qkv_bias_loader(self.q_size, self.kv_size), rank=self.rank))
                         for gamma in (self.q_norm_weight, self.k_norm_weight):
                             set_weight_loader(gamma, replicated_loader())
-            ''',
+            """,
             after='''
                 from vllm_neuron.utils.weight_loader import SafetensorsWeightLoader, get_weight_loader, set_weight_loader
 

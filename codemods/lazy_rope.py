@@ -31,8 +31,19 @@ from autoport_cst.transform.roles import class_role
 ROPE_NAME = re.compile(r"(^|_)(inv_freq|cos|sin)(_|$)")
 METHOD = "_compute_inv_freq"
 TENSOR_FACTORIES = (
-    "arange", "ones", "zeros", "empty", "full", "tensor", "linspace", "logspace",
-    "rand", "randn", "eye", "ones_like", "zeros_like",
+    "arange",
+    "ones",
+    "zeros",
+    "empty",
+    "full",
+    "tensor",
+    "linspace",
+    "logspace",
+    "rand",
+    "randn",
+    "eye",
+    "ones_like",
+    "zeros_like",
 )
 
 
@@ -74,7 +85,7 @@ class LazyRope(Codemod):
     EXAMPLES = (
         Example(
             title="register_buffer of inv_freq",
-            before='''
+            before="""
                 class LlamaRotaryEmbedding(nn.Module):
                     def __init__(self, dim, base=10000, device=None):
                         super().__init__()
@@ -85,8 +96,8 @@ class LazyRope(Codemod):
                     def forward(self, x, position_ids):
                         freqs = torch.outer(position_ids.float(), self.inv_freq)
                         return freqs.cos(), freqs.sin()
-            ''',
-            after='''
+            """,
+            after="""
                 class LlamaRotaryEmbedding(nn.Module):
                     def __init__(self, dim, base=10000, device=None):
                         super().__init__()
@@ -101,11 +112,11 @@ class LazyRope(Codemod):
                         inv_freq = self._compute_inv_freq(x.device)
                         freqs = torch.outer(position_ids.float(), inv_freq)
                         return freqs.cos(), freqs.sin()
-            ''',
+            """,
         ),
         Example(
             title="a device argument a caller may omit: the input's device when it does",
-            before='''
+            before="""
                 class OldRotaryEmbedding(nn.Module):
                     def __init__(self, dim, base=10000):
                         super().__init__()
@@ -114,8 +125,8 @@ class LazyRope(Codemod):
                     def forward(self, position_ids, device=None, dtype=None):
                         freqs = torch.outer(position_ids.float(), self.inv_freq)
                         return freqs.cos().to(dtype), freqs.sin().to(dtype)
-            ''',
-            after='''
+            """,
+            after="""
                 class OldRotaryEmbedding(nn.Module):
                     def __init__(self, dim, base=10000):
                         super().__init__()
@@ -130,30 +141,30 @@ class LazyRope(Codemod):
                         inv_freq = self._compute_inv_freq(device if device is not None else position_ids.device)
                         freqs = torch.outer(position_ids.float(), inv_freq)
                         return freqs.cos().to(dtype), freqs.sin().to(dtype)
-            ''',
+            """,
         ),
         Example(
             title="already lazy: unchanged",
-            before='''
+            before="""
                 class LlamaRotaryEmbedding(nn.Module):
                     def __init__(self, config):
                         self.head_dim = config.head_dim
 
                     def _compute_inv_freq(self, device):
                         return 1.0 / (10000 ** (torch.arange(0, self.head_dim, 2, device=device) / self.head_dim))
-            ''',
-            after='''
+            """,
+            after="""
                 class LlamaRotaryEmbedding(nn.Module):
                     def __init__(self, config):
                         self.head_dim = config.head_dim
 
                     def _compute_inv_freq(self, device):
                         return 1.0 / (10000 ** (torch.arange(0, self.head_dim, 2, device=device) / self.head_dim))
-            ''',
+            """,
         ),
         Example(
             title="a cached table read outside forward",
-            before='''
+            before="""
                 class OldRotaryEmbedding(nn.Module):
                     def __init__(self, dim):
                         self.cos_cached = torch.ones(dim).cos()
@@ -163,7 +174,7 @@ class LazyRope(Codemod):
 
                     def extend(self):
                         return self.cos_cached
-            ''',
+            """,
             raises="self.cos_cached is read in extend",
         ),
         Example(
@@ -189,9 +200,7 @@ class LazyRope(Codemod):
                 new_body.append(stmt)
         if changed:
             return module.with_changes(body=new_body)
-        if not classes_with_role(module, "rotary") and not any(
-            method(c, METHOD) for c in classes(module)
-        ):
+        if not classes_with_role(module, "rotary") and not any(method(c, METHOD) for c in classes(module)):
             raise ctx.precondition(
                 "lazy-rope: no rotary embedding class (<Prefix>RotaryEmbedding) and no "
                 "inv_freq/cos/sin tensor computed in an __init__ in this file"
@@ -221,11 +230,16 @@ class LazyRope(Codemod):
             grew = False
             for stmt in body:
                 local = _simple_local(stmt)
-                if local and local[0] not in tensor_locals and _is_tensor_expr(local[1], tensor_locals, outputs):
+                if (
+                    local
+                    and local[0] not in tensor_locals
+                    and _is_tensor_expr(local[1], tensor_locals, outputs)
+                ):
                     tensor_locals.add(local[0])
                     grew = True
         moved = sorted(
-            i for i, stmt in enumerate(body)
+            i
+            for i, stmt in enumerate(body)
             if i in sinks or (_simple_local(stmt) or ("",))[0] in tensor_locals
         )
         rope_indexes = set(sinks)
@@ -279,9 +293,7 @@ class LazyRope(Codemod):
 
         # Python values the moved code reads from __init__ locals/parameters
         init_params = [p.name.value for p in init.params.params[1:]]
-        scalar_locals = {
-            t for s in kept for t in _assigned_names(s)
-        } | set(init_params)
+        scalar_locals = {t for s in kept for t in _assigned_names(s)} | set(init_params)
         existing_attr = {}
         for stmt in kept:
             found = self_assignment(stmt)
@@ -358,7 +370,9 @@ class LazyRope(Codemod):
                         module,
                     )
 
-    def _rewrite_forward(self, forward: cst.FunctionDef, outputs: list[str], module, ctx, cls) -> cst.FunctionDef:
+    def _rewrite_forward(
+        self, forward: cst.FunctionDef, outputs: list[str], module, ctx, cls
+    ) -> cst.FunctionDef:
         device = _forward_device(forward)
         if device is None:
             raise ctx.precondition(
@@ -469,7 +483,11 @@ def _simple_local(stmt: cst.BaseStatement) -> tuple[str, cst.BaseExpression] | N
     if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
         return None
     small = stmt.body[0]
-    if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+    if (
+        isinstance(small, cst.Assign)
+        and len(small.targets) == 1
+        and isinstance(small.targets[0].target, cst.Name)
+    ):
         return small.targets[0].target.value, small.value
     if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.value is not None:
         return small.target.value, small.value
@@ -523,9 +541,7 @@ def _as_local(stmt: cst.BaseStatement) -> cst.BaseStatement | None:
         value = value.args[0].value  # nn.Buffer(t, persistent=False) -> t
     if isinstance(value, cst.Name) and value.value == name:
         return None
-    return cst.SimpleStatementLine(
-        body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=value)]
-    )
+    return cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=value)])
 
 
 class _Relocate(cst.CSTTransformer):
@@ -560,9 +576,11 @@ class _Relocate(cst.CSTTransformer):
             args = list(updated.args)
             if args:
                 last = args[-1]
-                args[-1] = last.with_changes(
-                    comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-                ) if last.comma is cst.MaybeSentinel.DEFAULT else last
+                args[-1] = (
+                    last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+                    if last.comma is cst.MaybeSentinel.DEFAULT
+                    else last
+                )
             return updated.with_changes(args=[*args, new_arg])
         return updated
 

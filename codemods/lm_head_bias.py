@@ -214,7 +214,9 @@ class LmHeadBias(Codemod):
         heads = _heads(init)
         if not heads:
             raise ctx.precondition(
-                f"{self.ID}: {name}.__init__ has no self.lm_head = <...>ColumnParallelLinear(...)", init, module
+                f"{self.ID}: {name}.__init__ has no self.lm_head = <...>ColumnParallelLinear(...)",
+                init,
+                module,
             )
         edits: dict = {}
         for ctor in heads:  # one per branch (tied or not)
@@ -237,7 +239,9 @@ class LmHeadBias(Codemod):
         edits.update(self._mapping_edit(module, ctx))
         return rewrite(module, edits)
 
-    def _bias_loader(self, loaders: LoaderEdits, loader, module: cst.Module, ctx: FileContext) -> cst.BaseStatement:
+    def _bias_loader(
+        self, loaders: LoaderEdits, loader, module: cst.Module, ctx: FileContext
+    ) -> cst.BaseStatement:
         """``set_weight_loader(self.lm_head.bias, ...)``: the weight's
         vocabulary sharding without the storage transpose, inside the same
         rank wrappers (``with_rank_override``: LM-head data parallelism)."""
@@ -249,7 +253,9 @@ class LmHeadBias(Codemod):
                 base,
                 module,
             )
-        args = [a for a in base.args if not (a.keyword is not None and a.keyword.value == "is_storage_transposed")]
+        args = [
+            a for a in base.args if not (a.keyword is not None and a.keyword.value == "is_storage_transposed")
+        ]
         if args and len(args) < len(base.args) and base.args[-1] not in args:
             args[-1] = args[-1].with_changes(comma=base.args[-1].comma)
         bias_base = base.with_changes(args=args)
@@ -267,7 +273,7 @@ class LmHeadBias(Codemod):
             return {}
         weights = [e for e in entries if e.key == "lm_head.weight"]
         if not weights:
-            raise ctx.precondition(f"{self.ID}: load_weights has no mappings[\"lm_head.weight\"] entry")
+            raise ctx.precondition(f'{self.ID}: load_weights has no mappings["lm_head.weight"] entry')
         entry = weights[-1]
         # the top-level statement of load_weights that holds the entry (an if/else when tied)
         holder = entry.statement

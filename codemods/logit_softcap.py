@@ -21,7 +21,8 @@ from autoport_cst.transform.layers import config_scalar_edit, init_reads_config
 @dataclass(frozen=True)
 class LogitSoftcapParams:
     config_key: str = field(
-        default="final_logit_softcapping", metadata={"doc": "Config field holding the cap (null: no capping)."}
+        default="final_logit_softcapping",
+        metadata={"doc": "Config field holding the cap (null: no capping)."},
     )
 
 
@@ -123,7 +124,13 @@ class LogitSoftcap(Codemod):
         key = self.params.config_key
         if ctx.role == "config":
             return config_scalar_edit(
-                module, ctx, self.ID, key, "float | None", None, "<-- MODEL-SPECIFIC: logits softcapped at this value"
+                module,
+                ctx,
+                self.ID,
+                key,
+                "float | None",
+                None,
+                "<-- MODEL-SPECIFIC: logits softcapped at this value",
             )
         if ctx.role == "module":
             return other_model_file(module, ctx, self.touches(), "the logit softcap")
@@ -136,7 +143,8 @@ class LogitSoftcap(Codemod):
             is_call(n, "torch.tanh") and any(self_attr(m) == key for m in walk(n)) for n in walk(forward)
         ):
             stmt = parse_statement(
-                f"if self.{key} is not None:\n    {name} = torch.tanh({name} / self.{key}) * self.{key}", module
+                f"if self.{key} is not None:\n    {name} = torch.tanh({name} / self.{key}) * self.{key}",
+                module,
             )
             edits[id(last)] = lambda updated: cst.FlattenSentinel([updated, stmt])
         return rewrite(module, edits)

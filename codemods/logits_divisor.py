@@ -19,7 +19,9 @@ class LogitsDivisorParams:
     default: float = field(default=1.0, metadata={"doc": "Its value when the config has none."})
     form: Literal["divide", "multiply"] = field(
         default="divide",
-        metadata={"doc": "divide: logits / field (Granite logits_scaling); multiply: logits * field (Cohere logit_scale)."},
+        metadata={
+            "doc": "divide: logits / field (Granite logits_scaling); multiply: logits * field (Cohere logit_scale)."
+        },
     )
 
 
@@ -135,8 +137,15 @@ class LogitsDivisor(Codemod):
         key = self.params.config_key
         if ctx.role == "config":
             return config_scalar_edit(
-                module, ctx, self.ID, key, "float", self.params.default,
-                "<-- MODEL-SPECIFIC: logits " + ("divided" if self.params.form == "divide" else "multiplied") + " by this",
+                module,
+                ctx,
+                self.ID,
+                key,
+                "float",
+                self.params.default,
+                "<-- MODEL-SPECIFIC: logits "
+                + ("divided" if self.params.form == "divide" else "multiplied")
+                + " by this",
             )
         if ctx.role == "module":
             return other_model_file(module, ctx, self.touches(), "the logits scaling")
@@ -147,7 +156,9 @@ class LogitsDivisor(Codemod):
         edits = init_reads_config(lm, key, module, ctx, self.ID)
         operator = cst.Divide if self.params.form == "divide" else cst.Multiply
         if not any(
-            isinstance(n, cst.BinaryOperation) and isinstance(n.operator, operator) and self_attr(n.right) == key
+            isinstance(n, cst.BinaryOperation)
+            and isinstance(n.operator, operator)
+            and self_attr(n.right) == key
             for n in walk(forward)
         ):
             symbol = "/" if self.params.form == "divide" else "*"

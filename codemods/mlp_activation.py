@@ -184,8 +184,8 @@ class MlpActivation(Codemod):
             ''',
         ),
         Example(
-            title='every MLP kernel call, the quantized ones too',
-            params={'activation': 'gelu'},
+            title="every MLP kernel call, the quantized ones too",
+            params={"activation": "gelu"},
             before="""
                 import vllm_neuron.functional as NF
 
@@ -256,7 +256,11 @@ class MlpActivation(Codemod):
             for call in mlp.calls:
                 if not mlp.quantized:
                     parse_mlp_call(call, ctx, module, self.ID)
-                edit = self._kernel_edit(call, module) if activation in KERNEL else self._torch_edit(call, module, ctx)
+                edit = (
+                    self._kernel_edit(call, module)
+                    if activation in KERNEL
+                    else self._torch_edit(call, module, ctx)
+                )
                 if edit is not None:
                     edits[id(call)] = edit
                     if activation not in KERNEL and mlp.name not in torch_after:
@@ -267,12 +271,18 @@ class MlpActivation(Codemod):
         if activation in KERNEL:
             module = ensure_import_from(module, ACT_TYPES, "ActFnType")
             return self._drop_unused_helper(module)
-        if torch_after and not any(isinstance(s, cst.FunctionDef) and s.name.value == TORCH_MLP for s in module.body):
+        if torch_after and not any(
+            isinstance(s, cst.FunctionDef) and s.name.value == TORCH_MLP for s in module.body
+        ):
             helper = parse_statement(TORCH_MLP_CODE.strip("\n"), module).with_changes(
                 leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(indent=False)]
             )
             body = list(module.body)
-            index = next(i for i, s in enumerate(body) if isinstance(s, cst.ClassDef) and s.name.value == torch_after[0])
+            index = next(
+                i
+                for i, s in enumerate(body)
+                if isinstance(s, cst.ClassDef) and s.name.value == torch_after[0]
+            )
             body.insert(index + 1, helper)
             module = module.with_changes(body=body)
         return module
@@ -299,7 +309,11 @@ class MlpActivation(Codemod):
         """The edit turning one call into ``torch_mlp`` with an activation the
         kernel lacks (None when it is one already)."""
         activation = self.params.activation
-        extra = [a.keyword.value for a in call.args if a.keyword is not None and a.keyword.value not in KERNEL_OPTIONS]
+        extra = [
+            a.keyword.value
+            for a in call.args
+            if a.keyword is not None and a.keyword.value not in KERNEL_OPTIONS
+        ]
         if extra:
             raise ctx.precondition(
                 f"{self.ID}: {activation} is computed outside the NF.mlp kernel, which does not "
@@ -309,8 +323,12 @@ class MlpActivation(Codemod):
             )
         value = cst.SimpleString(f'"{activation}"')
         current = keyword_arg(call, "act_fn")
-        if dotted(call.func) == TORCH_MLP and current is not None and isinstance(current.value, cst.SimpleString) \
-                and current.value.evaluated_value == activation:
+        if (
+            dotted(call.func) == TORCH_MLP
+            and current is not None
+            and isinstance(current.value, cst.SimpleString)
+            and current.value.evaluated_value == activation
+        ):
             return None
         return lambda updated: set_keyword(
             updated.with_changes(func=cst.Name(TORCH_MLP)), "act_fn", value, order=MLP_KEYWORDS
@@ -319,14 +337,17 @@ class MlpActivation(Codemod):
     @staticmethod
     def _drop_unused_helper(module: cst.Module) -> cst.Module:
         """Remove ``torch_mlp`` once no call uses it."""
-        helper = next((s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == TORCH_MLP), None)
+        helper = next(
+            (s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == TORCH_MLP), None
+        )
         if helper is None:
             return module
         used = any(
             isinstance(n, cst.Call) and dotted(n.func) == TORCH_MLP
-            for s in module.body if s is not helper for n in walk(s)
+            for s in module.body
+            if s is not helper
+            for n in walk(s)
         )
         if used:
             return module
         return module.with_changes(body=[s for s in module.body if s is not helper])
-

@@ -397,7 +397,10 @@ class MlpBias(Codemod):
         roles: list[tuple[str, str]] = []
         for call in mlp.calls:
             parsed = parse_mlp_call(call, ctx, module, self.ID)
-            for role, weight in ([("gate", parsed.gate)] if parsed.gated else []) + [("up", parsed.up), ("down", parsed.down)]:
+            for role, weight in ([("gate", parsed.gate)] if parsed.gated else []) + [
+                ("up", parsed.up),
+                ("down", parsed.down),
+            ]:
                 if weight is None or not weight.endswith("_weight"):
                     raise ctx.precondition(
                         f"{self.ID}: the {role} weight of NF.mlp in {name} must be a self.<x>_weight parameter",
@@ -415,8 +418,12 @@ class MlpBias(Codemod):
             if bias in params:
                 continue
             if weight not in params:
-                raise ctx.precondition(f"{self.ID}: {name} has no self.{weight} = nn.Parameter(...)", mlp.cls, module)
-            after_weight.setdefault(id(params[weight]), []).append(bias_parameter(params[weight], bias, module))
+                raise ctx.precondition(
+                    f"{self.ID}: {name} has no self.{weight} = nn.Parameter(...)", mlp.cls, module
+                )
+            after_weight.setdefault(id(params[weight]), []).append(
+                bias_parameter(params[weight], bias, module)
+            )
             for site in loaders.require(weight):
                 loaders.add_after(site, [self._bias_loader(role, site, bias, loaders, module, ctx)])
                 scaled = scaled or role == "down"
@@ -429,15 +436,18 @@ class MlpBias(Codemod):
             for keyword, bias in arguments:
                 arg = keyword_arg(updated, keyword)
                 if arg is None or dotted(arg.value) == "None":
-                    updated = set_keyword(updated, keyword, parse_expr(f"self.{bias}.unsqueeze(0)", module), order=MLP_KEYWORDS)
+                    updated = set_keyword(
+                        updated, keyword, parse_expr(f"self.{bias}.unsqueeze(0)", module), order=MLP_KEYWORDS
+                    )
             return updated
 
         for call in mlp.calls:
             edits[id(call)] = edit_call
         return [weight for _, weight in roles], scaled
 
-    def _bias_loader(self, role: str, site, bias: str, loaders: LoaderEdits, module: cst.Module,
-                     ctx: FileContext) -> cst.BaseStatement:
+    def _bias_loader(
+        self, role: str, site, bias: str, loaders: LoaderEdits, module: cst.Module, ctx: FileContext
+    ) -> cst.BaseStatement:
         """The loader of ``bias`` from its weight's loader ``site``: sharded
         like the weight's intermediate dimension (with the same rank
         wrappers), or for the down bias, whole and divided by the number of
@@ -453,7 +463,9 @@ class MlpBias(Codemod):
         shards = kwarg_code(site.base, "num_shards") or "1"
         if role == "down":
             loaders.sibling_loader(site, "")  # the weight's wrappers only choose ranks
-            return parse_statement(f"set_weight_loader(self.{bias}, scaled_bias_loader(scale={shards}))", module)
+            return parse_statement(
+                f"set_weight_loader(self.{bias}, scaled_bias_loader(scale={shards}))", module
+            )
         size = kwarg_code(site.base, "shard_size")
         if size is None:
             raise ctx.precondition(
@@ -464,7 +476,9 @@ class MlpBias(Codemod):
         base = f"sharding_weight_loader(shard_dim=0, shard_size={size}, num_shards={shards})"
         return attach_statement(bias, loaders.sibling_loader(site, base), module)
 
-    def _mapping_edits(self, module: cst.Module, weights: list[str], ctx: FileContext, required: bool) -> dict:
+    def _mapping_edits(
+        self, module: cst.Module, weights: list[str], ctx: FileContext, required: bool
+    ) -> dict:
         entries = mapping_entries(module)
         keys = {e.key for e in entries}
         edits = {}

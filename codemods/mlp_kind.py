@@ -137,7 +137,7 @@ class MlpKind(Codemod):
             """,
         ),
         Example(
-            title='a gate loader in a local the up weight shares; the FP8 copies of its mapping go too',
+            title="a gate loader in a local the up weight shares; the FP8 copies of its mapping go too",
             before="""
                 class LlamaMLP(nn.Module):
                     def __init__(self, config):
@@ -255,7 +255,9 @@ class MlpKind(Codemod):
             self._check_no_other_use(module, gate, handled, ctx)
         return rewrite(module, edits)
 
-    def _class_edits(self, mlp, module: cst.Module, ctx: FileContext, edits: dict, handled: set[int]) -> str | None:
+    def _class_edits(
+        self, mlp, module: cst.Module, ctx: FileContext, edits: dict, handled: set[int]
+    ) -> str | None:
         """Remove the gate of one MLP class; returns its weight attribute
         (None when the class is plain already)."""
         name = mlp.name
@@ -265,7 +267,9 @@ class MlpKind(Codemod):
         gates = {p.gate for p in parsed if p.gated}
         if len(gates) != 1 or None in gates or not all(p.gated for p in parsed):
             raise ctx.precondition(
-                f"{self.ID}: the NF.mlp calls of {name} do not all pass one self.<gate> weight", mlp.calls[0], module
+                f"{self.ID}: the NF.mlp calls of {name} do not all pass one self.<gate> weight",
+                mlp.calls[0],
+                module,
             )
         gate = gates.pop()
         for p in parsed:
@@ -279,7 +283,9 @@ class MlpKind(Codemod):
                 )
         params = parameters(mlp.cls)
         if gate not in params:
-            raise ctx.precondition(f"{self.ID}: {name} has no self.{gate} = nn.Parameter(...)", mlp.cls, module)
+            raise ctx.precondition(
+                f"{self.ID}: {name} has no self.{gate} = nn.Parameter(...)", mlp.cls, module
+            )
         loaders = LoaderEdits(mlp.cls, module, ctx, self.ID)
         loaders.remove(gate)
         loaders.doom(params[gate])
@@ -298,7 +304,9 @@ class MlpKind(Codemod):
         def edit_call(updated: cst.Call) -> cst.Call:
             gate_arg = positional_args(updated)[1]
             args = [a.with_changes(value=up_arg) if a is gate_arg else a for a in updated.args]
-            return set_keyword(updated.with_changes(args=args), "skip_gate", parse_expr("True", module), order=MLP_KEYWORDS)
+            return set_keyword(
+                updated.with_changes(args=args), "skip_gate", parse_expr("True", module), order=MLP_KEYWORDS
+            )
 
         return edit_call
 

@@ -154,7 +154,9 @@ class NormAffine(Codemod):
             return other_model_file(module, ctx, self.touches(), "non-parametric norms", guard=True)
         if defined_elsewhere(module, ctx, "norm") and not instances_of_role(module, "norm"):
             return module  # a file of sublayers beside the model file, with no norm of its own
-        norms = [c for c in classes_with_role(module, "norm") if c.name.value.endswith(("RMSNorm", "LayerNorm"))]
+        norms = [
+            c for c in classes_with_role(module, "norm") if c.name.value.endswith(("RMSNorm", "LayerNorm"))
+        ]
         if len(norms) != 1:
             found = ", ".join(c.name.value for c in norms) or "none"
             raise ctx.precondition(
@@ -167,7 +169,9 @@ class NormAffine(Codemod):
             raise ctx.precondition(f"{ID}: norm class {name} needs __init__ and forward", norm, module)
         in_attention = {id(n) for cls in classes_with_role(module, "attention") for n in walk(cls)}
         instances = instances_of_role(module, "norm")
-        shared = sorted(attr for attr, stmts in instances.items() if any(id(s) in in_attention for s in stmts))
+        shared = sorted(
+            attr for attr, stmts in instances.items() if any(id(s) in in_attention for s in stmts)
+        )
         if shared:
             raise ctx.precondition(
                 f"{ID}: the attention class also builds {name} ({', '.join(shared)}), whose weights are "
@@ -183,8 +187,12 @@ class NormAffine(Codemod):
             for node in walk(fn):
                 if id(node) in inside:
                     continue
-                if isinstance(node, cst.Attribute) and node.attr.value in AFFINE \
-                        and isinstance(node.value, cst.Attribute) and node.value.attr.value in instances:
+                if (
+                    isinstance(node, cst.Attribute)
+                    and node.attr.value in AFFINE
+                    and isinstance(node.value, cst.Attribute)
+                    and node.value.attr.value in instances
+                ):
                     raise ctx.precondition(
                         f"{ID}: {fn.name.value} reads {node.value.attr.value}.{node.attr.value} (a kernel given "
                         "the norm's affine parameters); make the norm a module call first",
@@ -196,7 +204,10 @@ class NormAffine(Codemod):
         for node in walk(forward):
             if not isinstance(node, cst.BinaryOperation):
                 continue
-            for attr, operator, sides in (("weight", cst.Multiply, ("left", "right")), ("bias", cst.Add, ("right",))):
+            for attr, operator, sides in (
+                ("weight", cst.Multiply, ("left", "right")),
+                ("bias", cst.Add, ("right",)),
+            ):
                 if not isinstance(node.operator, operator):
                     continue
                 for side in sides:
@@ -212,7 +223,11 @@ class NormAffine(Codemod):
                 stray[0],
                 module,
             )
-        entries = [e.statement for attr in instances for e in mapping_entries_of_attr(module, attr)
-                   if e.key.rsplit(".", 1)[-1] in AFFINE]
+        entries = [
+            e.statement
+            for attr in instances
+            for e in mapping_entries_of_attr(module, attr)
+            if e.key.rsplit(".", 1)[-1] in AFFINE
+        ]
         edits.update(removal_edits(module, doomed + entries))
         return rewrite(module, edits)

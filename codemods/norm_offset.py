@@ -72,7 +72,7 @@ class NormOffset(Codemod):
     EXAMPLES = (
         Example(
             title="Gemma RMSNorm",
-            before='''
+            before="""
                 class LlamaRMSNorm(nn.Module):
                     def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype):
                         super().__init__()
@@ -93,8 +93,8 @@ class NormOffset(Codemod):
 
                     def forward_prefill(self, x):
                         return NF.qkv_proj(hidden=x, qk_norm_pre_rope_q_gamma=self.q_norm.weight.view(1, -1))
-            ''',
-            after='''
+            """,
+            after="""
                 class LlamaRMSNorm(nn.Module):
                     def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype):
                         super().__init__()
@@ -115,7 +115,7 @@ class NormOffset(Codemod):
 
                     def forward_prefill(self, x):
                         return NF.qkv_proj(hidden=x, qk_norm_pre_rope_q_gamma=(1.0 + self.q_norm.weight.to(torch.float32)).view(1, -1))
-            ''',
+            """,
         ),
         Example(
             title="no norm class",
@@ -140,7 +140,9 @@ class NormOffset(Codemod):
             return other_model_file(module, ctx, self.touches(), "(1 + weight) norms", guard=True)
         if defined_elsewhere(module, ctx, "norm") and not instances_of_role(module, "norm"):
             return module  # a file of sublayers beside the model file, with no norm of its own
-        norms = [c for c in classes_with_role(module, "norm") if c.name.value.endswith(("RMSNorm", "LayerNorm"))]
+        norms = [
+            c for c in classes_with_role(module, "norm") if c.name.value.endswith(("RMSNorm", "LayerNorm"))
+        ]
         if len(norms) != 1:
             found = ", ".join(c.name.value for c in norms) or "none"
             raise ctx.precondition(
@@ -155,7 +157,9 @@ class NormOffset(Codemod):
         ctor = param_ctor(weight) if weight is not None else None
         if ctor is None:
             raise ctx.precondition(
-                f"{self.ID}: {name}.__init__ must create self.weight = nn.Parameter(torch.<ctor>(...))", init, module
+                f"{self.ID}: {name}.__init__ must create self.weight = nn.Parameter(torch.<ctor>(...))",
+                init,
+                module,
             )
         forward_nodes = walk(forward)
         if any(_is_offset(n) for n in forward_nodes):

@@ -323,7 +323,11 @@ class NormPlacement(Codemod):
             # post-norm removes the input norm, which a layer built on this one reads
             inherits = any(subclasses_role(c, "decoder_layer") for c in other_model_classes(module))
             return other_model_file(
-                module, ctx, self.touches(), f"{p.placement} norm placement", guard=p.placement == "post" and inherits
+                module,
+                ctx,
+                self.touches(),
+                f"{p.placement} norm placement",
+                guard=p.placement == "post" and inherits,
             )
         layer = decoder_layer(module, ctx, self.ID)
         if layer is None:
@@ -355,7 +359,9 @@ class NormPlacement(Codemod):
         # __init__: clone the pre-MLP norm for each new attribute, remove unused ones
         assignments = self_assignments(layer.init)
         if pre_mlp not in assignments:
-            raise ctx.precondition(f"{self.ID}: {layer.name}.__init__ does not assign self.{pre_mlp}", layer.init, module)
+            raise ctx.precondition(
+                f"{self.ID}: {layer.name}.__init__ does not assign self.{pre_mlp}", layer.init, module
+            )
         template = assignments[pre_mlp][0]
         clones = [_renamed_assignment(template, a) for a in added]
         edits: dict = removal_edits(layer.init, [assignments[a][0] for a in removed if a in assignments])
@@ -364,8 +370,11 @@ class NormPlacement(Codemod):
 
         # every forward: fused branches guarded, the others rewritten
         guards, guarded = guard_fused(
-            layer, f"{p.placement} norm placement: the FP8 kernels fuse a norm before the sublayer",
-            module, ctx, self.ID,
+            layer,
+            f"{p.placement} norm placement: the FP8 kernels fuse a norm before the sublayer",
+            module,
+            ctx,
+            self.ID,
         )
         edits.update(guards)
         calls = layer.unfused()
@@ -375,7 +384,9 @@ class NormPlacement(Codemod):
         for call in calls:
             if p.placement == "sandwich" and call.kind == "mlp" and pre_mlp != p.pre_mlp_norm:
                 norm_call = call.pre_norm.body[0].value  # type: ignore[union-attr]
-                edits[id(norm_call.func)] = lambda updated: updated.with_changes(attr=cst.Name(p.pre_mlp_norm))
+                edits[id(norm_call.func)] = lambda updated: updated.with_changes(
+                    attr=cst.Name(p.pre_mlp_norm)
+                )
             post = p.post_attention_norm if call.kind == "attention" else p.post_mlp_norm
             stmt = parse_statement(f"{call.variable} = self.{post}({call.variable})", module)
             add_edit(edits, id(call.stmt), lambda updated, stmt=stmt: cst.FlattenSentinel([updated, stmt]))
@@ -391,8 +402,11 @@ class NormPlacement(Codemod):
                     if key is not None:
                         new_entries.append(entry_statement(entry, key, value))
             if new_entries:
-                add_edit(edits, id(template_entries[-1].statement),
-                         lambda updated: cst.FlattenSentinel([updated, *new_entries]))
+                add_edit(
+                    edits,
+                    id(template_entries[-1].statement),
+                    lambda updated: cst.FlattenSentinel([updated, *new_entries]),
+                )
         for attr in removed:
             for entry in mapping_entries_of_attr(module, attr):
                 add_edit(edits, id(entry.statement), lambda updated: cst.RemoveFromParent())
@@ -429,4 +443,3 @@ def _renamed_assignment(stmt: cst.SimpleStatementLine, attr: str) -> cst.SimpleS
         targets=[small.targets[0].with_changes(target=target.with_changes(attr=cst.Name(attr)))]  # type: ignore[union-attr]
     )
     return stmt.with_changes(body=[new_small], leading_lines=[])
-

@@ -58,7 +58,7 @@ class PackageImports(Codemod):
         old, new = self.params.old_package, self.params.new_package
         if old == new or not own_package_module(name, old):
             return None
-        return f"{MODEL_ROOT}.{new}" + name[len(f"{MODEL_ROOT}.{old}"):]  # type: ignore[index]
+        return f"{MODEL_ROOT}.{new}" + name[len(f"{MODEL_ROOT}.{old}") :]  # type: ignore[index]
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         codemod = self

@@ -303,7 +303,11 @@ class ParallelResidual(Codemod):
             # a shared norm removes the pre-MLP norm, which a layer built on this one reads
             inherits = any(subclasses_role(c, "decoder_layer") for c in other_model_classes(module))
             return other_model_file(
-                module, ctx, self.touches(), f"parallel residual ({kind})", guard=kind == "shared_norm" and inherits
+                module,
+                ctx,
+                self.touches(),
+                f"parallel residual ({kind})",
+                guard=kind == "shared_norm" and inherits,
             )
         layer = decoder_layer(module, ctx, self.ID)
         if layer is None or self._already(layer, module, ctx):
@@ -317,8 +321,11 @@ class ParallelResidual(Codemod):
                 module,
             )
         edits, guarded = guard_fused(
-            layer, "parallel residual: the FP8 kernels fuse each sublayer's norm into the sequential layer",
-            module, ctx, self.ID,
+            layer,
+            "parallel residual: the FP8 kernels fuse each sublayer's norm into the sequential layer",
+            module,
+            ctx,
+            self.ID,
         )
         for form in forms:
             for key, edit in form.edits(kind, module).items():
@@ -402,16 +409,24 @@ class _Sequential:
             if separate:
                 add_edit(edits, id(call.pre_norm), _renamed_target("attn_input"))
         for call in self.mlp:
-            add_edit(edits, id(call.stmt), _assigning(call, "mlp_output", h, "mlp_input" if separate else h, module))
+            add_edit(
+                edits,
+                id(call.stmt),
+                _assigning(call, "mlp_output", h, "mlp_input" if separate else h, module),
+            )
         if separate:
             hoisted = parse_statement(f"mlp_input = self.{self.pre_mlp}({h})", module)
             add_edit(edits, id(self.anchor), lambda updated: cst.FlattenSentinel([updated, hoisted]))
         carried = ["attn_output", r, "mlp_input" if separate else h]
         for stmt in self.middle:
             copies = [_rebound(stmt, h, name, module) for name in carried]
-            add_edit(edits, id(stmt), lambda updated, copies=copies: cst.FlattenSentinel(
-                [copies[0].with_changes(leading_lines=updated.leading_lines), *copies[1:]]
-            ))
+            add_edit(
+                edits,
+                id(stmt),
+                lambda updated, copies=copies: cst.FlattenSentinel(
+                    [copies[0].with_changes(leading_lines=updated.leading_lines), *copies[1:]]
+                ),
+            )
         total = parse_statement(f"return attn_output + mlp_output + {r}", module)
         first, rest = self.tail[0], self.tail[1:]
         add_edit(edits, id(first), lambda updated: total.with_changes(leading_lines=updated.leading_lines))
@@ -435,7 +450,7 @@ def _sequential(layer: DecoderLayer, forward: DecoderForward, module, ctx, codem
     slots = [forward.slots["attention"], forward.slots["mlp"]]
     live = [[c for c in slot.calls if c.fused is None] for slot in slots]
     starts = []
-    for slot, calls in zip(slots, live):
+    for slot, calls in zip(slots, live, strict=False):
         if not calls:
             raise refuse(f"every branch of the self.<{slot.kind}> call fuses its norm", slot.stmt)
         for call in calls:
@@ -456,19 +471,27 @@ def _sequential(layer: DecoderLayer, forward: DecoderForward, module, ctx, codem
         raise refuse(f"no {h} = {r} + {h} right after the attention", slots[0].stmt)
     if not _is_copy(body[start_b - 1], r, h):
         raise refuse(f"no {r} = {h} right before the MLP", slots[1].stmt)
-    middle = body[ia + 2: start_b - 1]
+    middle = body[ia + 2 : start_b - 1]
     for stmt in middle:
         if not _is_transition(stmt, h):
             raise refuse(f"between the sublayers, a statement other than {h} = f({h}, ...)", stmt)
-    tail = body[ib + 1:]
+    tail = body[ib + 1 :]
     if not (
         (len(tail) == 1 and _is_add_of(tail[0], r, h, assign=None))
         or (len(tail) == 2 and _is_add_of(tail[0], r, h, assign=h) and _returns(tail[1], h))
     ):
         raise refuse(f"the MLP is not followed by return {r} + {h}", slots[1].stmt)
     return _Sequential(
-        forward, r, h, live[0], live[1], copy, top_a if top_a is not None else copy,
-        [body[ia + 1], body[start_b - 1]], middle, tail,
+        forward,
+        r,
+        h,
+        live[0],
+        live[1],
+        copy,
+        top_a if top_a is not None else copy,
+        [body[ia + 1], body[start_b - 1]],
+        middle,
+        tail,
     )
 
 
@@ -481,7 +504,11 @@ def _hidden_input(call: cst.Call) -> str | None:
     """The hidden states a sublayer reads: its first positional argument, or
     its ``hidden_states=`` keyword."""
     args = positional_args(call)
-    arg = args[0] if args else next((a for a in call.args if a.keyword and a.keyword.value == "hidden_states"), None)
+    arg = (
+        args[0]
+        if args
+        else next((a for a in call.args if a.keyword and a.keyword.value == "hidden_states"), None)
+    )
     return arg.value.value if arg is not None and isinstance(arg.value, cst.Name) else None
 
 
@@ -493,12 +520,19 @@ def _assigning(call: SublayerCall, target: str, hidden: str, source: str, module
         small = updated.body[0]
         value = small.value
         args = [
-            a.with_changes(value=cst.Name(source)) if isinstance(a.value, cst.Name) and a.value.value == hidden else a
+            a.with_changes(value=cst.Name(source))
+            if isinstance(a.value, cst.Name) and a.value.value == hidden
+            else a
             for a in value.args
         ]
-        return updated.with_changes(body=[small.with_changes(
-            targets=[small.targets[0].with_changes(target=cst.Name(target))], value=value.with_changes(args=args),
-        )])
+        return updated.with_changes(
+            body=[
+                small.with_changes(
+                    targets=[small.targets[0].with_changes(target=cst.Name(target))],
+                    value=value.with_changes(args=args),
+                )
+            ]
+        )
 
     return edit
 
@@ -506,7 +540,9 @@ def _assigning(call: SublayerCall, target: str, hidden: str, source: str, module
 def _renamed_target(name: str):
     def edit(updated: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
         small = updated.body[0]
-        return updated.with_changes(body=[small.with_changes(targets=[small.targets[0].with_changes(target=cst.Name(name))])])
+        return updated.with_changes(
+            body=[small.with_changes(targets=[small.targets[0].with_changes(target=cst.Name(name))])]
+        )
 
     return edit
 
@@ -548,8 +584,10 @@ def _is_copy(stmt, target: str, source: str) -> bool:
     pair = simple_assign(stmt)
     return (
         pair is not None
-        and isinstance(pair[0], cst.Name) and pair[0].value == target
-        and isinstance(pair[1], cst.Name) and pair[1].value == source
+        and isinstance(pair[0], cst.Name)
+        and pair[0].value == target
+        and isinstance(pair[1], cst.Name)
+        and pair[1].value == source
     )
 
 
@@ -562,7 +600,11 @@ def _is_add_of(stmt, a: str, b: str, assign: str | None) -> bool:
         value = small.value if isinstance(small, cst.Return) else None
     else:
         pair = simple_assign(stmt)
-        value = pair[1] if pair is not None and isinstance(pair[0], cst.Name) and pair[0].value == assign else None
+        value = (
+            pair[1]
+            if pair is not None and isinstance(pair[0], cst.Name) and pair[0].value == assign
+            else None
+        )
     if not (isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add)):
         return False
     names = {getattr(value.left, "value", None), getattr(value.right, "value", None)}

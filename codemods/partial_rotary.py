@@ -247,10 +247,12 @@ class PartialRotary(Codemod):
             # a config that turns rope_parameters into rope_scaling (ours) is read from the latter
             both = mentions(module, "rope_scaling") and mentions(module, "rope_parameters")
             where = "rope_scaling" if both else "rope_parameters"
-            fields = [(
-                "partial_rotary_factor: float | None = None",
-                f"fraction of each head that RoPE rotates (else read from {where})",
-            )]
+            fields = [
+                (
+                    "partial_rotary_factor: float | None = None",
+                    f"fraction of each head that RoPE rotates (else read from {where})",
+                )
+            ]
             if not mentions(module, "rope_parameters"):
                 # transformers v5 keeps the factor in rope_parameters only
                 fields.append(("rope_parameters: dict | None = None", "RoPE type, base and parameters"))
@@ -264,7 +266,9 @@ class PartialRotary(Codemod):
         if rotary:
             module = self._rotary(rotary[0], module, ctx)
         module = reorder_rope_columns(module, ctx, ID, rotary_dim=ROTARY_DIM)
-        if elsewhere and not any(isinstance(s, cst.FunctionDef) and s.name.value == "_rope_column_order" for s in module.body):
+        if elsewhere and not any(
+            isinstance(s, cst.FunctionDef) and s.name.value == "_rope_column_order" for s in module.body
+        ):
             return module  # neither the rotary embedding nor an attention class in this file
         return add_functions(module, [partial_factor_function(module)])
 
@@ -299,9 +303,13 @@ class PartialRotary(Codemod):
         # forward: zero frequencies for the pass-through pairs
         if not any(self_attr(n) == "rotary_dim" for n in walk(forward)):
             duplicated = [
-                n for n in walk(forward)
-                if isinstance(n, cst.Call) and dotted(n.func) == "torch.cat" and n.args
-                and isinstance(n.args[0].value, cst.Tuple) and len(n.args[0].value.elements) == 2
+                n
+                for n in walk(forward)
+                if isinstance(n, cst.Call)
+                and dotted(n.func) == "torch.cat"
+                and n.args
+                and isinstance(n.args[0].value, cst.Tuple)
+                and len(n.args[0].value.elements) == 2
                 and all(isinstance(e.value, cst.Name) for e in n.args[0].value.elements)
                 and n.args[0].value.elements[0].value.value == n.args[0].value.elements[1].value.value
             ]

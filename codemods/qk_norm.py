@@ -457,10 +457,14 @@ class QkNorm(Codemod):
             return self._mappings(rewrite(module, self._guards(module, ctx)), ctx, required=False)
         norm = norm_class(module)
         if norm is None or not norm.name.value.endswith("RMSNorm"):
-            found = ", ".join(
-                c.name.value for c in module.body
-                if isinstance(c, cst.ClassDef) and c.name.value.endswith(("Norm",))
-            ) or "none"
+            found = (
+                ", ".join(
+                    c.name.value
+                    for c in module.body
+                    if isinstance(c, cst.ClassDef) and c.name.value.endswith(("Norm",))
+                )
+                or "none"
+            )
             raise ctx.precondition(f"{ID}: needs one RMSNorm class (<Prefix>RMSNorm), found {found}")
         eps_attr = eps_attribute(norm)
         if eps_attr is None:
@@ -559,15 +563,19 @@ class QkNorm(Codemod):
         eps, dtype = (_rebase(a, config) for a in ctor_args)
         if full:
             code = FULL_WIDTH_NORMS.format(norm=norm_name, eps=eps, dtype=dtype)
-            comment = "<-- MODEL-SPECIFIC: RMSNorm over all query / all key heads before RoPE, sharded by head"
+            comment = (
+                "<-- MODEL-SPECIFIC: RMSNorm over all query / all key heads before RoPE, sharded by head"
+            )
             reads = set(FULL_WIDTH_READS)
             guard = self._attention_dp_guard(cls, module, ctx)
             if guard is not None:
                 code += guard[0]
                 reads.add(guard[1])
         else:
-            code = f"self.q_norm = {norm_name}(self.head_dim, {eps}, {dtype})\n" \
-                   f"self.k_norm = {norm_name}(self.head_dim, {eps}, {dtype})\n"
+            code = (
+                f"self.q_norm = {norm_name}(self.head_dim, {eps}, {dtype})\n"
+                f"self.k_norm = {norm_name}(self.head_dim, {eps}, {dtype})\n"
+            )
             comment = "<-- MODEL-SPECIFIC: RMSNorm of each query and key head before RoPE"
             reads = {"head_dim"}
         reads |= {expr.split(".")[1] for expr in (eps, dtype) if expr.startswith("self.")}
@@ -634,13 +642,20 @@ class QkNorm(Codemod):
                         projection.call,
                         module,
                     )
-                add_edit(edits, id(projection.call), lambda updated: set_keyword(
-                    updated.with_changes(func=cst.Name(QKV_PROJ_UNFUSED)), "qk_norm",
-                    parse_expr("self._full_width_qk_norm", module),
-                ))
+                add_edit(
+                    edits,
+                    id(projection.call),
+                    lambda updated: set_keyword(
+                        updated.with_changes(func=cst.Name(QKV_PROJ_UNFUSED)),
+                        "qk_norm",
+                        parse_expr("self._full_width_qk_norm", module),
+                    ),
+                )
                 needs.add("unfused_prefill")
             else:
-                add_edit(edits, id(projection.call), lambda updated: _fused_norm_args(updated, eps_attr, module))
+                add_edit(
+                    edits, id(projection.call), lambda updated: _fused_norm_args(updated, eps_attr, module)
+                )
                 needs.add("norm_type")
         if "unfused_prefill" in needs and "apply_rotary_pos_emb" not in {
             s.name.value for s in module.body if isinstance(s, cst.FunctionDef)
@@ -670,8 +685,10 @@ class QkNorm(Codemod):
     def _explicit_norms(self, cls, method, rope, module, ctx, edits) -> None:
         name = f"{cls.name.value}.{method.name.value}"
         full = self.params.kind == "full_width"
-        if any(isinstance(n, cst.Call) and dotted(n.func) in ("self.q_norm", "self._full_width_qk_norm")
-               for n in walk(method)):
+        if any(
+            isinstance(n, cst.Call) and dotted(n.func) in ("self.q_norm", "self._full_width_qk_norm")
+            for n in walk(method)
+        ):
             return
         if len(rope) != 1:
             raise ctx.precondition(
@@ -692,8 +709,11 @@ class QkNorm(Codemod):
                 rope[0],
                 module,
             )
-        code = f"{q}, {k} = self._full_width_qk_norm({q}, {k})\n" if full else \
-            f"{q} = self.q_norm({q})\n{k} = self.k_norm({k})\n"
+        code = (
+            f"{q}, {k} = self._full_width_qk_norm({q}, {k})\n"
+            if full
+            else f"{q} = self.q_norm({q})\n{k} = self.k_norm({k})\n"
+        )
         new = parse_statements(code, module)
         new[0] = with_comment(new[0], "<-- MODEL-SPECIFIC: query and key norms before RoPE")
 
@@ -711,10 +731,16 @@ class QkNorm(Codemod):
             raise ctx.precondition(f"{ID}: no NF.attention_decode(...) call in {name}", cls, module)
         if full:
             for projection in kernels:
-                add_edit(edits, id(projection.call), lambda updated: set_keyword(
-                    to_unfused_decode(updated), "qk_norm", parse_expr("self._full_width_qk_norm", module)
-                ))
-            if all(s.name.value != "_full_width_qk_norm" for s in cls.body.body if isinstance(s, cst.FunctionDef)):
+                add_edit(
+                    edits,
+                    id(projection.call),
+                    lambda updated: set_keyword(
+                        to_unfused_decode(updated), "qk_norm", parse_expr("self._full_width_qk_norm", module)
+                    ),
+                )
+            if all(
+                s.name.value != "_full_width_qk_norm" for s in cls.body.body if isinstance(s, cst.FunctionDef)
+            ):
                 methods = [parse_method(FULL_WIDTH_METHOD, module), parse_method(FULL_WIDTH_NORM, module)]
                 methods = [m.with_changes(leading_lines=[cst.EmptyLine(indent=False)]) for m in methods]
                 append_after(edits, id(kernels[-1].method), methods)
@@ -765,7 +791,9 @@ class QkNorm(Codemod):
                         entry.statement,
                         module,
                     )
-                new.append(entry_statement(entry, key, key if string_text(value) == string_text(key) else value))
+                new.append(
+                    entry_statement(entry, key, key if string_text(value) == string_text(key) else value)
+                )
             if new:
                 additions[id(entry.statement)] = new
         return insert_many_after(module, additions)
@@ -799,9 +827,6 @@ def _last_parameter_statement(init: cst.FunctionDef) -> cst.BaseStatement | None
         if pair is not None and is_parameter(pair[1]) and pair[0].endswith(("_weight", "_bias")):
             found = stmt
     return found
-
-
-
 
 
 def _fused_norm_args(call: cst.Call, eps_attr: str, module: cst.Module) -> cst.Call:

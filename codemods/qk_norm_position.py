@@ -243,7 +243,9 @@ class QkNormPosition(Codemod):
                     module,
                 )
             edits[id(projection.call)] = _post_rope_projection
-        explicit = [m for m in forward_methods(cls) if any(_norm_target(s) is not None for s in statements(m))]
+        explicit = [
+            m for m in forward_methods(cls) if any(_norm_target(s) is not None for s in statements(m))
+        ]
         for method_node in explicit:
             self._move_statements(cls, method_node, module, ctx, edits)
         if not fused and not explicit:
@@ -405,7 +407,8 @@ def _post_rope_projection(call: cst.Call) -> cst.Call:
     renamed = {f"qk_norm_pre_rope_{a}": f"qk_norm_post_rope_{a}" for a in PROJECTION_NORM_ARGS}
     args = [
         a.with_changes(keyword=cst.Name(renamed[a.keyword.value]))
-        if a.keyword is not None and a.keyword.value in renamed else a
+        if a.keyword is not None and a.keyword.value in renamed
+        else a
         for a in call.args
     ]
     return call.with_changes(args=args)

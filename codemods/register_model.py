@@ -145,7 +145,9 @@ class RegisterModel(Codemod):
         body = list(module.body)
         last_import = 0 if body and _is_docstring(body[0]) else -1
         for index, stmt in enumerate(body):
-            if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], (cst.Import, cst.ImportFrom)):
+            if isinstance(stmt, cst.SimpleStatementLine) and isinstance(
+                stmt.body[0], (cst.Import, cst.ImportFrom)
+            ):
                 last_import = index
                 small = stmt.body[0]
                 if (
@@ -184,7 +186,9 @@ def _models_list(module: cst.Module) -> cst.List | None:
 
 
 class _AddEntry(cst.CSTTransformer):
-    def __init__(self, target: cst.List, params: RegisterModelParams, module: cst.Module, replace: bool) -> None:
+    def __init__(
+        self, target: cst.List, params: RegisterModelParams, module: cst.Module, replace: bool
+    ) -> None:
         self.target = target
         self.params = params
         self.module = module

@@ -258,7 +258,12 @@ class RemoveQkNorm(Codemod):
                         handled.update(id(n) for n in walk(node))
                         continue
                     assign = simple_assign(node)
-                    if assign is not None and isinstance(assign[1], cst.Call) and self_attr(assign[1].func) in NORMS or _attaches_norm_loader(node):
+                    if (
+                        assign is not None
+                        and isinstance(assign[1], cst.Call)
+                        and self_attr(assign[1].func) in NORMS
+                        or _attaches_norm_loader(node)
+                    ):
                         edits[id(node)] = _remove
                         handled.update(id(n) for n in walk(node))
                 elif isinstance(node, cst.Call) and projection_kind(node) is not None:
@@ -331,7 +336,6 @@ def _remove(updated: cst.CSTNode) -> cst.RemovalSentinel:
 
 def _norm_entries(module: cst.Module):
     return [e for e in mapping_entries(module) if e.key.endswith((".q_norm.weight", ".k_norm.weight"))]
-
 
 
 def _drop_mappings(module: cst.Module) -> cst.Module:

@@ -252,7 +252,7 @@ class RenameClasses(Codemod):
             for name in sorted(port.package_classes):
                 if new.startswith(old) and name.startswith(new):
                     continue  # already renamed (new prefix extends the old one)
-                rest = name[len(old):]
+                rest = name[len(old) :]
                 if name.startswith(old) and (not rest or rest[0].isupper()):
                     table[name] = new + rest
         for name, renamed in self.params.overrides.items():
@@ -295,7 +295,7 @@ class RenameClasses(Codemod):
         if renamer.text_edits:
             tokens = prose_token_positions(module.code)
             positions = locate_prose(tokens, [raw for raw, _ in renamer.text_edits])
-            for (raw, edits), position in zip(renamer.text_edits, positions):
+            for (raw, edits), position in zip(renamer.text_edits, positions, strict=False):
                 line0, col0 = position or (0, 0)
                 for edit in edits:
                     line, col = line_col(raw, edit.offset)
@@ -336,8 +336,13 @@ def _unfollowed(unknown: list[cst.Attribute], module: cst.Module, ctx: FileConte
 class _Renamer(NameRenamer):
     """Identifier renames plus the whole-word pass over strings and comments."""
 
-    def __init__(self, targets: set[int], table: dict[str, str], words: dict[str, str],
-                 names_in_strings: dict[int, str]) -> None:
+    def __init__(
+        self,
+        targets: set[int],
+        table: dict[str, str],
+        words: dict[str, str],
+        names_in_strings: dict[int, str],
+    ) -> None:
         super().__init__(targets, table)
         self.words = words
         self.names_in_strings = names_in_strings

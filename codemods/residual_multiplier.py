@@ -208,7 +208,12 @@ class ResidualMultiplier(Codemod):
         key = self.params.config_key
         if ctx.role == "config":
             return config_scalar_edit(
-                module, ctx, self.ID, key, "float", self.params.default,
+                module,
+                ctx,
+                self.ID,
+                key,
+                "float",
+                self.params.default,
                 "<-- MODEL-SPECIFIC: sublayer outputs times this before the residual add",
             )
         if ctx.role == "module":

@@ -222,7 +222,7 @@ class RopeLayerParameters(Codemod):
             title="the config keeps the per-type parameters and gives each type its view",
             role="config",
             path="config.py",
-            before='''
+            before="""
                 from dataclasses import dataclass, fields
 
 
@@ -247,7 +247,7 @@ class RopeLayerParameters(Codemod):
                         if isinstance(rope, dict):
                             values["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
                         return cls(**values)
-            ''',
+            """,
             after='''
                 from dataclasses import dataclass, fields, replace
 
@@ -296,7 +296,7 @@ class RopeLayerParameters(Codemod):
             title="a config keeping the checkpoint's rope_parameters (real vllm_neuron llama3 shape)",
             role="config",
             path="config.py",
-            before='''
+            before="""
                 from dataclasses import dataclass, field
 
 
@@ -315,7 +315,7 @@ class RopeLayerParameters(Codemod):
                         config_dict = hf_config.to_dict()
                         field_names = {f.name for f in cls.__dataclass_fields__.values()}
                         return cls(**{k: v for k, v in config_dict.items() if k in field_names})
-            ''',
+            """,
             after='''
                 from dataclasses import dataclass, field, replace
                 from typing import Any
@@ -389,7 +389,10 @@ class RopeLayerParameters(Codemod):
     def _config(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         module = add_config_fields(module, ctx, ID, CONFIG_FIELDS)
         cls = config_class(module, ctx, ID)
-        if "rope_parameters" in config_fields(cls) and _per_type_refusal(method(cls, "from_configs") or cls)[0] is None:
+        if (
+            "rope_parameters" in config_fields(cls)
+            and _per_type_refusal(method(cls, "from_configs") or cls)[0] is None
+        ):
             return self._parameters_config(cls, module, ctx)
         name = cls.name.value
         edits: dict = {}
@@ -440,11 +443,14 @@ class RopeLayerParameters(Codemod):
         if post_init is None or not any(self_attr(n) == "rope_layer_parameters" for n in walk(post_init)):
             split = parse_statements(SPLIT_PARAMETERS.strip("\n"), module)
             split[0] = with_comment(
-                split[0], "<-- MODEL-SPECIFIC: RoPE per attention layer type: parameters keyed by type are kept per type"
+                split[0],
+                "<-- MODEL-SPECIFIC: RoPE per attention layer type: parameters keyed by type are kept per type",
             )
             if post_init is None:
                 new = parse_method("def __post_init__(self) -> None:\n    pass\n", module)
-                new = new.with_changes(body=new.body.with_changes(body=split), leading_lines=[cst.EmptyLine(indent=False)])
+                new = new.with_changes(
+                    body=new.body.with_changes(body=split), leading_lines=[cst.EmptyLine(indent=False)]
+                )
                 last_field = list(config_fields(cls).values())[-1]
                 edits[id(last_field)] = lambda updated, new=new: cst.FlattenSentinel([updated, new])
             else:
@@ -456,7 +462,9 @@ class RopeLayerParameters(Codemod):
             new = new.with_changes(leading_lines=[cst.EmptyLine(indent=False), *new.leading_lines])
             anchor = post_init or method(cls, "from_configs")
             if anchor is None:
-                raise ctx.precondition(f"{ID}: {cls.name.value} has no __post_init__ or from_configs", cls, module)
+                raise ctx.precondition(
+                    f"{ID}: {cls.name.value} has no __post_init__ or from_configs", cls, module
+                )
             if anchor is post_init:
                 add_edit(edits, id(anchor), lambda updated, new=new: cst.FlattenSentinel([updated, new]))
             else:
@@ -571,8 +579,11 @@ class RopeLayerParameters(Codemod):
             forward = method(cls, "forward")
             params = [p.name.value for p in forward.params.params] if forward is not None else []
             rotary_attrs = {
-                pair[0] for node in walk(cls) if isinstance(node, cst.SimpleStatementLine)
-                and (pair := self_assignment(node)) is not None and isinstance(pair[1], cst.Call)
+                pair[0]
+                for node in walk(cls)
+                if isinstance(node, cst.SimpleStatementLine)
+                and (pair := self_assignment(node)) is not None
+                and isinstance(pair[1], cst.Call)
                 and class_role(dotted(pair[1].func) or "") == "rotary"
             }
             own_rope = any(isinstance(n, cst.Call) and self_attr(n.func) in rotary_attrs for n in walk(cls))
@@ -580,7 +591,8 @@ class RopeLayerParameters(Codemod):
                 continue
             for site in kernel_sites(cls):
                 ctx.unaffected(
-                    site.call, "rotates with the (cos, sin) its layer is passed, chosen per layer type by the backbone"
+                    site.call,
+                    "rotates with the (cos, sin) its layer is passed, chosen per layer type by the backbone",
                 )
 
     def _loop_edits(self, loop: cst.For, embeddings: str, module: cst.Module, edits: dict) -> None:
@@ -593,8 +605,12 @@ class RopeLayerParameters(Codemod):
             def enumerate_loop(updated: cst.For, target=target, iterable=iterable) -> cst.For:
                 return updated.with_changes(
                     target=cst.Tuple(
-                        [cst.Element(cst.Name(index), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
-                         cst.Element(updated.target)],
+                        [
+                            cst.Element(
+                                cst.Name(index), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+                            ),
+                            cst.Element(updated.target),
+                        ],
                         lpar=[],
                         rpar=[],
                     ),
@@ -617,7 +633,8 @@ def _layer_calls(loop: cst.For, embeddings: str) -> list[cst.Call]:
     if not isinstance(target, cst.Name):
         return []
     return [
-        n for n in walk(loop.body)
+        n
+        for n in walk(loop.body)
         if isinstance(n, cst.Call)
         and isinstance(n.func, cst.Name)
         and n.func.value == target.value

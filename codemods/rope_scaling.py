@@ -219,7 +219,7 @@ class RopeScaling(Codemod):
         Example(
             title="YaRN",
             params={"variant": "yarn"},
-            before='''
+            before="""
                 import math
 
 
@@ -244,7 +244,7 @@ class RopeScaling(Codemod):
                         freqs = torch.outer(position_ids.to(torch.float32), inv_freq)
                         emb = torch.cat((freqs, freqs), dim=-1)
                         return emb.cos().to(dtype), emb.sin().to(dtype)
-            ''',
+            """,
             after='''
                 import math
 
@@ -376,7 +376,7 @@ class RopeScaling(Codemod):
         Example(
             title="a guard of its own shape: the type in a local, elif, the config's rope_parameters (real vllm_neuron llama3)",
             params={"variant": "linear"},
-            before='''
+            before="""
                 class LlamaRotaryEmbedding(nn.Module):
                     def __init__(self, config):
                         super().__init__()
@@ -399,8 +399,8 @@ class RopeScaling(Codemod):
                         inv_freq = self._compute_inv_freq(device)
                         emb = torch.outer(position_ids.float(), inv_freq).repeat(1, 2)
                         return emb.cos().to(dtype=dtype), emb.sin().to(dtype=dtype)
-            ''',
-            after='''
+            """,
+            after="""
                 class LlamaRotaryEmbedding(nn.Module):
                     def __init__(self, config):
                         super().__init__()
@@ -430,7 +430,7 @@ class RopeScaling(Codemod):
                         inv_freq = self._compute_inv_freq(device)
                         emb = torch.outer(position_ids.float(), inv_freq).repeat(1, 2)
                         return emb.cos().to(dtype=dtype), emb.sin().to(dtype=dtype)
-            ''',
+            """,
         ),
         Example(
             title="no positional embedding on any layer",
@@ -518,10 +518,12 @@ class RopeScaling(Codemod):
                 module,
                 ctx,
                 ID,
-                [(
-                    "original_max_position_embeddings: int | None = None",
-                    "pretraining context of YaRN / LongRoPE when not in rope_scaling",
-                )],
+                [
+                    (
+                        "original_max_position_embeddings: int | None = None",
+                        "pretraining context of YaRN / LongRoPE when not in rope_scaling",
+                    )
+                ],
             )
         rotary = classes_with_role(module, "rotary")
         if not rotary and any(class_role(name) == "rotary" for name in ctx.port.package_classes):
@@ -585,7 +587,9 @@ class RopeScaling(Codemod):
                     init,
                     module,
                 )
-            new_init.append(parse_statement(f'self.scaling_factor = float({scaling_local}.get("factor", 1.0))', module))
+            new_init.append(
+                parse_statement(f'self.scaling_factor = float({scaling_local}.get("factor", 1.0))', module)
+            )
         if variant in SETUP:
             if scaling_local is None:
                 raise ctx.precondition(
@@ -629,9 +633,15 @@ class RopeScaling(Codemod):
             params = [p.name.value for p in forward.params.params]
             positions = params[1] if len(params) > 1 else None
             holder = next(
-                (s for s in statements(forward) if any(
-                    isinstance(n, cst.Call) and dotted(n.func) == "self._compute_inv_freq" for n in walk(s)
-                ) and _assigns(s, "inv_freq")),
+                (
+                    s
+                    for s in statements(forward)
+                    if any(
+                        isinstance(n, cst.Call) and dotted(n.func) == "self._compute_inv_freq"
+                        for n in walk(s)
+                    )
+                    and _assigns(s, "inv_freq")
+                ),
                 None,
             )
             if holder is None or positions is None:
@@ -652,7 +662,12 @@ class RopeScaling(Codemod):
         if variant in SCALED:
             found = 0
             for node in walk(forward):
-                if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("cos", "sin") and not node.args:
+                if (
+                    isinstance(node, cst.Call)
+                    and isinstance(node.func, cst.Attribute)
+                    and node.func.attr.value in ("cos", "sin")
+                    and not node.args
+                ):
                     found += 1
                     edits[id(node)] = lambda updated: parse_expr(
                         f"({module.code_for_node(updated)} * self.attention_scaling)", module
@@ -665,14 +680,14 @@ class RopeScaling(Codemod):
                 )
         module = rewrite(module, edits)
         if variant in SETUP and not any(
-            isinstance(s, cst.SimpleStatementLine) and any(
+            isinstance(s, cst.SimpleStatementLine)
+            and any(
                 isinstance(i, cst.Import) and any(dotted(a.name) == "math" for a in i.names) for i in s.body
             )
             for s in module.body
         ):
             module = _ensure_import_math(module)
         return module
-
 
     def _no_rope(self, cls, compute, module, ctx) -> cst.Module:
         returns = [s for s in statements(compute) if _returns_name(s, "inv_freq")]
@@ -713,7 +728,9 @@ def _guard_test(test: cst.BaseExpression) -> tuple[cst.Tuple, str] | None:
     if subject is None or not (subject == "self.rope_type" or "." not in subject):
         return None
     if isinstance(target.operator, cst.NotIn) and isinstance(target.comparator, cst.Tuple):
-        if all(string_text(e.value) is not None or dotted(e.value) == "None" for e in target.comparator.elements):
+        if all(
+            string_text(e.value) is not None or dotted(e.value) == "None" for e in target.comparator.elements
+        ):
             return target.comparator, subject
     return None
 
@@ -729,8 +746,10 @@ def _scaling_local(init: cst.FunctionDef) -> str | None:
                 isinstance(small, cst.Assign)
                 and len(small.targets) == 1
                 and (isinstance(small.targets[0].target, cst.Name) or self_attr(small.targets[0].target))
-                and any(isinstance(n, cst.Attribute) and n.attr.value in ("rope_scaling", "rope_parameters")
-                        for n in walk(small.value))
+                and any(
+                    isinstance(n, cst.Attribute) and n.attr.value in ("rope_scaling", "rope_parameters")
+                    for n in walk(small.value)
+                )
                 and not isinstance(small.value, cst.Subscript)
             ):
                 return code_of(small.targets[0].target)
@@ -767,6 +786,3 @@ def _ensure_import_math(module: cst.Module) -> cst.Module:
             break
     body.insert(index, parse_statement("import math", module))
     return module.with_changes(body=body)
-
-
-

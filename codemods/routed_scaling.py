@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import libcst as cst
-
 from dataclasses import dataclass, field
+
+import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform import moe as moe_edits
@@ -25,7 +25,9 @@ from autoport_cst.transform.cst_helpers import (
 ID = "routed-scaling"
 ATTR = "routed_scaling_factor"
 CONFIG_KEYS = ("routed_scaling_factor", "router_scaling_factor")
-COMMENT = "<-- MODEL-SPECIFIC: the routed experts' weights are scaled by a constant (after any renormalization)"
+COMMENT = (
+    "<-- MODEL-SPECIFIC: the routed experts' weights are scaled by a constant (after any renormalization)"
+)
 ANCHORS = ("norm_topk_prob", "num_experts_per_token", "top_k")
 
 
@@ -251,8 +253,11 @@ class RoutedScaling(Codemod):
                     continue
                 if _returns_scaled(stmt):
                     continue
-                if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Return) \
-                        and stmt.body[0].value is calls[0]:
+                if (
+                    isinstance(stmt, cst.SimpleStatementLine)
+                    and isinstance(stmt.body[0], cst.Return)
+                    and stmt.body[0].value is calls[0]
+                ):
                     if (moe_edits.literal(calls[0], "skip_router_logits") or "False") != "True":
                         raise ctx.precondition(
                             f"routed-scaling: the decode kernel of {survey.cls.name.value} returns its router "
@@ -283,8 +288,12 @@ class RoutedScaling(Codemod):
         for site in moe_edits.moe_sites(module, "moe.router"):
             if site.kind == "other":
                 moe_edits.guard_site(
-                    module, site, f"routed scaling factor: {site.name} is not ported to it",
-                    "<-- MODEL-SPECIFIC: the weights of this router kernel are not scaled", ctx, edits,
+                    module,
+                    site,
+                    f"routed scaling factor: {site.name} is not ported to it",
+                    "<-- MODEL-SPECIFIC: the weights of this router kernel are not scaled",
+                    ctx,
+                    edits,
                 )
 
 

@@ -207,8 +207,12 @@ class RouterActivation(Codemod):
                 self._block(site, module, ctx, edits)
             else:
                 moe_edits.guard_site(
-                    module, site, f"{activation} router: {site.name} is not ported to it",
-                    "<-- MODEL-SPECIFIC: this router kernel cannot take the model's activation", ctx, edits,
+                    module,
+                    site,
+                    f"{activation} router: {site.name} is not ported to it",
+                    "<-- MODEL-SPECIFIC: this router kernel cannot take the model's activation",
+                    ctx,
+                    edits,
                 )
         self._scores(module, edits)
         module = rewrite(module, edits)
@@ -260,7 +264,11 @@ class RouterActivation(Codemod):
             )
         after_softmax_renorm = pre_norm == "False" and activation == "softmax"
         changes: list[tuple[str, str]] = [("router_act_fn", KERNEL_ENUM[activation])]
-        if before is True and not after_softmax_renorm and moe_edits.literal(site.call, "norm_topk_prob") != "True":
+        if (
+            before is True
+            and not after_softmax_renorm
+            and moe_edits.literal(site.call, "norm_topk_prob") != "True"
+        ):
             changes.append(("norm_topk_prob", "True"))
         elif before is False and after_softmax_renorm:
             changes.append(("router_pre_norm", "True"))
@@ -279,7 +287,9 @@ class RouterActivation(Codemod):
             if len(survey.router_targets) != 2:
                 continue
             logits = survey.router_targets[1]
-            score = f"torch.sigmoid({logits})" if activation == "sigmoid" else f"torch.softmax({logits}, dim=-1)"
+            score = (
+                f"torch.sigmoid({logits})" if activation == "sigmoid" else f"torch.softmax({logits}, dim=-1)"
+            )
             for stmt in survey.score_statements:
                 _, value = simple_assign(stmt)
                 if code_of(value) != score:

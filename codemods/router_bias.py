@@ -155,8 +155,12 @@ class RouterBias(Codemod):
                 value = parse_expr(f"self.{BIAS}.unsqueeze(0)", module)
             else:
                 moe_edits.guard_site(
-                    module, site, f"router bias: {site.name} is not ported to a router bias",
-                    "<-- MODEL-SPECIFIC: this router computation does not take the router bias", ctx, edits,
+                    module,
+                    site,
+                    f"router bias: {site.name} is not ported to a router bias",
+                    "<-- MODEL-SPECIFIC: this router computation does not take the router bias",
+                    ctx,
+                    edits,
                 )
                 continue
             arg = keyword_arg(site.call, "router_bias")

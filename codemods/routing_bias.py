@@ -10,19 +10,19 @@ from autoport_cst.transform import Codemod, Example, FileContext
 from autoport_cst.transform import moe as moe_edits
 from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.attention import add_functions
-from autoport_cst.transform.mappings import mapping_entries
 from autoport_cst.transform.cst_helpers import (
-    ensure_import_from,
-    statements,
     code_of,
+    ensure_import_from,
     keyword_arg,
     parse_expr,
     parse_statement,
     parse_statements,
     rewrite,
     simple_assign,
+    statements,
     walk,
 )
+from autoport_cst.transform.mappings import mapping_entries
 
 BIAS = "routing_bias"
 WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"
@@ -242,17 +242,25 @@ class RoutingBias(Codemod):
             survey = by_class.get(site.cls)
             if survey is not None and site.call is survey.router_call and len(survey.router_targets) == 2:
                 self._route_method(survey, module, ctx, edits)
-            elif site.kind in ("router", "block") and not (site.kind == "block" and survey is not None and FLAG in survey.assigned):
+            elif site.kind in ("router", "block") and not (
+                site.kind == "block" and survey is not None and FLAG in survey.assigned
+            ):
                 self._substitute(site, module, ctx, edits, substituted)
             elif site.kind in ("router_sub", "block_sub"):
                 value = parse_expr(f"self.{BIAS}", module)
-                edits[id(site.call)] = lambda updated, value=value: set_keyword(updated, "selection_bias", value)
+                edits[id(site.call)] = lambda updated, value=value: set_keyword(
+                    updated, "selection_bias", value
+                )
             elif site.kind == "block":
                 self._unfuse_decode(survey, module, edits)
             else:
                 moe_edits.guard_site(
-                    module, site, f"routing bias: {site.name} chooses experts by the scores it weighs them with",
-                    "<-- MODEL-SPECIFIC: this router computation cannot apply a selection-only bias", ctx, edits,
+                    module,
+                    site,
+                    f"routing bias: {site.name} chooses experts by the scores it weighs them with",
+                    "<-- MODEL-SPECIFIC: this router computation cannot apply a selection-only bias",
+                    ctx,
+                    edits,
                 )
         module = rewrite(module, edits)
         if substituted:
@@ -276,16 +284,22 @@ class RoutingBias(Codemod):
             return router
         anchor = survey.params.get("router_bias") or survey.params[router]
         experts = moe_edits.expert_count(survey.params[router])
-        new = parse_statement(f"self.{BIAS} = nn.Parameter(torch.zeros({experts}, dtype=torch.float32))", module)
+        new = parse_statement(
+            f"self.{BIAS} = nn.Parameter(torch.zeros({experts}, dtype=torch.float32))", module
+        )
         edits[id(anchor)] = lambda updated, new=new: cst.FlattenSentinel([updated, new])
         loaders = survey.methods.get("_setup_weight_loaders")
         if loaders is None:
-            raise ctx.precondition(f"routing-bias: {name} has no _setup_weight_loaders method", survey.cls, module)
+            raise ctx.precondition(
+                f"routing-bias: {name} has no _setup_weight_loaders method", survey.cls, module
+            )
         # first in the method (after its docstring), so that codemods appending loaders commute
         line = parse_statement(f"set_weight_loader(self.{BIAS}, _vector_loader())", module)
         first = next((st for st in statements(loaders) if not _is_docstring(st)), None)
         if first is None:
-            raise ctx.precondition(f"routing-bias: {name}._setup_weight_loaders has no statement", loaders, module)
+            raise ctx.precondition(
+                f"routing-bias: {name}._setup_weight_loaders has no statement", loaders, module
+            )
         edits[id(first)] = lambda updated, line=line: cst.FlattenSentinel([line, updated])
         return router
 
@@ -352,8 +366,12 @@ class RoutingBias(Codemod):
                     module,
                 )
             moe_edits.guard_site(
-                module, site, f"routing bias: {site.name} chooses experts by the scores it weighs them with",
-                "<-- MODEL-SPECIFIC: this decode kernel cannot apply a selection-only bias", ctx, edits,
+                module,
+                site,
+                f"routing bias: {site.name} chooses experts by the scores it weighs them with",
+                "<-- MODEL-SPECIFIC: this decode kernel cannot apply a selection-only bias",
+                ctx,
+                edits,
             )
             return
         edits[id(site.call)] = lambda updated, kind=site.kind, extra=extra: moe_edits.to_substitute(
@@ -373,7 +391,13 @@ class RoutingBias(Codemod):
         else:
             make = lambda router, block: moe_edits.key_under(router, tensor)  # noqa: E731
         return moe_edits.add_router_mapping_value(
-            module, router_params, BIAS, make, "routing-bias", ctx, after=("router_bias",),
+            module,
+            router_params,
+            BIAS,
+            make,
+            "routing-bias",
+            ctx,
+            after=("router_bias",),
         )
 
 

@@ -95,9 +95,7 @@ class SetConstants(Codemod):
             if code_of(pair[1]) == literal:
                 continue
             small = stmt.body[0]
-            body[index] = stmt.with_changes(
-                body=[small.with_changes(value=parse_expr(literal, module))]
-            )
+            body[index] = stmt.with_changes(body=[small.with_changes(value=parse_expr(literal, module))])
         if wanted:
             raise ctx.precondition(
                 f"set-constants: no module-level constant {', '.join(sorted(wanted))} in this file"

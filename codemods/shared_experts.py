@@ -60,7 +60,12 @@ CONFIG_FIELDS = [
     ("shared_expert_intermediate_size: int | None = None", ""),
 ]
 CONFIG_ALIASES = {
-    "n_shared_experts": ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts", "num_shared_expert"),
+    "n_shared_experts": (
+        "n_shared_experts",
+        "num_shared_experts",
+        "moe_num_shared_experts",
+        "num_shared_expert",
+    ),
     "shared_expert_intermediate_size": ("shared_expert_intermediate_size", "shared_intermediate_size"),
 }
 
@@ -149,7 +154,7 @@ class SharedExperts(Codemod):
         Example(
             title="Qwen2-MoE: one shared expert with a sigmoid gate",
             params={"gate": True},
-            before='''
+            before="""
                 from vllm_neuron.utils.weight_loader import set_weight_loader
 
 
@@ -189,7 +194,7 @@ class SharedExperts(Codemod):
                             prefix = f"model.layers.{layer_id}"
                             mappings[f"{prefix}.mlp.experts.router_weight"] = f"{moe.router}.weight"
                             mappings[f"{prefix}.mlp.experts.down_proj_weight"] = moe.down
-            ''',
+            """,
             after='''
                 from vllm_neuron.utils.weight_loader import set_weight_loader, sharding_weight_loader
 
@@ -366,7 +371,9 @@ class SharedExperts(Codemod):
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> SharedExpertsParams:
-        return SharedExpertsParams(gate=bool(target.moe.shared_expert_gate), count=int(target.moe.shared_experts or 1))
+        return SharedExpertsParams(
+            gate=bool(target.moe.shared_expert_gate), count=int(target.moe.shared_experts or 1)
+        )
 
     # -- config.py -------------------------------------------------------------
 
@@ -408,9 +415,7 @@ class SharedExperts(Codemod):
         return self._add_mappings(module, router_params, ctx)
 
     def _missing(self, ctx, survey, what, module):
-        return ctx.precondition(
-            f"shared-experts: {survey.cls.name.value} has no {what}", survey.cls, module
-        )
+        return ctx.precondition(f"shared-experts: {survey.cls.name.value} has no {what}", survey.cls, module)
 
     def _edit_class(self, survey, edits, module, ctx) -> bool:
         gate = self.params.gate
@@ -423,14 +428,18 @@ class SharedExperts(Codemod):
         prefill = survey.methods.get("forward_prefill")
         decode = survey.methods.get("forward_decode")
         for name, method in (
-            ("__init__", init), ("_setup_weight_loaders", loaders),
-            ("forward_prefill", prefill), ("forward_decode", decode),
+            ("__init__", init),
+            ("_setup_weight_loaders", loaders),
+            ("forward_prefill", prefill),
+            ("forward_decode", decode),
         ):
             if method is None:
                 raise self._missing(ctx, survey, f"{name} method", module)
         norm = _norm_attribute(survey)
         if norm is None:
-            raise self._missing(ctx, survey, "norm module of its own (self.<norm> = <Prefix>RMSNorm(...))", module)
+            raise self._missing(
+                ctx, survey, "norm module of its own (self.<norm> = <Prefix>RMSNorm(...))", module
+            )
         dtype = "self.dtype" if "dtype" in survey.assigned else _dtype_of(survey.params["down_proj_weight"])
         if dtype is None:
             raise self._missing(ctx, survey, "self.dtype, nor a dtype= on self.down_proj_weight", module)
@@ -468,7 +477,8 @@ class SharedExperts(Codemod):
                 module,
             )
             lines[0] = _with_comment(
-                lines[0], "# <-- MODEL-SPECIFIC: always-on shared expert (SiLU-gated MLP), intermediate sharded over TP"
+                lines[0],
+                "# <-- MODEL-SPECIFIC: always-on shared expert (SiLU-gated MLP), intermediate sharded over TP",
             )
             new_init += lines
         if gate and not has_gate:
@@ -476,7 +486,10 @@ class SharedExperts(Codemod):
                 f"self.{GATE} = nn.Parameter(torch.empty(self.hidden_size, 1, dtype=torch.float32))", module
             )
             new_init.append(
-                _with_comment(line, "# <-- MODEL-SPECIFIC: a sigmoid gate (float32, like the router) scales the shared expert's output per token")
+                _with_comment(
+                    line,
+                    "# <-- MODEL-SPECIFIC: a sigmoid gate (float32, like the router) scales the shared expert's output per token",
+                )
             )
         anchor = _last_param_statement(init, WEIGHTS) if has_weights else survey.params["down_proj_weight"]
         edits[id(anchor)] = lambda updated, new=new_init: cst.FlattenSentinel([updated, *new])
@@ -484,6 +497,7 @@ class SharedExperts(Codemod):
         # loaders
         loader_lines: list[cst.BaseStatement] = []
         if not has_weights:
+
             def sharded(dim: int, indent: str) -> str:
                 inner = indent + "    "
                 loader = (
@@ -492,32 +506,36 @@ class SharedExperts(Codemod):
                 )
                 return f"with_rank_override(\n{inner}{loader},\n{inner}rank={rank},\n{indent})"
 
-            loader_lines += parse_statements(
-                f"for weight in (self.{WEIGHTS[0]}, self.{WEIGHTS[1]}):\n"
-                f"    set_weight_loader(\n        weight,\n        {sharded(1, '        ')},\n    )\n"
-                f"set_weight_loader(\n    self.{WEIGHTS[2]},\n    {sharded(0, '    ')},\n)\n",
-                module,
-            ) if rank is not None else parse_statements(
-                f"for weight in (self.{WEIGHTS[0]}, self.{WEIGHTS[1]}):\n"
-                "    set_weight_loader(\n"
-                "        weight,\n"
-                "        sharding_weight_loader(\n"
-                "            shard_dim=1,\n"
-                f"            shard_size=self.{SIZE},\n"
-                "            num_shards=self.world_size,\n"
-                "            is_storage_transposed=True,\n"
-                "        ),\n"
-                "    )\n"
-                "set_weight_loader(\n"
-                f"    self.{WEIGHTS[2]},\n"
-                "    sharding_weight_loader(\n"
-                "        shard_dim=0,\n"
-                f"        shard_size=self.{SIZE},\n"
-                "        num_shards=self.world_size,\n"
-                "        is_storage_transposed=True,\n"
-                "    ),\n"
-                ")\n",
-                module,
+            loader_lines += (
+                parse_statements(
+                    f"for weight in (self.{WEIGHTS[0]}, self.{WEIGHTS[1]}):\n"
+                    f"    set_weight_loader(\n        weight,\n        {sharded(1, '        ')},\n    )\n"
+                    f"set_weight_loader(\n    self.{WEIGHTS[2]},\n    {sharded(0, '    ')},\n)\n",
+                    module,
+                )
+                if rank is not None
+                else parse_statements(
+                    f"for weight in (self.{WEIGHTS[0]}, self.{WEIGHTS[1]}):\n"
+                    "    set_weight_loader(\n"
+                    "        weight,\n"
+                    "        sharding_weight_loader(\n"
+                    "            shard_dim=1,\n"
+                    f"            shard_size=self.{SIZE},\n"
+                    "            num_shards=self.world_size,\n"
+                    "            is_storage_transposed=True,\n"
+                    "        ),\n"
+                    "    )\n"
+                    "set_weight_loader(\n"
+                    f"    self.{WEIGHTS[2]},\n"
+                    "    sharding_weight_loader(\n"
+                    "        shard_dim=0,\n"
+                    f"        shard_size=self.{SIZE},\n"
+                    "        num_shards=self.world_size,\n"
+                    "        is_storage_transposed=True,\n"
+                    "    ),\n"
+                    ")\n",
+                    module,
+                )
             )
             loader_lines[0] = _with_comment(
                 loader_lines[0],
@@ -556,7 +574,9 @@ class SharedExperts(Codemod):
             if is_call(call, moe_edits.BLOCKWISE_KERNEL):
                 arg = keyword_arg(call, "hidden_states")
                 routed = (stmt, pair[0].value, arg.value if arg else None)
-            elif self_attr(call.func) is not None and self_attr(call.func).startswith("_experts") and call.args:
+            elif (
+                self_attr(call.func) is not None and self_attr(call.func).startswith("_experts") and call.args
+            ):
                 routed = (stmt, pair[0].value, call.args[0].value)
         if routed is None or routed[2] is None:
             raise ctx.precondition(
@@ -571,8 +591,14 @@ class SharedExperts(Codemod):
         # decode: before the all-reduce
         reduce = None
         for stmt in _body_statements(decode):
-            calls = [n for n in walk(stmt) if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
-                     and n.func.attr.value == "all_reduce" and n.args]
+            calls = [
+                n
+                for n in walk(stmt)
+                if isinstance(n, cst.Call)
+                and isinstance(n.func, cst.Attribute)
+                and n.func.attr.value == "all_reduce"
+                and n.args
+            ]
             if calls:
                 reduce = (stmt, calls[0].args[0].value)
                 break
@@ -609,7 +635,11 @@ class SharedExperts(Codemod):
             raise ctx.precondition(
                 f"shared-experts: load_weights has no mappings[...{' / '.join(sorted(router_params))}] entry"
             )
-        wanted = [(WEIGHTS[0], "gate_proj.weight"), (WEIGHTS[1], "up_proj.weight"), (WEIGHTS[2], "down_proj.weight")]
+        wanted = [
+            (WEIGHTS[0], "gate_proj.weight"),
+            (WEIGHTS[1], "up_proj.weight"),
+            (WEIGHTS[2], "down_proj.weight"),
+        ]
         if self.params.gate:
             wanted.append((GATE, None))
         if not _assigns_names(routers[0].statement, module):
@@ -625,7 +655,7 @@ class SharedExperts(Codemod):
             if block is None:
                 raise ctx.precondition(
                     f"shared-experts: cannot derive the MoE block's checkpoint key from the mapping of "
-                    f"{entry.key} (expected f\"{{keys.router}}.weight\" or a key ending in .gate.weight / "
+                    f'{entry.key} (expected f"{{keys.router}}.weight" or a key ending in .gate.weight / '
                     ".router.weight)",
                     entry.statement,
                     module,
@@ -760,7 +790,11 @@ def _output_group(decode: cst.FunctionDef) -> str | None:
     cross-DP expert parallelism; None when it is not one group."""
     groups = []
     for node in walk(decode):
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "all_reduce":
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == "all_reduce"
+        ):
             group = dotted(node.func.value)
             if group is not None and "wide" not in group and group not in groups:
                 groups.append(group)

@@ -96,7 +96,9 @@ def _window_start(pos_ids, window):
 
 GUARD_COMMENT = "<-- MODEL-SPECIFIC: sliding window: a path whose kernel cannot mask it refuses"
 CP_MESSAGE = "sliding-window attention: NF.segmented_attention_cp (context-parallel prefill) takes no window"
-DCP_MESSAGE = "sliding-window attention: the context-parallel decode mask (local_filled_slots) takes no window"
+DCP_MESSAGE = (
+    "sliding-window attention: the context-parallel decode mask (local_filled_slots) takes no window"
+)
 BLOCKS_MESSAGE = "sliding-window attention: NF.segmented_attention needs a window of whole KV-cache blocks"
 
 START_POS = """
@@ -256,8 +258,8 @@ class SlidingWindow(Codemod):
                 "every path: flash and segmented prefill (in whole blocks), the context-parallel prefill and "
                 "decode mask guarded, the masked and the bounded-gather decode"
             ),
-            params={'layers': 'all'},
-            before='''
+            params={"layers": "all"},
+            before="""
                 class LlamaAttention(nn.Module):
                     def __init__(self, config, layer_idx):
                         self.scaling = config.head_dim**-0.5
@@ -286,7 +288,7 @@ class SlidingWindow(Codemod):
                             )
                             pos_ids = None
                         return NF.attention_decode(X=x, attention_mask=mask, pos_ids=pos_ids)
-            ''',
+            """,
             after='''
                 def _window_start(pos_ids, window):
                     """The first position each query of a sliding-window layer sees,
@@ -349,8 +351,8 @@ class SlidingWindow(Codemod):
         ),
         Example(
             title="a decode mask kept for the next layers is kept per window",
-            params={'layers': 'per_layer'},
-            before='''
+            params={"layers": "per_layer"},
+            before="""
                 class LlamaAttention(nn.Module):
                     def __init__(self, config, layer_idx):
                         self.scaling = config.head_dim**-0.5
@@ -365,7 +367,7 @@ class SlidingWindow(Codemod):
                             mask = NF.gen_attention_decode_mask(pos_ids=pos_ids, start_pos=None)
                             meta[_MASK_KEY] = mask
                         return NF.attention_decode(X=x, attention_mask=mask)
-            ''',
+            """,
             after='''
                 def _layer_sliding_window(config, layer_idx: int) -> int | None:
                     """The attention window of one layer in tokens, or None for full attention.
@@ -562,7 +564,9 @@ class SlidingWindow(Codemod):
         decodes: set[int] = set()
         for site in sites:
             if site.kind in (FLASH, SEGMENTED):
-                edits[id(site.call)] = lambda updated: set_keyword(updated, "sliding_window", window, after=("scale",))
+                edits[id(site.call)] = lambda updated: set_keyword(
+                    updated, "sliding_window", window, after=("scale",)
+                )
             if site.kind == SEGMENTED:
                 self._whole_blocks_guard(site, cls, module, ctx, edits)
             elif site.kind == SEGMENTED_CP:
@@ -605,7 +609,9 @@ class SlidingWindow(Codemod):
         block = argument(site.call, "block_size", 5)
         if block is None:
             raise ctx.precondition(
-                f"{ID}: {site.where(cls)}: NF.segmented_attention(...) has no block_size argument", site.call, module
+                f"{ID}: {site.where(cls)}: NF.segmented_attention(...) has no block_size argument",
+                site.call,
+                module,
             )
         condition = f"self.sliding_window is not None and self.sliding_window % {code_of(block)} != 0"
         guard_statement(site.method, site.call, condition, BLOCKS_MESSAGE, module, ctx, edits, GUARD_COMMENT)
@@ -642,16 +648,21 @@ class SlidingWindow(Codemod):
         if current is not None and dotted(current.value) == "start_pos":
             return
         if current is not None and not is_none(current.value):
-            raise ctx.precondition(f"{ID}: {where} already passes start_pos={code_of(current.value)}", mask, module)
+            raise ctx.precondition(
+                f"{ID}: {where} already passes start_pos={code_of(current.value)}", mask, module
+            )
         positions = keyword_arg(mask, "pos_ids")
         if positions is None:
             raise ctx.precondition(
                 f"{ID}: NF.gen_attention_decode_mask in {where} has no pos_ids= argument", mask, module
             )
         holder = innermost_statement(decode, mask)
-        new_statements = parse_statements(START_POS.format(positions=code_of(positions.value)).strip("\n"), module)
+        new_statements = parse_statements(
+            START_POS.format(positions=code_of(positions.value)).strip("\n"), module
+        )
         new_statements[0] = with_comment(
-            new_statements[0], "<-- MODEL-SPECIFIC: sliding window: mask prior positions before p - window + 1"
+            new_statements[0],
+            "<-- MODEL-SPECIFIC: sliding window: mask prior positions before p - window + 1",
         )
         start = parse_expr("start_pos", module)
         edits[id(mask)] = lambda updated: set_keyword(updated, "start_pos", start)
@@ -688,11 +699,14 @@ def _is_super_call(stmt: cst.BaseStatement) -> bool:
     return "super()" in code_of(stmt) if isinstance(stmt, cst.SimpleStatementLine) else False
 
 
-
 def _drop_unused_layer_rule(module: cst.Module) -> cst.Module:
     """A per-layer rule left by a reference that slid per layer, now unused."""
     rule = next(
-        (s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == "_layer_sliding_window"),
+        (
+            s
+            for s in module.body
+            if isinstance(s, cst.FunctionDef) and s.name.value == "_layer_sliding_window"
+        ),
         None,
     )
     if rule is None:
@@ -710,24 +724,36 @@ def _memoized_mask_edits(mask: cst.Call, decode: cst.FunctionDef, where: str, mo
     mask`` ... ``meta.get(KEY)``) holds one layer's window: key it by the
     window too."""
     target = _assigned_name(innermost_statement(decode, mask))
-    stores = [
-        node.targets[0].target.slice[0].slice.value
-        for node in walk(decode)
-        if isinstance(node, cst.Assign) and len(node.targets) == 1 and dotted(node.value) == target
-        and isinstance(node.targets[0].target, cst.Subscript)
-    ] if target else []
+    stores = (
+        [
+            node.targets[0].target.slice[0].slice.value
+            for node in walk(decode)
+            if isinstance(node, cst.Assign)
+            and len(node.targets) == 1
+            and dotted(node.value) == target
+            and isinstance(node.targets[0].target, cst.Subscript)
+        ]
+        if target
+        else []
+    )
     for key in stores:
         text = code_of(key)
         if "self.sliding_window" in text:
             continue
         reads = [
-            n.args[0].value for n in walk(decode)
-            if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "get"
-            and n.args and code_of(n.args[0].value) == text
+            n.args[0].value
+            for n in walk(decode)
+            if isinstance(n, cst.Call)
+            and isinstance(n.func, cst.Attribute)
+            and n.func.attr.value == "get"
+            and n.args
+            and code_of(n.args[0].value) == text
         ]
         if not reads:
             raise ctx.precondition(
-                f"{ID}: {where} keeps its decode mask under {text} but does not read it back there", mask, module
+                f"{ID}: {where} keeps its decode mask under {text} but does not read it back there",
+                mask,
+                module,
             )
         keyed = parse_expr(f"({text}, self.sliding_window)", module)
         for node in [key, *reads]:

@@ -263,7 +263,7 @@ class SwapNorm(Codemod):
             role="module",
             path="eagle3_model.py",
             package_classes=("LlamaDecoderLayer", "LlamaRMSNorm"),
-            params={'kind': 'layernorm', 'bias': True, 'eps_key': 'layer_norm_eps'},
+            params={"kind": "layernorm", "bias": True, "eps_key": "layer_norm_eps"},
             before="""
                 from .model import LlamaDecoderLayer, LlamaRMSNorm
 
@@ -373,9 +373,7 @@ class SwapNorm(Codemod):
         if self.params.eps_key:
             for node in nodes:
                 if _is_eps_use(node) and node.attr.value != self.params.eps_key:
-                    edits[id(node)] = lambda updated: updated.with_changes(
-                        attr=cst.Name(self.params.eps_key)
-                    )
+                    edits[id(node)] = lambda updated: updated.with_changes(attr=cst.Name(self.params.eps_key))
         return rewrite(module, edits)
 
     def _other_model(self, module: cst.Module, ctx: FileContext) -> cst.Module:
@@ -391,12 +389,13 @@ class SwapNorm(Codemod):
         table = {old: new for old, new in table.items() if old != new}
         module = other_model_file(module, ctx, self.touches(), f"{self.params.kind} norms", guard=True)
         targets = rename_targets(module, table) if table else set()
-        return rewrite(module, {t: (lambda updated: updated.with_changes(value=table[updated.value])) for t in targets})
+        return rewrite(
+            module, {t: (lambda updated: updated.with_changes(value=table[updated.value])) for t in targets}
+        )
 
     def _norm_class(self, module: cst.Module, ctx: FileContext) -> cst.ClassDef:
         norms = [
-            c for c in classes_with_role(module, "norm")
-            if c.name.value.endswith(("RMSNorm", "LayerNorm"))
+            c for c in classes_with_role(module, "norm") if c.name.value.endswith(("RMSNorm", "LayerNorm"))
         ]
         if len(norms) != 1:
             found = ", ".join(c.name.value for c in norms) or "none"
@@ -418,7 +417,11 @@ class SwapNorm(Codemod):
                 continue
             for flag in ("rmsnorm_X_enabled", "rmsnorm_QK_pre_rope_enabled", "rmsnorm_QK_post_rope_enabled"):
                 arg = keyword_arg(call, flag)  # type: ignore[arg-type]
-                if arg is None or dotted(arg.value) == "False" or _handed(arg.value, handed.get(id(call), ())):
+                if (
+                    arg is None
+                    or dotted(arg.value) == "False"
+                    or _handed(arg.value, handed.get(id(call), ()))
+                ):
                     continue
                 raise ctx.precondition(
                     f"swap-norm: NF.attention_decode fuses an RMSNorm ({flag}); "
@@ -437,10 +440,12 @@ class SwapNorm(Codemod):
             bias_value = _with_ctor(weight_value, "zeros")
             small = weight.body[0]
             bias_stmt = weight.with_changes(
-                body=[small.with_changes(
-                    targets=[small.targets[0].with_changes(target=cst.parse_expression("self.bias"))],
-                    value=bias_value,
-                )],
+                body=[
+                    small.with_changes(
+                        targets=[small.targets[0].with_changes(target=cst.parse_expression("self.bias"))],
+                        value=bias_value,
+                    )
+                ],
                 leading_lines=[],
             )
             new_init = insert_after(init, weight, [bias_stmt])
@@ -460,8 +465,10 @@ class SwapNorm(Codemod):
         if _is_docstring(first):
             new_norm = new_norm.with_changes(
                 body=new_norm.body.with_changes(
-                    body=[parse_statement(doc, module).with_changes(leading_lines=first.leading_lines),
-                          *new_norm.body.body[1:]]
+                    body=[
+                        parse_statement(doc, module).with_changes(leading_lines=first.leading_lines),
+                        *new_norm.body.body[1:],
+                    ]
                 )
             )
         return new_norm
@@ -506,7 +513,8 @@ class SwapNorm(Codemod):
             raise ctx.precondition("swap-norm: no config class (<Prefix>Config) in the config file")
         config = configs[0]
         eps_fields = [
-            s for s in config.body.body
+            s
+            for s in config.body.body
             if isinstance(s, cst.SimpleStatementLine)
             and isinstance(s.body[0], cst.AnnAssign)
             and isinstance(s.body[0].target, cst.Name)
@@ -514,8 +522,7 @@ class SwapNorm(Codemod):
         ]
         if len(eps_fields) != 1:
             raise ctx.precondition(
-                f"swap-norm: expected one epsilon field in {config.name.value}, "
-                f"found {len(eps_fields)}",
+                f"swap-norm: expected one epsilon field in {config.name.value}, found {len(eps_fields)}",
                 config,
                 module,
             )
@@ -535,7 +542,11 @@ def _handed_params(nodes) -> dict[int, tuple[str, ...]]:
     found: dict[int, tuple[str, ...]] = {}
     for func in nodes:
         if isinstance(func, cst.FunctionDef):
-            names = tuple(p.name.value for p in func.params.params if p.default is not None and dotted(p.default) == "None")
+            names = tuple(
+                p.name.value
+                for p in func.params.params
+                if p.default is not None and dotted(p.default) == "None"
+            )
             for node in walk(func):
                 if isinstance(node, cst.Call):
                     found[id(node)] = names  # inner functions come later and win

@@ -109,15 +109,15 @@ class UnsqueezeDecodeBiases(Codemod):
                 c.name.value for c in classes_with_role(module, "attention")
             ):
                 return module  # the attention (and its decode kernel) is in another file of the package
-            raise ctx.precondition(
-                "unsqueeze-decode-biases: no NF.attention_decode(...) call in this file"
-            )
+            raise ctx.precondition("unsqueeze-decode-biases: no NF.attention_decode(...) call in this file")
         fixer = _Unsqueeze(_two_d_parameters(nodes), module)
         edits = {}
         for func in (n for n in nodes if isinstance(n, cst.FunctionDef)):
             for call in (n for n in walk(func) if isinstance(n, cst.Call) and projection_kind(n) == "decode"):
                 if id(call) not in edits:
-                    edits[id(call)] = lambda updated, func=func, call=call: fixer.edit(updated, _locals(func, call))
+                    edits[id(call)] = lambda updated, func=func, call=call: fixer.edit(
+                        updated, _locals(func, call)
+                    )
         return rewrite(module, edits)
 
 
@@ -185,7 +185,9 @@ class _Unsqueeze:
         if is_two_d(value, self.two_d, local):
             return value
         if isinstance(value, cst.IfExp):
-            return value.with_changes(body=self._fix(value.body, local), orelse=self._fix(value.orelse, local))
+            return value.with_changes(
+                body=self._fix(value.body, local), orelse=self._fix(value.orelse, local)
+            )
         code = code_of(value)
         if _needs_parens(value):
             code = f"({code})"

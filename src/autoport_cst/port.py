@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from autoport_cst.errors import InputError, PreconditionError, UnrealizableDiffError
 
@@ -177,7 +178,9 @@ def port(
             if checkpoint != "tiny":
                 raise
             outcome.runs.append(
-                ValidationRun(run_tp, dtype, False, str(error), f"load: {error}", None, time.perf_counter() - t0)
+                ValidationRun(
+                    run_tp, dtype, False, str(error), f"load: {error}", None, time.perf_counter() - t0
+                )
             )
             break
         outcome.runs.append(
@@ -205,7 +208,9 @@ def _validation_checkpoint(found, out: Path, name: str, checkpoint: str, seed: i
 
     config = source_dir / "config.json" if source_dir.is_dir() else None
     target = out / "checkpoints" / f"{name}-tiny"
-    build_tiny_checkpoint(str(config) if config and config.is_file() else found.architecture, target, seed=seed)
+    build_tiny_checkpoint(
+        str(config) if config and config.is_file() else found.architecture, target, seed=seed
+    )
     return target
 
 

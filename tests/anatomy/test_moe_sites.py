@@ -108,7 +108,10 @@ def test_every_expert_kernel_of_the_real_shape_is_a_site():
     assert _kinds(sites) == [("_run_moe_block_tkg", "NF.moe_block_tkg"), ("forward_prefill", "NF.moe_cte")]
     # the cross-DP gather defines the kernel's input on one branch: one variant per branch
     cte = [s for s in sites if s.kind == "NF.moe_cte"]
-    assert sorted(s.path for s in cte) == [(("if self.cross_dp_ep", False),), (("if self.cross_dp_ep", True),)]
+    assert sorted(s.path for s in cte) == [
+        (("if self.cross_dp_ep", False),),
+        (("if self.cross_dp_ep", True),),
+    ]
 
 
 def test_hugging_face_style_routers_and_experts_are_sites():
@@ -143,7 +146,9 @@ def test_helpers_getters_and_a_dense_mlp_are_not_moe_sites():
 
 def _step(before: str, after: str, family: str):
     old, new = cst.parse_module(before), cst.parse_module(after)
-    return unhandled_sites(take_census(old, "model.py", (family,)), take_census(new, "model.py", (family,)), set())
+    return unhandled_sites(
+        take_census(old, "model.py", (family,)), take_census(new, "model.py", (family,)), set()
+    )
 
 
 def test_a_prefill_only_router_change_leaves_the_fused_decode_router():
@@ -153,7 +158,9 @@ def test_a_prefill_only_router_change_leaves_the_fused_decode_router():
 
 
 def test_a_router_weight_change_reaches_every_router_site():
-    edited = EXPERTS.replace("torch.empty(8, 16, dtype=torch.bfloat16)", "torch.empty(8, 16, dtype=torch.float32)")
+    edited = EXPERTS.replace(
+        "torch.empty(8, 16, dtype=torch.bfloat16)", "torch.empty(8, 16, dtype=torch.float32)"
+    )
     assert _step(EXPERTS, edited, "moe.router") == []
 
 

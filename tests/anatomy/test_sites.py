@@ -63,7 +63,11 @@ def test_every_attention_kernel_is_a_site():
 
 
 def test_a_site_fed_by_two_branches_has_one_variant_per_branch():
-    decode = [s for s in find_sites(cst.parse_module(ATTENTION), "attention.kernel") if s.function == "forward_decode"]
+    decode = [
+        s
+        for s in find_sites(cst.parse_module(ATTENTION), "attention.kernel")
+        if s.function == "forward_decode"
+    ]
     assert sorted(s.path for s in decode) == [
         (("if self.bounded_gather", False),),
         (("if self.bounded_gather", True),),
@@ -89,7 +93,9 @@ def test_getters_classes_and_init_are_not_kernel_sites():
 
 def _step(before: str, after: str, family: str):
     old, new = cst.parse_module(before), cst.parse_module(after)
-    return unhandled_sites(take_census(old, "model.py", (family,)), take_census(new, "model.py", (family,)), set())
+    return unhandled_sites(
+        take_census(old, "model.py", (family,)), take_census(new, "model.py", (family,)), set()
+    )
 
 
 def test_a_kernel_left_alone_is_unhandled():
@@ -117,7 +123,9 @@ def test_a_shared_input_changed_once_handles_every_site():
 
 
 def test_a_loader_change_reaches_every_site_reading_the_parameter():
-    edited = ATTENTION.replace("fused_qkv_weight_loader(q_size=4)", "permuted(fused_qkv_weight_loader(q_size=4))")
+    edited = ATTENTION.replace(
+        "fused_qkv_weight_loader(q_size=4)", "permuted(fused_qkv_weight_loader(q_size=4))"
+    )
     assert _step(ATTENTION, edited, "attention.qkv") == []
 
 
@@ -150,6 +158,8 @@ def test_a_norm_weight_fused_into_a_kernel_is_its_own_site():
                 return self.self_attn(self.input_layernorm(x))
         """
     )
-    swapped = source.replace("self.input_layernorm = LlamaRMSNorm(config)", "self.input_layernorm = LlamaLayerNorm(config)")
+    swapped = source.replace(
+        "self.input_layernorm = LlamaRMSNorm(config)", "self.input_layernorm = LlamaLayerNorm(config)"
+    )
     left = _step(source, swapped, "norm.application")
     assert [s.kind for s in left] == ["self.self_attn(self.input_layernorm.weight)"]

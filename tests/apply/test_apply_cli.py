@@ -23,11 +23,11 @@ def run(*args):
 
 
 def tree(path: Path) -> dict[str, str]:
-    return {
-        p.relative_to(path).as_posix(): p.read_text()
-        for p in sorted(path.rglob("*"))
-        if p.is_file()
-    } if path.exists() else {}
+    return (
+        {p.relative_to(path).as_posix(): p.read_text() for p in sorted(path.rglob("*")) if p.is_file()}
+        if path.exists()
+        else {}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,12 @@ def test_port_manifest_records_spec_and_provenance(qwen2_port):
     assert manifest["name"] == "qwen2" and manifest["class_prefix"] == "Qwen2"
     assert manifest["spec"]["attention"]["qkv_bias"] is True
     assert manifest["provenance"]["reference"] == "llama3"
-    assert manifest["provenance"]["steps"] == ["rename-classes", "add-qkv-bias", "set-constants", "register-model"]
+    assert manifest["provenance"]["steps"] == [
+        "rename-classes",
+        "add-qkv-bias",
+        "set-constants",
+        "register-model",
+    ]
 
 
 def test_registry_entry(qwen2_port):
@@ -151,7 +156,7 @@ def test_registry_keeps_other_models(tmp_path):
     registry.parent.mkdir(parents=True)
     registry.write_text(
         "from .llama3 import LlamaForCausalLM\n\n\ndef get_models():\n"
-        "    models = [\n        (\"LlamaForCausalLM\", LlamaForCausalLM),\n    ]\n    return models\n"
+        '    models = [\n        ("LlamaForCausalLM", LlamaForCausalLM),\n    ]\n    return models\n'
     )
     assert run("apply", "--plan", QWEN2_PLAN, "--out", tmp_path).exit_code == 0
     text = registry.read_text()
@@ -171,7 +176,12 @@ def test_json_summary(tmp_path):
     result = run("apply", "--plan", QWEN2_PLAN, "--out", tmp_path, "--output-format", "json")
     assert result.exit_code == 0
     data = json.loads(result.output)
-    assert [s["codemod"] for s in data["steps"]] == ["rename-classes", "add-qkv-bias", "set-constants", "register-model"]
+    assert [s["codemod"] for s in data["steps"]] == [
+        "rename-classes",
+        "add-qkv-bias",
+        "set-constants",
+        "register-model",
+    ]
     rename = data["steps"][0]
     assert any("Llama -> Qwen2" in note for note in rename["notes"])
     assert "vllm_neuron/model/qwen2/model.py" in data["written"]
@@ -183,7 +193,9 @@ def test_a_port_can_be_the_next_reference(tmp_path, qwen2_port):
     data.update(name="qwen2_obias", class_prefix="Qwen2OBias", architecture="Qwen2OBiasForCausalLM")
     data["spec"]["attention"]["o_bias"] = True
     plan.write_text(json.dumps(data))
-    result = run("apply", "--plan", plan, "--ref", qwen2_port / "vllm_neuron/model/qwen2", "--out", tmp_path / "out")
+    result = run(
+        "apply", "--plan", plan, "--ref", qwen2_port / "vllm_neuron/model/qwen2", "--out", tmp_path / "out"
+    )
     assert result.exit_code == 0, result.output
     model = (tmp_path / "out/vllm_neuron/model/qwen2_obias/model.py").read_text()
     assert "class Qwen2OBiasAttention" in model
@@ -192,6 +204,7 @@ def test_a_port_can_be_the_next_reference(tmp_path, qwen2_port):
 
 
 # -- bad input: exit 2, a clear message, nothing written ----------------------
+
 
 def write_plan(tmp_path, data) -> Path:
     path = tmp_path / "plan.json"
@@ -306,7 +319,9 @@ def test_a_hardware_rule_broken_by_the_reference_is_reported_not_refused(tmp_pat
     text = model.read_text()
     anchor = "        self.head_dim = config.head_dim\n        self.rope_theta = float(config.rope_theta)\n"
     assert text.count(anchor) == 1
-    model.write_text(text.replace(anchor, anchor + "        self.inv_freq = torch.arange(0, self.head_dim, 2).float()\n"))
+    model.write_text(
+        text.replace(anchor, anchor + "        self.inv_freq = torch.arange(0, self.head_dim, 2).float()\n")
+    )
     result = run("apply", "--plan", write_plan(tmp_path, BASE), "--ref", ref, "--out", tmp_path / "out")
     assert result.exit_code == 0, result.output
     assert "NRN001" in result.output and "inherited from the reference" in result.output

@@ -35,13 +35,21 @@ def test_same_architecture_only_renames(llama3):
 
 
 def test_same_prefix_needs_no_rename(llama3):
-    data = {"version": 1, "name": "llama", "architecture": "LlamaForCausalLM", "spec": {"rope": {"type": "llama3"}}}
+    data = {
+        "version": 1,
+        "name": "llama",
+        "architecture": "LlamaForCausalLM",
+        "spec": {"rope": {"type": "llama3"}},
+    }
     assert ids(compose(parse_plan(data), llama3)) == []
 
 
 def test_qkv_bias_and_layernorm(llama3):
     composition = compose(
-        plan(attention={"qkv_bias": True, "o_bias": True}, norm={"kind": "layernorm", "bias": True, "eps_key": "layer_norm_eps"}),
+        plan(
+            attention={"qkv_bias": True, "o_bias": True},
+            norm={"kind": "layernorm", "bias": True, "eps_key": "layer_norm_eps"},
+        ),
         llama3,
     )
     assert ids(composition) == ["rename-classes", "add-qkv-bias", "swap-norm"]
@@ -70,7 +78,9 @@ def test_unrealizable_fields_are_all_listed(llama3):
         llama3,
         manifest=dataclasses.replace(
             llama3.manifest,
-            spec=dataclasses.replace(llama3.spec, norm=dataclasses.replace(llama3.spec.norm, unit_offset=True)),
+            spec=dataclasses.replace(
+                llama3.spec, norm=dataclasses.replace(llama3.spec.norm, unit_offset=True)
+            ),
         ),
     )
     with pytest.raises(UnrealizableDiffError) as info:
@@ -83,7 +93,10 @@ def test_removing_a_bias_is_not_realized_by_add_qkv_bias(llama3):
     reference = dataclasses.replace(
         llama3,
         manifest=dataclasses.replace(
-            llama3.manifest, spec=dataclasses.replace(llama3.spec, attention=dataclasses.replace(llama3.spec.attention, qkv_bias=True))
+            llama3.manifest,
+            spec=dataclasses.replace(
+                llama3.spec, attention=dataclasses.replace(llama3.spec.attention, qkv_bias=True)
+            ),
         ),
     )
     with pytest.raises(UnrealizableDiffError) as info:
@@ -117,12 +130,21 @@ def test_explicit_step_errors_have_json_paths(llama3):
     }
     with pytest.raises(MultiInputError) as info:
         compose(parse_plan(data), llama3, "demo.plan.json")
-    assert [e.position.json_path for e in info.value.errors] == ["$.steps[0].codemod", "$.steps[1].params.kind"]
+    assert [e.position.json_path for e in info.value.errors] == [
+        "$.steps[0].codemod",
+        "$.steps[1].params.kind",
+    ]
 
 
 def test_order_follows_after_constraints_then_id():
-    unsqueeze, add_bias, rename = (get_codemod(i) for i in ("unsqueeze-decode-biases", "add-qkv-bias", "rename-classes"))
-    steps = [Step(add_bias, add_bias.Params(), "plan"), Step(unsqueeze, unsqueeze.Params(), "plan"), Step(rename, rename.Params(), "identity")]
+    unsqueeze, add_bias, rename = (
+        get_codemod(i) for i in ("unsqueeze-decode-biases", "add-qkv-bias", "rename-classes")
+    )
+    steps = [
+        Step(add_bias, add_bias.Params(), "plan"),
+        Step(unsqueeze, unsqueeze.Params(), "plan"),
+        Step(rename, rename.Params(), "identity"),
+    ]
     assert [s.id for s in order_steps(steps)] == ["rename-classes", "unsqueeze-decode-biases", "add-qkv-bias"]
 
 

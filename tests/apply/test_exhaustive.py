@@ -17,9 +17,9 @@ MISTRAL = ROOT / "examples" / "mistral.plan.json"
 
 # a prefill branch through a kernel no codemod knows
 FLASH = "        attn_output = NF.flash_attention("
-SEGMENTED = '''        if meta.get("kv_segment_size"):
+SEGMENTED = """        if meta.get("kv_segment_size"):
             extra = NF.chunked_attention(q, k_cache=self.k_cache, v_cache=self.v_cache, scale=self.scaling)
-'''
+"""
 
 
 @pytest.fixture
@@ -37,7 +37,9 @@ def reference_with_segmented_prefill(tmp_path):
 def test_a_kernel_the_codemod_left_stops_the_port(reference_with_segmented_prefill, tmp_path):
     reference, line = reference_with_segmented_prefill
     out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["apply", "--plan", str(MISTRAL), "--ref", str(reference), "--out", str(out)])
+    result = CliRunner().invoke(
+        cli, ["apply", "--plan", str(MISTRAL), "--ref", str(reference), "--out", str(out)]
+    )
     assert result.exit_code == 2, result.output
     assert "sliding-window changes attention.kernel" in result.output
     # the site, named and placed in the reference file as it is on disk

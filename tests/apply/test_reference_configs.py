@@ -15,8 +15,11 @@ pytest.importorskip("torch")
 
 def config_class(reference: str):
     module = importlib.import_module(f"autoport_cst.reference_models.{reference}.config")
-    classes = [v for v in vars(module).values() if isinstance(v, type) and hasattr(v, "from_configs")
-               and v.__module__ == module.__name__]
+    classes = [
+        v
+        for v in vars(module).values()
+        if isinstance(v, type) and hasattr(v, "from_configs") and v.__module__ == module.__name__
+    ]
     assert len(classes) == 1, classes
     return classes[0]
 
@@ -33,15 +36,19 @@ def standin():
 def test_rope_parameters_keyed_by_layer_type_agreeing(reference):
     cls = config_class(reference)
     same = {"rope_type": "default", "rope_theta": 123456.0}
-    config = cls.from_configs({"rope_parameters": {"full_attention": dict(same), "sliding_attention": dict(same)}})
+    config = cls.from_configs(
+        {"rope_parameters": {"full_attention": dict(same), "sliding_attention": dict(same)}}
+    )
     assert config.rope_theta == 123456.0
 
 
 @pytest.mark.parametrize("reference", builtin_names())
 def test_rope_parameters_that_differ_per_layer_type_are_refused(reference):
     cls = config_class(reference)
-    rope = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    rope = {
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    }
     with pytest.raises(ValueError, match="differ per layer type"):
         cls.from_configs({"rope_parameters": rope})
 
@@ -59,17 +66,22 @@ def test_rope_layer_parameters_keeps_each_layer_types_rope(reference, tmp_path):
 
     module = importlib.import_module(f"autoport_cst.reference_models.{reference}.config")
     codemod = get_codemod("rope-layer-parameters")()
-    source, _ = run_on_source(codemod, Path(module.__file__).read_text(encoding="utf-8"), "config.py", "config",
-                              PortContext())
+    source, _ = run_on_source(
+        codemod, Path(module.__file__).read_text(encoding="utf-8"), "config.py", "config", PortContext()
+    )
     name = f"_ported_{reference}_config"
     ported = types.ModuleType(name)
     sys.modules[name] = ported
     try:
         exec(compile(source, f"<{reference} config.py>", "exec"), ported.__dict__)
         cls = next(v for v in vars(ported).values() if isinstance(v, type) and hasattr(v, "rope_config"))
-        rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
-        config = cls.from_configs({"rope_parameters": rope, "layer_types": ["sliding_attention", "full_attention"]})
+        rope = {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        }
+        config = cls.from_configs(
+            {"rope_parameters": rope, "layer_types": ["sliding_attention", "full_attention"]}
+        )
         assert config.rope_layer_parameters == rope
         assert config.layer_types == ["sliding_attention", "full_attention"]
         sliding, full = config.rope_config("sliding_attention"), config.rope_config("full_attention")

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from hypothesis import strategies as st
 
 IDENT = st.from_regex(r"[a-z][a-z0-9]{1,8}", fullmatch=True).filter(
-    lambda s: not keyword.iskeyword(s) and s not in {"self", "torch", "nn", "config", "x", "len", "range", "super"}
+    lambda s: (
+        not keyword.iskeyword(s) and s not in {"self", "torch", "nn", "config", "x", "len", "range", "super"}
+    )
 )
 PREFIX = st.from_regex(r"[A-Z][a-z]{2,6}[0-9]?", fullmatch=True)
 
@@ -149,9 +151,13 @@ def _attention(s: ModelShape) -> str:
     ]
     if s.qkv_bias:
         lines.append("        self.qkv_proj_bias = nn.Parameter(torch.zeros(qkv_size, dtype=self.dtype))")
-    lines.append("        self.o_proj_weight = nn.Parameter(torch.empty(self.q_size, self.hidden_size, dtype=self.dtype))")
+    lines.append(
+        "        self.o_proj_weight = nn.Parameter(torch.empty(self.q_size, self.hidden_size, dtype=self.dtype))"
+    )
     if s.o_bias:
-        lines.append("        self.o_proj_bias = nn.Parameter(torch.zeros(self.hidden_size, dtype=self.dtype))")
+        lines.append(
+            "        self.o_proj_bias = nn.Parameter(torch.zeros(self.hidden_size, dtype=self.dtype))"
+        )
     lines += [
         "        set_weight_loader(",
         "            self.qkv_proj_weight,",
@@ -170,7 +176,9 @@ def _attention(s: ModelShape) -> str:
         "        )",
     ]
     if s.qkv_bias:
-        lines.append("        set_weight_loader(self.qkv_proj_bias, fused_qkv_bias_loader(q_size=self.q_size, kv_size=self.kv_size, num_shards=self.world_size))")
+        lines.append(
+            "        set_weight_loader(self.qkv_proj_bias, fused_qkv_bias_loader(q_size=self.q_size, kv_size=self.kv_size, num_shards=self.world_size))"
+        )
     if s.o_bias:
         lines.append("        set_weight_loader(self.o_proj_bias, scaled_bias_loader(scale=self.world_size))")
     qkv_arg = "self.qkv_proj_bias.unsqueeze(0)" if s.qkv_bias else "None"
@@ -242,7 +250,9 @@ def _backbone(s: ModelShape) -> str:
         '            mappings[f"{prefix}.input_layernorm.weight"] = f"{prefix}.input_layernorm.weight"',
     ]
     if bias:
-        lines.append('            mappings[f"{prefix}.input_layernorm.bias"] = f"{prefix}.input_layernorm.bias"')
+        lines.append(
+            '            mappings[f"{prefix}.input_layernorm.bias"] = f"{prefix}.input_layernorm.bias"'
+        )
     lines += [
         '            mappings[f"{prefix}.self_attn.qkv_proj_weight"] = [',
         '                f"{prefix}.self_attn.q_proj.weight",',
@@ -258,9 +268,13 @@ def _backbone(s: ModelShape) -> str:
             '                f"{prefix}.self_attn.v_proj.bias",',
             "            ]",
         ]
-    lines.append('            mappings[f"{prefix}.self_attn.o_proj_weight"] = f"{prefix}.self_attn.o_proj.weight"')
+    lines.append(
+        '            mappings[f"{prefix}.self_attn.o_proj_weight"] = f"{prefix}.self_attn.o_proj.weight"'
+    )
     if s.o_bias:
-        lines.append('            mappings[f"{prefix}.self_attn.o_proj_bias"] = f"{prefix}.self_attn.o_proj.bias"')
+        lines.append(
+            '            mappings[f"{prefix}.self_attn.o_proj_bias"] = f"{prefix}.self_attn.o_proj.bias"'
+        )
     lines.append('        mappings["model.norm.weight"] = "model.norm.weight"')
     if bias:
         lines.append('        mappings["model.norm.bias"] = "model.norm.bias"')

@@ -54,8 +54,22 @@ PARAMS = {
     "logits-divisor": st.sampled_from([{}, {"config_key": "logit_scale", "form": "multiply"}]),
     "logit-softcap": st.just({}),
     "lm-head-bias": st.just({}),
-    "fused-checkpoint": st.sampled_from([{"qkv": True}, {"qkv": True, "qkv_layout": "per_head"}, {"gate_up": True}]),
-    "checkpoint-keys": st.sampled_from([{"renames": {"self_attn.o_proj": "attention.dense"}}, {"renames": {"model": "transformer", "norm": "ln_f"}}, {"renames": {"input_layernorm": "post_attention_layernorm", "post_attention_layernorm": "input_layernorm"}}, {"in_out_layers": True}]),
+    "fused-checkpoint": st.sampled_from(
+        [{"qkv": True}, {"qkv": True, "qkv_layout": "per_head"}, {"gate_up": True}]
+    ),
+    "checkpoint-keys": st.sampled_from(
+        [
+            {"renames": {"self_attn.o_proj": "attention.dense"}},
+            {"renames": {"model": "transformer", "norm": "ln_f"}},
+            {
+                "renames": {
+                    "input_layernorm": "post_attention_layernorm",
+                    "post_attention_layernorm": "input_layernorm",
+                }
+            },
+            {"in_out_layers": True},
+        ]
+    ),
     "router-activation": st.sampled_from([{"activation": "sigmoid"}, {"activation": "softmax"}]),
     "router-bias": st.just({}),
     "routing-bias": st.just({}),

@@ -44,7 +44,9 @@ def apply(codemod_id: str, params: dict, source: str) -> str:
 def variant_source(variant: Variant) -> str:
     source = (ROOT / "reference_models" / variant.base / "model.py").read_text(encoding="utf-8")
     if variant.prefix:
-        source = apply("rename-classes", {"old_prefix": BASES[variant.base], "new_prefix": variant.prefix}, source)
+        source = apply(
+            "rename-classes", {"old_prefix": BASES[variant.base], "new_prefix": variant.prefix}, source
+        )
     if variant.bias != "none":
         source = apply("add-qkv-bias", {"qkv": True, "o": variant.bias == "qkv_o"}, source)
     if variant.layernorm:
@@ -74,13 +76,17 @@ PARAMS = {
     "qk-norm-position": st.just({}),
     "nope-layers": st.just({}),
     "rope-layer-parameters": st.just({}),
-    "rope-scaling": st.sampled_from([{"variant": v} for v in ("linear", "dynamic", "yarn", "longrope", "none")]),
+    "rope-scaling": st.sampled_from(
+        [{"variant": v} for v in ("linear", "dynamic", "yarn", "longrope", "none")]
+    ),
     "partial-rotary": st.just({}),
     "interleaved-rope": st.just({}),
-    "attention-scale": st.sampled_from([
-        {"config_key": "attention_multiplier"},
-        {"config_key": "query_pre_attn_scalar", "form": "inverse_sqrt"},
-    ]),
+    "attention-scale": st.sampled_from(
+        [
+            {"config_key": "attention_multiplier"},
+            {"config_key": "query_pre_attn_scalar", "form": "inverse_sqrt"},
+        ]
+    ),
     "attention-softcap": st.just({}),
     "attention-sinks": st.just({}),
 }

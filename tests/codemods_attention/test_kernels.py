@@ -49,7 +49,9 @@ def _segmented_case(generator, kv_heads, block=4, blocks=256):
     heads, d, prior, segment = 4, 8, 12, 512
     shape = (blocks, kv_heads, block, d) if kv_heads > 1 else (blocks, block, d)
     caches = [torch.randn(*shape, generator=generator) for _ in range(2)]
-    table = torch.randperm(blocks, generator=generator)[: (prior + segment) // block].view(1, -1).to(torch.int32)
+    table = (
+        torch.randperm(blocks, generator=generator)[: (prior + segment) // block].view(1, -1).to(torch.int32)
+    )
     q = torch.randn(heads, segment, d, generator=generator)
     return q, caches, table, prior, block, segment
 
@@ -60,8 +62,14 @@ def test_segmented_substitute_matches_the_kernel(kv_heads, window, sink):
     generator = torch.Generator().manual_seed(2)
     q, (k_cache, v_cache), table, prior, block, segment = _segmented_case(generator, kv_heads)
     kwargs = {
-        "block_tables": table, "prior_tokens": torch.tensor([prior]), "block_size": block,
-        "kv_segment_size": segment, "scale": 0.35, "tp_q": True, "tp_out": True, "sliding_window": window,
+        "block_tables": table,
+        "prior_tokens": torch.tensor([prior]),
+        "block_size": block,
+        "kv_segment_size": segment,
+        "scale": 0.35,
+        "tp_q": True,
+        "tp_out": True,
+        "sliding_window": window,
         "sink": torch.randn(4, 1, generator=generator) if sink else None,
     }
     expected = NF.segmented_attention(q, k_cache=k_cache, v_cache=v_cache, **kwargs)
@@ -98,7 +106,9 @@ def _decode_case(seed: int, kv_heads: int = 2, seq: int = 1):
     caches = [torch.randn(*shape, generator=generator) for _ in range(2)]
     table = torch.tensor([[4, 2, 6, 8], [1, 3, 5, 7]], dtype=torch.int32)
     positions = torch.tensor([[37 + i for i in range(seq)], [90 + i for i in range(seq)]])  # [B, S]
-    slots = torch.stack([table[b, positions[b] // block] * block + positions[b] % block for b in range(batch)])
+    slots = torch.stack(
+        [table[b, positions[b] // block] * block + positions[b] % block for b in range(batch)]
+    )
     angles = torch.randn(d // 2, batch, seq, generator=generator)
     width = (q_heads + 2 * kv_heads) * d
     kwargs = {
@@ -225,10 +235,24 @@ def test_decode_substitute_takes_neutral_options_and_hints():
     kwargs, caches, positions, mask, _ = _decode_case(8)
     kwargs["attention_mask"] = NF.gen_attention_decode_mask(pos_ids=positions.reshape(1, -1).float(), **mask)
     neutral = {
-        "attention_dp": 1, "attention_dp_group": None, "attention_dp_rank": 0, "kv_needs_a2a": False,
-        "dcp_size": 1, "dcp_group": None, "k_scale": None, "v_scale": None, "K_cache_transposed": False,
-        "transposed_out": False, "out_in_sb": False, "pos_ids": None, "max_context_len": None,
-        "X_hidden_dim_actual": 32, "rmsnorm_X_enabled": False, "rmsnorm_QK_post_rope_enabled": False,
+        "attention_dp": 1,
+        "attention_dp_group": None,
+        "attention_dp_rank": 0,
+        "kv_needs_a2a": False,
+        "dcp_size": 1,
+        "dcp_group": None,
+        "k_scale": None,
+        "v_scale": None,
+        "K_cache_transposed": False,
+        "transposed_out": False,
+        "out_in_sb": False,
+        "pos_ids": None,
+        "max_context_len": None,
+        "X_hidden_dim_actual": 32,
+        "rmsnorm_X_enabled": False,
+        "rmsnorm_QK_post_rope_enabled": False,
     }
     _compare({**kwargs, **neutral}, caches, update_cache=True)
-    DECODE(K_cache=caches[0].clone(), V_cache=caches[1].clone(), update_cache=True, sbm_lower_bound=0, **kwargs)
+    DECODE(
+        K_cache=caches[0].clone(), V_cache=caches[1].clone(), update_cache=True, sbm_lower_bound=0, **kwargs
+    )

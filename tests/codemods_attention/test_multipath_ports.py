@@ -33,16 +33,24 @@ CASES = {
         example("vaultgemma"),
         "llama3",
         {
-            "model_type": "vaultgemma", "num_hidden_layers": 2, "sliding_window": 6,
-            "query_pre_attn_scalar": 25, "attn_logit_softcapping": 1.5, "final_logit_softcapping": 5.0,
+            "model_type": "vaultgemma",
+            "num_hidden_layers": 2,
+            "sliding_window": 6,
+            "query_pre_attn_scalar": 25,
+            "attn_logit_softcapping": 1.5,
+            "final_logit_softcapping": 5.0,
         },
     ),
     "granite_swa": (
         example("granite_swa"),
         "llama3",
         {
-            "model_type": "granite_swa", "num_hidden_layers": 2, "sliding_window": 6,
-            "attention_multiplier": 0.2, "embedding_multiplier": 6.0, "residual_multiplier": 0.5,
+            "model_type": "granite_swa",
+            "num_hidden_layers": 2,
+            "sliding_window": 6,
+            "attention_multiplier": 0.2,
+            "embedding_multiplier": 6.0,
+            "residual_multiplier": 0.5,
             "logits_scaling": 4.0,
         },
     ),
@@ -50,8 +58,11 @@ CASES = {
         example("qwen3"),
         "qwen3",
         {
-            "model_type": "qwen3", "use_sliding_window": True, "sliding_window": 6,
-            "layer_types": ["sliding_attention", "full_attention"], "num_hidden_layers": 2,
+            "model_type": "qwen3",
+            "use_sliding_window": True,
+            "sliding_window": 6,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "num_hidden_layers": 2,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
         },
     ),
@@ -104,4 +115,6 @@ def test_guarded_paths_name_the_feature(case_of):
     granite_text = (granite / "model.py").read_text(encoding="utf-8")
     assert "attention sinks: NF.segmented_attention_cp" in granite_text
     assert "sliding-window attention: NF.segmented_attention_cp" in granite_text
-    assert "attention softcap: NF.segmented_attention_cp" in (vaultgemma / "model.py").read_text(encoding="utf-8")
+    assert "attention softcap: NF.segmented_attention_cp" in (vaultgemma / "model.py").read_text(
+        encoding="utf-8"
+    )

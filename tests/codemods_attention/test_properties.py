@@ -122,8 +122,16 @@ def test_all_codemods_compose_on_llama3():
     """Every codemod, applied one after the other (in an order their AFTER
     constraints allow), gives a file that compiles, where each is a fixed point."""
     order = [
-        "rope-scaling", "qk-norm", "sliding-window", "nope-layers", "rope-layer-parameters", "attention-scale",
-        "attention-sinks", "attention-softcap", "interleaved-rope", "partial-rotary",
+        "rope-scaling",
+        "qk-norm",
+        "sliding-window",
+        "nope-layers",
+        "rope-layer-parameters",
+        "attention-scale",
+        "attention-sinks",
+        "attention-softcap",
+        "interleaved-rope",
+        "partial-rotary",
     ]
     source = variant_source(Variant())
     params = dict(DEFAULT_PARAMS, **{"qk-norm": {"kind": "full_width"}})

@@ -56,8 +56,12 @@ def test_qkv_bias_loader_shards_like_the_weight_loader_with_attention_dp():
     shaped = next(e for e in AddQkvBias.EXAMPLES if "attention data parallelism" in e.title)
     output, _ = run_example(AddQkvBias, shaped)
     # the bias loader is given every sharding argument of the weight loader
-    for argument in ("attention_dp_rank=self.attention_dp_rank", "attention_dp_size=ddp",
-                     "kv_sharded_across_attention_dp=self.kv_needs_a2a", "num_kv_replicas=self.num_kv_replicas"):
+    for argument in (
+        "attention_dp_rank=self.attention_dp_rank",
+        "attention_dp_size=ddp",
+        "kv_sharded_across_attention_dp=self.kv_needs_a2a",
+        "num_kv_replicas=self.num_kv_replicas",
+    ):
         assert output.count(argument) == 2, argument
     bias_loader = _generated_function(
         output, "fused_qkv_bias_loader", SafetensorsWeightLoader=wl.SafetensorsWeightLoader
@@ -74,8 +78,12 @@ def test_qkv_bias_loader_shards_like_the_weight_loader_with_attention_dp():
                 for n, offset in ((heads, 0), (kv_heads, 100), (kv_heads, 200))
             ]
             for dp_rank, tp_rank in itertools.product(range(dp), range(tp)):
-                arguments = {"num_kv_replicas": replicas, "attention_dp_rank": dp_rank, "attention_dp_size": dp,
-                             "kv_sharded_across_attention_dp": kv_sharded}
+                arguments = {
+                    "num_kv_replicas": replicas,
+                    "attention_dp_rank": dp_rank,
+                    "attention_dp_size": dp,
+                    "kv_sharded_across_attention_dp": kv_sharded,
+                }
                 weight = wl.fused_qkv_weight_loader(q_size, kv_size, 1, tp, True, **arguments)
                 bias = bias_loader(q_size, kv_size, tp, **arguments)
                 weights = weight.load([wl.TensorSlice(t) for t in tensors], tp_rank)  # [hidden, q | k | v]
@@ -107,12 +115,15 @@ def test_op_by_op_projection_matches_the_kernel_norms():
     from autoport_cst.validate.standin.common_types import NormType
 
     namespace = {"torch": torch, "NF": NF}
-    exec("def apply_rotary_pos_emb(q, k, cos, sin):\n"  # noqa: S102 - rotate-half RoPE as the references define it
-         "    def rotate(x):\n"
-         "        half = x.shape[-1] // 2\n"
-         "        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)\n"
-         "    cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)\n"
-         "    return q * cos + rotate(q) * sin, k * cos + rotate(k) * sin\n", namespace)
+    exec(
+        "def apply_rotary_pos_emb(q, k, cos, sin):\n"  # noqa: S102 - rotate-half RoPE as the references define it
+        "    def rotate(x):\n"
+        "        half = x.shape[-1] // 2\n"
+        "        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)\n"
+        "    cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)\n"
+        "    return q * cos + rotate(q) * sin, k * cos + rotate(k) * sin\n",
+        namespace,
+    )
     exec(QKV_PROJ_UNFUSED_FUNCTION, namespace)  # noqa: S102
     unfused = namespace["_qkv_proj_unfused"]
     generator = torch.Generator().manual_seed(0)
@@ -128,22 +139,47 @@ def test_op_by_op_projection_matches_the_kernel_norms():
     def per_head(x, gamma):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * gamma
 
-    common = {"hidden": x, "qkv_weights": w, "bias": bias, "d_head": d, "cos_cache": cos, "sin_cache": sin,
-              "num_q_heads": q_heads, "num_kv_heads": kv_heads}
-    fused = NF.qkv_proj(**common, qk_norm_pre_rope_q_norm=NormType.RMS_NORM, qk_norm_pre_rope_k_norm=NormType.RMS_NORM,
-                        qk_norm_pre_rope_eps=1e-6, qk_norm_pre_rope_q_gamma=gamma_q.view(1, -1),
-                        qk_norm_pre_rope_k_gamma=gamma_k.view(1, -1))
+    common = {
+        "hidden": x,
+        "qkv_weights": w,
+        "bias": bias,
+        "d_head": d,
+        "cos_cache": cos,
+        "sin_cache": sin,
+        "num_q_heads": q_heads,
+        "num_kv_heads": kv_heads,
+    }
+    fused = NF.qkv_proj(
+        **common,
+        qk_norm_pre_rope_q_norm=NormType.RMS_NORM,
+        qk_norm_pre_rope_k_norm=NormType.RMS_NORM,
+        qk_norm_pre_rope_eps=1e-6,
+        qk_norm_pre_rope_q_gamma=gamma_q.view(1, -1),
+        qk_norm_pre_rope_k_gamma=gamma_k.view(1, -1),
+    )
     ours = unfused(**common, qk_norm=lambda q, k: (per_head(q, gamma_q), per_head(k, gamma_k)))
     torch.testing.assert_close(ours, fused)
     caches = [torch.zeros(4, kv_heads, 4, d) for _ in range(4)]
     slots = torch.tensor([3, 4, 5, 9, 10], dtype=torch.int32)
     paged = {"use_block_kv": True, "block_size": 4, "slot_mapping": slots}
-    q_kernel, *_ = NF.qkv_proj(**common, k_cache=caches[0], v_cache=caches[1], **paged,
-                               qk_norm_pre_rope_q_norm=NormType.RMS_NORM, qk_norm_pre_rope_k_norm=NormType.RMS_NORM,
-                               qk_norm_pre_rope_eps=1e-6, qk_norm_pre_rope_q_gamma=gamma_q.view(1, -1),
-                               qk_norm_pre_rope_k_gamma=gamma_k.view(1, -1))
-    q_ours, *_ = unfused(**common, k_cache=caches[2], v_cache=caches[3], **paged,
-                         qk_norm=lambda q, k: (per_head(q, gamma_q), per_head(k, gamma_k)))
+    q_kernel, *_ = NF.qkv_proj(
+        **common,
+        k_cache=caches[0],
+        v_cache=caches[1],
+        **paged,
+        qk_norm_pre_rope_q_norm=NormType.RMS_NORM,
+        qk_norm_pre_rope_k_norm=NormType.RMS_NORM,
+        qk_norm_pre_rope_eps=1e-6,
+        qk_norm_pre_rope_q_gamma=gamma_q.view(1, -1),
+        qk_norm_pre_rope_k_gamma=gamma_k.view(1, -1),
+    )
+    q_ours, *_ = unfused(
+        **common,
+        k_cache=caches[2],
+        v_cache=caches[3],
+        **paged,
+        qk_norm=lambda q, k: (per_head(q, gamma_q), per_head(k, gamma_k)),
+    )
     torch.testing.assert_close(q_ours, q_kernel)
     torch.testing.assert_close(caches[2], caches[0])
     torch.testing.assert_close(caches[3], caches[1])

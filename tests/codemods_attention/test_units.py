@@ -21,11 +21,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from autoport_cst.transform import attention as common
 from autoport_cst.codemods import nope_layers, rope_layer_parameters, sliding_window
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autoport_cst.transform import attention as common
 
 
 def _function(source: str, name: str, **namespace):
@@ -40,14 +40,16 @@ def _function(source: str, name: str, **namespace):
 @pytest.fixture(scope="module")
 def rope_ports(port_builder):
     return {
-        variant: port_builder({
-            "version": 1,
-            "name": f"llama_{variant}",
-            "class_prefix": "Llama",
-            "architecture": "LlamaForCausalLM",
-            "reference": "llama3",
-            "spec": {"rope": {"type": variant}},
-        })
+        variant: port_builder(
+            {
+                "version": 1,
+                "name": f"llama_{variant}",
+                "class_prefix": "Llama",
+                "architecture": "LlamaForCausalLM",
+                "reference": "llama3",
+                "spec": {"rope": {"type": variant}},
+            }
+        )
         for variant in ("linear", "dynamic", "yarn", "longrope")
     }
 
@@ -68,12 +70,19 @@ ROPE_CONFIGS = {
     "linear": {"rope_type": "linear", "factor": 4.0},
     "dynamic": {"rope_type": "dynamic", "factor": 3.0},
     "yarn": {
-        "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64,
-        "beta_fast": 16, "beta_slow": 1,
+        "rope_type": "yarn",
+        "factor": 8.0,
+        "original_max_position_embeddings": 64,
+        "beta_fast": 16,
+        "beta_slow": 1,
     },
     "yarn-mscale": {
-        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
-        "mscale": 0.707, "mscale_all_dim": 0.707, "truncate": False,
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 128,
+        "mscale": 0.707,
+        "mscale_all_dim": 0.707,
+        "truncate": False,
     },
     "longrope": {
         "rope_type": "longrope",
@@ -92,7 +101,10 @@ def test_rope_frequencies_match_transformers(name, rope_ports):
     parameters = {**ROPE_CONFIGS[name], "rope_theta": 10000.0}
     variant = parameters["rope_type"]
     hf_config = LlamaConfig(
-        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
         rope_parameters=parameters,
     )
     rotary = _port_rotary(rope_ports[variant], hf_config)
@@ -122,7 +134,10 @@ def test_dynamic_ntk_follows_the_step_length_past_the_limit(rope_ports):
     from transformers import LlamaConfig
 
     hf_config = LlamaConfig(
-        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=16,
         rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
     )
     rotary = _port_rotary(rope_ports["dynamic"], hf_config)
@@ -203,8 +218,8 @@ def test_column_loader_reorders_query_and_key_heads_only():
     inner = SafetensorsWeightLoader(lambda slices, rank: slices[0][:])
     loaded = loader_fn(inner, order, q_size + kv_size).load([TensorSlice(fused)], 0)
     expected = torch.cat(
-        [fused[:, h * head_dim:(h + 1) * head_dim][:, order] for h in range((q_size + kv_size) // head_dim)]
-        + [fused[:, q_size + kv_size:]],
+        [fused[:, h * head_dim : (h + 1) * head_dim][:, order] for h in range((q_size + kv_size) // head_dim)]
+        + [fused[:, q_size + kv_size :]],
         dim=-1,
     )
     assert torch.equal(loaded, expected)
@@ -215,8 +230,12 @@ def test_column_loader_reorders_query_and_key_heads_only():
 
 def _config(**values):
     defaults = dict(
-        sliding_window=5, use_sliding_window=True, layer_types=None, max_window_layers=None,
-        no_rope_layers=None, no_rope_layer_interval=None,
+        sliding_window=5,
+        use_sliding_window=True,
+        layer_types=None,
+        max_window_layers=None,
+        no_rope_layers=None,
+        no_rope_layer_interval=None,
     )
     return SimpleNamespace(**{**defaults, **values})
 
@@ -265,8 +284,11 @@ def test_layer_uses_rope(config, expected):
     "config, expected",
     [
         (
-            _config(rope_layer_parameters={"sliding_attention": {}, "full_attention": {}}, num_hidden_layers=2,
-                    layer_types=["sliding_attention", "full_attention"]),
+            _config(
+                rope_layer_parameters={"sliding_attention": {}, "full_attention": {}},
+                num_hidden_layers=2,
+                layer_types=["sliding_attention", "full_attention"],
+            ),
             ["sliding_attention", "full_attention"],
         ),
         (_config(rope_layer_parameters=None, num_hidden_layers=3), [None, None, None]),
@@ -283,7 +305,8 @@ def test_rope_layer_types(config, expected):
 )
 def test_rope_layer_types_refuses_layers_without_parameters(layer_types, message):
     rule = _function(rope_layer_parameters.LAYER_TYPES_FUNCTION, "_rope_layer_types")
-    config = _config(rope_layer_parameters={"sliding_attention": {}}, num_hidden_layers=2, layer_types=layer_types)
+    config = _config(
+        rope_layer_parameters={"sliding_attention": {}}, num_hidden_layers=2, layer_types=layer_types
+    )
     with pytest.raises(ValueError, match=message):
         rule(config)
-

@@ -139,17 +139,27 @@ CASES = [
     Case(
         "rope-yarn",
         llama_with_rope("yarn"),
-        rope_config({
-            "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64,
-            "beta_fast": 16, "beta_slow": 1, "rope_theta": 10000.0,
-        }),
+        rope_config(
+            {
+                "rope_type": "yarn",
+                "factor": 8.0,
+                "original_max_position_embeddings": 64,
+                "beta_fast": 16,
+                "beta_slow": 1,
+                "rope_theta": 10000.0,
+            }
+        ),
         ("rope-scaling",),
     ),
     Case("rope-longrope", llama_with_rope("longrope"), rope_config(LONGROPE), ("rope-scaling",), tp2="no"),
     Case(
         "rope-none",
-        {**llama_with_rope("none"), "class_prefix": "SmolLM3", "architecture": "SmolLM3ForCausalLM",
-         "spec": {"rope": {"type": "none"}, "embedding": {"tied": True}}},
+        {
+            **llama_with_rope("none"),
+            "class_prefix": "SmolLM3",
+            "architecture": "SmolLM3ForCausalLM",
+            "spec": {"rope": {"type": "none"}, "embedding": {"tied": True}},
+        },
         {"model_type": "smollm3", "num_hidden_layers": 2, "no_rope_layers": [0, 0]},
         ("rope-scaling",),
         tp2="no",
@@ -158,8 +168,11 @@ CASES = [
         "granite",
         example("granite"),
         {
-            "model_type": "granite", "attention_multiplier": 0.03, "embedding_multiplier": 6.0,
-            "residual_multiplier": 0.5, "logits_scaling": 4.0,
+            "model_type": "granite",
+            "attention_multiplier": 0.03,
+            "embedding_multiplier": 6.0,
+            "residual_multiplier": 0.5,
+            "logits_scaling": 4.0,
         },
         ("attention-scale", "embedding-multiplier", "residual-multiplier", "logits-divisor"),
     ),
@@ -167,8 +180,12 @@ CASES = [
         "granite-swa",
         example("granite_swa"),
         {
-            "model_type": "granite_swa", "num_hidden_layers": 2, "sliding_window": 6,
-            "attention_multiplier": 0.2, "embedding_multiplier": 6.0, "residual_multiplier": 0.5,
+            "model_type": "granite_swa",
+            "num_hidden_layers": 2,
+            "sliding_window": 6,
+            "attention_multiplier": 0.2,
+            "embedding_multiplier": 6.0,
+            "residual_multiplier": 0.5,
             "logits_scaling": 4.0,
         },
         ("attention-sinks", "attention-scale", "sliding-window"),
@@ -178,8 +195,12 @@ CASES = [
         "vaultgemma",
         example("vaultgemma"),
         {
-            "model_type": "vaultgemma", "num_hidden_layers": 2, "sliding_window": 6,
-            "query_pre_attn_scalar": 25, "attn_logit_softcapping": 1.5, "final_logit_softcapping": 5.0,
+            "model_type": "vaultgemma",
+            "num_hidden_layers": 2,
+            "sliding_window": 6,
+            "query_pre_attn_scalar": 25,
+            "attn_logit_softcapping": 1.5,
+            "final_logit_softcapping": 5.0,
         },
         ("attention-softcap", "attention-scale", "sliding-window", "norm-offset", "embedding-scale"),
     ),
@@ -187,8 +208,12 @@ CASES = [
         "gemma2",
         example("gemma2"),
         {
-            "model_type": "gemma2", "num_hidden_layers": 2, "sliding_window": 6,
-            "query_pre_attn_scalar": 25, "attn_logit_softcapping": 1.5, "final_logit_softcapping": 5.0,
+            "model_type": "gemma2",
+            "num_hidden_layers": 2,
+            "sliding_window": 6,
+            "query_pre_attn_scalar": 25,
+            "attn_logit_softcapping": 1.5,
+            "final_logit_softcapping": 5.0,
         },
         ("attention-softcap", "attention-scale", "sliding-window", "norm-placement", "norm-offset"),
     ),
@@ -198,10 +223,16 @@ CASES = [
         "qwen3-reference-sliding-yarn",
         None,
         {
-            "model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4, "use_sliding_window": True,
-            "sliding_window": 5, "max_window_layers": 1,
+            "model_type": "qwen3",
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "use_sliding_window": True,
+            "sliding_window": 5,
+            "max_window_layers": 1,
             "rope_parameters": {
-                "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
                 "rope_theta": 1000000.0,
             },
         },
@@ -220,8 +251,11 @@ CASES = [
         "smollm3-reference-sliding",
         None,
         {
-            "model_type": "smollm3", "num_hidden_layers": 2, "no_rope_layers": [1, 0],
-            "use_sliding_window": True, "sliding_window": 5,
+            "model_type": "smollm3",
+            "num_hidden_layers": 2,
+            "no_rope_layers": [1, 0],
+            "use_sliding_window": True,
+            "sliding_window": 5,
         },
         (),
         reference="smollm3",
@@ -231,8 +265,11 @@ CASES = [
     Case(
         "mistral-from-qwen3",
         {
-            "version": 1, "name": "mistral_from_qwen3", "class_prefix": "Mistral",
-            "architecture": "MistralForCausalLM", "reference": "qwen3",
+            "version": 1,
+            "name": "mistral_from_qwen3",
+            "class_prefix": "Mistral",
+            "architecture": "MistralForCausalLM",
+            "reference": "qwen3",
             "spec": {"attention": {"qk_norm": "none", "sliding_window": "all"}},
         },
         {"model_type": "mistral", "sliding_window": 6},
@@ -242,8 +279,11 @@ CASES = [
     Case(
         "qwen2-from-qwen3",
         {
-            "version": 1, "name": "qwen2_from_qwen3", "class_prefix": "Qwen2",
-            "architecture": "Qwen2ForCausalLM", "reference": "qwen3",
+            "version": 1,
+            "name": "qwen2_from_qwen3",
+            "class_prefix": "Qwen2",
+            "architecture": "Qwen2ForCausalLM",
+            "reference": "qwen3",
             "spec": {"attention": {"qkv_bias": True, "qk_norm": "none", "sliding_window": "per_layer"}},
         },
         {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 5, "max_window_layers": 1},
@@ -273,8 +313,15 @@ def checkpoint_of(tiny_checkpoint):
 
 def test_cases_cover_every_attention_codemod():
     mine = {
-        "sliding-window", "qk-norm", "partial-rotary", "interleaved-rope", "rope-scaling",
-        "nope-layers", "attention-scale", "attention-softcap", "attention-sinks",
+        "sliding-window",
+        "qk-norm",
+        "partial-rotary",
+        "interleaved-rope",
+        "rope-scaling",
+        "nope-layers",
+        "attention-scale",
+        "attention-softcap",
+        "attention-sinks",
     }
     covered = {c for case in CASES for c in case.codemods}
     assert mine <= covered
@@ -316,7 +363,9 @@ def test_llama3_without_the_codemods_diverges(case_id, checkpoint_of):
     report = validate_model(ROOT / "reference_models" / "llama3", checkpoint_of(case), dtype="fp32", steps=4)
     assert not report.equivalent
     if report.first_diverging is not None:
-        assert "attention" in report.first_diverging.component or "embedding" in report.first_diverging.component
+        assert (
+            "attention" in report.first_diverging.component or "embedding" in report.first_diverging.component
+        )
     else:  # a RoPE type the reference refuses: the port fails to build, saying why
         assert report.failure is not None and "rope_type" in report.failure.message
 
@@ -331,7 +380,9 @@ def test_llama3_without_the_codemods_diverges(case_id, checkpoint_of):
         ("stablelm", "rope", "partial_rotary_factor", 1.0),
     ],
 )
-def test_the_same_port_without_one_feature_diverges(case_id, section, feature, absent, port_builder, checkpoint_of):
+def test_the_same_port_without_one_feature_diverges(
+    case_id, section, feature, absent, port_builder, checkpoint_of
+):
     case = next(c for c in CASES if c.id == case_id)
     plan = json.loads(json.dumps(case.plan))
     plan["name"] = f"{plan['name']}_without_{feature}"

@@ -77,8 +77,14 @@ def checkpoints(tmp_path_factory) -> Checkpoints:
     return Checkpoints(tmp_path_factory)
 
 
-def plan_dict(name: str, architecture: str, spec: dict, reference: str = "llama3",
-              steps: list | None = None, prefix: str | None = None) -> dict[str, Any]:
+def plan_dict(
+    name: str,
+    architecture: str,
+    spec: dict,
+    reference: str = "llama3",
+    steps: list | None = None,
+    prefix: str | None = None,
+) -> dict[str, Any]:
     data: dict[str, Any] = {
         "version": 1,
         "name": name,

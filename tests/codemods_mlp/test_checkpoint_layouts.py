@@ -54,8 +54,11 @@ def conv1d_plan(in_out: bool) -> dict:
     if in_out:
         params["in_out_params"] = ["up_proj_weight", "down_proj_weight"]
     return plan_dict(
-        f"conv1d_{'in_out' if in_out else 'out_in'}", "Starcoder2ForCausalLM", STARCODER2_SPEC,
-        steps=[{"codemod": "checkpoint-keys", "params": params}], prefix="Starcoder2",
+        f"conv1d_{'in_out' if in_out else 'out_in'}",
+        "Starcoder2ForCausalLM",
+        STARCODER2_SPEC,
+        steps=[{"codemod": "checkpoint-keys", "params": params}],
+        prefix="Starcoder2",
     )
 
 
@@ -81,6 +84,7 @@ def test_fused_loaders_split_by_rank():
     separate-tensor loaders, for concatenated and per-head layouts, weights and
     biases, with KV heads replicated when there are fewer than ranks."""
     from autoport_cst.codemods.fused_checkpoint import PART_CODE, QKV_SPLIT_CODE
+
     from autoport_cst.validate.standin import weight_loader as wl
 
     namespace = {"torch": torch, "SafetensorsWeightLoader": wl.SafetensorsWeightLoader}
@@ -105,9 +109,9 @@ def test_fused_loaders_split_by_rank():
             biases = [t[:, 0].contiguous() for t in (q, k, v)]
             assert torch.equal(bias.load([wl.TensorSlice(torch.cat(biases))], rank), expected[0])
             if kv_heads == heads:
-                per_head = torch.stack(
-                    [t.view(heads, head_dim, hidden) for t in (q, k, v)], dim=1
-                ).reshape(3 * heads * head_dim, hidden)
+                per_head = torch.stack([t.view(heads, head_dim, hidden) for t in (q, k, v)], dim=1).reshape(
+                    3 * heads * head_dim, hidden
+                )
                 loader = split(q_size, kv_size, shards, replicas, True, per_head=True, head_dim=head_dim)
                 assert torch.equal(loader.load([wl.TensorSlice(per_head)], rank), expected)
     gate, up = torch.randn(16, hidden, generator=generator), torch.randn(16, hidden, generator=generator)

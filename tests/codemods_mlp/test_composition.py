@@ -31,7 +31,7 @@ def test_example_plans_compose(name):
     assert EXPECTED[name] <= set(ids), ids
     if "checkpoint-keys" in ids:  # after every step that writes mapping entries
         after = get_codemod("checkpoint-keys").AFTER
-        assert not [i for i in ids[ids.index("checkpoint-keys"):] if i in after]
+        assert not [i for i in ids[ids.index("checkpoint-keys") :] if i in after]
 
 
 def test_parameters_follow_the_target_spec():

@@ -22,33 +22,52 @@ from autoport_cst.validate import validate_model  # noqa: E402
 
 STARCODER2_REF = ROOT / "reference_models" / "starcoder2"
 
-GRANITE_CONFIG = dict(embedding_multiplier=12.0, residual_multiplier=0.22, logits_scaling=8.0,
-                      # the attention scale equals head_dim ** -0.5 of the tiny model (16 ** -0.5), so
-                      # that this case exercises the three other constants only
-                      attention_multiplier=0.25)
+GRANITE_CONFIG = dict(
+    embedding_multiplier=12.0,
+    residual_multiplier=0.22,
+    logits_scaling=8.0,
+    # the attention scale equals head_dim ** -0.5 of the tiny model (16 ** -0.5), so
+    # that this case exercises the three other constants only
+    attention_multiplier=0.25,
+)
 GRANITE_PLAN = plan_dict(
-    "granite_multipliers", "GraniteForCausalLM",
-    {"rope": {"type": "default"}, "embedding": {"tied": False, "multiplier": 12.0},
-     "residual": {"multiplier": 0.22}, "lm_head": {"logits_divisor": 8.0}},
+    "granite_multipliers",
+    "GraniteForCausalLM",
+    {
+        "rope": {"type": "default"},
+        "embedding": {"tied": False, "multiplier": 12.0},
+        "residual": {"multiplier": 0.22},
+        "lm_head": {"logits_divisor": 8.0},
+    },
     prefix="Granite",
 )
 OLMO2_PLAN = plan_dict(
-    "olmo2_post_norm", "Olmo2ForCausalLM",
-    {"norm": {"placement": "post"}, "attention": {"qk_norm": "full_width"}, "rope": {"type": "default"},
-     "embedding": {"tied": False}},
+    "olmo2_post_norm",
+    "Olmo2ForCausalLM",
+    {
+        "norm": {"placement": "post"},
+        "attention": {"qk_norm": "full_width"},
+        "rope": {"type": "default"},
+        "embedding": {"tied": False},
+    },
     prefix="Olmo2",
 )
 
 
 def torch_activation_plan(activation: str) -> dict:
     return plan_dict(
-        f"starcoder2_{activation}", "Starcoder2ForCausalLM",
-        {"norm": {"kind": "layernorm", "bias": True, "eps_key": "norm_epsilon"},
-         "attention": {"qkv_bias": True, "o_bias": True, "sliding_window": "all"},
-         "rope": {"type": "default"}, "mlp": {"kind": "plain", "activation": activation, "bias": True},
-         "embedding": {"tied": True},
-         "checkpoint": {"key_map": {"mlp.up_proj": "mlp.c_fc", "mlp.down_proj": "mlp.c_proj"}}},
-        reference="starcoder2", prefix="Starcoder2",
+        f"starcoder2_{activation}",
+        "Starcoder2ForCausalLM",
+        {
+            "norm": {"kind": "layernorm", "bias": True, "eps_key": "norm_epsilon"},
+            "attention": {"qkv_bias": True, "o_bias": True, "sliding_window": "all"},
+            "rope": {"type": "default"},
+            "mlp": {"kind": "plain", "activation": activation, "bias": True},
+            "embedding": {"tied": True},
+            "checkpoint": {"key_map": {"mlp.up_proj": "mlp.c_fc", "mlp.down_proj": "mlp.c_proj"}},
+        },
+        reference="starcoder2",
+        prefix="Starcoder2",
     )
 
 
@@ -74,7 +93,10 @@ CASES = {
     "olmo2": (OLMO2_PLAN, ("Olmo2ForCausalLM", {})),
     # mlp-activation outside the kernel (torch_mlp)
     "relu2": (torch_activation_plan("relu2"), ("Starcoder2ForCausalLM", {"hidden_act": "relu2"})),
-    "quick_gelu": (torch_activation_plan("quick_gelu"), ("Starcoder2ForCausalLM", {"hidden_act": "quick_gelu"})),
+    "quick_gelu": (
+        torch_activation_plan("quick_gelu"),
+        ("Starcoder2ForCausalLM", {"hidden_act": "quick_gelu"}),
+    ),
 }
 
 TP1 = [pytest.param(case, dtype, id=f"{case}-tp1-{dtype}") for case in CASES for dtype in ("fp32", "bf16")]

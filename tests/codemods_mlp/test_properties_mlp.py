@@ -45,7 +45,9 @@ PARAMS = {
     "logit-softcap": [{}],
     "lm-head-bias": [{}],
     "fused-checkpoint": [{"qkv": True, "gate_up": True}, {"qkv": True, "qkv_layout": "per_head"}],
-    "checkpoint-keys": [{"renames": {"model": "transformer", "self_attn.o_proj": "attn.c_proj", "norm": "ln_f"}}],
+    "checkpoint-keys": [
+        {"renames": {"model": "transformer", "self_attn.o_proj": "attn.c_proj", "norm": "ln_f"}}
+    ],
 }
 
 
@@ -90,16 +92,33 @@ def test_idempotent_and_compiles(codemod_id, params, source):
 
 # Codemod sets ports use together (Gemma 2, GPT-NeoX / Phi-like, Granite + biases, Phi-3).
 SETS = {
-    "sandwich": [("norm-offset", {}), ("embedding-scale", {}), ("mlp-activation", {"activation": "gelu_tanh"}),
-                 ("norm-placement", {"placement": "sandwich"}), ("logit-softcap", {}), ("logits-divisor", {}),
-                 ("residual-multiplier", {})],
-    "parallel": [("mlp-kind", {}), ("mlp-bias", {}), ("mlp-activation", {"activation": "gelu"}),
-                 ("parallel-residual", {"kind": "separate_norms"}), ("lm-head-bias", {}),
-                 ("fused-checkpoint", {"qkv": True, "qkv_layout": "per_head"}),
-                 ("checkpoint-keys", {"renames": {"model": "gpt_neox", "self_attn.o_proj": "attention.dense"}}),
-                 ("embedding-multiplier", {}), ("residual-multiplier", {})],
-    "fused": [("mlp-bias", {}), ("fused-checkpoint", {"qkv": True, "gate_up": True}), ("lm-head-bias", {}),
-              ("norm-placement", {"placement": "post"}), ("checkpoint-keys", {"renames": {"model": "m"}})],
+    "sandwich": [
+        ("norm-offset", {}),
+        ("embedding-scale", {}),
+        ("mlp-activation", {"activation": "gelu_tanh"}),
+        ("norm-placement", {"placement": "sandwich"}),
+        ("logit-softcap", {}),
+        ("logits-divisor", {}),
+        ("residual-multiplier", {}),
+    ],
+    "parallel": [
+        ("mlp-kind", {}),
+        ("mlp-bias", {}),
+        ("mlp-activation", {"activation": "gelu"}),
+        ("parallel-residual", {"kind": "separate_norms"}),
+        ("lm-head-bias", {}),
+        ("fused-checkpoint", {"qkv": True, "qkv_layout": "per_head"}),
+        ("checkpoint-keys", {"renames": {"model": "gpt_neox", "self_attn.o_proj": "attention.dense"}}),
+        ("embedding-multiplier", {}),
+        ("residual-multiplier", {}),
+    ],
+    "fused": [
+        ("mlp-bias", {}),
+        ("fused-checkpoint", {"qkv": True, "gate_up": True}),
+        ("lm-head-bias", {}),
+        ("norm-placement", {"placement": "post"}),
+        ("checkpoint-keys", {"renames": {"model": "m"}}),
+    ],
 }
 
 
@@ -109,8 +128,7 @@ def _valid_order(steps, rng: random.Random):
     order = []
     while remaining:
         ready = [
-            s for s in remaining
-            if not any(o[0] in get_codemod(s[0]).AFTER for o in remaining if o is not s)
+            s for s in remaining if not any(o[0] in get_codemod(s[0]).AFTER for o in remaining if o is not s)
         ]
         pick = rng.choice(ready)
         order.append(pick)

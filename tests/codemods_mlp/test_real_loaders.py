@@ -20,7 +20,7 @@ from .conftest import ROOT, plan_dict
 
 REFERENCE = ROOT / "reference_models" / "llama3"
 
-LOOP_LOADERS = '''        for weight in (self.gate_proj_weight, self.up_proj_weight):
+LOOP_LOADERS = """        for weight in (self.gate_proj_weight, self.up_proj_weight):
             set_weight_loader(
                 weight,
                 sharding_weight_loader(
@@ -39,8 +39,8 @@ LOOP_LOADERS = '''        for weight in (self.gate_proj_weight, self.up_proj_wei
                 is_storage_transposed=True,
             ),
         )
-'''
-REAL_LOADERS = '''        self.mlp_tp_size = self.world_size
+"""
+REAL_LOADERS = """        self.mlp_tp_size = self.world_size
         self.mlp_tp_rank = self.world_size - 1 - self.tp_group.rank_in_group
         gate_up_loader = sharding_weight_loader(
             shard_dim=1,
@@ -61,10 +61,12 @@ REAL_LOADERS = '''        self.mlp_tp_size = self.world_size
         set_weight_loader(self.gate_proj_weight, gate_up_loader)
         set_weight_loader(self.up_proj_weight, gate_up_loader)
         set_weight_loader(self.down_proj_weight, down_loader)
-'''
+"""
 IMPORT = "    sharding_weight_loader,\n)"
 
-LLAMA_MLP_BIAS = plan_dict("llama_mlp_bias", "LlamaForCausalLM", {"mlp": {"bias": True}}, prefix="LlamaMlpBias")
+LLAMA_MLP_BIAS = plan_dict(
+    "llama_mlp_bias", "LlamaForCausalLM", {"mlp": {"bias": True}}, prefix="LlamaMlpBias"
+)
 
 
 def _reference(directory: Path) -> Path:
@@ -74,7 +76,9 @@ def _reference(directory: Path) -> Path:
     model = reference / "model.py"
     text = model.read_text()
     assert text.count(LOOP_LOADERS) == 1 and text.count(IMPORT) == 1
-    text = text.replace(LOOP_LOADERS, REAL_LOADERS).replace(IMPORT, "    sharding_weight_loader,\n    with_rank_override,\n)")
+    text = text.replace(LOOP_LOADERS, REAL_LOADERS).replace(
+        IMPORT, "    sharding_weight_loader,\n    with_rank_override,\n)"
+    )
     model.write_text(text)
     return reference
 
@@ -134,7 +138,8 @@ def test_fused_checkpoint_splits_the_shared_local(ports):
     text = (ports("phi3") / "model.py").read_text()
     assert "gate_up_loader" not in text
     for part, weight in ((0, "gate_proj_weight"), (1, "up_proj_weight")):
-        assert f"""        set_weight_loader(
+        assert (
+            f"""        set_weight_loader(
             self.{weight},
             with_rank_override(
                 fused_part_loader(
@@ -147,7 +152,9 @@ def test_fused_checkpoint_splits_the_shared_local(ports):
                 rank=self.mlp_tp_rank,
             ),
         )
-""" in text
+"""
+            in text
+        )
     assert "down_loader = with_rank_override(down_loader, rank=self.mlp_tp_rank)" in text
 
 
@@ -163,7 +170,8 @@ def test_a_shared_local_is_split_when_only_one_parameter_changes(real_loaders_re
     text, _ = run_on_source(codemod, source)
     assert "set_weight_loader(self.gate_proj_weight, gate_up_loader)" in text
     assert "gate_up_loader = with_rank_override(gate_up_loader, rank=self.mlp_tp_rank)" in text
-    assert """        set_weight_loader(
+    assert (
+        """        set_weight_loader(
             self.up_proj_weight,
             with_rank_override(
                 sharding_weight_loader(
@@ -175,7 +183,9 @@ def test_a_shared_local_is_split_when_only_one_parameter_changes(real_loaders_re
                 rank=self.mlp_tp_rank,
             ),
         )
-""" in text
+"""
+        in text
+    )
     # the gate's loader (the local) still transposes; the copy for the up weight does not
     assert text.count("is_storage_transposed=True") == source.count("is_storage_transposed=True")
     assert text.count("is_storage_transposed=False") == source.count("is_storage_transposed=False") + 1
@@ -232,10 +242,12 @@ def test_a_bias_loader_without_the_rank_override_fails(ports, checkpoints, tmp_p
                 rank=self.mlp_tp_rank,
             )"""
     assert text.count(wrapped) == 2
-    model.write_text(text.replace(
-        wrapped,
-        "sharding_weight_loader(shard_dim=0, shard_size=self.intermediate_size_per_rank, num_shards=self.mlp_tp_size)",
-    ))
+    model.write_text(
+        text.replace(
+            wrapped,
+            "sharding_weight_loader(shard_dim=0, shard_size=self.intermediate_size_per_rank, num_shards=self.mlp_tp_size)",
+        )
+    )
     report = validate_model(package, checkpoints.get("LlamaForCausalLM", mlp_bias=True), tp=2, dtype="fp32")
     assert not report.equivalent
     assert "layers.0.mlp" in str(report.first_diverging)

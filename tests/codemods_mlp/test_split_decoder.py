@@ -23,7 +23,7 @@ from .conftest import ROOT, plan_dict
 
 REFERENCE = ROOT / "reference_models" / "llama3"
 
-FORWARD = '''    def forward(self, hidden_states, positions, position_embeddings, attn_metadata=None):
+FORWARD = """    def forward(self, hidden_states, positions, position_embeddings, attn_metadata=None):
         is_prefill = _is_prefill(attn_metadata, self.self_attn.layer_name)
 
         residual = hidden_states
@@ -35,8 +35,8 @@ FORWARD = '''    def forward(self, hidden_states, positions, position_embeddings
         hidden_states = self.post_attention_layernorm(hidden_states)
         hidden_states = self.mlp(hidden_states, is_prefill=is_prefill)
         return residual + hidden_states
-'''
-SPLIT_FORWARDS = '''    def forward(self, hidden_states, positions, position_embeddings, attn_metadata=None):
+"""
+SPLIT_FORWARDS = """    def forward(self, hidden_states, positions, position_embeddings, attn_metadata=None):
         if _is_prefill(attn_metadata, self.self_attn.layer_name):
             return self._forward_prefill(hidden_states, positions, position_embeddings, attn_metadata)
 
@@ -70,17 +70,20 @@ SPLIT_FORWARDS = '''    def forward(self, hidden_states, positions, position_emb
         hidden_states = self.post_attention_layernorm(hidden_states)
         hidden_states = self.mlp(hidden_states, is_prefill=True)
         return residual + hidden_states
-'''
-INIT_END = '''        self.post_attention_layernorm = LlamaRMSNorm(
+"""
+INIT_END = """        self.post_attention_layernorm = LlamaRMSNorm(
             config.hidden_size, config.rms_norm_eps, config.torch_dtype
         )
-'''
-INIT_FLAGS = INIT_END + '''        # the fused-norm branches are for quantized sublayers: off here
+"""
+INIT_FLAGS = (
+    INIT_END
+    + """        # the fused-norm branches are for quantized sublayers: off here
         self.fused_norms = False
         # data-parallel ranks of the attention and MLP layouts: one each here
         self.attn_rows = 1
         self.mlp_rows = 1
-'''
+"""
+)
 LAYER = "class LlamaDecoderLayer(nn.Module):\n"
 MOVE_ROWS = '''def _move_rows(hidden_states, current, target):
     """The decode rows of one data-parallel layout in another (one rank each here)."""
@@ -112,7 +115,9 @@ def _reference(directory: Path) -> Path:
     text = model.read_text()
     for part in (FORWARD, INIT_END, LAYER):
         assert text.count(part) == 1
-    text = text.replace(FORWARD, SPLIT_FORWARDS).replace(INIT_END, INIT_FLAGS).replace(LAYER, MOVE_ROWS + LAYER)
+    text = (
+        text.replace(FORWARD, SPLIT_FORWARDS).replace(INIT_END, INIT_FLAGS).replace(LAYER, MOVE_ROWS + LAYER)
+    )
     model.write_text(text)
     return reference
 
@@ -128,7 +133,11 @@ def ports(tmp_path_factory):
     def build(name: str) -> Path:
         if name not in cache:
             plan = PLANS[name]
-            parsed = load_plan(ROOT / "examples" / f"{plan}.plan.json") if isinstance(plan, str) else parse_plan(plan)
+            parsed = (
+                load_plan(ROOT / "examples" / f"{plan}.plan.json")
+                if isinstance(plan, str)
+                else parse_plan(plan)
+            )
             result = build_port(parsed, reference)
             assert result.ok, str(result.failure)
             out = tmp_path_factory.mktemp(f"port-{name}")
@@ -142,7 +151,7 @@ def ports(tmp_path_factory):
 def _layer(package: Path) -> str:
     text = (package / "model.py").read_text()
     start = text.index("DecoderLayer(nn.Module):")
-    return text[start: text.index("\nclass ", start)]
+    return text[start : text.index("\nclass ", start)]
 
 
 # -- what the codemods write ---------------------------------------------------------------
@@ -159,7 +168,9 @@ def test_post_norms_in_both_forwards_and_the_fused_branches_guarded(ports):
     assert "input_layernorm" not in layer
     assert layer.count("hidden_states = self.post_attention_layernorm(hidden_states)") == 2
     assert layer.count("hidden_states = self.post_feedforward_layernorm(hidden_states)") == 2
-    assert layer.count('raise NotImplementedError("post norm placement: the FP8 kernels fuse a norm before') == 2
+    assert (
+        layer.count('raise NotImplementedError("post norm placement: the FP8 kernels fuse a norm before') == 2
+    )
     assert "ln_w=" not in layer
 
 
@@ -185,8 +196,12 @@ pytest.importorskip("transformers")
 # the multipliers of a Granite checkpoint differ from 1 (the attention
 # scale equals the tiny model's head_dim ** -0.5); Cohere's default
 # logit_scale is 1/16
-GRANITE_CONFIG = {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 8.0,
-                  "attention_multiplier": 0.25}
+GRANITE_CONFIG = {
+    "embedding_multiplier": 12.0,
+    "residual_multiplier": 0.22,
+    "logits_scaling": 8.0,
+    "attention_multiplier": 0.25,
+}
 CHECKPOINTS = {
     "granite": ("GraniteForCausalLM", GRANITE_CONFIG),
     "olmo2": ("Olmo2ForCausalLM", {}),
@@ -222,7 +237,11 @@ def test_a_multiplier_missing_from_prefill_fails(ports, checkpoints, tmp_path):
     model = package / "model.py"
     text = model.read_text()
     start = text.index("    def _forward_prefill(")
-    prefill = text[start: text.index("\nclass ", start)]
-    model.write_text(text[:start] + prefill.replace(" * self.residual_multiplier", "") + text[start + len(prefill):])
-    report = validate_model(package, checkpoints.get("GraniteForCausalLM", **GRANITE_CONFIG), tp=1, dtype="fp32")
+    prefill = text[start : text.index("\nclass ", start)]
+    model.write_text(
+        text[:start] + prefill.replace(" * self.residual_multiplier", "") + text[start + len(prefill) :]
+    )
+    report = validate_model(
+        package, checkpoints.get("GraniteForCausalLM", **GRANITE_CONFIG), tp=1, dtype="fp32"
+    )
     assert not report.equivalent

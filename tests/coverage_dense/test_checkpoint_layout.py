@@ -7,7 +7,6 @@ stores them); the port must read only the copies, untransposed."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -19,8 +18,15 @@ pytest.importorskip("transformers")
 from autoport_cst.cli import cli  # noqa: E402
 from autoport_cst.validate import build_tiny_checkpoint, validate_model  # noqa: E402
 
-PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+PROJECTIONS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +63,9 @@ def plan(tmp_path: Path, layout: str) -> Path:
 
 def build(tmp_path: Path, layout: str) -> Path:
     out = tmp_path / f"out-{layout}"
-    result = CliRunner().invoke(cli, ["apply", "--plan", str(plan(tmp_path, layout)), "--out", str(out), "-q"])
+    result = CliRunner().invoke(
+        cli, ["apply", "--plan", str(plan(tmp_path, layout)), "--out", str(out), "-q"]
+    )
     assert result.exit_code == 0, result.output
     return out / "vllm_neuron" / "model" / f"llama_{layout}"
 
@@ -66,7 +74,7 @@ def test_in_out_projections_load_untransposed(tmp_path, in_out_checkpoint):
     package = build(tmp_path, "in_out")
     source = (package / "model.py").read_text(encoding="utf-8")
     assert "is_storage_transposed=True" not in source
-    assert '"{prefix}.self_attn.o_proj_t.weight"' in source.replace("f\"", "\"")
+    assert '"{prefix}.self_attn.o_proj_t.weight"' in source.replace('f"', '"')
     report = validate_model(package, in_out_checkpoint, tp=1, dtype="fp32", steps=4)
     assert report.equivalent, report.summary()
 

@@ -25,29 +25,50 @@ PORTS = {
     },
     "PhiForCausalLM": {
         "steps": {"checkpoint-keys", "parallel-residual", "lm-head-bias"},
-        "key_map": {"self_attn.o_proj": "self_attn.dense", "mlp.up_proj": "mlp.fc1", "model.norm": "model.final_layernorm"},
+        "key_map": {
+            "self_attn.o_proj": "self_attn.dense",
+            "mlp.up_proj": "mlp.fc1",
+            "model.norm": "model.final_layernorm",
+        },
     },
     "Glm4ForCausalLM": {
         "steps": {"checkpoint-keys", "norm-placement"},
-        "key_map": {"pre_feedforward_layernorm": "post_attention_layernorm",
-                    "post_attention_layernorm": "post_self_attn_layernorm"},
+        "key_map": {
+            "pre_feedforward_layernorm": "post_attention_layernorm",
+            "post_attention_layernorm": "post_self_attn_layernorm",
+        },
     },
     "HyperCLOVAXForCausalLM": {
         "steps": {"checkpoint-keys", "norm-placement", "attention-scale"},
-        "spec": {("attention", "scale_key"): "attention_multiplier", ("attention", "scale_form"): "multiplier"},
+        "spec": {
+            ("attention", "scale_key"): "attention_multiplier",
+            ("attention", "scale_form"): "multiplier",
+        },
     },
     "VaultGemmaForCausalLM": {
         "steps": {"checkpoint-keys", "attention-scale"},
-        "spec": {("attention", "scale_key"): "query_pre_attn_scalar", ("attention", "scale_form"): "inverse_sqrt"},
+        "spec": {
+            ("attention", "scale_key"): "query_pre_attn_scalar",
+            ("attention", "scale_form"): "inverse_sqrt",
+        },
         "key_map": {"post_attention_layernorm": "pre_feedforward_layernorm"},
     },
     "Gemma2ForCausalLM": {
         "steps": {"attention-scale", "norm-placement"},
-        "spec": {("attention", "scale_key"): "query_pre_attn_scalar", ("attention", "scale_form"): "inverse_sqrt"},
+        "spec": {
+            ("attention", "scale_key"): "query_pre_attn_scalar",
+            ("attention", "scale_form"): "inverse_sqrt",
+        },
     },
     # RoPE per attention layer type (sliding: base 1e4, full: 1e6); the tiny config's layers are all sliding
     "Gemma3ForCausalLM": {
-        "steps": {"rope-layer-parameters", "attention-scale", "norm-placement", "norm-offset", "embedding-scale"},
+        "steps": {
+            "rope-layer-parameters",
+            "attention-scale",
+            "norm-placement",
+            "norm-offset",
+            "embedding-scale",
+        },
         "spec": {
             ("attention", "scale_key"): "query_pre_attn_scalar",
             ("rope", "layer_parameters"): {
@@ -69,7 +90,10 @@ PORTS = {
     "HunYuanDenseV1ForCausalLM": {
         "steps": {"qk-norm-position", "checkpoint-keys"},
         "spec": {("attention", "qk_norm"): "per_head", ("attention", "qk_norm_position"): "after_rope"},
-        "key_map": {"self_attn.q_norm": "self_attn.query_layernorm", "self_attn.k_norm": "self_attn.key_layernorm"},
+        "key_map": {
+            "self_attn.q_norm": "self_attn.query_layernorm",
+            "self_attn.k_norm": "self_attn.key_layernorm",
+        },
     },
     "OlmoForCausalLM": {"steps": {"swap-norm", "norm-affine"}, "spec": {("norm", "affine"): False}},
     "Jais2ForCausalLM": {"steps": {"mlp-activation"}},  # starcoder2's c_fc/c_proj keys translated back
@@ -126,7 +150,11 @@ def test_gemma3_with_both_layer_types_validates(workdir):
     build_tiny_checkpoint("Gemma3ForCausalLM", source, seed=0)
     config = json.loads((source / "config.json").read_text(encoding="utf-8"))
     config["layer_types"] = ["sliding_attention", "full_attention"]
-    config["rope_parameters"]["full_attention"] = {"rope_theta": 1000000.0, "rope_type": "linear", "factor": 8.0}
+    config["rope_parameters"]["full_attention"] = {
+        "rope_theta": 1000000.0,
+        "rope_type": "linear",
+        "factor": 8.0,
+    }
     (source / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     outcome = port(str(source), "port_gemma3_mixed", workdir / "out", force=True, steps=8)
     assert outcome.validated, [(r.dtype, r.first_diverging) for r in outcome.runs]
@@ -145,7 +173,9 @@ def test_granite_with_its_multipliers_validates(workdir):
     source = build("granite", workdir / "granite-src")
     outcome = port(str(source), "port_granite_multipliers", workdir / "out", force=True, steps=8)
     assert outcome.validated, [(r.dtype, r.first_diverging) for r in outcome.runs]
-    assert {"attention-scale", "logits-divisor", "embedding-multiplier", "residual-multiplier"} <= set(outcome.steps)
+    assert {"attention-scale", "logits-divisor", "embedding-multiplier", "residual-multiplier"} <= set(
+        outcome.steps
+    )
     plan = json.loads(outcome.plan_path.read_text(encoding="utf-8"))
     assert plan["spec"]["attention"]["scale_key"] == "attention_multiplier"
     assert plan["spec"]["lm_head"]["logits_key"] == "logits_scaling"

@@ -92,8 +92,9 @@ def test_port_r_ratios_are_those_of_transformers_at_the_port_precision(ported, s
     assert ported.runs[0].dtype == "fp32" and ported.runs[0].equivalent  # the computation is right
     report = validate_model(ported.package_dir, ported.checkpoint_dir, dtype="bf16", steps=STEPS, seed=seed)
     settings = report.settings
-    control = _control_r_ratios(ported.checkpoint_dir, seed, tuple(settings["prompt_lengths"]),
-                                settings["block_size"])
+    control = _control_r_ratios(
+        ported.checkpoint_dir, seed, tuple(settings["prompt_lengths"]), settings["block_size"]
+    )
     components = [c for c in report.components if c["name"] != "logits"]
     assert len(components) == len(control) >= 20
     for c in components:

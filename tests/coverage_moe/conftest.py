@@ -17,7 +17,12 @@ CONFIGS: dict[str, dict] = {
     # selection-only bias, one ungated shared expert; a routed scaling factor
     # other than 1 so that it is ported, and group-limited routing that keeps
     # every group (a no-op the research must recognize)
-    "Glm4MoeForCausalLM": {"routed_scaling_factor": 2.5, "n_group": 2, "topk_group": 2, "n_routed_experts": 8},
+    "Glm4MoeForCausalLM": {
+        "routed_scaling_factor": 2.5,
+        "n_group": 2,
+        "topk_group": 2,
+        "n_routed_experts": 8,
+    },
     # Solar Open: GLM-4-MoE-like routing without dense layers
     "SolarOpenForCausalLM": {"routed_scaling_factor": 1.5},
     # Hunyuan v3: dense layer 0 (mlp_layer_types), routing bias held by the
@@ -29,11 +34,15 @@ CONFIGS: dict[str, dict] = {
     # Granite MoE: router under block_sparse_moe.router; the multipliers
     # other than 1 so that they are ported
     "GraniteMoeForCausalLM": {
-        "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.015625,
+        "embedding_multiplier": 12.0,
+        "residual_multiplier": 0.22,
+        "attention_multiplier": 0.015625,
         "logits_scaling": 8.0,
     },
     "GraniteMoeSharedForCausalLM": {
-        "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.015625,
+        "embedding_multiplier": 12.0,
+        "residual_multiplier": 0.22,
+        "attention_multiplier": 0.015625,
         "logits_scaling": 8.0,
     },
     "GraniteMoeSWAForCausalLM": {},
@@ -51,8 +60,14 @@ CONFIGS: dict[str, dict] = {
     "HunYuanMoEV1ForCausalLM": {},
     # dots.llm1: its config class has no expert counts by default
     "Dots1ForCausalLM": {
-        "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "norm_topk_prob": True,
-        "first_k_dense_replace": 1, "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 1,
+        "norm_topk_prob": True,
+        "first_k_dense_replace": 1,
+        "routed_scaling_factor": 2.5,
+        "n_group": 1,
+        "topk_group": 1,
     },
 }
 
@@ -60,8 +75,11 @@ CONFIGS: dict[str, dict] = {
 # the tiny model show the feature, and the feature the refusal names
 REFUSALS: dict[str, tuple[str, dict, str]] = {
     # GLM-4-MoE restricting experts to the best groups: group-limited routing
-    "glm4_moe_groups": ("Glm4MoeForCausalLM", {"n_group": 2, "topk_group": 1, "n_routed_experts": 8},
-                        "moe.group_limited_routing"),
+    "glm4_moe_groups": (
+        "Glm4MoeForCausalLM",
+        {"n_group": 2, "topk_group": 1, "n_routed_experts": 8},
+        "moe.group_limited_routing",
+    ),
     # JetMoe: experts without a classifiable gated MLP (and mixture-of-attention heads)
     "jetmoe": ("JetMoeForCausalLM", {}, "moe.expert_mlp"),
 }
@@ -93,7 +111,9 @@ def tiny_moe(tmp_path_factory):
 
     def make(architecture: str) -> Path:
         if architecture not in built:
-            built[architecture] = build(tmp_path_factory, architecture, CONFIGS[architecture], f"src-{architecture}")
+            built[architecture] = build(
+                tmp_path_factory, architecture, CONFIGS[architecture], f"src-{architecture}"
+            )
         return built[architecture]
 
     return make

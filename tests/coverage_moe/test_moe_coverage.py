@@ -36,25 +36,70 @@ from .ties import bf16_failure_is_a_routing_tie
 STEPS = 8
 
 EXPECTED_STEPS = {
-    "Glm4MoeForCausalLM": {"dense-layers", "partial-rotary", "remove-qk-norm", "routed-scaling",
-                           "router-activation", "routing-bias", "shared-experts"},
-    "SolarOpenForCausalLM": {"remove-qk-norm", "routed-scaling", "router-activation", "routing-bias",
-                             "shared-experts"},
-    "HYV3ForCausalLM": {"dense-layers", "routed-scaling", "router-activation", "routing-bias", "shared-experts"},
-    "Ernie4_5_MoeForCausalLM": {"dense-layers", "interleaved-rope", "remove-qk-norm", "routing-bias",
-                                "shared-experts"},
-    "GraniteMoeForCausalLM": {"attention-scale", "embedding-multiplier", "logits-divisor", "remove-qk-norm",
-                              "residual-multiplier"},
-    "GraniteMoeSharedForCausalLM": {"attention-scale", "embedding-multiplier", "logits-divisor",
-                                    "remove-qk-norm", "residual-multiplier"},
+    "Glm4MoeForCausalLM": {
+        "dense-layers",
+        "partial-rotary",
+        "remove-qk-norm",
+        "routed-scaling",
+        "router-activation",
+        "routing-bias",
+        "shared-experts",
+    },
+    "SolarOpenForCausalLM": {
+        "remove-qk-norm",
+        "routed-scaling",
+        "router-activation",
+        "routing-bias",
+        "shared-experts",
+    },
+    "HYV3ForCausalLM": {
+        "dense-layers",
+        "routed-scaling",
+        "router-activation",
+        "routing-bias",
+        "shared-experts",
+    },
+    "Ernie4_5_MoeForCausalLM": {
+        "dense-layers",
+        "interleaved-rope",
+        "remove-qk-norm",
+        "routing-bias",
+        "shared-experts",
+    },
+    "GraniteMoeForCausalLM": {
+        "attention-scale",
+        "embedding-multiplier",
+        "logits-divisor",
+        "remove-qk-norm",
+        "residual-multiplier",
+    },
+    "GraniteMoeSharedForCausalLM": {
+        "attention-scale",
+        "embedding-multiplier",
+        "logits-divisor",
+        "remove-qk-norm",
+        "residual-multiplier",
+    },
     "GraniteMoeSWAForCausalLM": {"attention-scale", "attention-sinks", "remove-qk-norm", "sliding-window"},
     "AriaTextForCausalLM": {"remove-qk-norm", "shared-experts"},
     "MiniMaxM2ForCausalLM": {"qk-norm", "router-activation", "routing-bias"},
     "OlmoeForCausalLM": {"qk-norm"},
-    "ExaoneMoeForCausalLM": {"dense-layers", "routed-scaling", "router-activation", "routing-bias",
-                             "shared-experts", "sliding-window"},
+    "ExaoneMoeForCausalLM": {
+        "dense-layers",
+        "routed-scaling",
+        "router-activation",
+        "routing-bias",
+        "shared-experts",
+        "sliding-window",
+    },
     "HunYuanMoEV1ForCausalLM": {"qk-norm-position", "shared-experts"},
-    "Dots1ForCausalLM": {"dense-layers", "routed-scaling", "router-activation", "routing-bias", "shared-experts"},
+    "Dots1ForCausalLM": {
+        "dense-layers",
+        "routed-scaling",
+        "router-activation",
+        "routing-bias",
+        "shared-experts",
+    },
 }
 ALWAYS = {"rename-classes", "set-constants", "register-model"}
 # codemods of other features a port may also take (checkpoint key renames)
@@ -73,8 +118,9 @@ def test_port_validates(ported, tiny_moe, architecture):
         from autoport_cst.research import research
 
         moe = research(str(tiny_moe(architecture))).spec.moe
-        bf16_failure_is_a_routing_tie(outcome.package_dir, outcome.checkpoint_dir, STEPS,
-                                      moe.router_activation, moe.top_k)
+        bf16_failure_is_a_routing_tie(
+            outcome.package_dir, outcome.checkpoint_dir, STEPS, moe.router_activation, moe.top_k
+        )
 
 
 def test_glm4_moe_validates_on_two_ranks(ported):

@@ -40,8 +40,13 @@ def _router(block: torch.nn.Module, hidden: int):
     for name, tensor in [*block.named_parameters(), *block.named_buffers()]:
         if "experts" in name.split(".") or name.startswith("shared"):
             continue
-        if weight is None and tensor.dim() == 2 and tensor.shape[1] == hidden and name.endswith("weight") \
-                and tensor.shape[0] < hidden:
+        if (
+            weight is None
+            and tensor.dim() == 2
+            and tensor.shape[1] == hidden
+            and name.endswith("weight")
+            and tensor.shape[0] < hidden
+        ):
             weight = tensor
         if bias is None and "bias" in name.rsplit(".", 1)[-1] and tensor.numel() == tensor.shape[-1]:
             bias = tensor
@@ -57,16 +62,24 @@ def _margins(model, scenario, teacher, activation: str, top_k: int) -> dict[int,
     handles = []
     layers = {}
     for index, layer in enumerate(model.model.layers):
-        block = next((child for _, child in layer.named_children()
-                      if any("experts" in n.split(".") for n, _ in child.named_modules())), None)
+        block = next(
+            (
+                child
+                for _, child in layer.named_children()
+                if any("experts" in n.split(".") for n, _ in child.named_modules())
+            ),
+            None,
+        )
         weight, bias = _router(block, hidden) if block is not None else (None, None)
         if weight is None:
             continue
         layers[index] = (weight, bias)
         inputs[index] = []
-        handles.append(block.register_forward_pre_hook(
-            lambda module, args, index=index: inputs[index].append(args[0].detach().reshape(-1, hidden))
-        ))
+        handles.append(
+            block.register_forward_pre_hook(
+                lambda module, args, index=index: inputs[index].append(args[0].detach().reshape(-1, hidden))
+            )
+        )
     try:
         run_reference(model, scenario.prompts, teacher)
     finally:
@@ -82,7 +95,9 @@ def _margins(model, scenario, teacher, activation: str, top_k: int) -> dict[int,
                 scores = scores + bias.detach().float().reshape(-1)
             ordered = scores.sort(dim=-1, descending=True).values
             rows.append((ordered[:, top_k - 1] - ordered[:, top_k]).unsqueeze(-1))
-        found[index] = {phase: _ref_rows(rows, scenario, phase).reshape(-1) for phase in ("prefill", "decode")}
+        found[index] = {
+            phase: _ref_rows(rows, scenario, phase).reshape(-1) for phase in ("prefill", "decode")
+        }
     return found
 
 
@@ -99,16 +114,18 @@ def _reference(output, component: str) -> list[torch.Tensor]:
     return output.logits if component == "logits" else output.records[component]
 
 
-def bf16_failure_is_a_routing_tie(package_dir: Path, checkpoint: Path, steps: int, activation: str,
-                                  top_k: int) -> str:
+def bf16_failure_is_a_routing_tie(
+    package_dir: Path, checkpoint: Path, steps: int, activation: str, top_k: int
+) -> str:
     """Check that the bf16 failure of a port is explained by routing near-ties
     (raises AssertionError otherwise); returns what was found."""
     report = validate_model(package_dir, checkpoint, dtype="bf16", steps=steps)
     assert not report.equivalent
     vocab = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))["vocab_size"]
     settings = report.settings
-    scenario = Scenario.build(vocab, 1, steps, tuple(settings["prompt_lengths"]), settings["block_size"],
-                              settings["seed"])
+    scenario = Scenario.build(
+        vocab, 1, steps, tuple(settings["prompt_lengths"]), settings["block_size"], settings["seed"]
+    )
     model32 = load_reference(checkpoint, torch.float32)
     teacher = greedy_teacher(model32, scenario.prompts, steps)
     margins = _margins(model32, scenario, teacher, activation, top_k)

@@ -64,9 +64,13 @@ def _margins(model, scenario: Scenario, teacher) -> dict[int, dict[str, torch.Te
     handles = []
     for index, layer in enumerate(model.model.layers):
         inputs[index] = []
-        handles.append(layer.mlp.router.register_forward_pre_hook(
-            lambda module, args, index=index: inputs[index].append(args[0].detach().reshape(-1, args[0].shape[-1]))
-        ))
+        handles.append(
+            layer.mlp.router.register_forward_pre_hook(
+                lambda module, args, index=index: inputs[index].append(
+                    args[0].detach().reshape(-1, args[0].shape[-1])
+                )
+            )
+        )
     try:
         run_reference(model, scenario.prompts, teacher)
     finally:
@@ -77,10 +81,14 @@ def _margins(model, scenario: Scenario, teacher) -> dict[int, dict[str, torch.Te
         router = layer.mlp.router
         rows = []
         for x in inputs[index]:
-            scores = torch.softmax(x.float() @ router.weight.detach().float().T + router.bias.detach().float(), dim=-1)
+            scores = torch.softmax(
+                x.float() @ router.weight.detach().float().T + router.bias.detach().float(), dim=-1
+            )
             ordered = scores.sort(dim=-1, descending=True).values
             rows.append((ordered[:, top_k - 1] - ordered[:, top_k]).unsqueeze(-1))
-        found[index] = {phase: _ref_rows(rows, scenario, phase).reshape(-1) for phase in ("prefill", "decode")}
+        found[index] = {
+            phase: _ref_rows(rows, scenario, phase).reshape(-1) for phase in ("prefill", "decode")
+        }
     return found
 
 
@@ -90,7 +98,9 @@ def _worst_token(report: ValidationReport, ref32, ref16, scenario: Scenario) -> 
     largest port / transformers error ratio."""
     first = report.first_diverging
     name = first.component if first is not None else "logits"
-    phases = [first.phase] if first is not None and first.phase in ("prefill", "decode") else ["prefill", "decode"]
+    phases = (
+        [first.phase] if first is not None and first.phase in ("prefill", "decode") else ["prefill", "decode"]
+    )
     best = (-1.0, phases[0], 0)
     for phase in phases:
         port = _port_rows(report.port_output, name, phase)
@@ -110,15 +120,25 @@ def _block_inputs(model, ids: torch.Tensor) -> dict[tuple[str, int], tuple[torch
     found: dict[tuple[str, int], list] = {}
     hooks = []
     for i, layer in enumerate(model.model.layers):
-        hooks.append(layer.self_attn.register_forward_hook(
-            lambda m, args, kwargs, out, i=i: found.__setitem__(
-                ("attention", i), [kwargs.get("hidden_states", args[0] if args else None)[0].detach(),
-                                   out[0][0].detach()]),
-            with_kwargs=True))
-        hooks.append(layer.post_attention_layernorm.register_forward_hook(
-            lambda m, args, out, i=i: found.__setitem__(("moe", i), [args[0][0].detach(), None])))
-        hooks.append(layer.mlp.register_forward_hook(
-            lambda m, args, out, i=i: found[("moe", i)].__setitem__(1, out[0][0].detach())))
+        hooks.append(
+            layer.self_attn.register_forward_hook(
+                lambda m, args, kwargs, out, i=i: found.__setitem__(
+                    ("attention", i),
+                    [kwargs.get("hidden_states", args[0] if args else None)[0].detach(), out[0][0].detach()],
+                ),
+                with_kwargs=True,
+            )
+        )
+        hooks.append(
+            layer.post_attention_layernorm.register_forward_hook(
+                lambda m, args, out, i=i: found.__setitem__(("moe", i), [args[0][0].detach(), None])
+            )
+        )
+        hooks.append(
+            layer.mlp.register_forward_hook(
+                lambda m, args, out, i=i: found[("moe", i)].__setitem__(1, out[0][0].detach())
+            )
+        )
     try:
         with torch.no_grad():
             model(input_ids=ids)
@@ -183,11 +203,15 @@ def isolated_r_ratios(package_dir: Path, checkpoint: Path, seed: int = 0) -> dic
             layer = port.model.layers[i]
             with torch.no_grad():
                 if block == "attention":
-                    meta = {layer.self_attn.layer_name: {
-                        "max_query_len": ISOLATION_TOKENS, "decode_token_threshold": 1,
-                        "slot_mapping": torch.arange(ISOLATION_TOKENS) + BLOCK_SIZE, "block_size": BLOCK_SIZE,
-                        "block_table_tensor": torch.arange(1, blocks_needed + 1, dtype=torch.int32)[None],
-                    }}
+                    meta = {
+                        layer.self_attn.layer_name: {
+                            "max_query_len": ISOLATION_TOKENS,
+                            "decode_token_threshold": 1,
+                            "slot_mapping": torch.arange(ISOLATION_TOKENS) + BLOCK_SIZE,
+                            "block_size": BLOCK_SIZE,
+                            "block_table_tensor": torch.arange(1, blocks_needed + 1, dtype=torch.int32)[None],
+                        }
+                    }
                     t = layer.self_attn.forward_prefill(x.bfloat16(), positions, cos_sin, meta).double()
                     b = _transformers_bf16_attention(model16, i, ids, x.bfloat16()).double()
                     ratios[f"layers.{i}.attention"] = float((t - f).norm() / (b - f).norm())
@@ -196,7 +220,9 @@ def isolated_r_ratios(package_dir: Path, checkpoint: Path, seed: int = 0) -> dic
                     b = l16.mlp(l16.post_attention_layernorm(x.bfloat16()[None]))[0][0].double()
                     # tokens whose expert choice is a near-tie go either way on either side
                     router = l32.mlp.router
-                    scores = torch.softmax(l32.post_attention_layernorm(x) @ router.weight.T + router.bias, dim=-1)
+                    scores = torch.softmax(
+                        l32.post_attention_layernorm(x) @ router.weight.T + router.bias, dim=-1
+                    )
                     ordered = scores.sort(dim=-1, descending=True).values
                     k = model32.config.num_experts_per_tok
                     clear = (ordered[:, k - 1] - ordered[:, k]) >= TIE_MARGIN
@@ -213,8 +239,14 @@ def explain_bf16_failure(report: ValidationReport, package_dir: Path, checkpoint
     assert not report.equivalent and report.failure is None, report.summary()
     vocab = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))["vocab_size"]
     settings = report.settings
-    scenario = Scenario.build(vocab, settings["tp"], steps, tuple(settings["prompt_lengths"]),
-                              settings["block_size"], settings["seed"])
+    scenario = Scenario.build(
+        vocab,
+        settings["tp"],
+        steps,
+        tuple(settings["prompt_lengths"]),
+        settings["block_size"],
+        settings["seed"],
+    )
     model32 = load_reference(checkpoint, torch.float32)
     teacher = greedy_teacher(model32, scenario.prompts, steps)
     margins = _margins(model32, scenario, teacher)
@@ -233,5 +265,7 @@ def explain_bf16_failure(report: ValidationReport, package_dir: Path, checkpoint
         f"than transformers' on the same input: {failing}; {report.summary()}"
     )
     worst = max(ratios, key=ratios.get)
-    return (f"{name} ({phase}) row {row}: no near-tie; every block in isolation keeps the gate "
-            f"(largest R-ratio {ratios[worst]:.2f}, {worst})")
+    return (
+        f"{name} ({phase}) row {row}: no near-tie; every block in isolation keeps the gate "
+        f"(largest R-ratio {ratios[worst]:.2f}, {worst})"
+    )

@@ -38,8 +38,14 @@ def _experts(ep_degree: int, ep_rank: int, partition_size: int):
         vllm_config.configure(ep_degree * partition_size, enable_expert_parallel=ep_degree > 1)
         model_module = importlib.import_module(f"{package.module.__name__}.model")
         config = model_module.GptOssConfig(
-            hidden_size=HIDDEN, num_local_experts=EXPERTS, num_experts_per_tok=2, intermediate_size=INTER,
-            num_attention_heads=2, num_key_value_heads=1, head_dim=4, torch_dtype=torch.float32,
+            hidden_size=HIDDEN,
+            num_local_experts=EXPERTS,
+            num_experts_per_tok=2,
+            intermediate_size=INTER,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=4,
+            torch_dtype=torch.float32,
         )
         return model_module.GptOssExperts(config)
 
@@ -133,7 +139,9 @@ def test_expert_parallelism_needs_a_mixture_of_experts(tmp_path):
 
 
 def test_cli_exit_code_2_on_invalid_ep(tiny_gpt_oss):
-    result = CliRunner().invoke(cli, ["validate", str(GPT_OSS), "--hf", str(tiny_gpt_oss), "--tp", "2", "--ep", "3"])
+    result = CliRunner().invoke(
+        cli, ["validate", str(GPT_OSS), "--hf", str(tiny_gpt_oss), "--tp", "2", "--ep", "3"]
+    )
     assert result.exit_code == 2, result.output
     assert "--ep 3" in result.output
 
@@ -144,9 +152,20 @@ def test_a_port_without_expert_parallelism_is_refused_with_ep(tmp_path):
     from autoport_cst.validate import build_tiny_checkpoint
 
     build_tiny_checkpoint("Qwen3MoeForCausalLM", tmp_path / "qwen3-moe", seed=0)
-    result = CliRunner().invoke(cli, [
-        "validate", str(ROOT / "reference_models" / "qwen3_moe"), "--hf", str(tmp_path / "qwen3-moe"),
-        "--tp", "2", "--ep", "2", "--steps", "2",
-    ])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "validate",
+            str(ROOT / "reference_models" / "qwen3_moe"),
+            "--hf",
+            str(tmp_path / "qwen3-moe"),
+            "--tp",
+            "2",
+            "--ep",
+            "2",
+            "--steps",
+            "2",
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert "does not implement expert parallelism" in result.output

@@ -34,7 +34,9 @@ def test_port_end_to_end(tiny_gpt_oss, tmp_path):
 def test_the_port_validates_with_expert_parallelism(tiny_gpt_oss, tmp_path):
     from autoport_cst.validate import validate_model
 
-    result = CliRunner().invoke(cli, ["apply", "--plan", str(_plan(tiny_gpt_oss, tmp_path)), "--out", str(tmp_path)])
+    result = CliRunner().invoke(
+        cli, ["apply", "--plan", str(_plan(tiny_gpt_oss, tmp_path)), "--out", str(tmp_path)]
+    )
     assert result.exit_code == 0, result.output
     report = validate_model(tmp_path / "vllm_neuron" / "model" / "oss_ep", tiny_gpt_oss, tp=2, ep=2, steps=8)
     assert report.equivalent, report.summary()

@@ -22,7 +22,13 @@ def test_research_gives_the_reference_spec(tiny_gpt_oss):
     assert found.spec.unsupported is None
     assert diff_specs(load_reference("gpt_oss").spec, found.spec) == []
     mlp = found.spec.mlp
-    assert (mlp.glu, mlp.activation, mlp.glu_alpha, mlp.glu_limit, mlp.bias) == ("clamped_swiglu", "silu", 1.702, 7.0, True)
+    assert (mlp.glu, mlp.activation, mlp.glu_alpha, mlp.glu_limit, mlp.bias) == (
+        "clamped_swiglu",
+        "silu",
+        1.702,
+        7.0,
+        True,
+    )
     assert found.decision("mlp.glu").source == "code"
 
 

@@ -55,7 +55,7 @@ def transformers_models_dir() -> Path | None:
     return path if path.is_dir() else None
 
 
-VIOLATING = '''
+VIOLATING = """
 class LlamaRotaryEmbedding(nn.Module):
     def __init__(self, dim, base=10000):
         super().__init__()
@@ -66,9 +66,9 @@ class LlamaRotaryEmbedding(nn.Module):
     def forward(self, x, position_ids):
         freqs = torch.outer(position_ids.float(), self.inv_freq)
         return freqs.cos().to(x.device), freqs.sin()
-'''
+"""
 
-CLEAN = '''
+CLEAN = """
 class LlamaRMSNorm(nn.Module):
     def __init__(self, hidden_size, eps, dtype):
         super().__init__()
@@ -81,7 +81,7 @@ class LlamaRMSNorm(nn.Module):
         variance = hidden_states.pow(2).mean(-1, keepdim=True)
         hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
         return (self.weight * hidden_states).to(input_dtype)
-'''
+"""
 
 
 @pytest.fixture
@@ -92,4 +92,3 @@ def violating_source() -> str:
 @pytest.fixture
 def clean_source() -> str:
     return CLEAN.lstrip("\n")
-

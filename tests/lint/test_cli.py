@@ -12,7 +12,9 @@ from click.testing import CliRunner
 
 from autoport_cst.cli import cli
 
-TEXT_LINE = re.compile(r"^(?P<path>[^:]+):(?P<line>\d+):(?P<col>\d+): (?P<code>NRN\d{3})( \[\*\])? (?P<msg>.+)$")
+TEXT_LINE = re.compile(
+    r"^(?P<path>[^:]+):(?P<line>\d+):(?P<col>\d+): (?P<code>NRN\d{3})( \[\*\])? (?P<msg>.+)$"
+)
 
 FORWARD_BAD = """
 class M(nn.Module):
@@ -47,7 +49,7 @@ def test_exit_1_and_text_format(write, in_tmp):
     ]
     # 1-based columns: column 15 is the `c` of `cpu`
     source = (in_tmp / "pkg/bad.py").read_text().splitlines()
-    assert source[2][15 - 1:].startswith("cpu")
+    assert source[2][15 - 1 :].startswith("cpu")
     assert "Found 2 errors" in result.stderr
 
 
@@ -92,7 +94,10 @@ def test_json_output_parses(write, in_tmp):
     assert data["summary"]["errors"] == 2
     first = data["diagnostics"][0]
     assert {k: first[k] for k in ("path", "line", "column", "code", "name")} == {
-        "path": "bad.py", "line": 3, "column": 15, "code": "NRN002",
+        "path": "bad.py",
+        "line": 3,
+        "column": 15,
+        "code": "NRN002",
         "name": "no-device-move-in-forward",
     }
     assert first["end_line"] == 3 and first["end_column"] == 18
@@ -116,8 +121,9 @@ def test_sarif_output(write, in_tmp):
 def test_github_output(write, in_tmp):
     write("bad.py", FORWARD_BAD)
     lines = lint("--output-format", "github", "bad.py").stdout.splitlines()
-    assert lines[0].startswith("::error file=bad.py,line=3,col=15,endLine=3,endColumn=18,"
-                               "title=NRN002 no-device-move-in-forward::")
+    assert lines[0].startswith(
+        "::error file=bad.py,line=3,col=15,endLine=3,endColumn=18,title=NRN002 no-device-move-in-forward::"
+    )
     assert len(lines) == 2
 
 
@@ -131,8 +137,7 @@ def test_statistics(write, in_tmp):
         ["2", "NRN003", "no-item-in-forward"],
     ]
     data = json.loads(lint("--statistics", "--output-format", "json", ".").stdout)
-    assert data[0] == {"code": "NRN002", "name": "no-device-move-in-forward", "count": 2,
-                       "fixable": False}
+    assert data[0] == {"code": "NRN002", "name": "no-device-move-in-forward", "count": 2, "fixable": False}
 
 
 def test_warnings_do_not_fail_the_run(write, in_tmp):
@@ -232,8 +237,9 @@ def test_console_script_end_to_end_without_torch(write, tmp_path):
         f"sys.argv = ['autoport-cst', 'lint', '--no-cache', {str(path)!r}]\n"
         "main()\n"
     )
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
     assert proc.returncode == 1, proc.stderr
     assert "NRN002" in proc.stdout and "NRN003" in proc.stdout
     assert "Found 2 errors" in proc.stderr and "Found" not in proc.stdout
@@ -248,7 +254,12 @@ def test_importing_the_library_does_not_import_torch():
         "lint.all_rules()\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"

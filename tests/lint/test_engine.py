@@ -179,8 +179,11 @@ def _sample_files() -> list:
     files = [ROOT / "reference_models" / "llama3" / "model.py"]
     models = transformers_models_dir()
     if models is not None:
-        for name in ("llama/modeling_llama.py", "qwen3_moe/modeling_qwen3_moe.py",
-                     "gpt_oss/modeling_gpt_oss.py"):
+        for name in (
+            "llama/modeling_llama.py",
+            "qwen3_moe/modeling_qwen3_moe.py",
+            "gpt_oss/modeling_gpt_oss.py",
+        ):
             if (models / name).is_file():
                 files.append(models / name)
     return files
@@ -202,9 +205,7 @@ def test_targeted_positions_match_position_provider(path):
     tops = [s for s in module.body if any(True for _ in [s])]
     some = nodes[::5]
     by_statement = positions(module, some, tops, source)
-    assert {k: by_statement[k] for k in (id(n) for n in some)} == {
-        id(n): got[id(n)] for n in some
-    }
+    assert {k: by_statement[k] for k in (id(n) for n in some)} == {id(n): got[id(n)] for n in some}
 
 
 def test_columns_are_one_based():
@@ -281,8 +282,9 @@ def test_syntax_errors_are_diagnostics(source):
 
 
 def test_lint_source_accepts_bytes_and_reports_the_path():
-    diags = lint_source(b"class M(nn.Module):\n    def forward(self, x):\n        return x.cpu()\n",
-                        path="pkg/model.py")
+    diags = lint_source(
+        b"class M(nn.Module):\n    def forward(self, x):\n        return x.cpu()\n", path="pkg/model.py"
+    )
     assert isinstance(diags[0], Diagnostic)
     assert diags[0].path == "pkg/model.py"
     assert diags[0].to_dict()["code"] == "NRN002"

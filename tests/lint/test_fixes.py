@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from autoport_cst.errors import InputError, PreconditionError, Position
+from autoport_cst.errors import InputError, Position, PreconditionError
 from autoport_cst.lint import Diagnostic, Fix, fix_source, lint_source
 from autoport_cst.lint.rules import registry
 
 
 def finding(code: str, codemod: str = "stand-in") -> Diagnostic:
-    return Diagnostic(path="m.py", line=1, column=1, code="NRN001", name="x", message="m",
-                      fix=Fix(codemod))
+    return Diagnostic(path="m.py", line=1, column=1, code="NRN001", name="x", message="m", fix=Fix(codemod))
 
 
 class _Dummy:
@@ -102,8 +101,11 @@ def test_unsafe_fixes_need_the_flag(stand_in):
     calls = stand_in(lambda s: s.replace("BAD", "ok"))
 
     def lint(text):
-        return [Diagnostic("m.py", 1, 1, "NRN005", "x", "m", fix=Fix("f32", safe=False))
-                for line in text.splitlines() if "BAD" in line]
+        return [
+            Diagnostic("m.py", 1, 1, "NRN005", "x", "m", fix=Fix("f32", safe=False))
+            for line in text.splitlines()
+            if "BAD" in line
+        ]
 
     assert fix_source("BAD\n", factory=lambda c: _Dummy, lint=lint).fixed == "BAD\n"
     assert calls == []
@@ -126,9 +128,7 @@ def test_after_fix_the_rule_reports_nothing_and_fixing_is_idempotent(code, examp
     assert first.changed, first.fix_problems
     assert first.fix_problems == []
     assert [d for d in first.diagnostics if d.code == code] == []
-    assert [d.code for d in lint_source(first.fixed)] == [
-        d.code for d in first.diagnostics
-    ]
+    assert [d.code for d in lint_source(first.fixed)] == [d.code for d in first.diagnostics]
     compile(first.fixed, "fixed.py", "exec")
     second = fix_source(first.fixed, example.path, unsafe=True)
     assert second.fixed == first.fixed and not second.changed

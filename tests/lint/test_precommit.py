@@ -25,16 +25,25 @@ from .conftest import CLEAN, ROOT, VIOLATING
 pytestmark = pytest.mark.pre_commit
 
 # what the package build needs (setup.py, pyproject.toml and the package dirs)
-SNAPSHOT = ("pyproject.toml", "setup.py", "README.md", ".pre-commit-hooks.yaml", "src",
-            "codemods", "reference_models")
+SNAPSHOT = (
+    "pyproject.toml",
+    "setup.py",
+    "README.md",
+    ".pre-commit-hooks.yaml",
+    "src",
+    "codemods",
+    "reference_models",
+)
 SKIPPED_PARTS = {"__pycache__", ".autoport-cst-cache", ".pytest_cache", ".hypothesis"}
 
 
 def _git(cwd: Path, *args: str) -> None:
     env = {
         **os.environ,
-        "GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "test@example.invalid",
-        "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@example.invalid",
+        "GIT_AUTHOR_NAME": "test",
+        "GIT_AUTHOR_EMAIL": "test@example.invalid",
+        "GIT_COMMITTER_NAME": "test",
+        "GIT_COMMITTER_EMAIL": "test@example.invalid",
     }
     subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True)
 
@@ -47,8 +56,10 @@ def _snapshot(target: Path) -> None:
         elif source.is_dir():
             for path in source.rglob("*"):
                 rel = path.relative_to(ROOT)
-                if path.is_dir() or SKIPPED_PARTS & set(rel.parts) or any(
-                    part.endswith(".egg-info") for part in rel.parts
+                if (
+                    path.is_dir()
+                    or SKIPPED_PARTS & set(rel.parts)
+                    or any(part.endswith(".egg-info") for part in rel.parts)
                 ):
                     continue
                 (target / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -73,14 +84,17 @@ def test_precommit_hooks_fail_on_a_violation_and_pass_on_clean_code(tmp_path):
     _git(project, "init", "-q")
     _git(project, "add", "-A")
 
-    env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home"),
-           "PRE_COMMIT_COLOR": "never"}
+    env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home"), "PRE_COMMIT_COLOR": "never"}
     env.pop("AUTOPORT_CST_CACHE_DIR", None)
 
     def try_repo(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            ["pre-commit", "try-repo", str(hooks), *args], cwd=project, env=env,
-            capture_output=True, text=True, timeout=900,
+            ["pre-commit", "try-repo", str(hooks), *args],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
         )
 
     failing = try_repo("autoport-cst-lint", "--files", "model/bad.py")

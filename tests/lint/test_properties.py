@@ -26,10 +26,12 @@ from autoport_cst.lint import fix_source, lint_source
 from autoport_cst.lint.diagnostics import FileResult
 from autoport_cst.lint.output import as_json, github, sarif, text
 
-settings.register_profile("default-lint", max_examples=40, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("thorough", max_examples=400, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "default-lint", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "thorough", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "default-lint")
 if PROFILE not in ("default-lint", "thorough"):
     PROFILE = "default-lint"
@@ -152,7 +154,7 @@ class {name}Attention(nn.Module):
         self.o_proj_bias = nn.Parameter(torch.zeros(config.hidden_size, dtype=self.dtype))
 
     def forward(self, x, meta):
-{body(placed["forward"])[:-len("        return x")]}        x = self._helper(x)
+{body(placed["forward"])[: -len("        return x")]}        x = self._helper(x)
         return self.forward_decode(x, meta)
 
     def _helper(self, x):
@@ -198,8 +200,10 @@ def test_findings_match_the_oracle(program):
 
 
 TEXT = re.compile(r"^[^:]+:\d+:\d+: NRN\d{3}( \[\*\])? .+$")
-GITHUB = re.compile(r"^::(error|warning) file=[^,]+,line=\d+,col=\d+,endLine=\d+,endColumn=\d+,"
-                    r"title=NRN\d{3} [a-z0-9-]+::.+$")
+GITHUB = re.compile(
+    r"^::(error|warning) file=[^,]+,line=\d+,col=\d+,endLine=\d+,endColumn=\d+,"
+    r"title=NRN\d{3} [a-z0-9-]+::.+$"
+)
 
 
 @settings(settings.get_profile(PROFILE))

@@ -35,9 +35,11 @@ def test_no_crash_on_generated_programs():
     hypothesmith = pytest.importorskip("hypothesmith")
     from hypothesis import HealthCheck, given, settings
 
-    @settings(max_examples=300, deadline=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                     HealthCheck.data_too_large])
+    @settings(
+        max_examples=300,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+    )
     @given(hypothesmith.from_grammar() | hypothesmith.from_node())
     def check(source):
         diags = lint_source(source, "gen.py")

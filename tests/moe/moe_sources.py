@@ -38,7 +38,8 @@ def reduced_source() -> str:
                 continue
             if stmt.name.value.endswith("ForCausalLM"):
                 methods = [
-                    s for s in stmt.body.body
+                    s
+                    for s in stmt.body.body
                     if not isinstance(s, cst.FunctionDef) or s.name.value in KEPT_CAUSAL_LM_METHODS
                 ]
                 stmt = stmt.with_changes(body=stmt.body.with_changes(body=methods))

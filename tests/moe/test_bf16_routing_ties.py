@@ -44,14 +44,18 @@ def _choice_margins(checkpoint, scenario, teacher, layer: int, phase: str) -> to
     router = model.model.layers[layer].mlp.gate
     top_k = model.config.num_experts_per_tok
     inputs: list[torch.Tensor] = []
-    handle = router.register_forward_hook(lambda m, args, out: inputs.append(args[0].detach().reshape(-1, args[0].shape[-1])))
+    handle = router.register_forward_hook(
+        lambda m, args, out: inputs.append(args[0].detach().reshape(-1, args[0].shape[-1]))
+    )
     try:
         run_reference(model, scenario.prompts, teacher)
     finally:
         handle.remove()
     margins = []
     for x in inputs:
-        scores = torch.softmax(x.float() @ router.weight.float().T, dim=-1).sort(dim=-1, descending=True).values
+        scores = (
+            torch.softmax(x.float() @ router.weight.float().T, dim=-1).sort(dim=-1, descending=True).values
+        )
         margins.append((scores[:, top_k - 1] - scores[:, top_k]).unsqueeze(-1))
     return _ref_rows(margins, scenario, phase).reshape(-1)
 
@@ -74,7 +78,9 @@ def test_a_failing_bf16_validation_is_a_routing_tie(tmp_path_factory):
     teacher = greedy_teacher(reference32, scenario.prompts, STEPS)
     ref32 = run_reference(reference32, scenario.prompts, teacher)
     ref16 = run_reference(load_reference(checkpoint, torch.bfloat16), scenario.prompts, teacher)
-    records = report.port_output.prefill_records if first.phase == "prefill" else report.port_output.decode_records
+    records = (
+        report.port_output.prefill_records if first.phase == "prefill" else report.port_output.decode_records
+    )
     port = torch.cat(records[first.component]).double()
     f = _ref_rows(ref32.records[first.component], scenario, first.phase).double()
     b = _ref_rows(ref16.records[first.component], scenario, first.phase).double()

@@ -145,7 +145,10 @@ def test_dense_layers_and_routed_scaling_commute_on_the_reference(order):
     assert run(order) == first
     for codemod_id in FULL_PARAMS:
         assert apply(codemod_id, FULL_PARAMS[codemod_id], first) == first
-    assert "self.mlp = Qwen3MoeDenseMLP(config) if _layer_is_dense(config, layer_idx) else Qwen3MoeMLP(config)" in first
+    assert (
+        "self.mlp = Qwen3MoeDenseMLP(config) if _layer_is_dense(config, layer_idx) else Qwen3MoeMLP(config)"
+        in first
+    )
     assert "affinities = affinities * self.routed_scaling_factor" in first
     assert "output = output * self.routed_scaling_factor" in first
 
@@ -161,8 +164,9 @@ def test_config_edits_commute():
         text = config
         for codemod_id in sequence:
             cls = get_codemod(codemod_id)
-            text, _ = run_on_source(cls(cls.parse_params(params[codemod_id])), text, "config.py", "config",
-                                    PortContext())
+            text, _ = run_on_source(
+                cls(cls.parse_params(params[codemod_id])), text, "config.py", "config", PortContext()
+            )
         return text
 
     forward, backward = run(ids), run(list(reversed(ids)))

@@ -36,10 +36,18 @@ def _weights(seed: int = 0):
 
 def _block_args(w, act, pre_norm, norm):
     return dict(
-        inp=w["x"].unsqueeze(0), gamma=w["gamma"], router_weights=w["router"],
-        expert_gate_up_weights=w["gate_up"], expert_down_weights=w["down"], top_k=K, eps=1e-6,
-        router_act_fn=act, router_pre_norm=pre_norm, norm_topk_prob=norm,
-        expert_affinities_scaling_mode=ExpertAffinityScaleMode.POST_SCALE, hidden_act_fn=ActFnType.SiLU,
+        inp=w["x"].unsqueeze(0),
+        gamma=w["gamma"],
+        router_weights=w["router"],
+        expert_gate_up_weights=w["gate_up"],
+        expert_down_weights=w["down"],
+        top_k=K,
+        eps=1e-6,
+        router_act_fn=act,
+        router_pre_norm=pre_norm,
+        norm_topk_prob=norm,
+        expert_affinities_scaling_mode=ExpertAffinityScaleMode.POST_SCALE,
+        hidden_act_fn=ActFnType.SiLU,
         skip_router_logits=True,
     )
 
@@ -66,8 +74,12 @@ def test_the_decode_substitute_computes_the_fused_kernel(subs, act, pre_norm, no
 def test_the_decode_substitute_runs_this_ranks_experts(subs):
     w = _weights(1)
     args = _block_args(w, RouterActFnType.SOFTMAX, False, False)
-    local = dict(args, expert_gate_up_weights=w["gate_up"][4:], expert_down_weights=w["down"][4:],
-                 rank_id=torch.tensor([[1]], dtype=torch.int32))
+    local = dict(
+        args,
+        expert_gate_up_weights=w["gate_up"][4:],
+        expert_down_weights=w["down"][4:],
+        rank_id=torch.tensor([[1]], dtype=torch.int32),
+    )
     fused = NF.moe_block_tkg(**local)
     unfused = subs["_moe_block_tkg_unfused"](
         **local, implementation=MoECTEImplementation.shard_on_block, block_size=4, moe_group=None, tp_degree=1
@@ -75,11 +87,15 @@ def test_the_decode_substitute_runs_this_ranks_experts(subs):
     torch.testing.assert_close(unfused, fused, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("activation, norm", [("softmax", True), ("softmax", False), ("sigmoid", True), ("sigmoid", False)])
+@pytest.mark.parametrize(
+    "activation, norm", [("softmax", True), ("softmax", False), ("sigmoid", True), ("sigmoid", False)]
+)
 def test_the_router_substitute_routes_like_hugging_face(subs, activation, norm):
     w = _weights(2)
     bias = torch.randn(E) * 0.5
-    got = subs["_moe_router"](w["x"], w["router"], K, activation=activation, norm_topk_prob=norm, selection_bias=bias)
+    got = subs["_moe_router"](
+        w["x"], w["router"], K, activation=activation, norm_topk_prob=norm, selection_bias=bias
+    )
     logits = w["x"] @ w["router"]
     scores = logits.softmax(-1) if activation == "softmax" else logits.sigmoid()
     chosen = torch.topk(scores + bias, K, dim=-1).indices
@@ -93,4 +109,6 @@ def test_the_router_substitute_routes_like_hugging_face(subs, activation, norm):
 def test_without_a_selection_bias_the_router_substitute_is_nf_router(subs):
     w = _weights(3)
     got = subs["_moe_router"](w["x"], w["router"], K, activation="softmax", norm_topk_prob=True)
-    torch.testing.assert_close(got, NF.router(w["x"], w["router"], K, activation="softmax"), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        got, NF.router(w["x"], w["router"], K, activation="softmax"), rtol=1e-5, atol=1e-6
+    )

@@ -30,7 +30,11 @@ TARGETS = {"mixtral": "tiny_mixtral", "qwen2_moe": "tiny_qwen2_moe", "dots1": "t
     "plan, steps, by_config",
     [
         ("mixtral", ["rename-classes", "remove-qk-norm"], []),
-        ("qwen2_moe", ["rename-classes", "add-qkv-bias", "remove-qk-norm", "shared-experts"], ["moe.norm_topk_prob"]),
+        (
+            "qwen2_moe",
+            ["rename-classes", "add-qkv-bias", "remove-qk-norm", "shared-experts"],
+            ["moe.norm_topk_prob"],
+        ),
         ("dots1", ["rename-classes", "router-activation", "routing-bias", "shared-experts"], []),
         ("qwen3_moe", [], []),
     ],

@@ -21,9 +21,17 @@ from autoport_cst.plan import PLAN_VERSION, Plan, parse_plan, plan_to_json
 @pytest.fixture(scope="module")
 def scaled_port(tmp_path_factory):
     reference = load_reference("qwen3_moe")
-    spec = dataclasses.replace(reference.spec, moe=dataclasses.replace(reference.spec.moe, routed_scaling_factor=2.5))
-    plan = Plan(version=PLAN_VERSION, name="scaled_moe", architecture="Qwen3MoeForCausalLM",
-                reference="qwen3_moe", class_prefix="ScaledMoe", spec=spec)
+    spec = dataclasses.replace(
+        reference.spec, moe=dataclasses.replace(reference.spec.moe, routed_scaling_factor=2.5)
+    )
+    plan = Plan(
+        version=PLAN_VERSION,
+        name="scaled_moe",
+        architecture="Qwen3MoeForCausalLM",
+        reference="qwen3_moe",
+        class_prefix="ScaledMoe",
+        spec=spec,
+    )
     plan = parse_plan(plan_to_json(plan), "<plan>")
     result = build_port(plan, reference)
     assert result.ok, result.failure
@@ -36,11 +44,20 @@ def scaled_port(tmp_path_factory):
 def _experts(package, factor: float):
     model = importlib.import_module(f"{package.module.__name__}.model")
     config_module = importlib.import_module(f"{package.module.__name__}.config")
-    config = config_module.ScaledMoeConfig.from_configs({
-        "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1,
-        "vocab_size": 64, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
-        "routed_scaling_factor": factor, "torch_dtype": "float32",
-    })
+    config = config_module.ScaledMoeConfig.from_configs(
+        {
+            "hidden_size": 32,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_hidden_layers": 1,
+            "vocab_size": 64,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 16,
+            "routed_scaling_factor": factor,
+            "torch_dtype": "float32",
+        }
+    )
     torch.manual_seed(0)
     experts = model.ScaledMoeExperts(config)
     with torch.no_grad():

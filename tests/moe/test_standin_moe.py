@@ -55,7 +55,12 @@ def test_router_orders_bias_and_logits(data):
     x, w, b = data["x"], data["w"], data["bias"]
     logits = x @ w + b
     affinities, returned = NF.router(
-        x, w, top_k=K, router_bias=b, activation="sigmoid", return_logits=True,
+        x,
+        w,
+        top_k=K,
+        router_bias=b,
+        activation="sigmoid",
+        return_logits=True,
         router_computation_order=RouterComputationOrder.PRENORM_LINEAR_ACT_TOPK_RENORM_SCATTER,
     )
     torch.testing.assert_close(returned, logits)
@@ -63,7 +68,11 @@ def test_router_orders_bias_and_logits(data):
     expected = torch.zeros(T, E).scatter(1, indices, values / values.sum(-1, keepdim=True))
     torch.testing.assert_close(affinities, expected)
     sparse = NF.router(
-        x, w, top_k=K, router_bias=b, activation="sigmoid",
+        x,
+        w,
+        top_k=K,
+        router_bias=b,
+        activation="sigmoid",
         router_computation_order=RouterComputationOrder.PRENORM_LINEAR_TOPK_SCATTER_ACT,
     )
     values, indices = torch.topk(logits, K, dim=-1)
@@ -177,7 +186,9 @@ def test_moe_block_tkg_is_norm_router_and_experts(data):
         logits = normed @ data["w"] + data["bias"]
         score = torch.softmax if act is RouterActFnType.SOFTMAX else torch.sigmoid
         if pre_norm:
-            values, indices = torch.topk(score(logits, -1) if score is torch.softmax else score(logits), K, dim=-1)
+            values, indices = torch.topk(
+                score(logits, -1) if score is torch.softmax else score(logits), K, dim=-1
+            )
         else:
             values, indices = torch.topk(logits, K, dim=-1)
             values = score(values, -1) if score is torch.softmax else score(values)
@@ -190,17 +201,26 @@ def test_moe_block_tkg_is_norm_router_and_experts(data):
 def test_moe_block_tkg_refuses_a_1d_router_bias(data):
     with pytest.raises(KernelConstraintError, match=r"Bias shape must be \[1, 4\]"):
         NF.moe_block_tkg(
-            inp=data["x"], gamma=data["gamma"].unsqueeze(0), router_weights=data["w"],
-            expert_gate_up_weights=data["gate_up"], expert_down_weights=data["down"],
-            top_k=K, router_bias=data["bias"],
+            inp=data["x"],
+            gamma=data["gamma"].unsqueeze(0),
+            router_weights=data["w"],
+            expert_gate_up_weights=data["gate_up"],
+            expert_down_weights=data["down"],
+            top_k=K,
+            router_bias=data["bias"],
         )
 
 
 def test_moe_block_tkg_local_experts_need_an_int32_rank(data):
     kwargs = dict(
-        inp=data["x"], gamma=data["gamma"].unsqueeze(0), router_weights=data["w"],
-        expert_gate_up_weights=data["gate_up"][2:], expert_down_weights=data["down"][2:], top_k=K,
-        expert_affinities_scaling_mode=ExpertAffinityScaleMode.POST_SCALE, skip_router_logits=True,
+        inp=data["x"],
+        gamma=data["gamma"].unsqueeze(0),
+        router_weights=data["w"],
+        expert_gate_up_weights=data["gate_up"][2:],
+        expert_down_weights=data["down"][2:],
+        top_k=K,
+        expert_affinities_scaling_mode=ExpertAffinityScaleMode.POST_SCALE,
+        skip_router_logits=True,
     )
     with pytest.raises(KernelConstraintError, match="rank_id"):
         NF.moe_block_tkg(**kwargs)
@@ -209,7 +229,9 @@ def test_moe_block_tkg_local_experts_need_an_int32_rank(data):
         **{**kwargs, "expert_gate_up_weights": data["gate_up"][:2], "expert_down_weights": data["down"][:2]},
         rank_id=torch.zeros(1, 1, dtype=torch.int32),
     )
-    full = NF.moe_block_tkg(**{**kwargs, "expert_gate_up_weights": data["gate_up"], "expert_down_weights": data["down"]})
+    full = NF.moe_block_tkg(
+        **{**kwargs, "expert_gate_up_weights": data["gate_up"], "expert_down_weights": data["down"]}
+    )
     torch.testing.assert_close(upper + lower, full)
 
 
@@ -231,4 +253,6 @@ def test_the_stand_in_installs_the_moe_modules():
         assert nl.float32 is torch.float32
         assert moe_cte.MoECTEImplementation.shard_on_block is MoECTEImplementation.shard_on_block
         assert sys.modules["vllm_neuron.functional"].router is NF.router
-    assert "nki.language" not in sys.modules or not getattr(sys.modules["nki.language"], "__autoport_standin__", False)
+    assert "nki.language" not in sys.modules or not getattr(
+        sys.modules["nki.language"], "__autoport_standin__", False
+    )

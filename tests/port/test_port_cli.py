@@ -40,7 +40,9 @@ def test_port_validates_a_llama(tiny_llama, tmp_path):
 
 def test_port_at_tp2(tiny_llama, tmp_path):
     report = tmp_path / "outcome.json"
-    result = run("port", tiny_llama, "--name", "my_llama", "--out", tmp_path / "out", "--tp", "2", "--json", report)
+    result = run(
+        "port", tiny_llama, "--name", "my_llama", "--out", tmp_path / "out", "--tp", "2", "--json", report
+    )
     assert result.exit_code == 0, result.output
     runs = json.loads(report.read_text())["runs"]
     assert [(r["tp"], r["dtype"], r["equivalent"]) for r in runs][-1] == (2, "fp32", True)
@@ -83,8 +85,9 @@ def test_seed_is_used_and_recorded(tiny_llama, tmp_path):
     """--seed sets the tiny checkpoint's weights and the prompts; the JSON
     outcome records it."""
     report = tmp_path / "outcome.json"
-    result = run("port", tiny_llama, "--name", "seeded", "--out", tmp_path / "out", "--seed", "3",
-                 "--json", report)
+    result = run(
+        "port", tiny_llama, "--name", "seeded", "--out", tmp_path / "out", "--seed", "3", "--json", report
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(report.read_text())
     assert data["seed"] == 3 and data["validated"] is True

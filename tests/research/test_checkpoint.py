@@ -25,11 +25,15 @@ def write_header(path: Path, header: dict, payload: bytes = b"") -> None:
 
 
 def test_header_only(tmp_path):
-    write_header(tmp_path / "model.safetensors", {
-        "__metadata__": {"format": "pt"},
-        "a.weight": {"dtype": "BF16", "shape": [4, 2], "data_offsets": [0, 16]},
-        "b.bias": {"dtype": "F32", "shape": [3], "data_offsets": [16, 28]},
-    }, payload=b"\0" * 28)
+    write_header(
+        tmp_path / "model.safetensors",
+        {
+            "__metadata__": {"format": "pt"},
+            "a.weight": {"dtype": "BF16", "shape": [4, 2], "data_offsets": [0, 16]},
+            "b.bias": {"dtype": "F32", "shape": [3], "data_offsets": [16, 28]},
+        },
+        payload=b"\0" * 28,
+    )
     tensors, metadata = read_safetensors_header(tmp_path / "model.safetensors")
     assert metadata == {"format": "pt"}
     assert tensors["a.weight"].shape == (4, 2) and tensors["a.weight"].dtype == "BF16"
@@ -40,19 +44,32 @@ def test_header_only(tmp_path):
 
 def test_header_does_not_read_tensors(tmp_path):
     # the declared data is absent: a header-only reader does not notice
-    write_header(tmp_path / "model.safetensors",
-                 {"w": {"dtype": "F32", "shape": [1000, 1000], "data_offsets": [0, 4_000_000]}})
+    write_header(
+        tmp_path / "model.safetensors",
+        {"w": {"dtype": "F32", "shape": [1000, 1000], "data_offsets": [0, 4_000_000]}},
+    )
     assert read_checkpoint(tmp_path).parameter_count == 1_000_000
 
 
 def test_sharded_index(tmp_path):
-    write_header(tmp_path / "model-00001-of-00002.safetensors",
-                 {"model.layers.0.w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})
-    write_header(tmp_path / "model-00002-of-00002.safetensors",
-                 {"model.layers.1.w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
-        "model.layers.0.w": "model-00001-of-00002.safetensors",
-        "model.layers.1.w": "model-00002-of-00002.safetensors"}}))
+    write_header(
+        tmp_path / "model-00001-of-00002.safetensors",
+        {"model.layers.0.w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
+    )
+    write_header(
+        tmp_path / "model-00002-of-00002.safetensors",
+        {"model.layers.1.w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
+    )
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {
+                "weight_map": {
+                    "model.layers.0.w": "model-00001-of-00002.safetensors",
+                    "model.layers.1.w": "model-00002-of-00002.safetensors",
+                }
+            }
+        )
+    )
     header = read_checkpoint(tmp_path)
     assert set(header.tensors) == {"model.layers.0.w", "model.layers.1.w"}
     assert layer_count(header) == 2
@@ -84,7 +101,10 @@ def test_no_safetensors_is_config_only(tmp_path):
 
 
 def test_key_patterns():
-    assert pattern("model.layers.3.mlp.experts.7.up_proj.weight") == "model.layers.*.mlp.experts.*.up_proj.weight"
+    assert (
+        pattern("model.layers.3.mlp.experts.7.up_proj.weight")
+        == "model.layers.*.mlp.experts.*.up_proj.weight"
+    )
 
 
 # ---- cross-checks ------------------------------------------------------------------
@@ -110,17 +130,28 @@ def test_config_says_no_bias_but_checkpoint_has_q_proj_bias(tiny, tmp_path):
     from autoport_cst.research import research
 
     directory = copy_checkpoint(tiny, "llama", tmp_path)
-    rewrite(directory, lambda s: s.update({
-        f"model.layers.{i}.self_attn.{p}.bias": torch.zeros(w) for i in range(2)
-        for p, w in (("q_proj", 64), ("k_proj", 32), ("v_proj", 32))}))
+    rewrite(
+        directory,
+        lambda s: s.update(
+            {
+                f"model.layers.{i}.self_attn.{p}.bias": torch.zeros(w)
+                for i in range(2)
+                for p, w in (("q_proj", 64), ("k_proj", 32), ("v_proj", 32))
+            }
+        ),
+    )
     result = research(str(directory))
     conflict = next(c for c in result.conflicts if c.field == "attention.qkv_bias")
     sources = {c.source: c.value for c in conflict.claims}
     assert sources == {"code": False, "checkpoint": True}
-    assert "attention_bias" in result.decision("attention.qkv_bias").evidence or \
-        "bias=False" in result.decision("attention.qkv_bias").evidence
+    assert (
+        "attention_bias" in result.decision("attention.qkv_bias").evidence
+        or "bias=False" in result.decision("attention.qkv_bias").evidence
+    )
     assert result.spec.attention.qkv_bias is False  # the spec follows what transformers computes
-    assert any("q_proj.bias" in str(f.value) for f in result.findings if f.field == "checkpoint.unexpected_keys")
+    assert any(
+        "q_proj.bias" in str(f.value) for f in result.findings if f.field == "checkpoint.unexpected_keys"
+    )
 
 
 def test_checkpoint_without_the_code_s_bias(tiny, tmp_path):

@@ -38,9 +38,11 @@ def _imports(path: Path, package: str) -> set[str]:
             if node.module == prefix:
                 names |= {alias.name for alias in node.names}
             elif node.module.startswith(prefix + "."):
-                names.add(node.module[len(prefix) + 1:].split(".")[0])
+                names.add(node.module[len(prefix) + 1 :].split(".")[0])
         elif isinstance(node, ast.Import):
-            names |= {a.name[len(prefix) + 1:].split(".")[0] for a in node.names if a.name.startswith(prefix + ".")}
+            names |= {
+                a.name[len(prefix) + 1 :].split(".")[0] for a in node.names if a.name.startswith(prefix + ".")
+            }
     return names
 
 
@@ -55,7 +57,9 @@ def test_sections_import_only_the_shared_state(package):
             allowed = shared - {name}
         found = _imports(path, package) - {name}
         assert found <= allowed, f"{package}/{name}.py imports {sorted(found - allowed)}"
-    assert not _imports(RESEARCH / package / "__init__.py", package), f"{package}/__init__.py imports its modules"
+    assert not _imports(RESEARCH / package / "__init__.py", package), (
+        f"{package}/__init__.py imports its modules"
+    )
     sections = set(modules) - shared
     used = _imports(RESEARCH / f"{orchestrator}.py", package)
     assert sections <= used, f"{orchestrator}.py does not run {sorted(sections - used)}"
@@ -67,7 +71,13 @@ def test_shared_modules_form_no_cycle():
         graph = {name: _imports(modules[name], package) & shared for name in shared}
         done: set[str] = set()
 
-        def visit(name: str, stack: tuple[str, ...]) -> None:
+        def visit(
+            name: str,
+            stack: tuple[str, ...],
+            package: str = package,
+            graph: dict[str, set[str]] = graph,
+            done: set[str] = done,
+        ) -> None:
             assert name not in stack, f"import cycle in {package}: {' -> '.join(stack + (name,))}"
             if name in done:
                 return

@@ -161,10 +161,13 @@ def test_no_modeling_source(tiny, tmp_path, monkeypatch):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["/no/such/dir", "--name", "x"], "no such directory"),
-    (["DIR", "--name", "Not-Snake"], "is not snake_case"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["/no/such/dir", "--name", "x"], "no such directory"),
+        (["DIR", "--name", "Not-Snake"], "is not snake_case"),
+    ],
+)
 def test_bad_arguments(tiny, tmp_path, args, message):
     args = [str(tiny.directory("llama")) if a == "DIR" else a for a in args]
     out = tmp_path / "plan.json"

@@ -140,8 +140,15 @@ class FakeForCausalLM(nn.Module):
 '''
 
 CONFIG = {
-    "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 3, "intermediate_size": 48,
-    "vocab_size": 100, "use_bias": True, "attn_scale": 0.5, "activation": "relu", "norm_eps": 1e-4,
+    "hidden_size": 32,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 3,
+    "intermediate_size": 48,
+    "vocab_size": 100,
+    "use_bias": True,
+    "attn_scale": 0.5,
+    "activation": "relu",
+    "norm_eps": 1e-4,
     "odd_norm": False,
 }
 DIMS = {"hidden_size": 32, "num_heads": 4, "num_kv_heads": 4, "head_dim": 8, "vocab_size": 100}
@@ -154,7 +161,9 @@ def analyse(tmp_path: Path, **config):
     (module_dir / "modeling_fake.py").write_text(textwrap.dedent(SOURCE))
     library = SourceLibrary(root)
     module = library.module("transformers.models.fake.modeling_fake")
-    result = analyze_code(ModelingSource(library, module, "fake"), {**CONFIG, **config}, "FakeForCausalLM", DIMS)
+    result = analyze_code(
+        ModelingSource(library, module, "fake"), {**CONFIG, **config}, "FakeForCausalLM", DIMS
+    )
     return {f.field: f for f in result.findings}, result
 
 
@@ -205,8 +214,10 @@ def test_research_package_does_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys, autoport_cst.research, autoport_cst.research.code_analysis; "
-            "print('torch' in sys.modules, 'transformers' in sys.modules)")
+    code = (
+        "import sys, autoport_cst.research, autoport_cst.research.code_analysis; "
+        "print('torch' in sys.modules, 'transformers' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
 

@@ -7,7 +7,6 @@ import dataclasses
 import json
 
 import jsonschema
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -25,14 +24,41 @@ from autoport_cst.spec import (
 )
 
 FEATURES_COVERED = [
-    "norm.kind", "norm.bias", "norm.unit_offset", "norm.placement", "norm.eps",
-    "attention.qkv_bias", "attention.o_bias", "attention.qk_norm", "attention.num_heads",
-    "attention.num_kv_heads", "attention.head_dim", "attention.sliding_window",
-    "attention.layer_types", "attention.softcap", "mlp.kind", "mlp.activation", "mlp.bias",
-    "lm_head.bias", "rope.type", "rope.parameters", "rope.partial_rotary_factor", "rope.style",
-    "embedding.tied", "embedding.scale", "embedding.multiplier", "moe", "moe.num_experts",
-    "moe.top_k", "moe.shared_experts", "moe.router_activation", "moe.routing_bias",
-    "moe.norm_topk_prob", "residual.parallel", "residual.multiplier", "lm_head.softcap",
+    "norm.kind",
+    "norm.bias",
+    "norm.unit_offset",
+    "norm.placement",
+    "norm.eps",
+    "attention.qkv_bias",
+    "attention.o_bias",
+    "attention.qk_norm",
+    "attention.num_heads",
+    "attention.num_kv_heads",
+    "attention.head_dim",
+    "attention.sliding_window",
+    "attention.layer_types",
+    "attention.softcap",
+    "mlp.kind",
+    "mlp.activation",
+    "mlp.bias",
+    "lm_head.bias",
+    "rope.type",
+    "rope.parameters",
+    "rope.partial_rotary_factor",
+    "rope.style",
+    "embedding.tied",
+    "embedding.scale",
+    "embedding.multiplier",
+    "moe",
+    "moe.num_experts",
+    "moe.top_k",
+    "moe.shared_experts",
+    "moe.router_activation",
+    "moe.routing_bias",
+    "moe.norm_topk_prob",
+    "residual.parallel",
+    "residual.multiplier",
+    "lm_head.softcap",
 ]
 
 
@@ -92,7 +118,11 @@ def test_moe_section_diff():
 def test_loading_reports_every_error_with_its_path():
     spec, problems = from_json(
         ArchSpec,
-        {"norm": {"kind": "groupnorm", "bias": "yes"}, "mlp": {"kind": "gated", "extra": 1}, "hidden_size": True},
+        {
+            "norm": {"kind": "groupnorm", "bias": "yes"},
+            "mlp": {"kind": "gated", "extra": 1},
+            "hidden_size": True,
+        },
     )
     assert spec is None
     assert {p.json_path for p in problems} == {
@@ -114,6 +144,7 @@ def test_schema_is_valid_json_schema():
 
 
 # -- round trips over generated specs -----------------------------------------
+
 
 def _leaf_strategy(path: str):
     annotations = {

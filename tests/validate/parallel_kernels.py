@@ -47,8 +47,13 @@ POSITIONS = (5, 9)
 
 def decode_mask(positions: list[int], q_heads: int, **dcp) -> torch.Tensor:
     return NF.gen_attention_decode_mask(
-        torch.tensor([positions], dtype=torch.float32), len(positions), q_heads, 1, BLOCKS_PER_SEQ * BLOCK,
-        block_len=BLOCK, **dcp,
+        torch.tensor([positions], dtype=torch.float32),
+        len(positions),
+        q_heads,
+        1,
+        BLOCKS_PER_SEQ * BLOCK,
+        block_len=BLOCK,
+        **dcp,
     )
 
 
@@ -58,9 +63,16 @@ def attention_dp(rank: int, tensors: dict, group) -> torch.Tensor:
     heads = slice(2 * rank * D, (2 * rank + 2) * D)
     w_qkv = torch.cat((tensors["w_q"][:, heads], tensors["w_kv"]), dim=1)
     output = NF.attention_decode(
-        X=tensors["x"], W_qkv=w_qkv, K_cache=tensors["k_cache"], V_cache=tensors["v_cache"],
-        active_blocks_table=tables()[rank : rank + 1], attention_mask=decode_mask([POSITIONS[rank]], HEADS),
-        W_out=torch.eye(HEADS * D)[heads], attention_dp=2, attention_dp_group=group, attention_dp_rank=rank,
+        X=tensors["x"],
+        W_qkv=w_qkv,
+        K_cache=tensors["k_cache"],
+        V_cache=tensors["v_cache"],
+        active_blocks_table=tables()[rank : rank + 1],
+        attention_mask=decode_mask([POSITIONS[rank]], HEADS),
+        W_out=torch.eye(HEADS * D)[heads],
+        attention_dp=2,
+        attention_dp_group=group,
+        attention_dp_rank=rank,
     )[0]
     dist.all_reduce(output, group=group)
     return output  # [2, HEADS * D]: each sequence's attention of every head
@@ -79,12 +91,21 @@ def context_parallel_decode(rank: int, tensors: dict, coordinator: GroupCoordina
     v_cache = local_v.reshape(BLOCKS_PER_SEQ, 1, BLOCK, D)
     heads = slice(2 * rank * D, (2 * rank + 2) * D)
     w_qkv = torch.cat((tensors["w_q"][:, heads], tensors["w_kv"]), dim=1)
-    mask = decode_mask([position], HEADS, local_filled_slots=torch.tensor([float(len(owned))]),
-                       dcp_active_mask=torch.tensor([1.0 if position % 2 == rank else 0.0]))
+    mask = decode_mask(
+        [position],
+        HEADS,
+        local_filled_slots=torch.tensor([float(len(owned))]),
+        dcp_active_mask=torch.tensor([1.0 if position % 2 == rank else 0.0]),
+    )
     output = NF.attention_decode(
-        X=tensors["x"][1:], W_qkv=w_qkv, K_cache=k_cache, V_cache=v_cache,
+        X=tensors["x"][1:],
+        W_qkv=w_qkv,
+        K_cache=k_cache,
+        V_cache=v_cache,
         active_blocks_table=torch.arange(BLOCKS_PER_SEQ, dtype=torch.int32).reshape(1, -1),
-        attention_mask=mask, dcp_size=2, dcp_group=coordinator,
+        attention_mask=mask,
+        dcp_size=2,
+        dcp_group=coordinator,
     )[0]
     return output  # [1, 2 local heads, D, 1]
 
@@ -100,17 +121,28 @@ def segmented_cp(rank: int, tensors: dict, coordinator: GroupCoordinator) -> tor
     k_cache[1, 0, : len(cached)] = k_seq[0, cached]
     v_cache[1, 0, : len(cached)] = v_seq[0, cached]
     return NF.segmented_attention_cp(
-        q=tensors["q_chunk"], k_local=k_seq[:, current], v_local=v_seq[:, current], k_cache=k_cache,
-        v_cache=v_cache, block_tables=torch.tensor([[1]], dtype=torch.int32),
-        prior_tokens=torch.tensor([[len(cached)]], dtype=torch.int32), block_size=BLOCK, cp_rank=rank,
-        cp_world_size=2, cp_kv_cache_interleave_size=1, cp_group=coordinator, scale=0.4, tp_q=True,
+        q=tensors["q_chunk"],
+        k_local=k_seq[:, current],
+        v_local=v_seq[:, current],
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_tables=torch.tensor([[1]], dtype=torch.int32),
+        prior_tokens=torch.tensor([[len(cached)]], dtype=torch.int32),
+        block_size=BLOCK,
+        cp_rank=rank,
+        cp_world_size=2,
+        cp_kv_cache_interleave_size=1,
+        cp_group=coordinator,
+        scale=0.4,
+        tp_q=True,
         tp_out=False,
     )  # [HEADS, 2, D]: chunk queries [2 rank, 2 rank + 2)
 
 
 def run(rank: int, port: int, directory: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=120)
+    )
     try:
         torch.set_num_threads(1)
         tensors = case()

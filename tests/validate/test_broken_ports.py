@@ -39,10 +39,15 @@ def test_dropped_residual_names_the_layer_output(broken_port, tiny_llama: Path) 
 
 
 def test_decode_only_bug_names_decode_attention(broken_port, tiny_llama: Path) -> None:
-    port = broken_port("            softmax_scale=self.scaling,\n", "            softmax_scale=self.scaling * 1.05,\n")
+    port = broken_port(
+        "            softmax_scale=self.scaling,\n", "            softmax_scale=self.scaling * 1.05,\n"
+    )
     report = validate_model(port, tiny_llama, dtype="bf16", steps=4)
     assert not report.equivalent
-    assert (report.first_diverging.component, report.first_diverging.phase) == ("layers.0.attention", "decode")
+    assert (report.first_diverging.component, report.first_diverging.phase) == (
+        "layers.0.attention",
+        "decode",
+    )
     assert all(c["passed"] for c in report.components if c["phase"] == "prefill")
 
 
@@ -58,8 +63,12 @@ def test_tensor_computed_in_init_and_read_fails_loudly(broken_port, tiny_llama: 
     text = model.read_text(encoding="utf-8")
     anchor = "        self.head_dim = config.head_dim\n        self.rope_theta"
     model.write_text(
-        text.replace(anchor, "        self.head_dim = config.head_dim\n        self.inv_freq_scale = torch.ones(1)\n"
-                     "        self.rope_theta", 1),
+        text.replace(
+            anchor,
+            "        self.head_dim = config.head_dim\n        self.inv_freq_scale = torch.ones(1)\n"
+            "        self.rope_theta",
+            1,
+        ),
         encoding="utf-8",
     )
     report = validate_model(port, tiny_llama, steps=2)
@@ -84,7 +93,8 @@ def test_tensor_attribute_never_read_is_allowed(broken_port, tiny_llama: Path) -
 
 def test_1d_bias_to_the_decode_kernel_fails_like_hardware(broken_port, tiny_llama: Path) -> None:
     port = broken_port(
-        "            bias_out=None,\n", "            bias_out=torch.zeros(self.hidden_size, dtype=self.dtype),\n"
+        "            bias_out=None,\n",
+        "            bias_out=torch.zeros(self.hidden_size, dtype=self.dtype),\n",
     )
     report = validate_model(port, tiny_llama, steps=2)
     assert not report.equivalent
@@ -102,5 +112,8 @@ def test_missing_feature_qkv_bias_is_caught(llama3_dir: Path, tmp_path: Path) ->
     qwen2 = build_tiny_checkpoint("Qwen2ForCausalLM", tmp_path / "qwen2").directory
     report = validate_model(llama3_dir, qwen2, steps=2)
     assert not report.equivalent
-    assert (report.first_diverging.component, report.first_diverging.phase) == ("layers.0.attention", "prefill")
+    assert (report.first_diverging.component, report.first_diverging.phase) == (
+        "layers.0.attention",
+        "prefill",
+    )
     assert "model.layers.0.self_attn.q_proj.bias" in report.unused_checkpoint_keys

@@ -29,12 +29,16 @@ def _calls(report) -> list[tuple[str, int, int, int]]:
     ]
 
 
-def test_segmented_port_validates_through_chunked_prefill_and_prefix_hit(broken_port, tiny_llama: Path) -> None:
+def test_segmented_port_validates_through_chunked_prefill_and_prefix_hit(
+    broken_port, tiny_llama: Path
+) -> None:
     port = broken_port(FLASH_CALL, SEGMENTED_OR_FLASH, name="segmented")
     report = validate_model(port, tiny_llama, dtype="fp32", steps=4)
     assert report.equivalent, report.summary()
     assert _calls(report)[3:] == [
-        ("chunked", 0, 0, 512), ("chunked", 32, 32, 512), ("prefix_cache_hit", 32, 32, 512)
+        ("chunked", 0, 0, 512),
+        ("chunked", 32, 32, 512),
+        ("prefix_cache_hit", 32, 32, 512),
     ]
     output = report.port_output
     assert output.sequences == [0, 1, 2, 3, 4] and output.prefill_spans[3:] == [(0, 40), (32, 48)]
@@ -48,7 +52,10 @@ def test_port_ignoring_cached_tokens_fails_at_the_first_attention(llama3_dir: Pa
     the chunk only) misses the cached tokens."""
     report = validate_model(llama3_dir, tiny_llama, dtype="fp32", steps=4, prefill="segmented")
     assert not report.equivalent
-    assert (report.first_diverging.component, report.first_diverging.phase) == ("layers.0.attention", "prefill")
+    assert (report.first_diverging.component, report.first_diverging.phase) == (
+        "layers.0.attention",
+        "prefill",
+    )
 
 
 def test_auto_leaves_the_cache_paths_out_of_a_port_without_segmented_prefill(
@@ -70,7 +77,9 @@ def test_scenario_plans_the_cache_paths() -> None:
     assert scenario.block_table(hit)[4:] == scenario.layout.block_tables[hit][4:]
     plan = scenario.prefill_plan(cache_paths=True)
     assert [(c.sequence, c.start, c.end, c.rows) for c in plan[3:]] == [
-        (chunked, 0, 32, 512), (chunked, 32, 40, 512), (hit, 32, 48, 512)
+        (chunked, 0, 32, 512),
+        (chunked, 32, 40, 512),
+        (hit, 32, 48, 512),
     ]
     assert [c.sequence for c in scenario.prefill_plan(cache_paths=False)] == [0, 1, 2]
     handed_out = {block for table in scenario.layout.block_tables for block in table}

@@ -17,13 +17,17 @@ RESHAPED = "model.layers.0.self_attn.o_proj.weight"
 
 @pytest.fixture(scope="module")
 def missing_tensor(tiny_llama: Path, tmp_path_factory, checkpoint_editor) -> Path:
-    return checkpoint_editor(tiny_llama, tmp_path_factory.mktemp("missing") / "ckpt", lambda s: s.pop(MISSING))
+    return checkpoint_editor(
+        tiny_llama, tmp_path_factory.mktemp("missing") / "ckpt", lambda s: s.pop(MISSING)
+    )
 
 
 @pytest.fixture(scope="module")
 def wrong_shape(tiny_llama: Path, tmp_path_factory, checkpoint_editor) -> Path:
     return checkpoint_editor(
-        tiny_llama, tmp_path_factory.mktemp("shape") / "ckpt", lambda s: s.__setitem__(RESHAPED, torch.zeros(64, 32))
+        tiny_llama,
+        tmp_path_factory.mktemp("shape") / "ckpt",
+        lambda s: s.__setitem__(RESHAPED, torch.zeros(64, 32)),
     )
 
 

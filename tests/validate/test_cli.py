@@ -49,7 +49,9 @@ def test_validate_exit_1_names_the_component(broken_port, tiny_llama: Path) -> N
         "        hidden_states = self.mlp(hidden_states, is_prefill=is_prefill)\n        return residual + hidden_states",
         "        hidden_states = self.mlp(hidden_states, is_prefill=is_prefill)\n        return hidden_states",
     )
-    result = CliRunner().invoke(validate_command, [str(port), "--hf", str(tiny_llama), "--dtype", "bf16", "--steps", "2"])
+    result = CliRunner().invoke(
+        validate_command, [str(port), "--hf", str(tiny_llama), "--dtype", "bf16", "--steps", "2"]
+    )
     assert result.exit_code == 1, result.output
     assert "NOT EQUIVALENT" in result.output and "layers.0.output" in result.output
 

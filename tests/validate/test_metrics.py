@@ -35,8 +35,8 @@ def test_topk_error_detects_a_perturbed_top_logit() -> None:
 
 
 def test_divergence_within_one_ulp_is_acceptable() -> None:
-    expected = torch.tensor([1.0, 4.0, 4.0 - 2 ** -6, 0.0], dtype=torch.float64)
-    actual = torch.tensor([1.0, 4.0 - 2 ** -6, 4.0, 0.0], dtype=torch.float64)
+    expected = torch.tensor([1.0, 4.0, 4.0 - 2**-6, 0.0], dtype=torch.float64)
+    actual = torch.tensor([1.0, 4.0 - 2**-6, 4.0, 0.0], dtype=torch.float64)
     check = M.check_token(expected, actual, mantissa_bits=7)  # bf16 ULP at 4 is 2**-5
     assert not check.argmax_match and check.divergence <= check.divergence_bound
     assert check.label.startswith("Acceptable divergence")
@@ -59,7 +59,9 @@ def test_kl_and_cosine() -> None:
     assert float(M.row_kl(logits, -logits).min()) > 0
 
 
-def _three_way(target: torch.Tensor, bf16: torch.Tensor, fp32: torch.Tensor, sequences: list[int]) -> M.LogitMetrics:
+def _three_way(
+    target: torch.Tensor, bf16: torch.Tensor, fp32: torch.Tensor, sequences: list[int]
+) -> M.LogitMetrics:
     positions = [("prefill", s, i) for i, s in enumerate(sequences)]
     return M.logit_metrics(target, bf16, fp32, bf16, positions, [], [], "bf16")
 

@@ -26,8 +26,12 @@ def _unsplit_decode(tensors: dict) -> torch.Tensor:
     """Both sequences, every head, one process: ``[2, HEADS * D]``."""
     w_qkv = torch.cat((tensors["w_q"], tensors["w_kv"]), dim=1)
     return NF.attention_decode(
-        X=tensors["x"], W_qkv=w_qkv, K_cache=tensors["k_cache"], V_cache=tensors["v_cache"],
-        active_blocks_table=P.tables(), attention_mask=P.decode_mask(list(P.POSITIONS), P.HEADS),
+        X=tensors["x"],
+        W_qkv=w_qkv,
+        K_cache=tensors["k_cache"],
+        V_cache=tensors["v_cache"],
+        active_blocks_table=P.tables(),
+        attention_mask=P.decode_mask(list(P.POSITIONS), P.HEADS),
         W_out=torch.eye(P.HEADS * P.D),
     )[0]
 

@@ -161,8 +161,10 @@ def test_dcp_with_a_context_parallel_prefill(tiny_llama_one_kv: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("options", [dict(mlp_dp=2), dict(embedding_dp=2), dict(lm_head_dp=2),
-                                     dict(tp=2, attention_dp=2), dict(tp=2, dcp=2)])
+@pytest.mark.parametrize(
+    "options",
+    [dict(mlp_dp=2), dict(embedding_dp=2), dict(lm_head_dp=2), dict(tp=2, attention_dp=2), dict(tp=2, dcp=2)],
+)
 def test_each_layout_alone(options, tiny_llama: Path, tiny_llama_one_kv: Path) -> None:
     checkpoint = tiny_llama_one_kv if "dcp" in options else tiny_llama
     _equivalent(validate_model(STAGED_LLAMA3, checkpoint, **options, **RUN))
@@ -182,18 +184,42 @@ def test_attention_dp_at_tp2_with_kv_exchange(tmp_path: Path) -> None:
 BROKEN = [
     # the O projection loaded at the TP rank instead of the TP x attention-DP rank
     ("rank=effective_q_rank,\n", "rank=self.rank,\n", dict(attention_dp=2), "layers.0.attention"),
-    ("kv_sharded_across_attention_dp=self.kv_needs_a2a,", "kv_sharded_across_attention_dp=False,",
-     dict(attention_dp=2), "layers.0.attention"),
-    ("gate_up_loader = with_rank_override(gate_up_loader, rank=self.mlp_tp_rank)",
-     "gate_up_loader = with_rank_override(gate_up_loader, rank=self.rank)", dict(mlp_dp=2), "layers.0.mlp"),
-    ("embedding_rank = rank + (self.embedding_tp_rank - self.rank)", "embedding_rank = rank",
-     dict(embedding_dp=2), "embedding"),
-    ("lm_head_loader = with_rank_override(lm_head_loader, rank=self.lm_head_tp_group.rank_in_group)",
-     "lm_head_loader = with_rank_override(lm_head_loader, rank=self.rank)", dict(lm_head_dp=2), "logits"),
-    ("dcp_active_mask = (owner == rank).to(torch.float32)", "dcp_active_mask = (owner == 0).to(torch.float32)",
-     dict(tp=2, dcp=2), "layers.0.attention"),
-    ("local_prior = None if cached_seq_len is None else cached_seq_len // self.dcp_size",
-     "local_prior = cached_seq_len", dict(tp=2, dcp=2, prefill_dcp=True), "layers.0.attention"),
+    (
+        "kv_sharded_across_attention_dp=self.kv_needs_a2a,",
+        "kv_sharded_across_attention_dp=False,",
+        dict(attention_dp=2),
+        "layers.0.attention",
+    ),
+    (
+        "gate_up_loader = with_rank_override(gate_up_loader, rank=self.mlp_tp_rank)",
+        "gate_up_loader = with_rank_override(gate_up_loader, rank=self.rank)",
+        dict(mlp_dp=2),
+        "layers.0.mlp",
+    ),
+    (
+        "embedding_rank = rank + (self.embedding_tp_rank - self.rank)",
+        "embedding_rank = rank",
+        dict(embedding_dp=2),
+        "embedding",
+    ),
+    (
+        "lm_head_loader = with_rank_override(lm_head_loader, rank=self.lm_head_tp_group.rank_in_group)",
+        "lm_head_loader = with_rank_override(lm_head_loader, rank=self.rank)",
+        dict(lm_head_dp=2),
+        "logits",
+    ),
+    (
+        "dcp_active_mask = (owner == rank).to(torch.float32)",
+        "dcp_active_mask = (owner == 0).to(torch.float32)",
+        dict(tp=2, dcp=2),
+        "layers.0.attention",
+    ),
+    (
+        "local_prior = None if cached_seq_len is None else cached_seq_len // self.dcp_size",
+        "local_prior = cached_seq_len",
+        dict(tp=2, dcp=2, prefill_dcp=True),
+        "layers.0.attention",
+    ),
 ]
 
 

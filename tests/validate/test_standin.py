@@ -41,7 +41,11 @@ def test_installed_only_inside_the_block() -> None:
         group = get_tp_group()
         assert (group.world_size, group.rank_in_group) == (1, 0)
         assert set(installation.describe()["stand_in_packages"]) == {
-            "vllm", "vllm_neuron", "nkilib", "nki", "libtorch_neuronx_lite"
+            "vllm",
+            "vllm_neuron",
+            "nkilib",
+            "nki",
+            "libtorch_neuronx_lite",
         }
     roots = ("vllm", "vllm_neuron", "nkilib", "nki", "libtorch_neuronx_lite")
     assert not [name for name in sys.modules if name.split(".")[0] in roots]
@@ -106,7 +110,12 @@ def test_fused_qkv_loader_with_kv_replicas() -> None:
     k = torch.randn(1 * head, hidden)  # 1 kv head, replicated on both ranks
     v = torch.randn(1 * head, hidden)
     loader = fused_qkv_weight_loader(
-        q_size=2 * head, kv_size=head, shard_dim=1, num_shards=2, is_storage_transposed=True, num_kv_replicas=2
+        q_size=2 * head,
+        kv_size=head,
+        shard_dim=1,
+        num_shards=2,
+        is_storage_transposed=True,
+        num_kv_replicas=2,
     )
     for rank in range(2):
         fused = loader.load([TensorSlice(q), TensorSlice(k), TensorSlice(v)], rank)
@@ -127,7 +136,8 @@ class _Tiny(torch.nn.Module):
         super().__init__()
         self.proj_weight = torch.nn.Parameter(torch.empty(4, 6, device="meta"))
         set_weight_loader(
-            self.proj_weight, sharding_weight_loader(shard_dim=0, shard_size=4, num_shards=1, is_storage_transposed=True)
+            self.proj_weight,
+            sharding_weight_loader(shard_dim=0, shard_size=4, num_shards=1, is_storage_transposed=True),
         )
         self.norm = torch.nn.Parameter(torch.empty(4, device="meta"))
 
@@ -161,7 +171,10 @@ def test_checkpoint_strict_missing_key_names_the_key(tmp_path: Path) -> None:
 
 def test_checkpoint_shape_mismatch_names_the_key(tmp_path: Path) -> None:
     _write(tmp_path, {"proj.weight": torch.randn(5, 4), "norm": torch.ones(4)})
-    with pytest.raises(CheckpointShapeError, match=r"'proj_weight' has shape \[4, 6\].*'proj\.weight' \[5, 4\] gives \[4, 5\]"):
+    with pytest.raises(
+        CheckpointShapeError,
+        match=r"'proj_weight' has shape \[4, 6\].*'proj\.weight' \[5, 4\] gives \[4, 5\]",
+    ):
         SafetensorsCheckpoint(tmp_path).load_sharded(0, 1, _Tiny(), {"proj_weight": "proj.weight"}, "cpu")
 
 
@@ -202,11 +215,15 @@ def _decode_inputs(batch=2, hidden=8, heads=2, kv_heads=1, head=4, block=32, blo
 
 def test_attention_decode_rejects_a_1d_bias() -> None:
     inputs = _decode_inputs()
-    mask = NF.gen_attention_decode_mask(torch.tensor([[5.0, 9.0]]), bs=2, q_head=2, s_active=1, s_prior=128, block_len=32)
+    mask = NF.gen_attention_decode_mask(
+        torch.tensor([[5.0, 9.0]]), bs=2, q_head=2, s_active=1, s_prior=128, block_len=32
+    )
     with pytest.raises(ValueError, match=r"Bias shape must be \[1, 8\], got \(8,\)"):
         NF.attention_decode(**inputs, attention_mask=mask, bias_out=torch.zeros(8))
     with pytest.raises(ValueError, match="active_blocks_table must be an int32"):
-        NF.attention_decode(**{**inputs, "active_blocks_table": inputs["active_blocks_table"].long()}, attention_mask=mask)
+        NF.attention_decode(
+            **{**inputs, "active_blocks_table": inputs["active_blocks_table"].long()}, attention_mask=mask
+        )
 
 
 @settings(max_examples=15, deadline=None, database=None)
@@ -216,7 +233,12 @@ def test_attention_decode_equals_attention_over_the_visible_context(positions: l
     inputs = _decode_inputs()
     batch, head = 2, 4
     mask = NF.gen_attention_decode_mask(
-        torch.tensor([positions], dtype=torch.float32), bs=batch, q_head=2, s_active=1, s_prior=128, block_len=32
+        torch.tensor([positions], dtype=torch.float32),
+        bs=batch,
+        q_head=2,
+        s_active=1,
+        s_prior=128,
+        block_len=32,
     )
     out, _k_new, _v_new = NF.attention_decode(**inputs, attention_mask=mask, softmax_scale=0.5)
     qkv = inputs["X"] @ inputs["W_qkv"]

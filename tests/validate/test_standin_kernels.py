@@ -64,9 +64,18 @@ def test_segmented_attention_attends_to_prior_tokens(window, with_sink) -> None:
     padded = torch.cat((q, torch.randn(heads, segment - chunk, D)), dim=1)
     sink = torch.randn(heads, 1) if with_sink else None
     out = NF.segmented_attention(
-        padded, k_cache=k_cache, v_cache=v_cache, block_tables=torch.tensor([table], dtype=torch.int32),
-        prior_tokens=torch.tensor([[prior]], dtype=torch.int32), block_size=BLOCK, kv_segment_size=segment,
-        scale=0.3, tp_q=True, tp_out=True, sliding_window=window, sink=sink,
+        padded,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_tables=torch.tensor([table], dtype=torch.int32),
+        prior_tokens=torch.tensor([[prior]], dtype=torch.int32),
+        block_size=BLOCK,
+        kv_segment_size=segment,
+        scale=0.3,
+        tp_q=True,
+        tp_out=True,
+        sliding_window=window,
+        sink=sink,
     )
     assert out.shape == (heads, D, segment)
     q_pos = torch.arange(chunk)[:, None] + prior
@@ -75,7 +84,9 @@ def test_segmented_attention_attends_to_prior_tokens(window, with_sink) -> None:
     if window:
         visible &= k_pos > q_pos - window
     groups = heads // kv_heads
-    expected = naive_attention(q, k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0), 0.3, visible, sink)
+    expected = naive_attention(
+        q, k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0), 0.3, visible, sink
+    )
     assert torch.allclose(out.transpose(1, 2)[:, :chunk].double(), expected, atol=1e-5)
 
 
@@ -92,8 +103,15 @@ def test_segmented_attention_keeps_the_kernel_constraints() -> None:
         NF.segmented_attention(torch.zeros(2, 512, D), prior_tokens=3, kv_segment_size=512, **common)
     with pytest.raises(NF.KernelConstraintError, match="non-packed FP8"):
         fp8 = cache.to(torch.float8_e4m3fn)
-        NF.segmented_attention(torch.zeros(2, 512, D), k_cache=fp8, v_cache=fp8, block_tables=table,
-                               block_size=BLOCK, prior_tokens=0, kv_segment_size=512)
+        NF.segmented_attention(
+            torch.zeros(2, 512, D),
+            k_cache=fp8,
+            v_cache=fp8,
+            block_tables=table,
+            block_size=BLOCK,
+            prior_tokens=0,
+            kv_segment_size=512,
+        )
 
 
 # -- qkv_proj ----------------------------------------------------------------------
@@ -108,10 +126,18 @@ def test_qkv_proj_fused_rope_and_qk_norm_match_a_naive_computation() -> None:
     positions = torch.arange(3, 3 + tokens)
     _, cos, sin = rope(torch.zeros(tokens, D), positions)
     out = NF.qkv_proj(
-        x, w, d_head=D, cos_cache=cos.float().unsqueeze(0), sin_cache=sin.float().unsqueeze(0),
-        num_q_heads=q_heads, num_kv_heads=kv_heads, qk_norm_pre_rope_q_norm=NormType.RMS_NORM,
-        qk_norm_pre_rope_k_norm=NormType.RMS_NORM, qk_norm_pre_rope_eps=1e-6,
-        qk_norm_pre_rope_q_gamma=gamma.unsqueeze(0), qk_norm_pre_rope_k_gamma=gamma,
+        x,
+        w,
+        d_head=D,
+        cos_cache=cos.float().unsqueeze(0),
+        sin_cache=sin.float().unsqueeze(0),
+        num_q_heads=q_heads,
+        num_kv_heads=kv_heads,
+        qk_norm_pre_rope_q_norm=NormType.RMS_NORM,
+        qk_norm_pre_rope_k_norm=NormType.RMS_NORM,
+        qk_norm_pre_rope_eps=1e-6,
+        qk_norm_pre_rope_q_gamma=gamma.unsqueeze(0),
+        qk_norm_pre_rope_k_gamma=gamma,
     )
     qkv = (x.double() @ w.double())[0].reshape(tokens, q_heads + 2 * kv_heads, D).transpose(0, 1)
     normed = qkv[: q_heads + kv_heads]
@@ -129,8 +155,18 @@ def test_qkv_proj_use_block_kv_writes_the_rotated_kv_into_the_cache() -> None:
     k_cache, v_cache = torch.zeros(6, kv_heads, BLOCK, D), torch.zeros(6, kv_heads, BLOCK, D)
     slots = torch.tensor([9, 10, 11, 20, 0], dtype=torch.int32)
     q, k_out, v_out = NF.qkv_proj(
-        x, w, d_head=D, cos_cache=cos, sin_cache=sin, num_q_heads=q_heads, num_kv_heads=kv_heads,
-        k_cache=k_cache, v_cache=v_cache, use_block_kv=True, block_size=BLOCK, slot_mapping=slots.unsqueeze(0),
+        x,
+        w,
+        d_head=D,
+        cos_cache=cos,
+        sin_cache=sin,
+        num_q_heads=q_heads,
+        num_kv_heads=kv_heads,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        use_block_kv=True,
+        block_size=BLOCK,
+        slot_mapping=slots.unsqueeze(0),
     )
     qkv = x[0] @ w
     assert k_out is k_cache and v_out is v_cache
@@ -140,9 +176,18 @@ def test_qkv_proj_use_block_kv_writes_the_rotated_kv_into_the_cache() -> None:
         assert torch.allclose(k_cache[block, 0, offset], qkv[row, q_heads * D : (q_heads + 1) * D], atol=1e-5)
         assert torch.allclose(v_cache[block, 0, offset], qkv[row, (q_heads + 1) * D :], atol=1e-5)
     with pytest.raises(NF.KernelConstraintError, match="slot -1, outside the cache"):
-        NF.qkv_proj(x, w, d_head=D, num_q_heads=q_heads, num_kv_heads=kv_heads, k_cache=k_cache,
-                    v_cache=v_cache, use_block_kv=True, block_size=BLOCK,
-                    slot_mapping=torch.tensor([1, 2, 3, 4, -1]))
+        NF.qkv_proj(
+            x,
+            w,
+            d_head=D,
+            num_q_heads=q_heads,
+            num_kv_heads=kv_heads,
+            k_cache=k_cache,
+            v_cache=v_cache,
+            use_block_kv=True,
+            block_size=BLOCK,
+            slot_mapping=torch.tensor([1, 2, 3, 4, -1]),
+        )
 
 
 # -- decode ------------------------------------------------------------------------
@@ -163,7 +208,11 @@ def _decode_case(seed: int = 3, kv_heads: int = 1, batch: int = 2):
 def _mask(case):
     batch = case["x"].shape[0]
     return NF.gen_attention_decode_mask(
-        case["positions"].view(1, batch).float(), batch, case["q_heads"], 1, case["table"].shape[1] * BLOCK,
+        case["positions"].view(1, batch).float(),
+        batch,
+        case["q_heads"],
+        1,
+        case["table"].shape[1] * BLOCK,
         block_len=BLOCK,
     )
 
@@ -172,16 +221,23 @@ def test_attention_decode_reads_a_3d_cache_like_a_4d_one() -> None:
     case = _decode_case()
     common = dict(X=case["x"], W_qkv=case["w"], active_blocks_table=case["table"], attention_mask=_mask(case))
     four = NF.attention_decode(K_cache=case["k_cache"], V_cache=case["v_cache"], **common)
-    three = NF.attention_decode(K_cache=case["k_cache"].squeeze(1), V_cache=case["v_cache"].squeeze(1), **common)
-    for a, b in zip(four, three):
+    three = NF.attention_decode(
+        K_cache=case["k_cache"].squeeze(1), V_cache=case["v_cache"].squeeze(1), **common
+    )
+    for a, b in zip(four, three, strict=False):
         assert torch.equal(a, b)
 
 
 def test_attention_decode_matches_naive_paged_attention() -> None:
     case = _decode_case(kv_heads=1)
     output, k_new, v_new = NF.attention_decode(
-        X=case["x"], W_qkv=case["w"], K_cache=case["k_cache"], V_cache=case["v_cache"],
-        active_blocks_table=case["table"], attention_mask=_mask(case), softmax_scale=0.5,
+        X=case["x"],
+        W_qkv=case["w"],
+        K_cache=case["k_cache"],
+        V_cache=case["v_cache"],
+        active_blocks_table=case["table"],
+        attention_mask=_mask(case),
+        softmax_scale=0.5,
     )
     for b, position in enumerate(case["positions"].tolist()):
         qkv = case["x"][b, 0].double() @ case["w"].double()
@@ -198,17 +254,26 @@ def test_attention_decode_matches_naive_paged_attention() -> None:
 
 def test_bounded_gather_decode_equals_the_external_mask_path() -> None:
     case = _decode_case()
-    common = dict(X=case["x"], W_qkv=case["w"], K_cache=case["k_cache"], V_cache=case["v_cache"],
-                  active_blocks_table=case["table"])
+    common = dict(
+        X=case["x"],
+        W_qkv=case["w"],
+        K_cache=case["k_cache"],
+        V_cache=case["v_cache"],
+        active_blocks_table=case["table"],
+    )
     external = NF.attention_decode(attention_mask=_mask(case), **common)
     bounded = NF.attention_decode(
-        attention_mask=None, pos_ids=case["positions"].view(2, 1).float(),
-        max_context_len=(case["positions"].max() + 1).reshape(1).to(torch.int32), **common,
+        attention_mask=None,
+        pos_ids=case["positions"].view(2, 1).float(),
+        max_context_len=(case["positions"].max() + 1).reshape(1).to(torch.int32),
+        **common,
     )
     assert torch.equal(external[0], bounded[0])
     tight = NF.attention_decode(
-        attention_mask=None, pos_ids=case["positions"].view(2, 1).float(),
-        max_context_len=torch.tensor([3], dtype=torch.int32), **common,
+        attention_mask=None,
+        pos_ids=case["positions"].view(2, 1).float(),
+        max_context_len=torch.tensor([3], dtype=torch.int32),
+        **common,
     )  # reads only slots 0..2 of the context: a different result
     assert not torch.allclose(external[0], tight[0])
 
@@ -225,12 +290,20 @@ def test_fp8_kv_cache_emulation() -> None:
     raw_k, raw_v = k_cache.float().clone(), v_cache.float().clone()
     slots = case["table"][:, 0].to(torch.int64) * BLOCK + case["positions"] % BLOCK
     output = NF.attention_decode(
-        X=case["x"], W_qkv=case["w"], K_cache=k_cache, V_cache=v_cache, active_blocks_table=case["table"],
-        attention_mask=_mask(case), update_cache=True, kv_cache_update_idx=slots.view(2, 1).to(torch.uint32),
-        k_scale=scale_k, v_scale=scale_v, softmax_scale=0.7,
+        X=case["x"],
+        W_qkv=case["w"],
+        K_cache=k_cache,
+        V_cache=v_cache,
+        active_blocks_table=case["table"],
+        attention_mask=_mask(case),
+        update_cache=True,
+        kv_cache_update_idx=slots.view(2, 1).to(torch.uint32),
+        k_scale=scale_k,
+        v_scale=scale_v,
+        softmax_scale=0.7,
     )
     qkv = case["x"][:, 0] @ case["w"]
-    for b, (slot, position) in enumerate(zip(slots.tolist(), case["positions"].tolist())):
+    for b, (slot, position) in enumerate(zip(slots.tolist(), case["positions"].tolist(), strict=False)):
         block, offset = divmod(slot, BLOCK)
         step_k = quantize_kv(qkv[b, 2 * D : 3 * D], scale_k, torch.float8_e4m3fn).float()
         step_v = quantize_kv(qkv[b, 3 * D :], scale_v, torch.float8_e4m3fn).float()
@@ -257,7 +330,13 @@ def test_packed_fp8_layout_round_trips() -> None:
 
 def test_context_parallel_mask_gates_prior_and_active_slots() -> None:
     mask = NF.gen_attention_decode_mask(
-        torch.zeros(1, 2), 2, 1, 1, 128, block_len=BLOCK, local_filled_slots=torch.tensor([3.0, 5.0]),
+        torch.zeros(1, 2),
+        2,
+        1,
+        1,
+        128,
+        block_len=BLOCK,
+        local_filled_slots=torch.tensor([3.0, 5.0]),
         dcp_active_mask=torch.tensor([1.0, 0.0]),
     )
     assert mask[:, 0, 0, 0].nonzero().reshape(-1).tolist() == [0, 1, 2, 127]
@@ -271,14 +350,27 @@ def test_context_parallel_mask_gates_prior_and_active_slots() -> None:
 def test_attention_decode_refuses_unimplemented_layouts_by_name(option: str) -> None:
     case = _decode_case()
     with pytest.raises(UnsupportedKernelOption, match=f"{option}=True"):
-        NF.attention_decode(X=case["x"], W_qkv=case["w"], K_cache=case["k_cache"], V_cache=case["v_cache"],
-                            active_blocks_table=case["table"], attention_mask=_mask(case), **{option: True})
+        NF.attention_decode(
+            X=case["x"],
+            W_qkv=case["w"],
+            K_cache=case["k_cache"],
+            V_cache=case["v_cache"],
+            active_blocks_table=case["table"],
+            attention_mask=_mask(case),
+            **{option: True},
+        )
 
 
 def test_options_accept_their_default_and_refuse_lookalikes() -> None:
     case = _decode_case()
-    common = dict(X=case["x"], W_qkv=case["w"], K_cache=case["k_cache"], V_cache=case["v_cache"],
-                  active_blocks_table=case["table"], attention_mask=_mask(case))
+    common = dict(
+        X=case["x"],
+        W_qkv=case["w"],
+        K_cache=case["k_cache"],
+        V_cache=case["v_cache"],
+        active_blocks_table=case["table"],
+        attention_mask=_mask(case),
+    )
     NF.attention_decode(K_cache_transposed=False, out_in_sb=False, sbm_lower_bound=4, **common)
     with pytest.raises(UnsupportedKernelOption, match="out_in_sb=1"):
         NF.attention_decode(out_in_sb=1, **common)  # 1 == True, but not False
@@ -287,23 +379,33 @@ def test_options_accept_their_default_and_refuse_lookalikes() -> None:
     with pytest.raises(UnsupportedKernelOption, match="transpose_k_cache=True"):
         NF.qkv_proj(torch.zeros(1, 2, 4), torch.zeros(4, 8), transpose_k_cache=True)
     with pytest.raises(UnsupportedKernelOption, match="k_prior"):
-        NF.flash_attention(torch.zeros(1, 2, 4), torch.zeros(1, 4, 2), torch.zeros(1, 2, 4), k_prior=torch.zeros(1))
+        NF.flash_attention(
+            torch.zeros(1, 2, 4), torch.zeros(1, 4, 2), torch.zeros(1, 2, 4), k_prior=torch.zeros(1)
+        )
     args = (torch.zeros(2, 4), torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(8, 4))
     NF.mlp(*args, quant_clipping_bound=0, quantization_type=QuantizationType.NONE)  # defaults, spelled out
     with pytest.raises(UnsupportedKernelOption, match="quant_clipping_bound=False"):
         NF.mlp(*args, quant_clipping_bound=False)
     with pytest.raises(UnsupportedKernelOption, match="quantization_type=<QuantizationType.STATIC"):
-        NF.mlp(torch.zeros(2, 4), torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(8, 4),
-               quantization_type=QuantizationType.STATIC)
+        NF.mlp(
+            torch.zeros(2, 4),
+            torch.zeros(4, 8),
+            torch.zeros(4, 8),
+            torch.zeros(8, 4),
+            quantization_type=QuantizationType.STATIC,
+        )
 
 
 @pytest.mark.parametrize(
     "call",
     [
         lambda: NF.qkv_proj(torch.zeros(1, 2, 4), torch.zeros(4, 8), not_an_argument=1),
-        lambda: NF.mlp(torch.zeros(2, 4), torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(8, 4), not_an_argument=1),
-        lambda: NF.flash_attention(torch.zeros(1, 2, 4), torch.zeros(1, 4, 2), torch.zeros(1, 2, 4),
-                                   not_an_argument=1),
+        lambda: NF.mlp(
+            torch.zeros(2, 4), torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(8, 4), not_an_argument=1
+        ),
+        lambda: NF.flash_attention(
+            torch.zeros(1, 2, 4), torch.zeros(1, 4, 2), torch.zeros(1, 2, 4), not_an_argument=1
+        ),
         lambda: NF.router(torch.zeros(2, 4), torch.zeros(4, 3), 1, not_an_argument=1),
     ],
 )
@@ -321,8 +423,16 @@ def test_mlp_clamps_and_fused_add() -> None:
     torch.manual_seed(4)
     x, residual = torch.randn(3, 4), torch.randn(3, 4)
     gate, up, down = torch.randn(4, 6), torch.randn(4, 6), torch.randn(6, 4)
-    out, summed = NF.mlp(x, gate, up, down, fused_add_tensor=residual, store_fused_add_result=True,
-                         gate_clamp_upper_limit=0.5, up_clamp_lower_limit=-0.2)
+    out, summed = NF.mlp(
+        x,
+        gate,
+        up,
+        down,
+        fused_add_tensor=residual,
+        store_fused_add_result=True,
+        gate_clamp_upper_limit=0.5,
+        up_clamp_lower_limit=-0.2,
+    )
     h = x + residual
     expected = (torch.nn.functional.silu((h @ gate).clamp(max=0.5)) * (h @ up).clamp(min=-0.2)) @ down
     assert torch.allclose(out, expected, atol=1e-5) and torch.equal(summed, h)

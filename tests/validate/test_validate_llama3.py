@@ -14,11 +14,15 @@ from autoport_cst.validate import REPORT_SCHEMA, validate_model
 from autoport_cst.validate.metrics import FP32_REL_ERROR_TOLERANCE, R_RATIO_TOLERANCE
 
 # The component names every decoder of the reference exposes, in order.
-EXPECTED_COMPONENTS = ["embedding"] + [
-    f"layers.{i}.{role}"
-    for i in range(2)
-    for role in ("input_norm", "attention", "post_attention_norm", "mlp", "output")
-] + ["final_norm", "logits"]
+EXPECTED_COMPONENTS = (
+    ["embedding"]
+    + [
+        f"layers.{i}.{role}"
+        for i in range(2)
+        for role in ("input_norm", "attention", "post_attention_norm", "mlp", "output")
+    ]
+    + ["final_norm", "logits"]
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +52,10 @@ def test_fp32_equivalent_through_prefill_and_decode(fp32_report) -> None:
             assert row["rel_error"] <= FP32_REL_ERROR_TOLERANCE, (name, phase, row)
             assert row["rows"] > 0
     # prefill: every prompt position; decode: batch x steps
-    assert components[("logits", "prefill")]["rows"] == _prefill_tokens(report) == sum(
-        report.settings["prompt_lengths"]
+    assert (
+        components[("logits", "prefill")]["rows"]
+        == _prefill_tokens(report)
+        == sum(report.settings["prompt_lengths"])
     )
     assert components[("logits", "decode")]["rows"] == BATCH * 8
     logits = report.logits
@@ -64,7 +70,11 @@ def test_report_json_follows_the_published_schema(fp32_report, tmp_path: Path) -
     jsonschema.validate(data, REPORT_SCHEMA)
     assert data["version"] == 1 and data["kind"] == "autoport-cst/validation-report"
     assert data["environment"]["stand_in"]["stand_in_packages"] == [
-        "libtorch_neuronx_lite", "nki", "nkilib", "vllm", "vllm_neuron"
+        "libtorch_neuronx_lite",
+        "nki",
+        "nkilib",
+        "vllm",
+        "vllm_neuron",
     ]
 
 
@@ -80,7 +90,9 @@ def test_tp2_gives_the_same_verdict_and_logits(fp32_report, llama3_dir: Path, ti
     tp2 = validate_model(llama3_dir, tiny_llama, dtype="fp32", steps=8, tp=2)
     assert tp2.equivalent == fp32_report.equivalent is True, tp2.summary()
     one, two = fp32_report.port_output, tp2.port_output
-    for a, b in zip(one.prefill_logits + one.decode_logits, two.prefill_logits + two.decode_logits):
+    for a, b in zip(
+        one.prefill_logits + one.decode_logits, two.prefill_logits + two.decode_logits, strict=False
+    ):
         assert a.shape == b.shape
         relative = float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(a))
         assert relative < FP32_REL_ERROR_TOLERANCE
@@ -93,7 +105,9 @@ def test_tp2_gives_the_same_verdict_and_logits(fp32_report, llama3_dir: Path, ti
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("tp", [1, 2])
-def test_exhaustive_seeds_dtypes_and_tp(tmp_path: Path, llama3_dir: Path, seed: int, dtype: str, tp: int) -> None:
+def test_exhaustive_seeds_dtypes_and_tp(
+    tmp_path: Path, llama3_dir: Path, seed: int, dtype: str, tp: int
+) -> None:
     from autoport_cst.validate.tiny import build_tiny_checkpoint
 
     checkpoint = build_tiny_checkpoint("LlamaForCausalLM", tmp_path / "ckpt", seed=seed).directory

@@ -116,8 +116,7 @@ def compose(plan: Plan, reference: Reference, plan_source: str = "<plan>") -> Co
 
     if unrealizable:
         lines = [
-            f"  {d.path}: reference {reference.name} has {_show(d.reference)}, "
-            f"target has {_show(d.target)}"
+            f"  {d.path}: reference {reference.name} has {_show(d.reference)}, target has {_show(d.target)}"
             for d in unrealizable
         ]
         raise UnrealizableDiffError(
@@ -135,7 +134,9 @@ def compose(plan: Plan, reference: Reference, plan_source: str = "<plan>") -> Co
     if plan.prefix != reference.class_prefix and RENAME not in explicit_ids:
         cls = codemods[RENAME]
         steps.append(Step(cls, cls.params_for([], plan.spec, port), "identity"))
-    steps += [Step(codemods[c], codemods[c].Params(), "repair") for c in repairs(reference) if c not in explicit_ids]
+    steps += [
+        Step(codemods[c], codemods[c].Params(), "repair") for c in repairs(reference) if c not in explicit_ids
+    ]
 
     return Composition(tuple(order_steps(steps)), tuple(diffs), tuple(by_config))
 
@@ -165,6 +166,7 @@ def repairs(reference: Reference) -> list[str]:
 def order_steps(steps: list[Step]) -> list[Step]:
     """Topological order by AFTER constraints; ties: rename first, then by
     codemod ID, then by position in the plan."""
+
     def priority(index: int) -> tuple:
         step = steps[index]
         return (0 if step.id == RENAME else 1, step.id, index)

@@ -24,7 +24,6 @@ import libcst as cst
 from autoport_cst import __version__
 from autoport_cst.apply.composer import Composition, Step, compose, port_context
 from autoport_cst.apply.exhaustive import StepCensus, reference_position
-from autoport_cst.transform.anatomy.census import SiteCache
 from autoport_cst.apply.reference import (
     MANIFEST,
     Manifest,
@@ -35,6 +34,7 @@ from autoport_cst.errors import AutoportError, InputError, Position, Preconditio
 from autoport_cst.plan import Plan, plan_to_json
 from autoport_cst.spec import to_json
 from autoport_cst.transform import FileContext, Note, PortContext
+from autoport_cst.transform.anatomy.census import SiteCache
 from autoport_cst.transform.base import defined_classes
 from autoport_cst.transform.library import get_codemod
 from autoport_cst.transform.roles import file_role
@@ -162,8 +162,13 @@ def _package_classes(units: list[_Unit]) -> frozenset[str]:
     return frozenset(names)
 
 
-def _run_step(step: Step, units: list[_Unit], port: PortContext, label: str | None = None,
-              sites: SiteCache | None = None) -> StepResult:
+def _run_step(
+    step: Step,
+    units: list[_Unit],
+    port: PortContext,
+    label: str | None = None,
+    sites: SiteCache | None = None,
+) -> StepResult:
     codemod = step.codemod(step.params)
     port.package_classes = _package_classes(units)
     changed = []
@@ -201,7 +206,9 @@ def _run_step(step: Step, units: list[_Unit], port: PortContext, label: str | No
     except PreconditionError as error:
         error.step, error.realizes = step.id, tuple(step.realizes)
         raise
-    return StepResult(label or step.id, step.params_json(), step.origin, step.realizes, tuple(changed), tuple(notes))
+    return StepResult(
+        label or step.id, step.params_json(), step.origin, step.realizes, tuple(changed), tuple(notes)
+    )
 
 
 def _to_reference_position(error: PreconditionError, unit: _Unit) -> None:
@@ -210,7 +217,9 @@ def _to_reference_position(error: PreconditionError, unit: _Unit) -> None:
     position = error.position
     if position is None or position.path != unit.label or position.line is None:
         return
-    error.position = reference_position(unit.label, unit.original, unit.current(), position.line, position.column)
+    error.position = reference_position(
+        unit.label, unit.original, unit.current(), position.line, position.column
+    )
 
 
 def _identity_steps(plan, reference, units, port, replace: bool) -> list[StepResult]:
@@ -224,9 +233,7 @@ def _identity_steps(plan, reference, units, port, replace: bool) -> list[StepRes
         results.append(_run_step(Step(cls, params, "identity"), units, port))
     if reference.companions:
         cls = get_codemod("set-constants")
-        params = cls.parse_params(
-            {"values": {"MODEL_NAME": plan.name, "HF_ARCHITECTURE": plan.architecture}}
-        )
+        params = cls.parse_params({"values": {"MODEL_NAME": plan.name, "HF_ARCHITECTURE": plan.architecture}})
         results.append(_run_step(Step(cls, params, "identity"), units, port))
     cls = get_codemod("register-model")
     params = cls.parse_params(
@@ -311,9 +318,7 @@ def _check_hardware_rules(result: PortResult, package: str) -> None:
             else:
                 errors.append(diagnostic)
     if errors:
-        lines = "\n".join(
-            f"  {d.path}:{d.line}:{d.column}: {d.code} {d.message}" for d in errors
-        )
+        lines = "\n".join(f"  {d.path}:{d.line}:{d.column}: {d.code} {d.message}" for d in errors)
         raise InputError(
             f"the port breaks {len(errors)} hardware rule(s); add the codemod that fixes "
             f"them to the plan's steps, or fix the reference:\n{lines}",

@@ -15,9 +15,9 @@ from typing import Protocol
 import libcst as cst
 
 from autoport_cst.errors import Position, PreconditionError
-from autoport_cst.transform.base import locate
 from autoport_cst.transform.anatomy import FileCensus, Site, take_census, unhandled_sites
 from autoport_cst.transform.anatomy.census import SiteCache
+from autoport_cst.transform.base import locate
 from autoport_cst.transform.positions import PositionMap
 
 CENSUS_ROLES = ("model", "module")
@@ -41,8 +41,9 @@ class _Before:
     census: FileCensus
 
 
-def reference_position(label: str, original: str, text: str, line: int | None,
-                       column: int | None) -> Position:
+def reference_position(
+    label: str, original: str, text: str, line: int | None, column: int | None
+) -> Position:
     """A position in ``text`` (the file after earlier steps) as a position
     in ``original`` (the reference file)."""
     if line is None:

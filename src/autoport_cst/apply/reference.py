@@ -202,7 +202,5 @@ def _semantic_problems(manifest: Manifest) -> list[tuple[str, str]]:
         elif allowed != "*" and not isinstance(allowed, list):
             problems.append((f"$.config_driven.{path}", 'expected a list of values or "*"'))
         elif isinstance(allowed, list) and get_field(manifest.spec, path) not in allowed:
-            problems.append(
-                (f"$.config_driven.{path}", "the reference's own spec value is not in the list")
-            )
+            problems.append((f"$.config_driven.{path}", "the reference's own spec value is not in the list"))
     return problems

@@ -52,9 +52,7 @@ def write_port(out_dir: Path, files: dict[str, str], package_dir: str, force: bo
         raise InputError(f"output path {out_dir} exists and is not a directory")
     pending = differences(out_dir, files, package_dir) if out_dir.is_dir() else sorted(files)
     if package.exists() and pending and not force:
-        raise InputError(
-            f"{package} already exists and differs from this port; use --force to replace it"
-        )
+        raise InputError(f"{package} already exists and differs from this port; use --force to replace it")
     to_write = [rel for rel in pending if rel in files]
     stale = [rel for rel in pending if rel not in files]
     unchanged = tuple(sorted(set(files) - set(to_write)))

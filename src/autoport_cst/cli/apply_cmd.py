@@ -20,21 +20,42 @@ from autoport_cst.errors import InputError
 
 
 @click.command("apply")
-@click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False),
-              help="plan.json describing the port.")
-@click.option("--ref", "ref", default=None,
-              help="Reference: a built-in name (llama3) or a reference directory. "
-                   "Default: the plan's `reference`.")
-@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
-              help="Output root: the port goes to OUT/vllm_neuron/model/<name>/.")
-@click.option("--diff", "show_diff", is_flag=True,
-              help="Print the change against the reference and write nothing.")
-@click.option("--check", is_flag=True,
-              help="Write nothing; exit 1 when the files under --out differ from what apply would write.")
-@click.option("--force", is_flag=True,
-              help="Replace an existing model package (and its registry entry).")
-@click.option("--output-format", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="Summary format.")
+@click.option(
+    "--plan",
+    "plan_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="plan.json describing the port.",
+)
+@click.option(
+    "--ref",
+    "ref",
+    default=None,
+    help="Reference: a built-in name (llama3) or a reference directory. Default: the plan's `reference`.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Output root: the port goes to OUT/vllm_neuron/model/<name>/.",
+)
+@click.option(
+    "--diff", "show_diff", is_flag=True, help="Print the change against the reference and write nothing."
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Write nothing; exit 1 when the files under --out differ from what apply would write.",
+)
+@click.option("--force", is_flag=True, help="Replace an existing model package (and its registry entry).")
+@click.option(
+    "--output-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Summary format.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No summary; errors only.")
 @error_boundary
 def apply_command(plan_path, ref, out_dir, show_diff, check, force, output_format, quiet):
@@ -60,9 +81,7 @@ def apply_command(plan_path, ref, out_dir, show_diff, check, force, output_forma
     if ref_name is None:
         raise InputError(f"{plan_path}: no reference: pass --ref or set `reference` in the plan")
     if ref and plan.reference and ref != plan.reference and not quiet:
-        stderr_console().print(
-            f"note: --ref {ref} overrides the plan's reference {plan.reference}"
-        )
+        stderr_console().print(f"note: --ref {ref} overrides the plan's reference {plan.reference}")
     reference = load_reference(ref_name)
 
     out = Path(out_dir) if out_dir else None
@@ -133,7 +152,7 @@ def _print_diff(result, reference) -> None:
 def _source_label(path, result, reference) -> str:
     prefix = result.package_dir + "/"
     if path.startswith(prefix):
-        return f"{reference.name}/{path[len(prefix):]}"
+        return f"{reference.name}/{path[len(prefix) :]}"
     for name, template in reference.manifest.companions.items():
         if template.format(name=result.plan.name) == path:
             return f"{reference.name}/companions/{name}"

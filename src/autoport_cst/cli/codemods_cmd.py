@@ -80,7 +80,9 @@ def show_command(codemod_id):
     for number, example in enumerate(cls.EXAMPLES, 1):
         console.print()
         title = f"example {number}: {example.title}" if example.title else f"example {number}"
-        console.print(f"[bold]{escape(title)}[/]  ({example.path}, params {json.dumps(dict(example.params))})")
+        console.print(
+            f"[bold]{escape(title)}[/]  ({example.path}, params {json.dumps(dict(example.params))})"
+        )
         console.print("before:")
         console.print(Syntax(example.source, "python", theme="ansi_dark"))
         if example.raises:

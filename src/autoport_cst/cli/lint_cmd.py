@@ -28,26 +28,47 @@ def _err(message: str) -> None:
 @click.command("lint")
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option("--fix", is_flag=True, help="Apply safe fixes (the codemods) and write the files.")
-@click.option("--unsafe-fixes", is_flag=True,
-              help="Also apply fixes that change numerics (e.g. float32-router).")
-@click.option("--diff", is_flag=True,
-              help="Print the fixes as a unified diff instead of writing; exit 1 if any.")
-@click.option("--select", multiple=True, metavar="CODES",
-              help="Only these rules (codes, prefixes or names; comma-separated, repeatable).")
-@click.option("--ignore", multiple=True, metavar="CODES",
-              help="Skip these rules (codes, prefixes or names; comma-separated, repeatable).")
+@click.option(
+    "--unsafe-fixes", is_flag=True, help="Also apply fixes that change numerics (e.g. float32-router)."
+)
+@click.option(
+    "--diff", is_flag=True, help="Print the fixes as a unified diff instead of writing; exit 1 if any."
+)
+@click.option(
+    "--select",
+    multiple=True,
+    metavar="CODES",
+    help="Only these rules (codes, prefixes or names; comma-separated, repeatable).",
+)
+@click.option(
+    "--ignore",
+    multiple=True,
+    metavar="CODES",
+    help="Skip these rules (codes, prefixes or names; comma-separated, repeatable).",
+)
 @click.option("--output-format", type=click.Choice(FORMATS), default="text", show_default=True)
 @click.option("--statistics", is_flag=True, help="Print a count per rule instead of each finding.")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when violations are found.")
-@click.option("--exit-non-zero-on-fix", is_flag=True,
-              help="Exit 1 when --fix changed a file, even if nothing remains.")
+@click.option(
+    "--exit-non-zero-on-fix", is_flag=True, help="Exit 1 when --fix changed a file, even if nothing remains."
+)
 @click.option("--no-cache", is_flag=True, help="Neither read nor write the result cache.")
-@click.option("--cache-dir", type=click.Path(file_okay=False),
-              help="Cache directory (default: .autoport-cst-cache next to the configuration).")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False),
-              help="Use this pyproject.toml instead of discovering one per file.")
-@click.option("--force-exclude", is_flag=True,
-              help="Apply `exclude` to files named on the command line too (for pre-commit).")
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    help="Cache directory (default: .autoport-cst-cache next to the configuration).",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    help="Use this pyproject.toml instead of discovering one per file.",
+)
+@click.option(
+    "--force-exclude",
+    is_flag=True,
+    help="Apply `exclude` to files named on the command line too (for pre-commit).",
+)
 @click.option("-j", "--jobs", type=click.IntRange(min=1), help="Worker processes.")
 @click.option("--explain", metavar="CODE", help="Print a rule's documentation and exit.")
 @click.option("--list-rules", is_flag=True, help="List the rules and exit.")
@@ -69,9 +90,25 @@ def lint_command(*args, **kwargs):
         sys.exit(EXIT_FOUND)
 
 
-def _lint(paths, fix, unsafe_fixes, diff, select, ignore, output_format, statistics,
-         exit_zero, exit_non_zero_on_fix, no_cache, cache_dir, config_file,
-         force_exclude, jobs, explain, list_rules):
+def _lint(
+    paths,
+    fix,
+    unsafe_fixes,
+    diff,
+    select,
+    ignore,
+    output_format,
+    statistics,
+    exit_zero,
+    exit_non_zero_on_fix,
+    no_cache,
+    cache_dir,
+    config_file,
+    force_exclude,
+    jobs,
+    explain,
+    list_rules,
+):
     from autoport_cst.lint import output
     from autoport_cst.lint.runner import RunOptions, run
 
@@ -83,9 +120,16 @@ def _lint(paths, fix, unsafe_fixes, diff, select, ignore, output_format, statist
         if not os.path.isfile(config_file):
             raise click.UsageError(f"--config: no such file: {config_file}")
     options = RunOptions(
-        fix=fix, diff=diff, unsafe_fixes=unsafe_fixes, select=_split(select),
-        ignore=_split(ignore), use_cache=not no_cache, config=config_file,
-        force_exclude=force_exclude, jobs=jobs, cache_dir=cache_dir,
+        fix=fix,
+        diff=diff,
+        unsafe_fixes=unsafe_fixes,
+        select=_split(select),
+        ignore=_split(ignore),
+        use_cache=not no_cache,
+        config=config_file,
+        force_exclude=force_exclude,
+        jobs=jobs,
+        cache_dir=cache_dir,
     )
     report = run(list(paths) or ["."], options)
     diagnostics = report.diagnostics
@@ -128,10 +172,12 @@ def _print_diffs(report) -> None:
         diff = difflib.unified_diff(
             result.original.splitlines(keepends=True),  # type: ignore[union-attr]
             result.fixed.splitlines(keepends=True),  # type: ignore[union-attr]
-            fromfile=f"a/{result.path}", tofile=f"b/{result.path}",
+            fromfile=f"a/{result.path}",
+            tofile=f"b/{result.path}",
         )
-        sys.stdout.writelines(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
-                              for line in diff)
+        sys.stdout.writelines(
+            line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in diff
+        )
 
 
 def _summary(report, diagnostics, fix: bool, diff: bool, unsafe: bool) -> None:
@@ -146,12 +192,16 @@ def _summary(report, diagnostics, fix: bool, diff: bool, unsafe: bool) -> None:
     if report.cache_hits:
         checked += f" ({report.cache_hits} cached)"
     if diff:
-        _err(f"Would fix {fixed} violation{'s' if fixed != 1 else ''} in {len(changed)} "
-             f"file{'s' if len(changed) != 1 else ''}; {errors} remaining; {checked}.")
+        _err(
+            f"Would fix {fixed} violation{'s' if fixed != 1 else ''} in {len(changed)} "
+            f"file{'s' if len(changed) != 1 else ''}; {errors} remaining; {checked}."
+        )
         return
     if fix:
-        _err(f"Fixed {fixed} violation{'s' if fixed != 1 else ''} in {len(changed)} "
-             f"file{'s' if len(changed) != 1 else ''}; {errors} remaining; {checked}.")
+        _err(
+            f"Fixed {fixed} violation{'s' if fixed != 1 else ''} in {len(changed)} "
+            f"file{'s' if len(changed) != 1 else ''}; {errors} remaining; {checked}."
+        )
         return
     if not errors and not warnings:
         _err(f"All checks passed! ({checked})")

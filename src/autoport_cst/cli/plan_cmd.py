@@ -24,13 +24,27 @@ from autoport_cst.errors import InputError
 @click.command("plan")
 @click.argument("source")
 @click.option("--name", required=True, help="Model name in snake_case: the package directory of the port.")
-@click.option("-o", "--output", "output", default="plan.json", show_default=True,
-              type=click.Path(dir_okay=False, path_type=Path), help="Where to write the plan.")
-@click.option("--ref", "ref", default=None,
-              help="Reference to measure and use (a built-in name or a reference directory). "
-                   "Default: the built-in reference with the smallest realizable diff.")
-@click.option("--review", is_flag=True,
-              help="Show the analysis and ask before writing (y/N, or the path of an edited plan).")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    default="plan.json",
+    show_default=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write the plan.",
+)
+@click.option(
+    "--ref",
+    "ref",
+    default=None,
+    help="Reference to measure and use (a built-in name or a reference directory). "
+    "Default: the built-in reference with the smallest realizable diff.",
+)
+@click.option(
+    "--review",
+    is_flag=True,
+    help="Show the analysis and ask before writing (y/N, or the path of an edited plan).",
+)
 @error_boundary
 def plan_command(source: str, name: str, output: Path, ref: str | None, review: bool) -> None:
     """Research SOURCE and write a plan for `autoport-cst apply`.
@@ -160,8 +174,10 @@ def print_analysis(console, result, choice) -> None:
     files = ", ".join(result.checkpoint_files) or "none (config and code only)"
     p = result.parameters
     console.print(f"  checkpoint: {escape(files)}")
-    console.print(f"  parameters: {p.total:,} ({p.source}: {escape(p.evidence)})"
-                  + (f", {p.experts:,} in routed experts" if p.experts else ""))
+    console.print(
+        f"  parameters: {p.total:,} ({p.source}: {escape(p.evidence)})"
+        + (f", {p.experts:,} in routed experts" if p.experts else "")
+    )
     table = Table(title=f"architecture: reference {choice.chosen or 'none'} vs target", title_justify="left")
     table.add_column("section", no_wrap=True)
     for column in ("reference", "target", "change needed"):
@@ -181,8 +197,10 @@ def print_analysis(console, result, choice) -> None:
         elif candidate.blocking:
             console.print(f"  {candidate.name}: blocked by {escape(', '.join(candidate.blocking))}")
         else:
-            console.print(f"  {candidate.name}: {len(candidate.code_changes)} codemod field(s), "
-                          f"steps {escape(', '.join(candidate.steps) or '-')}")
+            console.print(
+                f"  {candidate.name}: {len(candidate.code_changes)} codemod field(s), "
+                f"steps {escape(', '.join(candidate.steps) or '-')}"
+            )
     if result.unknown:
         console.print("[bold red]unknown[/] (no source could classify; the plan keeps the default):")
         for name in result.unknown:
@@ -192,10 +210,23 @@ def print_analysis(console, result, choice) -> None:
         console.print("[bold red]conflicts[/]:")
         for conflict in result.conflicts:
             claims = "; ".join(f"{c.source} says {_show(c.value)} ({c.evidence})" for c in conflict.claims)
-            console.print(f"  [{conflict.severity}] {conflict.field}: {escape(claims)} -> {escape(conflict.resolution)}")
-    notes = [f for f in result.findings if f.field in (
-        "checkpoint.unexpected_keys", "checkpoint.missing_keys", "config.sliding_window_unused",
-        "code.activation_fixed", "config.num_experts_unused", "code.dense_layers", "code.norm_affine")]
+            console.print(
+                f"  [{conflict.severity}] {conflict.field}: {escape(claims)} -> {escape(conflict.resolution)}"
+            )
+    notes = [
+        f
+        for f in result.findings
+        if f.field
+        in (
+            "checkpoint.unexpected_keys",
+            "checkpoint.missing_keys",
+            "config.sliding_window_unused",
+            "code.activation_fixed",
+            "config.num_experts_unused",
+            "code.dense_layers",
+            "code.norm_affine",
+        )
+    ]
     if notes:
         console.print("[bold]notes[/]:")
         for note in notes:
@@ -211,8 +242,11 @@ def print_parallel(console, parallel) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"tensor parallelism (trn2.48xlarge: {parallel.world_size} ranks, "
-                        f"{parallel.budget_bytes / 1e9:.0f} GB bf16 weights per rank)", title_justify="left")
+    table = Table(
+        title=f"tensor parallelism (trn2.48xlarge: {parallel.world_size} ranks, "
+        f"{parallel.budget_bytes / 1e9:.0f} GB bf16 weights per rank)",
+        title_justify="left",
+    )
     for column in ("TP", "valid", "GB per rank", "fits", "why not / notes"):
         table.add_column(column, overflow="fold")
     for check in parallel.checks:
@@ -228,5 +262,7 @@ def print_parallel(console, parallel) -> None:
     console.print(f"[bold]recommendation:[/] {escape(parallel.reason)}")
     if parallel.ep_options:
         for option in parallel.ep_options:
-            console.print(f"  EP {option.ep} x TP {option.tp}: {option.local_experts} experts per rank, "
-                          f"{option.bytes_per_rank / 1e9:.2f} GB per rank{'' if option.fits else ' (does not fit)'}")
+            console.print(
+                f"  EP {option.ep} x TP {option.tp}: {option.local_experts} experts per rank, "
+                f"{option.bytes_per_rank / 1e9:.2f} GB per rank{'' if option.fits else ' (does not fit)'}"
+            )

@@ -14,19 +14,44 @@ from autoport_cst.cli.common import EXIT_FOUND, EXIT_OK, error_boundary, stderr_
 @click.command("port")
 @click.argument("source")
 @click.option("--name", required=True, help="Model name in snake_case (the package directory).")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Output root: the port goes to OUT/vllm_neuron/model/<name>/, its plan to OUT/plans/.")
-@click.option("--tp", type=int, default=1, show_default=True,
-              help="Also validate at this tensor-parallel size (TP=1 always runs).")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Output root: the port goes to OUT/vllm_neuron/model/<name>/, its plan to OUT/plans/.",
+)
+@click.option(
+    "--tp",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Also validate at this tensor-parallel size (TP=1 always runs).",
+)
 @click.option("--ref", default=None, help="Reference to port from; default: the closest built-in one.")
-@click.option("--checkpoint", type=click.Choice(["tiny", "source"]), default="tiny", show_default=True,
-              help="Validate on a tiny random checkpoint built from SOURCE's config, or on SOURCE's weights.")
+@click.option(
+    "--checkpoint",
+    type=click.Choice(["tiny", "source"]),
+    default="tiny",
+    show_default=True,
+    help="Validate on a tiny random checkpoint built from SOURCE's config, or on SOURCE's weights.",
+)
 @click.option("--steps", type=int, default=16, show_default=True, help="Decode steps per validation run.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seed of the tiny checkpoint's weights and of the validation prompts.")
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed of the tiny checkpoint's weights and of the validation prompts.",
+)
 @click.option("--force", is_flag=True, help="Replace an existing port of this name.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the outcome as JSON here.")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the outcome as JSON here.",
+)
 @error_boundary
 def port_command(source, name, out_dir, tp, ref, checkpoint, steps, seed, force, json_path):
     """Port SOURCE (a checkpoint directory or hub id) end to end.
@@ -43,15 +68,30 @@ def port_command(source, name, out_dir, tp, ref, checkpoint, steps, seed, force,
     from autoport_cst.port import STAGES, port
 
     console = stderr_console()
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
         task = progress.add_task("starting", total=len(STAGES))
 
         def on_stage(label: str) -> None:
             progress.update(task, description=label, advance=0 if label == STAGES[0] else 1)
 
-        outcome = port(source, name, out_dir, tp=tp, ref=ref, checkpoint=checkpoint, steps=steps,
-                       seed=seed, force=force, on_stage=on_stage)
+        outcome = port(
+            source,
+            name,
+            out_dir,
+            tp=tp,
+            ref=ref,
+            checkpoint=checkpoint,
+            steps=steps,
+            seed=seed,
+            force=force,
+            on_stage=on_stage,
+        )
     _print(outcome)
     if json_path is not None:
         json_path.write_text(json.dumps(outcome.to_dict(), indent=2) + "\n", encoding="utf-8")
@@ -65,8 +105,9 @@ def _print(outcome) -> None:
     console.print(f"{outcome.architecture} -> {outcome.package_dir} (reference {outcome.reference})")
     console.print(f"steps: {', '.join(outcome.steps)}")
     if outcome.unknown:
-        console.print(f"not classified by the research (defaults kept): {', '.join(outcome.unknown)}",
-                      style="yellow")
+        console.print(
+            f"not classified by the research (defaults kept): {', '.join(outcome.unknown)}", style="yellow"
+        )
     table = Table(title="validation against transformers", title_justify="left")
     for column in ("tp", "dtype", "verdict", "first diverging", "max abs error", "seconds"):
         table.add_column(column)

@@ -28,8 +28,13 @@ from autoport_cst.errors import InputError
 @click.argument("arch_or_config")
 @click.argument("outdir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed of the weights.")
-@click.option("--set", "settings", multiple=True, metavar="NAME=INT",
-              help="Set an integer config attribute after shrinking (e.g. num_key_value_heads=1); repeatable.")
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="NAME=INT",
+    help="Set an integer config attribute after shrinking (e.g. num_key_value_heads=1); repeatable.",
+)
 @error_boundary
 def tiny_command(arch_or_config: str, outdir: Path, seed: int, settings: tuple[str, ...]) -> None:
     """Build a tiny random checkpoint (config.json + model.safetensors).
@@ -55,42 +60,121 @@ def tiny_command(arch_or_config: str, outdir: Path, seed: int, settings: tuple[s
 
 @click.command("validate")
 @click.argument("model_dir", type=click.Path(path_type=Path))
-@click.option("--hf", "checkpoint_dir", required=True, type=click.Path(path_type=Path),
-              help="Checkpoint directory (config.json + safetensors) read by both sides.")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size (ranks run as local processes).")
-@click.option("--ep", type=int, default=1, show_default=True,
-              help="Expert-parallel degree inside the TP ranks (MoE ports; must divide --tp and the "
-                   "expert count). 1: no expert parallelism.")
+@click.option(
+    "--hf",
+    "checkpoint_dir",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Checkpoint directory (config.json + safetensors) read by both sides.",
+)
+@click.option(
+    "--tp",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Tensor-parallel size (ranks run as local processes).",
+)
+@click.option(
+    "--ep",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Expert-parallel degree inside the TP ranks (MoE ports; must divide --tp and the "
+    "expert count). 1: no expert parallelism.",
+)
 @click.option("--dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True)
 @click.option("--steps", type=int, default=16, show_default=True, help="Decode steps after the prefill.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the JSON report here.")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the JSON report here.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the prompts and block tables.")
-@click.option("--prefill", type=click.Choice(["auto", "segmented", "off"]), default="auto", show_default=True,
-              help="The runner's cache paths (a chunked prefill and a prefix-cache hit, segmented): auto = when "
-                   "the port reads kv_segment_size; segmented = always; off = never.")
-@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
-              help="KV-cache dtype: the model's, or FP8 (emulated in float8_e4m3fn; cache paths off under auto).")
-@click.option("--attention-dp", type=int, default=1, show_default=True,
-              help="Attention data parallelism of the decode graph (Q/O heads over TP x this; each DP replica "
-                   "decodes its own batch). Runs tp x dp ranks.")
-@click.option("--mlp-dp", type=int, default=1, show_default=True,
-              help="MLP data parallelism of the decode graph (intermediate size over TP x this).")
-@click.option("--embedding-dp", type=int, default=1, show_default=True,
-              help="Embedding data parallelism of the decode graph (vocabulary over TP x this).")
-@click.option("--lm-head-dp", type=int, default=1, show_default=True,
-              help="LM-head data parallelism of the decode graph (vocabulary over TP x this).")
-@click.option("--dcp", type=int, default=1, show_default=True,
-              help="Decode context parallelism inside TP (the KV cache interleaved over this many ranks).")
-@click.option("--dcp-interleave", type=int, default=1, show_default=True,
-              help="cp_kv_cache_interleave_size: positions per run dealt to each DCP rank (divides the block size).")
-@click.option("--prefill-dcp", is_flag=True, default=False,
-              help="Context-parallel prefill graph too (apply_prefill_dcp; needs --tp equal to --dcp).")
+@click.option(
+    "--prefill",
+    type=click.Choice(["auto", "segmented", "off"]),
+    default="auto",
+    show_default=True,
+    help="The runner's cache paths (a chunked prefill and a prefix-cache hit, segmented): auto = when "
+    "the port reads kv_segment_size; segmented = always; off = never.",
+)
+@click.option(
+    "--kv-cache-dtype",
+    type=click.Choice(["auto", "fp8"]),
+    default="auto",
+    show_default=True,
+    help="KV-cache dtype: the model's, or FP8 (emulated in float8_e4m3fn; cache paths off under auto).",
+)
+@click.option(
+    "--attention-dp",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Attention data parallelism of the decode graph (Q/O heads over TP x this; each DP replica "
+    "decodes its own batch). Runs tp x dp ranks.",
+)
+@click.option(
+    "--mlp-dp",
+    type=int,
+    default=1,
+    show_default=True,
+    help="MLP data parallelism of the decode graph (intermediate size over TP x this).",
+)
+@click.option(
+    "--embedding-dp",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Embedding data parallelism of the decode graph (vocabulary over TP x this).",
+)
+@click.option(
+    "--lm-head-dp",
+    type=int,
+    default=1,
+    show_default=True,
+    help="LM-head data parallelism of the decode graph (vocabulary over TP x this).",
+)
+@click.option(
+    "--dcp",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Decode context parallelism inside TP (the KV cache interleaved over this many ranks).",
+)
+@click.option(
+    "--dcp-interleave",
+    type=int,
+    default=1,
+    show_default=True,
+    help="cp_kv_cache_interleave_size: positions per run dealt to each DCP rank (divides the block size).",
+)
+@click.option(
+    "--prefill-dcp",
+    is_flag=True,
+    default=False,
+    help="Context-parallel prefill graph too (apply_prefill_dcp; needs --tp equal to --dcp).",
+)
 @error_boundary
 def validate_command(
-    model_dir: Path, checkpoint_dir: Path, tp: int, ep: int, dtype: str, steps: int, json_path: Path | None,
-    seed: int, prefill: str, kv_cache_dtype: str, attention_dp: int, mlp_dp: int, embedding_dp: int,
-    lm_head_dp: int, dcp: int, dcp_interleave: int, prefill_dcp: bool,
+    model_dir: Path,
+    checkpoint_dir: Path,
+    tp: int,
+    ep: int,
+    dtype: str,
+    steps: int,
+    json_path: Path | None,
+    seed: int,
+    prefill: str,
+    kv_cache_dtype: str,
+    attention_dp: int,
+    mlp_dp: int,
+    embedding_dp: int,
+    lm_head_dp: int,
+    dcp: int,
+    dcp_interleave: int,
+    prefill_dcp: bool,
 ) -> None:
     """Run the port in MODEL_DIR and transformers on the same checkpoint
     through prefill and decode, and compare them.
@@ -128,9 +212,22 @@ def validate_command(
             progress.update(task, description=stage, completed=done)
 
         report = validate_model(
-            model_dir, checkpoint_dir, tp=tp, dtype=dtype, steps=steps, seed=seed, on_stage=on_stage, ep=ep,
-            prefill=prefill, kv_cache_dtype=kv_cache_dtype, attention_dp=attention_dp, mlp_dp=mlp_dp,
-            embedding_dp=embedding_dp, lm_head_dp=lm_head_dp, dcp=dcp, dcp_interleave=dcp_interleave,
+            model_dir,
+            checkpoint_dir,
+            tp=tp,
+            dtype=dtype,
+            steps=steps,
+            seed=seed,
+            on_stage=on_stage,
+            ep=ep,
+            prefill=prefill,
+            kv_cache_dtype=kv_cache_dtype,
+            attention_dp=attention_dp,
+            mlp_dp=mlp_dp,
+            embedding_dp=embedding_dp,
+            lm_head_dp=lm_head_dp,
+            dcp=dcp,
+            dcp_interleave=dcp_interleave,
             prefill_dcp=prefill_dcp,
         )
         progress.update(task, completed=len(STAGES), description="done")
@@ -170,14 +267,26 @@ def print_report(report) -> None:
         rtol = logits["topk_rtol"][level]
         table.add_row(f"top-{level} error (rtol {rtol})", _num(error))
     table.add_row("tokens passing the two-way check", f"{logits.get('tokens_passed')}/{logits.get('tokens')}")
-    for key in ("max_abs_error", "max_rel_error", "cosine_min", "cosine_p5", "kl_mean", "kl_max",
-                "top1_agreement", "greedy_match", "sigma_ratio", "bhattacharyya"):
+    for key in (
+        "max_abs_error",
+        "max_rel_error",
+        "cosine_min",
+        "cosine_p5",
+        "kl_mean",
+        "kl_max",
+        "top1_agreement",
+        "greedy_match",
+        "sigma_ratio",
+        "bhattacharyya",
+    ):
         if logits.get(key) is not None:
             table.add_row(key.replace("_", " "), _num(logits[key]))
-    for key, label in (("linf_ratio_max", "worst L-inf ratio, per sequence"),
-                       ("l2_ratio_max", "worst L2 ratio, per sequence"),
-                       ("token_linf_ratio_max", "worst L-inf ratio, per token (not gated)"),
-                       ("token_l2_ratio_max", "worst L2 ratio, per token (not gated)")):
+    for key, label in (
+        ("linf_ratio_max", "worst L-inf ratio, per sequence"),
+        ("l2_ratio_max", "worst L2 ratio, per sequence"),
+        ("token_linf_ratio_max", "worst L-inf ratio, per token (not gated)"),
+        ("token_l2_ratio_max", "worst L2 ratio, per token (not gated)"),
+    ):
         if logits.get(key) is not None:
             table.add_row(label, _num(logits[key]))
     for gate, ok in (logits.get("gates") or {}).items():
@@ -198,8 +307,12 @@ def print_report(report) -> None:
     for row in report.components:
         gate = "[green]pass[/]" if row["passed"] else "[red]FAIL[/]"
         components.add_row(
-            escape(row["name"]), row["phase"], _num(row["rel_error"]), _num(row["r_ratio"]),
-            _num(row["max_abs_error"]), gate,
+            escape(row["name"]),
+            row["phase"],
+            _num(row["rel_error"]),
+            _num(row["r_ratio"]),
+            _num(row["max_abs_error"]),
+            gate,
         )
     console.print(components)
     if report.not_compared:
@@ -207,19 +320,26 @@ def print_report(report) -> None:
     if report.equivalent:
         console.print("[bold green]EQUIVALENT[/] within tolerances")
     else:
-        console.print(f"[bold red]NOT EQUIVALENT[/]: {escape(report.summary().removeprefix('not equivalent: '))}")
+        console.print(
+            f"[bold red]NOT EQUIVALENT[/]: {escape(report.summary().removeprefix('not equivalent: '))}"
+        )
 
 
 def _layout_text(layout: dict | None) -> str:
     """The DP / DCP sizes of a disaggregated run (prefill and decode graphs)."""
     if not layout:
         return ""
-    parts = [f"{name}={layout[name]}" for name in ("attention_dp", "mlp_dp", "embedding_dp", "lm_head_dp", "dcp")
-             if layout[name] > 1]
+    parts = [
+        f"{name}={layout[name]}"
+        for name in ("attention_dp", "mlp_dp", "embedding_dp", "lm_head_dp", "dcp")
+        if layout[name] > 1
+    ]
     if layout["dcp"] > 1:
         parts.append(f"dcp_interleave={layout['dcp_interleave']}")
         parts.append("prefill=context-parallel" if layout["prefill_dcp"] else "prefill=plain TP")
-    return " " + " ".join(parts) + f" ({layout['world']} ranks, decode graph fed the prefill graph's KV cache)"
+    return (
+        " " + " ".join(parts) + f" ({layout['world']} ranks, decode graph fed the prefill graph's KV cache)"
+    )
 
 
 def _num(value) -> str:

@@ -50,8 +50,14 @@ def lint_source(code: str | bytes, path: str = "<string>", **kwargs: Any) -> lis
     return _lint_source(code, path, **kwargs)
 
 
-def fix_source(code: str, path: str = "model.py", *, unsafe: bool = False,
-               settings: LintSettings | None = None, **kwargs: Any) -> FileResult:
+def fix_source(
+    code: str,
+    path: str = "model.py",
+    *,
+    unsafe: bool = False,
+    settings: LintSettings | None = None,
+    **kwargs: Any,
+) -> FileResult:
     """Apply the fixes of the findings until nothing changes; see
     :func:`autoport_cst.lint.fixes.fix_source`."""
     from autoport_cst.lint.fixes import fix_source as _fix_source
@@ -59,7 +65,7 @@ def fix_source(code: str, path: str = "model.py", *, unsafe: bool = False,
     return _fix_source(code, path, settings, unsafe=unsafe, **kwargs)
 
 
-def lint_paths(paths: list[str], **options: Any) -> "Report":
+def lint_paths(paths: list[str], **options: Any) -> Report:
     """Lint files and directories (configuration, cache and all) and return
     the report; ``options`` are the fields of
     :class:`autoport_cst.lint.runner.RunOptions`."""

@@ -28,9 +28,10 @@ import hashlib
 import json
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from autoport_cst import __version__
 from autoport_cst.errors import InputError, MultiInputError, Position
@@ -72,7 +73,7 @@ class LintSettings:
 
     # -- selection ----------------------------------------------------------
 
-    def with_cli(self, select: list[str] | None, ignore: list[str] | None) -> "LintSettings":
+    def with_cli(self, select: list[str] | None, ignore: list[str] | None) -> LintSettings:
         new = self
         if select:
             check_selectors(select, "--select")
@@ -185,8 +186,7 @@ def check_selectors(selectors, where: str, source: str = "<command line>") -> No
         if not isinstance(selector, str) or not _match(selector, rules):
             known = ", ".join(f"{c} ({r.NAME})" for c, r in rules.items())
             errors.append(
-                InputError(f"{where}: {selector!r} matches no rule; rules are {known}",
-                           Position(source))
+                InputError(f"{where}: {selector!r} matches no rule; rules are {known}", Position(source))
             )
     if len(errors) == 1:
         raise errors[0]
@@ -281,8 +281,9 @@ def parse_table(table: Any, source: str) -> LintSettings:
         raise InputError("expected a table", Position(source, json_path=prefix))
     for key in table:
         if key != "lint" and key not in OTHER_SECTIONS:
-            problem(f"{prefix}.{key}", f"unknown key {key!r} (known: lint, "
-                    f"{', '.join(sorted(OTHER_SECTIONS))})")
+            problem(
+                f"{prefix}.{key}", f"unknown key {key!r} (known: lint, {', '.join(sorted(OTHER_SECTIONS))})"
+            )
     lint = table.get("lint", {})
     values: dict[str, Any] = {}
     if not isinstance(lint, dict):
@@ -294,9 +295,7 @@ def parse_table(table: Any, source: str) -> LintSettings:
         if kind is None:
             problem(where, f"unknown key {key!r} (known: {', '.join(sorted(LINT_KEYS))})")
             continue
-        if kind == "list[str]" and not (
-            isinstance(value, list) and all(isinstance(v, str) for v in value)
-        ):
+        if kind == "list[str]" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             problem(where, "expected a list of strings")
             continue
         if kind == "bool" and not isinstance(value, bool):

@@ -40,7 +40,7 @@ class Diagnostic:
     fix: Fix | None = None
     note: str | None = None
 
-    def with_path(self, path: str) -> "Diagnostic":
+    def with_path(self, path: str) -> Diagnostic:
         return replace(self, path=path)
 
     def sort_key(self) -> tuple:
@@ -57,25 +57,42 @@ class Diagnostic:
             "name": self.name,
             "severity": self.severity,
             "message": self.message,
-            "fix": None
-            if self.fix is None
-            else {"codemod": self.fix.codemod, "safe": self.fix.safe},
+            "fix": None if self.fix is None else {"codemod": self.fix.codemod, "safe": self.fix.safe},
             "note": self.note,
         }
 
     # compact form for the cache (the path is not stored)
     def to_row(self) -> list:
         fix = None if self.fix is None else [self.fix.codemod, self.fix.safe]
-        return [self.line, self.column, self.end_line, self.end_column, self.code,
-                self.name, self.message, self.severity, fix, self.note]
+        return [
+            self.line,
+            self.column,
+            self.end_line,
+            self.end_column,
+            self.code,
+            self.name,
+            self.message,
+            self.severity,
+            fix,
+            self.note,
+        ]
 
     @classmethod
-    def from_row(cls, path: str, row: list) -> "Diagnostic":
+    def from_row(cls, path: str, row: list) -> Diagnostic:
         line, column, end_line, end_column, code, name, message, severity, fix, note = row
-        return cls(path=path, line=line, column=column, end_line=end_line,
-                   end_column=end_column, code=code, name=name, message=message,
-                   severity=severity, fix=None if fix is None else Fix(fix[0], fix[1]),
-                   note=note)
+        return cls(
+            path=path,
+            line=line,
+            column=column,
+            end_line=end_line,
+            end_column=end_column,
+            code=code,
+            name=name,
+            message=message,
+            severity=severity,
+            fix=None if fix is None else Fix(fix[0], fix[1]),
+            note=note,
+        )
 
 
 @dataclass(frozen=True, slots=True)

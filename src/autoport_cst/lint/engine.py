@@ -18,18 +18,19 @@ comments, commas, parentheses and operator tokens are not visited.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import libcst as cst
 
 from autoport_cst.lint import suppressions as sup_mod
-from autoport_cst.transform.vocabulary import dotted, self_attr
 from autoport_cst.lint.config import SYNTAX_ERROR, LintSettings
 from autoport_cst.lint.diagnostics import ERROR, WARNING, Diagnostic, Fix
 from autoport_cst.lint.index import UNKNOWN, CallSite, ClassInfo, FunctionInfo, ModuleIndex, Site
 from autoport_cst.lint.positions import positions
 from autoport_cst.lint.rule import Rule
+from autoport_cst.transform.vocabulary import dotted, self_attr
 
 INVALID_SUPPRESSION = "NRN900"
 UNUSED_SUPPRESSION = "NRN901"
@@ -38,10 +39,32 @@ UNUSED_SUPPRESSION = "NRN901"
 
 _SKIP_FIELDS = frozenset(
     {
-        "lpar", "rpar", "leading_lines", "lines_after_decorators", "header", "footer",
-        "trailing_whitespace", "comma", "semicolon", "equal", "colon", "dot", "operator",
-        "newline", "lbracket", "rbracket", "lbrace", "rbrace", "first_line", "empty_lines",
-        "star_tok", "asynchronous", "await_", "first_colon", "second_colon", "relative",
+        "lpar",
+        "rpar",
+        "leading_lines",
+        "lines_after_decorators",
+        "header",
+        "footer",
+        "trailing_whitespace",
+        "comma",
+        "semicolon",
+        "equal",
+        "colon",
+        "dot",
+        "operator",
+        "newline",
+        "lbracket",
+        "rbracket",
+        "lbrace",
+        "rbrace",
+        "first_line",
+        "empty_lines",
+        "star_tok",
+        "asynchronous",
+        "await_",
+        "first_colon",
+        "second_colon",
+        "relative",
     }
 )
 _FIELDS: dict[type, tuple[str, ...]] = {}
@@ -108,11 +131,18 @@ class LintContext:
     def site(self) -> Site:
         return Site(self.function, self.cls, self.statement, self.lambda_depth > 0)
 
-    def add(self, rule: Rule, node: cst.CSTNode, message: str, *, site: Site | None,
-            severity: str, fix: Fix | None, scope: str) -> None:
-        self.candidates.append(
-            Candidate(rule, node, message, site or self.site(), severity, fix, scope)
-        )
+    def add(
+        self,
+        rule: Rule,
+        node: cst.CSTNode,
+        message: str,
+        *,
+        site: Site | None,
+        severity: str,
+        fix: Fix | None,
+        scope: str,
+    ) -> None:
+        self.candidates.append(Candidate(rule, node, message, site or self.site(), severity, fix, scope))
 
     @property
     def types(self):
@@ -170,8 +200,13 @@ class LintContext:
                 target = target.func
             decorators.append(dotted(target) or "")
         info = FunctionInfo(
-            name=name, qualname=qual, node=node, cls=cls, parent=outer,
-            decorators=tuple(decorators), params=params,
+            name=name,
+            qualname=qual,
+            node=node,
+            cls=cls,
+            parent=outer,
+            decorators=tuple(decorators),
+            params=params,
         )
         self.index.all_functions.append(info)
         if cls is not None:
@@ -210,13 +245,9 @@ class LintContext:
                 if base.value in ("self", "cls"):
                     fn.calls.append(CallSite(node, "self", func.attr.value, None, statement))
                 elif base.value[:1].isupper():
-                    fn.calls.append(
-                        CallSite(node, "class", func.attr.value, base.value, statement)
-                    )
+                    fn.calls.append(CallSite(node, "class", func.attr.value, base.value, statement))
             elif (
-                isinstance(base, cst.Call)
-                and isinstance(base.func, cst.Name)
-                and base.func.value == "super"
+                isinstance(base, cst.Call) and isinstance(base.func, cst.Name) and base.func.value == "super"
             ):
                 fn.calls.append(CallSite(node, "super", func.attr.value, None, statement))
         elif isinstance(func, cst.Name):
@@ -257,8 +288,12 @@ class LintContext:
 
     def _visit_aug_assign(self, node: cst.AugAssign) -> None:
         # x += e: the type of x follows e (a tensor stays a tensor)
-        self._assign_target(node.target, cst.BinaryOperation(node.target, cst.Add(), node.value)
-                            if isinstance(node.target, cst.Name) else UNKNOWN)
+        self._assign_target(
+            node.target,
+            cst.BinaryOperation(node.target, cst.Add(), node.value)
+            if isinstance(node.target, cst.Name)
+            else UNKNOWN,
+        )
 
     def _visit_named_expr(self, node: cst.NamedExpr) -> None:
         self._assign_target(node.target, node.value)
@@ -488,9 +523,16 @@ def lint_module(
             severity = ERROR
         out.append(
             Diagnostic(
-                path=path, line=start_line, column=start_col + 1, end_line=end_line,
-                end_column=end_col + 1, code=code, name=cand.rule.NAME, message=cand.message,
-                severity=severity, fix=cand.fix,
+                path=path,
+                line=start_line,
+                column=start_col + 1,
+                end_line=end_line,
+                end_column=end_col + 1,
+                code=code,
+                name=cand.rule.NAME,
+                message=cand.message,
+                severity=severity,
+                fix=cand.fix,
             )
         )
 
@@ -498,21 +540,34 @@ def lint_module(
     for sup in found:
         if sup.problems and INVALID_SUPPRESSION in enabled:
             for problem in sup.problems:
-                out.append(Diagnostic(
-                    path=path, line=sup.line, column=sup.column + 1, end_line=sup.line,
-                    end_column=sup.end_column + 1, code=INVALID_SUPPRESSION,
-                    name=rules_by_code[INVALID_SUPPRESSION].NAME, message=problem,
-                ))
+                out.append(
+                    Diagnostic(
+                        path=path,
+                        line=sup.line,
+                        column=sup.column + 1,
+                        end_line=sup.line,
+                        end_column=sup.end_column + 1,
+                        code=INVALID_SUPPRESSION,
+                        name=rules_by_code[INVALID_SUPPRESSION].NAME,
+                        message=problem,
+                    )
+                )
         if UNUSED_SUPPRESSION in enabled:
             for code in sup.codes:
                 if code in enabled and code not in sup.used and not rules_by_code[code].PSEUDO:
-                    out.append(Diagnostic(
-                        path=path, line=sup.line, column=sup.column + 1, end_line=sup.line,
-                        end_column=sup.end_column + 1, code=UNUSED_SUPPRESSION,
-                        name=rules_by_code[UNUSED_SUPPRESSION].NAME,
-                        message=f"unused suppression: {code} reports nothing here",
-                        fix=None,
-                    ))
+                    out.append(
+                        Diagnostic(
+                            path=path,
+                            line=sup.line,
+                            column=sup.column + 1,
+                            end_line=sup.line,
+                            end_column=sup.end_column + 1,
+                            code=UNUSED_SUPPRESSION,
+                            name=rules_by_code[UNUSED_SUPPRESSION].NAME,
+                            message=f"unused suppression: {code} reports nothing here",
+                            fix=None,
+                        )
+                    )
     out.sort(key=Diagnostic.sort_key)
     return out
 
@@ -545,22 +600,51 @@ def parse(data: str | bytes, path: str = "<string>") -> tuple[cst.Module | None,
             line = getattr(error, "editor_line", None) or 1
             column = getattr(error, "editor_column", None) or 1
             message = "LibCST cannot parse this file: " + (
-                getattr(error, "message", None) or str(error).splitlines()[0])
-        return None, Diagnostic(path=path, line=line, column=column, end_line=line,
-                                end_column=column, code=SYNTAX_ERROR, name=name,
-                                message=f"syntax error: {message}")
+                getattr(error, "message", None) or str(error).splitlines()[0]
+            )
+        return None, Diagnostic(
+            path=path,
+            line=line,
+            column=column,
+            end_line=line,
+            end_column=column,
+            code=SYNTAX_ERROR,
+            name=name,
+            message=f"syntax error: {message}",
+        )
     except (UnicodeDecodeError, LookupError) as error:
-        return None, Diagnostic(path=path, line=1, column=1, end_line=1, end_column=1,
-                                code=SYNTAX_ERROR, name=name,
-                                message=f"cannot decode the file: {error}")
+        return None, Diagnostic(
+            path=path,
+            line=1,
+            column=1,
+            end_line=1,
+            end_column=1,
+            code=SYNTAX_ERROR,
+            name=name,
+            message=f"cannot decode the file: {error}",
+        )
     except (RecursionError, MemoryError) as error:
-        return None, Diagnostic(path=path, line=1, column=1, end_line=1, end_column=1,
-                                code=SYNTAX_ERROR, name=name,
-                                message=f"cannot parse: {type(error).__name__} (nesting too deep)")
+        return None, Diagnostic(
+            path=path,
+            line=1,
+            column=1,
+            end_line=1,
+            end_column=1,
+            code=SYNTAX_ERROR,
+            name=name,
+            message=f"cannot parse: {type(error).__name__} (nesting too deep)",
+        )
     except Exception as error:  # the native parser reports some failures otherwise
-        return None, Diagnostic(path=path, line=1, column=1, end_line=1, end_column=1,
-                                code=SYNTAX_ERROR, name=name,
-                                message=f"cannot parse: {type(error).__name__}: {error}")
+        return None, Diagnostic(
+            path=path,
+            line=1,
+            column=1,
+            end_line=1,
+            end_column=1,
+            code=SYNTAX_ERROR,
+            name=name,
+            message=f"cannot parse: {type(error).__name__}: {error}",
+        )
 
 
 def _python_syntax_error(data: str | bytes) -> tuple[int | None, int, str]:
@@ -602,8 +686,7 @@ def lint_source(
     if options:
         from autoport_cst.lint.config import parse_table
 
-        checked = parse_table({"lint": {"options": {k: dict(v) for k, v in options.items()}}},
-                              "<options>")
+        checked = parse_table({"lint": {"options": {k: dict(v) for k, v in options.items()}}}, "<options>")
         merged = {**settings.options, **checked.options}
         settings = dataclasses.replace(settings, options=merged)
     module, error = parse(code, path)

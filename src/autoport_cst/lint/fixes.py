@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 from autoport_cst.lint.config import LintSettings
 from autoport_cst.lint.diagnostics import Diagnostic, FileResult, FixProblem
@@ -79,6 +79,7 @@ def fix_source(
     settings = settings or LintSettings()
     factory = factory or default_factory
     if lint is None:
+
         def lint(text: str) -> list[Diagnostic]:
             return lint_source(text, path, settings=settings)
 
@@ -108,8 +109,7 @@ def fix_source(
                 new, _notes = run_on_source(codemod_cls(), current, path=path, role="model")
             except PreconditionError as error:
                 blocked[codemod_id] = f"{codemod_id} does not apply here: {error.message}"
-                result.fix_problems.append(
-                    FixProblem(codemod_id, "not-applicable", blocked[codemod_id]))
+                result.fix_problems.append(FixProblem(codemod_id, "not-applicable", blocked[codemod_id]))
                 continue
             except Exception as error:  # noqa: BLE001 - a codemod bug must not lose the file
                 blocked[codemod_id] = f"{codemod_id} failed: {type(error).__name__}: {error}"
@@ -121,9 +121,7 @@ def fix_source(
                 continue
             broken = _parses(new, path)
             if broken is not None:
-                blocked[codemod_id] = (
-                    f"{codemod_id} produced code that does not parse ({broken}); reverted"
-                )
+                blocked[codemod_id] = f"{codemod_id} produced code that does not parse ({broken}); reverted"
                 result.fix_problems.append(FixProblem(codemod_id, "reverted", blocked[codemod_id]))
                 continue
             current = new
@@ -134,10 +132,13 @@ def fix_source(
             converged = True
             break
     if not converged:
-        result.fix_problems.append(FixProblem(
-            ",".join(dict.fromkeys(result.applied)) or "-", "not-converged",
-            f"fixes did not converge after {max_iterations} iterations; the last result is kept",
-        ))
+        result.fix_problems.append(
+            FixProblem(
+                ",".join(dict.fromkeys(result.applied)) or "-",
+                "not-converged",
+                f"fixes did not converge after {max_iterations} iterations; the last result is kept",
+            )
+        )
 
     # findings whose fix was tried and refused: say why, and do not offer it
     out = []

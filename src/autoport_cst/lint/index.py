@@ -32,8 +32,8 @@ defined in ``__init__`` (a weight-loader transform) runs later, at load time.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import libcst as cst
 
@@ -88,18 +88,18 @@ class FunctionInfo:
     name: str
     qualname: str
     node: cst.FunctionDef
-    cls: "ClassInfo | None"  # the class whose body defines it (methods)
-    parent: "FunctionInfo | None"  # the enclosing function (closures)
+    cls: ClassInfo | None  # the class whose body defines it (methods)
+    parent: FunctionInfo | None  # the enclosing function (closures)
     decorators: tuple[str, ...] = ()
     params: dict[str, cst.BaseExpression | None] = field(default_factory=dict)
-    nested: dict[str, "FunctionInfo"] = field(default_factory=dict)
+    nested: dict[str, FunctionInfo] = field(default_factory=dict)
     calls: list[CallSite] = field(default_factory=list)
     # local name -> assigned values (None: unknown, e.g. a loop target)
     assigns: dict[str, list[cst.BaseExpression | None]] = field(default_factory=dict)
     self_loads: set[str] = field(default_factory=set)
 
     @property
-    def method_class(self) -> "ClassInfo | None":
+    def method_class(self) -> ClassInfo | None:
         """The class ``self`` refers to: the class of the method, or of the
         method a closure is nested in."""
         fn: FunctionInfo | None = self
@@ -110,8 +110,7 @@ class FunctionInfo:
         return None
 
     def is_property(self) -> bool:
-        return any(d in ("property", "functools.cached_property", "cached_property")
-                   for d in self.decorators)
+        return any(d in ("property", "functools.cached_property", "cached_property") for d in self.decorators)
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return f"<function {self.qualname}>"
@@ -127,8 +126,8 @@ class ClassInfo:
     methods: dict[str, FunctionInfo] = field(default_factory=dict)
     # self.<attr> = value, per attribute, with the function that assigns it
     attrs: dict[str, list[tuple[FunctionInfo, cst.BaseExpression]]] = field(default_factory=dict)
-    subclasses: list["ClassInfo"] = field(default_factory=list)
-    in_file_bases: list["ClassInfo"] = field(default_factory=list)
+    subclasses: list[ClassInfo] = field(default_factory=list)
+    in_file_bases: list[ClassInfo] = field(default_factory=list)
     _is_module: bool | None = None
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import PurePath
-from typing import Iterable
 
 from autoport_cst import __version__
 from autoport_cst.lint.diagnostics import WARNING, Diagnostic, FileResult
@@ -28,9 +28,7 @@ def text(diagnostics: Iterable[Diagnostic], unsafe: bool = False) -> str:
 
 
 def as_json(results: list[FileResult], diagnostics: list[Diagnostic], unsafe: bool = False) -> str:
-    problems = [
-        {"path": r.path, **p.to_dict()} for r in results for p in r.fix_problems
-    ]
+    problems = [{"path": r.path, **p.to_dict()} for r in results for p in r.fix_problems]
     errors = [{"path": r.path, "message": r.error} for r in results if r.error]
     data = {
         "version": JSON_VERSION,
@@ -57,14 +55,16 @@ def sarif(diagnostics: list[Diagnostic]) -> str:
     codes = list(rules)
     driver_rules = []
     for code, rule in rules.items():
-        driver_rules.append({
-            "id": code,
-            "name": rule.NAME,
-            "shortDescription": {"text": rule.summary()},
-            "fullDescription": {"text": rule.documentation()},
-            "help": {"text": rule.documentation()},
-            "defaultConfiguration": {"level": "error"},
-        })
+        driver_rules.append(
+            {
+                "id": code,
+                "name": rule.NAME,
+                "shortDescription": {"text": rule.summary()},
+                "fullDescription": {"text": rule.documentation()},
+                "help": {"text": rule.documentation()},
+                "defaultConfiguration": {"level": "error"},
+            }
+        )
     results = []
     for d in diagnostics:
         result = {
@@ -72,17 +72,19 @@ def sarif(diagnostics: list[Diagnostic]) -> str:
             "ruleIndex": codes.index(d.code) if d.code in codes else -1,
             "level": "warning" if d.severity == WARNING else "error",
             "message": {"text": d.message},
-            "locations": [{
-                "physicalLocation": {
-                    "artifactLocation": {"uri": PurePath(d.path).as_posix()},
-                    "region": {
-                        "startLine": d.line,
-                        "startColumn": d.column,
-                        "endLine": max(d.end_line, d.line),
-                        "endColumn": max(d.end_column, 1),
-                    },
+            "locations": [
+                {
+                    "physicalLocation": {
+                        "artifactLocation": {"uri": PurePath(d.path).as_posix()},
+                        "region": {
+                            "startLine": d.line,
+                            "startColumn": d.column,
+                            "endLine": max(d.end_line, d.line),
+                            "endColumn": max(d.end_column, 1),
+                        },
+                    }
                 }
-            }],
+            ],
         }
         if d.fix is not None:
             result["properties"] = {"fix": d.fix.codemod, "safeFix": d.fix.safe}
@@ -90,12 +92,13 @@ def sarif(diagnostics: list[Diagnostic]) -> str:
     data = {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
         "version": "2.1.0",
-        "runs": [{
-            "tool": {"driver": {"name": "autoport-cst", "version": __version__,
-                                "rules": driver_rules}},
-            "columnKind": "unicodeCodePoints",
-            "results": results,
-        }],
+        "runs": [
+            {
+                "tool": {"driver": {"name": "autoport-cst", "version": __version__, "rules": driver_rules}},
+                "columnKind": "unicodeCodePoints",
+                "results": results,
+            }
+        ],
     }
     return json.dumps(data, indent=2) + "\n"
 
@@ -112,14 +115,16 @@ def github(diagnostics: Iterable[Diagnostic]) -> str:
     lines = []
     for d in diagnostics:
         kind = "warning" if d.severity == WARNING else "error"
-        props = ",".join([
-            f"file={_escape_property(d.path)}",
-            f"line={d.line}",
-            f"col={d.column}",
-            f"endLine={max(d.end_line, d.line)}",
-            f"endColumn={max(d.end_column, 1)}",
-            f"title={_escape_property(f'{d.code} {d.name}')}",
-        ])
+        props = ",".join(
+            [
+                f"file={_escape_property(d.path)}",
+                f"line={d.line}",
+                f"col={d.column}",
+                f"endLine={max(d.end_line, d.line)}",
+                f"endColumn={max(d.end_column, 1)}",
+                f"title={_escape_property(f'{d.code} {d.name}')}",
+            ]
+        )
         lines.append(f"::{kind} {props}::{_escape_data(d.message)}")
     return "\n".join(lines) + ("\n" if lines else "")
 
@@ -130,19 +135,23 @@ def statistics(diagnostics: list[Diagnostic], fmt: str, unsafe: bool = False) ->
     can_fix = {d.code for d in diagnostics if fixable(d, unsafe)}
     rows = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
     if fmt == "json":
-        return json.dumps([
-            {"code": code, "name": names[code], "count": count, "fixable": code in can_fix}
-            for code, count in rows
-        ], indent=2) + "\n"
+        return (
+            json.dumps(
+                [
+                    {"code": code, "name": names[code], "count": count, "fixable": code in can_fix}
+                    for code, count in rows
+                ],
+                indent=2,
+            )
+            + "\n"
+        )
     lines = [
-        f"{count:>6}  {code}  {'[*]' if code in can_fix else '   '}  {names[code]}"
-        for code, count in rows
+        f"{count:>6}  {code}  {'[*]' if code in can_fix else '   '}  {names[code]}" for code, count in rows
     ]
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-def render(fmt: str, results: list[FileResult], diagnostics: list[Diagnostic],
-           unsafe: bool = False) -> str:
+def render(fmt: str, results: list[FileResult], diagnostics: list[Diagnostic], unsafe: bool = False) -> str:
     if fmt == "text":
         return text(diagnostics, unsafe)
     if fmt == "json":

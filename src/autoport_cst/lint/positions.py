@@ -12,8 +12,8 @@ back to ``PositionProvider``.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from contextlib import nullcontext
-from typing import Iterable
 
 import libcst as cst
 
@@ -34,8 +34,7 @@ if _CodegenState is not None:
         __slots__ = ("targets", "found", "_line", "_column", "_seen")
 
         def __init__(self, module: cst.Module, targets: set[int]) -> None:
-            super().__init__(default_indent=module.default_indent,
-                             default_newline=module.default_newline)
+            super().__init__(default_indent=module.default_indent, default_newline=module.default_newline)
             self.targets = targets
             self.found: dict[int, list[int]] = {}
             self._line = 1
@@ -82,8 +81,13 @@ if _CodegenState is not None:
     class _Recorder:
         __slots__ = ("state", "key", "start_key", "end_key")
 
-        def __init__(self, state: "_TargetedState", node: cst.CSTNode,
-                     start_node: cst.CSTNode | None, end_node: cst.CSTNode | None) -> None:
+        def __init__(
+            self,
+            state: _TargetedState,
+            node: cst.CSTNode,
+            start_node: cst.CSTNode | None,
+            end_node: cst.CSTNode | None,
+        ) -> None:
             self.state = state
             self.key = id(node)
             self.start_key = None if start_node is None else id(start_node)
@@ -136,8 +140,9 @@ def positions(
     return _positions_slow(module, targets)  # pragma: no cover
 
 
-def _positions_by_statement(module: cst.Module, targets: set[int],
-                            tops: Iterable[cst.CSTNode], source: str) -> dict[int, Range] | None:
+def _positions_by_statement(
+    module: cst.Module, targets: set[int], tops: Iterable[cst.CSTNode], source: str
+) -> dict[int, Range] | None:
     if "\r" in source:
         return None
     wanted = {id(t) for t in tops}

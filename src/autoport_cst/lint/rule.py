@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import inspect
 import textwrap
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from autoport_cst.lint.diagnostics import ERROR, Fix
 
@@ -116,7 +117,7 @@ class Rule:
     # every port (the rule finds a latent bug that ports to other models expose)
     REPAIR: ClassVar[bool] = False
 
-    def __init__(self, ctx: "LintContext", options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, ctx: LintContext, options: Mapping[str, Any] | None = None) -> None:
         self.ctx = ctx
         values = {name: opt.default for name, opt in self.OPTIONS.items()}
         values.update(options or {})
@@ -148,10 +149,10 @@ class Rule:
 
     def report(
         self,
-        node: "cst.CSTNode",
+        node: cst.CSTNode,
         message: str | None = None,
         *,
-        site: "Site | None" = None,
+        site: Site | None = None,
         severity: str = ERROR,
         fix: Fix | None | bool = True,
         scope: str | None = None,

@@ -87,9 +87,9 @@ def discover(paths: list[str], options: RunOptions) -> list[tuple[str, LintSetti
         if os.path.isdir(raw):
             for root, dirs, files in os.walk(raw):
                 dirs[:] = sorted(
-                    d for d in dirs
-                    if not d.startswith(".") and d not in PRUNED_DIRS
-                    and not d.endswith(".egg-info")
+                    d
+                    for d in dirs
+                    if not d.startswith(".") and d not in PRUNED_DIRS and not d.endswith(".egg-info")
                 )
                 current = settings(os.path.join(root, "__init__.py"))
                 if current.excluded(root) and os.path.abspath(root) != os.path.abspath(raw):
@@ -149,10 +149,14 @@ def lint_one(path: str, data: bytes, settings: LintSettings, enabled: frozenset[
         return FileResult(path, diagnostics)
     except Exception as error:  # noqa: BLE001 - reported as an internal error (exit 2)
         where = traceback.extract_tb(error.__traceback__)[-1]
-        return FileResult(path, [], error=(
-            f"internal error: {type(error).__name__}: {error} "
-            f"(at {os.path.basename(where.filename)}:{where.lineno})"
-        ))
+        return FileResult(
+            path,
+            [],
+            error=(
+                f"internal error: {type(error).__name__}: {error} "
+                f"(at {os.path.basename(where.filename)}:{where.lineno})"
+            ),
+        )
 
 
 _POOL_STATE: list = []
@@ -163,8 +167,9 @@ def _pool_task(index: int) -> FileResult:
     return lint_one(path, data, settings, enabled)
 
 
-def _lint_many(items: list[tuple[str, bytes, LintSettings, frozenset[str]]],
-               jobs: int | None) -> list[FileResult]:
+def _lint_many(
+    items: list[tuple[str, bytes, LintSettings, frozenset[str]]], jobs: int | None
+) -> list[FileResult]:
     cpus = os.cpu_count() or 1
     if jobs is None:
         jobs = min(cpus, max(1, (len(items) + 3) // 4))
@@ -254,9 +259,7 @@ def _fix_one(path: str, data: bytes, settings: LintSettings, options: RunOptions
     try:
         result = fix_source(text, path, settings, unsafe=options.unsafe_fixes)
     except Exception as error:  # noqa: BLE001
-        return FileResult(
-            path, error=f"internal error while fixing: {type(error).__name__}: {error}"
-        )
+        return FileResult(path, error=f"internal error while fixing: {type(error).__name__}: {error}")
     if options.fix and not options.diff and result.changed:
         write_atomic(path, result.fixed.encode("utf-8"))  # type: ignore[union-attr]
     return result

@@ -65,8 +65,14 @@ def find(source: str, known: dict[str, str]) -> list[Suppression]:
             continue
         standalone = line_text[:column].strip() == ""
         rest = directive.group("rest").strip()
-        sup = Suppression(line=line, column=column, end_column=column + len(text.rstrip()),
-                          standalone=standalone, codes=[], reason="")
+        sup = Suppression(
+            line=line,
+            column=column,
+            end_column=column + len(text.rstrip()),
+            standalone=standalone,
+            codes=[],
+            reason="",
+        )
         match = CODES.match(rest)
         if match is None:
             sup.blanket = True

@@ -60,9 +60,7 @@ class Plan:
         default_factory=ArchSpec,
         metadata={"doc": "Target architecture; fields left out take Llama-like defaults."},
     )
-    steps: tuple[PlanStep, ...] = field(
-        default=(), metadata={"doc": "Explicit codemod steps (optional)."}
-    )
+    steps: tuple[PlanStep, ...] = field(default=(), metadata={"doc": "Explicit codemod steps (optional)."})
     description: str | None = field(default=None, metadata={"doc": "Free text."})
 
     @property
@@ -127,12 +125,12 @@ def _semantic_problems(plan: Plan) -> list[JsonProblem]:
     if not MODEL_NAME_RE.match(plan.name):
         problems.append(JsonProblem("$.name", f"{plan.name!r} is not snake_case ({MODEL_NAME_RE.pattern})"))
     if not ARCHITECTURE_RE.match(plan.architecture):
-        problems.append(
-            JsonProblem("$.architecture", f"{plan.architecture!r} is not a Python class name")
-        )
+        problems.append(JsonProblem("$.architecture", f"{plan.architecture!r} is not a Python class name"))
     if plan.class_prefix is not None and not CLASS_PREFIX_RE.match(plan.class_prefix):
         problems.append(
-            JsonProblem("$.class_prefix", f"{plan.class_prefix!r} is not PascalCase ({CLASS_PREFIX_RE.pattern})")
+            JsonProblem(
+                "$.class_prefix", f"{plan.class_prefix!r} is not PascalCase ({CLASS_PREFIX_RE.pattern})"
+            )
         )
     return problems
 
@@ -149,9 +147,7 @@ def load_plan(path: str | Path) -> Plan:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(
-            f"malformed JSON: {exc.msg}", Position(str(path), exc.lineno, exc.colno)
-        ) from None
+        raise InputError(f"malformed JSON: {exc.msg}", Position(str(path), exc.lineno, exc.colno)) from None
     return parse_plan(data, str(path))
 
 
@@ -169,8 +165,9 @@ class Researched(Protocol):
     def spec(self) -> ArchSpec: ...
 
 
-def from_research(found: Researched, name: str, reference: str | None, description: str,
-                  source: str = "<generated plan>") -> Plan:
+def from_research(
+    found: Researched, name: str, reference: str | None, description: str, source: str = "<generated plan>"
+) -> Plan:
     """The plan of a researched model, validated as a plan read from disk is
     (the plan ``plan`` writes and the one ``port`` applies are built here)."""
     plan = Plan(

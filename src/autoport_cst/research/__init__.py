@@ -8,7 +8,12 @@ that need transformers (the configuration class defaults, the location of
 the modeling source) import it when called.
 """
 
-from autoport_cst.research.checkpoint import CheckpointHeader, TensorInfo, read_checkpoint, read_safetensors_header
+from autoport_cst.research.checkpoint import (
+    CheckpointHeader,
+    TensorInfo,
+    read_checkpoint,
+    read_safetensors_header,
+)
 from autoport_cst.research.findings import Claim, Conflict, Finding
 from autoport_cst.research.parallelism import (
     RANK_BUDGET_BYTES,

@@ -24,8 +24,23 @@ from autoport_cst.research.findings import CHECKPOINT, INFERRED, Finding, known
 MAX_HEADER = 100 * 1024 * 1024
 INDEX = "model.safetensors.index.json"
 DTYPE_BYTES = {
-    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-    "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E8M0": 1, "F4": 1,
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+    "F8_E8M0": 1,
+    "F4": 1,
 }
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
 
@@ -70,15 +85,18 @@ def read_safetensors_header(path: str | Path) -> tuple[dict[str, TensorInfo], di
         with path.open("rb") as handle:
             prefix = handle.read(8)
             if len(prefix) < 8:
-                raise InputError(f"not a safetensors file: {len(prefix)} bytes, the 8-byte header length is missing",
-                                 Position(str(path)))
+                raise InputError(
+                    f"not a safetensors file: {len(prefix)} bytes, the 8-byte header length is missing",
+                    Position(str(path)),
+                )
             (length,) = struct.unpack("<Q", prefix)
             handle.seek(0, 2)
             size = handle.tell()
             if length == 0 or length > MAX_HEADER or 8 + length > size:
                 raise InputError(
                     f"unreadable safetensors header: declared length {length} bytes, file size {size} bytes",
-                    Position(str(path)))
+                    Position(str(path)),
+                )
             handle.seek(8)
             raw = handle.read(length)
     except OSError as exc:
@@ -99,8 +117,10 @@ def read_safetensors_header(path: str | Path) -> tuple[dict[str, TensorInfo], di
             or not isinstance(entry.get("shape"), list)
             or not all(isinstance(d, int) and d >= 0 for d in entry["shape"])
         ):
-            raise InputError(f"unreadable safetensors header: bad entry for tensor {name!r}",
-                             Position(str(path), json_path=f"$[{json.dumps(name)}]"))
+            raise InputError(
+                f"unreadable safetensors header: bad entry for tensor {name!r}",
+                Position(str(path), json_path=f"$[{json.dumps(name)}]"),
+            )
         tensors[name] = TensorInfo(name, entry["dtype"], tuple(entry["shape"]), path.name)
     return tensors, metadata if isinstance(metadata, dict) else {}
 
@@ -115,18 +135,24 @@ def read_checkpoint(directory: str | Path) -> CheckpointHeader | None:
         try:
             data = json.loads(index.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
-            raise InputError(f"malformed JSON: {exc.msg}", Position(str(index), exc.lineno, exc.colno)) from None
+            raise InputError(
+                f"malformed JSON: {exc.msg}", Position(str(index), exc.lineno, exc.colno)
+            ) from None
         except (OSError, UnicodeDecodeError) as exc:
             raise InputError(f"cannot read {index}: {exc}") from None
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise InputError("expected an object mapping tensor names to shard files",
-                             Position(str(index), json_path="$.weight_map"))
+            raise InputError(
+                "expected an object mapping tensor names to shard files",
+                Position(str(index), json_path="$.weight_map"),
+            )
         files = [directory / name for name in sorted(set(weight_map.values()))]
         missing = [f.name for f in files if not f.is_file()]
         if missing:
-            raise InputError(f"shards named in the index are missing: {', '.join(missing)}",
-                             Position(str(index), json_path="$.weight_map"))
+            raise InputError(
+                f"shards named in the index are missing: {', '.join(missing)}",
+                Position(str(index), json_path="$.weight_map"),
+            )
     else:
         files = sorted(directory.glob("*.safetensors"))
     if not files:
@@ -159,7 +185,7 @@ def layer_count(header: CheckpointHeader) -> int | None:
     prefix = prefixes.most_common(1)[0][0]
     for name in header.tensors:
         if name.startswith(prefix + "."):
-            rest = name[len(prefix) + 1:]
+            rest = name[len(prefix) + 1 :]
             head = rest.split(".", 1)[0]
             if head.isdigit():
                 indices.add(int(head))
@@ -171,58 +197,124 @@ def checkpoint_findings(header: CheckpointHeader, dims: dict[str, Any]) -> list[
     exact module names)."""
     out: list[Finding] = []
     tensors = header.tensors
-    out.append(known(len(tensors), "checkpoint.tensors", CHECKPOINT,
-                     f"{len(tensors)} tensors in {len(header.files)} file(s); dtypes {header.dtypes}"))
-    out.append(known(header.parameter_count, "checkpoint.parameters", CHECKPOINT,
-                     "sum of the header shapes"))
+    out.append(
+        known(
+            len(tensors),
+            "checkpoint.tensors",
+            CHECKPOINT,
+            f"{len(tensors)} tensors in {len(header.files)} file(s); dtypes {header.dtypes}",
+        )
+    )
+    out.append(known(header.parameter_count, "checkpoint.parameters", CHECKPOINT, "sum of the header shapes"))
     layers = layer_count(header)
     if layers is not None:
         out.append(known(layers, "num_layers", CHECKPOINT, f"layer indices 0..{layers - 1} in the key names"))
     bias_patterns = sorted({pattern(n).rsplit(".", 1)[0] for n in tensors if n.endswith(".bias")})
-    out.append(known(bias_patterns, "checkpoint.bias_modules", CHECKPOINT,
-                     f"{len(bias_patterns)} module(s) with a stored bias"))
+    out.append(
+        known(
+            bias_patterns,
+            "checkpoint.bias_modules",
+            CHECKPOINT,
+            f"{len(bias_patterns)} module(s) with a stored bias",
+        )
+    )
     hidden, vocab = dims.get("hidden_size"), dims.get("vocab_size")
     nh, nkv, hd = dims.get("num_heads"), dims.get("num_kv_heads"), dims.get("head_dim")
     inter = dims.get("intermediate_size")
     if isinstance(hidden, int) and isinstance(vocab, int):
         vocab_mats = sorted(n for n, t in tensors.items() if t.shape in ((vocab, hidden), (hidden, vocab)))
         if len(vocab_mats) >= 2:
-            out.append(known(True, "checkpoint.lm_head_stored", CHECKPOINT,
-                             f"two vocabulary matrices: {', '.join(vocab_mats)}"))
+            out.append(
+                known(
+                    True,
+                    "checkpoint.lm_head_stored",
+                    CHECKPOINT,
+                    f"two vocabulary matrices: {', '.join(vocab_mats)}",
+                )
+            )
         elif len(vocab_mats) == 1:
-            out.append(known(False, "checkpoint.lm_head_stored", CHECKPOINT,
-                             f"one vocabulary matrix ({vocab_mats[0]}): the head reuses the embedding"))
+            out.append(
+                known(
+                    False,
+                    "checkpoint.lm_head_stored",
+                    CHECKPOINT,
+                    f"one vocabulary matrix ({vocab_mats[0]}): the head reuses the embedding",
+                )
+            )
     # fused projections by shape, only where the width cannot be another matrix's
     widths = {w for w in (hidden, vocab, inter, dims.get("moe_intermediate_size")) if isinstance(w, int)}
     if all(isinstance(x, int) for x in (hidden, nh, nkv, hd)):
         fused = (nh + 2 * nkv) * hd
         if fused not in widths and (not isinstance(inter, int) or fused != 2 * inter):
-            fused_keys = sorted({pattern(n) for n, t in tensors.items() if t.shape in ((fused, hidden), (hidden, fused))})
+            fused_keys = sorted(
+                {pattern(n) for n, t in tensors.items() if t.shape in ((fused, hidden), (hidden, fused))}
+            )
             if fused_keys:
-                out.append(known(True, "checkpoint.fused_qkv", CHECKPOINT,
-                                 f"{fused_keys[0]}: width {fused} = (heads + 2 kv heads) x head_dim"))
+                out.append(
+                    known(
+                        True,
+                        "checkpoint.fused_qkv",
+                        CHECKPOINT,
+                        f"{fused_keys[0]}: width {fused} = (heads + 2 kv heads) x head_dim",
+                    )
+                )
             else:
-                out.append(known(False, "checkpoint.fused_qkv", CHECKPOINT,
-                                 f"no tensor of width {fused} = (heads + 2 kv heads) x head_dim", confidence=INFERRED))
+                out.append(
+                    known(
+                        False,
+                        "checkpoint.fused_qkv",
+                        CHECKPOINT,
+                        f"no tensor of width {fused} = (heads + 2 kv heads) x head_dim",
+                        confidence=INFERRED,
+                    )
+                )
     for label, size in (("intermediate", inter), ("expert intermediate", dims.get("moe_intermediate_size"))):
         if isinstance(size, int) and isinstance(hidden, int) and 2 * size not in widths:
-            gate_up = sorted({pattern(n) for n, t in tensors.items()
-                              if len(t.shape) >= 2 and 2 * size in t.shape[-2:] and hidden in t.shape[-2:]})
+            gate_up = sorted(
+                {
+                    pattern(n)
+                    for n, t in tensors.items()
+                    if len(t.shape) >= 2 and 2 * size in t.shape[-2:] and hidden in t.shape[-2:]
+                }
+            )
             if gate_up:
-                out.append(known(True, "checkpoint.fused_gate_up", CHECKPOINT, f"{gate_up[0]}: width 2 x {label} {size}"))
+                out.append(
+                    known(
+                        True,
+                        "checkpoint.fused_gate_up",
+                        CHECKPOINT,
+                        f"{gate_up[0]}: width 2 x {label} {size}",
+                    )
+                )
                 break
     per_expert = sorted({pattern(n) for n in tensors if re.search(r"experts\.\d+\.", n)})
     stacked = sorted({pattern(n) for n, t in tensors.items() if "expert" in n and len(t.shape) == 3})
     if per_expert:
-        out.append(known("per_expert", "checkpoint.expert_layout", CHECKPOINT, f"{per_expert[0]} (one key per expert)"))
+        out.append(
+            known(
+                "per_expert", "checkpoint.expert_layout", CHECKPOINT, f"{per_expert[0]} (one key per expert)"
+            )
+        )
     elif stacked:
-        out.append(known("stacked", "checkpoint.expert_layout", CHECKPOINT, f"{stacked[0]} (3-D, all experts)"))
-    quant = sorted({t.dtype for t in tensors.values() if t.dtype in ("U8", "I8", "F8_E4M3", "F8_E5M2", "F4", "I32")})
+        out.append(
+            known("stacked", "checkpoint.expert_layout", CHECKPOINT, f"{stacked[0]} (3-D, all experts)")
+        )
+    quant = sorted(
+        {t.dtype for t in tensors.values() if t.dtype in ("U8", "I8", "F8_E4M3", "F8_E5M2", "F4", "I32")}
+    )
     scales = [n for n in tensors if n.endswith(("_scales", "_blocks", "weight_scale", "qweight", "scales"))]
     if quant or scales:
-        out.append(known(True, "checkpoint.quantized", CHECKPOINT,
-                         f"dtypes {quant or '-'}; {len(scales)} scale/block tensors"))
+        out.append(
+            known(
+                True,
+                "checkpoint.quantized",
+                CHECKPOINT,
+                f"dtypes {quant or '-'}; {len(scales)} scale/block tensors",
+            )
+        )
     floats = Counter(t.dtype for t in tensors.values() if t.dtype in ("F32", "F16", "BF16", "F64"))
     if floats:
-        out.append(known(floats.most_common(1)[0][0], "checkpoint.dtype", CHECKPOINT, f"dtype counts {dict(floats)}"))
+        out.append(
+            known(floats.most_common(1)[0][0], "checkpoint.dtype", CHECKPOINT, f"dtype counts {dict(floats)}")
+        )
     return out

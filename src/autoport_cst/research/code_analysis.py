@@ -39,7 +39,9 @@ from autoport_cst.research.sources import ModelingSource
 __all__ = ["ACTIVATIONS", "CodeAnalysis", "analyze_code"]
 
 
-def analyze_code(source: ModelingSource, config: Any, architecture: str, dims: dict[str, Any]) -> CodeAnalysis:
+def analyze_code(
+    source: ModelingSource, config: Any, architecture: str, dims: dict[str, Any]
+) -> CodeAnalysis:
     """Analyse the modeling source of ``architecture`` against ``config``.
 
     ``dims`` holds the config analysis' sizes (hidden_size, num_heads,
@@ -51,8 +53,9 @@ def analyze_code(source: ModelingSource, config: Any, architecture: str, dims: d
     if architecture not in module.classes:
         found = source.library.resolve(f"{module.dotted}.{architecture}")
         if found is None or architecture not in found[0].classes:
-            result.add(unknown("code.causal_lm", CODE,
-                               f"{architecture} is not defined in {source.path.name}"))
+            result.add(
+                unknown("code.causal_lm", CODE, f"{architecture} is not defined in {source.path.name}")
+            )
             return result
         module = found[0]
     cls = SourceClass(module, module.classes[architecture])
@@ -71,13 +74,24 @@ def _run(st: AnalyzerState) -> None:
     st.tree_keys(st.top, "", r.expected, r.roles, r.expert_keys)
     backbone, layers_attr, layers = decoder.find_backbone(st)
     if backbone is None or not layers:
-        st.add(unknown("code.decoder_layers", CODE,
-                       f"no list of decoder layers found under {st.cls.name}" + decoder.layer_list_shape(st)))
+        st.add(
+            unknown(
+                "code.decoder_layers",
+                CODE,
+                f"no list of decoder layers found under {st.cls.name}" + decoder.layer_list_shape(st),
+            )
+        )
         return
     backbone_path, backbone_inst = backbone
     r.layer_count = len(layers)
-    st.add(known(len(layers), "num_layers", CODE,
-                 f"{backbone_inst.class_name}.{layers_attr}: {len(layers)} decoder layers built"))
+    st.add(
+        known(
+            len(layers),
+            "num_layers",
+            CODE,
+            f"{backbone_inst.class_name}.{layers_attr}: {len(layers)} decoder layers built",
+        )
+    )
     st.layers = layers
     st.layer_prefix = f"{backbone_path}.{layers_attr}." if backbone_path else f"{layers_attr}."
     r.module_names["model"] = backbone_path

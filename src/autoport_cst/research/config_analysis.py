@@ -34,8 +34,14 @@ TOPK_KEYS = ("num_experts_per_tok", "moe_topk", "top_k")
 MOE_INTERMEDIATE_KEYS = ("moe_intermediate_size", "expert_intermediate_size")
 SHARED_KEYS = ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts")
 MULTIPLIER_KEYS = (
-    "embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling",
-    "final_logit_softcapping", "attn_logit_softcapping", "query_pre_attn_scalar", "logit_scale",
+    "embedding_multiplier",
+    "residual_multiplier",
+    "attention_multiplier",
+    "logits_scaling",
+    "final_logit_softcapping",
+    "attn_logit_softcapping",
+    "query_pre_attn_scalar",
+    "logit_scale",
 )
 ROPE_META_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
 ROPE_TYPES = {"default", "llama3", "linear", "dynamic", "yarn", "longrope", "none"}
@@ -80,8 +86,10 @@ def read_config(path: str | Path) -> dict[str, Any]:
         raise InputError("config.json must hold a JSON object", Position(str(path), json_path="$"))
     model_type = data.get("model_type")
     if not isinstance(model_type, str) or not model_type:
-        raise InputError("no model_type: cannot tell which modeling code computes this model",
-                         Position(str(path), json_path="$.model_type"))
+        raise InputError(
+            "no model_type: cannot tell which modeling code computes this model",
+            Position(str(path), json_path="$.model_type"),
+        )
     architectures = data.get("architectures")
     if architectures is not None and (
         not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures)
@@ -108,8 +116,9 @@ def resolve_config(raw: dict[str, Any], path: str) -> Any:
     try:
         return AutoConfig.for_model(model_type, **values)
     except Exception as exc:  # the config class rejected a value
-        raise InputError(f"transformers cannot build a {model_type} configuration: {exc}",
-                         Position(path)) from None
+        raise InputError(
+            f"transformers cannot build a {model_type} configuration: {exc}", Position(path)
+        ) from None
 
 
 def _lookup(raw: dict[str, Any], resolved: Any, keys: tuple[str, ...]) -> tuple[str | None, Any, str]:
@@ -128,7 +137,9 @@ def _lookup(raw: dict[str, Any], resolved: Any, keys: tuple[str, ...]) -> tuple[
 
 def analyze_config(raw: dict[str, Any], resolved: Any, path: str) -> ConfigAnalysis:
     architectures = raw.get("architectures") or []
-    result = ConfigAnalysis(path, raw, raw["model_type"], architectures[0] if architectures else None, resolved)
+    result = ConfigAnalysis(
+        path, raw, raw["model_type"], architectures[0] if architectures else None, resolved
+    )
     add = result.findings.append
     if result.architecture:
         extra = f" (also lists {architectures[1:]})" if len(architectures) > 1 else ""
@@ -142,7 +153,15 @@ def analyze_config(raw: dict[str, Any], resolved: Any, path: str) -> ConfigAnaly
             if required:
                 add(unknown(name, CONFIG, f"none of {', '.join(keys)} in config.json"))
             return None
-        add(known(v, name, CONFIG, f"{key} ({where})", confidence="certain" if where == "config.json" else INFERRED))
+        add(
+            known(
+                v,
+                name,
+                CONFIG,
+                f"{key} ({where})",
+                confidence="certain" if where == "config.json" else INFERRED,
+            )
+        )
         return v
 
     hidden = value("hidden_size", HIDDEN_KEYS)
@@ -151,8 +170,15 @@ def analyze_config(raw: dict[str, Any], resolved: Any, path: str) -> ConfigAnaly
     kv_key, kv, kv_where = _lookup(raw, resolved, KV_KEYS)
     if kv is None and heads is not None:
         kv = heads
-        add(known(kv, "attention.num_kv_heads", CONFIG, "no KV head count: one KV head per query head (MHA)",
-                  confidence=INFERRED))
+        add(
+            known(
+                kv,
+                "attention.num_kv_heads",
+                CONFIG,
+                "no KV head count: one KV head per query head (MHA)",
+                confidence=INFERRED,
+            )
+        )
     elif kv is not None:
         add(known(kv, "attention.num_kv_heads", CONFIG, f"{kv_key} ({kv_where})"))
     head_dim_raw = raw.get("head_dim")
@@ -160,11 +186,21 @@ def analyze_config(raw: dict[str, Any], resolved: Any, path: str) -> ConfigAnaly
         head_dim_raw = _attr(resolved, "head_dim")
     if isinstance(head_dim_raw, int):
         head_dim = head_dim_raw
-        add(known(head_dim, "attention.head_dim", CONFIG,
-                  "head_dim" + (" (config.json)" if "head_dim" in raw else " (class default)")))
+        add(
+            known(
+                head_dim,
+                "attention.head_dim",
+                CONFIG,
+                "head_dim" + (" (config.json)" if "head_dim" in raw else " (class default)"),
+            )
+        )
     elif isinstance(hidden, int) and isinstance(heads, int) and heads:
         head_dim = hidden // heads
-        add(known(head_dim, "attention.head_dim", DERIVED, f"no head_dim: hidden_size {hidden} / {heads} heads"))
+        add(
+            known(
+                head_dim, "attention.head_dim", DERIVED, f"no head_dim: hidden_size {hidden} / {heads} heads"
+            )
+        )
     else:
         head_dim = None
         add(unknown("attention.head_dim", CONFIG, "no head_dim and no hidden_size / heads"))
@@ -193,15 +229,29 @@ def analyze_config(raw: dict[str, Any], resolved: Any, path: str) -> ConfigAnaly
     else:
         where = "config.json"
     if isinstance(tie, bool):
-        add(known(tie, "embedding.tied", CONFIG, f"tie_word_embeddings ({where})",
-                  confidence="certain" if where == "config.json" else INFERRED))
+        add(
+            known(
+                tie,
+                "embedding.tied",
+                CONFIG,
+                f"tie_word_embeddings ({where})",
+                confidence="certain" if where == "config.json" else INFERRED,
+            )
+        )
     else:
         add(unknown("embedding.tied", CONFIG, "no tie_word_embeddings"))
     for key in sorted(set(raw) | set(_resolved_keys(resolved))):
         if "bias" in key and not key.startswith("_"):
             v = raw.get(key, _attr(resolved, key) if resolved is not None else None)
             if isinstance(v, bool):
-                add(known(v, f"config.{key}", CONFIG, f"{key} ({'config.json' if key in raw else 'class default'})"))
+                add(
+                    known(
+                        v,
+                        f"config.{key}",
+                        CONFIG,
+                        f"{key} ({'config.json' if key in raw else 'class default'})",
+                    )
+                )
     _sliding(raw, resolved, layers, add)
     experts = value("moe.num_experts", EXPERT_KEYS, required=False)
     moe_intermediate = None
@@ -220,12 +270,22 @@ def analyze_config(raw: dict[str, Any], resolved: Any, path: str) -> ConfigAnaly
     if dtype is not None:
         add(known(str(dtype), "config.dtype", CONFIG, "torch_dtype / dtype"))
     if raw.get("quantization_config"):
-        method = raw["quantization_config"].get("quant_method") if isinstance(raw["quantization_config"], dict) else None
+        method = (
+            raw["quantization_config"].get("quant_method")
+            if isinstance(raw["quantization_config"], dict)
+            else None
+        )
         add(known(method or "yes", "config.quantization", CONFIG, "quantization_config is set"))
     result.dims = {
-        "hidden_size": hidden, "num_layers": layers, "num_heads": heads, "num_kv_heads": kv,
-        "head_dim": head_dim, "vocab_size": vocab, "intermediate_size": intermediate,
-        "moe_intermediate_size": moe_intermediate, "num_experts": experts,
+        "hidden_size": hidden,
+        "num_layers": layers,
+        "num_heads": heads,
+        "num_kv_heads": kv,
+        "head_dim": head_dim,
+        "vocab_size": vocab,
+        "intermediate_size": intermediate,
+        "moe_intermediate_size": moe_intermediate,
+        "num_experts": experts,
     }
     return result
 
@@ -269,8 +329,14 @@ def _rope(raw: dict, resolved: Any, head_dim: int | None, add) -> None:
             source = dict(next(iter(per_type.values())))
             form = f"{form} (the same for every layer type)"
         else:
-            add(known(per_type, "rope.layer_parameters", CONFIG,
-                      f"{form}: RoPE differs per layer type ({', '.join(sorted(per_type))})"))
+            add(
+                known(
+                    per_type,
+                    "rope.layer_parameters",
+                    CONFIG,
+                    f"{form}: RoPE differs per layer type ({', '.join(sorted(per_type))})",
+                )
+            )
             types = {v.get("rope_type", v.get("type")) or "default" for v in per_type.values()}
             # each layer type's rotary embedding picks its variant by its own rope_type at run time:
             # the model needs the one variant beside "default" (Gemma 3: linear on full-attention layers)
@@ -288,9 +354,20 @@ def _rope(raw: dict, resolved: Any, head_dim: int | None, add) -> None:
     else:
         add(unknown("rope.type", CONFIG, f"{form}: rope_type {rope_type!r} has no spec value"))
     if theta is not None:
-        add(known(float(theta), "rope.theta", CONFIG, "rope_theta" + (f" in {form}" if form != "rope_theta" else "")))
+        add(
+            known(
+                float(theta),
+                "rope.theta",
+                CONFIG,
+                "rope_theta" + (f" in {form}" if form != "rope_theta" else ""),
+            )
+        )
     extra = {k: v for k, v in source.items() if k not in ROPE_META_KEYS}
-    add(known(extra or None, "rope.parameters", CONFIG, f"{form}: scaling parameters {sorted(extra) or 'none'}"))
+    add(
+        known(
+            extra or None, "rope.parameters", CONFIG, f"{form}: scaling parameters {sorted(extra) or 'none'}"
+        )
+    )
     add(known(form, "config.rope_form", CONFIG, "where RoPE is configured"))
     factor = source.get("partial_rotary_factor", raw.get("partial_rotary_factor"))
     where = "partial_rotary_factor"
@@ -301,7 +378,10 @@ def _rope(raw: dict, resolved: Any, head_dim: int | None, add) -> None:
     if factor is None and resolved is not None:
         rp = _attr(resolved, "rope_parameters")
         if isinstance(rp, dict) and "partial_rotary_factor" in rp:
-            factor, where = rp["partial_rotary_factor"], "rope_parameters.partial_rotary_factor (class default)"
+            factor, where = (
+                rp["partial_rotary_factor"],
+                "rope_parameters.partial_rotary_factor (class default)",
+            )
     if factor is not None:
         add(known(float(factor), "rope.partial_rotary_factor", CONFIG, where))
 
@@ -318,8 +398,14 @@ def _sliding(raw: dict, resolved: Any, layers: Any, add) -> None:
     if isinstance(types, list) and types:
         add(known(tuple(types), "attention.layer_types", CONFIG, "layer_types"))
     if window is not None:
-        add(known(window, "config.sliding_window", CONFIG,
-                  "sliding_window" + (f" (use_sliding_window={use})" if use is not None else "")))
+        add(
+            known(
+                window,
+                "config.sliding_window",
+                CONFIG,
+                "sliding_window" + (f" (use_sliding_window={use})" if use is not None else ""),
+            )
+        )
     if use is not None:
         add(known(use, "config.use_sliding_window", CONFIG, "use_sliding_window"))
     if get("max_window_layers") is not None:

@@ -60,8 +60,12 @@ class Decision:
     notes: list[Finding]
 
 
-def decide_spec(cfg: ConfigAnalysis, code: CodeAnalysis | None, ckpt: CheckpointHeader | None,
-                ckpt_findings: list[Finding]) -> Decision:
+def decide_spec(
+    cfg: ConfigAnalysis,
+    code: CodeAnalysis | None,
+    ckpt: CheckpointHeader | None,
+    ckpt_findings: list[Finding],
+) -> Decision:
     d = Decider(cfg, code, ckpt, ckpt_findings)
     spec = _build(d)
     return Decision(spec, d.decisions, d.conflicts, sorted(set(d.unknown)), d.notes)
@@ -107,24 +111,28 @@ def _build(d: Decider) -> ArchSpec:
 # ---- parameter counts ----------------------------------------------------------
 
 
-def count_parameters(spec: ArchSpec, code: CodeAnalysis | None, ckpt: CheckpointHeader | None,
-                     quantized: bool) -> ParameterCount:
+def count_parameters(
+    spec: ArchSpec, code: CodeAnalysis | None, ckpt: CheckpointHeader | None, quantized: bool
+) -> ParameterCount:
     """Parameters, and how many of them are routed-expert weights: from the
     checkpoint header when it holds plain floating-point tensors, else from
     the code's module tree, else from the spec's dimensions."""
     if ckpt is not None and not quantized and ckpt.tensors:
         total = ckpt.parameter_count
         expert_keys = code.expert_keys if code is not None else set()
-        experts = sum(t.numel for n, t in ckpt.tensors.items()
-                      if n in expert_keys or ".experts." in f".{n}")
-        return ParameterCount(total, experts, "checkpoint", f"{len(ckpt.tensors)} tensors in the safetensors headers")
+        experts = sum(t.numel for n, t in ckpt.tensors.items() if n in expert_keys or ".experts." in f".{n}")
+        return ParameterCount(
+            total, experts, "checkpoint", f"{len(ckpt.tensors)} tensors in the safetensors headers"
+        )
     if code is not None and code.expected and all(s is not None for s in code.expected.values()):
         shapes = dict(code.expected)
         if spec.embedding.tied and code.head_key in shapes:
             shapes.pop(code.head_key)
         total = sum(math.prod(s) for s in shapes.values())
         experts = sum(math.prod(s) for k, s in shapes.items() if k in code.expert_keys)
-        return ParameterCount(total, experts, "code", f"{len(shapes)} parameters of the module tree built from the config")
+        return ParameterCount(
+            total, experts, "code", f"{len(shapes)} parameters of the module tree built from the config"
+        )
     return _formula(spec)
 
 

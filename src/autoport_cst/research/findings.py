@@ -3,8 +3,9 @@ its evidence) and conflicts (sources that disagree about one field)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 Source = Literal["config", "code", "checkpoint", "derived"]
 Confidence = Literal["certain", "inferred", "unknown"]

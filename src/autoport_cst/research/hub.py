@@ -41,11 +41,15 @@ def _from_hub(repo_id: str) -> ResolvedSource:
     try:
         from huggingface_hub import HfApi, hf_hub_download
     except ImportError:
-        raise InputError(f"{repo_id}: reading a hub model needs huggingface_hub (pip install huggingface_hub)") from None
+        raise InputError(
+            f"{repo_id}: reading a hub model needs huggingface_hub (pip install huggingface_hub)"
+        ) from None
     try:
         config = Path(hf_hub_download(repo_id, "config.json"))
     except Exception as exc:  # network, auth, missing repo
-        raise InputError(f"{repo_id}: cannot fetch config.json from the hub ({type(exc).__name__}: {exc})") from None
+        raise InputError(
+            f"{repo_id}: cannot fetch config.json from the hub ({type(exc).__name__}: {exc})"
+        ) from None
     header = None
     try:
         meta = HfApi().get_safetensors_metadata(repo_id)

@@ -27,8 +27,9 @@ from __future__ import annotations
 import ast
 import math
 import operator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from autoport_cst.research.sources import SourceLibrary, SourceModule
 
@@ -172,7 +173,7 @@ class Instance:
     def is_external(self) -> bool:
         return isinstance(self.cls, External)
 
-    def children(self) -> Iterator[tuple[str, "Instance"]]:
+    def children(self) -> Iterator[tuple[str, Instance]]:
         for key, value in self.attrs.items():
             if isinstance(value, Instance):
                 if value.cls == MODULE_LIST:
@@ -250,20 +251,46 @@ def _freeze_config_value(value: Any, log: list[set[str]]) -> Any:
 
 
 _BINOPS = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
-    ast.Pow: operator.pow, ast.MatMult: None, ast.BitAnd: operator.and_, ast.BitOr: operator.or_,
-    ast.BitXor: operator.xor, ast.LShift: operator.lshift, ast.RShift: operator.rshift,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.MatMult: None,
+    ast.BitAnd: operator.and_,
+    ast.BitOr: operator.or_,
+    ast.BitXor: operator.xor,
+    ast.LShift: operator.lshift,
+    ast.RShift: operator.rshift,
 }
 _BINOP_NAMES = {
-    ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.FloorDiv: "floordiv",
-    ast.Mod: "mod", ast.Pow: "pow", ast.MatMult: "matmul", ast.BitAnd: "and", ast.BitOr: "or",
-    ast.BitXor: "xor", ast.LShift: "lshift", ast.RShift: "rshift",
+    ast.Add: "add",
+    ast.Sub: "sub",
+    ast.Mult: "mul",
+    ast.Div: "div",
+    ast.FloorDiv: "floordiv",
+    ast.Mod: "mod",
+    ast.Pow: "pow",
+    ast.MatMult: "matmul",
+    ast.BitAnd: "and",
+    ast.BitOr: "or",
+    ast.BitXor: "xor",
+    ast.LShift: "lshift",
+    ast.RShift: "rshift",
 }
 _CMPOPS = {
-    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-    ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Is: operator.is_, ast.IsNot: operator.is_not,
-    ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Is: operator.is_,
+    ast.IsNot: operator.is_not,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
 }
 _SAFE_METHODS = {
     dict: {"get", "keys", "values", "items", "copy"},
@@ -417,8 +444,11 @@ class Interpreter:
         modeling file, with no __init__ of its own."""
         if self.find_method(cls, "__init__") is not None:
             return False
-        return any(qual.rsplit(".", 1)[-1].endswith("ModelOutput") or qual.rsplit(".", 1)[-1].endswith("OutputWithPast")
-                   for qual in self.external_bases(cls))
+        return any(
+            qual.rsplit(".", 1)[-1].endswith("ModelOutput")
+            or qual.rsplit(".", 1)[-1].endswith("OutputWithPast")
+            for qual in self.external_bases(cls)
+        )
 
     def instantiate(self, cls: SourceClass | External, args: list, kwargs: dict, reads: dict) -> Any:
         if isinstance(cls, External):
@@ -435,7 +465,9 @@ class Interpreter:
                     break
             return instance
         klass, init = found
-        self.call_function(klass.module, init, [instance, *args], kwargs, reads=reads, owner=klass, record=instance)
+        self.call_function(
+            klass.module, init, [instance, *args], kwargs, reads=reads, owner=klass, record=instance
+        )
         return instance
 
     def _external_instance(self, cls: External, args: list, kwargs: dict, reads: dict) -> Any:
@@ -455,12 +487,15 @@ class Interpreter:
                 return Param(data.shape, data.fill, float32=data.float32)
             return Param(None)
         if short in _ACTIVATION_MODULES:
-            return ActFn(_ACTIVATION_MODULES[short] if short != "GELU" or kwargs.get("approximate", "none") == "none"
-                         else "gelu_pytorch_tanh")
+            return ActFn(
+                _ACTIVATION_MODULES[short]
+                if short != "GELU" or kwargs.get("approximate", "none") == "none"
+                else "gelu_pytorch_tanh"
+            )
         instance = Instance(cls)
         positional, defaults = EXTERNAL_MODULES.get(short, ((), {}))
         bound = dict(defaults)
-        for name, value in zip(positional, args):
+        for name, value in zip(positional, args, strict=False):
             bound[name] = value
         for name, value in kwargs.items():
             bound[name] = value
@@ -520,10 +555,12 @@ class Interpreter:
                 default = defaults[index]
                 env[param.arg] = Node("input", param.arg, maybe_none=_is_none(default))
             elif defaults[index] is not None:
-                env[param.arg] = self.eval(defaults[index], {}, module, None) if module else _literal(defaults[index])
+                env[param.arg] = (
+                    self.eval(defaults[index], {}, module, None) if module else _literal(defaults[index])
+                )
             else:
                 env[param.arg] = UNKNOWN
-        for param, default in zip(a.kwonlyargs, a.kw_defaults):
+        for param, default in zip(a.kwonlyargs, a.kw_defaults, strict=False):
             if param.arg in kwargs:
                 env[param.arg] = kwargs[param.arg]
             elif symbolic:
@@ -533,14 +570,15 @@ class Interpreter:
             else:
                 env[param.arg] = UNKNOWN
         if a.vararg:
-            env[a.vararg.arg] = tuple(args[len(positional):])
+            env[a.vararg.arg] = tuple(args[len(positional) :])
         if a.kwarg:
             known = {p.arg for p in positional} | {p.arg for p in a.kwonlyargs}
             env[a.kwarg.arg] = {k: v for k, v in kwargs.items() if k not in known}
         return env
 
-    def run_method(self, instance: Instance, name: str, args: list, kwargs: dict | None = None,
-                   symbolic: bool = True) -> list[State]:
+    def run_method(
+        self, instance: Instance, name: str, args: list, kwargs: dict | None = None, symbolic: bool = True
+    ) -> list[State]:
         """Run a method of an instance with symbolic inputs for the parameters
         not given. Returns end states; [] when the method is not in the source."""
         if not isinstance(instance.cls, SourceClass):
@@ -549,8 +587,9 @@ class Interpreter:
         if found is None:
             return []
         klass, fn = found
-        return self.call_function(klass.module, fn, [instance, *args], kwargs or {}, owner=klass,
-                                  inputs_symbolic=symbolic)
+        return self.call_function(
+            klass.module, fn, [instance, *args], kwargs or {}, owner=klass, inputs_symbolic=symbolic
+        )
 
     # ---- statements ----------------------------------------------------------
 
@@ -675,14 +714,16 @@ class Interpreter:
             return items[:1] if items else None  # a loop over layers: the first one
         return None
 
-    def assign(self, target: ast.expr, value: Any, env: dict, module: SourceModule, state: State | None) -> None:
+    def assign(
+        self, target: ast.expr, value: Any, env: dict, module: SourceModule, state: State | None
+    ) -> None:
         if isinstance(target, ast.Name):
             env[target.id] = value
         elif isinstance(target, (ast.Tuple, ast.List)):
             elts = target.elts
             star = next((i for i, e in enumerate(elts) if isinstance(e, ast.Starred)), None)
             if isinstance(value, (tuple, list)) and star is None and len(value) == len(elts):
-                for elt, item in zip(elts, value):
+                for elt, item in zip(elts, value, strict=False):
                     self.assign(elt, item, env, module, state)
             else:
                 for index, elt in enumerate(elts):
@@ -760,8 +801,10 @@ class Interpreter:
                 return base.args[name]
             if default is not UNKNOWN:
                 return default
-            if isinstance(base.cls, SourceClass) and name not in _MODULE_ATTRIBUTES and not any(
-                q.rsplit(".", 1)[-1] in EXTERNAL_MODULES for q in self.external_bases(base.cls)
+            if (
+                isinstance(base.cls, SourceClass)
+                and name not in _MODULE_ATTRIBUTES
+                and not any(q.rsplit(".", 1)[-1] in EXTERNAL_MODULES for q in self.external_bases(base.cls))
             ):
                 # __init__ never set it: this path would raise AttributeError
                 raise _Raised()
@@ -848,7 +891,7 @@ class Interpreter:
 
     def _eval_Dict(self, expr, env, module, state):
         result = {}
-        for key, value in zip(expr.keys, expr.values):
+        for key, value in zip(expr.keys, expr.values, strict=False):
             if key is None:
                 continue
             k = self.eval(key, env, module, state)
@@ -871,7 +914,9 @@ class Interpreter:
         return self.eval(expr.value, env, module, state)
 
     def _eval_BinOp(self, expr, env, module, state):
-        return self.binop(expr.op, self.eval(expr.left, env, module, state), self.eval(expr.right, env, module, state))
+        return self.binop(
+            expr.op, self.eval(expr.left, env, module, state), self.eval(expr.right, env, module, state)
+        )
 
     def binop(self, op: ast.operator, left: Any, right: Any) -> Any:
         func = _BINOPS.get(type(op))
@@ -892,7 +937,9 @@ class Interpreter:
             truth = self.truth(value)
             return (not truth) if isinstance(truth, bool) else UNKNOWN
         if _number_like(value):
-            return {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert}[type(expr.op)](value)
+            return {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert}[
+                type(expr.op)
+            ](value)
         if isinstance(value, (Node, Param)):
             return Node("unary", type(expr.op).__name__.lower(), (_symbolic(value),))
         return UNKNOWN
@@ -914,7 +961,7 @@ class Interpreter:
 
     def _eval_Compare(self, expr, env, module, state):
         left = self.eval(expr.left, env, module, state)
-        for op, right_expr in zip(expr.ops, expr.comparators):
+        for op, right_expr in zip(expr.ops, expr.comparators, strict=False):
             right = self.eval(right_expr, env, module, state)
             outcome = self.compare(op, left, right)
             if outcome is not True:
@@ -1032,8 +1079,12 @@ class Interpreter:
     def call(self, func: Any, args: list, kwargs: dict, reads: dict, expr: ast.Call, module, env) -> Any:
         if isinstance(func, SourceClass):
             if self._is_data_class(func):  # a ModelOutput built in forward: a value, like the external ones
-                return Node("call", f"{func.module.dotted}.{func.name}", tuple(_symbolic(a) for a in args),
-                            tuple((k, _symbolic(v)) for k, v in kwargs.items()))
+                return Node(
+                    "call",
+                    f"{func.module.dotted}.{func.name}",
+                    tuple(_symbolic(a) for a in args),
+                    tuple((k, _symbolic(v)) for k, v in kwargs.items()),
+                )
             init_reads = _map_reads(self, func, reads, len(args))
             return self.instantiate(func, args, kwargs, init_reads)
         if isinstance(func, External):
@@ -1051,13 +1102,23 @@ class Interpreter:
                 value = _merge_returns(states)
                 if value is not UNKNOWN and not isinstance(value, Node):
                     return value
-            return Node("func", func.name, tuple(_symbolic(a) for a in args),
-                        tuple((k, _symbolic(v)) for k, v in kwargs.items()), ref=func)
+            return Node(
+                "func",
+                func.name,
+                tuple(_symbolic(a) for a in args),
+                tuple((k, _symbolic(v)) for k, v in kwargs.items()),
+                ref=func,
+            )
         if isinstance(func, Instance):
             if func.cls == MODULE_LIST:
                 return UNKNOWN
-            return Node("module", func.name or "", tuple(_symbolic(a) for a in args),
-                        tuple((k, _symbolic(v)) for k, v in kwargs.items()), ref=func)
+            return Node(
+                "module",
+                func.name or "",
+                tuple(_symbolic(a) for a in args),
+                tuple((k, _symbolic(v)) for k, v in kwargs.items()),
+                ref=func,
+            )
         if isinstance(func, ActFn):
             return Node("act", func.name, tuple(_symbolic(a) for a in args), ref=func)
         if isinstance(func, BoundBuiltin):
@@ -1069,16 +1130,28 @@ class Interpreter:
                 return SuperRef(obj, owner)
             return UNKNOWN
         if isinstance(func, Node) and func.kind == "attr":
-            return Node("method", func.name, (func.args[0], *(_symbolic(a) for a in args)),
-                        tuple((k, _symbolic(v)) for k, v in kwargs.items()))
+            return Node(
+                "method",
+                func.name,
+                (func.args[0], *(_symbolic(a) for a in args)),
+                tuple((k, _symbolic(v)) for k, v in kwargs.items()),
+            )
         if callable(func) and func in _BUILTIN_FUNCS:
             return _BUILTIN_FUNCS[func](self, args, kwargs)
         if isinstance(func, Node):
-            return Node("call", "?", (func, *(_symbolic(a) for a in args)),
-                        tuple((k, _symbolic(v)) for k, v in kwargs.items()))
+            return Node(
+                "call",
+                "?",
+                (func, *(_symbolic(a) for a in args)),
+                tuple((k, _symbolic(v)) for k, v in kwargs.items()),
+            )
         if any(isinstance(a, Node) for a in [*args, *kwargs.values()]):
-            return Node("call", "?", tuple(_symbolic(a) for a in args),
-                        tuple((k, _symbolic(v)) for k, v in kwargs.items()))
+            return Node(
+                "call",
+                "?",
+                tuple(_symbolic(a) for a in args),
+                tuple((k, _symbolic(v)) for k, v in kwargs.items()),
+            )
         return UNKNOWN
 
     def call_external(self, func: External, args: list, kwargs: dict, reads: dict) -> Any:
@@ -1107,8 +1180,12 @@ class Interpreter:
                     return UNKNOWN
         if short == "get_activation" and args and isinstance(args[0], str):
             return ActFn(args[0])
-        return Node("call", qual, tuple(_symbolic(a) for a in args),
-                    tuple((k, _symbolic(v)) for k, v in kwargs.items()))
+        return Node(
+            "call",
+            qual,
+            tuple(_symbolic(a) for a in args),
+            tuple((k, _symbolic(v)) for k, v in kwargs.items()),
+        )
 
     def call_builtin_method(self, func: BoundBuiltin, args: list, kwargs: dict) -> Any:
         obj, name = func.obj, func.name
@@ -1216,8 +1293,14 @@ def _merge_returns(states: list[State]) -> Any:
 
 
 def _clone_instance(instance: Instance) -> Instance:
-    return Instance(instance.cls, dict(instance.attrs), dict(instance.args), dict(instance.reads), instance.name,
-                    dict(instance.attr_reads))
+    return Instance(
+        instance.cls,
+        dict(instance.attrs),
+        dict(instance.args),
+        dict(instance.reads),
+        instance.name,
+        dict(instance.attr_reads),
+    )
 
 
 def _map_reads(interp: Interpreter, cls: SourceClass, reads: dict, nargs: int) -> dict[str, frozenset[str]]:
@@ -1308,21 +1391,56 @@ def _b_isinstance(interp, args, kwargs):
 
 
 _BUILTINS: dict[str, Any] = {
-    "int": int, "float": float, "bool": bool, "str": str, "len": len, "min": min, "max": max,
-    "abs": abs, "round": round, "sum": sum, "range": range, "list": list, "tuple": tuple,
-    "dict": dict, "getattr": getattr, "hasattr": hasattr, "isinstance": isinstance, "super": super,
-    "enumerate": enumerate, "zip": zip, "sorted": sorted, "any": any, "all": all,
-    "True": True, "False": False, "None": None,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "str": str,
+    "len": len,
+    "min": min,
+    "max": max,
+    "abs": abs,
+    "round": round,
+    "sum": sum,
+    "range": range,
+    "list": list,
+    "tuple": tuple,
+    "dict": dict,
+    "getattr": getattr,
+    "hasattr": hasattr,
+    "isinstance": isinstance,
+    "super": super,
+    "enumerate": enumerate,
+    "zip": zip,
+    "sorted": sorted,
+    "any": any,
+    "all": all,
+    "True": True,
+    "False": False,
+    "None": None,
 }
 _BUILTIN_FUNCS = {
-    int: _concrete_builtin(int), float: _concrete_builtin(float), bool: _concrete_builtin(bool),
-    str: _concrete_builtin(str), len: _b_len, min: _concrete_builtin(min), max: _concrete_builtin(max),
-    abs: _concrete_builtin(abs), round: _concrete_builtin(round), sum: _concrete_builtin(sum),
-    range: _concrete_builtin(range), list: _concrete_builtin(list), tuple: _concrete_builtin(tuple),
-    dict: _concrete_builtin(dict), getattr: _b_getattr, hasattr: _b_hasattr, isinstance: _b_isinstance,
+    int: _concrete_builtin(int),
+    float: _concrete_builtin(float),
+    bool: _concrete_builtin(bool),
+    str: _concrete_builtin(str),
+    len: _b_len,
+    min: _concrete_builtin(min),
+    max: _concrete_builtin(max),
+    abs: _concrete_builtin(abs),
+    round: _concrete_builtin(round),
+    sum: _concrete_builtin(sum),
+    range: _concrete_builtin(range),
+    list: _concrete_builtin(list),
+    tuple: _concrete_builtin(tuple),
+    dict: _concrete_builtin(dict),
+    getattr: _b_getattr,
+    hasattr: _b_hasattr,
+    isinstance: _b_isinstance,
     enumerate: lambda interp, args, kwargs: _b_enumerate(args),
-    zip: _concrete_builtin(lambda *x: list(zip(*x))), sorted: _concrete_builtin(sorted),
-    any: _concrete_builtin(any), all: _concrete_builtin(all),
+    zip: _concrete_builtin(lambda *x: list(zip(*x, strict=False))),
+    sorted: _concrete_builtin(sorted),
+    any: _concrete_builtin(any),
+    all: _concrete_builtin(all),
 }
 
 

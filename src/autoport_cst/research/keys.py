@@ -26,13 +26,15 @@ CONTAINERS = ("self_attn", "mlp")
 
 def rename(text: str, renames: dict[str, str]) -> str:
     """Apply segment renames to one dotted key."""
-    rules = sorted(((old.split("."), new.split(".")) for old, new in renames.items()), key=lambda r: -len(r[0]))
+    rules = sorted(
+        ((old.split("."), new.split(".")) for old, new in renames.items()), key=lambda r: -len(r[0])
+    )
     segments = text.split(".")
     out: list[str] = []
     i = 0
     while i < len(segments):
         for old, new in rules:
-            if segments[i: i + len(old)] == old:
+            if segments[i : i + len(old)] == old:
                 out += new
                 i += len(old)
                 break

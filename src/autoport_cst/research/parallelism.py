@@ -104,8 +104,10 @@ def check_tp(tp: int, dims: ParallelDims, weight_bytes: int, budget: int = RANK_
     if dims.intermediate_size is not None and dims.intermediate_size % tp:
         which = "expert intermediate size" if dims.num_experts else "intermediate size"
         failures.append(f"rule 4: {which} {dims.intermediate_size} not divisible by {tp}")
-    for label, size in (("shared-expert intermediate", dims.shared_intermediate_size),
-                        ("dense intermediate", dims.dense_intermediate_size)):
+    for label, size in (
+        ("shared-expert intermediate", dims.shared_intermediate_size),
+        ("dense intermediate", dims.dense_intermediate_size),
+    ):
         if size is not None and size % tp:
             failures.append(f"rule 4: {label} size {size} not divisible by {tp}")
     if dims.vocab_size % tp:
@@ -131,16 +133,20 @@ def plan_parallelism(
     chosen = None
     if recommended is not None:
         check = fitting[0]
-        reason = (f"TP {recommended}: the smallest valid TP >= 2 whose bf16 weights fit "
-                  f"({check.bytes_per_rank / 1e9:.1f} GB per rank <= {budget / 1e9:.0f} GB)")
+        reason = (
+            f"TP {recommended}: the smallest valid TP >= 2 whose bf16 weights fit "
+            f"({check.bytes_per_rank / 1e9:.1f} GB per rank <= {budget / 1e9:.0f} GB)"
+        )
     else:
         valid = [c for c in checks if c.valid and c.tp >= 2]
         if not valid:
             reason = "no TP degree satisfies the five rules"
         elif not dims.num_experts:
-            reason = (f"no valid TP fits: {weight_bytes / 1e9:.1f} GB of bf16 weights need more than "
-                      f"{world_size} ranks of {budget / 1e9:.0f} GB; the model needs more than one instance "
-                      "or quantized weights")
+            reason = (
+                f"no valid TP fits: {weight_bytes / 1e9:.1f} GB of bf16 weights need more than "
+                f"{world_size} ranks of {budget / 1e9:.0f} GB; the model needs more than one instance "
+                "or quantized weights"
+            )
         else:
             ep_needed = True
             expert_bytes = expert_parameters * BYTES_PER_PARAM
@@ -150,17 +156,23 @@ def plan_parallelism(
                 if ep < 2 or dims.num_experts % ep:
                     continue
                 per_rank = -(-dense_bytes // check.tp) + -(-expert_bytes // (check.tp * ep))
-                ep_options.append(EPOption(check.tp, ep, dims.num_experts // ep, per_rank, per_rank <= budget))
+                ep_options.append(
+                    EPOption(check.tp, ep, dims.num_experts // ep, per_rank, per_rank <= budget)
+                )
             fitting_ep = [o for o in ep_options if o.fits]
             if fitting_ep:
                 chosen = max(fitting_ep, key=lambda o: o.tp)  # the least expert parallelism that fits
-                reason = (f"no valid TP fits ({valid[-1].bytes_per_rank / 1e9:.1f} GB per rank at the largest "
-                          f"valid TP {valid[-1].tp}): expert parallelism EP {chosen.ep} x TP {chosen.tp} = "
-                          f"{world_size} ranks, {chosen.local_experts} experts per rank, "
-                          f"{chosen.bytes_per_rank / 1e9:.1f} GB per rank")
+                reason = (
+                    f"no valid TP fits ({valid[-1].bytes_per_rank / 1e9:.1f} GB per rank at the largest "
+                    f"valid TP {valid[-1].tp}): expert parallelism EP {chosen.ep} x TP {chosen.tp} = "
+                    f"{world_size} ranks, {chosen.local_experts} experts per rank, "
+                    f"{chosen.bytes_per_rank / 1e9:.1f} GB per rank"
+                )
             else:
-                reason = (f"expert parallelism needed, but no EP degree dividing {dims.num_experts} experts "
-                          f"fits in {world_size} ranks")
+                reason = (
+                    f"expert parallelism needed, but no EP degree dividing {dims.num_experts} experts "
+                    f"fits in {world_size} ranks"
+                )
     return ParallelPlan(
         world_size=world_size,
         budget_bytes=budget,

@@ -68,8 +68,15 @@ def research_resolved(resolved: ResolvedSource) -> Research:
         code = analyze_code(modeling, config_obj if config_obj is not None else raw, architecture, cfg.dims)
     except (RecursionError, Exception) as exc:  # an analysis gap must not hide the rest of the research
         code = CodeAnalysis(str(modeling.path), architecture)
-        code.add(Finding("code.analysis", None, "code", f"the source analysis stopped: {type(exc).__name__}: {exc}",
-                         "unknown"))
+        code.add(
+            Finding(
+                "code.analysis",
+                None,
+                "code",
+                f"the source analysis stopped: {type(exc).__name__}: {exc}",
+                "unknown",
+            )
+        )
     ckpt_findings = checkpoint_findings(header, cfg.dims) if header is not None else []
     decision = decide_spec(cfg, code, header, ckpt_findings)
     spec = decision.spec
@@ -132,7 +139,9 @@ def _causal_lm_name(model_type: str) -> str:
     if not name:
         from autoport_cst.errors import InputError
 
-        raise InputError(f"config.json has no architectures and transformers has no causal-LM class for {model_type!r}")
+        raise InputError(
+            f"config.json has no architectures and transformers has no causal-LM class for {model_type!r}"
+        )
     return name
 
 

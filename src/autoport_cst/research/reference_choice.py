@@ -80,7 +80,9 @@ def evaluate_reference(ref_name: str, spec: ArchSpec, name: str, architecture: s
         reference = load_reference(ref_name)
     except AutoportError as exc:
         return Candidate(ref_name, False, (), (), (), error=str(exc).splitlines()[0])
-    plan = Plan(version=PLAN_VERSION, name=name, architecture=architecture, reference=reference.name, spec=spec)
+    plan = Plan(
+        version=PLAN_VERSION, name=name, architecture=architecture, reference=reference.name, spec=spec
+    )
     diffs = diff_specs(reference.spec, spec)
     codemods = library()
 
@@ -104,13 +106,17 @@ def evaluate_reference(ref_name: str, spec: ArchSpec, name: str, architecture: s
         return Candidate(reference.name, False, (), (), (), error=str(exc).splitlines()[0])
     by_step = {path: step.id for step in composition.steps for path in step.realizes}
     fields = tuple(
-        FieldPlan(d.path, d.reference, d.target, f"codemod {by_step[d.path]}" if d.path in by_step else "config")
+        FieldPlan(
+            d.path, d.reference, d.target, f"codemod {by_step[d.path]}" if d.path in by_step else "config"
+        )
         for d in composition.diffs
     )
     return Candidate(reference.name, True, fields, tuple(s.id for s in composition.steps), ())
 
 
-def choose_reference(spec: ArchSpec, name: str, architecture: str, refs: list[str] | None = None) -> ReferenceChoice:
+def choose_reference(
+    spec: ArchSpec, name: str, architecture: str, refs: list[str] | None = None
+) -> ReferenceChoice:
     """Evaluate ``refs`` (default: every built-in reference) and pick one."""
     if refs is None:
         from autoport_cst.apply.reference import builtin_names
@@ -123,16 +129,20 @@ def choose_reference(spec: ArchSpec, name: str, architecture: str, refs: list[st
         best = _closest_first(realizable)[0]
         changes = ", ".join(best.code_changes) or "none"
         others = [c.name for c in realizable if c is not best]
-        reason = (f"{best.name}: realizable with {len(best.code_changes)} field(s) needing a codemod ({changes}) "
-                  f"and {len(best.by_config)} read from the config"
-                  + (f"; also realizable: {', '.join(others)}" if others else ""))
+        reason = (
+            f"{best.name}: realizable with {len(best.code_changes)} field(s) needing a codemod ({changes}) "
+            f"and {len(best.by_config)} read from the config"
+            + (f"; also realizable: {', '.join(others)}" if others else "")
+        )
         return ReferenceChoice(best.name, True, candidates, reason)
     if usable:
         best = min(usable, key=lambda c: (len(c.blocking), len(c.fields), c.name))
         blocks = "; ".join(f"{c.name} blocked by {', '.join(c.blocking)}" for c in usable)
-        reason = (f"no reference realizes this diff ({blocks}); closest: {best.name}. "
-                  "apply will refuse this plan until codemods for the blocking fields exist "
-                  "or the plan gives explicit steps")
+        reason = (
+            f"no reference realizes this diff ({blocks}); closest: {best.name}. "
+            "apply will refuse this plan until codemods for the blocking fields exist "
+            "or the plan gives explicit steps"
+        )
         return ReferenceChoice(best.name, False, candidates, reason)
     errors = "; ".join(f"{c.name}: {c.error}" for c in candidates) or "no reference available"
     return ReferenceChoice(None, False, candidates, f"no usable reference ({errors})")

@@ -25,7 +25,7 @@ class SourceModule:
     dotted: str  # transformers.models.llama.modeling_llama
     path: Path
     tree: ast.Module
-    library: "SourceLibrary" = field(repr=False)
+    library: SourceLibrary = field(repr=False)
 
     @cached_property
     def classes(self) -> dict[str, ast.ClassDef]:
@@ -33,11 +33,7 @@ class SourceModule:
 
     @cached_property
     def functions(self) -> dict[str, ast.FunctionDef]:
-        return {
-            n.name: n
-            for n in self.tree.body
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-        }
+        return {n.name: n for n in self.tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
     @cached_property
     def imports(self) -> dict[str, str]:
@@ -95,7 +91,10 @@ class SourceLibrary:
         found = None
         if dotted == "transformers" or dotted.startswith("transformers."):
             rel = dotted.split(".")[1:]
-            candidates = [self.root.joinpath(*rel).with_suffix(".py"), self.root.joinpath(*rel, "__init__.py")]
+            candidates = [
+                self.root.joinpath(*rel).with_suffix(".py"),
+                self.root.joinpath(*rel, "__init__.py"),
+            ]
             for path in candidates:
                 if path.is_file():
                     found = self._parse(dotted, path)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from autoport_cst.spec.model import FEATURE, OPTIONAL, VALUE, ArchSpec
 from autoport_cst.spec.typed_json import hints_of

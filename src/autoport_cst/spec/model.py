@@ -71,17 +71,13 @@ AttentionKind = Literal["softmax", "differential", "latent"]
 class NormSpec:
     kind: NormKind = feature("rmsnorm", "RMSNorm (no mean subtraction) or LayerNorm.")
     bias: bool = feature(False, "The norm has an additive bias (LayerNorm with bias).")
-    unit_offset: bool = feature(
-        False, "The weight is applied as (1 + weight), as in Gemma's RMSNorm."
-    )
+    unit_offset: bool = feature(False, "The weight is applied as (1 + weight), as in Gemma's RMSNorm.")
     placement: NormPlacement = feature(
         "pre",
         "pre: norm before each sublayer; post: norm applied to the sublayer output "
         "before the residual add (OLMo 2); sandwich: both (Gemma 2).",
     )
-    eps_key: str = feature(
-        "rms_norm_eps", "Name of the config field that holds the norm epsilon."
-    )
+    eps_key: str = feature("rms_norm_eps", "Name of the config field that holds the norm epsilon.")
     affine: bool = feature(True, "The norm has a learned weight (False: non-parametric, as in OLMo).")
     eps: float | None = value(None, "Norm epsilon.")
 
@@ -93,9 +89,7 @@ class AttentionSpec:
     head_dim: int | None = value(None, "Per-head dimension.")
     qkv_bias: bool = feature(False, "The Q, K and V projections have biases.")
     o_bias: bool = feature(False, "The output projection has a bias.")
-    qk_norm: QKNorm = feature(
-        "none", "Norm on queries and keys: per head (head_dim) or full width."
-    )
+    qk_norm: QKNorm = feature("none", "Norm on queries and keys: per head (head_dim) or full width.")
     qk_norm_position: QKNormPosition = feature(
         "before_rope",
         "Where the q/k norms apply: to the projected queries and keys (before RoPE, Qwen3) or to the "
@@ -147,9 +141,7 @@ class RopeSpec:
     style: RopeStyle = feature(
         "rotate_half", "Pairs (i, i + d/2) (rotate_half) or adjacent pairs (interleaved)."
     )
-    nope_layers: tuple[int, ...] | None = optional(
-        "Layers that use no positional embedding (SmolLM3)."
-    )
+    nope_layers: tuple[int, ...] | None = optional("Layers that use no positional embedding (SmolLM3).")
     layer_parameters: dict[str, Any] | None = optional(
         "RoPE type and parameters per attention layer type when they differ (Gemma 3: one base for "
         "sliding layers, another for full ones); null: one RoPE for every layer."
@@ -168,7 +160,9 @@ class MLPSpec:
         "(GPT-OSS): the gate clamped from above and the up projection on both sides at glu_limit, then "
         "g * sigmoid(glu_alpha * g) * (u + 1); activation is then silu, the family of that gate function.",
     )
-    glu_alpha: float | None = value(None, "Sigmoid gain of the clamped SwiGLU's gate function (swiglu_alpha).")
+    glu_alpha: float | None = value(
+        None, "Sigmoid gain of the clamped SwiGLU's gate function (swiglu_alpha)."
+    )
     glu_limit: float | None = value(None, "Clamp bound of the clamped SwiGLU (swiglu_limit).")
 
 
@@ -181,9 +175,7 @@ class MoESpec:
     shared_expert_gate: bool = feature(False, "A sigmoid gate scales the shared expert output.")
     router_activation: RouterActivation = feature("softmax", "Router score function.")
     router_bias: bool = feature(False, "The router projection has a bias (GPT-OSS).")
-    routing_bias: bool = feature(
-        False, "A per-expert bias added to the scores for expert selection only."
-    )
+    routing_bias: bool = feature(False, "A per-expert bias added to the scores for expert selection only.")
     norm_topk_prob: bool = feature(False, "Renormalize the top-k weights to sum to 1.")
     router_dtype: RouterDtype = feature("float32", "dtype of the router weight.")
     routed_scaling_factor: float | None = optional(
@@ -201,7 +193,8 @@ class EmbeddingSpec:
     scale: EmbeddingScale = feature("none", "Embeddings multiplied by sqrt(hidden_size) (Gemma).")
     multiplier: float | None = optional("Constant embedding multiplier (Granite).")
     learned_positions: bool = feature(
-        False, "Learned absolute position embeddings (or other extra embeddings) added to the token embeddings."
+        False,
+        "Learned absolute position embeddings (or other extra embeddings) added to the token embeddings.",
     )
 
 

@@ -48,11 +48,13 @@ def set_keyword(
     if existing is not None:
         if existing.value.deep_equals(value):
             return call
-        return call.with_changes(args=[a.with_changes(value=value) if a is existing else a for a in call.args])
+        return call.with_changes(
+            args=[a.with_changes(value=value) if a is existing else a for a in call.args]
+        )
     args = list(call.args)
     position = len(args)
     if name in order:
-        later = set(order[order.index(name) + 1:])
+        later = set(order[order.index(name) + 1 :])
         position = next(
             (i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value in later), position
         )

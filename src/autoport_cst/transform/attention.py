@@ -45,9 +45,7 @@ def self_parameters(cls: cst.ClassDef) -> dict[str, cst.SimpleStatementLine]:
 
 def attention_classes(module: cst.Module, ctx: FileContext, codemod_id: str) -> list[cst.ClassDef]:
     """Attention classes with a fused ``self.qkv_proj_weight`` parameter."""
-    found = [
-        c for c in classes_with_role(module, "attention") if "qkv_proj_weight" in self_parameters(c)
-    ]
+    found = [c for c in classes_with_role(module, "attention") if "qkv_proj_weight" in self_parameters(c)]
     if not found:
         raise ctx.precondition(
             f"{codemod_id}: no attention class (<Prefix>Attention with "
@@ -160,7 +158,9 @@ def add_functions(module: cst.Module, functions: list[str], replace: bool = Fals
         )
         if existing is not None:
             old = body[existing]
-            if replace and not old.with_changes(leading_lines=[]).deep_equals(func.with_changes(leading_lines=[])):
+            if replace and not old.with_changes(leading_lines=[]).deep_equals(
+                func.with_changes(leading_lines=[])
+            ):
                 body[existing] = func.with_changes(leading_lines=old.leading_lines)
                 changed = True
             continue

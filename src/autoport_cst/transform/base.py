@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import textwrap
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import libcst as cst
 
@@ -126,8 +127,9 @@ class FileContext:
         where every path meets (an embedding scaled before the layer loop)."""
         self.unaffected_sites[id(node)] = how
 
-    def precondition(self, message: str, node: cst.CSTNode | None = None,
-                     module: cst.Module | None = None) -> PreconditionError:
+    def precondition(
+        self, message: str, node: cst.CSTNode | None = None, module: cst.Module | None = None
+    ) -> PreconditionError:
         """Build a positioned precondition error (raise the result)."""
         line = column = None
         if node is not None and module is not None:
@@ -180,8 +182,9 @@ class Codemod:
         return textwrap.dedent((cls.__doc__ or "").strip("\n")).strip()
 
     @classmethod
-    def parse_params(cls, data: Mapping[str, Any] | None, json_path: str = "$.params",
-                     source: str = "<params>") -> Any:
+    def parse_params(
+        cls, data: Mapping[str, Any] | None, json_path: str = "$.params", source: str = "<params>"
+    ) -> Any:
         """Validate parameters from JSON data; raises with JSON paths."""
         problems: list[JsonProblem]
         params, problems = from_json(cls.Params, dict(data or {}), json_path)
@@ -244,8 +247,13 @@ class Codemod:
         return role in self.FILES
 
 
-def run_on_source(codemod: Codemod, source: str, path: str = "model.py", role: str = "model",
-                  port: PortContext | None = None) -> tuple[str, list[Note]]:
+def run_on_source(
+    codemod: Codemod,
+    source: str,
+    path: str = "model.py",
+    role: str = "model",
+    port: PortContext | None = None,
+) -> tuple[str, list[Note]]:
     """Parse, transform and print one file (used by tests, docs and lint fixes).
     Raises PreconditionError."""
     ctx = FileContext(path=path, role=role, port=port or PortContext())
@@ -267,7 +275,8 @@ def defined_classes(module: cst.Module) -> list[str]:
     return [s.name.value for s in module.body if isinstance(s, cst.ClassDef)]
 
 
-def fail(ctx: FileContext, message: str, node: cst.CSTNode | None = None,
-         module: cst.Module | None = None) -> PreconditionError:
+def fail(
+    ctx: FileContext, message: str, node: cst.CSTNode | None = None, module: cst.Module | None = None
+) -> PreconditionError:
     """Shorthand: ``raise fail(ctx, "...", node, module)``."""
     return ctx.precondition(message, node, module)

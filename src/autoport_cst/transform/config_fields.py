@@ -112,14 +112,16 @@ def _with_marker(stmt: cst.BaseStatement) -> cst.BaseStatement:
 def _without_marker(stmt: cst.BaseStatement) -> cst.BaseStatement:
     return stmt.with_changes(
         leading_lines=[
-            line for line in stmt.leading_lines
+            line
+            for line in stmt.leading_lines
             if line.comment is None or FIELDS_MARKER not in line.comment.value
         ]
     )
 
 
-def prepend_to_post_init(body: list[cst.BaseStatement], statements: list[cst.BaseStatement],
-                         module: cst.Module) -> list[cst.BaseStatement]:
+def prepend_to_post_init(
+    body: list[cst.BaseStatement], statements: list[cst.BaseStatement], module: cst.Module
+) -> list[cst.BaseStatement]:
     """A config class body whose ``__post_init__`` runs ``statements`` first
     (after its docstring); the method is added at the end when absent."""
     if not statements:

@@ -75,10 +75,7 @@ def derived_when_none(cls: cst.ClassDef) -> list[str]:
         if attr is None or not is_none(test.comparisons[0].comparator) or attr in found:
             continue
         assigned = {
-            self_attr(t.target)
-            for n in walk(node.body)
-            if isinstance(n, cst.Assign)
-            for t in n.targets
+            self_attr(t.target) for n in walk(node.body) if isinstance(n, cst.Assign) for t in n.targets
         }
         if attr in assigned:
             found.append(attr)
@@ -88,10 +85,10 @@ def derived_when_none(cls: cst.ClassDef) -> list[str]:
 def mentions(node: cst.CSTNode, word: str) -> bool:
     """Whether the code under ``node`` reads ``word`` anywhere: as a name, an
     attribute or a string key."""
-    for node in walk(node):
-        if isinstance(node, cst.Name) and node.value == word:
+    for found in walk(node):
+        if isinstance(found, cst.Name) and found.value == word:
             return True
-        if isinstance(node, cst.SimpleString) and node.evaluated_value == word:
+        if isinstance(found, cst.SimpleString) and found.evaluated_value == word:
             return True
     return False
 
@@ -115,5 +112,7 @@ def fixed_defaults(cls: cst.ClassDef) -> list[ConfigField]:
         if name in fields and sources <= set(fields) and name not in names:
             names.append(name)
     return [
-        fields[n] for n in names if n in fields and fields[n].default is not None and not fields[n].default_is_none
+        fields[n]
+        for n in names
+        if n in fields and fields[n].default is not None and not fields[n].default_is_none
     ]

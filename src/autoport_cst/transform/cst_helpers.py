@@ -10,45 +10,43 @@ re-exported here for the codemods that import it from this module).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import libcst as cst
 
 from autoport_cst.transform.vocabulary import (  # noqa: F401 - the vocabulary, re-exported
     _FIELDS,
-    dotted,
-    self_attr,
     call_name,
-    is_call,
-    keyword_arg,
-    positional_args,
-    is_none,
-    walk,
-    find_all,
-    free_names,
-    has_comment,
-    string_text,
+    class_of_role,
     classes,
     classes_with_role,
-    method,
-    statements,
-    simple_assign,
-    self_assignment,
-    find_self_assignment,
-    deep_statements,
     code_of,
+    deep_statements,
+    dotted,
+    find_all,
+    find_self_assignment,
+    free_names,
+    has_comment,
     imported_names,
-    class_of_role,
+    is_call,
+    is_none,
+    keyword_arg,
+    method,
+    positional_args,
     role_of,
+    self_assignment,
+    self_attr,
+    simple_assign,
+    statements,
+    string_text,
+    walk,
 )
 
 # -- names and expressions ----------------------------------------------------
 
 
 def replace_arg_value(call: cst.Call, arg: cst.Arg, value: cst.BaseExpression) -> cst.Call:
-    return call.with_changes(
-        args=[a.with_changes(value=value) if a is arg else a for a in call.args]
-    )
+    return call.with_changes(args=[a.with_changes(value=value) if a is arg else a for a in call.args])
 
 
 # -- comments -----------------------------------------------------------------------
@@ -71,12 +69,10 @@ def replace_string_suffix(node: cst.BaseExpression, old: str, new: str) -> cst.B
         text = string_text(node)
         if text is None or not text.endswith(old):
             return None
-        body = node.value[len(node.prefix) + len(node.quote): -len(node.quote)]
+        body = node.value[len(node.prefix) + len(node.quote) : -len(node.quote)]
         if not body.endswith(old):
             return None
-        return node.with_changes(
-            value=f"{node.prefix}{node.quote}{body[: -len(old)]}{new}{node.quote}"
-        )
+        return node.with_changes(value=f"{node.prefix}{node.quote}{body[: -len(old)]}{new}{node.quote}")
     if isinstance(node, cst.FormattedString):
         if not node.parts or not isinstance(node.parts[-1], cst.FormattedStringText):
             return None
@@ -88,7 +84,9 @@ def replace_string_suffix(node: cst.BaseExpression, old: str, new: str) -> cst.B
     return None
 
 
-def map_strings(node: cst.BaseExpression, fn: Callable[[cst.BaseExpression], cst.BaseExpression | None]) -> cst.BaseExpression | None:
+def map_strings(
+    node: cst.BaseExpression, fn: Callable[[cst.BaseExpression], cst.BaseExpression | None]
+) -> cst.BaseExpression | None:
     """Apply ``fn`` to a string or to each string of a list/tuple literal.
     None when any element could not be mapped."""
     if isinstance(node, (cst.List, cst.Tuple)):
@@ -170,8 +168,9 @@ def _paths_to(root: cst.CSTNode, targets: set[int]) -> set[int]:
     return keep
 
 
-def insert_after(node: cst.CSTNode, anchor: cst.BaseStatement,
-                 new: Sequence[cst.BaseStatement]) -> cst.CSTNode:
+def insert_after(
+    node: cst.CSTNode, anchor: cst.BaseStatement, new: Sequence[cst.BaseStatement]
+) -> cst.CSTNode:
     """Insert ``new`` after ``anchor`` wherever it sits under ``node`` (in the
     block that contains it)."""
     return insert_many_after(node, {id(anchor): list(new)})
@@ -183,7 +182,11 @@ def insert_many_after(node: cst.CSTNode, additions: dict[int, list[cst.BaseState
     transformer pass, so insertions must be gathered and done together.)"""
     return rewrite(
         node,
-        {key: (lambda updated, new=new: cst.FlattenSentinel([updated, *new])) for key, new in additions.items() if new},
+        {
+            key: (lambda updated, new=new: cst.FlattenSentinel([updated, *new]))
+            for key, new in additions.items()
+            if new
+        },
     )
 
 
@@ -246,9 +249,7 @@ def ensure_import_from(module: cst.Module, source: str, name: str) -> cst.Module
                 names = sorted([*names, new_alias], key=lambda a: dotted(a.name) or "")
                 names = _reflow_aliases(names, small)
                 new_small = small.with_changes(names=names)
-                body[index] = stmt.with_changes(
-                    body=[new_small if s is small else s for s in stmt.body]
-                )
+                body[index] = stmt.with_changes(body=[new_small if s is small else s for s in stmt.body])
                 return module.with_changes(body=body)
     new_stmt = parse_statement(f"from {source} import {name}", module)
     body.insert(last_import + 1, new_stmt)
@@ -259,23 +260,27 @@ def _reflow_aliases(names: list[cst.ImportAlias], original: cst.ImportFrom) -> l
     """Keep the comma style of the original import (one per line when it was
     parenthesized over lines)."""
     multiline = original.lpar is not None and any(
-        isinstance(a.comma, cst.Comma)
-        and isinstance(a.comma.whitespace_after, cst.ParenthesizedWhitespace)
+        isinstance(a.comma, cst.Comma) and isinstance(a.comma.whitespace_after, cst.ParenthesizedWhitespace)
         for a in original.names
     )
     if not multiline:
         out = []
         for i, alias in enumerate(names):
-            comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")) if i < len(names) - 1 else cst.MaybeSentinel.DEFAULT
+            comma = (
+                cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+                if i < len(names) - 1
+                else cst.MaybeSentinel.DEFAULT
+            )
             out.append(alias.with_changes(comma=comma))
         return out
     sample = next(
-        a.comma for a in original.names
-        if isinstance(a.comma, cst.Comma) and isinstance(a.comma.whitespace_after, cst.ParenthesizedWhitespace)
+        a.comma
+        for a in original.names
+        if isinstance(a.comma, cst.Comma)
+        and isinstance(a.comma.whitespace_after, cst.ParenthesizedWhitespace)
     )
     last_comma = original.names[-1].comma
     out = []
     for i, alias in enumerate(names):
         out.append(alias.with_changes(comma=sample if i < len(names) - 1 else last_comma))
     return out
-

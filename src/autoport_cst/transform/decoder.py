@@ -54,7 +54,10 @@ KINDS = ("attention", "mlp")
 # class roles of each sublayer, and the attribute names of a sublayer whose
 # class is picked at run time (``self.self_attn = attn_cls(config, ...)``)
 ROLES = {"attention": ("attention",), "mlp": ("mlp", "moe")}
-NAMES = {"attention": ("self_attn", "attn", "attention"), "mlp": ("mlp", "feed_forward", "block_sparse_moe", "moe")}
+NAMES = {
+    "attention": ("self_attn", "attn", "attention"),
+    "mlp": ("mlp", "feed_forward", "block_sparse_moe", "moe"),
+}
 
 
 @dataclass
@@ -134,7 +137,9 @@ class DecoderLayer:
 # -- finding the layer ---------------------------------------------------------
 
 
-def class_here(module: cst.Module, role: str, ctx: FileContext, codemod_id: str, what: str) -> cst.ClassDef | None:
+def class_here(
+    module: cst.Module, role: str, ctx: FileContext, codemod_id: str, what: str
+) -> cst.ClassDef | None:
     """The single class of ``role`` in this file; None when the file has
     none and another file of the package defines one (a model file of FP8
     sublayers beside ``model.py``); otherwise a precondition error."""
@@ -145,7 +150,9 @@ def class_here(module: cst.Module, role: str, ctx: FileContext, codemod_id: str,
 
 def defined_elsewhere(module: cst.Module, ctx: FileContext, role: str) -> bool:
     """This file defines no class of ``role``, another file of the package does."""
-    return not classes_with_role(module, role) and any(class_role(n) == role for n in ctx.port.package_classes)
+    return not classes_with_role(module, role) and any(
+        class_role(n) == role for n in ctx.port.package_classes
+    )
 
 
 def sublayer_attrs(cls: cst.ClassDef) -> dict[str, str]:
@@ -289,7 +296,11 @@ def _sublayer(kind, stmt, block, body, norms) -> SublayerCall:
     before = body[index - 1] if index > 0 else None
     after = body[index + 1] if index + 1 < len(body) else None
     return SublayerCall(
-        kind, stmt, call, assigned_name(stmt), block,
+        kind,
+        stmt,
+        call,
+        assigned_name(stmt),
+        block,
         before if norm_call_attr(before, norms) is not None else None,
         after if norm_call_attr(after, norms) is not None else None,
         _fused_norm(call, norms),
@@ -332,8 +343,9 @@ def guard_edit(block: cst.IndentedBlock, message: str, module: cst.Module) -> tu
     return id(block), (lambda updated: updated.with_changes(body=[stmt]))
 
 
-def guard_fused(layer: DecoderLayer, message: str, module: cst.Module, ctx: FileContext,
-                codemod_id: str) -> tuple[dict, list[cst.IndentedBlock]]:
+def guard_fused(
+    layer: DecoderLayer, message: str, module: cst.Module, ctx: FileContext, codemod_id: str
+) -> tuple[dict, list[cst.IndentedBlock]]:
     """Guard every branch whose sublayer call is handed a norm's weight (a
     fused kernel computes that norm itself): edits and the guarded blocks. A
     fused call outside a branch cannot be guarded and is refused."""
@@ -355,10 +367,9 @@ def guard_fused(layer: DecoderLayer, message: str, module: cst.Module, ctx: File
     return edits, blocks
 
 
-
-
-def guard_fused_norms(module: cst.Module, ctx: FileContext, codemod_id: str,
-                      message: str) -> tuple[dict, list[cst.IndentedBlock]]:
+def guard_fused_norms(
+    module: cst.Module, ctx: FileContext, codemod_id: str, message: str
+) -> tuple[dict, list[cst.IndentedBlock]]:
     """For a codemod that changes what the norms compute into something a
     fused RMSNorm kernel cannot: guard every branch of the decoder layer
     whose sublayer call is handed a norm's weight (``guard_fused``); nothing
@@ -388,7 +399,11 @@ def logits_site(module: cst.Module, ctx: FileContext, codemod_id: str):
         return None
     forward = require_method(lm, "forward", ctx, module, codemod_id)
     calls = [n for n in walk(forward) if isinstance(n, cst.Call) and self_attr(n.func) == "lm_head"]
-    heads = [s for s in forward.body.body if assigned_call(s) is not None and self_attr(assigned_call(s).func) == "lm_head"]
+    heads = [
+        s
+        for s in forward.body.body
+        if assigned_call(s) is not None and self_attr(assigned_call(s).func) == "lm_head"
+    ]
     if len(heads) != 1 or len(calls) != 1:
         raise ctx.precondition(
             f"{codemod_id}: {lm.name.value}.forward needs one top-level <logits> = self.lm_head(...) statement "
@@ -416,8 +431,14 @@ def _rescales(stmt: cst.BaseStatement, name: str) -> bool:
     return any(isinstance(n, cst.Name) and n.value == name for n in walk(value))
 
 
-def declare_upstream(module: cst.Module, ctx: FileContext, family: str, func: cst.FunctionDef,
-                     anchor: cst.BaseStatement, reason: str) -> None:
+def declare_upstream(
+    module: cst.Module,
+    ctx: FileContext,
+    family: str,
+    func: cst.FunctionDef,
+    anchor: cst.BaseStatement,
+    reason: str,
+) -> None:
     """Declare the sites of ``family`` in the top-level statements of
     ``func`` before ``anchor`` as handled at ``anchor``: a change made at a
     top-level statement that every path from them to the rest of ``func``
@@ -467,7 +488,9 @@ def leave_other_model(module: cst.Module, ctx: FileContext, families: tuple[str,
             ctx.unaffected(site.node, reason)
 
 
-def guard_other_model(module: cst.Module, ctx: FileContext, families: tuple[str, ...], message: str) -> cst.Module:
+def guard_other_model(
+    module: cst.Module, ctx: FileContext, families: tuple[str, ...], message: str
+) -> cst.Module:
     """Make each model class of a module file raise ``NotImplementedError``
     when built (first statement of its ``__init__``), for a change that
     reaches it through the classes it is built on but that it does not
@@ -508,8 +531,9 @@ def _raise(message: str, module: cst.Module) -> cst.BaseStatement:
     return parse_statement(f'raise NotImplementedError("{text}")', module)
 
 
-def other_model_file(module: cst.Module, ctx: FileContext, families: tuple[str, ...], change: str,
-                     guard: bool = False) -> cst.Module:
+def other_model_file(
+    module: cst.Module, ctx: FileContext, families: tuple[str, ...], change: str, guard: bool = False
+) -> cst.Module:
     """A codemod of the target model in a module file: nothing to do without
     model classes; otherwise their sites are left to them (their
     architecture is their own), or, with ``guard``, they are guarded because
@@ -517,7 +541,9 @@ def other_model_file(module: cst.Module, ctx: FileContext, families: tuple[str, 
     if not other_model_classes(module):
         return module
     if guard:
-        message = f"{change}: a model of this file is built on classes of the ported model that the change alters"
+        message = (
+            f"{change}: a model of this file is built on classes of the ported model that the change alters"
+        )
         return guard_other_model(module, ctx, families, message)
     leave_other_model(module, ctx, families, change)
     return module

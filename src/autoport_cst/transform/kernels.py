@@ -196,7 +196,9 @@ def guard_statement(
     holder = innermost_statement(func, target)
     if holder is None:  # pragma: no cover - a call always sits in a statement
         raise ctx.precondition(f"{ctx.codemod}: cannot place a guard before this call", target, module)
-    stmt = parse_statement(f'if {condition}:\n    raise NotImplementedError(\n        "{text}"\n    )', module)
+    stmt = parse_statement(
+        f'if {condition}:\n    raise NotImplementedError(\n        "{text}"\n    )', module
+    )
     insert_before(edits, holder, [with_comment(stmt, comment)])
 
 

@@ -9,8 +9,8 @@ entries) and works on plain nodes, like ``autoport_cst.transform.cst_helpers``.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import libcst as cst
 
@@ -63,8 +63,9 @@ def one_class(module: cst.Module, role: str, ctx: FileContext, codemod_id: str, 
     return found[0]
 
 
-def require_method(cls: cst.ClassDef, name: str, ctx: FileContext, module: cst.Module,
-                   codemod_id: str) -> cst.FunctionDef:
+def require_method(
+    cls: cst.ClassDef, name: str, ctx: FileContext, module: cst.Module, codemod_id: str
+) -> cst.FunctionDef:
     found = method(cls, name)
     if found is None:
         raise ctx.precondition(f"{codemod_id}: {cls.name.value} has no {name} method", cls, module)
@@ -85,7 +86,9 @@ def self_assignments(node: cst.CSTNode) -> dict[str, tuple[cst.SimpleStatementLi
 
 def is_parameter(value: cst.BaseExpression) -> bool:
     return isinstance(value, cst.Call) and dotted(value.func) in (
-        "nn.Parameter", "torch.nn.Parameter", "Parameter"
+        "nn.Parameter",
+        "torch.nn.Parameter",
+        "Parameter",
     )
 
 
@@ -129,7 +132,9 @@ def param_ctor(stmt: cst.SimpleStatementLine) -> cst.Call | None:
     return inner if isinstance(inner, cst.Call) else None
 
 
-def bias_parameter(weight_stmt: cst.SimpleStatementLine, bias_attr: str, module: cst.Module) -> cst.BaseStatement:
+def bias_parameter(
+    weight_stmt: cst.SimpleStatementLine, bias_attr: str, module: cst.Module
+) -> cst.BaseStatement:
     """``self.<bias> = nn.Parameter(torch.zeros(<last weight dim>, dtype=<same>))``."""
     ctor = param_ctor(weight_stmt)
     if ctor is None:
@@ -138,7 +143,9 @@ def bias_parameter(weight_stmt: cst.SimpleStatementLine, bias_attr: str, module:
     dtype = keyword_arg(ctor, "dtype")
     dtype_code = f", dtype={code_of(dtype.value)}" if dtype is not None else ""
     param = dotted(self_assignment(weight_stmt)[1].func)  # type: ignore[index,union-attr]
-    return parse_statement(f"self.{bias_attr} = {param}(torch.zeros({code_of(dims[-1].value)}{dtype_code}))", module)
+    return parse_statement(
+        f"self.{bias_attr} = {param}(torch.zeros({code_of(dims[-1].value)}{dtype_code}))", module
+    )
 
 
 # -- weight loaders -------------------------------------------------------------
@@ -213,7 +220,7 @@ def replace_segment(node: cst.BaseExpression, old: str, new: str) -> cst.BaseExp
         text = string_text(node)
         if text is None or not pattern.search(text):
             return None
-        body = node.value[len(node.prefix) + len(node.quote): -len(node.quote)]
+        body = node.value[len(node.prefix) + len(node.quote) : -len(node.quote)]
         return node.with_changes(value=f"{node.prefix}{node.quote}{pattern.sub(new, body)}{node.quote}")
     if isinstance(node, cst.FormattedString):
         changed = False
@@ -293,7 +300,11 @@ def assigned_name(stmt: cst.CSTNode) -> str | None:
     """``x`` for a one-target ``x = ...`` statement line."""
     if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
         small = stmt.body[0]
-        if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+        if (
+            isinstance(small, cst.Assign)
+            and len(small.targets) == 1
+            and isinstance(small.targets[0].target, cst.Name)
+        ):
             return small.targets[0].target.value
     return None
 
@@ -306,16 +317,24 @@ def assigned_call(stmt: cst.CSTNode) -> cst.Call | None:
     return value if isinstance(value, cst.Call) else None
 
 
-def config_scalar_edit(module: cst.Module, ctx: FileContext, codemod_id: str, key: str, annotation: str,
-                       default: object, comment: str) -> cst.Module:
+def config_scalar_edit(
+    module: cst.Module,
+    ctx: FileContext,
+    codemod_id: str,
+    key: str,
+    annotation: str,
+    default: object,
+    comment: str,
+) -> cst.Module:
     """The config-file half of a codemod that reads a scalar setting from the
     config: the dataclass field ``key: annotation = default``."""
     comment = comment.removeprefix("<-- MODEL-SPECIFIC: ")
     return add_config_fields(module, ctx, codemod_id, [(f"{key}: {annotation} = {default!r}", comment)])
 
 
-def init_reads_config(cls: cst.ClassDef, key: str, module: cst.Module, ctx: FileContext,
-                      codemod_id: str) -> dict:
+def init_reads_config(
+    cls: cst.ClassDef, key: str, module: cst.Module, ctx: FileContext, codemod_id: str
+) -> dict:
     """Edits that append ``self.<key> = config.<key>`` to ``cls.__init__``
     (none when it is already assigned). ``__init__`` must take ``config``."""
     init = require_method(cls, "__init__", ctx, module, codemod_id)
@@ -324,7 +343,9 @@ def init_reads_config(cls: cst.ClassDef, key: str, module: cst.Module, ctx: File
     names = [p.name.value for p in init.params.params]
     if "config" not in names:
         raise ctx.precondition(
-            f"{codemod_id}: {cls.name.value}.__init__ takes no config argument to read {key} from", init, module
+            f"{codemod_id}: {cls.name.value}.__init__ takes no config argument to read {key} from",
+            init,
+            module,
         )
     stmt = parse_statement(f"self.{key} = config.{key}", module)
     key_id, edit = append_statements_edit(init, [stmt])
@@ -482,8 +503,17 @@ def layer_forward(module: cst.Module, ctx: FileContext, codemod_id: str) -> Laye
         return at(i) if norm_call_attr(at(i), norms) is not None else None
 
     return LayerForward(
-        layer, init, forward, body, body[a], body[m],
-        norm_at(a - 1), norm_at(a + 1), norm_at(m - 1), norm_at(m + 1), norms,
+        layer,
+        init,
+        forward,
+        body,
+        body[a],
+        body[m],
+        norm_at(a - 1),
+        norm_at(a + 1),
+        norm_at(m - 1),
+        norm_at(m + 1),
+        norms,
     )
 
 

@@ -100,8 +100,11 @@ def placed_statements(func: cst.FunctionDef) -> list[Placed]:
 
 
 def _target_names(target: cst.CSTNode) -> set[str]:
-    return {n.value for n in walk(target) if isinstance(n, cst.Name)} if not isinstance(target, cst.Attribute) \
-        and not isinstance(target, cst.Subscript) else set()
+    return (
+        {n.value for n in walk(target) if isinstance(n, cst.Name)}
+        if not isinstance(target, cst.Attribute) and not isinstance(target, cst.Subscript)
+        else set()
+    )
 
 
 def bound_names(stmt: cst.CSTNode) -> set[str]:
@@ -134,7 +137,11 @@ def plain_binding(stmt: cst.CSTNode, name: str) -> cst.BaseExpression | None:
             target = small.targets[0].target
             if isinstance(target, cst.Name) and target.value == name:
                 return small.value
-        if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.target.value == name:
+        if (
+            isinstance(small, cst.AnnAssign)
+            and isinstance(small.target, cst.Name)
+            and small.target.value == name
+        ):
             return small.value
     return None
 
@@ -229,7 +236,10 @@ class _Resolver:
         if plain_binding(last.stmt, name) is None:
             return None, f"`{name}` is bound by `{_first_line(last.stmt)}`, not by a plain assignment"
         if last.blocks != at.blocks[: len(last.blocks)]:
-            return None, f"`{name}` is assigned conditionally (`{_first_line(last.stmt)}`, in a block apart from its use)"
+            return (
+                None,
+                f"`{name}` is assigned conditionally (`{_first_line(last.stmt)}`, in a block apart from its use)",
+            )
         return last, None
 
     def is_loader(self, expr: cst.CSTNode, at: Placed, depth: int = 0) -> bool:
@@ -237,7 +247,9 @@ class _Resolver:
             return False
         if isinstance(expr, cst.Name):
             found, _ = self.binding(expr.value, at)
-            return found is not None and self.is_loader(plain_binding(found.stmt, expr.value), found, depth + 1)
+            return found is not None and self.is_loader(
+                plain_binding(found.stmt, expr.value), found, depth + 1
+            )
         if isinstance(expr, cst.Call):
             return _is_loader_call(expr) or self.is_wrapper(expr, at, depth + 1)
         return False
@@ -267,7 +279,9 @@ class _Resolver:
         )
 
 
-def _set_weight_loader_args(stmt: cst.CSTNode) -> tuple[cst.Call, cst.BaseExpression, cst.BaseExpression] | None:
+def _set_weight_loader_args(
+    stmt: cst.CSTNode,
+) -> tuple[cst.Call, cst.BaseExpression, cst.BaseExpression] | None:
     """(call, parameter, loader) of a ``set_weight_loader(param, loader)`` statement."""
     if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
         return None
@@ -288,7 +302,7 @@ def _set_weight_loader_args(stmt: cst.CSTNode) -> tuple[cst.Call, cst.BaseExpres
 
 def _param_key(node: cst.CSTNode) -> str | None:
     name = dotted(node)
-    return name[len("self."):] if name is not None and name.startswith("self.") else None
+    return name[len("self.") :] if name is not None and name.startswith("self.") else None
 
 
 def _loop_keys(loop: cst.CSTNode, name: str) -> list[str] | None:
@@ -329,8 +343,20 @@ def find_loaders(node: cst.CSTNode) -> dict[str, list[Loader]]:
                 if key is None:
                     continue
                 found.setdefault(key, []).append(
-                    Loader(key, statement, call, func, by_id[id(placed.stmt)], argument, chain.base,
-                           tuple(chain.wrappers), tuple(chain.bindings), in_loop, chain.problem, chain.node)
+                    Loader(
+                        key,
+                        statement,
+                        call,
+                        func,
+                        by_id[id(placed.stmt)],
+                        argument,
+                        chain.base,
+                        tuple(chain.wrappers),
+                        tuple(chain.bindings),
+                        in_loop,
+                        chain.problem,
+                        chain.node,
+                    )
                 )
     return found
 
@@ -347,8 +373,10 @@ def loader_helpers(cls: cst.ClassDef) -> list[cst.Call]:
     """Calls in ``cls`` that hand ``self`` to a function (``attach_mlp_loaders(self,
     ...)``): loaders may be attached there, out of sight."""
     return [
-        n for n in walk(cls)
-        if isinstance(n, cst.Call) and any(isinstance(a.value, cst.Name) and a.value.value == "self" for a in n.args)
+        n
+        for n in walk(cls)
+        if isinstance(n, cst.Call)
+        and any(isinstance(a.value, cst.Name) and a.value.value == "self" for a in n.args)
     ]
 
 
@@ -402,8 +430,9 @@ class LoaderEdits:
 
     Errors are positioned precondition errors of ``codemod_id``."""
 
-    def __init__(self, scope: cst.CSTNode, module: cst.Module, ctx: FileContext, codemod_id: str,
-                 owner: str = "") -> None:
+    def __init__(
+        self, scope: cst.CSTNode, module: cst.Module, ctx: FileContext, codemod_id: str, owner: str = ""
+    ) -> None:
         self.scope = scope
         self.module = module
         self.ctx = ctx
@@ -428,8 +457,10 @@ class LoaderEdits:
             helpers = loader_helpers(self.scope) if isinstance(self.scope, cst.ClassDef) else []
             hint = ""
             if helpers:
-                hint = f"; it hands self to {', '.join(sorted({_first_line(h.func) for h in helpers}))}(...), " \
-                       "which may attach it out of sight"
+                hint = (
+                    f"; it hands self to {', '.join(sorted({_first_line(h.func) for h in helpers}))}(...), "
+                    "which may attach it out of sight"
+                )
             raise self.ctx.precondition(
                 f"{self.codemod_id}: {self.owner} attaches no loader to self.{key} "
                 f"(no set_weight_loader(self.{key}, ...) in the class{hint})",
@@ -448,7 +479,7 @@ class LoaderEdits:
 
     def base_name(self, key: str) -> str | None:
         """The name of the base loader call of ``key`` (one for every attachment), or None."""
-        names = {dotted(l.base.func) for l in self.require(key)}  # type: ignore[union-attr]
+        names = {dotted(loader.base.func) for loader in self.require(key)}  # type: ignore[union-attr]
         return names.pop() if len(names) == 1 else None
 
     # -- changes --------------------------------------------------------------------
@@ -501,8 +532,10 @@ class LoaderEdits:
         end = where[id(at.placed.stmt)].index if id(at.placed.stmt) in where else loader.placed.index
         for node in nodes:
             for other in _read_names(node) - {"self"}:
-                for p in placed[start + 1: end + 1]:
-                    if other in bound_names(p.stmt) and id(p.stmt) not in {id(b.stmt) for b in loader.bindings}:
+                for p in placed[start + 1 : end + 1]:
+                    if other in bound_names(p.stmt) and id(p.stmt) not in {
+                        id(b.stmt) for b in loader.bindings
+                    }:
                         raise self.ctx.precondition(
                             f"{self.codemod_id}: the loader of self.{loader.key} reads `{other}`, which is "
                             f"rebound at `{_first_line(p.stmt)}` before the new loader would be attached",
@@ -604,10 +637,7 @@ class LoaderEdits:
         def unroll(updated: cst.For):
             inner = updated.body.body[0].body[0].value  # set_weight_loader(w, <loader>)
             current = code_of(inner.args[1].value)
-            statements = [
-                attach_statement(m.key, split.get(id(m), current), self.module)
-                for m in kept
-            ]
+            statements = [attach_statement(m.key, split.get(id(m), current), self.module) for m in kept]
             statements[0] = statements[0].with_changes(leading_lines=updated.leading_lines)
             return statements[0] if len(statements) == 1 else cst.FlattenSentinel(statements)
 
@@ -721,7 +751,7 @@ def _readers(func: cst.FunctionDef, binding: Placed) -> list[cst.CSTNode]:
     next binding of the name (whose right-hand side counts)."""
     name = next(iter(bound_names(binding.stmt)))
     readers: list[cst.CSTNode] = []
-    for placed in placed_statements(func)[binding.index + 1:]:
+    for placed in placed_statements(func)[binding.index + 1 :]:
         rebinds = name in bound_names(placed.stmt)
         value = plain_binding(placed.stmt, name) if rebinds else None
         parts = [value] if value is not None else ([] if rebinds else _header(placed.stmt))
@@ -742,7 +772,11 @@ def is_quantized(cls: cst.ClassDef) -> bool:
 
 
 def _guard_message(stmt: cst.CSTNode) -> str | None:
-    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Raise):
+    if (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Raise)
+    ):
         exc = stmt.body[0].exc
         if isinstance(exc, cst.Call) and dotted(exc.func) == "NotImplementedError" and len(exc.args) == 1:
             value = exc.args[0].value
@@ -752,7 +786,11 @@ def _guard_message(stmt: cst.CSTNode) -> str | None:
 
 
 def _is_super_init(stmt: cst.CSTNode) -> bool:
-    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr):
+    if (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+    ):
         call = stmt.body[0].value
         return isinstance(call, cst.Call) and (dotted(call.func) or code_of(call.func)).endswith("__init__")
     return False
@@ -846,7 +884,12 @@ def mlp_mapping_weights(module: cst.Module) -> list[str]:
     for entry in mapping_entries(module):
         segments = entry.key.split(".")
         leaf = segments[-1]
-        if len(segments) >= 2 and segments[-2] in MLP_SUBLAYERS and leaf.endswith("_weight") and leaf not in found:
+        if (
+            len(segments) >= 2
+            and segments[-2] in MLP_SUBLAYERS
+            and leaf.endswith("_weight")
+            and leaf not in found
+        ):
             found.append(leaf)
     return found
 

@@ -5,8 +5,8 @@ list of keys. Codemods find entries by the text of their key."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import libcst as cst
 
@@ -62,7 +62,9 @@ def find_entry(node: cst.CSTNode, predicate: Callable[[str], bool]) -> MappingEn
     return None
 
 
-def entry_statement(entry: MappingEntry, key: cst.BaseExpression, value: cst.BaseExpression) -> cst.SimpleStatementLine:
+def entry_statement(
+    entry: MappingEntry, key: cst.BaseExpression, value: cst.BaseExpression
+) -> cst.SimpleStatementLine:
     """A new mapping statement shaped like ``entry`` with another key and value."""
     small = entry.statement.body[0]
     target = small.targets[0].target if isinstance(small, cst.Assign) else small.target  # type: ignore[union-attr]
@@ -70,7 +72,9 @@ def entry_statement(entry: MappingEntry, key: cst.BaseExpression, value: cst.Bas
         slice=[target.slice[0].with_changes(slice=cst.Index(value=key))]  # type: ignore[union-attr]
     )
     if isinstance(small, cst.Assign):
-        new_small = small.with_changes(targets=[small.targets[0].with_changes(target=new_target)], value=value)
+        new_small = small.with_changes(
+            targets=[small.targets[0].with_changes(target=new_target)], value=value
+        )
     else:
         new_small = small.with_changes(target=new_target, value=value)
     return entry.statement.with_changes(body=[new_small], leading_lines=[])
@@ -108,7 +112,9 @@ def parameter_names(module: cst.Module, root: cst.ClassDef) -> list[str]:
     def visit(cls: cst.ClassDef, prefix: str, depth: int) -> None:
         if depth > 8:
             return
-        init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+        init = next(
+            (s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None
+        )
         assigned = self_assignments(init) if init is not None else {}
         for attr, (_, value) in assigned.items():
             if is_parameter(value):
@@ -116,7 +122,9 @@ def parameter_names(module: cst.Module, root: cst.ClassDef) -> list[str]:
             elif (child := built_class(value)) is not None:
                 visit(child, f"{prefix}{attr}.", depth + 1)
             elif isinstance(value, cst.Call) and dotted(value.func) in MODULE_LIST:
-                items = [c for n in walk(value) if isinstance(n, cst.Call) and (c := built_class(n)) is not None]
+                items = [
+                    c for n in walk(value) if isinstance(n, cst.Call) and (c := built_class(n)) is not None
+                ]
                 if items:
                     visit(items[0], f"{prefix}{attr}.{{i}}.", depth + 1)
         for key in find_loaders(cls):

@@ -88,7 +88,9 @@ def survey(cls: cst.ClassDef) -> ExpertsSurvey:
             if name is not None:
                 found.calls.setdefault(name, []).append(node)
     if found.router_call is None:
-        routers = found.calls.get(ROUTER_CALL) or found.calls.get("router") or found.calls.get("_moe_router") or []
+        routers = (
+            found.calls.get(ROUTER_CALL) or found.calls.get("router") or found.calls.get("_moe_router") or []
+        )
         found.router_call = routers[0] if routers else None
     if len(found.router_targets) == 2:
         logits = found.router_targets[1]
@@ -171,7 +173,9 @@ def add_router_mapping(module, router_params, attr, suffix, codemod_id, ctx, aft
 ALIASES_NAME = "_ALIASES"
 
 
-def add_config_alias(module: cst.Module, ctx, codemod_id: str, name: str, keys: tuple[str, ...]) -> cst.Module:
+def add_config_alias(
+    module: cst.Module, ctx, codemod_id: str, name: str, keys: tuple[str, ...]
+) -> cst.Module:
     """Add ``"name": (keys...)`` to the config file's ``_ALIASES`` dict (field
     -> the config keys that may hold it, first present wins), unless the dict
     has an entry for ``name`` already. Entries are kept sorted by field name,
@@ -391,7 +395,10 @@ def renormalizes(site: MoESite) -> bool | None:
     the site post-processes its logits itself, or the kernel is not known."""
     call = site.call
     if site.kind == "router":
-        if literal(call, "return_logits") is not None or literal(call, "router_computation_order") is not None:
+        if (
+            literal(call, "return_logits") is not None
+            or literal(call, "router_computation_order") is not None
+        ):
             return None
         return activation_of(site) == "softmax"
     if site.kind == "router_sub":
@@ -560,14 +567,38 @@ def _moe_block_tkg_unfused(
 
 # the keywords each substitute takes from the kernel call it replaces
 ROUTER_SUBSTITUTE_KEYWORDS = (
-    "hidden_states", "router_weights", "top_k", "router_bias", "activation", "computation_dtype",
+    "hidden_states",
+    "router_weights",
+    "top_k",
+    "router_bias",
+    "activation",
+    "computation_dtype",
 )
 BLOCK_SUBSTITUTE_KEYWORDS = (
-    "inp", "gamma", "router_weights", "expert_gate_up_weights", "expert_down_weights", "top_k", "eps",
-    "router_act_fn", "expert_affinities_scaling_mode", "hidden_act_fn", "rank_id", "router_bias",
-    "expert_gate_up_bias", "expert_down_bias", "router_pre_norm", "norm_topk_prob",
-    "gate_clamp_upper_limit", "gate_clamp_lower_limit", "up_clamp_upper_limit", "up_clamp_lower_limit",
-    "router_mm_dtype", "hidden_actual", "is_all_expert", "skip_router_logits",
+    "inp",
+    "gamma",
+    "router_weights",
+    "expert_gate_up_weights",
+    "expert_down_weights",
+    "top_k",
+    "eps",
+    "router_act_fn",
+    "expert_affinities_scaling_mode",
+    "hidden_act_fn",
+    "rank_id",
+    "router_bias",
+    "expert_gate_up_bias",
+    "expert_down_bias",
+    "router_pre_norm",
+    "norm_topk_prob",
+    "gate_clamp_upper_limit",
+    "gate_clamp_lower_limit",
+    "up_clamp_upper_limit",
+    "up_clamp_lower_limit",
+    "router_mm_dtype",
+    "hidden_actual",
+    "is_all_expert",
+    "skip_router_logits",
 )
 BLOCK_REQUIRED = ("top_k", "eps", "router_act_fn", "expert_affinities_scaling_mode", "hidden_act_fn")
 
@@ -637,7 +668,10 @@ def blockwise_arguments(module: cst.Module, cls_name: str) -> dict[str, cst.Base
     if not mapping or not cte:
         return None
     found: dict[str, cst.BaseExpression] = {}
-    for call, names in ((mapping[0], ("block_size", "moe_group", "tp_degree")), (cte[0], ("implementation", "compute_dtype"))):
+    for call, names in (
+        (mapping[0], ("block_size", "moe_group", "tp_degree")),
+        (cte[0], ("implementation", "compute_dtype")),
+    ):
         for name in names:
             arg = keyword_arg(call, name)
             if arg is not None:
@@ -674,7 +708,9 @@ def module_imports_name(module: cst.Module, name: str) -> bool:
         if not isinstance(stmt, cst.SimpleStatementLine):
             continue
         for small in stmt.body:
-            if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+            if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(
+                small.names, cst.ImportStar
+            ):
                 for alias in small.names:
                     bound = alias.asname.name if alias.asname else alias.name
                     if isinstance(bound, cst.Name) and bound.value == name:
@@ -735,18 +771,36 @@ def add_tensor_names(module: cst.Module, stmt: cst.CSTNode, ctx, codemod_id: str
                 node,
                 module,
             )
-        args = ", ".join(code_of(a.value) if a.keyword is None else f"{a.keyword.value}={code_of(a.value)}" for a in makes[0].args)
+        args = ", ".join(
+            code_of(a.value) if a.keyword is None else f"{a.keyword.value}={code_of(a.value)}"
+            for a in makes[0].args
+        )
         line = parse_statement(f"names = set(SafetensorsCheckpoint({args}).get_tensor_names())", module)
         line = line.with_changes(
-            leading_lines=[cst.EmptyLine(comment=cst.Comment("# <-- MODEL-SPECIFIC: the checkpoint's tensor names, for keys that differ by model"))]
+            leading_lines=[
+                cst.EmptyLine(
+                    comment=cst.Comment(
+                        "# <-- MODEL-SPECIFIC: the checkpoint's tensor names, for keys that differ by model"
+                    )
+                )
+            ]
         )
         body = list(statements(node))
         first = next(
-            (s for s in body if not (isinstance(s, cst.SimpleStatementLine) and isinstance(s.body[0], cst.Expr)
-                                     and isinstance(s.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))),
+            (
+                s
+                for s in body
+                if not (
+                    isinstance(s, cst.SimpleStatementLine)
+                    and isinstance(s.body[0], cst.Expr)
+                    and isinstance(s.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+                )
+            ),
             None,
         )
         if first is None:  # pragma: no cover - load_weights has statements
             raise ctx.precondition(f"{codemod_id}: {node.name.value} is empty", node, module)
         return rewrite(module, {id(first): lambda updated, line=line: cst.FlattenSentinel([line, updated])})
-    raise ctx.precondition(f"{codemod_id}: the load_weights of the router mapping was not found", stmt, module)
+    raise ctx.precondition(
+        f"{codemod_id}: the load_weights of the router mapping was not found", stmt, module
+    )

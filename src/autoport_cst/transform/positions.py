@@ -26,7 +26,9 @@ class PositionMap:
         self._starts: list[int] = []
         self._blocks: list[tuple[int, int, int]] = []  # (current start, original start, length), 0-based
         if not self.identity:
-            matcher = difflib.SequenceMatcher(None, original.splitlines(), current.splitlines(), autojunk=False)
+            matcher = difflib.SequenceMatcher(
+                None, original.splitlines(), current.splitlines(), autojunk=False
+            )
             for block in matcher.get_matching_blocks():
                 if block.size:
                     self._blocks.append((block.b, block.a, block.size))

@@ -198,7 +198,10 @@ def function_parameters(module: cst.Module, name: str) -> list[str] | None:
     the module defines no such function)."""
     for stmt in module.body:
         if isinstance(stmt, cst.FunctionDef) and stmt.name.value == name:
-            return [p.name.value for p in (*stmt.params.posonly_params, *stmt.params.params, *stmt.params.kwonly_params)]
+            return [
+                p.name.value
+                for p in (*stmt.params.posonly_params, *stmt.params.params, *stmt.params.kwonly_params)
+            ]
     return None
 
 
@@ -303,8 +306,9 @@ def assigned_attrs(stmt: cst.CSTNode) -> set[str]:
     return found
 
 
-def after_attrs(init: cst.FunctionDef, attrs: set[str], default: cst.BaseStatement | None
-                ) -> tuple[cst.BaseStatement | None, set[str]]:
+def after_attrs(
+    init: cst.FunctionDef, attrs: set[str], default: cst.BaseStatement | None
+) -> tuple[cst.BaseStatement | None, set[str]]:
     """The top-level statement of ``init`` after which statements reading
     ``self.<attr>`` for every attr of ``attrs`` may go: ``default`` when all
     are assigned by then, else the statement assigning the last of them.
@@ -404,7 +408,9 @@ def rope_targets(cls: cst.ClassDef) -> list[tuple[str, str]]:
 
     params = self_parameters(cls)
     targets = [(p, width) for p, width in ROPE_REORDERED if p in params]
-    init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+    init = next(
+        (s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None
+    )
     for norm in ("q_norm", "k_norm"):
         if init is not None and find_self_assignment_deep(init, norm) is not None:
             width = "self.head_dim"
@@ -503,7 +509,9 @@ def _order_setting(cls, module, ctx, codemod_id, rotary_dim, interleaved, edits)
         call = self_assignment(existing)[1]
         if not (isinstance(call, cst.Call) and dotted(call.func) == "_rope_column_order"):
             raise ctx.precondition(
-                f"{codemod_id}: {name}.rope_column_order is not built by _rope_column_order(...)", existing, module
+                f"{codemod_id}: {name}.rope_column_order is not built by _rope_column_order(...)",
+                existing,
+                module,
             )
         current_rotary, current_interleaved = _order_call_values(call)
     init_params = [p.name.value for p in init.params.params]
@@ -517,11 +525,15 @@ def _order_setting(cls, module, ctx, codemod_id, rotary_dim, interleaved, edits)
     stmt = with_comment(parse_statement(code, module), ROPE_ORDER_COMMENT)
     if existing is not None:
         if module.code_for_node(existing.with_changes(leading_lines=[])).strip() != code:
-            edits[id(existing)] = lambda updated, stmt=stmt: stmt.with_changes(leading_lines=updated.leading_lines)
+            edits[id(existing)] = lambda updated, stmt=stmt: stmt.with_changes(
+                leading_lines=updated.leading_lines
+            )
         return
     anchor = None
     for attr in ("qkv_split_indices", "kv_size", "q_size"):
-        anchor = next((s for s in statements(init) if (p := self_assignment(s)) is not None and p[0] == attr), None)
+        anchor = next(
+            (s for s in statements(init) if (p := self_assignment(s)) is not None and p[0] == attr), None
+        )
         if anchor is not None:
             break
     if anchor is None:

@@ -182,8 +182,11 @@ def module_references(module: cst.Module, package: str) -> ModuleReferences:
                 if not isinstance(bound, cst.Name):
                     continue
                 # ``from . import model`` binds a module; ``from .model import X`` a class
-                (found.aliases if own and (node.module is None or source == f"{MODEL_ROOT}.{package}")
-                 else found.external).add(bound.value)
+                (
+                    found.aliases
+                    if own and (node.module is None or source == f"{MODEL_ROOT}.{package}")
+                    else found.external
+                ).add(bound.value)
         elif isinstance(node, cst.Import):
             for alias in node.names:
                 name = dotted(alias.name) or ""
@@ -202,8 +205,11 @@ def _root(node: cst.BaseExpression) -> str | None:
     return node.value if isinstance(node, cst.Name) else None
 
 
-def attribute_references(module: cst.Module, table: dict[str, str], package: str,
-                         ) -> tuple[set[int], list[cst.Attribute]]:
+def attribute_references(
+    module: cst.Module,
+    table: dict[str, str],
+    package: str,
+) -> tuple[set[int], list[cst.Attribute]]:
     """``<module of the package>.<Class>`` attribute names to rename (ids),
     and the ``<something>.<Class>`` accesses whose ``something`` is neither a
     module of the package nor another import: they may reach a renamed class
@@ -233,16 +239,18 @@ def string_references(module: cst.Module, table: dict[str, str], package: str) -
         if isinstance(node, cst.SimpleString) and isinstance(node.evaluated_value, str):
             new = table.get(node.evaluated_value)
             if new is not None:
-                quote = node.value[len(node.prefix):][0]
+                quote = node.value[len(node.prefix) :][0]
                 found[id(node)] = f"{node.prefix}{quote}{new}{quote}"
 
     for node in walk(module):
         if isinstance(node, cst.Call) and dotted(node.func) in ("getattr", "hasattr") and len(node.args) >= 2:
             if dotted(node.args[0].value) in aliases:
                 take(node.args[1].value)
-        elif isinstance(node, cst.Assign) and any(
-            isinstance(t.target, cst.Name) and t.target.value == "__all__" for t in node.targets
-        ) and isinstance(node.value, (cst.List, cst.Tuple)):
+        elif (
+            isinstance(node, cst.Assign)
+            and any(isinstance(t.target, cst.Name) and t.target.value == "__all__" for t in node.targets)
+            and isinstance(node.value, (cst.List, cst.Tuple))
+        ):
             for element in node.value.elements:
                 take(element.value)
     return found
@@ -269,7 +277,10 @@ def rename_classes_in_module(module: cst.Module, table: dict[str, str]) -> cst.M
     names = {id(n): n.value for n in walk(module) if id(n) in targets}
     return rewrite(
         module,
-        {key: (lambda updated, new=table[old]: updated.with_changes(value=new)) for key, old in names.items()},
+        {
+            key: (lambda updated, new=table[old]: updated.with_changes(value=new))
+            for key, old in names.items()
+        },
     )
 
 

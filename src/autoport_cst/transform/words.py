@@ -41,7 +41,7 @@ def rename_words(text: str, table: dict[str, str]) -> tuple[str, list[WordEdit]]
             new = table.get(word.group())
             if new is None:
                 continue
-            after = text[chunk.start() + word.end(): chunk.start() + word.end() + 2]
+            after = text[chunk.start() + word.end() : chunk.start() + word.end() + 2]
             if len(after) == 2 and after[0] in "- " and after[1].isdigit():
                 continue
             start = chunk.start() + word.start()

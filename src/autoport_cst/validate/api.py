@@ -13,21 +13,20 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from autoport_cst.errors import InputError
 
 from . import compare
-from .driver import PortFailure, PortOutput, PortSession, port_hf_config
+from .driver import PREFILL_MODES, PortFailure, PortOutput, PortSession, port_hf_config
+from .layout import ParallelLayout, check_layout
 from .package import PortImportError, check_package_dir, imported_package
 from .reference import ReferenceOutput, greedy_teacher, load_reference, run_reference
 from .report import PortFailureInfo, ValidationReport
-from .driver import PREFILL_MODES
-from .layout import ParallelLayout, check_layout
 from .scenario import (
     DEFAULT_PROMPT_LENGTHS,
     DEFAULT_STEPS,
@@ -159,12 +158,28 @@ def validate_model(
     (segmented prefill needs a packed FP8 cache)."""
     with _intra_op_threads(VALIDATION_THREADS):
         return _validate(
-            model_dir, checkpoint_dir, tp=tp, dtype=dtype, steps=steps, prompt_lengths=prompt_lengths,
-            block_size=block_size, seed=seed, on_stage=on_stage, ep=ep, prefill=prefill,
+            model_dir,
+            checkpoint_dir,
+            tp=tp,
+            dtype=dtype,
+            steps=steps,
+            prompt_lengths=prompt_lengths,
+            block_size=block_size,
+            seed=seed,
+            on_stage=on_stage,
+            ep=ep,
+            prefill=prefill,
             kv_cache_dtype=kv_cache_dtype,
             layout=ParallelLayout(
-                tp=tp, attention_dp=attention_dp, mlp_dp=mlp_dp, embedding_dp=embedding_dp,
-                lm_head_dp=lm_head_dp, dcp=dcp, dcp_interleave=dcp_interleave, prefill_dcp=prefill_dcp, ep=ep,
+                tp=tp,
+                attention_dp=attention_dp,
+                mlp_dp=mlp_dp,
+                embedding_dp=embedding_dp,
+                lm_head_dp=lm_head_dp,
+                dcp=dcp,
+                dcp_interleave=dcp_interleave,
+                prefill_dcp=prefill_dcp,
+                ep=ep,
             ),
         )
 
@@ -279,7 +294,9 @@ def _validate(
     components, not_compared = compare.compare_components(
         port, references["fp32"], references.get("bf16"), scenario, dtype
     )
-    logits = compare.compare_logits(port, references["fp32"], references.get("bf16"), scenario, teacher, dtype)
+    logits = compare.compare_logits(
+        port, references["fp32"], references.get("bf16"), scenario, teacher, dtype
+    )
     equivalent, first, failed = compare.verdict(components, logits)
     report.equivalent = equivalent
     report.first_diverging = first
@@ -309,7 +326,9 @@ def _check_prefill(prefill: str, kv_cache_dtype: str) -> str:
     if prefill not in PREFILL_MODES:
         raise InputError(f"--prefill must be one of {', '.join(PREFILL_MODES)}, got {prefill!r}")
     if kv_cache_dtype not in KV_CACHE_DTYPE_NAMES:
-        raise InputError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPE_NAMES)}, got {kv_cache_dtype!r}")
+        raise InputError(
+            f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPE_NAMES)}, got {kv_cache_dtype!r}"
+        )
     if kv_cache_dtype == "fp8" and prefill == "auto":
         return "off"  # segmented prefill reads only a packed FP8 cache
     return prefill
@@ -385,12 +404,18 @@ def _run_in_process(
 
     start = time.perf_counter()
     notify("load port")
-    with standin_installed(model=str(checkpoint), cache_dtype=run.kv_cache_dtype) as installation, \
-            imported_package(package_dir) as package:
+    with (
+        standin_installed(model=str(checkpoint), cache_dtype=run.kv_cache_dtype) as installation,
+        imported_package(package_dir) as package,
+    ):
         hf_config = port_hf_config(checkpoint, DTYPES[run.dtype])
         try:
             session = PortSession(
-                package.factory, checkpoint, hf_config, scenario, prefill=run.prefill,
+                package.factory,
+                checkpoint,
+                hf_config,
+                scenario,
+                prefill=run.prefill,
                 kv_cache_dtype=KV_CACHE_DTYPES.get(run.kv_cache_dtype),
             )
         except CheckpointError as error:
@@ -421,9 +446,15 @@ def _run_ranks(
     holder: list = []
     try:
         outputs, factory_name, description, teacher = run_port_ranks(
-            package_dir, checkpoint, run.dtype, scenario, layout.world,
+            package_dir,
+            checkpoint,
+            run.dtype,
+            scenario,
+            layout.world,
             lambda: _reference_then_run(reference_run, holder, notify),
-            ep_degree=layout.ep, prefill=run.prefill, kv_cache_dtype=run.kv_cache_dtype,
+            ep_degree=layout.ep,
+            prefill=run.prefill,
+            kv_cache_dtype=run.kv_cache_dtype,
             layout=layout if layout.disaggregated else None,
         )
     except RankCheckpointError as error:
@@ -434,7 +465,9 @@ def _run_ranks(
     return merge_rank_outputs(outputs, scenario), teacher, factory_name, description
 
 
-def _reference_then_run(reference_run: Callable[[list], list[list[int]]], holder: list, notify: StageCallback):
+def _reference_then_run(
+    reference_run: Callable[[list], list[list[int]]], holder: list, notify: StageCallback
+):
     teacher = reference_run(holder)
     notify("run port")
     return teacher

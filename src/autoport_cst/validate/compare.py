@@ -30,12 +30,15 @@ def prefill_spans(port: PortOutput, scenario: Scenario) -> dict[int, tuple[int, 
     """For each sequence the port ran, the positions ``[start, end)`` its
     prefill computed."""
     if port.sequences:
-        return dict(zip(port.sequences, port.prefill_spans))
+        return dict(zip(port.sequences, port.prefill_spans, strict=False))
     return {b: (0, len(p)) for b, p in enumerate(scenario.prompts)}
 
 
 def _ref_rows(
-    reference: list[torch.Tensor], scenario: Scenario, phase: str, spans: dict[int, tuple[int, int]] | None = None
+    reference: list[torch.Tensor],
+    scenario: Scenario,
+    phase: str,
+    spans: dict[int, tuple[int, int]] | None = None,
 ) -> torch.Tensor:
     """The reference rows matching the port's: by default every prompt of the
     scenario, prefilled whole."""
@@ -157,7 +160,9 @@ def verdict(
         if first is None:
             first = Divergence(
                 component="logits",
-                phase=(logits.first_failing_token or {}).get("phase") if gate == "two_way_all_tokens" else None,
+                phase=(logits.first_failing_token or {}).get("phase")
+                if gate == "two_way_all_tokens"
+                else None,
                 metric=gate,
                 value=_gate_value(gate, logits),
                 tolerance=None,

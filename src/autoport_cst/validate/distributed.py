@@ -23,10 +23,11 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -35,8 +36,8 @@ from autoport_cst.errors import InputError
 
 from .driver import PortFailure, PortOutput
 from .layout import ParallelLayout
-from .standin.dtype_utils import KV_CACHE_DTYPES
 from .scenario import Scenario
+from .standin.dtype_utils import KV_CACHE_DTYPES
 
 WORKER_TIMEOUT_S = 600.0
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -99,8 +100,13 @@ def _rank_main(job_path: Path, rank: int) -> int:
 
         try:
             with standin_installed(
-                dist.group.WORLD, job.world_size, model=job.checkpoint_dir, ep_degree=job.ep_degree,
-                cache_dtype=job.kv_cache_dtype, layout=job.layout, rank=rank,
+                dist.group.WORLD,
+                job.world_size,
+                model=job.checkpoint_dir,
+                ep_degree=job.ep_degree,
+                cache_dtype=job.kv_cache_dtype,
+                layout=job.layout,
+                rank=rank,
             ) as installation:
                 with imported_package(job.model_dir) as package:
                     hf_config = port_hf_config(job.checkpoint_dir, _DTYPES[job.dtype_name])
@@ -163,11 +169,23 @@ def _session(job: RankJob, factory: Any, hf_config: Any, rank: int):
     cache_dtype = KV_CACHE_DTYPES.get(job.kv_cache_dtype)
     if job.layout is not None and job.layout.disaggregated:
         return LayoutSession(
-            factory, job.checkpoint_dir, hf_config, job.scenario, job.layout, rank, prefill=job.prefill,
+            factory,
+            job.checkpoint_dir,
+            hf_config,
+            job.scenario,
+            job.layout,
+            rank,
+            prefill=job.prefill,
             kv_cache_dtype=cache_dtype,
         )
     return PortSession(
-        factory, job.checkpoint_dir, hf_config, job.scenario, rank, job.world_size, prefill=job.prefill,
+        factory,
+        job.checkpoint_dir,
+        hf_config,
+        job.scenario,
+        rank,
+        job.world_size,
+        prefill=job.prefill,
         kv_cache_dtype=cache_dtype,
     )
 
@@ -222,8 +240,16 @@ def run_port_ranks(
     with tempfile.TemporaryDirectory(prefix="autoport-validate-") as tmp:
         job_path = Path(tmp) / "job.pkl"
         job = RankJob(
-            world_size, _free_port(), str(model_dir), str(checkpoint_dir), dtype_name, scenario, ep_degree,
-            prefill, kv_cache_dtype, layout,
+            world_size,
+            _free_port(),
+            str(model_dir),
+            str(checkpoint_dir),
+            dtype_name,
+            scenario,
+            ep_degree,
+            prefill,
+            kv_cache_dtype,
+            layout,
         )
         job_path.write_bytes(pickle.dumps(job))
         processes = [
@@ -368,9 +394,14 @@ def merge_layout_outputs(outputs: list[PortOutput], scenario: Scenario, layout: 
         prefill_logits=[t for r in replicas for t in r.prefill_logits],
         decode_logits=[torch.cat([r.decode_logits[j] for r in replicas]) for j in steps],
         components=first.components,
-        prefill_records={n: [t for r in replicas for t in r.prefill_records[n]] for n in first.prefill_records},
+        prefill_records={
+            n: [t for r in replicas for t in r.prefill_records[n]] for n in first.prefill_records
+        },
         decode_records={
-            n: [torch.cat([r.decode_records[n][j] for r in replicas]) for j in range(len(first.decode_records[n]))]
+            n: [
+                torch.cat([r.decode_records[n][j] for r in replicas])
+                for j in range(len(first.decode_records[n]))
+            ]
             for n in first.decode_records
         },
         unexpected_keys=first.unexpected_keys,

@@ -133,7 +133,9 @@ class PortSession:
             with torch.device("meta"):
                 return factory.from_configs(hf_config, None)
         except Exception as error:
-            raise PortFailure("build", f"{_describe(error)} while building the model on the meta device") from error
+            raise PortFailure(
+                "build", f"{_describe(error)} while building the model on the meta device"
+            ) from error
 
     def _load(self, checkpoint_dir: str | Path) -> list[str]:
         from .standin.checkpoints import CheckpointError
@@ -186,8 +188,13 @@ class PortSession:
             positions=torch.tensor(list(range(call.start, call.end)) + [0] * padding, dtype=torch.int64),
             sampling_positions=torch.arange(call.tokens, dtype=torch.int64),
             metadata=build_metadata(
-                self.layer_names, self.reads, max_query_len=call.rows, slots=slots + [PAD_SLOT] * padding,
-                tables=[table], block_size=self.scenario.layout.block_size, cached=[call.start],
+                self.layer_names,
+                self.reads,
+                max_query_len=call.rows,
+                slots=slots + [PAD_SLOT] * padding,
+                tables=[table],
+                block_size=self.scenario.layout.block_size,
+                cached=[call.start],
                 kv_segment_size=call.segment,
             ),
         )
@@ -201,9 +208,17 @@ class PortSession:
             positions=torch.tensor(positions, dtype=torch.int64),
             sampling_positions=torch.arange(len(sequences), dtype=torch.int64),
             metadata=build_metadata(
-                self.layer_names, self.reads, max_query_len=1,
-                slots=[scenario.layout.slot(table, position) for table, position in zip(tables, positions)],
-                tables=tables, block_size=scenario.layout.block_size, cached=positions, kv_segment_size=0,
+                self.layer_names,
+                self.reads,
+                max_query_len=1,
+                slots=[
+                    scenario.layout.slot(table, position)
+                    for table, position in zip(tables, positions, strict=False)
+                ],
+                tables=tables,
+                block_size=scenario.layout.block_size,
+                cached=positions,
+                kv_segment_size=0,
             ),
         )
 
@@ -246,7 +261,9 @@ class PortSession:
             self._keep_records(recorder, calls, output)
         return output
 
-    def _run_prefill(self, recorder: ComponentRecorder | None) -> tuple[list[PrefillCall], list[torch.Tensor]]:
+    def _run_prefill(
+        self, recorder: ComponentRecorder | None
+    ) -> tuple[list[PrefillCall], list[torch.Tensor]]:
         start = time.perf_counter()
         first = PrefillCall(0, 0, len(self.scenario.prompts[0]))
         calls, logits = [first], []
@@ -272,7 +289,9 @@ class PortSession:
         self.timings["decode"] = time.perf_counter() - start
         return logits
 
-    def _keep_records(self, recorder: ComponentRecorder, calls: list[PrefillCall], output: PortOutput) -> None:
+    def _keep_records(
+        self, recorder: ComponentRecorder, calls: list[PrefillCall], output: PortOutput
+    ) -> None:
         """Each call's real rows of each component output (this rank's share
         of them when the output is a sequence-parallel slice)."""
         for name, entries in recorder.records.items():

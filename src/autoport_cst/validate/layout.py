@@ -75,23 +75,33 @@ class ParallelLayout:
         KV cache (any DP or DCP)."""
         return self.dp > 1 or self.dcp > 1
 
-    def prefill_layout(self) -> "ParallelLayout":
+    def prefill_layout(self) -> ParallelLayout:
         """The prefill graph's layout: TP only, with DCP when ``prefill_dcp``."""
         dcp = self.dcp if self.prefill_dcp else 1
         return ParallelLayout(
-            tp=self.tp, dcp=dcp, dcp_interleave=self.dcp_interleave if dcp > 1 else 1,
-            prefill_dcp=self.prefill_dcp and dcp > 1, ep=self.ep,
+            tp=self.tp,
+            dcp=dcp,
+            dcp_interleave=self.dcp_interleave if dcp > 1 else 1,
+            prefill_dcp=self.prefill_dcp and dcp > 1,
+            ep=self.ep,
         )
 
-    def decode_layout(self) -> "ParallelLayout":
+    def decode_layout(self) -> ParallelLayout:
         """The decode graph's layout (``apply_prefill_dcp`` off)."""
         return replace(self, prefill_dcp=False)
 
     def describe(self) -> dict:
         return {
-            "tp": self.tp, "dp": self.dp, "attention_dp": self.attention_dp, "mlp_dp": self.mlp_dp,
-            "embedding_dp": self.embedding_dp, "lm_head_dp": self.lm_head_dp, "dcp": self.dcp,
-            "dcp_interleave": self.dcp_interleave, "prefill_dcp": self.prefill_dcp, "world": self.world,
+            "tp": self.tp,
+            "dp": self.dp,
+            "attention_dp": self.attention_dp,
+            "mlp_dp": self.mlp_dp,
+            "embedding_dp": self.embedding_dp,
+            "lm_head_dp": self.lm_head_dp,
+            "dcp": self.dcp,
+            "dcp_interleave": self.dcp_interleave,
+            "prefill_dcp": self.prefill_dcp,
+            "world": self.world,
         }
 
 
@@ -116,9 +126,7 @@ def _columns(layout: ParallelLayout, size: int) -> list[list[int]]:
     """DP columns: the same TP position in ``size`` consecutive replicas."""
     tp = layout.tp
     return [
-        [(first + k) * tp + t for k in range(size)]
-        for first in range(0, layout.dp, size)
-        for t in range(tp)
+        [(first + k) * tp + t for k in range(size)] for first in range(0, layout.dp, size) for t in range(tp)
     ]
 
 

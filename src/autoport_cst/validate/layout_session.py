@@ -105,15 +105,19 @@ class LayoutSession:
 
         sizes = self.layout.prefill_layout() if name == "prefill" else self.layout.decode_layout()
         config = nc.NeuronConfig(
-            attention_dp_size=sizes.attention_dp, mlp_dp_size=sizes.mlp_dp,
-            embedding_dp_size=sizes.embedding_dp, lm_head_dp_size=sizes.lm_head_dp,
-            apply_prefill_dcp=sizes.prefill_dcp, on_device_sampling_config=None,
+            attention_dp_size=sizes.attention_dp,
+            mlp_dp_size=sizes.mlp_dp,
+            embedding_dp_size=sizes.embedding_dp,
+            lm_head_dp_size=sizes.lm_head_dp,
+            apply_prefill_dcp=sizes.prefill_dcp,
+            on_device_sampling_config=None,
         )
         current = vllm_config.get_current_vllm_config()
         graph_config = replace(
             current,
             parallel_config=replace(
-                current.parallel_config, decode_context_parallel_size=sizes.dcp,
+                current.parallel_config,
+                decode_context_parallel_size=sizes.dcp,
                 cp_kv_cache_interleave_size=sizes.dcp_interleave,
                 data_parallel_size=sizes.dp if name == "decode" else 1,
             ),
@@ -121,8 +125,14 @@ class LayoutSession:
         self._enter(name, graph_config)
         try:
             session = PortSession(
-                _WithNeuronConfig(factory, config), checkpoint_dir, hf_config, self.scenario, self.tp_rank,
-                self.layout.tp, prefill=self.prefill, kv_cache_dtype=self.kv_cache_dtype,
+                _WithNeuronConfig(factory, config),
+                checkpoint_dir,
+                hf_config,
+                self.scenario,
+                self.tp_rank,
+                self.layout.tp,
+                prefill=self.prefill,
+                kv_cache_dtype=self.kv_cache_dtype,
             )
         except PortFailure as failure:
             raise PortFailure(failure.stage, f"{name} graph: {failure.message}") from failure
@@ -186,8 +196,13 @@ class LayoutSession:
             positions=torch.tensor(positions + [0] * padding, dtype=torch.int64),
             sampling_positions=torch.arange(call.tokens, dtype=torch.int64),
             metadata=build_metadata(
-                self.prefill_graph.session.layer_names, self.prefill_graph.session.reads, max_query_len=call.rows,
-                slots=slots, tables=[table], block_size=scenario.layout.block_size, cached=[call.start],
+                self.prefill_graph.session.layer_names,
+                self.prefill_graph.session.reads,
+                max_query_len=call.rows,
+                slots=slots,
+                tables=[table],
+                block_size=scenario.layout.block_size,
+                cached=[call.start],
                 kv_segment_size=call.segment,
             ),
         )
@@ -198,7 +213,7 @@ class LayoutSession:
         width, interleave, place = self._cp
         null_table = (0,) * scenario.layout.blocks_per_seq
         ids, positions, tables, slots = [], [], [], []
-        for sequence, token in zip(batch, tokens):
+        for sequence, token in zip(batch, tokens, strict=False):
             if sequence is None:
                 ids.append(0), positions.append(0), tables.append(null_table), slots.append(PAD_SLOT)
                 continue
@@ -212,8 +227,14 @@ class LayoutSession:
             positions=torch.tensor(positions, dtype=torch.int64),
             sampling_positions=torch.arange(len(batch), dtype=torch.int64),
             metadata=build_metadata(
-                session.layer_names, session.reads, max_query_len=1, slots=slots, tables=tables,
-                block_size=scenario.layout.block_size, cached=positions, kv_segment_size=0,
+                session.layer_names,
+                session.reads,
+                max_query_len=1,
+                slots=slots,
+                tables=tables,
+                block_size=scenario.layout.block_size,
+                cached=positions,
+                kv_segment_size=0,
                 cached_per_sequence=width > 1,
             ),
         )
@@ -223,7 +244,7 @@ class LayoutSession:
     def run(self, teacher: list[list[int]]) -> PortOutput:
         graphs = (self.prefill_graph, self.decode_graph)
         components = [find_components(g.model) for g in graphs]
-        recorders = [ComponentRecorder(g.model, c) for g, c in zip(graphs, components)]
+        recorders = [ComponentRecorder(g.model, c) for g, c in zip(graphs, components, strict=False)]
         try:
             with torch.no_grad():
                 calls, sequences, prefill_logits = self._run_prefill(recorders[0])
@@ -240,7 +261,10 @@ class LayoutSession:
             prefill_records={c.name: [] for c in components[0]},
             decode_records={c.name: [] for c in components[0]},
             unexpected_keys=session.unexpected_keys,
-            timings={**session.timings, **{f"decode_graph_{k}": v for k, v in self.decode_graph.session.timings.items()}},
+            timings={
+                **session.timings,
+                **{f"decode_graph_{k}": v for k, v in self.decode_graph.session.timings.items()},
+            },
             prefill_calls=calls,
             prefill_spans=_spans(calls, sequences),
             sequences=list(sequences),
@@ -303,7 +327,7 @@ class LayoutSession:
         source = torch.tensor(source_slots, dtype=torch.int64)
         target = torch.tensor(target_slots, dtype=torch.int64)
         for name, caches in self.prefill_graph.session.caches.items():
-            for plain_cache, cp_cache in zip(caches, self.decode_graph.session.caches[name]):
+            for plain_cache, cp_cache in zip(caches, self.decode_graph.session.caches[name], strict=False):
                 view_in = plain_cache if plain_cache.dim() == 4 else plain_cache.unsqueeze(1)
                 view_out = cp_cache if cp_cache.dim() == 4 else cp_cache.unsqueeze(1)
                 rows = view_in[source // block, :, source % block]
@@ -331,7 +355,9 @@ class LayoutSession:
         for name, entries in prefill.records.items():
             for (_phase, index), tensor in entries:
                 rows = tensor.reshape(-1, tensor.shape[-1])
-                output.prefill_records[name].append(_real_rows(rows, calls[index], self.tp_rank, self.layout.tp))
+                output.prefill_records[name].append(
+                    _real_rows(rows, calls[index], self.tp_rank, self.layout.tp)
+                )
         for name, entries in decode.records.items():
             if name not in output.decode_records:
                 continue

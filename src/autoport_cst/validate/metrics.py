@@ -282,9 +282,9 @@ def logit_metrics(
     total = 0
     first_mismatch: list[int | None] = []
     port_argmax = t64.argmax(-1)
-    for rows, tokens in zip(greedy_rows, greedy_tokens):
+    for rows, tokens in zip(greedy_rows, greedy_tokens, strict=False):
         mismatch = None
-        for step, (row, token) in enumerate(zip(rows, tokens)):
+        for step, (row, token) in enumerate(zip(rows, tokens, strict=False)):
             total += 1
             if int(port_argmax[row]) == token:
                 matches += 1
@@ -381,21 +381,35 @@ def component_metrics(
     dtype: str,
 ) -> ComponentMetrics:
     """Compare one component's outputs (rows aligned)."""
-    gate, tolerance = ("rel_error", FP32_REL_ERROR_TOLERANCE) if dtype == "fp32" else ("r_ratio", R_RATIO_TOLERANCE)
+    gate, tolerance = (
+        ("rel_error", FP32_REL_ERROR_TOLERANCE) if dtype == "fp32" else ("r_ratio", R_RATIO_TOLERANCE)
+    )
     columns = None
     if _padded_width(target, ref_fp32):
         columns = f"{ref_fp32.shape[1]} of {target.shape[1]}"
         target = target[:, : ref_fp32.shape[1]]
     if target.shape != ref_fp32.shape:
         return ComponentMetrics(
-            name, phase, module, int(ref_fp32.shape[0]), None, None, None, None, gate, tolerance, False,
+            name,
+            phase,
+            module,
+            int(ref_fp32.shape[0]),
+            None,
+            None,
+            None,
+            None,
+            gate,
+            tolerance,
+            False,
             note=f"shape mismatch: port {list(target.shape)} vs transformers {list(ref_fp32.shape)}",
         )
     rel = rel_error(target, ref_fp32)
     ratio = r_ratio(target, ref_bf16, ref_fp32) if ref_bf16 is not None else None
     value = rel if gate == "rel_error" else ratio
-    passed = value is not None and math.isfinite(value) and (
-        value <= tolerance if gate == "rel_error" else value < tolerance
+    passed = (
+        value is not None
+        and math.isfinite(value)
+        and (value <= tolerance if gate == "rel_error" else value < tolerance)
     )
     return ComponentMetrics(
         name,

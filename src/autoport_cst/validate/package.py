@@ -21,9 +21,10 @@ import itertools
 import re
 import sys
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from autoport_cst.errors import InputError
 

@@ -43,7 +43,9 @@ def load_reference(checkpoint_dir: str | Path, dtype: torch.dtype) -> Any:
 
     model_class = AutoModelForCausalLM
     try:
-        names = json.loads((Path(checkpoint_dir) / "config.json").read_text(encoding="utf-8")).get("architectures")
+        names = json.loads((Path(checkpoint_dir) / "config.json").read_text(encoding="utf-8")).get(
+            "architectures"
+        )
     except (OSError, ValueError):
         names = None  # from_pretrained reports it
     if isinstance(names, list) and names and isinstance(getattr(transformers, str(names[0]), None), type):
@@ -131,7 +133,7 @@ def run_reference(
     logits: list[torch.Tensor] = []
     try:
         with torch.no_grad():
-            for prompt, generated in zip(prompts, teacher):
+            for prompt, generated in zip(prompts, teacher, strict=False):
                 output = model(input_ids=torch.tensor([list(prompt) + list(generated)]))
                 logits.append(output.logits[0].detach().clone())
     finally:

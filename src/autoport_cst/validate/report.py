@@ -198,12 +198,33 @@ REPORT_SCHEMA: dict[str, Any] = {
                 "layout": {
                     "type": "object",
                     "description": "data / context parallelism of a disaggregated run (docs/validation.md)",
-                    "required": ["tp", "dp", "attention_dp", "mlp_dp", "embedding_dp", "lm_head_dp", "dcp",
-                                 "dcp_interleave", "prefill_dcp", "world"],
+                    "required": [
+                        "tp",
+                        "dp",
+                        "attention_dp",
+                        "mlp_dp",
+                        "embedding_dp",
+                        "lm_head_dp",
+                        "dcp",
+                        "dcp_interleave",
+                        "prefill_dcp",
+                        "world",
+                    ],
                     "properties": {
-                        **{key: {"type": "integer", "minimum": 1} for key in (
-                            "tp", "dp", "attention_dp", "mlp_dp", "embedding_dp", "lm_head_dp", "dcp",
-                            "dcp_interleave", "world")},
+                        **{
+                            key: {"type": "integer", "minimum": 1}
+                            for key in (
+                                "tp",
+                                "dp",
+                                "attention_dp",
+                                "mlp_dp",
+                                "embedding_dp",
+                                "lm_head_dp",
+                                "dcp",
+                                "dcp_interleave",
+                                "world",
+                            )
+                        },
                         "prefill_dcp": {"type": "boolean"},
                     },
                 },

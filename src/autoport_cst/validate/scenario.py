@@ -101,7 +101,7 @@ class PagedLayout:
         return table[position // virtual] * self.block_size + local
 
     @classmethod
-    def plan(cls, batch: int, max_length: int, block_size: int, seed: int) -> "PagedLayout":
+    def plan(cls, batch: int, max_length: int, block_size: int, seed: int) -> PagedLayout:
         if block_size <= 0 or DECODE_CONTEXT_MULTIPLE % block_size != 0:
             raise InputError(
                 f"block size {block_size} must divide {DECODE_CONTEXT_MULTIPLE} "
@@ -111,9 +111,7 @@ class PagedLayout:
         blocks_per_seq = context // block_size
         blocks = list(range(1, batch * blocks_per_seq + 1))
         random.Random(seed).shuffle(blocks)
-        tables = tuple(
-            tuple(blocks[b * blocks_per_seq : (b + 1) * blocks_per_seq]) for b in range(batch)
-        )
+        tables = tuple(tuple(blocks[b * blocks_per_seq : (b + 1) * blocks_per_seq]) for b in range(batch))
         return cls(block_size, blocks_per_seq, batch * blocks_per_seq + 2, tables)
 
 
@@ -157,8 +155,10 @@ class Scenario:
         for b in self.sequences(cache_paths):
             length = len(self.prompts[b])
             if b == self.chunked:
-                calls += [PrefillCall(b, 0, PREFIX_TOKENS, SEGMENT_SIZE),
-                          PrefillCall(b, PREFIX_TOKENS, length, SEGMENT_SIZE)]
+                calls += [
+                    PrefillCall(b, 0, PREFIX_TOKENS, SEGMENT_SIZE),
+                    PrefillCall(b, PREFIX_TOKENS, length, SEGMENT_SIZE),
+                ]
             elif b == self.prefix_hit:
                 calls.append(PrefillCall(b, PREFIX_TOKENS, length, SEGMENT_SIZE))
             else:
@@ -206,7 +206,7 @@ class Scenario:
         block_size: int = DEFAULT_BLOCK_SIZE,
         seed: int = 0,
         cache_paths: bool = False,
-    ) -> "Scenario":
+    ) -> Scenario:
         if steps < 1:
             raise InputError(f"--steps must be at least 1, got {steps}")
         if prompt_lengths is None:

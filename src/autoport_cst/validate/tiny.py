@@ -77,8 +77,7 @@ def _import_transformers():
         import transformers  # noqa: F401
     except ImportError as error:  # pragma: no cover - depends on the install
         raise InputError(
-            "building a tiny checkpoint needs torch and transformers: "
-            "pip install 'autoport-cst[validate]'"
+            "building a tiny checkpoint needs torch and transformers: pip install 'autoport-cst[validate]'"
         ) from error
     return transformers
 
@@ -101,7 +100,7 @@ def resolve_config(source: str | os.PathLike[str]) -> tuple[Any, str]:
         try:
             values = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as error:
-            raise InputError(f"{path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}")
+            raise InputError(f"{path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}") from None
         model_type = values.get("model_type")
         if model_type not in CONFIG_MAPPING:
             raise InputError(f"{path}: unknown or missing model_type {model_type!r}")

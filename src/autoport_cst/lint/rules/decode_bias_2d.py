@@ -4,15 +4,29 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoport_cst.transform.vocabulary import dotted, int_value, keyword_arg, positional_args, receiver
 from autoport_cst.lint.index import ClassInfo, FunctionInfo, Site
 from autoport_cst.lint.rule import Invalid, Rule, Valid
+from autoport_cst.transform.vocabulary import dotted, int_value, keyword_arg, positional_args, receiver
 
 BIASES = ("bias_qkv", "bias_out")
 PARAMETER = frozenset({"nn.Parameter", "torch.nn.Parameter", "Parameter"})
 FACTORIES = frozenset({"empty", "zeros", "ones", "full", "rand", "randn", "Tensor"})
-SAME_SHAPE = frozenset({"to", "float", "half", "bfloat16", "contiguous", "clone", "detach",
-                        "type_as", "mul", "div", "add", "sub"})
+SAME_SHAPE = frozenset(
+    {
+        "to",
+        "float",
+        "half",
+        "bfloat16",
+        "contiguous",
+        "clone",
+        "detach",
+        "type_as",
+        "mul",
+        "div",
+        "add",
+        "sub",
+    }
+)
 FLATTENING = frozenset({"flatten", "ravel", "squeeze"})
 
 _NONE = -1  # the value None
@@ -144,8 +158,8 @@ class DecodeBias2d(Rule):
             self.report(
                 value,
                 f"`{bias}={_short(code)}` passed to NF.attention_decode is 1-D{why}; the decode "
-                "kernel needs [1, size] and fails on Trainium with \"Bias shape must be "
-                "[1, I]\" (pass `.unsqueeze(0)`)",
+                'kernel needs [1, size] and fails on Trainium with "Bias shape must be '
+                '[1, I]" (pass `.unsqueeze(0)`)',
                 site=site,
             )
 
@@ -170,8 +184,10 @@ class DecodeBias2d(Rule):
             return None, ""
         if isinstance(node, cst.Subscript):
             nones = sum(
-                1 for el in node.slice
-                if isinstance(el.slice, cst.Index) and isinstance(el.slice.value, cst.Name)
+                1
+                for el in node.slice
+                if isinstance(el.slice, cst.Index)
+                and isinstance(el.slice.value, cst.Name)
                 and el.slice.value.value == "None"
             )
             if nones:
@@ -223,7 +239,7 @@ class DecodeBias2d(Rule):
                 for r in ranks:
                     if r[0] == 1:
                         return r
-                return (ranks[0] if len({r[0] for r in ranks}) == 1 else (None, ""))
+                return ranks[0] if len({r[0] for r in ranks}) == 1 else (None, "")
             if name in scope.params:
                 return None, ""
             scope = scope.parent

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoport_cst.transform.vocabulary import keyword_arg, positional_args, receiver
 from autoport_cst.lint.index import Site
 from autoport_cst.lint.rule import Invalid, Rule, Valid
+from autoport_cst.transform.vocabulary import keyword_arg, positional_args, receiver
 
 
 class NoDeviceMoveInForward(Rule):
@@ -141,9 +141,12 @@ class NoDeviceMoveInForward(Rule):
         name = func.attr.value
         if name in ("cuda", "cpu"):
             if not positional_args(node) or name == "cuda":
-                self.report(func.attr, f"`.{name}()` moves a tensor on the forward path; "
-                            "Neuron traces forward with torch.compile and cannot lower "
-                            "device copies")
+                self.report(
+                    func.attr,
+                    f"`.{name}()` moves a tensor on the forward path; "
+                    "Neuron traces forward with torch.compile and cannot lower "
+                    "device copies",
+                )
             return
         if name != "to" or self.ctx.function is None:
             return

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoport_cst.transform.vocabulary import positional_args, receiver
 from autoport_cst.lint.index import Site
 from autoport_cst.lint.rule import Invalid, Rule, Valid
+from autoport_cst.transform.vocabulary import positional_args, receiver
 
 HOST_READS = {
     "item": "`.item()` reads a tensor value back to Python",
@@ -147,8 +147,11 @@ class NoItemInForward(Rule):
         if isinstance(func, cst.Attribute):
             if func.attr.value in HOST_READS and receiver(node) is not None and not node.args:
                 what = HOST_READS[func.attr.value]
-                self.report(func.attr, f"{what} on the forward path; torch.compile cannot "
-                            "capture it on Neuron (keep the value as a tensor)")
+                self.report(
+                    func.attr,
+                    f"{what} on the forward path; torch.compile cannot "
+                    "capture it on Neuron (keep the value as a tensor)",
+                )
             return
         if isinstance(func, cst.Name) and func.value in CONVERSIONS:
             args = positional_args(node)
@@ -183,13 +186,21 @@ class NoItemInForward(Rule):
                     pass
                 elif not types.is_tensor(value, site.function):
                     continue
-                self.report(node, "Python control flow on a tensor value on the forward "
-                            "path forces a host read; torch.compile cannot capture it on "
-                            "Neuron (use torch.where or keep the branch static)", site=site)
+                self.report(
+                    node,
+                    "Python control flow on a tensor value on the forward "
+                    "path forces a host read; torch.compile cannot capture it on "
+                    "Neuron (use torch.where or keep the branch static)",
+                    site=site,
+                )
             elif types.is_tensor(value, site.function):
-                self.report(node, f"`{how}` of a tensor reads its value into Python on the "
-                            "forward path; torch.compile cannot capture it on Neuron (keep "
-                            "the value as a tensor)", site=site)
+                self.report(
+                    node,
+                    f"`{how}` of a tensor reads its value into Python on the "
+                    "forward path; torch.compile cannot capture it on Neuron (keep "
+                    "the value as a tensor)",
+                    site=site,
+                )
 
 
 def _dotted(node):

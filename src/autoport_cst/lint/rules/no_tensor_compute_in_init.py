@@ -7,27 +7,59 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from autoport_cst.transform.vocabulary import dotted, iter_nodes, keyword_arg, positional_args, receiver, string_value
 from autoport_cst.lint.diagnostics import WARNING
 from autoport_cst.lint.exprs import tensor_call
 from autoport_cst.lint.index import FunctionInfo, Site
 from autoport_cst.lint.rule import Invalid, Option, Rule, Valid
 from autoport_cst.transform.roles import class_role
+from autoport_cst.transform.vocabulary import (
+    dotted,
+    iter_nodes,
+    keyword_arg,
+    positional_args,
+    receiver,
+    string_value,
+)
 
 PARAMETER = frozenset({"nn.Parameter", "torch.nn.Parameter", "Parameter"})
 # allocations that nn.Parameter(...) may wrap: replaced by load_state_dict(assign=True)
 ALLOCATIONS = frozenset(
     {
-        "empty", "zeros", "ones", "full", "rand", "randn", "randint", "empty_like",
-        "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "eye", "tensor",
-        "Tensor", "empty_strided", "as_tensor",
+        "empty",
+        "zeros",
+        "ones",
+        "full",
+        "rand",
+        "randn",
+        "randint",
+        "empty_like",
+        "zeros_like",
+        "ones_like",
+        "full_like",
+        "rand_like",
+        "randn_like",
+        "eye",
+        "tensor",
+        "Tensor",
+        "empty_strided",
+        "as_tensor",
     }
 )
 # methods that may wrap an allocation inside nn.Parameter(...)
 WRAPPERS = frozenset(
     {
-        "to", "float", "half", "bfloat16", "double", "contiguous", "fill_", "zero_", "normal_",
-        "uniform_", "requires_grad_", "clone",
+        "to",
+        "float",
+        "half",
+        "bfloat16",
+        "double",
+        "contiguous",
+        "fill_",
+        "zero_",
+        "normal_",
+        "uniform_",
+        "requires_grad_",
+        "clone",
     }
 )
 ROPE_INIT = re.compile(r"(^|\.)(rope_init_fn|_?compute_\w*rope\w*)$")
@@ -87,7 +119,8 @@ class NoTensorComputeInInit(Rule):
     FIX = "lazy-rope"
     OPTIONS = {
         "allow-cpu-device": Option(
-            "bool", False,
+            "bool",
+            False,
             "Accept tensors computed in __init__ on an explicit CPU device (gpt_oss-style "
             "RoPE buffers) instead of reporting them as warnings.",
         ),
@@ -255,9 +288,7 @@ class NoTensorComputeInInit(Rule):
             if id(outer) in self.found_ids:
                 return
         self.found_ids.add(id(node))
-        self.found.setdefault(fn, []).append(
-            _Found(node, ctx.site(), what, allocation, _device(node))
-        )
+        self.found.setdefault(fn, []).append(_Found(node, ctx.site(), what, allocation, _device(node)))
 
     # -- after the traversal ---------------------------------------------------
 
@@ -286,7 +317,7 @@ class NoTensorComputeInInit(Rule):
                     call,
                     f"`{callee}(...)` computes tensors in __init__ ({first.what} in `{where}`); "
                     "the model is built on the meta device, so they hold no data ("
-                    "\"Cannot copy out of meta tensor\"): compute them lazily in forward",
+                    '"Cannot copy out of meta tensor"): compute them lazily in forward',
                     site=Site(root, root.cls, site.statement, False),
                     fix=rope,
                 )
@@ -304,7 +335,7 @@ class NoTensorComputeInInit(Rule):
         else:
             message = (
                 f"{found.what} computes a tensor in __init__: the model is built on the meta "
-                "device, so the result holds no data (\"Cannot copy out of meta tensor\"); "
+                'device, so the result holds no data ("Cannot copy out of meta tensor"); '
                 "compute it lazily in forward"
             )
         severity = "error"
@@ -316,8 +347,13 @@ class NoTensorComputeInInit(Rule):
                 "model.to(device)); prefer computing it lazily in forward"
             )
         fn = found.site.function
-        self.report(found.node, message, site=found.site, severity=severity,
-                    fix=self._rope_like(found.site, found.node, fn))
+        self.report(
+            found.node,
+            message,
+            site=found.site,
+            severity=severity,
+            fix=self._rope_like(found.site, found.node, fn),
+        )
 
     def _rope_like(self, site: Site, node: cst.CSTNode, fn: FunctionInfo | None) -> bool:
         """Whether lazy-rope can fix this: RoPE tensors of a class with a
@@ -381,8 +417,9 @@ class NoTensorComputeInInit(Rule):
         return bool(tensors) and tensors <= cpu
 
 
-def _only_cpu(value: cst.BaseExpression, cpu_ids: set[int], cpu_names: set[str],
-              compute_ids: set[int]) -> bool:
+def _only_cpu(
+    value: cst.BaseExpression, cpu_ids: set[int], cpu_names: set[str], compute_ids: set[int]
+) -> bool:
     """Whether every computation in ``value`` is an explicit-CPU one or uses
     only CPU locals."""
     has_cpu = False
@@ -416,9 +453,7 @@ def _device(call: cst.Call) -> str | None:
         return None
     value = arg.value
     text = string_value(value)
-    if text is None and isinstance(value, cst.Call) and dotted(value.func) in (
-        "torch.device", "device"
-    ):
+    if text is None and isinstance(value, cst.Call) and dotted(value.func) in ("torch.device", "device"):
         inner = value.args[0].value if value.args else None
         text = string_value(inner)
     if text is not None and text.split(":")[0] == "cpu":

@@ -6,12 +6,12 @@ import re
 
 import libcst as cst
 
-from autoport_cst.transform.vocabulary import dotted, keyword_arg, positional_args, self_attr, string_value
 from autoport_cst.lint.diagnostics import WARNING
 from autoport_cst.lint.exprs import FLOAT32
 from autoport_cst.lint.index import ClassInfo, Site
 from autoport_cst.lint.rule import Invalid, Option, Rule, Valid
 from autoport_cst.transform.roles import class_role
+from autoport_cst.transform.vocabulary import dotted, keyword_arg, positional_args, self_attr, string_value
 
 PARAMETER = frozenset({"nn.Parameter", "torch.nn.Parameter", "Parameter"})
 ROUTER_ATTR = re.compile(r"router|(^|_)gate_weight$")
@@ -57,8 +57,9 @@ class RouterFloat32(Rule):
     FIX_SAFE = False
     OPTIONS = {
         "allow": Option(
-            "list[str]", [],
-            "Router weights accepted in another dtype, as \"Class.attr\" or \"attr\" "
+            "list[str]",
+            [],
+            'Router weights accepted in another dtype, as "Class.attr" or "attr" '
             "(for bf16 routers with float32 routing, as in gpt_oss).",
         ),
     }
@@ -213,8 +214,7 @@ def _dtype_argument(call: cst.Call) -> cst.BaseExpression | None:
             if arg is not None:
                 return arg.value
             func = data.func
-            if isinstance(func, cst.Attribute) and func.attr.value in ("to", "float", "bfloat16",
-                                                                        "half"):
+            if isinstance(func, cst.Attribute) and func.attr.value in ("to", "float", "bfloat16", "half"):
                 if func.attr.value == "to":
                     inner = positional_args(data)
                     if inner:

@@ -60,7 +60,9 @@ def _trace(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
         return None
     out = outs[0]
     nodes = list(walk(out))
-    linear_calls = [n for n in nodes if n.kind == "module" and n.ref is not None and st.role(n.ref) == "linear"]
+    linear_calls = [
+        n for n in nodes if n.kind == "module" and n.ref is not None and st.role(n.ref) == "linear"
+    ]
     inputs, outputs = [], []
     for call in linear_calls:
         arg = call.args[0] if call.args else None
@@ -69,7 +71,9 @@ def _trace(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
         else:
             inputs.append(call)
     order = list(attn.attrs)
-    in_insts = sorted(unique([c.ref for c in inputs]), key=lambda i: order.index(i.name) if i.name in order else 99)
+    in_insts = sorted(
+        unique([c.ref for c in inputs]), key=lambda i: order.index(i.name) if i.name in order else 99
+    )
     out_insts = unique([c.ref for c in outputs])
     st.result.qkv_modules = [prefix + (i.name or "?") for i in in_insts]
     st.result.o_module = prefix + (out_insts[0].name or "?") if len(out_insts) == 1 else None
@@ -86,18 +90,39 @@ def _head_counts(st: AnalyzerState, g: AttentionGraph) -> tuple[Any, Any, Any]:
         hd = code_hd
     widths = [i.args.get("out_features") for i in in_insts]
     q_width = out_insts[0].args.get("in_features") if len(out_insts) == 1 else None
-    if isinstance(hd, int) and hd and isinstance(q_width, int) and all(isinstance(w, int) for w in widths) \
-            and widths and q_width % hd == 0 and (sum(widths) - q_width) % (2 * hd) == 0:
+    if (
+        isinstance(hd, int)
+        and hd
+        and isinstance(q_width, int)
+        and all(isinstance(w, int) for w in widths)
+        and widths
+        and q_width % hd == 0
+        and (sum(widths) - q_width) % (2 * hd) == 0
+    ):
         nh, nkv = q_width // hd, (sum(widths) - q_width) // (2 * hd)
-        st.add(known(nh, "attention.num_heads", CODE,
-                     f"{where}: output projection reads {q_width} = {nh} heads x {hd}"))
-        st.add(known(nkv, "attention.num_kv_heads", CODE,
-                     f"{where}: input projections {widths} = q {q_width} + 2 x {nkv} KV heads x {hd}"))
+        st.add(
+            known(
+                nh,
+                "attention.num_heads",
+                CODE,
+                f"{where}: output projection reads {q_width} = {nh} heads x {hd}",
+            )
+        )
+        st.add(
+            known(
+                nkv,
+                "attention.num_kv_heads",
+                CODE,
+                f"{where}: input projections {widths} = q {q_width} + 2 x {nkv} KV heads x {hd}",
+            )
+        )
     return nh, nkv, hd
 
 
 def _describe(in_insts: list[Instance]) -> str:
-    return ", ".join(f"{i.name}(out={i.args.get('out_features')}, bias={i.args.get('bias')})" for i in in_insts)
+    return ", ".join(
+        f"{i.name}(out={i.args.get('out_features')}, bias={i.args.get('bias')})" for i in in_insts
+    )
 
 
 def _biases(st: AnalyzerState, g: AttentionGraph) -> None:
@@ -112,8 +137,14 @@ def _biases(st: AnalyzerState, g: AttentionGraph) -> None:
         st.add(unknown("attention.qkv_bias", CODE, f"{where}: projections disagree: {desc}"))
     if len(out_insts) == 1 and out_insts[0].args.get("bias") in (True, False):
         o = out_insts[0]
-        st.add(known(o.args["bias"], "attention.o_bias", CODE,
-                     f"{where}: output projection {o.name}(bias={o.args['bias']})"))
+        st.add(
+            known(
+                o.args["bias"],
+                "attention.o_bias",
+                CODE,
+                f"{where}: output projection {o.name}(bias={o.args['bias']})",
+            )
+        )
     else:
         st.add(unknown("attention.o_bias", CODE, f"{where}: {len(out_insts)} output projections"))
 
@@ -124,12 +155,20 @@ def _fused_qkv(st: AnalyzerState, g: AttentionGraph, nh: Any, nkv: Any, hd: Any)
     where, in_insts = g.where, g.in_insts
     if len(in_insts) == 1 and isinstance(nh, int) and isinstance(nkv, int) and isinstance(hd, int):
         width = in_insts[0].args.get("out_features")
-        evidence = (f"{where}: one input projection {in_insts[0].name} of width {width}"
-                    f" ((heads + 2 kv heads) x head_dim = {(nh + 2 * nkv) * hd})")
+        evidence = (
+            f"{where}: one input projection {in_insts[0].name} of width {width}"
+            f" ((heads + 2 kv heads) x head_dim = {(nh + 2 * nkv) * hd})"
+        )
         if width == (nh + 2 * nkv) * hd:
             st.add(known(True, "code.fused_qkv", CODE, evidence))
-            st.add(known(_qkv_layout(g.nodes, g.inputs[0]), "code.qkv_layout", CODE,
-                         f"{where}: how the fused output is split"))
+            st.add(
+                known(
+                    _qkv_layout(g.nodes, g.inputs[0]),
+                    "code.qkv_layout",
+                    CODE,
+                    f"{where}: how the fused output is split",
+                )
+            )
         else:
             st.add(unknown("code.fused_qkv", CODE, evidence))
     elif len(in_insts) == 3:
@@ -141,8 +180,12 @@ def _qk_and_output_norms(st: AnalyzerState, g: AttentionGraph, kernels: list[Nod
     whether they read the rotated q or k); a norm of the attention's result
     before the output projection is an output norm. Returns the q/k norms."""
     where, nodes = g.where, g.nodes
-    mixers = kernels + [n for n in nodes if n.kind in ("call", "method")
-                        and n.name.rsplit(".", 1)[-1] in ("softmax", "scaled_dot_product_attention")]
+    mixers = kernels + [
+        n
+        for n in nodes
+        if n.kind in ("call", "method")
+        and n.name.rsplit(".", 1)[-1] in ("softmax", "scaled_dot_product_attention")
+    ]
     qk, after = [], []
     for n in nodes:
         if n.kind == "module" and n.ref is not None and st.role(n.ref) == "norm":
@@ -152,18 +195,37 @@ def _qk_and_output_norms(st: AnalyzerState, g: AttentionGraph, kernels: list[Nod
             elif any(depends_on(arg, c) for c in g.inputs):
                 qk.append(n.ref)
                 if any(depends_on(arg, r) for r in nodes if st.is_rotation(r)):
-                    st.add(known("after_rope", "attention.qk_norm_position", CODE,
-                                 f"{where}: {n.ref.name} normalises the rotated {n.ref.name[:1]} (after RoPE)"))
+                    st.add(
+                        known(
+                            "after_rope",
+                            "attention.qk_norm_position",
+                            CODE,
+                            f"{where}: {n.ref.name} normalises the rotated {n.ref.name[:1]} (after RoPE)",
+                        )
+                    )
     qk = unique(qk)
-    out_norms = unique([n.ref for n in after
-                        if any(depends_on(o.args[0] if o.args else None, n) for o in g.outputs)])
+    out_norms = unique(
+        [n.ref for n in after if any(depends_on(o.args[0] if o.args else None, n) for o in g.outputs)]
+    )
     if out_norms:
-        st.add(known(True, "attention.output_norm", CODE,
-                     f"{where}: {', '.join(q.name or '?' for q in out_norms)} normalises the attention "
-                     "output before the output projection"))
+        st.add(
+            known(
+                True,
+                "attention.output_norm",
+                CODE,
+                f"{where}: {', '.join(q.name or '?' for q in out_norms)} normalises the attention "
+                "output before the output projection",
+            )
+        )
     else:
-        st.add(known(False, "attention.output_norm", CODE, f"{where}: the output projection reads the "
-                                                            "attention output directly"))
+        st.add(
+            known(
+                False,
+                "attention.output_norm",
+                CODE,
+                f"{where}: the output projection reads the attention output directly",
+            )
+        )
     return qk
 
 
@@ -188,12 +250,24 @@ def _qk_norm(st: AnalyzerState, g: AttentionGraph, qk: list[Instance], nh: Any, 
     else:
         st.add(known(verdict, "attention.qk_norm", CODE, f"{where}: {names} applied to the projections"))
     if kinds and kinds != {"rmsnorm"}:
-        st.add(known(sorted(k or "unknown" for k in kinds)[0], "code.qk_norm_kind", CODE,
-                     f"{where}: q/k norm computes {kinds}"))
+        st.add(
+            known(
+                sorted(k or "unknown" for k in kinds)[0],
+                "code.qk_norm_kind",
+                CODE,
+                f"{where}: q/k norm computes {kinds}",
+            )
+        )
 
 
-def _names(st: AnalyzerState, nodes: list[Node], inputs: list[Node], in_insts: list[Instance],
-           out_insts: list[Instance], kernel: Node | None) -> None:
+def _names(
+    st: AnalyzerState,
+    nodes: list[Node],
+    inputs: list[Node],
+    in_insts: list[Instance],
+    out_insts: list[Instance],
+    kernel: Node | None,
+) -> None:
     """Canonical names of the attention's modules: which input projection
     produces the queries, keys and values (the kernel's query, key and
     value arguments), the output projection, and the q/k norms."""
@@ -209,12 +283,12 @@ def _names(st: AnalyzerState, nodes: list[Node], inputs: list[Node], in_insts: l
     roles: dict[str, Instance] = {}
     if len(in_insts) == 3:
         if kernel is not None and len(kernel.args) >= 4:
-            for role, arg in zip(("q_proj", "k_proj", "v_proj"), kernel.args[1:4]):
+            for role, arg in zip(("q_proj", "k_proj", "v_proj"), kernel.args[1:4], strict=False):
                 sources = unique([c.ref for c in inputs if depends_on(arg, c)])
                 if len(sources) == 1:
                     roles[role] = sources[0]
         if len({id(v) for v in roles.values()}) != 3:
-            roles = dict(zip(("q_proj", "k_proj", "v_proj"), in_insts))  # declaration order
+            roles = dict(zip(("q_proj", "k_proj", "v_proj"), in_insts, strict=False))  # declaration order
         for role, inst in roles.items():
             if inst.name:
                 names[f"self_attn.{role}"] = f"{base}.{inst.name}"
@@ -234,7 +308,12 @@ def _unrotated(st: AnalyzerState, value: Any) -> Any:
     norm after RoPE would otherwise read as a norm of q and of k.)"""
     if isinstance(value, Node) and value.kind == "item" and len(value.args) == 2:
         call, index = value.args
-        if isinstance(call, Node) and isinstance(index, int) and st.is_rotation(call) and index < len(call.args):
+        if (
+            isinstance(call, Node)
+            and isinstance(index, int)
+            and st.is_rotation(call)
+            and index < len(call.args)
+        ):
             return call.args[index]
     return value
 
@@ -257,7 +336,12 @@ def _qkv_layout(nodes: list[Node], proj: Node) -> str:
     for n in nodes:
         if n.kind == "method" and n.name in ("view", "reshape") and n.args and n.args[0] is proj:
             for m in nodes:
-                if m.kind == "method" and m.name in ("chunk", "split") and m.args and depends_on(m.args[0], n):
+                if (
+                    m.kind == "method"
+                    and m.name in ("chunk", "split")
+                    and m.args
+                    and depends_on(m.args[0], n)
+                ):
                     return "per_head_interleaved"
     return "concatenated"
 
@@ -265,8 +349,12 @@ def _qkv_layout(nodes: list[Node], proj: Node) -> str:
 def _kernel_calls(attn: Instance, nodes: list[Node]) -> list[Node]:
     """Calls of the attention kernel: the calls that receive the attention
     module itself (``attention_interface(self, q, k, v, ...)``)."""
-    return [n for n in nodes if n.kind == "call" and any(
-        isinstance(x, Node) and x.kind == "instance" and x.ref is attn for x in n.args)]
+    return [
+        n
+        for n in nodes
+        if n.kind == "call"
+        and any(isinstance(x, Node) and x.kind == "instance" and x.ref is attn for x in n.args)
+    ]
 
 
 def _kernel_call(attn: Instance, nodes: list[Node]) -> Node | None:
@@ -274,8 +362,15 @@ def _kernel_call(attn: Instance, nodes: list[Node]) -> Node | None:
     return calls[0] if calls else None
 
 
-def _kind(st: AnalyzerState, attn: Instance, nodes: list[Node], inputs: list[Node], outputs: list[Node],
-          kernels: list[Node], where: str) -> None:
+def _kind(
+    st: AnalyzerState,
+    attn: Instance,
+    nodes: list[Node],
+    inputs: list[Node],
+    outputs: list[Node],
+    kernels: list[Node],
+    where: str,
+) -> None:
     """softmax (one kernel call on projections of the layer input),
     differential (the kernel called twice and the results combined) or
     latent (queries, keys or values from a projection of another
@@ -288,23 +383,48 @@ def _kind(st: AnalyzerState, attn: Instance, nodes: list[Node], inputs: list[Nod
         chained = unique([c.ref for c in outputs if any(depends_on(arg, c) for arg in kernels[0].args[1:4])])
         if chained:
             kind = "latent"
-            evidence = (f"queries/keys/values come from {', '.join(c.name or '?' for c in chained)}, "
-                        "projections of other projections (low-rank latent attention)")
+            evidence = (
+                f"queries/keys/values come from {', '.join(c.name or '?' for c in chained)}, "
+                "projections of other projections (low-rank latent attention)"
+            )
     st.add(known(kind, "attention.kind", CODE, f"{where}: {evidence}"))
-    clipped = [n for n in nodes if n.kind in ("method", "call") and n.args
-               and n.name.rsplit(".", 1)[-1] in ("clamp", "clamp_", "clip", "clip_")
-               and any(depends_on(n.args[0], c) for c in inputs)
-               and not any(depends_on(n.args[0], k) for k in kernels)]
+    clipped = [
+        n
+        for n in nodes
+        if n.kind in ("method", "call")
+        and n.args
+        and n.name.rsplit(".", 1)[-1] in ("clamp", "clamp_", "clip", "clip_")
+        and any(depends_on(n.args[0], c) for c in inputs)
+        and not any(depends_on(n.args[0], k) for k in kernels)
+    ]
     if clipped:
-        st.add(known(True, "code.qkv_clip", CODE,
-                     f"{where}: the projections are clamped before the attention ({clipped[0].name})"))
+        st.add(
+            known(
+                True,
+                "code.qkv_clip",
+                CODE,
+                f"{where}: the projections are clamped before the attention ({clipped[0].name})",
+            )
+        )
     sinks = {id(v.ref) for k in kernels for _, v in k.kwargs if isinstance(v, Node) and v.kind == "param"}
-    own = [n for n in nodes if n.kind == "param" and isinstance(n.ref, Param) and id(n.ref) not in sinks
-           and any(n.ref is p for _, p in attn.params())]
+    own = [
+        n
+        for n in nodes
+        if n.kind == "param"
+        and isinstance(n.ref, Param)
+        and id(n.ref) not in sinks
+        and any(n.ref is p for _, p in attn.params())
+    ]
     names = sorted({name for name, p in attn.params() if any(p is n.ref for n in own)})
     if names:
-        st.add(known(names, "code.attention_parameters", CODE,
-                     f"{where}: the attention computation uses the parameters {', '.join(names)}"))
+        st.add(
+            known(
+                names,
+                "code.attention_parameters",
+                CODE,
+                f"{where}: the attention computation uses the parameters {', '.join(names)}",
+            )
+        )
 
 
 def _kernel_arguments(st: AnalyzerState, attn: Instance, kernel: Node, where: str, hd: Any) -> None:
@@ -313,26 +433,47 @@ def _kernel_arguments(st: AnalyzerState, attn: Instance, kernel: Node, where: st
     if "scaling" not in kwargs:
         st.add(known(None, "attention.scale", CODE, f"{where}: no scaling argument (kernel default)"))
     elif number(scaling) and isinstance(hd, int):
-        default = hd ** -0.5
+        default = hd**-0.5
         if math.isclose(scaling, default, rel_tol=1e-9):
             st.add(known(None, "attention.scale", CODE, f"{where}: scaling = head_dim ** -0.5"))
         else:
-            st.add(known(float(scaling), "attention.scale", CODE,
-                         f"{where}: scaling = {scaling:g} (head_dim ** -0.5 would be {default:g})"))
+            st.add(
+                known(
+                    float(scaling),
+                    "attention.scale",
+                    CODE,
+                    f"{where}: scaling = {scaling:g} (head_dim ** -0.5 would be {default:g})",
+                )
+            )
             _scale_source(st, attn, float(scaling), where)
     else:
         st.add(unknown("attention.scale", CODE, f"{where}: scaling not computable from the config"))
     softcap = kwargs.get("softcap", None)
     if softcap is None or number(softcap):
-        st.add(known(float(softcap) if softcap is not None else None, "attention.softcap", CODE,
-                     f"{where}: softcap={softcap!r}"))
+        st.add(
+            known(
+                float(softcap) if softcap is not None else None,
+                "attention.softcap",
+                CODE,
+                f"{where}: softcap={softcap!r}",
+            )
+        )
     else:
         st.add(unknown("attention.softcap", CODE, f"{where}: softcap not computable"))
     sinks = [k for k, v in kernel.kwargs if isinstance(v, Node) and v.kind == "param"]
     if sinks:
         names = ", ".join(f"{k}=self.{dict(kernel.kwargs)[k].name}" for k in sinks)
-        st.add(known(True, "attention.sinks", CODE, f"{where}: learned per-head logits passed to the kernel ({names})"))
-        st.result.sink_keys = [f"{st.layer_prefix}0.{st.attn_name}.{dict(kernel.kwargs)[k].name}" for k in sinks]
+        st.add(
+            known(
+                True,
+                "attention.sinks",
+                CODE,
+                f"{where}: learned per-head logits passed to the kernel ({names})",
+            )
+        )
+        st.result.sink_keys = [
+            f"{st.layer_prefix}0.{st.attn_name}.{dict(kernel.kwargs)[k].name}" for k in sinks
+        ]
     else:
         st.add(known(False, "attention.sinks", CODE, f"{where}: no parameter passed to the kernel"))
 
@@ -352,7 +493,7 @@ def _scale_source(st: AnalyzerState, attn: Instance, scaling: float, where: str)
                 continue
             if math.isclose(field_value, scaling, rel_tol=1e-9):
                 candidates.append((key, "multiplier", f"self.{attr} = config.{key}"))
-            elif math.isclose(field_value ** -0.5, scaling, rel_tol=1e-9):
+            elif math.isclose(field_value**-0.5, scaling, rel_tol=1e-9):
                 candidates.append((key, "inverse_sqrt", f"self.{attr} = config.{key} ** -0.5"))
     found = {(k, f) for k, f, _ in candidates}
     if len(found) == 1:
@@ -367,25 +508,43 @@ def _scale_source(st: AnalyzerState, attn: Instance, scaling: float, where: str)
 def _explicit(st: AnalyzerState, nodes: list[Node], inputs: list[Node], where: str, hd: Any) -> None:
     """Attention written out (matmul, softmax) instead of a kernel call:
     the scale is the scalar applied to q @ k^T."""
-    scores = [n for n in nodes if n.kind == "call" and n.name.endswith("matmul") and len(n.args) == 2
-              and all(any(depends_on(a, c) for c in inputs) for a in n.args)]
+    scores = [
+        n
+        for n in nodes
+        if n.kind == "call"
+        and n.name.endswith("matmul")
+        and len(n.args) == 2
+        and all(any(depends_on(a, c) for c in inputs) for a in n.args)
+    ]
     softmax = [n for n in nodes if n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "softmax"]
     if not scores or not softmax:
         st.add(unknown("attention.scale", CODE, f"{where}: attention kernel call not found"))
         return
-    factor, ops, reached = scalar_path(strip_casts(softmax[0].args[0]) if softmax[0].args else None,
-                                       lambda v: any(v is s for s in scores))
+    factor, ops, reached = scalar_path(
+        strip_casts(softmax[0].args[0]) if softmax[0].args else None, lambda v: any(v is s for s in scores)
+    )
     if not reached or not isinstance(hd, int):
         st.add(unknown("attention.scale", CODE, f"{where}: scores scaling not traced"))
         return
-    default = hd ** -0.5
+    default = hd**-0.5
     if math.isclose(factor, default, rel_tol=1e-9):
         st.add(known(None, "attention.scale", CODE, f"{where}: scores scaled by head_dim ** -0.5"))
     else:
-        st.add(known(float(factor), "attention.scale", CODE, f"{where}: scores {' '.join(ops) or 'unscaled'}"))
-    st.add(known(False, "attention.sinks", CODE, f"{where}: explicit softmax over the scores only",
-                 confidence=INFERRED))
-    if any(n.kind == "call" and n.name.endswith("tanh") and any(depends_on(n, s) for s in scores) for n in nodes):
+        st.add(
+            known(float(factor), "attention.scale", CODE, f"{where}: scores {' '.join(ops) or 'unscaled'}")
+        )
+    st.add(
+        known(
+            False,
+            "attention.sinks",
+            CODE,
+            f"{where}: explicit softmax over the scores only",
+            confidence=INFERRED,
+        )
+    )
+    if any(
+        n.kind == "call" and n.name.endswith("tanh") and any(depends_on(n, s) for s in scores) for n in nodes
+    ):
         st.add(unknown("attention.softcap", CODE, f"{where}: tanh applied to the scores"))
     else:
         st.add(known(None, "attention.softcap", CODE, f"{where}: no tanh on the scores"))
@@ -414,19 +573,38 @@ def _per_layer(st: AnalyzerState, where: str) -> None:
         rotary.append(any(n.kind == "func" for n in nodes if st.is_rotation(n)))
     st.layer_rotation = rotary
     if any(w is UNKNOWN or not (w is None or number(w)) for w in windows):
-        st.add(unknown("attention.sliding_window", CODE,
-                       f"{where}: sliding_window argument not computable for every layer"))
+        st.add(
+            unknown(
+                "attention.sliding_window",
+                CODE,
+                f"{where}: sliding_window argument not computable for every layer",
+            )
+        )
     else:
         on = [w is not None and w > 0 for w in windows]
         if not any(on):
-            st.add(known("none", "attention.sliding_window", CODE, f"{where}: no sliding window on any layer"))
+            st.add(
+                known("none", "attention.sliding_window", CODE, f"{where}: no sliding window on any layer")
+            )
         elif all(on):
-            st.add(known("all", "attention.sliding_window", CODE,
-                         f"{where}: sliding_window={windows[0]} on every layer"))
+            st.add(
+                known(
+                    "all",
+                    "attention.sliding_window",
+                    CODE,
+                    f"{where}: sliding_window={windows[0]} on every layer",
+                )
+            )
         else:
             layers = [i for i, o in enumerate(on) if o]
-            st.add(known("per_layer", "attention.sliding_window", CODE,
-                         f"{where}: sliding window on layers {ranges(layers)} of {len(on)}"))
+            st.add(
+                known(
+                    "per_layer",
+                    "attention.sliding_window",
+                    CODE,
+                    f"{where}: sliding window on layers {ranges(layers)} of {len(on)}",
+                )
+            )
         sizes = {w for w in windows if w}
         if len(sizes) == 1:
             st.add(known(int(sizes.pop()), "attention.sliding_window_size", CODE, f"{where}: window length"))

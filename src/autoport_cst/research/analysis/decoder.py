@@ -52,13 +52,21 @@ def layer_list_shape(st: AnalyzerState) -> str:
                 if not items:
                     continue
                 children = ", ".join(f"{n} ({st.role(c)})" for n, c in items[0].children())
-                text = f": its layers ({items[0].class_name}) hold {children or 'no modules'}, not one " \
-                       "attention and one MLP module"
+                text = (
+                    f": its layers ({items[0].class_name}) hold {children or 'no modules'}, not one "
+                    "attention and one MLP module"
+                )
                 positions = _added_embeddings(st, inst)
                 if positions:
                     text += f"; {inst.class_name} adds {', '.join(positions)} to the token embedding"
-                    st.add(known(True, "embedding.learned_positions", CODE,
-                                 f"{inst.class_name}.forward adds {', '.join(positions)} to the token embedding"))
+                    st.add(
+                        known(
+                            True,
+                            "embedding.learned_positions",
+                            CODE,
+                            f"{inst.class_name}.forward adds {', '.join(positions)} to the token embedding",
+                        )
+                    )
                 return text
         queue += [c for n, c in inst.children() if "." not in n]
     return ""
@@ -74,8 +82,10 @@ def _added_embeddings(st: AnalyzerState, owner: Instance) -> list[str]:
     for state in st.forward(owner):
         for node in walk(state.value):
             if node.kind == "binop" and node.name == "add":
-                sides = [{embeds[id(m.ref)] for m in walk(arg) if m.kind == "module" and id(m.ref) in embeds}
-                         for arg in node.args]
+                sides = [
+                    {embeds[id(m.ref)] for m in walk(arg) if m.kind == "module" and id(m.ref) in embeds}
+                    for arg in node.args
+                ]
                 if all(sides) and sides[0] != sides[1]:
                     found |= (sides[0] | sides[1]) - {next(iter(embeds.values()))}
     return sorted(found)
@@ -89,13 +99,20 @@ def _is_decoder_layer(st: AnalyzerState, inst: Instance) -> bool:
 def mixer_layers(st: AnalyzerState, backbone: Instance, layers_attr: str) -> None:
     """Decoder layers without a softmax attention (hybrids)."""
     layers = st.layers
-    others = [i for i, layer in enumerate(layers)
-              if not any(st.role(c) == "attention" for _, c in layer.children())]
+    others = [
+        i for i, layer in enumerate(layers) if not any(st.role(c) == "attention" for _, c in layer.children())
+    ]
     if others:
         kinds = sorted({layers[i].class_name for i in others})
-        st.add(known(tuple(others), "attention.other_mixer_layers", CODE,
-                     f"{backbone.class_name}.{layers_attr}: layers {ranges(others)} of {len(layers)} "
-                     f"have no softmax attention ({', '.join(kinds)})"))
+        st.add(
+            known(
+                tuple(others),
+                "attention.other_mixer_layers",
+                CODE,
+                f"{backbone.class_name}.{layers_attr}: layers {ranges(others)} of {len(layers)} "
+                f"have no softmax attention ({', '.join(kinds)})",
+            )
+        )
 
 
 def attention_child(st: AnalyzerState) -> bool:
@@ -105,7 +122,9 @@ def attention_child(st: AnalyzerState) -> bool:
     children = dict(layer0.children())
     attn_names = [n for n, c in children.items() if st.role(c) == "attention"]
     if len(attn_names) != 1:
-        st.add(unknown("code.attention", CODE, f"{layer0.class_name} has {len(attn_names)} attention modules"))
+        st.add(
+            unknown("code.attention", CODE, f"{layer0.class_name} has {len(attn_names)} attention modules")
+        )
         return False
     st.attn_name = attn_names[0]
     return True
@@ -145,12 +164,21 @@ def analyze_flow(st: AnalyzerState, layer: Instance) -> None:
         st.add(unknown("residual.multiplier", CODE, f"{where}: {first['why_multiplier']}"))
     else:
         value = first["multiplier"]
-        st.add(known(value, "residual.multiplier", CODE,
-                     f"{where}: sublayer outputs scaled by {value:g} before the residual add"
-                     if value is not None else f"{where}: sublayer outputs added unscaled"))
+        st.add(
+            known(
+                value,
+                "residual.multiplier",
+                CODE,
+                f"{where}: sublayer outputs scaled by {value:g} before the residual add"
+                if value is not None
+                else f"{where}: sublayer outputs added unscaled",
+            )
+        )
 
 
-def _canonical_norm_names(st: AnalyzerState, roles: dict[str, str | None] | None, placement: str | None) -> None:
+def _canonical_norm_names(
+    st: AnalyzerState, roles: dict[str, str | None] | None, placement: str | None
+) -> None:
     """The decoder-layer norms under the names the references load:
     input_layernorm before the attention; post_attention_layernorm before
     the MLP (pre-norm) or on the attention output (post, sandwich);
@@ -164,8 +192,12 @@ def _canonical_norm_names(st: AnalyzerState, roles: dict[str, str | None] | None
         if roles.get("pre_attention") is not None and roles.get("pre_attention") == roles.get("pre_mlp"):
             canonical.pop("pre_mlp")  # one norm feeds both sublayers (parallel residual)
     elif placement == "sandwich":
-        canonical = {"pre_attention": "input_layernorm", "post_attention": "post_attention_layernorm",
-                     "pre_mlp": "pre_feedforward_layernorm", "post_mlp": "post_feedforward_layernorm"}
+        canonical = {
+            "pre_attention": "input_layernorm",
+            "post_attention": "post_attention_layernorm",
+            "pre_mlp": "pre_feedforward_layernorm",
+            "post_mlp": "post_feedforward_layernorm",
+        }
     else:
         canonical = {"post_attention": "post_attention_layernorm", "post_mlp": "post_feedforward_layernorm"}
     for role, name in canonical.items():
@@ -179,11 +211,17 @@ def _verdict(st: AnalyzerState, layer: Instance, value: Any) -> dict[str, Any]:
     subs = [n for n in calls if st.role(n.ref) in ("attention", "mlp", "moe")]
     attn = [n for n in subs if st.role(n.ref) == "attention"]
     ffn = [n for n in subs if st.role(n.ref) in ("mlp", "moe")]
-    verdict: dict[str, Any] = {"placement": None, "parallel": None, "multiplier": None, "norm_names": [],
-                               "norm_roles": None}
+    verdict: dict[str, Any] = {
+        "placement": None,
+        "parallel": None,
+        "multiplier": None,
+        "norm_names": [],
+        "norm_roles": None,
+    }
     if len(attn) != 1 or len(ffn) != 1:
         verdict["why_placement"] = verdict["why_parallel"] = (
-            f"found {len(attn)} attention and {len(ffn)} MLP calls in the output")
+            f"found {len(attn)} attention and {len(ffn)} MLP calls in the output"
+        )
         return verdict
     S = {"attention": attn[0], "mlp": ffn[0]}
     pre: dict[str, Instance | None] = {}
@@ -205,14 +243,16 @@ def _verdict(st: AnalyzerState, layer: Instance, value: Any) -> dict[str, Any]:
     verdict["norm_names"] = names
     verdict["norm_roles"] = {
         f"{when}_{kind}": (norm.name if norm is not None else None)
-        for kind in ("attention", "mlp") for when, norm in (("pre", pre[kind]), ("post", post[kind]))
+        for kind in ("attention", "mlp")
+        for when, norm in (("pre", pre[kind]), ("post", post[kind]))
     }
     has_pre = {k: v is not None for k, v in pre.items()}
     has_post = {k: v is not None for k, v in post.items()}
     desc = ", ".join(
         f"{k}: {'norm ' + (pre[k].name or '?') + ' before' if pre[k] else 'no norm before'}"
         f"{', norm ' + (post[k].name or '?') + ' on the output' if post[k] else ''}"
-        for k in ("attention", "mlp"))
+        for k in ("attention", "mlp")
+    )
     if all(has_pre.values()) and not any(has_post.values()):
         verdict["placement"] = "pre"
     elif all(has_post.values()) and not any(has_pre.values()):
@@ -231,9 +271,9 @@ def _verdict(st: AnalyzerState, layer: Instance, value: Any) -> dict[str, Any]:
         attn_arg = S["attention"].args[0] if S["attention"].args else S["attention"].kwarg("hidden_states")
         shared = shared or attn_arg is mlp_arg
         verdict["parallel"] = "shared_norm" if shared else "separate_norms"
-        verdict["parallel_evidence"] = (
-            "attention and MLP read the same input and are summed"
-            + (" (one norm)" if shared else " (separate norms)"))
+        verdict["parallel_evidence"] = "attention and MLP read the same input and are summed" + (
+            " (one norm)" if shared else " (separate norms)"
+        )
     values = set(mults.values())
     if len(values) == 1:
         m = values.pop()
@@ -268,8 +308,14 @@ def _residual_branch(st: AnalyzerState, value: Any, call: Node) -> Any:
         if a_in == b_in:
             continue
         branch = node.args[0] if a_in else node.args[1]
-        other_subs = [n for n in walk(branch) if n.kind == "module" and n is not call
-                      and st.role(n.ref) in ("attention", "mlp", "moe") and depends_on(n, call)]
+        other_subs = [
+            n
+            for n in walk(branch)
+            if n.kind == "module"
+            and n is not call
+            and st.role(n.ref) in ("attention", "mlp", "moe")
+            and depends_on(n, call)
+        ]
         if not other_subs:
             candidates.append((node, branch))
     for node, branch in candidates:  # the innermost add: no other candidate inside its branch
@@ -303,12 +349,18 @@ def _post_of(st: AnalyzerState, branch: Any, call: Node) -> tuple[Instance | Non
 
 def _classify_norms(st: AnalyzerState, norms: list[Instance], names: list[str], layer: Instance) -> None:
     if not norms:
-        st.add(unknown("norm.kind", CODE, f"{layer.class_name}: no norm found in front of or after the sublayers"))
+        st.add(
+            unknown(
+                "norm.kind", CODE, f"{layer.class_name}: no norm found in front of or after the sublayers"
+            )
+        )
         return
     infos = [st.norm_info(n) for n in norms]
     for field_name in ("kind", "bias", "unit_offset"):
         values = {info[field_name] for info in infos}
-        evidence = "; ".join(f"{name}: {info['evidence'] or 'unclassified'}" for name, info in zip(names, infos))
+        evidence = "; ".join(
+            f"{name}: {info['evidence'] or 'unclassified'}" for name, info in zip(names, infos, strict=False)
+        )
         if None in values or len(values) != 1:
             st.add(unknown(f"norm.{field_name}", CODE, evidence or "norm forward not classified"))
         else:
@@ -322,8 +374,14 @@ def _classify_norms(st: AnalyzerState, norms: list[Instance], names: list[str], 
         key = eps_keys.pop()
         st.add(known(key, "norm.eps_key", CODE, f"{norms[0].class_name}(eps=config.{key})"))
     elif eps_keys == {None} and len(eps) == 1 and None not in eps:
-        st.add(unknown("norm.eps_key", CODE, f"{norms[0].class_name}: the epsilon {next(iter(eps)):g} is a "
-                                               "constant in the code, not a config field"))
+        st.add(
+            unknown(
+                "norm.eps_key",
+                CODE,
+                f"{norms[0].class_name}: the epsilon {next(iter(eps)):g} is a "
+                "constant in the code, not a config field",
+            )
+        )
     else:
         st.add(unknown("norm.eps_key", CODE, f"norm eps read from {sorted(map(str, eps_keys))}"))
     if len(eps) == 1 and None not in eps:

@@ -6,7 +6,8 @@ read from its source. Nothing here knows about a model or a spec field."""
 from __future__ import annotations
 
 import ast
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from autoport_cst.research.interp import FuncRef, Interpreter, Node, SliceSym, walk
 
@@ -27,9 +28,13 @@ def first_int(args: dict[str, Any]) -> int | None:
 
 def strip_casts(value: Any) -> Any:
     """Drop dtype casts and dropout (the identity at inference)."""
-    while isinstance(value, Node) and value.args and (
-        (value.kind == "method" and value.name in _CASTS)
-        or (value.kind == "call" and value.name.rsplit(".", 1)[-1] == "dropout")
+    while (
+        isinstance(value, Node)
+        and value.args
+        and (
+            (value.kind == "method" and value.name in _CASTS)
+            or (value.kind == "call" and value.name.rsplit(".", 1)[-1] == "dropout")
+        )
     ):
         value = value.args[0]
     return value
@@ -75,8 +80,12 @@ def number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def scalar_path(value: Any, stop: Callable[[Any], bool], max_steps: int = 64,
-                transparent: Callable[[Node], bool] | None = None) -> tuple[float, list[str], bool]:
+def scalar_path(
+    value: Any,
+    stop: Callable[[Any], bool],
+    max_steps: int = 64,
+    transparent: Callable[[Node], bool] | None = None,
+) -> tuple[float, list[str], bool]:
     """Follow ``value`` down through casts, dropout and scalar products/
     quotients until ``stop`` matches. Returns (product of the scalars, the
     operations seen, whether ``stop`` was reached)."""
@@ -163,7 +172,8 @@ def ranges(values: list[int]) -> str:
 def has_step2(index: Any) -> bool:
     items = index if isinstance(index, tuple) else (index,)
     return any(isinstance(i, slice) and i.step == 2 for i in items) or any(
-        isinstance(i, SliceSym) and i.step == 2 for i in items)
+        isinstance(i, SliceSym) and i.step == 2 for i in items
+    )
 
 
 def rotation_style(func: FuncRef, interp: Interpreter, depth: int = 0) -> str | None:
@@ -180,12 +190,19 @@ def rotation_style(func: FuncRef, interp: Interpreter, depth: int = 0) -> str | 
                 if isinstance(sl.step, ast.Constant) and sl.step.value == 2:
                     interleaved = True
                 for bound in (sl.lower, sl.upper):
-                    if isinstance(bound, ast.BinOp) and isinstance(bound.op, ast.FloorDiv) and \
-                            isinstance(bound.right, ast.Constant) and bound.right.value == 2:
+                    if (
+                        isinstance(bound, ast.BinOp)
+                        and isinstance(bound.op, ast.FloorDiv)
+                        and isinstance(bound.right, ast.Constant)
+                        and bound.right.value == 2
+                    ):
                         halves = True
         elif isinstance(node, ast.Call):
-            name = node.func.attr if isinstance(node.func, ast.Attribute) else (
-                node.func.id if isinstance(node.func, ast.Name) else "")
+            name = (
+                node.func.attr
+                if isinstance(node.func, ast.Attribute)
+                else (node.func.id if isinstance(node.func, ast.Name) else "")
+            )
             if name == "repeat_interleave":
                 interleaved = True
             if name == "chunk" and any(isinstance(a, ast.Constant) and a.value == 2 for a in node.args):
@@ -222,8 +239,12 @@ def _slices(node: ast.expr) -> list[ast.Slice]:
 def strip_shape(value: Any) -> Any:
     """Drop casts and shape-only methods (``squeeze``, ``view``...)."""
     value = strip_casts(value)
-    while isinstance(value, Node) and value.kind == "method" and value.args \
-            and value.name in ("squeeze", "unsqueeze", "view", "reshape", "flatten", "expand_as", "expand"):
+    while (
+        isinstance(value, Node)
+        and value.kind == "method"
+        and value.args
+        and value.name in ("squeeze", "unsqueeze", "view", "reshape", "flatten", "expand_as", "expand")
+    ):
         value = strip_casts(value.args[0])
     return value
 

@@ -33,22 +33,44 @@ def analyze_backbone(st: AnalyzerState, path: str, backbone: Instance) -> None:
     _embedding_scale(st, backbone, embed_name, embed, where)
 
 
-def _extra_embeddings(st: AnalyzerState, backbone: Instance, embeds: list[tuple[str, Instance]], where: str) -> None:
+def _extra_embeddings(
+    st: AnalyzerState, backbone: Instance, embeds: list[tuple[str, Instance]], where: str
+) -> None:
     """Embeddings beyond the token embedding; learned positions when one is
     added to the first layer's input."""
-    st.add(known([n for n, _ in embeds[1:]], "code.extra_embeddings", CODE,
-                 f"{where}: more embeddings than the token embedding (absolute positions?)"))
+    st.add(
+        known(
+            [n for n, _ in embeds[1:]],
+            "code.extra_embeddings",
+            CODE,
+            f"{where}: more embeddings than the token embedding (absolute positions?)",
+        )
+    )
     extra = {id(c): n for n, c in embeds[1:]}
-    added = sorted({extra[id(n.ref)] for state in st.forward(backbone) for call in walk(state.value)
-                    if call.kind == "module" and call.ref is st.layers[0]
-                    for n in walk(call.args[0] if call.args else call.kwarg("hidden_states"))
-                    if n.kind == "module" and id(n.ref) in extra})
+    added = sorted(
+        {
+            extra[id(n.ref)]
+            for state in st.forward(backbone)
+            for call in walk(state.value)
+            if call.kind == "module" and call.ref is st.layers[0]
+            for n in walk(call.args[0] if call.args else call.kwarg("hidden_states"))
+            if n.kind == "module" and id(n.ref) in extra
+        }
+    )
     if added:
-        st.add(known(True, "embedding.learned_positions", CODE,
-                     f"{where}: the first layer's input adds {', '.join(added)} to the token embedding"))
+        st.add(
+            known(
+                True,
+                "embedding.learned_positions",
+                CODE,
+                f"{where}: the first layer's input adds {', '.join(added)} to the token embedding",
+            )
+        )
 
 
-def _embedding_scale(st: AnalyzerState, backbone: Instance, embed_name: str, embed: Instance, where: str) -> None:
+def _embedding_scale(
+    st: AnalyzerState, backbone: Instance, embed_name: str, embed: Instance, where: str
+) -> None:
     """Scalars between the token embedding (including its own forward) and
     the first layer: sqrt(hidden_size) or another constant."""
     first_layer = st.layers[0]
@@ -59,8 +81,10 @@ def _embedding_scale(st: AnalyzerState, backbone: Instance, embed_name: str, emb
         for call in calls:
             arg = call.args[0] if call.args else call.kwarg("hidden_states")
             f, ops, reached = scalar_path(
-                arg, lambda v: isinstance(v, Node) and v.kind == "module" and v.ref is embed,
-                transparent=lambda n: st.role(n.ref) == "dropout")
+                arg,
+                lambda v: isinstance(v, Node) and v.kind == "module" and v.ref is embed,
+                transparent=lambda n: st.role(n.ref) == "dropout",
+            )
             if reached:
                 inner, inner_ops = _embedding_factor(st, embed)
                 if inner is None:
@@ -69,7 +93,11 @@ def _embedding_scale(st: AnalyzerState, backbone: Instance, embed_name: str, emb
                     factors.add(round(f * inner, 9))
                     evidence = ops + inner_ops
     if not factors:
-        st.add(unknown("embedding.scale", CODE, f"{where}: the first layer's input is not traced to {embed_name}"))
+        st.add(
+            unknown(
+                "embedding.scale", CODE, f"{where}: the first layer's input is not traced to {embed_name}"
+            )
+        )
         return
     if len(factors) > 1 or None in factors:
         st.add(unknown("embedding.scale", CODE, f"{where}: embedding scaling differs between paths"))
@@ -81,12 +109,22 @@ def _embedding_scale(st: AnalyzerState, backbone: Instance, embed_name: str, emb
         st.add(known("none", "embedding.scale", CODE, f"{where}: embeddings enter the first layer unscaled"))
         st.add(known(None, "embedding.multiplier", CODE, f"{where}: no constant multiplier"))
     elif isinstance(hidden, int) and math.isclose(factor, math.sqrt(hidden), rel_tol=1e-6):
-        st.add(known("sqrt_hidden", "embedding.scale", CODE,
-                     f"{where}: embeddings multiplied by {factor:g} = sqrt(hidden_size) ({ops})"))
+        st.add(
+            known(
+                "sqrt_hidden",
+                "embedding.scale",
+                CODE,
+                f"{where}: embeddings multiplied by {factor:g} = sqrt(hidden_size) ({ops})",
+            )
+        )
         st.add(known(None, "embedding.multiplier", CODE, f"{where}: the scale is sqrt(hidden_size)"))
     else:
         st.add(known("none", "embedding.scale", CODE, f"{where}: scale is a constant, not sqrt(hidden_size)"))
-        st.add(known(factor, "embedding.multiplier", CODE, f"{where}: embeddings multiplied by {factor:g} ({ops})"))
+        st.add(
+            known(
+                factor, "embedding.multiplier", CODE, f"{where}: embeddings multiplied by {factor:g} ({ops})"
+            )
+        )
 
 
 def _final_norm(st: AnalyzerState, path: str, backbone: Instance) -> None:
@@ -95,8 +133,13 @@ def _final_norm(st: AnalyzerState, path: str, backbone: Instance) -> None:
     found = []
     for state in st.forward(backbone):
         for n in walk(state.value):
-            if n.kind == "module" and n.ref is not None and st.role(n.ref) == "norm" and n.args \
-                    and any(m.kind == "module" and id(m.ref) in layer_ids for m in walk(n.args[0])):
+            if (
+                n.kind == "module"
+                and n.ref is not None
+                and st.role(n.ref) == "norm"
+                and n.args
+                and any(m.kind == "module" and id(m.ref) in layer_ids for m in walk(n.args[0]))
+            ):
                 found.append(n.ref)
     found = unique(found)
     names = {name: child for name, child in backbone.children()}
@@ -113,8 +156,9 @@ def _embedding_factor(st: AnalyzerState, embed: Instance) -> tuple[float | None,
     factors = set()
     ops_seen: list[str] = []
     for value in st.outputs(embed):
-        f, ops, reached = scalar_path(value, lambda v: isinstance(v, Node) and v.kind == "call"
-                                      and v.name.startswith("super."))
+        f, ops, reached = scalar_path(
+            value, lambda v: isinstance(v, Node) and v.kind == "call" and v.name.startswith("super.")
+        )
         if not reached:
             return None, []
         factors.add(round(f, 9))
@@ -129,15 +173,25 @@ def analyze_head(st: AnalyzerState) -> None:
     by the class, softcap and logit rescaling with its config field."""
     where = st.where(st.top)
     vocab = st.dims.get("vocab_size")
-    heads = [(n, c) for n, c in st.top.children()
-             if st.base_module(c) == "Linear" and c.args.get("out_features") == vocab]
+    heads = [
+        (n, c)
+        for n, c in st.top.children()
+        if st.base_module(c) == "Linear" and c.args.get("out_features") == vocab
+    ]
     if len(heads) != 1:
         st.add(unknown("lm_head.bias", CODE, f"{where}: {len(heads)} projections to the vocabulary"))
         return
     name, head = heads[0]
     st.result.head_key = f"{name}.weight"
     st.result.module_names["lm_head"] = name
-    st.add(known(bool(head.args.get("bias")), "lm_head.bias", CODE, f"{where}: {name}(bias={head.args.get('bias')})"))
+    st.add(
+        known(
+            bool(head.args.get("bias")),
+            "lm_head.bias",
+            CODE,
+            f"{where}: {name}(bias={head.args.get('bias')})",
+        )
+    )
     tied = st.interp.class_attribute(st.cls, "_tied_weights_keys")
     st.result.tied_keys_declared = bool(tied) if tied is not UNKNOWN else False
     verdicts = set()
@@ -152,10 +206,23 @@ def analyze_head(st: AnalyzerState) -> None:
         st.add(unknown("lm_head.logits_divisor", CODE, f"{where}: logits not traced to {name}"))
         return
     softcap, divisor = verdicts.pop()
-    st.add(known(softcap, "lm_head.softcap", CODE,
-                 f"{where}: " + (f"logits = tanh(logits / {softcap:g}) * {softcap:g}" if softcap else "no tanh softcap")))
-    st.add(known(divisor, "lm_head.logits_divisor", CODE,
-                 f"{where}: " + (f"logits divided by {divisor:g}" if divisor else "logits not rescaled")))
+    st.add(
+        known(
+            softcap,
+            "lm_head.softcap",
+            CODE,
+            f"{where}: "
+            + (f"logits = tanh(logits / {softcap:g}) * {softcap:g}" if softcap else "no tanh softcap"),
+        )
+    )
+    st.add(
+        known(
+            divisor,
+            "lm_head.logits_divisor",
+            CODE,
+            f"{where}: " + (f"logits divided by {divisor:g}" if divisor else "logits not rescaled"),
+        )
+    )
     if divisor is not None:
         _logits_source(st, divisor, where)
 
@@ -166,8 +233,13 @@ def _logits_source(st: AnalyzerState, divisor: float, where: str) -> None:
     config = st.interp.config
     found = set()
     for attr, value in st.top.attrs.items():
-        if not number(value) or value == 0 or not (
-                math.isclose(value, divisor, rel_tol=1e-9) or math.isclose(1.0 / value, divisor, rel_tol=1e-9)):
+        if (
+            not number(value)
+            or value == 0
+            or not (
+                math.isclose(value, divisor, rel_tol=1e-9) or math.isclose(1.0 / value, divisor, rel_tol=1e-9)
+            )
+        ):
             continue
         for key in sorted(st.top.attr_reads.get(attr, frozenset())):
             field_value = config.read(key, None) if config.has(key) else None
@@ -179,23 +251,43 @@ def _logits_source(st: AnalyzerState, divisor: float, where: str) -> None:
                 found.add((key, "multiplier", f"self.{attr} = config.{key}; logits * {field_value:g}"))
     forward = st.interp.find_method(st.cls, "forward")
     if not found and forward is not None:  # read in forward: logits / self.config.<key>
-        read = sorted({node.attr for node in ast.walk(forward[1]) if isinstance(node, ast.Attribute)
-                       and isinstance(node.value, ast.Attribute) and node.value.attr == "config"})
+        read = sorted(
+            {
+                node.attr
+                for node in ast.walk(forward[1])
+                if isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "config"
+            }
+        )
         for key in read:
             field_value = config.read(key, None) if config.has(key) else None
             if not number(field_value) or field_value == 0:
                 continue
             if math.isclose(field_value, divisor, rel_tol=1e-9):
-                found.add((key, "divisor", f"forward divides the logits by self.config.{key} = {field_value:g}"))
+                found.add(
+                    (key, "divisor", f"forward divides the logits by self.config.{key} = {field_value:g}")
+                )
             elif math.isclose(1.0 / field_value, divisor, rel_tol=1e-9):
-                found.add((key, "multiplier", f"forward multiplies the logits by self.config.{key} = {field_value:g}"))
+                found.add(
+                    (
+                        key,
+                        "multiplier",
+                        f"forward multiplies the logits by self.config.{key} = {field_value:g}",
+                    )
+                )
     if len({(k, f) for k, f, _ in found}) == 1:
         key, form, evidence = found.pop()
         st.add(known(key, "lm_head.logits_key", CODE, f"{where}: {evidence}"))
         st.add(known(form, "lm_head.logits_form", CODE, f"{where}: {evidence}"))
     else:
-        st.add(unknown("lm_head.logits_key", CODE,
-                       f"{where}: no single config field gives the logits factor ({len(found)} candidates)"))
+        st.add(
+            unknown(
+                "lm_head.logits_key",
+                CODE,
+                f"{where}: no single config field gives the logits factor ({len(found)} candidates)",
+            )
+        )
 
 
 def _logits_of(value: Any, head: Instance) -> Any:
@@ -228,8 +320,13 @@ def _head_ops(value: Any, head: Instance) -> tuple[float | None, float | None] |
             inner = strip_casts(x)
             if number(c) and isinstance(inner, Node) and inner.kind == "call" and inner.name.endswith("tanh"):
                 arg = strip_casts(inner.args[0]) if inner.args else None
-                if isinstance(arg, Node) and arg.kind == "binop" and arg.name == "div" and number(arg.args[1]) \
-                        and math.isclose(arg.args[1], c):
+                if (
+                    isinstance(arg, Node)
+                    and arg.kind == "binop"
+                    and arg.name == "div"
+                    and number(arg.args[1])
+                    and math.isclose(arg.args[1], c)
+                ):
                     softcap = float(c)
                     value = arg.args[0]
                     continue

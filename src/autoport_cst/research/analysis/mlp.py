@@ -46,16 +46,23 @@ def analyze(st: AnalyzerState, mlp: Instance, prefix: str, field_prefix: str) ->
     facts = mlp_facts(st, mlp)
     st.result.mlp_modules = [prefix + (name or "?") for name, _, _ in facts.get("linears", [])]
     if field_prefix == "mlp":
-        ffn = prefix[len(st.layer_prefix):].split(".", 1)[1].rstrip(".")  # "<index>.mlp." -> "mlp"
+        ffn = prefix[len(st.layer_prefix) :].split(".", 1)[1].rstrip(".")  # "<index>.mlp." -> "mlp"
         st.result.module_names["mlp"] = ffn
         for role, name in facts.get("roles", {}).items():
             st.result.module_names[f"mlp.{role}"] = f"{ffn}.{name}"
-        st.result.linear_modules += [st.base_module(c) or "?" for _, c in mlp.children()
-                                     if st.role(c) == "linear"]
+        st.result.linear_modules += [
+            st.base_module(c) or "?" for _, c in mlp.children() if st.role(c) == "linear"
+        ]
     mlp_findings(st, facts, where, field_prefix)
     if facts["intermediate"] is not None:
-        st.add(known(facts["intermediate"], "mlp.intermediate_size", CODE,
-                     f"{where}: projection width {facts['intermediate']}"))
+        st.add(
+            known(
+                facts["intermediate"],
+                "mlp.intermediate_size",
+                CODE,
+                f"{where}: projection width {facts['intermediate']}",
+            )
+        )
 
 
 def mlp_facts(st: AnalyzerState, inst: Instance) -> dict[str, Any]:
@@ -63,37 +70,65 @@ def mlp_facts(st: AnalyzerState, inst: Instance) -> dict[str, Any]:
     experts) computes: kind (gated or plain), activation and its config key,
     the clamped SwiGLU (``glu``), bias, fused or interleaved gate/up, the
     intermediate width, its projections and their canonical roles."""
-    facts: dict[str, Any] = {"kind": None, "act": None, "act_key": None, "bias": None, "fused": None,
-                             "intermediate": None, "evidence": "", "interleaved_gate_up": False}
+    facts: dict[str, Any] = {
+        "kind": None,
+        "act": None,
+        "act_key": None,
+        "bias": None,
+        "fused": None,
+        "intermediate": None,
+        "evidence": "",
+        "interleaved_gate_up": False,
+    }
     outs = st.outputs(inst)
     if not outs:
         facts["evidence"] = "forward could not be followed"
         return facts
     nodes = list(walk(outs[0]))
     acts = [n for n in nodes if n.kind == "act" or torch_activation(n)]
-    linear_calls = [n for n in nodes if n.kind == "module" and n.ref is not None and st.role(n.ref) == "linear"]
+    linear_calls = [
+        n for n in nodes if n.kind == "module" and n.ref is not None and st.role(n.ref) == "linear"
+    ]
     order = list(inst.attrs)
-    lin_insts = sorted(unique([c.ref for c in linear_calls]),
-                       key=lambda i: order.index(i.name) if i.name in order else 99)
-    param_mm = [n for n in nodes if n.kind in ("binop", "call") and (n.name == "matmul" or n.name.endswith(".linear"))
-                and any(param_inside(x) for x in n.args)]
+    lin_insts = sorted(
+        unique([c.ref for c in linear_calls]), key=lambda i: order.index(i.name) if i.name in order else 99
+    )
+    param_mm = [
+        n
+        for n in nodes
+        if n.kind in ("binop", "call")
+        and (n.name == "matmul" or n.name.endswith(".linear"))
+        and any(param_inside(x) for x in n.args)
+    ]
     projections = linear_calls + param_mm
     _activation(facts, nodes, acts)
     gated = _gated(nodes, projections)
     if acts or gated:
         facts["kind"] = "gated" if gated else "plain"
-    chunks = [n for n in nodes if n.kind == "method" and n.name in ("chunk", "split") or
-              (n.kind == "call" and n.name.rsplit(".", 1)[-1] in ("chunk", "split"))]
-    step2 = [n for n in nodes if n.kind == "item" and isinstance(n.args[1], (slice, tuple))
-             and has_step2(n.args[1])]
+    chunks = [
+        n
+        for n in nodes
+        if n.kind == "method"
+        and n.name in ("chunk", "split")
+        or (n.kind == "call" and n.name.rsplit(".", 1)[-1] in ("chunk", "split"))
+    ]
+    step2 = [
+        n
+        for n in nodes
+        if n.kind == "item" and isinstance(n.args[1], (slice, tuple)) and has_step2(n.args[1])
+    ]
     fused = bool(gated and (chunks or step2) and len(unique([p.ref for p in linear_calls])) <= 2)
     if param_mm and gated and (chunks or step2):
         fused = True
     facts["fused"] = fused
     facts["interleaved_gate_up"] = bool(gated and step2)
     facts["bias"] = _bias(inst, lin_insts, param_mm)
-    up = [i for i in lin_insts if isinstance(i.args.get("out_features"), int)
-          and i.args.get("out_features") != st.dims.get("hidden_size")]
+    up = [
+        i
+        for i in lin_insts
+        if isinstance(i.args.get("out_features"), int)
+        and i.args.get("out_features") != st.dims.get("hidden_size")
+    ]
     if up:
         width = up[0].args["out_features"]
         facts["intermediate"] = width // 2 if fused else width
@@ -115,16 +150,19 @@ def _activation(facts: dict[str, Any], nodes: list[Node], acts: list[Node]) -> N
             facts["act"] = torch_activation(act)
     else:
         sig = [n for n in nodes if n.kind == "call" and n.name.rsplit(".", 1)[-1] == "sigmoid"]
-        facts["evidence"] = ("custom activation (x * sigmoid(alpha * x)-like)" if sig
-                             else "no activation function found")
+        facts["evidence"] = (
+            "custom activation (x * sigmoid(alpha * x)-like)" if sig else "no activation function found"
+        )
         clamped = _clamped_swiglu(nodes)
         if clamped is not None:
             facts["act"], facts["glu"], facts["evidence"] = "silu", clamped, clamped["evidence"]
 
 
 def _activated(value: Any) -> bool:
-    return any(m.kind == "act" or torch_activation(m) or (m.kind == "call" and m.name.endswith("sigmoid"))
-               for m in walk(value))
+    return any(
+        m.kind == "act" or torch_activation(m) or (m.kind == "call" and m.name.endswith("sigmoid"))
+        for m in walk(value)
+    )
 
 
 def _gated(nodes: list[Node], projections: list[Node]) -> bool:
@@ -137,8 +175,11 @@ def _gated(nodes: list[Node], projections: list[Node]) -> bool:
             if ax != ay:
                 other = y if ax else x
                 act_side = x if ax else y
-                if any(depends_on(other, p) for p in projections) and not number(other) and \
-                        any(depends_on(act_side, p) for p in projections):
+                if (
+                    any(depends_on(other, p) for p in projections)
+                    and not number(other)
+                    and any(depends_on(act_side, p) for p in projections)
+                ):
                     return True
     return False
 
@@ -158,7 +199,9 @@ def _bias(inst: Instance, lin_insts: list[Instance], param_mm: list[Node]) -> bo
 def _roles(calls: list[Node], acts: list[Node], gated: bool, fused: bool) -> dict[str, str]:
     """Canonical MLP projection names (gate_proj, up_proj, down_proj,
     gate_up_proj) -> the attribute names the code uses."""
-    outputs = [c for c in calls if any(depends_on(c.args[0] if c.args else None, o) for o in calls if o is not c)]
+    outputs = [
+        c for c in calls if any(depends_on(c.args[0] if c.args else None, o) for o in calls if o is not c)
+    ]
     inputs = [c for c in calls if not any(c is o for o in outputs)]
     out_insts = unique([c.ref for c in outputs])
     in_insts = unique([c.ref for c in inputs])
@@ -168,8 +211,9 @@ def _roles(calls: list[Node], acts: list[Node], gated: bool, fused: bool) -> dic
     if len(in_insts) == 1 and in_insts[0].name:
         roles["gate_up_proj" if fused else "up_proj"] = in_insts[0].name
     elif len(in_insts) == 2 and gated:
-        activated = [i for i in in_insts if any(
-            depends_on(act, c) for act in acts for c in inputs if c.ref is i)]
+        activated = [
+            i for i in in_insts if any(depends_on(act, c) for act in acts for c in inputs if c.ref is i)
+        ]
         if len(activated) == 1:
             gate = activated[0]
             up = in_insts[1] if in_insts[0] is gate else in_insts[0]
@@ -184,13 +228,18 @@ def mlp_findings(st: AnalyzerState, facts: dict[str, Any], where: str, field_pre
     if facts["kind"] is None:
         st.add(unknown(f"{field_prefix}.kind", CODE, f"{where}: {facts['evidence'] or 'not classified'}"))
     else:
-        detail = "activation output multiplied by a second projection" if facts["kind"] == "gated" \
+        detail = (
+            "activation output multiplied by a second projection"
+            if facts["kind"] == "gated"
             else "activation applied to one projection, no product"
+        )
         st.add(known(facts["kind"], f"{field_prefix}.kind", CODE, f"{where}: {detail}"))
     act = facts["act"]
     glu = facts.get("glu")
     if act is None:
-        st.add(unknown(f"{field_prefix}.activation", CODE, f"{where}: {facts['evidence'] or 'no activation'}"))
+        st.add(
+            unknown(f"{field_prefix}.activation", CODE, f"{where}: {facts['evidence'] or 'no activation'}")
+        )
     elif glu is not None:
         st.add(known("silu", f"{field_prefix}.activation", CODE, f"{where}: {glu['evidence']}"))
     elif act not in ACTIVATIONS:
@@ -199,31 +248,69 @@ def mlp_findings(st: AnalyzerState, facts: dict[str, Any], where: str, field_pre
         key = f" (config.{facts['act_key']} = {act!r})" if facts["act_key"] else f" ({act})"
         st.add(known(ACTIVATIONS[act], f"{field_prefix}.activation", CODE, f"{where}: ACT2FN{key}"))
     if facts["act_key"]:
-        st.add(known(facts["act_key"], "code.activation_key", CODE, f"{where}: activation read from config.{facts['act_key']}"))
+        st.add(
+            known(
+                facts["act_key"],
+                "code.activation_key",
+                CODE,
+                f"{where}: activation read from config.{facts['act_key']}",
+            )
+        )
     if glu is not None:
         st.add(known("clamped_swiglu", f"{field_prefix}.glu", CODE, f"{where}: {glu['evidence']}"))
-        st.add(known(glu["alpha"], f"{field_prefix}.glu_alpha", CODE, f"{where}: sigmoid gain {glu['alpha']}"))
+        st.add(
+            known(glu["alpha"], f"{field_prefix}.glu_alpha", CODE, f"{where}: sigmoid gain {glu['alpha']}")
+        )
         st.add(known(glu["limit"], f"{field_prefix}.glu_limit", CODE, f"{where}: clamp bound {glu['limit']}"))
     elif facts["kind"] == "gated":
         st.add(known("standard", f"{field_prefix}.glu", CODE, f"{where}: act(gate) * up"))
     if facts["bias"] is None:
         st.add(unknown(f"{field_prefix}.bias", CODE, f"{where}: projection biases not determined"))
     else:
-        st.add(known(facts["bias"], f"{field_prefix}.bias", CODE,
-                     f"{where}: " + (", ".join(f"{n}(bias={b})" for n, _, b in facts.get("linears", []))
-                                     or ("bias parameters" if facts["bias"] else "no bias parameters"))))
-    st.add(known(bool(facts["fused"]), "code.fused_gate_up", CODE,
-                 f"{where}: " + ("gate and up come from one projection, split in forward"
-                                 if facts["fused"] else "separate gate and up projections or no gate")))
+        st.add(
+            known(
+                facts["bias"],
+                f"{field_prefix}.bias",
+                CODE,
+                f"{where}: "
+                + (
+                    ", ".join(f"{n}(bias={b})" for n, _, b in facts.get("linears", []))
+                    or ("bias parameters" if facts["bias"] else "no bias parameters")
+                ),
+            )
+        )
+    st.add(
+        known(
+            bool(facts["fused"]),
+            "code.fused_gate_up",
+            CODE,
+            f"{where}: "
+            + (
+                "gate and up come from one projection, split in forward"
+                if facts["fused"]
+                else "separate gate and up projections or no gate"
+            ),
+        )
+    )
     if facts["interleaved_gate_up"]:
-        st.add(known(True, "code.interleaved_gate_up", CODE,
-                     f"{where}: gate and up are the even and odd columns of the fused projection"))
+        st.add(
+            known(
+                True,
+                "code.interleaved_gate_up",
+                CODE,
+                f"{where}: gate and up are the even and odd columns of the fused projection",
+            )
+        )
 
 
 def _clamp_bounds(value: Any) -> tuple[Any, Any, Any] | None:
     """``x.clamp(min, max)`` / ``torch.clamp(x, min, max)`` -> (x, min, max)."""
-    if not isinstance(value, Node) or value.kind not in ("method", "call") or \
-            value.name.rsplit(".", 1)[-1] not in ("clamp", "clamp_", "clip", "clip_") or not value.args:
+    if (
+        not isinstance(value, Node)
+        or value.kind not in ("method", "call")
+        or value.name.rsplit(".", 1)[-1] not in ("clamp", "clamp_", "clip", "clip_")
+        or not value.args
+    ):
         return None
     rest = list(value.args[1:]) + [None, None]
     return value.args[0], value.kwarg("min", rest[0]), value.kwarg("max", rest[1])
@@ -231,11 +318,17 @@ def _clamp_bounds(value: Any) -> tuple[Any, Any, Any] | None:
 
 def _gain_sigmoid(value: Any) -> tuple[Any, float] | None:
     """``g * sigmoid(alpha * g)`` (either operand order) -> (g, alpha)."""
-    if not (isinstance(value, Node) and value.kind == "binop" and value.name == "mul" and len(value.args) == 2):
+    if not (
+        isinstance(value, Node) and value.kind == "binop" and value.name == "mul" and len(value.args) == 2
+    ):
         return None
     for g, sig in (value.args, value.args[::-1]):
-        if not (isinstance(sig, Node) and sig.kind in ("call", "method") and sig.args
-                and sig.name.rsplit(".", 1)[-1] == "sigmoid"):
+        if not (
+            isinstance(sig, Node)
+            and sig.kind in ("call", "method")
+            and sig.args
+            and sig.name.rsplit(".", 1)[-1] == "sigmoid"
+        ):
             continue
         inner = sig.args[0]
         if isinstance(inner, Node) and inner.kind == "binop" and inner.name == "mul" and len(inner.args) == 2:
@@ -254,17 +347,29 @@ def _clamped_swiglu(nodes: list[Node]) -> dict[str, Any] | None:
             continue
         for glu, shifted in (node.args, node.args[::-1]):
             gated = _gain_sigmoid(glu)
-            if gated is None or not (isinstance(shifted, Node) and shifted.kind == "binop"
-                                     and shifted.name == "add" and len(shifted.args) == 2):
+            if gated is None or not (
+                isinstance(shifted, Node)
+                and shifted.kind == "binop"
+                and shifted.name == "add"
+                and len(shifted.args) == 2
+            ):
                 continue
             up = next((x for x, one in (shifted.args, shifted.args[::-1]) if is_one(one)), None)
             gate_bounds, up_bounds = _clamp_bounds(gated[0]), _clamp_bounds(up)
             if gate_bounds is None or up_bounds is None:
                 continue
             limit = gate_bounds[2]
-            if gate_bounds[1] is None and number(limit) and up_bounds[2] == limit and number(up_bounds[1]) \
-                    and up_bounds[1] == -limit:
-                return {"alpha": gated[1], "limit": float(limit),
-                        "evidence": f"clamped SwiGLU: g = gate.clamp(max={limit}), u = up.clamp({-limit}, {limit}), "
-                                    f"g * sigmoid({gated[1]} * g) * (u + 1)"}
+            if (
+                gate_bounds[1] is None
+                and number(limit)
+                and up_bounds[2] == limit
+                and number(up_bounds[1])
+                and up_bounds[1] == -limit
+            ):
+                return {
+                    "alpha": gated[1],
+                    "limit": float(limit),
+                    "evidence": f"clamped SwiGLU: g = gate.clamp(max={limit}), u = up.clamp({-limit}, {limit}), "
+                    f"g * sigmoid({gated[1]} * g) * (u + 1)",
+                }
     return None

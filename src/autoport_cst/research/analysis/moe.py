@@ -39,8 +39,14 @@ def split_layers(st: AnalyzerState) -> str | None:
         st.add(unknown("mlp.kind", CODE, "a decoder layer has no single MLP or MoE module"))
         return None
     if st.result.moe_layers and st.result.dense_layers:
-        st.add(known(st.result.dense_layers, "code.dense_layers", CODE,
-                     f"dense MLP on layers {ranges(st.result.dense_layers)}, MoE on {ranges(st.result.moe_layers)}"))
+        st.add(
+            known(
+                st.result.dense_layers,
+                "code.dense_layers",
+                CODE,
+                f"dense MLP on layers {ranges(st.result.dense_layers)}, MoE on {ranges(st.result.moe_layers)}",
+            )
+        )
     return ffn_name
 
 
@@ -59,17 +65,25 @@ def analyze(st: AnalyzerState, block: Instance, prefix: str) -> None:
         facts.update(_routing(st, routing_owner, routing_out, block))
     experts, experts_name = _experts(st, block)
     num_experts, intermediate, expert_facts = _expert_sizes(st, experts, facts)
-    st.result.router_modules = [prefix + n for n, c in children
-                                if c is routing_owner or (st.base_module(c) == "Linear"
-                                                          and c.args.get("out_features") == num_experts)]
+    st.result.router_modules = [
+        prefix + n
+        for n, c in children
+        if c is routing_owner or (st.base_module(c) == "Linear" and c.args.get("out_features") == num_experts)
+    ]
     values = {
         "moe.num_experts": (num_experts, f"{where}: {experts_name} holds {num_experts} experts"),
         "moe.top_k": (facts.get("top_k"), f"{rwhere}: topk(k={facts.get('top_k')})"),
         "moe.intermediate_size": (intermediate, f"{where}: expert projection width {intermediate}"),
-        "moe.router_activation": (facts.get("activation"), f"{rwhere}: {facts.get('activation_evidence', '')}"),
+        "moe.router_activation": (
+            facts.get("activation"),
+            f"{rwhere}: {facts.get('activation_evidence', '')}",
+        ),
         "moe.norm_topk_prob": (facts.get("renorm"), f"{rwhere}: {facts.get('renorm_evidence', '')}"),
         "moe.router_bias": (facts.get("router_bias"), f"{rwhere}: {facts.get('router_bias_evidence', '')}"),
-        "moe.routing_bias": (facts.get("routing_bias"), f"{rwhere}: {facts.get('routing_bias_evidence', '')}"),
+        "moe.routing_bias": (
+            facts.get("routing_bias"),
+            f"{rwhere}: {facts.get('routing_bias_evidence', '')}",
+        ),
     }
     for name, (value, evidence) in values.items():
         if value is None:
@@ -78,23 +92,38 @@ def analyze(st: AnalyzerState, block: Instance, prefix: str) -> None:
             st.add(known(value, name, CODE, evidence))
     _shared_experts(st, children, experts_name, where)
     if expert_facts is not None:
-        mlp.mlp_findings(st, expert_facts, st.where(experts[0] if isinstance(experts, list) else experts), "mlp")
+        mlp.mlp_findings(
+            st, expert_facts, st.where(experts[0] if isinstance(experts, list) else experts), "mlp"
+        )
     if isinstance(experts, Instance):
-        st.add(known(True, "code.stacked_experts", CODE,
-                     f"{where}: experts stored as 3-D parameters {[n for n, _ in experts.params()]}"))
+        st.add(
+            known(
+                True,
+                "code.stacked_experts",
+                CODE,
+                f"{where}: experts stored as 3-D parameters {[n for n, _ in experts.params()]}",
+            )
+        )
     if not st.result.dense_layers:
         st.add(known(None, "mlp.intermediate_size", CODE, f"{where}: no dense MLP layer"))
     router_params = [p for _, c in children if c is routing_owner for _, p in c.params()]
     router_f32 = any(p.float32 for p in router_params)
-    st.add(known(router_f32, "code.router_param_float32", CODE,
-                 f"{rwhere}: router weight created in {'float32' if router_f32 else 'the model dtype'}"))
+    st.add(
+        known(
+            router_f32,
+            "code.router_param_float32",
+            CODE,
+            f"{rwhere}: router weight created in {'float32' if router_f32 else 'the model dtype'}",
+        )
+    )
     _extras(st, facts, rwhere, where, expert_facts, experts)
     if isinstance(experts, Instance):
         _expert_input(st, block, experts, where)
 
 
-def _routing_forward(st: AnalyzerState, block: Instance,
-                     children: list[tuple[str, Instance]]) -> tuple[Instance | None, Any]:
+def _routing_forward(
+    st: AnalyzerState, block: Instance, children: list[tuple[str, Instance]]
+) -> tuple[Instance | None, Any]:
     """The forward with the top-k call (the block's or a child's), and its
     output."""
     for owner in [block] + [c for _, c in children if not c.is_external]:
@@ -119,8 +148,9 @@ def _experts(st: AnalyzerState, block: Instance) -> tuple[Any, str | None]:
     return experts, experts_name
 
 
-def _expert_sizes(st: AnalyzerState, experts: Any,
-                  facts: dict[str, Any]) -> tuple[int | None, int | None, dict[str, Any] | None]:
+def _expert_sizes(
+    st: AnalyzerState, experts: Any, facts: dict[str, Any]
+) -> tuple[int | None, int | None, dict[str, Any] | None]:
     """The number of experts (else the router's width), their width, and
     what one expert computes."""
     num_experts = None
@@ -141,22 +171,42 @@ def _expert_sizes(st: AnalyzerState, experts: Any,
     return num_experts, intermediate, expert_facts
 
 
-def _shared_experts(st: AnalyzerState, children: list[tuple[str, Instance]], experts_name: str | None,
-                    where: str) -> None:
+def _shared_experts(
+    st: AnalyzerState, children: list[tuple[str, Instance]], experts_name: str | None, where: str
+) -> None:
     """Always-on experts (other MLP children) and a width-1 gate on them."""
     shared = [(n, c) for n, c in children if st.role(c) == "mlp" and n != experts_name and "." not in n]
     gates = [(n, c) for n, c in children if st.base_module(c) == "Linear" and c.args.get("out_features") == 1]
-    st.add(known(len(shared), "moe.shared_experts", CODE,
-                 f"{where}: " + (", ".join(f"{n} (width {mlp.mlp_facts(st, c)['intermediate']})" for n, c in shared)
-                                 or "no always-on expert")))
+    st.add(
+        known(
+            len(shared),
+            "moe.shared_experts",
+            CODE,
+            f"{where}: "
+            + (
+                ", ".join(f"{n} (width {mlp.mlp_facts(st, c)['intermediate']})" for n, c in shared)
+                or "no always-on expert"
+            ),
+        )
+    )
     if shared:
         width = mlp.mlp_facts(st, shared[0][1])["intermediate"]
         if width is not None:
             st.add(known(width, "code.shared_expert_intermediate", CODE, f"{where}: {shared[0][0]} width"))
     has_gate = bool(gates and shared)
-    st.add(known(has_gate, "moe.shared_expert_gate", CODE,
-                 f"{where}: " + (f"{gates[0][0]} (width 1) gates the shared expert" if has_gate
-                                 else "no gate on a shared expert")))
+    st.add(
+        known(
+            has_gate,
+            "moe.shared_expert_gate",
+            CODE,
+            f"{where}: "
+            + (
+                f"{gates[0][0]} (width 1) gates the shared expert"
+                if has_gate
+                else "no gate on a shared expert"
+            ),
+        )
+    )
 
 
 def _routing(st: AnalyzerState, owner: Instance, value: Any, block: Instance | None = None) -> dict[str, Any]:
@@ -170,11 +220,19 @@ def _routing(st: AnalyzerState, owner: Instance, value: Any, block: Instance | N
     before = list(walk(scores))
     _score_function(nodes, before, topk, facts)
     _router_projection(st, before, facts)
-    added = [n for n in before if n.kind == "binop" and n.name == "add" and any(
-        isinstance(x, Node) and x.kind == "param" for x in map(strip_casts, n.args))]
+    added = [
+        n
+        for n in before
+        if n.kind == "binop"
+        and n.name == "add"
+        and any(isinstance(x, Node) and x.kind == "param" for x in map(strip_casts, n.args))
+    ]
     facts["routing_bias"] = bool(added)
-    facts["routing_bias_evidence"] = ("a per-expert parameter is added to the scores before top-k" if added
-                                      else "top-k of the scores as computed")
+    facts["routing_bias_evidence"] = (
+        "a per-expert parameter is added to the scores before top-k"
+        if added
+        else "top-k of the scores as computed"
+    )
     if not added:
         elsewhere = _routing_bias_elsewhere(st, owner, block, before, facts.get("router_width"))
         if elsewhere:
@@ -188,49 +246,65 @@ def _routing(st: AnalyzerState, owner: Instance, value: Any, block: Instance | N
 def _score_function(nodes: list[Node], before: list[Node], topk: Node, facts: dict[str, Any]) -> None:
     """softmax or sigmoid of the router logits (before the top-k, or of the
     k values after it), and whether the k weights are renormalised."""
-    fn_before = [n.name.rsplit(".", 1)[-1] for n in before if n.kind in ("call", "method")
-                 and n.name.rsplit(".", 1)[-1] in ("softmax", "sigmoid")]
-    after_softmax = [n for n in nodes if n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "softmax"
-                     and depends_on(n, topk)]
+    fn_before = [
+        n.name.rsplit(".", 1)[-1]
+        for n in before
+        if n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] in ("softmax", "sigmoid")
+    ]
+    after_softmax = [
+        n
+        for n in nodes
+        if n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "softmax" and depends_on(n, topk)
+    ]
     if fn_before:
         facts["activation"] = "softmax" if fn_before[0] == "softmax" else "sigmoid"
         facts["activation_evidence"] = f"{fn_before[0]} over the router logits, then top-k"
     elif after_softmax:
         facts["activation"] = "softmax"
         facts["activation_evidence"] = "top-k of the logits, then softmax over the k values"
-    elif any(n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "sigmoid" and depends_on(n, topk)
-             for n in nodes):
+    elif any(
+        n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "sigmoid" and depends_on(n, topk)
+        for n in nodes
+    ):
         # sigmoid is monotonic: the same experts as sigmoid first, then top-k
         facts["activation"] = "sigmoid"
         facts["activation_evidence"] = "top-k of the logits, then sigmoid of the k values"
     else:
         facts["activation_evidence"] = "no softmax or sigmoid around the top-k"
     renorm = any(
-        n.kind == "binop" and n.name == "div" and depends_on(n.args[0], topk)
+        n.kind == "binop"
+        and n.name == "div"
+        and depends_on(n.args[0], topk)
         and any(m.kind == "method" and m.name == "sum" for m in walk(n.args[1]))
         for n in nodes
     )
     if fn_before:
         facts["renorm"] = renorm
-        facts["renorm_evidence"] = ("top-k weights divided by their sum" if renorm
-                                    else "top-k weights used as computed")
+        facts["renorm_evidence"] = (
+            "top-k weights divided by their sum" if renorm else "top-k weights used as computed"
+        )
     elif after_softmax:
         facts["renorm"] = True
         facts["renorm_evidence"] = "softmax over the top-k values sums to 1"
     elif facts.get("activation") == "sigmoid":
         facts["renorm"] = renorm
-        facts["renorm_evidence"] = ("top-k weights divided by their sum" if renorm
-                                    else "top-k weights used as computed")
+        facts["renorm_evidence"] = (
+            "top-k weights divided by their sum" if renorm else "top-k weights used as computed"
+        )
 
 
 def _router_projection(st: AnalyzerState, before: list[Node], facts: dict[str, Any]) -> None:
     """The projection producing the router logits: its bias and width."""
     proj = [n for n in before if n.kind == "call" and n.name.endswith(".linear")]
-    lin = [n for n in before if n.kind == "module" and n.ref is not None and st.base_module(n.ref) == "Linear"]
+    lin = [
+        n for n in before if n.kind == "module" and n.ref is not None and st.base_module(n.ref) == "Linear"
+    ]
     if proj:
         bias = proj[0].args[2] if len(proj[0].args) > 2 else proj[0].kwarg("bias")
         facts["router_bias"] = isinstance(bias, Node) and bias.kind == "param"
-        facts["router_bias_evidence"] = f"logits = linear(x, weight, bias={'param' if facts['router_bias'] else 'none'})"
+        facts["router_bias_evidence"] = (
+            f"logits = linear(x, weight, bias={'param' if facts['router_bias'] else 'none'})"
+        )
         weight = proj[0].args[1] if len(proj[0].args) > 1 else None
         if isinstance(weight, Node) and isinstance(weight.ref, Param) and weight.ref.shape:
             facts["router_width"] = weight.ref.shape[0]
@@ -251,39 +325,88 @@ def _expert_input(st: AnalyzerState, block: Instance, experts: Instance, where: 
         routed = [n for n in nodes if n.kind == "module" and n.ref is experts]
         for call in routed:
             first = call.args[0] if call.args else call.kwarg("hidden_states")
-            scores = [n for n in nodes if n.kind == "module" and isinstance(n.ref, Instance)
-                      and n.ref is not experts and st.role(n.ref) in ("router", "linear")]
+            scores = [
+                n
+                for n in nodes
+                if n.kind == "module"
+                and isinstance(n.ref, Instance)
+                and n.ref is not experts
+                and st.role(n.ref) in ("router", "linear")
+            ]
             if isinstance(first, Node) and any(depends_on(first, t) for t in topks + scores):
-                st.add(known("router-weighted expert input", "unsupported.moe.expert_input_scaling", CODE,
-                             f"{where}: the experts read the hidden states multiplied by the router "
-                             "scores, not the hidden states"))
+                st.add(
+                    known(
+                        "router-weighted expert input",
+                        "unsupported.moe.expert_input_scaling",
+                        CODE,
+                        f"{where}: the experts read the hidden states multiplied by the router "
+                        "scores, not the hidden states",
+                    )
+                )
                 return
 
 
-def _extras(st: AnalyzerState, facts: dict[str, Any], rwhere: str, where: str, expert_facts: dict[str, Any] | None,
-            experts: Any) -> None:
+def _extras(
+    st: AnalyzerState,
+    facts: dict[str, Any],
+    rwhere: str,
+    where: str,
+    expert_facts: dict[str, Any] | None,
+    experts: Any,
+) -> None:
     """The routed scaling factor, the dense layers, and what the spec cannot
     describe (``unsupported.moe.*`` findings: the plan refuses them)."""
     if "routed_scaling_evidence" in facts:
-        st.add(known(facts.get("routed_scaling"), "moe.routed_scaling_factor", CODE,
-                     f"{rwhere}: {facts['routed_scaling_evidence']}"))
+        st.add(
+            known(
+                facts.get("routed_scaling"),
+                "moe.routed_scaling_factor",
+                CODE,
+                f"{rwhere}: {facts['routed_scaling_evidence']}",
+            )
+        )
     dense = tuple(st.result.dense_layers) if st.result.moe_layers and st.result.dense_layers else None
-    st.add(known(dense, "moe.dense_layers", CODE,
-                 f"{where}: " + (f"dense MLP instead of experts on layers {ranges(list(dense))}" if dense
-                                 else "experts on every layer")))
+    st.add(
+        known(
+            dense,
+            "moe.dense_layers",
+            CODE,
+            f"{where}: "
+            + (
+                f"dense MLP instead of experts on layers {ranges(list(dense))}"
+                if dense
+                else "experts on every layer"
+            ),
+        )
+    )
     if facts.get("group_limited"):
-        st.add(known("group-limited routing", "unsupported.moe.group_limited_routing", CODE,
-                     f"{rwhere}: {facts['group_evidence']}"))
+        st.add(
+            known(
+                "group-limited routing",
+                "unsupported.moe.group_limited_routing",
+                CODE,
+                f"{rwhere}: {facts['group_evidence']}",
+            )
+        )
     if expert_facts is not None and (expert_facts["kind"] is None or expert_facts["act"] is None):
         ewhere = st.where(experts[0] if isinstance(experts, list) else experts)
-        st.add(known("expert computation", "unsupported.moe.expert_mlp", CODE,
-                     f"{ewhere}: the experts are not act(x W_gate) * (x W_up) W_down with a known activation "
-                     f"({expert_facts['evidence'] or 'not classified'})"))
+        st.add(
+            known(
+                "expert computation",
+                "unsupported.moe.expert_mlp",
+                CODE,
+                f"{ewhere}: the experts are not act(x W_gate) * (x W_up) W_down with a known activation "
+                f"({expert_facts['evidence'] or 'not classified'})",
+            )
+        )
 
 
 def _expert_width(st: AnalyzerState, experts: Instance, shapes: list[tuple]) -> int | None:
-    keys = [v for k, v in experts.attrs.items()
-            if isinstance(v, int) and any("intermediate" in r for r in experts.attr_reads.get(k, ()))]
+    keys = [
+        v
+        for k, v in experts.attrs.items()
+        if isinstance(v, int) and any("intermediate" in r for r in experts.attr_reads.get(k, ()))
+    ]
     hidden = st.dims.get("hidden_size")
     if len(set(keys)) == 1:
         return keys[0]
@@ -297,8 +420,9 @@ def _expert_width(st: AnalyzerState, experts: Instance, shapes: list[tuple]) -> 
     return None
 
 
-def _routing_bias_elsewhere(st: AnalyzerState, owner: Instance, block: Instance | None, before: list[Any],
-                            experts: int | None) -> str | None:
+def _routing_bias_elsewhere(
+    st: AnalyzerState, owner: Instance, block: Instance | None, before: list[Any], experts: int | None
+) -> str | None:
     """A per-expert vector added to the scores that is not a parameter of
     the router's forward: a buffer (``nn.Buffer``), a vector the MoE block
     passes in, or the output of a submodule that adds one (ERNIE's
@@ -306,19 +430,26 @@ def _routing_bias_elsewhere(st: AnalyzerState, owner: Instance, block: Instance 
     for n in before:
         if n.kind == "module" and isinstance(n.ref, Instance) and st.base_module(n.ref) != "Linear":
             for out in st.outputs(n.ref):
-                if any(m.kind == "binop" and m.name == "add"
-                       and any(isinstance(x, Node) and x.kind == "param" for x in map(strip_shape, m.args))
-                       for m in walk(out)):
-                    return (f"{n.ref.class_name} (self.{n.name}) adds a per-expert parameter to the scores "
-                            "before top-k")
+                if any(
+                    m.kind == "binop"
+                    and m.name == "add"
+                    and any(isinstance(x, Node) and x.kind == "param" for x in map(strip_shape, m.args))
+                    for m in walk(out)
+                ):
+                    return (
+                        f"{n.ref.class_name} (self.{n.name}) adds a per-expert parameter to the scores "
+                        "before top-k"
+                    )
         if n.kind != "binop" or n.name != "add":
             continue
         for x in map(strip_casts, n.args):
             if isinstance(x, Node) and x.kind == "input":
                 holders = [i for i in (owner, block) if isinstance(i, Instance)]
-                if any(name == x.name and p.shape and max(p.shape) == experts and vector_shape(p.shape)
-                       for i in holders for name, p in i.params()) \
-                        or any(x.name in _buffers(i) for i in holders):
+                if any(
+                    name == x.name and p.shape and max(p.shape) == experts and vector_shape(p.shape)
+                    for i in holders
+                    for name, p in i.params()
+                ) or any(x.name in _buffers(i) for i in holders):
                     return f"the per-expert vector {x.name} is passed in and added to the scores before top-k"
             elif x is UNKNOWN:
                 buffers = _added_buffers(owner)
@@ -333,13 +464,21 @@ def _routed_scaling(nodes: list[Any], topk: Node) -> dict[str, Any]:
         if n.kind != "binop" or n.name != "mul":
             continue
         for x, y in (n.args, tuple(reversed(n.args))):
-            if isinstance(y, (int, float)) and not isinstance(y, bool) and isinstance(x, Node) \
-                    and depends_on(x, topk):
+            if (
+                isinstance(y, (int, float))
+                and not isinstance(y, bool)
+                and isinstance(x, Node)
+                and depends_on(x, topk)
+            ):
                 if math.isclose(float(y), 1.0):
-                    return {"routed_scaling": None,
-                            "routed_scaling_evidence": "top-k weights multiplied by 1.0 (no scaling)"}
-                return {"routed_scaling": float(y),
-                        "routed_scaling_evidence": f"top-k weights multiplied by {float(y):g}"}
+                    return {
+                        "routed_scaling": None,
+                        "routed_scaling_evidence": "top-k weights multiplied by 1.0 (no scaling)",
+                    }
+                return {
+                    "routed_scaling": float(y),
+                    "routed_scaling_evidence": f"top-k weights multiplied by {float(y):g}",
+                }
     return {"routed_scaling": None, "routed_scaling_evidence": "top-k weights not scaled by a constant"}
 
 
@@ -347,14 +486,25 @@ def _group_routing(nodes: list[Any], topk: Node, experts: int | None) -> dict[st
     """Group-limited routing (DeepSeek-V3's n_group / topk_group): a top-k
     over per-group scores that masks the experts before the final top-k.
     It changes nothing when every group is kept."""
-    inner = [n for n in nodes if n is not topk and n.kind in ("call", "method")
-             and n.name.rsplit(".", 1)[-1] == "topk" and depends_on(topk, n)]
+    inner = [
+        n
+        for n in nodes
+        if n is not topk
+        and n.kind in ("call", "method")
+        and n.name.rsplit(".", 1)[-1] == "topk"
+        and depends_on(topk, n)
+    ]
     if not inner:
         return {}
     groups = None
     for n in nodes:
-        if n.kind == "method" and n.name in ("view", "reshape") and len(n.args) == 4 \
-                and all(isinstance(d, int) for d in n.args[1:]) and n.args[1] == -1:
+        if (
+            n.kind == "method"
+            and n.name in ("view", "reshape")
+            and len(n.args) == 4
+            and all(isinstance(d, int) for d in n.args[1:])
+            and n.args[1] == -1
+        ):
             g, per = n.args[2], n.args[3]
             if experts is None or g * per == experts:
                 groups = g
@@ -366,11 +516,15 @@ def _group_routing(nodes: list[Any], topk: Node, experts: int | None) -> dict[st
             k = n.args[1] if len(n.args) > 1 else n.kwarg("k")
             kept = k if isinstance(k, int) else None
     if groups is not None and kept is not None and (groups == 1 or kept >= groups):
-        return {"group_limited": False,
-                "group_evidence": f"{kept} of {groups} expert group(s) kept: no restriction"}
-    detail = (f"experts restricted to the top {kept} of {groups} groups before the top-k"
-              if groups is not None and kept is not None
-              else "a top-k over expert groups masks the experts before the top-k")
+        return {
+            "group_limited": False,
+            "group_evidence": f"{kept} of {groups} expert group(s) kept: no restriction",
+        }
+    detail = (
+        f"experts restricted to the top {kept} of {groups} groups before the top-k"
+        if groups is not None and kept is not None
+        else "a top-k over expert groups masks the experts before the top-k"
+    )
     return {"group_limited": True, "group_evidence": detail}
 
 
@@ -386,11 +540,19 @@ def _buffers(owner: Instance) -> list[str]:
             func = stmt.value.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
             if name == "Buffer":
-                buffers += [t.attr for t in stmt.targets if isinstance(t, ast.Attribute)
-                            and isinstance(t.value, ast.Name) and t.value.id == "self"]
-        elif isinstance(stmt, ast.Call) and isinstance(stmt.func, ast.Attribute) \
-                and stmt.func.attr == "register_buffer" and stmt.args \
-                and isinstance(stmt.args[0], ast.Constant) and isinstance(stmt.args[0].value, str):
+                buffers += [
+                    t.attr
+                    for t in stmt.targets
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+                ]
+        elif (
+            isinstance(stmt, ast.Call)
+            and isinstance(stmt.func, ast.Attribute)
+            and stmt.func.attr == "register_buffer"
+            and stmt.args
+            and isinstance(stmt.args[0], ast.Constant)
+            and isinstance(stmt.args[0].value, str)
+        ):
             buffers.append(stmt.args[0].value)
     return buffers
 
@@ -407,7 +569,12 @@ def _added_buffers(owner: Instance) -> list[str]:
     for expr in ast.walk(node):
         if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
             for side in (expr.left, expr.right):
-                if isinstance(side, ast.Attribute) and isinstance(side.value, ast.Name) \
-                        and side.value.id == "self" and side.attr in buffers and side.attr not in added:
+                if (
+                    isinstance(side, ast.Attribute)
+                    and isinstance(side.value, ast.Name)
+                    and side.value.id == "self"
+                    and side.attr in buffers
+                    and side.attr not in added
+                ):
                     added.append(side.attr)
     return added

@@ -49,7 +49,9 @@ def _functional_norm(n: Node, short: str, info: dict[str, Any]) -> dict[str, Any
     # the weight argument may be the parameter plus one (Nemotron's LayerNorm1P)
     offset = strip_casts(weight)
     info["unit_offset"] = bool(
-        isinstance(offset, Node) and offset.kind == "binop" and offset.name == "add"
+        isinstance(offset, Node)
+        and offset.kind == "binop"
+        and offset.name == "add"
         and any(is_one(a) and param_inside(b) for a, b in (offset.args, offset.args[::-1]))
     )
     info["affine"] = _param_of(weight) is not None or info["unit_offset"]
@@ -62,8 +64,11 @@ def _written_out_kind(nodes: list[Node], inputs: list[Node], info: dict[str, Any
     """LayerNorm (mean subtracted, or a variance, and a root) or RMSNorm
     (mean of squares and a root, no subtraction) written out; sets the kind
     and evidence in ``info``. False when it is neither."""
-    means = [n for n in nodes if (n.kind == "method" and n.name == "mean") or
-             (n.kind == "call" and n.name.endswith(".mean"))]
+    means = [
+        n
+        for n in nodes
+        if (n.kind == "method" and n.name == "mean") or (n.kind == "call" and n.name.endswith(".mean"))
+    ]
     variances = [n for n in nodes if n.kind in ("method", "call") and n.name.rsplit(".", 1)[-1] == "var"]
     squares = set()
     for m in means:
@@ -72,7 +77,9 @@ def _written_out_kind(nodes: list[Node], inputs: list[Node], info: dict[str, Any
             squares.add(id(m))
     plain_means = [m for m in means if id(m) not in squares]
     subtracted = any(
-        n.kind == "binop" and n.name == "sub" and any(depends_on(n.args[1], m) for m in plain_means)
+        n.kind == "binop"
+        and n.name == "sub"
+        and any(depends_on(n.args[1], m) for m in plain_means)
         and depends_on(n.args[0], inputs[0])
         for n in nodes
     )
@@ -88,8 +95,9 @@ def _written_out_kind(nodes: list[Node], inputs: list[Node], info: dict[str, Any
     return True
 
 
-def _weight_and_bias(instance: Instance, nodes: list[Node], inputs: list[Node],
-                     info: dict[str, Any]) -> dict[str, Any]:
+def _weight_and_bias(
+    instance: Instance, nodes: list[Node], inputs: list[Node], info: dict[str, Any]
+) -> dict[str, Any]:
     """Parameters multiplied with / added to the normalised value."""
     params = {id(p): p for p in instance.attrs.values() if isinstance(p, Param)}
     info["unit_offset"] = False
@@ -101,7 +109,9 @@ def _weight_and_bias(instance: Instance, nodes: list[Node], inputs: list[Node],
             pa, pb = _param_of(a), _param_of(b)
             if (is_one(a) and param_inside(b)) or (is_one(b) and param_inside(a)):
                 info["unit_offset"] = True
-            elif (pa is not None and depends_on(b, inputs[0])) or (pb is not None and depends_on(a, inputs[0])):
+            elif (pa is not None and depends_on(b, inputs[0])) or (
+                pb is not None and depends_on(a, inputs[0])
+            ):
                 info["bias"] = True
         if n.kind == "binop" and n.name == "mul" and any(param_inside(x) for x in n.args):
             weight_used = True

@@ -23,7 +23,11 @@ def _nope_layers(st: AnalyzerState, where: str) -> None:
     rotary = st.layer_rotation
     if rotary and not all(rotary) and any(rotary):
         nope = tuple(i for i, r in enumerate(rotary) if not r)
-        st.add(known(nope, "rope.nope_layers", CODE, f"{where}: no rotation applied on layers {ranges(list(nope))}"))
+        st.add(
+            known(
+                nope, "rope.nope_layers", CODE, f"{where}: no rotation applied on layers {ranges(list(nope))}"
+            )
+        )
     elif rotary and all(rotary):
         st.add(known(None, "rope.nope_layers", CODE, f"{where}: rotation applied on every layer"))
     elif rotary:
@@ -34,8 +38,13 @@ def _nope_layers(st: AnalyzerState, where: str) -> None:
 def _style(st: AnalyzerState, g: AttentionGraph) -> None:
     """The rotation function applied to the projections: its style."""
     nodes, inputs, where = g.nodes, g.inputs, g.where
-    funcs = [n for n in nodes if n.kind == "func" and isinstance(n.ref, FuncRef)
-             and any(depends_on(arg, c) for arg in n.args for c in inputs)]
+    funcs = [
+        n
+        for n in nodes
+        if n.kind == "func"
+        and isinstance(n.ref, FuncRef)
+        and any(depends_on(arg, c) for arg in n.args for c in inputs)
+    ]
     styles = {}
     for n in funcs:
         style = rotation_style(n.ref, st.interp)
@@ -44,7 +53,11 @@ def _style(st: AnalyzerState, g: AttentionGraph) -> None:
     if not styles:
         rotary = _find_rotary(st)
         if rotary is None or st.no_rotation:
-            st.add(known("none", "rope.type", CODE, f"{where}: no rotary embedding module and no rotation applied"))
+            st.add(
+                known(
+                    "none", "rope.type", CODE, f"{where}: no rotary embedding module and no rotation applied"
+                )
+            )
         else:
             st.add(unknown("rope.style", CODE, f"{where}: rotation function not recognised"))
         return
@@ -94,15 +107,26 @@ def _rotary_dim(st: AnalyzerState, where: str) -> None:
         for state in states:
             for value in [state.value, *state.env.values()]:
                 for n in walk(value):
-                    if n.kind == "call" and n.name.endswith("arange") and len(n.args) >= 3 \
-                            and n.args[0] == 0 and n.args[2] == 2 and isinstance(n.args[1], int):
+                    if (
+                        n.kind == "call"
+                        and n.name.endswith("arange")
+                        and len(n.args) >= 3
+                        and n.args[0] == 0
+                        and n.args[2] == 2
+                        and isinstance(n.args[1], int)
+                    ):
                         dims.append(n.args[1])
         if dims:
             evidence = f"{klass.name}.{name}: inv_freq over {dims[0]} of head_dim {hd}"
             break
     if not dims or not isinstance(hd, int):
-        st.add(unknown("rope.partial_rotary_factor", CODE,
-                       f"{where}: rotary dimension not computable from {rotary.class_name}"))
+        st.add(
+            unknown(
+                "rope.partial_rotary_factor",
+                CODE,
+                f"{where}: rotary dimension not computable from {rotary.class_name}",
+            )
+        )
         return
     if len(set(dims)) != 1:
         st.add(unknown("rope.partial_rotary_factor", CODE, f"{where}: rotary dims {sorted(set(dims))}"))

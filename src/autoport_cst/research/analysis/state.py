@@ -61,7 +61,9 @@ class CodeAnalysis:
     # (self_attn, self_attn.q_proj, mlp.down_proj, input_layernorm, ...).
     module_names: dict[str, str] = field(default_factory=dict)
     final_norm_key: str | None = None
-    linear_modules: list[str] = field(default_factory=list)  # torch base of the layer projections: Linear | Conv1D
+    linear_modules: list[str] = field(
+        default_factory=list
+    )  # torch base of the layer projections: Linear | Conv1D
 
     def add(self, finding: Finding) -> None:
         self.findings.append(finding)
@@ -94,8 +96,15 @@ class AnalyzerState:
     the code creates), the causal LM instance tree and its decoder layers,
     and the caches of traced forwards, module roles and norm classifications."""
 
-    def __init__(self, source: ModelingSource, interp: Interpreter, dims: dict[str, Any], result: CodeAnalysis,
-                 top: Instance, cls: SourceClass) -> None:
+    def __init__(
+        self,
+        source: ModelingSource,
+        interp: Interpreter,
+        dims: dict[str, Any],
+        result: CodeAnalysis,
+        top: Instance,
+        cls: SourceClass,
+    ) -> None:
         self.source = source
         self.interp = interp
         self.dims = dims
@@ -183,13 +192,21 @@ class AnalyzerState:
         nodes = [n for state in self.forward(instance) for n in walk(state.value)]
         names = {n.name.rsplit(".", 1)[-1] for n in nodes if n.kind in ("call", "method")}
         if "topk" in names or any(
-            "topk" in {m.name.rsplit(".", 1)[-1] for path in self.forward(child) for m in walk(path.value)
-                       if m.kind in ("call", "method")}
+            "topk"
+            in {
+                m.name.rsplit(".", 1)[-1]
+                for path in self.forward(child)
+                for m in walk(path.value)
+                if m.kind in ("call", "method")
+            }
             for _, child in instance.children()
             if not child.is_external
         ):
             return "moe"
-        if self._calls_attention_kernel(instance, nodes) or names & {"softmax", "scaled_dot_product_attention"}:
+        if self._calls_attention_kernel(instance, nodes) or names & {
+            "softmax",
+            "scaled_dot_product_attention",
+        }:
             return "attention"
         if self.norm_info(instance)["kind"] is not None:
             return "norm"
@@ -202,7 +219,10 @@ class AnalyzerState:
             n.kind == "module" and self.role(n.ref) == "linear" for n in nodes
         ):
             return "mlp"
-        if any(isinstance(v, Param) and v.numel is not None and len(v.shape) == 3 for v in instance.attrs.values()):
+        if any(
+            isinstance(v, Param) and v.numel is not None and len(v.shape) == 3
+            for v in instance.attrs.values()
+        ):
             return "experts"
         return "other"
 
@@ -221,8 +241,16 @@ class AnalyzerState:
         return self._norm_cache[key]
 
     def _norm_info(self, instance: Instance) -> dict[str, Any]:
-        info: dict[str, Any] = {"kind": None, "bias": None, "unit_offset": None, "affine": True,
-                                "evidence": "", "eps": None, "eps_key": None, "width": None}
+        info: dict[str, Any] = {
+            "kind": None,
+            "bias": None,
+            "unit_offset": None,
+            "affine": True,
+            "evidence": "",
+            "eps": None,
+            "eps_key": None,
+            "width": None,
+        }
         base = self.base_module(instance)
         args = instance.args
         info["width"] = first_int(args)
@@ -232,13 +260,20 @@ class AnalyzerState:
                 keys = instance.reads.get(name, frozenset())
                 info["eps_key"] = sorted(keys)[0] if len(keys) == 1 else None
                 break
-        own_forward = isinstance(instance.cls, SourceClass) and self.interp.find_method(instance.cls, "forward")
+        own_forward = isinstance(instance.cls, SourceClass) and self.interp.find_method(
+            instance.cls, "forward"
+        )
         if own_forward and base in ("LayerNorm", "RMSNorm"):
             base = None  # a subclass with its own forward: classified by what that computes
         if base == "LayerNorm":
             affine = args.get("elementwise_affine", True)
-            info.update(kind="layernorm", bias=bool(affine and args.get("bias", True)), unit_offset=False,
-                        affine=bool(affine), evidence=f"torch.nn.LayerNorm (bias={args.get('bias', True)})")
+            info.update(
+                kind="layernorm",
+                bias=bool(affine and args.get("bias", True)),
+                unit_offset=False,
+                affine=bool(affine),
+                evidence=f"torch.nn.LayerNorm (bias={args.get('bias', True)})",
+            )
             return info
         if base == "RMSNorm":
             info.update(kind="rmsnorm", bias=False, unit_offset=False, evidence="torch.nn.RMSNorm")
@@ -252,14 +287,24 @@ class AnalyzerState:
         result = classify_norm_graph(instance, values[0])
         if len(kinds) > 1:
             return info
-        result.update(width=info["width"], eps=info["eps"] if info["eps"] is not None else result.get("eps_constant"),
-                      eps_key=info["eps_key"])
+        result.update(
+            width=info["width"],
+            eps=info["eps"] if info["eps"] is not None else result.get("eps_constant"),
+            eps_key=info["eps_key"],
+        )
         if result["kind"] is not None:
             result["evidence"] = f"{self.where(instance)}: " + result["evidence"]
         return result
 
-    def tree_keys(self, instance: Instance, prefix: str, out: dict[str, tuple | None],
-                  roles: dict[str, str], experts: set[str], in_experts: bool = False) -> None:
+    def tree_keys(
+        self,
+        instance: Instance,
+        prefix: str,
+        out: dict[str, tuple | None],
+        roles: dict[str, str],
+        experts: set[str],
+        in_experts: bool = False,
+    ) -> None:
         """The state-dict keys (and shapes) the tree under ``instance``
         creates, the role of every module path, and the keys under experts."""
         base = self.base_module(instance)
@@ -288,14 +333,24 @@ class AnalyzerState:
             put("weight", (n, d) if isinstance(n, int) and isinstance(d, int) else None)
         elif base in ("LayerNorm", "RMSNorm"):
             shape = args.get("normalized_shape")
-            shape = (shape,) if isinstance(shape, int) else tuple(shape) if isinstance(shape, (tuple, list)) else None
+            shape = (
+                (shape,)
+                if isinstance(shape, int)
+                else tuple(shape)
+                if isinstance(shape, (tuple, list))
+                else None
+            )
             if args.get("elementwise_affine", True):
                 put("weight", shape)
                 if base == "LayerNorm" and args.get("bias", True):
                     put("bias", shape)
         for name, param in instance.params():
-            put(name, param.shape if param.shape is not None and all(isinstance(d, int) for d in param.shape)
-                else None)
+            put(
+                name,
+                param.shape
+                if param.shape is not None and all(isinstance(d, int) for d in param.shape)
+                else None,
+            )
         for name, child in instance.children():
             self.tree_keys(child, f"{prefix}{name}.", out, roles, experts, in_experts)
 

@@ -20,10 +20,14 @@ def head_dim(d: Decider) -> Any:
     value = d.cfg.dims.get("head_dim")
     if code_head_dim is not None and code_head_dim.known:
         if value is not None and code_head_dim.value != value:
-            d.conflict("attention.head_dim", [
-                (CONFIG, value, d.cfg_finding("attention.head_dim").evidence),
-                (CODE, code_head_dim.value, code_head_dim.evidence)],
-                f"the spec takes {code_head_dim.value}: the code computes the head size itself")
+            d.conflict(
+                "attention.head_dim",
+                [
+                    (CONFIG, value, d.cfg_finding("attention.head_dim").evidence),
+                    (CODE, code_head_dim.value, code_head_dim.evidence),
+                ],
+                f"the spec takes {code_head_dim.value}: the code computes the head size itself",
+            )
         value = code_head_dim.value
     return value
 
@@ -71,11 +75,23 @@ def window_check(d: Decider) -> None:
     """A note when config.json sets a sliding window the code never applies."""
     window = d.cfg_finding("config.sliding_window")
     sliding = d.code_finding("attention.sliding_window")
-    if window is not None and window.known and window.value and sliding is not None and sliding.known \
-            and sliding.value == "none":
-        d.notes.append(known(window.value, "config.sliding_window_unused", CONFIG,
-                             f"config sets sliding_window={window.value} but the code applies no window "
-                             f"({window.evidence})"))
+    if (
+        window is not None
+        and window.known
+        and window.value
+        and sliding is not None
+        and sliding.known
+        and sliding.value == "none"
+    ):
+        d.notes.append(
+            known(
+                window.value,
+                "config.sliding_window_unused",
+                CONFIG,
+                f"config sets sliding_window={window.value} but the code applies no window "
+                f"({window.evidence})",
+            )
+        )
 
 
 def _count(d: Decider, name: str, config_value: Any) -> Any:
@@ -84,9 +100,11 @@ def _count(d: Decider, name: str, config_value: Any) -> Any:
     cfg = d.cfg_finding(name)
     if code is not None and code.known:
         if config_value is not None and code.value != config_value:
-            d.conflict(name, [(CONFIG, config_value, cfg.evidence if cfg else ""),
-                              (CODE, code.value, code.evidence)],
-                       f"the spec takes {code.value}: the projections the code builds")
+            d.conflict(
+                name,
+                [(CONFIG, config_value, cfg.evidence if cfg else ""), (CODE, code.value, code.evidence)],
+                f"the spec takes {code.value}: the projections the code builds",
+            )
         d.decisions.append(code)
         return code.value
     if cfg is not None:

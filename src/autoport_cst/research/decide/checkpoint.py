@@ -21,34 +21,58 @@ def layout(d: Decider, is_moe: bool) -> CheckpointSpec:
     tensors the code creates."""
     code, ckpt = d.code, d.ckpt
     stored = ckpt.tensors if ckpt is not None else None
-    qkv = _fusion(d, stored, "checkpoint.qkv", "code.fused_qkv", code.qkv_modules if code else [],
-                  "checkpoint.fused_qkv")
+    qkv = _fusion(
+        d,
+        stored,
+        "checkpoint.qkv",
+        "code.fused_qkv",
+        code.qkv_modules if code else [],
+        "checkpoint.fused_qkv",
+    )
     qkv_layout = d.code_finding("code.qkv_layout")
-    if qkv == "fused" and qkv_layout is not None and qkv_layout.known \
-            and qkv_layout.value == "per_head_interleaved":
+    if (
+        qkv == "fused"
+        and qkv_layout is not None
+        and qkv_layout.known
+        and qkv_layout.value == "per_head_interleaved"
+    ):
         qkv = "fused_per_head"
-        d.decisions.append(known(qkv, "checkpoint.qkv", CODE,
-                                 f"{qkv_layout.evidence}: the fused tensor's rows are [q k v] per head"))
+        d.decisions.append(
+            known(
+                qkv,
+                "checkpoint.qkv",
+                CODE,
+                f"{qkv_layout.evidence}: the fused tensor's rows are [q k v] per head",
+            )
+        )
     gate_up = _gate_up(d, stored, is_moe)
     head_stored = _head_stored(d, stored)
     key_map = _key_map(d, qkv, gate_up, is_moe)
     linear = _linear_layout(d)
-    return CheckpointSpec(qkv=qkv, gate_up=gate_up, lm_head_stored=head_stored, key_map=key_map,
-                          linear_layout=linear)
+    return CheckpointSpec(
+        qkv=qkv, gate_up=gate_up, lm_head_stored=head_stored, key_map=key_map, linear_layout=linear
+    )
 
 
-def _fusion(d: Decider, stored: dict | None, field: str, code_flag: str, modules: list[str], ckpt_flag: str) -> str:
+def _fusion(
+    d: Decider, stored: dict | None, field: str, code_flag: str, modules: list[str], ckpt_flag: str
+) -> str:
     """fused or separate: the stored tensors of the code's modules, else the
     checkpoint's own finding, else the code's module tree."""
     code = d.code
     flag = d.code_finding(code_flag)
     fused_code = bool(flag.value) if flag is not None and flag.known else None
     if stored is not None:
-        if code is not None and modules and all(f"{m}.weight" in stored for m in modules) \
-                and fused_code is not None:
+        if (
+            code is not None
+            and modules
+            and all(f"{m}.weight" in stored for m in modules)
+            and fused_code is not None
+        ):
             value = "fused" if fused_code else "separate"
-            d.decisions.append(known(value, field, CHECKPOINT,
-                                     f"stored as {', '.join(m + '.weight' for m in modules)}"))
+            d.decisions.append(
+                known(value, field, CHECKPOINT, f"stored as {', '.join(m + '.weight' for m in modules)}")
+            )
             return value
         f = d.ckpt_finding(ckpt_flag)
         if f is not None and f.known:
@@ -57,8 +81,9 @@ def _fusion(d: Decider, stored: dict | None, field: str, code_flag: str, modules
             return value
     if fused_code is not None and (stored is None or code is not None):
         value = "fused" if fused_code else "separate"
-        d.decisions.append(known(value, field, CODE, flag.evidence,
-                                 INFERRED if stored is not None else flag.confidence))
+        d.decisions.append(
+            known(value, field, CODE, flag.evidence, INFERRED if stored is not None else flag.confidence)
+        )
         return value
     d.decisions.append(unknown(field, DERIVED, "neither the code nor the checkpoint shows the layout"))
     d.unknown.append(field)
@@ -74,13 +99,21 @@ def _gate_up(d: Decider, stored: dict | None, is_moe: bool) -> str:
         expert_layout = d.ckpt_finding("checkpoint.expert_layout")
         if expert_layout is not None and expert_layout.value == "per_expert":
             gate_modules = []  # per-expert keys: decided by shapes below
-    gate_up = _fusion(d, stored, "checkpoint.gate_up", "code.fused_gate_up", gate_modules, "checkpoint.fused_gate_up")
+    gate_up = _fusion(
+        d, stored, "checkpoint.gate_up", "code.fused_gate_up", gate_modules, "checkpoint.fused_gate_up"
+    )
     if is_moe and stored is not None and d.ckpt_finding("checkpoint.fused_gate_up") is None:
         expert_layout = d.ckpt_finding("checkpoint.expert_layout")
         if expert_layout is not None and expert_layout.value == "per_expert":
             gate_up = "separate"
-            d.decisions.append(known("separate", "checkpoint.gate_up", CHECKPOINT,
-                                     f"{expert_layout.evidence}: no tensor of width 2 x expert intermediate"))
+            d.decisions.append(
+                known(
+                    "separate",
+                    "checkpoint.gate_up",
+                    CHECKPOINT,
+                    f"{expert_layout.evidence}: no tensor of width 2 x expert intermediate",
+                )
+            )
     return gate_up
 
 
@@ -114,8 +147,11 @@ def _key_map(d: Decider, qkv: str, gate_up: str, is_moe: bool) -> dict[str, str]
     key_map = derive_key_map(names)
     shown = ", ".join(f"{k} -> {v}" for k, v in (key_map or {}).items()) or "Llama-style names"
     if missing:
-        d.decisions.append(unknown("checkpoint.key_map", CODE,
-                                   f"module names not identified for {', '.join(missing)} ({shown})"))
+        d.decisions.append(
+            unknown(
+                "checkpoint.key_map", CODE, f"module names not identified for {', '.join(missing)} ({shown})"
+            )
+        )
         d.unknown.append("checkpoint.key_map")
         return key_map
     evidence = f"module paths the code builds: {shown}"
@@ -129,10 +165,11 @@ def _key_map(d: Decider, qkv: str, gate_up: str, is_moe: bool) -> dict[str, str]
                 continue
             absent += [k for k in wanted if k not in stored]
         if absent:
-            d.conflict("checkpoint.key_map", [
-                (CODE, key_map, evidence),
-                (CHECKPOINT, "absent", f"not stored: {', '.join(absent[:6])}")],
-                "the spec follows the code's module names; the checkpoint stores other names")
+            d.conflict(
+                "checkpoint.key_map",
+                [(CODE, key_map, evidence), (CHECKPOINT, "absent", f"not stored: {', '.join(absent[:6])}")],
+                "the spec follows the code's module names; the checkpoint stores other names",
+            )
         else:
             evidence += "; every renamed key is stored"
     d.decisions.append(known(key_map, "checkpoint.key_map", CODE if d.ckpt is None else CHECKPOINT, evidence))
@@ -149,7 +186,9 @@ def _missing_names(d: Decider, names: dict[str, str], qkv: str, gate_up: str, is
     affine = d.code_finding("code.norm_affine")
     wanted = ["model", "model.layers", "model.embed_tokens", "lm_head", "self_attn", "self_attn.o_proj"]
     fused = qkv in ("fused", "fused_per_head")
-    wanted += ["self_attn.qkv_proj"] if fused else ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]
+    wanted += (
+        ["self_attn.qkv_proj"] if fused else ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]
+    )
     if spec_qk is not None and spec_qk.known and spec_qk.value != "none" and not fused:
         wanted += ["self_attn.q_norm", "self_attn.k_norm"]
     if not is_moe:
@@ -157,7 +196,9 @@ def _missing_names(d: Decider, names: dict[str, str], qkv: str, gate_up: str, is
         if gate_up == "fused":
             wanted.append("mlp.gate_up_proj")
         else:
-            wanted += ["mlp.up_proj"] + (["mlp.gate_proj"] if kind is not None and kind.value == "gated" else [])
+            wanted += ["mlp.up_proj"] + (
+                ["mlp.gate_proj"] if kind is not None and kind.value == "gated" else []
+            )
     if affine is None or affine.value is not False:
         wanted.append("model.norm")
         where = placement.value if placement is not None and placement.known else None
@@ -166,8 +207,12 @@ def _missing_names(d: Decider, names: dict[str, str], qkv: str, gate_up: str, is
             if parallel is None or parallel.value != "shared_norm":
                 wanted.append("post_attention_layernorm")
         elif where == "sandwich":
-            wanted += ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                       "post_feedforward_layernorm"]
+            wanted += [
+                "input_layernorm",
+                "post_attention_layernorm",
+                "pre_feedforward_layernorm",
+                "post_feedforward_layernorm",
+            ]
         elif where == "post":
             wanted += ["post_attention_layernorm", "post_feedforward_layernorm"]
     return [w for w in wanted if not names.get(w)]
@@ -177,13 +222,20 @@ def _linear_layout(d: Decider) -> str:
     code = d.code
     kinds = set(code.linear_modules) if code is not None else set()
     if kinds == {"Conv1D"}:
-        d.decisions.append(known("in_out", "checkpoint.linear_layout", CODE,
-                                 "the layer projections are transformers Conv1D (weights [in, out])"))
+        d.decisions.append(
+            known(
+                "in_out",
+                "checkpoint.linear_layout",
+                CODE,
+                "the layer projections are transformers Conv1D (weights [in, out])",
+            )
+        )
         return "in_out"
     if kinds == {"Linear"} or not kinds:
         return "out_in"
-    d.decisions.append(unknown("checkpoint.linear_layout", CODE,
-                               f"the layer projections mix module kinds {sorted(kinds)}"))
+    d.decisions.append(
+        unknown("checkpoint.linear_layout", CODE, f"the layer projections mix module kinds {sorted(kinds)}")
+    )
     d.unknown.append("checkpoint.linear_layout")
     return "out_in"
 
@@ -214,11 +266,16 @@ def _bias_checks(d: Decider) -> None:
             want = f"{module}.bias" in expected
             have = f"{module}.bias" in stored
             if want != have:
-                d.conflict(field, [
-                    (CODE, want, f"{module}: the code creates {'a' if want else 'no'} bias"),
-                    (CHECKPOINT, have, f"{module}.bias {'is' if have else 'is not'} stored")],
+                d.conflict(
+                    field,
+                    [
+                        (CODE, want, f"{module}: the code creates {'a' if want else 'no'} bias"),
+                        (CHECKPOINT, have, f"{module}.bias {'is' if have else 'is not'} stored"),
+                    ],
                     "the spec follows the code (transformers "
-                    + ("drops the stored bias" if have else "leaves the bias uninitialised") + ")")
+                    + ("drops the stored bias" if have else "leaves the bias uninitialised")
+                    + ")",
+                )
                 break
 
 
@@ -232,31 +289,57 @@ def _pattern_notes(d: Decider, embedding: EmbeddingSpec) -> None:
     if code.tied_keys_declared and embedding.tied and code.head_key in missing:
         missing.remove(code.head_key)
     if extra:
-        d.notes.append(known(extra, "checkpoint.unexpected_keys", CHECKPOINT,
-                             f"{len(extra)} stored tensor pattern(s) the code does not create: "
-                             + ", ".join(extra[:6]) + (" ..." if len(extra) > 6 else "")))
+        d.notes.append(
+            known(
+                extra,
+                "checkpoint.unexpected_keys",
+                CHECKPOINT,
+                f"{len(extra)} stored tensor pattern(s) the code does not create: "
+                + ", ".join(extra[:6])
+                + (" ..." if len(extra) > 6 else ""),
+            )
+        )
     if missing:
-        d.notes.append(known(missing, "checkpoint.missing_keys", CHECKPOINT,
-                             f"{len(missing)} tensor pattern(s) the code creates that are not stored: "
-                             + ", ".join(missing[:6]) + (" ..." if len(missing) > 6 else "")))
+        d.notes.append(
+            known(
+                missing,
+                "checkpoint.missing_keys",
+                CHECKPOINT,
+                f"{len(missing)} tensor pattern(s) the code creates that are not stored: "
+                + ", ".join(missing[:6])
+                + (" ..." if len(missing) > 6 else ""),
+            )
+        )
 
 
 def _qk_norm_and_sinks(d: Decider, attention: AttentionSpec) -> None:
     code, stored = d.code, d.ckpt.tensors
     expected = code.expected
     for name in code.qk_norm_modules:
-        if f"{name}.weight" in expected and f"{name}.weight" not in stored and any(
-                k.startswith(name + ".") for k in stored) is False:
-            d.conflict("attention.qk_norm", [
-                (CODE, attention.qk_norm, f"{name} is applied to queries/keys"),
-                (CHECKPOINT, "absent", f"no {name}.* tensor stored")],
-                "the spec follows the code; loading leaves the norm weight at its initial value")
+        if (
+            f"{name}.weight" in expected
+            and f"{name}.weight" not in stored
+            and any(k.startswith(name + ".") for k in stored) is False
+        ):
+            d.conflict(
+                "attention.qk_norm",
+                [
+                    (CODE, attention.qk_norm, f"{name} is applied to queries/keys"),
+                    (CHECKPOINT, "absent", f"no {name}.* tensor stored"),
+                ],
+                "the spec follows the code; loading leaves the norm weight at its initial value",
+            )
             break
     for name in code.sink_keys:
         if name not in stored:
-            d.conflict("attention.sinks", [(CODE, True, f"{name} is passed to the kernel"),
-                                           (CHECKPOINT, False, f"{name} is not stored")],
-                       "the spec follows the code")
+            d.conflict(
+                "attention.sinks",
+                [
+                    (CODE, True, f"{name} is passed to the kernel"),
+                    (CHECKPOINT, False, f"{name} is not stored"),
+                ],
+                "the spec follows the code",
+            )
 
 
 def _shapes(d: Decider) -> None:
@@ -267,7 +350,11 @@ def _shapes(d: Decider) -> None:
         if got is not None and shape is not None and tuple(got.shape) != tuple(shape):
             mismatched.append(f"{key}: code {tuple(shape)}, checkpoint {tuple(got.shape)}")
     if mismatched:
-        d.conflict("shapes", [(CODE, "module tree", f"{len(mismatched)} tensor(s) differ"),
-                              (CHECKPOINT, "header", "; ".join(mismatched[:4]))],
-                   "sizes come from config.json; the checkpoint does not match it")
-
+        d.conflict(
+            "shapes",
+            [
+                (CODE, "module tree", f"{len(mismatched)} tensor(s) differ"),
+                (CHECKPOINT, "header", "; ".join(mismatched[:4])),
+            ],
+            "sizes come from config.json; the checkpoint does not match it",
+        )

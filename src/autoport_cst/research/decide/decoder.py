@@ -32,8 +32,11 @@ def residual(d: Decider) -> ResidualSpec:
 def num_layers_check(d: Decider) -> None:
     """A conflict when config, code and checkpoint count different layers."""
     counts = []
-    for source, finding in ((CONFIG, d.cfg_finding("num_layers")), (CODE, d.code_finding("num_layers")),
-                            (CHECKPOINT, d.ckpt_finding("num_layers"))):
+    for source, finding in (
+        (CONFIG, d.cfg_finding("num_layers")),
+        (CODE, d.code_finding("num_layers")),
+        (CHECKPOINT, d.ckpt_finding("num_layers")),
+    ):
         if finding is not None and finding.known:
             counts.append((source, finding.value, finding.evidence))
     if len({v for _, v, _ in counts}) > 1:
@@ -50,8 +53,12 @@ def _eps_key(d: Decider) -> str:
     cfg = d.cfg_finding("norm.eps_key")
     if code is not None and code.known:
         if cfg is not None and cfg.known and cfg.value != code.value:
-            d.conflict("norm.eps_key", [(CONFIG, cfg.value, cfg.evidence), (CODE, code.value, code.evidence)],
-                       f"the spec takes {code.value!r}: the code reads that key", "warning")
+            d.conflict(
+                "norm.eps_key",
+                [(CONFIG, cfg.value, cfg.evidence), (CODE, code.value, code.evidence)],
+                f"the spec takes {code.value!r}: the code reads that key",
+                "warning",
+            )
         d.decisions.append(code)
         return code.value
     return d.decide("norm.eps_key", "rms_norm_eps", (CONFIG,))

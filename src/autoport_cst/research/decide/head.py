@@ -39,10 +39,14 @@ def lm_head(d: Decider) -> LMHeadSpec:
 def _tied(d: Decider) -> bool:
     tied = d.decide("embedding.tied", False, (CONFIG,))
     if d.code is not None and tied and not d.code.tied_keys_declared:
-        d.conflict("embedding.tied", [
-            (CONFIG, True, "tie_word_embeddings"),
-            (CODE, False, f"{d.code.causal_lm} declares no _tied_weights_keys")],
-            "the spec takes False: transformers cannot tie what the class does not declare")
+        d.conflict(
+            "embedding.tied",
+            [
+                (CONFIG, True, "tie_word_embeddings"),
+                (CODE, False, f"{d.code.causal_lm} declares no _tied_weights_keys"),
+            ],
+            "the spec takes False: transformers cannot tie what the class does not declare",
+        )
         tied = False
     if d.ckpt is not None:
         head_key = d.code.head_key if d.code is not None else None
@@ -54,12 +58,16 @@ def _tied(d: Decider) -> bool:
             stored = f.value if f is not None else None
             evidence = f.evidence if f is not None else ""
         if stored is True and tied:
-            d.conflict("embedding.tied", [(CONFIG, True, "tie_word_embeddings"),
-                                          (CHECKPOINT, "head stored", evidence)],
-                       "the spec keeps tied=True: transformers ties and ignores the stored head",
-                       "warning")
+            d.conflict(
+                "embedding.tied",
+                [(CONFIG, True, "tie_word_embeddings"), (CHECKPOINT, "head stored", evidence)],
+                "the spec keeps tied=True: transformers ties and ignores the stored head",
+                "warning",
+            )
         elif stored is False and not tied:
-            d.conflict("embedding.tied", [(CONFIG, False, "tie_word_embeddings"),
-                                          (CHECKPOINT, "no head", evidence)],
-                       "the spec keeps tied=False: the head weight is missing from the checkpoint")
+            d.conflict(
+                "embedding.tied",
+                [(CONFIG, False, "tie_word_embeddings"), (CHECKPOINT, "no head", evidence)],
+                "the spec keeps tied=False: the head weight is missing from the checkpoint",
+            )
     return tied

@@ -29,8 +29,14 @@ def activation_check(d: Decider) -> None:
     if act is not None and act.known and d.code is not None:
         code_act = d.code_finding("mlp.activation")
         if key is None and code_act is not None and code_act.known:
-            d.notes.append(known(code_act.value, "code.activation_fixed", CODE,
-                                 f"the code does not read {act.evidence}; it applies {code_act.value}"))
+            d.notes.append(
+                known(
+                    code_act.value,
+                    "code.activation_fixed",
+                    CODE,
+                    f"the code does not read {act.evidence}; it applies {code_act.value}",
+                )
+            )
 
 
 def _intermediate(d: Decider, is_moe: bool) -> int | None:

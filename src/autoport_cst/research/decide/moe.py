@@ -14,15 +14,23 @@ def moe(d: Decider) -> MoESpec | None:
         experts = d.cfg.value("moe.num_experts")
         if experts:
             d.unknown.append("moe")
-            d.decisions.append(unknown("moe", CONFIG, f"config has {experts} experts; no code to read routing from"))
+            d.decisions.append(
+                unknown("moe", CONFIG, f"config has {experts} experts; no code to read routing from")
+            )
         return None
     marker = d.code_finding("moe")
     if marker is not None and marker.known and marker.value is None:
         d.decisions.append(marker)
         experts = d.cfg.value("moe.num_experts")
         if experts:
-            d.notes.append(known(experts, "config.num_experts_unused", CONFIG,
-                                 f"config sets {experts} experts but no layer routes to experts"))
+            d.notes.append(
+                known(
+                    experts,
+                    "config.num_experts_unused",
+                    CONFIG,
+                    f"config sets {experts} experts but no layer routes to experts",
+                )
+            )
         return None
     if d.code.get("moe.num_experts") is None:
         return None
@@ -42,6 +50,9 @@ def moe(d: Decider) -> MoESpec | None:
     for name in ("num_experts", "top_k", "intermediate_size"):
         c, k = d.cfg_finding(f"moe.{name}"), d.code_finding(f"moe.{name}")
         if c is not None and k is not None and c.known and k.known and c.value != k.value:
-            d.conflict(f"moe.{name}", [(CONFIG, c.value, c.evidence), (CODE, k.value, k.evidence)],
-                       f"the spec takes {k.value}: the value the code builds")
+            d.conflict(
+                f"moe.{name}",
+                [(CONFIG, c.value, c.evidence), (CODE, k.value, k.evidence)],
+                f"the spec takes {k.value}: the value the code builds",
+            )
     return spec

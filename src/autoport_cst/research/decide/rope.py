@@ -24,16 +24,29 @@ def rope(d: Decider) -> RopeSpec:
     factor = d.decide("rope.partial_rotary_factor", 1.0, (CODE, CONFIG))
     style = d.decide("rope.style", "rotate_half", (CODE,))
     nope = d.decide("rope.nope_layers", None, (CODE,))
-    return RopeSpec(type=rope_type, theta=theta, parameters=parameters,
-                    partial_rotary_factor=float(factor), style=style, nope_layers=nope,
-                    layer_parameters=d.value("rope.layer_parameters"))
+    return RopeSpec(
+        type=rope_type,
+        theta=theta,
+        parameters=parameters,
+        partial_rotary_factor=float(factor),
+        style=style,
+        nope_layers=nope,
+        layer_parameters=d.value("rope.layer_parameters"),
+    )
 
 
 def partial_factor_check(d: Decider) -> None:
     cfg = d.cfg_finding("rope.partial_rotary_factor")
     code = d.code_finding("rope.partial_rotary_factor")
-    if cfg is not None and code is not None and cfg.known and code.known and \
-            not math.isclose(cfg.value, code.value, rel_tol=1e-6):
-        d.conflict("rope.partial_rotary_factor", [(CONFIG, cfg.value, cfg.evidence),
-                                                  (CODE, code.value, code.evidence)],
-                   f"the spec takes {code.value}: the rotary dimension the code builds")
+    if (
+        cfg is not None
+        and code is not None
+        and cfg.known
+        and code.known
+        and not math.isclose(cfg.value, code.value, rel_tol=1e-6)
+    ):
+        d.conflict(
+            "rope.partial_rotary_factor",
+            [(CONFIG, cfg.value, cfg.evidence), (CODE, code.value, code.evidence)],
+            f"the spec takes {code.value}: the rotary dimension the code builds",
+        )

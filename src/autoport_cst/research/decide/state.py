@@ -17,8 +17,13 @@ class Decider:
     """One decision: the sources, and the decisions, conflicts, unknowns and
     notes collected in the order the sections ask."""
 
-    def __init__(self, cfg: ConfigAnalysis, code: CodeAnalysis | None, ckpt: CheckpointHeader | None,
-                 ckpt_findings: list[Finding]) -> None:
+    def __init__(
+        self,
+        cfg: ConfigAnalysis,
+        code: CodeAnalysis | None,
+        ckpt: CheckpointHeader | None,
+        ckpt_findings: list[Finding],
+    ) -> None:
         self.cfg = cfg
         self.code = code
         self.ckpt = ckpt
@@ -81,6 +86,9 @@ class Decider:
             return finding.value
         return default
 
-    def conflict(self, field: str, claims: list[tuple[str, Any, str]], resolution: str,
-                 severity: str = "error") -> None:
-        self.conflicts.append(Conflict(field, tuple(Claim(s, v, e) for s, v, e in claims), resolution, severity))
+    def conflict(
+        self, field: str, claims: list[tuple[str, Any, str]], resolution: str, severity: str = "error"
+    ) -> None:
+        self.conflicts.append(
+            Conflict(field, tuple(Claim(s, v, e) for s, v, e in claims), resolution, severity)
+        )

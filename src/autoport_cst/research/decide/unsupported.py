@@ -11,9 +11,20 @@ from autoport_cst.research.decide.state import Decider
 from autoport_cst.research.findings import CONFIG, DERIVED, known
 
 # structure the analysis could not establish: nothing else it says can be trusted
-ANALYSIS_FAILURES = ("code.analysis", "code.causal_lm", "code.decoder_layers", "code.attention", "code.mixers")
+ANALYSIS_FAILURES = (
+    "code.analysis",
+    "code.causal_lm",
+    "code.decoder_layers",
+    "code.attention",
+    "code.mixers",
+)
 # sizes every reference reads from config.json at run time
-CONFIG_READ_SIZES = ("mlp.intermediate_size", "attention.num_heads", "attention.num_kv_heads", "attention.head_dim")
+CONFIG_READ_SIZES = (
+    "mlp.intermediate_size",
+    "attention.num_heads",
+    "attention.num_kv_heads",
+    "attention.head_dim",
+)
 # unknown spec fields whose default is not a guess at the computation
 NOT_COMPUTATIONS = ("norm.eps_key",)
 # code facts the spec has no field for, and that no reference computes
@@ -48,18 +59,29 @@ def unsupported(d: Decider) -> tuple[str, ...] | None:
             items.append(f"{name}: {_short(evidence)}")
     for name in CONFIG_READ_SIZES:
         cfg, code = d.cfg_finding(name), d.code_finding(name)
-        if cfg is not None and code is not None and cfg.known and code.known and cfg.source == CONFIG \
-                and cfg.value is not None and code.value is not None and cfg.value != code.value:
-            items.append(f"{name}: the code builds {code.value} where the config says {cfg.value} "
-                         f"({_short(code.evidence, 100)}); a port reads the config's value")
+        if (
+            cfg is not None
+            and code is not None
+            and cfg.known
+            and code.known
+            and cfg.source == CONFIG
+            and cfg.value is not None
+            and code.value is not None
+            and cfg.value != code.value
+        ):
+            items.append(
+                f"{name}: the code builds {code.value} where the config says {cfg.value} "
+                f"({_short(code.evidence, 100)}); a port reads the config's value"
+            )
     for name, what in FEATURE_FINDINGS.items():
         finding = d.code_finding(name)
         if finding is not None and finding.known and finding.value:
             items.append(f"{what}: {_short(finding.evidence)}")
     if not items:
         return None
-    d.decisions.append(known(tuple(items), "unsupported", DERIVED,
-                             f"{len(items)} computation(s) the spec cannot describe"))
+    d.decisions.append(
+        known(tuple(items), "unsupported", DERIVED, f"{len(items)} computation(s) the spec cannot describe")
+    )
     return tuple(items)
 
 
@@ -72,7 +94,7 @@ def _features(d: Decider) -> tuple[str, ...] | None:
     found = {}
     for finding in d.code.findings:
         if finding.field.startswith("unsupported.") and finding.known and finding.value:
-            name = finding.field[len("unsupported."):]
+            name = finding.field[len("unsupported.") :]
             found.setdefault(name, f"{name}: {finding.evidence}")
             d.decisions.append(finding)
     return tuple(found[name] for name in sorted(found)) or None

@@ -84,8 +84,9 @@ class SiteCache:
         return self._sites[key]
 
 
-def take_census(module: cst.Module, label: str, families: tuple[str, ...],
-                cache: SiteCache | None = None) -> FileCensus:
+def take_census(
+    module: cst.Module, label: str, families: tuple[str, ...], cache: SiteCache | None = None
+) -> FileCensus:
     census = FileCensus(label)
     cache = cache or SiteCache()
     for family in families:

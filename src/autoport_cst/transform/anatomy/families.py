@@ -10,14 +10,15 @@ norm weights handed to fused kernels (``ln_w=self.input_layernorm.weight``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import libcst as cst
 
 from autoport_cst.transform.anatomy.moe_families import experts_kind, router_kind
 from autoport_cst.transform.cst_helpers import call_name, dotted, self_attr, walk
 from autoport_cst.transform.roles import class_role
+
 
 def _callee(call: cst.Call) -> str | None:
     """Dotted name of a call that can be a kernel: a function, not a module
@@ -46,7 +47,7 @@ def is_attention_kernel(name: str) -> bool:
 
 
 def _kernel_kind(predicate: Callable[[cst.Call], bool]):
-    def kind(call: cst.Call, _owner: "Owner") -> str | None:
+    def kind(call: cst.Call, _owner: Owner) -> str | None:
         name = _callee(call)
         return name if name is not None and predicate(call) else None
 
@@ -151,7 +152,9 @@ FAMILIES: dict[str, Family] = {
             "q/k norms, RoPE, biases: all in the kernel call's footprint)",
             _kernel_kind(_attention_kernel),
         ),
-        Family("attention.output", "output projection: NF.o_proj and the decode kernel", _kernel_kind(_output)),
+        Family(
+            "attention.output", "output projection: NF.o_proj and the decode kernel", _kernel_kind(_output)
+        ),
         Family(
             "rope.application",
             "where rotated queries and keys are consumed: each attention kernel",

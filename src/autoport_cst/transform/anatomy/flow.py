@@ -14,8 +14,8 @@ codemod that inserts statements elsewhere does not rename them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import libcst as cst
 
@@ -75,7 +75,9 @@ def _defines(stmt: cst.CSTNode) -> set[str]:
                     names |= _targets(target.target)
             elif isinstance(small, (cst.AugAssign, cst.AnnAssign)):
                 names |= _targets(small.target)
-            elif isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+            elif isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(
+                small.names, cst.ImportStar
+            ):
                 for alias in small.names:
                     bound = alias.asname.name if alias.asname else alias.name
                     if isinstance(bound, cst.Name):
@@ -91,8 +93,14 @@ class _Flattener:
         self.seen_tests: dict[str, int] = {}
         self.code = cst.Module([]).code_for_node
 
-    def add(self, node: cst.CSTNode, conditions: tuple[Branch, ...], defines: set[str],
-            uses: set[str], header: str | None = None) -> None:
+    def add(
+        self,
+        node: cst.CSTNode,
+        conditions: tuple[Branch, ...],
+        defines: set[str],
+        uses: set[str],
+        header: str | None = None,
+    ) -> None:
         index = len(self.flat.items)
         self.flat.items.append(Item(index, node, conditions, frozenset(defines), frozenset(uses), header))
 
@@ -140,7 +148,12 @@ class _Flattener:
                     self.block(extra.body, conditions)
         else:
             uses = free_names(stmt) if not isinstance(stmt, cst.ClassDef) else set()
-            self.add(stmt, conditions, _defines(stmt), uses - _defines(stmt) if isinstance(stmt, cst.FunctionDef) else uses)
+            self.add(
+                stmt,
+                conditions,
+                _defines(stmt),
+                uses - _defines(stmt) if isinstance(stmt, cst.FunctionDef) else uses,
+            )
 
 
 def flatten(func: cst.FunctionDef) -> FlatFunction:
@@ -178,7 +191,9 @@ def _certain(item: Item, path: dict[str, bool]) -> bool:
     return all(key in path for key, _ in item.conditions)
 
 
-def backward(items: list[Item], start: Item, names: set[str], path: dict[str, bool] | None = None) -> list[Item]:
+def backward(
+    items: list[Item], start: Item, names: set[str], path: dict[str, bool] | None = None
+) -> list[Item]:
     """Items along ``items`` (one path, in order) that reach ``names`` used
     at ``start``: for each use, the latest earlier definition, then its own
     uses. A definition under an ``if`` the path leaves open may not run, so
@@ -213,7 +228,7 @@ def consumers(items: list[Item], start: Item, path: dict[str, bool] | None = Non
     position = next((i for i, item in enumerate(items) if item.index == start.index), None)
     if position is None:
         return []
-    for item in items[position + 1:]:
+    for item in items[position + 1 :]:
         if not live:
             break
         if item.uses & live:

@@ -75,7 +75,7 @@ def is_expert_kernel(name: str) -> bool:
     return name in EXPERT_KERNELS or name.startswith("_moe_")
 
 
-def is_router_weight(node: cst.CSTNode, owner: "Owner") -> bool:
+def is_router_weight(node: cst.CSTNode, owner: Owner) -> bool:
     """``self.router_weight`` (a router parameter), or ``self.gate.weight`` of
     a router module held by an MoE class."""
     attr = self_attr(node)
@@ -87,7 +87,7 @@ def is_router_weight(node: cst.CSTNode, owner: "Owner") -> bool:
     return False
 
 
-def reads_router_weight(node: cst.CSTNode, owner: "Owner") -> bool:
+def reads_router_weight(node: cst.CSTNode, owner: Owner) -> bool:
     """Whether ``node`` reads a router weight itself: the weight, or an
     expression of it (``.T``, ``.to(...)``, ``x @ w``), but not through the
     arguments of a nested call (that call is the site)."""
@@ -104,7 +104,7 @@ def reads_router_weight(node: cst.CSTNode, owner: "Owner") -> bool:
     return False
 
 
-def _module_kind(call: cst.Call, owner: "Owner", roles: tuple[str, ...], names: tuple[str, ...]) -> str | None:
+def _module_kind(call: cst.Call, owner: Owner, roles: tuple[str, ...], names: tuple[str, ...]) -> str | None:
     """``self.<attr>(...)`` built from a class of one of ``roles``, or an
     attribute named one of ``names`` (or containing one of them)."""
     attr = self_attr(call.func)
@@ -118,7 +118,7 @@ def _module_kind(call: cst.Call, owner: "Owner", roles: tuple[str, ...], names: 
     return None
 
 
-def router_kind(call: cst.Call, owner: "Owner") -> str | None:
+def router_kind(call: cst.Call, owner: Owner) -> str | None:
     """A router computation: a router kernel, a router module called by an MoE
     class, or a call that takes the router weight (an explicit matmul)."""
     name = _kernel(call)
@@ -134,7 +134,7 @@ def router_kind(call: cst.Call, owner: "Owner") -> str | None:
     return None
 
 
-def experts_kind(call: cst.Call, owner: "Owner") -> str | None:
+def experts_kind(call: cst.Call, owner: Owner) -> str | None:
     """An expert computation: an MoE kernel, a shared expert (``NF.mlp`` in an
     experts or MoE class, or a shared-expert module), or an expert module
     called in a loop (``self.experts[i](x)``, ``expert_layer(x)``)."""

@@ -19,8 +19,8 @@ change was not edited.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import libcst as cst
 
@@ -71,8 +71,9 @@ def _calls(node: cst.CSTNode) -> Iterator[cst.Call]:
             yield n
 
 
-def _variants(index: ModuleIndex, cls: cst.ClassDef | None, func: cst.FunctionDef,
-              call: cst.Call) -> list[tuple[tuple[Branch, ...], str]]:
+def _variants(
+    index: ModuleIndex, cls: cst.ClassDef | None, func: cst.FunctionDef, call: cst.Call
+) -> list[tuple[tuple[Branch, ...], str]]:
     """(path, footprint) of each distinct path to ``call`` in ``func``."""
     flat = index.flat(func)
     start = flat.item_of(call)
@@ -125,7 +126,9 @@ def find_sites(module: cst.Module, family: str, index: ModuleIndex | None = None
                 ordinals[kind] = ordinal + 1
                 if spec.narrow(kind):
                     digest = hashlib.sha1(index.code(call).encode()).hexdigest()
-                    sites.append(Site(family, cls.name.value, func.name.value, kind, ordinal, (), digest, call))
+                    sites.append(
+                        Site(family, cls.name.value, func.name.value, kind, ordinal, (), digest, call)
+                    )
                     continue
                 for path, footprint in _variants(index, cls, func, call):
                     sites.append(

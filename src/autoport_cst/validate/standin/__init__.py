@@ -21,8 +21,9 @@ import importlib
 import importlib.util
 import sys
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from . import (
     checkpoints,
@@ -55,8 +56,14 @@ VLLM_NEURON_MODULES: dict[str, tuple[types.ModuleType | None, tuple[str, ...] | 
     "vllm_neuron.functional.attention": (None, None),
     "vllm_neuron.functional.attention.attention_decode": (
         decode_attention,
-        ("attention_decode", "packed_fp8_viable_for_bucket", "swizzle_packed_k", "unswizzle_packed_k",
-         "_swizzle_packed_k", "_unswizzle_packed_k"),
+        (
+            "attention_decode",
+            "packed_fp8_viable_for_bucket",
+            "swizzle_packed_k",
+            "unswizzle_packed_k",
+            "_swizzle_packed_k",
+            "_unswizzle_packed_k",
+        ),
     ),
     "vllm_neuron.functional.attention.attention_decode_mask": (
         decode_mask,
@@ -109,7 +116,8 @@ NKI_MODULES: dict[str, tuple[types.ModuleType | None, tuple[str, ...] | None]] =
 VLLM_MODULES: dict[str, tuple[types.ModuleType | None, tuple[str, ...] | None]] = {
     "vllm": (None, None),
     "vllm.distributed": (
-        parallel_state, ("get_tp_group", "get_dp_group", "get_pp_group", "get_dcp_group", "get_world_group")
+        parallel_state,
+        ("get_tp_group", "get_dp_group", "get_pp_group", "get_dcp_group", "get_world_group"),
     ),
     "vllm.distributed.parallel_state": (parallel_state, None),
     "vllm.config": (vllm_config, None),
@@ -142,7 +150,9 @@ class Installation:
         described = {
             "stand_in_packages": roots,
             "real_packages": sorted(self.real_packages),
-            "patched": sorted(f"{getattr(owner, '__name__', owner)}.{name}" for owner, name, _ in self.patched),
+            "patched": sorted(
+                f"{getattr(owner, '__name__', owner)}.{name}" for owner, name, _ in self.patched
+            ),
         }
         layout = parallel_state.expert_parallel_layout()
         if layout is not None:
@@ -177,7 +187,9 @@ def _is_importable(name: str) -> bool:
         return False
 
 
-def _make_module(name: str, source: types.ModuleType | None, names: tuple[str, ...] | None) -> types.ModuleType:
+def _make_module(
+    name: str, source: types.ModuleType | None, names: tuple[str, ...] | None
+) -> types.ModuleType:
     module = types.ModuleType(name, (source.__doc__ if source else None) or f"CPU stand-in for {name}")
     module.__path__ = []  # a package: submodules resolve through sys.modules
     setattr(module, _MARKER, True)
@@ -279,8 +291,12 @@ def standin_installed(
     if layout is not None and layout.disaggregated:
         parallel_state.configure_layout(layout, rank)
         vllm_config.configure(
-            layout.tp, model=model, cache_dtype=cache_dtype, data_parallel_size=layout.dp,
-            decode_context_parallel_size=layout.dcp, cp_kv_cache_interleave_size=layout.dcp_interleave,
+            layout.tp,
+            model=model,
+            cache_dtype=cache_dtype,
+            data_parallel_size=layout.dp,
+            decode_context_parallel_size=layout.dcp,
+            cp_kv_cache_interleave_size=layout.dcp_interleave,
         )
     else:
         parallel_state.configure(device_group, ep_degree)

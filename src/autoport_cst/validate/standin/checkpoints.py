@@ -186,4 +186,4 @@ class SafetensorsCheckpoint:
 
     @staticmethod
     def _describe(keys: list[str], slices: list[Any]) -> str:
-        return ", ".join(f"'{key}' {list(s.get_shape())}" for key, s in zip(keys, slices))
+        return ", ".join(f"'{key}' {list(s.get_shape())}" for key, s in zip(keys, slices, strict=False))

@@ -67,9 +67,7 @@ def reduce_scatter(tensor: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
             f"is not divisible by the group size {world}"
         )
     moved = tensor.movedim(dim, 0).contiguous()
-    out = torch.empty(
-        (moved.shape[0] // world, *moved.shape[1:]), dtype=moved.dtype, device=moved.device
-    )
+    out = torch.empty((moved.shape[0] // world, *moved.shape[1:]), dtype=moved.dtype, device=moved.device)
     dist.reduce_scatter_tensor(out, moved, op=dist.ReduceOp.SUM, group=group)
     return out.movedim(0, dim)
 
@@ -103,4 +101,3 @@ def all_to_all(tensor: torch.Tensor, split_dim: int, concat_dim: int, group: Any
     received = [torch.empty_like(chunk) for chunk in sent]
     dist.all_to_all(received, sent, group=group)
     return torch.cat(received, dim=concat_dim)
-

@@ -81,7 +81,9 @@ def unswizzle_packed_k(packed: torch.Tensor) -> torch.Tensor:
     is position ``2 i + j``)."""
     *lead, half, d_head, two = packed.shape
     if two != 2:
-        raise KernelConstraintError(f"packed K cache: the last dimension must be 2, got {tuple(packed.shape)}")
+        raise KernelConstraintError(
+            f"packed K cache: the last dimension must be 2, got {tuple(packed.shape)}"
+        )
     return packed.transpose(-1, -2).reshape(*lead, half * 2, d_head).contiguous()
 
 
@@ -142,7 +144,9 @@ def _geometry(X, W_qkv, K_cache, V_cache, table, attention_dp, kv_needs_a2a, fp8
             "NF.attention_decode: caches must be [blocks, kv_heads, block_len, d] or [blocks, block_len, d], "
             f"got {tuple(V_cache.shape)}"
         )
-    expected_k = list(V_cache.shape[:-2]) + ([block_len // 2, d_head, 2] if fp8_packed else [block_len, d_head])
+    expected_k = list(V_cache.shape[:-2]) + (
+        [block_len // 2, d_head, 2] if fp8_packed else [block_len, d_head]
+    )
     if list(K_cache.shape) != expected_k:
         raise KernelConstraintError(
             f"NF.attention_decode: K cache {tuple(K_cache.shape)} does not match V cache {tuple(V_cache.shape)}"
@@ -161,8 +165,9 @@ def _geometry(X, W_qkv, K_cache, V_cache, table, attention_dp, kv_needs_a2a, fp8
             f"NF.attention_decode: active_blocks_table has {table.shape[0]} rows for {batch} sequences over "
             f"{attention_dp} attention-DP rank(s)"
         )
-    return _Geometry(batch, seq, batch // attention_dp, q_heads, kv_heads, cache_heads, block_len, d_head,
-                     table.shape[-1])
+    return _Geometry(
+        batch, seq, batch // attention_dp, q_heads, kv_heads, cache_heads, block_len, d_head, table.shape[-1]
+    )
 
 
 def _heads(x: torch.Tensor, batch: int, seq: int, count: int, d_head: int) -> torch.Tensor:
@@ -229,7 +234,11 @@ def _gathered_context(K_cache, V_cache, table, geometry, fp8_packed, dtype):
     for cache in (K_cache, V_cache):
         view = cache if cache.dim() == 4 else cache.unsqueeze(1)
         gathered = view.to(dtype)[blocks].view(
-            geometry.local_batch, geometry.blocks_per_seq, geometry.cache_heads, geometry.block_len, geometry.d_head
+            geometry.local_batch,
+            geometry.blocks_per_seq,
+            geometry.cache_heads,
+            geometry.block_len,
+            geometry.d_head,
         )
         contexts.append(
             gathered.permute(0, 2, 1, 3, 4).reshape(
@@ -254,8 +263,13 @@ def _visible(attention_mask, pos_ids, swa_start_pos_ids, max_context_len, geomet
         flat = geometry.local_batch * geometry.seq
         start = None if swa_start_pos_ids is None else swa_start_pos_ids.reshape(1, flat).to(torch.float32)
         attention_mask = gen_attention_decode_mask(
-            pos_ids.reshape(1, flat).to(torch.float32), geometry.local_batch, q_heads, geometry.seq,
-            geometry.context, start_pos=start, block_len=geometry.block_len,
+            pos_ids.reshape(1, flat).to(torch.float32),
+            geometry.local_batch,
+            q_heads,
+            geometry.seq,
+            geometry.context,
+            start_pos=start,
+            block_len=geometry.block_len,
         )
     elif attention_mask is None:
         raise KernelConstraintError("NF.attention_decode: needs attention_mask or pos_ids")
@@ -289,7 +303,9 @@ def _attend(q, k_ctx, v_ctx, visible, sink, scale, dtype):
     if sink is not None:
         heads = q.shape[1]
         if tuple(sink.shape) != (heads, 1):
-            raise KernelConstraintError(f"NF.attention_decode: sink must be [{heads}, 1], got {tuple(sink.shape)}")
+            raise KernelConstraintError(
+                f"NF.attention_decode: sink must be [{heads}, 1], got {tuple(sink.shape)}"
+            )
         column = sink.to(torch.float32).view(1, heads, 1, 1).expand(q.shape[0], heads, q.shape[2], 1)
         scores = torch.cat((scores, column), dim=-1)
     lse = torch.logsumexp(scores, dim=-1)
@@ -383,8 +399,12 @@ def attention_decode(
     DECODE_OPTIONS.check(options)
     _check_parallel(attention_dp, attention_dp_group, kv_needs_a2a, dcp_size, dcp_group, k_scale, v_scale)
     if fp8_packed and not is_fp8(K_cache):
-        raise KernelConstraintError(f"NF.attention_decode: fp8_packed needs an FP8 K cache, got {K_cache.dtype}")
-    geometry = _geometry(X, W_qkv, K_cache, V_cache, active_blocks_table, attention_dp, kv_needs_a2a, fp8_packed)
+        raise KernelConstraintError(
+            f"NF.attention_decode: fp8_packed needs an FP8 K cache, got {K_cache.dtype}"
+        )
+    geometry = _geometry(
+        X, W_qkv, K_cache, V_cache, active_blocks_table, attention_dp, kv_needs_a2a, fp8_packed
+    )
     check_bias(bias_qkv, W_qkv.shape[1], "attention_decode", "bias_qkv")
     if W_out is not None:
         check_bias(bias_out, W_out.shape[1], "attention_decode", "bias_out")
@@ -392,8 +412,17 @@ def attention_decode(
         raise KernelConstraintError("NF.attention_decode: bias_out without W_out")
 
     q, k, v = _project(
-        X, W_qkv, bias_qkv, geometry, (rmsnorm_X_enabled, rmsnorm_X_eps, rmsnorm_X_gamma, X_hidden_dim_actual),
-        (rmsnorm_QK_pre_rope_enabled, rmsnorm_QK_pre_rope_eps, rmsnorm_QK_pre_rope_W_Q, rmsnorm_QK_pre_rope_W_K),
+        X,
+        W_qkv,
+        bias_qkv,
+        geometry,
+        (rmsnorm_X_enabled, rmsnorm_X_eps, rmsnorm_X_gamma, X_hidden_dim_actual),
+        (
+            rmsnorm_QK_pre_rope_enabled,
+            rmsnorm_QK_pre_rope_eps,
+            rmsnorm_QK_pre_rope_W_Q,
+            rmsnorm_QK_pre_rope_W_K,
+        ),
     )
     g = geometry
     if attention_dp > 1:
@@ -436,7 +465,9 @@ def _check_parallel(attention_dp, group, kv_needs_a2a, dcp_size, dcp_group, k_sc
     if kv_needs_a2a and attention_dp == 1:
         raise KernelConstraintError("NF.attention_decode: kv_needs_a2a needs attention_dp > 1")
     if dcp_size > 1 and (dcp_group is None or dcp_group.world_size != dcp_size):
-        raise KernelConstraintError(f"NF.attention_decode: dcp_size={dcp_size} needs a dcp_group of that size")
+        raise KernelConstraintError(
+            f"NF.attention_decode: dcp_size={dcp_size} needs a dcp_group of that size"
+        )
     if (k_scale is None) != (v_scale is None):
         raise KernelConstraintError("NF.attention_decode: k_scale and v_scale go together")
 

@@ -72,7 +72,9 @@ def _per_request(values: torch.Tensor, bs: int, name: str) -> torch.Tensor:
     if flat.numel() == 1:
         return flat.expand(bs)
     if flat.numel() != bs:
-        raise KernelConstraintError(f"gen_attention_decode_mask: {name} must be a scalar or [{bs}], got {list(values.shape)}")
+        raise KernelConstraintError(
+            f"gen_attention_decode_mask: {name} must be a scalar or [{bs}], got {list(values.shape)}"
+        )
     return flat
 
 

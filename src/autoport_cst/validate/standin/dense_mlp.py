@@ -69,7 +69,9 @@ def mlp(
     if skip_gate:
         inner = activation(up, act_fn)
     else:
-        gate = _clamp(matmul(x, gate_w, gate_b).to(torch.float32), gate_clamp_lower_limit, gate_clamp_upper_limit)
+        gate = _clamp(
+            matmul(x, gate_w, gate_b).to(torch.float32), gate_clamp_lower_limit, gate_clamp_upper_limit
+        )
         inner = activation(gate, act_fn) * up
     output = matmul(inner.to(hidden.dtype), down_w, down_b)
     if output_dtype is not None:

@@ -79,12 +79,3 @@ rmsnorm_quant = _not_in_standin("rmsnorm_quant")
 
 
 # -- mixture of experts (implemented in .moe) ------------------------------------------
-
-from .moe import (  # noqa: E402
-    RouterComputationOrder,
-    build_blockwise_mapping,
-    get_local_expert_affinities,
-    moe_block_tkg,
-    moe_cte,
-    router,
-)

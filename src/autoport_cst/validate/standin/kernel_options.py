@@ -47,7 +47,9 @@ class KernelOptions:
             if name in self.hints:
                 continue
             if name not in self.refused:
-                raise KernelArgumentError(f"NF.{self.op}: unknown keyword argument '{name}' (not a parameter of the kernel)")
+                raise KernelArgumentError(
+                    f"NF.{self.op}: unknown keyword argument '{name}' (not a parameter of the kernel)"
+                )
             if not is_default(value, self.refused[name]):
                 raise UnsupportedKernelOption(
                     f"NF.{self.op}: {name}={_show(value)} is not implemented in the CPU stand-in "

@@ -79,8 +79,7 @@ class RowParallelLinear(nn.Module):
         self.tp_rank = collectives.group_rank(tp_group)
         if in_features % self.tp_size != 0:
             raise ValueError(
-                f"RowParallelLinear: in_features {in_features} is not divisible "
-                f"by the TP size {self.tp_size}"
+                f"RowParallelLinear: in_features {in_features} is not divisible by the TP size {self.tp_size}"
             )
         self.in_features = in_features
         self.out_features = out_features
@@ -89,9 +88,7 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(
             torch.empty(out_features, self.in_features_per_rank, device=device, dtype=dtype)
         )
-        self.bias = (
-            nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
-        )
+        self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -73,7 +74,9 @@ class RouterComputationOrder(enum.Enum):
     PRENORM_LINEAR_TOPK_SCATTER_ACT = "prenorm_linear_topk_scatter_act"
 
 
-def _router_activation(activation: str | Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+def _router_activation(
+    activation: str | Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+) -> torch.Tensor:
     if callable(activation):
         return activation(x)
     if activation == "softmax":
@@ -122,7 +125,9 @@ def router(
     tokens, hidden = x.shape
     hidden_w, experts = router_weights.shape
     if hidden != hidden_w:
-        raise ValueError(f"Hidden dimension mismatch: hidden_states has {hidden}, router_weights has {hidden_w}")
+        raise ValueError(
+            f"Hidden dimension mismatch: hidden_states has {hidden}, router_weights has {hidden_w}"
+        )
     if router_bias is not None and tuple(router_bias.shape) != (experts,):
         raise KernelConstraintError(
             f"NF.router: Expected router_bias shape [E] = [{experts}], got {tuple(router_bias.shape)}"
@@ -205,7 +210,9 @@ def build_blockwise_mapping(
     compiled-in constant) picks the rank's share of that construction and
     does not change the mapping; it must be a whole number when given.
     """
-    if rank is not None and (isinstance(rank, torch.Tensor) and rank.is_floating_point() or isinstance(rank, float)):
+    if rank is not None and (
+        isinstance(rank, torch.Tensor) and rank.is_floating_point() or isinstance(rank, float)
+    ):
         raise KernelConstraintError(f"NF.build_blockwise_mapping: rank must be an integer rank, got {rank!r}")
     if expert_affinities.dim() != 2 or expert_affinities.shape[1] != num_local_experts:
         raise KernelConstraintError(
@@ -292,7 +299,9 @@ def _expert_mlp(
     return out
 
 
-def _check_expert_weights(gate_up: torch.Tensor, down: torch.Tensor, hidden: int, op: str, names: tuple[str, str]) -> tuple[int, int]:
+def _check_expert_weights(
+    gate_up: torch.Tensor, down: torch.Tensor, hidden: int, op: str, names: tuple[str, str]
+) -> tuple[int, int]:
     if gate_up.dim() != 4 or gate_up.shape[2] != 2 or gate_up.shape[1] != hidden:
         raise KernelConstraintError(
             f"NF.{op}: {names[0]} must be [E, H={hidden}, 2, I] (gate and up stacked on dim 2; "
@@ -348,11 +357,15 @@ def moe_cte(
             f"NF.moe_cte: implementation must be a MoECTEImplementation, got {implementation!r}"
         )
     if implementation.value.endswith(("_mx", "_mx_hybrid")):
-        raise NotImplementedError(f"NF.moe_cte: {implementation.value} (MX quantized) is not in the CPU stand-in")
+        raise NotImplementedError(
+            f"NF.moe_cte: {implementation.value} (MX quantized) is not in the CPU stand-in"
+        )
     if gate_up_proj_scale is not None or down_proj_scale is not None:
         raise NotImplementedError("NF.moe_cte: quantized experts are not in the CPU stand-in")
     if hidden_states.dim() != 2:
-        raise KernelConstraintError(f"NF.moe_cte: hidden_states must be [T, H], got {tuple(hidden_states.shape)}")
+        raise KernelConstraintError(
+            f"NF.moe_cte: hidden_states must be [T, H], got {tuple(hidden_states.shape)}"
+        )
     hidden = hidden_states.shape[1]
     experts, inter = _check_expert_weights(
         gate_up_proj_weight, down_proj_weight, hidden, "moe_cte", ("gate_up_proj_weight", "down_proj_weight")
@@ -364,11 +377,17 @@ def moe_cte(
             f"NF.moe_cte: gate_and_up_proj_bias must be [E, 2, I] = [{experts}, 2, {inter}], "
             f"got {tuple(gate_and_up_proj_bias.shape)}"
         )
-    if down_proj_bias is not None and tuple(down_proj_bias.shape) not in ((experts, hidden), (experts, 1, hidden)):
+    if down_proj_bias is not None and tuple(down_proj_bias.shape) not in (
+        (experts, hidden),
+        (experts, 1, hidden),
+    ):
         raise KernelConstraintError(
             f"NF.moe_cte: down_proj_bias must be [E, H] = [{experts}, {hidden}], got {tuple(down_proj_bias.shape)}"
         )
-    for name, tensor in (("token_position_to_id", token_position_to_id), ("block_to_expert", block_to_expert)):
+    for name, tensor in (
+        ("token_position_to_id", token_position_to_id),
+        ("block_to_expert", block_to_expert),
+    ):
         if tensor.dtype != torch.int32:
             raise KernelConstraintError(f"NF.moe_cte: {name} must be int32, got {tensor.dtype}")
     positions = token_position_to_id.reshape(-1)
@@ -394,8 +413,13 @@ def moe_cte(
         )
     affinities = affinities.reshape(tokens, experts).to(torch.float32)
     mode = expert_affinities_scaling_mode
-    if mode not in (ExpertAffinityScaleMode.POST_SCALE, getattr(ExpertAffinityScaleMode, "PRE_SCALE_DELAYED", None)):
-        raise NotImplementedError(f"NF.moe_cte: expert_affinities_scaling_mode {mode} is not in the CPU stand-in")
+    if mode not in (
+        ExpertAffinityScaleMode.POST_SCALE,
+        getattr(ExpertAffinityScaleMode, "PRE_SCALE_DELAYED", None),
+    ):
+        raise NotImplementedError(
+            f"NF.moe_cte: expert_affinities_scaling_mode {mode} is not in the CPU stand-in"
+        )
     clamps = (gate_clamp_upper_limit, gate_clamp_lower_limit, up_clamp_upper_limit, up_clamp_lower_limit)
     output = torch.zeros(tokens, hidden, dtype=torch.float32, device=hidden_states.device)
     for block in range(num_blocks):
@@ -473,10 +497,14 @@ def moe_block_tkg(
         raise NotImplementedError("NF.moe_block_tkg: the fused residual add is not in the CPU stand-in")
     x = inp.reshape(-1, inp.shape[-1]) if inp.dim() == 3 else inp
     if x.dim() != 2:
-        raise KernelConstraintError(f"NF.moe_block_tkg: inp must be [B, S, H] or [T, H], got {tuple(inp.shape)}")
+        raise KernelConstraintError(
+            f"NF.moe_block_tkg: inp must be [B, S, H] or [T, H], got {tuple(inp.shape)}"
+        )
     tokens, hidden = x.shape
     if gamma.dim() != 2 or tuple(gamma.shape) != (1, hidden):
-        raise KernelConstraintError(f"NF.moe_block_tkg: gamma must be [1, {hidden}], got {tuple(gamma.shape)}")
+        raise KernelConstraintError(
+            f"NF.moe_block_tkg: gamma must be [1, {hidden}], got {tuple(gamma.shape)}"
+        )
     if router_weights.dim() != 2 or router_weights.shape[0] != hidden:
         raise KernelConstraintError(
             f"NF.moe_block_tkg: router_weights must be [H, E] with H = {hidden}, got {tuple(router_weights.shape)}"
@@ -488,7 +516,10 @@ def moe_block_tkg(
             "for router_bias (pass bias.unsqueeze(0))"
         )
     experts_local, inter = _check_expert_weights(
-        expert_gate_up_weights, expert_down_weights, hidden, "moe_block_tkg",
+        expert_gate_up_weights,
+        expert_down_weights,
+        hidden,
+        "moe_block_tkg",
         ("expert_gate_up_weights", "expert_down_weights"),
     )
     if expert_gate_up_bias is not None and tuple(expert_gate_up_bias.shape) != (experts_local, 2, inter):
@@ -529,7 +560,9 @@ def moe_block_tkg(
         logits = logits + router_bias.reshape(-1).to(torch.float32)
     act = "softmax" if router_act_fn in (RouterActFnType.SOFTMAX, "softmax") else "sigmoid"
     if router_act_fn not in (RouterActFnType.SOFTMAX, RouterActFnType.SIGMOID, "softmax", "sigmoid"):
-        raise NotImplementedError(f"NF.moe_block_tkg: router activation {router_act_fn} is not in the CPU stand-in")
+        raise NotImplementedError(
+            f"NF.moe_block_tkg: router activation {router_act_fn} is not in the CPU stand-in"
+        )
     if router_pre_norm:
         values, indices = torch.topk(_router_activation(act, logits), top_k, dim=-1)
     else:

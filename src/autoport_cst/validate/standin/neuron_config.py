@@ -18,7 +18,7 @@ class OnDeviceSamplingConfig:
     all_greedy: bool = False
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "OnDeviceSamplingConfig":
+    def from_dict(cls, values: dict[str, Any]) -> OnDeviceSamplingConfig:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names})
 
@@ -31,9 +31,7 @@ class NeuronConfig:
     embedding_dp_size: int = 1
     lm_head_dp_size: int = 1
     mlp_dp_size: int = 1
-    on_device_sampling_config: OnDeviceSamplingConfig | None = field(
-        default_factory=OnDeviceSamplingConfig
-    )
+    on_device_sampling_config: OnDeviceSamplingConfig | None = field(default_factory=OnDeviceSamplingConfig)
     max_logprobs: int = 0
     debug_logits_dir: str | None = None
     fp8_packed_kv: bool = False
@@ -42,7 +40,7 @@ class NeuronConfig:
     num_seqs_buckets: list[int] = field(default_factory=list)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any] | None) -> "NeuronConfig":
+    def from_dict(cls, values: dict[str, Any] | None) -> NeuronConfig:
         values = dict(values or {})
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - names)

@@ -141,8 +141,9 @@ def configure(device_group: Any, ep_degree: int = 1) -> GroupCoordinator:
         degree=ep_degree,
         rank=ep_rank,
         tp_group=GroupCoordinator(row_groups[ep_rank], name="ep_tp", ranks=rows[ep_rank]),
-        group=GroupCoordinator(column_groups[rank % per_partition], name="ep",
-                               ranks=columns[rank % per_partition]),
+        group=GroupCoordinator(
+            column_groups[rank % per_partition], name="ep", ranks=columns[rank % per_partition]
+        ),
     )
     return _TP
 
@@ -206,7 +207,10 @@ def configure_layout(layout: Any, rank: int) -> None:
         for name, partition in partitions(prefill_layout).items()
     }
     prefill = factory.coordinators(prefill_parts, rank)
-    for name, groups, sizes in (("decode", decode, layout.decode_layout()), ("prefill", prefill, prefill_layout)):
+    for name, groups, sizes in (
+        ("decode", decode, layout.decode_layout()),
+        ("prefill", prefill, prefill_layout),
+    ):
         groups["dcp_kv"] = groups["dcp"]
         _LAYOUTS[name] = _Layout(groups["tp"], groups, _layout_ep(groups, sizes.ep))
     activate("decode")
@@ -216,8 +220,10 @@ def _layout_ep(groups: dict[str, GroupCoordinator], degree: int) -> _ExpertParal
     if degree == 1:
         return _ExpertParallel()
     return _ExpertParallel(
-        degree=degree, rank=groups["tp"].rank_in_group // groups["ep_tp"].world_size,
-        tp_group=groups["ep_tp"], group=groups["ep"],
+        degree=degree,
+        rank=groups["tp"].rank_in_group // groups["ep_tp"].world_size,
+        tp_group=groups["ep_tp"],
+        group=groups["ep"],
     )
 
 

@@ -75,14 +75,18 @@ def _expand_kv(q_heads: int, k: torch.Tensor, v: torch.Tensor, op: str) -> tuple
     if q_heads == k.shape[0]:
         return k, v
     if q_heads % k.shape[0] != 0:
-        raise KernelConstraintError(f"NF.{op}: {q_heads} query heads are not a multiple of {k.shape[0]} kv heads")
+        raise KernelConstraintError(
+            f"NF.{op}: {q_heads} query heads are not a multiple of {k.shape[0]} kv heads"
+        )
     groups = q_heads // k.shape[0]
     return k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0)
 
 
 def _check_sink(sink: torch.Tensor | None, heads: int, op: str) -> None:
     if sink is not None and sink.numel() != heads:
-        raise KernelConstraintError(f"NF.{op}: sink must have one value per head ({heads}), got {tuple(sink.shape)}")
+        raise KernelConstraintError(
+            f"NF.{op}: sink must have one value per head ({heads}), got {tuple(sink.shape)}"
+        )
 
 
 def flash_attention(
@@ -150,12 +154,19 @@ def gather_sequence(cache: torch.Tensor, table: torch.Tensor, block_size: int) -
 
 
 def _segmented_constraints(
-    q_len: int, d_head: int, block_size: int, kv_segment_size: int, sliding_window: int | None, prior: int,
+    q_len: int,
+    d_head: int,
+    block_size: int,
+    kv_segment_size: int,
+    sliding_window: int | None,
+    prior: int,
     block_tables: torch.Tensor,
 ) -> None:
     op = "segmented_attention"
     if d_head > MAX_HEAD_DIM:
-        raise KernelConstraintError(f"NF.{op}: head_dim={d_head} exceeds the kernel's maximum of {MAX_HEAD_DIM}")
+        raise KernelConstraintError(
+            f"NF.{op}: head_dim={d_head} exceeds the kernel's maximum of {MAX_HEAD_DIM}"
+        )
     if kv_segment_size not in SUPPORTED_KV_SEGMENT_SIZES:
         raise KernelConstraintError(
             f"NF.{op}: kv_segment_size={kv_segment_size} is not supported (one of {list(SUPPORTED_KV_SEGMENT_SIZES)})"
@@ -232,7 +243,9 @@ def segmented_attention(
     heads, q_len, d_head = q.shape
     prior = prior_count(prior_tokens, op)
     _segmented_constraints(q_len, d_head, block_size, kv_segment_size, sliding_window, prior, block_tables)
-    k_cache, v_cache, k_factor, v_factor = _dequantized_caches(k_cache, v_cache, fp8_packed, k_scale, v_scale, op)
+    k_cache, v_cache, k_factor, v_factor = _dequantized_caches(
+        k_cache, v_cache, fp8_packed, k_scale, v_scale, op
+    )
     k = gather_sequence(k_cache, block_tables[0], block_size)
     v = gather_sequence(v_cache, block_tables[0], block_size)
     if k_factor != 1.0 or v_factor != 1.0:

@@ -42,8 +42,14 @@ QKV_OPTIONS = KernelOptions(
         "qk_norm_post_rope_gamma_fused_in_rope_caches": False,
     },
     hints=frozenset(
-        {"use_dma_transpose", "sbm_lower_bound", "sbm_upper_bound", "sbm_use_auto_alloc",
-         "sbm_default_stack_alloc", "use_auto_allocation"}
+        {
+            "use_dma_transpose",
+            "sbm_lower_bound",
+            "sbm_upper_bound",
+            "sbm_use_auto_alloc",
+            "sbm_default_stack_alloc",
+            "use_auto_allocation",
+        }
     ),
 )
 
@@ -102,18 +108,33 @@ def qkv_proj(
     x = _fused_input(hidden, mlp_prev, attn_prev, norm_type, norm_weights, norm_b, eps, hidden_actual)
     qkv = matmul(x, qkv_weights, bias)
     heads = _HeadLayout.of(width, d_head, num_q_heads, num_kv_heads)
-    pre = (qk_norm_pre_rope_q_norm, qk_norm_pre_rope_k_norm, qk_norm_pre_rope_eps,
-           qk_norm_pre_rope_q_gamma, qk_norm_pre_rope_k_gamma, qk_norm_pre_rope_q_beta, qk_norm_pre_rope_k_beta)
-    post = (qk_norm_post_rope_q_norm, qk_norm_post_rope_k_norm, qk_norm_post_rope_eps,
-            qk_norm_post_rope_q_gamma, qk_norm_post_rope_k_gamma, qk_norm_post_rope_q_beta, qk_norm_post_rope_k_beta)
+    pre = (
+        qk_norm_pre_rope_q_norm,
+        qk_norm_pre_rope_k_norm,
+        qk_norm_pre_rope_eps,
+        qk_norm_pre_rope_q_gamma,
+        qk_norm_pre_rope_k_gamma,
+        qk_norm_pre_rope_q_beta,
+        qk_norm_pre_rope_k_beta,
+    )
+    post = (
+        qk_norm_post_rope_q_norm,
+        qk_norm_post_rope_k_norm,
+        qk_norm_post_rope_eps,
+        qk_norm_post_rope_q_gamma,
+        qk_norm_post_rope_k_gamma,
+        qk_norm_post_rope_q_beta,
+        qk_norm_post_rope_k_beta,
+    )
     qkv = _qk_norm(qkv, heads, *pre, stage="pre_rope")
     if cos_cache is not None and sin_cache is not None and heads.known:
         qkv = _fused_rope(qkv, heads, cos_cache, sin_cache)
     qkv = _qk_norm(qkv, heads, *post, stage="post_rope")
     if k_cache is None and v_cache is None and not use_block_kv:
         return qkv
-    cache = _CacheWrite(k_cache, v_cache, use_block_kv, block_size, slot_mapping, k_scale, v_scale,
-                        fp8_min, fp8_max, kv_dtype)
+    cache = _CacheWrite(
+        k_cache, v_cache, use_block_kv, block_size, slot_mapping, k_scale, v_scale, fp8_min, fp8_max, kv_dtype
+    )
     return cache.write(qkv, heads)
 
 
@@ -147,7 +168,7 @@ class _HeadLayout:
         self.d_head, self.q, self.kv = d_head, q, kv
 
     @classmethod
-    def of(cls, width: int, d_head: int | None, q: int | None, kv: int | None) -> "_HeadLayout":
+    def of(cls, width: int, d_head: int | None, q: int | None, kv: int | None) -> _HeadLayout:
         if q is None or kv is None:
             return cls(d_head, q, kv)
         d = d_head if d_head is not None else width // (q + 2 * kv)
@@ -207,7 +228,12 @@ def _qk_norm(
 
 
 def _head_rms_norm(
-    x: torch.Tensor, count: int, d_head: int, eps: float, gamma: torch.Tensor | None, beta: torch.Tensor | None
+    x: torch.Tensor,
+    count: int,
+    d_head: int,
+    eps: float,
+    gamma: torch.Tensor | None,
+    beta: torch.Tensor | None,
 ) -> torch.Tensor:
     shape = x.shape
     heads = x.reshape(*shape[:-1], count, d_head).to(torch.float32)
@@ -244,10 +270,23 @@ def _fused_rope(qkv: torch.Tensor, heads: _HeadLayout, cos: torch.Tensor, sin: t
 class _CacheWrite:
     """The in-kernel paged KV-cache write of ``qkv_proj(use_block_kv=True)``."""
 
-    def __init__(self, k_cache, v_cache, use_block_kv, block_size, slot_mapping, k_scale, v_scale,
-                 fp8_min, fp8_max, kv_dtype) -> None:
+    def __init__(
+        self,
+        k_cache,
+        v_cache,
+        use_block_kv,
+        block_size,
+        slot_mapping,
+        k_scale,
+        v_scale,
+        fp8_min,
+        fp8_max,
+        kv_dtype,
+    ) -> None:
         if k_cache is None or v_cache is None:
-            raise KernelConstraintError("NF.qkv_proj: k_cache and v_cache go together (in-kernel KV cache write)")
+            raise KernelConstraintError(
+                "NF.qkv_proj: k_cache and v_cache go together (in-kernel KV cache write)"
+            )
         if not use_block_kv:
             raise KernelConstraintError(
                 "NF.qkv_proj: the in-kernel KV cache write needs use_block_kv=True (paged layout)"
@@ -266,7 +305,9 @@ class _CacheWrite:
 
     def write(self, qkv: torch.Tensor, heads: _HeadLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if not heads.known:
-            raise KernelConstraintError("NF.qkv_proj: use_block_kv needs d_head, num_q_heads and num_kv_heads")
+            raise KernelConstraintError(
+                "NF.qkv_proj: use_block_kv needs d_head, num_q_heads and num_kv_heads"
+            )
         batch, seq, _ = qkv.shape
         q, k, v = heads.split(qkv)
         slots = self._slots(batch * seq)
@@ -301,7 +342,9 @@ class _CacheWrite:
         scaled = rows.to(torch.float32) / scale.to(torch.float32).reshape(-1)[0]
         return scaled.clamp(low, high).to(self.dtype)
 
-    def _scatter(self, cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, heads: _HeadLayout) -> None:
+    def _scatter(
+        self, cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, heads: _HeadLayout
+    ) -> None:
         blocks, offsets = slots // self.block_size, slots % self.block_size
         if cache.dim() == 4:  # [blocks, kv_heads, block_size, d]
             if tuple(cache.shape[1:]) != (heads.kv, self.block_size, heads.d_head):

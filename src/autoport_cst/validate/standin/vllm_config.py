@@ -4,8 +4,9 @@ current vLLM config (parallel, cache and model settings)."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 
 @dataclass

@@ -14,8 +14,9 @@ parameter.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -55,8 +56,7 @@ class SafetensorsWeightLoader:
         else:
             if len(slices) != 1:
                 raise ValueError(
-                    f"a loader without a transform takes exactly one checkpoint "
-                    f"tensor, got {len(slices)}"
+                    f"a loader without a transform takes exactly one checkpoint tensor, got {len(slices)}"
                 )
             result = slices[0][:]
         return result.contiguous()
@@ -80,7 +80,7 @@ def pad_to_shape(tensor: torch.Tensor, shape: Sequence[int], value: float = 0.0)
     if len(shape) != tensor.dim():
         raise ValueError(f"pad_to_shape: rank mismatch {tuple(tensor.shape)} -> {tuple(shape)}")
     padding: list[int] = []
-    for current, target in zip(reversed(tensor.shape), reversed(list(shape))):
+    for current, target in zip(reversed(tensor.shape), reversed(list(shape)), strict=False):
         if target < current:
             raise ValueError(f"pad_to_shape: cannot shrink {tuple(tensor.shape)} to {tuple(shape)}")
         padding += [0, target - current]
@@ -186,11 +186,10 @@ def fused_qkv_weight_loader(
     def transform(slices: Sequence[Any], rank: int) -> torch.Tensor:
         if len(slices) != 3:
             raise ValueError(f"fused_qkv_weight_loader takes 3 tensors (q, k, v), got {len(slices)}")
-        for name, source in zip("qkv", slices):
+        for name, source in zip("qkv", slices, strict=False):
             if len(source.get_shape()) != 2:
                 raise ValueError(
-                    f"fused_qkv_weight_loader: the {name} tensor must be 2-D, "
-                    f"got shape {source.get_shape()}"
+                    f"fused_qkv_weight_loader: the {name} tensor must be 2-D, got shape {source.get_shape()}"
                 )
         tp_rank = rank % num_shards
         q_rank = attention_dp_rank + tp_rank * attention_dp_size
