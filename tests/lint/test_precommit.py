@@ -2,18 +2,21 @@
 
 A snapshot of this checkout (its source files, committed or not) becomes a
 temporary hook repository; a second temporary git repository holds one
-violating and one clean file. ``pre-commit try-repo`` builds the hook
-environment with pip (from PyPI: libcst, click, rich) and runs the hooks:
-the lint hook fails on the violating file and every hook passes on the clean
-one. The environment has no torch and no transformers.
+violating and one clean file. The lint hook runs from the configuration
+docs/lint.md shows, its ``repo:`` and ``rev:`` filled with the snapshot and
+its commit, and fails on the violating file; ``pre-commit try-repo`` runs
+every hook on the clean one, and they pass. pre-commit builds the hook
+environment with pip (from PyPI: libcst, click, rich): no torch and no
+transformers.
 
-Two pre-commit invocations; try-repo builds the hook environment in a
-throw-away store each time (with pip: tens of seconds each).
+Two pre-commit invocations, each building the hook environment in a
+throw-away store (with pip: tens of seconds each).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -35,6 +38,18 @@ SNAPSHOT = (
     "reference_models",
 )
 SKIPPED_PARTS = {"__pycache__", ".autoport-cst-cache", ".pytest_cache", ".hypothesis"}
+
+
+DOC_REPO = "<URL or path of your copy of autoport-cst>"
+DOC_REV = "<full commit SHA of that copy>"
+
+
+def documented_config() -> str:
+    """The configuration docs/lint.md shows for this repository's hooks."""
+    section = (ROOT / "docs" / "lint.md").read_text().split("## pre-commit\n", 1)[1].split("\n## ", 1)[0]
+    [config] = [block for block in re.findall(r"```yaml\n(.*?)```", section, re.S) if DOC_REPO in block]
+    assert DOC_REV in config
+    return config
 
 
 def _git(cwd: Path, *args: str) -> None:
@@ -76,34 +91,35 @@ def test_precommit_hooks_fail_on_a_violation_and_pass_on_clean_code(tmp_path):
     _git(hooks, "init", "-q")
     _git(hooks, "add", "-A")
     _git(hooks, "commit", "-q", "-m", "snapshot")
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=hooks, check=True, capture_output=True, text=True
+    ).stdout.strip()
 
     project = tmp_path / "project"
-    (project / "model").mkdir(parents=True)
-    (project / "model" / "bad.py").write_text(VIOLATING.lstrip("\n"))
-    (project / "model" / "good.py").write_text(CLEAN.lstrip("\n"))
+    (project / "vllm_neuron" / "model").mkdir(parents=True)
+    (project / "vllm_neuron" / "model" / "bad.py").write_text(VIOLATING.lstrip("\n"))
+    (project / "vllm_neuron" / "model" / "good.py").write_text(CLEAN.lstrip("\n"))
+    (project / ".pre-commit-config.yaml").write_text(
+        documented_config().replace(DOC_REPO, str(hooks)).replace(DOC_REV, commit)
+    )
     _git(project, "init", "-q")
     _git(project, "add", "-A")
 
     env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home"), "PRE_COMMIT_COLOR": "never"}
     env.pop("AUTOPORT_CST_CACHE_DIR", None)
 
-    def try_repo(*args: str) -> subprocess.CompletedProcess:
+    def pre_commit(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            ["pre-commit", "try-repo", str(hooks), *args],
-            cwd=project,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
+            ["pre-commit", *args], cwd=project, env=env, capture_output=True, text=True, timeout=900
         )
 
-    failing = try_repo("autoport-cst-lint", "--files", "model/bad.py")
+    failing = pre_commit("run", "--files", "vllm_neuron/model/bad.py")  # the documented configuration
     output = failing.stdout + failing.stderr
     assert failing.returncode == 1, output
-    assert "model/bad.py:5:36: NRN001" in output
-    assert "model/bad.py:10:28: NRN002" in output
+    assert "vllm_neuron/model/bad.py:5:36: NRN001" in output
+    assert "vllm_neuron/model/bad.py:10:28: NRN002" in output
 
-    passing = try_repo("--files", "model/good.py")  # every hook: lint and fix
+    passing = pre_commit("try-repo", str(hooks), "--files", "vllm_neuron/model/good.py")  # lint and fix
     output = passing.stdout + passing.stderr
     assert passing.returncode == 0, output
     assert output.count("Passed") == 2, output
