@@ -59,12 +59,17 @@ def analyze_code(
             return result
         module = found[0]
     cls = SourceClass(module, module.classes[architecture])
+    reads = interp.capture()  # every config field the code reads, constructing and running
     try:
-        top = interp.instantiate(cls, [interp.config], {}, {})
-    except RecursionError:  # pragma: no cover
-        result.add(unknown("code.causal_lm", CODE, f"could not evaluate {architecture}.__init__"))
-        return result
-    _run(AnalyzerState(source, interp, dims, result, top, cls))
+        try:
+            top = interp.instantiate(cls, [interp.config], {}, {})
+        except RecursionError:  # pragma: no cover
+            result.add(unknown("code.causal_lm", CODE, f"could not evaluate {architecture}.__init__"))
+            return result
+        _run(AnalyzerState(source, interp, dims, result, top, cls))
+    finally:
+        interp.release(reads)
+        result.config_reads = tuple(sorted(reads))
     return result
 
 

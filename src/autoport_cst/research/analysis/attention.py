@@ -436,6 +436,7 @@ def _kernel_arguments(st: AnalyzerState, attn: Instance, kernel: Node, where: st
         default = hd**-0.5
         if math.isclose(scaling, default, rel_tol=1e-9):
             st.add(known(None, "attention.scale", CODE, f"{where}: scaling = head_dim ** -0.5"))
+            _default_scale_source(st, attn, float(scaling), where)
         else:
             st.add(
                 known(
@@ -482,6 +483,35 @@ def _scale_source(st: AnalyzerState, attn: Instance, scaling: float, where: str)
     """The config field a non-default attention scale comes from, and how:
     the field itself (Granite's attention_multiplier) or its inverse
     square root (Gemma's query_pre_attn_scalar ** -0.5)."""
+    candidates = _scale_candidates(st, attn, scaling)
+    found = {(k, f) for k, f, _ in candidates}
+    if len(found) == 1:
+        key, form, evidence = candidates[0]
+        st.add(known(key, "attention.scale_key", CODE, f"{where}: {evidence}"))
+        st.add(known(form, "attention.scale_form", CODE, f"{where}: {evidence}"))
+    else:
+        seen = ", ".join(e for _, _, e in candidates) or "no config field gives it"
+        st.add(unknown("attention.scale_key", CODE, f"{where}: scaling {scaling:g}: {seen}"))
+
+
+def _default_scale_source(st: AnalyzerState, attn: Instance, scaling: float, where: str) -> None:
+    """A scale equal to ``head_dim ** -0.5`` in this config that the code
+    computes from another config field (Gemma 2 with ``query_pre_attn_scalar
+    == head_dim``): the field and form are recorded all the same, so that a
+    port reads the field and stays right for configs where the two differ
+    (Gemma-2-9B and 27B). The head size's own field is no other source."""
+    candidates = [c for c in _scale_candidates(st, attn, scaling) if c[0] != "head_dim"]
+    if len({(k, f) for k, f, _ in candidates}) != 1:
+        return
+    key, form, evidence = candidates[0]
+    evidence = f"{where}: {evidence} (equal to head_dim ** -0.5 in this config only)"
+    st.add(known(key, "attention.scale_key", CODE, evidence))
+    st.add(known(form, "attention.scale_form", CODE, evidence))
+
+
+def _scale_candidates(st: AnalyzerState, attn: Instance, scaling: float) -> list[tuple[str, str, str]]:
+    """(config key, form, evidence) of every attention attribute equal to
+    ``scaling`` that its assignment computed from one config field."""
     config = st.interp.config
     candidates = []
     for attr, value in attn.attrs.items():
@@ -495,14 +525,7 @@ def _scale_source(st: AnalyzerState, attn: Instance, scaling: float, where: str)
                 candidates.append((key, "multiplier", f"self.{attr} = config.{key}"))
             elif math.isclose(field_value**-0.5, scaling, rel_tol=1e-9):
                 candidates.append((key, "inverse_sqrt", f"self.{attr} = config.{key} ** -0.5"))
-    found = {(k, f) for k, f, _ in candidates}
-    if len(found) == 1:
-        key, form, evidence = candidates[0]
-        st.add(known(key, "attention.scale_key", CODE, f"{where}: {evidence}"))
-        st.add(known(form, "attention.scale_form", CODE, f"{where}: {evidence}"))
-    else:
-        seen = ", ".join(e for _, _, e in candidates) or "no config field gives it"
-        st.add(unknown("attention.scale_key", CODE, f"{where}: scaling {scaling:g}: {seen}"))
+    return candidates
 
 
 def _explicit(st: AnalyzerState, nodes: list[Node], inputs: list[Node], where: str, hd: Any) -> None:

@@ -64,6 +64,8 @@ class CodeAnalysis:
     linear_modules: list[str] = field(
         default_factory=list
     )  # torch base of the layer projections: Linear | Conv1D
+    # every config field the code read while constructing and running the model
+    config_reads: tuple[str, ...] = ()
 
     def add(self, finding: Finding) -> None:
         self.findings.append(finding)

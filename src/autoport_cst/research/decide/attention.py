@@ -49,6 +49,12 @@ def attention(d: Decider, head_size: Any) -> AttentionSpec:
         scale_key = d.decide("attention.scale_key", None, (CODE,))
         if scale_key is not None:
             scale_form = d.decide("attention.scale_form", "multiplier", (CODE,))
+    else:
+        # the default scale, computed from a config field that equals the
+        # head size here only (Gemma 2's query_pre_attn_scalar): read it
+        scale_key = d.flag("attention.scale_key", None)
+        if scale_key is not None:
+            scale_form = d.flag("attention.scale_form", "multiplier")
     return AttentionSpec(
         num_heads=heads,
         num_kv_heads=kv_heads,
