@@ -7,6 +7,7 @@ engine, or into one message and exit code 2 by the CLI.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -53,9 +54,9 @@ class MultiInputError(InputError):
     """Several input errors found in one pass (for example every schema
     violation of a plan), reported together."""
 
-    def __init__(self, summary: str, errors: list[AutoportError]) -> None:
+    def __init__(self, summary: str, errors: Sequence[AutoportError]) -> None:
         super().__init__(summary)
-        self.errors = errors
+        self.errors = list(errors)
 
     def __str__(self) -> str:
         lines = [self.message]

@@ -79,3 +79,12 @@ rmsnorm_quant = _not_in_standin("rmsnorm_quant")
 
 
 # -- mixture of experts (implemented in .moe) ------------------------------------------
+# Imported last: .moe builds on the kernels above. Re-exported as NF.<name>.
+from .moe import (  # noqa: E402
+    RouterComputationOrder as RouterComputationOrder,
+    build_blockwise_mapping as build_blockwise_mapping,
+    get_local_expert_affinities as get_local_expert_affinities,
+    moe_block_tkg as moe_block_tkg,
+    moe_cte as moe_cte,
+    router as router,
+)
