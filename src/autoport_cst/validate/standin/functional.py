@@ -80,7 +80,7 @@ rmsnorm_quant = _not_in_standin("rmsnorm_quant")
 
 # -- mixture of experts (implemented in .moe) ------------------------------------------
 # Imported last: .moe builds on the kernels above. Re-exported as NF.<name>.
-from .moe import (  # noqa: E402
+from .moe import (  # noqa: E402, I001
     RouterComputationOrder as RouterComputationOrder,
     build_blockwise_mapping as build_blockwise_mapping,
     get_local_expert_affinities as get_local_expert_affinities,
