@@ -24,6 +24,7 @@ bias or forgets a norm weight must change the outputs.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from typing import Any
 
 from autoport_cst.atomic import atomic_output, write_atomic
 from autoport_cst.errors import InputError
+
+from .layer_variants import layer_count_for_variants
 
 # Small dimensions applied to every config attribute of that name that exists.
 TINY_DIMENSIONS: dict[str, int] = {
@@ -51,7 +54,8 @@ TINY_DIMENSIONS: dict[str, int] = {
     "shared_expert_intermediate_size": 64,
 }
 TINY_INIT_STD = 0.2
-# A shrunk model larger than this keeps dimensions the shrinker does not know.
+# A shrunk model larger than this (per two layers: more layers are kept when
+# the config's layers differ) keeps dimensions the shrinker does not know.
 MAX_TINY_PARAMETERS = 5_000_000
 # Sliding windows shrink below the validation prompts (8 to 20 tokens plus the
 # decode steps), so a port that ignores the window shows it.
@@ -177,6 +181,36 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
     return config
 
 
+def tiny_dimensions(
+    model_class: Any, config: Any, architecture: str, dimensions: dict[str, int] | None = None
+) -> dict[str, int]:
+    """The overrides of ``TINY_DIMENSIONS`` for ``config``: ``dimensions``,
+    and unless they set it, a layer count large enough that every per-layer
+    variant the config expresses (sliding and full attention, RoPE and NoPE
+    layers, dense and MoE layers...) is instantiated at least once
+    (``layer_variants``)."""
+    sizes = dict(dimensions or {})
+    if "num_hidden_layers" in sizes or not isinstance(getattr(config, "num_hidden_layers", None), int):
+        return sizes
+    minimum = TINY_DIMENSIONS["num_hidden_layers"]
+
+    def shrink_to(layers: int) -> Any:
+        return shrink_config(copy.deepcopy(config), architecture, {**sizes, "num_hidden_layers": layers})
+
+    layers, _variants = layer_count_for_variants(model_class, config, shrink_to, minimum)
+    sizes["num_hidden_layers"] = layers
+    return sizes
+
+
+def parameter_limit(config: Any) -> int:
+    """``MAX_TINY_PARAMETERS`` for the default two layers, in proportion for more."""
+    layers = getattr(config, "num_hidden_layers", None)
+    minimum = TINY_DIMENSIONS["num_hidden_layers"]
+    if not isinstance(layers, int) or layers <= minimum:
+        return MAX_TINY_PARAMETERS
+    return MAX_TINY_PARAMETERS * layers // minimum
+
+
 def config_values(config: Any) -> dict:
     """``config.to_dict()`` with the non-finite floats transformers encodes as
     ``{"__float__": "Infinity"}`` (e.g. Mamba's ``time_step_limit``) turned
@@ -222,10 +256,12 @@ def build_tiny_checkpoint(
     from safetensors.torch import save_file
 
     config, architecture = resolve_config(source)
-    config = shrink_config(config, architecture, dimensions)
     model_class = getattr(transformers, architecture, None)
     if model_class is None:
         raise InputError(f"transformers has no class {architecture!r}")
+    config = shrink_config(
+        config, architecture, tiny_dimensions(model_class, config, architecture, dimensions)
+    )
     try:  # the saved config.json must load back
         type(config).from_dict(config_values(config))
     except Exception as error:  # noqa: BLE001 - transformers' own validators
@@ -243,10 +279,11 @@ def build_tiny_checkpoint(
             f"{architecture}: transformers cannot build the model from its shrunk config "
             f"({type(error).__name__}: {error}); give a small config.json instead"
         ) from error
-    if parameters > MAX_TINY_PARAMETERS:
+    limit = parameter_limit(config)
+    if parameters > limit:
         raise InputError(
             f"{architecture}: {parameters:,} parameters after shrinking (limit "
-            f"{MAX_TINY_PARAMETERS:,}); its config has size fields the shrinker does not know "
+            f"{limit:,}); its config has size fields the shrinker does not know "
             "(nested sub-configs?): give a small config.json instead"
         )
 
