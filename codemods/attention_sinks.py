@@ -57,10 +57,13 @@ CP_MESSAGE = "attention sinks: NF.segmented_attention_cp (context-parallel prefi
 QUANTIZED_MESSAGE = "attention sinks are not ported to the quantized attention class"
 
 DP_SINKS = '''
-def _attention_dp_sinks(sinks, attention_dp, group):
+def _attention_dp_sinks(sinks, attention_dp, group, dcp_size=1):
     """The sink logits [heads, 1] of the query heads the decode kernel attends
     with: under attention data parallelism it gathers the heads of every rank
-    of ``group`` (in rank order), so their sinks are gathered alike."""
+    of ``group`` (in rank order), so their sinks are gathered alike. Decode
+    context parallelism spreads heads over the DCP ranks too: not ported."""
+    if dcp_size > 1:
+        raise NotImplementedError("attention sinks: decode context parallelism (DCP) is not ported")
     sink = sinks.unsqueeze(1)
     if attention_dp == 1:
         return sink
@@ -223,10 +226,13 @@ class AttentionSinks(Codemod):
                 from vllm_neuron.utils.weight_loader import set_weight_loader, sharding_weight_loader, with_rank_override
 
 
-                def _attention_dp_sinks(sinks, attention_dp, group):
+                def _attention_dp_sinks(sinks, attention_dp, group, dcp_size=1):
                     """The sink logits [heads, 1] of the query heads the decode kernel attends
                     with: under attention data parallelism it gathers the heads of every rank
-                    of ``group`` (in rank order), so their sinks are gathered alike."""
+                    of ``group`` (in rank order), so their sinks are gathered alike. Decode
+                    context parallelism spreads heads over the DCP ranks too: not ported."""
+                    if dcp_size > 1:
+                        raise NotImplementedError("attention sinks: decode context parallelism (DCP) is not ported")
                     sink = sinks.unsqueeze(1)
                     if attention_dp == 1:
                         return sink
@@ -406,10 +412,16 @@ class AttentionSinks(Codemod):
 
     def _decode_sink(self, site, cls, module, ctx, helpers: list[str]) -> cst.BaseExpression | None:
         """With attention data parallelism the decode kernel attends with the
-        query heads of every attention-DP rank: their sinks, gathered."""
+        query heads of every attention-DP rank: their sinks, gathered. Under
+        decode context parallelism the helper refuses at run time."""
         degree = argument(site.call, "attention_dp")
-        if degree is None or (isinstance(degree, cst.Integer) and degree.value == "1"):
-            return None
+        dcp = argument(site.call, "dcp_size")
+        if not _beyond_one(degree):
+            if not _beyond_one(dcp):
+                return None
+            if DP_SINKS not in helpers:
+                helpers.append(DP_SINKS)
+            return parse_expr(f"_attention_dp_sinks(self.sinks, 1, None, dcp_size={code_of(dcp)})", module)
         group = argument(site.call, "attention_dp_group")
         holder = (
             next((n for n in walk(group) if isinstance(n, cst.Attribute) and self_attr(n) is not None), None)
@@ -425,7 +437,10 @@ class AttentionSinks(Codemod):
             )
         if DP_SINKS not in helpers:
             helpers.append(DP_SINKS)
-        return parse_expr(f"_attention_dp_sinks(self.sinks, {code_of(degree)}, {code_of(holder)})", module)
+        extra = f", dcp_size={code_of(dcp)}" if _beyond_one(dcp) else ""
+        return parse_expr(
+            f"_attention_dp_sinks(self.sinks, {code_of(degree)}, {code_of(holder)}{extra})", module
+        )
 
     def _mappings(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         entries = mapping_entries(module)
@@ -445,6 +460,11 @@ class AttentionSinks(Codemod):
             key = replace_string_suffix(entry.key_node, "o_proj_weight", "sinks")
             additions[id(after.statement)] = [entry_statement(entry, key, key)]
         return insert_many_after(module, additions)
+
+
+def _beyond_one(degree: cst.BaseExpression | None) -> bool:
+    """Whether a parallel-degree argument may exceed 1 (absent or a literal 1 cannot)."""
+    return degree is not None and not (isinstance(degree, cst.Integer) and degree.value == "1")
 
 
 def _mentions_qk_norm(stmt: cst.BaseStatement) -> bool:

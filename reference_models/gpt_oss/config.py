@@ -5,10 +5,19 @@
 ``PretrainedConfig``), a plain dict, or a path to a ``config.json`` (or to the
 directory holding one). Only keys that are fields of the dataclass are kept.
 
-RoPE settings come from ``rope_parameters`` (transformers 5) or
-``rope_scaling`` (older configs); the base may sit inside either. The expert
-count and experts per token also go by other names in other MoE configs; the
-first key present wins (``_ALIASES``).
+Transformers 5 renamed several keys; both spellings are read:
+
+- RoPE: ``rope_parameters`` (transformers 5, the base ``rope_theta`` inside
+  it) or ``rope_theta`` and ``rope_scaling`` (older configs); the base inside
+  the dictionary wins over a top-level one. A config naming no RoPE scaling
+  at all gets YaRN as the GPT-OSS releases ship it;
+- dtype: ``dtype`` (transformers 5) or ``torch_dtype``;
+- the expert count and experts per token, the first key present winning
+  (``_ALIASES``).
+
+``layer_types`` marks each layer "sliding_attention" or "full_attention"
+(every even layer slides when absent); an explicit null ``sliding_window``
+means full attention everywhere.
 """
 
 from __future__ import annotations
@@ -107,16 +116,18 @@ class GptOssConfig:
         else:
             values = dict(hf_config)
 
-        # Newer checkpoints nest the RoPE base and scaling in ``rope_parameters``.
+        # RoPE: transformers 5 nests the base and the scaling in ``rope_parameters``
+        # (keyed by layer type in some models: one set when all agree); older
+        # configs keep ``rope_theta`` at the top level and the scaling in
+        # ``rope_scaling``. The base inside the dictionary wins.
         rope = values.get("rope_parameters") or values.get("rope_scaling")
         if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
-            # keyed by layer type (full_attention, sliding_attention): one set when all agree
             sets = list(rope.values())
             if any(s != sets[0] for s in sets):
                 raise ValueError(f"RoPE parameters differ per layer type ({sorted(rope)}): not supported")
             rope = sets[0]
         if isinstance(rope, dict):
-            if values.get("rope_theta") is None and "rope_theta" in rope:
+            if rope.get("rope_theta") is not None:
                 values["rope_theta"] = rope["rope_theta"]
             values["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
         elif "rope_parameters" not in values and "rope_scaling" not in values:
@@ -127,7 +138,7 @@ class GptOssConfig:
             if found is not None:
                 values[name] = found
 
-        dtype = values.get("torch_dtype") or values.get("dtype")
+        dtype = values.get("dtype") or values.get("torch_dtype")
         if isinstance(dtype, str):
             values["torch_dtype"] = _DTYPES.get(dtype.replace("torch.", ""), torch.bfloat16)
         elif isinstance(dtype, torch.dtype):

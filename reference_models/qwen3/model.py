@@ -3,31 +3,42 @@
 Qwen3 for the vLLM Neuron backend (bf16)
 ========================================
 
-autoport-cst reference model ``qwen3``: the ``llama3`` reference plus an
+autoport-cst reference model ``qwen3``: grouped-query attention with an
 RMSNorm of each query and key head before RoPE (Qwen3's ``q_norm`` and
 ``k_norm``), sliding-window attention on the layers the config marks
-(``layer_types``, or from ``max_window_layers`` on), and YaRN frequency
-scaling next to the default and Llama 3 RoPE. Tied and untied embeddings are
-both handled at load time.
+(``layer_types``, or from ``max_window_layers`` on), a SiLU-gated MLP,
+RMSNorm, and rotate-half RoPE with the default, Llama 3 or YaRN frequencies.
+Tied and untied embeddings are both handled at load time.
 
 Supported parallelism: TP, with sequence-parallel (SP) hidden states between
-layers during prefill. The query/key norm weights are replicated on every rank.
+layers during prefill. The query/key norm weights are replicated on every
+rank. (No data or context parallelism: this reference keeps the TP-only
+shape of the vllm_neuron qwen3 package.)
 
 Paths:
-  prefill  NF.qkv_proj -> QK norm -> RoPE -> paged KV-cache write -> NF.flash_attention -> NF.o_proj
-  decode   NF.attention_decode (fused QKV, pre-RoPE QK norm, RoPE, paged attention, cache write,
-           O projection)
+  prefill  NF.qkv_proj -> QK norms -> apply_rotary_pos_emb -> paged KV-cache write, then
+           full:     NF.flash_attention
+           chunked:  NF.segmented_attention (reads the chunk's K/V back from the cache)
+           then NF.o_proj
+  decode   NF.attention_decode (fused QKV, pre-RoPE QK norms, RoPE, paged attention,
+           O projection) with update_cache=False: the kernel returns the step's K/V
+           and the KV cache is written here
+
+The KV cache may be FP8 (static scales, read by load_weights).
 
 ANNOTATION GUIDE (codemods anchor on these markers; keep them when editing):
   # >>> PARALLELISM: <what> <<<    parallelism plumbing, kept across ports
   # <-- MODEL-SPECIFIC: <what>     what changes when porting another architecture
+  # <-- QUANTIZATION: <what>       FP8 KV-cache handling
 """
 
+import logging
 import math
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig
+from vllm.config import get_current_vllm_config
 from vllm.distributed.parallel_state import get_tp_group
 
 import vllm_neuron.functional as NF
@@ -37,6 +48,7 @@ from vllm_neuron.model.neuron_config import NeuronConfig
 from vllm_neuron.nn.embedding import VocabDimShardedEmbedding
 from vllm_neuron.nn.sampler import Sampler
 from vllm_neuron.utils.checkpoints import SafetensorsCheckpoint
+from vllm_neuron.utils.dtype_utils import FP8_CLAMP_MAX, validate_fp8_segmented_supported
 from vllm_neuron.utils.weight_loader import (
     fused_qkv_weight_loader,
     set_weight_loader,
@@ -45,13 +57,9 @@ from vllm_neuron.utils.weight_loader import (
 
 from .config import Qwen3Config
 
+logger = logging.getLogger(__name__)
 
-def _is_prefill(attn_metadata, layer_name: str = "layers.0.self_attn") -> bool:
-    """Prefill when the step has more query tokens than the decode threshold."""
-    if attn_metadata is None:
-        return False
-    meta = attn_metadata[layer_name]
-    return meta["max_query_len"] > meta["decode_token_threshold"]
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def _layer_sliding_window(config, layer_idx: int) -> int | None:
@@ -236,10 +244,9 @@ class Qwen3Attention(nn.Module):
     def __init__(self, config: Qwen3Config, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.layer_name = f"layers.{layer_idx}.self_attn"
+        self.head_dim = config.head_dim
         self.dtype = config.torch_dtype
         self.hidden_size = config.hidden_size
-        self.head_dim = config.head_dim
         self.num_attention_heads = config.num_attention_heads
         self.num_key_value_heads = config.num_key_value_heads
         self.scaling = self.head_dim**-0.5
@@ -263,12 +270,11 @@ class Qwen3Attention(nn.Module):
             self.num_attention_heads_per_rank // self.num_key_value_heads_per_rank
         )
 
+        # <-- MODEL-SPECIFIC: fused QKV, stored [hidden, q|k|v]; O stored [q, hidden]
         self.q_size = self.num_attention_heads_per_rank * self.head_dim
         self.kv_size = self.num_key_value_heads_per_rank * self.head_dim
         qkv_size = self.q_size + 2 * self.kv_size
         self.qkv_split_indices = [self.q_size, self.q_size + self.kv_size]
-
-        # <-- MODEL-SPECIFIC: fused QKV, stored [hidden, q|k|v]; O stored [q, hidden]
         self.qkv_proj_weight = nn.Parameter(
             torch.empty(self.hidden_size, qkv_size, dtype=self.dtype)
         )
@@ -276,12 +282,18 @@ class Qwen3Attention(nn.Module):
             torch.empty(self.q_size, self.hidden_size, dtype=self.dtype)
         )
         # <-- MODEL-SPECIFIC: RMSNorm of each query and key head before RoPE
-        self.q_norm = Qwen3RMSNorm(self.head_dim, config.rms_norm_eps, config.torch_dtype)
-        self.k_norm = Qwen3RMSNorm(self.head_dim, config.rms_norm_eps, config.torch_dtype)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, config.rms_norm_eps, self.dtype)
+        self.k_norm = Qwen3RMSNorm(self.head_dim, config.rms_norm_eps, self.dtype)
 
         # Paged KV cache, bound by bind_kv_cache()
         self.k_cache = None
         self.v_cache = None
+        # <-- QUANTIZATION: FP8 KV-cache scales, set by _load_kv_cache_scales
+        # (quantize: x * scale); the floats are baked into the decode call
+        self.k_scale = None
+        self.v_scale = None
+        self.k_scale_float = 1.0
+        self.v_scale_float = 1.0
 
         self._setup_weight_loaders()
 
@@ -309,35 +321,35 @@ class Qwen3Attention(nn.Module):
             ),
         )
 
-    def forward(self, hidden_states, positions, position_embeddings, attn_metadata=None):
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        positions: torch.Tensor | None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attn_metadata: object | None = None,
+    ):
         """>>> PARALLELISM: dispatch to the prefill or decode path. <<<"""
-        if not _is_prefill(attn_metadata, self.layer_name):
+        meta = attn_metadata[f"layers.{self.layer_idx}.self_attn"]
+        if meta["max_query_len"] <= meta["decode_token_threshold"]:
             return self.forward_decode(hidden_states, positions, position_embeddings, attn_metadata)
         # >>> PARALLELISM: All-gather from SP before attention <<<
         if self.world_size > 1:
             hidden_states = self.tp_group.all_gather(hidden_states, dim=0)
         return self.forward_prefill(hidden_states, positions, position_embeddings, attn_metadata)
 
-    def _write_kv_cache(self, k, v, slot_mapping, block_size):
-        """Write k, v ([Nkv, T, Dh]) into the paged cache [blocks, Nkv, block, Dh]."""
-        tokens = slot_mapping.shape[0]
-        blocks = (slot_mapping // block_size).repeat(self.num_key_value_heads_per_rank)
-        offsets = (slot_mapping % block_size).repeat(self.num_key_value_heads_per_rank)
-        heads = torch.arange(
-            self.num_key_value_heads_per_rank, dtype=torch.long, device=k.device
-        ).repeat_interleave(tokens)
-        self.k_cache.index_put_(
-            (blocks, heads, offsets), k.reshape(-1, self.head_dim).to(self.k_cache.dtype)
-        )
-        self.v_cache.index_put_(
-            (blocks, heads, offsets), v.reshape(-1, self.head_dim).to(self.v_cache.dtype)
-        )
+    # -- prefill ----------------------------------------------------------------
 
-    def forward_prefill(self, hidden_states, positions, position_embeddings, attn_metadata=None):
-        """One sequence of T tokens: [T, H] in, [T / world_size, H] out (SP)."""
+    def forward_prefill(
+        self,
+        hidden_states: torch.Tensor,
+        positions: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attn_metadata: object | None = None,
+    ) -> torch.Tensor:
+        """One sequence (or one chunk of it) of T tokens: [T, H] in,
+        [T / world_size, H] out (SP)."""
         if attn_metadata is None:
             return torch.zeros_like(hidden_states)
-        meta = attn_metadata[self.layer_name]
         hidden_states = hidden_states.to(self.dtype)
         tokens = hidden_states.shape[0]
 
@@ -358,19 +370,61 @@ class Qwen3Attention(nn.Module):
         k = self.k_norm(k)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
 
-        self._write_kv_cache(k, v, meta["slot_mapping"], meta["block_size"])
+        # >>> PARALLELISM: the paged cache [blocks, Nkv / rank, block, Dh] holds this rank's KV heads <<<
+        meta = attn_metadata[f"layers.{self.layer_idx}.self_attn"]
+        slot_mapping = meta["slot_mapping"]
+        block_size = meta["block_size"]
+        block_table = meta["block_table_tensor"]
+        cached_seq_len = meta.get("cached_seq_len")
+        kv_segment_size = meta.get("kv_segment_size")
 
-        k = k.repeat_interleave(self.num_key_value_groups, dim=0)
-        v = v.repeat_interleave(self.num_key_value_groups, dim=0)
-        attn_output = NF.flash_attention(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v,
-            scale=self.scaling,
-            sliding_window=self.sliding_window,
-            tp_q=False,
-            tp_out=True,
-        )  # [Nq, Dh, T]
+        heads = self.num_key_value_heads_per_rank
+        k_rows = k.reshape(-1, self.head_dim)
+        v_rows = v.reshape(-1, self.head_dim)
+        if self.k_cache.dtype in _FP8_DTYPES:
+            # <-- QUANTIZATION: FP8 cache entries are x * scale, clamped to the FP8 range
+            k_rows = (k_rows * self.k_scale).clamp(-FP8_CLAMP_MAX, FP8_CLAMP_MAX)
+            v_rows = (v_rows * self.v_scale).clamp(-FP8_CLAMP_MAX, FP8_CLAMP_MAX)
+        cache_index = (
+            (slot_mapping // block_size).repeat(heads),
+            torch.arange(heads, dtype=torch.long, device=slot_mapping.device).repeat_interleave(
+                slot_mapping.shape[0]
+            ),
+            (slot_mapping % block_size).repeat(heads),
+        )
+        self.k_cache.index_put_(cache_index, k_rows.to(self.k_cache.dtype))
+        self.v_cache.index_put_(cache_index, v_rows.to(self.v_cache.dtype))
+
+        # <-- MODEL-SPECIFIC: causal attention, windowed on sliding layers, no sinks
+        if kv_segment_size:
+            # chunked prefill: attend over the cached tokens and the chunk's own
+            # (the segmented kernel cannot read a non-packed FP8 cache)
+            validate_fp8_segmented_supported(self.k_cache.dtype in _FP8_DTYPES, fp8_packed=False)
+            attn_output = NF.segmented_attention(
+                q,
+                k_cache=self.k_cache,
+                v_cache=self.v_cache,
+                block_tables=block_table,
+                prior_tokens=cached_seq_len,
+                block_size=block_size,
+                kv_segment_size=kv_segment_size,
+                scale=self.scaling,
+                sliding_window=self.sliding_window,
+                tp_q=True,
+                tp_out=True,
+            )  # [Nq, Dh, T]
+        else:
+            k = k.repeat_interleave(self.num_key_value_groups, dim=0)
+            v = v.repeat_interleave(self.num_key_value_groups, dim=0)
+            attn_output = NF.flash_attention(
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v,
+                scale=self.scaling,
+                sliding_window=self.sliding_window,
+                tp_q=False,
+                tp_out=True,
+            )  # [Nq, Dh, T]
 
         attn_output = NF.o_proj(attn_output.unsqueeze(0), self.o_proj_weight, None).squeeze(0)
 
@@ -379,32 +433,43 @@ class Qwen3Attention(nn.Module):
             attn_output = self.tp_group.reduce_scatter(attn_output, dim=0)
         return attn_output.contiguous()
 
-    def forward_decode(self, hidden_states, positions, position_embeddings, attn_metadata):
+    # -- decode -----------------------------------------------------------------
+
+    def forward_decode(
+        self,
+        hidden_states: torch.Tensor,
+        positions: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attn_metadata: object,
+    ):
         """B sequences of S new tokens each: [B * S, H] in and out."""
-        meta = attn_metadata[self.layer_name]
+        meta = attn_metadata[f"layers.{self.layer_idx}.self_attn"]
+        slot_mapping = meta["slot_mapping"]
         block_size = meta["block_size"]
         block_table = meta["block_table_tensor"]
+        context = meta["max_blocks_per_seq"] * block_size
+
         batch = block_table.shape[0]
         tokens = hidden_states.shape[0]
         new_tokens = tokens // batch
-        context = meta["max_blocks_per_seq"] * block_size
-
+        heads = self.num_key_value_heads_per_rank
         x = hidden_states.to(self.dtype).view(batch, new_tokens, self.hidden_size)
 
-        # Megakernel RoPE layout: [Dh/2, B, S]
+        # Kernel RoPE layout: [Dh/2, B, S]
         cos, sin = position_embeddings
         half = self.head_dim // 2
-        cos = cos[:, :half].reshape(batch, new_tokens, half).permute(2, 0, 1).contiguous()
-        sin = sin[:, :half].reshape(batch, new_tokens, half).permute(2, 0, 1).contiguous()
+        cos_kernel = cos[:, :half].reshape(batch, new_tokens, half).permute(2, 0, 1)
+        sin_kernel = sin[:, :half].reshape(batch, new_tokens, half).permute(2, 0, 1)
+        cos_kernel = cos_kernel.contiguous().to(self.dtype)
+        sin_kernel = sin_kernel.contiguous().to(self.dtype)
 
+        pos_ids = positions.view(1, tokens).to(torch.float32)
         # <-- MODEL-SPECIFIC: sliding window: mask prior positions before p - window + 1
         start_pos = None
         if self.sliding_window is not None:
-            start_pos = torch.clamp(
-                positions.view(1, tokens).to(torch.float32) - (self.sliding_window - 1), min=0
-            )
-        mask = NF.gen_attention_decode_mask(
-            pos_ids=positions.view(1, tokens).to(torch.float32),
+            start_pos = torch.clamp(pos_ids - (self.sliding_window - 1), min=0)
+        attention_mask = NF.gen_attention_decode_mask(
+            pos_ids=pos_ids,
             bs=batch,
             q_head=self.num_attention_heads_per_rank,
             s_active=new_tokens,
@@ -413,33 +478,62 @@ class Qwen3Attention(nn.Module):
             block_len=block_size,
         )
 
-        output = NF.attention_decode(
+        # One KV head per rank: the kernel takes the caches without the head dimension
+        k_cache = self.k_cache.squeeze(1) if heads == 1 and self.k_cache.dim() == 4 else self.k_cache
+        v_cache = self.v_cache.squeeze(1) if heads == 1 and self.v_cache.dim() == 4 else self.v_cache
+
+        # <-- MODEL-SPECIFIC: the kernel's pre-RoPE QK norm with the learned gammas ([1, Dh])
+        output, k_new, v_new = NF.attention_decode(
             X=x,
+            X_hidden_dim_actual=self.hidden_size,
+            rmsnorm_X_enabled=False,
             W_qkv=self.qkv_proj_weight,
             bias_qkv=None,
-            cos=cos.to(self.dtype),
-            sin=sin.to(self.dtype),
-            rope_contiguous_layout=True,
-            rmsnorm_X_enabled=False,
             rmsnorm_QK_pre_rope_enabled=True,
             rmsnorm_QK_pre_rope_eps=self.q_norm.variance_epsilon,
             rmsnorm_QK_pre_rope_W_Q=self.q_norm.weight.view(1, -1),
             rmsnorm_QK_pre_rope_W_K=self.k_norm.weight.view(1, -1),
             rmsnorm_QK_post_rope_enabled=False,
+            cos=cos_kernel,
+            sin=sin_kernel,
+            rope_contiguous_layout=True,
             K_cache_transposed=False,
             active_blocks_table=block_table.to(torch.int32),
-            K_cache=self.k_cache,
-            V_cache=self.v_cache,
-            attention_mask=mask,
-            softmax_scale=self.scaling,
-            update_cache=True,
-            kv_cache_update_idx=meta["slot_mapping"].view(batch, new_tokens).to(torch.uint32),
-            W_out=self.o_proj_weight,
+            K_cache=k_cache,
+            V_cache=v_cache,
+            attention_mask=attention_mask,
+            # <-- QUANTIZATION: FP8 K is dequantized through the softmax scale
+            softmax_scale=self.scaling / self.k_scale_float,
+            sink=None,
+            update_cache=False,
+            # <-- QUANTIZATION: FP8 V is dequantized through the output projection
+            W_out=self.o_proj_weight / self.v_scale_float,
             bias_out=None,
             transposed_out=False,
             out_in_sb=False,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
+            # >>> PARALLELISM: TP only: no attention data parallelism <<<
+            attention_dp=1,
+            attention_dp_group=None,
+            attention_dp_rank=0,
+            kv_needs_a2a=False,
         )
-        output = output.view(tokens, self.hidden_size)
+
+        # The step's K ([Dh, B * Nkv, S]) and V ([B, Nkv, S, Dh]), quantized by the
+        # kernel when the cache is FP8, written head-major at the step's slots
+        k_rows = k_new.permute(1, 2, 0).reshape(batch, heads, new_tokens, self.head_dim)
+        k_rows = k_rows.transpose(0, 1).reshape(-1, self.head_dim)
+        v_rows = v_new.transpose(0, 1).reshape(-1, self.head_dim)
+        cache_index = (
+            (slot_mapping // block_size).repeat(heads),
+            torch.arange(heads, dtype=torch.long, device=slot_mapping.device).repeat_interleave(
+                slot_mapping.shape[0]
+            ),
+            (slot_mapping % block_size).repeat(heads),
+        )
+        self.k_cache.index_put_(cache_index, k_rows.to(self.k_cache.dtype))
+        self.v_cache.index_put_(cache_index, v_rows.to(self.v_cache.dtype))
 
         # >>> PARALLELISM: sum the partial outputs of all ranks <<<
         if self.world_size > 1:
@@ -480,26 +574,22 @@ class Qwen3MLP(nn.Module):
         self._setup_weight_loaders()
 
     def _setup_weight_loaders(self):
-        """>>> PARALLELISM: shard the intermediate dimension. <<<"""
-        for weight in (self.gate_proj_weight, self.up_proj_weight):
-            set_weight_loader(
-                weight,
-                sharding_weight_loader(
-                    shard_dim=1,
-                    shard_size=self.intermediate_size_per_rank,
-                    num_shards=self.world_size,
-                    is_storage_transposed=True,
-                ),
-            )
-        set_weight_loader(
-            self.down_proj_weight,
-            sharding_weight_loader(
-                shard_dim=0,
-                shard_size=self.intermediate_size_per_rank,
-                num_shards=self.world_size,
-                is_storage_transposed=True,
-            ),
+        """>>> PARALLELISM: shard the intermediate dimension (gate and up share a loader). <<<"""
+        gate_up_loader = sharding_weight_loader(
+            shard_dim=1,
+            shard_size=self.intermediate_size_per_rank,
+            num_shards=self.world_size,
+            is_storage_transposed=True,
         )
+        down_loader = sharding_weight_loader(
+            shard_dim=0,
+            shard_size=self.intermediate_size_per_rank,
+            num_shards=self.world_size,
+            is_storage_transposed=True,
+        )
+        set_weight_loader(self.gate_proj_weight, gate_up_loader)
+        set_weight_loader(self.up_proj_weight, gate_up_loader)
+        set_weight_loader(self.down_proj_weight, down_loader)
 
     def forward(self, hidden_states: torch.Tensor, is_prefill: bool) -> torch.Tensor:
         # >>> PARALLELISM: All-gather from SP in prefill <<<
@@ -507,7 +597,7 @@ class Qwen3MLP(nn.Module):
             hidden_states = self.tp_group.all_gather(hidden_states, dim=0)
         # <-- MODEL-SPECIFIC: SiLU-gated MLP
         output = NF.mlp(
-            hidden_states.to(self.dtype),
+            hidden_states,
             self.gate_proj_weight,
             self.up_proj_weight,
             self.down_proj_weight,
@@ -531,26 +621,41 @@ class Qwen3DecoderLayer(nn.Module):
     def __init__(self, config: Qwen3Config, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.self_attn = Qwen3Attention(config, layer_idx)
-        self.mlp = Qwen3MLP(config)
         self.input_layernorm = Qwen3RMSNorm(
             config.hidden_size, config.rms_norm_eps, config.torch_dtype
         )
         self.post_attention_layernorm = Qwen3RMSNorm(
             config.hidden_size, config.rms_norm_eps, config.torch_dtype
         )
+        self.self_attn = Qwen3Attention(config, layer_idx=layer_idx)
+        self.mlp = Qwen3MLP(config)
 
-    def forward(self, hidden_states, positions, position_embeddings, attn_metadata=None):
-        is_prefill = _is_prefill(attn_metadata, self.self_attn.layer_name)
+    def _is_decode(self, attn_metadata) -> bool:
+        meta = attn_metadata[f"layers.{self.layer_idx}.self_attn"]
+        return meta["max_query_len"] <= meta["decode_token_threshold"]
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        positions: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attn_metadata: object | None = None,
+    ) -> torch.Tensor:
+        is_decode = self._is_decode(attn_metadata)
 
         residual = hidden_states
         hidden_states = self.input_layernorm(hidden_states)
-        hidden_states = self.self_attn(hidden_states, positions, position_embeddings, attn_metadata)
+        hidden_states = self.self_attn(
+            hidden_states=hidden_states,
+            positions=positions,
+            position_embeddings=position_embeddings,
+            attn_metadata=attn_metadata,
+        )
         hidden_states = residual + hidden_states
 
         residual = hidden_states
         hidden_states = self.post_attention_layernorm(hidden_states)
-        hidden_states = self.mlp(hidden_states, is_prefill=is_prefill)
+        hidden_states = self.mlp(hidden_states, is_prefill=not is_decode)
         return residual + hidden_states
 
 
@@ -569,7 +674,9 @@ class Qwen3Model(nn.Module):
         # >>> PARALLELISM: TP group setup <<<
         self.tp_group = get_tp_group()
         self.world_size = self.tp_group.world_size
+        self.rank = self.tp_group.rank_in_group
 
+        # >>> PARALLELISM: vocabulary-sharded embedding <<<
         self.embed_tokens = VocabDimShardedEmbedding(
             vocab_size=config.vocab_size,
             embed_dim=config.hidden_size,
@@ -589,38 +696,47 @@ class Qwen3Model(nn.Module):
         self.layers = nn.ModuleList(
             [Qwen3DecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
         )
+        # <-- MODEL-SPECIFIC: final RMSNorm
         self.norm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps, config.torch_dtype)
         self.rotary_emb = Qwen3RotaryEmbedding(config)
 
     def forward(
         self,
-        input_ids,
-        positions,
-        attn_metadata=None,
-        rank=None,
-        inputs_embeds=None,
-        is_token_ids=None,
-    ):
-        is_prefill = _is_prefill(attn_metadata)
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn_metadata: object | None = None,
+        rank: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        is_token_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        first = attn_metadata["layers.0.self_attn"]
+        is_prefill = first["max_query_len"] > first["decode_token_threshold"]
+
         # >>> PARALLELISM: prefill embeddings come back as this rank's SP slice <<<
         hidden_states = self.embed_tokens(input_ids, scatter_tokens=is_prefill, rank=rank)
-        if inputs_embeds is not None:
-            if is_prefill and self.world_size > 1:
-                inputs_embeds = inputs_embeds.chunk(self.world_size, dim=0)[rank]
-                is_token_ids = is_token_ids.chunk(self.world_size, dim=0)[rank]
-            hidden_states = NF.merge_prompt_embeds(hidden_states, inputs_embeds, is_token_ids)
+        # >>> PARALLELISM: prompt embeddings cut to the SP slice <<<
+        if is_prefill and self.world_size > 1 and inputs_embeds is not None and is_token_ids is not None:
+            rows = hidden_states.shape[0]
+            inputs_embeds = inputs_embeds[self.rank * rows : (self.rank + 1) * rows]
+            is_token_ids = is_token_ids[self.rank * rows : (self.rank + 1) * rows]
+        hidden_states = NF.merge_prompt_embeds(hidden_states, inputs_embeds, is_token_ids)
 
         position_embeddings = self.rotary_emb(
             positions, device=hidden_states.device, dtype=hidden_states.dtype
         )
         for layer in self.layers:
-            hidden_states = layer(hidden_states, positions, position_embeddings, attn_metadata)
+            hidden_states = layer(
+                hidden_states,
+                positions=positions,
+                position_embeddings=position_embeddings,
+                attn_metadata=attn_metadata,
+            )
         hidden_states = self.norm(hidden_states)
 
         # >>> PARALLELISM: gather the SP slices for the LM head <<<
         if is_prefill and self.world_size > 1:
             hidden_states = self.tp_group.all_gather(hidden_states, dim=0)
-        return hidden_states
+        return hidden_states, []
 
 
 # =============================================================================
@@ -635,16 +751,21 @@ class Qwen3ForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = Qwen3Model(config)
+        neuron_config = config.neuron_config
 
         # >>> PARALLELISM: TP group setup <<<
         self.tp_group = get_tp_group()
         self.world_size = self.tp_group.world_size
         self.rank = self.tp_group.rank_in_group
 
-        neuron_config = config.neuron_config
         self.on_device_sampling_config = (
             neuron_config.on_device_sampling_config if neuron_config is not None else None
         )
+        # full logits are gathered when logprobs or logit dumps are asked for
+        self._gather_logits = neuron_config is not None and (
+            neuron_config.max_logprobs != 0 or neuron_config.debug_logits_dir is not None
+        )
+        # <-- MODEL-SPECIFIC: no LM-head bias; a tied LM head loads the embedding (load_weights)
         self.lm_head = neuron_nn.ColumnParallelLinear(
             config.hidden_size,
             config.vocab_size,
@@ -677,30 +798,29 @@ class Qwen3ForCausalLM(nn.Module):
     @torch.no_grad()
     def forward(
         self,
-        input_ids,
-        positions,
-        inputs_embeds=None,
-        is_token_ids=None,
-        attn_metadata=None,
-        sampling_positions=None,
-        sampling_params=None,
-        logit_mask=None,
-        rank=None,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+        is_token_ids: torch.Tensor | None = None,
+        attn_metadata: object | None = None,
+        sampling_positions: torch.Tensor | None = None,
+        sampling_params: torch.Tensor | None = None,
+        spec_decode_metadata=None,
+        logit_mask: torch.Tensor | None = None,
+        rank: torch.Tensor | None = None,
         **kwargs,
     ):
         positions = positions.to(torch.int32)
+        first = attn_metadata["layers.0.self_attn"]
+        is_prefill = first["max_query_len"] > first["decode_token_threshold"]
         tokens = input_ids.shape[0]
         # >>> PARALLELISM: SP length validation <<<
-        if _is_prefill(attn_metadata) and self.world_size > 1:
-            if tokens <= self.world_size or tokens % self.world_size != 0:
-                raise ValueError(
-                    f"prefill length {tokens} must exceed and be divisible by "
-                    f"the TP size {self.world_size}"
-                )
-        if rank is None:
-            rank = self.rank
+        if is_prefill and (tokens <= self.world_size or tokens % self.world_size != 0):
+            raise ValueError(
+                f"prefill length {tokens} must exceed and be divisible by the TP size {self.world_size}"
+            )
 
-        hidden_states = self.model(
+        hidden_states, _ = self.model(
             input_ids,
             positions,
             attn_metadata=attn_metadata,
@@ -713,32 +833,49 @@ class Qwen3ForCausalLM(nn.Module):
         logits = self.lm_head(hidden_states)
         if self.sampler is None:
             return logits
-        return self.sampler(logits, sampling_params, logit_mask=logit_mask, tp_rank=rank)
+
+        sampled_tokens = self.sampler(logits, sampling_params, logit_mask=logit_mask, tp_rank=rank)
+        gathered_logits = None
+        if self._gather_logits:
+            gathered_logits = (
+                logits if self.lm_head.gather_output else self.tp_group.all_gather(logits, dim=1)
+            )
+        if spec_decode_metadata is not None:
+            from vllm_neuron.nn.rejection_sampler import rejection_sampler
+
+            return rejection_sampler(spec_decode_metadata, sampled_tokens)
+        return sampled_tokens, gathered_logits
+
+    # -- KV cache -------------------------------------------------------------------
 
     def get_kv_spec(self) -> KVSpec:
+        # >>> PARALLELISM: per-rank KV heads <<<
         layers = [
             LayerSpec(
-                name=layer.self_attn.layer_name,
+                name=f"layers.{layer_idx}.self_attn",
                 num_kv_heads=layer.self_attn.num_key_value_heads_per_rank,
                 head_size=layer.self_attn.head_dim,
                 dtype=layer.self_attn.dtype,
                 sliding_window_size=layer.self_attn.sliding_window,
                 chunk_size=None,
             )
-            for layer in self.model.layers
+            for layer_idx, layer in enumerate(self.model.layers)
         ]
         return KVSpec(layers=layers)
 
     def bind_kv_cache(self, kv_caches) -> None:
-        for layer in self.model.layers:
-            name = layer.self_attn.layer_name
+        for layer_idx, layer in enumerate(self.model.layers):
+            name = f"layers.{layer_idx}.self_attn"
             if name not in kv_caches:
                 raise KeyError(f"no KV cache allocated for {name}")
             layer.self_attn.k_cache = kv_caches[name][0]
             layer.self_attn.v_cache = kv_caches[name][1]
 
-    def load_weights(self, checkpoint_path, device="cpu", cache_dir=None):
-        """Load this rank's shard of every parameter from a safetensors checkpoint."""
+    # -- weights --------------------------------------------------------------------
+
+    def load_weights(self, checkpoint_path: str, device: torch.device, cache_dir: str | None):
+        """Load this rank's shard of every parameter from a safetensors
+        checkpoint, then the FP8 KV-cache scales."""
         # <-- MODEL-SPECIFIC: Hugging Face checkpoint keys of each parameter
         mappings = {}
         for layer_id in range(len(self.model.layers)):
@@ -753,6 +890,7 @@ class Qwen3ForCausalLM(nn.Module):
                 f"{prefix}.self_attn.v_proj.weight",
             ]
             mappings[f"{prefix}.self_attn.o_proj_weight"] = f"{prefix}.self_attn.o_proj.weight"
+            # <-- MODEL-SPECIFIC: QK-norm weights, the same on every rank
             mappings[f"{prefix}.self_attn.q_norm.weight"] = f"{prefix}.self_attn.q_norm.weight"
             mappings[f"{prefix}.self_attn.k_norm.weight"] = f"{prefix}.self_attn.k_norm.weight"
             mappings[f"{prefix}.mlp.gate_proj_weight"] = f"{prefix}.mlp.gate_proj.weight"
@@ -766,9 +904,45 @@ class Qwen3ForCausalLM(nn.Module):
         else:
             mappings["lm_head.weight"] = "lm_head.weight"
 
-        checkpoint = SafetensorsCheckpoint(checkpoint_path, cache_dir=cache_dir)
+        checkpoint = SafetensorsCheckpoint(checkpoint_path, cache_dir)
         result = checkpoint.load_sharded_pipelined(
             self.rank, self.world_size, self, mappings, device
         )
-        self.load_state_dict(result.state_dict, strict=False, assign=True)
+        state = result.state_dict
+        for name, tensor in state.items():
+            if tensor.dtype != self.config.torch_dtype:
+                state[name] = tensor.to(self.config.torch_dtype)
+        self._load_kv_cache_scales(checkpoint, device)
+        self.load_state_dict(state, strict=False, assign=True)
         return result
+
+    def load_weights_lite(self, checkpoint_path: str, device: torch.device, cache_dir: str | None):
+        """For CPU compilation: only what becomes a compile-time constant (the
+        KV-cache scale floats); the weights stay on the meta device."""
+        checkpoint = SafetensorsCheckpoint(checkpoint_path, cache_dir)
+        checkpoint._ensure_indexed()
+        self._load_kv_cache_scales(checkpoint, device)
+
+    def _load_kv_cache_scales(self, checkpoint: SafetensorsCheckpoint, device: torch.device) -> None:
+        """With an FP8 KV cache, each attention's ``k_scale``/``v_scale``
+        ([1, 1], 1.0 when the checkpoint has none) and their floats.
+
+        Checkpoints store the dequantization scale (x = q * s); the cache write
+        multiplies, so the reciprocal is kept."""
+        from vllm_neuron.utils.dtype_utils import QUANTIZED_KV_CACHE_DTYPES
+
+        if get_current_vllm_config().cache_config.cache_dtype not in QUANTIZED_KV_CACHE_DTYPES:
+            return
+        for layer_id, layer in enumerate(self.model.layers):
+            attn = layer.self_attn
+            for scale_name in ("k_scale", "v_scale"):
+                key = f"model.layers.{layer_id}.self_attn.{scale_name}"
+                if key in checkpoint._tensor_name_to_file:
+                    stored = checkpoint._get_slice(key)[:].to(dtype=torch.bfloat16, device=device)
+                    value = 1.0 / stored
+                else:
+                    value = torch.ones(1, dtype=torch.bfloat16, device=device)
+                setattr(attn, scale_name, value.reshape(1, 1))
+            # load time: .item() is allowed here
+            attn.k_scale_float = attn.k_scale.item()
+            attn.v_scale_float = attn.v_scale.item()

@@ -5,15 +5,22 @@
 ``PretrainedConfig``), a plain dict, or a path to a ``config.json`` (or to the
 directory holding one). Only keys that are fields of the dataclass are kept.
 
-Mixture-of-experts configs name the same quantities differently; the first
-key present wins:
+Transformers 5 renamed several keys; both spellings are read:
 
-- routed experts: ``num_experts``, ``num_local_experts``, ``n_routed_experts``,
-  ``moe_num_experts``;
-- experts per token: ``num_experts_per_tok``, ``moe_topk``, ``moe_k``;
-- one expert's intermediate size: ``moe_intermediate_size``, else
-  ``intermediate_size`` (models whose every layer is an MoE use the dense
-  name for the experts).
+- RoPE: ``rope_parameters`` (transformers 5, the base ``rope_theta`` inside
+  it) or ``rope_theta`` and ``rope_scaling`` (older configs). The base inside
+  the dictionary wins over a top-level one;
+- dtype: ``dtype`` (transformers 5) or ``torch_dtype``;
+- mixture-of-experts quantities, the first key present winning:
+  routed experts ``num_experts``, ``num_local_experts`` (what transformers 5
+  writes for Qwen3-MoE), ``n_routed_experts``, ``moe_num_experts``; experts
+  per token ``num_experts_per_tok``, ``moe_topk``, ``moe_k``; one expert's
+  intermediate size ``moe_intermediate_size``, else ``intermediate_size``
+  (models whose every layer is an MoE use the dense name for the experts).
+
+``head_dim`` is the checkpoint's, or ``hidden_size / num_attention_heads``
+when absent; ``norm_topk_prob`` is read from the config (True when absent:
+the routers that never say, Mixtral's, renormalize).
 """
 
 from __future__ import annotations
@@ -56,11 +63,13 @@ class Qwen3MoeConfig:
     num_key_value_heads: int | None = None
     head_dim: int | None = None
     max_position_embeddings: int = 40960
-    # <-- MODEL-SPECIFIC: RMSNorm epsilon under its Hugging Face name
+    # <-- MODEL-SPECIFIC: RMSNorm epsilon under its Hugging Face name (also the QK norms')
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1000000.0
     # RoPE scaling parameters (``rope_type`` plus the variant's keys), or None
     rope_scaling: dict[str, Any] | None = None
+    # pretraining context of YaRN when not in rope_scaling
+    original_max_position_embeddings: int | None = None
     tie_word_embeddings: bool = False
     # <-- MODEL-SPECIFIC: mixture of experts
     num_experts: int = 128
@@ -94,16 +103,18 @@ class Qwen3MoeConfig:
         else:
             values = dict(hf_config)
 
-        # Newer checkpoints nest the RoPE base and scaling in ``rope_parameters``.
+        # RoPE: transformers 5 nests the base and the scaling in ``rope_parameters``
+        # (keyed by layer type in some models: one set when all agree); older
+        # configs keep ``rope_theta`` at the top level and the scaling in
+        # ``rope_scaling``. The base inside the dictionary wins.
         rope = values.get("rope_parameters") or values.get("rope_scaling")
         if isinstance(rope, dict) and rope and all(isinstance(v, dict) for v in rope.values()):
-            # keyed by layer type (full_attention, sliding_attention): one set when all agree
             sets = list(rope.values())
             if any(s != sets[0] for s in sets):
                 raise ValueError(f"RoPE parameters differ per layer type ({sorted(rope)}): not supported")
             rope = sets[0]
         if isinstance(rope, dict):
-            if values.get("rope_theta") is None and "rope_theta" in rope:
+            if rope.get("rope_theta") is not None:
                 values["rope_theta"] = rope["rope_theta"]
             values["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
 
@@ -112,7 +123,7 @@ class Qwen3MoeConfig:
             if found is not None:
                 values[name] = found
 
-        dtype = values.get("torch_dtype") or values.get("dtype")
+        dtype = values.get("dtype") or values.get("torch_dtype")
         if isinstance(dtype, str):
             values["torch_dtype"] = _DTYPES.get(dtype.replace("torch.", ""), torch.bfloat16)
         elif isinstance(dtype, torch.dtype):

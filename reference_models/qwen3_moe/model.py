@@ -4,39 +4,59 @@ Qwen3-MoE for the vLLM Neuron backend (bf16)
 ============================================
 
 autoport-cst reference model ``qwen3_moe``: a decoder whose feed-forward
-blocks are mixtures of experts that fit in tensor parallelism. Grouped-query
-attention with a per-head RMSNorm of queries and keys before rotary position
-embedding; a float32 softmax router choosing the top-k of E SiLU-gated
-experts, with the top-k weights renormalized when the config says so; RMSNorm
-everywhere.
+blocks are mixtures of experts. Grouped-query attention with a per-head
+RMSNorm of queries and keys before rotary position embedding; a softmax
+router choosing the top-k of E SiLU-gated experts, the top-k weights
+renormalized when the config says so (``norm_topk_prob``); RMSNorm
+everywhere; RoPE with the default, Llama 3 or YaRN frequencies.
 
-Supported parallelism: TP (every rank holds every expert, with its slice of
-the expert intermediate dimension), with sequence-parallel (SP) hidden states
-between layers during prefill.
+Supported parallelism: TP with sequence-parallel (SP) hidden states between
+layers during prefill; expert parallelism (EP) inside the TP world (EP rank
+k holds experts [k L, (k + 1) L), sharded over the ranks of its partition;
+the MoE collectives stay on the TP group); data parallelism of the decode
+attention (Q/O heads over TP * attention DP), of the experts (MLP DP), of the
+embedding and of the LM head.
 
 Paths:
-  prefill  attention: NF.qkv_proj -> QK-norm -> RoPE -> paged KV-cache write
-           -> NF.flash_attention -> NF.o_proj
-           experts:   RMSNorm -> NF.router -> NF.build_blockwise_mapping -> NF.moe_cte
-  decode   attention: NF.attention_decode (fused QKV, QK-norm, RoPE, paged
-           attention, cache write, O projection)
-           experts:   NF.moe_block_tkg (fused RMSNorm, router, top-k, experts)
+  prefill  attention, full:    NF.qkv_proj (fused QK norms and RoPE) -> paged KV-cache write
+                               -> NF.flash_attention
+           attention, chunked: NF.qkv_proj (fused QK norms, RoPE, in-kernel cache write)
+                               -> NF.segmented_attention
+           then NF.o_proj
+           experts:  RMSNorm -> NF.router -> [EP: NF.get_local_expert_affinities]
+                     -> NF.build_blockwise_mapping -> NF.moe_cte
+  decode   attention: NF.attention_decode (fused QKV, QK norms, RoPE, paged attention,
+                      cache write, O projection) with the step's mask, built once per
+                      step by the backbone (or in the kernel from pos_ids)
+           experts:   NF.moe_block_tkg (fused RMSNorm, router, top-k, local experts)
+
+The router weight is kept in the model dtype (bf16 in production) and the
+routing computed in float32. The KV cache may be FP8 (static scales).
 
 ANNOTATION GUIDE (codemods anchor on these markers; keep them when editing):
   # >>> PARALLELISM: <what> <<<    parallelism plumbing, kept across ports
   # <-- MODEL-SPECIFIC: <what>     what changes when porting another architecture
+  # <-- QUANTIZATION: <what>       FP8 KV-cache handling
 """
 
+import logging
 import math
 from typing import NamedTuple
 
 import nki.language as nl
 import torch
 from nkilib.core.moe.moe_cte.moe_cte import MoECTEImplementation
-from nkilib.core.utils.common_types import ActFnType, ExpertAffinityScaleMode, RouterActFnType
+from nkilib.core.utils.common_types import (
+    ActFnType,
+    ExpertAffinityScaleMode,
+    NormType,
+    RouterActFnType,
+)
 from torch import nn
 from transformers import PretrainedConfig
+from vllm.config import get_current_vllm_config
 from vllm.distributed.parallel_state import get_tp_group
+from vllm.model_executor.models.interfaces import SupportsEagle3
 
 import vllm_neuron.functional as NF
 import vllm_neuron.nn as neuron_nn
@@ -44,23 +64,43 @@ from vllm_neuron.model.kv_cache import KVSpec, LayerSpec
 from vllm_neuron.model.neuron_config import NeuronConfig
 from vllm_neuron.nn.embedding import VocabDimShardedEmbedding
 from vllm_neuron.nn.sampler import Sampler
+from vllm_neuron.parallel.neuron_parallel_state import (
+    get_neuron_attention_dp_group,
+    get_neuron_attention_dp_rank,
+    get_neuron_attention_tp_group,
+    get_neuron_embedding_dp_group,
+    get_neuron_embedding_tp_group,
+    get_neuron_ep_degree,
+    get_neuron_ep_rank,
+    get_neuron_ep_tp_group,
+    get_neuron_lm_head_dp_group,
+    get_neuron_lm_head_tp_group,
+    get_neuron_mlp_dp_group,
+    get_neuron_mlp_tp_group,
+)
 from vllm_neuron.utils.checkpoints import SafetensorsCheckpoint
+from vllm_neuron.utils.dtype_utils import FP8_CLAMP_MAX, validate_fp8_segmented_supported
 from vllm_neuron.utils.weight_loader import (
     SafetensorsWeightLoader,
+    expert_parallel_grouped_loader,
+    expert_parallel_tensor_dim_loader,
     fused_qkv_weight_loader,
     set_weight_loader,
     sharding_weight_loader,
+    with_rank_override,
 )
+from vllm_neuron.vllm.spec_decode.decorator import async_speculative_decoding
 
 from .config import Qwen3MoeConfig
 
+logger = logging.getLogger(__name__)
 
-def _is_prefill(attn_metadata, layer_name: str = "layers.0.self_attn") -> bool:
-    """Prefill when the step has more query tokens than the decode threshold."""
-    if attn_metadata is None:
-        return False
-    meta = attn_metadata[layer_name]
-    return meta["max_query_len"] > meta["decode_token_threshold"]
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# the MoE kernels' compute dtype for each model dtype
+_NKI_DTYPES = {torch.float32: nl.float32, torch.bfloat16: nl.bfloat16, torch.float16: nl.float16}
+# decode runs every local expert once the step routes at least this many
+# tokens per local expert on average (the kernel then skips the selection)
+_ALL_EXPERTS_LOAD = 1.0
 
 
 # =============================================================================
@@ -87,7 +127,7 @@ class Qwen3MoeRMSNorm(nn.Module):
 
 # =============================================================================
 # Section 2: Rotary Position Embedding
-# <-- MODEL-SPECIFIC: rotate-half RoPE with optional Llama 3 frequency scaling
+# <-- MODEL-SPECIFIC: rotate-half RoPE with optional Llama 3 or YaRN frequency scaling
 # =============================================================================
 
 
@@ -101,7 +141,11 @@ def _apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
 def apply_rotary_pos_emb(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [Nq, T, Dh], k: [Nkv, T, Dh], cos/sin: [T, Dh]."""
+    """q: [Nq, T, Dh], k: [Nkv, T, Dh], cos/sin: [T, Dh].
+
+    This model rotates q and k inside the kernels (``NF.qkv_proj`` with
+    ``cos_cache``/``sin_cache`` in prefill, ``NF.attention_decode`` in decode);
+    the function is kept for ports that rotate outside them."""
     cos = cos.unsqueeze(0)
     sin = sin.unsqueeze(0)
     return _apply_rotary_emb(q, cos, sin), _apply_rotary_emb(k, cos, sin)
@@ -122,7 +166,7 @@ class Qwen3MoeRotaryEmbedding(nn.Module):
         scaling = dict(config.rope_scaling or {})
         self.rope_type = scaling.get("rope_type", scaling.get("type")) or "default"
         # <-- MODEL-SPECIFIC: RoPE variants this model implements
-        if self.rope_type not in ("default", "llama3"):
+        if self.rope_type not in ("default", "llama3", "yarn"):
             raise NotImplementedError(f"rope_type {self.rope_type!r} is not supported")
         self.scaling_factor = float(scaling.get("factor", 1.0))
         self.low_freq_factor = float(scaling.get("low_freq_factor", 1.0))
@@ -130,12 +174,60 @@ class Qwen3MoeRotaryEmbedding(nn.Module):
         self.original_max_position_embeddings = int(
             scaling.get("original_max_position_embeddings", 8192)
         )
+        # <-- MODEL-SPECIFIC: scalars of the RoPE variants (tensors are built in forward)
+        self.attention_scaling = 1.0
+        if self.rope_type == "yarn":
+            self._setup_yarn(config, scaling)
+
+    def _setup_yarn(self, config, scaling):
+        """YaRN's frequency band and attention factor, as Python scalars: the
+        band (in rotated dimensions) between beta_fast and beta_slow rotations
+        over the original context blends interpolated and original frequencies."""
+        original = scaling.get("original_max_position_embeddings")
+        if original is None:
+            original = config.original_max_position_embeddings or config.max_position_embeddings
+        factor = scaling.get("factor")
+        if factor is None:
+            factor = config.max_position_embeddings / original
+        self.scaling_factor = float(factor)
+
+        def mscale(scale, coefficient=1.0):
+            return 1.0 if scale <= 1 else 0.1 * coefficient * math.log(scale) + 1.0
+
+        attention_factor = scaling.get("attention_factor")
+        if attention_factor is None:
+            if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+                attention_factor = mscale(factor, scaling["mscale"]) / mscale(
+                    factor, scaling["mscale_all_dim"]
+                )
+            else:
+                attention_factor = mscale(factor)
+        self.attention_scaling = float(attention_factor)
+
+        def band_edge(rotations):
+            turns = math.log(original / (rotations * 2 * math.pi))
+            return (self.head_dim * turns) / (2 * math.log(self.rope_theta))
+
+        low = band_edge(scaling.get("beta_fast") or 32)
+        high = band_edge(scaling.get("beta_slow") or 1)
+        if scaling.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        self.yarn_low = max(low, 0)
+        self.yarn_high = min(high, self.head_dim - 1)
+        if self.yarn_low == self.yarn_high:
+            self.yarn_high += 0.001
 
     def _compute_inv_freq(self, device: torch.device) -> torch.Tensor:
         exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device)
         inv_freq = 1.0 / (self.rope_theta ** (exponents.to(torch.float32) / self.head_dim))
         if self.rope_type == "llama3":
             inv_freq = self._apply_llama3_scaling(inv_freq)
+        if self.rope_type == "yarn":
+            dims = torch.arange(self.head_dim // 2, dtype=torch.float32, device=device)
+            ramp = (dims - self.yarn_low) / (self.yarn_high - self.yarn_low)
+            extrapolation = 1 - torch.clamp(ramp, 0, 1)
+            interpolated = inv_freq / self.scaling_factor
+            inv_freq = interpolated * (1 - extrapolation) + inv_freq * extrapolation
         return inv_freq
 
     def _apply_llama3_scaling(self, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -161,59 +253,88 @@ class Qwen3MoeRotaryEmbedding(nn.Module):
         inv_freq = self._compute_inv_freq(device)
         freqs = torch.outer(position_ids.to(torch.float32), inv_freq)  # [T, Dh/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [T, Dh]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        cos = emb.cos() * self.attention_scaling
+        sin = emb.sin() * self.attention_scaling
+        return cos.to(dtype), sin.to(dtype)
 
 
 # =============================================================================
 # Section 3: Attention
-# Mixed: PARALLELISM (head sharding, SP gather/scatter, collectives) +
-#        MODEL-SPECIFIC (GQA, per-head QK RMSNorm, rotate-half RoPE)
+# Mixed: PARALLELISM (head sharding over TP and attention DP, SP gather/scatter,
+#        collectives) +
+#        MODEL-SPECIFIC (GQA, no QKV bias, per-head QK RMSNorm, RoPE fused into the kernels)
 # =============================================================================
 
 
 class Qwen3MoeAttention(nn.Module):
-    """Grouped-query attention with per-head QK-norm, TP head sharding and a
-    paged KV cache."""
+    """Grouped-query attention with per-head QK norms and a paged KV cache.
+
+    Sharding: Q and O heads over ``effective_q_shards = TP * attention DP``
+    (the decode kernel exchanges heads across the attention-DP ranks, each of
+    which attends for its own batch); K/V heads over TP (replicated when
+    fewer than the TP ranks), and over attention DP too when there are
+    enough of them (``kv_needs_a2a``), the cache keeping the TP share.
+    """
 
     def __init__(self, config: Qwen3MoeConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.layer_name = f"layers.{layer_idx}.self_attn"
+        self.head_dim = config.head_dim
         self.dtype = config.torch_dtype
         self.hidden_size = config.hidden_size
-        self.head_dim = config.head_dim
         self.num_attention_heads = config.num_attention_heads
         self.num_key_value_heads = config.num_key_value_heads
         self.scaling = self.head_dim**-0.5
+        neuron_config = config.neuron_config
 
         # >>> PARALLELISM: TP group setup <<<
         self.tp_group = get_tp_group()
         self.world_size = self.tp_group.world_size
         self.rank = self.tp_group.rank_in_group
 
+        # >>> PARALLELISM: attention data parallelism (decode Q/O over TP * attention DP) <<<
+        self.attention_dp_size = neuron_config.attention_dp_size if neuron_config else 1
+        self.attention_dp_group = get_neuron_attention_dp_group()
+        self.attention_dp_rank = get_neuron_attention_dp_rank()
+        # the TP * attention-DP supergroup that sums the decode output
+        self.attn_tp_group = get_neuron_attention_tp_group()
+        effective_q_shards = self.world_size * self.attention_dp_size
+
         # >>> PARALLELISM: Head sharding calculation <<<
-        self.num_attention_heads_per_rank = self.num_attention_heads // self.world_size
+        self.num_attention_heads_per_rank = self.num_attention_heads // effective_q_shards
+        # the cache holds the TP share of the KV heads, whatever attention DP does
         if self.world_size >= self.num_key_value_heads:
             self.num_key_value_heads_per_rank = 1
             self.num_kv_replicas = self.world_size // self.num_key_value_heads
         else:
             self.num_key_value_heads_per_rank = self.num_key_value_heads // self.world_size
             self.num_kv_replicas = 1
-        self.num_key_value_groups = (
-            self.num_attention_heads_per_rank // self.num_key_value_heads_per_rank
+        # K/V weights sharded over attention DP too when the heads divide
+        # evenly; the decode kernel then exchanges K/V like Q (all-to-all)
+        self.kv_needs_a2a = (
+            self.attention_dp_size > 1
+            and self.num_key_value_heads > self.world_size
+            and self.num_key_value_heads % effective_q_shards == 0
         )
-
-        self.q_size = self.num_attention_heads_per_rank * self.head_dim
-        self.kv_size = self.num_key_value_heads_per_rank * self.head_dim
-        qkv_size = self.q_size + 2 * self.kv_size
-        self.qkv_split_indices = [self.q_size, self.q_size + self.kv_size]
+        if self.kv_needs_a2a:
+            self.num_kv_heads_for_weight = self.num_key_value_heads // effective_q_shards
+        else:
+            self.num_kv_heads_for_weight = self.num_key_value_heads_per_rank
+        self.num_key_value_groups = self.num_attention_heads_per_rank // self.num_kv_heads_for_weight
+        # heads the decode attention sees after the attention-DP exchange
+        self.num_q_heads_after_a2a = self.num_attention_heads_per_rank * self.attention_dp_size
 
         # <-- MODEL-SPECIFIC: fused QKV, stored [hidden, q|k|v]; O stored [q, hidden]
+        self.q_size = self.num_attention_heads_per_rank * self.head_dim
+        self.kv_size = self.num_kv_heads_for_weight * self.head_dim
+        qkv_size = self.q_size + 2 * self.kv_size
+        self.qkv_split_indices = [self.q_size, self.q_size + self.kv_size]
+        o_proj_in_features = self.num_attention_heads * self.head_dim // effective_q_shards
         self.qkv_proj_weight = nn.Parameter(
             torch.empty(self.hidden_size, qkv_size, dtype=self.dtype)
         )
         self.o_proj_weight = nn.Parameter(
-            torch.empty(self.q_size, self.hidden_size, dtype=self.dtype)
+            torch.empty(o_proj_in_features, self.hidden_size, dtype=self.dtype)
         )
         # <-- MODEL-SPECIFIC: per-head RMSNorm of queries and keys before RoPE
         self.q_norm = Qwen3MoeRMSNorm(self.head_dim, config.rms_norm_eps, self.dtype)
@@ -222,95 +343,199 @@ class Qwen3MoeAttention(nn.Module):
         # Paged KV cache, bound by bind_kv_cache()
         self.k_cache = None
         self.v_cache = None
+        # <-- QUANTIZATION: FP8 KV-cache scales, set by _load_kv_cache_scales
+        # (quantize: x * scale); the floats are baked into the decode call
+        self.register_buffer("k_scale", None, persistent=False)
+        self.register_buffer("v_scale", None, persistent=False)
+        self.k_scale_float = 1.0
+        self.v_scale_float = 1.0
 
         self._setup_weight_loaders()
 
     def _setup_weight_loaders(self):
-        """>>> PARALLELISM: TP sharding of the QKV and O projections. <<<"""
-        # <-- MODEL-SPECIFIC: separate q/k/v checkpoint tensors fused on load
-        set_weight_loader(
-            self.qkv_proj_weight,
-            fused_qkv_weight_loader(
-                q_size=self.q_size,
-                kv_size=self.kv_size,
-                shard_dim=1,
-                num_shards=self.world_size,
-                is_storage_transposed=True,
-                num_kv_replicas=self.num_kv_replicas,
-            ),
-        )
-        set_weight_loader(
-            self.o_proj_weight,
-            sharding_weight_loader(
-                shard_dim=0,
-                shard_size=self.q_size,
-                num_shards=self.world_size,
-                is_storage_transposed=True,
-            ),
-        )
+        """>>> PARALLELISM: TP (and attention-DP) sharding of the QKV and O projections. <<<
 
-    def forward(self, hidden_states, positions, position_embeddings, attn_metadata=None):
-        """>>> PARALLELISM: dispatch to the prefill or decode path. <<<"""
-        if not _is_prefill(attn_metadata, self.layer_name):
-            return self.forward_decode(hidden_states, positions, position_embeddings, attn_metadata)
+        Q and O are sharded over TP * attention DP: their shard of rank
+        ``(tp rank, attention-DP rank)`` is ``attention_dp_rank + tp_rank *
+        attention_dp_size``. The fused loader takes the attention-DP position
+        itself (K/V use the TP rank unless ``kv_needs_a2a``); the O loader is
+        pinned to that rank with ``with_rank_override``. The QK-norm weights
+        are loaded whole on every rank.
+        """
+        effective_q_shards = self.world_size * self.attention_dp_size
+        effective_q_rank = self.attention_dp_rank + self.rank * self.attention_dp_size
+        o_shard_size = self.num_attention_heads * self.head_dim // effective_q_shards
+        # <-- MODEL-SPECIFIC: separate q/k/v checkpoint tensors fused on load
+        qkv_loader = fused_qkv_weight_loader(
+            q_size=self.q_size,
+            kv_size=self.kv_size,
+            shard_dim=1,
+            num_shards=self.world_size,
+            is_storage_transposed=True,
+            num_kv_replicas=self.num_kv_replicas,
+            attention_dp_rank=self.attention_dp_rank,
+            attention_dp_size=self.attention_dp_size,
+            kv_sharded_across_attention_dp=self.kv_needs_a2a,
+        )
+        set_weight_loader(self.qkv_proj_weight, qkv_loader)
+        o_loader = sharding_weight_loader(
+            shard_dim=0,
+            shard_size=o_shard_size,
+            num_shards=effective_q_shards,
+            is_storage_transposed=True,
+        )
+        o_loader = with_rank_override(o_loader, rank=effective_q_rank)
+        set_weight_loader(self.o_proj_weight, o_loader)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        positions: torch.Tensor | None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attn_metadata: object | None = None,
+        attn_mask: torch.Tensor | None = None,
+    ):
+        """>>> PARALLELISM: dispatch to the prefill or decode path. <<<
+
+        ``attn_mask`` is the decode mask the backbone built for the step
+        (None: the decode kernel builds it from the positions)."""
+        meta = attn_metadata[f"layers.{self.layer_idx}.self_attn"]
+        if meta["max_query_len"] <= meta["decode_token_threshold"]:
+            return self.forward_decode(
+                hidden_states, positions, position_embeddings, attn_mask, attn_metadata
+            )
         # >>> PARALLELISM: All-gather from SP before attention <<<
         if self.world_size > 1:
             hidden_states = self.tp_group.all_gather(hidden_states, dim=0)
         return self.forward_prefill(hidden_states, positions, position_embeddings, attn_metadata)
 
-    def _write_kv_cache(self, k, v, slot_mapping, block_size):
-        """Write k, v ([Nkv, T, Dh]) into the paged cache [blocks, Nkv, block, Dh]."""
-        tokens = slot_mapping.shape[0]
-        blocks = (slot_mapping // block_size).repeat(self.num_key_value_heads_per_rank)
-        offsets = (slot_mapping % block_size).repeat(self.num_key_value_heads_per_rank)
-        heads = torch.arange(
-            self.num_key_value_heads_per_rank, dtype=torch.long, device=k.device
-        ).repeat_interleave(tokens)
-        self.k_cache.index_put_(
-            (blocks, heads, offsets), k.reshape(-1, self.head_dim).to(self.k_cache.dtype)
-        )
-        self.v_cache.index_put_(
-            (blocks, heads, offsets), v.reshape(-1, self.head_dim).to(self.v_cache.dtype)
-        )
+    # -- prefill ----------------------------------------------------------------
 
-    def forward_prefill(self, hidden_states, positions, position_embeddings, attn_metadata=None):
-        """One sequence of T tokens: [T, H] in, [T / world_size, H] out (SP)."""
+    def _write_paged_kv_cache(self, k, v, slot_mapping, block_size):
+        """Write k, v ([Nkv, T, Dh]) at ``slot_mapping`` of the paged cache
+        [blocks, Nkv, block, Dh]."""
+        heads = self.num_key_value_heads_per_rank
+        k_rows = k.reshape(-1, self.head_dim)
+        v_rows = v.reshape(-1, self.head_dim)
+        if self.k_cache.dtype in _FP8_DTYPES:
+            # <-- QUANTIZATION: FP8 cache entries are x * scale, clamped to the FP8 range
+            k_rows = (k_rows * self.k_scale).clamp(-FP8_CLAMP_MAX, FP8_CLAMP_MAX)
+            v_rows = (v_rows * self.v_scale).clamp(-FP8_CLAMP_MAX, FP8_CLAMP_MAX)
+        index = (
+            (slot_mapping // block_size).repeat(heads),
+            torch.arange(heads, dtype=torch.long, device=slot_mapping.device).repeat_interleave(
+                slot_mapping.shape[0]
+            ),
+            (slot_mapping % block_size).repeat(heads),
+        )
+        self.k_cache.index_put_(index, k_rows.to(self.k_cache.dtype))
+        self.v_cache.index_put_(index, v_rows.to(self.v_cache.dtype))
+
+    def forward_prefill(
+        self,
+        hidden_states: torch.Tensor,
+        positions: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attn_metadata: object | None = None,
+    ) -> torch.Tensor:
+        """One sequence (or one chunk of it) of T tokens: [T, H] in,
+        [T / world_size, H] out (SP)."""
         if attn_metadata is None:
             return torch.zeros_like(hidden_states)
-        meta = attn_metadata[self.layer_name]
         hidden_states = hidden_states.to(self.dtype)
         tokens = hidden_states.shape[0]
 
-        qkv = NF.qkv_proj(
-            hidden=hidden_states.unsqueeze(0),
-            qkv_weights=self.qkv_proj_weight,
-            bias=None,
-        ).squeeze(0)
-        q, k, v = torch.tensor_split(qkv, self.qkv_split_indices, dim=-1)
-        q = q.view(tokens, self.num_attention_heads_per_rank, self.head_dim).transpose(0, 1)
-        k = k.view(tokens, self.num_key_value_heads_per_rank, self.head_dim).transpose(0, 1)
-        v = v.view(tokens, self.num_key_value_heads_per_rank, self.head_dim).transpose(0, 1)
+        # >>> PARALLELISM: the paged cache holds this rank's KV heads <<<
+        meta = attn_metadata[f"layers.{self.layer_idx}.self_attn"]
+        slot_mapping = meta["slot_mapping"]
+        block_size = meta["block_size"]
+        block_table = meta["block_table_tensor"]
+        cached_seq_len = meta.get("cached_seq_len")
+        kv_segment_size = meta.get("kv_segment_size")
+        kv_is_fp8 = self.k_cache.dtype in _FP8_DTYPES
 
-        # <-- MODEL-SPECIFIC: per-head RMSNorm of queries and keys before RoPE
-        q = self.q_norm(q)
-        k = self.k_norm(k)
-
-        # <-- MODEL-SPECIFIC: rotate-half RoPE on all of head_dim
+        # <-- MODEL-SPECIFIC: rotate-half RoPE, applied by the QKV kernel ([1, T, Dh] tables)
         cos, sin = position_embeddings
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        cos_cache = cos.unsqueeze(0)
+        sin_cache = sin.unsqueeze(0)
 
-        self._write_kv_cache(k, v, meta["slot_mapping"], meta["block_size"])
-
-        k = k.repeat_interleave(self.num_key_value_groups, dim=0)
-        v = v.repeat_interleave(self.num_key_value_groups, dim=0)
-        attn_output = NF.flash_attention(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v,
-            scale=self.scaling,
-            tp_q=False,
-            tp_out=True,
-        )  # [Nq, Dh, T]
+        # <-- MODEL-SPECIFIC: causal attention, no sinks, no sliding window
+        if kv_segment_size:
+            # Chunked prefill: the kernel also writes the rotated K and V into
+            # the paged cache (bf16 only: the segmented kernel cannot read a
+            # non-packed FP8 cache), and only q comes back to attend with.
+            validate_fp8_segmented_supported(kv_is_fp8, fp8_packed=False)
+            in_cache = (slot_mapping >= 0) & (slot_mapping < self.k_cache.shape[0] * block_size)
+            kernel_slots = torch.where(in_cache, slot_mapping, torch.zeros_like(slot_mapping))
+            # <-- MODEL-SPECIFIC: the kernel's pre-RoPE QK norms with the learned gammas ([1, Dh])
+            q_flat, _, _ = NF.qkv_proj(
+                hidden=hidden_states.unsqueeze(0),
+                qkv_weights=self.qkv_proj_weight,
+                bias=None,
+                d_head=self.head_dim,
+                cos_cache=cos_cache,
+                sin_cache=sin_cache,
+                num_q_heads=self.num_attention_heads_per_rank,
+                num_kv_heads=self.num_kv_heads_for_weight,
+                qk_norm_pre_rope_q_norm=NormType.RMS_NORM,
+                qk_norm_pre_rope_k_norm=NormType.RMS_NORM,
+                qk_norm_pre_rope_eps=self.q_norm.variance_epsilon,
+                qk_norm_pre_rope_q_gamma=self.q_norm.weight.view(1, -1),
+                qk_norm_pre_rope_k_gamma=self.k_norm.weight.view(1, -1),
+                k_cache=self.k_cache,
+                v_cache=self.v_cache,
+                use_block_kv=True,
+                block_size=block_size,
+                slot_mapping=kernel_slots.to(torch.int32),
+            )
+            q = q_flat.squeeze(0).view(tokens, self.num_attention_heads_per_rank, self.head_dim)
+            q = q.transpose(0, 1)
+            # the chunk's K/V are in the cache already (written by the QKV kernel)
+            attn_output = NF.segmented_attention(
+                q,
+                k_cache=self.k_cache,
+                v_cache=self.v_cache,
+                block_tables=block_table,
+                prior_tokens=cached_seq_len,
+                block_size=block_size,
+                kv_segment_size=kv_segment_size,
+                scale=self.scaling,
+                tp_q=True,
+                tp_out=True,
+            )  # [Nq, Dh, T]
+        else:
+            # Whole prompt: the kernel returns q|k|v; the cache is written here
+            # and flash attention takes the step's K/V directly.
+            qkv = NF.qkv_proj(
+                hidden=hidden_states.unsqueeze(0),
+                qkv_weights=self.qkv_proj_weight,
+                bias=None,
+                d_head=self.head_dim,
+                cos_cache=cos_cache,
+                sin_cache=sin_cache,
+                num_q_heads=self.num_attention_heads_per_rank,
+                num_kv_heads=self.num_kv_heads_for_weight,
+                qk_norm_pre_rope_q_norm=NormType.RMS_NORM,
+                qk_norm_pre_rope_k_norm=NormType.RMS_NORM,
+                qk_norm_pre_rope_eps=self.q_norm.variance_epsilon,
+                qk_norm_pre_rope_q_gamma=self.q_norm.weight.view(1, -1),
+                qk_norm_pre_rope_k_gamma=self.k_norm.weight.view(1, -1),
+            ).squeeze(0)
+            q, k, v = torch.tensor_split(qkv, self.qkv_split_indices, dim=-1)
+            q = q.view(tokens, self.num_attention_heads_per_rank, self.head_dim).transpose(0, 1)
+            k = k.view(tokens, self.num_key_value_heads_per_rank, self.head_dim).transpose(0, 1)
+            v = v.view(tokens, self.num_key_value_heads_per_rank, self.head_dim).transpose(0, 1)
+            self._write_paged_kv_cache(k, v, slot_mapping, block_size)
+            k = k.repeat_interleave(self.num_key_value_groups, dim=0)
+            v = v.repeat_interleave(self.num_key_value_groups, dim=0)
+            attn_output = NF.flash_attention(
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v,
+                scale=self.scaling,
+                tp_q=False,
+                tp_out=True,
+            )  # [Nq, Dh, T]
 
         attn_output = NF.o_proj(attn_output.unsqueeze(0), self.o_proj_weight, None).squeeze(0)
 
@@ -319,77 +544,101 @@ class Qwen3MoeAttention(nn.Module):
             attn_output = self.tp_group.reduce_scatter(attn_output, dim=0)
         return attn_output.contiguous()
 
-    def forward_decode(self, hidden_states, positions, position_embeddings, attn_metadata):
-        """B sequences of S new tokens each: [B * S, H] in and out."""
-        meta = attn_metadata[self.layer_name]
-        block_size = meta["block_size"]
+    # -- decode -----------------------------------------------------------------
+
+    def forward_decode(
+        self,
+        hidden_states: torch.Tensor,
+        positions: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attn_mask: torch.Tensor | None,
+        attn_metadata: object,
+    ):
+        """B sequences of S new tokens each: [B * S, H] in and out.
+
+        With attention DP the rows hold the batches of every attention-DP
+        rank (the decoder layer gathered them); the block table, positions
+        and slots are this rank's."""
+        meta = attn_metadata[f"layers.{self.layer_idx}.self_attn"]
+        slot_mapping = meta["slot_mapping"]
         block_table = meta["block_table_tensor"]
-        batch = block_table.shape[0]
+
+        local_batch = block_table.shape[0]
+        # >>> PARALLELISM: the gathered batch of the attention-DP ranks <<<
+        batch = local_batch * self.attention_dp_size
         tokens = hidden_states.shape[0]
         new_tokens = tokens // batch
-        context = meta["max_blocks_per_seq"] * block_size
-
         x = hidden_states.to(self.dtype).view(batch, new_tokens, self.hidden_size)
 
-        # Megakernel RoPE layout: [Dh/2, B, S]
+        # Kernel RoPE layout [Dh/2, B, S], for this rank's batch
         cos, sin = position_embeddings
         half = self.head_dim // 2
-        cos = cos[:, :half].reshape(batch, new_tokens, half).permute(2, 0, 1).contiguous()
-        sin = sin[:, :half].reshape(batch, new_tokens, half).permute(2, 0, 1).contiguous()
+        cos_kernel = cos[:, :half].reshape(local_batch, new_tokens, half).permute(2, 0, 1)
+        sin_kernel = sin[:, :half].reshape(local_batch, new_tokens, half).permute(2, 0, 1)
+        cos_kernel = cos_kernel.contiguous().to(self.dtype)
+        sin_kernel = sin_kernel.contiguous().to(self.dtype)
 
-        mask = NF.gen_attention_decode_mask(
-            pos_ids=positions.view(1, tokens).to(torch.float32),
-            bs=batch,
-            q_head=self.num_attention_heads_per_rank,
-            s_active=new_tokens,
-            s_prior=context,
-            start_pos=None,
-            block_len=block_size,
-        )
+        # <-- MODEL-SPECIFIC: causal mask over the prior and active tokens, from
+        # the backbone; without one the kernel builds it from the positions
+        pos_ids = None
+        if attn_mask is None:
+            pos_ids = positions.view(local_batch, new_tokens).to(torch.float32)
 
+        cache_is_fp8 = self.k_cache.dtype in _FP8_DTYPES
+        # <-- MODEL-SPECIFIC: the kernel's pre-RoPE QK norm with the learned gammas ([1, Dh])
         output = NF.attention_decode(
             X=x,
+            X_hidden_dim_actual=self.hidden_size,
+            rmsnorm_X_enabled=False,
             W_qkv=self.qkv_proj_weight,
             bias_qkv=None,
-            cos=cos.to(self.dtype),
-            sin=sin.to(self.dtype),
-            rope_contiguous_layout=True,
-            rmsnorm_X_enabled=False,
             rmsnorm_QK_pre_rope_enabled=True,
             rmsnorm_QK_pre_rope_eps=self.q_norm.variance_epsilon,
             rmsnorm_QK_pre_rope_W_Q=self.q_norm.weight.view(1, -1),
             rmsnorm_QK_pre_rope_W_K=self.k_norm.weight.view(1, -1),
             rmsnorm_QK_post_rope_enabled=False,
+            cos=cos_kernel,
+            sin=sin_kernel,
+            rope_contiguous_layout=True,
             K_cache_transposed=False,
-            active_blocks_table=block_table.to(torch.int32),
+            active_blocks_table=block_table,
             K_cache=self.k_cache,
             V_cache=self.v_cache,
-            attention_mask=mask,
-            softmax_scale=self.scaling,
+            attention_mask=attn_mask,
+            pos_ids=pos_ids,
+            # <-- QUANTIZATION: FP8 K is dequantized through the softmax scale
+            softmax_scale=self.scaling / self.k_scale_float,
+            sink=None,
             update_cache=True,
-            kv_cache_update_idx=meta["slot_mapping"].view(batch, new_tokens).to(torch.uint32),
-            W_out=self.o_proj_weight,
+            kv_cache_update_idx=slot_mapping.view(local_batch, new_tokens).to(torch.uint32),
+            # <-- QUANTIZATION: FP8 V is dequantized through the output projection
+            W_out=self.o_proj_weight / self.v_scale_float,
             bias_out=None,
             transposed_out=False,
             out_in_sb=False,
+            k_scale=self.k_scale if cache_is_fp8 else None,
+            v_scale=self.v_scale if cache_is_fp8 else None,
+            attention_dp=self.attention_dp_size,
+            attention_dp_group=self.attention_dp_group.device_group if self.attention_dp_group else None,
+            attention_dp_rank=self.attention_dp_rank,
+            kv_needs_a2a=self.kv_needs_a2a,
         )
-        output = output.view(tokens, self.hidden_size)
 
-        # >>> PARALLELISM: sum the partial outputs of all ranks <<<
-        if self.world_size > 1:
-            output = self.tp_group.all_reduce(output)
+        # >>> PARALLELISM: sum the partial outputs over the TP * attention-DP supergroup <<<
+        output = self.attn_tp_group.all_reduce(output)
         return output
 
 
 # =============================================================================
 # Section 4: MoE Experts
-# Mixed: PARALLELISM (intermediate sharding, SP gather/scatter, collectives) +
+# Mixed: PARALLELISM (expert partitions over EP ranks, intermediate sharding,
+#                     SP gather/scatter, collectives) +
 #        MODEL-SPECIFIC (softmax top-k router, SiLU-gated experts)
 # =============================================================================
 
 
 def expert_gate_up_loader(intermediate_per_rank, num_shards, num_experts, hidden_size):
-    """Loader for the stacked gate|up weight [E, H, 2 * I/tp] of all experts.
+    """Loader for the stacked gate|up weight [E, H, 2 * I/tp] of ``num_experts`` experts.
 
     Takes either the per-expert checkpoint tensors, listed
     ``[gate_0 .. gate_{E-1}, up_0 .. up_{E-1}]`` (each [I, H]), or one fused
@@ -427,10 +676,10 @@ def expert_gate_up_loader(intermediate_per_rank, num_shards, num_experts, hidden
 
 
 def expert_down_loader(intermediate_per_rank, num_shards, num_experts, hidden_size):
-    """Loader for the stacked down weight [E, I/tp, H] of all experts, from
-    ``[down_0 .. down_{E-1}]`` (each [H, I]) or one fused tensor, [E, H, I]
-    or [E, I, H] (stored [in, out]; when hidden == intermediate both shapes
-    agree and [E, H, I] is assumed)."""
+    """Loader for the stacked down weight [E, I/tp, H] of ``num_experts``
+    experts, from ``[down_0 .. down_{E-1}]`` (each [H, I]) or one fused
+    tensor, [E, H, I] or [E, I, H] (stored [in, out]; when hidden ==
+    intermediate both shapes agree and [E, H, I] is assumed)."""
 
     def transform(slices, rank):
         start = (rank % num_shards) * intermediate_per_rank
@@ -453,16 +702,41 @@ def expert_down_loader(intermediate_per_rank, num_shards, num_experts, hidden_si
     return SafetensorsWeightLoader(transform)
 
 
+def local_experts_loader(local_expert_indices, loader, total_num_experts):
+    """>>> PARALLELISM: with EP, ``loader`` (built for this rank's experts) sees only them. <<<
+
+    A fused checkpoint tensor holds every expert on dim 0 and goes through
+    ``expert_parallel_tensor_dim_loader``; per-expert tensors, listed grouped
+    by item (``[gate_0 .. gate_{E-1}, up_0 .. up_{E-1}]``), go through
+    ``expert_parallel_grouped_loader``."""
+    stacked = expert_parallel_tensor_dim_loader(local_expert_indices, loader)
+    per_expert = expert_parallel_grouped_loader(local_expert_indices, loader, total_num_experts)
+
+    def transform(slices, rank):
+        chosen = stacked if len(slices) == 1 else per_expert
+        return chosen.load(slices, rank)
+
+    return SafetensorsWeightLoader(transform)
+
+
 class Qwen3MoeExperts(nn.Module):
     """The routed experts of one layer, with the norm in front of them.
 
     The post-attention RMSNorm lives here, not in the decoder layer, so that
     the decode kernel can fuse it with the router and the experts.
+
+    Without expert parallelism every rank holds every expert and its slice
+    of the intermediate dimension (over the MLP TP group: TP * MLP DP). With
+    it, EP rank k holds experts [k * L, (k + 1) * L), sharded over the
+    ``tp_degree`` ranks of its partition; the partial sums of all ranks (all
+    experts, all slices) add up to the output, so the collectives stay on the
+    whole TP group.
     """
 
     def __init__(self, config: Qwen3MoeConfig):
         super().__init__()
         self.dtype = config.torch_dtype
+        self.compute_dtype = _NKI_DTYPES[self.dtype]
         self.hidden_size = config.hidden_size
         self.num_experts = config.num_experts
         self.num_experts_per_token = config.num_experts_per_tok
@@ -474,28 +748,62 @@ class Qwen3MoeExperts(nn.Module):
         # computes softmax or sigmoid routers with an optional router bias; routing it
         # cannot express runs the prefill kernels instead (set False)
         self.fused_decode = True
+        neuron_config = config.neuron_config
 
         # >>> PARALLELISM: TP group setup <<<
         self.tp_group = get_tp_group()
         self.world_size = self.tp_group.world_size
         self.rank = self.tp_group.rank_in_group
 
-        # >>> PARALLELISM: every rank holds every expert, sharded on the intermediate dim <<<
-        self.intermediate_size_per_rank = self.intermediate_size // self.world_size
+        # >>> PARALLELISM: MLP data parallelism: the MLP TP group spans TP * MLP DP <<<
+        self.mlp_dp_size = neuron_config.mlp_dp_size if neuron_config else 1
+        self.mlp_tp_group = get_neuron_mlp_tp_group()
+        self.mlp_tp_rank = self.mlp_tp_group.rank_in_group
+
+        # >>> PARALLELISM: expert parallelism inside the TP world <<<
+        parallel_config = get_current_vllm_config().parallel_config
+        self.ep_enabled = parallel_config.enable_expert_parallel
+        if self.ep_enabled and parallel_config.data_parallel_size > 1:
+            raise NotImplementedError(
+                "Qwen3MoeExperts: expert parallelism across data-parallel replicas (cross-DP EP) "
+                "is not supported; EP runs inside the TP world"
+            )
+        if self.ep_enabled:
+            self.ep_degree = get_neuron_ep_degree()
+            self.ep_rank = get_neuron_ep_rank()
+            self.ep_tp_group = get_neuron_ep_tp_group()
+            self.tp_degree = self.ep_tp_group.world_size
+        else:
+            self.ep_degree = 1
+            self.ep_rank = 0
+            self.ep_tp_group = self.tp_group
+            self.tp_degree = self.mlp_tp_group.world_size
+        # the group summing the experts' partial outputs in decode
+        self.moe_group = self.tp_group if self.ep_enabled else self.mlp_tp_group
+        if self.num_experts % self.ep_degree != 0:
+            raise ValueError(
+                f"{self.num_experts} experts do not split into {self.ep_degree} EP partitions"
+            )
+        # Linear placement: EP rank k owns experts [k * L, (k + 1) * L)
+        self.num_local_experts = self.num_experts // self.ep_degree
+        self.local_expert_start = self.ep_rank * self.num_local_experts
+
+        # >>> PARALLELISM: the intermediate dim sharded over the ranks of a partition <<<
+        self.intermediate_size_per_rank = self.intermediate_size // self.tp_degree
 
         # <-- MODEL-SPECIFIC: pre-MoE RMSNorm (the decoder layer's post-attention norm)
         self.post_attention_layernorm = Qwen3MoeRMSNorm(
             config.hidden_size, config.rms_norm_eps, config.torch_dtype
         )
-        # >>> PARALLELISM: router replicated on every rank <<<
-        # <-- MODEL-SPECIFIC: router [E, H] kept in float32 (expert choice is precision-sensitive)
+        # >>> PARALLELISM: router replicated on every rank (not EP-sharded) <<<
+        # <-- MODEL-SPECIFIC: router [E, H] in the model dtype; the routing runs in float32
         self.router_weight = nn.Parameter(
-            torch.empty(self.num_experts, self.hidden_size, dtype=torch.float32)
+            torch.empty(self.num_experts, self.hidden_size, dtype=self.dtype)
         )
-        # <-- MODEL-SPECIFIC: SiLU-gated experts; gate|up stacked [E, H, 2 * I/tp], down [E, I/tp, H]
+        # <-- MODEL-SPECIFIC: SiLU-gated experts; gate|up stacked [E_L, H, 2 * I/t], down [E_L, I/t, H]
         self.gate_up_proj_weight = nn.Parameter(
             torch.empty(
-                self.num_experts,
+                self.num_local_experts,
                 self.hidden_size,
                 2 * self.intermediate_size_per_rank,
                 dtype=self.dtype,
@@ -503,43 +811,61 @@ class Qwen3MoeExperts(nn.Module):
         )
         self.down_proj_weight = nn.Parameter(
             torch.empty(
-                self.num_experts, self.intermediate_size_per_rank, self.hidden_size, dtype=self.dtype
+                self.num_local_experts,
+                self.intermediate_size_per_rank,
+                self.hidden_size,
+                dtype=self.dtype,
             )
         )
         self._setup_weight_loaders()
 
     def _setup_weight_loaders(self):
-        """>>> PARALLELISM: each rank loads its intermediate slice of every expert. <<<"""
-        set_weight_loader(
-            self.gate_up_proj_weight,
-            expert_gate_up_loader(
-                intermediate_per_rank=self.intermediate_size_per_rank,
-                num_shards=self.world_size,
-                num_experts=self.num_experts,
-                hidden_size=self.hidden_size,
-            ),
-        )
-        set_weight_loader(
-            self.down_proj_weight,
-            expert_down_loader(
-                intermediate_per_rank=self.intermediate_size_per_rank,
-                num_shards=self.world_size,
-                num_experts=self.num_experts,
-                hidden_size=self.hidden_size,
-            ),
-        )
+        """>>> PARALLELISM: each rank loads its experts (EP) and its intermediate slice. <<<
 
-    def forward(self, hidden_states: torch.Tensor, positions: torch.Tensor, is_prefill: bool):
-        if is_prefill:
-            return self.forward_prefill(hidden_states, positions)
-        return self.forward_decode(hidden_states)
+        The loaders are built for this rank's experts; with EP they see only
+        those (``local_experts_loader``), with MLP DP they read the slice of
+        this rank's place in the MLP TP group. The router is loaded whole."""
+        local_expert_indices = list(
+            range(self.local_expert_start, self.local_expert_start + self.num_local_experts)
+        )
+        gate_up_loader = expert_gate_up_loader(
+            intermediate_per_rank=self.intermediate_size_per_rank,
+            num_shards=self.tp_degree,
+            num_experts=self.num_local_experts,
+            hidden_size=self.hidden_size,
+        )
+        down_loader = expert_down_loader(
+            intermediate_per_rank=self.intermediate_size_per_rank,
+            num_shards=self.tp_degree,
+            num_experts=self.num_local_experts,
+            hidden_size=self.hidden_size,
+        )
+        if self.ep_degree > 1:
+            gate_up_loader = local_experts_loader(local_expert_indices, gate_up_loader, self.num_experts)
+            down_loader = local_experts_loader(local_expert_indices, down_loader, self.num_experts)
+        if self.mlp_dp_size > 1:
+            gate_up_loader = with_rank_override(gate_up_loader, rank=self.mlp_tp_rank)
+            down_loader = with_rank_override(down_loader, rank=self.mlp_tp_rank)
+        set_weight_loader(self.gate_up_proj_weight, gate_up_loader)
+        set_weight_loader(self.down_proj_weight, down_loader)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        positions: torch.Tensor,
+        is_decode: bool,
+        rank: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if is_decode:
+            return self.forward_decode(hidden_states, rank)
+        return self.forward_prefill(hidden_states, positions, rank)
 
     def _route(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Normalized hidden states [T, H] -> float32 affinities [T, E], zero
         for the experts a token does not use."""
         # <-- MODEL-SPECIFIC: float32 router logits and the top-k choice
         selected, router_logits = NF.router(
-            hidden_states,
+            hidden_states=hidden_states,
             router_weights=self.router_weight.T,
             top_k=self.num_experts_per_token,
             router_bias=None,
@@ -554,24 +880,38 @@ class Qwen3MoeExperts(nn.Module):
             affinities = affinities / affinities.sum(dim=-1, keepdim=True)
         return affinities
 
+    def _local_affinities(self, expert_affinities: torch.Tensor) -> torch.Tensor:
+        """>>> PARALLELISM: with EP, the columns of this rank's experts. <<<"""
+        if self.ep_degree == 1:
+            return expert_affinities
+        local_expert_indices = torch.arange(
+            self.local_expert_start,
+            self.local_expert_start + self.num_local_experts,
+            dtype=torch.int32,
+            device=expert_affinities.device,
+        )
+        return NF.get_local_expert_affinities(expert_affinities, local_expert_indices)
+
     def _expert_weights(self):
-        """The stacked weights in the kernels' layout: gate_up [E, H, 2, I/tp], down [E, I/tp, H]."""
+        """The stacked weights in the kernels' layout: gate_up [E_L, H, 2, I/t], down [E_L, I/t, H]."""
         gate_up = self.gate_up_proj_weight.reshape(
-            self.num_experts, self.hidden_size, 2, self.intermediate_size_per_rank
+            self.num_local_experts, self.hidden_size, 2, self.intermediate_size_per_rank
         )
         return gate_up, self.down_proj_weight
 
     def _experts_blockwise(self, hidden_states, expert_affinities, padding_mask=None):
-        """Every expert on the tokens routed to it, in blocks: normalized
-        hidden states [T, H] and affinities [T, E] in, partial sums [T, H] out."""
+        """This rank's experts on the tokens routed to them, in blocks:
+        normalized hidden states [T, H] and local affinities [T, E_L] in,
+        partial sums [T, H] out."""
+        # >>> PARALLELISM: the mapping is built over the ranks sharing this rank's experts <<<
         affinities_masked, token_position_to_id, block_to_expert, conditions = (
             NF.build_blockwise_mapping(
                 expert_affinities=expert_affinities,
-                num_local_experts=self.num_experts,
+                num_local_experts=self.num_local_experts,
                 num_experts_per_token=self.num_experts_per_token,
                 block_size=self.block_size,
-                moe_group=self.tp_group,
-                tp_degree=self.world_size,
+                moe_group=self.ep_tp_group,
+                tp_degree=self.tp_degree,
                 padding_mask=padding_mask,
             )
         )
@@ -591,15 +931,19 @@ class Qwen3MoeExperts(nn.Module):
             expert_affinities_scaling_mode=ExpertAffinityScaleMode.POST_SCALE,
             skip_token=True,
             is_tensor_update_accumulating=True,
+            compute_dtype=self.compute_dtype,
         )
 
     def _run_moe_block_tkg(self, hidden_states):
-        """Decode in one kernel: norm, router, top-k and experts; [T, H] partial sums out."""
+        """Decode in one kernel: norm, router, top-k and this rank's experts;
+        [T, H] partial sums out."""
         tokens = hidden_states.shape[0]
-        use_all_experts = tokens * self.num_experts_per_token >= self.num_experts
+        # >>> PARALLELISM: with EP (or enough tokens) the kernel runs all local experts of rank_id <<<
+        expert_load = tokens * self.num_experts_per_token / self.num_local_experts
+        use_all_experts = expert_load >= _ALL_EXPERTS_LOAD or self.ep_degree > 1
         rank_id = None
         if use_all_experts:
-            rank_id = torch.zeros(1, 1, dtype=torch.int32, device=hidden_states.device)
+            rank_id = torch.full((1, 1), self.ep_rank, dtype=torch.int32, device=hidden_states.device)
         gate_up, down = self._expert_weights()
         output = NF.moe_block_tkg(
             inp=hidden_states.unsqueeze(0),
@@ -622,7 +966,7 @@ class Qwen3MoeExperts(nn.Module):
         )
         return output.view(tokens, self.hidden_size)
 
-    def forward_prefill(self, hidden_states: torch.Tensor, positions: torch.Tensor):
+    def forward_prefill(self, hidden_states: torch.Tensor, positions: torch.Tensor, rank=None):
         """This rank's SP slice [T / world_size, H] in and out."""
         hidden_states = self.post_attention_layernorm(hidden_states)
         expert_affinities = self._route(hidden_states)
@@ -635,24 +979,26 @@ class Qwen3MoeExperts(nn.Module):
         # Real tokens end at the largest position; later rows are padding.
         last_real = torch.argmax(positions)
         padding_mask = torch.arange(positions.shape[0], device=positions.device) <= last_real
+        expert_affinities = self._local_affinities(expert_affinities)
         output = self._experts_blockwise(hidden_states, expert_affinities, padding_mask)
 
-        # >>> PARALLELISM: Reduce-scatter the partial sums back to SP <<<
+        # >>> PARALLELISM: Reduce-scatter the partial sums (all experts, all slices) back to SP <<<
         if self.world_size > 1:
             output = self.tp_group.reduce_scatter(output, dim=0)
         return output
 
-    def forward_decode(self, hidden_states: torch.Tensor):
-        """[B * S, H] in and out."""
+    def forward_decode(self, hidden_states: torch.Tensor, rank=None):
+        """[B * S, H] in and out (the batches of every MLP-DP rank)."""
         if self.fused_decode:
             output = self._run_moe_block_tkg(hidden_states)
         else:
             normalized = self.post_attention_layernorm(hidden_states)
-            output = self._experts_blockwise(normalized, self._route(normalized))
+            affinities = self._local_affinities(self._route(normalized))
+            output = self._experts_blockwise(normalized, affinities)
 
         # >>> PARALLELISM: sum the partial outputs of all ranks <<<
-        if self.world_size > 1:
-            output = self.tp_group.all_reduce(output)
+        if self.moe_group.world_size > 1:
+            output = self.moe_group.all_reduce(output)
         return output
 
 
@@ -670,44 +1016,155 @@ class Qwen3MoeMLP(nn.Module):
         self.dtype = config.torch_dtype
         self.experts = Qwen3MoeExperts(config)
 
-    def forward(self, hidden_states: torch.Tensor, positions: torch.Tensor, is_prefill: bool):
-        return self.experts(hidden_states.to(self.dtype), positions, is_prefill=is_prefill)
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        positions: torch.Tensor,
+        is_decode: bool,
+        rank: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.experts(
+            hidden_states.to(self.dtype), positions=positions, is_decode=is_decode, rank=rank
+        )
 
 
 # =============================================================================
 # Section 6: Decoder Layer
-# <-- MODEL-SPECIFIC: pre-norm residual blocks (the MoE applies its own norm)
+# Mixed: PARALLELISM (decode batch transitions between DP groups) +
+#        MODEL-SPECIFIC (pre-norm residual blocks; the MoE applies its own norm)
 # =============================================================================
 
 
+def _dp_transition(x: torch.Tensor, current_group, target_group, dim: int = 0) -> torch.Tensor:
+    """>>> PARALLELISM: move a decode batch from one DP gathered state to another. <<<
+
+    ``x`` holds the batches of ``current_group``'s ranks (concatenated on
+    ``dim``); the result holds those of ``target_group``'s. DP groups are
+    nested, so a smaller target keeps a contiguous run of batches and a
+    larger one gathers this rank's own batch over the target group."""
+    current = current_group.world_size
+    target = target_group.world_size
+    if current == target:
+        return x
+    per_rank = x.shape[dim] // current
+    if current > target:
+        first = (current_group.rank_in_group // target) * target
+        return x.narrow(dim, first * per_rank, target * per_rank)
+    own = x.narrow(dim, current_group.rank_in_group * per_rank, per_rank)
+    return target_group.all_gather(own, dim=dim)
+
+
+def _precompute_decode_attn_mask(attn_metadata, positions: torch.Tensor, q_heads: int) -> torch.Tensor:
+    """The causal decode mask of the step ([S_ctx, B, q_heads, S]), the same
+    for every layer: built once by the backbone instead of in each layer.
+    ``q_heads`` are the heads a rank attends with after the attention-DP
+    exchange."""
+    meta = attn_metadata["layers.0.self_attn"]
+    block_size = meta["block_size"]
+    local_batch = meta["block_table_tensor"].shape[0]
+    new_tokens = positions.shape[0] // local_batch
+    # <-- MODEL-SPECIFIC: causal mask over the prior and active tokens, no window
+    return NF.gen_attention_decode_mask(
+        pos_ids=positions.reshape(1, local_batch * new_tokens).to(torch.float32),
+        bs=local_batch,
+        q_head=q_heads,
+        s_active=new_tokens,
+        s_prior=meta["max_blocks_per_seq"] * block_size,
+        start_pos=None,
+        block_len=block_size,
+    )
+
+
 class Qwen3MoeDecoderLayer(nn.Module):
+    """Pre-norm decoder layer: a decode ``forward`` (with the DP batch
+    transitions) and a ``_forward_prefill`` (SP layout). The post-attention
+    norm lives in the experts (fused in the decode kernel)."""
+
     def __init__(self, config: Qwen3MoeConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.self_attn = Qwen3MoeAttention(config, layer_idx)
-        self.mlp = Qwen3MoeMLP(config)
+        # <-- MODEL-SPECIFIC: pre-attention RMSNorm
         self.input_layernorm = Qwen3MoeRMSNorm(
             config.hidden_size, config.rms_norm_eps, config.torch_dtype
         )
+        self.self_attn = Qwen3MoeAttention(config, layer_idx=layer_idx)
+        self.mlp = Qwen3MoeMLP(config)
 
-    def forward(self, hidden_states, positions, position_embeddings, attn_metadata=None):
-        is_prefill = _is_prefill(attn_metadata, self.self_attn.layer_name)
+        # >>> PARALLELISM: DP groups of the decode batch transitions <<<
+        self.attn_dp_group = get_neuron_attention_dp_group()
+        self.mlp_dp_group = get_neuron_mlp_dp_group()
+
+    def _is_decode(self, attn_metadata) -> bool:
+        meta = attn_metadata[f"layers.{self.layer_idx}.self_attn"]
+        return meta["max_query_len"] <= meta["decode_token_threshold"]
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        positions: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attn_metadata: object | None = None,
+        attn_mask: torch.Tensor | None = None,
+        rank: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if not self._is_decode(attn_metadata):
+            return self._forward_prefill(
+                hidden_states, positions, position_embeddings, attn_metadata, rank
+            )
+
+        # >>> PARALLELISM: decode rows arrive in the MLP-DP state; attention runs in the attention-DP one <<<
+        hidden_states = _dp_transition(hidden_states, self.mlp_dp_group, self.attn_dp_group)
 
         residual = hidden_states
+        # <-- MODEL-SPECIFIC: pre-attention RMSNorm
         hidden_states = self.input_layernorm(hidden_states)
-        hidden_states = self.self_attn(hidden_states, positions, position_embeddings, attn_metadata)
+        hidden_states = self.self_attn(
+            hidden_states=hidden_states,
+            positions=positions,
+            position_embeddings=position_embeddings,
+            attn_metadata=attn_metadata,
+            attn_mask=attn_mask,
+        )
         hidden_states = residual + hidden_states
+
+        # >>> PARALLELISM: back to the MLP-DP state <<<
+        hidden_states = _dp_transition(hidden_states, self.attn_dp_group, self.mlp_dp_group)
 
         # The post-attention norm is inside the experts (fused in the decode kernel).
         residual = hidden_states
-        hidden_states = self.mlp(hidden_states, positions, is_prefill=is_prefill)
+        hidden_states = self.mlp(hidden_states, positions=positions, is_decode=True, rank=rank)
+        return residual + hidden_states
+
+    def _forward_prefill(
+        self,
+        hidden_states: torch.Tensor,
+        positions: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attn_metadata: object | None = None,
+        rank: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Prefill: rows are this rank's SP slice of the sequence."""
+        residual = hidden_states
+        # <-- MODEL-SPECIFIC: pre-attention RMSNorm
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states = self.self_attn(
+            hidden_states=hidden_states,
+            positions=positions,
+            position_embeddings=position_embeddings,
+            attn_metadata=attn_metadata,
+        )
+        hidden_states = residual + hidden_states
+
+        # The post-attention norm is inside the experts.
+        residual = hidden_states
+        hidden_states = self.mlp(hidden_states, positions=positions, is_decode=False, rank=rank)
         return residual + hidden_states
 
 
 # =============================================================================
 # Section 7: Model Backbone
-# Mixed: PARALLELISM (vocabulary-sharded embedding, SP) +
-#        MODEL-SPECIFIC (final RMSNorm)
+# Mixed: PARALLELISM (vocabulary-sharded embedding with embedding DP, SP) +
+#        MODEL-SPECIFIC (final RMSNorm, decode mask, Eagle3 auxiliary hidden states)
 # =============================================================================
 
 
@@ -715,67 +1172,114 @@ class Qwen3MoeModel(nn.Module):
     def __init__(self, config: Qwen3MoeConfig):
         super().__init__()
         self.config = config
+        neuron_config = config.neuron_config
 
         # >>> PARALLELISM: TP group setup <<<
         self.tp_group = get_tp_group()
         self.world_size = self.tp_group.world_size
+        self.rank = self.tp_group.rank_in_group
 
+        # >>> PARALLELISM: embedding data parallelism: the embedding TP group spans TP * embedding DP <<<
+        self.embedding_dp_size = neuron_config.embedding_dp_size if neuron_config else 1
+        embedding_tp_group = get_neuron_embedding_tp_group()
+        self.embedding_tp_rank = embedding_tp_group.rank_in_group
+        self.embedding_dp_group = get_neuron_embedding_dp_group()
+        self.mlp_dp_group = get_neuron_mlp_dp_group()
+
+        # >>> PARALLELISM: vocabulary-sharded embedding <<<
         self.embed_tokens = VocabDimShardedEmbedding(
             vocab_size=config.vocab_size,
             embed_dim=config.hidden_size,
             dtype=config.torch_dtype,
-            tp_group=self.tp_group.device_group,
+            tp_group=embedding_tp_group.device_group,
         )
-        set_weight_loader(
-            self.embed_tokens.weight,
-            sharding_weight_loader(
-                shard_dim=0,
-                shard_size=self.embed_tokens.vocab_size_per_rank,
-                num_shards=self.world_size,
-                is_storage_transposed=False,
-                pad_shard=True,
-            ),
+        embedding_loader = sharding_weight_loader(
+            shard_dim=0,
+            shard_size=self.embed_tokens.vocab_size_per_rank,
+            num_shards=self.embed_tokens.tp_size,
+            is_storage_transposed=False,
+            pad_shard=True,
         )
+        embedding_loader = with_rank_override(embedding_loader, rank=self.embedding_tp_rank)
+        set_weight_loader(self.embed_tokens.weight, embedding_loader)
+
         self.layers = nn.ModuleList(
             [Qwen3MoeDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
         )
+        # <-- MODEL-SPECIFIC: final RMSNorm
         self.norm = Qwen3MoeRMSNorm(config.hidden_size, config.rms_norm_eps, config.torch_dtype)
         self.rotary_emb = Qwen3MoeRotaryEmbedding(config)
 
+        # Eagle3: indices of the layers whose inputs the drafter reads (set by the drafter)
+        self.aux_hidden_state_layers = []
+
     def forward(
         self,
-        input_ids,
-        positions,
-        attn_metadata=None,
-        rank=None,
-        inputs_embeds=None,
-        is_token_ids=None,
-    ):
-        is_prefill = _is_prefill(attn_metadata)
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn_metadata: object | None = None,
+        rank: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        is_token_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        first = attn_metadata["layers.0.self_attn"]
+        is_prefill = first["max_query_len"] > first["decode_token_threshold"]
+
+        # >>> PARALLELISM: embedding DP (decode): look up every embedding-DP rank's tokens <<<
+        if not is_prefill and self.embedding_dp_size > 1:
+            input_ids = self.embedding_dp_group.all_gather(input_ids, dim=0)
+        # the rank tensor keeps the vocabulary offsets a runtime value; shift it
+        # to this rank's place in the embedding TP group
+        embedding_rank = rank
+        if rank is not None and self.embedding_dp_size > 1:
+            embedding_rank = rank + (self.embedding_tp_rank - self.rank)
         # >>> PARALLELISM: prefill embeddings come back as this rank's SP slice <<<
-        hidden_states = self.embed_tokens(input_ids, scatter_tokens=is_prefill, rank=rank)
-        if inputs_embeds is not None:
-            if is_prefill and self.world_size > 1:
-                inputs_embeds = inputs_embeds.chunk(self.world_size, dim=0)[rank]
-                is_token_ids = is_token_ids.chunk(self.world_size, dim=0)[rank]
-            hidden_states = NF.merge_prompt_embeds(hidden_states, inputs_embeds, is_token_ids)
+        hidden_states = self.embed_tokens(input_ids, scatter_tokens=is_prefill, rank=embedding_rank)
+        if not is_prefill:
+            # >>> PARALLELISM: embedding-DP state -> MLP-DP state for the decoder layers <<<
+            hidden_states = _dp_transition(hidden_states, self.embedding_dp_group, self.mlp_dp_group)
+
+        # >>> PARALLELISM: prompt embeddings cut to the SP slice <<<
+        if is_prefill and self.world_size > 1 and inputs_embeds is not None and is_token_ids is not None:
+            rows = hidden_states.shape[0]
+            inputs_embeds = inputs_embeds[self.rank * rows : (self.rank + 1) * rows]
+            is_token_ids = is_token_ids[self.rank * rows : (self.rank + 1) * rows]
+        hidden_states = NF.merge_prompt_embeds(hidden_states, inputs_embeds, is_token_ids)
 
         position_embeddings = self.rotary_emb(
             positions, device=hidden_states.device, dtype=hidden_states.dtype
         )
-        for layer in self.layers:
-            hidden_states = layer(hidden_states, positions, position_embeddings, attn_metadata)
+        # <-- MODEL-SPECIFIC: the decode mask, the same for every layer, built once per step
+        attn_mask = None
+        if not is_prefill:
+            attn_mask = _precompute_decode_attn_mask(
+                attn_metadata, positions, self.layers[0].self_attn.num_q_heads_after_a2a
+            )
+
+        aux_hidden_states = []
+        for layer_idx, layer in enumerate(self.layers):
+            if layer_idx in self.aux_hidden_state_layers:
+                aux_hidden_states.append(hidden_states)
+            hidden_states = layer(
+                hidden_states,
+                positions=positions,
+                position_embeddings=position_embeddings,
+                attn_metadata=attn_metadata,
+                attn_mask=attn_mask,
+                rank=rank,
+            )
         hidden_states = self.norm(hidden_states)
 
-        # >>> PARALLELISM: gather the SP slices for the LM head <<<
+        # >>> PARALLELISM: gather the SP slices for the LM head (and the drafter) <<<
         if is_prefill and self.world_size > 1:
             hidden_states = self.tp_group.all_gather(hidden_states, dim=0)
-        return hidden_states
+            aux_hidden_states = [self.tp_group.all_gather(aux, dim=0) for aux in aux_hidden_states]
+        return hidden_states, aux_hidden_states
 
 
 # =============================================================================
 # Section 8: Language Model Head, KV-cache spec and weight loading
-# Mixed: PARALLELISM (vocabulary-sharded LM head) +
+# Mixed: PARALLELISM (vocabulary-sharded LM head with LM-head DP) +
 #        MODEL-SPECIFIC (tied embeddings, checkpoint key mapping)
 # =============================================================================
 
@@ -829,42 +1333,55 @@ def moe_checkpoint_keys(names, layer_prefix: str, num_experts: int) -> MoECheckp
     raise KeyError(f"no MoE router in the checkpoint for {layer_prefix} (looked for {looked_for})")
 
 
-class Qwen3MoeForCausalLM(nn.Module):
+@async_speculative_decoding
+class Qwen3MoeForCausalLM(nn.Module, SupportsEagle3):
     def __init__(self, config: Qwen3MoeConfig):
         super().__init__()
         self.config = config
         self.model = Qwen3MoeModel(config)
+        neuron_config = config.neuron_config
 
         # >>> PARALLELISM: TP group setup <<<
         self.tp_group = get_tp_group()
         self.world_size = self.tp_group.world_size
         self.rank = self.tp_group.rank_in_group
 
-        neuron_config = config.neuron_config
+        # >>> PARALLELISM: LM-head data parallelism: the LM-head TP group spans TP * LM-head DP <<<
+        self.lm_head_dp_size = neuron_config.lm_head_dp_size if neuron_config else 1
+        self.lm_head_tp_group = get_neuron_lm_head_tp_group()
+        self.lm_head_dp_group = get_neuron_lm_head_dp_group()
+        self.mlp_dp_group = get_neuron_mlp_dp_group()
+
         self.on_device_sampling_config = (
             neuron_config.on_device_sampling_config if neuron_config is not None else None
         )
+        # full logits are gathered when logprobs or logit dumps are asked for
+        self._gather_logits = neuron_config is not None and (
+            neuron_config.max_logprobs != 0 or neuron_config.debug_logits_dir is not None
+        )
+
+        # <-- MODEL-SPECIFIC: no LM-head bias; a tied LM head loads the embedding (load_weights)
         self.lm_head = neuron_nn.ColumnParallelLinear(
             config.hidden_size,
             config.vocab_size,
             bias=False,
             dtype=config.torch_dtype,
             gather_output=self.on_device_sampling_config is None,
-            tp_group=self.tp_group.device_group,
+            tp_group=self.lm_head_tp_group.device_group,
         )
-        set_weight_loader(
-            self.lm_head.weight,
-            sharding_weight_loader(
-                shard_dim=0,
-                shard_size=self.lm_head.out_features_per_rank,
-                num_shards=self.lm_head.tp_size,
-                is_storage_transposed=False,
-            ),
+        lm_head_loader = sharding_weight_loader(
+            shard_dim=0,
+            shard_size=self.lm_head.out_features_per_rank,
+            num_shards=self.lm_head.tp_size,
+            is_storage_transposed=False,
         )
+        lm_head_loader = with_rank_override(lm_head_loader, rank=self.lm_head_tp_group.rank_in_group)
+        set_weight_loader(self.lm_head.weight, lm_head_loader)
+
         self.sampler = None
         if self.on_device_sampling_config is not None:
             self.sampler = Sampler(
-                self.on_device_sampling_config, process_group=self.tp_group.device_group
+                self.on_device_sampling_config, process_group=self.lm_head_tp_group.device_group
             )
 
     @classmethod
@@ -876,30 +1393,29 @@ class Qwen3MoeForCausalLM(nn.Module):
     @torch.no_grad()
     def forward(
         self,
-        input_ids,
-        positions,
-        inputs_embeds=None,
-        is_token_ids=None,
-        attn_metadata=None,
-        sampling_positions=None,
-        sampling_params=None,
-        logit_mask=None,
-        rank=None,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+        is_token_ids: torch.Tensor | None = None,
+        attn_metadata: object | None = None,
+        sampling_positions: torch.Tensor | None = None,
+        sampling_params: torch.Tensor | None = None,
+        spec_decode_metadata=None,
+        logit_mask: torch.Tensor | None = None,
+        rank: torch.Tensor | None = None,
         **kwargs,
     ):
         positions = positions.to(torch.int32)
+        first = attn_metadata["layers.0.self_attn"]
+        is_prefill = first["max_query_len"] > first["decode_token_threshold"]
         tokens = input_ids.shape[0]
         # >>> PARALLELISM: SP length validation <<<
-        if _is_prefill(attn_metadata) and self.world_size > 1:
-            if tokens <= self.world_size or tokens % self.world_size != 0:
-                raise ValueError(
-                    f"prefill length {tokens} must exceed and be divisible by "
-                    f"the TP size {self.world_size}"
-                )
-        if rank is None:
-            rank = self.rank
+        if is_prefill and (tokens <= self.world_size or tokens % self.world_size != 0):
+            raise ValueError(
+                f"prefill length {tokens} must exceed and be divisible by the TP size {self.world_size}"
+            )
 
-        hidden_states = self.model(
+        hidden_states, aux_hidden_states = self.model(
             input_ids,
             positions,
             attn_metadata=attn_metadata,
@@ -907,38 +1423,92 @@ class Qwen3MoeForCausalLM(nn.Module):
             inputs_embeds=inputs_embeds,
             is_token_ids=is_token_ids,
         )
+
+        # >>> PARALLELISM: decode rows come back in the MLP-DP state: keep this rank's batch <<<
+        mlp_dp = self.mlp_dp_group.world_size
+        if mlp_dp > 1:
+            rows = hidden_states.shape[0] // mlp_dp
+            first_row = self.mlp_dp_group.rank_in_group * rows
+            hidden_states = hidden_states[first_row : first_row + rows]
         if sampling_positions is not None:
             hidden_states = torch.index_select(hidden_states, 0, sampling_positions)
+
+        # >>> PARALLELISM: LM-head DP: compute the logits of every LM-head-DP rank's rows <<<
+        if self.lm_head_dp_size > 1:
+            hidden_states = self.lm_head_dp_group.all_gather(hidden_states, dim=0)
         logits = self.lm_head(hidden_states)
+        gathered_logits = None
+        if self._gather_logits:
+            gathered_logits = (
+                logits if self.lm_head.gather_output else self.lm_head_tp_group.all_gather(logits, dim=1)
+            )
+        if self.lm_head_dp_size > 1:
+            # >>> PARALLELISM: back to this rank's rows <<<
+            rows = logits.shape[0] // self.lm_head_dp_size
+            first_row = self.lm_head_dp_group.rank_in_group * rows
+            logits = logits[first_row : first_row + rows]
+            if gathered_logits is not None:
+                gathered_logits = gathered_logits[first_row : first_row + rows]
+
+        # Eagle3: the drafter reads the auxiliary hidden states as one tensor
+        aux = torch.cat(aux_hidden_states, dim=-1) if aux_hidden_states else None
         if self.sampler is None:
-            return logits
-        return self.sampler(logits, sampling_params, logit_mask=logit_mask, tp_rank=rank)
+            return logits if aux is None else (logits, aux)
+
+        sampled_tokens = self.sampler(logits, sampling_params, logit_mask=logit_mask, tp_rank=rank)
+        if spec_decode_metadata is not None:
+            from vllm_neuron.nn.rejection_sampler import rejection_sampler
+
+            accepted = rejection_sampler(spec_decode_metadata, sampled_tokens)
+            return accepted if aux is None else (accepted, aux, gathered_logits)
+        if aux is not None:
+            return sampled_tokens, aux, gathered_logits
+        return sampled_tokens, gathered_logits
+
+    # -- Eagle3 -------------------------------------------------------------------
+
+    def set_aux_hidden_state_layers(self, layers: tuple[int, ...]) -> None:
+        if layers is not None:
+            self.model.aux_hidden_state_layers = list(layers)
+
+    def get_eagle3_aux_hidden_state_layers(self) -> tuple[int, ...]:
+        if self.model.aux_hidden_state_layers:
+            return tuple(self.model.aux_hidden_state_layers)
+        count = len(self.model.layers)
+        return (2, count // 2, count - 3)
+
+    # -- KV cache -------------------------------------------------------------------
 
     def get_kv_spec(self) -> KVSpec:
+        # >>> PARALLELISM: per-rank KV heads <<<
         layers = [
             LayerSpec(
-                name=layer.self_attn.layer_name,
+                name=f"layers.{layer_idx}.self_attn",
                 num_kv_heads=layer.self_attn.num_key_value_heads_per_rank,
                 head_size=layer.self_attn.head_dim,
                 dtype=layer.self_attn.dtype,
                 sliding_window_size=None,
                 chunk_size=None,
             )
-            for layer in self.model.layers
+            for layer_idx, layer in enumerate(self.model.layers)
         ]
         return KVSpec(layers=layers)
 
     def bind_kv_cache(self, kv_caches) -> None:
-        for layer in self.model.layers:
-            name = layer.self_attn.layer_name
+        for layer_idx, layer in enumerate(self.model.layers):
+            name = f"layers.{layer_idx}.self_attn"
             if name not in kv_caches:
                 raise KeyError(f"no KV cache allocated for {name}")
             layer.self_attn.k_cache = kv_caches[name][0]
             layer.self_attn.v_cache = kv_caches[name][1]
 
-    def load_weights(self, checkpoint_path, device="cpu", cache_dir=None):
-        """Load this rank's shard of every parameter from a safetensors checkpoint."""
-        checkpoint = SafetensorsCheckpoint(checkpoint_path, cache_dir=cache_dir)
+    # -- weights --------------------------------------------------------------------
+
+    def load_weights(self, checkpoint_path: str, device: torch.device, cache_dir: str | None):
+        """Load this rank's shard of every parameter from a safetensors
+        checkpoint (each tensor in its parameter's dtype), then the FP8
+        KV-cache scales."""
+        checkpoint = SafetensorsCheckpoint(checkpoint_path, cache_dir)
         names = set(checkpoint.get_tensor_names())
         # <-- MODEL-SPECIFIC: Hugging Face checkpoint keys of each parameter
         mappings = {}
@@ -952,6 +1522,7 @@ class Qwen3MoeForCausalLM(nn.Module):
                 f"{prefix}.self_attn.v_proj.weight",
             ]
             mappings[f"{prefix}.self_attn.o_proj_weight"] = f"{prefix}.self_attn.o_proj.weight"
+            # <-- MODEL-SPECIFIC: QK-norm weights, the same on every rank
             mappings[f"{prefix}.self_attn.q_norm.weight"] = f"{prefix}.self_attn.q_norm.weight"
             mappings[f"{prefix}.self_attn.k_norm.weight"] = f"{prefix}.self_attn.k_norm.weight"
             mappings[f"{prefix}.mlp.experts.post_attention_layernorm.weight"] = (
@@ -971,5 +1542,37 @@ class Qwen3MoeForCausalLM(nn.Module):
         result = checkpoint.load_sharded_pipelined(
             self.rank, self.world_size, self, mappings, device
         )
+        self._load_kv_cache_scales(checkpoint, device)
         self.load_state_dict(result.state_dict, strict=False, assign=True)
         return result
+
+    def load_weights_lite(self, checkpoint_path: str, device: torch.device, cache_dir: str | None):
+        """For CPU compilation: only what becomes a compile-time constant (the
+        KV-cache scale floats); the weights stay on the meta device."""
+        checkpoint = SafetensorsCheckpoint(checkpoint_path, cache_dir)
+        checkpoint._ensure_indexed()
+        self._load_kv_cache_scales(checkpoint, device)
+
+    def _load_kv_cache_scales(self, checkpoint: SafetensorsCheckpoint, device: torch.device) -> None:
+        """With an FP8 KV cache, each attention's ``k_scale``/``v_scale``
+        ([1, 1], 1.0 when the checkpoint has none) and their floats.
+
+        Checkpoints store the dequantization scale (x = q * s); the cache write
+        multiplies, so the reciprocal is kept."""
+        from vllm_neuron.utils.dtype_utils import QUANTIZED_KV_CACHE_DTYPES
+
+        if get_current_vllm_config().cache_config.cache_dtype not in QUANTIZED_KV_CACHE_DTYPES:
+            return
+        for layer_id, layer in enumerate(self.model.layers):
+            attn = layer.self_attn
+            for scale_name in ("k_scale", "v_scale"):
+                key = f"model.layers.{layer_id}.self_attn.{scale_name}"
+                if key in checkpoint._tensor_name_to_file:
+                    stored = checkpoint._get_slice(key)[:].to(dtype=torch.bfloat16, device=device)
+                    value = 1.0 / stored
+                else:
+                    value = torch.ones(1, dtype=torch.bfloat16, device=device)
+                setattr(attn, scale_name, value.reshape(1, 1))
+            # load time: .item() is allowed here
+            attn.k_scale_float = attn.k_scale.item()
+            attn.v_scale_float = attn.v_scale.item()

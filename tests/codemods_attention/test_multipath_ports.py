@@ -1,5 +1,5 @@
 """The attention codemods on references in the real vllm_neuron structure
-(``reference_models/_next``: flash and segmented prefill, the
+(our references: flash and segmented prefill, the
 context-parallel prefill, masked and bounded-gather decode, attention data
 parallelism, qwen3's decode with ``update_cache=False``): each port must
 match transformers on a tiny checkpoint, with the runner's chunked prefill
@@ -19,7 +19,7 @@ from autoport_cst.validate import validate_model
 
 from .conftest import ROOT
 
-NEXT = ROOT / "reference_models" / "_next"
+NEXT = ROOT / "reference_models"
 STEPS = 6
 
 
@@ -73,8 +73,6 @@ CASES = {
 def case_of(port_builder, tiny_checkpoint):
     def get(name: str):
         plan, reference, checkpoint = CASES[name]
-        if not (NEXT / reference / "model.py").is_file():
-            pytest.skip(f"no reference_models/_next/{reference}")
         return port_builder(plan, str(NEXT / reference)), tiny_checkpoint(checkpoint)
 
     return get

@@ -190,9 +190,8 @@ def test_op_by_op_projection_matches_the_kernel_norms():
 
 def _fused_rope_reference():
     """Our llama3 reference in the real structure (RoPE fused into
-    ``NF.qkv_proj``, chunked prefill through ``use_block_kv``): the staged
-    one while it is staged."""
-    for candidate in (ROOT / "reference_models" / "_next" / "llama3", ROOT / "reference_models" / "llama3"):
+    ``NF.qkv_proj``, chunked prefill through ``use_block_kv``)."""
+    for candidate in (ROOT / "reference_models" / "llama3",):
         model = candidate / "model.py"
         if model.exists() and "cos_cache=" in model.read_text() and "use_block_kv=True" in model.read_text():
             return candidate

@@ -1,13 +1,14 @@
 """The MLP and checkpoint codemods on loaders shaped as the real vllm_neuron
-code builds them: local variables, shared by the gate and up weights,
-rebound through ``with_rank_override(loader, rank=self.mlp_tp_rank)``.
+code builds them, as our llama3 reference does: local variables, shared by
+the gate and up weights, rebound through
+``with_rank_override(loader, rank=self.mlp_tp_rank)``.
 
-The reference here is our llama3 with its MLP loaders rewritten that way
-(text edits in a temporary copy). Its rank override maps rank r to
-``world_size - 1 - r``: the MLP still computes the same model (every rank's
-shard of the intermediate dimension is summed), but a loader that ignored
-the override (a bias sharded by the true rank) would pair the bias with
-another rank's weights, which the TP=2 validations below catch."""
+The reference here is our llama3 with that rank reversed (a text edit in a
+temporary copy): rank r loads shard ``world_size - 1 - r``. The MLP still
+computes the same model (every rank's shard of the intermediate dimension is
+summed), but a loader that ignored the override (a bias sharded by the true
+rank) would pair the bias with another rank's weights, which the TP=2
+validations below catch."""
 
 from __future__ import annotations
 
@@ -20,49 +21,8 @@ from .conftest import ROOT, plan_dict
 
 REFERENCE = ROOT / "reference_models" / "llama3"
 
-LOOP_LOADERS = """        for weight in (self.gate_proj_weight, self.up_proj_weight):
-            set_weight_loader(
-                weight,
-                sharding_weight_loader(
-                    shard_dim=1,
-                    shard_size=self.intermediate_size_per_rank,
-                    num_shards=self.world_size,
-                    is_storage_transposed=True,
-                ),
-            )
-        set_weight_loader(
-            self.down_proj_weight,
-            sharding_weight_loader(
-                shard_dim=0,
-                shard_size=self.intermediate_size_per_rank,
-                num_shards=self.world_size,
-                is_storage_transposed=True,
-            ),
-        )
-"""
-REAL_LOADERS = """        self.mlp_tp_size = self.world_size
-        self.mlp_tp_rank = self.world_size - 1 - self.tp_group.rank_in_group
-        gate_up_loader = sharding_weight_loader(
-            shard_dim=1,
-            shard_size=self.intermediate_size_per_rank,
-            num_shards=self.mlp_tp_size,
-            is_storage_transposed=True,
-        )
-        down_loader = sharding_weight_loader(
-            shard_dim=0,
-            shard_size=self.intermediate_size_per_rank,
-            num_shards=self.mlp_tp_size,
-            is_storage_transposed=True,
-        )
-
-        gate_up_loader = with_rank_override(gate_up_loader, rank=self.mlp_tp_rank)
-        down_loader = with_rank_override(down_loader, rank=self.mlp_tp_rank)
-
-        set_weight_loader(self.gate_proj_weight, gate_up_loader)
-        set_weight_loader(self.up_proj_weight, gate_up_loader)
-        set_weight_loader(self.down_proj_weight, down_loader)
-"""
-IMPORT = "    sharding_weight_loader,\n)"
+RANK = "        self.mlp_tp_rank = self.mlp_tp_group.rank_in_group\n"
+REVERSED_RANK = "        self.mlp_tp_rank = self.mlp_tp_size - 1 - self.mlp_tp_group.rank_in_group\n"
 
 LLAMA_MLP_BIAS = plan_dict(
     "llama_mlp_bias", "LlamaForCausalLM", {"mlp": {"bias": True}}, prefix="LlamaMlpBias"
@@ -70,16 +30,13 @@ LLAMA_MLP_BIAS = plan_dict(
 
 
 def _reference(directory: Path) -> Path:
-    """Our llama3 reference with the MLP loaders of the real code."""
+    """Our llama3 reference with the MLP's rank override reversed."""
     reference = directory / "llama3"
     shutil.copytree(REFERENCE, reference)
     model = reference / "model.py"
     text = model.read_text()
-    assert text.count(LOOP_LOADERS) == 1 and text.count(IMPORT) == 1
-    text = text.replace(LOOP_LOADERS, REAL_LOADERS).replace(
-        IMPORT, "    sharding_weight_loader,\n    with_rank_override,\n)"
-    )
-    model.write_text(text)
+    assert text.count(RANK) == 1
+    model.write_text(text.replace(RANK, REVERSED_RANK))
     return reference
 
 

@@ -1,16 +1,14 @@
 """The decoder-layer codemods on a layer split as the real vllm_neuron code
-splits it: a decode ``forward`` that moves the rows between data-parallel
-layouts around each sublayer and calls each sublayer in an ``if``/``else``
-whose first branch hands the norm's weight to a fused kernel, and a
-``_forward_prefill``.
+splits it, which our llama3 reference does: a decode ``forward`` that moves
+the rows between the data-parallel layouts around each sublayer and calls
+each sublayer in an ``if``/``else`` whose first branch hands the norm's
+weight to a fused FP8 kernel, and a ``_forward_prefill``.
 
-The reference is our llama3 with its decoder layer rewritten that way (text
-edits in a temporary copy). The fused branches are never taken here (the
-flag is off, as without FP8 quantization), and the layout moves are the
-identity (one data-parallel rank): the ports must compute the target model
-through both forwards, and a codemod that edited one forward only would
-leave prefill and decode computing different models, which the validations
-below catch (the last test shows that they can tell)."""
+The fused branches are never taken here (no FP8 quantization), and the
+layout moves are the identity (one data-parallel rank): the ports must
+compute the target model through both forwards, and a codemod that edited
+one forward only would leave prefill and decode computing different models,
+which the validations below catch (the last test shows that they can tell)."""
 
 from __future__ import annotations
 
@@ -22,77 +20,6 @@ import pytest
 from .conftest import ROOT, plan_dict
 
 REFERENCE = ROOT / "reference_models" / "llama3"
-
-FORWARD = """    def forward(self, hidden_states, positions, position_embeddings, attn_metadata=None):
-        is_prefill = _is_prefill(attn_metadata, self.self_attn.layer_name)
-
-        residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
-        hidden_states = self.self_attn(hidden_states, positions, position_embeddings, attn_metadata)
-        hidden_states = residual + hidden_states
-
-        residual = hidden_states
-        hidden_states = self.post_attention_layernorm(hidden_states)
-        hidden_states = self.mlp(hidden_states, is_prefill=is_prefill)
-        return residual + hidden_states
-"""
-SPLIT_FORWARDS = """    def forward(self, hidden_states, positions, position_embeddings, attn_metadata=None):
-        if _is_prefill(attn_metadata, self.self_attn.layer_name):
-            return self._forward_prefill(hidden_states, positions, position_embeddings, attn_metadata)
-
-        hidden_states = _move_rows(hidden_states, self.mlp_rows, self.attn_rows)
-        residual = hidden_states
-        if self.fused_norms:
-            hidden_states = self.self_attn(
-                hidden_states, positions, position_embeddings, attn_metadata, ln_w=self.input_layernorm.weight
-            )
-        else:
-            hidden_states = self.input_layernorm(hidden_states)
-            hidden_states = self.self_attn(hidden_states, positions, position_embeddings, attn_metadata)
-        hidden_states = residual + hidden_states
-        hidden_states = _move_rows(hidden_states, self.attn_rows, self.mlp_rows)
-
-        residual = hidden_states
-        if self.fused_norms:
-            hidden_states = self.mlp(hidden_states, is_prefill=False, ln_w=self.post_attention_layernorm.weight)
-        else:
-            hidden_states = self.post_attention_layernorm(hidden_states)
-            hidden_states = self.mlp(hidden_states, is_prefill=False)
-        return residual + hidden_states
-
-    def _forward_prefill(self, hidden_states, positions, position_embeddings, attn_metadata=None):
-        residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
-        hidden_states = self.self_attn(hidden_states, positions, position_embeddings, attn_metadata)
-        hidden_states = residual + hidden_states
-
-        residual = hidden_states
-        hidden_states = self.post_attention_layernorm(hidden_states)
-        hidden_states = self.mlp(hidden_states, is_prefill=True)
-        return residual + hidden_states
-"""
-INIT_END = """        self.post_attention_layernorm = LlamaRMSNorm(
-            config.hidden_size, config.rms_norm_eps, config.torch_dtype
-        )
-"""
-INIT_FLAGS = (
-    INIT_END
-    + """        # the fused-norm branches are for quantized sublayers: off here
-        self.fused_norms = False
-        # data-parallel ranks of the attention and MLP layouts: one each here
-        self.attn_rows = 1
-        self.mlp_rows = 1
-"""
-)
-LAYER = "class LlamaDecoderLayer(nn.Module):\n"
-MOVE_ROWS = '''def _move_rows(hidden_states, current, target):
-    """The decode rows of one data-parallel layout in another (one rank each here)."""
-    if current != target:
-        raise NotImplementedError("data-parallel layouts of different sizes")
-    return hidden_states
-
-
-'''
 
 COHERE = plan_dict(
     "cohere",
@@ -108,26 +35,12 @@ COHERE = plan_dict(
 PLANS = {"granite": "granite", "olmo2": "olmo2", "stablelm": "stablelm", "cohere": COHERE}
 
 
-def _reference(directory: Path) -> Path:
-    reference = directory / "llama3"
-    shutil.copytree(REFERENCE, reference)
-    model = reference / "model.py"
-    text = model.read_text()
-    for part in (FORWARD, INIT_END, LAYER):
-        assert text.count(part) == 1
-    text = (
-        text.replace(FORWARD, SPLIT_FORWARDS).replace(INIT_END, INIT_FLAGS).replace(LAYER, MOVE_ROWS + LAYER)
-    )
-    model.write_text(text)
-    return reference
-
-
 @pytest.fixture(scope="module")
 def ports(tmp_path_factory):
     from autoport_cst.apply import build_port, load_reference, write_port
     from autoport_cst.plan import load_plan, parse_plan
 
-    reference = load_reference(str(_reference(tmp_path_factory.mktemp("split-decoder"))))
+    reference = load_reference(str(REFERENCE))
     cache: dict[str, Path] = {}
 
     def build(name: str) -> Path:
@@ -168,22 +81,23 @@ def test_post_norms_in_both_forwards_and_the_fused_branches_guarded(ports):
     assert "input_layernorm" not in layer
     assert layer.count("hidden_states = self.post_attention_layernorm(hidden_states)") == 2
     assert layer.count("hidden_states = self.post_feedforward_layernorm(hidden_states)") == 2
+    # decode guards both fused branches, prefill the MLP's (its attention has none)
     assert (
-        layer.count('raise NotImplementedError("post norm placement: the FP8 kernels fuse a norm before') == 2
+        layer.count('raise NotImplementedError("post norm placement: the FP8 kernels fuse a norm before') == 3
     )
     assert "ln_w=" not in layer
 
 
 def test_layernorm_guards_the_fused_rmsnorm_branches(ports):
     layer = _layer(ports("stablelm"))
-    assert layer.count('raise NotImplementedError("LayerNorm: the FP8 kernels fuse an RMSNorm') == 2
+    assert layer.count('raise NotImplementedError("LayerNorm: the FP8 kernels fuse an RMSNorm') == 3
     assert layer.count("self.input_layernorm(hidden_states)") == 2
 
 
 def test_parallel_residual_carries_the_layout_moves(ports):
     layer = _layer(ports("cohere"))
     for name in ("attn_output", "residual", "hidden_states"):
-        assert f"{name} = _move_rows({name}, self.attn_rows, self.mlp_rows)" in layer
+        assert f"{name} = _dp_transition({name}, self.attn_dp_group, self.mlp_dp_group)" in layer
     assert layer.count("return attn_output + mlp_output + residual") == 2
     assert "post_attention_layernorm" not in layer
 

@@ -22,7 +22,7 @@ from autoport_cst.validate.scenario import Scenario
 
 from .conftest import ROOT
 
-STAGED_LLAMA3 = ROOT / "reference_models" / "_next" / "llama3"
+LLAMA3 = ROOT / "reference_models" / "llama3"
 RUN = dict(steps=3, prompt_lengths=(8, 12, 20))
 
 
@@ -108,7 +108,7 @@ def test_layouts_vllm_neuron_does_not_serve_are_refused(layout, config, message)
 
 def test_cli_refuses_a_dcp_layout_the_checkpoint_cannot_take(tiny_llama: Path) -> None:
     result = CliRunner().invoke(
-        validate_command, [str(STAGED_LLAMA3), "--hf", str(tiny_llama), "--tp", "2", "--dcp", "2"]
+        validate_command, [str(LLAMA3), "--hf", str(tiny_llama), "--tp", "2", "--dcp", "2"]
     )
     assert result.exit_code == 2
     assert "must be replicated over each DCP group" in result.output
@@ -127,7 +127,7 @@ def _equivalent(report) -> None:
 def test_attention_dp_with_kv_exchange(tiny_llama: Path) -> None:
     """TP 1, attention DP 2: 2 KV heads over 2 shards, so K/V are exchanged
     too (kv_needs_a2a); each replica decodes its own batch (one padded)."""
-    report = validate_model(STAGED_LLAMA3, tiny_llama, attention_dp=2, **RUN)
+    report = validate_model(LLAMA3, tiny_llama, attention_dp=2, **RUN)
     _equivalent(report)
     groups = report.environment["stand_in"]["parallel_groups"]
     assert groups["decode"]["attention_dp"] == [0, 1] and groups["decode"]["tp"] == [0]
@@ -136,7 +136,7 @@ def test_attention_dp_with_kv_exchange(tiny_llama: Path) -> None:
 
 
 def test_mlp_embedding_and_lm_head_dp(tiny_llama: Path) -> None:
-    report = validate_model(STAGED_LLAMA3, tiny_llama, mlp_dp=2, embedding_dp=2, lm_head_dp=2, **RUN)
+    report = validate_model(LLAMA3, tiny_llama, mlp_dp=2, embedding_dp=2, lm_head_dp=2, **RUN)
     _equivalent(report)
     decode = report.environment["stand_in"]["parallel_groups"]["decode"]
     for component in ("mlp", "embedding", "lm_head"):
@@ -145,14 +145,14 @@ def test_mlp_embedding_and_lm_head_dp(tiny_llama: Path) -> None:
 
 def test_dcp_decode_fed_by_a_plain_prefill(tiny_llama_one_kv: Path) -> None:
     """The plain prefill cache re-laid into each DCP rank's share, in runs of 4."""
-    report = validate_model(STAGED_LLAMA3, tiny_llama_one_kv, tp=2, dcp=2, dcp_interleave=4, **RUN)
+    report = validate_model(LLAMA3, tiny_llama_one_kv, tp=2, dcp=2, dcp_interleave=4, **RUN)
     _equivalent(report)
     assert report.settings["block_size"] == 16  # a virtual block of 32 holds the shared prefix
     assert report.environment["stand_in"]["parallel_groups"]["decode"]["dcp"] == [0, 1]
 
 
 def test_dcp_with_a_context_parallel_prefill(tiny_llama_one_kv: Path) -> None:
-    report = validate_model(STAGED_LLAMA3, tiny_llama_one_kv, tp=2, dcp=2, prefill_dcp=True, **RUN)
+    report = validate_model(LLAMA3, tiny_llama_one_kv, tp=2, dcp=2, prefill_dcp=True, **RUN)
     _equivalent(report)
     assert any(call["kind"] == "prefix_cache_hit" for call in report.settings["prefill_calls"])
 
@@ -167,7 +167,7 @@ def test_dcp_with_a_context_parallel_prefill(tiny_llama_one_kv: Path) -> None:
 )
 def test_each_layout_alone(options, tiny_llama: Path, tiny_llama_one_kv: Path) -> None:
     checkpoint = tiny_llama_one_kv if "dcp" in options else tiny_llama
-    _equivalent(validate_model(STAGED_LLAMA3, checkpoint, **options, **RUN))
+    _equivalent(validate_model(LLAMA3, checkpoint, **options, **RUN))
 
 
 @pytest.mark.slow
@@ -178,7 +178,7 @@ def test_attention_dp_at_tp2_with_kv_exchange(tmp_path: Path) -> None:
     checkpoint = build_tiny_checkpoint(
         "LlamaForCausalLM", tmp_path / "ckpt", dimensions={"num_attention_heads": 8, "num_key_value_heads": 4}
     ).directory
-    _equivalent(validate_model(STAGED_LLAMA3, checkpoint, tp=2, attention_dp=2, **RUN))
+    _equivalent(validate_model(LLAMA3, checkpoint, tp=2, attention_dp=2, **RUN))
 
 
 BROKEN = [
@@ -229,7 +229,7 @@ def test_a_port_broken_for_one_layout_diverges_there(
     old, new, options, component, tmp_path: Path, tiny_llama: Path, tiny_llama_one_kv: Path
 ) -> None:
     port = tmp_path / "llama3"
-    shutil.copytree(STAGED_LLAMA3, port, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(LLAMA3, port, ignore=shutil.ignore_patterns("__pycache__"))
     model = port / "model.py"
     text = model.read_text(encoding="utf-8")
     assert text.count(old) == 1, old

@@ -369,6 +369,7 @@ def _describe_calls(port: PortOutput, scenario: Scenario) -> list[dict]:
             "cached_seq_len": call.start,
             "kv_segment_size": call.segment,
             "rows": call.rows,
+            "sampled_positions": list(call.sampled_positions),
         }
         for call in port.prefill_calls
     ]

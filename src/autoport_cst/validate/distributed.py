@@ -355,6 +355,7 @@ def merge_rank_outputs(outputs: list[PortOutput], scenario: Scenario) -> PortOut
     concatenated in rank order; replicated outputs are taken from rank 0."""
     first = outputs[0]
     prompt_rows = [call.tokens for call in first.prefill_calls]
+    sampled_rows = [len(call.sampled) for call in first.prefill_calls]
     decode_rows = [len(first.sequences) or scenario.batch] * scenario.steps
     prefill = {
         name: _merge_slices([o.prefill_records[name] for o in outputs], prompt_rows)
@@ -366,7 +367,7 @@ def merge_rank_outputs(outputs: list[PortOutput], scenario: Scenario) -> PortOut
     }
     timings = {key: max(o.timings.get(key, 0.0) for o in outputs) for key in first.timings}
     return PortOutput(
-        prefill_logits=_merge_slices([o.prefill_logits for o in outputs], prompt_rows),
+        prefill_logits=_merge_slices([o.prefill_logits for o in outputs], sampled_rows),
         decode_logits=_merge_slices([o.decode_logits for o in outputs], decode_rows),
         components=first.components,
         prefill_records=prefill,
