@@ -132,7 +132,7 @@ class RegisterModel(Codemod):
                 if not p.replace:
                     raise ctx.precondition(
                         f"register-model: the registry already maps {p.architecture!r} to "
-                        f"{current}; replace it explicitly (apply --force)",
+                        f"{current}; --force replaces that entry",
                         pair,
                         module,
                     )

@@ -15,7 +15,8 @@ from pathlib import Path
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success it replaces
-    ``path`` (keeping an existing file's permissions), on error it is removed."""
+    ``path`` (keeping an existing file's permissions, giving a new file the
+    umask's), on error it is removed."""
     target = Path(path)
     if target.exists() and not target.is_file() and not target.is_dir():
         # a device or a pipe (-o /dev/null, /dev/stdout): write through it; a
@@ -23,20 +24,27 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
         yield from _through_special_file(target)
         return
     target.parent.mkdir(parents=True, exist_ok=True)
-    mode = None
+    mode = _new_file_mode()
     with contextlib.suppress(OSError):
         mode = target.stat().st_mode & 0o7777
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(fd)
     try:
         yield Path(tmp)
-        if mode is not None:
-            os.chmod(tmp, mode)
+        os.chmod(tmp, mode)  # mkstemp's 0600 would make every new file private
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _new_file_mode() -> int:
+    """The permissions ``open`` gives a new file: 0666 less the umask (0644
+    under the usual 022)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def _through_special_file(target: Path) -> Iterator[Path]:

@@ -2,12 +2,13 @@
 
 Inside the engine, outcomes are data (results with a failure field). These
 exceptions are raised by loaders and codemods and turned into results by the
-engine, or into one message and exit code 2 by the CLI.
+engine, or into one message and exit code 2 by the CLI (the exit codes:
+``autoport_cst.cli.common``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -82,3 +83,19 @@ class UnrealizableDiffError(AutoportError):
         # The features by name: ``fields`` with the spec's ``unsupported``
         # entry replaced by the computations it lists (``moe.expert_mlp``, ...).
         self.features = features if features is not None else list(fields)
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """``" (did you mean 'llama3'?)"`` when ``name`` is close to one of
+    ``choices`` (difflib), else ``""``: appended to an "unknown X" message."""
+    import difflib
+
+    options = list(choices)
+    lowered = {option.lower(): option for option in options}
+    if name.lower() in lowered:  # a difference of case only
+        close = [lowered[name.lower()]]
+    else:
+        close = difflib.get_close_matches(name, options, n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(repr(c) for c in close) + "?)"

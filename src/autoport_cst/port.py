@@ -89,15 +89,16 @@ def port(
     from autoport_cst.apply import build_port, load_reference, write_port
     from autoport_cst.apply.engine import REGISTRY
     from autoport_cst.plan import from_research, plan_to_json
-    from autoport_cst.plan.naming import MODEL_NAME_RE
+    from autoport_cst.plan.naming import model_name_problem
     from autoport_cst.research import choose_reference, research
 
     def stage(label: str) -> None:
         if on_stage is not None:
             on_stage(label)
 
-    if not MODEL_NAME_RE.match(name):
-        raise InputError(f"--name {name!r} is not snake_case ({MODEL_NAME_RE.pattern})")
+    name_problem = model_name_problem(name)
+    if name_problem is not None:
+        raise InputError(f"--name {name_problem}")
     if checkpoint not in ("tiny", "source"):
         raise InputError(f"--checkpoint must be tiny or source, got {checkpoint!r}")
     if tp < 1:
@@ -142,7 +143,7 @@ def port(
             attempts.append((reference_name, result.failure))
             continue
         if result.failure is not None:
-            raise result.failure
+            raise _second_port(result.failure, source, name, out, found.architecture) or result.failure
         break
     else:
         raise _precondition_refusal(found.architecture, attempts)
@@ -166,7 +167,9 @@ def port(
     from autoport_cst.validate import validate_model
 
     runs = [(1, "fp32"), (1, "bf16")] + ([(tp, "fp32")] if tp > 1 else [])
+    _check_validation_tp(outcome, tp)
     for run_tp, dtype in runs:
+        stage(f"validate tp={run_tp} {dtype}")
         t0 = time.perf_counter()
         try:
             report = validate_model(
@@ -196,6 +199,36 @@ def port(
         )
     outcome.seconds["validate"] = time.perf_counter() - start
     return outcome
+
+
+def _second_port(failure, source: str, name: str, out: Path, architecture: str) -> InputError | None:
+    """The registry under ``out`` maps the architecture to another port: say
+    so in ``port``'s terms (one port per architecture per --out)."""
+    if getattr(failure, "step", None) != "register-model":
+        return None
+    return InputError(
+        f"{out} already holds a port of {architecture} (its registry maps each architecture to one "
+        f"port): port into another --out, or map the architecture to this port instead: autoport-cst port "
+        f"{source} --name {name} --out {out} --force\n({failure})"
+    )
+
+
+def _check_validation_tp(outcome: PortOutcome, tp: int) -> None:
+    """A TP size the rules refuse for the validation checkpoint is refused
+    before any rank process starts (the written port stays whole)."""
+    from autoport_cst.research.parallelism import tp_refusal
+    from autoport_cst.validate.api import MAX_TP
+
+    config_path = Path(outcome.checkpoint_dir) / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    refusal = tp_refusal(config, tp) if isinstance(config, dict) else None
+    if tp > MAX_TP:
+        refusal = f"validation runs at most {MAX_TP} local ranks"
+    if refusal is not None:
+        raise InputError(
+            f"--tp {tp}: {refusal} (sizes of the validation checkpoint {config_path}); the port is "
+            f"written under {outcome.package_dir}: validate it at a TP the rules accept"
+        )
 
 
 def _validation_checkpoint(found, out: Path, name: str, checkpoint: str, seed: int) -> Path:

@@ -43,11 +43,11 @@ def test_header_only(tmp_path):
 
 
 def test_header_does_not_read_tensors(tmp_path):
-    # the declared data is absent: a header-only reader does not notice
-    write_header(
-        tmp_path / "model.safetensors",
-        {"w": {"dtype": "F32", "shape": [1000, 1000], "data_offsets": [0, 4_000_000]}},
-    )
+    # the declared data is a hole in a sparse file: only the header is read
+    path = tmp_path / "model.safetensors"
+    write_header(path, {"w": {"dtype": "F32", "shape": [1000, 1000], "data_offsets": [0, 4_000_000]}})
+    with path.open("r+b") as handle:
+        handle.truncate(path.stat().st_size + 4_000_000)
     assert read_checkpoint(tmp_path).parameter_count == 1_000_000
 
 
@@ -55,10 +55,12 @@ def test_sharded_index(tmp_path):
     write_header(
         tmp_path / "model-00001-of-00002.safetensors",
         {"model.layers.0.w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
+        payload=b"\0" * 8,
     )
     write_header(
         tmp_path / "model-00002-of-00002.safetensors",
         {"model.layers.1.w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
+        payload=b"\0" * 8,
     )
     (tmp_path / "model.safetensors.index.json").write_text(
         json.dumps(
@@ -86,6 +88,7 @@ def test_sharded_index(tmp_path):
         (struct.pack("<Q", 5) + b"{nope", "JSON"),
         (struct.pack("<Q", 2) + b"[]", "not a JSON object"),
         (struct.pack("<Q", 25) + b'{"t": {"dtype": "F32"}}  ', "bad entry"),
+        (struct.pack("<Q", 36) + b'{"t": {"dtype": "F32", "shape": []}}', "bad entry"),
     ],
 )
 def test_unreadable_headers(tmp_path, content, message):
@@ -157,22 +160,25 @@ def test_config_says_no_bias_but_checkpoint_has_q_proj_bias(tiny, tmp_path):
 def test_checkpoint_without_the_code_s_bias(tiny, tmp_path):
     from autoport_cst.research import research
 
+    # the code creates q_proj.bias, the checkpoint has none: a port cannot
+    # load it, so the plan is refused naming the tensor and what is stored
     directory = copy_checkpoint(tiny, "qwen2", tmp_path)
     rewrite(directory, lambda s: [s.pop(k) for k in list(s) if k.endswith("q_proj.bias")])
-    result = research(str(directory))
-    conflict = next(c for c in result.conflicts if c.field == "attention.qkv_bias")
-    assert {c.source: c.value for c in conflict.claims} == {"code": True, "checkpoint": False}
+    with pytest.raises(InputError) as caught:
+        research(str(directory))
+    message = str(caught.value)
+    assert "self_attn.q_proj.bias" in message and "model.layers.0.self_attn.k_proj.bias (32,)" in message
+    assert caught.value.position.path.endswith("model.safetensors")
 
 
 def test_untied_config_without_stored_head(tiny, tmp_path):
     from autoport_cst.research import research
 
+    # an untied model without its head: refused, the head named
     directory = copy_checkpoint(tiny, "llama", tmp_path)
     rewrite(directory, lambda s: s.pop("lm_head.weight"))
-    result = research(str(directory))
-    conflict = next(c for c in result.conflicts if c.field == "embedding.tied")
-    assert conflict.severity == "error"
-    assert result.spec.checkpoint.lm_head_stored is False
+    with pytest.raises(InputError, match=r"no tensor for lm_head\.weight .*keys present: model\.embed_tokens"):
+        research(str(directory))
 
 
 def test_tied_config_with_stored_head_is_a_warning(tiny, tmp_path):

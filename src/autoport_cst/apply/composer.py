@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoport_cst.apply.reference import Reference
-from autoport_cst.errors import InputError, MultiInputError, Position, UnrealizableDiffError
+from autoport_cst.errors import InputError, MultiInputError, Position, UnrealizableDiffError, did_you_mean
 from autoport_cst.plan import Plan
 from autoport_cst.spec import FieldDiff, diff_specs, to_json
 from autoport_cst.transform import Codemod, PortContext
@@ -82,7 +82,8 @@ def compose(plan: Plan, reference: Reference, plan_source: str = "<plan>") -> Co
             known = ", ".join(codemods)
             errors.append(
                 InputError(
-                    f"unknown codemod {step.codemod!r}; known codemods: {known}",
+                    f"unknown codemod {step.codemod!r}{did_you_mean(step.codemod, codemods)}; "
+                    f"known codemods: {known}",
                     Position(plan_source, json_path=f"{path}.codemod"),
                 )
             )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoport_cst.errors import InputError, MultiInputError, Position
+from autoport_cst.errors import InputError, MultiInputError, Position, did_you_mean
 from autoport_cst.plan.naming import ARCHITECTURE_RE, CLASS_PREFIX_RE, MODEL_NAME_RE
 from autoport_cst.spec import SPEC_VERSION, ArchSpec, from_json, get_field, leaf_fields, schema_of, to_json
 from autoport_cst.transform.roles import file_role
@@ -125,7 +125,10 @@ def resolve_reference(ref: str) -> Path:
             )
         return path
     known = ", ".join(builtins) or "none"
-    raise InputError(f"unknown reference {ref!r}: not a built-in reference ({known}) nor a directory")
+    raise InputError(
+        f"unknown reference {ref!r}: not a built-in reference ({known}) nor a directory"
+        + did_you_mean(ref, builtins)
+    )
 
 
 def load_reference(ref: str) -> Reference:

@@ -66,7 +66,7 @@ def apply_command(plan_path, ref, out_dir, show_diff, check, force, output_forma
     applied to every file of the reference package, and the port is written
     with its registry entry, an example and a logit test: all of it or
     nothing. Exit codes: 0 done, 1 `--check` found differences, 2 bad input
-    or a failed codemod precondition.
+    or a failed codemod precondition (nothing written), 130 interrupted.
     """
     from autoport_cst.apply import build_port, differences, load_reference, write_port
     from autoport_cst.apply.engine import REGISTRY
@@ -96,6 +96,12 @@ def apply_command(plan_path, ref, out_dir, show_diff, check, force, output_forma
         replace_registry_entry=force,
     )
     if result.failure is not None:
+        if getattr(result.failure, "step", None) == "register-model" and out is not None:
+            raise InputError(
+                f"{out} already holds a port of {plan.architecture} (its registry maps each "
+                f"architecture to one port): apply into another --out, or map the architecture to this "
+                f"port instead: autoport-cst apply --plan {plan_path} --out {out} --force\n({result.failure})"
+            )
         raise result.failure
 
     if show_diff:

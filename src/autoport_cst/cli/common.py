@@ -1,8 +1,21 @@
-"""Helpers shared by the CLI commands: consoles and the error boundary."""
+"""Helpers shared by the CLI commands: the exit codes, consoles and the error
+boundary.
+
+The exit codes mean one thing each, in every command:
+
+- 0: done (the port validates, the plan is written, the files are clean);
+- 1: the result is written and it is wrong: the port does not validate or
+  cannot load a valid checkpoint (``port``, ``validate``), violations remain
+  (``lint``), files differ (``apply --check``);
+- 2: the user's input is wrong (a path, a plan, a name, a TP size the rules
+  refuse, a corrupt checkpoint), or an internal error; nothing was written;
+- 130: interrupted (Ctrl-C); nothing is left half-written.
+"""
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -16,18 +29,28 @@ F = TypeVar("F", bound=Callable[..., Any])
 EXIT_OK = 0
 EXIT_FOUND = 1
 EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+# Width of output that goes to a file or a pipe (rich's default is 80
+# columns, which clips the tables of a CI log); COLUMNS still wins.
+PIPE_WIDTH = 200
+
+
+def _console(stderr: bool):
+    from rich.console import Console
+
+    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console.width = PIPE_WIDTH
+    return console
 
 
 def stdout_console():
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=True)
+    return _console(stderr=False)
 
 
 def stderr_console():
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False, soft_wrap=True)
+    return _console(stderr=True)
 
 
 def report_error(error: BaseException) -> None:
@@ -42,7 +65,9 @@ def report_error(error: BaseException) -> None:
 
 
 def error_boundary(func: F) -> F:
-    """Turn an AutoportError into one clear message on stderr and exit code 2."""
+    """Turn an AutoportError into one clear message on stderr and exit code 2.
+    Ctrl-C and click's own exits pass through (``LazyGroup.invoke`` maps
+    them)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -51,7 +76,7 @@ def error_boundary(func: F) -> F:
         except AutoportError as error:
             report_error(error)
             sys.exit(EXIT_ERROR)
-        except (click.exceptions.Exit, click.ClickException, SystemExit):
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
             raise
         except Exception as error:  # an internal error is still exit code 2
             report_error(RuntimeError(f"internal error: {type(error).__name__}: {error}"))

@@ -150,7 +150,8 @@ def _lint(
             _err(f"{result.path}: note: {problem.message}")
     for error in report.errors:
         _err(f"error: {error}")
-    _summary(report, diagnostics, fix, diff, unsafe)
+    fixable_count = 0 if fix or diff else _fixable_count(report, options, unsafe)
+    _summary(report, diagnostics, fix, diff, unsafe, fixable_count)
 
     if report.errors:
         sys.exit(EXIT_ERROR)
@@ -180,9 +181,23 @@ def _print_diffs(report) -> None:
         )
 
 
-def _summary(report, diagnostics, fix: bool, diff: bool, unsafe: bool) -> None:
-    from autoport_cst.lint.output import fixable
+def _fixable_count(report, options, unsafe: bool) -> int:
+    """How many findings ``--fix`` would fix: the fixes run dry on the files
+    whose findings offer one, since an offered fix can turn out not to apply
+    (lazy-rope on a class that keeps using the tensor it would move)."""
+    from dataclasses import replace
 
+    from autoport_cst.lint.output import fixable
+    from autoport_cst.lint.runner import run
+
+    paths = [r.path for r in report.results if any(fixable(d, unsafe) for d in r.diagnostics)]
+    if not paths:
+        return 0
+    dry = run(paths, replace(options, diff=True, fix=False))
+    return sum(r.fixed_count for r in dry.results)
+
+
+def _summary(report, diagnostics, fix: bool, diff: bool, unsafe: bool, can_fix: int) -> None:
     files = len(report.results)
     errors = sum(1 for d in diagnostics if d.severity == "error")
     warnings = sum(1 for d in diagnostics if d.severity == "warning")
@@ -206,7 +221,6 @@ def _summary(report, diagnostics, fix: bool, diff: bool, unsafe: bool) -> None:
     if not errors and not warnings:
         _err(f"All checks passed! ({checked})")
         return
-    can_fix = sum(1 for d in diagnostics if fixable(d, unsafe))
     hidden = sum(1 for d in diagnostics if d.fix is not None and not d.fix.safe and not unsafe)
     parts = [f"Found {errors} error{'s' if errors != 1 else ''}"]
     if warnings:

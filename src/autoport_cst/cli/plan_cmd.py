@@ -5,7 +5,8 @@ so importing ``autoport_cst.cli`` stays cheap.
 
 Exit codes: 0 plan written (or, with ``--review``, declined), 2 bad input
 (missing or malformed config.json, no modeling source for the model_type,
-an unreadable safetensors header, an invalid name); nothing is written then.
+an unreadable or truncated safetensors file, an invalid name, a --review
+without an answer); nothing is written then; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -18,6 +19,13 @@ import click
 
 from autoport_cst.atomic import write_atomic
 from autoport_cst.cli.common import error_boundary, stderr_console, stdout_console
+from autoport_cst.cli.preflight import (
+    check_model_name,
+    check_output_file,
+    check_reference,
+    check_source,
+    require_extra,
+)
 from autoport_cst.errors import InputError
 
 
@@ -56,29 +64,27 @@ def plan_command(source: str, name: str, output: Path, ref: str | None, review: 
     loaded); it picks the reference with the smallest realizable diff and
     the tensor/expert-parallel sizes for a trn2.48xlarge.
     """
+    check_model_name(name)
+    check_output_file(output, "-o")
+    check_reference(ref)  # a bad --ref is bad input, before any research
+    check_source(source)
+    require_extra("plan", ("transformers",))
     from autoport_cst.plan import from_research, load_plan, plan_to_json
-    from autoport_cst.plan.naming import MODEL_NAME_RE
     from autoport_cst.research import choose_reference, research
 
-    if not MODEL_NAME_RE.match(name):
-        raise InputError(f"--name {name!r} is not snake_case ({MODEL_NAME_RE.pattern})")
     if ref:
         from autoport_cst.apply.reference import load_reference
 
-        load_reference(ref)  # a bad --ref is bad input, before any research
+        load_reference(ref)
     result = research(source)
     choice = choose_reference(result.spec, name, result.architecture, [ref] if ref else None)
     description = _description(result, choice)
     plan = from_research(result, name, choice.chosen, description)  # the written plan always loads
     data = plan_to_json(plan)
     console = stdout_console()
-    if not console.is_terminal:
-        console.width = max(console.width, 140)  # logs and pipes: keep table rows whole
     print_analysis(console, result, choice)
     if review:
-        answer = click.prompt(
-            f"Write {output}? [y/N] or the path of an edited plan", default="N", show_default=False
-        ).strip()
+        answer = _ask(f"Write {output}? [y/N] or the path of an edited plan")
         if answer.lower() in ("y", "yes"):
             pass
         elif answer.lower() in ("", "n", "no"):
@@ -90,6 +96,21 @@ def plan_command(source: str, name: str, output: Path, ref: str | None, review: 
             stderr_console().print(f"using the edited plan {answer}")
     write_atomic(output, json.dumps(data, indent=2) + "\n")
     console.print(f"wrote {output} (reference {plan.reference or 'none'}, class prefix {plan.prefix})")
+
+
+def _ask(question: str) -> str:
+    """The answer of --review, read from the terminal (or a pipe); an input
+    that ends first is bad input: nothing is written."""
+    try:
+        return click.prompt(question, default="N", show_default=False).strip()
+    except click.exceptions.Abort as abort:
+        if isinstance(abort.__cause__ or abort.__context__, KeyboardInterrupt):
+            raise KeyboardInterrupt from None
+        raise InputError(
+            "--review asks before writing, but stdin ended without an answer (no terminal?): "
+            "plan not written; run it in a terminal, pipe the answer in (echo y | autoport-cst plan "
+            "... --review), or leave out --review"
+        ) from None
 
 
 def _description(result, choice) -> str:

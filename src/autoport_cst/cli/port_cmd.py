@@ -8,7 +8,17 @@ from pathlib import Path
 
 import click
 
+from autoport_cst.atomic import write_atomic
 from autoport_cst.cli.common import EXIT_FOUND, EXIT_OK, error_boundary, stderr_console, stdout_console
+from autoport_cst.cli.preflight import (
+    check_model_name,
+    check_output_file,
+    check_reference,
+    check_source,
+    require_extra,
+)
+from autoport_cst.cli.progress import StageProgress
+from autoport_cst.errors import InputError
 
 
 @click.command("port")
@@ -59,43 +69,59 @@ def port_command(source, name, out_dir, tp, ref, checkpoint, steps, seed, force,
     Research the model, write the plan, apply the codemods to the closest
     reference, and validate the port on CPU against transformers (TP=1 in fp32
     and bf16, plus fp32 at --tp). Exit 0 only when every validation run is
-    equivalent; 1 when the port does not validate (naming the first diverging
-    component); 2 on bad input or an architecture with a feature no codemod
-    realizes (named).
+    equivalent; 1 when the port is written and does not validate (naming the
+    first diverging component, or why it cannot load the checkpoint); 2 on
+    bad input (nothing written; a TP size the tensor-parallel rules refuse, a
+    corrupt checkpoint) or an architecture with a feature no codemod realizes
+    (named); 130 on Ctrl-C.
     """
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    _check_input(source, name, tp, ref, checkpoint, steps, json_path)
+    from autoport_cst.port import port
 
-    from autoport_cst.port import STAGES, port
-
-    console = stderr_console()
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
-        task = progress.add_task("starting", total=len(STAGES))
-
-        def on_stage(label: str) -> None:
-            progress.update(task, description=label, advance=0 if label == STAGES[0] else 1)
-
-        outcome = port(
-            source,
-            name,
-            out_dir,
-            tp=tp,
-            ref=ref,
-            checkpoint=checkpoint,
-            steps=steps,
-            seed=seed,
-            force=force,
-            on_stage=on_stage,
-        )
+    with StageProgress("port") as progress:
+        try:
+            outcome = port(
+                source,
+                name,
+                out_dir,
+                tp=tp,
+                ref=ref,
+                checkpoint=checkpoint,
+                steps=steps,
+                seed=seed,
+                force=force,
+                on_stage=progress.stage,
+            )
+        except KeyboardInterrupt:
+            if progress.current not in (None, "research", "apply"):
+                stderr_console().print(
+                    f"interrupted while validating: the port under {out_dir} is written whole but "
+                    "not validated (run `autoport-cst validate` on it, or port again)",
+                    markup=False,
+                )
+            raise
     _print(outcome)
     if json_path is not None:
-        json_path.write_text(json.dumps(outcome.to_dict(), indent=2) + "\n", encoding="utf-8")
+        write_atomic(json_path, json.dumps(outcome.to_dict(), indent=2) + "\n")
     sys.exit(EXIT_OK if outcome.validated else EXIT_FOUND)
+
+
+def _check_input(source, name, tp, ref, checkpoint, steps, json_path) -> None:
+    """Everything about the input that can be known before torch is imported."""
+    check_model_name(name)
+    if steps < 1:
+        raise InputError(f"--steps must be at least 1, got {steps}")
+    check_output_file(json_path, "--json")
+    check_reference(ref)
+    config = check_source(source, tp)
+    if checkpoint == "source" and (config is None or not any(_source_dir(source).glob("*.safetensors"))):
+        raise InputError(f"{source}: --checkpoint source needs a local directory with safetensors")
+    require_extra("port")
+
+
+def _source_dir(source: str) -> Path:
+    path = Path(source)
+    return path if path.is_dir() else path.parent
 
 
 def _print(outcome) -> None:
@@ -121,6 +147,13 @@ def _print(outcome) -> None:
             f"{run.seconds:.1f}",
         )
     console.print(table)
+    for run in outcome.runs:
+        if not run.equivalent:  # why, in full: the table names only where
+            console.print(f"tp={run.tp} {run.dtype}: {run.summary}", markup=False)
+    from autoport_cst.port_variants import config_check_lines
+
+    for line in config_check_lines(outcome):  # configs the plan was not made on
+        console.print(line, markup=False)
     total = sum(outcome.seconds.values())
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in outcome.seconds.items())
     console.print(f"total {total:.1f}s ({stages})")

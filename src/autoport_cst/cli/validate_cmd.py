@@ -5,7 +5,8 @@ torch and transformers are imported inside the commands only, so importing
 
 Exit codes of ``validate``: 0 equivalent within the documented tolerances
 (docs/validation.md), 1 not equivalent (the first diverging component, or the
-stage where the port failed, is named), 2 bad input.
+stage where the port failed, is named), 2 bad input (checked before torch is
+imported), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ from pathlib import Path
 import click
 
 from autoport_cst.atomic import write_atomic
-from autoport_cst.cli.common import (
-    EXIT_ERROR,
-    error_boundary,
-    stderr_console,
-    stdout_console,
-)
+from autoport_cst.cli.common import EXIT_ERROR, error_boundary, stdout_console
+from autoport_cst.cli.preflight import check_checkpoint_dir, check_output_file, require_extra
+from autoport_cst.cli.progress import StageProgress
 from autoport_cst.errors import InputError
+from autoport_cst.validate.package import check_package_dir
 
 
 @click.command("tiny")
@@ -43,14 +42,20 @@ def tiny_command(arch_or_config: str, outdir: Path, seed: int, settings: tuple[s
     model_type (llama) or a config.json path. The same seed gives
     byte-identical tensors.
     """
-    from autoport_cst.validate.tiny import build_tiny_checkpoint
-
     dimensions = {}
     for setting in settings:
         name, _, value = setting.partition("=")
         if not name or not value.lstrip("-").isdigit():
             raise InputError(f"--set takes NAME=INT, got {setting!r}")
         dimensions[name] = int(value)
+    looks_like_path = arch_or_config.endswith(".json") or "/" in arch_or_config
+    if looks_like_path and not Path(arch_or_config).exists():
+        raise InputError(f"{arch_or_config}: no such config file or directory")
+    if outdir.exists() and not outdir.is_dir():
+        raise InputError(f"{outdir}: exists and is not a directory")
+    require_extra("tiny")
+    from autoport_cst.validate.tiny import build_tiny_checkpoint
+
     result = build_tiny_checkpoint(arch_or_config, outdir, seed=seed, dimensions=dimensions)
     stdout_console().print(
         f"wrote {result.directory}/config.json and model.safetensors: {result.architecture} "
@@ -179,38 +184,23 @@ def validate_command(
     """Run the port in MODEL_DIR and transformers on the same checkpoint
     through prefill and decode, and compare them.
 
-    Exit code 0: equivalent; 1: not equivalent (names the first diverging
-    component); 2: bad input.
+    Exit code 0: equivalent; 1: not equivalent, or the port cannot load a
+    checkpoint that transformers loads (names the first diverging component,
+    or the parameter and the key); 2: bad input (a TP size the
+    tensor-parallel rules refuse, a truncated safetensors file...), checked
+    before any process starts; 130: interrupted.
     """
     import sys
 
-    from rich.progress import (
-        BarColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    from autoport_cst.validate.api import STAGES, validate_model
-
     if steps < 1:
         raise InputError(f"--steps must be at least 1, got {steps}")
-    console = stderr_console()
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("[bold]validate[/] {task.description}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
-        task = progress.add_task("starting", total=len(STAGES))
+    check_package_dir(model_dir)
+    check_checkpoint_dir(checkpoint_dir, tp)
+    check_output_file(json_path, "--json")
+    require_extra("validate")
+    from autoport_cst.validate.api import validate_model
 
-        def on_stage(stage: str) -> None:
-            done = STAGES.index(stage) if stage in STAGES else 0
-            progress.update(task, description=stage, completed=done)
-
+    with StageProgress("validate") as progress:
         report = validate_model(
             model_dir,
             checkpoint_dir,
@@ -218,7 +208,7 @@ def validate_command(
             dtype=dtype,
             steps=steps,
             seed=seed,
-            on_stage=on_stage,
+            on_stage=progress.stage,
             ep=ep,
             prefill=prefill,
             kv_cache_dtype=kv_cache_dtype,
@@ -230,7 +220,6 @@ def validate_command(
             dcp_interleave=dcp_interleave,
             prefill_dcp=prefill_dcp,
         )
-        progress.update(task, completed=len(STAGES), description="done")
 
     if json_path is not None:
         write_atomic(json_path, report.to_json())

@@ -3,11 +3,25 @@ and the Hugging Face architecture string."""
 
 from __future__ import annotations
 
+import keyword
 import re
 
 MODEL_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 CLASS_PREFIX_RE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 ARCHITECTURE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def model_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a port (its package directory, imported as
+    ``vllm_neuron.model.<name>``), or None."""
+    if not MODEL_NAME_RE.match(name):
+        return f"{name!r} is not snake_case ({MODEL_NAME_RE.pattern})"
+    if keyword.iskeyword(name):
+        return (
+            f"{name!r} is a Python keyword: the port's package vllm_neuron.model.{name} could not be "
+            f"imported; choose another name (e.g. {name}_model)"
+        )
+    return None
 
 
 def derive_class_prefix(model_name: str) -> str:

@@ -19,6 +19,7 @@ from autoport_cst.plan.naming import (
     CLASS_PREFIX_RE,
     MODEL_NAME_RE,
     derive_class_prefix,
+    model_name_problem,
 )
 from autoport_cst.spec import SPEC_VERSION, ArchSpec, JsonProblem, from_json, schema_of, to_json
 
@@ -122,8 +123,9 @@ def _semantic_problems(plan: Plan) -> list[JsonProblem]:
                 f"unsupported spec version {plan.spec_version}; expected {SPEC_VERSION}",
             )
         )
-    if not MODEL_NAME_RE.match(plan.name):
-        problems.append(JsonProblem("$.name", f"{plan.name!r} is not snake_case ({MODEL_NAME_RE.pattern})"))
+    name_problem = model_name_problem(plan.name)
+    if name_problem is not None:
+        problems.append(JsonProblem("$.name", name_problem))
     if not ARCHITECTURE_RE.match(plan.architecture):
         problems.append(JsonProblem("$.architecture", f"{plan.architecture!r} is not a Python class name"))
     if plan.class_prefix is not None and not CLASS_PREFIX_RE.match(plan.class_prefix):

@@ -2,7 +2,8 @@
 
 A safetensors file starts with an 8-byte little-endian header length and a
 JSON header mapping each tensor name to its dtype, shape and byte range; no
-tensor is read. Sharded checkpoints are found through
+tensor is read, but a file whose size is not where its header's byte ranges
+end (a truncated download) is refused. Sharded checkpoints are found through
 ``model.safetensors.index.json`` (its ``weight_map``), or as every
 ``*.safetensors`` file of the directory.
 """
@@ -110,19 +111,46 @@ def read_safetensors_header(path: str | Path) -> tuple[dict[str, TensorInfo], di
         raise InputError("unreadable safetensors header: not a JSON object", Position(str(path)))
     metadata = header.pop("__metadata__", None) or {}
     tensors: dict[str, TensorInfo] = {}
+    data_end = 0
     for name, entry in header.items():
-        if (
-            not isinstance(entry, dict)
-            or not isinstance(entry.get("dtype"), str)
-            or not isinstance(entry.get("shape"), list)
-            or not all(isinstance(d, int) and d >= 0 for d in entry["shape"])
-        ):
+        if not _valid_entry(entry):
             raise InputError(
                 f"unreadable safetensors header: bad entry for tensor {name!r}",
                 Position(str(path), json_path=f"$[{json.dumps(name)}]"),
             )
         tensors[name] = TensorInfo(name, entry["dtype"], tuple(entry["shape"]), path.name)
+        data_end = max(data_end, entry["data_offsets"][1])
+    _check_size(path, size, 8 + length + data_end)
     return tensors, metadata if isinstance(metadata, dict) else {}
+
+
+def _valid_entry(entry: Any) -> bool:
+    """A tensor entry: dtype, shape and a [begin, end] byte range."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str):
+        return False
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        return False
+    return (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+        and 0 <= offsets[0] <= offsets[1]
+    )
+
+
+def _check_size(path: Path, size: int, expected: int) -> None:
+    """The file must end where its header's last tensor ends: a shorter file
+    was cut off (an interrupted download or copy), a longer one is not what
+    the header describes."""
+    if size == expected:
+        return
+    what = "truncated" if size < expected else "longer than its header describes"
+    raise InputError(
+        f"corrupt safetensors file ({what}): its header's tensors end at byte {expected:,}, "
+        f"the file has {size:,} bytes (expected {expected:,}, actual {size:,})",
+        Position(str(path)),
+    )
 
 
 def read_checkpoint(directory: str | Path) -> CheckpointHeader | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoport_cst.errors import InputError, Position
+from autoport_cst.errors import InputError, Position, did_you_mean
 from autoport_cst.research.findings import CONFIG, DERIVED, INFERRED, Finding, known, unknown
 
 EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "norm_eps", "epsilon")
@@ -109,7 +109,8 @@ def resolve_config(raw: dict[str, Any], path: str) -> Any:
     model_type = raw["model_type"]
     if model_type not in CONFIG_MAPPING:
         raise InputError(
-            f"model_type {model_type!r} is not known to the installed transformers: no modeling source",
+            f"model_type {model_type!r} is not known to the installed transformers: no modeling source"
+            + did_you_mean(model_type, CONFIG_MAPPING),
             Position(path, json_path="$.model_type"),
         )
     values = {k: v for k, v in raw.items() if k not in ("model_type", "transformers_version")}

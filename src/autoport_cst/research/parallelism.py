@@ -186,3 +186,54 @@ def plan_parallelism(
         ep_options=tuple(ep_options),
         reason=reason,
     )
+
+
+# config.json spellings of the sizes the rules check (the first present is used)
+_HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
+_KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _first_int(values: dict, keys: tuple[str, ...]) -> int | None:
+    found = (values.get(key) for key in keys)
+    return next((v for v in found if isinstance(v, int) and not isinstance(v, bool)), None)
+
+
+def config_dims(config: dict) -> ParallelDims | None:
+    """The sizes the rules check, read from a config.json's values without
+    transformers (a multimodal config's ``text_config`` when the top level
+    has no heads); None when no attention heads are named."""
+    if _first_int(config, _HEAD_KEYS) is None and isinstance(config.get("text_config"), dict):
+        config = config["text_config"]
+    heads = _first_int(config, _HEAD_KEYS)
+    if heads is None:
+        return None
+    kv_heads = 1 if config.get("multi_query") is True else _first_int(config, _KV_HEAD_KEYS)
+    experts = _first_int(config, _EXPERT_KEYS)
+    dense = _first_int(config, ("intermediate_size", "ffn_hidden_size", "n_inner"))
+    expert_size = _first_int(config, ("moe_intermediate_size",)) if experts else None
+    return ParallelDims(
+        num_heads=heads,
+        num_kv_heads=kv_heads or heads,
+        intermediate_size=expert_size if expert_size is not None else dense,
+        vocab_size=_first_int(config, ("vocab_size",)) or 0,
+        num_experts=experts,
+        shared_intermediate_size=_first_int(config, ("shared_expert_intermediate_size",)),
+        dense_intermediate_size=dense if expert_size is not None else None,
+    )
+
+
+def tp_refusal(config: dict, tp: int) -> str | None:
+    """Why the rules refuse tensor-parallel size ``tp`` for the model of a
+    config.json (its failures, and the sizes they accept up to ``tp``), or
+    None: TP 1 shards nothing, and a config without attention heads is left
+    to the port."""
+    dims = config_dims(config)
+    if tp == 1 or dims is None:
+        return None
+    check = check_tp(tp, dims, 0)
+    if check.valid:
+        return None
+    valid = [n for n in range(1, max(tp, 8) + 1) if check_tp(n, dims, 0).valid]
+    accepted = f"; the rules accept TP {', '.join(map(str, valid))}" if valid else ""
+    return f"TP {tp} breaks the tensor-parallel rules: {'; '.join(check.failures)}{accepted}"

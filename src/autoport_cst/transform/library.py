@@ -8,7 +8,7 @@ import importlib
 import pkgutil
 from functools import cache
 
-from autoport_cst.errors import InputError
+from autoport_cst.errors import InputError, did_you_mean
 from autoport_cst.transform.base import Codemod
 
 
@@ -40,5 +40,6 @@ def get_codemod(codemod_id: str) -> type[Codemod]:
     codemods = library()
     if codemod_id not in codemods:
         known = ", ".join(codemods)
-        raise InputError(f"unknown codemod {codemod_id!r}; known codemods: {known}")
+        hint = did_you_mean(codemod_id, codemods)
+        raise InputError(f"unknown codemod {codemod_id!r}{hint}; known codemods: {known}")
     return codemods[codemod_id]

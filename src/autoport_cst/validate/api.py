@@ -3,9 +3,12 @@
 ``validate_model(model_dir, checkpoint_dir, tp=1, dtype="fp32", steps=16,
 ep=1)`` returns a ``ValidationReport`` (``report.equivalent``, ``report.exit_code``,
 ``report.first_diverging``, ``report.to_json()``). Bad input (paths, options,
-a checkpoint that lacks a tensor or has one of the wrong shape) raises
-``autoport_cst.errors.InputError``; a port that crashes or breaks a hardware
-rule gives a report that is not equivalent and says where (``failure``).
+a TP size the tensor-parallel rules refuse, a truncated safetensors file, a
+checkpoint that lacks a tensor or has one of the wrong shape) raises
+``autoport_cst.errors.InputError`` before any rank process starts; a port
+that crashes, breaks a hardware rule or cannot load a checkpoint that
+transformers loads gives a report that is not equivalent and says where
+(``failure``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from pathlib import Path
 import torch
 
 from autoport_cst.errors import InputError
+from autoport_cst.research.checkpoint import read_checkpoint
+from autoport_cst.research.parallelism import tp_refusal
 
 from . import compare
 from .driver import PREFILL_MODES, PortFailure, PortOutput, PortSession, port_hf_config
@@ -63,6 +68,7 @@ def _check_inputs(
         raise InputError(f"{checkpoint}: no config.json")
     if not any(checkpoint.glob("*.safetensors")):
         raise InputError(f"{checkpoint}: no .safetensors file")
+    read_checkpoint(checkpoint)  # every header, and each file's size against it
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
@@ -71,6 +77,9 @@ def _check_inputs(
         raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if not 1 <= tp <= MAX_TP:
         raise InputError(f"--tp must be between 1 and {MAX_TP}, got {tp}")
+    refusal = tp_refusal(config, tp) if isinstance(config, dict) else None
+    if refusal is not None:
+        raise InputError(f"--tp {tp}: {refusal} (sizes from {config_path})")
     _check_expert_parallel(ep, tp, config, config_path)
     return package, checkpoint, config
 
@@ -386,8 +395,18 @@ def _transformers_version() -> str:
     return transformers.__version__
 
 
-def _checkpoint_input_error(error: Exception) -> InputError:
-    return InputError(f"the port cannot load the checkpoint: {error}")
+def _checkpoint_load_failure(checkpoint: Path, error: Exception) -> Exception:
+    """A port that cannot load the checkpoint: bad input when transformers
+    refuses the checkpoint too (a missing or misshapen tensor), else the
+    port's failure at ``load`` (exit code 1); the message names the
+    parameter and the checkpoint key."""
+    try:
+        load_reference(checkpoint, torch.float32)
+    except InputError as refused:
+        return InputError(
+            f"the port cannot load the checkpoint: {error}\n(transformers refuses it too: {refused})"
+        )
+    return PortFailure("load", f"the port cannot load a checkpoint transformers loads: {error}")
 
 
 def _run_in_process(
@@ -420,7 +439,7 @@ def _run_in_process(
                 kv_cache_dtype=KV_CACHE_DTYPES.get(run.kv_cache_dtype),
             )
         except CheckpointError as error:
-            raise _checkpoint_input_error(error) from error
+            raise _checkpoint_load_failure(checkpoint, error) from error
         timings["port_setup"] = time.perf_counter() - start
         teacher = reference_run([])
         notify("run port")
@@ -459,7 +478,7 @@ def _run_ranks(
             layout=layout if layout.disaggregated else None,
         )
     except RankCheckpointError as error:
-        raise _checkpoint_input_error(error) from error
+        raise _checkpoint_load_failure(checkpoint, error) from error
     timings["port_ranks"] = time.perf_counter() - start
     if layout.disaggregated:
         return merge_layout_outputs(outputs, scenario, layout), teacher, factory_name, description

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from autoport_cst.atomic import atomic_output, write_atomic
-from autoport_cst.errors import InputError
+from autoport_cst.errors import InputError, did_you_mean
 
 from .layer_variants import layer_count_for_variants
 
@@ -107,7 +107,8 @@ def resolve_config(source: str | os.PathLike[str]) -> tuple[Any, str]:
             raise InputError(f"{path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}") from None
         model_type = values.get("model_type")
         if model_type not in CONFIG_MAPPING:
-            raise InputError(f"{path}: unknown or missing model_type {model_type!r}")
+            hint = did_you_mean(model_type, CONFIG_MAPPING) if isinstance(model_type, str) else ""
+            raise InputError(f"{path}: unknown or missing model_type {model_type!r}{hint}")
         values = {k: v for k, v in values.items() if k != "model_type"}
         config = AutoConfig.for_model(model_type, **values)
         architectures = values.get("architectures") or []
@@ -127,9 +128,11 @@ def resolve_config(source: str | os.PathLike[str]) -> tuple[Any, str]:
     model_class = getattr(transformers, text, None)
     config_class = getattr(model_class, "config_class", None)
     if config_class is None or not hasattr(config_class, "model_type"):
+        mapping = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        known = [name for name in (*mapping, *mapping.values()) if isinstance(name, str)]
         raise InputError(
             f"{text!r} is neither a transformers architecture (e.g. LlamaForCausalLM), "
-            "a model_type (e.g. llama) nor a config.json path"
+            f"a model_type (e.g. llama) nor a config.json path{did_you_mean(text, known)}"
         )
     return config_class(), text
 
@@ -310,9 +313,10 @@ def build_tiny_checkpoint(
     _perturb_constant_tensors(state, seed)
 
     config.dtype = torch.float32
-    write_config_json(config, directory / "config.json")
     with atomic_output(directory / "model.safetensors") as tmp:
         save_file(state, str(tmp), metadata={"format": "pt"})
+        # replaced right before the weights: Ctrl-C leaves both files or neither new
+        write_config_json(config, directory / "config.json")
     return TinyCheckpoint(
         directory=directory,
         architecture=architecture,

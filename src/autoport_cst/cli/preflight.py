@@ -1,0 +1,112 @@
+"""Input checks the commands run before they import torch or transformers
+(seconds of imports): paths, names, config.json, the safetensors files, TP
+sizes against the tensor-parallel rules, the hub's reachability, and the
+installed extra. Each raises ``InputError`` (exit code 2) with the file or
+the option it is about; none of them writes anything."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from autoport_cst.errors import InputError, Position
+
+MODEL_EXTRA = "pip install 'autoport-cst[validate]'"
+
+
+def require_extra(command: str, modules: tuple[str, ...] = ("torch", "transformers", "safetensors")) -> None:
+    """Refuse a command whose libraries a core-only install lacks, naming
+    the extra that brings them."""
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        raise InputError(
+            f"`autoport-cst {command}` needs {' and '.join(missing)}, which a core install does not "
+            f"include: {MODEL_EXTRA}"
+        )
+
+
+def check_model_name(name: str, option: str = "--name") -> None:
+    from autoport_cst.plan.naming import model_name_problem
+
+    problem = model_name_problem(name)
+    if problem is not None:
+        raise InputError(f"{option} {problem}")
+
+
+def check_reference(ref: str | None) -> None:
+    """A --ref that is neither a built-in reference nor a reference directory."""
+    if ref:
+        from autoport_cst.apply.reference import resolve_reference
+
+        resolve_reference(ref)
+
+
+def check_source(source: str, tp: int = 1) -> dict | None:
+    """A SOURCE of ``plan`` and ``port``: a checkpoint directory (or its
+    config.json) whose config and safetensors headers read, and whose model
+    the TP rules let split at ``tp``; or a hub id, with the hub reachable.
+    Returns the local config's values (None for a hub id)."""
+    from autoport_cst.research.hub import HUB_ID, check_hub_reachable
+
+    path = Path(source)
+    if not path.exists():
+        if HUB_ID.match(source) and not source.startswith((".", "/", "~")):
+            check_hub_reachable(source)
+            return None
+        raise InputError(f"{source}: no such directory, and not a hub id (owner/name)")
+    if path.is_file() and path.name != "config.json":
+        raise InputError(f"{source}: expected a checkpoint directory (with config.json) or a hub id")
+    directory = path if path.is_dir() else path.parent
+    from autoport_cst.research.checkpoint import read_checkpoint
+    from autoport_cst.research.config_analysis import read_config
+
+    config = read_config(directory / "config.json")
+    read_checkpoint(directory)  # headers, and each file's size against them
+    check_tp(config, tp, directory / "config.json")
+    return config
+
+
+def check_checkpoint_dir(directory: Path, tp: int = 1) -> dict:
+    """The --hf checkpoint of ``validate``: config.json (valid JSON) and
+    safetensors files whose sizes match their headers; TP rules."""
+    from autoport_cst.research.checkpoint import read_checkpoint
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise InputError(f"{directory}: no such checkpoint directory")
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise InputError(f"{directory}: no config.json")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"cannot read {config_path}: {error}") from None
+    except json.JSONDecodeError as error:
+        raise InputError(
+            f"malformed JSON: {error.msg}", Position(str(config_path), error.lineno, error.colno)
+        ) from None
+    if not isinstance(config, dict):
+        raise InputError("config.json must hold a JSON object", Position(str(config_path), json_path="$"))
+    if read_checkpoint(directory) is None:
+        raise InputError(f"{directory}: no .safetensors file")
+    check_tp(config, tp, config_path)
+    return config
+
+
+def check_tp(config: dict, tp: int, config_path: Path) -> None:
+    """--tp against the tensor-parallel rules (research.parallelism), before
+    any rank process starts."""
+    from autoport_cst.research.parallelism import tp_refusal
+
+    if tp < 1:
+        raise InputError(f"--tp must be at least 1, got {tp}")
+    refusal = tp_refusal(config, tp)
+    if refusal is not None:
+        raise InputError(f"--tp {tp}: {refusal} (sizes from {config_path})")
+
+
+def check_output_file(path: Path | None, option: str) -> None:
+    """An output file option (-o, --json) that names a directory."""
+    if path is not None and Path(path).is_dir():
+        raise InputError(f"{option} {path}: is a directory; give a file name")
