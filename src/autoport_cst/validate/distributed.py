@@ -2,23 +2,22 @@
 torch.distributed with the gloo backend, so sharded weight loading and the
 all-gather / reduce-scatter / all-reduce collectives are real.
 
-Each rank is a fresh interpreter (``python -m
-autoport_cst.validate.distributed JOB RANK``), so nothing depends on how the
-caller's ``__main__`` is written. The parent writes the job (a pickled
-``RankJob``), starts the ranks, computes the transformers reference and the
-teacher tokens while they build and load the port, then sends the teacher
-tokens on each rank's stdin. Every rank writes its result (``PortOutput`` or
-an error) to ``rank<N>.pt`` in the job directory. ``merge_rank_outputs``
-reassembles the sequence-parallel slices (a prefill output holding
-``T / tp`` rows on each rank) in rank order.
+The ranks are forked from this process once it has imported what a rank
+runs (on Linux), or started as fresh interpreters (``python -m
+autoport_cst.validate.distributed JOB RANK``): see ``rank_start``. Either
+way nothing depends on how the caller's ``__main__`` is written. The parent
+writes the job (a pickled ``RankJob``), starts the ranks, computes the
+transformers reference and the teacher tokens while they build and load the
+port, then sends the teacher tokens through each rank's pipe. Every rank
+writes its result (``PortOutput`` or an error) to ``rank<N>.pt`` in the job
+directory. ``merge_rank_outputs`` reassembles the sequence-parallel slices
+(a prefill output holding ``T / tp`` rows on each rank) in rank order.
 """
 
 from __future__ import annotations
 
-import os
 import pickle
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -36,6 +35,7 @@ from autoport_cst.errors import InputError
 
 from .driver import PortFailure, PortOutput
 from .layout import ParallelLayout
+from .rank_start import start_forked_ranks, start_interpreter_ranks, start_method
 from .scenario import Scenario
 from .standin.dtype_utils import KV_CACHE_DTYPES
 
@@ -70,7 +70,7 @@ def _free_port() -> int:
 # -- the rank process ------------------------------------------------------------
 
 
-def _rank_main(job_path: Path, rank: int) -> int:
+def _rank_main(job_path: Path, rank: int, teacher_stream: BinaryIO) -> int:
     import torch.distributed as dist
 
     job: RankJob = pickle.loads(job_path.read_bytes())
@@ -119,7 +119,7 @@ def _rank_main(job_path: Path, rank: int) -> int:
                         )
                     (job_path.parent / f"rank{rank}.loaded").touch()
                     try:
-                        teacher = pickle.load(sys.stdin.buffer)
+                        teacher = pickle.load(teacher_stream)
                     except EOFError:
                         return 0  # the parent stopped before the run
                     if teacher is None:
@@ -234,9 +234,6 @@ def run_port_ranks(
     """Run the port on ``world_size`` ranks (with ``ep_degree`` expert
     partitions among them). Returns the per-rank outputs, the factory name,
     the stand-in description and the teacher tokens."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([_package_root(), *filter(None, [env.get("PYTHONPATH")])])
-    env.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory(prefix="autoport-validate-") as tmp:
         job_path = Path(tmp) / "job.pkl"
         job = RankJob(
@@ -252,49 +249,49 @@ def run_port_ranks(
             layout,
         )
         job_path.write_bytes(pickle.dumps(job))
-        processes = [
-            subprocess.Popen(
-                [sys.executable, "-m", "autoport_cst.validate.distributed", str(job_path), str(rank)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                env=env,
-            )
-            for rank in range(world_size)
-        ]
+        ranks = _start_ranks(job, job_path)
         try:
             try:
                 teacher = compute_teacher()
             except Exception:
                 # A rank's own load error (it names the parameter) explains
                 # more than the reference's: prefer it when there is one.
-                _raise_first_load_error(processes, Path(tmp), world_size)
+                _raise_first_load_error(ranks, Path(tmp), world_size)
                 raise
             payload = pickle.dumps(teacher)
-            for process in processes:
-                try:
-                    process.stdin.write(payload)
-                    process.stdin.close()
-                except (BrokenPipeError, OSError):
-                    pass  # the rank already stopped; its result file says why
-            results = _collect(processes, Path(tmp), world_size)
+            for rank in ranks:
+                rank.send(payload)
+            results = _collect(ranks, Path(tmp), world_size)
         finally:
-            for process in processes:
-                if process.poll() is None:
-                    process.kill()
-                process.wait(timeout=10)
-                if process.stderr:
-                    process.stderr.close()
-                if process.stdin and not process.stdin.closed:
-                    try:
-                        process.stdin.close()
-                    except OSError:
-                        pass
+            for rank in ranks:
+                rank.stop()
     outputs = [results[r]["output"] for r in range(world_size)]
     return outputs, results[0]["factory"], results[0]["stand_in"], teacher
 
 
-def _raise_first_load_error(processes: list[subprocess.Popen], directory: Path, world_size: int) -> None:
+def _start_ranks(job: RankJob, job_path: Path) -> list:
+    """Fork the ranks from this process, with what they import imported
+    first, or start them as fresh interpreters (``rank_start``)."""
+    if start_method() == "interpreter":
+        return start_interpreter_ranks(job_path, job.world_size, _package_root())
+    _preload_rank_modules(job)
+    return start_forked_ranks(job_path, job.world_size, _rank_main)
+
+
+def _preload_rank_modules(job: RankJob) -> None:
+    """Import, in the parent, what a rank imports before its work: the
+    collectives, the stand-in, the driver and the transformers configuration
+    module of the checkpoint's architecture."""
+    import torch.distributed  # noqa: F401
+
+    from . import layout_session, package, standin  # noqa: F401
+    from .driver import port_hf_config
+    from .standin import checkpoints  # noqa: F401
+
+    port_hf_config(job.checkpoint_dir, _DTYPES[job.dtype_name])
+
+
+def _raise_first_load_error(ranks: list, directory: Path, world_size: int) -> None:
     deadline = time.monotonic() + WORKER_TIMEOUT_S
     pending = set(range(world_size))
     while pending and time.monotonic() < deadline:
@@ -305,17 +302,17 @@ def _raise_first_load_error(processes: list[subprocess.Popen], directory: Path, 
                 if result["kind"] == "error" and result["category"] in ("checkpoint", "port"):
                     _raise_rank_error(rank, result)
                 pending.discard(rank)
-            elif (directory / f"rank{rank}.loaded").exists() or processes[rank].poll() is not None:
+            elif (directory / f"rank{rank}.loaded").exists() or ranks[rank].exit_code() is not None:
                 pending.discard(rank)
         time.sleep(0.01)
 
 
-def _collect(processes: list[subprocess.Popen], directory: Path, world_size: int) -> dict[int, dict]:
+def _collect(ranks: list, directory: Path, world_size: int) -> dict[int, dict]:
     """Wait for every rank; stop at the first error."""
     deadline = time.monotonic() + WORKER_TIMEOUT_S
     results: dict[int, dict] = {}
     while len(results) < world_size:
-        for rank, process in enumerate(processes):
+        for rank, process in enumerate(ranks):
             if rank in results:
                 continue
             path = directory / f"rank{rank}.pt"
@@ -324,11 +321,10 @@ def _collect(processes: list[subprocess.Popen], directory: Path, world_size: int
                 if result["kind"] == "error":
                     _raise_rank_error(rank, result)
                 results[rank] = result
-            elif process.poll() is not None:
-                stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
-                tail = "\n".join(stderr.strip().splitlines()[-15:])
+            elif process.exit_code() is not None:
                 raise RuntimeError(
-                    f"TP rank {rank} exited with code {process.returncode} without a result\n{tail}"
+                    f"TP rank {rank} exited with code {process.exit_code()} without a result\n"
+                    + process.output_tail()
                 )
         if len(results) < world_size:
             if time.monotonic() > deadline:
@@ -416,4 +412,4 @@ def merge_layout_outputs(outputs: list[PortOutput], scenario: Scenario, layout: 
 
 
 if __name__ == "__main__":
-    sys.exit(_rank_main(Path(sys.argv[1]), int(sys.argv[2])))
+    sys.exit(_rank_main(Path(sys.argv[1]), int(sys.argv[2]), sys.stdin.buffer))
