@@ -241,10 +241,33 @@ def _validation_checkpoint(found, out: Path, name: str, checkpoint: str, seed: i
 
     config = source_dir / "config.json" if source_dir.is_dir() else None
     target = out / "checkpoints" / f"{name}-tiny"
-    build_tiny_checkpoint(
-        str(config) if config and config.is_file() else found.architecture, target, seed=seed
-    )
+    arch = str(config) if config and config.is_file() else found.architecture
+    build_tiny_checkpoint(arch, target, seed=seed)
+    if _key_format_differs(source_dir, target):
+        # the port loads the source's keys: write the tiny checkpoint as the
+        # source was written (save_pretrained's hub layout) when that fits better
+        saved = out / "checkpoints" / f"{name}-tiny-saved"
+        build_tiny_checkpoint(arch, saved, seed=seed, key_format="saved")
+        if _key_overlap(source_dir, saved) > _key_overlap(source_dir, target):
+            return saved
     return target
+
+
+def _key_patterns(directory: Path) -> set[str]:
+    from autoport_cst.research.checkpoint import pattern, read_checkpoint
+
+    header = read_checkpoint(directory) if directory.is_dir() else None
+    return {pattern(name) for name in header.tensors} if header is not None else set()
+
+
+def _key_overlap(source: Path, tiny: Path) -> int:
+    return len(_key_patterns(source) & _key_patterns(tiny))
+
+
+def _key_format_differs(source: Path, tiny: Path) -> bool:
+    """The source checkpoint stores tensors the tiny one names otherwise."""
+    stored = _key_patterns(source)
+    return bool(stored) and not _key_patterns(tiny) <= stored
 
 
 def refusal(found, choice) -> UnrealizableDiffError | None:

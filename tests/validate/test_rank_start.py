@@ -69,6 +69,31 @@ def test_a_rank_sees_the_end_of_its_pipe_when_the_parent_stops_without_sending(t
             rank.stop()
 
 
+def _matmul_rank(job_path: Path, rank: int, teacher) -> int:
+    x = torch.ones(600, 600)
+    return 0 if float((x @ x)[0, 0]) == 600.0 else 1
+
+
+@linux_only
+def test_a_rank_forked_after_the_parent_used_its_thread_pool_runs(tmp_path):
+    """Forking after torch's OpenMP pool started hangs a child that enters a
+    parallel region of it; a forked rank runs single-threaded."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(600, 600)
+        for _ in range(3):
+            x @ x  # the parent's pool is up
+        ranks = start_forked_ranks(tmp_path / "job.pkl", 2, _matmul_rank)
+        try:
+            assert _wait(ranks, 60) == [0, 0]
+        finally:
+            for rank in ranks:
+                rank.stop()
+    finally:
+        torch.set_num_threads(previous)
+
+
 def test_start_method(monkeypatch):
     monkeypatch.delenv(START_ENV, raising=False)
     assert start_method() == ("fork" if sys.platform.startswith("linux") else "interpreter")

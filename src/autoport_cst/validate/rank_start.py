@@ -9,9 +9,10 @@ ranks' own work. ``interpreter`` (elsewhere, or with
 ``python -m autoport_cst.validate.distributed JOB RANK``.
 
 Forking a process whose torch has started intra-op (OpenMP) threads is safe
-only while the child never enters a parallel region of that pool: a rank
-sets one intra-op thread before any tensor work (``_rank_main``), as the
-validating process itself does, so results are the same either way. A
+only while the child never enters a parallel region of that pool: a forked
+rank sets one intra-op thread before anything else (and ``_rank_main`` does
+in either kind of rank), as the validating process itself does, so results
+are the same either way. A
 forked rank writes its output to a log file of its own (not the parent's
 streams, whose buffers and locks it inherits) and exits without running the
 parent's exit handlers.
@@ -166,6 +167,9 @@ def start_forked_ranks(job_path: Path, world_size: int, main: RankMain) -> list[
 
 
 def _forked_rank(main: RankMain, job_path: Path, rank: int, read_end: int, others: list[int], log: Path):
+    torch = sys.modules.get("torch")
+    if torch is not None:  # before any tensor work: the parent's OpenMP pool is not the child's
+        torch.set_num_threads(1)
     for fd in others:
         os.close(fd)
     _own_output(log)

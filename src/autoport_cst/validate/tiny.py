@@ -246,8 +246,15 @@ def build_tiny_checkpoint(
     outdir: str | os.PathLike[str],
     seed: int = 0,
     dimensions: dict[str, int] | None = None,
+    key_format: str = "model",
 ) -> TinyCheckpoint:
     """Build a tiny random model and save ``config.json`` + ``model.safetensors``.
+
+    ``key_format`` names the tensors as the model's state dict does
+    (``"model"``) or as ``save_pretrained`` writes them (``"saved"``: the hub
+    layout, transformers' load-time renames and fusions reverted, e.g.
+    GPT-NeoX's ``embed_out``, GraniteMoE's ``router.layer``, per-expert
+    tensors).
 
     ``dimensions`` overrides tiny dimensions or sets other integer config
     attributes (``{"num_key_value_heads": 1}``: a layout that needs one KV
@@ -311,6 +318,13 @@ def build_tiny_checkpoint(
         state[name] = tensor.detach().contiguous().clone()
     state = dict(sorted(state.items()))
     _perturb_constant_tensors(state, seed)
+    if key_format == "saved":
+        from transformers.core_model_loading import revert_weight_conversion
+
+        state = dict(sorted(revert_weight_conversion(model, state).items()))
+        state = {name: tensor.contiguous() for name, tensor in state.items()}
+    elif key_format != "model":
+        raise InputError(f"key_format must be 'model' or 'saved', got {key_format!r}")
 
     config.dtype = torch.float32
     with atomic_output(directory / "model.safetensors") as tmp:
