@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform import Codemod, Example, FileContext, PortContext, moe_keys
 from autoport_cst.transform.cst_helpers import (
     classes,
     classes_with_role,
@@ -57,6 +57,14 @@ class CheckpointKeysParams:
         metadata={
             "doc": "Parameter attributes whose checkpoint tensors are stored [in, out] (GPT-2 Conv1D), "
             "e.g. ['up_proj_weight', 'down_proj_weight']: their loaders stop transposing."
+        },
+    )
+    experts: str = field(
+        default="",
+        metadata={
+            "doc": "How the checkpoint stores the routed experts, when the renames name MoE keys: 'fused' "
+            "(mlp.experts.gate_up_proj / down_proj) or 'per_expert' (mlp.experts.<j>.gate_proj ...); the "
+            "reference's load-time lookup of the MoE keys (moe_checkpoint_keys) becomes these keys."
         },
     )
     in_out_layers: bool = field(
@@ -109,6 +117,16 @@ class CheckpointKeys(Codemod):
     attention and MLP classes (``<Prefix>Attention``, ``<Prefix>MLP``) whose
     loader transposes.
 
+    ``experts`` (set when the renames name MoE keys): the MoE references look
+    up a layer's router, experts, routing bias and shared experts at load
+    time among a fixed list of names (``moe = moe_checkpoint_keys(...)``,
+    ``f"{moe.router}.weight"``, ``moe.gate_up``, ``_routing_bias_key(...)``,
+    ``_shared_expert_key(...)``); those become the canonical keys
+    (``{prefix}.mlp.gate.weight``, ``[f"{prefix}.mlp.experts.gate_up_proj"]``
+    or, per expert, ``[f"{prefix}.mlp.experts.{j}.gate_proj.weight" for j in
+    range(n)] + ...``), which the renames turn into the ones research read
+    from the checkpoint's header, and the lookup statement is removed.
+
     Renames can permute names (GLM-4's ``post_attention_layernorm`` is the
     reference's ``pre_feedforward_layernorm``, and its
     ``post_self_attn_layernorm`` the reference's ``post_attention_layernorm``),
@@ -132,6 +150,7 @@ class CheckpointKeys(Codemod):
     AFTER = (
         "add-qkv-bias",
         "attention-sinks",
+        "dense-layers",
         "fused-checkpoint",
         "lm-head-bias",
         "mlp-bias",
@@ -352,6 +371,89 @@ class CheckpointKeys(Codemod):
             """,
         ),
         Example(
+            title="MoE keys looked up at load time among fixed names become the checkpoint's own (GraniteMoE)",
+            params={
+                "renames": {
+                    "mlp": "block_sparse_moe",
+                    "mlp.gate": "block_sparse_moe.router.layer",
+                    "mlp.experts.gate_up_proj": "block_sparse_moe.input_linear.weight",
+                    "mlp.experts.down_proj": "block_sparse_moe.output_linear.weight",
+                },
+                "experts": "fused",
+            },
+            before="""
+                class Qwen3MoeForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        names = set(checkpoint.get_tensor_names())
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            moe = moe_checkpoint_keys(names, prefix, self.config.num_experts)
+                            mappings[f"{prefix}.input_layernorm.weight"] = f"{prefix}.input_layernorm.weight"
+                            mappings[f"{prefix}.mlp.experts.router_weight"] = f"{moe.router}.weight"
+                            mappings[f"{prefix}.mlp.experts.gate_up_proj_weight"] = moe.gate_up
+                            mappings[f"{prefix}.mlp.experts.down_proj_weight"] = moe.down
+            """,
+            after="""
+                class Qwen3MoeForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        names = set(checkpoint.get_tensor_names())
+                        # checkpoint key renames (reference -> checkpoint):
+                        #   mlp -> block_sparse_moe
+                        #   mlp.experts.down_proj -> block_sparse_moe.output_linear.weight
+                        #   mlp.experts.gate_up_proj -> block_sparse_moe.input_linear.weight
+                        #   mlp.gate -> block_sparse_moe.router.layer
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.input_layernorm.weight"] = f"{prefix}.input_layernorm.weight"
+                            mappings[f"{prefix}.mlp.experts.router_weight"] = f"{prefix}.block_sparse_moe.router.layer.weight"
+                            mappings[f"{prefix}.mlp.experts.gate_up_proj_weight"] = [f"{prefix}.block_sparse_moe.input_linear.weight"]
+                            mappings[f"{prefix}.mlp.experts.down_proj_weight"] = [f"{prefix}.block_sparse_moe.output_linear.weight"]
+            """,
+        ),
+        Example(
+            title="experts stored one tensor per expert, a router under a submodule, a routing bias and shared "
+            "experts under other names (HY-V3)",
+            params={
+                "renames": {
+                    "mlp.gate": "mlp.router.gate",
+                    "mlp.gate.e_score_correction_bias": "mlp.expert_bias",
+                    "mlp.shared_experts": "mlp.shared_mlp",
+                },
+                "experts": "per_expert",
+            },
+            before="""
+                class Qwen3MoeForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            moe = moe_checkpoint_keys(names, prefix, self.config.num_experts)
+                            mappings[f"{prefix}.mlp.experts.router_weight"] = f"{moe.router}.weight"
+                            mappings[f"{prefix}.mlp.experts.routing_bias"] = _routing_bias_key(names, moe.router, moe.module, "e_score_correction_bias")
+                            mappings[f"{prefix}.mlp.experts.gate_up_proj_weight"] = moe.gate_up
+                            mappings[f"{prefix}.mlp.experts.down_proj_weight"] = moe.down
+                            mappings[f"{prefix}.mlp.experts.shared_up_proj_weight"] = _shared_expert_key(names, moe.module, "up_proj.weight")
+            """,
+            after="""
+                class Qwen3MoeForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        # checkpoint key renames (reference -> checkpoint):
+                        #   mlp.gate -> mlp.router.gate
+                        #   mlp.gate.e_score_correction_bias -> mlp.expert_bias
+                        #   mlp.shared_experts -> mlp.shared_mlp
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.mlp.experts.router_weight"] = f"{prefix}.mlp.router.gate.weight"
+                            mappings[f"{prefix}.mlp.experts.routing_bias"] = f"{prefix}.mlp.expert_bias"
+                            mappings[f"{prefix}.mlp.experts.gate_up_proj_weight"] = [f"{prefix}.mlp.experts.{j}.gate_proj.weight" for j in range(self.config.num_experts)] + [f"{prefix}.mlp.experts.{j}.up_proj.weight" for j in range(self.config.num_experts)]
+                            mappings[f"{prefix}.mlp.experts.down_proj_weight"] = [f"{prefix}.mlp.experts.{j}.down_proj.weight" for j in range(self.config.num_experts)]
+                            mappings[f"{prefix}.mlp.experts.shared_up_proj_weight"] = f"{prefix}.mlp.shared_mlp.up_proj.weight"
+            """,
+        ),
+        Example(
             title="a pattern that matches no key",
             params={"renames": {"self_attn.dense": "attention.dense"}},
             before="""
@@ -369,6 +471,8 @@ class CheckpointKeys(Codemod):
         problems = []
         if not params.renames and not params.in_out_params and not params.in_out_layers:
             problems.append("nothing to do: give renames, in_out_params or in_out_layers")
+        if params.experts not in ("", "fused", "per_expert"):
+            problems.append(f"experts {params.experts!r}: one of '', 'fused', 'per_expert'")
         for old, new in params.renames.items():
             if not old or not new or "" in old.split(".") or "" in new.split("."):
                 problems.append(f"rename {old!r} -> {new!r}: patterns are non-empty dotted names")
@@ -388,8 +492,11 @@ class CheckpointKeys(Codemod):
         for diff in diffs:
             if diff.path == "checkpoint.key_map":
                 reference_map = dict(diff.reference or {})
+        renames = translate_key_maps(reference_map, dict(target.checkpoint.key_map or {}))
+        moe = target.moe is not None and any(old == "mlp" or old.startswith("mlp.") for old in renames)
         return CheckpointKeysParams(
-            renames=translate_key_maps(reference_map, dict(target.checkpoint.key_map or {})),
+            renames=renames,
+            experts=("per_expert" if target.checkpoint.gate_up == "separate" else "fused") if moe else "",
             in_out_layers=target.checkpoint.linear_layout == "in_out",
         )
 
@@ -403,6 +510,9 @@ class CheckpointKeys(Codemod):
                 f"{self.ID}: no load_weights with mappings[...] = ... entries in this file"
             )
         edits: dict = {}
+        self._static_keys: list[str] = []
+        if self.params.experts and entries:
+            module, loads = self._static_moe_keys(module, loads, ctx)
         if self.params.renames and entries:
             edits.update(self._rename_edits(module, loads, ctx))
         if self.params.in_out_params or self.params.in_out_layers:
@@ -417,6 +527,25 @@ class CheckpointKeys(Codemod):
         return any(class_role(name) == "causal_lm" for name in ctx.port.package_classes - here)
 
     # -- key renames -------------------------------------------------------------
+
+    def _static_moe_keys(self, module: cst.Module, loads: list[cst.FunctionDef], ctx: FileContext):
+        """The load-time MoE key lookups become the keys research read from
+        the checkpoint (``autoport_cst.transform.moe_keys``)."""
+        renamer = _Renamer(self.params.renames)
+        edits: dict = {}
+        for fn in loads:
+            try:
+                found, written = moe_keys.static_values(
+                    fn, module, self.params.experts == "per_expert", renamer.apply
+                )
+            except ValueError as error:
+                raise ctx.precondition(f"{self.ID}: {error}", fn, module) from None
+            edits.update(found)
+            self._static_keys += written
+        if not edits:
+            return module, loads
+        module = rewrite(module, edits)
+        return module, [m for c in classes(module) if (m := method(c, "load_weights")) is not None]
 
     def _rename_edits(self, module: cst.Module, loads: list[cst.FunctionDef], ctx: FileContext) -> dict:
         renamer = _Renamer(self.params.renames)
@@ -458,6 +587,8 @@ class CheckpointKeys(Codemod):
                 )
 
             entries = mapping_entries(fn)
+            for text in self._static_keys:  # per-expert lists written already renamed
+                matched |= renamer.matched(_expand(text, variables))
             for entry in entries:
                 for node in strings_of(entry.value):
                     text = string_text(node)

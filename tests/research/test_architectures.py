@@ -187,6 +187,8 @@ EXPECTED: dict[str, dict[str, object]] = {
         "moe.shared_experts": 1,
         "moe.shared_expert_gate": True,
         "checkpoint.gate_up": "fused",
+        # the canonical names are Qwen3-MoE's: Qwen2-MoE names its one shared expert in the singular
+        "checkpoint.key_map": {"mlp.shared_experts": "mlp.shared_expert"},
     },
     "gpt_oss": {
         **MOE_LIKE,
@@ -206,6 +208,7 @@ EXPECTED: dict[str, dict[str, object]] = {
         "mlp.glu_alpha": 1.702,
         "mlp.glu_limit": 7.0,
         "checkpoint.gate_up": "fused",
+        "checkpoint.key_map": {"mlp.gate": "mlp.router"},  # the router's key, read from the header
     },
     "phi": {
         **LLAMA_LIKE,

@@ -9,9 +9,17 @@ or unexpected patterns, q/k norms, sinks, shapes)."""
 from __future__ import annotations
 
 from autoport_cst.research.checkpoint import pattern
+from autoport_cst.research.checkpoint_keys import (
+    FUSED_GATE_UP,
+    dense_wanted,
+    match_keys,
+    moe_names,
+    moe_wanted,
+    refuse_missing,
+)
 from autoport_cst.research.decide.state import Decider
 from autoport_cst.research.findings import CHECKPOINT, CODE, DERIVED, INFERRED, known, unknown
-from autoport_cst.research.keys import canonical_keys, derive_key_map, rename
+from autoport_cst.research.keys import derive_key_map
 from autoport_cst.spec import AttentionSpec, CheckpointSpec, EmbeddingSpec, LMHeadSpec
 
 
@@ -48,6 +56,7 @@ def layout(d: Decider, is_moe: bool) -> CheckpointSpec:
     gate_up = _gate_up(d, stored, is_moe)
     head_stored = _head_stored(d, stored)
     key_map = _key_map(d, qkv, gate_up, is_moe)
+    gate_up = _experts_layout(d, gate_up)
     linear = _linear_layout(d)
     return CheckpointSpec(
         qkv=qkv, gate_up=gate_up, lm_head_stored=head_stored, key_map=key_map, linear_layout=linear
@@ -117,6 +126,25 @@ def _gate_up(d: Decider, stored: dict | None, is_moe: bool) -> str:
     return gate_up
 
 
+def _experts_layout(d: Decider, gate_up: str) -> str:
+    """Routed experts found in the header one tensor per expert are stored
+    separate, stacked ones fused (``checkpoint.gate_up`` of an MoE)."""
+    per_expert = d.experts_per_expert
+    if per_expert is None:
+        return gate_up
+    value = "separate" if per_expert else "fused"
+    if value != gate_up:
+        d.decisions.append(
+            known(
+                value,
+                "checkpoint.gate_up",
+                CHECKPOINT,
+                "the routed experts are stored " + ("one tensor per expert" if per_expert else "stacked"),
+            )
+        )
+    return value
+
+
 def _head_stored(d: Decider, stored: dict | None) -> bool | None:
     code = d.code
     head_stored = None
@@ -156,24 +184,47 @@ def _key_map(d: Decider, qkv: str, gate_up: str, is_moe: bool) -> dict[str, str]
         return key_map
     evidence = f"module paths the code builds: {shown}"
     if d.ckpt is not None:
-        stored = d.ckpt.tensors
-        absent = []
-        for key in canonical_keys(names):
-            actual = rename(key, key_map or {})
-            wanted = [k for k in (f"{actual}.weight", f"{actual}.bias") if k in code.expected]
-            if key == "lm_head" and d.code.tied_keys_declared:
-                continue
-            absent += [k for k in wanted if k not in stored]
-        if absent:
-            d.conflict(
-                "checkpoint.key_map",
-                [(CODE, key_map, evidence), (CHECKPOINT, "absent", f"not stored: {', '.join(absent[:6])}")],
-                "the spec follows the code's module names; the checkpoint stores other names",
-            )
-        else:
-            evidence += "; every renamed key is stored"
+        key_map, evidence = _stored_key_map(d, names, key_map, is_moe, shown)
     d.decisions.append(known(key_map, "checkpoint.key_map", CODE if d.ckpt is None else CHECKPOINT, evidence))
     return key_map
+
+
+def _stored_key_map(
+    d: Decider, names: dict[str, str], key_map: dict[str, str] | None, is_moe: bool, shown: str
+) -> tuple[dict[str, str] | None, str]:
+    """The key map read from the checkpoint's header: every tensor the port
+    loads looked up under the code's name, else by structure
+    (``research.key_match``); a tensor without a key refuses the plan."""
+    code, ckpt = d.code, d.ckpt
+    tied = d.cfg.value("embedding.tied")
+    # a tied head loads the embedding (config.json says so; the class's
+    # declared tying only when config.json says nothing)
+    skip_head = tied is True or (tied is None and bool(code.tied_keys_declared))
+    wanted = dense_wanted(code, names, key_map or {}, skip_head)
+    moe_layer = moe_names(code, None) if is_moe else None
+    all_names = dict(names)
+    if moe_layer is not None:
+        layer, moe = moe_layer
+        experts = d.code_finding("moe.num_experts")
+        routing = d.code_finding("moe.routing_bias")
+        count = experts.value if experts is not None and experts.known else None
+        wanted += moe_wanted(
+            code, layer, moe, bool(routing is not None and routing.known and routing.value), count or 0
+        )
+        all_names.update(moe)
+    match = match_keys(wanted, ckpt.tensors, code.expected)
+    refuse_missing(match, ckpt.directory, ckpt.files, code.causal_lm or "the model")
+    if moe_layer is not None and any(w.canonical == FUSED_GATE_UP for w in wanted):
+        d.experts_per_expert = match.per_expert
+    stored_names = {**all_names, **match.modules}
+    if moe_layer is not None and not match.per_expert:
+        stored_names.pop("mlp.experts", None)
+    stored_map = derive_key_map(stored_names)
+    shown = ", ".join(f"{k} -> {v}" for k, v in (stored_map or {}).items()) or "Llama-style names"
+    evidence = f"the key of every tensor a port loads, read from the header: {shown}"
+    if match.evidence:
+        evidence += " (" + "; ".join(match.evidence[:4]) + ")"
+    return stored_map, evidence
 
 
 def _missing_names(d: Decider, names: dict[str, str], qkv: str, gate_up: str, is_moe: bool) -> list[str]:

@@ -32,6 +32,8 @@ class Decider:
         self.conflicts: list[Conflict] = []
         self.unknown: list[str] = []
         self.notes: list[Finding] = []
+        # routed experts found one tensor per expert in the header (None: not looked up)
+        self.experts_per_expert: bool | None = None
 
     def code_finding(self, name: str) -> Finding | None:
         return self.code.get(name) if self.code is not None else None
