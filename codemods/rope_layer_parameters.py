@@ -332,12 +332,12 @@ class RopeLayerParameters(Codemod):
                     torch_dtype: torch.dtype = torch.bfloat16
 
                     def __post_init__(self):
-                        if self.head_dim is None:
-                            self.head_dim = self.hidden_size // self.num_attention_heads
                         # <-- MODEL-SPECIFIC: RoPE per attention layer type: parameters keyed by type are kept per type
                         if self.rope_parameters and all(isinstance(value, dict) for value in self.rope_parameters.values()):
                             self.rope_layer_parameters = {key: dict(value) for key, value in self.rope_parameters.items()}
                             self.rope_parameters = dict(next(iter(self.rope_layer_parameters.values())))
+                        if self.head_dim is None:
+                            self.head_dim = self.hidden_size // self.num_attention_heads
 
                     # <-- MODEL-SPECIFIC: RoPE per attention layer type
                     def rope_config(self, layer_type: str | None) -> "LlamaConfig":
@@ -435,7 +435,7 @@ class RopeLayerParameters(Codemod):
     def _parameters_config(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext) -> cst.Module:
         """A config that keeps the checkpoint's ``rope_parameters`` as they
         come (transformers v5; the real vllm_neuron llama3): parameters keyed
-        by layer type are split in ``__post_init__`` (``rope_layer_parameters``;
+        by layer type are split first thing in ``__post_init__`` (``rope_layer_parameters``;
         ``rope_parameters`` keeps the first type's for the model-wide rotary
         embedding) and ``rope_config`` gives each type's view."""
         edits: dict = {}
@@ -454,8 +454,9 @@ class RopeLayerParameters(Codemod):
                 last_field = list(config_fields(cls).values())[-1]
                 edits[id(last_field)] = lambda updated, new=new: cst.FlattenSentinel([updated, new])
             else:
-                last = list(statements(post_init))[-1]
-                edits[id(last)] = lambda updated, split=split: cst.FlattenSentinel([updated, *split])
+                # first: whatever else __post_init__ does reads one type's parameters
+                first = list(statements(post_init))[0]
+                edits[id(first)] = lambda updated, split=split: cst.FlattenSentinel([*split, updated])
         if method(cls, "rope_config") is None:
             new = parse_method(PARAMETERS_CONFIG_METHOD.format(cls=cls.name.value), module)
             new = with_comment(new, "<-- MODEL-SPECIFIC: RoPE per attention layer type")

@@ -71,6 +71,14 @@ class LlamaConfig:
     quant_spec: QuantizationSpec | None = None
 
     def __post_init__(self) -> None:
+        if _keyed_by_layer_type(self.rope_parameters):
+            # keyed by layer type (full_attention, sliding_attention): one set when all agree
+            sets = list(self.rope_parameters.values())
+            if any(s != sets[0] for s in sets):
+                raise ValueError(
+                    f"RoPE parameters differ per layer type ({sorted(self.rope_parameters)}): not supported"
+                )
+            self.rope_parameters = _rope_parameters({"rope_parameters": sets[0]})
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:
@@ -116,10 +124,16 @@ def _config_values(hf_config: Any) -> dict[str, Any]:
     return dict(hf_config)
 
 
+def _keyed_by_layer_type(rope: dict[str, Any]) -> bool:
+    return bool(rope) and all(isinstance(value, dict) for value in rope.values())
+
+
 def _rope_parameters(values: dict[str, Any]) -> dict[str, Any]:
     """One ``rope_parameters`` dict: transformers 5 writes it; older configs
     have a top-level ``rope_theta`` and an optional ``rope_scaling``."""
     rope = dict(values.get("rope_parameters") or {})
+    if _keyed_by_layer_type(rope):
+        return rope  # one set per attention layer type: __post_init__ checks they agree
     legacy = values.get("rope_scaling")
     if isinstance(legacy, dict):
         for key, value in legacy.items():

@@ -51,6 +51,7 @@ def test_port_files(qwen2_port):
         "vllm_neuron/model/qwen2/config.py",
         "vllm_neuron/model/qwen2/factory.py",
         "vllm_neuron/model/qwen2/model.py",
+        "vllm_neuron/model/qwen2/quantization.py",
         "vllm_neuron/model/qwen2/reference.json",
         "vllm_neuron/model/registry.py",
     ]
@@ -75,7 +76,7 @@ def test_port_has_the_expected_classes_and_parameters(qwen2_port):
     assert "bias_qkv=self.qkv_proj_bias.unsqueeze(0)" in model
     assert 'mappings[f"{prefix}.self_attn.qkv_proj_bias"] = [' in model
     assert 'f"{prefix}.self_attn.q_proj.bias"' in model
-    assert 'if self.rope_type == "llama3":' in model  # a rope-type string, not a class name
+    assert 'if rope_type == "llama3":' in model  # a rope-type string, not a class name
     assert "class Qwen2Config" in (package / "config.py").read_text()
     assert "from .model import Qwen2ForCausalLM as Model" in (package / "factory.py").read_text()
     init = (package / "__init__.py").read_text()
@@ -317,7 +318,7 @@ def test_a_hardware_rule_broken_by_the_reference_is_reported_not_refused(tmp_pat
     shutil.copytree(ROOT / "reference_models" / "llama3", ref)
     model = ref / "model.py"
     text = model.read_text()
-    anchor = "        self.head_dim = config.head_dim\n        self.rope_theta = float(config.rope_theta)\n"
+    anchor = '        self.rope_theta = float(self.rope_parameters["rope_theta"])\n'
     assert text.count(anchor) == 1
     model.write_text(
         text.replace(anchor, anchor + "        self.inv_freq = torch.arange(0, self.head_dim, 2).float()\n")

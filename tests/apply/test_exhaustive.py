@@ -16,9 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MISTRAL = ROOT / "examples" / "mistral.plan.json"
 
 # a prefill branch through a kernel no codemod knows
-FLASH = "        attn_output = NF.flash_attention("
-SEGMENTED = """        if meta.get("kv_segment_size"):
-            extra = NF.chunked_attention(q, k_cache=self.k_cache, v_cache=self.v_cache, scale=self.scaling)
+FLASH = "            attn_output = NF.flash_attention("
+SEGMENTED = """            extra = NF.chunked_attention(q, k_cache=self.k_cache, v_cache=self.v_cache, scale=self.scaling)
 """
 
 
@@ -30,7 +29,7 @@ def reference_with_segmented_prefill(tmp_path):
     text = model.read_text()
     assert text.count(FLASH) == 1
     model.write_text(text.replace(FLASH, SEGMENTED + FLASH))
-    line = text[: text.index(FLASH)].count("\n") + 2  # the segmented call's line
+    line = text[: text.index(FLASH)].count("\n") + 1  # the inserted call's line
     return reference, line
 
 
@@ -56,11 +55,15 @@ def test_positions_of_codemod_errors_point_into_the_reference(tmp_path):
     shutil.copytree(ROOT / "reference_models" / "llama3", reference)
     model = reference / "model.py"
     text = model.read_text()
-    # the decode mask call gone: sliding-window's precondition fails on forward_decode
-    start = text.index("        mask = NF.gen_attention_decode_mask(")
-    end = text.index("        )\n", start) + len("        )\n")
-    model.write_text(text[:start] + "        mask = None\n" + text[end:])
-    decode_line = text[: text.index("    def forward_decode(")].count("\n") + 1
+    # the decode mask already given a start position: sliding-window's precondition fails on it
+    mask_call = "            attention_mask = NF.gen_attention_decode_mask("
+    start = text.index(mask_call)
+    assert text.count("                start_pos=None,\n", start, start + 600) == 1
+    model.write_text(
+        text[:start]
+        + text[start:].replace("                start_pos=None,\n", "                start_pos=0,\n", 1)
+    )
+    decode_line = text[:start].count("\n") + 1
     result = CliRunner().invoke(
         cli, ["apply", "--plan", str(MISTRAL), "--ref", str(reference), "--out", str(tmp_path / "out")]
     )

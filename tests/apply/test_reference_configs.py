@@ -24,6 +24,20 @@ def config_class(reference: str):
     return classes[0]
 
 
+def _theta(config) -> float:
+    """The RoPE base a reference's config holds (a field, or in ``rope_parameters``)."""
+    theta = getattr(config, "rope_theta", None)
+    return theta if theta is not None else config.rope_parameters["rope_theta"]
+
+
+def _rope(config) -> dict:
+    """RoPE base, type and scaling of a config, whether it keeps them as
+    ``rope_parameters`` (transformers 5) or as ``rope_theta`` + ``rope_scaling``."""
+    if getattr(config, "rope_theta", None) is None:
+        return dict(config.rope_parameters)
+    return {"rope_theta": config.rope_theta, **config.rope_scaling}
+
+
 @pytest.fixture(scope="module", autouse=True)
 def standin():
     from autoport_cst.validate.standin import standin_installed
@@ -39,7 +53,7 @@ def test_rope_parameters_keyed_by_layer_type_agreeing(reference):
     config = cls.from_configs(
         {"rope_parameters": {"full_attention": dict(same), "sliding_attention": dict(same)}}
     )
-    assert config.rope_theta == 123456.0
+    assert _theta(config) == 123456.0
 
 
 @pytest.mark.parametrize("reference", builtin_names())
@@ -71,6 +85,7 @@ def test_rope_layer_parameters_keeps_each_layer_types_rope(reference, tmp_path):
     )
     name = f"_ported_{reference}_config"
     ported = types.ModuleType(name)
+    ported.__package__ = module.__package__  # the reference's relative imports resolve
     sys.modules[name] = ported
     try:
         exec(compile(source, f"<{reference} config.py>", "exec"), ported.__dict__)
@@ -85,8 +100,8 @@ def test_rope_layer_parameters_keeps_each_layer_types_rope(reference, tmp_path):
         assert config.rope_layer_parameters == rope
         assert config.layer_types == ["sliding_attention", "full_attention"]
         sliding, full = config.rope_config("sliding_attention"), config.rope_config("full_attention")
-        assert (sliding.rope_theta, sliding.rope_scaling) == (1e4, {"rope_type": "default"})
-        assert (full.rope_theta, full.rope_scaling) == (1e6, {"rope_type": "linear", "factor": 8.0})
+        assert _rope(sliding) == rope["sliding_attention"]
+        assert _rope(full) == rope["full_attention"]
         assert full.rope_layer_parameters is None and config.rope_config(None) is config
         assert rope["full_attention"]["rope_theta"] == 1e6  # the checkpoint's dict is not mutated
     finally:
