@@ -42,9 +42,11 @@ def test_segmented_port_validates_through_chunked_prefill_and_prefix_hit(
     ]
     output = report.port_output
     assert output.sequences == [0, 1, 2, 3, 4] and output.prefill_spans[3:] == [(0, 40), (32, 48)]
-    # every prompt position the calls computed is compared, prefix-hit rows included
+    # every prompt position the calls computed is compared, prefix-hit rows included; the
+    # logits of the positions sampled: all of the first prompt's, the last of each other call
     rows = {c["name"]: c["rows"] for c in report.components if c["phase"] == "prefill"}
-    assert rows["logits"] == 8 + 12 + 20 + 40 + 16
+    assert rows["layers.0.output"] == 8 + 12 + 20 + 40 + 16
+    assert rows["logits"] == 8 + 5
 
 
 def test_port_ignoring_cached_tokens_fails_at_the_first_attention(llama3_dir: Path, tiny_llama: Path) -> None:

@@ -38,9 +38,6 @@ def _prefill_tokens(report) -> int:
     return sum(end - start for start, end in (call["positions"] for call in report.settings["prefill_calls"]))
 
 
-BATCH = 3  # the reference has no segmented prefill: the run leaves the cache-path prompts out
-
-
 def test_fp32_equivalent_through_prefill_and_decode(fp32_report) -> None:
     report = fp32_report
     assert report.equivalent, report.summary()
@@ -51,15 +48,15 @@ def test_fp32_equivalent_through_prefill_and_decode(fp32_report) -> None:
             row = components[(name, phase)]
             assert row["rel_error"] <= FP32_REL_ERROR_TOLERANCE, (name, phase, row)
             assert row["rows"] > 0
-    # prefill: every prompt position; decode: batch x steps
-    assert (
-        components[("logits", "prefill")]["rows"]
-        == _prefill_tokens(report)
-        == sum(report.settings["prompt_lengths"])
-    )
-    assert components[("logits", "decode")]["rows"] == BATCH * 8
+    # prefill: every computed position; its logits: the sampled ones; decode: batch x steps
+    calls = report.settings["prefill_calls"]
+    batch = len({call["sequence"] for call in calls})
+    sampled = sum(len(call["sampled_positions"]) for call in calls)
+    assert components[("layers.0.output", "prefill")]["rows"] == _prefill_tokens(report)
+    assert components[("logits", "prefill")]["rows"] == sampled
+    assert components[("logits", "decode")]["rows"] == batch * 8
     logits = report.logits
-    assert logits["tokens_passed"] == logits["tokens"] == _prefill_tokens(report) + BATCH * 8
+    assert logits["tokens_passed"] == logits["tokens"] == sampled + batch * 8
     assert logits["top1_agreement"] == 1.0 and logits["greedy_match"] == 1.0
     assert logits["cosine_min"] > 0.999999
     assert report.not_compared == []

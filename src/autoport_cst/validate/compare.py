@@ -3,8 +3,10 @@ position and turn the metrics into a verdict.
 
 Row alignment: the prefill of sequence ``b`` (prompt length ``T_b``) covers
 the positions its calls computed, ``start_b..T_b-1`` (``start_b`` > 0 for a
-prefix-cache hit, whose cached tokens are not recomputed); decode step ``j``
-covers position ``T_b + j`` of every sequence. Transformers ran each full
+prefix-cache hit, whose cached tokens are not recomputed); its logits only
+the positions each call sampled (``PrefillCall.sampled_positions``: every
+position, or the last, as the runner samples); decode step ``j`` covers
+position ``T_b + j`` of every sequence. Transformers ran each full
 sequence in one forward, so its row for a position is simply that position.
 """
 
@@ -32,6 +34,24 @@ def prefill_spans(port: PortOutput, scenario: Scenario) -> dict[int, tuple[int, 
     if port.sequences:
         return dict(zip(port.sequences, port.prefill_spans, strict=False))
     return {b: (0, len(p)) for b, p in enumerate(scenario.prompts)}
+
+
+def sampled_positions(port: PortOutput, scenario: Scenario) -> list[tuple[int, tuple[int, ...]]]:
+    """Per prefill call, in order: its sequence and the positions whose
+    logits it returned (its sampling positions)."""
+    if port.prefill_calls:
+        return [(call.sequence, call.sampled_positions) for call in port.prefill_calls]
+    return [(b, tuple(range(start, end))) for b, (start, end) in prefill_spans(port, scenario).items()]
+
+
+def _ref_logits(
+    reference: list[torch.Tensor], scenario: Scenario, phase: str, port: PortOutput
+) -> torch.Tensor:
+    """The reference logits matching the port's: the sampled positions of
+    each prefill call, or every sequence's row of each decode step."""
+    if phase == "decode":
+        return _ref_rows(reference, scenario, phase, prefill_spans(port, scenario))
+    return torch.cat([reference[b][list(positions)] for b, positions in sampled_positions(port, scenario)])
 
 
 def _ref_rows(
@@ -83,8 +103,8 @@ def compare_components(
     # logits, the model output
     for phase in PHASES:
         target = torch.cat(port.prefill_logits if phase == "prefill" else port.decode_logits)
-        f = _ref_rows(ref32.logits, scenario, phase, spans)
-        b = _ref_rows(ref16.logits, scenario, phase, spans) if ref16 else None
+        f = _ref_logits(ref32.logits, scenario, phase, port)
+        b = _ref_logits(ref16.logits, scenario, phase, port) if ref16 else None
         results.append(M.component_metrics("logits", phase, "<output>", target, f, b, dtype))
     not_compared = sorted(
         [f"{n} (port only)" for n in port_names if n not in ref_names]
@@ -103,23 +123,21 @@ def compare_logits(
 ) -> M.LogitMetrics:
     target = torch.cat(port.prefill_logits + port.decode_logits)
     spans = prefill_spans(port, scenario)
-    f = torch.cat([_ref_rows(ref32.logits, scenario, phase, spans) for phase in PHASES])
-    b = torch.cat([_ref_rows(ref16.logits, scenario, phase, spans) for phase in PHASES]) if ref16 else None
+    f = torch.cat([_ref_logits(ref32.logits, scenario, phase, port) for phase in PHASES])
+    b = torch.cat([_ref_logits(ref16.logits, scenario, phase, port) for phase in PHASES]) if ref16 else None
     expected = f if dtype == "fp32" or b is None else b
-    positions: list[tuple[str, int, int]] = []
-    for seq, (start, end) in spans.items():
-        positions += [("prefill", seq, p) for p in range(start, end)]
+    positions = [("prefill", seq, p) for seq, sampled in sampled_positions(port, scenario) for p in sampled]
+    row_of = {(seq, p): row for row, (_phase, seq, p) in enumerate(positions)}
+    prefill_total = len(positions)
     for step in range(scenario.steps):
         positions += [("decode", seq, len(scenario.prompts[seq]) + step) for seq in spans]
-    prefill_total = sum(end - start for start, end in spans.values())
     greedy_rows: list[list[int]] = []
     greedy_tokens: list[list[int]] = []
-    offset = 0
     batch = len(spans)
     for index, seq in enumerate(spans):
         prompt = scenario.prompts[seq]
-        offset += spans[seq][1] - spans[seq][0]
-        rows = [offset - 1] + [prefill_total + step * batch + index for step in range(scenario.steps)]
+        last_prompt_row = row_of[(seq, len(prompt) - 1)]
+        rows = [last_prompt_row] + [prefill_total + step * batch + index for step in range(scenario.steps)]
         last = int(torch.argmax(ref32.logits[seq][len(prompt) + scenario.steps - 1]))
         greedy_rows.append(rows)
         greedy_tokens.append(list(teacher[seq]) + [last])

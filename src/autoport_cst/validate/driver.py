@@ -35,6 +35,7 @@ from .components import Component, ComponentRecorder, find_components
 from .meta_tensors import guard_meta_attributes, unloaded_parameters_and_buffers
 from .runner_metadata import PAD_SLOT, StepInputs, build_metadata
 from .scenario import PrefillCall, Scenario
+from .standin import kernel_phases
 
 PREFILL_MODES = ("auto", "segmented", "off")
 
@@ -163,19 +164,30 @@ class PortSession:
     # -- one call ---------------------------------------------------------------
 
     def _forward(self, stage: str, step: StepInputs) -> torch.Tensor:
+        """One forward in phase ``stage`` (its kernels: ``kernel_phases``);
+        the logits of the sampled rows."""
         try:
-            output = self.model(
-                input_ids=step.input_ids,
-                positions=step.positions,
-                attn_metadata=step.metadata,
-                sampling_positions=step.sampling_positions,
-                rank=torch.tensor(self.rank, dtype=torch.int32),
-            )
+            with kernel_phases.phase(stage):
+                output = self.model(
+                    input_ids=step.input_ids,
+                    positions=step.positions,
+                    attn_metadata=step.metadata,
+                    sampling_positions=step.sampling_positions,
+                    rank=torch.tensor(self.rank, dtype=torch.int32),
+                )
         except Exception as error:
             raise PortFailure(stage, f"{_describe(error)} in the {stage} forward") from error
         logits = output[0] if isinstance(output, (tuple, list)) else output
         if not isinstance(logits, torch.Tensor) or logits.is_meta:
             raise PortFailure(stage, f"the {stage} forward returned {type(logits).__name__}, not logits")
+        sampled = step.sampling_positions.numel()
+        if logits.dim() != 2 or logits.shape[0] != sampled:
+            raise PortFailure(
+                stage,
+                f"the {stage} forward returned logits of shape {list(logits.shape)} for "
+                f"{sampled} sampling position(s) {step.sampling_positions.tolist()[:8]} of "
+                f"{step.input_ids.shape[0]} rows: one row of logits per sampling position",
+            )
         return logits.detach().clone()
 
     def _prefill_inputs(self, call: PrefillCall) -> StepInputs:
@@ -186,7 +198,7 @@ class PortSession:
         return StepInputs(
             input_ids=torch.tensor(list(prompt[call.start : call.end]) + [0] * padding, dtype=torch.int64),
             positions=torch.tensor(list(range(call.start, call.end)) + [0] * padding, dtype=torch.int64),
-            sampling_positions=torch.arange(call.tokens, dtype=torch.int64),
+            sampling_positions=torch.tensor(call.sampled, dtype=torch.int64),
             metadata=build_metadata(
                 self.layer_names,
                 self.reads,

@@ -194,7 +194,7 @@ class LayoutSession:
         return StepInputs(
             input_ids=torch.tensor(list(prompt[call.start : call.end]) + [0] * padding, dtype=torch.int64),
             positions=torch.tensor(positions + [0] * padding, dtype=torch.int64),
-            sampling_positions=torch.arange(call.tokens, dtype=torch.int64),
+            sampling_positions=torch.tensor(call.sampled, dtype=torch.int64),
             metadata=build_metadata(
                 self.prefill_graph.session.layer_names,
                 self.prefill_graph.session.reads,

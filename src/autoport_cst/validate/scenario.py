@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autoport_cst.errors import InputError
 
@@ -45,17 +45,30 @@ PREFIX_HIT_LENGTH = 48
 class PrefillCall:
     """One prefill forward: positions ``[start, end)`` of a sequence, with
     ``start`` tokens already cached; ``segment`` is the kv_segment_size (0:
-    a whole prompt, not padded)."""
+    a whole prompt, not padded). ``last_only``: the call samples its last
+    token only, as the runner does (``sampling_positions = [tokens - 1]``);
+    otherwise every computed position."""
 
     sequence: int
     start: int
     end: int
     segment: int = 0
     padded_rows: int = 0  # a whole prompt padded (context-parallel prefill)
+    last_only: bool = False
 
     @property
     def tokens(self) -> int:
         return self.end - self.start
+
+    @property
+    def sampled(self) -> tuple[int, ...]:
+        """The rows the call samples (its ``sampling_positions``)."""
+        return (self.tokens - 1,) if self.last_only else tuple(range(self.tokens))
+
+    @property
+    def sampled_positions(self) -> tuple[int, ...]:
+        """The sequence positions whose logits the call returns."""
+        return tuple(self.start + row for row in self.sampled)
 
     @property
     def rows(self) -> int:
@@ -150,7 +163,10 @@ class Scenario:
     def prefill_plan(self, cache_paths: bool) -> tuple[PrefillCall, ...]:
         """The prefill calls in order: one per whole prompt, and with the
         cache paths the chunked prompt's two calls and the prefix-cache hit's
-        call."""
+        call. The first call samples every position (each prompt position's
+        logits are compared); the others only their last token, as the
+        runner samples (a port that ignores ``sampling_positions``, or
+        selects them the wrong way, returns other rows)."""
         calls: list[PrefillCall] = []
         for b in self.sequences(cache_paths):
             length = len(self.prompts[b])
@@ -163,7 +179,7 @@ class Scenario:
                 calls.append(PrefillCall(b, PREFIX_TOKENS, length, SEGMENT_SIZE))
             else:
                 calls.append(PrefillCall(b, 0, length))
-        return tuple(calls)
+        return tuple(call if i == 0 else replace(call, last_only=True) for i, call in enumerate(calls))
 
     def block_table(self, sequence: int, width: int = 1) -> tuple[int, ...]:
         """A sequence's block table; the prefix-cache hit's starts with the

@@ -32,6 +32,7 @@ from . import (
     decode_mask,
     dtype_utils,
     functional,
+    kernel_phases,
     kv_cache,
     layers,
     moe,
@@ -157,6 +158,8 @@ class Installation:
         layout = parallel_state.expert_parallel_layout()
         if layout is not None:
             described["expert_parallel"] = layout
+        if any(kernel_phases.calls().values()):
+            described["kernel_calls"] = kernel_phases.calls()
         return described
 
 
@@ -288,6 +291,7 @@ def standin_installed(
     being global rank ``rank`` (``parallel_state.configure_layout``); the
     vLLM config then describes the decode graph."""
     installation = Installation()
+    kernel_phases.reset()
     if layout is not None and layout.disaggregated:
         parallel_state.configure_layout(layout, rank)
         vllm_config.configure(

@@ -48,10 +48,10 @@ from typing import Any
 
 import torch
 
-from . import collectives
+from . import collectives, kernel_phases
 from .common_types import QuantizationType
-from .decode_mask import _resize_block_len, gen_attention_decode_mask
-from .kernel_options import KernelOptions
+from .decode_mask import _resize_block_len, gen_attention_decode_mask, mask_block_len
+from .kernel_options import KernelOptions, refuse_bools
 from .numerics import KernelConstraintError, check_bias, is_fp8, matmul, quantize_kv, rms_norm, rotate_half
 
 DECODE_OPTIONS = KernelOptions(
@@ -273,6 +273,8 @@ def _visible(attention_mask, pos_ids, swa_start_pos_ids, max_context_len, geomet
         )
     elif attention_mask is None:
         raise KernelConstraintError("NF.attention_decode: needs attention_mask or pos_ids")
+    else:
+        _check_mask_layout(attention_mask, geometry.block_len)
     if tuple(attention_mask.shape) != shape:
         raise KernelConstraintError(
             f"NF.attention_decode: attention_mask must be {list(shape)}, got {list(attention_mask.shape)}"
@@ -281,6 +283,18 @@ def _visible(attention_mask, pos_ids, swa_start_pos_ids, max_context_len, geomet
     if max_context_len is not None:
         visible = visible & _bounded(max_context_len, geometry)
     return visible
+
+
+def _check_mask_layout(attention_mask: torch.Tensor, block_len: int) -> None:
+    """A mask from ``gen_attention_decode_mask`` must be laid out for this
+    cache's blocks."""
+    built_for = mask_block_len(attention_mask)
+    if built_for is not None and built_for != block_len:
+        raise KernelConstraintError(
+            f"NF.attention_decode: the attention_mask was built by gen_attention_decode_mask with "
+            f"block_len={built_for}, but the KV cache's blocks hold {block_len} slots (the device lays the "
+            "mask out by block: pass the cache's block size)"
+        )
 
 
 def _bounded(max_context_len: torch.Tensor, geometry: _Geometry) -> torch.Tensor:
@@ -396,7 +410,15 @@ def attention_decode(
     (``[B * S, H]`` with ``W_out``, else ``[B, q_heads, d, S]``) with
     ``update_cache``; otherwise ``(output, K_new [d, B * kv_heads, S],
     V_new [B, kv_heads, S, d])``."""
+    kernel_phases.record("attention_decode")
     DECODE_OPTIONS.check(options)
+    refuse_bools(
+        "attention_decode",
+        attention_dp=attention_dp,
+        attention_dp_rank=attention_dp_rank,
+        dcp_size=dcp_size,
+        X_hidden_dim_actual=X_hidden_dim_actual,
+    )
     _check_parallel(attention_dp, attention_dp_group, kv_needs_a2a, dcp_size, dcp_group, k_scale, v_scale)
     if fp8_packed and not is_fp8(K_cache):
         raise KernelConstraintError(

@@ -17,17 +17,44 @@ attention does not need.
   an interleaved share of the context, so prior slot ``s`` is visible when
   ``s < local_filled_slots[b]``, and the active slots are visible on the rank
   that owns the active token (``dcp_active_mask[b]`` = 1).
+
+``block_len`` decides the device layout of the mask, which must be the one
+``attention_decode`` reads for its cache: each mask remembers the
+``block_len`` it was built for (``mask_block_len``, for the mask and its
+views), and ``attention_decode`` refuses a mask built for blocks of another
+length than its cache's.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
+from . import kernel_phases
+from .kernel_options import refuse_bools
 from .numerics import P_MAX, KernelConstraintError
 
 LOGICAL_CORES = 2  # the decode kernel shards over two logical cores
+_BUILT: list[tuple[weakref.ref, int]] = []  # live masks and the block_len each was built for
+
+
+def _remember(mask: torch.Tensor, block_len: int) -> torch.Tensor:
+    _BUILT[:] = [(ref, length) for ref, length in _BUILT if ref() is not None]
+    _BUILT.append((weakref.ref(mask), block_len))
+    return mask
+
+
+def mask_block_len(tensor: torch.Tensor) -> int | None:
+    """The ``block_len`` of the ``gen_attention_decode_mask`` mask ``tensor``
+    is (or views); None for a tensor that is not one."""
+    storage = tensor.untyped_storage().data_ptr()
+    for ref, length in reversed(_BUILT):
+        mask = ref()
+        if mask is not None and mask.untyped_storage().data_ptr() == storage:
+            return length
+    return None
 
 
 def gen_attention_decode_mask(
@@ -42,10 +69,20 @@ def gen_attention_decode_mask(
     dcp_active_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The decode mask (module docstring); ``pos_ids [1, bs * s_active]``."""
+    kernel_phases.record("gen_attention_decode_mask")
+    refuse_bools(
+        "gen_attention_decode_mask",
+        bs=bs,
+        q_head=q_head,
+        s_active=s_active,
+        s_prior=s_prior,
+        block_len=block_len,
+    )
     if s_prior % P_MAX != 0:
         raise KernelConstraintError(f"s_prior ({s_prior}) must be divisible by {P_MAX}")
     if local_filled_slots is not None:
-        return _context_parallel_mask(local_filled_slots, dcp_active_mask, bs, q_head, s_active, s_prior)
+        mask = _context_parallel_mask(local_filled_slots, dcp_active_mask, bs, q_head, s_active, s_prior)
+        return _remember(mask, block_len)
     if dcp_active_mask is not None:
         raise KernelConstraintError("gen_attention_decode_mask: dcp_active_mask needs local_filled_slots")
     positions = pos_ids.reshape(bs, s_active).to(torch.float32)
@@ -63,7 +100,8 @@ def gen_attention_decode_mask(
     mask = prior.view(s_prior, bs, 1).expand(s_prior, bs, s_active).clone()
     causal = torch.ones(s_active, s_active, dtype=torch.bool, device=pos_ids.device).triu()
     mask[s_prior - s_active :] = causal.view(s_active, 1, s_active).expand(s_active, bs, s_active)
-    return mask.to(torch.float32).unsqueeze(2).expand(s_prior, bs, q_head, s_active).contiguous()
+    full = mask.to(torch.float32).unsqueeze(2).expand(s_prior, bs, q_head, s_active).contiguous()
+    return _remember(full, block_len)
 
 
 def _per_request(values: torch.Tensor, bs: int, name: str) -> torch.Tensor:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from . import kernel_phases
 from .common_types import ActFnType, NormType, QuantizationType
 from .kernel_options import KernelOptions
 from .numerics import activation, check_bias, layer_norm, matmul, rms_norm
@@ -58,6 +59,7 @@ def mlp(
     **options: Any,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The dense MLP (module docstring); weights ``[H, I]``, ``[H, I]``, ``[I, H]``."""
+    kernel_phases.record("mlp")
     MLP_OPTIONS.check(options)
     check_bias(gate_b, gate_w.shape[1], "mlp", "gate_b")
     check_bias(up_b, up_w.shape[1], "mlp", "up_b")
@@ -103,6 +105,7 @@ def merge_prompt_embeds(
     is_token_ids: torch.Tensor | None,
 ) -> torch.Tensor:
     """Token embeddings where ``is_token_ids``, ``inputs_embeds`` elsewhere."""
+    kernel_phases.record("merge_prompt_embeds")
     if inputs_embeds is None or is_token_ids is None:
         return hidden
     return torch.where(is_token_ids.bool().unsqueeze(-1), hidden, inputs_embeds.to(hidden.dtype))

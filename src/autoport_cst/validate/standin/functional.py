@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import kernel_phases
 from .collectives import all_to_all as _all_to_all
 from .common_types import ActFnType, NormType
 from .decode_attention import attention_decode
@@ -62,6 +63,7 @@ __all__ = [
 def all_to_all(tensor: Any, split_dim: int, concat_dim: int, group: Any = None) -> Any:
     """``NF.all_to_all``: exchange chunks of ``split_dim`` over ``group``
     (a process group; ``None`` is a single rank)."""
+    kernel_phases.record("all_to_all")
     return _all_to_all(tensor, split_dim, concat_dim, group)
 
 

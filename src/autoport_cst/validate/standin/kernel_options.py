@@ -13,7 +13,8 @@ groups, declared per kernel as data (``KernelOptions``):
   names the argument and the value.
 
 A name in neither group is not an argument of the kernel at all and is
-refused as such. Defaults compare by identity for ``None``/``True``/``False``,
+refused as such; a bool given for one of a kernel's integer parameters
+(``refuse_bools``) is refused by name too. Defaults compare by identity for ``None``/``True``/``False``,
 by value for numbers (a bool is never taken for a number) and by type and
 value otherwise, so ``True`` never passes for a default of ``1`` (nor ``1``
 for ``False``).
@@ -76,6 +77,16 @@ def refuse_unless_default(op: str, **given: tuple[Any, Any]) -> None:
             raise UnsupportedKernelOption(
                 f"NF.{op}: {name}={_show(value)} is not implemented in the CPU stand-in "
                 f"(only the default {_show(default)})"
+            )
+
+
+def refuse_bools(op: str, **counts: Any) -> None:
+    """``counts`` are a kernel's integer parameters: a bool is not taken for
+    one (``True == 1``), it is refused by name."""
+    for name, value in counts.items():
+        if isinstance(value, bool):
+            raise UnsupportedKernelOption(
+                f"NF.{op}: {name}={value!r} is a bool where the kernel takes a number"
             )
 
 

@@ -39,8 +39,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from . import kernel_phases
 from .common_types import ActFnType, ExpertAffinityScaleMode, RouterActFnType
-from .kernel_options import KernelOptions
+from .kernel_options import KernelOptions, refuse_bools
 from .numerics import KernelConstraintError
 
 # keyword arguments beyond the explicit parameters: none is modelled
@@ -116,6 +117,8 @@ def router(
     L1-renormalizes them; TOPK_SCATTER_ACT scatters the top-k logits into
     ``-inf`` and activates the whole row.
     """
+    kernel_phases.record("router")
+    refuse_bools("router", top_k=top_k)
     ROUTER_OPTIONS.check(kernel_only)
     if hidden_states.dim() != 2:
         raise ValueError(f"Expected hidden_states to be 2D [T, H], got shape {tuple(hidden_states.shape)}")
@@ -173,6 +176,7 @@ def get_local_expert_affinities(
     expert_affinities: torch.Tensor, local_expert_indices: torch.Tensor
 ) -> torch.Tensor:
     """Columns of this rank's experts: ``[T, E_global]`` -> ``[T, E_local]``."""
+    kernel_phases.record("get_local_expert_affinities")
     if expert_affinities.dim() != 2:
         raise ValueError(f"expert_affinities must be [T, E], got {tuple(expert_affinities.shape)}")
     indices = local_expert_indices.reshape(-1).to(torch.long)
@@ -210,6 +214,14 @@ def build_blockwise_mapping(
     compiled-in constant) picks the rank's share of that construction and
     does not change the mapping; it must be a whole number when given.
     """
+    kernel_phases.record("build_blockwise_mapping")
+    refuse_bools(
+        "build_blockwise_mapping",
+        num_local_experts=num_local_experts,
+        num_experts_per_token=num_experts_per_token,
+        block_size=block_size,
+        tp_degree=tp_degree,
+    )
     if rank is not None and (
         isinstance(rank, torch.Tensor) and rank.is_floating_point() or isinstance(rank, float)
     ):
@@ -277,13 +289,18 @@ def _expert_mlp(
     act: Any,
     clamps: tuple[float | None, float | None, float | None, float | None],
     op: str,
+    compute: torch.dtype | None = None,
 ) -> torch.Tensor:
     """One expert on rows ``x [n, H]``: gate_up ``[H, 2, I]``, down ``[I, H]``,
-    biases ``[2, I]`` / ``[H]``. Returns float32 ``[n, H]``."""
-    gate = x.to(torch.float32) @ gate_up[:, 0, :].to(torch.float32)
-    up = x.to(torch.float32) @ gate_up[:, 1, :].to(torch.float32)
-    if x.dtype != torch.float32:
-        gate, up = gate.to(x.dtype).to(torch.float32), up.to(x.dtype).to(torch.float32)
+    biases ``[2, I]`` / ``[H]``; the matmuls take their inputs in ``compute``
+    (the rows' dtype by default) and accumulate in float32. Returns float32
+    ``[n, H]``."""
+    compute = compute or x.dtype
+    x = x.to(compute)
+    gate = x.to(torch.float32) @ gate_up[:, 0, :].to(compute).to(torch.float32)
+    up = x.to(torch.float32) @ gate_up[:, 1, :].to(compute).to(torch.float32)
+    if compute != torch.float32:
+        gate, up = gate.to(compute).to(torch.float32), up.to(compute).to(torch.float32)
     if gate_up_bias is not None:
         gate = gate + gate_up_bias[0].to(torch.float32)
         up = up + gate_up_bias[1].to(torch.float32)
@@ -292,8 +309,8 @@ def _expert_mlp(
         gate = gate.clamp(min=gate_lower, max=gate_upper)
     if up_upper is not None or up_lower is not None:
         up = up.clamp(min=up_lower, max=up_upper)
-    inner = (_expert_activation(gate, act, op) * up).to(x.dtype)
-    out = inner.to(torch.float32) @ down.to(torch.float32)
+    inner = (_expert_activation(gate, act, op) * up).to(compute)
+    out = inner.to(torch.float32) @ down.to(compute).to(torch.float32)
     if down_bias is not None:
         out = out + down_bias.to(torch.float32).reshape(-1)
     return out
@@ -349,8 +366,16 @@ def moe_cte(
     ``block_to_expert [N]`` (or ``[N, 1]``) int32; biases ``[E, 2, I]`` and
     ``[E, H]``. Each token of block ``n`` goes through expert
     ``block_to_expert[n]``; its output is scaled by the affinity (POST_SCALE,
-    or before the down projection for PRE_SCALE_DELAYED) and accumulated.
+    or before the down projection for PRE_SCALE_DELAYED) and accumulated
+    into the token's row (``is_tensor_update_accumulating``; without it a
+    block's rows are overwritten, so a token keeps one expert's output).
+    Blocks whose ``conditions`` entry is 0 are not computed; -1 slots and
+    blocks are skipped with ``skip_token`` / ``skip_weight`` and refused
+    without them; the expert matmuls take their inputs in ``compute_dtype``
+    (default: the hidden states' dtype).
     """
+    kernel_phases.record("moe_cte")
+    refuse_bools("moe_cte", block_size=block_size)
     MOE_CTE_OPTIONS.check(options)
     if not isinstance(implementation, MoECTEImplementation):
         raise KernelConstraintError(
@@ -420,14 +445,17 @@ def moe_cte(
         raise NotImplementedError(
             f"NF.moe_cte: expert_affinities_scaling_mode {mode} is not in the CPU stand-in"
         )
+    active = _active_blocks(conditions, num_blocks)
+    _check_skips(positions, block_expert, skip_token, skip_weight)
+    compute = _compute_dtype(compute_dtype, hidden_states.dtype)
     clamps = (gate_clamp_upper_limit, gate_clamp_lower_limit, up_clamp_upper_limit, up_clamp_lower_limit)
     output = torch.zeros(tokens, hidden, dtype=torch.float32, device=hidden_states.device)
     for block in range(num_blocks):
         ids = positions[block * block_size : (block + 1) * block_size].to(torch.long)
-        ids = ids[(ids >= 0) & (ids < tokens)]
-        if ids.numel() == 0:
-            continue
+        ids = ids[(ids >= 0) & (ids < tokens)]  # -1 skipped; T: the zero padding row
         expert = int(block_expert[block])
+        if ids.numel() == 0 or not active[block] or expert < 0:
+            continue
         out = _expert_mlp(
             hidden_states[ids],
             gate_up_proj_weight[expert],
@@ -437,9 +465,57 @@ def moe_cte(
             activation_function,
             clamps,
             "moe_cte",
+            compute,
         )
-        output.index_add_(0, ids, out * affinities[ids, expert].unsqueeze(1))
+        weighted = out * affinities[ids, expert].unsqueeze(1)
+        if is_tensor_update_accumulating:
+            output.index_add_(0, ids, weighted)
+        else:  # each block writes its tokens' rows: a token keeps its last expert's output
+            output[ids] = weighted
     return output.to(hidden_states.dtype)
+
+
+def _active_blocks(conditions: torch.Tensor | None, num_blocks: int) -> list[bool]:
+    """Which blocks ``moe_cte`` computes: those whose ``conditions`` entry
+    (from ``build_blockwise_mapping``: 1 when the block holds a token) is not
+    0; every block without ``conditions``."""
+    if conditions is None:
+        return [True] * num_blocks
+    flags = conditions.reshape(-1)
+    if flags.numel() != num_blocks:
+        raise KernelConstraintError(
+            f"NF.moe_cte: conditions has {flags.numel()} entries for {num_blocks} blocks"
+        )
+    return [bool(flag) for flag in flags.tolist()]
+
+
+def _check_skips(
+    positions: torch.Tensor, block_expert: torch.Tensor, skip_token: bool, skip_weight: bool
+) -> None:
+    """-1 entries are skipped only in the skip modes that say so: without
+    ``skip_token`` every slot of ``token_position_to_id`` is a row of
+    ``hidden_states`` (padding points at a zero row ``T``), without
+    ``skip_weight`` every block has an expert."""
+    if not skip_token and bool((positions < 0).any()):
+        raise KernelConstraintError(
+            "NF.moe_cte: token_position_to_id holds -1 padding slots, which the kernel skips only with "
+            "skip_token=True (without it, padding slots point at a zero row T of hidden_states [T + 1, H])"
+        )
+    if not skip_weight and bool((block_expert < 0).any()):
+        raise KernelConstraintError(
+            "NF.moe_cte: block_to_expert holds -1 (a block without an expert), which the kernel skips only "
+            "with skip_weight=True"
+        )
+
+
+def _compute_dtype(compute_dtype: Any, default: torch.dtype) -> torch.dtype:
+    """``compute_dtype`` (an ``nl`` dtype, which the stand-in's are torch
+    dtypes) or ``default`` when None."""
+    if compute_dtype is None:
+        return default
+    if not isinstance(compute_dtype, torch.dtype) or not compute_dtype.is_floating_point:
+        raise KernelConstraintError(f"NF.moe_cte: compute_dtype must be a float dtype, got {compute_dtype!r}")
+    return compute_dtype
 
 
 def moe_block_tkg(
@@ -488,6 +564,8 @@ def moe_block_tkg(
     than global experts, ``rank_id [1, 1]`` int32 names the rank owning
     experts ``[E_L * rank_id, E_L * (rank_id + 1))``.
     """
+    kernel_phases.record("moe_block_tkg")
+    refuse_bools("moe_block_tkg", top_k=top_k, hidden_actual=hidden_actual)
     MOE_BLOCK_TKG_OPTIONS.check(options)
     if any(w is not None for w in (shared_expert_gate_w, shared_expert_up_w, shared_expert_down_w)):
         raise NotImplementedError("NF.moe_block_tkg: fused shared experts are not in the CPU stand-in")

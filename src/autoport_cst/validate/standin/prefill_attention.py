@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
+from . import kernel_phases
 from .decode_attention import unswizzle_packed_k
-from .kernel_options import KernelOptions
+from .kernel_options import KernelOptions, refuse_bools
 from .numerics import KernelConstraintError, is_fp8
 
 SUPPORTED_KV_SEGMENT_SIZES = (512, 1024, 2048, 4096, 8192)
@@ -107,6 +108,8 @@ def flash_attention(
     ``v`` is ``[B, S, D]``. B may be heads (GQA when ``B_q % B_kv == 0``).
     A window ``w > 0`` hides keys at ``q_pos - k_pos >= w``. Returns
     ``[B, D, S]`` if ``tp_out`` else ``[B, S, D]``."""
+    kernel_phases.record("flash_attention")
+    refuse_bools("flash_attention", sliding_window=sliding_window)
     FLASH_OPTIONS.check(options)
     q = q if tp_q else q.transpose(1, 2)
     k = k if tp_k else k.transpose(1, 2)
@@ -238,6 +241,14 @@ def segmented_attention(
     """One chunk of a sequence attending to its cached tokens (see the module
     docstring). ``q`` is ``[B, S, D]`` if ``tp_q`` else ``[B, D, S]`` (B the
     query heads); returns ``[B, D, S]`` if ``tp_out`` else ``[B, S, D]``."""
+    kernel_phases.record("segmented_attention")
+    refuse_bools(
+        "segmented_attention",
+        block_size=block_size,
+        kv_segment_size=kv_segment_size,
+        sliding_window=sliding_window,
+        prior_tokens=prior_tokens,
+    )
     op = "segmented_attention"
     q = q if tp_q else q.transpose(1, 2)
     heads, q_len, d_head = q.shape
@@ -296,6 +307,15 @@ def segmented_attention_cp(
     own K/V, the partial results are merged with their log-sum-exp over the
     group, and rank ``R`` keeps query chunk ``R`` (reduce-scatter over the
     query dimension). Returns ``[B, D, S_local]`` if ``tp_out``."""
+    kernel_phases.record("segmented_attention_cp")
+    refuse_bools(
+        "segmented_attention_cp",
+        block_size=block_size,
+        cp_rank=cp_rank,
+        cp_world_size=cp_world_size,
+        cp_kv_cache_interleave_size=cp_kv_cache_interleave_size,
+        prior_tokens=prior_tokens,
+    )
     q = q if tp_q else q.transpose(1, 2)
     heads, total, d_head = q.shape
     if d_head > MAX_HEAD_DIM:

@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
+from . import kernel_phases
 from .common_types import NormType, QKVOutputLayout, QKVWeightLayout, QuantizationType
-from .kernel_options import KernelOptions, refuse_unless_default
+from .kernel_options import KernelOptions, refuse_bools, refuse_unless_default
 from .numerics import KernelConstraintError, check_bias, layer_norm, matmul, rms_norm
 
 QKV_OPTIONS = KernelOptions(
@@ -99,6 +100,15 @@ def qkv_proj(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``[B, S, H] -> [B, S, F]`` (see the module docstring), or
     ``(q, k_cache, v_cache)`` with ``use_block_kv``."""
+    kernel_phases.record("qkv_proj")
+    refuse_bools(
+        "qkv_proj",
+        d_head=d_head,
+        hidden_actual=hidden_actual,
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        block_size=block_size,
+    )
     QKV_OPTIONS.check(options)
     refuse_unless_default("qkv_proj", output_layout=(output_layout, QKVOutputLayout.BSD))
     if hidden.dim() != 3:
@@ -368,6 +378,7 @@ class _CacheWrite:
 def o_proj(active: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Attention output ``[B, N, D, S]`` (or ``[B, S, N*D]``) times
     ``weight [N*D, H]`` plus ``bias [1, H]`` -> ``[B, S, H]``."""
+    kernel_phases.record("o_proj")
     if active.dim() == 4:
         batch, heads, d_head, seq = active.shape
         active = active.permute(0, 3, 1, 2).reshape(batch, seq, heads * d_head)
