@@ -169,8 +169,8 @@ def add_functions(module: cst.Module, functions: list[str], replace: bool = Fals
         position = first_class
         while (
             position > 0
-            and isinstance(body[position - 1], cst.FunctionDef)
-            and body[position - 1].name.value > name
+            and isinstance(previous := body[position - 1], cst.FunctionDef)
+            and previous.name.value > name
         ):
             position -= 1
         if position == 0:

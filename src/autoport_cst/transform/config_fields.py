@@ -15,7 +15,7 @@ from autoport_cst.transform.cst_helpers import (
     parse_statement,
     with_comment,
 )
-from autoport_cst.transform.vocabulary import is_docstring
+from autoport_cst.transform.vocabulary import is_docstring, leading_lines, statements
 
 
 def config_class(module: cst.Module, ctx: FileContext, codemod_id: str) -> cst.ClassDef:
@@ -28,7 +28,7 @@ def config_class(module: cst.Module, ctx: FileContext, codemod_id: str) -> cst.C
     return configs[0]
 
 
-def _field_name(stmt: cst.BaseStatement) -> str | None:
+def _field_name(stmt: cst.CSTNode) -> str | None:
     if (
         isinstance(stmt, cst.SimpleStatementLine)
         and len(stmt.body) == 1
@@ -41,7 +41,11 @@ def _field_name(stmt: cst.BaseStatement) -> str | None:
 
 def config_fields(cls: cst.ClassDef) -> dict[str, cst.SimpleStatementLine]:
     """name -> statement of each ``name: annotation [= default]`` field."""
-    return {name: s for s in cls.body.body if (name := _field_name(s)) is not None}
+    return {
+        name: s
+        for s in statements(cls)
+        if isinstance(s, cst.SimpleStatementLine) and (name := _field_name(s)) is not None
+    }
 
 
 FIELDS_MARKER = "<-- MODEL-SPECIFIC: fields of this architecture's features (sorted by name)"
@@ -60,7 +64,7 @@ def add_config_fields(
     field), opened by a marker comment and sorted by name, so that codemods
     adding fields give the same file in any order."""
     cls = config_class(module, ctx, codemod_id)
-    body = list(cls.body.body)
+    body = list(statements(cls))
     present = set(config_fields(cls))
     changed = False
     for code, comment in fields:
@@ -83,7 +87,7 @@ def add_config_fields(
             body.insert(end, _with_marker(stmt))
         else:
             position = start
-            while position < end and names[position] is not None and names[position] < name:
+            while position < end and (held := names[position]) is not None and held < name:
                 position += 1
             if position == start:
                 body[start] = _without_marker(body[start])
@@ -99,21 +103,20 @@ def add_config_fields(
 
 def _has_marker(stmt: cst.BaseStatement) -> bool:
     return any(
-        line.comment is not None and FIELDS_MARKER in line.comment.value
-        for line in getattr(stmt, "leading_lines", ())
+        line.comment is not None and FIELDS_MARKER in line.comment.value for line in leading_lines(stmt)
     )
 
 
 def _with_marker(stmt: cst.BaseStatement) -> cst.BaseStatement:
     marker = cst.EmptyLine(comment=cst.Comment(f"# {FIELDS_MARKER}"))
-    return stmt.with_changes(leading_lines=[marker, *stmt.leading_lines])
+    return stmt.with_changes(leading_lines=[marker, *leading_lines(stmt)])
 
 
 def _without_marker(stmt: cst.BaseStatement) -> cst.BaseStatement:
     return stmt.with_changes(
         leading_lines=[
             line
-            for line in stmt.leading_lines
+            for line in leading_lines(stmt)
             if line.comment is None or FIELDS_MARKER not in line.comment.value
         ]
     )
@@ -137,7 +140,7 @@ def prepend_to_post_init(
             leading_lines=[cst.EmptyLine(indent=False)],
         )
         return [*body, method]
-    current = list(post_init.body.body)  # type: ignore[union-attr]
+    current = list(post_init.body.body)
     first = 1 if current and is_docstring(current[0]) else 0
     new_method = post_init.with_changes(
         body=post_init.body.with_changes(body=[*current[:first], *statements, *current[first:]])

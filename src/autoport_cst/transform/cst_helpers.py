@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar, cast
 
 import libcst as cst
 
@@ -113,9 +114,25 @@ def with_statements(func: cst.FunctionDef, stmts: Iterable[cst.BaseStatement]) -
 
 
 Edit = Callable[[cst.CSTNode], object]
+_Node = TypeVar("_Node", bound=cst.CSTNode)
 
 
-def rewrite(root: cst.CSTNode, edits: dict[int, Edit]) -> cst.CSTNode:
+def replaced_by(new: cst.CSTNode) -> Edit:
+    """The edit that puts ``new`` in the node's place."""
+    return lambda updated: new
+
+
+def followed_by(*new: cst.CSTNode) -> Edit:
+    """The edit that keeps the statement and adds ``new`` after it."""
+    return lambda updated: cst.FlattenSentinel([updated, *new])
+
+
+def preceded_by(*new: cst.CSTNode) -> Edit:
+    """The edit that keeps the statement and adds ``new`` before it."""
+    return lambda updated: cst.FlattenSentinel([*new, updated])
+
+
+def rewrite(root: _Node, edits: dict[int, Edit]) -> _Node:
     """Apply ``edits`` (``id(original node)`` -> function of the updated node,
     returning a node, ``cst.FlattenSentinel`` or ``cst.RemoveFromParent()``)
     in one pass that only descends into the targets and their ancestors.
@@ -130,11 +147,12 @@ def rewrite(root: cst.CSTNode, edits: dict[int, Edit]) -> cst.CSTNode:
         def on_visit(self, node: cst.CSTNode) -> bool:
             return id(node) in keep
 
-        def on_leave(self, original, updated):  # type: ignore[override]
+        def on_leave(self, original, updated):
             edit = edits.get(id(original))
             return edit(updated) if edit is not None else updated
 
-    return root.visit(_Rewrite())
+    # The edits keep the root's kind (they edit statements and expressions below it).
+    return cast(_Node, root.visit(_Rewrite()))
 
 
 def _paths_to(root: cst.CSTNode, targets: set[int]) -> set[int]:
@@ -168,35 +186,29 @@ def _paths_to(root: cst.CSTNode, targets: set[int]) -> set[int]:
     return keep
 
 
-def insert_after(
-    node: cst.CSTNode, anchor: cst.BaseStatement, new: Sequence[cst.BaseStatement]
-) -> cst.CSTNode:
+def insert_after(node: _Node, anchor: cst.BaseStatement, new: Sequence[cst.BaseStatement]) -> _Node:
     """Insert ``new`` after ``anchor`` wherever it sits under ``node`` (in the
     block that contains it)."""
     return insert_many_after(node, {id(anchor): list(new)})
 
 
-def insert_many_after(node: cst.CSTNode, additions: dict[int, list[cst.BaseStatement]]) -> cst.CSTNode:
+def insert_many_after(node: _Node, additions: dict[int, list[cst.BaseStatement]]) -> _Node:
     """Several insertions in one pass: ``additions`` maps ``id(anchor)`` to the
     statements to insert after it. (Node identities do not survive a
     transformer pass, so insertions must be gathered and done together.)"""
     return rewrite(
         node,
-        {
-            key: (lambda updated, new=new: cst.FlattenSentinel([updated, *new]))
-            for key, new in additions.items()
-            if new
-        },
+        {key: followed_by(*new) for key, new in additions.items() if new},
     )
 
 
-def remove_statements(node: cst.CSTNode, doomed: Sequence[cst.CSTNode]) -> cst.CSTNode:
+def remove_statements(node: _Node, doomed: Sequence[cst.CSTNode]) -> _Node:
     return rewrite(node, {id(d): (lambda updated: cst.RemoveFromParent()) for d in doomed})
 
 
-def replace_nodes(node: cst.CSTNode, mapping: dict[int, cst.CSTNode]) -> cst.CSTNode:
+def replace_nodes(node: _Node, mapping: dict[int, cst.CSTNode]) -> _Node:
     """Replace nodes (keyed by ``id(original)``) anywhere under ``node``."""
-    return rewrite(node, {key: (lambda updated, new=new: new) for key, new in mapping.items()})
+    return rewrite(node, {key: replaced_by(new) for key, new in mapping.items()})
 
 
 # -- parsing snippets ---------------------------------------------------------
@@ -227,7 +239,7 @@ def ensure_import_from(module: cst.Module, source: str, name: str) -> cst.Module
     """Make ``from source import name`` available at module level: extend an
     existing ``from source import ...`` or add one after the last top-level
     import. No change when the name is already imported from there."""
-    body = list(module.body)
+    body: list[cst.BaseStatement] = list(module.body)
     last_import = -1
     for index, stmt in enumerate(body):
         if not isinstance(stmt, cst.SimpleStatementLine):
@@ -259,9 +271,12 @@ def ensure_import_from(module: cst.Module, source: str, name: str) -> cst.Module
 def _reflow_aliases(names: list[cst.ImportAlias], original: cst.ImportFrom) -> list[cst.ImportAlias]:
     """Keep the comma style of the original import (one per line when it was
     parenthesized over lines)."""
+    old = original.names
+    if isinstance(old, cst.ImportStar):  # pragma: no cover - callers pass a named import
+        return names
     multiline = original.lpar is not None and any(
         isinstance(a.comma, cst.Comma) and isinstance(a.comma.whitespace_after, cst.ParenthesizedWhitespace)
-        for a in original.names
+        for a in old
     )
     if not multiline:
         out = []
@@ -275,11 +290,11 @@ def _reflow_aliases(names: list[cst.ImportAlias], original: cst.ImportFrom) -> l
         return out
     sample = next(
         a.comma
-        for a in original.names
+        for a in old
         if isinstance(a.comma, cst.Comma)
         and isinstance(a.comma.whitespace_after, cst.ParenthesizedWhitespace)
     )
-    last_comma = original.names[-1].comma
+    last_comma = old[-1].comma
     out = []
     for i, alias in enumerate(names):
         out.append(alias.with_changes(comma=sample if i < len(names) - 1 else last_comma))

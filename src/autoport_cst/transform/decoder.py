@@ -43,6 +43,7 @@ from autoport_cst.transform.layers import (
     LOAD_TIME,
     assigned_call,
     assigned_name,
+    assigned_value,
     norm_call_attr,
     one_class,
     require_method,
@@ -282,7 +283,8 @@ def _branches(stmt: cst.If) -> list[cst.IndentedBlock] | None:
     if not isinstance(node, cst.Else):
         return None
     blocks.append(node.body)
-    return blocks if all(isinstance(b, cst.IndentedBlock) for b in blocks) else None
+    indented = [b for b in blocks if isinstance(b, cst.IndentedBlock)]
+    return indented if len(indented) == len(blocks) else None
 
 
 def _call_statement(stmt: cst.CSTNode, attrs: dict[str, str]) -> cst.Call | None:
@@ -291,7 +293,8 @@ def _call_statement(stmt: cst.CSTNode, attrs: dict[str, str]) -> cst.Call | None
 
 
 def _sublayer(kind, stmt, block, body, norms) -> SublayerCall:
-    call = assigned_call(stmt)
+    call, variable = assigned_call(stmt), assigned_name(stmt)
+    assert call is not None and variable is not None  # a sublayer statement (_call_statement)
     index = body.index(stmt)
     before = body[index - 1] if index > 0 else None
     after = body[index + 1] if index + 1 < len(body) else None
@@ -299,7 +302,7 @@ def _sublayer(kind, stmt, block, body, norms) -> SublayerCall:
         kind,
         stmt,
         call,
-        assigned_name(stmt),
+        variable,
         block,
         before if norm_call_attr(before, norms) is not None else None,
         after if norm_call_attr(after, norms) is not None else None,
@@ -402,7 +405,7 @@ def logits_site(module: cst.Module, ctx: FileContext, codemod_id: str):
     heads = [
         s
         for s in forward.body.body
-        if assigned_call(s) is not None and self_attr(assigned_call(s).func) == "lm_head"
+        if (call := assigned_call(s)) is not None and self_attr(call.func) == "lm_head"
     ]
     if len(heads) != 1 or len(calls) != 1:
         raise ctx.precondition(
@@ -419,15 +422,15 @@ def logits_site(module: cst.Module, ctx: FileContext, codemod_id: str):
     return lm, forward, name, body[at]
 
 
-def _rescales(stmt: cst.BaseStatement, name: str) -> bool:
+def _rescales(stmt: cst.CSTNode, name: str | None) -> bool:
     """``<name> = <expression of name>``, or an ``if`` (no ``else``) whose
     body is only such statements."""
     if isinstance(stmt, cst.If):
         inner = stmt.body.body if isinstance(stmt.body, cst.IndentedBlock) else []
         return stmt.orelse is None and bool(inner) and all(_rescales(s, name) for s in inner)
-    if assigned_name(stmt) != name:
+    value = assigned_value(stmt)
+    if assigned_name(stmt) != name or value is None:
         return False
-    value = stmt.body[0].value  # type: ignore[union-attr]
     return any(isinstance(n, cst.Name) and n.value == name for n in walk(value))
 
 

@@ -9,7 +9,7 @@ entries) and works on plain nodes, like ``autoport_cst.transform.cst_helpers``.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -45,6 +45,7 @@ from autoport_cst.transform.loaders import (  # noqa: F401  (re-exported)
     mlp_classes,
 )
 from autoport_cst.transform.roles import class_role
+from autoport_cst.transform.vocabulary import leading_lines
 
 WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"
 ACT_TYPES = "nkilib.core.utils.common_types"
@@ -80,7 +81,7 @@ def self_assignments(node: cst.CSTNode) -> dict[str, tuple[cst.SimpleStatementLi
         if isinstance(stmt, cst.SimpleStatementLine):
             pair = self_assignment(stmt)
             if pair is not None and pair[0] not in found:
-                found[pair[0]] = (stmt, pair[1])  # type: ignore[assignment]
+                found[pair[0]] = (stmt, pair[1])
     return found
 
 
@@ -113,7 +114,7 @@ def instances_of_role(module: cst.Module, role: str) -> dict[str, list[cst.Simpl
         if isinstance(stmt, cst.SimpleStatementLine):
             pair = self_assignment(stmt)
             if pair is not None and _call_role(pair[1]) == role:
-                found.setdefault(pair[0], []).append(stmt)  # type: ignore[arg-type]
+                found.setdefault(pair[0], []).append(stmt)
     return found
 
 
@@ -126,9 +127,10 @@ def attr_of_role(cls: cst.ClassDef, module: cst.Module, role: str) -> list[str]:
 def param_ctor(stmt: cst.SimpleStatementLine) -> cst.Call | None:
     """``torch.empty(...)`` of ``self.x = nn.Parameter(torch.empty(...))``."""
     pair = self_assignment(stmt)
-    if pair is None or not is_parameter(pair[1]) or not pair[1].args:  # type: ignore[union-attr]
+    value = pair[1] if pair is not None else None
+    if not (isinstance(value, cst.Call) and is_parameter(value) and value.args):
         return None
-    inner = pair[1].args[0].value  # type: ignore[union-attr]
+    inner = value.args[0].value
     return inner if isinstance(inner, cst.Call) else None
 
 
@@ -189,7 +191,7 @@ def parse_mlp_call(call: cst.Call, ctx: FileContext, module: cst.Module, codemod
             call,
             module,
         )
-    return MLPCall(call, attrs[0], attrs[1], attrs[2])  # type: ignore[arg-type]
+    return MLPCall(call, attrs[0], attrs[1], attrs[2])
 
 
 # Every dense MLP class of a file (quantized ones flagged): ``loaders.mlp_classes``
@@ -232,8 +234,8 @@ def replace_segment(node: cst.BaseExpression, old: str, new: str) -> cst.BaseExp
             parts.append(part)
         return node.with_changes(parts=parts) if changed else None
     if isinstance(node, cst.ConcatenatedString):
-        left = replace_segment(node.left, old, new)  # type: ignore[arg-type]
-        right = replace_segment(node.right, old, new)  # type: ignore[arg-type]
+        left = replace_segment(node.left, old, new)
+        right = replace_segment(node.right, old, new)
         if left is None and right is None:
             return None
         return node.with_changes(left=left or node.left, right=right or node.right)
@@ -288,7 +290,7 @@ def has_self_assignment(func: cst.FunctionDef, attr: str) -> bool:
 def append_statements_edit(func: cst.FunctionDef, new: list[cst.BaseStatement]) -> tuple[int, object]:
     """An edit (``(id, fn)`` for ``rewrite``) that appends ``new`` at the end
     of ``func``'s body (after its last statement)."""
-    last = func.body.body[-1]  # type: ignore[union-attr]
+    last = func.body.body[-1]
     return id(last), (lambda updated: cst.FlattenSentinel([updated, *new]))
 
 
@@ -296,7 +298,7 @@ def uses_self_attr(node: cst.CSTNode, attr: str) -> bool:
     return any(self_attr(n) == attr for n in walk(node))
 
 
-def assigned_name(stmt: cst.CSTNode) -> str | None:
+def assigned_name(stmt: cst.CSTNode | None) -> str | None:
     """``x`` for a one-target ``x = ...`` statement line."""
     if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
         small = stmt.body[0]
@@ -309,11 +311,17 @@ def assigned_name(stmt: cst.CSTNode) -> str | None:
     return None
 
 
+def assigned_value(stmt: cst.CSTNode) -> cst.BaseExpression | None:
+    """The value of a one-target ``x = <value>`` statement line."""
+    if assigned_name(stmt) is None or not isinstance(stmt, cst.SimpleStatementLine):
+        return None
+    small = stmt.body[0]
+    return small.value if isinstance(small, cst.Assign) else None
+
+
 def assigned_call(stmt: cst.CSTNode) -> cst.Call | None:
     """The call of ``x = <call>(...)``."""
-    if assigned_name(stmt) is None:
-        return None
-    value = stmt.body[0].value  # type: ignore[union-attr]
+    value = assigned_value(stmt)
     return value if isinstance(value, cst.Call) else None
 
 
@@ -390,7 +398,7 @@ def add_edit(edits: dict, key: int, fn) -> None:
     edits[key] = both
 
 
-def removal_edits(root: cst.CSTNode, doomed: list[cst.BaseStatement]) -> dict:
+def removal_edits(root: cst.CSTNode, doomed: Sequence[cst.CSTNode]) -> dict:
     """Edits removing ``doomed`` statements; the leading lines of a removed
     statement that carry comments (section markers) move to the next kept
     statement of its block."""
@@ -403,8 +411,8 @@ def removal_edits(root: cst.CSTNode, doomed: list[cst.BaseStatement]) -> dict:
         for stmt in node.body:
             if id(stmt) in doomed_ids:
                 edits[id(stmt)] = lambda updated: cst.RemoveFromParent()
-                if any(line.comment is not None for line in stmt.leading_lines):
-                    carried += list(stmt.leading_lines)
+                if any(line.comment is not None for line in leading_lines(stmt)):
+                    carried += list(leading_lines(stmt))
                 continue
             if carried:
                 edits[id(stmt)] = lambda updated, lines=carried: updated.with_changes(
@@ -495,6 +503,9 @@ def layer_forward(module: cst.Module, ctx: FileContext, codemod_id: str) -> Laye
         return hits[0]
 
     a, m = find(attn_attrs, "attention"), find(mlp_attrs, "mlp")
+    attn, mlp = body[a], body[m]
+    # statements of assigned calls (find)
+    assert isinstance(attn, cst.SimpleStatementLine) and isinstance(mlp, cst.SimpleStatementLine)
 
     def at(i: int):
         return body[i] if 0 <= i < len(body) else None
@@ -507,8 +518,8 @@ def layer_forward(module: cst.Module, ctx: FileContext, codemod_id: str) -> Laye
         init,
         forward,
         body,
-        body[a],
-        body[m],
+        attn,
+        mlp,
         norm_at(a - 1),
         norm_at(a + 1),
         norm_at(m - 1),

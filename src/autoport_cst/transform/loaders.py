@@ -40,6 +40,7 @@ from autoport_cst.transform.cst_helpers import (
     walk,
 )
 from autoport_cst.transform.roles import class_role
+from autoport_cst.transform.vocabulary import string_value
 
 SET_WEIGHT_LOADER = "set_weight_loader"
 # Wrappers that only choose the rank a loader reads for: a new loader of a
@@ -168,7 +169,7 @@ class Loader:
     local assignments it went through, from the use back to the base."""
 
     key: str
-    statement: cst.BaseStatement
+    statement: cst.CSTNode
     call: cst.Call
     function: cst.FunctionDef
     placed: Placed
@@ -242,7 +243,7 @@ class _Resolver:
             )
         return last, None
 
-    def is_loader(self, expr: cst.CSTNode, at: Placed, depth: int = 0) -> bool:
+    def is_loader(self, expr: cst.CSTNode | None, at: Placed, depth: int = 0) -> bool:
         if depth > 20:
             return False
         if isinstance(expr, cst.Name):
@@ -315,7 +316,7 @@ def _loop_keys(loop: cst.CSTNode, name: str) -> list[str] | None:
     if len(body) != 1:
         return None
     keys = [_param_key(e.value) for e in loop.iter.elements]
-    return None if None in keys else keys  # type: ignore[return-value]
+    return None if None in keys else [k for k in keys if k is not None]
 
 
 def find_loaders(node: cst.CSTNode) -> dict[str, list[Loader]]:
@@ -332,12 +333,14 @@ def find_loaders(node: cst.CSTNode) -> dict[str, list[Loader]]:
             if parts is None:
                 continue
             call, param, argument = parts
-            keys, statement, in_loop = [_param_key(param)], placed.stmt, False
+            keys: list[str | None] = [_param_key(param)]
+            statement, in_loop = placed.stmt, False
             if keys[0] is None and isinstance(param, cst.Name):
                 loop = _enclosing_loop(resolver.placed, placed)
                 loop_keys = _loop_keys(loop.stmt, param.value) if loop is not None else None
-                if loop_keys is not None:
-                    keys, statement, in_loop = loop_keys, loop.stmt, True  # type: ignore[assignment,union-attr]
+                if loop is not None and loop_keys is not None:
+                    keys = list(loop_keys)
+                    statement, in_loop = loop.stmt, True
             chain = resolver.resolve(argument, placed)
             for key in keys:
                 if key is None:
@@ -567,8 +570,8 @@ class LoaderEdits:
         statements = self._statement_edits(split)
         for key, fn in statements.items():
             add_edit(edits, key, fn)
-        for key, new in self._after.items():
-            _compose(edits, key, _then_insert(new))
+        for key, added in self._after.items():
+            _compose(edits, key, _then_insert(added))
         return edits
 
     def _all(self) -> Iterator[Loader]:
@@ -628,14 +631,16 @@ class LoaderEdits:
             gone = {m.key for m in members} - {m.key for m in kept}
 
             def shorten(updated: cst.For) -> cst.For:
-                elements = [e for e in updated.iter.elements if _param_key(e.value) not in gone]
+                params = updated.iter
+                assert isinstance(params, (cst.Tuple, cst.List))  # as _loop_keys accepted it
+                elements = [e for e in params.elements if _param_key(e.value) not in gone]
                 elements[-1] = elements[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-                return updated.with_changes(iter=updated.iter.with_changes(elements=elements))
+                return updated.with_changes(iter=params.with_changes(elements=elements))
 
             return shorten
 
         def unroll(updated: cst.For):
-            inner = updated.body.body[0].body[0].value  # set_weight_loader(w, <loader>)
+            inner = _loop_call(updated)  # set_weight_loader(w, <loader>)
             current = code_of(inner.args[1].value)
             statements = [attach_statement(m.key, split.get(id(m), current), self.module) for m in kept]
             statements[0] = statements[0].with_changes(leading_lines=updated.leading_lines)
@@ -700,6 +705,15 @@ def with_emptied_blocks(root: cst.CSTNode, doomed: list[cst.CSTNode]) -> list[cs
                 doomed = [s for s in doomed if id(s) not in {id(b) for b in body}] + [node]
                 changed = True
     return doomed
+
+
+def _loop_call(loop: cst.For) -> cst.Call:
+    """The ``set_weight_loader`` call of a loop that ``_loop_keys`` accepted."""
+    line = loop.body.body[0]
+    assert isinstance(line, cst.SimpleStatementLine) and isinstance(line.body[0], cst.Expr)
+    call = line.body[0].value
+    assert isinstance(call, cst.Call)
+    return call
 
 
 def _wrapper_args(loader: Loader) -> list[cst.CSTNode]:
@@ -781,7 +795,7 @@ def _guard_message(stmt: cst.CSTNode) -> str | None:
         if isinstance(exc, cst.Call) and dotted(exc.func) == "NotImplementedError" and len(exc.args) == 1:
             value = exc.args[0].value
             if isinstance(value, cst.SimpleString):
-                return value.evaluated_value  # type: ignore[return-value]
+                return string_value(value)
     return None
 
 
@@ -808,11 +822,11 @@ def guard_edit(cls: cst.ClassDef, message: str, module: cst.Module) -> dict:
     end = start
     while end < len(body) and _guard_message(body[end]) is not None:
         end += 1
-    messages = [_guard_message(s) for s in body[start:end]]
+    messages = [m for s in body[start:end] if (m := _guard_message(s)) is not None]
     if message in messages:
         return {}
     guard = parse_statement(f"raise NotImplementedError({_quoted(message)})", module)
-    position = start + sum(1 for m in messages if m < message)  # type: ignore[operator]
+    position = start + sum(1 for m in messages if m < message)
 
     def edit(updated: cst.FunctionDef) -> cst.FunctionDef:
         stmts = list(updated.body.body)

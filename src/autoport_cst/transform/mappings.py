@@ -51,7 +51,7 @@ def mapping_entries(node: cst.CSTNode | list[cst.CSTNode]) -> list[MappingEntry]
             key_node = target.slice[0].slice.value
             key = string_text(key_node)
             if key is not None:
-                entries.append(MappingEntry(stmt, key_node, key, value))  # type: ignore[arg-type]
+                entries.append(MappingEntry(stmt, key_node, key, value))
     return entries
 
 
@@ -67,10 +67,11 @@ def entry_statement(
 ) -> cst.SimpleStatementLine:
     """A new mapping statement shaped like ``entry`` with another key and value."""
     small = entry.statement.body[0]
-    target = small.targets[0].target if isinstance(small, cst.Assign) else small.target  # type: ignore[union-attr]
-    new_target = target.with_changes(
-        slice=[target.slice[0].with_changes(slice=cst.Index(value=key))]  # type: ignore[union-attr]
-    )
+    assert isinstance(small, (cst.Assign, cst.AnnAssign))  # as mapping_entries found it
+    target = small.targets[0].target if isinstance(small, cst.Assign) else small.target
+    assert isinstance(target, cst.Subscript)
+    new_target = target.with_changes(slice=[target.slice[0].with_changes(slice=cst.Index(value=key))])
+    new_small: cst.BaseSmallStatement
     if isinstance(small, cst.Assign):
         new_small = small.with_changes(
             targets=[small.targets[0].with_changes(target=new_target)], value=value

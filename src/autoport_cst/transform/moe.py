@@ -21,9 +21,12 @@ from autoport_cst.transform.cst_helpers import (
     insert_many_after,
     is_call,
     positional_args,
+    preceded_by,
+    replace_nodes,
     replace_string_suffix,
     self_assignment,
     simple_assign,
+    string_text,
     walk,
 )
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
@@ -71,6 +74,7 @@ def survey(cls: cst.ClassDef) -> ExpertsSurvey:
             assign = simple_assign(node)
             if (
                 assign is not None
+                and isinstance(assign[1], cst.Call)
                 and is_call(assign[1], ROUTER_CALL, "_moe_router")
                 and found.router_call is None
             ):
@@ -132,7 +136,9 @@ def method_parameter(func: cst.FunctionDef, index: int) -> str | None:
 
 
 def expert_count(statement: cst.SimpleStatementLine) -> str:
-    _, value = self_assignment(statement)
+    pair = self_assignment(statement)
+    assert pair is not None, "the experts' weight assignment"
+    value = pair[1]
     inner = value.args[0].value if isinstance(value, cst.Call) and value.args else None
     dims = positional_args(inner) if isinstance(inner, cst.Call) else []
     return code_of(dims[0].value) if dims else "self.num_experts"
@@ -189,15 +195,15 @@ def add_config_alias(
         table = pair[1]
         if not isinstance(table, cst.Dict):
             break
-        if any(isinstance(e, cst.DictElement) and string_text_of(e.key) == name for e in table.elements):
+        if any(isinstance(e, cst.DictElement) and string_text(e.key) == name for e in table.elements):
             return module
         from autoport_cst.transform.cst_helpers import parse_expr
 
         keys_code = "(" + ", ".join(f'"{k}"' for k in keys) + ("," if len(keys) == 1 else "") + ")"
         element = cst.DictElement(parse_expr(f'"{name}"', module), parse_expr(keys_code, module))
         elements = list(table.elements)
-        keys = [string_text_of(e.key) if isinstance(e, cst.DictElement) else None for e in elements]
-        index = next((i for i, k in enumerate(keys) if k is not None and k > name), len(elements))
+        present = [string_text(e.key) if isinstance(e, cst.DictElement) else None for e in elements]
+        index = next((i for i, k in enumerate(present) if k is not None and k > name), len(elements))
         if index < len(elements):
             # sorted position, so that codemods adding aliases commute
             model = elements[index - 1] if index > 0 else elements[index]
@@ -214,22 +220,10 @@ def add_config_alias(
             elements[-1] = last.with_changes(comma=separator)
         elements.insert(index, element)
         new_table = table.with_changes(elements=elements)
-        return rewrite_node(module, table, new_table)
+        return replace_nodes(module, {id(table): new_table})
     raise ctx.precondition(
         f"{codemod_id}: the config file has no {ALIASES_NAME} dict (field -> config keys that may hold it)"
     )
-
-
-def string_text_of(node: cst.CSTNode) -> str | None:
-    from autoport_cst.transform.cst_helpers import string_text
-
-    return string_text(node)
-
-
-def rewrite_node(root: cst.CSTNode, old: cst.CSTNode, new: cst.CSTNode) -> cst.CSTNode:
-    from autoport_cst.transform.cst_helpers import rewrite
-
-    return rewrite(root, {id(old): lambda updated, new=new: new})
 
 
 # -- checkpoint keys of the router and its MoE block ----------------------------------
@@ -346,6 +340,7 @@ def moe_sites(module: cst.Module, family: str) -> list[MoESite]:
         if id(site.node) in seen:
             continue
         seen.add(id(site.node))
+        assert isinstance(site.node, cst.Call)  # the MoE families are kernel calls
         found.append(MoESite(site.node, site.cls, site.function, site_kind(site.kind), site.kind))
     return found
 
@@ -606,6 +601,7 @@ BLOCK_REQUIRED = ("top_k", "eps", "router_act_fn", "expert_affinities_scaling_mo
 def substitute_problems(site: MoESite) -> list[str]:
     """Why ``site`` cannot be replaced by its op-by-op substitute (empty: it can)."""
     call = site.call
+    allowed: tuple[str, ...]
     if site.kind == "router":
         allowed, positional = ROUTER_SUBSTITUTE_KEYWORDS, 3
     elif site.kind == "block":
@@ -692,7 +688,7 @@ def guard_site(module: cst.Module, site: MoESite, message: str, comment: str, ct
 
     func = method_of(module, site)
     holder = innermost_statement(func, site.call) if func is not None else None
-    if holder is None:  # pragma: no cover - a site always sits in a method's statement
+    if func is None or holder is None:  # pragma: no cover - a site always sits in a method's statement
         raise ctx.precondition(f"{ctx.codemod}: cannot place a guard before this call", site.call, module)
     ctx.unaffected(site.call, f"guarded: {message}")
     text = message.replace("\\", "\\\\").replace('"', '\\"')
@@ -800,7 +796,7 @@ def add_tensor_names(module: cst.Module, stmt: cst.CSTNode, ctx, codemod_id: str
         )
         if first is None:  # pragma: no cover - load_weights has statements
             raise ctx.precondition(f"{codemod_id}: {node.name.value} is empty", node, module)
-        return rewrite(module, {id(first): lambda updated, line=line: cst.FlattenSentinel([line, updated])})
+        return rewrite(module, {id(first): preceded_by(line)})
     raise ctx.precondition(
         f"{codemod_id}: the load_weights of the router mapping was not found", stmt, module
     )

@@ -498,15 +498,14 @@ def _order_setting(cls, module, ctx, codemod_id, rotary_dim, interleaved, edits)
 
     name = cls.name.value
     init = require_method(cls, "__init__", ctx, module, codemod_id)
-    existing = None
+    existing, call = None, None
     for node in walk(init):
         if isinstance(node, cst.SimpleStatementLine):
             pair = self_assignment(node)
             if pair is not None and pair[0] == "rope_column_order":
-                existing = node
+                existing, call = node, pair[1]
     current_rotary, current_interleaved = "self.head_dim", "False"
     if existing is not None:
-        call = self_assignment(existing)[1]
         if not (isinstance(call, cst.Call) and dotted(call.func) == "_rope_column_order"):
             raise ctx.precondition(
                 f"{codemod_id}: {name}.rope_column_order is not built by _rope_column_order(...)",

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ScopeProvider
 
-from autoport_cst.transform.cst_helpers import dotted, rewrite, walk
+from autoport_cst.transform.cst_helpers import Edit, dotted, rewrite, walk
 
 
 class _BindingSurvey:
@@ -191,8 +191,8 @@ def module_references(module: cst.Module, package: str) -> ModuleReferences:
             for alias in node.names:
                 name = dotted(alias.name) or ""
                 if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                    bound = alias.asname.name.value
-                    (found.aliases if own_package_module(name, package) else found.external).add(bound)
+                    bound_name = alias.asname.name.value
+                    (found.aliases if own_package_module(name, package) else found.external).add(bound_name)
                 else:
                     found.external.add(name.split(".")[0])
     found.external -= found.aliases
@@ -274,14 +274,12 @@ def rename_classes_in_module(module: cst.Module, table: dict[str, str]) -> cst.M
     if not table:
         return module
     targets = rename_targets(module, table)
-    names = {id(n): n.value for n in walk(module) if id(n) in targets}
-    return rewrite(
-        module,
-        {
-            key: (lambda updated, new=table[old]: updated.with_changes(value=new))
-            for key, old in names.items()
-        },
-    )
+    names = {id(n): n.value for n in walk(module) if isinstance(n, cst.Name) and id(n) in targets}
+    return rewrite(module, {key: _renamed(table[old]) for key, old in names.items()})
+
+
+def _renamed(new: str) -> Edit:
+    return lambda updated: updated.with_changes(value=new)
 
 
 def _direct_children(node: cst.CSTNode) -> list[cst.CSTNode]:

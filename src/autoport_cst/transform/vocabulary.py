@@ -149,7 +149,7 @@ def string_text(node: cst.CSTNode | None) -> str | None:
         for part in node.parts:
             if isinstance(part, cst.FormattedStringText):
                 parts.append(part.value)
-            else:
+            elif isinstance(part, cst.FormattedStringExpression):
                 parts.append("{" + cst.Module([]).code_for_node(part.expression) + "}")
         return "".join(parts)
     if isinstance(node, cst.ConcatenatedString):
@@ -173,7 +173,9 @@ def method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
     return None
 
 
-def statements(func: cst.FunctionDef) -> Sequence[cst.BaseStatement]:
+def statements(func: cst.FunctionDef | cst.ClassDef) -> Sequence[cst.BaseStatement]:
+    """The statements of a function's or a class's indented body (none for a
+    one-line body)."""
     return func.body.body if isinstance(func.body, cst.IndentedBlock) else []
 
 
@@ -228,6 +230,13 @@ def _suites_of(node: cst.CSTNode) -> Iterator[cst.BaseSuite]:
             yield from _suites_of(child)
 
 
+def leading_lines(stmt: cst.CSTNode) -> Sequence[cst.EmptyLine]:
+    """The blank and comment lines above a statement (none for other nodes)."""
+    return (
+        stmt.leading_lines if isinstance(stmt, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) else ()
+    )
+
+
 def code_of(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
 
@@ -242,7 +251,7 @@ def imported_names(module: cst.Module) -> dict[str, str]:
             if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
                 base = "." * len(small.relative) + (dotted(small.module) or "")
                 for alias in small.names:
-                    local = alias.asname.name.value if alias.asname else dotted(alias.name)
+                    local = dotted(alias.asname.name) if alias.asname else dotted(alias.name)
                     if isinstance(local, str):
                         found[local] = f"{base}.{dotted(alias.name)}"
     return found
@@ -296,8 +305,8 @@ def string_value(node: cst.CSTNode | None) -> str | None:
         value = node.evaluated_value
         return value if isinstance(value, str) else None
     if isinstance(node, cst.ConcatenatedString):
-        value = node.evaluated_value
-        return value if isinstance(value, str) else None
+        joined = node.evaluated_value
+        return joined if isinstance(joined, str) else None
     return None
 
 
