@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoport_cst.config_json import parse_config_text
 from autoport_cst.errors import InputError, PreconditionError, UnrealizableDiffError
 
 STAGES = ("research", "apply", "checkpoint", "validate")
@@ -220,7 +221,7 @@ def _check_validation_tp(outcome: PortOutcome, tp: int) -> None:
     from autoport_cst.validate.api import MAX_TP
 
     config_path = Path(outcome.checkpoint_dir) / "config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config = parse_config_text(config_path.read_text(encoding="utf-8"))
     refusal = tp_refusal(config, tp) if isinstance(config, dict) else None
     if tp > MAX_TP:
         refusal = f"validation runs at most {MAX_TP} local ranks"

@@ -10,6 +10,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+from autoport_cst.config_json import parse_config_text
 from autoport_cst.errors import InputError, Position
 
 MODEL_EXTRA = "pip install 'autoport-cst[validate]'"
@@ -79,7 +80,7 @@ def check_checkpoint_dir(directory: Path, tp: int = 1) -> dict:
     if not config_path.is_file():
         raise InputError(f"{directory}: no config.json")
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config = parse_config_text(config_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as error:
         raise InputError(f"cannot read {config_path}: {error}") from None
     except json.JSONDecodeError as error:

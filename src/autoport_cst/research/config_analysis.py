@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoport_cst.config_json import config_object, parse_config_text
 from autoport_cst.errors import InputError, Position, did_you_mean
 from autoport_cst.research.findings import CONFIG, DERIVED, INFERRED, Finding, known, unknown
 
@@ -79,7 +80,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read {path}: {exc}") from None
     try:
-        data = json.loads(text)
+        data = parse_config_text(text)  # tagged floats decoded, as transformers reads it
     except json.JSONDecodeError as exc:
         raise InputError(f"malformed JSON: {exc.msg}", Position(str(path), exc.lineno, exc.colno)) from None
     if not isinstance(data, dict):
@@ -102,7 +103,6 @@ def resolve_config(raw: dict[str, Any], path: str) -> Any:
     """The transformers configuration object for ``raw`` (class defaults
     filled in), or None when transformers is not installed."""
     try:
-        from transformers import AutoConfig
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     except ImportError:
         return None
@@ -115,7 +115,7 @@ def resolve_config(raw: dict[str, Any], path: str) -> Any:
         )
     values = {k: v for k, v in raw.items() if k not in ("model_type", "transformers_version")}
     try:
-        return AutoConfig.for_model(model_type, **values)
+        return config_object({**values, "model_type": model_type})
     except Exception as exc:  # the config class rejected a value
         raise InputError(
             f"transformers cannot build a {model_type} configuration: {exc}", Position(path)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from autoport_cst.config_json import parse_config_text
 from autoport_cst.errors import InputError
 from autoport_cst.research.checkpoint import read_checkpoint
 from autoport_cst.research.parallelism import tp_refusal
@@ -70,7 +71,7 @@ def _check_inputs(
         raise InputError(f"{checkpoint}: no .safetensors file")
     read_checkpoint(checkpoint)  # every header, and each file's size against it
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config = parse_config_text(config_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise InputError(f"{config_path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}") from error
     if dtype not in DTYPES:

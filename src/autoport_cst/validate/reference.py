@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from autoport_cst.config_json import load_config_values
 from autoport_cst.errors import InputError
 
 from .components import Component, ComponentRecorder, find_components
@@ -35,18 +36,14 @@ def load_reference(checkpoint_dir: str | Path, dtype: torch.dtype) -> Any:
     ``architectures``; ``AutoModelForCausalLM`` when transformers has no such
     class), refusing a checkpoint with missing or mismatched tensors
     (transformers would initialise them randomly)."""
-    import json
-
     import transformers
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     model_class = AutoModelForCausalLM
     try:
-        names = json.loads((Path(checkpoint_dir) / "config.json").read_text(encoding="utf-8")).get(
-            "architectures"
-        )
-    except (OSError, ValueError):
+        names = load_config_values(Path(checkpoint_dir) / "config.json").get("architectures")
+    except (OSError, ValueError, AttributeError):
         names = None  # from_pretrained reports it
     if isinstance(names, list) and names and isinstance(getattr(transformers, str(names[0]), None), type):
         model_class = getattr(transformers, names[0])

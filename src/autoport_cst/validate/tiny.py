@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from autoport_cst.atomic import atomic_output, write_atomic
+from autoport_cst.config_json import config_object, decode_floats, load_config_values
 from autoport_cst.errors import InputError, did_you_mean
 
 from .layer_variants import layer_count_for_variants
@@ -102,15 +103,19 @@ def resolve_config(source: str | os.PathLike[str]) -> tuple[Any, str]:
         if not path.is_file():
             raise InputError(f"{path}: no such config file")
         try:
-            values = json.loads(path.read_text(encoding="utf-8"))
+            values = load_config_values(path)  # tagged floats decoded, as transformers reads it
         except json.JSONDecodeError as error:
             raise InputError(f"{path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}") from None
+        if not isinstance(values, dict):
+            raise InputError(f"{path}: a config.json holds a JSON object")
         model_type = values.get("model_type")
         if model_type not in CONFIG_MAPPING:
             hint = did_you_mean(model_type, CONFIG_MAPPING) if isinstance(model_type, str) else ""
             raise InputError(f"{path}: unknown or missing model_type {model_type!r}{hint}")
-        values = {k: v for k, v in values.items() if k != "model_type"}
-        config = AutoConfig.for_model(model_type, **values)
+        try:
+            config = config_object(values)
+        except Exception as error:  # noqa: BLE001 - the config class's own validators
+            raise InputError(f"{path}: transformers cannot build a {model_type} configuration: {error}") from None
         architectures = values.get("architectures") or []
         architecture = architectures[0] if architectures else None
         if architecture is None:
@@ -220,17 +225,7 @@ def config_values(config: Any) -> dict:
     back into floats, so that the config's own validators accept the values
     and ``json.dumps`` writes them as ``Infinity``, which ``json.loads``
     (and so ``from_pretrained``) reads back."""
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, dict):
-            if set(value) == {"__float__"} and isinstance(value["__float__"], str):
-                return float(value["__float__"])
-            return {key: plain(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [plain(item) for item in value]
-        return value
-
-    return plain(config.to_dict())
+    return decode_floats(config.to_dict())
 
 
 def write_config_json(config: Any, path: str | os.PathLike[str]) -> None:
