@@ -45,7 +45,7 @@ def classes_of(source: str) -> dict[str, ast.ClassDef]:
 def test_port_files(qwen2_port):
     assert sorted(tree(qwen2_port)) == [
         "examples/vllm_neuron/models/qwen2/run.py",
-        "test/vllm_neuron/model/qwen2/test_logits.py",
+        "test/vllm_neuron/model/qwen2/test_qwen2_logits.py",
         "vllm_neuron/model/qwen2/README.md",
         "vllm_neuron/model/qwen2/__init__.py",
         "vllm_neuron/model/qwen2/config.py",

@@ -59,3 +59,31 @@ def test_bad_paths_and_options_are_input_errors(llama3_dir: Path, tiny_llama: Pa
         validate_model(llama3_dir, tiny_llama, dtype="fp16")
     with pytest.raises(InputError, match="divisible by the TP size"):
         validate_model(llama3_dir, tiny_llama, tp=2, prompt_lengths=(8, 9))
+
+
+# The port sizes its MLP twice too wide: every parameter of a valid checkpoint
+# is there, but the port's up/gate/down do not fit them.
+WIDE_MLP = (
+    "        self.intermediate_size_per_rank = config.intermediate_size // self.mlp_tp_size\n",
+    "        self.intermediate_size_per_rank = 2 * config.intermediate_size // self.mlp_tp_size\n",
+)
+
+
+def test_a_port_whose_parameters_do_not_fit_a_valid_checkpoint_fails_at_load(
+    broken_port, tiny_llama: Path
+) -> None:
+    """Not bad input (exit 2): transformers loads the checkpoint, so the
+    port is wrong (exit 1), and the message names the parameter and the key."""
+    report = validate_model(broken_port(*WIDE_MLP), tiny_llama, steps=2)
+    assert not report.equivalent and report.exit_code == 1
+    assert report.failure.stage == "load"
+    message = report.failure.message
+    assert "parameter 'model.layers.0.mlp." in message and "'model.layers.0.mlp." in message
+    assert "transformers loads" in message
+
+
+@pytest.mark.slow
+def test_tp2_a_port_whose_parameters_do_not_fit_fails_at_load(broken_port, tiny_llama: Path) -> None:
+    report = validate_model(broken_port(*WIDE_MLP), tiny_llama, steps=2, tp=2)
+    assert not report.equivalent and report.exit_code == 1
+    assert report.failure.stage == "load" and "parameter 'model.layers.0.mlp." in report.failure.message

@@ -7,7 +7,8 @@ Output layout, relative to the output directory::
     vllm_neuron/model/<name>/...              every file of the reference package, transformed
     vllm_neuron/model/<name>/reference.json   the port's manifest (spec, provenance)
     vllm_neuron/model/registry.py             registry with the port's entry
-    <companion templates>                     example script and logit test
+    <companion templates>                     example script
+    test/vllm_neuron/model/<name>/test_<name>_logits.py   logit test (port_test.py)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import libcst as cst
 from autoport_cst import __version__
 from autoport_cst.apply.composer import Composition, Step, compose, port_context
 from autoport_cst.apply.exhaustive import StepCensus, reference_position
+from autoport_cst.apply.port_test import PORT_TEST_ROOT, port_test_path, port_test_source
 from autoport_cst.apply.reference import (
     MANIFEST,
     Manifest,
@@ -134,6 +136,8 @@ def _load_units(plan: Plan, reference: Reference, existing_registry: str | None)
         units.append(_Unit(f"{package}/{rel}", rel, file_role(rel), text, label=f"{reference.name}/{rel}"))
     for name, text in reference.companions.items():
         out = reference.manifest.companions[name].format(name=plan.name)
+        if out.startswith(PORT_TEST_ROOT + "/"):
+            continue  # the port's logit test is port_test's (checks what the port was validated on)
         units.append(
             _Unit(out, f"companions/{name}", "companion", text, label=f"{reference.name}/companions/{name}")
         )
@@ -282,6 +286,7 @@ def _finish(plan: Plan, reference: Reference, result: PortResult, units: list[_U
         ),
     )
     result.files[f"{package}/{MANIFEST}"] = json.dumps(to_json(manifest), indent=2) + "\n"
+    result.files[port_test_path(plan.name)] = port_test_source(plan.name, plan.architecture)
     for path, text in result.files.items():
         if path.endswith(".py"):
             try:

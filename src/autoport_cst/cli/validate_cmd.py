@@ -224,6 +224,29 @@ def validate_command(
     if json_path is not None:
         write_atomic(json_path, report.to_json())
     print_report(report)
+    if report.equivalent:  # the port's logit test reruns what it was validated on
+        from autoport_cst.validation_record import record_beside
+
+        recorded = record_beside(
+            model_dir,
+            checkpoint_dir,
+            tp=tp,
+            ep=ep,
+            dtype=dtype,
+            steps=steps,
+            seed=seed,
+            prefill=prefill,
+            kv_cache_dtype=kv_cache_dtype,
+            attention_dp=attention_dp,
+            mlp_dp=mlp_dp,
+            embedding_dp=embedding_dp,
+            lm_head_dp=lm_head_dp,
+            dcp=dcp,
+            dcp_interleave=dcp_interleave,
+            prefill_dcp=prefill_dcp,
+        )
+        if recorded is not None:
+            stdout_console().print(f"recorded for the port's logit test: {recorded}", style="dim")
     sys.exit(report.exit_code)
 
 
