@@ -87,7 +87,8 @@ class AttentionSoftcap(Codemod):
     ID = ID
     REALIZES = ("attention.softcap",)
     Params = AttentionSoftcapParams
-    AFTER = ("add-qkv-bias", "unsqueeze-decode-biases", "qk-norm")
+    # after the codemods whose edits it reads or whose guards precede its own
+    AFTER = ("add-qkv-bias", "unsqueeze-decode-biases", "qk-norm", "attention-sinks", "sliding-window")
     FILES = ("model", "config")
     EXAMPLES = (
         Example(

@@ -176,6 +176,8 @@ class SlidingWindow(Codemod):
 
     ID = ID
     REALIZES = ("attention.sliding_window",)
+    # each guards the context-parallel prefill before its kernel: one order, one text
+    AFTER = ("attention-sinks",)
     Params = SlidingWindowParams
     FILES = ("model", "config")
     EXAMPLES = (
