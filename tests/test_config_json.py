@@ -80,5 +80,5 @@ def test_plan_reads_a_checkpoint_transformers_wrote(tmp_path: Path) -> None:
     BambaForCausalLM(config).save_pretrained(tmp_path / "bamba")
     out = tmp_path / "plan.json"
     result = CliRunner().invoke(cli, ["plan", str(tmp_path / "bamba"), "--name", "bamba", "-o", str(out)])
-    assert result.exit_code != 2, result.output
+    assert result.exit_code == 1, result.output  # written, not portable
     assert json.loads(out.read_text())["spec"]["unsupported"]

@@ -58,14 +58,31 @@ def test_moe_plan_picks_the_moe_reference(tiny, tmp_path):
 
 
 def test_ref_option_reports_blocking_fields(tiny, tmp_path):
+    """Written but not portable: exit 1, the blocking features listed."""
     out = tmp_path / "plan.json"
     result = run("plan", tiny.directory("gpt_oss"), "--name", "oss", "-o", out, "--ref", "llama3")
-    assert result.exit_code == 0, result.output
-    assert "no reference realizes this diff" in result.output
-    assert "llama3 blocked by" in result.output and "attention.sinks" in result.output
+    assert result.exit_code == 1, result.output
+    not_portable = next(line for line in result.output.splitlines() if line.startswith("not portable:"))
+    assert "[mlp.glu]" in not_portable and "[moe]" in not_portable
+    assert "llama3: blocked by mlp.glu, moe" in result.output
     plan = load_plan(out)
     assert plan.reference == "llama3"
     assert "mlp.glu" in plan.description  # the blocking fields are recorded in the plan
+
+
+def test_an_edited_plan_is_measured_as_written(tiny, tmp_path):
+    """--review with an edited plan: its exit code is that plan's, here one
+    with a computation no reference realizes (spec.unsupported)."""
+    edited = tmp_path / "edited.json"
+    assert run("plan", tiny.directory("llama"), "--name", "l", "-o", edited).exit_code == 0
+    data = json.loads(edited.read_text())
+    data["spec"]["unsupported"] = ["code.mixer: a token mixer of its own"]
+    edited.write_text(json.dumps(data))
+    out = tmp_path / "plan.json"
+    result = run("plan", tiny.directory("llama"), "--name", "l", "-o", out, "--review", input=f"{edited}\n")
+    assert result.exit_code == 1, result.output
+    assert "not portable" in result.output and "unsupported" in result.output
+    assert load_plan(out).spec.unsupported
 
 
 def test_review_declined_writes_nothing(tiny, tmp_path):

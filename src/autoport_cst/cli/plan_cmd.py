@@ -3,22 +3,26 @@
 transformers is imported inside the command only (through the research),
 so importing ``autoport_cst.cli`` stays cheap.
 
-Exit codes: 0 plan written (or, with ``--review``, declined), 2 bad input
-(missing or malformed config.json, no modeling source for the model_type,
-an unreadable or truncated safetensors file, an invalid name, a --review
-without an answer); nothing is written then; 130 interrupted.
+Exit codes: 0 plan written and portable (a reference realizes it; or, with
+``--review``, declined), 1 plan written but not portable (the model has
+computations no reference realizes, ``spec.unsupported`` among them: the
+blocking features are listed), 2 bad input (missing or malformed
+config.json, no modeling source for the model_type, an unreadable or
+truncated safetensors file, an invalid name, a --review without an answer);
+nothing is written then; 130 interrupted.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
 from autoport_cst.atomic import write_atomic
-from autoport_cst.cli.common import error_boundary, stderr_console, stdout_console
+from autoport_cst.cli.common import EXIT_FOUND, error_boundary, stderr_console, stdout_console
 from autoport_cst.cli.preflight import (
     check_model_name,
     check_output_file,
@@ -81,6 +85,7 @@ def plan_command(source: str, name: str, output: Path, ref: str | None, review: 
     description = _description(result, choice)
     plan = from_research(result, name, choice.chosen, description)  # the written plan always loads
     data = plan_to_json(plan)
+    edited = False
     console = stdout_console()
     print_analysis(console, result, choice)
     if review:
@@ -91,11 +96,37 @@ def plan_command(source: str, name: str, output: Path, ref: str | None, review: 
             stderr_console().print("plan not written")
             return
         else:
-            plan = load_plan(answer)
+            plan, edited = load_plan(answer), True
             data = plan_to_json(plan)
             stderr_console().print(f"using the edited plan {answer}")
     write_atomic(output, json.dumps(data, indent=2) + "\n")
     console.print(f"wrote {output} (reference {plan.reference or 'none'}, class prefix {plan.prefix})")
+    blocked = _not_portable(plan, choice, edited)
+    if blocked:
+        from rich.markup import escape
+
+        stderr_console().print(f"[bold]not portable[/]: {escape(blocked)}")
+        sys.exit(EXIT_FOUND)
+
+
+def _not_portable(plan, choice, edited: bool) -> str | None:
+    """Why the written plan is not portable (its blocking features), or None.
+    An edited plan is composed as ``apply`` would (its reference, its steps)."""
+    if not edited:
+        return None if choice.realizable else choice.reason
+    from autoport_cst.apply.composer import compose
+    from autoport_cst.apply.reference import load_reference
+    from autoport_cst.errors import AutoportError, UnrealizableDiffError
+
+    if plan.reference is None:
+        return "the plan names no reference"
+    try:
+        compose(plan, load_reference(plan.reference))
+    except UnrealizableDiffError as error:
+        return f"{plan.reference} does not realize {', '.join(error.features)}"
+    except AutoportError as error:  # the plan is written: what apply would say of it
+        return str(error).splitlines()[0]
+    return None
 
 
 def _ask(question: str) -> str:
