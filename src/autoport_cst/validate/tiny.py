@@ -10,7 +10,10 @@ The shrinking is generic: a fixed set of small dimensions is applied to every
 attribute the config class has (``hidden_size``, ``num_attention_heads``,
 ``num_experts``...), per-layer lists such as ``layer_types`` are cut to the
 new layer count, and a sliding window shrinks below the validation prompts so
-that it takes effect. No table is keyed by model name.
+that it takes effect. The layer count is 2, or as many as it takes for every
+kind of layer the config expresses (sliding and full attention, RoPE and
+NoPE, dense and MoE...) to be built at least once (``layer_variants``). No
+table is keyed by model name.
 
 Random initialisation uses ``initializer_range`` (see ``TINY_INIT_STD``): the
 transformers default of 0.02 gives near-uniform next-token distributions on a
