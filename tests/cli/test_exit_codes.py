@@ -132,3 +132,15 @@ def test_ctrl_c_of_the_console_script_exits_130(fake_llama, tmp_path):
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=30) == 130
     assert "interrupted" in process.stderr.read()
+
+
+def test_port_prints_why_a_run_failed(capsys):
+    from autoport_cst.cli.port_cmd import _print
+    from autoport_cst.port import PortOutcome, ValidationRun
+
+    reason = "not equivalent: the port failed at load: no tensor 'model.norm.weight' for model.norm.weight"
+    outcome = PortOutcome("x", "LlamaForCausalLM", reference="llama3")
+    outcome.runs.append(ValidationRun(1, "fp32", False, reason, "failure: load", None, 0.1))
+    _print(outcome)
+    out = capsys.readouterr().out
+    assert "tp=1 fp32: " + reason in out and "does NOT validate" in out
