@@ -27,8 +27,8 @@ def test_layernorm_math_in_rmsnorm_names_the_first_norm(broken_port, tiny_llama:
 
 def test_dropped_residual_names_the_layer_output(broken_port, tiny_llama: Path) -> None:
     port = broken_port(
-        "        hidden_states = self.mlp(hidden_states, is_prefill=is_prefill)\n        return residual + hidden_states",
-        "        hidden_states = self.mlp(hidden_states, is_prefill=is_prefill)\n        return hidden_states",
+        "            hidden_states = self.mlp(hidden_states, is_prefill=True)\n        return residual + hidden_states",
+        "            hidden_states = self.mlp(hidden_states, is_prefill=True)\n        return hidden_states",
     )
     report = validate_model(port, tiny_llama, steps=4)
     assert not report.equivalent
@@ -40,7 +40,8 @@ def test_dropped_residual_names_the_layer_output(broken_port, tiny_llama: Path) 
 
 def test_decode_only_bug_names_decode_attention(broken_port, tiny_llama: Path) -> None:
     port = broken_port(
-        "            softmax_scale=self.scaling,\n", "            softmax_scale=self.scaling * 1.05,\n"
+        "            softmax_scale=self.scaling / self.k_scale_float,\n",
+        "            softmax_scale=self.scaling * 1.05 / self.k_scale_float,\n",
     )
     report = validate_model(port, tiny_llama, dtype="bf16", steps=4)
     assert not report.equivalent
@@ -61,13 +62,13 @@ def test_tensor_computed_in_init_and_read_fails_loudly(broken_port, tiny_llama: 
     )
     model = port / "model.py"
     text = model.read_text(encoding="utf-8")
-    anchor = "        self.head_dim = config.head_dim\n        self.rope_theta"
+    anchor = "        self.head_dim = config.head_dim\n        self.rope_parameters"
+    assert text.count(anchor) == 1
     model.write_text(
         text.replace(
             anchor,
             "        self.head_dim = config.head_dim\n        self.inv_freq_scale = torch.ones(1)\n"
-            "        self.rope_theta",
-            1,
+            "        self.rope_parameters",
         ),
         encoding="utf-8",
     )
@@ -82,10 +83,10 @@ def test_tensor_attribute_never_read_is_allowed(broken_port, tiny_llama: Path) -
     """Real models keep FP8 KV-cache scales as plain attributes made in
     __init__ and read them only with an FP8 cache: unread, they pass."""
     port = broken_port(
-        "        self.head_dim = config.head_dim\n        self.rope_theta",
+        "        self.head_dim = config.head_dim\n        self.rope_parameters",
         "        self.head_dim = config.head_dim\n"
         "        self.unused_scale = torch.ones(1, 1)\n"
-        "        self.rope_theta",
+        "        self.rope_parameters",
     )
     report = validate_model(port, tiny_llama, steps=2, dtype="fp32")
     assert report.equivalent, report.summary()

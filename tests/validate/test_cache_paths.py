@@ -1,7 +1,8 @@
 """The runner's cache paths in the driver: a chunked prefill (two segmented
 calls, the second from ``cached_seq_len`` 32) and a prefix-cache hit (a
 prompt whose first block is the chunked prompt's, prefilled from
-``cached_seq_len`` 32), on copies of the llama3 reference."""
+``cached_seq_len`` 32), on the llama3 reference and a copy of it without
+segmented prefill."""
 
 from __future__ import annotations
 
@@ -9,17 +10,12 @@ from pathlib import Path
 
 from autoport_cst.validate import validate_model
 
-# The reference has no segmented prefill; this edit gives a copy one: the
-# chunk's K/V are already in the cache, so segmented attention reads the
-# prior and current tokens from it.
-FLASH_CALL = "        attn_output = NF.flash_attention(\n"
-SEGMENTED_OR_FLASH = (
-    "        attn_output = NF.segmented_attention(\n"
-    "            q, k_cache=self.k_cache, v_cache=self.v_cache, block_tables=meta['block_table_tensor'],\n"
-    "            prior_tokens=meta['cached_seq_len'], block_size=meta['block_size'],\n"
-    "            kv_segment_size=meta['kv_segment_size'], scale=self.scaling, tp_q=True, tp_out=True,\n"
-    "        ) if meta.get('kv_segment_size') else NF.flash_attention(\n"
-)
+# The reference prefills a chunk through segmented attention when the runner
+# sets ``kv_segment_size``; this edit gives a copy that never reads it (flash
+# attention over the chunk's own tokens only, as a port without the cache
+# paths would).
+SEGMENT_READ = '        kv_segment_size = meta.get("kv_segment_size")\n'
+NO_SEGMENT = "        kv_segment_size = 0  # this copy has no segmented prefill\n"
 
 
 def _calls(report) -> list[tuple[str, int, int, int]]:
@@ -30,10 +26,9 @@ def _calls(report) -> list[tuple[str, int, int, int]]:
 
 
 def test_segmented_port_validates_through_chunked_prefill_and_prefix_hit(
-    broken_port, tiny_llama: Path
+    llama3_dir: Path, tiny_llama: Path
 ) -> None:
-    port = broken_port(FLASH_CALL, SEGMENTED_OR_FLASH, name="segmented")
-    report = validate_model(port, tiny_llama, dtype="fp32", steps=4)
+    report = validate_model(llama3_dir, tiny_llama, dtype="fp32", steps=4)
     assert report.equivalent, report.summary()
     assert _calls(report)[3:] == [
         ("chunked", 0, 0, 512),
@@ -49,10 +44,11 @@ def test_segmented_port_validates_through_chunked_prefill_and_prefix_hit(
     assert rows["logits"] == 8 + 5
 
 
-def test_port_ignoring_cached_tokens_fails_at_the_first_attention(llama3_dir: Path, tiny_llama: Path) -> None:
-    """Forced through the cache paths, the reference (flash attention over
-    the chunk only) misses the cached tokens."""
-    report = validate_model(llama3_dir, tiny_llama, dtype="fp32", steps=4, prefill="segmented")
+def test_port_ignoring_cached_tokens_fails_at_the_first_attention(broken_port, tiny_llama: Path) -> None:
+    """Forced through the cache paths, a port without segmented prefill (flash
+    attention over the chunk only) misses the cached tokens."""
+    port = broken_port(SEGMENT_READ, NO_SEGMENT, name="flash-only")
+    report = validate_model(port, tiny_llama, dtype="fp32", steps=4, prefill="segmented")
     assert not report.equivalent
     assert (report.first_diverging.component, report.first_diverging.phase) == (
         "layers.0.attention",
@@ -61,9 +57,10 @@ def test_port_ignoring_cached_tokens_fails_at_the_first_attention(llama3_dir: Pa
 
 
 def test_auto_leaves_the_cache_paths_out_of_a_port_without_segmented_prefill(
-    llama3_dir: Path, tiny_llama: Path
+    broken_port, tiny_llama: Path
 ) -> None:
-    report = validate_model(llama3_dir, tiny_llama, dtype="fp32", steps=2)
+    port = broken_port(SEGMENT_READ, NO_SEGMENT, name="flash-only")
+    report = validate_model(port, tiny_llama, dtype="fp32", steps=2)
     assert report.equivalent, report.summary()
     assert [call["kind"] for call in report.settings["prefill_calls"]] == ["whole"] * 3
     assert report.port_output.sequences == [0, 1, 2]

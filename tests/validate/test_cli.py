@@ -46,8 +46,8 @@ def test_tiny_then_validate_exit_0_with_json(tmp_path: Path, llama3_dir: Path) -
 
 def test_validate_exit_1_names_the_component(broken_port, tiny_llama: Path) -> None:
     port = broken_port(
-        "        hidden_states = self.mlp(hidden_states, is_prefill=is_prefill)\n        return residual + hidden_states",
-        "        hidden_states = self.mlp(hidden_states, is_prefill=is_prefill)\n        return hidden_states",
+        "            hidden_states = self.mlp(hidden_states, is_prefill=True)\n        return residual + hidden_states",
+        "            hidden_states = self.mlp(hidden_states, is_prefill=True)\n        return hidden_states",
     )
     result = CliRunner().invoke(
         validate_command, [str(port), "--hf", str(tiny_llama), "--dtype", "bf16", "--steps", "2"]
