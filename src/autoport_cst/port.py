@@ -273,15 +273,19 @@ def _key_format_differs(source: Path, tiny: Path) -> bool:
 
 def refusal(found, choice) -> UnrealizableDiffError | None:
     """The error that refuses a researched model no reference can be turned
-    into, naming the blocking features; None when a reference was chosen."""
+    into, naming the features no reference realizes in the user's terms
+    (``research.refusal``); None when a reference was chosen."""
     if choice.realizable and choice.chosen is not None:
         return None
-    blocked = _blocked_fields(choice)
-    features, details = _named_features(found.spec, blocked)
-    message = f"{found.architecture} cannot be ported: no codemod realizes " + (
-        ", ".join(features) if features else "its architecture diff"
-    )
-    message += "".join(f"\n  {line}" for line in details) + f"\n{choice.reason}"
+    from autoport_cst.research.refusal import minimal_blocking, refusal_text
+
+    blocked, _ = minimal_blocking(choice)
+    text, named = refusal_text(found.spec, choice, found)
+    features = list(dict.fromkeys(b.field for b in named))
+    closest = choice.candidate(choice.chosen) if choice.chosen else None
+    message = f"{found.architecture} cannot be ported: {text}"
+    if closest is not None and closest.error is None:
+        message += f"\n  closest reference: {closest.name} (blocked by {', '.join(closest.blocking)})"
     return UnrealizableDiffError(message, blocked, features)
 
 
@@ -296,31 +300,6 @@ def _precondition_refusal(architecture: str, attempts) -> UnrealizableDiffError:
         features,
         features,
     )
-
-
-def _blocked_fields(choice) -> list[str]:
-    """Fields that block the candidate the reference choice names as closest
-    (fewest blockers, then the smallest diff, then the name)."""
-    closest = choice.candidate(choice.chosen) if choice.chosen else None
-    if closest is None or closest.error is not None:
-        return []
-    return list(closest.blocking)
-
-
-def _named_features(spec, blocked: list[str]) -> tuple[list[str], list[str]]:
-    """The blocking features by name, and one line of evidence per
-    computation the spec lists as unsupported."""
-    features: list[str] = []
-    details: list[str] = []
-    for path in blocked:
-        if path == "unsupported" and spec.unsupported:
-            for entry in spec.unsupported:
-                name, _, evidence = entry.partition(":")
-                features.append(name.strip())
-                details.append(f"{name.strip()}: {evidence.strip()}" if evidence else name.strip())
-        else:
-            features.append(path)
-    return list(dict.fromkeys(features)), details
 
 
 def _first_diverging(report) -> str | None:

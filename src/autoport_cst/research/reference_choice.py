@@ -136,11 +136,13 @@ def choose_reference(
         )
         return ReferenceChoice(best.name, True, candidates, reason)
     if usable:
+        from autoport_cst.research.refusal import refusal_text
+
         best = min(usable, key=lambda c: (len(c.blocking), len(c.fields), c.name))
-        blocks = "; ".join(f"{c.name} blocked by {', '.join(c.blocking)}" for c in usable)
+        unrealized, _ = refusal_text(spec, ReferenceChoice(best.name, False, candidates, ""))
         reason = (
-            f"no reference realizes this diff ({blocks}); closest: {best.name}. "
-            "apply will refuse this plan until codemods for the blocking fields exist "
+            f"{unrealized}; closest: {best.name} (blocked by {', '.join(best.blocking)}). "
+            "apply will refuse this plan until codemods for these features exist "
             "or the plan gives explicit steps"
         )
         return ReferenceChoice(best.name, False, candidates, reason)

@@ -1,0 +1,182 @@
+"""What refuses a plan, in the user's terms: the smallest set of the
+model's features that no reference realizes, each named as what the model
+computes, with the research's evidence for it.
+
+A feature blocks every candidate reference when it is in each one's
+blocking fields: those are the features no reference realizes (a dense
+model refused because ``gpt_oss`` would need its MoE removed is refused for
+what blocks ``llama3`` too, not for ``gpt_oss``'s sinks). When no feature
+blocks every candidate (each reference lacks something else), the closest
+candidate's blockers are named, with that candidate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autoport_cst.spec import ArchSpec, get_field, leaf_fields
+
+# spec field -> the computation it describes, as a user reads it; "{value}"
+# is the model's value of the field. A field not listed is named by the
+# first sentence of its spec documentation.
+TERMS: dict[str, str | dict[Any, str]] = {
+    "attention.qkv_bias": "biases on the query, key and value projections",
+    "attention.o_bias": "a bias on the attention output projection",
+    "attention.sinks": "attention sinks (a learned logit per head in the softmax)",
+    "attention.softcap": "soft-capped attention scores",
+    "attention.scale": "attention scores scaled by {value}",
+    "attention.qk_norm": "{value} query/key norms",
+    "attention.qk_norm_position": "query/key norms applied {value}",
+    "attention.sliding_window": "sliding-window attention ({value})",
+    "attention.kind": {
+        "differential": "differential attention (two softmax maps, subtracted)",
+        "latent": "multi-latent attention (queries, keys and values from low-rank projections)",
+    },
+    "attention.output_norm": "a norm between the attention and its output projection",
+    "attention.other_mixer_layers": "layers mixing tokens by something other than softmax attention",
+    "embedding.learned_positions": "learned absolute position embeddings",
+    "embedding.scale": "a token embedding scaled by {value}",
+    "embedding.multiplier": "a token embedding multiplied by {value}",
+    "embedding.tied": "an LM head tied to the embedding",
+    "mlp.kind": {"plain": "a plain (ungated) MLP", "gated": "a gated MLP"},
+    "mlp.bias": "MLP biases",
+    "mlp.activation": "the {value} activation",
+    "mlp.glu": "gate and up combined as {value}",
+    "norm.kind": "{value} normalization",
+    "norm.bias": "norm biases",
+    "norm.placement": "{value} norm placement",
+    "norm.unit_offset": "norms scaled by (1 + weight)",
+    "norm.affine": "norms without a learned weight",
+    "residual.parallel": "attention and MLP in parallel ({value})",
+    "residual.multiplier": "residual branches multiplied by {value}",
+    "rope.type": "{value} RoPE scaling",
+    "rope.style": "{value} rotary embedding",
+    "rope.partial_rotary_factor": "rotary embedding on {value} of each head",
+    "rope.nope_layers": "layers without rotary embedding",
+    "rope.layer_parameters": "RoPE parameters per layer type",
+    "lm_head.bias": "an LM-head bias",
+    "lm_head.softcap": "soft-capped logits",
+    "lm_head.logits_divisor": "logits divided by {value}",
+    "checkpoint.qkv": "Q, K and V stored {value}",
+    "checkpoint.gate_up": "gate and up stored {value}",
+    "checkpoint.key_map": "the checkpoint's own tensor names",
+    "checkpoint.linear_layout": "linear weights stored [in, out]",
+}
+UNSUPPORTED = "unsupported"
+# computations research names as unsupported (research/decide/unsupported.py)
+COMPUTATIONS = {
+    "code.analysis": "a model the source analysis could not follow",
+    "code.causal_lm": "a causal LM class research could not construct",
+    "code.decoder_layers": "decoder layers research could not find",
+    "code.attention": "an attention research could not find in the layer",
+    "code.attention_parameters": "learned attention parameters beyond projections, norms and sinks",
+    "code.mixers": "token mixers other than softmax attention",
+    "code.mlp_inner_norm": "a norm inside the MLP",
+    "code.qk_norm_kind": "query/key norms that are not RMSNorms",
+    "code.qkv_clip": "clamped query/key/value projections",
+}
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """One feature no reference realizes: its spec field (or the name of an
+    unsupported computation), what it computes and the evidence."""
+
+    field: str
+    term: str
+    evidence: str = ""
+
+    def describe(self, model_type: str | None = None) -> str:
+        where = f"{model_type}: {self.evidence}" if model_type and self.evidence else self.evidence
+        named = self.term if self.term == self.field else f"{self.term} [{self.field}]"
+        return named + (f" ({where})" if where else "")
+
+
+def minimal_blocking(choice: Any) -> tuple[list[str], str | None]:
+    """The fields that block every usable candidate, in the closest
+    candidate's order, and None; when no field blocks them all, the closest
+    candidate's blockers and its name."""
+    usable = [c for c in choice.candidates if c.error is None]
+    closest = choice.candidate(choice.chosen) if choice.chosen else None
+    if not usable or closest is None or closest.error is not None:
+        return [], None
+    common = set(usable[0].blocking).intersection(*(set(c.blocking) for c in usable[1:]))
+    if common:
+        return [f for f in closest.blocking if f in common], None
+    return list(closest.blocking), closest.name
+
+
+def blockers(spec: ArchSpec, fields: list[str], found: Any = None) -> list[Blocker]:
+    """The features behind ``fields``: each unsupported computation by its
+    own name, every other field in the terms of what the model computes."""
+    out: list[Blocker] = []
+    for path in fields:
+        if path == UNSUPPORTED:
+            for entry in spec.unsupported or ():
+                name, _, evidence = entry.partition(":")
+                out.append(Blocker(name.strip(), _unsupported_term(name.strip()), evidence.strip()))
+            continue
+        out.append(Blocker(path, term(path, _value(spec, path)), _evidence(found, path)))
+    return out
+
+
+def term(path: str, value: Any) -> str:
+    """What the spec field ``path`` with ``value`` computes, in words."""
+    if path == "moe":
+        return "a dense MLP (no routed experts)" if value is None else "routed experts (a mixture of experts)"
+    phrase = TERMS.get(path)
+    if isinstance(phrase, dict):
+        phrase = phrase.get(value)
+    if phrase is None:
+        phrase = _doc(path) + (" ({value})" if value not in (None, True, False) else "")
+    return phrase.replace("{value}", _show(value))
+
+
+def refusal_text(spec: ArchSpec, choice: Any, found: Any = None) -> tuple[str, list[Blocker]]:
+    """One sentence naming what refuses the plan, and the blockers."""
+    fields, closest = minimal_blocking(choice)
+    named = blockers(spec, fields, found)
+    model_type = getattr(found, "model_type", None)
+    listed = "; ".join(b.describe(model_type) for b in named) or "its architecture diff"
+    if closest is None:
+        return f"no reference realizes {listed}", named
+    return f"no one feature blocks every reference; the closest, {closest}, does not realize {listed}", named
+
+
+def _unsupported_term(name: str) -> str:
+    """An unsupported computation as research names it: a computation it
+    could not read, a spec field it could not classify, or its own name."""
+    if name in COMPUTATIONS:
+        return COMPUTATIONS[name]
+    if any(leaf == name for leaf, _, _ in leaf_fields(ArchSpec)):
+        return f"the {name.replace('.', ' ').replace('_', ' ')}, which research could not classify"
+    return name
+
+
+def _value(spec: ArchSpec, path: str) -> Any:
+    try:
+        return get_field(spec, path)
+    except (AttributeError, KeyError):
+        return None
+
+
+def _evidence(found: Any, path: str) -> str:
+    decision = found.decision(path) if found is not None and hasattr(found, "decision") else None
+    return decision.evidence if decision is not None and decision.evidence else ""
+
+
+def _doc(path: str) -> str:
+    for leaf, _, doc in leaf_fields(ArchSpec):
+        if leaf == path and doc:
+            sentence = doc.split(". ")[0].rstrip(".")
+            return sentence[:1].lower() + sentence[1:]
+    return path
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value))
+    return str(value)
