@@ -316,17 +316,11 @@ def build_tiny_checkpoint(
         state[name] = tensor.detach().contiguous().clone()
     state = dict(sorted(state.items()))
     _perturb_constant_tensors(state, seed)
-    if key_format == "saved":
-        from transformers.core_model_loading import revert_weight_conversion
-
-        state = dict(sorted(revert_weight_conversion(model, state).items()))
-        state = {name: tensor.contiguous() for name, tensor in state.items()}
-    elif key_format != "model":
-        raise InputError(f"key_format must be 'model' or 'saved', got {key_format!r}")
+    state = in_key_format(model, state, key_format)
 
     config.dtype = torch.float32
     with atomic_output(directory / "model.safetensors") as tmp:
-        save_file(state, str(tmp), metadata={"format": "pt"})
+        save_file(state, str(tmp), metadata={"format": "pt", KEY_FORMAT: key_format})
         # replaced right before the weights: Ctrl-C leaves both files or neither new
         write_config_json(config, directory / "config.json")
     return TinyCheckpoint(
@@ -336,6 +330,33 @@ def build_tiny_checkpoint(
         seed=seed,
         num_parameters=sum(t.numel() for t in state.values()),
     )
+
+
+KEY_FORMAT = "key_format"  # safetensors metadata: how a tiny checkpoint names its tensors
+
+
+def in_key_format(model: Any, state: dict, key_format: str) -> dict:
+    """``state`` (the model's state dict) with its tensors named as
+    ``key_format`` says: ``"model"`` as it is, ``"saved"`` as
+    ``save_pretrained`` writes them (transformers' load-time renames and
+    fusions reverted)."""
+    if key_format == "model":
+        return state
+    if key_format != "saved":
+        raise InputError(f"key_format must be 'model' or 'saved', got {key_format!r}")
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return {name: tensor.contiguous() for name, tensor in sorted(revert_weight_conversion(model, state).items())}
+
+
+def key_format_of(directory: str | os.PathLike[str]) -> str:
+    """The key format a tiny checkpoint was written in (``"model"`` when it
+    does not say: any other checkpoint)."""
+    from autoport_cst.research.checkpoint import read_checkpoint
+
+    header = read_checkpoint(directory)
+    value = header.metadata.get(KEY_FORMAT) if header is not None else None
+    return value if value in ("model", "saved") else "model"
 
 
 def _perturb_constant_tensors(state: dict, seed: int) -> None:
