@@ -34,6 +34,7 @@ class ValidationRun:
     first_diverging: str | None
     max_abs_error: float | None
     seconds: float
+    config: str = "planned"  # or "variant: <field>=<value>, ...": a config the plan was not made on
 
 
 @dataclass
@@ -49,10 +50,16 @@ class PortOutcome:
     runs: list[ValidationRun] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     seed: int = 0
+    # configs the plan was not made on (autoport_cst.port_variants): the varied
+    # fields (field -> [planned, varied]), the run on them, a GuardCheck per guard
+    variant: dict[str, list] = field(default_factory=dict)
+    variant_runs: list[ValidationRun] = field(default_factory=list)
+    guards: list = field(default_factory=list)
 
     @property
     def validated(self) -> bool:
-        return bool(self.runs) and all(r.equivalent for r in self.runs)
+        runs = [*self.runs, *self.variant_runs]
+        return bool(self.runs) and all(r.equivalent for r in runs) and all(g.refused for g in self.guards)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -69,6 +76,9 @@ class PortOutcome:
             "runs": [vars(r) for r in self.runs],
             "seconds": self.seconds,
             "seed": self.seed,
+            "variant": self.variant,
+            "variant_runs": [vars(r) for r in self.variant_runs],
+            "guards": [vars(g) for g in self.guards],
         }
 
 
@@ -199,6 +209,12 @@ def port(
             )
         )
     outcome.seconds["validate"] = time.perf_counter() - start
+    if outcome.validated:  # then on configs the plan was not made on
+        from autoport_cst.port_variants import check_config_variants
+
+        start = time.perf_counter()
+        check_config_variants(outcome, found, checkpoint, steps, seed, stage)
+        outcome.seconds["variants"] = time.perf_counter() - start
     return outcome
 
 

@@ -150,6 +150,10 @@ def _print(outcome) -> None:
     for run in outcome.runs:
         if not run.equivalent:  # why, in full: the table names only where
             console.print(f"tp={run.tp} {run.dtype}: {run.summary}", markup=False)
+    from autoport_cst.port_variants import config_check_lines
+
+    for line in config_check_lines(outcome):  # configs the plan was not made on
+        console.print(line, markup=False)
     total = sum(outcome.seconds.values())
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in outcome.seconds.items())
     console.print(f"total {total:.1f}s ({stages})")

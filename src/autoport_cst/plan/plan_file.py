@@ -172,6 +172,7 @@ def from_research(
 ) -> Plan:
     """The plan of a researched model, validated as a plan read from disk is
     (the plan ``plan`` writes and the one ``port`` applies are built here)."""
+    guards = assumptions_of(found, reference).step()
     plan = Plan(
         version=PLAN_VERSION,
         name=name,
@@ -179,6 +180,21 @@ def from_research(
         reference=reference,
         class_prefix=derive_class_prefix(name),
         spec=found.spec,
+        steps=(PlanStep(guards["codemod"], guards["params"]),) if guards else (),
         description=description,
     )
     return parse_plan(plan_to_json(plan), source)
+
+
+def assumptions_of(found: Researched, reference: str | None):
+    """What a port of ``found`` from ``reference`` assumes about the configs
+    it is used with (:mod:`autoport_cst.plan.assumptions`): the guards it
+    writes, the fields it reads at run time."""
+    from autoport_cst.plan.assumptions import config_assumptions
+
+    config_driven: dict[str, Any] = {}
+    if reference is not None:
+        from autoport_cst.apply.reference import load_reference
+
+        config_driven = load_reference(reference).manifest.config_driven
+    return config_assumptions(getattr(found, "config_dependence", None), found.spec, config_driven)

@@ -9,6 +9,7 @@ from typing import Any
 from autoport_cst.research.checkpoint import CheckpointHeader, checkpoint_findings, read_checkpoint
 from autoport_cst.research.code_analysis import CodeAnalysis, analyze_code
 from autoport_cst.research.config_analysis import ConfigAnalysis, analyze_config, read_config, resolve_config
+from autoport_cst.research.config_dependence import ConfigDependence, probe_config
 from autoport_cst.research.crosscheck import ParameterCount, count_parameters, decide_spec
 from autoport_cst.research.findings import Conflict, Finding
 from autoport_cst.research.hub import ResolvedSource, resolve_source
@@ -35,6 +36,9 @@ class Research:
     pitfalls: tuple[str, ...]
     modeling_source: str | None
     checkpoint_files: tuple[str, ...]
+    # the config fields the code reads and what varying each changes (None:
+    # no transformers configuration to vary, or no analysis of the code)
+    config_dependence: ConfigDependence | None = None
 
     def finding(self, name: str, source: str | None = None) -> Finding | None:
         for f in reversed(self.findings):
@@ -85,6 +89,9 @@ def research_resolved(resolved: ResolvedSource) -> Research:
     parameters = count_parameters(spec, code, header, quantized)
     parallel = plan_parallelism(parallel_dims(spec, code, cfg), parameters.total, parameters.experts)
     notes = pitfalls(spec, findings, decision.conflicts, decision.unknown, parallel)
+    dependence = None
+    if config_obj is not None and code.config_reads:
+        dependence = probe_config(raw, config_obj, config_path, modeling, architecture, code.config_reads)
     return Research(
         source=resolved.label,
         model_type=cfg.model_type,
@@ -99,6 +106,7 @@ def research_resolved(resolved: ResolvedSource) -> Research:
         pitfalls=tuple(notes),
         modeling_source=str(modeling.path),
         checkpoint_files=header.files if header is not None else (),
+        config_dependence=dependence,
     )
 
 

@@ -1,0 +1,387 @@
+"""config-guards: the port refuses a config that breaks an assumption its code was written on."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import libcst as cst
+
+from autoport_cst.transform import Codemod, Example, FileContext
+from autoport_cst.transform.attention import add_functions
+from autoport_cst.transform.config_fields import config_class
+from autoport_cst.transform.config_reading import method_of
+from autoport_cst.transform.cst_helpers import insert_after, parse_statement, with_comment
+from autoport_cst.transform.vocabulary import walk
+
+ID = "config-guards"
+CHECK = "check_assumed_config"
+VALUES = "values"
+COMMENT = "<-- MODEL-SPECIFIC: refuse a config this port's code was not written for"
+_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
+
+
+@dataclass(frozen=True)
+class AssumedField:
+    field: str = dataclasses.field(
+        metadata={"doc": "Config field, dotted into a dict field (rope_parameters.factor)."}
+    )
+    value: Any = dataclasses.field(metadata={"doc": "The value the port was made for."})
+    default: Any = dataclasses.field(
+        default=None, metadata={"doc": "The value transformers takes when a config lacks the field."}
+    )
+    fixes: str = dataclasses.field(
+        default="", metadata={"doc": "What the port's code fixes for that value (spec fields)."}
+    )
+    allowed: tuple[Any, ...] | None = dataclasses.field(
+        default=None,
+        metadata={
+            "doc": "For a list of per-layer types: the entries the port handles (value is then an example)."
+        },
+    )
+
+
+@dataclass(frozen=True)
+class ConfigGuardsParams:
+    assumed: tuple[AssumedField, ...] = dataclasses.field(
+        default=(), metadata={"doc": "The config values the port's code was written for."}
+    )
+
+
+class ConfigGuards(Codemod):
+    """Make the port refuse a model config that differs, in a field its code
+    does not read, from the config it was planned on.
+
+    A port is registered for an architecture, but a codemod realizes a
+    feature once, for the value the planned config has: a port planned on
+    ``attention_bias = false`` has no bias parameters, whatever a later
+    config says. The research varies every config field the transformers
+    code reads and lists those whose change the port cannot follow at run
+    time (``autoport_cst.plan.assumptions``); ``plan`` and ``port`` add this
+    step with them. Config file: a module function ``check_assumed_config``
+    holds the fields, the value the port was made for, the value
+    transformers takes when a config lacks the field, and what the port's
+    code fixes; ``from_configs`` calls it on the model config's values right
+    after reading them, so a config that breaks an assumption raises
+    ``ValueError`` naming the field and both values instead of building a
+    wrong model.
+
+    Preconditions: one config dataclass whose ``from_configs`` binds the
+    model config's values to a local ``values``; every field is a dotted
+    identifier and every value a JSON scalar.
+    """
+
+    ID = ID
+    Params = ConfigGuardsParams
+    FILES = ("config",)
+    TOUCHES = ()
+    EXAMPLES = (
+        Example(
+            title="a port made on a config without attention biases",
+            role="config",
+            path="config.py",
+            params={
+                "assumed": [
+                    {
+                        "field": "attention_bias",
+                        "value": False,
+                        "default": False,
+                        "fixes": "attention.qkv_bias, attention.o_bias",
+                    }
+                ]
+            },
+            before="""
+                @dataclass
+                class Gemma2Config:
+                    hidden_size: int = 2048
+
+                    @classmethod
+                    def from_configs(cls, hf_config, neuron_config=None):
+                        if hasattr(hf_config, "to_dict"):
+                            values = hf_config.to_dict()
+                        else:
+                            values = dict(hf_config)
+                        names = {f.name for f in fields(cls)}
+                        return cls(**{k: v for k, v in values.items() if k in names})
+            """,
+            after="""
+                def check_assumed_config(values: dict) -> None:
+                    \"\"\"Refuse a model config that differs from the one this port was made for
+                    in a field its code does not read (written by autoport-cst config-guards).
+
+                    Each entry: the field (dotted into a dict field), the value the port was
+                    made for, the value transformers takes when a config lacks the field, the
+                    entries it handles when the field is a list of per-layer types, and what
+                    the port's code fixes for that value.\"\"\"
+                    assumed = (
+                        ("attention_bias", False, False, None, "attention.qkv_bias, attention.o_bias"),
+                    )
+                    for name, expected, default, allowed, fixes in assumed:
+                        value = values
+                        for key in name.split("."):
+                            value = value.get(key, default) if isinstance(value, dict) else default
+                        if allowed is not None:
+                            wrong = [entry for entry in value or () if entry not in allowed]
+                            if wrong:
+                                raise ValueError(
+                                    f"config field {name} holds {wrong[0]!r}, but this port was made for {name} entries in "
+                                    f"{list(allowed)!r} ({fixes} fixed in its code): port this checkpoint again"
+                                )
+                        elif value != expected:
+                            raise ValueError(
+                                f"config field {name} is {value!r}, but this port was made for {name} = {expected!r} "
+                                f"({fixes} fixed in its code): port this checkpoint again"
+                            )
+
+
+                @dataclass
+                class Gemma2Config:
+                    hidden_size: int = 2048
+
+                    @classmethod
+                    def from_configs(cls, hf_config, neuron_config=None):
+                        if hasattr(hf_config, "to_dict"):
+                            values = hf_config.to_dict()
+                        else:
+                            values = dict(hf_config)
+                        # <-- MODEL-SPECIFIC: refuse a config this port's code was not written for
+                        check_assumed_config(values)
+                        names = {f.name for f in fields(cls)}
+                        return cls(**{k: v for k, v in values.items() if k in names})
+            """,
+        ),
+        Example(
+            title="a port made on full attention only, run again: the guards are replaced, called once",
+            role="config",
+            path="config.py",
+            params={
+                "assumed": [
+                    {
+                        "field": "attention_bias",
+                        "value": False,
+                        "default": False,
+                        "fixes": "attention.qkv_bias, attention.o_bias",
+                    },
+                    {
+                        "field": "layer_types",
+                        "value": ["full_attention", "full_attention"],
+                        "allowed": ["full_attention"],
+                        "fixes": "attention.sliding_window",
+                    },
+                ]
+            },
+            before="""
+                def check_assumed_config(values: dict) -> None:
+                    \"\"\"Refuse a model config that differs from the one this port was made for
+                    in a field its code does not read (written by autoport-cst config-guards).
+
+                    Each entry: the field (dotted into a dict field), the value the port was
+                    made for, the value transformers takes when a config lacks the field, the
+                    entries it handles when the field is a list of per-layer types, and what
+                    the port's code fixes for that value.\"\"\"
+                    assumed = (
+                        ("attention_bias", False, False, None, "attention.qkv_bias, attention.o_bias"),
+                    )
+                    for name, expected, default, allowed, fixes in assumed:
+                        value = values
+                        for key in name.split("."):
+                            value = value.get(key, default) if isinstance(value, dict) else default
+                        if allowed is not None:
+                            wrong = [entry for entry in value or () if entry not in allowed]
+                            if wrong:
+                                raise ValueError(
+                                    f"config field {name} holds {wrong[0]!r}, but this port was made for {name} entries in "
+                                    f"{list(allowed)!r} ({fixes} fixed in its code): port this checkpoint again"
+                                )
+                        elif value != expected:
+                            raise ValueError(
+                                f"config field {name} is {value!r}, but this port was made for {name} = {expected!r} "
+                                f"({fixes} fixed in its code): port this checkpoint again"
+                            )
+
+
+                @dataclass
+                class Gemma2Config:
+                    hidden_size: int = 2048
+
+                    @classmethod
+                    def from_configs(cls, hf_config, neuron_config=None):
+                        if hasattr(hf_config, "to_dict"):
+                            values = hf_config.to_dict()
+                        else:
+                            values = dict(hf_config)
+                        # <-- MODEL-SPECIFIC: refuse a config this port's code was not written for
+                        check_assumed_config(values)
+                        names = {f.name for f in fields(cls)}
+                        return cls(**{k: v for k, v in values.items() if k in names})
+            """,
+            after="""
+                def check_assumed_config(values: dict) -> None:
+                    \"\"\"Refuse a model config that differs from the one this port was made for
+                    in a field its code does not read (written by autoport-cst config-guards).
+
+                    Each entry: the field (dotted into a dict field), the value the port was
+                    made for, the value transformers takes when a config lacks the field, the
+                    entries it handles when the field is a list of per-layer types, and what
+                    the port's code fixes for that value.\"\"\"
+                    assumed = (
+                        ("attention_bias", False, False, None, "attention.qkv_bias, attention.o_bias"),
+                        ("layer_types", ['full_attention', 'full_attention'], None, ("full_attention",), "attention.sliding_window"),
+                    )
+                    for name, expected, default, allowed, fixes in assumed:
+                        value = values
+                        for key in name.split("."):
+                            value = value.get(key, default) if isinstance(value, dict) else default
+                        if allowed is not None:
+                            wrong = [entry for entry in value or () if entry not in allowed]
+                            if wrong:
+                                raise ValueError(
+                                    f"config field {name} holds {wrong[0]!r}, but this port was made for {name} entries in "
+                                    f"{list(allowed)!r} ({fixes} fixed in its code): port this checkpoint again"
+                                )
+                        elif value != expected:
+                            raise ValueError(
+                                f"config field {name} is {value!r}, but this port was made for {name} = {expected!r} "
+                                f"({fixes} fixed in its code): port this checkpoint again"
+                            )
+
+
+                @dataclass
+                class Gemma2Config:
+                    hidden_size: int = 2048
+
+                    @classmethod
+                    def from_configs(cls, hf_config, neuron_config=None):
+                        if hasattr(hf_config, "to_dict"):
+                            values = hf_config.to_dict()
+                        else:
+                            values = dict(hf_config)
+                        # <-- MODEL-SPECIFIC: refuse a config this port's code was not written for
+                        check_assumed_config(values)
+                        names = {f.name for f in fields(cls)}
+                        return cls(**{k: v for k, v in values.items() if k in names})
+            """,
+        ),
+        Example(
+            title="from_configs without a values dict",
+            role="config",
+            path="config.py",
+            params={"assumed": [{"field": "hidden_activation", "value": "gelu_pytorch_tanh"}]},
+            before="""
+                @dataclass
+                class Gemma2Config:
+                    hidden_size: int = 2048
+
+                    @classmethod
+                    def from_configs(cls, hf_config, neuron_config=None):
+                        return cls(hidden_size=hf_config.hidden_size)
+            """,
+            raises="config-guards: Gemma2Config.from_configs binds no local 'values'",
+        ),
+    )
+
+    @classmethod
+    def check_params(cls, params: ConfigGuardsParams) -> list[str]:
+        problems = []
+        for index, entry in enumerate(params.assumed):
+            if not _FIELD.fullmatch(entry.field):
+                problems.append(f"assumed[{index}].field {entry.field!r} is not a dotted identifier")
+            listed = entry.allowed is not None  # a list of per-layer types, and the entries it may hold
+            values = [entry.default, *(entry.allowed or ())]
+            values += list(entry.value) if listed and isinstance(entry.value, list) else [entry.value]
+            if not all(_scalar(v) for v in values) or (listed and not isinstance(entry.value, list)):
+                problems.append(
+                    f"assumed[{index}]: value and default must be JSON scalars (with allowed: value a list of them)"
+                )
+        return problems
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        if not self.params.assumed:
+            return module
+        cls = config_class(module, ctx, ID)
+        method = method_of(cls, "from_configs")
+        if method is None:
+            raise ctx.precondition(f"{ID}: {cls.name.value} has no from_configs", cls, module)
+        if not _calls_check(method):
+            anchor = _binding(method)
+            if anchor is None:
+                raise ctx.precondition(
+                    f"{ID}: {cls.name.value}.from_configs binds no local {VALUES!r}", method, module
+                )
+            call = with_comment(parse_statement(f"{CHECK}({VALUES})", module), COMMENT)
+            module = insert_after(module, anchor, [call])  # type: ignore[assignment]
+        return add_functions(module, [self._function()], replace=True)
+
+    def _function(self) -> str:
+        entries = "".join(
+            f"        ({_literal(e.field)}, {_literal(e.value)}, {_literal(e.default)}, {_allowed(e.allowed)}, "
+            f"{_literal(e.fixes)}),\n"
+            for e in self.params.assumed
+        )
+        return FUNCTION.replace("{entries}", entries)
+
+
+FUNCTION = '''
+def check_assumed_config(values: dict) -> None:
+    """Refuse a model config that differs from the one this port was made for
+    in a field its code does not read (written by autoport-cst config-guards).
+
+    Each entry: the field (dotted into a dict field), the value the port was
+    made for, the value transformers takes when a config lacks the field, the
+    entries it handles when the field is a list of per-layer types, and what
+    the port's code fixes for that value."""
+    assumed = (
+{entries}    )
+    for name, expected, default, allowed, fixes in assumed:
+        value = values
+        for key in name.split("."):
+            value = value.get(key, default) if isinstance(value, dict) else default
+        if allowed is not None:
+            wrong = [entry for entry in value or () if entry not in allowed]
+            if wrong:
+                raise ValueError(
+                    f"config field {name} holds {wrong[0]!r}, but this port was made for {name} entries in "
+                    f"{list(allowed)!r} ({fixes} fixed in its code): port this checkpoint again"
+                )
+        elif value != expected:
+            raise ValueError(
+                f"config field {name} is {value!r}, but this port was made for {name} = {expected!r} "
+                f"({fixes} fixed in its code): port this checkpoint again"
+            )
+'''
+
+
+def _allowed(values: tuple[Any, ...] | None) -> str:
+    if values is None:
+        return "None"
+    return "(" + "".join(f"{_literal(v)}, " for v in values).rstrip(" ") + ")"
+
+
+def _literal(value: Any) -> str:
+    """Python source of a JSON scalar, strings in double quotes."""
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _calls_check(method: cst.FunctionDef) -> bool:
+    return any(
+        isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == CHECK
+        for node in walk(method)
+    )
+
+
+def _binding(method: cst.FunctionDef) -> cst.BaseStatement | None:
+    """The first statement of ``from_configs``' body that binds ``values``
+    (an assignment, or a branch or block that assigns it)."""
+    for stmt in method.body.body:
+        for node in walk(stmt):
+            if isinstance(node, cst.AssignTarget) and isinstance(node.target, cst.Name):
+                if node.target.value == VALUES:
+                    return stmt
+    return None

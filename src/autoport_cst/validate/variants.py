@@ -1,0 +1,161 @@
+"""Configs that differ from the one a port was validated on.
+
+A port is registered for an architecture, so its validation goes beyond the
+config it was planned on (``autoport_cst.plan.assumptions`` says which
+fields a port reads at run time and which it guards):
+
+- :func:`variant_values` varies, at once, every config field the port reads
+  at run time (sizes, epsilon, RoPE base, softcaps, window, an attention
+  scale read from its field...), each the way the research varied it (a
+  number doubled, a boolean flipped); :func:`build_variant_checkpoint`
+  builds a random checkpoint of exactly that config (no shrinking), which
+  the port must validate on;
+- :func:`guard_checks` builds the port (on the meta device, as the engine
+  does) from configs that each break one guarded assumption: it must refuse
+  every one with a ``ValueError`` naming the field and both values.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoport_cst.research.config_dependence import can_vary, varied_value, with_field
+
+
+@dataclass(frozen=True)
+class GuardCheck:
+    """The port built from a config with ``field`` set to ``value`` (it was
+    made for ``expected``): ``refused`` when it raised naming the field and
+    both values."""
+
+    field: str
+    value: Any
+    expected: Any
+    refused: bool
+    message: str
+
+
+def read_values(checkpoint_dir: str | Path) -> dict[str, Any]:
+    """The config.json values of a checkpoint directory."""
+    return json.loads((Path(checkpoint_dir) / "config.json").read_text(encoding="utf-8"))
+
+
+def variant_values(
+    base: dict[str, Any], fields: Sequence[str]
+) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
+    """``base`` with every field of ``fields`` (dotted into dicts) varied, and
+    ``{field: (before, after)}``. A field ``base`` lacks, or that has no other
+    value to try, stays."""
+    values = base
+    changed: dict[str, tuple[Any, Any]] = {}
+    for name in fields:
+        found, current = _lookup(values, name)
+        if not found or not can_vary(current):
+            continue
+        new = varied_value(current)
+        values = with_field(values, name, new)
+        changed[name] = (current, new)
+    return values, changed
+
+
+def build_variant_checkpoint(
+    values: dict[str, Any], directory: str | Path, seed: int = 0, key_format: str = "model"
+) -> Path:
+    """A random checkpoint (config.json + model.safetensors) of exactly the
+    config ``values``, deterministic per seed, built as ``tiny`` builds its
+    checkpoints (tied tensors once, constant tensors perturbed, tensors named
+    as ``key_format`` says: ``tiny.in_key_format``)."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    from autoport_cst.atomic import atomic_output
+
+    from .tiny import KEY_FORMAT, _perturb_constant_tensors, in_key_format, write_config_json
+
+    settings = {k: v for k, v in values.items() if k not in ("model_type", "transformers_version")}
+    config = AutoConfig.for_model(values["model_type"], **settings)
+    architecture = (values.get("architectures") or [None])[0]
+    model_class = getattr(transformers, architecture or "", None)
+    if model_class is None:
+        raise ValueError(f"transformers has no class {architecture!r}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config).to(torch.float32).eval()
+    state: dict[str, Any] = {}
+    seen: set[int] = set()
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() in seen:
+            continue  # a tied tensor is stored once, under its first name
+        seen.add(tensor.data_ptr())
+        state[name] = tensor.detach().contiguous().clone()
+    state = dict(sorted(state.items()))
+    _perturb_constant_tensors(state, seed)
+    state = in_key_format(model, state, key_format)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config.dtype = torch.float32
+    with atomic_output(directory / "model.safetensors") as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt", KEY_FORMAT: key_format})
+        write_config_json(config, directory / "config.json")
+    return directory
+
+
+def guard_checks(
+    package_dir: str | Path, base: dict[str, Any], guards: Sequence[Any], checkpoint_dir: str | Path
+) -> list[GuardCheck]:
+    """Build the port from ``base`` with each guard's field set to its varied
+    value (``guards``: ``autoport_cst.plan.assumptions.Guard``); each must be
+    refused by name."""
+    if not guards:
+        return []
+    from .package import imported_package
+    from .standin import standin_installed
+
+    checks = []
+    with standin_installed(model=str(checkpoint_dir)), imported_package(package_dir) as package:
+        for guard in guards:
+            values = with_field(base, guard.field, guard.varied)
+            checks.append(_check(package.factory, values, guard))
+    return checks
+
+
+def _check(factory: Any, values: dict[str, Any], guard: Any) -> GuardCheck:
+    import torch
+
+    try:
+        with torch.device("meta"):
+            factory.from_configs(_hf_config(values), None)
+    except ValueError as error:
+        message = str(error)
+        named = all(text in message for text in (guard.field, repr(guard.varied), repr(guard.value)))
+        return GuardCheck(guard.field, guard.varied, guard.value, named, message)
+    except Exception as error:  # noqa: BLE001 - the port failed some other way: not a refusal
+        return GuardCheck(guard.field, guard.varied, guard.value, False, f"{type(error).__name__}: {error}")
+    return GuardCheck(guard.field, guard.varied, guard.value, False, "the port built the model")
+
+
+def _hf_config(values: dict[str, Any]) -> Any:
+    """The ``PretrainedConfig`` the engine would hand over, or the values
+    themselves when transformers refuses the varied value."""
+    from transformers import AutoConfig
+
+    settings = {k: v for k, v in values.items() if k not in ("model_type", "transformers_version")}
+    try:
+        return AutoConfig.for_model(values["model_type"], **settings)
+    except Exception:  # noqa: BLE001 - the config class validates the value
+        return values
+
+
+def _lookup(values: dict[str, Any], name: str) -> tuple[bool, Any]:
+    value: Any = values
+    for part in name.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value

@@ -1,0 +1,57 @@
+"""A port is for its architecture, not for the one config it was planned on.
+
+The issue's case: a tiny Gemma 2 config with query_pre_attn_scalar ==
+head_dim, where the attention scale equals head_dim ** -0.5. The port must
+read the field (and validate on a config where it is 32), and refuse by name
+the configs its code does not follow."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from autoport_cst.port import port  # noqa: E402
+from autoport_cst.validate import build_tiny_checkpoint, validate_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def gemma2_port(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gemma2-variants")
+    source = root / "planned"
+    build_tiny_checkpoint("Gemma2ForCausalLM", source, dimensions={"query_pre_attn_scalar": 16})
+    assert json.loads((source / "config.json").read_text())["head_dim"] == 16
+    return root, port(str(source), "gemma2_eq", root / "out", steps=8)
+
+
+@pytest.mark.slow
+def test_the_port_reads_query_pre_attn_scalar_and_validates_beyond_its_config(gemma2_port):
+    root, outcome = gemma2_port
+    assert outcome.validated, [r.summary for r in [*outcome.runs, *outcome.variant_runs]]
+    assert "attention-scale" in outcome.steps
+    # validated again with the field varied away from head_dim (and every field the port reads)
+    assert outcome.variant["query_pre_attn_scalar"] == [16, 32]
+    assert "head_dim" not in outcome.variant
+    assert [r.equivalent for r in outcome.variant_runs] == [True]
+    # a Gemma-2-9B-like config: the field differs from the head size
+    other = root / "qpas32"
+    build_tiny_checkpoint("Gemma2ForCausalLM", other, seed=3, dimensions={"query_pre_attn_scalar": 32})
+    report = validate_model(outcome.package_dir, other, tp=1, dtype="fp32", steps=8, seed=3)
+    assert report.equivalent, report.summary()
+
+
+@pytest.mark.slow
+def test_the_port_refuses_by_name_what_its_code_fixes(gemma2_port):
+    _, outcome = gemma2_port
+    refused = {g.field: g for g in outcome.guards}
+    assert set(refused) == {"attention_bias", "hidden_activation"}
+    assert all(g.refused for g in outcome.guards)
+    message = refused["attention_bias"].message
+    assert "attention_bias is True" in message and "attention_bias = False" in message
+    plan = json.loads(Path(outcome.plan_path).read_text())
+    (step,) = [s for s in plan["steps"] if s["codemod"] == "config-guards"]
+    assert [a["field"] for a in step["params"]["assumed"]] == ["attention_bias", "hidden_activation"]
