@@ -33,3 +33,51 @@ def test_the_code_analysis_lists_the_config_fields_it_read(tiny):
         code.config_reads
     )
     assert "vocab_size" in code.config_reads
+
+
+def test_every_field_the_code_reads_is_varied_and_what_it_changes_recorded(tiny):
+    dependence = tiny.research("gemma2").config_dependence
+    assert "query_pre_attn_scalar" in dependence.reads
+    qpas = dependence.probe("query_pre_attn_scalar")
+    assert (qpas.value, qpas.varied) == (16, 32)
+    assert [(c.path, c.planned) for c in qpas.changes] == [("attention.scale", None)]
+    bias = dependence.probe("attention_bias")
+    assert {c.path for c in bias.changes} == {"attention.qkv_bias", "attention.o_bias"}
+    eps = dependence.probe("rms_norm_eps")
+    assert [(c.path, c.varied) for c in eps.changes] == [("norm.eps", 2e-6)]
+    assert dependence.probe("attention_dropout").changes == ()
+    skipped = dict(dependence.skipped)
+    assert "_attn_implementation" in skipped and "rope_parameters.rope_type" in skipped
+
+
+def test_the_plan_guards_what_the_port_bakes_in_and_reads_the_rest(tiny):
+    from autoport_cst.plan import from_research
+    from autoport_cst.plan.plan_file import assumptions_of
+
+    found = tiny.research("gemma2")
+    assumptions = assumptions_of(found, "smollm3")
+    assert {g.field for g in assumptions.guards} == {"attention_bias", "hidden_activation"}
+    assert {"query_pre_attn_scalar", "rms_norm_eps", "attn_logit_softcapping"} <= set(assumptions.runtime)
+    assert "hidden_size" in assumptions.sizes
+    plan = from_research(found, "gemma2", "smollm3", "test")
+    (step,) = plan.steps
+    assert step.codemod == "config-guards"
+    assert [a["field"] for a in step.params["assumed"]] == ["attention_bias", "hidden_activation"]
+
+
+def test_a_config_with_many_layers_is_probed_on_fewer(tiny):
+    from autoport_cst.research.config_analysis import read_config, resolve_config
+    from autoport_cst.research.config_dependence import probe_config, with_field
+    from autoport_cst.research.sources import locate_modeling_source
+
+    path = tiny.directory("gemma2") / "config.json"
+    raw = with_field(read_config(path), "num_hidden_layers", 12)
+    assert len(raw["layer_types"]) == 12  # per-layer lists follow the layer count
+    resolved = resolve_config(raw, str(path))
+    modeling = locate_modeling_source("gemma2", str(path))
+    dependence = probe_config(raw, resolved, str(path), modeling, "Gemma2ForCausalLM", ("attention_bias",))
+    assert dependence.layers == 4
+    assert {c.path for c in dependence.probe("attention_bias").changes} == {
+        "attention.qkv_bias",
+        "attention.o_bias",
+    }
