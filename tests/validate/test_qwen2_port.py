@@ -1,5 +1,5 @@
 """The qwen2 port from examples/ validates against Qwen2ForCausalLM, and the
-logit test `apply` writes beside it passes when run on its own."""
+logit test `apply` writes beside it reruns a recorded validation on its own."""
 
 from __future__ import annotations
 
@@ -46,14 +46,20 @@ def test_the_reference_does_not_validate_against_qwen2(tiny_qwen2):
     assert report.first_diverging is not None and "attention" in str(report.first_diverging)
 
 
-def test_generated_logit_test_passes(qwen2_port):
-    test = qwen2_port / "test/vllm_neuron/model/qwen2/test_logits.py"
+def test_generated_logit_test_reruns_the_recorded_validation(qwen2_port, tiny_qwen2):
+    """`validate` records its run beside the port's test; the test reruns it."""
+    validated = CliRunner().invoke(
+        cli,
+        ["validate", str(qwen2_port / "vllm_neuron/model/qwen2"), "--hf", str(tiny_qwen2), "--steps", "4"],
+    )
+    assert validated.exit_code == 0, validated.output
+    test = qwen2_port / "test/vllm_neuron/model/qwen2/test_qwen2_logits.py"
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(test)],
         cwd=qwen2_port,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 passed" in result.stdout
+    assert "1 passed" in result.stdout, result.stdout

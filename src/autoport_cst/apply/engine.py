@@ -23,6 +23,7 @@ from pathlib import Path
 import libcst as cst
 
 from autoport_cst import __version__
+from autoport_cst.apply.checkpoint_keys import check_checkpoint_keys
 from autoport_cst.apply.composer import Composition, Step, compose, port_context
 from autoport_cst.apply.exhaustive import StepCensus, reference_position
 from autoport_cst.apply.port_test import PORT_TEST_ROOT, port_test_path, port_test_source
@@ -123,6 +124,7 @@ def build_port(
             result.steps.append(_run_step(step, units, port, sites=sites))
         result.steps += _identity_steps(plan, reference, units, port, replace_registry_entry)
         _finish(plan, reference, result, units, plan_source)
+        check_checkpoint_keys(plan.checkpoint_keys, result.files, plan.spec.embedding.tied)  # before writing
     except AutoportError as error:
         result.failure = error
         result.files = {}

@@ -62,6 +62,14 @@ class Plan:
         metadata={"doc": "Target architecture; fields left out take Llama-like defaults."},
     )
     steps: tuple[PlanStep, ...] = field(default=(), metadata={"doc": "Explicit codemod steps (optional)."})
+    checkpoint_keys: tuple[str, ...] | None = field(
+        default=None,
+        metadata={
+            "doc": "Tensor key patterns (layer indices as *) of the checkpoint the plan was researched on, "
+            "read from its safetensors header; apply refuses a port that loads a key not among them. "
+            "null: not checked."
+        },
+    )
     description: str | None = field(default=None, metadata={"doc": "Free text."})
 
     @property
@@ -182,6 +190,7 @@ def from_research(
         spec=found.spec,
         steps=(PlanStep(guards["codemod"], guards["params"]),) if guards else (),
         description=description,
+        checkpoint_keys=tuple(getattr(found, "checkpoint_keys", ()) or ()) or None,
     )
     return parse_plan(plan_to_json(plan), source)
 

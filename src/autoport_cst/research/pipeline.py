@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autoport_cst.research.checkpoint import CheckpointHeader, checkpoint_findings, read_checkpoint
+from autoport_cst.research.checkpoint import CheckpointHeader, checkpoint_findings, pattern, read_checkpoint
 from autoport_cst.research.code_analysis import CodeAnalysis, analyze_code
 from autoport_cst.research.config_analysis import ConfigAnalysis, analyze_config, read_config, resolve_config
 from autoport_cst.research.config_dependence import ConfigDependence, probe_config
@@ -36,6 +36,8 @@ class Research:
     pitfalls: tuple[str, ...]
     modeling_source: str | None
     checkpoint_files: tuple[str, ...]
+    # the header's tensor key patterns (layer indices as *): what a port may load
+    checkpoint_keys: tuple[str, ...] = ()
     # the config fields the code reads and what varying each changes (None:
     # no transformers configuration to vary, or no analysis of the code)
     config_dependence: ConfigDependence | None = None
@@ -106,6 +108,7 @@ def research_resolved(resolved: ResolvedSource) -> Research:
         pitfalls=tuple(notes),
         modeling_source=str(modeling.path),
         checkpoint_files=header.files if header is not None else (),
+        checkpoint_keys=tuple(sorted({pattern(name) for name in header.tensors})) if header is not None else (),
         config_dependence=dependence,
     )
 

@@ -1,0 +1,87 @@
+"""Rerunning the validations recorded beside a port's logit test.
+
+The record (``validated.json``, format in ``autoport_cst.validation_record``)
+lists the runs a port was validated on. A run on a tiny checkpoint is
+rebuilt byte for byte: ``build_tiny_checkpoint`` of the recorded config with
+every dimension kept and the recorded weights seed. A run on another
+checkpoint uses the recorded directory, while it still holds the recorded
+config.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autoport_cst.validation_record import RECORD, load_runs
+
+from .tiny import TINY_DIMENSIONS
+
+__all__ = ["RECORD", "CheckpointCache", "CheckpointGone", "load_runs", "rebuild_checkpoint", "rerun"]
+
+
+class CheckpointGone(Exception):
+    """A recorded checkpoint directory is missing or holds another config."""
+
+
+@dataclass
+class CheckpointCache:
+    """The checkpoint of each recorded run, rebuilt once per config and seed."""
+
+    directory: Path
+    built: dict[str, Path] = field(default_factory=dict)
+
+    def get(self, run: dict[str, Any]) -> Path:
+        if "weights_seed" not in run:
+            return _recorded_directory(run)
+        key = json.dumps([run["config"], run["weights_seed"]], sort_keys=True)
+        if key not in self.built:
+            self.built[key] = rebuild_checkpoint(run, self.directory / f"checkpoint{len(self.built)}")
+        return self.built[key]
+
+
+def _recorded_directory(run: dict[str, Any]) -> Path:
+    directory = Path(run["checkpoint_dir"])
+    config = directory / "config.json"
+    if not config.is_file():
+        raise CheckpointGone(f"{run['label']}: the recorded checkpoint {directory} is not there")
+    if json.loads(config.read_text(encoding="utf-8")) != run["config"]:
+        raise CheckpointGone(f"{run['label']}: {config} is no longer the config the port was validated on")
+    return directory
+
+
+def rebuild_checkpoint(run: dict[str, Any], outdir: Path) -> Path:
+    """The tiny checkpoint of a recorded run: its config with every
+    dimension kept, random weights from its seed. Raises ValueError when
+    the rebuilt config differs from the recorded one."""
+    from .tiny import build_tiny_checkpoint
+
+    config = run["config"]
+    source = outdir / "recorded"
+    source.mkdir(parents=True, exist_ok=True)
+    (source / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    kept = {k: v for k, v in config.items() if k in TINY_DIMENSIONS and isinstance(v, int)}
+    built = build_tiny_checkpoint(source / "config.json", outdir / "checkpoint", run["weights_seed"], kept)
+    rebuilt = json.loads((built.directory / "config.json").read_text(encoding="utf-8"))
+    differing = sorted(k for k in config if rebuilt.get(k) != config[k])
+    if differing:
+        raise ValueError(f"{run['label']}: the rebuilt checkpoint's config differs in {', '.join(differing)}")
+    return built.directory
+
+
+def rerun(package_dir: str | Path, run: dict[str, Any], checkpoint: Path):
+    """Validate the port again as recorded; returns the ValidationReport."""
+    from .api import validate_model
+
+    return validate_model(
+        package_dir,
+        checkpoint,
+        tp=run["tp"],
+        ep=run.get("ep", 1),
+        dtype=run["dtype"],
+        steps=run["steps"],
+        seed=run["seed"],
+        **run.get("options", {}),
+    )
