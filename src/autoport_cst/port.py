@@ -215,7 +215,30 @@ def port(
         start = time.perf_counter()
         check_config_variants(outcome, found, checkpoint, steps, seed, stage)
         outcome.seconds["variants"] = time.perf_counter() - start
+    _record_validations(outcome, out, checkpoint, steps, seed)
     return outcome
+
+
+def _record_validations(outcome: PortOutcome, out: Path, checkpoint: str, steps: int, seed: int) -> None:
+    """What the port's logit test reruns (``autoport_cst.validation_record``):
+    every run, a tiny checkpoint by its config and weights seed, the source's
+    by its directory, the config variant by its directory."""
+    from autoport_cst.validation_record import port_test_dir, run_record, save_runs
+
+    weights_seed = seed if checkpoint == "tiny" else None
+    records = [
+        run_record(
+            outcome.checkpoint_dir, tp=r.tp, dtype=r.dtype, steps=steps, seed=seed, weights_seed=weights_seed
+        )
+        for r in outcome.runs
+    ]
+    variant = outcome.checkpoint_dir.parent / f"{outcome.checkpoint_dir.name}-variant"  # port_variants'
+    for r in outcome.variant_runs:
+        if (variant / "config.json").is_file():
+            records.append(
+                run_record(variant, tp=r.tp, dtype=r.dtype, steps=steps, seed=seed, label="variant")
+            )
+    save_runs(out / port_test_dir(outcome.name), records, merge=False)
 
 
 def _second_port(failure, source: str, name: str, out: Path, architecture: str) -> InputError | None:

@@ -36,6 +36,13 @@ def test_port_validates_a_llama(tiny_llama, tmp_path):
     assert [(r["tp"], r["dtype"]) for r in outcome["runs"]] == [(1, "fp32"), (1, "bf16")]
     assert (tmp_path / "out/vllm_neuron/model/my_llama/model.py").is_file()
     assert (tmp_path / "out/plans/my_llama.plan.json").is_file()
+    # the port's logit test reruns what it was validated on: the tiny checkpoint
+    # of the model's own config (by config and weights seed), each run
+    recorded = json.loads((tmp_path / "out/test/vllm_neuron/model/my_llama/validated.json").read_text())
+    validated_on = json.loads((tmp_path / "out/checkpoints/my_llama-tiny/config.json").read_text())
+    planned = [r for r in recorded["runs"] if r["label"] != "variant"]
+    assert [(r["tp"], r["dtype"], r["weights_seed"]) for r in planned] == [(1, "fp32", 0), (1, "bf16", 0)]
+    assert all(r["config"] == validated_on for r in planned)
 
 
 def test_port_at_tp2(tiny_llama, tmp_path):
