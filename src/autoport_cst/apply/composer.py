@@ -27,7 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoport_cst.apply.reference import Reference
-from autoport_cst.errors import InputError, MultiInputError, Position, UnrealizableDiffError, did_you_mean
+from autoport_cst.errors import (
+    AutoportError,
+    InputError,
+    MultiInputError,
+    Position,
+    UnrealizableDiffError,
+    did_you_mean,
+)
 from autoport_cst.plan import Plan
 from autoport_cst.spec import FieldDiff, diff_specs, to_json
 from autoport_cst.transform import Codemod, PortContext
@@ -75,7 +82,7 @@ def compose(plan: Plan, reference: Reference, plan_source: str = "<plan>") -> Co
     diffs = diff_specs(reference.spec, plan.spec)
 
     explicit: list[Step] = []
-    errors = []
+    errors: list[AutoportError] = []
     for index, step in enumerate(plan.steps):
         path = f"$.steps[{index}]"
         if step.codemod not in codemods:

@@ -95,12 +95,13 @@ class _Unit:
     label: str = ""  # how notes and errors name the file (reference-relative)
 
     def __post_init__(self) -> None:
-        self.original = self.text
+        self.original = self.text if self.text is not None else ""
         self.label = self.label or self.rel
 
     def current(self) -> str:
         """The file's current text (module code is generated once per change)."""
-        if self.module is not None and self.text is None:
+        if self.text is None:
+            assert self.module is not None  # the text is dropped only for a changed module
             self.text = self.module.code
         return self.text
 
@@ -151,7 +152,7 @@ def _load_units(plan: Plan, reference: Reference, existing_registry: str | None)
     for unit in units:
         if unit.out_path.endswith(".py"):
             try:
-                unit.module = cst.parse_module(unit.text)
+                unit.module = cst.parse_module(unit.current())
             except cst.ParserSyntaxError as exc:
                 where = reference.directory / unit.rel if unit.role != "registry" else Path(REGISTRY)
                 raise InputError(

@@ -110,6 +110,7 @@ def apply_command(plan_path, ref, out_dir, show_diff, check, force, output_forma
             _summary(result, None, output_format, to_stderr=True)
         sys.exit(EXIT_OK)
 
+    assert out is not None  # --out is required without --diff
     if check:
         changed = differences(out, result.files, result.package_dir)
         if output_format == "json":
@@ -130,7 +131,7 @@ def apply_command(plan_path, ref, out_dir, show_diff, check, force, output_forma
 
 def _print_diff(result, reference) -> None:
     console = stdout_console()
-    chunks = []
+    chunks: list[str] = []
     for path, new in result.files.items():
         old = result.sources.get(path, "")
         if old == new:

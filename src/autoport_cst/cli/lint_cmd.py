@@ -171,8 +171,8 @@ def _print_diffs(report) -> None:
         if not result.changed:
             continue
         diff = difflib.unified_diff(
-            result.original.splitlines(keepends=True),  # type: ignore[union-attr]
-            result.fixed.splitlines(keepends=True),  # type: ignore[union-attr]
+            result.original.splitlines(keepends=True),
+            result.fixed.splitlines(keepends=True),
             fromfile=f"a/{result.path}",
             tofile=f"b/{result.path}",
         )

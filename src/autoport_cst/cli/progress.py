@@ -8,6 +8,10 @@ from __future__ import annotations
 import sys
 import time
 from types import TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 
 class StageProgress:
@@ -19,8 +23,8 @@ class StageProgress:
         self.command = command
         self.console = console or stderr_console()
         self.live = self.console.is_terminal
-        self._progress = None
-        self._task = None
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
         self._current: str | None = None
         self._started = time.perf_counter()
         self._stage_started = self._started
@@ -29,15 +33,16 @@ class StageProgress:
         if self.live:
             from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-            self._progress = Progress(
+            progress = Progress(
                 SpinnerColumn(),
                 TextColumn("[bold]{task.fields[command]}[/] {task.description}"),
                 TimeElapsedColumn(),
                 console=self.console,
                 transient=True,
             )
-            self._progress.__enter__()
-            self._task = self._progress.add_task("starting", command=self.command, total=None)
+            progress.__enter__()
+            self._task = progress.add_task("starting", command=self.command, total=None)
+            self._progress = progress
         return self
 
     @property
@@ -51,6 +56,7 @@ class StageProgress:
             return
         now = time.perf_counter()
         if self._progress is not None:
+            assert self._task is not None  # added with the live display
             self._progress.update(self._task, description=label)
         else:
             took = f" ({self._current} took {now - self._stage_started:.1f}s)" if self._current else ""

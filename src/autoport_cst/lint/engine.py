@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import libcst as cst
 
@@ -31,6 +31,9 @@ from autoport_cst.lint.index import UNKNOWN, CallSite, ClassInfo, FunctionInfo, 
 from autoport_cst.lint.positions import positions
 from autoport_cst.lint.rule import Rule
 from autoport_cst.transform.vocabulary import dotted, self_attr
+
+if TYPE_CHECKING:
+    from autoport_cst.lint.exprs import Types
 
 INVALID_SUPPRESSION = "NRN900"
 UNUSED_SUPPRESSION = "NRN901"
@@ -120,7 +123,7 @@ class LintContext:
         self.statements: list[cst.CSTNode] = []
         self.candidates: list[Candidate] = []
         self.top_of: dict[int, cst.CSTNode] = {}  # statement -> its top-level statement
-        self._types = None
+        self._types: Types | None = None
 
     # -- for rules -------------------------------------------------------------
 
@@ -145,7 +148,7 @@ class LintContext:
         self.candidates.append(Candidate(rule, node, message, site or self.site(), severity, fix, scope))
 
     @property
-    def types(self):
+    def types(self) -> Types:
         """Tensor, device and dtype answers for this file (see ``exprs``);
         complete in ``finish``, when every assignment is known."""
         if self._types is None:
@@ -162,25 +165,30 @@ class LintContext:
 
     # -- bookkeeping (engine handlers) -----------------------------------------
 
-    def _enter(self, node: cst.CSTNode) -> None:
+    def _enter(self, node: cst.ClassDef | cst.FunctionDef) -> None:
         if isinstance(node, cst.ClassDef):
-            parent = self.scopes[-1] if self.scopes else None
-            qual = node.name.value if parent is None else f"{parent.qualname}.{node.name.value}"
-            info = ClassInfo(
-                name=node.name.value,
-                qualname=qual,
-                node=node,
-                bases=tuple(dotted(arg.value) for arg in node.bases),
-                top_level=parent is None,
-            )
-            self.index.classes.append(info)
-            if parent is None:
-                self.index.top_classes[info.name] = info
-            self.scopes.append(info)
-            self.cls = info
-            self.function = None
-            return
-        # FunctionDef
+            self._enter_class(node)
+        else:
+            self._enter_function(node)
+
+    def _enter_class(self, node: cst.ClassDef) -> None:
+        parent = self.scopes[-1] if self.scopes else None
+        qual = node.name.value if parent is None else f"{parent.qualname}.{node.name.value}"
+        info = ClassInfo(
+            name=node.name.value,
+            qualname=qual,
+            node=node,
+            bases=tuple(dotted(arg.value) for arg in node.bases),
+            top_level=parent is None,
+        )
+        self.index.classes.append(info)
+        if parent is None:
+            self.index.top_classes[info.name] = info
+        self.scopes.append(info)
+        self.cls = info
+        self.function = None
+
+    def _enter_function(self, node: cst.FunctionDef) -> None:
         parent = self.scopes[-1] if self.scopes else None
         name = node.name.value
         cls = parent if isinstance(parent, ClassInfo) else None
@@ -366,17 +374,17 @@ def _tables(ctx: LintContext, rules: list[Rule]):
     for rule in rules:
         for attr in dir(type(rule)):
             if attr.startswith("visit_"):
-                t = getattr(cst, attr[6:], None)
-                if not isinstance(t, type):
+                node_type = getattr(cst, attr[6:], None)
+                if not isinstance(node_type, type):
                     raise TypeError(f"{type(rule).__name__}.{attr}: no LibCST node {attr[6:]}")
-                on(visit, t, getattr(rule, attr))
+                on(visit, node_type, getattr(rule, attr))
     for rule in rules:
         for attr in dir(type(rule)):
             if attr.startswith("leave_"):
-                t = getattr(cst, attr[6:], None)
-                if not isinstance(t, type):
+                node_type = getattr(cst, attr[6:], None)
+                if not isinstance(node_type, type):
                     raise TypeError(f"{type(rule).__name__}.{attr}: no LibCST node {attr[6:]}")
-                on(leave, t, getattr(rule, attr))
+                on(leave, node_type, getattr(rule, attr))
     on(leave, cst.Call, ctx._leave_call)
     on(leave, cst.Lambda, ctx._leave_lambda)
     for t in (cst.SimpleStatementLine, *_COMPOUND):
@@ -412,7 +420,7 @@ def walk(ctx: LintContext, module: cst.Module, rules: list[Rule]) -> None:
                 handler(item)
         if t in leave:
             push((_LEAVE, item))
-        children = []
+        children: list[Any] = []
         for name in fields_of(t):
             value = getattr(item, name)
             if isinstance(value, CSTNode):
@@ -692,6 +700,7 @@ def lint_source(
     module, error = parse(code, path)
     if error is not None:
         return [error]
+    assert module is not None  # parse returns a module or a diagnostic
     return lint_module(module, path, settings, source=source_text(code, module))
 
 

@@ -327,9 +327,10 @@ class Types:
         while scope is not None:
             values = scope.assigns.get(name)
             if values:
-                if any(v is None for v in values):
+                known = [v for v in values if v is not None]
+                if len(known) < len(values):
                     return False
-                return all(self.is_tensor(v, scope) for v in values)
+                return all(self.is_tensor(v, scope) for v in known)
             if name in scope.params:
                 return annotation_is_tensor(scope.params[name])
             scope = scope.parent

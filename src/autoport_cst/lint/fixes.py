@@ -14,16 +14,20 @@ from __future__ import annotations
 import ast
 import warnings
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from autoport_cst.lint.config import LintSettings
 from autoport_cst.lint.diagnostics import Diagnostic, FileResult, FixProblem
 
+if TYPE_CHECKING:
+    from autoport_cst.transform.base import Codemod
+
 MAX_ITERATIONS = 10
 
-CodemodFactory = Callable[[str], object]
+CodemodFactory = Callable[[str], "type[Codemod]"]
 
 
-def default_factory(codemod_id: str):
+def default_factory(codemod_id: str) -> type[Codemod]:
     """The codemod class for an ID (imports the codemod library lazily)."""
     from autoport_cst.transform.library import get_codemod
 

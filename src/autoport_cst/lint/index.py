@@ -181,8 +181,8 @@ class ModuleIndex:
                 result = True
                 break
         if not result:
-            for base in cls.in_file_bases:
-                if base not in _seen and self.is_module(base, _seen | {cls}):
+            for parent in cls.in_file_bases:
+                if parent not in _seen and self.is_module(parent, _seen | {cls}):
                     result = True
                     break
         cls._is_module = result

@@ -25,12 +25,12 @@ Range = tuple[int, int, int, int]  # start line, start column, end line, end col
 try:  # private API, pinned by libcst>=1.8,<2 in pyproject.toml
     from libcst._nodes.internal import CodegenState as _CodegenState
 except ImportError:  # pragma: no cover - exercised only with another LibCST
-    _CodegenState = None
+    _CodegenState = None  # type: ignore[assignment, misc]  # an optional class import, tested below
 
 
 if _CodegenState is not None:
 
-    class _TargetedState(_CodegenState):  # type: ignore[misc, valid-type]
+    class _TargetedState(_CodegenState):
         __slots__ = ("targets", "found", "_line", "_column", "_seen")
 
         def __init__(self, module: cst.Module, targets: set[int]) -> None:

@@ -145,6 +145,7 @@ def lint_one(path: str, data: bytes, settings: LintSettings, enabled: frozenset[
         module, syntax = parse(data, path)
         if syntax is not None:
             return FileResult(path, [syntax])
+        assert module is not None  # parse returns a module or a diagnostic
         diagnostics = lint_module(module, path, settings, enabled, source_text(data, module))
         return FileResult(path, diagnostics)
     except Exception as error:  # noqa: BLE001 - reported as an internal error (exit 2)

@@ -54,7 +54,7 @@ def leaf_fields(spec_type: type = ArchSpec, prefix: str = "") -> Iterator[tuple[
 
 def _optional_section(annotation: Any) -> type | None:
     for arg in typing.get_args(annotation):
-        if dataclasses.is_dataclass(arg):
+        if isinstance(arg, type) and dataclasses.is_dataclass(arg):
             return arg
     return None
 

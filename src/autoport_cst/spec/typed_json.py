@@ -72,7 +72,7 @@ def _convert(tp: Any, data: Any, path: str, problems: list[JsonProblem]) -> Any:
         return _convert(inner, data, path, problems)
     if tp is Any:
         return data
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _convert_dataclass(tp, data, path, problems)
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -154,7 +154,7 @@ def schema_of(tp: Any, definitions: dict[str, Any]) -> dict[str, Any]:
         return {"anyOf": [schema_of(inner, definitions), {"type": "null"}]}
     if tp is Any:
         return {}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         name = tp.__name__
         if name not in definitions:
             definitions[name] = {}  # placeholder against recursion

@@ -233,9 +233,10 @@ class DecodeBias2d(Rule):
         while scope is not None:
             values = scope.assigns.get(name)
             if values:
-                if any(v is None for v in values):
+                known = [v for v in values if v is not None]
+                if len(known) < len(values):
                     return None, ""
-                ranks = [self.rank(v, scope, depth + 1) for v in values]
+                ranks = [self.rank(v, scope, depth + 1) for v in known]
                 for r in ranks:
                     if r[0] == 1:
                         return r

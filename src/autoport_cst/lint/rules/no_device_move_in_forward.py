@@ -132,7 +132,8 @@ class NoDeviceMoveInForward(Rule):
 
     def __init__(self, ctx, options=None) -> None:
         super().__init__(ctx, options)
-        self.pending: list[tuple[cst.Call, cst.BaseExpression, Site, str]] = []
+        # (the name of the ``.to`` call, its device argument, where, how it is passed)
+        self.pending: list[tuple[cst.Name, cst.BaseExpression, Site, str]] = []
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
@@ -152,15 +153,15 @@ class NoDeviceMoveInForward(Rule):
             return
         device = keyword_arg(node, "device")
         if device is not None:
-            self.pending.append((node, device.value, self.ctx.site(), "device="))
+            self.pending.append((func.attr, device.value, self.ctx.site(), "device="))
             return
         args = positional_args(node)
         if args:
-            self.pending.append((node, args[0].value, self.ctx.site(), ""))
+            self.pending.append((func.attr, args[0].value, self.ctx.site(), ""))
 
     def finish(self) -> None:
         types = self.ctx.types
-        for node, arg, site, how in self.pending:
+        for to_name, arg, site, how in self.pending:
             if not self.ctx.on_forward_path(site.function):
                 continue
             kind = types.kind(arg, site.function)
@@ -170,7 +171,7 @@ class NoDeviceMoveInForward(Rule):
             elif kind != "device":
                 continue
             self.report(
-                node.func.attr,  # type: ignore[union-attr]
+                to_name,
                 "`.to(<device>)` moves a tensor on the forward path; Neuron traces forward "
                 "with torch.compile and cannot lower device copies (create the tensor on "
                 "the right device, e.g. torch.arange(n, device=x.device))",

@@ -398,9 +398,10 @@ class NoTensorComputeInInit(Rule):
         while changed:
             changed = False
             for name, values in fn.assigns.items():
-                if name in names or not values or any(v is None for v in values):
+                known = [v for v in values if v is not None]
+                if name in names or not values or len(known) < len(values):
                     continue
-                if all(_only_cpu(v, cpu_ids, names, self.found_ids) for v in values):
+                if all(_only_cpu(v, cpu_ids, names, self.found_ids) for v in known):
                     names.add(name)
                     changed = True
         return names
