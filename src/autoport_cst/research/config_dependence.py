@@ -25,8 +25,9 @@ private fields (``_attn_implementation``) are not varied; they are listed
 as skipped with the reason.
 
 A model with many layers is probed on a copy with fewer (per-layer lists
-cut to match) when that copy gives the same features as the full config:
-the cost of a probe grows with the layers the interpreter constructs.
+cut to match: 4, else 8 or 16) when that copy gives the same features as the
+full config: the cost of a probe grows with the layers the interpreter
+constructs.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ from typing import Any
 from autoport_cst.research.config_analysis import LAYER_KEYS, analyze_config, resolve_config
 from autoport_cst.spec import ArchSpec, diff_specs
 
-# a model with more layers is probed on a copy with this many
-PROBE_LAYERS = 4
+# a model with more layers is probed on a copy with the first of these
+# layer counts that keeps its features
+PROBE_LAYERS = (4, 8, 16)
 # the sentinel of "this field cannot be varied"
 _SAME = object()
 
@@ -329,20 +331,25 @@ class _Runner:
 def _fewer_layers(
     raw: dict, resolved: Any, path: str, modeling: Any, architecture: str
 ) -> tuple[dict, Any, int | None]:
-    """``raw`` cut to ``PROBE_LAYERS`` layers when that keeps every feature
-    of the full config (same spec but for values), else ``raw`` itself."""
+    """``raw`` cut to the first of ``PROBE_LAYERS`` layer counts that keeps
+    every feature of the full config (same spec but for values: a per-layer
+    pattern of sliding and full layers needs enough of them), else ``raw``
+    itself."""
     key = next((k for k in LAYER_KEYS if isinstance(_current(k, raw, resolved), int)), None)
     layers = _current(key, raw, resolved) if key else None
-    if key is None or not isinstance(layers, int) or layers <= PROBE_LAYERS:
+    if key is None or not isinstance(layers, int) or layers <= PROBE_LAYERS[0]:
         return raw, resolved, None
-    fewer = with_field(raw, key, PROBE_LAYERS)
-    try:
-        fewer_resolved = resolve_config(fewer, path)
-        full = _research(raw, resolved, path, modeling, architecture)
-        cut = _research(fewer, fewer_resolved, path, modeling, architecture)
-    except Exception:  # noqa: BLE001 - the config class refuses the cut: probe the full config
-        return raw, resolved, None
-    same = full.unknown == cut.unknown and not any(
-        d.needs_code_change for d in diff_specs(full.spec, cut.spec)
-    )
-    return (fewer, fewer_resolved, PROBE_LAYERS) if same else (raw, resolved, None)
+    full = None
+    for count in (c for c in PROBE_LAYERS if c < layers):
+        fewer = with_field(raw, key, count)
+        try:
+            fewer_resolved = resolve_config(fewer, path)
+            full = full or _research(raw, resolved, path, modeling, architecture)
+            cut = _research(fewer, fewer_resolved, path, modeling, architecture)
+        except Exception:  # noqa: BLE001 - the config class refuses the cut: probe the full config
+            return raw, resolved, None
+        if full.unknown == cut.unknown and not any(
+            d.needs_code_change for d in diff_specs(full.spec, cut.spec)
+        ):
+            return fewer, fewer_resolved, count
+    return raw, resolved, None
