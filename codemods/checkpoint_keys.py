@@ -67,6 +67,14 @@ class CheckpointKeysParams:
             "reference's load-time lookup of the MoE keys (moe_checkpoint_keys) becomes these keys."
         },
     )
+    reference_renames: dict[str, str] = field(
+        default_factory=dict,
+        metadata={
+            "doc": "The renames the reference's own load_weights records (its spec's checkpoint.key_map, "
+            "canonical -> the reference's keys): that record is the reference's baseline, the renames are "
+            "applied on top of it and recorded after it."
+        },
+    )
     in_out_layers: bool = field(
         default=False,
         metadata={
@@ -496,6 +504,7 @@ class CheckpointKeys(Codemod):
         moe = target.moe is not None and any(old == "mlp" or old.startswith("mlp.") for old in renames)
         return CheckpointKeysParams(
             renames=renames,
+            reference_renames=reference_map,
             experts=("per_expert" if target.checkpoint.gate_up == "separate" else "fused") if moe else "",
             in_out_layers=target.checkpoint.linear_layout == "in_out",
         )
@@ -555,13 +564,15 @@ class CheckpointKeys(Codemod):
         for fn in loads:
             anchor = _mappings_statement(fn)
             recorded = _recorded_renames(anchor)
-            if recorded == marker:
+            if marker in recorded:
                 matched |= set(self.params.renames)
                 continue
-            if recorded is not None:
+            baseline = _marker(self.params.reference_renames) if self.params.reference_renames else None
+            others = [block for block in recorded if block != baseline]
+            if others:
                 raise ctx.precondition(
                     f"{self.ID}: load_weights already has other checkpoint key renames "
-                    f"({'; '.join(line[4:] for line in recorded[1:])})",
+                    f"({'; '.join(line[4:] for line in others[0][1:])})",
                     anchor,
                     module,
                 )
@@ -864,19 +875,23 @@ def _mappings_statement(fn: cst.FunctionDef) -> cst.SimpleStatementLine | None:
     return None
 
 
-def _recorded_renames(stmt: cst.SimpleStatementLine | None) -> list[str] | None:
+def _recorded_renames(stmt: cst.SimpleStatementLine | None) -> list[list[str]]:
+    """Every record of renames above ``mappings = {}`` (the reference's own,
+    then the ones applied on top of it), each as its comment lines."""
     if stmt is None:
-        return None
+        return []
     comments = [line.comment.value if line.comment is not None else "" for line in stmt.leading_lines]
-    if MARKER not in comments:
-        return None
-    start = comments.index(MARKER)
-    recorded = [MARKER]
-    for text in comments[start + 1 :]:
-        if not text.startswith("#   "):
-            break
-        recorded.append(text)
-    return recorded
+    blocks: list[list[str]] = []
+    open_block = False
+    for text in comments:
+        if text == MARKER:
+            blocks.append([MARKER])
+            open_block = True
+        elif open_block and text.startswith("#   "):
+            blocks[-1].append(text)
+        else:
+            open_block = False
+    return blocks
 
 
 def translate_key_maps(reference: dict[str, str], target: dict[str, str]) -> dict[str, str]:

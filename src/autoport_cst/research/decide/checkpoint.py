@@ -57,6 +57,11 @@ def layout(d: Decider, is_moe: bool) -> CheckpointSpec:
     head_stored = _head_stored(d, stored)
     key_map = _key_map(d, qkv, gate_up, is_moe)
     gate_up = _experts_layout(d, gate_up)
+    if stored is not None and not head_stored and f"{(key_map or {}).get('lm_head')}.weight" in stored:
+        head_stored = True  # under the checkpoint's own name (embed_out)
+        d.decisions.append(
+            known(True, "checkpoint.lm_head_stored", CHECKPOINT, f"{key_map['lm_head']}.weight is stored")
+        )
     linear = _linear_layout(d)
     return CheckpointSpec(
         qkv=qkv, gate_up=gate_up, lm_head_stored=head_stored, key_map=key_map, linear_layout=linear
