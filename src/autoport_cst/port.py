@@ -157,7 +157,7 @@ def port(
             raise _second_port(result.failure, source, name, out, found.architecture) or result.failure
         break
     else:
-        raise _precondition_refusal(found.architecture, attempts)
+        raise _precondition_refusal(found, attempts)
     outcome.reference = reference.name
     plan_file = f"plans/{name}.plan.json"
     files = dict(result.files)
@@ -328,14 +328,18 @@ def refusal(found, choice) -> UnrealizableDiffError | None:
     return UnrealizableDiffError(message, blocked, features)
 
 
-def _precondition_refusal(architecture: str, attempts) -> UnrealizableDiffError:
+def _precondition_refusal(found, attempts) -> UnrealizableDiffError:
     """Every realizable reference failed a codemod precondition: the features
-    those codemods were to realize are what no codemod realizes here."""
+    those codemods were to realize are what no codemod realizes here, named
+    in the user's terms."""
+    from autoport_cst.research.refusal import blockers
+
     features = list(dict.fromkeys(path for _, error in attempts for path in error.realizes))
+    named = "; ".join(b.describe() for b in blockers(found.spec, features))
     lines = [f"  from {ref}: {error}" for ref, error in attempts]
     return UnrealizableDiffError(
-        f"{architecture} cannot be ported: no codemod realizes {', '.join(features)} on any reference "
-        "(the codemods' preconditions fail)\n" + "\n".join(lines),
+        f"{found.architecture} cannot be ported: no reference's code has the shape the codemods need to "
+        f"realize {named}\n" + "\n".join(lines),
         features,
         features,
     )

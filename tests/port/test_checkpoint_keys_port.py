@@ -57,3 +57,17 @@ def test_granitemoe_saved_by_transformers_loads_its_router_and_experts(saved, tm
     fp32 = outcome.runs[0]
     # bf16 routing near-ties are the MoE gate policy's business; the keys are this test's
     assert (fp32.tp, fp32.dtype) == (1, "fp32") and fp32.equivalent, fp32.summary
+
+
+@pytest.mark.slow
+def test_hy_v3_saved_by_transformers_is_refused_by_its_real_blocker(saved, tmp_path):
+    # its keys are read (router.gate, expert_bias, shared_mlp, experts per
+    # expert: tests/research/test_key_match.py); what refuses it is the code
+    from autoport_cst.errors import UnrealizableDiffError
+    from autoport_cst.port import port
+
+    with pytest.raises(UnrealizableDiffError) as caught:
+        port(str(saved("hy_v3")), "hy", tmp_path, checkpoint="source")
+    assert caught.value.features == ["moe.dense_layers"]
+    assert "dense MLP layers among the MoE layers" in str(caught.value)
+    assert "no tensor" not in str(caught.value) and "checkpoint" not in str(caught.value).splitlines()[0]

@@ -98,3 +98,20 @@ def test_an_unclassified_field_is_named_as_not_classified() -> None:
         SimpleNamespace(architecture="X", spec=spec), ReferenceChoice("ref", False, (closest,), "")
     )
     assert "the embedding scale, which research could not classify [embedding.scale]" in str(error)
+
+
+def test_a_codemod_no_reference_s_code_fits_is_named_in_the_user_s_terms() -> None:
+    from autoport_cst.errors import PreconditionError
+    from autoport_cst.port import _precondition_refusal
+    from autoport_cst.spec import ArchSpec, MoESpec
+
+    error = PreconditionError("qwen3_moe/model.py:1019:5: dense-layers: the MoE wrapper takes ...")
+    error.realizes = ("moe.dense_layers",)
+    spec = ArchSpec(moe=MoESpec(num_experts=4, top_k=2, dense_layers=(0,)))
+    refused = _precondition_refusal(
+        SimpleNamespace(architecture="HYV3ForCausalLM", spec=spec), [("qwen3_moe", error)]
+    )
+    assert refused.features == ["moe.dense_layers"]
+    first, second = str(refused).splitlines()[:2]
+    assert first.endswith("realize dense MLP layers among the MoE layers (layers 0) [moe.dense_layers]")
+    assert second.startswith("  from qwen3_moe: qwen3_moe/model.py:1019:5: dense-layers")
