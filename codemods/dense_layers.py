@@ -28,6 +28,7 @@ ID = "dense-layers"
 RULE = "_layer_is_dense"
 DENSE_SUFFIX = "DenseMLP"
 WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"
+PARALLEL_STATE = "vllm_neuron.parallel.neuron_parallel_state"
 
 RULE_FUNCTION = '''
 def _layer_is_dense(config, layer_idx: int) -> bool:
@@ -141,6 +142,108 @@ class {name}(nn.Module):
         return output
 '''
 
+# The same block for the real packages' wrapper signature, (hidden_states,
+# positions, is_decode, rank): decode rows arrive in the MLP-DP state (the
+# batches of every MLP-DP rank), so the intermediate dimension is sharded over
+# the MLP TP group (TP * MLP DP) and the decode partial sums are summed over
+# it, as the experts and the dense references' MLP do; prefill keeps the SP
+# all-gather and reduce-scatter over TP.
+DENSE_CLASS_MLP_DP = '''
+class {name}(nn.Module):
+    """The dense feed-forward block of the layers without experts: a SiLU-gated
+    MLP with the pre-MLP norm in front of it, like the experts (so that the
+    decoder layer calls both alike); the intermediate dimension is sharded
+    over the MLP TP group (TP * MLP DP), like the experts'."""
+
+    def __init__(self, {config}):
+        super().__init__()
+        self.dtype = config.torch_dtype
+        self.hidden_size = config.hidden_size
+
+        # >>> PARALLELISM: TP group setup <<<
+        self.tp_group = get_tp_group()
+        self.world_size = self.tp_group.world_size
+
+        # >>> PARALLELISM: MLP data parallelism: the MLP TP group spans TP * MLP DP <<<
+        self.mlp_tp_group = get_neuron_mlp_tp_group()
+        self.mlp_tp_size = self.mlp_tp_group.world_size
+        self.mlp_tp_rank = self.mlp_tp_group.rank_in_group
+        self.intermediate_size_per_rank = config.intermediate_size // self.mlp_tp_size
+
+        # <-- MODEL-SPECIFIC: pre-MLP norm (the decoder layer's post-attention norm)
+        {norm}
+        # <-- MODEL-SPECIFIC: SiLU-gated MLP; gate/up stored [H, I/t], down [I/t, H]
+        self.gate_proj_weight = nn.Parameter(
+            torch.empty(self.hidden_size, self.intermediate_size_per_rank, dtype=self.dtype)
+        )
+        self.up_proj_weight = nn.Parameter(
+            torch.empty(self.hidden_size, self.intermediate_size_per_rank, dtype=self.dtype)
+        )
+        self.down_proj_weight = nn.Parameter(
+            torch.empty(self.intermediate_size_per_rank, self.hidden_size, dtype=self.dtype)
+        )
+        self._setup_weight_loaders()
+
+    def _setup_weight_loaders(self):
+        """>>> PARALLELISM: each rank loads the slice of its place in the MLP TP group. <<<"""
+        gate_up_loader = sharding_weight_loader(
+            shard_dim=1,
+            shard_size=self.intermediate_size_per_rank,
+            num_shards=self.mlp_tp_size,
+            is_storage_transposed=True,
+        )
+        down_loader = sharding_weight_loader(
+            shard_dim=0,
+            shard_size=self.intermediate_size_per_rank,
+            num_shards=self.mlp_tp_size,
+            is_storage_transposed=True,
+        )
+        gate_up_loader = with_rank_override(gate_up_loader, rank=self.mlp_tp_rank)
+        down_loader = with_rank_override(down_loader, rank=self.mlp_tp_rank)
+        set_weight_loader(self.gate_proj_weight, gate_up_loader)
+        set_weight_loader(self.up_proj_weight, gate_up_loader)
+        set_weight_loader(self.down_proj_weight, down_loader)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        positions: torch.Tensor,
+        is_decode: bool,
+        rank: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """This rank's SP slice [T / world_size, H] in prefill; in decode [B * S, H],
+        the batches of every MLP-DP rank."""
+        hidden_states = self.{norm_attr}(hidden_states.to(self.dtype))
+        # >>> PARALLELISM: All-gather from SP before the MLP (prefill) <<<
+        if not is_decode and self.world_size > 1:
+            hidden_states = self.tp_group.all_gather(hidden_states, dim=0)
+        output = NF.mlp(hidden_states, self.gate_proj_weight, self.up_proj_weight, self.down_proj_weight)
+        # >>> PARALLELISM: reduce-scatter to SP (prefill) or all-reduce over the MLP TP group (decode) <<<
+        if is_decode:
+            if self.mlp_tp_size > 1:
+                output = self.mlp_tp_group.all_reduce(output)
+        elif self.world_size > 1:
+            output = self.tp_group.reduce_scatter(output, dim=0)
+        return output
+'''
+
+# the MoE wrapper's forward parameters -> (the dense class written for them,
+# the names it imports as (module, name))
+TEMPLATES = {
+    ("hidden_states", "positions", "is_prefill"): (
+        DENSE_CLASS,
+        ((WEIGHT_LOADERS, "sharding_weight_loader"),),
+    ),
+    ("hidden_states", "positions", "is_decode", "rank"): (
+        DENSE_CLASS_MLP_DP,
+        (
+            (WEIGHT_LOADERS, "sharding_weight_loader"),
+            (WEIGHT_LOADERS, "with_rank_override"),
+            (PARALLEL_STATE, "get_neuron_mlp_tp_group"),
+        ),
+    ),
+}
+
 DENSE_ENTRIES = (
     ("{norm_attr}.weight", "post_attention_layernorm.weight"),
     ("gate_proj_weight", "mlp.gate_proj.weight"),
@@ -166,10 +269,17 @@ class DenseLayers(Codemod):
     - a class ``<Prefix>DenseMLP`` after the MoE wrapper (``<Prefix>MLP``, the
       MLP class that holds ``self.experts``): the experts' own pre-MLP norm
       statement (copied, so the norm class and eps key stay the port's), the
-      gate/up/down weights sharded over TP on the intermediate dimension, and
-      a ``forward(hidden_states, positions, is_prefill)`` with the collectives
-      of a dense MLP (SP all-gather and reduce-scatter in prefill, all-reduce
-      in decode) around ``NF.mlp``;
+      gate/up/down weights sharded on the intermediate dimension, and a
+      ``forward`` taking what the wrapper's takes, with the collectives of a
+      dense MLP in that layout around ``NF.mlp``. For ``(hidden_states,
+      positions, is_prefill)``: sharded over TP, SP all-gather and
+      reduce-scatter in prefill, all-reduce over TP in decode. For the real
+      packages' ``(hidden_states, positions, is_decode, rank)``, whose decode
+      rows arrive in the MLP-DP state (the batches of every MLP-DP rank):
+      sharded over the MLP TP group (TP * MLP DP, loaders with its rank
+      override, as the experts and the dense references' MLP), SP all-gather
+      and reduce-scatter over TP in prefill, all-reduce over the MLP TP group
+      in decode;
     - the decoder layer builds it where ``_layer_is_dense`` says so:
       ``self.mlp = <Prefix>DenseMLP(config) if _layer_is_dense(config,
       layer_idx) else <Prefix>MLP(config)``;
@@ -183,11 +293,9 @@ class DenseLayers(Codemod):
     Config file: the fields the rule reads, and ``intermediate_size``.
 
     Only ``self.mlp`` changes among the sublayer calls of the decoder layer's
-    forwards (its attention calls are declared unaffected). The dense class
-    follows the wrapper's call signature ``forward(hidden_states, positions,
-    is_prefill)``; a wrapper called otherwise (the real packages' ``(...,
-    is_decode, rank)`` with MLP data parallelism and expert-parallel groups) is
-    refused, naming its signature.
+    forwards (its attention calls are declared unaffected). A wrapper whose
+    ``forward`` takes anything else is refused, naming its signature and the
+    two a dense class is written for.
 
     Preconditions: one MoE wrapper class holding ``self.experts``, an experts
     class with its own norm module (``self.<norm> = <Prefix>RMSNorm(...)``), a
@@ -449,24 +557,11 @@ class DenseLayers(Codemod):
                 experts[0].cls,
                 module,
             )
-        wrapper_forward = method(wrapper, "forward")
-        wanted = ["hidden_states", "positions", "is_prefill"]
-        taken = (
-            [p.name.value for p in wrapper_forward.params.params if p.name.value != "self"]
-            if wrapper_forward
-            else []
-        )
-        if wrapper_forward is not None and taken != wanted:
-            raise ctx.precondition(
-                f"dense-layers: the MoE wrapper {wrapper.name.value}.forward takes ({', '.join(taken)}); the dense "
-                f"MLP class is written for ({', '.join(wanted)}) and the collectives of that signature",
-                wrapper_forward or wrapper,
-                module,
-            )
+        template, imports = _template_for(wrapper, ctx, module)
         split = split_prefix(wrapper.name.value)
         dense_name = f"{split[0]}{DENSE_SUFFIX}"
         edits: dict = {}
-        self._dense_class(module, wrapper, dense_name, norm, edits)
+        self._dense_class(module, wrapper, dense_name, norm, template, edits)
         self._decoder_layer(module, ctx, wrapper.name.value, dense_name, edits)
         self._load_weights(module, ctx, norm, edits)
         for site in find_sites(module, "decoder.sublayer"):
@@ -474,18 +569,20 @@ class DenseLayers(Codemod):
                 ctx.unaffected(site.node, "dense-layers changes which MLP a layer builds, not its attention")
         module = rewrite(module, edits)
         module = add_functions(module, [RULE_FUNCTION])
-        return ensure_import_from(module, WEIGHT_LOADERS, "sharding_weight_loader")
+        for source, name in imports:
+            module = ensure_import_from(module, source, name)
+        return module
 
     # -- the dense MLP class -----------------------------------------------------------
 
-    def _dense_class(self, module, wrapper, dense_name, norm, edits) -> None:
+    def _dense_class(self, module, wrapper, dense_name, norm, template, edits) -> None:
         if any(c.name.value == dense_name for c in module.body if isinstance(c, cst.ClassDef)):
             return
         init = method(wrapper, "__init__")
         params = [p for p in init.params.params if p.name.value != "self"] if init else []
         config = code_of(params[0]) if params else "config"
         norm_attr = self_assignment(norm)[0]
-        source = DENSE_CLASS.format(name=dense_name, config=config, norm="{norm}", norm_attr=norm_attr)
+        source = template.format(name=dense_name, config=config, norm="{norm}", norm_attr=norm_attr)
         cls = parse_statement(source.strip("\n"), module)
         cls = _replace_placeholder(cls, norm, module)
         cls = cls.with_changes(leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(indent=False)])
@@ -627,6 +724,26 @@ def _moe_wrapper(module: cst.Module) -> cst.ClassDef | None:
                 if pair is not None and pair[0] == "experts":
                     return cls
     return None
+
+
+def _template_for(wrapper: cst.ClassDef, ctx: FileContext, module: cst.Module):
+    """The dense class (and its imports) written for the signature of the MoE
+    wrapper's ``forward``, which the decoder layer calls ``self.mlp`` with; a
+    wrapper without ``forward`` gets the plain one. Any other signature is
+    refused, naming it and the ones a dense class exists for."""
+    forward = method(wrapper, "forward")
+    if forward is None:
+        return TEMPLATES[("hidden_states", "positions", "is_prefill")]
+    taken = tuple(p.name.value for p in forward.params.params if p.name.value != "self")
+    if taken not in TEMPLATES:
+        known = " or ".join(f"({', '.join(signature)})" for signature in TEMPLATES)
+        raise ctx.precondition(
+            f"dense-layers: the MoE wrapper {wrapper.name.value}.forward takes ({', '.join(taken)}); a dense "
+            f"MLP class (and the collectives of its layout) is written only for {known}",
+            forward,
+            module,
+        )
+    return TEMPLATES[taken]
 
 
 def _norm_statement(cls: cst.ClassDef) -> cst.SimpleStatementLine | None:

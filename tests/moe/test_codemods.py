@@ -101,7 +101,9 @@ def test_routing_bias_needs_the_logits():
 
 
 def test_shared_experts_names_what_is_missing():
-    source = reduced_source().replace("self.tp_group.all_reduce(output)", "output")
+    reduce = "output = self.moe_group.all_reduce(output)"
+    assert reduce in reduced_source()
+    source = reduced_source().replace(reduce, "output = output")
     with pytest.raises(PreconditionError, match="forward_decode of .*Experts has no all-reduce"):
         apply("shared-experts", {"gate": True}, source)
 
@@ -151,6 +153,56 @@ def test_dense_layers_and_routed_scaling_commute_on_the_reference(order):
     )
     assert "affinities = affinities * self.routed_scaling_factor" in first
     assert "output = output * self.routed_scaling_factor" in first
+
+
+def _class_source(source: str, name: str) -> str:
+    module = cst.parse_module(source)
+    found = [s for s in module.body if isinstance(s, cst.ClassDef) and s.name.value == name]
+    assert len(found) == 1, name
+    return module.code_for_node(found[0])
+
+
+def test_dense_layers_follows_the_real_wrapper_signature():
+    """The reference's MoE wrapper takes (hidden_states, positions, is_decode,
+    rank), decode rows in the MLP-DP state: the dense MLP takes the same and
+    shards over, and sums its decode partial outputs over, the MLP TP group
+    (TP * MLP DP); prefill keeps the SP gather and reduce-scatter over TP."""
+    from .moe_sources import reference_source
+
+    output = apply("dense-layers", {}, reference_source())
+    dense = _class_source(output, "Qwen3MoeDenseMLP")
+    signature = "self,\n        hidden_states: torch.Tensor,\n        positions: torch.Tensor,\n"
+    assert f"def forward(\n        {signature}        is_decode: bool,\n" in dense
+    assert "rank: torch.Tensor | None = None," in dense
+    assert "self.intermediate_size_per_rank = config.intermediate_size // self.mlp_tp_size" in dense
+    assert "with_rank_override(gate_up_loader, rank=self.mlp_tp_rank)" in dense
+    assert "output = self.mlp_tp_group.all_reduce(output)" in dense
+    assert "if not is_decode and self.world_size > 1:" in dense
+    assert "output = self.tp_group.reduce_scatter(output, dim=0)" in dense
+    assert "is_prefill" not in dense
+    # the decoder layer calls it as it calls the wrapper
+    assert "self.mlp(hidden_states, positions=positions, is_decode=True, rank=rank)" in output
+
+
+def test_dense_layers_refuses_a_wrapper_signature_it_has_no_dense_class_for():
+    from .moe_sources import reference_source
+
+    source = reference_source().replace(
+        "return self.experts(\n            hidden_states.to(self.dtype), positions=positions, is_decode=is_decode, rank=rank",
+        "return self.experts(\n            hidden_states.to(self.dtype), positions=positions, is_decode=phase, rank=rank",
+    )
+    source = source.replace(
+        "        positions: torch.Tensor,\n        is_decode: bool,\n        rank: torch.Tensor | None = None,\n"
+        "    ) -> torch.Tensor:\n        return self.experts(",
+        "        positions: torch.Tensor,\n        phase: bool,\n        rank: torch.Tensor | None = None,\n"
+        "    ) -> torch.Tensor:\n        return self.experts(",
+    )
+    assert "is_decode=phase" in source and "        phase: bool,\n" in source
+    with pytest.raises(PreconditionError) as refused:
+        apply("dense-layers", {}, source)
+    message = str(refused.value)
+    assert "Qwen3MoeMLP.forward takes (hidden_states, positions, phase, rank)" in message
+    assert "(hidden_states, positions, is_decode, rank)" in message
 
 
 def test_config_edits_commute():
