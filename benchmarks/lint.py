@@ -16,8 +16,11 @@ directory, and the warm re-run. Finally one 500-line file
 
 Targets (issue 3): at least 8x Fixit's throughput; within 3x of bare LibCST
 parse time; warm re-run under 5 s; a 500-line file under 0.5 s. Every figure
-is printed as measured, with PASS or MISS. The machine's other load is not
-controlled: compare figures from the same run.
+is printed as measured, with PASS or MISS. The one-file figures are printed
+both ways: whole process (wall and CPU, interpreter start and imports
+included) and compute only (``lint_source`` in this process). The machine's
+other load is not controlled (its load average is printed): compare figures
+from the same run.
 
 The sample is copied to a temporary directory first (Fixit skips files under
 site-packages). Fixit is run from its own virtual environment (created on first use under
@@ -81,6 +84,25 @@ def timed(cmd: list[str], cwd: Path, env: dict | None = None) -> tuple[float, fl
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     tail = (proc.stderr or "").strip().splitlines()[-1:] or [""]
     return wall, cpu, proc.returncode, tail[0]
+
+
+def load_average() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} cores"
+
+
+def lint_compute(path: Path, runs: int = 5) -> float:
+    """Best in-process time of linting one file, the imports done before."""
+    from autoport_cst.lint import lint_source
+
+    text = path.read_text(encoding="utf-8")
+    lint_source(text, path=str(path))  # imports and the rule registry, not timed
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        lint_source(text, path=str(path))
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
 def fixit_command(explicit: str | None) -> list[str] | None:
@@ -191,18 +213,21 @@ def main() -> int:
     llama = models / "llama" / "modeling_llama.py"
     size = llama.read_bytes().count(b"\n")
     results = {}
+    print(f"\none {size}-line file ({llama.name}), {load_average()}")
     for label, cmd in (
         ("python -m autoport_cst lint", [sys.executable, "-m", "autoport_cst", "lint", "--no-cache"]),
         ("autoport-cst lint", [shutil.which("autoport-cst") or "autoport-cst", "lint", "--no-cache"]),
     ):
-        runs = [timed([*cmd, str(llama)], work, env)[0] for _ in range(5)]
-        results[label] = min(runs)
+        runs = [timed([*cmd, str(llama)], work, env)[:2] for _ in range(5)]
+        walls = sorted(wall for wall, _ in runs)
+        results[label] = walls[0]
         print(
-            f"  {size}-line file end to end, {label:<28} min {min(runs):.3f} s, "
-            f"median {sorted(runs)[2]:.3f} s"
+            f"  whole process, {label:<28} wall min {walls[0]:.3f} s, median {walls[2]:.3f} s; "
+            f"CPU median {sorted(cpu for _, cpu in runs)[2]:.3f} s"
         )
+    print(f"  compute only (lint_source in this process, imports excluded): min {lint_compute(llama):.3f} s")
     best = min(results.values())
-    print(f"  500-line file end to end: {best:.3f} s (target < 0.5 s)     {verdict(best < 0.5)}")
+    print(f"  500-line file, whole process: {best:.3f} s (target < 0.5 s)     {verdict(best < 0.5)}")
     shutil.rmtree(work, ignore_errors=True)
     return 0
 
