@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Starcoder2 for the vLLM Neuron backend.
 
-Exports the factory's ``Starcoder2ForCausalLM`` (what the registry imports)
-and the config dataclass. The implementation class of the same name lives in
+Exports the factory's ``Starcoder2ForCausalLM`` (what the registry imports) and the
+config dataclass. The implementation class of the same name lives in
 ``model.py`` and is reached through the factory.
 """
 
