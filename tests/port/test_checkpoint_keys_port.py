@@ -1,8 +1,9 @@
 """Ports of checkpoints written as save_pretrained writes them (hub key
 names: GPT-NeoX's embed_out, GraniteMoE's router.layer and
-input/output_linear): the key map comes from the header, the port loads
-them, and the tiny validation checkpoint names its tensors as the source
-does."""
+input/output_linear, HY-V3's router.gate and expert_bias, ERNIE's
+moe_statics, experts per expert): the key map comes from the header, the
+port loads them, and the tiny validation checkpoint names its tensors as the
+source does."""
 
 from __future__ import annotations
 
@@ -60,14 +61,12 @@ def test_granitemoe_saved_by_transformers_loads_its_router_and_experts(saved, tm
 
 
 @pytest.mark.slow
-def test_hy_v3_saved_by_transformers_is_refused_by_its_real_blocker(saved, tmp_path):
-    # its keys are read (router.gate, expert_bias, shared_mlp, experts per
-    # expert: tests/research/test_key_match.py); what refuses it is the code
-    from autoport_cst.errors import UnrealizableDiffError
+@pytest.mark.parametrize("model_type", ["hy_v3", "ernie4_5_moe"])
+def test_routing_bias_and_per_expert_tensors_under_their_own_names_load(saved, tmp_path, model_type):
+    # HY-V3: router.gate, expert_bias, shared_mlp; ERNIE: moe_statics; both
+    # store the experts one tensor per expert
     from autoport_cst.port import port
 
-    with pytest.raises(UnrealizableDiffError) as caught:
-        port(str(saved("hy_v3")), "hy", tmp_path, checkpoint="source")
-    assert caught.value.features == ["moe.dense_layers"]
-    assert "dense MLP layers among the MoE layers" in str(caught.value)
-    assert "no tensor" not in str(caught.value) and "checkpoint" not in str(caught.value).splitlines()[0]
+    outcome = port(str(saved(model_type)), "moe", tmp_path, checkpoint="source")
+    fp32 = outcome.runs[0]
+    assert (fp32.tp, fp32.dtype) == (1, "fp32") and fp32.equivalent, fp32.summary
