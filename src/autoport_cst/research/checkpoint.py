@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import struct
 from collections import Counter
@@ -153,10 +154,10 @@ def _check_size(path: Path, size: int, expected: int) -> None:
     )
 
 
-def read_checkpoint(directory: str | Path) -> CheckpointHeader | None:
+def read_checkpoint(where: str | os.PathLike[str]) -> CheckpointHeader | None:
     """Headers of every weight file of a checkpoint directory; None when it
     has no safetensors file."""
-    directory = Path(directory)
+    directory = Path(where)
     index = directory / INDEX
     files: list[Path]
     if index.is_file():
@@ -203,7 +204,7 @@ def pattern(name: str) -> str:
 def layer_count(header: CheckpointHeader) -> int | None:
     """Number of distinct indices after the first numbered path component."""
     indices = set()
-    prefixes = Counter()
+    prefixes: Counter[str] = Counter()
     for name in header.tensors:
         match = _LAYER_INDEX.search(name)
         if match:
@@ -271,7 +272,7 @@ def checkpoint_findings(header: CheckpointHeader, dims: dict[str, Any]) -> list[
             )
     # fused projections by shape, only where the width cannot be another matrix's
     widths = {w for w in (hidden, vocab, inter, dims.get("moe_intermediate_size")) if isinstance(w, int)}
-    if all(isinstance(x, int) for x in (hidden, nh, nkv, hd)):
+    if isinstance(hidden, int) and isinstance(nh, int) and isinstance(nkv, int) and isinstance(hd, int):
         fused = (nh + 2 * nkv) * hd
         if fused not in widths and (not isinstance(inter, int) or fused != 2 * inter):
             fused_keys = sorted(

@@ -78,7 +78,7 @@ def _run(st: AnalyzerState) -> None:
     r = st.result
     st.tree_keys(st.top, "", r.expected, r.roles, r.expert_keys)
     backbone, layers_attr, layers = decoder.find_backbone(st)
-    if backbone is None or not layers:
+    if backbone is None or layers_attr is None or not layers:  # (found together)
         st.add(
             unknown(
                 "code.decoder_layers",

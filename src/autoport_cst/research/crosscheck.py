@@ -125,7 +125,7 @@ def count_parameters(
             total, experts, "checkpoint", f"{len(ckpt.tensors)} tensors in the safetensors headers"
         )
     if code is not None and code.expected and all(s is not None for s in code.expected.values()):
-        shapes = dict(code.expected)
+        shapes = {k: s for k, s in code.expected.items() if s is not None}
         if spec.embedding.tied and code.head_key in shapes:
             shapes.pop(code.head_key)
         total = sum(math.prod(s) for s in shapes.values())

@@ -27,7 +27,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,7 +115,7 @@ class External:
 @dataclass(frozen=True)
 class FuncRef:
     module: SourceModule
-    node: ast.FunctionDef
+    node: ast.FunctionDef | ast.AsyncFunctionDef
 
     @property
     def name(self) -> str:
@@ -427,14 +427,14 @@ class Interpreter:
         for klass in self.mro(cls):
             if isinstance(klass, SourceClass):
                 for stmt in klass.node.body:
-                    targets = []
+                    targets: list[ast.expr] = []
                     if isinstance(stmt, ast.Assign):
-                        targets = stmt.targets
+                        targets, value = stmt.targets, stmt.value
                     elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
-                        targets = [stmt.target]
+                        targets, value = [stmt.target], stmt.value
                     for target in targets:
                         if isinstance(target, ast.Name) and target.id == name:
-                            return self.eval(stmt.value, {}, klass.module, None)
+                            return self.eval(value, {}, klass.module, None)
         return UNKNOWN
 
     # ---- construction --------------------------------------------------------
@@ -511,7 +511,7 @@ class Interpreter:
     def call_function(
         self,
         module: SourceModule,
-        fn: ast.FunctionDef,
+        fn: ast.FunctionDef | ast.AsyncFunctionDef,
         args: list,
         kwargs: dict,
         reads: dict | None = None,
@@ -540,7 +540,9 @@ class Interpreter:
             self.depth -= 1
         return states
 
-    def bind(self, fn: ast.FunctionDef, args: list, kwargs: dict, symbolic: bool) -> dict[str, Any]:
+    def bind(
+        self, fn: ast.FunctionDef | ast.AsyncFunctionDef, args: list, kwargs: dict, symbolic: bool
+    ) -> dict[str, Any]:
         a = fn.args
         positional = a.posonlyargs + a.args
         defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
@@ -554,10 +556,8 @@ class Interpreter:
             elif symbolic:
                 default = defaults[index]
                 env[param.arg] = Node("input", param.arg, maybe_none=_is_none(default))
-            elif defaults[index] is not None:
-                env[param.arg] = (
-                    self.eval(defaults[index], {}, module, None) if module else _literal(defaults[index])
-                )
+            elif (given := defaults[index]) is not None:
+                env[param.arg] = self.eval(given, {}, module, None) if module else _literal(given)
             else:
                 env[param.arg] = UNKNOWN
         for param, default in zip(a.kwonlyargs, a.kw_defaults, strict=False):
@@ -682,7 +682,7 @@ class Interpreter:
             return [state]
         return [state]  # pass, assert, import, global, del, break, continue
 
-    def exec_for(self, stmt: ast.For, state: State, module: SourceModule) -> list[State]:
+    def exec_for(self, stmt: ast.For | ast.AsyncFor, state: State, module: SourceModule) -> list[State]:
         iterable = self.eval(stmt.iter, state.env, module, state)
         items = self.iterate(iterable)
         if items is None or len(items) > MAX_UNROLL:
@@ -877,7 +877,7 @@ class Interpreter:
         return UNKNOWN
 
     def _elements(self, elts, env, module, state) -> list:
-        out = []
+        out: list = []
         for elt in elts:
             if isinstance(elt, ast.Starred):
                 value = self.eval(elt.value, env, module, state)
@@ -926,7 +926,7 @@ class Interpreter:
             except (ArithmeticError, TypeError, ValueError):
                 return UNKNOWN
         if isinstance(left, (str, tuple, list)) and isinstance(right, type(left)) and isinstance(op, ast.Add):
-            return left + right
+            return operator.add(left, right)
         if left is UNKNOWN and right is UNKNOWN:
             return UNKNOWN
         return Node("binop", _BINOP_NAMES[type(op)], (_symbolic(left), _symbolic(right)))
@@ -937,9 +937,7 @@ class Interpreter:
             truth = self.truth(value)
             return (not truth) if isinstance(truth, bool) else UNKNOWN
         if _number_like(value):
-            return {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert}[
-                type(expr.op)
-            ](value)
+            return _UNARY[type(expr.op)](value)
         if isinstance(value, (Node, Param)):
             return Node("unary", type(expr.op).__name__.lower(), (_symbolic(value),))
         return UNKNOWN
@@ -1226,6 +1224,13 @@ class SliceSym:
     step: Any
 
 
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+    ast.Invert: operator.invert,
+}
+
+
 def _number_like(value: Any) -> bool:
     return isinstance(value, (int, float)) and value is not UNKNOWN
 
@@ -1239,8 +1244,8 @@ def _symbolic(value: Any) -> Any:
 
 
 def _load(target: ast.expr) -> ast.expr:
-    clone = ast.copy_location(type(target)(**{f: getattr(target, f) for f in target._fields}), target)
-    clone.ctx = ast.Load()
+    clone: Any = ast.copy_location(type(target)(**{f: getattr(target, f) for f in target._fields}), target)
+    clone.ctx = ast.Load()  # a Name, Attribute, Subscript, ... target: each has a ctx
     return clone
 
 
@@ -1255,7 +1260,7 @@ def _literal(expr: ast.expr) -> Any:
         return UNKNOWN
 
 
-def _is_staticmethod(fn: ast.FunctionDef) -> bool:
+def _is_staticmethod(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in fn.decorator_list)
 
 
@@ -1273,6 +1278,7 @@ def _config_key_in(expr: ast.expr) -> str | None:
             and node.func.id == "getattr"
             and len(node.args) >= 2
             and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
         ):
             return node.args[1].value
     return None

@@ -138,9 +138,9 @@ def _containers(out: KeyMatch) -> None:
             parents.setdefault(parent, set()).add(stored[: -len(child) - 1])
         elif parent:
             parents.setdefault(parent, set()).add("")
-    for parent, stored in parents.items():
-        if len(stored) == 1 and "" not in stored and parent not in out.modules:
-            out.modules[parent] = stored.pop()
+    for parent, holders in parents.items():
+        if len(holders) == 1 and "" not in holders and parent not in out.modules:
+            out.modules[parent] = holders.pop()
 
 
 def _find(item: Wanted, stored: dict, claimed: set[str], out: KeyMatch) -> str | None:

@@ -32,7 +32,7 @@ class SourceModule:
         return {n.name: n for n in self.tree.body if isinstance(n, ast.ClassDef)}
 
     @cached_property
-    def functions(self) -> dict[str, ast.FunctionDef]:
+    def functions(self) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
         return {n.name: n for n in self.tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
     @cached_property

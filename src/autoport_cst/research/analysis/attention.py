@@ -89,6 +89,7 @@ def _head_counts(st: AnalyzerState, g: AttentionGraph) -> tuple[Any, Any, Any]:
     if isinstance(code_hd, int):
         hd = code_hd
     widths = [i.args.get("out_features") for i in in_insts]
+    total = sum(w for w in widths if isinstance(w, int))
     q_width = out_insts[0].args.get("in_features") if len(out_insts) == 1 else None
     if (
         isinstance(hd, int)
@@ -97,9 +98,9 @@ def _head_counts(st: AnalyzerState, g: AttentionGraph) -> tuple[Any, Any, Any]:
         and all(isinstance(w, int) for w in widths)
         and widths
         and q_width % hd == 0
-        and (sum(widths) - q_width) % (2 * hd) == 0
+        and (total - q_width) % (2 * hd) == 0
     ):
-        nh, nkv = q_width // hd, (sum(widths) - q_width) // (2 * hd)
+        nh, nkv = q_width // hd, (total - q_width) // (2 * hd)
         st.add(
             known(
                 nh,
@@ -578,7 +579,7 @@ def _per_layer(st: AnalyzerState, where: str) -> None:
     evaluated for every layer's attention module. Records, per layer whose
     attention forward was traced, whether it applies a rotation (for the
     RoPE section)."""
-    windows = []
+    windows: list[Any] = []
     rotary = []
     for layer in st.layers:
         attn = dict(layer.children()).get(st.attn_name)

@@ -201,8 +201,8 @@ def _canonical_norm_names(
     else:
         canonical = {"post_attention": "post_attention_layernorm", "post_mlp": "post_feedforward_layernorm"}
     for role, name in canonical.items():
-        if roles.get(role):
-            names[name] = roles[role]
+        if held := roles.get(role):
+            names[name] = held
 
 
 def _verdict(st: AnalyzerState, layer: Instance, value: Any) -> dict[str, Any]:
@@ -249,9 +249,9 @@ def _verdict(st: AnalyzerState, layer: Instance, value: Any) -> dict[str, Any]:
     has_pre = {k: v is not None for k, v in pre.items()}
     has_post = {k: v is not None for k, v in post.items()}
     desc = ", ".join(
-        f"{k}: {'norm ' + (pre[k].name or '?') + ' before' if pre[k] else 'no norm before'}"
-        f"{', norm ' + (post[k].name or '?') + ' on the output' if post[k] else ''}"
-        for k in ("attention", "mlp")
+        f"{k}: {'norm ' + (before.name or '?') + ' before' if before else 'no norm before'}"
+        f"{', norm ' + (after.name or '?') + ' on the output' if after else ''}"
+        for k, before, after in ((k, pre[k], post[k]) for k in ("attention", "mlp"))
     )
     if all(has_pre.values()) and not any(has_post.values()):
         verdict["placement"] = "pre"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 from autoport_cst.research.interp import FuncRef, Interpreter, Node, SliceSym, walk
 
@@ -76,7 +76,7 @@ def torch_activation(node: Node) -> str | None:
     return None
 
 
-def number(value: Any) -> bool:
+def number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -147,7 +147,7 @@ def peel_scalars(value: Any) -> Any:
 
 
 def unique(items: list) -> list:
-    out = []
+    out: list = []
     for item in items:
         if not any(item is o for o in out):
             out.append(item)

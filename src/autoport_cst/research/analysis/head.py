@@ -74,7 +74,8 @@ def _embedding_scale(
     """Scalars between the token embedding (including its own forward) and
     the first layer: sqrt(hidden_size) or another constant."""
     first_layer = st.layers[0]
-    factors = set()
+    factors: set[float] = set()
+    untraced = False  # a path whose embedding factor is not a constant
     evidence = []
     for state in st.forward(backbone):
         calls = [n for n in walk(state.value) if n.kind == "module" and n.ref is first_layer]
@@ -88,23 +89,23 @@ def _embedding_scale(
             if reached:
                 inner, inner_ops = _embedding_factor(st, embed)
                 if inner is None:
-                    factors.add(None)
+                    untraced = True
                 else:
                     factors.add(round(f * inner, 9))
                     evidence = ops + inner_ops
-    if not factors:
+    if not factors and not untraced:
         st.add(
             unknown(
                 "embedding.scale", CODE, f"{where}: the first layer's input is not traced to {embed_name}"
             )
         )
         return
-    if len(factors) > 1 or None in factors:
+    if len(factors) > 1 or untraced:
         st.add(unknown("embedding.scale", CODE, f"{where}: embedding scaling differs between paths"))
         return
     factor = factors.pop()
     hidden = st.dims.get("hidden_size")
-    ops = " ".join(evidence) or "none"
+    shown = " ".join(evidence) or "none"
     if math.isclose(factor, 1.0):
         st.add(known("none", "embedding.scale", CODE, f"{where}: embeddings enter the first layer unscaled"))
         st.add(known(None, "embedding.multiplier", CODE, f"{where}: no constant multiplier"))
@@ -114,7 +115,7 @@ def _embedding_scale(
                 "sqrt_hidden",
                 "embedding.scale",
                 CODE,
-                f"{where}: embeddings multiplied by {factor:g} = sqrt(hidden_size) ({ops})",
+                f"{where}: embeddings multiplied by {factor:g} = sqrt(hidden_size) ({shown})",
             )
         )
         st.add(known(None, "embedding.multiplier", CODE, f"{where}: the scale is sqrt(hidden_size)"))
@@ -122,7 +123,10 @@ def _embedding_scale(
         st.add(known("none", "embedding.scale", CODE, f"{where}: scale is a constant, not sqrt(hidden_size)"))
         st.add(
             known(
-                factor, "embedding.multiplier", CODE, f"{where}: embeddings multiplied by {factor:g} ({ops})"
+                factor,
+                "embedding.multiplier",
+                CODE,
+                f"{where}: embeddings multiplied by {factor:g} ({shown})",
             )
         )
 
@@ -199,8 +203,9 @@ def analyze_head(st: AnalyzerState) -> None:
         logits = _logits_of(state.value, head)
         if logits is None:
             continue
-        verdicts.add(_head_ops(logits, head))
-    verdicts.discard(None)
+        verdict = _head_ops(logits, head)
+        if verdict is not None:
+            verdicts.add(verdict)
     if len(verdicts) != 1:
         st.add(unknown("lm_head.softcap", CODE, f"{where}: logits not traced to {name}"))
         st.add(unknown("lm_head.logits_divisor", CODE, f"{where}: logits not traced to {name}"))

@@ -23,7 +23,7 @@ def split_layers(st: AnalyzerState) -> str | None:
     """The feed-forward child of the decoder layers, and which layers hold a
     dense MLP (``result.dense_layers``) or a routed block (``moe_layers``);
     None, with an unknown, when a layer has no single MLP or MoE module."""
-    kinds_per_layer = []
+    kinds_per_layer: list[str | None] = []
     ffn_name = None
     for layer in st.layers:
         children = dict(layer.children())
@@ -61,7 +61,7 @@ def analyze(st: AnalyzerState, block: Instance, prefix: str) -> None:
     routing_owner, routing_out = _routing_forward(st, block, children)
     facts: dict[str, Any] = {}
     rwhere = st.where(routing_owner) if routing_owner else where
-    if routing_out is not None:
+    if routing_owner is not None and routing_out is not None:  # (found together)
         facts.update(_routing(st, routing_owner, routing_out, block))
     experts, experts_name = _experts(st, block)
     num_experts, intermediate, expert_facts = _expert_sizes(st, experts, facts)

@@ -222,7 +222,7 @@ class AnalyzerState:
         ):
             return "mlp"
         if any(
-            isinstance(v, Param) and v.numel is not None and len(v.shape) == 3
+            isinstance(v, Param) and v.shape is not None and v.numel is not None and len(v.shape) == 3
             for v in instance.attrs.values()
         ):
             return "experts"

@@ -11,19 +11,21 @@ from typing import Any
 from autoport_cst.research.decide.state import Decider
 from autoport_cst.research.findings import CODE, CONFIG, known
 from autoport_cst.spec import AttentionSpec
+from autoport_cst.spec.model import ScaleForm
 
 
 def head_dim(d: Decider) -> Any:
     """The head size: the code's when it computes one (a conflict when the
     config says otherwise), else the config's."""
     code_head_dim = d.code_finding("attention.head_dim")
+    config_head_dim = d.cfg_finding("attention.head_dim")
     value = d.cfg.dims.get("head_dim")
     if code_head_dim is not None and code_head_dim.known:
         if value is not None and code_head_dim.value != value:
             d.conflict(
                 "attention.head_dim",
                 [
-                    (CONFIG, value, d.cfg_finding("attention.head_dim").evidence),
+                    (CONFIG, value, config_head_dim.evidence if config_head_dim is not None else "head_dim"),
                     (CODE, code_head_dim.value, code_head_dim.evidence),
                 ],
                 f"the spec takes {code_head_dim.value}: the code computes the head size itself",
@@ -44,7 +46,8 @@ def attention(d: Decider, head_size: Any) -> AttentionSpec:
     heads = _count(d, "attention.num_heads", dims.get("num_heads"))
     kv_heads = _count(d, "attention.num_kv_heads", dims.get("num_kv_heads"))
     scale = d.decide("attention.scale", None, (CODE,))
-    scale_key, scale_form = None, "multiplier"
+    scale_key = None
+    scale_form: ScaleForm = "multiplier"
     if scale is not None:
         scale_key = d.decide("attention.scale_key", None, (CODE,))
         if scale_key is not None:

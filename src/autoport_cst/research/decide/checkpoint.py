@@ -8,7 +8,8 @@ or unexpected patterns, q/k norms, sinks, shapes)."""
 
 from __future__ import annotations
 
-from autoport_cst.research.checkpoint import pattern
+from autoport_cst.research.analysis.state import CodeAnalysis
+from autoport_cst.research.checkpoint import TensorInfo, pattern
 from autoport_cst.research.checkpoint_keys import (
     FUSED_GATE_UP,
     dense_wanted,
@@ -21,6 +22,7 @@ from autoport_cst.research.decide.state import Decider
 from autoport_cst.research.findings import CHECKPOINT, CODE, DERIVED, INFERRED, known, unknown
 from autoport_cst.research.keys import derive_key_map
 from autoport_cst.spec import AttentionSpec, CheckpointSpec, EmbeddingSpec, LMHeadSpec
+from autoport_cst.spec.model import CheckpointFusion, LinearLayout, QKVLayout
 
 
 def layout(d: Decider, is_moe: bool) -> CheckpointSpec:
@@ -29,7 +31,7 @@ def layout(d: Decider, is_moe: bool) -> CheckpointSpec:
     tensors the code creates."""
     code, ckpt = d.code, d.ckpt
     stored = ckpt.tensors if ckpt is not None else None
-    qkv = _fusion(
+    qkv: QKVLayout = _fusion(
         d,
         stored,
         "checkpoint.qkv",
@@ -57,11 +59,10 @@ def layout(d: Decider, is_moe: bool) -> CheckpointSpec:
     head_stored = _head_stored(d, stored)
     key_map = _key_map(d, qkv, gate_up, is_moe)
     gate_up = _experts_layout(d, gate_up)
-    if stored is not None and not head_stored and f"{(key_map or {}).get('lm_head')}.weight" in stored:
+    head_key = f"{(key_map or {}).get('lm_head')}.weight"
+    if stored is not None and not head_stored and head_key in stored:
         head_stored = True  # under the checkpoint's own name (embed_out)
-        d.decisions.append(
-            known(True, "checkpoint.lm_head_stored", CHECKPOINT, f"{key_map['lm_head']}.weight is stored")
-        )
+        d.decisions.append(known(True, "checkpoint.lm_head_stored", CHECKPOINT, f"{head_key} is stored"))
     linear = _linear_layout(d)
     return CheckpointSpec(
         qkv=qkv, gate_up=gate_up, lm_head_stored=head_stored, key_map=key_map, linear_layout=linear
@@ -70,7 +71,7 @@ def layout(d: Decider, is_moe: bool) -> CheckpointSpec:
 
 def _fusion(
     d: Decider, stored: dict | None, field: str, code_flag: str, modules: list[str], ckpt_flag: str
-) -> str:
+) -> CheckpointFusion:
     """fused or separate: the stored tensors of the code's modules, else the
     checkpoint's own finding, else the code's module tree."""
     code = d.code
@@ -83,18 +84,18 @@ def _fusion(
             and all(f"{m}.weight" in stored for m in modules)
             and fused_code is not None
         ):
-            value = "fused" if fused_code else "separate"
+            value = _fused_or_separate(fused_code)
             d.decisions.append(
                 known(value, field, CHECKPOINT, f"stored as {', '.join(m + '.weight' for m in modules)}")
             )
             return value
         f = d.ckpt_finding(ckpt_flag)
         if f is not None and f.known:
-            value = "fused" if f.value else "separate"
+            value = _fused_or_separate(f.value)
             d.decisions.append(known(value, field, CHECKPOINT, f.evidence, f.confidence))
             return value
-    if fused_code is not None and (stored is None or code is not None):
-        value = "fused" if fused_code else "separate"
+    if flag is not None and fused_code is not None and (stored is None or code is not None):
+        value = _fused_or_separate(fused_code)
         d.decisions.append(
             known(value, field, CODE, flag.evidence, INFERRED if stored is not None else flag.confidence)
         )
@@ -104,7 +105,11 @@ def _fusion(
     return "separate"
 
 
-def _gate_up(d: Decider, stored: dict | None, is_moe: bool) -> str:
+def _fused_or_separate(fused: object) -> CheckpointFusion:
+    return "fused" if fused else "separate"
+
+
+def _gate_up(d: Decider, stored: dict | None, is_moe: bool) -> CheckpointFusion:
     """Gate and up fused or separate; per-expert stored keys of an MoE are
     decided by the checkpoint's shapes."""
     code = d.code
@@ -131,13 +136,13 @@ def _gate_up(d: Decider, stored: dict | None, is_moe: bool) -> str:
     return gate_up
 
 
-def _experts_layout(d: Decider, gate_up: str) -> str:
+def _experts_layout(d: Decider, gate_up: CheckpointFusion) -> CheckpointFusion:
     """Routed experts found in the header one tensor per expert are stored
     separate, stacked ones fused (``checkpoint.gate_up`` of an MoE)."""
     per_expert = d.experts_per_expert
     if per_expert is None:
         return gate_up
-    value = "separate" if per_expert else "fused"
+    value = _fused_or_separate(not per_expert)
     if value != gate_up:
         d.decisions.append(
             known(
@@ -201,6 +206,7 @@ def _stored_key_map(
     loads looked up under the code's name, else by structure
     (``research.key_match``); a tensor without a key refuses the plan."""
     code, ckpt = d.code, d.ckpt
+    assert code is not None and ckpt is not None  # _key_map reads the header with both
     tied = d.cfg.value("embedding.tied")
     # a tied head loads the embedding (config.json says so; the class's
     # declared tying only when config.json says nothing)
@@ -274,7 +280,7 @@ def _missing_names(d: Decider, names: dict[str, str], qkv: str, gate_up: str, is
     return [w for w in wanted if not names.get(w)]
 
 
-def _linear_layout(d: Decider) -> str:
+def _linear_layout(d: Decider) -> LinearLayout:
     code = d.code
     kinds = set(code.linear_modules) if code is not None else set()
     if kinds == {"Conv1D"}:
@@ -297,17 +303,19 @@ def _linear_layout(d: Decider) -> str:
 
 
 def checks(d: Decider, attention: AttentionSpec, lm_head: LMHeadSpec, embedding: EmbeddingSpec) -> None:
-    """The stored tensors against the ones the code creates."""
-    _bias_checks(d)
-    _pattern_notes(d, embedding)
-    _qk_norm_and_sinks(d, attention)
-    _shapes(d)
+    """The stored tensors against the ones the code creates (with both)."""
+    code, ckpt = d.code, d.ckpt
+    if code is None or ckpt is None:
+        return
+    _bias_checks(d, code, ckpt.tensors)
+    _pattern_notes(d, code, ckpt.tensors, embedding)
+    _qk_norm_and_sinks(d, code, ckpt.tensors, attention)
+    _shapes(d, code, ckpt.tensors)
 
 
-def _bias_checks(d: Decider) -> None:
+def _bias_checks(d: Decider, code: CodeAnalysis, stored: dict[str, TensorInfo]) -> None:
     """Module-level bias presence: a bias the code creates but the
     checkpoint lacks, or stores but the code does not create."""
-    code, stored = d.code, d.ckpt.tensors
     expected = code.expected
     groups = [
         ("attention.qkv_bias", code.qkv_modules),
@@ -335,11 +343,12 @@ def _bias_checks(d: Decider) -> None:
                 break
 
 
-def _pattern_notes(d: Decider, embedding: EmbeddingSpec) -> None:
+def _pattern_notes(
+    d: Decider, code: CodeAnalysis, stored: dict[str, TensorInfo], embedding: EmbeddingSpec
+) -> None:
     """Tensor patterns stored but not created, or created but not stored."""
-    code = d.code
     exp_patterns = {pattern(k) for k in code.expected}
-    got_patterns = {pattern(k) for k in d.ckpt.tensors}
+    got_patterns = {pattern(k) for k in stored}
     extra = sorted(got_patterns - exp_patterns)
     missing = sorted(exp_patterns - got_patterns)
     if code.tied_keys_declared and embedding.tied and code.head_key in missing:
@@ -368,8 +377,9 @@ def _pattern_notes(d: Decider, embedding: EmbeddingSpec) -> None:
         )
 
 
-def _qk_norm_and_sinks(d: Decider, attention: AttentionSpec) -> None:
-    code, stored = d.code, d.ckpt.tensors
+def _qk_norm_and_sinks(
+    d: Decider, code: CodeAnalysis, stored: dict[str, TensorInfo], attention: AttentionSpec
+) -> None:
     expected = code.expected
     for name in code.qk_norm_modules:
         if (
@@ -398,10 +408,9 @@ def _qk_norm_and_sinks(d: Decider, attention: AttentionSpec) -> None:
             )
 
 
-def _shapes(d: Decider) -> None:
+def _shapes(d: Decider, code: CodeAnalysis, stored: dict[str, TensorInfo]) -> None:
     mismatched = []
-    stored = d.ckpt.tensors
-    for key, shape in d.code.expected.items():
+    for key, shape in code.expected.items():
         got = stored.get(key)
         if got is not None and shape is not None and tuple(got.shape) != tuple(shape):
             mismatched.append(f"{key}: code {tuple(shape)}, checkpoint {tuple(got.shape)}")

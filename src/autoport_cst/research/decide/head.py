@@ -8,6 +8,7 @@ from __future__ import annotations
 from autoport_cst.research.decide.state import Decider
 from autoport_cst.research.findings import CHECKPOINT, CODE, CONFIG
 from autoport_cst.spec import EmbeddingSpec, LMHeadSpec
+from autoport_cst.spec.model import LogitsForm
 
 
 def embedding(d: Decider) -> EmbeddingSpec:
@@ -22,7 +23,8 @@ def embedding(d: Decider) -> EmbeddingSpec:
 
 def lm_head(d: Decider) -> LMHeadSpec:
     divisor = d.decide("lm_head.logits_divisor", None, (CODE,))
-    logits_key, logits_form = None, "divisor"
+    logits_key = None
+    logits_form: LogitsForm = "divisor"
     if divisor is not None:
         logits_key = d.decide("lm_head.logits_key", None, (CODE,))
         if logits_key is not None:
@@ -51,7 +53,7 @@ def _tied(d: Decider) -> bool:
     if d.ckpt is not None:
         head_key = d.code.head_key if d.code is not None else None
         if head_key is not None:
-            stored = head_key in d.ckpt.tensors
+            stored: bool | None = head_key in d.ckpt.tensors
             evidence = f"{head_key} {'is' if stored else 'is not'} in the checkpoint"
         else:
             f = d.ckpt_finding("checkpoint.lm_head_stored")

@@ -5,12 +5,23 @@ that decide a field from them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from autoport_cst.research.analysis.state import CodeAnalysis
 from autoport_cst.research.checkpoint import CheckpointHeader
 from autoport_cst.research.config_analysis import ConfigAnalysis
-from autoport_cst.research.findings import CODE, CONFIG, DERIVED, Claim, Conflict, Finding, unknown
+from autoport_cst.research.findings import (
+    CODE,
+    CONFIG,
+    DERIVED,
+    Claim,
+    Conflict,
+    Finding,
+    Severity,
+    Source,
+    unknown,
+)
 
 
 class Decider:
@@ -89,7 +100,11 @@ class Decider:
         return default
 
     def conflict(
-        self, field: str, claims: list[tuple[str, Any, str]], resolution: str, severity: str = "error"
+        self,
+        field: str,
+        claims: Sequence[tuple[Source, Any, str]],
+        resolution: str,
+        severity: Severity = "error",
     ) -> None:
         self.conflicts.append(
             Conflict(field, tuple(Claim(s, v, e) for s, v, e in claims), resolution, severity)

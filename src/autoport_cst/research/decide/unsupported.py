@@ -91,7 +91,7 @@ def _features(d: Decider) -> tuple[str, ...] | None:
     ``"<name>: <evidence>"`` (sorted)."""
     if d.code is None:
         return None
-    found = {}
+    found: dict[str, str] = {}
     for finding in d.code.findings:
         if finding.field.startswith("unsupported.") and finding.known and finding.value:
             name = finding.field[len("unsupported.") :]
