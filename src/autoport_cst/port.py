@@ -225,14 +225,14 @@ def _record_validations(outcome: PortOutcome, out: Path, checkpoint: str, steps:
     by its directory, the config variant by its directory."""
     from autoport_cst.validation_record import port_test_dir, run_record, save_runs
 
+    checkpoint_dir = outcome.checkpoint_dir
+    assert checkpoint_dir is not None  # the checkpoint stage ran
     weights_seed = seed if checkpoint == "tiny" else None
     records = [
-        run_record(
-            outcome.checkpoint_dir, tp=r.tp, dtype=r.dtype, steps=steps, seed=seed, weights_seed=weights_seed
-        )
+        run_record(checkpoint_dir, tp=r.tp, dtype=r.dtype, steps=steps, seed=seed, weights_seed=weights_seed)
         for r in outcome.runs
     ]
-    variant = outcome.checkpoint_dir.parent / f"{outcome.checkpoint_dir.name}-variant"  # port_variants'
+    variant = checkpoint_dir.parent / f"{checkpoint_dir.name}-variant"  # port_variants'
     for r in outcome.variant_runs:
         if (variant / "config.json").is_file():
             records.append(
@@ -259,7 +259,8 @@ def _check_validation_tp(outcome: PortOutcome, tp: int) -> None:
     from autoport_cst.research.parallelism import tp_refusal
     from autoport_cst.validate.api import MAX_TP
 
-    config_path = Path(outcome.checkpoint_dir) / "config.json"
+    assert outcome.checkpoint_dir is not None  # the checkpoint stage ran
+    config_path = outcome.checkpoint_dir / "config.json"
     config = parse_config_text(config_path.read_text(encoding="utf-8"))
     refusal = tp_refusal(config, tp) if isinstance(config, dict) else None
     if tp > MAX_TP:

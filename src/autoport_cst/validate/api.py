@@ -17,7 +17,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -252,34 +252,16 @@ def _validate(
         equivalent=False,
         tolerances=compare.tolerances(dtype),
     )
-    references: dict[str, ReferenceOutput] = {}
-
-    def reference_run(teacher_holder: list) -> list[list[int]]:
-        start = time.perf_counter()
-        notify("reference fp32")
-        model32 = load_reference(checkpoint, torch.float32)
-        teacher = greedy_teacher(model32, scenario.prompts, steps)
-        references["fp32"] = run_reference(model32, scenario.prompts, teacher)
-        del model32
-        timings["reference_fp32"] = time.perf_counter() - start
-        start = time.perf_counter()
-        notify("reference bf16")
-        model16 = load_reference(checkpoint, torch.bfloat16)
-        references["bf16"] = run_reference(model16, scenario.prompts, teacher)
-        del model16
-        timings["reference_bf16"] = time.perf_counter() - start
-        teacher_holder.append(teacher)
-        return teacher
-
+    reference = _ReferenceRun(checkpoint, scenario, steps, notify, timings)
     try:
         run = _RunOptions(dtype, prefill, kv_cache_dtype)
         if layout.world == 1:
             port, teacher, factory_name, standin = _run_in_process(
-                package_dir, checkpoint, run, scenario, notify, reference_run, timings
+                package_dir, checkpoint, run, scenario, notify, reference, timings
             )
         else:
             port, teacher, factory_name, standin = _run_ranks(
-                package_dir, checkpoint, run, scenario, layout, notify, reference_run, timings
+                package_dir, checkpoint, run, scenario, layout, notify, reference, timings
             )
     except PortFailure as failure:
         report.failure = PortFailureInfo(failure.stage, failure.message)
@@ -302,10 +284,10 @@ def _validate(
     notify("compare")
     start = time.perf_counter()
     components, not_compared = compare.compare_components(
-        port, references["fp32"], references.get("bf16"), scenario, dtype
+        port, reference.outputs["fp32"], reference.outputs.get("bf16"), scenario, dtype
     )
     logits = compare.compare_logits(
-        port, references["fp32"], references.get("bf16"), scenario, teacher, dtype
+        port, reference.outputs["fp32"], reference.outputs.get("bf16"), scenario, teacher, dtype
     )
     equivalent, first, failed = compare.verdict(components, logits)
     report.equivalent = equivalent
@@ -319,10 +301,48 @@ def _validate(
     for key, value in port.timings.items():
         timings[f"port_{key}"] = value
     report.timings = _finish(timings, started)
-    # In-memory only (not part of the JSON report): the port's logits and
-    # component outputs, for callers that compare runs (e.g. TP=1 vs TP=2).
     report.port_output = port
     return report
+
+
+@dataclass
+class _ReferenceRun:
+    """The transformers side of a validation, run once while the port loads:
+    the checkpoint in fp32 and in bf16 on the scenario's prompts, fed the
+    fp32 model's greedy tokens (the teacher, which the port is fed too).
+    ``outputs`` holds each run's output by dtype name, for the comparison."""
+
+    checkpoint: Path
+    scenario: Scenario
+    steps: int
+    notify: StageCallback
+    timings: dict[str, float]
+    outputs: dict[str, ReferenceOutput] = field(default_factory=dict)
+
+    def run(self) -> list[list[int]]:
+        """Both reference runs; returns the teacher tokens."""
+        prompts = self.scenario.prompts
+        start = time.perf_counter()
+        self.notify("reference fp32")
+        model32 = load_reference(self.checkpoint, torch.float32)
+        teacher = greedy_teacher(model32, prompts, self.steps)
+        self.outputs["fp32"] = run_reference(model32, prompts, teacher)
+        del model32
+        self.timings["reference_fp32"] = time.perf_counter() - start
+        start = time.perf_counter()
+        self.notify("reference bf16")
+        model16 = load_reference(self.checkpoint, torch.bfloat16)
+        self.outputs["bf16"] = run_reference(model16, prompts, teacher)
+        del model16
+        self.timings["reference_bf16"] = time.perf_counter() - start
+        return teacher
+
+    def then_port(self) -> list[list[int]]:
+        """The reference runs, then the port's stage begins (the ranks run
+        the port once they are handed the teacher tokens)."""
+        teacher = self.run()
+        self.notify("run port")
+        return teacher
 
 
 @dataclass(frozen=True)
@@ -416,7 +436,7 @@ def _run_in_process(
     run: _RunOptions,
     scenario: Scenario,
     notify: StageCallback,
-    reference_run: Callable[[list], list[list[int]]],
+    reference: _ReferenceRun,
     timings: dict[str, float],
 ) -> tuple[PortOutput, list[list[int]], str, dict]:
     from .standin import standin_installed
@@ -442,7 +462,7 @@ def _run_in_process(
         except CheckpointError as error:
             raise _checkpoint_load_failure(checkpoint, error) from error
         timings["port_setup"] = time.perf_counter() - start
-        teacher = reference_run([])
+        teacher = reference.run()
         notify("run port")
         start = time.perf_counter()
         output = session.run(teacher)
@@ -457,14 +477,13 @@ def _run_ranks(
     scenario: Scenario,
     layout: ParallelLayout,
     notify: StageCallback,
-    reference_run: Callable[[list], list[list[int]]],
+    reference: _ReferenceRun,
     timings: dict[str, float],
 ) -> tuple[PortOutput, list[list[int]], str, dict]:
     from .distributed import RankCheckpointError, merge_layout_outputs, merge_rank_outputs, run_port_ranks
 
     notify("load port")
     start = time.perf_counter()
-    holder: list = []
     try:
         outputs, factory_name, description, teacher = run_port_ranks(
             package_dir,
@@ -472,7 +491,7 @@ def _run_ranks(
             run.dtype,
             scenario,
             layout.world,
-            lambda: _reference_then_run(reference_run, holder, notify),
+            reference.then_port,
             ep_degree=layout.ep,
             prefill=run.prefill,
             kv_cache_dtype=run.kv_cache_dtype,
@@ -484,11 +503,3 @@ def _run_ranks(
     if layout.disaggregated:
         return merge_layout_outputs(outputs, scenario, layout), teacher, factory_name, description
     return merge_rank_outputs(outputs, scenario), teacher, factory_name, description
-
-
-def _reference_then_run(
-    reference_run: Callable[[list], list[list[int]]], holder: list, notify: StageCallback
-):
-    teacher = reference_run(holder)
-    notify("run port")
-    return teacher

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from .components import Component, ComponentRecorder, find_components
 from .meta_tensors import guard_meta_attributes, unloaded_parameters_and_buffers
@@ -129,7 +128,9 @@ class PortSession:
         self.timings["load"] = time.perf_counter() - start
 
     @staticmethod
-    def _build(factory: Any, hf_config: Any) -> nn.Module:
+    def _build(factory: Any, hf_config: Any) -> Any:
+        """The port's model: an ``nn.Module`` with the vllm_neuron model API
+        (``get_kv_spec``, ``bind_kv_cache``, ``load_weights``, ...)."""
         try:
             with torch.device("meta"):
                 return factory.from_configs(hf_config, None)

@@ -36,7 +36,7 @@ _PLAIN = (bool, int, float, str, type(None))
 _INTERNAL_ATTRIBUTES = frozenset({"training"})
 
 NEAR_DEPTHS = 4  # depths above the minimum always built and checked
-Fingerprint = tuple[tuple[str, str], ...]
+Fingerprint = tuple[tuple[str, str | None], ...]
 ShrinkTo = Callable[[int], Any]  # a layer count -> the shrunk config with that many layers
 
 
@@ -52,7 +52,11 @@ def _decoder_layers(model: Any, count: int) -> list[Any] | None:
     ]
     if not found:
         return None
-    return list(max(found, key=lambda m: sum(1 for _ in m.modules())))
+    return list(max(found, key=_module_count))
+
+
+def _module_count(module: Any) -> int:
+    return sum(1 for _ in module.modules())
 
 
 def _layer_facts(layer: Any, index: int, config: Any, count: int) -> dict[tuple[str, str], str]:

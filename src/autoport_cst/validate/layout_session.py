@@ -215,11 +215,16 @@ class LayoutSession:
         ids, positions, tables, slots = [], [], [], []
         for sequence, token in zip(batch, tokens, strict=False):
             if sequence is None:
-                ids.append(0), positions.append(0), tables.append(null_table), slots.append(PAD_SLOT)
+                ids.append(0)
+                positions.append(0)
+                tables.append(null_table)
+                slots.append(PAD_SLOT)
                 continue
             position = len(scenario.prompts[sequence]) + step
             table = scenario.block_table(sequence, width)
-            ids.append(token), positions.append(position), tables.append(table)
+            ids.append(token)
+            positions.append(position)
+            tables.append(table)
             slots.append(scenario.layout.cp_slot(table, position, width, interleave, place))
         session = self.decode_graph.session
         return StepInputs(

@@ -31,7 +31,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from autoport_cst.errors import InputError
 
@@ -56,7 +56,7 @@ def _tail(text: str, lines: int) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def _send(stream: BinaryIO, payload: bytes) -> None:
+def _send(stream: IO[bytes], payload: bytes) -> None:
     try:
         stream.write(payload)
         stream.close()
@@ -71,6 +71,7 @@ class InterpreterRank:
     process: subprocess.Popen
 
     def send(self, payload: bytes) -> None:
+        assert self.process.stdin is not None  # started with stdin=PIPE
         _send(self.process.stdin, payload)
 
     def exit_code(self) -> int | None:

@@ -53,12 +53,14 @@ def load_reference(checkpoint_dir: str | Path, dtype: torch.dtype) -> Any:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        model, info = model_class.from_pretrained(
+        # (model, loading info) with output_loading_info; transformers annotates the model alone
+        loaded: Any = model_class.from_pretrained(
             str(checkpoint_dir),
             dtype=dtype,
             attn_implementation="eager",
             output_loading_info=True,
         )
+        model, info = loaded
     except (OSError, ValueError, RuntimeError) as error:
         mismatches = _shape_mismatches(checkpoint_dir)
         if mismatches:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 REPORT_KIND = "autoport-cst/validation-report"
@@ -52,6 +52,9 @@ class ValidationReport:
     timings: dict[str, float] = field(default_factory=dict)
     version: int = REPORT_VERSION
     kind: str = REPORT_KIND
+    # In memory only (not in the JSON report): the port's logits and component
+    # outputs (a PortOutput), for callers that compare runs (e.g. TP=1 vs TP=2).
+    port_output: Any = field(default=None, repr=False, compare=False)
 
     @property
     def exit_code(self) -> int:
@@ -67,7 +70,7 @@ class ValidationReport:
         return "not equivalent: " + ", ".join(self.failed_checks)
 
     def to_dict(self) -> dict[str, Any]:
-        data = _plain(asdict(self))
+        data = _plain({f.name: getattr(self, f.name) for f in fields(self) if f.name != "port_output"})
         ordered = {"kind": data.pop("kind"), "version": data.pop("version")}
         ordered.update(data)
         return ordered

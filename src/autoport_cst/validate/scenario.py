@@ -186,7 +186,7 @@ class Scenario:
         chunked prompt's blocks (those holding the shared prefix: fewer when
         a context-parallel cache's blocks are ``width`` times larger)."""
         table = self.layout.block_tables[sequence]
-        if sequence == self.prefix_hit:
+        if sequence == self.prefix_hit and self.chunked is not None:  # (set together)
             count = self.shared_blocks_at(width)
             shared = self.layout.block_tables[self.chunked][:count]
             return shared + table[count:]

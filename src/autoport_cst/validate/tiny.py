@@ -118,11 +118,13 @@ def resolve_config(source: str | os.PathLike[str]) -> tuple[Any, str]:
         try:
             config = config_object(values)
         except Exception as error:  # noqa: BLE001 - the config class's own validators
-            raise InputError(f"{path}: transformers cannot build a {model_type} configuration: {error}") from None
+            raise InputError(
+                f"{path}: transformers cannot build a {model_type} configuration: {error}"
+            ) from None
         architectures = values.get("architectures") or []
         architecture = architectures[0] if architectures else None
         if architecture is None:
-            architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+            architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(str(model_type))
         if architecture is None:
             raise InputError(f"{path}: no 'architectures' and no causal-LM class for {model_type!r}")
         return config, architecture
@@ -346,7 +348,9 @@ def in_key_format(model: Any, state: dict, key_format: str) -> dict:
         raise InputError(f"key_format must be 'model' or 'saved', got {key_format!r}")
     from transformers.core_model_loading import revert_weight_conversion
 
-    return {name: tensor.contiguous() for name, tensor in sorted(revert_weight_conversion(model, state).items())}
+    return {
+        name: tensor.contiguous() for name, tensor in sorted(revert_weight_conversion(model, state).items())
+    }
 
 
 def key_format_of(directory: str | os.PathLike[str]) -> str:

@@ -148,7 +148,7 @@ class Installation:
 
     def describe(self) -> dict[str, Any]:
         roots = sorted({name.split(".")[0] for name in self.added_modules})
-        described = {
+        described: dict[str, Any] = {
             "stand_in_packages": roots,
             "real_packages": sorted(self.real_packages),
             "patched": sorted(
@@ -253,7 +253,7 @@ def install(installation: Installation) -> None:
     for attribute in VLLM_PARALLEL_STATE_GETTERS:
         installation.patched.append((real, attribute, getattr(real, attribute, None)))
         setattr(real, attribute, getattr(parallel_state, attribute))
-    distributed = sys.modules.get("vllm.distributed")
+    distributed: Any = sys.modules.get("vllm.distributed")  # a real vllm module, whatever it defines
     if distributed is not None and hasattr(distributed, "get_tp_group"):
         installation.patched.append((distributed, "get_tp_group", distributed.get_tp_group))
         distributed.get_tp_group = parallel_state.get_tp_group

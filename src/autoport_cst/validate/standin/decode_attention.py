@@ -420,6 +420,8 @@ def attention_decode(
         X_hidden_dim_actual=X_hidden_dim_actual,
     )
     _check_parallel(attention_dp, attention_dp_group, kv_needs_a2a, dcp_size, dcp_group, k_scale, v_scale)
+    if W_qkv is None or K_cache is None or V_cache is None:
+        raise KernelConstraintError("NF.attention_decode: W_qkv, K_cache and V_cache are required")
     if fp8_packed and not is_fp8(K_cache):
         raise KernelConstraintError(
             f"NF.attention_decode: fp8_packed needs an FP8 K cache, got {K_cache.dtype}"
@@ -456,7 +458,7 @@ def attention_decode(
         k = rms_norm(k, rmsnorm_QK_post_rope_eps, rmsnorm_QK_post_rope_W_K)
     if dcp_size > 1:
         q = dcp_group.all_gather(q.contiguous(), dim=1)
-    if k_scale is not None:
+    if k_scale is not None and v_scale is not None:  # both or neither (_check_parallel)
         k, v = quantize_kv(k, k_scale, _fp8_dtype(K_cache)), quantize_kv(v, v_scale, _fp8_dtype(V_cache))
 
     k_ctx, v_ctx = _gathered_context(K_cache, V_cache, active_blocks_table, g, fp8_packed, X.dtype)

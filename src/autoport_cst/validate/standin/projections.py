@@ -20,6 +20,7 @@ refuses it (models clamp padding slots before the call).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -137,7 +138,7 @@ def qkv_proj(
         qk_norm_post_rope_k_beta,
     )
     qkv = _qk_norm(qkv, heads, *pre, stage="pre_rope")
-    if cos_cache is not None and sin_cache is not None and heads.known:
+    if cos_cache is not None and sin_cache is not None and heads is not None:
         qkv = _fused_rope(qkv, heads, cos_cache, sin_cache)
     qkv = _qk_norm(qkv, heads, *post, stage="post_rope")
     if k_cache is None and v_cache is None and not use_block_kv:
@@ -161,7 +162,7 @@ def _fused_input(
     """The fused residual add and input norm of the kernel."""
     if (mlp_prev is None) != (attn_prev is None):
         raise KernelConstraintError("NF.qkv_proj: mlp_prev and attn_prev go together (fused residual add)")
-    x = hidden if mlp_prev is None else hidden + mlp_prev + attn_prev
+    x = hidden if mlp_prev is None or attn_prev is None else hidden + mlp_prev + attn_prev
     if norm_type in (None, NormType.NO_NORM):
         return x
     if norm_type == NormType.RMS_NORM:
@@ -171,26 +172,25 @@ def _fused_input(
     raise NotImplementedError(f"NF.qkv_proj: norm_type={norm_type!r} is not implemented in the CPU stand-in")
 
 
+@dataclass(frozen=True)
 class _HeadLayout:
     """Where the Q, K and V heads sit in the fused projection."""
 
-    def __init__(self, d_head: int | None, q: int | None, kv: int | None) -> None:
-        self.d_head, self.q, self.kv = d_head, q, kv
+    d_head: int
+    q: int
+    kv: int
 
     @classmethod
-    def of(cls, width: int, d_head: int | None, q: int | None, kv: int | None) -> _HeadLayout:
+    def of(cls, width: int, d_head: int | None, q: int | None, kv: int | None) -> _HeadLayout | None:
+        """The layout; None when the kernel is not given the head counts."""
         if q is None or kv is None:
-            return cls(d_head, q, kv)
+            return None
         d = d_head if d_head is not None else width // (q + 2 * kv)
         if (q + 2 * kv) * d != width:
             raise KernelConstraintError(
                 f"NF.qkv_proj: {q} q heads + 2 x {kv} kv heads of {d} do not make the projection width {width}"
             )
         return cls(d, q, kv)
-
-    @property
-    def known(self) -> bool:
-        return self.q is not None and self.kv is not None
 
     @property
     def q_width(self) -> int:
@@ -207,7 +207,7 @@ class _HeadLayout:
 
 def _qk_norm(
     qkv: torch.Tensor,
-    heads: _HeadLayout,
+    heads: _HeadLayout | None,
     q_norm: Any,
     k_norm: Any,
     eps: float,
@@ -227,7 +227,7 @@ def _qk_norm(
                 f"NF.qkv_proj: qk_norm_{stage}_{name}_norm={norm!r} is not implemented in the CPU stand-in "
                 "(RMS_NORM only)"
             )
-    if not heads.known:
+    if heads is None:
         raise KernelConstraintError(f"NF.qkv_proj: the {stage} QK norm needs num_q_heads and num_kv_heads")
     q, k, v = heads.split(qkv)
     if q_norm is not None:
@@ -313,8 +313,10 @@ class _CacheWrite:
         self.limits = (fp8_min, fp8_max)
         self.dtype = kv_dtype if kv_dtype is not None else k_cache.dtype
 
-    def write(self, qkv: torch.Tensor, heads: _HeadLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if not heads.known:
+    def write(
+        self, qkv: torch.Tensor, heads: _HeadLayout | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if heads is None:
             raise KernelConstraintError(
                 "NF.qkv_proj: use_block_kv needs d_head, num_q_heads and num_kv_heads"
             )

@@ -305,7 +305,7 @@ def expert_parallel_grouped_loader(
 
     def transform(slices: Sequence[Any], rank: int) -> torch.Tensor:
         groups = _items_per_expert(slices, total_num_experts, "expert_parallel_grouped_loader")
-        local = []
+        local: list[Any] = []
         for group in range(groups):
             base = group * total_num_experts
             local.extend(slices[base + start : base + stop])
