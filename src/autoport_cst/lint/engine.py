@@ -469,8 +469,6 @@ def lint_module(
     source: str | None = None,
 ) -> list[Diagnostic]:
     """Run the enabled rules on a parsed module."""
-    from autoport_cst.lint.rules import registry
-
     settings = settings or LintSettings()
     enabled = enabled if enabled is not None else settings.enabled(path)
     ctx = LintContext(path, module, settings)
@@ -491,24 +489,42 @@ def lint_module(
     found = sup_mod.find(source, _known_codes())
     if not kept and not found:
         return []
+    ranges = _ranges(ctx, module, kept, source)
+    index = sup_mod.Index(found, source.splitlines())
+    out = _candidate_diagnostics(kept, ranges, index, settings, path)
+    out += _suppression_diagnostics(found, enabled, path)
+    out.sort(key=Diagnostic.sort_key)
+    return out
 
+
+def _ranges(
+    ctx: LintContext, module: cst.Module, kept: list[Candidate], source: str
+) -> dict[int, tuple[int, int, int, int]]:
+    """Positions of the candidates' nodes and statements (found from their
+    top-level statements when every candidate has one)."""
     targets: list[cst.CSTNode] = []
     for cand in kept:
         targets.append(cand.node)
         if cand.site.statement is not None:
             targets.append(cand.site.statement)
-    tops: dict[int, cst.CSTNode] | None = {}
+    tops: dict[int, cst.CSTNode] = {}
     for cand in kept:
         stmt = cand.site.statement
         top = ctx.top_of.get(id(stmt)) if stmt is not None else None
         if top is None:
-            tops = None
-            break
-        tops[id(top)] = top  # type: ignore[index]
-    ranges = positions(module, targets, None if tops is None else tops.values(), source)
-    index = sup_mod.Index(found, source.splitlines())
+            return positions(module, targets, None, source)
+        tops[id(top)] = top
+    return positions(module, targets, tops.values(), source)
 
-    rules_by_code = registry()
+
+def _candidate_diagnostics(
+    kept: list[Candidate],
+    ranges: dict[int, tuple[int, int, int, int]],
+    index: sup_mod.Index,
+    settings: LintSettings,
+    path: str,
+) -> list[Diagnostic]:
+    """The findings that no comment suppresses, once each."""
     out: list[Diagnostic] = []
     seen: set[tuple] = set()
     for cand in kept:
@@ -543,41 +559,43 @@ def lint_module(
                 fix=cand.fix,
             )
         )
+    return out
 
-    # suppression problems and unused suppressions
+
+def _suppression_diagnostics(
+    found: list[sup_mod.Suppression], enabled: frozenset[str], path: str
+) -> list[Diagnostic]:
+    """Suppression comments that are invalid, and those that suppress nothing."""
+    from autoport_cst.lint.rules import registry
+
+    rules_by_code = registry()
+    out: list[Diagnostic] = []
     for sup in found:
         if sup.problems and INVALID_SUPPRESSION in enabled:
-            for problem in sup.problems:
-                out.append(
-                    Diagnostic(
-                        path=path,
-                        line=sup.line,
-                        column=sup.column + 1,
-                        end_line=sup.line,
-                        end_column=sup.end_column + 1,
-                        code=INVALID_SUPPRESSION,
-                        name=rules_by_code[INVALID_SUPPRESSION].NAME,
-                        message=problem,
-                    )
-                )
+            out += [_at_comment(sup, path, INVALID_SUPPRESSION, problem) for problem in sup.problems]
         if UNUSED_SUPPRESSION in enabled:
-            for code in sup.codes:
-                if code in enabled and code not in sup.used and not rules_by_code[code].PSEUDO:
-                    out.append(
-                        Diagnostic(
-                            path=path,
-                            line=sup.line,
-                            column=sup.column + 1,
-                            end_line=sup.line,
-                            end_column=sup.end_column + 1,
-                            code=UNUSED_SUPPRESSION,
-                            name=rules_by_code[UNUSED_SUPPRESSION].NAME,
-                            message=f"unused suppression: {code} reports nothing here",
-                            fix=None,
-                        )
-                    )
-    out.sort(key=Diagnostic.sort_key)
+            out += [
+                _at_comment(sup, path, UNUSED_SUPPRESSION, f"unused suppression: {code} reports nothing here")
+                for code in sup.codes
+                if code in enabled and code not in sup.used and not rules_by_code[code].PSEUDO
+            ]
     return out
+
+
+def _at_comment(sup: sup_mod.Suppression, path: str, code: str, message: str) -> Diagnostic:
+    """A diagnostic of ``code`` on a suppression comment."""
+    from autoport_cst.lint.rules import registry
+
+    return Diagnostic(
+        path=path,
+        line=sup.line,
+        column=sup.column + 1,
+        end_line=sup.line,
+        end_column=sup.end_column + 1,
+        code=code,
+        name=registry()[code].NAME,
+        message=message,
+    )
 
 
 _KNOWN: dict[str, str] | None = None
