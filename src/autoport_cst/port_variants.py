@@ -7,7 +7,10 @@ in every field the research found the computation depends on
 
 - the fields the port reads at run time are all varied at once in a second
   random checkpoint (of the tiny validation checkpoint's sizes, unshrunk),
-  on which the port must validate (TP=1, fp32);
+  on which the port must validate (TP=1, fp32); a field the port's own
+  code refuses by name while building (a ``ValueError`` naming the field and
+  the varied value: GPT-OSS's kernels fix ``swiglu_alpha``) counts as a
+  refusal, and the variant runs again without it;
 - each guarded field is set, alone, to a value the port was not made for:
   building the port from that config must raise naming the field and both
   values.
@@ -21,6 +24,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from typing import Any
+
+from autoport_cst.validate.variants import GuardCheck
 
 
 def check_config_variants(
@@ -38,15 +43,41 @@ def check_config_variants(
         outcome.guards = guard_checks(outcome.package_dir, base, assumptions.guards, outcome.checkpoint_dir)
     if checkpoint != "tiny":
         return
-    values, changed = variant_values(base, assumptions.runtime)
-    if not changed:
-        return
-    stage("config variant")
-    outcome.variant = {name: list(pair) for name, pair in changed.items()}
-    outcome.variant_runs.append(_variant_run(outcome, values, changed, steps, seed))
+    fields = list(assumptions.runtime)
+    while True:
+        values, changed = variant_values(base, fields)
+        if not changed:
+            return
+        stage("config variant")
+        run, report = _variant_run(outcome, values, changed, steps, seed)
+        refused = _refused_field(report, changed)
+        if refused is None:
+            outcome.variant = {name: list(pair) for name, pair in changed.items()}
+            outcome.variant_runs.append(run)
+            return
+        # the port's own check refuses that value by name (GPT-OSS's kernels
+        # fix swiglu_alpha): a refusal, as a guard's; the rest is varied again
+        planned, varied = changed[refused]
+        outcome.guards.append(GuardCheck(refused, varied, planned, True, report.failure.message))
+        fields.remove(refused)
 
 
-def _variant_run(outcome: Any, values: dict, changed: dict, steps: int, seed: int) -> Any:
+def _refused_field(report: Any, changed: dict) -> str | None:
+    """The varied field a port that failed at build names, with its varied
+    value, in a ``ValueError`` or ``NotImplementedError`` of its own."""
+    failure = getattr(report, "failure", None)
+    if failure is None or failure.stage != "build":
+        return None
+    message = failure.message
+    if not message.startswith(("ValueError", "NotImplementedError")):
+        return None
+    return next(
+        (f for f, (_, new) in changed.items() if f.rsplit(".", 1)[-1] in message and repr(new) in message),
+        None,
+    )
+
+
+def _variant_run(outcome: Any, values: dict, changed: dict, steps: int, seed: int) -> tuple[Any, Any]:
     from autoport_cst.errors import InputError
     from autoport_cst.port import ValidationRun, _first_diverging, _max_abs
     from autoport_cst.validate import validate_model
@@ -60,13 +91,14 @@ def _variant_run(outcome: Any, values: dict, changed: dict, steps: int, seed: in
         build_variant_checkpoint(values, directory, seed, key_format_of(outcome.checkpoint_dir))
     except Exception as error:  # noqa: BLE001 - transformers refuses the varied config
         reason = f"transformers cannot build the varied config ({type(error).__name__}: {error})"
-        return ValidationRun(1, "fp32", False, reason, "variant: build", None, 0.0, label)
+        return ValidationRun(1, "fp32", False, reason, "variant: build", None, 0.0, label), None
     try:
         report = validate_model(outcome.package_dir, directory, tp=1, dtype="fp32", steps=steps, seed=seed)
     except InputError as error:  # made from a config transformers builds: the port's fault
-        return ValidationRun(
+        run = ValidationRun(
             1, "fp32", False, str(error), f"load: {error}", None, time.perf_counter() - start, label
         )
+        return run, None
     return ValidationRun(
         tp=1,
         dtype="fp32",
@@ -76,7 +108,7 @@ def _variant_run(outcome: Any, values: dict, changed: dict, steps: int, seed: in
         max_abs_error=_max_abs(report),
         seconds=time.perf_counter() - start,
         config=label,
-    )
+    ), report
 
 
 def config_check_lines(outcome: Any) -> list[str]:

@@ -55,3 +55,27 @@ def test_the_port_refuses_by_name_what_its_code_fixes(gemma2_port):
     plan = json.loads(Path(outcome.plan_path).read_text())
     (step,) = [s for s in plan["steps"] if s["codemod"] == "config-guards"]
     assert [a["field"] for a in step["params"]["assumed"]] == ["attention_bias", "hidden_activation"]
+
+
+def test_a_varied_field_the_port_refuses_by_name_while_building_is_a_refusal():
+    from types import SimpleNamespace
+
+    from autoport_cst.port_variants import _refused_field
+
+    changed = {"swiglu_alpha": (1.702, 3.404), "rope_parameters.rope_theta": (1e4, 2e4)}
+
+    def failed(stage, message):
+        return SimpleNamespace(failure=SimpleNamespace(stage=stage, message=message))
+
+    own_check = (
+        "ValueError: GptOssForCausalLM: swiglu_alpha 3.404 is not supported; the kernels compute 1.702"
+    )
+    assert _refused_field(failed("build", own_check), changed) == "swiglu_alpha"
+    assert _refused_field(failed("build", "ValueError: rope_theta 20000.0 is not supported"), changed) == (
+        "rope_parameters.rope_theta"
+    )
+    # a crash, another stage, or a message that names no varied value is no refusal
+    assert _refused_field(failed("build", "TypeError: swiglu_alpha 3.404"), changed) is None
+    assert _refused_field(failed("load", "ValueError: swiglu_alpha 3.404"), changed) is None
+    assert _refused_field(failed("build", "ValueError: swiglu_alpha is odd"), changed) is None
+    assert _refused_field(SimpleNamespace(failure=None), changed) is None
