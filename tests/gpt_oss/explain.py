@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from autoport_cst.validate.compare import _ref_rows
+from autoport_cst.validate.compare import _ref_logits, _ref_rows, prefill_spans
 from autoport_cst.validate.metrics import R_RATIO_TOLERANCE
 from autoport_cst.validate.reference import greedy_teacher, load_reference, run_reference
 from autoport_cst.validate.report import ValidationReport
@@ -51,14 +51,24 @@ def _port_rows(output, name: str, phase: str) -> torch.Tensor:
     return torch.cat(rows).double()
 
 
-def _ref(output, name: str, scenario: Scenario, phase: str) -> torch.Tensor:
+def _aligned(reference: list[torch.Tensor], name: str, scenario: Scenario, phase: str, port) -> torch.Tensor:
+    """``reference`` (per sequence, per position) in the order of the port's
+    compared rows of ``name``, as the validator aligns them: the positions
+    each prefill call computed (components) or sampled (logits), and each
+    sequence's row of every decode step."""
+    if name == "logits":
+        return _ref_logits(reference, scenario, phase, port).double()
+    return _ref_rows(reference, scenario, phase, prefill_spans(port, scenario)).double()
+
+
+def _ref(output, name: str, scenario: Scenario, phase: str, port) -> torch.Tensor:
     source = output.logits if name == "logits" else output.records[name]
-    return _ref_rows(source, scenario, phase).double()
+    return _aligned(source, name, scenario, phase, port)
 
 
-def _margins(model, scenario: Scenario, teacher) -> dict[int, dict[str, torch.Tensor]]:
-    """layer -> phase -> per compared row, the float32 reference's gap
-    between its k-th and (k+1)-th expert score, softmax(x W^T + b)."""
+def _margins(model, scenario: Scenario, teacher) -> dict[int, list[torch.Tensor]]:
+    """layer -> per sequence, the float32 reference's gap between its k-th
+    and (k+1)-th expert score, softmax(x W^T + b), at each position."""
     top_k = model.config.num_experts_per_tok
     inputs: dict[int, list[torch.Tensor]] = {}
     handles = []
@@ -86,9 +96,7 @@ def _margins(model, scenario: Scenario, teacher) -> dict[int, dict[str, torch.Te
             )
             ordered = scores.sort(dim=-1, descending=True).values
             rows.append((ordered[:, top_k - 1] - ordered[:, top_k]).unsqueeze(-1))
-        found[index] = {
-            phase: _ref_rows(rows, scenario, phase).reshape(-1) for phase in ("prefill", "decode")
-        }
+        found[index] = rows
     return found
 
 
@@ -104,10 +112,12 @@ def _worst_token(report: ValidationReport, ref32, ref16, scenario: Scenario) -> 
     best = (-1.0, phases[0], 0)
     for phase in phases:
         port = _port_rows(report.port_output, name, phase)
-        f = _ref(ref32, name, scenario, phase)
+        f = _ref(ref32, name, scenario, phase, report.port_output)
         error = (port - f).norm(dim=-1)
         if name == "logits":
-            error = error / ((_ref(ref16, name, scenario, phase) - f).norm(dim=-1) + 1e-12)
+            error = error / (
+                (_ref(ref16, name, scenario, phase, report.port_output) - f).norm(dim=-1) + 1e-12
+            )
         if float(error.max()) > best[0]:
             best = (float(error.max()), phase, int(error.argmax()))
     return name, best[1], best[2]
@@ -196,7 +206,7 @@ def isolated_r_ratios(package_dir: Path, checkpoint: Path, seed: int = 0) -> dic
             shape = (blocks_needed + 1, spec.num_kv_heads, BLOCK_SIZE, spec.head_size)
             caches[spec.name] = (torch.zeros(shape, dtype=spec.dtype), torch.zeros(shape, dtype=spec.dtype))
         port.bind_kv_cache(caches)
-        port.load_weights(str(checkpoint))
+        port.load_weights(str(checkpoint), torch.device("cpu"), None)
         cos_sin = port.model.rotary_emb(positions, device=torch.device("cpu"), dtype=torch.bfloat16)
         for (block, i), (x, f) in sorted(blocks.items()):
             f = f.double()
@@ -204,7 +214,7 @@ def isolated_r_ratios(package_dir: Path, checkpoint: Path, seed: int = 0) -> dic
             with torch.no_grad():
                 if block == "attention":
                     meta = {
-                        layer.self_attn.layer_name: {
+                        f"layers.{i}.self_attn": {
                             "max_query_len": ISOLATION_TOKENS,
                             "decode_token_threshold": 1,
                             "slot_mapping": torch.arange(ISOLATION_TOKENS) + BLOCK_SIZE,
@@ -226,8 +236,8 @@ def isolated_r_ratios(package_dir: Path, checkpoint: Path, seed: int = 0) -> dic
                     ordered = scores.sort(dim=-1, descending=True).values
                     k = model32.config.num_experts_per_tok
                     clear = (ordered[:, k - 1] - ordered[:, k]) >= TIE_MARGIN
-                    for name, is_prefill in ((f"layers.{i}.moe", True), (f"layers.{i}.moe_decode", False)):
-                        t = layer.mlp(x.bfloat16(), positions, is_prefill=is_prefill).double()
+                    for name, is_decode in ((f"layers.{i}.moe", False), (f"layers.{i}.moe_decode", True)):
+                        t = layer.mlp(x.bfloat16(), positions, is_decode=is_decode).double()
                         ratios[name] = float((t - f)[clear].norm() / (b - f)[clear].norm())
     return ratios
 
@@ -254,14 +264,15 @@ def explain_bf16_failure(report: ValidationReport, package_dir: Path, checkpoint
     ref16 = run_reference(load_reference(checkpoint, torch.bfloat16), scenario.prompts, teacher)
     name, phase, row = _worst_token(report, ref32, ref16, scenario)
     upstream = [i for i in sorted(margins) if not name.startswith("layers.") or i <= int(name.split(".")[1])]
-    ties = [i for i in upstream if float(margins[i][phase][row]) < TIE_MARGIN]
+    gaps = {i: _aligned(margins[i], name, scenario, phase, report.port_output).reshape(-1) for i in upstream}
+    ties = [i for i in upstream if float(gaps[i][row]) < TIE_MARGIN]
     if ties:
         return f"{name} ({phase}) row {row}: routing near-tie in layer(s) {ties}"
     ratios = isolated_r_ratios(package_dir, checkpoint)
     failing = {block: round(r, 3) for block, r in ratios.items() if not r < R_RATIO_TOLERANCE}
     assert not failing, (
         f"{name} ({phase}) row {row}: no near-tie (margins "
-        f"{[round(float(margins[i][phase][row]), 4) for i in upstream]}), and blocks of the port err more "
+        f"{[round(float(gaps[i][row]), 4) for i in upstream]}), and blocks of the port err more "
         f"than transformers' on the same input: {failing}; {report.summary()}"
     )
     worst = max(ratios, key=ratios.get)

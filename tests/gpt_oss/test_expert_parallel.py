@@ -5,6 +5,8 @@ and the ``--ep`` option of validation (what it refuses, with exit code 2)."""
 from __future__ import annotations
 
 import importlib
+import json
+import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -122,12 +124,25 @@ def test_stand_in_layout_of_expert_parallelism():
         (1, 2, "--ep 2 needs --tp to be a multiple of it"),
         (2, 3, "--ep 3 needs --tp to be a multiple of it"),
         (2, 0, "--ep must be a positive integer"),
-        (6, 3, "do not split into 3 equal partitions"),
     ],
 )
 def test_invalid_expert_parallelism_is_bad_input(tiny_gpt_oss, tp, ep, message):
     with pytest.raises(InputError, match=message):
         validate_model(GPT_OSS, tiny_gpt_oss, tp=tp, ep=ep)
+
+
+def test_experts_that_do_not_split_into_the_partitions_are_bad_input(tiny_gpt_oss, tmp_path):
+    """Three experts in two EP partitions, at a TP size the tensor-parallel
+    rules accept (the tiny model's 4 heads allow TP 1 and 2 only, so its own
+    4 experts always split): the config says 3, which is all the check reads
+    before anything is loaded."""
+    checkpoint = tmp_path / "three-experts"
+    shutil.copytree(tiny_gpt_oss, checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))
+    config["num_local_experts"] = 3
+    (checkpoint / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(InputError, match="the 3 experts of .* do not split into 2 equal partitions"):
+        validate_model(GPT_OSS, checkpoint, tp=2, ep=2)
 
 
 def test_expert_parallelism_needs_a_mixture_of_experts(tmp_path):
@@ -146,26 +161,37 @@ def test_cli_exit_code_2_on_invalid_ep(tiny_gpt_oss):
     assert "--ep 3" in result.output
 
 
-def test_a_port_without_expert_parallelism_is_refused_with_ep(tmp_path):
-    """qwen3_moe never reads the EP degree: asking for EP is bad input for it
-    (exit 2), not a silent MoE-inside-TP run."""
+EP_SWITCH = "self.ep_enabled = parallel_config.enable_expert_parallel"
+
+
+def _validate_cli(package, checkpoint, *options):
+    return CliRunner().invoke(
+        cli, ["validate", str(package), "--hf", str(checkpoint), "--tp", "2", "--steps", "2", *options]
+    )
+
+
+def test_qwen3_moe_validates_with_expert_parallelism(tmp_path):
+    """The qwen3_moe reference lays its experts out by EP rank inside the TP
+    world, as gpt_oss does."""
     from autoport_cst.validate import build_tiny_checkpoint
 
     build_tiny_checkpoint("Qwen3MoeForCausalLM", tmp_path / "qwen3-moe", seed=0)
-    result = CliRunner().invoke(
-        cli,
-        [
-            "validate",
-            str(ROOT / "reference_models" / "qwen3_moe"),
-            "--hf",
-            str(tmp_path / "qwen3-moe"),
-            "--tp",
-            "2",
-            "--ep",
-            "2",
-            "--steps",
-            "2",
-        ],
-    )
+    result = _validate_cli(ROOT / "reference_models" / "qwen3_moe", tmp_path / "qwen3-moe", "--ep", "2")
+    assert result.exit_code == 0, result.output
+
+
+def test_a_port_without_expert_parallelism_is_refused_with_ep(tmp_path):
+    """A port that never reads the EP degree (the qwen3_moe reference with
+    its EP switch turned off): asking for EP is bad input for it (exit 2),
+    not a silent MoE-inside-TP run."""
+    from autoport_cst.validate import build_tiny_checkpoint
+
+    build_tiny_checkpoint("Qwen3MoeForCausalLM", tmp_path / "qwen3-moe", seed=0)
+    package = tmp_path / "qwen3_moe_no_ep"
+    shutil.copytree(ROOT / "reference_models" / "qwen3_moe", package)
+    model = (package / "model.py").read_text(encoding="utf-8")
+    assert model.count(EP_SWITCH) == 1
+    (package / "model.py").write_text(model.replace(EP_SWITCH, "self.ep_enabled = False"), encoding="utf-8")
+    result = _validate_cli(package, tmp_path / "qwen3-moe", "--ep", "2")
     assert result.exit_code == 2, result.output
     assert "does not implement expert parallelism" in result.output

@@ -1,6 +1,8 @@
 """Research on a tiny GptOssForCausalLM checkpoint gives the gpt_oss
-reference's own spec (an empty diff), so the planner picks gpt_oss with no
-codemod; experts that compute a plain SwiGLU still differ from it on
+reference's own spec on every field it reads evidence for (the router dtype,
+which it does not read, keeps the spec's float32 default: the port takes
+``float32-router``, as ``tests/moe/spec_steps.py`` says), so the planner picks
+gpt_oss with no other codemod; experts that compute a plain SwiGLU still differ from it on
 ``mlp.glu``, which no codemod realizes, so they keep qwen3_moe."""
 
 from __future__ import annotations
@@ -14,13 +16,19 @@ from autoport_cst.cli import cli
 from autoport_cst.plan import load_plan
 from autoport_cst.research import choose_reference, research
 from autoport_cst.spec import diff_specs
+from tests.moe.spec_steps import declared_changes
 
 
 def test_research_gives_the_reference_spec(tiny_gpt_oss):
     found = research(str(tiny_gpt_oss))
     assert found.unknown == ()
     assert found.spec.unsupported is None
-    assert diff_specs(load_reference("gpt_oss").spec, found.spec) == []
+    reference = load_reference("gpt_oss").spec
+    diffs = diff_specs(reference, found.spec)
+    # every field research reads evidence for agrees with the reference; the
+    # rest are the ones research takes the spec's defaults for (the router dtype)
+    assert [d for d in diffs if found.decision(d.path) is not None] == []
+    assert {d.path for d in diffs} == declared_changes(found.spec, reference)
     mlp = found.spec.mlp
     assert (mlp.glu, mlp.activation, mlp.glu_alpha, mlp.glu_limit, mlp.bias) == (
         "clamped_swiglu",
@@ -36,7 +44,8 @@ def test_planner_chooses_gpt_oss_without_codemods(tiny_gpt_oss):
     found = research(str(tiny_gpt_oss))
     choice = choose_reference(found.spec, "gpt_oss_port", found.architecture)
     assert choice.chosen == "gpt_oss" and choice.realizable
-    assert choice.candidate("gpt_oss").code_changes == ()
+    reference = load_reference("gpt_oss").spec
+    assert set(choice.candidate("gpt_oss").code_changes) == declared_changes(found.spec, reference)
     # from the MoE reference without expert parallelism the clamped SwiGLU blocks the port
     assert "mlp.glu" in choice.candidate("qwen3_moe").blocking
 

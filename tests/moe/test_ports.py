@@ -7,6 +7,10 @@ applied from the example plans, validate against transformers.
 | qwen2_moe | add-qkv-bias, remove-qk-norm, shared-experts (gated)     | Qwen2MoeForCausalLM |
 | dots1     | router-activation (sigmoid), routing-bias, shared-experts | Dots1ForCausalLM |
 
+Each plan asks for a float32 router (``moe.router_dtype``); the reference
+keeps it in the model dtype, so each port also takes ``float32-router``
+(``spec_steps.py``).
+
 ``moe.norm_topk_prob`` is read from the config at run time (Qwen2-MoE: off;
 Mixtral, which has no such key: the config dataclass default, on; dots1: on).
 """
@@ -21,6 +25,7 @@ from autoport_cst.plan import load_plan
 from autoport_cst.validate import validate_model
 
 from .conftest import EXAMPLES, hub_layout
+from .spec_steps import declared_steps
 
 STEPS = 8
 TARGETS = {"mixtral": "tiny_mixtral", "qwen2_moe": "tiny_qwen2_moe", "dots1": "tiny_dots1"}
@@ -41,8 +46,12 @@ TARGETS = {"mixtral": "tiny_mixtral", "qwen2_moe": "tiny_qwen2_moe", "dots1": "t
 )
 def test_plans_compose_from_the_moe_codemods(plan, steps, by_config):
     loaded = load_plan(EXAMPLES / f"{plan}.plan.json")
-    composition = compose(loaded, load_reference(loaded.reference))
-    assert [s.id for s in composition.steps] == steps
+    reference = load_reference(loaded.reference)
+    composition = compose(loaded, reference)
+    # the listed steps, and those the plan's declared router dtype asks of this reference
+    declared = declared_steps(loaded.spec, reference.spec)
+    renames = [s for s in steps if s == "rename-classes"]
+    assert [s.id for s in composition.steps] == renames + sorted(set(steps) - set(renames) | declared)
     assert [d.path for d in composition.by_config] == by_config
 
 
