@@ -11,7 +11,7 @@ under the output root that holds ``vllm_neuron/``. The record::
       "options": {}}, ...]}
 
 A run on a tiny checkpoint built here records the checkpoint's
-``config.json`` and the seed of its random weights (rebuilt byte for byte
+``config.json`` and the seed of its random weights (rebuilt tensor for tensor
 anywhere); a run on any other checkpoint records its directory
 (``checkpoint_dir``) and config. ``options`` holds the other arguments of
 ``validate_model`` the run was given (layouts, prefill, KV-cache dtype).

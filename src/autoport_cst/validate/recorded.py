@@ -2,7 +2,7 @@
 
 The record (``validated.json``, format in ``autoport_cst.validation_record``)
 lists the runs a port was validated on. A run on a tiny checkpoint is
-rebuilt byte for byte: ``build_tiny_checkpoint`` of the recorded config with
+rebuilt tensor for tensor: ``build_tiny_checkpoint`` of the recorded config with
 every dimension kept and the recorded weights seed. A run on another
 checkpoint uses the recorded directory, while it still holds the recorded
 config.
