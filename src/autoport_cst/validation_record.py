@@ -7,11 +7,12 @@ The test of port ``<name>`` is ``test/vllm_neuron/model/<name>/test_<name>_logit
 under the output root that holds ``vllm_neuron/``. The record::
 
     {"version": 1, "runs": [{"label": "tp1-fp32", "config": {...config.json...},
-      "weights_seed": 0, "tp": 1, "ep": 1, "dtype": "fp32", "steps": 16, "seed": 0,
-      "options": {}}, ...]}
+      "weights_seed": 0, "key_format": "model", "tp": 1, "ep": 1, "dtype": "fp32",
+      "steps": 16, "seed": 0, "options": {}}, ...]}
 
 A run on a tiny checkpoint built here records the checkpoint's
-``config.json`` and the seed of its random weights (rebuilt tensor for tensor
+``config.json``, the seed of its random weights and how it names its tensors
+(``key_format``; rebuilt tensor for tensor
 anywhere); a run on any other checkpoint records its directory
 (``checkpoint_dir``) and config. ``options`` holds the other arguments of
 ``validate_model`` the run was given (layouts, prefill, KV-cache dtype).
@@ -73,10 +74,27 @@ def run_record(
     record: dict[str, Any] = {"label": label or default, "config": config}
     if weights_seed is not None:
         record["weights_seed"] = weights_seed
+        record["key_format"] = key_format_of(directory)
     else:
         record["checkpoint_dir"] = str(directory.resolve())
     record.update(tp=tp, ep=ep, dtype=dtype, steps=steps, seed=seed, options=options)
     return record
+
+
+KEY_FORMAT = "key_format"  # the safetensors metadata entry of a tiny checkpoint (validate.tiny.KEY_FORMAT)
+
+
+def key_format_of(directory: Path) -> str:
+    """How a tiny checkpoint names its tensors (``"model"`` or ``"saved"``),
+    from its safetensors header; ``"model"`` when it does not say."""
+    for path in sorted(directory.glob("*.safetensors")):
+        with path.open("rb") as stream:
+            size = int.from_bytes(stream.read(8), "little")
+            header = json.loads(stream.read(size))
+        value = header.get("__metadata__", {}).get(KEY_FORMAT)
+        if value in ("model", "saved"):
+            return value
+    return "model"
 
 
 def load_runs(test_dir: str | Path) -> list[dict[str, Any]]:

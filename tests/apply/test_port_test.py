@@ -101,6 +101,22 @@ def test_a_recorded_tiny_checkpoint_is_rebuilt_tensor_for_tensor(tmp_path):
     assert original.keys() == again.keys() and all(torch.equal(original[k], again[k]) for k in original)
 
 
+def test_a_tiny_checkpoint_in_the_saved_key_format_is_rebuilt_in_it(tmp_path):
+    from autoport_cst.validate import build_tiny_checkpoint
+    from autoport_cst.validate.recorded import CheckpointCache
+    from autoport_cst.validate.tiny import KEY_FORMAT
+    from autoport_cst.validation_record import KEY_FORMAT as RECORDED_KEY_FORMAT
+
+    assert RECORDED_KEY_FORMAT == KEY_FORMAT
+    saved = build_tiny_checkpoint(
+        "GPTNeoXForCausalLM", tmp_path / "saved", seed=2, key_format="saved"
+    ).directory
+    run = run_record(saved, tp=1, dtype="fp32", steps=2, seed=0, weights_seed=2)
+    assert run["key_format"] == "saved"
+    rebuilt = CheckpointCache(tmp_path / "cache").get(run)
+    assert tensors(rebuilt).keys() == tensors(saved).keys()
+
+
 def tensors(checkpoint: Path) -> dict:
     from safetensors.torch import load_file
 

@@ -3,7 +3,7 @@
 The record (``validated.json``, format in ``autoport_cst.validation_record``)
 lists the runs a port was validated on. A run on a tiny checkpoint is
 rebuilt tensor for tensor: ``build_tiny_checkpoint`` of the recorded config with
-every dimension kept and the recorded weights seed. A run on another
+every dimension kept, the recorded weights seed and key format. A run on another
 checkpoint uses the recorded directory, while it still holds the recorded
 config.
 """
@@ -63,7 +63,13 @@ def rebuild_checkpoint(run: dict[str, Any], outdir: Path) -> Path:
     source.mkdir(parents=True, exist_ok=True)
     (source / "config.json").write_text(json.dumps(config), encoding="utf-8")
     kept = {k: v for k, v in config.items() if k in TINY_DIMENSIONS and isinstance(v, int)}
-    built = build_tiny_checkpoint(source / "config.json", outdir / "checkpoint", run["weights_seed"], kept)
+    built = build_tiny_checkpoint(
+        source / "config.json",
+        outdir / "checkpoint",
+        run["weights_seed"],
+        kept,
+        key_format=run.get("key_format", "model"),
+    )
     rebuilt = json.loads((built.directory / "config.json").read_text(encoding="utf-8"))
     differing = sorted(k for k in config if rebuilt.get(k) != config[k])
     if differing:
