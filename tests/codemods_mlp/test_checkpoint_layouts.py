@@ -71,11 +71,12 @@ def test_in_out_checkpoint_tensors_load_untransposed(tp, ports, conv1d_checkpoin
 def test_transposing_in_out_tensors_is_caught(ports, conv1d_checkpoint):
     """The pitfall: the usual transposing loaders on [in, out] tensors. The
     tiny model's MLP is square-free ([128, 64] vs [64, 128]), so the shapes
-    disagree and loading stops with the parameter's name."""
-    from autoport_cst.errors import InputError
-
-    with pytest.raises(InputError, match="up_proj_weight|down_proj_weight"):
-        validate_model(ports.build(conv1d_plan(False)), conv1d_checkpoint, tp=1, dtype="fp32", steps=2)
+    disagree and loading stops with the parameter's name: the checkpoint is
+    valid, so the port is wrong (exit 1), not the input."""
+    report = validate_model(ports.build(conv1d_plan(False)), conv1d_checkpoint, tp=1, dtype="fp32", steps=2)
+    assert not report.equivalent and report.exit_code == 1
+    assert report.failure.stage == "load"
+    assert "up_proj_weight" in report.failure.message or "down_proj_weight" in report.failure.message
 
 
 def test_fused_loaders_split_by_rank():
