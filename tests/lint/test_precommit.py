@@ -15,15 +15,20 @@ throw-away store (with pip: tens of seconds each).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from .conftest import CLEAN, ROOT, VIOLATING
+
+# the pre-commit of the running environment, whether or not its bin/ is on PATH
+PRE_COMMIT = [sys.executable, "-m", "pre_commit"]
 
 pytestmark = pytest.mark.pre_commit
 
@@ -82,7 +87,7 @@ def _snapshot(target: Path) -> None:
 
 
 def test_precommit_hooks_fail_on_a_violation_and_pass_on_clean_code(tmp_path):
-    if shutil.which("pre-commit") is None or shutil.which("git") is None:
+    if importlib.util.find_spec("pre_commit") is None or shutil.which("git") is None:
         pytest.skip("pre-commit and git are needed (pip install pre-commit)")
     hooks = tmp_path / "hooks"
     hooks.mkdir()
@@ -110,7 +115,7 @@ def test_precommit_hooks_fail_on_a_violation_and_pass_on_clean_code(tmp_path):
 
     def pre_commit(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            ["pre-commit", *args], cwd=project, env=env, capture_output=True, text=True, timeout=900
+            [*PRE_COMMIT, *args], cwd=project, env=env, capture_output=True, text=True, timeout=900
         )
 
     failing = pre_commit("run", "--files", "vllm_neuron/model/bad.py")  # the documented configuration

@@ -7,6 +7,7 @@ violating file and is silent on a clean one."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -18,6 +19,9 @@ import pytest
 import yaml
 
 from .conftest import CLEAN, ROOT, VIOLATING
+
+# the pre-commit of the running environment, whether or not its bin/ is on PATH
+PRE_COMMIT = [sys.executable, "-m", "pre_commit"]
 
 PUBLISHED = {hook["id"]: hook for hook in yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())}
 PLACEHOLDERS = {"<URL or path of your copy of autoport-cst>", "<full commit SHA of that copy>"}
@@ -52,13 +56,13 @@ def test_shown_config_is_valid_and_names_published_hooks(where, text, tmp_path):
                 assert hook["types_or"] == published["types_or"], where
         if repo["repo"] != "local":
             assert {repo["repo"], repo["rev"]} <= PLACEHOLDERS, f"{where}: {repo['repo']} @ {repo['rev']}"
-    if shutil.which("pre-commit") is None:
+    if importlib.util.find_spec("pre_commit") is None:
         pytest.skip("pre-commit is needed (pip install -e '.[dev]')")
     filled = text.replace("<URL or path of your copy of autoport-cst>", "/path/to/autoport-cst")
     filled = filled.replace("<full commit SHA of that copy>", "0123456789abcdef" * 2 + "01234567")
     (tmp_path / "config.yaml").write_text(filled)
     checked = subprocess.run(
-        ["pre-commit", "validate-config", str(tmp_path / "config.yaml")], capture_output=True, text=True
+        [*PRE_COMMIT, "validate-config", str(tmp_path / "config.yaml")], capture_output=True, text=True
     )
     assert checked.returncode == 0, f"{where}:\n{checked.stdout}{checked.stderr}"
 
@@ -68,7 +72,7 @@ LOCAL = sorted({text for _, text in CONFIGS if "repo: local" in text})
 
 @pytest.mark.parametrize("text", LOCAL)
 def test_shown_local_hook_runs_with_the_real_pre_commit(text, tmp_path):
-    if shutil.which("pre-commit") is None or shutil.which("git") is None:
+    if importlib.util.find_spec("pre_commit") is None or shutil.which("git") is None:
         pytest.skip("pre-commit and git are needed (pip install -e '.[dev]')")
     project = tmp_path / "project"
     model = project / "vllm_neuron" / "model"
@@ -86,7 +90,7 @@ def test_shown_local_hook_runs_with_the_real_pre_commit(text, tmp_path):
     }
     env.pop("AUTOPORT_CST_CACHE_DIR", None)
     result = subprocess.run(
-        ["pre-commit", "run", "--all-files"],
+        [*PRE_COMMIT, "run", "--all-files"],
         cwd=project,
         env=env,
         capture_output=True,
