@@ -288,7 +288,10 @@ def _preload_rank_modules(job: RankJob) -> None:
     from .driver import port_hf_config
     from .standin import checkpoints  # noqa: F401
 
-    port_hf_config(job.checkpoint_dir, _DTYPES[job.dtype_name])
+    try:
+        port_hf_config(job.checkpoint_dir, _DTYPES[job.dtype_name])
+    except Exception:  # noqa: BLE001 - only a warm-up: a rank reports the error in its own terms
+        pass
 
 
 def _raise_first_load_error(ranks: list, directory: Path, world_size: int) -> None:
