@@ -131,6 +131,12 @@ def test_per_layer_types_are_guarded_by_their_entries():
     assert guard.allowed == ("full_attention", "chunked_attention")
     assert guard.refused_entry() == "sliding_attention"
     assert guard.params()["allowed"] == ["full_attention", "chunked_attention"]
+    # absent, the config class derives the list: no default to compare with
+    assert guard.default is None
+    from autoport_cst.transform.library import get_codemod
+
+    step = judge(sliding, chunked).step()
+    get_codemod(step["codemod"]).parse_params(step["params"])  # a valid plan step
 
 
 def test_a_field_read_only_under_another_variation_is_charged_to_that_field():

@@ -79,3 +79,39 @@ def test_a_varied_field_the_port_refuses_by_name_while_building_is_a_refusal():
     assert _refused_field(failed("load", "ValueError: swiglu_alpha 3.404"), changed) is None
     assert _refused_field(failed("build", "ValueError: swiglu_alpha is odd"), changed) is None
     assert _refused_field(SimpleNamespace(failure=None), changed) is None
+
+
+def test_a_guard_check_needs_the_field_and_both_values_named():
+    from autoport_cst.plan.assumptions import Guard
+    from autoport_cst.validate.variants import _check
+
+    def factory_raising(message):
+        class Factory:
+            @staticmethod
+            def from_configs(config, neuron_config):
+                raise ValueError(message)
+
+        return Factory
+
+    bias = Guard("attention_bias", False, False, ("attention.qkv_bias",), True)
+    named = "config field attention_bias is True, but this port was made for attention_bias = False"
+    assert _check(factory_raising(named), {"model_type": "llama"}, bias).refused
+    assert not _check(factory_raising("attention_bias is odd"), {"model_type": "llama"}, bias).refused
+    types = Guard(
+        "layer_types",
+        ["full_attention"],
+        None,
+        ("attention.sliding_window",),
+        ["sliding_attention"],
+        allowed=("full_attention",),
+    )
+    listed = "config field layer_types holds 'sliding_attention', but ... entries in ['full_attention']"
+    assert _check(factory_raising(listed), {"model_type": "llama"}, types).refused
+
+    class Builds:
+        @staticmethod
+        def from_configs(config, neuron_config):
+            return object()
+
+    check = _check(Builds, {"model_type": "llama"}, bias)
+    assert not check.refused and check.message == "the port built the model"

@@ -145,7 +145,8 @@ def _guard(name: str, own: list, under: list) -> Guard | None:
         allowed = tuple(
             dict.fromkeys([*first.value, *(p.varied[-1] for p, _ in own if p.varied[-1] not in bad)])
         )
-        return Guard(name, first.value, first.default, fixes, refused[0][0], allowed)
+        # absent, a list of per-layer types is derived by the config class: not checked
+        return Guard(name, first.value, None, fixes, refused[0][0], allowed)
     return Guard(name, first.value, first.default, fixes, refused[0][0])
 
 

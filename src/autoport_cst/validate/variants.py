@@ -133,7 +133,10 @@ def _check(factory: Any, values: dict[str, Any], guard: Any) -> GuardCheck:
             factory.from_configs(_hf_config(values), None)
     except ValueError as error:
         message = str(error)
-        named = all(text in message for text in (guard.field, repr(guard.varied), repr(guard.value)))
+        # the field and both values; for a list of per-layer types, the entry refused
+        terms = [guard.field, repr(guard.refused_entry())]
+        terms += [repr(guard.value)] if guard.allowed is None else [repr(a) for a in guard.allowed]
+        named = all(text in message for text in terms)
         return GuardCheck(guard.field, guard.varied, guard.value, named, message)
     except Exception as error:  # noqa: BLE001 - the port failed some other way: not a refusal
         return GuardCheck(guard.field, guard.varied, guard.value, False, f"{type(error).__name__}: {error}")
