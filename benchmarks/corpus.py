@@ -117,8 +117,12 @@ def run_one(model_type: str, architecture: str, work: Path, tp2: bool) -> dict:
             row["verdict"] = "does not validate"
             row["detail"] = "; ".join(f"tp{r.tp} {r.dtype}: {r.first_diverging}" for r in bad)
             # beyond the planned config (autoport_cst.port_variants)
-            bad_variants = [f"config variant: {r.first_diverging}" for r in outcome.variant_runs if not r.equivalent]
-            bad_variants += [f"config guard {g.field}: not refused by name" for g in outcome.guards if not g.refused]
+            bad_variants = [
+                f"config variant: {r.first_diverging}" for r in outcome.variant_runs if not r.equivalent
+            ]
+            bad_variants += [
+                f"config guard {g.field}: not refused by name" for g in outcome.guards if not g.refused
+            ]
             row["detail"] = "; ".join([row["detail"], *bad_variants] if row["detail"] else bad_variants)
     except UnrealizableDiffError as error:
         row.update(
