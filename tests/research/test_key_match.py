@@ -112,13 +112,17 @@ HELD_OUT = {
         "mlp.shared_experts": "mlp.shared_mlp",
     },
     "ernie4_5_moe": {"mlp.gate.e_score_correction_bias": "mlp.moe_statics.e_score_correction_bias"},
+    "hunyuan_v1_moe": {
+        "mlp.gate": "mlp.gate.wg",
+        "mlp.shared_experts": "mlp.shared_mlp",
+    },  # the router's projection
     "aria_text": {
         "mlp.gate": "mlp.router",
         "mlp.experts.gate_up_proj": "mlp.experts.fc1.weight",
         "mlp.experts.down_proj": "mlp.experts.fc2.weight",
     },
 }
-PER_EXPERT = {"hy_v3", "ernie4_5_moe"}
+PER_EXPERT = {"hy_v3", "ernie4_5_moe", "hunyuan_v1_moe"}
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,7 @@ def moe_names(code: CodeAnalysis, num_experts: int | None) -> tuple[int, dict[st
             if r.startswith("model.layers.")
         ]
     if len(routers) == 1:
-        names[ROUTER] = routers[0][len(at) :]
+        names[ROUTER] = _router_projection(code, routers[0])[len(at) :]
     for path, role in code.roles.items():
         rest = path[len(block) + 1 :] if path.startswith(block + ".") else None
         if rest is None or "." in rest:
@@ -82,6 +82,19 @@ def moe_names(code: CodeAnalysis, num_experts: int | None) -> tuple[int, dict[st
         elif role == "linear" and _shape(code.expected.get(f"{path}.weight"))[:1] == (1,):
             names[SHARED_GATE] = path[len(at) :]
     return layer, names
+
+
+def _router_projection(code: CodeAnalysis, router: str) -> str:
+    """The module holding the router's weight: the router itself, or its one
+    projection child (Hunyuan's ``gate.wg``)."""
+    if f"{router}.weight" in code.expected:
+        return router
+    children = [
+        k[: -len(".weight")]
+        for k, shape in code.expected.items()
+        if k.startswith(router + ".") and k.endswith(".weight") and len(_shape(shape)) == 2
+    ]
+    return children[0] if len(children) == 1 else router
 
 
 def moe_wanted(code: CodeAnalysis, layer: int, names: dict[str, str], routing_bias: bool, experts: int):
