@@ -7,6 +7,7 @@ stores them); the port must read only the copies, untransposed."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -81,8 +82,10 @@ def test_in_out_projections_load_untransposed(tmp_path, in_out_checkpoint):
 
 def test_out_in_loaders_on_in_out_tensors_do_not_load(tmp_path, in_out_checkpoint):
     """The same keys read with the usual transposing loaders: the tiny model's
-    K/V and MLP projections are not square, so loading stops."""
-    from autoport_cst.errors import InputError
-
-    with pytest.raises(InputError, match="k_proj|v_proj|gate_proj|up_proj|down_proj"):
-        validate_model(build(tmp_path, "out_in"), in_out_checkpoint, tp=1, dtype="fp32", steps=2)
+    K/V and MLP projections are not square, so loading stops. The checkpoint
+    is valid (transformers loads it): the port fails at load (exit 1), naming
+    the parameter, not the input."""
+    report = validate_model(build(tmp_path, "out_in"), in_out_checkpoint, tp=1, dtype="fp32", steps=2)
+    assert not report.equivalent and report.exit_code == 1
+    assert report.failure.stage == "load"
+    assert re.search("k_proj|v_proj|gate_proj|up_proj|down_proj", report.failure.message)

@@ -102,6 +102,23 @@ PORTS = {
 }
 
 
+# Ports that the tiny checkpoints with every kind of layer (issue 15) show wrong;
+# strict: the day they validate, the mark must go.
+KNOWN_WRONG = {
+    "Cohere2ForCausalLM": "its full-attention layers take no RoPE; the port rotates them (layers.3.attention)",
+    "FlintForCausalLM": "its layers after the first two are MoE; the research plans a dense model and is refused",
+}
+
+
+def _ports() -> list:
+    return [
+        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_WRONG[name]))
+        if name in KNOWN_WRONG
+        else name
+        for name in sorted(PORTS)
+    ]
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("coverage-dense")
@@ -111,7 +128,7 @@ def snake(architecture: str) -> str:
     return "port_" + "".join(c for c in architecture.removesuffix("ForCausalLM").lower() if c.isalnum())
 
 
-@pytest.mark.parametrize("architecture", sorted(PORTS))
+@pytest.mark.parametrize("architecture", _ports())
 def test_port_validates(architecture, workdir):
     source = workdir / f"{architecture}-src"
     build_tiny_checkpoint(architecture, source, seed=0)
@@ -147,7 +164,8 @@ def test_gemma3_with_both_layer_types_validates(workdir):
     default RoPE at base 1e4, full-attention layers with linear scaling (factor
     8) at base 1e6 (the tiny config of the corpus has sliding layers only)."""
     source = workdir / "gemma3-mixed-src"
-    build_tiny_checkpoint("Gemma3ForCausalLM", source, seed=0)
+    # two layers, one of each type (the default tiny Gemma 3 has six: five sliding, one full)
+    build_tiny_checkpoint("Gemma3ForCausalLM", source, seed=0, dimensions={"num_hidden_layers": 2})
     config = json.loads((source / "config.json").read_text(encoding="utf-8"))
     config["layer_types"] = ["sliding_attention", "full_attention"]
     config["rope_parameters"]["full_attention"] = {
