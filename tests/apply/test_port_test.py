@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from autoport_cst.apply.port_test import port_test_source
 from autoport_cst.cli import cli
 from autoport_cst.validation_record import (
     load_runs,
@@ -52,8 +53,10 @@ def pytest_in(out: Path, *args: str) -> str:
 
 
 def test_the_tests_of_two_ports_collect_side_by_side(tmp_path):
-    apply("qwen2.plan.json", tmp_path)
-    apply("mistral.plan.json", tmp_path)
+    for name, architecture in (("qwen2", "Qwen2ForCausalLM"), ("mistral", "MistralForCausalLM")):
+        path = tmp_path / port_test_path(name)
+        path.parent.mkdir(parents=True)
+        path.write_text(port_test_source(name, architecture))
     output = pytest_in(tmp_path, "--collect-only", "-q")
     assert "test_qwen2_logits.py::test_logits_match_transformers[nothing-recorded]" in output
     assert "test_mistral_logits.py::test_logits_match_transformers[nothing-recorded]" in output
@@ -86,15 +89,15 @@ def test_a_recorded_tiny_checkpoint_is_rebuilt_tensor_for_tensor(tmp_path):
 
     from autoport_cst.validate.recorded import CheckpointCache
 
-    base = tiny("Gemma2ForCausalLM", tmp_path / "base", seed=0)
+    base = tiny("LlamaForCausalLM", tmp_path / "base", seed=0)
     config = json.loads((base / "config.json").read_text())
-    config["query_pre_attn_scalar"] = 32  # a field the default config has otherwise
+    config["rms_norm_eps"] = 1e-3  # a field the default config has otherwise
     (tmp_path / "varied").mkdir()
     (tmp_path / "varied" / "config.json").write_text(json.dumps(config))
     dims = {k: config[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads")}
     validated = tiny(tmp_path / "varied" / "config.json", tmp_path / "validated", seed=7, **dims)
     run = run_record(validated, tp=1, dtype="fp32", steps=2, seed=0, weights_seed=7)
-    assert run["config"]["query_pre_attn_scalar"] == 32
+    assert run["config"]["rms_norm_eps"] == 1e-3
     rebuilt = CheckpointCache(tmp_path / "cache").get(run)
     assert json.loads((rebuilt / "config.json").read_text()) == run["config"]
     original, again = tensors(validated), tensors(rebuilt)
@@ -125,6 +128,8 @@ def tensors(checkpoint: Path) -> dict:
 
 def test_validate_records_only_beside_a_port_test(tmp_path):
     apply("qwen2.plan.json", tmp_path)
+    written = (tmp_path / port_test_path("qwen2")).read_text()
+    assert written == port_test_source("qwen2", "Qwen2ForCausalLM")
     package = tmp_path / "vllm_neuron/model/qwen2"
     assert port_test_dir_of(package) == (tmp_path / port_test_path("qwen2")).parent
     assert port_test_dir_of(ROOT / "reference_models" / "llama3") is None
