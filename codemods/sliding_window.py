@@ -10,8 +10,10 @@ import libcst as cst
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.attention import add_functions, calls_in, place_setting
+from autoport_cst.transform.backbone_masks import window_backbone_masks
 from autoport_cst.transform.config_fields import add_config_fields
 from autoport_cst.transform.cst_helpers import (
+    classes_with_role,
     code_of,
     dotted,
     find_self_assignment,
@@ -21,6 +23,7 @@ from autoport_cst.transform.cst_helpers import (
     parse_statement,
     parse_statements,
     rewrite,
+    self_assignment,
     statements,
     walk,
     with_comment,
@@ -157,7 +160,11 @@ class SlidingWindow(Codemod):
       context-parallel mask (``local_filled_slots=``) ignores the window, so
       that path raises when the layer slides; a mask kept in a dict for the
       next layers (``meta[KEY] = mask`` ... ``meta.get(KEY)``) is keyed by
-      the window too.
+      the window too; a mask the decode method takes from its caller (the
+      real MoE backbone builds the step's mask once, in a module function
+      without a window) becomes one mask per window of the layers, still
+      built once per step, each layer handed the mask of its window
+      (``autoport_cst.transform.backbone_masks``).
 
     ``get_kv_spec``: each ``LayerSpec`` gets ``sliding_window_size`` from its
     layer's attention (every file that has one; a file with a causal-LM
@@ -541,9 +548,12 @@ class SlidingWindow(Codemod):
             return add_config_fields(module, ctx, ID, fields)
         edits: dict = {}
         self._helpers: set[str] = set()
+        self._outside_masks: list[KernelSite] = []
         attention = attention_classes_in(module, ctx, ID)
         for cls in attention:
             self._attention_edits(cls, module, ctx, edits)
+        if self._outside_masks:
+            self._backbone_mask_edits(module, attention, ctx, edits)
         self._kv_spec_edits(module, ctx, edits)
         module = rewrite(module, edits)
         if self.params.layers == "all":
@@ -634,6 +644,10 @@ class SlidingWindow(Codemod):
             raise ctx.precondition(
                 f"{ID}: no NF.gen_attention_decode_mask(...) call in {site.where(cls)}", site.method, module
             )
+        given = argument(site.call, "attention_mask")
+        params = {p.name.value for p in site.method.params.params}
+        if not masks and isinstance(given, cst.Name) and given.value in params:
+            self._outside_masks.append(site)  # a mask its caller built (the backbone, once per step)
         for mask in masks:
             if id(mask) not in done:
                 done.add(id(mask))
@@ -669,6 +683,39 @@ class SlidingWindow(Codemod):
         start = parse_expr("start_pos", module)
         edits[id(mask)] = lambda updated: set_keyword(updated, "start_pos", start)
         insert_before(edits, holder, new_statements)
+
+    def _backbone_mask_edits(self, module, attention, ctx, edits) -> None:
+        """Decode masks handed to the attention by its caller: the backbone's
+        mask built once per step becomes one per window
+        (``autoport_cst.transform.backbone_masks``); a mask already built
+        with a window is left alone."""
+        names = {cls.name.value for cls in attention}
+        attrs = {
+            pair[0]
+            for layer in classes_with_role(module, "decoder_layer")
+            for node in walk(layer)
+            if isinstance(node, cst.SimpleStatementLine)
+            and (pair := self_assignment(node)) is not None
+            and isinstance(pair[1], cst.Call)
+            and dotted(pair[1].func) in names
+        }
+        if len(attrs) != 1:
+            site = self._outside_masks[0]
+            raise ctx.precondition(
+                f"{ID}: {site.method.name.value} takes its decode mask from its caller, and no decoder layer "
+                f"of this file holds the attention under one name (found {sorted(attrs)})",
+                site.method,
+                module,
+            )
+        windowed = window_backbone_masks(module, attrs.pop(), edits, ctx, ID)
+        if not windowed and not any(calls_in(f, "NF.gen_attention_decode_mask") for f in module.body):
+            site = self._outside_masks[0]
+            raise ctx.precondition(
+                f"{ID}: {site.method.name.value} takes its decode mask from its caller, and nothing in this "
+                "file builds it (NF.gen_attention_decode_mask)",
+                site.method,
+                module,
+            )
 
     def _kv_spec_edits(self, module: cst.Module, ctx: FileContext, edits: dict) -> None:
         specs = [n for n in walk(module) if isinstance(n, cst.Call) and dotted(n.func) == "LayerSpec"]

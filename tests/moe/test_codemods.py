@@ -205,6 +205,32 @@ def test_dense_layers_refuses_a_wrapper_signature_it_has_no_dense_class_for():
     assert "(hidden_states, positions, is_decode, rank)" in message
 
 
+def test_sliding_window_makes_the_backbone_mask_one_per_window():
+    """The reference's backbone builds one decode mask per step, without a
+    window, for every layer: once layers slide, it builds one per window of
+    the layers (still once per step) and hands each layer its own."""
+    from .moe_sources import reference_source
+
+    params = {"layers": "per_layer"}
+    output = apply("sliding-window", params, reference_source())
+    assert apply("sliding-window", params, output) == output
+    assert (
+        "def _precompute_decode_attn_mask(attn_metadata, positions: torch.Tensor, q_heads: int, "
+        "window: int | None = None)" in output
+    )
+    assert (
+        "start_pos = torch.clamp(positions.reshape(1, local_batch * new_tokens).to(torch.float32) - (window - 1)"
+        in output
+    )
+    assert "start_pos=start_pos," in output
+    assert (
+        "attn_mask = {window: _precompute_decode_attn_mask(attn_metadata, positions, "
+        "self.layers[0].self_attn.num_q_heads_after_a2a, window) for window in "
+        "{layer.self_attn.sliding_window for layer in self.layers}}" in output
+    )
+    assert "attn_mask=None if attn_mask is None else attn_mask[layer.self_attn.sliding_window]," in output
+
+
 def test_config_edits_commute():
     from .conftest import QWEN3_MOE
 

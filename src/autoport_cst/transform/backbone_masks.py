@@ -1,0 +1,198 @@
+"""Decode masks the backbone builds once per step, made per attention window.
+
+The real packages' MoE backbone (qwen3_moe) builds the step's decode mask
+once, in a module function that calls ``NF.gen_attention_decode_mask`` with
+no window (``start_pos=None``), and hands the same mask to every layer
+(``layer(..., attn_mask=attn_mask)``). Once layers slide, one mask no longer
+fits them all. ``window_backbone_masks`` makes it one mask per window of the
+layers, still built once per step (as the gpt_oss package builds a sliding
+and a full one):
+
+- the mask function takes ``window`` (None: full attention) and masks the
+  prior positions before ``p - window + 1`` (``start_pos``);
+- the backbone builds ``{window: <mask function>(..., window) for window in
+  {layer.<attention>.sliding_window for layer in self.layers}}``;
+- each layer gets the mask of its window.
+
+A mask function that already passes a ``start_pos`` is left alone.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from autoport_cst.transform.arguments import set_keyword
+from autoport_cst.transform.attention import calls_in
+from autoport_cst.transform.cst_helpers import (
+    code_of,
+    dotted,
+    is_none,
+    keyword_arg,
+    parse_expr,
+    parse_statements,
+    walk,
+    with_comment,
+)
+from autoport_cst.transform.kernels import innermost_statement, insert_before
+
+MASK_KERNEL = "NF.gen_attention_decode_mask"
+WINDOW_PARAM = "window"
+START_POS = """
+start_pos = None
+if window is not None:
+    start_pos = torch.clamp({positions} - (window - 1), min=0)
+"""
+START_COMMENT = "<-- MODEL-SPECIFIC: sliding window: mask prior positions before p - window + 1"
+MASKS_COMMENT = (
+    "<-- MODEL-SPECIFIC: sliding window: one decode mask per window of the layers, built once per step"
+)
+
+
+def mask_functions(module: cst.Module) -> list[cst.FunctionDef]:
+    """Module-level functions that build a decode mask without a window."""
+    found = []
+    for stmt in module.body:
+        if not isinstance(stmt, cst.FunctionDef):
+            continue
+        for mask in calls_in(stmt, MASK_KERNEL):
+            start = keyword_arg(mask, "start_pos")
+            if start is None or is_none(start.value):
+                found.append(stmt)
+                break
+    return found
+
+
+def window_backbone_masks(module: cst.Module, attention_attr: str, edits: dict, ctx, codemod_id: str) -> bool:
+    """Record the edits that make the backbone's decode masks per window;
+    False when no module function builds a mask without a window."""
+    functions = mask_functions(module)
+    if not functions:
+        return False
+    for function in functions:
+        _function_edits(function, module, ctx, edits, codemod_id)
+        callers = [
+            (cls, call)
+            for cls in module.body
+            if isinstance(cls, cst.ClassDef)
+            for call in walk(cls)
+            if isinstance(call, cst.Call) and dotted(call.func) == function.name.value
+        ]
+        if not callers:
+            raise ctx.precondition(
+                f"{codemod_id}: the decode mask of {function.name.value} is built by no class of this file",
+                function,
+                module,
+            )
+        for cls, call in callers:
+            _backbone_edits(cls, call, attention_attr, module, ctx, edits, codemod_id)
+    return True
+
+
+def _function_edits(function: cst.FunctionDef, module, ctx, edits, codemod_id) -> None:
+    """``window`` parameter; ``start_pos`` from it on each windowless mask."""
+    params = function.params
+    if any(p.name.value == WINDOW_PARAM for p in params.params):
+        raise ctx.precondition(
+            f"{codemod_id}: {function.name.value} already takes a {WINDOW_PARAM!r} it does not mask with",
+            function,
+            module,
+        )
+    param = cst.Param(
+        name=cst.Name(WINDOW_PARAM),
+        annotation=cst.Annotation(parse_expr("int | None", module)),
+        default=cst.Name("None"),
+        equal=cst.AssignEqual(cst.SimpleWhitespace(" "), cst.SimpleWhitespace(" ")),
+    )
+    edits[id(params)] = lambda updated, param=param: _append_param(updated, param)
+    start = parse_expr("start_pos", module)
+    for mask in calls_in(function, MASK_KERNEL):
+        positions = keyword_arg(mask, "pos_ids")
+        if positions is None:
+            raise ctx.precondition(
+                f"{codemod_id}: {MASK_KERNEL} in {function.name.value} has no pos_ids= argument", mask, module
+            )
+        new = parse_statements(START_POS.format(positions=code_of(positions.value)).strip("\n"), module)
+        new[0] = with_comment(new[0], START_COMMENT)
+        edits[id(mask)] = lambda updated: set_keyword(updated, "start_pos", start)
+        insert_before(edits, innermost_statement(function, mask), new)
+
+
+def _append_param(params: cst.Parameters, param: cst.Param) -> cst.Parameters:
+    existing = list(params.params)
+    if existing and existing[-1].comma is cst.MaybeSentinel.DEFAULT:
+        existing[-1] = existing[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return params.with_changes(params=[*existing, param])
+
+
+def _backbone_edits(cls: cst.ClassDef, call: cst.Call, attention_attr: str, module, ctx, edits, codemod_id):
+    """``M = mask(...)`` -> one mask per window; ``layer(..., attn_mask=M)``
+    inside the loop over ``self.layers`` -> the mask of the layer's window."""
+    where = cls.name.value
+    assignment = next(
+        (
+            node
+            for node in walk(cls)
+            if isinstance(node, cst.Assign) and node.value is call and len(node.targets) == 1
+        ),
+        None,
+    )
+    target = dotted(assignment.targets[0].target) if assignment is not None else None
+    if target is None or "." in target:
+        raise ctx.precondition(
+            f"{codemod_id}: {where} does not keep its decode mask in a local (mask = {code_of(call.func)}(...))",
+            call,
+            module,
+        )
+    loops = [
+        loop
+        for loop in walk(cls)
+        if isinstance(loop, cst.For) and "self.layers" in code_of(loop.iter) and _layer_name(loop) is not None
+    ]
+    uses = [
+        (loop, arg)
+        for loop in loops
+        for node in walk(loop.body)
+        if isinstance(node, cst.Call)
+        for arg in node.args
+        if arg.keyword is not None and dotted(arg.value) == target
+    ]
+    if not uses:
+        raise ctx.precondition(
+            f"{codemod_id}: {where} hands its decode mask {target} to no layer of a loop over self.layers",
+            call,
+            module,
+        )
+    windows = f"{{layer.{attention_attr}.sliding_window for layer in self.layers}}"
+    args = ", ".join(
+        [
+            *(f"{a.keyword.value}={code_of(a.value)}" if a.keyword else code_of(a.value) for a in call.args),
+            WINDOW_PARAM,
+        ]
+    )
+    per_window = parse_expr(
+        f"{{{WINDOW_PARAM}: {code_of(call.func)}({args}) for {WINDOW_PARAM} in {windows}}}", module
+    )
+    edits[id(call)] = lambda updated, per_window=per_window: per_window
+    holder = next(s for s in walk(cls) if isinstance(s, cst.SimpleStatementLine) and assignment in s.body)
+    comment = cst.EmptyLine(comment=cst.Comment(f"# {MASKS_COMMENT}"))
+    edits[id(holder)] = lambda updated, comment=comment: updated.with_changes(
+        leading_lines=[*updated.leading_lines, comment]
+    )
+    for loop, arg in uses:
+        layer = _layer_name(loop)
+        chosen = parse_expr(
+            f"None if {target} is None else {target}[{layer}.{attention_attr}.sliding_window]", module
+        )
+        edits[id(arg)] = lambda updated, chosen=chosen: updated.with_changes(value=chosen)
+
+
+def _layer_name(loop: cst.For) -> str | None:
+    """The loop variable holding the layer: ``layer`` of ``for layer in
+    self.layers`` or of ``for i, layer in enumerate(self.layers)``."""
+    target = loop.target
+    if isinstance(target, cst.Name):
+        return target.value
+    if isinstance(target, cst.Tuple) and len(target.elements) == 2:
+        second = target.elements[1].value
+        return second.value if isinstance(second, cst.Name) else None
+    return None
