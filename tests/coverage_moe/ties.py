@@ -19,16 +19,15 @@ port's bf16 verdict stays "not equivalent"; the test only shows why.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from autoport_cst.validate import validate_model
-from autoport_cst.validate.compare import _ref_rows
 from autoport_cst.validate.metrics import R_RATIO_TOLERANCE
 from autoport_cst.validate.reference import greedy_teacher, load_reference, run_reference
-from autoport_cst.validate.scenario import Scenario
+from tests.moe.report_rows import aligned as _aligned
+from tests.moe.report_rows import scenario_of
 
 TIE_MARGIN = 1e-2  # gap between the k-th and (k+1)-th expert score (float32 reference)
 
@@ -55,8 +54,9 @@ def _router(block: torch.nn.Module, hidden: int):
     return weight, bias
 
 
-def _margins(model, scenario, teacher, activation: str, top_k: int) -> dict[int, dict[str, torch.Tensor]]:
-    """layer -> phase -> the float32 reference's top-k margin of each compared row."""
+def _margins(model, scenario, teacher, activation: str, top_k: int) -> dict[int, list[torch.Tensor]]:
+    """layer -> per sequence, the float32 reference's top-k margin of each
+    position ([positions, 1], in the layout of the reference's records)."""
     hidden = model.config.hidden_size
     inputs: dict[int, list[torch.Tensor]] = {}
     handles = []
@@ -95,9 +95,7 @@ def _margins(model, scenario, teacher, activation: str, top_k: int) -> dict[int,
                 scores = scores + bias.detach().float().reshape(-1)
             ordered = scores.sort(dim=-1, descending=True).values
             rows.append((ordered[:, top_k - 1] - ordered[:, top_k]).unsqueeze(-1))
-        found[index] = {
-            phase: _ref_rows(rows, scenario, phase).reshape(-1) for phase in ("prefill", "decode")
-        }
+        found[index] = rows
     return found
 
 
@@ -121,11 +119,7 @@ def bf16_failure_is_a_routing_tie(
     (raises AssertionError otherwise); returns what was found."""
     report = validate_model(package_dir, checkpoint, dtype="bf16", steps=steps)
     assert not report.equivalent
-    vocab = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))["vocab_size"]
-    settings = report.settings
-    scenario = Scenario.build(
-        vocab, 1, steps, tuple(settings["prompt_lengths"]), settings["block_size"], settings["seed"]
-    )
+    scenario = scenario_of(report, checkpoint, steps)
     model32 = load_reference(checkpoint, torch.float32)
     teacher = greedy_teacher(model32, scenario.prompts, steps)
     margins = _margins(model32, scenario, teacher, activation, top_k)
@@ -135,30 +129,36 @@ def bf16_failure_is_a_routing_tie(
     first = report.first_diverging
     assert first is not None, report.summary()
     layer_of = {f"layers.{i}.mlp": i for i in margins}
+    port_output = report.port_output
     phases = [first.phase] if first.phase in ("prefill", "decode") else ["prefill", "decode"]
     worst_phase, worst, worst_error, ties = None, -1, -1.0, None
     for phase in phases:
-        port = _port_rows(report.port_output, first.component, phase)
-        f = _ref_rows(_reference(ref32, first.component), scenario, phase).double()
-        error = (port - f).norm(dim=-1)
+        port = _port_rows(port_output, first.component, phase)
+        f = _aligned(_reference(ref32, first.component), first.component, scenario, phase, port_output)
+        error = (port - f).double().norm(dim=-1)
         if float(error.max()) > worst_error:
             worst_phase, worst, worst_error = phase, int(error.argmax()), float(error.max())
     # near ties of the layers up to the failing one (all of them for a later component)
     upstream = [i for i in margins if first.component not in layer_of or i <= layer_of[first.component]]
-    ties = torch.zeros_like(margins[upstream[0]][worst_phase], dtype=torch.bool)
+    gaps = {
+        i: _aligned(margins[i], first.component, scenario, worst_phase, port_output).reshape(-1)
+        for i in upstream
+    }
+    ties = torch.zeros_like(gaps[upstream[0]], dtype=torch.bool)
     for i in upstream:
-        ties |= margins[i][worst_phase] < TIE_MARGIN
+        ties |= gaps[i] < TIE_MARGIN
     assert bool(ties[worst]), (
         f"{first.component} ({worst_phase}): the worst token {worst} has clear expert choices "
-        f"(smallest top-k margin {min(float(margins[i][worst_phase][worst]) for i in upstream):.3g}); "
+        f"(smallest top-k margin {min(float(gaps[i][worst]) for i in upstream):.3g}); "
         f"{report.summary()}"
     )
     note = f"{first.component} ({worst_phase}): worst token {worst} is one of {int(ties.sum())} near tie(s)"
     if first.component in layer_of:
-        port = _port_rows(report.port_output, first.component, worst_phase)
-        f = _ref_rows(_reference(ref32, first.component), scenario, worst_phase).double()
-        b = _ref_rows(_reference(ref16, first.component), scenario, worst_phase).double()
+        port = _port_rows(port_output, first.component, worst_phase)
+        f = _aligned(_reference(ref32, first.component), first.component, scenario, worst_phase, port_output)
+        b = _aligned(_reference(ref16, first.component), first.component, scenario, worst_phase, port_output)
         kept = ~ties
+        f, b = f.double(), b.double()
         r_ratio = ((port - f)[kept].norm() / ((b - f)[kept].norm() + 1e-12)).item()
         assert r_ratio < R_RATIO_TOLERANCE, (
             f"{first.component} ({worst_phase}): R-ratio {r_ratio:.3g} without the near-tie tokens; "

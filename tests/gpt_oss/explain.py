@@ -27,16 +27,16 @@ It raises AssertionError when neither holds.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from autoport_cst.validate.compare import _ref_logits, _ref_rows, prefill_spans
 from autoport_cst.validate.metrics import R_RATIO_TOLERANCE
 from autoport_cst.validate.reference import greedy_teacher, load_reference, run_reference
 from autoport_cst.validate.report import ValidationReport
 from autoport_cst.validate.scenario import Scenario
+from tests.moe.report_rows import aligned as _aligned
+from tests.moe.report_rows import scenario_of
 
 TIE_MARGIN = 1e-2  # gap between the k-th and (k+1)-th expert score (float32 reference)
 ISOLATION_TOKENS = 40
@@ -49,16 +49,6 @@ def _port_rows(output, name: str, phase: str) -> torch.Tensor:
     else:
         rows = (output.prefill_records if phase == "prefill" else output.decode_records)[name]
     return torch.cat(rows).double()
-
-
-def _aligned(reference: list[torch.Tensor], name: str, scenario: Scenario, phase: str, port) -> torch.Tensor:
-    """``reference`` (per sequence, per position) in the order of the port's
-    compared rows of ``name``, as the validator aligns them: the positions
-    each prefill call computed (components) or sampled (logits), and each
-    sequence's row of every decode step."""
-    if name == "logits":
-        return _ref_logits(reference, scenario, phase, port).double()
-    return _ref_rows(reference, scenario, phase, prefill_spans(port, scenario)).double()
 
 
 def _ref(output, name: str, scenario: Scenario, phase: str, port) -> torch.Tensor:
@@ -247,16 +237,7 @@ def explain_bf16_failure(report: ValidationReport, package_dir: Path, checkpoint
     module docstring); returns the explanation, raises AssertionError if the
     failure is neither a routing near-tie nor propagated rounding."""
     assert not report.equivalent and report.failure is None, report.summary()
-    vocab = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))["vocab_size"]
-    settings = report.settings
-    scenario = Scenario.build(
-        vocab,
-        settings["tp"],
-        steps,
-        tuple(settings["prompt_lengths"]),
-        settings["block_size"],
-        settings["seed"],
-    )
+    scenario = scenario_of(report, checkpoint, steps)
     model32 = load_reference(checkpoint, torch.float32)
     teacher = greedy_teacher(model32, scenario.prompts, steps)
     margins = _margins(model32, scenario, teacher)

@@ -12,10 +12,14 @@ sequence in one forward, so its row for a position is simply that position.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from . import metrics as M
 from .driver import PortOutput
+from .kernel_precision import POLICY
 from .reference import ReferenceOutput
 from .report import Divergence
 from .scenario import Scenario
@@ -142,6 +146,61 @@ def compare_logits(
         greedy_rows.append(rows)
         greedy_tokens.append(list(teacher[seq]) + [last])
     return M.logit_metrics(target, expected, f, b, positions, greedy_rows, greedy_tokens, dtype)
+
+
+@dataclass
+class Comparison:
+    """The port against one pair of baselines (fp32, and bf16 or none)."""
+
+    components: list[M.ComponentMetrics]
+    not_compared: list[str]
+    logits: M.LogitMetrics
+    equivalent: bool
+    first: Divergence | None
+    failed: list[str]
+
+
+def compare_all(
+    port: PortOutput,
+    ref32: ReferenceOutput,
+    ref16: ReferenceOutput | None,
+    scenario: Scenario,
+    teacher: list[list[int]],
+    dtype: str,
+) -> Comparison:
+    components, not_compared = compare_components(port, ref32, ref16, scenario, dtype)
+    logits = compare_logits(port, ref32, ref16, scenario, teacher, dtype)
+    equivalent, first, failed = verdict(components, logits)
+    return Comparison(components, not_compared, logits, equivalent, first, failed)
+
+
+def compare_bf16_baselines(
+    port: PortOutput,
+    ref32: ReferenceOutput,
+    eager: ReferenceOutput,
+    kernel_precision: Callable[[], ReferenceOutput | str],
+    scenario: Scenario,
+    teacher: list[list[int]],
+) -> tuple[Comparison, dict]:
+    """A bf16 port against transformers' eager bf16 run and, only when it
+    fails there, against transformers at the kernels' precision policy
+    (``kernel_precision()`` runs it, or returns why it cannot). Every gate is
+    the same against either baseline; the port validates when it passes
+    every gate against one of them. Returns the comparison reported (the
+    policy's when that passes, else the eager one) and which baseline was
+    used, with the other's failed checks."""
+    eager_result = compare_all(port, ref32, eager, scenario, teacher, "bf16")
+    if eager_result.equivalent:
+        return eager_result, {"used": "eager"}
+    policy = kernel_precision()
+    if isinstance(policy, str):
+        return eager_result, {"used": "eager", "kernel_precision": {"unavailable": policy}}
+    policy_result = compare_all(port, ref32, policy, scenario, teacher, "bf16")
+    if policy_result.equivalent:
+        used = {"used": "kernel_precision", "policy": POLICY}
+        return policy_result, {**used, "eager": {"failed_checks": eager_result.failed}}
+    failed = {"failed_checks": policy_result.failed}
+    return eager_result, {"used": "eager", "kernel_precision": failed}
 
 
 def verdict(

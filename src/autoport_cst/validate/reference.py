@@ -31,11 +31,12 @@ class ReferenceOutput:
     records: dict[str, list[torch.Tensor]]
 
 
-def load_reference(checkpoint_dir: str | Path, dtype: torch.dtype) -> Any:
+def load_reference(checkpoint_dir: str | Path, dtype: torch.dtype, attn_implementation: str = "eager") -> Any:
     """The checkpoint's own architecture class (its config's
     ``architectures``; ``AutoModelForCausalLM`` when transformers has no such
     class), refusing a checkpoint with missing or mismatched tensors
-    (transformers would initialise them randomly)."""
+    (transformers would initialise them randomly). Attention is eager unless
+    ``attn_implementation`` names another registered with transformers."""
     import transformers
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -57,7 +58,7 @@ def load_reference(checkpoint_dir: str | Path, dtype: torch.dtype) -> Any:
         loaded: Any = model_class.from_pretrained(
             str(checkpoint_dir),
             dtype=dtype,
-            attn_implementation="eager",
+            attn_implementation=attn_implementation,
             output_loading_info=True,
         )
         model, info = loaded

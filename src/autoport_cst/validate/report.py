@@ -50,6 +50,9 @@ class ValidationReport:
     tolerances: dict[str, Any] = field(default_factory=dict)
     environment: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    # bf16 only: the transformers bf16 baseline the verdict used ("eager", or "kernel_precision"
+    # when the port fails against eager and passes against transformers at the kernels' precision)
+    bf16_baseline: dict[str, Any] | None = None
     version: int = REPORT_VERSION
     kind: str = REPORT_KIND
     # In memory only (not in the JSON report): the port's logits and component
@@ -62,6 +65,13 @@ class ValidationReport:
 
     def summary(self) -> str:
         if self.equivalent:
+            if (self.bf16_baseline or {}).get("used") == "kernel_precision":
+                return (
+                    "equivalent within tolerances against transformers at the kernels' precision policy "
+                    "(not against eager bf16: "
+                    + ", ".join(self.bf16_baseline["eager"]["failed_checks"])
+                    + ")"
+                )
             return "equivalent within tolerances"
         if self.failure is not None:
             return f"not equivalent: the port failed at {self.failure.stage}: {self.failure.message}"
