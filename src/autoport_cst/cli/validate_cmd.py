@@ -12,6 +12,7 @@ imported), 130 interrupted.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -200,26 +201,25 @@ def validate_command(
     require_extra("validate")
     from autoport_cst.validate.api import validate_model
 
+    # what is run, and what the port's logit test reruns
+    run: dict[str, Any] = dict(
+        tp=tp,
+        ep=ep,
+        dtype=dtype,
+        steps=steps,
+        seed=seed,
+        prefill=prefill,
+        kv_cache_dtype=kv_cache_dtype,
+        attention_dp=attention_dp,
+        mlp_dp=mlp_dp,
+        embedding_dp=embedding_dp,
+        lm_head_dp=lm_head_dp,
+        dcp=dcp,
+        dcp_interleave=dcp_interleave,
+        prefill_dcp=prefill_dcp,
+    )
     with StageProgress("validate") as progress:
-        report = validate_model(
-            model_dir,
-            checkpoint_dir,
-            tp=tp,
-            dtype=dtype,
-            steps=steps,
-            seed=seed,
-            on_stage=progress.stage,
-            ep=ep,
-            prefill=prefill,
-            kv_cache_dtype=kv_cache_dtype,
-            attention_dp=attention_dp,
-            mlp_dp=mlp_dp,
-            embedding_dp=embedding_dp,
-            lm_head_dp=lm_head_dp,
-            dcp=dcp,
-            dcp_interleave=dcp_interleave,
-            prefill_dcp=prefill_dcp,
-        )
+        report = validate_model(model_dir, checkpoint_dir, on_stage=progress.stage, **run)
 
     if json_path is not None:
         write_atomic(json_path, report.to_json())
@@ -227,24 +227,7 @@ def validate_command(
     if report.equivalent:  # the port's logit test reruns what it was validated on
         from autoport_cst.validation_record import record_beside
 
-        recorded = record_beside(
-            model_dir,
-            checkpoint_dir,
-            tp=tp,
-            ep=ep,
-            dtype=dtype,
-            steps=steps,
-            seed=seed,
-            prefill=prefill,
-            kv_cache_dtype=kv_cache_dtype,
-            attention_dp=attention_dp,
-            mlp_dp=mlp_dp,
-            embedding_dp=embedding_dp,
-            lm_head_dp=lm_head_dp,
-            dcp=dcp,
-            dcp_interleave=dcp_interleave,
-            prefill_dcp=prefill_dcp,
-        )
+        recorded = record_beside(model_dir, checkpoint_dir, **run)
         if recorded is not None:
             stdout_console().print(f"recorded for the port's logit test: {recorded}", style="dim")
     sys.exit(report.exit_code)
@@ -330,7 +313,7 @@ def print_report(report) -> None:
     if report.not_compared:
         console.print("not compared: " + escape(", ".join(report.not_compared)))
     if report.equivalent:
-        console.print("[bold green]EQUIVALENT[/] within tolerances")
+        console.print(f"[bold green]EQUIVALENT[/] {escape(report.summary().removeprefix('equivalent '))}")
     else:
         console.print(
             f"[bold red]NOT EQUIVALENT[/]: {escape(report.summary().removeprefix('not equivalent: '))}"

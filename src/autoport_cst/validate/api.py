@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,6 +30,7 @@ from autoport_cst.research.parallelism import tp_refusal
 
 from . import compare
 from .driver import PREFILL_MODES, PortFailure, PortOutput, PortSession, port_hf_config
+from .kernel_precision import PolicyUnavailable, run_kernel_precision_reference
 from .layout import ParallelLayout, check_layout
 from .package import PortImportError, check_package_dir, imported_package
 from .reference import ReferenceOutput, greedy_teacher, load_reference, run_reference
@@ -213,48 +215,22 @@ def _validate(
     package_dir, checkpoint, config = _check_inputs(model_dir, checkpoint_dir, tp, dtype, ep)
     layout = layout or ParallelLayout(tp=tp, ep=ep)
     check_layout(layout, config, MAX_TP)
-    prefill = _check_prefill(prefill, kv_cache_dtype)
+    run = _RunOptions(dtype, _check_prefill(prefill, kv_cache_dtype), kv_cache_dtype)
     notify = on_stage or (lambda _stage: None)
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    architecture = (config.get("architectures") or [None])[0]
-    vocab_size = config.get("vocab_size")
-    if not isinstance(vocab_size, int) or vocab_size < 2:
-        raise InputError(f"{checkpoint / 'config.json'}: no usable vocab_size")
-    if block_size is None:
-        block_size = segment_block_size(_sliding_windows(config) + _context_parallel_blocks(layout))
-    _check_interleave(layout, block_size)
-    if prompt_lengths is None and layout.dp > len(DEFAULT_PROMPT_LENGTHS):
-        prompt_lengths = default_prompt_lengths(tp, layout.dp)
-    scenario = Scenario.build(
-        vocab_size, tp, steps, prompt_lengths, block_size, seed, cache_paths=cache_paths_fit(tp)
-    )
-    settings = {
-        "tp": tp,
-        "ep": ep,
-        "dtype": dtype,
-        "steps": steps,
-        "prompt_lengths": list(scenario.prompt_lengths),
-        "block_size": scenario.layout.block_size,
-        "blocks_per_seq": scenario.layout.blocks_per_seq,
-        "seed": seed,
-        "prefill": prefill,
-        "kv_cache_dtype": kv_cache_dtype,
-    }
-    if layout.disaggregated:
-        settings["layout"] = layout.describe()
+    scenario = _scenario(config, checkpoint, layout, tp, steps, prompt_lengths, block_size, seed)
     report = ValidationReport(
         model_dir=str(package_dir),
         checkpoint_dir=str(checkpoint),
-        architecture=architecture,
+        architecture=(config.get("architectures") or [None])[0],
         factory=None,
-        settings=settings,
+        settings=_settings(run, layout, steps, seed, scenario),
         equivalent=False,
         tolerances=compare.tolerances(dtype),
     )
     reference = _ReferenceRun(checkpoint, scenario, steps, notify, timings)
     try:
-        run = _RunOptions(dtype, prefill, kv_cache_dtype)
         if layout.world == 1:
             port, teacher, factory_name, standin = _run_in_process(
                 package_dir, checkpoint, run, scenario, notify, reference, timings
@@ -265,12 +241,10 @@ def _validate(
             )
     except PortFailure as failure:
         report.failure = PortFailureInfo(failure.stage, failure.message)
-        report.failed_checks = [f"port failed at {failure.stage}"]
-        report.timings = _finish(timings, started)
-        return report
     except PortImportError as error:
         report.failure = PortFailureInfo("import", str(error))
-        report.failed_checks = ["port failed at import"]
+    if report.failure is not None:
+        report.failed_checks = [f"port failed at {report.failure.stage}"]
         report.timings = _finish(timings, started)
         return report
 
@@ -283,26 +257,83 @@ def _validate(
     }
     notify("compare")
     start = time.perf_counter()
-    components, not_compared = compare.compare_components(
-        port, reference.outputs["fp32"], reference.outputs.get("bf16"), scenario, dtype
-    )
-    logits = compare.compare_logits(
-        port, reference.outputs["fp32"], reference.outputs.get("bf16"), scenario, teacher, dtype
-    )
-    equivalent, first, failed = compare.verdict(components, logits)
-    report.equivalent = equivalent
-    report.first_diverging = first
-    report.failed_checks = failed
-    report.components = [vars(c) for c in components]
-    report.not_compared = not_compared
-    report.unused_checkpoint_keys = list(port.unexpected_keys)
-    report.logits = vars(logits)
+    _compare(report, port, reference, scenario, teacher, dtype)
     timings["compare"] = time.perf_counter() - start
     for key, value in port.timings.items():
         timings[f"port_{key}"] = value
     report.timings = _finish(timings, started)
     report.port_output = port
     return report
+
+
+def _scenario(
+    config: dict,
+    checkpoint: Path,
+    layout: ParallelLayout,
+    tp: int,
+    steps: int,
+    prompt_lengths: tuple[int, ...] | None,
+    block_size: int | None,
+    seed: int,
+) -> Scenario:
+    """The prompts, steps and KV cache layout of the run."""
+    vocab_size = config.get("vocab_size")
+    if not isinstance(vocab_size, int) or vocab_size < 2:
+        raise InputError(f"{checkpoint / 'config.json'}: no usable vocab_size")
+    if block_size is None:
+        block_size = segment_block_size(_sliding_windows(config) + _context_parallel_blocks(layout))
+    _check_interleave(layout, block_size)
+    if prompt_lengths is None and layout.dp > len(DEFAULT_PROMPT_LENGTHS):
+        prompt_lengths = default_prompt_lengths(tp, layout.dp)
+    return Scenario.build(
+        vocab_size, tp, steps, prompt_lengths, block_size, seed, cache_paths=cache_paths_fit(tp)
+    )
+
+
+def _settings(
+    run: _RunOptions, layout: ParallelLayout, steps: int, seed: int, scenario: Scenario
+) -> dict[str, Any]:
+    """The report's ``settings``: what was run."""
+    settings: dict[str, Any] = {
+        "tp": layout.tp,
+        "ep": layout.ep,
+        "dtype": run.dtype,
+        "steps": steps,
+        "prompt_lengths": list(scenario.prompt_lengths),
+        "block_size": scenario.layout.block_size,
+        "blocks_per_seq": scenario.layout.blocks_per_seq,
+        "seed": seed,
+        "prefill": run.prefill,
+        "kv_cache_dtype": run.kv_cache_dtype,
+    }
+    if layout.disaggregated:
+        settings["layout"] = layout.describe()
+    return settings
+
+
+def _compare(
+    report: ValidationReport,
+    port: PortOutput,
+    reference: _ReferenceRun,
+    scenario: Scenario,
+    teacher: list[list[int]],
+    dtype: str,
+) -> None:
+    """The port's outputs against the reference's, into ``report``."""
+    fp32, bf16 = reference.outputs["fp32"], reference.outputs.get("bf16")
+    if dtype == "bf16" and bf16 is not None:
+        result, report.bf16_baseline = compare.compare_bf16_baselines(
+            port, fp32, bf16, lambda: reference.kernel_precision(teacher), scenario, teacher
+        )
+    else:
+        result = compare.compare_all(port, fp32, bf16, scenario, teacher, dtype)
+    report.equivalent = result.equivalent
+    report.first_diverging = result.first
+    report.failed_checks = result.failed
+    report.components = [vars(c) for c in result.components]
+    report.not_compared = result.not_compared
+    report.unused_checkpoint_keys = list(port.unexpected_keys)
+    report.logits = vars(result.logits)
 
 
 @dataclass
@@ -336,6 +367,17 @@ class _ReferenceRun:
         del model16
         self.timings["reference_bf16"] = time.perf_counter() - start
         return teacher
+
+    def kernel_precision(self, teacher: list[list[int]]) -> ReferenceOutput | str:
+        """transformers in bf16 at the kernels' precision policy (the second
+        bf16 baseline), or why the model has none."""
+        start = time.perf_counter()
+        try:
+            return run_kernel_precision_reference(self.checkpoint, self.scenario.prompts, teacher)
+        except PolicyUnavailable as reason:
+            return str(reason)
+        finally:
+            self.timings["reference_bf16_kernel_precision"] = time.perf_counter() - start
 
     def then_port(self) -> list[list[int]]:
         """The reference runs, then the port's stage begins (the ranks run
