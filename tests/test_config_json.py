@@ -50,6 +50,10 @@ def test_configs_transformers_writes_are_read(tmp_path: Path, model_type: str) -
     assert _values(config_object(load_config_values(directory / "config.json"))) == expected
     config, _architecture = tiny_config(directory / "config.json")
     assert _values(config) == expected
+    # the configs a port is checked on beyond its own (validate.variants)
+    from autoport_cst.validate.variants import _hf_config, read_values
+
+    assert _values(_hf_config(read_values(directory))) == expected
 
 
 def _values(config) -> dict:

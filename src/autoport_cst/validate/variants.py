@@ -17,12 +17,12 @@ fields a port reads at run time and which it guards):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoport_cst.config_json import config_object, load_config_values
 from autoport_cst.research.config_dependence import can_vary, varied_value, with_field
 
 
@@ -40,8 +40,9 @@ class GuardCheck:
 
 
 def read_values(checkpoint_dir: str | Path) -> dict[str, Any]:
-    """The config.json values of a checkpoint directory."""
-    return json.loads((Path(checkpoint_dir) / "config.json").read_text(encoding="utf-8"))
+    """The config.json values of a checkpoint directory (read as transformers
+    reads them: ``config_json``)."""
+    return load_config_values(Path(checkpoint_dir) / "config.json")
 
 
 def variant_values(
@@ -72,14 +73,12 @@ def build_variant_checkpoint(
     import torch
     import transformers
     from safetensors.torch import save_file
-    from transformers import AutoConfig
 
     from autoport_cst.atomic import atomic_output
 
     from .tiny import KEY_FORMAT, _perturb_constant_tensors, in_key_format, write_config_json
 
-    settings = {k: v for k, v in values.items() if k not in ("model_type", "transformers_version")}
-    config = AutoConfig.for_model(values["model_type"], **settings)
+    config = config_object({k: v for k, v in values.items() if k != "transformers_version"})
     architecture = (values.get("architectures") or [None])[0]
     model_class = getattr(transformers, architecture or "", None)
     if model_class is None:
@@ -146,11 +145,8 @@ def _check(factory: Any, values: dict[str, Any], guard: Any) -> GuardCheck:
 def _hf_config(values: dict[str, Any]) -> Any:
     """The ``PretrainedConfig`` the engine would hand over, or the values
     themselves when transformers refuses the varied value."""
-    from transformers import AutoConfig
-
-    settings = {k: v for k, v in values.items() if k not in ("model_type", "transformers_version")}
     try:
-        return AutoConfig.for_model(values["model_type"], **settings)
+        return config_object({k: v for k, v in values.items() if k != "transformers_version"})
     except Exception:  # noqa: BLE001 - the config class validates the value
         return values
 
