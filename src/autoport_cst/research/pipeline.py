@@ -3,7 +3,8 @@ cross-check that decides the spec, parameter count, TP/EP and pitfalls."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from autoport_cst.research.checkpoint import CheckpointHeader, checkpoint_findings, pattern, read_checkpoint
@@ -38,9 +39,15 @@ class Research:
     checkpoint_files: tuple[str, ...]
     # the header's tensor key patterns (layer indices as *): what a port may load
     checkpoint_keys: tuple[str, ...] = ()
-    # the config fields the code reads and what varying each changes (None:
-    # no transformers configuration to vary, or no analysis of the code)
-    config_dependence: ConfigDependence | None = None
+    # what config_dependence varies (probe_config's arguments), None: nothing to vary
+    dependence_inputs: tuple | None = field(default=None, repr=False, compare=False)
+
+    @cached_property
+    def config_dependence(self) -> ConfigDependence | None:
+        """The config fields the code reads and what varying each changes
+        (None: no transformers configuration to vary, or no analysis of the
+        code), researched on first use: a plan needs it, not every caller."""
+        return probe_config(*self.dependence_inputs) if self.dependence_inputs else None
 
     def finding(self, name: str, source: str | None = None) -> Finding | None:
         for f in reversed(self.findings):
@@ -93,7 +100,7 @@ def research_resolved(resolved: ResolvedSource) -> Research:
     notes = pitfalls(spec, findings, decision.conflicts, decision.unknown, parallel)
     dependence = None
     if config_obj is not None and code.config_reads:
-        dependence = probe_config(raw, config_obj, config_path, modeling, architecture, code.config_reads)
+        dependence = (raw, config_obj, config_path, modeling, architecture, code.config_reads)
     return Research(
         source=resolved.label,
         model_type=cfg.model_type,
@@ -108,8 +115,10 @@ def research_resolved(resolved: ResolvedSource) -> Research:
         pitfalls=tuple(notes),
         modeling_source=str(modeling.path),
         checkpoint_files=header.files if header is not None else (),
-        checkpoint_keys=tuple(sorted({pattern(name) for name in header.tensors})) if header is not None else (),
-        config_dependence=dependence,
+        checkpoint_keys=tuple(sorted({pattern(name) for name in header.tensors}))
+        if header is not None
+        else (),
+        dependence_inputs=dependence,
     )
 
 
@@ -161,7 +170,7 @@ def to_data(value: Any) -> Any:
     import dataclasses
 
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_data(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: to_data(getattr(value, f.name)) for f in dataclasses.fields(value) if f.repr}
     if isinstance(value, (list, tuple)):
         return [to_data(v) for v in value]
     if isinstance(value, dict):
