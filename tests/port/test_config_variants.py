@@ -115,3 +115,23 @@ def test_a_guard_check_needs_the_field_and_both_values_named():
 
     check = _check(Builds, {"model_type": "llama"}, bias)
     assert not check.refused and check.message == "the port built the model"
+
+
+def test_port_says_what_the_checks_beyond_the_planned_config_found():
+    from types import SimpleNamespace
+
+    from autoport_cst.port import PortOutcome, ValidationRun
+    from autoport_cst.port_variants import config_check_lines
+    from autoport_cst.validate.variants import GuardCheck
+
+    outcome = PortOutcome("gemma2", "Gemma2ForCausalLM", runs=[SimpleNamespace(equivalent=True)])
+    outcome.variant = {"query_pre_attn_scalar": [16, 32]}
+    outcome.variant_runs = [ValidationRun(1, "fp32", False, "rel_error 0.3", "layers.0.attention", None, 1.0)]
+    outcome.guards = [
+        GuardCheck("attention_bias", True, False, True, "config field attention_bias is True, ...")
+    ]
+    variant, guard = config_check_lines(outcome)
+    assert "query_pre_attn_scalar 16 -> 32" in variant and "NOT equivalent: rel_error 0.3" in variant
+    assert guard == "config guard: attention_bias = True (made for False): refused"
+    assert not outcome.validated  # the variant run counts
+    assert outcome.to_dict()["variant"] == {"query_pre_attn_scalar": [16, 32]}

@@ -81,3 +81,19 @@ def test_a_config_with_many_layers_is_probed_on_fewer(tiny):
         "attention.qkv_bias",
         "attention.o_bias",
     }
+
+
+def test_plan_says_which_config_values_the_port_will_refuse(tiny, tmp_path):
+    from click.testing import CliRunner
+
+    from autoport_cst.cli import cli
+
+    out = tmp_path / "gemma2.plan.json"
+    result = CliRunner().invoke(
+        cli, ["plan", str(tiny.directory("gemma2")), "--name", "gemma2", "-o", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert (
+        "config guards (the port refuses other values): attention_bias = False, "
+        "hidden_activation = 'gelu_pytorch_tanh'" in " ".join(result.output.split())
+    )

@@ -101,6 +101,15 @@ def plan_command(source: str, name: str, output: Path, ref: str | None, review: 
             stderr_console().print(f"using the edited plan {answer}")
     write_atomic(output, json.dumps(data, indent=2) + "\n")
     console.print(f"wrote {output} (reference {plan.reference or 'none'}, class prefix {plan.prefix})")
+    for step in plan.steps:  # the assumptions a port of this plan makes (docs/planning.md)
+        if step.codemod == "config-guards":
+            guarded = ", ".join(
+                f"{a['field']} entries in {a['allowed']!r}"
+                if a.get("allowed")
+                else f"{a['field']} = {a['value']!r}"
+                for a in step.params.get("assumed", ())
+            )
+            console.print(f"config guards (the port refuses other values): {guarded}", markup=False)
     blocked = _not_portable(plan, choice, edited)
     if blocked:
         from rich.markup import escape
