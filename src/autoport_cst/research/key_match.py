@@ -26,8 +26,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from autoport_cst.research.keys import TOP_LEVEL
-
 # canonical names of the MoE tensors (the reference's hub layout: Qwen-MoE)
 MOE_BLOCK = "mlp"
 ROUTER = "mlp.gate"
@@ -240,7 +238,3 @@ def _near(item: Wanted, stored: dict, limit: int = 12) -> list[str]:
     if len(keys) > limit:
         shown.append(f"... {len(keys) - limit} more")
     return shown
-
-
-def is_top_level(canonical: str) -> bool:
-    return canonical in TOP_LEVEL
