@@ -36,7 +36,7 @@ def check_config_variants(
     from autoport_cst.plan.plan_file import assumptions_of
     from autoport_cst.validate.variants import guard_checks, read_values, variant_values
 
-    assumptions = assumptions_of(found, outcome.reference)
+    assumptions = assumptions_of(found, _plan_reference(outcome))
     base = read_values(outcome.checkpoint_dir)
     if assumptions.guards:
         stage("config guards")
@@ -60,6 +60,16 @@ def check_config_variants(
         planned, varied = changed[refused]
         outcome.guards.append(GuardCheck(refused, varied, planned, True, report.failure.message))
         fields.remove(refused)
+
+
+def _plan_reference(outcome: Any) -> str | None:
+    """The reference as the written plan names it (a built-in name, or the
+    path given as ``--ref``): the one its guards were judged against."""
+    import json
+
+    if outcome.plan_path is not None and outcome.plan_path.is_file():
+        return json.loads(outcome.plan_path.read_text(encoding="utf-8")).get("reference")
+    return outcome.reference
 
 
 def _refused_field(report: Any, changed: dict) -> str | None:

@@ -97,3 +97,13 @@ def test_plan_says_which_config_values_the_port_will_refuse(tiny, tmp_path):
         "config guards (the port refuses other values): attention_bias = False, "
         "hidden_activation = 'gelu_pytorch_tanh'" in " ".join(result.output.split())
     )
+
+
+def test_a_plan_from_a_reference_directory_named_by_its_manifest_is_still_guarded(tiny):
+    # port --ref <a port's directory> plans with the manifest's name, which no
+    # built-in reference has: nothing counts as read from the config
+    from autoport_cst.plan import from_research
+
+    plan = from_research(tiny.research("gemma2"), "gemma2_again", "my_gemma2_port", "test")
+    (step,) = plan.steps
+    assert {a["field"] for a in step.params["assumed"]} >= {"attention_bias", "hidden_activation"}

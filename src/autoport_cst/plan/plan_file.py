@@ -199,11 +199,17 @@ def assumptions_of(found: Researched, reference: str | None):
     """What a port of ``found`` from ``reference`` assumes about the configs
     it is used with (:mod:`autoport_cst.plan.assumptions`): the guards it
     writes, the fields it reads at run time."""
+    from autoport_cst.errors import InputError
     from autoport_cst.plan.assumptions import config_assumptions
 
     config_driven: dict[str, Any] = {}
     if reference is not None:
         from autoport_cst.apply.reference import load_reference
 
-        config_driven = load_reference(reference).manifest.config_driven
+        try:
+            config_driven = load_reference(reference).manifest.config_driven
+        except InputError:
+            # a reference directory named by its manifest's name: none of its
+            # features counts as read from the config (more guards, never fewer)
+            config_driven = {}
     return config_assumptions(getattr(found, "config_dependence", None), found.spec, config_driven)
