@@ -136,7 +136,7 @@ def _keys(node: ast.expr, variables: dict[str, str]) -> list[str] | None:
         return [text]
     if isinstance(node, (ast.List, ast.Tuple)):
         parts = [_keys(e, variables) for e in node.elts]
-        return None if any(p is None for p in parts) else [k for p in parts for k in p]  # type: ignore[union-attr]
+        return None if any(p is None for p in parts) else [k for p in parts if p is not None for k in p]
     if isinstance(node, ast.ListComp):
         return _keys(node.elt, variables)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):

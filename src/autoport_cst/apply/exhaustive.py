@@ -74,7 +74,8 @@ class StepCensus:
             if unit.module is before.module:
                 sites = [s for v in before.census.sites.values() for s in v if id(s.node) not in unaffected]
             else:
-                after = take_census(unit.module, unit.label, self.families, self.cache)  # type: ignore[arg-type]
+                assert unit.module is not None  # a unit with a census keeps a module
+                after = take_census(unit.module, unit.label, self.families, self.cache)
                 sites = unhandled_sites(before.census, after, set(unaffected))
             for site in sites:
                 line, column = locate(before.module, site.node)

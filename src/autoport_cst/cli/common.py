@@ -18,13 +18,14 @@ import functools
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 import click
 
 from autoport_cst.errors import AutoportError
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 EXIT_OK = 0
 EXIT_FOUND = 1
@@ -64,13 +65,13 @@ def report_error(error: BaseException) -> None:
         console.print(escape(rest))
 
 
-def error_boundary(func: F) -> F:
+def error_boundary(func: Callable[P, R]) -> Callable[P, R]:
     """Turn an AutoportError into one clear message on stderr and exit code 2.
     Ctrl-C and click's own exits pass through (``LazyGroup.invoke`` maps
     them)."""
 
     @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return func(*args, **kwargs)
         except AutoportError as error:
@@ -84,4 +85,4 @@ def error_boundary(func: F) -> F:
                 raise
             sys.exit(EXIT_ERROR)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper

@@ -261,8 +261,8 @@ def _fix_one(path: str, data: bytes, settings: LintSettings, options: RunOptions
         result = fix_source(text, path, settings, unsafe=options.unsafe_fixes)
     except Exception as error:  # noqa: BLE001
         return FileResult(path, error=f"internal error while fixing: {type(error).__name__}: {error}")
-    if options.fix and not options.diff and result.changed:
-        write_atomic(path, result.fixed.encode("utf-8"))  # type: ignore[union-attr]
+    if options.fix and not options.diff and result.changed and result.fixed is not None:
+        write_atomic(path, result.fixed.encode("utf-8"))
     return result
 
 

@@ -44,12 +44,19 @@ def leaf_fields(spec_type: type = ArchSpec, prefix: str = "") -> Iterator[tuple[
         path = f"{prefix}{f.name}"
         role = f.metadata.get("role")
         if role is None:  # a section
-            yield from leaf_fields(f.default_factory, f"{path}.")  # type: ignore[arg-type]
+            yield from leaf_fields(_section_type(f), f"{path}.")
             continue
         yield path, role, f.metadata.get("doc", "")
         inner = _optional_section(hints_of(spec_type)[f.name])
         if inner is not None:  # an optional section (moe): its fields too
             yield from leaf_fields(inner, f"{path}.")
+
+
+def _section_type(f: dataclasses.Field) -> type:
+    """The dataclass of a section field (its default factory)."""
+    section = f.default_factory
+    assert isinstance(section, type)
+    return section
 
 
 def _optional_section(annotation: Any) -> type | None:
@@ -81,7 +88,7 @@ def _diff(ref: Any, tgt: Any, cls: type, prefix: str) -> Iterator[FieldDiff]:
         role = f.metadata.get("role")
         a, b = getattr(ref, f.name), getattr(tgt, f.name)
         if role is None:
-            yield from _diff(a, b, f.default_factory, f"{path}.")  # type: ignore[arg-type]
+            yield from _diff(a, b, _section_type(f), f"{path}.")
         elif dataclasses.is_dataclass(a) and dataclasses.is_dataclass(b):
             # an optional section present on both sides (moe): compare inside
             yield from _diff(a, b, type(a), f"{path}.")

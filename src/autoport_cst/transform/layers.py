@@ -144,7 +144,9 @@ def bias_parameter(
     dims = positional_args(ctor)
     dtype = keyword_arg(ctor, "dtype")
     dtype_code = f", dtype={code_of(dtype.value)}" if dtype is not None else ""
-    param = dotted(self_assignment(weight_stmt)[1].func)  # type: ignore[index,union-attr]
+    pair = self_assignment(weight_stmt)
+    assert pair is not None and isinstance(pair[1], cst.Call)  # as param_ctor found it
+    param = dotted(pair[1].func)
     return parse_statement(
         f"self.{bias_attr} = {param}(torch.zeros({code_of(dims[-1].value)}{dtype_code}))", module
     )

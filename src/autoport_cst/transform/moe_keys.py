@@ -18,6 +18,7 @@ import libcst as cst
 
 from autoport_cst.transform.cst_helpers import code_of, parse_expr, simple_assign, walk
 from autoport_cst.transform.mappings import mapping_entries
+from autoport_cst.transform.vocabulary import string_value
 
 HELPER = "moe_checkpoint_keys"
 ROUTING_BIAS_HELPER = "_routing_bias_key"
@@ -105,4 +106,4 @@ def _static(value, var, canonical, per_expert, count, rename, module) -> cst.Bas
 
 
 def _string(node: cst.BaseExpression) -> str | None:
-    return node.evaluated_value if isinstance(node, cst.SimpleString) else None  # type: ignore[return-value]
+    return string_value(node) if isinstance(node, cst.SimpleString) else None

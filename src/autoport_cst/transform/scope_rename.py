@@ -108,8 +108,8 @@ class _BindingSurvey:
             name = dotted(alias.name)
             if name not in self.names:
                 continue
-            if relative:
-                self.definitions.append(alias.name)  # type: ignore[arg-type]
+            if relative and isinstance(alias.name, cst.Name):
+                self.definitions.append(alias.name)
             if alias.asname is None:
                 self.counts[name] = self.counts.get(name, 0) + 1
                 if relative:

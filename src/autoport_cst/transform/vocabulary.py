@@ -203,8 +203,8 @@ def self_assignment(stmt: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
 def find_self_assignment(func: cst.FunctionDef, attr: str) -> cst.SimpleStatementLine | None:
     for stmt in deep_statements(func):
         found = self_assignment(stmt)
-        if found is not None and found[0] == attr:
-            return stmt  # type: ignore[return-value]
+        if found is not None and found[0] == attr and isinstance(stmt, cst.SimpleStatementLine):
+            return stmt
     return None
 
 

@@ -272,9 +272,9 @@ class NoTensorComputeInInit(Rule):
             return
         what = None
         allocation = False
-        if tensor_call(name):
+        if name is not None and tensor_call(name):
             what = f"`{name}`"
-            allocation = name.rsplit(".", 1)[-1] in ALLOCATIONS  # type: ignore[union-attr]
+            allocation = name.rsplit(".", 1)[-1] in ALLOCATIONS
         elif name is not None and ROPE_INIT.search(name):
             what = f"`{name}(...)`"
         elif isinstance(node.func, cst.Subscript) and (dotted(node.func.value) or "").endswith(

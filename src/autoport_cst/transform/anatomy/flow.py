@@ -166,10 +166,10 @@ def header_code(item: Item, code) -> str:
     """The code an item stands for in a footprint (a compound statement only
     by its header, not its body)."""
     node = item.node
-    if item.header == "for":
-        return f"for {code(node.target)} in {code(node.iter)}"  # type: ignore[attr-defined]
-    if item.header == "with":
-        return "with " + ", ".join(code(i) for i in node.items)  # type: ignore[attr-defined]
+    if item.header == "for" and isinstance(node, cst.For):
+        return f"for {code(node.target)} in {code(node.iter)}"
+    if item.header == "with" and isinstance(node, cst.With):
+        return "with " + ", ".join(code(i) for i in node.items)
     if item.header in ("if", "while"):
         return f"{item.header} {code(node)}"
     return code(node)

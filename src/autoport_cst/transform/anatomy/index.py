@@ -27,10 +27,10 @@ def methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:
 def own_nodes(item: flow.Item) -> list[cst.CSTNode]:
     """The nodes an item stands for (a compound statement only by its header)."""
     node = item.node
-    if item.header == "for":
-        return [node.target, node.iter]  # type: ignore[attr-defined]
-    if item.header == "with":
-        return list(node.items)  # type: ignore[attr-defined]
+    if item.header == "for" and isinstance(node, cst.For):
+        return [node.target, node.iter]
+    if item.header == "with" and isinstance(node, cst.With):
+        return list(node.items)
     return [node]
 
 
@@ -132,7 +132,8 @@ class ModuleIndex:
                 if isinstance(node, cst.SimpleStatementLine):
                     pair = self_assignment(node)
                     for attr in {pair[0] if pair else None, loaded_attr(node)} - {None}:
-                        facts.setters.setdefault(attr, []).append((flat, item))  # type: ignore[arg-type]
+                        if attr is not None:
+                            facts.setters.setdefault(attr, []).append((flat, item))
                 for part in own_nodes(item):
                     for call in self.reads(part).calls:
                         callee = self_attr(call.func)
