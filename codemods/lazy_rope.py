@@ -14,6 +14,7 @@ from autoport_cst.transform.cst_helpers import (
     dotted,
     free_names,
     is_call,
+    is_docstring,
     is_none,
     keyword_arg,
     method,
@@ -384,7 +385,7 @@ class LazyRope(Codemod):
         targets = ", ".join(outputs)
         call = parse_statement(f"{targets} = self.{METHOD}({device})", module)
         body = list(statements(forward))
-        insert_at = 1 if body and _is_docstring(body[0]) else 0
+        insert_at = 1 if body and is_docstring(body[0]) else 0
         body = body[:insert_at] + [call] + [s.visit(_ReadLocal(set(outputs))) for s in body[insert_at:]]
         return with_statements(forward, body)
 
@@ -406,14 +407,6 @@ def _forward_device(forward: cst.FunctionDef) -> str | None:
     if tensor is None:
         return None
     return f"device if device is not None else {tensor}"
-
-
-def _is_docstring(stmt: cst.CSTNode) -> bool:
-    return (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and isinstance(stmt.body[0], cst.Expr)
-        and string_text(stmt.body[0].value) is not None
-    )
 
 
 def _is_tensor_expr(node: cst.CSTNode, tensor_locals: set[str], rope_attrs=()) -> bool:

@@ -13,11 +13,11 @@ from autoport_cst.transform.attention import (
 from autoport_cst.transform.config_fields import add_config_fields
 from autoport_cst.transform.cst_helpers import (
     find_self_assignment,
+    is_docstring,
     parse_statement,
     parse_statements,
     rewrite,
     statements,
-    string_text,
     with_comment,
 )
 from autoport_cst.transform.layers import require_method
@@ -202,14 +202,6 @@ class NopeLayers(Codemod):
             return
         new = parse_statements(IDENTITY.format(embeddings="position_embeddings").strip("\n"), module)
         new[0] = with_comment(new[0], "<-- MODEL-SPECIFIC: no positional embedding: rotate by angle zero")
-        start = 1 if body and _is_docstring(body[0]) else 0
+        start = 1 if body and is_docstring(body[0]) else 0
         target = body[start]
         edits[id(target)] = lambda updated, new=new: cst.FlattenSentinel([*new, updated])
-
-
-def _is_docstring(stmt: cst.BaseStatement) -> bool:
-    return (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and isinstance(stmt.body[0], cst.Expr)
-        and string_text(stmt.body[0].value) is not None
-    )

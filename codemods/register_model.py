@@ -9,6 +9,7 @@ import libcst as cst
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.cst_helpers import (
     dotted,
+    is_docstring,
     parse_expr,
     parse_statement,
     simple_assign,
@@ -143,7 +144,7 @@ class RegisterModel(Codemod):
     def _ensure_import(self, module: cst.Module) -> cst.Module:
         p = self.params
         body = list(module.body)
-        last_import = 0 if body and _is_docstring(body[0]) else -1
+        last_import = 0 if body and is_docstring(body[0]) else -1
         for index, stmt in enumerate(body):
             if isinstance(stmt, cst.SimpleStatementLine) and isinstance(
                 stmt.body[0], (cst.Import, cst.ImportFrom)
@@ -159,18 +160,10 @@ class RegisterModel(Codemod):
                 ):
                     return module
         new = parse_statement(f"from .{p.package} import {p.class_name}", module)
-        if last_import == 0 and _is_docstring(body[0]):  # first import after the docstring
+        if last_import == 0 and is_docstring(body[0]):  # first import after the docstring
             new = new.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
         body.insert(last_import + 1, new)
         return module.with_changes(body=body)
-
-
-def _is_docstring(stmt: cst.CSTNode) -> bool:
-    return (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and isinstance(stmt.body[0], cst.Expr)
-        and string_text(stmt.body[0].value) is not None
-    )
 
 
 def _models_list(module: cst.Module) -> cst.List | None:

@@ -13,6 +13,7 @@ from autoport_cst.transform.attention import add_functions
 from autoport_cst.transform.cst_helpers import (
     code_of,
     ensure_import_from,
+    is_docstring,
     keyword_arg,
     parse_expr,
     parse_statement,
@@ -295,7 +296,7 @@ class RoutingBias(Codemod):
             )
         # first in the method (after its docstring), so that codemods appending loaders commute
         line = parse_statement(f"set_weight_loader(self.{BIAS}, _vector_loader())", module)
-        first = next((st for st in statements(loaders) if not _is_docstring(st)), None)
+        first = next((st for st in statements(loaders) if not is_docstring(st)), None)
         if first is None:
             raise ctx.precondition(
                 f"routing-bias: {name}._setup_weight_loaders has no statement", loaders, module
@@ -399,15 +400,6 @@ class RoutingBias(Codemod):
             ctx,
             after=("router_bias",),
         )
-
-
-def _is_docstring(stmt: cst.CSTNode) -> bool:
-    return (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and len(stmt.body) == 1
-        and isinstance(stmt.body[0], cst.Expr)
-        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )
 
 
 def _chooses_with_bias(survey: moe_edits.ExpertsSurvey) -> bool:

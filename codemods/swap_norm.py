@@ -15,6 +15,7 @@ from autoport_cst.transform.cst_helpers import (
     imported_names,
     insert_after,
     is_call,
+    is_docstring,
     keyword_arg,
     method,
     parse_statement,
@@ -26,7 +27,6 @@ from autoport_cst.transform.cst_helpers import (
     self_assignment,
     self_attr,
     statements,
-    string_text,
     walk,
     with_statements,
 )
@@ -462,7 +462,7 @@ class SwapNorm(Codemod):
         # docstring
         doc = _docstring(kind, bias)
         first = new_norm.body.body[0]
-        if _is_docstring(first):
+        if is_docstring(first):
             new_norm = new_norm.with_changes(
                 body=new_norm.body.with_changes(
                     body=[
@@ -612,14 +612,6 @@ def _has_unit_offset(forward: cst.FunctionDef) -> bool:
             ):
                 return True
     return False
-
-
-def _is_docstring(stmt: cst.CSTNode) -> bool:
-    return (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and isinstance(stmt.body[0], cst.Expr)
-        and string_text(stmt.body[0].value) is not None
-    )
 
 
 def _docstring(kind: str, bias: bool) -> str:

@@ -35,6 +35,7 @@ from autoport_cst.transform import FileContext
 from autoport_cst.transform.cst_helpers import (
     classes_with_role,
     dotted,
+    is_docstring,
     parse_statement,
     self_attr,
     walk,
@@ -511,7 +512,7 @@ def guard_other_model(
         if init is None or not isinstance(init.body, cst.IndentedBlock):
             continue
         body = list(init.body.body)
-        start = 1 if body and _is_docstring(body[0]) else 0
+        start = 1 if body and is_docstring(body[0]) else 0
         if start < len(body) and is_guard(cst.IndentedBlock(body=[body[start]])):
             continue
         stmt = _raise(message, module)
@@ -519,14 +520,6 @@ def guard_other_model(
             body=[*updated.body[:start], stmt, *updated.body[start:]]
         )
     return rewrite(module, edits)
-
-
-def _is_docstring(stmt: cst.BaseStatement) -> bool:
-    return (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and isinstance(stmt.body[0], cst.Expr)
-        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )
 
 
 def _raise(message: str, module: cst.Module) -> cst.BaseStatement:

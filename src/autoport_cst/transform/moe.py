@@ -20,6 +20,7 @@ from autoport_cst.transform.cst_helpers import (
     dotted,
     insert_many_after,
     is_call,
+    is_docstring,
     positional_args,
     preceded_by,
     replace_nodes,
@@ -781,19 +782,7 @@ def add_tensor_names(module: cst.Module, stmt: cst.CSTNode, ctx, codemod_id: str
                 )
             ]
         )
-        body = list(statements(node))
-        first = next(
-            (
-                s
-                for s in body
-                if not (
-                    isinstance(s, cst.SimpleStatementLine)
-                    and isinstance(s.body[0], cst.Expr)
-                    and isinstance(s.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-                )
-            ),
-            None,
-        )
+        first = next((s for s in statements(node) if not is_docstring(s)), None)
         if first is None:  # pragma: no cover - load_weights has statements
             raise ctx.precondition(f"{codemod_id}: {node.name.value} is empty", node, module)
         return rewrite(module, {id(first): preceded_by(line)})
