@@ -97,9 +97,7 @@ def port(
 ) -> PortOutcome:
     """Plan, apply and validate. Raises InputError (bad input) and
     UnrealizableDiffError (a feature no codemod realizes, named)."""
-    from autoport_cst.apply import build_port, load_reference, write_port
-    from autoport_cst.apply.engine import REGISTRY
-    from autoport_cst.plan import from_research, plan_to_json
+    from autoport_cst.apply import load_reference
     from autoport_cst.plan.naming import model_name_problem
     from autoport_cst.research import choose_reference, research
 
@@ -126,11 +124,44 @@ def port(
     refused = refusal(found, choice)
     if refused is not None:
         raise refused
-    attempts: list[tuple[str, PreconditionError]] = []
     outcome.seconds["research"] = time.perf_counter() - start
 
     stage("apply")
     start = time.perf_counter()
+    _apply(outcome, found, choice, source, out, ref, force)
+    outcome.seconds["apply"] = time.perf_counter() - start
+
+    stage("checkpoint")
+    start = time.perf_counter()
+    outcome.checkpoint_dir = _validation_checkpoint(found, out, name, checkpoint, seed)
+    outcome.seconds["checkpoint"] = time.perf_counter() - start
+
+    stage("validate")
+    start = time.perf_counter()
+    _check_validation_tp(outcome, tp)
+    _validation_runs(outcome, checkpoint, tp, steps, seed, stage)
+    outcome.seconds["validate"] = time.perf_counter() - start
+    if outcome.validated:  # then on configs the plan was not made on
+        from autoport_cst.port_variants import check_config_variants
+
+        start = time.perf_counter()
+        check_config_variants(outcome, found, checkpoint, steps, seed, stage)
+        outcome.seconds["variants"] = time.perf_counter() - start
+    _record_validations(outcome, out, checkpoint, steps, seed)
+    return outcome
+
+
+def _apply(
+    outcome: PortOutcome, found: Any, choice: Any, source: str, out: Path, ref: str | None, force: bool
+) -> None:
+    """Write the port and its plan from the first realizable reference whose
+    code has the shape the codemods need (only ``ref`` when given)."""
+    from autoport_cst.apply import build_port, load_reference, write_port
+    from autoport_cst.apply.engine import REGISTRY
+    from autoport_cst.plan import from_research, plan_to_json
+
+    name = outcome.name
+    attempts: list[tuple[str, PreconditionError]] = []
     for reference_name in [ref] if ref else [c.name for c in choice.realizable_in_order()]:
         plan = from_research(
             found,
@@ -166,19 +197,16 @@ def port(
     outcome.plan_path = out / plan_file
     outcome.package_dir = out / result.package_dir
     outcome.steps = [s.codemod for s in result.steps]
-    outcome.seconds["apply"] = time.perf_counter() - start
 
-    stage("checkpoint")
-    start = time.perf_counter()
-    outcome.checkpoint_dir = _validation_checkpoint(found, out, name, checkpoint, seed)
-    outcome.seconds["checkpoint"] = time.perf_counter() - start
 
-    stage("validate")
-    start = time.perf_counter()
+def _validation_runs(
+    outcome: PortOutcome, checkpoint: str, tp: int, steps: int, seed: int, stage: Callable[[str], None]
+) -> None:
+    """TP=1 in fp32 and in bf16, and fp32 at ``tp`` when it is larger; a tiny
+    checkpoint the port cannot load ends the runs (the port's failure)."""
     from autoport_cst.validate import validate_model
 
     runs = [(1, "fp32"), (1, "bf16")] + ([(tp, "fp32")] if tp > 1 else [])
-    _check_validation_tp(outcome, tp)
     for run_tp, dtype in runs:
         stage(f"validate tp={run_tp} {dtype}")
         t0 = time.perf_counter()
@@ -208,15 +236,6 @@ def port(
                 seconds=time.perf_counter() - t0,
             )
         )
-    outcome.seconds["validate"] = time.perf_counter() - start
-    if outcome.validated:  # then on configs the plan was not made on
-        from autoport_cst.port_variants import check_config_variants
-
-        start = time.perf_counter()
-        check_config_variants(outcome, found, checkpoint, steps, seed, stage)
-        outcome.seconds["variants"] = time.perf_counter() - start
-    _record_validations(outcome, out, checkpoint, steps, seed)
-    return outcome
 
 
 def _record_validations(outcome: PortOutcome, out: Path, checkpoint: str, steps: int, seed: int) -> None:

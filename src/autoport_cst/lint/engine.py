@@ -615,9 +615,6 @@ def _known_codes() -> dict[str, str]:
 
 def parse(data: str | bytes, path: str = "<string>") -> tuple[cst.Module | None, Diagnostic | None]:
     """Parse a file; a syntax error (or any parser failure) is a diagnostic."""
-    from autoport_cst.lint.rules import registry
-
-    name = registry()[SYNTAX_ERROR].NAME
     try:
         return cst.parse_module(data), None
     except cst.ParserSyntaxError as error:
@@ -628,49 +625,29 @@ def parse(data: str | bytes, path: str = "<string>") -> tuple[cst.Module | None,
             message = "LibCST cannot parse this file: " + (
                 getattr(error, "message", None) or str(error).splitlines()[0]
             )
-        return None, Diagnostic(
-            path=path,
-            line=line,
-            column=column,
-            end_line=line,
-            end_column=column,
-            code=SYNTAX_ERROR,
-            name=name,
-            message=f"syntax error: {message}",
-        )
+        return None, _syntax_error(path, f"syntax error: {message}", line, column)
     except (UnicodeDecodeError, LookupError) as error:
-        return None, Diagnostic(
-            path=path,
-            line=1,
-            column=1,
-            end_line=1,
-            end_column=1,
-            code=SYNTAX_ERROR,
-            name=name,
-            message=f"cannot decode the file: {error}",
-        )
+        return None, _syntax_error(path, f"cannot decode the file: {error}")
     except (RecursionError, MemoryError) as error:
-        return None, Diagnostic(
-            path=path,
-            line=1,
-            column=1,
-            end_line=1,
-            end_column=1,
-            code=SYNTAX_ERROR,
-            name=name,
-            message=f"cannot parse: {type(error).__name__} (nesting too deep)",
-        )
+        return None, _syntax_error(path, f"cannot parse: {type(error).__name__} (nesting too deep)")
     except Exception as error:  # the native parser reports some failures otherwise
-        return None, Diagnostic(
-            path=path,
-            line=1,
-            column=1,
-            end_line=1,
-            end_column=1,
-            code=SYNTAX_ERROR,
-            name=name,
-            message=f"cannot parse: {type(error).__name__}: {error}",
-        )
+        return None, _syntax_error(path, f"cannot parse: {type(error).__name__}: {error}")
+
+
+def _syntax_error(path: str, message: str, line: int = 1, column: int = 1) -> Diagnostic:
+    """The diagnostic of a file that does not parse."""
+    from autoport_cst.lint.rules import registry
+
+    return Diagnostic(
+        path=path,
+        line=line,
+        column=column,
+        end_line=line,
+        end_column=column,
+        code=SYNTAX_ERROR,
+        name=registry()[SYNTAX_ERROR].NAME,
+        message=message,
+    )
 
 
 def _python_syntax_error(data: str | bytes) -> tuple[int | None, int, str]:

@@ -76,9 +76,7 @@ def fix_source(
     """Fix one file's text. Returns a FileResult with ``original``,
     ``fixed`` (the final text), ``applied`` codemod IDs in order, the
     remaining diagnostics, and ``fix_problems``."""
-    from autoport_cst.errors import AutoportError, PreconditionError
     from autoport_cst.lint.engine import lint_source
-    from autoport_cst.transform.base import run_on_source
 
     settings = settings or LintSettings()
     factory = factory or default_factory
@@ -103,30 +101,10 @@ def fix_source(
             break
         changed = False
         for codemod_id in todo:
-            try:
-                codemod_cls = factory(codemod_id)
-            except AutoportError as error:
-                blocked[codemod_id] = f"codemod {codemod_id} is not available: {error}"
-                result.fix_problems.append(FixProblem(codemod_id, "failed", blocked[codemod_id]))
-                continue
-            try:
-                new, _notes = run_on_source(codemod_cls(), current, path=path, role="model")
-            except PreconditionError as error:
-                blocked[codemod_id] = f"{codemod_id} does not apply here: {error.message}"
-                result.fix_problems.append(FixProblem(codemod_id, "not-applicable", blocked[codemod_id]))
-                continue
-            except Exception as error:  # noqa: BLE001 - a codemod bug must not lose the file
-                blocked[codemod_id] = f"{codemod_id} failed: {type(error).__name__}: {error}"
-                result.fix_problems.append(FixProblem(codemod_id, "failed", blocked[codemod_id]))
-                continue
-            if new == current:
-                blocked[codemod_id] = f"{codemod_id} changes nothing here"
-                result.fix_problems.append(FixProblem(codemod_id, "no-change", blocked[codemod_id]))
-                continue
-            broken = _parses(new, path)
-            if broken is not None:
-                blocked[codemod_id] = f"{codemod_id} produced code that does not parse ({broken}); reverted"
-                result.fix_problems.append(FixProblem(codemod_id, "reverted", blocked[codemod_id]))
+            new, problem = _try_fix(codemod_id, current, path, factory)
+            if problem is not None:
+                blocked[codemod_id] = problem.message
+                result.fix_problems.append(problem)
                 continue
             current = new
             changed = True
@@ -145,14 +123,48 @@ def fix_source(
         )
 
     # findings whose fix was tried and refused: say why, and do not offer it
-    out = []
-    for diag in diagnostics:
-        if diag.fix is not None and diag.fix.codemod in blocked:
-            from dataclasses import replace
-
-            diag = replace(diag, fix=None, note=blocked[diag.fix.codemod])
-        out.append(diag)
+    out = [_refused(diag, blocked) for diag in diagnostics]
     result.diagnostics = out
     result.fixed = current
     result.fixed_count = max(0, initial - len(out)) if current != code else 0
     return result
+
+
+def _try_fix(
+    codemod_id: str, current: str, path: str, factory: CodemodFactory
+) -> tuple[str, FixProblem | None]:
+    """The text after the codemod, or why it is not kept (a fix that does not
+    apply here, crashes, changes nothing or breaks parsing)."""
+    from autoport_cst.errors import AutoportError, PreconditionError
+    from autoport_cst.transform.base import run_on_source
+
+    try:
+        codemod_cls = factory(codemod_id)
+    except AutoportError as error:
+        return current, FixProblem(codemod_id, "failed", f"codemod {codemod_id} is not available: {error}")
+    try:
+        new, _notes = run_on_source(codemod_cls(), current, path=path, role="model")
+    except PreconditionError as error:
+        return current, FixProblem(
+            codemod_id, "not-applicable", f"{codemod_id} does not apply here: {error.message}"
+        )
+    except Exception as error:  # noqa: BLE001 - a codemod bug must not lose the file
+        return current, FixProblem(
+            codemod_id, "failed", f"{codemod_id} failed: {type(error).__name__}: {error}"
+        )
+    if new == current:
+        return current, FixProblem(codemod_id, "no-change", f"{codemod_id} changes nothing here")
+    broken = _parses(new, path)
+    if broken is not None:
+        message = f"{codemod_id} produced code that does not parse ({broken}); reverted"
+        return current, FixProblem(codemod_id, "reverted", message)
+    return new, None
+
+
+def _refused(diag: Diagnostic, blocked: dict[str, str]) -> Diagnostic:
+    """A finding whose fix was tried and not kept: no fix offered, the reason noted."""
+    if diag.fix is not None and diag.fix.codemod in blocked:
+        from dataclasses import replace
+
+        return replace(diag, fix=None, note=blocked[diag.fix.codemod])
+    return diag

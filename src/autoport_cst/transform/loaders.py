@@ -16,9 +16,9 @@ parameter sharing a built loader gets the same change; otherwise it
 chain inlined around the new base), the others keep the shared local, and
 locals no parameter reads any more are removed.
 
-Quantized classes (a call passing ``quantization_type=``) may be *guarded*
-by a codemod that cannot express its change there: ``guard_edit`` makes
-their ``__init__`` raise ``NotImplementedError`` naming the feature.
+The guards of quantized classes (``autoport_cst.transform.guards``) and the
+dense MLP classes (``autoport_cst.transform.mlp_classes``) are re-exported
+here for the codemods that import them from this module.
 """
 
 from __future__ import annotations
@@ -30,17 +30,21 @@ import libcst as cst
 
 from autoport_cst.transform.base import FileContext
 from autoport_cst.transform.cst_helpers import (
-    classes_with_role,
     code_of,
     dotted,
     keyword_arg,
-    method,
     parse_statement,
     positional_args,
     walk,
 )
-from autoport_cst.transform.roles import class_role
-from autoport_cst.transform.vocabulary import string_value
+from autoport_cst.transform.guards import declare_guarded, guard_edit, is_quantized  # noqa: F401 (re-exported)
+from autoport_cst.transform.mlp_classes import (  # noqa: F401 (re-exported)
+    MLP_CALLS,
+    TORCH_MLP,
+    MlpClass,
+    mlp_classes,
+    mlp_mapping_weights,
+)
 
 SET_WEIGHT_LOADER = "set_weight_loader"
 # Wrappers that only choose the rank a loader reads for: a new loader of a
@@ -264,7 +268,9 @@ class _Resolver:
             found, problem = self.binding(expr.value, at)
             if found is None:
                 return _Chain(problem=problem, node=expr)
-            chain = self.resolve(plain_binding(found.stmt, expr.value), found)  # type: ignore[arg-type]
+            value = plain_binding(found.stmt, expr.value)
+            assert value is not None  # binding() finds plain assignments
+            chain = self.resolve(value, found)
             chain.bindings.insert(0, found)
             return chain
         if isinstance(expr, cst.Call) and self.is_wrapper(expr, at):
@@ -482,7 +488,7 @@ class LoaderEdits:
 
     def base_name(self, key: str) -> str | None:
         """The name of the base loader call of ``key`` (one for every attachment), or None."""
-        names = {dotted(loader.base.func) for loader in self.require(key)}  # type: ignore[union-attr]
+        names = {dotted(loader.base.func) for loader in self.require(key) if loader.base is not None}
         return names.pop() if len(names) == 1 else None
 
     # -- changes --------------------------------------------------------------------
@@ -559,7 +565,8 @@ class LoaderEdits:
             if not changed:
                 continue
             base = changed[0].base
-            new = {id(u): self._new_base[u.key](base) for u in changed}  # type: ignore[arg-type]
+            assert base is not None  # users grouped by their base
+            new = {id(u): self._new_base[u.key](base) for u in changed}
             live = [u for u in users if u.key not in self._removed]
             if len(changed) == len(live) and len({code_of(n) for n in new.values()}) == 1:
                 fn = self._new_base[changed[0].key]
@@ -774,139 +781,3 @@ def _readers(func: cst.FunctionDef, binding: Placed) -> list[cst.CSTNode]:
         if rebinds:
             break
     return readers
-
-
-# -- quantized classes and guards -----------------------------------------------------------------
-
-
-def is_quantized(cls: cst.ClassDef) -> bool:
-    """A class running quantized kernels: one of its calls passes
-    ``quantization_type=``."""
-    return any(isinstance(n, cst.Call) and keyword_arg(n, "quantization_type") is not None for n in walk(cls))
-
-
-def _guard_message(stmt: cst.CSTNode) -> str | None:
-    if (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and len(stmt.body) == 1
-        and isinstance(stmt.body[0], cst.Raise)
-    ):
-        exc = stmt.body[0].exc
-        if isinstance(exc, cst.Call) and dotted(exc.func) == "NotImplementedError" and len(exc.args) == 1:
-            value = exc.args[0].value
-            if isinstance(value, cst.SimpleString):
-                return string_value(value)
-    return None
-
-
-def _is_super_init(stmt: cst.CSTNode) -> bool:
-    if (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and len(stmt.body) == 1
-        and isinstance(stmt.body[0], cst.Expr)
-    ):
-        call = stmt.body[0].value
-        return isinstance(call, cst.Call) and (dotted(call.func) or code_of(call.func)).endswith("__init__")
-    return False
-
-
-def guard_edit(cls: cst.ClassDef, message: str, module: cst.Module) -> dict:
-    """An edit making ``cls.__init__`` raise ``NotImplementedError(message)``
-    right after ``super().__init__()`` (none when it already does). Guards of
-    several codemods are kept sorted by message, so that the codemods commute."""
-    init = method(cls, "__init__")
-    if init is None or not isinstance(init.body, cst.IndentedBlock):
-        raise ValueError(f"{cls.name.value} has no __init__ to guard")
-    body = list(init.body.body)
-    start = next((i + 1 for i, s in enumerate(body) if _is_super_init(s)), 0)
-    end = start
-    while end < len(body) and _guard_message(body[end]) is not None:
-        end += 1
-    messages = [m for s in body[start:end] if (m := _guard_message(s)) is not None]
-    if message in messages:
-        return {}
-    guard = parse_statement(f"raise NotImplementedError({_quoted(message)})", module)
-    position = start + sum(1 for m in messages if m < message)
-
-    def edit(updated: cst.FunctionDef) -> cst.FunctionDef:
-        stmts = list(updated.body.body)
-        stmts.insert(position, guard)
-        return updated.with_changes(body=updated.body.with_changes(body=stmts))
-
-    return {id(init): edit}
-
-
-def declare_guarded(cls: cst.ClassDef, ctx: FileContext, reason: str) -> None:
-    """Declare every call of a guarded class unaffected (the class raises
-    before any of them runs)."""
-    for node in walk(cls):
-        if isinstance(node, cst.Call):
-            ctx.unaffected(node, f"guarded: {reason}")
-
-
-# -- dense MLP classes -----------------------------------------------------------------------------
-
-TORCH_MLP = "torch_mlp"  # the plain-torch MLP of mlp-activation, NF.mlp's arguments
-MLP_CALLS = ("NF.mlp", TORCH_MLP)
-
-
-@dataclass
-class MlpClass:
-    """A ``<Prefix>MLP`` class with its dense MLP kernel calls."""
-
-    cls: cst.ClassDef
-    calls: list[cst.Call]
-    quantized: bool
-
-    @property
-    def name(self) -> str:
-        return self.cls.name.value
-
-
-def mlp_classes(module: cst.Module, ctx: FileContext, codemod_id: str) -> list[MlpClass]:
-    """Every MLP class of the file with its ``NF.mlp`` calls (none for a
-    file without MLP classes, when the package has one elsewhere); an MLP
-    class without such a call, or a package without any MLP class, is a
-    precondition error."""
-    found = []
-    for cls in classes_with_role(module, "mlp"):
-        calls = [n for n in walk(cls) if isinstance(n, cst.Call) and dotted(n.func) in MLP_CALLS]
-        found.append(MlpClass(cls, calls, is_quantized(cls)))
-    with_calls = [m for m in found if m.calls]
-    if found and not with_calls:
-        names = ", ".join(m.name for m in found)
-        raise ctx.precondition(
-            f"{codemod_id}: expected one <Prefix>MLP class with one NF.mlp(...) call in this file "
-            f"(MLP classes: {names})"
-        )
-    if not found and not any(class_role(name) == "mlp" for name in ctx.port.package_classes):
-        raise ctx.precondition(f"{codemod_id}: no <Prefix>MLP class in the package")
-    return with_calls
-
-
-MLP_SUBLAYERS = ("mlp", "feed_forward")
-
-
-def mlp_mapping_weights(module: cst.Module) -> list[str]:
-    """The MLP weights a file maps without defining the MLP class (another
-    model class over the same backbone, such as an embedding model): the
-    ``<x>_weight`` leaves of mapping keys right under an MLP sublayer
-    (``...mlp.<x>_weight``), in order."""
-    from autoport_cst.transform.mappings import mapping_entries
-
-    found: list[str] = []
-    for entry in mapping_entries(module):
-        segments = entry.key.split(".")
-        leaf = segments[-1]
-        if (
-            len(segments) >= 2
-            and segments[-2] in MLP_SUBLAYERS
-            and leaf.endswith("_weight")
-            and leaf not in found
-        ):
-            found.append(leaf)
-    return found
-
-
-def _quoted(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
