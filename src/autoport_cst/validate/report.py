@@ -65,12 +65,11 @@ class ValidationReport:
 
     def summary(self) -> str:
         if self.equivalent:
-            if (self.bf16_baseline or {}).get("used") == "kernel_precision":
+            baseline = self.bf16_baseline or {}
+            if baseline.get("used") == "kernel_precision":
                 return (
                     "equivalent within tolerances against transformers at the kernels' precision policy "
-                    "(not against eager bf16: "
-                    + ", ".join(self.bf16_baseline["eager"]["failed_checks"])
-                    + ")"
+                    "(not against eager bf16: " + ", ".join(baseline["eager"]["failed_checks"]) + ")"
                 )
             return "equivalent within tolerances"
         if self.failure is not None:
