@@ -65,7 +65,8 @@ def kernel_precision_attention(
     unknown = {k for k in _REFUSED if kwargs.get(k) is not None}
     if unknown:
         raise PolicyUnavailable(f"attention option(s) {sorted(unknown)} not in the precision policy")
-    module._kernel_precision_calls = getattr(module, "_kernel_precision_calls", 0) + 1
+    # torch's stub of Module.__setattr__ takes tensors and modules only; a counter is a plain attribute
+    module._kernel_precision_calls = getattr(module, "_kernel_precision_calls", 0) + 1  # type: ignore[assignment]
     groups = query.shape[1] // key.shape[1]
     keys = key.repeat_interleave(groups, dim=1).to(torch.float32)
     values = value.repeat_interleave(groups, dim=1)
