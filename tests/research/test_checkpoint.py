@@ -177,7 +177,9 @@ def test_untied_config_without_stored_head(tiny, tmp_path):
     # an untied model without its head: refused, the head named
     directory = copy_checkpoint(tiny, "llama", tmp_path)
     rewrite(directory, lambda s: s.pop("lm_head.weight"))
-    with pytest.raises(InputError, match=r"no tensor for lm_head\.weight .*keys present: model\.embed_tokens"):
+    with pytest.raises(
+        InputError, match=r"no tensor for lm_head\.weight .*keys present: model\.embed_tokens"
+    ):
         research(str(directory))
 
 

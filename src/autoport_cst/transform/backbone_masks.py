@@ -114,7 +114,12 @@ def _function_edits(function: cst.FunctionDef, module, ctx, edits, codemod_id) -
         new = parse_statements(START_POS.format(positions=code_of(positions.value)).strip("\n"), module)
         new[0] = with_comment(new[0], START_COMMENT)
         edits[id(mask)] = lambda updated: set_keyword(updated, "start_pos", start)
-        insert_before(edits, innermost_statement(function, mask), new)
+        holder = innermost_statement(function, mask)
+        if holder is None:  # pragma: no cover - a call always sits in a statement
+            raise ctx.precondition(
+                f"{codemod_id}: cannot place the window's start before this call", mask, module
+            )
+        insert_before(edits, holder, new)
 
 
 def _append_param(params: cst.Parameters, param: cst.Param) -> cst.Parameters:
