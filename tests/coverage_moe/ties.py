@@ -113,11 +113,12 @@ def _reference(output, component: str) -> list[torch.Tensor]:
 
 
 def bf16_failure_is_a_routing_tie(
-    package_dir: Path, checkpoint: Path, steps: int, activation: str, top_k: int
+    package_dir: Path, checkpoint: Path, steps: int, activation: str, top_k: int, tp: int = 1
 ) -> str:
-    """Check that the bf16 failure of a port is explained by routing near-ties
-    (raises AssertionError otherwise); returns what was found."""
-    report = validate_model(package_dir, checkpoint, dtype="bf16", steps=steps)
+    """Check that the bf16 failure of a port (on ``tp`` ranks) is explained
+    by routing near-ties (raises AssertionError otherwise); returns what was
+    found."""
+    report = validate_model(package_dir, checkpoint, dtype="bf16", steps=steps, tp=tp)
     assert not report.equivalent
     scenario = scenario_of(report, checkpoint, steps)
     model32 = load_reference(checkpoint, torch.float32)
@@ -152,7 +153,11 @@ def bf16_failure_is_a_routing_tie(
         f"(smallest top-k margin {min(float(gaps[i][worst]) for i in upstream):.3g}); "
         f"{report.summary()}"
     )
-    note = f"{first.component} ({worst_phase}): worst token {worst} is one of {int(ties.sum())} near tie(s)"
+    margin = min(float(gaps[i][worst]) for i in upstream)
+    note = (
+        f"{first.component} ({worst_phase}): worst token {worst} (top-k margin {margin:.2g}) is one of "
+        f"{int(ties.sum())} near tie(s)"
+    )
     if first.component in layer_of:
         port = _port_rows(port_output, first.component, worst_phase)
         f = _aligned(_reference(ref32, first.component), first.component, scenario, worst_phase, port_output)

@@ -55,12 +55,27 @@ def test_plans_compose_from_the_moe_codemods(plan, steps, by_config):
     assert [d.path for d in composition.by_config] == by_config
 
 
+def _equivalent_or_a_routing_tie(report, package, checkpoint, dtype: str, tp: int = 1) -> None:
+    """fp32 validates; bf16 validates or fails only on routing near-ties
+    (``tests/coverage_moe/ties.py``: the worst token of the first diverging
+    component is a near tie of the float32 reference's expert choice, and
+    without the near-tie tokens that component keeps the gate)."""
+    if report.equivalent:
+        return
+    assert dtype == "bf16", report.summary()
+    from autoport_cst.research import research
+    from tests.coverage_moe.ties import bf16_failure_is_a_routing_tie
+
+    moe = research(str(checkpoint)).spec.moe
+    bf16_failure_is_a_routing_tie(package, checkpoint, STEPS, moe.router_activation, moe.top_k, tp=tp)
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("plan", sorted(TARGETS))
 def test_port_validates(request, port_of, plan, dtype):
     checkpoint = request.getfixturevalue(TARGETS[plan])
     report = validate_model(port_of(plan), checkpoint, dtype=dtype, steps=STEPS)
-    assert report.equivalent, report.summary()
+    _equivalent_or_a_routing_tie(report, port_of(plan), checkpoint, dtype)
     assert report.unused_checkpoint_keys == []
 
 
@@ -73,9 +88,13 @@ def test_qwen2_moe_port_validates_on_two_ranks(port_of, tiny_qwen2_moe):
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("plan", sorted(TARGETS))
 def test_port_validates_on_two_ranks(request, port_of, plan, dtype):
+    """dots1 in bf16 at TP=2 fails at layers.1.mlp (decode) on its tiny
+    checkpoint: the worst token's top-k margin in the float32 reference is
+    0.0023 (sigmoid scores, below bf16 resolution), and without the three
+    near-tie tokens the R-ratio is 0.88."""
     checkpoint = request.getfixturevalue(TARGETS[plan])
     report = validate_model(port_of(plan), checkpoint, tp=2, dtype=dtype, steps=STEPS)
-    assert report.equivalent, report.summary()
+    _equivalent_or_a_routing_tie(report, port_of(plan), checkpoint, dtype, tp=2)
 
 
 def test_mixtral_port_reads_block_sparse_moe_checkpoints(port_of, tiny_mixtral, tmp_path):
