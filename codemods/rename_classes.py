@@ -10,8 +10,8 @@ from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.base import locate
 from autoport_cst.transform.cst_helpers import code_of
 from autoport_cst.transform.scope_rename import (
-    NameRenamer,
     attribute_references,
+    rename_in_module,
     rename_targets,
     string_references,
 )
@@ -290,12 +290,12 @@ class RenameClasses(Codemod):
             raise _unfollowed(unknown, module, ctx)
         targets |= through_modules
         words = self._word_table(table, ctx.port) if self.params.rename_text else {}
-        renamer = _Renamer(targets, table, words, string_references(module, table, ctx.port.reference_name))
-        result = module.visit(renamer)
-        if renamer.text_edits:
-            tokens = prose_token_positions(module.code)
-            positions = locate_prose(tokens, [raw for raw, _ in renamer.text_edits])
-            for (raw, edits), position in zip(renamer.text_edits, positions, strict=False):
+        strings = string_references(module, table, ctx.port.reference_name)
+        renamed = rename_in_module(module, targets, table, words, strings)
+        if renamed.text_edits:
+            tokens = prose_token_positions(renamed.code or module.code)
+            positions = locate_prose(tokens, [raw for raw, _ in renamed.text_edits])
+            for (raw, edits), position in zip(renamed.text_edits, positions, strict=False):
                 line0, col0 = position or (0, 0)
                 for edit in edits:
                     line, col = line_col(raw, edit.offset)
@@ -304,7 +304,7 @@ class RenameClasses(Codemod):
                         (col0 if line == 0 else 1) + col,
                         f"text: {edit.old} -> {edit.new}",
                     )
-        return result
+        return renamed.module
 
     def transform_text(self, text: str, ctx: FileContext) -> str:
         table = self._check(ctx)
@@ -331,45 +331,3 @@ def _unfollowed(unknown: list[cst.Attribute], module: cst.Module, ctx: FileConte
         unknown[0],
         module,
     )
-
-
-class _Renamer(NameRenamer):
-    """Identifier renames plus the whole-word pass over strings and comments."""
-
-    def __init__(
-        self,
-        targets: set[int],
-        table: dict[str, str],
-        words: dict[str, str],
-        names_in_strings: dict[int, str],
-    ) -> None:
-        super().__init__(targets, table)
-        self.words = words
-        self.names_in_strings = names_in_strings
-        self.text_edits: list = []
-
-    def _text(self, raw: str) -> str:
-        new, edits = rename_words(raw, self.words)
-        if edits:
-            self.text_edits.append((raw, edits))
-        return new
-
-    def leave_SimpleString(self, original: cst.SimpleString, updated: cst.SimpleString):
-        if id(original) in self.names_in_strings:  # a class name Python resolves as a name
-            return updated.with_changes(value=self.names_in_strings[id(original)])
-        if not self.words or "b" in updated.prefix.lower():
-            return updated
-        new = self._text(updated.value)
-        return updated if new == updated.value else updated.with_changes(value=new)
-
-    def leave_FormattedStringText(self, original, updated):
-        if not self.words:
-            return updated
-        new = self._text(updated.value)
-        return updated if new == updated.value else updated.with_changes(value=new)
-
-    def leave_Comment(self, original: cst.Comment, updated: cst.Comment):
-        if not self.words:
-            return updated
-        new = self._text(updated.value)
-        return updated if new == updated.value else updated.with_changes(value=new)

@@ -23,6 +23,7 @@ from pathlib import Path
 import libcst as cst
 
 from autoport_cst import __version__
+from autoport_cst.apply.changes import changed_code
 from autoport_cst.apply.checkpoint_keys import check_checkpoint_keys
 from autoport_cst.apply.composer import Composition, Step, compose, port_context
 from autoport_cst.apply.exhaustive import StepCensus, reference_position
@@ -93,6 +94,7 @@ class _Unit:
     module: cst.Module | None = None
     original: str = ""
     label: str = ""  # how notes and errors name the file (reference-relative)
+    parsed: cst.Module | None = None  # the module parsed from ``original`` (linted when the port errs)
 
     def __post_init__(self) -> None:
         self.original = self.text if self.text is not None else ""
@@ -152,7 +154,7 @@ def _load_units(plan: Plan, reference: Reference, existing_registry: str | None)
     for unit in units:
         if unit.out_path.endswith(".py"):
             try:
-                unit.module = cst.parse_module(unit.current())
+                unit.module = unit.parsed = cst.parse_module(unit.current())
             except cst.ParserSyntaxError as exc:
                 where = reference.directory / unit.rel if unit.role != "registry" else Path(REGISTRY)
                 raise InputError(
@@ -198,9 +200,7 @@ def _run_step(
                 raise
             unaffected.update(ctx.unaffected_sites)
             if after is not before:
-                previous = unit.current()
-                unit.module, unit.text = after, None
-                if unit.current() != previous:
+                if _code_changed(unit, after):
                     changed.append(unit.out_path)
         else:
             new_text = codemod.transform_text(unit.text, ctx)
@@ -216,6 +216,20 @@ def _run_step(
     return StepResult(
         label or step.id, step.params_json(), step.origin, step.realizes, tuple(changed), tuple(notes)
     )
+
+
+def _code_changed(unit: _Unit, after: cst.Module) -> bool:
+    """Make ``after`` the unit's module; whether its code differs from the
+    module it replaces (told by the statements they share when it can be)."""
+    before = unit.module
+    assert before is not None
+    changed = changed_code(before, after)
+    if changed is None:
+        previous = unit.current()
+        unit.module, unit.text = after, after.code
+        return unit.text != previous
+    unit.module, unit.text = after, None
+    return changed
 
 
 def _to_reference_position(error: PreconditionError, unit: _Unit) -> None:
@@ -263,11 +277,15 @@ def plan_digest(plan: Plan) -> str:
 def _finish(plan: Plan, reference: Reference, result: PortResult, units: list[_Unit], source: str) -> None:
     package = f"{MODEL_ROOT}/{plan.name}"
     step_ids = tuple(s.codemod for s in result.steps)
+    modules: dict[str, tuple[cst.Module | None, cst.Module | None]] = {}
     for unit in units:
         text = unit.current()
         if unit.role == "docs":
             text = _port_notes(text, plan, reference, result)
         elif unit.out_path.endswith(".py") and unit.out_path.startswith(package + "/"):
+            if unit.module is not None:
+                line = _banner_line(reference.name, plan.name)
+                modules[unit.out_path] = (_bannered_module(unit.module, text, line), unit.parsed)
             text = _banner(text, reference.name, plan.name)
         result.files[unit.out_path] = text
         result.sources[unit.out_path] = unit.original
@@ -299,27 +317,37 @@ def _finish(plan: Plan, reference: Reference, result: PortResult, units: list[_U
                     f"internal error: the port does not compile: {exc.msg}",
                     Position(path, exc.lineno, exc.offset),
                 ) from None
-    _check_hardware_rules(result, package)
+    _check_hardware_rules(result, package, modules)
 
 
-def _check_hardware_rules(result: PortResult, package: str) -> None:
+def _check_hardware_rules(
+    result: PortResult,
+    package: str,
+    modules: dict[str, tuple[cst.Module | None, cst.Module | None]] | None = None,
+) -> None:
     """The port's package must pass the hardware lint rules: errors the port
     introduces stop it (nothing is written); errors it inherits from the
     reference (no more of a rule in a file than the reference file has) and
     warnings are kept for the summary. The tool must not make a reference
-    worse; what the reference already does is its owner's call."""
-    from autoport_cst.lint import lint_source
+    worse; what the reference already does is its owner's call.
 
+    ``modules`` maps a file of the port to its module as the engine left it
+    and the module parsed from its reference file, so nothing is parsed
+    again; the reference file is linted only when the port's file has errors."""
     errors = []
     for path, text in sorted(result.files.items()):
         if not (path.startswith(package + "/") and path.endswith(".py")):
             continue
-        found = lint_source(text, path)
-        inherited = _error_counts(lint_source(result.sources.get(path) or "", path))
+        port_module, reference_module = (modules or {}).get(path, (None, None))
+        found = _lint(text, path, port_module)
+        counts = _error_counts(found)
+        inherited = (
+            _error_counts(_lint(result.sources.get(path) or "", path, reference_module)) if counts else {}
+        )
         for diagnostic in found:
             if diagnostic.severity != "error":
                 result.warnings.append(diagnostic)
-            elif _error_counts(found)[diagnostic.code] <= inherited.get(diagnostic.code, 0):
+            elif counts[diagnostic.code] <= inherited.get(diagnostic.code, 0):
                 result.warnings.append(
                     dataclasses.replace(diagnostic, note="inherited from the reference, not made by the port")
                 )
@@ -334,21 +362,60 @@ def _check_hardware_rules(result: PortResult, package: str) -> None:
         )
 
 
+def _lint(text: str, path: str, module: cst.Module | None) -> list:
+    """The diagnostics of one file: of its module when the caller has it (its
+    code is ``text``), else of ``text`` parsed."""
+    if module is None:
+        from autoport_cst.lint import lint_source
+
+        return lint_source(text, path)
+    from autoport_cst.lint.engine import lint_module
+
+    return lint_module(module, path, source=text)
+
+
 def _error_counts(diagnostics) -> Counter:
     return Counter(d.code for d in diagnostics if d.severity == "error")
 
 
-def _banner(text: str, reference: str, name: str) -> str:
-    line = (
+SPDX = "# SPDX-License-Identifier"
+
+
+def _banner_line(reference: str, name: str) -> str:
+    return (
         f"# Ported to {name} by autoport-cst from the {reference} reference; "
         f"steps and provenance are in reference.json.\n"
     )
+
+
+def _banner(text: str, reference: str, name: str) -> str:
+    line = _banner_line(reference, name)
     if text.startswith(line):
         return text
-    if text.startswith("# SPDX-License-Identifier"):
+    if text.startswith(SPDX):
         first, _, rest = text.partition("\n")
         return f"{first}\n{line}{rest}"
     return line + text
+
+
+def _bannered_module(module: cst.Module, text: str, line: str) -> cst.Module | None:
+    """``module`` (whose code is ``text``) with the banner ``line`` where
+    ``_banner`` writes it, laid out as LibCST's parser lays out a comment line
+    at the top of a file: a line of the module's header. None when the module
+    is not laid out so that this holds (its first line not a header line)."""
+    if text.startswith(line):
+        return module
+    if not module.body or module.body[0].leading_lines:
+        return None  # the parser would put the lines above the first statement in the header
+    if not module.has_trailing_newline or module.default_newline != "\n":
+        return None
+    banner = cst.EmptyLine(comment=cst.Comment(line.rstrip("\n")))
+    if not text.startswith(SPDX):
+        return module.with_changes(header=[banner, *module.header])
+    first = text.partition("\n")[0]
+    if not module.header or module.code_for_node(module.header[0]) != first + "\n":
+        return None
+    return module.with_changes(header=[module.header[0], banner, *module.header[1:]])
 
 
 def _port_notes(text: str, plan: Plan, reference: Reference, result: PortResult) -> str:

@@ -30,15 +30,21 @@ class CensusUnit(Protocol):
     role: str
     original: str
     module: cst.Module | None
-
-    def current(self) -> str: ...
+    text: str | None  # the module's code, when it has been generated
 
 
 @dataclass
 class _Before:
     module: cst.Module
-    text: str
+    known_text: str | None  # the module's code, if generated already (else on demand)
     census: FileCensus
+
+    @property
+    def text(self) -> str:
+        """The file's text before the step (only a failure needs it)."""
+        if self.known_text is None:
+            self.known_text = self.module.code
+        return self.known_text
 
 
 def reference_position(
@@ -66,7 +72,7 @@ class StepCensus:
                 continue
             census = take_census(unit.module, unit.label, families, self.cache)
             if census.sites:
-                self.before[id(unit)] = (unit, _Before(unit.module, unit.current(), census))
+                self.before[id(unit)] = (unit, _Before(unit.module, unit.text, census))
 
     def unhandled(self, unaffected: dict[int, str]) -> list[tuple[Site, Position]]:
         left: list[tuple[Site, Position]] = []

@@ -9,15 +9,14 @@ re-exported here for the codemods that import it from this module).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar, cast
 
 import libcst as cst
 
 from autoport_cst.transform.vocabulary import (  # noqa: F401 - the vocabulary, re-exported
-    _FIELDS,
     call_name,
+    child_nodes,
     class_of_role,
     classes,
     classes_with_role,
@@ -165,19 +164,9 @@ def _paths_to(root: cst.CSTNode, targets: set[int]) -> set[int]:
         node = stack.pop()
         if id(node) in targets:
             found.append(node)
-        names = _FIELDS.get(type(node))
-        if names is None:
-            names = _FIELDS[type(node)] = tuple(f.name for f in dataclasses.fields(node))
-        for name in names:
-            value = getattr(node, name)
-            if isinstance(value, cst.CSTNode):
-                parent[id(value)] = node
-                stack.append(value)
-            elif isinstance(value, (list, tuple)):
-                for child in value:
-                    if isinstance(child, cst.CSTNode):
-                        parent[id(child)] = node
-                        stack.append(child)
+        for child in child_nodes(node):
+            parent[id(child)] = node
+            stack.append(child)
     keep: set[int] = set()
     for node in found:
         current: cst.CSTNode | None = node

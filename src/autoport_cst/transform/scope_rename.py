@@ -14,12 +14,21 @@ Resolution has two paths with the same result:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ScopeProvider
 
 from autoport_cst.transform.cst_helpers import Edit, dotted, rewrite, walk
+from autoport_cst.transform.vocabulary import child_nodes
+from autoport_cst.transform.words import WordEdit, rename_words
+
+try:  # private API, pinned by libcst>=1.8,<2 in pyproject.toml (as in lint/positions.py)
+    from libcst._nodes.internal import CodegenState as _CodegenState
+except ImportError:  # pragma: no cover - exercised only with another LibCST
+    _CodegenState = None  # type: ignore[assignment, misc]
 
 
 class _BindingSurvey:
@@ -45,55 +54,50 @@ class _BindingSurvey:
             self._bind(node.value)
 
     def survey(self, module: cst.Module) -> None:
-        skipped: set[int] = set()  # import subtrees (handled as bindings)
-        for node in walk(module):
-            if id(node) in skipped:
-                if not isinstance(node, cst.Name):
-                    skipped.update(id(c) for c in _direct_children(node))
-                continue
-            if not self.visit(node):
-                skipped.update(id(c) for c in _direct_children(node))
+        """Visit every node in ``walk`` order, except below an import or a Name
+        (handled as a whole)."""
+        stack: list[cst.CSTNode] = [module]
+        while stack:
+            node = stack.pop()
+            if self.visit(node):
+                stack.extend(reversed(child_nodes(node)))
 
     def visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, cst.Name):
-            if node.value in self.names and id(node) not in self.not_variables:
-                self.references.setdefault(node.value, []).append(node)
-            return False
-        if isinstance(node, cst.Attribute):
-            self.not_variables.add(id(node.attr))
-        elif isinstance(node, cst.Arg):
-            if node.keyword is not None:
-                self.not_variables.add(id(node.keyword))
-        elif isinstance(node, cst.ClassDef):
-            self._bind(node.name)
-            if node.name.value in self.names:
-                self.definitions.append(node.name)
-                self.own_bindings.setdefault(node.name.value, []).append(node)
-        elif isinstance(node, cst.FunctionDef):
-            self._bind(node.name)
-        elif isinstance(node, cst.Param):
-            self._bind(node.name)
-        elif isinstance(node, cst.AssignTarget):
-            self._bind(node.target)
-        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)):
-            self._bind(node.target)
-        elif isinstance(node, (cst.For, cst.CompFor)):
-            self._bind(node.target)
-        elif isinstance(node, cst.AsName):
-            self._bind(node.name)
-        elif isinstance(node, cst.NamedExpr):
-            self._bind(node.target)
-        elif isinstance(node, (cst.Global, cst.Nonlocal)):
-            for item in node.names:
-                self._bind(item.name)
-        elif isinstance(node, (cst.MatchAs, cst.MatchStar)):
-            self._bind(node.name)
-        elif isinstance(node, cst.MatchMapping):
-            self._bind(node.rest)
-        elif isinstance(node, (cst.Import, cst.ImportFrom)):
-            self._import(node)
-            return False
+        """Record what ``node`` binds or references; whether to visit its children."""
+        handler = _HANDLERS.get(type(node))
+        if handler is None:
+            handler = _HANDLERS[type(node)] = _handler_of(type(node))
+        return handler(self, node)
+
+    def _name(self, node: cst.Name) -> bool:
+        if node.value in self.names and id(node) not in self.not_variables:
+            self.references.setdefault(node.value, []).append(node)
+        return False
+
+    def _attribute(self, node: cst.Attribute) -> bool:
+        self.not_variables.add(id(node.attr))
         return True
+
+    def _arg(self, node: cst.Arg) -> bool:
+        if node.keyword is not None:
+            self.not_variables.add(id(node.keyword))
+        return True
+
+    def _class(self, node: cst.ClassDef) -> bool:
+        self._bind(node.name)
+        if node.name.value in self.names:
+            self.definitions.append(node.name)
+            self.own_bindings.setdefault(node.name.value, []).append(node)
+        return True
+
+    def _global(self, node: cst.Global | cst.Nonlocal) -> bool:
+        for item in node.names:
+            self._bind(item.name)
+        return True
+
+    def _imports(self, node: cst.Import | cst.ImportFrom) -> bool:
+        self._import(node)
+        return False
 
     def _import(self, node: cst.Import | cst.ImportFrom) -> None:
         if isinstance(node.names, cst.ImportStar):
@@ -114,6 +118,43 @@ class _BindingSurvey:
                 self.counts[name] = self.counts.get(name, 0) + 1
                 if relative:
                     self.own_bindings.setdefault(name, []).append(node)
+
+
+def _visit_children(survey: _BindingSurvey, node: cst.CSTNode) -> bool:
+    return True
+
+
+def _binds(field: str) -> Callable[[_BindingSurvey, Any], bool]:
+    """The survey's handler of a node that binds the name(s) in its ``field``."""
+
+    def bind(survey: _BindingSurvey, node: cst.CSTNode) -> bool:
+        survey._bind(getattr(node, field))
+        return True
+
+    return bind
+
+
+# What the survey does at each kind of node, in the order it asks (the first kind a node is wins).
+_BY_KIND: tuple[tuple[type | tuple[type, ...], Callable[[_BindingSurvey, Any], bool]], ...] = (
+    (cst.Name, _BindingSurvey._name),
+    (cst.Attribute, _BindingSurvey._attribute),
+    (cst.Arg, _BindingSurvey._arg),
+    (cst.ClassDef, _BindingSurvey._class),
+    ((cst.FunctionDef, cst.Param, cst.AsName, cst.MatchAs, cst.MatchStar), _binds("name")),
+    (cst.AssignTarget, _binds("target")),
+    ((cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor, cst.NamedExpr), _binds("target")),
+    ((cst.Global, cst.Nonlocal), _BindingSurvey._global),
+    (cst.MatchMapping, _binds("rest")),
+    ((cst.Import, cst.ImportFrom), _BindingSurvey._imports),
+)
+_HANDLERS: dict[type, Callable[[_BindingSurvey, Any], bool]] = {}
+
+
+def _handler_of(node_type: type) -> Callable[[_BindingSurvey, Any], bool]:
+    for kinds, handler in _BY_KIND:
+        if issubclass(node_type, kinds):
+            return handler
+    return _visit_children
 
 
 def rename_targets(module: cst.Module, table: dict[str, str], package: str = "") -> set[int]:
@@ -269,6 +310,97 @@ class NameRenamer(cst.CSTTransformer):
         return updated
 
 
+@dataclass
+class Renamed:
+    """A module after ``rename_in_module``: the new module, each string or
+    comment whose words were renamed (its old raw text and the edits, in
+    source order), and the old module's code when such a text was found."""
+
+    module: cst.Module
+    text_edits: list[tuple[str, list[WordEdit]]]
+    code: str | None = None
+
+
+def rename_in_module(
+    module: cst.Module,
+    targets: set[int],
+    table: dict[str, str],
+    words: dict[str, str],
+    names_in_strings: dict[int, str],
+) -> Renamed:
+    """Rename the Name nodes whose ids are in ``targets`` (``table``), the
+    strings that spell a class name where Python resolves it as a name
+    (``names_in_strings``), and whole ``words`` in every other string (not
+    bytes), f-string text and comment. Only the renamed nodes and their
+    ancestors are rebuilt."""
+    edits: dict[int, Edit] = {}
+    prose: dict[int, tuple[str, list[WordEdit]]] = {}
+    for node in walk(module):
+        kind = type(node)
+        if kind is cst.Name:
+            if id(node) in targets:
+                edits[id(node)] = _renamed(table[node.value])  # type: ignore[attr-defined]
+        elif kind is cst.SimpleString:
+            if id(node) in names_in_strings:
+                edits[id(node)] = _renamed(names_in_strings[id(node)])
+            elif words and "b" not in node.prefix.lower():  # type: ignore[attr-defined]
+                _rename_words(node, words, edits, prose)
+        elif kind in (cst.FormattedStringText, cst.Comment) and words:
+            _rename_words(node, words, edits, prose)
+    renamed = Renamed(rewrite(module, edits), [])
+    if prose:
+        renamed.code, order = code_in_order(module, prose)
+        renamed.text_edits = [prose[id(node)] for node in order]
+    return renamed
+
+
+def _rename_words(
+    node: cst.CSTNode, words: dict[str, str], edits: dict[int, Edit], prose: dict[int, tuple]
+) -> None:
+    raw = node.value  # type: ignore[attr-defined]
+    new, found = rename_words(raw, words)
+    if found:
+        prose[id(node)] = (raw, found)
+    if new != raw:
+        edits[id(node)] = _renamed(new)
+
+
+def code_in_order(module: cst.Module, nodes: Collection[int]) -> tuple[str, list[cst.CSTNode]]:
+    """The module's code, and the nodes whose ids are in ``nodes`` in the
+    order the code holds them (the order a transformer meets them)."""
+    if _CodegenState is None:  # pragma: no cover - only with another LibCST
+        order: list[cst.CSTNode] = []
+
+        class _Order(cst.CSTVisitor):
+            def on_visit(self, node: cst.CSTNode) -> bool:
+                if id(node) in nodes:
+                    order.append(node)
+                return True
+
+        module.visit(_Order())
+        return module.code, order
+    state = _OrderState(module, nodes)
+    module._codegen(state)
+    return "".join(state.tokens), state.order
+
+
+if _CodegenState is not None:
+
+    class _OrderState(_CodegenState):
+        """Code generation that notes the wanted nodes as it meets them."""
+
+        __slots__ = ("wanted", "order")
+
+        def __init__(self, module: cst.Module, wanted: Collection[int]) -> None:
+            super().__init__(default_indent=module.default_indent, default_newline=module.default_newline)
+            self.wanted = wanted
+            self.order: list[cst.CSTNode] = []
+
+        def before_codegen(self, node: cst.CSTNode) -> None:
+            if id(node) in self.wanted:
+                self.order.append(node)
+
+
 def rename_classes_in_module(module: cst.Module, table: dict[str, str]) -> cst.Module:
     """Identifiers only (no strings or comments)."""
     if not table:
@@ -280,14 +412,3 @@ def rename_classes_in_module(module: cst.Module, table: dict[str, str]) -> cst.M
 
 def _renamed(new: str) -> Edit:
     return lambda updated: updated.with_changes(value=new)
-
-
-def _direct_children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    children = []
-    for field in dataclasses.fields(node):
-        value = getattr(node, field.name)
-        if isinstance(value, cst.CSTNode):
-            children.append(value)
-        elif isinstance(value, (list, tuple)):
-            children.extend(v for v in value if isinstance(v, cst.CSTNode))
-    return children

@@ -97,23 +97,72 @@ _WALKS: dict[int, tuple[cst.CSTNode, list[cst.CSTNode]]] = {}
 
 
 def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
+    # The children of each node are pushed last first, so the first comes off the
+    # stack next; a value's kind (node, sequence, other) is looked up by its type
+    # (an isinstance check against LibCST's abstract node class costs several times more).
     out: list[cst.CSTNode] = []
     stack = [node]
+    fields, kinds = _REVERSED_FIELDS, _KINDS
     while stack:
         current = stack.pop()
         out.append(current)
-        names = _FIELDS.get(type(current))
-        if names is None:
-            names = _FIELDS[type(current)] = tuple(f.name for f in dataclasses.fields(current))
-        children: list[cst.CSTNode] = []
+        names = fields.get(type(current)) or _reversed_fields(type(current))
         for name in names:
             value = getattr(current, name)
-            if isinstance(value, cst.CSTNode):
-                children.append(value)
-            elif isinstance(value, (list, tuple)):
-                children.extend(v for v in value if isinstance(v, cst.CSTNode))
-        stack.extend(reversed(children))
+            kind = kinds.get(type(value)) or value_kind(value)
+            if kind is NODE:
+                stack.append(value)
+            elif kind is SEQUENCE:
+                for item in reversed(value):
+                    if (kinds.get(type(item)) or value_kind(item)) is NODE:
+                        stack.append(item)
     return out
+
+
+NODE, SEQUENCE, OTHER = "node", "sequence", "other"
+_KINDS: dict[type, str] = {}
+_REVERSED_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def value_kind(value: object) -> str:
+    """``NODE`` for a LibCST node, ``SEQUENCE`` for a list or tuple, else
+    ``OTHER``: ``isinstance`` semantics, decided once per type."""
+    kind = _KINDS.get(type(value))
+    if kind is None:
+        kind = _KINDS[type(value)] = (
+            NODE
+            if isinstance(value, cst.CSTNode)
+            else SEQUENCE
+            if isinstance(value, (list, tuple))
+            else OTHER
+        )
+    return kind
+
+
+def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The nodes directly under ``node``, in ``walk`` order (dataclass fields)."""
+    children: list[cst.CSTNode] = []
+    kinds = _KINDS
+    for name in _FIELDS.get(type(node)) or _fields(type(node)):
+        value = getattr(node, name)
+        kind = kinds.get(type(value)) or value_kind(value)
+        if kind is NODE:
+            children.append(value)
+        elif kind is SEQUENCE:
+            children.extend(item for item in value if (kinds.get(type(item)) or value_kind(item)) is NODE)
+    return children
+
+
+def _fields(node_type: type) -> tuple[str, ...]:
+    names = _FIELDS.get(node_type)
+    if names is None:
+        names = _FIELDS[node_type] = tuple(f.name for f in dataclasses.fields(node_type))
+    return names
+
+
+def _reversed_fields(node_type: type) -> tuple[str, ...]:
+    _REVERSED_FIELDS[node_type] = _fields(node_type)[::-1]
+    return _REVERSED_FIELDS[node_type]
 
 
 def find_all(node: cst.CSTNode, predicate: Callable[[cst.CSTNode], bool]) -> list[cst.CSTNode]:

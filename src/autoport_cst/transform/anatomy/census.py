@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from autoport_cst.transform.anatomy.families import FAMILIES
-from autoport_cst.transform.anatomy.index import ModuleIndex
-from autoport_cst.transform.anatomy.sites import Site, find_sites
+from autoport_cst.transform.anatomy.index import ModuleIndex, NodeMemo
+from autoport_cst.transform.anatomy.sites import Site, class_sites
 
 # Spec sections -> the families a change to them touches, for codemods that
 # do not declare ``TOUCHES`` themselves.
@@ -67,21 +67,53 @@ class FileCensus:
 
 
 class SiteCache:
-    """Sites per (module, family), kept across the steps of one port: a file
-    a step did not change keeps its module object, so its sites are not
-    found again. Holds the modules it has seen (their ids stay theirs)."""
+    """Sites per (module, family), kept across the steps of one port. A file
+    a step did not change keeps its module object, so its sites are not found
+    again; in a file it changed, a class it did not change keeps its object,
+    and its sites are reused when everything they were computed from is the
+    same: the class, and each class and function of the module their
+    footprints looked up by name. Holds the nodes it has seen (their ids stay
+    theirs)."""
 
     def __init__(self) -> None:
         self._modules: dict[int, tuple[cst.Module, ModuleIndex]] = {}
         self._sites: dict[tuple[int, str], list[Site]] = {}
+        self._classes: dict[tuple[int, str], _ClassSites] = {}
+        self._memo = NodeMemo()
 
     def sites(self, module: cst.Module, family: str) -> list[Site]:
         key = (id(module), family)
         if key not in self._sites:
             if id(module) not in self._modules:
-                self._modules[id(module)] = (module, ModuleIndex(module))
-            self._sites[key] = find_sites(module, family, self._modules[id(module)][1])
+                self._modules[id(module)] = (module, ModuleIndex(module, self._memo))
+            index = self._modules[id(module)][1]
+            self._sites[key] = [
+                s for cls in index.classes.values() for s in self._class_sites(index, cls, family)
+            ]
         return self._sites[key]
+
+    def _class_sites(self, index: ModuleIndex, cls: cst.ClassDef, family: str) -> list[Site]:
+        layout = (index.module.default_indent, index.module.default_newline)
+        kept = self._classes.get((id(cls), family))
+        if kept is not None and kept.cls is cls and kept.layout == layout and index.finds(kept.lookups):
+            return kept.sites
+        index.lookups = {}
+        try:
+            sites = class_sites(index, cls, family)
+            self._classes[(id(cls), family)] = _ClassSites(cls, layout, index.lookups, sites)
+        finally:
+            index.lookups = None
+        return sites
+
+
+@dataclass
+class _ClassSites:
+    """The sites of one family in one class, and what they were computed from."""
+
+    cls: cst.ClassDef
+    layout: tuple[str, str]  # the module's indentation and newline (the footprints hold code)
+    lookups: dict[tuple[str, str], cst.CSTNode | None]
+    sites: list[Site]
 
 
 def take_census(

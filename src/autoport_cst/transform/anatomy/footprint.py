@@ -86,11 +86,11 @@ class Footprint:
                 return
             # a module held in an attribute: its class, as a whole
             built = self.index.owner(self.cls).attr_classes.get(attr)
-            held = self.index.classes.get(built or "")
+            held = self.index.class_named(built or "")
             if held is not None:
                 self.include(held, follow=False)
-        elif (name := dotted(call.func)) in self.index.functions:
-            self.include(self.index.functions[name], follow=True)
+        elif (name := dotted(call.func)) is not None and (function := self.index.function_named(name)):
+            self.include(function, follow=True)
 
     def include(self, target: cst.FunctionDef | cst.ClassDef, follow: bool) -> None:
         if id(target) in self.seen:

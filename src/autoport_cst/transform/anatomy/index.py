@@ -69,58 +69,100 @@ class ClassFacts:
     methods: dict[str, cst.FunctionDef] = field(default_factory=dict)
 
 
-class ModuleIndex:
-    """Classes, module functions and generated code of one module, cached."""
+class NodeMemo:
+    """What is computed from a node alone (a method flattened, a class's
+    facts, what a subtree reads, the code of a node in a layout), kept across
+    the modules of one port: a step keeps the nodes it does not change, so a
+    changed module's unchanged classes and methods are not read again. Holds
+    the nodes it has seen, so their ids stay theirs."""
 
-    def __init__(self, module: cst.Module) -> None:
+    def __init__(self) -> None:
+        self.code: dict[tuple[str, str], dict[int, tuple[cst.CSTNode, str]]] = {}
+        self.flat: dict[int, tuple[cst.CSTNode, flow.FlatFunction]] = {}
+        self.owners: dict[int, tuple[cst.CSTNode, Owner]] = {}
+        self.facts: dict[int, tuple[cst.CSTNode, ClassFacts]] = {}
+        self.reads: dict[int, tuple[cst.CSTNode, Reads]] = {}
+
+
+class ModuleIndex:
+    """Classes, module functions and generated code of one module, cached
+    (in ``memo``, shared with other modules, when given)."""
+
+    def __init__(self, module: cst.Module, memo: NodeMemo | None = None) -> None:
         self.module = module
         self.classes = {s.name.value: s for s in module.body if isinstance(s, cst.ClassDef)}
         self.functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
-        self._code: dict[int, str] = {}
-        self._flat: dict[int, flow.FlatFunction] = {}
-        self._owners: dict[int, Owner] = {}
-        self._facts: dict[int, ClassFacts] = {}
-        self._reads: dict[int, Reads] = {}
+        memo = memo or NodeMemo()
+        self._code = memo.code.setdefault((module.default_indent, module.default_newline), {})
+        self._flat = memo.flat
+        self._owners = memo.owners
+        self._facts = memo.facts
+        self._reads = memo.reads
+        # (kind, name) -> what a lookup by name found, while someone records them
+        self.lookups: dict[tuple[str, str], cst.CSTNode | None] | None = None
+
+    def class_named(self, name: str) -> cst.ClassDef | None:
+        found = self.classes.get(name)
+        if self.lookups is not None:
+            self.lookups[("class", name)] = found
+        return found
+
+    def function_named(self, name: str) -> cst.FunctionDef | None:
+        found = self.functions.get(name)
+        if self.lookups is not None:
+            self.lookups[("function", name)] = found
+        return found
+
+    def finds(self, lookups: dict[tuple[str, str], cst.CSTNode | None]) -> bool:
+        """Whether each lookup by name finds the same node here."""
+        tables: dict[str, dict[str, cst.ClassDef] | dict[str, cst.FunctionDef]] = {
+            "class": self.classes,
+            "function": self.functions,
+        }
+        return all(tables[kind].get(name) is found for (kind, name), found in lookups.items())
 
     def code(self, node: cst.CSTNode) -> str:
-        key = id(node)
-        if key not in self._code:
-            self._code[key] = self.module.code_for_node(node)
-        return self._code[key]
+        found = self._code.get(id(node))
+        if found is None:
+            found = self._code[id(node)] = (node, self.module.code_for_node(node))
+        return found[1]
 
     def flat(self, func: cst.FunctionDef) -> flow.FlatFunction:
-        if id(func) not in self._flat:
-            self._flat[id(func)] = flow.flatten(func)
-        return self._flat[id(func)]
+        found = self._flat.get(id(func))
+        if found is None:
+            found = self._flat[id(func)] = (func, flow.flatten(func))
+        return found[1]
 
     def owner(self, cls: cst.ClassDef) -> Owner:
-        if id(cls) not in self._owners:
+        found = self._owners.get(id(cls))
+        if found is None:
             attrs: dict[str, str] = {}
             for node in walk(cls):
                 pair = self_assignment(node) if isinstance(node, cst.SimpleStatementLine) else None
                 if pair is not None and isinstance(pair[1], cst.Call) and pair[0] not in attrs:
                     attrs[pair[0]] = dotted(pair[1].func) or ""
-            self._owners[id(cls)] = Owner(cls, class_role(cls.name.value), attrs)
-        return self._owners[id(cls)]
+            found = self._owners[id(cls)] = (cls, Owner(cls, class_role(cls.name.value), attrs))
+        return found[1]
 
     def reads(self, node: cst.CSTNode) -> Reads:
         """The ``self`` attributes and calls under ``node``."""
-        key = id(node)
-        if key not in self._reads:
-            found = Reads()
+        found = self._reads.get(id(node))
+        if found is None:
+            reads = Reads()
             for n in walk(node):
                 attr = self_attr(n)
                 if attr is not None:
-                    found.attrs.add(attr)
+                    reads.attrs.add(attr)
                 if isinstance(n, cst.Call):
-                    found.calls.append(n)
-            self._reads[key] = found
-        return self._reads[key]
+                    reads.calls.append(n)
+            found = self._reads[id(node)] = (node, reads)
+        return found[1]
 
     def facts(self, cls: cst.ClassDef) -> ClassFacts:
-        if id(cls) not in self._facts:
-            self._facts[id(cls)] = self._class_facts(cls)
-        return self._facts[id(cls)]
+        found = self._facts.get(id(cls))
+        if found is None:
+            found = self._facts[id(cls)] = (cls, self._class_facts(cls))
+        return found[1]
 
     def _class_facts(self, cls: cst.ClassDef) -> ClassFacts:
         facts = ClassFacts()

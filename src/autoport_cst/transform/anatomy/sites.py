@@ -109,29 +109,31 @@ def is_forward_method(func: cst.FunctionDef) -> bool:
 def find_sites(module: cst.Module, family: str, index: ModuleIndex | None = None) -> list[Site]:
     """Every site of ``family`` in the methods of ``module``'s classes, one
     entry per distinct path."""
-    spec = FAMILIES[family]
     index = index or ModuleIndex(module)
+    return [site for cls in index.classes.values() for site in class_sites(index, cls, family)]
+
+
+def class_sites(index: ModuleIndex, cls: cst.ClassDef, family: str) -> list[Site]:
+    """The sites of ``family`` in the methods of one class of ``index``'s module."""
+    spec = FAMILIES[family]
+    owner = index.owner(cls)
+    if spec.roles is not None and owner.role not in spec.roles:
+        return []
     sites: list[Site] = []
-    for cls in index.classes.values():
-        owner = index.owner(cls)
-        if spec.roles is not None and owner.role not in spec.roles:
-            continue
-        for func in filter(is_forward_method, methods(cls)):
-            ordinals: dict[str, int] = {}
-            for call in _calls(func):
-                kind = spec.kind(call, owner)
-                if kind is None:
-                    continue
-                ordinal = ordinals.get(kind, 0)
-                ordinals[kind] = ordinal + 1
-                if spec.narrow(kind):
-                    digest = hashlib.sha1(index.code(call).encode()).hexdigest()
-                    sites.append(
-                        Site(family, cls.name.value, func.name.value, kind, ordinal, (), digest, call)
-                    )
-                    continue
-                for path, footprint in _variants(index, cls, func, call):
-                    sites.append(
-                        Site(family, cls.name.value, func.name.value, kind, ordinal, path, footprint, call)
-                    )
+    for func in filter(is_forward_method, methods(cls)):
+        ordinals: dict[str, int] = {}
+        for call in _calls(func):
+            kind = spec.kind(call, owner)
+            if kind is None:
+                continue
+            ordinal = ordinals.get(kind, 0)
+            ordinals[kind] = ordinal + 1
+            if spec.narrow(kind):
+                digest = hashlib.sha1(index.code(call).encode()).hexdigest()
+                sites.append(Site(family, cls.name.value, func.name.value, kind, ordinal, (), digest, call))
+                continue
+            for path, footprint in _variants(index, cls, func, call):
+                sites.append(
+                    Site(family, cls.name.value, func.name.value, kind, ordinal, path, footprint, call)
+                )
     return sites
