@@ -26,7 +26,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoport_cst.apply.reference import Reference
+from autoport_cst.apply.reference import ParsedTexts, Reference
 from autoport_cst.errors import (
     AutoportError,
     InputError,
@@ -76,7 +76,11 @@ def port_context(plan: Plan, reference: Reference) -> PortContext:
     )
 
 
-def compose(plan: Plan, reference: Reference, plan_source: str = "<plan>") -> Composition:
+def compose(
+    plan: Plan, reference: Reference, plan_source: str = "<plan>", parsed: ParsedTexts | None = None
+) -> Composition:
+    """The steps that port ``reference`` to ``plan`` (``parsed``: the texts the
+    caller parses too, parsed once)."""
     codemods = library()
     port = port_context(plan, reference)
     diffs = diff_specs(reference.spec, plan.spec)
@@ -143,13 +147,15 @@ def compose(plan: Plan, reference: Reference, plan_source: str = "<plan>") -> Co
         cls = codemods[RENAME]
         steps.append(Step(cls, cls.params_for([], plan.spec, port), "identity"))
     steps += [
-        Step(codemods[c], codemods[c].Params(), "repair") for c in repairs(reference) if c not in explicit_ids
+        Step(codemods[c], codemods[c].Params(), "repair")
+        for c in repairs(reference, parsed)
+        if c not in explicit_ids
     ]
 
     return Composition(tuple(order_steps(steps)), tuple(diffs), tuple(by_config))
 
 
-def repairs(reference: Reference) -> list[str]:
+def repairs(reference: Reference, parsed: ParsedTexts | None = None) -> list[str]:
     """Codemods that repair latent bugs of the reference's config: the fixes
     of the lint rules marked ``REPAIR`` that its config files break (a field
     read where transformers 5 no longer writes it, a default that hides a
@@ -164,7 +170,13 @@ def repairs(reference: Reference) -> list[str]:
     for rel, text in sorted(reference.files.items()):
         if file_role(rel) != "config":
             continue
-        for diagnostic in lint_source(text, rel, select=list(fixes)):
+        module = None
+        if parsed is not None:
+            try:
+                module = parsed.module(text)
+            except Exception:
+                continue  # linting it finds only that it does not parse, which nothing repairs
+        for diagnostic in lint_source(text, rel, select=list(fixes), module=module):
             fix = fixes.get(diagnostic.code)
             if fix is not None and fix not in found:
                 found.append(fix)

@@ -31,6 +31,7 @@ from autoport_cst.apply.port_test import PORT_TEST_ROOT, port_test_path, port_te
 from autoport_cst.apply.reference import (
     MANIFEST,
     Manifest,
+    ParsedTexts,
     Provenance,
     Reference,
 )
@@ -119,9 +120,10 @@ def build_port(
     for bad input or failed preconditions: those become ``result.failure``."""
     result = PortResult(plan, reference)
     try:
-        result.composition = compose(plan, reference, plan_source)
+        parsed = ParsedTexts()
+        result.composition = compose(plan, reference, plan_source, parsed)
         port = port_context(plan, reference)
-        units = _load_units(plan, reference, existing_registry)
+        units = _load_units(plan, reference, existing_registry, parsed)
         sites = SiteCache()
         for step in result.composition.steps:
             result.steps.append(_run_step(step, units, port, sites=sites))
@@ -134,7 +136,9 @@ def build_port(
     return result
 
 
-def _load_units(plan: Plan, reference: Reference, existing_registry: str | None) -> list[_Unit]:
+def _load_units(
+    plan: Plan, reference: Reference, existing_registry: str | None, parsed: ParsedTexts
+) -> list[_Unit]:
     units = []
     package = f"{MODEL_ROOT}/{plan.name}"
     for rel, text in reference.files.items():
@@ -154,7 +158,7 @@ def _load_units(plan: Plan, reference: Reference, existing_registry: str | None)
     for unit in units:
         if unit.out_path.endswith(".py"):
             try:
-                unit.module = unit.parsed = cst.parse_module(unit.current())
+                unit.module = unit.parsed = parsed.module(unit.current())
             except cst.ParserSyntaxError as exc:
                 where = reference.directory / unit.rel if unit.role != "registry" else Path(REGISTRY)
                 raise InputError(
@@ -365,13 +369,9 @@ def _check_hardware_rules(
 def _lint(text: str, path: str, module: cst.Module | None) -> list:
     """The diagnostics of one file: of its module when the caller has it (its
     code is ``text``), else of ``text`` parsed."""
-    if module is None:
-        from autoport_cst.lint import lint_source
+    from autoport_cst.lint import lint_source
 
-        return lint_source(text, path)
-    from autoport_cst.lint.engine import lint_module
-
-    return lint_module(module, path, source=text)
+    return lint_source(text, path, module=module)
 
 
 def _error_counts(diagnostics) -> Counter:

@@ -12,12 +12,15 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoport_cst.errors import InputError, MultiInputError, Position, did_you_mean
 from autoport_cst.plan.naming import ARCHITECTURE_RE, CLASS_PREFIX_RE, MODEL_NAME_RE
 from autoport_cst.spec import SPEC_VERSION, ArchSpec, from_json, get_field, leaf_fields, schema_of, to_json
 from autoport_cst.transform.roles import file_role
+
+if TYPE_CHECKING:
+    import libcst as cst
 
 MANIFEST = "reference.json"
 MANIFEST_FORMAT = 1
@@ -160,6 +163,29 @@ def load_reference(ref: str) -> Reference:
         digest.update(name.encode() + b"\0" + text.encode() + b"\0")
     digest.update(json.dumps(to_json(manifest.spec), sort_keys=True).encode())
     return Reference(manifest.name, directory, manifest, files, companions, digest.hexdigest())
+
+
+class ParsedTexts:
+    """Each text parsed once by LibCST (the composer lints the config files,
+    the engine transforms every file): the module, or the error parsing
+    raised, raised again."""
+
+    def __init__(self) -> None:
+        self._found: dict[str, cst.Module | Exception] = {}
+
+    def module(self, text: str) -> cst.Module:
+        found = self._found.get(text)
+        if found is None:
+            import libcst as cst
+
+            try:
+                found = cst.parse_module(text)
+            except Exception as error:  # raised again to each caller, as parsing would
+                found = error
+            self._found[text] = found
+        if isinstance(found, Exception):
+            raise found
+        return found
 
 
 def _read(path: Path) -> str:

@@ -677,12 +677,14 @@ def lint_source(
     select: Iterable[str] | None = None,
     ignore: Iterable[str] | None = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,
+    module: cst.Module | None = None,
 ) -> list[Diagnostic]:
     """Lint one file's text and return its positioned diagnostics, sorted by
     position. ``select`` / ``ignore`` take codes, prefixes or rule names;
     ``options`` maps a rule code to its options. No configuration file is
     read: pass ``settings`` (see :func:`autoport_cst.lint.load_settings`) for
-    that. A syntax error is returned as an NRN999 diagnostic."""
+    that. A syntax error is returned as an NRN999 diagnostic. ``module``: the
+    text already parsed (its code is ``code``), not parsed again."""
     settings = settings or LintSettings()
     if select is not None or ignore is not None:
         settings = settings.with_cli(list(select or []) or None, list(ignore or []) or None)
@@ -692,9 +694,10 @@ def lint_source(
         checked = parse_table({"lint": {"options": {k: dict(v) for k, v in options.items()}}}, "<options>")
         merged = {**settings.options, **checked.options}
         settings = dataclasses.replace(settings, options=merged)
-    module, error = parse(code, path)
-    if error is not None:
-        return [error]
+    if module is None:
+        module, error = parse(code, path)
+        if error is not None:
+            return [error]
     assert module is not None  # parse returns a module or a diagnostic
     return lint_module(module, path, settings, source=source_text(code, module))
 
