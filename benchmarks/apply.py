@@ -1,27 +1,50 @@
-"""Wall time of `apply` with the six foundation codemods on the llama3 reference.
+"""Speed of ``apply`` against LibCST's bare parse of the files it transforms.
 
-The plan realizes a diff with swap-norm and add-qkv-bias, renames the classes,
-and runs lazy-rope and unsqueeze-decode-biases as explicit steps (both leave
-the lazy, 2-D-bias llama3 reference as it is, but still parse and traverse
-every model file). float32-router needs an MoE router, which a dense reference
-does not have, so it is timed separately on the MoE fixture
-`fixtures/moe_router.py`.
+    python benchmarks/apply.py [--rounds 7] [--repeat 5] [--only NAME]
 
-Run: python benchmarks/apply.py [--repeat N]
-Target: apply under 1 s on a 2-core machine.
+Three ports, each on the reference it names:
+
+- ``llama3-bench``: the llama3 reference (the real-structure package) ported
+  with swap-norm and add-qkv-bias from the architecture diff, rename-classes,
+  and lazy-rope and unsqueeze-decode-biases as explicit steps (both leave the
+  lazy, 2-D-bias llama3 reference as it is, but read every model file);
+- ``qwen2`` and ``gemma2``: the example plans (4 and 11 steps on llama3).
+
+Whole process: ``autoport-cst apply --plan P --out TMP --force`` (as run from
+a shell, summary included, output discarded) side by side with a fresh
+interpreter that imports LibCST and parses the reference's Python files
+(``python -c "import libcst; [libcst.parse_module(...) for f in FILES]"``),
+in turn, A B A B ..., after one warm-up run of each (which also writes the
+bytecode caches). Printed: medians of CPU (user + sys) and wall seconds, and
+the median of the per-round ratios A/B. Target (issue 18): apply costs at
+most 1.5x the bare parse, judged on CPU time (wall time on a shared machine
+counts the other processes' load); issue 11 asks 2x for the real-structure
+llama3.
+
+In process: ``build_port`` (compose, transform, census, post-checks; the
+imports and the codemod library loaded before) and ``write_port``, against
+``libcst.parse_module`` of the same files in this process: best and median.
+The machine's other load is not controlled (its load average is printed):
+compare figures of the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TARGET = 1.5
 
-PLAN = {
+BENCH_PLAN = {
     "version": 1,
     "name": "bench_model",
     "class_prefix": "BenchModel",
@@ -36,54 +59,137 @@ PLAN = {
 }
 
 
+def plans(directory: Path) -> dict[str, Path]:
+    bench = directory / "llama3-bench.plan.json"
+    bench.write_text(json.dumps(BENCH_PLAN, indent=2))
+    return {
+        "llama3-bench": bench,
+        "qwen2": ROOT / "examples" / "qwen2.plan.json",
+        "gemma2": ROOT / "examples" / "gemma2.plan.json",
+    }
+
+
+def reference_files(plan: Path) -> list[Path]:
+    """The reference's Python files apply parses (package and companions)."""
+    from autoport_cst.apply import load_reference
+
+    reference = load_reference(json.loads(plan.read_text())["reference"])
+    files = [reference.directory / rel for rel in reference.files]
+    files += [reference.directory / "companions" / name for name in reference.companions]
+    return sorted(f for f in files if f.suffix == ".py")
+
+
+def run(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(CPU s, wall s) of one process; it must succeed."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
+
+
+def whole_process(plan: Path, files: list[Path], out: Path, rounds: int) -> dict[str, float]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    apply = [sys.executable, "-m", "autoport_cst", "apply", "--plan", str(plan), "--out", str(out), "--force"]
+    parse = [
+        sys.executable,
+        "-c",
+        "import sys, libcst; [libcst.parse_module(open(f, encoding='utf-8').read()) for f in sys.argv[1:]]",
+        *map(str, files),
+    ]
+    run(apply, env), run(parse, env)  # warm-up: bytecode caches, file cache
+    a_cpu, a_wall, b_cpu, b_wall, cpu_ratio, wall_ratio = [], [], [], [], [], []
+    for _ in range(rounds):
+        (ac, aw), (bc, bw) = run(apply, env), run(parse, env)
+        a_cpu.append(ac), a_wall.append(aw), b_cpu.append(bc), b_wall.append(bw)
+        cpu_ratio.append(ac / bc), wall_ratio.append(aw / bw)
+    median = statistics.median
+    return {
+        "apply_cpu": median(a_cpu),
+        "apply_wall": median(a_wall),
+        "parse_cpu": median(b_cpu),
+        "parse_wall": median(b_wall),
+        "cpu_ratio": median(cpu_ratio),
+        "wall_ratio": median(wall_ratio),
+    }
+
+
+def in_process(plan_path: Path, files: list[Path], out: Path, repeat: int) -> dict[str, float]:
+    import libcst
+
+    from autoport_cst.apply import build_port, load_reference, write_port
+    from autoport_cst.plan import load_plan
+
+    plan = load_plan(plan_path)
+    reference = load_reference(plan.reference or "llama3")
+    texts = [f.read_text(encoding="utf-8") for f in files]
+    result = build_port(plan, reference)  # the codemod library and the lint rules imported
+    assert result.ok, result.failure
+    builds, writes, parses = [], [], []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = build_port(plan, reference)
+        middle = time.perf_counter()
+        write_port(out, result.files, result.package_dir, force=True)
+        end = time.perf_counter()
+        builds.append(middle - start), writes.append(end - middle)
+        start = time.perf_counter()
+        for text in texts:
+            libcst.parse_module(text)
+        parses.append(time.perf_counter() - start)
+    return {
+        "steps": len(result.steps),
+        "build_min": min(builds),
+        "build_median": statistics.median(builds),
+        "write_median": statistics.median(writes),
+        "parse_min": min(parses),
+        "parse_median": statistics.median(parses),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=7, help="whole-process rounds (A and B each)")
+    parser.add_argument("--repeat", type=int, default=5, help="in-process repetitions")
+    parser.add_argument("--only", help="one of llama3-bench, qwen2, gemma2")
     args = parser.parse_args()
 
-    start = time.perf_counter()
-    from autoport_cst.apply import build_port, load_reference, write_port
-    from autoport_cst.plan import parse_plan
-    from autoport_cst.transform.base import run_on_source
-    from autoport_cst.transform.library import get_codemod, library
-
-    library()
-    imports = time.perf_counter() - start
-
-    plan = parse_plan(PLAN)
-    timings = []
-    for _ in range(args.repeat):
-        with tempfile.TemporaryDirectory() as out:
-            t0 = time.perf_counter()
-            reference = load_reference("llama3")
-            result = build_port(plan, reference)
-            assert result.ok, result.failure
-            write_port(Path(out), result.files, result.package_dir, force=False)
-            timings.append(time.perf_counter() - t0)
-    steps = [s.codemod for s in result.steps]
-
-    router_source = (ROOT / "fixtures" / "moe_router.py").read_text()
-    router = get_codemod("float32-router")()
-    router_times = []
-    for _ in range(args.repeat):
-        t0 = time.perf_counter()
-        run_on_source(router, router_source, "moe_router.py", "model")
-        router_times.append(time.perf_counter() - t0)
-
-    lines = sum(text.count("\n") for text in reference.files.values())
-    print(f"reference llama3: {len(reference.files)} files, {lines} lines")
-    print(f"steps: {', '.join(steps)}")
-    print(f"imports (libcst, codemod library): {imports:.3f} s")
+    one, five, _ = os.getloadavg()
+    print(f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} cores")
+    verdicts = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, plan in plans(Path(tmp)).items():
+            if args.only and name != args.only:
+                continue
+            files = reference_files(plan)
+            lines = sum(f.read_text(encoding="utf-8").count("\n") for f in files)
+            whole = whole_process(plan, files, Path(tmp) / "whole", args.rounds)
+            inner = in_process(plan, files, Path(tmp) / "inner", args.repeat)
+            verdict = "met" if whole["cpu_ratio"] <= TARGET else "MISSED"
+            verdicts.append(verdict)
+            print(f"\n{name}: {inner['steps']} steps; {len(files)} reference files, {lines} lines")
+            print(
+                f"  whole process, median of {args.rounds}: apply {whole['apply_cpu']:.2f} s CPU "
+                f"({whole['apply_wall']:.2f} s wall); bare parse {whole['parse_cpu']:.2f} s CPU "
+                f"({whole['parse_wall']:.2f} s wall)"
+            )
+            print(
+                f"  ratio apply / parse: {whole['cpu_ratio']:.2f}x CPU ({whole['wall_ratio']:.2f}x wall); "
+                f"target <= {TARGET}x CPU: {verdict}"
+            )
+            print(
+                f"  in process: build_port {inner['build_min']:.3f} s best, {inner['build_median']:.3f} s "
+                f"median (write_port {inner['write_median']:.3f} s); parse {inner['parse_min']:.3f} s best, "
+                f"{inner['parse_median']:.3f} s median: {inner['build_median'] / inner['parse_median']:.1f}x"
+            )
     print(
-        f"apply (load, compose, transform, post-check, write): "
-        f"min {min(timings):.3f} s, median {statistics.median(timings):.3f} s over {args.repeat} runs"
+        f"\ntarget <= {TARGET}x the bare parse (whole process, CPU): {'met' if all(v == 'met' for v in verdicts) else 'MISSED'}"
     )
-    print(
-        f"float32-router on fixtures/moe_router.py: min {min(router_times) * 1000:.1f} ms, "
-        f"median {statistics.median(router_times) * 1000:.1f} ms"
-    )
-    verdict = "met" if min(timings) + imports < 1.0 else "MISSED"
-    print(f"target: apply under 1 s including imports: {verdict} ({min(timings) + imports:.3f} s)")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""vocabulary.walk and child_nodes: every node, parents first, in the
-order of the node dataclasses' fields, as a walk that asks isinstance of
-each field value would list them."""
+"""The vocabulary's walks: every node, parents first, in the order of the node
+dataclasses' fields, as a walk that asks isinstance of each field value would
+list them; a walk pruned where asked; the paths to chosen nodes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import dataclasses
 import libcst as cst
 import pytest
 
-from autoport_cst.transform.vocabulary import child_nodes, walk
+from autoport_cst.transform.vocabulary import paths_to, walk, walk_pruned
 
 
 def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
@@ -23,22 +23,63 @@ def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
     return found
 
 
-def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
+def _walk(node: cst.CSTNode, pruned=lambda node: False) -> list[cst.CSTNode]:
     out, stack = [], [node]
     while stack:
         current = stack.pop()
         out.append(current)
-        stack.extend(reversed(_children(current)))
+        if not pruned(current):
+            stack.extend(reversed(_children(current)))
     return out
+
+
+def _modules(repo_root, reference):
+    for path in sorted((repo_root / "reference_models" / reference).rglob("*.py")):
+        yield path, cst.parse_module(path.read_text())
 
 
 @pytest.mark.parametrize("reference", ["llama3", "qwen3_moe", "gpt_oss"])
 def test_walk_lists_every_node_of_a_reference_in_field_order(repo_root, reference):
-    for path in sorted((repo_root / "reference_models" / reference).rglob("*.py")):
-        module = cst.parse_module(path.read_text())
+    for path, module in _modules(repo_root, reference):
         expected = _walk(module)
         found = walk(module)
-        assert len(found) == len(expected) and all(a is b for a, b in zip(found, expected, strict=True)), path
-        assert walk(module) == found and walk(module) is not found  # served again, a list of its own
-        for node in expected[:2000]:
-            assert child_nodes(node) == _children(node)
+        assert len(found) == len(expected), path
+        assert all(a is b for a, b in zip(found, expected, strict=True)), path
+        again = walk(module)  # served from the cache: a list of its own
+        assert again is not found and all(a is b for a, b in zip(again, found, strict=True))
+
+
+def _pruned(node: cst.CSTNode) -> bool:
+    return isinstance(node, (cst.FunctionDef, cst.Import, cst.ImportFrom))
+
+
+def test_a_pruned_walk_skips_what_is_below_the_nodes_it_is_told_to(repo_root):
+    for path, module in _modules(repo_root, "llama3"):
+        visited: list[cst.CSTNode] = []
+
+        def visit(node: cst.CSTNode, visited=visited) -> bool:
+            visited.append(node)
+            return not _pruned(node)
+
+        walk_pruned(module, visit)
+        expected = _walk(module, _pruned)
+        assert len(visited) == len(expected), path
+        assert all(a is b for a, b in zip(visited, expected, strict=True)), path
+
+
+def test_the_paths_to_some_nodes_are_their_ancestors(repo_root):
+    path, module = next(_modules(repo_root, "llama3"))
+    nodes = walk(module)
+    targets = [nodes[i] for i in range(0, len(nodes), 997)]
+    parents: dict[int, cst.CSTNode] = {}
+    for node in nodes:
+        for child in _children(node):
+            parents[id(child)] = node
+    expected: set[int] = set()
+    for target in targets:
+        node: cst.CSTNode | None = target
+        while node is not None:
+            expected.add(id(node))
+            node = parents.get(id(node))
+    assert paths_to(module, {id(t) for t in targets}) == expected
+    assert paths_to(module, set()) == set()

@@ -14,16 +14,18 @@ Output layout, relative to the output directory::
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst as cst
 
 from autoport_cst import __version__
-from autoport_cst.apply.changes import changed_code
 from autoport_cst.apply.checkpoint_keys import check_checkpoint_keys
 from autoport_cst.apply.composer import Composition, Step, compose, port_context
 from autoport_cst.apply.exhaustive import StepCensus, reference_position
@@ -42,6 +44,7 @@ from autoport_cst.transform import FileContext, Note, PortContext
 from autoport_cst.transform.anatomy.census import SiteCache
 from autoport_cst.transform.base import defined_classes
 from autoport_cst.transform.library import get_codemod
+from autoport_cst.transform.printed import module_code
 from autoport_cst.transform.roles import file_role
 
 MODEL_ROOT = "vllm_neuron/model"
@@ -105,7 +108,7 @@ class _Unit:
         """The file's current text (module code is generated once per change)."""
         if self.text is None:
             assert self.module is not None  # the text is dropped only for a changed module
-            self.text = self.module.code
+            self.text = module_code(self.module)
         return self.text
 
 
@@ -118,6 +121,31 @@ def build_port(
 ) -> PortResult:
     """Compose and run the codemods; return the files of the port. Never raises
     for bad input or failed preconditions: those become ``result.failure``."""
+    with _no_cycle_collection():
+        return _build_port(plan, reference, existing_registry, plan_source, replace_registry_entry)
+
+
+@contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """The cycle collector paused: a port makes and drops hundreds of
+    thousands of syntax-tree nodes, which hold no cycles (reference counting
+    frees them), and each collection would walk every node the steps keep."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _build_port(
+    plan: Plan,
+    reference: Reference,
+    existing_registry: str | None,
+    plan_source: str,
+    replace_registry_entry: bool,
+) -> PortResult:
     result = PortResult(plan, reference)
     try:
         parsed = ParsedTexts()
@@ -224,16 +252,11 @@ def _run_step(
 
 def _code_changed(unit: _Unit, after: cst.Module) -> bool:
     """Make ``after`` the unit's module; whether its code differs from the
-    module it replaces (told by the statements they share when it can be)."""
-    before = unit.module
-    assert before is not None
-    changed = changed_code(before, after)
-    if changed is None:
-        previous = unit.current()
-        unit.module, unit.text = after, after.code
-        return unit.text != previous
-    unit.module, unit.text = after, None
-    return changed
+    module it replaces. The code is joined from the code of the top-level
+    statements, each printed once (a step keeps what it does not edit)."""
+    previous = unit.current()
+    unit.module, unit.text = after, module_code(after)
+    return unit.text != previous
 
 
 def _to_reference_position(error: PreconditionError, unit: _Unit) -> None:

@@ -16,7 +16,6 @@ import libcst as cst
 
 from autoport_cst.transform.vocabulary import (  # noqa: F401 - the vocabulary, re-exported
     call_name,
-    child_nodes,
     class_of_role,
     classes,
     classes_with_role,
@@ -33,6 +32,7 @@ from autoport_cst.transform.vocabulary import (  # noqa: F401 - the vocabulary, 
     is_none,
     keyword_arg,
     method,
+    paths_to,
     positional_args,
     role_of,
     self_assignment,
@@ -141,7 +141,7 @@ def rewrite(root: _Node, edits: dict[int, Edit]) -> _Node:
     cheaper than a full transformer pass over a large module."""
     if not edits:
         return root
-    keep = _paths_to(root, set(edits))
+    keep = paths_to(root, set(edits))
 
     class _Rewrite(cst.CSTTransformer):
         def on_visit(self, node: cst.CSTNode) -> bool:
@@ -153,27 +153,6 @@ def rewrite(root: _Node, edits: dict[int, Edit]) -> _Node:
 
     # The edits keep the root's kind (they edit statements and expressions below it).
     return cast(_Node, root.visit(_Rewrite()))
-
-
-def _paths_to(root: cst.CSTNode, targets: set[int]) -> set[int]:
-    """ids of the targets and of every node on the path from root to them."""
-    parent: dict[int, cst.CSTNode | None] = {id(root): None}
-    found: list[cst.CSTNode] = []
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if id(node) in targets:
-            found.append(node)
-        for child in child_nodes(node):
-            parent[id(child)] = node
-            stack.append(child)
-    keep: set[int] = set()
-    for node in found:
-        current: cst.CSTNode | None = node
-        while current is not None and id(current) not in keep:
-            keep.add(id(current))
-            current = parent.get(id(current))
-    return keep
 
 
 def insert_after(node: _Node, anchor: cst.BaseStatement, new: Sequence[cst.BaseStatement]) -> _Node:

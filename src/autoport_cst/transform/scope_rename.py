@@ -14,7 +14,7 @@ Resolution has two paths with the same result:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,13 +22,9 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, ScopeProvider
 
 from autoport_cst.transform.cst_helpers import Edit, dotted, rewrite, walk
-from autoport_cst.transform.vocabulary import child_nodes
+from autoport_cst.transform.printed import code_in_order
+from autoport_cst.transform.vocabulary import nodes_of, walk_pruned
 from autoport_cst.transform.words import WordEdit, rename_words
-
-try:  # private API, pinned by libcst>=1.8,<2 in pyproject.toml (as in lint/positions.py)
-    from libcst._nodes.internal import CodegenState as _CodegenState
-except ImportError:  # pragma: no cover - exercised only with another LibCST
-    _CodegenState = None  # type: ignore[assignment, misc]
 
 
 class _BindingSurvey:
@@ -56,11 +52,7 @@ class _BindingSurvey:
     def survey(self, module: cst.Module) -> None:
         """Visit every node in ``walk`` order, except below an import or a Name
         (handled as a whole)."""
-        stack: list[cst.CSTNode] = [module]
-        while stack:
-            node = stack.pop()
-            if self.visit(node):
-                stack.extend(reversed(child_nodes(node)))
+        walk_pruned(module, self.visit)
 
     def visit(self, node: cst.CSTNode) -> bool:
         """Record what ``node`` binds or references; whether to visit its children."""
@@ -214,7 +206,7 @@ class ModuleReferences:
 
 def module_references(module: cst.Module, package: str) -> ModuleReferences:
     found = ModuleReferences()
-    for node in walk(module):
+    for node in nodes_of(module, cst.ImportFrom, cst.Import):
         if isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
             source = dotted(node.module) if node.module is not None else None
             own = bool(node.relative) or own_package_module(source, package)
@@ -258,7 +250,7 @@ def attribute_references(
     refs = module_references(module, package)
     targets: set[int] = set()
     unknown: list[cst.Attribute] = []
-    for node in walk(module):
+    for node in nodes_of(module, cst.Attribute):
         if not isinstance(node, cst.Attribute) or node.attr.value not in table:
             continue
         value = dotted(node.value)
@@ -283,7 +275,7 @@ def string_references(module: cst.Module, table: dict[str, str], package: str) -
                 quote = node.value[len(node.prefix) :][0]
                 found[id(node)] = f"{node.prefix}{quote}{new}{quote}"
 
-    for node in walk(module):
+    for node in nodes_of(module, cst.Call, cst.Assign):  # grouped by kind: what they find is a mapping
         if isinstance(node, cst.Call) and dotted(node.func) in ("getattr", "hasattr") and len(node.args) >= 2:
             if dotted(node.args[0].value) in aliases:
                 take(node.args[1].value)
@@ -335,8 +327,8 @@ def rename_in_module(
     ancestors are rebuilt."""
     edits: dict[int, Edit] = {}
     prose: dict[int, tuple[str, list[WordEdit]]] = {}
-    for node in walk(module):
-        kind = type(node)
+    for node in nodes_of(module, cst.Name, cst.SimpleString, cst.FormattedStringText, cst.Comment):
+        kind = type(node)  # the kinds a transformer's leave_<Kind> would be called for
         if kind is cst.Name:
             if id(node) in targets:
                 edits[id(node)] = _renamed(table[node.value])  # type: ignore[attr-defined]
@@ -363,42 +355,6 @@ def _rename_words(
         prose[id(node)] = (raw, found)
     if new != raw:
         edits[id(node)] = _renamed(new)
-
-
-def code_in_order(module: cst.Module, nodes: Collection[int]) -> tuple[str, list[cst.CSTNode]]:
-    """The module's code, and the nodes whose ids are in ``nodes`` in the
-    order the code holds them (the order a transformer meets them)."""
-    if _CodegenState is None:  # pragma: no cover - only with another LibCST
-        order: list[cst.CSTNode] = []
-
-        class _Order(cst.CSTVisitor):
-            def on_visit(self, node: cst.CSTNode) -> bool:
-                if id(node) in nodes:
-                    order.append(node)
-                return True
-
-        module.visit(_Order())
-        return module.code, order
-    state = _OrderState(module, nodes)
-    module._codegen(state)
-    return "".join(state.tokens), state.order
-
-
-if _CodegenState is not None:
-
-    class _OrderState(_CodegenState):
-        """Code generation that notes the wanted nodes as it meets them."""
-
-        __slots__ = ("wanted", "order")
-
-        def __init__(self, module: cst.Module, wanted: Collection[int]) -> None:
-            super().__init__(default_indent=module.default_indent, default_newline=module.default_newline)
-            self.wanted = wanted
-            self.order: list[cst.CSTNode] = []
-
-        def before_codegen(self, node: cst.CSTNode) -> None:
-            if id(node) in self.wanted:
-                self.order.append(node)
 
 
 def rename_classes_in_module(module: cst.Module, table: dict[str, str]) -> cst.Module:

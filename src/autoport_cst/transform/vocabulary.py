@@ -18,20 +18,41 @@ import libcst as cst
 from autoport_cst.transform.roles import class_role
 
 
+class IsInstance(dict):
+    """type -> whether its instances are instances of ``classes``, decided
+    once per type: LibCST's node classes derive from an abstract base class,
+    whose ``isinstance`` costs several dict lookups when it fails. Ask
+    ``IS_NAME[type(node)]`` in loops over many nodes."""
+
+    def __init__(self, *classes: type) -> None:
+        super().__init__()
+        self.classes = classes
+
+    def __missing__(self, kind: type) -> bool:
+        found = self[kind] = issubclass(kind, self.classes)
+        return found
+
+
+IS_NAME = IsInstance(cst.Name)
+IS_ATTRIBUTE = IsInstance(cst.Attribute)
+IS_CALL = IsInstance(cst.Call)
+IS_ARG = IsInstance(cst.Arg)
+
+
 def dotted(node: cst.CSTNode | None) -> str | None:
     """``NF.attention_decode`` for an Attribute chain of Names, ``x`` for a Name."""
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        base = dotted(node.value)
-        return None if base is None else f"{base}.{node.attr.value}"
+    if IS_NAME[type(node)]:
+        return node.value  # type: ignore[union-attr]
+    if IS_ATTRIBUTE[type(node)]:
+        base = dotted(node.value)  # type: ignore[union-attr]
+        return None if base is None else f"{base}.{node.attr.value}"  # type: ignore[union-attr]
     return None
 
 
 def self_attr(node: cst.CSTNode | None) -> str | None:
     """``foo`` for ``self.foo``; None otherwise."""
-    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
-        return node.attr.value
+    if IS_ATTRIBUTE[type(node)] and IS_NAME[type(node.value)] and node.value.value == "self":  # type: ignore[union-attr]
+        return node.attr.value  # type: ignore[union-attr]
     return None
 
 
@@ -96,6 +117,25 @@ _WALK_CACHE_SIZE = 512
 _WALKS: dict[int, tuple[cst.CSTNode, list[cst.CSTNode]]] = {}
 
 
+def nodes_of(node: cst.CSTNode, *types: type) -> list[cst.CSTNode]:
+    """The nodes under ``node`` (itself included) that are instances of
+    ``types``: grouped by their type, each group in ``walk`` order. The nodes
+    of a recently asked tree are served by type, not filtered again."""
+    cached = _BY_TYPE.get(id(node))
+    if cached is None or cached[0] is not node:
+        by_type: dict[type, list[cst.CSTNode]] = {}
+        for found in walk(node):
+            by_type.setdefault(type(found), []).append(found)
+        if len(_BY_TYPE) >= _BY_TYPE_CACHE_SIZE:
+            del _BY_TYPE[next(iter(_BY_TYPE))]
+        cached = _BY_TYPE[id(node)] = (node, by_type)
+    return [found for kind, group in cached[1].items() if issubclass(kind, types) for found in group]
+
+
+_BY_TYPE_CACHE_SIZE = 16
+_BY_TYPE: dict[int, tuple[cst.CSTNode, dict[type, list[cst.CSTNode]]]] = {}
+
+
 def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
     # The children of each node are pushed last first, so the first comes off the
     # stack next; a value's kind (node, sequence, other) is looked up by its type
@@ -139,20 +179,6 @@ def value_kind(value: object) -> str:
     return kind
 
 
-def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """The nodes directly under ``node``, in ``walk`` order (dataclass fields)."""
-    children: list[cst.CSTNode] = []
-    kinds = _KINDS
-    for name in _FIELDS.get(type(node)) or _fields(type(node)):
-        value = getattr(node, name)
-        kind = kinds.get(type(value)) or value_kind(value)
-        if kind is NODE:
-            children.append(value)
-        elif kind is SEQUENCE:
-            children.extend(item for item in value if (kinds.get(type(item)) or value_kind(item)) is NODE)
-    return children
-
-
 def _fields(node_type: type) -> tuple[str, ...]:
     names = _FIELDS.get(node_type)
     if names is None:
@@ -165,6 +191,57 @@ def _reversed_fields(node_type: type) -> tuple[str, ...]:
     return _REVERSED_FIELDS[node_type]
 
 
+def walk_pruned(node: cst.CSTNode, visit: Callable[[cst.CSTNode], bool]) -> None:
+    """Call ``visit`` on every node under ``node`` in ``walk`` order, except
+    below the nodes it returns False for."""
+    stack = [node]
+    fields, kinds = _REVERSED_FIELDS, _KINDS
+    while stack:
+        current = stack.pop()
+        if not visit(current):
+            continue
+        for name in fields.get(type(current)) or _reversed_fields(type(current)):
+            value = getattr(current, name)
+            kind = kinds.get(type(value)) or value_kind(value)
+            if kind is NODE:
+                stack.append(value)
+            elif kind is SEQUENCE:
+                for item in reversed(value):
+                    if (kinds.get(type(item)) or value_kind(item)) is NODE:
+                        stack.append(item)
+
+
+def paths_to(root: cst.CSTNode, targets: set[int]) -> set[int]:
+    """ids of the nodes under ``root`` whose ids are in ``targets``, and of
+    every node on the path from ``root`` to them."""
+    parent: dict[int, cst.CSTNode | None] = {id(root): None}
+    found: list[cst.CSTNode] = []
+    stack = [root]
+    fields, kinds = _REVERSED_FIELDS, _KINDS
+    while stack:
+        current = stack.pop()
+        if id(current) in targets:
+            found.append(current)
+        for name in fields.get(type(current)) or _reversed_fields(type(current)):
+            value = getattr(current, name)
+            kind = kinds.get(type(value)) or value_kind(value)
+            if kind is NODE:
+                parent[id(value)] = current
+                stack.append(value)
+            elif kind is SEQUENCE:
+                for item in value:
+                    if (kinds.get(type(item)) or value_kind(item)) is NODE:
+                        parent[id(item)] = current
+                        stack.append(item)
+    keep: set[int] = set()
+    for node in found:
+        ancestor: cst.CSTNode | None = node
+        while ancestor is not None and id(ancestor) not in keep:
+            keep.add(id(ancestor))
+            ancestor = parent.get(id(ancestor))
+    return keep
+
+
 def find_all(node: cst.CSTNode, predicate: Callable[[cst.CSTNode], bool]) -> list[cst.CSTNode]:
     return [n for n in walk(node) if predicate(n)]
 
@@ -175,12 +252,13 @@ def free_names(node: cst.CSTNode) -> set[str]:
     not_variables: set[int] = set()
     names: set[str] = set()
     for n in walk(node):
-        if isinstance(n, cst.Attribute):
-            not_variables.add(id(n.attr))
-        elif isinstance(n, cst.Arg) and n.keyword is not None:
-            not_variables.add(id(n.keyword))
-        elif isinstance(n, cst.Name) and id(n) not in not_variables:
-            names.add(n.value)
+        kind = type(n)
+        if IS_ATTRIBUTE[kind]:
+            not_variables.add(id(n.attr))  # type: ignore[attr-defined]
+        elif IS_ARG[kind] and n.keyword is not None:  # type: ignore[attr-defined]
+            not_variables.add(id(n.keyword))  # type: ignore[attr-defined]
+        elif IS_NAME[kind] and id(n) not in not_variables:
+            names.add(n.value)  # type: ignore[attr-defined]
     return names
 
 

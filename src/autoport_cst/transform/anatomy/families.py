@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import libcst as cst
 
 from autoport_cst.transform.anatomy.moe_families import experts_kind, router_kind
-from autoport_cst.transform.cst_helpers import call_name, dotted, self_attr, walk
+from autoport_cst.transform.cst_helpers import call_name, dotted, self_assignment, self_attr, walk
 from autoport_cst.transform.roles import class_role
 
 
@@ -68,13 +69,23 @@ def _mlp_kernel(call: cst.Call) -> bool:
     return "mlp" in _last(name).lower()
 
 
-@dataclass
 class Owner:
-    """A class and what its ``__init__`` (and other methods) assign to ``self``."""
+    """A class and what its ``__init__`` (and other methods) assign to ``self``
+    (read on first use: a family that asks only of kernel calls never does)."""
 
-    cls: cst.ClassDef
-    role: str | None
-    attr_classes: dict[str, str]  # self attribute -> class it is built from (a call)
+    def __init__(self, cls: cst.ClassDef, role: str | None) -> None:
+        self.cls = cls
+        self.role = role
+
+    @cached_property
+    def attr_classes(self) -> dict[str, str]:
+        """self attribute -> the class it is built from (the first call assigned to it)."""
+        attrs: dict[str, str] = {}
+        for node in walk(self.cls):
+            pair = self_assignment(node) if isinstance(node, cst.SimpleStatementLine) else None
+            if pair is not None and isinstance(pair[1], cst.Call) and pair[0] not in attrs:
+                attrs[pair[0]] = dotted(pair[1].func) or ""
+        return attrs
 
 
 SUBLAYER_NAMES = ("self_attn", "attn", "attention", "mlp", "feed_forward", "block_sparse_moe", "moe")

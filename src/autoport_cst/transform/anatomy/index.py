@@ -15,8 +15,9 @@ import libcst as cst
 
 from autoport_cst.transform.anatomy import flow
 from autoport_cst.transform.anatomy.families import Owner
-from autoport_cst.transform.cst_helpers import call_name, dotted, self_assignment, self_attr, walk
+from autoport_cst.transform.cst_helpers import call_name, self_assignment, self_attr, walk
 from autoport_cst.transform.roles import class_role
+from autoport_cst.transform.vocabulary import IS_CALL
 
 
 def methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:
@@ -82,6 +83,7 @@ class NodeMemo:
         self.owners: dict[int, tuple[cst.CSTNode, Owner]] = {}
         self.facts: dict[int, tuple[cst.CSTNode, ClassFacts]] = {}
         self.reads: dict[int, tuple[cst.CSTNode, Reads]] = {}
+        self.calls: dict[int, tuple[cst.CSTNode, list[cst.Call]]] = {}
 
 
 class ModuleIndex:
@@ -98,6 +100,7 @@ class ModuleIndex:
         self._owners = memo.owners
         self._facts = memo.facts
         self._reads = memo.reads
+        self._calls = memo.calls
         # (kind, name) -> what a lookup by name found, while someone records them
         self.lookups: dict[tuple[str, str], cst.CSTNode | None] | None = None
 
@@ -136,12 +139,7 @@ class ModuleIndex:
     def owner(self, cls: cst.ClassDef) -> Owner:
         found = self._owners.get(id(cls))
         if found is None:
-            attrs: dict[str, str] = {}
-            for node in walk(cls):
-                pair = self_assignment(node) if isinstance(node, cst.SimpleStatementLine) else None
-                if pair is not None and isinstance(pair[1], cst.Call) and pair[0] not in attrs:
-                    attrs[pair[0]] = dotted(pair[1].func) or ""
-            found = self._owners[id(cls)] = (cls, Owner(cls, class_role(cls.name.value), attrs))
+            found = self._owners[id(cls)] = (cls, Owner(cls, class_role(cls.name.value)))
         return found[1]
 
     def reads(self, node: cst.CSTNode) -> Reads:
@@ -153,9 +151,16 @@ class ModuleIndex:
                 attr = self_attr(n)
                 if attr is not None:
                     reads.attrs.add(attr)
-                if isinstance(n, cst.Call):
-                    reads.calls.append(n)
+                if IS_CALL[type(n)]:
+                    reads.calls.append(n)  # type: ignore[arg-type]
             found = self._reads[id(node)] = (node, reads)
+        return found[1]
+
+    def calls(self, node: cst.CSTNode) -> list[cst.Call]:
+        """The calls under ``node``, in ``walk`` order."""
+        found = self._calls.get(id(node))
+        if found is None:
+            found = self._calls[id(node)] = (node, [n for n in walk(node) if IS_CALL[type(n)]])  # type: ignore[misc]
         return found[1]
 
     def facts(self, cls: cst.ClassDef) -> ClassFacts:

@@ -19,7 +19,6 @@ change was not edited.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -28,7 +27,6 @@ from autoport_cst.transform.anatomy import flow
 from autoport_cst.transform.anatomy.families import FAMILIES
 from autoport_cst.transform.anatomy.footprint import Footprint
 from autoport_cst.transform.anatomy.index import ModuleIndex, methods
-from autoport_cst.transform.cst_helpers import walk
 
 Branch = flow.Branch
 
@@ -63,12 +61,6 @@ class Site:
 
 
 # -- finding sites -------------------------------------------------------------------------
-
-
-def _calls(node: cst.CSTNode) -> Iterator[cst.Call]:
-    for n in walk(node):
-        if isinstance(n, cst.Call):
-            yield n
 
 
 def _variants(
@@ -122,7 +114,7 @@ def class_sites(index: ModuleIndex, cls: cst.ClassDef, family: str) -> list[Site
     sites: list[Site] = []
     for func in filter(is_forward_method, methods(cls)):
         ordinals: dict[str, int] = {}
-        for call in _calls(func):
+        for call in index.calls(func):
             kind = spec.kind(call, owner)
             if kind is None:
                 continue
