@@ -1,13 +1,16 @@
 """rename_in_module renames what a transformer over the whole module would,
 and reports the renamed strings and comments in the order it meets them (the
-order the rename's notes are positioned in), rebuilding only what it edits."""
+order the rename's notes are positioned in), rebuilding only what it edits;
+the renamed statements' code is spliced from the old code, not printed."""
 
 from __future__ import annotations
 
 import libcst as cst
 import pytest
 
+from autoport_cst.transform import printed
 from autoport_cst.transform.base import defined_classes
+from autoport_cst.transform.printed import module_code
 from autoport_cst.transform.scope_rename import (
     attribute_references,
     rename_in_module,
@@ -78,6 +81,11 @@ def test_the_rename_of_every_reference_file_is_the_transformers(repo_root, refer
         assert renamed.text_edits == oracle.text_edits, path
         if renamed.text_edits:
             assert renamed.code == module.code, path
+            # the renamed statements' code, spliced from the old code's tokens, is kept as printed
+            for statement in renamed.module.body:
+                kept = printed._CODES[(id(statement), module.default_indent, module.default_newline)]
+                assert kept[1] == renamed.module.code_for_node(statement), path
+        assert module_code(renamed.module) == expected.code, path
         for old, new, done in zip(module.body, renamed.module.body, expected.body, strict=True):
             if module.code_for_node(old) == expected.code_for_node(done):
                 assert new is old, path  # a statement with nothing to rename is not rebuilt

@@ -51,10 +51,19 @@ def _keep(key: tuple[int, str, str], entry: tuple[cst.CSTNode, str]) -> None:
         del _CODES[next(iter(_CODES))]
 
 
-def code_in_order(module: cst.Module, nodes: Collection[int]) -> tuple[str, list[cst.CSTNode]]:
+def code_in_order(
+    module: cst.Module,
+    nodes: Collection[int],
+    renamed: tuple[cst.Module, dict[int, str]] | None = None,
+) -> tuple[str, list[cst.CSTNode]]:
     """The module's code, and the nodes whose ids are in ``nodes`` in the
     order the code holds them (the order a transformer meets them); the code
-    of each top-level statement is kept."""
+    of each top-level statement is kept.
+
+    ``renamed``: a module made from ``module`` by giving leaves (names,
+    strings, comments) new values, and those values by the old leaf's id. Its
+    statements print as this module's, each renamed leaf's token replaced, and
+    that code is kept too (not printed again)."""
     if _CodegenState is None or not module.has_trailing_newline or not module.body:
         order: list[cst.CSTNode] = []
 
@@ -66,29 +75,62 @@ def code_in_order(module: cst.Module, nodes: Collection[int]) -> tuple[str, list
 
         module.visit(_Order())
         return module.code, order
-    state = _OrderState(module, nodes)
+    parts = [*module.header, *module.body, *module.footer]
+    new_parts, values = [], {}
+    if renamed is not None and _same_layout(module, renamed[0]):
+        new_parts, values = [*renamed[0].header, *renamed[0].body, *renamed[0].footer], renamed[1]
+    state = _OrderState(module, nodes, values if len(new_parts) == len(parts) else {})
+    layout = (module.default_indent, module.default_newline)
     codes = []
-    for node in [*module.header, *module.body, *module.footer]:
+    for position, node in enumerate(parts):
         start = len(state.tokens)
         node._codegen(state)
-        code = "".join(state.tokens[start:])
-        _keep((id(node), module.default_indent, module.default_newline), (node, code))
-        codes.append(code)
+        tokens = state.tokens[start:]
+        codes.append("".join(tokens))
+        _keep((id(node), *layout), (node, codes[-1]))
+        state.replaced, replaced = {}, state.replaced
+        if replaced:
+            for index, value in replaced.items():
+                tokens[index - start] = value
+            new = new_parts[position]
+            _keep((id(new), *layout), (new, "".join(tokens)))
     return "".join(codes), state.order
+
+
+def _same_layout(module: cst.Module, other: cst.Module) -> bool:
+    return (module.default_indent, module.default_newline, module.has_trailing_newline) == (
+        other.default_indent,
+        other.default_newline,
+        other.has_trailing_newline,
+    )
 
 
 if _CodegenState is not None:
 
     class _OrderState(_CodegenState):
-        """Code generation that notes the wanted nodes as it meets them."""
+        """Code generation that notes the wanted nodes as it meets them, and
+        where the token of each leaf to rename is."""
 
-        __slots__ = ("wanted", "order")
+        __slots__ = ("wanted", "order", "values", "starts", "replaced")
 
-        def __init__(self, module: cst.Module, wanted: Collection[int]) -> None:
+        def __init__(self, module: cst.Module, wanted: Collection[int], values: dict[int, str]) -> None:
             super().__init__(default_indent=module.default_indent, default_newline=module.default_newline)
             self.wanted = wanted
             self.order: list[cst.CSTNode] = []
+            self.values = values
+            self.starts: dict[int, int] = {}
+            self.replaced: dict[int, str] = {}  # token index -> new value
 
         def before_codegen(self, node: cst.CSTNode) -> None:
             if id(node) in self.wanted:
                 self.order.append(node)
+            if id(node) in self.values:
+                self.starts[id(node)] = len(self.tokens)
+
+        def after_codegen(self, node: cst.CSTNode) -> None:
+            start = self.starts.pop(id(node), None)
+            if start is None:
+                return
+            # a leaf prints its parentheses and whitespace (never its value's text) and its value
+            index = self.tokens.index(node.value, start)  # type: ignore[attr-defined]
+            self.replaced[index] = self.values[id(node)]

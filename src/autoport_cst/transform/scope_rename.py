@@ -325,36 +325,37 @@ def rename_in_module(
     (``names_in_strings``), and whole ``words`` in every other string (not
     bytes), f-string text and comment. Only the renamed nodes and their
     ancestors are rebuilt."""
-    edits: dict[int, Edit] = {}
+    values: dict[int, str] = {}  # the new value of each renamed leaf
     prose: dict[int, tuple[str, list[WordEdit]]] = {}
     for node in nodes_of(module, cst.Name, cst.SimpleString, cst.FormattedStringText, cst.Comment):
         kind = type(node)  # the kinds a transformer's leave_<Kind> would be called for
         if kind is cst.Name:
             if id(node) in targets:
-                edits[id(node)] = _renamed(table[node.value])  # type: ignore[attr-defined]
+                values[id(node)] = table[node.value]  # type: ignore[attr-defined]
         elif kind is cst.SimpleString:
             if id(node) in names_in_strings:
-                edits[id(node)] = _renamed(names_in_strings[id(node)])
+                values[id(node)] = names_in_strings[id(node)]
             elif words and "b" not in node.prefix.lower():  # type: ignore[attr-defined]
-                _rename_words(node, words, edits, prose)
+                _rename_words(node, words, values, prose)
         elif kind in (cst.FormattedStringText, cst.Comment) and words:
-            _rename_words(node, words, edits, prose)
-    renamed = Renamed(rewrite(module, edits), [])
+            _rename_words(node, words, values, prose)
+    renamed = Renamed(rewrite(module, {key: _renamed(value) for key, value in values.items()}), [])
     if prose:
-        renamed.code, order = code_in_order(module, prose)
+        # the old code is printed for the notes' positions; the new is spliced from it
+        renamed.code, order = code_in_order(module, prose, (renamed.module, values))
         renamed.text_edits = [prose[id(node)] for node in order]
     return renamed
 
 
 def _rename_words(
-    node: cst.CSTNode, words: dict[str, str], edits: dict[int, Edit], prose: dict[int, tuple]
+    node: cst.CSTNode, words: dict[str, str], values: dict[int, str], prose: dict[int, tuple]
 ) -> None:
     raw = node.value  # type: ignore[attr-defined]
     new, found = rename_words(raw, words)
     if found:
         prose[id(node)] = (raw, found)
     if new != raw:
-        edits[id(node)] = _renamed(new)
+        values[id(node)] = new
 
 
 def rename_classes_in_module(module: cst.Module, table: dict[str, str]) -> cst.Module:
