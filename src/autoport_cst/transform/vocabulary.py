@@ -103,18 +103,23 @@ def walk(node: cst.CSTNode) -> list[cst.CSTNode]:
     Nodes are immutable, so the walk of a recently walked node is served from a
     small cache (the anatomy census and the renamers walk the same module many
     times); the caller gets its own copy of the list."""
+    return list(_walked(node)[0])
+
+
+def _walked(node: cst.CSTNode) -> tuple[list[cst.CSTNode], list[int]]:
+    """The walk of ``node`` and each node's depth below it, from the cache."""
     cached = _WALKS.get(id(node))
     if cached is not None and cached[0] is node:
-        return list(cached[1])
-    out = _walk(node)
+        return cached[1], cached[2]
+    out, depths = _walk(node)
     if len(_WALKS) >= _WALK_CACHE_SIZE:
         del _WALKS[next(iter(_WALKS))]
-    _WALKS[id(node)] = (node, out)
-    return list(out)
+    _WALKS[id(node)] = (node, out, depths)
+    return out, depths
 
 
 _WALK_CACHE_SIZE = 512
-_WALKS: dict[int, tuple[cst.CSTNode, list[cst.CSTNode]]] = {}
+_WALKS: dict[int, tuple[cst.CSTNode, list[cst.CSTNode], list[int]]] = {}
 
 
 def nodes_of(node: cst.CSTNode, *types: type) -> list[cst.CSTNode]:
@@ -136,27 +141,32 @@ _BY_TYPE_CACHE_SIZE = 16
 _BY_TYPE: dict[int, tuple[cst.CSTNode, dict[type, list[cst.CSTNode]]]] = {}
 
 
-def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
+def _walk(node: cst.CSTNode) -> tuple[list[cst.CSTNode], list[int]]:
     # The children of each node are pushed last first, so the first comes off the
     # stack next; a value's kind (node, sequence, other) is looked up by its type
     # (an isinstance check against LibCST's abstract node class costs several times more).
     out: list[cst.CSTNode] = []
-    stack = [node]
+    depths: list[int] = []
+    stack, below = [node], [0]
     fields, kinds = _REVERSED_FIELDS, _KINDS
     while stack:
         current = stack.pop()
+        depth = below.pop()
         out.append(current)
-        names = fields.get(type(current)) or _reversed_fields(type(current))
-        for name in names:
+        depths.append(depth)
+        depth += 1
+        for name in fields.get(type(current)) or _reversed_fields(type(current)):
             value = getattr(current, name)
             kind = kinds.get(type(value)) or value_kind(value)
             if kind is NODE:
                 stack.append(value)
+                below.append(depth)
             elif kind is SEQUENCE:
                 for item in reversed(value):
                     if (kinds.get(type(item)) or value_kind(item)) is NODE:
                         stack.append(item)
-    return out
+                        below.append(depth)
+    return out, depths
 
 
 NODE, SEQUENCE, OTHER = "node", "sequence", "other"
@@ -213,32 +223,15 @@ def walk_pruned(node: cst.CSTNode, visit: Callable[[cst.CSTNode], bool]) -> None
 
 def paths_to(root: cst.CSTNode, targets: set[int]) -> set[int]:
     """ids of the nodes under ``root`` whose ids are in ``targets``, and of
-    every node on the path from ``root`` to them."""
-    parent: dict[int, cst.CSTNode | None] = {id(root): None}
-    found: list[cst.CSTNode] = []
-    stack = [root]
-    fields, kinds = _REVERSED_FIELDS, _KINDS
-    while stack:
-        current = stack.pop()
-        if id(current) in targets:
-            found.append(current)
-        for name in fields.get(type(current)) or _reversed_fields(type(current)):
-            value = getattr(current, name)
-            kind = kinds.get(type(value)) or value_kind(value)
-            if kind is NODE:
-                parent[id(value)] = current
-                stack.append(value)
-            elif kind is SEQUENCE:
-                for item in value:
-                    if (kinds.get(type(item)) or value_kind(item)) is NODE:
-                        parent[id(item)] = current
-                        stack.append(item)
+    every node on the path from ``root`` to them (read off the walk of
+    ``root``, which the caller has usually just made)."""
     keep: set[int] = set()
-    for node in found:
-        ancestor: cst.CSTNode | None = node
-        while ancestor is not None and id(ancestor) not in keep:
-            keep.add(id(ancestor))
-            ancestor = parent.get(id(ancestor))
+    path: list[cst.CSTNode] = []
+    for node, depth in zip(*_walked(root), strict=True):
+        del path[depth:]
+        path.append(node)
+        if id(node) in targets:
+            keep.update(map(id, path))
     return keep
 
 
