@@ -289,19 +289,6 @@ def string_references(module: cst.Module, table: dict[str, str], package: str) -
     return found
 
 
-class NameRenamer(cst.CSTTransformer):
-    """Renames the Name nodes whose ids are in ``targets`` using ``table``."""
-
-    def __init__(self, targets: set[int], table: dict[str, str]) -> None:
-        self.targets = targets
-        self.table = table
-
-    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
-        if id(original) in self.targets:
-            return updated.with_changes(value=self.table[original.value])
-        return updated
-
-
 @dataclass
 class Renamed:
     """A module after ``rename_in_module``: the new module, each string or
