@@ -416,12 +416,18 @@ class AttentionSinks(Codemod):
         decode context parallelism the helper refuses at run time."""
         degree = argument(site.call, "attention_dp")
         dcp = argument(site.call, "dcp_size")
-        if not _beyond_one(degree):
-            if not _beyond_one(dcp):
-                return None
-            if DP_SINKS not in helpers:
-                helpers.append(DP_SINKS)
-            return parse_expr(f"_attention_dp_sinks(self.sinks, 1, None, dcp_size={code_of(dcp)})", module)
+        if not _beyond_one(degree) and not _beyond_one(dcp):
+            return None
+        gather = "1, None"
+        if _beyond_one(degree):
+            gather = f"{code_of(degree)}, {code_of(self._dp_group(site, cls, module, ctx, degree))}"
+        if DP_SINKS not in helpers:
+            helpers.append(DP_SINKS)
+        extra = f", dcp_size={code_of(dcp)}" if _beyond_one(dcp) else ""
+        return parse_expr(f"_attention_dp_sinks(self.sinks, {gather}{extra})", module)
+
+    def _dp_group(self, site, cls, module, ctx, degree: cst.BaseExpression) -> cst.Attribute:
+        """The layer's attention-DP group (``self.<group>``) the decode call passes."""
         group = argument(site.call, "attention_dp_group")
         holder = (
             next((n for n in walk(group) if isinstance(n, cst.Attribute) and self_attr(n) is not None), None)
@@ -435,12 +441,7 @@ class AttentionSinks(Codemod):
                 site.call,
                 module,
             )
-        if DP_SINKS not in helpers:
-            helpers.append(DP_SINKS)
-        extra = f", dcp_size={code_of(dcp)}" if _beyond_one(dcp) else ""
-        return parse_expr(
-            f"_attention_dp_sinks(self.sinks, {code_of(degree)}, {code_of(holder)}{extra})", module
-        )
+        return holder
 
     def _mappings(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         entries = mapping_entries(module)
