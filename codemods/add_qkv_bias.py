@@ -47,6 +47,7 @@ from autoport_cst.transform.qkv import (
     qkv_loader_arguments,
     stray_reads,
 )
+from autoport_cst.transform.realizes import Realizes, to
 
 ID = "add-qkv-bias"
 WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"
@@ -123,7 +124,8 @@ class AddQkvBias(Codemod):
     """
 
     ID = ID
-    REALIZES = ("attention.qkv_bias", "attention.o_bias")
+    # adds biases; removing one is a different change
+    REALIZES = Realizes({"attention.qkv_bias": to(True), "attention.o_bias": to(True)})
     Params = AddQkvBiasParams
     AFTER = ("unsqueeze-decode-biases",)
     EXAMPLES = (
@@ -450,11 +452,6 @@ class AddQkvBias(Codemod):
             raises="no attention class",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        # adds biases; removing one is a different change
-        return diff.path in cls.REALIZES and diff.target is True
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> AddQkvBiasParams:

@@ -29,6 +29,7 @@ from autoport_cst.transform.kernels import (
     kernel_sites,
 )
 from autoport_cst.transform.layers import require_method
+from autoport_cst.transform.realizes import Realizes, not_to
 
 ID = "attention-scale"
 # where each kernel takes its scale when it is passed by position
@@ -74,7 +75,11 @@ class AttentionScale(Codemod):
     """
 
     ID = ID
-    REALIZES = ("attention.scale", "attention.scale_key", "attention.scale_form")
+    # the scale's config field must be known: a scale the code computes
+    # some other way has no realization here
+    REALIZES = Realizes(
+        dict.fromkeys(("attention.scale", "attention.scale_key", "attention.scale_form"), not_to(None))
+    )
     Params = AttentionScaleParams
     FILES = ("model", "config")
     EXAMPLES = (
@@ -136,12 +141,6 @@ class AttentionScale(Codemod):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", params.config_key):
             return [f"config_key {params.config_key!r} is not an identifier"]
         return []
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        # the scale's config field must be known: a scale the code computes
-        # some other way has no realization here
-        return diff.path in cls.REALIZES and diff.target is not None
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> AttentionScaleParams:

@@ -45,6 +45,7 @@ from autoport_cst.transform.loaders import (
     render_loader,
 )
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.realizes import Realizes, to
 
 ID = "attention-sinks"
 WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"
@@ -109,7 +110,7 @@ class AttentionSinks(Codemod):
     """
 
     ID = ID
-    REALIZES = ("attention.sinks",)
+    REALIZES = Realizes({"attention.sinks": to(True)})
     Params = NoParams
     EXAMPLES = (
         Example(
@@ -313,10 +314,6 @@ class AttentionSinks(Codemod):
             raises="attention-sinks: no NF.attention_decode(...) call in GptOssAttention",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target is True
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> NoParams:

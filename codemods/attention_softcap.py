@@ -31,6 +31,7 @@ from autoport_cst.transform.kernels import (
     to_unfused,
 )
 from autoport_cst.transform.layers import require_method
+from autoport_cst.transform.realizes import Realizes, not_to
 
 ID = "attention-softcap"
 COMMENT = "<-- MODEL-SPECIFIC: tanh softcap of the attention scores (None: no cap)"
@@ -85,7 +86,7 @@ class AttentionSoftcap(Codemod):
     """
 
     ID = ID
-    REALIZES = ("attention.softcap",)
+    REALIZES = Realizes({"attention.softcap": not_to(None)})
     Params = AttentionSoftcapParams
     # after the codemods whose edits it reads or whose guards precede its own
     AFTER = ("add-qkv-bias", "unsqueeze-decode-biases", "qk-norm", "attention-sinks", "sliding-window")
@@ -282,10 +283,6 @@ class AttentionSoftcap(Codemod):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", params.config_key):
             return [f"config_key {params.config_key!r} is not an identifier"]
         return []
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target is not None
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> AttentionSoftcapParams:

@@ -30,6 +30,7 @@ from autoport_cst.transform.loaders import (
     is_quantized,
 )
 from autoport_cst.transform.mappings import mapping_entries, parameter_names
+from autoport_cst.transform.realizes import ANY, Realizes, to
 from autoport_cst.transform.roles import class_role
 
 GUARD_LAYOUT = "checkpoint-keys: [in, out] checkpoint tensors are not implemented for this quantized layer"
@@ -152,7 +153,7 @@ class CheckpointKeys(Codemod):
     """
 
     ID = "checkpoint-keys"
-    REALIZES = ("checkpoint.key_map", "checkpoint.linear_layout")
+    REALIZES = Realizes({"checkpoint.key_map": ANY, "checkpoint.linear_layout": to("in_out")})
     Params = CheckpointKeysParams
     # every codemod that adds, removes or rewrites mapping entries
     AFTER = (
@@ -487,12 +488,6 @@ class CheckpointKeys(Codemod):
             elif old.split(".").count("*") != new.split(".").count("*"):
                 problems.append(f"rename {old!r} -> {new!r}: both sides need the same number of '*'")
         return problems
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        if diff.path == "checkpoint.linear_layout":
-            return diff.target == "in_out"
-        return diff.path in cls.REALIZES
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> CheckpointKeysParams:

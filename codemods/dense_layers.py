@@ -22,6 +22,7 @@ from autoport_cst.transform.cst_helpers import (
     with_comment,
 )
 from autoport_cst.transform.mappings import mapping_entries
+from autoport_cst.transform.realizes import Realizes, not_to
 from autoport_cst.transform.roles import split_prefix
 
 ID = "dense-layers"
@@ -305,7 +306,7 @@ class DenseLayers(Codemod):
     """
 
     ID = ID
-    REALIZES = ("moe.dense_layers",)
+    REALIZES = Realizes({"moe.dense_layers": not_to(None)})
     Params = NoParams
     FILES = ("model", "config")
     EXAMPLES = (
@@ -531,10 +532,6 @@ class DenseLayers(Codemod):
             raises="no MoE wrapper",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target is not None
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         if ctx.role == "config":

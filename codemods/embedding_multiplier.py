@@ -25,6 +25,7 @@ from autoport_cst.transform.layers import (
     init_reads_config,
     require_method,
 )
+from autoport_cst.transform.realizes import Realizes, not_to
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class EmbeddingMultiplier(Codemod):
     """
 
     ID = "embedding-multiplier"
-    REALIZES = ("embedding.multiplier",)
+    REALIZES = Realizes({"embedding.multiplier": not_to(None)})
     Params = EmbeddingMultiplierParams
     FILES = ("model", "config", "module")
     EXAMPLES = (
@@ -171,10 +172,6 @@ class EmbeddingMultiplier(Codemod):
             """,
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target is not None
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> EmbeddingMultiplierParams:

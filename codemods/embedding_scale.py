@@ -17,6 +17,7 @@ from autoport_cst.transform.cst_helpers import (
 )
 from autoport_cst.transform.decoder import class_here, other_model_file
 from autoport_cst.transform.layers import require_method, self_assignments
+from autoport_cst.transform.realizes import Realizes, to
 from autoport_cst.transform.roles import class_role
 
 SCALED = "ScaledVocabEmbedding"
@@ -75,7 +76,7 @@ class EmbeddingScale(Codemod):
     """
 
     ID = "embedding-scale"
-    REALIZES = ("embedding.scale",)
+    REALIZES = Realizes({"embedding.scale": to("sqrt_hidden")})
     Params = EmbeddingScaleParams
     FILES = ("model", "module")
     EXAMPLES = (
@@ -128,10 +129,6 @@ class EmbeddingScale(Codemod):
             raises="builds no VocabDimShardedEmbedding",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target == "sqrt_hidden"
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> EmbeddingScaleParams:

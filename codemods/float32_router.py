@@ -19,6 +19,7 @@ from autoport_cst.transform.cst_helpers import (
     self_assignment,
     walk,
 )
+from autoport_cst.transform.realizes import Realizes, to
 from autoport_cst.transform.roles import class_role
 
 ROUTER_PARAM = re.compile(r"^(router|gate|routing)(_gate)?_weight$|router.*weight|^router_bias$")
@@ -78,7 +79,7 @@ class Float32Router(Codemod):
     """
 
     ID = "float32-router"
-    REALIZES = ("moe.router_dtype",)
+    REALIZES = Realizes({"moe.router_dtype": to("float32")})
     SAFE = False
     EXAMPLES = (
         Example(
@@ -122,10 +123,6 @@ class Float32Router(Codemod):
             raises="no MoE router weight",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target == "float32"
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext):

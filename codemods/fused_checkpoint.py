@@ -34,6 +34,7 @@ from autoport_cst.transform.loaders import (
     mlp_mapping_weights,
 )
 from autoport_cst.transform.mappings import mapping_entries
+from autoport_cst.transform.realizes import Realizes, to
 from autoport_cst.transform.roles import class_role
 
 QKV_LOADERS = ("fused_qkv_weight_loader", "fused_qkv_bias_loader")
@@ -233,7 +234,9 @@ class FusedCheckpoint(Codemod):
     """
 
     ID = "fused-checkpoint"
-    REALIZES = ("checkpoint.qkv", "checkpoint.gate_up")
+    REALIZES = Realizes(
+        dict.fromkeys(("checkpoint.qkv", "checkpoint.gate_up"), to("fused", "fused_per_head"))
+    )
     Params = FusedCheckpointParams
     AFTER = ("add-qkv-bias", "mlp-bias", "mlp-kind")
     EXAMPLES = (
@@ -385,10 +388,6 @@ class FusedCheckpoint(Codemod):
             raises="gate_up needs a gated MLP",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target in ("fused", "fused_per_head")
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> FusedCheckpointParams:

@@ -6,6 +6,7 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
 from autoport_cst.transform.qkv import reorder_rope_columns
+from autoport_cst.transform.realizes import Realizes, to
 
 ID = "interleaved-rope"
 
@@ -42,7 +43,7 @@ class InterleavedRope(Codemod):
     """
 
     ID = ID
-    REALIZES = ("rope.style",)
+    REALIZES = Realizes({"rope.style": to("interleaved")})
     Params = NoParams
     AFTER = ("add-qkv-bias", "qk-norm")
     EXAMPLES = (
@@ -249,10 +250,6 @@ class InterleavedRope(Codemod):
             raises="interleaved-rope: HeliumAttention attaches no loader to self.qkv_proj_weight",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target == "interleaved"
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> NoParams:

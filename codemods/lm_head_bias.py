@@ -19,6 +19,7 @@ from autoport_cst.transform.decoder import class_here, other_model_file
 from autoport_cst.transform.layers import add_edit, require_method
 from autoport_cst.transform.loaders import LoaderEdits, attach_statement, render_base
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.realizes import Realizes, to
 
 
 class LmHeadBias(Codemod):
@@ -49,7 +50,7 @@ class LmHeadBias(Codemod):
     """
 
     ID = "lm-head-bias"
-    REALIZES = ("lm_head.bias",)
+    REALIZES = Realizes({"lm_head.bias": to(True)})
     Params = NoParams
     FILES = ("model", "module")
     EXAMPLES = (
@@ -194,10 +195,6 @@ class LmHeadBias(Codemod):
             """,
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target is True
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> NoParams:

@@ -16,6 +16,7 @@ from autoport_cst.transform.cst_helpers import (
 )
 from autoport_cst.transform.decoder import logits_site, other_model_file
 from autoport_cst.transform.layers import config_scalar_edit, init_reads_config
+from autoport_cst.transform.realizes import Realizes, not_to
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class LogitSoftcap(Codemod):
     """
 
     ID = "logit-softcap"
-    REALIZES = ("lm_head.softcap",)
+    REALIZES = Realizes({"lm_head.softcap": not_to(None)})
     Params = LogitSoftcapParams
     FILES = ("model", "config", "module")
     AFTER = ("logits-divisor",)
@@ -111,10 +112,6 @@ class LogitSoftcap(Codemod):
             raises="needs one top-level <logits> = self.lm_head(...) statement",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target is not None
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> LogitSoftcapParams:

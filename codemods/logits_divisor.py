@@ -11,6 +11,7 @@ from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.cst_helpers import parse_statement, rewrite, self_attr, walk
 from autoport_cst.transform.decoder import logits_site, other_model_file
 from autoport_cst.transform.layers import config_scalar_edit, init_reads_config
+from autoport_cst.transform.realizes import Realizes, not_to
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,9 @@ class LogitsDivisor(Codemod):
     """
 
     ID = "logits-divisor"
-    REALIZES = ("lm_head.logits_divisor", "lm_head.logits_key", "lm_head.logits_form")
+    REALIZES = Realizes(
+        dict.fromkeys(("lm_head.logits_divisor", "lm_head.logits_key", "lm_head.logits_form"), not_to(None))
+    )
     Params = LogitsDivisorParams
     FILES = ("model", "config", "module")
     EXAMPLES = (
@@ -119,10 +122,6 @@ class LogitsDivisor(Codemod):
             raises="needs one top-level <logits> = self.lm_head(...) statement",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target is not None
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> LogitsDivisorParams:

@@ -33,6 +33,7 @@ from autoport_cst.transform.loaders import (
     mlp_mapping_weights,
 )
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.realizes import Realizes, to
 
 GUARD = "mlp-bias: biases on the MLP projections are not implemented for this quantized MLP"
 
@@ -76,7 +77,7 @@ class MlpBias(Codemod):
     """
 
     ID = "mlp-bias"
-    REALIZES = ("mlp.bias",)
+    REALIZES = Realizes({"mlp.bias": to(True)})
     Params = NoParams
     AFTER = ("mlp-kind",)
     EXAMPLES = (
@@ -360,10 +361,6 @@ class MlpBias(Codemod):
             raises="attaches no loader to self.up_proj_weight",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target is True
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> NoParams:

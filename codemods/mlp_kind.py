@@ -33,6 +33,7 @@ from autoport_cst.transform.loaders import (
     with_emptied_blocks,
 )
 from autoport_cst.transform.mappings import mapping_entries
+from autoport_cst.transform.realizes import Realizes, to
 
 GUARD = "mlp-kind: a plain (non-gated) MLP is not implemented for this quantized MLP"
 
@@ -75,7 +76,7 @@ class MlpKind(Codemod):
     """
 
     ID = "mlp-kind"
-    REALIZES = ("mlp.kind",)
+    REALIZES = Realizes({"mlp.kind": to("plain")})
     Params = MlpKindParams
     EXAMPLES = (
         Example(
@@ -220,10 +221,6 @@ class MlpKind(Codemod):
             raises="still used",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target == "plain"
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> MlpKindParams:

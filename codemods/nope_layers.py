@@ -21,6 +21,7 @@ from autoport_cst.transform.cst_helpers import (
     with_comment,
 )
 from autoport_cst.transform.layers import require_method
+from autoport_cst.transform.realizes import Realizes, not_to
 
 ID = "nope-layers"
 
@@ -73,7 +74,7 @@ class NopeLayers(Codemod):
     """
 
     ID = ID
-    REALIZES = ("rope.nope_layers",)
+    REALIZES = Realizes({"rope.nope_layers": not_to(None)})
     Params = NoParams
     FILES = ("model", "config")
     EXAMPLES = (
@@ -158,10 +159,6 @@ class NopeLayers(Codemod):
             raises="nope-layers: SmolLM3Attention.forward takes no position_embeddings",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target is not None
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> NoParams:

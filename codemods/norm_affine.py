@@ -24,6 +24,7 @@ from autoport_cst.transform.layers import (
     mapping_entries_of_attr,
     removal_edits,
 )
+from autoport_cst.transform.realizes import Realizes, to
 
 ID = "norm-affine"
 AFFINE = ("weight", "bias")
@@ -49,7 +50,7 @@ class NormAffine(Codemod):
     """
 
     ID = ID
-    REALIZES = ("norm.affine",)
+    REALIZES = Realizes({"norm.affine": to(False)})
     Params = NoParams
     FILES = ("model", "module")
     AFTER = ("swap-norm", "norm-placement", "parallel-residual", "norm-offset")
@@ -140,10 +141,6 @@ class NormAffine(Codemod):
             raises="expected exactly one norm class",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target is False
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> NoParams:

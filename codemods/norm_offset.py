@@ -21,6 +21,7 @@ from autoport_cst.transform.layers import (
     instances_of_role,
     param_ctor,
 )
+from autoport_cst.transform.realizes import Realizes, to
 
 
 def _offset(weight: str, module: cst.Module) -> cst.BaseExpression:
@@ -65,7 +66,7 @@ class NormOffset(Codemod):
     """
 
     ID = "norm-offset"
-    REALIZES = ("norm.unit_offset",)
+    REALIZES = Realizes({"norm.unit_offset": to(True)})
     Params = NoParams
     FILES = ("model", "module")
     AFTER = ("swap-norm", "qk-norm")
@@ -126,10 +127,6 @@ class NormOffset(Codemod):
             raises="expected exactly one norm class",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target is True
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> NoParams:

@@ -25,6 +25,7 @@ from autoport_cst.transform.layers import (
     self_assignments,
 )
 from autoport_cst.transform.mappings import entry_statement
+from autoport_cst.transform.realizes import Realizes, to
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ class NormPlacement(Codemod):
     """
 
     ID = "norm-placement"
-    REALIZES = ("norm.placement",)
+    REALIZES = Realizes({"norm.placement": to("post", "sandwich")})
     # where the norms sit around each sublayer call, not what a norm computes
     TOUCHES = ("decoder.sublayer",)
     Params = NormPlacementParams
@@ -301,10 +302,6 @@ class NormPlacement(Codemod):
             """,
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target in ("post", "sandwich")
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> NormPlacementParams:

@@ -34,6 +34,7 @@ from autoport_cst.transform.layers import (
     removal_edits,
     self_assignments,
 )
+from autoport_cst.transform.realizes import Realizes, to
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ class ParallelResidual(Codemod):
     """
 
     ID = "parallel-residual"
-    REALIZES = ("residual.parallel",)
+    REALIZES = Realizes({"residual.parallel": to("shared_norm", "separate_norms")})
     Params = ParallelResidualParams
     FILES = ("model", "module")
     EXAMPLES = (
@@ -288,10 +289,6 @@ class ParallelResidual(Codemod):
             """,
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target in ("shared_norm", "separate_norms")
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> ParallelResidualParams:

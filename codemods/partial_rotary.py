@@ -28,6 +28,7 @@ from autoport_cst.transform.qkv import (
     partial_factor_function,
     reorder_rope_columns,
 )
+from autoport_cst.transform.realizes import Realizes, not_to
 from autoport_cst.transform.roles import class_role
 
 ID = "partial-rotary"
@@ -80,7 +81,7 @@ class PartialRotary(Codemod):
     """
 
     ID = ID
-    REALIZES = ("rope.partial_rotary_factor",)
+    REALIZES = Realizes({"rope.partial_rotary_factor": not_to(1.0)})
     Params = NoParams
     AFTER = ("rope-scaling", "add-qkv-bias", "qk-norm", "lazy-rope")
     FILES = ("model", "config")
@@ -233,10 +234,6 @@ class PartialRotary(Codemod):
             raises="partial-rotary: PhiRotaryEmbedding.forward does not build cos/sin as torch.cat((freqs, freqs), ...)",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target != 1.0
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> NoParams:

@@ -54,6 +54,7 @@ from autoport_cst.transform.qkv import (
     stray_reads,
     unsupported_arguments,
 )
+from autoport_cst.transform.realizes import Change, Realizes, from_to
 
 ID = "qk-norm"
 ROPE_CALLS = ("apply_rotary_pos_emb",)
@@ -194,7 +195,16 @@ class QkNorm(Codemod):
     """
 
     ID = ID
-    REALIZES = ("attention.qk_norm",)
+    # adds norms to a reference without them, or replaces per-head norms
+    # with full-width ones (remove-qk-norm first); not the other way
+    REALIZES = Realizes(
+        {
+            "attention.qk_norm": (
+                Change(reference=("none",), not_to=("none",)),
+                from_to("per_head", "full_width"),
+            )
+        }
+    )
     Params = QkNormParams
     AFTER = ("swap-norm", "add-qkv-bias", "unsqueeze-decode-biases")
     EXAMPLES = (
@@ -437,15 +447,6 @@ class QkNorm(Codemod):
             raises="qk-norm: needs one RMSNorm class (<Prefix>RMSNorm), found StableLmLayerNorm",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        # adds norms to a reference without them, or replaces per-head norms
-        # with full-width ones (remove-qk-norm first); not the other way
-        return diff.path in cls.REALIZES and (
-            (diff.reference == "none" and diff.target != "none")
-            or (diff.reference == "per_head" and diff.target == "full_width")
-        )
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> QkNormParams:

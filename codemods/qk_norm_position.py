@@ -23,6 +23,7 @@ from autoport_cst.transform.cst_helpers import (
     with_comment,
 )
 from autoport_cst.transform.qkv import forward_methods, projections
+from autoport_cst.transform.realizes import Realizes, from_to
 
 ID = "qk-norm-position"
 ROPE_CALLS = ("apply_rotary_pos_emb",)
@@ -68,7 +69,7 @@ class QkNormPosition(Codemod):
     """
 
     ID = ID
-    REALIZES = ("attention.qk_norm_position",)
+    REALIZES = Realizes({"attention.qk_norm_position": from_to("before_rope", "after_rope")})
     Params = NoParams
     AFTER = ("qk-norm",)
     EXAMPLES = (
@@ -207,10 +208,6 @@ class QkNormPosition(Codemod):
             raises="full-width q/k norms after RoPE are not supported",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.reference == "before_rope" and diff.target == "after_rope"
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         edits: dict = {}

@@ -19,6 +19,7 @@ from autoport_cst.transform.cst_helpers import (
 )
 from autoport_cst.transform.mappings import mapping_entries
 from autoport_cst.transform.qkv import projection_kind
+from autoport_cst.transform.realizes import Realizes, from_to
 from autoport_cst.transform.roles import class_role
 
 NORMS = ("q_norm", "k_norm")
@@ -62,7 +63,7 @@ class RemoveQkNorm(Codemod):
     """
 
     ID = "remove-qk-norm"
-    REALIZES = ("attention.qk_norm",)
+    REALIZES = Realizes({"attention.qk_norm": from_to("per_head", "none")})
     EXAMPLES = (
         Example(
             title="Qwen3-style QK-norm removed",
@@ -220,10 +221,6 @@ class RemoveQkNorm(Codemod):
             raises="no attention class",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.reference == "per_head" and diff.target == "none"
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         return _drop_mappings(self.remove_from_attention(module, ctx))

@@ -17,6 +17,7 @@ from autoport_cst.transform.cst_helpers import (
 )
 from autoport_cst.transform.decoder import class_here, layer_forwards, other_model_file
 from autoport_cst.transform.layers import config_scalar_edit, init_reads_config
+from autoport_cst.transform.realizes import Realizes, not_to
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class ResidualMultiplier(Codemod):
     """
 
     ID = "residual-multiplier"
-    REALIZES = ("residual.multiplier",)
+    REALIZES = Realizes({"residual.multiplier": not_to(None)})
     Params = ResidualMultiplierParams
     FILES = ("model", "config", "module")
     AFTER = ("norm-placement", "parallel-residual")
@@ -195,10 +196,6 @@ class ResidualMultiplier(Codemod):
             """,
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target is not None
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> ResidualMultiplierParams:

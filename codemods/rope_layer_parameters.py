@@ -30,6 +30,7 @@ from autoport_cst.transform.cst_helpers import (
 )
 from autoport_cst.transform.kernels import kernel_sites
 from autoport_cst.transform.layers import add_edit, one_class, require_method
+from autoport_cst.transform.realizes import Realizes, not_to
 from autoport_cst.transform.roles import class_role
 
 ID = "rope-layer-parameters"
@@ -149,7 +150,7 @@ class RopeLayerParameters(Codemod):
     """
 
     ID = ID
-    REALIZES = ("rope.layer_parameters",)
+    REALIZES = Realizes({"rope.layer_parameters": not_to(None)})
     Params = NoParams
     FILES = ("model", "config")
     EXAMPLES = (
@@ -370,10 +371,6 @@ class RopeLayerParameters(Codemod):
             raises="rope-layer-parameters: Gemma3Model.forward passes position_embeddings to no layer in a loop over the layers",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target is not None
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> NoParams:

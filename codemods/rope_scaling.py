@@ -27,6 +27,7 @@ from autoport_cst.transform.cst_helpers import (
     walk,
     with_comment,
 )
+from autoport_cst.transform.realizes import Realizes, to
 from autoport_cst.transform.roles import class_role
 
 ID = "rope-scaling"
@@ -212,7 +213,7 @@ class RopeScaling(Codemod):
     """
 
     ID = ID
-    REALIZES = ("rope.type",)
+    REALIZES = Realizes({"rope.type": to("linear", "dynamic", "yarn", "longrope", "none")})
     Params = RopeScalingParams
     FILES = ("model", "config")
     EXAMPLES = (
@@ -500,10 +501,6 @@ class RopeScaling(Codemod):
             raises="rope-scaling: LlamaRotaryEmbedding.__init__ has no `if <rope type> not in (...)` guard",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target in ("linear", "dynamic", "yarn", "longrope", "none")
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> RopeScalingParams:

@@ -21,6 +21,7 @@ from autoport_cst.transform.cst_helpers import (
     walk,
     with_comment,
 )
+from autoport_cst.transform.realizes import Realizes, not_to
 
 ID = "routed-scaling"
 ATTR = "routed_scaling_factor"
@@ -72,7 +73,7 @@ class RoutedScaling(Codemod):
     """
 
     ID = ID
-    REALIZES = ("moe.routed_scaling_factor",)
+    REALIZES = Realizes({"moe.routed_scaling_factor": not_to(None)})
     Params = RoutedScalingParams
     FILES = ("model", "config")
     EXAMPLES = (
@@ -166,10 +167,6 @@ class RoutedScaling(Codemod):
             raises="must end in return <name>",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target is not None
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> RoutedScalingParams:

@@ -14,6 +14,7 @@ from autoport_cst.transform.cst_helpers import (
     parse_statement,
     rewrite,
 )
+from autoport_cst.transform.realizes import Realizes, to
 
 BIAS = "router_bias"
 
@@ -49,7 +50,7 @@ class RouterBias(Codemod):
     """
 
     ID = "router-bias"
-    REALIZES = ("moe.router_bias",)
+    REALIZES = Realizes({"moe.router_bias": to(True)})
     EXAMPLES = (
         Example(
             title="GPT-OSS-style router bias",
@@ -111,10 +112,6 @@ class RouterBias(Codemod):
             raises="no router weight",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target is True
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         found = moe_edits.experts_classes(module)

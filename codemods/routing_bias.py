@@ -24,6 +24,7 @@ from autoport_cst.transform.cst_helpers import (
     walk,
 )
 from autoport_cst.transform.mappings import mapping_entries
+from autoport_cst.transform.realizes import Realizes, to
 
 BIAS = "routing_bias"
 WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"
@@ -100,7 +101,7 @@ class RoutingBias(Codemod):
     """
 
     ID = "routing-bias"
-    REALIZES = ("moe.routing_bias",)
+    REALIZES = Realizes({"moe.routing_bias": to(True)})
     Params = RoutingBiasParams
     EXAMPLES = (
         Example(
@@ -216,10 +217,6 @@ class RoutingBias(Codemod):
             raises="NF.router(gamma=...) is not expressed op by op",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target is True
 
     @classmethod
     def check_params(cls, params: RoutingBiasParams) -> list[str]:

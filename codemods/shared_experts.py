@@ -30,6 +30,7 @@ from autoport_cst.transform.cst_helpers import (
     walk,
 )
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.realizes import Change, Realizes, to
 from autoport_cst.transform.roles import class_role
 
 WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"
@@ -147,7 +148,7 @@ class SharedExperts(Codemod):
     """
 
     ID = "shared-experts"
-    REALIZES = ("moe.shared_experts", "moe.shared_expert_gate")
+    REALIZES = Realizes({"moe.shared_experts": Change(count=True), "moe.shared_expert_gate": to(True)})
     Params = SharedExpertsParams
     FILES = ("model", "config")
     EXAMPLES = (
@@ -362,12 +363,6 @@ class SharedExperts(Codemod):
             raises="no experts class",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        if diff.path == "moe.shared_experts":
-            return isinstance(diff.target, int) and diff.target > 0
-        return diff.path == "moe.shared_expert_gate" and diff.target is True
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> SharedExpertsParams:

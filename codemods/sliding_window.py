@@ -44,6 +44,7 @@ from autoport_cst.transform.kernels import (
     kernel_sites,
 )
 from autoport_cst.transform.layers import require_method
+from autoport_cst.transform.realizes import Realizes, not_to
 from autoport_cst.transform.roles import class_role
 
 ID = "sliding-window"
@@ -182,7 +183,7 @@ class SlidingWindow(Codemod):
     """
 
     ID = ID
-    REALIZES = ("attention.sliding_window",)
+    REALIZES = Realizes({"attention.sliding_window": not_to("none")})
     # each guards the context-parallel prefill before its kernel: one order, one text
     AFTER = ("attention-sinks",)
     Params = SlidingWindowParams
@@ -526,10 +527,6 @@ class SlidingWindow(Codemod):
             raises="no NF.gen_attention_decode_mask(...) call in LlamaAttention.forward_decode",
         ),
     )
-
-    @classmethod
-    def realizes(cls, diff) -> bool:
-        return diff.path in cls.REALIZES and diff.target != "none"
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> SlidingWindowParams:

@@ -5,7 +5,8 @@ docstring is its documentation; its ``EXAMPLES`` (before/after pairs) are run
 as tests and printed by ``autoport-cst codemods show``. A codemod declares:
 
 - ``ID``: the kebab-case name used in plan.json and on the command line;
-- ``REALIZES``: the architecture-spec fields (dotted paths) it can change;
+- ``REALIZES``: the architecture-spec fields (dotted paths) it can change, and
+  which changes of each (``autoport_cst.transform.realizes``);
 - ``Params``: a frozen dataclass of parameters, validated from plan.json;
 - ``AFTER``: codemods it must run after when both are in one port;
 - ``FILES``: the file roles of a package it transforms (``model``, ``config``,
@@ -30,6 +31,7 @@ import libcst as cst
 
 from autoport_cst.errors import InputError, MultiInputError, Position, PreconditionError
 from autoport_cst.spec import JsonProblem, from_json
+from autoport_cst.transform.realizes import realizes
 
 if TYPE_CHECKING:
     from autoport_cst.spec import ArchSpec, FieldDiff
@@ -202,9 +204,10 @@ class Codemod:
 
     @classmethod
     def realizes(cls, diff: FieldDiff) -> bool:
-        """Whether this codemod can realize one diff (by default: any change to
-        a field listed in ``REALIZES``). Override to restrict direction."""
-        return diff.path in cls.REALIZES
+        """Whether this codemod can realize one diff: a change ``REALIZES``
+        declares (``autoport_cst.transform.realizes``; a plain tuple of paths:
+        any change of those fields)."""
+        return realizes(cls.REALIZES, diff)
 
     @classmethod
     def params_for(cls, diffs: list[FieldDiff], target: ArchSpec, port: PortContext) -> Any:
