@@ -11,14 +11,18 @@ from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.attention import parse_method
 from autoport_cst.transform.config_fields import add_config_fields
 from autoport_cst.transform.cst_helpers import (
+    Edit,
     classes_with_role,
     code_of,
     dotted,
+    ensure_import,
+    followed_by,
     has_comment,
     method,
     parse_expr,
     parse_statement,
     parse_statements,
+    preceded_by,
     rewrite,
     self_assignment,
     self_attr,
@@ -29,130 +33,19 @@ from autoport_cst.transform.cst_helpers import (
 )
 from autoport_cst.transform.realizes import Realizes, to
 from autoport_cst.transform.roles import class_role
+from autoport_cst.transform.rope_variants import (
+    COMMON_INIT,
+    COMPUTE_BRANCH,
+    FACTOR_READERS,
+    FORWARD_BRANCH,
+    FORWARD_METHOD,
+    SCALED,
+    SETUP,
+)
 
 ID = "rope-scaling"
 
 Variant = Literal["linear", "dynamic", "yarn", "longrope", "none"]
-
-# Scalars read in __init__ by every variant (Python values only: lazy rule).
-COMMON_INIT = {
-    "max_position_embeddings": "self.max_position_embeddings = {config}.max_position_embeddings",
-    "attention_scaling": "self.attention_scaling = 1.0",
-}
-
-SETUP = {
-    "yarn": '''
-def _setup_yarn(self, config, scaling):
-    """YaRN's frequency band and attention factor, as Python scalars: the
-    band (in rotated dimensions) between beta_fast and beta_slow rotations
-    over the original context blends interpolated and original frequencies."""
-    original = scaling.get("original_max_position_embeddings") or config.original_max_position_embeddings
-    factor = scaling.get("factor")
-    if factor is None:
-        factor = config.max_position_embeddings / original
-    self.scaling_factor = float(factor)
-
-    def mscale(scale, coefficient=1.0):
-        return 1.0 if scale <= 1 else 0.1 * coefficient * math.log(scale) + 1.0
-
-    attention_factor = scaling.get("attention_factor")
-    if attention_factor is None:
-        if scaling.get("mscale") and scaling.get("mscale_all_dim"):
-            attention_factor = mscale(factor, scaling["mscale"]) / mscale(factor, scaling["mscale_all_dim"])
-        else:
-            attention_factor = mscale(factor)
-    self.attention_scaling = float(attention_factor)
-
-    def correction_dim(rotations):
-        return (self.head_dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(self.rope_theta))
-
-    low = correction_dim(scaling.get("beta_fast") or 32)
-    high = correction_dim(scaling.get("beta_slow") or 1)
-    if scaling.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    self.yarn_low = max(low, 0)
-    self.yarn_high = min(high, self.head_dim - 1)
-    if self.yarn_low == self.yarn_high:
-        self.yarn_high += 0.001
-''',
-    "longrope": '''
-def _setup_longrope(self, config, scaling):
-    """LongRoPE's per-frequency factors (short within the original context,
-    long beyond it) and attention factor, as Python scalars."""
-    original = scaling.get("original_max_position_embeddings") or config.original_max_position_embeddings
-    self.original_max_position_embeddings = int(original)
-    self.long_factor = [float(f) for f in scaling["long_factor"]]
-    self.short_factor = [float(f) for f in scaling["short_factor"]]
-    factor = scaling.get("factor")
-    if factor is None:
-        factor = config.max_position_embeddings / original
-    attention_factor = scaling.get("attention_factor")
-    if attention_factor is None:
-        if factor <= 1.0:
-            attention_factor = 1.0
-        else:
-            attention_factor = math.sqrt(1 + math.log(factor) / math.log(original))
-    self.attention_scaling = float(attention_factor)
-''',
-}
-
-COMPUTE_BRANCH = {
-    "linear": """
-if self.rope_type == "linear":
-    inv_freq = inv_freq / self.scaling_factor
-""",
-    "yarn": """
-if self.rope_type == "yarn":
-    ramp = (torch.arange(self.head_dim // 2, dtype=torch.float32, device=device) - self.yarn_low) / (
-        self.yarn_high - self.yarn_low
-    )
-    extrapolation = 1 - torch.clamp(ramp, 0, 1)
-    inv_freq = (inv_freq / self.scaling_factor) * (1 - extrapolation) + inv_freq * extrapolation
-""",
-}
-
-FORWARD_BRANCH = {
-    "dynamic": """
-if self.rope_type == "dynamic":
-    inv_freq = self._dynamic_ntk_inv_freq(inv_freq, {positions})
-""",
-    "longrope": """
-if self.rope_type == "longrope":
-    inv_freq = self._longrope_inv_freq(inv_freq, {positions})
-""",
-}
-
-FORWARD_METHOD = {
-    "dynamic": '''
-def _dynamic_ntk_inv_freq(self, inv_freq, position_ids):
-    """Dynamic NTK: beyond max_position_embeddings the base grows with the
-    sequence length (the step's last position + 1, kept as a tensor)."""
-    seq_len = position_ids.max().to(torch.float32) + 1
-    limit = float(self.max_position_embeddings)
-    factor = self.scaling_factor
-    base = self.rope_theta * (
-        (factor * torch.clamp(seq_len, min=limit) / limit) - (factor - 1)
-    ) ** (self.head_dim / (self.head_dim - 2))
-    exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=inv_freq.device)
-    scaled = 1.0 / (base ** (exponents.to(torch.float32) / self.head_dim))
-    return torch.where(seq_len > limit, scaled, inv_freq)
-''',
-    "longrope": '''
-def _longrope_inv_freq(self, inv_freq, position_ids):
-    """LongRoPE: each frequency divided by its short factor, or by its long
-    factor once the sequence (the step's last position + 1) outgrows the
-    original context."""
-    seq_len = position_ids.max() + 1
-    long_factor = torch.tensor(self.long_factor, dtype=torch.float32, device=inv_freq.device)
-    short_factor = torch.tensor(self.short_factor, dtype=torch.float32, device=inv_freq.device)
-    factors = torch.where(seq_len > self.original_max_position_embeddings, long_factor, short_factor)
-    return inv_freq / factors
-''',
-}
-
-SCALED = ("yarn", "longrope")
-# variants whose code reads self.scaling_factor without setting it
-FACTOR_READERS = ("linear", "dynamic")
 
 
 @dataclass(frozen=True)
@@ -215,6 +108,7 @@ class RopeScaling(Codemod):
     ID = ID
     REALIZES = Realizes({"rope.type": to("linear", "dynamic", "yarn", "longrope", "none")})
     Params = RopeScalingParams
+    NEEDS_REAL_MODEL = True
     FILES = ("model", "config")
     EXAMPLES = (
         Example(
@@ -507,21 +401,8 @@ class RopeScaling(Codemod):
         return RopeScalingParams(variant=target.rope.type)
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        variant = self.params.variant
         if ctx.role == "config":
-            if variant not in SCALED:
-                return module
-            return add_config_fields(
-                module,
-                ctx,
-                ID,
-                [
-                    (
-                        "original_max_position_embeddings: int | None = None",
-                        "pretraining context of YaRN / LongRoPE when not in rope_scaling",
-                    )
-                ],
-            )
+            return self._config(module, ctx)
         rotary = classes_with_role(module, "rotary")
         if not rotary and any(class_role(name) == "rotary" for name in ctx.port.package_classes):
             return module  # the rotary embedding is defined in another file of the package
@@ -529,7 +410,28 @@ class RopeScaling(Codemod):
             raise ctx.precondition(
                 f"{ID}: expected one rotary embedding class (<Prefix>RotaryEmbedding), found {len(rotary)}"
             )
-        cls = rotary[0]
+        return self._rotary(rotary[0], module, ctx)
+
+    def _config(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        if self.params.variant not in SCALED:
+            return module
+        return add_config_fields(
+            module,
+            ctx,
+            ID,
+            [
+                (
+                    "original_max_position_embeddings: int | None = None",
+                    "pretraining context of YaRN / LongRoPE when not in rope_scaling",
+                )
+            ],
+        )
+
+    def _rotary(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext) -> cst.Module:
+        """The rotary class taught the variant: its guard, ``__init__``'s
+        scalars, the setup method, the compute and forward branches and the
+        attention factor on cos and sin (all gathered, then one rewrite)."""
+        variant = self.params.variant
         name = cls.name.value
         init = method(cls, "__init__")
         compute = method(cls, "_compute_inv_freq")
@@ -551,20 +453,30 @@ class RopeScaling(Codemod):
                 module,
             )
         _, guard_tuple, rope_type = guard
-        supported = [string_text(e.value) for e in guard_tuple.elements]
-        if variant in supported:
+        if variant in [string_text(e.value) for e in guard_tuple.elements]:
             return module
-        edits: dict = {}
-        # the guard accepts the variant
-        new_tuple = parse_expr(
-            "(" + ", ".join([*(code_of(e.value) for e in guard_tuple.elements), f'"{variant}"']) + ")", module
-        )
+        edits: dict[int, Edit] = {id(guard_tuple): _accepting(guard_tuple, variant, module)}
+        edits.update(self._init_edits(name, init, rope_type, module, ctx))
+        if variant in SETUP:
+            placed = parse_method(SETUP[variant], module).with_changes(
+                leading_lines=[cst.EmptyLine(indent=False)]
+            )
+            edits[id(init)] = followed_by(placed)
+        if variant in COMPUTE_BRANCH:
+            edits.update(self._compute_edits(name, compute, module, ctx))
+        if variant in FORWARD_BRANCH:
+            edits.update(self._forward_edits(name, compute, forward, module, ctx))
+        if variant in SCALED:
+            edits.update(_attention_scaling_edits(name, forward, module, ctx))
+        module = rewrite(module, edits)
+        return ensure_import(module, "math") if variant in SETUP else module
 
-        def accept(updated, new_tuple=new_tuple):
-            return updated.with_changes(elements=new_tuple.elements, lpar=updated.lpar, rpar=updated.rpar)
-
-        edits[id(guard_tuple)] = accept
-        # __init__: scalars (after the guard and the statements that follow it)
+    def _init_edits(
+        self, name: str, init: cst.FunctionDef, rope_type: str, module: cst.Module, ctx: FileContext
+    ) -> dict[int, Edit]:
+        """``__init__``'s new scalars, after its last statement (the guard and
+        the statements that follow it)."""
+        variant = self.params.variant
         config = init.params.params[1].name.value if len(init.params.params) > 1 else "config"
         scaling_local = _scaling_local(init)
         init_body = list(statements(init))
@@ -599,92 +511,53 @@ class RopeScaling(Codemod):
                 f'if self.rope_type == "{variant}":\n    self._setup_{variant}({config}, {scaling_local})\n',
                 module,
             )
-        if new_init and not has_comment(init, "scalars of the RoPE variants"):
+        if not new_init:
+            return {}
+        if not has_comment(init, "scalars of the RoPE variants"):
             new_init[0] = with_comment(
                 new_init[0], "<-- MODEL-SPECIFIC: scalars of the RoPE variants (tensors are built in forward)"
             )
-        if new_init:
-            last = init_body[-1]
-            edits[id(last)] = lambda updated, new=new_init: cst.FlattenSentinel([updated, *new])
+        return {id(init_body[-1]): followed_by(*new_init)}
 
-        # methods
-        new_methods: list[cst.BaseStatement] = []
-        if variant in SETUP:
-            new_methods.append(parse_method(SETUP[variant], module))
-        if new_methods:
-            placed = [m.with_changes(leading_lines=[cst.EmptyLine(indent=False)]) for m in new_methods]
-            edits[id(init)] = lambda updated, placed=placed: cst.FlattenSentinel([updated, *placed])
-
-        # _compute_inv_freq: static variants
-        if variant in COMPUTE_BRANCH:
-            returns = [s for s in statements(compute) if _returns_name(s, "inv_freq")]
-            if not returns:
-                raise ctx.precondition(
-                    f"{ID}: {name}._compute_inv_freq must end with `return inv_freq`", compute, module
-                )
-            branch = parse_statements(COMPUTE_BRANCH[variant].strip("\n"), module)
-            edits[id(returns[-1])] = lambda updated, branch=branch: cst.FlattenSentinel([*branch, updated])
-
-        # forward: length-dependent variants
-        if variant in FORWARD_BRANCH:
-            params = [p.name.value for p in forward.params.params]
-            positions = params[1] if len(params) > 1 else None
-            holder = next(
-                (
-                    s
-                    for s in statements(forward)
-                    if any(
-                        isinstance(n, cst.Call) and dotted(n.func) == "self._compute_inv_freq"
-                        for n in walk(s)
-                    )
-                    and _assigns(s, "inv_freq")
-                ),
-                None,
+    def _compute_edits(
+        self, name: str, compute: cst.FunctionDef, module: cst.Module, ctx: FileContext
+    ) -> dict[int, Edit]:
+        """The static variant's branch, before ``_compute_inv_freq``'s ``return inv_freq``."""
+        returns = [s for s in statements(compute) if _returns_name(s, "inv_freq")]
+        if not returns:
+            raise ctx.precondition(
+                f"{ID}: {name}._compute_inv_freq must end with `return inv_freq`", compute, module
             )
-            if holder is None or positions is None:
-                raise ctx.precondition(
-                    f"{ID}: {name}.forward must compute `inv_freq = self._compute_inv_freq(...)` "
-                    "from its position ids",
-                    forward,
-                    module,
-                )
-            branch = parse_statements(FORWARD_BRANCH[variant].format(positions=positions).strip("\n"), module)
-            edits[id(holder)] = lambda updated, branch=branch: cst.FlattenSentinel([updated, *branch])
-            method_stmt = parse_method(FORWARD_METHOD[variant], module).with_changes(
-                leading_lines=[cst.EmptyLine(indent=False)]
-            )
-            edits[id(compute)] = lambda updated, m=method_stmt: cst.FlattenSentinel([updated, m])
+        branch = parse_statements(COMPUTE_BRANCH[self.params.variant].strip("\n"), module)
+        return {id(returns[-1]): preceded_by(*branch)}
 
-        # forward: cos and sin scaled by the attention factor
-        if variant in SCALED:
-            found = 0
-            for node in walk(forward):
-                if (
-                    isinstance(node, cst.Call)
-                    and isinstance(node.func, cst.Attribute)
-                    and node.func.attr.value in ("cos", "sin")
-                    and not node.args
-                ):
-                    found += 1
-                    edits[id(node)] = lambda updated: parse_expr(
-                        f"({module.code_for_node(updated)} * self.attention_scaling)", module
-                    )
-            if found != 2:
-                raise ctx.precondition(
-                    f"{ID}: {name}.forward must compute cos and sin as <emb>.cos() and <emb>.sin()",
-                    forward,
-                    module,
-                )
-        module = rewrite(module, edits)
-        if variant in SETUP and not any(
-            isinstance(s, cst.SimpleStatementLine)
-            and any(
-                isinstance(i, cst.Import) and any(dotted(a.name) == "math" for a in i.names) for i in s.body
+    def _forward_edits(
+        self,
+        name: str,
+        compute: cst.FunctionDef,
+        forward: cst.FunctionDef,
+        module: cst.Module,
+        ctx: FileContext,
+    ) -> dict[int, Edit]:
+        """The length-dependent variant's branch after ``forward``'s
+        ``inv_freq = self._compute_inv_freq(...)``, and its method after
+        ``_compute_inv_freq``."""
+        variant = self.params.variant
+        params = [p.name.value for p in forward.params.params]
+        positions = params[1] if len(params) > 1 else None
+        holder = next((s for s in statements(forward) if _computes_inv_freq(s)), None)
+        if holder is None or positions is None:
+            raise ctx.precondition(
+                f"{ID}: {name}.forward must compute `inv_freq = self._compute_inv_freq(...)` "
+                "from its position ids",
+                forward,
+                module,
             )
-            for s in module.body
-        ):
-            module = _ensure_import_math(module)
-        return module
+        branch = parse_statements(FORWARD_BRANCH[variant].format(positions=positions).strip("\n"), module)
+        method_stmt = parse_method(FORWARD_METHOD[variant], module).with_changes(
+            leading_lines=[cst.EmptyLine(indent=False)]
+        )
+        return {id(holder): followed_by(*branch), id(compute): followed_by(method_stmt)}
 
     def _no_rope(self, cls, compute, module, ctx) -> cst.Module:
         returns = [s for s in statements(compute) if _returns_name(s, "inv_freq")]
@@ -753,6 +626,49 @@ def _scaling_local(init: cst.FunctionDef) -> str | None:
     return None
 
 
+def _accepting(guard_tuple: cst.Tuple, variant: str, module: cst.Module) -> Edit:
+    """The edit that makes the guard's tuple accept ``variant`` too."""
+    new_tuple = parse_expr(
+        "(" + ", ".join([*(code_of(e.value) for e in guard_tuple.elements), f'"{variant}"']) + ")", module
+    )
+
+    def accept(updated):
+        return updated.with_changes(elements=new_tuple.elements, lpar=updated.lpar, rpar=updated.rpar)
+
+    return accept
+
+
+def _attention_scaling_edits(
+    name: str, forward: cst.FunctionDef, module: cst.Module, ctx: FileContext
+) -> dict[int, Edit]:
+    """``forward``'s ``<emb>.cos()`` and ``<emb>.sin()`` scaled by the attention factor."""
+    edits: dict[int, Edit] = {}
+    for node in walk(forward):
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value in ("cos", "sin")
+            and not node.args
+        ):
+            edits[id(node)] = lambda updated: parse_expr(
+                f"({module.code_for_node(updated)} * self.attention_scaling)", module
+            )
+    if len(edits) != 2:
+        raise ctx.precondition(
+            f"{ID}: {name}.forward must compute cos and sin as <emb>.cos() and <emb>.sin()",
+            forward,
+            module,
+        )
+    return edits
+
+
+def _computes_inv_freq(stmt: cst.BaseStatement) -> bool:
+    """``inv_freq = ...self._compute_inv_freq(...)...``"""
+    return _assigns(stmt, "inv_freq") and any(
+        isinstance(n, cst.Call) and dotted(n.func) == "self._compute_inv_freq" for n in walk(stmt)
+    )
+
+
 def _returns_name(stmt: cst.BaseStatement, name: str) -> bool:
     return (
         isinstance(stmt, cst.SimpleStatementLine)
@@ -770,16 +686,3 @@ def _assigns(stmt: cst.BaseStatement, name: str) -> bool:
         and isinstance(stmt.body[0].targets[0].target, cst.Name)
         and stmt.body[0].targets[0].target.value == name
     )
-
-
-def _ensure_import_math(module: cst.Module) -> cst.Module:
-    body = list(module.body)
-    index = 0
-    for i, stmt in enumerate(body):
-        if isinstance(stmt, cst.SimpleStatementLine) and any(
-            isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
-        ):
-            index = i
-            break
-    body.insert(index, parse_statement("import math", module))
-    return module.with_changes(body=body)

@@ -204,6 +204,30 @@ def parse_expr(code: str, module: cst.Module | None = None) -> cst.BaseExpressio
 # -- imports ------------------------------------------------------------------
 
 
+def ensure_import(module: cst.Module, name: str) -> cst.Module:
+    """Make ``import name`` available at module level: add it before the first
+    top-level import (at the very top when there is none). No change when a
+    top-level ``import`` statement already imports it."""
+    body: list[cst.BaseStatement] = list(module.body)
+    if any(
+        isinstance(s, cst.SimpleStatementLine)
+        and any(isinstance(i, cst.Import) and any(dotted(a.name) == name for a in i.names) for i in s.body)
+        for s in body
+    ):
+        return module
+    index = next(
+        (
+            i
+            for i, stmt in enumerate(body)
+            if isinstance(stmt, cst.SimpleStatementLine)
+            and any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
+        ),
+        0,
+    )
+    body.insert(index, parse_statement(f"import {name}", module))
+    return module.with_changes(body=body)
+
+
 def ensure_import_from(module: cst.Module, source: str, name: str) -> cst.Module:
     """Make ``from source import name`` available at module level: extend an
     existing ``from source import ...`` or add one after the last top-level
