@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -30,11 +30,13 @@ from autoport_cst.research.parallelism import tp_refusal
 
 from . import compare
 from .driver import PREFILL_MODES, PortFailure, PortOutput, PortSession, port_hf_config
+from .forced_routing import teacher_forced
 from .kernel_precision import PolicyUnavailable, run_kernel_precision_reference
 from .layout import ParallelLayout, check_layout
 from .package import PortImportError, check_package_dir, imported_package
 from .reference import ReferenceOutput, greedy_teacher, load_reference, run_reference
 from .report import PortFailureInfo, ValidationReport
+from .routing import ForcedTeacher, RoutedRun, RoutingRecord, run_reference_routed
 from .scenario import (
     DEFAULT_PROMPT_LENGTHS,
     DEFAULT_STEPS,
@@ -259,6 +261,10 @@ def _validate(
     start = time.perf_counter()
     _compare(report, port, reference, scenario, teacher, dtype)
     timings["compare"] = time.perf_counter() - start
+    if dtype == "bf16" and not report.equivalent:
+        start = time.perf_counter()
+        _forced_routing(report, _PortRun(package_dir, checkpoint, run, scenario, layout), config, teacher)
+        timings["teacher_forced_routing"] = time.perf_counter() - start
     for key, value in port.timings.items():
         timings[f"port_{key}"] = value
     report.timings = _finish(timings, started)
@@ -387,6 +393,92 @@ class _ReferenceRun:
         return teacher
 
 
+class _TeacherSource(Protocol):
+    """What a port run asks for its teacher tokens (``_ReferenceRun`` computes them)."""
+
+    def run(self) -> list[list[int]]: ...
+
+    def then_port(self) -> list[list[int]]: ...
+
+
+@dataclass(frozen=True)
+class _PortRun:
+    """How to run the port again (the teacher-forced routing run)."""
+
+    package_dir: Path
+    checkpoint: Path
+    run: _RunOptions
+    scenario: Scenario
+    layout: ParallelLayout
+
+    def __call__(self, teacher: ForcedTeacher) -> PortOutput:
+        given = _GivenTeacher(teacher)
+        if self.layout.world == 1:
+            return _run_in_process(
+                self.package_dir, self.checkpoint, self.run, self.scenario, given.notify, given, {}
+            )[0]
+        return _run_ranks(
+            self.package_dir, self.checkpoint, self.run, self.scenario, self.layout, given.notify, given, {}
+        )[0]
+
+    def reference(
+        self, teacher: list[list[int]], experts: int
+    ) -> Callable[..., tuple[ReferenceOutput, RoutedRun]]:
+        """transformers recording its expert choices (fp32), or forced (bf16)."""
+
+        def run(forced: RoutingRecord | None, bf16: bool) -> tuple[ReferenceOutput, RoutedRun]:
+            model = load_reference(self.checkpoint, torch.bfloat16 if bf16 else torch.float32)
+            return run_reference_routed(model, self.scenario.prompts, teacher, experts, forced)
+
+        return run
+
+
+@dataclass
+class _GivenTeacher:
+    """Stands for ``_ReferenceRun`` in a second port run: the teacher is given."""
+
+    teacher: list[list[int]]
+
+    def run(self) -> list[list[int]]:
+        return self.teacher
+
+    def then_port(self) -> list[list[int]]:
+        return self.teacher
+
+    def notify(self, stage: str) -> None:
+        pass
+
+
+def _forced_routing(
+    report: ValidationReport, port_run: _PortRun, config: dict, teacher: list[list[int]]
+) -> None:
+    """A bf16 MoE port that failed: the teacher-forced routing comparison
+    (``forced_routing``), which validates it when it passes every gate and
+    every routing divergence is a near tie; recorded in ``report.routing``."""
+    experts = next((config[k] for k in EXPERT_COUNT_KEYS if isinstance(config.get(k), int)), None)
+    if experts is None or report.failure is not None:
+        return
+    if port_run.layout.disaggregated:
+        report.routing = {"teacher_forced": {"unavailable": "not run with data or context parallelism"}}
+        return
+    try:
+        evidence = teacher_forced(
+            port_run, port_run.reference(teacher, experts), port_run.scenario, teacher, experts
+        )
+    except PortFailure as failure:
+        report.routing = {"teacher_forced": {"unavailable": f"the forced port run failed: {failure.message}"}}
+        return
+    report.routing = evidence.describe(report.failed_checks)
+    report.routing["summary"] = evidence.summary()
+    if evidence.validates and evidence.comparison is not None:
+        result = evidence.comparison
+        report.equivalent = True
+        report.first_diverging = None
+        report.failed_checks = []
+        report.components = [vars(c) for c in result.components]
+        report.logits = vars(result.logits)
+
+
 @dataclass(frozen=True)
 class _RunOptions:
     dtype: str
@@ -478,7 +570,7 @@ def _run_in_process(
     run: _RunOptions,
     scenario: Scenario,
     notify: StageCallback,
-    reference: _ReferenceRun,
+    reference: _TeacherSource,
     timings: dict[str, float],
 ) -> tuple[PortOutput, list[list[int]], str, dict]:
     from .standin import standin_installed
@@ -519,7 +611,7 @@ def _run_ranks(
     scenario: Scenario,
     layout: ParallelLayout,
     notify: StageCallback,
-    reference: _ReferenceRun,
+    reference: _TeacherSource,
     timings: dict[str, float],
 ) -> tuple[PortOutput, list[list[int]], str, dict]:
     from .distributed import RankCheckpointError, merge_layout_outputs, merge_rank_outputs, run_port_ranks
@@ -544,4 +636,18 @@ def _run_ranks(
     timings["port_ranks"] = time.perf_counter() - start
     if layout.disaggregated:
         return merge_layout_outputs(outputs, scenario, layout), teacher, factory_name, description
-    return merge_rank_outputs(outputs, scenario), teacher, factory_name, description
+    merged = merge_rank_outputs(outputs, scenario)
+    merged.routing = _merged_routing(outputs)
+    return merged, teacher, factory_name, description
+
+
+def _merged_routing(outputs: list[PortOutput]) -> RoutedRun | None:
+    """The ranks' own expert choices together (each rank routes its
+    sequence-parallel slice in prefill)."""
+    runs = [o.routing for o in outputs if o.routing is not None]
+    if not runs:
+        return None
+    merged = RoutedRun(RoutingRecord())
+    for run in runs:
+        merged.merge(run)
+    return merged

@@ -23,7 +23,9 @@ The session runs inside a process where the stand-in is installed
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ import torch
 
 from .components import Component, ComponentRecorder, find_components
 from .meta_tensors import guard_meta_attributes, unloaded_parameters_and_buffers
+from .routing import ForcedTeacher, RoutedRun, RoutingMode, routing_mode
 from .runner_metadata import PAD_SLOT, StepInputs, build_metadata
 from .scenario import PrefillCall, Scenario
 from .standin import kernel_phases
@@ -71,6 +74,8 @@ class PortOutput:
     sequences: list[int] = field(default_factory=list)
     segmented: bool = False
     guarded_attributes: list[str] = field(default_factory=list)
+    # a run with forced expert choices (``ForcedTeacher``): the mode, holding the port's own choices
+    routing: RoutedRun | None = None
 
 
 def port_hf_config(checkpoint_dir: str | Path, dtype: torch.dtype) -> Any:
@@ -249,7 +254,7 @@ class PortSession:
         components = find_components(self.model) if capture else []
         recorder = ComponentRecorder(self.model, components) if capture else None
         try:
-            with torch.no_grad():
+            with torch.no_grad(), self._routing(teacher):
                 calls, prefill_logits = self._run_prefill(recorder)
                 sequences = self.scenario.sequences(any(call.segment for call in calls))
                 decode_logits = self._run_decode(teacher, recorder, sequences)
@@ -269,10 +274,31 @@ class PortSession:
             sequences=list(sequences),
             segmented=any(call.segment for call in calls),
             guarded_attributes=list(self.guarded),
+            routing=self.routing.result() if self.routing is not None else None,
         )
         if recorder:
             self._keep_records(recorder, calls, output)
         return output
+
+    @contextlib.contextmanager
+    def _routing(self, teacher: list[list[int]]) -> Iterator[None]:
+        """With a ``ForcedTeacher``: the MoE layers take its golden expert
+        choices (``routing``), and ``self.routing`` records the port's own."""
+        self.routing: RoutingMode | None = None
+        if not isinstance(teacher, ForcedTeacher):
+            yield
+            return
+        components = find_components(self.model)
+        with routing_mode(
+            self.model, components, teacher.experts, teacher.golden, rank=self.rank, tp=self.tp
+        ) as mode:
+            self.routing = mode
+            yield
+
+    def _route_rows(self, rows: list[tuple[int, int] | None]) -> None:
+        """The tokens of the next forward's rows, for forced routing."""
+        if self.routing is not None:
+            self.routing.set_rows(rows)
 
     def _run_prefill(
         self, recorder: ComponentRecorder | None
@@ -282,10 +308,12 @@ class PortSession:
         calls, logits = [first], []
         if recorder:
             recorder.set_tag(("prefill", 0))
+        self._route_rows(_call_rows(first))
         logits.append(self._forward("prefill", self._prefill_inputs(first)))
         for call in self.scenario.prefill_plan(self._cache_paths())[1:]:
             if recorder:
                 recorder.set_tag(("prefill", len(calls)))
+            self._route_rows(_call_rows(call))
             logits.append(self._forward("prefill", self._prefill_inputs(call)))
             calls.append(call)
         self.timings["prefill"] = time.perf_counter() - start
@@ -298,6 +326,7 @@ class PortSession:
             if recorder:
                 recorder.set_tag(("decode", step))
             tokens = [teacher[b][step] for b in sequences]
+            self._route_rows([(b, len(self.scenario.prompts[b]) + step) for b in sequences])
             logits.append(self._forward("decode", self._decode_inputs(step, tokens, sequences)))
         self.timings["decode"] = time.perf_counter() - start
         return logits
@@ -327,6 +356,12 @@ def _real_rows(rows: torch.Tensor, call: PrefillCall, rank: int, tp: int) -> tor
         keep = max(0, min(rows.shape[0], call.tokens - first))
         return rows[:keep]
     return rows
+
+
+def _call_rows(call: PrefillCall) -> list[tuple[int, int] | None]:
+    """The tokens of a prefill call's rows; padding rows are None."""
+    tokens: list[tuple[int, int] | None] = [(call.sequence, p) for p in range(call.start, call.end)]
+    return tokens + [None] * (call.rows - call.tokens)
 
 
 def _spans(calls: list[PrefillCall], sequences: tuple[int, ...]) -> list[tuple[int, int]]:

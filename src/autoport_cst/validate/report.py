@@ -53,6 +53,9 @@ class ValidationReport:
     # bf16 only: the transformers bf16 baseline the verdict used ("eager", or "kernel_precision"
     # when the port fails against eager and passes against transformers at the kernels' precision)
     bf16_baseline: dict[str, Any] | None = None
+    # bf16 MoE ports whose free-routing comparison failed: the teacher-forced routing comparison
+    # (docs/validation.md, "MoE routing near-ties"): "used": "teacher_forced" when it validated the port
+    routing: dict[str, Any] | None = None
     version: int = REPORT_VERSION
     kind: str = REPORT_KIND
     # In memory only (not in the JSON report): the port's logits and component
@@ -71,11 +74,15 @@ class ValidationReport:
                     "equivalent within tolerances against transformers at the kernels' precision policy "
                     "(not against eager bf16: " + ", ".join(baseline["eager"]["failed_checks"]) + ")"
                 )
+            routing = self.routing or {}
+            if routing.get("used") == "teacher_forced":
+                return "equivalent within tolerances with expert routing " + _teacher_forced(routing)
             return "equivalent within tolerances"
         if self.failure is not None:
             return f"not equivalent: the port failed at {self.failure.stage}: {self.failure.message}"
         if self.first_diverging is not None:
-            return f"not equivalent: {self.first_diverging.message}"
+            forced = (self.routing or {}).get("summary")
+            return f"not equivalent: {self.first_diverging.message}" + (f"; {forced}" if forced else "")
         return "not equivalent: " + ", ".join(self.failed_checks)
 
     def to_dict(self) -> dict[str, Any]:
@@ -86,6 +93,19 @@ class ValidationReport:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+
+
+def _teacher_forced(routing: dict[str, Any]) -> str:
+    ties = ", ".join(
+        f"{t['component']} ({t['phase']}) sequence {t['sequence']} position {t['position']}"
+        for t in routing["near_ties"]
+    )
+    return (
+        f"teacher-forced from the float32 run; free routing diverges at {routing['divergences']} "
+        f"near-tie token(s): {ties} (not equivalent with free routing: "
+        + ", ".join(routing["free_routing"]["failed_checks"])
+        + ")"
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -162,6 +182,39 @@ _LOGITS = {
         "token_l2_ratio_max": _NUMBER,
         "first_failing_token": {"type": ["object", "null"]},
         "gates": {"type": "object", "additionalProperties": {"type": "boolean"}},
+    },
+}
+
+_ROUTING_TOKEN = {
+    "type": "object",
+    "required": ["component", "phase", "sequence", "position", "golden", "port", "margin", "resolution"],
+    "properties": {
+        "component": {"type": "string"},
+        "phase": {"enum": ["prefill", "decode"]},
+        "sequence": {"type": "integer"},
+        "position": {"type": "integer"},
+        "golden": {"type": "array", "items": {"type": "integer"}},
+        "port": {"type": "array", "items": {"type": "integer"}},
+        "margin": _NUMBER,
+        "resolution": _NUMBER,
+    },
+}
+_ROUTING = {
+    "type": ["object", "null"],
+    "description": "bf16 MoE ports that fail with free routing: the comparison with every expert choice "
+    "teacher-forced from the float32 run, and the tokens where the port's own choice differs",
+    "properties": {
+        "used": {"enum": ["teacher_forced", "free"]},
+        "summary": {"type": "string"},
+        "free_routing": {"type": "object"},
+        "teacher_forced": {"type": "object"},
+        "resolution": {"type": "object", "additionalProperties": {"type": "number"}},
+        "resolution_factor": {"type": "number"},
+        "near_ties": {"type": "array", "items": _ROUTING_TOKEN},
+        "clear_divergences": {"type": "array", "items": _ROUTING_TOKEN},
+        "divergences": {"type": "integer", "minimum": 0},
+        "transformers_bf16_flips": {"type": "integer", "minimum": 0},
+        "unforced_calls": {"type": "array", "items": {"type": "string"}},
     },
 }
 
@@ -268,6 +321,7 @@ REPORT_SCHEMA: dict[str, Any] = {
         "tolerances": {"type": "object"},
         "environment": {"type": "object"},
         "timings": {"type": "object", "additionalProperties": {"type": "number"}},
+        "routing": _ROUTING,
     },
 }
 
