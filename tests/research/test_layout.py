@@ -16,7 +16,7 @@ PACKAGE = "autoport_cst.research"
 
 # package -> (its orchestrator, shared modules every section may import)
 LAYERS = {
-    "analysis": ("code_analysis", {"state", "graph", "norms"}),
+    "analysis": ("code_analysis", {"state", "graph", "norms", "layer_inputs"}),
     "decide": ("crosscheck", {"state"}),
 }
 # the one section a section builds on: the MoE experts are classified as MLPs

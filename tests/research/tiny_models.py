@@ -78,6 +78,44 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
     "gemma_tied": ("gemma", {"head_dim": 16, "tie_word_embeddings": True}),
     # no_rope_layers[i] == 0: layer i applies no rotary embedding
     "smollm3": ("smollm3", {"no_rope_layers": [1, 0]}),
+    # queries scaled by 1 + beta * log(1 + floor(position / n)) after RoPE (attention temperature)
+    "ministral3": ("ministral3", {"head_dim": 16}),
+    # layer_rope_theta[i] == 0: the backbone passes layer i no position embeddings (NoPE)
+    "granite_swa_nope": (
+        "granite_swa",
+        {
+            "num_hidden_layers": 4,
+            "sliding_window": 16,
+            "layer_types": ["sliding_attention", "full_attention"] * 2,
+            "layer_rope_theta": [0, 10000, 0, 10000],
+        },
+    ),
+    # a RoPE base per layer: a rotary module per distinct theta
+    "granite_swa_thetas": (
+        "granite_swa",
+        {"sliding_window": 16, "layer_rope_theta": [10000, 500000], "rope_theta": 10000},
+    ),
+    "granite_swa": ("granite_swa", {"sliding_window": 16}),
+    "granitemoe_swa_nope": (
+        "granitemoe_swa",
+        {
+            "num_hidden_layers": 4,
+            "sliding_window": 16,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "layer_types": ["sliding_attention", "full_attention"] * 2,
+            "layer_rope_theta": [10000, 0, 10000, 0],
+        },
+    ),
+    # Cohere 2 rotates only its sliding-window layers (NoPE decided by layer_types)
+    "cohere2": (
+        "cohere2",
+        {
+            "num_hidden_layers": 4,
+            "sliding_window": 16,
+            "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        },
+    ),
 }
 
 

@@ -98,6 +98,7 @@ def _run(st: AnalyzerState) -> None:
         )
     )
     st.layers = layers
+    st.backbone = backbone_inst
     st.layer_prefix = f"{backbone_path}.{layers_attr}." if backbone_path else f"{layers_attr}."
     r.module_names["model"] = backbone_path
     r.module_names["model.layers"] = st.layer_prefix[:-1]

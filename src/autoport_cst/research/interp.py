@@ -219,15 +219,23 @@ class State:
 
 
 class ConfigProxy:
-    """Attribute access on the model configuration, logged."""
+    """Attribute access on the model configuration, logged. A copy the code
+    makes (``copy.deepcopy(config)``) holds the attributes the code then
+    sets on it (``overrides``); the configuration itself is never written."""
 
-    def __init__(self, config: Any, log: list[set[str]]) -> None:
+    def __init__(self, config: Any, log: list[set[str]], overrides: dict[str, Any] | None = None) -> None:
         self._config = config
         self._log = log
+        self.overrides = overrides
+
+    def copy(self) -> ConfigProxy:
+        return ConfigProxy(self._config, self._log, dict(self.overrides or {}))
 
     def read(self, name: str, default: Any = UNKNOWN) -> Any:
         for frame in self._log:
             frame.add(name)
+        if self.overrides is not None and name in self.overrides:
+            return self.overrides[name]
         try:
             value = getattr(self._config, name) if not isinstance(self._config, dict) else self._config[name]
         except Exception:  # missing, or a config that refuses the access (per-layer attributes)
@@ -235,6 +243,8 @@ class ConfigProxy:
         return _freeze_config_value(value, self._log)
 
     def has(self, name: str) -> bool:
+        if self.overrides is not None and name in self.overrides:
+            return True
         if isinstance(self._config, dict):
             return name in self._config
         try:
@@ -298,7 +308,7 @@ _SAFE_METHODS = {
     list: {"index", "count", "copy"},
     tuple: {"index", "count"},
 }
-_CONCRETE = (int, float, str, bool, type(None), tuple, list, dict, range, slice)
+_CONCRETE = (int, float, str, bool, type(None), tuple, list, dict, set, frozenset, range, slice)
 
 # Signatures of the torch.nn modules the analysis looks into (torch API, not
 # model names): positional parameter names and defaults.
@@ -340,6 +350,9 @@ class Interpreter:
         self.depth = 0
         self._globals: dict[tuple[int, str], Any] = {}
         self._mro: dict[Any, list] = {}
+        # loops over a list of modules run for every item (what each layer is
+        # passed), not only the first (what one layer computes)
+        self.every_layer = False
 
     # ---- config-read capture -------------------------------------------------
 
@@ -711,6 +724,8 @@ class Interpreter:
             return [value.value]
         if isinstance(value, Instance) and value.cls == MODULE_LIST:
             items = value.attrs.get("items", [])
+            if self.every_layer:
+                return list(items)
             return items[:1] if items else None  # a loop over layers: the first one
         return None
 
@@ -739,6 +754,8 @@ class Interpreter:
                     self.assign(elt, item, env, module, state)
         elif isinstance(target, ast.Attribute):
             base = self.eval(target.value, env, module, state)
+            if isinstance(base, ConfigProxy) and base.overrides is not None:
+                base.overrides[target.attr] = value  # a copy of the config the code modifies
             if isinstance(base, Instance):
                 if isinstance(value, (Instance, Param)) and value.name is None:
                     value.name = target.attr
@@ -892,7 +909,10 @@ class Interpreter:
     def _eval_Dict(self, expr, env, module, state):
         result = {}
         for key, value in zip(expr.keys, expr.values, strict=False):
-            if key is None:
+            if key is None:  # {**mapping, ...}
+                unpacked = self.eval(value, env, module, state)
+                if isinstance(unpacked, dict):
+                    result.update(unpacked)
                 continue
             k = self.eval(key, env, module, state)
             if isinstance(k, (str, int, float, bool)) or k is None:
@@ -1012,10 +1032,24 @@ class Interpreter:
         return self._comprehension(expr, env, module, state)
 
     def _eval_SetComp(self, expr, env, module, state):
+        items = self._comprehension(expr, env, module, state)
+        if isinstance(items, list) and all(is_concrete(i) for i in items):
+            try:
+                return set(items)
+            except TypeError:  # unhashable items
+                return UNKNOWN
         return UNKNOWN
 
     def _eval_DictComp(self, expr, env, module, state):
-        return UNKNOWN
+        """``{key: value for ...}`` as a dict when every key is concrete."""
+        pair = ast.Tuple(elts=[expr.key, expr.value], ctx=ast.Load())
+        items = self._comprehension(ast.ListComp(elt=pair, generators=expr.generators), env, module, state)
+        if not isinstance(items, list) or not all(isinstance(i, tuple) and is_concrete(i[0]) for i in items):
+            return UNKNOWN
+        try:
+            return dict(items)
+        except TypeError:  # an unhashable key
+            return UNKNOWN
 
     def _comprehension(self, expr, env, module, state):
         if len(expr.generators) != 1:
@@ -1176,6 +1210,8 @@ class Interpreter:
                     return fn(*args)
                 except (ValueError, TypeError, ArithmeticError):
                     return UNKNOWN
+        if qual in ("copy.deepcopy", "copy.copy") and len(args) == 1 and isinstance(args[0], ConfigProxy):
+            return args[0].copy()
         if short == "get_activation" and args and isinstance(args[0], str):
             return ActFn(args[0])
         return Node(
@@ -1368,9 +1404,11 @@ def _concrete_builtin(fn):
     return run
 
 
-def _b_enumerate(args):
+def _b_enumerate(interp: Interpreter, args):
     if len(args) == 1 and isinstance(args[0], Instance) and args[0].cls == MODULE_LIST:
         items = args[0].attrs.get("items", [])
+        if interp.every_layer:
+            return list(enumerate(items))
         return _FirstOnly((0, items[0])) if items else UNKNOWN
     if len(args) == 1 and is_concrete(args[0]):
         return list(enumerate(args[0]))
@@ -1442,7 +1480,7 @@ _BUILTIN_FUNCS = {
     getattr: _b_getattr,
     hasattr: _b_hasattr,
     isinstance: _b_isinstance,
-    enumerate: lambda interp, args, kwargs: _b_enumerate(args),
+    enumerate: lambda interp, args, kwargs: _b_enumerate(interp, args),
     zip: _concrete_builtin(lambda *x: list(zip(*x, strict=False))),
     sorted: _concrete_builtin(sorted),
     any: _concrete_builtin(any),

@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from autoport_cst.research.analysis import layer_inputs
 from autoport_cst.research.analysis.graph import first_int, number, ranges, scalar_path, strip_casts, unique
 from autoport_cst.research.analysis.state import AnalyzerState, AttentionGraph
 from autoport_cst.research.findings import CODE, INFERRED, known, unknown
-from autoport_cst.research.interp import UNKNOWN, Instance, Node, Param, depends_on, walk
+from autoport_cst.research.interp import UNKNOWN, Instance, Node, Param, children_of, depends_on, walk
 
 
 def analyze(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
@@ -428,6 +429,92 @@ def _kind(
         )
 
 
+def _input_scaling(st: AnalyzerState, attn: Instance, nodes: list[Node], where: str) -> bool:
+    """Queries or keys multiplied (or divided), between their projection and
+    the attention, by a value computed from another input of the attention's
+    forward than the hidden states and the rotation's (Ministral 3, Llama 4:
+    ``1 + beta * log(1 + floor(position / n))``, a scale that grows with the
+    position): no spec field holds a scale that varies by position. True
+    when found (and reported)."""
+    projections = [
+        n for n in nodes if n.kind == "module" and n.ref is not None and st.role(n.ref) == "linear"
+    ]
+    qk = _query_key_arguments(attn, nodes, projections)
+    rotation_inputs = {
+        id(n) for r in nodes if st.is_rotation(r) for n in walk(list(r.args)) if n.kind == "input"
+    }
+    for node in walk(qk):
+        if node.kind != "binop" or node.name not in ("mul", "div") or len(node.args) != 2:
+            continue
+        sides = [any(n in projections for n in _values_read(a)) for a in node.args]
+        if sides.count(True) != 1:
+            continue
+        other = node.args[sides.index(False)]
+        read = sorted(
+            {n.name for n in _values_read(other) if n.kind == "input" and id(n) not in rotation_inputs}
+        )
+        if read:
+            verb = "multiplied" if node.name == "mul" else "divided"
+            st.add(
+                known(
+                    True,
+                    "unsupported.position_scaled_attention",
+                    CODE,
+                    f"{where}: the queries or keys are {verb} by a value computed from {', '.join(read)} "
+                    "before the attention (a scale that varies with the position: attention temperature)",
+                )
+            )
+            return True
+    return False
+
+
+_METADATA = {"dtype", "device", "shape"}
+
+
+def _values_read(value: Any) -> list[Node]:
+    """The nodes whose values ``value`` is computed from: not those only
+    asked for their dtype, device or shape (``x.to(q.dtype)``)."""
+    out: list[Node] = []
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, Node):
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            if (current.kind == "attr" and current.name in _METADATA) or (
+                current.kind == "method" and current.name == "size"
+            ):
+                continue
+            out.append(current)
+            stack.extend(children_of(current))
+        elif isinstance(current, (tuple, list, dict)):
+            stack.extend(children_of(current))
+    return out
+
+
+def _query_key_arguments(attn: Instance, nodes: list[Node], projections: list[Node]) -> list[Any]:
+    """The queries and keys the attention consumes: the kernel's, or the
+    operands of the written-out q @ k^T."""
+    kernels = _kernel_calls(attn, nodes)
+    if kernels:
+        args = list(kernels[0].args)
+        at = next(
+            i for i, a in enumerate(args) if isinstance(a, Node) and a.kind == "instance" and a.ref is attn
+        )
+        return args[at + 1 : at + 3]  # attention_interface(self, query, key, value, ...)
+    for n in nodes:
+        if (
+            n.kind == "call"
+            and n.name.endswith("matmul")
+            and len(n.args) == 2
+            and all(any(depends_on(a, c) for c in projections) for a in n.args)
+        ):
+            return list(n.args)
+    return []
+
+
 def _kernel_arguments(st: AnalyzerState, attn: Instance, kernel: Node, where: str, hd: Any) -> None:
     kwargs = dict(kernel.kwargs)
     scaling = kwargs.get("scaling", None)
@@ -581,12 +668,13 @@ def _per_layer(st: AnalyzerState, where: str) -> None:
     RoPE section)."""
     windows: list[Any] = []
     rotary = []
-    for layer in st.layers:
+    scaled = False  # a position-dependent scale of the queries found (on any layer)
+    for index, layer in enumerate(st.layers):
         attn = dict(layer.children()).get(st.attn_name)
         if attn is None:
             windows.append(UNKNOWN)
             continue
-        outs = st.outputs(attn)
+        outs = layer_inputs.attention_outputs(st, index)  # with what its layer is passed
         if not outs:
             windows.append(UNKNOWN)
             continue
@@ -595,6 +683,7 @@ def _per_layer(st: AnalyzerState, where: str) -> None:
         value = dict(kernel.kwargs).get("sliding_window", None) if kernel is not None else UNKNOWN
         windows.append(value)
         rotary.append(any(n.kind == "func" for n in nodes if st.is_rotation(n)))
+        scaled = scaled or _input_scaling(st, attn, nodes, st.where(attn))
     st.layer_rotation = rotary
     if any(w is UNKNOWN or not (w is None or number(w)) for w in windows):
         st.add(

@@ -5,15 +5,29 @@ frequencies, over head_dim), and no rotary embedding at all."""
 
 from __future__ import annotations
 
+from autoport_cst.research.analysis import layer_inputs
 from autoport_cst.research.analysis.graph import ranges, rotation_style
 from autoport_cst.research.analysis.state import AnalyzerState, AttentionGraph
 from autoport_cst.research.findings import CODE, known, unknown
-from autoport_cst.research.interp import MODULE_LIST, FuncRef, Instance, SourceClass, depends_on, walk
+from autoport_cst.research.interp import (
+    MODULE_LIST,
+    UNKNOWN,
+    FuncRef,
+    Instance,
+    SourceClass,
+    depends_on,
+    is_concrete,
+    walk,
+)
+
+# the config fields a port reads its layers without RoPE from (the nope-layers codemod)
+NOPE_FIELDS = frozenset({"no_rope_layers", "no_rope_layer_interval"})
 
 
 def analyze(st: AnalyzerState, g: AttentionGraph) -> None:
     """RoPE as the first layer's attention ``g`` applies it, and per layer."""
     _nope_layers(st, g.where)
+    _layer_bases(st, g.where)
     _style(st, g)
 
 
@@ -28,11 +42,96 @@ def _nope_layers(st: AnalyzerState, where: str) -> None:
                 nope, "rope.nope_layers", CODE, f"{where}: no rotation applied on layers {ranges(list(nope))}"
             )
         )
+        unread = _nope_choice(st, rotary)
+        if unread is not None:
+            st.add(known(True, "unsupported.nope_layers", CODE, f"{where}: {unread}"))
     elif rotary and all(rotary):
         st.add(known(None, "rope.nope_layers", CODE, f"{where}: rotation applied on every layer"))
     elif rotary:
         st.no_rotation = True
         st.add(known(None, "rope.nope_layers", CODE, f"{where}: no layer applies a rotation"))
+
+
+def _nope_choice(st: AnalyzerState, rotary: list[bool]) -> str | None:
+    """Why the layers without RoPE are not the ones a port reads from
+    ``NOPE_FIELDS`` (None: an attribute of the attention read from those
+    fields tells them apart): the backbone withholds the position
+    embeddings from them, or the attention's flag comes from other config
+    fields (Cohere 2's sliding window: NoPE on full-attention layers)."""
+    nope = [i for i, r in enumerate(rotary) if not r]
+    backbone = [i for i in nope if layer_inputs.withheld(st, i)]
+    if backbone:
+        owner = st.backbone.class_name if st.backbone is not None else "the backbone"
+        return (
+            f"{owner}.forward passes no position embeddings to layers {ranges(backbone)} "
+            f"({', '.join(sorted(layer_inputs.withheld(st, backbone[0])))} is None there); "
+            f"a port reads its layers without RoPE from {' / '.join(sorted(NOPE_FIELDS))}"
+        )
+    attns = [dict(layer.children()).get(st.attn_name) for layer in st.layers[: len(rotary)]]
+    if any(a is None for a in attns):
+        return "the attention of some layer was not found"
+    keys: set[str] = set()
+    for reads in _aligned_attributes(attns, rotary).values():
+        if reads <= NOPE_FIELDS:
+            return None
+        keys |= reads
+    told = f"config.{', config.'.join(sorted(keys))}" if keys else "no config field the analysis saw"
+    return (
+        f"the layers without RoPE are told apart by {told}; a port reads them from "
+        f"{' / '.join(sorted(NOPE_FIELDS))}"
+    )
+
+
+def _aligned_attributes(attns: list, rotary: list[bool]) -> dict[str, frozenset[str]]:
+    """Attention attributes read from the config whose value decides, layer
+    by layer, whether it rotates (equal values, equal rotation), with the
+    config fields each was computed from."""
+    found: dict[str, frozenset[str]] = {}
+    for attr in attns[0].attrs:
+        reads = attns[0].attr_reads.get(attr, frozenset())
+        values = [a.attrs.get(attr, UNKNOWN) for a in attns]
+        if not reads or not all(is_concrete(v) for v in values):
+            continue
+        by_value: dict[str, set[bool]] = {}
+        for value, rotates in zip(values, rotary, strict=False):
+            by_value.setdefault(repr(value), set()).add(rotates)
+        if len(by_value) > 1 and all(len(r) == 1 for r in by_value.values()):
+            found[attr] = frozenset(reads)
+    return found
+
+
+def _layer_bases(st: AnalyzerState, where: str) -> None:
+    """Layers rotated by different rotary modules built from differently
+    modified copies of the config (a RoPE base per layer): no spec field
+    holds that."""
+    sources: dict[int, Instance] = {}
+    for index in range(len(st.layers)):
+        found = layer_inputs.rotary_sources(st, index)
+        if len(found) == 1:
+            sources[index] = found[0]
+    distinct: dict[str, list[int]] = {_rotary_setting(m): [] for m in sources.values()}
+    for index, module in sources.items():
+        distinct[_rotary_setting(module)].append(index)
+    if len(distinct) > 1:
+        groups = "; ".join(f"layers {ranges(layers)}: {setting}" for setting, layers in distinct.items())
+        st.add(
+            known(
+                True,
+                "unsupported.layer_rope_bases",
+                CODE,
+                f"{where}: layers are rotated by different rotary modules ({groups})",
+            )
+        )
+
+
+def _rotary_setting(module: Instance) -> str:
+    """What tells rotary modules of one class apart: the config copy they
+    were built from (the attributes the code set on it)."""
+    config = module.attrs.get("config", module.args.get("config"))
+    overrides = getattr(config, "overrides", None)
+    if not overrides:
+        return f"{module.class_name} on the model config"
+    return f"{module.class_name} with " + ", ".join(f"{k}={v!r}" for k, v in sorted(overrides.items()))
 
 
 def _style(st: AnalyzerState, g: AttentionGraph) -> None:

@@ -118,6 +118,9 @@ class AnalyzerState:
         self.layer_prefix = ""  # state-dict prefix of the decoder layers ("model.layers.")
         self.attn_name = ""  # the attention child of a decoder layer
         self.layer_rotation: list[bool] = []  # per traced layer: does its attention rotate q/k
+        self.backbone: Instance | None = None  # the module holding the decoder layers
+        # per layer index, its calls in the backbone's forward run for every layer (layer_inputs)
+        self.layer_calls: dict[int, list[Node]] | None = None
         self.no_rotation = False  # a rotary module exists but no layer applies a rotation
         self._forward_cache: dict[int, list[PathState]] = {}
         self._role_cache: dict[int, str] = {}

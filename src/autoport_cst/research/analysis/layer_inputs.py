@@ -1,0 +1,158 @@
+"""What the backbone passes each decoder layer, and what each layer's
+attention computes with it.
+
+The backbone's ``forward`` is run once more with its loop over the layers
+unrolled for every layer (the other sections read the first layer only),
+so an argument it gives some layers and withholds from others is seen per
+layer: position embeddings passed as ``None`` (those layers apply no RoPE,
+GraniteSWA's ``layer_rope_theta`` of 0), or taken from different rotary
+modules (a RoPE base per layer). Each layer's attention is then traced with
+the arguments its layer really passes it: an argument of the layer that the
+backbone gives as ``None`` and the layer hands on to the attention is bound
+to ``None`` there, so the attention's own ``if position_embeddings is not
+None`` takes the side the model takes on that layer."""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+from autoport_cst.research.analysis.state import AnalyzerState
+from autoport_cst.research.interp import Instance, Node, SourceClass, children_of, walk
+
+
+def layer_calls(st: AnalyzerState) -> dict[int, list[Node]]:
+    """Per decoder layer index, its calls in the backbone's forward (one per
+    path the interpreter followed); {} when the forward was not followed."""
+    if st.layer_calls is None:
+        st.layer_calls = _layer_calls(st)
+    return st.layer_calls
+
+
+def _layer_calls(st: AnalyzerState) -> dict[int, list[Node]]:
+    backbone = st.backbone
+    if backbone is None or not st.layers:
+        return {}
+    interp = st.interp
+    interp.every_layer = True
+    try:
+        states = interp.run_method(backbone, "forward", [])
+    except RecursionError:  # pragma: no cover - pathological source
+        states = []
+    finally:
+        interp.every_layer = False
+    index = {id(layer): i for i, layer in enumerate(st.layers)}
+    calls: dict[int, list[Node]] = {}
+    for state in states:
+        if not state.returned:
+            continue
+        for node in walk(state.value):
+            if node.kind == "module" and id(node.ref) in index:
+                calls.setdefault(index[id(node.ref)], []).append(node)
+    return calls
+
+
+def layer_arguments(st: AnalyzerState, index: int, call: Node) -> dict[str, Any]:
+    """The arguments of one call of layer ``index``, by the names of its
+    ``forward``'s parameters."""
+    names = _parameters(st, st.layers[index])
+    bound = dict(zip(names, call.args, strict=False))
+    bound.update(dict(call.kwargs))
+    return bound
+
+
+def withheld(st: AnalyzerState, index: int) -> frozenset[str]:
+    """The parameters of layer ``index``'s forward that the backbone passes
+    as ``None`` on every path it took."""
+    calls = layer_calls(st).get(index, [])
+    if not calls:
+        return frozenset()
+    sets = [
+        {name for name, value in layer_arguments(st, index, call).items() if value is None} for call in calls
+    ]
+    return frozenset(set.intersection(*sets))
+
+
+def attention_outputs(st: AnalyzerState, index: int) -> list[Any]:
+    """The outputs of layer ``index``'s attention, traced with ``None`` for
+    the arguments its layer passes on from what the backbone withholds."""
+    attn = dict(st.layers[index].children()).get(st.attn_name)
+    if attn is None:
+        return []
+    nones = _attention_nones(st, st.layers[index], attn, withheld(st, index))
+    if not nones:
+        return st.outputs(attn)
+    try:
+        states = st.interp.run_method(attn, "forward", [], dict.fromkeys(nones))
+    except RecursionError:  # pragma: no cover - pathological source
+        return []
+    values = []
+    for state in states:
+        if state.returned:
+            value = state.value
+            values.append(value[0] if isinstance(value, (tuple, list)) and value else value)
+    return values
+
+
+def _attention_nones(st: AnalyzerState, layer: Instance, attn: Instance, nones: frozenset[str]) -> set[str]:
+    """The parameters of the attention's forward that its layer fills with
+    one of its own parameters named in ``nones``."""
+    if not nones:
+        return set()
+    names = _parameters(st, attn)
+    found: set[str] = set()
+    for state in st.forward(layer):
+        for node in walk(state.value):
+            if node.kind != "module" or node.ref is not attn:
+                continue
+            pairs = [*zip(names, node.args, strict=False), *node.kwargs]
+            found |= {
+                name
+                for name, value in pairs
+                if isinstance(value, Node) and value.kind == "input" and value.name in nones
+            }
+    return found
+
+
+def rotary_sources(st: AnalyzerState, index: int) -> list[Instance]:
+    """The rotary-embedding modules whose output the backbone passes layer
+    ``index`` (distinct, in the order met)."""
+    found: list[Instance] = []
+    layers = {id(layer) for layer in st.layers}
+    for call in layer_calls(st).get(index, []):
+        for node in _walk_before(call, layers):
+            if node.kind == "module" and isinstance(node.ref, Instance) and st.role(node.ref) == "rotary":
+                if not any(node.ref is f for f in found):
+                    found.append(node.ref)
+    return found
+
+
+def _walk_before(call: Node, layers: set[int]) -> list[Node]:
+    """The nodes a layer call's arguments are computed from, without going
+    into the calls of other layers (the hidden states they produced)."""
+    seen: set[int] = set()
+    out: list[Node] = []
+    stack: list[Any] = [*call.args, *(v for _, v in call.kwargs)]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, Node):
+            if id(current) in seen or (current.kind == "module" and id(current.ref) in layers):
+                continue
+            seen.add(id(current))
+            out.append(current)
+            stack.extend(children_of(current))
+        elif isinstance(current, (tuple, list, dict)):
+            stack.extend(children_of(current))
+    return out
+
+
+def _parameters(st: AnalyzerState, instance: Instance) -> list[str]:
+    """The parameter names of an instance's ``forward`` after ``self``."""
+    if not isinstance(instance.cls, SourceClass):
+        return []
+    found = st.interp.find_method(instance.cls, "forward")
+    if found is None:
+        return []
+    fn = found[1]
+    args: ast.arguments = fn.args
+    return [a.arg for a in [*args.posonlyargs, *args.args][1:]]

@@ -1,0 +1,71 @@
+"""Position features the research reads per layer, from what the code
+computes with what each layer is passed: a scale of the queries that grows
+with the position (refused: no spec field holds it), layers the backbone
+passes no position embeddings (NoPE layers, refused unless a port can read
+them from the fields it knows), and a RoPE base per layer (refused)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("tiny")
+
+
+def _unsupported(result) -> list[str]:
+    return [item.split(":", 1)[0] for item in result.spec.unsupported or ()]
+
+
+def test_position_dependent_query_scaling_is_refused(tiny):
+    """Ministral 3 multiplies the rotated queries by
+    1 + beta * log(1 + floor(position_ids / n)): a port without it is wrong
+    beyond the first n positions, so the plan names it and is refused."""
+    result = tiny.research("ministral3")
+    assert "position_scaled_attention" in _unsupported(result)
+    (item,) = [u for u in result.spec.unsupported if u.startswith("position_scaled_attention")]
+    assert "position_ids" in item
+
+
+def test_layers_the_backbone_passes_no_position_embeddings_are_nope_layers(tiny):
+    """GraniteSWA with layer_rope_theta 0 on layers 0 and 2: its backbone
+    passes them None for the position embeddings and their attention skips
+    RoPE. They are NoPE layers, and no port reads them from
+    layer_rope_theta: refused, not planned as rotating every layer."""
+    result = tiny.research("granite_swa_nope")
+    assert result.spec.rope.nope_layers == (0, 2)
+    assert "nope_layers" in _unsupported(result)
+
+
+def test_nope_layers_of_a_moe_model_with_per_layer_theta(tiny):
+    result = tiny.research("granitemoe_swa_nope")
+    assert result.spec.rope.nope_layers == (1, 3)
+    assert "nope_layers" in _unsupported(result)
+
+
+def test_a_rope_base_per_layer_is_refused(tiny):
+    """Two rotary modules built from copies of the config with different
+    rope_theta, one per layer: the plan would rotate both with one base."""
+    result = tiny.research("granite_swa_thetas")
+    assert result.spec.rope.nope_layers is None
+    (item,) = [u for u in result.spec.unsupported or () if u.startswith("layer_rope_bases")]
+    assert "500000" in item and "10000" in item
+
+
+def test_one_rope_base_on_every_layer_stays_portable(tiny):
+    result = tiny.research("granite_swa")
+    assert result.spec.rope.nope_layers is None
+    assert result.spec.unsupported is None
+
+
+def test_nope_layers_told_by_a_field_no_port_reads_are_refused(tiny):
+    """Cohere 2 skips RoPE where its layer has no sliding window (from
+    layer_types); the nope-layers port reads no_rope_layers."""
+    result = tiny.research("cohere2")
+    assert result.spec.rope.nope_layers == (3,)
+    (item,) = [u for u in result.spec.unsupported or () if u.startswith("nope_layers")]
+    assert "layer_types" in item
+
+
+def test_nope_layers_read_from_no_rope_layers_stay_portable(tiny):
+    result = tiny.research("smollm3")
+    assert result.spec.rope.nope_layers == (1,)
+    assert result.spec.unsupported is None
