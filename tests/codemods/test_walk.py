@@ -83,3 +83,30 @@ def test_the_paths_to_some_nodes_are_their_ancestors(repo_root):
             node = parents.get(id(node))
     assert paths_to(module, {id(t) for t in targets}) == expected
     assert paths_to(module, set()) == set()
+
+
+def test_a_walk_after_an_edit_splices_the_statements_walked_before(repo_root):
+    """The walk of a module whose one method changed reuses the walks of the
+    statements it kept, and lists what a fresh walk lists."""
+    for path, module in _modules(repo_root, "llama3"):
+        walk(module)
+        classes = [s for s in module.body if isinstance(s, cst.ClassDef)]
+        if not classes:
+            continue
+        cls = classes[-1]
+        method = next(s for s in cls.body.body if isinstance(s, cst.FunctionDef))
+        edited = method.with_changes(
+            body=method.body.with_changes(body=[*method.body.body, cst.parse_statement("pass")])
+        )
+        new_cls = cls.with_changes(body=cls.body.with_changes(body=[edited, *cls.body.body[1:]]))
+        new_module = module.with_changes(body=[new_cls if s is cls else s for s in module.body])
+        found, expected = walk(new_module), _walk(new_module)
+        assert len(found) == len(expected), path
+        assert all(a is b for a, b in zip(found, expected, strict=True)), path
+        parents = {id(child): node for node in expected for child in _children(node)}
+        target: cst.CSTNode | None = edited.body.body[-1]
+        ancestors = set()
+        while target is not None:
+            ancestors.add(id(target))
+            target = parents.get(id(target))
+        assert paths_to(new_module, {id(edited.body.body[-1])}) == ancestors, path

@@ -38,7 +38,7 @@ from autoport_cst.errors import (
 from autoport_cst.plan import Plan
 from autoport_cst.spec import FieldDiff, diff_specs, to_json
 from autoport_cst.transform import Codemod, PortContext
-from autoport_cst.transform.library import library
+from autoport_cst.transform.library import codemod_ids, get_codemod, realizing
 
 RENAME = "rename-classes"
 
@@ -81,7 +81,6 @@ def compose(
 ) -> Composition:
     """The steps that port ``reference`` to ``plan`` (``parsed``: the texts the
     caller parses too, parsed once)."""
-    codemods = library()
     port = port_context(plan, reference)
     diffs = diff_specs(reference.spec, plan.spec)
 
@@ -89,17 +88,17 @@ def compose(
     errors: list[AutoportError] = []
     for index, step in enumerate(plan.steps):
         path = f"$.steps[{index}]"
-        if step.codemod not in codemods:
-            known = ", ".join(codemods)
+        if step.codemod not in codemod_ids():
+            known = ", ".join(codemod_ids())
             errors.append(
                 InputError(
-                    f"unknown codemod {step.codemod!r}{did_you_mean(step.codemod, codemods)}; "
+                    f"unknown codemod {step.codemod!r}{did_you_mean(step.codemod, codemod_ids())}; "
                     f"known codemods: {known}",
                     Position(plan_source, json_path=f"{path}.codemod"),
                 )
             )
             continue
-        cls = codemods[step.codemod]
+        cls = get_codemod(step.codemod)
         try:
             params = cls.parse_params(step.params, f"{path}.params", plan_source)
         except MultiInputError as exc:
@@ -120,7 +119,7 @@ def compose(
         if not diff.needs_code_change or reference.supports_by_config(diff.path, diff.target):
             by_config.append(diff)
             continue
-        candidates = [cls for cls in codemods.values() if cls.realizes(diff)]
+        candidates = [cls for cls in realizing(diff.path) if cls.realizes(diff)]
         if not candidates:
             unrealizable.append(diff)
             continue
@@ -140,14 +139,14 @@ def compose(
     steps = list(explicit)
     explicit_ids = {s.id for s in explicit}
     for codemod_id, field_diffs in derived.items():
-        cls = codemods[codemod_id]
+        cls = get_codemod(codemod_id)
         params = cls.params_for(field_diffs, plan.spec, port)
         steps.append(Step(cls, params, "diff", tuple(d.path for d in field_diffs)))
     if plan.prefix != reference.class_prefix and RENAME not in explicit_ids:
-        cls = codemods[RENAME]
+        cls = get_codemod(RENAME)
         steps.append(Step(cls, cls.params_for([], plan.spec, port), "identity"))
     steps += [
-        Step(codemods[c], codemods[c].Params(), "repair")
+        Step(get_codemod(c), get_codemod(c).Params(), "repair")
         for c in repairs(reference, parsed)
         if c not in explicit_ids
     ]

@@ -118,8 +118,17 @@ def _walked(node: cst.CSTNode) -> tuple[list[cst.CSTNode], list[int]]:
     return out, depths
 
 
-_WALK_CACHE_SIZE = 512
+# Walks are kept for the nodes asked for and for every statement met on the
+# way (a module of a few thousand lines has a few thousand statements).
+_WALK_CACHE_SIZE = 32768
 _WALKS: dict[int, tuple[cst.CSTNode, list[cst.CSTNode], list[int]]] = {}
+
+# Statements: an edit keeps the statements it does not change (``rewrite``),
+# so the walk of a module or class after a step is mostly walks of statements
+# walked before, spliced, not walked again.
+_SPLICED: frozenset[type] = frozenset(
+    kind for kind in vars(cst).values() if isinstance(kind, type) and issubclass(kind, cst.BaseStatement)
+)
 
 
 def nodes_of(node: cst.CSTNode, *types: type) -> list[cst.CSTNode]:
@@ -145,17 +154,25 @@ def _walk(node: cst.CSTNode) -> tuple[list[cst.CSTNode], list[int]]:
     # The children of each node are pushed last first, so the first comes off the
     # stack next; a value's kind (node, sequence, other) is looked up by its type
     # (an isinstance check against LibCST's abstract node class costs several times more).
+    # A statement below ``node`` is walked as a whole (``_walked``: kept, or
+    # served from what was kept) and spliced in, its depths shifted.
     out: list[cst.CSTNode] = []
     depths: list[int] = []
     stack, below = [node], [0]
-    fields, kinds = _REVERSED_FIELDS, _KINDS
+    fields, kinds, spliced = _REVERSED_FIELDS, _KINDS, _SPLICED
     while stack:
         current = stack.pop()
         depth = below.pop()
+        node_type = type(current)
+        if depth and node_type in spliced:
+            nodes, levels = _walked(current)
+            out += nodes
+            depths += map(depth.__add__, levels)
+            continue
         out.append(current)
         depths.append(depth)
         depth += 1
-        for name in fields.get(type(current)) or _reversed_fields(type(current)):
+        for name in fields.get(node_type) or _reversed_fields(node_type):
             value = getattr(current, name)
             kind = kinds.get(type(value)) or value_kind(value)
             if kind is NODE:
