@@ -6,39 +6,40 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform import moe as moe_edits
+from autoport_cst.transform import shared_expert_code as code
 from autoport_cst.transform.attention import add_functions
 from autoport_cst.transform.config_fields import add_config_fields
 from autoport_cst.transform.cst_helpers import (
-    classes_with_role,
     code_of,
     dotted,
     ensure_import_from,
+    followed_by,
     insert_many_after,
     is_call,
     keyword_arg,
     parse_expr,
     parse_statement,
     parse_statements,
+    preceded_by,
     replace_string_suffix,
+    replaced_by,
     rewrite,
     self_attr,
     simple_assign,
     statements,
     string_text,
     walk,
+    with_comment,
 )
+from autoport_cst.transform.layers import attr_of_role
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
 from autoport_cst.transform.realizes import Change, Realizes, to
-from autoport_cst.transform.roles import class_role
+from autoport_cst.transform.shared_expert_code import GATE, METHOD, WEIGHTS
 
 WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"
-WEIGHTS = ("shared_gate_proj_weight", "shared_up_proj_weight", "shared_down_proj_weight")
-GATE = "shared_expert_gate_weight"
-SIZE = "shared_intermediate_size_per_rank"
-METHOD = "_shared_expert"
-NEEDED = ("hidden_size", "dtype", "world_size")
 
 
 @dataclass(frozen=True)
@@ -69,31 +70,6 @@ CONFIG_ALIASES = {
     ),
     "shared_expert_intermediate_size": ("shared_expert_intermediate_size", "shared_intermediate_size"),
 }
-
-WIDTH_FUNCTION = '''
-def _shared_expert_width(config) -> int:
-    """Intermediate size of the always-on shared expert: the config's
-    ``shared_expert_intermediate_size`` when it has one (Qwen2-MoE), else the
-    expert intermediate size times the number of shared experts
-    (``n_shared_experts``; one when the config does not say)."""
-    if config.shared_expert_intermediate_size:
-        return config.shared_expert_intermediate_size
-    return config.moe_intermediate_size * (config.n_shared_experts or 1)
-'''
-
-KEY_FUNCTION = '''
-def _shared_expert_key(names, block: str, tensor: str) -> str:
-    """Checkpoint key of ``tensor`` (``gate_proj.weight``...) of the shared
-    expert of MoE block ``block``, which checkpoints name ``shared_expert``,
-    ``shared_experts`` or ``shared_mlp``."""
-    for name in ("shared_expert", "shared_experts", "shared_mlp"):
-        if f"{block}.{name}.{tensor}" in names:
-            return f"{block}.{name}.{tensor}"
-    raise KeyError(
-        f"no shared expert in the checkpoint for {block} (looked for {block}.shared_expert.{tensor}, "
-        f"{block}.shared_experts.{tensor}, {block}.shared_mlp.{tensor})"
-    )
-'''
 
 
 class SharedExperts(Codemod):
@@ -150,6 +126,16 @@ class SharedExperts(Codemod):
     ID = "shared-experts"
     REALIZES = Realizes({"moe.shared_experts": Change(count=True), "moe.shared_expert_gate": to(True)})
     Params = SharedExpertsParams
+    PITFALLS = (
+        Pitfall(
+            320,
+            lambda spec, facts: spec.moe is not None and spec.moe.shared_experts,
+            lambda spec, facts: (
+                "shared experts run on every token"
+                + (" behind a sigmoid gate" if spec.moe and spec.moe.shared_expert_gate else "")
+            ),
+        ),
+    )
     FILES = ("model", "config")
     EXAMPLES = (
         Example(
@@ -406,38 +392,60 @@ class SharedExperts(Codemod):
             module = ensure_import_from(module, WEIGHT_LOADERS, "sharding_weight_loader")
             if "with_rank_override(" in module.code:
                 module = ensure_import_from(module, WEIGHT_LOADERS, "with_rank_override")
-        module = add_functions(module, [WIDTH_FUNCTION, KEY_FUNCTION])
+        module = add_functions(module, [code.WIDTH_FUNCTION, code.KEY_FUNCTION])
         return self._add_mappings(module, router_params, ctx)
 
     def _missing(self, ctx, survey, what, module):
         return ctx.precondition(f"shared-experts: {survey.cls.name.value} has no {what}", survey.cls, module)
 
     def _edit_class(self, survey, edits, module, ctx) -> bool:
+        """The shared expert in one experts class: its parameters after the
+        routed experts' (or its own), their loaders, the method computing it,
+        and its output added on both paths. False when it is all there."""
         gate = self.params.gate
+        layout = self._layout(survey, module, ctx)
+        has_weights = all(w in survey.params for w in WEIGHTS)
+        has_gate = GATE in survey.params
+        if has_weights and (has_gate or not gate):
+            return False
+        new_gate = gate and not has_gate
+        anchor = (
+            _last_param_statement(layout.init, WEIGHTS) if has_weights else survey.params["down_proj_weight"]
+        )
+        edits[id(anchor)] = followed_by(*_parameters(layout, not has_weights, new_gate, module))
+        last_loader = statements(layout.loaders)[-1]
+        edits[id(last_loader)] = followed_by(*_loaders(layout, not has_weights, new_gate, module))
+        method = code.shared_method(gate, module, "cross_dp_ep" in survey.assigned)
+        existing = survey.methods.get(METHOD)
+        if existing is not None:
+            edits[id(existing)] = replaced_by(method)
+        else:
+            edits[id(layout.loaders)] = followed_by(method)
+        if not has_weights:
+            self._edit_prefill(layout.prefill, edits, module, ctx, survey)
+            self._edit_decode(layout, edits, module, ctx, survey)
+        return True
+
+    def _layout(self, survey, module, ctx) -> _Layout:
+        """What the experts class offers the shared expert (preconditions)."""
         if "down_proj_weight" not in survey.params:
             raise self._missing(ctx, survey, "self.down_proj_weight = nn.Parameter(...)", module)
         if "hidden_size" not in survey.assigned:
             raise self._missing(ctx, survey, "self.hidden_size attribute", module)
-        init = survey.methods.get("__init__")
-        loaders = survey.methods.get("_setup_weight_loaders")
-        prefill = survey.methods.get("forward_prefill")
-        decode = survey.methods.get("forward_decode")
-        for name, method in (
-            ("__init__", init),
-            ("_setup_weight_loaders", loaders),
-            ("forward_prefill", prefill),
-            ("forward_decode", decode),
-        ):
-            if method is None:
+        methods = {}
+        for name in ("__init__", "_setup_weight_loaders", "forward_prefill", "forward_decode"):
+            methods[name] = survey.methods.get(name)
+            if methods[name] is None:
                 raise self._missing(ctx, survey, f"{name} method", module)
-        norm = _norm_attribute(survey)
-        if norm is None:
+        norms = attr_of_role(survey.cls, module, "norm")
+        if not norms:
             raise self._missing(
                 ctx, survey, "norm module of its own (self.<norm> = <Prefix>RMSNorm(...))", module
             )
         dtype = "self.dtype" if "dtype" in survey.assigned else _dtype_of(survey.params["down_proj_weight"])
         if dtype is None:
             raise self._missing(ctx, survey, "self.dtype, nor a dtype= on self.down_proj_weight", module)
+        decode = methods["forward_decode"]
         group = _output_group(decode)
         if group is None:
             raise ctx.precondition(
@@ -450,129 +458,22 @@ class SharedExperts(Codemod):
             shards, rank = "self.world_size", None
         else:
             shards, rank = f"{group}.world_size", f"{group}.rank_in_group"
-        cross_dp = "cross_dp_ep" in survey.assigned
-        config = moe_edits.method_parameter(init, 0) or "config"
-        has_weights = all(w in survey.params for w in WEIGHTS)
-        has_gate = GATE in survey.params
-        if has_weights and (has_gate or not gate):
-            return False
+        init = methods["__init__"]
+        return _Layout(
+            init=init,
+            loaders=methods["_setup_weight_loaders"],
+            prefill=methods["forward_prefill"],
+            decode=decode,
+            norm=norms[0],
+            dtype=dtype,
+            shards=shards,
+            rank=rank,
+            config=moe_edits.method_parameter(init, 0) or "config",
+        )
 
-        # __init__: the parameters after the routed experts' down weight
-        new_init: list[cst.BaseStatement] = []
-        if not has_weights:
-            size = f"_shared_expert_width({config})"
-            lines = parse_statements(
-                f"self.{SIZE} = {size} // {shards}\n"
-                f"self.{WEIGHTS[0]} = nn.Parameter(\n"
-                f"    torch.empty(self.hidden_size, self.{SIZE}, dtype={dtype})\n)\n"
-                f"self.{WEIGHTS[1]} = nn.Parameter(\n"
-                f"    torch.empty(self.hidden_size, self.{SIZE}, dtype={dtype})\n)\n"
-                f"self.{WEIGHTS[2]} = nn.Parameter(\n"
-                f"    torch.empty(self.{SIZE}, self.hidden_size, dtype={dtype})\n)\n",
-                module,
-            )
-            lines[0] = _with_comment(
-                lines[0],
-                "# <-- MODEL-SPECIFIC: always-on shared expert (SiLU-gated MLP), intermediate sharded over TP",
-            )
-            new_init += lines
-        if gate and not has_gate:
-            line = parse_statement(
-                f"self.{GATE} = nn.Parameter(torch.empty(self.hidden_size, 1, dtype=torch.float32))", module
-            )
-            new_init.append(
-                _with_comment(
-                    line,
-                    "# <-- MODEL-SPECIFIC: a sigmoid gate (float32, like the router) scales the shared expert's output per token",
-                )
-            )
-        anchor = _last_param_statement(init, WEIGHTS) if has_weights else survey.params["down_proj_weight"]
-        edits[id(anchor)] = lambda updated, new=new_init: cst.FlattenSentinel([updated, *new])
-
-        # loaders
-        loader_lines: list[cst.BaseStatement] = []
-        if not has_weights:
-
-            def sharded(dim: int, indent: str) -> str:
-                inner = indent + "    "
-                loader = (
-                    f"sharding_weight_loader(\n{inner}    shard_dim={dim},\n{inner}    shard_size=self.{SIZE},\n"
-                    f"{inner}    num_shards={shards},\n{inner}    is_storage_transposed=True,\n{inner})"
-                )
-                return f"with_rank_override(\n{inner}{loader},\n{inner}rank={rank},\n{indent})"
-
-            loader_lines += (
-                parse_statements(
-                    f"for weight in (self.{WEIGHTS[0]}, self.{WEIGHTS[1]}):\n"
-                    f"    set_weight_loader(\n        weight,\n        {sharded(1, '        ')},\n    )\n"
-                    f"set_weight_loader(\n    self.{WEIGHTS[2]},\n    {sharded(0, '    ')},\n)\n",
-                    module,
-                )
-                if rank is not None
-                else parse_statements(
-                    f"for weight in (self.{WEIGHTS[0]}, self.{WEIGHTS[1]}):\n"
-                    "    set_weight_loader(\n"
-                    "        weight,\n"
-                    "        sharding_weight_loader(\n"
-                    "            shard_dim=1,\n"
-                    f"            shard_size=self.{SIZE},\n"
-                    "            num_shards=self.world_size,\n"
-                    "            is_storage_transposed=True,\n"
-                    "        ),\n"
-                    "    )\n"
-                    "set_weight_loader(\n"
-                    f"    self.{WEIGHTS[2]},\n"
-                    "    sharding_weight_loader(\n"
-                    "        shard_dim=0,\n"
-                    f"        shard_size=self.{SIZE},\n"
-                    "        num_shards=self.world_size,\n"
-                    "        is_storage_transposed=True,\n"
-                    "    ),\n"
-                    ")\n",
-                    module,
-                )
-            )
-            loader_lines[0] = _with_comment(
-                loader_lines[0],
-                "# >>> PARALLELISM: the shared expert's intermediate dimension is sharded like a dense MLP's <<<",
-            )
-        if gate and not has_gate:
-            loader_lines += parse_statements(
-                "set_weight_loader(\n"
-                f"    self.{GATE},\n"
-                "    sharding_weight_loader(shard_dim=1, shard_size=1, num_shards=1, is_storage_transposed=True),\n"
-                ")\n",
-                module,
-            )
-        last_loader = statements(loaders)[-1]
-        edits[id(last_loader)] = lambda updated, new=loader_lines: cst.FlattenSentinel([updated, *new])
-
-        # the method computing the shared expert
-        method = _shared_method(gate, module, cross_dp)
-        existing = survey.methods.get(METHOD)
-        if existing is not None:
-            edits[id(existing)] = lambda updated, method=method: method
-        else:
-            edits[id(loaders)] = lambda updated, method=method: cst.FlattenSentinel([updated, method])
-        if not has_weights:
-            self._edit_forward(prefill, decode, norm, edits, module, ctx, survey)
-        return True
-
-    def _edit_forward(self, prefill, decode, norm, edits, module, ctx, survey) -> None:
-        # prefill: after the statement that computes the routed output
-        routed = None
-        for stmt in _body_statements(prefill):
-            pair = simple_assign(stmt)
-            if pair is None or not isinstance(pair[0], cst.Name) or not isinstance(pair[1], cst.Call):
-                continue
-            call = pair[1]
-            if is_call(call, moe_edits.BLOCKWISE_KERNEL):
-                arg = keyword_arg(call, "hidden_states")
-                routed = (stmt, pair[0].value, arg.value if arg else None)
-            elif (
-                self_attr(call.func) is not None and self_attr(call.func).startswith("_experts") and call.args
-            ):
-                routed = (stmt, pair[0].value, call.args[0].value)
+    def _edit_prefill(self, prefill, edits, module, ctx, survey) -> None:
+        """The shared expert's output added right after the statement computing the routed output."""
+        routed = _routed_output(prefill)
         if routed is None or routed[2] is None:
             raise ctx.precondition(
                 f"shared-experts: forward_prefill of {survey.cls.name.value} has no statement computing the "
@@ -582,21 +483,21 @@ class SharedExperts(Codemod):
             )
         stmt, out, hidden = routed
         add = parse_statement(f"{out} = {out} + self.{METHOD}({code_of(hidden)})", module)
-        edits[id(stmt)] = lambda updated, add=add: cst.FlattenSentinel([updated, add])
-        # decode: before the all-reduce
-        reduce = None
-        for stmt in _body_statements(decode):
-            calls = [
-                n
-                for n in walk(stmt)
-                if isinstance(n, cst.Call)
-                and isinstance(n.func, cst.Attribute)
-                and n.func.attr.value == "all_reduce"
-                and n.args
-            ]
-            if calls:
-                reduce = (stmt, calls[0].args[0].value)
-                break
+        edits[id(stmt)] = followed_by(add)
+
+    def _edit_decode(self, layout: _Layout, edits, module, ctx, survey) -> None:
+        """The shared expert's output on the normalized decode tokens added
+        before the all-reduce (or the decode guarded when its expert kernel is
+        chosen at run time)."""
+        decode = layout.decode
+        reduce = next(
+            (
+                (s, calls[0].args[0].value)
+                for s in statements(decode)
+                if (calls := _all_reduces(s, with_args=True))
+            ),
+            None,
+        )
         inp = moe_edits.method_parameter(decode, 0)
         if reduce is None or inp is None or not isinstance(reduce[1], cst.Name):
             raise ctx.precondition(
@@ -612,36 +513,27 @@ class SharedExperts(Codemod):
             # decode beside the fused one): where its partial sums meet is not known
             message = "shared experts: this decode chooses its expert kernel at run time (moe_func)"
             for site in moe_edits.moe_sites(module, "moe.experts"):
-                if site.cls == survey.cls.name.value and site.function != prefill.name.value:
+                if site.cls == survey.cls.name.value and site.function != layout.prefill.name.value:
                     ctx.unaffected(site.call, f"guarded: {message}")
-            guard = parse_statement(f'raise NotImplementedError("{message}")', module)
-            edits[id(stmt)] = lambda updated, guard=guard: cst.FlattenSentinel([guard, updated])
+            edits[id(stmt)] = preceded_by(parse_statement(f'raise NotImplementedError("{message}")', module))
             return
-        add = parse_statement(f"{out} = {out} + self.{METHOD}(self.{norm}({inp}))", module)
-        edits[id(stmt)] = lambda updated, add=add: cst.FlattenSentinel([add, updated])
+        add = parse_statement(f"{out} = {out} + self.{METHOD}(self.{layout.norm}({inp}))", module)
+        edits[id(stmt)] = preceded_by(add)
 
     # -- load_weights ----------------------------------------------------------
 
     def _add_mappings(self, module, router_params, ctx):
-        entries = mapping_entries(module)
-        keys = {e.key for e in entries}
-        routers = [e for e in entries if any(e.key.endswith(f".{p}") for p in router_params)]
+        entries, keys, routers = _router_entries(module, router_params)
         if not routers:
             raise ctx.precondition(
                 f"shared-experts: load_weights has no mappings[...{' / '.join(sorted(router_params))}] entry"
             )
-        wanted = [
-            (WEIGHTS[0], "gate_proj.weight"),
-            (WEIGHTS[1], "up_proj.weight"),
-            (WEIGHTS[2], "down_proj.weight"),
-        ]
+        wanted = [*zip(WEIGHTS, ("gate_proj.weight", "up_proj.weight", "down_proj.weight"), strict=True)]
         if self.params.gate:
             wanted.append((GATE, None))
-        if not _assigns_names(routers[0].statement, module):
+        if not moe_edits.function_assigns(module, routers[0].statement, "names"):
             module = moe_edits.add_tensor_names(module, routers[0].statement, ctx, self.ID)
-            entries = mapping_entries(module)
-            keys = {e.key for e in entries}
-            routers = [e for e in entries if any(e.key.endswith(f".{p}") for p in router_params)]
+            entries, keys, routers = _router_entries(module, router_params)
         additions: dict[int, list] = {}
         for entry in routers:
             param = next(p for p in router_params if entry.key.endswith(f".{p}"))
@@ -668,12 +560,81 @@ class SharedExperts(Codemod):
         return insert_many_after(module, additions)
 
 
-def _with_comment(stmt: cst.BaseStatement, comment: str) -> cst.BaseStatement:
-    return stmt.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(comment))])
+def _router_entries(module: cst.Module, router_params: set[str]):
+    """The mapping entries of ``load_weights``, their keys, and those of the router weights."""
+    entries = mapping_entries(module)
+    routers = [e for e in entries if any(e.key.endswith(f".{p}") for p in router_params)]
+    return entries, {e.key for e in entries}, routers
 
 
-def _body_statements(func: cst.FunctionDef) -> list[cst.BaseStatement]:
-    return list(statements(func))
+@dataclass(frozen=True)
+class _Layout:
+    """What an experts class offers its shared expert: the methods edited,
+    its own norm, the dtype of its weights, and the group its outputs are
+    summed over (``shards`` ranks; ``rank`` in it, None for the TP rank the
+    loaders default to)."""
+
+    init: cst.FunctionDef
+    loaders: cst.FunctionDef
+    prefill: cst.FunctionDef
+    decode: cst.FunctionDef
+    norm: str
+    dtype: str
+    shards: str
+    rank: str | None
+    config: str
+
+
+def _parameters(layout: _Layout, weights: bool, gate: bool, module: cst.Module) -> list[cst.BaseStatement]:
+    """``__init__``'s new parameters: the shared expert's weights (intermediate
+    sharded) and its gate, as asked."""
+    new: list[cst.BaseStatement] = []
+    if weights:
+        new += parse_statements(code.parameters_code(layout.config, layout.shards, layout.dtype), module)
+        new[0] = with_comment(
+            new[0],
+            "<-- MODEL-SPECIFIC: always-on shared expert (SiLU-gated MLP), intermediate sharded over TP",
+        )
+    if gate:
+        comment = "<-- MODEL-SPECIFIC: a sigmoid gate (float32, like the router) scales the shared expert's output per token"
+        new.append(with_comment(parse_statement(code.GATE_PARAMETER, module), comment))
+    return new
+
+
+def _loaders(layout: _Layout, weights: bool, gate: bool, module: cst.Module) -> list[cst.BaseStatement]:
+    """``_setup_weight_loaders``' new statements: sharding loaders of the
+    shared expert's weights (with the group's rank when it is not TP's) and a
+    replicated one for its gate, as asked."""
+    new: list[cst.BaseStatement] = []
+    if weights:
+        new += parse_statements(code.loaders_code(layout.shards, layout.rank), module)
+        new[0] = with_comment(
+            new[0],
+            ">>> PARALLELISM: the shared expert's intermediate dimension is sharded like a dense MLP's <<<",
+        )
+    if gate:
+        new += parse_statements(code.GATE_LOADER, module)
+    return new
+
+
+def _routed_output(
+    prefill: cst.FunctionDef,
+) -> tuple[cst.BaseStatement, str, cst.BaseExpression | None] | None:
+    """The last statement of ``prefill`` computing the routed output
+    (``out = NF.moe_cte(hidden_states=...)`` or ``out = self._experts...(hidden, ...)``):
+    the statement, ``out`` and the hidden states it routes."""
+    routed = None
+    for stmt in statements(prefill):
+        pair = simple_assign(stmt)
+        if pair is None or not isinstance(pair[0], cst.Name) or not isinstance(pair[1], cst.Call):
+            continue
+        call = pair[1]
+        if is_call(call, moe_edits.BLOCKWISE_KERNEL):
+            arg = keyword_arg(call, "hidden_states")
+            routed = (stmt, pair[0].value, arg.value if arg else None)
+        elif self_attr(call.func) is not None and self_attr(call.func).startswith("_experts") and call.args:
+            routed = (stmt, pair[0].value, call.args[0].value)
+    return routed
 
 
 def _last_param_statement(init: cst.FunctionDef, attrs) -> cst.CSTNode:
@@ -684,29 +645,6 @@ def _last_param_statement(init: cst.FunctionDef, attrs) -> cst.CSTNode:
             if pair is not None and self_attr(pair[0]) in attrs:
                 last = node
     return last
-
-
-def _norm_attribute(survey: moe_edits.ExpertsSurvey) -> str | None:
-    for attr, stmt in survey.assigned.items():
-        _, value = simple_assign(stmt)
-        if isinstance(value, cst.Call) and class_role(dotted(value.func) or "") == "norm":
-            return attr
-    return None
-
-
-def _assigns_names(stmt: cst.CSTNode, module: cst.Module) -> bool:
-    """Whether the ``load_weights`` holding ``stmt`` assigns ``names``."""
-    for cls in classes_with_role(module, "causal_lm"):
-        for node in walk(cls):
-            if isinstance(node, cst.FunctionDef) and any(n is stmt for n in walk(node)):
-                return any(
-                    isinstance(n, cst.SimpleStatementLine)
-                    and (pair := simple_assign(n)) is not None
-                    and isinstance(pair[0], cst.Name)
-                    and pair[0].value == "names"
-                    for n in walk(node)
-                )
-    return False
 
 
 def _block_key(value: cst.BaseExpression, module: cst.Module):
@@ -737,38 +675,6 @@ def _block_key(value: cst.BaseExpression, module: cst.Module):
     return None
 
 
-def _shared_method(gate: bool, module: cst.Module, cross_dp: bool = False) -> cst.FunctionDef:
-    lines = [
-        f"def {METHOD}(self, hidden_states):",
-        '    """The always-on shared expert on normalized hidden states [T, H]; partial sums over TP."""',
-    ]
-    if cross_dp:
-        lines += [
-            "    # >>> PARALLELISM: with cross-DP expert parallelism the routed output is summed over every",
-            "    # DP replica's ranks, which would count a TP-sharded shared expert once per replica <<<",
-            "    if self.cross_dp_ep:",
-            "        raise NotImplementedError(",
-            '            "shared experts with cross-DP expert parallelism (data_parallel_size > 1 with EP)"',
-            "        )",
-        ]
-    lines += [
-        "    output = NF.mlp(",
-        "        hidden_states,",
-        f"        self.{WEIGHTS[0]},",
-        f"        self.{WEIGHTS[1]},",
-        f"        self.{WEIGHTS[2]},",
-        "    )",
-    ]
-    if gate:
-        lines += [
-            f"    gate = torch.sigmoid(hidden_states.to(torch.float32) @ self.{GATE}.to(torch.float32))",
-            "    output = (output.to(torch.float32) * gate).to(output.dtype)",
-        ]
-    lines.append("    return output")
-    method = parse_statement("\n".join(lines) + "\n", module)
-    return method.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
-
-
 def _dtype_of(statement: cst.CSTNode) -> str | None:
     """The ``dtype=`` of the tensor a parameter statement creates."""
     for node in walk(statement):
@@ -784,22 +690,29 @@ def _output_group(decode: cst.FunctionDef) -> str | None:
     (``<group>.all_reduce(output)``), leaving out the world-wide group of
     cross-DP expert parallelism; None when it is not one group."""
     groups = []
-    for node in walk(decode):
-        if (
-            isinstance(node, cst.Call)
-            and isinstance(node.func, cst.Attribute)
-            and node.func.attr.value == "all_reduce"
-        ):
-            group = dotted(node.func.value)
-            if group is not None and "wide" not in group and group not in groups:
-                groups.append(group)
+    for call in _all_reduces(decode):
+        group = dotted(call.func.value)
+        if group is not None and "wide" not in group and group not in groups:
+            groups.append(group)
     return groups[0] if len(groups) == 1 else None
+
+
+def _all_reduces(node: cst.CSTNode, with_args: bool = False) -> list[cst.Call]:
+    """The ``<group>.all_reduce(...)`` calls under ``node`` (with an argument)."""
+    return [
+        n
+        for n in walk(node)
+        if isinstance(n, cst.Call)
+        and isinstance(n.func, cst.Attribute)
+        and n.func.attr.value == "all_reduce"
+        and (n.args or not with_args)
+    ]
 
 
 def _dispatched(decode: cst.FunctionDef, out: str) -> bool:
     """Whether ``decode`` computes ``out`` by calling a local name (a kernel
     method picked at run time, ``moe_func = ... if ... else ...``)."""
-    for stmt in _body_statements(decode):
+    for stmt in statements(decode):
         pair = simple_assign(stmt) if isinstance(stmt, cst.SimpleStatementLine) else None
         if pair is not None and code_of(pair[0]) == out and isinstance(pair[1], cst.Call):
             if isinstance(pair[1].func, cst.Name):
