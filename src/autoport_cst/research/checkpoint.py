@@ -224,80 +224,74 @@ def layer_count(header: CheckpointHeader) -> int | None:
 def checkpoint_findings(header: CheckpointHeader, dims: dict[str, Any]) -> list[Finding]:
     """Facts from key names and shapes alone (the code cross-check adds the
     exact module names)."""
-    out: list[Finding] = []
     tensors = header.tensors
-    out.append(
-        known(
-            len(tensors),
-            "checkpoint.tensors",
-            CHECKPOINT,
-            f"{len(tensors)} tensors in {len(header.files)} file(s); dtypes {header.dtypes}",
-        )
-    )
-    out.append(known(header.parameter_count, "checkpoint.parameters", CHECKPOINT, "sum of the header shapes"))
+    evidence = f"{len(tensors)} tensors in {len(header.files)} file(s); dtypes {header.dtypes}"
+    out = [
+        known(len(tensors), "checkpoint.tensors", CHECKPOINT, evidence),
+        known(header.parameter_count, "checkpoint.parameters", CHECKPOINT, "sum of the header shapes"),
+    ]
     layers = layer_count(header)
     if layers is not None:
         out.append(known(layers, "num_layers", CHECKPOINT, f"layer indices 0..{layers - 1} in the key names"))
     bias_patterns = sorted({pattern(n).rsplit(".", 1)[0] for n in tensors if n.endswith(".bias")})
-    out.append(
-        known(
-            bias_patterns,
-            "checkpoint.bias_modules",
-            CHECKPOINT,
-            f"{len(bias_patterns)} module(s) with a stored bias",
-        )
-    )
+    evidence = f"{len(bias_patterns)} module(s) with a stored bias"
+    out.append(known(bias_patterns, "checkpoint.bias_modules", CHECKPOINT, evidence))
+    out += _lm_head_stored(tensors, dims)
+    out += _fused_qkv(tensors, dims)
+    out += _fused_gate_up(tensors, dims)
+    out += _expert_layout(tensors)
+    out += _quantized(tensors)
+    out += _float_dtype(tensors)
+    return out
+
+
+def _lm_head_stored(tensors: dict[str, TensorInfo], dims: dict[str, Any]) -> list[Finding]:
+    """Two vocabulary matrices: the head is stored; one: it reuses the embedding."""
     hidden, vocab = dims.get("hidden_size"), dims.get("vocab_size")
+    if not isinstance(hidden, int) or not isinstance(vocab, int):
+        return []
+    vocab_mats = sorted(n for n, t in tensors.items() if t.shape in ((vocab, hidden), (hidden, vocab)))
+    if len(vocab_mats) >= 2:
+        evidence = f"two vocabulary matrices: {', '.join(vocab_mats)}"
+        return [known(True, "checkpoint.lm_head_stored", CHECKPOINT, evidence)]
+    if len(vocab_mats) == 1:
+        evidence = f"one vocabulary matrix ({vocab_mats[0]}): the head reuses the embedding"
+        return [known(False, "checkpoint.lm_head_stored", CHECKPOINT, evidence)]
+    return []
+
+
+def _other_widths(dims: dict[str, Any]) -> set[int]:
+    """Widths of other matrices: a fused width equal to one proves nothing."""
+    sizes = ("hidden_size", "vocab_size", "intermediate_size", "moe_intermediate_size")
+    return {w for w in (dims.get(size) for size in sizes) if isinstance(w, int)}
+
+
+def _fused_qkv(tensors: dict[str, TensorInfo], dims: dict[str, Any]) -> list[Finding]:
+    """A fused QKV projection by its width, where no other matrix has it."""
+    hidden, inter = dims.get("hidden_size"), dims.get("intermediate_size")
     nh, nkv, hd = dims.get("num_heads"), dims.get("num_kv_heads"), dims.get("head_dim")
-    inter = dims.get("intermediate_size")
-    if isinstance(hidden, int) and isinstance(vocab, int):
-        vocab_mats = sorted(n for n, t in tensors.items() if t.shape in ((vocab, hidden), (hidden, vocab)))
-        if len(vocab_mats) >= 2:
-            out.append(
-                known(
-                    True,
-                    "checkpoint.lm_head_stored",
-                    CHECKPOINT,
-                    f"two vocabulary matrices: {', '.join(vocab_mats)}",
-                )
-            )
-        elif len(vocab_mats) == 1:
-            out.append(
-                known(
-                    False,
-                    "checkpoint.lm_head_stored",
-                    CHECKPOINT,
-                    f"one vocabulary matrix ({vocab_mats[0]}): the head reuses the embedding",
-                )
-            )
-    # fused projections by shape, only where the width cannot be another matrix's
-    widths = {w for w in (hidden, vocab, inter, dims.get("moe_intermediate_size")) if isinstance(w, int)}
-    if isinstance(hidden, int) and isinstance(nh, int) and isinstance(nkv, int) and isinstance(hd, int):
-        fused = (nh + 2 * nkv) * hd
-        if fused not in widths and (not isinstance(inter, int) or fused != 2 * inter):
-            fused_keys = sorted(
-                {pattern(n) for n, t in tensors.items() if t.shape in ((fused, hidden), (hidden, fused))}
-            )
-            if fused_keys:
-                out.append(
-                    known(
-                        True,
-                        "checkpoint.fused_qkv",
-                        CHECKPOINT,
-                        f"{fused_keys[0]}: width {fused} = (heads + 2 kv heads) x head_dim",
-                    )
-                )
-            else:
-                out.append(
-                    known(
-                        False,
-                        "checkpoint.fused_qkv",
-                        CHECKPOINT,
-                        f"no tensor of width {fused} = (heads + 2 kv heads) x head_dim",
-                        confidence=INFERRED,
-                    )
-                )
-    for label, size in (("intermediate", inter), ("expert intermediate", dims.get("moe_intermediate_size"))):
+    if not (isinstance(hidden, int) and isinstance(nh, int) and isinstance(nkv, int) and isinstance(hd, int)):
+        return []
+    fused = (nh + 2 * nkv) * hd
+    if fused in _other_widths(dims) or (isinstance(inter, int) and fused == 2 * inter):
+        return []
+    fused_keys = sorted(
+        {pattern(n) for n, t in tensors.items() if t.shape in ((fused, hidden), (hidden, fused))}
+    )
+    if fused_keys:
+        evidence = f"{fused_keys[0]}: width {fused} = (heads + 2 kv heads) x head_dim"
+        return [known(True, "checkpoint.fused_qkv", CHECKPOINT, evidence)]
+    evidence = f"no tensor of width {fused} = (heads + 2 kv heads) x head_dim"
+    return [known(False, "checkpoint.fused_qkv", CHECKPOINT, evidence, confidence=INFERRED)]
+
+
+def _fused_gate_up(tensors: dict[str, TensorInfo], dims: dict[str, Any]) -> list[Finding]:
+    """A fused gate/up projection (dense or expert) by its width, twice the intermediate size."""
+    hidden, widths = dims.get("hidden_size"), _other_widths(dims)
+    for label, size in (
+        ("intermediate", dims.get("intermediate_size")),
+        ("expert intermediate", dims.get("moe_intermediate_size")),
+    ):
         if isinstance(size, int) and isinstance(hidden, int) and 2 * size not in widths:
             gate_up = sorted(
                 {
@@ -307,43 +301,40 @@ def checkpoint_findings(header: CheckpointHeader, dims: dict[str, Any]) -> list[
                 }
             )
             if gate_up:
-                out.append(
-                    known(
-                        True,
-                        "checkpoint.fused_gate_up",
-                        CHECKPOINT,
-                        f"{gate_up[0]}: width 2 x {label} {size}",
-                    )
-                )
-                break
+                evidence = f"{gate_up[0]}: width 2 x {label} {size}"
+                return [known(True, "checkpoint.fused_gate_up", CHECKPOINT, evidence)]
+    return []
+
+
+def _expert_layout(tensors: dict[str, TensorInfo]) -> list[Finding]:
+    """One key per expert, or 3-D tensors holding every expert."""
     per_expert = sorted({pattern(n) for n in tensors if re.search(r"experts\.\d+\.", n)})
-    stacked = sorted({pattern(n) for n, t in tensors.items() if "expert" in n and len(t.shape) == 3})
     if per_expert:
-        out.append(
-            known(
-                "per_expert", "checkpoint.expert_layout", CHECKPOINT, f"{per_expert[0]} (one key per expert)"
-            )
-        )
-    elif stacked:
-        out.append(
-            known("stacked", "checkpoint.expert_layout", CHECKPOINT, f"{stacked[0]} (3-D, all experts)")
-        )
+        evidence = f"{per_expert[0]} (one key per expert)"
+        return [known("per_expert", "checkpoint.expert_layout", CHECKPOINT, evidence)]
+    stacked = sorted({pattern(n) for n, t in tensors.items() if "expert" in n and len(t.shape) == 3})
+    if stacked:
+        return [known("stacked", "checkpoint.expert_layout", CHECKPOINT, f"{stacked[0]} (3-D, all experts)")]
+    return []
+
+
+def _quantized(tensors: dict[str, TensorInfo]) -> list[Finding]:
+    """Quantized dtypes or scale/block tensors."""
     quant = sorted(
         {t.dtype for t in tensors.values() if t.dtype in ("U8", "I8", "F8_E4M3", "F8_E5M2", "F4", "I32")}
     )
     scales = [n for n in tensors if n.endswith(("_scales", "_blocks", "weight_scale", "qweight", "scales"))]
-    if quant or scales:
-        out.append(
-            known(
-                True,
-                "checkpoint.quantized",
-                CHECKPOINT,
-                f"dtypes {quant or '-'}; {len(scales)} scale/block tensors",
-            )
-        )
+    if not quant and not scales:
+        return []
+    evidence = f"dtypes {quant or '-'}; {len(scales)} scale/block tensors"
+    return [known(True, "checkpoint.quantized", CHECKPOINT, evidence)]
+
+
+def _float_dtype(tensors: dict[str, TensorInfo]) -> list[Finding]:
+    """The most common floating dtype."""
     floats = Counter(t.dtype for t in tensors.values() if t.dtype in ("F32", "F16", "BF16", "F64"))
-    if floats:
-        out.append(
-            known(floats.most_common(1)[0][0], "checkpoint.dtype", CHECKPOINT, f"dtype counts {dict(floats)}")
-        )
-    return out
+    if not floats:
+        return []
+    return [
+        known(floats.most_common(1)[0][0], "checkpoint.dtype", CHECKPOINT, f"dtype counts {dict(floats)}")
+    ]

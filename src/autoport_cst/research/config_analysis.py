@@ -14,6 +14,7 @@ vocabulary of config.json), not model names.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,147 +137,60 @@ def _lookup(raw: dict[str, Any], resolved: Any, keys: tuple[str, ...]) -> tuple[
     return None, None, ""
 
 
+@dataclass
+class _Reader:
+    """config.json and its resolved configuration, read into findings."""
+
+    raw: dict[str, Any]
+    resolved: Any
+    add: Callable[[Finding], None]
+
+    def lookup(self, keys: tuple[str, ...]) -> tuple[str | None, Any, str]:
+        return _lookup(self.raw, self.resolved, keys)
+
+    def value(self, name: str, keys: tuple[str, ...], required: bool = True) -> Any:
+        """The first of ``keys`` present, as the finding ``name`` (an unknown
+        one when none is and ``required``)."""
+        key, v, where = self.lookup(keys)
+        if key is None:
+            if required:
+                self.add(unknown(name, CONFIG, f"none of {', '.join(keys)} in config.json"))
+            return None
+        confidence = "certain" if where == "config.json" else INFERRED
+        self.add(known(v, name, CONFIG, f"{key} ({where})", confidence=confidence))
+        return v
+
+    def default(self, key: str) -> Any:
+        """``key`` of the resolved configuration (None without one)."""
+        return _attr(self.resolved, key) if self.resolved is not None else None
+
+
 def analyze_config(raw: dict[str, Any], resolved: Any, path: str) -> ConfigAnalysis:
+    """The findings of config.json (and the class defaults of ``resolved``),
+    section by section, and the model's sizes (``dims``)."""
     architectures = raw.get("architectures") or []
     result = ConfigAnalysis(
         path, raw, raw["model_type"], architectures[0] if architectures else None, resolved
     )
-    add = result.findings.append
-    if result.architecture:
-        extra = f" (also lists {architectures[1:]})" if len(architectures) > 1 else ""
-        add(known(result.architecture, "architecture", CONFIG, f"architectures[0]{extra}"))
-    else:
-        add(unknown("architecture", CONFIG, "config.json has no architectures list"))
-
-    def value(name: str, keys: tuple[str, ...], required: bool = True) -> Any:
-        key, v, where = _lookup(raw, resolved, keys)
-        if key is None:
-            if required:
-                add(unknown(name, CONFIG, f"none of {', '.join(keys)} in config.json"))
-            return None
-        add(
-            known(
-                v,
-                name,
-                CONFIG,
-                f"{key} ({where})",
-                confidence="certain" if where == "config.json" else INFERRED,
-            )
-        )
-        return v
-
-    hidden = value("hidden_size", HIDDEN_KEYS)
-    layers = value("num_layers", LAYER_KEYS)
-    heads = value("attention.num_heads", HEAD_KEYS)
-    kv_key, kv, kv_where = _lookup(raw, resolved, KV_KEYS)
-    if kv is None and heads is not None:
-        kv = heads
-        add(
-            known(
-                kv,
-                "attention.num_kv_heads",
-                CONFIG,
-                "no KV head count: one KV head per query head (MHA)",
-                confidence=INFERRED,
-            )
-        )
-    elif kv is not None:
-        add(known(kv, "attention.num_kv_heads", CONFIG, f"{kv_key} ({kv_where})"))
-    head_dim_raw = raw.get("head_dim")
-    if head_dim_raw is None and resolved is not None:
-        head_dim_raw = _attr(resolved, "head_dim")
-    if isinstance(head_dim_raw, int):
-        head_dim = head_dim_raw
-        add(
-            known(
-                head_dim,
-                "attention.head_dim",
-                CONFIG,
-                "head_dim" + (" (config.json)" if "head_dim" in raw else " (class default)"),
-            )
-        )
-    elif isinstance(hidden, int) and isinstance(heads, int) and heads:
-        head_dim = hidden // heads
-        add(
-            known(
-                head_dim, "attention.head_dim", DERIVED, f"no head_dim: hidden_size {hidden} / {heads} heads"
-            )
-        )
-    else:
-        head_dim = None
-        add(unknown("attention.head_dim", CONFIG, "no head_dim and no hidden_size / heads"))
-    vocab = value("embedding.vocab_size", ("vocab_size", "padded_vocab_size"))
-    value("max_position_embeddings", POSITION_KEYS, required=False)
-    intermediate = value("mlp.intermediate_size", INTERMEDIATE_KEYS, required=False)
-    eps_key, eps, eps_where = _lookup(raw, resolved, EPS_KEYS)
-    if eps_key is None:
-        add(unknown("norm.eps", CONFIG, f"none of {', '.join(EPS_KEYS)}"))
-    else:
-        add(known(float(eps), "norm.eps", CONFIG, f"{eps_key} ({eps_where})"))
-        add(known(eps_key, "norm.eps_key", CONFIG, f"the epsilon is config.{eps_key}"))
-        others = [k for k in EPS_KEYS if k in raw and k != eps_key]
-        if others:
-            add(known(others, "config.other_eps_keys", CONFIG, f"config.json also holds {others}", INFERRED))
-    _rope(raw, resolved, head_dim, add)
-    act_key, act, where = _lookup(raw, resolved, ACTIVATION_KEYS)
-    if act_key is None:
-        add(unknown("config.activation", CONFIG, f"none of {', '.join(ACTIVATION_KEYS)}"))
-    else:
-        add(known(act, "config.activation", CONFIG, f"{act_key} ({where})"))
-    tie = raw.get("tie_word_embeddings")
-    if tie is None and resolved is not None:
-        tie = _attr(resolved, "tie_word_embeddings")
-        where = "class default"
-    else:
-        where = "config.json"
-    if isinstance(tie, bool):
-        add(
-            known(
-                tie,
-                "embedding.tied",
-                CONFIG,
-                f"tie_word_embeddings ({where})",
-                confidence="certain" if where == "config.json" else INFERRED,
-            )
-        )
-    else:
-        add(unknown("embedding.tied", CONFIG, "no tie_word_embeddings"))
-    for key in sorted(set(raw) | set(_resolved_keys(resolved))):
-        if "bias" in key and not key.startswith("_"):
-            v = raw.get(key, _attr(resolved, key) if resolved is not None else None)
-            if isinstance(v, bool):
-                add(
-                    known(
-                        v,
-                        f"config.{key}",
-                        CONFIG,
-                        f"{key} ({'config.json' if key in raw else 'class default'})",
-                    )
-                )
-    _sliding(raw, resolved, layers, add)
-    experts = value("moe.num_experts", EXPERT_KEYS, required=False)
-    moe_intermediate = None
-    if experts:
-        value("moe.top_k", TOPK_KEYS, required=False)
-        moe_intermediate = value("moe.intermediate_size", MOE_INTERMEDIATE_KEYS, required=False)
-        value("config.shared_experts", SHARED_KEYS, required=False)
-        value("moe.norm_topk_prob", ("norm_topk_prob",), required=False)
-        value("config.decoder_sparse_step", ("decoder_sparse_step",), required=False)
-        value("config.mlp_only_layers", ("mlp_only_layers",), required=False)
-    for key in MULTIPLIER_KEYS:
-        k, v, where = _lookup(raw, resolved, (key,))
-        if k is not None:
-            add(known(v, f"config.{key}", CONFIG, f"{key} ({where})"))
-    dtype = raw.get("torch_dtype", raw.get("dtype"))
-    if dtype is not None:
-        add(known(str(dtype), "config.dtype", CONFIG, "torch_dtype / dtype"))
-    if raw.get("quantization_config"):
-        method = (
-            raw["quantization_config"].get("quant_method")
-            if isinstance(raw["quantization_config"], dict)
-            else None
-        )
-        add(known(method or "yes", "config.quantization", CONFIG, "quantization_config is set"))
+    read = _Reader(raw, resolved, result.findings.append)
+    _architecture(read, architectures)
+    hidden = read.value("hidden_size", HIDDEN_KEYS)
+    layers = read.value("num_layers", LAYER_KEYS)
+    heads = read.value("attention.num_heads", HEAD_KEYS)
+    kv = _kv_heads(read, heads)
+    head_dim = _head_dim(read, hidden, heads)
+    vocab = read.value("embedding.vocab_size", ("vocab_size", "padded_vocab_size"))
+    read.value("max_position_embeddings", POSITION_KEYS, required=False)
+    intermediate = read.value("mlp.intermediate_size", INTERMEDIATE_KEYS, required=False)
+    _norm_eps(read)
+    _rope(raw, resolved, head_dim, read.add)
+    _activation(read)
+    _tied_embeddings(read)
+    _bias_flags(read)
+    _sliding(raw, resolved, layers, read.add)
+    experts, moe_intermediate = _moe(read)
+    _multipliers(read)
+    _dtype_and_quantization(read)
     result.dims = {
         "hidden_size": hidden,
         "num_layers": layers,
@@ -289,6 +203,120 @@ def analyze_config(raw: dict[str, Any], resolved: Any, path: str) -> ConfigAnaly
         "num_experts": experts,
     }
     return result
+
+
+def _architecture(read: _Reader, architectures: list[str]) -> None:
+    if architectures and architectures[0]:
+        extra = f" (also lists {architectures[1:]})" if len(architectures) > 1 else ""
+        read.add(known(architectures[0], "architecture", CONFIG, f"architectures[0]{extra}"))
+    else:
+        read.add(unknown("architecture", CONFIG, "config.json has no architectures list"))
+
+
+def _kv_heads(read: _Reader, heads: Any) -> Any:
+    """The KV head count; without one, one KV head per query head."""
+    kv_key, kv, kv_where = read.lookup(KV_KEYS)
+    if kv is None and heads is not None:
+        evidence = "no KV head count: one KV head per query head (MHA)"
+        read.add(known(heads, "attention.num_kv_heads", CONFIG, evidence, confidence=INFERRED))
+        return heads
+    if kv is not None:
+        read.add(known(kv, "attention.num_kv_heads", CONFIG, f"{kv_key} ({kv_where})"))
+    return kv
+
+
+def _head_dim(read: _Reader, hidden: Any, heads: Any) -> int | None:
+    """``head_dim`` as configured, or hidden size / heads."""
+    head_dim = read.raw.get("head_dim")
+    if head_dim is None:
+        head_dim = read.default("head_dim")
+    if isinstance(head_dim, int):
+        where = " (config.json)" if "head_dim" in read.raw else " (class default)"
+        read.add(known(head_dim, "attention.head_dim", CONFIG, "head_dim" + where))
+        return head_dim
+    if isinstance(hidden, int) and isinstance(heads, int) and heads:
+        evidence = f"no head_dim: hidden_size {hidden} / {heads} heads"
+        read.add(known(hidden // heads, "attention.head_dim", DERIVED, evidence))
+        return hidden // heads
+    read.add(unknown("attention.head_dim", CONFIG, "no head_dim and no hidden_size / heads"))
+    return None
+
+
+def _norm_eps(read: _Reader) -> None:
+    """The norm epsilon, the key that holds it, and other epsilon keys."""
+    eps_key, eps, eps_where = read.lookup(EPS_KEYS)
+    if eps_key is None:
+        read.add(unknown("norm.eps", CONFIG, f"none of {', '.join(EPS_KEYS)}"))
+        return
+    read.add(known(float(eps), "norm.eps", CONFIG, f"{eps_key} ({eps_where})"))
+    read.add(known(eps_key, "norm.eps_key", CONFIG, f"the epsilon is config.{eps_key}"))
+    others = [k for k in EPS_KEYS if k in read.raw and k != eps_key]
+    if others:
+        read.add(known(others, "config.other_eps_keys", CONFIG, f"config.json also holds {others}", INFERRED))
+
+
+def _activation(read: _Reader) -> None:
+    act_key, act, where = read.lookup(ACTIVATION_KEYS)
+    if act_key is None:
+        read.add(unknown("config.activation", CONFIG, f"none of {', '.join(ACTIVATION_KEYS)}"))
+    else:
+        read.add(known(act, "config.activation", CONFIG, f"{act_key} ({where})"))
+
+
+def _tied_embeddings(read: _Reader) -> None:
+    tie = read.raw.get("tie_word_embeddings")
+    where = "config.json"
+    if tie is None and read.resolved is not None:
+        tie, where = read.default("tie_word_embeddings"), "class default"
+    if isinstance(tie, bool):
+        confidence = "certain" if where == "config.json" else INFERRED
+        read.add(
+            known(tie, "embedding.tied", CONFIG, f"tie_word_embeddings ({where})", confidence=confidence)
+        )
+    else:
+        read.add(unknown("embedding.tied", CONFIG, "no tie_word_embeddings"))
+
+
+def _bias_flags(read: _Reader) -> None:
+    """Every boolean ``*bias*`` key, from config.json or the class defaults."""
+    for key in sorted(set(read.raw) | set(_resolved_keys(read.resolved))):
+        if "bias" in key and not key.startswith("_"):
+            v = read.raw.get(key, read.default(key))
+            if isinstance(v, bool):
+                where = "config.json" if key in read.raw else "class default"
+                read.add(known(v, f"config.{key}", CONFIG, f"{key} ({where})"))
+
+
+def _moe(read: _Reader) -> tuple[Any, Any]:
+    """(expert count, expert intermediate size); the routing fields with experts."""
+    experts = read.value("moe.num_experts", EXPERT_KEYS, required=False)
+    if not experts:
+        return experts, None
+    read.value("moe.top_k", TOPK_KEYS, required=False)
+    moe_intermediate = read.value("moe.intermediate_size", MOE_INTERMEDIATE_KEYS, required=False)
+    read.value("config.shared_experts", SHARED_KEYS, required=False)
+    read.value("moe.norm_topk_prob", ("norm_topk_prob",), required=False)
+    read.value("config.decoder_sparse_step", ("decoder_sparse_step",), required=False)
+    read.value("config.mlp_only_layers", ("mlp_only_layers",), required=False)
+    return experts, moe_intermediate
+
+
+def _multipliers(read: _Reader) -> None:
+    for key in MULTIPLIER_KEYS:
+        k, v, where = read.lookup((key,))
+        if k is not None:
+            read.add(known(v, f"config.{key}", CONFIG, f"{key} ({where})"))
+
+
+def _dtype_and_quantization(read: _Reader) -> None:
+    raw = read.raw
+    dtype = raw.get("torch_dtype", raw.get("dtype"))
+    if dtype is not None:
+        read.add(known(str(dtype), "config.dtype", CONFIG, "torch_dtype / dtype"))
+    quantization = raw.get("quantization_config")
+    if quantization:
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+        read.add(known(method or "yes", "config.quantization", CONFIG, "quantization_config is set"))
 
 
 def _attr(obj: Any, key: str) -> Any:
@@ -308,6 +336,34 @@ def _resolved_keys(resolved: Any) -> list[str]:
 
 
 def _rope(raw: dict, resolved: Any, head_dim: int | None, add) -> None:
+    """RoPE's type, theta, scaling parameters and partial rotary factor, and
+    the form config.json gives them in."""
+    form, source = _rope_source(raw, resolved)
+    form, source = _per_layer_type(form, source, add)
+    theta = source.get("rope_theta", raw.get("rope_theta"))
+    if theta is None and resolved is not None and isinstance(_attr(resolved, "rope_parameters"), dict):
+        theta = resolved.rope_parameters.get("rope_theta")
+    rope_type = source.get("rope_type", source.get("type")) or "default"
+    rope_type = ROPE_ALIASES.get(rope_type, rope_type)
+    if form is None:
+        add(unknown("rope.type", CONFIG, "no rope_parameters, rope_scaling or rope_theta"))
+    elif rope_type in ROPE_TYPES:
+        add(known(rope_type, "rope.type", CONFIG, f"{form}: rope_type {rope_type!r}"))
+    else:
+        add(unknown("rope.type", CONFIG, f"{form}: rope_type {rope_type!r} has no spec value"))
+    if theta is not None:
+        where = "rope_theta" + (f" in {form}" if form != "rope_theta" else "")
+        add(known(float(theta), "rope.theta", CONFIG, where))
+    extra = {k: v for k, v in source.items() if k not in ROPE_META_KEYS}
+    evidence = f"{form}: scaling parameters {sorted(extra) or 'none'}"
+    add(known(extra or None, "rope.parameters", CONFIG, evidence))
+    add(known(form, "config.rope_form", CONFIG, "where RoPE is configured"))
+    _partial_rotary_factor(raw, resolved, source, head_dim, add)
+
+
+def _rope_source(raw: dict, resolved: Any) -> tuple[str | None, dict]:
+    """(form, parameters): ``rope_parameters``, ``rope_scaling``, a bare
+    ``rope_theta``, or the class default's ``rope_parameters``."""
     params = raw.get("rope_parameters")
     scaling = raw.get("rope_scaling")
     form = None
@@ -323,53 +379,29 @@ def _rope(raw: dict, resolved: Any, head_dim: int | None, add) -> None:
     if form is None and resolved is not None and isinstance(_attr(resolved, "rope_parameters"), dict):
         source = dict(resolved.rope_parameters)
         form = f"{type(resolved).__name__}.rope_parameters default"
+    return form, source
+
+
+def _per_layer_type(form: str | None, source: dict, add) -> tuple[str | None, dict]:
+    """Parameters keyed by attention layer type (Gemma 3): one set when they
+    are all the same; otherwise a ``rope.layer_parameters`` finding and the
+    one variant beside "default"."""
     per_type = {k: v for k, v in source.items() if isinstance(v, dict)}
-    if per_type and len(per_type) == len(source):  # keyed by attention layer type (Gemma 3)
-        distinct = {json.dumps(v, sort_keys=True) for v in per_type.values()}
-        if len(distinct) == 1:
-            source = dict(next(iter(per_type.values())))
-            form = f"{form} (the same for every layer type)"
-        else:
-            add(
-                known(
-                    per_type,
-                    "rope.layer_parameters",
-                    CONFIG,
-                    f"{form}: RoPE differs per layer type ({', '.join(sorted(per_type))})",
-                )
-            )
-            types = {v.get("rope_type", v.get("type")) or "default" for v in per_type.values()}
-            # each layer type's rotary embedding picks its variant by its own rope_type at run time:
-            # the model needs the one variant beside "default" (Gemma 3: linear on full-attention layers)
-            variants = types - {"default"} if len(types) > 1 else types
-            source = {"rope_type": variants.pop()} if len(variants) == 1 else {"rope_type": "per layer type"}
-    theta = source.get("rope_theta", raw.get("rope_theta"))
-    if theta is None and resolved is not None and isinstance(_attr(resolved, "rope_parameters"), dict):
-        theta = resolved.rope_parameters.get("rope_theta")
-    rope_type = source.get("rope_type", source.get("type")) or "default"
-    rope_type = ROPE_ALIASES.get(rope_type, rope_type)
-    if form is None:
-        add(unknown("rope.type", CONFIG, "no rope_parameters, rope_scaling or rope_theta"))
-    elif rope_type in ROPE_TYPES:
-        add(known(rope_type, "rope.type", CONFIG, f"{form}: rope_type {rope_type!r}"))
-    else:
-        add(unknown("rope.type", CONFIG, f"{form}: rope_type {rope_type!r} has no spec value"))
-    if theta is not None:
-        add(
-            known(
-                float(theta),
-                "rope.theta",
-                CONFIG,
-                "rope_theta" + (f" in {form}" if form != "rope_theta" else ""),
-            )
-        )
-    extra = {k: v for k, v in source.items() if k not in ROPE_META_KEYS}
-    add(
-        known(
-            extra or None, "rope.parameters", CONFIG, f"{form}: scaling parameters {sorted(extra) or 'none'}"
-        )
-    )
-    add(known(form, "config.rope_form", CONFIG, "where RoPE is configured"))
+    if not per_type or len(per_type) != len(source):
+        return form, source
+    distinct = {json.dumps(v, sort_keys=True) for v in per_type.values()}
+    if len(distinct) == 1:
+        return f"{form} (the same for every layer type)", dict(next(iter(per_type.values())))
+    evidence = f"{form}: RoPE differs per layer type ({', '.join(sorted(per_type))})"
+    add(known(per_type, "rope.layer_parameters", CONFIG, evidence))
+    types = {v.get("rope_type", v.get("type")) or "default" for v in per_type.values()}
+    # each layer type's rotary embedding picks its variant by its own rope_type at run time:
+    # the model needs the one variant beside "default" (Gemma 3: linear on full-attention layers)
+    variants = types - {"default"} if len(types) > 1 else types
+    return form, {"rope_type": variants.pop()} if len(variants) == 1 else {"rope_type": "per layer type"}
+
+
+def _partial_rotary_factor(raw: dict, resolved: Any, source: dict, head_dim: int | None, add) -> None:
     factor = source.get("partial_rotary_factor", raw.get("partial_rotary_factor"))
     where = "partial_rotary_factor"
     if factor is None and "rotary_pct" in raw:
