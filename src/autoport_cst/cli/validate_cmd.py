@@ -37,7 +37,8 @@ from autoport_cst.validate.package import check_package_dir
 )
 @error_boundary
 def tiny_command(arch_or_config: str, outdir: Path, seed: int, settings: tuple[str, ...]) -> None:
-    """Build a tiny random checkpoint (config.json + model.safetensors).
+    """Build a tiny random checkpoint (config.json + model.safetensors, and a
+    byte-level tokenizer of its vocabulary: tokenizer.json).
 
     ARCH_OR_CONFIG is a transformers architecture (LlamaForCausalLM), a
     model_type (llama) or a config.json path. The same seed gives
@@ -59,7 +60,7 @@ def tiny_command(arch_or_config: str, outdir: Path, seed: int, settings: tuple[s
 
     result = build_tiny_checkpoint(arch_or_config, outdir, seed=seed, dimensions=dimensions)
     stdout_console().print(
-        f"wrote {result.directory}/config.json and model.safetensors: {result.architecture} "
+        f"wrote {result.directory}/config.json, model.safetensors and tokenizer: {result.architecture} "
         f"({result.model_type}), {result.num_parameters:,} parameters, seed {result.seed}"
     )
 

@@ -39,6 +39,7 @@ from autoport_cst.config_json import config_object, decode_floats, load_config_v
 from autoport_cst.errors import InputError, did_you_mean
 
 from .layer_variants import layer_count_for_variants
+from .tiny_tokenizer import write_tiny_tokenizer
 
 # Small dimensions applied to every config attribute of that name that exists.
 TINY_DIMENSIONS: dict[str, int] = {
@@ -325,6 +326,8 @@ def build_tiny_checkpoint(
         save_file(state, str(tmp), metadata={"format": "pt", KEY_FORMAT: key_format})
         # replaced right before the weights: Ctrl-C leaves both files or neither new
         write_config_json(config, directory / "config.json")
+    # text in and out of a served tiny model without a hub (tiny_tokenizer)
+    write_tiny_tokenizer(directory, config_values(config))
     return TinyCheckpoint(
         directory=directory,
         architecture=architecture,
