@@ -267,92 +267,134 @@ def load_config(path: str) -> LintSettings:
     return settings
 
 
+class _Problems:
+    """The errors of one configuration file, each at its key, in the order found."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.errors: list[InputError] = []
+
+    def __call__(self, key: str, message: str) -> None:
+        self.errors.append(InputError(message, Position(self.source, json_path=key)))
+
+    def raise_any(self) -> None:
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            raise MultiInputError(f"{self.source}: invalid [tool.{TABLE}] configuration", self.errors)
+
+
 def parse_table(table: Any, source: str) -> LintSettings:
     """Validate ``[tool.autoport-cst]`` (as a dict); errors name the key."""
     from autoport_cst.lint.rules import registry
 
-    errors: list[InputError] = []
+    problem = _Problems(source)
     prefix = f"tool.{TABLE}"
-
-    def problem(key: str, message: str) -> None:
-        errors.append(InputError(message, Position(source, json_path=key)))
-
     if not isinstance(table, dict):
         raise InputError("expected a table", Position(source, json_path=prefix))
     for key in table:
         if key != "lint" and key not in OTHER_SECTIONS:
-            problem(
-                f"{prefix}.{key}", f"unknown key {key!r} (known: lint, {', '.join(sorted(OTHER_SECTIONS))})"
-            )
+            known = f"lint, {', '.join(sorted(OTHER_SECTIONS))}"
+            problem(f"{prefix}.{key}", f"unknown key {key!r} (known: {known})")
     lint = table.get("lint", {})
-    values: dict[str, Any] = {}
     if not isinstance(lint, dict):
         problem(f"{prefix}.lint", "expected a table")
         lint = {}
-    for key, value in lint.items():
-        where = f"{prefix}.lint.{key}"
-        kind = LINT_KEYS.get(key)
-        if kind is None:
-            problem(where, f"unknown key {key!r} (known: {', '.join(sorted(LINT_KEYS))})")
-            continue
-        if kind == "list[str]" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-            problem(where, "expected a list of strings")
-            continue
-        if kind == "bool" and not isinstance(value, bool):
-            problem(where, "expected true or false")
-            continue
-        if kind == "str" and not isinstance(value, str):
-            problem(where, "expected a string")
-            continue
-        if kind == "table" and not isinstance(value, dict):
-            problem(where, "expected a table")
-            continue
-        values[key] = value
-
+    values = _typed_values(lint, f"{prefix}.lint", problem)
     rules = registry()
     for key in ("select", "ignore"):
         for selector in values.get(key, []):
             if not _match(selector, rules):
                 problem(f"{prefix}.lint.{key}", f"{selector!r} matches no rule")
+    per_file = _per_file_ignores(values.get("per-file-ignores", {}), rules, f"{prefix}.lint", problem)
+    options = _rule_options(values.get("options", {}), rules, f"{prefix}.lint", problem)
+    problem.raise_any()
+    return _settings(values, per_file, options, source)
+
+
+def _typed_values(lint: dict, where: str, problem: _Problems) -> dict[str, Any]:
+    """The ``lint`` keys that are known and of their type (``LINT_KEYS``)."""
+    expected = {
+        "list[str]": "expected a list of strings",
+        "bool": "expected true or false",
+        "str": "expected a string",
+        "table": "expected a table",
+    }
+    values: dict[str, Any] = {}
+    for key, value in lint.items():
+        kind = LINT_KEYS.get(key)
+        if kind is None:
+            problem(f"{where}.{key}", f"unknown key {key!r} (known: {', '.join(sorted(LINT_KEYS))})")
+        elif not _of_kind(value, kind):
+            problem(f"{where}.{key}", expected[kind])
+        else:
+            values[key] = value
+    return values
+
+
+def _of_kind(value: Any, kind: str) -> bool:
+    if kind == "list[str]":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "str":
+        return isinstance(value, str)
+    return isinstance(value, dict)  # "table"
+
+
+def _per_file_ignores(
+    table: dict, rules: Mapping[str, Any], where: str, problem: _Problems
+) -> list[tuple[str, tuple[str, ...]]]:
+    """``per-file-ignores``: (glob, selectors) pairs whose selectors are lists of strings."""
     per_file: list[tuple[str, tuple[str, ...]]] = []
-    for pattern, selectors in values.get("per-file-ignores", {}).items():
-        where = f"{prefix}.lint.per-file-ignores.{pattern}"
+    for pattern, selectors in table.items():
+        key = f"{where}.per-file-ignores.{pattern}"
         if not (isinstance(selectors, list) and all(isinstance(s, str) for s in selectors)):
-            problem(where, "expected a list of rule selectors")
+            problem(key, "expected a list of rule selectors")
             continue
         for selector in selectors:
             if not _match(selector, rules):
-                problem(where, f"{selector!r} matches no rule")
+                problem(key, f"{selector!r} matches no rule")
         per_file.append((pattern, tuple(selectors)))
+    return per_file
 
+
+def _rule_options(
+    table: dict, rules: Mapping[str, Any], where: str, problem: _Problems
+) -> dict[str, dict[str, Any]]:
+    """``options``: per rule (by code or name), the options it declares, checked."""
     options: dict[str, dict[str, Any]] = {}
     by_name = {rule.NAME: code for code, rule in rules.items()}
-    for name, opts in values.get("options", {}).items():
-        where = f"{prefix}.lint.options.{name}"
+    for name, opts in table.items():
+        key = f"{where}.options.{name}"
         code = name if name in rules else by_name.get(name)
         if code is None:
-            problem(where, f"unknown rule {name!r}")
+            problem(key, f"unknown rule {name!r}")
             continue
         if not isinstance(opts, dict):
-            problem(where, "expected a table")
+            problem(key, "expected a table")
             continue
         declared = rules[code].OPTIONS
         for opt, value in opts.items():
             if opt not in declared:
                 known = ", ".join(sorted(declared)) or "none"
-                problem(f"{where}.{opt}", f"unknown option {opt!r} of {code} (known: {known})")
+                problem(f"{key}.{opt}", f"unknown option {opt!r} of {code} (known: {known})")
                 continue
             message = declared[opt].check(value)
             if message:
-                problem(f"{where}.{opt}", message)
+                problem(f"{key}.{opt}", message)
                 continue
             options.setdefault(code, {})[opt] = value
+    return options
 
-    if errors:
-        if len(errors) == 1:
-            raise errors[0]
-        raise MultiInputError(f"{source}: invalid [tool.{TABLE}] configuration", errors)
 
+def _settings(
+    values: dict[str, Any],
+    per_file: list[tuple[str, tuple[str, ...]]],
+    options: dict[str, dict[str, Any]],
+    source: str,
+) -> LintSettings:
+    """The settings of a valid table; paths relative to the file's directory."""
     root = os.path.dirname(source) if os.path.isabs(source) else None
     cache_dir = values.get("cache-dir")
     if cache_dir is not None and root is not None and not os.path.isabs(cache_dir):
