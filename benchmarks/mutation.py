@@ -1,0 +1,401 @@
+"""Mutation score of the validator: how many wrong ports does it catch?
+
+    python benchmarks/mutation.py [--sample 30] [--held-out 10] [--seed 0] [--full] [--only qwen2,...]
+
+Five verified ports: ``qwen2``, ``phi3`` and ``gemma2`` (applied from their
+example plans on llama3), ``mixtral`` (on qwen3_moe) and the ``qwen3``
+reference package itself. Each port's ``model.py`` is mutated with the
+operators of ``mutation_operators.py`` (one change per mutant: an arithmetic
+or comparison operator, a constant, an argument of an ``NF`` kernel call, a
+boolean kernel option, a ``dim``, a statement of a function body), and each
+mutant is validated in this process as ``autoport-cst validate`` does at TP=1
+in fp32 on the port's default tiny checkpoint (``validate_model``).
+
+Scope. A TP=1 validation can only see code it runs: the lines each port
+executes in a TP=1 fp32 validation of the unmutated port, on its default
+tiny checkpoint (``run``) and on one tiny checkpoint per config variant its
+``reference.json`` declares (``config_driven``: RoPE type, tied embeddings,
+...), are measured first (``mutation_setup.py``). Mutants on lines no such
+run reaches (tensor, data, context or expert parallelism, the FP8 KV cache,
+error paths) are counted as ``outside`` and not sampled: a TP=1 run cannot
+judge them. Mutants reached only on a declared variant are sampled and
+validated like the others (on the default checkpoint, as ``validate`` runs).
+
+Sampling. Every mutant has a stable key (operator, line, column, change). A
+fixed fifth of them (``HOLD_OUT``, by a hash of the key) is held out: never
+looked at while the operators and the classification were tuned, and
+reported separately. From each partition ``--sample`` / ``--held-out``
+mutants per port are drawn with ``random.Random`` seeded by ``--seed`` and
+the port's name; ``--full`` validates every mutant in scope.
+
+Classes:
+
+- ``killed``: the validation fails (exit 1): a component or logit gate, or
+  the port fails to import, build, load or run (a timeout counts);
+- ``survived``: the mutant validates (exit 0);
+- ``exit 2``: the validator refused the run as bad input (``InputError``) or
+  failed itself: a wrong port reported as if the input were wrong; counted
+  with the survivors in the kill rate;
+- ``equivalent``: proved equivalent, the mutant's AST equals the original's
+  once normalised (``mutation_operators.normalised``: formatting dropped, the
+  two dimensions of ``transpose`` in a fixed order). Only these are left out
+  of the kill rate.
+
+Printed per partition: killed, survived, exit 2 and equivalent counts, the
+kill rate over the non-equivalent mutants, and each survivor with its line
+before and after. ``--explain`` runs each survivor again on what the default
+run does not drive (the declared variants whose lines it changes, and bf16)
+and prints which of them catches it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import hashlib
+import inspect
+import os
+import random
+import resource
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))
+sys.path.insert(0, str(HERE))
+
+from mutation_operators import ANY, Mutant, ParsedModule, normalised, parse_mutants  # noqa: E402
+from mutation_setup import PORTS, Port, prepare  # noqa: E402
+
+HOLD_OUT = 5  # one mutant in HOLD_OUT is held out
+HOLD_OUT_SALT = "autoport-cst mutation hold-out v1"
+TARGET = 0.98
+TIMEOUT_S = 120
+PARTITIONS = ("tune", "held-out")
+
+
+def partition(port: str, mutant: Mutant) -> str:
+    digest = hashlib.sha256(f"{HOLD_OUT_SALT}|{port}|{mutant.key}".encode()).digest()
+    return "held-out" if int.from_bytes(digest[:8], "big") % HOLD_OUT == 0 else "tune"
+
+
+def scope(port: Port, mutant: Mutant) -> str:
+    """``run`` when the default validation executes one of the mutant's
+    lines, else the first declared variant that does, else ``outside``."""
+    lines = set(range(mutant.line, mutant.end_line + 1))
+    for label, covered in port.coverage.items():
+        if lines & covered:
+            return label
+    return "outside"
+
+
+@dataclass
+class Outcome:
+    """One validated mutant."""
+
+    port: str
+    mutant: Mutant
+    partition: str
+    scope: str
+    verdict: str  # killed, survived, exit 2, equivalent
+    detail: str = ""
+    before: str = ""
+    after: str = ""
+    seconds: float = 0.0
+    caught_by: list[str] | None = None  # what catches a survivor (``--explain``)
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _on_alarm(_signum, _frame):
+    raise _Timeout(f"no verdict within {TIMEOUT_S} s")
+
+
+def validate(port: Port, checkpoint: Path, steps: int, dtype: str = "fp32") -> tuple[str, str]:
+    """(verdict, detail) of validating the port's package as it is on disk."""
+    from autoport_cst.errors import InputError
+    from autoport_cst.validate import validate_model
+
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.alarm(TIMEOUT_S)
+    try:
+        report = validate_model(port.package, checkpoint, tp=1, dtype=dtype, steps=steps)
+    except _Timeout as error:
+        return "killed", f"timeout: {error}"
+    except InputError as error:
+        return "exit 2", f"bad input: {_first_line(error)}"
+    except Exception as error:  # noqa: BLE001 - the validator's own failure is a finding
+        return "exit 2", f"validator error: {type(error).__name__}: {_first_line(error)}"
+    finally:
+        signal.alarm(0)
+    if report.equivalent:
+        return "survived", ""
+    if report.failure is not None:
+        return "killed", f"fails at {report.failure.stage}: {_first_line(report.failure.message)[:100]}"
+    return "killed", f"diverges: {report.first_diverging or ', '.join(report.failed_checks)[:100]}"
+
+
+def _first_line(error: object) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def changed_lines(original: str, mutated: str) -> tuple[str, str]:
+    """The first line the mutant removes and the first it adds."""
+    removed, added = "", ""
+    for line in difflib.unified_diff(original.splitlines(), mutated.splitlines(), n=0, lineterm=""):
+        if line.startswith("-") and not line.startswith("---") and not removed:
+            removed = line[1:].strip()
+        elif line.startswith("+") and not line.startswith("+++") and not added:
+            added = line[1:].strip()
+    return removed, added
+
+
+def declared_defaults() -> dict[str, dict[str, object]]:
+    """Per ``NF`` kernel, the value each keyword parameter takes when it is
+    left out, as the API declares it (the stand-in's signatures, written from
+    the kernels' documentation, and its per-kernel ``KernelOptions``: refused
+    options with their defaults, performance hints as ``ANY``)."""
+    from autoport_cst.validate.standin import functional
+    from autoport_cst.validate.standin.kernel_options import KernelOptions
+
+    defaults: dict[str, dict[str, object]] = {}
+    for name, kernel in vars(functional).items():
+        if inspect.isfunction(kernel) and not name.startswith("_"):
+            parameters = inspect.signature(kernel).parameters.values()
+            defaults[name] = {
+                p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty
+            }
+    for module in [m for n, m in sys.modules.items() if n.startswith("autoport_cst.validate.standin.")]:
+        for options in vars(module).values():
+            if isinstance(options, KernelOptions):
+                declared = defaults.setdefault(options.op, {})
+                declared.update(options.refused)
+                declared.update(dict.fromkeys(options.hints, ANY))
+    return defaults
+
+
+@dataclass
+class PortRun:
+    """A prepared port, its parsed model file and its mutant population."""
+
+    port: Port
+    parsed: ParsedModule
+    original: str
+    scopes: dict[str, str]  # mutant key -> scope
+    partitions: dict[str, str]  # mutant key -> partition
+    defaults: dict[str, dict[str, object]]  # declared_defaults()
+
+    @classmethod
+    def of(cls, port: Port, defaults: dict[str, dict[str, object]]) -> PortRun:
+        original = port.model_file.read_text(encoding="utf-8")
+        parsed = parse_mutants(original)
+        scopes = {m.key: scope(port, m) for m in parsed.mutants}
+        partitions = {m.key: partition(port.name, m) for m in parsed.mutants}
+        return cls(port, parsed, original, scopes, partitions, defaults)
+
+    def equivalence(self, code: str) -> str | None:
+        """Why ``code`` is proved equivalent to the port, or None."""
+        if not hasattr(self, "_forms"):
+            self._forms = (normalised(self.original), normalised(self.original, self.defaults))
+        if normalised(code) == self._forms[0]:
+            return "identical to the port once normalised"
+        if normalised(code, self.defaults) == self._forms[1]:
+            return "drops a kernel argument that passes the kernel's declared default (or a hint)"
+        return None
+
+    def in_scope(self, part: str) -> list[Mutant]:
+        return [
+            m
+            for m in self.parsed.mutants
+            if self.partitions[m.key] == part and self.scopes[m.key] != "outside"
+        ]
+
+    def sample(self, part: str, count: int | None, seed: int) -> list[Mutant]:
+        population = self.in_scope(part)
+        if count is None or count >= len(population):
+            return population
+        chosen = random.Random(f"{seed}|{self.port.name}|{part}").sample(population, count)
+        return sorted(chosen, key=lambda m: (m.line, m.column, m.key))
+
+    def run(self, mutant: Mutant, steps: int) -> Outcome:
+        code = self.parsed.mutated(mutant)
+        outcome = Outcome(
+            self.port.name,
+            mutant,
+            self.partitions[mutant.key],
+            self.scopes[mutant.key],
+            "equivalent",
+        )
+        outcome.before, outcome.after = changed_lines(self.original, code)
+        proof = self.equivalence(code)
+        if proof is not None:
+            outcome.detail = proof
+            return outcome
+        started = time.perf_counter()
+        self.port.model_file.write_text(code, encoding="utf-8")
+        try:
+            outcome.verdict, outcome.detail = validate(self.port, self.port.checkpoint, steps)
+        finally:
+            self.port.model_file.write_text(self.original, encoding="utf-8")
+        outcome.seconds = time.perf_counter() - started
+        return outcome
+
+    def explain(self, outcome: Outcome, steps: int) -> None:
+        """Run a survivor again where the default run does not look: on the
+        declared variants that execute its lines, and in bf16."""
+        self.port.model_file.write_text(self.parsed.mutated(outcome.mutant), encoding="utf-8")
+        lines = set(range(outcome.mutant.line, outcome.mutant.end_line + 1))
+        outcome.caught_by = []
+        try:
+            for variant in self.port.variants:
+                if lines & self.port.coverage.get(variant.label, set()):
+                    if validate(self.port, variant.checkpoint, steps)[0] == "killed":
+                        outcome.caught_by.append(variant.label)
+            if validate(self.port, self.port.checkpoint, steps, dtype="bf16")[0] == "killed":
+                outcome.caught_by.append("bf16")
+        finally:
+            self.port.model_file.write_text(self.original, encoding="utf-8")
+
+
+@dataclass
+class Tally:
+    """The counts of one set of outcomes."""
+
+    outcomes: list[Outcome]
+
+    def count(self, verdict: str) -> int:
+        return sum(o.verdict == verdict for o in self.outcomes)
+
+    @property
+    def non_equivalent(self) -> int:
+        return len(self.outcomes) - self.count("equivalent")
+
+    @property
+    def rate(self) -> float | None:
+        return self.count("killed") / self.non_equivalent if self.non_equivalent else None
+
+    def line(self) -> str:
+        rate = "n/a" if self.rate is None else f"{100 * self.rate:.1f}%"
+        return (
+            f"{len(self.outcomes)} mutants: killed {self.count('killed')}, survived {self.count('survived')}, "
+            f"exit 2 {self.count('exit 2')}, equivalent {self.count('equivalent')}; "
+            f"kill rate {rate} ({self.count('killed')} of {self.non_equivalent} non-equivalent)"
+        )
+
+
+def print_population(runs: list[PortRun]) -> None:
+    print(f"{'port':<8} {'mutants':>8} {'in run':>7} {'variant':>8} {'outside':>8} {'held out':>9}  variants")
+    for run in runs:
+        scopes = Counter(run.scopes.values())
+        variant_only = sum(n for s, n in scopes.items() if s not in ("run", "outside"))
+        held = sum(p == "held-out" for p in run.partitions.values())
+        labels = ", ".join(v.label for v in run.port.variants if v.label in run.port.coverage) or "-"
+        print(
+            f"{run.port.name:<8} {len(run.parsed.mutants):>8} {scopes['run']:>7} {variant_only:>8} "
+            f"{scopes['outside']:>8} {held:>9}  {labels}"
+        )
+        for label, why in run.port.refused_variants.items():
+            print(
+                f"         variant {label} not run: the unmutated port does not validate on it ({why[:80]})"
+            )
+
+
+def print_partition(name: str, outcomes: list[Outcome]) -> Tally:
+    tally = Tally(outcomes)
+    print(f"\n== {name} ==")
+    print(tally.line())
+    by_operator = Counter((o.mutant.operator, o.verdict) for o in outcomes)
+    for operator in sorted({o.mutant.operator for o in outcomes}):
+        counts = ", ".join(
+            f"{v} {by_operator[(operator, v)]}"
+            for v in ("killed", "survived", "exit 2", "equivalent")
+            if by_operator[(operator, v)]
+        )
+        print(f"  {operator:<10} {counts}")
+    for verdict in ("equivalent", "exit 2", "survived"):
+        listed = [o for o in outcomes if o.verdict == verdict]
+        if listed:
+            print(f"{verdict} ({len(listed)}):")
+        for o in listed:
+            print(
+                f"  {verdict}: {o.port} model.py:{o.mutant.line} [{o.mutant.operator}] {o.mutant.description}"
+            )
+            print(f"      scope: {o.scope}" + (f"; {o.detail}" if o.detail else ""))
+            print(f"      - {o.before}\n      + {o.after}")
+            if o.caught_by is not None:
+                print(f"      caught by: {', '.join(o.caught_by) or 'nothing the benchmark runs'}")
+    return tally
+
+
+def run_benchmark(args: argparse.Namespace, workdir: Path) -> dict[str, Tally]:
+    sources = [s for s in PORTS if not args.only or s.name in args.only.split(",")]
+    runs = []
+    for source in sources:
+        started = time.perf_counter()
+        port = prepare(source, workdir, args.steps)
+        runs.append(PortRun.of(port, declared_defaults()))
+        print(f"prepared {source.name} in {time.perf_counter() - started:.1f} s", flush=True)
+    print()
+    print_population(runs)
+    outcomes: dict[str, list[Outcome]] = {p: [] for p in PARTITIONS}
+    for part, count in (("tune", args.sample), ("held-out", args.held_out)):
+        for run in runs:
+            for mutant in run.sample(part, None if args.full else count, args.seed):
+                outcome = run.run(mutant, args.steps)
+                if outcome.verdict == "survived" and args.explain:
+                    run.explain(outcome, args.steps)
+                outcomes[part].append(outcome)
+    tallies = {part: print_partition(f"{part} partition", outcomes[part]) for part in PARTITIONS}
+    tallies["all"] = Tally(outcomes["tune"] + outcomes["held-out"])
+    print(f"\n== all ==\n{tallies['all'].line()}")
+    return tallies
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sample", type=int, default=30, help="tune-partition mutants per port")
+    parser.add_argument("--held-out", type=int, default=10, help="held-out mutants per port")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling")
+    parser.add_argument("--full", action="store_true", help="every mutant in scope (hours)")
+    parser.add_argument("--only", default="", help="comma-separated port names")
+    parser.add_argument("--steps", type=int, default=16, help="decode steps of each validation")
+    parser.add_argument("--explain", action="store_true", help="run survivors on variants and bf16")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep the ports and checkpoints here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sys.dont_write_bytecode = True  # a mutant must never be read from a stale .pyc
+    started, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    one, _, _ = os.getloadavg()
+    print(
+        f"mutation benchmark: TP=1 fp32, {args.steps} decode steps, seed {args.seed}, "
+        f"1 in {HOLD_OUT} mutants held out; sample {'all' if args.full else args.sample} + "
+        f"{'all' if args.full else args.held_out} per port; load average {one:.1f} on {os.cpu_count()} cores"
+    )
+    if args.workdir is not None:
+        tallies = run_benchmark(args, args.workdir)
+    else:
+        with tempfile.TemporaryDirectory(prefix="autoport-mutation-") as tmp:
+            tallies = run_benchmark(args, Path(tmp))
+    rate = tallies["all"].rate
+    verdict = "n/a" if rate is None else ("met" if rate >= TARGET else "MISSED")
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    print(f"target >= {100 * TARGET:.0f}% of non-equivalent mutants killed: {verdict}")
+    print(
+        f"{time.perf_counter() - started:.0f} s wall, {used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime:.0f} s CPU"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
