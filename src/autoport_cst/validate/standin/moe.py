@@ -42,29 +42,17 @@ import torch.nn.functional as F
 from . import kernel_phases
 from .common_types import ActFnType, ExpertAffinityScaleMode, RouterActFnType
 from .kernel_options import KernelOptions, refuse_bools
+from .moe_blockwise import CteCall, MoECTEImplementation, run_moe_cte
+from .moe_decode_block import BlockTkgCall, run_moe_block_tkg
+from .moe_math import SWIGLU_ALPHA, router_activation
 from .numerics import KernelConstraintError
+
+__all__ = ["SWIGLU_ALPHA", "MoECTEImplementation", "RouterComputationOrder"]
 
 # keyword arguments beyond the explicit parameters: none is modelled
 ROUTER_OPTIONS = KernelOptions("router")
 MOE_CTE_OPTIONS = KernelOptions("moe_cte")
 MOE_BLOCK_TKG_OPTIONS = KernelOptions("moe_block_tkg")
-
-# The moe kernels' Swish is x * sigmoid(1.702 x) (the constant is baked into
-# the instruction set); NF.mlp's Swish is SiLU.
-SWIGLU_ALPHA = 1.702
-
-
-class MoECTEImplementation(enum.Enum):
-    """Kernel variants of ``moe_cte`` (``nkilib.core.moe.moe_cte.moe_cte``);
-    the stand-in computes the same result for each."""
-
-    shard_on_block = "shard_on_block"
-    shard_on_i = "shard_on_i"
-    shard_on_i_hybrid = "shard_on_i_hybrid"
-    shard_on_i_dropping = "shard_on_i_dropping"
-    shard_on_block_mx = "shard_on_block_mx"
-    shard_on_i_mx = "shard_on_i_mx"
-    shard_on_i_mx_hybrid = "shard_on_i_mx_hybrid"
 
 
 class RouterComputationOrder(enum.Enum):
@@ -73,18 +61,6 @@ class RouterComputationOrder(enum.Enum):
     PRENORM_LINEAR_TOPK_ACT_SCATTER = "prenorm_linear_topk_act_scatter"
     PRENORM_LINEAR_ACT_TOPK_RENORM_SCATTER = "prenorm_linear_act_topk_renorm_scatter"
     PRENORM_LINEAR_TOPK_SCATTER_ACT = "prenorm_linear_topk_scatter_act"
-
-
-def _router_activation(
-    activation: str | Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
-) -> torch.Tensor:
-    if callable(activation):
-        return activation(x)
-    if activation == "softmax":
-        return torch.softmax(x, dim=-1)
-    if activation == "sigmoid":
-        return torch.sigmoid(x)
-    raise ValueError(f"Unsupported activation function: {activation}. Use 'softmax' or 'sigmoid'.")
 
 
 def _rms(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
@@ -120,12 +96,38 @@ def router(
     kernel_phases.record("router")
     refuse_bools("router", top_k=top_k)
     ROUTER_OPTIONS.check(kernel_only)
+    x = hidden_states.T if transposed_hidden_states else hidden_states
+    _check_router_inputs(
+        hidden_states, x, router_weights, top_k, router_bias, gamma, router_computation_order
+    )
+    if gamma is not None:
+        x = _rms(x, gamma, eps)
+    logits = F.linear(
+        x.to(computation_dtype),
+        router_weights.T.to(computation_dtype),
+        None if router_bias is None else router_bias.to(computation_dtype),
+    )
+    affinities = _route_in_order(router_computation_order, logits, activation, top_k)
+    if return_logits:
+        return affinities, logits
+    return affinities
+
+
+def _check_router_inputs(
+    hidden_states: torch.Tensor,
+    x: torch.Tensor,
+    router_weights: torch.Tensor,
+    top_k: int,
+    router_bias: torch.Tensor | None,
+    gamma: torch.Tensor | None,
+    order: Any,
+) -> None:
+    """``NF.router``'s shape checks (``x``: the hidden states ``[T, H]``)."""
     if hidden_states.dim() != 2:
         raise ValueError(f"Expected hidden_states to be 2D [T, H], got shape {tuple(hidden_states.shape)}")
     if router_weights.dim() != 2:
         raise ValueError(f"Expected router_weights to be 2D [H, E], got shape {tuple(router_weights.shape)}")
-    x = hidden_states.T if transposed_hidden_states else hidden_states
-    tokens, hidden = x.shape
+    hidden = x.shape[1]
     hidden_w, experts = router_weights.shape
     if hidden != hidden_w:
         raise ValueError(
@@ -139,37 +141,33 @@ def router(
         raise ValueError(f"Expected gamma shape [H], got {tuple(gamma.shape)}")
     if not 1 <= top_k <= experts:
         raise ValueError(f"top_k must be between 1 and {experts}, got {top_k}")
-    if not isinstance(router_computation_order, RouterComputationOrder):
-        raise ValueError(
-            f"router_computation_order must be a RouterComputationOrder, got {type(router_computation_order)}"
-        )
-    if gamma is not None:
-        x = _rms(x, gamma, eps)
-    logits = F.linear(
-        x.to(computation_dtype),
-        router_weights.T.to(computation_dtype),
-        None if router_bias is None else router_bias.to(computation_dtype),
-    )
-    order = router_computation_order
+    if not isinstance(order, RouterComputationOrder):
+        raise ValueError(f"router_computation_order must be a RouterComputationOrder, got {type(order)}")
+
+
+def _route_in_order(
+    order: RouterComputationOrder,
+    logits: torch.Tensor,
+    activation: str | Callable[[torch.Tensor], torch.Tensor],
+    top_k: int,
+) -> torch.Tensor:
+    """The router's top-k and activation in ``order``: affinities ``[T, E]``
+    in the logits' dtype, zero for the experts not chosen."""
+    tokens, experts = logits.shape
+    affinities = torch.zeros(tokens, experts, dtype=logits.dtype, device=logits.device)
     if order is RouterComputationOrder.PRENORM_LINEAR_TOPK_ACT_SCATTER:
         values, indices = torch.topk(logits, top_k, dim=-1)
-        values = _router_activation(activation, values)
-        affinities = torch.zeros(tokens, experts, dtype=computation_dtype, device=x.device)
-        affinities.scatter_(1, indices, values.to(computation_dtype))
-    elif order is RouterComputationOrder.PRENORM_LINEAR_ACT_TOPK_RENORM_SCATTER:
-        probs = _router_activation(activation, logits)
+        values = router_activation(activation, values)
+        return affinities.scatter_(1, indices, values.to(logits.dtype))
+    if order is RouterComputationOrder.PRENORM_LINEAR_ACT_TOPK_RENORM_SCATTER:
+        probs = router_activation(activation, logits)
         values, indices = torch.topk(probs, top_k, dim=-1)
         values = values / values.sum(dim=-1, keepdim=True)
-        affinities = torch.zeros(tokens, experts, dtype=computation_dtype, device=x.device)
-        affinities.scatter_(1, indices, values.to(computation_dtype))
-    else:
-        values, indices = torch.topk(logits, top_k, dim=-1)
-        sparse = torch.full((tokens, experts), float("-inf"), dtype=computation_dtype, device=x.device)
-        sparse.scatter_(1, indices, values)
-        affinities = _router_activation(activation, sparse)
-    if return_logits:
-        return affinities, logits
-    return affinities
+        return affinities.scatter_(1, indices, values.to(logits.dtype))
+    values, indices = torch.topk(logits, top_k, dim=-1)
+    sparse = torch.full((tokens, experts), float("-inf"), dtype=logits.dtype, device=logits.device)
+    sparse.scatter_(1, indices, values)
+    return router_activation(activation, sparse)
 
 
 def get_local_expert_affinities(
@@ -222,6 +220,32 @@ def build_blockwise_mapping(
         block_size=block_size,
         tp_degree=tp_degree,
     )
+    _check_mapping_inputs(expert_affinities, num_local_experts, padding_mask, rank)
+    tokens = expert_affinities.shape[0]
+    affinities = expert_affinities
+    if padding_mask is not None:
+        affinities = affinities * padding_mask.to(affinities.dtype).unsqueeze(1)
+    selected = expert_affinities != 0
+    per_expert = selected.sum(dim=0).to(torch.long)
+    blocks_per_expert = (per_expert + block_size - 1) // block_size
+    num_blocks = _block_bound(tokens, num_local_experts, num_experts_per_token, block_size)
+    needed = int(blocks_per_expert.sum())
+    if needed > num_blocks:
+        raise KernelConstraintError(
+            f"NF.build_blockwise_mapping: the routing needs {needed} blocks but the kernel bound is "
+            f"{num_blocks}: a token selects more than num_experts_per_token={num_experts_per_token} experts"
+        )
+    token_position_to_id, block_to_expert = _fill_blocks(selected, blocks_per_expert, num_blocks, block_size)
+    conditions = (token_position_to_id.view(num_blocks, block_size) != -1).any(dim=1).to(torch.int32)
+    return affinities.reshape(-1, 1), token_position_to_id, block_to_expert, conditions
+
+
+def _check_mapping_inputs(
+    expert_affinities: torch.Tensor,
+    num_local_experts: int,
+    padding_mask: torch.Tensor | None,
+    rank: torch.Tensor | int | None,
+) -> None:
     if rank is not None and (
         isinstance(rank, torch.Tensor) and rank.is_floating_point() or isinstance(rank, float)
     ):
@@ -232,26 +256,26 @@ def build_blockwise_mapping(
             f"(this rank's experts), got {tuple(expert_affinities.shape)}"
         )
     tokens = expert_affinities.shape[0]
-    device = expert_affinities.device
-    affinities = expert_affinities
-    if padding_mask is not None:
-        if tuple(padding_mask.shape) != (tokens,):
-            raise KernelConstraintError(
-                f"NF.build_blockwise_mapping: padding_mask must be [{tokens}], got {tuple(padding_mask.shape)}"
-            )
-        affinities = affinities * padding_mask.to(affinities.dtype).unsqueeze(1)
-    selected = expert_affinities != 0
-    per_expert = selected.sum(dim=0).to(torch.long)
-    blocks_per_expert = (per_expert + block_size - 1) // block_size
+    if padding_mask is not None and tuple(padding_mask.shape) != (tokens,):
+        raise KernelConstraintError(
+            f"NF.build_blockwise_mapping: padding_mask must be [{tokens}], got {tuple(padding_mask.shape)}"
+        )
+
+
+def _block_bound(tokens: int, num_local_experts: int, num_experts_per_token: int, block_size: int) -> int:
+    """The kernel's static upper bound on the number of blocks."""
     routed = tokens * min(num_experts_per_token, num_local_experts)
     num_blocks = math.ceil((routed - (num_local_experts - 1)) / block_size) + num_local_experts - 1
-    num_blocks = max(1, min(num_blocks, routed))
-    needed = int(blocks_per_expert.sum())
-    if needed > num_blocks:
-        raise KernelConstraintError(
-            f"NF.build_blockwise_mapping: the routing needs {needed} blocks but the kernel bound is "
-            f"{num_blocks}: a token selects more than num_experts_per_token={num_experts_per_token} experts"
-        )
+    return max(1, min(num_blocks, routed))
+
+
+def _fill_blocks(
+    selected: torch.Tensor, blocks_per_expert: torch.Tensor, num_blocks: int, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each expert's tokens (``selected [T, E]``) in ``ceil(count /
+    block_size)`` consecutive blocks, experts in order: ``(token_position_to_id
+    [N * block_size]`` (-1 padding), ``block_to_expert [N])``, int32."""
+    num_local_experts, device = selected.shape[1], selected.device
     token_position_to_id = torch.full((num_blocks * block_size,), -1, dtype=torch.int32, device=device)
     block_to_expert = torch.full((num_blocks,), num_local_experts - 1, dtype=torch.int32, device=device)
     block = 0
@@ -266,70 +290,7 @@ def build_blockwise_mapping(
     if block < num_blocks and block > 0:
         # trailing padding blocks keep the last used expert (no weight reload)
         block_to_expert[block:] = block_to_expert[block - 1]
-    conditions = (token_position_to_id.view(num_blocks, block_size) != -1).any(dim=1).to(torch.int32)
-    return affinities.reshape(-1, 1), token_position_to_id, block_to_expert, conditions
-
-
-def _expert_activation(gate: torch.Tensor, act: Any, op: str) -> torch.Tensor:
-    if act in (ActFnType.SiLU, "silu"):
-        return F.silu(gate)
-    if act in (ActFnType.GELU, "gelu"):
-        return F.gelu(gate)
-    if act in (ActFnType.Swish, "swish"):
-        return gate * torch.sigmoid(gate * SWIGLU_ALPHA)
-    raise NotImplementedError(f"NF.{op}: activation {act!r} is not in the CPU stand-in")
-
-
-def _expert_mlp(
-    x: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-    gate_up_bias: torch.Tensor | None,
-    down_bias: torch.Tensor | None,
-    act: Any,
-    clamps: tuple[float | None, float | None, float | None, float | None],
-    op: str,
-    compute: torch.dtype | None = None,
-) -> torch.Tensor:
-    """One expert on rows ``x [n, H]``: gate_up ``[H, 2, I]``, down ``[I, H]``,
-    biases ``[2, I]`` / ``[H]``; the matmuls take their inputs in ``compute``
-    (the rows' dtype by default) and accumulate in float32. Returns float32
-    ``[n, H]``."""
-    compute = compute or x.dtype
-    x = x.to(compute)
-    gate = x.to(torch.float32) @ gate_up[:, 0, :].to(compute).to(torch.float32)
-    up = x.to(torch.float32) @ gate_up[:, 1, :].to(compute).to(torch.float32)
-    if compute != torch.float32:
-        gate, up = gate.to(compute).to(torch.float32), up.to(compute).to(torch.float32)
-    if gate_up_bias is not None:
-        gate = gate + gate_up_bias[0].to(torch.float32)
-        up = up + gate_up_bias[1].to(torch.float32)
-    gate_upper, gate_lower, up_upper, up_lower = clamps
-    if gate_upper is not None or gate_lower is not None:
-        gate = gate.clamp(min=gate_lower, max=gate_upper)
-    if up_upper is not None or up_lower is not None:
-        up = up.clamp(min=up_lower, max=up_upper)
-    inner = (_expert_activation(gate, act, op) * up).to(compute)
-    out = inner.to(torch.float32) @ down.to(compute).to(torch.float32)
-    if down_bias is not None:
-        out = out + down_bias.to(torch.float32).reshape(-1)
-    return out
-
-
-def _check_expert_weights(
-    gate_up: torch.Tensor, down: torch.Tensor, hidden: int, op: str, names: tuple[str, str]
-) -> tuple[int, int]:
-    if gate_up.dim() != 4 or gate_up.shape[2] != 2 or gate_up.shape[1] != hidden:
-        raise KernelConstraintError(
-            f"NF.{op}: {names[0]} must be [E, H={hidden}, 2, I] (gate and up stacked on dim 2; "
-            f"reshape [E, H, 2*I] with .reshape(E, H, 2, I)), got {tuple(gate_up.shape)}"
-        )
-    experts, _, _, inter = gate_up.shape
-    if tuple(down.shape) != (experts, inter, hidden):
-        raise KernelConstraintError(
-            f"NF.{op}: {names[1]} must be [E, I, H] = [{experts}, {inter}, {hidden}], got {tuple(down.shape)}"
-        )
-    return experts, inter
+    return token_position_to_id, block_to_expert
 
 
 def moe_cte(
@@ -377,145 +338,8 @@ def moe_cte(
     kernel_phases.record("moe_cte")
     refuse_bools("moe_cte", block_size=block_size)
     MOE_CTE_OPTIONS.check(options)
-    if not isinstance(implementation, MoECTEImplementation):
-        raise KernelConstraintError(
-            f"NF.moe_cte: implementation must be a MoECTEImplementation, got {implementation!r}"
-        )
-    if implementation.value.endswith(("_mx", "_mx_hybrid")):
-        raise NotImplementedError(
-            f"NF.moe_cte: {implementation.value} (MX quantized) is not in the CPU stand-in"
-        )
-    if gate_up_proj_scale is not None or down_proj_scale is not None:
-        raise NotImplementedError("NF.moe_cte: quantized experts are not in the CPU stand-in")
-    if hidden_states.dim() != 2:
-        raise KernelConstraintError(
-            f"NF.moe_cte: hidden_states must be [T, H], got {tuple(hidden_states.shape)}"
-        )
-    hidden = hidden_states.shape[1]
-    experts, inter = _check_expert_weights(
-        gate_up_proj_weight, down_proj_weight, hidden, "moe_cte", ("gate_up_proj_weight", "down_proj_weight")
-    )
-    if (gate_and_up_proj_bias is None) != (down_proj_bias is None):
-        raise KernelConstraintError("NF.moe_cte: gate_and_up_proj_bias and down_proj_bias go together")
-    if gate_and_up_proj_bias is not None and tuple(gate_and_up_proj_bias.shape) != (experts, 2, inter):
-        raise KernelConstraintError(
-            f"NF.moe_cte: gate_and_up_proj_bias must be [E, 2, I] = [{experts}, 2, {inter}], "
-            f"got {tuple(gate_and_up_proj_bias.shape)}"
-        )
-    if down_proj_bias is not None and tuple(down_proj_bias.shape) not in (
-        (experts, hidden),
-        (experts, 1, hidden),
-    ):
-        raise KernelConstraintError(
-            f"NF.moe_cte: down_proj_bias must be [E, H] = [{experts}, {hidden}], got {tuple(down_proj_bias.shape)}"
-        )
-    for name, tensor in (
-        ("token_position_to_id", token_position_to_id),
-        ("block_to_expert", block_to_expert),
-    ):
-        if tensor.dtype != torch.int32:
-            raise KernelConstraintError(f"NF.moe_cte: {name} must be int32, got {tensor.dtype}")
-    positions = token_position_to_id.reshape(-1)
-    if positions.numel() % block_size != 0:
-        raise KernelConstraintError(
-            f"NF.moe_cte: len(token_position_to_id) = {positions.numel()} is not a multiple of block_size {block_size}"
-        )
-    num_blocks = positions.numel() // block_size
-    block_expert = block_to_expert.reshape(-1)
-    if block_expert.numel() != num_blocks:
-        raise KernelConstraintError(
-            f"NF.moe_cte: block_to_expert has {block_expert.numel()} entries for {num_blocks} blocks"
-        )
-    affinities = expert_affinities_masked.reshape(-1)
-    if affinities.numel() % experts != 0:
-        raise KernelConstraintError(
-            f"NF.moe_cte: expert_affinities_masked has {affinities.numel()} entries, not T * E (E = {experts})"
-        )
-    tokens = affinities.numel() // experts
-    if hidden_states.shape[0] not in (tokens, tokens + 1):
-        raise KernelConstraintError(
-            f"NF.moe_cte: hidden_states has {hidden_states.shape[0]} rows for {tokens} tokens"
-        )
-    affinities = affinities.reshape(tokens, experts).to(torch.float32)
-    mode = expert_affinities_scaling_mode
-    if mode not in (
-        ExpertAffinityScaleMode.POST_SCALE,
-        getattr(ExpertAffinityScaleMode, "PRE_SCALE_DELAYED", None),
-    ):
-        raise NotImplementedError(
-            f"NF.moe_cte: expert_affinities_scaling_mode {mode} is not in the CPU stand-in"
-        )
-    active = _active_blocks(conditions, num_blocks)
-    _check_skips(positions, block_expert, skip_token, skip_weight)
-    compute = _compute_dtype(compute_dtype, hidden_states.dtype)
-    clamps = (gate_clamp_upper_limit, gate_clamp_lower_limit, up_clamp_upper_limit, up_clamp_lower_limit)
-    output = torch.zeros(tokens, hidden, dtype=torch.float32, device=hidden_states.device)
-    for block in range(num_blocks):
-        ids = positions[block * block_size : (block + 1) * block_size].to(torch.long)
-        ids = ids[(ids >= 0) & (ids < tokens)]  # -1 skipped; T: the zero padding row
-        expert = int(block_expert[block])
-        if ids.numel() == 0 or not active[block] or expert < 0:
-            continue
-        out = _expert_mlp(
-            hidden_states[ids],
-            gate_up_proj_weight[expert],
-            down_proj_weight[expert],
-            None if gate_and_up_proj_bias is None else gate_and_up_proj_bias[expert],
-            None if down_proj_bias is None else down_proj_bias[expert],
-            activation_function,
-            clamps,
-            "moe_cte",
-            compute,
-        )
-        weighted = out * affinities[ids, expert].unsqueeze(1)
-        if is_tensor_update_accumulating:
-            output.index_add_(0, ids, weighted)
-        else:  # each block writes its tokens' rows: a token keeps its last expert's output
-            output[ids] = weighted
-    return output.to(hidden_states.dtype)
-
-
-def _active_blocks(conditions: torch.Tensor | None, num_blocks: int) -> list[bool]:
-    """Which blocks ``moe_cte`` computes: those whose ``conditions`` entry
-    (from ``build_blockwise_mapping``: 1 when the block holds a token) is not
-    0; every block without ``conditions``."""
-    if conditions is None:
-        return [True] * num_blocks
-    flags = conditions.reshape(-1)
-    if flags.numel() != num_blocks:
-        raise KernelConstraintError(
-            f"NF.moe_cte: conditions has {flags.numel()} entries for {num_blocks} blocks"
-        )
-    return [bool(flag) for flag in flags.tolist()]
-
-
-def _check_skips(
-    positions: torch.Tensor, block_expert: torch.Tensor, skip_token: bool, skip_weight: bool
-) -> None:
-    """-1 entries are skipped only in the skip modes that say so: without
-    ``skip_token`` every slot of ``token_position_to_id`` is a row of
-    ``hidden_states`` (padding points at a zero row ``T``), without
-    ``skip_weight`` every block has an expert."""
-    if not skip_token and bool((positions < 0).any()):
-        raise KernelConstraintError(
-            "NF.moe_cte: token_position_to_id holds -1 padding slots, which the kernel skips only with "
-            "skip_token=True (without it, padding slots point at a zero row T of hidden_states [T + 1, H])"
-        )
-    if not skip_weight and bool((block_expert < 0).any()):
-        raise KernelConstraintError(
-            "NF.moe_cte: block_to_expert holds -1 (a block without an expert), which the kernel skips only "
-            "with skip_weight=True"
-        )
-
-
-def _compute_dtype(compute_dtype: Any, default: torch.dtype) -> torch.dtype:
-    """``compute_dtype`` (an ``nl`` dtype, which the stand-in's are torch
-    dtypes) or ``default`` when None."""
-    if compute_dtype is None:
-        return default
-    if not isinstance(compute_dtype, torch.dtype) or not compute_dtype.is_floating_point:
-        raise KernelConstraintError(f"NF.moe_cte: compute_dtype must be a float dtype, got {compute_dtype!r}")
-    return compute_dtype
+    arguments = {name: value for name, value in locals().items() if name != "options"}
+    return run_moe_cte(CteCall(**arguments))
 
 
 def moe_block_tkg(
@@ -567,115 +391,5 @@ def moe_block_tkg(
     kernel_phases.record("moe_block_tkg")
     refuse_bools("moe_block_tkg", top_k=top_k, hidden_actual=hidden_actual)
     MOE_BLOCK_TKG_OPTIONS.check(options)
-    if any(w is not None for w in (shared_expert_gate_w, shared_expert_up_w, shared_expert_down_w)):
-        raise NotImplementedError("NF.moe_block_tkg: fused shared experts are not in the CPU stand-in")
-    if expert_gate_up_weights_scale is not None or expert_down_weights_scale is not None:
-        raise NotImplementedError("NF.moe_block_tkg: quantized experts are not in the CPU stand-in")
-    if residual is not None:
-        raise NotImplementedError("NF.moe_block_tkg: the fused residual add is not in the CPU stand-in")
-    x = inp.reshape(-1, inp.shape[-1]) if inp.dim() == 3 else inp
-    if x.dim() != 2:
-        raise KernelConstraintError(
-            f"NF.moe_block_tkg: inp must be [B, S, H] or [T, H], got {tuple(inp.shape)}"
-        )
-    tokens, hidden = x.shape
-    if gamma.dim() != 2 or tuple(gamma.shape) != (1, hidden):
-        raise KernelConstraintError(
-            f"NF.moe_block_tkg: gamma must be [1, {hidden}], got {tuple(gamma.shape)}"
-        )
-    if router_weights.dim() != 2 or router_weights.shape[0] != hidden:
-        raise KernelConstraintError(
-            f"NF.moe_block_tkg: router_weights must be [H, E] with H = {hidden}, got {tuple(router_weights.shape)}"
-        )
-    experts_global = router_weights.shape[1]
-    if router_bias is not None and tuple(router_bias.shape) != (1, experts_global):
-        raise KernelConstraintError(
-            f"NF.moe_block_tkg: Bias shape must be [1, {experts_global}], got {tuple(router_bias.shape)} "
-            "for router_bias (pass bias.unsqueeze(0))"
-        )
-    experts_local, inter = _check_expert_weights(
-        expert_gate_up_weights,
-        expert_down_weights,
-        hidden,
-        "moe_block_tkg",
-        ("expert_gate_up_weights", "expert_down_weights"),
-    )
-    if expert_gate_up_bias is not None and tuple(expert_gate_up_bias.shape) != (experts_local, 2, inter):
-        raise KernelConstraintError(
-            f"NF.moe_block_tkg: expert_gate_up_bias must be [E_L, 2, I] = [{experts_local}, 2, {inter}], "
-            f"got {tuple(expert_gate_up_bias.shape)}"
-        )
-    if expert_down_bias is not None and tuple(expert_down_bias.shape) != (experts_local, hidden):
-        raise KernelConstraintError(
-            f"NF.moe_block_tkg: expert_down_bias must be [E_L, H] = [{experts_local}, {hidden}], "
-            f"got {tuple(expert_down_bias.shape)}"
-        )
-    start = 0
-    if experts_local < experts_global:
-        if rank_id is None:
-            raise KernelConstraintError("NF.moe_block_tkg: rank_id [1, 1] is required with local experts")
-        if rank_id.dtype != torch.int32 or tuple(rank_id.shape) != (1, 1):
-            raise KernelConstraintError(
-                f"NF.moe_block_tkg: rank_id must be an int32 [1, 1] tensor, got {rank_id.dtype} {tuple(rank_id.shape)}"
-            )
-        start = experts_local * int(rank_id.reshape(-1)[0])
-    if is_all_expert and rank_id is None:
-        raise KernelConstraintError("NF.moe_block_tkg: is_all_expert needs rank_id")
-
-    eps_hidden = hidden if hidden_actual is None else hidden_actual
-    x32 = x.to(torch.float32)
-    normed = x32.clone()
-    variance = x32[:, :eps_hidden].pow(2).mean(-1, keepdim=True)
-    normed[:, :eps_hidden] = normed[:, :eps_hidden] * torch.rsqrt(variance + eps)
-    normed = (gamma.reshape(-1).to(torch.float32) * normed).to(x.dtype)
-    normed[:, eps_hidden:] = 0
-
-    # the router matmul takes its inputs in router_mm_dtype (float32 unless
-    # given) and accumulates in float32
-    mm_dtype = router_mm_dtype if isinstance(router_mm_dtype, torch.dtype) else torch.float32
-    logits = normed.to(mm_dtype).to(torch.float32) @ router_weights.to(mm_dtype).to(torch.float32)
-    if router_bias is not None:
-        logits = logits + router_bias.reshape(-1).to(torch.float32)
-    act = "softmax" if router_act_fn in (RouterActFnType.SOFTMAX, "softmax") else "sigmoid"
-    if router_act_fn not in (RouterActFnType.SOFTMAX, RouterActFnType.SIGMOID, "softmax", "sigmoid"):
-        raise NotImplementedError(
-            f"NF.moe_block_tkg: router activation {router_act_fn} is not in the CPU stand-in"
-        )
-    if router_pre_norm:
-        values, indices = torch.topk(_router_activation(act, logits), top_k, dim=-1)
-    else:
-        values, indices = torch.topk(logits, top_k, dim=-1)
-        values = _router_activation(act, values)
-    if norm_topk_prob:
-        values = values / (values.sum(dim=-1, keepdim=True) + 1e-20)
-    dense = torch.zeros(tokens, experts_global, dtype=torch.float32, device=x.device)
-    dense.scatter_(1, indices, values.to(torch.float32))
-    local = dense[:, start : start + experts_local]
-    if expert_affinities_scaling_mode == ExpertAffinityScaleMode.NO_SCALE:
-        local = (local > 0).to(torch.float32)
-    elif expert_affinities_scaling_mode != ExpertAffinityScaleMode.POST_SCALE:
-        raise NotImplementedError(
-            f"NF.moe_block_tkg: expert_affinities_scaling_mode {expert_affinities_scaling_mode} is not in the CPU stand-in"
-        )
-    clamps = (gate_clamp_upper_limit, gate_clamp_lower_limit, up_clamp_upper_limit, up_clamp_lower_limit)
-    output = torch.zeros(tokens, hidden, dtype=torch.float32, device=x.device)
-    for expert in range(experts_local):
-        weight = local[:, expert]
-        rows = torch.nonzero(weight, as_tuple=False).reshape(-1)
-        if rows.numel() == 0:
-            continue
-        out = _expert_mlp(
-            normed[rows],
-            expert_gate_up_weights[expert],
-            expert_down_weights[expert],
-            None if expert_gate_up_bias is None else expert_gate_up_bias[expert],
-            None if expert_down_bias is None else expert_down_bias[expert],
-            hidden_act_fn,
-            clamps,
-            "moe_block_tkg",
-        )
-        output.index_add_(0, rows, out * weight[rows].unsqueeze(1))
-    output = output.to(x.dtype)
-    if skip_router_logits:
-        return output
-    return output, logits
+    arguments = {name: value for name, value in locals().items() if name != "options"}
+    return run_moe_block_tkg(BlockTkgCall(**arguments))
