@@ -209,51 +209,24 @@ class LazyRope(Codemod):
         return module
 
     def _transform_class(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext) -> cst.ClassDef:
+        """``cls`` with the RoPE tensors its ``__init__`` computes moved to
+        ``_compute_inv_freq(device)``, called from ``forward``."""
         init = method(cls, "__init__")
         if init is None:
             return cls
         body = list(statements(init))
         # RoPE tensors stored on self: attributes and buffers (a registered
         # buffer is a tensor whatever computes it)
-        sinks: dict[int, str] = {}
-        for index, stmt in enumerate(body):
-            name = _rope_sink(stmt)
-            if name is not None:
-                sinks[index] = name
+        sinks = {index: name for index, stmt in enumerate(body) if (name := _rope_sink(stmt)) is not None}
         outputs = list(dict.fromkeys(sinks.values()))
         self._refuse_nested_buffers(cls, init, body, module, ctx)
-        # locals holding tensors: computed by torch, or stored as a RoPE tensor
-        tensor_locals: set[str] = set()
-        for index in sinks:
-            tensor_locals |= _payload_names(_sink_value(body[index]))
-        grew = True
-        while grew:
-            grew = False
-            for stmt in body:
-                local = _simple_local(stmt)
-                if (
-                    local
-                    and local[0] not in tensor_locals
-                    and _is_tensor_expr(local[1], tensor_locals, outputs)
-                ):
-                    tensor_locals.add(local[0])
-                    grew = True
+        tensor_locals = _tensor_locals(body, sinks, outputs)
         moved = sorted(
             i
             for i, stmt in enumerate(body)
             if i in sinks or (_simple_local(stmt) or ("",))[0] in tensor_locals
         )
-        rope_indexes = set(sinks)
-        # a tensor local assigned by anything but ``name = value`` cannot move
-        for stmt in body:
-            if _simple_local(stmt) is None and _assigned_names(stmt) & tensor_locals:
-                raise ctx.precondition(
-                    f"lazy-rope: {cls.name.value}.__init__ computes "
-                    f"{', '.join(sorted(_assigned_names(stmt) & tensor_locals))} in a statement "
-                    "that also assigns other values; split it so the tensor can move",
-                    stmt,
-                    module,
-                )
+        _refuse_mixed_assignments(cls, body, tensor_locals, module, ctx)
         if not outputs:
             return cls
         if method(cls, METHOD) is not None:
@@ -264,71 +237,18 @@ class LazyRope(Codemod):
                 module,
             )
         # keep only the tensor locals the rope tensors need
-        moved = _needed(body, moved, rope_indexes)
+        moved = _needed(body, moved, set(sinks))
         moved_set = set(moved)
         kept = [s for i, s in enumerate(body) if i not in moved_set]
-        for stmt in kept:
-            reads = free_names(stmt) & tensor_locals
-            if reads:
-                raise ctx.precondition(
-                    f"lazy-rope: {cls.name.value}.__init__ keeps using the tensor "
-                    f"{sorted(reads)[0]} after it would move",
-                    stmt,
-                    module,
-                )
-        for node in walk(cls):
-            if isinstance(node, cst.FunctionDef) and node.name.value not in ("__init__", "forward"):
-                for attr in outputs:
-                    if any(self_attr(n) == attr for n in walk(node)):
-                        raise ctx.precondition(
-                            f"lazy-rope: self.{attr} is read in {node.name.value}; only forward "
-                            "is rewritten to use the lazily computed tensor",
-                            node,
-                            module,
-                        )
+        _refuse_reads_left_behind(cls, kept, tensor_locals, outputs, module, ctx)
         forward = method(cls, "forward")
         if forward is None:
             raise ctx.precondition(
                 f"lazy-rope: {cls.name.value} has no forward to compute {outputs[0]} in", cls, module
             )
-
-        # Python values the moved code reads from __init__ locals/parameters
-        init_params = [p.name.value for p in init.params.params[1:]]
-        scalar_locals = {t for s in kept for t in _assigned_names(s)} | set(init_params)
-        existing_attr = {}
-        for stmt in kept:
-            found = self_assignment(stmt)
-            if found and isinstance(found[1], cst.Name) and found[1].value not in existing_attr:
-                existing_attr[found[1].value] = found[0]
         moved_stmts = [body[i] for i in moved]
-        needed = set()
-        for stmt in moved_stmts:
-            needed |= free_names(stmt)
-        needed = (needed & scalar_locals) - tensor_locals - {"device"}
-        keep_attrs = []
-        rename = {}
-        for name in sorted(needed):
-            attr = existing_attr.get(name)
-            if attr is None:
-                attr = name
-                keep_attrs.append(parse_statement(f"self.{name} = {name}", module))
-            rename[name] = attr
-
-        # the new method
-        method_body = []
-        for stmt in moved_stmts:
-            converted = _as_local(stmt)
-            if converted is None:
-                continue
-            converted = converted.visit(_Relocate(rename)).visit(_ReadLocal(set(outputs)))
-            method_body.append(converted.with_changes(leading_lines=[]))
-        returned = ", ".join(outputs)
-        method_body += parse_statements(f"return {returned}", module)
-        new_method = parse_statement(f"def {METHOD}(self, device):\n    pass\n", module)
-        new_method = with_statements(new_method, method_body).with_changes(
-            leading_lines=[cst.EmptyLine(indent=False)]
-        )
-
+        keep_attrs, rename = _carried_scalars(init, kept, moved_stmts, tensor_locals, module)
+        new_method = _lazy_method(moved_stmts, rename, outputs, module)
         new_init = with_statements(init, kept + keep_attrs)
         new_forward = self._rewrite_forward(forward, outputs, module, ctx, cls)
         new_members = []
@@ -388,6 +308,107 @@ class LazyRope(Codemod):
         insert_at = 1 if body and is_docstring(body[0]) else 0
         body = body[:insert_at] + [call] + [s.visit(_ReadLocal(set(outputs))) for s in body[insert_at:]]
         return with_statements(forward, body)
+
+
+def _tensor_locals(body: list[cst.BaseStatement], sinks: dict[int, str], outputs: list[str]) -> set[str]:
+    """Locals of ``__init__`` holding tensors: read by a RoPE tensor stored
+    on self, or computed by torch from tensors (to a fixed point)."""
+    tensor_locals: set[str] = set()
+    for index in sinks:
+        tensor_locals |= _payload_names(_sink_value(body[index]))
+    grew = True
+    while grew:
+        grew = False
+        for stmt in body:
+            local = _simple_local(stmt)
+            if local and local[0] not in tensor_locals and _is_tensor_expr(local[1], tensor_locals, outputs):
+                tensor_locals.add(local[0])
+                grew = True
+    return tensor_locals
+
+
+def _refuse_mixed_assignments(cls, body, tensor_locals: set[str], module, ctx) -> None:
+    """A tensor local assigned by anything but ``name = value`` cannot move."""
+    for stmt in body:
+        if _simple_local(stmt) is None and _assigned_names(stmt) & tensor_locals:
+            raise ctx.precondition(
+                f"lazy-rope: {cls.name.value}.__init__ computes "
+                f"{', '.join(sorted(_assigned_names(stmt) & tensor_locals))} in a statement "
+                "that also assigns other values; split it so the tensor can move",
+                stmt,
+                module,
+            )
+
+
+def _refuse_reads_left_behind(cls, kept, tensor_locals: set[str], outputs: list[str], module, ctx) -> None:
+    """The tensors that move must not be read where they no longer are: by
+    the statements ``__init__`` keeps, or by methods other than ``forward``."""
+    for stmt in kept:
+        reads = free_names(stmt) & tensor_locals
+        if reads:
+            raise ctx.precondition(
+                f"lazy-rope: {cls.name.value}.__init__ keeps using the tensor "
+                f"{sorted(reads)[0]} after it would move",
+                stmt,
+                module,
+            )
+    for node in walk(cls):
+        if isinstance(node, cst.FunctionDef) and node.name.value not in ("__init__", "forward"):
+            for attr in outputs:
+                if any(self_attr(n) == attr for n in walk(node)):
+                    raise ctx.precondition(
+                        f"lazy-rope: self.{attr} is read in {node.name.value}; only forward "
+                        "is rewritten to use the lazily computed tensor",
+                        node,
+                        module,
+                    )
+
+
+def _carried_scalars(
+    init: cst.FunctionDef, kept, moved_stmts, tensor_locals: set[str], module: cst.Module
+) -> tuple[list[cst.BaseStatement], dict[str, str]]:
+    """The Python values the moved code reads from ``__init__``'s locals and
+    parameters, carried on self: the ``self.<name> = <name>`` statements to
+    add, and each name's attribute (an existing one when ``__init__``
+    already stores it)."""
+    init_params = [p.name.value for p in init.params.params[1:]]
+    scalar_locals = {t for s in kept for t in _assigned_names(s)} | set(init_params)
+    existing_attr = {}
+    for stmt in kept:
+        found = self_assignment(stmt)
+        if found and isinstance(found[1], cst.Name) and found[1].value not in existing_attr:
+            existing_attr[found[1].value] = found[0]
+    needed = set()
+    for stmt in moved_stmts:
+        needed |= free_names(stmt)
+    needed = (needed & scalar_locals) - tensor_locals - {"device"}
+    keep_attrs = []
+    rename = {}
+    for name in sorted(needed):
+        attr = existing_attr.get(name)
+        if attr is None:
+            attr = name
+            keep_attrs.append(parse_statement(f"self.{name} = {name}", module))
+        rename[name] = attr
+    return keep_attrs, rename
+
+
+def _lazy_method(
+    moved_stmts, rename: dict[str, str], outputs: list[str], module: cst.Module
+) -> cst.FunctionDef:
+    """``_compute_inv_freq(self, device)``: the moved statements as locals,
+    reading the carried values from self, returning the RoPE tensors."""
+    method_body = []
+    for stmt in moved_stmts:
+        converted = _as_local(stmt)
+        if converted is None:
+            continue
+        converted = converted.visit(_Relocate(rename)).visit(_ReadLocal(set(outputs)))
+        method_body.append(converted.with_changes(leading_lines=[]))
+    method_body += parse_statements(f"return {', '.join(outputs)}", module)
+    new_method = parse_statement(f"def {METHOD}(self, device):\n    pass\n", module)
+    assert isinstance(new_method, cst.FunctionDef)
+    return with_statements(new_method, method_body).with_changes(leading_lines=[cst.EmptyLine(indent=False)])
 
 
 def _forward_device(forward: cst.FunctionDef) -> str | None:
