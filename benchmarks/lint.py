@@ -140,15 +140,7 @@ def verdict(ok: bool) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sample", type=int, default=300, help="files in the side-by-side sample")
-    parser.add_argument("--skip-fixit", action="store_true")
-    parser.add_argument("--skip-full", action="store_true", help="skip the whole-directory runs")
-    parser.add_argument("--fixit", help="a fixit executable to use instead of the private venv")
-    args = parser.parse_args()
-
-    import libcst
-
+    args = arguments()
     models = models_dir()
     every = python_files(models)
     chosen = sample(every, args.sample)
@@ -161,8 +153,27 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="autoport-lint-bench-"))
     env = {**os.environ, "AUTOPORT_CST_CACHE_DIR": str(work / "cache")}
     ours = [sys.executable, "-m", "autoport_cst", "lint", "--exit-zero", "--output-format", "json"]
-    # Fixit skips files under site-packages: all three tools read copies of
-    # the sample in a temporary directory
+    names = copy_sample(chosen, models, work)
+    side_by_side(names, work, env, ours, args)
+    if not args.skip_full:
+        whole_directory(models, len(every), work, env, ours)
+    one_file(models / "llama" / "modeling_llama.py", work, env)
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sample", type=int, default=300, help="files in the side-by-side sample")
+    parser.add_argument("--skip-fixit", action="store_true")
+    parser.add_argument("--skip-full", action="store_true", help="skip the whole-directory runs")
+    parser.add_argument("--fixit", help="a fixit executable to use instead of the private venv")
+    return parser.parse_args()
+
+
+def copy_sample(chosen: list[Path], models: Path, work: Path) -> list[str]:
+    """Copies of the sample under ``work`` (Fixit skips files under
+    site-packages: all three tools read the copies), relative to ``work``."""
     copies = work / "sample"
     names = []
     for path in chosen:
@@ -170,11 +181,16 @@ def main() -> int:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
         names.append(str(target.relative_to(work)))
-    chosen = [work / n for n in names]
+    return names
 
+
+def side_by_side(names: list[str], work: Path, env: dict, ours: list[str], args: argparse.Namespace) -> None:
+    """Bare parse, our lint cold (pool and -j 1) and Fixit on the sample, then the targets."""
+    import libcst
+
+    chosen = [work / n for n in names]
     print("\nside by side on the sample            files    wall s    CPU s   files/s")
-    # bare parse, one process
-    start = time.perf_counter()
+    start = time.perf_counter()  # bare parse, one process
     for path in chosen:
         libcst.parse_module(path.read_bytes())
     parse_wall = time.perf_counter() - start
@@ -203,33 +219,35 @@ def main() -> int:
     ratio_one = one_wall / parse_wall
     print(f"  cold wall -j 1 vs bare parse: {ratio_one:4.2f}x (one core, start-up included)")
 
-    if not args.skip_full:
-        cold_wall, cold_cpu, _, tail = timed([*ours, str(models)], work, env)
-        row("\n  whole directory, cold (fills cache)", len(every), cold_wall, cold_cpu, tail[:60])
-        warm_wall, warm_cpu, _, tail = timed([*ours, str(models)], work, env)
-        row("whole directory, warm (cache)", len(every), warm_wall, warm_cpu, tail[:60])
-        print(f"  warm re-run: {warm_wall:.2f} s (target < 5 s)              {verdict(warm_wall < 5)}")
 
-    llama = models / "llama" / "modeling_llama.py"
-    size = llama.read_bytes().count(b"\n")
+def whole_directory(models: Path, files: int, work: Path, env: dict, ours: list[str]) -> None:
+    """A cold run over every file that fills the cache, and the warm re-run."""
+    cold_wall, cold_cpu, _, tail = timed([*ours, str(models)], work, env)
+    row("\n  whole directory, cold (fills cache)", files, cold_wall, cold_cpu, tail[:60])
+    warm_wall, warm_cpu, _, tail = timed([*ours, str(models)], work, env)
+    row("whole directory, warm (cache)", files, warm_wall, warm_cpu, tail[:60])
+    print(f"  warm re-run: {warm_wall:.2f} s (target < 5 s)              {verdict(warm_wall < 5)}")
+
+
+def one_file(path: Path, work: Path, env: dict) -> None:
+    """One file end to end (start-up included, both entry points), and compute only."""
+    size = path.read_bytes().count(b"\n")
     results = {}
-    print(f"\none {size}-line file ({llama.name}), {load_average()}")
+    print(f"\none {size}-line file ({path.name}), {load_average()}")
     for label, cmd in (
         ("python -m autoport_cst lint", [sys.executable, "-m", "autoport_cst", "lint", "--no-cache"]),
         ("autoport-cst lint", [shutil.which("autoport-cst") or "autoport-cst", "lint", "--no-cache"]),
     ):
-        runs = [timed([*cmd, str(llama)], work, env)[:2] for _ in range(5)]
+        runs = [timed([*cmd, str(path)], work, env)[:2] for _ in range(5)]
         walls = sorted(wall for wall, _ in runs)
         results[label] = walls[0]
         print(
             f"  whole process, {label:<28} wall min {walls[0]:.3f} s, median {walls[2]:.3f} s; "
             f"CPU median {sorted(cpu for _, cpu in runs)[2]:.3f} s"
         )
-    print(f"  compute only (lint_source in this process, imports excluded): min {lint_compute(llama):.3f} s")
+    print(f"  compute only (lint_source in this process, imports excluded): min {lint_compute(path):.3f} s")
     best = min(results.values())
     print(f"  500-line file, whole process: {best:.3f} s (target < 0.5 s)     {verdict(best < 0.5)}")
-    shutil.rmtree(work, ignore_errors=True)
-    return 0
 
 
 if __name__ == "__main__":
