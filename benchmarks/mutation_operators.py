@@ -160,6 +160,15 @@ def _is_nf_call(call: cst.Call) -> bool:
     return isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "NF"
 
 
+def _is_quiet(statement: cst.BaseSmallStatement) -> bool:
+    """An expression statement that only logs or warns."""
+    return (
+        isinstance(statement, cst.Expr)
+        and isinstance(statement.value, cst.Call)
+        and _callee_name(statement.value) in QUIET_CALLEES
+    )
+
+
 def _is_docstring(statement: cst.SimpleStatementLine) -> bool:
     body = statement.body
     return len(body) == 1 and isinstance(body[0], cst.Expr) and isinstance(body[0].value, cst.SimpleString)
@@ -267,7 +276,7 @@ class _Sites(cst.CSTVisitor):
             self.add("const", node, node.with_changes(value=new_value), f"{node.value} -> {new_value}")
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-        if self.functions == 0 or _is_docstring(node):
+        if self.functions == 0 or _is_docstring(node) or any(_is_quiet(s) for s in node.body):
             return
         kinds = (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Expr)
         if all(isinstance(statement, kinds) for statement in node.body):

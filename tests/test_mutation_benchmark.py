@@ -1,0 +1,166 @@
+"""benchmarks/mutation.py: its operators, its proofs of equivalence, its
+sampling and the consistency of the figures it prints (end to end, slow)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SOURCE = '''
+import vllm_neuron.functional as NF
+
+
+def forward(self, x, mask=None):
+    """Docstring: not mutated."""
+    if mask is not None and x.shape[0] > 1:
+        raise ValueError(f"bad {x.shape[0] + 1}")
+    assert x.dim() == 2
+    logger.warning("scale %s", 2 * 3)
+    y = NF.mlp(x, self.w, norm=True, skip=None)
+    y = y.transpose(0, 1).softmax(dim=-1) * 0.5
+    y += -x
+    return y
+'''
+
+
+@pytest.fixture(scope="module")
+def mutation():
+    """benchmarks/mutation.py, which puts benchmarks/ on sys.path for its own
+    modules (dataclasses need their module in sys.modules)."""
+    spec = importlib.util.spec_from_file_location("mutation_benchmark", ROOT / "benchmarks" / "mutation.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+@pytest.fixture(scope="module")
+def operators(mutation):
+    return sys.modules["mutation_operators"]
+
+
+def test_every_operator_finds_its_sites_and_each_mutant_parses(operators):
+    parsed = operators.parse_mutants(SOURCE)
+    keys = {m.key.split("@")[0] + " " + m.description for m in parsed.mutants}
+    for expected in (
+        "compare is not -> is",
+        "compare > -> <=",
+        "boolop and -> or",
+        "nf-drop NF.mlp: skip dropped",
+        "nf-option NF.mlp: norm=False",
+        "nf-swap NF.mlp: #0 <-> #1",
+        "dim transpose: dimensions swapped",
+        "dim softmax: dim -1 -> -2",
+        "dim transpose: #0 0 -> 1",
+        "arith * -> /",
+        "arith += -> -=",
+        "unary - removed",
+        "const 0.5 -> 1.0",
+        "stmt removed: y = NF.mlp(x, self.w, norm=True, skip=None)",
+    ):
+        assert expected in keys, expected
+    for mutant in parsed.mutants:
+        ast.parse(parsed.mutated(mutant))
+    assert len({m.key for m in parsed.mutants}) == len(parsed.mutants)
+
+
+def test_error_paths_messages_and_logging_are_not_mutated(operators):
+    parsed = operators.parse_mutants(SOURCE)
+    lines = {m.line for m in parsed.mutants}
+    assert not lines & {6, 8, 9, 10}  # docstring, raise, assert, logger.warning
+    assert not any(m.operator == "bool" for m in parsed.mutants)  # the only literals are kernel options
+    assert not any(m.description == "-1 -> -2" and m.operator == "const" for m in parsed.mutants)  # a dim
+
+
+def test_equivalence_is_proved_by_normalising(operators):
+    parsed = operators.parse_mutants(SOURCE)
+    base = operators.normalised(SOURCE)
+    by_description = {m.description: parsed.mutated(m) for m in parsed.mutants}
+    assert operators.normalised(by_description["transpose: dimensions swapped"]) == base
+    assert operators.normalised(by_description["* -> /"]) != base
+    defaults = {"mlp": {"skip": None, "norm": False}}
+    normal = operators.normalised(SOURCE, defaults)
+    assert (
+        operators.normalised(by_description["NF.mlp: skip dropped"], defaults) == normal
+    )  # skip=None is the default
+    assert (
+        operators.normalised(by_description["NF.mlp: norm dropped"], defaults) != normal
+    )  # norm=True is not
+    hints = {"mlp": {"norm": operators.ANY}}
+    assert operators.normalised(by_description["NF.mlp: norm dropped"], hints) == operators.normalised(
+        SOURCE, hints
+    )
+
+
+def test_declared_defaults_come_from_the_kernels_signatures_and_options(mutation, operators):
+    defaults = mutation.declared_defaults()
+    assert defaults["attention_decode"]["rmsnorm_X_enabled"] is False
+    assert defaults["attention_decode"]["K_cache_transposed"] is False  # a refused option's default
+    assert "q" not in defaults["flash_attention"]  # a required argument has none
+
+
+def test_the_held_out_partition_is_a_fixed_fifth(mutation, operators):
+    parsed = operators.parse_mutants(SOURCE * 8)
+    parts = [mutation.partition("p", m) for m in parsed.mutants]
+    assert parts == [mutation.partition("p", m) for m in parsed.mutants]
+    assert 0.1 < parts.count("held-out") / len(parts) < 0.3
+
+
+def test_the_tally_line_adds_up(mutation, operators):
+    mutant = operators.parse_mutants(SOURCE).mutants[0]
+    outcomes = [
+        mutation.Outcome("p", mutant, "tune", "run", verdict)
+        for verdict in ("killed", "killed", "killed", "survived", "exit 2", "equivalent")
+    ]
+    line = mutation.Tally(outcomes).line()
+    assert line == (
+        "6 mutants: killed 3, survived 1, exit 2 1, equivalent 1; kill rate 60.0% (3 of 5 non-equivalent)"
+    )
+
+
+TALLY = re.compile(
+    r"^(\d+) mutants: killed (\d+), survived (\d+), exit 2 (\d+), equivalent (\d+); "
+    r"kill rate (n/a|[\d.]+%) \((\d+) of (\d+) non-equivalent\)$",
+    re.M,
+)
+
+
+def _check_tally(section: str, listed: bool = True) -> tuple[int, int, int, int, int]:
+    total, killed, survived, exit2, equivalent, rate, killed_again, non_equivalent = TALLY.search(
+        section
+    ).groups()
+    total, killed, survived, exit2, equivalent = map(int, (total, killed, survived, exit2, equivalent))
+    assert total == killed + survived + exit2 + equivalent
+    assert int(non_equivalent) == killed + survived + exit2 and int(killed_again) == killed
+    if non_equivalent != "0":
+        assert rate == f"{100 * killed / int(non_equivalent):.1f}%"
+    for verdict, count in (("survived", survived), ("exit 2", exit2), ("equivalent", equivalent)):
+        assert not listed or len(re.findall(rf"^  {verdict}: ", section, re.M)) == count, verdict
+    return total, killed, survived, exit2, equivalent
+
+
+@pytest.mark.slow
+def test_a_small_sample_over_five_ports_prints_consistent_figures(mutation, capsys, tmp_path):
+    code = mutation.main(["--sample", "3", "--held-out", "1", "--steps", "4", "--workdir", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    population = printed.split("port      mutants", 1)[1].split("\n== ", 1)[0]
+    ports = re.findall(r"^(\w+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)  ", population, re.M)
+    assert len(ports) >= 4
+    for _name, mutants, in_run, variant, outside, _held in ports:
+        assert int(mutants) == int(in_run) + int(variant) + int(outside)
+    tune = printed.split("== tune partition ==", 1)[1].split("== held-out partition ==", 1)[0]
+    held = printed.split("== held-out partition ==", 1)[1].split("== all ==", 1)[0]
+    both = [_check_tally(tune), _check_tally(held)]
+    assert both[0][0] == 3 * len(ports) and both[1][0] == len(ports)
+    total = _check_tally(printed.split("== all ==", 1)[1], listed=False)
+    assert total == tuple(a + b for a, b in zip(*both, strict=True))
+    assert re.search(r"^target >= 98% of non-equivalent mutants killed: (met|MISSED)$", printed, re.M)
