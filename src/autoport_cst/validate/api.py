@@ -261,10 +261,9 @@ def _validate(
     start = time.perf_counter()
     _compare(report, port, reference, scenario, teacher, dtype)
     timings["compare"] = time.perf_counter() - start
-    if dtype == "bf16" and not report.equivalent:
-        start = time.perf_counter()
-        _forced_routing(report, _PortRun(package_dir, checkpoint, run, scenario, layout), config, teacher)
-        timings["teacher_forced_routing"] = time.perf_counter() - start
+    _forced_routing(
+        report, _PortRun(package_dir, checkpoint, run, scenario, layout), config, teacher, timings
+    )
     for key, value in port.timings.items():
         timings[f"port_{key}"] = value
     report.timings = _finish(timings, started)
@@ -450,14 +449,28 @@ class _GivenTeacher:
 
 
 def _forced_routing(
-    report: ValidationReport, port_run: _PortRun, config: dict, teacher: list[list[int]]
+    report: ValidationReport,
+    port_run: _PortRun,
+    config: dict,
+    teacher: list[list[int]],
+    timings: dict[str, float],
 ) -> None:
     """A bf16 MoE port that failed: the teacher-forced routing comparison
     (``forced_routing``), which validates it when it passes every gate and
     every routing divergence is a near tie; recorded in ``report.routing``."""
     experts = next((config[k] for k in EXPERT_COUNT_KEYS if isinstance(config.get(k), int)), None)
-    if experts is None or report.failure is not None:
+    if port_run.run.dtype != "bf16" or report.equivalent or experts is None:
         return
+    start = time.perf_counter()
+    try:
+        _forced_evidence(report, port_run, teacher, experts)
+    finally:
+        timings["teacher_forced_routing"] = time.perf_counter() - start
+
+
+def _forced_evidence(
+    report: ValidationReport, port_run: _PortRun, teacher: list[list[int]], experts: int
+) -> None:
     if port_run.layout.disaggregated:
         report.routing = {"teacher_forced": {"unavailable": "not run with data or context parallelism"}}
         return

@@ -251,63 +251,23 @@ def logit_metrics(
     ``greedy_rows[b]`` are the rows of sequence ``b`` that predict a generated
     token and ``greedy_tokens[b]`` the float32 greedy tokens they should give.
     """
-    mantissa = MANTISSA_BITS[dtype]
-    labels: dict[str, int] = {}
-    worst = {level: -math.inf for level in DEFAULT_TOLERANCE_MAP}
-    passed_tokens = 0
-    first_failing = None
-    for row in range(target.shape[0]):
-        check = check_token(expected[row], target[row], DEFAULT_TOLERANCE_MAP, mantissa)
-        labels[check.label] = labels.get(check.label, 0) + 1
-        for level, error in check.errors.items():
-            worst[level] = max(worst[level], error)
-        if check.passed:
-            passed_tokens += 1
-        elif first_failing is None:
-            phase, sequence, position = positions[row]
-            first_failing = {
-                "phase": phase,
-                "sequence": sequence,
-                "position": position,
-                "label": check.label,
-                "errors": check.errors,
-            }
+    two_way = _two_way(target, expected, positions, MANTISSA_BITS[dtype])
     t64, e64, f64 = target.double(), expected.double(), baseline_fp32.double()
     diff = (t64 - e64).abs()
     per_row_rel = diff.max(-1).values / e64.abs().max(-1).values.clamp_min(1e-300)
     cosines = row_cosines(t64, f64)
     kl = row_kl(f64, t64)
-    top1 = float((t64.argmax(-1) == f64.argmax(-1)).double().mean())
-    matches = 0
-    total = 0
-    first_mismatch: list[int | None] = []
-    port_argmax = t64.argmax(-1)
-    for rows, tokens in zip(greedy_rows, greedy_tokens, strict=False):
-        mismatch = None
-        for step, (row, token) in enumerate(zip(rows, tokens, strict=False)):
-            total += 1
-            if int(port_argmax[row]) == token:
-                matches += 1
-            elif mismatch is None:
-                mismatch = step
-        first_mismatch.append(mismatch)
-    sigma = bc = linf_ratio = l2_ratio = token_linf = token_l2 = None
-    if reference_bf16 is not None:
-        b64 = reference_bf16.double()
-        base = float(((b64 - f64) ** 2).mean().sqrt())
-        tgt = float(((t64 - f64) ** 2).mean().sqrt())
-        sigma = _ratio(tgt, base)
-        bc = bhattacharyya((b64 - f64).abs(), (t64 - f64).abs())
-        sequences = [p[1] for p in positions]
-        linf_ratio, l2_ratio = worst_error_ratios(t64 - f64, b64 - f64, sequences)
-        token_linf, token_l2 = worst_error_ratios(t64 - f64, b64 - f64, list(range(len(positions))))
+    greedy, first_mismatch = _greedy_match(t64.argmax(-1), greedy_rows, greedy_tokens)
+    three_way = _three_way(t64, f64, reference_bf16, positions)
     metrics = LogitMetrics(
         tokens=target.shape[0],
-        tokens_passed=passed_tokens,
-        labels=labels,
-        topk_max_error=worst,
+        tokens_passed=two_way.passed,
+        labels=two_way.labels,
+        topk_max_error=two_way.worst,
         topk_rtol={level: rtol for level, (_atol, rtol) in DEFAULT_TOLERANCE_MAP.items()},
-        topk_passed={level: worst[level] <= DEFAULT_TOLERANCE_MAP[level][1] for level in worst},
+        topk_passed={
+            level: two_way.worst[level] <= DEFAULT_TOLERANCE_MAP[level][1] for level in two_way.worst
+        },
         max_abs_error=float(diff.max()),
         max_rel_error=float(per_row_rel.max()),
         rel_error=rel_error(t64, e64),
@@ -317,18 +277,108 @@ def logit_metrics(
         kl_mean=float(kl.mean()),
         kl_p95=percentile(kl, 95),
         kl_max=float(kl.max()),
-        top1_agreement=top1,
-        greedy_match=matches / total if total else 1.0,
+        top1_agreement=float((t64.argmax(-1) == f64.argmax(-1)).double().mean()),
+        greedy_match=greedy,
         greedy_first_mismatch=first_mismatch,
-        sigma_ratio=sigma,
-        bhattacharyya=bc,
-        linf_ratio_max=linf_ratio,
-        l2_ratio_max=l2_ratio,
-        token_linf_ratio_max=token_linf,
-        token_l2_ratio_max=token_l2,
-        first_failing_token=first_failing,
+        sigma_ratio=three_way.sigma_ratio,
+        bhattacharyya=three_way.bhattacharyya,
+        linf_ratio_max=three_way.linf_ratio_max,
+        l2_ratio_max=three_way.l2_ratio_max,
+        token_linf_ratio_max=three_way.token_linf_ratio_max,
+        token_l2_ratio_max=three_way.token_l2_ratio_max,
+        first_failing_token=two_way.first_failing,
     )
-    two_way = passed_tokens == metrics.tokens
+    metrics.gates = _logit_gates(metrics, dtype)
+    return metrics
+
+
+@dataclass
+class _TwoWay:
+    """The two-way check over all rows."""
+
+    labels: dict[str, int]
+    worst: dict[str, float]  # worst top-k error per level
+    passed: int
+    first_failing: dict | None
+
+
+def _two_way(
+    target: torch.Tensor, expected: torch.Tensor, positions: list[tuple[str, int, int]], mantissa: int
+) -> _TwoWay:
+    result = _TwoWay({}, {level: -math.inf for level in DEFAULT_TOLERANCE_MAP}, 0, None)
+    for row in range(target.shape[0]):
+        check = check_token(expected[row], target[row], DEFAULT_TOLERANCE_MAP, mantissa)
+        result.labels[check.label] = result.labels.get(check.label, 0) + 1
+        for level, error in check.errors.items():
+            result.worst[level] = max(result.worst[level], error)
+        if check.passed:
+            result.passed += 1
+        elif result.first_failing is None:
+            phase, sequence, position = positions[row]
+            result.first_failing = {
+                "phase": phase,
+                "sequence": sequence,
+                "position": position,
+                "label": check.label,
+                "errors": check.errors,
+            }
+    return result
+
+
+def _greedy_match(
+    port_argmax: torch.Tensor, greedy_rows: list[list[int]], greedy_tokens: list[list[int]]
+) -> tuple[float, list[int | None]]:
+    """The fraction of the greedy tokens the port's argmax gives, and each
+    sequence's first step that does not."""
+    matches = total = 0
+    first_mismatch: list[int | None] = []
+    for rows, tokens in zip(greedy_rows, greedy_tokens, strict=False):
+        mismatch = None
+        for step, (row, token) in enumerate(zip(rows, tokens, strict=False)):
+            total += 1
+            if int(port_argmax[row]) == token:
+                matches += 1
+            elif mismatch is None:
+                mismatch = step
+        first_mismatch.append(mismatch)
+    return (matches / total if total else 1.0), first_mismatch
+
+
+@dataclass
+class _ThreeWay:
+    """The three-way statistics against the bf16 reference (None without one)."""
+
+    sigma_ratio: float | None = None
+    bhattacharyya: float | None = None
+    linf_ratio_max: float | None = None
+    l2_ratio_max: float | None = None
+    token_linf_ratio_max: float | None = None
+    token_l2_ratio_max: float | None = None
+
+
+def _three_way(
+    t64: torch.Tensor, f64: torch.Tensor, reference_bf16: torch.Tensor | None, positions: list
+) -> _ThreeWay:
+    found = _ThreeWay()
+    if reference_bf16 is None:
+        return found
+    b64 = reference_bf16.double()
+    base = float(((b64 - f64) ** 2).mean().sqrt())
+    tgt = float(((t64 - f64) ** 2).mean().sqrt())
+    found.sigma_ratio = _ratio(tgt, base)
+    found.bhattacharyya = bhattacharyya((b64 - f64).abs(), (t64 - f64).abs())
+    sequences = [p[1] for p in positions]
+    found.linf_ratio_max, found.l2_ratio_max = worst_error_ratios(t64 - f64, b64 - f64, sequences)
+    found.token_linf_ratio_max, found.token_l2_ratio_max = worst_error_ratios(
+        t64 - f64, b64 - f64, list(range(len(positions)))
+    )
+    return found
+
+
+def _logit_gates(metrics: LogitMetrics, dtype: str) -> dict[str, bool]:
+    two_way = metrics.tokens_passed == metrics.tokens
+    sigma, bc = metrics.sigma_ratio, metrics.bhattacharyya
+    linf_ratio, l2_ratio = metrics.linf_ratio_max, metrics.l2_ratio_max
     if dtype == "fp32" or sigma is None:
         gates = {"two_way_all_tokens": two_way}
     else:
@@ -344,14 +394,13 @@ def logit_metrics(
             and l2_ratio is not None
             and l2_ratio < L2_RATIO_MAX,
         }
-    metrics.gates = {
+    return {
         **gates,
         "cosine": metrics.cosine_p5 >= COSINE_THRESHOLD
         and metrics.cosine_fraction_below <= COSINE_MAX_FRACTION_BELOW,
         "top1_agreement": metrics.top1_agreement > TOP1_AGREEMENT_MIN,
         "greedy_match": metrics.greedy_match > GREEDY_MATCH_MIN,
     }
-    return metrics
 
 
 @dataclass
