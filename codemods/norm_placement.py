@@ -7,6 +7,7 @@ from typing import Literal
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext, locate
 from autoport_cst.transform.cst_helpers import parse_statement, rewrite
 from autoport_cst.transform.decoder import (
@@ -100,6 +101,18 @@ class NormPlacement(Codemod):
     # where the norms sit around each sublayer call, not what a norm computes
     TOUCHES = ("decoder.sublayer",)
     Params = NormPlacementParams
+    PITFALLS = (
+        Pitfall(
+            30,
+            lambda spec, facts: spec.norm.placement == "post",
+            "norms are applied to the sublayer outputs before the residual add, not to the sublayer inputs",
+        ),
+        Pitfall(
+            31,
+            lambda spec, facts: spec.norm.placement == "sandwich",
+            "sandwich norms: a norm before and after every sublayer (four per layer)",
+        ),
+    )
     FILES = ("model", "module")
     EXAMPLES = (
         Example(
@@ -327,45 +340,12 @@ class NormPlacement(Codemod):
                 guard=p.placement == "post" and inherits,
             )
         layer = decoder_layer(module, ctx, self.ID)
-        if layer is None:
+        if layer is None or layer.placement == p.placement:
             return module
-        current = layer.placement
-        if current == p.placement:
-            return module
-        if current != "pre":
-            raise ctx.precondition(
-                f"{self.ID}: {layer.name} is not a pre-norm layer (h = self.<norm>(h) right before each "
-                f"attention and MLP call, no norm right after them); found placement {current or 'unknown'}",
-                layer.forwards[0].func,
-                module,
-            )
-        input_norm = self._one_norm(layer, "attention", module, ctx)
-        pre_mlp = self._one_norm(layer, "mlp", module, ctx)
-        if p.placement == "sandwich":
-            wanted = [input_norm, p.post_attention_norm, p.pre_mlp_norm, p.post_mlp_norm]
-        else:
-            wanted = [p.post_attention_norm, p.post_mlp_norm]
-        if p.placement == "sandwich" and input_norm in wanted[1:]:
-            raise ctx.precondition(
-                f"{self.ID}: a new norm is named like the input norm ({input_norm})", layer.cls, module
-            )
-        existing = [input_norm, pre_mlp]
-        removed = [a for a in existing if a not in wanted]
-        added = [a for a in wanted if a not in existing]
-
-        # __init__: clone the pre-MLP norm for each new attribute, remove unused ones
+        input_norm, pre_mlp = self._pre_norms(layer, module, ctx)
+        removed, added = self._norm_changes(layer, input_norm, pre_mlp, module, ctx)
         assignments = self_assignments(layer.init)
-        if pre_mlp not in assignments:
-            raise ctx.precondition(
-                f"{self.ID}: {layer.name}.__init__ does not assign self.{pre_mlp}", layer.init, module
-            )
-        template = assignments[pre_mlp][0]
-        clones = [_renamed_assignment(template, a) for a in added]
-        edits: dict = removal_edits(layer.init, [assignments[a][0] for a in removed if a in assignments])
-        if clones:
-            add_edit(edits, id(template), lambda updated: cst.FlattenSentinel([updated, *clones]))
-
-        # every forward: fused branches guarded, the others rewritten
+        edits = self._init_edits(layer, assignments, pre_mlp, removed, added, module, ctx)
         guards, guarded = guard_fused(
             layer,
             f"{p.placement} norm placement: the FP8 kernels fuse a norm before the sublayer",
@@ -375,6 +355,63 @@ class NormPlacement(Codemod):
         )
         edits.update(guards)
         calls = layer.unfused()
+        self._forward_edits(layer, calls, pre_mlp, edits, module)
+        _mapping_edits(module, pre_mlp, added, removed, edits)
+        for attr in removed:
+            handled = [assignments[attr][0]] if attr in assignments else []
+            handled += [c.pre_norm for c in calls if c.pre_norm_attr == attr] + guarded
+            use = other_uses(module, attr, handled)
+            if use is not None:
+                line, column = locate(module, use)
+                raise ctx.precondition(
+                    f"{self.ID}: the norm {attr} would be removed but is still used at line {line}, column {column}",
+                    use,
+                    module,
+                )
+        return rewrite(module, edits)
+
+    def _pre_norms(self, layer, module, ctx) -> tuple[str, str]:
+        """The input norm and the pre-MLP norm of a pre-norm layer (refused otherwise)."""
+        if layer.placement != "pre":
+            raise ctx.precondition(
+                f"{self.ID}: {layer.name} is not a pre-norm layer (h = self.<norm>(h) right before each "
+                f"attention and MLP call, no norm right after them); found placement {layer.placement or 'unknown'}",
+                layer.forwards[0].func,
+                module,
+            )
+        return self._one_norm(layer, "attention", module, ctx), self._one_norm(layer, "mlp", module, ctx)
+
+    def _norm_changes(self, layer, input_norm: str, pre_mlp: str, module, ctx) -> tuple[list[str], list[str]]:
+        """The norm attributes removed and added by the new placement."""
+        p = self.params
+        if p.placement == "sandwich":
+            wanted = [input_norm, p.post_attention_norm, p.pre_mlp_norm, p.post_mlp_norm]
+        else:
+            wanted = [p.post_attention_norm, p.post_mlp_norm]
+        if p.placement == "sandwich" and input_norm in wanted[1:]:
+            raise ctx.precondition(
+                f"{self.ID}: a new norm is named like the input norm ({input_norm})", layer.cls, module
+            )
+        existing = [input_norm, pre_mlp]
+        return [a for a in existing if a not in wanted], [a for a in wanted if a not in existing]
+
+    def _init_edits(self, layer, assignments, pre_mlp: str, removed, added, module, ctx) -> dict:
+        """``__init__``: the pre-MLP norm cloned for each new attribute, the unused ones removed."""
+        if pre_mlp not in assignments:
+            raise ctx.precondition(
+                f"{self.ID}: {layer.name}.__init__ does not assign self.{pre_mlp}", layer.init, module
+            )
+        template = assignments[pre_mlp][0]
+        clones = [_renamed_assignment(template, a) for a in added]
+        edits: dict = removal_edits(layer.init, [assignments[a][0] for a in removed if a in assignments])
+        if clones:
+            add_edit(edits, id(template), lambda updated: cst.FlattenSentinel([updated, *clones]))
+        return edits
+
+    def _forward_edits(self, layer, calls, pre_mlp: str, edits: dict, module) -> None:
+        """Every unfused sublayer call of every forward: its pre-norm removed
+        (post) or renamed (sandwich), a norm of its output added after it."""
+        p = self.params
         if p.placement == "post":
             for key, edit in removal_edits(layer.cls, [c.pre_norm for c in calls]).items():
                 add_edit(edits, key, edit)
@@ -388,37 +425,6 @@ class NormPlacement(Codemod):
             stmt = parse_statement(f"{call.variable} = self.{post}({call.variable})", module)
             add_edit(edits, id(call.stmt), lambda updated, stmt=stmt: cst.FlattenSentinel([updated, stmt]))
 
-        # load_weights
-        template_entries = mapping_entries_of_attr(module, pre_mlp)
-        if template_entries:
-            new_entries = []
-            for attr in added:
-                for entry in template_entries:
-                    key = replace_segment(entry.key_node, pre_mlp, attr)
-                    value = replace_segment(entry.value, pre_mlp, attr) or entry.value
-                    if key is not None:
-                        new_entries.append(entry_statement(entry, key, value))
-            if new_entries:
-                add_edit(
-                    edits,
-                    id(template_entries[-1].statement),
-                    lambda updated: cst.FlattenSentinel([updated, *new_entries]),
-                )
-        for attr in removed:
-            for entry in mapping_entries_of_attr(module, attr):
-                add_edit(edits, id(entry.statement), lambda updated: cst.RemoveFromParent())
-            handled = [assignments[attr][0]] if attr in assignments else []
-            handled += [c.pre_norm for c in calls if c.pre_norm_attr == attr] + guarded
-            use = other_uses(module, attr, handled)
-            if use is not None:
-                line, column = locate(module, use)
-                raise ctx.precondition(
-                    f"{self.ID}: the norm {attr} would be removed but is still used at line {line}, column {column}",
-                    use,
-                    module,
-                )
-        return rewrite(module, edits)
-
     def _one_norm(self, layer, kind: str, module, ctx) -> str:
         """The norm every unfused call of ``kind`` is preceded by."""
         found = {c.pre_norm_attr for c in layer.unfused(kind)}
@@ -430,6 +436,28 @@ class NormPlacement(Codemod):
                 module,
             )
         return found.pop()
+
+
+def _mapping_edits(module: cst.Module, pre_mlp: str, added, removed, edits: dict) -> None:
+    """``load_weights``: the pre-MLP norm's entries cloned for each new norm,
+    the removed norms' entries removed."""
+    template_entries = mapping_entries_of_attr(module, pre_mlp)
+    new_entries = []
+    for attr in added:
+        for entry in template_entries:
+            key = replace_segment(entry.key_node, pre_mlp, attr)
+            value = replace_segment(entry.value, pre_mlp, attr) or entry.value
+            if key is not None:
+                new_entries.append(entry_statement(entry, key, value))
+    if new_entries:
+        add_edit(
+            edits,
+            id(template_entries[-1].statement),
+            lambda updated: cst.FlattenSentinel([updated, *new_entries]),
+        )
+    for attr in removed:
+        for entry in mapping_entries_of_attr(module, attr):
+            add_edit(edits, id(entry.statement), lambda updated: cst.RemoveFromParent())
 
 
 def _renamed_assignment(stmt: cst.SimpleStatementLine, attr: str) -> cst.SimpleStatementLine:
