@@ -160,75 +160,17 @@ class NormAffine(Codemod):
             return other_model_file(module, ctx, self.touches(), "non-parametric norms", guard=True)
         if defined_elsewhere(module, ctx, "norm") and not instances_of_role(module, "norm"):
             return module  # a file of sublayers beside the model file, with no norm of its own
-        norms = [
-            c for c in classes_with_role(module, "norm") if c.name.value.endswith(("RMSNorm", "LayerNorm"))
-        ]
-        if len(norms) != 1:
-            found = ", ".join(c.name.value for c in norms) or "none"
-            raise ctx.precondition(
-                f"{ID}: expected exactly one norm class (<Prefix>RMSNorm or <Prefix>LayerNorm), found: {found}"
-            )
-        norm = norms[0]
-        name = norm.name.value
-        init, forward = method(norm, "__init__"), method(norm, "forward")
-        if init is None or forward is None:
-            raise ctx.precondition(f"{ID}: norm class {name} needs __init__ and forward", norm, module)
-        in_attention = {id(n) for cls in classes_with_role(module, "attention") for n in walk(cls)}
+        norm, init, forward = _norm_class(module, ctx)
         instances = instances_of_role(module, "norm")
-        shared = sorted(
-            attr for attr, stmts in instances.items() if any(id(s) in in_attention for s in stmts)
-        )
-        if shared:
-            raise ctx.precondition(
-                f"{ID}: the attention class also builds {name} ({', '.join(shared)}), whose weights are "
-                "learned: the decoder norms cannot drop theirs in the shared class"
-            )
+        _refuse_attention_norms(module, norm.name.value, instances, ctx)
         edits, blocks = guard_fused_norms(
             module, ctx, ID, "non-parametric norms: the FP8 kernels fuse a norm with a learned weight"
         )
-        inside = {id(n) for n in walk(norm)} | {id(n) for block in blocks for n in walk(block)}
-        for fn in forward_path_functions(module):
-            if id(fn) in inside:
-                continue
-            for node in walk(fn):
-                if id(node) in inside:
-                    continue
-                if (
-                    isinstance(node, cst.Attribute)
-                    and node.attr.value in AFFINE
-                    and isinstance(node.value, cst.Attribute)
-                    and node.value.attr.value in instances
-                ):
-                    raise ctx.precondition(
-                        f"{ID}: {fn.name.value} reads {node.value.attr.value}.{node.attr.value} (a kernel given "
-                        "the norm's affine parameters); make the norm a module call first",
-                        node,
-                        module,
-                    )
+        _refuse_affine_reads(
+            module, {id(n) for n in walk(norm)} | {id(n) for b in blocks for n in walk(b)}, instances, ctx
+        )
         doomed = [stmt for attr in AFFINE if (stmt := find_self_assignment(init, attr)) is not None]
-        handled: set[int] = set()
-        for node in walk(forward):
-            if not isinstance(node, cst.BinaryOperation):
-                continue
-            for attr, operator, sides in (
-                ("weight", cst.Multiply, ("left", "right")),
-                ("bias", cst.Add, ("right",)),
-            ):
-                if not isinstance(node.operator, operator):
-                    continue
-                for side in sides:
-                    if self_attr(getattr(node, side)) == attr:
-                        handled.add(id(getattr(node, side)))
-                        edits[id(node)] = lambda updated, side=side: (
-                            updated.right if side == "left" else updated.left
-                        ).with_changes(lpar=updated.lpar, rpar=updated.rpar)
-        stray = [n for n in walk(forward) if self_attr(n) in AFFINE and id(n) not in handled]
-        if stray:
-            raise ctx.precondition(
-                f"{ID}: {name}.forward uses self.{self_attr(stray[0])} other than as `weight * h` or `h + bias`",
-                stray[0],
-                module,
-            )
+        edits.update(_unscaled(forward, norm.name.value, module, ctx))
         entries = [
             e.statement
             for attr in instances
@@ -237,3 +179,84 @@ class NormAffine(Codemod):
         ]
         edits.update(removal_edits(module, doomed + entries))
         return rewrite(module, edits)
+
+
+def _norm_class(
+    module: cst.Module, ctx: FileContext
+) -> tuple[cst.ClassDef, cst.FunctionDef, cst.FunctionDef]:
+    """The file's one norm class, with its ``__init__`` and ``forward``."""
+    norms = [c for c in classes_with_role(module, "norm") if c.name.value.endswith(("RMSNorm", "LayerNorm"))]
+    if len(norms) != 1:
+        found = ", ".join(c.name.value for c in norms) or "none"
+        raise ctx.precondition(
+            f"{ID}: expected exactly one norm class (<Prefix>RMSNorm or <Prefix>LayerNorm), found: {found}"
+        )
+    norm = norms[0]
+    init, forward = method(norm, "__init__"), method(norm, "forward")
+    if init is None or forward is None:
+        raise ctx.precondition(f"{ID}: norm class {norm.name.value} needs __init__ and forward", norm, module)
+    return norm, init, forward
+
+
+def _refuse_attention_norms(module: cst.Module, name: str, instances, ctx: FileContext) -> None:
+    """The norm class is also the attention's (QK norms), whose weights stay learned."""
+    in_attention = {id(n) for cls in classes_with_role(module, "attention") for n in walk(cls)}
+    shared = sorted(attr for attr, stmts in instances.items() if any(id(s) in in_attention for s in stmts))
+    if shared:
+        raise ctx.precondition(
+            f"{ID}: the attention class also builds {name} ({', '.join(shared)}), whose weights are "
+            "learned: the decoder norms cannot drop theirs in the shared class"
+        )
+
+
+def _refuse_affine_reads(module: cst.Module, inside: set[int], instances, ctx: FileContext) -> None:
+    """No forward-path code outside ``inside`` (the norm class and the guarded
+    fused blocks) reads a norm instance's weight or bias."""
+    for fn in forward_path_functions(module):
+        if id(fn) in inside:
+            continue
+        for node in walk(fn):
+            if id(node) in inside:
+                continue
+            if (
+                isinstance(node, cst.Attribute)
+                and node.attr.value in AFFINE
+                and isinstance(node.value, cst.Attribute)
+                and node.value.attr.value in instances
+            ):
+                raise ctx.precondition(
+                    f"{ID}: {fn.name.value} reads {node.value.attr.value}.{node.attr.value} (a kernel given "
+                    "the norm's affine parameters); make the norm a module call first",
+                    node,
+                    module,
+                )
+
+
+def _unscaled(forward: cst.FunctionDef, name: str, module: cst.Module, ctx: FileContext) -> dict:
+    """Edits of the norm's ``forward``: ``weight * h`` becomes ``h`` and
+    ``h + bias`` becomes ``h``; any other use of them is refused."""
+    edits: dict = {}
+    handled: set[int] = set()
+    for node in walk(forward):
+        if not isinstance(node, cst.BinaryOperation):
+            continue
+        for attr, operator, sides in (
+            ("weight", cst.Multiply, ("left", "right")),
+            ("bias", cst.Add, ("right",)),
+        ):
+            if not isinstance(node.operator, operator):
+                continue
+            for side in sides:
+                if self_attr(getattr(node, side)) == attr:
+                    handled.add(id(getattr(node, side)))
+                    edits[id(node)] = lambda updated, side=side: (
+                        updated.right if side == "left" else updated.left
+                    ).with_changes(lpar=updated.lpar, rpar=updated.rpar)
+    stray = [n for n in walk(forward) if self_attr(n) in AFFINE and id(n) not in handled]
+    if stray:
+        raise ctx.precondition(
+            f"{ID}: {name}.forward uses self.{self_attr(stray[0])} other than as `weight * h` or `h + bias`",
+            stray[0],
+            module,
+        )
+    return edits
