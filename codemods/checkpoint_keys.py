@@ -50,15 +50,7 @@ class CheckpointKeysParams:
         metadata={
             "doc": "Dotted key patterns as the reference names them -> the checkpoint's names, matched on "
             "whole segments anywhere in a key, longest first; '*' matches one segment and is carried over "
-            "(e.g. {'model': 'gpt_neox', 'self_attn.o_proj': 'attention.dense', 'mlp.up_proj': 'mlp.c_fc'}).",
-            "examples": (
-                {"self_attn.o_proj": "attention.dense"},
-                {"model": "transformer", "norm": "ln_f"},
-                {
-                    "input_layernorm": "post_attention_layernorm",
-                    "post_attention_layernorm": "input_layernorm",
-                },
-            ),
+            "(e.g. {'model': 'gpt_neox', 'self_attn.o_proj': 'attention.dense', 'mlp.up_proj': 'mlp.c_fc'})."
         },
     )
     in_out_params: tuple[str, ...] = field(
