@@ -303,9 +303,7 @@ def print_population(runs: list[PortRun]) -> None:
             f"{scopes['outside']:>8} {held:>9}  {labels}"
         )
         for label, why in run.port.refused_variants.items():
-            print(
-                f"         variant {label} not run: the unmutated port does not validate on it ({why[:80]})"
-            )
+            print(f"         variant {label} not run: {why[:110]}")
 
 
 def print_partition(name: str, outcomes: list[Outcome]) -> Tally:

@@ -143,6 +143,7 @@ def build_checkpoints(port: Port, workdir: Path) -> None:
     """The port's variant checkpoints, one per declared variant a config edit
     realises (and the per-expert key format when ``checkpoint.gate_up`` is
     declared: the default tiny checkpoint stores experts fused)."""
+    from autoport_cst.errors import InputError
     from autoport_cst.validate import build_tiny_checkpoint
 
     base = json.loads((port.checkpoint / "config.json").read_text(encoding="utf-8"))
@@ -155,9 +156,15 @@ def build_checkpoints(port: Port, workdir: Path) -> None:
         directory = workdir / "variants" / port.name / label.replace("=", "-").replace('"', "")
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "config.json").write_text(json.dumps({**base, **edit}, indent=2), encoding="utf-8")
-        built = build_tiny_checkpoint(
-            directory / "config.json", directory / "tiny", seed=0, key_format=key_format
-        )
+        try:
+            built = build_tiny_checkpoint(
+                directory / "config.json", directory / "tiny", seed=0, key_format=key_format
+            )
+        except InputError as error:  # the architecture's config class refuses the variant
+            port.refused_variants[label] = (
+                f"transformers refuses the config: {str(error).splitlines()[-1].strip()}"
+            )
+            continue
         port.variants.append(Variant(label, Path(built.directory)))
 
 
@@ -200,12 +207,16 @@ def measure_coverage(port: Port, steps: int) -> None:
         try:
             lines, report = traced_lines(port.model_file, validation(variant.checkpoint))
         except Exception as error:  # noqa: BLE001 - the variant is reported, not run
-            port.refused_variants[variant.label] = f"{type(error).__name__}: {error}"
+            port.refused_variants[variant.label] = (
+                f"the validation refuses it: {type(error).__name__}: {error}"
+            )
             continue
         if report.equivalent:
             port.coverage[variant.label] = lines
         else:
-            port.refused_variants[variant.label] = "; ".join(report.failed_checks)
+            port.refused_variants[variant.label] = "the unmutated port does not validate: " + "; ".join(
+                report.failed_checks
+            )
 
 
 def prepare(source: PortSource, workdir: Path, steps: int) -> Port:
