@@ -1,0 +1,177 @@
+"""The smoke test itself, run in the serve environment (vLLM and the
+transformers it pins): ``python -m autoport_cst.serve.smoke_child SETTINGS``
+with SETTINGS a JSON file (``SmokeSettings``); it writes the outcome as JSON
+to ``settings.result``.
+
+Runs, each optional:
+
+- ``offline`` (workflow step 8): ``LLM.generate`` on the battery's prompts;
+- ``server`` (step 9): the OpenAI server without prefix caching, the battery;
+- ``server-prefix-caching``: the server restarted with
+  ``--enable-prefix-caching``, the battery again, and vLLM's prefix-cache
+  counters from ``/metrics``.
+
+Every completion is checked against transformers' greedy generation on the
+same checkpoint (``reference``), in float32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .battery import BASIC, BATCH, COUNTING, BatteryRun, Completion, run_battery
+from .checks import Check, batch_check, cache_hit_check, greedy_checks, same_runs, stream_check
+from .server import ServerError, metrics, running_server
+
+RUNS = ("offline", "server", "server-prefix-caching")
+KV_CACHE_BYTES = 64 << 20
+
+
+@dataclass
+class SmokeSettings:
+    out_dir: str
+    checkpoint: str
+    result: str
+    workdir: str
+    tp: int = 1
+    runs: list[str] = field(default_factory=lambda: list(RUNS))
+    max_tokens: int = 16
+    block_size: int = 32
+    max_num_batched_tokens: int = 64
+    server_timeout: float = 900.0
+
+
+def engine_options(settings: SmokeSettings, max_model_len: int) -> dict[str, Any]:
+    return {
+        "tensor_parallel_size": settings.tp,
+        "dtype": "float32",
+        "block_size": settings.block_size,
+        "max_model_len": max_model_len,
+        "max_num_seqs": 16,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "kv_cache_memory_bytes": KV_CACHE_BYTES,
+    }
+
+
+def server_flags(options: dict[str, Any], prefix_caching: bool) -> list[str]:
+    flags = []
+    for key, value in options.items():
+        flags += [f"--{key.replace('_', '-')}", str(value)]
+    return flags + ["--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching"]
+
+
+def serving_env(settings: SmokeSettings, in_process: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        AUTOPORT_STANDIN="1",
+        AUTOPORT_PORT_DIR=str(Path(settings.out_dir).resolve()),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0" if in_process else "1",
+    )
+    return env
+
+
+def offline_run(settings: SmokeSettings, options: dict[str, Any]) -> tuple[list[Completion], float]:
+    os.environ.update(serving_env(settings, in_process=settings.tp == 1))
+    from vllm import LLM, SamplingParams
+
+    start = time.perf_counter()
+    llm = LLM(model=settings.checkpoint, enable_prefix_caching=False, **options)
+    startup = time.perf_counter() - start
+    prompts = [BASIC, *BATCH, COUNTING]
+    sampling = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0, ignore_eos=True)
+    outputs = llm.generate(prompts, sampling)
+    completions = [
+        Completion(
+            f"offline[{i}]",
+            prompt,
+            list(out.prompt_token_ids),
+            list(out.outputs[0].token_ids),
+            out.outputs[0].text,
+        )
+        for i, (prompt, out) in enumerate(zip(prompts, outputs, strict=True))
+    ]
+    del llm
+    return completions, startup
+
+
+def server_run(
+    settings: SmokeSettings, options: dict[str, Any], prefix_caching: bool
+) -> tuple[BatteryRun, dict[str, float]]:
+    name = "server-prefix-caching" if prefix_caching else "server"
+    log = Path(settings.workdir) / f"{name}.log"
+    flags = server_flags(options, prefix_caching) + ["--served-model-name", "port"]
+    env = serving_env(settings, in_process=False)
+    with running_server(settings.checkpoint, flags, log, env, settings.server_timeout) as server:
+        run = run_battery(server, "port", settings.max_tokens)
+        counters = metrics(server)
+        run.figures["startup_s"] = server.startup_seconds
+    return run, counters
+
+
+def _max_model_len(checkpoint: str) -> int:
+    values = json.loads((Path(checkpoint) / "config.json").read_text())
+    return int(min(512, values.get("max_position_embeddings") or 512))
+
+
+def smoke(settings: SmokeSettings) -> dict[str, Any]:
+    from .reference import GreedyReference
+
+    reference = GreedyReference(settings.checkpoint)
+    options = engine_options(settings, _max_model_len(settings.checkpoint))
+    checks: list[Check] = []
+    figures: dict[str, Any] = {}
+    runs: dict[str, BatteryRun] = {}
+    if "offline" in settings.runs:
+        completions, startup = offline_run(settings, options)
+        figures["offline"] = {"startup_s": startup}
+        checks += greedy_checks("offline", completions, reference)
+    for prefix_caching in (False, True):
+        name = "server-prefix-caching" if prefix_caching else "server"
+        if name not in settings.runs:
+            continue
+        run, counters = server_run(settings, options, prefix_caching)
+        runs[name] = run
+        figures[name] = dict(run.figures)
+        checks += greedy_checks(name, run.completions + run.batch, reference)
+        checks += [batch_check(name, run), stream_check(name, run)]
+        if prefix_caching:
+            hits = counters.get("vllm:prefix_cache_hits_total", 0.0)
+            queries = counters.get("vllm:prefix_cache_queries_total", 0.0)
+            figures[name].update(prefix_cache_hits=hits, prefix_cache_queries=queries)
+            checks.append(cache_hit_check(hits, queries))
+    if len(runs) == 2:
+        checks.append(same_runs(runs["server"], runs["server-prefix-caching"]))
+    return {"checks": [check.as_dict() for check in checks], "figures": figures, "failure": None}
+
+
+def main(argv: list[str]) -> int:
+    settings = SmokeSettings(**json.loads(Path(argv[0]).read_text()))
+    try:
+        outcome = smoke(settings)
+    except ServerError as error:
+        outcome = {"checks": [], "figures": {}, "failure": {"stage": "server", "message": str(error)}}
+    except Exception as error:  # the port failed inside vLLM: its stage and message
+        stage = getattr(error, "stage", "engine")
+        outcome = {
+            "checks": [],
+            "figures": {},
+            "failure": {"stage": stage, "message": f"{type(error).__name__}: {error}"},
+        }
+    Path(settings.result).write_text(json.dumps(outcome, indent=2, default=str) + "\n")
+    failed = outcome["failure"] is not None or not all(check["passed"] for check in outcome["checks"])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+
+
+__all__ = ["SmokeSettings", "asdict", "main", "smoke"]
