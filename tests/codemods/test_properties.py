@@ -22,62 +22,22 @@ from hypothesis import strategies as st
 
 from autoport_cst.errors import PreconditionError
 from autoport_cst.transform.base import Codemod, PortContext, run_on_source
-from autoport_cst.transform.library import get_codemod
+from autoport_cst.transform.library import get_codemod, library
 
 from .model_sources import PREFIX, model_sources, unrelated_sources
+from .param_strategies import params_strategy
 
 # profiles: tests/conftest.py
 
-# codemods that apply to model files, with strategies for their parameters
+# the codemods that transform model files and act on generated sources, with
+# strategies derived from their parameters (param_strategies.py); rename-classes
+# renames from the generated source's prefix, which the test supplies
 PARAMS = {
-    "rename-classes": PREFIX.map(lambda p: {"new_prefix": p + "X"}),
-    "swap-norm": st.builds(
-        lambda kind, bias, key: {"kind": kind, "bias": bias and kind == "layernorm", "eps_key": key},
-        st.sampled_from(["rmsnorm", "layernorm"]),
-        st.booleans(),
-        st.sampled_from([None, "layer_norm_eps", "rms_norm_eps"]),
-    ),
-    "add-qkv-bias": st.sampled_from([{"qkv": True}, {"qkv": True, "o": True}, {"qkv": False, "o": True}]),
-    "lazy-rope": st.just({}),
-    "unsqueeze-decode-biases": st.just({}),
-    "float32-router": st.just({}),
-    "mlp-activation": st.sampled_from([{"activation": a} for a in ("silu", "gelu", "gelu_tanh", "relu2")]),
-    "mlp-kind": st.just({}),
-    "mlp-bias": st.just({}),
-    "norm-offset": st.just({}),
-    "norm-affine": st.just({}),
-    "norm-placement": st.sampled_from([{"placement": "post"}, {"placement": "sandwich"}]),
-    "parallel-residual": st.sampled_from([{"kind": "shared_norm"}, {"kind": "separate_norms"}]),
-    "embedding-scale": st.just({}),
-    "embedding-multiplier": st.just({}),
-    "residual-multiplier": st.just({}),
-    "logits-divisor": st.sampled_from([{}, {"config_key": "logit_scale", "form": "multiply"}]),
-    "logit-softcap": st.just({}),
-    "lm-head-bias": st.just({}),
-    "fused-checkpoint": st.sampled_from(
-        [{"qkv": True}, {"qkv": True, "qkv_layout": "per_head"}, {"gate_up": True}]
-    ),
-    "checkpoint-keys": st.sampled_from(
-        [
-            {"renames": {"self_attn.o_proj": "attention.dense"}},
-            {"renames": {"model": "transformer", "norm": "ln_f"}},
-            {
-                "renames": {
-                    "input_layernorm": "post_attention_layernorm",
-                    "post_attention_layernorm": "input_layernorm",
-                }
-            },
-            {"in_out_layers": True},
-        ]
-    ),
-    "router-activation": st.sampled_from([{"activation": "sigmoid"}, {"activation": "softmax"}]),
-    "router-bias": st.just({}),
-    "routing-bias": st.just({}),
-    "shared-experts": st.sampled_from([{"gate": True}, {"gate": False}]),
-    "routed-scaling": st.just({}),
-    "dense-layers": st.just({}),
-    "remove-qk-norm": st.just({}),
+    codemod_id: params_strategy(cls)
+    for codemod_id, cls in library().items()
+    if "model" in cls.FILES and not cls.NEEDS_REAL_MODEL
 }
+PARAMS["rename-classes"] = PREFIX.map(lambda p: {"new_prefix": p + "X"})
 
 
 def apply(codemod_id: str, params: dict, source: str, old_prefix: str) -> str:

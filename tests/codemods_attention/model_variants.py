@@ -16,7 +16,8 @@ from pathlib import Path
 from hypothesis import strategies as st
 
 from autoport_cst.transform.base import Codemod, PortContext, run_on_source
-from autoport_cst.transform.library import get_codemod
+from autoport_cst.transform.library import get_codemod, library
+from tests.codemods.param_strategies import params_strategy
 
 ROOT = Path(__file__).resolve().parents[2]
 BASES = {"llama3": "Llama", "qwen3": "Qwen3", "smollm3": "SmolLM3"}
@@ -65,42 +66,7 @@ variants = st.builds(
     lambda v: not (v.layernorm and v.base == "qwen3")
 )
 
-# parameters of each codemod
-PARAMS = {
-    "sliding-window": st.builds(
-        lambda layers, fallback: {"layers": layers, "without_layer_types": fallback},
-        st.sampled_from(["all", "per_layer"]),
-        st.sampled_from(["none", "max_window_layers", "even_layers"]),
-    ),
-    "qk-norm": st.sampled_from([{"kind": "per_head"}, {"kind": "full_width"}]),
-    "qk-norm-position": st.just({}),
-    "nope-layers": st.just({}),
-    "rope-layer-parameters": st.just({}),
-    "rope-scaling": st.sampled_from(
-        [{"variant": v} for v in ("linear", "dynamic", "yarn", "longrope", "none")]
-    ),
-    "partial-rotary": st.just({}),
-    "interleaved-rope": st.just({}),
-    "attention-scale": st.sampled_from(
-        [
-            {"config_key": "attention_multiplier"},
-            {"config_key": "query_pre_attn_scalar", "form": "inverse_sqrt"},
-        ]
-    ),
-    "attention-softcap": st.just({}),
-    "attention-sinks": st.just({}),
-}
-
-DEFAULT_PARAMS = {
-    "sliding-window": {"layers": "per_layer"},
-    "qk-norm": {"kind": "per_head"},
-    "qk-norm-position": {},
-    "nope-layers": {},
-    "rope-layer-parameters": {},
-    "rope-scaling": {"variant": "yarn"},
-    "partial-rotary": {},
-    "interleaved-rope": {},
-    "attention-scale": {},
-    "attention-softcap": {},
-    "attention-sinks": {},
-}
+# the codemods that need a real model file, with strategies derived from their
+# parameters (tests/codemods/param_strategies.py); the fast commute test runs
+# each with its defaults
+PARAMS = {codemod_id: params_strategy(cls) for codemod_id, cls in library().items() if cls.NEEDS_REAL_MODEL}

@@ -31,6 +31,7 @@ import libcst as cst
 
 from autoport_cst.errors import InputError, MultiInputError, Position, PreconditionError
 from autoport_cst.spec import JsonProblem, from_json
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform.realizes import realizes
 
 if TYPE_CHECKING:
@@ -168,6 +169,13 @@ class Codemod:
     FILES: ClassVar[tuple[str, ...]] = ("model",)
     SAFE: ClassVar[bool] = True
     EXAMPLES: ClassVar[tuple[Example, ...]] = ()
+    # True: it needs what only a real model file has (the RoPE call, the decode
+    # mask, the KV-cache spec) and refuses the generated model-shaped sources of
+    # the property tests, which run it on the reference model files instead.
+    NEEDS_REAL_MODEL: ClassVar[bool] = False
+    # Known pitfalls of porting the features it realizes, listed by ``plan``
+    # for the models that have them (``autoport_cst.spec.pitfalls``).
+    PITFALLS: ClassVar[tuple[Pitfall, ...]] = ()
 
     def __init__(self, params: Any = None) -> None:
         self.params = params if params is not None else self.Params()
