@@ -18,6 +18,8 @@ from collections.abc import Collection
 
 import libcst as cst
 
+from autoport_cst.transform.statement_code import node_code, splicing
+
 try:  # private API, pinned by libcst>=1.8,<2 in pyproject.toml (as in lint/positions.py)
     from libcst._nodes.internal import CodegenState as _CodegenState
 except ImportError:  # pragma: no cover - exercised only with another LibCST
@@ -40,7 +42,7 @@ def top_level_code(module: cst.Module, node: cst.CSTNode) -> str:
     key = (id(node), module.default_indent, module.default_newline)
     found = _CODES.pop(key, None)
     if found is None:
-        found = (node, module.code_for_node(node))
+        found = (node, node_code(module, node))
     _keep(key, found)
     return found[1]
 
@@ -84,7 +86,8 @@ def code_in_order(
     codes = []
     for position, node in enumerate(parts):
         start = len(state.tokens)
-        node._codegen(state)
+        with splicing():  # the code of the statements is kept (for the steps that edit some)
+            node._codegen(state)
         tokens = state.tokens[start:]
         codes.append("".join(tokens))
         _keep((id(node), *layout), (node, codes[-1]))
@@ -106,15 +109,17 @@ def _same_layout(module: cst.Module, other: cst.Module) -> bool:
 
 
 if _CodegenState is not None:
+    from autoport_cst.transform.statement_code import SplicingState, register
 
-    class _OrderState(_CodegenState):
+    class _OrderState(SplicingState):
         """Code generation that notes the wanted nodes as it meets them, and
         where the token of each leaf to rename is."""
 
+        SPLICES = False  # it must see every node
         __slots__ = ("wanted", "order", "values", "starts", "replaced")
 
         def __init__(self, module: cst.Module, wanted: Collection[int], values: dict[int, str]) -> None:
-            super().__init__(default_indent=module.default_indent, default_newline=module.default_newline)
+            super().__init__(module.default_indent, module.default_newline)
             self.wanted = wanted
             self.order: list[cst.CSTNode] = []
             self.values = values
@@ -134,3 +139,5 @@ if _CodegenState is not None:
             # a leaf prints its parentheses and whitespace (never its value's text) and its value
             index = self.tokens.index(node.value, start)  # type: ignore[attr-defined]
             self.replaced[index] = self.values[id(node)]
+
+    register(_OrderState)

@@ -17,6 +17,7 @@ from autoport_cst.transform.anatomy import flow
 from autoport_cst.transform.anatomy.families import Owner
 from autoport_cst.transform.cst_helpers import call_name, self_assignment, self_attr, walk
 from autoport_cst.transform.roles import class_role
+from autoport_cst.transform.statement_code import node_code
 from autoport_cst.transform.vocabulary import IS_CALL
 
 
@@ -127,7 +128,7 @@ class ModuleIndex:
     def code(self, node: cst.CSTNode) -> str:
         found = self._code.get(id(node))
         if found is None:
-            found = self._code[id(node)] = (node, self.module.code_for_node(node))
+            found = self._code[id(node)] = (node, node_code(self.module, node))
         return found[1]
 
     def flat(self, func: cst.FunctionDef) -> flow.FlatFunction:

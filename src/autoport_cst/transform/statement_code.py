@@ -1,0 +1,129 @@
+"""The code of nodes, with the code of each statement printed once.
+
+A step keeps the statements it does not edit (``cst_helpers.rewrite``), so
+the class a step edited in one method holds, for the rest, statements whose
+code was printed before: by the census (a method, a statement of a
+method's flattened body) or by an earlier step (the class as it was).
+``node_code`` prints a node as ``Module.code_for_node`` does, and splices
+in the kept code of every statement below it printed before.
+
+A statement prints the same wherever it stands, up to the indentation of
+the block that holds it: LibCST writes that indentation (the tokens of the
+enclosing blocks) at the start of each of the statement's lines. So the
+code is kept without it, cut at those points, and joined with the
+indentation of the place where it is spliced. A statement printed with
+keyword arguments (an ``elif``) is printed, not spliced.
+
+LibCST's code generation is entered through its private ``CodegenState``
+(as in ``printed.py``); without it every node is printed by LibCST.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import libcst as cst
+
+try:  # private API, pinned by libcst>=1.8,<2 in pyproject.toml (as in printed.py)
+    from libcst._nodes.internal import CodegenState as _CodegenState
+except ImportError:  # pragma: no cover - exercised only with another LibCST
+    _CodegenState = None  # type: ignore[assignment, misc]
+
+_KEPT = 65536
+# (id, default indent, default newline) -> (statement, its code cut where the enclosing indentation goes)
+_CODES: dict[tuple[int, str, str], tuple[cst.CSTNode, list[str]]] = {}
+_STATEMENTS: frozenset[type] = frozenset(
+    kind for kind in vars(cst).values() if isinstance(kind, type) and issubclass(kind, cst.BaseStatement)
+)
+_ORIGINAL = cst.CSTNode._codegen
+
+
+def node_code(module: cst.Module, node: cst.CSTNode) -> str:
+    """``module.code_for_node(node)``."""
+    if _CodegenState is None:
+        return module.code_for_node(node)
+    state = SplicingState(default_indent=module.default_indent, default_newline=module.default_newline)
+    with splicing():
+        node._codegen(state)
+    return "".join(state.tokens)
+
+
+@contextmanager
+def splicing() -> Iterator[None]:
+    """Code generation, while in this context, keeps and splices the code
+    of statements for the states that are ``SplicingState``."""
+    patched = vars(cst.CSTNode)["_codegen"] is not _codegen
+    if patched:
+        setattr(cst.CSTNode, "_codegen", _codegen)  # noqa: B010 - the method replaced for a while
+    try:
+        yield
+    finally:
+        if patched:
+            setattr(cst.CSTNode, "_codegen", _ORIGINAL)  # noqa: B010
+
+
+def _codegen(node: cst.CSTNode, state: Any, **kwargs: Any) -> None:
+    if kwargs or type(state) not in _STATES or type(node) not in _STATEMENTS:
+        _ORIGINAL(node, state, **kwargs)
+        return
+    key = (id(node), state.default_indent, state.default_newline)
+    kept = _CODES.get(key)
+    if kept is not None and kept[0] is node and state.SPLICES:
+        state.splice(kept[1])
+        return
+    start, marks = len(state.tokens), len(state.marks)
+    _ORIGINAL(node, state)
+    _CODES[key] = (node, state.cut(start, marks))
+    if len(_CODES) > _KEPT:
+        del _CODES[next(iter(_CODES))]
+
+
+if _CodegenState is not None:
+
+    class SplicingState(_CodegenState):
+        """Code generation that notes where it writes the enclosing blocks'
+        indentation, so a statement's code can be kept without it. A
+        subclass that must see every node printed (``SPLICES = False``)
+        keeps the code of statements and splices none; it is registered in
+        ``_STATES``."""
+
+        SPLICES = True
+        __slots__ = ("marks",)
+
+        def __init__(self, default_indent: str, default_newline: str) -> None:
+            super().__init__(default_indent=default_indent, default_newline=default_newline)
+            self.marks: list[int] = []  # the token index of each indentation written
+
+        def add_indent_tokens(self) -> None:
+            self.marks.append(len(self.tokens))
+            self.tokens.extend(self.indent_tokens)
+
+        def cut(self, start: int, first_mark: int) -> list[str]:
+            """The code written from token ``start`` on, cut at each
+            indentation written since mark ``first_mark``, without the
+            indentation the statement was printed at."""
+            tokens, depth = self.tokens, len(self.indent_tokens)
+            parts, begin = [], start
+            for mark in self.marks[first_mark:]:
+                parts.append("".join(tokens[begin:mark]))
+                begin = mark + depth
+            parts.append("".join(tokens[begin:]))
+            return parts
+
+        def splice(self, parts: list[str]) -> None:
+            """Write kept code at the current indentation (noting where it goes)."""
+            tokens = self.tokens
+            tokens.append(parts[0])
+            for part in parts[1:]:
+                self.marks.append(len(tokens))
+                tokens.extend(self.indent_tokens)
+                tokens.append(part)
+
+    _STATES: set[type] = {SplicingState}
+
+
+def register(state_type: type) -> None:
+    """Make the states of ``state_type`` (a ``SplicingState``) keep statements' code."""
+    _STATES.add(state_type)
