@@ -12,6 +12,7 @@ ties.
 
 from __future__ import annotations
 
+import pickle
 import shutil
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from autoport_cst.validate import REPORT_SCHEMA, validate_model
 from autoport_cst.validate.components import Component
 from autoport_cst.validate.forced_routing import RoutingDivergence, divergences, resolutions
 from autoport_cst.validate.metrics import R_RATIO_TOLERANCE
-from autoport_cst.validate.routing import RoutingRecord, routing_mode
+from autoport_cst.validate.routing import ForcedTeacher, RoutingRecord, routing_mode
 from autoport_cst.validate.scenario import DEFAULT_BLOCK_SIZE, Scenario
 from autoport_cst.validate.standin import moe as standin_moe
 from autoport_cst.validate.standin.common_types import ExpertAffinityScaleMode, RouterActFnType
@@ -116,6 +117,14 @@ def test_a_sequence_parallel_slice_takes_the_ranks_tokens():
     with routing_mode(model, [Component("layers.0.mlp", "mlp")], EXPERTS, golden, rank=1, tp=2) as mode:
         mode.set_rows([(0, 0), (0, 1)])
         assert model(scores).indices.tolist() == [[0, 3]]
+
+
+def test_forced_teachers_reach_the_ranks_whole():
+    """TP ranks receive the teacher tokens pickled: the golden choices travel with them."""
+    teacher = ForcedTeacher([[1, 2], [3, 4]], _golden({(0, 0): (0, 3)}), EXPERTS)
+    received = pickle.loads(pickle.dumps(teacher))
+    assert isinstance(received, ForcedTeacher) and received == [[1, 2], [3, 4]]
+    assert received.experts == EXPERTS and received.golden.choices == teacher.golden.choices
 
 
 def test_the_standin_router_kernels_take_the_forced_choice():

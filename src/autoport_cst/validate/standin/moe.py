@@ -23,6 +23,10 @@ same arguments on Trainium:
   router, top-k and the expert MLPs over the local experts.
 - ``get_local_expert_affinities`` keeps the columns of this rank's experts.
 
+``moe_cte`` and ``moe_block_tkg`` hand their arguments to their computation
+in ``moe_blockwise`` and ``moe_decode_block``; ``moe_math`` holds what the
+kernels share (the router activation, one expert's MLP).
+
 Numerics: router logits in ``computation_dtype`` (float32 by default) from
 the weight as given (a float32 router weight gives float32 scores);
 expert matmuls take their inputs in the activation dtype and accumulate in
