@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.attention import self_parameters
 from autoport_cst.transform.cst_helpers import (
@@ -127,6 +128,19 @@ class AddQkvBias(Codemod):
     # adds biases; removing one is a different change
     REALIZES = Realizes({"attention.qkv_bias": to(True), "attention.o_bias": to(True)})
     Params = AddQkvBiasParams
+    PITFALLS = (
+        Pitfall(
+            40,
+            lambda spec, facts: spec.attention.qkv_bias or spec.attention.o_bias,
+            "attention biases: pass them 2-D ([1, size]) to NF.qkv_proj / NF.attention_decode; a fused "
+            "QKV bias needs its own per-rank loader",
+        ),
+        Pitfall(
+            50,
+            lambda spec, facts: spec.attention.o_bias,
+            "o_proj bias is added after the cross-rank sum: load it divided by the TP degree",
+        ),
+    )
     AFTER = ("unsqueeze-decode-biases",)
     EXAMPLES = (
         Example(

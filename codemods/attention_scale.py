@@ -8,6 +8,7 @@ from typing import Literal
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.config_fields import add_config_fields
 from autoport_cst.transform.cst_helpers import (
@@ -42,7 +43,8 @@ class AttentionScaleParams:
     config_key: str = field(
         default="attention_multiplier",
         metadata={
-            "doc": "Config field holding the scale (Granite: attention_multiplier; Gemma: query_pre_attn_scalar)."
+            "doc": "Config field holding the scale (Granite: attention_multiplier; Gemma: query_pre_attn_scalar).",
+            "examples": ("query_pre_attn_scalar",),
         },
     )
     form: Literal["scale", "inverse_sqrt"] = field(
@@ -81,6 +83,14 @@ class AttentionScale(Codemod):
         dict.fromkeys(("attention.scale", "attention.scale_key", "attention.scale_form"), not_to(None))
     )
     Params = AttentionScaleParams
+    NEEDS_REAL_MODEL = True
+    PITFALLS = (
+        Pitfall(
+            100,
+            lambda spec, facts: spec.attention.scale is not None,
+            "attention scale is {spec.attention.scale:g}, not head_dim ** -0.5: read it from the config",
+        ),
+    )
     FILES = ("model", "config")
     EXAMPLES = (
         Example(

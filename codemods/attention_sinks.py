@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
 from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.attention import add_functions, self_parameters
@@ -112,6 +113,14 @@ class AttentionSinks(Codemod):
     ID = ID
     REALIZES = Realizes({"attention.sinks": to(True)})
     Params = NoParams
+    NEEDS_REAL_MODEL = True
+    PITFALLS = (
+        Pitfall(
+            80,
+            lambda spec, facts: spec.attention.sinks,
+            "attention sinks: pass sink=self.sinks.unsqueeze(1) ([heads, 1]) to the decode kernel, shard per head",
+        ),
+    )
     EXAMPLES = (
         Example(
             title="sinks on both paths, sharded like the output projection (TP)",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.attention import add_functions, place_setting
@@ -88,6 +89,14 @@ class AttentionSoftcap(Codemod):
     ID = ID
     REALIZES = Realizes({"attention.softcap": not_to(None)})
     Params = AttentionSoftcapParams
+    NEEDS_REAL_MODEL = True
+    PITFALLS = (
+        Pitfall(
+            90,
+            lambda spec, facts: spec.attention.softcap is not None,
+            "attention logits are tanh-softcapped at {spec.attention.softcap:g}: the kernels must apply it",
+        ),
+    )
     # after the codemods whose edits it reads or whose guards precede its own
     AFTER = ("add-qkv-bias", "unsqueeze-decode-biases", "qk-norm", "attention-sinks", "sliding-window")
     FILES = ("model", "config")

@@ -50,7 +50,15 @@ class CheckpointKeysParams:
         metadata={
             "doc": "Dotted key patterns as the reference names them -> the checkpoint's names, matched on "
             "whole segments anywhere in a key, longest first; '*' matches one segment and is carried over "
-            "(e.g. {'model': 'gpt_neox', 'self_attn.o_proj': 'attention.dense', 'mlp.up_proj': 'mlp.c_fc'})."
+            "(e.g. {'model': 'gpt_neox', 'self_attn.o_proj': 'attention.dense', 'mlp.up_proj': 'mlp.c_fc'}).",
+            "examples": (
+                {"self_attn.o_proj": "attention.dense"},
+                {"model": "transformer", "norm": "ln_f"},
+                {
+                    "input_layernorm": "post_attention_layernorm",
+                    "post_attention_layernorm": "input_layernorm",
+                },
+            ),
         },
     )
     in_out_params: tuple[str, ...] = field(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams
 from autoport_cst.transform import moe as moe_edits
 from autoport_cst.transform.anatomy import find_sites
@@ -308,6 +309,16 @@ class DenseLayers(Codemod):
     ID = ID
     REALIZES = Realizes({"moe.dense_layers": not_to(None)})
     Params = NoParams
+    PITFALLS = (
+        Pitfall(
+            350,
+            lambda spec, facts: facts.value("code.dense_layers"),
+            lambda spec, facts: (
+                f"dense MLP layers inside an MoE model ({facts.value('code.dense_layers')}): "
+                "the spec describes the MoE layers only"
+            ),
+        ),
+    )
     FILES = ("model", "config")
     EXAMPLES = (
         Example(

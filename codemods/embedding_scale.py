@@ -7,6 +7,7 @@ from typing import Literal
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.cst_helpers import (
@@ -78,6 +79,14 @@ class EmbeddingScale(Codemod):
     ID = "embedding-scale"
     REALIZES = Realizes({"embedding.scale": to("sqrt_hidden")})
     Params = EmbeddingScaleParams
+    PITFALLS = (
+        Pitfall(
+            260,
+            lambda spec, facts: spec.embedding.scale == "sqrt_hidden",
+            "embeddings scaled by sqrt(hidden_size): transformers multiplies in the model dtype "
+            "(the bf16 scalar rounds), match it",
+        ),
+    )
     FILES = ("model", "module")
     EXAMPLES = (
         Example(

@@ -7,6 +7,7 @@ from typing import Literal
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.cst_helpers import (
@@ -238,6 +239,32 @@ class FusedCheckpoint(Codemod):
         dict.fromkeys(("checkpoint.qkv", "checkpoint.gate_up"), to("fused", "fused_per_head"))
     )
     Params = FusedCheckpointParams
+    PITFALLS = (
+        Pitfall(
+            180,
+            lambda spec, facts: spec.checkpoint.qkv == "fused",
+            lambda spec, facts: (
+                "fused QKV projection in the checkpoint: split it in load_weights"
+                + (
+                    " laid out per head ([q, k, v] for each head): reorder before splitting"
+                    if facts.value("code.qkv_layout") == "per_head_interleaved"
+                    else ""
+                )
+            ),
+        ),
+        Pitfall(
+            190,
+            lambda spec, facts: facts.value("code.interleaved_gate_up"),
+            "fused gate/up with interleaved columns (gate = even, up = odd): de-interleave at load time",
+        ),
+        Pitfall(
+            191,
+            lambda spec, facts: (
+                not facts.value("code.interleaved_gate_up") and spec.checkpoint.gate_up == "fused"
+            ),
+            "fused gate/up projection: split it into gate and up halves at load time",
+        ),
+    )
     AFTER = ("add-qkv-bias", "mlp-bias", "mlp-kind")
     EXAMPLES = (
         Example(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
 from autoport_cst.transform.qkv import reorder_rope_columns
 from autoport_cst.transform.realizes import Realizes, to
@@ -45,6 +46,14 @@ class InterleavedRope(Codemod):
     ID = ID
     REALIZES = Realizes({"rope.style": to("interleaved")})
     Params = NoParams
+    NEEDS_REAL_MODEL = True
+    PITFALLS = (
+        Pitfall(
+            150,
+            lambda spec, facts: spec.rope.style == "interleaved",
+            "interleaved RoPE pairs (2i, 2i+1): the kernels pair (i, i + d/2); permute Q/K columns at load",
+        ),
+    )
     AFTER = ("add-qkv-bias", "qk-norm")
     EXAMPLES = (
         Example(

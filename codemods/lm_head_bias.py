@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
 from autoport_cst.transform.cst_helpers import (
     code_of,
@@ -52,6 +53,13 @@ class LmHeadBias(Codemod):
     ID = "lm-head-bias"
     REALIZES = Realizes({"lm_head.bias": to(True)})
     Params = NoParams
+    PITFALLS = (
+        Pitfall(
+            250,
+            lambda spec, facts: spec.lm_head.bias,
+            "LM head bias: a separate parameter added to the logits, mapped to lm_head.bias",
+        ),
+    )
     FILES = ("model", "module")
     EXAMPLES = (
         Example(

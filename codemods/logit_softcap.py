@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.cst_helpers import (
     is_call,
@@ -50,6 +51,13 @@ class LogitSoftcap(Codemod):
     ID = "logit-softcap"
     REALIZES = Realizes({"lm_head.softcap": not_to(None)})
     Params = LogitSoftcapParams
+    PITFALLS = (
+        Pitfall(
+            280,
+            lambda spec, facts: spec.lm_head.softcap is not None,
+            "final logits tanh-softcapped at {spec.lm_head.softcap:g}",
+        ),
+    )
     FILES = ("model", "config", "module")
     AFTER = ("logits-divisor",)
     EXAMPLES = (

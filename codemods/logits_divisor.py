@@ -16,7 +16,10 @@ from autoport_cst.transform.realizes import Realizes, not_to
 
 @dataclass(frozen=True)
 class LogitsDivisorParams:
-    config_key: str = field(default="logits_scaling", metadata={"doc": "Config field holding the factor."})
+    config_key: str = field(
+        default="logits_scaling",
+        metadata={"doc": "Config field holding the factor.", "examples": ("logit_scale",)},
+    )
     default: float = field(default=1.0, metadata={"doc": "Its value when the config has none."})
     form: Literal["divide", "multiply"] = field(
         default="divide",

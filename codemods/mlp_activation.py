@@ -7,6 +7,7 @@ from typing import Literal
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.cst_helpers import (
@@ -107,6 +108,13 @@ class MlpActivation(Codemod):
     ID = "mlp-activation"
     REALIZES = ("mlp.activation",)
     Params = MlpActivationParams
+    PITFALLS = (
+        Pitfall(
+            230,
+            lambda spec, facts: facts.value("mlp.activation") is None and facts.unknown("mlp.activation"),
+            "the MLP activation is not a standard one (see the findings): port its formula by hand",
+        ),
+    )
     EXAMPLES = (
         Example(
             title="tanh-approximated GELU (Gemma, Starcoder2)",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
 from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.cst_helpers import (
@@ -79,6 +80,13 @@ class MlpBias(Codemod):
     ID = "mlp-bias"
     REALIZES = Realizes({"mlp.bias": to(True)})
     Params = NoParams
+    PITFALLS = (
+        Pitfall(
+            210,
+            lambda spec, facts: spec.mlp.bias,
+            "MLP biases: down_proj bias is added before the TP sum, load it divided by TP",
+        ),
+    )
     AFTER = ("mlp-kind",)
     EXAMPLES = (
         Example(

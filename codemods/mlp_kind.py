@@ -7,6 +7,7 @@ from typing import Literal
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext, locate
 from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.cst_helpers import (
@@ -78,6 +79,13 @@ class MlpKind(Codemod):
     ID = "mlp-kind"
     REALIZES = Realizes({"mlp.kind": to("plain")})
     Params = MlpKindParams
+    PITFALLS = (
+        Pitfall(
+            200,
+            lambda spec, facts: spec.mlp.kind == "plain",
+            "non-gated MLP: NF.mlp(skip_gate=True) with the up weight as gate placeholder",
+        ),
+    )
     EXAMPLES = (
         Example(
             title="gated SiLU MLP to a plain MLP",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
 from autoport_cst.transform.attention import (
     add_functions,
@@ -76,6 +77,14 @@ class NopeLayers(Codemod):
     ID = ID
     REALIZES = Realizes({"rope.nope_layers": not_to(None)})
     Params = NoParams
+    NEEDS_REAL_MODEL = True
+    PITFALLS = (
+        Pitfall(
+            160,
+            lambda spec, facts: spec.rope.nope_layers,
+            lambda spec, facts: f"layers without RoPE: {list(spec.rope.nope_layers or ())}",
+        ),
+    )
     FILES = ("model", "config")
     EXAMPLES = (
         Example(

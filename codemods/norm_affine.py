@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
 from autoport_cst.transform.cst_helpers import (
     classes_with_role,
@@ -52,6 +53,14 @@ class NormAffine(Codemod):
     ID = ID
     REALIZES = Realizes({"norm.affine": to(False)})
     Params = NoParams
+    PITFALLS = (
+        Pitfall(
+            170,
+            lambda spec, facts: facts.value("code.norm_affine") is False,
+            "the norms have no weight or bias (non-parametric): the spec cannot say so, a reference "
+            "norm with parameters would expect tensors the checkpoint does not have",
+        ),
+    )
     FILES = ("model", "module")
     AFTER = ("swap-norm", "norm-placement", "parallel-residual", "norm-offset")
     EXAMPLES = (

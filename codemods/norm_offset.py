@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
 from autoport_cst.transform.cst_helpers import (
     classes_with_role,
@@ -68,6 +69,13 @@ class NormOffset(Codemod):
     ID = "norm-offset"
     REALIZES = Realizes({"norm.unit_offset": to(True)})
     Params = NoParams
+    PITFALLS = (
+        Pitfall(
+            20,
+            lambda spec, facts: spec.norm.unit_offset,
+            "norm weight applied as (1 + weight): the stored weights are offsets, not scales",
+        ),
+    )
     FILES = ("model", "module")
     AFTER = ("swap-norm", "qk-norm")
     EXAMPLES = (

@@ -7,6 +7,7 @@ from typing import Literal
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext, locate
 from autoport_cst.transform.cst_helpers import parse_statement, rewrite
 from autoport_cst.transform.decoder import (
@@ -100,6 +101,18 @@ class NormPlacement(Codemod):
     # where the norms sit around each sublayer call, not what a norm computes
     TOUCHES = ("decoder.sublayer",)
     Params = NormPlacementParams
+    PITFALLS = (
+        Pitfall(
+            30,
+            lambda spec, facts: spec.norm.placement == "post",
+            "norms are applied to the sublayer outputs before the residual add, not to the sublayer inputs",
+        ),
+        Pitfall(
+            31,
+            lambda spec, facts: spec.norm.placement == "sandwich",
+            "sandwich norms: a norm before and after every sublayer (four per layer)",
+        ),
+    )
     FILES = ("model", "module")
     EXAMPLES = (
         Example(

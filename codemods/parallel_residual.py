@@ -7,6 +7,7 @@ from typing import Literal
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext, locate
 from autoport_cst.transform.cst_helpers import (
     code_of,
@@ -95,6 +96,14 @@ class ParallelResidual(Codemod):
     ID = "parallel-residual"
     REALIZES = Realizes({"residual.parallel": to("shared_norm", "separate_norms")})
     Params = ParallelResidualParams
+    PITFALLS = (
+        Pitfall(
+            290,
+            lambda spec, facts: spec.residual.parallel != "none",
+            "parallel residual ({spec.residual.parallel}): attention and MLP outputs are summed, both must "
+            "be computed in the same DP state",
+        ),
+    )
     FILES = ("model", "module")
     EXAMPLES = (
         Example(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
 from autoport_cst.transform.attention import (
     add_functions,
@@ -83,6 +84,15 @@ class PartialRotary(Codemod):
     ID = ID
     REALIZES = Realizes({"rope.partial_rotary_factor": not_to(1.0)})
     Params = NoParams
+    NEEDS_REAL_MODEL = True
+    PITFALLS = (
+        Pitfall(
+            140,
+            lambda spec, facts: spec.rope.partial_rotary_factor != 1.0,
+            "partial rotary ({spec.rope.partial_rotary_factor:g} of head_dim): the fused kernels rotate the "
+            "whole head; pass-through dims need cos=1/sin=0 and a Q/K column permutation at load time",
+        ),
+    )
     AFTER = ("rope-scaling", "add-qkv-bias", "qk-norm", "lazy-rope")
     FILES = ("model", "config")
     EXAMPLES = (

@@ -7,6 +7,7 @@ from typing import Literal
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.attention import (
@@ -206,6 +207,23 @@ class QkNorm(Codemod):
         }
     )
     Params = QkNormParams
+    NEEDS_REAL_MODEL = True
+    PITFALLS = (
+        Pitfall(
+            61,
+            lambda spec, facts: (
+                spec.attention.qk_norm == "per_head" and spec.attention.qk_norm_position != "after_rope"
+            ),
+            "per-head q/k norm before RoPE: the fused-RoPE prefill and the decode kernel need the q/k gammas "
+            "(qk_norm_pre_rope_*), a module norm after a fused-RoPE projection is wrong",
+        ),
+        Pitfall(
+            62,
+            lambda spec, facts: spec.attention.qk_norm == "full_width",
+            "full-width q/k norm: its variance spans all heads, which TP splits across ranks "
+            "(needs a cross-rank reduction or an all-gather before the norm)",
+        ),
+    )
     AFTER = ("swap-norm", "add-qkv-bias", "unsqueeze-decode-biases")
     EXAMPLES = (
         Example(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams
 from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.attention import (
@@ -71,6 +72,17 @@ class QkNormPosition(Codemod):
     ID = ID
     REALIZES = Realizes({"attention.qk_norm_position": from_to("before_rope", "after_rope")})
     Params = NoParams
+    NEEDS_REAL_MODEL = True
+    PITFALLS = (
+        Pitfall(
+            60,
+            lambda spec, facts: (
+                spec.attention.qk_norm == "per_head" and spec.attention.qk_norm_position == "after_rope"
+            ),
+            "per-head q/k norm after RoPE: the decode kernel's post-RoPE norm (rmsnorm_QK_post_rope_*), "
+            "and in prefill the norm on the rotated heads; a pre-RoPE norm is silently wrong",
+        ),
+    )
     AFTER = ("qk-norm",)
     EXAMPLES = (
         Example(

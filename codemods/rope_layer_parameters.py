@@ -152,6 +152,7 @@ class RopeLayerParameters(Codemod):
     ID = ID
     REALIZES = Realizes({"rope.layer_parameters": not_to(None)})
     Params = NoParams
+    NEEDS_REAL_MODEL = True
     FILES = ("model", "config")
     EXAMPLES = (
         Example(

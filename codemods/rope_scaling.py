@@ -7,6 +7,7 @@ from typing import Literal
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.attention import parse_method
 from autoport_cst.transform.config_fields import add_config_fields
@@ -109,6 +110,21 @@ class RopeScaling(Codemod):
     REALIZES = Realizes({"rope.type": to("linear", "dynamic", "yarn", "longrope", "none")})
     Params = RopeScalingParams
     NEEDS_REAL_MODEL = True
+    PITFALLS = (
+        Pitfall(
+            130,
+            lambda spec, facts: spec.rope.type == "none",
+            "no rotary embedding: the model's position handling must be ported by hand",
+        ),
+        Pitfall(
+            131,
+            lambda spec, facts: spec.rope.type not in ("default", "none"),
+            lambda spec, facts: (
+                f"RoPE type {spec.rope.type}: compute inv_freq lazily (never in __init__) and read theta and "
+                f"scaling from config.{facts.value('config.rope_form', 'rope_parameters')}"
+            ),
+        ),
+    )
     FILES = ("model", "config")
     EXAMPLES = (
         Example(

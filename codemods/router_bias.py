@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext
 from autoport_cst.transform import moe as moe_edits
 from autoport_cst.transform.arguments import set_keyword
@@ -51,6 +52,13 @@ class RouterBias(Codemod):
 
     ID = "router-bias"
     REALIZES = Realizes({"moe.router_bias": to(True)})
+    PITFALLS = (
+        Pitfall(
+            330,
+            lambda spec, facts: spec.moe is not None and spec.moe.router_bias,
+            "router projection has a bias",
+        ),
+    )
     EXAMPLES = (
         Example(
             title="GPT-OSS-style router bias",

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext
 from autoport_cst.transform import moe as moe_edits
 from autoport_cst.transform.arguments import set_keyword
@@ -103,6 +104,13 @@ class RoutingBias(Codemod):
     ID = "routing-bias"
     REALIZES = Realizes({"moe.routing_bias": to(True)})
     Params = RoutingBiasParams
+    PITFALLS = (
+        Pitfall(
+            340,
+            lambda spec, facts: spec.moe is not None and spec.moe.routing_bias,
+            "a per-expert routing bias affects selection only, not the weights",
+        ),
+    )
     EXAMPLES = (
         Example(
             title="selection-only bias (DeepSeek-V3 e_score_correction_bias)",

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform import moe as moe_edits
 from autoport_cst.transform import shared_expert_code as code
@@ -125,6 +126,16 @@ class SharedExperts(Codemod):
     ID = "shared-experts"
     REALIZES = Realizes({"moe.shared_experts": Change(count=True), "moe.shared_expert_gate": to(True)})
     Params = SharedExpertsParams
+    PITFALLS = (
+        Pitfall(
+            320,
+            lambda spec, facts: spec.moe is not None and spec.moe.shared_experts,
+            lambda spec, facts: (
+                "shared experts run on every token"
+                + (" behind a sigmoid gate" if spec.moe and spec.moe.shared_expert_gate else "")
+            ),
+        ),
+    )
     FILES = ("model", "config")
     EXAMPLES = (
         Example(

@@ -7,6 +7,7 @@ from typing import Literal
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.attention import add_functions, calls_in, place_setting
@@ -187,6 +188,15 @@ class SlidingWindow(Codemod):
     # each guards the context-parallel prefill before its kernel: one order, one text
     AFTER = ("attention-sinks",)
     Params = SlidingWindowParams
+    NEEDS_REAL_MODEL = True
+    PITFALLS = (
+        Pitfall(
+            70,
+            lambda spec, facts: spec.attention.sliding_window != "none",
+            "sliding window ({spec.attention.sliding_window}, {spec.attention.sliding_window_size} tokens): "
+            "decode start positions, masks and the KV-cache LayerSpec must carry the window",
+        ),
+    )
     FILES = ("model", "config")
     EXAMPLES = (
         Example(

@@ -7,6 +7,7 @@ from typing import Literal
 
 import libcst as cst
 
+from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.cst_helpers import (
     classes_with_role,
@@ -51,7 +52,10 @@ class SwapNormParams:
     bias: bool = field(default=False, metadata={"doc": "LayerNorm with an additive bias."})
     eps_key: str | None = field(
         default=None,
-        metadata={"doc": "Config field holding the epsilon (`layer_norm_eps`, ...); default: keep."},
+        metadata={
+            "doc": "Config field holding the epsilon (`layer_norm_eps`, ...); default: keep.",
+            "examples": ("layer_norm_eps", "rms_norm_eps"),
+        },
     )
 
 
@@ -91,6 +95,14 @@ class SwapNorm(Codemod):
     ID = "swap-norm"
     REALIZES = ("norm.kind", "norm.bias", "norm.eps_key")
     Params = SwapNormParams
+    PITFALLS = (
+        Pitfall(
+            10,
+            lambda spec, facts: spec.norm.kind == "layernorm",
+            "LayerNorm: keep the decode kernel's fused RMSNorm off, subtract the mean in float32, and read "
+            "the epsilon from config.{spec.norm.eps_key} everywhere (QK-norm eps included)",
+        ),
+    )
     FILES = ("model", "config", "module")
     EXAMPLES = (
         Example(
