@@ -68,9 +68,10 @@ def _learned(capacity: int) -> tuple[list[str], list[tuple[str, str]]]:
     learner.train_from_iterator(CORPUS.splitlines(keepends=True), trainer=trainer)
     state = json.loads(learner.to_str())["model"]
     tokens = [token for token, _ in sorted(state["vocab"].items(), key=lambda item: item[1])]
-    merges = [
-        tuple(merge.split(" ", 1)) if isinstance(merge, str) else tuple(merge) for merge in state["merges"]
-    ]
+    merges: list[tuple[str, str]] = []
+    for merge in state["merges"]:
+        left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
+        merges.append((left, right))
     return tokens, merges
 
 
