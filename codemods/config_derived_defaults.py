@@ -31,6 +31,7 @@ class ConfigDerivedDefaults(Codemod):
     """
 
     ID = "config-derived-defaults"
+    PURPOSE = "repair"
     FILES = ("config",)
     TOUCHES = ()
     EXAMPLES = (

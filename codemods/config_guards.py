@@ -75,6 +75,7 @@ class ConfigGuards(Codemod):
     """
 
     ID = ID
+    PURPOSE = "every port planned by research"
     Params = ConfigGuardsParams
     FILES = ("config",)
     TOUCHES = ()

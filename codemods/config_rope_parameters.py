@@ -39,6 +39,7 @@ class ConfigRopeParameters(Codemod):
     """
 
     ID = "config-rope-parameters"
+    PURPOSE = "repair"
     FILES = ("config",)
     TOUCHES = ()
     EXAMPLES = (

@@ -83,6 +83,7 @@ class LazyRope(Codemod):
     """
 
     ID = "lazy-rope"
+    PURPOSE = "hardware rule"
     EXAMPLES = (
         Example(
             title="register_buffer of inv_freq",

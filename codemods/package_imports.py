@@ -31,6 +31,7 @@ class PackageImports(Codemod):
     """
 
     ID = "package-imports"
+    PURPOSE = "every port"
     Params = PackageImportsParams
     FILES = ("model", "config", "factory", "init", "module")
     EXAMPLES = (

@@ -46,6 +46,7 @@ class RegisterModel(Codemod):
     """
 
     ID = "register-model"
+    PURPOSE = "every port"
     Params = RegisterModelParams
     FILES = ("registry",)
     EXAMPLES = (

@@ -72,6 +72,7 @@ class RenameClasses(Codemod):
     """
 
     ID = "rename-classes"
+    PURPOSE = "class prefix"
     Params = RenameClassesParams
     FILES = ("model", "config", "factory", "init", "docs", "module", "companion")
     EXAMPLES = (

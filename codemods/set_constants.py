@@ -44,6 +44,7 @@ class SetConstants(Codemod):
     """
 
     ID = "set-constants"
+    PURPOSE = "every port"
     Params = SetConstantsParams
     FILES = ("companion",)
     EXAMPLES = (

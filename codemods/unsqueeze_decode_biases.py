@@ -44,6 +44,7 @@ class UnsqueezeDecodeBiases(Codemod):
     """
 
     ID = "unsqueeze-decode-biases"
+    PURPOSE = "hardware rule"
     EXAMPLES = (
         Example(
             title="1-D bias parameters",

@@ -10,7 +10,13 @@ from autoport_cst.cli.common import error_boundary, stdout_console
 
 
 @click.group("codemods", invoke_without_command=True)
-@click.option("--output-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option(
+    "--output-format",
+    type=click.Choice(["text", "json", "markdown"]),
+    default="text",
+    show_default=True,
+    help="markdown: the table of README.md",
+)
 @click.pass_context
 @error_boundary
 def codemods_command(ctx, output_format):
@@ -22,6 +28,11 @@ def codemods_command(ctx, output_format):
     from autoport_cst.transform.library import library
 
     codemods = library()
+    if output_format == "markdown":
+        from autoport_cst.transform.library_table import markdown_table
+
+        click.echo(markdown_table(codemods), nl=False)
+        return
     if output_format == "json":
         data = [
             {

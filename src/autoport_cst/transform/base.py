@@ -161,6 +161,9 @@ class Codemod:
 
     ID: ClassVar[str] = ""
     REALIZES: ClassVar[tuple[str, ...]] = ()
+    # What a codemod that realizes no spec field is for ("every port",
+    # "repair", "hardware rule"), shown where the library lists what each realizes.
+    PURPOSE: ClassVar[str] = ""
     # Families of sites (``autoport_cst.transform.anatomy``) whose computation
     # this codemod changes; None: derived from ``REALIZES``.
     TOUCHES: ClassVar[tuple[str, ...] | None] = None
