@@ -80,6 +80,10 @@ COMPUTATIONS = {
     "code.mlp_inner_norm": "a norm inside the MLP",
     "code.qk_norm_kind": "query/key norms that are not RMSNorms",
     "code.qkv_clip": "clamped query/key/value projections",
+    "code.value_norm": "a norm applied to the attention's values",
+    "position_scaled_attention": "queries scaled by a factor that grows with the position (attention temperature)",
+    "nope_layers": "layers without RoPE chosen by config fields a port does not read",
+    "layer_rope_bases": "a RoPE base per layer",
 }
 
 

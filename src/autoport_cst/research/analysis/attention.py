@@ -45,6 +45,7 @@ def analyze(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
     else:
         _kernel_arguments(st, g.attn, kernel, g.where, hd)
     _names(st, g.nodes, g.inputs, g.in_insts, g.out_insts, kernel)
+    _value_norm(st, g)
     _per_layer(st, g.where)
     return g
 
@@ -300,6 +301,30 @@ def _names(
             for role, proj in (("q_norm", roles.get("q_proj")), ("k_norm", roles.get("k_proj"))):
                 if proj is not None and any(depends_on(normed, c) for c in inputs if c.ref is proj):
                     names[f"self_attn.{role}"] = f"{base}.{n.ref.name}"
+
+
+def _value_norm(st: AnalyzerState, g: AttentionGraph) -> None:
+    """A norm applied to the value projection's output alone (Gemma 3n,
+    Gemma 4's ``v_norm``): q/k norms do not describe it."""
+    v_name = st.result.module_names.get("self_attn.v_proj", "").rsplit(".", 1)[-1]
+    values = [c for c in g.inputs if c.ref is not None and c.ref.name == v_name]
+    others = [c for c in g.inputs if all(c is not v for v in values)]
+    if not values or not others:  # no separate value projection
+        return
+    for n in g.nodes:
+        if not (n.kind == "module" and n.ref is not None and st.role(n.ref) == "norm" and n.args):
+            continue
+        normed = n.args[0]
+        if any(depends_on(normed, v) for v in values) and not any(depends_on(normed, o) for o in others):
+            st.add(
+                known(
+                    True,
+                    "code.value_norm",
+                    CODE,
+                    f"{g.where}: {n.ref.name} normalises the values before the attention",
+                )
+            )
+            return
 
 
 def _unrotated(st: AnalyzerState, value: Any) -> Any:
@@ -669,6 +694,7 @@ def _per_layer(st: AnalyzerState, where: str) -> None:
     windows: list[Any] = []
     rotary = []
     scaled = False  # a position-dependent scale of the queries found (on any layer)
+    sinks: list[bool] = []  # per traced layer: a learned parameter passed to its kernel
     for index, layer in enumerate(st.layers):
         attn = dict(layer.children()).get(st.attn_name)
         if attn is None:
@@ -682,9 +708,15 @@ def _per_layer(st: AnalyzerState, where: str) -> None:
         kernel = _kernel_call(attn, nodes)
         value = dict(kernel.kwargs).get("sliding_window", None) if kernel is not None else UNKNOWN
         windows.append(value)
+        sinks.append(
+            kernel is not None and any(isinstance(v, Node) and v.kind == "param" for _, v in kernel.kwargs)
+        )
         rotary.append(any(n.kind == "func" for n in nodes if st.is_rotation(n)))
         scaled = scaled or _input_scaling(st, attn, nodes, st.where(attn))
     st.layer_rotation = rotary
+    if any(sinks) and not all(sinks):
+        on = [i for i, x in enumerate(sinks) if x]
+        st.add(unknown("attention.sinks", CODE, f"{where}: attention sinks on layers {ranges(on)} only"))
     if any(w is UNKNOWN or not (w is None or number(w)) for w in windows):
         st.add(
             unknown(

@@ -203,7 +203,8 @@ def rotation_style(func: FuncRef, interp: Interpreter, depth: int = 0) -> str | 
                 if isinstance(node.func, ast.Attribute)
                 else (node.func.id if isinstance(node.func, ast.Name) else "")
             )
-            if name == "repeat_interleave":
+            if name in ("repeat_interleave", "view_as_complex"):
+                # view_as_complex reads the last dim as (real, imaginary) pairs: adjacent elements
                 interleaved = True
             if name == "chunk" and any(isinstance(a, ast.Constant) and a.value == 2 for a in node.args):
                 halves = True

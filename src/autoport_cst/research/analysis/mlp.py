@@ -54,6 +54,7 @@ def analyze(st: AnalyzerState, mlp: Instance, prefix: str, field_prefix: str) ->
             st.base_module(c) or "?" for _, c in mlp.children() if st.role(c) == "linear"
         ]
     mlp_findings(st, facts, where, field_prefix)
+    inner_norm(st, mlp, where)
     if facts["intermediate"] is not None:
         st.add(
             known(
@@ -63,6 +64,30 @@ def analyze(st: AnalyzerState, mlp: Instance, prefix: str, field_prefix: str) ->
                 f"{where}: projection width {facts['intermediate']}",
             )
         )
+
+
+def inner_norm(st: AnalyzerState, inst: Instance, where: str) -> None:
+    """A norm between the MLP's projections (BitNet's ``ffn_sub_norm`` on
+    ``act(gate) * up`` before ``down_proj``): no spec field holds it."""
+    for value in st.outputs(inst)[:1]:
+        nodes = list(walk(value))
+        linear = [n for n in nodes if n.kind == "module" and n.ref is not None and st.role(n.ref) == "linear"]
+        for n in nodes:
+            if not (n.kind == "module" and n.ref is not None and st.role(n.ref) == "norm" and n.args):
+                continue
+            reads = any(depends_on(n.args[0], p) for p in linear)
+            read_by = [p for p in linear if p.args and depends_on(p.args[0], n)]
+            if reads and read_by:
+                st.add(
+                    known(
+                        True,
+                        "code.mlp_inner_norm",
+                        CODE,
+                        f"{where}: {n.ref.name} normalises the projections' product before "
+                        f"{read_by[0].ref.name}",
+                    )
+                )
+                return
 
 
 def mlp_facts(st: AnalyzerState, inst: Instance) -> dict[str, Any]:
@@ -97,7 +122,7 @@ def mlp_facts(st: AnalyzerState, inst: Instance) -> dict[str, Any]:
         n
         for n in nodes
         if n.kind in ("binop", "call")
-        and (n.name == "matmul" or n.name.endswith(".linear"))
+        and (n.name.rsplit(".", 1)[-1] in ("matmul", "bmm") or n.name.endswith(".linear"))
         and any(param_inside(x) for x in n.args)
     ]
     projections = linear_calls + param_mm

@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from autoport_cst.research.analysis import mlp
-from autoport_cst.research.analysis.graph import ranges, strip_casts, strip_shape, vector_shape
+from autoport_cst.research.analysis.graph import number, ranges, strip_casts, strip_shape, vector_shape
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, known, unknown
 from autoport_cst.research.interp import MODULE_LIST, UNKNOWN, Instance, Node, Param, depends_on, walk
@@ -116,6 +116,10 @@ def analyze(st: AnalyzerState, block: Instance, prefix: str) -> None:
             f"{rwhere}: router weight created in {'float32' if router_f32 else 'the model dtype'}",
         )
     )
+    if facts.get("routed_scaling") is None and experts is not None:
+        scaled = _block_scaling(st, block, experts)
+        if scaled is not None:
+            facts["routed_scaling"], facts["routed_scaling_evidence"] = scaled
     _extras(st, facts, rwhere, where, expert_facts, experts)
     if isinstance(experts, Instance):
         _expert_input(st, block, experts, where)
@@ -175,7 +179,9 @@ def _shared_experts(
     st: AnalyzerState, children: list[tuple[str, Instance]], experts_name: str | None, where: str
 ) -> None:
     """Always-on experts (other MLP children) and a width-1 gate on them."""
-    shared = [(n, c) for n, c in children if st.role(c) == "mlp" and n != experts_name and "." not in n]
+    shared = [
+        (n, c) for n, c in children if n != experts_name and "." not in n and _feed_forward_module(st, c)
+    ]
     gates = [(n, c) for n, c in children if st.base_module(c) == "Linear" and c.args.get("out_features") == 1]
     st.add(
         known(
@@ -207,6 +213,35 @@ def _shared_experts(
             ),
         )
     )
+
+
+def _feed_forward_module(st: AnalyzerState, child: Instance) -> bool:
+    """An MLP by its role, or by what it computes: projections combined by
+    the clamped SwiGLU (which calls no activation function)."""
+    if st.role(child) == "mlp":
+        return True
+    if child.is_external or st.role(child) != "other":
+        return False
+    return mlp.mlp_facts(st, child).get("glu") is not None
+
+
+def _block_scaling(st: AnalyzerState, block: Instance, experts: Any) -> tuple[float, str] | None:
+    """A constant the block multiplies the experts' combined output by
+    (MiniMax M3: ``experts(...) * routed_scaling_factor``), not 1."""
+    modules = experts if isinstance(experts, list) else [experts]
+    for value in st.outputs(block)[:1]:
+        for n in walk(value):
+            if n.kind != "binop" or n.name != "mul" or len(n.args) != 2:
+                continue
+            for x, y in (n.args, n.args[::-1]):
+                if (
+                    number(y)
+                    and not isinstance(y, bool)
+                    and not math.isclose(float(y), 1.0)
+                    and any(m.kind == "module" and any(m.ref is e for e in modules) for m in walk(x))
+                ):
+                    return float(y), f"the experts' output multiplied by {float(y):g} in {st.where(block)}"
+    return None
 
 
 def _routing(st: AnalyzerState, owner: Instance, value: Any, block: Instance | None = None) -> dict[str, Any]:

@@ -83,7 +83,7 @@ def _written_out_kind(nodes: list[Node], inputs: list[Node], info: dict[str, Any
         and depends_on(n.args[0], inputs[0])
         for n in nodes
     )
-    root = any(n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] in ("rsqrt", "sqrt") for n in nodes)
+    root = any(_is_root(n) for n in nodes)
     if (subtracted or variances) and root:
         info["kind"] = "layernorm"
         info["evidence"] = "subtracts the mean, divides by the standard deviation"
@@ -93,6 +93,17 @@ def _written_out_kind(nodes: list[Node], inputs: list[Node], info: dict[str, Any
     else:
         return False
     return True
+
+
+def _is_root(n: Node) -> bool:
+    """A square root or its inverse: ``sqrt``, ``rsqrt``, or a power of
+    0.5 or -0.5 (``torch.pow(x, -0.5)``, ``x.pow(-0.5)``, ``x ** -0.5``)."""
+    short = n.name.rsplit(".", 1)[-1]
+    if n.kind in ("call", "method") and short in ("rsqrt", "sqrt"):
+        return True
+    power = n.kind in ("call", "method") and short == "pow" or n.kind == "binop" and n.name == "pow"
+    exponent = n.args[1] if len(n.args) > 1 else n.kwarg("exponent")
+    return bool(power and number(exponent) and exponent in (0.5, -0.5))
 
 
 def _weight_and_bias(

@@ -58,7 +58,11 @@ def _nope_choice(st: AnalyzerState, rotary: list[bool]) -> str | None:
     fields tells them apart): the backbone withholds the position
     embeddings from them, or the attention's flag comes from other config
     fields (Cohere 2's sliding window: NoPE on full-attention layers)."""
-    nope = [i for i, r in enumerate(rotary) if not r]
+    mixers = st.result.get("attention.other_mixer_layers")
+    others = set(mixers.value or ()) if mixers is not None and mixers.known else set()
+    nope = [i for i, r in enumerate(rotary) if not r and i not in others]
+    if not nope:  # only layers without softmax attention (refused as such)
+        return None
     backbone = [i for i in nope if layer_inputs.withheld(st, i)]
     if backbone:
         owner = st.backbone.class_name if st.backbone is not None else "the backbone"
@@ -67,11 +71,12 @@ def _nope_choice(st: AnalyzerState, rotary: list[bool]) -> str | None:
             f"({', '.join(sorted(layer_inputs.withheld(st, backbone[0])))} is None there); "
             f"a port reads its layers without RoPE from {' / '.join(sorted(NOPE_FIELDS))}"
         )
-    attns = [dict(layer.children()).get(st.attn_name) for layer in st.layers[: len(rotary)]]
+    kept = [i for i in range(len(rotary)) if i not in others]
+    attns = [dict(st.layers[i].children()).get(st.attn_name) for i in kept]
     if any(a is None for a in attns):
         return "the attention of some layer was not found"
     keys: set[str] = set()
-    for reads in _aligned_attributes(attns, rotary).values():
+    for reads in _aligned_attributes(attns, [rotary[i] for i in kept]).values():
         if reads <= NOPE_FIELDS:
             return None
         keys |= reads
@@ -229,5 +234,8 @@ def _rotary_dim(st: AnalyzerState, where: str) -> None:
         return
     if len(set(dims)) != 1:
         st.add(unknown("rope.partial_rotary_factor", CODE, f"{where}: rotary dims {sorted(set(dims))}"))
+        return
+    if dims[0] > hd:  # the rotated part is another width than the heads' (latent attention's rope dims)
+        st.add(unknown("rope.partial_rotary_factor", CODE, f"{evidence}: wider than the heads"))
         return
     st.add(known(dims[0] / hd, "rope.partial_rotary_factor", CODE, evidence))

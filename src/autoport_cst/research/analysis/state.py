@@ -218,7 +218,7 @@ class AnalyzerState:
         children = [child for _, child in instance.children()]
         if children and all(self.role(c) == "norm" for c in children):
             return "norm"
-        if {"cos", "sin"} <= names:
+        if {"cos", "sin"} <= names or "polar" in names:  # cos/sin, or e^(i theta) as complex numbers
             return "rotary"
         if any(n.kind == "act" or torch_activation(n) for n in nodes) and any(
             n.kind == "module" and self.role(n.ref) == "linear" for n in nodes

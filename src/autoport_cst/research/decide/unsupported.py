@@ -33,6 +33,7 @@ FEATURE_FINDINGS = {
     "code.qk_norm_kind": "q/k norms that are not RMSNorms",
     "code.mlp_inner_norm": "a norm inside the MLP before its output projection",
     "code.attention_parameters": "learned parameters in the attention computation",
+    "code.value_norm": "a norm applied to the attention's values",
 }
 
 
