@@ -29,6 +29,7 @@ COMMANDS = {
     "plan": "plan_cmd:plan_command",
     "port": "port_cmd:port_command",
     "schema": "schema_cmd:schema_command",
+    "smoke": "smoke_cmd:smoke_command",
     "tiny": "validate_cmd:tiny_command",
     "validate": "validate_cmd:validate_command",
 }

@@ -85,6 +85,30 @@ def registry_architectures(out_dir: str | Path) -> list[str]:
     raise InputError(f"{path}: no get_models() function")
 
 
+def registry_packages(out_dir: str | Path) -> dict[str, str]:
+    """Architecture string -> the model package (directory name) whose class
+    the registry pairs with it (``from .qwen2 import Qwen2ForCausalLM``)."""
+    path = registry_path(out_dir)
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    modules = {}
+    for statement in tree.body:
+        if isinstance(statement, ast.ImportFrom) and statement.level == 1 and statement.module:
+            for alias in statement.names:
+                modules[alias.asname or alias.name] = statement.module.split(".")[0]
+    packages = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Tuple) and len(node.elts) == 2:
+            first, second = node.elts
+            if (
+                isinstance(first, ast.Constant)
+                and isinstance(first.value, str)
+                and isinstance(second, ast.Name)
+            ):
+                if second.id in modules:
+                    packages[first.value] = modules[second.id]
+    return packages
+
+
 def match_architecture(architecture: str, registered: list[str], registry: str | Path) -> str:
     """``architecture`` if the registry has it exactly; otherwise an
     ``InputError`` that names the near miss (a difference in case) or lists

@@ -1,0 +1,165 @@
+"""``autoport-cst smoke``: workflow steps 8 and 9 on CPU, from the project's
+own environment.
+
+vLLM pins a transformers older than the project's, so it lives in an
+environment of its own (README: serving). This module runs without vLLM:
+it checks the input (the port tree's registry, the checkpoint, the exact
+architecture string, the TP size) before anything starts, runs
+``smoke_child`` with the serve environment's Python, and writes the
+workflow's results file ``OUT/examples/vllm_neuron/models/<name>/results/
+results.md``.
+
+The serve environment's Python: ``AUTOPORT_SERVE_PYTHON``, else this
+interpreter when it can import vLLM, else ``.venv-serve/bin/python`` in the
+working directory or the project checkout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autoport_cst.errors import InputError
+
+from .port_tree import match_architecture, registry_architectures, registry_packages, registry_path
+from .smoke_child import RUNS, SmokeSettings
+
+SERVE_PYTHON_VARIABLE = "AUTOPORT_SERVE_PYTHON"
+SERVE_VENV = ".venv-serve"
+CHECKOUT = Path(__file__).resolve().parents[3]
+
+
+@dataclass
+class SmokeOutcome:
+    name: str
+    architecture: str
+    tp: int
+    runs: list[str]
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+    failure: dict[str, str] | None = None
+    results_file: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None and bool(self.checks) and all(c["passed"] for c in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "passed": self.passed}
+
+
+def serve_python() -> Path:
+    """The serve environment's interpreter (see the module docstring)."""
+    named = os.environ.get(SERVE_PYTHON_VARIABLE)
+    if named:
+        if not Path(named).is_file():
+            raise InputError(f"{SERVE_PYTHON_VARIABLE}={named}: no such file")
+        return Path(named)
+    if importlib.util.find_spec("vllm") is not None:
+        import sys
+
+        return Path(sys.executable)
+    for root in (Path.cwd(), CHECKOUT):
+        candidate = root / SERVE_VENV / "bin" / "python"
+        if candidate.is_file():
+            return candidate
+    raise InputError(
+        f"no serve environment: vLLM is not installed here and there is no {SERVE_VENV}/ "
+        f"(create it with `bash serve/setup.sh`, README: serving) and {SERVE_PYTHON_VARIABLE} is not set"
+    )
+
+
+def check_smoke_input(out_dir: Path, checkpoint: Path, tp: int, runs: list[str]) -> tuple[str, str]:
+    """(architecture, port name), or InputError: nothing runs on bad input."""
+    from autoport_cst.cli.preflight import check_checkpoint_dir
+
+    unknown = sorted(set(runs) - set(RUNS))
+    if unknown or not runs:
+        raise InputError(f"--runs: {', '.join(unknown) or 'none given'}; choose from {', '.join(RUNS)}")
+    if not registry_path(out_dir).is_file():
+        raise InputError(f"{out_dir}: no {registry_path('.')} (is it a directory apply wrote?)")
+    config = check_checkpoint_dir(checkpoint, tp)
+    architectures = config.get("architectures") or []
+    if not architectures or not isinstance(architectures[0], str):
+        raise InputError(f"{checkpoint / 'config.json'}: no architectures[0]")
+    architecture = match_architecture(
+        architectures[0], registry_architectures(out_dir), registry_path(out_dir)
+    )
+    return architecture, registry_packages(out_dir).get(architecture, architecture)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM (the child stops its server), then SIGKILL, to its session."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+
+
+def run_child(python: Path, settings: SmokeSettings, log: Path) -> int:
+    settings_file = Path(settings.workdir) / "settings.json"
+    settings_file.write_text(json.dumps(asdict(settings)))
+    command = [str(python), "-m", "autoport_cst.serve.smoke_child", str(settings_file)]
+    with log.open("w") as handle:
+        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return process.wait()
+        except BaseException:
+            _stop(process)
+            raise
+
+
+def _tail(log: Path, lines: int = 20) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    return ""
+
+
+def run_smoke(
+    out_dir: Path, checkpoint: Path, tp: int = 1, runs: list[str] | None = None, workdir: Path | None = None
+) -> SmokeOutcome:
+    """Check the input, run the smoke test, write the results file."""
+    from .results import write_results
+
+    runs = list(runs or RUNS)
+    architecture, name = check_smoke_input(out_dir, checkpoint, tp, runs)
+    python = serve_python()
+    work = Path(workdir or tempfile.mkdtemp(prefix="autoport-smoke-"))
+    work.mkdir(parents=True, exist_ok=True)
+    settings = SmokeSettings(
+        out_dir=str(out_dir.resolve()),
+        checkpoint=str(checkpoint.resolve()),
+        result=str(work / "result.json"),
+        workdir=str(work),
+        tp=tp,
+        runs=runs,
+    )
+    code = run_child(python, settings, work / "smoke.log")
+    outcome = SmokeOutcome(name, architecture, tp, runs)
+    result_path = Path(settings.result)
+    if result_path.is_file():
+        result = json.loads(result_path.read_text())
+        outcome.checks, outcome.figures, outcome.failure = (
+            result["checks"],
+            result["figures"],
+            result["failure"],
+        )
+    else:
+        outcome.failure = {
+            "stage": "smoke",
+            "message": f"exited with code {code}; its log ends:\n{_tail(work / 'smoke.log')}",
+        }
+    outcome.results_file = str(write_results(out_dir, outcome, work))
+    return outcome
