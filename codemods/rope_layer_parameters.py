@@ -16,6 +16,7 @@ from autoport_cst.transform.cst_helpers import (
     dotted,
     ensure_import_from,
     find_self_assignment,
+    followed_by,
     method,
     parse_expr,
     parse_statement,
@@ -485,46 +486,8 @@ class RopeLayerParameters(Codemod):
         name = backbone.name.value
         init = require_method(backbone, "__init__", ctx, module, ID)
         forward = require_method(backbone, "forward", ctx, module, ID)
-        config = init.params.params[1].name.value if len(init.params.params) > 1 else None
-        built = next(
-            (
-                (s, pair[0], pair[1])
-                for s in statements(init)
-                if (pair := self_assignment(s)) is not None
-                and isinstance(pair[1], cst.Call)
-                and class_role(dotted(pair[1].func) or "") == "rotary"
-            ),
-            None,
-        )
-        if built is None or config is None:
-            raise ctx.precondition(
-                f"{ID}: {name}.__init__(self, config) builds no rotary embedding "
-                "(self.rotary_emb = <Prefix>RotaryEmbedding(config))",
-                init,
-                module,
-            )
-        built_stmt, rotary_attr, rotary_call = built
-        step = next(
-            (
-                (s, target)
-                for s in statements(forward)
-                if isinstance(s, cst.SimpleStatementLine)
-                and isinstance(s.body[0], cst.Assign)
-                and len(s.body[0].targets) == 1
-                and isinstance(target := s.body[0].targets[0].target, cst.Name)
-                and isinstance(s.body[0].value, cst.Call)
-                and self_attr(s.body[0].value.func) == rotary_attr
-            ),
-            None,
-        )
-        if step is None:
-            raise ctx.precondition(
-                f"{ID}: {name}.forward computes no position embeddings with self.{rotary_attr}(...)",
-                forward,
-                module,
-            )
-        step_stmt, embeddings_name = step
-        embeddings = embeddings_name.value
+        config, built_stmt, rotary_attr, rotary_call = _rotary_built(name, init, module, ctx)
+        step_stmt, embeddings = _embeddings_step(name, forward, rotary_attr, module, ctx)
         forward_done = any(isinstance(n, cst.Name) and n.value == PER_LAYER for n in walk(forward))
         loop = next(
             (s for s in statements(forward) if isinstance(s, cst.For) and _layer_calls(s, embeddings)),
@@ -538,30 +501,16 @@ class RopeLayerParameters(Codemod):
             )
         edits: dict = {}
         if find_self_assignment(init, "layer_rotary_embs") is None:
-            rotary_name = dotted(rotary_call.func)
-            new_init = parse_statements(INIT.format(config=config, rotary=rotary_name).strip("\n"), module)
+            new_init = parse_statements(
+                INIT.format(config=config, rotary=dotted(rotary_call.func)).strip("\n"), module
+            )
             new_init[0] = with_comment(
                 new_init[0],
                 "<-- MODEL-SPECIFIC: RoPE per attention layer type: each layer's type, one rotary embedding per type",
             )
-            edits[id(built_stmt)] = lambda updated, new=new_init: cst.FlattenSentinel([updated, *new])
+            edits[id(built_stmt)] = followed_by(*new_init)
         if not forward_done:
-            # the per-type call takes the model-wide call's arguments
-            arguments = ", ".join(
-                module.code_for_node(a.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip()
-                for a in step_stmt.body[0].value.args
-            )
-            new_forward = parse_statements(
-                FORWARD.format(
-                    by_type=BY_TYPE, per_layer=PER_LAYER, embeddings=embeddings, arguments=arguments
-                ).strip("\n"),
-                module,
-            )
-            new_forward[0] = with_comment(
-                new_forward[0],
-                "<-- MODEL-SPECIFIC: each layer type's (cos, sin); every layer gets the pair of its own type",
-            )
-            edits[id(step_stmt)] = lambda updated, new=new_forward: cst.FlattenSentinel([updated, *new])
+            edits[id(step_stmt)] = followed_by(*_per_type_embeddings(step_stmt, embeddings, module))
             self._loop_edits(loop, embeddings, module, edits)
         self._declare_kernels(module, ctx)
         module = rewrite(module, edits)
@@ -622,6 +571,78 @@ class RopeLayerParameters(Codemod):
             for arg in call.args:
                 if isinstance(arg.value, cst.Name) and arg.value.value == embeddings:
                     edits[id(arg.value)] = lambda updated, chosen=chosen: chosen
+
+
+def _rotary_built(name: str, init: cst.FunctionDef, module: cst.Module, ctx: FileContext):
+    """The backbone's ``self.<attr> = <Prefix>RotaryEmbedding(config)``:
+    the config parameter's name, the statement, the attribute and the call."""
+    config = init.params.params[1].name.value if len(init.params.params) > 1 else None
+    built = next(
+        (
+            (s, pair[0], pair[1])
+            for s in statements(init)
+            if (pair := self_assignment(s)) is not None
+            and isinstance(pair[1], cst.Call)
+            and class_role(dotted(pair[1].func) or "") == "rotary"
+        ),
+        None,
+    )
+    if built is None or config is None:
+        raise ctx.precondition(
+            f"{ID}: {name}.__init__(self, config) builds no rotary embedding "
+            "(self.rotary_emb = <Prefix>RotaryEmbedding(config))",
+            init,
+            module,
+        )
+    return (config, *built)
+
+
+def _embeddings_step(
+    name: str, forward: cst.FunctionDef, rotary_attr: str, module: cst.Module, ctx: FileContext
+) -> tuple[cst.SimpleStatementLine, str]:
+    """``<embeddings> = self.<rotary_attr>(...)`` in the backbone's forward:
+    the statement and the name it binds."""
+    step = next(
+        (
+            (s, target)
+            for s in statements(forward)
+            if isinstance(s, cst.SimpleStatementLine)
+            and isinstance(s.body[0], cst.Assign)
+            and len(s.body[0].targets) == 1
+            and isinstance(target := s.body[0].targets[0].target, cst.Name)
+            and isinstance(s.body[0].value, cst.Call)
+            and self_attr(s.body[0].value.func) == rotary_attr
+        ),
+        None,
+    )
+    if step is None:
+        raise ctx.precondition(
+            f"{ID}: {name}.forward computes no position embeddings with self.{rotary_attr}(...)",
+            forward,
+            module,
+        )
+    return step[0], step[1].value
+
+
+def _per_type_embeddings(
+    step_stmt: cst.SimpleStatementLine, embeddings: str, module: cst.Module
+) -> list[cst.BaseStatement]:
+    """Each layer type's (cos, sin), computed after the model-wide step with its arguments."""
+    call = step_stmt.body[0].value  # type: ignore[union-attr]
+    arguments = ", ".join(
+        module.code_for_node(a.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip() for a in call.args
+    )
+    new_forward = parse_statements(
+        FORWARD.format(
+            by_type=BY_TYPE, per_layer=PER_LAYER, embeddings=embeddings, arguments=arguments
+        ).strip("\n"),
+        module,
+    )
+    new_forward[0] = with_comment(
+        new_forward[0],
+        "<-- MODEL-SPECIFIC: each layer type's (cos, sin); every layer gets the pair of its own type",
+    )
+    return new_forward
 
 
 def _layer_calls(loop: cst.For, embeddings: str) -> list[cst.Call]:
