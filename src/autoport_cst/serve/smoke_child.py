@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -152,7 +153,12 @@ def smoke(settings: SmokeSettings) -> dict[str, Any]:
     return {"checks": [check.as_dict() for check in checks], "figures": figures, "failure": None}
 
 
+def _stop_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds through running_server, which stops the server
+
+
 def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     settings = SmokeSettings(**json.loads(Path(argv[0]).read_text()))
     try:
         outcome = smoke(settings)
