@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Mapping
 
 import libcst as cst
 import pytest
@@ -29,15 +30,23 @@ from .param_strategies import params_strategy
 
 # profiles: tests/conftest.py
 
-# the codemods that transform model files and act on generated sources, with
-# strategies derived from their parameters (param_strategies.py); rename-classes
-# renames from the generated source's prefix, which the test supplies
-PARAMS = {
-    codemod_id: params_strategy(cls)
-    for codemod_id, cls in library().items()
-    if "model" in cls.FILES and not cls.NEEDS_REAL_MODEL
-}
-PARAMS["rename-classes"] = PREFIX.map(lambda p: {"new_prefix": p + "X"})
+
+def generic_params(codemods: Mapping[str, type[Codemod]]) -> dict[str, st.SearchStrategy[dict]]:
+    """The codemods that transform model files and act on generated sources,
+    with strategies derived from their parameters (param_strategies.py);
+    rename-classes renames from the generated source's prefix, which the test
+    supplies."""
+    found = {
+        codemod_id: params_strategy(cls)
+        for codemod_id, cls in codemods.items()
+        if "model" in cls.FILES and not cls.NEEDS_REAL_MODEL
+    }
+    if "rename-classes" in found:
+        found["rename-classes"] = PREFIX.map(lambda p: {"new_prefix": p + "X"})
+    return found
+
+
+PARAMS = generic_params(library())
 
 
 def apply(codemod_id: str, params: dict, source: str, old_prefix: str) -> str:

@@ -9,6 +9,7 @@ biases, LayerNorm instead of RMSNorm. Each variant is built once and cached.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -66,7 +67,12 @@ variants = st.builds(
     lambda v: not (v.layernorm and v.base == "qwen3")
 )
 
-# the codemods that need a real model file, with strategies derived from their
-# parameters (tests/codemods/param_strategies.py); the fast commute test runs
-# each with its defaults
-PARAMS = {codemod_id: params_strategy(cls) for codemod_id, cls in library().items() if cls.NEEDS_REAL_MODEL}
+
+def real_model_params(codemods: Mapping[str, type[Codemod]]) -> dict[str, st.SearchStrategy[dict]]:
+    """The codemods that need a real model file, with strategies derived from
+    their parameters (tests/codemods/param_strategies.py); the fast commute
+    test runs each with its defaults."""
+    return {codemod_id: params_strategy(cls) for codemod_id, cls in codemods.items() if cls.NEEDS_REAL_MODEL}
+
+
+PARAMS = real_model_params(library())
