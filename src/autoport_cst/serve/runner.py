@@ -20,6 +20,7 @@ GPU runner does.
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any
 
 import torch
@@ -121,12 +122,15 @@ class StandinModelRunner:
 
     @torch.no_grad()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        start = time.perf_counter()
         self._update_states(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
         works = self._works(scheduler_output)
         logits = self._run_calls(plan_calls(works, self.layout, self.layer_names, self.reads))
-        return self._sample(works, logits)
+        output = self._sample(works, logits)
+        self.stats.step_seconds += time.perf_counter() - start
+        return output
 
     def _works(self, scheduler_output: SchedulerOutput) -> list[Work]:
         works = []
@@ -143,10 +147,11 @@ class StandinModelRunner:
         for call in calls:
             if call.stage == "prefill" and call.inputs.metadata[self.layer_names[0]]["kv_segment_size"]:
                 self._check_segmented()
+            start = time.perf_counter()
             logits = self._forward(call)
+            self.stats.record(call, time.perf_counter() - start)
             for row, owner in enumerate(call.owners):
                 rows[owner] = logits[row]
-            self.stats.record(call)
         return rows
 
     def _check_segmented(self) -> None:

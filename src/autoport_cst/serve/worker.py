@@ -80,7 +80,16 @@ class StandinWorker(WorkerBase):
         memory = psutil.virtual_memory()
         requested = int(memory.total * self.cache_config.gpu_memory_utilization)
         held = psutil.Process(os.getpid()).memory_info().rss
-        return max(0, min(requested - held, memory.available))
+        return max(0, min(requested - held, memory.available, self._enough()))
+
+    def _enough(self) -> int:
+        """Twice what ``max_num_seqs`` sequences of ``max_model_len`` tokens
+        hold (room for the prefix cache): a CPU stand-in has no use for a
+        cache sized to the machine's memory, which others share."""
+        specs = self.get_kv_cache_spec().values()
+        per_block = sum(spec.page_size_bytes for spec in specs)
+        blocks = -(-self.model_config.max_model_len // self.cache_config.block_size)
+        return 2 * self.scheduler_config.max_num_seqs * blocks * per_block
 
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
         self.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
@@ -108,7 +117,7 @@ class StandinWorker(WorkerBase):
     def reset_encoder_cache(self) -> None:
         return None
 
-    def serving_stats(self) -> dict[str, int]:
+    def serving_stats(self) -> dict[str, float]:
         """The port's work so far (``step_stats``), for the smoke test."""
         return self._runner.stats.as_dict()
 
