@@ -104,8 +104,8 @@ def driver(out_dir: Path, checkpoint: str, outputs, tokens: int) -> float:
     the validator's driver (the port imported from the tree, stand-in kernels)."""
     import torch
 
-    from autoport_cst.serve.port_tree import registry_packages
     from autoport_cst.serve.port_loader import checkpoint_architecture
+    from autoport_cst.serve.port_tree import registry_packages
     from autoport_cst.validate.driver import PortSession, port_hf_config
     from autoport_cst.validate.package import imported_package
     from autoport_cst.validate.scenario import PagedLayout, Scenario
