@@ -87,3 +87,11 @@ def test_a_norm_between_the_mlp_projections_is_refused(tmp_path):
     """BitNet normalises act(gate) * up before down_proj."""
     result = _research(tmp_path, "bitnet")
     assert "a norm inside the MLP before its output projection" in _unsupported(result)
+
+
+def test_rope_frequencies_rewritten_in_place_are_unknown(tmp_path):
+    """Cohere Compass recomposes its cos/sin tables from sections of other
+    axes with in-place slice writes the interpreter does not follow: the
+    style is unknown (it was planned as plain rotate-half)."""
+    result = _research(tmp_path, "cohere_compass_text")
+    assert "rope.style" in result.unknown

@@ -5,6 +5,8 @@ frequencies, over head_dim), and no rotary embedding at all."""
 
 from __future__ import annotations
 
+import ast
+
 from autoport_cst.research.analysis import layer_inputs
 from autoport_cst.research.analysis.graph import ranges, rotation_style
 from autoport_cst.research.analysis.state import AnalyzerState, AttentionGraph
@@ -167,11 +169,44 @@ def _style(st: AnalyzerState, g: AttentionGraph) -> None:
         return
     values = set(styles.values())
     names = ", ".join(f"{k} ({v})" for k, v in styles.items())
-    if len(values) == 1:
+    rewritten = _frequency_writes(st)
+    if rewritten:
+        st.add(
+            unknown(
+                "rope.style",
+                CODE,
+                f"{where}: {names}, but {rewritten} writes into its cos/sin tables in place: which "
+                "frequency each rotated pair takes is not read",
+            )
+        )
+    elif len(values) == 1:
         st.add(known(values.pop(), "rope.style", CODE, f"{where}: {names}"))
     else:
         st.add(unknown("rope.style", CODE, f"{where}: {names}"))
     _rotary_dim(st, where)
+
+
+def _frequency_writes(st: AnalyzerState) -> str | None:
+    """A method of the rotary module that assigns into a slice of a tensor
+    (Cohere Compass' M-RoPE sections recomposed from other axes): the
+    interpreter does not follow in-place writes, so the frequencies it saw
+    are not the ones used. The method, or None."""
+    rotary = _find_rotary(st)
+    if rotary is None or not isinstance(rotary.cls, SourceClass):
+        return None
+    for cls in st.interp.mro(rotary.cls):
+        if not isinstance(cls, SourceClass):
+            continue
+        for fn in cls.node.body:
+            if not isinstance(fn, ast.FunctionDef) or fn.name == "__init__":  # (its dict entries)
+                continue
+            for node in ast.walk(fn):
+                targets = node.targets if isinstance(node, ast.Assign) else []
+                if isinstance(node, ast.AugAssign):
+                    targets = [node.target]
+                if any(isinstance(t, ast.Subscript) for t in targets):
+                    return f"{cls.name}.{fn.name}"
+    return None
 
 
 def _find_rotary(st: AnalyzerState) -> Instance | None:
