@@ -115,3 +115,17 @@ def test_vllm_is_imported_only_by_the_serving_modules():
         env={"PYTHONPATH": str(ROOT / "src")},
     )
     assert output.stdout.strip() == "[]"
+
+
+def test_port_serve_without_a_serve_environment_stops_before_anything(tmp_path):
+    from autoport_cst.cli.port_cmd import port_command
+
+    checkpoint = _checkpoint(tmp_path / "ckpt")
+    result = CliRunner().invoke(
+        port_command,
+        [str(checkpoint), "--name", "tiny_llama", "--out", str(tmp_path / "out"), "--serve"],
+        env={SERVE_PYTHON_VARIABLE: str(tmp_path / "python")},
+    )
+    assert result.exit_code == 2, result.output
+    assert "no such file" in result.output
+    assert not (tmp_path / "out").exists()

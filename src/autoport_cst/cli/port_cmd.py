@@ -56,6 +56,11 @@ from autoport_cst.errors import InputError
 )
 @click.option("--force", is_flag=True, help="Replace an existing port of this name.")
 @click.option(
+    "--serve",
+    is_flag=True,
+    help="Once it validates, serve it with real vLLM on CPU: the smoke test of `autoport-cst smoke`.",
+)
+@click.option(
     "--json",
     "json_path",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -63,7 +68,7 @@ from autoport_cst.errors import InputError
     help="Write the outcome as JSON here.",
 )
 @error_boundary
-def port_command(source, name, out_dir, tp, ref, checkpoint, steps, seed, force, json_path):
+def port_command(source, name, out_dir, tp, ref, checkpoint, steps, seed, force, serve, json_path):
     """Port SOURCE (a checkpoint directory or hub id) end to end.
 
     Research the model, write the plan, apply the codemods to the closest
@@ -76,6 +81,10 @@ def port_command(source, name, out_dir, tp, ref, checkpoint, steps, seed, force,
     (named); 130 on Ctrl-C.
     """
     _check_input(source, name, tp, ref, checkpoint, steps, json_path)
+    if serve:
+        from autoport_cst.serve.smoke import serve_python
+
+        serve_python()  # the serve environment, before anything runs
     from autoport_cst.port import port
 
     with StageProgress("port") as progress:
@@ -103,6 +112,15 @@ def port_command(source, name, out_dir, tp, ref, checkpoint, steps, seed, force,
     _print(outcome)
     if json_path is not None:
         write_atomic(json_path, json.dumps(outcome.to_dict(), indent=2) + "\n")
+    if serve and outcome.validated and outcome.checkpoint_dir is not None:
+        from autoport_cst.serve.smoke import run_smoke
+
+        smoke = run_smoke(out_dir, outcome.checkpoint_dir, tp)
+        stdout_console().print(
+            f"served by vLLM on CPU: {'passed' if smoke.passed else 'FAILED'}; results in {smoke.results_file}",
+            markup=False,
+        )
+        sys.exit(EXIT_OK if smoke.passed else EXIT_FOUND)
     sys.exit(EXIT_OK if outcome.validated else EXIT_FOUND)
 
 
