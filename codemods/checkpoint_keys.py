@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -12,14 +11,26 @@ from autoport_cst.transform.cst_helpers import (
     classes,
     classes_with_role,
     dotted,
+    followed_by,
     method,
     parse_expr,
     parse_statement,
     rewrite,
-    simple_assign,
     string_text,
-    walk,
     with_comment,
+)
+from autoport_cst.transform.key_renames import (
+    FIELD,
+    KeyRenamer,
+    expand,
+    key_literal,
+    mappings_statement,
+    parameter_path,
+    recorded_renames,
+    rename_record,
+    renamed_key_text,
+    string_variables,
+    translate_key_maps,
 )
 from autoport_cst.transform.layers import add_edit, kwarg_code, strings_of
 from autoport_cst.transform.loaders import (
@@ -543,7 +554,7 @@ class CheckpointKeys(Codemod):
     def _static_moe_keys(self, module: cst.Module, loads: list[cst.FunctionDef], ctx: FileContext):
         """The load-time MoE key lookups become the keys research read from
         the checkpoint (``autoport_cst.transform.moe_keys``)."""
-        renamer = _Renamer(self.params.renames)
+        renamer = KeyRenamer(self.params.renames)
         edits: dict = {}
         for fn in loads:
             try:
@@ -560,87 +571,11 @@ class CheckpointKeys(Codemod):
         return module, [m for c in classes(module) if (m := method(c, "load_weights")) is not None]
 
     def _rename_edits(self, module: cst.Module, loads: list[cst.FunctionDef], ctx: FileContext) -> dict:
-        renamer = _Renamer(self.params.renames)
-        marker = _marker(self.params.renames)
+        renamer = KeyRenamer(self.params.renames)
         edits: dict = {}
         matched: set[str] = set()
         for fn in loads:
-            anchor = _mappings_statement(fn)
-            recorded = _recorded_renames(anchor)
-            if marker in recorded:
-                matched |= set(self.params.renames)
-                continue
-            baseline = _marker(self.params.reference_renames) if self.params.reference_renames else None
-            others = [block for block in recorded if block != baseline]
-            if others:
-                raise ctx.precondition(
-                    f"{self.ID}: load_weights already has other checkpoint key renames "
-                    f"({'; '.join(line[4:] for line in others[0][1:])})",
-                    anchor,
-                    module,
-                )
-            if anchor is not None:
-                lines = [cst.EmptyLine(comment=cst.Comment(text)) for text in marker]
-                edits[id(anchor)] = lambda updated, lines=lines: updated.with_changes(
-                    leading_lines=[*updated.leading_lines, *lines]
-                )
-            variables, assignments = _string_variables(fn)
-            derived: dict[str, str] = {}  # variable -> checkpoint variable name
-
-            def replace(
-                node: cst.BaseExpression,
-                text: str,
-                new_full: str,
-                variables: dict[str, str] = variables,
-                derived: dict[str, str] = derived,
-            ) -> None:
-                new_text = self._new_text(text, new_full, variables, derived, renamer)
-                new_node = parse_expr(_literal(new_text), module)
-                edits[id(node)] = lambda updated, new_node=new_node: new_node.with_changes(
-                    lpar=updated.lpar, rpar=updated.rpar
-                )
-
-            entries = mapping_entries(fn)
-            for text in self._static_keys:  # per-expert lists written already renamed
-                matched |= renamer.matched(_expand(text, variables))
-            for entry in entries:
-                for node in strings_of(entry.value):
-                    text = string_text(node)
-                    if text is None:
-                        continue
-                    full = _expand(text, variables)
-                    matched |= renamer.matched(full)
-                    new_full = renamer.apply(full)
-                    if new_full != full:
-                        replace(node, text, new_full)
-            # Patterns no checkpoint key spells: the reference names that tensor
-            # its own way (starcoder2's mlp.c_fc for the up projection). Match
-            # them against the parameter names, which are the canonical names
-            # in every reference, and give the entry the renamed parameter path.
-            missing = _Renamer({old: new for old, new in self.params.renames.items() if old not in matched})
-            for entry in entries:
-                if not missing.rules or not isinstance(entry.value, (cst.SimpleString, cst.FormattedString)):
-                    continue
-                canonical = _parameter_path(entry.key)
-                if canonical is None:
-                    continue
-                full = _expand(canonical, variables)
-                hits = missing.matched(full) - renamer.matched(
-                    _expand(string_text(entry.value) or "", variables)
-                )
-                if not hits or missing.apply(full) == full:
-                    continue
-                matched |= hits
-                replace(entry.value, canonical, renamer.apply(full))
-            owner = next(c for c in classes(module) if method(c, "load_weights") is fn)
-            matched |= self._unmapped_edits(fn, owner, anchor, variables, renamer, module, ctx, edits)
-            for var, checkpoint_var in derived.items():
-                if checkpoint_var in variables:
-                    continue
-                stmt = assignments[var]
-                new_value = renamer.apply(variables[var])
-                new_stmt = parse_statement(f"{checkpoint_var} = {_literal(new_value)}", module)
-                edits[id(stmt)] = lambda updated, new_stmt=new_stmt: cst.FlattenSentinel([updated, new_stmt])
+            self._rename_in(fn, renamer, matched, module, ctx, edits)
         unmatched = [
             old
             for old in self.params.renames
@@ -654,13 +589,106 @@ class CheckpointKeys(Codemod):
             )
         return edits
 
+    def _rename_in(
+        self,
+        fn: cst.FunctionDef,
+        renamer: KeyRenamer,
+        matched: set[str],
+        module: cst.Module,
+        ctx: FileContext,
+        edits: dict,
+    ) -> None:
+        """The renames in one ``load_weights``, recorded above its ``mappings
+        = {}``; the patterns its keys match are added to ``matched``."""
+        anchor = mappings_statement(fn)
+        if not self._record(anchor, module, ctx, edits):
+            matched |= set(self.params.renames)
+            return
+        variables, assignments = string_variables(fn)
+        derived: dict[str, str] = {}  # variable -> checkpoint variable name
+
+        def replace(node: cst.BaseExpression, text: str, new_full: str) -> None:
+            new_text = renamed_key_text(text, new_full, variables, derived, renamer)
+            new_node = parse_expr(key_literal(new_text), module)
+            edits[id(node)] = lambda updated, new_node=new_node: new_node.with_changes(
+                lpar=updated.lpar, rpar=updated.rpar
+            )
+
+        entries = mapping_entries(fn)
+        for text in self._static_keys:  # per-expert lists written already renamed
+            matched |= renamer.matched(expand(text, variables))
+        for entry in entries:
+            for node in strings_of(entry.value):
+                text = string_text(node)
+                if text is None:
+                    continue
+                full = expand(text, variables)
+                matched |= renamer.matched(full)
+                new_full = renamer.apply(full)
+                if new_full != full:
+                    replace(node, text, new_full)
+        self._rename_unspelled(entries, variables, renamer, matched, replace)
+        owner = next(c for c in classes(module) if method(c, "load_weights") is fn)
+        matched |= self._unmapped_edits(fn, owner, anchor, variables, renamer, module, ctx, edits)
+        for var, checkpoint_var in derived.items():
+            if checkpoint_var in variables:
+                continue
+            new_value = renamer.apply(variables[var])
+            new_stmt = parse_statement(f"{checkpoint_var} = {key_literal(new_value)}", module)
+            edits[id(assignments[var])] = followed_by(new_stmt)
+
+    def _record(self, anchor, module: cst.Module, ctx: FileContext, edits: dict) -> bool:
+        """Record the renames above ``mappings = {}`` (``anchor``); False when
+        they are recorded already. Other renames recorded there than the
+        reference's own are refused."""
+        marker = rename_record(self.params.renames)
+        recorded = recorded_renames(anchor)
+        if marker in recorded:
+            return False
+        baseline = rename_record(self.params.reference_renames) if self.params.reference_renames else None
+        others = [block for block in recorded if block != baseline]
+        if others:
+            raise ctx.precondition(
+                f"{self.ID}: load_weights already has other checkpoint key renames "
+                f"({'; '.join(line[4:] for line in others[0][1:])})",
+                anchor,
+                module,
+            )
+        if anchor is not None:
+            lines = [cst.EmptyLine(comment=cst.Comment(text)) for text in marker]
+            edits[id(anchor)] = lambda updated: updated.with_changes(
+                leading_lines=[*updated.leading_lines, *lines]
+            )
+        return True
+
+    def _rename_unspelled(
+        self, entries, variables: dict[str, str], renamer: KeyRenamer, matched: set[str], replace
+    ):
+        """Patterns no checkpoint key spells: the reference names that tensor
+        its own way (starcoder2's mlp.c_fc for the up projection). Match them
+        against the parameter names, which are the canonical names in every
+        reference, and give the entry the renamed parameter path."""
+        missing = KeyRenamer({old: new for old, new in self.params.renames.items() if old not in matched})
+        for entry in entries:
+            if not missing.rules or not isinstance(entry.value, (cst.SimpleString, cst.FormattedString)):
+                continue
+            canonical = parameter_path(entry.key)
+            if canonical is None:
+                continue
+            full = expand(canonical, variables)
+            hits = missing.matched(full) - renamer.matched(expand(string_text(entry.value) or "", variables))
+            if not hits or missing.apply(full) == full:
+                continue
+            matched |= hits
+            replace(entry.value, canonical, renamer.apply(full))
+
     def _unmapped_edits(
         self,
         fn: cst.FunctionDef,
         owner: cst.ClassDef,
         anchor,
         variables: dict[str, str],
-        renamer: _Renamer,
+        renamer: KeyRenamer,
         module: cst.Module,
         ctx: FileContext,
         edits: dict,
@@ -669,7 +697,7 @@ class CheckpointKeys(Codemod):
         under their own names) whose names the renames change, added after
         ``mappings = {}``; returns the patterns they match. A renamed
         parameter of every layer without an entry is a precondition error."""
-        mapped = {_FIELD.sub("{i}", _expand(e.key, variables)) for e in mapping_entries(fn)}
+        mapped = {FIELD.sub("{i}", expand(e.key, variables)) for e in mapping_entries(fn)}
         added, per_layer, matched = [], [], set()
         for name in parameter_names(module, owner):
             new = renamer.apply(name)
@@ -687,7 +715,7 @@ class CheckpointKeys(Codemod):
             )
         if added and anchor is not None:
             statements = [
-                parse_statement(f"mappings[{_literal(name)}] = {_literal(new)}", module)
+                parse_statement(f"mappings[{key_literal(name)}] = {key_literal(new)}", module)
                 for name, new in added
             ]
             statements[0] = with_comment(
@@ -695,25 +723,6 @@ class CheckpointKeys(Codemod):
             )
             add_edit(edits, id(anchor), lambda updated, new=statements: cst.FlattenSentinel([updated, *new]))
         return matched
-
-    @staticmethod
-    def _new_text(
-        text: str, new_full: str, variables: dict[str, str], derived: dict[str, str], renamer: _Renamer
-    ) -> str:
-        """Keep a leading ``{prefix}`` when the rename leaves it alone; use a
-        ``{checkpoint_prefix}`` variable when the rename changes it."""
-        if text.startswith("{"):
-            var = text[1 : text.index("}")]
-            if var in variables:
-                expansion = variables[var]
-                if new_full.startswith(expansion + "."):
-                    return "{" + var + "}" + new_full[len(expansion) :]
-                renamed = renamer.apply(expansion)
-                if new_full.startswith(renamed + "."):
-                    name = var if var.startswith("checkpoint_") else f"checkpoint_{var}"
-                    derived[var] = name
-                    return "{" + name + "}" + new_full[len(renamed) :]
-        return new_full
 
     # -- [in, out] checkpoint tensors --------------------------------------------
 
@@ -786,152 +795,3 @@ def _not_transposed(call: cst.Call) -> cst.Call:
             for a in call.args
         ]
     )
-
-
-class _Renamer:
-    """Segment-wise pattern renames, longest pattern first, left to right."""
-
-    def __init__(self, renames: dict[str, str]) -> None:
-        self.rules = sorted(
-            ((old.split("."), new.split("."), old) for old, new in renames.items()),
-            key=lambda rule: -len(rule[0]),
-        )
-
-    @staticmethod
-    def _match(pattern: list[str], segments: list[str], at: int) -> list[str] | None:
-        if at + len(pattern) > len(segments):
-            return None
-        stars = []
-        for want, have in zip(pattern, segments[at:], strict=False):
-            if want == "*":
-                stars.append(have)
-            elif want != have:
-                return None
-        return stars
-
-    def _walk(self, text: str):
-        segments = text.split(".")
-        out: list[str] = []
-        used: set[str] = set()
-        i = 0
-        while i < len(segments):
-            for old, new, name in self.rules:
-                stars = self._match(old, segments, i)
-                if stars is not None:
-                    it = iter(stars)
-                    out += [next(it) if s == "*" else s for s in new]
-                    used.add(name)
-                    i += len(old)
-                    break
-            else:
-                out.append(segments[i])
-                i += 1
-        return ".".join(out), used
-
-    def apply(self, text: str) -> str:
-        return self._walk(text)[0]
-
-    def matched(self, text: str) -> set[str]:
-        """Patterns that match ``text``, or whose replacement already appears in it."""
-        found = set(self._walk(text)[1])
-        segments = text.split(".")
-        for _old, new, name in self.rules:
-            if any(self._match(new, segments, i) is not None for i in range(len(segments))):
-                found.add(name)
-        return found
-
-
-MARKER = "# checkpoint key renames (reference -> checkpoint):"
-_FIELD = re.compile(r"\{[^{}]*\}")
-
-
-def _parameter_path(key: str) -> str | None:
-    """The module path of a parameter named ``...<module>_weight`` (or
-    ``_bias``), as a checkpoint key: ``...<module>.weight``. A copy for a
-    variant (``...<module>_weight{suffix}``, the FP8 buffers) has the path of
-    the parameter it copies."""
-    head, _, leaf = key.rpartition(".")
-    if leaf.endswith("}") and leaf.count("{") == 1 and not leaf.startswith("{"):
-        leaf = leaf[: leaf.index("{")]
-    for suffix in ("weight", "bias"):
-        if leaf.endswith("_" + suffix) and len(leaf) > len(suffix) + 1:
-            return (
-                f"{head}.{leaf[: -len(suffix) - 1]}.{suffix}"
-                if head
-                else f"{leaf[: -len(suffix) - 1]}.{suffix}"
-            )
-        if leaf == suffix:
-            return key
-    return None
-
-
-def _marker(renames: dict[str, str]) -> list[str]:
-    return [MARKER] + [f"#   {old} -> {new}" for old, new in sorted(renames.items())]
-
-
-def _mappings_statement(fn: cst.FunctionDef) -> cst.SimpleStatementLine | None:
-    """The ``mappings = {}`` statement of a load_weights."""
-    for stmt in walk(fn):
-        pair = simple_assign(stmt) if isinstance(stmt, cst.SimpleStatementLine) else None
-        if pair is not None and isinstance(pair[0], cst.Name) and pair[0].value == "mappings":
-            return stmt  # type: ignore[return-value]
-    return None
-
-
-def _recorded_renames(stmt: cst.SimpleStatementLine | None) -> list[list[str]]:
-    """Every record of renames above ``mappings = {}`` (the reference's own,
-    then the ones applied on top of it), each as its comment lines."""
-    if stmt is None:
-        return []
-    comments = [line.comment.value if line.comment is not None else "" for line in stmt.leading_lines]
-    blocks: list[list[str]] = []
-    open_block = False
-    for text in comments:
-        if text == MARKER:
-            blocks.append([MARKER])
-            open_block = True
-        elif open_block and text.startswith("#   "):
-            blocks[-1].append(text)
-        else:
-            open_block = False
-    return blocks
-
-
-def translate_key_maps(reference: dict[str, str], target: dict[str, str]) -> dict[str, str]:
-    """Renames from the keys a reference loads to a target's, both given as
-    maps from the canonical Llama-style segments (an empty map: Llama names)."""
-    out: dict[str, str] = {}
-    for canonical in sorted(set(reference) | set(target), key=lambda p: (p.count("."), p)):
-        have = _Renamer(reference).apply(canonical)
-        want = _Renamer(target).apply(canonical)
-        if have != want and _Renamer(out).apply(have) != want:
-            out[have] = want
-    return out
-
-
-def _string_variables(fn: cst.FunctionDef) -> tuple[dict[str, str], dict[str, cst.SimpleStatementLine]]:
-    """Local ``name = "<string>"`` / ``name = f"..."`` assignments of a
-    function: name -> text (earlier variables expanded), and name -> statement."""
-    variables: dict[str, str] = {}
-    statements: dict[str, cst.SimpleStatementLine] = {}
-    for stmt in walk(fn):
-        pair = simple_assign(stmt) if isinstance(stmt, cst.SimpleStatementLine) else None
-        if pair is None or not isinstance(pair[0], cst.Name):
-            continue
-        text = string_text(pair[1])
-        if text is not None:
-            variables[pair[0].value] = _expand(text, variables)
-            statements[pair[0].value] = stmt  # type: ignore[assignment]
-    return variables, statements
-
-
-def _expand(text: str, variables: dict[str, str]) -> str:
-    for name, value in variables.items():
-        text = text.replace("{" + name + "}", value)
-    return text
-
-
-def _literal(text: str) -> str:
-    """A string literal (an f-string when ``text`` has ``{expr}`` fields)."""
-    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
-    return f'f"{escaped}"' if "{" in text else f'"{escaped}"'
