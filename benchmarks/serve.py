@@ -154,8 +154,12 @@ def main() -> None:
         f"(median), {figures['tokens_per_s']:.0f} tokens/s"
     )
     plain = prefix_work(llm, caching=False)
+    vllm_config = llm.llm_engine.vllm_config
     close(llm)
-    seconds = driver(args.out_dir, args.checkpoint, outputs, args.tokens)
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(vllm_config):  # what the port reads of vLLM's config
+        seconds = driver(args.out_dir, args.checkpoint, outputs, args.tokens)
     print(
         f"driver: the same prompts and tokens in {seconds:.3f} s; vLLM {figures['wall_s']:.3f} s: "
         f"overhead {figures['wall_s'] / seconds:.2f}x; vLLM's step time outside the port's forward "

@@ -34,6 +34,10 @@ class StandinPlatform(CpuPlatform):
         backend = parallel.distributed_executor_backend
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER
+        if parallel.world_size > 1:
+            # vLLM binds each CPU rank to a NUMA node of its own; the stand-in's
+            # ranks share the machine's (tiny models, gloo collectives)
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         super().check_and_update_config(vllm_config)
         if in_process and backend in (None, "uni"):
             parallel.distributed_executor_backend = "uni"

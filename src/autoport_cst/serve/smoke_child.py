@@ -76,6 +76,8 @@ def serving_env(settings: SmokeSettings, in_process: bool) -> dict[str, str]:
         TRANSFORMERS_OFFLINE="1",
         VLLM_ENABLE_V1_MULTIPROCESSING="0" if in_process else "1",
     )
+    if settings.tp > 1:  # one thread per rank, ranks unbound (platform.py)
+        env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1")
     return env
 
 
