@@ -18,7 +18,7 @@ from collections.abc import Collection
 
 import libcst as cst
 
-from autoport_cst.transform.statement_code import node_code, splicing
+from autoport_cst.transform.statement_code import node_code
 
 try:  # private API, pinned by libcst>=1.8,<2 in pyproject.toml (as in lint/positions.py)
     from libcst._nodes.internal import CodegenState as _CodegenState
@@ -86,8 +86,7 @@ def code_in_order(
     codes = []
     for position, node in enumerate(parts):
         start = len(state.tokens)
-        with splicing():  # the code of the statements is kept (for the steps that edit some)
-            node._codegen(state)
+        node._codegen(state)  # the code of its statements is kept (for the steps that edit some)
         tokens = state.tokens[start:]
         codes.append("".join(tokens))
         _keep((id(node), *layout), (node, codes[-1]))

@@ -15,13 +15,13 @@ indentation of the place where it is spliced. A statement printed with
 keyword arguments (an ``elif``) is printed, not spliced.
 
 LibCST's code generation is entered through its private ``CodegenState``
-(as in ``printed.py``); without it every node is printed by LibCST.
+(as in ``printed.py``), and its statements print through ``_codegen``,
+which is LibCST's own for any other state; without ``CodegenState`` every
+node is printed by LibCST.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import libcst as cst
@@ -34,9 +34,6 @@ except ImportError:  # pragma: no cover - exercised only with another LibCST
 _KEPT = 65536
 # (id, default indent, default newline) -> (statement, its code cut where the enclosing indentation goes)
 _CODES: dict[tuple[int, str, str], tuple[cst.CSTNode, list[str]]] = {}
-_STATEMENTS: frozenset[type] = frozenset(
-    kind for kind in vars(cst).values() if isinstance(kind, type) and issubclass(kind, cst.BaseStatement)
-)
 _ORIGINAL = cst.CSTNode._codegen
 
 
@@ -45,27 +42,14 @@ def node_code(module: cst.Module, node: cst.CSTNode) -> str:
     if _CodegenState is None:
         return module.code_for_node(node)
     state = SplicingState(default_indent=module.default_indent, default_newline=module.default_newline)
-    with splicing():
-        node._codegen(state)
+    node._codegen(state)
     return "".join(state.tokens)
 
 
-@contextmanager
-def splicing() -> Iterator[None]:
-    """Code generation, while in this context, keeps and splices the code
-    of statements for the states that are ``SplicingState``."""
-    patched = vars(cst.CSTNode)["_codegen"] is not _codegen
-    if patched:
-        setattr(cst.CSTNode, "_codegen", _codegen)  # noqa: B010 - the method replaced for a while
-    try:
-        yield
-    finally:
-        if patched:
-            setattr(cst.CSTNode, "_codegen", _ORIGINAL)  # noqa: B010
-
-
 def _codegen(node: cst.CSTNode, state: Any, **kwargs: Any) -> None:
-    if kwargs or type(state) not in _STATES or type(node) not in _STATEMENTS:
+    """The code generation of statements: kept code spliced, or printed and kept
+    (for ``SplicingState``; LibCST's own otherwise)."""
+    if kwargs or type(state) not in _STATES:
         _ORIGINAL(node, state, **kwargs)
         return
     key = (id(node), state.default_indent, state.default_newline)
@@ -122,6 +106,8 @@ if _CodegenState is not None:
                 tokens.append(part)
 
     _STATES: set[type] = {SplicingState}
+    # every statement is printed through ``_codegen`` (no LibCST statement class has its own)
+    setattr(cst.BaseStatement, "_codegen", _codegen)  # noqa: B010
 
 
 def register(state_type: type) -> None:

@@ -220,22 +220,17 @@ def _reversed_fields(node_type: type) -> tuple[str, ...]:
 
 def walk_pruned(node: cst.CSTNode, visit: Callable[[cst.CSTNode], bool]) -> None:
     """Call ``visit`` on every node under ``node`` in ``walk`` order, except
-    below the nodes it returns False for."""
-    stack = [node]
-    fields, kinds = _REVERSED_FIELDS, _KINDS
-    while stack:
-        current = stack.pop()
+    below the nodes it returns False for. Read off the walk of ``node`` (kept
+    or spliced from kept walks of its statements, see ``_walk``): a node lies
+    below the last pruned one while it is deeper."""
+    pruned = -1  # the depth of the node whose subtree is being skipped (-1: none)
+    for current, depth in zip(*_walked(node), strict=True):
+        if pruned >= 0:
+            if depth > pruned:
+                continue
+            pruned = -1
         if not visit(current):
-            continue
-        for name in fields.get(type(current)) or _reversed_fields(type(current)):
-            value = getattr(current, name)
-            kind = kinds.get(type(value)) or value_kind(value)
-            if kind is NODE:
-                stack.append(value)
-            elif kind is SEQUENCE:
-                for item in reversed(value):
-                    if (kinds.get(type(item)) or value_kind(item)) is NODE:
-                        stack.append(item)
+            pruned = depth
 
 
 def paths_to(root: cst.CSTNode, targets: set[int]) -> set[int]:
