@@ -11,10 +11,21 @@ from autoport_cst.errors import InputError
 from autoport_cst.validate.tiny import build_tiny_checkpoint
 
 
+def _differing_tensors(a: Path, b: Path) -> list[str]:
+    """Names of the tensors whose values differ between two checkpoints."""
+    import torch
+    from safetensors.torch import load_file
+
+    left, right = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert sorted(left) == sorted(right)
+    return [name for name in left if not torch.equal(left[name], right[name])]
+
+
 def test_same_seed_gives_byte_identical_tensors(tmp_path: Path) -> None:
     first = build_tiny_checkpoint("LlamaForCausalLM", tmp_path / "a", seed=7)
     second = build_tiny_checkpoint("LlamaForCausalLM", tmp_path / "b", seed=7)
     other = build_tiny_checkpoint("LlamaForCausalLM", tmp_path / "c", seed=8)
+    assert _differing_tensors(first.directory, second.directory) == []
     data = (first.directory / "model.safetensors").read_bytes()
     assert data == (second.directory / "model.safetensors").read_bytes()
     assert data != (other.directory / "model.safetensors").read_bytes()
@@ -32,6 +43,7 @@ def test_model_type_and_config_path_sources(tmp_path: Path) -> None:
     assert len(config["layer_types"]) == 2
     again = build_tiny_checkpoint(by_type.directory / "config.json", tmp_path / "again")
     assert again.architecture == "Qwen2ForCausalLM"
+    assert _differing_tensors(by_type.directory, again.directory) == []
     assert (again.directory / "model.safetensors").read_bytes() == (
         by_type.directory / "model.safetensors"
     ).read_bytes()

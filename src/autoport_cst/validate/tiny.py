@@ -264,7 +264,7 @@ def build_tiny_checkpoint(
     """
     transformers = _import_transformers()
     import torch
-    from safetensors.torch import save_file
+    from .checkpoint_file import save_state
 
     config, architecture = resolve_config(source)
     model_class = getattr(transformers, architecture, None)
@@ -323,7 +323,7 @@ def build_tiny_checkpoint(
 
     config.dtype = torch.float32
     with atomic_output(directory / "model.safetensors") as tmp:
-        save_file(state, str(tmp), metadata={"format": "pt", KEY_FORMAT: key_format})
+        save_state(state, tmp, {"format": "pt", KEY_FORMAT: key_format})
         # replaced right before the weights: Ctrl-C leaves both files or neither new
         write_config_json(config, directory / "config.json")
     # text in and out of a served tiny model without a hub (tiny_tokenizer)

@@ -72,10 +72,10 @@ def build_variant_checkpoint(
     as ``key_format`` says: ``tiny.in_key_format``)."""
     import torch
     import transformers
-    from safetensors.torch import save_file
 
     from autoport_cst.atomic import atomic_output
 
+    from .checkpoint_file import save_state
     from .tiny import KEY_FORMAT, _perturb_constant_tensors, in_key_format, write_config_json
 
     config = config_object({k: v for k, v in values.items() if k != "transformers_version"})
@@ -100,7 +100,7 @@ def build_variant_checkpoint(
     directory.mkdir(parents=True, exist_ok=True)
     config.dtype = torch.float32
     with atomic_output(directory / "model.safetensors") as tmp:
-        save_file(state, str(tmp), metadata={"format": "pt", KEY_FORMAT: key_format})
+        save_state(state, tmp, {"format": "pt", KEY_FORMAT: key_format})
         write_config_json(config, directory / "config.json")
     return directory
 
