@@ -9,6 +9,7 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform import qk_norm_code as code
 from autoport_cst.transform.arguments import set_keyword
 from autoport_cst.transform.attention import (
     DECODE_UNFUSED,
@@ -62,79 +63,6 @@ ROPE_CALLS = ("apply_rotary_pos_emb",)
 WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"
 
 COMMON_TYPES = "nkilib.core.utils.common_types"
-
-# full-width norms, sharded by head like the projection (TP ranks; a KV head
-# held by several ranks is loaded by each of them)
-FULL_WIDTH_NORMS = """\
-self.q_norm = {norm}(self.q_size, {eps}, {dtype})
-self.k_norm = {norm}(self.kv_size, {eps}, {dtype})
-set_weight_loader(
-    self.q_norm.weight,
-    sharding_weight_loader(shard_dim=0, shard_size=self.q_size, num_shards=self.world_size),
-)
-set_weight_loader(
-    self.k_norm.weight,
-    with_rank_override(
-        sharding_weight_loader(
-            shard_dim=0,
-            shard_size=self.kv_size,
-            num_shards=self.num_key_value_heads // self.num_key_value_heads_per_rank,
-        ),
-        self.rank // self.num_kv_replicas,
-    ),
-)
-"""
-# the attributes the full-width norms, their loaders and _full_width_rms_norm read
-FULL_WIDTH_READS = (
-    "q_size",
-    "kv_size",
-    "world_size",
-    "rank",
-    "num_key_value_heads",
-    "num_key_value_heads_per_rank",
-    "num_kv_replicas",
-    "tp_group",
-)
-# the kernel's pre-RoPE q/k norm of NF.qkv_proj, per head
-FUSED_NORM_ARGS = (
-    ("qk_norm_pre_rope_q_norm", "NormType.RMS_NORM"),
-    ("qk_norm_pre_rope_k_norm", "NormType.RMS_NORM"),
-    ("qk_norm_pre_rope_eps", "self.q_norm.{eps}"),
-    ("qk_norm_pre_rope_q_gamma", "self.q_norm.weight.view(1, -1)"),
-    ("qk_norm_pre_rope_k_gamma", "self.k_norm.weight.view(1, -1)"),
-)
-
-FULL_WIDTH_METHOD = '''
-def _full_width_qk_norm(self, q, k):
-    """RMSNorm over all query heads together, and over all key heads together
-    (the norm spans the whole projection width, not one head).
-
-    q: [Nq, T, Dh] and k: [Nkv, T, Dh] are this rank's heads; the mean square
-    sums over the heads of every rank (a KV head held by several ranks is
-    counted once), and each rank applies the weights of its own heads.
-    """
-    return (
-        self._full_width_rms_norm(q, self.q_norm, 1),
-        self._full_width_rms_norm(k, self.k_norm, self.num_kv_replicas),
-    )
-'''
-
-FULL_WIDTH_NORM = '''
-def _full_width_rms_norm(self, x, norm, replicas):
-    """RMSNorm of x ([N, T, Dh], this rank's N heads) over the heads of all
-    ranks, in float32; ``replicas`` ranks hold each of these heads."""
-    dtype = x.dtype
-    x = x.to(torch.float32)
-    square_sum = x.pow(2).sum(dim=(0, 2), keepdim=True)  # [1, T, 1]
-    width = x.shape[0] * x.shape[2]
-    # >>> PARALLELISM: sum the squares of every rank's heads <<<
-    if self.world_size > 1:
-        square_sum = self.tp_group.all_reduce(square_sum) / replicas
-        width = width * self.world_size // replicas
-    x = x * torch.rsqrt(square_sum / width + norm.variance_epsilon)
-    weight = norm.weight.to(torch.float32).view(x.shape[0], 1, x.shape[2])
-    return (weight * x).to(dtype)
-'''
 
 
 @dataclass(frozen=True)
@@ -581,17 +509,17 @@ class QkNorm(Codemod):
         config = init_params[1] if len(init_params) > 1 else "config"
         eps, dtype = (_rebase(a, config) for a in ctor_args)
         if full:
-            code = FULL_WIDTH_NORMS.format(norm=norm_name, eps=eps, dtype=dtype)
+            text = code.FULL_WIDTH_NORMS.format(norm=norm_name, eps=eps, dtype=dtype)
             comment = (
                 "<-- MODEL-SPECIFIC: RMSNorm over all query / all key heads before RoPE, sharded by head"
             )
-            reads = set(FULL_WIDTH_READS)
+            reads = set(code.FULL_WIDTH_READS)
             guard = self._attention_dp_guard(cls, module, ctx)
             if guard is not None:
-                code += guard[0]
+                text += guard[0]
                 reads.add(guard[1])
         else:
-            code = (
+            text = (
                 f"self.q_norm = {norm_name}(self.head_dim, {eps}, {dtype})\n"
                 f"self.k_norm = {norm_name}(self.head_dim, {eps}, {dtype})\n"
             )
@@ -610,7 +538,7 @@ class QkNorm(Codemod):
             raise ctx.precondition(
                 f"{ID}: {name}.__init__ creates no nn.Parameter to place the norms after", init, module
             )
-        new = parse_statements(code, module)
+        new = parse_statements(text, module)
         new[0] = with_comment(new[0], comment)
         append_after(edits, id(anchor), new)
 
@@ -673,7 +601,9 @@ class QkNorm(Codemod):
                 needs.add("unfused_prefill")
             else:
                 add_edit(
-                    edits, id(projection.call), lambda updated: _fused_norm_args(updated, eps_attr, module)
+                    edits,
+                    id(projection.call),
+                    lambda updated: code.prefill_norm_args(updated, eps_attr, module),
                 )
                 needs.add("norm_type")
         if "unfused_prefill" in needs and "apply_rotary_pos_emb" not in {
@@ -728,12 +658,12 @@ class QkNorm(Codemod):
                 rope[0],
                 module,
             )
-        code = (
+        text = (
             f"{q}, {k} = self._full_width_qk_norm({q}, {k})\n"
             if full
             else f"{q} = self.q_norm({q})\n{k} = self.k_norm({k})\n"
         )
-        new = parse_statements(code, module)
+        new = parse_statements(text, module)
         new[0] = with_comment(new[0], "<-- MODEL-SPECIFIC: query and key norms before RoPE")
 
         def place(updated, new=new):
@@ -760,26 +690,17 @@ class QkNorm(Codemod):
             if all(
                 s.name.value != "_full_width_qk_norm" for s in cls.body.body if isinstance(s, cst.FunctionDef)
             ):
-                methods = [parse_method(FULL_WIDTH_METHOD, module), parse_method(FULL_WIDTH_NORM, module)]
+                methods = [
+                    parse_method(code.FULL_WIDTH_METHOD, module),
+                    parse_method(code.FULL_WIDTH_NORM, module),
+                ]
                 methods = [m.with_changes(leading_lines=[cst.EmptyLine(indent=False)]) for m in methods]
                 append_after(edits, id(kernels[-1].method), methods)
             return
-        values = {
-            "rmsnorm_QK_pre_rope_enabled": "True",
-            "rmsnorm_QK_pre_rope_eps": f"self.q_norm.{eps_attr}",
-            "rmsnorm_QK_pre_rope_W_Q": "self.q_norm.weight.view(1, -1)",
-            "rmsnorm_QK_pre_rope_W_K": "self.k_norm.weight.view(1, -1)",
-        }
-
-        def decode_args(updated):
-            previous = ()
-            for key, code in values.items():
-                updated = set_keyword(updated, key, parse_expr(code, module), after=previous)
-                previous = (key,)
-            return updated
-
         for projection in kernels:
-            add_edit(edits, id(projection.call), decode_args)
+            add_edit(
+                edits, id(projection.call), lambda updated: code.decode_norm_args(updated, eps_attr, module)
+            )
 
     # -- load_weights ------------------------------------------------------------------
 
@@ -846,16 +767,3 @@ def _last_parameter_statement(init: cst.FunctionDef) -> cst.BaseStatement | None
         if pair is not None and is_parameter(pair[1]) and pair[0].endswith(("_weight", "_bias")):
             found = stmt
     return found
-
-
-def _fused_norm_args(call: cst.Call, eps_attr: str, module: cst.Module) -> cst.Call:
-    """``NF.qkv_proj(...)`` with the kernel's per-head pre-RoPE q/k norm."""
-    previous: tuple[str, ...] = ()
-    for key, code in FUSED_NORM_ARGS:
-        call = set_keyword(call, key, parse_expr(code.format(eps=eps_attr), module), after=previous)
-        previous = (key,)
-    return call
-
-
-def _nodes(updated) -> list:
-    return list(updated.nodes) if isinstance(updated, cst.FlattenSentinel) else [updated]
