@@ -174,7 +174,7 @@ def _heads(x: torch.Tensor, batch: int, seq: int, count: int, d_head: int) -> to
     return x.reshape(batch, seq, count, d_head).transpose(1, 2)
 
 
-def _project(X, W_qkv, bias_qkv, g: _Geometry, x_norm: tuple, qk_norm: tuple):
+def _project(X, W_qkv, bias_qkv, g: _Geometry, x_norm: tuple, qk_norm: tuple, qk_norm_weights: tuple):
     """Optional RMSNorm of X, the QKV projection and optional per-head QK
     norms: ``q [B, q_heads, S, d]``, ``k``, ``v [B, kv_heads, S, d]``."""
     enabled, eps, gamma, width = x_norm
@@ -184,8 +184,9 @@ def _project(X, W_qkv, bias_qkv, g: _Geometry, x_norm: tuple, qk_norm: tuple):
     q = _heads(qkv[..., :q_end], g.batch, g.seq, g.q_heads, g.d_head)
     k = _heads(qkv[..., q_end:k_end], g.batch, g.seq, g.kv_heads, g.d_head)
     v = _heads(qkv[..., k_end:], g.batch, g.seq, g.kv_heads, g.d_head)
-    enabled, eps, w_q, w_k = qk_norm
+    enabled, eps = qk_norm
     if enabled:
+        w_q, w_k = qk_norm_weights
         q, k = rms_norm(q, eps, w_q), rms_norm(k, eps, w_k)
     return q, k, v
 
@@ -412,73 +413,115 @@ def attention_decode(
     V_new [B, kv_heads, S, d])``."""
     kernel_phases.record("attention_decode")
     DECODE_OPTIONS.check(options)
-    refuse_bools(
-        "attention_decode",
-        attention_dp=attention_dp,
-        attention_dp_rank=attention_dp_rank,
-        dcp_size=dcp_size,
-        X_hidden_dim_actual=X_hidden_dim_actual,
+    par = _Parallel(attention_dp, attention_dp_group, attention_dp_rank, kv_needs_a2a, dcp_size, dcp_group)
+    par.check(X_hidden_dim_actual, k_scale, v_scale)
+    g = _checked_geometry(
+        X, W_qkv, bias_qkv, K_cache, V_cache, active_blocks_table, W_out, bias_out, par, fp8_packed
     )
-    _check_parallel(attention_dp, attention_dp_group, kv_needs_a2a, dcp_size, dcp_group, k_scale, v_scale)
+    x_norm = (rmsnorm_X_enabled, rmsnorm_X_eps, rmsnorm_X_gamma, X_hidden_dim_actual)
+    pre_rope = (rmsnorm_QK_pre_rope_enabled, rmsnorm_QK_pre_rope_eps)
+    pre_rope_weights = (rmsnorm_QK_pre_rope_W_Q, rmsnorm_QK_pre_rope_W_K)
+    post_rope = (rmsnorm_QK_post_rope_enabled, rmsnorm_QK_post_rope_eps)
+    post_rope_weights = (rmsnorm_QK_post_rope_W_Q, rmsnorm_QK_post_rope_W_K)
+    q, k, v = _project(X, W_qkv, bias_qkv, g, x_norm, pre_rope, pre_rope_weights)
+    q, k, v = _rope_stage(q, k, v, g, par, (cos, sin, rope_contiguous_layout), post_rope, post_rope_weights)
+    k, v = _quantized(k, v, k_scale, v_scale, K_cache, V_cache)
+    k_ctx, v_ctx = _context(K_cache, V_cache, active_blocks_table, g, fp8_packed, k, v, X.dtype)
+    visible = _visible(attention_mask, pos_ids, swa_start_pos_ids, max_context_len, g, q.shape[1])
+    attn = _attend_in_parallel(q, k_ctx, v_ctx, visible, sink, softmax_scale, g, par, X.dtype)
+    if update_cache:
+        _write_cache(K_cache, V_cache, k, v, kv_cache_update_idx, g, fp8_packed)
+        return _output(attn, W_out, bias_out)
+    return _output(attn, W_out, bias_out), _k_new(k, g), v
+
+
+@dataclass(frozen=True)
+class _Parallel:
+    """The kernel's attention data parallelism and decode context parallelism."""
+
+    dp: int
+    dp_group: Any
+    dp_rank: int
+    kv_needs_a2a: bool
+    dcp: int
+    dcp_group: Any
+
+    def check(self, X_hidden_dim_actual, k_scale, v_scale) -> None:
+        """Counts are numbers (not bools), groups match their sizes, and the
+        K/V quantization scales go together."""
+        refuse_bools(
+            "attention_decode",
+            attention_dp=self.dp,
+            attention_dp_rank=self.dp_rank,
+            dcp_size=self.dcp,
+            X_hidden_dim_actual=X_hidden_dim_actual,
+        )
+        _check_parallel(self.dp, self.dp_group, self.kv_needs_a2a, self.dcp, self.dcp_group, k_scale, v_scale)
+
+
+def _checked_geometry(
+    X, W_qkv, bias_qkv, K_cache, V_cache, table, W_out, bias_out, par, fp8_packed
+) -> _Geometry:
+    """The required tensors, the FP8 packed layout, the geometry and the biases checked."""
     if W_qkv is None or K_cache is None or V_cache is None:
         raise KernelConstraintError("NF.attention_decode: W_qkv, K_cache and V_cache are required")
     if fp8_packed and not is_fp8(K_cache):
         raise KernelConstraintError(
             f"NF.attention_decode: fp8_packed needs an FP8 K cache, got {K_cache.dtype}"
         )
-    geometry = _geometry(
-        X, W_qkv, K_cache, V_cache, active_blocks_table, attention_dp, kv_needs_a2a, fp8_packed
-    )
+    geometry = _geometry(X, W_qkv, K_cache, V_cache, table, par.dp, par.kv_needs_a2a, fp8_packed)
     check_bias(bias_qkv, W_qkv.shape[1], "attention_decode", "bias_qkv")
     if W_out is not None:
         check_bias(bias_out, W_out.shape[1], "attention_decode", "bias_out")
     elif bias_out is not None:
         raise KernelConstraintError("NF.attention_decode: bias_out without W_out")
+    return geometry
 
-    q, k, v = _project(
-        X,
-        W_qkv,
-        bias_qkv,
-        geometry,
-        (rmsnorm_X_enabled, rmsnorm_X_eps, rmsnorm_X_gamma, X_hidden_dim_actual),
-        (
-            rmsnorm_QK_pre_rope_enabled,
-            rmsnorm_QK_pre_rope_eps,
-            rmsnorm_QK_pre_rope_W_Q,
-            rmsnorm_QK_pre_rope_W_K,
-        ),
-    )
-    g = geometry
-    if attention_dp > 1:
-        q, k, v = _exchange_for_attention_dp(q, k, v, g, attention_dp_group, attention_dp_rank, kv_needs_a2a)
+
+def _rope_stage(
+    q, k, v, g: _Geometry, par: _Parallel, rope: tuple, post_rope: tuple, post_rope_weights: tuple
+):
+    """The attention-DP exchange, RoPE on the local batch, the QK norms after
+    RoPE and the decode-context-parallel query gather."""
+    if par.dp > 1:
+        q, k, v = _exchange_for_attention_dp(q, k, v, g, par.dp_group, par.dp_rank, par.kv_needs_a2a)
+    cos, sin, contiguous = rope
     if cos is not None and sin is not None:
-        q, k = _apply_rope(q, k, cos, sin, g, rope_contiguous_layout)
-    if rmsnorm_QK_post_rope_enabled:
-        q = rms_norm(q, rmsnorm_QK_post_rope_eps, rmsnorm_QK_post_rope_W_Q)
-        k = rms_norm(k, rmsnorm_QK_post_rope_eps, rmsnorm_QK_post_rope_W_K)
-    if dcp_size > 1:
-        q = dcp_group.all_gather(q.contiguous(), dim=1)
+        q, k = _apply_rope(q, k, cos, sin, g, contiguous)
+    enabled, eps = post_rope
+    if enabled:
+        w_q, w_k = post_rope_weights
+        q, k = rms_norm(q, eps, w_q), rms_norm(k, eps, w_k)
+    if par.dcp > 1:
+        q = par.dcp_group.all_gather(q.contiguous(), dim=1)
+    return q, k, v
+
+
+def _quantized(k, v, k_scale, v_scale, K_cache, V_cache):
+    """The step's K/V quantized to the caches' FP8 formats when scales are given."""
     if k_scale is not None and v_scale is not None:  # both or neither (_check_parallel)
-        k, v = quantize_kv(k, k_scale, _fp8_dtype(K_cache)), quantize_kv(v, v_scale, _fp8_dtype(V_cache))
+        return quantize_kv(k, k_scale, _fp8_dtype(K_cache)), quantize_kv(v, v_scale, _fp8_dtype(V_cache))
+    return k, v
 
-    k_ctx, v_ctx = _gathered_context(K_cache, V_cache, active_blocks_table, g, fp8_packed, X.dtype)
-    k_ctx[:, :, g.context - g.seq :] = k.to(X.dtype)
-    v_ctx[:, :, g.context - g.seq :] = v.to(X.dtype)
-    visible = _visible(attention_mask, pos_ids, swa_start_pos_ids, max_context_len, g, q.shape[1])
+
+def _context(K_cache, V_cache, table, g: _Geometry, fp8_packed: bool, k, v, dtype):
+    """The gathered paged context with the step's K/V in its last ``S`` slots."""
+    k_ctx, v_ctx = _gathered_context(K_cache, V_cache, table, g, fp8_packed, dtype)
+    k_ctx[:, :, g.context - g.seq :] = k.to(dtype)
+    v_ctx[:, :, g.context - g.seq :] = v.to(dtype)
+    return k_ctx, v_ctx
+
+
+def _attend_in_parallel(q, k_ctx, v_ctx, visible, sink, softmax_scale, g: _Geometry, par: _Parallel, dtype):
+    """The attention, merged over the context-parallel ranks and exchanged
+    back over the attention-DP ranks."""
     scale = g.d_head**-0.5 if softmax_scale is None else softmax_scale
-    attn, lse = _attend(q, k_ctx, v_ctx, visible, sink, scale, X.dtype)
-    if dcp_size > 1:
-        attn = _merge_context_parallel(attn, lse, dcp_group, dcp_size)
-    if attention_dp > 1:
-        attn = collectives.all_to_all(attn.contiguous(), split_dim=1, concat_dim=0, group=attention_dp_group)
-
-    if update_cache:
-        _write_cache(K_cache, V_cache, k, v, kv_cache_update_idx, g, fp8_packed)
-    output = _output(attn, W_out, bias_out)
-    if update_cache:
-        return output
-    k_new = k.reshape(k.shape[0] * k.shape[1], g.seq, g.d_head).permute(2, 0, 1).contiguous()
-    return output, k_new, v
+    attn, lse = _attend(q, k_ctx, v_ctx, visible, sink, scale, dtype)
+    if par.dcp > 1:
+        attn = _merge_context_parallel(attn, lse, par.dcp_group, par.dcp)
+    if par.dp > 1:
+        attn = collectives.all_to_all(attn.contiguous(), split_dim=1, concat_dim=0, group=par.dp_group)
+    return attn
 
 
 def _check_parallel(attention_dp, group, kv_needs_a2a, dcp_size, dcp_group, k_scale, v_scale) -> None:
@@ -499,6 +542,11 @@ def _check_parallel(attention_dp, group, kv_needs_a2a, dcp_size, dcp_group, k_sc
 def _fp8_dtype(cache: torch.Tensor) -> torch.dtype:
     """The FP8 format the step's K/V are quantized to (the cache's own)."""
     return cache.dtype if is_fp8(cache) else torch.float8_e4m3fn
+
+
+def _k_new(k: torch.Tensor, g: _Geometry) -> torch.Tensor:
+    """The step's K ``[B, kv_heads, S, d]`` as ``[d, B * kv_heads, S]``."""
+    return k.reshape(k.shape[0] * k.shape[1], g.seq, g.d_head).permute(2, 0, 1).contiguous()
 
 
 def _output(attn: torch.Tensor, W_out: torch.Tensor | None, bias_out: torch.Tensor | None) -> torch.Tensor:

@@ -102,6 +102,44 @@ def qkv_proj(
     """``[B, S, H] -> [B, S, F]`` (see the module docstring), or
     ``(q, k_cache, v_cache)`` with ``use_block_kv``."""
     kernel_phases.record("qkv_proj")
+    _check_arguments(
+        hidden, options, output_layout, d_head, hidden_actual, num_q_heads, num_kv_heads, block_size
+    )
+    width = qkv_weights.shape[1]
+    check_bias(bias, width, "qkv_proj")
+    x = _fused_input(hidden, mlp_prev, attn_prev, norm_type, norm_weights, norm_b, eps, hidden_actual)
+    qkv = matmul(x, qkv_weights, bias)
+    heads = _HeadLayout.of(width, d_head, num_q_heads, num_kv_heads)
+    pre = (qk_norm_pre_rope_q_norm, qk_norm_pre_rope_k_norm, qk_norm_pre_rope_eps)
+    pre_gamma = (qk_norm_pre_rope_q_gamma, qk_norm_pre_rope_k_gamma)
+    pre_beta = (qk_norm_pre_rope_q_beta, qk_norm_pre_rope_k_beta)
+    post = (qk_norm_post_rope_q_norm, qk_norm_post_rope_k_norm, qk_norm_post_rope_eps)
+    post_gamma = (qk_norm_post_rope_q_gamma, qk_norm_post_rope_k_gamma)
+    post_beta = (qk_norm_post_rope_q_beta, qk_norm_post_rope_k_beta)
+    qkv = _qk_norm(qkv, heads, *pre, *pre_gamma, *pre_beta, stage="pre_rope")
+    if cos_cache is not None and sin_cache is not None and heads is not None:
+        qkv = _fused_rope(qkv, heads, cos_cache, sin_cache)
+    qkv = _qk_norm(qkv, heads, *post, *post_gamma, *post_beta, stage="post_rope")
+    if k_cache is None and v_cache is None and not use_block_kv:
+        return qkv
+    cache = _CacheWrite(
+        k_cache, v_cache, use_block_kv, block_size, slot_mapping, k_scale, v_scale, fp8_min, fp8_max, kv_dtype
+    )
+    return cache.write(qkv, heads)
+
+
+def _check_arguments(
+    hidden: torch.Tensor,
+    options: dict[str, Any],
+    output_layout: Any,
+    d_head: int | None,
+    hidden_actual: int | None,
+    num_q_heads: int | None,
+    num_kv_heads: int | None,
+    block_size: int | None,
+) -> None:
+    """Counts are numbers (not bools), options the stand-in implements, the
+    ``BSD`` output layout, and a ``[B, S, H]`` input."""
     refuse_bools(
         "qkv_proj",
         d_head=d_head,
@@ -114,39 +152,6 @@ def qkv_proj(
     refuse_unless_default("qkv_proj", output_layout=(output_layout, QKVOutputLayout.BSD))
     if hidden.dim() != 3:
         raise KernelConstraintError(f"NF.qkv_proj: hidden must be [B, S, H], got {tuple(hidden.shape)}")
-    width = qkv_weights.shape[1]
-    check_bias(bias, width, "qkv_proj")
-    x = _fused_input(hidden, mlp_prev, attn_prev, norm_type, norm_weights, norm_b, eps, hidden_actual)
-    qkv = matmul(x, qkv_weights, bias)
-    heads = _HeadLayout.of(width, d_head, num_q_heads, num_kv_heads)
-    pre = (
-        qk_norm_pre_rope_q_norm,
-        qk_norm_pre_rope_k_norm,
-        qk_norm_pre_rope_eps,
-        qk_norm_pre_rope_q_gamma,
-        qk_norm_pre_rope_k_gamma,
-        qk_norm_pre_rope_q_beta,
-        qk_norm_pre_rope_k_beta,
-    )
-    post = (
-        qk_norm_post_rope_q_norm,
-        qk_norm_post_rope_k_norm,
-        qk_norm_post_rope_eps,
-        qk_norm_post_rope_q_gamma,
-        qk_norm_post_rope_k_gamma,
-        qk_norm_post_rope_q_beta,
-        qk_norm_post_rope_k_beta,
-    )
-    qkv = _qk_norm(qkv, heads, *pre, stage="pre_rope")
-    if cos_cache is not None and sin_cache is not None and heads is not None:
-        qkv = _fused_rope(qkv, heads, cos_cache, sin_cache)
-    qkv = _qk_norm(qkv, heads, *post, stage="post_rope")
-    if k_cache is None and v_cache is None and not use_block_kv:
-        return qkv
-    cache = _CacheWrite(
-        k_cache, v_cache, use_block_kv, block_size, slot_mapping, k_scale, v_scale, fp8_min, fp8_max, kv_dtype
-    )
-    return cache.write(qkv, heads)
 
 
 def _fused_input(
