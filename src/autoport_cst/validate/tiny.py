@@ -262,10 +262,27 @@ def build_tiny_checkpoint(
     head). The same ``source``, ``seed`` and ``dimensions`` give
     byte-identical tensors.
     """
-    transformers = _import_transformers()
-    import torch
-    from .checkpoint_file import save_state
+    config, architecture, model_class = _tiny_config(source, dimensions)
+    _check_parameter_count(model_class, config, architecture)
+    directory = Path(outdir)
+    if directory.exists() and not directory.is_dir():
+        raise InputError(f"{directory}: exists and is not a directory")
+    directory.mkdir(parents=True, exist_ok=True)
+    state = _random_state(model_class, config, seed, key_format)
+    _write_checkpoint(directory, config, state, key_format)
+    return TinyCheckpoint(
+        directory=directory,
+        architecture=architecture,
+        model_type=config.model_type,
+        seed=seed,
+        num_parameters=sum(t.numel() for t in state.values()),
+    )
 
+
+def _tiny_config(source: str | os.PathLike[str], dimensions: dict[str, int] | None) -> tuple[Any, str, Any]:
+    """(shrunk config, architecture, model class); the config must load back
+    from the values written to config.json."""
+    transformers = _import_transformers()
     config, architecture = resolve_config(source)
     model_class = getattr(transformers, architecture, None)
     if model_class is None:
@@ -281,6 +298,12 @@ def build_tiny_checkpoint(
             f"{architecture}: the shrunk config does not validate in transformers "
             f"({' '.join(line.strip() for line in first[:2])}); give a small config.json instead"
         ) from error
+    return config, architecture, model_class
+
+
+def _check_parameter_count(model_class: Any, config: Any, architecture: str) -> None:
+    """The model builds (on the meta device) and is small enough (``parameter_limit``)."""
+    import torch
 
     try:
         with torch.device("meta"):  # count before allocating anything
@@ -298,10 +321,11 @@ def build_tiny_checkpoint(
             "(nested sub-configs?): give a small config.json instead"
         )
 
-    directory = Path(outdir)
-    if directory.exists() and not directory.is_dir():
-        raise InputError(f"{directory}: exists and is not a directory")
-    directory.mkdir(parents=True, exist_ok=True)
+
+def _random_state(model_class: Any, config: Any, seed: int, key_format: str) -> dict:
+    """The seeded model's tensors in float32, sorted by name, constant ones
+    perturbed, named as ``key_format`` says."""
+    import torch
 
     torch.manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
@@ -319,7 +343,13 @@ def build_tiny_checkpoint(
         state[name] = tensor.detach().contiguous().clone()
     state = dict(sorted(state.items()))
     _perturb_constant_tensors(state, seed)
-    state = in_key_format(model, state, key_format)
+    return in_key_format(model, state, key_format)
+
+
+def _write_checkpoint(directory: Path, config: Any, state: dict, key_format: str) -> None:
+    """``model.safetensors`` and ``config.json`` (both or neither new), and the tokenizer."""
+    import torch
+    from .checkpoint_file import save_state
 
     config.dtype = torch.float32
     with atomic_output(directory / "model.safetensors") as tmp:
@@ -328,13 +358,6 @@ def build_tiny_checkpoint(
         write_config_json(config, directory / "config.json")
     # text in and out of a served tiny model without a hub (tiny_tokenizer)
     write_tiny_tokenizer(directory, config_values(config))
-    return TinyCheckpoint(
-        directory=directory,
-        architecture=architecture,
-        model_type=config.model_type,
-        seed=seed,
-        num_parameters=sum(t.numel() for t in state.values()),
-    )
 
 
 KEY_FORMAT = "key_format"  # safetensors metadata: how a tiny checkpoint names its tensors
