@@ -93,73 +93,94 @@ def _rank_main(job_path: Path, rank: int, teacher_stream: BinaryIO) -> int:
         finish({"kind": "error", "category": "internal", "stage": "init", "message": str(error)})
         return 1
     try:
-        from .driver import port_hf_config
-        from .package import PortImportError, imported_package
-        from .standin import parallel_state, standin_installed
-        from .standin.checkpoints import CheckpointError
-
-        try:
-            with standin_installed(
-                dist.group.WORLD,
-                job.world_size,
-                model=job.checkpoint_dir,
-                ep_degree=job.ep_degree,
-                cache_dtype=job.kv_cache_dtype,
-                layout=job.layout,
-                rank=rank,
-            ) as installation:
-                with imported_package(job.model_dir) as package:
-                    hf_config = port_hf_config(job.checkpoint_dir, _DTYPES[job.dtype_name])
-                    session = _session(job, package.factory, hf_config, rank)
-                    if job.ep_degree > 1 and not parallel_state.expert_parallel_read():
-                        raise InputError(
-                            f"expert parallelism was asked for (EP degree {job.ep_degree}) but the port "
-                            "never reads the EP degree or rank (get_neuron_ep_degree / get_neuron_ep_rank): "
-                            "it does not implement expert parallelism; validate it without --ep"
-                        )
-                    (job_path.parent / f"rank{rank}.loaded").touch()
-                    try:
-                        teacher = pickle.load(teacher_stream)
-                    except EOFError:
-                        return 0  # the parent stopped before the run
-                    if teacher is None:
-                        return 0
-                    output = session.run(teacher)
-                    description = installation.describe()
-                    if job.layout is not None and job.layout.disaggregated:
-                        description["parallel_groups"] = _group_ranks(parallel_state)
-                    finish(
-                        {
-                            "kind": "done",
-                            "output": output,
-                            "factory": package.factory_name,
-                            "stand_in": description,
-                        }
-                    )
-                    return 0
-        except CheckpointError as error:
-            finish({"kind": "error", "category": "checkpoint", "stage": "load", "message": str(error)})
-        except PortFailure as error:
-            finish({"kind": "error", "category": "port", "stage": error.stage, "message": error.message})
-        except PortImportError as error:
-            finish({"kind": "error", "category": "port", "stage": "import", "message": str(error)})
-        except InputError as error:
-            finish({"kind": "error", "category": "input", "stage": "input", "message": str(error)})
+        return _run_rank(job, job_path, rank, teacher_stream, finish)
     except BaseException as error:  # noqa: BLE001 - report, never hang the parent
-        finish(
-            {
-                "kind": "error",
-                "category": "internal",
-                "stage": "run",
-                "message": "".join(traceback.format_exception(error)),
-            }
-        )
+        message = "".join(traceback.format_exception(error))
+        finish({"kind": "error", "category": "internal", "stage": "run", "message": message})
     finally:
         try:
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001
             pass
     return 1
+
+
+def _run_rank(
+    job: RankJob,
+    job_path: Path,
+    rank: int,
+    teacher_stream: BinaryIO,
+    finish: Callable[[dict[str, Any]], None],
+) -> int:
+    """Load and run the port; a failure the parent reports in its own terms
+    (checkpoint, port, input) is written as the rank's result."""
+    from .package import PortImportError
+    from .standin.checkpoints import CheckpointError
+
+    def error(category: str, stage: str, message: str) -> int:
+        finish({"kind": "error", "category": category, "stage": stage, "message": message})
+        return 1
+
+    try:
+        return _load_and_run(job, job_path, rank, teacher_stream, finish)
+    except CheckpointError as failure:
+        return error("checkpoint", "load", str(failure))
+    except PortFailure as failure:
+        return error("port", failure.stage, failure.message)
+    except PortImportError as failure:
+        return error("port", "import", str(failure))
+    except InputError as failure:
+        return error("input", "input", str(failure))
+
+
+def _load_and_run(
+    job: RankJob,
+    job_path: Path,
+    rank: int,
+    teacher_stream: BinaryIO,
+    finish: Callable[[dict[str, Any]], None],
+) -> int:
+    """Install the stand-in and load the port, say so (``rank<N>.loaded``),
+    then run it on the teacher tokens the parent sends (none: stop)."""
+    import torch.distributed as dist
+
+    from .driver import port_hf_config
+    from .package import imported_package
+    from .standin import parallel_state, standin_installed
+
+    with standin_installed(
+        dist.group.WORLD,
+        job.world_size,
+        model=job.checkpoint_dir,
+        ep_degree=job.ep_degree,
+        cache_dtype=job.kv_cache_dtype,
+        layout=job.layout,
+        rank=rank,
+    ) as installation:
+        with imported_package(job.model_dir) as package:
+            hf_config = port_hf_config(job.checkpoint_dir, _DTYPES[job.dtype_name])
+            session = _session(job, package.factory, hf_config, rank)
+            if job.ep_degree > 1 and not parallel_state.expert_parallel_read():
+                raise InputError(
+                    f"expert parallelism was asked for (EP degree {job.ep_degree}) but the port "
+                    "never reads the EP degree or rank (get_neuron_ep_degree / get_neuron_ep_rank): "
+                    "it does not implement expert parallelism; validate it without --ep"
+                )
+            (job_path.parent / f"rank{rank}.loaded").touch()
+            try:
+                teacher = pickle.load(teacher_stream)
+            except EOFError:
+                return 0  # the parent stopped before the run
+            if teacher is None:
+                return 0
+            output = session.run(teacher)
+            description = installation.describe()
+            if job.layout is not None and job.layout.disaggregated:
+                description["parallel_groups"] = _group_ranks(parallel_state)
+            finish(
+                {"kind": "done", "output": output, "factory": package.factory_name, "stand_in": description}
+            )
+            return 0
 
 
 def _session(job: RankJob, factory: Any, hf_config: Any, rank: int):
