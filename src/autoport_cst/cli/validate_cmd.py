@@ -237,9 +237,29 @@ def validate_command(
 def print_report(report) -> None:
     """The rich summary: settings, verdict, logit metrics, component table."""
     from rich.markup import escape
-    from rich.table import Table
 
     console = stdout_console()
+    _print_settings(console, report)
+    if report.failure is not None:
+        console.print(f"[bold red]NOT EQUIVALENT[/]: the port failed at {report.failure.stage}")
+        console.print(escape(report.failure.message))
+        return
+    console.print(_logits_table(report.logits or {}))
+    console.print(_components_table(report.components))
+    if report.not_compared:
+        console.print("not compared: " + escape(", ".join(report.not_compared)))
+    if report.equivalent:
+        console.print(f"[bold green]EQUIVALENT[/] {escape(report.summary().removeprefix('equivalent '))}")
+    else:
+        console.print(
+            f"[bold red]NOT EQUIVALENT[/]: {escape(report.summary().removeprefix('not equivalent: '))}"
+        )
+
+
+def _print_settings(console, report) -> None:
+    """What was compared, and the run's settings."""
+    from rich.markup import escape
+
     settings = report.settings
     console.print(
         f"[bold]{escape(report.factory or '?')}[/] from {escape(report.model_dir)} vs transformers "
@@ -251,11 +271,33 @@ def print_report(report) -> None:
         f"tp={settings['tp']}{ep} dtype={settings['dtype']} prompts={settings['prompt_lengths']} "
         f"decode steps={settings['steps']} block size={settings.get('block_size')}"
     )
-    if report.failure is not None:
-        console.print(f"[bold red]NOT EQUIVALENT[/]: the port failed at {report.failure.stage}")
-        console.print(escape(report.failure.message))
-        return
-    logits = report.logits or {}
+
+
+# the logit metrics the table shows when the report has them, in this order
+_LOGIT_METRICS = (
+    "max_abs_error",
+    "max_rel_error",
+    "cosine_min",
+    "cosine_p5",
+    "kl_mean",
+    "kl_max",
+    "top1_agreement",
+    "greedy_match",
+    "sigma_ratio",
+    "bhattacharyya",
+)
+_LOGIT_RATIOS = (
+    ("linf_ratio_max", "worst L-inf ratio, per sequence"),
+    ("l2_ratio_max", "worst L2 ratio, per sequence"),
+    ("token_linf_ratio_max", "worst L-inf ratio, per token (not gated)"),
+    ("token_l2_ratio_max", "worst L2 ratio, per token (not gated)"),
+)
+
+
+def _logits_table(logits: dict):
+    """The logit metrics and gates."""
+    from rich.table import Table
+
     table = Table(title="logits", show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -263,62 +305,36 @@ def print_report(report) -> None:
         rtol = logits["topk_rtol"][level]
         table.add_row(f"top-{level} error (rtol {rtol})", _num(error))
     table.add_row("tokens passing the two-way check", f"{logits.get('tokens_passed')}/{logits.get('tokens')}")
-    for key in (
-        "max_abs_error",
-        "max_rel_error",
-        "cosine_min",
-        "cosine_p5",
-        "kl_mean",
-        "kl_max",
-        "top1_agreement",
-        "greedy_match",
-        "sigma_ratio",
-        "bhattacharyya",
-    ):
-        if logits.get(key) is not None:
-            table.add_row(key.replace("_", " "), _num(logits[key]))
-    for key, label in (
-        ("linf_ratio_max", "worst L-inf ratio, per sequence"),
-        ("l2_ratio_max", "worst L2 ratio, per sequence"),
-        ("token_linf_ratio_max", "worst L-inf ratio, per token (not gated)"),
-        ("token_l2_ratio_max", "worst L2 ratio, per token (not gated)"),
-    ):
+    labelled = [(key, key.replace("_", " ")) for key in _LOGIT_METRICS] + list(_LOGIT_RATIOS)
+    for key, label in labelled:
         if logits.get(key) is not None:
             table.add_row(label, _num(logits[key]))
     for gate, ok in (logits.get("gates") or {}).items():
         table.add_row(f"gate: {gate}", "[green]pass[/]" if ok else "[red]FAIL[/]")
-    console.print(table)
+    return table
 
-    first = report.components[0] if report.components else None
+
+def _components_table(components: list[dict]):
+    """Port against transformers, component by component, with the gate as caption."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    first = components[0] if components else None
     caption = None
     if first is not None:
         sign = "<=" if first["gate"] == "rel_error" else "<"
         caption = f"gate: {first['gate']} {sign} {first['tolerance']:g}"
-    components = Table(title="components (port vs transformers)", caption=caption, header_style="bold")
-    components.add_column("component", overflow="fold")
-    components.add_column("phase", no_wrap=True)
+    table = Table(title="components (port vs transformers)", caption=caption, header_style="bold")
+    table.add_column("component", overflow="fold")
+    table.add_column("phase", no_wrap=True)
     for column in ("rel error", "R-ratio", "max abs"):
-        components.add_column(column, justify="right", no_wrap=True)
-    components.add_column("gate", no_wrap=True, min_width=4)
-    for row in report.components:
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("gate", no_wrap=True, min_width=4)
+    for row in components:
         gate = "[green]pass[/]" if row["passed"] else "[red]FAIL[/]"
-        components.add_row(
-            escape(row["name"]),
-            row["phase"],
-            _num(row["rel_error"]),
-            _num(row["r_ratio"]),
-            _num(row["max_abs_error"]),
-            gate,
-        )
-    console.print(components)
-    if report.not_compared:
-        console.print("not compared: " + escape(", ".join(report.not_compared)))
-    if report.equivalent:
-        console.print(f"[bold green]EQUIVALENT[/] {escape(report.summary().removeprefix('equivalent '))}")
-    else:
-        console.print(
-            f"[bold red]NOT EQUIVALENT[/]: {escape(report.summary().removeprefix('not equivalent: '))}"
-        )
+        numbers = (_num(row["rel_error"]), _num(row["r_ratio"]), _num(row["max_abs_error"]))
+        table.add_row(escape(row["name"]), row["phase"], *numbers, gate)
+    return table
 
 
 def _layout_text(layout: dict | None) -> str:
