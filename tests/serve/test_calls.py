@@ -48,7 +48,7 @@ def test_segmented_call_metadata_rows_and_slots():
     assert slots[8:38] == [9 * 32 + p % 32 for p in range(40, 64)] + [3 * 32 + p % 32 for p in range(64, 70)]
     assert set(slots[38:]) == {-1}
     assert call.inputs.sampling_positions.tolist() == [37]
-    assert entry["block_table_tensor"].tolist() == [[5, 9, 3, 0, 0, 0, 0, 0]]
+    assert entry["block_table_tensor"].tolist() == [[5, 9, 3, 0]]  # 128 slots: the context granule
     assert (call.rows, call.new_tokens) == (512, 30)
 
 
@@ -68,6 +68,14 @@ def test_single_token_requests_share_one_decode_call():
     assert entry["slot_mapping"].tolist() == [4 * 32 + 9, 8 * 32 + 7]
     assert entry["host_num_computed_tokens"] == [9, 39]
     assert decode.inputs.sampling_positions.tolist() == [0, 1]
+    assert entry["block_table_tensor"].tolist() == [[4, 0, 0, 0], [2, 8, 0, 0]]
+
+
+def test_table_rows_grow_by_granules_up_to_max_model_len():
+    long = Work(0, list(range(200)), 199, 1, list(range(1, 8)))
+    assert LAYOUT.width([long]) == 8
+    assert CacheLayout(block_size=32, blocks_per_sequence=6).width([long]) == 6
+    assert CacheLayout(block_size=48, blocks_per_sequence=6).width([Work(0, [1], 0, 1, [1])]) == 6
 
 
 def test_metadata_records_what_the_port_reads():

@@ -31,6 +31,7 @@ import torch
 from autoport_cst.validate.runner_metadata import PAD_SLOT, StepInputs, build_metadata
 
 KV_SEGMENT_SIZE = 512
+CONTEXT_GRANULE = 128
 
 
 @dataclass(frozen=True)
@@ -55,11 +56,20 @@ class CacheLayout:
     tp: int = 1
     segment: int = KV_SEGMENT_SIZE
 
-    def table(self, block_ids: list[int]) -> tuple[int, ...]:
+    def width(self, works: list[Work]) -> int:
+        """Blocks per table row of a call: its longest sequence's context
+        rounded up to a multiple of 128 slots (the decode kernels' context
+        granule), at most a row of ``max_model_len``."""
+        if CONTEXT_GRANULE % self.block_size:
+            return self.blocks_per_sequence
+        granules = -(-max(len(work.block_ids) for work in works) * self.block_size // CONTEXT_GRANULE)
+        return min(self.blocks_per_sequence, granules * CONTEXT_GRANULE // self.block_size)
+
+    def table(self, block_ids: list[int], width: int) -> tuple[int, ...]:
         """A block-table row: the request's blocks, then the null block 0."""
-        if len(block_ids) > self.blocks_per_sequence:
-            raise ValueError(f"{len(block_ids)} blocks exceed a row of {self.blocks_per_sequence}")
-        return tuple(block_ids) + (0,) * (self.blocks_per_sequence - len(block_ids))
+        if len(block_ids) > width:
+            raise ValueError(f"{len(block_ids)} blocks exceed a row of {width}")
+        return tuple(block_ids) + (0,) * (width - len(block_ids))
 
     def slot(self, block_ids: list[int], position: int) -> int:
         return block_ids[position // self.block_size] * self.block_size + position % self.block_size
@@ -121,7 +131,7 @@ def _prefill_call(
             reads,
             max_query_len=rows,
             slots=slots + [PAD_SLOT] * padding,
-            tables=[layout.table(work.block_ids)],
+            tables=[layout.table(work.block_ids, layout.width([work]))],
             block_size=layout.block_size,
             cached=[piece.first],
             kv_segment_size=piece.segment,
@@ -141,7 +151,7 @@ def _decode_call(works: list[Work], layout: CacheLayout, names: list[str], reads
             reads,
             max_query_len=1,
             slots=[layout.slot(work.block_ids, work.start) for work in works],
-            tables=[layout.table(work.block_ids) for work in works],
+            tables=[layout.table(work.block_ids, layout.width(works)) for work in works],
             block_size=layout.block_size,
             cached=positions,
             kv_segment_size=0,

@@ -42,6 +42,13 @@ class StandinWorker(WorkerBase):
 
     def init_device(self) -> None:
         self.device = torch.device("cpu")
+        # the name vLLM's CPU communicator gives the ranks' shared memory (as its CPU worker sets it)
+        method = self.distributed_init_method
+        os.environ["VLLM_DIST_IDENT"] = (
+            os.path.basename(method.removeprefix("file://"))
+            if method.startswith("file://")
+            else method.split(":")[-1]
+        )
         init_worker_distributed_environment(
             self.vllm_config,
             self.rank,
