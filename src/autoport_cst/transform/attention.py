@@ -28,6 +28,7 @@ from autoport_cst.transform.cst_helpers import (
     walk,
 )
 from autoport_cst.transform.layers import is_parameter
+from autoport_cst.transform.vocabulary import nodes_of
 
 # -- finding targets -------------------------------------------------------------
 
@@ -35,7 +36,7 @@ from autoport_cst.transform.layers import is_parameter
 def self_parameters(cls: cst.ClassDef) -> dict[str, cst.SimpleStatementLine]:
     """``self.<name> = nn.Parameter(...)`` statements of a class, by name."""
     found: dict[str, cst.SimpleStatementLine] = {}
-    for node in walk(cls):
+    for node in nodes_of(cls, cst.SimpleStatementLine):
         if isinstance(node, cst.SimpleStatementLine):
             pair = self_assignment(node)
             if pair is not None and is_parameter(pair[1]):

@@ -9,13 +9,13 @@ import libcst as cst
 
 from autoport_cst.transform.base import FileContext
 from autoport_cst.transform.cst_helpers import code_of, dotted, keyword_arg, method, parse_statement, walk
-from autoport_cst.transform.vocabulary import string_value
+from autoport_cst.transform.vocabulary import nodes_of, string_value
 
 
 def is_quantized(cls: cst.ClassDef) -> bool:
     """A class running quantized kernels: one of its calls passes
     ``quantization_type=``."""
-    return any(isinstance(n, cst.Call) and keyword_arg(n, "quantization_type") is not None for n in walk(cls))
+    return any(keyword_arg(n, "quantization_type") is not None for n in nodes_of(cls, cst.Call))  # type: ignore[arg-type]
 
 
 def _guard_message(stmt: cst.CSTNode) -> str | None:

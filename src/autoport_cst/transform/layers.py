@@ -45,7 +45,7 @@ from autoport_cst.transform.loaders import (  # noqa: F401  (re-exported)
     mlp_classes,
 )
 from autoport_cst.transform.roles import class_role
-from autoport_cst.transform.vocabulary import leading_lines
+from autoport_cst.transform.vocabulary import leading_lines, nodes_of
 
 WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"
 ACT_TYPES = "nkilib.core.utils.common_types"
@@ -77,7 +77,7 @@ def self_assignments(node: cst.CSTNode) -> dict[str, tuple[cst.SimpleStatementLi
     """``attr -> (statement, value)`` of every ``self.attr = value`` under
     ``node`` (first assignment wins)."""
     found: dict[str, tuple[cst.SimpleStatementLine, cst.BaseExpression]] = {}
-    for stmt in walk(node):
+    for stmt in nodes_of(node, cst.SimpleStatementLine):
         if isinstance(stmt, cst.SimpleStatementLine):
             pair = self_assignment(stmt)
             if pair is not None and pair[0] not in found:
@@ -110,7 +110,7 @@ def instances_of_role(module: cst.Module, role: str) -> dict[str, list[cst.Simpl
     """``attr -> statements`` of ``self.attr = <Class of role>(...)`` anywhere
     in the module (the role read from the class name's suffix)."""
     found: dict[str, list[cst.SimpleStatementLine]] = {}
-    for stmt in walk(module):
+    for stmt in nodes_of(module, cst.SimpleStatementLine):
         if isinstance(stmt, cst.SimpleStatementLine):
             pair = self_assignment(stmt)
             if pair is not None and _call_role(pair[1]) == role:

@@ -45,6 +45,7 @@ from autoport_cst.transform.mlp_classes import (  # noqa: F401 (re-exported)
     mlp_classes,
     mlp_mapping_weights,
 )
+from autoport_cst.transform.vocabulary import nodes_of
 
 SET_WEIGHT_LOADER = "set_weight_loader"
 # Wrappers that only choose the rank a loader reads for: a new loader of a
@@ -329,7 +330,7 @@ def find_loaders(node: cst.CSTNode) -> dict[str, list[Loader]]:
     """``key -> attachments`` of every loader attached under ``node`` to a
     ``self.<key>`` parameter, in source order per function."""
     found: dict[str, list[Loader]] = {}
-    for func in walk(node):
+    for func in nodes_of(node, cst.FunctionDef):
         if not isinstance(func, cst.FunctionDef):
             continue
         resolver = _Resolver(func)

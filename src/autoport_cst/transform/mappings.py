@@ -18,6 +18,7 @@ from autoport_cst.transform.cst_helpers import (
     string_text,
     walk,
 )
+from autoport_cst.transform.vocabulary import nodes_of
 
 MAPPING_NAME = "mappings"
 
@@ -34,7 +35,7 @@ def mapping_entries(node: cst.CSTNode | list[cst.CSTNode]) -> list[MappingEntry]
     """Every ``mappings[key] = value`` statement under ``node`` (or among
     already walked ``nodes``)."""
     entries = []
-    for stmt in walk(node) if isinstance(node, cst.CSTNode) else node:
+    for stmt in nodes_of(node, cst.SimpleStatementLine) if isinstance(node, cst.CSTNode) else node:
         if not isinstance(stmt, cst.SimpleStatementLine):
             continue
         pair = simple_assign(stmt)

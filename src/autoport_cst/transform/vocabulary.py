@@ -57,7 +57,7 @@ def self_attr(node: cst.CSTNode | None) -> str | None:
 
 
 def call_name(node: cst.CSTNode) -> str | None:
-    return dotted(node.func) if isinstance(node, cst.Call) else None
+    return dotted(node.func) if IS_CALL[type(node)] else None  # type: ignore[attr-defined]
 
 
 def is_call(node: cst.CSTNode, *names: str) -> bool:

@@ -19,6 +19,7 @@ import libcst as cst
 from autoport_cst.transform.anatomy.moe_families import experts_kind, router_kind
 from autoport_cst.transform.cst_helpers import call_name, dotted, self_assignment, self_attr, walk
 from autoport_cst.transform.roles import class_role
+from autoport_cst.transform.vocabulary import IS_ATTRIBUTE, nodes_of
 
 
 def _callee(call: cst.Call) -> str | None:
@@ -81,8 +82,8 @@ class Owner:
     def attr_classes(self) -> dict[str, str]:
         """self attribute -> the class it is built from (the first call assigned to it)."""
         attrs: dict[str, str] = {}
-        for node in walk(self.cls):
-            pair = self_assignment(node) if isinstance(node, cst.SimpleStatementLine) else None
+        for node in nodes_of(self.cls, cst.SimpleStatementLine):
+            pair = self_assignment(node)
             if pair is not None and isinstance(pair[1], cst.Call) and pair[0] not in attrs:
                 attrs[pair[0]] = dotted(pair[1].func) or ""
         return attrs
@@ -116,8 +117,8 @@ def _norm_kind(call: cst.Call, owner: Owner) -> str | None:
         return direct
     for arg in call.args:
         for node in walk(arg.value):
-            if isinstance(node, cst.Attribute) and node.attr.value in ("weight", "bias"):
-                attr = self_attr(node.value)
+            if IS_ATTRIBUTE[type(node)] and node.attr.value in ("weight", "bias"):  # type: ignore[attr-defined]
+                attr = self_attr(node.value)  # type: ignore[attr-defined]
                 if attr is not None and class_role(owner.attr_classes.get(attr, "")) == "norm":
                     return f"{dotted(call.func) or 'call'}({dotted(node)})"
     return None
