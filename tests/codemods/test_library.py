@@ -45,6 +45,7 @@ def test_declarations(cls):
     assert cls.EXAMPLES, "at least one inline example"
     assert any(e.raises is None for e in cls.EXAMPLES)
     assert set(cls.REALIZES) <= SPEC_FIELDS
+    assert cls.REALIZES or cls.PURPOSE, "a codemod that realizes no spec field says what it is for"
     assert set(cls.AFTER) <= set(library())
     assert set(cls.FILES) <= set(FILE_ROLES) | {"module"}
     assert dataclasses.is_dataclass(cls.Params)
