@@ -44,8 +44,10 @@ Classes:
 Printed per partition: killed, survived, exit 2 and equivalent counts, the
 kill rate over the non-equivalent mutants, and each survivor with its line
 before and after. ``--explain`` runs each survivor again on what the default
-run does not drive (the declared variants whose lines it changes, and bf16)
-and prints which of them catches it.
+run does not drive, until one run catches it: the declared variants whose
+lines it changes, then bf16, TP=2, an FP8 KV cache and data parallelism of
+each component (``LADDER``; a setting counts only where the unmutated port
+validates with it), and prints the first that catches it.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -77,6 +79,17 @@ HOLD_OUT_SALT = "autoport-cst mutation hold-out v1"
 TARGET = 0.98
 TIMEOUT_S = 120
 PARTITIONS = ("tune", "held-out")
+# What ``--explain`` runs a survivor on after the declared variants: the
+# validator's settings a TP=1 fp32 run leaves out
+LADDER = (
+    ("bf16", {"dtype": "bf16"}),
+    ("TP=2", {"tp": 2}),
+    ("FP8 KV cache", {"kv_cache_dtype": "fp8"}),
+    ("attention DP 2", {"attention_dp": 2}),
+    ("MLP DP 2", {"mlp_dp": 2}),
+    ("embedding DP 2", {"embedding_dp": 2}),
+    ("LM-head DP 2", {"lm_head_dp": 2}),
+)
 
 
 def partition(port: str, mutant: Mutant) -> str:
@@ -118,15 +131,18 @@ def _on_alarm(_signum, _frame):
     raise _Timeout(f"no verdict within {TIMEOUT_S} s")
 
 
-def validate(port: Port, checkpoint: Path, steps: int, dtype: str = "fp32") -> tuple[str, str]:
-    """(verdict, detail) of validating the port's package as it is on disk."""
+def validate(port: Port, checkpoint: Path, steps: int, **settings: object) -> tuple[str, str]:
+    """(verdict, detail) of validating the port's package as it is on disk,
+    at TP=1 in fp32 unless ``settings`` (``validate_model``'s options) say
+    otherwise."""
     from autoport_cst.errors import InputError
     from autoport_cst.validate import validate_model
 
+    options: dict = {"tp": 1, "dtype": "fp32", **settings}
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.alarm(TIMEOUT_S)
     try:
-        report = validate_model(port.package, checkpoint, tp=1, dtype=dtype, steps=steps)
+        report = validate_model(port.package, checkpoint, steps=steps, **options)
     except _Timeout as error:
         return "killed", f"timeout: {error}"
     except InputError as error:
@@ -192,6 +208,7 @@ class PortRun:
     scopes: dict[str, str]  # mutant key -> scope
     partitions: dict[str, str]  # mutant key -> partition
     defaults: dict[str, dict[str, object]]  # declared_defaults()
+    controls: dict[str, bool] = field(default_factory=dict)  # explain's settings the port validates with
 
     @classmethod
     def of(cls, port: Port, defaults: dict[str, dict[str, object]]) -> PortRun:
@@ -249,20 +266,35 @@ class PortRun:
         return outcome
 
     def explain(self, outcome: Outcome, steps: int) -> None:
-        """Run a survivor again where the default run does not look: on the
-        declared variants that execute its lines, and in bf16."""
-        self.port.model_file.write_text(self.parsed.mutated(outcome.mutant), encoding="utf-8")
+        """Run a survivor again where the default run does not look, until
+        one run catches it: the declared variants that execute its lines,
+        then the validator's other settings (``LADDER``) on which the
+        unmutated port validates."""
         lines = set(range(outcome.mutant.line, outcome.mutant.end_line + 1))
+        ladder = [
+            (v.label, v.checkpoint, {})
+            for v in self.port.variants
+            if lines & self.port.coverage.get(v.label, set())
+        ]
+        ladder += [(label, self.port.checkpoint, settings) for label, settings in LADDER]
         outcome.caught_by = []
-        try:
-            for variant in self.port.variants:
-                if lines & self.port.coverage.get(variant.label, set()):
-                    if validate(self.port, variant.checkpoint, steps)[0] == "killed":
-                        outcome.caught_by.append(variant.label)
-            if validate(self.port, self.port.checkpoint, steps, dtype="bf16")[0] == "killed":
-                outcome.caught_by.append("bf16")
-        finally:
-            self.port.model_file.write_text(self.original, encoding="utf-8")
+        for label, checkpoint, settings in ladder:
+            if not self.control(label, checkpoint, settings, steps):
+                continue
+            self.port.model_file.write_text(self.parsed.mutated(outcome.mutant), encoding="utf-8")
+            try:
+                verdict, _ = validate(self.port, checkpoint, steps, **settings)
+            finally:
+                self.port.model_file.write_text(self.original, encoding="utf-8")
+            if verdict == "killed":
+                outcome.caught_by.append(label)
+                return
+
+    def control(self, label: str, checkpoint: Path, settings: dict, steps: int) -> bool:
+        """Whether the unmutated port validates with these settings (once)."""
+        if label not in self.controls:
+            self.controls[label] = validate(self.port, checkpoint, steps, **settings)[0] == "survived"
+        return self.controls[label]
 
 
 @dataclass
@@ -329,7 +361,9 @@ def print_partition(name: str, outcomes: list[Outcome]) -> Tally:
             print(f"      scope: {o.scope}" + (f"; {o.detail}" if o.detail else ""))
             print(f"      - {o.before}\n      + {o.after}")
             if o.caught_by is not None:
-                print(f"      caught by: {', '.join(o.caught_by) or 'nothing the benchmark runs'}")
+                print(
+                    f"      caught by: {', '.join(o.caught_by) or 'none of the variants or settings tried'}"
+                )
     return tally
 
 
@@ -348,6 +382,7 @@ def run_benchmark(args: argparse.Namespace, workdir: Path) -> dict[str, Tally]:
         for run in runs:
             for mutant in run.sample(part, None if args.full else count, args.seed):
                 outcome = run.run(mutant, args.steps)
+                print(f"{part} {run.port.name} {mutant.key}: {outcome.verdict}", file=sys.stderr, flush=True)
                 if outcome.verdict == "survived" and args.explain:
                     run.explain(outcome, args.steps)
                 outcomes[part].append(outcome)
