@@ -64,3 +64,17 @@ def test_declared_changes_read_as_words_and_survive_copies():
     }
     copy = pickle.loads(pickle.dumps(declared))
     assert copy == declared and copy.described() == declared.described()
+
+
+def test_codemods_show_says_which_changes():
+    from click.testing import CliRunner
+
+    from autoport_cst.cli import cli
+
+    def realizes_line(codemod_id: str) -> str:
+        output = CliRunner().invoke(cli, ["codemods", "show", codemod_id]).output
+        return next(line for line in output.splitlines() if line.startswith("realizes:"))
+
+    assert realizes_line("remove-qk-norm") == "realizes: attention.qk_norm (from per_head to none)"
+    assert realizes_line("swap-norm") == "realizes: norm.kind, norm.bias, norm.eps_key"
+    assert realizes_line("lazy-rope") == "realizes: (hardware rule)"

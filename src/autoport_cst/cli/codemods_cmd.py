@@ -80,7 +80,7 @@ def show_command(codemod_id):
     console.print()
     console.print(escape(cls.documentation()))
     console.print()
-    console.print(f"realizes: {', '.join(cls.REALIZES) or '-'}")
+    console.print(f"realizes: {escape(_realized(cls))}")
     console.print(f"files: {', '.join(cls.FILES)}")
     console.print(f"runs after: {', '.join(cls.AFTER) or '-'}")
     rows = cls.param_docs()
@@ -101,3 +101,12 @@ def show_command(codemod_id):
         else:
             console.print("after:")
             console.print(Syntax(example.expected or "", "python", theme="ansi_dark"))
+
+
+def _realized(cls) -> str:
+    """The fields a codemod realizes, each with the changes it makes when it declares them."""
+    from autoport_cst.transform.realizes import Realizes
+
+    if not isinstance(cls.REALIZES, Realizes):
+        return ", ".join(cls.REALIZES) or (f"({cls.PURPOSE})" if cls.PURPOSE else "-")
+    return ", ".join(f"{path} ({changes})" for path, changes in cls.REALIZES.described().items())
