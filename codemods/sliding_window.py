@@ -10,8 +10,8 @@ import libcst as cst
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.attention import add_functions, calls_in, place_setting
-from autoport_cst.transform.backbone_masks import window_backbone_masks
+from autoport_cst.transform.attention import add_functions, calls_in, drop_unused_function, place_setting
+from autoport_cst.transform.backbone_masks import mask_start_edits, window_backbone_masks
 from autoport_cst.transform.config_fields import add_config_fields
 from autoport_cst.transform.cst_helpers import (
     classes_with_role,
@@ -22,7 +22,6 @@ from autoport_cst.transform.cst_helpers import (
     keyword_arg,
     parse_expr,
     parse_statement,
-    parse_statements,
     rewrite,
     self_assignment,
     statements,
@@ -41,7 +40,6 @@ from autoport_cst.transform.kernels import (
     guard,
     guard_statement,
     innermost_statement,
-    insert_before,
     kernel_sites,
 )
 from autoport_cst.transform.layers import require_method
@@ -105,12 +103,6 @@ DCP_MESSAGE = (
     "sliding-window attention: the context-parallel decode mask (local_filled_slots) takes no window"
 )
 BLOCKS_MESSAGE = "sliding-window attention: NF.segmented_attention needs a window of whole KV-cache blocks"
-
-START_POS = """
-start_pos = None
-if self.sliding_window is not None:
-    start_pos = torch.clamp({positions} - (self.sliding_window - 1), min=0)
-"""
 
 
 @dataclass(frozen=True)
@@ -564,7 +556,7 @@ class SlidingWindow(Codemod):
         self._kv_spec_edits(module, ctx, edits)
         module = rewrite(module, edits)
         if self.params.layers == "all":
-            module = _drop_unused_layer_rule(module)
+            module = drop_unused_function(module, "_layer_sliding_window")
         functions = [WINDOW_START] if self._helpers else []
         if self.params.layers == "per_layer" and attention:
             doc, code = FALLBACKS[self.params.without_layer_types]
@@ -674,22 +666,7 @@ class SlidingWindow(Codemod):
             raise ctx.precondition(
                 f"{ID}: {where} already passes start_pos={code_of(current.value)}", mask, module
             )
-        positions = keyword_arg(mask, "pos_ids")
-        if positions is None:
-            raise ctx.precondition(
-                f"{ID}: NF.gen_attention_decode_mask in {where} has no pos_ids= argument", mask, module
-            )
-        holder = innermost_statement(decode, mask)
-        new_statements = parse_statements(
-            START_POS.format(positions=code_of(positions.value)).strip("\n"), module
-        )
-        new_statements[0] = with_comment(
-            new_statements[0],
-            "<-- MODEL-SPECIFIC: sliding window: mask prior positions before p - window + 1",
-        )
-        start = parse_expr("start_pos", module)
-        edits[id(mask)] = lambda updated: set_keyword(updated, "start_pos", start)
-        insert_before(edits, holder, new_statements)
+        mask_start_edits(decode, mask, "self.sliding_window", where, module, ctx, edits, ID)
 
     def _backbone_mask_edits(self, module, attention, ctx, edits) -> None:
         """Decode masks handed to the attention by its caller: the backbone's
@@ -753,26 +730,6 @@ class SlidingWindow(Codemod):
 
 def _is_super_call(stmt: cst.BaseStatement) -> bool:
     return "super()" in code_of(stmt) if isinstance(stmt, cst.SimpleStatementLine) else False
-
-
-def _drop_unused_layer_rule(module: cst.Module) -> cst.Module:
-    """A per-layer rule left by a reference that slid per layer, now unused."""
-    rule = next(
-        (
-            s
-            for s in module.body
-            if isinstance(s, cst.FunctionDef) and s.name.value == "_layer_sliding_window"
-        ),
-        None,
-    )
-    if rule is None:
-        return module
-    for stmt in module.body:
-        if stmt is rule:
-            continue
-        if any(isinstance(n, cst.Name) and n.value == "_layer_sliding_window" for n in walk(stmt)):
-            return module
-    return module.with_changes(body=[s for s in module.body if s is not rule])
 
 
 def _memoized_mask_edits(mask: cst.Call, decode: cst.FunctionDef, where: str, module, ctx, edits) -> None:

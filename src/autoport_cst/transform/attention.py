@@ -185,6 +185,18 @@ def add_functions(module: cst.Module, functions: list[str], replace: bool = Fals
     return module.with_changes(body=body) if changed else module
 
 
+def drop_unused_function(module: cst.Module, name: str) -> cst.Module:
+    """Remove the module-level function ``name`` when no other top-level
+    statement names it."""
+    function = next((s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
+    if function is None:
+        return module
+    for stmt in module.body:
+        if stmt is not function and any(isinstance(n, cst.Name) and n.value == name for n in walk(stmt)):
+            return module
+    return module.with_changes(body=[s for s in module.body if s is not function])
+
+
 # -- the op-by-op kernel substitutes live in autoport_cst.transform.kernels -----------------
 
 from autoport_cst.transform.kernels import (  # noqa: E402,F401 - re-exported for the codemods

@@ -15,6 +15,8 @@ and a full one):
 - each layer gets the mask of its window.
 
 A mask function that already passes a ``start_pos`` is left alone.
+``mask_start_edits`` gives one decode mask the start of its window (the
+attention's own masks use it too).
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ MASK_KERNEL = "NF.gen_attention_decode_mask"
 WINDOW_PARAM = "window"
 START_POS = """
 start_pos = None
-if window is not None:
-    start_pos = torch.clamp({positions} - (window - 1), min=0)
+if {window} is not None:
+    start_pos = torch.clamp({positions} - ({window} - 1), min=0)
 """
 START_COMMENT = "<-- MODEL-SPECIFIC: sliding window: mask prior positions before p - window + 1"
 MASKS_COMMENT = (
@@ -104,22 +106,34 @@ def _function_edits(function: cst.FunctionDef, module, ctx, edits, codemod_id) -
         equal=cst.AssignEqual(cst.SimpleWhitespace(" "), cst.SimpleWhitespace(" ")),
     )
     edits[id(params)] = lambda updated, param=param: _append_param(updated, param)
-    start = parse_expr("start_pos", module)
     for mask in calls_in(function, MASK_KERNEL):
-        positions = keyword_arg(mask, "pos_ids")
-        if positions is None:
-            raise ctx.precondition(
-                f"{codemod_id}: {MASK_KERNEL} in {function.name.value} has no pos_ids= argument", mask, module
-            )
-        new = parse_statements(START_POS.format(positions=code_of(positions.value)).strip("\n"), module)
-        new[0] = with_comment(new[0], START_COMMENT)
-        edits[id(mask)] = lambda updated: set_keyword(updated, "start_pos", start)
-        holder = innermost_statement(function, mask)
-        if holder is None:  # pragma: no cover - a call always sits in a statement
-            raise ctx.precondition(
-                f"{codemod_id}: cannot place the window's start before this call", mask, module
-            )
-        insert_before(edits, holder, new)
+        mask_start_edits(function, mask, WINDOW_PARAM, function.name.value, module, ctx, edits, codemod_id)
+
+
+def mask_start_edits(
+    function, mask: cst.Call, window: str, where: str, module, ctx, edits, codemod_id
+) -> None:
+    """``start_pos`` of the decode mask ``mask`` in ``function``: from its
+    ``pos_ids`` and ``window`` (the code of an ``int | None``), computed
+    right before the statement holding it, so that the mask hides the prior
+    positions before ``p - window + 1``."""
+    positions = keyword_arg(mask, "pos_ids")
+    if positions is None:
+        raise ctx.precondition(
+            f"{codemod_id}: {MASK_KERNEL} in {where} has no pos_ids= argument", mask, module
+        )
+    new = parse_statements(
+        START_POS.format(positions=code_of(positions.value), window=window).strip("\n"), module
+    )
+    new[0] = with_comment(new[0], START_COMMENT)
+    start = parse_expr("start_pos", module)
+    edits[id(mask)] = lambda updated: set_keyword(updated, "start_pos", start)
+    holder = innermost_statement(function, mask)
+    if holder is None:  # pragma: no cover - a call always sits in a statement
+        raise ctx.precondition(
+            f"{codemod_id}: cannot place the window's start before this call", mask, module
+        )
+    insert_before(edits, holder, new)
 
 
 def _append_param(params: cst.Parameters, param: cst.Param) -> cst.Parameters:
