@@ -93,6 +93,19 @@ def _fields(t: type) -> tuple[str, ...]:
 
 _CSTNode = cst.CSTNode
 _SEQ = (tuple, list)
+
+
+class _IsNode(dict):
+    """type -> whether its instances are LibCST nodes, decided once per type
+    (``isinstance`` against LibCST's abstract node class costs several dict
+    lookups when it fails, as it does for every string and sentinel field)."""
+
+    def __missing__(self, kind: type) -> bool:
+        found = self[kind] = issubclass(kind, _CSTNode)
+        return found
+
+
+_IS_NODE = _IsNode()
 _STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
 
 
@@ -402,7 +415,7 @@ def walk(ctx: LintContext, module: cst.Module, rules: list[Rule]) -> None:
     pop = stack.pop
     push = stack.append
     fields_of = _fields
-    CSTNode = _CSTNode
+    is_node = _IS_NODE
     while stack:
         item = pop()
         if type(item) is tuple:
@@ -423,11 +436,11 @@ def walk(ctx: LintContext, module: cst.Module, rules: list[Rule]) -> None:
         children: list[Any] = []
         for name in fields_of(t):
             value = getattr(item, name)
-            if isinstance(value, CSTNode):
+            if is_node[type(value)]:
                 children.append(value)
             elif type(value) in _SEQ:
                 for child in value:
-                    if isinstance(child, CSTNode):
+                    if is_node[type(child)]:
                         children.append(child)
         if t is cst.FunctionDef or t is cst.ClassDef:
             body = children.pop()
