@@ -81,10 +81,6 @@ PORTS = {
         "steps": {"logits-divisor", "parallel-residual"},
         "spec": {("lm_head", "logits_key"): "logit_scale", ("lm_head", "logits_form"): "multiplier"},
     },
-    "Cohere2ForCausalLM": {
-        "steps": {"logits-divisor", "sliding-window"},
-        "spec": {("lm_head", "logits_key"): "logit_scale", ("lm_head", "logits_form"): "multiplier"},
-    },
     "CwmForCausalLM": {"steps": set()},
     # per-head q/k norms applied to the rotated queries and keys
     "HunYuanDenseV1ForCausalLM": {
@@ -105,7 +101,6 @@ PORTS = {
 # Ports that the tiny checkpoints with every kind of layer (issue 15) show wrong;
 # strict: the day they validate, the mark must go.
 KNOWN_WRONG = {
-    "Cohere2ForCausalLM": "its full-attention layers take no RoPE; the port rotates them (layers.3.attention)",
     "FlintForCausalLM": "its layers after the first two are MoE; the research plans a dense model and is refused",
 }
 

@@ -25,6 +25,8 @@ REFUSALS = {
     "RobertaForCausalLM": ("unsupported", "code.decoder_layers"),  # BERT-style post-LN encoder
     # dynamic mask attention: a bias from dt_proj(values) scaled by the learned A, added to the scores
     "DogeForCausalLM": ("unsupported", "learned parameters in the attention computation"),
+    # full-attention layers without RoPE, chosen by layer_types (the NoPE codemod reads other fields)
+    "Cohere2ForCausalLM": ("unsupported", "nope_layers: Cohere2Attention.forward"),
 }
 
 
