@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Generate text with the GPT-OSS port on Trainium through vLLM.
+"""Generate text with the GptOss port on Trainium through vLLM.
 
 Run on a Trainium instance with vLLM and the Neuron backend installed:
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Generate text with the Qwen3-MoE port on Trainium through vLLM.
+"""Generate text with the Qwen3Moe port on Trainium through vLLM.
 
 Run on a Trainium instance with vLLM and the Neuron backend installed:
 
