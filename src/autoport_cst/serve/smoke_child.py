@@ -119,16 +119,33 @@ def server_run(
     return run, counters
 
 
-def _max_model_len(checkpoint: str) -> int:
-    values = json.loads((Path(checkpoint) / "config.json").read_text())
-    return int(min(512, values.get("max_position_embeddings") or 512))
+def _config(checkpoint: str) -> dict[str, Any]:
+    return json.loads((Path(checkpoint) / "config.json").read_text())
+
+
+def _max_model_len(config: dict[str, Any]) -> int:
+    return int(min(512, config.get("max_position_embeddings") or 512))
+
+
+def _block_size(config: dict[str, Any], default: int) -> int:
+    """``default``, or its largest divisor that divides the sliding window
+    (the segmented prefill kernel takes windows in whole blocks), as the
+    validator chooses it."""
+    from autoport_cst.validate.scenario import segment_block_size
+
+    window = config.get("sliding_window")
+    if isinstance(window, int) and window > 0 and config.get("use_sliding_window") is not False:
+        return segment_block_size([window], default)
+    return default
 
 
 def smoke(settings: SmokeSettings) -> dict[str, Any]:
     from .reference import GreedyReference
 
     reference = GreedyReference(settings.checkpoint)
-    options = engine_options(settings, _max_model_len(settings.checkpoint))
+    config = _config(settings.checkpoint)
+    settings.block_size = _block_size(config, settings.block_size)
+    options = engine_options(settings, _max_model_len(config))
     checks: list[Check] = []
     figures: dict[str, Any] = {}
     runs: dict[str, BatteryRun] = {}
