@@ -40,6 +40,7 @@ from autoport_cst.transform.layers import instances_of_role
 from autoport_cst.transform.mappings import entry_statement, mapping_entries
 from autoport_cst.transform.roles import split_prefix
 from autoport_cst.transform.scope_rename import rename_targets
+from autoport_cst.transform.vocabulary import IS_ATTRIBUTE, nodes_of
 
 SUFFIX = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
 
@@ -553,15 +554,14 @@ def _handed_params(nodes) -> dict[int, tuple[str, ...]]:
     """id(call) -> the parameters defaulting to None of the function around it."""
     found: dict[int, tuple[str, ...]] = {}
     for func in nodes:
-        if isinstance(func, cst.FunctionDef):
+        if type(func) is cst.FunctionDef:  # (no subclasses: the abstract-class isinstance is slow)
             names = tuple(
                 p.name.value
                 for p in func.params.params
                 if p.default is not None and dotted(p.default) == "None"
             )
-            for node in walk(func):
-                if isinstance(node, cst.Call):
-                    found[id(node)] = names  # inner functions come later and win
+            for node in nodes_of(func, cst.Call):
+                found[id(node)] = names  # inner functions come later and win
     return found
 
 
@@ -584,7 +584,7 @@ def _is_eps_name(name: str) -> bool:
 def _is_eps_use(node: cst.CSTNode) -> bool:
     """``<...config>.<norm eps field>``, such as ``config.rms_norm_eps``."""
     return (
-        isinstance(node, cst.Attribute)
+        IS_ATTRIBUTE[type(node)]
         and _is_eps_name(node.attr.value)
         and (dotted(node.value) or "").split(".")[-1] == "config"
     )

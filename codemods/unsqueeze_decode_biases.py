@@ -19,6 +19,7 @@ from autoport_cst.transform.cst_helpers import (
 )
 from autoport_cst.transform.qkv import projection_kind
 from autoport_cst.transform.roles import class_role
+from autoport_cst.transform.vocabulary import nodes_of
 
 BIAS_ARGUMENTS = ("bias_qkv", "bias_out")
 TWO_D_FORMS = ("unsqueeze", "view", "reshape")
@@ -103,18 +104,17 @@ class UnsqueezeDecodeBiases(Codemod):
     )
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        nodes = walk(module)
-        calls = [n for n in nodes if isinstance(n, cst.Call) and projection_kind(n) == "decode"]
+        calls = [n for n in nodes_of(module, cst.Call) if projection_kind(n) == "decode"]
         if not calls:
             if any(class_role(name) == "attention" for name in ctx.port.package_classes) and not any(
                 c.name.value for c in classes_with_role(module, "attention")
             ):
                 return module  # the attention (and its decode kernel) is in another file of the package
             raise ctx.precondition("unsqueeze-decode-biases: no NF.attention_decode(...) call in this file")
-        fixer = _Unsqueeze(_two_d_parameters(nodes), module)
+        fixer = _Unsqueeze(_two_d_parameters(nodes_of(module, cst.SimpleStatementLine)), module)
         edits = {}
-        for func in (n for n in nodes if isinstance(n, cst.FunctionDef)):
-            for call in (n for n in walk(func) if isinstance(n, cst.Call) and projection_kind(n) == "decode"):
+        for func in nodes_of(module, cst.FunctionDef):
+            for call in (n for n in nodes_of(func, cst.Call) if projection_kind(n) == "decode"):
                 if id(call) not in edits:
                     edits[id(call)] = lambda updated, func=func, call=call: fixer.edit(
                         updated, _locals(func, call)
