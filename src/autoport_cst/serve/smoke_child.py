@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -199,4 +199,4 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
 
-__all__ = ["SmokeSettings", "asdict", "main", "smoke"]
+__all__ = ["RUNS", "SmokeSettings", "main", "smoke"]
