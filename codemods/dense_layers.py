@@ -22,45 +22,13 @@ from autoport_cst.transform.cst_helpers import (
     walk,
     with_comment,
 )
+from autoport_cst.transform.dense_mlp_code import RULE, RULE_FUNCTION, TEMPLATES
 from autoport_cst.transform.mappings import mapping_entries
 from autoport_cst.transform.realizes import Realizes, not_to
 from autoport_cst.transform.roles import split_prefix
 
 ID = "dense-layers"
-RULE = "_layer_is_dense"
 DENSE_SUFFIX = "DenseMLP"
-WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"
-PARALLEL_STATE = "vllm_neuron.parallel.neuron_parallel_state"
-
-RULE_FUNCTION = '''
-def _layer_is_dense(config, layer_idx: int) -> bool:
-    """Whether decoder layer ``layer_idx`` has a dense MLP instead of the experts.
-
-    Mixture-of-experts configs say it in one of these forms (the first one the
-    config has decides): ``mlp_layer_types`` ("dense" or "sparse" per layer);
-    ``first_k_dense_replace`` or ``num_dense_layers`` (the first k layers are
-    dense); ``moe_layer_interval`` with ``moe_layer_start_index`` and
-    ``moe_layer_end_index`` (experts on every interval-th layer of that range);
-    ``mlp_only_layers`` (listed layers are dense) with ``decoder_sparse_step``
-    (experts on every step-th layer). A config with none of them has experts
-    on every layer.
-    """
-    if config.mlp_layer_types is not None:
-        return config.mlp_layer_types[layer_idx] != "sparse"
-    if config.first_k_dense_replace is not None:
-        return layer_idx < config.first_k_dense_replace
-    if config.num_dense_layers is not None:
-        return layer_idx < config.num_dense_layers
-    if config.moe_layer_interval is not None:
-        start = config.moe_layer_start_index or 0
-        end = config.moe_layer_end_index
-        if end is None or end < 0:
-            end = config.num_hidden_layers - 1
-        return not (start <= layer_idx <= end and (layer_idx + 1) % config.moe_layer_interval == 0)
-    if layer_idx in (config.mlp_only_layers or ()):
-        return True
-    return (layer_idx + 1) % (config.decoder_sparse_step or 1) != 0
-'''
 
 CONFIG_FIELDS = [
     ("decoder_sparse_step: int | None = None", ""),
@@ -73,178 +41,6 @@ CONFIG_FIELDS = [
     ("moe_layer_start_index: int | None = None", ""),
     ("num_dense_layers: int | None = None", ""),
 ]
-
-DENSE_CLASS = '''
-class {name}(nn.Module):
-    """The dense feed-forward block of the layers without experts: a SiLU-gated
-    MLP with the pre-MLP norm in front of it, like the experts (so that the
-    decoder layer calls both alike)."""
-
-    def __init__(self, {config}):
-        super().__init__()
-        self.dtype = config.torch_dtype
-        self.hidden_size = config.hidden_size
-
-        # >>> PARALLELISM: TP group setup <<<
-        self.tp_group = get_tp_group()
-        self.world_size = self.tp_group.world_size
-
-        # >>> PARALLELISM: intermediate dimension sharded over TP <<<
-        self.intermediate_size_per_rank = config.intermediate_size // self.world_size
-
-        # <-- MODEL-SPECIFIC: pre-MLP norm (the decoder layer's post-attention norm)
-        {norm}
-        # <-- MODEL-SPECIFIC: SiLU-gated MLP; gate/up stored [H, I/tp], down [I/tp, H]
-        self.gate_proj_weight = nn.Parameter(
-            torch.empty(self.hidden_size, self.intermediate_size_per_rank, dtype=self.dtype)
-        )
-        self.up_proj_weight = nn.Parameter(
-            torch.empty(self.hidden_size, self.intermediate_size_per_rank, dtype=self.dtype)
-        )
-        self.down_proj_weight = nn.Parameter(
-            torch.empty(self.intermediate_size_per_rank, self.hidden_size, dtype=self.dtype)
-        )
-        self._setup_weight_loaders()
-
-    def _setup_weight_loaders(self):
-        """>>> PARALLELISM: each rank loads its slice of the intermediate dimension. <<<"""
-        for weight in (self.gate_proj_weight, self.up_proj_weight):
-            set_weight_loader(
-                weight,
-                sharding_weight_loader(
-                    shard_dim=1,
-                    shard_size=self.intermediate_size_per_rank,
-                    num_shards=self.world_size,
-                    is_storage_transposed=True,
-                ),
-            )
-        set_weight_loader(
-            self.down_proj_weight,
-            sharding_weight_loader(
-                shard_dim=0,
-                shard_size=self.intermediate_size_per_rank,
-                num_shards=self.world_size,
-                is_storage_transposed=True,
-            ),
-        )
-
-    def forward(self, hidden_states: torch.Tensor, positions: torch.Tensor, is_prefill: bool):
-        """This rank's SP slice [T / world_size, H] in prefill, [B * S, H] in decode."""
-        hidden_states = self.{norm_attr}(hidden_states.to(self.dtype))
-        # >>> PARALLELISM: All-gather from SP before the MLP <<<
-        if is_prefill and self.world_size > 1:
-            hidden_states = self.tp_group.all_gather(hidden_states, dim=0)
-        output = NF.mlp(hidden_states, self.gate_proj_weight, self.up_proj_weight, self.down_proj_weight)
-        # >>> PARALLELISM: reduce-scatter back to SP (prefill) or sum the partial outputs (decode) <<<
-        if self.world_size > 1:
-            if is_prefill:
-                output = self.tp_group.reduce_scatter(output, dim=0)
-            else:
-                output = self.tp_group.all_reduce(output)
-        return output
-'''
-
-# The same block for the real packages' wrapper signature, (hidden_states,
-# positions, is_decode, rank): decode rows arrive in the MLP-DP state (the
-# batches of every MLP-DP rank), so the intermediate dimension is sharded over
-# the MLP TP group (TP * MLP DP) and the decode partial sums are summed over
-# it, as the experts and the dense references' MLP do; prefill keeps the SP
-# all-gather and reduce-scatter over TP.
-DENSE_CLASS_MLP_DP = '''
-class {name}(nn.Module):
-    """The dense feed-forward block of the layers without experts: a SiLU-gated
-    MLP with the pre-MLP norm in front of it, like the experts (so that the
-    decoder layer calls both alike); the intermediate dimension is sharded
-    over the MLP TP group (TP * MLP DP), like the experts'."""
-
-    def __init__(self, {config}):
-        super().__init__()
-        self.dtype = config.torch_dtype
-        self.hidden_size = config.hidden_size
-
-        # >>> PARALLELISM: TP group setup <<<
-        self.tp_group = get_tp_group()
-        self.world_size = self.tp_group.world_size
-
-        # >>> PARALLELISM: MLP data parallelism: the MLP TP group spans TP * MLP DP <<<
-        self.mlp_tp_group = get_neuron_mlp_tp_group()
-        self.mlp_tp_size = self.mlp_tp_group.world_size
-        self.mlp_tp_rank = self.mlp_tp_group.rank_in_group
-        self.intermediate_size_per_rank = config.intermediate_size // self.mlp_tp_size
-
-        # <-- MODEL-SPECIFIC: pre-MLP norm (the decoder layer's post-attention norm)
-        {norm}
-        # <-- MODEL-SPECIFIC: SiLU-gated MLP; gate/up stored [H, I/t], down [I/t, H]
-        self.gate_proj_weight = nn.Parameter(
-            torch.empty(self.hidden_size, self.intermediate_size_per_rank, dtype=self.dtype)
-        )
-        self.up_proj_weight = nn.Parameter(
-            torch.empty(self.hidden_size, self.intermediate_size_per_rank, dtype=self.dtype)
-        )
-        self.down_proj_weight = nn.Parameter(
-            torch.empty(self.intermediate_size_per_rank, self.hidden_size, dtype=self.dtype)
-        )
-        self._setup_weight_loaders()
-
-    def _setup_weight_loaders(self):
-        """>>> PARALLELISM: each rank loads the slice of its place in the MLP TP group. <<<"""
-        gate_up_loader = sharding_weight_loader(
-            shard_dim=1,
-            shard_size=self.intermediate_size_per_rank,
-            num_shards=self.mlp_tp_size,
-            is_storage_transposed=True,
-        )
-        down_loader = sharding_weight_loader(
-            shard_dim=0,
-            shard_size=self.intermediate_size_per_rank,
-            num_shards=self.mlp_tp_size,
-            is_storage_transposed=True,
-        )
-        gate_up_loader = with_rank_override(gate_up_loader, rank=self.mlp_tp_rank)
-        down_loader = with_rank_override(down_loader, rank=self.mlp_tp_rank)
-        set_weight_loader(self.gate_proj_weight, gate_up_loader)
-        set_weight_loader(self.up_proj_weight, gate_up_loader)
-        set_weight_loader(self.down_proj_weight, down_loader)
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        positions: torch.Tensor,
-        is_decode: bool,
-        rank: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """This rank's SP slice [T / world_size, H] in prefill; in decode [B * S, H],
-        the batches of every MLP-DP rank."""
-        hidden_states = self.{norm_attr}(hidden_states.to(self.dtype))
-        # >>> PARALLELISM: All-gather from SP before the MLP (prefill) <<<
-        if not is_decode and self.world_size > 1:
-            hidden_states = self.tp_group.all_gather(hidden_states, dim=0)
-        output = NF.mlp(hidden_states, self.gate_proj_weight, self.up_proj_weight, self.down_proj_weight)
-        # >>> PARALLELISM: reduce-scatter to SP (prefill) or all-reduce over the MLP TP group (decode) <<<
-        if is_decode:
-            if self.mlp_tp_size > 1:
-                output = self.mlp_tp_group.all_reduce(output)
-        elif self.world_size > 1:
-            output = self.tp_group.reduce_scatter(output, dim=0)
-        return output
-'''
-
-# the MoE wrapper's forward parameters -> (the dense class written for them,
-# the names it imports as (module, name))
-TEMPLATES = {
-    ("hidden_states", "positions", "is_prefill"): (
-        DENSE_CLASS,
-        ((WEIGHT_LOADERS, "sharding_weight_loader"),),
-    ),
-    ("hidden_states", "positions", "is_decode", "rank"): (
-        DENSE_CLASS_MLP_DP,
-        (
-            (WEIGHT_LOADERS, "sharding_weight_loader"),
-            (WEIGHT_LOADERS, "with_rank_override"),
-            (PARALLEL_STATE, "get_neuron_mlp_tp_group"),
-        ),
-    ),
-}
 
 DENSE_ENTRIES = (
     ("{norm_attr}.weight", "post_attention_layernorm.weight"),
@@ -650,14 +446,10 @@ class DenseLayers(Codemod):
     # -- load_weights ---------------------------------------------------------------------
 
     def _load_weights(self, module, ctx, norm, edits) -> None:
-        loops = []
-        for cls in classes_with_role(module, "causal_lm"):
-            load = method(cls, "load_weights")
-            if load is None:
-                continue
-            for node in walk(load):
-                if isinstance(node, cst.For) and any(_is_moe_key(e.key) for e in mapping_entries(node.body)):
-                    loops.append(node)
+        """In each loop over the layers of ``load_weights``: the expert
+        entries (and the statements only they read) under ``if not <rule>``,
+        the dense MLP's entries under its ``else``."""
+        loops = _expert_entry_loops(module)
         if not loops:
             if any(
                 isinstance(n, cst.If) and RULE in code_of(n.test)
@@ -674,20 +466,7 @@ class DenseLayers(Codemod):
             if any(isinstance(s, cst.If) and RULE in code_of(s.test) for s in body):
                 continue
             moe_entries = [e for e in mapping_entries(list(body)) if _is_moe_key(e.key)]
-            moved_ids = {id(e.statement) for e in moe_entries}
-            # variables only the expert entries read (moe = moe_checkpoint_keys(...))
-            read_by_moe = {n.value for e in moe_entries for n in walk(e.value) if isinstance(n, cst.Name)}
-            for stmt in body:
-                if id(stmt) in moved_ids or not isinstance(stmt, cst.SimpleStatementLine):
-                    continue
-                pair = _assigned_name(stmt)
-                if (
-                    pair is not None
-                    and pair in read_by_moe
-                    and not _read_elsewhere(body, stmt, moved_ids, pair)
-                ):
-                    moved_ids.add(id(stmt))
-            target = code_of(loop.target)
+            moved_ids = _moved_with_entries(body, moe_entries)
             key = moe_entries[0].key
             prefix_var = key[1 : key.index("}")] if key.startswith("{") else None
             if prefix_var is None:
@@ -696,21 +475,8 @@ class DenseLayers(Codemod):
                     moe_entries[0].statement,
                     module,
                 )
-            moved = [s for s in body if id(s) in moved_ids]
-            dense = "\n".join(
-                f'    mappings[f"{{{prefix_var}}}.mlp.{param.format(norm_attr=norm_attr)}"] = f"{{{prefix_var}}}.{ckpt}"'
-                for param, ckpt in DENSE_ENTRIES
-            )
-            block = parse_statement(
-                f"if not {RULE}(self.config, {target}):\n    pass\nelse:\n{dense}\n", module
-            )
-            block = block.with_changes(
-                body=block.body.with_changes(
-                    body=[s.with_changes(leading_lines=[]) if i == 0 else s for i, s in enumerate(moved)]
-                )
-            )
-            block = with_comment(
-                block, "<-- MODEL-SPECIFIC: the experts, or the dense MLP of the layers without them"
+            block = _rule_block(
+                [s for s in body if id(s) in moved_ids], code_of(loop.target), prefix_var, norm_attr, module
             )
             entry_ids = {id(e.statement) for e in moe_entries}
             first = next(i for i, s in enumerate(body) if id(s) in entry_ids)
@@ -719,6 +485,50 @@ class DenseLayers(Codemod):
             edits[id(loop)] = lambda updated, new_body=new_body: updated.with_changes(
                 body=updated.body.with_changes(body=new_body)
             )
+
+
+def _expert_entry_loops(module: cst.Module) -> list[cst.For]:
+    """The loops of the causal LMs' ``load_weights`` that map expert keys."""
+    loops = []
+    for cls in classes_with_role(module, "causal_lm"):
+        load = method(cls, "load_weights")
+        if load is None:
+            continue
+        for node in walk(load):
+            if isinstance(node, cst.For) and any(_is_moe_key(e.key) for e in mapping_entries(node.body)):
+                loops.append(node)
+    return loops
+
+
+def _moved_with_entries(body: list, moe_entries) -> set[int]:
+    """The statements that move under the rule: the expert entries, and the
+    variables only they read (``moe = moe_checkpoint_keys(...)``)."""
+    moved_ids = {id(e.statement) for e in moe_entries}
+    read_by_moe = {n.value for e in moe_entries for n in walk(e.value) if isinstance(n, cst.Name)}
+    for stmt in body:
+        if id(stmt) in moved_ids or not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        pair = _assigned_name(stmt)
+        if pair is not None and pair in read_by_moe and not _read_elsewhere(body, stmt, moved_ids, pair):
+            moved_ids.add(id(stmt))
+    return moved_ids
+
+
+def _rule_block(
+    moved: list, layer: str, prefix_var: str, norm_attr: str, module: cst.Module
+) -> cst.BaseStatement:
+    """``if not <rule>(self.config, <layer>):`` the moved statements, ``else:`` the dense MLP's entries."""
+    dense = "\n".join(
+        f'    mappings[f"{{{prefix_var}}}.mlp.{param.format(norm_attr=norm_attr)}"] = f"{{{prefix_var}}}.{ckpt}"'
+        for param, ckpt in DENSE_ENTRIES
+    )
+    block = parse_statement(f"if not {RULE}(self.config, {layer}):\n    pass\nelse:\n{dense}\n", module)
+    block = block.with_changes(
+        body=block.body.with_changes(  # type: ignore[attr-defined]
+            body=[s.with_changes(leading_lines=[]) if i == 0 else s for i, s in enumerate(moved)]
+        )
+    )
+    return with_comment(block, "<-- MODEL-SPECIFIC: the experts, or the dense MLP of the layers without them")
 
 
 def _moe_wrapper(module: cst.Module) -> cst.ClassDef | None:
