@@ -576,9 +576,29 @@ class QkNorm(Codemod):
         op-by-op projection), or applied right before each explicit
         ``apply_rotary_pos_emb(q, k, ...)``."""
         name = cls.name.value
+        fused = [p for p in found if p.kind == "prefill" and p.fused_rope]
+        needs = self._fused_prefill_edits(name, fused, eps_attr, module, ctx, edits)
+        explicit = 0
+        for method in forward_methods(cls):
+            rope = [n for n in walk(method) if isinstance(n, cst.Call) and is_call(n, *ROPE_CALLS)]
+            if not rope:
+                continue
+            explicit += 1
+            self._explicit_norms(cls, method, rope, module, ctx, edits)
+        if not fused and not explicit:
+            raise ctx.precondition(
+                f"{ID}: {name} rotates q and k neither in NF.qkv_proj (cos_cache/sin_cache) nor with "
+                "apply_rotary_pos_emb(q, k, ...); cannot tell where the norms go",
+                cls,
+                module,
+            )
+        return needs
+
+    def _fused_prefill_edits(self, name, fused, eps_attr, module, ctx, edits) -> set[str]:
+        """The norms in each ``NF.qkv_proj`` that rotates: the kernel's
+        pre-RoPE norm (per-head), or the op-by-op projection (full-width)."""
         full = self.params.kind == "full_width"
         needs: set[str] = set()
-        fused = [p for p in found if p.kind == "prefill" and p.fused_rope]
         for projection in fused:
             if full:
                 unsupported = unsupported_arguments(projection.call, QKV_PROJ_UNFUSED_PARAMETERS)
@@ -613,20 +633,6 @@ class QkNorm(Codemod):
                 f"{ID}: the op-by-op projection rotates with the module's apply_rotary_pos_emb, which this "
                 "file does not define",
                 fused[0].call,
-                module,
-            )
-        explicit = 0
-        for method in forward_methods(cls):
-            rope = [n for n in walk(method) if isinstance(n, cst.Call) and is_call(n, *ROPE_CALLS)]
-            if not rope:
-                continue
-            explicit += 1
-            self._explicit_norms(cls, method, rope, module, ctx, edits)
-        if not fused and not explicit:
-            raise ctx.precondition(
-                f"{ID}: {name} rotates q and k neither in NF.qkv_proj (cos_cache/sin_cache) nor with "
-                "apply_rotary_pos_emb(q, k, ...); cannot tell where the norms go",
-                cls,
                 module,
             )
         return needs
