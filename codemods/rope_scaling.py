@@ -34,7 +34,7 @@ from autoport_cst.transform.cst_helpers import (
 )
 from autoport_cst.transform.realizes import Realizes, to
 from autoport_cst.transform.roles import class_role
-from autoport_cst.transform.rope_variants import (
+from autoport_cst.transform.rope_variant_code import (
     COMMON_INIT,
     COMPUTE_BRANCH,
     FACTOR_READERS,
