@@ -28,7 +28,7 @@ def test_results_file_is_the_workflows(tmp_path):
     assert text.startswith("# qwen2: vLLM smoke test and server battery on CPU")
     assert "FAILED" in text and "## Checks (1 of 2 passed)" in text
     assert "| server: counting equals transformers greedy | FAIL | token 3: served 7, expected 9 |" in text
-    assert "| engine start-up (s) | 61.500 |" in text
+    assert "| engine start-up, vLLM's imports included (s) | 61.500 |" in text
 
 
 def test_a_passing_outcome_needs_checks_and_no_failure():

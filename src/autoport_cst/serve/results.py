@@ -10,7 +10,7 @@ from typing import Any
 from autoport_cst.atomic import write_atomic
 
 FIGURE_NAMES = {
-    "startup_s": "engine start-up (s)",
+    "startup_s": "engine start-up, vLLM's imports included (s)",
     "ttft_median_s": "time to first token, median of 10 concurrent (s)",
     "latency_median_s": "request latency, median of 10 concurrent (s)",
     "tokens_per_s": "generated tokens per second, 10 concurrent",
