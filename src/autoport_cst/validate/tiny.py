@@ -349,6 +349,7 @@ def _random_state(model_class: Any, config: Any, seed: int, key_format: str) -> 
 def _write_checkpoint(directory: Path, config: Any, state: dict, key_format: str) -> None:
     """``model.safetensors`` and ``config.json`` (both or neither new), and the tokenizer."""
     import torch
+
     from .checkpoint_file import save_state
 
     config.dtype = torch.float32
