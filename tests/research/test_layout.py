@@ -1,8 +1,10 @@
 """The research code split by spec section stays split: the code analysis
 (``research/analysis``) and the spec decision (``research/decide``) import
 from their orchestrator down to the sections and from the sections to the
-shared state, never sideways or back up; no module or function grows back
-into what it replaced (files up to 800 lines, functions up to 80)."""
+shared state, never sideways or back up; the interpreter they run on
+(``research/interp``) is built in layers, each module importing only the ones
+below it; no module or function grows back into what it replaced (files up to
+800 lines, functions up to 80)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,21 @@ LAYERS = {
 SECTION_EDGES = {("analysis", "moe"): {"mlp"}}
 MAX_FILE_LINES = 800
 MAX_FUNCTION_LINES = 80
+# the interpreter's modules from the bottom up: each imports only modules before it
+INTERP_LAYERS = (
+    "values",
+    "config_proxy",
+    "walk",
+    "operators",
+    "externals",
+    "core",
+    "python_builtins",
+    "classes",
+    "expressions",
+    "statements",
+    "calls",
+    "interpreter",
+)
 
 
 def _modules(package: str) -> dict[str, Path]:
@@ -89,10 +106,25 @@ def test_shared_modules_form_no_cycle():
             visit(name, ())
 
 
-@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_interpreter_modules_import_only_the_layers_below():
+    modules = _modules("interp")
+    assert set(modules) == set(INTERP_LAYERS)
+    assert not (RESEARCH / "interp.py").exists()
+    for index, name in enumerate(INTERP_LAYERS):
+        found = _imports(modules[name], "interp") - {name}
+        below = set(INTERP_LAYERS[:index])
+        assert found <= below, f"interp/{name}.py imports {sorted(found - below)}, not below it"
+    assert not _imports(RESEARCH / "interp" / "__init__.py", "interp"), (
+        "interp/__init__.py imports its modules"
+    )
+
+
+@pytest.mark.parametrize("package", [*sorted(LAYERS), "interp"])
 def test_files_and_functions_stay_short(package):
-    orchestrator = LAYERS[package][0]
-    paths = [*_modules(package).values(), RESEARCH / f"{orchestrator}.py"]
+    paths = list(_modules(package).values())
+    if package in LAYERS:
+        paths.append(RESEARCH / f"{LAYERS[package][0]}.py")
+    assert paths, f"research/{package} holds no modules"
     for path in paths:
         text = path.read_text(encoding="utf-8")
         assert len(text.splitlines()) <= MAX_FILE_LINES, f"{path.name}: {len(text.splitlines())} lines"

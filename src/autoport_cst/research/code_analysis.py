@@ -33,7 +33,8 @@ from autoport_cst.research.analysis import attention, decoder, head, mlp, moe, r
 from autoport_cst.research.analysis.mlp import ACTIVATIONS
 from autoport_cst.research.analysis.state import AnalyzerState, CodeAnalysis
 from autoport_cst.research.findings import CODE, known, unknown
-from autoport_cst.research.interp import Interpreter, SourceClass
+from autoport_cst.research.interp.interpreter import Interpreter
+from autoport_cst.research.interp.values import SourceClass
 from autoport_cst.research.sources import ModelingSource
 
 __all__ = ["ACTIVATIONS", "CodeAnalysis", "analyze_code"]

@@ -18,7 +18,8 @@ from autoport_cst.research.analysis import layer_inputs
 from autoport_cst.research.analysis.graph import first_int, number, ranges, scalar_path, strip_casts, unique
 from autoport_cst.research.analysis.state import AnalyzerState, AttentionGraph
 from autoport_cst.research.findings import CODE, INFERRED, known, unknown
-from autoport_cst.research.interp import UNKNOWN, Instance, Node, Param, children_of, depends_on, walk
+from autoport_cst.research.interp.values import UNKNOWN, Instance, Node, Param
+from autoport_cst.research.interp.walk import children_of, depends_on, walk
 
 
 def analyze(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:

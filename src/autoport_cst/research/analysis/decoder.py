@@ -14,7 +14,8 @@ from typing import Any
 from autoport_cst.research.analysis.graph import peel_scalars, ranges, scalar_path, strip_casts
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, known, unknown
-from autoport_cst.research.interp import MODULE_LIST, Instance, Node, depends_on, walk
+from autoport_cst.research.interp.values import MODULE_LIST, Instance, Node
+from autoport_cst.research.interp.walk import depends_on, walk
 
 
 def find_backbone(st: AnalyzerState) -> tuple[tuple[str, Instance] | None, str | None, list[Instance]]:

@@ -9,7 +9,9 @@ import ast
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
-from autoport_cst.research.interp import FuncRef, Interpreter, Node, SliceSym, walk
+from autoport_cst.research.interp.interpreter import Interpreter
+from autoport_cst.research.interp.values import FuncRef, Node, SliceSym
+from autoport_cst.research.interp.walk import walk
 
 _TORCH_ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "relu": "relu"}
 _CASTS = {"to", "float", "type_as", "contiguous", "half", "bfloat16", "type", "clone"}

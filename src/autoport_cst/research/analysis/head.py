@@ -13,7 +13,8 @@ from typing import Any
 from autoport_cst.research.analysis.graph import number, scalar_path, strip_casts, unique
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, known, unknown
-from autoport_cst.research.interp import UNKNOWN, Instance, Node, walk
+from autoport_cst.research.interp.values import UNKNOWN, Instance, Node
+from autoport_cst.research.interp.walk import walk
 
 
 def analyze_backbone(st: AnalyzerState, path: str, backbone: Instance) -> None:

@@ -18,7 +18,8 @@ import ast
 from typing import Any
 
 from autoport_cst.research.analysis.state import AnalyzerState
-from autoport_cst.research.interp import Instance, Node, SourceClass, children_of, walk
+from autoport_cst.research.interp.values import Instance, Node, SourceClass
+from autoport_cst.research.interp.walk import children_of, walk
 
 
 def layer_calls(st: AnalyzerState) -> dict[int, list[Node]]:

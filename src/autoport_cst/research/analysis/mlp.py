@@ -20,7 +20,8 @@ from autoport_cst.research.analysis.graph import (
 )
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, known, unknown
-from autoport_cst.research.interp import Instance, Node, depends_on, walk
+from autoport_cst.research.interp.values import Instance, Node
+from autoport_cst.research.interp.walk import depends_on, walk
 
 # transformers activation names -> spec activation (a property of the
 # activation functions, not of any model)

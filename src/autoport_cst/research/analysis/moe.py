@@ -16,7 +16,8 @@ from autoport_cst.research.analysis import mlp
 from autoport_cst.research.analysis.graph import number, ranges, strip_casts, strip_shape, vector_shape
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, known, unknown
-from autoport_cst.research.interp import MODULE_LIST, UNKNOWN, Instance, Node, Param, depends_on, walk
+from autoport_cst.research.interp.values import MODULE_LIST, UNKNOWN, Instance, Node, Param
+from autoport_cst.research.interp.walk import depends_on, walk
 
 
 def split_layers(st: AnalyzerState) -> str | None:

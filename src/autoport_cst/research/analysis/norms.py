@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from autoport_cst.research.analysis.graph import is_one, is_square, number, param_inside, strip_casts
-from autoport_cst.research.interp import Instance, Node, Param, depends_on, walk
+from autoport_cst.research.interp.values import Instance, Node, Param
+from autoport_cst.research.interp.walk import depends_on, walk
 
 
 def classify_norm_graph(instance: Instance, value: Any) -> dict[str, Any]:

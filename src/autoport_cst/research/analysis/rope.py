@@ -11,16 +11,15 @@ from autoport_cst.research.analysis import layer_inputs
 from autoport_cst.research.analysis.graph import ranges, rotation_style
 from autoport_cst.research.analysis.state import AnalyzerState, AttentionGraph
 from autoport_cst.research.findings import CODE, known, unknown
-from autoport_cst.research.interp import (
+from autoport_cst.research.interp.values import (
     MODULE_LIST,
     UNKNOWN,
     FuncRef,
     Instance,
     SourceClass,
-    depends_on,
     is_concrete,
-    walk,
 )
+from autoport_cst.research.interp.walk import depends_on, walk
 
 # the config fields a port reads its layers without RoPE from (the nope-layers codemod)
 NOPE_FIELDS = frozenset({"no_rope_layers", "no_rope_layer_interval"})

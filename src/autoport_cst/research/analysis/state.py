@@ -17,17 +17,10 @@ from typing import Any
 from autoport_cst.research.analysis.graph import first_int, rotation_style, torch_activation
 from autoport_cst.research.analysis.norms import classify_norm_graph
 from autoport_cst.research.findings import Finding
-from autoport_cst.research.interp import (
-    External,
-    FuncRef,
-    Instance,
-    Interpreter,
-    Node,
-    Param,
-    SourceClass,
-    walk,
-)
-from autoport_cst.research.interp import State as PathState
+from autoport_cst.research.interp.interpreter import Interpreter
+from autoport_cst.research.interp.values import External, FuncRef, Instance, Node, Param, SourceClass
+from autoport_cst.research.interp.values import State as PathState
+from autoport_cst.research.interp.walk import walk
 from autoport_cst.research.sources import ModelingSource
 
 

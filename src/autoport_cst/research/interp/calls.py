@@ -1,0 +1,272 @@
+"""Calls: binding arguments to a function's parameters (symbolic inputs for
+those a method is run without), running functions of the source (methods
+inlined, concrete functions computed), constructing classes, and the nodes
+calls become in ``forward`` (submodules, functions, tensor methods); the
+methods of module lists, ``super()`` and Python values."""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+from autoport_cst.research.interp.config_proxy import ConfigProxy
+from autoport_cst.research.interp.core import MAX_DEPTH
+from autoport_cst.research.interp.externals import EXTERNAL_MODULES, call_external, external_instance
+from autoport_cst.research.interp.python_builtins import BUILTIN_FUNCS
+from autoport_cst.research.interp.statements import Statements
+from autoport_cst.research.interp.values import (
+    MODULE_LIST,
+    UNKNOWN,
+    ActFn,
+    BoundBuiltin,
+    BoundMethod,
+    External,
+    FuncRef,
+    Instance,
+    Node,
+    SourceClass,
+    State,
+    SuperRef,
+    call_node,
+    is_concrete,
+    merge_returns,
+    symbolic,
+)
+from autoport_cst.research.sources import SourceModule
+
+
+class Calls(Statements):
+    # ---- running functions of the source -------------------------------------------
+
+    def call_function(
+        self,
+        module: SourceModule,
+        fn: ast.FunctionDef | ast.AsyncFunctionDef,
+        args: list,
+        kwargs: dict,
+        reads: dict | None = None,
+        owner: SourceClass | None = None,
+        record: Instance | None = None,
+        inputs_symbolic: bool = False,
+    ) -> list[State]:
+        """Run ``fn`` and return its end states (one per path)."""
+        env = self.bind(fn, args, kwargs, inputs_symbolic)
+        if record is not None:
+            params = [a.arg for a in fn.args.posonlyargs + fn.args.args][1:]
+            for name in params + [a.arg for a in fn.args.kwonlyargs]:
+                if name in env:
+                    record.args[name] = env[name]
+            if reads:
+                record.reads = dict(reads)
+        if owner is not None:
+            env["__class__"] = owner
+        env["__module__"] = module
+        if self.depth > MAX_DEPTH:
+            return [State(env, True, UNKNOWN)]
+        self.depth += 1
+        try:
+            states = self.exec_block(fn.body, [State(env)], module)
+        finally:
+            self.depth -= 1
+        return states
+
+    def bind(
+        self, fn: ast.FunctionDef | ast.AsyncFunctionDef, args: list, kwargs: dict, symbolic: bool
+    ) -> dict[str, Any]:
+        a = fn.args
+        positional = a.posonlyargs + a.args
+        defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
+        env: dict[str, Any] = {}
+        module = None
+        for index, param in enumerate(positional):
+            if index < len(args):
+                env[param.arg] = args[index]
+            elif param.arg in kwargs:
+                env[param.arg] = kwargs[param.arg]
+            elif symbolic:
+                default = defaults[index]
+                env[param.arg] = Node("input", param.arg, maybe_none=_is_none(default))
+            elif (given := defaults[index]) is not None:
+                env[param.arg] = self.eval(given, {}, module, None) if module else _literal(given)
+            else:
+                env[param.arg] = UNKNOWN
+        for param, default in zip(a.kwonlyargs, a.kw_defaults, strict=False):
+            if param.arg in kwargs:
+                env[param.arg] = kwargs[param.arg]
+            elif symbolic:
+                env[param.arg] = Node("input", param.arg, maybe_none=_is_none(default))
+            elif default is not None:
+                env[param.arg] = _literal(default)
+            else:
+                env[param.arg] = UNKNOWN
+        if a.vararg:
+            env[a.vararg.arg] = tuple(args[len(positional) :])
+        if a.kwarg:
+            known = {p.arg for p in positional} | {p.arg for p in a.kwonlyargs}
+            env[a.kwarg.arg] = {k: v for k, v in kwargs.items() if k not in known}
+        return env
+
+    def run_method(
+        self, instance: Instance, name: str, args: list, kwargs: dict | None = None, symbolic: bool = True
+    ) -> list[State]:
+        """Run a method of an instance with symbolic inputs for the parameters
+        not given. Returns end states; [] when the method is not in the source."""
+        if not isinstance(instance.cls, SourceClass):
+            return []
+        found = self.find_method(instance.cls, name)
+        if found is None:
+            return []
+        klass, fn = found
+        return self.call_function(
+            klass.module, fn, [instance, *args], kwargs or {}, owner=klass, inputs_symbolic=symbolic
+        )
+
+    # ---- call expressions ------------------------------------------------------------
+
+    def _eval_Call(self, expr, env, module, state):
+        func = self.eval(expr.func, env, module, state)
+        args: list = []
+        reads: dict[str, frozenset[str]] = {}
+        for index, arg in enumerate(expr.args):
+            frame = self.capture()
+            try:
+                value = self.eval(arg.value if isinstance(arg, ast.Starred) else arg, env, module, state)
+            finally:
+                self.release(frame)
+            if isinstance(arg, ast.Starred):
+                if isinstance(value, (list, tuple)):
+                    args.extend(value)
+                continue
+            reads[str(index)] = frozenset(frame)
+            args.append(value)
+        kwargs: dict[str, Any] = {}
+        for kw in expr.keywords:
+            frame = self.capture()
+            try:
+                value = self.eval(kw.value, env, module, state)
+            finally:
+                self.release(frame)
+            if kw.arg is None:
+                if isinstance(value, dict):
+                    kwargs.update({k: v for k, v in value.items() if isinstance(k, str)})
+                continue
+            reads[kw.arg] = frozenset(frame)
+            kwargs[kw.arg] = value
+        return self.call(func, args, kwargs, reads, expr, module, env)
+
+    def call(self, func: Any, args: list, kwargs: dict, reads: dict, expr: ast.Call, module, env) -> Any:
+        if isinstance(func, SourceClass):
+            if self._is_data_class(func):  # a ModelOutput built in forward: a value, like the external ones
+                return call_node("call", f"{func.module.dotted}.{func.name}", args, kwargs)
+            return self.instantiate(func, args, kwargs, self.constructor_reads(func, reads))
+        if isinstance(func, External):
+            return call_external(func, args, kwargs, reads)
+        if isinstance(func, BoundMethod):
+            call_args = ([func.obj] if func.obj is not None else []) + args
+            if _is_staticmethod(func.node):
+                call_args = args
+            states = self.call_function(func.cls.module, func.node, call_args, kwargs, owner=func.cls)
+            return merge_returns(states)
+        if isinstance(func, FuncRef):
+            return self._call_source_function(func, args, kwargs)
+        if isinstance(func, Instance):
+            if func.cls == MODULE_LIST:
+                return UNKNOWN
+            return call_node("module", func.name or "", args, kwargs, ref=func)
+        if isinstance(func, ActFn):
+            return Node("act", func.name, tuple(symbolic(a) for a in args), ref=func)
+        if isinstance(func, BoundBuiltin):
+            return self.call_builtin_method(func, args, kwargs)
+        if func is super:
+            obj = env.get("self")
+            owner = env.get("__class__")
+            if isinstance(obj, Instance) and isinstance(owner, SourceClass):
+                return SuperRef(obj, owner)
+            return UNKNOWN
+        return self._call_value(func, args, kwargs)
+
+    def _call_source_function(self, func: FuncRef, args: list, kwargs: dict) -> Any:
+        """A function of the source: computed when its arguments are concrete
+        (and so is what it returns), a ``func`` node otherwise."""
+        if all(is_concrete(a) or isinstance(a, ConfigProxy) for a in [*args, *kwargs.values()]):
+            states = self.call_function(func.module, func.node, args, kwargs)
+            value = merge_returns(states)
+            if value is not UNKNOWN and not isinstance(value, Node):
+                return value
+        return call_node("func", func.name, args, kwargs, ref=func)
+
+    def _call_value(self, func: Any, args: list, kwargs: dict) -> Any:
+        """A call of a computed value: a tensor method, a builtin, a tensor
+        called, or an unknown callable on tensors."""
+        if isinstance(func, Node) and func.kind == "attr":
+            return Node(
+                "method",
+                func.name,
+                (func.args[0], *(symbolic(a) for a in args)),
+                tuple((k, symbolic(v)) for k, v in kwargs.items()),
+            )
+        if callable(func) and func in BUILTIN_FUNCS:
+            return BUILTIN_FUNCS[func](self, args, kwargs)
+        if isinstance(func, Node):
+            return Node(
+                "call",
+                "?",
+                (func, *(symbolic(a) for a in args)),
+                tuple((k, symbolic(v)) for k, v in kwargs.items()),
+            )
+        if any(isinstance(a, Node) for a in [*args, *kwargs.values()]):
+            return call_node("call", "?", args, kwargs)
+        return UNKNOWN
+
+    # ---- methods of module lists, super() and Python values ------------------------------
+
+    def call_builtin_method(self, func: BoundBuiltin, args: list, kwargs: dict) -> Any:
+        obj, name = func.obj, func.name
+        if name == "__identity__":
+            return obj
+        if isinstance(obj, SuperRef):
+            if name == "__init__":
+                self._super_init(obj, args, kwargs)
+                return None
+            return Node("call", f"super.{name}", tuple(symbolic(a) for a in args))
+        if isinstance(obj, Instance) and obj.cls == MODULE_LIST:
+            if name in ("append", "extend") and args:
+                items = obj.attrs.setdefault("items", [])
+                if name == "append":
+                    items.append(args[0])
+                elif isinstance(args[0], (list, tuple)):
+                    items.extend(args[0])
+            return None
+        if not all(is_concrete(a) for a in [*args, *kwargs.values()]):
+            return UNKNOWN
+        try:
+            return getattr(obj, name)(*args, **kwargs)
+        except Exception:
+            return UNKNOWN
+
+    def _super_init(self, obj: SuperRef, args: list, kwargs: dict) -> None:
+        """``super().__init__(...)`` into a torch module: its arguments
+        recorded (where the source's ``__init__`` did not set them)."""
+        for qual in self.external_bases(obj.obj.cls):
+            short = qual.rsplit(".", 1)[-1]
+            if short in EXTERNAL_MODULES:
+                inner = external_instance(External(qual), args, kwargs, {})
+                for key, value in inner.args.items():
+                    obj.obj.args.setdefault(key, value)
+                obj.obj.attrs.setdefault("__base_module__", short)
+                break
+
+
+def _is_none(default: ast.expr | None) -> bool:
+    return isinstance(default, ast.Constant) and default.value is None
+
+
+def _literal(expr: ast.expr) -> Any:
+    try:
+        return ast.literal_eval(expr)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return UNKNOWN
+
+
+def _is_staticmethod(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    return any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in fn.decorator_list)

@@ -1,0 +1,137 @@
+"""Names from outside the analysed source: the ``torch.nn`` modules the
+analysis looks into (built from their signatures), tensor factories,
+``math`` on numbers, copies of the configuration and activation lookups;
+any other external call is a node."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from autoport_cst.research.interp.config_proxy import ConfigProxy
+from autoport_cst.research.interp.values import (
+    MODULE_LIST,
+    UNKNOWN,
+    ActFn,
+    External,
+    Instance,
+    Param,
+    TensorInit,
+    call_node,
+    is_concrete,
+    number_like,
+)
+
+# Signatures of the torch.nn modules the analysis looks into (torch API, not
+# model names): positional parameter names and defaults.
+EXTERNAL_MODULES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "Linear": (("in_features", "out_features", "bias"), {"bias": True}),
+    "Embedding": (("num_embeddings", "embedding_dim", "padding_idx"), {"padding_idx": None}),
+    "LayerNorm": (
+        ("normalized_shape", "eps", "elementwise_affine", "bias"),
+        {"eps": 1e-5, "elementwise_affine": True, "bias": True},
+    ),
+    "RMSNorm": (("normalized_shape", "eps", "elementwise_affine"), {"eps": None, "elementwise_affine": True}),
+    "Dropout": (("p",), {"p": 0.5}),
+    "Identity": ((), {}),
+    "Conv1D": (("nf", "nx"), {}),
+    "SiLU": ((), {}),
+    "GELU": (("approximate",), {"approximate": "none"}),
+    "ReLU": ((), {}),
+    "Tanh": ((), {}),
+    "Sigmoid": ((), {}),
+}
+# attributes every torch.nn.Module has without setting them
+MODULE_ATTRIBUTES = {"training", "dtype", "device", "_parameters", "_buffers", "_modules"}
+_ACTIVATION_MODULES = {"SiLU": "silu", "GELU": "gelu", "ReLU": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid"}
+_TENSOR_FACTORIES = ("empty", "zeros", "ones", "randn", "rand", "full")
+
+
+def external_instance(cls: External, args: list, kwargs: dict, reads: dict) -> Any:
+    """What constructing the external module ``cls`` builds: a module list,
+    a parameter, a buffer's value, an activation, or an instance with its
+    arguments bound to the module's signature."""
+    short = cls.short
+    if cls.qualname.endswith("ModuleList") or cls.qualname.endswith("Sequential"):
+        items = []
+        if args and isinstance(args[0], (list, tuple)):
+            items = list(args[0])
+        elif cls.qualname.endswith("Sequential"):
+            items = list(args)
+        return Instance(MODULE_LIST, attrs={"items": items})
+    if short in ("Parameter", "Buffer"):
+        data = args[0] if args else kwargs.get("data", UNKNOWN)
+        if short == "Buffer":
+            return data if is_concrete(data) else UNKNOWN
+        if isinstance(data, TensorInit):
+            return Param(data.shape, data.fill, float32=data.float32)
+        return Param(None)
+    if short in _ACTIVATION_MODULES:
+        return ActFn(
+            _ACTIVATION_MODULES[short]
+            if short != "GELU" or kwargs.get("approximate", "none") == "none"
+            else "gelu_pytorch_tanh"
+        )
+    instance = Instance(cls)
+    positional, defaults = EXTERNAL_MODULES.get(short, ((), {}))
+    bound = dict(defaults)
+    for name, value in zip(positional, args, strict=False):
+        bound[name] = value
+    for name, value in kwargs.items():
+        bound[name] = value
+    if short == "Conv1D":  # transformers' transposed linear: always a bias
+        bound.setdefault("bias", True)
+        bound["out_features"], bound["in_features"] = bound.get("nf"), bound.get("nx")
+    instance.args = bound
+    instance.reads = reads
+    return instance
+
+
+def call_external(func: External, args: list, kwargs: dict, reads: dict) -> Any:
+    qual = func.qualname
+    short = func.short
+    modules = set(EXTERNAL_MODULES) | {"ModuleList", "Sequential", "Parameter", "Buffer"}
+    if short in modules and qual.startswith(("torch", "transformers.pytorch_utils")):
+        return external_instance(func, args, kwargs, _map_external_reads(short, reads))
+    if short in _TENSOR_FACTORIES and qual.startswith("torch"):
+        return _tensor_init(short, args, kwargs)
+    if short == "tensor" and qual.startswith("torch") and args and number_like(args[0]):
+        return args[0]
+    if qual.startswith("math.") and all(number_like(a) for a in args):
+        fn = getattr(math, short, None)
+        if fn is not None:
+            try:
+                return fn(*args)
+            except (ValueError, TypeError, ArithmeticError):
+                return UNKNOWN
+    if qual in ("copy.deepcopy", "copy.copy") and len(args) == 1 and isinstance(args[0], ConfigProxy):
+        return args[0].copy()
+    if short == "get_activation" and args and isinstance(args[0], str):
+        return ActFn(args[0])
+    return call_node("call", qual, args, kwargs)
+
+
+def _tensor_init(short: str, args: list, kwargs: dict) -> TensorInit:
+    """``torch.zeros(...)`` and the like: the shape (when every size is
+    known), the fill and whether the dtype is float32."""
+    dims = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
+    if short == "full":
+        dims = args[0] if args else ()
+    shape = tuple(dims) if all(isinstance(d, int) for d in dims) else None
+    dtype = kwargs.get("dtype")
+    f32 = isinstance(dtype, External) and dtype.short in ("float32", "float")
+    return TensorInit(shape, short, f32)
+
+
+def _map_external_reads(short: str, reads: dict) -> dict[str, frozenset[str]]:
+    """The config keys each argument read, keyed by the module's parameter names."""
+    positional = EXTERNAL_MODULES.get(short, ((), {}))[0]
+    out = {}
+    for key, value in reads.items():
+        if key.isdigit():
+            index = int(key)
+            if index < len(positional):
+                out[positional[index]] = value
+        else:
+            out[key] = value
+    return out
