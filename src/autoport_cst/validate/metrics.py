@@ -87,6 +87,8 @@ def bhattacharyya(errors_a: torch.Tensor, errors_b: torch.Tensor, bins: int = BH
     top = float(torch.maximum(a.max(), b.max())) if a.numel() and b.numel() else 0.0
     if top == 0.0:
         return 1.0
+    if not math.isfinite(top):
+        return 0.0  # non-finite errors share no bin with finite ones
     ha = torch.histc(a, bins=bins, min=0.0, max=top)
     hb = torch.histc(b, bins=bins, min=0.0, max=top)
     ha, hb = ha / ha.sum(), hb / hb.sum()
@@ -161,6 +163,8 @@ def check_token(
     divergence bound (docs/validation.md, "Two-way logit check")."""
     e = expected.double().reshape(-1)
     a = actual.double().reshape(-1)
+    if bool((torch.isfinite(e) & ~torch.isfinite(a)).any()):
+        return _non_finite_token(tolerance_map)
     finite = torch.isfinite(e) & torch.isfinite(a)
     e, a = e[finite], a[finite]
     # least-squares a ~ slope * e + shift; only the shift is removed
@@ -200,6 +204,13 @@ def check_token(
         if not levels_ok:
             label += " with TopK errors"
     return TokenCheck(errors, passed, top_e == top_a, divergence, bound, label, levels_ok and divergence_ok)
+
+
+def _non_finite_token(tolerance_map: dict[str, tuple[float, float]]) -> TokenCheck:
+    """A token whose logits are NaN or infinite where transformers' are
+    finite: wrong at every level, nothing to measure."""
+    levels = {level: math.inf for level in tolerance_map}
+    return TokenCheck(levels, dict.fromkeys(tolerance_map, False), False, None, None, "Non-finite", False)
 
 
 # -- aggregates ------------------------------------------------------------------
@@ -452,6 +463,7 @@ def component_metrics(
             False,
             note=f"shape mismatch: port {list(target.shape)} vs transformers {list(ref_fp32.shape)}",
         )
+    non_finite = _non_finite_note(target, ref_fp32)
     rel = rel_error(target, ref_fp32)
     ratio = r_ratio(target, ref_bf16, ref_fp32) if ref_bf16 is not None else None
     value = rel if gate == "rel_error" else ratio
@@ -471,8 +483,22 @@ def component_metrics(
         ratio,
         gate,
         tolerance,
-        passed,
+        passed and not non_finite,
+        note=non_finite or None,
         compared_columns=columns,
+    )
+
+
+def _non_finite_note(target: torch.Tensor, reference: torch.Tensor) -> str:
+    """``"non-finite output: ..."`` when the port gives NaN or infinity where
+    transformers gives a finite value, else ``""``."""
+    wrong = ~torch.isfinite(target) & torch.isfinite(reference)
+    if not bool(wrong.any()):
+        return ""
+    nans = int((wrong & torch.isnan(target)).sum())
+    return (
+        f"non-finite output: {int(wrong.sum())} of {wrong.numel()} values "
+        f"({nans} NaN, {int(wrong.sum()) - nans} infinite) where transformers' are finite"
     )
 
 
