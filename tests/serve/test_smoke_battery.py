@@ -30,7 +30,7 @@ try:
     serve_python()
     NO_SERVE = ""
 except InputError as error:
-    NO_SERVE = f"no serve environment ({error})"
+    NO_SERVE = str(error)
 
 pytestmark = pytest.mark.skipif(bool(NO_SERVE), reason=NO_SERVE)
 

@@ -72,8 +72,8 @@ def serve_python() -> Path:
         if candidate.is_file():
             return candidate
     raise InputError(
-        f"no serve environment: vLLM is not installed here and there is no {SERVE_VENV}/ "
-        f"(create it with `bash serve/setup.sh`, README: serving) and {SERVE_PYTHON_VARIABLE} is not set"
+        f"no serve environment: vLLM is not installed here, there is no {SERVE_VENV}/ (its one-line "
+        f"set-up: docs/serving.md) and {SERVE_PYTHON_VARIABLE} is not set"
     )
 
 
