@@ -52,7 +52,8 @@ def test_prefill_through_the_decode_path_fails(mutant, tiny_llama: Path) -> None
     report = validate_model(mutant(None, THROUGH_DECODE), tiny_llama, steps=2)
     assert not report.equivalent and report.exit_code == 1
     assert report.failure.stage == "prefill"
-    assert "is a decode kernel, called in a prefill forward" in report.failure.message
+    # the attention's decode method, or the first decode kernel, refused in a prefill forward
+    assert "called in a prefill forward" in report.failure.message
     assert "model.py" in report.failure.message  # where the port called it
 
 
@@ -60,6 +61,7 @@ def test_without_the_phase_rule_that_mutant_validates(mutant, tiny_llama: Path, 
     """The control: the numbers alone do not tell the mutant apart."""
     monkeypatch.setattr(kernel_phases, "DECODE_ONLY", frozenset())
     monkeypatch.setattr(kernel_phases, "PREFILL_ONLY", frozenset())
+    monkeypatch.setattr(kernel_phases, "PHASE_METHODS", {})
     report = validate_model(mutant(None, THROUGH_DECODE), tiny_llama, steps=2)
     assert report.equivalent, report.summary()
 
@@ -113,3 +115,42 @@ def test_kernel_phase_rule_both_ways() -> None:
     assert kernel_phases.calls()["decode"] == {"attention_decode": 1, "flash_attention": 1, "qkv_proj": 1}
     kernel_phases.reset()
     assert kernel_phases.calls() == {"prefill": {}, "decode": {}}
+
+
+def test_a_phase_method_called_in_the_other_phase_is_refused() -> None:
+    import torch
+
+    from autoport_cst.validate.standin import kernel_phases
+
+    class Layer(torch.nn.Module):
+        def forward(self, x: torch.Tensor, decode: bool) -> torch.Tensor:
+            return x if decode else self._forward_prefill(x)
+
+        def _forward_prefill(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+    model = torch.nn.Sequential(Layer())
+    assert kernel_phases.guard_phase_methods(model) == ["0._forward_prefill"]
+    with kernel_phases.phase("prefill"):
+        assert float(model[0](torch.zeros(1), decode=False)) == 1.0
+    with (
+        kernel_phases.phase("decode"),
+        pytest.raises(kernel_phases.KernelPhaseError, match="0._forward_prefill"),
+    ):
+        model[0](torch.zeros(1), decode=False)
+
+
+def test_inverted_decode_test_of_the_decoder_layer_fails(broken_port, tiny_llama) -> None:
+    """The layer's own branch, not only the kernels: a hand-written attention
+    (gemma2's softcap) records no kernel of either phase."""
+    from autoport_cst.validate import validate_model
+
+    port = broken_port(
+        "        if not self._is_decode(attn_metadata):\n", "        if self._is_decode(attn_metadata):\n"
+    )
+    report = validate_model(port, tiny_llama, steps=2, config_variants=False)
+    assert report.exit_code == 1 and report.failure is not None
+    assert (
+        "_forward_prefill is the prefill path of its module, called in a decode forward"
+        in report.failure.message
+    )

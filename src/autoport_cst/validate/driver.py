@@ -164,6 +164,7 @@ class PortSession:
                 "must be loaded by load_weights.",
             )
         self.guarded = guard_meta_attributes(self.model)
+        kernel_phases.guard_phase_methods(self.model)
         self.model.eval()
         return list(getattr(result, "unexpected_keys", []) or [])
 

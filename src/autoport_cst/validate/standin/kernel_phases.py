@@ -16,6 +16,14 @@ refused there (``KernelPhaseError``, naming the kernel and the phase):
 - decode only: ``attention_decode``, ``gen_attention_decode_mask``,
   ``moe_block_tkg`` (token generation).
 
+A hand-written kernel (a softcapped attention in plain torch) records
+nothing, so the port's own methods of each phase are guarded too:
+``guard_phase_methods`` wraps every module's ``forward_prefill`` /
+``_forward_prefill`` and ``forward_decode`` / ``_forward_decode``, and one
+called in the other phase's forward is refused the same way (a decoder
+layer whose decode test is inverted sends the decode steps down its prefill
+branch).
+
 The other kernels serve both phases: projections, MLP, router, and the
 blockwise ``moe_cte``, which a decode step may take too (without the fused
 decode block). Outside a
@@ -26,13 +34,22 @@ phase (kernels called directly, as the tests do) nothing is refused.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 PREFILL_ONLY = frozenset({"flash_attention", "segmented_attention", "segmented_attention_cp"})
 DECODE_ONLY = frozenset({"attention_decode", "gen_attention_decode_mask", "moe_block_tkg"})
 PHASES = ("prefill", "decode")
+# the port's own methods of one phase, by name (the references' convention)
+PHASE_METHODS = {
+    "forward_prefill": "prefill",
+    "_forward_prefill": "prefill",
+    "forward_decode": "decode",
+    "_forward_decode": "decode",
+}
 
 
 class KernelPhaseError(RuntimeError):
@@ -87,3 +104,32 @@ def calls() -> dict[str, dict[str, int]]:
 def reset() -> None:
     _STATE.phase = None
     _STATE.counts = {}
+
+
+def guard_phase_methods(model: Any) -> list[str]:
+    """Wrap the phase methods (``PHASE_METHODS``) of every module of
+    ``model`` so that one called in the other phase raises
+    ``KernelPhaseError``; the qualified names of the methods guarded."""
+    guarded = []
+    for prefix, module in model.named_modules():
+        for method, own in PHASE_METHODS.items():
+            if not callable(getattr(type(module), method, None)):
+                continue
+            qualified = f"{prefix}.{method}" if prefix else method
+            object.__setattr__(module, method, _guarded(getattr(module, method), qualified, own))
+            guarded.append(qualified)
+    return guarded
+
+
+def _guarded(bound: Callable[..., Any], qualified: str, own: str) -> Callable[..., Any]:
+    @functools.wraps(bound)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        current = _STATE.phase
+        if current is not None and current != own:
+            raise KernelPhaseError(
+                f"{qualified} is the {own} path of its module, called in a {current} forward: "
+                f"{current} must take the {current} path"
+            )
+        return bound(*args, **kwargs)
+
+    return run
