@@ -35,6 +35,7 @@ from .kernel_precision import PolicyUnavailable, run_kernel_precision_reference
 from .layout import ParallelLayout, check_layout
 from .package import PortImportError, check_package_dir, imported_package
 from .reference import ReferenceOutput, greedy_teacher, load_reference, run_reference
+from .reference_reuse import keep_run, kept_run
 from .report import PortFailureInfo, ValidationReport
 from .routing import ForcedTeacher, RoutedRun, RoutingRecord, run_reference_routed
 from .scenario import (
@@ -149,6 +150,7 @@ def validate_model(
     dcp: int = 1,
     dcp_interleave: int = 1,
     prefill_dcp: bool = False,
+    config_variants: bool = True,
 ) -> ValidationReport:
     """Run the port in ``model_dir`` and transformers on ``checkpoint_dir``
     through prefill and ``steps`` decode steps, and compare them.
@@ -169,9 +171,14 @@ def validate_model(
     port reads ``kv_segment_size``, ``"segmented"`` always, ``"off"`` never.
     ``kv_cache_dtype="fp8"`` runs with an FP8 KV cache (emulated in
     ``float8_e4m3fn``); the cache paths then stay off unless asked for
-    (segmented prefill needs a packed FP8 cache)."""
+    (segmented prefill needs a packed FP8 cache).
+
+    ``config_variants``: a TP=1 fp32 run with the model's KV cache that
+    passes goes on to validate the port, the same way, on a checkpoint of each
+    config variant its reference declares (``validate.config_variants``); the
+    first that fails fails the report."""
     with _intra_op_threads(VALIDATION_THREADS):
-        return _validate(
+        report = _validate(
             model_dir,
             checkpoint_dir,
             tp=tp,
@@ -196,6 +203,41 @@ def validate_model(
                 ep=ep,
             ),
         )
+        plain = (tp, ep, attention_dp, mlp_dp, embedding_dp, lm_head_dp, dcp) == (1,) * 7
+        if config_variants and report.equivalent and plain and (dtype, kv_cache_dtype) == ("fp32", "auto"):
+            _check_config_variants(report, model_dir, checkpoint_dir, steps, prompt_lengths, seed, prefill)
+        return report
+
+
+def _check_config_variants(
+    report: ValidationReport,
+    model_dir: str | Path,
+    checkpoint_dir: str | Path,
+    steps: int,
+    prompt_lengths: tuple[int, ...] | None,
+    seed: int,
+    prefill: str,
+) -> None:
+    """The port validated on a checkpoint of each declared config variant."""
+    from .config_variants import check_config_variants
+
+    def one(checkpoint: Path) -> ValidationReport:
+        return _validate(
+            model_dir,
+            checkpoint,
+            tp=1,
+            dtype="fp32",
+            steps=steps,
+            prompt_lengths=prompt_lengths,
+            block_size=None,
+            seed=seed,
+            on_stage=None,
+            prefill=prefill,
+        )
+
+    start = time.perf_counter()
+    check_config_variants(report, report.model_dir, checkpoint_dir, one)
+    report.timings["config_variants"] = time.perf_counter() - start
 
 
 def _validate(
@@ -356,8 +398,13 @@ class _ReferenceRun:
     outputs: dict[str, ReferenceOutput] = field(default_factory=dict)
 
     def run(self) -> list[list[int]]:
-        """Both reference runs; returns the teacher tokens."""
+        """Both reference runs; returns the teacher tokens (those of an
+        earlier run on the same checkpoint while ``reusing_reference_runs``)."""
         prompts = self.scenario.prompts
+        kept = kept_run(self.checkpoint, prompts, self.steps)
+        if kept is not None:
+            teacher, self.outputs = kept
+            return teacher
         start = time.perf_counter()
         self.notify("reference fp32")
         model32 = load_reference(self.checkpoint, torch.float32)
@@ -371,6 +418,7 @@ class _ReferenceRun:
         self.outputs["bf16"] = run_reference(model16, prompts, teacher)
         del model16
         self.timings["reference_bf16"] = time.perf_counter() - start
+        keep_run(self.checkpoint, prompts, self.steps, teacher, self.outputs)
         return teacher
 
     def kernel_precision(self, teacher: list[list[int]]) -> ReferenceOutput | str:

@@ -56,6 +56,9 @@ class ValidationReport:
     # bf16 MoE ports whose free-routing comparison failed: the teacher-forced routing comparison
     # (docs/validation.md, "MoE routing near-ties"): "used": "teacher_forced" when it validated the port
     routing: dict[str, Any] | None = None
+    # the config variants the port's reference declares (validate.config_variants), each run at TP=1
+    # in fp32 on a checkpoint of its own: label, equivalent (None: not run) and summary
+    config_variants: list[dict[str, Any]] = field(default_factory=list)
     version: int = REPORT_VERSION
     kind: str = REPORT_KIND
     # In memory only (not in the JSON report): the port's logits and component
@@ -322,6 +325,18 @@ REPORT_SCHEMA: dict[str, Any] = {
         "environment": {"type": "object"},
         "timings": {"type": "object", "additionalProperties": {"type": "number"}},
         "routing": _ROUTING,
+        "config_variants": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["label", "equivalent", "summary"],
+                "properties": {
+                    "label": {"type": "string"},
+                    "equivalent": {"type": ["boolean", "null"]},
+                    "summary": {"type": ["string", "null"]},
+                },
+            },
+        },
     },
 }
 

@@ -1,0 +1,129 @@
+"""The config variants a port's reference declares are validated by default
+(TP=1 fp32), each on a checkpoint whose variant parameters matter."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from autoport_cst.validate import config_variants as CV
+
+ROOT = Path(__file__).resolve().parents[2]
+QWEN3 = ROOT / "reference_models" / "qwen3"
+
+BASE = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "head_dim": 16,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "layer_types": ["full_attention", "full_attention"],
+    "sliding_window": None,
+    "use_sliding_window": False,
+    "max_window_layers": 28,
+    "max_position_embeddings": 512,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+    "tie_word_embeddings": False,
+}
+
+
+def _labels(base: dict, key_format: str = "model") -> list[str]:
+    return [v.label for v in CV.declared_variants(QWEN3, base, key_format) if v.values is not None]
+
+
+def test_every_declared_value_the_checkpoint_lacks_is_a_variant() -> None:
+    assert _labels(BASE) == [
+        'rope.type="llama3"',
+        'rope.type="yarn"',
+        'rope.type="yarn" (not truncated)',
+        "embedding.tied=true",
+        'attention.sliding_window="per_layer"',
+    ]
+
+
+def test_a_window_the_architecture_lacks_is_skipped_with_a_reason() -> None:
+    base = {k: v for k, v in BASE.items() if k not in ("sliding_window", "layer_types")}
+    variants = {v.label: v for v in CV.declared_variants(QWEN3, base, "model")}
+    assert variants['attention.sliding_window="per_layer"'].values is None
+    assert "no config edit" in (variants['attention.sliding_window="per_layer"'].skipped or "")
+
+
+def test_window_none_keeps_the_window_of_a_model_that_always_reads_it() -> None:
+    base = {**BASE, "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6}
+    edits = CV._window_edits("none", base)
+    assert edits == [("", {"layer_types": ["full_attention", "full_attention"]})]
+
+
+def _wavelengths(theta: float, dims: int) -> list[float]:
+    return [2 * math.pi * theta ** (2 * i / dims) for i in range(dims // 2)]
+
+
+@pytest.mark.parametrize("theta", [10000.0, 1e6])
+def test_llama3_variant_puts_a_frequency_in_every_band(theta: float) -> None:
+    p = CV.llama3_parameters(theta, 16)
+    original = p["original_max_position_embeddings"]
+    high, low = original / p["high_freq_factor"], original / p["low_freq_factor"]
+    waves = _wavelengths(theta, 16)
+    assert any(w < high for w in waves) and any(w > low for w in waves)
+    assert any(high <= w <= low for w in waves)
+    assert original < 512  # under the tiny context
+
+
+def _yarn_band(p: dict, theta: float, dims: int, beta_fast: float, beta_slow: float) -> tuple[float, float]:
+    def dim(beta: float) -> float:
+        return (
+            dims
+            * math.log(p["original_max_position_embeddings"] / (beta * 2 * math.pi))
+            / (2 * math.log(theta))
+        )
+
+    return dim(beta_fast), dim(beta_slow)
+
+
+@pytest.mark.parametrize("theta", [10000.0, 1e6, 150000.0])
+def test_yarn_band_lies_inside_the_frequencies_so_its_betas_matter(theta: float) -> None:
+    """At the tiny head_dim the default-looking 128 original positions put
+    both band edges at 0: beta_fast changed nothing."""
+    p = CV.yarn_parameters(theta, 16)
+    low, high = _yarn_band(p, theta, 16, 32.0, 1.0)
+    assert 0 < math.floor(low) < math.ceil(high) < 16 // 2 - 1
+    moved, _ = _yarn_band(p, theta, 16, 33.0, 1.0)
+    assert moved != low  # untruncated, any other beta_fast moves the band
+
+
+@pytest.mark.slow
+def test_a_wrong_yarn_default_fails_on_its_variant(tmp_path: Path) -> None:
+    from autoport_cst.validate import validate_model
+    from autoport_cst.validate.tiny import build_tiny_checkpoint
+
+    checkpoint = tmp_path / "tiny"
+    build_tiny_checkpoint("Qwen3ForCausalLM", checkpoint, seed=0)
+    port = tmp_path / "port"
+    shutil.copytree(QWEN3, port, ignore=shutil.ignore_patterns("__pycache__"))
+    model = port / "model.py"
+    text = model.read_text(encoding="utf-8")
+    anchor = 'scaling.get("beta_fast") or 32'
+    assert text.count(anchor) == 1
+    model.write_text(text.replace(anchor, 'scaling.get("beta_fast") or 33'), encoding="utf-8")
+    report = validate_model(port, checkpoint, steps=2)
+    assert report.exit_code == 1
+    assert report.first_diverging is not None
+    assert report.first_diverging.message.startswith('config variant rope.type="yarn" (not truncated): ')
+    assert any(v["equivalent"] is False for v in report.config_variants)
+    # the default checkpoint alone does not see it
+    assert validate_model(port, checkpoint, steps=2, config_variants=False).equivalent
+
+
+@pytest.mark.slow
+def test_the_reference_validates_on_every_variant(tmp_path: Path) -> None:
+    from autoport_cst.validate import validate_model
+    from autoport_cst.validate.tiny import build_tiny_checkpoint
+
+    checkpoint = tmp_path / "tiny"
+    build_tiny_checkpoint("Qwen3ForCausalLM", checkpoint, seed=0)
+    report = validate_model(QWEN3, checkpoint, steps=2)
+    assert report.equivalent, report.summary()
+    assert [v["equivalent"] for v in report.config_variants] == [True] * 5
