@@ -8,45 +8,41 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.attention import self_parameters
-from autoport_cst.transform.cst_helpers import (
-    code_of,
-    dotted,
-    ensure_import_from,
-    insert_many_after,
-    is_call,
-    is_none,
-    keyword_arg,
-    map_strings,
-    parse_expr,
-    parse_statement,
-    positional_args,
-    replace_string_suffix,
-    rewrite,
-    self_assignment,
-    walk,
-)
-from autoport_cst.transform.kernels import attention_classes_in
-from autoport_cst.transform.layers import add_edit
-from autoport_cst.transform.loaders import (
-    LoaderEdits,
-    attach_statement,
-    declare_guarded,
-    guard_edit,
-    is_quantized,
-)
-from autoport_cst.transform.mappings import entry_statement, mapping_entries
-from autoport_cst.transform.qkv import (
+from autoport_cst.transform.anatomy.attention import attention_classes_in, self_parameters
+from autoport_cst.transform.anatomy.classes import is_quantized
+from autoport_cst.transform.anatomy.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.anatomy.qkv import (
     ATTENTION_DP,
-    BIAS_LOADER_DP,
     QKV_SHARDING,
-    append_after,
     forward_methods,
     function_parameters,
     projection_kind,
     projections,
     qkv_loader_arguments,
     stray_reads,
+)
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
+from autoport_cst.transform.cst.vocabulary import (
+    code_of,
+    dotted,
+    is_call,
+    is_none,
+    keyword_arg,
+    positional_args,
+    self_assignment,
+    walk,
+)
+from autoport_cst.transform.edit.guards import declare_guarded, guard_edit
+from autoport_cst.transform.edit.imports import ensure_import_from
+from autoport_cst.transform.edit.loaders import LoaderEdits, attach_statement
+from autoport_cst.transform.edit.qkv import BIAS_LOADER_DP
+from autoport_cst.transform.edit.rope_columns import append_after
+from autoport_cst.transform.edit.tree import (
+    add_edit,
+    insert_many_after,
+    map_strings,
+    replace_string_suffix,
+    rewrite,
 )
 from autoport_cst.transform.realizes import Realizes, to
 

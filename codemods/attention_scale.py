@@ -10,26 +10,21 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.config_fields import add_config_fields
-from autoport_cst.transform.cst_helpers import (
-    code_of,
-    find_self_assignment,
-    parse_expr,
-    rewrite,
-    self_assignment,
-    with_comment,
-)
-from autoport_cst.transform.kernels import (
+from autoport_cst.transform.anatomy.attention import (
     DECODE,
     FLASH,
     KERNEL_NAMES,
     SEGMENTED,
     SEGMENTED_CP,
-    argument,
     attention_classes_in,
     kernel_sites,
 )
-from autoport_cst.transform.layers import require_method
+from autoport_cst.transform.anatomy.classes import require_method
+from autoport_cst.transform.cst.snippets import parse_expr
+from autoport_cst.transform.cst.vocabulary import code_of, find_self_assignment, self_assignment
+from autoport_cst.transform.edit.config_fields import add_config_fields
+from autoport_cst.transform.edit.kernels import argument
+from autoport_cst.transform.edit.tree import rewrite, with_comment
 from autoport_cst.transform.realizes import Realizes, not_to
 
 ID = "attention-scale"

@@ -6,46 +6,42 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
-from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.attention import add_functions, self_parameters
-from autoport_cst.transform.cst_helpers import (
-    code_of,
-    dotted,
-    ensure_import_from,
-    insert_many_after,
-    is_none,
-    keyword_arg,
-    parse_expr,
-    parse_statements,
-    replace_string_suffix,
-    rewrite,
-    self_assignment,
-    self_attr,
-    statements,
-    walk,
-    with_comment,
-)
-from autoport_cst.transform.kernels import (
+from autoport_cst.transform.anatomy.attention import (
     DECODE,
     FLASH,
     KERNEL_NAMES,
     SEGMENTED_CP,
-    argument,
     attention_classes_in,
-    guard,
     kernel_sites,
+    self_parameters,
 )
-from autoport_cst.transform.layers import add_edit, is_parameter, require_method
-from autoport_cst.transform.loaders import (
-    RANK_WRAPPERS,
-    attach_statement,
-    find_loaders,
-    guard_edit,
-    is_quantized,
-    render_call,
-    render_loader,
+from autoport_cst.transform.anatomy.classes import is_parameter, is_quantized, require_method
+from autoport_cst.transform.anatomy.loaders import RANK_WRAPPERS, find_loaders
+from autoport_cst.transform.anatomy.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statements
+from autoport_cst.transform.cst.vocabulary import (
+    code_of,
+    dotted,
+    is_none,
+    keyword_arg,
+    self_assignment,
+    self_attr,
+    statements,
+    walk,
 )
-from autoport_cst.transform.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.edit.arguments import set_keyword
+from autoport_cst.transform.edit.functions import add_functions
+from autoport_cst.transform.edit.guards import guard_edit
+from autoport_cst.transform.edit.imports import ensure_import_from
+from autoport_cst.transform.edit.kernels import argument, guard
+from autoport_cst.transform.edit.loaders import attach_statement, render_call, render_loader
+from autoport_cst.transform.edit.tree import (
+    add_edit,
+    insert_many_after,
+    replace_string_suffix,
+    rewrite,
+    with_comment,
+)
 from autoport_cst.transform.realizes import Realizes, to
 
 ID = "attention-sinks"

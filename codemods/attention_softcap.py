@@ -9,29 +9,24 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.attention import add_functions, place_setting
-from autoport_cst.transform.config_fields import add_config_fields
-from autoport_cst.transform.cst_helpers import (
-    find_self_assignment,
-    parse_expr,
-    parse_statement,
-    rewrite,
-    with_comment,
-)
-from autoport_cst.transform.kernels import (
+from autoport_cst.transform.anatomy.attention import (
     DECODE,
     FLASH,
     KERNEL_NAMES,
     SEGMENTED,
     SEGMENTED_CP,
     attention_classes_in,
-    guard,
     kernel_sites,
-    substitutes_for,
-    to_unfused,
 )
-from autoport_cst.transform.layers import require_method
+from autoport_cst.transform.anatomy.classes import require_method
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
+from autoport_cst.transform.cst.vocabulary import find_self_assignment
+from autoport_cst.transform.edit.arguments import set_keyword
+from autoport_cst.transform.edit.attention import place_setting
+from autoport_cst.transform.edit.config_fields import add_config_fields
+from autoport_cst.transform.edit.functions import add_functions
+from autoport_cst.transform.edit.kernels import guard, substitutes_for, to_unfused
+from autoport_cst.transform.edit.tree import rewrite, with_comment
 from autoport_cst.transform.realizes import Realizes, not_to
 
 ID = "attention-softcap"
@@ -57,7 +52,7 @@ class AttentionSoftcap(Codemod):
 
     No attention kernel has a softcap, so with this codemod attention is
     computed op by op on every path of the attention class, in the model
-    file (``autoport_cst.transform.kernels``):
+    file (``autoport_cst.transform.edit.kernels``):
 
     - ``NF.flash_attention(...)`` becomes ``_flash_attention_unfused(...,
       softcap=self.<key>)`` and ``NF.segmented_attention(...)`` (chunked

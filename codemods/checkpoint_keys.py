@@ -6,20 +6,16 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from autoport_cst.transform import Codemod, Example, FileContext, PortContext, moe_keys
-from autoport_cst.transform.cst_helpers import (
-    classes,
-    classes_with_role,
-    dotted,
-    followed_by,
-    method,
-    parse_expr,
-    parse_statement,
-    rewrite,
-    string_text,
-    with_comment,
-)
-from autoport_cst.transform.key_renames import (
+from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.anatomy.classes import is_quantized
+from autoport_cst.transform.anatomy.loaders import find_loaders
+from autoport_cst.transform.anatomy.mappings import mapping_entries, parameter_names
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
+from autoport_cst.transform.cst.vocabulary import classes, classes_with_role, dotted, method, string_text
+from autoport_cst.transform.edit import moe_keys
+from autoport_cst.transform.edit.guards import declare_guarded, guard_edit
+from autoport_cst.transform.edit.key_renames import (
     FIELD,
     KeyRenamer,
     expand,
@@ -32,17 +28,11 @@ from autoport_cst.transform.key_renames import (
     string_variables,
     translate_key_maps,
 )
-from autoport_cst.transform.layers import add_edit, kwarg_code, strings_of
-from autoport_cst.transform.loaders import (
-    LoaderEdits,
-    declare_guarded,
-    find_loaders,
-    guard_edit,
-    is_quantized,
-)
-from autoport_cst.transform.mappings import mapping_entries, parameter_names
+from autoport_cst.transform.edit.loaders import LoaderEdits
+from autoport_cst.transform.edit.mappings import strings_of
+from autoport_cst.transform.edit.parameters import kwarg_code
+from autoport_cst.transform.edit.tree import add_edit, followed_by, rewrite, with_comment
 from autoport_cst.transform.realizes import ANY, Realizes, to
-from autoport_cst.transform.roles import class_role
 
 GUARD_LAYOUT = "checkpoint-keys: [in, out] checkpoint tensors are not implemented for this quantized layer"
 TRANSPOSING_LOADERS = (
@@ -553,7 +543,7 @@ class CheckpointKeys(Codemod):
 
     def _static_moe_keys(self, module: cst.Module, loads: list[cst.FunctionDef], ctx: FileContext):
         """The load-time MoE key lookups become the keys research read from
-        the checkpoint (``autoport_cst.transform.moe_keys``)."""
+        the checkpoint (``autoport_cst.transform.edit.moe_keys``)."""
         renamer = KeyRenamer(self.params.renames)
         edits: dict = {}
         for fn in loads:

@@ -5,13 +5,10 @@ from __future__ import annotations
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext
-from autoport_cst.transform.config_fields import prepend_to_post_init
-from autoport_cst.transform.config_reading import (
-    KNOWN_DERIVATIONS,
-    derived_when_none,
-    fixed_defaults,
-)
-from autoport_cst.transform.cst_helpers import parse_expr, parse_statement, rewrite
+from autoport_cst.transform.anatomy.config import KNOWN_DERIVATIONS, derived_when_none, fixed_defaults
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
+from autoport_cst.transform.edit.config_fields import prepend_to_post_init
+from autoport_cst.transform.edit.tree import rewrite
 
 
 class ConfigDerivedDefaults(Codemod):

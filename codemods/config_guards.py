@@ -11,11 +11,11 @@ from typing import Any
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext
-from autoport_cst.transform.attention import add_functions
-from autoport_cst.transform.config_fields import config_class
-from autoport_cst.transform.config_reading import method_of
-from autoport_cst.transform.cst_helpers import insert_after, parse_statement, with_comment
-from autoport_cst.transform.vocabulary import walk
+from autoport_cst.transform.anatomy.config import config_class, method_of
+from autoport_cst.transform.cst.snippets import parse_statement
+from autoport_cst.transform.cst.vocabulary import walk
+from autoport_cst.transform.edit.functions import add_functions
+from autoport_cst.transform.edit.tree import insert_after, with_comment
 
 ID = "config-guards"
 CHECK = "check_assumed_config"

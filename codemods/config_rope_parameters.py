@@ -5,9 +5,10 @@ from __future__ import annotations
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext
-from autoport_cst.transform.config_fields import prepend_to_post_init
-from autoport_cst.transform.config_reading import dataclass_fields, mentions
-from autoport_cst.transform.cst_helpers import parse_statement, parse_statements, rewrite, with_comment
+from autoport_cst.transform.anatomy.config import dataclass_fields, mentions
+from autoport_cst.transform.cst.snippets import parse_statement, parse_statements
+from autoport_cst.transform.edit.config_fields import prepend_to_post_init
+from autoport_cst.transform.edit.tree import rewrite, with_comment
 
 FIELD = "rope_parameters: dict | None = None"
 

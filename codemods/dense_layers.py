@@ -6,26 +6,25 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams
-from autoport_cst.transform import moe as moe_edits
-from autoport_cst.transform.anatomy import find_sites
-from autoport_cst.transform.attention import add_functions
-from autoport_cst.transform.config_fields import add_config_fields
-from autoport_cst.transform.cst_helpers import (
+from autoport_cst.transform.anatomy import experts as anatomy_experts
+from autoport_cst.transform.anatomy.mappings import mapping_entries
+from autoport_cst.transform.anatomy.sites import find_sites
+from autoport_cst.transform.cst.roles import split_prefix
+from autoport_cst.transform.cst.snippets import parse_statement
+from autoport_cst.transform.cst.vocabulary import (
     classes_with_role,
     code_of,
     dotted,
-    ensure_import_from,
     method,
-    parse_statement,
-    rewrite,
     self_assignment,
     walk,
-    with_comment,
 )
-from autoport_cst.transform.dense_mlp_code import RULE, RULE_FUNCTION, TEMPLATES
-from autoport_cst.transform.mappings import mapping_entries
+from autoport_cst.transform.edit.config_fields import add_config_fields
+from autoport_cst.transform.edit.dense_mlp_code import RULE, RULE_FUNCTION, TEMPLATES
+from autoport_cst.transform.edit.functions import add_functions
+from autoport_cst.transform.edit.imports import ensure_import_from
+from autoport_cst.transform.edit.tree import rewrite, with_comment
 from autoport_cst.transform.realizes import Realizes, not_to
-from autoport_cst.transform.roles import split_prefix
 
 ID = "dense-layers"
 DENSE_SUFFIX = "DenseMLP"
@@ -348,7 +347,7 @@ class DenseLayers(Codemod):
             raise ctx.precondition(
                 "dense-layers: no MoE wrapper in this file (a <Prefix>MLP class that sets self.experts)"
             )
-        experts = moe_edits.experts_classes(module)
+        experts = anatomy_experts.experts_classes(module)
         if len(experts) != 1:
             raise ctx.precondition(
                 f"dense-layers: expected one experts class (<Prefix>Experts calling NF.router), found {len(experts)}"
@@ -565,7 +564,7 @@ def _template_for(wrapper: cst.ClassDef, ctx: FileContext, module: cst.Module):
 
 
 def _norm_statement(cls: cst.ClassDef) -> cst.SimpleStatementLine | None:
-    from autoport_cst.transform.roles import class_role
+    from autoport_cst.transform.cst.roles import class_role
 
     init = method(cls, "__init__")
     for node in walk(init) if init is not None else []:

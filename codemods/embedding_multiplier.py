@@ -7,24 +7,12 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.cst_helpers import (
-    parse_statement,
-    positional_args,
-    rewrite,
-    self_attr,
-    statements,
-    walk,
-)
-from autoport_cst.transform.decoder import (
-    class_here,
-    declare_upstream,
-    other_model_file,
-)
-from autoport_cst.transform.layers import (
-    config_scalar_edit,
-    init_reads_config,
-    require_method,
-)
+from autoport_cst.transform.anatomy.classes import class_here, require_method
+from autoport_cst.transform.cst.snippets import parse_statement
+from autoport_cst.transform.cst.vocabulary import positional_args, self_attr, statements, walk
+from autoport_cst.transform.edit.config_fields import config_scalar_edit, init_reads_config
+from autoport_cst.transform.edit.layer_guards import declare_upstream, other_model_file
+from autoport_cst.transform.edit.tree import rewrite
 from autoport_cst.transform.realizes import Realizes, not_to
 
 

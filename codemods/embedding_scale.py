@@ -9,17 +9,14 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.cst_helpers import (
-    dotted,
-    parse_expr,
-    parse_statement,
-    rewrite,
-)
-from autoport_cst.transform.decoder import class_here, other_model_file
-from autoport_cst.transform.layers import require_method, self_assignments
+from autoport_cst.transform.anatomy.classes import class_here, require_method, self_assignments
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
+from autoport_cst.transform.cst.vocabulary import dotted
+from autoport_cst.transform.edit.arguments import set_keyword
+from autoport_cst.transform.edit.layer_guards import other_model_file
+from autoport_cst.transform.edit.tree import rewrite
 from autoport_cst.transform.realizes import Realizes, to
-from autoport_cst.transform.roles import class_role
 
 SCALED = "ScaledVocabEmbedding"
 BASE = "VocabDimShardedEmbedding"

@@ -7,20 +7,14 @@ import re
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform import moe as moe_edits
-from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.cst_helpers import (
-    classes,
-    code_of,
-    dotted,
-    keyword_arg,
-    parse_expr,
-    rewrite,
-    self_assignment,
-    walk,
-)
+from autoport_cst.transform.anatomy import experts as anatomy_experts
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.snippets import parse_expr
+from autoport_cst.transform.cst.vocabulary import classes, code_of, dotted, keyword_arg, self_assignment, walk
+from autoport_cst.transform.edit import moe as moe_edits
+from autoport_cst.transform.edit.arguments import set_keyword
+from autoport_cst.transform.edit.tree import rewrite
 from autoport_cst.transform.realizes import Realizes, to
-from autoport_cst.transform.roles import class_role
 
 ROUTER_PARAM = re.compile(r"^(router|gate|routing)(_gate)?_weight$|router.*weight|^router_bias$")
 ROUTER_MODULE = ("gate", "router")
@@ -145,11 +139,11 @@ class Float32Router(Codemod):
     def _sites(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         """Every router site computes in float32."""
         edits: dict = {}
-        for site in moe_edits.moe_sites(module, "moe.router"):
+        for site in anatomy_experts.moe_sites(module, "moe.router"):
             if site.kind in ("router", "router_sub"):
                 key, value = "computation_dtype", FLOAT32
             elif site.kind in ("block", "block_sub"):
-                current = moe_edits.literal(site.call, "router_mm_dtype")
+                current = anatomy_experts.literal(site.call, "router_mm_dtype")
                 if current is None and not moe_edits.module_imports_name(module, "nl"):
                     raise ctx.precondition(
                         f"float32-router: {site.name} computes its router in the kernel's default dtype and "
@@ -159,7 +153,9 @@ class Float32Router(Codemod):
                     )
                 key, value = "router_mm_dtype", _float32_like(current or "nl.bfloat16")
             else:
-                key = next((k for k in DTYPE_KEYWORDS if moe_edits.literal(site.call, k) is not None), None)
+                key = next(
+                    (k for k in DTYPE_KEYWORDS if anatomy_experts.literal(site.call, k) is not None), None
+                )
                 if key is None:
                     moe_edits.guard_site(
                         module,
@@ -170,8 +166,8 @@ class Float32Router(Codemod):
                         edits,
                     )
                     continue
-                value = _float32_like(moe_edits.literal(site.call, key))
-            if moe_edits.literal(site.call, key) != value:
+                value = _float32_like(anatomy_experts.literal(site.call, key))
+            if anatomy_experts.literal(site.call, key) != value:
                 expr = parse_expr(value, module)
                 edits[id(site.call)] = lambda updated, key=key, expr=expr: set_keyword(updated, key, expr)
         return rewrite(module, edits)

@@ -9,34 +9,20 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.cst_helpers import (
-    classes_with_role,
-    code_of,
-    dotted,
-    ensure_import_from,
-    keyword_arg,
-    parse_expr,
-    parse_statement,
-    rewrite,
-    string_text,
-)
-from autoport_cst.transform.layers import (
-    WEIGHT_LOADERS,
-    parse_mlp_call,
-    replace_segment,
-)
-from autoport_cst.transform.loaders import (
-    LoaderEdits,
-    declare_guarded,
-    guard_edit,
-    is_quantized,
-    mlp_classes,
-    mlp_mapping_weights,
-)
-from autoport_cst.transform.mappings import mapping_entries
+from autoport_cst.transform.anatomy.classes import is_quantized
+from autoport_cst.transform.anatomy.mappings import mapping_entries
+from autoport_cst.transform.anatomy.mlp import mlp_classes, mlp_mapping_weights, parse_mlp_call
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
+from autoport_cst.transform.cst.vocabulary import classes_with_role, code_of, dotted, keyword_arg, string_text
+from autoport_cst.transform.edit.arguments import set_keyword
+from autoport_cst.transform.edit.guards import declare_guarded, guard_edit
+from autoport_cst.transform.edit.imports import ensure_import_from
+from autoport_cst.transform.edit.loaders import LoaderEdits
+from autoport_cst.transform.edit.mappings import replace_segment
+from autoport_cst.transform.edit.parameters import WEIGHT_LOADERS
+from autoport_cst.transform.edit.tree import rewrite
 from autoport_cst.transform.realizes import Realizes, to
-from autoport_cst.transform.roles import class_role
 
 QKV_LOADERS = ("fused_qkv_weight_loader", "fused_qkv_bias_loader")
 QKV_SPLIT = "fused_qkv_split_loader"

@@ -6,7 +6,7 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
-from autoport_cst.transform.qkv import reorder_rope_columns
+from autoport_cst.transform.edit.rope_columns import reorder_rope_columns
 from autoport_cst.transform.realizes import Realizes, to
 
 ID = "interleaved-rope"

@@ -7,7 +7,9 @@ import re
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext
-from autoport_cst.transform.cst_helpers import (
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.snippets import parse_statement, parse_statements
+from autoport_cst.transform.cst.vocabulary import (
     classes,
     classes_with_role,
     deep_statements,
@@ -18,16 +20,13 @@ from autoport_cst.transform.cst_helpers import (
     is_none,
     keyword_arg,
     method,
-    parse_statement,
-    parse_statements,
     self_assignment,
     self_attr,
     statements,
     string_text,
     walk,
-    with_statements,
 )
-from autoport_cst.transform.roles import class_role
+from autoport_cst.transform.edit.tree import with_statements
 
 ROPE_NAME = re.compile(r"(^|_)(inv_freq|cos|sin)(_|$)")
 METHOD = "_compute_inv_freq"

@@ -6,20 +6,20 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
-from autoport_cst.transform.cst_helpers import (
+from autoport_cst.transform.anatomy.classes import class_here, require_method
+from autoport_cst.transform.anatomy.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.cst.snippets import parse_statement
+from autoport_cst.transform.cst.vocabulary import (
     code_of,
     deep_statements,
     dotted,
     keyword_arg,
-    parse_statement,
-    rewrite,
     self_assignment,
     walk,
 )
-from autoport_cst.transform.decoder import class_here, other_model_file
-from autoport_cst.transform.layers import add_edit, require_method
-from autoport_cst.transform.loaders import LoaderEdits, attach_statement, render_base
-from autoport_cst.transform.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.edit.layer_guards import other_model_file
+from autoport_cst.transform.edit.loaders import LoaderEdits, attach_statement, render_base
+from autoport_cst.transform.edit.tree import add_edit, rewrite
 from autoport_cst.transform.realizes import Realizes, to
 
 

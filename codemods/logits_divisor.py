@@ -8,9 +8,12 @@ from typing import Literal
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.cst_helpers import parse_statement, rewrite, self_attr, walk
-from autoport_cst.transform.decoder import logits_site, other_model_file
-from autoport_cst.transform.layers import config_scalar_edit, init_reads_config
+from autoport_cst.transform.anatomy.decoder import logits_site
+from autoport_cst.transform.cst.snippets import parse_statement
+from autoport_cst.transform.cst.vocabulary import self_attr, walk
+from autoport_cst.transform.edit.config_fields import config_scalar_edit, init_reads_config
+from autoport_cst.transform.edit.layer_guards import other_model_file
+from autoport_cst.transform.edit.tree import rewrite
 from autoport_cst.transform.realizes import Realizes, not_to
 
 

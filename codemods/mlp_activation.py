@@ -9,23 +9,14 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.cst_helpers import (
-    dotted,
-    ensure_import_from,
-    keyword_arg,
-    parse_expr,
-    parse_statement,
-    rewrite,
-    walk,
-)
-from autoport_cst.transform.layers import (
-    ACT_TYPES,
-    MLP_KEYWORDS,
-    TORCH_MLP,
-    parse_mlp_call,
-)
-from autoport_cst.transform.loaders import declare_guarded, guard_edit, mlp_classes
+from autoport_cst.transform.anatomy.mlp import MLP_KEYWORDS, TORCH_MLP, mlp_classes, parse_mlp_call
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
+from autoport_cst.transform.cst.vocabulary import dotted, keyword_arg, walk
+from autoport_cst.transform.edit.arguments import set_keyword
+from autoport_cst.transform.edit.guards import declare_guarded, guard_edit
+from autoport_cst.transform.edit.imports import ensure_import_from
+from autoport_cst.transform.edit.parameters import ACT_TYPES
+from autoport_cst.transform.edit.tree import rewrite
 
 # spec activation -> NF.mlp kernel activation (nkilib ActFnType member)
 KERNEL = {"silu": "SiLU", "gelu": "GELU", "gelu_tanh": "GELU_Tanh_Approx"}

@@ -6,34 +6,18 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
-from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.cst_helpers import (
-    dotted,
-    ensure_import_from,
-    keyword_arg,
-    parse_expr,
-    parse_statement,
-    replace_string_suffix,
-    rewrite,
-)
-from autoport_cst.transform.layers import (
-    MLP_KEYWORDS,
-    WEIGHT_LOADERS,
-    bias_parameter,
-    kwarg_code,
-    map_value_strings,
-    parameters,
-    parse_mlp_call,
-)
-from autoport_cst.transform.loaders import (
-    LoaderEdits,
-    attach_statement,
-    declare_guarded,
-    guard_edit,
-    mlp_classes,
-    mlp_mapping_weights,
-)
-from autoport_cst.transform.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.anatomy.classes import parameters
+from autoport_cst.transform.anatomy.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.anatomy.mlp import MLP_KEYWORDS, mlp_classes, mlp_mapping_weights, parse_mlp_call
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
+from autoport_cst.transform.cst.vocabulary import dotted, keyword_arg
+from autoport_cst.transform.edit.arguments import set_keyword
+from autoport_cst.transform.edit.guards import declare_guarded, guard_edit
+from autoport_cst.transform.edit.imports import ensure_import_from
+from autoport_cst.transform.edit.loaders import LoaderEdits, attach_statement
+from autoport_cst.transform.edit.mappings import map_value_strings
+from autoport_cst.transform.edit.parameters import WEIGHT_LOADERS, bias_parameter, kwarg_code
+from autoport_cst.transform.edit.tree import replace_string_suffix, rewrite
 from autoport_cst.transform.realizes import Realizes, to
 
 GUARD = "mlp-bias: biases on the MLP projections are not implemented for this quantized MLP"

@@ -9,31 +9,15 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext, locate
-from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.cst_helpers import (
-    code_of,
-    keyword_arg,
-    parse_expr,
-    positional_args,
-    rewrite,
-    walk,
-)
-from autoport_cst.transform.layers import (
-    MLP_KEYWORDS,
-    add_edit,
-    parameters,
-    parse_mlp_call,
-    removal_edits,
-)
-from autoport_cst.transform.loaders import (
-    LoaderEdits,
-    declare_guarded,
-    guard_edit,
-    mlp_classes,
-    mlp_mapping_weights,
-    with_emptied_blocks,
-)
-from autoport_cst.transform.mappings import mapping_entries
+from autoport_cst.transform.anatomy.classes import parameters
+from autoport_cst.transform.anatomy.mappings import mapping_entries
+from autoport_cst.transform.anatomy.mlp import MLP_KEYWORDS, mlp_classes, mlp_mapping_weights, parse_mlp_call
+from autoport_cst.transform.cst.snippets import parse_expr
+from autoport_cst.transform.cst.vocabulary import code_of, keyword_arg, positional_args, walk
+from autoport_cst.transform.edit.arguments import set_keyword
+from autoport_cst.transform.edit.guards import declare_guarded, guard_edit
+from autoport_cst.transform.edit.loaders import LoaderEdits, with_emptied_blocks
+from autoport_cst.transform.edit.tree import add_edit, removal_edits, rewrite
 from autoport_cst.transform.realizes import Realizes, to
 
 GUARD = "mlp-kind: a plain (non-gated) MLP is not implemented for this quantized MLP"

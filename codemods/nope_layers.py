@@ -6,22 +6,14 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
-from autoport_cst.transform.attention import (
-    add_functions,
-    attention_classes,
-    place_setting,
-)
-from autoport_cst.transform.config_fields import add_config_fields
-from autoport_cst.transform.cst_helpers import (
-    find_self_assignment,
-    is_docstring,
-    parse_statement,
-    parse_statements,
-    rewrite,
-    statements,
-    with_comment,
-)
-from autoport_cst.transform.layers import require_method
+from autoport_cst.transform.anatomy.attention import attention_classes
+from autoport_cst.transform.anatomy.classes import require_method
+from autoport_cst.transform.cst.snippets import parse_statement, parse_statements
+from autoport_cst.transform.cst.vocabulary import find_self_assignment, is_docstring, statements
+from autoport_cst.transform.edit.attention import place_setting
+from autoport_cst.transform.edit.config_fields import add_config_fields
+from autoport_cst.transform.edit.functions import add_functions
+from autoport_cst.transform.edit.tree import rewrite, with_comment
 from autoport_cst.transform.realizes import Realizes, not_to
 
 ID = "nope-layers"

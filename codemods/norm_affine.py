@@ -6,25 +6,21 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
-from autoport_cst.transform.cst_helpers import (
+from autoport_cst.transform.anatomy.classes import (
+    defined_elsewhere,
+    forward_path_functions,
+    instances_of_role,
+)
+from autoport_cst.transform.cst.vocabulary import (
     classes_with_role,
     find_self_assignment,
     method,
-    rewrite,
     self_attr,
     walk,
 )
-from autoport_cst.transform.decoder import (
-    defined_elsewhere,
-    guard_fused_norms,
-    other_model_file,
-)
-from autoport_cst.transform.layers import (
-    forward_path_functions,
-    instances_of_role,
-    mapping_entries_of_attr,
-    removal_edits,
-)
+from autoport_cst.transform.edit.layer_guards import guard_fused_norms, other_model_file
+from autoport_cst.transform.edit.mappings import mapping_entries_of_attr
+from autoport_cst.transform.edit.tree import removal_edits, rewrite
 from autoport_cst.transform.realizes import Realizes, to
 
 ID = "norm-affine"

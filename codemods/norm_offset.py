@@ -6,22 +6,23 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
-from autoport_cst.transform.cst_helpers import (
-    classes_with_role,
-    dotted,
-    find_self_assignment,
-    method,
-    parse_expr,
-    rewrite,
-    self_attr,
-    walk,
-)
-from autoport_cst.transform.decoder import defined_elsewhere, other_model_file
-from autoport_cst.transform.layers import (
+from autoport_cst.transform.anatomy.classes import (
+    defined_elsewhere,
     forward_path_functions,
     instances_of_role,
     param_ctor,
 )
+from autoport_cst.transform.cst.snippets import parse_expr
+from autoport_cst.transform.cst.vocabulary import (
+    classes_with_role,
+    dotted,
+    find_self_assignment,
+    method,
+    self_attr,
+    walk,
+)
+from autoport_cst.transform.edit.layer_guards import other_model_file
+from autoport_cst.transform.edit.tree import rewrite
 from autoport_cst.transform.realizes import Realizes, to
 
 

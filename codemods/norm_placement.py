@@ -9,23 +9,13 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext, locate
-from autoport_cst.transform.cst_helpers import parse_statement, rewrite
-from autoport_cst.transform.decoder import (
-    decoder_layer,
-    guard_fused,
-    other_model_classes,
-    other_model_file,
-    subclasses_role,
-)
-from autoport_cst.transform.layers import (
-    add_edit,
-    mapping_entries_of_attr,
-    other_uses,
-    removal_edits,
-    replace_segment,
-    self_assignments,
-)
-from autoport_cst.transform.mappings import entry_statement
+from autoport_cst.transform.anatomy.classes import other_uses, self_assignments
+from autoport_cst.transform.anatomy.decoder import decoder_layer, other_model_classes, subclasses_role
+from autoport_cst.transform.anatomy.mappings import entry_statement
+from autoport_cst.transform.cst.snippets import parse_statement
+from autoport_cst.transform.edit.layer_guards import guard_fused, other_model_file
+from autoport_cst.transform.edit.mappings import mapping_entries_of_attr, replace_segment
+from autoport_cst.transform.edit.tree import add_edit, removal_edits, rewrite
 from autoport_cst.transform.realizes import Realizes, to
 
 

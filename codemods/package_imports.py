@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext, locate
-from autoport_cst.transform.cst_helpers import dotted, parse_expr
-from autoport_cst.transform.scope_rename import MODEL_ROOT, own_package_module
+from autoport_cst.transform.cst.snippets import parse_expr
+from autoport_cst.transform.cst.vocabulary import dotted
+from autoport_cst.transform.edit.scope_rename import MODEL_ROOT, own_package_module
 
 
 @dataclass(frozen=True)

@@ -9,32 +9,20 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext, locate
-from autoport_cst.transform.cst_helpers import (
-    code_of,
-    parse_statement,
-    positional_args,
-    rewrite,
-    simple_assign,
-)
-from autoport_cst.transform.decoder import (
+from autoport_cst.transform.anatomy.classes import assigned_call, assigned_name, other_uses, self_assignments
+from autoport_cst.transform.anatomy.decoder import (
     DecoderForward,
     DecoderLayer,
     SublayerCall,
     decoder_layer,
-    guard_fused,
     other_model_classes,
-    other_model_file,
     subclasses_role,
 )
-from autoport_cst.transform.layers import (
-    add_edit,
-    assigned_call,
-    assigned_name,
-    mapping_entries_of_attr,
-    other_uses,
-    removal_edits,
-    self_assignments,
-)
+from autoport_cst.transform.cst.snippets import parse_statement
+from autoport_cst.transform.cst.vocabulary import code_of, positional_args, simple_assign
+from autoport_cst.transform.edit.layer_guards import guard_fused, other_model_file
+from autoport_cst.transform.edit.mappings import mapping_entries_of_attr
+from autoport_cst.transform.edit.tree import add_edit, removal_edits, rewrite
 from autoport_cst.transform.realizes import Realizes, to
 
 

@@ -6,31 +6,25 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
-from autoport_cst.transform.attention import (
-    add_functions,
-    statement_containing,
-)
-from autoport_cst.transform.config_fields import add_config_fields
-from autoport_cst.transform.cst_helpers import (
+from autoport_cst.transform.anatomy.attention import statement_containing
+from autoport_cst.transform.anatomy.qkv import mentions
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
+from autoport_cst.transform.cst.vocabulary import (
     classes_with_role,
     dotted,
     method,
-    parse_expr,
-    parse_statement,
-    rewrite,
     self_assignment,
     self_attr,
     statements,
     walk,
-    with_comment,
 )
-from autoport_cst.transform.qkv import (
-    mentions,
-    partial_factor_function,
-    reorder_rope_columns,
-)
+from autoport_cst.transform.edit.config_fields import add_config_fields
+from autoport_cst.transform.edit.functions import add_functions
+from autoport_cst.transform.edit.qkv import partial_factor_function
+from autoport_cst.transform.edit.rope_columns import reorder_rope_columns
+from autoport_cst.transform.edit.tree import rewrite, with_comment
 from autoport_cst.transform.realizes import Realizes, not_to
-from autoport_cst.transform.roles import class_role
 
 ID = "partial-rotary"
 ROTARY_DIM = "int(self.head_dim * _partial_rotary_factor({config}))"

@@ -9,52 +9,47 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform import qk_norm_code as code
-from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.attention import (
-    DECODE_UNFUSED,
-    add_functions,
-    eps_attribute,
-    norm_class,
-    norm_is_full_width,
-    parse_method,
-    statement_containing,
-    to_unfused_decode,
-)
-from autoport_cst.transform.cst_helpers import (
-    code_of,
-    dotted,
-    ensure_import_from,
-    find_self_assignment,
-    insert_many_after,
-    is_call,
-    parse_expr,
-    parse_statements,
-    positional_args,
-    replace_string_suffix,
-    rewrite,
-    self_assignment,
-    statements,
-    string_text,
-    walk,
-    with_comment,
-)
-from autoport_cst.transform.kernels import attention_classes_in
-from autoport_cst.transform.layers import add_edit, require_method
-from autoport_cst.transform.loaders import LoaderEdits, declare_guarded, guard_edit, is_quantized
-from autoport_cst.transform.mappings import entry_statement, mapping_entries
-from autoport_cst.transform.qkv import (
+from autoport_cst.transform.anatomy.attention import attention_classes_in, statement_containing
+from autoport_cst.transform.anatomy.classes import is_quantized, require_method
+from autoport_cst.transform.anatomy.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.anatomy.norm import eps_attribute, norm_class, norm_is_full_width
+from autoport_cst.transform.anatomy.qkv import (
     QKV_PROJ_UNFUSED,
-    QKV_PROJ_UNFUSED_FUNCTION,
-    QKV_PROJ_UNFUSED_PARAMETERS,
     after_attrs,
-    append_after,
     forward_methods,
     projections,
     qkv_loader_arguments,
     self_attribute_behind,
     stray_reads,
     unsupported_arguments,
+)
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statements
+from autoport_cst.transform.cst.vocabulary import (
+    code_of,
+    dotted,
+    find_self_assignment,
+    is_call,
+    positional_args,
+    self_assignment,
+    statements,
+    string_text,
+    walk,
+)
+from autoport_cst.transform.edit import qk_norm_code as code
+from autoport_cst.transform.edit.arguments import set_keyword
+from autoport_cst.transform.edit.functions import add_functions, parse_method
+from autoport_cst.transform.edit.guards import declare_guarded, guard_edit
+from autoport_cst.transform.edit.imports import ensure_import_from
+from autoport_cst.transform.edit.kernels import DECODE_UNFUSED, to_unfused_decode
+from autoport_cst.transform.edit.loaders import LoaderEdits
+from autoport_cst.transform.edit.qkv import QKV_PROJ_UNFUSED_FUNCTION, QKV_PROJ_UNFUSED_PARAMETERS
+from autoport_cst.transform.edit.rope_columns import append_after
+from autoport_cst.transform.edit.tree import (
+    add_edit,
+    insert_many_after,
+    replace_string_suffix,
+    rewrite,
+    with_comment,
 )
 from autoport_cst.transform.realizes import Change, Realizes, from_to
 
@@ -765,7 +760,7 @@ def _rebase(node: cst.BaseExpression, config: str) -> str:
 
 
 def _last_parameter_statement(init: cst.FunctionDef) -> cst.BaseStatement | None:
-    from autoport_cst.transform.layers import is_parameter
+    from autoport_cst.transform.anatomy.classes import is_parameter
 
     found = None
     for stmt in statements(init):

@@ -6,24 +6,20 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams
-from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.attention import (
-    UNFUSED_DECODE_CALL,
-    attention_classes,
-)
-from autoport_cst.transform.cst_helpers import (
+from autoport_cst.transform.anatomy.attention import UNFUSED_DECODE_CALL, attention_classes
+from autoport_cst.transform.anatomy.qkv import forward_methods, projections
+from autoport_cst.transform.cst.snippets import parse_expr
+from autoport_cst.transform.cst.vocabulary import (
     dotted,
     free_names,
     is_call,
     keyword_arg,
-    parse_expr,
-    rewrite,
     simple_assign,
     statements,
     walk,
-    with_comment,
 )
-from autoport_cst.transform.qkv import forward_methods, projections
+from autoport_cst.transform.edit.arguments import set_keyword
+from autoport_cst.transform.edit.tree import rewrite, with_comment
 from autoport_cst.transform.realizes import Realizes, from_to
 
 ID = "qk-norm-position"

@@ -7,15 +7,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.cst_helpers import (
-    dotted,
-    is_docstring,
-    parse_expr,
-    parse_statement,
-    simple_assign,
-    string_text,
-    walk,
-)
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
+from autoport_cst.transform.cst.vocabulary import dotted, is_docstring, simple_assign, string_text, walk
 
 
 @dataclass(frozen=True)

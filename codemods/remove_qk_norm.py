@@ -5,22 +5,22 @@ from __future__ import annotations
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext
-from autoport_cst.transform.arguments import remove_keyword, set_keyword
-from autoport_cst.transform.cst_helpers import (
+from autoport_cst.transform.anatomy.mappings import mapping_entries
+from autoport_cst.transform.anatomy.qkv import projection_kind
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.snippets import parse_expr
+from autoport_cst.transform.cst.vocabulary import (
     classes_with_role,
     is_call,
     keyword_arg,
-    parse_expr,
-    rewrite,
     self_assignment,
     self_attr,
     simple_assign,
     walk,
 )
-from autoport_cst.transform.mappings import mapping_entries
-from autoport_cst.transform.qkv import projection_kind
+from autoport_cst.transform.edit.arguments import remove_keyword, set_keyword
+from autoport_cst.transform.edit.tree import rewrite
 from autoport_cst.transform.realizes import Realizes, from_to
-from autoport_cst.transform.roles import class_role
 
 NORMS = ("q_norm", "k_norm")
 DECODE_NORM_ARGS = tuple(

@@ -8,19 +8,14 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.base import locate
-from autoport_cst.transform.cst_helpers import code_of
-from autoport_cst.transform.scope_rename import (
+from autoport_cst.transform.cst.vocabulary import code_of
+from autoport_cst.transform.edit.scope_rename import (
     attribute_references,
     rename_in_module,
     rename_targets,
     string_references,
 )
-from autoport_cst.transform.words import (
-    line_col,
-    locate_prose,
-    prose_token_positions,
-    rename_words,
-)
+from autoport_cst.transform.edit.words import line_col, locate_prose, prose_token_positions, rename_words
 
 
 @dataclass(frozen=True)

@@ -7,16 +7,13 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.cst_helpers import (
-    deep_statements,
-    parse_expr,
-    rewrite,
-    self_attr,
-    simple_assign,
-    walk,
-)
-from autoport_cst.transform.decoder import class_here, layer_forwards, other_model_file
-from autoport_cst.transform.layers import config_scalar_edit, init_reads_config
+from autoport_cst.transform.anatomy.classes import class_here
+from autoport_cst.transform.anatomy.decoder import layer_forwards
+from autoport_cst.transform.cst.snippets import parse_expr
+from autoport_cst.transform.cst.vocabulary import deep_statements, self_attr, simple_assign, walk
+from autoport_cst.transform.edit.config_fields import config_scalar_edit, init_reads_config
+from autoport_cst.transform.edit.layer_guards import other_model_file
+from autoport_cst.transform.edit.tree import rewrite
 from autoport_cst.transform.realizes import Realizes, not_to
 
 

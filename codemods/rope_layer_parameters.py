@@ -5,34 +5,27 @@ from __future__ import annotations
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
-from autoport_cst.transform.attention import add_functions, parse_method
-from autoport_cst.transform.config_fields import (
-    add_config_fields,
-    config_class,
-    config_fields,
-)
-from autoport_cst.transform.cst_helpers import (
+from autoport_cst.transform.anatomy.attention import kernel_sites
+from autoport_cst.transform.anatomy.classes import one_class, require_method
+from autoport_cst.transform.anatomy.config import config_class, config_fields
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statement, parse_statements
+from autoport_cst.transform.cst.vocabulary import (
     classes_with_role,
     dotted,
-    ensure_import_from,
     find_self_assignment,
-    followed_by,
     method,
-    parse_expr,
-    parse_statement,
-    parse_statements,
-    rewrite,
     self_assignment,
     self_attr,
     statements,
     string_text,
     walk,
-    with_comment,
 )
-from autoport_cst.transform.kernels import kernel_sites
-from autoport_cst.transform.layers import add_edit, one_class, require_method
+from autoport_cst.transform.edit.config_fields import add_config_fields
+from autoport_cst.transform.edit.functions import add_functions, parse_method
+from autoport_cst.transform.edit.imports import ensure_import_from
+from autoport_cst.transform.edit.tree import add_edit, followed_by, rewrite, with_comment
 from autoport_cst.transform.realizes import Realizes, not_to
-from autoport_cst.transform.roles import class_role
 
 ID = "rope-layer-parameters"
 

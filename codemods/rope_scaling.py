@@ -9,32 +9,24 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.attention import parse_method
-from autoport_cst.transform.config_fields import add_config_fields
-from autoport_cst.transform.cst_helpers import (
-    Edit,
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statement, parse_statements
+from autoport_cst.transform.cst.vocabulary import (
     classes_with_role,
     code_of,
     dotted,
-    ensure_import,
-    followed_by,
     has_comment,
     method,
-    parse_expr,
-    parse_statement,
-    parse_statements,
-    preceded_by,
-    rewrite,
     self_assignment,
     self_attr,
     statements,
     string_text,
     walk,
-    with_comment,
 )
-from autoport_cst.transform.realizes import Realizes, to
-from autoport_cst.transform.roles import class_role
-from autoport_cst.transform.rope_variant_code import (
+from autoport_cst.transform.edit.config_fields import add_config_fields
+from autoport_cst.transform.edit.functions import parse_method
+from autoport_cst.transform.edit.imports import ensure_import
+from autoport_cst.transform.edit.rope_variant_code import (
     COMMON_INIT,
     COMPUTE_BRANCH,
     FACTOR_READERS,
@@ -43,6 +35,8 @@ from autoport_cst.transform.rope_variant_code import (
     SCALED,
     SETUP,
 )
+from autoport_cst.transform.edit.tree import Edit, followed_by, preceded_by, rewrite, with_comment
+from autoport_cst.transform.realizes import Realizes, to
 
 ID = "rope-scaling"
 

@@ -7,20 +7,12 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform import moe as moe_edits
-from autoport_cst.transform.config_fields import add_config_fields
-from autoport_cst.transform.cst_helpers import (
-    code_of,
-    is_call,
-    parse_expr,
-    parse_statement,
-    rewrite,
-    self_attr,
-    simple_assign,
-    statements,
-    walk,
-    with_comment,
-)
+from autoport_cst.transform.anatomy import experts as anatomy_experts
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
+from autoport_cst.transform.cst.vocabulary import code_of, is_call, self_attr, simple_assign, statements, walk
+from autoport_cst.transform.edit import moe as moe_edits
+from autoport_cst.transform.edit.config_fields import add_config_fields
+from autoport_cst.transform.edit.tree import rewrite, with_comment
 from autoport_cst.transform.realizes import Realizes, not_to
 
 ID = "routed-scaling"
@@ -178,7 +170,7 @@ class RoutedScaling(Codemod):
                 return add_config_fields(module, ctx, ID, [(f"{ATTR}: float = {self.params.factor!r}", "")])
             module = moe_edits.add_config_alias(module, ctx, ID, ATTR, CONFIG_KEYS)
             return add_config_fields(module, ctx, ID, [(f"{ATTR}: float = 1.0", "")])
-        found = moe_edits.experts_classes(module)
+        found = anatomy_experts.experts_classes(module)
         if not found:
             raise ctx.precondition(
                 "routed-scaling: no experts class in this file (a <Prefix>Experts class calling NF.router)"
@@ -189,7 +181,7 @@ class RoutedScaling(Codemod):
             init = survey.methods.get("__init__")
             if init is None:
                 raise ctx.precondition(f"routed-scaling: {name} has no __init__", survey.cls, module)
-            config = moe_edits.method_parameter(init, 0) or "config"
+            config = anatomy_experts.method_parameter(init, 0) or "config"
             if ATTR not in survey.assigned:
                 anchor = next((survey.assigned[a] for a in ANCHORS if a in survey.assigned), None)
                 if anchor is None:
@@ -241,7 +233,7 @@ class RoutedScaling(Codemod):
 
     def _scale_kernel(self, survey, module, ctx, edits) -> None:
         """The fused decode kernel weighs the experts itself: its output is scaled."""
-        kernels = (moe_edits.DECODE_KERNEL, moe_edits.BLOCK_SUBSTITUTE)
+        kernels = (anatomy_experts.DECODE_KERNEL, anatomy_experts.BLOCK_SUBSTITUTE)
         for method in survey.methods.values():
             body = list(statements(method))
             for index, stmt in enumerate(body):
@@ -255,7 +247,7 @@ class RoutedScaling(Codemod):
                     and isinstance(stmt.body[0], cst.Return)
                     and stmt.body[0].value is calls[0]
                 ):
-                    if (moe_edits.literal(calls[0], "skip_router_logits") or "False") != "True":
+                    if (anatomy_experts.literal(calls[0], "skip_router_logits") or "False") != "True":
                         raise ctx.precondition(
                             f"routed-scaling: the decode kernel of {survey.cls.name.value} returns its router "
                             "logits too (skip_router_logits is not True)",
@@ -282,7 +274,7 @@ class RoutedScaling(Codemod):
 
     def _guard_others(self, module, ctx, edits) -> None:
         """Router kernels whose weights feed experts elsewhere (an all-to-all decode) are guarded."""
-        for site in moe_edits.moe_sites(module, "moe.router"):
+        for site in anatomy_experts.moe_sites(module, "moe.router"):
             if site.kind == "other":
                 moe_edits.guard_site(
                     module,

@@ -8,15 +8,13 @@ from typing import Literal
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform import moe as moe_edits
-from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.attention import add_functions
-from autoport_cst.transform.cst_helpers import (
-    code_of,
-    parse_expr,
-    rewrite,
-    simple_assign,
-)
+from autoport_cst.transform.anatomy import experts as anatomy_experts
+from autoport_cst.transform.cst.snippets import parse_expr
+from autoport_cst.transform.cst.vocabulary import code_of, simple_assign
+from autoport_cst.transform.edit import moe as moe_edits
+from autoport_cst.transform.edit.arguments import set_keyword
+from autoport_cst.transform.edit.functions import add_functions
+from autoport_cst.transform.edit.tree import rewrite
 
 KERNEL_ENUM = {"softmax": "RouterActFnType.SOFTMAX", "sigmoid": "RouterActFnType.SIGMOID"}
 
@@ -191,7 +189,7 @@ class RouterActivation(Codemod):
         return RouterActivationParams(activation=target.moe.router_activation)
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        sites = moe_edits.moe_sites(module, "moe.router")
+        sites = anatomy_experts.moe_sites(module, "moe.router")
         if not sites:
             raise ctx.precondition(
                 "router-activation: no MoE router in this file (NF.router, NF.moe_block_tkg, "
@@ -223,7 +221,7 @@ class RouterActivation(Codemod):
     def _router(self, site, module, ctx, edits, substituted) -> None:
         activation = self.params.activation
         string = parse_expr(f'"{activation}"', module)
-        before = moe_edits.renormalizes(site)
+        before = anatomy_experts.renormalizes(site)
         if site.kind == "router" and before is not None and before != (activation == "softmax"):
             problems = moe_edits.substitute_problems(site)
             if problems:
@@ -240,12 +238,12 @@ class RouterActivation(Codemod):
             )
             substituted.add("router")
             return
-        if moe_edits.activation_of(site) != activation:
+        if anatomy_experts.activation_of(site) != activation:
             edits[id(site.call)] = lambda updated: set_keyword(updated, "activation", string)
 
     def _block(self, site, module, ctx, edits) -> None:
         activation = self.params.activation
-        if moe_edits.activation_of(site) == activation:
+        if anatomy_experts.activation_of(site) == activation:
             return
         if not moe_edits.module_imports_name(module, "RouterActFnType"):
             raise ctx.precondition(
@@ -253,8 +251,8 @@ class RouterActivation(Codemod):
                 site.call,
                 module,
             )
-        before = moe_edits.renormalizes(site)
-        pre_norm = moe_edits.literal(site.call, "router_pre_norm")
+        before = anatomy_experts.renormalizes(site)
+        pre_norm = anatomy_experts.literal(site.call, "router_pre_norm")
         if before is None and pre_norm not in (None, "True"):
             raise ctx.precondition(
                 f"router-activation: {site.cls}.{site.function}: {site.name}(router_pre_norm={pre_norm}) is "
@@ -267,7 +265,7 @@ class RouterActivation(Codemod):
         if (
             before is True
             and not after_softmax_renorm
-            and moe_edits.literal(site.call, "norm_topk_prob") != "True"
+            and anatomy_experts.literal(site.call, "norm_topk_prob") != "True"
         ):
             changes.append(("norm_topk_prob", "True"))
         elif before is False and after_softmax_renorm:
@@ -283,7 +281,7 @@ class RouterActivation(Codemod):
     def _scores(self, module, edits) -> None:
         """Routing methods that take the logits back: the scores statement."""
         activation = self.params.activation
-        for survey in moe_edits.experts_classes(module):
+        for survey in anatomy_experts.experts_classes(module):
             if len(survey.router_targets) != 2:
                 continue
             logits = survey.router_targets[1]

@@ -6,15 +6,12 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext
-from autoport_cst.transform import moe as moe_edits
-from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.cst_helpers import (
-    is_none,
-    keyword_arg,
-    parse_expr,
-    parse_statement,
-    rewrite,
-)
+from autoport_cst.transform.anatomy import experts as anatomy_experts
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
+from autoport_cst.transform.cst.vocabulary import is_none, keyword_arg
+from autoport_cst.transform.edit import moe as moe_edits
+from autoport_cst.transform.edit.arguments import set_keyword
+from autoport_cst.transform.edit.tree import rewrite
 from autoport_cst.transform.realizes import Realizes, to
 
 BIAS = "router_bias"
@@ -122,7 +119,7 @@ class RouterBias(Codemod):
     )
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        found = moe_edits.experts_classes(module)
+        found = anatomy_experts.experts_classes(module)
         if not found:
             raise ctx.precondition(
                 "router-bias: no experts class in this file (a <Prefix>Experts class calling NF.router)"
@@ -141,7 +138,7 @@ class RouterBias(Codemod):
             router_params.add(router)
             if BIAS not in survey.params:
                 statement = survey.params[router]
-                experts = moe_edits.expert_count(statement)
+                experts = anatomy_experts.expert_count(statement)
                 new = parse_statement(
                     f"self.{BIAS} = nn.Parameter(torch.zeros({experts}, dtype=torch.float32))", module
                 )
@@ -153,7 +150,7 @@ class RouterBias(Codemod):
     def _sites(self, module, ctx, edits) -> None:
         """Every router site adds the bias to its logits: ``[E]`` for NF.router,
         ``[1, E]`` for the fused decode kernels."""
-        for site in moe_edits.moe_sites(module, "moe.router"):
+        for site in anatomy_experts.moe_sites(module, "moe.router"):
             if site.kind in ("router", "router_sub"):
                 value = parse_expr(f"self.{BIAS}", module)
             elif site.kind in ("block", "block_sub"):

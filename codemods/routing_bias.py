@@ -8,23 +8,22 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext
-from autoport_cst.transform import moe as moe_edits
-from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.attention import add_functions
-from autoport_cst.transform.cst_helpers import (
+from autoport_cst.transform.anatomy import experts as anatomy_experts
+from autoport_cst.transform.anatomy.mappings import mapping_entries
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statement, parse_statements
+from autoport_cst.transform.cst.vocabulary import (
     code_of,
-    ensure_import_from,
     is_docstring,
     keyword_arg,
-    parse_expr,
-    parse_statement,
-    parse_statements,
-    rewrite,
     simple_assign,
     statements,
     walk,
 )
-from autoport_cst.transform.mappings import mapping_entries
+from autoport_cst.transform.edit import moe as moe_edits
+from autoport_cst.transform.edit.arguments import set_keyword
+from autoport_cst.transform.edit.functions import add_functions
+from autoport_cst.transform.edit.imports import ensure_import_from
+from autoport_cst.transform.edit.tree import rewrite
 from autoport_cst.transform.realizes import Realizes, to
 
 BIAS = "routing_bias"
@@ -233,7 +232,7 @@ class RoutingBias(Codemod):
         return []
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        found = moe_edits.experts_classes(module)
+        found = anatomy_experts.experts_classes(module)
         if not found:
             raise ctx.precondition(
                 "routing-bias: no experts class in this file (a <Prefix>Experts class calling NF.router)"
@@ -244,7 +243,7 @@ class RoutingBias(Codemod):
         for survey in found:
             router_params.add(self._parameter(survey, module, ctx, edits))
         by_class = {survey.cls.name.value: survey for survey in found}
-        for site in moe_edits.moe_sites(module, "moe.router"):
+        for site in anatomy_experts.moe_sites(module, "moe.router"):
             survey = by_class.get(site.cls)
             if survey is not None and site.call is survey.router_call and len(survey.router_targets) == 2:
                 self._route_method(survey, module, ctx, edits)
@@ -289,7 +288,7 @@ class RoutingBias(Codemod):
         if BIAS in survey.params:
             return router
         anchor = survey.params.get("router_bias") or survey.params[router]
-        experts = moe_edits.expert_count(survey.params[router])
+        experts = anatomy_experts.expert_count(survey.params[router])
         new = parse_statement(
             f"self.{BIAS} = nn.Parameter(torch.zeros({experts}, dtype=torch.float32))", module
         )
@@ -349,7 +348,7 @@ class RoutingBias(Codemod):
         problems = moe_edits.substitute_problems(site)
         extra = {"selection_bias": parse_expr(f"self.{BIAS}", module)}
         if site.kind == "router":
-            norm = moe_edits.renormalizes(site)
+            norm = anatomy_experts.renormalizes(site)
             if norm is None:
                 problems.append(f"whether {site.name} renormalizes its top-k weights is not known")
             else:
@@ -407,7 +406,7 @@ class RoutingBias(Codemod):
         )
 
 
-def _chooses_with_bias(survey: moe_edits.ExpertsSurvey) -> bool:
+def _chooses_with_bias(survey: anatomy_experts.ExpertsSurvey) -> bool:
     """Whether a method other than ``__init__`` already reads ``self.routing_bias``."""
     for method in survey.methods.values():
         if method.name.value == "__init__":

@@ -9,7 +9,8 @@ from typing import Any
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext
-from autoport_cst.transform.cst_helpers import code_of, parse_expr, simple_assign
+from autoport_cst.transform.cst.snippets import parse_expr
+from autoport_cst.transform.cst.vocabulary import code_of, simple_assign
 
 
 @dataclass(frozen=True)

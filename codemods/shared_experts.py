@@ -8,36 +8,37 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform import moe as moe_edits
-from autoport_cst.transform import shared_expert_code as code
-from autoport_cst.transform.attention import add_functions
-from autoport_cst.transform.config_fields import add_config_fields
-from autoport_cst.transform.cst_helpers import (
+from autoport_cst.transform.anatomy import experts as anatomy_experts
+from autoport_cst.transform.anatomy.classes import attr_of_role
+from autoport_cst.transform.anatomy.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statement, parse_statements
+from autoport_cst.transform.cst.vocabulary import (
     code_of,
     dotted,
-    ensure_import_from,
-    followed_by,
-    insert_many_after,
     is_call,
     keyword_arg,
-    parse_expr,
-    parse_statement,
-    parse_statements,
-    preceded_by,
-    replace_string_suffix,
-    replaced_by,
-    rewrite,
     self_attr,
     simple_assign,
     statements,
     string_text,
     walk,
+)
+from autoport_cst.transform.edit import moe as moe_edits
+from autoport_cst.transform.edit import shared_expert_code as code
+from autoport_cst.transform.edit.config_fields import add_config_fields
+from autoport_cst.transform.edit.functions import add_functions
+from autoport_cst.transform.edit.imports import ensure_import_from
+from autoport_cst.transform.edit.shared_expert_code import GATE, METHOD, WEIGHTS
+from autoport_cst.transform.edit.tree import (
+    followed_by,
+    insert_many_after,
+    preceded_by,
+    replace_string_suffix,
+    replaced_by,
+    rewrite,
     with_comment,
 )
-from autoport_cst.transform.layers import attr_of_role
-from autoport_cst.transform.mappings import entry_statement, mapping_entries
 from autoport_cst.transform.realizes import Change, Realizes, to
-from autoport_cst.transform.shared_expert_code import GATE, METHOD, WEIGHTS
 
 WEIGHT_LOADERS = "vllm_neuron.utils.weight_loader"
 
@@ -373,7 +374,7 @@ class SharedExperts(Codemod):
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         if ctx.role == "config":
             return self._transform_config(module, ctx)
-        found = moe_edits.experts_classes(module)
+        found = anatomy_experts.experts_classes(module)
         if not found:
             raise ctx.precondition(
                 "shared-experts: no experts class in this file (a <Prefix>Experts class calling NF.router)"
@@ -468,7 +469,7 @@ class SharedExperts(Codemod):
             dtype=dtype,
             shards=shards,
             rank=rank,
-            config=moe_edits.method_parameter(init, 0) or "config",
+            config=anatomy_experts.method_parameter(init, 0) or "config",
         )
 
     def _edit_prefill(self, prefill, edits, module, ctx, survey) -> None:
@@ -498,7 +499,7 @@ class SharedExperts(Codemod):
             ),
             None,
         )
-        inp = moe_edits.method_parameter(decode, 0)
+        inp = anatomy_experts.method_parameter(decode, 0)
         if reduce is None or inp is None or not isinstance(reduce[1], cst.Name):
             raise ctx.precondition(
                 f"shared-experts: forward_decode of {survey.cls.name.value} has no all-reduce of its output "
@@ -512,7 +513,7 @@ class SharedExperts(Codemod):
             # the routed output comes from a kernel chosen at run time (an all-to-all
             # decode beside the fused one): where its partial sums meet is not known
             message = "shared experts: this decode chooses its expert kernel at run time (moe_func)"
-            for site in moe_edits.moe_sites(module, "moe.experts"):
+            for site in anatomy_experts.moe_sites(module, "moe.experts"):
                 if site.cls == survey.cls.name.value and site.function != layout.prefill.name.value:
                     ctx.unaffected(site.call, f"guarded: {message}")
             edits[id(stmt)] = preceded_by(parse_statement(f'raise NotImplementedError("{message}")', module))
@@ -629,7 +630,7 @@ def _routed_output(
         if pair is None or not isinstance(pair[0], cst.Name) or not isinstance(pair[1], cst.Call):
             continue
         call = pair[1]
-        if is_call(call, moe_edits.BLOCKWISE_KERNEL):
+        if is_call(call, anatomy_experts.BLOCKWISE_KERNEL):
             arg = keyword_arg(call, "hidden_states")
             routed = (stmt, pair[0].value, arg.value if arg else None)
         elif self_attr(call.func) is not None and self_attr(call.func).startswith("_experts") and call.args:

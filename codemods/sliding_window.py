@@ -9,42 +9,39 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.attention import add_functions, calls_in, drop_unused_function, place_setting
-from autoport_cst.transform.backbone_masks import mask_start_edits, window_backbone_masks
-from autoport_cst.transform.config_fields import add_config_fields
-from autoport_cst.transform.cst_helpers import (
-    classes_with_role,
-    code_of,
-    dotted,
-    find_self_assignment,
-    is_none,
-    keyword_arg,
-    parse_expr,
-    parse_statement,
-    rewrite,
-    self_assignment,
-    statements,
-    walk,
-    with_comment,
-)
-from autoport_cst.transform.kernels import (
+from autoport_cst.transform.anatomy.attention import (
     DECODE,
     FLASH,
     KERNEL_NAMES,
     SEGMENTED,
     SEGMENTED_CP,
     KernelSite,
-    argument,
     attention_classes_in,
-    guard,
-    guard_statement,
-    innermost_statement,
+    calls_in,
     kernel_sites,
 )
-from autoport_cst.transform.layers import require_method
+from autoport_cst.transform.anatomy.classes import require_method
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
+from autoport_cst.transform.cst.vocabulary import (
+    classes_with_role,
+    code_of,
+    dotted,
+    find_self_assignment,
+    is_none,
+    keyword_arg,
+    self_assignment,
+    statements,
+    walk,
+)
+from autoport_cst.transform.edit.arguments import set_keyword
+from autoport_cst.transform.edit.attention import drop_unused_function, place_setting
+from autoport_cst.transform.edit.backbone_masks import mask_start_edits, window_backbone_masks
+from autoport_cst.transform.edit.config_fields import add_config_fields
+from autoport_cst.transform.edit.functions import add_functions
+from autoport_cst.transform.edit.kernels import argument, guard, guard_statement, innermost_statement
+from autoport_cst.transform.edit.tree import rewrite, with_comment
 from autoport_cst.transform.realizes import Realizes, not_to
-from autoport_cst.transform.roles import class_role
 
 ID = "sliding-window"
 
@@ -137,7 +134,7 @@ class SlidingWindow(Codemod):
       to the even layers. ``use_sliding_window=False`` (Qwen2) turns it off.
 
     Every attention kernel of the class, on every path
-    (``autoport_cst.transform.kernels``):
+    (``autoport_cst.transform.edit.kernels``):
 
     - ``NF.flash_attention`` and ``NF.segmented_attention`` (chunked prefill,
       prefix-cache hits) get ``sliding_window=self.sliding_window``; the
@@ -158,7 +155,7 @@ class SlidingWindow(Codemod):
       real MoE backbone builds the step's mask once, in a module function
       without a window) becomes one mask per window of the layers, still
       built once per step, each layer handed the mask of its window
-      (``autoport_cst.transform.backbone_masks``).
+      (``autoport_cst.transform.edit.backbone_masks``).
 
     ``get_kv_spec``: each ``LayerSpec`` gets ``sliding_window_size`` from its
     layer's attention (every file that has one; a file with a causal-LM
@@ -671,7 +668,7 @@ class SlidingWindow(Codemod):
     def _backbone_mask_edits(self, module, attention, ctx, edits) -> None:
         """Decode masks handed to the attention by its caller: the backbone's
         mask built once per step becomes one per window
-        (``autoport_cst.transform.backbone_masks``); a mask already built
+        (``autoport_cst.transform.edit.backbone_masks``); a mask already built
         with a window is left alone."""
         names = {cls.name.value for cls in attention}
         attrs = {

@@ -9,38 +9,36 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.cst_helpers import (
+from autoport_cst.transform.anatomy.classes import defined_elsewhere, instances_of_role
+from autoport_cst.transform.anatomy.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.cst.roles import split_prefix
+from autoport_cst.transform.cst.snippets import parse_statement, parse_statements
+from autoport_cst.transform.cst.vocabulary import (
+    IS_ATTRIBUTE,
     classes_with_role,
     dotted,
     find_self_assignment,
     imported_names,
-    insert_after,
     is_call,
     is_docstring,
     keyword_arg,
     method,
-    parse_statement,
-    parse_statements,
-    remove_statements,
-    replace_method,
-    replace_string_suffix,
-    rewrite,
+    nodes_of,
     self_assignment,
     self_attr,
     statements,
     walk,
+)
+from autoport_cst.transform.edit.layer_guards import guard_fused_norms, other_model_file
+from autoport_cst.transform.edit.scope_rename import rename_targets
+from autoport_cst.transform.edit.tree import (
+    insert_after,
+    remove_statements,
+    replace_method,
+    replace_string_suffix,
+    rewrite,
     with_statements,
 )
-from autoport_cst.transform.decoder import (
-    defined_elsewhere,
-    guard_fused_norms,
-    other_model_file,
-)
-from autoport_cst.transform.layers import instances_of_role
-from autoport_cst.transform.mappings import entry_statement, mapping_entries
-from autoport_cst.transform.roles import split_prefix
-from autoport_cst.transform.scope_rename import rename_targets
-from autoport_cst.transform.vocabulary import IS_ATTRIBUTE, nodes_of
 
 SUFFIX = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
 

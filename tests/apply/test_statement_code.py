@@ -8,9 +8,9 @@ from __future__ import annotations
 import libcst as cst
 import pytest
 
-from autoport_cst.transform.printed import module_code
-from autoport_cst.transform.statement_code import node_code
-from autoport_cst.transform.vocabulary import walk
+from autoport_cst.transform.cst.printed import module_code
+from autoport_cst.transform.cst.statement_code import node_code
+from autoport_cst.transform.cst.vocabulary import walk
 
 
 def _modules(repo_root, reference):

@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autoport_cst.transform.cst_helpers import parse_statement, rewrite, walk
-from autoport_cst.transform.printed import code_in_order, module_code
+from autoport_cst.transform.cst.printed import code_in_order, module_code
+from autoport_cst.transform.cst.snippets import parse_statement
+from autoport_cst.transform.cst.vocabulary import walk
+from autoport_cst.transform.edit.tree import rewrite
 
 SOURCE = textwrap.dedent(
     '''

@@ -8,16 +8,16 @@ from __future__ import annotations
 import libcst as cst
 import pytest
 
-from autoport_cst.transform import printed
 from autoport_cst.transform.base import defined_classes
-from autoport_cst.transform.printed import module_code
-from autoport_cst.transform.scope_rename import (
+from autoport_cst.transform.cst import printed
+from autoport_cst.transform.cst.printed import module_code
+from autoport_cst.transform.edit.scope_rename import (
     attribute_references,
     rename_in_module,
     rename_targets,
     string_references,
 )
-from autoport_cst.transform.words import rename_words
+from autoport_cst.transform.edit.words import rename_words
 
 
 class _Transformer(cst.CSTTransformer):

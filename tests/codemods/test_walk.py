@@ -9,7 +9,7 @@ import dataclasses
 import libcst as cst
 import pytest
 
-from autoport_cst.transform.vocabulary import paths_to, walk, walk_pruned
+from autoport_cst.transform.cst.vocabulary import paths_to, walk, walk_pruned
 
 
 def _children(node: cst.CSTNode) -> list[cst.CSTNode]:

@@ -1,4 +1,4 @@
-"""The op-by-op attention substitutes (``autoport_cst.transform.kernels``)
+"""The op-by-op attention substitutes (``autoport_cst.transform.edit.kernels``)
 against the stand-in kernels they replace: same arguments, same results, on
 every path the real models take (whole and segmented prefill, masked and
 bounded-gather decode, the in-kernel cache write or the returned K/V of
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from autoport_cst.transform import kernels
+from autoport_cst.transform.edit import kernels
 from autoport_cst.validate.standin import functional as NF
 
 

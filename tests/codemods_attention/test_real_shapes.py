@@ -50,7 +50,6 @@ def _sharding(heads, kv_heads, tp, dp, kv_sharded):
 
 def test_qkv_bias_loader_shards_like_the_weight_loader_with_attention_dp():
     from autoport_cst.codemods.add_qkv_bias import AddQkvBias
-
     from autoport_cst.validate.standin import weight_loader as wl
 
     shaped = next(e for e in AddQkvBias.EXAMPLES if "attention data parallelism" in e.title)
@@ -110,7 +109,7 @@ def test_op_by_op_projection_matches_the_kernel_norms():
     """``_qkv_proj_unfused`` with a per-head RMSNorm as ``qk_norm`` computes
     what ``NF.qkv_proj`` computes with its fused pre-RoPE norms and RoPE,
     and writes the same cache rows with ``use_block_kv``."""
-    from autoport_cst.transform.qkv import QKV_PROJ_UNFUSED_FUNCTION
+    from autoport_cst.transform.edit.qkv import QKV_PROJ_UNFUSED_FUNCTION
     from autoport_cst.validate.standin import functional as NF
     from autoport_cst.validate.standin.common_types import NormType
 

@@ -21,11 +21,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from autoport_cst.codemods import nope_layers, rope_layer_parameters, sliding_window
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoport_cst.transform import attention as common
+from autoport_cst.codemods import nope_layers, rope_layer_parameters, sliding_window
+from autoport_cst.transform.edit import rope_columns
 
 
 def _function(source: str, name: str, **namespace):
@@ -151,7 +151,7 @@ def test_dynamic_ntk_follows_the_step_length_past_the_limit(rope_ports):
 # -- query/key column order (partial and interleaved RoPE) -------------------------------
 
 
-_order = _function(common.ROPE_ORDER_FUNCTION, "_rope_column_order")
+_order = _function(rope_columns.ROPE_ORDER_FUNCTION, "_rope_column_order")
 
 
 def _rotate_half(x, cos, sin):
@@ -210,7 +210,9 @@ def test_column_loader_reorders_query_and_key_heads_only():
     )
 
     loader_fn = _function(
-        common.ROPE_LOADER_FUNCTION, "_rope_columns_loader", SafetensorsWeightLoader=SafetensorsWeightLoader
+        rope_columns.ROPE_LOADER_FUNCTION,
+        "_rope_columns_loader",
+        SafetensorsWeightLoader=SafetensorsWeightLoader,
     )
     head_dim, q_size, kv_size = 4, 8, 4
     order = [0, 2, 1, 3]

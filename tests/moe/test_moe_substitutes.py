@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autoport_cst.transform import moe as moe_edits
+from autoport_cst.transform.edit import moe as moe_edits
 from autoport_cst.validate.standin import functional as NF
 from autoport_cst.validate.standin.common_types import ActFnType, ExpertAffinityScaleMode, RouterActFnType
 from autoport_cst.validate.standin.moe import MoECTEImplementation

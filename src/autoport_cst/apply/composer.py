@@ -162,7 +162,7 @@ def repairs(reference: Reference, parsed: ParsedTexts | None = None) -> list[str
     other models read their configs right."""
     from autoport_cst.lint import lint_source
     from autoport_cst.lint.rules import registry
-    from autoport_cst.transform.roles import file_role
+    from autoport_cst.transform.cst.roles import file_role
 
     fixes = {code: rule.FIX for code, rule in registry().items() if rule.REPAIR and rule.FIX}
     found: list[str] = []

@@ -43,9 +43,9 @@ from autoport_cst.spec import to_json
 from autoport_cst.transform import FileContext, Note, PortContext
 from autoport_cst.transform.anatomy.census import SiteCache
 from autoport_cst.transform.base import defined_classes
+from autoport_cst.transform.cst.printed import module_code
+from autoport_cst.transform.cst.roles import file_role
 from autoport_cst.transform.library import get_codemod
-from autoport_cst.transform.printed import module_code
-from autoport_cst.transform.roles import file_role
 
 MODEL_ROOT = "vllm_neuron/model"
 REGISTRY = f"{MODEL_ROOT}/registry.py"

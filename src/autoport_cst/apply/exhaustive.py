@@ -15,10 +15,10 @@ from typing import Protocol
 import libcst as cst
 
 from autoport_cst.errors import Position, PreconditionError
-from autoport_cst.transform.anatomy import FileCensus, Site, take_census, unhandled_sites
-from autoport_cst.transform.anatomy.census import SiteCache
+from autoport_cst.transform.anatomy.census import FileCensus, SiteCache, take_census, unhandled_sites
+from autoport_cst.transform.anatomy.sites import Site
 from autoport_cst.transform.base import locate
-from autoport_cst.transform.positions import PositionMap
+from autoport_cst.transform.cst.positions import PositionMap
 
 CENSUS_ROLES = ("model", "module")
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from autoport_cst.errors import InputError, MultiInputError, Position, did_you_mean
 from autoport_cst.plan.naming import ARCHITECTURE_RE, CLASS_PREFIX_RE, MODEL_NAME_RE
 from autoport_cst.spec import SPEC_VERSION, ArchSpec, from_json, get_field, leaf_fields, schema_of, to_json
-from autoport_cst.transform.roles import file_role
+from autoport_cst.transform.cst.roles import file_role
 
 if TYPE_CHECKING:
     import libcst as cst

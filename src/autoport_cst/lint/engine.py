@@ -30,7 +30,7 @@ from autoport_cst.lint.diagnostics import ERROR, WARNING, Diagnostic, Fix
 from autoport_cst.lint.index import UNKNOWN, CallSite, ClassInfo, FunctionInfo, ModuleIndex, Site
 from autoport_cst.lint.positions import positions
 from autoport_cst.lint.rule import Rule
-from autoport_cst.transform.vocabulary import dotted, self_attr
+from autoport_cst.transform.cst.vocabulary import dotted, self_attr
 
 if TYPE_CHECKING:
     from autoport_cst.lint.exprs import Types

@@ -7,7 +7,7 @@ from __future__ import annotations
 import libcst as cst
 
 from autoport_cst.lint.index import ClassInfo, FunctionInfo, ModuleIndex
-from autoport_cst.transform.vocabulary import dotted, method_name, self_attr, string_value, strip_optional
+from autoport_cst.transform.cst.vocabulary import dotted, method_name, self_attr, string_value, strip_optional
 
 TORCH_DTYPES = frozenset(
     {

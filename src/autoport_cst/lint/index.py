@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from autoport_cst.transform.roles import class_role
+from autoport_cst.transform.cst.roles import class_role
 
 FORWARD_ROOT = re.compile(r"^(forward|_?forward_\w+)$")
 

@@ -14,9 +14,10 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext
-from autoport_cst.transform.cst_helpers import is_docstring, parse_statement
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.snippets import parse_statement
+from autoport_cst.transform.cst.vocabulary import is_docstring
 from autoport_cst.transform.realizes import Realizes, to
-from autoport_cst.transform.roles import class_role
 
 ID = "demo-marker"
 

@@ -6,7 +6,7 @@ import libcst as cst
 
 from autoport_cst.lint.diagnostics import WARNING
 from autoport_cst.lint.rule import Invalid, Rule, Valid
-from autoport_cst.transform.config_reading import KNOWN_DERIVATIONS, derived_when_none, fixed_defaults
+from autoport_cst.transform.anatomy.config import KNOWN_DERIVATIONS, derived_when_none, fixed_defaults
 
 
 class ConfigDefaultShadowsDerivation(Rule):

@@ -6,7 +6,7 @@ import libcst as cst
 
 from autoport_cst.lint.index import ClassInfo, FunctionInfo, Site
 from autoport_cst.lint.rule import Invalid, Rule, Valid
-from autoport_cst.transform.vocabulary import dotted, int_value, keyword_arg, positional_args, receiver
+from autoport_cst.transform.cst.vocabulary import dotted, int_value, keyword_arg, positional_args, receiver
 
 BIASES = ("bias_qkv", "bias_out")
 PARAMETER = frozenset({"nn.Parameter", "torch.nn.Parameter", "Parameter"})

@@ -6,7 +6,7 @@ import libcst as cst
 
 from autoport_cst.lint.index import Site
 from autoport_cst.lint.rule import Invalid, Rule, Valid
-from autoport_cst.transform.vocabulary import keyword_arg, positional_args, receiver
+from autoport_cst.transform.cst.vocabulary import keyword_arg, positional_args, receiver
 
 
 class NoDeviceMoveInForward(Rule):

@@ -6,7 +6,7 @@ import libcst as cst
 
 from autoport_cst.lint.index import Site
 from autoport_cst.lint.rule import Invalid, Rule, Valid
-from autoport_cst.transform.vocabulary import positional_args, receiver
+from autoport_cst.transform.cst.vocabulary import positional_args, receiver
 
 HOST_READS = {
     "item": "`.item()` reads a tensor value back to Python",
@@ -204,7 +204,7 @@ class NoItemInForward(Rule):
 
 
 def _dotted(node):
-    from autoport_cst.transform.vocabulary import dotted
+    from autoport_cst.transform.cst.vocabulary import dotted
 
     return dotted(node)
 

@@ -11,8 +11,8 @@ from autoport_cst.lint.diagnostics import WARNING
 from autoport_cst.lint.exprs import tensor_call
 from autoport_cst.lint.index import FunctionInfo, Site
 from autoport_cst.lint.rule import Invalid, Option, Rule, Valid
-from autoport_cst.transform.roles import class_role
-from autoport_cst.transform.vocabulary import (
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.vocabulary import (
     dotted,
     iter_nodes,
     keyword_arg,

@@ -10,8 +10,14 @@ from autoport_cst.lint.diagnostics import WARNING
 from autoport_cst.lint.exprs import FLOAT32
 from autoport_cst.lint.index import ClassInfo, Site
 from autoport_cst.lint.rule import Invalid, Option, Rule, Valid
-from autoport_cst.transform.roles import class_role
-from autoport_cst.transform.vocabulary import dotted, keyword_arg, positional_args, self_attr, string_value
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.vocabulary import (
+    dotted,
+    keyword_arg,
+    positional_args,
+    self_attr,
+    string_value,
+)
 
 PARAMETER = frozenset({"nn.Parameter", "torch.nn.Parameter", "Parameter"})
 ROUTER_ATTR = re.compile(r"router|(^|_)gate_weight$")

@@ -17,9 +17,16 @@ from functools import cached_property
 import libcst as cst
 
 from autoport_cst.transform.anatomy.moe_families import experts_kind, router_kind
-from autoport_cst.transform.cst_helpers import call_name, dotted, self_assignment, self_attr, walk
-from autoport_cst.transform.roles import class_role
-from autoport_cst.transform.vocabulary import IS_ATTRIBUTE, nodes_of
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.vocabulary import (
+    IS_ATTRIBUTE,
+    call_name,
+    dotted,
+    nodes_of,
+    self_assignment,
+    self_attr,
+    walk,
+)
 
 
 def _callee(call: cst.Call) -> str | None:

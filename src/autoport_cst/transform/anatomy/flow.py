@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from autoport_cst.transform.cst_helpers import free_names, self_attr, walk
+from autoport_cst.transform.cst.vocabulary import free_names, self_attr, walk
 
 Branch = tuple[str, bool]  # (if key, taken)
 

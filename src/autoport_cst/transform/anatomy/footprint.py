@@ -18,7 +18,7 @@ import libcst as cst
 
 from autoport_cst.transform.anatomy import flow
 from autoport_cst.transform.anatomy.index import ModuleIndex, own_nodes
-from autoport_cst.transform.cst_helpers import dotted, free_names, self_attr
+from autoport_cst.transform.cst.vocabulary import dotted, free_names, self_attr
 
 
 class Footprint:

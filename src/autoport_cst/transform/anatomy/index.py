@@ -15,10 +15,9 @@ import libcst as cst
 
 from autoport_cst.transform.anatomy import flow
 from autoport_cst.transform.anatomy.families import Owner
-from autoport_cst.transform.cst_helpers import call_name, self_assignment, self_attr, walk
-from autoport_cst.transform.roles import class_role
-from autoport_cst.transform.statement_code import node_code
-from autoport_cst.transform.vocabulary import IS_CALL
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.statement_code import node_code
+from autoport_cst.transform.cst.vocabulary import IS_CALL, call_name, self_assignment, self_attr, walk
 
 
 def methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from autoport_cst.transform.cst_helpers import call_name, dotted, self_attr
-from autoport_cst.transform.roles import class_role
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.vocabulary import call_name, dotted, self_attr
 
 if TYPE_CHECKING:  # pragma: no cover
     from autoport_cst.transform.anatomy.families import Owner

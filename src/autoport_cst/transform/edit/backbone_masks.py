@@ -23,19 +23,12 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.attention import calls_in
-from autoport_cst.transform.cst_helpers import (
-    code_of,
-    dotted,
-    is_none,
-    keyword_arg,
-    parse_expr,
-    parse_statements,
-    walk,
-    with_comment,
-)
-from autoport_cst.transform.kernels import innermost_statement, insert_before
+from autoport_cst.transform.anatomy.attention import calls_in
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statements
+from autoport_cst.transform.cst.vocabulary import code_of, dotted, is_none, keyword_arg, walk
+from autoport_cst.transform.edit.arguments import set_keyword
+from autoport_cst.transform.edit.kernels import innermost_statement, insert_before
+from autoport_cst.transform.edit.tree import with_comment
 
 MASK_KERNEL = "NF.gen_attention_decode_mask"
 WINDOW_PARAM = "window"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoport_cst.transform.cst_helpers import keyword_arg
+from autoport_cst.transform.cst.vocabulary import keyword_arg
 
 
 def keyword(name: str, value: cst.BaseExpression) -> cst.Arg:

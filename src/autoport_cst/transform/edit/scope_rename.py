@@ -21,10 +21,10 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ScopeProvider
 
-from autoport_cst.transform.cst_helpers import Edit, dotted, rewrite, walk
-from autoport_cst.transform.printed import code_in_order
-from autoport_cst.transform.vocabulary import nodes_of, walk_pruned
-from autoport_cst.transform.words import WordEdit, rename_words
+from autoport_cst.transform.cst.printed import code_in_order
+from autoport_cst.transform.cst.vocabulary import dotted, nodes_of, walk, walk_pruned
+from autoport_cst.transform.edit.tree import Edit, rewrite
+from autoport_cst.transform.edit.words import WordEdit, rename_words
 
 
 class _BindingSurvey:

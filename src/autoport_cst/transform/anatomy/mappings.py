@@ -1,7 +1,6 @@
-"""The checkpoint-key mapping of ``load_weights``: ``mappings[<key>] = <value>``
-statements, where a key is a parameter name (often an f-string such as
-``f"{prefix}.self_attn.qkv_proj_weight"``) and a value is a checkpoint key or a
-list of keys. Codemods find entries by the text of their key."""
+"""The checkpoint-key mapping of ``load_weights``: its ``mappings[<key>] =
+<value>`` entries, found by the text of their key, and the parameter names a
+module's classes define."""
 
 from __future__ import annotations
 
@@ -10,15 +9,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from autoport_cst.transform.cst_helpers import (
-    dotted,
-    insert_after,
-    remove_statements,
-    simple_assign,
-    string_text,
-    walk,
-)
-from autoport_cst.transform.vocabulary import nodes_of
+from autoport_cst.transform.cst.vocabulary import dotted, nodes_of, simple_assign, string_text, walk
 
 MAPPING_NAME = "mappings"
 
@@ -82,14 +73,6 @@ def entry_statement(
     return entry.statement.with_changes(body=[new_small], leading_lines=[])
 
 
-def add_after(node: cst.CSTNode, entry: MappingEntry, new: list[cst.BaseStatement]) -> cst.CSTNode:
-    return insert_after(node, entry.statement, new)
-
-
-def remove_entries(node: cst.CSTNode, entries: list[MappingEntry]) -> cst.CSTNode:
-    return remove_statements(node, [e.statement for e in entries])
-
-
 # -- the parameters a file shows --------------------------------------------------------------
 
 MODULE_LIST = ("nn.ModuleList", "torch.nn.ModuleList", "ModuleList")
@@ -101,8 +84,8 @@ def parameter_names(module: cst.Module, root: cst.ClassDef) -> list[str]:
     ...)`` (a parameter of a library module), through the attributes built
     from the file's own classes (``{i}`` for the items of an ``nn.ModuleList``).
     Modules built otherwise (a class chosen at run time) are not followed."""
-    from autoport_cst.transform.layers import is_parameter, self_assignments
-    from autoport_cst.transform.loaders import find_loaders
+    from autoport_cst.transform.anatomy.classes import is_parameter, self_assignments
+    from autoport_cst.transform.anatomy.loaders import find_loaders
 
     by_name = {c.name.value: c for c in module.body if isinstance(c, cst.ClassDef)}
     names: list[str] = []

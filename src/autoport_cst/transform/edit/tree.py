@@ -3,7 +3,7 @@ inserting and removing statements, parsing snippets, imports.
 
 Everything here works on plain nodes (no metadata), so codemods stay cheap:
 a codemod that needs scopes or positions asks for them itself. Reading
-nodes is the vocabulary's job (``autoport_cst.transform.vocabulary``,
+nodes is the vocabulary's job (``autoport_cst.transform.cst.vocabulary``,
 re-exported here for the codemods that import it from this module).
 """
 
@@ -14,31 +14,9 @@ from typing import TypeVar, cast
 
 import libcst as cst
 
-from autoport_cst.transform.vocabulary import (  # noqa: F401 - the vocabulary, re-exported
-    call_name,
-    class_of_role,
-    classes,
-    classes_with_role,
-    code_of,
-    deep_statements,
-    dotted,
-    find_all,
-    find_self_assignment,
-    free_names,
-    has_comment,
-    imported_names,
-    is_call,
-    is_docstring,
-    is_none,
-    keyword_arg,
-    method,
+from autoport_cst.transform.cst.vocabulary import (
+    leading_lines,
     paths_to,
-    positional_args,
-    role_of,
-    self_assignment,
-    self_attr,
-    simple_assign,
-    statements,
     string_text,
     walk,
 )
@@ -114,6 +92,8 @@ def with_statements(func: cst.FunctionDef, stmts: Iterable[cst.BaseStatement]) -
 
 
 Edit = Callable[[cst.CSTNode], object]
+
+
 _Node = TypeVar("_Node", bound=cst.CSTNode)
 
 
@@ -180,115 +160,49 @@ def replace_nodes(node: _Node, mapping: dict[int, cst.CSTNode]) -> _Node:
     return rewrite(node, {key: replaced_by(new) for key, new in mapping.items()})
 
 
-# -- parsing snippets ---------------------------------------------------------
+def append_statements_edit(func: cst.FunctionDef, new: list[cst.BaseStatement]) -> tuple[int, object]:
+    """An edit (``(id, fn)`` for ``rewrite``) that appends ``new`` at the end
+    of ``func``'s body (after its last statement)."""
+    last = func.body.body[-1]
+    return id(last), (lambda updated: cst.FlattenSentinel([updated, *new]))
 
 
-def parse_statements(code: str, module: cst.Module | None = None) -> list[cst.BaseStatement]:
-    """Parse statements with the module's indentation and newline style."""
-    config = module.config_for_parsing if module is not None else cst.PartialParserConfig()
-    parsed = cst.parse_module(code if code.endswith("\n") else code + "\n", config)
-    return list(parsed.body)
+def add_edit(edits: dict, key: int, fn) -> None:
+    """Register ``fn`` for node ``key``, after an edit already registered
+    there (when that one keeps the node)."""
+    previous = edits.get(key)
+    if previous is None:
+        edits[key] = fn
+        return
+
+    def both(updated, first=previous, second=fn):
+        result = first(updated)
+        if isinstance(result, (cst.FlattenSentinel, cst.RemovalSentinel)):
+            return result
+        return second(result)
+
+    edits[key] = both
 
 
-def parse_statement(code: str, module: cst.Module | None = None) -> cst.BaseStatement:
-    stmts = parse_statements(code, module)
-    assert len(stmts) == 1, code
-    return stmts[0]
-
-
-def parse_expr(code: str, module: cst.Module | None = None) -> cst.BaseExpression:
-    config = module.config_for_parsing if module is not None else cst.PartialParserConfig()
-    return cst.parse_expression(code, config)
-
-
-# -- imports ------------------------------------------------------------------
-
-
-def ensure_import(module: cst.Module, name: str) -> cst.Module:
-    """Make ``import name`` available at module level: add it before the first
-    top-level import (at the very top when there is none). No change when a
-    top-level ``import`` statement already imports it."""
-    body: list[cst.BaseStatement] = list(module.body)
-    if any(
-        isinstance(s, cst.SimpleStatementLine)
-        and any(isinstance(i, cst.Import) and any(dotted(a.name) == name for a in i.names) for i in s.body)
-        for s in body
-    ):
-        return module
-    index = next(
-        (
-            i
-            for i, stmt in enumerate(body)
-            if isinstance(stmt, cst.SimpleStatementLine)
-            and any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
-        ),
-        0,
-    )
-    body.insert(index, parse_statement(f"import {name}", module))
-    return module.with_changes(body=body)
-
-
-def ensure_import_from(module: cst.Module, source: str, name: str) -> cst.Module:
-    """Make ``from source import name`` available at module level: extend an
-    existing ``from source import ...`` or add one after the last top-level
-    import. No change when the name is already imported from there."""
-    body: list[cst.BaseStatement] = list(module.body)
-    last_import = -1
-    for index, stmt in enumerate(body):
-        if not isinstance(stmt, cst.SimpleStatementLine):
+def removal_edits(root: cst.CSTNode, doomed: Sequence[cst.CSTNode]) -> dict:
+    """Edits removing ``doomed`` statements; the leading lines of a removed
+    statement that carry comments (section markers) move to the next kept
+    statement of its block."""
+    doomed_ids = {id(s) for s in doomed}
+    edits: dict = {}
+    for node in walk(root):
+        if not isinstance(node, (cst.IndentedBlock, cst.Module)):
             continue
-        for small in stmt.body:
-            if isinstance(small, (cst.Import, cst.ImportFrom)):
-                last_import = index
-            if (
-                isinstance(small, cst.ImportFrom)
-                and small.relative == ()
-                and small.module is not None
-                and dotted(small.module) == source
-                and not isinstance(small.names, cst.ImportStar)
-            ):
-                names = list(small.names)
-                if any(dotted(a.name) == name for a in names):
-                    return module
-                new_alias = cst.ImportAlias(name=cst.Name(name))
-                names = sorted([*names, new_alias], key=lambda a: dotted(a.name) or "")
-                names = _reflow_aliases(names, small)
-                new_small = small.with_changes(names=names)
-                body[index] = stmt.with_changes(body=[new_small if s is small else s for s in stmt.body])
-                return module.with_changes(body=body)
-    new_stmt = parse_statement(f"from {source} import {name}", module)
-    body.insert(last_import + 1, new_stmt)
-    return module.with_changes(body=body)
-
-
-def _reflow_aliases(names: list[cst.ImportAlias], original: cst.ImportFrom) -> list[cst.ImportAlias]:
-    """Keep the comma style of the original import (one per line when it was
-    parenthesized over lines)."""
-    old = original.names
-    if isinstance(old, cst.ImportStar):  # pragma: no cover - callers pass a named import
-        return names
-    multiline = original.lpar is not None and any(
-        isinstance(a.comma, cst.Comma) and isinstance(a.comma.whitespace_after, cst.ParenthesizedWhitespace)
-        for a in old
-    )
-    if not multiline:
-        out = []
-        for i, alias in enumerate(names):
-            comma = (
-                cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-                if i < len(names) - 1
-                else cst.MaybeSentinel.DEFAULT
-            )
-            out.append(alias.with_changes(comma=comma))
-        return out
-    sample = next(
-        a.comma
-        for a in old
-        if isinstance(a.comma, cst.Comma)
-        and isinstance(a.comma.whitespace_after, cst.ParenthesizedWhitespace)
-    )
-    last_comma = old[-1].comma
-    out = []
-    for i, alias in enumerate(names):
-        out.append(alias.with_changes(comma=sample if i < len(names) - 1 else last_comma))
-    return out
+        carried: list[cst.EmptyLine] = []
+        for stmt in node.body:
+            if id(stmt) in doomed_ids:
+                edits[id(stmt)] = lambda updated: cst.RemoveFromParent()
+                if any(line.comment is not None for line in leading_lines(stmt)):
+                    carried += list(leading_lines(stmt))
+                continue
+            if carried:
+                edits[id(stmt)] = lambda updated, lines=carried: updated.with_changes(
+                    leading_lines=[*lines, *updated.leading_lines]
+                )
+                carried = []
+    return edits

@@ -12,7 +12,7 @@ import re
 
 import libcst as cst
 
-from autoport_cst.transform.cst_helpers import simple_assign, string_text, walk
+from autoport_cst.transform.cst.vocabulary import simple_assign, string_text, walk
 
 
 class KeyRenamer:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoport_cst.transform.arguments import set_keyword
-from autoport_cst.transform.cst_helpers import parse_expr
+from autoport_cst.transform.cst.snippets import parse_expr
+from autoport_cst.transform.edit.arguments import set_keyword
 
 # full-width norms, sharded by head like the projection (TP ranks; a KV head
 # held by several ranks is loaded by each of them)

@@ -10,139 +10,32 @@ call ``NF.moe_block_tkg``, and the ``load_weights`` mapping of the router.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import libcst as cst
 
-from autoport_cst.transform.cst_helpers import (
-    classes_with_role,
+from autoport_cst.transform.anatomy.experts import (
+    BLOCK_SUBSTITUTE,
+    BLOCKWISE_KERNEL,
+    ROUTER_SUBSTITUTE,
+    MoESite,
+    class_named,
+    literal,
+    method_of,
+)
+from autoport_cst.transform.anatomy.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.cst.vocabulary import (
     code_of,
-    dotted,
-    insert_many_after,
     is_call,
     is_docstring,
-    positional_args,
-    preceded_by,
-    replace_nodes,
-    replace_string_suffix,
-    self_assignment,
     simple_assign,
     string_text,
     walk,
 )
-from autoport_cst.transform.mappings import entry_statement, mapping_entries
-
-ROUTER_CALL = "NF.router"
-DECODE_KERNEL = "NF.moe_block_tkg"
-BLOCKWISE_KERNEL = "NF.moe_cte"
-SCORE_FUNCTIONS = ("torch.softmax", "torch.sigmoid", "F.softmax", "F.sigmoid", "torch.nn.functional.softmax")
-
-
-@dataclass
-class ExpertsSurvey:
-    """One walk over an experts class."""
-
-    cls: cst.ClassDef
-    params: dict[str, cst.SimpleStatementLine] = field(default_factory=dict)  # self.<x> = nn.Parameter(...)
-    assigned: dict[str, cst.SimpleStatementLine] = field(default_factory=dict)  # any self.<x> = ...
-    methods: dict[str, cst.FunctionDef] = field(default_factory=dict)
-    calls: dict[str, list[cst.Call]] = field(default_factory=dict)
-    router_statement: cst.SimpleStatementLine | None = None
-    router_call: cst.Call | None = None
-    router_targets: tuple[str, ...] = ()  # names the NF.router result is assigned to
-    score_statements: list[cst.SimpleStatementLine] = field(default_factory=list)
-
-    @property
-    def router_param(self) -> str | None:
-        for name in ("router_weight", "gate_weight"):
-            if name in self.params:
-                return name
-        return None
-
-
-def survey(cls: cst.ClassDef) -> ExpertsSurvey:
-    found = ExpertsSurvey(cls)
-    for stmt in cls.body.body:
-        if isinstance(stmt, cst.FunctionDef):
-            found.methods[stmt.name.value] = stmt
-    for node in walk(cls):
-        if isinstance(node, cst.SimpleStatementLine):
-            pair = self_assignment(node)
-            if pair is not None:
-                found.assigned.setdefault(pair[0], node)
-                if isinstance(pair[1], cst.Call) and (dotted(pair[1].func) or "").endswith("Parameter"):
-                    found.params.setdefault(pair[0], node)
-            assign = simple_assign(node)
-            if (
-                assign is not None
-                and isinstance(assign[1], cst.Call)
-                and is_call(assign[1], ROUTER_CALL, "_moe_router")
-                and found.router_call is None
-            ):
-                found.router_statement = node
-                found.router_call = assign[1]
-                target = assign[0]
-                if isinstance(target, cst.Tuple):
-                    found.router_targets = tuple(
-                        e.value.value for e in target.elements if isinstance(e.value, cst.Name)
-                    )
-                elif isinstance(target, cst.Name):
-                    found.router_targets = (target.value,)
-        elif isinstance(node, cst.Call):
-            name = dotted(node.func)
-            if name is not None:
-                found.calls.setdefault(name, []).append(node)
-    if found.router_call is None:
-        routers = (
-            found.calls.get(ROUTER_CALL) or found.calls.get("router") or found.calls.get("_moe_router") or []
-        )
-        found.router_call = routers[0] if routers else None
-    if len(found.router_targets) == 2:
-        logits = found.router_targets[1]
-        for node in walk(cls):
-            if not isinstance(node, cst.SimpleStatementLine):
-                continue
-            assign = simple_assign(node)
-            if (
-                assign is not None
-                and isinstance(assign[1], cst.Call)
-                and dotted(assign[1].func) in SCORE_FUNCTIONS
-                and assign[1].args
-                and isinstance(assign[1].args[0].value, cst.Name)
-                and assign[1].args[0].value.value == logits
-            ):
-                found.score_statements.append(node)
-    return found
-
-
-def experts_classes(module: cst.Module) -> list[ExpertsSurvey]:
-    """Surveys of the ``<Prefix>Experts`` classes that call ``NF.router`` (or
-    its op-by-op substitute ``_moe_router``)."""
-    return [s for s in map(survey, classes_with_role(module, "experts")) if s.router_call is not None]
-
-
-def calls_named(found: ExpertsSurvey, name: str) -> list[cst.Call]:
-    short = name.rsplit(".", 1)[-1]
-    return found.calls.get(name, []) + (found.calls.get(short, []) if short != name else [])
-
-
-def statement_calls(stmt: cst.CSTNode, name: str) -> list[cst.Call]:
-    return [n for n in walk(stmt) if isinstance(n, cst.Call) and is_call(n, name)]
-
-
-def method_parameter(func: cst.FunctionDef, index: int) -> str | None:
-    """Name of the ``index``-th parameter after ``self``."""
-    params = [p for p in func.params.params if p.name.value != "self"]
-    return params[index].name.value if len(params) > index else None
-
-
-def expert_count(statement: cst.SimpleStatementLine) -> str:
-    pair = self_assignment(statement)
-    assert pair is not None, "the experts' weight assignment"
-    value = pair[1]
-    inner = value.args[0].value if isinstance(value, cst.Call) and value.args else None
-    dims = positional_args(inner) if isinstance(inner, cst.Call) else []
-    return code_of(dims[0].value) if dims else "self.num_experts"
+from autoport_cst.transform.edit.tree import (
+    insert_many_after,
+    preceded_by,
+    replace_nodes,
+    replace_string_suffix,
+)
 
 
 def add_router_mapping(module, router_params, attr, suffix, codemod_id, ctx, after=()):
@@ -198,7 +91,7 @@ def add_config_alias(
             break
         if any(isinstance(e, cst.DictElement) and string_text(e.key) == name for e in table.elements):
             return module
-        from autoport_cst.transform.cst_helpers import parse_expr
+        from autoport_cst.transform.cst.snippets import parse_expr
 
         keys_code = "(" + ", ".join(f'"{k}"' for k in keys) + ("," if len(keys) == 1 else "") + ")"
         element = cst.DictElement(parse_expr(f'"{name}"', module), parse_expr(keys_code, module))
@@ -235,7 +128,7 @@ def router_key_parts(value: cst.BaseExpression) -> tuple[str, str] | None:
     module's checkpoint key and of its MoE block's:
     ``f"{moe.router}.weight"`` -> (``moe.router``, ``moe.module``);
     ``f"{prefix}.mlp.gate.weight"`` -> (``f"{prefix}.mlp.gate"``, ``f"{prefix}.mlp"``)."""
-    from autoport_cst.transform.cst_helpers import string_text
+    from autoport_cst.transform.cst.vocabulary import string_text
 
     if isinstance(value, cst.FormattedString) and len(value.parts) == 2:
         head, tail = value.parts
@@ -261,7 +154,7 @@ def router_key_parts(value: cst.BaseExpression) -> tuple[str, str] | None:
 def add_router_mapping_value(module, router_params, attr, make_value, codemod_id, ctx, after=()):
     """Like :func:`add_router_mapping`, the value built by ``make_value(router,
     block)`` from the sources of the router's and the MoE block's keys."""
-    from autoport_cst.transform.cst_helpers import parse_expr
+    from autoport_cst.transform.cst.snippets import parse_expr
 
     entries = mapping_entries(module)
     keys = {e.key for e in entries}
@@ -288,126 +181,6 @@ def add_router_mapping_value(module, router_params, attr, make_value, codemod_id
         anchor = next((e for e in entries if any(e.key == base + a for a in after)), entry)
         additions.setdefault(id(anchor.statement), []).append(entry_statement(entry, key, value))
     return insert_many_after(module, additions)
-
-
-# -- router and MoE-kernel sites on every path (the real packages' shapes) -------------
-#
-# The real packages route in the prefill with ``x = NF.router(...)`` (no
-# logits taken back) and in decode inside ``NF.moe_block_tkg`` (norm, router,
-# top-k and experts in one call); our references take the logits back in a
-# routing method and compute the scores themselves. The codemods edit each
-# site by its kind, substitute an op-by-op function where the kernel cannot
-# express a feature, and guard the sites nothing can express.
-
-ROUTER_SUBSTITUTE = "_moe_router"
-BLOCK_SUBSTITUTE = "_moe_block_tkg_unfused"
-TOPK_FUNCTION_NAME = "_moe_topk_affinities"
-
-
-@dataclass(frozen=True)
-class MoESite:
-    """One call of a family (its path variants merged)."""
-
-    call: cst.Call
-    cls: str
-    function: str
-    kind: str  # "router", "router_sub", "block", "block_sub", "cte", "other"
-    name: str  # the callee as written
-
-
-def site_kind(name: str) -> str:
-    last = name.rsplit(".", 1)[-1]
-    if last == ROUTER_SUBSTITUTE:
-        return "router_sub"
-    if last == BLOCK_SUBSTITUTE:
-        return "block_sub"
-    if last == "router":
-        return "router"
-    if last == "moe_block_tkg":
-        return "block"
-    if last == "moe_cte":
-        return "cte"
-    return "other"
-
-
-def moe_sites(module: cst.Module, family: str) -> list[MoESite]:
-    """Every call of ``family`` (``moe.router`` or ``moe.experts``) in the
-    forward methods of ``module``'s classes, once per call."""
-    from autoport_cst.transform.anatomy import find_sites
-
-    seen: set[int] = set()
-    found: list[MoESite] = []
-    for site in find_sites(module, family):
-        if id(site.node) in seen:
-            continue
-        seen.add(id(site.node))
-        assert isinstance(site.node, cst.Call)  # the MoE families are kernel calls
-        found.append(MoESite(site.node, site.cls, site.function, site_kind(site.kind), site.kind))
-    return found
-
-
-def class_named(module: cst.Module, name: str) -> cst.ClassDef | None:
-    return next((s for s in module.body if isinstance(s, cst.ClassDef) and s.name.value == name), None)
-
-
-def method_of(module: cst.Module, site: MoESite) -> cst.FunctionDef | None:
-    cls = class_named(module, site.cls)
-    if cls is None:
-        return None
-    return next(
-        (s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == site.function), None
-    )
-
-
-def literal(call: cst.Call, name: str) -> str | None:
-    """The source of ``name=``'s value, or None when absent."""
-    from autoport_cst.transform.cst_helpers import keyword_arg
-
-    arg = keyword_arg(call, name)
-    return None if arg is None else code_of(arg.value)
-
-
-def _bool(text: str | None, default: bool | None) -> bool | None:
-    if text is None:
-        return default
-    return {"True": True, "False": False}.get(text)
-
-
-def activation_of(site: MoESite) -> str | None:
-    """``softmax`` or ``sigmoid``: the router activation of a site."""
-    if site.kind in ("router", "router_sub"):
-        text = literal(site.call, "activation")
-        return "softmax" if text is None else text.strip("\"'")
-    text = literal(site.call, "router_act_fn") or ""
-    for name in ("softmax", "sigmoid"):
-        if text.lower().endswith(name):
-            return name
-    return None
-
-
-def renormalizes(site: MoESite) -> bool | None:
-    """Whether the site renormalizes the chosen experts' weights to sum to one:
-    a constant, or None when it is read at run time (``self.norm_topk_prob``),
-    the site post-processes its logits itself, or the kernel is not known."""
-    call = site.call
-    if site.kind == "router":
-        if (
-            literal(call, "return_logits") is not None
-            or literal(call, "router_computation_order") is not None
-        ):
-            return None
-        return activation_of(site) == "softmax"
-    if site.kind == "router_sub":
-        return _bool(literal(call, "norm_topk_prob"), True)
-    if site.kind in ("block", "block_sub"):
-        norm = literal(call, "norm_topk_prob")
-        pre_norm = _bool(literal(call, "router_pre_norm"), True)
-        if norm == "True" or (pre_norm is False and activation_of(site) == "softmax"):
-            return True
-        if norm is not None and norm != "False" or pre_norm is None:
-            return None
-        return False
-    return None
 
 
 # -- substitutes: NF.router and NF.moe_block_tkg op by op ------------------------------
@@ -570,6 +343,8 @@ ROUTER_SUBSTITUTE_KEYWORDS = (
     "activation",
     "computation_dtype",
 )
+
+
 BLOCK_SUBSTITUTE_KEYWORDS = (
     "inp",
     "gamma",
@@ -596,6 +371,8 @@ BLOCK_SUBSTITUTE_KEYWORDS = (
     "is_all_expert",
     "skip_router_logits",
 )
+
+
 BLOCK_REQUIRED = ("top_k", "eps", "router_act_fn", "expert_affinities_scaling_mode", "hidden_act_fn")
 
 
@@ -629,7 +406,7 @@ def substitute_problems(site: MoESite) -> list[str]:
 
 def to_substitute(call: cst.Call, kind: str, extra: dict[str, cst.BaseExpression]) -> cst.Call:
     """``call`` as a call of its substitute, with the ``extra`` keywords."""
-    from autoport_cst.transform.arguments import set_keyword
+    from autoport_cst.transform.edit.arguments import set_keyword
 
     name = ROUTER_SUBSTITUTE if kind == "router" else BLOCK_SUBSTITUTE
     new = call.with_changes(func=cst.Name(name))
@@ -655,7 +432,7 @@ def blockwise_arguments(module: cst.Module, cls_name: str) -> dict[str, cst.Base
     NF.build_blockwise_mapping (``block_size``, ``moe_group``, ``tp_degree``)
     and NF.moe_cte (``implementation``, ``compute_dtype``), for a decode
     substitute that runs the same kernels; None when the class runs neither."""
-    from autoport_cst.transform.cst_helpers import keyword_arg
+    from autoport_cst.transform.cst.vocabulary import keyword_arg
 
     cls = class_named(module, cls_name)
     if cls is None:
@@ -684,8 +461,9 @@ def blockwise_arguments(module: cst.Module, cls_name: str) -> dict[str, cst.Base
 def guard_site(module: cst.Module, site: MoESite, message: str, comment: str, ctx, edits: dict) -> None:
     """Make the path of ``site`` raise ``NotImplementedError(message)`` right
     before the statement that runs it, and declare the site guarded."""
-    from autoport_cst.transform.cst_helpers import parse_statement, with_comment
-    from autoport_cst.transform.kernels import innermost_statement, insert_before
+    from autoport_cst.transform.cst.snippets import parse_statement
+    from autoport_cst.transform.edit.kernels import innermost_statement, insert_before
+    from autoport_cst.transform.edit.tree import with_comment
 
     func = method_of(module, site)
     holder = innermost_statement(func, site.call) if func is not None else None
@@ -754,7 +532,9 @@ def add_tensor_names(module: cst.Module, stmt: cst.CSTNode, ctx, codemod_id: str
     """Give the ``load_weights`` holding ``stmt`` a ``names`` variable (the
     checkpoint's tensor names) as its first statement, read with the
     checkpoint class it loads with: ``SafetensorsCheckpoint(<path>, <cache_dir>)``."""
-    from autoport_cst.transform.cst_helpers import parse_statement, rewrite, statements
+    from autoport_cst.transform.cst.snippets import parse_statement
+    from autoport_cst.transform.cst.vocabulary import statements
+    from autoport_cst.transform.edit.tree import rewrite
 
     for node in walk(module):
         if not (isinstance(node, cst.FunctionDef) and any(n is stmt for n in walk(node))):

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import libcst as cst
 
-from autoport_cst.transform.cst_helpers import code_of, parse_expr, simple_assign, walk
-from autoport_cst.transform.mappings import mapping_entries
-from autoport_cst.transform.vocabulary import string_value
+from autoport_cst.transform.anatomy.mappings import mapping_entries
+from autoport_cst.transform.cst.snippets import parse_expr
+from autoport_cst.transform.cst.vocabulary import code_of, simple_assign, string_value, walk
 
 HELPER = "moe_checkpoint_keys"
 ROUTING_BIAS_HELPER = "_routing_bias_key"

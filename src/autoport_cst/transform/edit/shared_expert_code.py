@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoport_cst.transform.cst_helpers import parse_statement
+from autoport_cst.transform.cst.snippets import parse_statement
 
 WEIGHTS = ("shared_gate_proj_weight", "shared_up_proj_weight", "shared_down_proj_weight")
 GATE = "shared_expert_gate_weight"

@@ -20,116 +20,26 @@ implemented or refused by name when set.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import libcst as cst
 
 from autoport_cst.transform import FileContext
-from autoport_cst.transform.anatomy.sites import is_forward_method
-from autoport_cst.transform.cst_helpers import (
-    classes_with_role,
+from autoport_cst.transform.anatomy.attention import (
+    DECODE,
+    FLASH,
+    SEGMENTED,
+    UNFUSED_DECODE_CALL,
+    UNFUSED_PREFILL_CALL,
+    UNFUSED_SEGMENTED_CALL,
+    KernelSite,
+)
+from autoport_cst.transform.cst.snippets import parse_statement
+from autoport_cst.transform.cst.vocabulary import (
     deep_statements,
     dotted,
     keyword_arg,
-    parse_statement,
-    self_attr,
     walk,
-    with_comment,
 )
-from autoport_cst.transform.layers import is_parameter
-from autoport_cst.transform.roles import class_role
-
-# -- the kernel sites of an attention class ------------------------------------------------
-
-FLASH, SEGMENTED, SEGMENTED_CP, DECODE = "flash", "segmented", "segmented_cp", "decode"
-
-UNFUSED_DECODE_CALL = "_attention_decode_unfused"
-UNFUSED_PREFILL_CALL = "_flash_attention_unfused"
-UNFUSED_SEGMENTED_CALL = "_segmented_attention_unfused"
-
-_KINDS = {
-    "flash_attention": FLASH,
-    UNFUSED_PREFILL_CALL: FLASH,
-    "segmented_attention": SEGMENTED,
-    UNFUSED_SEGMENTED_CALL: SEGMENTED,
-    "attention_decode": DECODE,
-    UNFUSED_DECODE_CALL: DECODE,
-}
-
-KERNEL_NAMES = {
-    FLASH: "NF.flash_attention",
-    SEGMENTED: "NF.segmented_attention",
-    SEGMENTED_CP: "NF.segmented_attention_cp",
-    DECODE: "NF.attention_decode",
-}
-
-
-def kernel_kind(call: cst.Call) -> str | None:
-    """The kind of attention kernel ``call`` runs (its substitute counts as
-    the kernel; any call whose name holds ``segmented_attention_cp``, such as
-    a module helper wrapping it, is the context-parallel kind)."""
-    name = dotted(call.func)
-    if name is None or name.startswith("self."):
-        return None
-    last = name.rsplit(".", 1)[-1]
-    if "segmented_attention_cp" in last:
-        return SEGMENTED_CP
-    return _KINDS.get(last)
-
-
-@dataclass(frozen=True)
-class KernelSite:
-    call: cst.Call
-    kind: str
-    method: cst.FunctionDef
-
-    def where(self, cls: cst.ClassDef) -> str:
-        return f"{cls.name.value}.{self.method.name.value}"
-
-
-def kernel_sites(cls: cst.ClassDef) -> list[KernelSite]:
-    """Every attention kernel call in the forward methods of ``cls``."""
-    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else []
-    sites = []
-    for func in body:
-        if not isinstance(func, cst.FunctionDef) or not is_forward_method(func):
-            continue
-        for node in walk(func):
-            if isinstance(node, cst.Call) and (kind := kernel_kind(node)) is not None:
-                sites.append(KernelSite(node, kind, func))
-    return sites
-
-
-def attention_classes_in(module: cst.Module, ctx: FileContext, codemod_id: str) -> list[cst.ClassDef]:
-    """The attention classes of this file (``<Prefix>Attention`` with a fused
-    ``self.qkv_proj_weight`` parameter). A file without one (an FP8 variant's
-    helpers, an embedding runner) is left alone, unless it runs attention
-    kernels elsewhere or the package has no attention class at all."""
-    found = [c for c in classes_with_role(module, "attention") if _has_parameter(c, "qkv_proj_weight")]
-    if found:
-        return found
-    stray = next((n for n in walk(module) if isinstance(n, cst.Call) and kernel_kind(n) is not None), None)
-    if stray is not None or not any(class_role(name) == "attention" for name in ctx.port.package_classes):
-        raise ctx.precondition(
-            f"{codemod_id}: no attention class (<Prefix>Attention with "
-            "self.qkv_proj_weight = nn.Parameter(...)) in this file",
-            stray,
-            module,
-        )
-    return []
-
-
-def _has_parameter(cls: cst.ClassDef, name: str) -> bool:
-    for node in walk(cls):
-        if (
-            isinstance(node, cst.Assign)
-            and len(node.targets) == 1
-            and self_attr(node.targets[0].target) == name
-            and is_parameter(node.value)
-        ):
-            return True
-    return False
-
+from autoport_cst.transform.edit.tree import with_comment
 
 # -- guards ---------------------------------------------------------------------------------
 

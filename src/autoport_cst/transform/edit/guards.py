@@ -8,14 +8,14 @@ from __future__ import annotations
 import libcst as cst
 
 from autoport_cst.transform.base import FileContext
-from autoport_cst.transform.cst_helpers import code_of, dotted, keyword_arg, method, parse_statement, walk
-from autoport_cst.transform.vocabulary import nodes_of, string_value
-
-
-def is_quantized(cls: cst.ClassDef) -> bool:
-    """A class running quantized kernels: one of its calls passes
-    ``quantization_type=``."""
-    return any(keyword_arg(n, "quantization_type") is not None for n in nodes_of(cls, cst.Call))  # type: ignore[arg-type]
+from autoport_cst.transform.cst.snippets import parse_statement
+from autoport_cst.transform.cst.vocabulary import (
+    code_of,
+    dotted,
+    method,
+    string_value,
+    walk,
+)
 
 
 def _guard_message(stmt: cst.CSTNode) -> str | None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import libcst as cst
 
-from autoport_cst.transform.roles import class_role
+from autoport_cst.transform.cst.roles import class_role
 
 
 class IsInstance(dict):

@@ -7,12 +7,21 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from autoport_cst.transform.base import FileContext
-from autoport_cst.transform.cst_helpers import classes_with_role, dotted, walk
-from autoport_cst.transform.guards import is_quantized
-from autoport_cst.transform.roles import class_role
+from autoport_cst.transform import FileContext
+from autoport_cst.transform.anatomy.classes import is_quantized
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.vocabulary import (
+    classes_with_role,
+    dotted,
+    keyword_arg,
+    positional_args,
+    self_attr,
+    walk,
+)
 
 TORCH_MLP = "torch_mlp"  # the plain-torch MLP of mlp-activation, NF.mlp's arguments
+
+
 MLP_CALLS = ("NF.mlp", TORCH_MLP)
 
 
@@ -58,7 +67,7 @@ def mlp_mapping_weights(module: cst.Module) -> list[str]:
     model class over the same backbone, such as an embedding model): the
     ``<x>_weight`` leaves of mapping keys right under an MLP sublayer
     (``...mlp.<x>_weight``), in order."""
-    from autoport_cst.transform.mappings import mapping_entries
+    from autoport_cst.transform.anatomy.mappings import mapping_entries
 
     found: list[str] = []
     for entry in mapping_entries(module):
@@ -72,3 +81,44 @@ def mlp_mapping_weights(module: cst.Module) -> list[str]:
         ):
             found.append(leaf)
     return found
+
+
+# -- the dense MLP call -----------------------------------------------------------
+
+
+@dataclass
+class MLPCall:
+    """An ``NF.mlp(x, gate_w, up_w, down_w, ...)`` call (or the plain-torch
+    ``torch_mlp`` with the same arguments) and its weight attributes."""
+
+    call: cst.Call
+    gate: str | None
+    up: str
+    down: str
+
+    @property
+    def gated(self) -> bool:
+        arg = keyword_arg(self.call, "skip_gate")
+        return arg is None or dotted(arg.value) != "True"
+
+
+def parse_mlp_call(call: cst.Call, ctx: FileContext, module: cst.Module, codemod_id: str) -> MLPCall:
+    args = positional_args(call)
+    attrs = [self_attr(a.value) for a in args[1:4]]
+    if len(args) < 4 or attrs[1] is None or attrs[2] is None:
+        raise ctx.precondition(
+            f"{codemod_id}: expected {dotted(call.func)}(hidden, self.<gate>, self.<up>, self.<down>, ...) "
+            "with the weights as positional arguments",
+            call,
+            module,
+        )
+    return MLPCall(call, attrs[0], attrs[1], attrs[2])
+
+
+# Every dense MLP class of a file (quantized ones flagged): ``loaders.mlp_classes``
+# (re-exported above).
+
+
+# Keyword order of NF.mlp (its signature): codemods insert keywords in this
+# order whatever order they run in, so that they commute.
+MLP_KEYWORDS = ("eps", "ln_w", "skip_gate", "act_fn", "gate_b", "up_b", "down_b", "norm_b", "norm_type")

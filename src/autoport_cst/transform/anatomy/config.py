@@ -13,7 +13,15 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from autoport_cst.transform.vocabulary import dotted, is_none, self_attr, walk
+from autoport_cst.transform.base import FileContext
+from autoport_cst.transform.cst.vocabulary import (
+    classes_with_role,
+    dotted,
+    is_none,
+    self_attr,
+    statements,
+    walk,
+)
 
 
 @dataclass(frozen=True)
@@ -116,3 +124,33 @@ def fixed_defaults(cls: cst.ClassDef) -> list[ConfigField]:
         for n in names
         if n in fields and fields[n].default is not None and not fields[n].default_is_none
     ]
+
+
+def config_class(module: cst.Module, ctx: FileContext, codemod_id: str) -> cst.ClassDef:
+    configs = classes_with_role(module, "config")
+    if len(configs) != 1:
+        raise ctx.precondition(
+            f"{codemod_id}: expected one config dataclass (<Prefix>Config) in the config file, "
+            f"found {len(configs)}"
+        )
+    return configs[0]
+
+
+def _field_name(stmt: cst.CSTNode) -> str | None:
+    if (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.AnnAssign)
+        and isinstance(stmt.body[0].target, cst.Name)
+    ):
+        return stmt.body[0].target.value
+    return None
+
+
+def config_fields(cls: cst.ClassDef) -> dict[str, cst.SimpleStatementLine]:
+    """name -> statement of each ``name: annotation [= default]`` field."""
+    return {
+        name: s
+        for s in statements(cls)
+        if isinstance(s, cst.SimpleStatementLine) and (name := _field_name(s)) is not None
+    }

@@ -18,7 +18,7 @@ from collections.abc import Collection
 
 import libcst as cst
 
-from autoport_cst.transform.statement_code import node_code
+from autoport_cst.transform.cst.statement_code import node_code
 
 try:  # private API, pinned by libcst>=1.8,<2 in pyproject.toml (as in lint/positions.py)
     from libcst._nodes.internal import CodegenState as _CodegenState
@@ -108,7 +108,7 @@ def _same_layout(module: cst.Module, other: cst.Module) -> bool:
 
 
 if _CodegenState is not None:
-    from autoport_cst.transform.statement_code import SplicingState, register
+    from autoport_cst.transform.cst.statement_code import SplicingState, register
 
     class _OrderState(SplicingState):
         """Code generation that notes the wanted nodes as it meets them, and

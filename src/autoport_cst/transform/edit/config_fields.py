@@ -9,44 +9,16 @@ from __future__ import annotations
 
 import libcst as cst
 
-from autoport_cst.transform.base import FileContext
-from autoport_cst.transform.cst_helpers import (
-    classes_with_role,
-    parse_statement,
-    with_comment,
+from autoport_cst.transform import FileContext
+from autoport_cst.transform.anatomy.classes import require_method, self_assignments
+from autoport_cst.transform.anatomy.config import _field_name, config_class, config_fields
+from autoport_cst.transform.cst.snippets import parse_statement
+from autoport_cst.transform.cst.vocabulary import (
+    is_docstring,
+    leading_lines,
+    statements,
 )
-from autoport_cst.transform.vocabulary import is_docstring, leading_lines, statements
-
-
-def config_class(module: cst.Module, ctx: FileContext, codemod_id: str) -> cst.ClassDef:
-    configs = classes_with_role(module, "config")
-    if len(configs) != 1:
-        raise ctx.precondition(
-            f"{codemod_id}: expected one config dataclass (<Prefix>Config) in the config file, "
-            f"found {len(configs)}"
-        )
-    return configs[0]
-
-
-def _field_name(stmt: cst.CSTNode) -> str | None:
-    if (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and len(stmt.body) == 1
-        and isinstance(stmt.body[0], cst.AnnAssign)
-        and isinstance(stmt.body[0].target, cst.Name)
-    ):
-        return stmt.body[0].target.value
-    return None
-
-
-def config_fields(cls: cst.ClassDef) -> dict[str, cst.SimpleStatementLine]:
-    """name -> statement of each ``name: annotation [= default]`` field."""
-    return {
-        name: s
-        for s in statements(cls)
-        if isinstance(s, cst.SimpleStatementLine) and (name := _field_name(s)) is not None
-    }
-
+from autoport_cst.transform.edit.tree import append_statements_edit, with_comment
 
 FIELDS_MARKER = "<-- MODEL-SPECIFIC: fields of this architecture's features (sorted by name)"
 
@@ -146,3 +118,38 @@ def prepend_to_post_init(
         body=post_init.body.with_changes(body=[*current[:first], *statements, *current[first:]])
     )
     return [new_method if s is post_init else s for s in body]
+
+
+def config_scalar_edit(
+    module: cst.Module,
+    ctx: FileContext,
+    codemod_id: str,
+    key: str,
+    annotation: str,
+    default: object,
+    comment: str,
+) -> cst.Module:
+    """The config-file half of a codemod that reads a scalar setting from the
+    config: the dataclass field ``key: annotation = default``."""
+    comment = comment.removeprefix("<-- MODEL-SPECIFIC: ")
+    return add_config_fields(module, ctx, codemod_id, [(f"{key}: {annotation} = {default!r}", comment)])
+
+
+def init_reads_config(
+    cls: cst.ClassDef, key: str, module: cst.Module, ctx: FileContext, codemod_id: str
+) -> dict:
+    """Edits that append ``self.<key> = config.<key>`` to ``cls.__init__``
+    (none when it is already assigned). ``__init__`` must take ``config``."""
+    init = require_method(cls, "__init__", ctx, module, codemod_id)
+    if key in self_assignments(init):
+        return {}
+    names = [p.name.value for p in init.params.params]
+    if "config" not in names:
+        raise ctx.precondition(
+            f"{codemod_id}: {cls.name.value}.__init__ takes no config argument to read {key} from",
+            init,
+            module,
+        )
+    stmt = parse_statement(f"self.{key} = config.{key}", module)
+    key_id, edit = append_statements_edit(init, [stmt])
+    return {key_id: edit}
