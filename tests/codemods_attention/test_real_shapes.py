@@ -50,6 +50,7 @@ def _sharding(heads, kv_heads, tp, dp, kv_sharded):
 
 def test_qkv_bias_loader_shards_like_the_weight_loader_with_attention_dp():
     from autoport_cst.codemods.add_qkv_bias import AddQkvBias
+
     from autoport_cst.validate.standin import weight_loader as wl
 
     shaped = next(e for e in AddQkvBias.EXAMPLES if "attention data parallelism" in e.title)

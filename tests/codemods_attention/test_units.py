@@ -21,10 +21,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from autoport_cst.codemods import nope_layers, rope_layer_parameters, sliding_window
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoport_cst.codemods import nope_layers, rope_layer_parameters, sliding_window
 from autoport_cst.transform.edit import rope_columns
 
 
