@@ -273,7 +273,7 @@ def _validate(
         equivalent=False,
         tolerances=compare.tolerances(dtype),
     )
-    reference = _ReferenceRun(checkpoint, scenario, steps, notify, timings)
+    reference = _ReferenceRun(checkpoint, scenario, steps, notify, timings, kv_cache_dtype=kv_cache_dtype)
     try:
         if layout.world == 1:
             port, teacher, factory_name, standin = _run_in_process(
@@ -396,11 +396,14 @@ class _ReferenceRun:
     notify: StageCallback
     timings: dict[str, float]
     outputs: dict[str, ReferenceOutput] = field(default_factory=dict)
+    kv_cache_dtype: str = "auto"
 
     def run(self) -> list[list[int]]:
         """Both reference runs; returns the teacher tokens (those of an
         earlier run on the same checkpoint while ``reusing_reference_runs``)."""
         prompts = self.scenario.prompts
+        if self.kv_cache_dtype == "fp8":
+            return self._run_fp8_cache(prompts)
         kept = kept_run(self.checkpoint, prompts, self.steps)
         if kept is not None:
             teacher, self.outputs = kept
@@ -421,12 +424,33 @@ class _ReferenceRun:
         keep_run(self.checkpoint, prompts, self.steps, teacher, self.outputs)
         return teacher
 
+    def _run_fp8_cache(self, prompts: tuple[tuple[int, ...], ...]) -> list[list[int]]:
+        """Both reference runs with the port's FP8 KV cache (``fp8_reference``);
+        the teacher tokens come from the plain fp32 model."""
+        from .fp8_reference import fp8_cache_runner
+
+        run = fp8_cache_runner(self.checkpoint)
+        teacher: list[list[int]] = []
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            start = time.perf_counter()
+            self.notify(f"reference {name} (FP8 KV cache)")
+            model = load_reference(self.checkpoint, dtype)
+            if name == "fp32":
+                teacher = greedy_teacher(model, prompts, self.steps)
+            self.outputs[name] = run(model, prompts, teacher)
+            del model
+            self.timings[f"reference_{name}"] = time.perf_counter() - start
+        return teacher
+
     def kernel_precision(self, teacher: list[list[int]]) -> ReferenceOutput | str:
         """transformers in bf16 at the kernels' precision policy (the second
         bf16 baseline), or why the model has none."""
         start = time.perf_counter()
+        from .fp8_reference import fp8_cache_runner
+
+        run = fp8_cache_runner(self.checkpoint) if self.kv_cache_dtype == "fp8" else run_reference
         try:
-            return run_kernel_precision_reference(self.checkpoint, self.scenario.prompts, teacher)
+            return run_kernel_precision_reference(self.checkpoint, self.scenario.prompts, teacher, run=run)
         except PolicyUnavailable as reason:
             return str(reason)
         finally:

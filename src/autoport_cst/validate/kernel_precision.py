@@ -134,11 +134,13 @@ def run_kernel_precision_reference(
     prompts: tuple[tuple[int, ...], ...],
     teacher: list[list[int]],
     dtype: torch.dtype = torch.bfloat16,
+    run: Callable[..., ReferenceOutput] = run_reference,
 ) -> ReferenceOutput:
-    """``run_reference`` at the policy; ``PolicyUnavailable`` when some
-    attention layer did not run through the policy's attention function."""
+    """``run(model, prompts, teacher)`` (``run_reference``, or the FP8-cache
+    run) at the policy; ``PolicyUnavailable`` when some attention layer did
+    not run through the policy's attention function."""
     model = load_kernel_precision_reference(checkpoint_dir, dtype)
-    output = run_reference(model, prompts, teacher)
+    output = run(model, prompts, teacher)
     for component in output.components:
         if component.name.endswith(".attention"):
             attention = model.get_submodule(component.module_path)
