@@ -24,6 +24,22 @@ from autoport_cst.errors import InputError, PreconditionError, UnrealizableDiffE
 
 STAGES = ("research", "apply", "checkpoint", "validate")
 
+# what port(settle_imports=True) imports first in the research stage (the
+# research, the engine with LibCST, transformers' configuration classes) and
+# in the checkpoint stage (transformers' modeling code, the validator):
+# autoport_cst.settled_imports
+RESEARCH_IMPORTS = (
+    "autoport_cst.research",
+    "autoport_cst.apply",
+    "autoport_cst.plan",
+    "transformers.models.auto.configuration_auto",
+)
+VALIDATION_IMPORTS = (
+    "transformers.modeling_utils",
+    "autoport_cst.validate.api",
+    "autoport_cst.validate.tiny",
+)
+
 
 @dataclass
 class ValidationRun:
@@ -94,36 +110,30 @@ def port(
     seed: int = 0,
     force: bool = False,
     on_stage: Callable[[str], None] | None = None,
+    settle_imports: bool = False,
 ) -> PortOutcome:
     """Plan, apply and validate. Raises InputError (bad input) and
-    UnrealizableDiffError (a feature no codemod realizes, named)."""
-    from autoport_cst.apply import load_reference
-    from autoport_cst.plan.naming import model_name_problem
-    from autoport_cst.research import choose_reference, research
+    UnrealizableDiffError (a feature no codemod realizes, named).
+
+    ``settle_imports`` (a one-shot process: the command line): the research
+    and the validation first import the heavy modules they need as blocks
+    that later garbage collections skip (``autoport_cst.settled_imports``);
+    the same work and results, less time collecting."""
+    from autoport_cst.settled_imports import import_settled
 
     def stage(label: str) -> None:
         if on_stage is not None:
             on_stage(label)
 
-    name_problem = model_name_problem(name)
-    if name_problem is not None:
-        raise InputError(f"--name {name_problem}")
-    if checkpoint not in ("tiny", "source"):
-        raise InputError(f"--checkpoint must be tiny or source, got {checkpoint!r}")
-    if tp < 1:
-        raise InputError(f"--tp must be at least 1, got {tp}")
+    _check_input(name, checkpoint, tp)
     out = Path(out)
 
     stage("research")
     start = time.perf_counter()
-    if ref:
-        load_reference(ref)
-    found = research(source)
-    choice = choose_reference(found.spec, name, found.architecture, [ref] if ref else None)
+    if settle_imports:
+        import_settled(RESEARCH_IMPORTS)
+    found, choice = _research(source, name, ref)
     outcome = PortOutcome(name, found.architecture, unknown=list(found.unknown), seed=seed)
-    refused = refusal(found, choice)
-    if refused is not None:
-        raise refused
     outcome.seconds["research"] = time.perf_counter() - start
 
     stage("apply")
@@ -133,13 +143,58 @@ def port(
 
     stage("checkpoint")
     start = time.perf_counter()
+    if settle_imports:
+        import_settled(VALIDATION_IMPORTS)
     outcome.checkpoint_dir = _validation_checkpoint(found, out, name, checkpoint, seed)
     outcome.seconds["checkpoint"] = time.perf_counter() - start
 
     stage("validate")
+    _validate(outcome, found, checkpoint, tp, steps, seed, stage)
+    _record_validations(outcome, out, checkpoint, steps, seed)
+    return outcome
+
+
+def _check_input(name: str, checkpoint: str, tp: int) -> None:
+    from autoport_cst.plan.naming import model_name_problem
+
+    name_problem = model_name_problem(name)
+    if name_problem is not None:
+        raise InputError(f"--name {name_problem}")
+    if checkpoint not in ("tiny", "source"):
+        raise InputError(f"--checkpoint must be tiny or source, got {checkpoint!r}")
+    if tp < 1:
+        raise InputError(f"--tp must be at least 1, got {tp}")
+
+
+def _research(source: str, name: str, ref: str | None) -> tuple[Any, Any]:
+    """The research and the reference choice; a model no reference can be
+    turned into is refused here."""
+    from autoport_cst.apply import load_reference
+    from autoport_cst.research import choose_reference, research
+
+    if ref:
+        load_reference(ref)
+    found = research(source)
+    choice = choose_reference(found.spec, name, found.architecture, [ref] if ref else None)
+    refused = refusal(found, choice)
+    if refused is not None:
+        raise refused
+    return found, choice
+
+
+def _validate(
+    outcome: PortOutcome, found: Any, checkpoint: str, tp: int, steps: int, seed: int, stage: Callable
+) -> None:
+    """The validation runs, then, when they pass, the checks on configs the
+    plan was not made on. The runs on the validation checkpoint share one
+    transformers run (``reference_reuse``): the port's dtype and TP size do
+    not change what transformers computes."""
+    from autoport_cst.validate.reference_reuse import reusing_reference_runs
+
     start = time.perf_counter()
     _check_validation_tp(outcome, tp)
-    _validation_runs(outcome, checkpoint, tp, steps, seed, stage)
+    with reusing_reference_runs():
+        _validation_runs(outcome, checkpoint, tp, steps, seed, stage)
     outcome.seconds["validate"] = time.perf_counter() - start
     if outcome.validated:  # then on configs the plan was not made on
         from autoport_cst.port_variants import check_config_variants
@@ -147,8 +202,6 @@ def port(
         start = time.perf_counter()
         check_config_variants(outcome, found, checkpoint, steps, seed, stage)
         outcome.seconds["variants"] = time.perf_counter() - start
-    _record_validations(outcome, out, checkpoint, steps, seed)
-    return outcome
 
 
 def _apply(

@@ -100,6 +100,7 @@ def port_command(source, name, out_dir, tp, ref, checkpoint, steps, seed, force,
                 seed=seed,
                 force=force,
                 on_stage=progress.stage,
+                settle_imports=True,  # this process ends with the port
             )
         except KeyboardInterrupt:
             if progress.current not in (None, "research", "apply"):

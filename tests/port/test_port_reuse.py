@@ -1,0 +1,50 @@
+"""``port`` runs transformers once on its validation checkpoint for the
+fp32 and bf16 runs (and the TP run), and the command asks for the heavy
+imports as settled blocks (one process, one port)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from autoport_cst.cli import cli
+from autoport_cst.port import PortOutcome, port
+from autoport_cst.validate import api, build_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("llama")
+    build_tiny_checkpoint("LlamaForCausalLM", directory, seed=1)
+    return directory
+
+
+def test_the_validation_runs_share_one_transformers_run(tiny_llama: Path, tmp_path: Path, monkeypatch):
+    loaded: list[tuple[str, str]] = []
+    original = api.load_reference
+
+    def counted(checkpoint, dtype, *args, **kwargs):
+        loaded.append((Path(checkpoint).name, str(dtype)))
+        return original(checkpoint, dtype, *args, **kwargs)
+
+    monkeypatch.setattr(api, "load_reference", counted)
+    outcome = port(str(tiny_llama), "my_llama", tmp_path / "out", steps=4)
+    assert outcome.validated
+    assert [(r.tp, r.dtype) for r in outcome.runs] == [(1, "fp32"), (1, "bf16")]
+    planned = [dtype for name, dtype in loaded if name == "my_llama-tiny"]
+    assert planned == ["torch.float32", "torch.bfloat16"]  # once for both runs (was twice each)
+    assert [dtype for name, dtype in loaded if name == "my_llama-tiny-variant"] == planned
+
+
+def test_the_command_settles_its_imports(tiny_llama: Path, tmp_path: Path, monkeypatch):
+    asked: dict = {}
+
+    def fake_port(source, name, out, **options):
+        asked.update(options)
+        return PortOutcome(name, "LlamaForCausalLM")
+
+    monkeypatch.setattr("autoport_cst.port.port", fake_port)
+    result = CliRunner().invoke(cli, ["port", str(tiny_llama), "--name", "x", "--out", str(tmp_path / "o")])
+    assert asked["settle_imports"] is True, result.output
