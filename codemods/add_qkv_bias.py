@@ -477,7 +477,7 @@ class AddQkvBias(Codemod):
         wanted = [("qkv", "qkv_proj_weight", "qkv_proj_bias")] if self.params.qkv else []
         if self.params.o:
             wanted.append(("o", "o_proj_weight", "o_proj_bias"))
-        attention = attention_classes_in(module, ctx, ID)
+        attention = attention_classes_in(module, ctx)
         loads = _defines_method(module, "load_weights")
         if not attention:
             return self._add_mappings(module, wanted, ctx, required=False)
@@ -525,7 +525,7 @@ class AddQkvBias(Codemod):
             if weight not in params:
                 raise ctx.precondition(f"{ID}: {name} has no self.{weight} = nn.Parameter(...)", cls, module)
         calls = self._projection_calls(cls, wanted, module, ctx)
-        loaders = LoaderEdits(cls, module, ctx, ID)
+        loaders = LoaderEdits(module, ctx, cls)
         added: dict[str, str] = {}
         for which, weight_attr, bias_attr in wanted:
             if bias_attr not in params:

@@ -171,9 +171,9 @@ class AttentionScale(Codemod):
                 if self.params.form == "inverse_sqrt"
                 else "attention score scale (None: head_dim ** -0.5)"
             )
-            return add_config_fields(module, ctx, ID, [(f"{key}: float | None = None", comment)])
+            return add_config_fields(module, ctx, [(f"{key}: float | None = None", comment)])
         edits: dict = {}
-        for cls in attention_classes_in(module, ctx, ID):
+        for cls in attention_classes_in(module, ctx):
             for site in kernel_sites(cls):
                 name = "softmax_scale" if site.kind == DECODE else "scale"
                 if argument(site.call, name, SCALE_POSITIONS.get(site.kind)) is None:
@@ -183,7 +183,7 @@ class AttentionScale(Codemod):
                         site.call,
                         module,
                     )
-            init = require_method(cls, "__init__", ctx, module, ID)
+            init = require_method(module, ctx, cls, "__init__")
             stmt = find_self_assignment(init, "scaling")
             if stmt is None:
                 raise ctx.precondition(f"{ID}: {cls.name.value}.__init__ sets no self.scaling", init, module)

@@ -328,7 +328,7 @@ class AttentionSinks(Codemod):
         edits: dict = {}
         helpers: list[str] = []
         wrapped = False
-        for cls in attention_classes_in(module, ctx, ID):
+        for cls in attention_classes_in(module, ctx):
             if is_quantized(cls):
                 self._guard_quantized(cls, module, ctx, edits)
                 continue
@@ -358,7 +358,7 @@ class AttentionSinks(Codemod):
         shards (TP, times attention DP where the layer shards heads over it),
         read at the same rank. Returns whether the loader is rank-wrapped."""
         name = cls.name.value
-        init = require_method(cls, "__init__", ctx, module, ID)
+        init = require_method(module, ctx, cls, "__init__")
         loaders = find_loaders(cls)
         if "sinks" in loaders:
             return False
@@ -405,7 +405,7 @@ class AttentionSinks(Codemod):
         after = ("sliding_window", "scale", "softmax_scale")
         for site in sites:
             if site.kind == SEGMENTED_CP:
-                guard(site, "self.sinks is not None", CP_MESSAGE, module, ctx, edits, GUARD_COMMENT)
+                guard(module, ctx, site, "self.sinks is not None", CP_MESSAGE, edits, GUARD_COMMENT)
                 continue
             sink = parse_expr("self.sinks.unsqueeze(1)", module)
             if site.kind == DECODE:

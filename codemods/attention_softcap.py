@@ -298,12 +298,11 @@ class AttentionSoftcap(Codemod):
             return add_config_fields(
                 module,
                 ctx,
-                ID,
                 [(f"{key}: float | None = None", "tanh softcap of the attention scores (None: no cap)")],
             )
         edits: dict = {}
         kinds: set[str] = set()
-        for cls in attention_classes_in(module, ctx, ID):
+        for cls in attention_classes_in(module, ctx):
             self._attention_edits(cls, module, ctx, edits, kinds)
         module = rewrite(module, edits)
         return add_functions(module, substitutes_for(kinds))
@@ -312,7 +311,7 @@ class AttentionSoftcap(Codemod):
         self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext, edits: dict, kinds: set[str]
     ) -> None:
         key, name = self.params.config_key, cls.name.value
-        init = require_method(cls, "__init__", ctx, module, ID)
+        init = require_method(module, ctx, cls, "__init__")
         sites = kernel_sites(cls)
         if not any(site.kind in (FLASH, SEGMENTED) for site in sites):
             raise ctx.precondition(f"{ID}: no {KERNEL_NAMES[FLASH]}(...) call in {name}", cls, module)
@@ -332,7 +331,7 @@ class AttentionSoftcap(Codemod):
         cap = parse_expr(f"self.{key}", module)
         for site in sites:
             if site.kind == SEGMENTED_CP:
-                guard(site, f"self.{key} is not None", CP_MESSAGE, module, ctx, edits, GUARD_COMMENT)
+                guard(module, ctx, site, f"self.{key} is not None", CP_MESSAGE, edits, GUARD_COMMENT)
                 continue
             kinds.add(site.kind)
             edits[id(site.call)] = lambda updated, kind=site.kind: set_keyword(

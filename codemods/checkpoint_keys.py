@@ -743,7 +743,7 @@ class CheckpointKeys(Codemod):
                 )
         seen: set[str] = set()
         for cls in classes(module):
-            loaders = LoaderEdits(cls, module, ctx, self.ID)
+            loaders = LoaderEdits(module, ctx, cls)
             for attr in sorted(wanted & set(loaders.found)):
                 seen.add(attr)
                 if self._stop_transposing(loaders, attr, module, ctx):

@@ -302,7 +302,7 @@ class ConfigGuards(Codemod):
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         if not self.params.assumed:
             return module
-        cls = config_class(module, ctx, ID)
+        cls = config_class(module, ctx)
         method = method_of(cls, "from_configs")
         if method is None:
             raise ctx.precondition(f"{ID}: {cls.name.value} has no from_configs", cls, module)

@@ -341,7 +341,7 @@ class DenseLayers(Codemod):
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         if ctx.role == "config":
-            return add_config_fields(module, ctx, ID, CONFIG_FIELDS)
+            return add_config_fields(module, ctx, CONFIG_FIELDS)
         wrapper = _moe_wrapper(module)
         if wrapper is None:
             raise ctx.precondition(

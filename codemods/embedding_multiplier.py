@@ -171,7 +171,6 @@ class EmbeddingMultiplier(Codemod):
             return config_scalar_edit(
                 module,
                 ctx,
-                self.ID,
                 key,
                 "float",
                 self.params.default,
@@ -179,10 +178,10 @@ class EmbeddingMultiplier(Codemod):
             )
         if ctx.role == "module":
             return other_model_file(module, ctx, self.touches(), "the embedding multiplier")
-        backbone = class_here(module, "backbone", ctx, self.ID, "<Prefix>Model backbone")
+        backbone = class_here(module, ctx, "backbone", "<Prefix>Model backbone")
         if backbone is None:
             return module
-        forward = require_method(backbone, "forward", ctx, module, self.ID)
+        forward = require_method(module, ctx, backbone, "forward")
         loop, hidden = None, None
         for stmt in statements(forward):
             layer = _layer_name(stmt)
@@ -203,7 +202,7 @@ class EmbeddingMultiplier(Codemod):
                 forward,
                 module,
             )
-        edits = init_reads_config(backbone, key, module, ctx, self.ID)
+        edits = init_reads_config(module, ctx, backbone, key)
         already = any(isinstance(n, cst.BinaryOperation) and self_attr(n.right) == key for n in walk(forward))
         if not already:
             stmt = parse_statement(f"{hidden} = {hidden} * self.{key}", module)

@@ -143,11 +143,11 @@ class EmbeddingScale(Codemod):
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         if ctx.role == "module":
             return other_model_file(module, ctx, self.touches(), "the embedding scale")
-        backbone = class_here(module, "backbone", ctx, self.ID, "<Prefix>Model backbone")
+        backbone = class_here(module, ctx, "backbone", "<Prefix>Model backbone")
         if backbone is None:
             return module
         name = backbone.name.value
-        init = require_method(backbone, "__init__", ctx, module, self.ID)
+        init = require_method(module, ctx, backbone, "__init__")
         embeddings = [
             value
             for _, (_, value) in self_assignments(init).items()

@@ -159,10 +159,10 @@ class Float32Router(Codemod):
                 if key is None:
                     moe_edits.guard_site(
                         module,
+                        ctx,
                         site,
                         f"float32 router: {site.name} is not ported to a float32 router weight",
                         "<-- MODEL-SPECIFIC: this router computation does not take a float32 router",
-                        ctx,
                         edits,
                     )
                     continue

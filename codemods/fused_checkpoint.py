@@ -453,7 +453,7 @@ class FusedCheckpoint(Codemod):
                 edits.update(guard_edit(cls, GUARD_QKV, module))
                 declare_guarded(cls, ctx, GUARD_QKV)
                 continue
-            loaders = LoaderEdits(cls, module, ctx, self.ID)
+            loaders = LoaderEdits(module, ctx, cls)
             for key, sites in loaders.found.items():
                 names = {dotted(s.base.func) for s in sites if s.base is not None}
                 if QKV_SPLIT in names:
@@ -522,7 +522,7 @@ class FusedCheckpoint(Codemod):
     ) -> tuple[str | None, dict[str, str]]:
         """Edits of the MLP classes' gate and up loaders; the class the part
         loader is written after, and the parameters whose keys change."""
-        mlps = mlp_classes(module, ctx, self.ID)
+        mlps = mlp_classes(module, ctx)
         if not mlps:
             return None, {a: self.params.gate_up_name for a in self._mapped_gate_up(module, ctx)}
         target = None
@@ -533,7 +533,7 @@ class FusedCheckpoint(Codemod):
                 declare_guarded(mlp.cls, ctx, GUARD_GATE_UP)
                 continue
             parts = self._parts(mlp, module, ctx)
-            loaders = LoaderEdits(mlp.cls, module, ctx, self.ID)
+            loaders = LoaderEdits(module, ctx, mlp.cls)
             for attr, part in parts.items():
                 if not loaders.of(attr) and not attr.endswith("_weight"):
                     continue  # no bias
@@ -548,7 +548,7 @@ class FusedCheckpoint(Codemod):
 
     def _parts(self, mlp, module: cst.Module, ctx: FileContext) -> dict[str, int]:
         """``attr -> part`` (0: gate, 1: up) of the weights and their biases."""
-        parsed = [parse_mlp_call(call, ctx, module, self.ID) for call in mlp.calls]
+        parsed = [parse_mlp_call(module, ctx, call) for call in mlp.calls]
         pairs = {(p.gate, p.up) for p in parsed}
         if not all(p.gated and p.gate is not None for p in parsed):
             raise ctx.precondition(

@@ -265,4 +265,4 @@ class InterleavedRope(Codemod):
         return NoParams()
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        return reorder_rope_columns(module, ctx, ID, interleaved=True)
+        return reorder_rope_columns(module, ctx, interleaved=True)

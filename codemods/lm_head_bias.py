@@ -211,11 +211,11 @@ class LmHeadBias(Codemod):
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         if ctx.role == "module":
             return other_model_file(module, ctx, self.touches(), "the LM-head bias")
-        lm = class_here(module, "causal_lm", ctx, self.ID, "<Prefix>ForCausalLM")
+        lm = class_here(module, ctx, "causal_lm", "<Prefix>ForCausalLM")
         if lm is None:
             return module
         name = lm.name.value
-        init = require_method(lm, "__init__", ctx, module, self.ID)
+        init = require_method(module, ctx, lm, "__init__")
         heads = _heads(init)
         if not heads:
             raise ctx.precondition(
@@ -235,7 +235,7 @@ class LmHeadBias(Codemod):
                 )
             if dotted(bias_arg.value) != "True":
                 edits[id(bias_arg)] = lambda updated: updated.with_changes(value=cst.Name("True"))
-        loaders = LoaderEdits(lm, module, ctx, self.ID)
+        loaders = LoaderEdits(module, ctx, lm)
         if not loaders.of("lm_head.bias"):
             for loader in loaders.require("lm_head.weight"):
                 loaders.add_after(loader, [self._bias_loader(loaders, loader, module, ctx)])

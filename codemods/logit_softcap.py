@@ -128,7 +128,6 @@ class LogitSoftcap(Codemod):
             return config_scalar_edit(
                 module,
                 ctx,
-                self.ID,
                 key,
                 "float | None",
                 None,
@@ -136,11 +135,11 @@ class LogitSoftcap(Codemod):
             )
         if ctx.role == "module":
             return other_model_file(module, ctx, self.touches(), "the logit softcap")
-        site = logits_site(module, ctx, self.ID)
+        site = logits_site(module, ctx)
         if site is None:
             return module
         lm, forward, name, last = site
-        edits = init_reads_config(lm, key, module, ctx, self.ID)
+        edits = init_reads_config(module, ctx, lm, key)
         if not any(
             is_call(n, "torch.tanh") and any(self_attr(m) == key for m in walk(n)) for n in walk(forward)
         ):

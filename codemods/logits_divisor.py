@@ -144,7 +144,6 @@ class LogitsDivisor(Codemod):
             return config_scalar_edit(
                 module,
                 ctx,
-                self.ID,
                 key,
                 "float",
                 self.params.default,
@@ -154,11 +153,11 @@ class LogitsDivisor(Codemod):
             )
         if ctx.role == "module":
             return other_model_file(module, ctx, self.touches(), "the logits scaling")
-        site = logits_site(module, ctx, self.ID)
+        site = logits_site(module, ctx)
         if site is None:
             return module
         lm, forward, name, last = site
-        edits = init_reads_config(lm, key, module, ctx, self.ID)
+        edits = init_reads_config(module, ctx, lm, key)
         operator = cst.Divide if self.params.form == "divide" else cst.Multiply
         if not any(
             isinstance(n, cst.BinaryOperation)

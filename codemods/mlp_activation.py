@@ -247,14 +247,14 @@ class MlpActivation(Codemod):
         activation = self.params.activation
         edits: dict = {}
         torch_after: list[str] = []  # MLP classes whose calls become torch_mlp
-        for mlp in mlp_classes(module, ctx, self.ID):
+        for mlp in mlp_classes(module, ctx):
             if mlp.quantized and activation not in KERNEL:
                 edits.update(guard_edit(mlp.cls, GUARD, module))
                 declare_guarded(mlp.cls, ctx, GUARD)
                 continue
             for call in mlp.calls:
                 if not mlp.quantized:
-                    parse_mlp_call(call, ctx, module, self.ID)
+                    parse_mlp_call(module, ctx, call)
                 edit = (
                     self._kernel_edit(call, module)
                     if activation in KERNEL

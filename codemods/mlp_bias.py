@@ -362,7 +362,7 @@ class MlpBias(Codemod):
         edits: dict = {}
         weights: list[str] = []
         needs_scaled = False
-        mlps = mlp_classes(module, ctx, self.ID)
+        mlps = mlp_classes(module, ctx)
         for mlp in mlps:
             if mlp.quantized:
                 edits.update(guard_edit(mlp.cls, GUARD, module))
@@ -385,7 +385,7 @@ class MlpBias(Codemod):
         name = mlp.name
         roles: list[tuple[str, str]] = []
         for call in mlp.calls:
-            parsed = parse_mlp_call(call, ctx, module, self.ID)
+            parsed = parse_mlp_call(module, ctx, call)
             for role, weight in ([("gate", parsed.gate)] if parsed.gated else []) + [
                 ("up", parsed.up),
                 ("down", parsed.down),
@@ -399,7 +399,7 @@ class MlpBias(Codemod):
                 if (role, weight) not in roles:
                     roles.append((role, weight))
         params = parameters(mlp.cls)
-        loaders = LoaderEdits(mlp.cls, module, ctx, self.ID)
+        loaders = LoaderEdits(module, ctx, mlp.cls)
         after_weight: dict[int, list] = {}
         scaled = False
         for role, weight in roles:

@@ -222,7 +222,7 @@ class MlpKind(Codemod):
         edits: dict = {}
         gates: list[str] = []
         handled: set[int] = set()
-        mlps = mlp_classes(module, ctx, self.ID)
+        mlps = mlp_classes(module, ctx)
         for mlp in mlps:
             if mlp.quantized:
                 edits.update(guard_edit(mlp.cls, GUARD, module))
@@ -250,7 +250,7 @@ class MlpKind(Codemod):
         """Remove the gate of one MLP class; returns its weight attribute
         (None when the class is plain already)."""
         name = mlp.name
-        parsed = [parse_mlp_call(call, ctx, module, self.ID) for call in mlp.calls]
+        parsed = [parse_mlp_call(module, ctx, call) for call in mlp.calls]
         if not any(p.gated for p in parsed):
             return None
         gates = {p.gate for p in parsed if p.gated}
@@ -275,7 +275,7 @@ class MlpKind(Codemod):
             raise ctx.precondition(
                 f"{self.ID}: {name} has no self.{gate} = nn.Parameter(...)", mlp.cls, module
             )
-        loaders = LoaderEdits(mlp.cls, module, ctx, self.ID)
+        loaders = LoaderEdits(module, ctx, mlp.cls)
         loaders.remove(gate)
         loaders.doom(params[gate])
         handled.add(id(params[gate]))

@@ -167,17 +167,17 @@ class NopeLayers(Codemod):
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         if ctx.role == "config":
-            return add_config_fields(module, ctx, ID, CONFIG_FIELDS)
+            return add_config_fields(module, ctx, CONFIG_FIELDS)
         edits: dict = {}
-        for cls in attention_classes(module, ctx, ID):
+        for cls in attention_classes(module, ctx):
             self._attention_edits(cls, module, ctx, edits)
         module = rewrite(module, edits)
         return add_functions(module, [LAYER_FUNCTION])
 
     def _attention_edits(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext, edits: dict) -> None:
         name = cls.name.value
-        init = require_method(cls, "__init__", ctx, module, ID)
-        forward = require_method(cls, "forward", ctx, module, ID)
+        init = require_method(module, ctx, cls, "__init__")
+        forward = require_method(module, ctx, cls, "forward")
         params = [p.name.value for p in init.params.params]
         if len(params) < 3:
             raise ctx.precondition(f"{ID}: {name}.__init__ must take (self, config, layer_idx)", init, module)

@@ -160,7 +160,7 @@ class NormAffine(Codemod):
         instances = instances_of_role(module, "norm")
         _refuse_attention_norms(module, norm.name.value, instances, ctx)
         edits, blocks = guard_fused_norms(
-            module, ctx, ID, "non-parametric norms: the FP8 kernels fuse a norm with a learned weight"
+            module, ctx, "non-parametric norms: the FP8 kernels fuse a norm with a learned weight"
         )
         _refuse_affine_reads(
             module, {id(n) for n in walk(norm)} | {id(n) for b in blocks for n in walk(b)}, instances, ctx

@@ -329,7 +329,7 @@ class NormPlacement(Codemod):
                 f"{p.placement} norm placement",
                 guard=p.placement == "post" and inherits,
             )
-        layer = decoder_layer(module, ctx, self.ID)
+        layer = decoder_layer(module, ctx)
         if layer is None or layer.placement == p.placement:
             return module
         input_norm, pre_mlp = self._pre_norms(layer, module, ctx)
@@ -337,11 +337,10 @@ class NormPlacement(Codemod):
         assignments = self_assignments(layer.init)
         edits = self._init_edits(layer, assignments, pre_mlp, removed, added, module, ctx)
         guards, guarded = guard_fused(
-            layer,
-            f"{p.placement} norm placement: the FP8 kernels fuse a norm before the sublayer",
             module,
             ctx,
-            self.ID,
+            layer,
+            f"{p.placement} norm placement: the FP8 kernels fuse a norm before the sublayer",
         )
         edits.update(guards)
         calls = layer.unfused()

@@ -303,7 +303,7 @@ class ParallelResidual(Codemod):
                 f"parallel residual ({kind})",
                 guard=kind == "shared_norm" and inherits,
             )
-        layer = decoder_layer(module, ctx, self.ID)
+        layer = decoder_layer(module, ctx)
         if layer is None or self._already(layer, module, ctx):
             return module
         forms = [_sequential(layer, forward, module, ctx, self.ID) for forward in layer.forwards]
@@ -315,11 +315,10 @@ class ParallelResidual(Codemod):
                 module,
             )
         edits, guarded = guard_fused(
-            layer,
-            "parallel residual: the FP8 kernels fuse each sublayer's norm into the sequential layer",
             module,
             ctx,
-            self.ID,
+            layer,
+            "parallel residual: the FP8 kernels fuse each sublayer's norm into the sequential layer",
         )
         for form in forms:
             for key, edit in form.edits(kind, module).items():

@@ -257,7 +257,7 @@ class PartialRotary(Codemod):
             if not mentions(module, "rope_parameters"):
                 # transformers v5 keeps the factor in rope_parameters only
                 fields.append(("rope_parameters: dict | None = None", "RoPE type, base and parameters"))
-            return add_config_fields(module, ctx, ID, fields)
+            return add_config_fields(module, ctx, fields)
         rotary = classes_with_role(module, "rotary")
         elsewhere = not rotary and any(class_role(name) == "rotary" for name in ctx.port.package_classes)
         if len(rotary) != 1 and not elsewhere:
@@ -266,7 +266,7 @@ class PartialRotary(Codemod):
             )
         if rotary:
             module = self._rotary(rotary[0], module, ctx)
-        module = reorder_rope_columns(module, ctx, ID, rotary_dim=ROTARY_DIM)
+        module = reorder_rope_columns(module, ctx, rotary_dim=ROTARY_DIM)
         if elsewhere and not any(
             isinstance(s, cst.FunctionDef) and s.name.value == "_rope_column_order" for s in module.body
         ):

@@ -394,7 +394,7 @@ class QkNorm(Codemod):
         return QkNormParams(kind=target.attention.qk_norm)
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        attention = attention_classes_in(module, ctx, ID)
+        attention = attention_classes_in(module, ctx)
         if not any(not is_quantized(c) for c in attention):
             return self._mappings(rewrite(module, self._guards(module, ctx)), ctx, required=False)
         norm = norm_class(module)
@@ -423,7 +423,7 @@ class QkNorm(Codemod):
             )
         full = self.params.kind == "full_width"
         if full and any(
-            find_self_assignment(require_method(c, "__init__", ctx, module, ID), "q_norm") is not None
+            find_self_assignment(require_method(module, ctx, c, "__init__"), "q_norm") is not None
             and not norm_is_full_width(c, "q_norm")
             for c in attention
         ):
@@ -432,7 +432,7 @@ class QkNorm(Codemod):
 
             remove = get_codemod("remove-qk-norm")
             module = remove(remove.parse_params({})).remove_from_attention(module, ctx)
-            attention = attention_classes_in(module, ctx, ID)
+            attention = attention_classes_in(module, ctx)
         edits = self._guards(module, ctx)
         needs = set()
         for cls in [c for c in attention if not is_quantized(c)]:
@@ -454,7 +454,7 @@ class QkNorm(Codemod):
         """Edits making each quantized attention class (FP8 kernels, not given
         the norms here) raise in ``__init__``, its sites declared guarded."""
         edits: dict = {}
-        for cls in attention_classes_in(module, ctx, ID):
+        for cls in attention_classes_in(module, ctx):
             if is_quantized(cls):
                 reason = f"q/k norms in the quantized attention {cls.name.value}"
                 for key, fn in guard_edit(cls, f"{reason} are not implemented", module).items():
@@ -468,7 +468,7 @@ class QkNorm(Codemod):
         """Edits of one attention class; returns what the module needs beside
         (``unfused_prefill``: the op-by-op projection; ``norm_type``: NormType)."""
         name = cls.name.value
-        init = require_method(cls, "__init__", ctx, module, ID)
+        init = require_method(module, ctx, cls, "__init__")
         full = self.params.kind == "full_width"
         existing = find_self_assignment(init, "q_norm")
         if existing is not None and full != norm_is_full_width(cls, "q_norm"):
@@ -541,7 +541,7 @@ class QkNorm(Codemod):
         """``(statement, attribute)``: raise when attention data parallelism
         is on (the norm sums the squares over the TP ranks only), read from the
         ``attention_dp_size`` of the fused QKV weight's loader; None without it."""
-        loaders = LoaderEdits(cls, module, ctx, ID)
+        loaders = LoaderEdits(module, ctx, cls)
         for loader in loaders.of("qkv_proj_weight"):
             if loader.base is None:
                 continue

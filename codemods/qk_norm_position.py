@@ -219,7 +219,7 @@ class QkNormPosition(Codemod):
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         edits: dict = {}
-        for cls in attention_classes(module, ctx, ID):
+        for cls in attention_classes(module, ctx):
             self._prefill_edits(cls, module, ctx, edits)
             self._decode_edits(cls, module, ctx, edits)
         return rewrite(module, edits)

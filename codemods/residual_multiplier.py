@@ -204,7 +204,6 @@ class ResidualMultiplier(Codemod):
             return config_scalar_edit(
                 module,
                 ctx,
-                self.ID,
                 key,
                 "float",
                 self.params.default,
@@ -212,7 +211,7 @@ class ResidualMultiplier(Codemod):
             )
         if ctx.role == "module":
             return other_model_file(module, ctx, self.touches(), "the residual multiplier")
-        layer = class_here(module, "decoder_layer", ctx, self.ID, "<Prefix>DecoderLayer")
+        layer = class_here(module, ctx, "decoder_layer", "<Prefix>DecoderLayer")
         if layer is None:
             return module
         adds = [pair for forward in layer_forwards(layer) for pair in _residual_adds(forward)]
@@ -223,7 +222,7 @@ class ResidualMultiplier(Codemod):
                 layer,
                 module,
             )
-        edits = init_reads_config(layer, key, module, ctx, self.ID)
+        edits = init_reads_config(module, ctx, layer, key)
         for node, other_side in adds:
             other = getattr(node, other_side)
             if _is_scaled(other, key):

@@ -379,8 +379,8 @@ class RopeLayerParameters(Codemod):
     # -- config ------------------------------------------------------------------------
 
     def _config(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        module = add_config_fields(module, ctx, ID, CONFIG_FIELDS)
-        cls = config_class(module, ctx, ID)
+        module = add_config_fields(module, ctx, CONFIG_FIELDS)
+        cls = config_class(module, ctx)
         if (
             "rope_parameters" in config_fields(cls)
             and _per_type_refusal(method(cls, "from_configs") or cls)[0] is None
@@ -388,7 +388,7 @@ class RopeLayerParameters(Codemod):
             return self._parameters_config(cls, module, ctx)
         name = cls.name.value
         edits: dict = {}
-        from_configs = require_method(cls, "from_configs", ctx, module, ID)
+        from_configs = require_method(module, ctx, cls, "from_configs")
         if not any(_subscript_target(n) == "rope_layer_parameters" for n in walk(from_configs)):
             per_type, raise_stmt = _per_type_refusal(from_configs)
             values = next(
@@ -475,10 +475,10 @@ class RopeLayerParameters(Codemod):
             class_role(name) == "backbone" for name in ctx.port.package_classes
         ):
             return module  # the backbone is defined in another file of the package
-        backbone = one_class(module, "backbone", ctx, ID, "<Prefix>Model backbone")
+        backbone = one_class(module, ctx, "backbone", "<Prefix>Model backbone")
         name = backbone.name.value
-        init = require_method(backbone, "__init__", ctx, module, ID)
-        forward = require_method(backbone, "forward", ctx, module, ID)
+        init = require_method(module, ctx, backbone, "__init__")
+        forward = require_method(module, ctx, backbone, "forward")
         config, built_stmt, rotary_attr, rotary_call = _rotary_built(name, init, module, ctx)
         step_stmt, embeddings = _embeddings_step(name, forward, rotary_attr, module, ctx)
         forward_done = any(isinstance(n, cst.Name) and n.value == PER_LAYER for n in walk(forward))

@@ -428,7 +428,6 @@ class RopeScaling(Codemod):
         return add_config_fields(
             module,
             ctx,
-            ID,
             [
                 (
                     "original_max_position_embeddings: int | None = None",

@@ -167,9 +167,9 @@ class RoutedScaling(Codemod):
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         if ctx.role == "config":
             if not moe_edits.has_config_aliases(module):
-                return add_config_fields(module, ctx, ID, [(f"{ATTR}: float = {self.params.factor!r}", "")])
-            module = moe_edits.add_config_alias(module, ctx, ID, ATTR, CONFIG_KEYS)
-            return add_config_fields(module, ctx, ID, [(f"{ATTR}: float = 1.0", "")])
+                return add_config_fields(module, ctx, [(f"{ATTR}: float = {self.params.factor!r}", "")])
+            module = moe_edits.add_config_alias(module, ctx, ATTR, CONFIG_KEYS)
+            return add_config_fields(module, ctx, [(f"{ATTR}: float = 1.0", "")])
         found = anatomy_experts.experts_classes(module)
         if not found:
             raise ctx.precondition(
@@ -278,10 +278,10 @@ class RoutedScaling(Codemod):
             if site.kind == "other":
                 moe_edits.guard_site(
                     module,
+                    ctx,
                     site,
                     f"routed scaling factor: {site.name} is not ported to it",
                     "<-- MODEL-SPECIFIC: the weights of this router kernel are not scaled",
-                    ctx,
                     edits,
                 )
 

@@ -206,10 +206,10 @@ class RouterActivation(Codemod):
             else:
                 moe_edits.guard_site(
                     module,
+                    ctx,
                     site,
                     f"{activation} router: {site.name} is not ported to it",
                     "<-- MODEL-SPECIFIC: this router kernel cannot take the model's activation",
-                    ctx,
                     edits,
                 )
         self._scores(module, edits)

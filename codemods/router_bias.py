@@ -145,7 +145,7 @@ class RouterBias(Codemod):
                 edits[id(statement)] = lambda updated, new=new: cst.FlattenSentinel([updated, new])
         self._sites(module, ctx, edits)
         module = rewrite(module, edits)
-        return moe_edits.add_router_mapping(module, router_params, BIAS, ".bias", "router-bias", ctx)
+        return moe_edits.add_router_mapping(module, ctx, router_params, BIAS, ".bias")
 
     def _sites(self, module, ctx, edits) -> None:
         """Every router site adds the bias to its logits: ``[E]`` for NF.router,
@@ -158,10 +158,10 @@ class RouterBias(Codemod):
             else:
                 moe_edits.guard_site(
                     module,
+                    ctx,
                     site,
                     f"router bias: {site.name} is not ported to a router bias",
                     "<-- MODEL-SPECIFIC: this router computation does not take the router bias",
-                    ctx,
                     edits,
                 )
                 continue

@@ -261,10 +261,10 @@ class RoutingBias(Codemod):
             else:
                 moe_edits.guard_site(
                     module,
+                    ctx,
                     site,
                     f"routing bias: {site.name} chooses experts by the scores it weighs them with",
                     "<-- MODEL-SPECIFIC: this router computation cannot apply a selection-only bias",
-                    ctx,
                     edits,
                 )
         module = rewrite(module, edits)
@@ -372,10 +372,10 @@ class RoutingBias(Codemod):
                 )
             moe_edits.guard_site(
                 module,
+                ctx,
                 site,
                 f"routing bias: {site.name} chooses experts by the scores it weighs them with",
                 "<-- MODEL-SPECIFIC: this decode kernel cannot apply a selection-only bias",
-                ctx,
                 edits,
             )
             return
@@ -397,11 +397,10 @@ class RoutingBias(Codemod):
             make = lambda router, block: moe_edits.key_under(router, tensor)  # noqa: E731
         return moe_edits.add_router_mapping_value(
             module,
+            ctx,
             router_params,
             BIAS,
             make,
-            "routing-bias",
-            ctx,
             after=("router_bias",),
         )
 

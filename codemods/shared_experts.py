@@ -364,10 +364,10 @@ class SharedExperts(Codemod):
             # no alias table: the fields under the names Qwen2-MoE and DeepSeek-style
             # configs use, the count defaulting to the architecture's
             fields = [(f"n_shared_experts: int | None = {self.params.count}", ""), CONFIG_FIELDS[1]]
-            return add_config_fields(module, ctx, self.ID, fields)
+            return add_config_fields(module, ctx, fields)
         for name, keys in CONFIG_ALIASES.items():
-            module = moe_edits.add_config_alias(module, ctx, self.ID, name, keys)
-        return add_config_fields(module, ctx, self.ID, CONFIG_FIELDS)
+            module = moe_edits.add_config_alias(module, ctx, name, keys)
+        return add_config_fields(module, ctx, CONFIG_FIELDS)
 
     # -- model.py --------------------------------------------------------------
 
@@ -533,7 +533,7 @@ class SharedExperts(Codemod):
         if self.params.gate:
             wanted.append((GATE, None))
         if not moe_edits.function_assigns(module, routers[0].statement, "names"):
-            module = moe_edits.add_tensor_names(module, routers[0].statement, ctx, self.ID)
+            module = moe_edits.add_tensor_names(module, ctx, routers[0].statement)
             entries, keys, routers = _router_entries(module, router_params)
         additions: dict[int, list] = {}
         for entry in routers:

@@ -541,11 +541,11 @@ class SlidingWindow(Codemod):
                 fields += PER_LAYER_FIELDS
                 if self.params.without_layer_types == "max_window_layers":
                     fields += MAX_WINDOW_FIELD
-            return add_config_fields(module, ctx, ID, fields)
+            return add_config_fields(module, ctx, fields)
         edits: dict = {}
         self._helpers: set[str] = set()
         self._outside_masks: list[KernelSite] = []
-        attention = attention_classes_in(module, ctx, ID)
+        attention = attention_classes_in(module, ctx)
         for cls in attention:
             self._attention_edits(cls, module, ctx, edits)
         if self._outside_masks:
@@ -562,7 +562,7 @@ class SlidingWindow(Codemod):
 
     def _attention_edits(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext, edits: dict) -> None:
         name = cls.name.value
-        init = require_method(cls, "__init__", ctx, module, ID)
+        init = require_method(module, ctx, cls, "__init__")
         self._init_edit(cls, init, module, ctx, edits)
         sites = kernel_sites(cls)
         for kind in (FLASH, DECODE):
@@ -578,7 +578,7 @@ class SlidingWindow(Codemod):
             if site.kind == SEGMENTED:
                 self._whole_blocks_guard(site, cls, module, ctx, edits)
             elif site.kind == SEGMENTED_CP:
-                guard(site, "self.sliding_window is not None", CP_MESSAGE, module, ctx, edits, GUARD_COMMENT)
+                guard(module, ctx, site, "self.sliding_window is not None", CP_MESSAGE, edits, GUARD_COMMENT)
             elif site.kind == DECODE:
                 self._decode_edits(site, cls, module, ctx, edits, decodes)
 
@@ -622,7 +622,7 @@ class SlidingWindow(Codemod):
                 module,
             )
         condition = f"self.sliding_window is not None and self.sliding_window % {code_of(block)} != 0"
-        guard_statement(site.method, site.call, condition, BLOCKS_MESSAGE, module, ctx, edits, GUARD_COMMENT)
+        guard_statement(module, ctx, site.method, site.call, condition, BLOCKS_MESSAGE, edits, GUARD_COMMENT)
 
     def _decode_edits(self, site: KernelSite, cls, module, ctx, edits, done: set[int]) -> None:
         """The decode mask starts at p - window + 1: ``start_pos`` of each
@@ -654,7 +654,7 @@ class SlidingWindow(Codemod):
         filled = keyword_arg(mask, "local_filled_slots")
         if filled is not None and not is_none(filled.value):
             condition = f"self.sliding_window is not None and {code_of(filled.value)} is not None"
-            guard_statement(decode, mask, condition, DCP_MESSAGE, module, ctx, edits, GUARD_COMMENT)
+            guard_statement(module, ctx, decode, mask, condition, DCP_MESSAGE, edits, GUARD_COMMENT)
         _memoized_mask_edits(mask, decode, where, module, ctx, edits)
         current = keyword_arg(mask, "start_pos")
         if current is not None and dotted(current.value) == "start_pos":
@@ -663,7 +663,7 @@ class SlidingWindow(Codemod):
             raise ctx.precondition(
                 f"{ID}: {where} already passes start_pos={code_of(current.value)}", mask, module
             )
-        mask_start_edits(decode, mask, "self.sliding_window", where, module, ctx, edits, ID)
+        mask_start_edits(module, ctx, decode, mask, "self.sliding_window", where, edits)
 
     def _backbone_mask_edits(self, module, attention, ctx, edits) -> None:
         """Decode masks handed to the attention by its caller: the backbone's
@@ -688,7 +688,7 @@ class SlidingWindow(Codemod):
                 site.method,
                 module,
             )
-        windowed = window_backbone_masks(module, attrs.pop(), edits, ctx, ID)
+        windowed = window_backbone_masks(module, ctx, attrs.pop(), edits)
         if not windowed and not any(calls_in(f, "NF.gen_attention_decode_mask") for f in module.body):
             site = self._outside_masks[0]
             raise ctx.precondition(

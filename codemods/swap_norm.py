@@ -366,7 +366,7 @@ class SwapNorm(Codemod):
         guarded: set[int] = set()
         if self.params.kind == "layernorm":
             guards, blocks = guard_fused_norms(
-                module, ctx, self.ID, "LayerNorm: the FP8 kernels fuse an RMSNorm into the sublayer"
+                module, ctx, "LayerNorm: the FP8 kernels fuse an RMSNorm into the sublayer"
             )
             edits.update(guards)
             guarded = {id(n) for block in blocks for n in walk(block)}

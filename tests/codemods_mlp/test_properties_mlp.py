@@ -55,7 +55,7 @@ def _apply(codemod_id: str, params: dict, module: cst.Module) -> cst.Module:
     cls = get_codemod(codemod_id)
     codemod = cls(cls.parse_params(params))
     port = PortContext(package_classes=frozenset(defined_classes(module)))
-    return codemod.transform_module(module, FileContext("model.py", "model", port))
+    return codemod.transform_module(module, FileContext("model.py", "model", port, codemod=cls.ID))
 
 
 def _prepared() -> dict[str, cst.Module]:

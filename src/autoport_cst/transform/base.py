@@ -139,6 +139,15 @@ class FileContext:
             line, column = locate(module, node)
         return PreconditionError(message, Position(self.path, line, column))
 
+    def refuse(
+        self, message: str, node: cst.CSTNode | None = None, module: cst.Module | None = None
+    ) -> PreconditionError:
+        """A positioned precondition error naming the codemod at work:
+        ``raise ctx.refuse("no X in this file", node, module)`` reads
+        ``<codemod ID>: no X in this file``. Shared helpers refuse through it,
+        so the codemod's identity travels in the context, not in arguments."""
+        return self.precondition(f"{self.codemod}: {message}", node, module)
+
 
 def locate(module: cst.Module, node: cst.CSTNode) -> tuple[int | None, int | None]:
     """1-based line and column of ``node`` in ``module``. Computed on demand
@@ -270,7 +279,7 @@ def run_on_source(
 ) -> tuple[str, list[Note]]:
     """Parse, transform and print one file (used by tests, docs and lint fixes).
     Raises PreconditionError."""
-    ctx = FileContext(path=path, role=role, port=port or PortContext())
+    ctx = FileContext(path=path, role=role, port=port or PortContext(), codemod=codemod.ID)
     if path.endswith(".py"):
         module = cst.parse_module(source)
         ctx.port.package_classes = ctx.port.package_classes | frozenset(defined_classes(module))

@@ -87,7 +87,7 @@ def kernel_sites(cls: cst.ClassDef) -> list[KernelSite]:
     return sites
 
 
-def attention_classes_in(module: cst.Module, ctx: FileContext, codemod_id: str) -> list[cst.ClassDef]:
+def attention_classes_in(module: cst.Module, ctx: FileContext) -> list[cst.ClassDef]:
     """The attention classes of this file (``<Prefix>Attention`` with a fused
     ``self.qkv_proj_weight`` parameter). A file without one (an FP8 variant's
     helpers, an embedding runner) is left alone, unless it runs attention
@@ -97,8 +97,8 @@ def attention_classes_in(module: cst.Module, ctx: FileContext, codemod_id: str) 
         return found
     stray = next((n for n in walk(module) if isinstance(n, cst.Call) and kernel_kind(n) is not None), None)
     if stray is not None or not any(class_role(name) == "attention" for name in ctx.port.package_classes):
-        raise ctx.precondition(
-            f"{codemod_id}: no attention class (<Prefix>Attention with "
+        raise ctx.refuse(
+            "no attention class (<Prefix>Attention with "
             "self.qkv_proj_weight = nn.Parameter(...)) in this file",
             stray,
             module,
@@ -132,12 +132,12 @@ def self_parameters(cls: cst.ClassDef) -> dict[str, cst.SimpleStatementLine]:
     return found
 
 
-def attention_classes(module: cst.Module, ctx: FileContext, codemod_id: str) -> list[cst.ClassDef]:
+def attention_classes(module: cst.Module, ctx: FileContext) -> list[cst.ClassDef]:
     """Attention classes with a fused ``self.qkv_proj_weight`` parameter."""
     found = [c for c in classes_with_role(module, "attention") if "qkv_proj_weight" in self_parameters(c)]
     if not found:
-        raise ctx.precondition(
-            f"{codemod_id}: no attention class (<Prefix>Attention with "
+        raise ctx.refuse(
+            "no attention class (<Prefix>Attention with "
             "self.qkv_proj_weight = nn.Parameter(...)) in this file"
         )
     return found

@@ -23,15 +23,13 @@ from autoport_cst.transform.cst.vocabulary import (
 # -- finding the layer ---------------------------------------------------------
 
 
-def class_here(
-    module: cst.Module, role: str, ctx: FileContext, codemod_id: str, what: str
-) -> cst.ClassDef | None:
+def class_here(module: cst.Module, ctx: FileContext, role: str, what: str) -> cst.ClassDef | None:
     """The single class of ``role`` in this file; None when the file has
     none and another file of the package defines one (a model file of FP8
     sublayers beside ``model.py``); otherwise a precondition error."""
     if defined_elsewhere(module, ctx, role):
         return None
-    return one_class(module, role, ctx, codemod_id, what)
+    return one_class(module, ctx, role, what)
 
 
 def defined_elsewhere(module: cst.Module, ctx: FileContext, role: str) -> bool:
@@ -53,21 +51,19 @@ LOAD_TIME = ("__init__", "_setup_weight_loaders", "load_weights", "load_weights_
 # -- classes and statements -----------------------------------------------------
 
 
-def one_class(module: cst.Module, role: str, ctx: FileContext, codemod_id: str, what: str) -> cst.ClassDef:
+def one_class(module: cst.Module, ctx: FileContext, role: str, what: str) -> cst.ClassDef:
     """The single class of ``role`` in the file, or a precondition error."""
     found = classes_with_role(module, role)
     if len(found) != 1:
         names = ", ".join(c.name.value for c in found) or "none"
-        raise ctx.precondition(f"{codemod_id}: expected one {what} class in this file, found: {names}")
+        raise ctx.refuse(f"expected one {what} class in this file, found: {names}")
     return found[0]
 
 
-def require_method(
-    cls: cst.ClassDef, name: str, ctx: FileContext, module: cst.Module, codemod_id: str
-) -> cst.FunctionDef:
+def require_method(module: cst.Module, ctx: FileContext, cls: cst.ClassDef, name: str) -> cst.FunctionDef:
     found = method(cls, name)
     if found is None:
-        raise ctx.precondition(f"{codemod_id}: {cls.name.value} has no {name} method", cls, module)
+        raise ctx.refuse(f"{cls.name.value} has no {name} method", cls, module)
     return found
 
 

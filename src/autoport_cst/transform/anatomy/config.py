@@ -126,12 +126,11 @@ def fixed_defaults(cls: cst.ClassDef) -> list[ConfigField]:
     ]
 
 
-def config_class(module: cst.Module, ctx: FileContext, codemod_id: str) -> cst.ClassDef:
+def config_class(module: cst.Module, ctx: FileContext) -> cst.ClassDef:
     configs = classes_with_role(module, "config")
     if len(configs) != 1:
-        raise ctx.precondition(
-            f"{codemod_id}: expected one config dataclass (<Prefix>Config) in the config file, "
-            f"found {len(configs)}"
+        raise ctx.refuse(
+            f"expected one config dataclass (<Prefix>Config) in the config file, found {len(configs)}"
         )
     return configs[0]
 

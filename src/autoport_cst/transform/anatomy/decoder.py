@@ -157,23 +157,23 @@ def norm_attrs(cls: cst.ClassDef) -> list[str]:
     return found
 
 
-def decoder_layer(module: cst.Module, ctx: FileContext, codemod_id: str) -> DecoderLayer | None:
+def decoder_layer(module: cst.Module, ctx: FileContext) -> DecoderLayer | None:
     """The decoder layer of this file with every forward and its slots (None
     when the layer lives in another file of the package). A forward whose
     sublayers do not run in one slot each is refused, positioned."""
-    cls = class_here(module, "decoder_layer", ctx, codemod_id, "<Prefix>DecoderLayer")
+    cls = class_here(module, ctx, "decoder_layer", "<Prefix>DecoderLayer")
     if cls is None:
         return None
-    init = require_method(cls, "__init__", ctx, module, codemod_id)
+    init = require_method(module, ctx, cls, "__init__")
     attrs = sublayer_attrs(cls)
     norms = norm_attrs(cls)
     forwards = [
-        DecoderForward(func, _slots(func, attrs, norms, ctx, module, codemod_id, cls))
+        DecoderForward(func, _slots(func, attrs, norms, ctx, module, cls))
         for func in layer_forwards(cls, attrs)
     ]
     if not forwards:
-        raise ctx.precondition(
-            f"{codemod_id}: {cls.name.value} calls no attention or MLP module in any method "
+        raise ctx.refuse(
+            f"{cls.name.value} calls no attention or MLP module in any method "
             f"(sublayer attributes: {', '.join(attrs) or 'none'})",
             cls,
             module,
@@ -196,7 +196,7 @@ def _sublayer_calls(node: cst.CSTNode, attrs: dict[str, str]) -> list[cst.Call]:
     return [n for n in walk(node) if isinstance(n, cst.Call) and self_attr(n.func) in attrs]
 
 
-def _slots(func, attrs, norms, ctx, module, codemod_id, cls) -> dict[str, Slot]:
+def _slots(func, attrs, norms, ctx, module, cls) -> dict[str, Slot]:
     where = f"{cls.name.value}.{func.name.value}"
     slots: dict[str, Slot] = {}
     for stmt in func.body.body:
@@ -204,18 +204,18 @@ def _slots(func, attrs, norms, ctx, module, codemod_id, cls) -> dict[str, Slot]:
         if not kinds:
             continue
         if len(kinds) > 1 or kinds & set(slots):
-            raise ctx.precondition(
-                f"{codemod_id}: {where} calls its sublayers in an unknown arrangement (expected one top-level "
+            raise ctx.refuse(
+                f"{where} calls its sublayers in an unknown arrangement (expected one top-level "
                 "statement per sublayer: h = self.<sublayer>(...), or an if/else calling it once per branch)",
                 stmt,
                 module,
             )
         kind = kinds.pop()
-        slots[kind] = _slot(kind, stmt, attrs, norms, func.body.body, ctx, module, f"{codemod_id}: {where}")
+        slots[kind] = _slot(kind, stmt, attrs, norms, func.body.body, ctx, module, where)
     missing = [k for k in KINDS if k not in slots]
     if missing:
-        raise ctx.precondition(
-            f"{codemod_id}: {where} needs one top-level statement h = self.<{missing[0]}>(...) "
+        raise ctx.refuse(
+            f"{where} needs one top-level statement h = self.<{missing[0]}>(...) "
             f"(or an if/else calling it once per branch); the {missing[0]} attributes of "
             f"{cls.name.value}: {', '.join(a for a, k in attrs.items() if k == missing[0]) or 'none'}",
             func,
@@ -230,7 +230,7 @@ def _slot(kind, stmt, attrs, norms, body, ctx, module, where) -> Slot:
         return Slot(kind, stmt, [_sublayer(kind, stmt, None, body, norms)])
     blocks = _branches(stmt) if isinstance(stmt, cst.If) else None
     if blocks is None:
-        raise ctx.precondition(
+        raise ctx.refuse(
             f"{where} calls self.<{kind}> inside a statement that is neither h = self.<{kind}>(...) nor an "
             "if/else around such calls",
             stmt,
@@ -244,7 +244,7 @@ def _slot(kind, stmt, attrs, norms, body, ctx, module, where) -> Slot:
         elif len(hits) == 1 and _call_statement(hits[0], attrs) is not None:
             slot.calls.append(_sublayer(kind, hits[0], block, list(block.body), norms))
         else:
-            raise ctx.precondition(
+            raise ctx.refuse(
                 f"{where}: every branch of this if must call self.<{kind}> once, as h = self.<{kind}>(...) "
                 f"(found {len(hits)} such statement(s) in one branch)",
                 stmt,
@@ -322,17 +322,17 @@ def is_guard(block: cst.BaseSuite) -> bool:
 # -- the backbone's layer loop and the LM head ------------------------------------------
 
 
-def logits_site(module: cst.Module, ctx: FileContext, codemod_id: str):
+def logits_site(module: cst.Module, ctx: FileContext):
     """``(causal LM class, forward, logits variable, statement)``: the one
     top-level ``<logits> = self.lm_head(...)`` statement of the causal LM's
     ``forward``, after which every use of the logits (gathered for logprobs,
     sliced back from LM-head data parallelism, sampled, returned) reads that
     variable; None when the class lives in another file of the package. A
     forward that calls the LM head elsewhere is refused."""
-    lm = class_here(module, "causal_lm", ctx, codemod_id, "<Prefix>ForCausalLM")
+    lm = class_here(module, ctx, "causal_lm", "<Prefix>ForCausalLM")
     if lm is None:
         return None
-    forward = require_method(lm, "forward", ctx, module, codemod_id)
+    forward = require_method(module, ctx, lm, "forward")
     calls = [n for n in walk(forward) if isinstance(n, cst.Call) and self_attr(n.func) == "lm_head"]
     heads = [
         s
@@ -340,8 +340,8 @@ def logits_site(module: cst.Module, ctx: FileContext, codemod_id: str):
         if (call := assigned_call(s)) is not None and self_attr(call.func) == "lm_head"
     ]
     if len(heads) != 1 or len(calls) != 1:
-        raise ctx.precondition(
-            f"{codemod_id}: {lm.name.value}.forward needs one top-level <logits> = self.lm_head(...) statement "
+        raise ctx.refuse(
+            f"{lm.name.value}.forward needs one top-level <logits> = self.lm_head(...) statement "
             f"and no other LM-head call (found {len(heads)} such statement(s), {len(calls)} call(s))",
             forward,
             module,

@@ -38,7 +38,7 @@ class MlpClass:
         return self.cls.name.value
 
 
-def mlp_classes(module: cst.Module, ctx: FileContext, codemod_id: str) -> list[MlpClass]:
+def mlp_classes(module: cst.Module, ctx: FileContext) -> list[MlpClass]:
     """Every MLP class of the file with its ``NF.mlp`` calls (none for a
     file without MLP classes, when the package has one elsewhere); an MLP
     class without such a call, or a package without any MLP class, is a
@@ -50,12 +50,11 @@ def mlp_classes(module: cst.Module, ctx: FileContext, codemod_id: str) -> list[M
     with_calls = [m for m in found if m.calls]
     if found and not with_calls:
         names = ", ".join(m.name for m in found)
-        raise ctx.precondition(
-            f"{codemod_id}: expected one <Prefix>MLP class with one NF.mlp(...) call in this file "
-            f"(MLP classes: {names})"
+        raise ctx.refuse(
+            f"expected one <Prefix>MLP class with one NF.mlp(...) call in this file (MLP classes: {names})"
         )
     if not found and not any(class_role(name) == "mlp" for name in ctx.port.package_classes):
-        raise ctx.precondition(f"{codemod_id}: no <Prefix>MLP class in the package")
+        raise ctx.refuse("no <Prefix>MLP class in the package")
     return with_calls
 
 
@@ -102,12 +101,12 @@ class MLPCall:
         return arg is None or dotted(arg.value) != "True"
 
 
-def parse_mlp_call(call: cst.Call, ctx: FileContext, module: cst.Module, codemod_id: str) -> MLPCall:
+def parse_mlp_call(module: cst.Module, ctx: FileContext, call: cst.Call) -> MLPCall:
     args = positional_args(call)
     attrs = [self_attr(a.value) for a in args[1:4]]
     if len(args) < 4 or attrs[1] is None or attrs[2] is None:
-        raise ctx.precondition(
-            f"{codemod_id}: expected {dotted(call.func)}(hidden, self.<gate>, self.<up>, self.<down>, ...) "
+        raise ctx.refuse(
+            f"expected {dotted(call.func)}(hidden, self.<gate>, self.<up>, self.<down>, ...) "
             "with the weights as positional arguments",
             call,
             module,

@@ -57,14 +57,14 @@ def mask_functions(module: cst.Module) -> list[cst.FunctionDef]:
     return found
 
 
-def window_backbone_masks(module: cst.Module, attention_attr: str, edits: dict, ctx, codemod_id: str) -> bool:
+def window_backbone_masks(module: cst.Module, ctx, attention_attr: str, edits: dict) -> bool:
     """Record the edits that make the backbone's decode masks per window;
     False when no module function builds a mask without a window."""
     functions = mask_functions(module)
     if not functions:
         return False
     for function in functions:
-        _function_edits(function, module, ctx, edits, codemod_id)
+        _function_edits(function, module, ctx, edits)
         callers = [
             (cls, call)
             for cls in module.body
@@ -73,22 +73,22 @@ def window_backbone_masks(module: cst.Module, attention_attr: str, edits: dict, 
             if isinstance(call, cst.Call) and dotted(call.func) == function.name.value
         ]
         if not callers:
-            raise ctx.precondition(
-                f"{codemod_id}: the decode mask of {function.name.value} is built by no class of this file",
+            raise ctx.refuse(
+                f"the decode mask of {function.name.value} is built by no class of this file",
                 function,
                 module,
             )
         for cls, call in callers:
-            _backbone_edits(cls, call, attention_attr, module, ctx, edits, codemod_id)
+            _backbone_edits(cls, call, attention_attr, module, ctx, edits)
     return True
 
 
-def _function_edits(function: cst.FunctionDef, module, ctx, edits, codemod_id) -> None:
+def _function_edits(function: cst.FunctionDef, module, ctx, edits) -> None:
     """``window`` parameter; ``start_pos`` from it on each windowless mask."""
     params = function.params
     if any(p.name.value == WINDOW_PARAM for p in params.params):
-        raise ctx.precondition(
-            f"{codemod_id}: {function.name.value} already takes a {WINDOW_PARAM!r} it does not mask with",
+        raise ctx.refuse(
+            f"{function.name.value} already takes a {WINDOW_PARAM!r} it does not mask with",
             function,
             module,
         )
@@ -100,21 +100,17 @@ def _function_edits(function: cst.FunctionDef, module, ctx, edits, codemod_id) -
     )
     edits[id(params)] = lambda updated, param=param: _append_param(updated, param)
     for mask in calls_in(function, MASK_KERNEL):
-        mask_start_edits(function, mask, WINDOW_PARAM, function.name.value, module, ctx, edits, codemod_id)
+        mask_start_edits(module, ctx, function, mask, WINDOW_PARAM, function.name.value, edits)
 
 
-def mask_start_edits(
-    function, mask: cst.Call, window: str, where: str, module, ctx, edits, codemod_id
-) -> None:
+def mask_start_edits(module, ctx, function, mask: cst.Call, window: str, where: str, edits) -> None:
     """``start_pos`` of the decode mask ``mask`` in ``function``: from its
     ``pos_ids`` and ``window`` (the code of an ``int | None``), computed
     right before the statement holding it, so that the mask hides the prior
     positions before ``p - window + 1``."""
     positions = keyword_arg(mask, "pos_ids")
     if positions is None:
-        raise ctx.precondition(
-            f"{codemod_id}: {MASK_KERNEL} in {where} has no pos_ids= argument", mask, module
-        )
+        raise ctx.refuse(f"{MASK_KERNEL} in {where} has no pos_ids= argument", mask, module)
     new = parse_statements(
         START_POS.format(positions=code_of(positions.value), window=window).strip("\n"), module
     )
@@ -123,9 +119,7 @@ def mask_start_edits(
     edits[id(mask)] = lambda updated: set_keyword(updated, "start_pos", start)
     holder = innermost_statement(function, mask)
     if holder is None:  # pragma: no cover - a call always sits in a statement
-        raise ctx.precondition(
-            f"{codemod_id}: cannot place the window's start before this call", mask, module
-        )
+        raise ctx.refuse("cannot place the window's start before this call", mask, module)
     insert_before(edits, holder, new)
 
 
@@ -136,7 +130,7 @@ def _append_param(params: cst.Parameters, param: cst.Param) -> cst.Parameters:
     return params.with_changes(params=[*existing, param])
 
 
-def _backbone_edits(cls: cst.ClassDef, call: cst.Call, attention_attr: str, module, ctx, edits, codemod_id):
+def _backbone_edits(cls: cst.ClassDef, call: cst.Call, attention_attr: str, module, ctx, edits):
     """``M = mask(...)`` -> one mask per window; ``layer(..., attn_mask=M)``
     inside the loop over ``self.layers`` -> the mask of the layer's window."""
     where = cls.name.value
@@ -150,8 +144,8 @@ def _backbone_edits(cls: cst.ClassDef, call: cst.Call, attention_attr: str, modu
     )
     target = dotted(assignment.targets[0].target) if assignment is not None else None
     if target is None or "." in target:
-        raise ctx.precondition(
-            f"{codemod_id}: {where} does not keep its decode mask in a local (mask = {code_of(call.func)}(...))",
+        raise ctx.refuse(
+            f"{where} does not keep its decode mask in a local (mask = {code_of(call.func)}(...))",
             call,
             module,
         )
@@ -169,8 +163,8 @@ def _backbone_edits(cls: cst.ClassDef, call: cst.Call, attention_attr: str, modu
         if arg.keyword is not None and dotted(arg.value) == target
     ]
     if not uses:
-        raise ctx.precondition(
-            f"{codemod_id}: {where} hands its decode mask {target} to no layer of a loop over self.layers",
+        raise ctx.refuse(
+            f"{where} hands its decode mask {target} to no layer of a loop over self.layers",
             call,
             module,
         )

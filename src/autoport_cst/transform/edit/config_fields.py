@@ -26,7 +26,6 @@ FIELDS_MARKER = "<-- MODEL-SPECIFIC: fields of this architecture's features (sor
 def add_config_fields(
     module: cst.Module,
     ctx: FileContext,
-    codemod_id: str,
     fields: list[tuple[str, str]],
 ) -> cst.Module:
     """Add dataclass fields (``(code, comment)``, code like ``name: int | None
@@ -35,7 +34,7 @@ def add_config_fields(
     They go in one block right before ``torch_dtype`` (or after the last
     field), opened by a marker comment and sorted by name, so that codemods
     adding fields give the same file in any order."""
-    cls = config_class(module, ctx, codemod_id)
+    cls = config_class(module, ctx)
     body = list(statements(cls))
     present = set(config_fields(cls))
     changed = False
@@ -52,7 +51,7 @@ def add_config_fields(
         else:
             last = [i for i, n in enumerate(names) if n is not None]
             if not last:
-                raise ctx.precondition(f"{codemod_id}: {cls.name.value} has no fields", cls, module)
+                raise ctx.refuse(f"{cls.name.value} has no fields", cls, module)
             end = last[-1] + 1
         start = next((i for i in range(end) if _has_marker(body[i])), None)
         if start is None:
@@ -123,7 +122,6 @@ def prepend_to_post_init(
 def config_scalar_edit(
     module: cst.Module,
     ctx: FileContext,
-    codemod_id: str,
     key: str,
     annotation: str,
     default: object,
@@ -132,21 +130,19 @@ def config_scalar_edit(
     """The config-file half of a codemod that reads a scalar setting from the
     config: the dataclass field ``key: annotation = default``."""
     comment = comment.removeprefix("<-- MODEL-SPECIFIC: ")
-    return add_config_fields(module, ctx, codemod_id, [(f"{key}: {annotation} = {default!r}", comment)])
+    return add_config_fields(module, ctx, [(f"{key}: {annotation} = {default!r}", comment)])
 
 
-def init_reads_config(
-    cls: cst.ClassDef, key: str, module: cst.Module, ctx: FileContext, codemod_id: str
-) -> dict:
+def init_reads_config(module: cst.Module, ctx: FileContext, cls: cst.ClassDef, key: str) -> dict:
     """Edits that append ``self.<key> = config.<key>`` to ``cls.__init__``
     (none when it is already assigned). ``__init__`` must take ``config``."""
-    init = require_method(cls, "__init__", ctx, module, codemod_id)
+    init = require_method(module, ctx, cls, "__init__")
     if key in self_assignments(init):
         return {}
     names = [p.name.value for p in init.params.params]
     if "config" not in names:
-        raise ctx.precondition(
-            f"{codemod_id}: {cls.name.value}.__init__ takes no config argument to read {key} from",
+        raise ctx.refuse(
+            f"{cls.name.value}.__init__ takes no config argument to read {key} from",
             init,
             module,
         )

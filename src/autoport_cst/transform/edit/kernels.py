@@ -72,11 +72,11 @@ def insert_before(edits: dict, holder: cst.BaseStatement, new: list[cst.BaseStat
 
 
 def guard(
+    module: cst.Module,
+    ctx: FileContext,
     site: KernelSite,
     condition: str,
     message: str,
-    module: cst.Module,
-    ctx: FileContext,
     edits: dict,
     comment: str,
 ) -> None:
@@ -84,16 +84,16 @@ def guard(
     ``condition`` holds, right before the statement that runs the kernel, and
     declare the site handled that way."""
     ctx.unaffected(site.call, f"guarded: {message}")
-    guard_statement(site.method, site.call, condition, message, module, ctx, edits, comment)
+    guard_statement(module, ctx, site.method, site.call, condition, message, edits, comment)
 
 
 def guard_statement(
+    module: cst.Module,
+    ctx: FileContext,
     func: cst.FunctionDef,
     target: cst.CSTNode,
     condition: str,
     message: str,
-    module: cst.Module,
-    ctx: FileContext,
     edits: dict,
     comment: str,
 ) -> None:
@@ -105,7 +105,7 @@ def guard_statement(
         return
     holder = innermost_statement(func, target)
     if holder is None:  # pragma: no cover - a call always sits in a statement
-        raise ctx.precondition(f"{ctx.codemod}: cannot place a guard before this call", target, module)
+        raise ctx.refuse("cannot place a guard before this call", target, module)
     stmt = parse_statement(
         f'if {condition}:\n    raise NotImplementedError(\n        "{text}"\n    )', module
     )

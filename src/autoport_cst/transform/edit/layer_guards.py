@@ -30,7 +30,7 @@ def guard_edit(block: cst.IndentedBlock, message: str, module: cst.Module) -> tu
 
 
 def guard_fused(
-    layer: DecoderLayer, message: str, module: cst.Module, ctx: FileContext, codemod_id: str
+    module: cst.Module, ctx: FileContext, layer: DecoderLayer, message: str
 ) -> tuple[dict, list[cst.IndentedBlock]]:
     """Guard every branch whose sublayer call is handed a norm's weight (a
     fused kernel computes that norm itself): edits and the guarded blocks. A
@@ -41,8 +41,8 @@ def guard_fused(
         if call.fused is None:
             continue
         if call.block is None:
-            raise ctx.precondition(
-                f"{codemod_id}: {layer.name} hands self.{call.fused}'s weight to self.<{call.kind}> outside "
+            raise ctx.refuse(
+                f"{layer.name} hands self.{call.fused}'s weight to self.<{call.kind}> outside "
                 "an if/else branch: the fused kernel cannot compute the change, and there is no branch to guard",
                 call.stmt,
                 module,
@@ -54,7 +54,7 @@ def guard_fused(
 
 
 def guard_fused_norms(
-    module: cst.Module, ctx: FileContext, codemod_id: str, message: str
+    module: cst.Module, ctx: FileContext, message: str
 ) -> tuple[dict, list[cst.IndentedBlock]]:
     """For a codemod that changes what the norms compute into something a
     fused RMSNorm kernel cannot: guard every branch of the decoder layer
@@ -66,8 +66,8 @@ def guard_fused_norms(
     attrs, norms = sublayer_attrs(layers[0]), norm_attrs(layers[0])
     if not any(_fused_norm(c, norms) for c in _sublayer_calls(layers[0], attrs)):
         return {}, []
-    layer = decoder_layer(module, ctx, codemod_id)
-    return guard_fused(layer, message, module, ctx, codemod_id) if layer is not None else ({}, [])
+    layer = decoder_layer(module, ctx)
+    return guard_fused(module, ctx, layer, message) if layer is not None else ({}, [])
 
 
 def declare_upstream(

@@ -101,15 +101,13 @@ class LoaderEdits:
     """Changes to the loaders attached under ``scope`` (a class), gathered,
     then turned into ``rewrite`` edits by :meth:`edits`.
 
-    Errors are positioned precondition errors of ``codemod_id``."""
+    Errors are positioned precondition errors naming the codemod at work
+    (``ctx.refuse``)."""
 
-    def __init__(
-        self, scope: cst.CSTNode, module: cst.Module, ctx: FileContext, codemod_id: str, owner: str = ""
-    ) -> None:
+    def __init__(self, module: cst.Module, ctx: FileContext, scope: cst.CSTNode, owner: str = "") -> None:
         self.scope = scope
         self.module = module
         self.ctx = ctx
-        self.codemod_id = codemod_id
         self.owner = owner or (scope.name.value if isinstance(scope, cst.ClassDef) else "this file")
         self.found = find_loaders(scope)
         self._new_base: dict[str, Callable[[cst.Call], cst.Call]] = {}
@@ -134,16 +132,16 @@ class LoaderEdits:
                     f"; it hands self to {', '.join(sorted({_first_line(h.func) for h in helpers}))}(...), "
                     "which may attach it out of sight"
                 )
-            raise self.ctx.precondition(
-                f"{self.codemod_id}: {self.owner} attaches no loader to self.{key} "
+            raise self.ctx.refuse(
+                f"{self.owner} attaches no loader to self.{key} "
                 f"(no set_weight_loader(self.{key}, ...) in the class{hint})",
                 self.scope,
                 self.module,
             )
         for loader in loaders:
             if loader.problem is not None:
-                raise self.ctx.precondition(
-                    f"{self.codemod_id}: cannot read the loader of self.{key} in {self.owner} "
+                raise self.ctx.refuse(
+                    f"cannot read the loader of self.{key} in {self.owner} "
                     f"({loader.describe()}): {loader.problem}",
                     loader.problem_node or loader.statement,
                     self.module,
@@ -185,8 +183,8 @@ class LoaderEdits:
         A wrapper that does more than choose a rank is a precondition error."""
         others = [name for name in loader.wrapper_names() if name.rsplit(".", 1)[-1] not in RANK_WRAPPERS]
         if others:
-            raise self.ctx.precondition(
-                f"{self.codemod_id}: the loader of self.{loader.key} in {self.owner} is wrapped in "
+            raise self.ctx.refuse(
+                f"the loader of self.{loader.key} in {self.owner} is wrapped in "
                 f"{', '.join(others)}(...) ({loader.describe()}); a loader for a sibling tensor cannot be "
                 f"derived from it (only {', '.join(RANK_WRAPPERS)} is carried over)",
                 loader.wrappers[0],
@@ -209,8 +207,8 @@ class LoaderEdits:
                     if other in bound_names(p.stmt) and id(p.stmt) not in {
                         id(b.stmt) for b in loader.bindings
                     }:
-                        raise self.ctx.precondition(
-                            f"{self.codemod_id}: the loader of self.{loader.key} reads `{other}`, which is "
+                        raise self.ctx.refuse(
+                            f"the loader of self.{loader.key} reads `{other}`, which is "
                             f"rebound at `{_first_line(p.stmt)}` before the new loader would be attached",
                             p.stmt,
                             self.module,

@@ -38,7 +38,7 @@ from autoport_cst.transform.edit.tree import (
 )
 
 
-def add_router_mapping(module, router_params, attr, suffix, codemod_id, ctx, after=()):
+def add_router_mapping(module, ctx, router_params, attr, suffix, after=()):
     """Add ``mappings[...<attr>]`` next to each router-weight entry (after an
     entry of one of ``after`` when present), its checkpoint key the router's
     with ``.weight`` replaced by ``suffix``."""
@@ -47,7 +47,7 @@ def add_router_mapping(module, router_params, attr, suffix, codemod_id, ctx, aft
     router_entries = [e for e in entries if any(e.key.endswith(f".{p}") for p in router_params)]
     if not router_entries:
         wanted = " / ".join(sorted(router_params))
-        raise ctx.precondition(f"{codemod_id}: load_weights has no mappings[...{wanted}] entry")
+        raise ctx.refuse(f"load_weights has no mappings[...{wanted}] entry")
     additions: dict[int, list] = {}
     for entry in router_entries:
         param = next(p for p in router_params if entry.key.endswith(f".{p}"))
@@ -57,8 +57,8 @@ def add_router_mapping(module, router_params, attr, suffix, codemod_id, ctx, aft
         key = replace_string_suffix(entry.key_node, param, attr)
         value = replace_string_suffix(entry.value, ".weight", suffix)
         if key is None or value is None:
-            raise ctx.precondition(
-                f"{codemod_id}: cannot derive the checkpoint key from the mapping of {entry.key} "
+            raise ctx.refuse(
+                f"cannot derive the checkpoint key from the mapping of {entry.key} "
                 "(expected a key ending in .weight)",
                 entry.statement,
                 module,
@@ -73,9 +73,7 @@ def add_router_mapping(module, router_params, attr, suffix, codemod_id, ctx, aft
 ALIASES_NAME = "_ALIASES"
 
 
-def add_config_alias(
-    module: cst.Module, ctx, codemod_id: str, name: str, keys: tuple[str, ...]
-) -> cst.Module:
+def add_config_alias(module: cst.Module, ctx, name: str, keys: tuple[str, ...]) -> cst.Module:
     """Add ``"name": (keys...)`` to the config file's ``_ALIASES`` dict (field
     -> the config keys that may hold it, first present wins), unless the dict
     has an entry for ``name`` already. Entries are kept sorted by field name,
@@ -115,9 +113,7 @@ def add_config_alias(
         elements.insert(index, element)
         new_table = table.with_changes(elements=elements)
         return replace_nodes(module, {id(table): new_table})
-    raise ctx.precondition(
-        f"{codemod_id}: the config file has no {ALIASES_NAME} dict (field -> config keys that may hold it)"
-    )
+    raise ctx.refuse(f"the config file has no {ALIASES_NAME} dict (field -> config keys that may hold it)")
 
 
 # -- checkpoint keys of the router and its MoE block ----------------------------------
@@ -151,7 +147,7 @@ def router_key_parts(value: cst.BaseExpression) -> tuple[str, str] | None:
     return f'{prefix}"{router}"', f'{prefix}"{router.rsplit(".", 1)[0]}"'
 
 
-def add_router_mapping_value(module, router_params, attr, make_value, codemod_id, ctx, after=()):
+def add_router_mapping_value(module, ctx, router_params, attr, make_value, after=()):
     """Like :func:`add_router_mapping`, the value built by ``make_value(router,
     block)`` from the sources of the router's and the MoE block's keys."""
     from autoport_cst.transform.cst.snippets import parse_expr
@@ -161,7 +157,7 @@ def add_router_mapping_value(module, router_params, attr, make_value, codemod_id
     router_entries = [e for e in entries if any(e.key.endswith(f".{p}") for p in router_params)]
     if not router_entries:
         wanted = " / ".join(sorted(router_params))
-        raise ctx.precondition(f"{codemod_id}: load_weights has no mappings[...{wanted}] entry")
+        raise ctx.refuse(f"load_weights has no mappings[...{wanted}] entry")
     additions: dict[int, list] = {}
     for entry in router_entries:
         param = next(p for p in router_params if entry.key.endswith(f".{p}"))
@@ -171,8 +167,8 @@ def add_router_mapping_value(module, router_params, attr, make_value, codemod_id
         key = replace_string_suffix(entry.key_node, param, attr)
         parts = router_key_parts(entry.value)
         if key is None or parts is None:
-            raise ctx.precondition(
-                f"{codemod_id}: cannot derive the router's checkpoint key from the mapping of {entry.key} "
+            raise ctx.refuse(
+                f"cannot derive the router's checkpoint key from the mapping of {entry.key} "
                 '(expected f"{moe.router}.weight" or a key ending in .<router>.weight)',
                 entry.statement,
                 module,
@@ -458,7 +454,7 @@ def blockwise_arguments(module: cst.Module, cls_name: str) -> dict[str, cst.Base
 # -- guards ----------------------------------------------------------------------------
 
 
-def guard_site(module: cst.Module, site: MoESite, message: str, comment: str, ctx, edits: dict) -> None:
+def guard_site(module: cst.Module, ctx, site: MoESite, message: str, comment: str, edits: dict) -> None:
     """Make the path of ``site`` raise ``NotImplementedError(message)`` right
     before the statement that runs it, and declare the site guarded."""
     from autoport_cst.transform.cst.snippets import parse_statement
@@ -468,7 +464,7 @@ def guard_site(module: cst.Module, site: MoESite, message: str, comment: str, ct
     func = method_of(module, site)
     holder = innermost_statement(func, site.call) if func is not None else None
     if func is None or holder is None:  # pragma: no cover - a site always sits in a method's statement
-        raise ctx.precondition(f"{ctx.codemod}: cannot place a guard before this call", site.call, module)
+        raise ctx.refuse("cannot place a guard before this call", site.call, module)
     ctx.unaffected(site.call, f"guarded: {message}")
     text = message.replace("\\", "\\\\").replace('"', '\\"')
     if any(isinstance(n, cst.SimpleString) and n.value == f'"{text}"' for n in walk(func)):
@@ -528,7 +524,7 @@ def has_config_aliases(module: cst.Module) -> bool:
     return False
 
 
-def add_tensor_names(module: cst.Module, stmt: cst.CSTNode, ctx, codemod_id: str) -> cst.Module:
+def add_tensor_names(module: cst.Module, ctx, stmt: cst.CSTNode) -> cst.Module:
     """Give the ``load_weights`` holding ``stmt`` a ``names`` variable (the
     checkpoint's tensor names) as its first statement, read with the
     checkpoint class it loads with: ``SafetensorsCheckpoint(<path>, <cache_dir>)``."""
@@ -542,8 +538,8 @@ def add_tensor_names(module: cst.Module, stmt: cst.CSTNode, ctx, codemod_id: str
         params = [p.name.value for p in node.params.params if p.name.value != "self"]
         makes = [n for n in walk(node) if isinstance(n, cst.Call) and is_call(n, "SafetensorsCheckpoint")]
         if not params or not makes:
-            raise ctx.precondition(
-                f"{codemod_id}: {node.name.value} has no names variable (the checkpoint's tensor names) "
+            raise ctx.refuse(
+                f"{node.name.value} has no names variable (the checkpoint's tensor names) "
                 "and builds no SafetensorsCheckpoint to read them from",
                 node,
                 module,
@@ -564,8 +560,6 @@ def add_tensor_names(module: cst.Module, stmt: cst.CSTNode, ctx, codemod_id: str
         )
         first = next((s for s in statements(node) if not is_docstring(s)), None)
         if first is None:  # pragma: no cover - load_weights has statements
-            raise ctx.precondition(f"{codemod_id}: {node.name.value} is empty", node, module)
+            raise ctx.refuse(f"{node.name.value} is empty", node, module)
         return rewrite(module, {id(first): preceded_by(line)})
-    raise ctx.precondition(
-        f"{codemod_id}: the load_weights of the router mapping was not found", stmt, module
-    )
+    raise ctx.refuse("the load_weights of the router mapping was not found", stmt, module)

@@ -20,7 +20,6 @@ from autoport_cst.transform.cst.vocabulary import (
 def reorder_rope_columns(
     module: cst.Module,
     ctx: FileContext,
-    codemod_id: str,
     rotary_dim: str | None = None,
     interleaved: bool | None = None,
 ) -> cst.Module:
@@ -41,15 +40,15 @@ def reorder_rope_columns(
 
     edits: dict = {}
     done = False
-    for cls in attention_classes_in(module, ctx, codemod_id):
+    for cls in attention_classes_in(module, ctx):
         if is_quantized(cls):
-            reason = f"RoPE columns reordered ({codemod_id}) in the quantized attention {cls.name.value}"
+            reason = f"RoPE columns reordered ({ctx.codemod}) in the quantized attention {cls.name.value}"
             for key, fn in guard_edit(cls, f"{reason} is not implemented", module).items():
                 add_edit(edits, key, fn)
             declare_guarded(cls, ctx, reason)
             continue
-        _order_setting(cls, module, ctx, codemod_id, rotary_dim, interleaved, edits)
-        _wrap_loaders(cls, module, ctx, codemod_id, edits)
+        _order_setting(cls, module, ctx, rotary_dim, interleaved, edits)
+        _wrap_loaders(cls, module, ctx, edits)
         done = True
     module = rewrite(module, edits)
     if not done:
@@ -60,7 +59,7 @@ def reorder_rope_columns(
     return module
 
 
-def _order_setting(cls, module, ctx, codemod_id, rotary_dim, interleaved, edits) -> None:
+def _order_setting(cls, module, ctx, rotary_dim, interleaved, edits) -> None:
     """``self.rope_column_order = _rope_column_order(...)`` in ``__init__``,
     after the widths of the query and key heads (a new one, or the existing
     one with this codemod's part changed)."""
@@ -69,7 +68,7 @@ def _order_setting(cls, module, ctx, codemod_id, rotary_dim, interleaved, edits)
     from autoport_cst.transform.edit.tree import with_comment
 
     name = cls.name.value
-    init = require_method(cls, "__init__", ctx, module, codemod_id)
+    init = require_method(module, ctx, cls, "__init__")
     existing, call = None, None
     for node in walk(init):
         if isinstance(node, cst.SimpleStatementLine):
@@ -79,8 +78,8 @@ def _order_setting(cls, module, ctx, codemod_id, rotary_dim, interleaved, edits)
     current_rotary, current_interleaved = "self.head_dim", "False"
     if existing is not None:
         if not (isinstance(call, cst.Call) and dotted(call.func) == "_rope_column_order"):
-            raise ctx.precondition(
-                f"{codemod_id}: {name}.rope_column_order is not built by _rope_column_order(...)",
+            raise ctx.refuse(
+                f"{name}.rope_column_order is not built by _rope_column_order(...)",
                 existing,
                 module,
             )
@@ -108,20 +107,18 @@ def _order_setting(cls, module, ctx, codemod_id, rotary_dim, interleaved, edits)
         if anchor is not None:
             break
     if anchor is None:
-        raise ctx.precondition(
-            f"{codemod_id}: {name}.__init__ sets no self.q_size / self.kv_size (the widths of the query and key heads)",
+        raise ctx.refuse(
+            f"{name}.__init__ sets no self.q_size / self.kv_size (the widths of the query and key heads)",
             init,
             module,
         )
     anchor, missing = after_attrs(init, {"head_dim", "q_size", "kv_size"}, anchor)
     if missing:
-        raise ctx.precondition(
-            f"{codemod_id}: {name}.__init__ assigns no self.{', self.'.join(sorted(missing))}", init, module
-        )
+        raise ctx.refuse(f"{name}.__init__ assigns no self.{', self.'.join(sorted(missing))}", init, module)
     append_after(edits, id(anchor), [stmt])
 
 
-def _wrap_loaders(cls, module, ctx, codemod_id, edits) -> None:
+def _wrap_loaders(cls, module, ctx, edits) -> None:
     from autoport_cst.transform.anatomy.loaders import find_loaders
     from autoport_cst.transform.cst.snippets import parse_statement
 
@@ -131,15 +128,15 @@ def _wrap_loaders(cls, module, ctx, codemod_id, edits) -> None:
     unknown = unknown_qk_tensors(cls, module, {t for t, _ in targets})
     if unknown:
         param, keys = unknown[0]
-        raise ctx.precondition(
-            f"{codemod_id}: {name}.{param} is loaded from query/key checkpoint tensors ({keys}) in a layout the "
+        raise ctx.refuse(
+            f"{name}.{param} is loaded from query/key checkpoint tensors ({keys}) in a layout the "
             "RoPE column reordering does not know; its columns would stay in the checkpoint's order",
             cls,
             module,
         )
     if "qkv_proj_weight" not in found:
-        raise ctx.precondition(
-            f"{codemod_id}: {name} attaches no loader to self.qkv_proj_weight "
+        raise ctx.refuse(
+            f"{name} attaches no loader to self.qkv_proj_weight "
             "(set_weight_loader(self.qkv_proj_weight, ...))",
             cls,
             module,
