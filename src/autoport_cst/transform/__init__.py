@@ -1,11 +1,12 @@
-"""The codemod framework (base class, examples, contexts) and the layers
-codemods build on: the CST vocabulary (``vocabulary``), the model-anatomy
-locators (``anatomy``) and the edit primitives (``cst_helpers`` and the
-modules per model part).
+"""The codemod framework (base class, examples, contexts) and the three layers
+codemods build on, each importing only those below it: the CST vocabulary
+(``cst``: reading nodes, roles, snippets, printing), the model-anatomy
+locators (``anatomy``: every site of a family, with its position, or a
+positioned refusal; the census) and the edit primitives (``edit``).
 
 The framework names are exported lazily, so that importing a light module
-of this package (the lint rules import ``vocabulary``) does not import the
-codemod framework and the spec with it.
+of this package (the lint rules import ``cst.vocabulary``) does not import
+the codemod framework and the spec with it.
 """
 
 from __future__ import annotations

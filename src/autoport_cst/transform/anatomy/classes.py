@@ -20,7 +20,7 @@ from autoport_cst.transform.cst.vocabulary import (
     walk,
 )
 
-# -- finding the layer ---------------------------------------------------------
+# -- the class of a role in this file ---------------------------------------------
 
 
 def class_here(module: cst.Module, ctx: FileContext, role: str, what: str) -> cst.ClassDef | None:

@@ -1,5 +1,6 @@
-"""How a package's config dataclass reads the model config (read only;
-shared by the config lint rules and the codemods that repair them).
+"""The config dataclass of a package (``<Prefix>Config``), its fields, and how
+it reads the model config (read only; shared by the config lint rules and
+the codemods that repair them).
 
 A vllm_neuron config is a ``@dataclass`` whose ``from_configs`` keeps the
 keys of the Hugging Face config that are fields, so what a field ends up
@@ -135,7 +136,7 @@ def config_class(module: cst.Module, ctx: FileContext) -> cst.ClassDef:
     return configs[0]
 
 
-def _field_name(stmt: cst.CSTNode) -> str | None:
+def field_name(stmt: cst.CSTNode) -> str | None:
     if (
         isinstance(stmt, cst.SimpleStatementLine)
         and len(stmt.body) == 1
@@ -151,5 +152,5 @@ def config_fields(cls: cst.ClassDef) -> dict[str, cst.SimpleStatementLine]:
     return {
         name: s
         for s in statements(cls)
-        if isinstance(s, cst.SimpleStatementLine) and (name := _field_name(s)) is not None
+        if isinstance(s, cst.SimpleStatementLine) and (name := field_name(s)) is not None
     }

@@ -1,5 +1,6 @@
 """Decoder-layer structure: every forward of a decoder layer and the sublayer
-calls in each (shared by the norm, residual and embedding codemods).
+calls in each (shared by the norm, residual and embedding codemods), and the logits
+site of the LM head.
 
 The bundled references compute a decoder layer in one ``forward`` with one
 top-level ``h = self.<attention>(...)`` and one ``h = self.<mlp>(...)``. The
@@ -184,15 +185,15 @@ def decoder_layer(module: cst.Module, ctx: FileContext) -> DecoderLayer | None:
 def layer_forwards(cls: cst.ClassDef, attrs: dict[str, str] | None = None) -> list[cst.FunctionDef]:
     """The methods of a decoder layer that call its attention or MLP."""
     attrs = sublayer_attrs(cls) if attrs is None else attrs
-    return [f for f in _methods(cls) if f.name.value not in LOAD_TIME and _sublayer_calls(f, attrs)]
+    return [f for f in layer_methods(cls) if f.name.value not in LOAD_TIME and sublayer_calls(f, attrs)]
 
 
-def _methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:
+def layer_methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:
     body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else []
     return [s for s in body if isinstance(s, cst.FunctionDef)]
 
 
-def _sublayer_calls(node: cst.CSTNode, attrs: dict[str, str]) -> list[cst.Call]:
+def sublayer_calls(node: cst.CSTNode, attrs: dict[str, str]) -> list[cst.Call]:
     return [n for n in walk(node) if isinstance(n, cst.Call) and self_attr(n.func) in attrs]
 
 
@@ -200,7 +201,7 @@ def _slots(func, attrs, norms, ctx, module, cls) -> dict[str, Slot]:
     where = f"{cls.name.value}.{func.name.value}"
     slots: dict[str, Slot] = {}
     for stmt in func.body.body:
-        kinds = {attrs[self_attr(c.func)] for c in _sublayer_calls(stmt, attrs)}
+        kinds = {attrs[self_attr(c.func)] for c in sublayer_calls(stmt, attrs)}
         if not kinds:
             continue
         if len(kinds) > 1 or kinds & set(slots):
@@ -238,7 +239,7 @@ def _slot(kind, stmt, attrs, norms, body, ctx, module, where) -> Slot:
         )
     slot = Slot(kind, stmt, [])
     for block in blocks:
-        hits = [s for s in block.body if _sublayer_calls(s, attrs)]
+        hits = [s for s in block.body if sublayer_calls(s, attrs)]
         if is_guard(block):
             slot.guarded.append(block)
         elif len(hits) == 1 and _call_statement(hits[0], attrs) is not None:
@@ -286,11 +287,11 @@ def _sublayer(kind, stmt, block, body, norms) -> SublayerCall:
         block,
         before if norm_call_attr(before, norms) is not None else None,
         after if norm_call_attr(after, norms) is not None else None,
-        _fused_norm(call, norms),
+        fused_norm(call, norms),
     )
 
 
-def _fused_norm(call: cst.Call, norms: list[str]) -> str | None:
+def fused_norm(call: cst.Call, norms: list[str]) -> str | None:
     for arg in call.args:
         for node in walk(arg.value):
             if isinstance(node, cst.Attribute) and node.attr.value in ("weight", "bias"):
@@ -305,7 +306,7 @@ def _called_attr(stmt: cst.SimpleStatementLine | None) -> str | None:
     return self_attr(call.func) if call is not None else None
 
 
-# -- guards ----------------------------------------------------------------------
+# -- guarded branches -------------------------------------------------------------
 
 
 def is_guard(block: cst.BaseSuite) -> bool:

@@ -122,7 +122,7 @@ def plain_binding(stmt: cst.CSTNode, name: str) -> cst.BaseExpression | None:
     return None
 
 
-def _first_line(node: cst.CSTNode) -> str:
+def first_line(node: cst.CSTNode) -> str:
     text = code_of(node).strip().splitlines()[0]
     return text if len(text) <= 80 else text[:77] + "..."
 
@@ -175,9 +175,9 @@ class Loader:
 
     def describe(self) -> str:
         """``set_weight_loader(self.x, l)`` with ``l = with_rank_override(...)``..."""
-        text = f"set_weight_loader(self.{self.key}, {_first_line(self.argument)})"
+        text = f"set_weight_loader(self.{self.key}, {first_line(self.argument)})"
         for binding in self.bindings:
-            text += f", where {_first_line(binding.stmt)}"
+            text += f", where {first_line(binding.stmt)}"
         return text
 
 
@@ -210,11 +210,11 @@ class _Resolver:
             return None, f"the local `{name}` is {where} {self.func.name.value}"
         last = before[-1]
         if plain_binding(last.stmt, name) is None:
-            return None, f"`{name}` is bound by `{_first_line(last.stmt)}`, not by a plain assignment"
+            return None, f"`{name}` is bound by `{first_line(last.stmt)}`, not by a plain assignment"
         if last.blocks != at.blocks[: len(last.blocks)]:
             return (
                 None,
-                f"`{name}` is assigned conditionally (`{_first_line(last.stmt)}`, in a block apart from its use)",
+                f"`{name}` is assigned conditionally (`{first_line(last.stmt)}`, in a block apart from its use)",
             )
         return last, None
 
@@ -251,7 +251,7 @@ class _Resolver:
         if isinstance(expr, cst.Call) and _is_loader_call(expr):
             return _Chain(base=expr)
         return _Chain(
-            problem=f"`{_first_line(expr)}` is not a loader call (a call named *loader*), a wrapper of one, "
+            problem=f"`{first_line(expr)}` is not a loader call (a call named *loader*), a wrapper of one, "
             "or a local bound to one",
             node=expr,
         )
@@ -278,7 +278,7 @@ def _set_weight_loader_args(
     return call, values[0], values[1]
 
 
-def _param_key(node: cst.CSTNode) -> str | None:
+def param_key(node: cst.CSTNode) -> str | None:
     name = dotted(node)
     return name[len("self.") :] if name is not None and name.startswith("self.") else None
 
@@ -292,7 +292,7 @@ def _loop_keys(loop: cst.CSTNode, name: str) -> list[str] | None:
     body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else []
     if len(body) != 1:
         return None
-    keys = [_param_key(e.value) for e in loop.iter.elements]
+    keys = [param_key(e.value) for e in loop.iter.elements]
     return None if None in keys else [k for k in keys if k is not None]
 
 
@@ -310,7 +310,7 @@ def find_loaders(node: cst.CSTNode) -> dict[str, list[Loader]]:
             if parts is None:
                 continue
             call, param, argument = parts
-            keys: list[str | None] = [_param_key(param)]
+            keys: list[str | None] = [param_key(param)]
             statement, in_loop = placed.stmt, False
             if keys[0] is None and isinstance(param, cst.Name):
                 loop = _enclosing_loop(resolver.placed, placed)

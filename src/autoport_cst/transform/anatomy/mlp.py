@@ -1,5 +1,6 @@
 """The dense MLP classes of a model file (``<Prefix>MLP`` with their
-``NF.mlp`` calls) and the MLP weights a file maps without defining them."""
+``NF.mlp`` calls), each call's weight attributes, and the MLP weights a file
+maps without defining them."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The query/key/value projection of an attention class: its calls, the
 loaders of the tensors laid out like it, and where new per-layer settings
-may go (this module is not a codemod).
+may go.
 
 The real vllm_neuron attention classes project q, k and v in several places:
 ``NF.qkv_proj`` in prefill (a plain call, and in chunked prefill a call with

@@ -1,7 +1,7 @@
 """The code of modules, printed a statement at a time and kept.
 
 A codemod edits a module in place of the nodes it targets and keeps every
-other node (``cst_helpers.rewrite``), so the modules a port goes through
+other node (``edit.tree.rewrite``), so the modules a port goes through
 share most of their top-level statements as the same objects. A module's
 code is its header lines, its statements and its footer lines printed one
 after the other, and a statement prints the same in any module of the same

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import libcst as cst
 
-# -- parsing snippets ---------------------------------------------------------
-
 
 def parse_statements(code: str, module: cst.Module | None = None) -> list[cst.BaseStatement]:
     """Parse statements with the module's indentation and newline style."""

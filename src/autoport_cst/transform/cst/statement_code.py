@@ -1,6 +1,6 @@
 """The code of nodes, with the code of each statement printed once.
 
-A step keeps the statements it does not edit (``cst_helpers.rewrite``), so
+A step keeps the statements it does not edit (``edit.tree.rewrite``), so
 the class a step edited in one method holds, for the rest, statements whose
 code was printed before: by the census (a method, a statement of a
 method's flattened body) or by an earlier step (the class as it was).

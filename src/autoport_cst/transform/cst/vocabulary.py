@@ -5,7 +5,7 @@ Everything here reads plain nodes (no metadata, no edits) and is cheap:
 ``walk`` lists a subtree by reading the node dataclasses' fields directly,
 and nothing here imports ``libcst.matchers`` (whose import alone costs
 about half a second, more than a pre-commit run on one file). Edits live
-in ``cst_helpers`` (primitives) and the modules above it.
+in ``autoport_cst.transform.edit``.
 """
 
 from __future__ import annotations

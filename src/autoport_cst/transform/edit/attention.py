@@ -1,16 +1,10 @@
-"""Shared CST helpers of the attention and RoPE codemods (this module is not a
-codemod: the library skips files whose name starts with ``_``).
+"""Per-layer settings of attention classes and the functions they stop
+using.
 
-Everything here finds its targets structurally (class roles, parameter and
-method names, ``NF.*`` calls) and inserts code at positions that do not
-depend on the order in which codemods run, so that codemods using these
-helpers commute with each other:
-
-- config fields go right before ``torch_dtype`` (or after the last field),
-  after any of the fields just above it whose names sort before theirs;
-- module-level helper functions go before the first class, after any of the
-  functions just above it whose names sort before theirs.
-"""
+A new ``self.<setting> = ...`` goes in ``__init__`` right after the
+attributes it reads, after any setting just above it whose name sorts
+before its own, so that codemods adding settings commute
+(:func:`place_setting`)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import libcst as cst
 
 from autoport_cst.transform import FileContext
 from autoport_cst.transform.anatomy.classes import require_method, self_assignments
-from autoport_cst.transform.anatomy.config import _field_name, config_class, config_fields
+from autoport_cst.transform.anatomy.config import config_class, config_fields, field_name
 from autoport_cst.transform.cst.snippets import parse_statement
 from autoport_cst.transform.cst.vocabulary import (
     is_docstring,
@@ -40,12 +40,12 @@ def add_config_fields(
     changed = False
     for code, comment in fields:
         stmt = parse_statement(code, module)
-        name = _field_name(stmt)
+        name = field_name(stmt)
         assert name is not None, code
         if name in present:
             continue
         stmt = with_comment(stmt, comment) if comment else stmt.with_changes(leading_lines=[])
-        names = [_field_name(s) for s in body]
+        names = [field_name(s) for s in body]
         if "torch_dtype" in names:
             end = names.index("torch_dtype")
         else:

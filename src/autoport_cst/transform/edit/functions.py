@@ -6,17 +6,6 @@ import libcst as cst
 
 from autoport_cst.transform.cst.snippets import parse_statement
 
-# -- call arguments -----------------------------------------------------------------
-
-
-# -- comments -----------------------------------------------------------------------
-
-
-# -- config dataclass ---------------------------------------------------------------
-
-
-# -- module-level helper functions -------------------------------------------------
-
 
 def add_functions(module: cst.Module, functions: list[str], replace: bool = False) -> cst.Module:
     """Add module-level functions (source text) not yet defined, before the

@@ -9,8 +9,6 @@ from autoport_cst.transform.cst.vocabulary import (
     dotted,
 )
 
-# -- imports ------------------------------------------------------------------
-
 
 def ensure_import(module: cst.Module, name: str) -> cst.Module:
     """Make ``import name`` available at module level: add it before the first

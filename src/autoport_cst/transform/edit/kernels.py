@@ -1,16 +1,10 @@
-"""The attention kernels of a model file, path by path, and their op-by-op
-substitutes (this module is not a codemod).
+"""Guards and op-by-op substitutes of the attention kernels of a model file
+(the kernel sites, path by path, are found by
+``autoport_cst.transform.anatomy.attention``).
 
-A vllm_neuron attention class computes attention in several places: prefill
-through ``NF.flash_attention`` (whole prompt), ``NF.segmented_attention``
-(chunked prefill and prefix-cache hits, reading the paged cache) and
-``NF.segmented_attention_cp`` (decode context parallelism, or a module helper
-wrapping it); decode through ``NF.attention_decode`` with a mask from
-``NF.gen_attention_decode_mask`` or with the in-kernel mask of the
-bounded-gather path (``pos_ids``). A codemod that changes what attention
-computes edits each of them, or guards the ones whose kernel cannot express
-the change: :func:`kernel_sites` lists them by kind, :func:`guard` makes a
-path raise ``NotImplementedError`` naming the feature.
+A codemod that changes what attention computes edits every kernel site, or
+guards the ones whose kernel cannot express the change: :func:`guard` makes
+a path raise ``NotImplementedError`` naming the feature.
 
 The substitutes compute a kernel op by op for what no kernel does (softcap,
 a norm over all heads): same arguments, layouts and numerics as the kernel

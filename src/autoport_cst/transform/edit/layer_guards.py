@@ -9,14 +9,14 @@ import libcst as cst
 from autoport_cst.transform import FileContext
 from autoport_cst.transform.anatomy.decoder import (
     DecoderLayer,
-    _fused_norm,
-    _methods,
-    _sublayer_calls,
     decoder_layer,
+    fused_norm,
     is_guard,
+    layer_methods,
     norm_attrs,
     other_model_classes,
     sublayer_attrs,
+    sublayer_calls,
 )
 from autoport_cst.transform.cst.snippets import parse_statement
 from autoport_cst.transform.cst.vocabulary import classes_with_role, is_docstring, walk
@@ -64,7 +64,7 @@ def guard_fused_norms(
     if len(layers) != 1:
         return {}, []
     attrs, norms = sublayer_attrs(layers[0]), norm_attrs(layers[0])
-    if not any(_fused_norm(c, norms) for c in _sublayer_calls(layers[0], attrs)):
+    if not any(fused_norm(c, norms) for c in sublayer_calls(layers[0], attrs)):
         return {}, []
     layer = decoder_layer(module, ctx)
     return guard_fused(module, ctx, layer, message) if layer is not None else ({}, [])
@@ -122,7 +122,7 @@ def guard_other_model(
             ctx.unaffected(site.node, f"guarded: {message}")
     edits: dict = {}
     for cls in other_model_classes(module):
-        init = next((f for f in _methods(cls) if f.name.value == "__init__"), None)
+        init = next((f for f in layer_methods(cls) if f.name.value == "__init__"), None)
         if init is None or not isinstance(init.body, cst.IndentedBlock):
             continue
         body = list(init.body.body)

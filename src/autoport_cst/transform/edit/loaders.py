@@ -1,24 +1,11 @@
-"""Weight loaders where model code builds them, and the MLP classes that use them.
+"""Weight loaders changed where model code builds them.
 
-``set_weight_loader(self.<x>, <loader>)`` attaches a loader to a parameter.
-The loader expression is often not the loader call itself: a local variable
-bound before (``gate_up_loader = sharding_weight_loader(...)``), rebound
-through wrappers (``gate_up_loader = with_rank_override(gate_up_loader,
-rank=self.mlp_tp_rank)``) and passed to several parameters.
-
-``find_loaders`` resolves each attachment back to its *base* loader call
-(the innermost call, whose name contains ``loader``) and the *wrappers*
-around it (calls whose first argument is a loader), through the local
-assignments in between; what it cannot resolve it describes (``problem``).
-``LoaderEdits`` changes loaders where they are built: in place when every
-parameter sharing a built loader gets the same change; otherwise it
-*splits*: each parameter that changes gets its own loader expression (the
-chain inlined around the new base), the others keep the shared local, and
-locals no parameter reads any more are removed.
-
-The guards of quantized classes (``autoport_cst.transform.edit.guards``) and the
-dense MLP classes (``autoport_cst.transform.anatomy.mlp``) are re-exported
-here for the codemods that import them from this module.
+``LoaderEdits`` changes the loaders ``autoport_cst.transform.anatomy.loaders``
+found: in place when every parameter sharing a built loader gets the same
+change; otherwise it *splits*: each parameter that changes gets its own
+loader expression (the chain inlined around the new base), the others keep
+the shared local, and locals no parameter reads any more are removed. New
+loader expressions are rendered in the layout of the code around them.
 """
 
 from __future__ import annotations
@@ -31,11 +18,11 @@ from autoport_cst.transform.anatomy.loaders import (
     RANK_WRAPPERS,
     Loader,
     Placed,
-    _first_line,
-    _param_key,
     bound_names,
     find_loaders,
+    first_line,
     loader_helpers,
+    param_key,
     placed_statements,
     plain_binding,
 )
@@ -129,7 +116,7 @@ class LoaderEdits:
             hint = ""
             if helpers:
                 hint = (
-                    f"; it hands self to {', '.join(sorted({_first_line(h.func) for h in helpers}))}(...), "
+                    f"; it hands self to {', '.join(sorted({first_line(h.func) for h in helpers}))}(...), "
                     "which may attach it out of sight"
                 )
             raise self.ctx.refuse(
@@ -209,7 +196,7 @@ class LoaderEdits:
                     }:
                         raise self.ctx.refuse(
                             f"the loader of self.{loader.key} reads `{other}`, which is "
-                            f"rebound at `{_first_line(p.stmt)}` before the new loader would be attached",
+                            f"rebound at `{first_line(p.stmt)}` before the new loader would be attached",
                             p.stmt,
                             self.module,
                         )
@@ -302,7 +289,7 @@ class LoaderEdits:
             def shorten(updated: cst.For) -> cst.For:
                 params = updated.iter
                 assert isinstance(params, (cst.Tuple, cst.List))  # as _loop_keys accepted it
-                elements = [e for e in params.elements if _param_key(e.value) not in gone]
+                elements = [e for e in params.elements if param_key(e.value) not in gone]
                 elements[-1] = elements[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
                 return updated.with_changes(iter=params.with_changes(elements=elements))
 

@@ -1,7 +1,7 @@
-"""The checkpoint-key mapping of ``load_weights``: ``mappings[<key>] = <value>``
-statements, where a key is a parameter name (often an f-string such as
-``f"{prefix}.self_attn.qkv_proj_weight"``) and a value is a checkpoint key or a
-list of keys. Codemods find entries by the text of their key."""
+"""Edits of the checkpoint-key mapping of ``load_weights`` (its entries are
+found by ``autoport_cst.transform.anatomy.mappings``): entries added after
+and removed, and dotted key segments replaced in the strings of a key or a
+value."""
 
 from __future__ import annotations
 
@@ -22,9 +22,6 @@ def add_after(node: cst.CSTNode, entry: MappingEntry, new: list[cst.BaseStatemen
 
 def remove_entries(node: cst.CSTNode, entries: list[MappingEntry]) -> cst.CSTNode:
     return remove_statements(node, [e.statement for e in entries])
-
-
-# -- config dataclass --------------------------------------------------------------
 
 
 # -- checkpoint keys ---------------------------------------------------------------

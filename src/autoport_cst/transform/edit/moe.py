@@ -1,12 +1,8 @@
-"""Shared helpers of the mixture-of-experts codemods (not a codemod: the
-library skips modules whose name starts with ``_``).
-
-They find the parts of an experts class in the vllm_neuron style (see
-``reference_models/qwen3_moe``): the class by its role (``<Prefix>Experts``),
-its router weight parameter, the ``NF.router`` call of its routing method and
-the statement that turns router logits into scores, the fused decode kernel
-call ``NF.moe_block_tkg``, and the ``load_weights`` mapping of the router.
-"""
+"""Edits of the mixture-of-experts codemods: the router's ``load_weights``
+mappings and config aliases, the op-by-op substitutes of ``NF.router`` and
+``NF.moe_block_tkg`` for what the kernels cannot take, and the guards of the
+sites a codemod cannot change. The experts classes and the router and
+MoE-kernel sites they edit are found by ``autoport_cst.transform.anatomy.experts``."""
 
 from __future__ import annotations
 

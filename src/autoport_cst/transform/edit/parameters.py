@@ -39,11 +39,6 @@ def bias_parameter(
     )
 
 
-# -- weight loaders -------------------------------------------------------------
-# Found and edited where they are built, through locals and wrappers:
-# ``autoport_cst.transform.edit.loaders`` (re-exported above).
-
-
 def kwarg_code(call: cst.Call | None, name: str) -> str | None:
     if call is None:
         return None

@@ -1,10 +1,11 @@
-"""Edit primitives shared by the codemods: rewriting a tree in one pass,
-inserting and removing statements, parsing snippets, imports.
+"""Edits of a tree: rewriting it in one pass (``rewrite`` with edits keyed by
+node id, composed with ``add_edit``), inserting and removing statements,
+comments and strings.
 
 Everything here works on plain nodes (no metadata), so codemods stay cheap:
 a codemod that needs scopes or positions asks for them itself. Reading
-nodes is the vocabulary's job (``autoport_cst.transform.cst.vocabulary``,
-re-exported here for the codemods that import it from this module).
+nodes is the vocabulary's job (``autoport_cst.transform.cst.vocabulary``),
+parsing snippets ``autoport_cst.transform.cst.snippets``.
 """
 
 from __future__ import annotations
