@@ -21,6 +21,7 @@ from typing import Any
 
 from autoport_cst.config_json import parse_config_text
 from autoport_cst.errors import InputError, PreconditionError, UnrealizableDiffError
+from autoport_cst.validation_runs import ValidationRun, first_diverging, max_abs
 
 STAGES = ("research", "apply", "checkpoint", "validate")
 
@@ -39,18 +40,6 @@ VALIDATION_IMPORTS = (
     "autoport_cst.validate.api",
     "autoport_cst.validate.tiny",
 )
-
-
-@dataclass
-class ValidationRun:
-    tp: int
-    dtype: str
-    equivalent: bool
-    summary: str
-    first_diverging: str | None
-    max_abs_error: float | None
-    seconds: float
-    config: str = "planned"  # or "variant: <field>=<value>, ...": a config the plan was not made on
 
 
 @dataclass
@@ -284,8 +273,8 @@ def _validation_runs(
                 dtype=dtype,
                 equivalent=report.equivalent,
                 summary=report.summary(),
-                first_diverging=_first_diverging(report),
-                max_abs_error=_max_abs(report),
+                first_diverging=first_diverging(report),
+                max_abs_error=max_abs(report),
                 seconds=time.perf_counter() - t0,
             )
         )
@@ -416,21 +405,3 @@ def _precondition_refusal(found, attempts) -> UnrealizableDiffError:
         features,
         features,
     )
-
-
-def _first_diverging(report) -> str | None:
-    data = report.to_dict()
-    diverging = data.get("first_diverging")
-    if diverging:
-        phase = f" ({diverging['phase']})" if diverging.get("phase") else ""
-        return f"{diverging['component']}{phase}"
-    failure = data.get("failure")
-    if failure:
-        return f"failure: {failure.get('stage', '?')}"
-    return None
-
-
-def _max_abs(report) -> float | None:
-    logits = report.to_dict().get("logits") or {}
-    value = logits.get("max_abs_error")
-    return float(value) if isinstance(value, (int, float)) else None

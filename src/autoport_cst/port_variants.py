@@ -89,10 +89,10 @@ def _refused_field(report: Any, changed: dict) -> str | None:
 
 def _variant_run(outcome: Any, values: dict, changed: dict, steps: int, seed: int) -> tuple[Any, Any]:
     from autoport_cst.errors import InputError
-    from autoport_cst.port import ValidationRun, _first_diverging, _max_abs
     from autoport_cst.validate import validate_model
     from autoport_cst.validate.tiny import key_format_of
     from autoport_cst.validate.variants import build_variant_checkpoint
+    from autoport_cst.validation_runs import ValidationRun, first_diverging, max_abs
 
     label = "variant: " + ", ".join(f"{k}={after!r}" for k, (_, after) in changed.items())
     start = time.perf_counter()
@@ -114,8 +114,8 @@ def _variant_run(outcome: Any, values: dict, changed: dict, steps: int, seed: in
         dtype="fp32",
         equivalent=report.equivalent,
         summary=report.summary(),
-        first_diverging=_first_diverging(report),
-        max_abs_error=_max_abs(report),
+        first_diverging=first_diverging(report),
+        max_abs_error=max_abs(report),
         seconds=time.perf_counter() - start,
         config=label,
     ), report

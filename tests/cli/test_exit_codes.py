@@ -108,7 +108,7 @@ def test_ctrl_c_exits_130(fake_llama, tmp_path, monkeypatch):
 
 CTRL_C_TARGET = """
 import sys, time
-import autoport_cst.cli.preflight as preflight
+import autoport_cst.preflight as preflight
 def waiting(name, option="--name"):
     print("waiting", file=sys.stderr, flush=True)
     time.sleep(60)
@@ -136,7 +136,8 @@ def test_ctrl_c_of_the_console_script_exits_130(fake_llama, tmp_path):
 
 def test_port_prints_why_a_run_failed(capsys):
     from autoport_cst.cli.port_cmd import _print
-    from autoport_cst.port import PortOutcome, ValidationRun
+    from autoport_cst.port import PortOutcome
+    from autoport_cst.validation_runs import ValidationRun
 
     reason = "not equivalent: the port failed at load: no tensor 'model.norm.weight' for model.norm.weight"
     outcome = PortOutcome("x", "LlamaForCausalLM", reference="llama3")

@@ -120,9 +120,10 @@ def test_a_guard_check_needs_the_field_and_both_values_named():
 def test_port_says_what_the_checks_beyond_the_planned_config_found():
     from types import SimpleNamespace
 
-    from autoport_cst.port import PortOutcome, ValidationRun
+    from autoport_cst.port import PortOutcome
     from autoport_cst.port_variants import config_check_lines
     from autoport_cst.validate.variants import GuardCheck
+    from autoport_cst.validation_runs import ValidationRun
 
     outcome = PortOutcome("gemma2", "Gemma2ForCausalLM", runs=[SimpleNamespace(equivalent=True)])
     outcome.variant = {"query_pre_attn_scalar": [16, 32]}

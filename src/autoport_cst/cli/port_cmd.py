@@ -10,15 +10,15 @@ import click
 
 from autoport_cst.atomic import write_atomic
 from autoport_cst.cli.common import EXIT_FOUND, EXIT_OK, error_boundary, stderr_console, stdout_console
-from autoport_cst.cli.preflight import (
+from autoport_cst.cli.progress import StageProgress
+from autoport_cst.errors import InputError
+from autoport_cst.preflight import (
     check_model_name,
     check_output_file,
     check_reference,
     check_source,
     require_extra,
 )
-from autoport_cst.cli.progress import StageProgress
-from autoport_cst.errors import InputError
 
 
 @click.command("port")

@@ -18,9 +18,9 @@ import click
 
 from autoport_cst.atomic import write_atomic
 from autoport_cst.cli.common import EXIT_ERROR, error_boundary, stdout_console
-from autoport_cst.cli.preflight import check_checkpoint_dir, check_output_file, require_extra
 from autoport_cst.cli.progress import StageProgress
 from autoport_cst.errors import InputError
+from autoport_cst.preflight import check_checkpoint_dir, check_output_file, require_extra
 from autoport_cst.validate.package import check_package_dir
 
 

@@ -79,7 +79,7 @@ def serve_python() -> Path:
 
 def check_smoke_input(out_dir: Path, checkpoint: Path, tp: int, runs: list[str]) -> tuple[str, str]:
     """(architecture, port name), or InputError: nothing runs on bad input."""
-    from autoport_cst.cli.preflight import check_checkpoint_dir
+    from autoport_cst.preflight import check_checkpoint_dir
 
     unknown = sorted(set(runs) - set(RUNS))
     if unknown or not runs:
