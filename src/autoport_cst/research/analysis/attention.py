@@ -434,6 +434,14 @@ def _kind(
                 f"{where}: the projections are clamped before the attention ({clipped[0].name})",
             )
         )
+    _own_parameters(st, attn, nodes, kernels, where)
+
+
+def _own_parameters(
+    st: AnalyzerState, attn: Instance, nodes: list[Node], kernels: list[Node], where: str
+) -> None:
+    """Learned parameters of the attention module its computation uses
+    (beyond its submodules' and the sinks passed to the kernel)."""
     sinks = {id(v.ref) for k in kernels for _, v in k.kwargs if isinstance(v, Node) and v.kind == "param"}
     own = [
         n
@@ -718,6 +726,13 @@ def _per_layer(st: AnalyzerState, where: str) -> None:
     if any(sinks) and not all(sinks):
         on = [i for i, x in enumerate(sinks) if x]
         st.add(unknown("attention.sinks", CODE, f"{where}: attention sinks on layers {ranges(on)} only"))
+    _window_findings(st, windows, where)
+
+
+def _window_findings(st: AnalyzerState, windows: list[Any], where: str) -> None:
+    """The sliding window from the kernel's argument on every layer: none,
+    all, per layer, or unknown where one is not computable; its length when
+    the layers that have one agree."""
     if any(w is UNKNOWN or not (w is None or number(w)) for w in windows):
         st.add(
             unknown(

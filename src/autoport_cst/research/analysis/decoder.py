@@ -236,6 +236,23 @@ def _verdict(st: AnalyzerState, layer: Instance, value: Any) -> dict[str, Any]:
             verdict["why_placement"] = f"no residual add found around the {kind} output"
             return verdict
         post[kind], mults[kind] = _post_of(st, branch, call)
+    _placement(verdict, pre, post)
+    _parallel(verdict, S, pre)
+    values = set(mults.values())
+    if len(values) == 1:
+        m = values.pop()
+        verdict["multiplier"] = None if math.isclose(m, 1.0) else m
+    else:
+        verdict["why_multiplier"] = f"different scalars on the sublayer outputs: {mults}"
+    return verdict
+
+
+def _placement(
+    verdict: dict[str, Any], pre: dict[str, Instance | None], post: dict[str, Instance | None]
+) -> None:
+    """The norms around each sublayer (``pre``: on its input, ``post``: on its
+    output before the residual add): their names and roles, and the placement
+    they make (pre, post, sandwich; mixed is not classified)."""
     names = []
     for kind in ("attention", "mlp"):
         for norm in (pre[kind], post[kind]):
@@ -263,6 +280,11 @@ def _verdict(st: AnalyzerState, layer: Instance, value: Any) -> dict[str, Any]:
     else:
         verdict["why_placement"] = f"mixed norm placement ({desc})"
     verdict["placement_evidence"] = desc
+
+
+def _parallel(verdict: dict[str, Any], S: dict[str, Node], pre: dict[str, Instance | None]) -> None:
+    """Sequential sublayers, or attention and MLP reading the same input
+    (through one norm or two) and summed."""
     mlp_arg = S["mlp"].args[0] if S["mlp"].args else S["mlp"].kwarg("hidden_states")
     if depends_on(mlp_arg, S["attention"]):
         verdict["parallel"] = "none"
@@ -275,13 +297,6 @@ def _verdict(st: AnalyzerState, layer: Instance, value: Any) -> dict[str, Any]:
         verdict["parallel_evidence"] = "attention and MLP read the same input and are summed" + (
             " (one norm)" if shared else " (separate norms)"
         )
-    values = set(mults.values())
-    if len(values) == 1:
-        m = values.pop()
-        verdict["multiplier"] = None if math.isclose(m, 1.0) else m
-    else:
-        verdict["why_multiplier"] = f"different scalars on the sublayer outputs: {mults}"
-    return verdict
 
 
 def _norm_call(st: AnalyzerState, value: Any) -> Instance | None:

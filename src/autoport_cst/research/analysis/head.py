@@ -74,26 +74,7 @@ def _embedding_scale(
 ) -> None:
     """Scalars between the token embedding (including its own forward) and
     the first layer: sqrt(hidden_size) or another constant."""
-    first_layer = st.layers[0]
-    factors: set[float] = set()
-    untraced = False  # a path whose embedding factor is not a constant
-    evidence = []
-    for state in st.forward(backbone):
-        calls = [n for n in walk(state.value) if n.kind == "module" and n.ref is first_layer]
-        for call in calls:
-            arg = call.args[0] if call.args else call.kwarg("hidden_states")
-            f, ops, reached = scalar_path(
-                arg,
-                lambda v: isinstance(v, Node) and v.kind == "module" and v.ref is embed,
-                transparent=lambda n: st.role(n.ref) == "dropout",
-            )
-            if reached:
-                inner, inner_ops = _embedding_factor(st, embed)
-                if inner is None:
-                    untraced = True
-                else:
-                    factors.add(round(f * inner, 9))
-                    evidence = ops + inner_ops
+    factors, untraced, evidence = _embedding_factors(st, backbone, embed)
     if not factors and not untraced:
         st.add(
             unknown(
@@ -130,6 +111,35 @@ def _embedding_scale(
                 f"{where}: embeddings multiplied by {factor:g} ({shown})",
             )
         )
+
+
+def _embedding_factors(
+    st: AnalyzerState, backbone: Instance, embed: Instance
+) -> tuple[set[float], bool, list[str]]:
+    """The constant factors between the embedding and the first layer, one
+    per path of the backbone's forward; whether a path's factor is not a
+    constant; the operations of the last path traced."""
+    first_layer = st.layers[0]
+    factors: set[float] = set()
+    untraced = False  # a path whose embedding factor is not a constant
+    evidence = []
+    for state in st.forward(backbone):
+        calls = [n for n in walk(state.value) if n.kind == "module" and n.ref is first_layer]
+        for call in calls:
+            arg = call.args[0] if call.args else call.kwarg("hidden_states")
+            f, ops, reached = scalar_path(
+                arg,
+                lambda v: isinstance(v, Node) and v.kind == "module" and v.ref is embed,
+                transparent=lambda n: st.role(n.ref) == "dropout",
+            )
+            if reached:
+                inner, inner_ops = _embedding_factor(st, embed)
+                if inner is None:
+                    untraced = True
+                else:
+                    factors.add(round(f * inner, 9))
+                    evidence = ops + inner_ops
+    return factors, untraced, evidence
 
 
 def _final_norm(st: AnalyzerState, path: str, backbone: Instance) -> None:
@@ -236,6 +246,27 @@ def analyze_head(st: AnalyzerState) -> None:
 def _logits_source(st: AnalyzerState, divisor: float, where: str) -> None:
     """The config field the logits are rescaled by: divided by it
     (Granite's logits_scaling) or multiplied by it (Cohere's logit_scale)."""
+    found = _logits_fields_set(st, divisor)
+    forward = st.interp.find_method(st.cls, "forward")
+    if not found and forward is not None:  # read in forward: logits / self.config.<key>
+        found = _logits_fields_read(st, forward[1], divisor)
+    if len({(k, f) for k, f, _ in found}) == 1:
+        key, form, evidence = found.pop()
+        st.add(known(key, "lm_head.logits_key", CODE, f"{where}: {evidence}"))
+        st.add(known(form, "lm_head.logits_form", CODE, f"{where}: {evidence}"))
+    else:
+        st.add(
+            unknown(
+                "lm_head.logits_key",
+                CODE,
+                f"{where}: no single config field gives the logits factor ({len(found)} candidates)",
+            )
+        )
+
+
+def _logits_fields_set(st: AnalyzerState, divisor: float) -> set[tuple[str, str, str]]:
+    """(key, form, evidence) of the config fields ``__init__`` stored in an
+    attribute whose value is the logits' divisor or its inverse."""
     config = st.interp.config
     found = set()
     for attr, value in st.top.attrs.items():
@@ -255,45 +286,36 @@ def _logits_source(st: AnalyzerState, divisor: float, where: str) -> None:
                 found.add((key, "divisor", f"self.{attr} = config.{key}; logits / {field_value:g}"))
             elif math.isclose(1.0 / field_value, divisor, rel_tol=1e-9):
                 found.add((key, "multiplier", f"self.{attr} = config.{key}; logits * {field_value:g}"))
-    forward = st.interp.find_method(st.cls, "forward")
-    if not found and forward is not None:  # read in forward: logits / self.config.<key>
-        read = sorted(
-            {
-                node.attr
-                for node in ast.walk(forward[1])
-                if isinstance(node, ast.Attribute)
-                and isinstance(node.value, ast.Attribute)
-                and node.value.attr == "config"
-            }
-        )
-        for key in read:
-            field_value = config.read(key, None) if config.has(key) else None
-            if not number(field_value) or field_value == 0:
-                continue
-            if math.isclose(field_value, divisor, rel_tol=1e-9):
-                found.add(
-                    (key, "divisor", f"forward divides the logits by self.config.{key} = {field_value:g}")
-                )
-            elif math.isclose(1.0 / field_value, divisor, rel_tol=1e-9):
-                found.add(
-                    (
-                        key,
-                        "multiplier",
-                        f"forward multiplies the logits by self.config.{key} = {field_value:g}",
-                    )
-                )
-    if len({(k, f) for k, f, _ in found}) == 1:
-        key, form, evidence = found.pop()
-        st.add(known(key, "lm_head.logits_key", CODE, f"{where}: {evidence}"))
-        st.add(known(form, "lm_head.logits_form", CODE, f"{where}: {evidence}"))
-    else:
-        st.add(
-            unknown(
-                "lm_head.logits_key",
-                CODE,
-                f"{where}: no single config field gives the logits factor ({len(found)} candidates)",
+    return found
+
+
+def _logits_fields_read(
+    st: AnalyzerState, forward: ast.FunctionDef | ast.AsyncFunctionDef, divisor: float
+) -> set[tuple[str, str, str]]:
+    """(key, form, evidence) of the ``self.config.<key>`` fields ``forward``
+    reads whose value is the logits' divisor or its inverse."""
+    config = st.interp.config
+    found = set()
+    read = sorted(
+        {
+            node.attr
+            for node in ast.walk(forward)
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "config"
+        }
+    )
+    for key in read:
+        field_value = config.read(key, None) if config.has(key) else None
+        if not number(field_value) or field_value == 0:
+            continue
+        if math.isclose(field_value, divisor, rel_tol=1e-9):
+            found.add((key, "divisor", f"forward divides the logits by self.config.{key} = {field_value:g}"))
+        elif math.isclose(1.0 / field_value, divisor, rel_tol=1e-9):
+            found.add(
+                (key, "multiplier", f"forward multiplies the logits by self.config.{key} = {field_value:g}")
             )
-        )
+    return found
 
 
 def _logits_of(value: Any, head: Instance) -> Any:

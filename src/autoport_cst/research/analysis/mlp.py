@@ -112,23 +112,9 @@ def mlp_facts(st: AnalyzerState, inst: Instance) -> dict[str, Any]:
         return facts
     nodes = list(walk(outs[0]))
     acts = [n for n in nodes if n.kind == "act" or torch_activation(n)]
-    linear_calls = [
-        n for n in nodes if n.kind == "module" and n.ref is not None and st.role(n.ref) == "linear"
-    ]
-    order = list(inst.attrs)
-    lin_insts = sorted(
-        unique([c.ref for c in linear_calls]), key=lambda i: order.index(i.name) if i.name in order else 99
-    )
-    param_mm = [
-        n
-        for n in nodes
-        if n.kind in ("binop", "call")
-        and (n.name.rsplit(".", 1)[-1] in ("matmul", "bmm") or n.name.endswith(".linear"))
-        and any(param_inside(x) for x in n.args)
-    ]
-    projections = linear_calls + param_mm
+    linear_calls, lin_insts, param_mm = _projections(st, inst, nodes)
     _activation(facts, nodes, acts)
-    gated = _gated(nodes, projections)
+    gated = _gated(nodes, linear_calls + param_mm)
     if acts or gated:
         facts["kind"] = "gated" if gated else "plain"
     chunks = [
@@ -161,6 +147,29 @@ def mlp_facts(st: AnalyzerState, inst: Instance) -> dict[str, Any]:
     facts["linears"] = [(i.name, i.args.get("out_features"), i.args.get("bias")) for i in lin_insts]
     facts["roles"] = _roles(linear_calls, acts, gated, fused)
     return facts
+
+
+def _projections(
+    st: AnalyzerState, inst: Instance, nodes: list[Node]
+) -> tuple[list[Node], list[Instance], list[Node]]:
+    """The MLP's projections: the calls of its linear submodules, those
+    submodules in the order ``__init__`` set them, and the products with
+    parameters (``matmul``/``bmm``/``F.linear`` of stacked weights)."""
+    linear_calls = [
+        n for n in nodes if n.kind == "module" and n.ref is not None and st.role(n.ref) == "linear"
+    ]
+    order = list(inst.attrs)
+    lin_insts = sorted(
+        unique([c.ref for c in linear_calls]), key=lambda i: order.index(i.name) if i.name in order else 99
+    )
+    param_mm = [
+        n
+        for n in nodes
+        if n.kind in ("binop", "call")
+        and (n.name.rsplit(".", 1)[-1] in ("matmul", "bmm") or n.name.endswith(".linear"))
+        and any(param_inside(x) for x in n.args)
+    ]
+    return linear_calls, lin_insts, param_mm
 
 
 def _activation(facts: dict[str, Any], nodes: list[Node], acts: list[Node]) -> None:
@@ -251,6 +260,14 @@ def _roles(calls: list[Node], acts: list[Node], gated: bool, fused: bool) -> dic
 def mlp_findings(st: AnalyzerState, facts: dict[str, Any], where: str, field_prefix: str) -> None:
     """The findings of :func:`mlp_facts` under ``field_prefix`` (kind,
     activation, glu, bias, fused gate/up)."""
+    _kind_finding(st, facts, where, field_prefix)
+    _activation_findings(st, facts, where, field_prefix)
+    _glu_findings(st, facts, where, field_prefix)
+    _projection_findings(st, facts, where, field_prefix)
+
+
+def _kind_finding(st: AnalyzerState, facts: dict[str, Any], where: str, field_prefix: str) -> None:
+    """Gated (an activation output times a second projection) or plain."""
     if facts["kind"] is None:
         st.add(unknown(f"{field_prefix}.kind", CODE, f"{where}: {facts['evidence'] or 'not classified'}"))
     else:
@@ -260,6 +277,10 @@ def mlp_findings(st: AnalyzerState, facts: dict[str, Any], where: str, field_pre
             else "activation applied to one projection, no product"
         )
         st.add(known(facts["kind"], f"{field_prefix}.kind", CODE, f"{where}: {detail}"))
+
+
+def _activation_findings(st: AnalyzerState, facts: dict[str, Any], where: str, field_prefix: str) -> None:
+    """The activation (the clamped SwiGLU's is silu) and the config key it is read from."""
     act = facts["act"]
     glu = facts.get("glu")
     if act is None:
@@ -282,6 +303,11 @@ def mlp_findings(st: AnalyzerState, facts: dict[str, Any], where: str, field_pre
                 f"{where}: activation read from config.{facts['act_key']}",
             )
         )
+
+
+def _glu_findings(st: AnalyzerState, facts: dict[str, Any], where: str, field_prefix: str) -> None:
+    """The gated unit's form: the clamped SwiGLU with its gain and bound, or the standard one."""
+    glu = facts.get("glu")
     if glu is not None:
         st.add(known("clamped_swiglu", f"{field_prefix}.glu", CODE, f"{where}: {glu['evidence']}"))
         st.add(
@@ -290,6 +316,10 @@ def mlp_findings(st: AnalyzerState, facts: dict[str, Any], where: str, field_pre
         st.add(known(glu["limit"], f"{field_prefix}.glu_limit", CODE, f"{where}: clamp bound {glu['limit']}"))
     elif facts["kind"] == "gated":
         st.add(known("standard", f"{field_prefix}.glu", CODE, f"{where}: act(gate) * up"))
+
+
+def _projection_findings(st: AnalyzerState, facts: dict[str, Any], where: str, field_prefix: str) -> None:
+    """The projections' bias, and gate and up fused (interleaved) in one projection."""
     if facts["bias"] is None:
         st.add(unknown(f"{field_prefix}.bias", CODE, f"{where}: projection biases not determined"))
     else:

@@ -71,6 +71,45 @@ def analyze(st: AnalyzerState, block: Instance, prefix: str) -> None:
         for n, c in children
         if c is routing_owner or (st.base_module(c) == "Linear" and c.args.get("out_features") == num_experts)
     ]
+    _routing_findings(st, facts, num_experts, experts_name, intermediate, where, rwhere)
+    _shared_experts(st, children, experts_name, where)
+    if expert_facts is not None:
+        mlp.mlp_findings(
+            st, expert_facts, st.where(experts[0] if isinstance(experts, list) else experts), "mlp"
+        )
+    if isinstance(experts, Instance):
+        st.add(
+            known(
+                True,
+                "code.stacked_experts",
+                CODE,
+                f"{where}: experts stored as 3-D parameters {[n for n, _ in experts.params()]}",
+            )
+        )
+    if not st.result.dense_layers:
+        st.add(known(None, "mlp.intermediate_size", CODE, f"{where}: no dense MLP layer"))
+    _router_dtype(st, children, routing_owner, rwhere)
+    if facts.get("routed_scaling") is None and experts is not None:
+        scaled = _block_scaling(st, block, experts)
+        if scaled is not None:
+            facts["routed_scaling"], facts["routed_scaling_evidence"] = scaled
+    _extras(st, facts, rwhere, where, expert_facts, experts)
+    if isinstance(experts, Instance):
+        _expert_input(st, block, experts, where)
+
+
+def _routing_findings(
+    st: AnalyzerState,
+    facts: dict[str, Any],
+    num_experts: int | None,
+    experts_name: str | None,
+    intermediate: int | None,
+    where: str,
+    rwhere: str,
+) -> None:
+    """The routed block's sizes and routing: the number of experts (held by
+    ``experts_name``), top-k, the experts' width, the router's activation,
+    renormalisation and biases; unknown where the code did not say."""
     values = {
         "moe.num_experts": (num_experts, f"{where}: {experts_name} holds {num_experts} experts"),
         "moe.top_k": (facts.get("top_k"), f"{rwhere}: topk(k={facts.get('top_k')})"),
@@ -91,22 +130,12 @@ def analyze(st: AnalyzerState, block: Instance, prefix: str) -> None:
             st.add(unknown(name, CODE, evidence))
         else:
             st.add(known(value, name, CODE, evidence))
-    _shared_experts(st, children, experts_name, where)
-    if expert_facts is not None:
-        mlp.mlp_findings(
-            st, expert_facts, st.where(experts[0] if isinstance(experts, list) else experts), "mlp"
-        )
-    if isinstance(experts, Instance):
-        st.add(
-            known(
-                True,
-                "code.stacked_experts",
-                CODE,
-                f"{where}: experts stored as 3-D parameters {[n for n, _ in experts.params()]}",
-            )
-        )
-    if not st.result.dense_layers:
-        st.add(known(None, "mlp.intermediate_size", CODE, f"{where}: no dense MLP layer"))
+
+
+def _router_dtype(
+    st: AnalyzerState, children: list[tuple[str, Instance]], routing_owner: Instance | None, rwhere: str
+) -> None:
+    """Whether the router's weight is created in float32 or the model dtype."""
     router_params = [p for _, c in children if c is routing_owner for _, p in c.params()]
     router_f32 = any(p.float32 for p in router_params)
     st.add(
@@ -117,13 +146,6 @@ def analyze(st: AnalyzerState, block: Instance, prefix: str) -> None:
             f"{rwhere}: router weight created in {'float32' if router_f32 else 'the model dtype'}",
         )
     )
-    if facts.get("routed_scaling") is None and experts is not None:
-        scaled = _block_scaling(st, block, experts)
-        if scaled is not None:
-            facts["routed_scaling"], facts["routed_scaling_evidence"] = scaled
-    _extras(st, facts, rwhere, where, expert_facts, experts)
-    if isinstance(experts, Instance):
-        _expert_input(st, block, experts, where)
 
 
 def _routing_forward(
