@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from autoport_cst.transform.cst import printed as printed_module
 from autoport_cst.transform.cst.printed import code_in_order, module_code
 from autoport_cst.transform.cst.snippets import parse_statement
 from autoport_cst.transform.cst.vocabulary import walk
@@ -67,13 +68,14 @@ def test_an_edit_prints_only_the_statement_it_changed(monkeypatch):
     after = rewrite(module, {id(scale): lambda updated: updated.with_changes(value="scaling")})
     expected = after.code
     printed = []
-    original = cst.Module.code_for_node
+    original = printed_module.node_code
 
-    def counting(self, node):
+    def counting(module, node):
         printed.append(node)
-        return original(self, node)
+        return original(module, node)
 
-    monkeypatch.setattr(cst.Module, "code_for_node", counting)
+    # module_code prints a statement it has not kept through node_code
+    monkeypatch.setattr(printed_module, "node_code", counting)
     assert module_code(after) == expected
     (edited,) = (s for s in after.body if isinstance(s, cst.ClassDef))
     assert printed == [edited]

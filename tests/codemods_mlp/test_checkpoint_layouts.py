@@ -64,7 +64,10 @@ def conv1d_plan(in_out: bool) -> dict:
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_in_out_checkpoint_tensors_load_untransposed(tp, ports, conv1d_checkpoint):
-    report = validate_model(ports.build(conv1d_plan(True)), conv1d_checkpoint, tp=tp, dtype="fp32")
+    # no config variants: a variant checkpoint, written by transformers, lacks the hand-made [in, out] copies
+    report = validate_model(
+        ports.build(conv1d_plan(True)), conv1d_checkpoint, tp=tp, dtype="fp32", config_variants=False
+    )
     assert report.equivalent, report.summary()
 
 

@@ -127,7 +127,12 @@ def llama3_parameters(theta: float, dims: int) -> dict[str, Any]:
     the original context sits between the second and third shortest
     wavelengths (short, so that it stays under the tiny context)."""
     wavelengths = sorted(2 * math.pi * theta ** (2 * i / dims) for i in range(dims // 2))
-    original = math.sqrt(wavelengths[1] * wavelengths[2])
+    if len(wavelengths) >= 3:
+        original = math.sqrt(wavelengths[1] * wavelengths[2])
+    elif len(wavelengths) == 2:  # partial rotary: the longer one divided, the shorter kept or smoothed
+        original = math.sqrt(wavelengths[0] * wavelengths[1])
+    else:  # one frequency: divided
+        original = 2 * wavelengths[0]
     return {
         "rope_type": "llama3",
         "factor": 8.0,
