@@ -149,30 +149,9 @@ def plan_parallelism(
             )
         else:
             ep_needed = True
-            expert_bytes = expert_parameters * BYTES_PER_PARAM
-            dense_bytes = weight_bytes - expert_bytes
-            for check in valid:
-                ep = world_size // check.tp
-                if ep < 2 or dims.num_experts % ep:
-                    continue
-                per_rank = -(-dense_bytes // check.tp) + -(-expert_bytes // (check.tp * ep))
-                ep_options.append(
-                    EPOption(check.tp, ep, dims.num_experts // ep, per_rank, per_rank <= budget)
-                )
-            fitting_ep = [o for o in ep_options if o.fits]
-            if fitting_ep:
-                chosen = max(fitting_ep, key=lambda o: o.tp)  # the least expert parallelism that fits
-                reason = (
-                    f"no valid TP fits ({valid[-1].bytes_per_rank / 1e9:.1f} GB per rank at the largest "
-                    f"valid TP {valid[-1].tp}): expert parallelism EP {chosen.ep} x TP {chosen.tp} = "
-                    f"{world_size} ranks, {chosen.local_experts} experts per rank, "
-                    f"{chosen.bytes_per_rank / 1e9:.1f} GB per rank"
-                )
-            else:
-                reason = (
-                    f"expert parallelism needed, but no EP degree dividing {dims.num_experts} experts "
-                    f"fits in {world_size} ranks"
-                )
+            ep_options, chosen, reason = _expert_parallelism(
+                dims.num_experts, valid, weight_bytes, expert_parameters, world_size, budget
+            )
     return ParallelPlan(
         world_size=world_size,
         budget_bytes=budget,
@@ -186,6 +165,43 @@ def plan_parallelism(
         ep_options=tuple(ep_options),
         reason=reason,
     )
+
+
+def _expert_parallelism(
+    num_experts: int,
+    valid: list[TPCheck],
+    weight_bytes: int,
+    expert_parameters: int,
+    world_size: int,
+    budget: int,
+) -> tuple[list[EPOption], EPOption | None, str]:
+    """An MoE model no valid TP fits: the EP x TP splits of ``world_size``
+    ranks (EP dividing the experts), the one with the least expert
+    parallelism that fits, and why."""
+    ep_options: list[EPOption] = []
+    expert_bytes = expert_parameters * BYTES_PER_PARAM
+    dense_bytes = weight_bytes - expert_bytes
+    for check in valid:
+        ep = world_size // check.tp
+        if ep < 2 or num_experts % ep:
+            continue
+        per_rank = -(-dense_bytes // check.tp) + -(-expert_bytes // (check.tp * ep))
+        ep_options.append(EPOption(check.tp, ep, num_experts // ep, per_rank, per_rank <= budget))
+    fitting_ep = [o for o in ep_options if o.fits]
+    if not fitting_ep:
+        reason = (
+            f"expert parallelism needed, but no EP degree dividing {num_experts} experts "
+            f"fits in {world_size} ranks"
+        )
+        return ep_options, None, reason
+    chosen = max(fitting_ep, key=lambda o: o.tp)  # the least expert parallelism that fits
+    reason = (
+        f"no valid TP fits ({valid[-1].bytes_per_rank / 1e9:.1f} GB per rank at the largest "
+        f"valid TP {valid[-1].tp}): expert parallelism EP {chosen.ep} x TP {chosen.tp} = "
+        f"{world_size} ranks, {chosen.local_experts} experts per rank, "
+        f"{chosen.bytes_per_rank / 1e9:.1f} GB per rank"
+    )
+    return ep_options, chosen, reason
 
 
 # config.json spellings of the sizes the rules check (the first present is used)
