@@ -76,7 +76,8 @@ def test_in_out_projections_load_untransposed(tmp_path, in_out_checkpoint):
     source = (package / "model.py").read_text(encoding="utf-8")
     assert "is_storage_transposed=True" not in source
     assert '"{prefix}.self_attn.o_proj_t.weight"' in source.replace('f"', '"')
-    report = validate_model(package, in_out_checkpoint, tp=1, dtype="fp32", steps=4)
+    # no config variants: a variant checkpoint, written by transformers, lacks the hand-made [in, out] copies
+    report = validate_model(package, in_out_checkpoint, tp=1, dtype="fp32", steps=4, config_variants=False)
     assert report.equivalent, report.summary()
 
 

@@ -110,8 +110,14 @@ def test_a_failed_codemod_precondition_refuses_with_the_feature(workdir):
     """Cohere 2 MoE has a parallel residual; the only MoE reference's decoder
     layer is not in the form parallel-residual rewrites, so the port is refused
     naming residual.parallel and the position, and nothing is written."""
+    import json
+
     source = workdir / "cohere2_moe"
     build_tiny_checkpoint("Cohere2MoeForCausalLM", source, seed=0)
+    # sliding layers only: its full-attention layers take no RoPE, which research refuses first
+    config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    config["layer_types"] = ["sliding_attention"] * len(config["layer_types"])
+    (source / "config.json").write_text(json.dumps(config), encoding="utf-8")
     out = workdir / "cohere2-out"
     with pytest.raises(UnrealizableDiffError) as refused:
         port(str(source), "refused_cohere2_moe", out)
