@@ -14,7 +14,8 @@ named for what they hold and are gathered here:
   ``.attention_decode``);
 - ``dense_mlp``: ``mlp``, ``merge_prompt_embeds``;
 - ``moe``: the mixture-of-experts kernels;
-- ``collectives``: ``all_to_all``.
+- ``collectives``: ``all_to_all``;
+- ``mla``: multi-latent attention, ``mla_absorb`` and ``mla_decode_attention``.
 
 Constraints of the hardware kernels that decide whether a port runs on a
 device are enforced with the kernel's wording, so a port that passes on CPU
@@ -36,6 +37,7 @@ from .decode_attention import attention_decode
 from .decode_mask import gen_attention_decode_mask
 from .dense_mlp import merge_prompt_embeds, mlp
 from .kernel_options import KernelArgumentError, UnsupportedKernelOption
+from .mla import mla_absorb, mla_decode_attention
 from .numerics import P_MAX, KernelConstraintError
 from .prefill_attention import flash_attention, segmented_attention, segmented_attention_cp
 from .projections import o_proj, qkv_proj
@@ -52,6 +54,8 @@ __all__ = [
     "flash_attention",
     "gen_attention_decode_mask",
     "merge_prompt_embeds",
+    "mla_absorb",
+    "mla_decode_attention",
     "mlp",
     "o_proj",
     "qkv_proj",

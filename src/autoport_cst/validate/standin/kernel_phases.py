@@ -14,7 +14,7 @@ refused there (``KernelPhaseError``, naming the kernel and the phase):
 - prefill only: ``flash_attention``, ``segmented_attention``,
   ``segmented_attention_cp`` (context encoding);
 - decode only: ``attention_decode``, ``gen_attention_decode_mask``,
-  ``moe_block_tkg`` (token generation).
+  ``moe_block_tkg``, ``mla_decode_attention`` (token generation).
 
 A hand-written kernel (a softcapped attention in plain torch) records
 nothing, so the port's own methods of each phase are guarded too:
@@ -41,7 +41,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PREFILL_ONLY = frozenset({"flash_attention", "segmented_attention", "segmented_attention_cp"})
-DECODE_ONLY = frozenset({"attention_decode", "gen_attention_decode_mask", "moe_block_tkg"})
+DECODE_ONLY = frozenset(
+    {"attention_decode", "gen_attention_decode_mask", "moe_block_tkg", "mla_decode_attention"}
+)
 PHASES = ("prefill", "decode")
 # the port's own methods of one phase, by name (the references' convention)
 PHASE_METHODS = {
