@@ -16,6 +16,7 @@ from autoport_cst.cli.common import (
     stderr_console,
     stdout_console,
 )
+from autoport_cst.cli.plain_table import plain_table
 from autoport_cst.errors import InputError
 
 
@@ -166,48 +167,18 @@ def _source_label(path, result, reference) -> str:
     return path
 
 
-def _summary(result, report, output_format: str, to_stderr: bool, out: Path | None = None) -> None:
-    if output_format == "json":
-        data = {
-            "plan": result.plan.name,
-            "reference": result.reference.name,
-            "steps": [
-                {
-                    "codemod": s.codemod,
-                    "origin": s.origin,
-                    "params": s.params,
-                    "realizes": list(s.realizes),
-                    "changed": list(s.changed),
-                    "notes": [str(n) for n in s.notes],
-                }
-                for s in result.steps
-            ],
-            "by_config": [d.path for d in result.composition.by_config],
-            "warnings": [
-                f"{w.path}:{w.line}:{w.column}: {w.code} {w.message}" + (f" ({w.note})" if w.note else "")
-                for w in result.warnings
-            ],
-            "files": sorted(result.files),
-        }
-        if report is not None:
-            data.update(
-                written=list(report.written), unchanged=list(report.unchanged), removed=list(report.removed)
-            )
-        stream = sys.stderr if to_stderr else sys.stdout
-        stream.write(json.dumps(data, indent=2) + "\n")
-        return
-    from rich.table import Table
+_SUMMARY_HEADERS = ("#", "codemod", "origin", "realizes", "files changed", "text edits")
+_RIGHT_ALIGNED = (0, 4, 5)
 
-    console = stderr_console() if to_stderr else stdout_console()
-    table = Table(title=f"{result.plan.name}: ported from {result.reference.name}", title_justify="left")
-    table.add_column("#", justify="right")
-    table.add_column("codemod")
-    table.add_column("origin")
-    table.add_column("realizes")
-    table.add_column("files changed", justify="right")
-    table.add_column("text edits", justify="right")
-    for number, step in enumerate(result.steps, 1):
-        table.add_row(
+
+def _summary(result, report, output_format: str, to_stderr: bool, out: Path | None = None) -> None:
+    stream = sys.stderr if to_stderr else sys.stdout
+    if output_format == "json":
+        stream.write(json.dumps(_summary_data(result, report), indent=2) + "\n")
+        return
+    title = f"{result.plan.name}: ported from {result.reference.name}"
+    rows = [
+        (
             str(number),
             step.codemod,
             step.origin,
@@ -215,24 +186,74 @@ def _summary(result, report, output_format: str, to_stderr: bool, out: Path | No
             str(len(step.changed)),
             str(len(step.notes)),
         )
+        for number, step in enumerate(result.steps, 1)
+    ]
+    lines = _summary_lines(result, report, out)
+    if not stream.isatty():  # a pipe or a file: plain text, and no import of rich
+        stream.write(plain_table(title, _SUMMARY_HEADERS, rows, _RIGHT_ALIGNED))
+        stream.writelines(text + "\n" for text, _ in lines)
+        return
+    from rich.table import Table
+
+    console = stderr_console() if to_stderr else stdout_console()
+    table = Table(title=title, title_justify="left")
+    for number, header in enumerate(_SUMMARY_HEADERS):
+        table.add_column(header, justify="right" if number in _RIGHT_ALIGNED else "left")
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
+    for text, style in lines:
+        console.print(text, style=style, markup=False)
+
+
+def _summary_lines(result, report, out: Path | None) -> list[tuple[str, str | None]]:
+    """The lines under the summary table, each with its terminal style."""
+    lines: list[tuple[str, str | None]] = []
     if result.composition.by_config:
         fields = ", ".join(d.path for d in result.composition.by_config)
-        console.print(f"read from the config at run time: {fields}")
+        lines.append((f"read from the config at run time: {fields}", None))
     for warning in result.warnings:
-        console.print(
-            f"warning: {warning.path}:{warning.line}:{warning.column}: {warning.code} {warning.message}"
-            + (f" ({warning.note})" if warning.note else ""),
-            style="yellow",
-            markup=False,
-        )
+        text = f"warning: {warning.path}:{warning.line}:{warning.column}: {warning.code} {warning.message}"
+        lines.append((text + (f" ({warning.note})" if warning.note else ""), "yellow"))
     notes = [n for s in result.steps for n in s.notes]
     if notes:
-        console.print(f"text edits in strings, docstrings and comments ({len(notes)}):")
-        for note in notes:
-            console.print(f"  {note}", style="dim", markup=False)
+        lines.append((f"text edits in strings, docstrings and comments ({len(notes)}):", None))
+        lines.extend((f"  {note}", "dim") for note in notes)
     if report is not None:
-        console.print(
-            f"wrote {len(report.written)} file(s) under {out} "
-            f"({len(report.unchanged)} unchanged, {len(report.removed)} removed)"
+        lines.append(
+            (
+                f"wrote {len(report.written)} file(s) under {out} "
+                f"({len(report.unchanged)} unchanged, {len(report.removed)} removed)",
+                None,
+            )
         )
+    return lines
+
+
+def _summary_data(result, report) -> dict:
+    data = {
+        "plan": result.plan.name,
+        "reference": result.reference.name,
+        "steps": [
+            {
+                "codemod": s.codemod,
+                "origin": s.origin,
+                "params": s.params,
+                "realizes": list(s.realizes),
+                "changed": list(s.changed),
+                "notes": [str(n) for n in s.notes],
+            }
+            for s in result.steps
+        ],
+        "by_config": [d.path for d in result.composition.by_config],
+        "warnings": [
+            f"{w.path}:{w.line}:{w.column}: {w.code} {w.message}" + (f" ({w.note})" if w.note else "")
+            for w in result.warnings
+        ],
+        "files": sorted(result.files),
+    }
+    if report is not None:
+        data.update(
+            written=list(report.written), unchanged=list(report.unchanged), removed=list(report.removed)
+        )
+    return data
