@@ -35,7 +35,7 @@ from .kernel_precision import PolicyUnavailable, run_kernel_precision_reference
 from .layout import ParallelLayout, check_layout
 from .package import PortImportError, check_package_dir, imported_package
 from .reference import ReferenceOutput, greedy_teacher, load_reference, run_reference
-from .reference_reuse import keep_run, kept_run
+from .reference_reuse import keep_run, kept_run, sharing_reference_runs
 from .report import PortFailureInfo, ValidationReport
 from .routing import ForcedTeacher, RoutedRun, RoutingRecord, run_reference_routed
 from .scenario import (
@@ -151,6 +151,7 @@ def validate_model(
     dcp_interleave: int = 1,
     prefill_dcp: bool = False,
     config_variants: bool = True,
+    parallel_layouts: bool = True,
 ) -> ValidationReport:
     """Run the port in ``model_dir`` and transformers on ``checkpoint_dir``
     through prefill and ``steps`` decode steps, and compare them.
@@ -176,8 +177,11 @@ def validate_model(
     ``config_variants``: a TP=1 fp32 run with the model's KV cache that
     passes goes on to validate the port, the same way, on a checkpoint of each
     config variant its reference declares (``validate.config_variants``); the
-    first that fails fails the report."""
-    with _intra_op_threads(VALIDATION_THREADS):
+    first that fails fails the report. ``parallel_layouts``: such a run that
+    passes (its variants too) goes on to TP=2 and to data parallelism 2 of
+    each component on the same checkpoint (``validate.parallel_checks``),
+    reusing its transformers run."""
+    with _intra_op_threads(VALIDATION_THREADS), sharing_reference_runs():
         report = _validate(
             model_dir,
             checkpoint_dir,
@@ -204,9 +208,51 @@ def validate_model(
             ),
         )
         plain = (tp, ep, attention_dp, mlp_dp, embedding_dp, lm_head_dp, dcp) == (1,) * 7
-        if config_variants and report.equivalent and plain and (dtype, kv_cache_dtype) == ("fp32", "auto"):
+        plain = plain and (dtype, kv_cache_dtype) == ("fp32", "auto")
+        if config_variants and report.equivalent and plain:
             _check_config_variants(report, model_dir, checkpoint_dir, steps, prompt_lengths, seed, prefill)
+        if parallel_layouts and report.equivalent and plain:
+            _check_parallel_layouts(report, model_dir, checkpoint_dir, steps, prompt_lengths, seed, prefill)
         return report
+
+
+def _check_parallel_layouts(
+    report: ValidationReport,
+    model_dir: str | Path,
+    checkpoint_dir: str | Path,
+    steps: int,
+    prompt_lengths: tuple[int, ...] | None,
+    seed: int,
+    prefill: str,
+) -> None:
+    """The port validated at TP=2 and with data parallelism 2 (``parallel_checks``)."""
+    from .parallel_checks import check_parallel_layouts
+
+    def one(tp: int = 1, **dp: int) -> ValidationReport:
+        layout = ParallelLayout(
+            tp=tp,
+            attention_dp=dp.get("attention_dp", 1),
+            mlp_dp=dp.get("mlp_dp", 1),
+            embedding_dp=dp.get("embedding_dp", 1),
+            lm_head_dp=dp.get("lm_head_dp", 1),
+        )
+        return _validate(
+            model_dir,
+            checkpoint_dir,
+            tp=tp,
+            dtype="fp32",
+            steps=steps,
+            prompt_lengths=prompt_lengths,
+            block_size=None,
+            seed=seed,
+            on_stage=None,
+            prefill=prefill,
+            layout=layout,
+        )
+
+    start = time.perf_counter()
+    check_parallel_layouts(report, one)
+    report.timings["parallel_layouts"] = round(time.perf_counter() - start, 4)
 
 
 def _check_config_variants(

@@ -195,7 +195,6 @@ def check_config_variants(
     named after it."""
     import tempfile
 
-    from .report import Divergence, PortFailureInfo
     from .tiny import key_format_of
     from .variants import build_variant_checkpoint, read_values
 
@@ -223,14 +222,7 @@ def check_config_variants(
             entry.update(equivalent=found.equivalent, summary=found.summary())
             if found.equivalent or not report.equivalent:
                 continue
-            report.equivalent = False
-            named = f"config variant {variant.label}"
-            report.failed_checks = [f"{named}: {check}" for check in found.failed_checks]
-            if found.failure is not None:
-                report.failure = PortFailureInfo(f"{named}: {found.failure.stage}", found.failure.message)
-            elif found.first_diverging is not None:
-                first = found.first_diverging
-                report.first_diverging = Divergence(**{**vars(first), "message": f"{named}: {first.message}"})
+            report.fail_as(f"config variant {variant.label}", found)
 
 
 def _raised_in_transformers(error: BaseException) -> bool:

@@ -33,6 +33,17 @@ def reusing_reference_runs() -> Iterator[None]:
         _KEPT.reset(token)
 
 
+@contextmanager
+def sharing_reference_runs() -> Iterator[None]:
+    """Within: reference runs are reused, in the caller's
+    ``reusing_reference_runs`` when one is open, else in one of their own."""
+    if _KEPT.get() is not None:
+        yield
+        return
+    with reusing_reference_runs():
+        yield
+
+
 def _key(checkpoint: Path, prompts: tuple[tuple[int, ...], ...], steps: int) -> tuple:
     directory = Path(checkpoint).resolve()
     files = tuple(

@@ -59,6 +59,9 @@ class ValidationReport:
     # the config variants the port's reference declares (validate.config_variants), each run at TP=1
     # in fp32 on a checkpoint of its own: label, equivalent (None: not run) and summary
     config_variants: list[dict[str, Any]] = field(default_factory=list)
+    # the parallel layouts a passing TP=1 fp32 run goes on to (validate.parallel_checks), each in
+    # fp32 on the same checkpoint: label, equivalent (None: not run) and summary
+    parallel_layouts: list[dict[str, Any]] = field(default_factory=list)
     version: int = REPORT_VERSION
     kind: str = REPORT_KIND
     # In memory only (not in the JSON report): the port's logits and component
@@ -87,6 +90,17 @@ class ValidationReport:
             forced = (self.routing or {}).get("summary")
             return f"not equivalent: {self.first_diverging.message}" + (f"; {forced}" if forced else "")
         return "not equivalent: " + ", ".join(self.failed_checks)
+
+    def fail_as(self, named: str, found: ValidationReport) -> None:
+        """This report fails as ``found`` (a run of the same port on another
+        checkpoint or layout) failed, each of its findings prefixed ``named``."""
+        self.equivalent = False
+        self.failed_checks = [f"{named}: {check}" for check in found.failed_checks]
+        if found.failure is not None:
+            self.failure = PortFailureInfo(f"{named}: {found.failure.stage}", found.failure.message)
+        elif found.first_diverging is not None:
+            first = found.first_diverging
+            self.first_diverging = Divergence(**{**vars(first), "message": f"{named}: {first.message}"})
 
     def to_dict(self) -> dict[str, Any]:
         data = _plain({f.name: getattr(self, f.name) for f in fields(self) if f.name != "port_output"})
@@ -221,6 +235,19 @@ _ROUTING = {
     },
 }
 
+_LABELLED_RUNS = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "required": ["label", "equivalent", "summary"],
+        "properties": {
+            "label": {"type": "string"},
+            "equivalent": {"type": ["boolean", "null"]},
+            "summary": {"type": ["string", "null"]},
+        },
+    },
+}
+
 REPORT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "https://autoport-cst/schemas/validation-report-1.json",
@@ -325,18 +352,8 @@ REPORT_SCHEMA: dict[str, Any] = {
         "environment": {"type": "object"},
         "timings": {"type": "object", "additionalProperties": {"type": "number"}},
         "routing": _ROUTING,
-        "config_variants": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["label", "equivalent", "summary"],
-                "properties": {
-                    "label": {"type": "string"},
-                    "equivalent": {"type": ["boolean", "null"]},
-                    "summary": {"type": ["string", "null"]},
-                },
-            },
-        },
+        "config_variants": _LABELLED_RUNS,
+        "parallel_layouts": _LABELLED_RUNS,
     },
 }
 

@@ -1,0 +1,62 @@
+"""The parallel layouts a default validation runs after its TP=1 fp32 run.
+
+A TP=1 run executes the port's parallel code with identity values: rank 0 of
+one rank, data-parallel groups of one. Rank and size arithmetic that is wrong
+(``world_size > 1`` read as ``> 2``, ``+ rank * size`` as ``-``, a shard
+offset of the wrong rank, a data-parallel gather left out) gives the right
+numbers there. So a plain TP=1 fp32 validation that passes goes on, on the
+same checkpoint and prompts, to the smallest layouts that give that code
+other values (``LAYOUTS``):
+
+- ``TP=2``: two tensor-parallel ranks (sharded weights, the sequence-parallel
+  prefill, the collectives);
+- ``DP 2``: TP=1 with the attention, the MLP, the embedding and the LM head
+  each data-parallel over 2 ranks in the decode graph (a disaggregated run:
+  ``layout_session``).
+
+Each runs as ``validate --tp 2`` / ``--attention-dp 2 --mlp-dp 2
+--embedding-dp 2 --lm-head-dp 2`` would, with its ranks as local processes;
+the transformers run of the TP=1 validation is reused (``reference_reuse``).
+A layout the checkpoint cannot take (the tensor-parallel rules refuse TP=2,
+prompt lengths given that it cannot split) is reported as not run; the first
+layout that fails fails the report, named after it, and ends the checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from autoport_cst.errors import InputError
+
+# (label, validate_model's options) of each layout, in the order they run
+LAYOUTS: tuple[tuple[str, dict[str, int]], ...] = (
+    ("TP=2", {"tp": 2}),
+    (
+        "DP 2 (attention, MLP, embedding, LM head)",
+        {"attention_dp": 2, "mlp_dp": 2, "embedding_dp": 2, "lm_head_dp": 2},
+    ),
+)
+
+
+def check_parallel_layouts(report: Any, validate: Callable[..., Any]) -> None:
+    """Validate the port at each of ``LAYOUTS`` (``validate(**options) ->
+    ValidationReport``), into ``report.parallel_layouts``, until one fails:
+    it makes ``report`` fail, named after it (the later ones are not run)."""
+    for label, options in LAYOUTS:
+        entry: dict[str, Any] = {"label": label, "equivalent": None, "summary": None}
+        report.parallel_layouts.append(entry)
+        try:
+            found = validate(**options)
+        except InputError as refused:
+            entry["summary"] = f"not run: {_first_line(refused)}"
+            continue
+        entry.update(equivalent=found.equivalent, summary=found.summary())
+        if not found.equivalent:
+            report.fail_as(label, found)
+            return
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
