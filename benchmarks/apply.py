@@ -76,7 +76,8 @@ def reference_files(plan: Path) -> list[Path]:
 
     reference = load_reference(json.loads(plan.read_text())["reference"])
     files = [reference.directory / rel for rel in reference.files]
-    files += [reference.directory / "companions" / name for name in reference.companions]
+    own = [reference.directory / "companions" / name for name in reference.companions]
+    files += [f for f in own if f.is_file()]  # the others are made from a template (companion_templates)
     return sorted(f for f in files if f.suffix == ".py")
 
 

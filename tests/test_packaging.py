@@ -77,7 +77,7 @@ def test_wheel_contents(wheel):
         "autoport_cst/reference_models/llama3/config.py",
         "autoport_cst/reference_models/llama3/README.md",
         "autoport_cst/reference_models/llama3/reference.json",
-        "autoport_cst/reference_models/llama3/companions/run.py",
+        "autoport_cst/apply/companion_templates.py",
     }
     assert expected <= names, sorted(expected - names)
     for codemod in (ROOT / "codemods").glob("*.py"):

@@ -59,7 +59,10 @@ class Manifest:
     )
     companions: dict[str, str] = field(
         default_factory=dict,
-        metadata={"doc": "File in companions/ -> output path template ({name} is the model name)."},
+        metadata={
+            "doc": "Companion file -> output path template ({name} is the model name): the file in "
+            "companions/, or else the tool's template of that name (run.py)."
+        },
     )
     provenance: Provenance | None = field(
         default=None, metadata={"doc": "Set in a port's manifest: how it was made."}
@@ -146,15 +149,7 @@ def load_reference(ref: str) -> Reference:
         if path.suffix in (".pyc", ".pyo"):
             continue
         files[rel.as_posix()] = _read(path)
-    companions: dict[str, str] = {}
-    for name in manifest.companions:
-        path = directory / COMPANIONS_DIR / name
-        if not path.is_file():
-            raise InputError(
-                f"companion file {COMPANIONS_DIR}/{name} is missing",
-                Position(str(manifest_path), json_path=f"$.companions.{name}"),
-            )
-        companions[name] = _read(path)
+    companions = {name: _companion(directory, manifest, name) for name in manifest.companions}
     roles = {file_role(p) for p in files}
     if "model" not in roles:
         raise InputError(f"reference {directory} has no model file (model.py or model_*.py)")
@@ -186,6 +181,24 @@ class ParsedTexts:
         if isinstance(found, Exception):
             raise found
         return found
+
+
+def _companion(directory: Path, manifest: Manifest, name: str) -> str:
+    """The text of companion ``name``: the reference's own file in
+    ``companions/``, or else made from the template of that name
+    (``companion_templates``)."""
+    from autoport_cst.apply.companion_templates import TEMPLATES
+
+    path = directory / COMPANIONS_DIR / name
+    if path.is_file():
+        return _read(path)
+    if name in TEMPLATES:
+        return TEMPLATES[name](manifest)
+    raise InputError(
+        f"companion file {COMPANIONS_DIR}/{name} is missing (and no template makes one: "
+        f"{', '.join(sorted(TEMPLATES))})",
+        Position(str(directory / MANIFEST), json_path=f"$.companions.{name}"),
+    )
 
 
 def _read(path: Path) -> str:
