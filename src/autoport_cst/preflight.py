@@ -35,6 +35,20 @@ def check_model_name(name: str, option: str = "--name") -> None:
         raise InputError(f"{option} {problem}")
 
 
+def default_model_name(config: dict | None, source: str, option: str = "--name") -> str:
+    """The model name when ``option`` is not given: the checkpoint's
+    ``model_type`` made a package name (``plan.naming.name_for_model_type``)."""
+    from autoport_cst.plan.naming import name_for_model_type
+
+    model_type = (config or {}).get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        why = (
+            "a hub id's config is read only later" if config is None else "its config.json has no model_type"
+        )
+        raise InputError(f"{source}: give {option} ({why}, so no name can be derived from it)")
+    return name_for_model_type(model_type)
+
+
 def check_reference(ref: str | None) -> None:
     """A --ref that is neither a built-in reference nor a reference directory."""
     if ref:

@@ -163,3 +163,38 @@ def test_did_you_mean_for_a_plan_step(tmp_path):
     result = invoke("apply", "--plan", tmp_path / "p.plan.json", "--diff", "--ref", LLAMA3)
     assert result.exit_code == 2
     assert "did you mean 'qk-norm'" in result.output
+
+
+@pytest.mark.parametrize(
+    "model_type, name",
+    [
+        ("openai-gpt", "openai_gpt"),
+        ("modernbert-decoder", "modernbert_decoder"),
+        ("Qwen2", "qwen2"),
+        ("class", "class_model"),
+        ("4bit", "model_4bit"),
+    ],
+)
+def test_a_model_type_becomes_a_package_name(model_type, name):
+    from autoport_cst.plan.naming import model_name_problem, name_for_model_type
+
+    assert name_for_model_type(model_type) == name
+    assert model_name_problem(name) is None
+
+
+def test_without_name_the_plan_is_named_after_the_model_type(tiny_llama, tmp_path):
+    out = tmp_path / "plan.json"
+    result = invoke("plan", tiny_llama, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text(encoding="utf-8"))["name"] == "llama"
+
+
+def test_a_name_is_derived_from_the_config_or_asked_for():
+    from autoport_cst.errors import InputError
+    from autoport_cst.preflight import default_model_name
+
+    assert default_model_name({"model_type": "openai-gpt"}, "ckpt") == "openai_gpt"
+    for config, why in ((None, "a hub id's config is read only later"), ({}, "has no model_type")):
+        with pytest.raises(InputError, match="give --name") as raised:
+            default_model_name(config, "owner/model")
+        assert why in str(raised.value)

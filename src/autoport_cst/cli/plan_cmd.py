@@ -29,13 +29,19 @@ from autoport_cst.preflight import (
     check_output_file,
     check_reference,
     check_source,
+    default_model_name,
     require_extra,
 )
 
 
 @click.command("plan")
 @click.argument("source")
-@click.option("--name", required=True, help="Model name in snake_case: the package directory of the port.")
+@click.option(
+    "--name",
+    default=None,
+    help="Model name in snake_case: the package directory of the port. Default: the checkpoint's "
+    "model_type (openai-gpt -> openai_gpt).",
+)
 @click.option(
     "-o",
     "--output",
@@ -58,7 +64,7 @@ from autoport_cst.preflight import (
     help="Show the analysis and ask before writing (y/N, or the path of an edited plan).",
 )
 @error_boundary
-def plan_command(source: str, name: str, output: Path, ref: str | None, review: bool) -> None:
+def plan_command(source: str, name: str | None, output: Path, ref: str | None, review: bool) -> None:
     """Research SOURCE and write a plan for `autoport-cst apply`.
 
     SOURCE is a local checkpoint directory (config.json and optionally
@@ -68,10 +74,12 @@ def plan_command(source: str, name: str, output: Path, ref: str | None, review: 
     loaded); it picks the reference with the smallest realizable diff and
     the tensor/expert-parallel sizes for a trn2.48xlarge.
     """
-    check_model_name(name)
+    if name is not None:
+        check_model_name(name)
     check_output_file(output, "-o")
     check_reference(ref)  # a bad --ref is bad input, before any research
-    check_source(source)
+    config = check_source(source)
+    name = name if name is not None else default_model_name(config, source)
     require_extra("plan", ("transformers",))
     from autoport_cst.plan import from_research, load_plan, plan_to_json
     from autoport_cst.research import choose_reference, research

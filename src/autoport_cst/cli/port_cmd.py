@@ -17,13 +17,19 @@ from autoport_cst.preflight import (
     check_output_file,
     check_reference,
     check_source,
+    default_model_name,
     require_extra,
 )
 
 
 @click.command("port")
 @click.argument("source")
-@click.option("--name", required=True, help="Model name in snake_case (the package directory).")
+@click.option(
+    "--name",
+    default=None,
+    help="Model name in snake_case (the package directory). Default: the checkpoint's model_type "
+    "(openai-gpt -> openai_gpt).",
+)
 @click.option(
     "--out",
     "out_dir",
@@ -80,7 +86,7 @@ def port_command(source, name, out_dir, tp, ref, checkpoint, steps, seed, force,
     corrupt checkpoint) or an architecture with a feature no codemod realizes
     (named); 130 on Ctrl-C.
     """
-    _check_input(source, name, tp, ref, checkpoint, steps, json_path)
+    name = _check_input(source, name, tp, ref, checkpoint, steps, json_path)
     if serve:
         from autoport_cst.serve.smoke import serve_python
 
@@ -125,9 +131,11 @@ def port_command(source, name, out_dir, tp, ref, checkpoint, steps, seed, force,
     sys.exit(EXIT_OK if outcome.validated else EXIT_FOUND)
 
 
-def _check_input(source, name, tp, ref, checkpoint, steps, json_path) -> None:
-    """Everything about the input that can be known before torch is imported."""
-    check_model_name(name)
+def _check_input(source, name, tp, ref, checkpoint, steps, json_path) -> str:
+    """Everything about the input that can be known before torch is imported;
+    the model name (given, or derived from the checkpoint's model_type)."""
+    if name is not None:
+        check_model_name(name)
     if steps < 1:
         raise InputError(f"--steps must be at least 1, got {steps}")
     check_output_file(json_path, "--json")
@@ -136,6 +144,7 @@ def _check_input(source, name, tp, ref, checkpoint, steps, json_path) -> None:
     if checkpoint == "source" and (config is None or not any(_source_dir(source).glob("*.safetensors"))):
         raise InputError(f"{source}: --checkpoint source needs a local directory with safetensors")
     require_extra("port")
+    return name if name is not None else default_model_name(config, source)
 
 
 def _source_dir(source: str) -> Path:

@@ -24,6 +24,17 @@ def model_name_problem(name: str) -> str | None:
     return None
 
 
+def name_for_model_type(model_type: str) -> str:
+    """The default model name of a checkpoint: its ``model_type`` in
+    snake_case (``openai-gpt`` -> ``openai_gpt``, ``modernbert-decoder`` ->
+    ``modernbert_decoder``), made a valid package name (a keyword gets
+    ``_model``, a leading digit ``model_``)."""
+    name = re.sub(r"[^a-z0-9]+", "_", model_type.lower()).strip("_") or "model"
+    if not name[0].isalpha():
+        name = f"model_{name}"
+    return f"{name}_model" if keyword.iskeyword(name) else name
+
+
 def derive_class_prefix(model_name: str) -> str:
     """``qwen2`` -> ``Qwen2``, ``gpt_neox`` -> ``GptNeox``, ``qwen3_moe`` -> ``Qwen3Moe``.
 
