@@ -14,12 +14,14 @@ from autoport_cst.transform.cst.roles import class_role
 from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
 from autoport_cst.transform.cst.vocabulary import classes, classes_with_role, dotted, method, string_text
 from autoport_cst.transform.edit import moe_keys
+from autoport_cst.transform.edit.functions import add_functions
 from autoport_cst.transform.edit.guards import declare_guarded, guard_edit
 from autoport_cst.transform.edit.key_renames import (
     FIELD,
     KeyRenamer,
     expand,
     key_literal,
+    key_strings,
     mappings_statement,
     parameter_path,
     recorded_renames,
@@ -29,7 +31,6 @@ from autoport_cst.transform.edit.key_renames import (
     translate_key_maps,
 )
 from autoport_cst.transform.edit.loaders import LoaderEdits
-from autoport_cst.transform.edit.mappings import strings_of
 from autoport_cst.transform.edit.parameters import kwarg_code
 from autoport_cst.transform.edit.tree import add_edit, followed_by, rewrite, with_comment
 from autoport_cst.transform.realizes import ANY, Realizes, to
@@ -389,7 +390,8 @@ class CheckpointKeys(Codemod):
             """,
         ),
         Example(
-            title="MoE keys looked up at load time among fixed names become the checkpoint's own (GraniteMoE)",
+            title="MoE keys looked up at load time among fixed names become the checkpoint's own; fused "
+            "tensors renamed (GraniteMoE's hub names) give no per-expert names: that layout is refused at load",
             params={
                 "renames": {
                     "mlp": "block_sparse_moe",
@@ -412,7 +414,22 @@ class CheckpointKeys(Codemod):
                             mappings[f"{prefix}.mlp.experts.gate_up_proj_weight"] = moe.gate_up
                             mappings[f"{prefix}.mlp.experts.down_proj_weight"] = moe.down
             """,
-            after="""
+            after='''
+                def _require_expert_layout(names, mappings, parameters: list[str], layout: str) -> None:
+                    """Refuse a checkpoint whose routed experts are not stored as this port
+                    loads them: its checkpoint key renames give the keys of one expert layout
+                    only (``layout``, the spec's checkpoint.gate_up: "fused" tensors or
+                    "separate" per-expert ones)."""
+                    missing = [key for parameter in parameters for key in mappings[parameter] if key not in names]
+                    if missing:
+                        expected = ", ".join(mappings[parameter][0] for parameter in parameters)
+                        raise KeyError(
+                            f"the checkpoint does not store the routed experts as this port loads them: "
+                            f"checkpoint.gate_up = {layout!r} ({expected}, ...), but it has no {missing[0]}; "
+                            "the port's checkpoint key renames give the keys of no other expert layout"
+                        )
+
+
                 class Qwen3MoeForCausalLM(nn.Module):
                     def load_weights(self, path):
                         names = set(checkpoint.get_tensor_names())
@@ -428,7 +445,8 @@ class CheckpointKeys(Codemod):
                             mappings[f"{prefix}.mlp.experts.router_weight"] = f"{prefix}.block_sparse_moe.router.layer.weight"
                             mappings[f"{prefix}.mlp.experts.gate_up_proj_weight"] = [f"{prefix}.block_sparse_moe.input_linear.weight"]
                             mappings[f"{prefix}.mlp.experts.down_proj_weight"] = [f"{prefix}.block_sparse_moe.output_linear.weight"]
-            """,
+                            _require_expert_layout(names, mappings, [f"{prefix}.mlp.experts.gate_up_proj_weight", f"{prefix}.mlp.experts.down_proj_weight"], "fused")
+            ''',
         ),
         Example(
             title="experts stored one tensor per expert, a router under a submodule, a routing bias and shared "
@@ -466,8 +484,8 @@ class CheckpointKeys(Codemod):
                             prefix = f"model.layers.{layer_id}"
                             mappings[f"{prefix}.mlp.experts.router_weight"] = f"{prefix}.mlp.router.gate.weight"
                             mappings[f"{prefix}.mlp.experts.routing_bias"] = f"{prefix}.mlp.expert_bias"
-                            mappings[f"{prefix}.mlp.experts.gate_up_proj_weight"] = [f"{prefix}.mlp.experts.{j}.gate_proj.weight" for j in range(self.config.num_experts)] + [f"{prefix}.mlp.experts.{j}.up_proj.weight" for j in range(self.config.num_experts)]
-                            mappings[f"{prefix}.mlp.experts.down_proj_weight"] = [f"{prefix}.mlp.experts.{j}.down_proj.weight" for j in range(self.config.num_experts)]
+                            mappings[f"{prefix}.mlp.experts.gate_up_proj_weight"] = ([f"{prefix}.mlp.experts.gate_up_proj"] if f"{prefix}.mlp.experts.gate_up_proj" in names else [f"{prefix}.mlp.experts.{j}.gate_proj.weight" for j in range(self.config.num_experts)] + [f"{prefix}.mlp.experts.{j}.up_proj.weight" for j in range(self.config.num_experts)])
+                            mappings[f"{prefix}.mlp.experts.down_proj_weight"] = ([f"{prefix}.mlp.experts.down_proj"] if f"{prefix}.mlp.experts.down_proj" in names else [f"{prefix}.mlp.experts.{j}.down_proj.weight" for j in range(self.config.num_experts)])
                             mappings[f"{prefix}.mlp.experts.shared_up_proj_weight"] = f"{prefix}.mlp.shared_mlp.up_proj.weight"
             """,
         ),
@@ -523,7 +541,6 @@ class CheckpointKeys(Codemod):
                 f"{self.ID}: no load_weights with mappings[...] = ... entries in this file"
             )
         edits: dict = {}
-        self._static_keys: list[str] = []
         if self.params.experts and entries:
             module, loads = self._static_moe_keys(module, loads, ctx)
         if self.params.renames and entries:
@@ -542,22 +559,27 @@ class CheckpointKeys(Codemod):
     # -- key renames -------------------------------------------------------------
 
     def _static_moe_keys(self, module: cst.Module, loads: list[cst.FunctionDef], ctx: FileContext):
-        """The load-time MoE key lookups become the keys research read from
-        the checkpoint (``autoport_cst.transform.edit.moe_keys``)."""
+        """The load-time MoE key lookups become the canonical keys of both
+        expert layouts, for the renames to turn into the checkpoint's
+        (``autoport_cst.transform.edit.moe_keys``); when the renames give the
+        planned layout's names only, the port loads that layout, refuses any
+        other at load and declares only it (``checkpoint.gate_up``)."""
         renamer = KeyRenamer(self.params.renames)
         edits: dict = {}
+        only: set[str] = set()
         for fn in loads:
             try:
-                found, written = moe_keys.static_values(
-                    fn, module, self.params.experts == "per_expert", renamer.apply
-                )
+                found = moe_keys.static_values(fn, module, self.params.experts == "per_expert", renamer)
             except ValueError as error:
                 raise ctx.precondition(f"{self.ID}: {error}", fn, module) from None
-            edits.update(found)
-            self._static_keys += written
+            edits.update(found.edits)
+            only |= {found.only_layout} - {""}
         if not edits:
             return module, loads
         module = rewrite(module, edits)
+        if only:
+            module = add_functions(module, [moe_keys.LAYOUT_CHECK_CODE])
+            ctx.narrow("checkpoint.gate_up", sorted(only))
         return module, [m for c in classes(module) if (m := method(c, "load_weights")) is not None]
 
     def _rename_edits(self, module: cst.Module, loads: list[cst.FunctionDef], ctx: FileContext) -> dict:
@@ -566,11 +588,7 @@ class CheckpointKeys(Codemod):
         matched: set[str] = set()
         for fn in loads:
             self._rename_in(fn, renamer, matched, module, ctx, edits)
-        unmatched = [
-            old
-            for old in self.params.renames
-            if old not in matched and not any(other.startswith(old + ".") for other in matched)
-        ]  # a container rename (self_attn -> attention) whose children all have their own is fine
+        unmatched = [old for old in self.params.renames if not _covered(old, matched)]
         if unmatched:
             raise ctx.precondition(
                 f"{self.ID}: rename pattern(s) {', '.join(repr(p) for p in unmatched)} match(es) no checkpoint "
@@ -605,10 +623,8 @@ class CheckpointKeys(Codemod):
             )
 
         entries = mapping_entries(fn)
-        for text in self._static_keys:  # per-expert lists written already renamed
-            matched |= renamer.matched(expand(text, variables))
         for entry in entries:
-            for node in strings_of(entry.value):
+            for node in key_strings(entry.value):
                 text = string_text(node)
                 if text is None:
                     continue
@@ -658,7 +674,9 @@ class CheckpointKeys(Codemod):
         its own way (starcoder2's mlp.c_fc for the up projection). Match them
         against the parameter names, which are the canonical names in every
         reference, and give the entry the renamed parameter path."""
-        missing = KeyRenamer({old: new for old, new in self.params.renames.items() if old not in matched})
+        missing = KeyRenamer(
+            {old: new for old, new in self.params.renames.items() if not _covered(old, matched)}
+        )
         for entry in entries:
             if not missing.rules or not isinstance(entry.value, (cst.SimpleString, cst.FormattedString)):
                 continue
@@ -773,6 +791,12 @@ class CheckpointKeys(Codemod):
                 )
             transposing = transposing or kwarg_code(site.base, "is_storage_transposed") not in (None, "False")
         return transposing
+
+
+def _covered(pattern: str, matched: set[str]) -> bool:
+    """Whether ``pattern`` matched a key, or is a container rename (self_attn
+    -> attention) whose children all matched their own longer patterns."""
+    return pattern in matched or any(other.startswith(pattern + ".") for other in matched)
 
 
 def _not_transposed(call: cst.Call) -> cst.Call:

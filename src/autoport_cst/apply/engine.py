@@ -63,6 +63,8 @@ class StepResult:
     realizes: tuple[str, ...]
     changed: tuple[str, ...]
     notes: tuple[Note, ...] = ()
+    # config_driven features the step narrowed: feature -> the values the port keeps
+    narrowed: tuple[tuple[str, tuple], ...] = ()
 
 
 @dataclass
@@ -219,6 +221,7 @@ def _run_step(
         raise InputError(f"{step.id}: the reference has no file of role {'/'.join(codemod.FILES)}")
     census = StepCensus(units, codemod.touches(), sites)
     unaffected: dict[int, str] = {}
+    narrowed: dict[str, tuple] = {}
     for unit in targets:
         ctx = FileContext(path=unit.label, role=unit.role, port=port, codemod=step.id)
         if unit.module is not None:
@@ -231,6 +234,8 @@ def _run_step(
                 _to_reference_position(error, unit)
                 raise
             unaffected.update(ctx.unaffected_sites)
+            for feature, values in ctx.narrowed.items():  # files narrowing one feature: what all keep
+                narrowed[feature] = tuple(v for v in values if v in narrowed.get(feature, values))
             if after is not before:
                 if _code_changed(unit, after):
                     changed.append(unit.out_path)
@@ -246,7 +251,13 @@ def _run_step(
         error.step, error.realizes = step.id, tuple(step.realizes)
         raise
     return StepResult(
-        label or step.id, step.params_json(), step.origin, step.realizes, tuple(changed), tuple(notes)
+        label or step.id,
+        step.params_json(),
+        step.origin,
+        step.realizes,
+        tuple(changed),
+        tuple(notes),
+        tuple(sorted(narrowed.items())),
     )
 
 
@@ -323,7 +334,7 @@ def _finish(plan: Plan, reference: Reference, result: PortResult, units: list[_U
         architecture=plan.architecture,
         spec=plan.spec,
         summary=plan.description or f"Ported from the {reference.name} reference by autoport-cst.",
-        config_driven=reference.manifest.config_driven,
+        config_driven=_narrowed(reference.manifest.config_driven, result.steps),
         companions={},
         provenance=Provenance(
             reference=reference.name,
@@ -345,6 +356,18 @@ def _finish(plan: Plan, reference: Reference, result: PortResult, units: list[_U
                     Position(path, exc.lineno, exc.offset),
                 ) from None
     _check_hardware_rules(result, package, modules)
+
+
+def _narrowed(config_driven: dict, steps: list[StepResult]) -> dict:
+    """The reference's ``config_driven`` with the values the steps narrowed
+    each feature to (``FileContext.narrow``)."""
+    out = dict(config_driven)
+    for step in steps:
+        for feature, values in step.narrowed:
+            declared = out.get(feature)
+            if isinstance(declared, list):
+                out[feature] = [v for v in declared if v in values]
+    return out
 
 
 def _check_hardware_rules(

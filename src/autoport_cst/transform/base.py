@@ -115,6 +115,9 @@ class FileContext:
     notes: list[Note] = field(default_factory=list)
     codemod: str = ""
     unaffected_sites: dict[int, str] = field(default_factory=dict)
+    # features the reference reads from the config (``config_driven``) that
+    # the port supports for fewer values: feature -> the values it keeps
+    narrowed: dict[str, list] = field(default_factory=dict)
 
     def note(self, line: int, column: int, message: str) -> None:
         self.notes.append(Note(self.path, line, column, message))
@@ -123,6 +126,14 @@ class FileContext:
         """Declare the site at ``node`` (a call of the input module) left
         unchanged on purpose: the codemod's change does not reach it."""
         self.unaffected_sites[id(node)] = reason
+
+    def narrow(self, feature: str, values: list) -> None:
+        """Declare that the port supports only ``values`` of ``feature``, a
+        feature its reference reads from the config and declares for more
+        values (``config_driven``): the port's manifest declares no other, and
+        the port must refuse the others where it meets them."""
+        kept = self.narrowed.get(feature)
+        self.narrowed[feature] = [v for v in values if kept is None or v in kept]
 
     def handled(self, node: cst.CSTNode, how: str) -> None:
         """Declare the site at ``node`` handled where the census cannot see it:

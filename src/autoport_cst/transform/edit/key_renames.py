@@ -174,6 +174,31 @@ def string_variables(fn: cst.FunctionDef) -> tuple[dict[str, str], dict[str, cst
     return variables, statements
 
 
+def key_strings(value: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The string literals that are checkpoint keys in a mapping value: the
+    value itself, the elements of a list or tuple, and, in the choice between
+    expert layouts (``[a] if a in names else [b for j in range(n)] + [...]``),
+    the strings of its test, branches, comprehensions and joined lists.
+    Strings passed to calls are arguments, not keys, and pieces of a string
+    built with ``+`` are no whole keys: both left out."""
+    if isinstance(value, (cst.List, cst.Tuple)):
+        return [s for e in value.elements for s in key_strings(e.value)]
+    if isinstance(value, cst.IfExp):
+        return key_strings(value.test) + key_strings(value.body) + key_strings(value.orelse)
+    if isinstance(value, cst.Comparison):
+        return key_strings(value.left)
+    if isinstance(value, cst.ListComp):
+        return key_strings(value.elt)
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add):
+        lists = (cst.List, cst.ListComp, cst.BinaryOperation)
+        if isinstance(value.left, lists) and isinstance(value.right, lists):  # lists joined, not a string
+            return key_strings(value.left) + key_strings(value.right)
+        return []
+    if isinstance(value, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString)):
+        return [value]
+    return []
+
+
 def expand(text: str, variables: dict[str, str]) -> str:
     """``text`` with its ``{name}`` fields of string variables replaced by their text."""
     for name, value in variables.items():
