@@ -5,7 +5,9 @@ package copied as it is), the default tiny checkpoint of its architecture,
 one tiny checkpoint per config variant its ``reference.json`` declares
 (``config_driven``: another RoPE type, tied embeddings, ...), and the lines of
 its ``model.py`` that a TP=1 fp32 validation executes on each of them
-(``coverage``: traced with ``sys.settrace`` on that file only).
+(``coverage``: traced with ``sys.settrace`` on that file only, in this
+process: the rank processes of the default's TP=2 and DP 2 layouts are not
+traced).
 """
 
 from __future__ import annotations

@@ -164,3 +164,30 @@ def test_a_small_sample_over_five_ports_prints_consistent_figures(mutation, caps
     total = _check_tally(printed.split("== all ==", 1)[1], listed=False)
     assert total == tuple(a + b for a, b in zip(*both, strict=True))
     assert re.search(r"^target >= 98% of non-equivalent mutants killed: (met|MISSED)$", printed, re.M)
+
+
+def test_each_mutant_is_validated_as_validate_runs_by_default(mutation, monkeypatch, tmp_path):
+    """The benchmark's verdict is validate's default: nothing it runs by
+    default (the config variants, the TP=2 and DP 2 layouts) is turned off."""
+    import inspect
+
+    import autoport_cst.validate as validate_package
+
+    calls = []
+
+    def recording(package, checkpoint, **options):
+        calls.append(options)
+        raise RuntimeError("recorded")
+
+    monkeypatch.setattr(validate_package, "validate_model", recording)
+    port = sys.modules["mutation_setup"].Port("p", tmp_path, "A", tmp_path)
+    assert mutation.validate(port, tmp_path, 4)[0] == "exit 2"
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(
+            sys.modules["autoport_cst.validate.api"].validate_model
+        ).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    assert defaults["config_variants"] is True and defaults["parallel_layouts"] is True
+    assert calls == [{"steps": 4, "tp": 1, "dtype": "fp32"}]
