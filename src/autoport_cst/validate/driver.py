@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from .components import Component, ComponentRecorder, find_components
+from .latent_cache import oversized_latent_layers
 from .meta_tensors import guard_meta_attributes, unloaded_parameters_and_buffers
 from .routing import ForcedTeacher, RoutedRun, RoutingMode, routing_mode
 from .runner_metadata import PAD_SLOT, StepInputs, build_metadata
@@ -89,13 +90,15 @@ def port_hf_config(checkpoint_dir: str | Path, dtype: torch.dtype) -> Any:
 
 def allocate_kv_cache(kv_spec: Any, scenario: Scenario, dtype: torch.dtype | None = None) -> dict[str, tuple]:
     """Zeroed ``(k, v)`` caches ``[num_blocks, kv_heads, block_size, head]``
-    per layer, in the layer's dtype or ``dtype`` (an FP8 KV cache)."""
+    per layer, in the layer's dtype or ``dtype`` (an FP8 KV cache); a
+    ``latent_kv`` layer (multi-latent attention) gets one buffer, ``(latent,)``."""
     layout = scenario.layout
     caches = {}
     for layer in kv_spec.layers:
         shape = (layout.num_blocks, layer.num_kv_heads, layout.block_size, layer.head_size)
         cache_dtype = dtype or layer.dtype
-        caches[layer.name] = (torch.zeros(shape, dtype=cache_dtype), torch.zeros(shape, dtype=cache_dtype))
+        buffers = 1 if getattr(layer, "latent_kv", False) else 2
+        caches[layer.name] = tuple(torch.zeros(shape, dtype=cache_dtype) for _ in range(buffers))
     return caches
 
 
@@ -122,9 +125,14 @@ class PortSession:
         self.model = self._build(factory, hf_config)
         try:
             self.kv_spec = self.model.get_kv_spec()
+            oversized = oversized_latent_layers(self.kv_spec, hf_config)
+            if oversized:
+                raise PortFailure("kv_cache", oversized)
             self.layer_names = [layer.name for layer in self.kv_spec.layers]
             self.caches = allocate_kv_cache(self.kv_spec, scenario, kv_cache_dtype)
             self.model.bind_kv_cache(self.caches)
+        except PortFailure:
+            raise
         except Exception as error:
             raise PortFailure("kv_cache", f"{_describe(error)} in get_kv_spec / bind_kv_cache") from error
         self.timings["build"] = time.perf_counter() - start

@@ -163,8 +163,8 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
     heads = getattr(config, "num_attention_heads", None)
     if hasattr(config, "num_key_value_heads") and config.num_key_value_heads is None and heads:
         config.num_key_value_heads = heads  # None means one KV head per query head
-    if hasattr(config, "head_dim") and hidden and heads:
-        config.head_dim = hidden // heads
+    if hasattr(config, "head_dim") and hidden and heads and "head_dim" not in (dimensions or {}):
+        config.head_dim = hidden // heads  # a head_dim given with --set is taken as given
     layers = getattr(config, "num_hidden_layers", None)
     for name, value in list(vars(config).items()):
         # per-layer lists (layer_types, mlp_only_layers patterns...) follow the layer count

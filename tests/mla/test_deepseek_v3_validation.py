@@ -1,0 +1,48 @@
+"""The deepseek_v3 reference validates against transformers' DeepseekV3ForCausalLM
+(tests/mla/conftest.py's tiny checkpoint): TP=1 fp32 by default; bf16, TP=2,
+data parallelism and the config variants it declares (RoPE types, tied
+embeddings, norm_topk_prob, expert key layout) opt-in (slow)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoport_cst.validate import validate_model
+
+from .conftest import REFERENCE
+
+
+def _failure(report) -> str:
+    return f"{report.first_diverging} {report.failure} {report.failed_checks}"
+
+
+def test_tp1_fp32_validates_prefill_expanded_and_decode_absorbed(tiny_deepseek_v3):
+    report = validate_model(
+        REFERENCE, tiny_deepseek_v3, steps=8, config_variants=False, parallel_layouts=False
+    )
+    assert report.equivalent, _failure(report)
+    calls = report.environment["stand_in"]["kernel_calls"]
+    assert calls["prefill"]["flash_attention"] > 0 and "mla_decode_attention" not in calls["prefill"]
+    assert calls["decode"]["mla_decode_attention"] > 0 and calls["decode"]["mla_absorb"] > 0
+    assert "flash_attention" not in calls["decode"]
+
+
+@pytest.mark.slow
+def test_bf16_validates(tiny_deepseek_v3):
+    report = validate_model(REFERENCE, tiny_deepseek_v3, dtype="bf16", steps=8)
+    assert report.equivalent, _failure(report)
+
+
+@pytest.mark.slow
+def test_tp2_validates(tiny_deepseek_v3):
+    report = validate_model(REFERENCE, tiny_deepseek_v3, tp=2, steps=8, config_variants=False)
+    assert report.equivalent, _failure(report)
+
+
+@pytest.mark.slow
+def test_default_run_validates_every_declared_variant_and_layout(tiny_deepseek_v3):
+    report = validate_model(REFERENCE, tiny_deepseek_v3, steps=8)
+    assert report.equivalent, _failure(report)
+    labels = {entry["label"]: entry["equivalent"] for entry in report.config_variants}
+    assert labels['rope.type="yarn"'] and labels["moe.norm_topk_prob=false"]
+    assert all(entry["equivalent"] for entry in report.parallel_layouts), report.parallel_layouts
