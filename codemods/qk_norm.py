@@ -614,6 +614,8 @@ class QkNorm(Codemod):
                     ),
                 )
                 needs.add("unfused_prefill")
+            elif code.has_post_rope_norm(projection.call):
+                ctx.unaffected(projection.call, "its per-head q/k norms are already there, after RoPE")
             else:
                 add_edit(
                     edits,
@@ -699,6 +701,9 @@ class QkNorm(Codemod):
                 append_after(edits, id(kernels[-1].method), methods)
             return
         for projection in kernels:
+            if code.has_post_rope_norm(projection.call):
+                ctx.unaffected(projection.call, "its per-head q/k norms are already there, after RoPE")
+                continue
             add_edit(
                 edits, id(projection.call), lambda updated: code.decode_norm_args(updated, eps_attr, module)
             )

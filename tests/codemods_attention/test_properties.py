@@ -131,13 +131,16 @@ def _in_after_order(ids: list[str]) -> list[str]:
     return order
 
 
-def test_all_codemods_compose_on_llama3():
+@pytest.mark.parametrize("qk_norm", ["full_width", "per_head"])
+def test_all_codemods_compose_on_llama3(qk_norm):
     """Every codemod, applied one after the other (in an order their AFTER
     constraints allow), gives a file that compiles, where each is a fixed
     point; with full-width q/k norms, the harder case for the others (so
-    without qk-norm-position, which moves per-head norms)."""
-    order = _in_after_order([i for i in IDS if i != "qk-norm-position"])
-    params = {codemod_id: {} for codemod_id in order} | {"qk-norm": {"kind": "full_width"}}
+    without qk-norm-position, which moves per-head norms after RoPE), and
+    with per-head ones moved after RoPE (qk-norm then finds its norms there)."""
+    ids = [i for i in IDS if qk_norm == "per_head" or i != "qk-norm-position"]
+    order = _in_after_order(ids)
+    params = {codemod_id: {} for codemod_id in order} | {"qk-norm": {"kind": qk_norm}}
     source = variant_source(Variant())
     for codemod_id in order:
         source = checked(apply(codemod_id, params[codemod_id], source))

@@ -93,6 +93,21 @@ def _full_width_rms_norm(self, x, norm, replicas):
 '''
 
 
+def has_post_rope_norm(call: cst.Call) -> bool:
+    """Whether a kernel call already applies its per-head q/k norm after RoPE
+    (``qk_norm_post_rope_*`` of ``NF.qkv_proj``, ``rmsnorm_QK_post_rope_enabled=True``
+    of the decode kernel): the norms are there, at the position qk-norm-position chose."""
+    for arg in call.args:
+        if arg.keyword is None:
+            continue
+        name = arg.keyword.value
+        if name.startswith("qk_norm_post_rope_"):
+            return True
+        if name == "rmsnorm_QK_post_rope_enabled":
+            return isinstance(arg.value, cst.Name) and arg.value.value == "True"
+    return False
+
+
 def prefill_norm_args(call: cst.Call, eps_attr: str, module: cst.Module) -> cst.Call:
     """``NF.qkv_proj(...)`` with the kernel's per-head pre-RoPE q/k norm."""
     previous: tuple[str, ...] = ()
