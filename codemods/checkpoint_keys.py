@@ -75,7 +75,8 @@ class CheckpointKeysParams:
         metadata={
             "doc": "How the checkpoint stores the routed experts, when the renames name MoE keys: 'fused' "
             "(mlp.experts.gate_up_proj / down_proj) or 'per_expert' (mlp.experts.<j>.gate_proj ...); the "
-            "reference's load-time lookup of the MoE keys (moe_checkpoint_keys) becomes these keys."
+            "reference's load-time lookup of the MoE keys (moe_checkpoint_keys) becomes these keys, and the "
+            "other layout's, chosen at load, when the renames derive them."
         },
     )
     reference_renames: dict[str, str] = field(
@@ -141,10 +142,18 @@ class CheckpointKeys(Codemod):
     time among a fixed list of names (``moe = moe_checkpoint_keys(...)``,
     ``f"{moe.router}.weight"``, ``moe.gate_up``, ``_routing_bias_key(...)``,
     ``_shared_expert_key(...)``); those become the canonical keys
-    (``{prefix}.mlp.gate.weight``, ``[f"{prefix}.mlp.experts.gate_up_proj"]``
-    or, per expert, ``[f"{prefix}.mlp.experts.{j}.gate_proj.weight" for j in
-    range(n)] + ...``), which the renames turn into the ones research read
-    from the checkpoint's header, and the lookup statement is removed.
+    (``{prefix}.mlp.gate.weight``, ...), which the renames turn into the ones
+    research read from the checkpoint's header, and the lookup statement is
+    removed. The reference loads the experts fused or one tensor per expert,
+    whichever the checkpoint has; so does the port: the expert weights map to
+    ``[f"{prefix}.mlp.experts.gate_up_proj"] if ... in names else
+    [f"{prefix}.mlp.experts.{j}.gate_proj.weight" for j in range(n)] + ...``,
+    both layouts renamed by the same rule. A rename of an expert tensor
+    itself (GraniteMoE's hub ``input_linear.weight`` for
+    ``mlp.experts.gate_up_proj``) gives no keys for the other layout: the
+    port then loads its planned layout (``experts``) only, refuses any other
+    at load with an error naming the layout (``_require_expert_layout``), and
+    its manifest declares only that ``checkpoint.gate_up``.
 
     Renames can permute names (GLM-4's ``post_attention_layernorm`` is the
     reference's ``pre_feedforward_layernorm``, and its

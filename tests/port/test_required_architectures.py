@@ -49,11 +49,7 @@ def _port(architecture: str, workdir: Path, tp: int):
 
 
 # Ports the validation shows wrong; strict: the day they validate, the mark goes.
-KNOWN_WRONG = {
-    # the qwen3_moe reference loads fused and per-expert expert tensors; the port's
-    # renamed keys (shared experts) load only the checkpoint's own layout
-    "Qwen2MoeForCausalLM": 'fails its config variant checkpoint.gate_up="separate" at load',
-}
+KNOWN_WRONG: dict[str, str] = {}
 
 
 def _required() -> list:
