@@ -35,8 +35,8 @@ def test_a_chunk_after_cached_tokens_starts_at_a_block_and_is_segmented():
 
 def test_segmented_call_metadata_rows_and_slots():
     tokens = list(range(100, 170))
-    work = Work(request=0, token_ids=tokens, start=40, count=30, block_ids=[5, 9, 3])
-    (call,) = plan_calls([work], LAYOUT, NAMES, set())
+    work = Work(request=0, token_ids=tokens, start=40, count=30, block_ids=([5, 9, 3],))
+    (call,) = plan_calls([work], LAYOUT, [NAMES], set())
     entry = _entry(call)
     assert call.stage == "prefill" and call.owners == [0]
     assert entry["kv_segment_size"] == 512 and entry["max_query_len"] == 512
@@ -54,11 +54,11 @@ def test_segmented_call_metadata_rows_and_slots():
 
 def test_single_token_requests_share_one_decode_call():
     works = [
-        Work(0, list(range(10)), start=9, count=1, block_ids=[4]),
-        Work(1, list(range(50)), start=0, count=50, block_ids=[6, 7]),
-        Work(2, list(range(40)), start=39, count=1, block_ids=[2, 8]),
+        Work(0, list(range(10)), start=9, count=1, block_ids=([4],)),
+        Work(1, list(range(50)), start=0, count=50, block_ids=([6, 7],)),
+        Work(2, list(range(40)), start=39, count=1, block_ids=([2, 8],)),
     ]
-    prefill, decode = plan_calls(works, LAYOUT, NAMES, set())
+    prefill, decode = plan_calls(works, LAYOUT, [NAMES], set())
     assert prefill.owners == [1] and _entry(prefill)["kv_segment_size"] == 0
     assert decode.stage == "decode" and decode.owners == [0, 2]
     entry = _entry(decode)
@@ -72,15 +72,34 @@ def test_single_token_requests_share_one_decode_call():
 
 
 def test_table_rows_grow_by_granules_up_to_max_model_len():
-    long = Work(0, list(range(200)), 199, 1, list(range(1, 8)))
+    long = Work(0, list(range(200)), 199, 1, (list(range(1, 8)),))
     assert LAYOUT.width([long]) == 8
     assert CacheLayout(block_size=32, blocks_per_sequence=6).width([long]) == 6
-    assert CacheLayout(block_size=48, blocks_per_sequence=6).width([Work(0, [1], 0, 1, [1])]) == 6
+    assert CacheLayout(block_size=48, blocks_per_sequence=6).width([Work(0, [1], 0, 1, ([1],))]) == 6
 
 
 def test_metadata_records_what_the_port_reads():
     reads: set[str] = set()
-    (call,) = plan_calls([Work(0, [1, 2, 3], 0, 3, [1])], LAYOUT, NAMES, reads)
+    (call,) = plan_calls([Work(0, [1, 2, 3], 0, 3, ([1],))], LAYOUT, [NAMES], reads)
     call.inputs.metadata[NAMES[1]].get("kv_segment_size")
     assert reads == {"kv_segment_size"}
     assert call.inputs.input_ids.dtype == torch.int64
+
+
+def test_each_kv_cache_group_gets_its_own_tables_and_slots():
+    # a sliding-window group and a full-attention group (vLLM's hybrid KV-cache manager):
+    # the window's blocks that fell out are the null block 0 in the sliding group
+    groups = [["layers.0.self_attn"], ["layers.1.self_attn"]]
+    works = [
+        Work(0, list(range(70)), start=64, count=6, block_ids=([0, 0, 7], [4, 5, 6])),
+        Work(1, list(range(40)), start=39, count=1, block_ids=([0, 3], [8, 9])),
+    ]
+    prefill, decode = plan_calls(works, LAYOUT, groups, set())
+    sliding, full = (dict(prefill.inputs.metadata[names[0]]) for names in groups)
+    assert sliding["block_table_tensor"].tolist() == [[0, 0, 7, 0]]
+    assert full["block_table_tensor"].tolist() == [[4, 5, 6, 0]]
+    assert sliding["slot_mapping"][:6].tolist() == [7 * 32 + p % 32 for p in range(64, 70)]
+    assert full["slot_mapping"][:6].tolist() == [6 * 32 + p % 32 for p in range(64, 70)]
+    sliding, full = (dict(decode.inputs.metadata[names[0]]) for names in groups)
+    assert sliding["slot_mapping"].tolist() == [3 * 32 + 7] and full["slot_mapping"].tolist() == [9 * 32 + 7]
+    assert sliding["block_table_tensor"].tolist() == [[0, 3, 0, 0]]

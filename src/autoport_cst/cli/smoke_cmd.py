@@ -27,9 +27,21 @@ from autoport_cst.cli.common import EXIT_FOUND, error_boundary, stdout_console
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size (CPU ranks).")
 @click.option(
     "--runs",
-    default="offline,server,server-prefix-caching",
+    default=None,
+    help="Comma-separated runs: offline (step 8), server and server-prefix-caching (step 9); "
+    "default all three (fp32), offline (bf16).",
+)
+@click.option(
+    "--dtype",
+    default="fp32",
     show_default=True,
-    help="Comma-separated runs: offline (step 8), server and server-prefix-caching (step 9).",
+    help="fp32 (exact greedy tokens) or bf16 (the offline run, judged by validate's bf16 logit gates).",
+)
+@click.option(
+    "--kv-cache-dtype",
+    default="auto",
+    show_default=True,
+    help="auto or fp8 (the offline run in fp32, against validate's FP8 KV-cache baseline).",
 )
 @click.option(
     "--workdir",
@@ -39,13 +51,21 @@ from autoport_cst.cli.common import EXIT_FOUND, error_boundary, stdout_console
 @click.option("--json", "json_output", is_flag=True, help="Print the outcome as JSON.")
 @error_boundary
 def smoke_command(
-    out_dir: Path, checkpoint: Path, tp: int, runs: str, workdir: Path | None, json_output: bool
+    out_dir: Path,
+    checkpoint: Path,
+    tp: int,
+    runs: str | None,
+    dtype: str,
+    kv_cache_dtype: str,
+    workdir: Path | None,
+    json_output: bool,
 ) -> None:
     """Serve the port under OUT_DIR (a directory apply wrote) with real vLLM
     on CPU and check it against transformers on the checkpoint --hf."""
     from autoport_cst.serve.smoke import run_smoke
 
-    outcome = run_smoke(out_dir, checkpoint, tp, [run for run in runs.split(",") if run], workdir)
+    chosen = [run for run in runs.split(",") if run] if runs is not None else None
+    outcome = run_smoke(out_dir, checkpoint, tp, chosen, workdir, dtype, kv_cache_dtype)
     console = stdout_console()
     if json_output:
         click.echo(json.dumps(outcome.to_json(), indent=2, default=str))

@@ -20,15 +20,20 @@ the way the vLLM Neuron runner hands them over (``validate.runner_metadata``):
 
 Each call samples the last computed row of each of its sequences;
 ``PortCall.owners`` names the request of each sampled row.
+
+Layers that form several KV-cache groups (sliding-window and full-attention
+layers under vLLM's hybrid KV-cache manager, whose groups hold block ids of
+their own) get each layer's block table and slots from its group's blocks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from autoport_cst.validate.runner_metadata import PAD_SLOT, StepInputs, build_metadata
+from autoport_cst.validate.runner_metadata import PAD_SLOT, RecordingEntry, StepInputs, build_metadata
 
 KV_SEGMENT_SIZE = 512
 CONTEXT_GRANULE = 128
@@ -42,7 +47,7 @@ class Work:
     token_ids: list[int]  # the request's tokens known so far (prompt, then outputs)
     start: int
     count: int
-    block_ids: list[int]
+    block_ids: tuple[list[int], ...]  # the request's blocks in each KV-cache group
 
     @property
     def end(self) -> int:
@@ -62,7 +67,7 @@ class CacheLayout:
         granule), at most a row of ``max_model_len``."""
         if CONTEXT_GRANULE % self.block_size:
             return self.blocks_per_sequence
-        granules = -(-max(len(work.block_ids) for work in works) * self.block_size // CONTEXT_GRANULE)
+        granules = -(-max(len(work.block_ids[0]) for work in works) * self.block_size // CONTEXT_GRANULE)
         return min(self.blocks_per_sequence, granules * CONTEXT_GRANULE // self.block_size)
 
     def table(self, block_ids: list[int], width: int) -> tuple[int, ...]:
@@ -114,61 +119,69 @@ def plain_rows(tokens: int, tp: int) -> int:
     return rows if rows > tp else 2 * tp
 
 
-def _prefill_call(
-    work: Work, piece: Piece, layout: CacheLayout, names: list[str], reads: set[str]
-) -> PortCall:
+Groups = Sequence[Sequence[str]]  # the layer names of each KV-cache group
+
+
+def _prefill_call(work: Work, piece: Piece, layout: CacheLayout, groups: Groups, reads: set[str]) -> PortCall:
     real = piece.end - piece.first
     rows = layout.segment if piece.segment else plain_rows(real, layout.tp)
     padding = rows - real
     positions = list(range(piece.first, piece.end))
-    slots = [PAD_SLOT if p < piece.new else layout.slot(work.block_ids, p) for p in positions]
+    metadata: dict[str, RecordingEntry] = {}
+    for names, blocks in zip(groups, work.block_ids, strict=True):
+        slots = [PAD_SLOT if p < piece.new else layout.slot(blocks, p) for p in positions]
+        metadata |= build_metadata(
+            list(names),
+            reads,
+            max_query_len=rows,
+            slots=slots + [PAD_SLOT] * padding,
+            tables=[layout.table(blocks, layout.width([work]))],
+            block_size=layout.block_size,
+            cached=[piece.first],
+            kv_segment_size=piece.segment,
+        )
     inputs = StepInputs(
         input_ids=torch.tensor(work.token_ids[piece.first : piece.end] + [0] * padding, dtype=torch.int64),
         positions=torch.tensor(positions + [0] * padding, dtype=torch.int64),
         sampling_positions=torch.tensor([real - 1], dtype=torch.int64),
-        metadata=build_metadata(
-            names,
-            reads,
-            max_query_len=rows,
-            slots=slots + [PAD_SLOT] * padding,
-            tables=[layout.table(work.block_ids, layout.width([work]))],
-            block_size=layout.block_size,
-            cached=[piece.first],
-            kv_segment_size=piece.segment,
-        ),
+        metadata=metadata,
     )
     return PortCall("prefill", inputs, [work.request], rows, piece.end - piece.new)
 
 
-def _decode_call(works: list[Work], layout: CacheLayout, names: list[str], reads: set[str]) -> PortCall:
+def _decode_call(works: list[Work], layout: CacheLayout, groups: Groups, reads: set[str]) -> PortCall:
     positions = [work.start for work in works]
+    width = layout.width(works)
+    metadata: dict[str, RecordingEntry] = {}
+    for group, names in enumerate(groups):
+        metadata |= build_metadata(
+            list(names),
+            reads,
+            max_query_len=1,
+            slots=[layout.slot(work.block_ids[group], work.start) for work in works],
+            tables=[layout.table(work.block_ids[group], width) for work in works],
+            block_size=layout.block_size,
+            cached=positions,
+            kv_segment_size=0,
+        )
     inputs = StepInputs(
         input_ids=torch.tensor([work.token_ids[work.start] for work in works], dtype=torch.int64),
         positions=torch.tensor(positions, dtype=torch.int64),
         sampling_positions=torch.arange(len(works), dtype=torch.int64),
-        metadata=build_metadata(
-            names,
-            reads,
-            max_query_len=1,
-            slots=[layout.slot(work.block_ids, work.start) for work in works],
-            tables=[layout.table(work.block_ids, layout.width(works)) for work in works],
-            block_size=layout.block_size,
-            cached=positions,
-            kv_segment_size=0,
-        ),
+        metadata=metadata,
     )
     return PortCall("decode", inputs, [work.request for work in works], len(works), len(works))
 
 
-def plan_calls(works: list[Work], layout: CacheLayout, names: list[str], reads: set[str]) -> list[PortCall]:
+def plan_calls(works: list[Work], layout: CacheLayout, groups: Groups, reads: set[str]) -> list[PortCall]:
     """The step's calls: the prefills, request by request, then one decode
     call for every single-token request."""
     calls = []
     for work in works:
         if work.count > 1:
             for piece in prefill_pieces(work.start, work.end, layout):
-                calls.append(_prefill_call(work, piece, layout, names, reads))
+                calls.append(_prefill_call(work, piece, layout, groups, reads))
     decoding = [work for work in works if work.count == 1]
     if decoding:
-        calls.append(_decode_call(decoding, layout, names, reads))
+        calls.append(_decode_call(decoding, layout, groups, reads))
     return calls

@@ -72,3 +72,38 @@ def cache_hit_check(hits: float, queries: float) -> Check:
         hits > 0,
         f"prefix_cache_hits {hits:.0f} of {queries:.0f} queried tokens",
     )
+
+
+def kv_cache_kind_check(layout: list[dict[str, Any]]) -> Check:
+    """Every layer the port declares with a sliding window is held by vLLM's
+    KV-cache manager as a sliding-window spec of that window, every other
+    layer as full attention."""
+    wrong = [
+        f"{entry['layer']}: port window {entry['port_window']}, vLLM {entry['vllm_spec']} "
+        f"(window {entry['vllm_window']})"
+        for entry in layout
+        if (entry["vllm_spec"] == "SlidingWindowSpec") != bool(entry["port_window"])
+        or (entry["port_window"] and entry["vllm_window"] != entry["port_window"])
+    ]
+    windows = sorted({entry["port_window"] for entry in layout if entry["port_window"]})
+    detail = "; ".join(wrong) or (
+        f"{sum(1 for e in layout if e['port_window'])} sliding-window layer(s) (window {windows}), "
+        f"{sum(1 for e in layout if not e['port_window'])} full-attention layer(s)"
+    )
+    return Check(
+        "vLLM's KV-cache manager holds each layer as the port declares it", not wrong and bool(layout), detail
+    )
+
+
+def kv_cache_dtype_check(layout: list[dict[str, Any]], expected: str) -> Check:
+    """Every layer's cache is ``expected`` in vLLM's spec and as bound."""
+    wrong = [
+        f"{entry['layer']}: vLLM {entry['vllm_dtype']}, bound {entry['bound_dtype']}"
+        for entry in layout
+        if entry["vllm_dtype"] != expected or entry["bound_dtype"] != expected
+    ]
+    return Check(
+        f"every layer's KV cache is {expected} (vLLM's spec and the cache bound to the port)",
+        not wrong and bool(layout),
+        "; ".join(wrong),
+    )

@@ -107,14 +107,18 @@ def kv_layers(model: Any) -> Any:
         raise PortError("kv_cache", f"{describe(error)} in get_kv_spec") from error
 
 
-def bind_port_cache(model: Any, kv_spec: Any, num_blocks: int, block_size: int) -> dict[str, tuple]:
+def bind_port_cache(
+    model: Any, kv_spec: Any, num_blocks: int, block_size: int, dtype: torch.dtype | None = None
+) -> dict[str, tuple]:
     """Zeroed ``[num_blocks + 1, kv_heads, block_size, head]`` K and V per
-    layer (the extra block takes the writes of slot -1), bound to the model;
-    then the meta-device check."""
+    layer (the extra block takes the writes of slot -1), in the layer's dtype
+    or ``dtype`` (an FP8 KV cache), bound to the model; then the meta-device
+    check."""
     caches = {}
     for layer in kv_spec.layers:
         shape = (num_blocks + 1, layer.num_kv_heads, block_size, layer.head_size)
-        caches[layer.name] = (torch.zeros(shape, dtype=layer.dtype), torch.zeros(shape, dtype=layer.dtype))
+        cache_dtype = dtype or layer.dtype
+        caches[layer.name] = (torch.zeros(shape, dtype=cache_dtype), torch.zeros(shape, dtype=cache_dtype))
     try:
         model.bind_kv_cache(caches)
     except Exception as error:

@@ -21,6 +21,20 @@ FIGURE_NAMES = {
 }
 
 
+COMPARED = {
+    "fp32": "every completion compared token for token with transformers' greedy generation on the "
+    "same checkpoint.",
+    "fp8": "every completion compared token for token with transformers' greedy generation with the "
+    "port's FP8 KV cache (validate's FP8 baseline) on the same checkpoint.",
+    "bf16": "the served bf16 logits judged by validate's bf16 logit gates against transformers "
+    "(float32 and eager bf16) teacher-forced along the served tokens.",
+}
+
+
+def _cache(outcome: Any) -> str:
+    return ", FP8 KV cache" if getattr(outcome, "kv_cache_dtype", "auto") == "fp8" else ""
+
+
 def results_path(out_dir: Path, name: str) -> Path:
     return out_dir / "examples" / "vllm_neuron" / "models" / name / "results" / "results.md"
 
@@ -42,8 +56,8 @@ def render(outcome: Any, log_dir: Path) -> str:
         f"# {outcome.name}: vLLM smoke test and server battery on CPU",
         "",
         f"{verdict}: `{outcome.architecture}` served by vLLM through the autoport-cst CPU stand-in "
-        f"(TP={outcome.tp}, float32; runs: {', '.join(outcome.runs)}); every completion compared "
-        "token for token with transformers' greedy generation on the same checkpoint.",
+        f"(TP={outcome.tp}, {outcome.dtype}{_cache(outcome)}; runs: {', '.join(outcome.runs)}); "
+        + COMPARED["fp8" if _cache(outcome) else outcome.dtype],
         "",
     ]
     if outcome.failure:

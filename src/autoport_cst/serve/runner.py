@@ -3,10 +3,12 @@
 The runner's lifecycle is vLLM's: ``load_model`` builds the port through its
 registry on the meta device and loads its weights (``port_loader``);
 ``get_kv_cache_spec`` reports the port's ``get_kv_spec()`` to vLLM's KV-cache
-manager (every layer as full attention: a sliding-window port masks the
-window itself, and vLLM keeps all of its blocks); ``initialize_kv_cache``
-allocates the number of blocks vLLM chose and binds them; ``execute_model``
-runs one scheduler step.
+manager: a layer with a ``sliding_window_size`` as a sliding-window spec (vLLM
+then frees, or never hands out, the blocks that fall out of the window, and
+puts the null block 0 in their place), every other layer as full attention;
+``initialize_kv_cache`` allocates the number of blocks vLLM chose, binds them
+and keeps vLLM's KV-cache groups (layers of one kind share a group's block
+ids); ``execute_model`` runs one scheduler step.
 
 A step: the request states are updated from the scheduler output (new,
 resumed, finished, new blocks), vLLM's ``InputBatch`` keeps the sampling
@@ -29,7 +31,7 @@ from vllm.distributed.parallel_state import get_tp_group
 from vllm.sampling_params import SamplingType
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec, SlidingWindowSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm.v1.sample.logits_processor import build_logitsprocs
 from vllm.v1.sample.sampler import Sampler
@@ -42,6 +44,7 @@ from autoport_cst.validate.standin.neuron_config import NeuronConfig
 
 from . import port_loader
 from .calls import CacheLayout, PortCall, Work, plan_calls
+from .limits import FP8_CACHE_DTYPES
 from .port_tree import find_port_tree
 from .step_stats import StepStats
 
@@ -98,22 +101,55 @@ class StandinModelRunner:
     def get_model(self) -> Any:
         return self.model
 
+    def _cache_dtype(self, layer: Any) -> torch.dtype:
+        """The layer's dtype, or float8_e4m3fn with ``kv_cache_dtype`` fp8
+        (the stand-in's FP8 cache; the platform refuses other cache dtypes)."""
+        return fp8_cache_dtype(self.vllm_config.cache_config.cache_dtype) or layer.dtype
+
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
-        return {
-            layer.name: FullAttentionSpec(
-                block_size=self.block_size,
-                num_kv_heads=layer.num_kv_heads,
-                head_size=layer.head_size,
-                dtype=layer.dtype,
-            )
-            for layer in self.kv_spec.layers
+        return {layer.name: self._layer_spec(layer) for layer in self.kv_spec.layers}
+
+    def _layer_spec(self, layer: Any) -> KVCacheSpec:
+        shape = {
+            "block_size": self.block_size,
+            "num_kv_heads": layer.num_kv_heads,
+            "head_size": layer.head_size,
+            "dtype": self._cache_dtype(layer),
         }
+        window = getattr(layer, "sliding_window_size", None)
+        if window:
+            return SlidingWindowSpec(**shape, sliding_window=int(window))
+        return FullAttentionSpec(**shape)
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         num_blocks = kv_cache_config.num_blocks
-        self.kv_caches = port_loader.bind_port_cache(self.model, self.kv_spec, num_blocks, self.block_size)
+        dtype = fp8_cache_dtype(self.vllm_config.cache_config.cache_dtype)
+        self.kv_caches = port_loader.bind_port_cache(
+            self.model, self.kv_spec, num_blocks, self.block_size, dtype
+        )
         self.guarded = port_loader.finish_loading(self.model)
         self.layout = CacheLayout(self.block_size, cdiv(self.max_model_len, self.block_size), self.tp)
+        self.groups = kv_cache_groups(kv_cache_config, self.layer_names)
+        self.group_specs = [group.kv_cache_spec for group in kv_cache_config.kv_cache_groups]
+
+    def kv_cache_layout(self) -> list[dict[str, Any]]:
+        """Each layer as the port declares it (``sliding_window_size``), as
+        vLLM's KV-cache manager holds it (its group's spec) and the dtype of
+        the cache bound to it."""
+        held = {
+            name: spec for names, spec in zip(self.groups, self.group_specs, strict=True) for name in names
+        }
+        return [
+            {
+                "layer": layer.name,
+                "port_window": getattr(layer, "sliding_window_size", None),
+                "vllm_spec": type(held[layer.name]).__name__,
+                "vllm_window": getattr(held[layer.name], "sliding_window", None),
+                "vllm_dtype": str(held[layer.name].dtype),
+                "bound_dtype": str(self.kv_caches[layer.name][0].dtype),
+            }
+            for layer in self.kv_spec.layers
+        ]
 
     def shutdown(self) -> None:
         self._stack.close()
@@ -127,7 +163,7 @@ class StandinModelRunner:
         if scheduler_output.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
         works = self._works(scheduler_output)
-        logits = self._run_calls(plan_calls(works, self.layout, self.layer_names, self.reads))
+        logits = self._run_calls(plan_calls(works, self.layout, self.groups, self.reads))
         output = self._sample(works, logits)
         self.stats.step_seconds += time.perf_counter() - start
         return output
@@ -138,7 +174,8 @@ class StandinModelRunner:
             state = self.requests[req_id]
             tokens = list(state.prompt_token_ids or []) + list(state.output_token_ids)
             count = scheduler_output.num_scheduled_tokens[req_id]
-            works.append(Work(index, tokens, state.num_computed_tokens, count, list(state.block_ids[0])))
+            blocks = tuple(list(ids) for ids in state.block_ids)
+            works.append(Work(index, tokens, state.num_computed_tokens, count, blocks))
         return works
 
     def _run_calls(self, calls: list[PortCall]) -> dict[int, torch.Tensor]:
@@ -282,4 +319,25 @@ class StandinModelRunner:
         return ("generate",)
 
 
-__all__ = ["StandinModelRunner"]
+def fp8_cache_dtype(cache_dtype: str) -> torch.dtype | None:
+    """float8_e4m3fn for vLLM's FP8 KV-cache names, None for ``auto``."""
+    return torch.float8_e4m3fn if cache_dtype in FP8_CACHE_DTYPES else None
+
+
+def kv_cache_groups(kv_cache_config: KVCacheConfig, layer_names: list[str]) -> list[list[str]]:
+    """The port's layers of each of vLLM's KV-cache groups, in the groups'
+    order (the order of a request's block ids); every layer in one."""
+    groups = [
+        [name for name in group.layer_names if name in layer_names]
+        for group in kv_cache_config.kv_cache_groups
+    ]
+    grouped = [name for group in groups for name in group]
+    if sorted(grouped) != sorted(layer_names):
+        raise port_loader.PortError(
+            "kv_cache",
+            f"vLLM's KV-cache groups {groups} do not hold each of the port's layers {layer_names} once",
+        )
+    return groups
+
+
+__all__ = ["StandinModelRunner", "kv_cache_groups"]

@@ -33,6 +33,8 @@ from .port_tree import match_architecture, registry_architectures, registry_pack
 from .smoke_child import RUNS, SmokeSettings
 
 SERVE_PYTHON_VARIABLE = "AUTOPORT_SERVE_PYTHON"
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+KV_CACHE_DTYPES = ("auto", "fp8")
 SERVE_VENV = ".venv-serve"
 CHECKOUT = Path(__file__).resolve().parents[3]
 
@@ -47,6 +49,8 @@ class SmokeOutcome:
     figures: dict[str, Any] = field(default_factory=dict)
     failure: dict[str, str] | None = None
     results_file: str = ""
+    dtype: str = "fp32"
+    kv_cache_dtype: str = "auto"
 
     @property
     def passed(self) -> bool:
@@ -77,13 +81,29 @@ def serve_python() -> Path:
     )
 
 
-def check_smoke_input(out_dir: Path, checkpoint: Path, tp: int, runs: list[str]) -> tuple[str, str]:
+def check_smoke_input(
+    out_dir: Path,
+    checkpoint: Path,
+    tp: int,
+    runs: list[str],
+    dtype: str = "fp32",
+    kv_cache_dtype: str = "auto",
+) -> tuple[str, str]:
     """(architecture, port name), or InputError: nothing runs on bad input."""
     from autoport_cst.preflight import check_checkpoint_dir
 
     unknown = sorted(set(runs) - set(RUNS))
     if unknown or not runs:
         raise InputError(f"--runs: {', '.join(unknown) or 'none given'}; choose from {', '.join(RUNS)}")
+    if dtype not in DTYPES:
+        raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype == "bf16" and runs != ["offline"]:
+        raise InputError(
+            f"--dtype bf16 serves the offline run only (--runs offline), not {', '.join(runs)}: the server "
+            "battery's checks are exact (a batch equals its prompts one by one, prefix caching on equals "
+            "off), which bf16 rounding legitimately breaks"
+        )
+    check_kv_cache_dtype(kv_cache_dtype, runs, dtype)
     if not registry_path(out_dir).is_file():
         raise InputError(f"{out_dir}: no {registry_path('.')} (is it a directory apply wrote?)")
     config = check_checkpoint_dir(checkpoint, tp)
@@ -94,6 +114,22 @@ def check_smoke_input(out_dir: Path, checkpoint: Path, tp: int, runs: list[str])
         architectures[0], registry_architectures(out_dir), registry_path(out_dir)
     )
     return architecture, registry_packages(out_dir).get(architecture, architecture)
+
+
+def check_kv_cache_dtype(kv_cache_dtype: str, runs: list[str], dtype: str) -> None:
+    """FP8 serves the offline run in fp32 only: its prompts are prefilled
+    whole and without prefix caching (a chunk after cached tokens is a
+    segmented prefill, which reads only a packed FP8 cache: ``limits``)."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise InputError(
+            f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}"
+        )
+    if kv_cache_dtype == "fp8" and (runs != ["offline"] or dtype != "fp32"):
+        raise InputError(
+            "--kv-cache-dtype fp8 serves the offline run in fp32 (--runs offline --dtype fp32): the server "
+            "battery's prefix-cache hits and chunked prompts take segmented prefill, which reads only a "
+            "packed FP8 cache, and the FP8 baseline is compared in fp32"
+        )
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -128,13 +164,20 @@ def _tail(log: Path, lines: int = 20) -> str:
 
 
 def run_smoke(
-    out_dir: Path, checkpoint: Path, tp: int = 1, runs: list[str] | None = None, workdir: Path | None = None
+    out_dir: Path,
+    checkpoint: Path,
+    tp: int = 1,
+    runs: list[str] | None = None,
+    workdir: Path | None = None,
+    dtype: str = "fp32",
+    kv_cache_dtype: str = "auto",
 ) -> SmokeOutcome:
     """Check the input, run the smoke test, write the results file."""
     from .results import write_results
 
-    runs = list(runs or RUNS)
-    architecture, name = check_smoke_input(out_dir, checkpoint, tp, runs)
+    offline_only = dtype == "bf16" or kv_cache_dtype == "fp8"
+    runs = list(runs) if runs is not None else (["offline"] if offline_only else list(RUNS))
+    architecture, name = check_smoke_input(out_dir, checkpoint, tp, runs, dtype, kv_cache_dtype)
     python = serve_python()
     work = Path(workdir or tempfile.mkdtemp(prefix="autoport-smoke-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -145,9 +188,11 @@ def run_smoke(
         workdir=str(work),
         tp=tp,
         runs=runs,
+        dtype=DTYPES[dtype],
+        kv_cache_dtype=kv_cache_dtype,
     )
     code = run_child(python, settings, work / "smoke.log")
-    outcome = SmokeOutcome(name, architecture, tp, runs)
+    outcome = SmokeOutcome(name, architecture, tp, runs, dtype=dtype, kv_cache_dtype=kv_cache_dtype)
     result_path = Path(settings.result)
     if result_path.is_file():
         result = json.loads(result_path.read_text())

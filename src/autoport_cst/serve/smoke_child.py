@@ -12,7 +12,11 @@ Runs, each optional:
   counters from ``/metrics``.
 
 Every completion is checked against transformers' greedy generation on the
-same checkpoint (``reference``), in float32.
+same checkpoint (``reference``), in float32. In bfloat16 (``dtype``; the
+offline run only) the served raw logits are judged by the validator's bf16
+logit gates instead (``bf16_checks``). The offline run also checks that
+vLLM's KV-cache manager holds each layer as the port declares it (sliding
+window or full attention).
 """
 
 from __future__ import annotations
@@ -27,7 +31,16 @@ from pathlib import Path
 from typing import Any
 
 from .battery import BASIC, BATCH, COUNTING, BatteryRun, Completion, run_battery
-from .checks import Check, batch_check, cache_hit_check, greedy_checks, same_runs, stream_check
+from .checks import (
+    Check,
+    batch_check,
+    cache_hit_check,
+    greedy_checks,
+    kv_cache_dtype_check,
+    kv_cache_kind_check,
+    same_runs,
+    stream_check,
+)
 from .server import ServerError, metrics, running_server
 
 RUNS = ("offline", "server", "server-prefix-caching")
@@ -46,12 +59,32 @@ class SmokeSettings:
     block_size: int = 32
     max_num_batched_tokens: int = 64
     server_timeout: float = 900.0
+    dtype: str = "float32"  # or "bfloat16" (the offline run only)
+    kv_cache_dtype: str = "auto"  # or "fp8" (the offline run in float32 only)
+
+
+@dataclass
+class OfflineRun:
+    completions: list[Completion]
+    startup: float
+    kv_cache_layout: list[dict[str, Any]]
+    logits: list[Any]  # per completion, its served raw logits [n, vocab] (bfloat16 runs)
 
 
 def engine_options(settings: SmokeSettings, max_model_len: int) -> dict[str, Any]:
+    if settings.kv_cache_dtype == "fp8":  # every prompt prefilled whole (limits.check_cache_dtype)
+        return {
+            **_options(settings, max_model_len),
+            "kv_cache_dtype": "fp8",
+            "max_num_batched_tokens": max_model_len,
+        }
+    return _options(settings, max_model_len)
+
+
+def _options(settings: SmokeSettings, max_model_len: int) -> dict[str, Any]:
     return {
         "tensor_parallel_size": settings.tp,
-        "dtype": "float32",
+        "dtype": settings.dtype,
         "block_size": settings.block_size,
         "max_model_len": max_model_len,
         "max_num_seqs": 16,
@@ -81,15 +114,20 @@ def serving_env(settings: SmokeSettings, in_process: bool) -> dict[str, str]:
     return env
 
 
-def offline_run(settings: SmokeSettings, options: dict[str, Any]) -> tuple[list[Completion], float]:
+def offline_run(settings: SmokeSettings, options: dict[str, Any]) -> OfflineRun:
     os.environ.update(serving_env(settings, in_process=settings.tp == 1))
     start = time.perf_counter()  # vLLM's imports included, as in the server's start-up
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=settings.checkpoint, enable_prefix_caching=False, **options)
+    bf16 = settings.dtype == "bfloat16"
+    vocab = int(_config(settings.checkpoint).get("vocab_size") or 0)
+    raw = {"logprobs_mode": "raw_logits", "max_logprobs": vocab} if bf16 else {}
+    llm = LLM(model=settings.checkpoint, enable_prefix_caching=False, **options, **raw)
     startup = time.perf_counter() - start
     prompts = [BASIC, *BATCH, COUNTING]
-    sampling = SamplingParams(max_tokens=settings.max_tokens, temperature=0.0, ignore_eos=True)
+    sampling = SamplingParams(
+        max_tokens=settings.max_tokens, temperature=0.0, ignore_eos=True, logprobs=vocab if bf16 else None
+    )
     outputs = llm.generate(prompts, sampling)
     completions = [
         Completion(
@@ -101,8 +139,22 @@ def offline_run(settings: SmokeSettings, options: dict[str, Any]) -> tuple[list[
         )
         for i, (prompt, out) in enumerate(zip(prompts, outputs, strict=True))
     ]
+    logits = [_served_logits(out.outputs[0].logprobs, vocab) for out in outputs] if bf16 else []
+    layout = llm.collective_rpc("kv_cache_layout")[0]
     del llm
-    return completions, startup
+    return OfflineRun(completions, startup, layout, logits)
+
+
+def _served_logits(steps: Any, vocab: int) -> Any:
+    """The raw logits vLLM returned for every generated token, ``[n, vocab]``."""
+    import torch
+
+    rows = torch.full((len(steps), vocab), float("-inf"))
+    for row, entries in enumerate(steps):
+        for token, entry in entries.items():
+            if token < vocab:
+                rows[row, token] = entry.logprob
+    return rows
 
 
 def server_run(
@@ -124,7 +176,10 @@ def _config(checkpoint: str) -> dict[str, Any]:
 
 
 def _max_model_len(config: dict[str, Any]) -> int:
-    return int(min(512, config.get("max_position_embeddings") or 512))
+    """512 positions, or the checkpoint's positions when it has fewer."""
+    from .limits import checkpoint_positions
+
+    return min(512, checkpoint_positions(config) or 512)
 
 
 def _block_size(config: dict[str, Any], default: int) -> int:
@@ -139,6 +194,23 @@ def _block_size(config: dict[str, Any], default: int) -> int:
     return default
 
 
+def offline_checks(settings: SmokeSettings, offline: OfflineRun, reference: Any) -> list[Check]:
+    """Exact greedy tokens in float32 (with an FP8 KV cache, those of the
+    validator's FP8 baseline); in bfloat16 the validator's logit gates."""
+    if settings.kv_cache_dtype == "fp8":
+        from .reference import FP8CacheGreedyReference
+
+        fp8 = FP8CacheGreedyReference(settings.checkpoint)
+        return greedy_checks("offline (FP8 KV cache, against the FP8 baseline)", offline.completions, fp8)
+    if settings.dtype != "bfloat16":
+        return greedy_checks("offline", offline.completions, reference)
+    from .bf16_checks import bf16_logit_checks
+    from .reference import TeacherForcedLogits
+
+    served = list(zip(offline.completions, offline.logits, strict=True))
+    return bf16_logit_checks("offline", served, TeacherForcedLogits(settings.checkpoint))
+
+
 def smoke(settings: SmokeSettings) -> dict[str, Any]:
     from .reference import GreedyReference
 
@@ -150,9 +222,12 @@ def smoke(settings: SmokeSettings) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     runs: dict[str, BatteryRun] = {}
     if "offline" in settings.runs:
-        completions, startup = offline_run(settings, options)
-        figures["offline"] = {"startup_s": startup}
-        checks += greedy_checks("offline", completions, reference)
+        offline = offline_run(settings, options)
+        figures["offline"] = {"startup_s": offline.startup}
+        checks.append(kv_cache_kind_check(offline.kv_cache_layout))
+        if settings.kv_cache_dtype == "fp8":
+            checks.append(kv_cache_dtype_check(offline.kv_cache_layout, "torch.float8_e4m3fn"))
+        checks += offline_checks(settings, offline, reference)
     for prefix_caching in (False, True):
         name = "server-prefix-caching" if prefix_caching else "server"
         if name not in settings.runs:

@@ -128,6 +128,10 @@ class StandinWorker(WorkerBase):
         """The port's work so far (``step_stats``), for the smoke test."""
         return self._runner.stats.as_dict()
 
+    def kv_cache_layout(self) -> list[dict[str, Any]]:
+        """Each layer's window in the port and in vLLM's KV-cache manager."""
+        return self._runner.kv_cache_layout()
+
     def shutdown(self) -> None:
         if self.runner is not None:
             self.runner.shutdown()
