@@ -9,7 +9,7 @@ from autoport_cst.transform import Codemod, Example, FileContext, NoParams, Port
 from autoport_cst.transform.anatomy.attention import statement_containing
 from autoport_cst.transform.anatomy.qkv import mentions
 from autoport_cst.transform.cst.roles import class_role
-from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statement, parse_statements
 from autoport_cst.transform.cst.vocabulary import (
     classes_with_role,
     dotted,
@@ -28,6 +28,11 @@ from autoport_cst.transform.realizes import Realizes, not_to
 
 ID = "partial-rotary"
 ROTARY_DIM = "int(self.head_dim * _partial_rotary_factor({config}))"
+# the attention factor per column of cos/sin: the rotated pairs take it, the pass-through ones 1
+COLUMN_SCALING = """
+rotated = torch.arange(self.head_dim // 2, device={freqs}.device) < self.rotary_dim // 2
+column_scaling = torch.where(rotated.repeat(2), self.attention_scaling, 1.0)
+"""
 
 
 class PartialRotary(Codemod):
@@ -46,7 +51,10 @@ class PartialRotary(Codemod):
       ``self.head_dim`` read in its other methods becomes
       ``self.rotary_dim``); ``forward`` pads the frequencies with zeros to
       ``head_dim / 2``, so the tables are full width with ``cos = 1``,
-      ``sin = 0`` on the pass-through pairs;
+      ``sin = 0`` on the pass-through pairs; an attention factor that
+      ``forward`` multiplies cos and sin by (YaRN, LongRoPE) scales the
+      rotated pairs only (``column_scaling``), as the checkpoint's model
+      passes the other dimensions through unscaled;
     - attention class: the loaders of the fused QKV weight (and bias, and
       per-head query/key norm gammas) reorder each query and key head's
       columns at load time (``_rope_column_order``, ``_rope_columns_loader``)
@@ -204,6 +212,49 @@ class PartialRotary(Codemod):
             ''',
         ),
         Example(
+            title="an attention factor on cos and sin (YaRN) scales the rotated pairs only",
+            package_classes=("Qwen3Attention",),
+            before="""
+                class Qwen3RotaryEmbedding(nn.Module):
+                    def __init__(self, config):
+                        self.head_dim = config.head_dim
+
+                    def forward(self, position_ids, device, dtype):
+                        freqs = torch.outer(position_ids.float(), self._compute_inv_freq(device))
+                        emb = torch.cat((freqs, freqs), dim=-1)
+                        cos = emb.cos() * self.attention_scaling
+                        sin = emb.sin() * self.attention_scaling
+                        return cos.to(dtype), sin.to(dtype)
+            """,
+            after='''
+                def _partial_rotary_factor(config) -> float:
+                    """Fraction of each head that RoPE rotates: the config field, else the value
+                    in the RoPE parameters, else 1 (the whole head)."""
+                    if config.partial_rotary_factor is not None:
+                        return float(config.partial_rotary_factor)
+                    return float((config.rope_parameters or {}).get("partial_rotary_factor", 1.0))
+
+
+                class Qwen3RotaryEmbedding(nn.Module):
+                    def __init__(self, config):
+                        self.head_dim = config.head_dim
+                        # <-- MODEL-SPECIFIC: partial rotary: the first rotary_dim dims of each head rotate
+                        self.rotary_dim = int(self.head_dim * _partial_rotary_factor(config))
+
+                    def forward(self, position_ids, device, dtype):
+                        freqs = torch.outer(position_ids.float(), self._compute_inv_freq(device))
+                        # <-- MODEL-SPECIFIC: the pairs past rotary_dim / 2 rotate by angle zero
+                        freqs = torch.nn.functional.pad(freqs, (0, (self.head_dim - self.rotary_dim) // 2))
+                        # <-- MODEL-SPECIFIC: the attention factor scales the rotated pairs, not the pass-through ones
+                        rotated = torch.arange(self.head_dim // 2, device=freqs.device) < self.rotary_dim // 2
+                        column_scaling = torch.where(rotated.repeat(2), self.attention_scaling, 1.0)
+                        emb = torch.cat((freqs, freqs), dim=-1)
+                        cos = emb.cos() * column_scaling
+                        sin = emb.sin() * column_scaling
+                        return cos.to(dtype), sin.to(dtype)
+            ''',
+        ),
+        Example(
             title="the config field",
             role="config",
             path="config.py",
@@ -330,4 +381,31 @@ class PartialRotary(Codemod):
                 "<-- MODEL-SPECIFIC: the pairs past rotary_dim / 2 rotate by angle zero",
             )
             edits[id(holder)] = lambda updated, pad=pad: cst.FlattenSentinel([pad, updated])
+            edits.update(_unscaled_pass_through(forward, holder, freqs, pad, module))
         return rewrite(module, edits)
+
+
+def _unscaled_pass_through(
+    forward: cst.FunctionDef,
+    holder: cst.BaseStatement,
+    freqs: str,
+    pad: cst.BaseStatement,
+    module: cst.Module,
+) -> dict:
+    """YaRN's and LongRoPE's attention factor on the rotated pairs only: the
+    checkpoint's model multiplies the rotated part of q and k by it and passes
+    the other dimensions through unscaled, so every ``self.attention_scaling``
+    that ``forward`` reads becomes a per-column factor (1 on the pass-through
+    pairs); the pad and the factor's statements go before ``holder``."""
+    reads = [n for n in walk(forward) if self_attr(n) == "attention_scaling"]
+    if not reads:
+        return {}
+    factor = parse_statements(COLUMN_SCALING.format(freqs=freqs).strip("\n"), module)
+    factor[0] = with_comment(
+        factor[0],
+        "<-- MODEL-SPECIFIC: the attention factor scales the rotated pairs, not the pass-through ones",
+    )
+    column = parse_expr("column_scaling", module)
+    edits: dict = {id(node): (lambda updated: column) for node in reads}
+    edits[id(holder)] = lambda updated: cst.FlattenSentinel([pad, *factor, updated])
+    return edits

@@ -93,16 +93,12 @@ PORTS = {
     },
     "OlmoForCausalLM": {"steps": {"swap-norm", "norm-affine"}, "spec": {("norm", "affine"): False}},
     "Jais2ForCausalLM": {"steps": {"mlp-activation"}},  # starcoder2's c_fc/c_proj keys translated back
-    # the tiny config has only full-attention layers, which Flint leaves without RoPE
-    "FlintForCausalLM": {"steps": {"attention-sinks", "rope-scaling"}, "spec": {("rope", "type"): "none"}},
 }
 
 
 # Ports that the tiny checkpoints with every kind of layer (issue 15) show wrong;
 # strict: the day they validate, the mark must go.
-KNOWN_WRONG = {
-    "FlintForCausalLM": "its layers after the first two are MoE; the research plans a dense model and is refused",
-}
+KNOWN_WRONG: dict[str, str] = {}
 
 
 def _ports() -> list:

@@ -27,6 +27,8 @@ REFUSALS = {
     "DogeForCausalLM": ("unsupported", "learned parameters in the attention computation"),
     # full-attention layers without RoPE, chosen by layer_types (the NoPE codemod reads other fields)
     "Cohere2ForCausalLM": ("unsupported", "nope_layers: Cohere2Attention.forward"),
+    # the same (no RoPE on full attention), on a model whose layers after the first two are MoE
+    "FlintForCausalLM": ("unsupported", "nope_layers: FlintAttention.forward"),
 }
 
 
@@ -55,6 +57,33 @@ def test_refused_with_the_feature_named(architecture, workdir):
         assert all(name in str(refused.value) for name in named)
     else:
         assert field in refused.value.features
+
+
+@pytest.mark.parametrize("architecture", ["Cohere2ForCausalLM", "FlintForCausalLM"])
+def test_nope_by_layer_type_is_named(architecture, workdir):
+    """Layers without RoPE chosen by their layer type: the refusal names
+    config.layer_types and the layer type that takes no RoPE."""
+    source = workdir / f"{architecture}-types"
+    build_tiny_checkpoint(architecture, source, seed=0)
+    (entry,) = [e for e in research(str(source)).spec.unsupported or () if e.startswith("nope_layers:")]
+    assert "config.layer_types" in entry and "(no RoPE on its full_attention layers)" in entry, entry
+
+
+def test_flint_is_planned_as_moe_with_dense_layers(workdir):
+    """Flint's layers after the first two are MoE (mlp_only_layers [0, 1]):
+    its plan is an MoE model with two dense layers, never a dense model, and
+    it is refused for its layers without RoPE before anything is written."""
+    source = workdir / "flint-moe"
+    build_tiny_checkpoint("FlintForCausalLM", source, seed=0)
+    spec = research(str(source)).spec
+    assert spec.moe is not None and spec.moe.num_experts == 4 and spec.moe.top_k == 2
+    assert spec.moe.dense_layers == (0, 1)
+    out = workdir / "flint-out"
+    with pytest.raises(UnrealizableDiffError) as refused:
+        port(str(source), "refused_flint", out)
+    assert "nope_layers" in refused.value.features
+    assert "qwen3_moe" in str(refused.value)  # the closest reference is the MoE one
+    assert not (out / "vllm_neuron").exists()
 
 
 def test_clipped_qkv_is_refused(workdir):

@@ -53,9 +53,6 @@ CONFIGS: dict[str, dict] = {
     "MiniMaxM2ForCausalLM": {},
     # OLMoE: full-width q/k norms on Mixtral-like routing
     "OlmoeForCausalLM": {},
-    # EXAONE MoE: dense layers, sigmoid router with a selection bias, routed
-    # scaling, a shared expert, sliding window on the layers marked
-    "ExaoneMoeForCausalLM": {},
     # HunYuan MoE v1: per-head q/k norms after RoPE, a shared expert
     "HunYuanMoEV1ForCausalLM": {},
     # dots.llm1: its config class has no expert counts by default
@@ -82,6 +79,9 @@ REFUSALS: dict[str, tuple[str, dict, str]] = {
     ),
     # JetMoe: experts without a classifiable gated MLP (and mixture-of-attention heads)
     "jetmoe": ("JetMoeForCausalLM", {}, "moe.expert_mlp"),
+    # EXAONE MoE: no RoPE on its full-attention layers, chosen by layer_types
+    # (nope-layers reads no_rope_layers / no_rope_layer_interval)
+    "exaone_moe": ("ExaoneMoeForCausalLM", {}, "nope_layers"),
 }
 
 

@@ -16,7 +16,6 @@ with the feature it names.
 | MiniMaxM2ForCausalLM | full-width q/k norms in place of the per-head ones, sigmoid router, routing bias |
 | OlmoeForCausalLM | full-width q/k norms in place of the per-head ones |
 | HunYuanMoEV1ForCausalLM | per-head q/k norms applied after RoPE, shared expert |
-| ExaoneMoeForCausalLM | dense layers, sigmoid router, routing bias, routed scaling, shared expert, sliding window, no RoPE on the full-attention layers |
 
 Besides these, a port takes the identity steps, ``config-guards`` (a guard:
 the port refuses configs its research did not plan for), checkpoint key
@@ -90,15 +89,6 @@ EXPECTED_STEPS = {
     "AriaTextForCausalLM": {"remove-qk-norm", "shared-experts"},
     "MiniMaxM2ForCausalLM": {"qk-norm", "router-activation", "routing-bias"},
     "OlmoeForCausalLM": {"qk-norm"},
-    "ExaoneMoeForCausalLM": {
-        "dense-layers",
-        "nope-layers",
-        "routed-scaling",
-        "router-activation",
-        "routing-bias",
-        "shared-experts",
-        "sliding-window",
-    },
     "HunYuanMoEV1ForCausalLM": {"qk-norm-position", "shared-experts"},
     "Dots1ForCausalLM": {
         "dense-layers",
@@ -116,13 +106,7 @@ MAY = {"checkpoint-keys"}
 
 # Ports that the tiny checkpoints with every kind of layer show wrong (as
 # tests/coverage_dense's KNOWN_WRONG); strict: the day they validate, the mark must go.
-KNOWN_WRONG = {
-    "ExaoneMoeForCausalLM": (
-        "its full-attention layers take no RoPE (transformers rotates only the sliding layers); "
-        "nope-layers reads only no_rope_layers / no_rope_layer_interval, so the port rotates them "
-        "(layers.3.attention)"
-    ),
-}
+KNOWN_WRONG: dict[str, str] = {}
 
 
 # Ports wrong on a config variant their reference declares (validate runs each
@@ -140,8 +124,6 @@ WRONG_ON_A_VARIANT = {
     "GraniteMoeSharedForCausalLM": _HUB + "router router.layer, fused experts input/output_linear",
     "HYV3ForCausalLM": _HUB + "router mlp.router.gate, bias mlp.expert_bias, mlp.shared_mlp",
     "MiniMaxM2ForCausalLM": _HUB + "block block_sparse_moe, experts w1/w3/w2",
-} | {
-    "Glm4MoeForCausalLM": 'not equivalent on its config variant rope.type="yarn" (layers.0.attention, prefill)',
 }
 
 
@@ -220,3 +202,19 @@ def test_named_refusal(tmp_path_factory, case):
         port(str(source), "refused", tmp_path_factory.mktemp(f"refused-out-{case}"))
     assert "unsupported" in refused.value.fields
     assert not (tmp_path_factory.getbasetemp() / "refused" / "vllm_neuron").exists()
+
+
+def test_nope_by_layer_type_is_refused_naming_the_layer_types(tmp_path_factory):
+    """EXAONE MoE rotates only its sliding layers (no RoPE on full attention,
+    chosen from config.layer_types through a local): nope-layers reads other
+    fields, so the port is refused, the refusal naming the layer type."""
+    from autoport_cst.port import port
+
+    source = build(tmp_path_factory, "ExaoneMoeForCausalLM", {}, "refused-exaone-moe-types")
+    out = tmp_path_factory.mktemp("refused-exaone-moe-types-out")
+    with pytest.raises(UnrealizableDiffError) as refused:
+        port(str(source), "refused_exaone_moe", out)
+    assert "nope_layers" in refused.value.features
+    assert "config.layer_types (no RoPE on its full_attention layers)" in str(refused.value)
+    assert "ExaoneMoeAttention.forward (modeling_exaone_moe.py:" in str(refused.value)
+    assert not (out / "vllm_neuron").exists()

@@ -81,11 +81,33 @@ def _nope_choice(st: AnalyzerState, rotary: list[bool]) -> str | None:
         if reads <= NOPE_FIELDS:
             return None
         keys |= reads
+    kinds = _nope_layer_types(st, rotary, kept)
+    if kinds is not None:
+        keys.add("layer_types")
     told = f"config.{', config.'.join(sorted(keys))}" if keys else "no config field the analysis saw"
+    if kinds is not None:
+        told += f" (no RoPE on its {' and '.join(kinds)} layers)"
     return (
         f"the layers without RoPE are told apart by {told}; a port reads them from "
         f"{' / '.join(sorted(NOPE_FIELDS))}"
     )
+
+
+def _nope_layer_types(st: AnalyzerState, rotary: list[bool], kept: list[int]) -> list[str] | None:
+    """The layer types of ``config.layer_types`` whose layers (of ``kept``)
+    take no RoPE, when the layer type alone tells rotating and non-rotating
+    layers apart (Cohere 2, Flint, EXAONE MoE: no RoPE on full attention);
+    None otherwise. The attention may compute that from ``layer_types``
+    through locals the interpreter does not attribute to a config field."""
+    kinds = st.interp.config.read("layer_types", None)
+    if not isinstance(kinds, (list, tuple)) or len(kinds) < len(rotary):
+        return None
+    rotates: dict[str, set[bool]] = {}
+    for index in kept:
+        rotates.setdefault(str(kinds[index]), set()).add(rotary[index])
+    if len(rotates) < 2 or any(len(found) != 1 for found in rotates.values()):
+        return None
+    return sorted(kind for kind, found in rotates.items() if found == {False})
 
 
 def _aligned_attributes(attns: list, rotary: list[bool]) -> dict[str, frozenset[str]]:
