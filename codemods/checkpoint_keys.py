@@ -580,7 +580,7 @@ class CheckpointKeys(Codemod):
             try:
                 found = moe_keys.static_values(fn, module, self.params.experts == "per_expert", renamer)
             except ValueError as error:
-                raise ctx.precondition(f"{self.ID}: {error}", fn, module) from None
+                raise ctx.precondition(f"{self.ID}: {error}", getattr(error, "node", fn), module) from None
             edits.update(found.edits)
             only |= {found.only_layout} - {""}
         if not edits:

@@ -150,3 +150,24 @@ def test_the_port_manifest_declares_only_the_layout_it_loads():
     assert manifest["config_driven"]["checkpoint.gate_up"] == ["fused"]
     model = result.files[f"{result.package_dir}/model.py"]
     assert "_require_expert_layout(names, mappings, [" in model
+
+
+def test_a_lookup_used_outside_the_mapping_values_is_refused_naming_the_use():
+    """The lookup statement goes once its uses become static keys: a use the
+    codemod does not turn into one stops it, positioned at that use."""
+    import libcst as cst
+
+    from autoport_cst.errors import PreconditionError
+
+    lookup = "            moe = moe_checkpoint_keys(names, prefix, self.config.num_experts)\n"
+    source = SOURCE.replace(lookup, lookup + "            self.blocks.append(moe.module)\n")
+    codemod = CheckpointKeys(
+        CheckpointKeys.parse_params({"renames": {"mlp.gate": "mlp.router"}, "experts": "fused"})
+    )
+    ctx = FileContext(path="model.py", role="model", port=PortContext(), codemod=CheckpointKeys.ID)
+    with pytest.raises(PreconditionError, match=r"moe = moe_checkpoint_keys\(...\) is also used") as refused:
+        codemod.transform_module(cst.parse_module(source), ctx)
+    assert (
+        refused.value.position.line
+        == source.splitlines().index("            self.blocks.append(moe.module)") + 1
+    )

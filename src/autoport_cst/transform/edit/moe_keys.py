@@ -66,6 +66,14 @@ def _require_expert_layout(names, mappings, parameters: list[str], layout: str) 
 '''
 
 
+class LeftoverLookup(ValueError):
+    """A use of a lookup's result that no static key replaces (``node``)."""
+
+    def __init__(self, message: str, node: cst.CSTNode) -> None:
+        super().__init__(message)
+        self.node = node
+
+
 @dataclass
 class StaticKeys:
     """What :func:`static_values` found: the edits, and the expert layout the
@@ -108,13 +116,16 @@ def static_values(
             var, prefix, _arg_code(call, 0, "names"), _arg_code(call, 2, "self.config.num_experts")
         )
         experts: list[MappingEntry] = []
+        replaced: list[cst.BaseExpression] = []
         for entry in mapping_entries(fn):
             new = _static(entry.value, lookup, layouts, module)
             if new is None:
                 continue
+            replaced.append(entry.value)
             found.edits[id(entry.value)] = lambda updated, new=new: new
             if code_of(entry.value) in (f"{var}.gate_up", f"{var}.down"):
                 experts.append(entry)
+        _check_every_use_replaced(fn, stmt, var, replaced)
         found.edits[id(stmt)] = lambda updated: cst.RemoveFromParent()
         if not both and experts:
             found.only_layout = GATE_UP[planned]
@@ -124,6 +135,19 @@ def static_values(
             )
             add_edit(found.edits, id(experts[-1].statement), followed_by(check))
     return found
+
+
+def _check_every_use_replaced(fn, stmt, var: str, replaced: list[cst.BaseExpression]) -> None:
+    """The lookup statement goes: every use of its variable must be in a
+    value replaced by a static key (else :class:`LeftoverLookup` names it)."""
+    covered = {id(node) for node in walk(stmt)} | {id(n) for value in replaced for n in walk(value)}
+    for node in walk(fn):
+        if isinstance(node, cst.Name) and node.value == var and id(node) not in covered:
+            raise LeftoverLookup(
+                f"{var} = {HELPER}(...) is also used outside the mapping values this codemod turns into "
+                f"static keys ({var} here): the lookup cannot go; map that use through mappings[...]",
+                node,
+            )
 
 
 def derives_other_layout(renamer: KeyRenamer, block: str) -> bool:
