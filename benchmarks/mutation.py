@@ -391,7 +391,12 @@ def run_benchmark(args: argparse.Namespace, workdir: Path) -> dict[str, Tally]:
         for run in runs:
             for mutant in run.sample(part, None if args.full else count, args.seed):
                 outcome = run.run(mutant, args.steps)
-                print(f"{part} {run.port.name} {mutant.key}: {outcome.verdict}", file=sys.stderr, flush=True)
+                detail = f" ({outcome.detail})" if outcome.detail else ""
+                print(
+                    f"{part} {run.port.name} {mutant.key}: {outcome.verdict}{detail}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 if outcome.verdict == "survived" and args.explain:
                     run.explain(outcome, args.steps)
                 outcomes[part].append(outcome)
