@@ -41,7 +41,22 @@ sys.path.insert(0, str(ROOT / "src"))
 from autoport_cst.serve.battery import BASIC, BATCH, COUNTING, PREFIX_SUFFIXES, SHARED_PREFIX, STREAM  # noqa: E402
 
 PROMPTS = [BASIC, *BATCH, COUNTING, STREAM]
-ENGINE = {"dtype": "float32", "block_size": 32, "max_model_len": 512, "max_num_seqs": 16}
+
+
+def engine_settings(checkpoint: str) -> dict:
+    """The smoke test's engine: float32, 512 positions or the checkpoint's
+    fewer, blocks of 32 or the largest divisor of the sliding window."""
+    import json
+
+    from autoport_cst.serve.smoke_child import block_size_for, context_length
+
+    config = json.loads((Path(checkpoint) / "config.json").read_text())
+    return {
+        "dtype": "float32",
+        "block_size": block_size_for(config, 32),
+        "max_model_len": context_length(config),
+        "max_num_seqs": 16,
+    }
 
 
 def engine(checkpoint: str, prefix_caching: bool):
@@ -49,7 +64,10 @@ def engine(checkpoint: str, prefix_caching: bool):
 
     start = time.perf_counter()
     llm = LLM(
-        model=checkpoint, enable_prefix_caching=prefix_caching, kv_cache_memory_bytes=64 << 20, **ENGINE
+        model=checkpoint,
+        enable_prefix_caching=prefix_caching,
+        kv_cache_memory_bytes=64 << 20,
+        **engine_settings(checkpoint),
     )
     return llm, time.perf_counter() - start
 

@@ -108,3 +108,35 @@ def test_the_platform_refuses_a_context_past_the_positions_vllm_was_told_to_allo
     result = _engine_config(tmp_path, tp=1, max_model_len=2048, VLLM_ALLOW_LONG_MAX_MODEL_LEN="1")
     assert result.returncode == 2, result.stderr[-2000:]
     assert "--max-model-len 2048 exceeds the checkpoint's 512 positions" in result.stderr
+
+
+def test_an_fp8_cache_needs_whole_prompts_and_no_prefix_caching():
+    from autoport_cst.serve.limits import check_cache_dtype
+
+    check_cache_dtype("auto", True, 64, 512)
+    check_cache_dtype("fp8", False, 512, 512)
+    with pytest.raises(
+        InputError, match="prefix-cache hit is a segmented prefill.*--no-enable-prefix-caching"
+    ):
+        check_cache_dtype("fp8", True, 512, 512)
+    with pytest.raises(InputError, match="--max-num-batched-tokens 64 < --max-model-len 512"):
+        check_cache_dtype("fp8_e4m3", False, 64, 512)
+    with pytest.raises(
+        InputError, match="--kv-cache-dtype fp8_e5m2: the stand-in serves auto, fp8, fp8_e4m3"
+    ):
+        check_cache_dtype("fp8_e5m2", False, 512, 512)
+
+
+def test_a_checkpoint_too_short_for_the_battery_is_refused_before_serving(tmp_path):
+    from autoport_cst.serve.smoke_child import SmokeSettings, check_battery_fits
+    from autoport_cst.validate.tiny_tokenizer import write_tiny_tokenizer
+
+    config = {**TINY, "vocab_size": 512, "bos_token_id": 1, "eos_token_id": 2}
+    write_tiny_tokenizer(tmp_path / "tiny", config)
+    settings = SmokeSettings(str(tmp_path), str(tmp_path / "tiny"), "", str(tmp_path), runs=["offline"])
+    check_battery_fits(settings, 512)
+    with pytest.raises(InputError, match="the smoke battery needs .* positions .* the checkpoint allows 24"):
+        check_battery_fits(settings, 24)
+    settings.runs = ["server"]  # the shared-prefix prompts are longer
+    with pytest.raises(InputError, match="'A serving engine schedules"):
+        check_battery_fits(settings, 80)

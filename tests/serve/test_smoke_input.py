@@ -129,3 +129,17 @@ def test_port_serve_without_a_serve_environment_stops_before_anything(tmp_path):
     assert result.exit_code == 2, result.output
     assert "no such file" in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_bf16_and_fp8_serve_the_offline_run_only(port_tree, tmp_path):
+    checkpoint = _checkpoint(tmp_path / "ckpt")
+    result = _smoke(str(port_tree), "--hf", str(checkpoint), "--dtype", "bf16", "--runs", "offline,server")
+    assert result.exit_code == 2 and "--dtype bf16 serves the offline run only" in result.output
+    result = _smoke(str(port_tree), "--hf", str(checkpoint), "--kv-cache-dtype", "fp8", "--runs", "server")
+    assert result.exit_code == 2 and "--kv-cache-dtype fp8 serves the offline run in fp32" in result.output
+    result = _smoke(str(port_tree), "--hf", str(checkpoint), "--kv-cache-dtype", "fp8", "--dtype", "bf16")
+    assert result.exit_code == 2 and "--kv-cache-dtype fp8 serves the offline run in fp32" in result.output
+    result = _smoke(str(port_tree), "--hf", str(checkpoint), "--kv-cache-dtype", "fp8_e5m2")
+    assert result.exit_code == 2 and "--kv-cache-dtype must be one of auto, fp8" in result.output
+    result = _smoke(str(port_tree), "--hf", str(checkpoint), "--dtype", "fp16")
+    assert result.exit_code == 2 and "--dtype must be one of fp32, bf16" in result.output

@@ -106,8 +106,20 @@ def _stream(server: Server, model: str, max_tokens: int, run: BatteryRun) -> Non
             run.streamed_token_ids += choice.get("token_ids") or []
 
 
+def load_prompts() -> list[str]:
+    return [f"{BATCH[i % len(BATCH)]} {i}" for i in range(LOAD_REQUESTS)]
+
+
+def server_prompts(max_tokens: int) -> list[tuple[str, int]]:
+    """Every prompt the battery sends, with the tokens it asks for."""
+    prompts = [BASIC, *BATCH, STREAM, COUNTING] + [SHARED_PREFIX + suffix for suffix in PREFIX_SUFFIXES]
+    return [(prompt, max_tokens) for prompt in prompts] + [
+        (prompt, 2 * max_tokens) for prompt in load_prompts()
+    ]
+
+
 def _load(server: Server, model: str, max_tokens: int) -> dict[str, float]:
-    prompts = [f"{BATCH[i % len(BATCH)]} {i}" for i in range(LOAD_REQUESTS)]
+    prompts = load_prompts()
 
     def one(prompt: str) -> tuple[float, float, int]:
         events = post_stream(server, "/v1/completions", _body(model, prompt, max_tokens))

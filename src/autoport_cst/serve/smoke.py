@@ -206,5 +206,7 @@ def run_smoke(
             "stage": "smoke",
             "message": f"exited with code {code}; its log ends:\n{_tail(work / 'smoke.log')}",
         }
+    if outcome.failure and outcome.failure["stage"] == "input":
+        raise InputError(outcome.failure["message"])  # found before anything was served: nothing written
     outcome.results_file = str(write_results(out_dir, outcome, work))
     return outcome

@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .battery import BASIC, BATCH, COUNTING, BatteryRun, Completion, run_battery
+from autoport_cst.errors import InputError
+
+from .battery import BASIC, BATCH, COUNTING, BatteryRun, Completion, run_battery, server_prompts
 from .checks import (
     Check,
     batch_check,
@@ -175,14 +177,14 @@ def _config(checkpoint: str) -> dict[str, Any]:
     return json.loads((Path(checkpoint) / "config.json").read_text())
 
 
-def _max_model_len(config: dict[str, Any]) -> int:
+def context_length(config: dict[str, Any]) -> int:
     """512 positions, or the checkpoint's positions when it has fewer."""
     from .limits import checkpoint_positions
 
     return min(512, checkpoint_positions(config) or 512)
 
 
-def _block_size(config: dict[str, Any], default: int) -> int:
+def block_size_for(config: dict[str, Any], default: int) -> int:
     """``default``, or its largest divisor that divides the sliding window
     (the segmented prefill kernel takes windows in whole blocks), as the
     validator chooses it."""
@@ -211,13 +213,34 @@ def offline_checks(settings: SmokeSettings, offline: OfflineRun, reference: Any)
     return bf16_logit_checks("offline", served, TeacherForcedLogits(settings.checkpoint))
 
 
+def check_battery_fits(settings: SmokeSettings, max_model_len: int) -> None:
+    """``InputError`` when a prompt of the runs asked for and the tokens it
+    asks for need more positions than the run has (vLLM would refuse the
+    request mid-battery)."""
+    from transformers import AutoTokenizer
+
+    from autoport_cst.errors import InputError
+
+    tokenizer = AutoTokenizer.from_pretrained(settings.checkpoint)
+    prompts = [(prompt, settings.max_tokens) for prompt in (BASIC, *BATCH, COUNTING)]
+    if set(settings.runs) - {"offline"}:
+        prompts += server_prompts(settings.max_tokens)
+    need, prompt, tokens = max((len(tokenizer(p).input_ids) + n, p, n) for p, n in prompts)
+    if need > max_model_len:
+        raise InputError(
+            f"{settings.checkpoint}: the smoke battery needs {need} positions ({need - tokens} prompt tokens "
+            f"of {prompt[:40]!r}... and {tokens} generated), the checkpoint allows {max_model_len}"
+        )
+
+
 def smoke(settings: SmokeSettings) -> dict[str, Any]:
     from .reference import GreedyReference
 
-    reference = GreedyReference(settings.checkpoint)
     config = _config(settings.checkpoint)
-    settings.block_size = _block_size(config, settings.block_size)
-    options = engine_options(settings, _max_model_len(config))
+    check_battery_fits(settings, context_length(config))
+    reference = GreedyReference(settings.checkpoint)
+    settings.block_size = block_size_for(config, settings.block_size)
+    options = engine_options(settings, context_length(config))
     checks: list[Check] = []
     figures: dict[str, Any] = {}
     runs: dict[str, BatteryRun] = {}
@@ -258,6 +281,8 @@ def main(argv: list[str]) -> int:
         outcome = smoke(settings)
     except ServerError as error:
         outcome = {"checks": [], "figures": {}, "failure": {"stage": "server", "message": str(error)}}
+    except InputError as error:  # before anything started: bad input, exit 2 (smoke.run_smoke)
+        outcome = {"checks": [], "figures": {}, "failure": {"stage": "input", "message": str(error)}}
     except Exception as error:  # the port failed inside vLLM: its stage and message
         stage = getattr(error, "stage", "engine")
         outcome = {
