@@ -268,8 +268,10 @@ def build_tiny_checkpoint(
     if directory.exists() and not directory.is_dir():
         raise InputError(f"{directory}: exists and is not a directory")
     directory.mkdir(parents=True, exist_ok=True)
-    state = _random_state(model_class, config, seed, key_format)
-    _write_checkpoint(directory, config, state, key_format)
+    _seed_process(seed)
+    state = save_seeded_checkpoint(directory, model_class, config, seed, key_format)
+    # text in and out of a served tiny model without a hub (tiny_tokenizer)
+    write_tiny_tokenizer(directory, config_values(config))
     return TinyCheckpoint(
         directory=directory,
         architecture=architecture,
@@ -322,43 +324,59 @@ def _check_parameter_count(model_class: Any, config: Any, architecture: str) -> 
         )
 
 
-def _random_state(model_class: Any, config: Any, seed: int, key_format: str) -> dict:
-    """The seeded model's tensors in float32, sorted by name, constant ones
-    perturbed, named as ``key_format`` says."""
-    import torch
-
-    torch.manual_seed(seed)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = model_class(config).to(torch.float32).eval()
-
-    # Tied weights are stored once, under the input embedding's name.
-    state: dict[str, torch.Tensor] = {}
-    seen: dict[int, str] = {}
-    for name, tensor in model.state_dict().items():
-        pointer = tensor.data_ptr()
-        if pointer in seen:
-            continue
-        seen[pointer] = name
-        state[name] = tensor.detach().contiguous().clone()
-    state = dict(sorted(state.items()))
-    _perturb_constant_tensors(state, seed)
-    return in_key_format(model, state, key_format)
-
-
-def _write_checkpoint(directory: Path, config: Any, state: dict, key_format: str) -> None:
-    """``model.safetensors`` and ``config.json`` (both or neither new), and the tokenizer."""
+def save_seeded_checkpoint(
+    directory: str | os.PathLike[str],
+    model_class: Any,
+    config: Any,
+    seed: int,
+    key_format: str = "model",
+) -> dict:
+    """Build ``model_class(config)`` seeded with ``seed`` and save its tensors
+    (``seeded_state``) as ``model.safetensors`` beside ``config.json`` (both or
+    neither new) in ``directory``; the tensors saved."""
     import torch
 
     from .checkpoint_file import save_state
 
+    state = seeded_state(model_class, config, seed, key_format)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     config.dtype = torch.float32
     with atomic_output(directory / "model.safetensors") as tmp:
         save_state(state, tmp, {"format": "pt", KEY_FORMAT: key_format})
         # replaced right before the weights: Ctrl-C leaves both files or neither new
         write_config_json(config, directory / "config.json")
-    # text in and out of a served tiny model without a hub (tiny_tokenizer)
-    write_tiny_tokenizer(directory, config_values(config))
+    return state
+
+
+def _seed_process(seed: int) -> None:
+    """Leave the process's random generator seeded with ``seed``, as building
+    a tiny checkpoint always has (the build itself draws from a fork)."""
+    import torch
+
+    torch.manual_seed(seed)
+
+
+def seeded_state(model_class: Any, config: Any, seed: int, key_format: str) -> dict:
+    """The model's tensors, built on a generator seeded with ``seed`` (the
+    process's generator is left as it was), in float32, sorted by name, tied
+    tensors stored once (under their first name: the input embedding's),
+    constant ones perturbed, named as ``key_format`` says (``in_key_format``)."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config).to(torch.float32).eval()
+    state: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        state[name] = tensor.detach().contiguous().clone()
+    state = dict(sorted(state.items()))
+    _perturb_constant_tensors(state, seed)
+    return in_key_format(model, state, key_format)
 
 
 KEY_FORMAT = "key_format"  # safetensors metadata: how a tiny checkpoint names its tensors

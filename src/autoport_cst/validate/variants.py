@@ -69,40 +69,18 @@ def build_variant_checkpoint(
     """A random checkpoint (config.json + model.safetensors) of exactly the
     config ``values``, deterministic per seed, built as ``tiny`` builds its
     checkpoints (tied tensors once, constant tensors perturbed, tensors named
-    as ``key_format`` says: ``tiny.in_key_format``)."""
-    import torch
+    as ``key_format`` says: ``tiny.save_seeded_checkpoint``)."""
     import transformers
 
-    from autoport_cst.atomic import atomic_output
-
-    from .checkpoint_file import save_state
-    from .tiny import KEY_FORMAT, _perturb_constant_tensors, in_key_format, write_config_json
+    from .tiny import save_seeded_checkpoint
 
     config = config_object({k: v for k, v in values.items() if k != "transformers_version"})
     architecture = (values.get("architectures") or [None])[0]
     model_class = getattr(transformers, architecture or "", None)
     if model_class is None:
         raise ValueError(f"transformers has no class {architecture!r}")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = model_class(config).to(torch.float32).eval()
-    state: dict[str, Any] = {}
-    seen: set[int] = set()
-    for name, tensor in model.state_dict().items():
-        if tensor.data_ptr() in seen:
-            continue  # a tied tensor is stored once, under its first name
-        seen.add(tensor.data_ptr())
-        state[name] = tensor.detach().contiguous().clone()
-    state = dict(sorted(state.items()))
-    _perturb_constant_tensors(state, seed)
-    state = in_key_format(model, state, key_format)
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    config.dtype = torch.float32
-    with atomic_output(directory / "model.safetensors") as tmp:
-        save_state(state, tmp, {"format": "pt", KEY_FORMAT: key_format})
-        write_config_json(config, directory / "config.json")
-    return directory
+    save_seeded_checkpoint(directory, model_class, config, seed, key_format)
+    return Path(directory)
 
 
 def guard_checks(
