@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .common_types import ExpertAffinityScaleMode
-from .moe_math import check_expert_weights, expert_mlp
+from .moe_math import check_expert_weights, stacked_expert_mlp
 from .numerics import KernelConstraintError
 
 
@@ -106,22 +106,20 @@ def _run_blocks(
     hidden_states, block_size = call.hidden_states, call.block_size
     tokens = affinities.shape[0]
     output = torch.zeros(tokens, hidden_states.shape[1], dtype=torch.float32, device=hidden_states.device)
+    stacked = (
+        call.gate_up_proj_weight,
+        call.down_proj_weight,
+        call.gate_and_up_proj_bias,
+        call.down_proj_bias,
+    )
     for block in range(block_expert.numel()):
         ids = positions[block * block_size : (block + 1) * block_size].to(torch.long)
         ids = ids[(ids >= 0) & (ids < tokens)]  # -1 skipped; T: the zero padding row
         expert = int(block_expert[block])
         if ids.numel() == 0 or not active[block] or expert < 0:
             continue
-        out = expert_mlp(
-            hidden_states[ids],
-            call.gate_up_proj_weight[expert],
-            call.down_proj_weight[expert],
-            None if call.gate_and_up_proj_bias is None else call.gate_and_up_proj_bias[expert],
-            None if call.down_proj_bias is None else call.down_proj_bias[expert],
-            call.activation_function,
-            call.clamps,
-            "moe_cte",
-            compute,
+        out = stacked_expert_mlp(
+            hidden_states[ids], expert, stacked, call.activation_function, call.clamps, "moe_cte", compute
         )
         weighted = out * affinities[ids, expert].unsqueeze(1)
         if call.is_tensor_update_accumulating:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from .common_types import ExpertAffinityScaleMode, RouterActFnType
-from .moe_math import check_expert_weights, expert_mlp, router_activation
+from .moe_math import check_expert_weights, router_activation, stacked_expert_mlp
 from .numerics import KernelConstraintError
 
 
@@ -205,20 +205,19 @@ def _local_experts(normed: torch.Tensor, local: torch.Tensor, call: BlockTkgCall
     """The local experts on the rows routed to them (``local [T, E_L]``:
     their output weights), summed in float32."""
     output = torch.zeros_like(normed, dtype=torch.float32)
+    stacked = (
+        call.expert_gate_up_weights,
+        call.expert_down_weights,
+        call.expert_gate_up_bias,
+        call.expert_down_bias,
+    )
     for expert in range(local.shape[1]):
         weight = local[:, expert]
         rows = torch.nonzero(weight, as_tuple=False).reshape(-1)
         if rows.numel() == 0:
             continue
-        out = expert_mlp(
-            normed[rows],
-            call.expert_gate_up_weights[expert],
-            call.expert_down_weights[expert],
-            None if call.expert_gate_up_bias is None else call.expert_gate_up_bias[expert],
-            None if call.expert_down_bias is None else call.expert_down_bias[expert],
-            call.hidden_act_fn,
-            call.clamps,
-            "moe_block_tkg",
+        out = stacked_expert_mlp(
+            normed[rows], expert, stacked, call.hidden_act_fn, call.clamps, "moe_block_tkg"
         )
         output.index_add_(0, rows, out * weight[rows].unsqueeze(1))
     return output

@@ -80,6 +80,35 @@ def expert_mlp(
     return out
 
 
+StackedExperts = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+
+
+def stacked_expert_mlp(
+    x: torch.Tensor,
+    expert: int,
+    stacked: StackedExperts,
+    act: Any,
+    clamps: tuple[float | None, float | None, float | None, float | None],
+    op: str,
+    compute: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Expert ``expert`` of the stacked weights ``stacked`` (gate_up
+    ``[E, H, 2, I]``, down ``[E, I, H]``, and the biases ``[E, 2, I]`` /
+    ``[E, H]`` or None) on rows ``x`` (:func:`expert_mlp`)."""
+    gate_up, down, gate_up_bias, down_bias = stacked
+    return expert_mlp(
+        x,
+        gate_up[expert],
+        down[expert],
+        None if gate_up_bias is None else gate_up_bias[expert],
+        None if down_bias is None else down_bias[expert],
+        act,
+        clamps,
+        op,
+        compute,
+    )
+
+
 def check_expert_weights(
     gate_up: torch.Tensor, down: torch.Tensor, hidden: int, op: str, names: tuple[str, str]
 ) -> tuple[int, int]:
