@@ -28,11 +28,12 @@ plus always-on shared experts.
 Supported parallelism: TP with sequence-parallel (SP) hidden states between
 layers during prefill; attention heads sharded over TP (the latent
 projections and the latent cache replicated: one latent per token); experts'
-intermediate dimension sharded over TP. Under attention / MLP / embedding /
+intermediate dimension sharded over TP, or expert parallelism (EP) inside the
+TP world (EP rank k holds experts [k L, (k + 1) L), sharded over the ranks of
+its partition; the MoE collectives stay on the TP group). Under attention / MLP / embedding /
 LM-head data parallelism each DP replica runs this TP model on its own batch
-(weights replicated over the replicas, no batch exchange). Expert
-parallelism and an FP8 KV cache are not implemented (refused where the
-engine asks for them).
+(weights replicated over the replicas, no batch exchange). An FP8 KV cache
+is not implemented (refused where the engine asks for it).
 
 Paths:
   prefill  attention: queries, latents (RMSNorm, RoPE) -> latent cache write
@@ -71,10 +72,17 @@ from vllm_neuron.model.kv_cache import KVSpec, LayerSpec
 from vllm_neuron.model.neuron_config import NeuronConfig
 from vllm_neuron.nn.embedding import VocabDimShardedEmbedding
 from vllm_neuron.nn.sampler import Sampler
+from vllm_neuron.parallel.neuron_parallel_state import (
+    get_neuron_ep_degree,
+    get_neuron_ep_rank,
+    get_neuron_ep_tp_group,
+)
 from vllm_neuron.utils.checkpoints import SafetensorsCheckpoint
 from vllm_neuron.utils.dtype_utils import QUANTIZED_KV_CACHE_DTYPES
 from vllm_neuron.utils.weight_loader import (
     SafetensorsWeightLoader,
+    expert_parallel_grouped_loader,
+    expert_parallel_tensor_dim_loader,
     set_weight_loader,
     sharding_weight_loader,
 )
@@ -612,6 +620,23 @@ def expert_down_loader(intermediate_per_rank, num_shards, num_experts, hidden_si
     return SafetensorsWeightLoader(transform)
 
 
+def local_experts_loader(local_expert_indices, loader, total_num_experts):
+    """>>> PARALLELISM: with EP, ``loader`` (built for this rank's experts) sees only them. <<<
+
+    A fused checkpoint tensor holds every expert on dim 0 and goes through
+    ``expert_parallel_tensor_dim_loader``; per-expert tensors, listed grouped
+    by item (``[gate_0 .. gate_{E-1}, up_0 .. up_{E-1}]``), go through
+    ``expert_parallel_grouped_loader``."""
+    stacked = expert_parallel_tensor_dim_loader(local_expert_indices, loader)
+    per_expert = expert_parallel_grouped_loader(local_expert_indices, loader, total_num_experts)
+
+    def transform(slices, rank):
+        chosen = stacked if len(slices) == 1 else per_expert
+        return chosen.load(slices, rank)
+
+    return SafetensorsWeightLoader(transform)
+
+
 def group_limited_topk(
     scores: torch.Tensor, correction_bias: torch.Tensor, top_k: int, n_group: int, topk_group: int
 ) -> torch.Tensor:
@@ -635,9 +660,13 @@ class DeepseekV3MoE(nn.Module):
     """The DeepSeek mixture of experts of one layer: routed experts behind a
     float32 sigmoid router, plus the shared experts.
 
-    Every rank holds every routed expert and its slice of their intermediate
-    dimension, and its slice of the shared experts'; the partial sums of all
-    ranks add up to the output.
+    Without expert parallelism every rank holds every routed expert and its
+    slice of their intermediate dimension. With it (inside the TP world, as
+    vllm_neuron lays it out), EP rank k holds experts [k L, (k + 1) L),
+    sharded over the ``tp_degree`` ranks of its partition. The shared experts
+    are sharded over the whole TP group. The partial sums of all ranks (all
+    experts, all slices, the shared experts' slices) add up to the output, so
+    the collectives stay on the TP group and no weight is rescaled.
     """
 
     def __init__(self, config: DeepseekV3Config):
@@ -658,46 +687,78 @@ class DeepseekV3MoE(nn.Module):
         self.tp_group = get_tp_group()
         self.world_size = self.tp_group.world_size
         self.rank = self.tp_group.rank_in_group
-        parallel_config = get_current_vllm_config().parallel_config
-        if parallel_config.enable_expert_parallel:
-            raise NotImplementedError("DeepseekV3MoE: expert parallelism is not implemented")
-        if config.moe_intermediate_size % self.world_size != 0:
+        self._setup_expert_parallelism()
+        if config.moe_intermediate_size % self.tp_degree != 0:
             raise ValueError(
-                f"moe_intermediate_size {config.moe_intermediate_size} does not split over TP {self.world_size}"
+                f"moe_intermediate_size {config.moe_intermediate_size} does not split over {self.tp_degree} ranks"
             )
-        self.intermediate_size_per_rank = config.moe_intermediate_size // self.world_size
+        self.intermediate_size_per_rank = config.moe_intermediate_size // self.tp_degree
 
-        # >>> PARALLELISM: router replicated on every rank <<<
+        # >>> PARALLELISM: router replicated on every rank (not EP-sharded) <<<
         # <-- MODEL-SPECIFIC: router [E, H] and correction bias [E] in float32
         self.router_weight = nn.Parameter(
             torch.empty(self.num_experts, self.hidden_size, dtype=torch.float32)
         )
         self.e_score_correction_bias = nn.Parameter(torch.empty(self.num_experts, dtype=torch.float32))
-        # <-- MODEL-SPECIFIC: SiLU-gated experts; gate|up stacked [E, H, 2 * I/tp], down [E, I/tp, H]
+        # <-- MODEL-SPECIFIC: SiLU-gated experts; gate|up stacked [E_L, H, 2 * I/t], down [E_L, I/t, H]
         self.gate_up_proj_weight = nn.Parameter(
             torch.empty(
-                self.num_experts, self.hidden_size, 2 * self.intermediate_size_per_rank, dtype=self.dtype
+                self.num_local_experts,
+                self.hidden_size,
+                2 * self.intermediate_size_per_rank,
+                dtype=self.dtype,
             )
         )
         self.down_proj_weight = nn.Parameter(
-            torch.empty(self.num_experts, self.intermediate_size_per_rank, self.hidden_size, dtype=self.dtype)
+            torch.empty(
+                self.num_local_experts, self.intermediate_size_per_rank, self.hidden_size, dtype=self.dtype
+            )
         )
-        set_weight_loader(
-            self.gate_up_proj_weight,
-            expert_gate_up_loader(
-                self.intermediate_size_per_rank, self.world_size, self.num_experts, self.hidden_size
-            ),
-        )
-        set_weight_loader(
-            self.down_proj_weight,
-            expert_down_loader(
-                self.intermediate_size_per_rank, self.world_size, self.num_experts, self.hidden_size
-            ),
-        )
+        self._setup_weight_loaders()
         # <-- MODEL-SPECIFIC: shared experts, one gated MLP of n_shared_experts * moe_intermediate_size
         self.shared_experts = DeepseekV3GatedMLP(
             config, config.moe_intermediate_size * config.n_shared_experts
         )
+
+    def _setup_expert_parallelism(self):
+        """>>> PARALLELISM: expert parallelism inside the TP world. <<<
+
+        EP degree ``D``, EP rank and EP-TP group (the ``t = W / D`` ranks of
+        this rank's partition) from the vllm_neuron getters; EP rank k owns
+        experts [k L, (k + 1) L), ``L = E / D``."""
+        parallel_config = get_current_vllm_config().parallel_config
+        self.ep_enabled = parallel_config.enable_expert_parallel
+        if self.ep_enabled and parallel_config.data_parallel_size > 1:
+            raise NotImplementedError(
+                "DeepseekV3MoE: expert parallelism across data-parallel replicas (cross-DP EP) is not "
+                "supported; EP runs inside the TP world"
+            )
+        if self.ep_enabled:
+            self.ep_degree = get_neuron_ep_degree()
+            self.ep_rank = get_neuron_ep_rank()
+            self.ep_tp_group = get_neuron_ep_tp_group()
+        else:
+            self.ep_degree, self.ep_rank, self.ep_tp_group = 1, 0, self.tp_group
+        self.tp_degree = self.ep_tp_group.world_size
+        if self.num_experts % self.ep_degree != 0:
+            raise ValueError(f"{self.num_experts} experts do not split into {self.ep_degree} EP partitions")
+        self.num_local_experts = self.num_experts // self.ep_degree
+        self.local_expert_start = self.ep_rank * self.num_local_experts
+
+    def _setup_weight_loaders(self):
+        """>>> PARALLELISM: each rank loads its experts (EP) and its intermediate slice. <<<"""
+        gate_up_loader = expert_gate_up_loader(
+            self.intermediate_size_per_rank, self.tp_degree, self.num_local_experts, self.hidden_size
+        )
+        down_loader = expert_down_loader(
+            self.intermediate_size_per_rank, self.tp_degree, self.num_local_experts, self.hidden_size
+        )
+        if self.ep_degree > 1:
+            local = list(range(self.local_expert_start, self.local_expert_start + self.num_local_experts))
+            gate_up_loader = local_experts_loader(local, gate_up_loader, self.num_experts)
+            down_loader = local_experts_loader(local, down_loader, self.num_experts)
+        set_weight_loader(self.gate_up_proj_weight, gate_up_loader)
+        set_weight_loader(self.down_proj_weight, down_loader)
 
     def _route(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Hidden states [T, H] -> float32 affinities [T, E]: the scaled weights
@@ -714,20 +775,33 @@ class DeepseekV3MoE(nn.Module):
         weights = weights * self.routed_scaling_factor
         return torch.zeros_like(scores).scatter_(1, chosen, weights)
 
+    def _local_affinities(self, expert_affinities: torch.Tensor) -> torch.Tensor:
+        """>>> PARALLELISM: with EP, the columns of this rank's experts. <<<"""
+        if self.ep_degree == 1:
+            return expert_affinities
+        local_expert_indices = torch.arange(
+            self.local_expert_start,
+            self.local_expert_start + self.num_local_experts,
+            dtype=torch.int32,
+            device=expert_affinities.device,
+        )
+        return NF.get_local_expert_affinities(expert_affinities, local_expert_indices)
+
     def _experts_blockwise(self, hidden_states, expert_affinities, padding_mask=None):
-        """The routed experts on the tokens routed to them, in blocks: [T, H] in,
-        partial sums [T, H] out."""
+        """This rank's routed experts on the tokens routed to them, in blocks:
+        [T, H] and local affinities [T, E_L] in, partial sums [T, H] out."""
+        # >>> PARALLELISM: the mapping is built over the ranks sharing this rank's experts <<<
         affinities_masked, token_position_to_id, block_to_expert, conditions = NF.build_blockwise_mapping(
             expert_affinities=expert_affinities,
-            num_local_experts=self.num_experts,
+            num_local_experts=self.num_local_experts,
             num_experts_per_token=self.num_experts_per_token,
             block_size=self.block_size,
-            moe_group=self.tp_group,
-            tp_degree=self.world_size,
+            moe_group=self.ep_tp_group,
+            tp_degree=self.tp_degree,
             padding_mask=padding_mask,
         )
         gate_up = self.gate_up_proj_weight.reshape(
-            self.num_experts, self.hidden_size, 2, self.intermediate_size_per_rank
+            self.num_local_experts, self.hidden_size, 2, self.intermediate_size_per_rank
         )
         return NF.moe_cte(
             implementation=MoECTEImplementation.shard_on_block,
@@ -756,9 +830,11 @@ class DeepseekV3MoE(nn.Module):
             # Real tokens end at the largest position; later rows are padding.
             last_real = torch.argmax(positions)
             padding_mask = torch.arange(positions.shape[0], device=positions.device) <= last_real
-        output = self._experts_blockwise(hidden_states, self._route(hidden_states), padding_mask)
+        affinities = self._local_affinities(self._route(hidden_states))
+        output = self._experts_blockwise(hidden_states, affinities, padding_mask)
         output = output + self.shared_experts(hidden_states)
-        # >>> PARALLELISM: Reduce-scatter to SP (prefill) or all-reduce (decode) <<<
+        # >>> PARALLELISM: Reduce-scatter (prefill) or all-reduce (decode) the partial sums of all
+        # ranks (every expert partition, every slice) over the TP group <<<
         if self.world_size > 1:
             if is_decode:
                 return self.tp_group.all_reduce(output)

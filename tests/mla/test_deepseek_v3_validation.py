@@ -1,6 +1,6 @@
 """The deepseek_v3 reference validates against transformers' DeepseekV3ForCausalLM
 (tests/mla/conftest.py's tiny checkpoint): TP=1 fp32 by default; bf16, TP=2,
-data parallelism and the config variants it declares (RoPE types, tied
+expert parallelism, data parallelism and the config variants it declares (RoPE types, tied
 embeddings, norm_topk_prob, expert key layout) opt-in (slow)."""
 
 from __future__ import annotations
@@ -46,3 +46,12 @@ def test_default_run_validates_every_declared_variant_and_layout(tiny_deepseek_v
     labels = {entry["label"]: entry["equivalent"] for entry in report.config_variants}
     assert labels['rope.type="yarn"'] and labels["moe.norm_topk_prob=false"]
     assert all(entry["equivalent"] for entry in report.parallel_layouts), report.parallel_layouts
+
+
+@pytest.mark.slow
+def test_tp2_with_expert_parallelism_2_validates(tiny_deepseek_v3):
+    """EP=2 inside TP=2: each rank loads and runs its 2 of the 4 experts."""
+    report = validate_model(REFERENCE, tiny_deepseek_v3, tp=2, ep=2, steps=8, config_variants=False)
+    assert report.equivalent, _failure(report)
+    layout = report.environment["stand_in"]["expert_parallel"]
+    assert layout["ep_degree"] == 2 and layout["read_by_model"]
