@@ -37,7 +37,9 @@ is not implemented (refused where the engine asks for it).
 
 Paths:
   prefill  attention: queries, latents (RMSNorm, RoPE) -> latent cache write
-                      -> K/V expanded per head (kv_b_proj) -> NF.flash_attention -> NF.o_proj
+                      -> K/V expanded per head (kv_b_proj) -> NF.flash_attention -> NF.o_proj;
+                      a chunk with cached tokens (kv_segment_size set) expands every row of
+                      its sequence read back from the cache and attends by position
            MLP:       NF.mlp (dense layers)
            experts:   float32 router, group-limited top-k -> NF.build_blockwise_mapping
                       -> NF.moe_cte, plus the shared experts (NF.mlp)
@@ -421,6 +423,29 @@ class DeepseekV3Attention(nn.Module):
 
     # -- prefill ----------------------------------------------------------------
 
+    def _expand(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Latent rows [S, W] -> this rank's keys [Hl, S, nope + rope] and values [Hl, S, v]."""
+        # <-- MODEL-SPECIFIC: K and V expanded from the latents per head; the rotated key shared
+        k_half, v_half = self._kv_b_halves()
+        latent, k_rope = rows.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        k_nope = torch.einsum("tr,hnr->htn", latent, k_half)
+        v = torch.einsum("tr,hvr->htv", latent, v_half)
+        k = torch.cat((k_nope, k_rope.unsqueeze(0).expand(self.num_heads_per_rank, -1, -1)), dim=-1)
+        return k, v
+
+    def _attend_cached(self, q: torch.Tensor, positions: torch.Tensor, block_table: torch.Tensor):
+        """A chunk's queries [Hl, T, D] over every latent row its sequence has in
+        the cache (the chunk's own rows written first), expanded: a query at
+        position p sees positions 0..p. Scores and softmax in float32.
+        Returns [Hl, v, T]."""
+        rows = self.latent_cache[block_table[0].to(torch.int64), 0].flatten(0, 1)  # [S, W]
+        k, v = self._expand(rows)
+        scores = (q.to(torch.float32) @ k.to(torch.float32).transpose(1, 2)) * self.scaling
+        slots = torch.arange(rows.shape[0], device=q.device)
+        visible = slots.unsqueeze(0) <= positions.to(torch.int64).unsqueeze(1)  # [T, S]
+        probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).to(v.dtype)
+        return (probs.to(torch.float32) @ v.to(torch.float32)).to(v.dtype).transpose(1, 2)
+
     def forward_prefill(
         self,
         hidden_states: torch.Tensor,
@@ -428,30 +453,31 @@ class DeepseekV3Attention(nn.Module):
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attn_metadata: object | None = None,
     ) -> torch.Tensor:
-        """One whole prompt of T tokens in the expanded form: [T, H] in,
-        [T / world_size, H] out (SP)."""
+        """One prompt, or one chunk of it, of T tokens in the expanded form:
+        [T, H] in, [T / world_size, H] out (SP)."""
         x = hidden_states.to(self.dtype)
         meta = attn_metadata[f"layers.{self.layer_idx}.self_attn"]
         cos, sin = position_embeddings
         q_nope, q_rope = self._queries(x, cos, sin)
         rows = self._latent_rows(x, cos, sin)
         self._write_latent_cache(rows, meta["slot_mapping"], meta["block_size"])
-
-        # <-- MODEL-SPECIFIC: K and V expanded from the latents per head; the rotated key shared
-        k_half, v_half = self._kv_b_halves()
-        latent, k_rope = rows.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
-        k_nope = torch.einsum("tr,hnr->htn", latent, k_half)
-        v = torch.einsum("tr,hvr->htv", latent, v_half)
-        k = torch.cat((k_nope, k_rope.unsqueeze(0).expand(self.num_heads_per_rank, -1, -1)), dim=-1)
         q = torch.cat((q_nope, q_rope), dim=-1)
-        attn_output = NF.flash_attention(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v,
-            scale=self.scaling,
-            tp_q=False,
-            tp_out=True,
-        )  # [Hl, v, T]
+
+        if meta.get("kv_segment_size"):
+            # Chunked prefill or prefix-cache hit: the sequence's earlier tokens are in the
+            # cache (latents only), so the chunk attends over the rows read back and expanded.
+            attn_output = self._attend_cached(q, positions, meta["block_table_tensor"])
+        else:
+            # Whole prompt: its own K/V, expanded, through flash attention.
+            k, v = self._expand(rows)
+            attn_output = NF.flash_attention(
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v,
+                scale=self.scaling,
+                tp_q=False,
+                tp_out=True,
+            )  # [Hl, v, T]
         attn_output = NF.o_proj(attn_output.unsqueeze(0), self.o_proj_weight, None).squeeze(0)
 
         # >>> PARALLELISM: Reduce-scatter to return to SP layout <<<
