@@ -15,7 +15,7 @@ from autoport_cst.validate import validate_model
 from autoport_cst.validate.parallel_checks import LAYOUTS, check_parallel_layouts
 from autoport_cst.validate.report import REPORT_SCHEMA, ValidationReport
 
-DP_LABEL = LAYOUTS[1][0]
+ATTENTION_DP, OTHER_DP = LAYOUTS[1][0], LAYOUTS[2][0]
 
 
 def _run(port: Path, checkpoint: Path, **options) -> ValidationReport:
@@ -27,7 +27,8 @@ def test_a_correct_port_validates_at_every_default_layout(llama3_dir: Path, tiny
     assert report.equivalent, report.summary()
     assert [(e["label"], e["equivalent"]) for e in report.parallel_layouts] == [
         ("TP=2", True),
-        (DP_LABEL, True),
+        (ATTENTION_DP, True),
+        (OTHER_DP, True),
     ]
     assert "parallel_layouts" in report.timings
     jsonschema = pytest.importorskip("jsonschema")
@@ -66,9 +67,10 @@ def test_each_mlp_dp_replica_keeping_the_first_rows_fails_at_dp2(broken_port, ti
     assert not report.equivalent
     assert [(e["label"], e["equivalent"]) for e in report.parallel_layouts] == [
         ("TP=2", True),
-        (DP_LABEL, False),
+        (ATTENTION_DP, True),
+        (OTHER_DP, False),
     ]
-    assert report.summary().startswith(f"not equivalent: {DP_LABEL}: "), report.summary()
+    assert report.summary().startswith(f"not equivalent: {OTHER_DP}: "), report.summary()
 
 
 def test_other_settings_and_opting_out_run_no_layout(llama3_dir: Path, tiny_llama: Path) -> None:
@@ -78,7 +80,7 @@ def test_other_settings_and_opting_out_run_no_layout(llama3_dir: Path, tiny_llam
 
 def test_a_layout_the_checkpoint_cannot_take_is_reported_not_run() -> None:
     report = SimpleNamespace(parallel_layouts=[], equivalent=True)
-    passing = SimpleNamespace(equivalent=True, summary=lambda: "equivalent within tolerances")
+    passing = SimpleNamespace(equivalent=True, failure=None, summary=lambda: "equivalent within tolerances")
 
     def validate(tp: int = 1, **_dp: int):
         if tp == 2:
@@ -93,5 +95,6 @@ def test_a_layout_the_checkpoint_cannot_take_is_reported_not_run() -> None:
             "equivalent": None,
             "summary": "not run: --tp 2: TP 2 breaks the tensor-parallel rules",
         },
-        {"label": DP_LABEL, "equivalent": True, "summary": "equivalent within tolerances"},
+        {"label": ATTENTION_DP, "equivalent": True, "summary": "equivalent within tolerances"},
+        {"label": OTHER_DP, "equivalent": True, "summary": "equivalent within tolerances"},
     ]
