@@ -11,6 +11,7 @@ from autoport_cst.research.analysis import layer_inputs
 from autoport_cst.research.analysis.graph import ranges, rotation_style
 from autoport_cst.research.analysis.state import AnalyzerState, AttentionGraph
 from autoport_cst.research.findings import CODE, known, unknown
+from autoport_cst.research.interp.core import CallOptions
 from autoport_cst.research.interp.values import (
     MODULE_LIST,
     UNKNOWN,
@@ -261,7 +262,7 @@ def _rotary_dim(st: AnalyzerState, where: str) -> None:
         klass, fn = found
         args = [interp.config] if name != "__init__" else [Instance(rotary.cls), interp.config]
         try:
-            states = interp.call_function(klass.module, fn, args, {}, owner=klass)
+            states = interp.call_function(klass.module, fn, args, {}, CallOptions(owner=klass))
         except RecursionError:  # pragma: no cover
             states = []
         for state in states:

@@ -10,7 +10,7 @@ import ast
 from typing import Any
 
 from autoport_cst.research.interp.config_proxy import ConfigProxy
-from autoport_cst.research.interp.core import MAX_DEPTH
+from autoport_cst.research.interp.core import MAX_DEPTH, PLAIN, CallOptions, FunctionNode
 from autoport_cst.research.interp.externals import EXTERNAL_MODULES, call_external, external_instance
 from autoport_cst.research.interp.python_builtins import BUILTIN_FUNCS
 from autoport_cst.research.interp.statements import Statements
@@ -39,27 +39,19 @@ class Calls(Statements):
     # ---- running functions of the source -------------------------------------------
 
     def call_function(
-        self,
-        module: SourceModule,
-        fn: ast.FunctionDef | ast.AsyncFunctionDef,
-        args: list,
-        kwargs: dict,
-        reads: dict | None = None,
-        owner: SourceClass | None = None,
-        record: Instance | None = None,
-        inputs_symbolic: bool = False,
+        self, module: SourceModule, fn: FunctionNode, args: list, kwargs: dict, how: CallOptions = PLAIN
     ) -> list[State]:
         """Run ``fn`` and return its end states (one per path)."""
-        env = self.bind(fn, args, kwargs, inputs_symbolic)
-        if record is not None:
+        env = self.bind(fn, args, kwargs, how.inputs_symbolic)
+        if how.record is not None:
             params = [a.arg for a in fn.args.posonlyargs + fn.args.args][1:]
             for name in params + [a.arg for a in fn.args.kwonlyargs]:
                 if name in env:
-                    record.args[name] = env[name]
-            if reads:
-                record.reads = dict(reads)
-        if owner is not None:
-            env["__class__"] = owner
+                    how.record.args[name] = env[name]
+            if how.reads:
+                how.record.reads = dict(how.reads)
+        if how.owner is not None:
+            env["__class__"] = how.owner
         env["__module__"] = module
         if self.depth > MAX_DEPTH:
             return [State(env, True, UNKNOWN)]
@@ -70,9 +62,7 @@ class Calls(Statements):
             self.depth -= 1
         return states
 
-    def bind(
-        self, fn: ast.FunctionDef | ast.AsyncFunctionDef, args: list, kwargs: dict, symbolic: bool
-    ) -> dict[str, Any]:
+    def bind(self, fn: FunctionNode, args: list, kwargs: dict, symbolic: bool) -> dict[str, Any]:
         a = fn.args
         positional = a.posonlyargs + a.args
         defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
@@ -117,9 +107,8 @@ class Calls(Statements):
         if found is None:
             return []
         klass, fn = found
-        return self.call_function(
-            klass.module, fn, [instance, *args], kwargs or {}, owner=klass, inputs_symbolic=symbolic
-        )
+        how = CallOptions(owner=klass, inputs_symbolic=symbolic)
+        return self.call_function(klass.module, fn, [instance, *args], kwargs or {}, how)
 
     # ---- call expressions ------------------------------------------------------------
 
@@ -165,7 +154,9 @@ class Calls(Statements):
             call_args = ([func.obj] if func.obj is not None else []) + args
             if _is_staticmethod(func.node):
                 call_args = args
-            states = self.call_function(func.cls.module, func.node, call_args, kwargs, owner=func.cls)
+            states = self.call_function(
+                func.cls.module, func.node, call_args, kwargs, CallOptions(owner=func.cls)
+            )
             return merge_returns(states)
         if isinstance(func, FuncRef):
             return self._call_source_function(func, args, kwargs)
@@ -268,5 +259,5 @@ def _literal(expr: ast.expr) -> Any:
         return UNKNOWN
 
 
-def _is_staticmethod(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+def _is_staticmethod(fn: FunctionNode) -> bool:
     return any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in fn.decorator_list)

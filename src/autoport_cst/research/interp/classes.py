@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from autoport_cst.research.interp.core import Core
+from autoport_cst.research.interp.core import CallOptions, Core
 from autoport_cst.research.interp.externals import EXTERNAL_MODULES, external_instance
 from autoport_cst.research.interp.python_builtins import BUILTINS
 from autoport_cst.research.interp.values import UNKNOWN, External, FuncRef, Instance, SourceClass
@@ -129,9 +129,8 @@ class Classes(Core):
                     break
             return instance
         klass, init = found
-        self.call_function(
-            klass.module, init, [instance, *args], kwargs, reads=reads, owner=klass, record=instance
-        )
+        how = CallOptions(owner=klass, record=instance, reads=reads)
+        self.call_function(klass.module, init, [instance, *args], kwargs, how)
         return instance
 
     def constructor_reads(self, cls: SourceClass, reads: dict) -> dict[str, frozenset[str]]:

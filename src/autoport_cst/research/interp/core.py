@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import ast
 from abc import ABC, abstractmethod
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 from autoport_cst.research.interp.config_proxy import ConfigProxy
 from autoport_cst.research.interp.values import UNKNOWN, Instance, SourceClass, State
@@ -17,6 +18,21 @@ from autoport_cst.research.sources import SourceLibrary, SourceModule
 MAX_PATHS = 48
 MAX_UNROLL = 512
 MAX_DEPTH = 24
+
+FunctionNode: TypeAlias = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """How :meth:`Core.call_function` runs a function of the source."""
+
+    owner: SourceClass | None = None  # the class that defines it (``super()`` inside it)
+    inputs_symbolic: bool = False  # a parameter not given is a symbolic input, not its default
+    record: Instance | None = None  # the instance it constructs: the arguments bound are recorded on it
+    reads: dict | None = None  # and the config keys each argument read
+
+
+PLAIN = CallOptions()
 
 
 class Core(ABC):
@@ -73,14 +89,6 @@ class Core(ABC):
 
     @abstractmethod
     def call_function(
-        self,
-        module: SourceModule,
-        fn: ast.FunctionDef | ast.AsyncFunctionDef,
-        args: list,
-        kwargs: dict,
-        reads: dict | None = None,
-        owner: SourceClass | None = None,
-        record: Instance | None = None,
-        inputs_symbolic: bool = False,
+        self, module: SourceModule, fn: FunctionNode, args: list, kwargs: dict, how: CallOptions = PLAIN
     ) -> list[State]:
         """Run ``fn``: its end states, one per path (``calls``)."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from autoport_cst.research.interp.classes import Classes
 from autoport_cst.research.interp.config_proxy import ConfigProxy
-from autoport_cst.research.interp.core import MAX_UNROLL
+from autoport_cst.research.interp.core import MAX_UNROLL, CallOptions
 from autoport_cst.research.interp.externals import EXTERNAL_MODULES, MODULE_ATTRIBUTES
 from autoport_cst.research.interp.operators import binop, compare, truth, unary
 from autoport_cst.research.interp.python_builtins import BUILTINS, SAFE_METHODS
@@ -110,7 +110,9 @@ class Expressions(Classes):
             found = self.find_method(base.cls, name)
             if found is not None:
                 if any(isinstance(d, ast.Name) and d.id == "property" for d in found[1].decorator_list):
-                    states = self.call_function(found[0].module, found[1], [base], {}, owner=found[0])
+                    states = self.call_function(
+                        found[0].module, found[1], [base], {}, CallOptions(owner=found[0])
+                    )
                     return merge_returns(states)
                 return BoundMethod(base, found[0], found[1])
             value = self.class_attribute(base.cls, name)
