@@ -248,12 +248,25 @@ def print_report(report) -> None:
     console.print(_components_table(report.components))
     if report.not_compared:
         console.print("not compared: " + escape(", ".join(report.not_compared)))
+    _print_labelled_runs(console, "config variants", report.config_variants)
+    _print_labelled_runs(console, "parallel layouts", report.parallel_layouts)
     if report.equivalent:
         console.print(f"[bold green]EQUIVALENT[/] {escape(report.summary().removeprefix('equivalent '))}")
     else:
         console.print(
             f"[bold red]NOT EQUIVALENT[/]: {escape(report.summary().removeprefix('not equivalent: '))}"
         )
+
+
+def _print_labelled_runs(console, title: str, runs: list[dict]) -> None:
+    """The runs a default validation goes on to (config variants, parallel
+    layouts): one line each, with its verdict or why it did not run."""
+    if not runs:
+        return
+    console.print(f"{title}:")
+    for run in runs:
+        verdict = {True: "pass", False: "FAIL", None: "-"}[run["equivalent"]]
+        console.print(f"  {run['label']}: {verdict}: {run['summary']}", markup=False)
 
 
 def _print_settings(console, report) -> None:

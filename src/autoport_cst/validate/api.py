@@ -330,7 +330,7 @@ def _validate(
                 package_dir, checkpoint, run, scenario, layout, notify, reference, timings
             )
     except PortFailure as failure:
-        report.failure = PortFailureInfo(failure.stage, failure.message)
+        report.failure = PortFailureInfo(failure.stage, failure.message, failure.refusal)
     except PortImportError as error:
         report.failure = PortFailureInfo("import", str(error))
     if report.failure is not None:

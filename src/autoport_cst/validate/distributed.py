@@ -117,8 +117,10 @@ def _run_rank(
     from .package import PortImportError
     from .standin.checkpoints import CheckpointError
 
-    def error(category: str, stage: str, message: str) -> int:
-        finish({"kind": "error", "category": category, "stage": stage, "message": message})
+    def error(category: str, stage: str, message: str, refusal: bool = False) -> int:
+        finish(
+            {"kind": "error", "category": category, "stage": stage, "message": message, "refusal": refusal}
+        )
         return 1
 
     try:
@@ -126,7 +128,7 @@ def _run_rank(
     except CheckpointError as failure:
         return error("checkpoint", "load", str(failure))
     except PortFailure as failure:
-        return error("port", failure.stage, failure.message)
+        return error("port", failure.stage, failure.message, failure.refusal)
     except PortImportError as failure:
         return error("port", "import", str(failure))
     except InputError as failure:
@@ -234,7 +236,7 @@ def _raise_rank_error(rank: int, result: dict[str, Any]) -> None:
     if category == "checkpoint":
         raise RankCheckpointError(f"rank {rank}: {message}")
     if category == "port":
-        raise PortFailure(stage, f"rank {rank}: {message}")
+        raise PortFailure(stage, f"rank {rank}: {message}", bool(result.get("refusal")))
     if category == "input":
         raise InputError(f"rank {rank}: {message}")
     raise RuntimeError(f"TP rank {rank} failed ({stage}): {message}")

@@ -45,12 +45,34 @@ PREFILL_MODES = ("auto", "segmented", "off")
 
 class PortFailure(Exception):
     """The port failed at a stage of the run (build, load, prefill, decode).
-    The message says what and where; ``stage`` names the stage."""
+    The message says what and where; ``stage`` names the stage. ``refusal``:
+    the port's own code raised NotImplementedError (a guard: something it
+    declares unsupported), not a crash of the kernels or a wrong result;
+    derived from the exception it was raised from unless given."""
 
-    def __init__(self, stage: str, message: str) -> None:
+    def __init__(self, stage: str, message: str, refusal: bool | None = None) -> None:
         super().__init__(message)
         self.stage = stage
         self.message = message
+        self._refusal = refusal
+
+    @property
+    def refusal(self) -> bool:
+        if self._refusal is not None:
+            return self._refusal
+        return is_port_refusal(self.__cause__)
+
+
+def is_port_refusal(error: BaseException | None) -> bool:
+    """Whether ``error`` is a NotImplementedError raised by the port's own
+    code: its innermost frame is neither this package (the stand-in's
+    refusals of kernel options are its own) nor torch."""
+    if not isinstance(error, NotImplementedError) or error.__traceback__ is None:
+        return False
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and not any(part in frames[-1].filename for part in ("autoport_cst", "/torch/"))
 
 
 @dataclass

@@ -135,7 +135,7 @@ class LayoutSession:
                 kv_cache_dtype=self.kv_cache_dtype,
             )
         except PortFailure as failure:
-            raise PortFailure(failure.stage, f"{name} graph: {failure.message}") from failure
+            raise PortFailure(failure.stage, f"{name} graph: {failure.message}", failure.refusal) from failure
         return _Graph(name, session, config, graph_config)
 
     def _enter(self, name: str, config: Any) -> None:

@@ -20,7 +20,9 @@ Each runs as ``validate --tp 2`` / ``--attention-dp 2`` / ``--mlp-dp 2
 --embedding-dp 2 --lm-head-dp 2`` would, with its ranks as local processes;
 the transformers run of the TP=1 validation is reused (``reference_reuse``).
 A layout the checkpoint cannot take (the tensor-parallel rules refuse TP=2,
-prompt lengths given that it cannot split) is reported as not run; the first
+prompt lengths given that it cannot split), or that the port refuses with a
+NotImplementedError of its own (a guard a codemod wrote: q/k norms over all
+heads under attention data parallelism, say), is reported as not run; the first
 layout that fails fails the report, named after it, and ends the checks.
 """
 
@@ -50,6 +52,12 @@ def check_parallel_layouts(report: Any, validate: Callable[..., Any]) -> None:
             found = validate(**options)
         except InputError as refused:
             entry["summary"] = f"not run: {_first_line(refused)}"
+            continue
+        if found.failure is not None and found.failure.refusal:
+            # the port's own guard (NotImplementedError) declares the layout unsupported
+            entry["summary"] = (
+                f"not run: the port refuses it ({found.failure.stage}: {found.failure.message})"
+            )
             continue
         entry.update(equivalent=found.equivalent, summary=found.summary())
         if not found.equivalent:

@@ -14,10 +14,12 @@ REPORT_VERSION = 1
 
 @dataclass
 class PortFailureInfo:
-    """The port crashed or broke a hardware rule at ``stage``."""
+    """The port crashed or broke a hardware rule at ``stage``; ``refusal``:
+    it raised NotImplementedError from its own code (``PortFailure.refusal``)."""
 
     stage: str
     message: str
+    refusal: bool = False
 
 
 @dataclass
@@ -342,7 +344,11 @@ REPORT_SCHEMA: dict[str, Any] = {
         "failure": {
             "type": ["object", "null"],
             "required": ["stage", "message"],
-            "properties": {"stage": {"type": "string"}, "message": {"type": "string"}},
+            "properties": {
+                "stage": {"type": "string"},
+                "message": {"type": "string"},
+                "refusal": {"type": "boolean"},
+            },
         },
         "logits": _LOGITS,
         "components": {"type": "array", "items": _COMPONENT},
