@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from pathlib import Path
@@ -127,3 +128,50 @@ def test_the_reference_validates_on_every_variant(tmp_path: Path) -> None:
     report = validate_model(QWEN3, checkpoint, steps=2)
     assert report.equivalent, report.summary()
     assert [v["equivalent"] for v in report.config_variants] == [True] * 5
+
+
+def test_a_variant_of_another_feature_keeps_the_checkpoints_key_format() -> None:
+    """A checkpoint written with the hub's names (``save_pretrained``) gets
+    variants with the hub's names: only the declared feature differs (a port
+    planned on GraniteMoE's hub keys failed every RoPE variant at load)."""
+    variants = [v for v in CV.declared_variants(QWEN3, BASE, "saved") if v.values is not None]
+    assert variants and {v.key_format for v in variants} == {"saved"}
+
+
+def _moe_package(tmp_path: Path, planned: str) -> Path:
+    manifest = {
+        "spec": {"checkpoint": {"gate_up": planned}},
+        "config_driven": {"checkpoint.gate_up": ["separate", "fused"]},
+    }
+    (tmp_path / "reference.json").write_text(json.dumps(manifest), encoding="utf-8")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("planned", "key_format", "expected"),
+    [
+        ("fused", "model", [('checkpoint.gate_up="separate"', "saved")]),
+        # GraniteMoE's hub checkpoint stacks its experts: the other key format is no other layout
+        ("fused", "saved", [('checkpoint.gate_up="separate"', "model")]),
+        ("separate", "saved", [('checkpoint.gate_up="fused"', "model")]),
+    ],
+)
+def test_the_other_expert_layout_is_the_one_the_port_was_not_planned_on(
+    tmp_path, planned, key_format, expected
+):
+    variants = CV.declared_variants(_moe_package(tmp_path, planned), BASE, key_format)
+    assert [(v.label, v.key_format) for v in variants] == expected
+    assert [v.layout for v in variants] == [label.split("=")[1].strip('"') for label, _ in expected]
+
+
+def test_expert_layout_is_read_from_the_checkpoints_names(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    one = torch.zeros(1)
+    save_file({"model.layers.0.mlp.experts.3.gate_proj.weight": one}, str(tmp_path / "model.safetensors"))
+    assert CV.expert_layout(tmp_path) == "separate"
+    save_file(
+        {"model.layers.0.block_sparse_moe.input_linear.weight": one}, str(tmp_path / "model.safetensors")
+    )
+    assert CV.expert_layout(tmp_path) == "fused"

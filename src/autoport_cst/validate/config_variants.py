@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ class ConfigVariant:
     values: dict[str, Any] | None
     key_format: str = "model"
     skipped: str | None = None
+    # the expert layout (checkpoint.gate_up) the checkpoint must have, checked once written
+    layout: str | None = None
 
 
 def declared(package_dir: str | Path) -> dict[str, Any]:
@@ -52,25 +55,48 @@ def declared_variants(package_dir: str | Path, base: dict[str, Any], key_format:
     """A variant per declared (feature, value) the checkpoint of ``base``
     (written in ``key_format``) does not already have."""
     variants: list[ConfigVariant] = []
+    planned = _planned_layout(package_dir)
     for feature, values in declared(package_dir).items():
         if not isinstance(values, list):
             continue  # "*": any value, nothing to enumerate
         for value in values:
-            variants.extend(_variants_of(feature, value, base, key_format))
+            if feature == "checkpoint.gate_up":
+                variants.extend(_layout_variant(value, base, key_format, planned))
+            else:
+                variants.extend(_variants_of(feature, value, base, key_format))
     return variants
+
+
+def _planned_layout(package_dir: str | Path) -> str | None:
+    """The expert layout (``checkpoint.gate_up``) of the port's own spec."""
+    path = Path(package_dir) / "reference.json"
+    manifest = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    spec = manifest.get("spec") if isinstance(manifest, dict) else None
+    checkpoint = spec.get("checkpoint") if isinstance(spec, dict) else None
+    found = checkpoint.get("gate_up") if isinstance(checkpoint, dict) else None
+    return found if isinstance(found, str) else None
+
+
+def _layout_variant(
+    value: Any, base: dict[str, Any], key_format: str, planned: str | None
+) -> list[ConfigVariant]:
+    """The other expert layout than the checkpoint's (the port's spec says
+    which it has; else the key format: ``save_pretrained`` splits the experts
+    most architectures stack): a checkpoint in the other key format, whose
+    layout is checked once written (some architectures stack theirs in both)."""
+    if value == (planned or ("separate" if key_format == "saved" else "fused")):
+        return []
+    other = "model" if key_format == "saved" else "saved"
+    return [ConfigVariant(f"checkpoint.gate_up={json.dumps(value)}", base, other, layout=value)]
 
 
 def _variants_of(feature: str, value: Any, base: dict[str, Any], key_format: str) -> list[ConfigVariant]:
     label = f"{feature}={json.dumps(value)}"
-    if feature == "checkpoint.gate_up":
-        wanted = "saved" if value == "separate" else "model"
-        if wanted == key_format:
-            return []
-        return [ConfigVariant(label, base, wanted)]
     edits = _edits(feature, value, base)
     if edits is None:
         return [ConfigVariant(label, None, skipped="no config edit of this architecture realises it")]
-    return [ConfigVariant(f"{label}{suffix}", {**base, **edit}) for suffix, edit in edits]
+    # written as the checkpoint is (hub names or the model's): only the feature differs
+    return [ConfigVariant(f"{label}{suffix}", {**base, **edit}, key_format) for suffix, edit in edits]
 
 
 def _edits(feature: str, value: Any, base: dict[str, Any]) -> list[tuple[str, dict]] | None:
@@ -212,6 +238,13 @@ def check_config_variants(
             except Exception as error:  # noqa: BLE001 - transformers' config class refuses the variant
                 entry["summary"] = f"not run: transformers cannot build it: {type(error).__name__}: {error}"
                 continue
+            written = expert_layout(directory) if variant.layout is not None else None
+            if written != variant.layout:
+                entry["summary"] = (
+                    f"not run: transformers writes no {variant.layout} experts for this architecture "
+                    f"(its {variant.key_format} key format stores them {written} too)"
+                )
+                continue
             try:
                 found = validate(directory)
             except Exception as error:
@@ -223,6 +256,16 @@ def check_config_variants(
             if found.equivalent or not report.equivalent:
                 continue
             report.fail_as(f"config variant {variant.label}", found)
+
+
+def expert_layout(directory: str | Path) -> str:
+    """How a checkpoint stores its routed experts: ``separate`` (a tensor
+    per expert, ``...experts.<j>...``) or ``fused``."""
+    from autoport_cst.research.checkpoint import read_checkpoint
+
+    header = read_checkpoint(directory)
+    names = header.tensors if header is not None else {}
+    return "separate" if any(re.search(r"\.experts\.\d+\.", name) for name in names) else "fused"
 
 
 def _raised_in_transformers(error: BaseException) -> bool:
