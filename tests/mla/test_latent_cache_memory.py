@@ -8,11 +8,17 @@ from __future__ import annotations
 import shutil
 from types import SimpleNamespace
 
+import pytest
+import torch
+
 from autoport_cst.validate import validate_model
+from autoport_cst.validate.driver import PortFailure, PortSession
 from autoport_cst.validate.latent_cache import oversized_latent_layers, values_per_token
+from autoport_cst.validate.package import imported_package
+from autoport_cst.validate.standin import standin_installed
 from autoport_cst.validate.standin.kv_cache import KVSpec, LayerSpec
 
-from .conftest import REFERENCE
+from .conftest import MLA_DIMENSIONS, REFERENCE
 
 LATENT_SPEC = """                num_kv_heads=1,
                 head_size=layer.self_attn.latent_width,
@@ -50,16 +56,40 @@ def test_models_without_latent_attention_are_not_checked():
     assert oversized_latent_layers(full, SimpleNamespace(kv_lora_rank=None)) is None
 
 
-def test_a_port_caching_full_kv_fails_the_memory_assertion(tiny_deepseek_v3, tmp_path):
+def _full_kv_port(tmp_path):
     port = tmp_path / "deepseek_v3"
     shutil.copytree(REFERENCE, port)
     model = port / "model.py"
     source = model.read_text()
     assert source.count(LATENT_SPEC) == 1
     model.write_text(source.replace(LATENT_SPEC, FULL_KV_SPEC))
+    return port
 
-    report = validate_model(port, tiny_deepseek_v3, steps=2, config_variants=False, parallel_layouts=False)
+
+def _session(port, tmp_path):
+    """The engine's set-up of ``port`` up to its KV cache (no checkpoint is read before)."""
+    from transformers import DeepseekV3Config
+
+    sizes = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=4, n_routed_experts=4)
+    hf_config = DeepseekV3Config(**MLA_DIMENSIONS, **sizes, intermediate_size=128, moe_intermediate_size=64)
+    hf_config.dtype = torch.float32
+    with standin_installed(), imported_package(port) as package:
+        return PortSession(package.factory, tmp_path / "unread", hf_config, scenario=None)
+
+
+def test_the_engine_set_up_refuses_a_full_kv_cache_for_a_latent_model(tmp_path):
+    with pytest.raises(PortFailure) as failure:
+        _session(_full_kv_port(tmp_path), tmp_path)
+    assert failure.value.stage == "kv_cache"
+    assert "hold more than the latent row per token" in failure.value.message
+    assert "4 head(s) x 24 = 192 values" in failure.value.message
+
+
+@pytest.mark.slow
+def test_a_port_caching_full_kv_does_not_validate(tiny_deepseek_v3, tmp_path):
+    report = validate_model(
+        _full_kv_port(tmp_path), tiny_deepseek_v3, steps=2, config_variants=False, parallel_layouts=False
+    )
     assert not report.equivalent
     assert "kv_cache" in str(report.failure)
     assert "hold more than the latent row per token" in str(report.failure)
-    assert "4 head(s) x 24 = 192 values" in str(report.failure)
