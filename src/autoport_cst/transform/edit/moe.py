@@ -38,6 +38,19 @@ def add_router_mapping(module, ctx, router_params, attr, suffix, after=()):
     """Add ``mappings[...<attr>]`` next to each router-weight entry (after an
     entry of one of ``after`` when present), its checkpoint key the router's
     with ``.weight`` replaced by ``suffix``."""
+
+    def value_of(entry):
+        return replace_string_suffix(entry.value, ".weight", suffix)
+
+    refusal = "cannot derive the checkpoint key from the mapping of {key} (expected a key ending in .weight)"
+    return _add_beside_router_entries(module, ctx, router_params, attr, value_of, refusal, after)
+
+
+def _add_beside_router_entries(module, ctx, router_params, attr, value_of, refusal, after):
+    """Add ``mappings[...<attr>]`` beside each router-weight entry that has
+    none (after an entry of one of ``after`` when present), its value
+    ``value_of(entry)``; a key or value that cannot be derived (None) is
+    refused with ``refusal`` (``{key}``: the router entry's key)."""
     entries = mapping_entries(module)
     keys = {e.key for e in entries}
     router_entries = [e for e in entries if any(e.key.endswith(f".{p}") for p in router_params)]
@@ -51,14 +64,9 @@ def add_router_mapping(module, ctx, router_params, attr, suffix, after=()):
         if base + attr in keys:
             continue
         key = replace_string_suffix(entry.key_node, param, attr)
-        value = replace_string_suffix(entry.value, ".weight", suffix)
+        value = value_of(entry)
         if key is None or value is None:
-            raise ctx.refuse(
-                f"cannot derive the checkpoint key from the mapping of {entry.key} "
-                "(expected a key ending in .weight)",
-                entry.statement,
-                module,
-            )
+            raise ctx.refuse(refusal.format(key=entry.key), entry.statement, module)
         anchor = next((e for e in entries if any(e.key == base + a for a in after)), entry)
         additions.setdefault(id(anchor.statement), []).append(entry_statement(entry, key, value))
     return insert_many_after(module, additions)
@@ -148,31 +156,15 @@ def add_router_mapping_value(module, ctx, router_params, attr, make_value, after
     block)`` from the sources of the router's and the MoE block's keys."""
     from autoport_cst.transform.cst.snippets import parse_expr
 
-    entries = mapping_entries(module)
-    keys = {e.key for e in entries}
-    router_entries = [e for e in entries if any(e.key.endswith(f".{p}") for p in router_params)]
-    if not router_entries:
-        wanted = " / ".join(sorted(router_params))
-        raise ctx.refuse(f"load_weights has no mappings[...{wanted}] entry")
-    additions: dict[int, list] = {}
-    for entry in router_entries:
-        param = next(p for p in router_params if entry.key.endswith(f".{p}"))
-        base = entry.key[: -len(param)]
-        if base + attr in keys:
-            continue
-        key = replace_string_suffix(entry.key_node, param, attr)
+    def value_of(entry):
         parts = router_key_parts(entry.value)
-        if key is None or parts is None:
-            raise ctx.refuse(
-                f"cannot derive the router's checkpoint key from the mapping of {entry.key} "
-                '(expected f"{moe.router}.weight" or a key ending in .<router>.weight)',
-                entry.statement,
-                module,
-            )
-        value = parse_expr(make_value(*parts), module)
-        anchor = next((e for e in entries if any(e.key == base + a for a in after)), entry)
-        additions.setdefault(id(anchor.statement), []).append(entry_statement(entry, key, value))
-    return insert_many_after(module, additions)
+        return None if parts is None else parse_expr(make_value(*parts), module)
+
+    refusal = (
+        "cannot derive the router's checkpoint key from the mapping of {key} "
+        '(expected f"{{moe.router}}.weight" or a key ending in .<router>.weight)'
+    )
+    return _add_beside_router_entries(module, ctx, router_params, attr, value_of, refusal, after)
 
 
 # -- substitutes: NF.router and NF.moe_block_tkg op by op ------------------------------
