@@ -61,7 +61,7 @@ def test_refused_with_the_feature_named(architecture, workdir):
         assert field in refused.value.features
 
 
-@pytest.mark.parametrize("architecture", ["Cohere2ForCausalLM", "FlintForCausalLM"])
+@pytest.mark.parametrize("architecture", ["Cohere2ForCausalLM", "Exaone4ForCausalLM", "FlintForCausalLM"])
 def test_nope_by_layer_type_is_named(architecture, workdir):
     """Layers without RoPE chosen by their layer type: the refusal names
     config.layer_types and the layer type that takes no RoPE."""
@@ -74,12 +74,16 @@ def test_nope_by_layer_type_is_named(architecture, workdir):
 def test_flint_is_planned_as_moe_with_dense_layers(workdir):
     """Flint's layers after the first two are MoE (mlp_only_layers [0, 1]):
     its plan is an MoE model with two dense layers, never a dense model, and
-    it is refused for its layers without RoPE before anything is written."""
+    it is refused for its layers without RoPE before anything is written, and
+    for nothing else: its RoPE is read on its first rotating layer (layer 0,
+    full attention, takes none)."""
     source = workdir / "flint-moe"
     build_tiny_checkpoint("FlintForCausalLM", source, seed=0)
     spec = research(str(source)).spec
     assert spec.moe is not None and spec.moe.num_experts == 4 and spec.moe.top_k == 2
     assert spec.moe.dense_layers == (0, 1)
+    assert [entry.partition(":")[0] for entry in spec.unsupported or ()] == ["nope_layers"]
+    assert spec.rope.style == "rotate_half" and spec.rope.partial_rotary_factor == 1.0
     out = workdir / "flint-out"
     with pytest.raises(UnrealizableDiffError) as refused:
         port(str(source), "refused_flint", out)

@@ -30,7 +30,30 @@ def analyze(st: AnalyzerState, g: AttentionGraph) -> None:
     """RoPE as the first layer's attention ``g`` applies it, and per layer."""
     _nope_layers(st, g.where)
     _layer_bases(st, g.where)
-    _style(st, g)
+    _style(st, _rotating_graph(st, g))
+
+
+def _rotating_graph(st: AnalyzerState, g: AttentionGraph) -> AttentionGraph:
+    """The graph the rotation's style is read from: the first layer's
+    attention ``g``, or, when that layer applies no rotation and a later one
+    does (Flint: no RoPE on its full-attention layer 0), the first rotating
+    layer's."""
+    rotary = st.layer_rotation
+    if len(rotary) != len(st.layers) or rotary[0] or not any(rotary):
+        return g
+    index = rotary.index(True)
+    attn = dict(st.layers[index].children()).get(st.attn_name)
+    outs = layer_inputs.attention_outputs(st, index)
+    if attn is None or not outs:
+        return g
+    nodes = list(walk(outs[0]))
+    linear = [n for n in nodes if n.kind == "module" and n.ref is not None and st.role(n.ref) == "linear"]
+    inputs = [
+        call
+        for call in linear
+        if not any(depends_on(call.args[0] if call.args else None, o) for o in linear if o is not call)
+    ]
+    return AttentionGraph(attn, st.where(attn), nodes, inputs, [], [], [])
 
 
 def _nope_layers(st: AnalyzerState, where: str) -> None:
