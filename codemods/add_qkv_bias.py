@@ -725,38 +725,6 @@ def _bias_param(
     return parse_statement(f"self.{bias_attr} = {param}(torch.zeros({size}{dtype_code}))", module)
 
 
-def _set_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
-    """Set ``name=value`` when the argument is absent or None; keep any
-    other existing value (already a bias)."""
-    arg = keyword_arg(call, name)
-    if arg is None:
-        new_arg = cst.Arg(
-            keyword=cst.Name(name),
-            value=value,
-            equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
-        )
-        return call.with_changes(args=[*call.args, new_arg])
-    if is_none(arg.value):
-        return call.with_changes(args=[a.with_changes(value=value) if a is arg else a for a in call.args])
-    return call
-
-
-def _bias_param(
-    weight_stmt: cst.SimpleStatementLine, bias_attr: str, module: cst.Module
-) -> cst.BaseStatement:
-    """``self.<bias> = nn.Parameter(torch.zeros(<last weight dim>, dtype=<same>))``."""
-    _, value = self_assignment(weight_stmt)
-    ctor = value.args[0].value if isinstance(value, cst.Call) and value.args else None
-    if not isinstance(ctor, cst.Call):
-        raise ValueError("weight is not nn.Parameter(torch.<ctor>(...))")
-    dims = positional_args(ctor)
-    dtype = keyword_arg(ctor, "dtype")
-    size = code_of(dims[-1].value)
-    dtype_code = f", dtype={code_of(dtype.value)}" if dtype is not None else ""
-    param = dotted(value.func)
-    return parse_statement(f"self.{bias_attr} = {param}(torch.zeros({size}{dtype_code}))", module)
-
-
 def _nodes(updated) -> list:
     return list(updated.nodes) if isinstance(updated, cst.FlattenSentinel) else [updated]
 
