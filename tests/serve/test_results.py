@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from autoport_cst.serve.results import results_path, write_results
 from autoport_cst.serve.smoke import SmokeOutcome
-from autoport_cst.serve.smoke_child import SmokeSettings, _block_size, engine_options, server_flags
+from autoport_cst.serve.smoke_child import SmokeSettings, block_size_for, engine_options, server_flags
 
 
 def _outcome(passed: bool) -> SmokeOutcome:
@@ -41,10 +41,10 @@ def test_a_passing_outcome_needs_checks_and_no_failure():
 
 
 def test_block_size_divides_the_sliding_window():
-    assert _block_size({"sliding_window": 6}, 32) == 2
-    assert _block_size({"sliding_window": 4096}, 32) == 32
-    assert _block_size({"sliding_window": 6, "use_sliding_window": False}, 32) == 32
-    assert _block_size({}, 32) == 32
+    assert block_size_for({"sliding_window": 6}, 32) == 2
+    assert block_size_for({"sliding_window": 4096}, 32) == 32
+    assert block_size_for({"sliding_window": 6, "use_sliding_window": False}, 32) == 32
+    assert block_size_for({}, 32) == 32
 
 
 def test_server_flags_mirror_the_offline_engine():
