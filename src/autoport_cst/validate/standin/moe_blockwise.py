@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .common_types import ExpertAffinityScaleMode
-from .moe_math import check_expert_weights, stacked_expert_mlp
+from .moe_math import ExpertClamps, check_expert_weights, stacked_expert_mlp
 from .numerics import KernelConstraintError
 
 
@@ -28,7 +28,7 @@ class MoECTEImplementation(enum.Enum):
 
 
 @dataclass(frozen=True)
-class CteCall:
+class CteCall(ExpertClamps):
     """The arguments of one ``moe_cte`` call (its explicit parameters)."""
 
     hidden_states: torch.Tensor
@@ -50,19 +50,6 @@ class CteCall:
     compute_dtype: Any
     is_tensor_update_accumulating: bool
     expert_affinities_scaling_mode: Any
-    gate_clamp_upper_limit: float | None
-    gate_clamp_lower_limit: float | None
-    up_clamp_upper_limit: float | None
-    up_clamp_lower_limit: float | None
-
-    @property
-    def clamps(self) -> tuple[float | None, float | None, float | None, float | None]:
-        return (
-            self.gate_clamp_upper_limit,
-            self.gate_clamp_lower_limit,
-            self.up_clamp_upper_limit,
-            self.up_clamp_lower_limit,
-        )
 
 
 def run_moe_cte(call: CteCall) -> torch.Tensor:

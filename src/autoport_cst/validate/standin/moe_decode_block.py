@@ -9,12 +9,12 @@ from typing import Any
 import torch
 
 from .common_types import ExpertAffinityScaleMode, RouterActFnType
-from .moe_math import check_expert_weights, router_activation, stacked_expert_mlp
+from .moe_math import ExpertClamps, check_expert_weights, router_activation, stacked_expert_mlp
 from .numerics import KernelConstraintError
 
 
 @dataclass(frozen=True)
-class BlockTkgCall:
+class BlockTkgCall(ExpertClamps):
     """The arguments of one ``moe_block_tkg`` call (its explicit parameters)."""
 
     inp: torch.Tensor
@@ -38,24 +38,11 @@ class BlockTkgCall:
     norm_topk_prob: bool
     expert_affinities_scaling_mode: Any
     hidden_act_fn: Any
-    gate_clamp_upper_limit: float | None
-    gate_clamp_lower_limit: float | None
-    up_clamp_upper_limit: float | None
-    up_clamp_lower_limit: float | None
     router_mm_dtype: Any
     hidden_actual: int | None
     skip_router_logits: bool
     is_all_expert: bool
     residual: torch.Tensor | None
-
-    @property
-    def clamps(self) -> tuple[float | None, float | None, float | None, float | None]:
-        return (
-            self.gate_clamp_upper_limit,
-            self.gate_clamp_lower_limit,
-            self.up_clamp_upper_limit,
-            self.up_clamp_lower_limit,
-        )
 
 
 def run_moe_block_tkg(call: BlockTkgCall) -> Any:

@@ -9,6 +9,7 @@ Numerics: the expert matmuls take their inputs in the activation dtype (or
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,6 +17,29 @@ import torch.nn.functional as F
 
 from .common_types import ActFnType
 from .numerics import KernelConstraintError
+
+Clamps = tuple[float | None, float | None, float | None, float | None]
+
+
+@dataclass(frozen=True)
+class ExpertClamps:
+    """The clamp limits of the experts' gate and up projections (None: no
+    limit), as the MoE kernels take them."""
+
+    gate_clamp_upper_limit: float | None
+    gate_clamp_lower_limit: float | None
+    up_clamp_upper_limit: float | None
+    up_clamp_lower_limit: float | None
+
+    @property
+    def clamps(self) -> Clamps:
+        return (
+            self.gate_clamp_upper_limit,
+            self.gate_clamp_lower_limit,
+            self.up_clamp_upper_limit,
+            self.up_clamp_lower_limit,
+        )
+
 
 # The moe kernels' Swish is x * sigmoid(1.702 x) (the constant is baked into
 # the instruction set); NF.mlp's Swish is SiLU.
@@ -51,7 +75,7 @@ def expert_mlp(
     gate_up_bias: torch.Tensor | None,
     down_bias: torch.Tensor | None,
     act: Any,
-    clamps: tuple[float | None, float | None, float | None, float | None],
+    clamps: Clamps,
     op: str,
     compute: torch.dtype | None = None,
 ) -> torch.Tensor:
@@ -88,7 +112,7 @@ def stacked_expert_mlp(
     expert: int,
     stacked: StackedExperts,
     act: Any,
-    clamps: tuple[float | None, float | None, float | None, float | None],
+    clamps: Clamps,
     op: str,
     compute: torch.dtype | None = None,
 ) -> torch.Tensor:
