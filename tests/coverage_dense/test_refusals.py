@@ -31,6 +31,9 @@ REFUSALS = {
     "Cohere2ForCausalLM": ("unsupported", "nope_layers: Cohere2Attention.forward"),
     # the same (no RoPE on full attention), on a model whose layers after the first two are MoE
     "FlintForCausalLM": ("unsupported", "nope_layers: FlintAttention.forward"),
+    # blocks under transformer.h / transformer.blocks: found, and refused for their ALiBi bias per head
+    "BloomForCausalLM": ("unsupported", "alibi_positions: _get_alibi_slopes in BloomModel.forward"),
+    "MptForCausalLM": ("unsupported", "alibi_positions: build_mpt_alibi_tensor in MptModel.forward"),
 }
 
 

@@ -116,6 +116,13 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
             "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
         },
     ),
+    # blocks under other names than model.layers[i].self_attn / .mlp (tests/research/test_block_layers.py)
+    "gpt2": ("gpt2", {}),  # transformer.h[i].attn.c_attn (Conv1D), learned positions wpe
+    "opt": ("opt", {"ffn_dim": 96}),  # model.decoder.layers[i], fc1/fc2 in the layer itself
+    "falcon": ("falcon", {}),  # transformer.h[i].self_attention.query_key_value, multi-query
+    "bloom": ("bloom", {}),  # transformer.h[i].self_attention, ALiBi, embedding LayerNorm
+    "mpt": ("mpt", {"d_model": 64, "n_heads": 4, "n_layers": 2}),  # transformer.blocks[i].attn.Wqkv, ALiBi
+    "gptj": ("gptj", {"rotary_dim": 8}),  # transformer.h[i].attn.q_proj, parallel attention and MLP
 }
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoport_cst.research.analysis import attention, decoder, head, mlp, moe, rope
+from autoport_cst.research.analysis import attention, block_features, decoder, head, mlp, moe, rope
 from autoport_cst.research.analysis.mlp import ACTIVATIONS
 from autoport_cst.research.analysis.state import AnalyzerState, CodeAnalysis
 from autoport_cst.research.findings import CODE, known, unknown
@@ -106,13 +106,31 @@ def _run(st: AnalyzerState) -> None:
     decoder.mixer_layers(st, backbone_inst, layers_attr)
     if decoder.attention_child(st):
         layer0 = st.layers[0]
-        decoder.analyze_flow(st, layer0)
+        inline = decoder.inline_mlp(st, layer0)
+        if inline:
+            decoder.inline_mlp_finding(st, layer0)
+        else:
+            decoder.analyze_flow(st, layer0)
+            if _unclassified(r, "norm.placement"):
+                block_features.sublayer_residual(st, layer0)
         graph = attention.analyze(st, layer0)
         if graph is not None:
             rope.analyze(st, graph)
-        _feed_forward(st)
+        if _unclassified(r, "attention.scale", "attention.sliding_window"):
+            block_features.score_bias(st)
+            block_features.explicit_attention(st)
+        if not inline:
+            _feed_forward(st)
     head.analyze_backbone(st, backbone_path, backbone_inst)
+    if _unclassified(r, "embedding.scale"):
+        block_features.embedding_norm(st, backbone_inst)
     head.analyze_head(st)
+
+
+def _unclassified(result: CodeAnalysis, *fields: str) -> bool:
+    """One of ``fields`` is unknown to the code analysis: the sections
+    naming what it computes instead run only then."""
+    return any((found := result.get(name)) is not None and not found.known for name in fields)
 
 
 def _feed_forward(st: AnalyzerState) -> None:

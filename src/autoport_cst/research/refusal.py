@@ -75,6 +75,7 @@ COMPUTATIONS = {
     "code.causal_lm": "a causal LM class research could not construct",
     "code.decoder_layers": "decoder layers research could not find",
     "code.attention": "an attention research could not find in the layer",
+    "code.mlp": "a feed-forward computed inline in the decoder layer (no MLP module)",
     "code.attention_parameters": "learned attention parameters beyond projections, norms and sinks",
     "code.mixers": "token mixers other than softmax attention",
     "code.mlp_inner_norm": "a norm inside the MLP",
@@ -84,6 +85,10 @@ COMPUTATIONS = {
     "position_scaled_attention": "queries scaled by a factor that grows with the position (attention temperature)",
     "nope_layers": "layers without RoPE chosen by config fields a port does not read",
     "layer_rope_bases": "a RoPE base per layer",
+    "alibi_positions": "ALiBi positions (a per-head bias on the attention scores)",
+    "embedding_norm": "a norm on the token embeddings",
+    "explicit_attention": "attention written out (scores, softmax) instead of an attention kernel call",
+    "sublayer_residual": "the residual added inside the attention or MLP module",
 }
 
 

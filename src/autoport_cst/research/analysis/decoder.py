@@ -9,6 +9,7 @@ norms; a scalar on the sublayer outputs)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from autoport_cst.research.analysis.graph import peel_scalars, ranges, scalar_path, strip_casts
@@ -19,8 +20,23 @@ from autoport_cst.research.interp.walk import depends_on, walk
 
 
 def find_backbone(st: AnalyzerState) -> tuple[tuple[str, Instance] | None, str | None, list[Instance]]:
-    """The instance holding the decoder layers (a ModuleList whose items
-    have an attention and an MLP child)."""
+    """The instance holding the decoder layers: a ModuleList whose items
+    have an attention and an MLP child; else one its owner's forward runs
+    whose items have an attention child and compute their feed-forward
+    themselves (``inline_mlp``), whatever the names of list and modules."""
+    found = _module_lists(st, lambda owner, items: any(_is_decoder_layer(st, item) for item in items))
+    if found[0] is None:
+        found = _module_lists(
+            st, lambda owner, items: inline_mlp(st, items[0]) and _runs_layers(st, owner, items)
+        )
+    return found
+
+
+def _module_lists(
+    st: AnalyzerState, accept: Callable[[Instance, list[Instance]], bool]
+) -> tuple[tuple[str, Instance] | None, str | None, list[Instance]]:
+    """The first ModuleList (breadth first from the causal LM) ``accept``
+    takes, with its owner, the owner's path and the list's name."""
     queue: list[tuple[str, Instance]] = [("", st.top)]
     seen = 0
     while queue and seen < 64:
@@ -29,12 +45,43 @@ def find_backbone(st: AnalyzerState) -> tuple[tuple[str, Instance] | None, str |
         for name, value in inst.attrs.items():
             if isinstance(value, Instance) and value.cls == MODULE_LIST:
                 items = [i for i in value.attrs.get("items", []) if isinstance(i, Instance)]
-                if items and any(_is_decoder_layer(st, item) for item in items):
+                if items and accept(inst, items):
                     return (path, inst), name, items
         for name, child in inst.children():
             if "." not in name:
                 queue.append((f"{path}.{name}" if path else name, child))
     return None, None, []
+
+
+def inline_mlp(st: AnalyzerState, layer: Instance) -> bool:
+    """A block with one attention child that computes its feed-forward in its
+    own forward (projection, activation, projection: OPT's fc1 and fc2)
+    rather than in an MLP module."""
+    roles = [st.role(c) for _, c in layer.children()]
+    return roles.count("attention") == 1 and not {"mlp", "moe"} & set(roles) and st.role(layer) == "mlp"
+
+
+def inline_mlp_finding(st: AnalyzerState, layer: Instance) -> None:
+    """The feed-forward computed by the decoder layer itself, named: its
+    projections and where (no MLP module for the spec's MLP section)."""
+    linears = [n for n, c in layer.children() if st.role(c) == "linear"]
+    st.add(
+        unknown(
+            "code.mlp",
+            CODE,
+            f"{st.where(layer)} computes its feed-forward itself ({', '.join(linears)} around an "
+            "activation), not in an MLP module",
+        )
+    )
+
+
+def _runs_layers(st: AnalyzerState, owner: Instance, items: list[Instance]) -> bool:
+    """``owner``'s forward calls the first item of the list."""
+    return any(
+        node.kind == "module" and node.ref is items[0]
+        for state in st.forward(owner)
+        for node in walk(state.value)
+    )
 
 
 def layer_list_shape(st: AnalyzerState) -> str:

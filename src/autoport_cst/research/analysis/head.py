@@ -132,6 +132,12 @@ def _embedding_factors(
                 lambda v: isinstance(v, Node) and v.kind == "module" and v.ref is embed,
                 transparent=lambda n: st.role(n.ref) == "dropout",
             )
+            if not reached and (token_side := _without_positions(st, arg, embed)) is not None:
+                f, ops, reached = scalar_path(
+                    token_side,
+                    lambda v: isinstance(v, Node) and v.kind == "module" and v.ref is embed,
+                    transparent=lambda n: st.role(n.ref) == "dropout",
+                )
             if reached:
                 inner, inner_ops = _embedding_factor(st, embed)
                 if inner is None:
@@ -140,6 +146,34 @@ def _embedding_factors(
                     factors.add(round(f * inner, 9))
                     evidence = ops + inner_ops
     return factors, untraced, evidence
+
+
+def _without_positions(st: AnalyzerState, value: Any, embed: Instance) -> Any:
+    """The token-embedding operand of the sum of ``embed``'s output and
+    another embedding's (learned positions, GPT-2's ``wte + wpe``), through
+    casts and dropout; None when ``value`` is not such a sum."""
+    for _ in range(8):
+        value = strip_casts(value)
+        if (
+            isinstance(value, Node)
+            and value.kind == "module"
+            and st.role(value.ref) == "dropout"
+            and value.args
+        ):
+            value = value.args[0]
+            continue
+        break
+    if not (isinstance(value, Node) and value.kind == "binop" and value.name == "add"):
+        return None
+    sides = [
+        {id(m.ref) for m in walk(arg) if m.kind == "module" and st.role(m.ref) == "embedding"}
+        for arg in value.args
+    ]
+    for index, side in enumerate(sides):
+        other = sides[1 - index]
+        if side == {id(embed)} and other and id(embed) not in other:
+            return value.args[index]
+    return None
 
 
 def _final_norm(st: AnalyzerState, path: str, backbone: Instance) -> None:

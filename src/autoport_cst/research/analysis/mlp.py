@@ -114,8 +114,15 @@ def mlp_facts(st: AnalyzerState, inst: Instance) -> dict[str, Any]:
     acts = [n for n in nodes if n.kind == "act" or torch_activation(n)]
     linear_calls, lin_insts, param_mm = _projections(st, inst, nodes)
     _activation(facts, nodes, acts)
+    modules = [
+        n for n in nodes if n.kind == "module" and n.ref is not None and st.role(n.ref) == "activation"
+    ]
+    if modules and not acts and facts["act"] is None:
+        facts["evidence"] = (
+            f"activation computed by {st.where(modules[0].ref)}, not a function research names"
+        )
     gated = _gated(nodes, linear_calls + param_mm)
-    if acts or gated:
+    if acts or modules or gated:
         facts["kind"] = "gated" if gated else "plain"
     chunks = [
         n

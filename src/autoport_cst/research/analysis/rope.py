@@ -186,6 +186,25 @@ def _rotary_setting(module: Instance) -> str:
     return f"{module.class_name} with " + ", ".join(f"{k}={v!r}" for k, v in sorted(overrides.items()))
 
 
+def _layer_bound_styles(st: AnalyzerState) -> dict[str, str]:
+    """The rotation functions on the path the first layer's attention takes
+    with what its layer passes it (Falcon rotates only when the backbone
+    passes no ALiBi tensor), by name, with their style."""
+    styles = {}
+    for value in layer_inputs.attention_outputs(st, 0)[:1]:
+        nodes = list(walk(value))
+        projections = [n for n in nodes if n.kind == "module" and st.role(n.ref) == "linear"]
+        for n in nodes:
+            if (
+                n.kind == "func"
+                and isinstance(n.ref, FuncRef)
+                and any(depends_on(arg, c) for arg in n.args for c in projections)
+                and (style := rotation_style(n.ref, st.interp)) is not None
+            ):
+                styles[n.ref.name] = style
+    return styles
+
+
 def _style(st: AnalyzerState, g: AttentionGraph) -> None:
     """The rotation function applied to the projections: its style."""
     nodes, inputs, where = g.nodes, g.inputs, g.where
@@ -201,6 +220,7 @@ def _style(st: AnalyzerState, g: AttentionGraph) -> None:
         style = rotation_style(n.ref, st.interp)
         if style is not None:
             styles[n.ref.name] = style
+    styles = styles or _layer_bound_styles(st)
     if not styles:
         rotary = _find_rotary(st)
         if rotary is None or st.no_rotation:

@@ -161,7 +161,28 @@ class AnalyzerState:
                 short = qual.rsplit(".", 1)[-1]
                 if short in ("Linear", "Embedding", "LayerNorm", "RMSNorm", "Dropout", "Conv1D"):
                     return short
+        if isinstance(instance.cls, SourceClass) and self._linear_forward(instance):
+            return "Linear"
         return None
+
+    def _linear_forward(self, instance: Instance) -> bool:
+        """A subclass of torch's Linear whose own forward multiplies its input
+        by its weight (``input @ self.weight.T``, plus the bias), as Linear does."""
+        assert isinstance(instance.cls, SourceClass)
+        bases = {q.rsplit(".", 1)[-1] for q in self.interp.external_bases(instance.cls)}
+        if "Linear" not in bases or any(True for _ in instance.children()):
+            return False
+        outputs = [state.value for state in self.forward(instance)]
+        return bool(outputs) and all(
+            any(
+                n.kind == "binop"
+                and n.name == "matmul"
+                and any(m.kind == "attr" and m.name == "weight" for m in walk(n.args[1]))
+                and any(m.kind == "input" for m in walk(n.args[0]))
+                for n in walk(value)
+            )
+            for value in outputs
+        )
 
     def role(self, instance: Instance) -> str:
         """What a module is, by its torch base or what its forward computes:
@@ -213,16 +234,42 @@ class AnalyzerState:
             return "norm"
         if {"cos", "sin"} <= names or "polar" in names:  # cos/sin, or e^(i theta) as complex numbers
             return "rotary"
-        if any(n.kind == "act" or torch_activation(n) for n in nodes) and any(
-            n.kind == "module" and self.role(n.ref) == "linear" for n in nodes
-        ):
+        if any(
+            n.kind == "act"
+            or torch_activation(n)
+            or (n.kind == "module" and self.role(n.ref) == "activation")
+            for n in nodes
+        ) and any(n.kind == "module" and self.role(n.ref) == "linear" for n in nodes):
             return "mlp"
+        if self._activation_module(instance, nodes):
+            return "activation"
         if any(
             isinstance(v, Param) and v.shape is not None and v.numel is not None and len(v.shape) == 3
             for v in instance.attrs.values()
         ):
             return "experts"
         return "other"
+
+    def _activation_module(self, instance: Instance, nodes: list[Node]) -> bool:
+        """A module of the source with no parameters and no submodules whose
+        forward takes one tensor and computes from it by calls it does not name as a
+        projection or an attention: an elementwise activation (BLOOM's gelu
+        written out, ...)."""
+        if any(True for _ in instance.children()) or any(True for _ in instance.params()):
+            return False
+        found = (
+            self.interp.find_method(instance.cls, "forward")
+            if isinstance(instance.cls, SourceClass)
+            else None
+        )
+        if found is None or len([*found[1].args.posonlyargs, *found[1].args.args]) != 2:
+            return False  # forward(self, x): one tensor in
+        if not nodes or any(n.kind in ("module", "instance", "param") for n in nodes):
+            return False
+        inputs = {n.name for n in nodes if n.kind == "input"}
+        calls = [n for n in nodes if n.kind in ("call", "func", "act")]
+        matmul = any(n.kind == "binop" and n.name == "matmul" for n in nodes)
+        return len(inputs) == 1 and bool(calls) and not matmul
 
     def _calls_attention_kernel(self, instance: Instance, nodes: list[Node]) -> bool:
         for node in nodes:
@@ -267,7 +314,7 @@ class AnalyzerState:
             affine = args.get("elementwise_affine", True)
             info.update(
                 kind="layernorm",
-                bias=bool(affine and args.get("bias", True)),
+                bias=bool(affine and args.get("bias", True) and not _bias_removed(instance)),
                 unit_offset=False,
                 affine=bool(affine),
                 evidence=f"torch.nn.LayerNorm (bias={args.get('bias', True)})",
@@ -340,7 +387,7 @@ class AnalyzerState:
             )
             if args.get("elementwise_affine", True):
                 put("weight", shape)
-                if base == "LayerNorm" and args.get("bias", True):
+                if base == "LayerNorm" and args.get("bias", True) and not _bias_removed(instance):
                     put("bias", shape)
         for name, param in instance.params():
             put(
@@ -358,3 +405,9 @@ class AnalyzerState:
         if node.kind != "func" or not isinstance(node.ref, FuncRef):
             return False
         return rotation_style(node.ref, self.interp) is not None
+
+
+def _bias_removed(instance: Instance) -> bool:
+    """The code set the module's bias to None after building it (MPT's
+    ``norm.bias = None``): no bias tensor, no bias added."""
+    return "bias" in instance.attrs and instance.attrs["bias"] is None

@@ -16,6 +16,7 @@ ANALYSIS_FAILURES = (
     "code.causal_lm",
     "code.decoder_layers",
     "code.attention",
+    "code.mlp",
     "code.mixers",
 )
 # sizes every reference reads from config.json at run time
@@ -52,10 +53,13 @@ def unsupported(d: Decider) -> tuple[str, ...] | None:
         finding = d.code_finding(name)
         if finding is not None and not finding.known:
             items.append(f"{name}: {_short(finding.evidence)}")
+    explained = _explained_sections(d)
     if not any(item.split(":", 1)[0] in ANALYSIS_FAILURES for item in items):
         for name in sorted(set(d.unknown)):
             if name.startswith("checkpoint.") or name in NOT_COMPUTATIONS:
                 continue
+            if name.split(".", 1)[0] in explained:
+                continue  # the named computation is why research could not classify it
             evidence = next((x.evidence for x in reversed(d.decisions) if x.field == name), "")
             items.append(f"{name}: {_short(evidence)}")
     for name in CONFIG_READ_SIZES:
@@ -84,6 +88,20 @@ def unsupported(d: Decider) -> tuple[str, ...] | None:
         known(tuple(items), "unsupported", DERIVED, f"{len(items)} computation(s) the spec cannot describe")
     )
     return tuple(items)
+
+
+def _explained_sections(d: Decider) -> set[str]:
+    """The spec sections a named computation of the code analysis accounts
+    for (the value of its ``unsupported.<name>`` finding)."""
+    if d.code is None:
+        return set()
+    return {
+        section
+        for finding in d.code.findings
+        if finding.field.startswith("unsupported.") and finding.known and isinstance(finding.value, tuple)
+        for section in finding.value
+        if isinstance(section, str)
+    }
 
 
 def _features(d: Decider) -> tuple[str, ...] | None:

@@ -151,7 +151,7 @@ class Expressions(Classes):
             try:
                 return base[index]
             except (KeyError, IndexError, TypeError, ValueError):
-                return UNKNOWN
+                return _eager_default(base, index)
         if isinstance(base, (Node, Param)):
             if isinstance(base, Param):
                 base = Node("param", base.name or "", ref=base)
@@ -335,3 +335,12 @@ def _config_key_in(expr: ast.expr) -> str | None:
         ):
             return node.args[1].value
     return None
+
+
+def _eager_default(table: Any, index: Any) -> Any:
+    """A table of implementations looked up by the config's attention
+    implementation, which is None until transformers loads a model: the
+    eager one (the computation the others reproduce)."""
+    if index is None and isinstance(table, dict) and "eager" in table:
+        return table["eager"]
+    return UNKNOWN

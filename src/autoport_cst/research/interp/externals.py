@@ -108,6 +108,8 @@ def call_external(func: External, args: list, kwargs: dict, reads: dict) -> Any:
         return args[0].copy()
     if short == "get_activation" and args and isinstance(args[0], str):
         return ActFn(args[0])
+    if short == "is_flash_attention_requested" and qual.startswith("transformers"):
+        return False  # research follows the eager computation (no flash-attention kernel on a CPU)
     return call_node("call", qual, args, kwargs)
 
 

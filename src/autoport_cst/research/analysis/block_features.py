@@ -1,0 +1,173 @@
+"""Computations of a decoder block beyond the ones the other sections
+describe, named when research finds them: the residual added inside the
+attention or MLP module (BLOOM, MPT), a per-head bias on the attention
+scores built in the backbone (ALiBi: BLOOM, MPT, Falcon-RW) and a norm on
+the token embeddings (BLOOM). Each is an ``unsupported.<name>`` finding
+whose value is the spec sections it explains: the fields research could
+not classify in those sections follow from it, and the refusal names the
+computation instead of them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoport_cst.research.analysis.graph import strip_casts
+from autoport_cst.research.analysis.layer_inputs import layer_arguments, layer_calls
+from autoport_cst.research.analysis.state import AnalyzerState
+from autoport_cst.research.findings import CODE, known
+from autoport_cst.research.interp.values import Instance, Node, SourceClass
+from autoport_cst.research.interp.walk import depends_on, walk
+
+
+def sublayer_residual(st: AnalyzerState, layer: Instance) -> None:
+    """The attention or MLP module given the residual with its input, and
+    adding it to its output itself (no residual add in the layer)."""
+    named = []
+    for value in st.outputs(layer)[:1]:
+        for call in walk(value):
+            if call.kind != "module" or st.role(call.ref) not in ("attention", "mlp", "moe"):
+                continue
+            param = _residual_parameter(st, call)
+            if param is not None:
+                named.append(f"{st.where(call.ref)} adds its argument {param!r} to its output")
+    if named:
+        st.add(
+            known(
+                ("norm", "residual"),
+                "unsupported.sublayer_residual",
+                CODE,
+                f"{st.where(layer)}: " + "; ".join(sorted(set(named))),
+            )
+        )
+
+
+def _residual_parameter(st: AnalyzerState, call: Node) -> str | None:
+    """The parameter of the sublayer's forward that receives a tensor its
+    first argument is computed from, when its output depends on it."""
+    if not call.args:
+        return None
+    first = call.args[0]
+    names = _parameters(st, call.ref)
+    for index, arg in enumerate(call.args[1:], start=1):
+        if not isinstance(arg, Node) or index >= len(names) or not _computed_from(first, arg):
+            continue
+        outputs = st.outputs(call.ref)
+        if outputs and all(
+            any(n.kind == "input" and n.name == names[index] for n in walk(v)) for v in outputs
+        ):
+            return names[index]
+    return None
+
+
+def _computed_from(value: Any, source: Node) -> bool:
+    return value is source or depends_on(value, source)
+
+
+def _parameters(st: AnalyzerState, instance: Instance) -> list[str]:
+    if not isinstance(instance.cls, SourceClass):
+        return []
+    found = st.interp.find_method(instance.cls, "forward")
+    if found is None:
+        return []
+    args = found[1].args
+    return [a.arg for a in [*args.posonlyargs, *args.args][1:]]
+
+
+def score_bias(st: AnalyzerState) -> None:
+    """A tensor the backbone builds from the number of heads and passes to
+    the layers, which the attention adds to its scores before the softmax:
+    a per-head position bias (ALiBi)."""
+    heads = st.dims.get("num_heads")
+    calls = layer_calls(st).get(0, [])
+    if not calls or not isinstance(heads, int) or st.backbone is None:
+        return
+    layer = st.layers[0]
+    attn = dict(layer.children()).get(st.attn_name)
+    if attn is None:
+        return
+    scores = _softmax_inputs(st, attn)
+    for name, value in layer_arguments(st, 0, calls[0]).items():
+        builder = _builder_with(value, heads)
+        if builder is None or not any(n.kind == "input" and n.name == name for s in scores for n in walk(s)):
+            continue
+        st.add(
+            known(
+                ("attention",),
+                "unsupported.alibi_positions",
+                CODE,
+                f"{builder.name} in {st.where(st.backbone)} builds a bias per head ({heads} heads) that "
+                f"{st.where(attn)} adds to the attention scores ({name})",
+            )
+        )
+        return
+
+
+def explicit_attention(st: AnalyzerState) -> None:
+    """Attention written out (the scores as a product of queries and keys, a
+    softmax) with no kernel call, whose scale, softcap, sinks and window
+    research reads from a kernel's arguments."""
+    attn = dict(st.layers[0].children()).get(st.attn_name)
+    if attn is None or st.result.get("unsupported.alibi_positions") is not None:
+        return
+    for value in st.outputs(attn)[:1]:
+        nodes = list(walk(value))
+        softmax = any(n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "softmax" for n in nodes)
+        scores = any(n.kind in ("binop", "call") and n.name.rsplit(".", 1)[-1] == "matmul" for n in nodes)
+        if softmax and scores:
+            st.add(
+                known(
+                    ("attention",),
+                    "unsupported.explicit_attention",
+                    CODE,
+                    f"{st.where(attn)} computes q @ k^T and a softmax itself (no attention kernel call)",
+                )
+            )
+
+
+def _builder_with(value: Any, heads: int) -> Node | None:
+    """The source function or method call computing ``value`` that is given
+    the number of heads."""
+    for node in walk(value) if isinstance(value, Node) else ():
+        if node.kind in ("func", "method", "call") and any(
+            a == heads and not isinstance(a, bool) for a in [*node.args, *(v for _, v in node.kwargs)]
+        ):
+            return node
+    return None
+
+
+def _softmax_inputs(st: AnalyzerState, attn: Instance) -> list[Any]:
+    return [
+        n.args[0]
+        for value in st.outputs(attn)
+        for n in walk(value)
+        if n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "softmax" and n.args
+    ]
+
+
+def embedding_norm(st: AnalyzerState, backbone: Instance) -> None:
+    """A norm applied to the token embedding before the first layer."""
+    calls = layer_calls(st).get(0, [])
+    if not calls or not calls[0].args:
+        return
+    value = strip_casts(calls[0].args[0])
+    for _ in range(4):
+        if not (isinstance(value, Node) and value.kind == "module" and value.args):
+            return
+        role = st.role(value.ref)
+        if role == "norm":
+            break
+        if role != "dropout":
+            return
+        value = strip_casts(value.args[0])
+    else:
+        return
+    if any(n.kind == "module" and st.role(n.ref) == "embedding" for n in walk(value.args[0])):
+        st.add(
+            known(
+                ("embedding",),
+                "unsupported.embedding_norm",
+                CODE,
+                f"{st.where(backbone)}: {value.ref.name} ({value.ref.class_name}) normalizes the token "
+                "embeddings before the first layer",
+            )
+        )

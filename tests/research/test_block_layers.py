@@ -1,0 +1,70 @@
+"""Decoder layers under other names than ``model.layers[i].self_attn`` /
+``.mlp`` are found by what they compute (a module list the backbone runs,
+each block holding an attention and a feed-forward), and what research then
+does not understand is named as that computation, not as layers not found."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoport_cst.errors import UnrealizableDiffError
+from autoport_cst.port import port
+
+# tiny model -> (the module list of its layers, features its refusal must name,
+#                words the evidence of one of them must hold)
+BLOCKS = {
+    "gpt2": ("GPT2Model.h", {"embedding.learned_positions"}, "wpe"),
+    "opt": ("OPTDecoder.layers", {"embedding.learned_positions", "code.mlp"}, "fc1, fc2"),
+    "falcon": ("FalconModel.h", {"explicit_attention", "attention.num_kv_heads"}, "1 KV heads"),
+    "bloom": (
+        "BloomModel.h",
+        {"alibi_positions", "embedding_norm", "sublayer_residual", "mlp.activation"},
+        "activation computed by BloomGelu.forward",
+    ),
+    "mpt": ("MptModel.blocks", {"alibi_positions", "sublayer_residual"}, "position_bias"),
+    "gptj": ("GPTJModel.h", {"rope.type"}, "rope_theta"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_the_layers_are_found_by_what_they_compute(tiny, name):
+    module_list, _, _ = BLOCKS[name]
+    found = tiny.research(name)
+    layers = found.finding("num_layers", "code")
+    assert layers is not None and layers.value == 2 and layers.evidence.startswith(module_list + ":"), layers
+    assert not any(e.startswith("code.decoder_layers") for e in found.spec.unsupported or ())
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_the_refusal_names_the_computation(tiny, name, tmp_path):
+    _, features, words = BLOCKS[name]
+    with pytest.raises(UnrealizableDiffError) as refused:
+        port(str(tiny.directory(name)), f"refused_{name}", tmp_path / "out")
+    assert set(refused.value.features) == features, refused.value.features
+    assert "code.decoder_layers" not in str(refused.value)
+    assert words in str(refused.value), str(refused.value)
+    assert not (tmp_path / "out" / "vllm_neuron").exists()
+
+
+def test_alibi_is_named_with_the_function_that_builds_it(tiny):
+    """BLOOM's bias per head is named with the backbone function that builds
+    it and the attention that adds it to the scores."""
+    (entry,) = [e for e in tiny.research("bloom").spec.unsupported or () if e.startswith("alibi_positions")]
+    assert "BloomModel.forward" in entry and "BloomAttention.forward" in entry and "4 heads" in entry
+
+
+def test_falcon_rotates_on_the_path_its_layer_takes(tiny):
+    """Falcon's attention rotates q/k only when no ALiBi tensor is passed:
+    the rotation is read on the path the backbone's arguments select."""
+    spec = tiny.research("falcon").spec
+    assert spec.rope.style == "rotate_half" and spec.rope.partial_rotary_factor == 1.0
+    assert not any(e.startswith("rope.") for e in spec.unsupported or ())
+
+
+def test_a_linear_subclass_with_its_own_forward_is_a_projection(tiny):
+    """Falcon's FalconLinear (input @ weight.T + bias) is read as a linear
+    layer: its attention and MLP are found with their projections."""
+    code = tiny.research("falcon")
+    keys = code.checkpoint_keys
+    assert any(k.endswith("self_attention.query_key_value.weight") for k in keys)
+    assert code.spec.checkpoint.key_map.get("mlp.up_proj") == "mlp.dense_h_to_4h"
