@@ -17,7 +17,10 @@ module of :mod:`autoport_cst.research.analysis`:
 - ``mlp``: gated or plain, the activation, biases, fused gate/up;
 - ``moe``: dense and routed layers, top-k routing, experts, shared experts;
 - ``head``: the embedding scale, learned positions, the final norm, the LM
-  head's bias, softcap and logit rescaling.
+  head's bias, softcap and logit rescaling;
+- ``block_features``: what a block computes that no section describes, named
+  where a field stayed unclassified (ALiBi, attention without a kernel, the
+  residual added inside a sublayer, a norm on the token embeddings).
 
 They share :class:`~.analysis.state.AnalyzerState` (the interpreter, the
 instance tree, the result being filled) and the graph helpers of
