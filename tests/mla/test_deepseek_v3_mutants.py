@@ -34,6 +34,10 @@ MUTANTS = {
         "latent = self.kv_a_layernorm(latent)",
         "latent = latent",
     ),
+    "latent split one column late": (
+        "latent = self.kv_a_layernorm(latent)",
+        "latent = self.kv_a_layernorm(compressed[..., 1 : self.kv_lora_rank + 1])",
+    ),
     "decode values through the key half": (
         "values = NF.mla_absorb(latent_out[..., : self.kv_lora_rank], v_half.transpose(1, 2))",
         "values = NF.mla_absorb(latent_out[..., : self.kv_lora_rank], k_half.transpose(1, 2))",
@@ -53,3 +57,5 @@ def test_a_broken_copy_does_not_validate(name, tiny_deepseek_v3, tmp_path):
     model.write_text(source.replace(original, broken))
     report = validate_model(port, tiny_deepseek_v3, steps=4, config_variants=False, parallel_layouts=False)
     assert not report.equivalent
+    if name == "latent split one column late":  # named where it diverges: the KV latent
+        assert report.first_diverging.component == "layers.0.kv_latent", report.first_diverging

@@ -21,6 +21,8 @@ def test_tp1_fp32_validates_prefill_expanded_and_decode_absorbed(tiny_deepseek_v
         REFERENCE, tiny_deepseek_v3, steps=8, config_variants=False, parallel_layouts=False
     )
     assert report.equivalent, _failure(report)
+    compared = {component["name"] for component in report.components}
+    assert {"layers.0.q_latent", "layers.0.kv_latent", "layers.3.kv_latent"} <= compared
     calls = report.environment["stand_in"]["kernel_calls"]
     assert calls["prefill"]["flash_attention"] > 0 and "mla_decode_attention" not in calls["prefill"]
     assert calls["decode"]["mla_decode_attention"] > 0 and calls["decode"]["mla_absorb"] > 0

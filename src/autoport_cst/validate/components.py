@@ -1,7 +1,8 @@
 """The components compared between a port and the transformers model, found
 structurally in both (no per-model tables): the token embedding; per decoder
-layer the input norm, attention, post-attention norm, MLP and the layer's
-output (the residual stream); the final norm; and the logits.
+layer the input norm, in a multi-latent attention its normed query and KV
+latents, the attention, post-attention norm, MLP and the layer's output (the
+residual stream); the final norm; and the logits.
 
 Both model families keep the Hugging Face names (``model.embed_tokens``,
 ``model.layers.N.self_attn``, ``model.layers.N.mlp``, ``model.norm``); other
@@ -27,6 +28,9 @@ ATTENTION_NORM_NAMES = ("input_layernorm", "ln_1", "attention_norm", "pre_attent
 # is the norm on the attention output, and pre_feedforward_layernorm the one before the MLP
 MLP_NORM_NAMES = ("pre_feedforward_layernorm", "post_attention_layernorm", "ln_2", "ffn_norm")
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f")
+# inside a multi-latent attention (DeepSeek-V2/V3 names, kept by ports): the normed query latent
+# (the query LoRA's norm) and the normed KV latent, compared before the attention output
+LATENT_NAMES = (("q_latent", ("q_a_layernorm",)), ("kv_latent", ("kv_a_layernorm",)))
 
 
 @dataclass(frozen=True)
@@ -66,11 +70,23 @@ def find_components(model: nn.Module) -> list[Component]:
             ):
                 child = _child(layer, names)
                 if child is not None:
+                    if role == "attention":
+                        found.extend(_latents(child[1], index, f"{base}.{child[0]}"))
                     found.append(Component(f"layers.{index}.{role}", f"{base}.{child[0]}"))
             found.append(Component(f"layers.{index}.output", base))
     norm = _child(backbone, FINAL_NORM_NAMES)
     if norm is not None:
         found.append(Component("final_norm", prefix + norm[0]))
+    return found
+
+
+def _latents(attention: nn.Module, index: int, path: str) -> list[Component]:
+    """The latent norms of a multi-latent attention module (none for others)."""
+    found = []
+    for role, names in LATENT_NAMES:
+        child = _child(attention, names)
+        if child is not None:
+            found.append(Component(f"layers.{index}.{role}", f"{path}.{child[0]}"))
     return found
 
 
