@@ -387,7 +387,7 @@ class PartialRotary(Codemod):
 
 def _unscaled_pass_through(
     forward: cst.FunctionDef,
-    holder: cst.BaseStatement,
+    holder: cst.BaseStatement | None,
     freqs: str,
     pad: cst.BaseStatement,
     module: cst.Module,
