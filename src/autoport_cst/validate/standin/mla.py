@@ -96,6 +96,21 @@ def _paged_rows(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
     return cache[table, 0].flatten(1, 2)
 
 
+def _check_latent_shapes(q3, q, latent_cache, nope_dim: int, rope_dim: int) -> int:
+    """The latent width ``nope_dim + rope_dim`` once the query and the cache fit it."""
+    if q3.dim() != 3 or q3.shape[-1] != nope_dim + rope_dim:
+        raise KernelConstraintError(
+            f"NF.mla_decode_attention: q {tuple(q.shape)} is not [B, H, nope_dim + rope_dim] "
+            f"({nope_dim} + {rope_dim})"
+        )
+    width = q3.shape[-1]
+    if latent_cache.shape[-1] < width:
+        raise KernelConstraintError(
+            f"NF.mla_decode_attention: cache rows of {latent_cache.shape[-1]} columns hold no {width}-wide latent"
+        )
+    return width
+
+
 def _positions(positions: torch.Tensor | None, context_lens: torch.Tensor | None) -> torch.Tensor:
     if positions is not None:
         return positions.reshape(-1).to(torch.int64)
@@ -139,18 +154,9 @@ def mla_decode_attention(
         )
     q_was_4d = q.dim() == 4
     q3 = q.reshape(q.shape[0], q.shape[-2], q.shape[-1]) if q_was_4d else q
-    if q3.dim() != 3 or q3.shape[-1] != nope_dim + rope_dim:
-        raise KernelConstraintError(
-            f"NF.mla_decode_attention: q {tuple(q.shape)} is not [B, H, nope_dim + rope_dim] "
-            f"({nope_dim} + {rope_dim})"
-        )
+    width = _check_latent_shapes(q3, q, latent_cache, nope_dim, rope_dim)
     if latent_block_table is None:
         raise KernelConstraintError("NF.mla_decode_attention: a paged latent cache needs latent_block_table")
-    width = q3.shape[-1]
-    if latent_cache.shape[-1] < width:
-        raise KernelConstraintError(
-            f"NF.mla_decode_attention: cache rows of {latent_cache.shape[-1]} columns hold no {width}-wide latent"
-        )
     rows = _paged_rows(latent_cache, latent_block_table)[..., :width]  # [B, span, W]
     pos = _positions(positions, context_lens)
     slots = torch.arange(rows.shape[1], device=q.device)
