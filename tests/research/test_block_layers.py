@@ -22,7 +22,11 @@ BLOCKS = {
         "activation computed by BloomGelu.forward",
     ),
     "mpt": ("MptModel.blocks", {"alibi_positions", "sublayer_residual"}, "position_bias"),
-    "gptj": ("GPTJModel.h", {"rope.type"}, "rope_theta"),
+    "gptj": (
+        "GPTJModel.h",
+        {"rope_base_in_code"},
+        "create_sinusoidal_positions (GPTJRotaryEmbedding.__init__)",
+    ),
 }
 
 

@@ -20,7 +20,8 @@ module of :mod:`autoport_cst.research.analysis`:
   head's bias, softcap and logit rescaling;
 - ``block_features``: what a block computes that no section describes, named
   where a field stayed unclassified (ALiBi, attention without a kernel, the
-  residual added inside a sublayer, a norm on the token embeddings).
+  residual added inside a sublayer, a norm on the token embeddings, a RoPE
+  base written in the code).
 
 They share :class:`~.analysis.state.AnalyzerState` (the interpreter, the
 instance tree, the result being filled) and the graph helpers of
@@ -119,6 +120,8 @@ def _run(st: AnalyzerState) -> None:
         graph = attention.analyze(st, layer0)
         if graph is not None:
             rope.analyze(st, graph)
+            if (style := r.get("rope.style")) is not None and style.known:
+                block_features.rope_base_in_code(st)
         if _unclassified(r, "attention.scale", "attention.sliding_window"):
             block_features.score_bias(st)
             block_features.explicit_attention(st)

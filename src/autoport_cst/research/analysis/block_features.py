@@ -9,6 +9,7 @@ computation instead of them."""
 
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 from autoport_cst.research.analysis.graph import strip_casts
@@ -142,6 +143,63 @@ def _softmax_inputs(st: AnalyzerState, attn: Instance) -> list[Any]:
         for n in walk(value)
         if n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "softmax" and n.args
     ]
+
+
+def rope_base_in_code(st: AnalyzerState) -> None:
+    """Rotary frequencies computed from a base written in the code
+    (GPT-J's ``10000 ** (arange(0, dim, 2) / dim)``) by a module of the
+    backbone or the attention, for a config with no RoPE fields."""
+    config = st.interp.config
+    if any(config.has(key) for key in ("rope_theta", "rope_parameters", "rope_scaling")):
+        return
+    owners = [child for _, child in st.backbone.children()] if st.backbone is not None else []
+    owners += [c for n, c in st.layers[0].children() if n == st.attn_name]
+    for owner in owners:
+        if not isinstance(owner.cls, SourceClass):
+            continue
+        found = _constant_base(st, owner.cls)
+        if found is not None:
+            base, where = found
+            st.add(
+                known(
+                    ("rope",),
+                    "unsupported.rope_base_in_code",
+                    CODE,
+                    f"{where} computes the rotary frequencies from the base {base:g} written in the code "
+                    "(the config has no rope_theta)",
+                )
+            )
+            return
+
+
+def _constant_base(st: AnalyzerState, cls: SourceClass) -> tuple[float, str] | None:
+    """A number raised to a power in ``cls.__init__`` or in a function of
+    its module that ``__init__`` calls: the base and where."""
+    found = st.interp.find_method(cls, "__init__")
+    if found is None:
+        return None
+    init = found[1]
+    functions = {f.name: f for f in cls.module.tree.body if isinstance(f, ast.FunctionDef)}
+    called = [
+        functions[n.func.id]
+        for n in ast.walk(init)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in functions
+    ]
+    for fn, where in [
+        (init, f"{cls.name}.__init__"),
+        *((f, f"{f.name} ({cls.name}.__init__)") for f in called),
+    ]:
+        for node in ast.walk(fn):
+            if (
+                isinstance(node, ast.BinOp)
+                and isinstance(node.op, ast.Pow)
+                and isinstance(node.left, ast.Constant)
+                and isinstance(node.left.value, (int, float))
+                and not isinstance(node.left.value, bool)
+                and node.left.value > 1
+            ):
+                return float(node.left.value), where
+    return None
 
 
 def embedding_norm(st: AnalyzerState, backbone: Instance) -> None:
