@@ -25,24 +25,18 @@ from autoport_cst.transform.edit.key_renames import (
     mappings_statement,
     parameter_path,
     recorded_renames,
+    rename_covered,
     rename_record,
     renamed_key_text,
     string_variables,
     translate_key_maps,
 )
-from autoport_cst.transform.edit.loaders import LoaderEdits
+from autoport_cst.transform.edit.loaders import TRANSPOSING_LOADERS, LoaderEdits, not_transposed
 from autoport_cst.transform.edit.parameters import kwarg_code
 from autoport_cst.transform.edit.tree import add_edit, followed_by, rewrite, with_comment
 from autoport_cst.transform.realizes import ANY, Realizes, to
 
 GUARD_LAYOUT = "checkpoint-keys: [in, out] checkpoint tensors are not implemented for this quantized layer"
-TRANSPOSING_LOADERS = (
-    "sharding_weight_loader",
-    "sharding_weight_loader_with_padding",
-    "fused_qkv_weight_loader",
-    "fused_qkv_split_loader",
-    "fused_part_loader",
-)
 
 
 @dataclass(frozen=True)
@@ -597,7 +591,7 @@ class CheckpointKeys(Codemod):
         matched: set[str] = set()
         for fn in loads:
             self._rename_in(fn, renamer, matched, module, ctx, edits)
-        unmatched = [old for old in self.params.renames if not _covered(old, matched)]
+        unmatched = [old for old in self.params.renames if not rename_covered(old, matched)]
         if unmatched:
             raise ctx.precondition(
                 f"{self.ID}: rename pattern(s) {', '.join(repr(p) for p in unmatched)} match(es) no checkpoint "
@@ -684,7 +678,7 @@ class CheckpointKeys(Codemod):
         against the parameter names, which are the canonical names in every
         reference, and give the entry the renamed parameter path."""
         missing = KeyRenamer(
-            {old: new for old, new in self.params.renames.items() if not _covered(old, matched)}
+            {old: new for old, new in self.params.renames.items() if not rename_covered(old, matched)}
         )
         for entry in entries:
             if not missing.rules or not isinstance(entry.value, (cst.SimpleString, cst.FormattedString)):
@@ -774,7 +768,7 @@ class CheckpointKeys(Codemod):
             for attr in sorted(wanted & set(loaders.found)):
                 seen.add(attr)
                 if self._stop_transposing(loaders, attr, module, ctx):
-                    loaders.replace_base(attr, _not_transposed)
+                    loaders.replace_base(attr, not_transposed)
             edits.update(loaders.edits())
         missing = sorted(wanted - seen)
         if missing and not self._layers_elsewhere(module, ctx):
@@ -800,21 +794,3 @@ class CheckpointKeys(Codemod):
                 )
             transposing = transposing or kwarg_code(site.base, "is_storage_transposed") not in (None, "False")
         return transposing
-
-
-def _covered(pattern: str, matched: set[str]) -> bool:
-    """Whether ``pattern`` matched a key, or is a container rename (self_attn
-    -> attention) whose children all matched their own longer patterns."""
-    return pattern in matched or any(other.startswith(pattern + ".") for other in matched)
-
-
-def _not_transposed(call: cst.Call) -> cst.Call:
-    """A loader call with ``is_storage_transposed=False``."""
-    return call.with_changes(
-        args=[
-            a.with_changes(value=cst.Name("False"))
-            if a.keyword is not None and a.keyword.value == "is_storage_transposed"
-            else a
-            for a in call.args
-        ]
-    )

@@ -210,3 +210,9 @@ def key_literal(text: str) -> str:
     """A string literal (an f-string when ``text`` has ``{expr}`` fields)."""
     escaped = text.replace("\\", "\\\\").replace('"', '\\"')
     return f'f"{escaped}"' if "{" in text else f'"{escaped}"'
+
+
+def rename_covered(pattern: str, matched: set[str]) -> bool:
+    """Whether ``pattern`` matched a key, or is a container rename (self_attn
+    -> attention) whose children all matched their own longer patterns."""
+    return pattern in matched or any(other.startswith(pattern + ".") for other in matched)

@@ -430,3 +430,25 @@ def _readers(func: cst.FunctionDef, binding: Placed) -> list[cst.CSTNode]:
         if rebinds:
             break
     return readers
+
+
+# the loaders that take is_storage_transposed (checkpoint tensors stored [in, out] or [out, in])
+TRANSPOSING_LOADERS = (
+    "sharding_weight_loader",
+    "sharding_weight_loader_with_padding",
+    "fused_qkv_weight_loader",
+    "fused_qkv_split_loader",
+    "fused_part_loader",
+)
+
+
+def not_transposed(call: cst.Call) -> cst.Call:
+    """A loader call with ``is_storage_transposed=False``."""
+    return call.with_changes(
+        args=[
+            a.with_changes(value=cst.Name("False"))
+            if a.keyword is not None and a.keyword.value == "is_storage_transposed"
+            else a
+            for a in call.args
+        ]
+    )
