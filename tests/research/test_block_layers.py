@@ -15,7 +15,7 @@ from autoport_cst.port import port
 BLOCKS = {
     "gpt2": ("GPT2Model.h", {"embedding.learned_positions"}, "wpe"),
     "opt": ("OPTDecoder.layers", {"embedding.learned_positions", "code.mlp"}, "fc1, fc2"),
-    "falcon": ("FalconModel.h", {"explicit_attention", "attention.num_kv_heads"}, "1 KV heads"),
+    "falcon": ("FalconModel.h", {"explicit_attention", "attention.num_kv_heads"}, "(one: multi-query)"),
     "bloom": (
         "BloomModel.h",
         {"alibi_positions", "embedding_norm", "sublayer_residual", "mlp.activation"},

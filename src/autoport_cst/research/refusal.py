@@ -91,6 +91,13 @@ COMPUTATIONS = {
     "rope_base_in_code": "a RoPE base written in the code, not in the config",
     "sublayer_residual": "the residual added inside the attention or MLP module",
 }
+# sizes the code builds other than the config field a port reads (research/decide/unsupported.py)
+BUILT_SIZES = {
+    "attention.num_kv_heads": "a number of KV heads the code builds other than the config's (one: multi-query)",
+    "attention.num_heads": "a number of attention heads the code builds other than the config's",
+    "attention.head_dim": "a head size the code builds other than the config's",
+    "mlp.intermediate_size": "an MLP width the code builds other than the config's",
+}
 
 
 @dataclass(frozen=True)
@@ -130,7 +137,9 @@ def blockers(spec: ArchSpec, fields: list[str], found: Any = None) -> list[Block
         if path == UNSUPPORTED:
             for entry in spec.unsupported or ():
                 name, _, evidence = entry.partition(":")
-                out.append(Blocker(name.strip(), _unsupported_term(name.strip()), evidence.strip()))
+                name, evidence = name.strip(), evidence.strip()
+                built = name in BUILT_SIZES and evidence.startswith("the code builds")
+                out.append(Blocker(name, BUILT_SIZES[name] if built else _unsupported_term(name), evidence))
             continue
         out.append(Blocker(path, term(path, _value(spec, path)), _evidence(found, path)))
     return out
