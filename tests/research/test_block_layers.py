@@ -22,6 +22,11 @@ BLOCKS = {
         "activation computed by BloomGelu.forward",
     ),
     "mpt": ("MptModel.blocks", {"alibi_positions", "sublayer_residual"}, "position_bias"),
+    "gpt_neo": (
+        "GPTNeoModel.h",
+        {"embedding.learned_positions", "code.attention"},
+        "attn.attention (GPTNeoAttention around GPTNeoSelfAttention)",
+    ),
     "gptj": (
         "GPTJModel.h",
         {"rope_base_in_code"},

@@ -29,7 +29,30 @@ def find_backbone(st: AnalyzerState) -> tuple[tuple[str, Instance] | None, str |
         found = _module_lists(
             st, lambda owner, items: inline_mlp(st, items[0]) and _runs_layers(st, owner, items)
         )
+    if found[0] is None:
+        found = _module_lists(
+            st, lambda owner, items: _wrapped_attention_layer(st, items[0]) and _runs_layers(st, owner, items)
+        )
     return found
+
+
+def _wrapped_attention_layer(st: AnalyzerState, layer: Instance) -> bool:
+    """A block with an MLP child and a child holding the attention one level
+    down (GPT-Neo's ``attn.attention``)."""
+    roles = {st.role(c) for _, c in layer.children()}
+    return bool(roles & {"mlp", "moe"}) and "attention" not in roles and bool(wrapped_attention(st, layer))
+
+
+def wrapped_attention(st: AnalyzerState, layer: Instance) -> list[str]:
+    """``child.grandchild`` for each attention one level below a child of
+    ``layer``."""
+    return [
+        f"{name}.{inner} ({child.class_name} around {grand.class_name})"
+        for name, child in layer.children()
+        if "." not in name
+        for inner, grand in child.children()
+        if "." not in inner and st.role(grand) == "attention"
+    ]
 
 
 def _module_lists(
@@ -148,7 +171,10 @@ def mixer_layers(st: AnalyzerState, backbone: Instance, layers_attr: str) -> Non
     """Decoder layers without a softmax attention (hybrids)."""
     layers = st.layers
     others = [
-        i for i, layer in enumerate(layers) if not any(st.role(c) == "attention" for _, c in layer.children())
+        i
+        for i, layer in enumerate(layers)
+        if not any(st.role(c) == "attention" for _, c in layer.children())
+        and not wrapped_attention(st, layer)
     ]
     if others:
         kinds = sorted({layers[i].class_name for i in others})
@@ -170,8 +196,14 @@ def attention_child(st: AnalyzerState) -> bool:
     children = dict(layer0.children())
     attn_names = [n for n, c in children.items() if st.role(c) == "attention"]
     if len(attn_names) != 1:
+        wrapped = wrapped_attention(st, layer0) if not attn_names else []
         st.add(
-            unknown("code.attention", CODE, f"{layer0.class_name} has {len(attn_names)} attention modules")
+            unknown(
+                "code.attention",
+                CODE,
+                f"{layer0.class_name} has {len(attn_names)} attention modules"
+                + (f"; its attention is wrapped in another module: {', '.join(wrapped)}" if wrapped else ""),
+            )
         )
         return False
     st.attn_name = attn_names[0]
