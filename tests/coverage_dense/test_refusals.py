@@ -24,7 +24,8 @@ REFUSALS = {
     "Lfm2ForCausalLM": ("unsupported", "mlp.intermediate_size: the code builds"),  # adjusted FFN width
     "GPTBigCodeForCausalLM": ("embedding.learned_positions", "True"),  # wpe added to wte
     "OPTForCausalLM": ("embedding.learned_positions", "True"),  # embed_positions added to embed_tokens
-    "RobertaForCausalLM": ("unsupported", "code.decoder_layers"),  # BERT-style post-LN encoder
+    # BERT-style post-LN encoder: its layers are found, its attention is one module down (attention.self)
+    "RobertaForCausalLM": ("unsupported", "attention.self (RobertaAttention around RobertaSelfAttention)"),
     # dynamic mask attention: a bias from dt_proj(values) scaled by the learned A, added to the scores
     "DogeForCausalLM": ("unsupported", "learned parameters in the attention computation"),
     # full-attention layers without RoPE, chosen by layer_types (the NoPE codemod reads other fields)
