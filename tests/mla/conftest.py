@@ -2,8 +2,8 @@
 to validate in seconds: 2 groups of 2 experts (1 group chosen per token, so
 group-limited routing matters), latent 32, rope 8, nope 16, value 16, query
 LoRA 48. ``head_dim`` is the rope dimension and every head its own KV head,
-as DeepseekV3Config derives them (the tiny defaults, head_dim 16 and 2 KV
-heads, give a checkpoint transformers itself cannot run)."""
+as DeepseekV3Config derives them: what ``autoport-cst tiny`` builds by
+default for a multi-latent attention config (validate/tiny.py)."""
 
 from __future__ import annotations
 
@@ -32,5 +32,5 @@ def tiny_deepseek_v3(tmp_path_factory) -> Path:
     from autoport_cst.validate import build_tiny_checkpoint
 
     directory = tmp_path_factory.mktemp("tiny-deepseek-v3")
-    build_tiny_checkpoint("DeepseekV3ForCausalLM", directory, seed=0, dimensions=MLA_DIMENSIONS)
+    build_tiny_checkpoint("DeepseekV3ForCausalLM", directory, seed=0)  # the MLA_DIMENSIONS by default
     return directory

@@ -58,6 +58,14 @@ TINY_DIMENSIONS: dict[str, int] = {
     "moe_intermediate_size": 64,
     "shared_expert_intermediate_size": 64,
 }
+# Multi-latent attention (configs with kv_lora_rank): its compressed and per-head sizes.
+LATENT_DIMENSIONS: dict[str, int] = {
+    "kv_lora_rank": 32,
+    "q_lora_rank": 48,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+}
 TINY_INIT_STD = 0.2
 # A shrunk model larger than this (per two layers: more layers are kept when
 # the config's layers differ) keeps dimensions the shrinker does not know.
@@ -165,6 +173,8 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
         config.num_key_value_heads = heads  # None means one KV head per query head
     if hasattr(config, "head_dim") and hidden and heads and "head_dim" not in (dimensions or {}):
         config.head_dim = hidden // heads  # a head_dim given with --set is taken as given
+    _fit_latent_attention(config, set(dimensions or {}))
+    _fit_expert_groups(config, set(dimensions or {}))
     layers = getattr(config, "num_hidden_layers", None)
     for name, value in list(vars(config).items()):
         # per-layer lists (layer_types, mlp_only_layers patterns...) follow the layer count
@@ -193,6 +203,42 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
         config.initializer_range = TINY_INIT_STD
     config.architectures = [architecture]
     return config
+
+
+def _fit_latent_attention(config: Any, given: set[str]) -> None:
+    """Multi-latent attention (a config with ``kv_lora_rank``): the latent and
+    per-head dimensions shrink (``LATENT_DIMENSIONS``), ``head_dim`` stays the
+    rotated part of a head (``qk_rope_head_dim``), and every query head keeps
+    its own key and value (no grouping), as in the full-size configs."""
+    if getattr(config, "kv_lora_rank", None) is None:
+        return
+    for name, value in LATENT_DIMENSIONS.items():
+        if name not in given and getattr(config, name, None) is not None:
+            setattr(config, name, value)
+    rope = getattr(config, "qk_rope_head_dim", None)
+    if hasattr(config, "head_dim") and rope and "head_dim" not in given:
+        config.head_dim = rope
+    heads = getattr(config, "num_attention_heads", None)
+    if hasattr(config, "num_key_value_heads") and heads and "num_key_value_heads" not in given:
+        config.num_key_value_heads = heads
+
+
+def _fit_expert_groups(config: Any, given: set[str]) -> None:
+    """Group-limited routing (``n_group`` groups of routed experts, the best
+    ``topk_group`` kept): the groups must divide the tiny expert count, and
+    fewer groups than there are are kept, so the limit still acts."""
+    groups, experts = getattr(config, "n_group", None), getattr(config, "n_routed_experts", None)
+    if isinstance(experts, int) and getattr(config, "num_experts_per_tok", 0) is None:
+        # a default config with routed experts but no top-k (DeepseekV2Config) cannot run
+        config.num_experts_per_tok = TINY_DIMENSIONS["num_experts_per_tok"]
+    if not isinstance(groups, int) or not isinstance(experts, int) or groups <= 1 or "n_group" in given:
+        return
+    if experts % groups == 0:
+        return
+    config.n_group = 2 if experts % 2 == 0 else 1
+    topk = getattr(config, "topk_group", None)
+    if isinstance(topk, int) and "topk_group" not in given:
+        config.topk_group = max(1, min(topk, config.n_group - 1))
 
 
 def tiny_dimensions(
