@@ -96,3 +96,42 @@ def test_an_moe_port_gets_the_expert_parallel_option(tmp_path):
     assert constants(script)["HF_ARCHITECTURE"] == "MixtralForCausalLM"
     assert "with the Mixtral port" in script and '"--ep"' in script
     compile(script, "run.py", "exec")
+
+
+def _script_module(tmp_path: Path):
+    """The llama3 reference's run.py, imported (it imports vLLM only in main)."""
+    import importlib.util
+
+    script = tmp_path / "run.py"
+    script.write_text(load_reference("llama3").companions["run.py"], encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("run_script", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "heads, kv_heads, positions, expected",
+    [(4, 2, 512, (2, 512)), (6, 2, 4096, (2, 4096)), (3, 3, 128, (1, 128)), (4, 1, None, (2, None))],
+)
+def test_the_script_takes_its_defaults_from_the_checkpoint(tmp_path, heads, kv_heads, positions, expected):
+    module = _script_module(tmp_path)
+    config = {"num_attention_heads": heads, "num_key_value_heads": kv_heads}
+    if positions is not None:
+        config["max_position_embeddings"] = positions
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    assert module.checkpoint_limits(str(tmp_path)) == expected
+    assert module.checkpoint_limits("owner/hub-model") == (module.TP_SIZE, None)
+
+
+def test_a_context_longer_than_the_checkpoint_is_refused(tmp_path, monkeypatch, capsys):
+    module = _script_module(tmp_path)
+    (tmp_path / "config.json").write_text(
+        json.dumps({"num_attention_heads": 4, "max_position_embeddings": 512}), encoding="utf-8"
+    )
+    monkeypatch.setattr("sys.argv", ["run.py", "--model", str(tmp_path), "--max-model-len", "2048"])
+    with pytest.raises(SystemExit) as exited:
+        module.main()
+    assert exited.value.code == 2
+    assert "exceeds the checkpoint's 512 positions" in capsys.readouterr().err

@@ -36,11 +36,13 @@ Greedy decoding of a few prompts; the output is printed for a quick look.
 $ep_doc"""
 
 import argparse
+import json
+import os
 
 MODEL_NAME = "$model_name"  # package under vllm_neuron/model/
 HF_ARCHITECTURE = "$architecture"  # config.json architectures[0]
 TP_SIZE = $tp_size
-MAX_MODEL_LEN = 2048
+MAX_MODEL_LEN = 2048  # at most; a checkpoint with fewer positions gets its own
 
 PROMPTS = [
     "1, 2, 3, 4, 5,",
@@ -50,13 +52,44 @@ PROMPTS = [
 ]
 
 
+def checkpoint_limits(model: str) -> tuple[int, int | None]:
+    """The TP size and the positions of the checkpoint (its config.json, when
+    --model is a directory): the largest TP up to TP_SIZE that divides the
+    attention heads and that the KV heads divide or are divided by."""
+    path = os.path.join(model, "config.json")
+    if not os.path.isfile(path):
+        return TP_SIZE, None
+    with open(path, encoding="utf-8") as file:
+        config = json.load(file)
+    config = config.get("text_config", config)
+    heads = config.get("num_attention_heads") or 1
+    kv_heads = config.get("num_key_value_heads") or heads
+    fits = [
+        tp for tp in range(TP_SIZE, 0, -1) if heads % tp == 0 and (kv_heads % tp == 0 or tp % kv_heads == 0)
+    ]
+    return fits[0], config.get("max_position_embeddings")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="checkpoint directory or hub id")
-    parser.add_argument("--tp", type=int, default=TP_SIZE, help="tensor-parallel size")
-$ep_argument    parser.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN)
+    parser.add_argument(
+        "--tp", type=int, default=None, help=f"tensor-parallel size (default: {TP_SIZE}, or what fits)"
+    )
+$ep_argument    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help=f"context length (default: {MAX_MODEL_LEN}, or fewer positions)",
+    )
     parser.add_argument("--max-tokens", type=int, default=10)
     args = parser.parse_args()
+    tp, positions = checkpoint_limits(args.model)
+    args.tp = args.tp or tp
+    if args.max_model_len is None:
+        args.max_model_len = min(MAX_MODEL_LEN, positions or MAX_MODEL_LEN)
+    elif positions and args.max_model_len > positions:
+        parser.error(f"--max-model-len {args.max_model_len} exceeds the checkpoint's {positions} positions")
 $ep_check
     from vllm import LLM, SamplingParams
 
@@ -68,7 +101,7 @@ $ep_enable        max_model_len=args.max_model_len,
 $additional_config
     )
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, top_p=1.0)
-    for prompt, output in zip(PROMPTS, llm.generate(PROMPTS, sampling)):
+    for prompt, output in zip(PROMPTS, llm.generate(PROMPTS, sampling), strict=True):
         print(f"{prompt!r} -> {output.outputs[0].text!r}")
 
 
