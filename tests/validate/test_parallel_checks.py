@@ -15,7 +15,7 @@ from autoport_cst.validate import validate_model
 from autoport_cst.validate.parallel_checks import LAYOUTS, check_parallel_layouts
 from autoport_cst.validate.report import REPORT_SCHEMA, ValidationReport
 
-ATTENTION_DP, OTHER_DP = LAYOUTS[1][0], LAYOUTS[2][0]
+ATTENTION_DP, OTHER_DP, EMBEDDING_DP = (label for label, _ in LAYOUTS[1:])
 
 
 def _run(port: Path, checkpoint: Path, **options) -> ValidationReport:
@@ -29,6 +29,7 @@ def test_a_correct_port_validates_at_every_default_layout(llama3_dir: Path, tiny
         ("TP=2", True),
         (ATTENTION_DP, True),
         (OTHER_DP, True),
+        (EMBEDDING_DP, True),
     ]
     assert "parallel_layouts" in report.timings
     jsonschema = pytest.importorskip("jsonschema")
@@ -73,6 +74,26 @@ def test_each_mlp_dp_replica_keeping_the_first_rows_fails_at_dp2(broken_port, ti
     assert report.summary().startswith(f"not equivalent: {OTHER_DP}: "), report.summary()
 
 
+def test_a_decode_batch_left_in_the_embedding_dp_state_fails_at_embedding_dp2(
+    broken_port, tiny_llama: Path
+) -> None:
+    # with every component at DP 2 the embedding's and the MLP's groups are the same
+    port = broken_port(
+        "            hidden_states = _dp_transition(hidden_states, self.embedding_dp_group, self.mlp_dp_group)",
+        "            pass",
+    )
+    report = _run(port, tiny_llama)
+    assert not report.equivalent
+    assert [(e["label"], e["equivalent"]) for e in report.parallel_layouts] == [
+        ("TP=2", True),
+        (ATTENTION_DP, True),
+        (OTHER_DP, True),
+        (EMBEDDING_DP, False),
+    ]
+    named = report.failure.stage if report.failure is not None else report.first_diverging.message
+    assert named.startswith(f"{EMBEDDING_DP}: "), report.summary()
+
+
 def test_other_settings_and_opting_out_run_no_layout(llama3_dir: Path, tiny_llama: Path) -> None:
     assert _run(llama3_dir, tiny_llama, parallel_layouts=False).parallel_layouts == []
     assert _run(llama3_dir, tiny_llama, tp=2).parallel_layouts == []
@@ -97,4 +118,5 @@ def test_a_layout_the_checkpoint_cannot_take_is_reported_not_run() -> None:
         },
         {"label": ATTENTION_DP, "equivalent": True, "summary": "equivalent within tolerances"},
         {"label": OTHER_DP, "equivalent": True, "summary": "equivalent within tolerances"},
+        {"label": EMBEDDING_DP, "equivalent": True, "summary": "equivalent within tolerances"},
     ]

@@ -14,10 +14,15 @@ other values (``LAYOUTS``):
   the decode graph (a disaggregated run: ``layout_session``);
 - ``DP 2 (MLP, embedding, LM head)``: TP=1 with the MLP, the embedding and
   the LM head each data-parallel over 2 ranks in the decode graph (apart from
-  the attention's, which some ports refuse).
+  the attention's, which some ports refuse);
+- ``embedding DP 2``: the embedding alone data-parallel over 2 ranks. With
+  every component at DP 2 the embedding's and the MLP's DP groups are the
+  same, and the transition of the decode batch between them is the identity;
+  here they differ.
 
 Each runs as ``validate --tp 2`` / ``--attention-dp 2`` / ``--mlp-dp 2
---embedding-dp 2 --lm-head-dp 2`` would, with its ranks as local processes;
+--embedding-dp 2 --lm-head-dp 2`` / ``--embedding-dp 2`` would, with its ranks
+as local processes;
 the transformers run of the TP=1 validation is reused (``reference_reuse``).
 A layout the checkpoint cannot take (the tensor-parallel rules refuse TP=2,
 prompt lengths given that it cannot split), or that the port refuses with a
@@ -38,6 +43,7 @@ LAYOUTS: tuple[tuple[str, dict[str, int]], ...] = (
     ("TP=2", {"tp": 2}),
     ("attention DP 2", {"attention_dp": 2}),
     ("DP 2 (MLP, embedding, LM head)", {"mlp_dp": 2, "embedding_dp": 2, "lm_head_dp": 2}),
+    ("embedding DP 2", {"embedding_dp": 2}),
 )
 
 
