@@ -15,13 +15,22 @@ from autoport_cst.port import port
 BLOCKS = {
     "gpt2": ("GPT2Model.h", {"embedding.learned_positions"}, "wpe"),
     "opt": ("OPTDecoder.layers", {"embedding.learned_positions", "code.mlp"}, "fc1, fc2"),
-    "falcon": ("FalconModel.h", {"explicit_attention", "attention.num_kv_heads"}, "(one: multi-query)"),
+    "falcon": (
+        "FalconModel.h",
+        {"explicit_attention", "attention.num_kv_heads"},
+        "(one: multi-query attention)",
+    ),
     "bloom": (
         "BloomModel.h",
         {"alibi_positions", "embedding_norm", "sublayer_residual", "mlp.activation"},
         "activation computed by BloomGelu.forward",
     ),
     "mpt": ("MptModel.blocks", {"alibi_positions", "sublayer_residual"}, "position_bias"),
+    "biogpt": (
+        "BioGptModel.layers",
+        {"embedding.learned_positions", "code.mlp"},
+        "BioGptDecoderLayer.forward",
+    ),
     "gpt_neo": (
         "GPTNeoModel.h",
         {"embedding.learned_positions", "code.attention"},

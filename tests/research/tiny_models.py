@@ -123,6 +123,8 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
     "bloom": ("bloom", {}),  # transformer.h[i].self_attention, ALiBi, embedding LayerNorm
     "mpt": ("mpt", {"d_model": 64, "n_heads": 4, "n_layers": 2}),  # transformer.blocks[i].attn.Wqkv, ALiBi
     "gptj": ("gptj", {"rotary_dim": 8}),  # transformer.h[i].attn.q_proj, parallel attention and MLP
+    # BART-style attention (keys and values from a cross-attention cache on one path), fc1/fc2 in the layer
+    "biogpt": ("biogpt", {}),
     # transformer.h[i].attn.attention: the attention one module down
     "gpt_neo": ("gpt_neo", {"attention_types": [[["global", "local"], 1]], "window_size": 16}),
 }

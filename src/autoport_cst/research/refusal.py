@@ -93,7 +93,7 @@ COMPUTATIONS = {
 }
 # sizes the code builds other than the config field a port reads (research/decide/unsupported.py)
 BUILT_SIZES = {
-    "attention.num_kv_heads": "a number of KV heads the code builds other than the config's (one: multi-query)",
+    "attention.num_kv_heads": "a number of KV heads the code builds other than the config's",
     "attention.num_heads": "a number of attention heads the code builds other than the config's",
     "attention.head_dim": "a head size the code builds other than the config's",
     "mlp.intermediate_size": "an MLP width the code builds other than the config's",
@@ -139,7 +139,10 @@ def blockers(spec: ArchSpec, fields: list[str], found: Any = None) -> list[Block
                 name, _, evidence = entry.partition(":")
                 name, evidence = name.strip(), evidence.strip()
                 built = name in BUILT_SIZES and evidence.startswith("the code builds")
-                out.append(Blocker(name, BUILT_SIZES[name] if built else _unsupported_term(name), evidence))
+                what = BUILT_SIZES[name] if built else _unsupported_term(name)
+                if built and name == "attention.num_kv_heads" and evidence.startswith("the code builds 1 "):
+                    what += " (one: multi-query attention)"
+                out.append(Blocker(name, what, evidence))
             continue
         out.append(Blocker(path, term(path, _value(spec, path)), _evidence(found, path)))
     return out

@@ -51,6 +51,18 @@ def analyze(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
     return g
 
 
+def _fullest_path(st: AnalyzerState, outs: list[Any]) -> Any:
+    """The first forward output calling the most projections: a path taking
+    keys and values from a cache (a cross-attention's, BART-style) calls
+    fewer and shows no k/v projection."""
+
+    def projections(value: Any) -> int:
+        return len({id(n.ref) for n in walk(value) if n.kind == "module" and st.role(n.ref) == "linear"})
+
+    counts = [projections(value) for value in outs]
+    return outs[counts.index(max(counts))]
+
+
 def _trace(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
     """The attention's first forward output, its input projections (calls
     not reading another projection) and output projections."""
@@ -61,7 +73,7 @@ def _trace(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
     if not outs:
         st.add(unknown("attention.qkv_bias", CODE, f"{where}: forward could not be followed"))
         return None
-    out = outs[0]
+    out = _fullest_path(st, outs)
     nodes = list(walk(out))
     linear_calls = [
         n for n in nodes if n.kind == "module" and n.ref is not None and st.role(n.ref) == "linear"
