@@ -12,9 +12,9 @@ mutant is validated in this process as ``autoport-cst validate`` does by
 default (``validate_model`` at TP=1 in fp32 on the port's default tiny
 checkpoint, which goes on, when it passes, to the config variants the port's
 ``reference.json`` declares and to the parallel layouts of
-``validate.parallel_checks``: TP=2, attention data parallelism 2, and data
-parallelism 2 of the MLP, embedding and LM head, their ranks as local
-processes).
+``validate.parallel_checks``: TP=2, attention data parallelism 2, data
+parallelism 2 of the MLP, embedding and LM head, and of the embedding alone,
+their ranks as local processes).
 
 Scope. The lines each port executes in the default validation of the
 unmutated port, traced in this process (``mutation_setup.py``), are measured
@@ -88,14 +88,14 @@ TARGET = 0.98
 TIMEOUT_S = 120
 PARTITIONS = ("tune", "held-out")
 # What ``--explain`` runs a survivor on after the declared variants: the
-# validator's settings its default run leaves out (TP=2, attention DP 2, and
-# MLP, embedding and LM-head DP 2 together are part of it: validate.parallel_checks)
+# validator's settings its default run leaves out (TP=2, attention DP 2, MLP,
+# embedding and LM-head DP 2 together, embedding DP 2 alone are part of it:
+# validate.parallel_checks)
 LADDER = (
     ("bf16", {"dtype": "bf16"}),
     ("FP8 KV cache", {"kv_cache_dtype": "fp8"}),
     ("attention DP 2", {"attention_dp": 2}),
     ("MLP DP 2", {"mlp_dp": 2}),
-    ("embedding DP 2", {"embedding_dp": 2}),
     ("LM-head DP 2", {"lm_head_dp": 2}),
     ("EP 2 at TP=2", {"tp": 2, "ep": 2}),
 )
