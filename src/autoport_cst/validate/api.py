@@ -174,13 +174,10 @@ def validate_model(
     ``float8_e4m3fn``); the cache paths then stay off unless asked for
     (segmented prefill needs a packed FP8 cache).
 
-    ``config_variants``: a TP=1 fp32 run with the model's KV cache that
-    passes goes on to validate the port, the same way, on a checkpoint of each
-    config variant its reference declares (``validate.config_variants``); the
-    first that fails fails the report. ``parallel_layouts``: such a run that
-    passes (its variants too) goes on to TP=2 and to data parallelism 2 of
-    each component on the same checkpoint (``validate.parallel_checks``),
-    reusing its transformers run."""
+    ``config_variants``, ``parallel_layouts``: a plain TP=1 fp32 run that
+    passes goes on to each declared config variant's checkpoint, then to TP=2
+    and data parallelism 2 on its own (``_FollowUps``); the first that fails
+    fails the report."""
     with _intra_op_threads(VALIDATION_THREADS), sharing_reference_runs():
         report = _validate(
             model_dir,
@@ -208,82 +205,67 @@ def validate_model(
             ),
         )
         plain = (tp, ep, attention_dp, mlp_dp, embedding_dp, lm_head_dp, dcp) == (1,) * 7
-        plain = plain and (dtype, kv_cache_dtype) == ("fp32", "auto")
-        if config_variants and report.equivalent and plain:
-            _check_config_variants(report, model_dir, checkpoint_dir, steps, prompt_lengths, seed, prefill)
-        if parallel_layouts and report.equivalent and plain:
-            _check_parallel_layouts(report, model_dir, checkpoint_dir, steps, prompt_lengths, seed, prefill)
+        if report.equivalent and plain and (dtype, kv_cache_dtype) == ("fp32", "auto"):
+            _FollowUps(model_dir, steps, prompt_lengths, seed, prefill).check(
+                report, checkpoint_dir, config_variants, parallel_layouts
+            )
         return report
 
 
-def _check_parallel_layouts(
-    report: ValidationReport,
-    model_dir: str | Path,
-    checkpoint_dir: str | Path,
-    steps: int,
-    prompt_lengths: tuple[int, ...] | None,
-    seed: int,
-    prefill: str,
-) -> None:
-    """The port validated at TP=2 and with data parallelism 2 (``parallel_checks``)."""
-    from .parallel_checks import check_parallel_layouts
+@dataclass(frozen=True)
+class _FollowUps:
+    """The fp32 runs a passing plain validation goes on to, of the same port
+    with the same steps, prompts, seed and prefill mode: a checkpoint of each
+    declared config variant (``config_variants``), then the parallel layouts
+    on the same checkpoint (``parallel_checks``)."""
 
-    def one(tp: int = 1, **dp: int) -> ValidationReport:
+    model_dir: str | Path
+    steps: int
+    prompt_lengths: tuple[int, ...] | None
+    seed: int
+    prefill: str
+
+    def check(
+        self, report: ValidationReport, checkpoint_dir: str | Path, variants: bool, layouts: bool
+    ) -> None:
+        from .config_variants import check_config_variants
+        from .parallel_checks import check_parallel_layouts
+
+        if variants:
+            start = time.perf_counter()
+            check_config_variants(report, report.model_dir, checkpoint_dir, self.run)
+            report.timings["config_variants"] = time.perf_counter() - start
+        if layouts and report.equivalent:
+            start = time.perf_counter()
+            check_parallel_layouts(report, lambda **options: self.run(checkpoint_dir, **options))
+            report.timings["parallel_layouts"] = round(time.perf_counter() - start, 4)
+
+    def run(
+        self,
+        checkpoint: str | Path,
+        tp: int = 1,
+        attention_dp: int = 1,
+        mlp_dp: int = 1,
+        embedding_dp: int = 1,
+        lm_head_dp: int = 1,
+    ) -> ValidationReport:
+        """The port on ``checkpoint`` in fp32 at TP ``tp`` with those data-parallel degrees."""
         layout = ParallelLayout(
-            tp=tp,
-            attention_dp=dp.get("attention_dp", 1),
-            mlp_dp=dp.get("mlp_dp", 1),
-            embedding_dp=dp.get("embedding_dp", 1),
-            lm_head_dp=dp.get("lm_head_dp", 1),
+            tp=tp, attention_dp=attention_dp, mlp_dp=mlp_dp, embedding_dp=embedding_dp, lm_head_dp=lm_head_dp
         )
         return _validate(
-            model_dir,
-            checkpoint_dir,
+            self.model_dir,
+            checkpoint,
             tp=tp,
             dtype="fp32",
-            steps=steps,
-            prompt_lengths=prompt_lengths,
+            steps=self.steps,
+            prompt_lengths=self.prompt_lengths,
             block_size=None,
-            seed=seed,
+            seed=self.seed,
             on_stage=None,
-            prefill=prefill,
+            prefill=self.prefill,
             layout=layout,
         )
-
-    start = time.perf_counter()
-    check_parallel_layouts(report, one)
-    report.timings["parallel_layouts"] = round(time.perf_counter() - start, 4)
-
-
-def _check_config_variants(
-    report: ValidationReport,
-    model_dir: str | Path,
-    checkpoint_dir: str | Path,
-    steps: int,
-    prompt_lengths: tuple[int, ...] | None,
-    seed: int,
-    prefill: str,
-) -> None:
-    """The port validated on a checkpoint of each declared config variant."""
-    from .config_variants import check_config_variants
-
-    def one(checkpoint: Path) -> ValidationReport:
-        return _validate(
-            model_dir,
-            checkpoint,
-            tp=1,
-            dtype="fp32",
-            steps=steps,
-            prompt_lengths=prompt_lengths,
-            block_size=None,
-            seed=seed,
-            on_stage=None,
-            prefill=prefill,
-        )
-
-    start = time.perf_counter()
-    check_config_variants(report, report.model_dir, checkpoint_dir, one)
-    report.timings["config_variants"] = time.perf_counter() - start
 
 
 def _validate(
