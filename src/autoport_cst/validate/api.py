@@ -174,10 +174,8 @@ def validate_model(
     ``float8_e4m3fn``); the cache paths then stay off unless asked for
     (segmented prefill needs a packed FP8 cache).
 
-    ``config_variants``, ``parallel_layouts``: a plain TP=1 fp32 run that
-    passes goes on to each declared config variant's checkpoint, then to TP=2
-    and data parallelism 2 on its own (``_FollowUps``); the first that fails
-    fails the report."""
+    ``config_variants``, ``parallel_layouts``: a passing plain TP=1 fp32 run
+    goes on to its ``_FollowUps``; the first that fails fails the report."""
     with _intra_op_threads(VALIDATION_THREADS), sharing_reference_runs():
         report = _validate(
             model_dir,
