@@ -171,7 +171,7 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
     heads = getattr(config, "num_attention_heads", None)
     if hasattr(config, "num_key_value_heads") and config.num_key_value_heads is None and heads:
         config.num_key_value_heads = heads  # None means one KV head per query head
-    if hasattr(config, "head_dim") and hidden and heads and "head_dim" not in (dimensions or {}):
+    if _settable(config, "head_dim") and hidden and heads and "head_dim" not in (dimensions or {}):
         config.head_dim = hidden // heads  # a head_dim given with --set is taken as given
     _fit_latent_attention(config, set(dimensions or {}))
     _fit_expert_groups(config, set(dimensions or {}))
@@ -203,6 +203,13 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
         config.initializer_range = TINY_INIT_STD
     config.architectures = [architecture]
     return config
+
+
+def _settable(config: Any, name: str) -> bool:
+    """Whether ``config`` has an attribute ``name`` it lets be set (FalconConfig
+    derives ``head_dim`` from the hidden size and heads, read-only)."""
+    found = getattr(type(config), name, None)
+    return hasattr(config, name) and not (isinstance(found, property) and found.fset is None)
 
 
 def _fit_latent_attention(config: Any, given: set[str]) -> None:
