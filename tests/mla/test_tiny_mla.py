@@ -38,10 +38,3 @@ def test_transformers_runs_the_default_tiny_checkpoint(architecture, tmp_path):
     with torch.no_grad():
         logits = model(torch.arange(1, 9)[None]).logits
     assert logits.shape[:2] == (1, 8) and torch.isfinite(logits).all()
-
-
-def test_a_read_only_head_dim_is_left_to_its_config():
-    from transformers import FalconConfig
-
-    config = shrink_config(FalconConfig(), "FalconForCausalLM", {})
-    assert config.head_dim == config.hidden_size // config.num_attention_heads == 16

@@ -106,3 +106,12 @@ def test_a_model_transformers_cannot_build_is_input_error(tmp_path: Path) -> Non
     with pytest.raises(InputError, match="cannot build the model.*KeyError"):
         build_tiny_checkpoint("CohereCompassForCausalLM", tmp_path / "compass")
     assert not (tmp_path / "compass").exists()
+
+
+def test_a_read_only_head_dim_is_left_to_its_config():
+    from transformers import FalconConfig
+
+    from autoport_cst.validate.tiny import shrink_config
+
+    config = shrink_config(FalconConfig(), "FalconForCausalLM", {})
+    assert config.head_dim == config.hidden_size // config.num_attention_heads == 16
