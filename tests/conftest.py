@@ -22,6 +22,14 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# A pytest-xdist worker (README's test command: -n 2) starts with COLUMNS=80 and
+# LINES=24 in its environment, which the command that started the suite did not
+# set; the CLI's output width honours COLUMNS, and the tests of that width
+# assume the environment of the command (a pipe: 200 columns).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
+
 
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow")
