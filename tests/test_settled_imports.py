@@ -31,7 +31,9 @@ def test_imports_with_the_collector_paused_then_freezes(module_dir: Path):
     assert gc.get_freeze_count() > frozen
     frozen = gc.get_freeze_count()
     assert import_settled(["settled_probe_module"]) == []  # already imported: nothing collected or frozen
-    assert gc.get_freeze_count() == frozen
+    # frozen objects still die when their last reference goes (another thread of an
+    # xdist worker drops some): nothing frozen means the count did not grow
+    assert gc.get_freeze_count() <= frozen
 
 
 def test_a_disabled_collector_stays_disabled(module_dir: Path):
