@@ -72,7 +72,12 @@ def is_port_refusal(error: BaseException | None) -> bool:
     import traceback
 
     frames = traceback.extract_tb(error.__traceback__)
-    return bool(frames) and not any(part in frames[-1].filename for part in ("autoport_cst", "/torch/"))
+    return bool(frames) and _is_port_code(frames[-1].filename)
+
+
+def _is_port_code(filename: str) -> bool:
+    """Whether a frame's file is the port's own code (neither this package nor torch)."""
+    return "autoport_cst" not in filename and "/torch/" not in filename
 
 
 @dataclass
@@ -411,7 +416,7 @@ def _describe(error: BaseException) -> str:
     frames = traceback.extract_tb(error.__traceback__)
     where = ""
     for frame in reversed(frames):
-        if "autoport_cst" not in frame.filename and "/torch/" not in frame.filename:
+        if _is_port_code(frame.filename):
             where = f" (at {frame.filename}:{frame.lineno}, in {frame.name})"
             break
     return f"{type(error).__name__}: {error}{where}"
