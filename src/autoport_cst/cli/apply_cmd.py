@@ -213,8 +213,7 @@ def _summary_lines(result, report, out: Path | None) -> list[tuple[str, str | No
         fields = ", ".join(d.path for d in result.composition.by_config)
         lines.append((f"read from the config at run time: {fields}", None))
     for warning in result.warnings:
-        text = f"warning: {warning.path}:{warning.line}:{warning.column}: {warning.code} {warning.message}"
-        lines.append((text + (f" ({warning.note})" if warning.note else ""), "yellow"))
+        lines.append((f"warning: {_warning_text(warning)}", "yellow"))
     notes = [n for s in result.steps for n in s.notes]
     if notes:
         lines.append((f"text edits in strings, docstrings and comments ({len(notes)}):", None))
@@ -228,6 +227,12 @@ def _summary_lines(result, report, out: Path | None) -> list[tuple[str, str | No
             )
         )
     return lines
+
+
+def _warning_text(warning) -> str:
+    """``path:line:column: CODE message (note)`` of a lint warning on the port."""
+    note = f" ({warning.note})" if warning.note else ""
+    return f"{warning.path}:{warning.line}:{warning.column}: {warning.code} {warning.message}{note}"
 
 
 def _summary_data(result, report) -> dict:
@@ -246,10 +251,7 @@ def _summary_data(result, report) -> dict:
             for s in result.steps
         ],
         "by_config": [d.path for d in result.composition.by_config],
-        "warnings": [
-            f"{w.path}:{w.line}:{w.column}: {w.code} {w.message}" + (f" ({w.note})" if w.note else "")
-            for w in result.warnings
-        ],
+        "warnings": [_warning_text(w) for w in result.warnings],
         "files": sorted(result.files),
     }
     if report is not None:
