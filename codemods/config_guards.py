@@ -42,6 +42,14 @@ class AssumedField:
             "doc": "For a list of per-layer types: the entries the port handles (value is then an example)."
         },
     )
+    same_as: str | None = dataclasses.field(
+        default=None,
+        metadata={
+            "doc": "For a list of per-layer values the model uses in place of a field's (GraniteSWA's "
+            "layer_rope_theta for rope_parameters.rope_theta): that field, which the port reads for every "
+            "layer; each entry must equal it (value is then an example)."
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -267,6 +275,88 @@ class ConfigGuards(Codemod):
             """,
         ),
         Example(
+            title="a model that rotates each layer by its entry of a per-layer list (GraniteSWA), ported to one base",
+            role="config",
+            path="config.py",
+            params={
+                "assumed": [
+                    {
+                        "field": "layer_rope_theta",
+                        "value": [10000.0, 10000.0],
+                        "same_as": "rope_parameters.rope_theta",
+                        "fixes": "rope.theta",
+                    }
+                ]
+            },
+            before="""
+                @dataclass
+                class GraniteSwaConfig:
+                    hidden_size: int = 2048
+
+                    @classmethod
+                    def from_configs(cls, hf_config, neuron_config=None):
+                        values = hf_config.to_dict()
+                        names = {f.name for f in fields(cls)}
+                        return cls(**{k: v for k, v in values.items() if k in names})
+            """,
+            after="""
+                def check_assumed_config(values: dict) -> None:
+                    \"\"\"Refuse a model config that differs from the one this port was made for
+                    in a field its code does not read (written by autoport-cst config-guards).
+
+                    Each entry: the field (dotted into a dict field), the value the port was
+                    made for, the value transformers takes when a config lacks the field, the
+                    entries it handles when the field is a list of per-layer types, and what
+                    the port's code fixes for that value.\"\"\"
+                    assumed = (
+                    )
+                    for name, expected, default, allowed, fixes in assumed:
+                        value = values
+                        for key in name.split("."):
+                            value = value.get(key, default) if isinstance(value, dict) else default
+                        if allowed is not None:
+                            wrong = [entry for entry in value or () if entry not in allowed]
+                            if wrong:
+                                raise ValueError(
+                                    f"config field {name} holds {wrong[0]!r}, but this port was made for {name} entries in "
+                                    f"{list(allowed)!r} ({fixes} fixed in its code): port this checkpoint again"
+                                )
+                        elif value != expected:
+                            raise ValueError(
+                                f"config field {name} is {value!r}, but this port was made for {name} = {expected!r} "
+                                f"({fixes} fixed in its code): port this checkpoint again"
+                            )
+                    # per-layer values the model uses in place of a field this port reads for every layer
+                    per_layer = (
+                        ("layer_rope_theta", "rope_parameters.rope_theta", "rope.theta"),
+                    )
+                    for name, field_name, fixes in per_layer:
+                        target = values
+                        for key in field_name.split("."):
+                            target = target.get(key) if isinstance(target, dict) else None
+                        wrong = [entry for entry in values.get(name) or () if entry != target]
+                        if wrong:
+                            raise ValueError(
+                                f"config field {name} holds {wrong[0]!r}, but this port computes every layer with "
+                                f"{field_name} = {target!r} ({fixes} read from it): a per-layer value that differs "
+                                "is not supported"
+                            )
+
+
+                @dataclass
+                class GraniteSwaConfig:
+                    hidden_size: int = 2048
+
+                    @classmethod
+                    def from_configs(cls, hf_config, neuron_config=None):
+                        values = hf_config.to_dict()
+                        # <-- MODEL-SPECIFIC: refuse a config this port's code was not written for
+                        check_assumed_config(values)
+                        names = {f.name for f in fields(cls)}
+                        return cls(**{k: v for k, v in values.items() if k in names})
+            """,
+        ),
+        Example(
             title="from_configs without a values dict",
             role="config",
             path="config.py",
@@ -290,7 +380,10 @@ class ConfigGuards(Codemod):
         for index, entry in enumerate(params.assumed):
             if not _FIELD.fullmatch(entry.field):
                 problems.append(f"assumed[{index}].field {entry.field!r} is not a dotted identifier")
-            listed = entry.allowed is not None  # a list of per-layer types, and the entries it may hold
+            if entry.same_as is not None and not _FIELD.fullmatch(entry.same_as):
+                problems.append(f"assumed[{index}].same_as {entry.same_as!r} is not a dotted identifier")
+            # a list of per-layer types and the entries it may hold, or of values equal to another field
+            listed = entry.allowed is not None or entry.same_as is not None
             values = [entry.default, *(entry.allowed or ())]
             values += list(entry.value) if listed and isinstance(entry.value, list) else [entry.value]
             if not all(_scalar(v) for v in values) or (listed and not isinstance(entry.value, list)):
@@ -321,8 +414,15 @@ class ConfigGuards(Codemod):
             f"        ({_literal(e.field)}, {_literal(e.value)}, {_literal(e.default)}, {_allowed(e.allowed)}, "
             f"{_literal(e.fixes)}),\n"
             for e in self.params.assumed
+            if e.same_as is None
         )
-        return FUNCTION.replace("{entries}", entries)
+        per_layer = "".join(
+            f"        ({_literal(e.field)}, {_literal(e.same_as)}, {_literal(e.fixes)}),\n"
+            for e in self.params.assumed
+            if e.same_as is not None
+        )
+        function = FUNCTION.replace("{entries}", entries)
+        return function + PER_LAYER.replace("{entries}", per_layer) if per_layer else function
 
 
 FUNCTION = '''
@@ -353,6 +453,23 @@ def check_assumed_config(values: dict) -> None:
                 f"({fixes} fixed in its code): port this checkpoint again"
             )
 '''
+
+# appended to FUNCTION's body for lists whose entries must equal a field the port reads
+PER_LAYER = """    # per-layer values the model uses in place of a field this port reads for every layer
+    per_layer = (
+{entries}    )
+    for name, field_name, fixes in per_layer:
+        target = values
+        for key in field_name.split("."):
+            target = target.get(key) if isinstance(target, dict) else None
+        wrong = [entry for entry in values.get(name) or () if entry != target]
+        if wrong:
+            raise ValueError(
+                f"config field {name} holds {wrong[0]!r}, but this port computes every layer with "
+                f"{field_name} = {target!r} ({fixes} read from it): a per-layer value that differs "
+                "is not supported"
+            )
+"""
 
 
 def _allowed(values: tuple[Any, ...] | None) -> str:

@@ -44,8 +44,9 @@ def check_config_variants(
     if checkpoint != "tiny":
         return
     fields = list(assumptions.runtime)
+    tied = [(g.field, g.same_as) for g in assumptions.guards if getattr(g, "same_as", None) is not None]
     while True:
-        values, changed = variant_values(base, fields)
+        values, changed = variant_values(base, fields, tied)
         if not changed:
             return
         stage("config variant")

@@ -70,6 +70,8 @@ class Guard:
     fixes: tuple[str, ...]  # the spec fields the port's code fixes for that value
     varied: Any  # a value the port refuses
     allowed: tuple[Any, ...] | None = None
+    # for a per-layer list: the config field every entry must equal (the value the port reads)
+    same_as: str | None = None
 
     def params(self) -> dict[str, Any]:
         params = {
@@ -80,12 +82,16 @@ class Guard:
         }
         if self.allowed is not None:
             params["allowed"] = list(self.allowed)
+        if self.same_as is not None:
+            params["same_as"] = self.same_as
         return params
 
     def refused_entry(self) -> Any:
         """The value (for a list: the entry) the refusal must name."""
         if self.allowed is not None:
             return next(v for v in self.varied if v not in self.allowed)
+        if self.same_as is not None:
+            return next(v for v, w in zip(self.varied, self.value, strict=True) if v != w)
         return self.varied
 
 
@@ -128,7 +134,21 @@ def config_assumptions(dependence: Any, spec: ArchSpec, config_driven: dict[str,
             sizes.append(name)
         else:
             runtime.append(name)
+    guards += _per_layer_guards(dependence)
     return ConfigAssumptions(tuple(guards), tuple(runtime), tuple(sizes), tuple(unseen), inconclusive)
+
+
+def _per_layer_guards(dependence: Any) -> list[Guard]:
+    """A guard per list whose entries the code uses in place of a field's
+    value (``dependence.per_layer``: GraniteSWA rotates each layer by its
+    ``layer_rope_theta`` entry, not by ``rope_theta``): a port reads the
+    field, so each entry must equal it. Refused example: the last entry
+    doubled."""
+    guards = []
+    for name, field, planned in getattr(dependence, "per_layer", ()):
+        varied = [*planned[:-1], planned[-1] * 2 if planned[-1] else 1.0]
+        guards.append(Guard(name, list(planned), None, ("rope.theta",), varied, same_as=field))
+    return guards
 
 
 def _guard(name: str, own: list, under: list) -> Guard | None:

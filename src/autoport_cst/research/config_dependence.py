@@ -86,6 +86,9 @@ class ConfigDependence:
     probes: tuple[FieldProbe, ...]
     skipped: tuple[tuple[str, str], ...] = ()  # (field, why it was not varied)
     layers: int | None = None  # the layer count the probes ran with (None: the config's)
+    # (per-layer field, field, its entries): a list whose entries the code uses in
+    # place of the field's value (GraniteSWA's layer_rope_theta for rope_theta)
+    per_layer: tuple[tuple[str, str, tuple[Any, ...]], ...] = ()
 
     def probe(self, field: str) -> FieldProbe | None:
         return next((p for p in self.probes if p.field == field), None)
@@ -118,7 +121,19 @@ def probe_config(
             probes.append(dataclasses.replace(probe, default=value if default is _SAME else default))
             if outcome is not None:
                 probes += _second_order(run, probe, outcome, raw, baseline, skipped)
-    return ConfigDependence(tuple(reads), tuple(probes), tuple(skipped), layers)
+    return ConfigDependence(tuple(reads), tuple(probes), tuple(skipped), layers, _per_layer(baseline, raw))
+
+
+def _per_layer(baseline: _Outcome, raw: dict) -> tuple[tuple[str, str, tuple[Any, ...]], ...]:
+    """The per-layer RoPE base list the code rotates with (research's
+    ``code.rope_base_field``) with the config field a port reads the base
+    from: ``rope_parameters.rope_theta``, or a top-level ``rope_theta``."""
+    if baseline.base_field is None:
+        return ()
+    rope = raw.get("rope_parameters")
+    theta = "rope_parameters.rope_theta" if isinstance(rope, dict) and "rope_theta" in rope else "rope_theta"
+    entries = _current(baseline.base_field, raw, baseline.resolved)
+    return ((baseline.base_field, theta, tuple(entries)),) if isinstance(entries, (list, tuple)) else ()
 
 
 def _second_order(
@@ -286,6 +301,7 @@ class _Outcome:
     unknown: frozenset[str]
     reads: frozenset[str]
     resolved: Any
+    base_field: str | None = None  # the per-layer RoPE base list (code.rope_base_field)
 
 
 def _research(raw: dict, resolved: Any, path: str, modeling: Any, architecture: str) -> _Outcome:
@@ -295,7 +311,11 @@ def _research(raw: dict, resolved: Any, path: str, modeling: Any, architecture: 
     cfg = analyze_config(raw, resolved, path)
     code = analyze_code(modeling, resolved if resolved is not None else raw, architecture, cfg.dims)
     decision = decide_spec(cfg, code, None, [])
-    return _Outcome(decision.spec, frozenset(decision.unknown), frozenset(code.config_reads), resolved)
+    base = code.get("code.rope_base_field")
+    base_field = base.value if base is not None and base.known else None
+    return _Outcome(
+        decision.spec, frozenset(decision.unknown), frozenset(code.config_reads), resolved, base_field
+    )
 
 
 @dataclass(frozen=True)

@@ -46,11 +46,14 @@ def read_values(checkpoint_dir: str | Path) -> dict[str, Any]:
 
 
 def variant_values(
-    base: dict[str, Any], fields: Sequence[str]
+    base: dict[str, Any], fields: Sequence[str], tied: Sequence[tuple[str, str]] = ()
 ) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
     """``base`` with every field of ``fields`` (dotted into dicts) varied, and
     ``{field: (before, after)}``. A field ``base`` lacks, or that has no other
-    value to try, stays."""
+    value to try, stays. ``tied``: (list, field) pairs whose list holds per
+    layer the value the model uses in place of the field's (GraniteSWA's
+    ``layer_rope_theta`` for ``rope_parameters.rope_theta``, which its port
+    guards to be equal): the entries equal to a varied field's value follow it."""
     values = base
     changed: dict[str, tuple[Any, Any]] = {}
     for name in fields:
@@ -60,6 +63,14 @@ def variant_values(
         new = varied_value(current)
         values = with_field(values, name, new)
         changed[name] = (current, new)
+    for name, field_name in tied:
+        found, entries = _lookup(values, name)
+        if field_name not in changed or not found or not isinstance(entries, list):
+            continue
+        before, after = changed[field_name]
+        followed = [after if entry == before else entry for entry in entries]
+        values = with_field(values, name, followed)
+        changed[name] = (entries, followed)
     return values, changed
 
 
@@ -112,7 +123,10 @@ def _check(factory: Any, values: dict[str, Any], guard: Any) -> GuardCheck:
         message = str(error)
         # the field and both values; for a list of per-layer types, the entry refused
         terms = [guard.field, repr(guard.refused_entry())]
-        terms += [repr(guard.value)] if guard.allowed is None else [repr(a) for a in guard.allowed]
+        if getattr(guard, "same_as", None) is not None:  # each entry must equal that field
+            terms.append(guard.same_as)
+        else:
+            terms += [repr(guard.value)] if guard.allowed is None else [repr(a) for a in guard.allowed]
         named = all(text in message for text in terms)
         return GuardCheck(guard.field, guard.varied, guard.value, named, message)
     except Exception as error:  # noqa: BLE001 - the port failed some other way: not a refusal

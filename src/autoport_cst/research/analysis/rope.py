@@ -174,6 +174,49 @@ def _layer_bases(st: AnalyzerState, where: str) -> None:
                 f"{where}: layers are rotated by different rotary modules ({groups})",
             )
         )
+    elif sources:
+        _base_field(st, where, sources)
+
+
+def _base_field(st: AnalyzerState, where: str, sources: dict[int, Instance]) -> None:
+    """One rotary module for every rotating layer, built from a copy of the
+    config whose RoPE base the code set (GraniteSWA: ``rope_theta`` from
+    ``layer_rope_theta[i]``): the config list holding that base per layer
+    (0 or None on the layers without one) is what the model rotates with,
+    not ``rope_theta``. Recorded as ``code.rope_base_field``."""
+    theta = _override_theta(next(iter(sources.values())))
+    if theta is None:
+        return
+    config = st.interp.config._config
+    values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    fields = [
+        name
+        for name, value in values.items()
+        if isinstance(value, list)
+        and len(value) == len(st.layers)
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        and all((v == theta) if i in sources else not v for i, v in enumerate(value))
+    ]
+    if len(fields) == 1:
+        st.add(
+            known(
+                fields[0],
+                "code.rope_base_field",
+                CODE,
+                f"{where}: every rotating layer's rotary module is built with rope_theta = {theta!r}, "
+                f"the layer's entry of config.{fields[0]}",
+            )
+        )
+
+
+def _override_theta(module: Instance) -> float | None:
+    """The RoPE base the code set on the config copy ``module`` was built
+    from, or None."""
+    config = module.attrs.get("config", module.args.get("config"))
+    overrides = getattr(config, "overrides", None) or {}
+    rope = overrides.get("rope_parameters")
+    theta = rope.get("rope_theta") if isinstance(rope, dict) else overrides.get("rope_theta")
+    return theta if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None
 
 
 def _rotary_setting(module: Instance) -> str:
