@@ -29,6 +29,8 @@ from typing import Any
 from autoport_cst.errors import InputError
 
 _COUNTER = itertools.count()
+# the exported factory: a causal LM, or a vision-language model (reference_models/qwen3_vl)
+FACTORY_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration")
 
 
 class PortImportError(Exception):
@@ -57,12 +59,12 @@ def _find_factory(module: types.ModuleType, directory: Path) -> tuple[str, Any]:
     candidates = [
         name
         for name in exported
-        if name.endswith("ForCausalLM") and hasattr(getattr(module, name, None), "from_configs")
+        if name.endswith(FACTORY_SUFFIXES) and hasattr(getattr(module, name, None), "from_configs")
     ]
     if len(candidates) != 1:
         raise PortImportError(
             f"{directory / '__init__.py'}: expected exactly one exported <Prefix>ForCausalLM "
-            f"class with from_configs(), found {candidates or 'none'}"
+            f"(or <Prefix>ForConditionalGeneration) class with from_configs(), found {candidates or 'none'}"
         )
     return candidates[0], getattr(module, candidates[0])
 

@@ -1,0 +1,159 @@
+"""Run a vision-language port the way the serving engine does, on CPU.
+
+The port is built under ``torch.device("meta")`` with
+``<Prefix>ForConditionalGeneration.from_configs(hf_config, None)``, bound to
+zeroed paged KV caches and loaded with ``load_weights`` (``PortSession``'s
+lifecycle, in ``driver``). A prompt then runs as the runner runs it:
+
+- with images: ``embed_multimodal(pixel_values, image_grid_thw)`` (the
+  tower), ``get_mrope_input_positions(input_ids, image_grid_thw)`` (the
+  M-RoPE positions ``[3, T]`` and the delta of later positions), one prefill
+  call with ``rotary_position_ids`` and ``vision_embeddings``;
+- decode steps with ``rotary_position_ids = position + delta`` on all three
+  rows; a text-only prompt passes no vision inputs and no rotary positions
+  (the text path).
+
+Prefill samples every position; forward hooks record each component's
+output (``vision_components``). The stand-in must be installed and the
+package imported around the session.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .components import ComponentRecorder
+from .driver import PortFailure, PortSession, _describe
+from .runner_metadata import build_metadata
+from .standin import kernel_phases
+from .vision_components import vision_language_components
+from .vision_prompts import VisionPrompt
+
+BLOCK_SIZE = 32
+BLOCKS_PER_SEQUENCE = 4  # a 128-token context, as the decode kernel needs
+
+
+@dataclass
+class VisionPortRun:
+    """One prompt: logits and component rows per position ``[T + steps, ...]``."""
+
+    logits: torch.Tensor
+    records: dict[str, torch.Tensor] = field(default_factory=dict)
+    rope_positions: torch.Tensor | None = None
+    rope_delta: int = 0
+
+
+class VisionPortSession:
+    """A vision-language port built, bound to its KV cache and loaded."""
+
+    def __init__(self, factory: Any, checkpoint_dir: str | Path, hf_config: Any, sequences: int) -> None:
+        self.model = PortSession._build(factory, hf_config)
+        self.tables = [
+            tuple(2 + 2 * b + s * 2 * sequences for s in range(BLOCKS_PER_SEQUENCE)) for b in range(sequences)
+        ]
+        num_blocks = 2 + 2 * sequences * BLOCKS_PER_SEQUENCE
+        try:
+            kv_spec = self.model.get_kv_spec()
+            self.layer_names = [layer.name for layer in kv_spec.layers]
+            self.model.bind_kv_cache(
+                {
+                    layer.name: tuple(
+                        torch.zeros(
+                            num_blocks, layer.num_kv_heads, BLOCK_SIZE, layer.head_size, dtype=layer.dtype
+                        )
+                        for _ in range(2)
+                    )
+                    for layer in kv_spec.layers
+                }
+            )
+        except Exception as error:
+            raise PortFailure("kv_cache", f"{_describe(error)} in get_kv_spec / bind_kv_cache") from error
+        PortSession._load(self, checkpoint_dir)  # type: ignore[arg-type]
+        self.reads: set[str] = set()
+
+    def _slot(self, sequence: int, position: int) -> int:
+        table = self.tables[sequence]
+        return table[position // BLOCK_SIZE] * BLOCK_SIZE + position % BLOCK_SIZE
+
+    def _call(self, stage: str, **inputs: Any) -> torch.Tensor:
+        try:
+            with kernel_phases.phase(stage):
+                output = self.model(rank=torch.tensor(0, dtype=torch.int32), **inputs)
+        except Exception as error:
+            raise PortFailure(stage, f"{_describe(error)} in the {stage} forward") from error
+        logits = output[0] if isinstance(output, (tuple, list)) else output
+        rows = inputs["sampling_positions"].numel()
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != rows:
+            raise PortFailure(
+                stage, f"the {stage} forward did not return one row of logits per sampling position"
+            )
+        return logits.detach().float()
+
+    def _metadata(self, sequence: int, start: int, end: int) -> dict:
+        return build_metadata(
+            self.layer_names,
+            self.reads,
+            max_query_len=end - start,
+            slots=[self._slot(sequence, p) for p in range(start, end)],
+            tables=[self.tables[sequence]],
+            block_size=BLOCK_SIZE,
+            cached=[start],
+            kv_segment_size=0,
+        )
+
+    def _vision_inputs(self, prompt: VisionPrompt) -> tuple[dict[str, Any], int]:
+        """The prefill's vision keywords and the delta of later positions."""
+        if prompt.images is None:
+            return {}, 0
+        images = prompt.images
+        try:
+            with kernel_phases.phase("prefill"):
+                embeddings = self.model.embed_multimodal(images.pixel_values, images.grid_thw)
+            rope, delta = self.model.get_mrope_input_positions(list(prompt.input_ids), images.grid_thw)
+        except Exception as error:
+            raise PortFailure(
+                "vision", f"{_describe(error)} in the vision tower or the M-RoPE positions"
+            ) from error
+        return {"rotary_position_ids": rope, "vision_embeddings": embeddings}, int(delta)
+
+    def run(self, sequence: int, prompt: VisionPrompt, teacher: list[int]) -> VisionPortRun:
+        """Prefill ``prompt``, then decode ``teacher``'s tokens after it."""
+        tower, text = vision_language_components(self.model)
+        recorder = ComponentRecorder(self.model, tower + text)
+        try:
+            vision, delta = self._vision_inputs(prompt)
+            length = len(prompt.input_ids)
+            logits = [
+                self._call(
+                    "prefill",
+                    input_ids=torch.tensor(prompt.input_ids, dtype=torch.int64),
+                    positions=torch.arange(length),
+                    attn_metadata=self._metadata(sequence, 0, length),
+                    sampling_positions=torch.arange(length),
+                    **vision,
+                )
+            ]
+            for position in range(length, len(teacher)):
+                rotary = torch.full((3, 1), position + delta) if prompt.images is not None else None
+                logits.append(
+                    self._call(
+                        "decode",
+                        input_ids=torch.tensor([teacher[position]]),
+                        positions=torch.tensor([position]),
+                        attn_metadata=self._metadata(sequence, position, position + 1),
+                        sampling_positions=torch.tensor([0]),
+                        rotary_position_ids=rotary,
+                    )
+                )
+        finally:
+            recorder.remove()
+        records = {
+            name: torch.cat([t.float() for _, t in calls])
+            for name, calls in recorder.records.items()
+            if calls
+        }
+        return VisionPortRun(torch.cat(logits), records, vision.get("rotary_position_ids"), delta)

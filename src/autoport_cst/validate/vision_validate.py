@@ -1,0 +1,122 @@
+"""Validate a vision-language port against transformers'
+``...ForConditionalGeneration``, component by component, on CPU.
+
+Per prompt (``vision_prompts``: one with two images, one text-only) the
+report compares, in data-flow order: the M-RoPE positions of the prompt
+against ``get_rope_index`` (exactly, with the delta of later positions);
+the vision tower's blocks, deep-stack mergers and final merger; the text
+decoder's components over the prefill and the teacher-forced decode steps;
+the logits. A component passes as in the text validator
+(``metrics.component_metrics``: relative Frobenius error at most 1e-5 in
+float32, R-ratio under 1.2 against transformers' own bfloat16 error in
+bfloat16). The first failing component is ``first_diverging``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .driver import PortFailure, port_hf_config
+from .metrics import component_metrics
+from .package import imported_package
+from .standin import kernel_phases, standin_installed
+from .vision_prompts import VisionPrompt, vision_prompts
+from .vision_reference import VisionReferenceRun, run_vision_reference
+from .vision_session import VisionPortRun, VisionPortSession
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass
+class VisionValidationReport:
+    """What a vision-language validation found (``equivalent`` when every
+    check passed and the port ran)."""
+
+    dtype: str
+    steps: int
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    failure: str | None = None
+    failure_stage: str | None = None
+    kernel_calls: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def equivalent(self) -> bool:
+        return self.failure is None and bool(self.checks) and all(c["passed"] for c in self.checks)
+
+    @property
+    def first_diverging(self) -> str | None:
+        for check in self.checks:
+            if not check["passed"]:
+                return f"{check['prompt']}:{check['name']}"
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "equivalent": self.equivalent, "first_diverging": self.first_diverging}
+
+
+def _rope_check(label: str, port: VisionPortRun, reference: VisionReferenceRun) -> dict[str, Any]:
+    expected = reference.rope_positions
+    if expected is None:
+        raise ValueError("the reference run has no M-RoPE positions (run_vision_reference sets them)")
+    got = port.rope_positions
+    if got is None:  # a text-only prompt: the port's positions are the token positions
+        got = torch.arange(expected.shape[1]).view(1, -1).expand(3, -1)
+    same = tuple(got.shape) == tuple(expected.shape) and bool(torch.equal(got.long(), expected.long()))
+    note = None if same else f"port {got.tolist()} vs transformers {expected.tolist()}"
+    if same and port.rope_delta != reference.rope_delta:
+        same, note = False, f"delta: port {port.rope_delta} vs transformers {reference.rope_delta}"
+    return {"prompt": label, "name": "mrope_positions", "phase": "host", "passed": same, "note": note}
+
+
+def _component_checks(
+    label: str, port: VisionPortRun, fp32: VisionReferenceRun, bf16: VisionReferenceRun | None, dtype: str
+) -> list[dict[str, Any]]:
+    checks = []
+    names = list(fp32.records) + ["logits"]
+    for name in names:
+        target = port.logits if name == "logits" else port.records.get(name)
+        expected = fp32.logits if name == "logits" else fp32.records[name]
+        baseline = None if bf16 is None else (bf16.logits if name == "logits" else bf16.records.get(name))
+        phase = "vision" if name.startswith("vision.") else "prefill+decode"
+        if target is None:
+            checks.append(
+                {
+                    "prompt": label,
+                    "name": name,
+                    "phase": phase,
+                    "passed": False,
+                    "note": "not recorded in the port",
+                }
+            )
+            continue
+        metrics = component_metrics(name, phase, name, target, expected, baseline, dtype)
+        checks.append({"prompt": label, **asdict(metrics)})
+    return checks
+
+
+def validate_vlm(
+    package_dir: str | Path, checkpoint_dir: str | Path, dtype: str = "fp32", steps: int = 4, seed: int = 0
+) -> VisionValidationReport:
+    """Validate the port in ``package_dir`` on ``checkpoint_dir`` (module docstring)."""
+    hf_config = port_hf_config(checkpoint_dir, torch.float32)
+    prompts: tuple[VisionPrompt, ...] = vision_prompts(hf_config, seed)
+    fp32, bf16 = run_vision_reference(checkpoint_dir, prompts, steps, bf16=dtype == "bf16")
+    report = VisionValidationReport(dtype, steps)
+    with standin_installed(), imported_package(package_dir) as package:
+        try:
+            session = VisionPortSession(
+                package.factory, checkpoint_dir, port_hf_config(checkpoint_dir, DTYPES[dtype]), len(prompts)
+            )
+            for index, prompt in enumerate(prompts):
+                run = session.run(index, prompt, fp32[index].tokens)
+                report.checks.append(_rope_check(prompt.label, run, fp32[index]))
+                baseline = bf16[index] if bf16 is not None else None
+                report.checks += _component_checks(prompt.label, run, fp32[index], baseline, dtype)
+        except PortFailure as failure:
+            report.failure, report.failure_stage = failure.message, failure.stage
+        report.kernel_calls = kernel_phases.calls()
+    return report

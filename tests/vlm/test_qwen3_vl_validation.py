@@ -1,0 +1,45 @@
+"""The qwen3_vl reference validates against transformers'
+Qwen3VLForConditionalGeneration component by component (validate/vision_validate.py):
+the M-RoPE positions, the tower's blocks, deep-stack mergers and merger, the
+decoder's components and the logits, on a prompt with two images and a
+text-only prompt, prefill and teacher-forced decode, TP=1 fp32 (bf16 opt-in)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoport_cst.validate.vision_validate import validate_vlm
+
+from .conftest import REFERENCE
+
+
+def _failure(report) -> str:
+    return f"{report.first_diverging} {report.failure_stage}: {report.failure}"
+
+
+def test_tp1_fp32_validates_with_and_without_an_image(tiny_qwen3_vl):
+    report = validate_vlm(REFERENCE, tiny_qwen3_vl, steps=2)
+    assert report.equivalent, _failure(report)
+    compared = {(check["prompt"], check["name"]) for check in report.checks}
+    assert {
+        ("image", "mrope_positions"),
+        ("image", "vision.blocks.2"),
+        ("image", "vision.deepstack.1"),
+        ("image", "vision.merger"),
+        ("image", "layers.2.output"),
+        ("image", "logits"),
+        ("text", "mrope_positions"),
+        ("text", "logits"),
+    } <= compared
+    assert not any(name.startswith("vision.") for prompt, name in compared if prompt == "text")
+    rows = {(c["prompt"], c["name"]): c.get("rows") for c in report.checks}
+    assert rows[("image", "logits")] == rows[("image", "embedding")] == 21 + 2  # prompt + decode steps
+    assert report.kernel_calls["decode"]["attention_decode"] > 0
+    assert "attention_decode" not in report.kernel_calls["prefill"]
+
+
+@pytest.mark.slow
+def test_bf16_validates(tiny_qwen3_vl):
+    report = validate_vlm(REFERENCE, tiny_qwen3_vl, dtype="bf16", steps=3)
+    assert report.equivalent, _failure(report)
+    assert all(c["gate"] == "r_ratio" for c in report.checks if "gate" in c)
