@@ -65,6 +65,7 @@ LinearLayout = Literal["out_in", "in_out"]
 ScaleForm = Literal["multiplier", "inverse_sqrt"]
 LogitsForm = Literal["divisor", "multiplier"]
 AttentionKind = Literal["softmax", "differential", "latent"]
+GroupLimit = Literal["none", "sum_top2", "max"]
 
 
 @dataclass(frozen=True)
@@ -117,11 +118,28 @@ class AttentionSpec:
         "softmax",
         "softmax: one softmax(q k^T) v per head from q/k/v projections of the layer input; differential: "
         "the difference of two softmax maps (DiffLlama); latent: queries/keys/values from low-rank latent "
-        "projections (multi-head latent attention, DeepSeek-V2/V3).",
+        "projections (multi-head latent attention, DeepSeek-V2/V3): a key/value latent and one rotated key "
+        "per token, each head split into a part without position and a rotated one; its default scale is "
+        "(qk_nope_head_dim + qk_rope_head_dim) ** -0.5, times mscale(factor, mscale_all_dim) ** 2 under a "
+        "scaled RoPE that sets mscale_all_dim.",
     )
     output_norm: bool = feature(
         False, "A norm on the attention output before the output projection (BitNet's attn_sub_norm)."
     )
+    q_lora: bool = feature(
+        False,
+        "Latent attention: queries from a low-rank projection of the hidden state, its norm and an "
+        "up-projection (q_lora_rank); False: one query projection.",
+    )
+    q_lora_rank: int | None = value(None, "Latent attention: width of the query latent.")
+    kv_lora_rank: int | None = value(
+        None, "Latent attention: width of the compressed key/value latent cached per token."
+    )
+    qk_nope_head_dim: int | None = value(None, "Latent attention: per-head query/key part without RoPE.")
+    qk_rope_head_dim: int | None = value(
+        None, "Latent attention: rotated per-head query part and the one rotated key shared by the heads."
+    )
+    v_head_dim: int | None = value(None, "Latent attention: per-head value size.")
     other_mixer_layers: tuple[int, ...] | None = optional(
         "Layers whose token mixer is not softmax attention (state-space, linear-attention or convolution "
         "blocks of hybrid models); null: every layer attends."
@@ -183,6 +201,12 @@ class MoESpec:
     )
     dense_layers: tuple[int, ...] | None = optional(
         "Layers with a dense MLP instead of experts (first_k_dense_replace, mlp_only_layers)."
+    )
+    group_limit: GroupLimit = feature(
+        "none",
+        "Group-limited routing (n_group, topk_group): the top-k experts chosen among the topk_group best of "
+        "n_group equal groups, a group scored by the sum of its two best selection scores (sum_top2, "
+        "DeepSeek-V3) or by its best one (max, DeepSeek-V2's group_limited_greedy); none: a plain top-k.",
     )
 
 

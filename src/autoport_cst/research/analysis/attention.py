@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from autoport_cst.research.analysis import layer_inputs
+from autoport_cst.research.analysis import latent, layer_inputs
 from autoport_cst.research.analysis.graph import first_int, number, ranges, scalar_path, strip_casts, unique
 from autoport_cst.research.analysis.state import AnalyzerState, AttentionGraph
 from autoport_cst.research.findings import CODE, INFERRED, known, unknown
@@ -28,21 +28,29 @@ def analyze(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
     g = _trace(st, layer0)
     if g is None:
         return None
-    nh, nkv, hd = _head_counts(st, g)
+    kernels = _kernel_calls(g.attn, g.nodes)
+    mla = latent.analyze(st, g, kernels)  # the output projection alone in g.outputs, latent norms
+    if mla is not None:
+        g = mla.graph
+        nh, nkv, hd = st.dims.get("num_heads"), st.dims.get("num_kv_heads"), st.dims.get("head_dim")
+    else:
+        nh, nkv, hd = _head_counts(st, g)
     _biases(st, g)
     _fused_qkv(st, g, nh, nkv, hd)
     # head_dim as the code computes it
     head_dim = g.attn.attrs.get("head_dim", g.attn.attrs.get("head_size"))
     if isinstance(head_dim, int):
         st.add(known(head_dim, "attention.head_dim", CODE, f"{g.attn.class_name}.head_dim = {head_dim}"))
-    kernels = _kernel_calls(g.attn, g.nodes)
-    qk = _qk_and_output_norms(st, g, kernels)
-    _kind(st, g.attn, g.nodes, g.inputs, g.outputs, kernels, g.where)
+    qk = _qk_and_output_norms(st, g, kernels, mla.norms if mla is not None else [])
+    _kind(st, g.attn, g.nodes, g.inputs, g.outputs, kernels, g.where, kind_found=mla is not None)
     _qk_norm(st, g, qk, nh, nkv, hd)
     # kernel keyword arguments
     kernel = _kernel_call(g.attn, g.nodes)
     if kernel is None:
         _explicit(st, g.nodes, g.inputs, g.where, hd)
+    elif mla is not None and mla.query_head_dim is not None:
+        _kernel_arguments(st, g.attn, kernel, g.where, mla.query_head_dim)
+        _latent_scale(st, kernel, g.where, mla.query_head_dim)
     else:
         _kernel_arguments(st, g.attn, kernel, g.where, hd)
     _names(st, g.nodes, g.inputs, g.in_insts, g.out_insts, kernel)
@@ -191,9 +199,12 @@ def _fused_qkv(st: AnalyzerState, g: AttentionGraph, nh: Any, nkv: Any, hd: Any)
         st.add(known(False, "code.fused_qkv", CODE, f"{where}: separate projections {_describe(in_insts)}"))
 
 
-def _qk_and_output_norms(st: AnalyzerState, g: AttentionGraph, kernels: list[Node]) -> list[Instance]:
+def _qk_and_output_norms(
+    st: AnalyzerState, g: AttentionGraph, kernels: list[Node], latent_norms: list[Instance]
+) -> list[Instance]:
     """q/k norms: norms applied to a projection before the scores (and
-    whether they read the rotated q or k); a norm of the attention's result
+    whether they read the rotated q or k), not the norms of a latent
+    attention's latents (``latent_norms``); a norm of the attention's result
     before the output projection is an output norm. Returns the q/k norms."""
     where, nodes = g.where, g.nodes
     mixers = kernels + [
@@ -205,6 +216,8 @@ def _qk_and_output_norms(st: AnalyzerState, g: AttentionGraph, kernels: list[Nod
     qk, after = [], []
     for n in nodes:
         if n.kind == "module" and n.ref is not None and st.role(n.ref) == "norm":
+            if any(n.ref is x for x in latent_norms):
+                continue
             arg = n.args[0] if n.args else None
             if any(depends_on(arg, m) for m in mixers):
                 after.append(n)
@@ -410,12 +423,14 @@ def _kind(
     outputs: list[Node],
     kernels: list[Node],
     where: str,
+    kind_found: bool = False,
 ) -> None:
     """softmax (one kernel call on projections of the layer input),
     differential (the kernel called twice and the results combined) or
     latent (queries, keys or values from a projection of another
-    projection); and learned parameters of the attention module that its
-    computation uses beyond the projections, norms and sinks."""
+    projection; found by :mod:`.latent` when ``kind_found``); and learned
+    parameters of the attention module that its computation uses beyond
+    the projections, norms and sinks."""
     kind, evidence = "softmax", "one attention over projections of the layer input"
     if len(kernels) > 1:
         kind, evidence = "differential", f"the attention kernel is called {len(kernels)} times and combined"
@@ -427,7 +442,8 @@ def _kind(
                 f"queries/keys/values come from {', '.join(c.name or '?' for c in chained)}, "
                 "projections of other projections (low-rank latent attention)"
             )
-    st.add(known(kind, "attention.kind", CODE, f"{where}: {evidence}"))
+    if not kind_found:
+        st.add(known(kind, "attention.kind", CODE, f"{where}: {evidence}"))
     clipped = [
         n
         for n in nodes
@@ -611,6 +627,23 @@ def _kernel_arguments(st: AnalyzerState, attn: Instance, kernel: Node, where: st
         ]
     else:
         st.add(known(False, "attention.sinks", CODE, f"{where}: no parameter passed to the kernel"))
+
+
+def _latent_scale(st: AnalyzerState, kernel: Node, where: str, query_head_dim: int) -> None:
+    """A latent attention's scale: ``query_head_dim ** -0.5`` times YaRN's
+    ``mscale(factor, mscale_all_dim) ** 2`` when the RoPE sets it is its
+    default (what the spec's latent kind computes), so no scale field."""
+    factor = latent.yarn_scale_factor(st.interp.config)
+    scaling = dict(kernel.kwargs).get("scaling", None)
+    if factor == 1.0 or not number(scaling):
+        return
+    if math.isclose(scaling, query_head_dim**-0.5 * factor, rel_tol=1e-6):
+        evidence = (
+            f"{where}: scaling = (qk_nope_head_dim + qk_rope_head_dim) ** -0.5 x mscale(factor, "
+            f"mscale_all_dim) ** 2 = {query_head_dim} ** -0.5 x {factor:g}"
+        )
+        st.add(known(None, "attention.scale", CODE, evidence))
+        st.add(known(None, "attention.scale_key", CODE, evidence))
 
 
 def _scale_source(st: AnalyzerState, attn: Instance, scaling: float, where: str) -> None:

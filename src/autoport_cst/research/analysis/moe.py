@@ -437,15 +437,7 @@ def _extras(
             ),
         )
     )
-    if facts.get("group_limited"):
-        st.add(
-            known(
-                "group-limited routing",
-                "unsupported.moe.group_limited_routing",
-                CODE,
-                f"{rwhere}: {facts['group_evidence']}",
-            )
-        )
+    _group_findings(st, facts, rwhere)
     if expert_facts is not None and (expert_facts["kind"] is None or expert_facts["act"] is None):
         ewhere = st.where(experts[0] if isinstance(experts, list) else experts)
         st.add(
@@ -540,6 +532,26 @@ def _routed_scaling(nodes: list[Any], topk: Node) -> dict[str, Any]:
     return {"routed_scaling": None, "routed_scaling_evidence": "top-k weights not scaled by a constant"}
 
 
+def _group_findings(st: AnalyzerState, facts: dict[str, Any], rwhere: str) -> None:
+    """moe.group_limit: none, or how a group is scored; group-limited
+    routing whose group score is neither form is named as unsupported."""
+    limited = facts.get("group_limited")
+    if limited in ("sum_top2", "max"):
+        st.add(known(limited, "moe.group_limit", CODE, f"{rwhere}: {facts['group_evidence']}"))
+    elif limited:
+        st.add(
+            known(
+                "group-limited routing",
+                "unsupported.moe.group_limited_routing",
+                CODE,
+                f"{rwhere}: {facts['group_evidence']} (group score not classified)",
+            )
+        )
+    else:
+        evidence = facts.get("group_evidence") or "a plain top-k over the experts"
+        st.add(known("none", "moe.group_limit", CODE, f"{rwhere}: {evidence}"))
+
+
 def _group_routing(nodes: list[Any], topk: Node, experts: int | None) -> dict[str, Any]:
     """Group-limited routing (DeepSeek-V3's n_group / topk_group): a top-k
     over per-group scores that masks the experts before the final top-k.
@@ -567,10 +579,12 @@ def _group_routing(nodes: list[Any], topk: Node, experts: int | None) -> dict[st
             if experts is None or g * per == experts:
                 groups = g
                 break
-    kept = None
+    kept, form = None, None
     for n in inner:
         source = n.args[0] if n.args else None
-        if isinstance(source, Node) and source.kind == "method" and source.name == "sum":
+        scored = _group_score(source)
+        if scored is not None:
+            form = scored
             k = n.args[1] if len(n.args) > 1 else n.kwarg("k")
             kept = k if isinstance(k, int) else None
     if groups is not None and kept is not None and (groups == 1 or kept >= groups):
@@ -583,7 +597,33 @@ def _group_routing(nodes: list[Any], topk: Node, experts: int | None) -> dict[st
         if groups is not None and kept is not None
         else "a top-k over expert groups masks the experts before the top-k"
     )
+    if form is not None and groups is not None and kept is not None:
+        scored = "the sum of its two best scores" if form == "sum_top2" else "its best score"
+        return {"group_limited": form, "group_evidence": f"{detail}, a group scored by {scored}"}
     return {"group_limited": True, "group_evidence": detail}
+
+
+def _group_score(source: Any) -> str | None:
+    """How a group's score is computed from its experts' scores: the sum of
+    the two best (``x.topk(2)[0].sum()``, DeepSeek-V3) or the best one
+    (``x.max(dim=-1).values``, DeepSeek-V2); None when neither."""
+    if not isinstance(source, Node):
+        return None
+    if source.kind == "method" and source.name == "sum" and source.args:
+        item = source.args[0]
+        if isinstance(item, Node) and item.kind == "item" and item.args:
+            top = item.args[0]
+            if isinstance(top, Node) and top.name.rsplit(".", 1)[-1] == "topk":
+                k = top.args[1] if len(top.args) > 1 else top.kwarg("k")
+                return "sum_top2" if k == 2 else None
+        return None
+    if source.kind == "attr" and source.name == "values" and source.args:
+        inner = source.args[0]
+        if isinstance(inner, Node) and inner.kind == "method" and inner.name in ("max", "amax"):
+            return "max"
+    if source.kind == "method" and source.name == "amax":
+        return "max"
+    return None
 
 
 def _buffers(owner: Instance) -> list[str]:

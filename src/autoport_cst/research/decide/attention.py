@@ -77,7 +77,17 @@ def attention(d: Decider, head_size: Any) -> AttentionSpec:
         kind=d.flag("attention.kind", "softmax"),
         output_norm=d.flag("attention.output_norm", False),
         other_mixer_layers=d.flag("attention.other_mixer_layers", None),
+        **_latent(d),
     )
+
+
+def _latent(d: Decider) -> dict[str, Any]:
+    """Multi-latent attention's query LoRA and sizes, as the code builds them
+    (absent for other attention)."""
+    fields = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+    found: dict[str, Any] = {name: d.flag(f"attention.{name}", None) for name in fields}
+    found["q_lora"] = d.flag("attention.q_lora", False)
+    return found
 
 
 def window_check(d: Decider) -> None:
