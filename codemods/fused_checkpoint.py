@@ -66,14 +66,21 @@ def {QKV_SPLIT}(
     heads are sharded over num_shards x attention_dp_size ranks (this rank's:
     attention_dp_rank + rank x attention_dp_size), the key/value heads too
     with kv_sharded_across_attention_dp. Weights come out transposed to
-    [hidden, q | k | v] with is_storage_transposed; biases stay 1-D.
+    [hidden, q | k | v] with is_storage_transposed; a weight stored [in, out]
+    already (GPT-2's Conv1D c_attn, not is_storage_transposed) fuses on its
+    last dimension and keeps its layout; biases stay 1-D.
     """
 
     def transform(slices, rank):
         if len(slices) != 1:
             raise ValueError(f"{QKV_SPLIT} takes one fused tensor, got {{len(slices)}}")
         fused = slices[0]
-        rows = fused.get_shape()[0]
+        in_out = not is_storage_transposed and len(fused.get_shape()) == 2
+        rows = fused.get_shape()[-1 if in_out else 0]
+
+        def take(start, stop):
+            """Rows start..stop of the fused dimension, as rows."""
+            return fused[:, start:stop].T if in_out else fused[start:stop]
         tp_rank = rank % num_shards
         q_rank = attention_dp_rank + tp_rank * attention_dp_size
         kv_rank = q_rank if kv_sharded_across_attention_dp else tp_rank // num_kv_replicas
@@ -83,7 +90,7 @@ def {QKV_SPLIT}(
 
             def heads(first, size, index):
                 start = first // head_dim * 3 * head_dim
-                block = fused[start : start + 3 * size]
+                block = take(start, start + 3 * size)
                 block = block.reshape(size // head_dim, 3, head_dim, *block.shape[1:])
                 return block[:, index].reshape(size, *block.shape[3:])
 
@@ -98,13 +105,13 @@ def {QKV_SPLIT}(
             k_start = q_total + kv_rank * kv_size
             v_start = q_total + kv_total + kv_rank * kv_size
             parts = [
-                fused[q_rank * q_size : (q_rank + 1) * q_size],
-                fused[k_start : k_start + kv_size],
-                fused[v_start : v_start + kv_size],
+                take(q_rank * q_size, (q_rank + 1) * q_size),
+                take(k_start, k_start + kv_size),
+                take(v_start, v_start + kv_size),
             ]
-        if is_storage_transposed:
+        if is_storage_transposed or in_out:
             parts = [part.T for part in parts]
-        return torch.cat(parts, dim=-1 if is_storage_transposed else 0)
+        return torch.cat(parts, dim=-1 if is_storage_transposed or in_out else 0)
 
     return SafetensorsWeightLoader(transform)
 '''

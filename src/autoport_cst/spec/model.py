@@ -220,6 +220,12 @@ class EmbeddingSpec:
         False,
         "Learned absolute position embeddings (or other extra embeddings) added to the token embeddings.",
     )
+    positions_key: str | None = value(
+        None, "Config field holding the number of learned positions (n_positions, max_position_embeddings)."
+    )
+    positions_offset: int = value(
+        0, "Rows of the learned position table before position 0 (OPT and BioGPT: 2)."
+    )
 
 
 @dataclass(frozen=True)

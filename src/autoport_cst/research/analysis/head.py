@@ -30,15 +30,16 @@ def analyze_backbone(st: AnalyzerState, path: str, backbone: Instance) -> None:
     st.result.module_names["model.embed_tokens"] = st.result.embed_key[: -len(".weight")]
     _final_norm(st, path, backbone)
     if len(embeds) > 1:
-        _extra_embeddings(st, backbone, embeds, where)
+        _extra_embeddings(st, path, backbone, embeds, where)
     _embedding_scale(st, backbone, embed_name, embed, where)
 
 
 def _extra_embeddings(
-    st: AnalyzerState, backbone: Instance, embeds: list[tuple[str, Instance]], where: str
+    st: AnalyzerState, path: str, backbone: Instance, embeds: list[tuple[str, Instance]], where: str
 ) -> None:
     """Embeddings beyond the token embedding; learned positions when one is
-    added to the first layer's input."""
+    added to the first layer's input (its module path the canonical
+    ``model.embed_positions`` when it is the only one)."""
     st.add(
         known(
             [n for n, _ in embeds[1:]],
@@ -58,6 +59,8 @@ def _extra_embeddings(
             if n.kind == "module" and id(n.ref) in extra
         }
     )
+    if len(added) == 1:
+        st.result.module_names["model.embed_positions"] = f"{path}.{added[0]}" if path else added[0]
     if added:
         st.add(
             known(

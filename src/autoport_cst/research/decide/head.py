@@ -6,19 +6,54 @@ and the head's bias, softcap and logit rescaling with its config field."""
 from __future__ import annotations
 
 from autoport_cst.research.decide.state import Decider
-from autoport_cst.research.findings import CHECKPOINT, CODE, CONFIG
+from autoport_cst.research.findings import CHECKPOINT, CODE, CONFIG, known, unknown
 from autoport_cst.spec import EmbeddingSpec, LMHeadSpec
 from autoport_cst.spec.model import LogitsForm
 
 
 def embedding(d: Decider) -> EmbeddingSpec:
+    learned = d.flag("embedding.learned_positions", False)
+    key, offset = _positions_table(d) if learned else (None, 0)
     return EmbeddingSpec(
         vocab_size=d.cfg.dims.get("vocab_size"),
         tied=_tied(d),
         scale=d.decide("embedding.scale", "none", (CODE,)),
         multiplier=d.decide("embedding.multiplier", None, (CODE,)),
-        learned_positions=d.flag("embedding.learned_positions", False),
+        learned_positions=learned,
+        positions_key=key,
+        positions_offset=offset,
     )
+
+
+# rows a learned position table may keep before position 0 (OPT and BioGPT: 2)
+_POSITION_OFFSETS = (0, 1, 2)
+
+
+def _positions_table(d: Decider) -> tuple[str | None, int]:
+    """The config field sizing the learned position table and the rows the
+    table keeps before position 0: its rows (the shape the code builds)
+    minus a config.json count of positions."""
+    path = d.code.module_names.get("model.embed_positions") if d.code is not None else None
+    shape = d.code.expected.get(f"{path}.weight") if d.code is not None and path else None
+    rows = shape[0] if shape else None
+    stored = getattr(type(d.cfg.resolved), "attribute_map", None) or {}  # GPT-2: n_positions, not its alias
+    counts = {
+        stored.get(k, k): v
+        for k, v in d.cfg.raw.items()
+        if isinstance(v, int) and not isinstance(v, bool) and any(w in k for w in ("position", "ctx"))
+    }
+    for offset in _POSITION_OFFSETS:
+        keys = sorted(k for k, v in counts.items() if rows is not None and rows - v == offset)
+        if keys:
+            evidence = f"{path}.weight has {rows} rows = config.{keys[0]} + {offset}"
+            d.decisions.append(known(keys[0], "embedding.positions_key", CODE, evidence))
+            return keys[0], offset
+    found = f"{path}.weight has {rows} rows" if rows is not None else "no single position table found"
+    d.decisions.append(
+        unknown("embedding.positions_key", CODE, f"{found}; no config.json count of positions")
+    )
+    d.unknown.append("embedding.positions_key")
+    return None, 0
 
 
 def lm_head(d: Decider) -> LMHeadSpec:
