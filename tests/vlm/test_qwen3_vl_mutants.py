@@ -1,0 +1,77 @@
+"""Copies of the qwen3_vl reference broken in one vision-language place do not
+validate, and the report names where they diverge first: M-RoPE frequency
+pairs given to T, H, W in contiguous sections (Qwen2-VL's layout) instead of
+interleaved; the text after an image resuming one position per image token;
+the image features not merged; the deep-stack features not added; the
+mergers' GELU taken in its tanh approximation."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from autoport_cst.validate.vision_validate import validate_vlm
+
+from .conftest import REFERENCE
+
+MUTANTS = {
+    "mrope-sections-contiguous": (
+        "model.py",
+        "axis = torch.where((pair % 3 == row) & (pair < 3 * self.mrope_section[row]), row, axis)",
+        "axis = torch.where(pair >= sum(self.mrope_section[:row]), row, axis)",
+        "image:layers.0.attention",
+    ),
+    "positions-after-image": (
+        "vision_preprocessing.py",
+        "current += max(gh, gw)",
+        "current += t * gh * gw",
+        "image:mrope_positions",
+    ),
+    "image-not-merged": (
+        "model.py",
+        "hidden_states = torch.where(mask, features, hidden_states)",
+        "hidden_states = hidden_states",
+        "image:layers.0.input_norm",
+    ),
+    "deepstack-not-added": (
+        "model.py",
+        "hidden_states = hidden_states + deepstack_embeds[layer_idx].to(hidden_states.dtype)",
+        "hidden_states = hidden_states",
+        "image:layers.1.input_norm",
+    ),
+    "merger-gelu-tanh": (
+        "vision_encoder.py",
+        "torch.nn.functional.gelu(hidden_states.to(torch.float32))",
+        'torch.nn.functional.gelu(hidden_states.to(torch.float32), approximate="tanh")',
+        "image:vision.deepstack.0",
+    ),
+}
+
+
+def _mutant(tmp_path, file: str, old: str, new: str):
+    directory = tmp_path / "qwen3_vl"
+    shutil.copytree(REFERENCE, directory, ignore=shutil.ignore_patterns("__pycache__"))
+    path = directory / file
+    text = path.read_text()
+    assert text.count(old) == 1, f"{file}: the mutated line is not in the reference"
+    path.write_text(text.replace(old, new))
+    return directory
+
+
+def _run(tmp_path, tiny, name):
+    file, old, new, expected = MUTANTS[name]
+    report = validate_vlm(_mutant(tmp_path, file, old, new), tiny, steps=1)
+    assert not report.equivalent
+    assert report.failure is None, report.failure
+    assert report.first_diverging == expected
+
+
+def test_contiguous_mrope_sections_diverge_at_the_first_attention_of_the_image_prompt(tmp_path, tiny_qwen3_vl):
+    _run(tmp_path, tiny_qwen3_vl, "mrope-sections-contiguous")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(set(MUTANTS) - {"mrope-sections-contiguous"}))
+def test_mutant_diverges_where_it_is_broken(tmp_path, tiny_qwen3_vl, name):
+    _run(tmp_path, tiny_qwen3_vl, name)
