@@ -144,6 +144,11 @@ class AttentionSpec:
         "Layers whose token mixer is not softmax attention (state-space, linear-attention or convolution "
         "blocks of hybrid models); null: every layer attends."
     )
+    multi_query_key: str | None = feature(
+        None,
+        "Boolean config field that makes the attention multi-query, one key/value head whatever the "
+        "config's KV head count says (gpt_bigcode's multi_query); null: the config's count.",
+    )
 
 
 @dataclass(frozen=True)

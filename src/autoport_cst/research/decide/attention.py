@@ -77,8 +77,19 @@ def attention(d: Decider, head_size: Any) -> AttentionSpec:
         kind=d.flag("attention.kind", "softmax"),
         output_norm=d.flag("attention.output_norm", False),
         other_mixer_layers=d.flag("attention.other_mixer_layers", None),
+        multi_query_key=multi_query_key(d),
         **_latent(d),
     )
+
+
+def multi_query_key(d: Decider) -> str | None:
+    """The boolean config field, set, that makes the code build one key/value
+    head whatever the config's count (gpt_bigcode's ``multi_query``)."""
+    code = d.code_finding("attention.num_kv_heads")
+    if code is None or not code.known or code.value != 1:
+        return None
+    flags = [k for k, v in d.cfg.raw.items() if v is True and "multi_query" in k]
+    return flags[0] if len(flags) == 1 else None
 
 
 def _latent(d: Decider) -> dict[str, Any]:

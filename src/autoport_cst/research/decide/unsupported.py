@@ -7,6 +7,7 @@ A plan carrying any is refused."""
 
 from __future__ import annotations
 
+from autoport_cst.research.decide.attention import multi_query_key
 from autoport_cst.research.decide.state import Decider
 from autoport_cst.research.findings import CONFIG, DERIVED, known
 
@@ -64,6 +65,8 @@ def unsupported(d: Decider) -> tuple[str, ...] | None:
             items.append(f"{name}: {_short(evidence)}")
     for name in CONFIG_READ_SIZES:
         cfg, code = d.cfg_finding(name), d.code_finding(name)
+        if name == "attention.num_kv_heads" and multi_query_key(d) is not None:
+            continue  # the port reads the multi-query flag (multi-query codemod)
         if (
             cfg is not None
             and code is not None
