@@ -21,7 +21,10 @@ It prints two tables:
    or failing to build or load).
 
 ``--quick`` validates ports at TP=1 fp32 only. Tiny checkpoints are built once
-per architecture in a temporary directory.
+per architecture in a temporary directory, with their tensors named as the hub
+stores them (``save_pretrained``'s layout: per-expert MoE tensors, the names a
+served checkpoint has); ``--key-format model`` names them as transformers'
+module tree does instead.
 """
 
 from __future__ import annotations
@@ -57,8 +60,9 @@ def _pairs(values: list[str]) -> dict[str, Path]:
 class Checkpoints:
     """Tiny checkpoints, one per architecture, built on first use."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, key_format: str) -> None:
         self.root = root
+        self.key_format = key_format
         self.made: dict[str, Path] = {}
 
     def get(self, architecture: str) -> Path:
@@ -66,7 +70,7 @@ class Checkpoints:
             from autoport_cst.validate import build_tiny_checkpoint
 
             out = self.root / architecture
-            build_tiny_checkpoint(architecture, out, seed=0)
+            build_tiny_checkpoint(architecture, out, seed=0, key_format=self.key_format)
             self.made[architecture] = out
         return self.made[architecture]
 
@@ -108,12 +112,18 @@ def main() -> None:
     parser.add_argument("--moe", action="append", default=[], help="NAME=DIR of an MoE package")
     parser.add_argument("--plans", default=str(ROOT / "examples"), help="directory of *.plan.json")
     parser.add_argument("--quick", action="store_true", help="validate ports at TP=1 fp32 only")
+    parser.add_argument(
+        "--key-format",
+        choices=("saved", "model"),
+        default="saved",
+        help="tensor names of the tiny checkpoints: as the hub stores them (default) or as the model holds them",
+    )
     args = parser.parse_args()
     dense, moe = _pairs(args.dense), _pairs(args.moe)
     port_settings = DENSE_SETTINGS[:1] if args.quick else DENSE_SETTINGS
 
     with tempfile.TemporaryDirectory() as scratch:
-        checkpoints = Checkpoints(Path(scratch) / "checkpoints")
+        checkpoints = Checkpoints(Path(scratch) / "checkpoints", args.key_format)
         print("## The real packages through the stand-in\n")
         print("| package | settings | verdict | detail |\n|---|---|---|---|")
         for name, path in {**dense, **moe}.items():

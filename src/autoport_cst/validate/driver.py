@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from .components import Component, ComponentRecorder, find_components
+from .config_reading import aliased_fields_missed
 from .latent_cache import oversized_latent_layers
 from .meta_tensors import guard_meta_attributes, unloaded_parameters_and_buffers
 from .routing import ForcedTeacher, RoutedRun, RoutingMode, routing_mode
@@ -173,11 +174,15 @@ class PortSession:
         (``get_kv_spec``, ``bind_kv_cache``, ``load_weights``, ...)."""
         try:
             with torch.device("meta"):
-                return factory.from_configs(hf_config, None)
+                model = factory.from_configs(hf_config, None)
         except Exception as error:
             raise PortFailure(
                 "build", f"{_describe(error)} while building the model on the meta device"
             ) from error
+        missed = aliased_fields_missed(model, hf_config)
+        if missed:
+            raise PortFailure("build", "the port's config misreads the model's config: " + "; ".join(missed))
+        return model
 
     def _load(self, checkpoint_dir: str | Path) -> list[str]:
         from .standin.checkpoints import CheckpointError

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from autoport_cst.transform.anatomy.transformers_config import written_as
 from autoport_cst.transform.base import FileContext
 from autoport_cst.transform.cst.vocabulary import (
     classes_with_role,
@@ -100,6 +101,20 @@ def mentions(node: cst.CSTNode, word: str) -> bool:
         if isinstance(found, cst.SimpleString) and found.evaluated_value == word:
             return True
     return False
+
+
+def aliased_fields(cls: cst.ClassDef, module: cst.Module) -> list[tuple[ConfigField, str]]:
+    """Fields of a config dataclass named as the transformers config class of
+    the same name only aliases them (``attribute_map``), each with the name
+    transformers writes, unless ``module`` reads that name somewhere."""
+    fields = dataclass_fields(cls)
+    if not fields:
+        return []
+    return [
+        (fields[alias], written)
+        for alias, written in sorted(written_as(cls.name.value).items())
+        if alias in fields and written not in fields and not mentions(module, written)
+    ]
 
 
 # Fields transformers derives when a model config does not set them, and how.

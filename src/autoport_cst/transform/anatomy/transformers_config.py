@@ -1,0 +1,79 @@
+"""Names under which transformers writes a model config's fields, read from
+the installed transformers' source (never imported: lint stays fast).
+
+A transformers config class may answer to a second name for a field through
+its ``attribute_map`` (``Qwen3MoeConfig.num_experts`` reads
+``num_local_experts``). ``to_dict()`` and ``config.json`` carry only the name
+it maps to. A vllm_neuron config dataclass named like the transformers class
+(``Qwen3MoeConfig``) that keeps the model config's keys matching its fields
+never sees the alias: the field keeps its default.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.util
+import re
+from pathlib import Path
+
+
+def written_as(class_name: str) -> dict[str, str]:
+    """``{alias: name written to config.json}`` of the transformers config
+    class called ``class_name`` (empty when transformers is not installed or
+    has no such class in the model directory its name implies)."""
+    source = _config_source(class_name)
+    return {} if source is None else _attribute_map(source, class_name)
+
+
+@functools.cache
+def _models_dir() -> Path | None:
+    try:
+        spec = importlib.util.find_spec("transformers")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)), "models")
+
+
+def _config_source(class_name: str) -> str | None:
+    """The source of ``models/<snake>/configuration_<snake>.py`` for
+    ``<Camel>Config`` (``Qwen3MoeConfig`` -> ``qwen3_moe``)."""
+    models = _models_dir()
+    if models is None or not class_name.endswith("Config") or class_name == "Config":
+        return None
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", class_name[: -len("Config")]).lower()
+    path = models / snake / f"configuration_{snake}.py"
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
+@functools.cache
+def _attribute_map(source: str, class_name: str) -> dict[str, str]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            return _class_attribute_map(node)
+    return {}
+
+
+def _class_attribute_map(cls: ast.ClassDef) -> dict[str, str]:
+    for statement in cls.body:
+        target = value = None
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+            target, value = statement.targets[0], statement.value
+        elif isinstance(statement, ast.AnnAssign):
+            target, value = statement.target, statement.value
+        if isinstance(target, ast.Name) and target.id == "attribute_map" and value is not None:
+            try:
+                found = ast.literal_eval(value)
+            except ValueError:
+                return {}
+            return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+    return {}
