@@ -31,10 +31,13 @@ _POSITION_OFFSETS = (0, 1, 2)
 
 def _positions_table(d: Decider) -> tuple[str | None, int]:
     """The config field sizing the learned position table and the rows the
-    table keeps before position 0: its rows (the shape the code builds)
-    minus a config.json count of positions."""
+    table keeps before position 0: its rows (stored in the checkpoint, else
+    the shape the code builds) minus a config.json count of positions."""
     path = d.code.module_names.get("model.embed_positions") if d.code is not None else None
+    stored_table = d.ckpt.tensors.get(f"{path}.weight") if d.ckpt is not None and path else None
     shape = d.code.expected.get(f"{path}.weight") if d.code is not None and path else None
+    if stored_table is not None:  # OPT's table: max_position_embeddings + 2 rows, built in a subclass
+        shape = stored_table.shape
     rows = shape[0] if shape else None
     stored = getattr(type(d.cfg.resolved), "attribute_map", None) or {}  # GPT-2: n_positions, not its alias
     counts = {
