@@ -33,7 +33,7 @@ def test_tp1_fp32_validates_with_and_without_an_image(tiny_qwen3_vl):
     } <= compared
     assert not any(name.startswith("vision.") for prompt, name in compared if prompt == "text")
     rows = {(c["prompt"], c["name"]): c.get("rows") for c in report.checks}
-    assert rows[("image", "logits")] == rows[("image", "embedding")] == 21 + 2  # prompt + decode steps
+    assert rows[("image", "logits")] == rows[("image", "embedding")] == 24 + 2  # prompt + decode steps
     assert report.kernel_calls["decode"]["attention_decode"] > 0
     assert "attention_decode" not in report.kernel_calls["prefill"]
 
@@ -43,3 +43,17 @@ def test_bf16_validates(tiny_qwen3_vl):
     report = validate_vlm(REFERENCE, tiny_qwen3_vl, dtype="bf16", steps=3)
     assert report.equivalent, _failure(report)
     assert all(c["gate"] == "r_ratio" for c in report.checks if "gate" in c)
+
+
+def test_tp2_fp32_validates(tiny_qwen3_vl):
+    """Two gloo ranks: the tower's heads and MLP and the decoder sharded, the
+    prefill's sequence-parallel slices joined in rank order."""
+    report = validate_vlm(REFERENCE, tiny_qwen3_vl, steps=2, tp=2)
+    assert report.equivalent, _failure(report)
+    assert report.tp == 2
+
+
+@pytest.mark.slow
+def test_tp2_bf16_validates(tiny_qwen3_vl):
+    report = validate_vlm(REFERENCE, tiny_qwen3_vl, dtype="bf16", steps=2, tp=2)
+    assert report.equivalent, _failure(report)

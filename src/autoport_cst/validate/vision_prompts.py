@@ -17,6 +17,8 @@ import torch
 from .vision_tiny import TinyImages, tiny_images
 
 IMAGE_GRIDS = ((1, 4, 6), (1, 4, 4))  # 6 and 4 merged tokens with merge 2
+# the image prompt: 6 text tokens, then per image start, image tokens, end and 2 text tokens: 24 tokens,
+# so a sequence-parallel prefill splits it over TP 2, 4 or 8
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,8 @@ def vision_prompts(hf_config, seed: int = 0) -> tuple[VisionPrompt, VisionPrompt
     vision = hf_config.vision_config
     images = tiny_images(vision, list(IMAGE_GRIDS), seed + 7)
     merge = vision.spatial_merge_size
-    text = [11, 12, 13, 14, 15]
-    ids: list[int] = text[:3]
+    text = [11, 12, 13, 14, 15, 16]
+    ids: list[int] = text
     for count in images.merged_tokens(merge):
         ids += [hf_config.vision_start_token_id] + [hf_config.image_token_id] * count
         ids += [hf_config.vision_end_token_id] + text[:2]

@@ -45,12 +45,17 @@ class VisionPortRun:
     records: dict[str, torch.Tensor] = field(default_factory=dict)
     rope_positions: torch.Tensor | None = None
     rope_delta: int = 0
+    # component -> phase ("vision", "prefill", "decode") -> the rows this rank recorded
+    phase_records: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
 
 class VisionPortSession:
     """A vision-language port built, bound to its KV cache and loaded."""
 
-    def __init__(self, factory: Any, checkpoint_dir: str | Path, hf_config: Any, sequences: int) -> None:
+    def __init__(
+        self, factory: Any, checkpoint_dir: str | Path, hf_config: Any, sequences: int, rank: int = 0
+    ) -> None:
+        self.rank = rank
         self.model = PortSession._build(factory, hf_config)
         self.tables = [
             tuple(2 + 2 * b + s * 2 * sequences for s in range(BLOCKS_PER_SEQUENCE)) for b in range(sequences)
@@ -82,7 +87,7 @@ class VisionPortSession:
     def _call(self, stage: str, **inputs: Any) -> torch.Tensor:
         try:
             with kernel_phases.phase(stage):
-                output = self.model(rank=torch.tensor(0, dtype=torch.int32), **inputs)
+                output = self.model(rank=torch.tensor(self.rank, dtype=torch.int32), **inputs)
         except Exception as error:
             raise PortFailure(stage, f"{_describe(error)} in the {stage} forward") from error
         logits = output[0] if isinstance(output, (tuple, list)) else output
@@ -120,40 +125,76 @@ class VisionPortSession:
             ) from error
         return {"rotary_position_ids": rope, "vision_embeddings": embeddings}, int(delta)
 
+    def _prefill(self, sequence: int, prompt: VisionPrompt, vision: dict[str, Any]) -> torch.Tensor:
+        length = len(prompt.input_ids)
+        return self._call(
+            "prefill",
+            input_ids=torch.tensor(prompt.input_ids, dtype=torch.int64),
+            positions=torch.arange(length),
+            attn_metadata=self._metadata(sequence, 0, length),
+            sampling_positions=torch.arange(length),
+            **vision,
+        )
+
+    def _decode(
+        self, sequence: int, prompt: VisionPrompt, teacher: list[int], delta: int
+    ) -> list[torch.Tensor]:
+        """One step per teacher token after the prompt; an image prompt's
+        M-RoPE position is ``position + delta`` on all three rows."""
+        logits = []
+        for position in range(len(prompt.input_ids), len(teacher)):
+            rotary = torch.full((3, 1), position + delta) if prompt.images is not None else None
+            logits.append(
+                self._call(
+                    "decode",
+                    input_ids=torch.tensor([teacher[position]]),
+                    positions=torch.tensor([position]),
+                    attn_metadata=self._metadata(sequence, position, position + 1),
+                    sampling_positions=torch.tensor([0]),
+                    rotary_position_ids=rotary,
+                )
+            )
+        return logits
+
     def run(self, sequence: int, prompt: VisionPrompt, teacher: list[int]) -> VisionPortRun:
         """Prefill ``prompt``, then decode ``teacher``'s tokens after it."""
         tower, text = vision_language_components(self.model)
         recorder = ComponentRecorder(self.model, tower + text)
         try:
+            recorder.set_tag("vision")
             vision, delta = self._vision_inputs(prompt)
-            length = len(prompt.input_ids)
-            logits = [
-                self._call(
-                    "prefill",
-                    input_ids=torch.tensor(prompt.input_ids, dtype=torch.int64),
-                    positions=torch.arange(length),
-                    attn_metadata=self._metadata(sequence, 0, length),
-                    sampling_positions=torch.arange(length),
-                    **vision,
-                )
-            ]
-            for position in range(length, len(teacher)):
-                rotary = torch.full((3, 1), position + delta) if prompt.images is not None else None
-                logits.append(
-                    self._call(
-                        "decode",
-                        input_ids=torch.tensor([teacher[position]]),
-                        positions=torch.tensor([position]),
-                        attn_metadata=self._metadata(sequence, position, position + 1),
-                        sampling_positions=torch.tensor([0]),
-                        rotary_position_ids=rotary,
-                    )
-                )
+            recorder.set_tag("prefill")
+            logits = [self._prefill(sequence, prompt, vision)]
+            recorder.set_tag("decode")
+            logits += self._decode(sequence, prompt, teacher, delta)
         finally:
             recorder.remove()
-        records = {
-            name: torch.cat([t.float() for _, t in calls])
-            for name, calls in recorder.records.items()
-            if calls
-        }
-        return VisionPortRun(torch.cat(logits), records, vision.get("rotary_position_ids"), delta)
+        phases: dict[str, dict[str, torch.Tensor]] = {}
+        for name, calls in recorder.records.items():
+            for phase in PHASES:
+                rows = [tensor.float() for tag, tensor in calls if tag == phase]
+                if rows:
+                    phases.setdefault(name, {})[phase] = torch.cat(rows)
+        run = VisionPortRun(torch.cat(logits), {}, vision.get("rotary_position_ids"), delta, phases)
+        run.records = {name: torch.cat(list(by_phase.values())) for name, by_phase in phases.items()}
+        return run
+
+
+PHASES = ("vision", "prefill", "decode")
+
+
+def merge_rank_runs(runs: list[VisionPortRun], prompt_length: int) -> VisionPortRun:
+    """One run from the TP ranks' runs of a prompt: a prefill record holding
+    fewer rows than the prompt is a sequence-parallel slice (the slices are
+    joined in rank order); every other record, the logits and the positions
+    are rank 0's (each rank holds them whole)."""
+    first = runs[0]
+    records = {}
+    for name, by_phase in first.phase_records.items():
+        parts = []
+        for phase, rows in by_phase.items():
+            if phase == "prefill" and rows.shape[0] < prompt_length:
+                rows = torch.cat([run.phase_records[name][phase] for run in runs])
+            parts.append(rows)
+        records[name] = torch.cat(parts)
+    return VisionPortRun(first.logits, records, first.rope_positions, first.rope_delta, first.phase_records)

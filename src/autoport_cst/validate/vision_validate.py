@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from autoport_cst.errors import InputError
+
 from .driver import PortFailure, port_hf_config
 from .metrics import component_metrics
 from .package import imported_package
@@ -38,6 +40,7 @@ class VisionValidationReport:
 
     dtype: str
     steps: int
+    tp: int = 1
     checks: list[dict[str, Any]] = field(default_factory=list)
     failure: str | None = None
     failure_stage: str | None = None
@@ -98,25 +101,51 @@ def _component_checks(
     return checks
 
 
+def _port_runs(
+    package_dir: str | Path,
+    checkpoint_dir: str | Path,
+    dtype: str,
+    prompts: tuple[VisionPrompt, ...],
+    teachers: list[list[int]],
+    tp: int,
+    report: VisionValidationReport,
+) -> list[VisionPortRun]:
+    """The port's run of each prompt, in process at TP=1, on ``tp`` ranks otherwise."""
+    if tp > 1:
+        from .vision_ranks import run_vision_ranks
+
+        return run_vision_ranks(package_dir, checkpoint_dir, dtype, prompts, teachers, tp)
+    with standin_installed(), imported_package(package_dir) as package:
+        try:
+            hf_config = port_hf_config(checkpoint_dir, DTYPES[dtype])
+            session = VisionPortSession(package.factory, checkpoint_dir, hf_config, len(prompts))
+            return [session.run(index, prompt, teachers[index]) for index, prompt in enumerate(prompts)]
+        finally:
+            report.kernel_calls = kernel_phases.calls()
+
+
 def validate_vlm(
-    package_dir: str | Path, checkpoint_dir: str | Path, dtype: str = "fp32", steps: int = 4, seed: int = 0
+    package_dir: str | Path,
+    checkpoint_dir: str | Path,
+    dtype: str = "fp32",
+    steps: int = 4,
+    seed: int = 0,
+    tp: int = 1,
 ) -> VisionValidationReport:
     """Validate the port in ``package_dir`` on ``checkpoint_dir`` (module docstring)."""
+    if dtype not in DTYPES:
+        raise InputError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     hf_config = port_hf_config(checkpoint_dir, torch.float32)
     prompts: tuple[VisionPrompt, ...] = vision_prompts(hf_config, seed)
     fp32, bf16 = run_vision_reference(checkpoint_dir, prompts, steps, bf16=dtype == "bf16")
-    report = VisionValidationReport(dtype, steps)
-    with standin_installed(), imported_package(package_dir) as package:
-        try:
-            session = VisionPortSession(
-                package.factory, checkpoint_dir, port_hf_config(checkpoint_dir, DTYPES[dtype]), len(prompts)
-            )
-            for index, prompt in enumerate(prompts):
-                run = session.run(index, prompt, fp32[index].tokens)
-                report.checks.append(_rope_check(prompt.label, run, fp32[index]))
-                baseline = bf16[index] if bf16 is not None else None
-                report.checks += _component_checks(prompt.label, run, fp32[index], baseline, dtype)
-        except PortFailure as failure:
-            report.failure, report.failure_stage = failure.message, failure.stage
-        report.kernel_calls = kernel_phases.calls()
+    report = VisionValidationReport(dtype, steps, tp)
+    try:
+        runs = _port_runs(package_dir, checkpoint_dir, dtype, prompts, [r.tokens for r in fp32], tp, report)
+    except PortFailure as failure:
+        report.failure, report.failure_stage = failure.message, failure.stage
+        return report
+    for index, (prompt, run) in enumerate(zip(prompts, runs, strict=True)):
+        report.checks.append(_rope_check(prompt.label, run, fp32[index]))
+        baseline = bf16[index] if bf16 is not None else None
+        report.checks += _component_checks(prompt.label, run, fp32[index], baseline, dtype)
     return report
