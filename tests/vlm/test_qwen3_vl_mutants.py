@@ -2,7 +2,8 @@
 validate, and the report names where they diverge first: M-RoPE frequency
 pairs given to T, H, W in contiguous sections (Qwen2-VL's layout) instead of
 interleaved; the text after an image resuming one position per image token;
-the image features not merged; the deep-stack features not added; the
+decode steps rotated by their 1-D positions (no M-RoPE delta); the image
+features not merged; the deep-stack features not added; the
 mergers' GELU taken in its tanh approximation; at TP=2, every rank
 loading the first rank's heads of the tower's fused QKV."""
 
@@ -28,6 +29,13 @@ MUTANTS = {
         "current += max(gh, gw)",
         "current += t * gh * gw",
         "image:mrope_positions",
+    ),
+    # decode rotates by the 1-D positions, not position + delta: only an image sequence's decode rows differ
+    "decode-without-mrope-delta": (
+        "model.py",
+        "        if rotary_position_ids is None:\n            rotary_position_ids = positions\n",
+        "        if rotary_position_ids is None or not is_prefill:\n            rotary_position_ids = positions\n",
+        "image:layers.0.attention",
     ),
     "image-not-merged": (
         "model.py",

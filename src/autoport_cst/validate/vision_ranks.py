@@ -82,10 +82,7 @@ def _run_prompts(job: VisionRankJob, group: Any) -> list[VisionPortRun]:
             session = VisionPortSession(
                 package.factory, job.checkpoint_dir, hf_config, len(job.prompts), group.rank()
             )
-            return [
-                session.run(index, prompt, list(teacher))
-                for index, (prompt, teacher) in enumerate(zip(job.prompts, job.teachers, strict=True))
-            ]
+            return session.run(job.prompts, [list(teacher) for teacher in job.teachers])
 
 
 def _collect(ranks: list, directory: Path, world_size: int) -> list[dict[str, Any]]:

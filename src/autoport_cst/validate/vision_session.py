@@ -136,48 +136,83 @@ class VisionPortSession:
             **vision,
         )
 
-    def _decode(
-        self, sequence: int, prompt: VisionPrompt, teacher: list[int], delta: int
-    ) -> list[torch.Tensor]:
-        """One step per teacher token after the prompt; an image prompt's
-        M-RoPE position is ``position + delta`` on all three rows."""
-        logits = []
-        for position in range(len(prompt.input_ids), len(teacher)):
-            rotary = torch.full((3, 1), position + delta) if prompt.images is not None else None
-            logits.append(
-                self._call(
-                    "decode",
-                    input_ids=torch.tensor([teacher[position]]),
-                    positions=torch.tensor([position]),
-                    attn_metadata=self._metadata(sequence, position, position + 1),
-                    sampling_positions=torch.tensor([0]),
-                    rotary_position_ids=rotary,
-                )
-            )
-        return logits
+    def _decode_step(
+        self, prompts: tuple[VisionPrompt, ...], teachers: list[list[int]], deltas: list[int], step: int
+    ) -> torch.Tensor:
+        """Decode step ``step`` of every sequence in one batch (row ``b``:
+        sequence ``b``), fed its teacher token. With an image in the batch
+        every row carries its M-RoPE position ``position + delta``."""
+        positions = [len(prompt.input_ids) + step for prompt in prompts]
+        rotary = None
+        if any(prompt.images is not None for prompt in prompts):
+            rotary = torch.tensor([p + d for p, d in zip(positions, deltas, strict=True)]).expand(3, -1)
+        metadata = build_metadata(
+            self.layer_names,
+            self.reads,
+            max_query_len=1,
+            slots=[self._slot(b, p) for b, p in enumerate(positions)],
+            tables=self.tables[: len(prompts)],
+            block_size=BLOCK_SIZE,
+            cached=positions,
+            kv_segment_size=0,
+        )
+        return self._call(
+            "decode",
+            input_ids=torch.tensor([teacher[p] for teacher, p in zip(teachers, positions, strict=True)]),
+            positions=torch.tensor(positions),
+            attn_metadata=metadata,
+            sampling_positions=torch.arange(len(prompts)),
+            rotary_position_ids=rotary,
+        )
 
-    def run(self, sequence: int, prompt: VisionPrompt, teacher: list[int]) -> VisionPortRun:
-        """Prefill ``prompt``, then decode ``teacher``'s tokens after it."""
+    def run(self, prompts: tuple[VisionPrompt, ...], teachers: list[list[int]]) -> list[VisionPortRun]:
+        """Prefill each prompt in its own call (its images through the tower
+        first), then decode all of them together with their teacher tokens
+        (as many steps as the shortest teacher continuation)."""
         tower, text = vision_language_components(self.model)
         recorder = ComponentRecorder(self.model, tower + text)
+        prefills, deltas, ropes = [], [], []
         try:
-            recorder.set_tag("vision")
-            vision, delta = self._vision_inputs(prompt)
-            recorder.set_tag("prefill")
-            logits = [self._prefill(sequence, prompt, vision)]
-            recorder.set_tag("decode")
-            logits += self._decode(sequence, prompt, teacher, delta)
+            for index, prompt in enumerate(prompts):
+                recorder.set_tag(("vision", index))
+                vision, delta = self._vision_inputs(prompt)
+                recorder.set_tag(("prefill", index))
+                prefills.append(self._prefill(index, prompt, vision))
+                deltas.append(delta)
+                ropes.append(vision.get("rotary_position_ids"))
+            recorder.set_tag(("decode", None))
+            steps = min(len(t) - len(p.input_ids) for p, t in zip(prompts, teachers, strict=True))
+            decoded = [self._decode_step(prompts, teachers, deltas, step) for step in range(steps)]
         finally:
             recorder.remove()
-        phases: dict[str, dict[str, torch.Tensor]] = {}
-        for name, calls in recorder.records.items():
-            for phase in PHASES:
-                rows = [tensor.float() for tag, tensor in calls if tag == phase]
-                if rows:
-                    phases.setdefault(name, {})[phase] = torch.cat(rows)
-        run = VisionPortRun(torch.cat(logits), {}, vision.get("rotary_position_ids"), delta, phases)
-        run.records = {name: torch.cat(list(by_phase.values())) for name, by_phase in phases.items()}
-        return run
+        return [
+            _sequence_run(index, recorder.records, prefills[index], decoded, ropes[index], deltas[index])
+            for index in range(len(prompts))
+        ]
+
+
+def _sequence_run(
+    index: int,
+    records: dict[str, list[tuple[Any, torch.Tensor]]],
+    prefill_logits: torch.Tensor,
+    decoded: list[torch.Tensor],
+    rope: torch.Tensor | None,
+    delta: int,
+) -> VisionPortRun:
+    """Sequence ``index``'s rows: its tower and prefill calls, its row of each decode step."""
+    phases: dict[str, dict[str, torch.Tensor]] = {}
+    for name, calls in records.items():
+        for phase in PHASES:
+            if phase == "decode":
+                rows = [tensor[index : index + 1].float() for tag, tensor in calls if tag[0] == phase]
+            else:
+                rows = [tensor.float() for tag, tensor in calls if tag == (phase, index)]
+            if rows:
+                phases.setdefault(name, {})[phase] = torch.cat(rows)
+    logits = torch.cat([prefill_logits] + [step[index : index + 1] for step in decoded])
+    run = VisionPortRun(logits, {}, rope, delta, phases)
+    run.records = {name: torch.cat(list(by_phase.values())) for name, by_phase in phases.items()}
+    return run
 
 
 PHASES = ("vision", "prefill", "decode")

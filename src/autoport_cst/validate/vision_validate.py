@@ -119,7 +119,7 @@ def _port_runs(
         try:
             hf_config = port_hf_config(checkpoint_dir, DTYPES[dtype])
             session = VisionPortSession(package.factory, checkpoint_dir, hf_config, len(prompts))
-            return [session.run(index, prompt, teachers[index]) for index, prompt in enumerate(prompts)]
+            return session.run(prompts, teachers)
         finally:
             report.kernel_calls = kernel_phases.calls()
 
