@@ -805,6 +805,9 @@ class Qwen3VLForConditionalGeneration(nn.Module):
             )
 
         vision_embeds = vision_mask = deepstack_embeds = None
+        if is_prefill and vision_embeddings is not None and first.get("kv_segment_size"):
+            # <-- MODEL-SPECIFIC: the merge hands out the tower's rows from the call's first image token on
+            raise NotImplementedError("a prompt with images must be prefilled in one call, not in segments")
         if is_prefill and vision_embeddings is not None:
             vision_embeds, vision_mask, deepstack_embeds = self._scatter_vision(input_ids, *vision_embeddings)
         hidden_states, _ = self.language_model(
