@@ -36,11 +36,6 @@ BLOCKS = {
         {"embedding.learned_positions", "code.attention"},
         "attn.attention (GPTNeoAttention around GPTNeoSelfAttention)",
     ),
-    "gptj": (
-        "GPTJModel.h",
-        {"rope_base_in_code"},
-        "create_sinusoidal_positions (GPTJRotaryEmbedding.__init__)",
-    ),
 }
 
 

@@ -115,3 +115,21 @@ def test_a_read_only_head_dim_is_left_to_its_config():
 
     config = shrink_config(FalconConfig(), "FalconForCausalLM", {})
     assert config.head_dim == config.hidden_size // config.num_attention_heads == 16
+
+
+@pytest.mark.parametrize("architecture", ["GPTJForCausalLM", "CodeGenForCausalLM"])
+def test_a_rotary_dim_in_channels_keeps_its_fraction_of_the_head(architecture):
+    """GPT-J and CodeGen rotate ``rotary_dim`` channels of each head (64 of
+    256 by default): the tiny head of 16 rotates 4, and a rotary_dim given
+    with --set is taken as given."""
+    import transformers
+
+    from autoport_cst.validate.tiny import shrink_config
+
+    config_class = {"GPTJForCausalLM": "GPTJConfig", "CodeGenForCausalLM": "CodeGenConfig"}[architecture]
+    full = getattr(transformers, config_class)()
+    assert full.rotary_dim * 4 == full.hidden_size // full.num_attention_heads
+    config = shrink_config(full, architecture, {})
+    assert config.hidden_size // config.num_attention_heads == 16 and config.rotary_dim == 4
+    given = shrink_config(getattr(transformers, config_class)(), architecture, {"rotary_dim": 8})
+    assert given.rotary_dim == 8

@@ -56,6 +56,10 @@ SIZES = (
 )
 # optional fields a port reads at run time only through their config field
 RUNTIME_KEYS = {"attention.scale": "attention.scale_key", "lm_head.logits_divisor": "lm_head.logits_key"}
+# features a port reads from the config under another key when its checkpoint.config_keys names
+# them (GPT-J's partial_rotary_factor: rotary_dim / (n_embd // n_head)); the key map itself only
+# says where a port finds fields, and a config holding a field under the port's name is read as it is
+CONFIG_KEY_FIELDS = {"rope.partial_rotary_factor": "partial_rotary_factor"}
 
 
 @dataclass(frozen=True)
@@ -211,6 +215,10 @@ def _fixed(change: Any, varied: Any, spec: ArchSpec, config_driven: dict[str, An
             return False
         return (change.planned is None) != (change.varied is None)
     if change.role == FEATURE:
+        if change.path == "checkpoint.config_keys":
+            return False
+        if CONFIG_KEY_FIELDS.get(change.path) in (spec.checkpoint.config_keys or {}):
+            return False
         allowed = config_driven.get(change.path)
         return not (allowed == "*" or (isinstance(allowed, list) and change.varied in allowed))
     return False

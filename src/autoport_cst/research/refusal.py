@@ -88,7 +88,6 @@ COMPUTATIONS = {
     "alibi_positions": "ALiBi positions (a per-head bias on the attention scores)",
     "embedding_norm": "a norm on the token embeddings",
     "explicit_attention": "attention written out (scores, softmax) instead of an attention kernel call",
-    "rope_base_in_code": "a RoPE base written in the code, not in the config",
     "sublayer_residual": "the residual added inside the attention or MLP module",
 }
 # sizes the code builds other than the config field a port reads (research/decide/unsupported.py)

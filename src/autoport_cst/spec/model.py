@@ -155,6 +155,10 @@ class AttentionSpec:
 class RopeSpec:
     type: RopeType = feature("default", "RoPE frequency variant, or none.")
     theta: float | None = value(None, "RoPE base.")
+    theta_in_code: float | None = optional(
+        "RoPE base written in the modeling code for a config with no RoPE fields (GPT-J and CodeGen's "
+        "10000): the port's default base; null: the base is read from the config."
+    )
     parameters: dict[str, Any] | None = value(
         None, "Scaling parameters of the variant (factor, original_max_position_embeddings, ...)."
     )
@@ -278,6 +282,14 @@ class CheckpointSpec:
     )
     linear_layout: LinearLayout = feature(
         "out_in", "Linear weights stored [out, in] (torch nn.Linear) or [in, out] (GPT-2 Conv1D)."
+    )
+    config_keys: dict[str, str] | None = feature(
+        None,
+        "Config fields a port reads that this model's config.json writes under other names, port field -> "
+        "where to read it: a config.json key (transformers' attribute_map: hidden_size -> n_embd), or "
+        "'<key> or <expression>' / '<expression>', arithmetic of config.json keys and integers for a "
+        "value the code computes when the config leaves it unset (GPT-J's intermediate_size 'n_inner or "
+        "4 * n_embd', partial_rotary_factor 'rotary_dim / (n_embd // n_head)'); null: the port's names.",
     )
 
 

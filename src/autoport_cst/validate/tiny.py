@@ -160,6 +160,7 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
     """Apply the tiny dimensions (``TINY_DIMENSIONS``, updated with
     ``dimensions``) to the attributes this config class has."""
     original_layers = getattr(config, "num_hidden_layers", None)
+    original_head = _head_size(config)
     sizes = {**TINY_DIMENSIONS, **(dimensions or {})}
     for name in dimensions or {}:
         if not hasattr(config, name):
@@ -173,6 +174,7 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
         config.num_key_value_heads = heads  # None means one KV head per query head
     if _settable(config, "head_dim") and hidden and heads and "head_dim" not in (dimensions or {}):
         config.head_dim = hidden // heads  # a head_dim given with --set is taken as given
+    _fit_rotary_dim(config, original_head, set(dimensions or {}))
     _fit_latent_attention(config, set(dimensions or {}))
     _fit_expert_groups(config, set(dimensions or {}))
     layers = getattr(config, "num_hidden_layers", None)
@@ -210,6 +212,24 @@ def _settable(config: Any, name: str) -> bool:
     derives ``head_dim`` from the hidden size and heads, read-only)."""
     found = getattr(type(config), name, None)
     return hasattr(config, name) and not (isinstance(found, property) and found.fset is None)
+
+
+def _head_size(config: Any) -> int | None:
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None)
+    if isinstance(head_dim, int):
+        return head_dim
+    return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
+
+
+def _fit_rotary_dim(config: Any, original_head: int | None, given: set[str]) -> None:
+    """A rotary dimension given in channels (GPT-J, CodeGen's ``rotary_dim``)
+    keeps its fraction of the head: 64 of 256 channels rotate in GPT-J-6B,
+    so 4 of the tiny head's 16 (left as given, it would exceed the head)."""
+    rotary, head = getattr(config, "rotary_dim", None), _head_size(config)
+    if "rotary_dim" in given or not isinstance(rotary, int) or not original_head or not head:
+        return
+    config.rotary_dim = max(2, min(head, rotary * head // original_head) // 2 * 2)
 
 
 def _fit_latent_attention(config: Any, given: set[str]) -> None:

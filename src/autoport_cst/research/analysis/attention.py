@@ -311,11 +311,8 @@ def _names(
         names["self_attn.qkv_proj"] = f"{base}.{in_insts[0].name}"
     roles: dict[str, Instance] = {}
     if len(in_insts) == 3:
-        if kernel is not None and len(kernel.args) >= 4:
-            for role, arg in zip(("q_proj", "k_proj", "v_proj"), kernel.args[1:4], strict=False):
-                sources = unique([c.ref for c in inputs if depends_on(arg, c)])
-                if len(sources) == 1:
-                    roles[role] = sources[0]
+        if kernel is not None:
+            roles = _qkv_roles(st, kernel, in_insts)
         if len({id(v) for v in roles.values()}) != 3:
             roles = dict(zip(("q_proj", "k_proj", "v_proj"), in_insts, strict=False))  # declaration order
         for role, inst in roles.items():
@@ -327,6 +324,31 @@ def _names(
             for role, proj in (("q_norm", roles.get("q_proj")), ("k_norm", roles.get("k_proj"))):
                 if proj is not None and any(depends_on(normed, c) for c in inputs if c.ref is proj):
                     names[f"self_attn.{role}"] = f"{base}.{n.ref.name}"
+
+
+def _qkv_roles(st: AnalyzerState, kernel: Node, in_insts: list[Instance]) -> dict[str, Instance]:
+    """The projection behind the kernel's query, key and value arguments
+    (the three after the attention module itself), on the first forward
+    path where each reads one projection (a path updating a cache returns
+    keys and values that read both); two found name the third. Empty when
+    no path tells them apart."""
+    attn = next(x.ref for x in kernel.args if isinstance(x, Node) and x.kind == "instance")
+    for value in st.outputs(attn):
+        for call in _kernel_calls(attn, list(walk(value))):
+            at = next(i for i, x in enumerate(call.args) if isinstance(x, Node) and x.kind == "instance")
+            found: dict[str, Instance] = {}
+            for role, arg in zip(("q_proj", "k_proj", "v_proj"), call.args[at + 1 : at + 4], strict=False):
+                read = unique(
+                    [n.ref for n in walk(arg) if n.kind == "module" and any(n.ref is i for i in in_insts)]
+                )
+                if len(read) == 1:
+                    found[role] = read[0]
+            rest = [i for i in in_insts if not any(i is f for f in found.values())]
+            if len(found) == 2 and len(rest) == 1 and len({id(f) for f in found.values()}) == 2:
+                found[next(r for r in ("q_proj", "k_proj", "v_proj") if r not in found)] = rest[0]
+            if len({id(f) for f in found.values()}) == 3:
+                return found
+    return {}
 
 
 def _value_norm(st: AnalyzerState, g: AttentionGraph) -> None:

@@ -148,7 +148,9 @@ def _softmax_inputs(st: AnalyzerState, attn: Instance) -> list[Any]:
 def rope_base_in_code(st: AnalyzerState) -> None:
     """Rotary frequencies computed from a base written in the code
     (GPT-J's ``10000 ** (arange(0, dim, 2) / dim)``) by a module of the
-    backbone or the attention, for a config with no RoPE fields."""
+    backbone or the attention, for a config with no RoPE fields: the base
+    (``rope.theta_in_code``), and the default frequencies (``rope.type``:
+    the base raised to ``arange(0, dim, 2) / dim``, nothing scaled)."""
     config = st.interp.config
     if any(config.has(key) for key in ("rope_theta", "rope_parameters", "rope_scaling")):
         return
@@ -160,15 +162,12 @@ def rope_base_in_code(st: AnalyzerState) -> None:
         found = _constant_base(st, owner.cls)
         if found is not None:
             base, where = found
-            st.add(
-                known(
-                    ("rope",),
-                    "unsupported.rope_base_in_code",
-                    CODE,
-                    f"{where} computes the rotary frequencies from the base {base:g} written in the code "
-                    "(the config has no rope_theta)",
-                )
+            evidence = (
+                f"{where} computes the rotary frequencies from the base {base:g} written in the code "
+                "(the config has no rope_theta)"
             )
+            st.add(known(base, "rope.theta_in_code", CODE, evidence))
+            st.add(known("default", "rope.type", CODE, evidence))
             return
 
 

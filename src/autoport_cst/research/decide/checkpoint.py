@@ -18,6 +18,7 @@ from autoport_cst.research.checkpoint_keys import (
     moe_wanted,
     refuse_missing,
 )
+from autoport_cst.research.decide.config_keys import config_keys
 from autoport_cst.research.decide.state import Decider
 from autoport_cst.research.findings import CHECKPOINT, CODE, DERIVED, INFERRED, known, unknown
 from autoport_cst.research.keys import derive_key_map
@@ -65,7 +66,12 @@ def layout(d: Decider, is_moe: bool) -> CheckpointSpec:
         d.decisions.append(known(True, "checkpoint.lm_head_stored", CHECKPOINT, f"{head_key} is stored"))
     linear = _linear_layout(d)
     return CheckpointSpec(
-        qkv=qkv, gate_up=gate_up, lm_head_stored=head_stored, key_map=key_map, linear_layout=linear
+        qkv=qkv,
+        gate_up=gate_up,
+        lm_head_stored=head_stored,
+        key_map=key_map,
+        linear_layout=linear,
+        config_keys=config_keys(d),
     )
 
 

@@ -18,7 +18,9 @@ def rope(d: Decider) -> RopeSpec:
     if code_type is not None and code_type.known and code_type.value == "none":
         d.decisions.append(code_type)
         return RopeSpec(type="none", theta=None, parameters=None)
-    rope_type = d.decide("rope.type", "default", (CONFIG,))
+    # the code's type only for a base written in the code (a config without RoPE fields)
+    in_code = d.flag("rope.theta_in_code", None)
+    rope_type = d.decide("rope.type", "default", (CONFIG, CODE) if in_code is not None else (CONFIG,))
     theta = d.value("rope.theta")
     parameters = d.value("rope.parameters")
     factor = d.decide("rope.partial_rotary_factor", 1.0, (CODE, CONFIG))
@@ -27,6 +29,7 @@ def rope(d: Decider) -> RopeSpec:
     return RopeSpec(
         type=rope_type,
         theta=theta,
+        theta_in_code=in_code,
         parameters=parameters,
         partial_rotary_factor=float(factor),
         style=style,

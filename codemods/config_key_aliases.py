@@ -1,0 +1,235 @@
+"""config-key-aliases: the config reads fields that config.json writes under other names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from autoport_cst.transform import Codemod, Example, FileContext, PortContext
+from autoport_cst.transform.anatomy.config import config_class, method_of
+from autoport_cst.transform.cst.snippets import parse_statement
+from autoport_cst.transform.cst.vocabulary import walk
+from autoport_cst.transform.edit.functions import add_functions
+from autoport_cst.transform.edit.tree import rewrite, with_comment
+
+FUNCTION = "_read_config_keys"
+# arithmetic a source may use besides config.json keys and integers
+_OPERATORS = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.FloorDivide)
+
+
+@dataclass(frozen=True)
+class ConfigKeyAliasesParams:
+    keys: dict[str, str] = field(
+        default_factory=dict,
+        metadata={
+            "doc": "Port field -> a config.json key, '<key> or <expression>' or '<expression>': arithmetic "
+            "(+ - * / //, parentheses) of config.json keys and integers, used when the key is unset (a width "
+            "the code builds as a multiple of another field).",
+            "examples": (
+                {"hidden_size": "n_embd", "intermediate_size": "n_inner or 4 * n_embd"},
+                {"partial_rotary_factor": "rotary_dim / (n_embd / n_head)"},
+            ),
+        },
+    )
+
+
+class ConfigKeyAliases(Codemod):
+    """Read the config fields the port needs under the names config.json
+    writes them (transformers' ``attribute_map``).
+
+    GPT-J's config.json writes ``n_embd``, ``n_head``, ``n_layer`` and
+    ``n_positions``; transformers reads them as ``hidden_size``, ... through
+    ``GPTJConfig.attribute_map``, and its MLP is ``n_inner`` wide, or ``4 *
+    n_embd`` when ``n_inner`` is null; it rotates ``rotary_dim`` channels of
+    each head (``partial_rotary_factor = rotary_dim / (n_embd // n_head)``).
+    In the config file, a module function ``_read_config_keys(values)`` copies
+    each key to the port's field when the field is absent or null, then
+    computes each field still unset whose keys are set; ``from_configs``
+    calls it on the config values before it first reads them.
+
+    Precondition: a config dataclass whose ``from_configs`` binds ``values``
+    at its top level and reads it after.
+    """
+
+    ID = "config-key-aliases"
+    REALIZES = ("checkpoint.config_keys",)
+    Params = ConfigKeyAliasesParams
+    FILES = ("config",)
+    TOUCHES = ()
+    EXAMPLES = (
+        Example(
+            title="GPT-J",
+            role="config",
+            path="config.py",
+            params={"keys": {"hidden_size": "n_embd", "intermediate_size": "n_inner or 4 * n_embd"}},
+            before="""
+                @dataclass
+                class LlamaConfig:
+                    hidden_size: int = 4096
+
+                    @classmethod
+                    def from_configs(cls, hf_config):
+                        values = _config_values(hf_config)
+                        values["rope_parameters"] = _rope_parameters(values)
+                        return cls(**values)
+            """,
+            after='''
+                def _read_config_keys(values: dict) -> None:
+                    """The fields this port reads that config.json writes under other names."""
+                    for name, key in {"hidden_size": "n_embd", "intermediate_size": "n_inner"}.items():
+                        if values.get(name) is None and values.get(key) is not None:
+                            values[name] = values[key]
+                    if _unset(values, "intermediate_size", "n_embd"):
+                        values["intermediate_size"] = 4 * values["n_embd"]
+
+
+                def _unset(values: dict, name: str, *keys: str) -> bool:
+                    """``name`` is unset and every key it is computed from is set."""
+                    return values.get(name) is None and all(values.get(key) is not None for key in keys)
+
+
+                @dataclass
+                class LlamaConfig:
+                    hidden_size: int = 4096
+
+                    @classmethod
+                    def from_configs(cls, hf_config):
+                        values = _config_values(hf_config)
+                        # <-- MODEL-SPECIFIC: config.json names these fields otherwise
+                        _read_config_keys(values)
+                        values["rope_parameters"] = _rope_parameters(values)
+                        return cls(**values)
+            ''',
+        ),
+        Example(
+            title="no from_configs",
+            role="config",
+            path="config.py",
+            params={"keys": {"hidden_size": "n_embd"}},
+            before="""
+                @dataclass
+                class LlamaConfig:
+                    hidden_size: int = 4096
+            """,
+            raises="needs from_configs binding `values`",
+        ),
+    )
+
+    @classmethod
+    def params_for(cls, diffs, target, port: PortContext) -> ConfigKeyAliasesParams:
+        return ConfigKeyAliasesParams(keys=dict(target.checkpoint.config_keys or {}))
+
+    @classmethod
+    def check_params(cls, params: ConfigKeyAliasesParams) -> list[str]:
+        return [
+            f"keys[{name!r}]: {source!r} is not a config.json key, '<key> or <expression>' nor an "
+            "arithmetic expression of keys and integers"
+            for name, source in params.keys.items()
+            if _parsed(source) is None
+        ]
+
+    def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
+        cls = config_class(module, ctx)
+        method = method_of(cls, "from_configs")
+        at = _first_read(method) if method is not None else None
+        if method is None or at is None:
+            raise ctx.refuse(
+                f"{cls.name.value} needs from_configs binding `values` and reading it after", cls, module
+            )
+        edits = {}
+        if not _calls_reader(method):
+            call = with_comment(
+                parse_statement(f"{FUNCTION}(values)", module),
+                "<-- MODEL-SPECIFIC: config.json names these fields otherwise",
+            )
+            edits[id(at)] = lambda updated: cst.FlattenSentinel([call, updated])
+        return add_functions(rewrite(module, edits), _functions(self.params.keys), replace=True)
+
+
+def _first_read(method: cst.FunctionDef) -> cst.BaseStatement | None:
+    """The first top-level statement after ``values`` is bound that reads it."""
+    bound = False
+    for stmt in method.body.body:
+        binds = any(
+            isinstance(n, cst.AssignTarget) and isinstance(n.target, cst.Name) and n.target.value == "values"
+            for n in walk(stmt)
+        )
+        if bound and not binds and any(isinstance(n, cst.Name) and n.value == "values" for n in walk(stmt)):
+            return stmt
+        bound = bound or binds
+    return None
+
+
+def _calls_reader(method: cst.FunctionDef) -> bool:
+    return any(
+        isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == FUNCTION
+        for n in walk(method)
+    )
+
+
+def _parsed(source: str) -> tuple[str | None, cst.BaseExpression | None] | None:
+    """``(key, expression)`` of a source: a key, ``<key> or <expression>`` or
+    an expression; None when it is none of these."""
+    try:
+        node = cst.parse_expression(source)
+    except cst.ParserSyntaxError:
+        return None
+    if isinstance(node, cst.Name):
+        return node.value, None
+    key = None
+    if isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.Or):
+        if not isinstance(node.left, cst.Name):
+            return None
+        key, node = node.left.value, node.right
+    allowed = all(
+        isinstance(n, (cst.Name, cst.Integer, cst.LeftParen, cst.RightParen, *_OPERATORS))
+        or (isinstance(n, cst.BinaryOperation) and isinstance(n.operator, _OPERATORS))
+        for n in walk(node)
+        if isinstance(n, (cst.BaseExpression, cst.BaseBinaryOp, cst.LeftParen, cst.RightParen))
+    )
+    return (key, node) if allowed and not isinstance(node, cst.Name) else None
+
+
+UNSET = '''
+def _unset(values: dict, name: str, *keys: str) -> bool:
+    """``name`` is unset and every key it is computed from is set."""
+    return values.get(name) is None and all(values.get(key) is not None for key in keys)
+'''
+
+
+class _ReadValues(cst.CSTTransformer):
+    """Each config key of an expression read from ``values``."""
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        return cst.parse_expression(f'values["{updated.value}"]')
+
+
+def _functions(keys: dict[str, str]) -> list[str]:
+    aliases, computed = {}, []
+    for name, source in keys.items():
+        parsed = _parsed(source)
+        assert parsed is not None, source
+        key, expression = parsed
+        if key is not None:
+            aliases[name] = key
+        if expression is not None:
+            needed = sorted({n.value for n in walk(expression) if isinstance(n, cst.Name)})
+            code = cst.Module([]).code_for_node(expression.visit(_ReadValues()))
+            given = ", ".join(f'"{k}"' for k in [name, *needed])
+            computed.append(f'    if _unset(values, {given}):\n        values["{name}"] = {code}\n')
+    table = "{" + ", ".join(f'"{k}": "{v}"' for k, v in aliases.items()) + "}"
+    loop = (
+        f"    for name, key in {table}.items():\n"
+        "        if values.get(name) is None and values.get(key) is not None:\n"
+        "            values[name] = values[key]\n"
+        if aliases
+        else ""
+    )
+    body = (
+        f"def {FUNCTION}(values: dict) -> None:\n"
+        '    """The fields this port reads that config.json writes under other names."""\n'
+        + loop
+        + "".join(computed)
+    )
+    return [body, UNSET] if computed else [body]
