@@ -53,6 +53,15 @@ def test_every_rotation_site_of_a_reference_goes(reference):
     assert run_on_source(LearnedPositions(LearnedPositions.Params(size_key="n_positions")), code)[0] == code
 
 
+def test_an_offset_table_reads_its_rows_past_the_offset():
+    """OPT's table keeps 2 rows before position 0: max_position_embeddings + 2
+    rows, position p at row p + 2."""
+    code = _ported("starcoder2", size_key="max_position_embeddings", offset=2)
+    assert "self.position_offset = 2" in code
+    assert "config.max_position_embeddings + self.position_offset" in code
+    assert "positions.to(torch.long) + self.position_offset" in code
+
+
 def test_a_reference_rotating_outside_the_kernels_is_refused():
     """qwen3 rotates q and k in Python on its prefill path: the codemod
     cannot remove that site by binding None, and says where it is."""
