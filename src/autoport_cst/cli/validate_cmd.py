@@ -197,9 +197,26 @@ def validate_command(
     if steps < 1:
         raise InputError(f"--steps must be at least 1, got {steps}")
     check_package_dir(model_dir)
-    check_checkpoint_dir(checkpoint_dir, tp)
+    config = check_checkpoint_dir(checkpoint_dir, tp)
     check_output_file(json_path, "--json")
     require_extra("validate")
+    from autoport_cst.cli.validate_vlm_cmd import is_vision_language, validate_vision_language
+
+    if is_vision_language(config):  # a vision tower too: validate_vlm
+        others = dict(ep=ep, prefill=prefill, kv_cache_dtype=kv_cache_dtype, attention_dp=attention_dp)
+        others.update(mlp_dp=mlp_dp, embedding_dp=embedding_dp, lm_head_dp=lm_head_dp, dcp=dcp)
+        others.update(dcp_interleave=dcp_interleave, prefill_dcp=prefill_dcp)
+        validate_vision_language(
+            model_dir,
+            checkpoint_dir,
+            config,
+            tp=tp,
+            dtype=dtype,
+            steps=steps,
+            seed=seed,
+            json_path=json_path,
+            others=others,
+        )
     from autoport_cst.validate.api import validate_model
 
     # what is run, and what the port's logit test reruns
