@@ -17,9 +17,6 @@ pytest.importorskip("transformers")
 REFUSALS = {
     "DiffLlamaForCausalLM": ("attention.kind", "differential"),  # two softmax maps, subtracted
     "BitNetForCausalLM": ("attention.output_norm", "True"),  # attn_sub_norm before o_proj
-    # multi-head latent attention is realized by the deepseek_v3 reference; what research reads of
-    # its router (experts restricted to the best groups) no spec field describes yet
-    "DeepseekV3ForCausalLM": ("unsupported", "moe.group_limited_routing"),
     "PersimmonForCausalLM": ("unsupported", "q/k norms that are not RMSNorms"),
     "Lfm2ForCausalLM": ("unsupported", "mlp.intermediate_size: the code builds"),  # adjusted FFN width
     # learned positions are realized (test_learned_positions); fc1/fc2 inline in the decoder layer are not
