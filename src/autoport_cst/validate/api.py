@@ -14,6 +14,7 @@ transformers loads gives a report that is not equivalent and says where
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -227,11 +228,14 @@ class _FollowUps:
         self, report: ValidationReport, checkpoint_dir: str | Path, variants: bool, layouts: bool
     ) -> None:
         from .config_variants import check_config_variants
+        from .kv_scale_variant import check_kv_scale_variant
         from .parallel_checks import check_parallel_layouts
 
         if variants:
             start = time.perf_counter()
             check_config_variants(report, report.model_dir, checkpoint_dir, self.run)
+            fp8 = functools.partial(self.run, kv_cache_dtype="fp8")
+            check_kv_scale_variant(report, report.model_dir, checkpoint_dir, fp8)
             report.timings["config_variants"] = time.perf_counter() - start
         if layouts and report.equivalent:
             start = time.perf_counter()
@@ -246,8 +250,10 @@ class _FollowUps:
         mlp_dp: int = 1,
         embedding_dp: int = 1,
         lm_head_dp: int = 1,
+        kv_cache_dtype: str = "auto",
     ) -> ValidationReport:
-        """The port on ``checkpoint`` in fp32 at TP ``tp`` with those data-parallel degrees."""
+        """The port on ``checkpoint`` in fp32 at TP ``tp`` with those data-parallel degrees
+        (and that KV-cache dtype)."""
         layout = ParallelLayout(
             tp=tp, attention_dp=attention_dp, mlp_dp=mlp_dp, embedding_dp=embedding_dp, lm_head_dp=lm_head_dp
         )
@@ -261,7 +267,8 @@ class _FollowUps:
             block_size=None,
             seed=self.seed,
             on_stage=None,
-            prefill=self.prefill,
+            prefill=self.prefill if kv_cache_dtype == "auto" else "auto",  # an FP8 cache: no cache paths
+            kv_cache_dtype=kv_cache_dtype,
             layout=layout,
         )
 
