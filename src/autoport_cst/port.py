@@ -164,7 +164,7 @@ def _research(source: str, name: str, ref: str | None) -> tuple[Any, Any]:
     if ref:
         load_reference(ref)
     found = research(source)
-    choice = choose_reference(found.spec, name, found.architecture, [ref] if ref else None)
+    choice = choose_reference(found.spec, name, found.architecture, [ref] if ref else None, found)
     refused = refusal(found, choice)
     if refused is not None:
         raise refused

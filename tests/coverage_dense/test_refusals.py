@@ -32,6 +32,8 @@ REFUSALS = {
     # blocks under transformer.h / transformer.blocks: found, and refused for their ALiBi bias per head
     "BloomForCausalLM": ("unsupported", "alibi_positions: _get_alibi_slopes in BloomModel.forward"),
     "MptForCausalLM": ("unsupported", "alibi_positions: build_mpt_alibi_tensor in MptModel.forward"),
+    # a fixed table of sines and cosines of the positions added to the token embeddings, not learned
+    "XGLMForCausalLM": ("unsupported", "sinusoidal_positions: XGLMModel.forward"),
 }
 
 

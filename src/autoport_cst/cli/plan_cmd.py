@@ -89,7 +89,7 @@ def plan_command(source: str, name: str | None, output: Path, ref: str | None, r
 
         load_reference(ref)
     result = research(source)
-    choice = choose_reference(result.spec, name, result.architecture, [ref] if ref else None)
+    choice = choose_reference(result.spec, name, result.architecture, [ref] if ref else None, result)
     description = _description(result, choice)
     plan = from_research(result, name, choice.chosen, description)  # the written plan always loads
     data = plan_to_json(plan)

@@ -130,6 +130,7 @@ def _run(st: AnalyzerState) -> None:
     head.analyze_backbone(st, backbone_path, backbone_inst)
     if _unclassified(r, "embedding.scale"):
         block_features.embedding_norm(st, backbone_inst)
+    block_features.sinusoidal_positions(st, backbone_inst)
     head.analyze_head(st)
 
 

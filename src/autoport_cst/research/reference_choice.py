@@ -13,6 +13,7 @@ reported with what blocks every candidate.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from autoport_cst.errors import AutoportError, UnrealizableDiffError
 from autoport_cst.spec import ArchSpec, FieldDiff, diff_specs
@@ -115,9 +116,10 @@ def evaluate_reference(ref_name: str, spec: ArchSpec, name: str, architecture: s
 
 
 def choose_reference(
-    spec: ArchSpec, name: str, architecture: str, refs: list[str] | None = None
+    spec: ArchSpec, name: str, architecture: str, refs: list[str] | None = None, found: Any = None
 ) -> ReferenceChoice:
-    """Evaluate ``refs`` (default: every built-in reference) and pick one."""
+    """Evaluate ``refs`` (default: every built-in reference) and pick one;
+    ``found`` (the ``Research`` of ``spec``) gives a refusal its evidence."""
     if refs is None:
         from autoport_cst.apply.reference import builtin_names
 
@@ -139,7 +141,7 @@ def choose_reference(
         from autoport_cst.research.refusal import refusal_text
 
         best = min(usable, key=lambda c: (len(c.blocking), len(c.fields), c.name))
-        unrealized, _ = refusal_text(spec, ReferenceChoice(best.name, False, candidates, ""))
+        unrealized, _ = refusal_text(spec, ReferenceChoice(best.name, False, candidates, ""), found)
         reason = (
             f"{unrealized}; closest: {best.name} (blocked by {', '.join(best.blocking)}). "
             "apply will refuse this plan until codemods for these features exist "

@@ -1,8 +1,9 @@
 """Computations of a decoder block beyond the ones the other sections
 describe, named when research finds them: the residual added inside the
 attention or MLP module (BLOOM, MPT), a per-head bias on the attention
-scores built in the backbone (ALiBi: BLOOM, MPT, Falcon-RW) and a norm on
-the token embeddings (BLOOM). Each is an ``unsupported.<name>`` finding
+scores built in the backbone (ALiBi: BLOOM, MPT, Falcon-RW), a norm on
+the token embeddings (BLOOM) and fixed sinusoidal positions added to them
+(XGLM). Each is an ``unsupported.<name>`` finding
 whose value is the spec sections it explains: the fields research could
 not classify in those sections follow from it, and the refusal names the
 computation instead of them."""
@@ -199,6 +200,45 @@ def _constant_base(st: AnalyzerState, cls: SourceClass) -> tuple[float, str] | N
             ):
                 return float(node.left.value), where
     return None
+
+
+def sinusoidal_positions(st: AnalyzerState, backbone: Instance) -> None:
+    """A module of the backbone, not an embedding, whose output enters the
+    first layer's input and whose class computes sines and cosines: a table
+    of fixed sinusoidal positions added to the token embedding (XGLM)."""
+    children = {
+        id(c): n for n, c in backbone.children() if st.role(c) not in ("embedding", "norm", "dropout")
+    }
+    found = {}
+    for state in st.forward(backbone):
+        for call in walk(state.value):
+            if call.kind != "module" or call.ref is not st.layers[0]:
+                continue
+            for node in walk(call.args[0] if call.args else call.kwarg("hidden_states")):
+                if node.kind == "module" and id(node.ref) in children and _computes_sin_cos(node.ref):
+                    found[children[id(node.ref)]] = node.ref.class_name
+    if found:
+        shown = ", ".join(f"{name} ({cls})" for name, cls in sorted(found.items()))
+        st.add(
+            known(
+                ("embedding",),
+                "unsupported.sinusoidal_positions",
+                CODE,
+                f"{st.where(backbone)}: the first layer's input adds {shown}, a table of sines and cosines of "
+                "the positions computed in the code, to the token embedding",
+            )
+        )
+
+
+def _computes_sin_cos(instance: Instance) -> bool:
+    if not isinstance(instance.cls, SourceClass):
+        return False
+    called = {
+        n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", None)
+        for n in ast.walk(instance.cls.node)
+        if isinstance(n, ast.Call)
+    }
+    return {"sin", "cos"} <= called
 
 
 def embedding_norm(st: AnalyzerState, backbone: Instance) -> None:
