@@ -32,13 +32,20 @@ def preprocessing():
     return module
 
 
-@pytest.fixture(scope="session")
-def hf_qwen3_vl():
-    """transformers' tiny Qwen3VLForConditionalGeneration (random weights)."""
-    import torch
-    from transformers import Qwen3VLForConditionalGeneration
+QWEN_VL_ARCHITECTURES = (
+    "Qwen3VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration",
+    "Qwen2VLForConditionalGeneration",
+)
 
-    from autoport_cst.validate.vision_tiny import tiny_qwen3_vl_config
+
+@pytest.fixture(scope="session", params=QWEN_VL_ARCHITECTURES)
+def hf_qwen_vl(request):
+    """transformers' tiny model of a Qwen vision-language architecture (random weights)."""
+    import torch
+    import transformers
+
+    from autoport_cst.validate.vision_tiny import tiny_vlm_config
 
     torch.manual_seed(0)
-    return Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config()).eval()
+    return getattr(transformers, request.param)(tiny_vlm_config(request.param)).eval()

@@ -1,7 +1,9 @@
 """The reference's M-RoPE positions of a prompt (vision_preprocessing.mrope_positions,
 what the port's get_mrope_input_positions returns) equal transformers'
-Qwen3VLModel.get_rope_index, positions and delta, for text-only prompts, one
-image, two images of different grids, an image first or last, and a multi-frame grid."""
+get_rope_index, positions and delta, for text-only prompts, one image, two
+images of different grids, an image first or last, and a multi-frame grid; the
+same for Qwen2.5-VL and Qwen2-VL (whose image positions are computed alike), the
+families a port from this reference targets next."""
 
 from __future__ import annotations
 
@@ -38,11 +40,13 @@ def _prompt(layout):
     ],
     ids=["text", "one-image", "two-images", "image-first", "image-last", "two-frames"],
 )
-def test_positions_match_get_rope_index(preprocessing, hf_qwen3_vl, layout):
+def test_positions_match_get_rope_index(preprocessing, hf_qwen_vl, layout):
     ids, grids = _prompt(layout)
     grid = torch.tensor(grids) if grids else None
     types = torch.tensor([[1 if token == IMAGE_TOKEN_ID else 0 for token in ids]])
-    expected, expected_delta = hf_qwen3_vl.model.get_rope_index(torch.tensor([ids]), types, image_grid_thw=grid)
+    expected, expected_delta = hf_qwen_vl.model.get_rope_index(
+        torch.tensor([ids]), types, image_grid_thw=grid
+    )
     positions, delta = preprocessing.mrope_positions(ids, grid, IMAGE_TOKEN_ID, MERGE)
     assert torch.equal(positions, expected[:, 0])
     assert delta == int(expected_delta.reshape(-1)[0])

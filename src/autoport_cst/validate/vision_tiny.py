@@ -1,5 +1,8 @@
 """Tiny vision-language checkpoints and the images fed to them, made in
-memory: nothing is downloaded.
+memory: nothing is downloaded. Qwen3-VL by default; Qwen2-VL and Qwen2.5-VL
+(``tiny_vlm_config(architecture)``) shrink the same way, by the fields their
+vision configs have (Qwen2.5-VL: one full-attention block between windowed
+ones, windows of 2 x 2 merged tokens).
 
 ``tiny_qwen3_vl_config`` shrinks transformers' ``Qwen3VLConfig`` to a model
 that runs in well under a second: a 3-layer text decoder (hidden 64, 4
@@ -24,6 +27,8 @@ from typing import Any
 
 import torch
 
+from autoport_cst.errors import InputError
+
 TINY_VOCAB = 256
 IMAGE_TOKEN_ID = 250
 VIDEO_TOKEN_ID = 251
@@ -43,46 +48,81 @@ TINY_TEXT = {
         "rope_type": "default",
         "rope_theta": 10000.0,
         "mrope_section": [4, 2, 2],
-        "mrope_interleaved": True,
     },
 }
+# vision-config fields set where the architecture's vision config has them
 TINY_VISION = {
     "depth": 3,
-    "hidden_size": 32,
-    "intermediate_size": 64,
     "num_heads": 2,
+    "intermediate_size": 64,
     "patch_size": 4,
     "temporal_patch_size": 2,
     "spatial_merge_size": 2,
     "out_hidden_size": 64,
-    "num_position_embeddings": 16,
-    "deepstack_visual_indexes": [0, 1],
+    "num_position_embeddings": 16,  # Qwen3-VL's learned position table (4 x 4)
+    "deepstack_visual_indexes": [0, 1],  # Qwen3-VL
+    "fullatt_block_indexes": [1],  # Qwen2.5-VL: block 1 attends over the frame, 0 and 2 in windows
+    "window_size": 16,  # Qwen2.5-VL: windows of 2 x 2 merged tokens
 }
+TOWER_WIDTH = 32
+DEFAULT_ARCHITECTURE = "Qwen3VLForConditionalGeneration"
 
 
-def tiny_qwen3_vl_config() -> Any:
-    """transformers' ``Qwen3VLConfig`` of the tiny model (module docstring)."""
-    from transformers import Qwen3VLConfig
+def _tiny_vision(vision_class: Any) -> dict[str, Any]:
+    """The tiny vision config: ``TINY_VISION``'s fields the class has; the
+    tower width 32 under ``embed_dim`` when the class has it (its
+    ``hidden_size`` is then the merger's output, the text width), else under
+    ``hidden_size``."""
+    defaults = vision_class().to_dict()
+    values = {name: value for name, value in TINY_VISION.items() if name in defaults}
+    if "embed_dim" in defaults:
+        values.update(embed_dim=TOWER_WIDTH, hidden_size=TINY_TEXT["hidden_size"])
+    else:
+        values["hidden_size"] = TOWER_WIDTH
+    return values
 
-    config = Qwen3VLConfig(
-        text_config=dict(TINY_TEXT),
-        vision_config=dict(TINY_VISION),
+
+def tiny_vlm_config(architecture: str = DEFAULT_ARCHITECTURE) -> Any:
+    """transformers' config of the tiny model of ``architecture`` (a Qwen
+    vision-language class: Qwen2-VL, Qwen2.5-VL, Qwen3-VL; module docstring)."""
+    import transformers
+
+    model_class = getattr(transformers, architecture, None)
+    config_class = getattr(model_class, "config_class", None)
+    if config_class is None or "vision_config" not in getattr(config_class, "sub_configs", {}):
+        raise InputError(f"{architecture}: not a transformers vision-language model class")
+    text_class = config_class.sub_configs["text_config"]
+    text = {k: v for k, v in TINY_TEXT.items() if k in text_class().to_dict() or k == "rope_parameters"}
+    config = config_class(
+        text_config=text,
+        vision_config=_tiny_vision(config_class.sub_configs["vision_config"]),
         image_token_id=IMAGE_TOKEN_ID,
         video_token_id=VIDEO_TOKEN_ID,
         vision_start_token_id=VISION_START_TOKEN_ID,
         vision_end_token_id=VISION_END_TOKEN_ID,
     )
-    config.architectures = ["Qwen3VLForConditionalGeneration"]
+    for name, token in (("bos_token_id", 1), ("eos_token_id", 2)):  # inside the tiny vocabulary
+        if getattr(config, name, None) is not None:
+            setattr(config, name, token)
+    config.architectures = [architecture]
     return config
 
 
-def build_tiny_vlm_checkpoint(directory: str | os.PathLike[str], seed: int = 0) -> Path:
-    """Write the tiny Qwen3-VL checkpoint (config.json, model.safetensors)."""
-    from transformers import Qwen3VLForConditionalGeneration
+def tiny_qwen3_vl_config() -> Any:
+    """transformers' ``Qwen3VLConfig`` of the tiny model (module docstring)."""
+    return tiny_vlm_config(DEFAULT_ARCHITECTURE)
+
+
+def build_tiny_vlm_checkpoint(
+    directory: str | os.PathLike[str], seed: int = 0, architecture: str = DEFAULT_ARCHITECTURE
+) -> Path:
+    """Write the tiny checkpoint of ``architecture`` (config.json, model.safetensors)."""
+    import transformers
 
     from .tiny import save_seeded_checkpoint
 
-    save_seeded_checkpoint(directory, Qwen3VLForConditionalGeneration, tiny_qwen3_vl_config(), seed)
+    config = tiny_vlm_config(architecture)
+    save_seeded_checkpoint(directory, getattr(transformers, architecture), config, seed)
     return Path(directory)
 
 
