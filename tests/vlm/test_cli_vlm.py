@@ -39,3 +39,18 @@ def test_tp_refused_by_the_text_decoder_rules(tiny_qwen3_vl):
     result = CliRunner().invoke(validate_command, [str(REFERENCE), "--hf", str(tiny_qwen3_vl), "--tp", "3"])
     assert result.exit_code == 2
     assert "4 attention heads not divisible by 3" in result.output
+
+
+def test_tiny_builds_a_vision_language_checkpoint_that_validates(tmp_path):
+    from autoport_cst.cli.validate_cmd import tiny_command
+
+    checkpoint = tmp_path / "tiny"
+    built = CliRunner().invoke(tiny_command, ["Qwen2_5_VLForConditionalGeneration", str(checkpoint)])
+    assert built.exit_code == 0, built.output
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2_5_VLForConditionalGeneration"]
+    assert config["vision_config"]["fullatt_block_indexes"] == [1]
+    refused = CliRunner().invoke(
+        tiny_command, ["Qwen3VLForConditionalGeneration", str(tmp_path / "b"), "--set", "depth=2"]
+    )
+    assert refused.exit_code == 2 and "--set: not supported" in refused.output

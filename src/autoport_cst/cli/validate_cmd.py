@@ -56,6 +56,10 @@ def tiny_command(arch_or_config: str, outdir: Path, seed: int, settings: tuple[s
     if outdir.exists() and not outdir.is_dir():
         raise InputError(f"{outdir}: exists and is not a directory")
     require_extra("tiny")
+    from autoport_cst.cli.validate_vlm_cmd import tiny_vision_language
+
+    if not looks_like_path and tiny_vision_language(arch_or_config, outdir, seed, dimensions):
+        return
     from autoport_cst.validate.tiny import build_tiny_checkpoint
 
     result = build_tiny_checkpoint(arch_or_config, outdir, seed=seed, dimensions=dimensions)

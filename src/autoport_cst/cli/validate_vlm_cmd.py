@@ -60,6 +60,27 @@ def validate_vision_language(
     sys.exit(0 if report.equivalent else 1)
 
 
+def tiny_vision_language(architecture: str, outdir: Path, seed: int, dimensions: dict[str, int]) -> bool:
+    """``autoport-cst tiny`` for a transformers vision-language class: the
+    tiny checkpoint of ``vision_tiny`` (fixed sizes: ``--set`` is refused;
+    no tokenizer is written). False for any other architecture."""
+    import transformers
+
+    config_class = getattr(getattr(transformers, architecture, None), "config_class", None)
+    if "vision_config" not in getattr(config_class, "sub_configs", {}):
+        return False
+    if dimensions:
+        raise InputError(f"--set: not supported for the vision-language architecture {architecture}")
+    from autoport_cst.validate.vision_tiny import build_tiny_vlm_checkpoint
+
+    directory = build_tiny_vlm_checkpoint(outdir, seed=seed, architecture=architecture)
+    stdout_console().print(
+        f"wrote {directory}/config.json and model.safetensors: {architecture}, "
+        f"a tiny text decoder and vision tower (validate_vlm's prompts need no tokenizer), seed {seed}"
+    )
+    return True
+
+
 def _print(report: Any) -> None:
     from rich.table import Table
 
