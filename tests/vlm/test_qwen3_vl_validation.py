@@ -57,3 +57,14 @@ def test_tp2_fp32_validates(tiny_qwen3_vl):
 def test_tp2_bf16_validates(tiny_qwen3_vl):
     report = validate_vlm(REFERENCE, tiny_qwen3_vl, dtype="bf16", steps=2, tp=2)
     assert report.equivalent, _failure(report)
+
+
+def test_another_family_fails_at_load_naming_the_key(tmp_path):
+    """The reference on a Qwen2.5-VL checkpoint (no patch-embedding bias, no
+    deep-stack mergers): transformers loads it, the port cannot: a port failure."""
+    from autoport_cst.validate.vision_tiny import build_tiny_vlm_checkpoint
+
+    checkpoint = build_tiny_vlm_checkpoint(tmp_path, architecture="Qwen2_5_VLForConditionalGeneration")
+    report = validate_vlm(REFERENCE, checkpoint, steps=1)
+    assert not report.equivalent and report.failure_stage == "load"
+    assert "no tensor 'model.visual.patch_embed.proj.bias'" in report.failure

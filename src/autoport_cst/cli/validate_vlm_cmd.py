@@ -102,9 +102,12 @@ def _print(report: Any) -> None:
     console.print(table)
     if report.failure:
         console.print(f"the port failed at {report.failure_stage}: {report.failure}")
-    verdict = (
-        "equivalent" if report.equivalent else f"NOT equivalent (first diverging: {report.first_diverging})"
-    )
+    if report.equivalent:
+        verdict = "equivalent"
+    elif report.failure:
+        verdict = f"NOT equivalent (the port failed at {report.failure_stage})"
+    else:
+        verdict = f"NOT equivalent (first diverging: {report.first_diverging})"
     console.print(verdict)
 
 

@@ -47,6 +47,8 @@ def _rank_main(job_path: Path, rank: int, teacher_stream: BinaryIO) -> int:
     """One rank: load the port, run every prompt, write the runs."""
     import torch.distributed as dist
 
+    from .standin.checkpoints import CheckpointError
+
     job: VisionRankJob = pickle.loads(job_path.read_bytes())
     torch.set_num_threads(1)
     try:
@@ -60,6 +62,9 @@ def _rank_main(job_path: Path, rank: int, teacher_stream: BinaryIO) -> int:
         result = {"kind": "done", "runs": _run_prompts(job, dist.group.WORLD)}
     except PortFailure as failure:
         result = {"kind": "error", "stage": failure.stage, "message": f"rank {rank}: {failure.message}"}
+    except CheckpointError as error:  # the parent's transformers loaded it: the port's failure
+        message = f"rank {rank}: the port cannot load a checkpoint transformers loads: {error}"
+        result = {"kind": "error", "stage": "load", "message": message}
     except BaseException as error:  # noqa: BLE001 - report, never hang the parent
         result = {"kind": "error", "stage": "run", "message": f"rank {rank}: {type(error).__name__}: {error}"}
     with atomic_output(job_path.parent / f"rank{rank}.pt") as tmp:

@@ -115,11 +115,17 @@ def _port_runs(
         from .vision_ranks import run_vision_ranks
 
         return run_vision_ranks(package_dir, checkpoint_dir, dtype, prompts, teachers, tp)
+    from .standin.checkpoints import CheckpointError
+
     with standin_installed(), imported_package(package_dir) as package:
         try:
             hf_config = port_hf_config(checkpoint_dir, DTYPES[dtype])
             session = VisionPortSession(package.factory, checkpoint_dir, hf_config, len(prompts))
             return session.run(prompts, teachers)
+        except CheckpointError as error:  # transformers loaded it: the port's failure
+            raise PortFailure(
+                "load", f"the port cannot load a checkpoint transformers loads: {error}"
+            ) from error
         finally:
             report.kernel_calls = kernel_phases.calls()
 
