@@ -82,7 +82,8 @@ class LearnedPositions(Codemod):
     position_embeddings`` goes, and every assignment computed from those
     names (the prefill kernel's ``cos_cache``/``sin_cache``, the decode
     kernel's ``cos_kernel``/``sin_kernel``, the DCP share of the tables) binds
-    ``None`` (a later reassignment is dropped), so ``NF.qkv_proj`` and
+    ``None`` (a later reassignment is dropped, and so is a call-free
+    assignment only they read: decode's ``half``), so ``NF.qkv_proj`` and
     ``NF.attention_decode`` are called without a rotation. Any other use of
     the rotation (a statement that is not such an assignment, a call of
     ``apply_rotary_pos_emb``) refuses. The rotary class and the rotation
@@ -262,7 +263,6 @@ class LearnedPositions(Codemod):
                         return qkv
 
                     def forward_decode(self, hidden_states, positions, position_embeddings):
-                        half = self.head_dim // 2
                         cos_kernel = None
                         sin_kernel = None
                         return NF.attention_decode(hidden_states, cos=cos_kernel, sin=sin_kernel)
@@ -455,6 +455,29 @@ def _unrotated(
                 leading_lines=updated.leading_lines
             )
             derived.add(target)
+    _drop_orphans(func, edits)
+
+
+def _drop_orphans(func: cst.FunctionDef, edits: dict) -> None:
+    """Assignments of a plain name, computed without a call, that only the
+    removed rotation read (decode's ``half``): dropped too."""
+    body = list(deep_statements(func))
+    freed = {n.value for s in body if id(s) in edits for n in _read_names(s)}
+    reads: dict[str, int] = {}
+    for stmt in body:
+        if id(stmt) in edits:
+            continue
+        names = _header_names(stmt) if isinstance(stmt, cst.BaseCompoundStatement) else _read_names(stmt)
+        for name in names:
+            value = name if isinstance(name, str) else name.value
+            reads[value] = reads.get(value, 0) + 1
+    for stmt in body:
+        pair = simple_assign(stmt) if id(stmt) not in edits else None
+        if pair is None or not isinstance(pair[0], cst.Name) or _calls(pair[1]):
+            continue
+        name = pair[0].value
+        if name in freed and reads.get(name) == 1:  # its own binding only
+            edits[id(stmt)] = lambda updated: cst.RemoveFromParent()
 
 
 def _read_names(node: cst.CSTNode) -> list[cst.Name]:
