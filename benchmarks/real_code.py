@@ -20,7 +20,10 @@ It prints two tables:
    every setting), or ``WRONG`` (written but not equivalent at some setting,
    or failing to build or load).
 
-``--quick`` validates ports at TP=1 fp32 only. Tiny checkpoints are built once
+``--set NAME:key=value`` gives a package's own checkpoint a config value (a
+package may declare a fixed value, as the real qwen3_moe's top-k renormalization,
+that transformers' default config lacks); the table shows it. ``--quick``
+validates ports at TP=1 fp32 only. Tiny checkpoints are built once
 per architecture in a temporary directory, with their tensors named as the hub
 stores them (``save_pretrained``'s layout: per-expert MoE tensors, the names a
 served checkpoint has); ``--key-format model`` names them as transformers'
@@ -65,14 +68,27 @@ class Checkpoints:
         self.key_format = key_format
         self.made: dict[str, Path] = {}
 
-    def get(self, architecture: str) -> Path:
-        if architecture not in self.made:
+    def get(self, architecture: str, values: dict | None = None) -> Path:
+        key = architecture + "".join(f",{k}={v}" for k, v in sorted((values or {}).items()))
+        if key not in self.made:
             from autoport_cst.validate import build_tiny_checkpoint
 
-            out = self.root / architecture
-            build_tiny_checkpoint(architecture, out, seed=0, key_format=self.key_format)
-            self.made[architecture] = out
-        return self.made[architecture]
+            out = self.root / str(len(self.made)) / architecture
+            build_tiny_checkpoint(architecture, out, seed=0, dimensions=values, key_format=self.key_format)
+            self.made[key] = out
+        return self.made[key]
+
+
+def _settings(values: list[str]) -> dict[str, dict]:
+    """``NAME:key=value`` (value as JSON) -> {NAME: {key: value}}."""
+    found: dict[str, dict] = {}
+    for value in values:
+        name, _, assignment = value.partition(":")
+        key, _, text = assignment.partition("=")
+        if not key or not text:
+            raise SystemExit(f"{value}: expected NAME:key=value")
+        found.setdefault(name, {})[key] = json.loads(text)
+    return found
 
 
 def validate_all(package: Path, checkpoint: Path, settings) -> Outcome:
@@ -118,7 +134,15 @@ def main() -> None:
         default="saved",
         help="tensor names of the tiny checkpoints: as the hub stores them (default) or as the model holds them",
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        help="NAME:key=value (JSON value): a config value of the package's own tiny checkpoint, for a "
+        "package that declares a fixed value transformers' default config does not have",
+    )
     args = parser.parse_args()
+    overrides = _settings(args.set)
     dense, moe = _pairs(args.dense), _pairs(args.moe)
     port_settings = DENSE_SETTINGS[:1] if args.quick else DENSE_SETTINGS
 
@@ -129,8 +153,9 @@ def main() -> None:
         for name, path in {**dense, **moe}.items():
             settings = MOE_SETTINGS if name in moe else DENSE_SETTINGS
             architecture = json.loads((path / "reference.json").read_text())["architecture"]
-            outcome = validate_all(path, checkpoints.get(architecture), settings)
+            outcome = validate_all(path, checkpoints.get(architecture, overrides.get(name)), settings)
             shown = ", ".join(f"tp{tp}{'/ep' + str(ep) if ep > 1 else ''} {d}" for d, tp, ep in settings)
+            shown += "".join(f", {k}={json.dumps(v)}" for k, v in overrides.get(name, {}).items())
             print(f"| {name} | {shown} | {outcome.verdict} | {outcome.detail} |")
 
         print("\n## Every plan with each real dense package as the reference\n")
