@@ -10,7 +10,7 @@ import libcst as cst
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.anatomy import experts as anatomy_experts
 from autoport_cst.transform.cst.snippets import parse_expr
-from autoport_cst.transform.cst.vocabulary import code_of, simple_assign
+from autoport_cst.transform.cst.vocabulary import code_of, simple_assign, walk
 from autoport_cst.transform.edit import moe as moe_edits
 from autoport_cst.transform.edit.arguments import set_keyword
 from autoport_cst.transform.edit.functions import add_functions
@@ -52,6 +52,9 @@ class RouterActivation(Codemod):
       ``SOFTMAX``); where that would change its renormalization (a softmax
       after the top-k, ``router_pre_norm=False``, renormalizes by itself) it
       gets ``norm_topk_prob=True`` or ``router_pre_norm=True`` to keep it;
+    - a router written out without a kernel (``logits = x @
+      self.router_weight.T``, the latent reference's): its scores statement
+      becomes ``torch.softmax(logits, dim=-1)`` or ``torch.sigmoid(logits)``;
     - other router kernels (``NF.rmsnorm_router_topk_tkg`` of an all-to-all
       decode, explicit router matmuls) are guarded: their path raises
       ``NotImplementedError`` naming the activation.
@@ -174,6 +177,24 @@ class RouterActivation(Codemod):
             """,
         ),
         Example(
+            title="a router written as a matmul with the router weight (the latent reference's) to softmax",
+            params={"activation": "softmax"},
+            before="""
+                class DeepseekV3MoE(nn.Module):
+                    def _route(self, hidden_states):
+                        logits = hidden_states.to(torch.float32) @ self.router_weight.T
+                        scores = torch.sigmoid(logits)
+                        return scores.topk(2, dim=-1).indices
+            """,
+            after="""
+                class DeepseekV3MoE(nn.Module):
+                    def _route(self, hidden_states):
+                        logits = hidden_states.to(torch.float32) @ self.router_weight.T
+                        scores = torch.softmax(logits, dim=-1)
+                        return scores.topk(2, dim=-1).indices
+            """,
+        ),
+        Example(
             title="no router",
             before="""
                 class LlamaMLP(nn.Module):
@@ -190,6 +211,8 @@ class RouterActivation(Codemod):
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         sites = anatomy_experts.moe_sites(module, "moe.router")
+        if not sites and _matmul_scores(module):
+            return self._matmul_router(module)
         if not sites:
             raise ctx.precondition(
                 "router-activation: no MoE router in this file (NF.router, NF.moe_block_tkg, "
@@ -278,6 +301,16 @@ class RouterActivation(Codemod):
 
         edits[id(site.call)] = edit
 
+    def _matmul_router(self, module: cst.Module) -> cst.Module:
+        """A router written out (``logits = x @ self.router_weight.T``, the
+        latent reference's): its scores statement takes the activation."""
+        edits: dict = {}
+        for value, logits in _matmul_scores(module):
+            score = _score_expr(self.params.activation, logits)
+            if code_of(value) != score:
+                edits[id(value)] = lambda updated, score=score: parse_expr(score, module)
+        return rewrite(module, edits)
+
     def _scores(self, module, edits) -> None:
         """Routing methods that take the logits back: the scores statement."""
         activation = self.params.activation
@@ -292,3 +325,31 @@ class RouterActivation(Codemod):
                 _, value = simple_assign(stmt)
                 if code_of(value) != score:
                     edits[id(value)] = lambda updated, score=score: parse_expr(score, module)
+
+
+def _score_expr(activation: str, logits: str) -> str:
+    return f"torch.sigmoid({logits})" if activation == "sigmoid" else f"torch.softmax({logits}, dim=-1)"
+
+
+def _matmul_scores(module: cst.Module) -> list[tuple[cst.BaseExpression, str]]:
+    """(value, logits name) of every ``scores = torch.sigmoid(logits)`` /
+    ``torch.softmax(logits, dim=-1)`` in a method where ``logits`` is a
+    matmul with ``self.router_weight``."""
+    found = []
+    for func in (n for n in walk(module) if isinstance(n, cst.FunctionDef)):
+        logits: list[str] = []
+        for stmt in walk(func):
+            assigned = simple_assign(stmt)
+            if assigned is None or not isinstance(assigned[0], cst.Name):
+                continue
+            target, value = assigned
+            text = code_of(value)
+            if isinstance(value, cst.BinaryOperation) and "self.router_weight" in text and "@" in text:
+                logits.append(target.value)
+                continue
+            found += [
+                (value, name)
+                for name in logits
+                if text in (_score_expr("sigmoid", name), _score_expr("softmax", name))
+            ]
+    return found

@@ -42,6 +42,9 @@ _DTYPES = {
     "fp32": torch.float32,
 }
 
+# fields whose None in the config means something (not "use the default")
+_NONE_KEPT = ("n_group", "q_lora_rank", "topk_group")
+
 # field -> config keys that hold it, in order of preference (sorted by field;
 # codemods add the aliases of the fields they add in sorted place)
 _ALIASES = {
@@ -59,7 +62,7 @@ class DeepseekV3Config:
     num_hidden_layers: int = 61
     num_attention_heads: int = 128
     max_position_embeddings: int = 163840
-    # <-- MODEL-SPECIFIC: RMSNorm epsilon under its Hugging Face name (also the latent norms')
+    # <-- MODEL-SPECIFIC: RMSNorm epsilon under its Hugging Face name (the latent norms': model.LATENT_NORM_EPS)
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     # RoPE scaling parameters (``rope_type`` plus the variant's keys), or None
@@ -87,6 +90,8 @@ class DeepseekV3Config:
     norm_topk_prob: bool = True
     routed_scaling_factor: float = 2.5
     first_k_dense_replace: int = 3
+    # "dense" or "sparse" per layer (GLM-4-MoE-Lite); when given, it decides instead of first_k_dense_replace
+    mlp_layer_types: list[str] | None = None
     torch_dtype: torch.dtype = torch.bfloat16
     neuron_config: NeuronConfig | None = None
 
@@ -154,7 +159,8 @@ class DeepseekV3Config:
         else:
             values.pop("torch_dtype", None)
 
-        # q_lora_rank None is meaningful (no query LoRA): kept when the key is present
+        # None is meaningful for q_lora_rank (no query LoRA) and the expert groups (no group
+        # limit): kept when the key is present
         names = {f.name for f in fields(cls)} - {"neuron_config"}
-        kept = {k: v for k, v in values.items() if k in names and (v is not None or k == "q_lora_rank")}
+        kept = {k: v for k, v in values.items() if k in names and (v is not None or k in _NONE_KEPT)}
         return cls(**kept, neuron_config=neuron_config)

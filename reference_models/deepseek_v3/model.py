@@ -97,6 +97,11 @@ logger = logging.getLogger(__name__)
 _NKI_DTYPES = {torch.float32: nl.float32, torch.bfloat16: nl.bfloat16, torch.float16: nl.float16}
 
 
+# <-- MODEL-SPECIFIC: the latent norms (q_a_layernorm, kv_a_layernorm) use RMSNorm's default
+#     epsilon, not rms_norm_eps (DeepSeek-V2/V3 and GLM-4-MoE-Lite build them without one)
+LATENT_NORM_EPS = 1e-6
+
+
 def _replicated_linear_loader() -> SafetensorsWeightLoader:
     """A linear weight stored [in, out], the whole checkpoint tensor on every rank."""
     return SafetensorsWeightLoader(lambda slices, rank: slices[0][:, :].T)
@@ -312,7 +317,7 @@ class DeepseekV3Attention(nn.Module):
         # <-- MODEL-SPECIFIC: queries through a low-rank projection and its RMSNorm (query LoRA)
         if self.q_lora_rank is not None:
             self.q_a_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.q_lora_rank, dtype=dtype))
-            self.q_a_layernorm = DeepseekV3RMSNorm(self.q_lora_rank, config.rms_norm_eps, dtype)
+            self.q_a_layernorm = DeepseekV3RMSNorm(self.q_lora_rank, LATENT_NORM_EPS, dtype)
             self.q_b_proj_weight = nn.Parameter(
                 torch.empty(self.q_lora_rank, heads * self.qk_head_dim, dtype=dtype)
             )
@@ -322,7 +327,7 @@ class DeepseekV3Attention(nn.Module):
             )
         # <-- MODEL-SPECIFIC: the KV latent and the shared rotated key, [in, out]
         self.kv_a_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.latent_width, dtype=dtype))
-        self.kv_a_layernorm = DeepseekV3RMSNorm(self.kv_lora_rank, config.rms_norm_eps, dtype)
+        self.kv_a_layernorm = DeepseekV3RMSNorm(self.kv_lora_rank, LATENT_NORM_EPS, dtype)
         # per-head expansion of the latent, as stored: [heads * (nope + v), kv_lora_rank]
         self.kv_b_proj_weight = nn.Parameter(
             torch.empty(heads * (self.qk_nope_head_dim + self.v_head_dim), self.kv_lora_rank, dtype=dtype)
@@ -886,8 +891,12 @@ class DeepseekV3DecoderLayer(nn.Module):
         self.post_attention_layernorm = DeepseekV3RMSNorm(
             config.hidden_size, config.rms_norm_eps, config.torch_dtype
         )
-        # <-- MODEL-SPECIFIC: dense layers first, then MoE layers
-        if layer_idx >= config.first_k_dense_replace:
+        # <-- MODEL-SPECIFIC: dense layers first, then MoE layers (per layer in mlp_layer_types when given)
+        if config.mlp_layer_types is not None:
+            dense = config.mlp_layer_types[layer_idx] != "sparse"
+        else:
+            dense = layer_idx < config.first_k_dense_replace
+        if not dense:
             self.mlp = DeepseekV3MoE(config)
         else:
             self.mlp = DeepseekV3DenseMLP(config)

@@ -225,7 +225,22 @@ def _variations(name: str, raw: dict, resolved: Any, layer_types: tuple[str, ...
     annotation = _annotation(resolved, name)
     varied = varied_value(value, annotation)
     why = "" if varied is not _SAME else f"no other value of {type(value).__name__} to try"
+    if varied is not _SAME and _derived(name, varied, raw):
+        varied, why = _SAME, "the config class sets it from other fields (config.json cannot vary it)"
     yield name, value, varied, why
+
+
+def _derived(name: str, varied: Any, raw: dict) -> bool:
+    """Whether transformers' config class replaces ``varied`` given for
+    ``name`` (DeepSeek-V2 sets ``head_dim`` to ``qk_rope_head_dim`` whatever
+    config.json says): no config can carry the variation."""
+    if "model_type" not in raw:
+        return False
+    try:
+        built = resolve_config({**raw, name: varied}, "<varied config>")
+    except Exception:  # noqa: BLE001 - a class refusing the value is not a class replacing it
+        return False
+    return built is not None and hasattr(built, name) and getattr(built, name) != varied
 
 
 def _per_layer_types(value: Any) -> bool:

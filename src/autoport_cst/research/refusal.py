@@ -144,7 +144,10 @@ def blockers(spec: ArchSpec, fields: list[str], found: Any = None) -> list[Block
                     what += " (one: multi-query attention)"
                 out.append(Blocker(name, what, evidence))
             continue
-        out.append(Blocker(path, term(path, _value(spec, path)), _evidence(found, path)))
+        what = term(path, _value(spec, path))
+        if path == "moe" and spec.moe is None and spec.attention.kind == "latent":
+            what = "dense multi-latent attention (MLA with a dense MLP, no routed experts)"
+        out.append(Blocker(path, what, _evidence(found, path)))
     return out
 
 

@@ -61,6 +61,7 @@ def analyze(st: AnalyzerState, g: AttentionGraph, kernels: list[Node]) -> Latent
         norms = [n.ref for n in _norm_calls(st, g.nodes) if any(depends_on(c.args[0], n) for c in latent)]
         return Latent(graph, norms, None)
     _findings(st, g.where, found)
+    _norm_eps(st, g.where, found["norms"])
     return Latent(graph, found["norms"], found["qk_nope_head_dim"] + found["qk_rope_head_dim"])
 
 
@@ -201,6 +202,30 @@ def _findings(st: AnalyzerState, where: str, found: dict[str, Any]) -> None:
     for name in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
         st.add(known(found[name], f"attention.{name}", CODE, evidence))
     st.add(known(found["num_heads"], "attention.num_heads", CODE, evidence))
+
+
+# the latent norms' epsilon of the latent reference: RMSNorm's default, which
+# DeepSeek-V2/V3 and GLM-4-MoE-Lite build them with (not rms_norm_eps)
+LATENT_NORM_EPS = 1e-6
+
+
+def _norm_eps(st: AnalyzerState, where: str, norms: list[Instance]) -> None:
+    """Latent norms with another epsilon than RMSNorm's default (or one read
+    from the config) are named: the latent reference fixes it."""
+    for norm in norms:
+        info = st.norm_info(norm)
+        eps, key = info.get("eps"), info.get("eps_key")
+        if key is not None or eps is None or not math.isclose(eps, LATENT_NORM_EPS, rel_tol=1e-9):
+            shown = f"config.{key}" if key is not None else repr(eps)
+            st.add(
+                known(
+                    "latent norm epsilon",
+                    "unsupported.attention.latent_norm_eps",
+                    CODE,
+                    f"{where}: the latent norm {norm.name} uses epsilon {shown}, not {LATENT_NORM_EPS}",
+                )
+            )
+            return
 
 
 def yarn_scale_factor(config: Any) -> float:
