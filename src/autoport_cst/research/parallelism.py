@@ -16,6 +16,15 @@ must stay under a per-rank budget (20 GB of the ~24 GB HBM per rank; the
 rest is KV cache and activations). The recommended TP is the smallest valid
 TP >= 2 that fits (TP = 1 is not used on device).
 
+Multi-latent attention (MLA, DeepSeek-V2/V3): rules 1 and 2 apply to the
+query heads (the up-projections and the output projection are sharded by
+heads); rule 3 does not apply: the cache holds one latent row per token and
+layer (``kv_lora_rank + qk_rope_head_dim`` values) shared by every head, the
+same on every rank, so the KV cache per rank does not shrink with TP. Its
+size per token (bf16, every layer) is in each check's notes, and the
+low-rank projections of the hidden state (``q_a_proj``, ``kv_a_proj``) are
+replicated: their bytes count whole on every rank.
+
 Expert parallelism (EP) is needed for an MoE model when no valid TP fits:
 with the world size fixed, ``ep = world / tp``, attention and dense weights
 are split over the TP group and expert weights over all ranks (each rank
@@ -41,6 +50,11 @@ class ParallelDims:
     num_experts: int | None = None
     shared_intermediate_size: int | None = None
     dense_intermediate_size: int | None = None  # dense layers of an MoE model
+    # multi-latent attention: the cached latent row's width (kv_lora_rank + qk_rope_head_dim) per
+    # token and layer, the layers, and the parameters every rank holds whole (the low-rank projections)
+    latent_width: int | None = None
+    num_layers: int | None = None
+    replicated_parameters: int = 0
 
 
 @dataclass(frozen=True)
@@ -95,7 +109,9 @@ def check_tp(tp: int, dims: ParallelDims, weight_bytes: int, budget: int = RANK_
         failures.append(f"rule 1: {h} attention heads not divisible by {tp}")
     elif (h // tp) % 2:
         failures.append(f"rule 2: {h // tp} heads per rank is odd")
-    if not h or not kv:
+    if dims.latent_width:
+        notes.append(_latent_cache_note(dims))
+    elif not h or not kv:
         pass
     elif kv % tp and tp % kv:
         failures.append(f"rule 3: {kv} KV heads and TP {tp}: neither divides the other")
@@ -113,8 +129,25 @@ def check_tp(tp: int, dims: ParallelDims, weight_bytes: int, budget: int = RANK_
     if dims.vocab_size % tp:
         padded = -(-dims.vocab_size // tp) * tp
         notes.append(f"rule 5: vocabulary {dims.vocab_size} padded to {padded}")
-    per_rank = -(-weight_bytes // tp)
+    replicated = min(dims.replicated_parameters * BYTES_PER_PARAM, weight_bytes)
+    per_rank = -(-(weight_bytes - replicated) // tp) + replicated
     return TPCheck(tp, not failures, tuple(failures), tuple(notes), per_rank, per_rank <= budget)
+
+
+def latent_cache_bytes_per_token(dims: ParallelDims) -> int | None:
+    """bf16 bytes of the multi-latent cache per token on every rank (all
+    layers): one row of ``latent_width`` values per layer, whatever the TP."""
+    if not dims.latent_width or not dims.num_layers:
+        return None
+    return dims.latent_width * dims.num_layers * BYTES_PER_PARAM
+
+
+def _latent_cache_note(dims: ParallelDims) -> str:
+    per_token = latent_cache_bytes_per_token(dims)
+    size = f": {per_token / 1024:.1f} KiB per token on every rank" if per_token else ""
+    return (
+        f"latent cache replicated ({dims.latent_width} values per token and layer, not divided by TP){size}"
+    )
 
 
 def plan_parallelism(
@@ -225,6 +258,7 @@ def config_dims(config: dict) -> ParallelDims | None:
     if heads is None:
         return None
     kv_heads = 1 if config.get("multi_query") is True else _first_int(config, _KV_HEAD_KEYS)
+    rank, rope = _first_int(config, ("kv_lora_rank",)), _first_int(config, ("qk_rope_head_dim",))
     experts = _first_int(config, _EXPERT_KEYS)
     dense = _first_int(config, ("intermediate_size", "ffn_hidden_size", "n_inner"))
     expert_size = _first_int(config, ("moe_intermediate_size",)) if experts else None
@@ -236,6 +270,8 @@ def config_dims(config: dict) -> ParallelDims | None:
         num_experts=experts,
         shared_intermediate_size=_first_int(config, ("shared_expert_intermediate_size",)),
         dense_intermediate_size=dense if expert_size is not None else None,
+        latent_width=rank + rope if rank and rope else None,
+        num_layers=_first_int(config, ("num_hidden_layers",)),
     )
 
 

@@ -146,7 +146,24 @@ def parallel_dims(spec: ArchSpec, code: CodeAnalysis | None, cfg: ConfigAnalysis
         num_experts=experts,
         shared_intermediate_size=shared,
         dense_intermediate_size=dense,
+        **_latent_dims(spec),
     )
+
+
+def _latent_dims(spec: ArchSpec) -> dict[str, Any]:
+    """Multi-latent attention's cached row width, the layers, and the
+    parameters of its replicated low-rank projections of the hidden state
+    (q_a_proj and kv_a_proj of every layer)."""
+    a = spec.attention
+    if a.kind != "latent" or not a.kv_lora_rank or not a.qk_rope_head_dim:
+        return {}
+    width = a.kv_lora_rank + a.qk_rope_head_dim
+    per_layer = (spec.hidden_size or 0) * (width + (a.q_lora_rank or 0))
+    return {
+        "latent_width": width,
+        "num_layers": spec.num_layers,
+        "replicated_parameters": per_layer * (spec.num_layers or 0),
+    }
 
 
 def _causal_lm_name(model_type: str) -> str:
