@@ -22,7 +22,7 @@ from autoport_cst.transform.edit.loaders import LoaderEdits
 from autoport_cst.transform.edit.mappings import replace_segment
 from autoport_cst.transform.edit.parameters import WEIGHT_LOADERS
 from autoport_cst.transform.edit.tree import rewrite
-from autoport_cst.transform.realizes import Realizes, to
+from autoport_cst.transform.realizes import Realizes, not_to, to
 
 QKV_LOADERS = ("fused_qkv_weight_loader", "fused_qkv_bias_loader")
 QKV_SPLIT = "fused_qkv_split_loader"
@@ -50,6 +50,8 @@ def {QKV_SPLIT}(
     is_storage_transposed=False,
     per_head=False,
     head_dim=None,
+    groups=None,
+    order="qkv",
     attention_dp_rank=0,
     attention_dp_size=1,
     kv_sharded_across_attention_dp=False,
@@ -60,7 +62,10 @@ def {QKV_SPLIT}(
     Concatenated layout (Phi-3 qkv_proj): every query row, then every key row, then
     every value row. Per-head layout (GPT-NeoX query_key_value, per_head=True):
     head by head, that head's query, key and value rows (head_dim each); it
-    needs as many key/value heads as query heads. Each rank takes its query
+    needs as many key/value heads as query heads. With groups, the rows come
+    in that many equal groups instead of one per head, each its share of the
+    query, key and value rows in the order ``order`` (CodeGen: 4 groups of
+    [q v k]). Each rank takes its query
     heads and the key/value heads it holds (ranks share a KV head when there
     are fewer KV heads than ranks). With attention data parallelism the query
     heads are sharded over num_shards x attention_dp_size ranks (this rank's:
@@ -85,19 +90,21 @@ def {QKV_SPLIT}(
         q_rank = attention_dp_rank + tp_rank * attention_dp_size
         kv_rank = q_rank if kv_sharded_across_attention_dp else tp_rank // num_kv_replicas
         if per_head:
-            if rows % (3 * head_dim) != 0 or num_kv_replicas != 1:
+            group = rows // (3 * groups) if groups else head_dim
+            if rows % (3 * group) != 0 or num_kv_replicas != 1:
                 raise ValueError("a per-head fused QKV tensor needs as many KV heads as query heads")
 
-            def heads(first, size, index):
-                start = first // head_dim * 3 * head_dim
-                block = take(start, start + 3 * size)
-                block = block.reshape(size // head_dim, 3, head_dim, *block.shape[1:])
-                return block[:, index].reshape(size, *block.shape[3:])
+            def heads(first, size, role):
+                """Rows first..first + size of one part, gathered from their groups."""
+                wanted = torch.arange(first, first + size)
+                stored = wanted // group * 3 * group + order.index(role) * group + wanted % group
+                low = int(stored.min())
+                return take(low, int(stored.max()) + 1)[stored - low]
 
             parts = [
-                heads(q_rank * q_size, q_size, 0),
-                heads(kv_rank * kv_size, kv_size, 1),
-                heads(kv_rank * kv_size, kv_size, 2),
+                heads(q_rank * q_size, q_size, "q"),
+                heads(kv_rank * kv_size, kv_size, "k"),
+                heads(kv_rank * kv_size, kv_size, "v"),
             ]
         else:
             q_total = q_size * num_shards * attention_dp_size
@@ -171,12 +178,20 @@ class LlamaForCausalLM(nn.Module):
 @dataclass(frozen=True)
 class FusedCheckpointParams:
     qkv: bool = field(default=False, metadata={"doc": "Q, K and V come from one fused checkpoint tensor."})
-    qkv_layout: Literal["concatenated", "per_head"] = field(
+    qkv_layout: Literal["concatenated", "per_head", "grouped"] = field(
         default="concatenated",
         metadata={
             "doc": "concatenated: [all q | all k | all v] rows (Phi-3 qkv_proj); per_head: [q k v] rows per head "
-            "(GPT-NeoX query_key_value; needs as many KV heads as query heads)."
+            "(GPT-NeoX query_key_value; needs as many KV heads as query heads); grouped: qkv_groups equal "
+            "groups, each its share of q, k and v in the order qkv_order (CodeGen)."
         },
+    )
+    qkv_groups: int = field(
+        default=4, metadata={"doc": "grouped: the number of groups of rows.", "examples": (4, 8)}
+    )
+    qkv_order: str = field(
+        default="qkv",
+        metadata={"doc": "grouped: the order of the parts in a group.", "examples": ("qkv", "qvk")},
     )
     qkv_name: str = field(default="qkv_proj", metadata={"doc": "Checkpoint module name of the fused tensor."})
     gate_up: bool = field(
@@ -229,7 +244,12 @@ class FusedCheckpoint(Codemod):
 
     ID = "fused-checkpoint"
     REALIZES = Realizes(
-        dict.fromkeys(("checkpoint.qkv", "checkpoint.gate_up"), to("fused", "fused_per_head"))
+        {
+            "checkpoint.qkv": to("fused", "fused_per_head", "fused_grouped"),
+            "checkpoint.gate_up": to("fused", "fused_per_head"),
+            "checkpoint.qkv_groups": not_to(None),
+            "checkpoint.qkv_order": not_to(None),
+        }
     )
     Params = FusedCheckpointParams
     PITFALLS = (
@@ -412,15 +432,23 @@ class FusedCheckpoint(Codemod):
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> FusedCheckpointParams:
         qkv = target.checkpoint.qkv
+        layouts = {"fused_per_head": "per_head", "fused_grouped": "grouped"}
         return FusedCheckpointParams(
-            qkv=qkv in ("fused", "fused_per_head"),
-            qkv_layout="per_head" if qkv == "fused_per_head" else "concatenated",
+            qkv=qkv in ("fused", "fused_per_head", "fused_grouped"),
+            qkv_layout=layouts.get(qkv, "concatenated"),  # type: ignore[arg-type]
+            qkv_groups=target.checkpoint.qkv_groups or 4,
+            qkv_order=target.checkpoint.qkv_order or "qkv",
             gate_up=target.checkpoint.gate_up == "fused",
         )
 
     @classmethod
     def check_params(cls, params: FusedCheckpointParams) -> list[str]:
-        return [] if params.qkv or params.gate_up else ["nothing to do: set qkv or gate_up"]
+        problems = [] if params.qkv or params.gate_up else ["nothing to do: set qkv or gate_up"]
+        if sorted(params.qkv_order) != ["k", "q", "v"]:
+            problems.append(f"qkv_order: {params.qkv_order!r} is not an order of q, k and v")
+        if params.qkv_groups < 1:
+            problems.append(f"qkv_groups: {params.qkv_groups} groups")
+        return problems
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         edits: dict = {}
@@ -508,7 +536,8 @@ class FusedCheckpoint(Codemod):
             )
 
     def _split_loader_edit(self, module: cst.Module):
-        per_head = self.params.qkv_layout == "per_head"
+        per_head = self.params.qkv_layout in ("per_head", "grouped")
+        grouped = self.params.qkv_layout == "grouped"
 
         def edit(updated: cst.Call) -> cst.Call:
             kept = [a for a in updated.args if a.keyword is not None and a.keyword.value in QKV_KWARGS]
@@ -518,6 +547,9 @@ class FusedCheckpoint(Codemod):
             if per_head:
                 call = set_keyword(call, "per_head", parse_expr("True", module))
                 call = set_keyword(call, "head_dim", parse_expr("self.head_dim", module))
+            if grouped:
+                call = set_keyword(call, "groups", parse_expr(str(self.params.qkv_groups), module))
+                call = set_keyword(call, "order", parse_expr(f'"{self.params.qkv_order}"', module))
             return call
 
         return edit

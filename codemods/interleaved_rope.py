@@ -54,7 +54,7 @@ class InterleavedRope(Codemod):
             "interleaved RoPE pairs (2i, 2i+1): the kernels pair (i, i + d/2); permute Q/K columns at load",
         ),
     )
-    AFTER = ("add-qkv-bias", "qk-norm")
+    AFTER = ("add-qkv-bias", "qk-norm", "fused-checkpoint")
     EXAMPLES = (
         Example(
             title="query/key columns reordered at load time",

@@ -95,7 +95,7 @@ class PartialRotary(Codemod):
             "whole head; pass-through dims need cos=1/sin=0 and a Q/K column permutation at load time",
         ),
     )
-    AFTER = ("rope-scaling", "add-qkv-bias", "qk-norm", "lazy-rope")
+    AFTER = ("rope-scaling", "add-qkv-bias", "qk-norm", "lazy-rope", "fused-checkpoint")
     FILES = ("model", "config")
     EXAMPLES = (
         Example(

@@ -1,9 +1,10 @@
-"""GPT-J ports and validates from a tiny checkpoint of its transformers
-architecture: a RoPE base written in the code (10000), interleaved rotary on
+"""GPT-J and CodeGen port and validate from tiny checkpoints of their
+transformers architectures: a RoPE base written in the code (10000), interleaved rotary on
 the first rotary_dim channels of each head, attention and MLP in parallel
 after one LayerNorm, a biased GELU-tanh MLP beside bias-free q/k/v, an LM
 head with a bias, and config fields under GPT-2's names (n_embd, n_inner =
-null for 4 * n_embd, rotary_dim in channels)."""
+null for 4 * n_embd, rotary_dim in channels); CodeGen's fused qkv_proj in
+four groups of [q v k] rows."""
 
 from __future__ import annotations
 
@@ -59,3 +60,32 @@ def test_gptj_validates_on_two_ranks(tmp_path):
 
 def _guards(plan: dict) -> list[dict]:
     return [a for s in plan["steps"] if s["codemod"] == "config-guards" for a in s["params"]["assumed"]]
+
+
+@pytest.mark.slow
+def test_codegen_with_groups_of_two_heads_validates_on_two_ranks(tmp_path):
+    """CodeGen fuses q, k and v in one qkv_proj whose rows come in four groups
+    (the model-parallel shards it was trained with), each [q v k]: with 8
+    heads a group holds two heads' rows, so neither a per-head nor a
+    concatenated split loads it; the port gathers each rank's rows."""
+    source = tmp_path / "codegen"
+    build_tiny_checkpoint("CodeGenForCausalLM", source, seed=0, dimensions={"num_attention_heads": 8})
+    outcome = port(str(source), "codegen", tmp_path / "out", tp=2, checkpoint="source", steps=8)
+    assert outcome.validated, [(r.tp, r.dtype, r.first_diverging) for r in outcome.runs]
+    assert {"fused-checkpoint", *GPTJ_STEPS} <= set(outcome.steps), outcome.steps
+    plan = json.loads(outcome.plan_path.read_text(encoding="utf-8"))
+    checkpoint = plan["spec"]["checkpoint"]
+    assert (checkpoint["qkv"], checkpoint["qkv_groups"], checkpoint["qkv_order"]) == (
+        "fused_grouped",
+        4,
+        "qvk",
+    )
+
+
+@pytest.mark.slow
+def test_codegen_ports_with_its_config_variant(tmp_path):
+    source = tmp_path / "codegen"
+    build_tiny_checkpoint("CodeGenForCausalLM", source, seed=0)
+    outcome = port(str(source), "codegen", tmp_path / "out", steps=8)
+    assert outcome.validated, [(r.tp, r.dtype, r.first_diverging) for r in outcome.runs]
+    assert "rotary_dim" in (outcome.variant or {}), outcome.variant

@@ -48,3 +48,22 @@ def test_config_fields_under_other_names_are_mapped(tiny):
 
 def test_a_llama_config_needs_no_key_map(tiny):
     assert tiny.research("llama").spec.checkpoint.config_keys is None
+
+
+def test_codegen_fuses_qkv_in_groups_of_q_v_k(tmp_path):
+    """CodeGen views its qkv_proj output as 4 groups of 3 x (hidden / 4) and
+    splits each into query, value, key (the order its kernel arguments read
+    them in; the query's cast to the value's dtype is no dependence)."""
+    from autoport_cst.research import research
+    from autoport_cst.validate import build_tiny_checkpoint
+
+    source = tmp_path / "codegen"
+    build_tiny_checkpoint("CodeGenForCausalLM", source, seed=0, dimensions={"num_attention_heads": 8})
+    checkpoint = research(str(source)).spec.checkpoint
+    assert (checkpoint.qkv, checkpoint.qkv_groups, checkpoint.qkv_order) == ("fused_grouped", 4, "qvk")
+    assert checkpoint.key_map is not None and checkpoint.key_map["self_attn"] == "attn"
+
+
+def test_gpt_neox_keeps_its_per_head_layout(tiny):
+    checkpoint = tiny.research("gpt_neox").spec.checkpoint
+    assert checkpoint.qkv == "fused_per_head" and checkpoint.qkv_groups is None

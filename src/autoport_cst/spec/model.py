@@ -60,7 +60,7 @@ EmbeddingScale = Literal["none", "sqrt_hidden"]
 RouterActivation = Literal["softmax", "sigmoid"]
 RouterDtype = Literal["float32", "bfloat16"]
 CheckpointFusion = Literal["separate", "fused"]
-QKVLayout = Literal["separate", "fused", "fused_per_head"]
+QKVLayout = Literal["separate", "fused", "fused_per_head", "fused_grouped"]
 LinearLayout = Literal["out_in", "in_out"]
 ScaleForm = Literal["multiplier", "inverse_sqrt"]
 LogitsForm = Literal["divisor", "multiplier"]
@@ -266,8 +266,16 @@ class ResidualSpec:
 class CheckpointSpec:
     qkv: QKVLayout = feature(
         "separate",
-        "Q, K and V stored as separate q/k/v tensors, as one fused [q | k | v] tensor, or fused per "
-        "head ([h0: q k v, h1: q k v, ...], GPT-NeoX).",
+        "Q, K and V stored as separate q/k/v tensors, as one fused [q | k | v] tensor, fused per "
+        "head ([h0: q k v, h1: q k v, ...], GPT-NeoX), or fused in groups (qkv_groups equal groups of "
+        "rows, each its share of q, k and v in the order qkv_order: CodeGen's four [q v k]).",
+    )
+    qkv_groups: int | None = optional(
+        "fused_grouped: the number of groups of rows of the fused tensor (CodeGen: 4, the model-parallel "
+        "shards it was trained with, whatever the config)."
+    )
+    qkv_order: str | None = optional(
+        "fused_grouped: the order of the query, key and value rows in each group ('qvk': CodeGen)."
     )
     gate_up: CheckpointFusion = feature(
         "separate", "Gate and up projections stored separately, or as one fused gate_up tensor."

@@ -185,14 +185,22 @@ def _fused_qkv(st: AnalyzerState, g: AttentionGraph, nh: Any, nkv: Any, hd: Any)
         )
         if width == (nh + 2 * nkv) * hd:
             st.add(known(True, "code.fused_qkv", CODE, evidence))
-            st.add(
-                known(
-                    _qkv_layout(g.nodes, g.inputs[0]),
-                    "code.qkv_layout",
-                    CODE,
-                    f"{where}: how the fused output is split",
+            layout = _qkv_layout(g.nodes, g.inputs[0])
+            grouped = _qkv_groups(st, g, width, hd) if layout == "per_head_interleaved" else None
+            if grouped is not None:
+                layout, (groups, order) = "grouped", grouped
+                st.add(
+                    known(
+                        groups,
+                        "code.qkv_groups",
+                        CODE,
+                        f"{where}: {groups} groups of [{' '.join(order)}] rows",
+                    )
                 )
-            )
+                st.add(
+                    known(order, "code.qkv_order", CODE, f"{where}: each group's rows in the order {order}")
+                )
+            st.add(known(layout, "code.qkv_layout", CODE, f"{where}: how the fused output is split"))
         else:
             st.add(unknown("code.fused_qkv", CODE, evidence))
     elif len(in_insts) == 3:
@@ -419,6 +427,78 @@ def _qkv_layout(nodes: list[Node], proj: Node) -> str:
                 ):
                     return "per_head_interleaved"
     return "concatenated"
+
+
+def _qkv_groups(st: AnalyzerState, g: AttentionGraph, width: int, hd: int) -> tuple[int, str] | None:
+    """A fused output viewed in groups of three equal parts and split
+    (``view(..., -1, 3 * local).split(local)``), when a group is not one
+    head's [q k v] (CodeGen: four groups, one per model-parallel shard it was
+    trained with, each [q v k]): the number of groups and the order of the
+    parts, read from the split item each kernel argument reads."""
+    proj = g.inputs[0]
+    views = [
+        n
+        for n in g.nodes
+        if n.kind == "method" and n.name in ("view", "reshape") and n.args and n.args[0] is proj
+    ]
+    group = views[0].args[-1] if views and isinstance(views[0].args[-1], int) else None
+    if not group or group % 3 or width % group:
+        return None
+    splits = [
+        n
+        for n in g.nodes
+        if n.kind == "method"
+        and n.name == "split"
+        and n.args
+        and (n.args[0] is views[0] or depends_on(n.args[0], views[0]))
+    ]
+    if len(splits) != 1 or splits[0].args[1:2] != (group // 3,):
+        return None
+    order = _split_order(st, g.attn, splits[0])
+    if order is None or (group == 3 * hd and order == "qkv"):
+        return None
+    return width // group, order
+
+
+def _split_order(st: AnalyzerState, attn: Instance, split: Node) -> str | None:
+    """``qkv``, ``qvk``...: the role of each split part, on the first forward
+    path where the kernel's query, key and value each read one part."""
+    for value in st.outputs(attn):
+        for call in _kernel_calls(attn, list(walk(value))):
+            at = next(i for i, x in enumerate(call.args) if isinstance(x, Node) and x.kind == "instance")
+            parts: dict[int, str] = {}
+            for role, arg in zip("qkv", call.args[at + 1 : at + 4], strict=False):
+                read = {
+                    n.args[1]
+                    for n in _values_walk(arg)
+                    if n.kind == "item"
+                    and len(n.args) == 2
+                    and n.args[0] is split
+                    and isinstance(n.args[1], int)
+                }
+                if len(read) == 1:
+                    parts[read.pop()] = role
+            if sorted(parts) == [0, 1, 2] and len(set(parts.values())) == 3:
+                return "".join(parts[i] for i in range(3))
+    return None
+
+
+def _values_walk(value: Any) -> list[Node]:
+    """The nodes ``value`` is computed from, not through the dtype, device or
+    shape of another tensor (CodeGen's ``query.to(value.dtype)``)."""
+    found: dict[int, Node] = {}
+    stack = [value]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, Node):
+            if id(current) in found or (
+                current.kind == "attr" and current.name in ("dtype", "device", "shape")
+            ):
+                continue
+            found[id(current)] = current
+        if isinstance(current, (Node, tuple, list, dict)):
+            stack.extend(children_of(current))
+    return list(found.values())
 
 
 def _kernel_calls(attn: Instance, nodes: list[Node]) -> list[Node]:

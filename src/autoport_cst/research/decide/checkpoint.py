@@ -56,6 +56,12 @@ def layout(d: Decider, is_moe: bool) -> CheckpointSpec:
                 f"{qkv_layout.evidence}: the fused tensor's rows are [q k v] per head",
             )
         )
+    groups, order = d.code_value("code.qkv_groups"), d.code_value("code.qkv_order")
+    if qkv == "fused" and qkv_layout is not None and qkv_layout.value == "grouped":
+        qkv = "fused_grouped"
+        d.decisions.append(
+            known(qkv, "checkpoint.qkv", CODE, f"{qkv_layout.evidence}: {groups} groups of [{order}] rows")
+        )
     gate_up = _gate_up(d, stored, is_moe)
     head_stored = _head_stored(d, stored)
     key_map = _key_map(d, qkv, gate_up, is_moe)
@@ -72,6 +78,8 @@ def layout(d: Decider, is_moe: bool) -> CheckpointSpec:
         key_map=key_map,
         linear_layout=linear,
         config_keys=config_keys(d),
+        qkv_groups=groups if qkv == "fused_grouped" else None,
+        qkv_order=order if qkv == "fused_grouped" else None,
     )
 
 
@@ -253,7 +261,7 @@ def _missing_names(d: Decider, names: dict[str, str], qkv: str, gate_up: str, is
     kind = d.code_finding("mlp.kind")
     affine = d.code_finding("code.norm_affine")
     wanted = ["model", "model.layers", "model.embed_tokens", "lm_head", "self_attn", "self_attn.o_proj"]
-    fused = qkv in ("fused", "fused_per_head")
+    fused = qkv in ("fused", "fused_per_head", "fused_grouped")
     wanted += (
         ["self_attn.qkv_proj"] if fused else ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]
     )
