@@ -181,6 +181,8 @@ def from_research(
     """The plan of a researched model, validated as a plan read from disk is
     (the plan ``plan`` writes and the one ``port`` applies are built here)."""
     guards = assumptions_of(found, reference).step()
+    steps = [PlanStep(guards["codemod"], guards["params"])] if guards else []
+    steps.extend(key_format_steps(found.architecture))
     plan = Plan(
         version=PLAN_VERSION,
         name=name,
@@ -188,11 +190,21 @@ def from_research(
         reference=reference,
         class_prefix=derive_class_prefix(name),
         spec=found.spec,
-        steps=(PlanStep(guards["codemod"], guards["params"]),) if guards else (),
+        steps=tuple(steps),
         description=description,
         checkpoint_keys=tuple(getattr(found, "checkpoint_keys", ()) or ()) or None,
     )
     return parse_plan(plan_to_json(plan), source)
+
+
+def key_format_steps(architecture: str) -> list[PlanStep]:
+    """The key-formats step when transformers names some of the
+    architecture's tensors differently in its two key formats (module tree,
+    save_pretrained): the port loads either (``research.key_formats``)."""
+    from autoport_cst.research.key_formats import key_format_renames
+
+    renames = key_format_renames(architecture)
+    return [PlanStep("key-formats", {"renames": dict(renames)})] if renames else []
 
 
 def assumptions_of(found: Researched, reference: str | None):
