@@ -177,12 +177,14 @@ def _validate(
     """The validation runs, then, when they pass, the checks on configs the
     plan was not made on. The runs on the validation checkpoint share one
     transformers run (``reference_reuse``): the port's dtype and TP size do
-    not change what transformers computes."""
+    not change what transformers computes; nor is a run repeated (``run_reuse``:
+    with ``--tp 2`` the TP=1 fp32 run's TP=2 layout is the ``--tp 2`` run)."""
     from autoport_cst.validate.reference_reuse import reusing_reference_runs
+    from autoport_cst.validate.run_reuse import reusing_validation_runs
 
     start = time.perf_counter()
     _check_validation_tp(outcome, tp)
-    with reusing_reference_runs():
+    with reusing_reference_runs(), reusing_validation_runs():
         _validation_runs(outcome, checkpoint, tp, steps, seed, stage)
     outcome.seconds["validate"] = time.perf_counter() - start
     if outcome.validated:  # then on configs the plan was not made on

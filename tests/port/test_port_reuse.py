@@ -48,3 +48,23 @@ def test_the_command_settles_its_imports(tiny_llama: Path, tmp_path: Path, monke
     monkeypatch.setattr("autoport_cst.port.port", fake_port)
     result = CliRunner().invoke(cli, ["port", str(tiny_llama), "--name", "x", "--out", str(tmp_path / "o")])
     assert asked["settle_imports"] is True, result.output
+
+
+@pytest.mark.slow  # a whole port at TP=2 (test_port_cli's test_port_at_tp2 checks its verdict by default)
+def test_port_at_tp2_runs_tp2_once(tiny_llama: Path, tmp_path: Path, monkeypatch):
+    """The TP=1 fp32 run's TP=2 layout is the ``--tp 2`` run: one run of the ranks at TP=2."""
+    from autoport_cst.validate import distributed
+
+    worlds: list[tuple[int, bool]] = []
+    original = distributed.run_port_ranks
+
+    def counted(model_dir, checkpoint_dir, dtype_name, scenario, world_size, *args, **kwargs):
+        if Path(checkpoint_dir).name == "my_llama-tiny":
+            worlds.append((world_size, kwargs.get("layout") is None))
+        return original(model_dir, checkpoint_dir, dtype_name, scenario, world_size, *args, **kwargs)
+
+    monkeypatch.setattr(distributed, "run_port_ranks", counted)
+    outcome = port(str(tiny_llama), "my_llama", tmp_path / "out", tp=2, steps=4)
+    assert outcome.validated
+    assert [(r.tp, r.dtype, r.equivalent) for r in outcome.runs][-1] == (2, "fp32", True)
+    assert worlds.count((2, True)) == 1  # plain TP=2 (the other runs on 2 ranks are DP layouts)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
 import time
 from collections.abc import Callable
@@ -39,6 +40,7 @@ from .reference import ReferenceOutput, greedy_teacher, load_reference, run_refe
 from .reference_reuse import keep_run, kept_run, sharing_reference_runs
 from .report import PortFailureInfo, ValidationReport
 from .routing import ForcedTeacher, RoutedRun, RoutingRecord, run_reference_routed
+from .run_reuse import reused_run
 from .scenario import (
     DEFAULT_PROMPT_LENGTHS,
     DEFAULT_STEPS,
@@ -235,7 +237,7 @@ class _FollowUps:
             start = time.perf_counter()
             check_config_variants(report, report.model_dir, checkpoint_dir, self.run)
             fp8 = functools.partial(self.run, kv_cache_dtype="fp8")
-            check_kv_scale_variant(report, report.model_dir, checkpoint_dir, fp8, self.seed)
+            check_kv_scale_variant(report, report.model_dir, checkpoint_dir, fp8)
             report.timings["config_variants"] = time.perf_counter() - start
         if layouts and report.equivalent:
             start = time.perf_counter()
@@ -251,10 +253,9 @@ class _FollowUps:
         embedding_dp: int = 1,
         lm_head_dp: int = 1,
         kv_cache_dtype: str = "auto",
-        seed: int | None = None,
     ) -> ValidationReport:
         """The port on ``checkpoint`` in fp32 at TP ``tp`` with those data-parallel degrees
-        (and that KV-cache dtype; the prompts of ``seed``, default the validation's)."""
+        (and that KV-cache dtype)."""
         layout = ParallelLayout(
             tp=tp, attention_dp=attention_dp, mlp_dp=mlp_dp, embedding_dp=embedding_dp, lm_head_dp=lm_head_dp
         )
@@ -266,7 +267,7 @@ class _FollowUps:
             steps=self.steps,
             prompt_lengths=self.prompt_lengths,
             block_size=None,
-            seed=self.seed if seed is None else seed,
+            seed=self.seed,
             on_stage=None,
             prefill=self.prefill if kv_cache_dtype == "auto" else "auto",  # an FP8 cache: no cache paths
             kv_cache_dtype=kv_cache_dtype,
@@ -275,6 +276,26 @@ class _FollowUps:
 
 
 def _validate(
+    model_dir: str | Path, checkpoint_dir: str | Path, *, on_stage: StageCallback | None, **options: Any
+) -> ValidationReport:
+    """``_validate_run``; within ``run_reuse.reusing_validation_runs`` the
+    report of an earlier run with the same options on the same files (``port
+    --tp 2``: the TP=2 layout of the TP=1 run is the ``--tp 2`` run). A
+    caller that follows the stages runs anew."""
+    if on_stage is not None:
+        return _validate_run(model_dir, checkpoint_dir, on_stage=on_stage, **options)
+    bound = inspect.signature(_validate_run).bind(model_dir, checkpoint_dir, on_stage=None, **options)
+    bound.apply_defaults()  # an option left at its default is the same run as one given it
+    key = {k: v for k, v in bound.arguments.items() if k not in ("model_dir", "checkpoint_dir", "on_stage")}
+    return reused_run(
+        model_dir,
+        checkpoint_dir,
+        key,
+        lambda: _validate_run(model_dir, checkpoint_dir, on_stage=None, **options),
+    )
+
+
+def _validate_run(
     model_dir: str | Path,
     checkpoint_dir: str | Path,
     *,
