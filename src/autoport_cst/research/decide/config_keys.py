@@ -77,8 +77,9 @@ def _intermediate_key(raw: dict[str, Any], hidden_key: str, built: int | None) -
 def _rotary_fraction(raw: dict[str, Any], hidden_key: str, heads_key: str | None) -> str | None:
     """The rotated fraction of a head for a config giving it in channels
     (``rotary_dim``: GPT-J, CodeGen) rather than as a fraction."""
-    rope = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
-    if not isinstance(raw.get("rotary_dim"), int) or "partial_rotary_factor" in {**raw, **rope}:
+    rope = raw.get("rope_parameters")
+    given = "partial_rotary_factor" in raw or (isinstance(rope, dict) and "partial_rotary_factor" in rope)
+    if not isinstance(raw.get("rotary_dim"), int) or given:
         return None
     if raw.get("head_dim") is not None:
         return "rotary_dim / head_dim"
