@@ -58,7 +58,14 @@ class KeyFormatsParams:
             "doc": "Tails of the checkpoint keys (after the layer index, '*' one segment) that transformers "
             "names differently in its two key formats, module tree -> save_pretrained "
             "({'lm_head.weight': 'embed_out.weight'}); research derives them from transformers' conversion "
-            "mapping of the architecture (research.key_formats)."
+            "mapping of the architecture (research.key_formats).",
+            "examples": (
+                {"lm_head.weight": "embed_out.weight"},
+                {
+                    "mlp.gate.weight": "block_sparse_moe.gate.weight",
+                    "mlp.experts.*.gate_proj.weight": "block_sparse_moe.experts.*.w1.weight",
+                },
+            ),
         },
     )
 

@@ -100,8 +100,8 @@ EXPECTED_STEPS = {
 }
 # identity steps and guards (config-guards) that any port may take
 ALWAYS = IDENTITY_AND_GUARDS
-# codemods of other features a port may also take (checkpoint key renames)
-MAY = {"checkpoint-keys"}
+# codemods of other features a port may also take (checkpoint key renames, either key format)
+MAY = {"checkpoint-keys", "key-formats"}
 
 
 # Ports that the tiny checkpoints with every kind of layer show wrong (as
@@ -110,19 +110,12 @@ KNOWN_WRONG: dict[str, str] = {}
 
 
 # Ports wrong on a config variant their reference declares (validate runs each
-# declared variant after a passing TP=1 fp32 run); strict, as above. The port
-# loads both expert layouts (fused, per expert) under the names of the tiny
-# checkpoint it was planned on (transformers' state-dict names); the variant
-# checkpoint.gate_up="separate" is written as save_pretrained writes it (the hub
-# names), which for these architectures renames more than the expert layout:
-# names the planned checkpoint's key map cannot give. (GraniteMoE's and Aria's
-# hub checkpoints stack their experts too: no per-expert variant is run.)
-_HUB = 'fails its config variant checkpoint.gate_up="separate" at load; the hub names: '
-WRONG_ON_A_VARIANT = {
-    "Ernie4_5_MoeForCausalLM": _HUB + "routing bias in mlp.moe_statics, not mlp.gate.moe_statics",
-    "HYV3ForCausalLM": _HUB + "router mlp.router.gate, bias mlp.expert_bias, mlp.shared_mlp",
-    "MiniMaxM2ForCausalLM": _HUB + "block block_sparse_moe, experts w1/w3/w2",
-}
+# declared variant after a passing TP=1 fp32 run); strict, as above. The
+# variant checkpoint.gate_up="separate" is written as save_pretrained writes it
+# (the hub's names: ERNIE's mlp.moe_statics, HY-V3's mlp.router.gate and
+# expert_bias, MiniMax-M2's block_sparse_moe and w1/w2/w3 experts); the port
+# loads it under those names (key-formats: transformers' conversion mapping).
+WRONG_ON_A_VARIANT: dict[str, str] = {}
 
 
 def _architectures(known_wrong: dict[str, str] = KNOWN_WRONG) -> list:

@@ -91,8 +91,8 @@ def _expert_pairs(fused_tail: str, saved: list[str]) -> list[tuple[str, str]]:
     if not block or roles[-1:] != ["proj"] or len(roles) < 2:
         return []
     canonical = [f"{block}.*.{role}_proj.weight" for role in roles[:-1]]
-    first = [_expert_star(layer_tail(key)) for key in saved]
-    first = [tail for tail in dict.fromkeys(first) if tail is not None]
+    starred = [_expert_star(layer_tail(key)) for key in saved]
+    first = [tail for tail in dict.fromkeys(starred) if tail is not None]
     if len(first) != len(canonical):
         return []
     return [(model, kept) for model, kept in zip(canonical, first, strict=True) if model != kept]
