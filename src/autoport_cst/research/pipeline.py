@@ -71,25 +71,17 @@ def research_resolved(resolved: ResolvedSource) -> Research:
     config_path = str(resolved.config_path)
     raw = read_config(resolved.config_path)
     config_obj = resolve_config(raw, config_path)
-    cfg = analyze_config(raw, config_obj, config_path)
-    modeling = locate_modeling_source(cfg.model_type, config_path)
     header: CheckpointHeader | None = resolved.header
     if header is None and resolved.directory is not None:
         header = read_checkpoint(resolved.directory)
+    if is_vision_language(raw):
+        from autoport_cst.research.vlm import research_vlm
+
+        return Research(**research_vlm(resolved, raw, config_obj, header, safe_analyze_code, parallel_dims))
+    cfg = analyze_config(raw, config_obj, config_path)
+    modeling = locate_modeling_source(cfg.model_type, config_path)
     architecture = cfg.architecture or _causal_lm_name(cfg.model_type)
-    try:
-        code = analyze_code(modeling, config_obj if config_obj is not None else raw, architecture, cfg.dims)
-    except (RecursionError, Exception) as exc:  # an analysis gap must not hide the rest of the research
-        code = CodeAnalysis(str(modeling.path), architecture)
-        code.add(
-            Finding(
-                "code.analysis",
-                None,
-                "code",
-                f"the source analysis stopped: {type(exc).__name__}: {exc}",
-                "unknown",
-            )
-        )
+    code = safe_analyze_code(modeling, config_obj if config_obj is not None else raw, architecture, cfg.dims)
     ckpt_findings = checkpoint_findings(header, cfg.dims) if header is not None else []
     decision = decide_spec(cfg, code, header, ckpt_findings)
     spec = decision.spec
@@ -120,6 +112,29 @@ def research_resolved(resolved: ResolvedSource) -> Research:
         else (),
         dependence_inputs=dependence,
     )
+
+
+def is_vision_language(raw: dict[str, Any]) -> bool:
+    """A vision-language checkpoint: config.json holds a text and a vision config."""
+    return isinstance(raw.get("text_config"), dict) and isinstance(raw.get("vision_config"), dict)
+
+
+def safe_analyze_code(modeling: Any, config: Any, architecture: str, dims: dict[str, Any]) -> CodeAnalysis:
+    """analyze_code; an analysis gap must not hide the rest of the research."""
+    try:
+        return analyze_code(modeling, config, architecture, dims)
+    except (RecursionError, Exception) as exc:
+        code = CodeAnalysis(str(modeling.path), architecture)
+        code.add(
+            Finding(
+                "code.analysis",
+                None,
+                "code",
+                f"the source analysis stopped: {type(exc).__name__}: {exc}",
+                "unknown",
+            )
+        )
+        return code
 
 
 def parallel_dims(spec: ArchSpec, code: CodeAnalysis | None, cfg: ConfigAnalysis) -> ParallelDims:

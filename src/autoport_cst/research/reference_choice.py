@@ -81,6 +81,9 @@ def evaluate_reference(ref_name: str, spec: ArchSpec, name: str, architecture: s
         reference = load_reference(ref_name)
     except AutoportError as exc:
         return Candidate(ref_name, False, (), (), (), error=str(exc).splitlines()[0])
+    mismatch = vision_mismatch(reference.spec, spec)
+    if mismatch is not None:
+        return Candidate(reference.name, False, (), (), ("vision",), error=mismatch)
     plan = Plan(
         version=PLAN_VERSION, name=name, architecture=architecture, reference=reference.name, spec=spec
     )
@@ -113,6 +116,16 @@ def evaluate_reference(ref_name: str, spec: ArchSpec, name: str, architecture: s
         for d in composition.diffs
     )
     return Candidate(reference.name, True, fields, tuple(s.id for s in composition.steps), ())
+
+
+def vision_mismatch(reference: ArchSpec, target: ArchSpec) -> str | None:
+    """A vision-language reference never ports a text-only model, nor a text
+    reference a vision-language one: the reason, or None when both agree."""
+    if (reference.vision is None) == (target.vision is None):
+        return None
+    if target.vision is None:
+        return "a vision-language reference (a vision tower and M-RoPE) for a text-only model"
+    return "a text-only reference: the model has a vision tower no text reference realizes"
 
 
 def choose_reference(

@@ -13,6 +13,7 @@ from autoport_cst.spec.model import (
     NormSpec,
     ResidualSpec,
     RopeSpec,
+    VisionSpec,
 )
 from autoport_cst.spec.typed_json import JsonProblem, from_json, schema_of, to_json
 
@@ -30,6 +31,7 @@ __all__ = [
     "NormSpec",
     "ResidualSpec",
     "RopeSpec",
+    "VisionSpec",
     "diff_specs",
     "from_json",
     "get_field",

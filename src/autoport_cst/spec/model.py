@@ -301,6 +301,72 @@ class CheckpointSpec:
     )
 
 
+VisionNorm = Literal["layernorm", "rmsnorm"]
+VisionPositions = Literal["rope_2d", "learned_and_rope_2d"]
+VisionAttention = Literal["full", "window"]
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """The vision tower of a vision-language model and how its output meets the text decoder."""
+
+    patch_size: int | None = value(None, "Side of a square image patch in pixels.")
+    temporal_patch_size: int | None = value(None, "Frames stacked into one patch (a still image repeated).")
+    spatial_merge_size: int | None = value(
+        None, "Side of the square of neighbouring patches the merger folds into one token."
+    )
+    depth: int | None = value(None, "Transformer blocks of the tower.")
+    hidden_size: int | None = value(None, "Width of the tower.")
+    num_heads: int | None = value(None, "Attention heads of the tower.")
+    intermediate_size: int | None = value(None, "Intermediate size of a tower block's MLP.")
+    out_hidden_size: int | None = value(None, "Width of the merged tokens (the text decoder's width).")
+    norm: VisionNorm = feature("layernorm", "The tower blocks' norm: LayerNorm (mean subtracted) or RMSNorm.")
+    norm_bias: bool = feature(True, "An additive bias in the tower blocks' norms.")
+    mlp_kind: MLPKind = feature("plain", "The tower blocks' MLP: plain act(x W_up) W_down, or gated.")
+    activation: Activation = feature("gelu_tanh", "The tower blocks' MLP activation.")
+    patch_bias: bool = feature(True, "A bias in the patch embedding (a 3-D convolution).")
+    positions: VisionPositions = feature(
+        "learned_and_rope_2d",
+        "The tower's positions: 2-D rotary (row, column) in its attention only (rope_2d), or also a learned "
+        "table resampled to each image's grid and added to the patch embeddings (learned_and_rope_2d).",
+    )
+    attention: VisionAttention = feature(
+        "full",
+        "The tower's attention: full (every patch of an image attends to all of them) or window attention "
+        "(most blocks attend within windows of merged patches, full_attention_blocks to the whole image: "
+        "Qwen2.5-VL).",
+    )
+    window_size: int | None = value(None, "Window attention: the window's side in pixels.")
+    full_attention_blocks: tuple[int, ...] | None = value(
+        None, "Window attention: the blocks that attend to the whole image."
+    )
+    merger_norm: VisionNorm = feature(
+        "layernorm", "The patch merger's norm on each patch before folding: LayerNorm or RMSNorm."
+    )
+    merger_activation: Activation = feature("gelu", "The patch merger's activation between its projections.")
+    deepstack: bool = feature(
+        False,
+        "Deep-stack features: merged outputs of some tower blocks (deepstack_layers) added to the hidden "
+        "states of the first decoder layers (Qwen3-VL); False: only the last block's output is merged.",
+    )
+    deepstack_layers: tuple[int, ...] | None = value(
+        None, "Deep-stack: the tower blocks whose output is merged."
+    )
+    mrope_section: tuple[int, ...] | None = value(
+        None, "M-RoPE: rotary frequency pairs given to the temporal, height and width positions."
+    )
+    mrope_interleaved: bool = feature(
+        True,
+        "The M-RoPE frequency layout: interleaved, the temporal, height and width positions in turn (true: "
+        "Qwen3-VL), or contiguous sections, all temporal, then height, then width (false: Qwen2-VL, "
+        "Qwen2.5-VL).",
+    )
+    text_prefix: str | None = feature(
+        None, "Checkpoint key prefix of the text decoder's tensors (model.language_model)."
+    )
+    tower_prefix: str | None = feature(None, "Checkpoint key prefix of the tower's tensors (model.visual).")
+
+
 @dataclass(frozen=True)
 class ArchSpec:
     """What a decoder-only model computes, independent of any implementation."""
@@ -320,6 +386,14 @@ class ArchSpec:
     lm_head: LMHeadSpec = section(LMHeadSpec, "Language-model head.")
     residual: ResidualSpec = section(ResidualSpec, "Residual stream.")
     checkpoint: CheckpointSpec = section(CheckpointSpec, "How the checkpoint stores the weights.")
+    vision: VisionSpec | None = field(
+        default=None,
+        metadata={
+            "role": FEATURE,
+            "doc": "The vision tower of a vision-language model (the fields above describe its text "
+            "decoder); null for a text-only model.",
+        },
+    )
     unsupported: tuple[str, ...] | None = optional(
         "Computations of the model the fields above cannot describe, each named with its evidence (what "
         "the research could not classify); null: none. No reference realizes them, so a plan with any is "
