@@ -104,3 +104,15 @@ def test_the_plan_of_deepseek_v3_is_the_deepseek_v3_reference_with_no_codemod(tm
     choice = choose_reference(result.spec, "deepseek_v3", "DeepseekV3ForCausalLM")
     assert choice.chosen == "deepseek_v3" and choice.realizable, choice.reason
     assert choice.candidate("deepseek_v3").code_changes == ()
+
+
+def test_a_norm_on_the_moe_output_is_named_not_ported(tmp_path):
+    """A.X-K1 is DeepSeek-V3 with a norm on the MoE block's output
+    (post_mlp_layernorm): the deepseek_v3 reference has none, so the plan is
+    refused by that computation (a port from it does not validate)."""
+    from autoport_cst.research.reference_choice import choose_reference
+
+    result = _research(tmp_path, "axk1", n_group=2, topk_group=1)
+    assert result.spec.attention.kind == "latent"
+    assert any(entry.startswith("moe.output_norm") for entry in result.spec.unsupported or ())
+    assert not choose_reference(result.spec, "axk1", "AXK1ForCausalLM").realizable

@@ -96,6 +96,7 @@ def analyze(st: AnalyzerState, block: Instance, prefix: str) -> None:
     _extras(st, facts, rwhere, where, expert_facts, experts)
     if isinstance(experts, Instance):
         _expert_input(st, block, experts, where)
+        _output_norm(st, block, experts, where)
 
 
 def _routing_findings(
@@ -372,6 +373,32 @@ def _router_projection(st: AnalyzerState, before: list[Node], facts: dict[str, A
         facts["router_width"] = lin[0].ref.args.get("out_features")
     else:
         facts["router_bias_evidence"] = "router projection not found"
+
+
+def _output_norm(st: AnalyzerState, block: Instance, experts: Instance, where: str) -> None:
+    """A norm the MoE block applies to its own output, after the experts
+    (A.X-K1's post_mlp_layernorm): no spec field describes it."""
+    for out in st.outputs(block):
+        nodes = list(walk(out))
+        routed = [n for n in nodes if n.kind == "module" and n.ref is experts]
+        for n in nodes:
+            if (
+                n.kind == "module"
+                and isinstance(n.ref, Instance)
+                and st.role(n.ref) == "norm"
+                and n.args
+                and any(depends_on(n.args[0], r) for r in routed)
+            ):
+                st.add(
+                    known(
+                        "a norm on the MoE output",
+                        "unsupported.moe.output_norm",
+                        CODE,
+                        f"{where}: {n.ref.name} normalises the MoE block's output (experts and shared "
+                        "experts) before the residual add",
+                    )
+                )
+                return
 
 
 def _expert_input(st: AnalyzerState, block: Instance, experts: Instance, where: str) -> None:
