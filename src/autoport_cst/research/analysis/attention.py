@@ -15,7 +15,18 @@ import math
 from typing import Any
 
 from autoport_cst.research.analysis import latent, layer_inputs
-from autoport_cst.research.analysis.graph import first_int, number, ranges, scalar_path, strip_casts, unique
+from autoport_cst.research.analysis.graph import (
+    first_int,
+    fused_qkv_layout,
+    kernel_calls,
+    kernel_instance,
+    number,
+    qkv_roles,
+    ranges,
+    scalar_path,
+    strip_casts,
+    unique,
+)
 from autoport_cst.research.analysis.state import AnalyzerState, AttentionGraph
 from autoport_cst.research.findings import CODE, INFERRED, known, unknown
 from autoport_cst.research.interp.values import UNKNOWN, Instance, Node, Param
@@ -28,7 +39,7 @@ def analyze(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
     g = _trace(st, layer0)
     if g is None:
         return None
-    kernels = _kernel_calls(g.attn, g.nodes)
+    kernels = kernel_calls(g.attn, g.nodes)
     mla = latent.analyze(st, g, kernels)  # the output projection alone in g.outputs, latent norms
     if mla is not None:
         g = mla.graph
@@ -185,18 +196,10 @@ def _fused_qkv(st: AnalyzerState, g: AttentionGraph, nh: Any, nkv: Any, hd: Any)
         )
         if width == (nh + 2 * nkv) * hd:
             st.add(known(True, "code.fused_qkv", CODE, evidence))
-            layout = _qkv_layout(g.nodes, g.inputs[0])
-            grouped = _qkv_groups(st, g, width, hd) if layout == "per_head_interleaved" else None
+            layout, grouped = fused_qkv_layout(st.outputs(g.attn), g.attn, g.nodes, g.inputs[0], width, hd)
             if grouped is not None:
-                layout, (groups, order) = "grouped", grouped
-                st.add(
-                    known(
-                        groups,
-                        "code.qkv_groups",
-                        CODE,
-                        f"{where}: {groups} groups of [{' '.join(order)}] rows",
-                    )
-                )
+                groups, order = grouped
+                st.add(known(groups, "code.qkv_groups", CODE, f"{where}: {groups} groups of [{order}] rows"))
                 st.add(
                     known(order, "code.qkv_order", CODE, f"{where}: each group's rows in the order {order}")
                 )
@@ -320,7 +323,7 @@ def _names(
     roles: dict[str, Instance] = {}
     if len(in_insts) == 3:
         if kernel is not None:
-            roles = _qkv_roles(st, kernel, in_insts)
+            roles = qkv_roles(st.outputs(kernel_instance(kernel)), kernel, in_insts)
         if len({id(v) for v in roles.values()}) != 3:
             roles = dict(zip(("q_proj", "k_proj", "v_proj"), in_insts, strict=False))  # declaration order
         for role, inst in roles.items():
@@ -332,31 +335,6 @@ def _names(
             for role, proj in (("q_norm", roles.get("q_proj")), ("k_norm", roles.get("k_proj"))):
                 if proj is not None and any(depends_on(normed, c) for c in inputs if c.ref is proj):
                     names[f"self_attn.{role}"] = f"{base}.{n.ref.name}"
-
-
-def _qkv_roles(st: AnalyzerState, kernel: Node, in_insts: list[Instance]) -> dict[str, Instance]:
-    """The projection behind the kernel's query, key and value arguments
-    (the three after the attention module itself), on the first forward
-    path where each reads one projection (a path updating a cache returns
-    keys and values that read both); two found name the third. Empty when
-    no path tells them apart."""
-    attn = next(x.ref for x in kernel.args if isinstance(x, Node) and x.kind == "instance")
-    for value in st.outputs(attn):
-        for call in _kernel_calls(attn, list(walk(value))):
-            at = next(i for i, x in enumerate(call.args) if isinstance(x, Node) and x.kind == "instance")
-            found: dict[str, Instance] = {}
-            for role, arg in zip(("q_proj", "k_proj", "v_proj"), call.args[at + 1 : at + 4], strict=False):
-                read = unique(
-                    [n.ref for n in walk(arg) if n.kind == "module" and any(n.ref is i for i in in_insts)]
-                )
-                if len(read) == 1:
-                    found[role] = read[0]
-            rest = [i for i in in_insts if not any(i is f for f in found.values())]
-            if len(found) == 2 and len(rest) == 1 and len({id(f) for f in found.values()}) == 2:
-                found[next(r for r in ("q_proj", "k_proj", "v_proj") if r not in found)] = rest[0]
-            if len({id(f) for f in found.values()}) == 3:
-                return found
-    return {}
 
 
 def _value_norm(st: AnalyzerState, g: AttentionGraph) -> None:
@@ -413,107 +391,8 @@ def _child_norm_kind(st: AnalyzerState, inst: Instance) -> str | None:
     return kinds.pop() if len(kinds) == 1 else None
 
 
-def _qkv_layout(nodes: list[Node], proj: Node) -> str:
-    """How a fused projection's output is split: viewed per head, then
-    chunked (``per_head_interleaved``), or split as it is (``concatenated``)."""
-    for n in nodes:
-        if n.kind == "method" and n.name in ("view", "reshape") and n.args and n.args[0] is proj:
-            for m in nodes:
-                if (
-                    m.kind == "method"
-                    and m.name in ("chunk", "split")
-                    and m.args
-                    and depends_on(m.args[0], n)
-                ):
-                    return "per_head_interleaved"
-    return "concatenated"
-
-
-def _qkv_groups(st: AnalyzerState, g: AttentionGraph, width: int, hd: int) -> tuple[int, str] | None:
-    """A fused output viewed in groups of three equal parts and split
-    (``view(..., -1, 3 * local).split(local)``), when a group is not one
-    head's [q k v] (CodeGen: four groups, one per model-parallel shard it was
-    trained with, each [q v k]): the number of groups and the order of the
-    parts, read from the split item each kernel argument reads."""
-    proj = g.inputs[0]
-    views = [
-        n
-        for n in g.nodes
-        if n.kind == "method" and n.name in ("view", "reshape") and n.args and n.args[0] is proj
-    ]
-    group = views[0].args[-1] if views and isinstance(views[0].args[-1], int) else None
-    if not group or group % 3 or width % group:
-        return None
-    splits = [
-        n
-        for n in g.nodes
-        if n.kind == "method"
-        and n.name == "split"
-        and n.args
-        and (n.args[0] is views[0] or depends_on(n.args[0], views[0]))
-    ]
-    if len(splits) != 1 or splits[0].args[1:2] != (group // 3,):
-        return None
-    order = _split_order(st, g.attn, splits[0])
-    if order is None or (group == 3 * hd and order == "qkv"):
-        return None
-    return width // group, order
-
-
-def _split_order(st: AnalyzerState, attn: Instance, split: Node) -> str | None:
-    """``qkv``, ``qvk``...: the role of each split part, on the first forward
-    path where the kernel's query, key and value each read one part."""
-    for value in st.outputs(attn):
-        for call in _kernel_calls(attn, list(walk(value))):
-            at = next(i for i, x in enumerate(call.args) if isinstance(x, Node) and x.kind == "instance")
-            parts: dict[int, str] = {}
-            for role, arg in zip("qkv", call.args[at + 1 : at + 4], strict=False):
-                read = {
-                    n.args[1]
-                    for n in _values_walk(arg)
-                    if n.kind == "item"
-                    and len(n.args) == 2
-                    and n.args[0] is split
-                    and isinstance(n.args[1], int)
-                }
-                if len(read) == 1:
-                    parts[read.pop()] = role
-            if sorted(parts) == [0, 1, 2] and len(set(parts.values())) == 3:
-                return "".join(parts[i] for i in range(3))
-    return None
-
-
-def _values_walk(value: Any) -> list[Node]:
-    """The nodes ``value`` is computed from, not through the dtype, device or
-    shape of another tensor (CodeGen's ``query.to(value.dtype)``)."""
-    found: dict[int, Node] = {}
-    stack = [value]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, Node):
-            if id(current) in found or (
-                current.kind == "attr" and current.name in ("dtype", "device", "shape")
-            ):
-                continue
-            found[id(current)] = current
-        if isinstance(current, (Node, tuple, list, dict)):
-            stack.extend(children_of(current))
-    return list(found.values())
-
-
-def _kernel_calls(attn: Instance, nodes: list[Node]) -> list[Node]:
-    """Calls of the attention kernel: the calls that receive the attention
-    module itself (``attention_interface(self, q, k, v, ...)``)."""
-    return [
-        n
-        for n in nodes
-        if n.kind == "call"
-        and any(isinstance(x, Node) and x.kind == "instance" and x.ref is attn for x in n.args)
-    ]
-
-
 def _kernel_call(attn: Instance, nodes: list[Node]) -> Node | None:
-    calls = _kernel_calls(attn, nodes)
+    calls = kernel_calls(attn, nodes)
     return calls[0] if calls else None
 
 
@@ -661,7 +540,7 @@ def _values_read(value: Any) -> list[Node]:
 def _query_key_arguments(attn: Instance, nodes: list[Node], projections: list[Node]) -> list[Any]:
     """The queries and keys the attention consumes: the kernel's, or the
     operands of the written-out q @ k^T."""
-    kernels = _kernel_calls(attn, nodes)
+    kernels = kernel_calls(attn, nodes)
     if kernels:
         args = list(kernels[0].args)
         at = next(

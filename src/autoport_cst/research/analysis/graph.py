@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import Any, TypeGuard
 
 from autoport_cst.research.interp.interpreter import Interpreter
-from autoport_cst.research.interp.values import FuncRef, Node, SliceSym
-from autoport_cst.research.interp.walk import walk
+from autoport_cst.research.interp.values import FuncRef, Instance, Node, SliceSym
+from autoport_cst.research.interp.walk import children_of, depends_on, walk
 
 _TORCH_ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "relu": "relu"}
 _CASTS = {"to", "float", "type_as", "contiguous", "half", "bfloat16", "type", "clone"}
@@ -255,3 +255,145 @@ def strip_shape(value: Any) -> Any:
 def vector_shape(shape: tuple) -> bool:
     """A shape ``[n]`` or ``[1, n]``."""
     return len(shape) == 1 or (len(shape) == 2 and shape[0] == 1)
+
+
+# -- the attention kernel's arguments ------------------------------------------
+
+
+def kernel_calls(attn: Instance, nodes: list[Node]) -> list[Node]:
+    """Calls of the attention kernel: the calls that receive the attention
+    module itself (``attention_interface(self, q, k, v, ...)``)."""
+    return [
+        n
+        for n in nodes
+        if n.kind == "call"
+        and any(isinstance(x, Node) and x.kind == "instance" and x.ref is attn for x in n.args)
+    ]
+
+
+def kernel_instance(kernel: Node) -> Instance:
+    """The attention module a kernel call receives."""
+    return next(x.ref for x in kernel.args if isinstance(x, Node) and x.kind == "instance")
+
+
+def _qkv_arguments(call: Node) -> tuple:
+    """The kernel's query, key and value: the three arguments after the module."""
+    at = next(i for i, x in enumerate(call.args) if isinstance(x, Node) and x.kind == "instance")
+    return call.args[at + 1 : at + 4]
+
+
+def qkv_roles(outputs: list[Any], kernel: Node, in_insts: list[Instance]) -> dict[str, Instance]:
+    """The projection behind the kernel's query, key and value arguments,
+    on the first forward path (of ``outputs``) where each reads one
+    projection (a path updating a cache returns keys and values that read
+    both); two found name the third. Empty when no path tells them apart."""
+    attn = kernel_instance(kernel)
+    for value in outputs:
+        for call in kernel_calls(attn, list(walk(value))):
+            found: dict[str, Instance] = {}
+            for role, arg in zip(("q_proj", "k_proj", "v_proj"), _qkv_arguments(call), strict=False):
+                read = unique(
+                    [n.ref for n in walk(arg) if n.kind == "module" and any(n.ref is i for i in in_insts)]
+                )
+                if len(read) == 1:
+                    found[role] = read[0]
+            rest = [i for i in in_insts if not any(i is f for f in found.values())]
+            if len(found) == 2 and len(rest) == 1 and len({id(f) for f in found.values()}) == 2:
+                found[next(r for r in ("q_proj", "k_proj", "v_proj") if r not in found)] = rest[0]
+            if len({id(f) for f in found.values()}) == 3:
+                return found
+    return {}
+
+
+def fused_qkv_layout(
+    outputs: list[Any], attn: Instance, nodes: list[Node], proj: Node, width: int, hd: int
+) -> tuple[str, tuple[int, str] | None]:
+    """How a fused projection's output is split: viewed, then chunked
+    (``per_head_interleaved``), in groups other than one head's [q k v]
+    (``grouped``, with the groups and their order), or split as it is
+    (``concatenated``)."""
+    for n in nodes:
+        if n.kind == "method" and n.name in ("view", "reshape") and n.args and n.args[0] is proj:
+            for m in nodes:
+                if (
+                    m.kind == "method"
+                    and m.name in ("chunk", "split")
+                    and m.args
+                    and depends_on(m.args[0], n)
+                ):
+                    grouped = qkv_groups(outputs, attn, nodes, proj, width, hd)
+                    return ("grouped" if grouped else "per_head_interleaved"), grouped
+    return "concatenated", None
+
+
+def qkv_groups(
+    outputs: list[Any], attn: Instance, nodes: list[Node], proj: Node, width: int, hd: int
+) -> tuple[int, str] | None:
+    """A fused projection's output (``proj``, ``width`` rows) viewed in groups
+    of three equal parts and split (``view(..., -1, 3 * local).split(local)``),
+    when a group is not one head's [q k v] (CodeGen: four groups, one per
+    model-parallel shard it was trained with, each [q v k]): the number of
+    groups and the order of the parts, read from the split part each kernel
+    argument reads."""
+    views = [
+        n
+        for n in nodes
+        if n.kind == "method" and n.name in ("view", "reshape") and n.args and n.args[0] is proj
+    ]
+    group = views[0].args[-1] if views and isinstance(views[0].args[-1], int) else None
+    if not group or group % 3 or width % group:
+        return None
+    splits = [
+        n
+        for n in nodes
+        if n.kind == "method"
+        and n.name == "split"
+        and n.args
+        and (n.args[0] is views[0] or depends_on(n.args[0], views[0]))
+    ]
+    if len(splits) != 1 or splits[0].args[1:2] != (group // 3,):
+        return None
+    order = _split_order(outputs, attn, splits[0])
+    if order is None or (group == 3 * hd and order == "qkv"):
+        return None
+    return width // group, order
+
+
+def _split_order(outputs: list[Any], attn: Instance, split: Node) -> str | None:
+    """``qkv``, ``qvk``...: the role of each split part, on the first forward
+    path where the kernel's query, key and value each read one part."""
+    for value in outputs:
+        for call in kernel_calls(attn, list(walk(value))):
+            parts: dict[int, str] = {}
+            for role, arg in zip("qkv", _qkv_arguments(call), strict=False):
+                read = {
+                    n.args[1]
+                    for n in values_walk(arg)
+                    if n.kind == "item"
+                    and len(n.args) == 2
+                    and n.args[0] is split
+                    and isinstance(n.args[1], int)
+                }
+                if len(read) == 1:
+                    parts[read.pop()] = role
+            if sorted(parts) == [0, 1, 2] and len(set(parts.values())) == 3:
+                return "".join(parts[i] for i in range(3))
+    return None
+
+
+def values_walk(value: Any) -> list[Node]:
+    """The nodes ``value`` is computed from, not through the dtype, device or
+    shape of another tensor (CodeGen's ``query.to(value.dtype)``)."""
+    found: dict[int, Node] = {}
+    stack = [value]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, Node):
+            if id(current) in found or (
+                current.kind == "attr" and current.name in ("dtype", "device", "shape")
+            ):
+                continue
+            found[id(current)] = current
+        if isinstance(current, (Node, tuple, list, dict)):
+            stack.extend(children_of(current))
+    return list(found.values())

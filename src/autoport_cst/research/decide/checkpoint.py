@@ -18,7 +18,7 @@ from autoport_cst.research.checkpoint_keys import (
     moe_wanted,
     refuse_missing,
 )
-from autoport_cst.research.decide.config_keys import config_keys
+from autoport_cst.research.config_keys import config_keys
 from autoport_cst.research.decide.state import Decider
 from autoport_cst.research.findings import CHECKPOINT, CODE, DERIVED, INFERRED, known, unknown
 from autoport_cst.research.keys import derive_key_map
