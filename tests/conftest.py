@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if os.environ.get("PYTEST_XDIST_WORKER"):
     for name in ("COLUMNS", "LINES"):
         os.environ.pop(name, None)
+
+# One torch intra-op thread per xdist worker, and per process a test starts
+# (CLI runs inherit OMP_NUM_THREADS; TP ranks set one thread themselves): two
+# workers on two cores, each with an OpenMP pool of a thread per core, would
+# oversubscribe the cores, and the suite's tiny models gain nothing from
+# intra-op parallelism (the validator already runs on one thread). Set before
+# this process imports torch (torch reads OMP_NUM_THREADS once); a value the
+# caller set is kept.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_addoption(parser):
