@@ -11,8 +11,10 @@ so that each round sees the same load:
   ``torch.distributed.tensor``, sympy, ``torch._dynamo`` and scipy);
 - ``autoport-cst port CHECKPOINT --name bench_llama --out DIR --force`` on a
   tiny random ``LlamaForCausalLM`` checkpoint: research, apply, the tiny
-  validation checkpoint, validation at TP=1 in fp32 and bf16, the config
-  variant and the config guards.
+  validation checkpoint, validation at TP=1 in fp32 and bf16 (a passing fp32
+  run goes on to the reference's declared config variants and the four
+  parallel layouts, on forked ranks), the config variant (its fp32 run goes
+  on to the same) and the config guards.
 
 Printed: the median wall and CPU time (user + sys of the process and its
 children) of each, the median over the rounds of the per-round ratios port /
