@@ -141,3 +141,24 @@ def test_a_key_under_neither_name_is_refused_at_load_by_name(neox_port, tmp_path
     save_file(state, file, metadata={"format": "pt"})
     with pytest.raises(InputError, match="has no tensor 'lm_head.weight' for parameter 'lm_head.weight'"):
         validate_model(neox_port, checkpoint, steps=4, config_variants=False)
+
+
+def test_per_expert_tensors_whose_values_move_are_not_paired():
+    import torch
+
+    from autoport_cst.research.key_formats import _expert_pairs
+
+    fused = torch.arange(2 * 4 * 3, dtype=torch.float32).reshape(2, 4, 3)
+    saved = {
+        "model.layers.0.moe.experts.0.w1.weight": fused[0, :2].clone(),
+        "model.layers.0.moe.experts.0.w3.weight": fused[0, 2:].clone(),
+        "model.layers.0.moe.experts.1.w1.weight": fused[1, :2].clone(),
+    }
+    assert _expert_pairs("mlp.experts.gate_up_proj", fused, saved) == [
+        ("mlp.experts.*.gate_proj.weight", "moe.experts.*.w1.weight"),
+        ("mlp.experts.*.up_proj.weight", "moe.experts.*.w3.weight"),
+    ]
+    transposed = {name: value.T.contiguous() for name, value in saved.items()}
+    assert _expert_pairs("mlp.experts.gate_up_proj", fused, transposed) == []
+    swapped = dict(zip(list(saved)[:2], [fused[0, 2:], fused[0, :2]], strict=True))
+    assert _expert_pairs("mlp.experts.gate_up_proj", fused, swapped) == []

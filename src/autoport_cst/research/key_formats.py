@@ -53,22 +53,31 @@ def _meta_model(architecture: str) -> Any:
 
 
 def _pairs(model: Any) -> list[tuple[str, str]]:
+    """The pairs of ``model``'s tensors, each checked on a random tensor: a
+    rename keeps the values, a per-expert split gives expert 0's rows of the
+    fused tensor in order (a pair whose values move otherwise, a transposed
+    or permuted layout, is left out: such a key is refused at load by name)."""
+    import torch
     from transformers.core_model_loading import revert_weight_conversion
 
     pairs: list[tuple[str, str]] = []
     seen: set[str] = set()
-    for key, tensor in model.state_dict().items():
+    generator = torch.Generator().manual_seed(0)
+    for key, meta in model.state_dict().items():
         tail = layer_tail(key)
-        if tail in seen:
+        if tail in seen or not meta.is_floating_point():
             continue
         seen.add(tail)
-        saved = list(revert_weight_conversion(model, {key: tensor}))
-        if saved == [key]:
+        tensor = torch.randn(meta.shape, generator=generator)
+        saved = revert_weight_conversion(model, {key: tensor})
+        if list(saved) == [key]:
             continue
         if len(saved) == 1:
-            pairs.append((tail, layer_tail(saved[0])))
+            ((name, value),) = saved.items()
+            if torch.equal(value, tensor):
+                pairs.append((tail, layer_tail(name)))
         else:
-            pairs.extend(_expert_pairs(tail, saved))
+            pairs.extend(_expert_pairs(tail, tensor, saved))
     return pairs
 
 
@@ -80,20 +89,26 @@ def layer_tail(key: str) -> str:
     return key if first is None else ".".join(parts[first + 1 :])
 
 
-def _expert_pairs(fused_tail: str, saved: list[str]) -> list[tuple[str, str]]:
-    """A fused expert tensor (``<block>.gate_up_proj``) saved one tensor per
-    expert and projection: the canonical per-expert names
-    (``<block>.*.gate_proj.weight``, ``<block>.*.up_proj.weight``, in the
-    order transformers concatenates them) paired with the saved ones of
-    expert 0 (its index made ``*``). None when the two do not line up."""
+def _expert_pairs(fused_tail: str, fused: Any, saved: dict) -> list[tuple[str, str]]:
+    """A fused expert tensor (``<block>.gate_up_proj``, ``[experts, rows,
+    in]``) saved one tensor per expert and projection: the canonical
+    per-expert names (``<block>.*.gate_proj.weight``, ``<block>.*.up_proj.weight``)
+    paired with the saved ones of expert 0 (its index made ``*``), in the
+    order of their rows in the fused tensor. None when the two do not line up."""
+    import torch
+
     block, _, leaf = fused_tail.rpartition(".")
     roles = leaf.split("_")
-    if not block or roles[-1:] != ["proj"] or len(roles) < 2:
+    if not block or roles[-1:] != ["proj"] or len(roles) < 2 or fused.dim() != 3:
         return []
     canonical = [f"{block}.*.{role}_proj.weight" for role in roles[:-1]]
-    starred = [_expert_star(layer_tail(key)) for key in saved]
-    first = [tail for tail in dict.fromkeys(starred) if tail is not None]
+    first = {
+        star: value for key, value in saved.items() if (star := _expert_star(layer_tail(key))) is not None
+    }
     if len(first) != len(canonical):
+        return []
+    rows = fused[0].chunk(len(canonical), dim=0)
+    if not all(torch.equal(value, row) for value, row in zip(first.values(), rows, strict=True)):
         return []
     return [(model, kept) for model, kept in zip(canonical, first, strict=True) if model != kept]
 
