@@ -5,7 +5,8 @@ layouts, TP=2 fp32, config variants and guards): DeepSeek-V3 with no
 codemod; DeepSeek-V2 (softmax scores, no selection bias, no
 renormalization, a plain top-k), DeepSeek-V2-Lite (no query LoRA) and
 DeepSeek-V2 with group_limited_greedy by codemods; GLM-4-MoE-Lite (dense
-layers per mlp_layer_types, no group limit) with group-limit. MiniCPM3
+layers per mlp_layer_types, no group limit) and Sarvam-MLA (DeepSeek-V3
+without query LoRA, no modeling file of its own) with group-limit. MiniCPM3
 (dense MLA) is refused, naming the dense MLP."""
 
 from __future__ import annotations
@@ -60,8 +61,16 @@ def _port(tmp_path: Path, source: Path) -> tuple[int, dict, str]:
             {"group-limit", "no-routing-bias"},
         ),
         ("Glm4MoeLiteForCausalLM", {}, {"group-limit"}),
+        ("sarvam_mla", {}, {"group-limit"}),
     ],
-    ids=["deepseek_v3", "deepseek_v2", "deepseek_v2_lite", "deepseek_v2_group_limited", "glm4_moe_lite"],
+    ids=[
+        "deepseek_v3",
+        "deepseek_v2",
+        "deepseek_v2_lite",
+        "deepseek_v2_group_limited",
+        "glm4_moe_lite",
+        "sarvam_mla",
+    ],
 )
 def test_the_family_ports_and_validates(tmp_path, architecture, values, codemods):
     code, data, output = _port(tmp_path, _checkpoint(tmp_path, architecture, **values))

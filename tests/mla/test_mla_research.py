@@ -116,3 +116,20 @@ def test_a_norm_on_the_moe_output_is_named_not_ported(tmp_path):
     assert result.spec.attention.kind == "latent"
     assert any(entry.startswith("moe.output_norm") for entry in result.spec.unsupported or ())
     assert not choose_reference(result.spec, "axk1", "AXK1ForCausalLM").realizable
+
+
+def test_a_model_type_without_its_own_modeling_file_is_read_from_its_mapped_class(tmp_path):
+    """sarvam_mla has no modeling file: transformers maps it to
+    DeepseekV3ForCausalLM. Without query LoRA its q_proj is 4 x 24 = 96 wide,
+    which equals (heads + 2 KV heads) x head_dim in the tiny config: latent
+    attention has no fused Q/K/V all the same."""
+    from autoport_cst.research import research
+    from autoport_cst.research.reference_choice import choose_reference
+    from autoport_cst.validate import build_tiny_checkpoint
+
+    build_tiny_checkpoint("sarvam_mla", tmp_path, seed=0)
+    result = research(str(tmp_path))
+    assert result.spec.attention.kind == "latent" and result.spec.attention.q_lora is False
+    assert result.spec.checkpoint.qkv == "separate"
+    choice = choose_reference(result.spec, "sarvam_mla", "DeepseekV3ForCausalLM")
+    assert choice.chosen == "deepseek_v3" and choice.realizable, choice.reason

@@ -180,6 +180,8 @@ def locate_modeling_source(model_type: str, config_path: str = "config.json") ->
         if module is not None:
             break
     if module is None:
+        module = _mapped_module(model_type, library)
+    if module is None:
         raise InputError(
             f"model_type {model_type!r}: no modeling source found in the installed transformers "
             f"(looked for {root / 'models' / directory / f'modeling_{directory}.py'}); "
@@ -187,6 +189,24 @@ def locate_modeling_source(model_type: str, config_path: str = "config.json") ->
             _position(config_path),
         )
     return ModelingSource(library, module, model_type)
+
+
+def _mapped_module(model_type: str, library: SourceLibrary) -> SourceModule | None:
+    """The modeling module of the causal-LM class transformers maps a
+    model_type without a modeling file of its own to (sarvam_mla:
+    DeepseekV3ForCausalLM in modeling_deepseek_v3), or None."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+        if not isinstance(name, str):
+            return None
+        import transformers
+
+        dotted = getattr(transformers, name).__module__
+    except Exception:  # transformers missing, changed, or the class not importable
+        return None
+    return library.module(dotted) if dotted.startswith("transformers.models.") else None
 
 
 def _position(path: str):

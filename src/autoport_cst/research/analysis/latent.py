@@ -202,6 +202,8 @@ def _findings(st: AnalyzerState, where: str, found: dict[str, Any]) -> None:
     for name in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
         st.add(known(found[name], f"attention.{name}", CODE, evidence))
     st.add(known(found["num_heads"], "attention.num_heads", CODE, evidence))
+    # no fused Q/K/V: a query projection's width equal to (heads + 2 KV heads) x head_dim proves nothing
+    st.add(known(False, "code.fused_qkv", CODE, f"{where}: separate latent and query projections"))
 
 
 # the latent norms' epsilon of the latent reference: RMSNorm's default, which
