@@ -119,3 +119,55 @@ def test_a_tower_difference_blocks_by_name(visions):
     assert not choice.realizable
     blocking = set(choice.candidate("qwen3_vl").blocking)
     assert {"vision.attention", "vision.norm", "vision.merger_norm", "vision.mrope_interleaved"} <= blocking
+
+
+def _plan(tmp_path, architecture: str):
+    from click.testing import CliRunner
+
+    from autoport_cst.cli import cli
+    from autoport_cst.validate.vision_tiny import build_tiny_vlm_checkpoint
+
+    checkpoint = build_tiny_vlm_checkpoint(tmp_path / "ckpt", seed=0, architecture=architecture)
+    out = tmp_path / "plan.json"
+    return CliRunner().invoke(cli, ["plan", str(checkpoint), "-o", str(out)]), out
+
+
+def test_plan_of_a_tiny_qwen3_vl_takes_qwen3_vl_with_an_empty_diff(tmp_path):
+    import json
+
+    result, out = _plan(tmp_path, "Qwen3VLForConditionalGeneration")
+    assert result.exit_code == 0, result.output
+    plan = json.loads(out.read_text())
+    assert plan["reference"] == "qwen3_vl" and plan["steps"] == []
+    assert "realizable with 0 field(s) needing a codemod (none) and 0 read from the config" in result.output
+    found, _ = from_json(ArchSpec, plan["spec"])
+    assert found.vision.deepstack and found.vision.mrope_interleaved
+    assert diff_specs(load_reference("qwen3_vl").spec, found) == []
+
+
+@pytest.mark.parametrize(
+    "architecture, blocking",
+    [
+        (
+            "Qwen2_5_VLForConditionalGeneration",
+            [
+                "vision.attention",
+                "window attention",
+                "vision.merger_norm",
+                "vision.norm",
+                "vision.mrope_interleaved",
+            ],
+        ),
+        (
+            "Qwen2VLForConditionalGeneration",
+            ["vision.activation", "vision.positions", "vision.mrope_interleaved"],
+        ),
+    ],
+)
+def test_plan_of_a_qwen2_family_vlm_is_refused_naming_its_tower_features(tmp_path, architecture, blocking):
+    result, _ = _plan(tmp_path, architecture)
+    assert result.exit_code == 1, result.output
+    refusal = next(line for line in result.output.splitlines() if line.startswith("not portable"))
+    assert "closest: qwen3_vl" in refusal
+    for name in blocking:
+        assert name in refusal
