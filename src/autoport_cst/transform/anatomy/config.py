@@ -143,10 +143,16 @@ def fixed_defaults(cls: cst.ClassDef) -> list[ConfigField]:
 
 
 def config_class(module: cst.Module, ctx: FileContext) -> cst.ClassDef:
+    """The config dataclass the engine builds (``<Prefix>Config``); of several
+    (a vision-language package's text, vision and outer configs), the one
+    with ``from_configs``."""
     configs = classes_with_role(module, "config")
+    if len(configs) > 1:
+        configs = [c for c in configs if method_of(c, "from_configs") is not None]
     if len(configs) != 1:
         raise ctx.refuse(
-            f"expected one config dataclass (<Prefix>Config) in the config file, found {len(configs)}"
+            "expected one config dataclass (<Prefix>Config, the one with from_configs when there are "
+            f"several) in the config file, found {len(configs)}"
         )
     return configs[0]
 
