@@ -24,11 +24,13 @@ def _in_either_key_format(mappings: dict, names, renames: dict) -> dict:
     checkpoint has that one. ``renames``: the tails (after the layer index;
     ``*`` one segment) of the keys transformers names differently when it
     saves (module tree -> save_pretrained), applied either way. A key under
-    neither name stays, for the loader to refuse it by name."""
+    neither name, or under two other names (renames that permute names),
+    stays, for the loader to refuse it by name."""
     pairs = [*renames.items(), *((saved, tree) for tree, saved in renames.items())]
 
     def other(key: str) -> str:
         parts = key.split(".")
+        found = set()
         for old, new in pairs:
             pattern = old.split(".")
             tail = parts[len(parts) - len(pattern) :]
@@ -38,8 +40,8 @@ def _in_either_key_format(mappings: dict, names, renames: dict) -> dict:
             head = parts[: len(parts) - len(pattern)]
             renamed = ".".join([*head, *(next(stars) if s == "*" else s for s in new.split("."))])
             if renamed in names:
-                return renamed
-        return key
+                found.add(renamed)
+        return found.pop() if len(found) == 1 else key
 
     def resolve(value):
         if isinstance(value, str):

@@ -66,6 +66,9 @@ def test_a_missing_key_takes_its_other_format_name_either_way():
     assert resolve({"lm_head.weight": "embed_out.weight"}, tree, renames) == {
         "lm_head.weight": "lm_head.weight"
     }
+    # under two other names (renames that permute names): the key stays, for the loader to name it
+    permuting = {"a.weight": "b.weight", "b.weight": "a.weight", "c.weight": "b.weight"}
+    assert resolve({"p": "x.b.weight"}, {"x.a.weight", "x.c.weight"}, permuting) == {"p": "x.b.weight"}
     # under neither name: the key stays, for the loader to name it
     assert resolve({"lm_head.weight": "lm_head.weight"}, {"other"}, renames) == {
         "lm_head.weight": "lm_head.weight"
