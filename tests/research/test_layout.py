@@ -22,7 +22,13 @@ LAYERS = {
     "decide": ("crosscheck", {"state"}),
 }
 # the one section a section builds on: the MoE experts are classified as MLPs
-SECTION_EDGES = {("analysis", "moe"): {"mlp"}}
+# declared edges between sections: MLA is read as a form of attention; the unsupported-feature
+# decisions ask the attention decisions whether a config flag sets one KV head
+SECTION_EDGES = {
+    ("analysis", "moe"): {"mlp"},
+    ("analysis", "attention"): {"latent"},
+    ("decide", "unsupported"): {"attention"},
+}
 MAX_FILE_LINES = 800
 MAX_FUNCTION_LINES = 80
 # the interpreter's modules from the bottom up: each imports only modules before it
