@@ -191,7 +191,7 @@ def _calls_helper(fn: cst.FunctionDef) -> bool:
     )
 
 
-def _loader_statement(fn: cst.FunctionDef) -> tuple[cst.BaseStatement | None, str]:
+def _loader_statement(fn: cst.FunctionDef) -> tuple[cst.CSTNode | None, str]:
     """The statement of ``fn``'s body that passes ``mappings`` to a method of
     a named object, and that object's name."""
     for statement in fn.body.body:
