@@ -140,6 +140,7 @@ def test_plan_of_a_tiny_qwen3_vl_takes_qwen3_vl_with_an_empty_diff(tmp_path):
     plan = json.loads(out.read_text())
     assert plan["reference"] == "qwen3_vl" and plan["steps"] == []
     assert "realizable with 0 field(s) needing a codemod (none) and 0 read from the config" in result.output
+    assert "vision tower (104,128 parameters): tower TP 1" in result.output  # sized apart from the decoder
     found, _ = from_json(ArchSpec, plan["spec"])
     assert found.vision.deepstack and found.vision.mrope_interleaved
     assert diff_specs(load_reference("qwen3_vl").spec, found) == []

@@ -20,6 +20,7 @@ from autoport_cst.research.parallelism import plan_parallelism
 from autoport_cst.research.pitfalls import pitfalls
 from autoport_cst.research.sources import locate_modeling_source
 from autoport_cst.research.vision import read_vision
+from autoport_cst.research.vision_parallelism import plan_tower_parallelism, tower_notes
 
 
 def research_vlm(
@@ -53,7 +54,7 @@ def research_vlm(
         *rotary_fraction(code, text_model, cfg.dims.get("head_dim")),
     ]:
         code.add(finding)
-    text_header = under_prefix(header, prefixes.get("text"))
+    text_header = under_prefix(header, prefixes.get("text"), prefixes.get("tower"))
     ckpt_findings = checkpoint_findings(text_header, cfg.dims) if text_header is not None else []
     decision = decide_spec(cfg, code, text_header, ckpt_findings)
     spec = dataclasses.replace(decision.spec, vision=vision)
@@ -62,8 +63,9 @@ def research_vlm(
     unknown_fields = [*decision.unknown, *(f.field for f in vision_findings if not f.known)]
     quantized = any(f.field in ("checkpoint.quantized", "config.quantization") and f.known for f in findings)
     parameters = count_parameters(spec, code, header, quantized)
-    parallel = plan_parallelism(parallel_dims(spec, code, cfg), parameters.total, parameters.experts)
-    notes = pitfalls(spec, findings, decision.conflicts, unknown_fields, parallel)
+    tower_parameters = sum(p.numel() for p in model.get_submodule(paths["tower"]).parameters())
+    parallel, tower = _parallel(parallel_dims(spec, code, cfg), parameters, tower_parameters, vision)
+    notes = pitfalls(spec, findings, decision.conflicts, unknown_fields, parallel) + tower
     return dict(
         source=resolved.label,
         model_type=raw["model_type"],
@@ -80,6 +82,17 @@ def research_vlm(
         checkpoint_files=header.files if header is not None else (),
         checkpoint_keys=tuple(sorted({pattern(n) for n in header.tensors})) if header is not None else (),
     )
+
+
+def _parallel(dims: Any, parameters: Any, tower_parameters: int, vision: Any) -> tuple[Any, list[str]]:
+    """TP sizing of the decoder (its parameters: all but the tower's) and of
+    the tower apart (vision encoder parallelism), the tower's as notes."""
+    decoder_parameters = max(parameters.total - tower_parameters, 0)
+    parallel = plan_parallelism(dims, decoder_parameters, parameters.experts)
+    if vision is None:
+        return parallel, []
+    tower = plan_tower_parallelism(vision, tower_parameters)
+    return parallel, tower_notes(tower, parallel.recommended_tp)
 
 
 def head_findings(model: Any, vocab: int | None) -> list[Finding]:
@@ -236,14 +249,18 @@ def stored_prefixes(
     return prefixes, findings
 
 
-def under_prefix(header: CheckpointHeader | None, prefix: str | None) -> CheckpointHeader | None:
-    """The tensors stored under ``prefix``, named without it."""
+def under_prefix(
+    header: CheckpointHeader | None, prefix: str | None, tower: str | None
+) -> CheckpointHeader | None:
+    """The text decoder's tensors: those stored under ``prefix``, named
+    without it, and those outside both parts (the LM head)."""
     if header is None or prefix is None:
         return None
     cut = len(prefix) + 1
-    tensors = {
-        key[cut:]: dataclasses.replace(info, name=key[cut:])
-        for key, info in header.tensors.items()
-        if key.startswith(prefix + ".")
-    }
+    tensors = {}
+    for key, info in header.tensors.items():
+        if key.startswith(prefix + "."):
+            tensors[key[cut:]] = dataclasses.replace(info, name=key[cut:])
+        elif tower is None or not key.startswith(tower + "."):
+            tensors[key] = info
     return dataclasses.replace(header, tensors=tensors)
