@@ -237,7 +237,7 @@ class _FollowUps:
             start = time.perf_counter()
             check_config_variants(report, report.model_dir, checkpoint_dir, self.run)
             fp8 = functools.partial(self.run, kv_cache_dtype="fp8")
-            check_kv_scale_variant(report, report.model_dir, checkpoint_dir, fp8)
+            check_kv_scale_variant(report, report.model_dir, checkpoint_dir, fp8, self.seed)
             report.timings["config_variants"] = time.perf_counter() - start
         if layouts and report.equivalent:
             start = time.perf_counter()
@@ -253,9 +253,10 @@ class _FollowUps:
         embedding_dp: int = 1,
         lm_head_dp: int = 1,
         kv_cache_dtype: str = "auto",
+        seed: int | None = None,
     ) -> ValidationReport:
         """The port on ``checkpoint`` in fp32 at TP ``tp`` with those data-parallel degrees
-        (and that KV-cache dtype)."""
+        (and that KV-cache dtype; the prompts of ``seed``, default the validation's)."""
         layout = ParallelLayout(
             tp=tp, attention_dp=attention_dp, mlp_dp=mlp_dp, embedding_dp=embedding_dp, lm_head_dp=lm_head_dp
         )
@@ -267,7 +268,7 @@ class _FollowUps:
             steps=self.steps,
             prompt_lengths=self.prompt_lengths,
             block_size=None,
-            seed=self.seed,
+            seed=self.seed if seed is None else seed,
             on_stage=None,
             prefill=self.prefill if kv_cache_dtype == "auto" else "auto",  # an FP8 cache: no cache paths
             kv_cache_dtype=kv_cache_dtype,
