@@ -172,3 +172,27 @@ def test_plan_of_a_qwen2_family_vlm_is_refused_naming_its_tower_features(tmp_pat
     assert "closest: qwen3_vl" in refusal
     for name in blocking:
         assert name in refusal
+
+
+@pytest.mark.slow
+def test_the_qwen3_vl_port_registers_its_conditional_generation_class(tmp_path):
+    """The registry imports the class the package exports (Qwen3VlForConditionalGeneration, not a
+    ForCausalLM it does not define) under the checkpoint's architecture string; the port validates."""
+    from click.testing import CliRunner
+
+    from autoport_cst.cli import cli
+
+    result, plan = _plan(tmp_path, "Qwen3VLForConditionalGeneration")
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "out"
+    applied = CliRunner().invoke(cli, ["apply", "--plan", str(plan), "--out", str(out)])
+    assert applied.exit_code == 0, applied.output
+    registry = (out / "vllm_neuron" / "model" / "registry.py").read_text()
+    assert "from .qwen3_vl import Qwen3VlForConditionalGeneration" in registry
+    assert '("Qwen3VLForConditionalGeneration", Qwen3VlForConditionalGeneration)' in registry
+    exported = (out / "vllm_neuron" / "model" / "qwen3_vl" / "__init__.py").read_text()
+    assert "from .factory import Qwen3VlForConditionalGeneration" in exported
+    port = out / "vllm_neuron" / "model" / "qwen3_vl"
+    validated = CliRunner().invoke(cli, ["validate", str(port), "--hf", str(tmp_path / "ckpt")])
+    assert validated.exit_code == 0, validated.output
+    assert "equivalent" in validated.output

@@ -298,13 +298,20 @@ def _identity_steps(plan, reference, units, port, replace: bool) -> list[StepRes
     params = cls.parse_params(
         {
             "package": plan.name,
-            "class_name": f"{plan.prefix}ForCausalLM",
+            "class_name": plan.prefix + _registry_suffix(reference),
             "architecture": plan.architecture,
             "replace": replace,
         }
     )
     results.append(_run_step(Step(cls, params, "identity"), units, port))
     return results
+
+
+def _registry_suffix(reference: Reference) -> str:
+    """The registry class's name after the class prefix: ForCausalLM, or the
+    reference's own (qwen3_vl: ForConditionalGeneration)."""
+    architecture, prefix = reference.manifest.architecture, reference.class_prefix
+    return architecture[len(prefix) :] if architecture.startswith(prefix) else "ForCausalLM"
 
 
 def plan_digest(plan: Plan) -> str:
