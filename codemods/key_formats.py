@@ -18,14 +18,17 @@ from autoport_cst.transform.edit.tree import rewrite
 HELPER = "_in_either_key_format"
 
 HELPER_CODE = '''
-def _in_either_key_format(mappings: dict, names, renames: dict) -> dict:
+def _in_either_key_format(mappings: dict, names, renames: dict, own=()) -> dict:
     """``mappings`` with each checkpoint key the checkpoint does not have
     replaced by its name in transformers' other key format when the
-    checkpoint has that one. ``renames``: the tails (after the layer index;
-    ``*`` one segment) of the keys transformers names differently when it
-    saves (module tree -> save_pretrained), applied either way. A key under
-    neither name, or under two other names (renames that permute names),
-    stays, for the loader to refuse it by name."""
+    checkpoint has that one; ``own``: the model's parameter names, which the
+    loader reads under their own name when ``mappings`` has no entry (each
+    gets one when only its other-format name is in the checkpoint).
+    ``renames``: the tails (after the layer index; ``*`` one segment) of the
+    keys transformers names differently when it saves (module tree ->
+    save_pretrained), applied either way. A key under neither name, or under
+    two other names (renames that permute names), stays, for the loader to
+    refuse it by name."""
     pairs = [*renames.items(), *((saved, tree) for tree, saved in renames.items())]
 
     def other(key: str) -> str:
@@ -48,7 +51,11 @@ def _in_either_key_format(mappings: dict, names, renames: dict) -> dict:
             return value if value in names else other(value)
         return [resolve(item) for item in value]
 
-    return {parameter: resolve(value) for parameter, value in mappings.items()}
+    resolved = {parameter: resolve(value) for parameter, value in mappings.items()}
+    for parameter in own:
+        if parameter not in resolved and parameter not in names and other(parameter) != parameter:
+            resolved[parameter] = other(parameter)
+    return resolved
 '''
 
 
@@ -83,8 +90,10 @@ class KeyFormats(Codemod):
     (``checkpoint.load_sharded_pipelined(..., mappings, ...)``), the mapping
     goes through ``_in_either_key_format``: a key the checkpoint does not
     have becomes its other-format name when the checkpoint has that one
-    (``renames``, matched on the key's last segments either way); a key under
-    neither name stays, and the loader refuses it naming the key. The
+    (``renames``, matched on the key's last segments either way), and so does
+    a parameter the mapping leaves to its own name (the real vllm_neuron
+    llama3 maps only the keys it renames); a key under neither name stays,
+    and the loader refuses it naming the key. The
     port's own key renames (checkpoint-keys) and both expert layouts are
     untouched: this only adds the other format's name of each.
 
@@ -121,7 +130,7 @@ class KeyFormats(Codemod):
                         mappings["lm_head.weight"] = "lm_head.weight"
                         checkpoint = SafetensorsCheckpoint(path)
                         # checkpoint keys in either of transformers' key formats (module tree, save_pretrained)
-                        mappings = _in_either_key_format(mappings, set(checkpoint.get_tensor_names()), {"lm_head.weight": "embed_out.weight"})
+                        mappings = _in_either_key_format(mappings, set(checkpoint.get_tensor_names()), {"lm_head.weight": "embed_out.weight"}, own=[name for name, _ in self.named_parameters()])
                         result = checkpoint.load_sharded_pipelined(self.rank, self, mappings)
                         return result
                 """
@@ -167,7 +176,7 @@ class KeyFormats(Codemod):
                 )
             line = parse_statement(
                 f"{MAPPING_NAME} = {HELPER}({MAPPING_NAME}, set({checkpoint}.get_tensor_names()), "
-                f"{json.dumps(self.params.renames)})",
+                f"{json.dumps(self.params.renames)}, own=[name for name, _ in self.named_parameters()])",
                 module,
             ).with_changes(
                 leading_lines=[

@@ -45,6 +45,19 @@ def test_fused_experts_pair_per_expert_in_transformers_concatenation_order():
     assert minimax["mlp.experts.*.down_proj.weight"] == "block_sparse_moe.experts.*.w2.weight"
 
 
+def test_a_parameter_loaded_under_its_own_name_takes_its_other_format_name():
+    """The real vllm_neuron llama3 maps only the keys it renames; the loader
+    reads every other parameter under its own name (``mappings.get(name,
+    name)``), so a port of it must resolve those too."""
+    resolve = _helper()
+    renames = {"lm_head.weight": "embed_out.weight"}
+    saved = {"embed_out.weight", "model.norm.weight"}
+    own = ["lm_head.weight", "model.norm.weight", "model.extra.weight"]
+    assert resolve({}, saved, renames, own=own) == {"lm_head.weight": "embed_out.weight"}
+    # present under its own name, or under neither: no entry (the loader reads or refuses it by name)
+    assert resolve({}, {"lm_head.weight"}, renames, own=own) == {}
+
+
 def test_a_missing_key_takes_its_other_format_name_either_way():
     resolve = _helper()
     renames = {
@@ -109,7 +122,10 @@ def neox_port(tmp_path_factory):
 
 def test_the_gpt_neox_example_port_resolves_its_keys_against_the_checkpoint(neox_port):
     text = (neox_port / "model.py").read_text()
-    assert 'set(checkpoint.get_tensor_names()), {"lm_head.weight": "embed_out.weight"})' in text
+    assert (
+        'set(checkpoint.get_tensor_names()), {"lm_head.weight": "embed_out.weight"}, '
+        "own=[name for name, _ in self.named_parameters()])"
+    ) in text
 
 
 @pytest.mark.slow
