@@ -13,7 +13,7 @@ from autoport_cst.transform.anatomy.mappings import mapping_entries, parameter_n
 from autoport_cst.transform.cst.roles import class_role
 from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
 from autoport_cst.transform.cst.vocabulary import classes, classes_with_role, dotted, method, string_text
-from autoport_cst.transform.edit import moe_keys
+from autoport_cst.transform.edit import moe_keys, scale_keys
 from autoport_cst.transform.edit.functions import add_functions
 from autoport_cst.transform.edit.guards import declare_guarded, guard_edit
 from autoport_cst.transform.edit.key_renames import (
@@ -126,6 +126,16 @@ class CheckpointKeys(Codemod):
     variable, with a parameter that keeps its layout is split off). Keys of
     copies for variants (``<param>{suffix}``, the FP8 buffers) are renamed
     like their parameter's.
+
+    The FP8 KV-cache scale keys the reference reads outside ``load_weights``
+    (``f"model.layers.{layer_id}.self_attn.{scale_name}"`` for ``scale_name in
+    ("k_scale", "v_scale")``) sit beside their attention module in the
+    checkpoint: they take that module's checkpoint name, the leading segments
+    of the renamed keys of the weights ``load_weights`` maps under it
+    (``gpt_neox.layers.{layer_id}.attention`` when ``self_attn.o_proj`` becomes
+    ``attention.dense``). A scale key whose module those keys do not name, or
+    name two ways, or one in a file without the mappings, is refused at its
+    site: a port never reads an FP8 checkpoint's scales as 1 unnoticed.
 
     ``in_out_layers`` does the same for every ``*_weight`` parameter of the
     attention and MLP classes (``<Prefix>Attention``, ``<Prefix>MLP``) whose
@@ -493,6 +503,60 @@ class CheckpointKeys(Codemod):
             """,
         ),
         Example(
+            title="FP8 KV-cache scales are read beside the checkpoint's attention module, whose name the "
+            "renamed keys of its weights give (GPT-NeoX: self_attn -> attention)",
+            params={"renames": {"model": "gpt_neox", "self_attn.o_proj": "attention.dense"}},
+            before="""
+                class LlamaForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.self_attn.o_proj_weight"] = f"{prefix}.self_attn.o_proj.weight"
+
+                    def _load_kv_cache_scales(self, checkpoint):
+                        for layer_id, layer in enumerate(self.model.layers):
+                            for scale_name in ("k_scale", "v_scale"):
+                                key = f"model.layers.{layer_id}.self_attn.{scale_name}"
+            """,
+            after="""
+                class LlamaForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        # checkpoint key renames (reference -> checkpoint):
+                        #   model -> gpt_neox
+                        #   self_attn.o_proj -> attention.dense
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            checkpoint_prefix = f"gpt_neox.layers.{layer_id}"
+                            mappings[f"{prefix}.self_attn.o_proj_weight"] = f"{checkpoint_prefix}.attention.dense.weight"
+
+                    def _load_kv_cache_scales(self, checkpoint):
+                        for layer_id, layer in enumerate(self.model.layers):
+                            for scale_name in ("k_scale", "v_scale"):
+                                key = f"gpt_neox.layers.{layer_id}.attention.{scale_name}"
+            """,
+        ),
+        Example(
+            title="a KV-cache scale key whose module the renamed weight keys split between two names",
+            params={"renames": {"self_attn.o_proj": "attention.dense"}},
+            before="""
+                class LlamaForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.self_attn.q_proj_weight"] = f"{prefix}.self_attn.q_proj.weight"
+                            mappings[f"{prefix}.self_attn.o_proj_weight"] = f"{prefix}.self_attn.o_proj.weight"
+
+                    def _load_kv_cache_scales(self, checkpoint):
+                        for layer_id, layer in enumerate(self.model.layers):
+                            for scale_name in ("k_scale", "v_scale"):
+                                key = f"model.layers.{layer_id}.self_attn.{scale_name}"
+            """,
+            raises="the KV-cache scale key beside them has no one name there",
+        ),
+        Example(
             title="a pattern that matches no key",
             params={"renames": {"self_attn.dense": "attention.dense"}},
             before="""
@@ -544,6 +608,14 @@ class CheckpointKeys(Codemod):
                 f"{self.ID}: no load_weights with mappings[...] = ... entries in this file"
             )
         edits: dict = {}
+        sites = scale_keys.scale_sites_in(module) if self.params.renames and not entries else []
+        if sites:
+            raise ctx.precondition(
+                f"{self.ID}: a KV-cache scale key ({sites[0][1]}) in a file without load_weights' mappings: "
+                "the renamed weight keys that name its module in the checkpoint are elsewhere",
+                sites[0][0],
+                module,
+            )
         if self.params.experts and entries:
             module, loads = self._static_moe_keys(module, loads, ctx)
         if self.params.renames and entries:
@@ -589,8 +661,7 @@ class CheckpointKeys(Codemod):
         renamer = KeyRenamer(self.params.renames)
         edits: dict = {}
         matched: set[str] = set()
-        for fn in loads:
-            self._rename_in(fn, renamer, matched, module, ctx, edits)
+        applied = [self._rename_in(fn, renamer, matched, module, ctx, edits) for fn in loads]
         unmatched = [old for old in self.params.renames if not rename_covered(old, matched)]
         if unmatched:
             raise ctx.precondition(
@@ -598,7 +669,22 @@ class CheckpointKeys(Codemod):
                 "key of load_weights (patterns match whole dotted segments of the reference's keys; renames "
                 "written for another reference's keys do not carry over, the spec's checkpoint.key_map does)"
             )
+        if any(applied):
+            edits.update(self._scale_key_edits(module, loads, renamer, ctx))
         return edits
+
+    def _scale_key_edits(
+        self, module: cst.Module, loads: list[cst.FunctionDef], renamer: KeyRenamer, ctx: FileContext
+    ) -> dict:
+        """The FP8 KV-cache scale keys (``k_scale`` / ``v_scale``, read beside
+        each attention module, outside the mappings) take the checkpoint's name
+        of their module, read off the renamed weight keys under it
+        (``autoport_cst.transform.edit.scale_keys``); a site those keys do not
+        name is refused."""
+        try:
+            return scale_keys.scale_key_edits(module, loads, renamer)
+        except scale_keys.ScaleKeyError as error:
+            raise ctx.precondition(f"{self.ID}: {error}", error.node, module) from None
 
     def _rename_in(
         self,
@@ -608,13 +694,14 @@ class CheckpointKeys(Codemod):
         module: cst.Module,
         ctx: FileContext,
         edits: dict,
-    ) -> None:
+    ) -> bool:
         """The renames in one ``load_weights``, recorded above its ``mappings
-        = {}``; the patterns its keys match are added to ``matched``."""
+        = {}`` (False when recorded already); the patterns its keys match are
+        added to ``matched``."""
         anchor = mappings_statement(fn)
         if not self._record(anchor, module, ctx, edits):
             matched |= set(self.params.renames)
-            return
+            return False
         variables, assignments = string_variables(fn)
         derived: dict[str, str] = {}  # variable -> checkpoint variable name
 
@@ -645,6 +732,7 @@ class CheckpointKeys(Codemod):
             new_value = renamer.apply(variables[var])
             new_stmt = parse_statement(f"{checkpoint_var} = {key_literal(new_value)}", module)
             edits[id(assignments[var])] = followed_by(new_stmt)
+        return True
 
     def _record(self, anchor, module: cst.Module, ctx: FileContext, edits: dict) -> bool:
         """Record the renames above ``mappings = {}`` (``anchor``); False when

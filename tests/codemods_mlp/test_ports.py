@@ -99,21 +99,7 @@ CASES = {
     ),
 }
 
-# validate's FP8 KV-cache run (fp32 only) puts the scales beside the checkpoint's attention; the
-# GPT-NeoX port reads them at the reference's model.layers.<i>.self_attn key (known wrong)
-_FP8_SCALE_KEY = {("gpt_neox", "fp32"): "reads its FP8 KV-cache scales under the reference's key"}
-TP1 = [
-    pytest.param(
-        case,
-        dtype,
-        id=f"{case}-tp1-{dtype}",
-        marks=[pytest.mark.xfail(strict=True, reason=_FP8_SCALE_KEY[case, dtype])]
-        if (case, dtype) in _FP8_SCALE_KEY
-        else [],
-    )
-    for case in CASES
-    for dtype in ("fp32", "bf16")
-]
+TP1 = [pytest.param(case, dtype, id=f"{case}-tp1-{dtype}") for case in CASES for dtype in ("fp32", "bf16")]
 TP2 = [
     pytest.param("gemma2", "bf16", id="gemma2-tp2-bf16"),
     pytest.param("granite", "bf16", id="granite-tp2-bf16"),

@@ -98,13 +98,7 @@ PORTS = {
 
 # Ports that the tiny checkpoints with every kind of layer (issue 15) show wrong;
 # strict: the day they validate, the mark must go.
-KNOWN_WRONG: dict[str, str] = {
-    # the FP8 KV-cache run of validate (validate.kv_scale_variant) puts the scales beside the
-    # checkpoint's attention (gpt_neox.layers.<i>.attention.k_scale); the port, from starcoder2,
-    # reads model.layers.<i>.self_attn.k_scale (checkpoint-keys renames no scale key), so it
-    # runs an FP8 checkpoint with scales of 1
-    "GPTNeoXForCausalLM": "reads its FP8 KV-cache scales under the reference's key, not the checkpoint's",
-}
+KNOWN_WRONG: dict[str, str] = {}
 
 
 def _ports() -> list:

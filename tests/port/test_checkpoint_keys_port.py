@@ -41,11 +41,6 @@ def test_the_validation_checkpoint_names_its_tensors_as_the_source_does(saved, t
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="the port reads its FP8 KV-cache scales at the reference's model.layers.<i>.self_attn key, "
-    "not at the checkpoint's gpt_neox.layers.<i>.attention: validate's FP8 KV-cache run fails it",
-)
 def test_gpt_neox_saved_by_transformers_ports_and_validates(saved, tmp_path):
     from autoport_cst.port import port
 
