@@ -187,7 +187,8 @@ def _validate(
     with reusing_reference_runs(), reusing_validation_runs():
         _validation_runs(outcome, checkpoint, tp, steps, seed, stage)
     outcome.seconds["validate"] = time.perf_counter() - start
-    if outcome.validated:  # then on configs the plan was not made on
+    if outcome.validated and not _is_vision_language(outcome.checkpoint_dir):
+        # then on configs the plan was not made on (text decoders: validate_vlm runs no variants)
         from autoport_cst.port_variants import check_config_variants
 
         start = time.perf_counter()
@@ -254,6 +255,9 @@ def _validation_runs(
     for run_tp, dtype in runs:
         stage(f"validate tp={run_tp} {dtype}")
         t0 = time.perf_counter()
+        if _is_vision_language(outcome.checkpoint_dir):
+            outcome.runs.append(_vision_language_run(outcome, run_tp, dtype, steps, seed, t0))
+            continue
         try:
             report = validate_model(
                 outcome.package_dir, outcome.checkpoint_dir, tp=run_tp, dtype=dtype, steps=steps, seed=seed
@@ -280,6 +284,34 @@ def _validation_runs(
                 seconds=time.perf_counter() - t0,
             )
         )
+
+
+def _is_vision_language(checkpoint_dir: Path | None) -> bool:
+    from autoport_cst.cli.validate_vlm_cmd import is_vision_language
+
+    config = parse_config_text((Path(checkpoint_dir or ".") / "config.json").read_text(encoding="utf-8"))
+    return isinstance(config, dict) and is_vision_language(config)
+
+
+def _vision_language_run(
+    outcome: PortOutcome, tp: int, dtype: str, steps: int, seed: int, t0: float
+) -> ValidationRun:
+    """One run of a vision-language port through ``validate_vlm`` (its
+    prompts with and without images, tower and decoder compared)."""
+    from autoport_cst.validate.vision_validate import validate_vlm
+
+    assert outcome.package_dir is not None and outcome.checkpoint_dir is not None  # applied, checkpoint made
+    report = validate_vlm(
+        outcome.package_dir, outcome.checkpoint_dir, dtype=dtype, steps=steps, seed=seed, tp=tp
+    )
+    if report.equivalent:
+        summary = "equivalent within tolerances (vision-language: tower, M-RoPE positions, decoder, logits)"
+    elif report.failure is not None:
+        summary = f"not equivalent: the port failed at {report.failure_stage}: {report.failure}"
+    else:
+        summary = f"not equivalent: first diverging check: {report.first_diverging}"
+    diverging = None if report.equivalent else (report.first_diverging or f"failure: {report.failure_stage}")
+    return ValidationRun(tp, dtype, report.equivalent, summary, diverging, None, time.perf_counter() - t0)
 
 
 def _record_validations(outcome: PortOutcome, out: Path, checkpoint: str, steps: int, seed: int) -> None:
@@ -345,6 +377,10 @@ def _validation_checkpoint(found, out: Path, name: str, checkpoint: str, seed: i
 
     config = source_dir / "config.json" if source_dir.is_dir() else None
     target = out / "checkpoints" / f"{name}-tiny"
+    if getattr(getattr(found, "spec", None), "vision", None) is not None:
+        from autoport_cst.validate.vision_tiny import build_tiny_vlm_checkpoint
+
+        return build_tiny_vlm_checkpoint(target, seed=seed, architecture=found.architecture)
     arch = str(config) if config and config.is_file() else found.architecture
     build_tiny_checkpoint(arch, target, seed=seed)
     if _key_format_differs(source_dir, target):

@@ -78,9 +78,12 @@ def rebuild_checkpoint(run: dict[str, Any], outdir: Path) -> Path:
 
 
 def rerun(package_dir: str | Path, run: dict[str, Any], checkpoint: Path):
-    """Validate the port again as recorded; returns the ValidationReport."""
+    """Validate the port again as recorded; returns the ValidationReport (a
+    vision-language checkpoint's: ``validate_vlm``'s, with a ``summary()``)."""
     from .api import validate_model
 
+    if _is_vision_language(checkpoint):
+        return _rerun_vision_language(package_dir, run, checkpoint)
     return validate_model(
         package_dir,
         checkpoint,
@@ -91,3 +94,28 @@ def rerun(package_dir: str | Path, run: dict[str, Any], checkpoint: Path):
         seed=run["seed"],
         **run.get("options", {}),
     )
+
+
+def _is_vision_language(checkpoint: Path) -> bool:
+    config = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))
+    return isinstance(config.get("text_config"), dict) and isinstance(config.get("vision_config"), dict)
+
+
+class _VisionRerun:
+    def __init__(self, report: Any) -> None:
+        self.report = report
+        self.equivalent = report.equivalent
+
+    def summary(self) -> str:
+        if self.equivalent:
+            return "equivalent within tolerances"
+        return f"not equivalent: {self.report.failure or self.report.first_diverging}"
+
+
+def _rerun_vision_language(package_dir: str | Path, run: dict[str, Any], checkpoint: Path) -> _VisionRerun:
+    from .vision_validate import validate_vlm
+
+    report = validate_vlm(
+        package_dir, checkpoint, dtype=run["dtype"], steps=run["steps"], seed=run["seed"], tp=run["tp"]
+    )
+    return _VisionRerun(report)
