@@ -204,25 +204,6 @@ def validate_command(
     config = check_checkpoint_dir(checkpoint_dir, tp)
     check_output_file(json_path, "--json")
     require_extra("validate")
-    from autoport_cst.cli.validate_vlm_cmd import is_vision_language, validate_vision_language
-
-    if is_vision_language(config):  # a vision tower too: validate_vlm
-        others = dict(ep=ep, prefill=prefill, kv_cache_dtype=kv_cache_dtype, attention_dp=attention_dp)
-        others.update(mlp_dp=mlp_dp, embedding_dp=embedding_dp, lm_head_dp=lm_head_dp, dcp=dcp)
-        others.update(dcp_interleave=dcp_interleave, prefill_dcp=prefill_dcp)
-        validate_vision_language(
-            model_dir,
-            checkpoint_dir,
-            config,
-            tp=tp,
-            dtype=dtype,
-            steps=steps,
-            seed=seed,
-            json_path=json_path,
-            others=others,
-        )
-    from autoport_cst.validate.api import validate_model
-
     # what is run, and what the port's logit test reruns
     run: dict[str, Any] = dict(
         tp=tp,
@@ -240,6 +221,12 @@ def validate_command(
         dcp_interleave=dcp_interleave,
         prefill_dcp=prefill_dcp,
     )
+    from autoport_cst.cli.validate_vlm_cmd import is_vision_language
+
+    if is_vision_language(config):  # a vision tower too: validate_vlm
+        _validate_vision_language(model_dir, checkpoint_dir, config, run, json_path)
+    from autoport_cst.validate.api import validate_model
+
     with StageProgress("validate") as progress:
         report = validate_model(model_dir, checkpoint_dir, on_stage=progress.stage, **run)
 
@@ -253,6 +240,20 @@ def validate_command(
         if recorded is not None:
             stdout_console().print(f"recorded for the port's logit test: {recorded}", style="dim")
     sys.exit(report.exit_code)
+
+
+def _validate_vision_language(
+    model_dir: Path, checkpoint_dir: Path, config: dict, run: dict[str, Any], json_path: Path | None
+) -> None:
+    """``validate_vlm`` on a vision-language checkpoint; the text validator's
+    other options are refused by name."""
+    from autoport_cst.cli.validate_vlm_cmd import validate_vision_language
+
+    others = {k: v for k, v in run.items() if k not in ("tp", "dtype", "steps", "seed")}
+    settings = {k: run[k] for k in ("tp", "dtype", "steps", "seed")}
+    validate_vision_language(
+        model_dir, checkpoint_dir, config, json_path=json_path, others=others, **settings
+    )
 
 
 def print_report(report) -> None:
