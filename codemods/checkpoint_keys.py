@@ -7,17 +7,14 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.anatomy.classes import is_quantized
-from autoport_cst.transform.anatomy.loaders import find_loaders
-from autoport_cst.transform.anatomy.mappings import mapping_entries, parameter_names
+from autoport_cst.transform.anatomy.mappings import mapping_entries
 from autoport_cst.transform.cst.roles import class_role
 from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
-from autoport_cst.transform.cst.vocabulary import classes, classes_with_role, dotted, method, string_text
+from autoport_cst.transform.cst.vocabulary import classes, classes_with_role, method, string_text
 from autoport_cst.transform.edit import moe_keys, scale_keys
 from autoport_cst.transform.edit.functions import add_functions
-from autoport_cst.transform.edit.guards import declare_guarded, guard_edit
+from autoport_cst.transform.edit.in_out_layouts import layout_edits
 from autoport_cst.transform.edit.key_renames import (
-    FIELD,
     KeyRenamer,
     expand,
     key_literal,
@@ -31,12 +28,9 @@ from autoport_cst.transform.edit.key_renames import (
     string_variables,
     translate_key_maps,
 )
-from autoport_cst.transform.edit.loaders import TRANSPOSING_LOADERS, LoaderEdits, not_transposed
-from autoport_cst.transform.edit.parameters import kwarg_code
-from autoport_cst.transform.edit.tree import add_edit, followed_by, rewrite, with_comment
+from autoport_cst.transform.edit.tree import followed_by, rewrite
+from autoport_cst.transform.edit.unmapped_keys import unmapped_edits
 from autoport_cst.transform.realizes import ANY, Realizes, to
-
-GUARD_LAYOUT = "checkpoint-keys: [in, out] checkpoint tensors are not implemented for this quantized layer"
 
 
 @dataclass(frozen=True)
@@ -621,7 +615,12 @@ class CheckpointKeys(Codemod):
         if self.params.renames and entries:
             edits.update(self._rename_edits(module, loads, ctx))
         if self.params.in_out_params or self.params.in_out_layers:
-            edits.update(self._layout_edits(module, ctx))
+            elsewhere = self._layers_elsewhere(module, ctx)
+            edits.update(
+                layout_edits(
+                    self.ID, self.params.in_out_params, self.params.in_out_layers, elsewhere, module, ctx
+                )
+            )
         return rewrite(module, edits)
 
     @staticmethod
@@ -725,7 +724,7 @@ class CheckpointKeys(Codemod):
                     replace(node, text, new_full)
         self._rename_unspelled(entries, variables, renamer, matched, replace)
         owner = next(c for c in classes(module) if method(c, "load_weights") is fn)
-        matched |= self._unmapped_edits(fn, owner, anchor, variables, renamer, module, ctx, edits)
+        matched |= unmapped_edits(self.ID, fn, owner, anchor, variables, renamer, module, ctx, edits)
         for var, checkpoint_var in derived.items():
             if checkpoint_var in variables:
                 continue
@@ -780,105 +779,3 @@ class CheckpointKeys(Codemod):
                 continue
             matched |= hits
             replace(entry.value, canonical, renamer.apply(full))
-
-    def _unmapped_edits(
-        self,
-        fn: cst.FunctionDef,
-        owner: cst.ClassDef,
-        anchor,
-        variables: dict[str, str],
-        renamer: KeyRenamer,
-        module: cst.Module,
-        ctx: FileContext,
-        edits: dict,
-    ) -> set[str]:
-        """Entries for the parameters ``load_weights`` does not map (they load
-        under their own names) whose names the renames change, added after
-        ``mappings = {}``; returns the patterns they match. A renamed
-        parameter of every layer without an entry is a precondition error."""
-        mapped = {FIELD.sub("{i}", expand(e.key, variables)) for e in mapping_entries(fn)}
-        added, per_layer, matched = [], [], set()
-        for name in parameter_names(module, owner):
-            new = renamer.apply(name)
-            if name in mapped or new == name:
-                continue
-            matched |= renamer.matched(name)
-            (per_layer if "{i}" in name else added).append((name, new))
-        if per_layer:
-            names = ", ".join(name for name, _ in per_layer)
-            raise ctx.precondition(
-                f"{self.ID}: load_weights maps no entry for {names} (loaded under its own name), which the "
-                "renames change; add the entry to the reference's per-layer mappings",
-                fn,
-                module,
-            )
-        if added and anchor is not None:
-            statements = [
-                parse_statement(f"mappings[{key_literal(name)}] = {key_literal(new)}", module)
-                for name, new in added
-            ]
-            statements[0] = with_comment(
-                statements[0], "parameters the reference loads under their own names"
-            )
-            add_edit(edits, id(anchor), lambda updated, new=statements: cst.FlattenSentinel([updated, *new]))
-        return matched
-
-    # -- [in, out] checkpoint tensors --------------------------------------------
-
-    def _layout_edits(self, module: cst.Module, ctx: FileContext) -> dict:
-        wanted = set(self.params.in_out_params)
-        edits: dict = {}
-        if self.params.in_out_layers:
-            layer_classes = classes_with_role(module, "attention") + classes_with_role(module, "mlp")
-            if not layer_classes:
-                if self._layers_elsewhere(module, ctx) or not wanted:
-                    return {}
-                raise ctx.precondition(
-                    f"{self.ID}: no attention or MLP class (<Prefix>Attention, <Prefix>MLP)"
-                )
-            for cls in layer_classes:
-                if is_quantized(cls) and not find_loaders(cls):
-                    edits.update(guard_edit(cls, GUARD_LAYOUT, module))
-                    declare_guarded(cls, ctx, GUARD_LAYOUT)
-                    continue
-                for attr, sites in find_loaders(cls).items():
-                    if attr.endswith("_weight") and any(
-                        s.base is not None and dotted(s.base.func) in TRANSPOSING_LOADERS for s in sites
-                    ):
-                        wanted.add(attr)
-            if not wanted and not edits:
-                raise ctx.precondition(
-                    f"{self.ID}: no projection weight of the attention and MLP classes has a transposing loader"
-                )
-        seen: set[str] = set()
-        for cls in classes(module):
-            loaders = LoaderEdits(module, ctx, cls)
-            for attr in sorted(wanted & set(loaders.found)):
-                seen.add(attr)
-                if self._stop_transposing(loaders, attr, module, ctx):
-                    loaders.replace_base(attr, not_transposed)
-            edits.update(loaders.edits())
-        missing = sorted(wanted - seen)
-        if missing and not self._layers_elsewhere(module, ctx):
-            raise ctx.precondition(
-                f"{self.ID}: no loader attached to {', '.join(missing)} (set_weight_loader(self.<attr>, ...))"
-            )
-        return edits
-
-    def _stop_transposing(
-        self, loaders: LoaderEdits, attr: str, module: cst.Module, ctx: FileContext
-    ) -> bool:
-        """Whether ``attr``'s loaders transpose (each must be a transposing
-        loader; a loader shared with parameters that stay is split)."""
-        transposing = False
-        for site in loaders.require(attr):
-            name = dotted(site.base.func)
-            if name not in TRANSPOSING_LOADERS:
-                raise ctx.precondition(
-                    f"{self.ID}: the loader of {attr} is {name} ({site.describe()}), not one of "
-                    f"{', '.join(TRANSPOSING_LOADERS)}",
-                    site.base,
-                    module,
-                )
-            transposing = transposing or kwarg_code(site.base, "is_storage_transposed") not in (None, "False")
-        return transposing
