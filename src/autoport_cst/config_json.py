@@ -58,3 +58,19 @@ def config_object(values: dict[str, Any]) -> Any:
     config_class = CONFIG_MAPPING[values["model_type"]]
     settings = {key: value for key, value in values.items() if key != "model_type"}
     return config_class.from_dict(settings)
+
+
+def is_vision_language(config: Any) -> bool:
+    """Whether a config.json's values describe a vision-language model: a
+    text config and a vision config (Qwen3-VL's ``text_config`` and
+    ``vision_config``)."""
+    return (
+        isinstance(config, dict)
+        and isinstance(config.get("text_config"), dict)
+        and isinstance(config.get("vision_config"), dict)
+    )
+
+
+def checkpoint_is_vision_language(checkpoint_dir: str | Path) -> bool:
+    """``is_vision_language`` of the checkpoint's config.json."""
+    return is_vision_language(load_config_values(Path(checkpoint_dir) / "config.json"))

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoport_cst.config_json import parse_config_text
+from autoport_cst.config_json import checkpoint_is_vision_language, parse_config_text
 from autoport_cst.errors import InputError, PreconditionError, UnrealizableDiffError
 from autoport_cst.validation_runs import ValidationRun, first_diverging, max_abs
 
@@ -187,7 +187,7 @@ def _validate(
     with reusing_reference_runs(), reusing_validation_runs():
         _validation_runs(outcome, checkpoint, tp, steps, seed, stage)
     outcome.seconds["validate"] = time.perf_counter() - start
-    if outcome.validated and not _is_vision_language(outcome.checkpoint_dir):
+    if outcome.validated and not checkpoint_is_vision_language(outcome.checkpoint_dir or "."):
         # then on configs the plan was not made on (text decoders: validate_vlm runs no variants)
         from autoport_cst.port_variants import check_config_variants
 
@@ -255,7 +255,7 @@ def _validation_runs(
     for run_tp, dtype in runs:
         stage(f"validate tp={run_tp} {dtype}")
         t0 = time.perf_counter()
-        if _is_vision_language(outcome.checkpoint_dir):
+        if checkpoint_is_vision_language(outcome.checkpoint_dir or "."):
             outcome.runs.append(_vision_language_run(outcome, run_tp, dtype, steps, seed, t0))
             continue
         try:
@@ -284,13 +284,6 @@ def _validation_runs(
                 seconds=time.perf_counter() - t0,
             )
         )
-
-
-def _is_vision_language(checkpoint_dir: Path | None) -> bool:
-    from autoport_cst.cli.validate_vlm_cmd import is_vision_language
-
-    config = parse_config_text((Path(checkpoint_dir or ".") / "config.json").read_text(encoding="utf-8"))
-    return isinstance(config, dict) and is_vision_language(config)
 
 
 def _vision_language_run(

@@ -221,7 +221,7 @@ def validate_command(
         dcp_interleave=dcp_interleave,
         prefill_dcp=prefill_dcp,
     )
-    from autoport_cst.cli.validate_vlm_cmd import is_vision_language
+    from autoport_cst.config_json import is_vision_language
 
     if is_vision_language(config):  # a vision tower too: validate_vlm
         _validate_vision_language(model_dir, checkpoint_dir, config, run, json_path)

@@ -23,10 +23,6 @@ from autoport_cst.preflight import check_tp
 PLAIN_VALUES = (1, "auto", False)
 
 
-def is_vision_language(config: dict) -> bool:
-    return isinstance(config.get("text_config"), dict) and isinstance(config.get("vision_config"), dict)
-
-
 def _check_inputs(config: dict, config_path: Path, tp: int, others: dict[str, Any]) -> None:
     changed = sorted(name for name, value in others.items() if value not in PLAIN_VALUES)
     if changed:

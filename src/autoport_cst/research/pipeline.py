@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from autoport_cst.config_json import is_vision_language
 from autoport_cst.research.checkpoint import CheckpointHeader, checkpoint_findings, pattern, read_checkpoint
 from autoport_cst.research.code_analysis import CodeAnalysis, analyze_code
 from autoport_cst.research.config_analysis import ConfigAnalysis, analyze_config, read_config, resolve_config
@@ -112,11 +113,6 @@ def research_resolved(resolved: ResolvedSource) -> Research:
         else (),
         dependence_inputs=dependence,
     )
-
-
-def is_vision_language(raw: dict[str, Any]) -> bool:
-    """A vision-language checkpoint: config.json holds a text and a vision config."""
-    return isinstance(raw.get("text_config"), dict) and isinstance(raw.get("vision_config"), dict)
 
 
 def safe_analyze_code(modeling: Any, config: Any, architecture: str, dims: dict[str, Any]) -> CodeAnalysis:

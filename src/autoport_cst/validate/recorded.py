@@ -80,9 +80,11 @@ def rebuild_checkpoint(run: dict[str, Any], outdir: Path) -> Path:
 def rerun(package_dir: str | Path, run: dict[str, Any], checkpoint: Path):
     """Validate the port again as recorded; returns the ValidationReport (a
     vision-language checkpoint's: ``validate_vlm``'s, with a ``summary()``)."""
+    from autoport_cst.config_json import checkpoint_is_vision_language
+
     from .api import validate_model
 
-    if _is_vision_language(checkpoint):
+    if checkpoint_is_vision_language(checkpoint):
         return _rerun_vision_language(package_dir, run, checkpoint)
     return validate_model(
         package_dir,
@@ -94,11 +96,6 @@ def rerun(package_dir: str | Path, run: dict[str, Any], checkpoint: Path):
         seed=run["seed"],
         **run.get("options", {}),
     )
-
-
-def _is_vision_language(checkpoint: Path) -> bool:
-    config = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))
-    return isinstance(config.get("text_config"), dict) and isinstance(config.get("vision_config"), dict)
 
 
 class _VisionRerun:
