@@ -137,8 +137,11 @@ def test_all_codemods_compose_on_llama3(qk_norm):
     constraints allow), gives a file that compiles, where each is a fixed
     point; with full-width q/k norms, the harder case for the others (so
     without qk-norm-position, which moves per-head norms after RoPE), and
-    with per-head ones moved after RoPE (qk-norm then finds its norms there)."""
-    ids = [i for i in IDS if qk_norm == "per_head" or i != "qk-norm-position"]
+    with per-head ones moved after RoPE (qk-norm then finds its norms there).
+    Without learned-positions: it removes RoPE, which the RoPE codemods edit
+    (a model has one or the other; its own tests compose it with the rest of
+    a GPT-2 port, tests/coverage_dense/test_learned_positions.py)."""
+    ids = [i for i in IDS if (qk_norm == "per_head" or i != "qk-norm-position") and i != "learned-positions"]
     order = _in_after_order(ids)
     params = {codemod_id: {} for codemod_id in order} | {"qk-norm": {"kind": qk_norm}}
     source = variant_source(Variant())

@@ -108,7 +108,17 @@ SETS = {
         ("parallel-residual", {"kind": "separate_norms"}),
         ("lm-head-bias", {}),
         ("fused-checkpoint", {"qkv": True, "qkv_layout": "per_head"}),
-        ("checkpoint-keys", {"renames": {"model": "gpt_neox", "self_attn.o_proj": "attention.dense"}}),
+        # GPT-NeoX's names: the whole attention module renamed (its FP8 scale keys follow it)
+        (
+            "checkpoint-keys",
+            {
+                "renames": {
+                    "model": "gpt_neox",
+                    "self_attn.qkv_proj": "attention.query_key_value",
+                    "self_attn.o_proj": "attention.dense",
+                }
+            },
+        ),
         ("embedding-multiplier", {}),
         ("residual-multiplier", {}),
     ],

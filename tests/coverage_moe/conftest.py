@@ -71,12 +71,6 @@ CONFIGS: dict[str, dict] = {
 # architectures the planner must refuse, with the config overrides that make
 # the tiny model show the feature, and the feature the refusal names
 REFUSALS: dict[str, tuple[str, dict, str]] = {
-    # GLM-4-MoE restricting experts to the best groups: group-limited routing
-    "glm4_moe_groups": (
-        "Glm4MoeForCausalLM",
-        {"n_group": 2, "topk_group": 1, "n_routed_experts": 8},
-        "moe.group_limited_routing",
-    ),
     # JetMoe: experts without a classifiable gated MLP (and mixture-of-attention heads)
     "jetmoe": ("JetMoeForCausalLM", {}, "moe.expert_mlp"),
     # EXAONE MoE: no RoPE on its full-attention layers, chosen by layer_types

@@ -195,6 +195,25 @@ def test_named_refusal(tmp_path_factory, case):
     assert not (tmp_path_factory.getbasetemp() / "refused" / "vllm_neuron").exists()
 
 
+def test_group_limited_routing_without_latent_attention_is_refused_by_name(tmp_path_factory):
+    """GLM-4-MoE restricting experts to the best groups: research reads the
+    group limit (moe.group_limit, sum_top2), which only the deepseek_v3
+    reference realizes, and GLM-4-MoE's attention is not latent attention:
+    the port is refused naming the field and the codemod's missing site in
+    qwen3_moe, nothing written."""
+    from autoport_cst.port import port
+    from autoport_cst.research import research
+
+    overrides = {"n_group": 2, "topk_group": 1, "n_routed_experts": 8}
+    source = build(tmp_path_factory, "Glm4MoeForCausalLM", overrides, "refused-glm4-moe-groups")
+    assert research(str(source)).spec.moe.group_limit == "sum_top2"
+    out = tmp_path_factory.mktemp("refused-glm4-moe-groups-out")
+    with pytest.raises(UnrealizableDiffError) as refused:
+        port(str(source), "refused_glm4_groups", out)
+    assert "moe.group_limit" in str(refused.value) and "group-limit" in str(refused.value)
+    assert not (out / "vllm_neuron").exists()
+
+
 def test_nope_by_layer_type_is_refused_naming_the_layer_types(tmp_path_factory):
     """EXAONE MoE rotates only its sliding layers (no RoPE on full attention,
     chosen from config.layer_types through a local): nope-layers reads other

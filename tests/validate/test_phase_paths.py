@@ -58,13 +58,17 @@ def test_prefill_through_the_decode_path_fails(mutant, tiny_llama: Path) -> None
 
 
 def test_without_the_phase_rule_that_mutant_validates(mutant, tiny_llama: Path, monkeypatch) -> None:
-    """The control: at TP=1 the numbers alone do not tell the mutant apart
-    (at TP=2, a default parallel layout, the decode path fails on the
-    prefill's sequence-parallel slice)."""
+    """The control: at TP=1 the plain run's numbers do not tell the mutant
+    apart (at TP=2, a default parallel layout, the decode path fails on the
+    prefill's sequence-parallel slice; the FP8 KV-cache follow-up, a config
+    variant, fails too: the decode path attends over the FP8 cache where a
+    prefill attends over the fresh K/V)."""
     monkeypatch.setattr(kernel_phases, "DECODE_ONLY", frozenset())
     monkeypatch.setattr(kernel_phases, "PREFILL_ONLY", frozenset())
     monkeypatch.setattr(kernel_phases, "PHASE_METHODS", {})
-    report = validate_model(mutant(None, THROUGH_DECODE), tiny_llama, steps=2, parallel_layouts=False)
+    report = validate_model(
+        mutant(None, THROUGH_DECODE), tiny_llama, steps=2, parallel_layouts=False, config_variants=False
+    )
     assert report.equivalent, report.summary()
 
 
