@@ -252,10 +252,11 @@ def _validation_runs(
     from autoport_cst.validate import validate_model
 
     runs = [(1, "fp32"), (1, "bf16")] + ([(tp, "fp32")] if tp > 1 else [])
+    vision_language = checkpoint_is_vision_language(outcome.checkpoint_dir or ".")
     for run_tp, dtype in runs:
         stage(f"validate tp={run_tp} {dtype}")
         t0 = time.perf_counter()
-        if checkpoint_is_vision_language(outcome.checkpoint_dir or "."):
+        if vision_language:
             outcome.runs.append(_vision_language_run(outcome, run_tp, dtype, steps, seed, t0))
             continue
         try:
@@ -297,14 +298,10 @@ def _vision_language_run(
     report = validate_vlm(
         outcome.package_dir, outcome.checkpoint_dir, dtype=dtype, steps=steps, seed=seed, tp=tp
     )
-    if report.equivalent:
-        summary = "equivalent within tolerances (vision-language: tower, M-RoPE positions, decoder, logits)"
-    elif report.failure is not None:
-        summary = f"not equivalent: the port failed at {report.failure_stage}: {report.failure}"
-    else:
-        summary = f"not equivalent: first diverging check: {report.first_diverging}"
     diverging = None if report.equivalent else (report.first_diverging or f"failure: {report.failure_stage}")
-    return ValidationRun(tp, dtype, report.equivalent, summary, diverging, None, time.perf_counter() - t0)
+    return ValidationRun(
+        tp, dtype, report.equivalent, report.summary(), diverging, None, time.perf_counter() - t0
+    )
 
 
 def _record_validations(outcome: PortOutcome, out: Path, checkpoint: str, steps: int, seed: int) -> None:

@@ -79,13 +79,16 @@ def rebuild_checkpoint(run: dict[str, Any], outdir: Path) -> Path:
 
 def rerun(package_dir: str | Path, run: dict[str, Any], checkpoint: Path):
     """Validate the port again as recorded; returns the ValidationReport (a
-    vision-language checkpoint's: ``validate_vlm``'s, with a ``summary()``)."""
+    vision-language checkpoint's: ``validate_vlm``'s)."""
     from autoport_cst.config_json import checkpoint_is_vision_language
 
     from .api import validate_model
 
     if checkpoint_is_vision_language(checkpoint):
-        return _rerun_vision_language(package_dir, run, checkpoint)
+        from .vision_validate import validate_vlm
+
+        settings = {key: run[key] for key in ("dtype", "steps", "seed", "tp")}
+        return validate_vlm(package_dir, checkpoint, **settings)
     return validate_model(
         package_dir,
         checkpoint,
@@ -96,23 +99,3 @@ def rerun(package_dir: str | Path, run: dict[str, Any], checkpoint: Path):
         seed=run["seed"],
         **run.get("options", {}),
     )
-
-
-class _VisionRerun:
-    def __init__(self, report: Any) -> None:
-        self.report = report
-        self.equivalent = report.equivalent
-
-    def summary(self) -> str:
-        if self.equivalent:
-            return "equivalent within tolerances"
-        return f"not equivalent: {self.report.failure or self.report.first_diverging}"
-
-
-def _rerun_vision_language(package_dir: str | Path, run: dict[str, Any], checkpoint: Path) -> _VisionRerun:
-    from .vision_validate import validate_vlm
-
-    report = validate_vlm(
-        package_dir, checkpoint, dtype=run["dtype"], steps=run["steps"], seed=run["seed"], tp=run["tp"]
-    )
-    return _VisionRerun(report)

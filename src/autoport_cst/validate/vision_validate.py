@@ -57,6 +57,14 @@ class VisionValidationReport:
                 return f"{check['prompt']}:{check['name']}"
         return None
 
+    def summary(self) -> str:
+        """One line: the verdict, and where a failing run failed."""
+        if self.equivalent:
+            return "equivalent within tolerances (vision-language: tower, M-RoPE positions, decoder, logits)"
+        if self.failure is not None:
+            return f"not equivalent: the port failed at {self.failure_stage}: {self.failure}"
+        return f"not equivalent: first diverging check: {self.first_diverging}"
+
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "equivalent": self.equivalent, "first_diverging": self.first_diverging}
 
