@@ -175,3 +175,21 @@ def test_expert_layout_is_read_from_the_checkpoints_names(tmp_path: Path) -> Non
         {"model.layers.0.block_sparse_moe.input_linear.weight": one}, str(tmp_path / "model.safetensors")
     )
     assert CV.expert_layout(tmp_path) == "fused"
+
+
+@pytest.mark.parametrize(
+    ("planned", "layout", "expected"),
+    [
+        # Mixtral's port is planned on per-expert hub keys; the default tiny checkpoint stacks them
+        ("separate", "fused", [('checkpoint.gate_up="separate"', "saved")]),
+        ("fused", "separate", [('checkpoint.gate_up="fused"', "model")]),
+    ],
+)
+def test_the_other_expert_layout_is_the_one_the_checkpoint_does_not_have(tmp_path, planned, layout, expected):
+    """The layout read from the checkpoint's names decides, not the one the
+    port was planned on: a port planned per-expert and validated on a stacked
+    checkpoint must load per-expert tensors too (its per-expert loader ran in
+    no default validation)."""
+    key_format = "saved" if layout == "separate" else "model"
+    variants = CV.declared_variants(_moe_package(tmp_path, planned), BASE, key_format, layout)
+    assert [(v.label, v.key_format) for v in variants] == expected

@@ -51,11 +51,14 @@ def declared(package_dir: str | Path) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-def declared_variants(package_dir: str | Path, base: dict[str, Any], key_format: str) -> list[ConfigVariant]:
+def declared_variants(
+    package_dir: str | Path, base: dict[str, Any], key_format: str, layout: str | None = None
+) -> list[ConfigVariant]:
     """A variant per declared (feature, value) the checkpoint of ``base``
-    (written in ``key_format``) does not already have."""
+    (written in ``key_format``; its experts stored as ``layout`` says, when
+    read from its names) does not already have."""
     variants: list[ConfigVariant] = []
-    planned = _planned_layout(package_dir)
+    planned = layout or _planned_layout(package_dir)
     for feature, values in declared(package_dir).items():
         if not isinstance(values, list):
             continue  # "*": any value, nothing to enumerate
@@ -80,10 +83,13 @@ def _planned_layout(package_dir: str | Path) -> str | None:
 def _layout_variant(
     value: Any, base: dict[str, Any], key_format: str, planned: str | None
 ) -> list[ConfigVariant]:
-    """The other expert layout than the checkpoint's (the port's spec says
-    which it has; else the key format: ``save_pretrained`` splits the experts
-    most architectures stack): a checkpoint in the other key format, whose
-    layout is checked once written (some architectures stack theirs in both)."""
+    """The other expert layout than the checkpoint's (read from its names;
+    without them the port's spec says which it has, else the key format:
+    ``save_pretrained`` splits the experts most architectures stack): a
+    checkpoint in the other key format, whose layout is checked once written
+    (some architectures stack theirs in both). A port planned on per-expert
+    hub keys and validated on a checkpoint that stacks them runs the
+    per-expert one too."""
     if value == (planned or ("separate" if key_format == "saved" else "fused")):
         return []
     other = "model" if key_format == "saved" else "saved"
@@ -226,7 +232,9 @@ def check_config_variants(
 
     base = read_values(checkpoint_dir)
     with tempfile.TemporaryDirectory(prefix="autoport-variant-") as scratch:
-        for index, variant in enumerate(declared_variants(package_dir, base, key_format_of(checkpoint_dir))):
+        layout = expert_layout(checkpoint_dir) if "checkpoint.gate_up" in declared(package_dir) else None
+        variants = declared_variants(package_dir, base, key_format_of(checkpoint_dir), layout)
+        for index, variant in enumerate(variants):
             entry: dict[str, Any] = {"label": variant.label, "equivalent": None, "summary": variant.skipped}
             report.config_variants.append(entry)
             if variant.values is None:
