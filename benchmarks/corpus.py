@@ -1,15 +1,24 @@
 """Port every decoder-only causal-LM architecture of the installed transformers.
 
 For each architecture: build a tiny random checkpoint, research it, compose and
-apply the port, and validate it on CPU against transformers (TP=1 in fp32 and
-bf16, TP=2 in fp32). Prints one row per architecture (reference, codemods,
-verdict, max logit error, seconds), the totals, and the features that block
-the refused ones, by name.
+apply the port, and validate it on CPU against transformers: TP=1 in fp32
+(and its FP8 KV-cache follow-up), TP=1 in bf16, TP=2 in fp32 (``--full``:
+everything ``port --tp 2`` runs, see ``corpus_runs``). Prints one row per
+architecture (reference, codemods, verdict, max logit error, seconds), the
+totals, and the features that block the refused ones, by name.
 
-    python benchmarks/corpus.py                     # everything (tens of minutes)
+    python benchmarks/corpus.py                     # everything (about 10 minutes)
     python benchmarks/corpus.py --only llama,qwen2  # some model types
     python benchmarks/corpus.py --no-tp2 --markdown corpus.md
     python benchmarks/corpus.py --readme README.md  # refresh the README's table
+    python benchmarks/corpus.py --only glm4_moe --readme README.md  # refresh those rows only
+    python benchmarks/corpus.py --full --only llama # port as a user runs it
+
+The model types run in ``--workers`` processes at a time (2), each forked
+for one model type from this process once it has imported torch,
+transformers and autoport_cst. With ``--only`` or ``--limit``, ``--readme``
+replaces those rows of the README's table and keeps the others (and the
+last full run's time); without, it writes the whole table.
 
 An architecture counts as ported only when every validation run is
 equivalent. Refusals name the features no codemod realizes; failures name the
@@ -19,15 +28,34 @@ first diverging component; anything else is reported with its error.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
+import os
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # corpus_runs, corpus_table
+
+from corpus_runs import full_size_refusal, new_row, run_one  # noqa: E402, F401 - the former names
+from corpus_table import markdown as table_markdown  # noqa: E402
+from corpus_table import merge, parse_table, readme_table, update_readme  # noqa: E402
+
 DECODER_ONLY_SUFFIX = "ForCausalLM"
+# imported before the workers fork (each worker then pays only its model's own modules)
+PRELOAD = (
+    "torch",
+    "transformers",
+    "transformers.modeling_utils",
+    "autoport_cst.port",
+    "autoport_cst.research",
+    "autoport_cst.apply",
+    "autoport_cst.plan",
+    "autoport_cst.validate",
+    "autoport_cst.validate.api",
+    "autoport_cst.validate.tiny",
+    "autoport_cst.validate.kv_scale_variant",
+)
 
 
 def causal_lm_architectures() -> list[tuple[str, str]]:
@@ -52,182 +80,144 @@ def causal_lm_architectures() -> list[tuple[str, str]]:
     return pairs
 
 
-def full_size_refusal(architecture: str, directory: Path) -> list[str]:
-    """The features that refuse ``architecture``, researched from its
-    transformers default config alone, when no tiny checkpoint can be built;
-    empty when the research does not refuse it (or cannot run)."""
-    from autoport_cst.port import refusal
-    from autoport_cst.research import choose_reference, research
-    from autoport_cst.validate.tiny import resolve_config, write_config_json
-
-    try:
-        config, _ = resolve_config(architecture)
-        config.architectures = [architecture]
-        directory.mkdir(parents=True, exist_ok=True)
-        write_config_json(config, directory / "config.json")
-        found = research(str(directory))
-        error = refusal(found, choose_reference(found.spec, "full_size", found.architecture, None))
-    except Exception:  # noqa: BLE001 - the row keeps its tiny-checkpoint error
-        return []
-    return list(error.features) if error is not None else []
-
-
-def run_one(model_type: str, architecture: str, work: Path, tp2: bool) -> dict:
-    from autoport_cst.errors import AutoportError, UnrealizableDiffError
-    from autoport_cst.port import port
-    from autoport_cst.validate import build_tiny_checkpoint
-
-    row = {
-        "model_type": model_type,
-        "architecture": architecture,
-        "reference": None,
-        "steps": [],
-        "verdict": "",
-        "detail": "",
-        "max_error": None,
-        "seconds": 0.0,
-        "blocked": [],
-    }
-    start = time.perf_counter()
-    source = work / f"{model_type}-src"
-    try:
-        build_tiny_checkpoint(architecture, source, seed=0)
-    except Exception as error:  # noqa: BLE001
-        row.update(verdict="no tiny checkpoint", detail=f"{type(error).__name__}: {error}"[:160])
-        features = full_size_refusal(architecture, work / f"{model_type}-full")
-        if features:
-            # refused by research on the full-size config (no weights needed)
-            row.update(
-                verdict="refused",
-                blocked=features,
-                detail="no codemod realizes " + ", ".join(features) + " (full-size config)",
-            )
-        row["seconds"] = time.perf_counter() - start
-        return row
-    name = "port_" + "".join(c if c.isalnum() else "_" for c in model_type.lower())
-    try:
-        outcome = port(str(source), name, work / "out", tp=2 if tp2 else 1, force=True)
-        row.update(reference=outcome.reference, steps=outcome.steps)
-        errors = [r.max_abs_error for r in outcome.runs if r.dtype == "fp32" and r.max_abs_error is not None]
-        row["max_error"] = max(errors) if errors else None
-        if outcome.validated:
-            row["verdict"] = "ported"
-        else:
-            bad = [r for r in outcome.runs if not r.equivalent]
-            row["verdict"] = "does not validate"
-            row["detail"] = "; ".join(f"tp{r.tp} {r.dtype}: {r.first_diverging}" for r in bad)
-            # beyond the planned config (autoport_cst.port_variants)
-            bad_variants = [
-                f"config variant: {r.first_diverging}" for r in outcome.variant_runs if not r.equivalent
-            ]
-            bad_variants += [
-                f"config guard {g.field}: not refused by name" for g in outcome.guards if not g.refused
-            ]
-            row["detail"] = "; ".join([row["detail"], *bad_variants] if row["detail"] else bad_variants)
-    except UnrealizableDiffError as error:
-        row.update(
-            verdict="refused",
-            blocked=list(error.features),
-            detail="no codemod realizes " + ", ".join(error.features),
-        )
-    except AutoportError as error:
-        row.update(verdict="error", detail=str(error).splitlines()[0][:200])
-    except Exception as error:  # noqa: BLE001
-        row.update(verdict="crash", detail=f"{type(error).__name__}: {error}"[:200])
-        traceback.print_exc(file=sys.stderr)
-    row["seconds"] = time.perf_counter() - start
-    return row
-
-
 def markdown(rows: list[dict], total: float) -> str:
-    lines = [
-        "| architecture | model_type | reference | codemods | verdict | max error (fp32) | s |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        steps = ", ".join(
-            s for s in r["steps"] if s not in ("rename-classes", "set-constants", "register-model")
-        )
-        verdict = r["verdict"] + (f": {r['detail']}" if r["detail"] and r["verdict"] != "ported" else "")
-        error = "-" if r["max_error"] is None else f"{r['max_error']:.1e}"
-        lines.append(
-            f"| {r['architecture']} | {r['model_type']} | {r['reference'] or '-'} | {steps or '-'} | {verdict} | {error} | {r['seconds']:.1f} |"
-        )
-    counts = collections.Counter(r["verdict"] for r in rows)
-    ported = sorted({r["architecture"] for r in rows if r["verdict"] == "ported"})
-    lines.append("")
-    lines.append(
-        f"{len(rows)} model types: "
-        + ", ".join(f"{n} {v}" for v, n in counts.most_common())
-        + f"; {len(ported)} distinct architectures ported; total {total / 60:.1f} min"
-    )
-    blocked = collections.Counter(f for r in rows for f in r["blocked"])
-    if blocked:
-        lines.append("")
-        lines.append("Unrealized features (model types refused because of each):")
-        lines.append("")
-        for feature, n in blocked.most_common():
-            lines.append(f"- `{feature}`: {n}")
-    return "\n".join(lines) + "\n"
+    """The table of ``rows`` measured in ``total`` seconds."""
+    return table_markdown(rows, f"{total / 60:.1f} min")
 
 
-README_START = "<!-- corpus table: written by benchmarks/corpus.py --readme -->"
-README_END = "<!-- end of corpus table -->"
+def selected(pairs: list[tuple[str, str]], only: str, limit: int) -> list[tuple[str, str]]:
+    if only:
+        wanted = {name.strip() for name in only.split(",") if name.strip()}
+        unknown = wanted - {name for pair in pairs for name in pair}
+        if unknown:
+            print(f"--only: not a decoder-only causal LM here: {', '.join(sorted(unknown))}", file=sys.stderr)
+        pairs = [p for p in pairs if p[0] in wanted or p[1] in wanted]
+    return pairs[:limit] if limit else pairs
 
 
-def update_readme(path: Path, table: str) -> None:
-    """Put ``table`` between the README's corpus markers."""
-    text = path.read_text(encoding="utf-8")
-    if README_START not in text or README_END not in text:
-        raise SystemExit(f"{path}: no corpus markers ({README_START} ... {README_END})")
-    head, rest = text.split(README_START, 1)
-    _, tail = rest.split(README_END, 1)
-    path.write_text(f"{head}{README_START}\n{table}{README_END}{tail}", encoding="utf-8")
+def longest_first(pairs: list[tuple[str, str]], readme: Path | None) -> list[tuple[str, str]]:
+    """The model types in the order to start them: by the seconds of their
+    rows in ``readme``'s table, longest first (model types without a row
+    first), so that no long one starts last."""
+    if readme is None or not readme.is_file():
+        return pairs
+    try:
+        rows, _ = parse_table(readme_table(readme))
+    except SystemExit:
+        return pairs
+    seconds = {}
+    for row in rows:
+        try:
+            seconds[row["model_type"]] = float(row["cells"][6])
+        except ValueError:
+            continue
+    return sorted(pairs, key=lambda p: -seconds.get(p[0], float("inf")))
 
 
 def main() -> None:
+    args = _arguments()
+    start = time.perf_counter()
+    load = os.getloadavg()
+    pairs = selected(causal_lm_architectures(), args.only, args.limit)
+    order = longest_first(pairs, args.readme) if args.workers > 1 else pairs
+    runs = "full" if args.full else "table"
+    with tempfile.TemporaryDirectory(prefix="autoport-corpus-") as tmp:
+        found = run_all(order, Path(tmp), not args.no_tp2, runs, args.workers)
+    rows = [found[p[0]] for p in pairs]
+    total = time.perf_counter() - start
+    cpu = _cpu_seconds()
+    table = markdown(rows, total)
+    print()
+    print(table)
+    print(
+        f"wall {total / 60:.1f} min, CPU {cpu / 60:.1f} min (this process and its workers), "
+        f"{args.workers} workers, {runs} runs; load average {load[0]:.2f} before, "
+        f"{os.getloadavg()[0]:.2f} after"
+    )
+    if args.markdown:
+        args.markdown.write_text(table, encoding="utf-8")
+    if args.readme:
+        partial = bool(args.only or args.limit)
+        update_readme(args.readme, merged_table(args.readme, rows) if partial else table)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+
+
+def merged_table(readme: Path, rows: list[dict]) -> str:
+    """The README's table with ``rows`` in place of their model types' rows;
+    the time stated stays that of the last full run."""
+    old, total = parse_table(readme_table(readme))
+    if total is None:
+        total = "not measured"
+    elif "last full run" not in total:
+        total += " (the last full run)"
+    return table_markdown(merge(old, rows), total)
+
+
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="comma-separated model types")
+    parser.add_argument("--only", default="", help="comma-separated model types (or architectures)")
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--no-tp2", action="store_true", help="validate at TP=1 only")
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="run port exactly as a user would (port --tp 2; several times slower)",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="model types run at once (default 2)")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     parser.add_argument(
         "--readme",
         type=Path,
         default=None,
-        help="replace the table between the corpus markers of this README",
+        help="write the table between the corpus markers of this README (with --only / --limit: those rows)",
     )
     args = parser.parse_args()
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    return args
 
-    start = time.perf_counter()
-    pairs = causal_lm_architectures()
-    if args.only:
-        wanted = set(args.only.split(","))
-        pairs = [p for p in pairs if p[0] in wanted or p[1] in wanted]
-    if args.limit:
-        pairs = pairs[: args.limit]
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="autoport-corpus-") as tmp:
-        for index, (model_type, architecture) in enumerate(pairs, 1):
-            row = run_one(model_type, architecture, Path(tmp), tp2=not args.no_tp2)
-            rows.append(row)
-            print(
-                f"[{index}/{len(pairs)}] {architecture}: {row['verdict']}"
-                + (f" ({row['detail']})" if row["detail"] else "")
-                + f" {row['seconds']:.1f}s",
-                flush=True,
-            )
-    total = time.perf_counter() - start
-    table = markdown(rows, total)
-    print()
-    print(table)
-    if args.markdown:
-        args.markdown.write_text(table, encoding="utf-8")
-    if args.readme:
-        update_readme(args.readme, table)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+
+def _cpu_seconds() -> float:
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def run_all(pairs: list[tuple[str, str]], work: Path, tp2: bool, runs: str, workers: int) -> dict[str, dict]:
+    """The row of each model type, by model type, printed as each ends."""
+    from corpus_workers import run_forked
+
+    _preload()
+    found: dict[str, dict] = {}
+
+    def done(row: dict) -> None:
+        found[row["model_type"]] = _print(row, len(found) + 1, len(pairs))
+
+    run_forked(pairs, work, tp2, runs, workers, done)
+    for model_type, architecture in pairs:  # a worker that died before its row
+        found.setdefault(model_type, new_row(model_type, architecture) | {"verdict": "crash"})
+    return found
+
+
+def _preload() -> None:
+    import importlib
+
+    for module in PRELOAD:
+        importlib.import_module(module)
+
+
+def _print(row: dict, index: int, count: int) -> dict:
+    print(
+        f"[{index}/{count}] {row['architecture']}: {row['verdict']}"
+        + (f" ({row['detail']})" if row["detail"] else "")
+        + f" {row['seconds']:.1f}s",
+        flush=True,
+    )
+    return row
 
 
 if __name__ == "__main__":
