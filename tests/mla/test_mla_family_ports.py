@@ -6,8 +6,8 @@ codemod; DeepSeek-V2 (softmax scores, no selection bias, no
 renormalization, a plain top-k), DeepSeek-V2-Lite (no query LoRA) and
 DeepSeek-V2 with group_limited_greedy by codemods; GLM-4-MoE-Lite (dense
 layers per mlp_layer_types, no group limit) and Sarvam-MLA (DeepSeek-V3
-without query LoRA, no modeling file of its own) with group-limit. MiniCPM3
-(dense MLA) is refused, naming the dense MLP."""
+without query LoRA, no modeling file of its own) with group-limit. Dense MLA
+(Youtu, MiniCPM3): tests/mla/test_dense_mla.py."""
 
 from __future__ import annotations
 
@@ -78,10 +78,3 @@ def test_the_family_ports_and_validates(tmp_path, architecture, values, codemods
     assert data.get("reference") == "deepseek_v3", data
     steps = set(data.get("steps") or ())
     assert codemods <= steps, (codemods, steps)
-
-
-def test_minicpm3_dense_latent_attention_is_refused_by_name(tmp_path):
-    code, _, output = _port(tmp_path, _checkpoint(tmp_path, "MiniCPM3ForCausalLM"))
-    assert code == 2, output
-    assert "dense multi-latent attention" in output and "[moe]" in output
-    assert not (tmp_path / "out" / "vllm_neuron").exists()

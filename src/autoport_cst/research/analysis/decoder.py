@@ -254,6 +254,37 @@ def analyze_flow(st: AnalyzerState, layer: Instance) -> None:
                 else f"{where}: sublayer outputs added unscaled",
             )
         )
+        if value is not None:
+            _multiplier_source(st, layer, value, where)
+
+
+def _multiplier_source(st: AnalyzerState, layer: Instance, value: float, where: str) -> None:
+    """A residual multiplier the layer computed from several config fields
+    (MiniCPM3's ``scale_depth / sqrt(num_hidden_layers)``) is named: a port
+    reads the multiplier from one config field (Granite's
+    ``residual_multiplier``)."""
+    config = st.interp.config
+    derived = []
+    for attr, held in layer.attrs.items():
+        if not (isinstance(held, (int, float)) and math.isclose(held, value, rel_tol=1e-9)):
+            continue
+        keys = sorted(layer.attr_reads.get(attr, frozenset()))
+        one = [k for k in keys if config.has(k) and _close(config.read(k, None), value)]
+        if keys and not one:
+            derived.append(f"self.{attr} = {held:g} from config {', '.join(keys)}")
+    if derived:
+        st.add(
+            known(
+                ("residual.multiplier",),
+                "unsupported.derived_multiplier",
+                CODE,
+                f"{where}: {'; '.join(derived)} (no one config field holds it)",
+            )
+        )
+
+
+def _close(field_value: Any, value: float) -> bool:
+    return isinstance(field_value, (int, float)) and math.isclose(field_value, value, rel_tol=1e-9)
 
 
 def _canonical_norm_names(
