@@ -90,6 +90,7 @@ COMPUTATIONS = {
     "sinusoidal_positions": "sinusoidal absolute position embeddings (a fixed table added to the token embeddings)",
     "explicit_attention": "attention written out (scores, softmax) instead of an attention kernel call",
     "sublayer_residual": "the residual added inside the attention or MLP module",
+    "sparse_indexer": "DSA lightning indexer (index top-k selection of keys)",
     "derived_multiplier": "a residual multiplier computed from several config fields (no one field a port reads)",
 }
 # sizes the code builds other than the config field a port reads (research/decide/unsupported.py)

@@ -275,7 +275,7 @@ def _multiplier_source(st: AnalyzerState, layer: Instance, value: float, where: 
     if derived:
         st.add(
             known(
-                ("residual.multiplier",),
+                ("residual",),
                 "unsupported.derived_multiplier",
                 CODE,
                 f"{where}: {'; '.join(derived)} (no one config field holds it)",

@@ -38,6 +38,7 @@ class Latent:
 def analyze(st: AnalyzerState, g: AttentionGraph, kernels: list[Node]) -> Latent | None:
     """The latent attention of ``g`` and its findings; None when no
     projection reads another before the attention kernel."""
+    _sparse_indexer(st, g)
     if len(kernels) != 1:
         return None
     kernel = kernels[0]
@@ -63,6 +64,24 @@ def analyze(st: AnalyzerState, g: AttentionGraph, kernels: list[Node]) -> Latent
     _findings(st, g.where, found)
     _norm_eps(st, g.where, found["norms"])
     return Latent(graph, found["norms"], found["qk_nope_head_dim"] + found["qk_rope_head_dim"])
+
+
+def _sparse_indexer(st: AnalyzerState, g: AttentionGraph) -> None:
+    """A child of the attention that takes a top-k (DeepSeek-V3.2's DSA
+    lightning indexer: its own projections score every key for each query
+    and keep the best ``index_topk``, the attention sees only those) is
+    named: no reference selects keys per query."""
+    found = st.topk_children(g.attn)
+    if found:
+        shown = ", ".join(f"{name} ({child.class_name})" for name, child in found)
+        st.add(
+            known(
+                ("attention",),
+                "unsupported.sparse_indexer",
+                CODE,
+                f"{g.where}: {shown} scores the keys and keeps a top-k of them per query",
+            )
+        )
 
 
 def _unique_refs(calls: list[Node]) -> list[Instance]:

@@ -210,17 +210,11 @@ class AnalyzerState:
             return "other"
         nodes = [n for state in self.forward(instance) for n in walk(state.value)]
         names = {n.name.rsplit(".", 1)[-1] for n in nodes if n.kind in ("call", "method")}
-        if "topk" in names or any(
-            "topk"
-            in {
-                m.name.rsplit(".", 1)[-1]
-                for path in self.forward(child)
-                for m in walk(path.value)
-                if m.kind in ("call", "method")
-            }
-            for _, child in instance.children()
-            if not child.is_external
-        ):
+        if "topk" in names:
+            return "moe"
+        # a child's top-k makes a router, unless this module attends itself (DSA's
+        # lightning indexer chooses the keys of an attention: research/analysis/latent.py)
+        if self.topk_children(instance) and not self._calls_attention_kernel(instance, nodes):
             return "moe"
         if self._calls_attention_kernel(instance, nodes) or names & {
             "softmax",
@@ -249,6 +243,21 @@ class AnalyzerState:
         ):
             return "experts"
         return "other"
+
+    def topk_children(self, instance: Instance) -> list[tuple[str, Instance]]:
+        """The children (of the source) whose forward takes a top-k."""
+        return [
+            (name, child)
+            for name, child in instance.children()
+            if not child.is_external
+            and "topk"
+            in {
+                m.name.rsplit(".", 1)[-1]
+                for path in self.forward(child)
+                for m in walk(path.value)
+                if m.kind in ("call", "method")
+            }
+        ]
 
     def _activation_module(self, instance: Instance, nodes: list[Node]) -> bool:
         """A module of the source with no parameters and no submodules whose
