@@ -13,7 +13,10 @@ both printed:
   and CPU time (the process and its ranks), side by side with a bare
   ``python -c "import torch, transformers"``, interleaved over ``--repeat``
   rounds. The median of each, and the ratios TP=2 / TP=1 (target <= 1.3) and
-  TP=1 / bare import.
+  TP=1 / bare import;
+- multi-latent attention: one decode step on the stand-in, absorbed (the
+  deepseek_v3 reference's decode) and expanded, at the tiny DeepSeek-V3
+  checkpoint's sizes (benchmarks/mla_decode.py); absorbed must not be slower.
 
 The load average is printed before and after: on a shared machine wall times
 grow with the load and CPU times much less; compare figures of one run.
@@ -129,6 +132,40 @@ def ratios(runs: dict[str, list[tuple[float, float, int]]]) -> bool:
     return met and all(m[2] == 0 for name in (tp1, tp2) for m in runs[name])
 
 
+def mla_decode(repeat: int) -> bool:
+    """One decode step of multi-latent attention on the stand-in at the tiny
+    DeepSeek-V3 checkpoint's sizes (benchmarks/mla_decode.py, one intra-op
+    thread as validation runs): absorbed (what the deepseek_v3 reference
+    decodes with) and expanded, both printed; True when absorbed is not slower."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location(
+        "mla_decode_benchmark", ROOT / "benchmarks" / "mla_decode.py"
+    )
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[spec.name] = module  # type: ignore[union-attr]  # its dataclass looks its module up there
+    threads = torch.get_num_threads()
+    try:
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        torch.set_num_threads(1)
+        tiny = module.SIZES[0]
+        absorbed_ms, expanded_ms, difference = module.measure(tiny, max(repeat, 5))
+    finally:
+        torch.set_num_threads(threads)
+        sys.modules.pop("mla_decode_benchmark", None)
+    met = absorbed_ms <= expanded_ms
+    print(
+        f"\nmulti-latent attention decode step, tiny DeepSeek-V3 sizes ({tiny.heads} heads, latent {tiny.rank} + "
+        f"rope {tiny.rope}, batch {tiny.batch}, {tiny.context} tokens), median of {max(repeat, 5)}: "
+        f"absorbed {absorbed_ms:.3f} ms, expanded {expanded_ms:.3f} ms, expanded / absorbed "
+        f"{expanded_ms / absorbed_ms:.2f}x (absorbed not slower: {'met' if met else 'MISSED'}; outputs differ by "
+        f"{difference:.1e})"
+    )
+    return met
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs per configuration")
@@ -147,6 +184,7 @@ def main() -> int:
         rows = compute_only(checkpoint, args.repeat)
         runs = whole_process(checkpoint, args.repeat)
     ok = ratios(runs)
+    ok &= mla_decode(args.repeat)
     print(
         f"peak RSS: this process {_peak_mib(resource.RUSAGE_SELF):.0f} MiB, "
         f"largest child {_peak_mib(resource.RUSAGE_CHILDREN):.0f} MiB"
