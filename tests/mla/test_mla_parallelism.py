@@ -82,3 +82,29 @@ def test_deepseek_v3_in_bf16_needs_more_than_one_trn2_48xlarge():
     assert 64 in plan.valid_tps
     assert plan.recommended_tp is None and plan.ep_needed and plan.ep is None
     assert "no EP degree" in plan.reason
+
+
+def test_expert_parallelism_inside_tp_for_256_experts_on_one_trn2_48xlarge():
+    """EP inside the TP world of 64 ranks (vllm_neuron's layout): the EP
+    degrees dividing 256 experts and 64 ranks, the experts and the width of
+    each expert's slice per rank, and the memory per rank, which EP does not
+    change (every rank holds 1/64 of the experts' bytes): DeepSeek-V3 in
+    bf16 stays over the 20 GB budget at every degree."""
+    dims = config_dims(DEEPSEEK_V3)
+    plan = plan_parallelism(dims, parameters=671_000_000_000, expert_parameters=654_000_000_000)
+    options = {o.ep: o for o in plan.ep_inside_tp}
+    assert sorted(options) == [2, 4, 8, 16, 32, 64]
+    assert all(o.tp == 64 for o in options.values())
+    assert (options[8].local_experts, options[8].expert_slice) == (32, 256)
+    assert (options[64].local_experts, options[64].expert_slice) == (4, 2048)
+    tp64 = next(c for c in plan.checks if c.tp == 64)
+    assert {o.bytes_per_rank for o in options.values()} == {tp64.bytes_per_rank}
+    assert 20e9 < tp64.bytes_per_rank < 21.5e9 and not any(o.fits for o in options.values())
+
+
+def test_expert_parallelism_inside_tp_needs_the_slice_to_divide():
+    dims = ParallelDims(num_heads=16, num_kv_heads=8, intermediate_size=96, vocab_size=1024, num_experts=8)
+    plan = plan_parallelism(dims, parameters=1_000_000, expert_parameters=800_000, world_size=8)
+    # TP 8: 96 / 8 = 12 per rank; EP 2 -> 96 / 4, EP 4 -> 96 / 2, EP 8 -> 96 whole
+    assert [(o.ep, o.expert_slice) for o in plan.ep_inside_tp] == [(2, 24), (4, 48), (8, 96)]
+    assert all(o.fits for o in plan.ep_inside_tp)

@@ -335,3 +335,9 @@ def print_parallel(console, parallel) -> None:
                 f"  EP {option.ep} x TP {option.tp}: {option.local_experts} experts per rank, "
                 f"{option.bytes_per_rank / 1e9:.2f} GB per rank{'' if option.fits else ' (does not fit)'}"
             )
+    for inside in parallel.ep_inside_tp:
+        console.print(
+            f"  EP {inside.ep} inside TP {inside.tp}: {inside.local_experts} experts per rank, "
+            f"{inside.expert_slice} intermediate columns of each, {inside.bytes_per_rank / 1e9:.2f} GB per rank"
+            f"{'' if inside.fits else ' (does not fit)'}"
+        )

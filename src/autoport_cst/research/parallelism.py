@@ -30,6 +30,17 @@ with the world size fixed, ``ep = world / tp``, attention and dense weights
 are split over the TP group and expert weights over all ranks (each rank
 holds ``experts / ep`` experts, each sliced over the TP group); the expert
 count must be divisible by the EP degree.
+
+Expert parallelism inside TP (vllm_neuron's layout, the deepseek_v3
+reference's): the TP world of ``tp`` ranks is cut into ``ep`` partitions of
+``tp / ep`` ranks; partition k holds experts [k E/ep, (k+1) E/ep), each
+sliced over its ``tp / ep`` ranks, and attention and dense weights stay
+sharded over all ``tp`` ranks. Each rank holds 1/tp of the experts' bytes
+whatever ``ep``, so the memory per rank is the TP check's; what EP changes is
+the experts per rank (``E / ep``) and the width of each expert's slice
+(``moe_intermediate_size / (tp / ep)``: 32 for DeepSeek-V3 at TP 64 without
+EP, 256 with EP 8). ``ep_inside_tp`` lists the degrees for the largest valid
+TP (EP dividing the experts and TP, the slice dividing evenly).
 """
 
 from __future__ import annotations
@@ -77,6 +88,18 @@ class EPOption:
 
 
 @dataclass(frozen=True)
+class EPInsideTP:
+    """Expert parallelism inside a TP world: ``ep`` partitions of ``tp / ep`` ranks."""
+
+    tp: int
+    ep: int
+    local_experts: int
+    expert_slice: int | None  # each expert's intermediate columns on one rank
+    bytes_per_rank: int
+    fits: bool
+
+
+@dataclass(frozen=True)
 class ParallelPlan:
     world_size: int
     budget_bytes: int
@@ -89,6 +112,7 @@ class ParallelPlan:
     ep: EPOption | None
     ep_options: tuple[EPOption, ...] = field(default=())
     reason: str = ""
+    ep_inside_tp: tuple[EPInsideTP, ...] = field(default=())
 
     @property
     def valid_tps(self) -> tuple[int, ...]:
@@ -185,7 +209,10 @@ def plan_parallelism(
             ep_options, chosen, reason = _expert_parallelism(
                 dims.num_experts, valid, weight_bytes, expert_parameters, world_size, budget
             )
+    valid_all = [c for c in checks if c.valid and c.tp >= 2]
+    inside = ep_inside_tp(dims, valid_all[-1]) if valid_all and dims.num_experts else []
     return ParallelPlan(
+        ep_inside_tp=tuple(inside),
         world_size=world_size,
         budget_bytes=budget,
         parameters=parameters,
@@ -235,6 +262,23 @@ def _expert_parallelism(
         f"{chosen.bytes_per_rank / 1e9:.1f} GB per rank"
     )
     return ep_options, chosen, reason
+
+
+def ep_inside_tp(dims: ParallelDims, check: TPCheck) -> list[EPInsideTP]:
+    """The EP degrees inside the TP world of ``check`` (EP >= 2 dividing the
+    experts and the TP degree, each expert's intermediate size dividing over
+    the ``tp / ep`` ranks of a partition): experts and slice width per rank,
+    and the memory per rank (the TP check's: every rank holds 1/tp of the
+    experts' bytes whatever the EP degree)."""
+    options = []
+    experts, size = dims.num_experts or 0, dims.intermediate_size
+    for ep in tp_candidates(check.tp):
+        per_partition = check.tp // ep
+        if ep < 2 or experts % ep or (size is not None and size % per_partition):
+            continue
+        slice_width = size // per_partition if size is not None else None
+        options.append(EPInsideTP(check.tp, ep, experts // ep, slice_width, check.bytes_per_rank, check.fits))
+    return options
 
 
 # config.json spellings of the sizes the rules check (the first present is used)
