@@ -230,6 +230,7 @@ class _FollowUps:
         self, report: ValidationReport, checkpoint_dir: str | Path, variants: bool, layouts: bool
     ) -> None:
         from .config_variants import check_config_variants
+        from .guard_checks import check_fp8_segmented_guard
         from .kv_scale_variant import check_kv_scale_variant
         from .parallel_checks import check_parallel_layouts
 
@@ -238,6 +239,7 @@ class _FollowUps:
             check_config_variants(report, report.model_dir, checkpoint_dir, self.run)
             fp8 = functools.partial(self.run, kv_cache_dtype="fp8")
             check_kv_scale_variant(report, report.model_dir, checkpoint_dir, fp8, self.seed)
+            check_fp8_segmented_guard(report, report.model_dir, functools.partial(self.run, checkpoint_dir))
             report.timings["config_variants"] = time.perf_counter() - start
         if layouts and report.equivalent:
             start = time.perf_counter()
@@ -254,9 +256,14 @@ class _FollowUps:
         lm_head_dp: int = 1,
         kv_cache_dtype: str = "auto",
         seed: int | None = None,
+        prefill: str | None = None,
     ) -> ValidationReport:
         """The port on ``checkpoint`` in fp32 at TP ``tp`` with those data-parallel degrees
-        (and that KV-cache dtype; the prompts of ``seed``, default the validation's)."""
+        (and that KV-cache dtype; the prompts of ``seed``, default the validation's; the
+        prefill mode ``prefill``, default the validation's, none of the cache paths with
+        an FP8 cache)."""
+        if prefill is None:
+            prefill = self.prefill if kv_cache_dtype == "auto" else "auto"  # an FP8 cache: no cache paths
         layout = ParallelLayout(
             tp=tp, attention_dp=attention_dp, mlp_dp=mlp_dp, embedding_dp=embedding_dp, lm_head_dp=lm_head_dp
         )
@@ -270,7 +277,7 @@ class _FollowUps:
             block_size=None,
             seed=self.seed if seed is None else seed,
             on_stage=None,
-            prefill=self.prefill if kv_cache_dtype == "auto" else "auto",  # an FP8 cache: no cache paths
+            prefill=prefill,
             kv_cache_dtype=kv_cache_dtype,
             layout=layout,
         )

@@ -73,7 +73,14 @@ def is_port_refusal(error: BaseException | None) -> bool:
     import traceback
 
     frames = traceback.extract_tb(error.__traceback__)
-    return bool(frames) and _is_port_code(frames[-1].filename)
+    return bool(frames) and (_is_port_code(frames[-1].filename) or _is_api_guard(frames[-1]))
+
+
+def _is_api_guard(frame: Any) -> bool:
+    """Whether a frame is a guard of the vllm_neuron API that models call to
+    refuse what they do not support (``dtype_utils.validate_*``): it refuses
+    on the port's behalf."""
+    return frame.filename.endswith("dtype_utils.py") and frame.name.startswith("validate_")
 
 
 def _is_port_code(filename: str) -> bool:

@@ -1,0 +1,60 @@
+"""The guards a default validation drives: what the port must refuse, or get right.
+
+A reference declares some input unsupported by a guard that raises
+``NotImplementedError`` before the kernels see it: segmented (chunked or
+prefix-cached) prefill reads an FP8 KV cache only in the packed layout, so a
+port with cache paths calls ``validate_fp8_segmented_supported`` before the
+segmented kernel. The plain run keeps a ``float32`` cache and the FP8 run turns
+the cache paths off, so neither reaches that guard, and a port that drops or
+weakens it validates, then sends a non-packed FP8 cache to a kernel that cannot
+read it (on the device: no error, a wrong attention).
+
+So a passing plain validation of a port that has cache paths (it reads
+``kv_segment_size``) and an FP8 cache (it reads ``k_scale``) goes on to an FP8
+KV-cache run with segmented prefill forced, on the same checkpoint: it passes
+when the port refuses by a guard (its own ``NotImplementedError``, or the API's
+guard it calls) or validates (a port that packs its FP8 cache); a port that
+reaches the kernel with the unsupported cache, crashes or diverges fails. Its
+entry is one of ``report.config_variants``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+LABEL = "kv_cache_dtype=fp8 with segmented prefill (the port's guard refuses it, or it validates)"
+
+
+def _reads(package_dir: str | Path, name: str) -> bool:
+    return any(name in path.read_text(encoding="utf-8") for path in Path(package_dir).glob("*.py"))
+
+
+def has_fp8_cache_paths(package_dir: str | Path) -> bool:
+    """Whether the port has cache paths (``kv_segment_size``) and an FP8 cache (``k_scale``)."""
+    return _reads(package_dir, "kv_segment_size") and _reads(package_dir, "k_scale")
+
+
+def check_fp8_segmented_guard(report: Any, package_dir: str | Path, validate: Callable[..., Any]) -> None:
+    """Run the port with an FP8 KV cache and segmented prefill
+    (``validate(kv_cache_dtype="fp8", prefill="segmented") -> ValidationReport``)
+    into ``report.config_variants``; anything but a guard's refusal or an
+    equivalent run fails ``report``, named after it."""
+    from autoport_cst.errors import InputError
+
+    if not report.equivalent or not has_fp8_cache_paths(package_dir):
+        return
+    entry: dict[str, Any] = {"label": LABEL, "equivalent": None, "summary": None}
+    report.config_variants.append(entry)
+    try:
+        found = validate(kv_cache_dtype="fp8", prefill="segmented")
+    except InputError as refused:  # the validator cannot run an FP8 cache on this checkpoint
+        entry["summary"] = f"not run: {str(refused).strip().splitlines()[0]}"
+        return
+    if found.failure is not None and found.failure.refusal:
+        entry.update(equivalent=True, summary=f"refused ({found.failure.stage}: {found.failure.message})")
+        return
+    entry.update(equivalent=found.equivalent, summary=found.summary())
+    if not found.equivalent and report.equivalent:
+        report.fail_as(f"guard {LABEL}", found)
