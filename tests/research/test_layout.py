@@ -22,11 +22,11 @@ LAYERS = {
     "decide": ("crosscheck", {"state"}),
 }
 # the one section a section builds on: the MoE experts are classified as MLPs
-# declared edges between sections: MLA is read as a form of attention; the unsupported-feature
+# declared edges between sections: MLA and attention written out are read as forms of attention; the unsupported-feature
 # decisions ask the attention decisions whether a config flag sets one KV head
 SECTION_EDGES = {
     ("analysis", "moe"): {"mlp"},
-    ("analysis", "attention"): {"latent"},
+    ("analysis", "attention"): {"latent", "scores"},
     ("decide", "unsupported"): {"attention"},
 }
 MAX_FILE_LINES = 800

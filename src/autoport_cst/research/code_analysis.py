@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from autoport_cst.research.analysis import attention, block_features, decoder, head, mlp, moe, rope
+from autoport_cst.research.analysis.graph import kernel_calls
 from autoport_cst.research.analysis.mlp import ACTIVATIONS
 from autoport_cst.research.analysis.state import AnalyzerState, CodeAnalysis
 from autoport_cst.research.findings import CODE, known, unknown
@@ -122,8 +123,10 @@ def _run(st: AnalyzerState) -> None:
             rope.analyze(st, graph)
             if (style := r.get("rope.style")) is not None and style.known:
                 block_features.rope_base_in_code(st)
+        written_out = graph is not None and not kernel_calls(graph.attn, graph.nodes)
+        if written_out or _unclassified(r, "attention.scale", "attention.sliding_window"):
+            block_features.score_bias(st)  # a bias on scores written out, whatever their scale
         if _unclassified(r, "attention.scale", "attention.sliding_window"):
-            block_features.score_bias(st)
             block_features.explicit_attention(st)
         if not inline:
             _feed_forward(st)

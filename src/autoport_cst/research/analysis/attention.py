@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from autoport_cst.research.analysis import latent, layer_inputs
+from autoport_cst.research.analysis import latent, layer_inputs, scores
 from autoport_cst.research.analysis.graph import (
     first_int,
     fused_qkv_layout,
@@ -23,12 +23,10 @@ from autoport_cst.research.analysis.graph import (
     number,
     qkv_roles,
     ranges,
-    scalar_path,
-    strip_casts,
     unique,
 )
 from autoport_cst.research.analysis.state import AnalyzerState, AttentionGraph
-from autoport_cst.research.findings import CODE, INFERRED, known, unknown
+from autoport_cst.research.findings import CODE, known, unknown
 from autoport_cst.research.interp.values import UNKNOWN, Instance, Node, Param
 from autoport_cst.research.interp.walk import children_of, depends_on, walk
 
@@ -58,7 +56,7 @@ def analyze(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
     # kernel keyword arguments
     kernel = _kernel_call(g.attn, g.nodes)
     if kernel is None:
-        _explicit(st, g.nodes, g.inputs, g.where, hd)
+        scores.analyze(st, g.nodes, g.inputs, g.where, hd)
     elif mla is not None and mla.query_head_dim is not None:
         _kernel_arguments(st, g.attn, kernel, g.where, mla.query_head_dim)
         _latent_scale(st, kernel, g.where, mla.query_head_dim)
@@ -88,7 +86,7 @@ def _trace(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
     attn = dict(layer0.children())[st.attn_name]
     where = st.where(attn)
     prefix = f"{st.layer_prefix}0.{st.attn_name}."
-    outs = st.outputs(attn)
+    outs = _traced_outputs(st, attn)
     if not outs:
         st.add(unknown("attention.qkv_bias", CODE, f"{where}: forward could not be followed"))
         return None
@@ -112,6 +110,18 @@ def _trace(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
     st.result.qkv_modules = [prefix + (i.name or "?") for i in in_insts]
     st.result.o_module = prefix + (out_insts[0].name or "?") if len(out_insts) == 1 else None
     return AttentionGraph(attn, where, nodes, inputs, outputs, in_insts, out_insts)
+
+
+def _traced_outputs(st: AnalyzerState, attn: Instance) -> list[Any]:
+    """The attention's forward outputs; for an attention calling no kernel,
+    traced with what its layer passes it when that binds arguments to
+    ``None`` (Falcon's ``alibi``, withheld when the config has no ALiBi:
+    the rotary branch with its scores written out, not the ALiBi one)."""
+    outs = st.outputs(attn)
+    if any(kernel_calls(attn, list(walk(value))) for value in outs):
+        return outs
+    bound = layer_inputs.attention_outputs(st, 0)
+    return bound or outs
 
 
 def _head_counts(st: AnalyzerState, g: AttentionGraph) -> tuple[Any, Any, Any]:
@@ -676,51 +686,6 @@ def _scale_candidates(st: AnalyzerState, attn: Instance, scaling: float) -> list
     return candidates
 
 
-def _explicit(st: AnalyzerState, nodes: list[Node], inputs: list[Node], where: str, hd: Any) -> None:
-    """Attention written out (matmul, softmax) instead of a kernel call:
-    the scale is the scalar applied to q @ k^T."""
-    scores = [
-        n
-        for n in nodes
-        if n.kind == "call"
-        and n.name.endswith("matmul")
-        and len(n.args) == 2
-        and all(any(depends_on(a, c) for c in inputs) for a in n.args)
-    ]
-    softmax = [n for n in nodes if n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "softmax"]
-    if not scores or not softmax:
-        st.add(unknown("attention.scale", CODE, f"{where}: attention kernel call not found"))
-        return
-    factor, ops, reached = scalar_path(
-        strip_casts(softmax[0].args[0]) if softmax[0].args else None, lambda v: any(v is s for s in scores)
-    )
-    if not reached or not isinstance(hd, int):
-        st.add(unknown("attention.scale", CODE, f"{where}: scores scaling not traced"))
-        return
-    default = hd**-0.5
-    if math.isclose(factor, default, rel_tol=1e-9):
-        st.add(known(None, "attention.scale", CODE, f"{where}: scores scaled by head_dim ** -0.5"))
-    else:
-        st.add(
-            known(float(factor), "attention.scale", CODE, f"{where}: scores {' '.join(ops) or 'unscaled'}")
-        )
-    st.add(
-        known(
-            False,
-            "attention.sinks",
-            CODE,
-            f"{where}: explicit softmax over the scores only",
-            confidence=INFERRED,
-        )
-    )
-    if any(
-        n.kind == "call" and n.name.endswith("tanh") and any(depends_on(n, s) for s in scores) for n in nodes
-    ):
-        st.add(unknown("attention.softcap", CODE, f"{where}: tanh applied to the scores"))
-    else:
-        st.add(known(None, "attention.softcap", CODE, f"{where}: no tanh on the scores"))
-
-
 def _per_layer(st: AnalyzerState, where: str) -> None:
     """Sliding window per layer: the kernel's ``sliding_window`` argument
     evaluated for every layer's attention module. Records, per layer whose
@@ -741,7 +706,10 @@ def _per_layer(st: AnalyzerState, where: str) -> None:
             continue
         nodes = list(walk(outs[0]))
         kernel = _kernel_call(attn, nodes)
-        value = dict(kernel.kwargs).get("sliding_window", None) if kernel is not None else UNKNOWN
+        if kernel is not None:
+            value = dict(kernel.kwargs).get("sliding_window", None)
+        else:
+            value = scores.window(st, index, nodes)
         windows.append(value)
         sinks.append(
             kernel is not None and any(isinstance(v, Node) and v.kind == "param" for _, v in kernel.kwargs)

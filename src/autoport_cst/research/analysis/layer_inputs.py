@@ -115,6 +115,48 @@ def _attention_nones(st: AnalyzerState, layer: Instance, attn: Instance, nones: 
     return found
 
 
+CAUSAL_MASK = "transformers.masking_utils.create_causal_mask"
+MASK_OVERLAYS = ("or_mask_function", "and_mask_function")
+
+
+def plain_causal_mask(st: AnalyzerState, index: int, name: str) -> bool:
+    """Whether the attention parameter ``name`` of layer ``index`` is, on
+    every path, the mask transformers' ``create_causal_mask`` builds with no
+    overlay (every earlier position, no window), handed on by the layer."""
+    values = attention_argument(st, index, name)
+    return bool(values) and all(
+        isinstance(v, Node)
+        and v.kind == "call"
+        and v.name == CAUSAL_MASK
+        and not any(key in MASK_OVERLAYS for key, _ in v.kwargs)
+        for v in values
+    )
+
+
+def attention_argument(st: AnalyzerState, index: int, name: str) -> list[Any]:
+    """What the backbone passes, on each path, for the attention parameter
+    ``name`` of layer ``index`` when the layer hands on one of its own
+    parameters there; empty when it passes something else."""
+    layer = st.layers[index]
+    attn = dict(layer.children()).get(st.attn_name)
+    if attn is None:
+        return []
+    names = _parameters(st, attn)
+    given: set[str] = set()
+    for state in st.forward(layer):
+        for node in walk(state.value):
+            if node.kind == "module" and node.ref is attn:
+                pairs = dict([*zip(names, node.args, strict=False), *node.kwargs])
+                value = pairs.get(name)
+                if not (isinstance(value, Node) and value.kind == "input"):
+                    return []
+                given.add(value.name)
+    if len(given) != 1:
+        return []
+    (own,) = given
+    return [layer_arguments(st, index, call).get(own) for call in layer_calls(st).get(index, [])]
+
+
 def rotary_sources(st: AnalyzerState, index: int) -> list[Instance]:
     """The rotary-embedding modules whose output the backbone passes layer
     ``index`` (distinct, in the order met)."""

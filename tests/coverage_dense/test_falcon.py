@@ -1,0 +1,77 @@
+"""Falcon: attention written out (the scores ``q @ k^T / sqrt(head_dim)``, the
+causal mask transformers builds, a softmax) behind an ``alibi`` argument the
+backbone withholds when the config has no ALiBi; a fused multi-query
+``query_key_value``, parallel attention and MLP from one LayerNorm, a GELU
+MLP. Research reads the attention by what the rotary path computes, the
+ALiBi configs are refused by that name, and the port from the reference
+with the smallest realizable diff validates."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autoport_cst.errors import UnrealizableDiffError
+from autoport_cst.port import port
+from autoport_cst.research import research
+from autoport_cst.validate import build_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("falcon")
+
+
+@pytest.fixture(scope="module")
+def falcon(workdir):
+    source = workdir / "falcon"
+    build_tiny_checkpoint("FalconForCausalLM", source, seed=0)
+    return source
+
+
+def _variant(workdir, source, name: str, **changes) -> str:
+    """A config-only copy of ``source`` with ``changes`` (research reads no
+    tensor data)."""
+    target = workdir / name
+    target.mkdir(exist_ok=True)
+    config = json.loads((source / "config.json").read_text())
+    config.update(changes)
+    (target / "config.json").write_text(json.dumps(config))
+    return str(target)
+
+
+def test_research_reads_the_written_out_attention(falcon):
+    """The rotary path's scores scaled by head_dim ** -0.5 under a plain
+    causal mask: no scale, window, sinks or softcap left unclassified, no
+    "explicit_attention" refusal, one KV head from the fused projection."""
+    found = research(str(falcon))
+    spec = found.spec
+    assert spec.unsupported is None or not any("explicit_attention" in u for u in spec.unsupported)
+    for field in ("attention.scale", "attention.sliding_window", "attention.sinks", "attention.softcap"):
+        assert field not in found.unknown, field
+    assert (spec.attention.scale, spec.attention.sliding_window) == (None, "none")
+    assert spec.attention.num_kv_heads == 1 and spec.attention.multi_query_key == "multi_query"
+    assert spec.checkpoint.qkv == "fused" and spec.residual.parallel == "shared_norm"
+    assert (spec.mlp.kind, spec.mlp.activation) == ("plain", "gelu")
+
+
+def test_alibi_configs_are_refused_by_name(workdir, falcon):
+    """With ``alibi`` the backbone builds a per-head bias the scores add:
+    the refusal names ALiBi, not the attention written out."""
+    source = _variant(workdir, falcon, "falcon_alibi", alibi=True)
+    with pytest.raises(UnrealizableDiffError) as refused:
+        port(source, "falcon_alibi", workdir / "out_alibi")
+    assert "alibi_positions" in str(refused.value)
+    assert "ALiBi" in str(refused.value)
+    assert "explicit_attention" not in str(refused.value)
+
+
+@pytest.mark.slow
+def test_falcon_ports_and_validates(workdir, falcon):
+    """On the checkpoint's own weights: TP=1 fp32 (with the config variants
+    and parallel layouts) and bf16, and TP=2."""
+    outcome = port(str(falcon), "falcon", workdir / "ports", tp=2, force=True, checkpoint="source", steps=8)
+    assert outcome.validated, [(r.tp, r.dtype, r.first_diverging) for r in outcome.runs]
+    assert [(r.tp, r.dtype) for r in outcome.runs] == [(1, "fp32"), (1, "bf16"), (2, "fp32")]
+    assert {"multi-query", "parallel-residual", "fused-checkpoint"} <= set(outcome.steps)
