@@ -56,13 +56,13 @@ def test_one_rope_base_on_every_layer_stays_portable(tiny):
     assert result.spec.unsupported is None
 
 
-def test_nope_layers_told_by_a_field_no_port_reads_are_refused(tiny):
+def test_nope_layers_told_by_the_layer_types_are_read_as_a_rule(tiny):
     """Cohere 2 skips RoPE where its layer has no sliding window (from
-    layer_types); the nope-layers port reads no_rope_layers."""
+    layer_types): the rule the nope-layers port reads, not a refusal."""
     result = tiny.research("cohere2")
     assert result.spec.rope.nope_layers == (3,)
-    (item,) = [u for u in result.spec.unsupported or () if u.startswith("nope_layers")]
-    assert "layer_types" in item
+    assert result.spec.rope.nope_rule == "sliding"
+    assert not [u for u in result.spec.unsupported or () if u.startswith("nope_layers")]
 
 
 def test_nope_layers_read_from_no_rope_layers_stay_portable(tiny):

@@ -52,6 +52,7 @@ QKNormPosition = Literal["before_rope", "after_rope"]
 SlidingWindow = Literal["none", "all", "per_layer"]
 RopeType = Literal["default", "llama3", "linear", "dynamic", "yarn", "longrope", "none"]
 RopeStyle = Literal["rotate_half", "interleaved"]
+NopeRule = Literal["sliding", "sliding_or_no_window"]
 MLPKind = Literal["gated", "plain"]
 GLUForm = Literal["standard", "clamped_swiglu"]
 Activation = Literal["silu", "gelu", "gelu_tanh", "relu", "relu2", "quick_gelu"]
@@ -169,6 +170,12 @@ class RopeSpec:
         "rotate_half", "Pairs (i, i + d/2) (rotate_half) or adjacent pairs (interleaved)."
     )
     nope_layers: tuple[int, ...] | None = optional("Layers that use no positional embedding (SmolLM3).")
+    nope_rule: NopeRule | None = optional(
+        "How the layers without RoPE are told apart. null: config.no_rope_layers / no_rope_layer_interval "
+        "(SmolLM3); sliding: a layer rotates when config.layer_types makes it slide and config.sliding_window "
+        "is set (Cohere 2, Flint); sliding_or_no_window: when it slides or the config sets no sliding window "
+        "(EXAONE 4)."
+    )
     layer_parameters: dict[str, Any] | None = optional(
         "RoPE type and parameters per attention layer type when they differ (Gemma 3: one base for "
         "sliding layers, another for full ones); null: one RoPE for every layer."

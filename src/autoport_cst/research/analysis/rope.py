@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ast
 
-from autoport_cst.research.analysis import layer_inputs
+from autoport_cst.research.analysis import layer_inputs, nope_rule
 from autoport_cst.research.analysis.graph import ranges, rotation_style
 from autoport_cst.research.analysis.state import AnalyzerState, AttentionGraph
 from autoport_cst.research.findings import CODE, known, unknown
@@ -106,14 +106,18 @@ def _nope_choice(st: AnalyzerState, rotary: list[bool]) -> str | None:
             return None
         keys |= reads
     kinds = _nope_layer_types(st, rotary, kept)
+    rule, why = nope_rule.recognize(st, rotary, kept) if kinds is not None else (None, "")
+    if rule is not None:
+        st.add(known(rule, "rope.nope_rule", CODE, why))
+        return None
     if kinds is not None:
         keys.add("layer_types")
     told = f"config.{', config.'.join(sorted(keys))}" if keys else "no config field the analysis saw"
     if kinds is not None:
-        told += f" (no RoPE on its {' and '.join(kinds)} layers)"
+        told += f" (no RoPE on its {' and '.join(kinds)} layers: {why})"
     return (
         f"the layers without RoPE are told apart by {told}; a port reads them from "
-        f"{' / '.join(sorted(NOPE_FIELDS))}"
+        f"{' / '.join(sorted(NOPE_FIELDS))} or from the sliding window's layer types"
     )
 
 

@@ -34,6 +34,7 @@ def rope(d: Decider) -> RopeSpec:
         partial_rotary_factor=float(factor),
         style=style,
         nope_layers=nope,
+        nope_rule=d.code_value("rope.nope_rule") if nope else None,
         layer_parameters=d.value("rope.layer_parameters"),
     )
 
