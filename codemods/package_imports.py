@@ -34,7 +34,7 @@ class PackageImports(Codemod):
     ID = "package-imports"
     PURPOSE = "every port"
     Params = PackageImportsParams
-    FILES = ("model", "config", "factory", "init", "module")
+    FILES = ("model", "config", "factory", "init", "module", "tower")
     EXAMPLES = (
         Example(
             title="an absolute import of a sibling module",

@@ -69,7 +69,7 @@ class RenameClasses(Codemod):
     ID = "rename-classes"
     PURPOSE = "class prefix"
     Params = RenameClassesParams
-    FILES = ("model", "config", "factory", "init", "docs", "module", "companion")
+    FILES = ("model", "config", "factory", "init", "docs", "module", "companion", "tower")
     EXAMPLES = (
         Example(
             title="classes, uses, relative imports and docstrings",

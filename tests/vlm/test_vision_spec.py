@@ -69,6 +69,7 @@ def test_qwen3_vl_tower(visions):
     assert (v.patch_size, v.temporal_patch_size, v.spatial_merge_size, v.depth) == (4, 2, 2, 3)
     assert v.mrope_section == (4, 2, 2) and v.mrope_interleaved is True
     assert (v.text_prefix, v.tower_prefix) == ("model.language_model", "model.visual")
+    assert v.config_keys is None and v.module_names["merger_norm"] == "merger.norm"
 
 
 def test_qwen2_5_vl_tower(visions):
@@ -84,6 +85,19 @@ def test_qwen2_vl_tower(visions):
     assert (v.norm, v.mlp_kind, v.activation, v.attention) == ("layernorm", "plain", "quick_gelu", "full")
     assert (v.patch_bias, v.positions, v.merger_norm, v.deepstack) == (False, "rope_2d", "layernorm", False)
     assert v.mrope_interleaved is False
+    assert v.module_names == {
+        "mlp_up": "mlp.fc1",
+        "mlp_down": "mlp.fc2",
+        "merger_norm": "merger.ln_q",
+        "merger_fc1": "merger.mlp.0",
+        "merger_fc2": "merger.mlp.2",
+    }
+    # the tower width under embed_dim, the merged width under hidden_size, the MLP by its ratio
+    assert v.config_keys == {
+        "hidden_size": "embed_dim",
+        "out_hidden_size": "hidden_size",
+        "intermediate_size": "embed_dim * mlp_ratio",
+    }
 
 
 def test_qwen3_vl_reference_declares_the_tower_qwen3_vl_has(visions):
@@ -118,7 +132,8 @@ def test_a_tower_difference_blocks_by_name(visions):
     choice = choose_reference(target, "vlm", "Qwen2_5_VLForConditionalGeneration", refs=["qwen3_vl", "qwen3"])
     assert not choice.realizable
     blocking = set(choice.candidate("qwen3_vl").blocking)
-    assert {"vision.attention", "vision.norm", "vision.merger_norm", "vision.mrope_interleaved"} <= blocking
+    assert {"vision.attention", "vision.norm", "vision.merger_norm"} <= blocking
+    assert "vision.mrope_interleaved" not in blocking  # vision-mrope-sections realizes it
 
 
 def _plan(tmp_path, architecture: str):
@@ -156,12 +171,7 @@ def test_plan_of_a_tiny_qwen3_vl_takes_qwen3_vl_with_an_empty_diff(tmp_path):
                 "window attention",
                 "vision.merger_norm",
                 "vision.norm",
-                "vision.mrope_interleaved",
             ],
-        ),
-        (
-            "Qwen2VLForConditionalGeneration",
-            ["vision.activation", "vision.positions", "vision.mrope_interleaved"],
         ),
     ],
 )

@@ -9,6 +9,7 @@ from typing import Any
 
 from torch import nn
 
+from autoport_cst.research import vision_names as vn
 from autoport_cst.research import vision_tower as vt
 from autoport_cst.research.findings import CODE, CONFIG, Finding, known, unknown
 from autoport_cst.spec import VisionSpec
@@ -18,6 +19,7 @@ from autoport_cst.spec import VisionSpec
 class _Reading:
     values: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
+    names: dict[str, str] = field(default_factory=dict)  # vision.module_names, gathered on the way
 
     def put(self, name: str, value: Any, finding: Finding) -> None:
         self.findings.append(finding)
@@ -57,6 +59,8 @@ def read_vision(
     _mrope(r, model.get_submodule(text_path), config.text_config)
     r.values["text_prefix"] = prefixes.get("text")
     r.values["tower_prefix"] = prefixes.get("tower")
+    r.put("module_names", r.names, vn.module_names_finding(r.names))
+    r.put("config_keys", *vn.config_keys(cfg.to_dict(), r.values))
     return VisionSpec(**r.values), r.findings
 
 
@@ -86,7 +90,9 @@ def _block(r: _Reading, block: nn.Module) -> None:
     )
     has_bias = dict(block_norms[0][1].named_parameters()).get("bias") is not None
     r.say("norm_bias", has_bias, f"{name}.{block_norms[0][0]}: bias={has_bias}")
-    mlp = next((c for _, c in block.named_children() if len(vt.linears(c)) >= 2 and not _is_qkv(c)), None)
+    mlp_name, mlp = next(
+        ((n, c) for n, c in block.named_children() if len(vt.linears(c)) >= 2 and not _is_qkv(c)), ("", None)
+    )
     if mlp is None:
         r.findings.append(unknown("vision.mlp_kind", CODE, f"{name}: no MLP child with two projections"))
         return
@@ -94,6 +100,7 @@ def _block(r: _Reading, block: nn.Module) -> None:
     readers = [n for n, lin in vt.linears(mlp) if lin.in_features == width]
     gated = len(readers) == 2
     r.say("mlp_kind", "gated" if gated else "plain", f"{type(mlp).__name__}: {readers} read the block input")
+    r.names.update(vn.block_mlp_names(mlp_name, mlp, readers) or {})
     r.say("intermediate_size", vt.linears(mlp)[0][1].out_features, f"{type(mlp).__name__}.{readers[0]} width")
     _activation(r, "activation", mlp)
 
@@ -144,6 +151,7 @@ def _mergers(r: _Reading, tower: nn.Module, blocks: str, cfg: Any) -> None:
             kind = vt.norm_kind(leaf_norms[0][1])
             if kind is not None:
                 r.say("merger_norm", kind, f"{name}.{leaf_norms[0][0]}: {kind} arithmetic")
+        r.names.update(vn.merger_names(name, child, leaf_norms[0][0] if leaf_norms else None) or {})
         _merger_activation(r, name, child)
 
 

@@ -372,6 +372,18 @@ class VisionSpec:
         None, "Checkpoint key prefix of the text decoder's tensors (model.language_model)."
     )
     tower_prefix: str | None = feature(None, "Checkpoint key prefix of the tower's tensors (model.visual).")
+    module_names: dict[str, str] | None = feature(
+        None,
+        "Checkpoint names of the tower's projections and norms by role (under a block: mlp_up, mlp_down; "
+        "under the tower: merger_norm, merger_fc1, merger_fc2), read from the modules: Qwen3-VL's "
+        "mlp.linear_fc1 and merger.norm, Qwen2-VL's mlp.fc1 and merger.ln_q, merger.mlp.0; null: unknown.",
+    )
+    config_keys: dict[str, str] | None = feature(
+        None,
+        "vision_config keys the port's tower fields are read from where the config writes them under other "
+        "names, port field -> a key or '<key> * <key>' (Qwen2-VL: hidden_size 'embed_dim', out_hidden_size "
+        "'hidden_size', intermediate_size 'embed_dim * mlp_ratio'); null: the port's names.",
+    )
 
 
 @dataclass(frozen=True)

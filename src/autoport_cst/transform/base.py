@@ -37,7 +37,7 @@ from autoport_cst.transform.realizes import realizes
 if TYPE_CHECKING:
     from autoport_cst.spec import ArchSpec, FieldDiff
 
-FILE_ROLES = ("model", "config", "factory", "init", "docs", "registry", "companion")
+FILE_ROLES = ("model", "config", "factory", "init", "docs", "registry", "companion", "tower")
 
 
 @dataclass(frozen=True)

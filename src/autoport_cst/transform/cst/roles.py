@@ -61,6 +61,8 @@ def file_role(relpath: str) -> str:
         return "docs"
     if name.startswith("model") and name.endswith(".py"):
         return "model"
+    if name.startswith("vision_") and name.endswith(".py"):
+        return "tower"  # a vision-language model's tower: its own architecture, apart from the decoder's
     if name.endswith(".py"):
         return "module"
     return "data"

@@ -1,0 +1,137 @@
+"""The tower and M-RoPE codemods on the qwen3_vl reference's own files (the
+files they are written for): each transforms its target, the output compiles
+and is a fixed point, and the codemods that edit the same file commute, byte
+for byte. Then the Qwen2-VL port, the composition of them (with add-qkv-bias
+and remove-qk-norm on the text decoder), validated against transformers'
+Qwen2VLForConditionalGeneration with and without an image (slow)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from autoport_cst.transform.base import PortContext, run_on_source
+from autoport_cst.transform.cst.roles import file_role
+from autoport_cst.transform.library import get_codemod
+
+from .conftest import REFERENCE
+
+PARAMS = {
+    "vision-config-keys": {
+        "keys": {
+            "hidden_size": "embed_dim",
+            "out_hidden_size": "hidden_size",
+            "intermediate_size": "embed_dim * mlp_ratio",
+        }
+    },
+    "vision-module-names": {"renames": {"mlp.linear_fc1": "mlp.fc1", "merger.norm": "merger.ln_q"}},
+    "vision-mrope-sections": {},
+    "vision-patch-bias": {},
+    "vision-quick-gelu": {},
+    "vision-rope-positions": {},
+}
+FILES = ("config.py", "model.py", "vision_encoder.py")
+
+
+def _apply(codemod_id: str, rel: str, source: str) -> str:
+    cls = get_codemod(codemod_id)
+    codemod = cls(cls.parse_params(PARAMS[codemod_id]))
+    return run_on_source(codemod, source, rel, file_role(rel), PortContext())[0]
+
+
+def _targets(codemod_id: str) -> list[str]:
+    return [rel for rel in FILES if get_codemod(codemod_id)().applies_to(file_role(rel))]
+
+
+@pytest.mark.parametrize("codemod_id", sorted(PARAMS))
+def test_transforms_the_reference_compiles_and_is_a_fixed_point(codemod_id):
+    changed = []
+    for rel in _targets(codemod_id):
+        source = (REFERENCE / rel).read_text()
+        once = _apply(codemod_id, rel, source)
+        compile(once, rel, "exec")
+        assert _apply(codemod_id, rel, once) == once, rel
+        changed += [rel] if once != source else []
+    assert changed, f"{codemod_id} changed none of {_targets(codemod_id)}"
+
+
+@pytest.mark.parametrize("pair", list(itertools.combinations(sorted(PARAMS), 2)), ids="+".join)
+def test_codemods_of_one_file_commute(pair):
+    a, b = pair
+    for rel in sorted(set(_targets(a)) & set(_targets(b))):
+        source = (REFERENCE / rel).read_text()
+        assert _apply(b, rel, _apply(a, rel, source)) == _apply(a, rel, _apply(b, rel, source)), rel
+
+
+def test_the_tower_files_are_the_towers_own():
+    """The decoder's codemods (and the census of their sites) leave the tower's
+    files alone: its attention and MLP are another architecture's."""
+    assert file_role("vision_encoder.py") == "tower" and file_role("model.py") == "model"
+    assert not get_codemod("add-qkv-bias")().applies_to("tower")
+    assert get_codemod("rename-classes")().applies_to("tower")
+
+
+def test_contiguous_sections_deal_the_pairs_as_transformers():
+    """The M-RoPE row of each frequency pair after vision-mrope-sections is
+    transformers' Qwen2-VL layout (freq.split(mrope_section), section i -> row i % 3)."""
+    import torch
+
+    namespace: dict = {"torch": torch}
+    source = _apply("vision-mrope-sections", "model.py", (REFERENCE / "model.py").read_text())
+    start = source.index("    def _axis_of_pair")
+    end = source.index("\n    def forward", start)
+    exec("class Rotary:\n" + source[start:end], namespace)
+    rotary = namespace["Rotary"]()
+    rotary.mrope_section = [4, 2, 2]
+    axis = rotary._axis_of_pair(torch.device("cpu")).tolist()
+    pairs = torch.arange(8).split([4, 2, 2])
+    expected = [i % 3 for i, chunk in enumerate(pairs) for _ in chunk]
+    assert axis == expected == [0, 0, 0, 0, 1, 1, 2, 2]
+
+
+@pytest.fixture(scope="module")
+def qwen2_vl_port(tmp_path_factory):
+    """A tiny Qwen2-VL checkpoint, its plan (research) and the applied port."""
+    from click.testing import CliRunner
+
+    from autoport_cst.cli import cli
+    from autoport_cst.validate.vision_tiny import build_tiny_vlm_checkpoint
+
+    root = tmp_path_factory.mktemp("qwen2-vl")
+    checkpoint = build_tiny_vlm_checkpoint(
+        root / "ckpt", seed=0, architecture="Qwen2VLForConditionalGeneration"
+    )
+    planned = CliRunner().invoke(cli, ["plan", str(checkpoint), "-o", str(root / "plan.json")])
+    assert planned.exit_code == 0, planned.output
+    applied = CliRunner().invoke(
+        cli, ["apply", "--plan", str(root / "plan.json"), "--out", str(root / "out")]
+    )
+    assert applied.exit_code == 0, applied.output
+    return checkpoint, applied.output, root / "out" / "vllm_neuron" / "model" / "qwen2_vl"
+
+
+@pytest.mark.slow
+def test_the_qwen2_vl_plan_takes_qwen3_vl_with_the_tower_codemods(qwen2_vl_port):
+    """apply composes the plan's steps from the diff against qwen3_vl."""
+    _, applied, port_dir = qwen2_vl_port
+    for codemod_id in [*PARAMS, "add-qkv-bias", "remove-qk-norm"]:
+        assert f" {codemod_id} " in applied, codemod_id
+    assert "read from the config at run time: vision.deepstack" in applied
+    assert "vision-quick-gelu" not in (port_dir / "model.py").read_text()
+    assert "torch.sigmoid(1.702 * hidden)" in (port_dir / "vision_encoder.py").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype, tp", [("fp32", 1), ("bf16", 1), ("fp32", 2), ("bf16", 2)])
+def test_the_qwen2_vl_port_validates(qwen2_vl_port, dtype, tp):
+    """Tower, M-RoPE positions (against get_rope_index), every decoder layer and
+    the logits of an image prompt and a text-only prompt."""
+    from autoport_cst.validate.vision_validate import validate_vlm
+
+    checkpoint, _, port_dir = qwen2_vl_port
+    report = validate_vlm(port_dir, checkpoint, dtype=dtype, steps=2, tp=tp)
+    assert report.equivalent, report.summary
+    names = {(c["prompt"], c["name"]) for c in report.checks}
+    assert {("image", "mrope_positions"), ("text", "mrope_positions"), ("image", "logits")} <= names
+    assert any(prompt == "image" and name.startswith("vision.") for prompt, name in names)
