@@ -45,8 +45,11 @@ Classes:
   with the survivors in the kill rate;
 - ``equivalent``: proved equivalent, the mutant's AST equals the original's
   once normalised (``mutation_operators.normalised``: formatting dropped, the
-  two dimensions of ``transpose`` in a fixed order). Only these are left out
-  of the kill rate.
+  two dimensions of ``transpose`` in a fixed order; a kernel argument that
+  passes its declared default dropped), or a removed loader entry mapping a
+  parameter to the checkpoint key of its own name, which the checkpoint
+  readers' ``mappings.get(name, name)`` supplies (``mutation_proofs``). Only
+  these are left out of the kill rate.
 
 Printed per partition: killed, survived, exit 2 and equivalent counts, the
 kill rate over the non-equivalent mutants, and each survivor with its line
@@ -80,6 +83,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
 from mutation_operators import ANY, Mutant, ParsedModule, normalised, parse_mutants  # noqa: E402
+from mutation_proofs import identity_mapping  # noqa: E402
 from mutation_setup import PORTS, Port, prepare  # noqa: E402
 
 HOLD_OUT = 5  # one mutant in HOLD_OUT is held out
@@ -208,6 +212,23 @@ def declared_defaults() -> dict[str, dict[str, object]]:
     return defaults
 
 
+def mapping_readers() -> frozenset[str]:
+    """The checkpoint readers of the API that take a parameter's keys as
+    ``mappings.get(name, name)``: the stand-in's ``vllm_neuron.utils.checkpoints``
+    methods with a ``mappings`` parameter (its module docstring declares the
+    default, from vllm_neuron's documentation)."""
+    from autoport_cst.validate.standin import checkpoints
+
+    assert "mappings.get(name, name)" in (checkpoints.__doc__ or "")
+    return frozenset(
+        name
+        for owner in vars(checkpoints).values()
+        if inspect.isclass(owner) and owner.__module__ == checkpoints.__name__
+        for name, method in vars(owner).items()
+        if inspect.isfunction(method) and "mappings" in inspect.signature(method).parameters
+    )
+
+
 @dataclass
 class PortRun:
     """A prepared port, its parsed model file and its mutant population."""
@@ -238,6 +259,14 @@ class PortRun:
             return "drops a kernel argument that passes the kernel's declared default (or a hint)"
         return None
 
+    def proof(self, mutant: Mutant, code: str) -> str | None:
+        """Why the mutant is proved equivalent (``equivalence``, or a removed
+        loader entry mapping a parameter to its own name: ``mutation_proofs``), or None."""
+        found = self.equivalence(code)
+        if found is None and mutant.operator == "stmt":
+            found = identity_mapping(self.original, mutant.line, mapping_readers())
+        return found
+
     def in_scope(self, part: str) -> list[Mutant]:
         return [
             m
@@ -262,7 +291,7 @@ class PortRun:
             "equivalent",
         )
         outcome.before, outcome.after = changed_lines(self.original, code)
-        proof = self.equivalence(code)
+        proof = self.proof(mutant, code)
         if proof is not None:
             outcome.detail = proof
             return outcome

@@ -7,6 +7,7 @@ import ast
 import importlib.util
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,48 @@ def test_each_mutant_is_validated_as_validate_runs_by_default(mutation, monkeypa
     }
     assert defaults["config_variants"] is True and defaults["parallel_layouts"] is True
     assert calls == [{"steps": 4, "tp": 1, "dtype": "fp32"}]
+
+
+LOADER = """
+def load_weights(self, path, tied, extra):
+    mappings = {}
+    for layer in range(2):
+        prefix = f"model.layers.{layer}"
+        mappings[f"{prefix}.input_norm.weight"] = f"{prefix}.input_norm.weight"
+        mappings[f"{prefix}.qkv_weight"] = [f"{prefix}.q.weight", f"{prefix}.k.weight"]
+    mappings["model.norm.weight"] = "model.norm.weight"
+    if tied:
+        mappings["lm_head.weight"] = "model.embed_tokens.weight"
+    else:
+        mappings["lm_head.weight"] = "lm_head.weight"
+    return checkpoint.load_sharded_pipelined(self.rank, 2, self, mappings, "cpu")
+"""
+
+
+BRANCHES = LOADER[LOADER.index("    if tied:") : LOADER.index("    return")]
+
+
+def _line(source: str, text: str) -> int:
+    return next(i for i, line in enumerate(source.splitlines(), 1) if text in line)
+
+
+def test_a_loader_entry_mapping_a_parameter_to_its_own_name_is_proved_equivalent(mutation):
+    """The readers take ``mappings.get(name, name)``: an entry ``D[k] = k``
+    removed changes nothing, when no other entry can have its key on that run."""
+    proofs = sys.modules["mutation_proofs"]
+    readers = mutation.mapping_readers()
+    assert "load_sharded_pipelined" in readers
+    for text in ('[f"{prefix}.input_norm.weight"]', '["model.norm.weight"]', '= "lm_head.weight"'):
+        assert proofs.identity_mapping(LOADER, _line(LOADER, text), readers), text
+    assert not proofs.identity_mapping(LOADER, _line(LOADER, '= "model.embed'), readers)  # not its own
+    assert not proofs.identity_mapping(LOADER, _line(LOADER, '["model.norm.weight"]'), {"other"})
+    for changed in (
+        LOADER.replace("    return checkpoint", "    print(mappings)\n    return checkpoint"),  # read
+        LOADER.replace(BRANCHES, "    for _ in range(2):\n" + textwrap.indent(BRANCHES, "    ")),  # a loop
+        LOADER.replace("    if tied:", "    mappings[extra] = 'x'\n    if tied:"),  # a key that may be any
+        LOADER.replace(
+            "    if tied:", '    mappings["lm_head.weight"] = "x"\n    if tied:'
+        ),  # an earlier entry
+    ):
+        line = _line(changed, '= "lm_head.weight"')
+        assert not proofs.identity_mapping(changed, line, readers), changed
