@@ -33,6 +33,7 @@ from autoport_cst.research.parallelism import tp_refusal
 from . import compare
 from .driver import PREFILL_MODES, PortFailure, PortOutput, PortSession, port_hf_config
 from .forced_routing import teacher_forced
+from .fp8_cache_forcing import ForcingTally, port_cache_contents
 from .kernel_precision import PolicyUnavailable, run_kernel_precision_reference
 from .layout import ParallelLayout, check_layout
 from .package import PortImportError, check_package_dir, imported_package
@@ -355,6 +356,7 @@ def _validate_run(
         report.timings = _finish(timings, started)
         return report
 
+    reference.complete(port, dtype)
     report.factory = factory_name
     report.settings["prefill_calls"] = _describe_calls(port, scenario)
     report.environment = {
@@ -365,6 +367,7 @@ def _validate_run(
     notify("compare")
     start = time.perf_counter()
     _compare(report, port, reference, scenario, teacher, dtype)
+    report.kv_cache = reference.tally.describe() if reference.tally is not None else None
     timings["compare"] = time.perf_counter() - start
     _forced_routing(
         report, _PortRun(package_dir, checkpoint, run, scenario, layout), config, teacher, timings
@@ -460,13 +463,16 @@ class _ReferenceRun:
     timings: dict[str, float]
     outputs: dict[str, ReferenceOutput] = field(default_factory=dict)
     kv_cache_dtype: str = "auto"
+    teacher: list[list[int]] = field(default_factory=list)
+    # an FP8 run in fp32: what its cache took from the port's (``fp8_cache_forcing``)
+    tally: ForcingTally | None = None
 
     def run(self) -> list[list[int]]:
         """Both reference runs; returns the teacher tokens (those of an
         earlier run on the same checkpoint while ``reusing_reference_runs``)."""
         prompts = self.scenario.prompts
         if self.kv_cache_dtype == "fp8":
-            return self._run_fp8_cache(prompts)
+            return self._fp8_teacher(prompts)
         kept = kept_run(self.checkpoint, prompts, self.steps)
         if kept is not None:
             teacher, self.outputs = kept
@@ -487,23 +493,38 @@ class _ReferenceRun:
         keep_run(self.checkpoint, prompts, self.steps, teacher, self.outputs)
         return teacher
 
-    def _run_fp8_cache(self, prompts: tuple[tuple[int, ...], ...]) -> list[list[int]]:
-        """Both reference runs with the port's FP8 KV cache (``fp8_reference``);
-        the teacher tokens come from the plain fp32 model."""
+    def _fp8_teacher(self, prompts: tuple[tuple[int, ...], ...]) -> list[list[int]]:
+        """The teacher tokens of an FP8 KV-cache run, from the plain fp32
+        model; its reference runs follow the port's (``complete``)."""
+        start = time.perf_counter()
+        self.notify("reference fp32")
+        model = load_reference(self.checkpoint, torch.float32)
+        self.teacher = greedy_teacher(model, prompts, self.steps)
+        del model
+        self.timings["reference_teacher"] = time.perf_counter() - start
+        return self.teacher
+
+    def complete(self, port: PortOutput, dtype: str) -> None:
+        """An FP8 KV-cache run's reference runs, once the port has run: both
+        with the port's FP8 cache (``fp8_reference``), the fp32 one
+        teacher-forced from the values the port stored when it ran in fp32
+        in this process (``fp8_cache_forcing``)."""
+        if self.kv_cache_dtype != "fp8" or self.outputs:
+            return
         from .fp8_reference import fp8_cache_runner
 
         run = fp8_cache_runner(self.checkpoint)
-        teacher: list[list[int]] = []
-        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        forced = port.fp8_cache if dtype == "fp32" else None
+        self.tally = ForcingTally() if forced is not None else None
+        prompts, teacher = self.scenario.prompts, self.teacher
+        for name, torch_dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
             start = time.perf_counter()
             self.notify(f"reference {name} (FP8 KV cache)")
-            model = load_reference(self.checkpoint, dtype)
-            if name == "fp32":
-                teacher = greedy_teacher(model, prompts, self.steps)
-            self.outputs[name] = run(model, prompts, teacher)
+            model = load_reference(self.checkpoint, torch_dtype)
+            stored = forced if name == "fp32" else None
+            self.outputs[name] = run(model, prompts, teacher, port=stored, tally=self.tally)
             del model
             self.timings[f"reference_{name}"] = time.perf_counter() - start
-        return teacher
 
     def kernel_precision(self, teacher: list[list[int]]) -> ReferenceOutput | str:
         """transformers in bf16 at the kernels' precision policy (the second
@@ -748,6 +769,8 @@ def _run_in_process(
         notify("run port")
         start = time.perf_counter()
         output = session.run(teacher)
+        if run.kv_cache_dtype == "fp8":  # what it stored, for the reference's cache (fp8_cache_forcing)
+            output.fp8_cache = port_cache_contents(session.caches, scenario, output.sequences)
         timings["port_run"] = time.perf_counter() - start
         return output, teacher, package.factory_name, installation.describe()
 

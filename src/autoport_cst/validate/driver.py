@@ -112,6 +112,8 @@ class PortOutput:
     guarded_attributes: list[str] = field(default_factory=list)
     # a run with forced expert choices (``ForcedTeacher``): the mode, holding the port's own choices
     routing: RoutedRun | None = None
+    # an FP8 KV-cache run in process: the values its cache stored (``fp8_cache_forcing``)
+    fp8_cache: Any = None
 
 
 def port_hf_config(checkpoint_dir: str | Path, dtype: torch.dtype) -> Any:

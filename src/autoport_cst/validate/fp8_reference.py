@@ -15,7 +15,10 @@ sequence runs as a prefill of the prompt and one forward per decode step, the
 cache stores K/V rounded through the FP8 format with that layer's scales,
 and returns them rounded to the decode steps (the prefill gets its fresh
 K/V back). A port whose scales are swapped or ignored rounds differently and
-fails; a correct one matches to fp32 rounding.
+fails; a correct one matches to fp32 rounding, but for a value that lies at a
+rounding boundary of the FP8 grid, which the two sides may round to either
+neighbour: the fp32 run takes the port's stored values there
+(``fp8_cache_forcing``, given the port's cache contents).
 """
 
 from __future__ import annotations
@@ -29,9 +32,12 @@ from typing import Any
 import torch
 
 from .components import ComponentRecorder, find_components
+from .fp8_cache_forcing import CacheContents, ForcingTally, column_order, forced_codes
 from .reference import ReferenceOutput
 
-_SCALE_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:[^.]+\.)*(k_scale|v_scale)$")
+# a scale under an indexed layer (model.layers.<i>.self_attn.k_scale, transformer.h.<i>.attn.v_scale):
+# the layer index is the last index segment before it
+_SCALE_KEY = re.compile(r"(?:^|\.)(\d+)\.(?:[^.]*[^.\d][^.]*\.)*(k_scale|v_scale)$")
 
 
 def checkpoint_kv_scales(checkpoint: str | Path) -> dict[tuple[int, str], float]:
@@ -53,32 +59,93 @@ def fp8_rounded(x: torch.Tensor, scale: float) -> torch.Tensor:
     """``x`` stored in an FP8 KV cache and read back: times the reciprocal
     scale (bfloat16, as loaded), clamped to the platform's range, cast to
     ``float8_e4m3fn``, divided again; in ``x``'s dtype."""
+    return _stored(x, scale, None, None)
+
+
+def _stored(
+    x: torch.Tensor, scale: float, port: torch.Tensor | None, tally: ForcingTally | None
+) -> torch.Tensor:
+    """``x`` stored in the FP8 cache and read back, the stored values
+    teacher-forced from ``port`` (the port's, ``x``'s shape, in transformers'
+    column order) by ``forced_codes``."""
+    inverse = _inverse(scale)
+    return (forced_codes(_scaled(x, inverse), port, tally) / inverse).to(x.dtype)
+
+
+def _inverse(scale: float) -> float:
+    """The reciprocal of a dequantization scale, in bfloat16 as the models load it."""
+    return float((1.0 / torch.tensor(scale, dtype=torch.bfloat16)).float())
+
+
+def _scaled(x: torch.Tensor, inverse: float) -> torch.Tensor:
+    """``x`` in the cache's units (times the reciprocal scale), clamped to the FP8 range; float32."""
     from .standin.dtype_utils import FP8_CLAMP_MAX
 
-    inverse = float((1.0 / torch.tensor(scale, dtype=torch.bfloat16)).float())
-    stored = (x.to(torch.float32) * inverse).clamp(-FP8_CLAMP_MAX, FP8_CLAMP_MAX).to(torch.float8_e4m3fn)
-    return (stored.to(torch.float32) / inverse).to(x.dtype)
+    return (x.to(torch.float32) * inverse).clamp(-FP8_CLAMP_MAX, FP8_CLAMP_MAX)
 
 
-def _rounding_cache(config: Any, scales: dict[tuple[int, str], float]) -> Any:
+def _rounding_cache(
+    config: Any,
+    scales: dict[tuple[int, str], float],
+    port: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    tally: ForcingTally | None = None,
+) -> Any:
+    """The cache of one sequence; ``port``: the port's stored K/V of that
+    sequence per layer (``fp8_cache_forcing``), whose values it takes where
+    they are transformers' own up to a rounding boundary, in transformers'
+    column order (``column_order``, found on the prefill's rows)."""
     from transformers.cache_utils import DynamicCache
+
+    orders: dict[tuple[int, str], torch.Tensor | None] = {}
+
+    def store(x: torch.Tensor, layer: int, name: str, rows: torch.Tensor | None, start: int) -> torch.Tensor:
+        scale = scales.get((layer, name), 1.0)
+        if rows is not None:
+            if start == 0:
+                orders[(layer, name)] = column_order(rows, _scaled(x, _inverse(scale)))
+            order = orders.get((layer, name))
+            rows = rows[..., order] if order is not None else rows
+        return _stored(x, scale, rows, tally)
 
     class RoundingCache(DynamicCache):
         """Stores K/V rounded through FP8; returns the fresh K/V to the
         forward that fills an empty layer (the prefill), the rounded ones after."""
 
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-            first = self.get_seq_length(layer_idx) == 0
+            start = self.get_seq_length(layer_idx)
+            forced = _port_rows(port, layer_idx, start, (key_states, value_states), tally)
             keys, values = super().update(
-                fp8_rounded(key_states, scales.get((layer_idx, "k_scale"), 1.0)),
-                fp8_rounded(value_states, scales.get((layer_idx, "v_scale"), 1.0)),
+                store(key_states, layer_idx, "k_scale", forced[0], start),
+                store(value_states, layer_idx, "v_scale", forced[1], start),
                 layer_idx,
                 *args,
                 **kwargs,
             )
-            return (key_states, value_states) if first else (keys, values)
+            return (key_states, value_states) if start == 0 else (keys, values)
 
     return RoundingCache(config=config)
+
+
+def _port_rows(
+    port: dict[int, tuple[torch.Tensor, torch.Tensor]] | None,
+    layer: int,
+    start: int,
+    states: tuple[torch.Tensor, torch.Tensor],
+    tally: ForcingTally | None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The port's stored K and V of the positions the update brings (``states``,
+    ``[1, kv_heads, T, head_dim]`` each), shaped like them; none when the
+    port's cache of that layer does not map onto transformers' element-wise."""
+    if port is None or layer not in port:
+        return None, None
+    rows = [t[:, start : start + s.shape[2]].unsqueeze(0) for t, s in zip(port[layer], states, strict=True)]
+    if any(r.shape != s.shape for r, s in zip(rows, states, strict=True)):
+        if tally is not None:
+            tally.unmatched.add(layer)
+        return None, None
+    if tally is not None:
+        tally.layers.add(layer)
+    return rows[0], rows[1]
 
 
 def run_fp8_cache_reference(
@@ -86,18 +153,23 @@ def run_fp8_cache_reference(
     prompts: tuple[tuple[int, ...], ...],
     teacher: list[list[int]],
     scales: dict[tuple[int, str], float],
+    port: CacheContents | None = None,
+    tally: ForcingTally | None = None,
 ) -> ReferenceOutput:
     """``run_reference`` with the port's FP8 cache: per sequence a prefill
     forward of the prompt and one forward per teacher token, the components'
-    rows of each sequence gathered in position order."""
+    rows of each sequence gathered in position order. ``port``: the port's
+    stored K/V per sequence, the cache teacher-forced from them
+    (``fp8_cache_forcing``), counted into ``tally``."""
     components = find_components(model)
     recorder = ComponentRecorder(model, components)
     logits: list[torch.Tensor] = []
     grouped: dict[str, list[torch.Tensor]] = {}
     try:
         with torch.no_grad():
-            for prompt, generated in zip(prompts, teacher, strict=False):
-                cache = _rounding_cache(model.config, scales)
+            for sequence, (prompt, generated) in enumerate(zip(prompts, teacher, strict=False)):
+                forced = port.get(sequence) if port is not None else None
+                cache = _rounding_cache(model.config, scales, forced, tally if forced else None)
                 before = {name: len(entries) for name, entries in recorder.records.items()}
                 inputs = [list(prompt)] + [[token] for token in generated]
                 rows = [model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True) for ids in inputs]

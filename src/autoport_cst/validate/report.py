@@ -58,6 +58,9 @@ class ValidationReport:
     # bf16 MoE ports whose free-routing comparison failed: the teacher-forced routing comparison
     # (docs/validation.md, "MoE routing near-ties"): "used": "teacher_forced" when it validated the port
     routing: dict[str, Any] | None = None
+    # an FP8 KV-cache run in fp32: the transformers cache teacher-forced from the port's stored K/V
+    # (validate.fp8_cache_forcing): elements stored, rounded_apart (taken), differing (not taken)
+    kv_cache: dict[str, Any] | None = None
     # the config variants the port's reference declares (validate.config_variants), each run at TP=1
     # in fp32 on a checkpoint of its own: label, equivalent (None: not run) and summary
     config_variants: list[dict[str, Any]] = field(default_factory=list)
@@ -237,6 +240,20 @@ _ROUTING = {
     },
 }
 
+_KV_CACHE = {
+    "type": ["object", "null"],
+    "description": "an FP8 KV-cache run in fp32: the transformers cache teacher-forced from the port's "
+    "stored K/V, taking the port's value where it is transformers' rounding or the other FP8 neighbour "
+    "of a value within the fp32 gate's reach of their rounding boundary",
+    "properties": {
+        "teacher_forced": {"type": "boolean"},
+        "elements": {"type": "integer", "minimum": 0},
+        "rounded_apart": {"type": "integer", "minimum": 0},
+        "differing": {"type": "integer", "minimum": 0},
+        "unmatched_layers": {"type": "array", "items": {"type": "integer"}},
+    },
+}
+
 _LABELLED_RUNS = {
     "type": "array",
     "items": {
@@ -358,6 +375,7 @@ REPORT_SCHEMA: dict[str, Any] = {
         "environment": {"type": "object"},
         "timings": {"type": "object", "additionalProperties": {"type": "number"}},
         "routing": _ROUTING,
+        "kv_cache": _KV_CACHE,
         "config_variants": _LABELLED_RUNS,
         "parallel_layouts": _LABELLED_RUNS,
     },
