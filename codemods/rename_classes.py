@@ -289,7 +289,9 @@ class RenameClasses(Codemod):
         strings = string_references(module, table, ctx.port.reference_name)
         renamed = rename_in_module(module, targets, table, words, strings)
         if renamed.text_edits:
-            tokens = prose_token_positions(renamed.code or module.code)
+            tokens = renamed.prose_tokens
+            if tokens is None:
+                tokens = prose_token_positions(renamed.code or module.code)
             positions = locate_prose(tokens, [raw for raw, _ in renamed.text_edits])
             for (raw, edits), position in zip(renamed.text_edits, positions, strict=False):
                 line0, col0 = position or (0, 0)

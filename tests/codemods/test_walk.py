@@ -9,7 +9,7 @@ import dataclasses
 import libcst as cst
 import pytest
 
-from autoport_cst.transform.cst.vocabulary import paths_to, walk, walk_pruned
+from autoport_cst.transform.cst.vocabulary import nodes_of, paths_to, walk, walk_pruned
 
 
 def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
@@ -83,6 +83,46 @@ def test_the_paths_to_some_nodes_are_their_ancestors(repo_root):
             node = parents.get(id(node))
     assert paths_to(module, {id(t) for t in targets}) == expected
     assert paths_to(module, set()) == set()
+
+
+@pytest.mark.parametrize("every", [1, 3, 50, 4000])
+def test_the_paths_to_targets_below_each_other_and_side_by_side_are_their_ancestors(repo_root, every):
+    """Targets dense or sparse, some below others, the last node among them:
+    the paths to them, as the parents of each node give them."""
+    for path, module in _modules(repo_root, "qwen3"):
+        nodes = walk(module)
+        targets = [nodes[i] for i in range(0, len(nodes), every)] + [nodes[-1]]
+        parents = {id(child): node for node in nodes for child in _children(node)}
+        expected: set[int] = set()
+        for target in targets:
+            node: cst.CSTNode | None = target
+            while node is not None:
+                expected.add(id(node))
+                node = parents.get(id(node))
+        assert paths_to(module, {id(t) for t in targets}) == expected, path
+        statement = module.body[-1]
+        node = walk(statement)[-1]
+        ancestors = set()
+        while node is not module:
+            ancestors.add(id(node))
+            node = parents[id(node)]
+        assert paths_to(statement, {id(walk(statement)[-1])}) == ancestors, path
+
+
+def test_the_nodes_of_some_kinds_are_grouped_by_type_each_in_walk_order(repo_root):
+    path, module = next(_modules(repo_root, "llama3"))
+    kinds = (cst.Name, cst.BaseString, cst.Comment)
+    nodes = walk(module)
+    groups: dict[type, list[cst.CSTNode]] = {}
+    for node in nodes:
+        if isinstance(node, kinds):
+            groups.setdefault(type(node), []).append(node)
+    expected = [node for group in groups.values() for node in group]
+    for _ in range(2):  # the second time from what is kept
+        found = nodes_of(module, *kinds)
+        assert len(found) == len(expected) and all(a is b for a, b in zip(found, expected, strict=True))
+    lambdas = [n for n in nodes if isinstance(n, (cst.Lambda, cst.Yield))]
+    assert nodes_of(module, cst.Lambda, cst.Yield) == lambdas
 
 
 def test_a_walk_after_an_edit_splices_the_statements_walked_before(repo_root):

@@ -199,9 +199,8 @@ def backward(
     uses. A definition under an ``if`` the path leaves open may not run, so
     the search goes on past it to the earlier ones."""
     path = path if path is not None else {}
-    position = {item.index: i for i, item in enumerate(items)}
     found: dict[int, Item] = {}
-    pending = [(name, position.get(start.index, len(items))) for name in names]
+    pending = [(name, _position(items, start)) for name in names]
     seen: set[tuple[str, int]] = set()
     while pending:
         name, before = pending.pop()
@@ -217,6 +216,14 @@ def backward(
                 if _certain(item, path):
                     break
     return sorted(found.values(), key=lambda item: item.index)
+
+
+def _position(items: list[Item], start: Item) -> int:
+    """Where ``start`` stands in ``items`` (a function's items, or those of
+    one path: each index once), else ``len(items)``."""
+    if start.index < len(items) and items[start.index] is start:
+        return start.index  # all of the function's items: each stands at its index
+    return next((i for i, item in enumerate(items) if item.index == start.index), len(items))
 
 
 def consumers(items: list[Item], start: Item, path: dict[str, bool] | None = None) -> list[Item]:

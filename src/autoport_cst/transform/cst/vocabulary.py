@@ -138,16 +138,24 @@ def nodes_of(node: cst.CSTNode, *types: type) -> list[cst.CSTNode]:
     cached = _BY_TYPE.get(id(node))
     if cached is None or cached[0] is not node:
         by_type: dict[type, list[cst.CSTNode]] = {}
-        for found in walk(node):
+        for found in _walked(node)[0]:
             by_type.setdefault(type(found), []).append(found)
         if len(_BY_TYPE) >= _BY_TYPE_CACHE_SIZE:
             del _BY_TYPE[next(iter(_BY_TYPE))]
         cached = _BY_TYPE[id(node)] = (node, by_type)
-    return [found for kind, group in cached[1].items() if issubclass(kind, types) for found in group]
+    matches = _MATCHES.get(types)
+    if matches is None:
+        matches = _MATCHES[types] = IsInstance(*types)
+    out: list[cst.CSTNode] = []
+    for kind, group in cached[1].items():
+        if matches[kind]:
+            out += group
+    return out
 
 
 _BY_TYPE_CACHE_SIZE = 16
 _BY_TYPE: dict[int, tuple[cst.CSTNode, dict[type, list[cst.CSTNode]]]] = {}
+_MATCHES: dict[tuple[type, ...], IsInstance] = {}  # the types asked for -> which kinds are theirs
 
 
 def _walk(node: cst.CSTNode) -> tuple[list[cst.CSTNode], list[int]]:
@@ -237,13 +245,20 @@ def paths_to(root: cst.CSTNode, targets: set[int]) -> set[int]:
     """ids of the nodes under ``root`` whose ids are in ``targets``, and of
     every node on the path from ``root`` to them (read off the walk of
     ``root``, which the caller has usually just made)."""
+    nodes, depths = _walked(root)
+    last = len(depths) - 1
+    reverse = depths[::-1]  # searched for each parent in C: the nearest earlier node one level up
     keep: set[int] = set()
-    path: list[cst.CSTNode] = []
-    for node, depth in zip(*_walked(root), strict=True):
-        del path[depth:]
-        path.append(node)
-        if id(node) in targets:
-            keep.update(map(id, path))
+    for index in [index for index, node in enumerate(nodes) if id(node) in targets]:
+        depth = depths[index]
+        keep.add(id(nodes[index]))
+        while depth:
+            # in the walk, a node's parent is the nearest earlier node one level less deep
+            index = last - reverse.index(depth - 1, last - index + 1)
+            if id(nodes[index]) in keep:
+                break  # it holds every ancestor of what it holds
+            keep.add(id(nodes[index]))
+            depth -= 1
     return keep
 
 

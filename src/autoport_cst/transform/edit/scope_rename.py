@@ -14,6 +14,7 @@ Resolution has two paths with the same result:
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ScopeProvider
 
-from autoport_cst.transform.cst.printed import code_in_order
+from autoport_cst.transform.cst.printed import Placed, code_in_order, leaves_in_code
 from autoport_cst.transform.cst.vocabulary import dotted, nodes_of, walk, walk_pruned
 from autoport_cst.transform.edit.tree import Edit, rewrite
 from autoport_cst.transform.edit.words import WordEdit, rename_words
@@ -50,8 +51,31 @@ class _BindingSurvey:
             self._bind(node.value)
 
     def survey(self, module: cst.Module) -> None:
-        """Visit every node in ``walk`` order, except below an import or a Name
-        (handled as a whole)."""
+        """What visiting every node in ``walk`` order, except below an import
+        or a Name (handled as a whole), records; read off the module's nodes by
+        kind (``nodes_of``), each kind in ``walk`` order. The lists it fills are
+        read as sets of nodes (and ``references`` keeps ``walk`` order)."""
+        imports = nodes_of(module, cst.Import, cst.ImportFrom)
+        below_imports = {id(node) for found in imports for node in walk(found)[1:]}
+        for found in imports:
+            self._import(found)  # type: ignore[arg-type]
+        for attribute in nodes_of(module, cst.Attribute):
+            self.not_variables.add(id(attribute.attr))  # type: ignore[attr-defined]
+        for arg in nodes_of(module, cst.Arg):
+            if arg.keyword is not None:  # type: ignore[attr-defined]
+                self.not_variables.add(id(arg.keyword))  # type: ignore[attr-defined]
+        for kinds, handler in _BINDINGS:
+            for found in nodes_of(module, *kinds):
+                if id(found) not in below_imports:
+                    handler(self, found)
+        names = self.names
+        for name in nodes_of(module, cst.Name):
+            if name.value in names and id(name) not in below_imports:  # type: ignore[attr-defined]
+                self._name(name)  # type: ignore[arg-type]
+
+    def survey_by_visits(self, module: cst.Module) -> None:
+        """``survey`` as a visit of every node in ``walk`` order, except below
+        an import or a Name (handled as a whole)."""
         walk_pruned(module, self.visit)
 
     def visit(self, node: cst.CSTNode) -> bool:
@@ -140,6 +164,12 @@ _BY_KIND: tuple[tuple[type | tuple[type, ...], Callable[[_BindingSurvey, Any], b
     ((cst.Import, cst.ImportFrom), _BindingSurvey._imports),
 )
 _HANDLERS: dict[type, Callable[[_BindingSurvey, Any], bool]] = {}
+# The kinds of node that bind names, and their handlers (``survey`` reads them by kind).
+_BINDINGS = tuple(
+    ((kinds if isinstance(kinds, tuple) else (kinds,)), handler)
+    for kinds, handler in _BY_KIND
+    if kinds not in (cst.Name, cst.Attribute, cst.Arg, (cst.Import, cst.ImportFrom))
+)
 
 
 def _handler_of(node_type: type) -> Callable[[_BindingSurvey, Any], bool]:
@@ -293,11 +323,14 @@ def string_references(module: cst.Module, table: dict[str, str], package: str) -
 class Renamed:
     """A module after ``rename_in_module``: the new module, each string or
     comment whose words were renamed (its old raw text and the edits, in
-    source order), and the old module's code when such a text was found."""
+    source order), and the old module's code when such a text was found,
+    with its string and comment tokens as ``words.prose_token_positions``
+    finds them, when they were read off its printing (``prose_tokens``)."""
 
     module: cst.Module
     text_edits: list[tuple[str, list[WordEdit]]]
     code: str | None = None
+    prose_tokens: list[tuple[str, int, int]] | None = None
 
 
 def rename_in_module(
@@ -314,35 +347,86 @@ def rename_in_module(
     ancestors are rebuilt."""
     values: dict[int, str] = {}  # the new value of each renamed leaf
     prose: dict[int, tuple[str, list[WordEdit]]] = {}
+    leaves: dict[int, cst.CSTNode] = {}  # the nodes of both, by id
+    tokens: list[cst.CSTNode] = []  # the strings and comments
     for node in nodes_of(module, cst.Name, cst.SimpleString, cst.FormattedStringText, cst.Comment):
         kind = type(node)  # the kinds a transformer's leave_<Kind> would be called for
+        if kind is cst.SimpleString or kind is cst.Comment:
+            tokens.append(node)
         if kind is cst.Name:
             if id(node) in targets:
                 values[id(node)] = table[node.value]  # type: ignore[attr-defined]
+                leaves[id(node)] = node
         elif kind is cst.SimpleString:
             if id(node) in names_in_strings:
                 values[id(node)] = names_in_strings[id(node)]
+                leaves[id(node)] = node
             elif words and "b" not in node.prefix.lower():  # type: ignore[attr-defined]
-                _rename_words(node, words, values, prose)
+                _rename_words(node, words, values, prose, leaves)
         elif kind in (cst.FormattedStringText, cst.Comment) and words:
-            _rename_words(node, words, values, prose)
+            _rename_words(node, words, values, prose, leaves)
     renamed = Renamed(rewrite(module, {key: _renamed(value) for key, value in values.items()}), [])
     if prose:
         # the old code is printed for the notes' positions; the new is spliced from it
-        renamed.code, order = code_in_order(module, prose, (renamed.module, values))
+        renamed.code, order, renamed.prose_tokens = _prose_in_order(
+            module, prose, (renamed.module, values), leaves, tokens
+        )
         renamed.text_edits = [prose[id(node)] for node in order]
     return renamed
 
 
+def _prose_in_order(
+    module: cst.Module,
+    prose: dict[int, tuple],
+    renamed: tuple[cst.Module, dict[int, str]],
+    leaves: dict[int, cst.CSTNode],
+    tokens: list[cst.CSTNode],
+) -> tuple[str, list[cst.CSTNode], list[tuple[str, int, int]] | None]:
+    """The old code, the prose leaves in its order, and its string and comment
+    tokens placed as ``words.prose_token_positions`` places them, read off
+    its printing (None when they cannot be, or would not be the same)."""
+    if sys.version_info < (3, 12) or not nodes_of(module, cst.FormattedString):
+        wanted = {**leaves, **{id(node): node for node in tokens}}
+        found = leaves_in_code(module, list(wanted.values()), renamed)
+        if found is not None and "\r" not in found[0]:
+            code, placed = found
+            return code, [p.node for p in placed if id(p.node) in prose], _python_tokens(placed)
+    code, order = code_in_order(module, prose, renamed, leaves)
+    return code, order, None
+
+
+def _python_tokens(placed: list[Placed]) -> list[tuple[str, int, int]]:
+    """The string and comment tokens Python's tokenizer finds in the code
+    (before 3.12: an f-string is one string token, with whatever it holds),
+    as ``prose_token_positions`` gives them."""
+    found = []
+    inside = -1  # the end of the f-string being read
+    for p in placed:
+        if p.first < inside:
+            continue
+        if type(p.node) is cst.FormattedString:
+            inside = p.stop
+        elif type(p.node) not in (cst.SimpleString, cst.Comment):
+            continue
+        found.append((p.text, p.line, p.column))
+    return found
+
+
 def _rename_words(
-    node: cst.CSTNode, words: dict[str, str], values: dict[int, str], prose: dict[int, tuple]
+    node: cst.CSTNode,
+    words: dict[str, str],
+    values: dict[int, str],
+    prose: dict[int, tuple],
+    leaves: dict[int, cst.CSTNode],
 ) -> None:
     raw = node.value  # type: ignore[attr-defined]
     new, found = rename_words(raw, words)
     if found:
         prose[id(node)] = (raw, found)
+        leaves[id(node)] = node
     if new != raw:
         values[id(node)] = new
+        leaves[id(node)] = node
 
 
 def rename_classes_in_module(module: cst.Module, table: dict[str, str]) -> cst.Module:
