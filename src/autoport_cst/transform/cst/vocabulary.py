@@ -126,8 +126,10 @@ _WALKS: dict[int, tuple[cst.CSTNode, list[cst.CSTNode], list[int]]] = {}
 # Statements: an edit keeps the statements it does not change (``rewrite``),
 # so the walk of a module or class after a step is mostly walks of statements
 # walked before, spliced, not walked again.
+# (Read off each class's MRO: LibCST's node classes derive from an abstract base class, and
+# ``issubclass`` of each of them against it costs more than this module's whole import otherwise.)
 _SPLICED: frozenset[type] = frozenset(
-    kind for kind in vars(cst).values() if isinstance(kind, type) and issubclass(kind, cst.BaseStatement)
+    kind for kind in vars(cst).values() if isinstance(kind, type) and cst.BaseStatement in kind.__mro__
 )
 
 
