@@ -495,7 +495,13 @@ class _ReferenceRun:
 
     def _fp8_teacher(self, prompts: tuple[tuple[int, ...], ...]) -> list[list[int]]:
         """The teacher tokens of an FP8 KV-cache run, from the plain fp32
-        model; its reference runs follow the port's (``complete``)."""
+        model (those of an earlier plain run on the same checkpoint while
+        ``reusing_reference_runs``); its reference runs follow the port's
+        (``complete``)."""
+        kept = kept_run(self.checkpoint, prompts, self.steps)
+        if kept is not None:
+            self.teacher = kept[0]
+            return self.teacher
         start = time.perf_counter()
         self.notify("reference fp32")
         model = load_reference(self.checkpoint, torch.float32)
