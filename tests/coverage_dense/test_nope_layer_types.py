@@ -8,6 +8,7 @@ fails at the first of them)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,75 @@ def test_a_guard_reading_another_field_through_the_config_is_refused(workdir):
     found = _edited_cohere2(workdir, "self.sliding_window is not None or self.config.num_hidden_layers > 99")
     assert "rope.nope_rule" not in found
     assert "config.num_hidden_layers" in found["unsupported.nope_layers"].evidence
+
+
+def _port(workdir: Path, architecture: str, tp: int = 1, seed: int = 0):
+    from autoport_cst.port import port
+    from autoport_cst.validate import build_tiny_checkpoint
+
+    source = workdir / f"{architecture}-port-src{seed}"
+    build_tiny_checkpoint(architecture, source, seed=seed)
+    name = "port_" + "".join(c for c in architecture.removesuffix("ForCausalLM").lower() if c.isalnum())
+    outcome = port(str(source), f"{name}_tp{tp}", workdir / "out", tp=tp, force=True, steps=8)
+    failures = [(r.tp, r.dtype, r.first_diverging) for r in outcome.runs if not r.equivalent]
+    assert outcome.validated, failures
+    assert "nope-layers" in outcome.steps
+    return outcome
+
+
+@pytest.fixture(scope="module")
+def exaone4(workdir):
+    return _port(workdir, "Exaone4ForCausalLM")
+
+
+def test_exaone4_ports_and_validates(exaone4):
+    """Sliding layers 0-2 rotate, full-attention layer 3 does not."""
+    assert [(r.tp, r.dtype) for r in exaone4.runs] == [(1, "fp32"), (1, "bf16")]
+    plan = json.loads(exaone4.plan_path.read_text(encoding="utf-8"))
+    assert plan["spec"]["rope"]["nope_rule"] == "sliding_or_no_window"
+    assert plan["spec"]["rope"]["nope_layers"] == [3]
+
+
+def test_a_port_that_rotates_the_full_attention_layers_fails_there(exaone4, workdir):
+    """The tiny checkpoint has both layer types: rotating every layer (as the
+    earlier Exaone 4 and Cohere 2 ports did) fails at layer 3's attention."""
+    from autoport_cst.validate import validate_model
+
+    wrong = workdir / "exaone4-rotates-every-layer"
+    shutil.copytree(exaone4.package_dir, wrong, dirs_exist_ok=True)
+    model = wrong / "model.py"
+    text = model.read_text(encoding="utf-8")
+    rule = "    if config.sliding_window is None:\n        return True\n"
+    assert text.count(rule) == 1
+    model.write_text(text.replace(rule, "    return True\n"), encoding="utf-8")
+    report = validate_model(wrong, exaone4.checkpoint_dir, tp=1, dtype="fp32", steps=2, config_variants=False)
+    assert not report.equivalent
+    assert "layers.3.attention" in report.summary()
+
+
+@pytest.mark.slow
+def test_exaone4_without_sliding_window_rotates_every_layer(exaone4, workdir):
+    """EXAONE 4's 1.2B checkpoint: no sliding window, every layer full
+    attention and rotated; the port planned on the tiny config reads it so."""
+    from autoport_cst.validate import build_tiny_checkpoint, validate_model
+
+    source = workdir / "exaone4-no-window"
+    build_tiny_checkpoint("Exaone4ForCausalLM", source, seed=1)
+    config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    config.update(sliding_window=None, sliding_window_pattern=None)
+    config["layer_types"] = ["full_attention"] * config["num_hidden_layers"]
+    (source / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    report = validate_model(exaone4.package_dir, source, tp=1, dtype="fp32", steps=4, config_variants=False)
+    assert report.equivalent, report.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("architecture", ["Cohere2ForCausalLM", "FlintForCausalLM", "ExaoneMoeForCausalLM"])
+def test_ports_validate(architecture, workdir):
+    _port(workdir, architecture)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("architecture", ["Exaone4ForCausalLM", "Cohere2ForCausalLM"])
+def test_ports_validate_on_two_ranks(architecture, workdir):
+    _port(workdir, architecture, tp=2, seed=1)

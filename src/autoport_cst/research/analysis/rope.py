@@ -6,6 +6,7 @@ frequencies, over head_dim), and no rotary embedding at all."""
 from __future__ import annotations
 
 import ast
+from typing import Any
 
 from autoport_cst.research.analysis import layer_inputs, nope_rule
 from autoport_cst.research.analysis.graph import ranges, rotation_style
@@ -336,6 +337,39 @@ def _find_rotary(st: AnalyzerState) -> Instance | None:
     return None
 
 
+def _layer_type_arguments(st: AnalyzerState, fn: ast.FunctionDef) -> list[dict[str, Any]]:
+    """The keyword arguments a rotary method is called with: none, or, for
+    one that takes the layer type (its RoPE parameters per layer type:
+    Laguna, Mellum), each type of the config's layers."""
+    names = [a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs]
+    kinds = st.interp.config.read("layer_types", None)
+    if "layer_type" not in names or not isinstance(kinds, (list, tuple)) or not kinds:
+        return [{}]
+    return [{"layer_type": kind} for kind in sorted(set(map(str, kinds)))]
+
+
+def _arange_dims(interp: Any, klass: SourceClass, fn: ast.FunctionDef, args: list, kwargs: dict) -> list[int]:
+    """The ``torch.arange(0, dim, 2)`` dimensions a rotary method computes."""
+    try:
+        states = interp.call_function(klass.module, fn, args, kwargs, CallOptions(owner=klass))
+    except RecursionError:  # pragma: no cover
+        states = []
+    dims = []
+    for state in states:
+        for value in [state.value, *state.env.values()]:
+            for n in walk(value):
+                if (
+                    n.kind == "call"
+                    and n.name.endswith("arange")
+                    and len(n.args) >= 3
+                    and n.args[0] == 0
+                    and n.args[2] == 2
+                    and isinstance(n.args[1], int)
+                ):
+                    dims.append(n.args[1])
+    return dims
+
+
 def _rotary_dim(st: AnalyzerState, where: str) -> None:
     """The partial rotary factor: the inverse frequencies' dimension over head_dim."""
     rotary = _find_rotary(st)
@@ -351,25 +385,23 @@ def _rotary_dim(st: AnalyzerState, where: str) -> None:
             continue
         klass, fn = found
         args = [interp.config] if name != "__init__" else [Instance(rotary.cls), interp.config]
-        try:
-            states = interp.call_function(klass.module, fn, args, {}, CallOptions(owner=klass))
-        except RecursionError:  # pragma: no cover
-            states = []
-        for state in states:
-            for value in [state.value, *state.env.values()]:
-                for n in walk(value):
-                    if (
-                        n.kind == "call"
-                        and n.name.endswith("arange")
-                        and len(n.args) >= 3
-                        and n.args[0] == 0
-                        and n.args[2] == 2
-                        and isinstance(n.args[1], int)
-                    ):
-                        dims.append(n.args[1])
+        per_type = _layer_type_arguments(st, fn)
+        for kwargs in per_type:
+            dims += _arange_dims(interp, klass, fn, args, kwargs)
         if dims:
             evidence = f"{klass.name}.{name}: inv_freq over {dims[0]} of head_dim {hd}"
             break
+    if dims and per_type != [{}] and any(d != hd for d in dims):
+        # the factor sits in each layer type's RoPE parameters, where no port reads it
+        types = ", ".join(str(kwargs["layer_type"]) for kwargs in per_type)
+        st.add(
+            unknown(
+                "rope.partial_rotary_factor",
+                CODE,
+                f"{evidence}, from the RoPE parameters of each layer type ({types}): a port reads one factor",
+            )
+        )
+        return
     if not dims or not isinstance(hd, int):
         st.add(
             unknown(
