@@ -15,9 +15,10 @@ The reach is the fp32 gate itself: a K (or V) row of one head at one position
 that the gate would accept differs from transformers' by at most
 ``FP32_REL_ERROR_TOLERANCE`` times the row's norm, so any one of its elements
 may lie that far off (in the cache's scaled units, ``x / s``). A port that
-swaps, ignores or doubles a scale stores values a whole exponent or more
-away, at every element, and none of them is taken: transformers keeps its
-own rounding and the comparison fails at that layer's decode attention.
+swaps or ignores a scale stores values a whole exponent or more away at
+nearly every element, and none of them is taken: transformers keeps its own
+rounding and the comparison fails at that layer's decode attention (as it
+does for a port that stores them right and reads them back wrong).
 
 Every value taken is one transformers' own run may store (its value rounded
 to either FP8 neighbour it lies within the gate's reach of), whichever
@@ -46,7 +47,7 @@ from .metrics import FP32_REL_ERROR_TOLERANCE
 
 # sequence -> layer index -> (k, v) stored values [kv_heads, positions, head_dim]
 CacheContents = dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]]
-_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+_LAYER_INDEX = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")  # layers.<i>.self_attn, h.<i>.attn
 _FP8 = torch.float8_e4m3fn
 
 
@@ -72,7 +73,7 @@ class ForcingTally:
 
 def port_cache_contents(caches: dict[str, tuple], scenario: Any, sequences: list[int]) -> CacheContents:
     """The values the port stored in its FP8 caches (``[num_blocks,
-    kv_heads, block_size, head_dim]`` per layer name holding ``layers.<i>``)
+    kv_heads, block_size, head_dim]`` per layer name, its first index the layer's)
     at each position of each sequence it ran, read through the sequence's
     block table."""
     contents: CacheContents = {}
