@@ -30,8 +30,11 @@ PARAMS = {
     "vision-patch-bias": {},
     "vision-quick-gelu": {},
     "vision-rope-positions": {},
+    "vision-rmsnorm": {},
+    "vision-gated-mlp": {"gate_name": "mlp.gate_proj"},
+    "vision-window-attention": {},
 }
-FILES = ("config.py", "model.py", "vision_encoder.py")
+FILES = ("config.py", "model.py", "vision_encoder.py", "vision_preprocessing.py")
 
 
 def _apply(codemod_id: str, rel: str, source: str) -> str:
@@ -56,7 +59,12 @@ def test_transforms_the_reference_compiles_and_is_a_fixed_point(codemod_id):
     assert changed, f"{codemod_id} changed none of {_targets(codemod_id)}"
 
 
-@pytest.mark.parametrize("pair", list(itertools.combinations(sorted(PARAMS), 2)), ids="+".join)
+# two ways of computing the tower MLP (plain with quick GELU, gated): a model has one, never both
+EXCLUSIVE = {("vision-gated-mlp", "vision-quick-gelu")}
+PAIRS = [pair for pair in itertools.combinations(sorted(PARAMS), 2) if pair not in EXCLUSIVE]
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids="+".join)
 def test_codemods_of_one_file_commute(pair):
     a, b = pair
     for rel in sorted(set(_targets(a)) & set(_targets(b))):
@@ -90,48 +98,98 @@ def test_contiguous_sections_deal_the_pairs_as_transformers():
     assert axis == expected == [0, 0, 0, 0, 1, 1, 2, 2]
 
 
-@pytest.fixture(scope="module")
-def qwen2_vl_port(tmp_path_factory):
-    """A tiny Qwen2-VL checkpoint, its plan (research) and the applied port."""
+# the codemods each port composes beyond rename-classes and the decoder's add-qkv-bias and remove-qk-norm
+PORTS = {
+    "Qwen2VLForConditionalGeneration": (
+        "qwen2_vl",
+        {
+            "vision-config-keys",
+            "vision-module-names",
+            "vision-mrope-sections",
+            "vision-patch-bias",
+            "vision-quick-gelu",
+            "vision-rope-positions",
+        },
+    ),
+    "Qwen2_5_VLForConditionalGeneration": (
+        "qwen2_5_vl",
+        {
+            "vision-gated-mlp",
+            "vision-module-names",
+            "vision-mrope-sections",
+            "vision-patch-bias",
+            "vision-rmsnorm",
+            "vision-rope-positions",
+            "vision-window-attention",
+        },
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(PORTS))
+def qwen_vl_port(request, tmp_path_factory):
+    """A tiny checkpoint of a Qwen2-family VLM, its plan (research) and the applied port."""
     from click.testing import CliRunner
 
     from autoport_cst.cli import cli
     from autoport_cst.validate.vision_tiny import build_tiny_vlm_checkpoint
 
-    root = tmp_path_factory.mktemp("qwen2-vl")
-    checkpoint = build_tiny_vlm_checkpoint(
-        root / "ckpt", seed=0, architecture="Qwen2VLForConditionalGeneration"
-    )
+    architecture = request.param
+    root = tmp_path_factory.mktemp(architecture)
+    checkpoint = build_tiny_vlm_checkpoint(root / "ckpt", seed=0, architecture=architecture)
     planned = CliRunner().invoke(cli, ["plan", str(checkpoint), "-o", str(root / "plan.json")])
     assert planned.exit_code == 0, planned.output
     applied = CliRunner().invoke(
         cli, ["apply", "--plan", str(root / "plan.json"), "--out", str(root / "out")]
     )
     assert applied.exit_code == 0, applied.output
-    return checkpoint, applied.output, root / "out" / "vllm_neuron" / "model" / "qwen2_vl"
+    name, codemods = PORTS[architecture]
+    return checkpoint, applied.output, root / "out" / "vllm_neuron" / "model" / name, codemods
 
 
 @pytest.mark.slow
-def test_the_qwen2_vl_plan_takes_qwen3_vl_with_the_tower_codemods(qwen2_vl_port):
-    """apply composes the plan's steps from the diff against qwen3_vl."""
-    _, applied, port_dir = qwen2_vl_port
-    for codemod_id in [*PARAMS, "add-qkv-bias", "remove-qk-norm"]:
+def test_the_plan_takes_qwen3_vl_with_the_tower_codemods(qwen_vl_port):
+    """apply composes the plan's steps from the diff against qwen3_vl: exactly
+    the tower codemods of the architecture's features."""
+    _, applied, _, codemods = qwen_vl_port
+    for codemod_id in [*codemods, "add-qkv-bias", "remove-qk-norm"]:
         assert f" {codemod_id} " in applied, codemod_id
-    assert "read from the config at run time: vision.deepstack" in applied
-    assert "vision-quick-gelu" not in (port_dir / "model.py").read_text()
-    assert "torch.sigmoid(1.702 * hidden)" in (port_dir / "vision_encoder.py").read_text()
+    assert not [c for c in set(PARAMS) - codemods if f" {c} " in applied]
+    assert "vision.deepstack" in applied.split("read from the config at run time:")[1].splitlines()[0]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, tp", [("fp32", 1), ("bf16", 1), ("fp32", 2), ("bf16", 2)])
-def test_the_qwen2_vl_port_validates(qwen2_vl_port, dtype, tp):
+def test_the_port_validates(qwen_vl_port, dtype, tp):
     """Tower, M-RoPE positions (against get_rope_index), every decoder layer and
     the logits of an image prompt and a text-only prompt."""
     from autoport_cst.validate.vision_validate import validate_vlm
 
-    checkpoint, _, port_dir = qwen2_vl_port
+    checkpoint, _, port_dir, _ = qwen_vl_port
     report = validate_vlm(port_dir, checkpoint, dtype=dtype, steps=2, tp=tp)
-    assert report.equivalent, report.summary
+    assert report.equivalent, report.summary()
     names = {(c["prompt"], c["name"]) for c in report.checks}
     assert {("image", "mrope_positions"), ("text", "mrope_positions"), ("image", "logits")} <= names
     assert any(prompt == "image" and name.startswith("vision.") for prompt, name in names)
+
+
+@pytest.mark.slow
+def test_the_windows_are_what_the_validation_sees(qwen_vl_port, tmp_path):
+    """Every block given the frame spans (window attention undone) fails the
+    tower's first block: the tiny images have more than one window."""
+    import shutil
+
+    from autoport_cst.validate.vision_validate import validate_vlm
+
+    checkpoint, _, port_dir, codemods = qwen_vl_port
+    if "vision-window-attention" not in codemods:
+        pytest.skip("full attention in every block")
+    mutant = tmp_path / port_dir.name
+    shutil.copytree(port_dir, mutant)
+    tower = mutant / "vision_encoder.py"
+    choice = "frame_spans if window_spans is None or index in self.full_attention_blocks else window_spans"
+    assert choice in tower.read_text()
+    tower.write_text(tower.read_text().replace(choice, "frame_spans"))
+    report = validate_vlm(mutant, checkpoint, steps=1)
+    assert not report.equivalent
+    assert report.first_diverging == "image:vision.blocks.0"

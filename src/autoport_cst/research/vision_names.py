@@ -20,12 +20,40 @@ PORT_FIELDS = ("hidden_size", "out_hidden_size", "intermediate_size")
 
 def block_mlp_names(mlp_name: str, mlp: nn.Module, readers: list[str]) -> dict[str, str] | None:
     """A plain MLP's up projection (it reads the block input) and down
-    projection (the other), named under the block; None for a gated one."""
+    projection (the other); a gated one's gate (:func:`gate_of`), up and
+    down; named under the block. None when the projections do not say."""
     names = [n for n, _ in vt.linears(mlp)]
-    if len(readers) != 1 or len(names) != 2:
+    rest = [n for n in names if n not in readers]
+    if len(rest) != 1 or len(readers) not in (1, 2):
         return None
-    down = next(n for n in names if n != readers[0])
-    return {"mlp_up": f"{mlp_name}.{readers[0]}", "mlp_down": f"{mlp_name}.{down}"}
+    found = {"mlp_up": readers[0], "mlp_down": rest[0]}
+    if len(readers) == 2:
+        gate = gate_of(mlp, readers)
+        if gate is None:
+            return None
+        found.update(mlp_gate=gate, mlp_up=next(n for n in readers if n != gate))
+    return {role: f"{mlp_name}.{name}" for role, name in found.items()}
+
+
+def gate_of(mlp: nn.Module, readers: list[str]) -> str | None:
+    """The gate of a gated MLP, by what it computes: of the two projections
+    reading the input, the one that silences the MLP when it outputs -20
+    everywhere (act(-20) is about 0 for SiLU and GELU), with unit weights and
+    zero biases elsewhere; the up projection's -20 only scales the output."""
+    import torch
+
+    silenced = []
+    for name in readers:
+        probe = vt.on_cpu(mlp)
+        linear = getattr(probe, name)
+        if linear.bias is None:
+            return None
+        with torch.no_grad():
+            linear.weight.zero_()
+            linear.bias.fill_(-20.0)
+            out = probe(torch.ones(1, linear.in_features))
+        silenced.append(bool(out.abs().max() < 1e-2))
+    return readers[silenced.index(True)] if silenced.count(True) == 1 else None
 
 
 def merger_names(name: str, merger: nn.Module, norm: str | None) -> dict[str, str] | None:
@@ -41,7 +69,8 @@ def merger_names(name: str, merger: nn.Module, norm: str | None) -> dict[str, st
 
 
 def module_names_finding(names: dict[str, str]) -> Finding:
-    roles = ("mlp_up", "mlp_down", "merger_norm", "merger_fc1", "merger_fc2")
+    roles: tuple[str, ...] = ("mlp_up", "mlp_down", "merger_norm", "merger_fc1", "merger_fc2")
+    roles = (*roles, "mlp_gate") if "mlp_gate" in names else roles
     if all(role in names for role in roles):
         evidence = ", ".join(f"{role} {names[role]}" for role in roles)
         return known(dict(names), "vision.module_names", CODE, evidence)
