@@ -7,7 +7,7 @@ everything ``port --tp 2`` runs, see ``corpus_runs``). Prints one row per
 architecture (reference, codemods, verdict, max logit error, seconds), the
 totals, and the features that block the refused ones, by name.
 
-    python benchmarks/corpus.py                     # everything (about 10 minutes)
+    python benchmarks/corpus.py                     # everything (6 min of CPU, in 2 workers)
     python benchmarks/corpus.py --only llama,qwen2  # some model types
     python benchmarks/corpus.py --no-tp2 --markdown corpus.md
     python benchmarks/corpus.py --readme README.md  # refresh the README's table

@@ -126,3 +126,16 @@ def test_a_worker_that_dies_is_a_crash_of_its_model_type_and_the_rest_go_on(corp
     assert "exited with code 3" in by_type["dies"]["detail"]
     assert all(by_type[t]["detail"].endswith("table tp2=True") for t in "abc")
     assert all(by_type[t]["detail"].split()[1] != str(os.getpid()) for t in "abc")  # in workers
+
+
+@pytest.mark.slow
+def test_the_table_runs_give_port_s_reference_codemods_and_verdict(corpus, tmp_path):
+    """The default runs research, choose and apply as ``port`` does, and on a
+    port that passes every check the verdict is the same (``--full``)."""
+    from corpus_runs import run_one
+
+    table = run_one("llama", "LlamaForCausalLM", tmp_path / "table", True, "table")
+    full = run_one("llama", "LlamaForCausalLM", tmp_path / "full", True, "full")
+    for key in ("reference", "steps", "verdict", "detail", "max_error"):
+        assert table[key] == full[key], key
+    assert table["verdict"] == "ported"
