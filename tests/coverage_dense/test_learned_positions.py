@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autoport_cst.errors import PreconditionError, UnrealizableDiffError
+from autoport_cst.errors import PreconditionError
 from autoport_cst.port import port
 from autoport_cst.research import research
 from autoport_cst.transform.base import run_on_source
@@ -96,17 +96,6 @@ def test_gpt_bigcode_is_multi_query(workdir):
     assert spec.attention.multi_query_key == "multi_query"
     assert spec.attention.num_kv_heads == 1
     assert not any("num_kv_heads" in entry for entry in spec.unsupported or ())
-
-
-def test_opt_is_refused_for_its_inline_feed_forward(workdir):
-    """OPT's learned positions are realized; its feed-forward computed in
-    the decoder layer (no MLP module) still refuses it, named."""
-    source = workdir / "opt_port"
-    build_tiny_checkpoint("OPTForCausalLM", source, seed=0)
-    with pytest.raises(UnrealizableDiffError) as refused:
-        port(str(source), "refused_opt", workdir / "out_opt")
-    assert "code.mlp" in str(refused.value)
-    assert "embedding.learned_positions" not in refused.value.fields
 
 
 @pytest.mark.slow

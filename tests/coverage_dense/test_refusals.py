@@ -19,8 +19,6 @@ REFUSALS = {
     "BitNetForCausalLM": ("attention.output_norm", "True"),  # attn_sub_norm before o_proj
     "PersimmonForCausalLM": ("unsupported", "q/k norms that are not RMSNorms"),
     "Lfm2ForCausalLM": ("unsupported", "mlp.intermediate_size: the code builds"),  # adjusted FFN width
-    # learned positions are realized (test_learned_positions); fc1/fc2 inline in the decoder layer are not
-    "OPTForCausalLM": ("unsupported", "code.mlp"),
     # BERT-style post-LN encoder: its layers are found, its attention is one module down (attention.self)
     "RobertaForCausalLM": ("unsupported", "attention.self (RobertaAttention around RobertaSelfAttention)"),
     # dynamic mask attention: a bias from dt_proj(values) scaled by the learned A, added to the scores

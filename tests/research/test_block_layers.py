@@ -12,11 +12,11 @@ from autoport_cst.port import port
 
 # tiny model -> (the module list of its layers, features its refusal must name,
 #                words the evidence of one of them must hold); no features: it ports
-# (GPT-2's learned positions, gpt_bigcode-style multi-query and Falcon's attention written out are
-# realized: tests/coverage_dense)
+# (GPT-2's learned positions, gpt_bigcode-style multi-query, Falcon's attention written out and OPT's
+# feed-forward in the layer are realized: tests/coverage_dense)
 BLOCKS = {
     "gpt2": ("GPT2Model.h", set(), ""),
-    "opt": ("OPTDecoder.layers", {"code.mlp"}, "fc1, fc2"),
+    "opt": ("OPTDecoder.layers", set(), ""),  # fc1/fc2 in the layer are read as an MLP
     "falcon": ("FalconModel.h", set(), ""),
     "bloom": (
         "BloomModel.h",
@@ -24,11 +24,7 @@ BLOCKS = {
         "activation computed by BloomGelu.forward",
     ),
     "mpt": ("MptModel.blocks", {"alibi_positions", "sublayer_residual"}, "position_bias"),
-    "biogpt": (
-        "BioGptModel.layers",
-        {"code.mlp"},
-        "BioGptDecoderLayer.forward",
-    ),
+    "biogpt": ("BioGptModel.layers", set(), ""),  # its feed-forward in the layer is read as an MLP
     "gpt_neo": (
         "GPTNeoModel.h",
         {"code.attention"},

@@ -40,6 +40,7 @@ from autoport_cst.research.analysis.state import AnalyzerState, CodeAnalysis
 from autoport_cst.research.findings import CODE, known, unknown
 from autoport_cst.research.interp.interpreter import Interpreter
 from autoport_cst.research.interp.values import SourceClass
+from autoport_cst.research.interp.walk import walk
 from autoport_cst.research.sources import ModelingSource
 
 __all__ = ["ACTIVATIONS", "CodeAnalysis", "analyze_code"]
@@ -112,12 +113,9 @@ def _run(st: AnalyzerState) -> None:
     if decoder.attention_child(st):
         layer0 = st.layers[0]
         inline = decoder.inline_mlp(st, layer0)
-        if inline:
-            decoder.inline_mlp_finding(st, layer0)
-        else:
-            decoder.analyze_flow(st, layer0)
-            if _unclassified(r, "norm.placement"):
-                block_features.sublayer_residual(st, layer0)
+        decoder.analyze_flow(st, layer0)
+        if not inline and _unclassified(r, "norm.placement"):
+            block_features.sublayer_residual(st, layer0)
         graph = attention.analyze(st, layer0)
         if graph is not None:
             rope.analyze(st, graph)
@@ -128,12 +126,15 @@ def _run(st: AnalyzerState) -> None:
             block_features.score_bias(st)  # a bias on scores written out, whatever their scale
         if _unclassified(r, "attention.scale", "attention.sliding_window"):
             block_features.explicit_attention(st)
-        if not inline:
+        if inline:
+            _inline_feed_forward(st)
+        else:
             _feed_forward(st)
     head.analyze_backbone(st, backbone_path, backbone_inst)
     if _unclassified(r, "embedding.scale"):
         block_features.embedding_norm(st, backbone_inst)
     block_features.sinusoidal_positions(st, backbone_inst)
+    block_features.embedding_projection(st, backbone_inst)
     head.analyze_head(st)
 
 
@@ -141,6 +142,22 @@ def _unclassified(result: CodeAnalysis, *fields: str) -> bool:
     """One of ``fields`` is unknown to the code analysis: the sections
     naming what it computes instead run only then."""
     return any((found := result.get(name)) is not None and not found.known for name in fields)
+
+
+def _inline_feed_forward(st: AnalyzerState) -> None:
+    """The MLP section on the feed-forward the decoder layers compute
+    themselves (two projections of their own around an activation: OPT's
+    fc1 and fc2), when every layer has one; named otherwise."""
+    layer0 = st.layers[0]
+    if not all(
+        decoder.inline_ffn_calls(st, layer, [n for v in st.outputs(layer)[:1] for n in walk(v)])
+        for layer in st.layers
+    ):
+        decoder.inline_mlp_finding(st, layer0)
+        return
+    st.result.dense_layers = list(range(len(st.layers)))
+    mlp.analyze(st, layer0, f"{st.layer_prefix}0.", "mlp")
+    moe.no_routed_block(st)
 
 
 def _feed_forward(st: AnalyzerState) -> None:

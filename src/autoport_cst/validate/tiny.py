@@ -44,6 +44,9 @@ from .tiny_tokenizer import write_tiny_tokenizer
 # Small dimensions applied to every config attribute of that name that exists.
 TINY_DIMENSIONS: dict[str, int] = {
     "hidden_size": 64,
+    # token embeddings as wide as the layers, as in the default config (OPT's
+    # 768 = hidden_size); a narrower hidden size alone would add project_in/out
+    "word_embed_proj_dim": 64,
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,

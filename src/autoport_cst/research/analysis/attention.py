@@ -61,7 +61,7 @@ def analyze(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
         _kernel_arguments(st, g.attn, kernel, g.where, mla.query_head_dim)
         _latent_scale(st, kernel, g.where, mla.query_head_dim)
     else:
-        _kernel_arguments(st, g.attn, kernel, g.where, hd)
+        _kernel_arguments(st, g.attn, kernel, g.where, hd, _query_factor(kernel, g.inputs))
     _names(st, g.nodes, g.inputs, g.in_insts, g.out_insts, kernel)
     _value_norm(st, g)
     _per_layer(st, g.where)
@@ -568,9 +568,30 @@ def _query_key_arguments(attn: Instance, nodes: list[Node], projections: list[No
     return []
 
 
-def _kernel_arguments(st: AnalyzerState, attn: Instance, kernel: Node, where: str, hd: Any) -> None:
+def _query_factor(kernel: Node, projections: list[Node]) -> float:
+    """The constant the queries are multiplied by between their projection
+    and the kernel (OPT's ``q_proj(x) * head_dim ** -0.5`` with the kernel's
+    ``scaling=1.0``): it scales the scores as the kernel's scaling does."""
+    at = next(i for i, x in enumerate(kernel.args) if isinstance(x, Node) and x.kind == "instance")
+    query = kernel.args[at + 1] if len(kernel.args) > at + 1 else None
+    factor = 1.0
+    for node in walk(query) if isinstance(query, Node) else ():
+        if node.kind == "binop" and node.name == "mul" and len(node.args) == 2:
+            a, b = node.args
+            if number(b) and any(a is p for p in projections):
+                factor *= b
+            elif number(a) and any(b is p for p in projections):
+                factor *= a
+    return factor
+
+
+def _kernel_arguments(
+    st: AnalyzerState, attn: Instance, kernel: Node, where: str, hd: Any, query_factor: float = 1.0
+) -> None:
     kwargs = dict(kernel.kwargs)
     scaling = kwargs.get("scaling", None)
+    if number(scaling) and query_factor != 1.0:
+        scaling = scaling * query_factor  # the queries scaled before the kernel
     if "scaling" not in kwargs:
         st.add(known(None, "attention.scale", CODE, f"{where}: no scaling argument (kernel default)"))
     elif number(scaling) and isinstance(hd, int):

@@ -268,3 +268,37 @@ def embedding_norm(st: AnalyzerState, backbone: Instance) -> None:
                 "embeddings before the first layer",
             )
         )
+
+
+def embedding_projection(st: AnalyzerState, backbone: Instance) -> None:
+    """Linear layers of the backbone between the token embedding and the
+    first layer (and from the last layer to the head): token embeddings of
+    another width than the layers', projected in and out (OPT's
+    ``project_in`` / ``project_out`` when ``word_embed_proj_dim`` differs
+    from the hidden size)."""
+    linears = {id(c): c for _, c in backbone.children() if st.role(c) == "linear"}
+    layers = {id(layer) for layer in st.layers}
+    found: dict[str, str] = {}
+    for state in st.forward(backbone):
+        for node in walk(state.value):
+            if node.kind != "module" or id(node.ref) not in linears or not node.args:
+                continue
+            read = {
+                st.role(m.ref) if id(m.ref) not in layers else "layer"
+                for m in walk(node.args[0])
+                if m.kind == "module"
+            }
+            sizes = f"{node.ref.args.get('in_features')} -> {node.ref.args.get('out_features')}"
+            if "layer" in read:
+                found[node.ref.name or "?"] = f"{node.ref.name} ({sizes}) projects the last layer's output"
+            elif "embedding" in read:
+                found[node.ref.name or "?"] = f"{node.ref.name} ({sizes}) projects the token embeddings"
+    if found:
+        st.add(
+            known(
+                ("embedding",),
+                "unsupported.embedding_projection",
+                CODE,
+                f"{st.where(backbone)}: " + "; ".join(found[name] for name in sorted(found)),
+            )
+        )

@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from autoport_cst.research.analysis.graph import peel_scalars, ranges, scalar_path, strip_casts
+from autoport_cst.research.analysis.graph import peel_scalars, ranges, scalar_path, strip_casts, unique
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, known, unknown
 from autoport_cst.research.interp.values import MODULE_LIST, Instance, Node
@@ -322,6 +322,10 @@ def _verdict(st: AnalyzerState, layer: Instance, value: Any) -> dict[str, Any]:
     subs = [n for n in calls if st.role(n.ref) in ("attention", "mlp", "moe")]
     attn = [n for n in subs if st.role(n.ref) == "attention"]
     ffn = [n for n in subs if st.role(n.ref) in ("mlp", "moe")]
+    entries = {id(n): n for n in subs}  # the call each sublayer's input goes into
+    if not ffn and (inline := inline_ffn_calls(st, layer, calls)) is not None:
+        ffn = [inline[1]]
+        entries[id(inline[1])] = inline[0]
     verdict: dict[str, Any] = {
         "placement": None,
         "parallel": None,
@@ -339,15 +343,14 @@ def _verdict(st: AnalyzerState, layer: Instance, value: Any) -> dict[str, Any]:
     post: dict[str, Instance | None] = {}
     mults: dict[str, float] = {}
     for kind, call in S.items():
-        arg = call.args[0] if call.args else call.kwarg("hidden_states")
-        pre[kind] = _norm_call(st, arg)
+        pre[kind] = _norm_call(st, _sublayer_input(entries[id(call)]))
         branch = _residual_branch(st, value, call)
         if branch is None:
             verdict["why_placement"] = f"no residual add found around the {kind} output"
             return verdict
         post[kind], mults[kind] = _post_of(st, branch, call)
     _placement(verdict, pre, post)
-    _parallel(verdict, S, pre)
+    _parallel(verdict, {kind: entries[id(call)] for kind, call in S.items()}, pre)
     values = set(mults.values())
     if len(values) == 1:
         m = values.pop()
@@ -355,6 +358,24 @@ def _verdict(st: AnalyzerState, layer: Instance, value: Any) -> dict[str, Any]:
     else:
         verdict["why_multiplier"] = f"different scalars on the sublayer outputs: {mults}"
     return verdict
+
+
+def _sublayer_input(call: Node) -> Any:
+    return call.args[0] if call.args else call.kwarg("hidden_states")
+
+
+def inline_ffn_calls(st: AnalyzerState, layer: Instance, calls: list[Node]) -> tuple[Node, Node] | None:
+    """The feed-forward a layer computes itself: its own two projections,
+    the second reading the first (OPT's ``fc2(act(fc1(x)))``), as (the
+    call its input goes into, the call giving its output)."""
+    own = {id(c) for _, c in layer.children() if st.role(c) == "linear"}
+    linears = unique([n for n in calls if id(n.ref) in own])
+    if len(linears) != 2 or len({id(n.ref) for n in linears}) != 2:
+        return None
+    first, second = linears
+    if depends_on(_sublayer_input(first), second):
+        first, second = second, first
+    return (first, second) if depends_on(_sublayer_input(second), first) else None
 
 
 def _placement(

@@ -168,8 +168,8 @@ def _without_positions(st: AnalyzerState, value: Any, embed: Instance) -> Any:
         break
     if not (isinstance(value, Node) and value.kind == "binop" and value.name == "add"):
         return None
-    sides = [
-        {id(m.ref) for m in walk(arg) if m.kind == "module" and st.role(m.ref) == "embedding"}
+    sides = [  # through casts: OPT's pos_embeds.to(inputs_embeds.device) reads only the device
+        {id(m.ref) for m in walk(strip_casts(arg)) if m.kind == "module" and st.role(m.ref) == "embedding"}
         for arg in value.args
     ]
     for index, side in enumerate(sides):

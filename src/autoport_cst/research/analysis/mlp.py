@@ -50,7 +50,7 @@ def analyze(st: AnalyzerState, mlp: Instance, prefix: str, field_prefix: str) ->
         ffn = prefix[len(st.layer_prefix) :].split(".", 1)[1].rstrip(".")  # "<index>.mlp." -> "mlp"
         st.result.module_names["mlp"] = ffn
         for role, name in facts.get("roles", {}).items():
-            st.result.module_names[f"mlp.{role}"] = f"{ffn}.{name}"
+            st.result.module_names[f"mlp.{role}"] = f"{ffn}.{name}" if ffn else name  # in the layer
         st.result.linear_modules += [
             st.base_module(c) or "?" for _, c in mlp.children() if st.role(c) == "linear"
         ]

@@ -291,7 +291,8 @@ def _missing_names(d: Decider, names: dict[str, str], qkv: str, gate_up: str, is
             ]
         elif where == "post":
             wanted += ["post_attention_layernorm", "post_feedforward_layernorm"]
-    return [w for w in wanted if not names.get(w)]
+    # an MLP named "" is computed by the decoder layer itself (its projections are the layer's)
+    return [w for w in wanted if not names.get(w) and not (w == "mlp" and names.get(w) == "")]
 
 
 def _linear_layout(d: Decider) -> LinearLayout:

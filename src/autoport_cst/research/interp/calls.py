@@ -237,13 +237,18 @@ class Calls(Statements):
 
     def _super_init(self, obj: SuperRef, args: list, kwargs: dict) -> None:
         """``super().__init__(...)`` into a torch module: its arguments
-        recorded (where the source's ``__init__`` did not set them)."""
+        recorded (where the source's ``__init__`` did not set them, or set
+        them to other values than the module is built with: OPT's position
+        table takes ``num_embeddings`` and builds ``num_embeddings + 2`` rows)."""
         for qual in self.external_bases(obj.obj.cls):
             short = qual.rsplit(".", 1)[-1]
             if short in EXTERNAL_MODULES:
                 inner = external_instance(External(qual), args, kwargs, {})
                 for key, value in inner.args.items():
-                    obj.obj.args.setdefault(key, value)
+                    if is_concrete(value) and value is not None:
+                        obj.obj.args[key] = value
+                    else:
+                        obj.obj.args.setdefault(key, value)
                 obj.obj.attrs.setdefault("__base_module__", short)
                 break
 
