@@ -58,6 +58,10 @@ def research_vlm(
     ckpt_findings = checkpoint_findings(text_header, cfg.dims) if text_header is not None else []
     decision = decide_spec(cfg, code, text_header, ckpt_findings)
     spec = dataclasses.replace(decision.spec, vision=vision)
+    if vision is None:  # never a text-only spec: the tower is what stops the port
+        spec = dataclasses.replace(
+            spec, unsupported=(*(spec.unsupported or ()), unread_tower(model, paths, vision_findings))
+        )
     findings = [*cfg.findings, *code.findings, *ckpt_findings, *prefix_findings, *vision_findings]
     findings += decision.notes
     unknown_fields = [*decision.unknown, *(f.field for f in vision_findings if not f.known)]
@@ -207,6 +211,14 @@ def meta_model(config_obj: Any, architecture: str, where: str) -> Any:
         raise InputError(f"{where}: transformers has no class {architecture!r} (config.json architectures)")
     with torch.device("meta"):
         return cls(config_obj)
+
+
+def unread_tower(model: Any, paths: dict[str, str], findings: list[Finding]) -> str:
+    """The ``unsupported`` entry of a vision tower the vision section cannot
+    describe (its spec would otherwise read as a text-only model's)."""
+    tower = type(model.get_submodule(paths["tower"])).__name__
+    why = "; ".join(f.evidence for f in findings if not f.known) or "not read"
+    return f"vision_tower: {tower} at {paths['tower']} is not a tower the spec's vision section describes ({why})"
 
 
 def component_paths(model: Any, config_obj: Any) -> dict[str, str]:
