@@ -75,3 +75,23 @@ def test_falcon_ports_and_validates(workdir, falcon):
     assert outcome.validated, [(r.tp, r.dtype, r.first_diverging) for r in outcome.runs]
     assert [(r.tp, r.dtype) for r in outcome.runs] == [(1, "fp32"), (1, "bf16"), (2, "fp32")]
     assert {"multi-query", "parallel-residual", "fused-checkpoint"} <= set(outcome.steps)
+
+
+def test_kv_head_groups_are_refused_by_name(workdir, falcon):
+    """The new decoder architecture (Falcon-40B/180B) stores its fused
+    projection as groups per KV head, each its query heads, a key and a
+    value head: refused, named, nothing written (a port splitting it as
+    q, k, v in turn would load the wrong rows)."""
+    source = _variant(
+        workdir,
+        falcon,
+        "falcon_groups",
+        new_decoder_architecture=True,
+        num_kv_heads=2,
+        num_ln_in_parallel_attn=2,
+    )
+    with pytest.raises(UnrealizableDiffError) as refused:
+        port(source, "falcon_groups", workdir / "out_groups")
+    assert set(refused.value.features) == {"qkv_head_groups"}
+    assert "groups of 4 heads (2 query heads" in str(refused.value)
+    assert not (workdir / "out_groups" / "vllm_neuron").exists()

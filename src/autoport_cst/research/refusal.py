@@ -87,6 +87,7 @@ COMPUTATIONS = {
     "layer_rope_bases": "a RoPE base per layer",
     "alibi_positions": "ALiBi positions (a per-head bias on the attention scores)",
     "embedding_norm": "a norm on the token embeddings",
+    "qkv_head_groups": "a fused QKV projection whose rows are grouped per KV head (query heads, key, value)",
     "embedding_projection": "token embeddings of another width, projected to the hidden size and back",
     "sinusoidal_positions": "sinusoidal absolute position embeddings (a fixed table added to the token embeddings)",
     "explicit_attention": "attention written out (scores, softmax) instead of an attention kernel call",

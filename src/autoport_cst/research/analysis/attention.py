@@ -18,10 +18,12 @@ from autoport_cst.research.analysis import latent, layer_inputs, scores
 from autoport_cst.research.analysis.graph import (
     first_int,
     fused_qkv_layout,
+    heads_per_group,
     kernel_calls,
     kernel_instance,
     number,
     qkv_roles,
+    query_factor,
     ranges,
     unique,
 )
@@ -61,7 +63,7 @@ def analyze(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
         _kernel_arguments(st, g.attn, kernel, g.where, mla.query_head_dim)
         _latent_scale(st, kernel, g.where, mla.query_head_dim)
     else:
-        _kernel_arguments(st, g.attn, kernel, g.where, hd, _query_factor(kernel, g.inputs))
+        _kernel_arguments(st, g.attn, kernel, g.where, hd, query_factor(kernel, g.inputs))
     _names(st, g.nodes, g.inputs, g.in_insts, g.out_insts, kernel)
     _value_norm(st, g)
     _per_layer(st, g.where)
@@ -214,6 +216,16 @@ def _fused_qkv(st: AnalyzerState, g: AttentionGraph, nh: Any, nkv: Any, hd: Any)
                     known(order, "code.qkv_order", CODE, f"{where}: each group's rows in the order {order}")
                 )
             st.add(known(layout, "code.qkv_layout", CODE, f"{where}: how the fused output is split"))
+            if layout == "concatenated" and (per_group := heads_per_group(g.nodes, g.inputs[0], width, hd)):
+                st.add(
+                    known(
+                        ("checkpoint",),
+                        "unsupported.qkv_head_groups",
+                        CODE,
+                        f"{where}: {in_insts[0].name}'s output viewed as groups of {per_group} heads "
+                        f"({per_group - 2} query heads, a key and a value head per group)",
+                    )
+                )
         else:
             st.add(unknown("code.fused_qkv", CODE, evidence))
     elif len(in_insts) == 3:
@@ -568,30 +580,13 @@ def _query_key_arguments(attn: Instance, nodes: list[Node], projections: list[No
     return []
 
 
-def _query_factor(kernel: Node, projections: list[Node]) -> float:
-    """The constant the queries are multiplied by between their projection
-    and the kernel (OPT's ``q_proj(x) * head_dim ** -0.5`` with the kernel's
-    ``scaling=1.0``): it scales the scores as the kernel's scaling does."""
-    at = next(i for i, x in enumerate(kernel.args) if isinstance(x, Node) and x.kind == "instance")
-    query = kernel.args[at + 1] if len(kernel.args) > at + 1 else None
-    factor = 1.0
-    for node in walk(query) if isinstance(query, Node) else ():
-        if node.kind == "binop" and node.name == "mul" and len(node.args) == 2:
-            a, b = node.args
-            if number(b) and any(a is p for p in projections):
-                factor *= b
-            elif number(a) and any(b is p for p in projections):
-                factor *= a
-    return factor
-
-
 def _kernel_arguments(
-    st: AnalyzerState, attn: Instance, kernel: Node, where: str, hd: Any, query_factor: float = 1.0
+    st: AnalyzerState, attn: Instance, kernel: Node, where: str, hd: Any, query_scale: float = 1.0
 ) -> None:
     kwargs = dict(kernel.kwargs)
     scaling = kwargs.get("scaling", None)
-    if number(scaling) and query_factor != 1.0:
-        scaling = scaling * query_factor  # the queries scaled before the kernel
+    if number(scaling) and query_scale != 1.0:
+        scaling = scaling * query_scale  # the queries scaled before the kernel
     if "scaling" not in kwargs:
         st.add(known(None, "attention.scale", CODE, f"{where}: no scaling argument (kernel default)"))
     elif number(scaling) and isinstance(hd, int):

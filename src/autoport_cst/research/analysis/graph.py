@@ -397,3 +397,35 @@ def values_walk(value: Any) -> list[Node]:
         if isinstance(current, (Node, tuple, list, dict)):
             stack.extend(children_of(current))
     return list(found.values())
+
+
+def heads_per_group(nodes: list[Node], proj: Node, width: int, hd: int) -> int | None:
+    """Heads per group of a fused projection's output viewed as groups of
+    heads, each its query heads, a key and a value head (Falcon's new
+    decoder architecture: ``view(b, s, -1, heads // kv_heads + 2, head_dim)``,
+    then indexed); None for one run of heads (q, k, v in turn) or [q k v]
+    per head."""
+    for n in nodes:
+        if n.kind == "method" and n.name in ("view", "reshape") and n.args and n.args[0] is proj:
+            dims = n.args[1:]
+            if len(dims) >= 2 and dims[-1] == hd and isinstance(dims[-2], int):
+                per_group = dims[-2]
+                return per_group if per_group not in (width // hd, 3) and per_group > 2 else None
+    return None
+
+
+def query_factor(kernel: Node, projections: list[Node]) -> float:
+    """The constant the queries are multiplied by between their projection
+    and the kernel (OPT's ``q_proj(x) * head_dim ** -0.5`` with the kernel's
+    ``scaling=1.0``): it scales the scores as the kernel's scaling does."""
+    at = next(i for i, x in enumerate(kernel.args) if isinstance(x, Node) and x.kind == "instance")
+    query = kernel.args[at + 1] if len(kernel.args) > at + 1 else None
+    factor = 1.0
+    for node in walk(query) if isinstance(query, Node) else ():
+        if node.kind == "binop" and node.name == "mul" and len(node.args) == 2:
+            a, b = node.args
+            if number(b) and any(a is p for p in projections):
+                factor *= b
+            elif number(a) and any(b is p for p in projections):
+                factor *= a
+    return factor
