@@ -67,6 +67,7 @@ import argparse
 import difflib
 import hashlib
 import inspect
+import itertools
 import os
 import random
 import resource
@@ -82,7 +83,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
-from mutation_operators import ANY, Mutant, ParsedModule, normalised, parse_mutants  # noqa: E402
+from mutation_operators import ANY, POSITIONAL, Mutant, ParsedModule, normalised, parse_mutants  # noqa: E402
 from mutation_proofs import identity_mapping  # noqa: E402
 from mutation_setup import PORTS, Port, prepare  # noqa: E402
 
@@ -203,6 +204,9 @@ def declared_defaults() -> dict[str, dict[str, object]]:
             defaults[name] = {
                 p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty
             }
+            defaults[name][POSITIONAL] = tuple(
+                p.name for p in itertools.takewhile(lambda p: p.kind is p.POSITIONAL_OR_KEYWORD, parameters)
+            )
     for module in [m for n, m in sys.modules.items() if n.startswith("autoport_cst.validate.standin.")]:
         for options in vars(module).values():
             if isinstance(options, KernelOptions):

@@ -397,6 +397,7 @@ def _unique(found: list[Mutant]) -> list[Mutant]:
 
 
 ANY = object()  # a declared default of a hint: any value computes the same
+POSITIONAL = "*positional"  # defaults[kernel][POSITIONAL]: its positional-or-keyword parameters, in order
 
 
 class _Canonical(ast.NodeTransformer):
@@ -415,8 +416,24 @@ class _Canonical(ast.NodeTransformer):
             node.args.sort(key=ast.dump)
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "NF":
             declared = self.defaults.get(func.attr, {})
+            _keywords_for_positions(node, declared.get(POSITIONAL, ()))
             node.keywords = [k for k in node.keywords if not _passes_default(k, declared)]
         return node
+
+
+def _keywords_for_positions(node: ast.Call, order: object) -> None:
+    """Positional arguments given as keywords (``order``: the kernel's
+    positional-or-keyword parameters, in order), so that a trailing one that
+    passes its declared default is dropped like a keyword."""
+    if not isinstance(order, tuple) or any(isinstance(a, ast.Starred) for a in node.args):
+        return
+    if len(node.args) > len(order):
+        return
+    named = {k.arg for k in node.keywords}
+    if named & set(order[: len(node.args)]):
+        return
+    moved = [ast.keyword(arg=name, value=value) for name, value in zip(order, node.args, strict=False)]
+    node.args, node.keywords = [], moved + node.keywords
 
 
 def _passes_default(keyword: ast.keyword, declared: dict[str, object]) -> bool:

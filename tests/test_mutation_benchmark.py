@@ -237,3 +237,16 @@ def test_a_loader_entry_mapping_a_parameter_to_its_own_name_is_proved_equivalent
     ):
         line = _line(changed, '= "lm_head.weight"')
         assert not proofs.identity_mapping(changed, line, readers), changed
+
+
+def test_a_trailing_positional_argument_that_passes_the_declared_default_is_dropped(mutation, operators):
+    """``NF.o_proj(x, w, None)`` is ``NF.o_proj(x, w)``: its third parameter,
+    ``bias``, defaults to None (the stand-in's signature)."""
+    defaults = mutation.declared_defaults()
+    assert defaults["o_proj"][operators.POSITIONAL][:3] == ("active", "weight", "bias")
+    forms = {
+        call: operators.normalised(f"y = NF.o_proj({call})\n", defaults)
+        for call in ("x, w, None", "x, w", "x, w, b", "x, None", "x, w, bias=None")
+    }
+    assert forms["x, w, None"] == forms["x, w"] == forms["x, w, bias=None"]
+    assert forms["x, w, b"] != forms["x, w"] and forms["x, None"] != forms["x, w"]
