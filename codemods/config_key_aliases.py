@@ -14,8 +14,8 @@ from autoport_cst.transform.edit.functions import add_functions
 from autoport_cst.transform.edit.tree import rewrite, with_comment
 
 FUNCTION = "_read_config_keys"
-# arithmetic a source may use besides config.json keys and integers
-_OPERATORS = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.FloorDivide)
+# arithmetic a source may use besides config.json keys and numbers
+_OPERATORS = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.FloorDivide, cst.Power)
 
 
 @dataclass(frozen=True)
@@ -24,11 +24,15 @@ class ConfigKeyAliasesParams:
         default_factory=dict,
         metadata={
             "doc": "Port field -> a config.json key, '<key> or <expression>' or '<expression>': arithmetic "
-            "(+ - * / //, parentheses) of config.json keys and integers, used when the key is unset (a width "
-            "the code builds as a multiple of another field).",
+            "(+ - * / // **, parentheses) of config.json keys and numbers, used when the key is unset (a width "
+            "the code builds as a multiple of another field, a multiplier computed from several fields).",
             "examples": (
                 {"hidden_size": "n_embd", "intermediate_size": "n_inner or 4 * n_embd"},
                 {"partial_rotary_factor": "rotary_dim / (n_embd / n_head)"},
+                {
+                    "residual_multiplier": "scale_depth / num_hidden_layers ** 0.5",
+                    "embedding_multiplier": "scale_emb",
+                },
             ),
         },
     )
@@ -43,6 +47,11 @@ class ConfigKeyAliases(Codemod):
     ``GPTJConfig.attribute_map``, and its MLP is ``n_inner`` wide, or ``4 *
     n_embd`` when ``n_inner`` is null; it rotates ``rotary_dim`` channels of
     each head (``partial_rotary_factor = rotary_dim / (n_embd // n_head)``).
+    MiniCPM3 computes its residual multiplier as ``scale_depth /
+    sqrt(num_hidden_layers)`` (``**`` and float literals are allowed), its
+    embedding multiplier is ``scale_emb`` and its ``logits_scaling`` a config
+    property ``hidden_size / dim_model_base``: the port computes each from the
+    checkpoint's config.json, so a config with other values reads its own.
     In the config file, a module function ``_read_config_keys(values)`` copies
     each key to the port's field when the field is absent or null, then
     computes each field still unset whose keys are set; ``from_configs``
@@ -103,6 +112,53 @@ class ConfigKeyAliases(Codemod):
             ''',
         ),
         Example(
+            title="MiniCPM3: multipliers computed from other fields",
+            role="config",
+            path="config.py",
+            params={
+                "keys": {
+                    "residual_multiplier": "scale_depth / num_hidden_layers ** 0.5",
+                    "embedding_multiplier": "scale_emb",
+                }
+            },
+            before="""
+                @dataclass
+                class LlamaConfig:
+                    residual_multiplier: float = 1.0
+
+                    @classmethod
+                    def from_configs(cls, hf_config):
+                        values = _config_values(hf_config)
+                        return cls(**values)
+            """,
+            after='''
+                def _read_config_keys(values: dict) -> None:
+                    """The fields this port reads that config.json writes under other names."""
+                    for name, key in {"embedding_multiplier": "scale_emb"}.items():
+                        if values.get(name) is None and values.get(key) is not None:
+                            values[name] = values[key]
+                    if _unset(values, "residual_multiplier", "num_hidden_layers", "scale_depth"):
+                        values["residual_multiplier"] = values["scale_depth"] / values["num_hidden_layers"] ** 0.5
+
+
+                def _unset(values: dict, name: str, *keys: str) -> bool:
+                    """``name`` is unset and every key it is computed from is set."""
+                    return values.get(name) is None and all(values.get(key) is not None for key in keys)
+
+
+                @dataclass
+                class LlamaConfig:
+                    residual_multiplier: float = 1.0
+
+                    @classmethod
+                    def from_configs(cls, hf_config):
+                        values = _config_values(hf_config)
+                        # <-- MODEL-SPECIFIC: config.json names these fields otherwise
+                        _read_config_keys(values)
+                        return cls(**values)
+            ''',
+        ),
+        Example(
             title="no from_configs",
             role="config",
             path="config.py",
@@ -124,7 +180,7 @@ class ConfigKeyAliases(Codemod):
     def check_params(cls, params: ConfigKeyAliasesParams) -> list[str]:
         return [
             f"keys[{name!r}]: {source!r} is not a config.json key, '<key> or <expression>' nor an "
-            "arithmetic expression of keys and integers"
+            "arithmetic expression of keys and numbers"
             for name, source in params.keys.items()
             if _parsed(source) is None
         ]
@@ -183,7 +239,7 @@ def _parsed(source: str) -> tuple[str | None, cst.BaseExpression | None] | None:
             return None
         key, node = node.left.value, node.right
     allowed = all(
-        isinstance(n, (cst.Name, cst.Integer, cst.LeftParen, cst.RightParen, *_OPERATORS))
+        isinstance(n, (cst.Name, cst.Integer, cst.Float, cst.LeftParen, cst.RightParen, *_OPERATORS))
         or (isinstance(n, cst.BinaryOperation) and isinstance(n.operator, _OPERATORS))
         for n in walk(node)
         if isinstance(n, (cst.BaseExpression, cst.BaseBinaryOp, cst.LeftParen, cst.RightParen))

@@ -12,8 +12,9 @@ from autoport_cst.transform.cst.snippets import parse_statement
 from autoport_cst.transform.cst.vocabulary import positional_args, self_attr, statements, walk
 from autoport_cst.transform.edit.config_fields import config_scalar_edit, init_reads_config
 from autoport_cst.transform.edit.layer_guards import declare_upstream, other_model_file
+from autoport_cst.transform.edit.scaled_embedding import scaled_embedding
 from autoport_cst.transform.edit.tree import rewrite
-from autoport_cst.transform.realizes import Realizes, not_to
+from autoport_cst.transform.realizes import Realizes, not_to, to
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,13 @@ class EmbeddingMultiplierParams:
         default="embedding_multiplier", metadata={"doc": "Config field holding the multiplier."}
     )
     default: float = field(default=1.0, metadata={"doc": "Its value when the config has none."})
+    inside: bool = field(
+        default=False,
+        metadata={
+            "doc": "The embedding module multiplies its own output (MiniCPM3): the backbone builds a "
+            "ScaledVocabEmbedding with embed_scale=config.<config_key>, instead of multiplying before the layers."
+        },
+    )
 
 
 class EmbeddingMultiplier(Codemod):
@@ -45,13 +53,57 @@ class EmbeddingMultiplier(Codemod):
     ``forward`` has a top-level ``for <layer> in self.<layers>:`` (or ``for
     <i>, <layer> in enumerate(self.<layers>):``) loop that calls
     ``<layer>(h, ...)``.
+
+    With ``inside`` (the spec's ``embedding.scale`` is ``multiplier``),
+    MiniCPM3's embedding module multiplies its own output by ``scale_emb``
+    (prompt embeddings handed in are taken as scaled): the backbone builds
+    its ``VocabDimShardedEmbedding`` as a ``ScaledVocabEmbedding`` (the
+    class of embedding-scale) with ``embed_scale=config.<key>``, and the
+    forward is left alone. Precondition then: one ``VocabDimShardedEmbedding``
+    built in the backbone's ``__init__``.
     """
 
     ID = "embedding-multiplier"
-    REALIZES = Realizes({"embedding.multiplier": not_to(None)})
+    REALIZES = Realizes({"embedding.multiplier": not_to(None), "embedding.scale": to("multiplier")})
     Params = EmbeddingMultiplierParams
     FILES = ("model", "config", "module")
     EXAMPLES = (
+        Example(
+            title="MiniCPM3: the embedding module multiplies its output",
+            params={"config_key": "embedding_multiplier", "inside": True},
+            before="""
+                class LlamaModel(nn.Module):
+                    def __init__(self, config):
+                        self.embed_tokens = VocabDimShardedEmbedding(
+                            vocab_size=config.vocab_size,
+                            embed_dim=config.hidden_size,
+                        )
+            """,
+            after='''
+                class ScaledVocabEmbedding(VocabDimShardedEmbedding):
+                    """The vocabulary-sharded token embedding with its output multiplied by a
+                    constant factor, turned into a tensor of the output's dtype first (so a
+                    bfloat16 model multiplies by the factor rounded to bfloat16, as
+                    transformers does)."""
+
+                    def __init__(self, *args, embed_scale: float = 1.0, **kwargs):
+                        super().__init__(*args, **kwargs)
+                        self.embed_scale = embed_scale
+
+                    def forward(self, *args, **kwargs):
+                        output = super().forward(*args, **kwargs)
+                        return output * output.new_tensor(self.embed_scale)
+
+
+                class LlamaModel(nn.Module):
+                    def __init__(self, config):
+                        self.embed_tokens = ScaledVocabEmbedding(
+                            vocab_size=config.vocab_size,
+                            embed_dim=config.hidden_size,
+                            embed_scale=config.embedding_multiplier,
+                        )
+            ''',
+        ),
         Example(
             title="Granite",
             before="""
@@ -163,7 +215,7 @@ class EmbeddingMultiplier(Codemod):
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> EmbeddingMultiplierParams:
-        return EmbeddingMultiplierParams()
+        return EmbeddingMultiplierParams(inside=target.embedding.scale == "multiplier")
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         key = self.params.config_key
@@ -178,6 +230,8 @@ class EmbeddingMultiplier(Codemod):
             )
         if ctx.role == "module":
             return other_model_file(module, ctx, self.touches(), "the embedding multiplier")
+        if self.params.inside:
+            return scaled_embedding(module, ctx, self.ID, f"config.{key}")
         backbone = class_here(module, ctx, "backbone", "<Prefix>Model backbone")
         if backbone is None:
             return module

@@ -9,33 +9,9 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.anatomy.classes import class_here, require_method, self_assignments
-from autoport_cst.transform.cst.roles import class_role
-from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
-from autoport_cst.transform.cst.vocabulary import dotted
-from autoport_cst.transform.edit.arguments import set_keyword
 from autoport_cst.transform.edit.layer_guards import other_model_file
-from autoport_cst.transform.edit.tree import rewrite
+from autoport_cst.transform.edit.scaled_embedding import scaled_embedding
 from autoport_cst.transform.realizes import Realizes, to
-
-SCALED = "ScaledVocabEmbedding"
-BASE = "VocabDimShardedEmbedding"
-
-SCALED_CLASS = f'''
-class {SCALED}({BASE}):
-    """The vocabulary-sharded token embedding with its output multiplied by a
-    constant factor, turned into a tensor of the output's dtype first (so a
-    bfloat16 model multiplies by the factor rounded to bfloat16, as
-    transformers does)."""
-
-    def __init__(self, *args, embed_scale: float = 1.0, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.embed_scale = embed_scale
-
-    def forward(self, *args, **kwargs):
-        output = super().forward(*args, **kwargs)
-        return output * output.new_tensor(self.embed_scale)
-'''
 
 
 @dataclass(frozen=True)
@@ -143,43 +119,4 @@ class EmbeddingScale(Codemod):
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         if ctx.role == "module":
             return other_model_file(module, ctx, self.touches(), "the embedding scale")
-        backbone = class_here(module, ctx, "backbone", "<Prefix>Model backbone")
-        if backbone is None:
-            return module
-        name = backbone.name.value
-        init = require_method(module, ctx, backbone, "__init__")
-        embeddings = [
-            value
-            for _, (_, value) in self_assignments(init).items()
-            if isinstance(value, cst.Call) and (dotted(value.func) or "").split(".")[-1] in (BASE, SCALED)
-        ]
-        if len(embeddings) != 1:
-            raise ctx.precondition(
-                f"{self.ID}: {name}.__init__ builds no {BASE}(...) token embedding, or more than one",
-                init,
-                module,
-            )
-        call = embeddings[0]
-        edits: dict = {}
-        if dotted(call.func) != SCALED:
-            edits[id(call)] = lambda updated: set_keyword(
-                updated.with_changes(func=cst.Name(SCALED)),
-                "embed_scale",
-                parse_expr("config.hidden_size**0.5", module),
-            )
-        module = rewrite(module, edits)
-        if not any(isinstance(s, cst.ClassDef) and s.name.value == SCALED for s in module.body):
-            body = list(module.body)
-            index = next(
-                i
-                for i, s in enumerate(body)
-                if isinstance(s, cst.ClassDef) and class_role(s.name.value) == "backbone"
-            )
-            new_class = parse_statement(SCALED_CLASS.strip("\n"), module)
-            anchor = body[index]
-            body[index] = anchor.with_changes(
-                leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(indent=False)]
-            )
-            body.insert(index, new_class.with_changes(leading_lines=anchor.leading_lines))
-            module = module.with_changes(body=body)
-        return module
+        return scaled_embedding(module, ctx, self.ID, "config.hidden_size**0.5")

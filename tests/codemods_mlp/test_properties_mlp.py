@@ -39,7 +39,7 @@ PARAMS = {
     "norm-placement": [{"placement": "sandwich"}, {"placement": "post"}],
     "parallel-residual": [{"kind": "shared_norm"}, {"kind": "separate_norms"}],
     "embedding-scale": [{}],
-    "embedding-multiplier": [{}],
+    "embedding-multiplier": [{}, {"inside": True}],
     "residual-multiplier": [{}],
     "logits-divisor": [{}],
     "logit-softcap": [{}],
@@ -90,7 +90,7 @@ def test_idempotent_and_compiles(codemod_id, params, source):
     assert again.code == code
 
 
-# Codemod sets ports use together (Gemma 2, GPT-NeoX / Phi-like, Granite + biases, Phi-3).
+# Codemod sets ports use together (Gemma 2, GPT-NeoX / Phi-like, Granite + biases, Phi-3, MiniCPM3).
 SETS = {
     "sandwich": [
         ("norm-offset", {}),
@@ -121,6 +121,12 @@ SETS = {
         ),
         ("embedding-multiplier", {}),
         ("residual-multiplier", {}),
+    ],
+    # MiniCPM3: the embedding module scales, residual and logits multipliers
+    "minicpm3": [
+        ("embedding-multiplier", {"inside": True}),
+        ("residual-multiplier", {}),
+        ("logits-divisor", {}),
     ],
     "fused": [
         ("mlp-bias", {}),

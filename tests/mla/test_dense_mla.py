@@ -2,18 +2,23 @@
 reference: the no-experts codemod leaves every layer with the dense MLP and
 removes the mixture of experts and what only it used; rotate-half-rope fixes
 the rotary pairing to the halves (MiniCPM3's apply_rotary_pos_emb). Youtu
-(MLA, interleaved RoPE, dense MLPs) ports and validates end to end. MiniCPM3
-is refused by name: its residual multiplier is scale_depth /
-sqrt(num_hidden_layers), computed from two config fields, which no port reads
-(the residual-multiplier codemod reads one field)."""
+(MLA, interleaved RoPE, dense MLPs) ports and validates end to end, and so
+does MiniCPM3, whose multipliers are computed from its config: the residual
+multiplier scale_depth / sqrt(num_hidden_layers), the embedding module's
+scale_emb, and the LM head's input divided by logits_scaling = hidden_size /
+dim_model_base (a config property); the port computes each from config.json
+at run time (config-key-aliases)."""
 
 from __future__ import annotations
 
 import ast
 import json
+import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -110,8 +115,102 @@ def test_youtu_ports_and_validates(tmp_path):
     assert "no-experts" in set(data.get("steps") or ()), data
 
 
-def test_minicpm3_is_refused_for_its_derived_residual_multiplier(tmp_path):
-    code, _, output = _port(tmp_path, "MiniCPM3ForCausalLM")
-    assert code == 2, output
-    assert "[derived_multiplier]" in output and "scale_depth" in output, output
-    assert not (tmp_path / "out" / "vllm_neuron").exists()
+def _minicpm3_research(tmp_path: Path):
+    from autoport_cst.research import research
+    from autoport_cst.validate import build_tiny_checkpoint
+
+    source = tmp_path / "minicpm3"
+    build_tiny_checkpoint("MiniCPM3ForCausalLM", source, seed=0)
+    return research(str(source))
+
+
+MINICPM3_KEYS = {
+    "residual_multiplier": "scale_depth / num_hidden_layers ** 0.5",
+    "embedding_multiplier": "scale_emb",
+    "logits_scaling": "hidden_size / dim_model_base",
+}
+
+
+def test_minicpm3_multipliers_are_read_as_arithmetic_of_its_config(tmp_path):
+    """The residual multiplier scale_depth / sqrt(num_hidden_layers), the
+    embedding module's scale_emb and the LM head's input divided by the
+    config property logits_scaling = hidden_size / dim_model_base: each a
+    port field computed from config.json (checkpoint.config_keys)."""
+    spec = _minicpm3_research(tmp_path).spec
+    assert spec.unsupported is None
+    assert spec.checkpoint.config_keys == MINICPM3_KEYS
+    assert spec.residual.multiplier == pytest.approx(1.4 / 2**0.5)
+    assert (spec.embedding.scale, spec.embedding.multiplier) == ("multiplier", 12.0)
+    head = spec.lm_head
+    assert (head.logits_divisor, head.logits_key, head.logits_form) == (0.25, "logits_scaling", "divisor")
+
+
+def _read_config_keys(keys: dict[str, str]):
+    cls = get_codemod("config-key-aliases")
+    config = (MODEL.parent / "config.py").read_text()
+    out = run_on_source(cls(cls.parse_params({"keys": keys})), config, "config.py", "config", PortContext())[
+        0
+    ]
+    tree = ast.parse(out)
+    functions = [
+        n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in ("_read_config_keys", "_unset")
+    ]
+    namespace: dict = {}
+    exec(compile(ast.Module(body=functions, type_ignores=[]), "config.py", "exec"), namespace)
+    return namespace["_read_config_keys"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    scale_depth=st.floats(0.1, 8.0),
+    layers=st.integers(1, 96),
+    hidden=st.sampled_from([64, 256, 2560]),
+    base=st.sampled_from([64, 256, 1024]),
+    scale_emb=st.floats(1.0, 16.0),
+)
+def test_the_port_computes_minicpm3_multipliers_as_transformers(scale_depth, layers, hidden, base, scale_emb):
+    """For any MiniCPM3 config, the port's config reads the multipliers
+    transformers computes (its config's logits_scaling property, its
+    decoder layer's residual_scale)."""
+    from transformers import MiniCPM3Config
+
+    config = MiniCPM3Config(
+        hidden_size=hidden,
+        num_attention_heads=4,
+        num_hidden_layers=layers,
+        dim_model_base=base,
+        scale_depth=scale_depth,
+        scale_emb=scale_emb,
+    )
+    values = {k: v for k, v in config.to_dict().items() if k != "logits_scaling"}
+    _read_config_keys(MINICPM3_KEYS)(values)
+    assert values["residual_multiplier"] == pytest.approx(config.scale_depth / math.sqrt(layers), rel=1e-12)
+    assert values["logits_scaling"] == pytest.approx(config.logits_scaling, rel=1e-12)
+    assert values["embedding_multiplier"] == config.scale_emb
+
+
+def test_embedding_multiplier_inside_the_module_leaves_the_forward_alone():
+    source = MODEL.read_text()
+    cls = get_codemod("embedding-multiplier")
+    params = cls.parse_params({"inside": True})
+    out = run_on_source(cls(params), source, "model.py", "model", PortContext())[0]
+    again = run_on_source(cls(params), out, "model.py", "model", PortContext())[0]
+    assert again == out
+    compile(out, "model.py", "exec")
+    assert "embed_scale=config.embedding_multiplier" in out and "class ScaledVocabEmbedding(" in out
+    assert "self.embedding_multiplier" not in out
+
+
+@pytest.mark.slow
+def test_minicpm3_ports_and_validates(tmp_path):
+    """TP=1 fp32 and bf16 and TP=2, and the config variant that changes
+    scale_depth, scale_emb and dim_model_base (the port computes its
+    multipliers from them at run time)."""
+    code, data, output = _port(tmp_path, "MiniCPM3ForCausalLM")
+    assert code == 0, output
+    assert data.get("reference") == "deepseek_v3", data
+    steps = set(data.get("steps") or ())
+    assert {"no-experts", "rotate-half-rope", "config-key-aliases", "residual-multiplier"} <= steps, steps
+    assert {"embedding-multiplier", "logits-divisor"} <= steps, steps
+    assert "config variant" in output and "scale_depth" in output and "dim_model_base" in output, output
+    assert (tmp_path / "out" / "vllm_neuron").exists()

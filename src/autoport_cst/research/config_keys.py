@@ -8,12 +8,16 @@ class's ``attribute_map``, and so must the port. A feed-forward width the
 config leaves unset (GPT-J's ``n_inner = None``) that the code builds as a
 multiple of the hidden size (``4 * n_embd``) is read as that multiple, and
 a rotary dimension given in channels (``rotary_dim``) as the fraction of the
-head a port reads (``partial_rotary_factor``)."""
+head a port reads (``partial_rotary_factor``). A constant the code computes
+from several config fields (MiniCPM3's residual multiplier ``scale_depth /
+num_hidden_layers ** 0.5``; the code analysis finds it) is computed the same
+way when config.json holds every field it reads."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from autoport_cst.research.analysis.config_expressions import fields_of
 from autoport_cst.research.config_analysis import INTERMEDIATE_KEYS
 from autoport_cst.research.decide.state import Decider
 from autoport_cst.research.findings import CONFIG, known
@@ -50,6 +54,7 @@ def config_keys(d: Decider) -> dict[str, str] | None:
     rotary = _rotary_fraction(raw, keys.get("hidden_size", "hidden_size"), keys.get("num_attention_heads"))
     if rotary is not None:
         keys["partial_rotary_factor"] = rotary
+    keys.update(_computed_fields(d, raw))
     if not keys:
         return None
     shown = ", ".join(f"{name} <- {key}" for name, key in sorted(keys.items()))
@@ -84,3 +89,17 @@ def _rotary_fraction(raw: dict[str, Any], hidden_key: str, heads_key: str | None
     if raw.get("head_dim") is not None:
         return "rotary_dim / head_dim"
     return f"rotary_dim / ({hidden_key} // {heads_key or 'num_attention_heads'})"
+
+
+def _computed_fields(d: Decider, raw: dict[str, Any]) -> dict[str, str]:
+    """The port fields the code analysis found computed from config fields,
+    each kept when config.json holds every field its expression reads."""
+    found = d.code_finding("checkpoint.config_keys")
+    if found is None or not found.known or not found.value:
+        return {}
+    d.decisions.append(found)
+    return {
+        name: text
+        for name, text in found.value.items()
+        if all(raw.get(k) is not None for k in fields_of(text))
+    }

@@ -57,7 +57,7 @@ MLPKind = Literal["gated", "plain"]
 GLUForm = Literal["standard", "clamped_swiglu"]
 Activation = Literal["silu", "gelu", "gelu_tanh", "relu", "relu2", "quick_gelu"]
 ParallelResidual = Literal["none", "shared_norm", "separate_norms"]
-EmbeddingScale = Literal["none", "sqrt_hidden"]
+EmbeddingScale = Literal["none", "sqrt_hidden", "multiplier"]
 RouterActivation = Literal["softmax", "sigmoid"]
 RouterDtype = Literal["float32", "bfloat16"]
 CheckpointFusion = Literal["separate", "fused"]
@@ -230,7 +230,11 @@ class MoESpec:
 class EmbeddingSpec:
     vocab_size: int | None = value(None, "Vocabulary size.")
     tied: bool = feature(False, "The LM head reuses the embedding matrix.")
-    scale: EmbeddingScale = feature("none", "Embeddings multiplied by sqrt(hidden_size) (Gemma).")
+    scale: EmbeddingScale = feature(
+        "none",
+        "Embeddings multiplied by sqrt(hidden_size) (Gemma), or by the embedding multiplier inside the "
+        "embedding module (multiplier: MiniCPM3).",
+    )
     multiplier: float | None = optional("Constant embedding multiplier (Granite).")
     learned_positions: bool = feature(
         False,

@@ -12,10 +12,18 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from autoport_cst.research.analysis.config_expressions import (
+    add_config_key,
+    assigned_in,
+    config_expression,
+    config_values,
+    matching,
+    simplified,
+)
 from autoport_cst.research.analysis.graph import peel_scalars, ranges, scalar_path, strip_casts, unique
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, known, unknown
-from autoport_cst.research.interp.values import MODULE_LIST, Instance, Node
+from autoport_cst.research.interp.values import MODULE_LIST, Instance, Node, SourceClass
 from autoport_cst.research.interp.walk import depends_on, walk
 
 
@@ -260,17 +268,27 @@ def analyze_flow(st: AnalyzerState, layer: Instance) -> None:
 
 def _multiplier_source(st: AnalyzerState, layer: Instance, value: float, where: str) -> None:
     """A residual multiplier the layer computed from several config fields
-    (MiniCPM3's ``scale_depth / sqrt(num_hidden_layers)``) is named: a port
-    reads the multiplier from one config field (Granite's
-    ``residual_multiplier``)."""
+    (MiniCPM3's ``scale_depth / math.sqrt(num_hidden_layers)``): the port
+    computes its ``residual_multiplier`` field from config.json the same way
+    (``checkpoint.config_keys``) when ``__init__`` assigns it as arithmetic of
+    config fields that gives the value; otherwise it is named
+    ``derived_multiplier``."""
     config = st.interp.config
     derived = []
+    init = st.interp.find_method(layer.cls, "__init__") if isinstance(layer.cls, SourceClass) else None
     for attr, held in layer.attrs.items():
         if not (isinstance(held, (int, float)) and math.isclose(held, value, rel_tol=1e-9)):
             continue
         keys = sorted(layer.attr_reads.get(attr, frozenset()))
         one = [k for k in keys if config.has(k) and _close(config.read(k, None), value)]
-        if keys and not one:
+        if not keys or one:
+            continue
+        source = assigned_in(init[1], attr) if init is not None else None
+        text = config_expression(source) if source is not None else None
+        if text is not None and matching(text, config_values(config, text), value):
+            evidence = f"{where}: self.{attr} = {simplified(text)} = {held:g}"
+            add_config_key(st, "residual_multiplier", text, evidence)
+        else:
             derived.append(f"self.{attr} = {held:g} from config {', '.join(keys)}")
     if derived:
         st.add(
@@ -521,15 +539,18 @@ def _classify_norms(st: AnalyzerState, norms: list[Instance], names: list[str], 
         key = eps_keys.pop()
         st.add(known(key, "norm.eps_key", CODE, f"{norms[0].class_name}(eps=config.{key})"))
     elif eps_keys == {None} and len(eps) == 1 and None not in eps:
-        st.add(
-            unknown(
-                "norm.eps_key",
-                CODE,
-                f"{norms[0].class_name}: the epsilon {next(iter(eps)):g} is a "
-                "constant in the code, not a config field",
-            )
-        )
+        fixed = float(next(iter(eps)))
+        st.add(known(fixed, "norm.fixed_eps", CODE, _fixed_eps_evidence(norms[0], fixed)))
     else:
         st.add(unknown("norm.eps_key", CODE, f"norm eps read from {sorted(map(str, eps_keys))}"))
     if len(eps) == 1 and None not in eps:
         st.add(known(eps.pop(), "norm.eps", CODE, f"{norms[0].class_name} eps argument"))
+
+
+def _fixed_eps_evidence(norm: Instance, value: float) -> str:
+    """A norm epsilon no config field gives: the literal the construction
+    passes, or the class's default (its signature) when it passes none."""
+    return (
+        f"{norm.class_name}: the epsilon {value:g} is fixed in the code (a literal, or the class's "
+        "default when no eps is passed), not read from a config field"
+    )

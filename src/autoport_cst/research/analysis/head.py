@@ -10,7 +10,13 @@ import ast
 import math
 from typing import Any
 
+from autoport_cst.research.analysis.config_expressions import add_config_key
 from autoport_cst.research.analysis.graph import number, scalar_path, strip_casts, unique
+from autoport_cst.research.analysis.multiplier_keys import (
+    derived_property,
+    embedding_multiplier_key,
+    head_input_divisor,
+)
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, known, unknown
 from autoport_cst.research.interp.values import UNKNOWN, Instance, Node
@@ -105,7 +111,17 @@ def _embedding_scale(
         )
         st.add(known(None, "embedding.multiplier", CODE, f"{where}: the scale is sqrt(hidden_size)"))
     else:
-        st.add(known("none", "embedding.scale", CODE, f"{where}: scale is a constant, not sqrt(hidden_size)"))
+        inner, _ = _embedding_factor(st, embed)
+        inside = inner is not None and math.isclose(inner, factor, rel_tol=1e-9)
+        why = "the embedding module multiplies its own output" if inside else "not sqrt(hidden_size)"
+        st.add(
+            known(
+                "multiplier" if inside else "none",
+                "embedding.scale",
+                CODE,
+                f"{where}: a constant scale, {why}",
+            )
+        )
         st.add(
             known(
                 factor,
@@ -114,6 +130,7 @@ def _embedding_scale(
                 f"{where}: embeddings multiplied by {factor:g} ({shown})",
             )
         )
+        embedding_multiplier_key(st, [backbone, embed], factor, where)
 
 
 def _embedding_factors(
@@ -291,6 +308,9 @@ def _logits_source(st: AnalyzerState, divisor: float, where: str) -> None:
         key, form, evidence = found.pop()
         st.add(known(key, "lm_head.logits_key", CODE, f"{where}: {evidence}"))
         st.add(known(form, "lm_head.logits_form", CODE, f"{where}: {evidence}"))
+        field_value = divisor if form == "divisor" else 1.0 / divisor
+        if (text := derived_property(st.interp.config, key, field_value)) is not None:
+            add_config_key(st, key, text, f"{where}: {key} is a config property computing {text}")
     else:
         st.add(
             unknown(
@@ -375,6 +395,8 @@ def _head_ops(value: Any, head: Instance) -> tuple[float | None, float | None] |
     for _ in range(16):
         value = strip_casts(value)
         if isinstance(value, Node) and value.kind == "module" and value.ref is head:
+            if not head.args.get("bias"):
+                divisor *= head_input_divisor(value)
             return softcap, (None if math.isclose(divisor, 1.0) else divisor)
         if not isinstance(value, Node):
             return None

@@ -18,6 +18,11 @@ class ConfigProxy:
         self._log = log
         self.overrides = overrides
 
+    @property
+    def config_class(self) -> type:
+        """The class of the model configuration (its properties are code)."""
+        return type(self._config)
+
     def copy(self) -> ConfigProxy:
         return ConfigProxy(self._config, self._log, dict(self.overrides or {}))
 
