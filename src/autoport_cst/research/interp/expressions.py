@@ -81,6 +81,8 @@ class Expressions(Classes):
             if found is not None:
                 return BoundMethod(None, found[0], found[1])
             return self.class_attribute(base, name)
+        if isinstance(base, (Node, Param)) and name == "is_cuda":
+            return False  # the code as it runs on CPU and Neuron: never a CUDA-only fast path
         if isinstance(base, Node):
             return Node("attr", name, (base,))
         if isinstance(base, Param):
