@@ -193,3 +193,30 @@ def test_the_windows_are_what_the_validation_sees(qwen_vl_port, tmp_path):
     report = validate_vlm(mutant, checkpoint, steps=1)
     assert not report.equivalent
     assert report.first_diverging == "image:vision.blocks.0"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("architecture", sorted(PORTS))
+def test_port_of_a_tiny_qwen2_family_vlm_validates_and_its_logit_test_passes(architecture, tmp_path):
+    """``port`` end to end: research, apply, every run through validate_vlm, and
+    the port's generated logit test rerunning them."""
+    import subprocess
+    import sys
+
+    from autoport_cst.cli.validate_vlm_cmd import tiny_vision_language
+    from autoport_cst.port import port
+
+    name = PORTS[architecture][0]
+    source = tmp_path / "source"
+    assert tiny_vision_language(architecture, source, 0, {})
+    outcome = port(str(source), name, tmp_path / "out", steps=2)
+    assert [(r.tp, r.dtype) for r in outcome.runs] == [(1, "fp32"), (1, "bf16")]
+    assert all(r.equivalent for r in outcome.runs), [r.summary for r in outcome.runs]
+    test_dir = tmp_path / "out" / "test" / "vllm_neuron" / "model" / name
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_dir)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path / "out",
+    )
+    assert result.returncode == 0, result.stdout[-2000:]
