@@ -145,6 +145,23 @@ def test_minicpm3_multipliers_are_read_as_arithmetic_of_its_config(tmp_path):
     assert (head.logits_divisor, head.logits_key, head.logits_form) == (0.25, "logits_scaling", "divisor")
 
 
+def test_a_field_config_json_lacks_is_reported_not_dropped_silently(tmp_path):
+    """A config.json without dim_model_base: logits_scaling cannot be
+    computed from it, and research says so (the port would read 1.0)."""
+    from autoport_cst.research import research
+    from autoport_cst.validate import build_tiny_checkpoint
+
+    source = tmp_path / "minicpm3"
+    build_tiny_checkpoint("MiniCPM3ForCausalLM", source, seed=0)
+    config = json.loads((source / "config.json").read_text())
+    del config["dim_model_base"]
+    (source / "config.json").write_text(json.dumps(config))
+    result = research(str(source))
+    assert "checkpoint.config_keys" in result.unknown
+    assert "logits_scaling" not in (result.spec.checkpoint.config_keys or {})
+    assert result.spec.checkpoint.config_keys["residual_multiplier"] == MINICPM3_KEYS["residual_multiplier"]
+
+
 def _read_config_keys(keys: dict[str, str]):
     cls = get_codemod("config-key-aliases")
     config = (MODEL.parent / "config.py").read_text()

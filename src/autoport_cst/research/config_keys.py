@@ -20,7 +20,7 @@ from typing import Any
 from autoport_cst.research.analysis.config_expressions import fields_of
 from autoport_cst.research.config_analysis import INTERMEDIATE_KEYS
 from autoport_cst.research.decide.state import Decider
-from autoport_cst.research.findings import CONFIG, known
+from autoport_cst.research.findings import CONFIG, known, unknown
 
 # the config fields a port reads, under the names the references use
 PORT_FIELDS = (
@@ -93,13 +93,21 @@ def _rotary_fraction(raw: dict[str, Any], hidden_key: str, heads_key: str | None
 
 def _computed_fields(d: Decider, raw: dict[str, Any]) -> dict[str, str]:
     """The port fields the code analysis found computed from config fields,
-    each kept when config.json holds every field its expression reads."""
+    each kept when config.json holds every field its expression reads (else
+    reported unknown: the port would read its field's default)."""
     found = d.code_finding("checkpoint.config_keys")
     if found is None or not found.known or not found.value:
         return {}
     d.decisions.append(found)
-    return {
-        name: text
-        for name, text in found.value.items()
-        if all(raw.get(k) is not None for k in fields_of(text))
-    }
+    kept = {}
+    for name, text in found.value.items():
+        missing = [k for k in fields_of(text) if raw.get(k) is None]
+        if not missing:
+            kept[name] = text
+            continue
+        evidence = (
+            f"{name} = {text}: config.json has no {', '.join(missing)} (the port reads its own default)"
+        )
+        d.decisions.append(unknown("checkpoint.config_keys", CONFIG, evidence))
+        d.unknown.append("checkpoint.config_keys")
+    return kept
