@@ -56,6 +56,14 @@ class SwapNormParams:
             "examples": ("layer_norm_eps", "rms_norm_eps"),
         },
     )
+    fixed_eps: float | None = field(
+        default=None,
+        metadata={
+            "doc": "The epsilon the model's code fixes (no config field): written as a literal at every "
+            "use of the config's epsilon field, which leaves the config; default: read the config.",
+            "examples": (1e-5,),
+        },
+    )
 
 
 class SwapNorm(Codemod):
@@ -73,6 +81,12 @@ class SwapNorm(Codemod):
     config dataclass and at every ``config.<field>`` use, so that a checkpoint
     whose config calls it ``layer_norm_eps`` does not silently fall back to the
     default.
+
+    With ``fixed_eps`` (the model's code fixes the epsilon: ``nn.LayerNorm(dim)``
+    without ``eps``, or a literal), every ``config.<epsilon field>`` use becomes
+    that literal and the field leaves the config dataclass, so that a
+    checkpoint whose config.json holds an epsilon the model's code ignores
+    (BioGPT's ``layer_norm_eps``) is not read.
 
     A fused RMSNorm kernel cannot compute a LayerNorm: with LayerNorm, every
     branch of the decoder layer that hands a norm's weight to a sublayer
@@ -92,14 +106,13 @@ class SwapNorm(Codemod):
     """
 
     ID = "swap-norm"
-    REALIZES = ("norm.kind", "norm.bias", "norm.eps_key")
+    REALIZES = ("norm.kind", "norm.bias", "norm.eps_key", "norm.fixed_eps")
     Params = SwapNormParams
     PITFALLS = (
         Pitfall(
             10,
-            lambda spec, facts: spec.norm.kind == "layernorm",
-            "LayerNorm: keep the decode kernel's fused RMSNorm off, subtract the mean in float32, and read "
-            "the epsilon from config.{spec.norm.eps_key} everywhere (QK-norm eps included)",
+            lambda spec, facts: spec.norm.kind == "layernorm" or spec.norm.fixed_eps is not None,
+            lambda spec, facts: _pitfall(spec),
         ),
     )
     FILES = ("model", "config", "module")
@@ -177,6 +190,64 @@ class SwapNorm(Codemod):
                 class LlamaConfig:
                     hidden_size: int = 4096
                     layer_norm_eps: float = 1e-5
+            """,
+        ),
+        Example(
+            title="an epsilon the model's code fixes (nn.LayerNorm(dim) without eps) is written as a literal",
+            params={"kind": "layernorm", "bias": True, "eps_key": "layer_norm_eps", "fixed_eps": 1e-5},
+            before="""
+                class LlamaLayerNorm(nn.Module):
+                    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype):
+                        super().__init__()
+                        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+                        self.bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype))
+                        self.variance_epsilon = eps
+
+                    def forward(self, x):
+                        return x
+
+
+                class LlamaDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.input_layernorm = LlamaLayerNorm(config.hidden_size, config.norm_epsilon, config.torch_dtype)
+                        self.rms_norm_eps = config.norm_epsilon
+            """,
+            after="""
+                class LlamaLayerNorm(nn.Module):
+                    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype):
+                        super().__init__()
+                        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+                        self.bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype))
+                        self.variance_epsilon = eps
+
+                    def forward(self, x):
+                        return x
+
+
+                class LlamaDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.input_layernorm = LlamaLayerNorm(config.hidden_size, 1e-05, config.torch_dtype)
+                        self.rms_norm_eps = 1e-05
+            """,
+        ),
+        Example(
+            title="a fixed epsilon leaves the config (config.json's epsilon is not read)",
+            role="config",
+            path="config.py",
+            params={"kind": "layernorm", "bias": True, "eps_key": "layer_norm_eps", "fixed_eps": 1e-5},
+            before="""
+                @dataclass
+                class LlamaConfig:
+                    hidden_size: int = 4096
+                    # the norm epsilon
+                    norm_epsilon: float = 1e-5
+                    tie_word_embeddings: bool = False
+            """,
+            after="""
+                @dataclass
+                class LlamaConfig:
+                    hidden_size: int = 4096
+                    tie_word_embeddings: bool = False
             """,
         ),
         Example(
@@ -313,7 +384,12 @@ class SwapNorm(Codemod):
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> SwapNormParams:
-        return SwapNormParams(kind=target.norm.kind, bias=target.norm.bias, eps_key=target.norm.eps_key)
+        return SwapNormParams(
+            kind=target.norm.kind,
+            bias=target.norm.bias,
+            eps_key=target.norm.eps_key,
+            fixed_eps=target.norm.fixed_eps,
+        )
 
     # -- model files -----------------------------------------------------------
 
@@ -326,7 +402,7 @@ class SwapNorm(Codemod):
             # a file of sublayers beside the model file: only its fused kernels matter
             if self.params.kind == "layernorm":
                 self._check_no_fused_rmsnorm(walk(module), module, ctx)
-            return module
+            return rewrite(module, self._eps_edits(walk(module)))
         norm = self._norm_class(module, ctx)
         old_name = norm.name.value
         prefix = old_name[: -len("LayerNorm" if old_name.endswith("LayerNorm") else "RMSNorm")]
@@ -381,11 +457,22 @@ class SwapNorm(Codemod):
             for target in rename_targets(module, {old_name: new_name}) - inside:
                 edits[target] = lambda updated: updated.with_changes(value=new_name)
         edits.update(self._mapping_edits(nodes, old_name))
-        if self.params.eps_key:
-            for node in nodes:
-                if _is_eps_use(node) and node.attr.value != self.params.eps_key:
-                    edits[id(node)] = lambda updated: updated.with_changes(attr=cst.Name(self.params.eps_key))
+        edits.update(self._eps_edits(nodes))
         return rewrite(module, edits)
+
+    def _eps_edits(self, nodes) -> dict:
+        """Every ``config.<epsilon field>`` use: the fixed epsilon's literal,
+        or the field's new name."""
+        edits: dict = {}
+        fixed, key = self.params.fixed_eps, self.params.eps_key
+        for node in nodes:
+            if not _is_eps_use(node):
+                continue
+            if fixed is not None:
+                edits[id(node)] = lambda updated: cst.Float(repr(float(fixed)))
+            elif key and node.attr.value != key:
+                edits[id(node)] = lambda updated: updated.with_changes(attr=cst.Name(key))
+        return edits
 
     def _other_model(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         """A module file whose models (a drafter) are built on the model's
@@ -517,7 +604,7 @@ class SwapNorm(Codemod):
     # -- config file -----------------------------------------------------------
 
     def _transform_config(self, module: cst.Module, ctx: FileContext) -> cst.Module:
-        if not self.params.eps_key:
+        if not self.params.eps_key and self.params.fixed_eps is None:
             return module
         configs = classes_with_role(module, "config")
         if not configs:
@@ -531,6 +618,8 @@ class SwapNorm(Codemod):
             and isinstance(s.body[0].target, cst.Name)
             and _is_eps_name(s.body[0].target.value)
         ]
+        if not eps_fields and self.params.fixed_eps is not None:
+            return module  # the config reads no epsilon
         if len(eps_fields) != 1:
             raise ctx.precondition(
                 f"swap-norm: expected one epsilon field in {config.name.value}, found {len(eps_fields)}",
@@ -539,13 +628,28 @@ class SwapNorm(Codemod):
             )
         stmt = eps_fields[0]
         ann = stmt.body[0]
-        if ann.target.value == self.params.eps_key:
+        if self.params.fixed_eps is not None:
+            body = [s for s in config.body.body if s is not stmt]
+        elif ann.target.value == self.params.eps_key:
             return module
-        new_stmt = stmt.with_changes(body=[ann.with_changes(target=cst.Name(self.params.eps_key))])
-        new_config = config.with_changes(
-            body=config.body.with_changes(body=[new_stmt if s is stmt else s for s in config.body.body])
-        )
+        else:
+            new_stmt = stmt.with_changes(body=[ann.with_changes(target=cst.Name(self.params.eps_key))])
+            body = [new_stmt if s is stmt else s for s in config.body.body]
+        new_config = config.with_changes(body=config.body.with_changes(body=body))
         return module.with_changes(body=[new_config if s is config else s for s in module.body])
+
+
+def _pitfall(spec) -> str:
+    if spec.norm.fixed_eps is not None:
+        eps = (
+            f"write the epsilon the model's code fixes ({spec.norm.fixed_eps:g}) as a literal: "
+            "config.json's epsilon field is not what it computes with"
+        )
+    else:
+        eps = f"read the epsilon from config.{spec.norm.eps_key} everywhere (QK-norm eps included)"
+    if spec.norm.kind != "layernorm":
+        return eps[0].upper() + eps[1:]
+    return f"LayerNorm: keep the decode kernel's fused RMSNorm off, subtract the mean in float32, and {eps}"
 
 
 def _handed_params(nodes) -> dict[int, tuple[str, ...]]:

@@ -76,8 +76,8 @@ def test_cli_lists_every_codemod():
     listed = json.loads(result.output)
     assert [c["id"] for c in listed] == list(library())
     swap = next(c for c in listed if c["id"] == "swap-norm")
-    assert swap["realizes"] == ["norm.kind", "norm.bias", "norm.eps_key"]
-    assert [p["name"] for p in swap["params"]] == ["kind", "bias", "eps_key"]
+    assert swap["realizes"] == ["norm.kind", "norm.bias", "norm.eps_key", "norm.fixed_eps"]
+    assert [p["name"] for p in swap["params"]] == ["kind", "bias", "eps_key", "fixed_eps"]
 
 
 @pytest.mark.parametrize("cls", CODEMODS, ids=lambda c: c.ID)

@@ -76,5 +76,5 @@ def test_codemods_show_says_which_changes():
         return next(line for line in output.splitlines() if line.startswith("realizes:"))
 
     assert realizes_line("remove-qk-norm") == "realizes: attention.qk_norm (from per_head to none)"
-    assert realizes_line("swap-norm") == "realizes: norm.kind, norm.bias, norm.eps_key"
+    assert realizes_line("swap-norm") == "realizes: norm.kind, norm.bias, norm.eps_key, norm.fixed_eps"
     assert realizes_line("lazy-rope") == "realizes: (hardware rule)"

@@ -80,6 +80,11 @@ class NormSpec:
         "before the residual add (OLMo 2); sandwich: both (Gemma 2).",
     )
     eps_key: str = feature("rms_norm_eps", "Name of the config field that holds the norm epsilon.")
+    fixed_eps: float | None = feature(
+        None,
+        "The epsilon the code fixes instead of reading a config field (a literal, or the norm class's "
+        "default when no eps is passed: BioGPT's and OPT's nn.LayerNorm, 1e-5); None: config.<eps_key>.",
+    )
     affine: bool = feature(True, "The norm has a learned weight (False: non-parametric, as in OLMo).")
     eps: float | None = value(None, "Norm epsilon.")
 

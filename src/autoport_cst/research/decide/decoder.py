@@ -17,6 +17,7 @@ def norm(d: Decider) -> NormSpec:
         unit_offset=d.decide("norm.unit_offset", False),
         placement=d.decide("norm.placement", "pre"),
         eps_key=_eps_key(d),
+        fixed_eps=_fixed_eps(d),
         affine=d.flag("code.norm_affine", True),
         eps=_eps(d),
     )
@@ -44,8 +45,31 @@ def num_layers_check(d: Decider) -> None:
 
 
 def _eps(d: Decider) -> float | None:
+    fixed = _fixed_eps(d)
+    if fixed is not None:
+        return fixed
     value = d.value("norm.eps")
     return value if value is not None else d.code_value("norm.eps")
+
+
+def _fixed_eps(d: Decider) -> float | None:
+    """The epsilon the code fixes (no config field read); a config.json
+    epsilon of another value is a conflict the code wins: transformers
+    ignores that field."""
+    code = d.code_finding("norm.fixed_eps")
+    if code is None or not code.known:
+        return None
+    cfg = d.cfg_finding("norm.eps")
+    if cfg is not None and cfg.known and cfg.value != code.value and code not in d.decisions:
+        d.conflict(
+            "norm.eps",
+            [(CONFIG, cfg.value, cfg.evidence), (CODE, code.value, code.evidence)],
+            f"the spec takes {code.value:g}: the code does not read the config's epsilon",
+            "warning",
+        )
+    if code not in d.decisions:
+        d.decisions.append(code)
+    return float(code.value)
 
 
 def _eps_key(d: Decider) -> str:
@@ -61,4 +85,8 @@ def _eps_key(d: Decider) -> str:
             )
         d.decisions.append(code)
         return code.value
+    fixed = d.code_finding("norm.fixed_eps")
+    if fixed is not None and fixed.known:
+        # no config field is read: the key is the config's (or the default) and the port does not use it
+        return cfg.value if cfg is not None and cfg.known else "rms_norm_eps"
     return d.decide("norm.eps_key", "rms_norm_eps", (CONFIG,))
