@@ -49,6 +49,17 @@ def _layer_uses_rope(config, layer_idx: int) -> bool:
     return config.layer_types[layer_idx] == "sliding_attention"
 '''
 
+LAYER_TYPE_ONLY_FUNCTION = '''
+def _layer_uses_rope(config, layer_idx: int) -> bool:
+    """Whether a layer rotates its queries and keys: the layers
+    ``config.layer_types`` marks "sliding_attention" do, the others use no
+    positional embedding, whether or not a sliding window is set.
+    """
+    if config.layer_types is None:
+        raise ValueError("no RoPE on the full-attention layers: the config needs layer_types")
+    return config.layer_types[layer_idx] == "sliding_attention"
+'''
+
 # rope.nope_rule -> (the docstring's last line, what a config without a sliding window gives)
 LAYER_TYPE_RULES = {
     "sliding": ("a config without sliding window rotates no layer.", "False"),
@@ -70,12 +81,13 @@ LAYER_TYPE_FIELDS = [
 
 @dataclass(frozen=True)
 class NopeLayersParams:
-    rule: Literal["config_fields", "sliding", "sliding_or_no_window"] = field(
+    rule: Literal["config_fields", "sliding", "sliding_or_no_window", "layer_type"] = field(
         default="config_fields",
         metadata={
             "doc": "config_fields: no_rope_layers / no_rope_layer_interval (SmolLM3); sliding: the sliding "
             "layers rotate, none without a window (Cohere 2, Flint); sliding_or_no_window: the sliding "
-            "layers rotate, every layer without a window (EXAONE 4)."
+            "layers rotate, every layer without a window (EXAONE 4); layer_type: the sliding layers "
+            "rotate whether or not a window is set (AfMoE)."
         },
     )
 
@@ -84,6 +96,8 @@ def layer_function(rule: str) -> str:
     """The source of ``_layer_uses_rope`` for ``rule``."""
     if rule == "config_fields":
         return LAYER_FUNCTION
+    if rule == "layer_type":
+        return LAYER_TYPE_ONLY_FUNCTION
     without, no_window = LAYER_TYPE_RULES[rule]
     return LAYER_TYPE_FUNCTION.format(without=without, no_window=no_window)
 
@@ -107,7 +121,9 @@ class NopeLayers(Codemod):
     sliding layers rotate, the full-attention ones do not, and a config
     without ``sliding_window`` rotates no layer (Cohere 2, Flint:
     ``if self.sliding_window is not None``) or every layer (EXAONE 4:
-    ``if self.sliding_window is None or self.is_sliding``); an existing
+    ``if self.sliding_window is None or self.is_sliding``), or, with
+    ``rule="layer_type"``, the sliding layers whatever the window (AfMoE:
+    ``if self.is_local_attention``); an existing
     ``_layer_uses_rope`` of another rule is replaced. ``forward`` replaces the step's ``(cos, sin)`` by
     ``(1, 0)`` on those layers before dispatching to prefill or decode: a
     rotation by angle zero, which leaves q and k bit for bit unchanged in
@@ -227,6 +243,44 @@ class NopeLayers(Codemod):
 
 
                 class Exaone4Attention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.scaling = self.head_dim**-0.5
+                        # <-- MODEL-SPECIFIC: this layer rotates q and k (False: no positional embedding)
+                        self.use_rope = _layer_uses_rope(config, layer_idx)
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward(self, hidden_states, positions, position_embeddings, attn_metadata=None):
+                        # <-- MODEL-SPECIFIC: no positional embedding: rotate by angle zero
+                        if not self.use_rope:
+                            cos, sin = position_embeddings
+                            position_embeddings = (torch.ones_like(cos), torch.zeros_like(sin))
+                        return self.forward_prefill(hidden_states, positions, position_embeddings)
+            ''',
+        ),
+        Example(
+            title="RoPE on the sliding layers whether or not a window is set (AfMoE)",
+            params={"rule": "layer_type"},
+            before="""
+                class AfmoeAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.scaling = self.head_dim**-0.5
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward(self, hidden_states, positions, position_embeddings, attn_metadata=None):
+                        return self.forward_prefill(hidden_states, positions, position_embeddings)
+            """,
+            after='''
+                def _layer_uses_rope(config, layer_idx: int) -> bool:
+                    """Whether a layer rotates its queries and keys: the layers
+                    ``config.layer_types`` marks "sliding_attention" do, the others use no
+                    positional embedding, whether or not a sliding window is set.
+                    """
+                    if config.layer_types is None:
+                        raise ValueError("no RoPE on the full-attention layers: the config needs layer_types")
+                    return config.layer_types[layer_idx] == "sliding_attention"
+
+
+                class AfmoeAttention(nn.Module):
                     def __init__(self, config, layer_idx):
                         self.scaling = self.head_dim**-0.5
                         # <-- MODEL-SPECIFIC: this layer rotates q and k (False: no positional embedding)

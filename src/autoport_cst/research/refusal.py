@@ -82,6 +82,7 @@ COMPUTATIONS = {
     "code.qk_norm_kind": "query/key norms that are not RMSNorms",
     "code.qkv_clip": "clamped query/key/value projections",
     "code.value_norm": "a norm applied to the attention's values",
+    "attention_output_gate": "a gate on the attention output (a projection of the layer input, multiplied in)",
     "position_scaled_attention": "queries scaled by a factor that grows with the position (attention temperature)",
     "nope_layers": "layers without RoPE chosen by config fields a port does not read",
     "layer_rope_bases": "a RoPE base per layer",

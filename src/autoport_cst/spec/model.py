@@ -52,7 +52,7 @@ QKNormPosition = Literal["before_rope", "after_rope"]
 SlidingWindow = Literal["none", "all", "per_layer"]
 RopeType = Literal["default", "llama3", "linear", "dynamic", "yarn", "longrope", "none"]
 RopeStyle = Literal["rotate_half", "interleaved"]
-NopeRule = Literal["sliding", "sliding_or_no_window"]
+NopeRule = Literal["sliding", "sliding_or_no_window", "layer_type"]
 MLPKind = Literal["gated", "plain"]
 GLUForm = Literal["standard", "clamped_swiglu"]
 Activation = Literal["silu", "gelu", "gelu_tanh", "relu", "relu2", "quick_gelu"]
@@ -179,7 +179,7 @@ class RopeSpec:
         "How the layers without RoPE are told apart. null: config.no_rope_layers / no_rope_layer_interval "
         "(SmolLM3); sliding: a layer rotates when config.layer_types makes it slide and config.sliding_window "
         "is set (Cohere 2, Flint); sliding_or_no_window: when it slides or the config sets no sliding window "
-        "(EXAONE 4)."
+        "(EXAONE 4); layer_type: when it slides, whether or not a sliding window is set (AfMoE)."
     )
     layer_parameters: dict[str, Any] | None = optional(
         "RoPE type and parameters per attention layer type when they differ (Gemma 3: one base for "

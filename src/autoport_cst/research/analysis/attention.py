@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from autoport_cst.research.analysis import latent, layer_inputs, scores
+from autoport_cst.research.analysis import latent, layer_inputs, output_gate, scores
 from autoport_cst.research.analysis.graph import (
     first_int,
     fused_qkv_layout,
@@ -39,6 +39,7 @@ def analyze(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
     g = _trace(st, layer0)
     if g is None:
         return None
+    g = output_gate.split(st, g)
     kernels = kernel_calls(g.attn, g.nodes)
     mla = latent.analyze(st, g, kernels)  # the output projection alone in g.outputs, latent norms
     if mla is not None:

@@ -8,14 +8,18 @@ EXAONE 4 and EXAONE-MoE rotate when the layer slides or the config sets no
 sliding window at all (``if self.sliding_window is None or
 self.is_sliding:``). On a config with a window both rotate the sliding
 layers only; they differ on a config without one (EXAONE 4's 1.2B
-checkpoint: every layer full attention, every layer rotated).
+checkpoint: every layer full attention, every layer rotated). AfMoE rotates
+the sliding layers whether or not a window is set (``if
+self.is_local_attention:``, from ``config.layer_types`` alone): rule
+``layer_type``.
 
 The guard is the ``if`` around the rotation call. Its attributes must be
 computed in ``__init__`` from ``config.layer_types`` and
 ``config.sliding_window`` only (followed through the locals they are built
 from); it is evaluated on every layer's attention as traced (it must give
 the rotation the trace found), rebuilt with another window (the same), and
-rebuilt with ``sliding_window=None`` (every layer rotates, or none).
+rebuilt with ``sliding_window=None`` (every layer rotates, or none, or the
+same layers as with a window).
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ RULE_FIELDS = frozenset({"layer_types", "sliding_window"})
 ROTATING, NOPE = "sliding_attention", "full_attention"
 # what a layer does on a config without a sliding window -> the rule's name (spec rope.nope_rule)
 RULES = {True: "sliding_or_no_window", False: "sliding"}
+# the sliding layers rotate, the others not, whatever the window (AfMoE: ``if self.is_local_attention:``)
+LAYER_TYPE = "layer_type"
 
 
 def recognize(st: AnalyzerState, rotary: list[bool], kept: list[int]) -> tuple[str | None, str]:
-    """The rule (``sliding`` or ``sliding_or_no_window``) that tells the
+    """The rule (``sliding``, ``sliding_or_no_window`` or ``layer_type``) that tells the
     rotating layers among ``kept`` apart, or None with why not."""
     kinds = st.interp.config.read("layer_types", None)
     if not isinstance(kinds, (list, tuple)) or len(kinds) < len(rotary):
@@ -62,9 +68,15 @@ def recognize(st: AnalyzerState, rotary: list[bool], kept: list[int]) -> tuple[s
     window = st.interp.config.read("sliding_window", None)
     if isinstance(window, int) and [_rebuilt(st, module, test, a, window * 2) for a in attns] != planned:
         return None, f"the rotation's guard `{ast.unparse(test)}` depends on the window's length"
-    without = {_rebuilt(st, module, test, a, None) for a in attns}
-    if len(without) != 1 or not isinstance(rule := RULES.get(without.pop()), str):
-        return None, f"without a sliding window, `{ast.unparse(test)}` rotates some layers only"
+    without = [_rebuilt(st, module, test, a, None) for a in attns]
+    if without == planned and len(set(planned)) > 1:
+        rule: str | None = LAYER_TYPE  # the same layers rotate whether or not a window is set
+    elif len(set(without)) == 1:
+        rule = RULES.get(without[0])
+    else:
+        rule = None
+    if not isinstance(rule, str):
+        return None, f"without a sliding window, `{ast.unparse(test)}` rotates other layers than with one"
     return rule, f"{st.where(attns[0])}: no RoPE where `{ast.unparse(test)}` is false"
 
 

@@ -1,0 +1,61 @@
+"""AfMoE, read by what its attention computes: RoPE on the layers
+``config.layer_types`` makes slide, whether or not a window is set (``if
+self.is_local_attention:``: spec ``rope.nope_rule = "layer_type"``), and a
+gate on the attention output (``output * sigmoid(gate_proj(x))``), which
+once read as extra KV heads ([64, 32, 32, 64] as 4 KV heads where the config
+says 2). It is refused naming the gate, not the KV heads nor the NoPE rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    from autoport_cst.validate import build_tiny_checkpoint
+
+    directory = tmp_path_factory.mktemp("afmoe") / "src"
+    build_tiny_checkpoint("AfmoeForCausalLM", directory, seed=0)
+    return directory
+
+
+def _findings(source: Path) -> dict:
+    from autoport_cst.research.code_analysis import analyze_code
+    from autoport_cst.research.config_analysis import analyze_config, read_config, resolve_config
+    from autoport_cst.research.sources import locate_modeling_source
+
+    path = source / "config.json"
+    raw = read_config(path)
+    resolved = resolve_config(raw, str(path))
+    cfg = analyze_config(raw, resolved, str(path))
+    code = analyze_code(locate_modeling_source("afmoe", str(path)), resolved, cfg.architecture, cfg.dims)
+    return {f.field: f for f in code.findings}
+
+
+def test_the_sliding_layers_rotate_whatever_the_window(source):
+    found = _findings(source)
+    assert found["rope.nope_rule"].value == "layer_type"
+    assert "self.is_local_attention" in found["rope.nope_rule"].evidence
+
+
+def test_the_output_gate_is_named_not_read_as_kv_heads(source):
+    found = _findings(source)
+    gate = found["unsupported.attention_output_gate"]
+    assert gate.known and "gate_proj" in gate.evidence
+    heads = found.get("attention.num_kv_heads")
+    assert heads is None or heads.value == 2
+
+
+def test_the_plan_is_refused_for_the_gate_alone(source):
+    from autoport_cst.research import choose_reference, research
+    from autoport_cst.research.refusal import refusal_text
+
+    found = research(str(source))
+    choice = choose_reference(found.spec, "afmoe", found.architecture, found=found)
+    assert not choice.realizable
+    _, named = refusal_text(found.spec, choice, found)
+    assert [b.field for b in named] == ["attention_output_gate"]
