@@ -48,6 +48,7 @@ class _Report(_Found):
         super().__init__(True)
         self.config_variants: list[dict] = []
         self.failed_as: str | None = None
+        self.settings = {"prefill_calls": [{"kind": "whole"}, {"kind": "chunked"}]}
 
     def fail_as(self, named: str, found: _Found) -> None:
         self.equivalent, self.failed_as = False, named
@@ -101,3 +102,10 @@ def test_default_validation_catches_a_dropped_or_weakened_guard(tmp_path: Path, 
     mutant = validate_model(_without_guard(tmp_path, replacement), tiny, steps=4, parallel_layouts=False)
     assert mutant.exit_code == 1
     assert G.LABEL in mutant.summary() and "KernelConstraintError" in mutant.summary()
+
+
+def test_a_port_whose_plain_run_took_no_cache_paths_is_not_asked() -> None:
+    report = _Report()
+    report.settings = {"prefill_calls": [{"kind": "whole"}] * 3}
+    G.check_fp8_segmented_guard(report, QWEN3, lambda **options: pytest.fail("asked"))
+    assert report.config_variants == [] and report.failed_as is None

@@ -10,7 +10,7 @@ weakens it validates, then sends a non-packed FP8 cache to a kernel that cannot
 read it (on the device: no error, a wrong attention).
 
 So a passing plain validation of a port that has cache paths (it reads
-``kv_segment_size``) and an FP8 cache (it reads ``k_scale``) goes on to an FP8
+``kv_segment_size``, and its plain run took them) and an FP8 cache (it reads ``k_scale``) goes on to an FP8
 KV-cache run with segmented prefill forced, on the same checkpoint: it passes
 when the port refuses by a guard (its own ``NotImplementedError``, or the API's
 guard it calls) or validates (a port that packs its FP8 cache); a port that
@@ -36,6 +36,14 @@ def has_fp8_cache_paths(package_dir: str | Path) -> bool:
     return _reads(package_dir, "kv_segment_size") and _reads(package_dir, "k_scale")
 
 
+def took_cache_paths(report: Any) -> bool:
+    """Whether the plain run took the cache paths (the driver's decision: the port reads
+    ``kv_segment_size`` from the metadata). A port that names it but never reads it (a copy
+    without segmented prefill) is not asked about a path it does not have."""
+    calls = getattr(report, "settings", {}).get("prefill_calls", [])
+    return any(call.get("kind") != "whole" for call in calls)
+
+
 def check_fp8_segmented_guard(report: Any, package_dir: str | Path, validate: Callable[..., Any]) -> None:
     """Run the port with an FP8 KV cache and segmented prefill
     (``validate(kv_cache_dtype="fp8", prefill="segmented") -> ValidationReport``)
@@ -43,7 +51,7 @@ def check_fp8_segmented_guard(report: Any, package_dir: str | Path, validate: Ca
     equivalent run fails ``report``, named after it."""
     from autoport_cst.errors import InputError
 
-    if not report.equivalent or not has_fp8_cache_paths(package_dir):
+    if not report.equivalent or not has_fp8_cache_paths(package_dir) or not took_cache_paths(report):
         return
     entry: dict[str, Any] = {"label": LABEL, "equivalent": None, "summary": None}
     report.config_variants.append(entry)
