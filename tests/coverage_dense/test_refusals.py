@@ -24,9 +24,9 @@ REFUSALS = {
     # dynamic mask attention: a bias from dt_proj(values) scaled by the learned A, added to the scores
     "DogeForCausalLM": ("unsupported", "learned parameters in the attention computation"),
     # full-attention layers without RoPE, chosen by layer_types (the NoPE codemod reads other fields)
-    "Cohere2ForCausalLM": ("unsupported", "nope_layers: Cohere2Attention.forward"),
-    # the same (no RoPE on full attention), on a model whose layers after the first two are MoE
-    "FlintForCausalLM": ("unsupported", "nope_layers: FlintAttention.forward"),
+    # Cohere 2 MoE: no RoPE on full attention, except where force_rope (read from mlp_layer_types and
+    # prefix_dense_sliding_window_pattern) rotates a dense prefix layer: a rule no port reads
+    "Cohere2MoeForCausalLM": ("unsupported", "nope_layers: Cohere2MoeAttention.forward"),
     # blocks under transformer.h / transformer.blocks: found, and refused for their ALiBi bias per head
     "BloomForCausalLM": ("unsupported", "alibi_positions: _get_alibi_slopes in BloomModel.forward"),
     "MptForCausalLM": ("unsupported", "alibi_positions: build_mpt_alibi_tensor in MptModel.forward"),
@@ -62,35 +62,32 @@ def test_refused_with_the_feature_named(architecture, workdir):
         assert field in refused.value.features
 
 
-@pytest.mark.parametrize("architecture", ["Cohere2ForCausalLM", "Exaone4ForCausalLM", "FlintForCausalLM"])
-def test_nope_by_layer_type_is_named(architecture, workdir):
-    """Layers without RoPE chosen by their layer type: the refusal names
-    config.layer_types and the layer type that takes no RoPE."""
-    source = workdir / f"{architecture}-types"
-    build_tiny_checkpoint(architecture, source, seed=0)
+def test_nope_by_a_guard_reading_other_fields_is_named(workdir):
+    """Layers without RoPE chosen by a guard that reads more than the layer
+    types and the window (Cohere 2 MoE's force_rope): the refusal names
+    config.layer_types, the layer type that takes no RoPE and the fields the
+    guard reads."""
+    source = workdir / "cohere2-moe-types"
+    build_tiny_checkpoint("Cohere2MoeForCausalLM", source, seed=0)
     (entry,) = [e for e in research(str(source)).spec.unsupported or () if e.startswith("nope_layers:")]
-    assert "config.layer_types" in entry and "(no RoPE on its full_attention layers)" in entry, entry
+    assert "config.layer_types" in entry and "no RoPE on its full_attention layers" in entry, entry
+    assert "config.prefix_dense_sliding_window_pattern" in entry, entry
 
 
 def test_flint_is_planned_as_moe_with_dense_layers(workdir):
     """Flint's layers after the first two are MoE (mlp_only_layers [0, 1]):
-    its plan is an MoE model with two dense layers, never a dense model, and
-    it is refused for its layers without RoPE before anything is written, and
-    for nothing else: its RoPE is read on its first rotating layer (layer 0,
-    full attention, takes none)."""
+    its plan is an MoE model with two dense layers, never a dense model, its
+    layers without RoPE the full-attention ones (rule ``sliding``, which
+    nope-layers realizes) and nothing refused: its RoPE is read on its first
+    rotating layer (layer 0, full attention, takes none)."""
     source = workdir / "flint-moe"
     build_tiny_checkpoint("FlintForCausalLM", source, seed=0)
     spec = research(str(source)).spec
     assert spec.moe is not None and spec.moe.num_experts == 4 and spec.moe.top_k == 2
     assert spec.moe.dense_layers == (0, 1)
-    assert [entry.partition(":")[0] for entry in spec.unsupported or ()] == ["nope_layers"]
+    assert spec.unsupported is None
+    assert spec.rope.nope_rule == "sliding"
     assert spec.rope.style == "rotate_half" and spec.rope.partial_rotary_factor == 1.0
-    out = workdir / "flint-out"
-    with pytest.raises(UnrealizableDiffError) as refused:
-        port(str(source), "refused_flint", out)
-    assert "nope_layers" in refused.value.features
-    assert "qwen3_moe" in str(refused.value)  # the closest reference is the MoE one
-    assert not (out / "vllm_neuron").exists()
 
 
 def test_clipped_qkv_is_refused(workdir):
