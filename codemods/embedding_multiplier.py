@@ -231,7 +231,7 @@ class EmbeddingMultiplier(Codemod):
         if ctx.role == "module":
             return other_model_file(module, ctx, self.touches(), "the embedding multiplier")
         if self.params.inside:
-            return scaled_embedding(module, ctx, self.ID, f"config.{key}")
+            return scaled_embedding(module, ctx, f"config.{key}")
         backbone = class_here(module, ctx, "backbone", "<Prefix>Model backbone")
         if backbone is None:
             return module

@@ -119,4 +119,4 @@ class EmbeddingScale(Codemod):
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         if ctx.role == "module":
             return other_model_file(module, ctx, self.touches(), "the embedding scale")
-        return scaled_embedding(module, ctx, self.ID, "config.hidden_size**0.5")
+        return scaled_embedding(module, ctx, "config.hidden_size**0.5")

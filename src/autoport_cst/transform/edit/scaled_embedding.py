@@ -37,7 +37,7 @@ class {SCALED}({BASE}):
 '''
 
 
-def scaled_embedding(module: cst.Module, ctx: FileContext, codemod_id: str, scale: str) -> cst.Module:
+def scaled_embedding(module: cst.Module, ctx: FileContext, scale: str) -> cst.Module:
     """The backbone (``<Prefix>Model``) builds its one ``VocabDimShardedEmbedding``
     as a ``ScaledVocabEmbedding`` with ``embed_scale=<scale>`` (an expression
     of ``config``); the class is added before the backbone when missing."""
@@ -52,10 +52,8 @@ def scaled_embedding(module: cst.Module, ctx: FileContext, codemod_id: str, scal
         if isinstance(value, cst.Call) and (dotted(value.func) or "").split(".")[-1] in (BASE, SCALED)
     ]
     if len(embeddings) != 1:
-        raise ctx.precondition(
-            f"{codemod_id}: {name}.__init__ builds no {BASE}(...) token embedding, or more than one",
-            init,
-            module,
+        raise ctx.refuse(
+            f"{name}.__init__ builds no {BASE}(...) token embedding, or more than one", init, module
         )
     call = embeddings[0]
     edits: dict = {}
