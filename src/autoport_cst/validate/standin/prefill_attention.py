@@ -198,6 +198,11 @@ def _segmented_constraints(
         )
 
 
+# What the segmented kernel asserts on the device (its K load needs a packed or pre-transposed FP8
+# cache); validate.guard_checks tells this refusal by the kernel from a port's own failures.
+NON_PACKED_FP8 = "the segmented kernel cannot read a non-packed FP8 K cache"
+
+
 def _dequantized_caches(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -213,8 +218,7 @@ def _dequantized_caches(
         k_cache = unswizzle_packed_k(k_cache)
     elif is_fp8(k_cache):
         raise KernelConstraintError(
-            f"NF.{op}: the segmented kernel cannot read a non-packed FP8 K cache (FP8 segmented prefill "
-            "needs fp8_packed=True)"
+            f"NF.{op}: {NON_PACKED_FP8} (FP8 segmented prefill needs fp8_packed=True)"
         )
     k_factor = 1.0 if k_scale is None else float(k_scale.reshape(-1)[0])
     v_factor = 1.0 if v_scale is None else float(v_scale.reshape(-1)[0])
