@@ -32,7 +32,7 @@ from autoport_cst.research.parallelism import tp_refusal
 
 from . import compare
 from .driver import PREFILL_MODES, PortFailure, PortOutput, PortSession, port_hf_config
-from .forced_routing import teacher_forced
+from .forced_routing_verdict import forced_routing_verdict
 from .fp8_cache_forcing import ForcingTally, port_cache_contents
 from .kernel_precision import PolicyUnavailable, run_kernel_precision_reference
 from .layout import ParallelLayout, check_layout
@@ -58,6 +58,12 @@ MAX_TP = 8
 # config.json keys that hold the number of routed experts (mixture-of-experts
 # configs spell it differently); the first one present is used
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _expert_count(config: dict) -> int | None:
+    return next((config[k] for k in EXPERT_COUNT_KEYS if isinstance(config.get(k), int)), None)
+
+
 VALIDATION_THREADS = 1  # torch intra-op threads per process (see _intra_op_threads)
 
 # The stages ``on_stage`` reports, in order.
@@ -106,7 +112,7 @@ def _check_expert_parallel(ep: int, tp: int, config: dict, config_path: Path) ->
             f"--ep {ep} needs --tp to be a multiple of it (expert parallelism splits the experts "
             f"among the TP ranks), got --tp {tp}"
         )
-    experts = next((config[k] for k in EXPERT_COUNT_KEYS if isinstance(config.get(k), int)), None)
+    experts = _expert_count(config)
     if experts is None:
         raise InputError(
             f"--ep {ep} needs a mixture-of-experts checkpoint: {config_path} has no expert count "
@@ -369,8 +375,12 @@ def _validate_run(
     _compare(report, port, reference, scenario, teacher, dtype)
     report.kv_cache = reference.tally.describe() if reference.tally is not None else None
     timings["compare"] = time.perf_counter() - start
-    _forced_routing(
-        report, _PortRun(package_dir, checkpoint, run, scenario, layout), config, teacher, timings
+    forced_routing_verdict(
+        report,
+        _PortRun(package_dir, checkpoint, run, scenario, layout),
+        _expert_count(config),
+        teacher,
+        timings,
     )
     for key, value in port.timings.items():
         timings[f"port_{key}"] = value
@@ -608,50 +618,6 @@ class _GivenTeacher:
 
     def notify(self, stage: str) -> None:
         pass
-
-
-def _forced_routing(
-    report: ValidationReport,
-    port_run: _PortRun,
-    config: dict,
-    teacher: list[list[int]],
-    timings: dict[str, float],
-) -> None:
-    """A bf16 MoE port that failed: the teacher-forced routing comparison
-    (``forced_routing``), which validates it when it passes every gate and
-    every routing divergence is a near tie; recorded in ``report.routing``."""
-    experts = next((config[k] for k in EXPERT_COUNT_KEYS if isinstance(config.get(k), int)), None)
-    if port_run.run.dtype != "bf16" or report.equivalent or experts is None:
-        return
-    start = time.perf_counter()
-    try:
-        _forced_evidence(report, port_run, teacher, experts)
-    finally:
-        timings["teacher_forced_routing"] = time.perf_counter() - start
-
-
-def _forced_evidence(
-    report: ValidationReport, port_run: _PortRun, teacher: list[list[int]], experts: int
-) -> None:
-    if port_run.layout.disaggregated:
-        report.routing = {"teacher_forced": {"unavailable": "not run with data or context parallelism"}}
-        return
-    try:
-        evidence = teacher_forced(
-            port_run, port_run.reference(teacher, experts), port_run.scenario, teacher, experts
-        )
-    except PortFailure as failure:
-        report.routing = {"teacher_forced": {"unavailable": f"the forced port run failed: {failure.message}"}}
-        return
-    report.routing = evidence.describe(report.failed_checks)
-    report.routing["summary"] = evidence.summary()
-    if evidence.validates and evidence.comparison is not None:
-        result = evidence.comparison
-        report.equivalent = True
-        report.first_diverging = None
-        report.failed_checks = []
-        report.components = [vars(c) for c in result.components]
-        report.logits = vars(result.logits)
 
 
 @dataclass(frozen=True)
