@@ -73,9 +73,8 @@ CONFIGS: dict[str, dict] = {
 REFUSALS: dict[str, tuple[str, dict, str]] = {
     # JetMoe: experts without a classifiable gated MLP (and mixture-of-attention heads)
     "jetmoe": ("JetMoeForCausalLM", {}, "moe.expert_mlp"),
-    # EXAONE MoE: no RoPE on its full-attention layers, chosen by layer_types
-    # (nope-layers reads no_rope_layers / no_rope_layer_interval)
-    "exaone_moe": ("ExaoneMoeForCausalLM", {}, "nope_layers"),
+    # (EXAONE MoE, once refused for its layers without RoPE chosen by layer_types, ports since
+    # rope.nope_rule: tests/coverage_dense/test_nope_layer_types.py)
 }
 
 

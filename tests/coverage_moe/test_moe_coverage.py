@@ -212,19 +212,3 @@ def test_group_limited_routing_without_latent_attention_is_refused_by_name(tmp_p
         port(str(source), "refused_glm4_groups", out)
     assert "moe.group_limit" in str(refused.value) and "group-limit" in str(refused.value)
     assert not (out / "vllm_neuron").exists()
-
-
-def test_nope_by_layer_type_is_refused_naming_the_layer_types(tmp_path_factory):
-    """EXAONE MoE rotates only its sliding layers (no RoPE on full attention,
-    chosen from config.layer_types through a local): nope-layers reads other
-    fields, so the port is refused, the refusal naming the layer type."""
-    from autoport_cst.port import port
-
-    source = build(tmp_path_factory, "ExaoneMoeForCausalLM", {}, "refused-exaone-moe-types")
-    out = tmp_path_factory.mktemp("refused-exaone-moe-types-out")
-    with pytest.raises(UnrealizableDiffError) as refused:
-        port(str(source), "refused_exaone_moe", out)
-    assert "nope_layers" in refused.value.features
-    assert "config.layer_types (no RoPE on its full_attention layers)" in str(refused.value)
-    assert "ExaoneMoeAttention.forward (modeling_exaone_moe.py:" in str(refused.value)
-    assert not (out / "vllm_neuron").exists()

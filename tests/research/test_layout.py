@@ -18,15 +18,18 @@ PACKAGE = "autoport_cst.research"
 
 # package -> (its orchestrator, shared modules every section may import)
 LAYERS = {
-    "analysis": ("code_analysis", {"state", "graph", "norms", "layer_inputs"}),
+    "analysis": ("code_analysis", {"state", "graph", "norms", "layer_inputs", "config_expressions"}),
     "decide": ("crosscheck", {"state"}),
 }
 # the one section a section builds on: the MoE experts are classified as MLPs
-# declared edges between sections: MLA and attention written out are read as forms of attention; the unsupported-feature
-# decisions ask the attention decisions whether a config flag sets one KV head
+# declared edges between sections: MLA and attention written out are read as forms of attention, and an
+# output gate is taken out of the attention's projections; the unsupported-feature decisions ask the
+# attention decisions whether a config flag sets one KV head
 SECTION_EDGES = {
     ("analysis", "moe"): {"mlp"},
-    ("analysis", "attention"): {"latent", "scores"},
+    ("analysis", "attention"): {"latent", "scores", "output_gate"},
+    ("analysis", "rope"): {"nope_rule"},  # the rule that picks the layers without RoPE
+    ("analysis", "head"): {"multiplier_keys"},  # multipliers computed from several config fields
     ("decide", "unsupported"): {"attention"},
 }
 MAX_FILE_LINES = 800
