@@ -46,7 +46,8 @@ Classes:
 - ``equivalent``: proved equivalent, the mutant's AST equals the original's
   once normalised (``mutation_operators.normalised``: formatting dropped, the
   two dimensions of ``transpose`` in a fixed order; a kernel argument that
-  passes its declared default dropped), or a removed loader entry mapping a
+  passes its declared default dropped, an enum member argument compared as
+  the member its stand-in import names), or a removed loader entry mapping a
   parameter to the checkpoint key of its own name, which the checkpoint
   readers' ``mappings.get(name, name)`` supplies (``mutation_proofs``). Only
   these are left out of the kill rate.
@@ -83,7 +84,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
-from mutation_operators import ANY, POSITIONAL, Mutant, ParsedModule, normalised, parse_mutants  # noqa: E402
+from mutation_operators import ANY, IMPORTABLE, POSITIONAL, Mutant, ParsedModule, normalised, parse_mutants  # noqa: E402
 from mutation_proofs import identity_mapping  # noqa: E402
 from mutation_setup import PORTS, Port, prepare  # noqa: E402
 
@@ -194,6 +195,7 @@ def declared_defaults() -> dict[str, dict[str, object]]:
     left out, as the API declares it (the stand-in's signatures, written from
     the kernels' documentation, and its per-kernel ``KernelOptions``: refused
     options with their defaults, performance hints as ``ANY``)."""
+    from autoport_cst.validate import standin
     from autoport_cst.validate.standin import functional
     from autoport_cst.validate.standin.kernel_options import KernelOptions
 
@@ -213,6 +215,13 @@ def declared_defaults() -> dict[str, dict[str, object]]:
                 declared = defaults.setdefault(options.op, {})
                 declared.update(options.refused)
                 declared.update(dict.fromkeys(options.hints, ANY))
+    # what a port's `from M import N` binds (the stand-in's module tables), to read enum members
+    defaults[IMPORTABLE] = {
+        module: entry
+        for name, table in vars(standin).items()
+        if name.endswith("_MODULES")
+        for module, entry in table.items()
+    }
     return defaults
 
 

@@ -35,6 +35,8 @@ annotations, strings, and calls that only log or warn.
 from __future__ import annotations
 
 import ast
+import enum
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -398,6 +400,10 @@ def _unique(found: list[Mutant]) -> list[Mutant]:
 
 ANY = object()  # a declared default of a hint: any value computes the same
 POSITIONAL = "*positional"  # defaults[kernel][POSITIONAL]: its positional-or-keyword parameters, in order
+# defaults[IMPORTABLE]: module name -> (module, exported names or None for all): what a port's
+# ``from <module> import <name>`` binds (the stand-in's modules), to read an enum member
+# argument (``Mode.MEMBER``) as the member it names
+IMPORTABLE = "*importable"
 
 
 class _Canonical(ast.NodeTransformer):
@@ -405,8 +411,9 @@ class _Canonical(ast.NodeTransformer):
     arguments of ``NF`` kernel calls that pass the kernel's declared default
     (or are performance hints) dropped."""
 
-    def __init__(self, defaults: dict[str, dict[str, object]]) -> None:
+    def __init__(self, defaults: dict[str, dict[str, object]], imported: dict[str, object]) -> None:
         self.defaults = defaults
+        self.imported = imported
 
     def visit_Call(self, node: ast.Call) -> ast.Call:
         self.generic_visit(node)
@@ -417,7 +424,7 @@ class _Canonical(ast.NodeTransformer):
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "NF":
             declared = self.defaults.get(func.attr, {})
             _keywords_for_positions(node, declared.get(POSITIONAL, ()))
-            node.keywords = [k for k in node.keywords if not _passes_default(k, declared)]
+            node.keywords = [k for k in node.keywords if not _passes_default(k, declared, self.imported)]
         return node
 
 
@@ -436,12 +443,14 @@ def _keywords_for_positions(node: ast.Call, order: object) -> None:
     node.args, node.keywords = [], moved + node.keywords
 
 
-def _passes_default(keyword: ast.keyword, declared: dict[str, object]) -> bool:
+def _passes_default(keyword: ast.keyword, declared: dict[str, object], imported: dict[str, object]) -> bool:
     if keyword.arg not in declared:
         return False
     default = declared[keyword.arg]
     if default is ANY:
         return True
+    if isinstance(default, enum.Enum) and isinstance(keyword.value, ast.Attribute):
+        return _names_member(keyword.value, default, imported)
     if not isinstance(keyword.value, ast.Constant):
         return False
     value = keyword.value.value
@@ -450,11 +459,65 @@ def _passes_default(keyword: ast.keyword, declared: dict[str, object]) -> bool:
     return isinstance(default, int | float) and isinstance(value, int | float) and value == default
 
 
+def _names_member(value: ast.expr, member: enum.Enum, imported: dict[str, object]) -> bool:
+    """Whether ``value`` is ``Name.MEMBER`` naming ``member``: ``Name`` bound once in the
+    module, by a ``from`` import of the enum class ``member`` belongs to."""
+    if not (isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name)):
+        return False
+    owner = imported.get(value.value.id)
+    return owner is type(member) and type(member).__members__.get(value.attr) is member
+
+
+def _imported_classes(tree: ast.Module, importable: object) -> dict[str, object]:
+    """Local name -> the object a module-level ``from M import N [as A]`` binds, when M is
+    one of ``importable``'s modules that exports N and A is bound nowhere else in the module."""
+    if not isinstance(importable, dict):
+        return {}
+    found: dict[str, object] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ImportFrom) or node.level or node.module not in importable:
+            continue
+        module, names = importable[node.module]
+        for alias in node.names:
+            if module is not None and (names is None or alias.name in names) and hasattr(module, alias.name):
+                found[alias.asname or alias.name] = getattr(module, alias.name)
+    bindings = Counter(_bound_names(tree))
+    return {name: value for name, value in found.items() if bindings[name] == 1}
+
+
+def _bound_names(tree: ast.Module) -> list[str]:
+    """Every name a binding in the module binds (imports, assignments, definitions, targets...),
+    once per binding, at any depth."""
+    bound: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
+            bound.append(node.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            bound += [(a.asname or a.name).split(".")[0] for a in node.names]
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.append(node.name)
+        elif isinstance(node, ast.arg):
+            bound.append(node.arg)
+        elif isinstance(node, ast.Global | ast.Nonlocal):
+            bound += node.names
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.append(node.name)
+        elif isinstance(node, ast.MatchAs | ast.MatchStar) and node.name:
+            bound.append(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            bound.append(node.rest)
+    return bound
+
+
 def normalised(code: str, defaults: dict[str, dict[str, object]] | None = None) -> str:
     """A canonical form of a module: two modules with the same form compute
     the same. Positions, formatting and comments are dropped; the two
     dimensions of ``transpose`` and ``swapaxes`` are put in a fixed order;
     a keyword argument of an ``NF.<kernel>`` call is dropped when ``defaults``
     (kernel -> parameter -> declared default, ``ANY`` for a hint) says the
-    kernel takes that value when the argument is left out."""
-    return ast.dump(_Canonical(defaults or {}).visit(ast.parse(code)))
+    kernel takes that value when the argument is left out (an enum member
+    given as ``Name.MEMBER``, ``Name`` imported from a module of
+    ``defaults[IMPORTABLE]`` and bound nowhere else, compares as that member)."""
+    tree = ast.parse(code)
+    imported = _imported_classes(tree, (defaults or {}).get(IMPORTABLE))
+    return ast.dump(_Canonical(defaults or {}, imported).visit(tree))

@@ -250,3 +250,30 @@ def test_a_trailing_positional_argument_that_passes_the_declared_default_is_drop
     }
     assert forms["x, w, None"] == forms["x, w"] == forms["x, w, bias=None"]
     assert forms["x, w, b"] != forms["x, w"] and forms["x, None"] != forms["x, w"]
+
+
+def test_an_enum_member_that_is_the_declared_default_is_dropped(mutation, operators):
+    """``scaling_mode=Mode.POST_SCALE`` passes ``moe_cte``'s declared default when
+    ``Mode`` is the stand-in's enum, imported from the module the port names;
+    another member, another enum, a rebound name or a name of unknown origin is kept."""
+    defaults = mutation.declared_defaults()
+    mode = defaults["moe_cte"]["expert_affinities_scaling_mode"]
+    assert mode.name == "POST_SCALE"
+    header = "from nkilib.core.utils.common_types import ExpertAffinityScaleMode as Mode, ActFnType\n"
+
+    def form(text: str) -> str:
+        return operators.normalised(text, defaults)
+
+    def call(argument: str) -> str:
+        return f"y = NF.moe_cte(hidden_states=x{argument})\n"
+
+    assert form(header + call(", expert_affinities_scaling_mode=Mode.POST_SCALE")) == form(header + call(""))
+    post = ", expert_affinities_scaling_mode=Mode.POST_SCALE"
+    for prefix, argument in (
+        (header, ", expert_affinities_scaling_mode=Mode.NO_SCALE"),  # another member
+        (header, ", expert_affinities_scaling_mode=ActFnType.SiLU"),  # another enum
+        (header + "Mode = object()\n", post),  # the name rebound
+        ("from elsewhere import Mode\n", post),  # a module that is not the stand-in's
+        ("", post),  # a name of unknown origin
+    ):
+        assert form(prefix + call(argument)) != form(prefix + call("")), (prefix, argument)
