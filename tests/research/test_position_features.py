@@ -1,6 +1,6 @@
 """Position features the research reads per layer, from what the code
 computes with what each layer is passed: a scale of the queries that grows
-with the position (refused: no spec field holds it), layers the backbone
+with the position (an attention temperature, read with its config fields), layers the backbone
 passes no position embeddings (NoPE layers, refused unless a port can read
 them from the fields it knows), and a RoPE base per layer (refused)."""
 
@@ -15,14 +15,18 @@ def _unsupported(result) -> list[str]:
     return [item.split(":", 1)[0] for item in result.spec.unsupported or ()]
 
 
-def test_position_dependent_query_scaling_is_refused(tiny):
+def test_position_dependent_query_scaling_is_read_as_an_attention_temperature(tiny):
     """Ministral 3 multiplies the rotated queries by
-    1 + beta * log(1 + floor(position_ids / n)): a port without it is wrong
-    beyond the first n positions, so the plan names it and is refused."""
+    1 + beta * log(1 + floor(position_ids / n)), in a helper function, the
+    factor cast to the queries' dtype: the plan reads beta and n from the
+    config fields that hold them (position-scaled-attention realizes it)."""
     result = tiny.research("ministral3")
-    assert "position_scaled_attention" in _unsupported(result)
-    (item,) = [u for u in result.spec.unsupported if u.startswith("position_scaled_attention")]
-    assert "position_ids" in item
+    assert "position_scaled_attention" not in _unsupported(result)
+    attention = result.spec.attention
+    assert attention.temperature_beta_key == "rope_parameters.llama_4_scaling_beta"
+    assert attention.temperature_floor_key == "rope_parameters.original_max_position_embeddings"
+    assert (attention.temperature_offset, attention.temperature_layers) == (0.0, "all")
+    assert attention.temperature_rounded is True
 
 
 def test_layers_the_backbone_passes_no_position_embeddings_are_nope_layers(tiny):

@@ -67,6 +67,7 @@ ScaleForm = Literal["multiplier", "inverse_sqrt"]
 LogitsForm = Literal["divisor", "multiplier"]
 AttentionKind = Literal["softmax", "differential", "latent"]
 GroupLimit = Literal["none", "sum_top2", "max"]
+TemperatureLayers = Literal["all", "nope"]
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,26 @@ class AttentionSpec:
         None,
         "Boolean config field that makes the attention multi-query, one key/value head whatever the "
         "config's KV head count says (gpt_bigcode's multi_query); null: the config's count.",
+    )
+    temperature_beta_key: str | None = feature(
+        None,
+        "Attention temperature (Ministral 3, Llama 4): the queries are multiplied by 1 + beta * log(1 + "
+        "floor((position + temperature_offset) / floor_scale)); the config field holding beta "
+        "(rope_parameters.<key> for one of config.rope_parameters); null: no temperature.",
+    )
+    temperature_floor_key: str | None = feature(
+        None, "Attention temperature: the config field holding floor_scale (as temperature_beta_key)."
+    )
+    temperature_offset: float = feature(
+        0.0, "Attention temperature: added to the position before the division (Llama 4: 1.0)."
+    )
+    temperature_layers: TemperatureLayers = feature(
+        "all", "Attention temperature on every layer, or on the layers without RoPE only (Llama 4)."
+    )
+    temperature_rounded: bool = feature(
+        False,
+        "Attention temperature: the factor is cast to the queries' dtype before it multiplies them "
+        "(Ministral 3); False: the product is (Llama 4).",
     )
 
 

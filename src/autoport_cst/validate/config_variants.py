@@ -114,7 +114,7 @@ def _edits(feature: str, value: Any, base: dict[str, Any]) -> list[tuple[str, di
             return None
         if rope.get("rope_type", "default") == value:
             return []
-        return _rope_edits(value, rope, _rope_dims(base))
+        return _kept_temperature(_rope_edits(value, rope, _rope_dims(base)), rope)
     if feature == "embedding.tied":
         return (
             [] if bool(base.get("tie_word_embeddings")) == value else [("", {"tie_word_embeddings": value})]
@@ -126,6 +126,24 @@ def _edits(feature: str, value: Any, base: dict[str, Any]) -> list[tuple[str, di
     if feature == "attention.sliding_window":
         return _window_edits(value, base)
     return None
+
+
+# entries of rope_parameters the attention temperature reads (Ministral 3),
+# not the RoPE's: a variant of the RoPE type keeps them
+_TEMPERATURE_ENTRIES = ("llama_4_scaling_beta", "original_max_position_embeddings")
+
+
+def _kept_temperature(
+    edits: list[tuple[str, dict]] | None, rope: dict[str, Any]
+) -> list[tuple[str, dict]] | None:
+    """``edits`` whose rope_parameters keep the attention temperature's entries
+    of ``rope`` (those a variant does not set itself)."""
+    if edits is None or rope.get("llama_4_scaling_beta") is None:
+        return edits
+    kept = {k: rope[k] for k in _TEMPERATURE_ENTRIES if k in rope}
+    return [
+        (suffix, {**edit, "rope_parameters": {**kept, **edit["rope_parameters"]}}) for suffix, edit in edits
+    ]
 
 
 def _rope_dims(base: dict[str, Any]) -> int:

@@ -76,6 +76,11 @@ MAX_TINY_PARAMETERS = 5_000_000
 # Sliding windows shrink below the validation prompts (8 to 20 tokens plus the
 # decode steps), so a port that ignores the window shows it.
 TINY_WINDOW = 6
+# Attention-temperature steps (Llama 4's floor_scale, Ministral 3's
+# rope_parameters original_max_position_embeddings when it sets
+# llama_4_scaling_beta) shrink below the prompts too, so that the factor
+# changes within them and a port that ignores it shows it.
+TINY_TEMPERATURE_FLOOR = 5  # no tiny size equals it (a field equal to it would make it ambiguous)
 
 # Attributes that name token ids: kept inside the tiny vocabulary.
 _TOKEN_ID_ATTRIBUTES = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -199,6 +204,7 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
     window = getattr(config, "sliding_window", None)
     if isinstance(window, int) and not isinstance(window, bool) and window > TINY_WINDOW:
         config.sliding_window = TINY_WINDOW
+    _shrink_temperature_floor(config)
     vocab = getattr(config, "vocab_size", None)
     for name in _TOKEN_ID_ATTRIBUTES:
         token = getattr(config, name, None)
@@ -208,6 +214,17 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
         config.initializer_range = TINY_INIT_STD
     config.architectures = [architecture]
     return config
+
+
+def _shrink_temperature_floor(config: Any) -> None:
+    floor = getattr(config, "floor_scale", None)
+    if isinstance(floor, (int, float)) and not isinstance(floor, bool) and floor > TINY_TEMPERATURE_FLOOR:
+        config.floor_scale = TINY_TEMPERATURE_FLOOR
+    rope = getattr(config, "rope_parameters", None)
+    if isinstance(rope, dict) and rope.get("llama_4_scaling_beta") is not None:
+        original = rope.get("original_max_position_embeddings")
+        if isinstance(original, int) and original > TINY_TEMPERATURE_FLOOR:
+            rope["original_max_position_embeddings"] = TINY_TEMPERATURE_FLOOR
 
 
 def _settable(config: Any, name: str) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from autoport_cst.research.analysis import latent, layer_inputs, output_gate, scores
+from autoport_cst.research.analysis import latent, layer_inputs, output_gate, scores, temperature
 from autoport_cst.research.analysis.graph import (
     first_int,
     fused_qkv_layout,
@@ -495,13 +495,13 @@ def _own_parameters(
         )
 
 
-def _input_scaling(st: AnalyzerState, attn: Instance, nodes: list[Node], where: str) -> bool:
+def _input_scaling(st: AnalyzerState, attn: Instance, nodes: list[Node]) -> temperature.Scaling | None:
     """Queries or keys multiplied (or divided), between their projection and
     the attention, by a value computed from another input of the attention's
     forward than the hidden states and the rotation's (Ministral 3, Llama 4:
     ``1 + beta * log(1 + floor(position / n))``, a scale that grows with the
-    position): no spec field holds a scale that varies by position. True
-    when found (and reported)."""
+    position), or None.
+    ``temperature`` reads its constants."""
     projections = [
         n for n in nodes if n.kind == "module" and n.ref is not None and st.role(n.ref) == "linear"
     ]
@@ -520,18 +520,8 @@ def _input_scaling(st: AnalyzerState, attn: Instance, nodes: list[Node], where: 
             {n.name for n in _values_read(other) if n.kind == "input" and id(n) not in rotation_inputs}
         )
         if read:
-            verb = "multiplied" if node.name == "mul" else "divided"
-            st.add(
-                known(
-                    True,
-                    "unsupported.position_scaled_attention",
-                    CODE,
-                    f"{where}: the queries or keys are {verb} by a value computed from {', '.join(read)} "
-                    "before the attention (a scale that varies with the position: attention temperature)",
-                )
-            )
-            return True
-    return False
+            return temperature.Scaling(node.name, other, tuple(read))
+    return None
 
 
 _METADATA = {"dtype", "device", "shape"}
@@ -710,7 +700,9 @@ def _per_layer(st: AnalyzerState, where: str) -> None:
     RoPE section)."""
     windows: list[Any] = []
     rotary = []
-    scaled = False  # a position-dependent scale of the queries found (on any layer)
+    scaled: list[
+        tuple[Instance, temperature.Scaling | None]
+    ] = []  # per traced layer: a position-dependent query scale
     sinks: list[bool] = []  # per traced layer: a learned parameter passed to its kernel
     for index, layer in enumerate(st.layers):
         attn = dict(layer.children()).get(st.attn_name)
@@ -732,8 +724,9 @@ def _per_layer(st: AnalyzerState, where: str) -> None:
             kernel is not None and any(isinstance(v, Node) and v.kind == "param" for _, v in kernel.kwargs)
         )
         rotary.append(any(n.kind == "func" for n in nodes if st.is_rotation(n)))
-        scaled = scaled or _input_scaling(st, attn, nodes, st.where(attn))
+        scaled.append((attn, _input_scaling(st, attn, nodes)))
     st.layer_rotation = rotary
+    temperature.refuse_or_read(st, scaled)
     if any(sinks) and not all(sinks):
         on = [i for i, x in enumerate(sinks) if x]
         st.add(unknown("attention.sinks", CODE, f"{where}: attention sinks on layers {ranges(on)} only"))

@@ -78,6 +78,7 @@ def attention(d: Decider, head_size: Any) -> AttentionSpec:
         output_norm=d.flag("attention.output_norm", False),
         other_mixer_layers=d.flag("attention.other_mixer_layers", None),
         multi_query_key=multi_query_key(d),
+        **_temperature(d),
         **_latent(d),
     )
 
@@ -90,6 +91,12 @@ def multi_query_key(d: Decider) -> str | None:
         return None
     flags = [k for k, v in d.cfg.raw.items() if v is True and "multi_query" in k]
     return flags[0] if len(flags) == 1 else None
+
+
+def _temperature(d: Decider) -> dict[str, Any]:
+    """The attention temperature as the code computes it (absent: none)."""
+    defaults = {"beta_key": None, "floor_key": None, "offset": 0.0, "layers": "all", "rounded": False}
+    return {f"temperature_{k}": d.flag(f"attention.temperature_{k}", v) for k, v in defaults.items()}
 
 
 def _latent(d: Decider) -> dict[str, Any]:

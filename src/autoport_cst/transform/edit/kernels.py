@@ -188,12 +188,15 @@ def _attention_decode_unfused(
     dcp_group=None,
     qk_norm=None,
     softcap=None,
+    q_scale=None,
     **kernel_options,
 ):
     """NF.attention_decode computed op by op, for what the fused decode kernel
     cannot do: ``qk_norm`` (a function of q [Nq, T, Dh] and k [Nkv, T, Dh]
-    applied before RoPE, such as a norm over all heads) and ``softcap`` (tanh
-    softcapping of the attention scores, before the mask).
+    applied before RoPE, such as a norm over all heads), ``softcap`` (tanh
+    softcapping of the attention scores, before the mask) and ``q_scale`` (a
+    factor per token [B * S], multiplying the rotated queries: an attention
+    temperature; the product in the factor's dtype, rounded to the queries').
 
     The kernel's arguments, layouts and results: X [B, S, H]; caches
     [blocks, Nkv, block, Dh] or [blocks, block, Dh] (one KV head); cos/sin
@@ -259,6 +262,8 @@ def _attention_decode_unfused(
     if rmsnorm_QK_post_rope_enabled:
         q = rms_norm(q, rmsnorm_QK_post_rope_eps, rmsnorm_QK_post_rope_W_Q)
         k = rms_norm(k, rmsnorm_QK_post_rope_eps, rmsnorm_QK_post_rope_W_K)
+    if q_scale is not None:
+        q = (q * q_scale.reshape(batch, 1, seq, 1)).to(q.dtype)
 
     # each sequence's context from its blocks, the step's tokens in the last S slots
     table = active_blocks_table.to(torch.int64).clamp(min=0)
