@@ -137,11 +137,40 @@ def test_moe_cte_matches_a_dense_loop(data, dtype):
         activation_function=ActFnType.SiLU,
         skip_token=True,
         expert_affinities_scaling_mode=ExpertAffinityScaleMode.POST_SCALE,
+        compute_dtype=dtype,
     )
     expected = dense_moe(data["x"], affinities, data["gate_up"], data["down"])
     assert out.dtype == dtype
     tolerance = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_moe_cte_computes_in_bfloat16_unless_told(data):
+    """The kernel's documented ``compute_dtype`` default is ``nl.bfloat16``:
+    left out, float32 hidden states still go through the experts in bf16."""
+    affinities = NF.router(data["x"], data["w"], top_k=K)
+    masked, positions, block_to_expert, conditions = NF.build_blockwise_mapping(affinities, E, K, 256)
+
+    def run(**options):
+        return NF.moe_cte(
+            hidden_states=data["x"],
+            expert_affinities_masked=masked,
+            gate_up_proj_weight=data["gate_up"],
+            down_proj_weight=data["down"],
+            token_position_to_id=positions,
+            block_to_expert=block_to_expert,
+            block_size=256,
+            implementation=MoECTEImplementation.shard_on_block,
+            conditions=conditions,
+            skip_token=True,
+            **options,
+        )
+
+    default = run()
+    assert default.dtype == torch.float32
+    assert torch.equal(default, run(compute_dtype=torch.bfloat16))
+    assert not torch.equal(default, run(compute_dtype=torch.float32))
+    assert torch.equal(run(compute_dtype=None), run(compute_dtype=torch.float32))  # None: the input's dtype
 
 
 def test_moe_cte_refuses_a_flat_gate_up_weight(data):

@@ -93,6 +93,7 @@ def test_moe_cte_skip_modes_and_conditions() -> None:
     }
 
     def run(**options):
+        options.setdefault("compute_dtype", torch.float32)
         return NF.moe_cte(
             x,
             masked,

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import kernel_phases
+from . import kernel_phases, nki_language
 from .common_types import ActFnType, ExpertAffinityScaleMode, RouterActFnType
 from .kernel_options import KernelOptions, refuse_bools
 from .moe_blockwise import CteCall, MoECTEImplementation, run_moe_cte
@@ -314,7 +314,7 @@ def moe_cte(
     activation_function: Any = ActFnType.SiLU,
     skip_token: bool = False,
     skip_weight: bool = False,
-    compute_dtype: Any = None,
+    compute_dtype: Any = nki_language.bfloat16,
     is_tensor_update_accumulating: bool = True,
     expert_affinities_scaling_mode: Any = ExpertAffinityScaleMode.POST_SCALE,
     gate_clamp_upper_limit: float | None = None,
@@ -337,7 +337,8 @@ def moe_cte(
     Blocks whose ``conditions`` entry is 0 are not computed; -1 slots and
     blocks are skipped with ``skip_token`` / ``skip_weight`` and refused
     without them; the expert matmuls take their inputs in ``compute_dtype``
-    (default: the hidden states' dtype).
+    (default ``nl.bfloat16``, the kernel's documented default, whatever the
+    hidden states' dtype; None: the hidden states' dtype).
     """
     kernel_phases.record("moe_cte")
     refuse_bools("moe_cte", block_size=block_size)
