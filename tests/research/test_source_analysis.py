@@ -247,11 +247,16 @@ def test_modeling_source_is_read_not_imported():
 def test_a_norm_subclass_with_its_own_forward_is_not_taken_for_its_base(tmp_path):
     """Nemotron's LayerNorm1P subclasses nn.LayerNorm but applies
     (1 + weight): the base class alone must not classify it as a plain
-    LayerNorm (what its forward computes is unknown to the analysis here)."""
+    LayerNorm. Its forward is read: the weight and bias the base creates,
+    passed as ``F.layer_norm(*_cast_if_autocast_enabled(..., self.weight +
+    1.0, self.bias, ...))`` (a source function returning its arguments,
+    unpacked; no autocast at inference)."""
     from autoport_cst.research import research
     from autoport_cst.validate import build_tiny_checkpoint
 
     build_tiny_checkpoint("NemotronForCausalLM", tmp_path / "nemotron")
     found = research(str(tmp_path / "nemotron"))
-    decision = found.decision("norm.unit_offset")
-    assert decision.value is not False or decision.confidence == "unknown", decision
+    norm = found.spec.norm
+    assert (norm.kind, norm.bias, norm.unit_offset, norm.affine) == ("layernorm", True, True, True)
+    assert not {"norm.kind", "norm.bias", "norm.unit_offset"} & set(found.unknown)
+    assert "1 + param" in found.decision("norm.unit_offset").evidence

@@ -24,6 +24,7 @@ from autoport_cst.research.interp.values import (
     FuncRef,
     Instance,
     Node,
+    Param,
     SourceClass,
     State,
     SuperRef,
@@ -123,6 +124,7 @@ class Calls(Statements):
             finally:
                 self.release(frame)
             if isinstance(arg, ast.Starred):
+                value = self._unpackable(value)
                 if isinstance(value, (list, tuple)):
                     args.extend(value)
                 continue
@@ -175,6 +177,18 @@ class Calls(Statements):
                 return SuperRef(obj, owner)
             return UNKNOWN
         return self._call_value(func, args, kwargs)
+
+    def _unpackable(self, value: Any) -> Any:
+        """A starred argument: a call of a source function on tensors (a
+        ``func`` node) is run for what it returns when that is a tuple of its
+        operands (Nemotron's ``F.layer_norm(*_cast_if_autocast_enabled(...))``)."""
+        if not (isinstance(value, Node) and value.kind == "func" and isinstance(value.ref, FuncRef)):
+            return value
+        ref = value.ref
+        returned = merge_returns(
+            self.call_function(ref.module, ref.node, list(value.args), dict(value.kwargs))
+        )
+        return returned if isinstance(returned, (list, tuple)) else value
 
     def _call_source_function(self, func: FuncRef, args: list, kwargs: dict) -> Any:
         """A function of the source: computed when its arguments are concrete
@@ -250,7 +264,22 @@ class Calls(Statements):
                     else:
                         obj.obj.args.setdefault(key, value)
                 obj.obj.attrs.setdefault("__base_module__", short)
+                if short == "LayerNorm":  # the parameters torch's LayerNorm creates, read by the forward
+                    _layer_norm_parameters(obj.obj)
                 break
+
+
+def _layer_norm_parameters(instance: Instance) -> None:
+    """``weight`` (ones) and ``bias`` (zeros) of a LayerNorm subclass, as the
+    base class creates them (``elementwise_affine``, ``bias``)."""
+    args = instance.args
+    if args.get("elementwise_affine", True) is not True:
+        return
+    width = args.get("normalized_shape")
+    shape = (width,) if isinstance(width, int) else tuple(width) if isinstance(width, (list, tuple)) else None
+    instance.attrs.setdefault("weight", Param(shape, "ones", name="weight"))
+    if args.get("bias", True) is True:
+        instance.attrs.setdefault("bias", Param(shape, "zeros", name="bias"))
 
 
 def _is_none(default: ast.expr | None) -> bool:

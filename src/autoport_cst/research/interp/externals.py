@@ -110,6 +110,8 @@ def call_external(func: External, args: list, kwargs: dict, reads: dict) -> Any:
         return ActFn(args[0])
     if short == "is_flash_attention_requested" and qual.startswith("transformers"):
         return False  # research follows the eager computation (no flash-attention kernel on a CPU)
+    if qual in ("torch.is_autocast_enabled", "torch.is_autocast_cpu_enabled"):
+        return False  # inference runs outside autocast: a norm that casts under it (Nemotron's) does not
     return call_node("call", qual, args, kwargs)
 
 
