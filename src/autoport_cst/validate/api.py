@@ -19,7 +19,7 @@ import inspect
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,20 +37,13 @@ from .fp8_cache_forcing import ForcingTally, port_cache_contents
 from .kernel_precision import PolicyUnavailable, run_kernel_precision_reference
 from .layout import ParallelLayout, check_layout
 from .package import PortImportError, check_package_dir, imported_package
-from .reference import ReferenceOutput, greedy_teacher, load_reference, run_reference
+from .reference import ReferenceOutput, greedy_teacher, load_reference, prompt_embeddings, run_reference
 from .reference_reuse import keep_run, kept_run, sharing_reference_runs
 from .report import PortFailureInfo, ValidationReport
 from .routing import ForcedTeacher, RoutedRun, RoutingRecord, run_reference_routed
 from .run_reuse import reused_run
-from .scenario import (
-    DEFAULT_PROMPT_LENGTHS,
-    DEFAULT_STEPS,
-    PREFIX_TOKENS,
-    Scenario,
-    cache_paths_fit,
-    default_prompt_lengths,
-    segment_block_size,
-)
+from .run_scenario import plan_scenario
+from .scenario import DEFAULT_STEPS, Scenario
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 KV_CACHE_DTYPE_NAMES = ("auto", "fp8")
@@ -264,11 +257,12 @@ class _FollowUps:
         kv_cache_dtype: str = "auto",
         seed: int | None = None,
         prefill: str | None = None,
+        prompt_embeds: bool = False,
     ) -> ValidationReport:
         """The port on ``checkpoint`` in fp32 at TP ``tp`` with those data-parallel degrees
         (and that KV-cache dtype; the prompts of ``seed``, default the validation's; the
         prefill mode ``prefill``, default the validation's, none of the cache paths with
-        an FP8 cache)."""
+        an FP8 cache; ``prompt_embeds``: prompts fed partly as embeddings)."""
         if prefill is None:
             prefill = self.prefill if kv_cache_dtype == "auto" else "auto"  # an FP8 cache: no cache paths
         layout = ParallelLayout(
@@ -287,6 +281,7 @@ class _FollowUps:
             prefill=prefill,
             kv_cache_dtype=kv_cache_dtype,
             layout=layout,
+            prompt_embeds=prompt_embeds,
         )
 
 
@@ -325,6 +320,7 @@ def _validate_run(
     prefill: str = "auto",
     kv_cache_dtype: str = "auto",
     layout: ParallelLayout | None = None,
+    prompt_embeds: bool = False,
 ) -> ValidationReport:
     package_dir, checkpoint, config = _check_inputs(model_dir, checkpoint_dir, tp, dtype, ep)
     layout = layout or ParallelLayout(tp=tp, ep=ep)
@@ -333,7 +329,7 @@ def _validate_run(
     notify = on_stage or (lambda _stage: None)
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    scenario = _scenario(config, checkpoint, layout, tp, steps, prompt_lengths, block_size, seed)
+    scenario = plan_scenario(config, checkpoint, layout, tp, steps, prompt_lengths, block_size, seed)
     report = ValidationReport(
         model_dir=str(package_dir),
         checkpoint_dir=str(checkpoint),
@@ -344,6 +340,8 @@ def _validate_run(
         tolerances=compare.tolerances(dtype),
     )
     reference = _ReferenceRun(checkpoint, scenario, steps, notify, timings, kv_cache_dtype=kv_cache_dtype)
+    if prompt_embeds:
+        scenario = reference.with_prompt_embeds(layout, kv_cache_dtype, report.settings)
     try:
         if layout.world == 1:
             port, teacher, factory_name, standin = _run_in_process(
@@ -387,30 +385,6 @@ def _validate_run(
     report.timings = _finish(timings, started)
     report.port_output = port
     return report
-
-
-def _scenario(
-    config: dict,
-    checkpoint: Path,
-    layout: ParallelLayout,
-    tp: int,
-    steps: int,
-    prompt_lengths: tuple[int, ...] | None,
-    block_size: int | None,
-    seed: int,
-) -> Scenario:
-    """The prompts, steps and KV cache layout of the run."""
-    vocab_size = config.get("vocab_size")
-    if not isinstance(vocab_size, int) or vocab_size < 2:
-        raise InputError(f"{checkpoint / 'config.json'}: no usable vocab_size")
-    if block_size is None:
-        block_size = segment_block_size(_sliding_windows(config) + _context_parallel_blocks(layout))
-    _check_interleave(layout, block_size)
-    if prompt_lengths is None and layout.dp > len(DEFAULT_PROMPT_LENGTHS):
-        prompt_lengths = default_prompt_lengths(tp, layout.dp)
-    return Scenario.build(
-        vocab_size, tp, steps, prompt_lengths, block_size, seed, cache_paths=cache_paths_fit(tp)
-    )
 
 
 def _settings(
@@ -492,6 +466,7 @@ class _ReferenceRun:
         model32 = load_reference(self.checkpoint, torch.float32)
         teacher = greedy_teacher(model32, prompts, self.steps)
         self.outputs["fp32"] = run_reference(model32, prompts, teacher)
+        self.outputs["fp32"].input_embeddings = prompt_embeddings(model32, prompts)
         del model32
         self.timings["reference_fp32"] = time.perf_counter() - start
         start = time.perf_counter()
@@ -502,6 +477,20 @@ class _ReferenceRun:
         self.timings["reference_bf16"] = time.perf_counter() - start
         keep_run(self.checkpoint, prompts, self.steps, teacher, self.outputs)
         return teacher
+
+    def with_prompt_embeds(self, layout: ParallelLayout, kv_cache_dtype: str, settings: dict) -> Scenario:
+        """The scenario with transformers' input embeddings of its prompts (the
+        reference runs first, or is reused), which the port is fed in place of
+        the ids at ``Scenario.embedded`` positions; noted in the report's ``settings``."""
+        if layout.disaggregated or kv_cache_dtype != "auto":
+            raise InputError("prompt embeddings are validated with plain TP and the model's KV-cache dtype")
+        self.run()
+        embeddings = self.outputs["fp32"].input_embeddings
+        if embeddings is None:  # (every plain reference run computes them)
+            raise InputError("no input embeddings of the prompts from the reference run")
+        self.scenario = replace(self.scenario, prompt_embeds=tuple(embeddings))
+        settings["prompt_embeds"] = "every odd prompt position"
+        return self.scenario
 
     def _fp8_teacher(self, prompts: tuple[tuple[int, ...], ...]) -> list[list[int]]:
         """The teacher tokens of an FP8 KV-cache run, from the plain fp32
@@ -637,30 +626,6 @@ def _check_prefill(prefill: str, kv_cache_dtype: str) -> str:
     if kv_cache_dtype == "fp8" and prefill == "auto":
         return "off"  # segmented prefill reads only a packed FP8 cache
     return prefill
-
-
-def _sliding_windows(config: dict) -> list[int]:
-    """Sliding windows the checkpoint's attention uses (the block size must
-    divide them for segmented prefill)."""
-    window = config.get("sliding_window")
-    if not isinstance(window, int) or window <= 0 or config.get("use_sliding_window") is False:
-        return []
-    return [window]
-
-
-def _context_parallel_blocks(layout: ParallelLayout) -> list[int]:
-    """Under DCP a cache block holds ``block_size * dcp`` positions of a
-    sequence (a virtual block): the block size must let the shared prefix of
-    the prefix-cache hit fill whole virtual blocks."""
-    return [PREFIX_TOKENS // layout.dcp] if layout.dcp > 1 else []
-
-
-def _check_interleave(layout: ParallelLayout, block_size: int) -> None:
-    if layout.dcp > 1 and block_size % layout.dcp_interleave != 0:
-        raise InputError(
-            f"--dcp-interleave {layout.dcp_interleave} must divide the block size {block_size} "
-            "(the KV cache is dealt to the DCP ranks in runs of that many positions within each block)"
-        )
 
 
 def _describe_calls(port: PortOutput, scenario: Scenario) -> list[dict]:

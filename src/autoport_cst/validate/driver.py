@@ -176,6 +176,12 @@ class PortSession:
         start = time.perf_counter()
         self.unexpected_keys = self._load(checkpoint_dir)
         self.timings["load"] = time.perf_counter() - start
+        if scenario.prompt_embeds is not None and not _takes_prompt_embeds(self.model):
+            raise PortFailure(
+                "prefill",
+                "the model's forward takes no prompt embeddings (inputs_embeds, is_token_ids)",
+                refusal=True,
+            )
 
     @staticmethod
     def _build(factory: Any, hf_config: Any) -> Any:
@@ -223,6 +229,9 @@ class PortSession:
         """One forward in phase ``stage`` (its kernels: ``kernel_phases``);
         the logits of the sampled rows."""
         try:
+            embeds = {}
+            if step.inputs_embeds is not None:
+                embeds = {"inputs_embeds": step.inputs_embeds, "is_token_ids": step.is_token_ids}
             with kernel_phases.phase(stage):
                 output = self.model(
                     input_ids=step.input_ids,
@@ -230,6 +239,7 @@ class PortSession:
                     attn_metadata=step.metadata,
                     sampling_positions=step.sampling_positions,
                     rank=torch.tensor(self.rank, dtype=torch.int32),
+                    **embeds,
                 )
         except Exception as error:
             raise PortFailure(stage, f"{_describe(error)} in the {stage} forward") from error
@@ -251,7 +261,7 @@ class PortSession:
         table = self.scenario.block_table(call.sequence)
         padding = call.rows - call.tokens
         slots = [self.scenario.layout.slot(table, p) for p in range(call.start, call.end)]
-        return StepInputs(
+        step = StepInputs(
             input_ids=torch.tensor(list(prompt[call.start : call.end]) + [0] * padding, dtype=torch.int64),
             positions=torch.tensor(list(range(call.start, call.end)) + [0] * padding, dtype=torch.int64),
             sampling_positions=torch.tensor(call.sampled, dtype=torch.int64),
@@ -266,6 +276,9 @@ class PortSession:
                 kv_segment_size=call.segment,
             ),
         )
+        if self.scenario.prompt_embeds is not None:
+            _embed_prompt(step, self.scenario.prompt_embeds[call.sequence], call)
+        return step
 
     def _decode_inputs(self, step: int, tokens: list[int], sequences: tuple[int, ...]) -> StepInputs:
         scenario = self.scenario
@@ -393,6 +406,32 @@ class PortSession:
                     output.prefill_records[name].append(_real_rows(rows, calls[index], self.rank, self.tp))
                 else:
                     output.decode_records[name].append(rows)
+
+
+def _embed_prompt(step: StepInputs, embeddings: torch.Tensor, call: PrefillCall) -> None:
+    """Feed the call's ``Scenario.embedded`` positions as prompt embeddings
+    (full length, every rank the same: the port cuts its sequence-parallel
+    slice), their token ids 0; padding rows stay token rows."""
+    rows = call.rows
+    is_token = torch.ones(rows, dtype=torch.bool)
+    inputs = torch.zeros(rows, embeddings.shape[-1], dtype=embeddings.dtype)
+    for row, position in enumerate(range(call.start, call.end)):
+        if Scenario.embedded(position):
+            is_token[row] = False
+            inputs[row] = embeddings[position]
+            step.input_ids[row] = 0
+    step.inputs_embeds, step.is_token_ids = inputs, is_token
+
+
+def _takes_prompt_embeds(model: Any) -> bool:
+    """Whether the model's forward names both prompt-embedding arguments."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return "inputs_embeds" in parameters and "is_token_ids" in parameters
 
 
 def _real_rows(rows: torch.Tensor, call: PrefillCall, rank: int, tp: int) -> torch.Tensor:

@@ -18,7 +18,13 @@ other values (``LAYOUTS``):
 - ``embedding DP 2``: the embedding alone data-parallel over 2 ranks. With
   every component at DP 2 the embedding's and the MLP's DP groups are the
   same, and the transition of the decode batch between them is the identity;
-  here they differ.
+  here they differ;
+- ``prompt embeddings`` (TP=1) and ``prompt embeddings at TP=2``: every odd
+  prompt position fed as transformers' input embedding of its id
+  (``inputs_embeds``, ``is_token_ids`` false), as vllm_neuron's runner does
+  with ``enable_prompt_embeds``; at TP=2 the port cuts them to its
+  sequence-parallel slice (``driver._embed_prompt``). A port whose forward
+  does not name both arguments is reported as refusing them.
 
 Each runs as ``validate --tp 2`` / ``--attention-dp 2`` / ``--mlp-dp 2
 --embedding-dp 2 --lm-head-dp 2`` / ``--embedding-dp 2`` would, with its ranks
@@ -44,6 +50,8 @@ LAYOUTS: tuple[tuple[str, dict[str, int]], ...] = (
     ("attention DP 2", {"attention_dp": 2}),
     ("DP 2 (MLP, embedding, LM head)", {"mlp_dp": 2, "embedding_dp": 2, "lm_head_dp": 2}),
     ("embedding DP 2", {"embedding_dp": 2}),
+    ("prompt embeddings", {"prompt_embeds": True}),
+    ("prompt embeddings at TP=2", {"tp": 2, "prompt_embeds": True}),
 )
 
 

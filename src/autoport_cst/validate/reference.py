@@ -29,6 +29,8 @@ class ReferenceOutput:
     logits: list[torch.Tensor]
     components: list[Component]
     records: dict[str, list[torch.Tensor]]
+    # per prompt, the input embeddings of its ids (``prompt_embeddings``), for prompt-embedding runs
+    input_embeddings: list[torch.Tensor] | None = None
 
 
 def load_reference(checkpoint_dir: str | Path, dtype: torch.dtype, attn_implementation: str = "eager") -> Any:
@@ -143,3 +145,12 @@ def run_reference(
         for name, entries in recorder.records.items()
     }
     return ReferenceOutput(logits, components, records)
+
+
+def prompt_embeddings(model: Any, prompts: tuple[tuple[int, ...], ...]) -> list[torch.Tensor]:
+    """Per prompt, the rows transformers' forward computes from its ids with
+    the model's input-embedding module (``[L, H]``; scaled when the module
+    scales, as Gemma 3's does): what its ``inputs_embeds`` takes in their place."""
+    embedding = model.get_input_embeddings()
+    with torch.no_grad():
+        return [embedding(torch.tensor([list(prompt)]))[0].detach().clone() for prompt in prompts]

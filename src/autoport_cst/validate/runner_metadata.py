@@ -61,6 +61,9 @@ class StepInputs:
     positions: torch.Tensor
     sampling_positions: torch.Tensor
     metadata: dict[str, RecordingEntry]
+    # prompt embeddings (``Scenario.prompt_embeds``): rows ``[T, H]`` and the mask of token rows
+    inputs_embeds: torch.Tensor | None = None
+    is_token_ids: torch.Tensor | None = None
 
 
 def build_metadata(

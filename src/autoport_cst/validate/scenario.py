@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from autoport_cst.errors import InputError
 
@@ -141,6 +142,17 @@ class Scenario:
     prompt_lengths: tuple[int, ...] = field(default=())
     chunked: int | None = None
     prefix_hit: int | None = None
+    # per prompt, transformers' input embeddings ``[L, H]`` (what its forward computes from
+    # the token ids): a run with them feeds these rows instead of the ids at ``embedded``
+    # positions, as vllm_neuron's runner does with ``enable_prompt_embeds``
+    prompt_embeds: tuple[Any, ...] | None = None
+
+    @staticmethod
+    def embedded(position: int) -> bool:
+        """Whether a prompt position is fed as an embedding in a run with
+        prompt embeddings (every second one, so that each sequence-parallel
+        slice has both kinds)."""
+        return position % 2 == 1
 
     @property
     def batch(self) -> int:

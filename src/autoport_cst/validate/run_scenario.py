@@ -1,0 +1,66 @@
+"""The scenario of one validation run, from the checkpoint's config and the
+run's parallel layout: the prompts, decode steps and KV-cache block size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autoport_cst.errors import InputError
+
+from .layout import ParallelLayout
+from .scenario import (
+    DEFAULT_PROMPT_LENGTHS,
+    PREFIX_TOKENS,
+    Scenario,
+    cache_paths_fit,
+    default_prompt_lengths,
+    segment_block_size,
+)
+
+
+def plan_scenario(
+    config: dict,
+    checkpoint: Path,
+    layout: ParallelLayout,
+    tp: int,
+    steps: int,
+    prompt_lengths: tuple[int, ...] | None,
+    block_size: int | None,
+    seed: int,
+) -> Scenario:
+    """The prompts, steps and KV cache layout of the run."""
+    vocab_size = config.get("vocab_size")
+    if not isinstance(vocab_size, int) or vocab_size < 2:
+        raise InputError(f"{checkpoint / 'config.json'}: no usable vocab_size")
+    if block_size is None:
+        block_size = segment_block_size(_sliding_windows(config) + _context_parallel_blocks(layout))
+    _check_interleave(layout, block_size)
+    if prompt_lengths is None and layout.dp > len(DEFAULT_PROMPT_LENGTHS):
+        prompt_lengths = default_prompt_lengths(tp, layout.dp)
+    return Scenario.build(
+        vocab_size, tp, steps, prompt_lengths, block_size, seed, cache_paths=cache_paths_fit(tp)
+    )
+
+
+def _sliding_windows(config: dict) -> list[int]:
+    """Sliding windows the checkpoint's attention uses (the block size must
+    divide them for segmented prefill)."""
+    window = config.get("sliding_window")
+    if not isinstance(window, int) or window <= 0 or config.get("use_sliding_window") is False:
+        return []
+    return [window]
+
+
+def _context_parallel_blocks(layout: ParallelLayout) -> list[int]:
+    """Under DCP a cache block holds ``block_size * dcp`` positions of a
+    sequence (a virtual block): the block size must let the shared prefix of
+    the prefix-cache hit fill whole virtual blocks."""
+    return [PREFIX_TOKENS // layout.dcp] if layout.dcp > 1 else []
+
+
+def _check_interleave(layout: ParallelLayout, block_size: int) -> None:
+    if layout.dcp > 1 and block_size % layout.dcp_interleave != 0:
+        raise InputError(
+            f"--dcp-interleave {layout.dcp_interleave} must divide the block size {block_size} "
+            "(the KV cache is dealt to the DCP ranks in runs of that many positions within each block)"
+        )
