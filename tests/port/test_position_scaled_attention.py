@@ -64,7 +64,7 @@ def test_ministral3_ports_with_its_temperature_and_validates(ministral3_port):
     "path, pattern, replacement",
     [
         ("prefill", r"q = _with_temperature\(q, [^\n]*\n", "pass\n"),
-        ("decode", r"q_scale=_query_temperature\([^\n]*?\)\)", "q_scale=None)"),
+        ("decode", r"q_scale=_query_temperature\([^\n]*\)(?=[,)\n])", "q_scale=None"),
     ],
 )
 def test_a_port_without_the_temperature_on_one_path_does_not_validate(

@@ -33,7 +33,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoport_cst.research.analysis import attention, block_features, decoder, head, mlp, moe, rope
+from autoport_cst.research.analysis import (
+    attention,
+    block_features,
+    chunked_attention,
+    decoder,
+    head,
+    mlp,
+    moe,
+    rope,
+)
 from autoport_cst.research.analysis.graph import kernel_calls
 from autoport_cst.research.analysis.mlp import ACTIVATIONS
 from autoport_cst.research.analysis.state import AnalyzerState, CodeAnalysis
@@ -135,6 +144,7 @@ def _run(st: AnalyzerState) -> None:
         block_features.embedding_norm(st, backbone_inst)
     block_features.sinusoidal_positions(st, backbone_inst)
     block_features.embedding_projection(st, backbone_inst)
+    chunked_attention.analyze(st, backbone_inst)
     head.analyze_head(st)
 
 

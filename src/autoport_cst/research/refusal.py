@@ -84,6 +84,7 @@ COMPUTATIONS = {
     "code.value_norm": "a norm applied to the attention's values",
     "attention_output_gate": "a gate on the attention output (a projection of the layer input, multiplied in)",
     "position_scaled_attention": "queries scaled by a factor that grows with the position (attention temperature)",
+    "chunked_attention": "attention within chunks of attention_chunk_size tokens (a chunked causal mask)",
     "nope_layers": "layers without RoPE chosen by config fields a port does not read",
     "layer_rope_bases": "a RoPE base per layer",
     "alibi_positions": "ALiBi positions (a per-head bias on the attention scores)",
