@@ -10,12 +10,40 @@ import libcst as cst
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext, locate
 from autoport_cst.transform.anatomy.classes import other_uses, self_assignments
-from autoport_cst.transform.anatomy.decoder import decoder_layer, other_model_classes, subclasses_role
+from autoport_cst.transform.anatomy.decoder import (
+    decoder_layer,
+    layer_methods,
+    norm_attrs,
+    other_model_classes,
+    subclasses_role,
+)
 from autoport_cst.transform.anatomy.mappings import entry_statement
-from autoport_cst.transform.cst.snippets import parse_statement
+from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
+from autoport_cst.transform.cst.vocabulary import (
+    classes_with_role,
+    deep_statements,
+    dotted,
+    self_attr,
+    simple_assign,
+    walk,
+)
+from autoport_cst.transform.edit.experts_norm import (
+    FUSED_FLAG,
+    ExpertsNorm,
+    experts_mapping_edits,
+    experts_norms,
+    flag_value,
+    moe_placement,
+    one_argument,
+    reads_attr,
+)
+from autoport_cst.transform.edit.kernels import innermost_statement, insert_before
 from autoport_cst.transform.edit.layer_guards import guard_fused, other_model_file
-from autoport_cst.transform.edit.mappings import mapping_entries_of_attr, replace_segment
-from autoport_cst.transform.edit.tree import add_edit, removal_edits, rewrite
+from autoport_cst.transform.edit.mappings import (
+    mapping_entries_of_attr,
+    replace_segment,
+)
+from autoport_cst.transform.edit.tree import add_edit, removal_edits, rewrite, with_comment
 from autoport_cst.transform.realizes import Realizes, to
 
 
@@ -75,6 +103,18 @@ class NormPlacement(Codemod):
     ``NotImplementedError`` naming the placement). A model in a module file
     built on the layer (a drafter subclassing it) is guarded with post-norm,
     which removes the input norm it reads.
+
+    A MoE layer (the MoE references) applies no norm before its MLP call:
+    its experts class holds the pre-MLP norm, next to the router, so that
+    the decode kernel (``NF.moe_block_tkg``, handed the norm's weight) can
+    fuse it. The layer gets the post-norms (built like its input norm); with
+    ``sandwich`` the experts keep their norm and load it from
+    ``pre_mlp_norm``'s checkpoint key; with ``post`` they lose it:
+    ``x = self.<norm>(x)`` is removed, ``self.<norm>(x)`` becomes ``x``, and
+    a kernel handed the norm's weight is guarded, with the experts'
+    ``self.fused_decode`` flag turned off so that decode runs the unfused
+    path (an experts class without the flag is refused at the kernel call).
+    A dense MLP class holding such a norm (``dense-layers``) is refused.
 
     Preconditions: one ``<Prefix>DecoderLayer`` (in a model file of the
     package) whose forwards each run the attention and the MLP in one
@@ -304,6 +344,102 @@ class NormPlacement(Codemod):
                         return residual + hidden_states
             """,
         ),
+        Example(
+            title="OLMo 2 post-norm on a MoE layer whose pre-MLP norm lives in the experts",
+            params={"placement": "post"},
+            before="""
+                class Qwen3MoeExperts(nn.Module):
+                    def __init__(self, config):
+                        self.fused_decode = True
+                        self.post_attention_layernorm = Qwen3MoeRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+                    def _run_moe_block_tkg(self, hidden_states):
+                        output = NF.moe_block_tkg(inp=hidden_states, gamma=self.post_attention_layernorm.weight)
+                        return output
+
+                    def forward_prefill(self, hidden_states):
+                        hidden_states = self.post_attention_layernorm(hidden_states)
+                        return self._experts(hidden_states)
+
+                    def forward_decode(self, hidden_states):
+                        if self.fused_decode:
+                            return self._run_moe_block_tkg(hidden_states)
+                        normalized = self.post_attention_layernorm(hidden_states)
+                        return self._experts(normalized)
+
+
+                class Qwen3MoeDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.input_layernorm = Qwen3MoeRMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.self_attn = Qwen3MoeAttention(config, layer_idx)
+                        self.mlp = Qwen3MoeMLP(config)
+
+                    def forward(self, hidden_states, positions):
+                        residual = hidden_states
+                        hidden_states = self.input_layernorm(hidden_states)
+                        hidden_states = self.self_attn(hidden_states, positions)
+                        hidden_states = residual + hidden_states
+                        residual = hidden_states
+                        hidden_states = self.mlp(hidden_states, positions)
+                        return residual + hidden_states
+
+
+                class Qwen3MoeForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.input_layernorm.weight"] = f"{prefix}.input_layernorm.weight"
+                            mappings[f"{prefix}.mlp.experts.post_attention_layernorm.weight"] = f"{prefix}.post_attention_layernorm.weight"
+            """,
+            after="""
+                class Qwen3MoeExperts(nn.Module):
+                    def __init__(self, config):
+                        self.fused_decode = False
+
+                    def _run_moe_block_tkg(self, hidden_states):
+                        # <-- MODEL-SPECIFIC: no norm before the MoE
+                        raise NotImplementedError("post norm placement: NF.moe_block_tkg normalizes its input, and this model has no norm before the MoE")
+                        output = NF.moe_block_tkg(inp=hidden_states, gamma=self.post_attention_layernorm.weight)
+                        return output
+
+                    def forward_prefill(self, hidden_states):
+                        return self._experts(hidden_states)
+
+                    def forward_decode(self, hidden_states):
+                        if self.fused_decode:
+                            return self._run_moe_block_tkg(hidden_states)
+                        normalized = hidden_states
+                        return self._experts(normalized)
+
+
+                class Qwen3MoeDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.post_attention_layernorm = Qwen3MoeRMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.post_feedforward_layernorm = Qwen3MoeRMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.self_attn = Qwen3MoeAttention(config, layer_idx)
+                        self.mlp = Qwen3MoeMLP(config)
+
+                    def forward(self, hidden_states, positions):
+                        residual = hidden_states
+                        hidden_states = self.self_attn(hidden_states, positions)
+                        hidden_states = self.post_attention_layernorm(hidden_states)
+                        hidden_states = residual + hidden_states
+                        residual = hidden_states
+                        hidden_states = self.mlp(hidden_states, positions)
+                        hidden_states = self.post_feedforward_layernorm(hidden_states)
+                        return residual + hidden_states
+
+
+                class Qwen3MoeForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.post_attention_layernorm.weight"] = f"{prefix}.post_attention_layernorm.weight"
+                            mappings[f"{prefix}.post_feedforward_layernorm.weight"] = f"{prefix}.post_feedforward_layernorm.weight"
+            """,
+        ),
     )
 
     @classmethod
@@ -330,8 +466,15 @@ class NormPlacement(Codemod):
                 guard=p.placement == "post" and inherits,
             )
         layer = decoder_layer(module, ctx)
-        if layer is None or layer.placement == p.placement:
+        experts_hold_norm = any(norm_attrs(c) for c in classes_with_role(module, "experts"))
+        if layer is None or p.placement in (
+            layer.placement,
+            moe_placement(layer) if experts_hold_norm else None,
+        ):
             return module
+        experts = experts_norms(layer, module, ctx)
+        if experts:
+            return self._with_experts_norm(layer, experts, module, ctx)
         input_norm, pre_mlp = self._pre_norms(layer, module, ctx)
         removed, added = self._norm_changes(layer, input_norm, pre_mlp, module, ctx)
         assignments = self_assignments(layer.init)
@@ -358,6 +501,117 @@ class NormPlacement(Codemod):
                     module,
                 )
         return rewrite(module, edits)
+
+    def _with_experts_norm(self, layer, experts: list[ExpertsNorm], module, ctx) -> cst.Module:
+        """A pre-norm MoE layer whose pre-MLP norm is the experts' own: the
+        layer gets the post-norms (cloned from its input norm) and, with
+        post-norm, loses the input norm; the experts keep their norm as the
+        pre-MLP norm (sandwich: its checkpoint key becomes ``pre_mlp_norm``'s)
+        or lose it (post)."""
+        p = self.params
+        input_norm = self._one_norm(layer, "attention", module, ctx)
+        assignments = self_assignments(layer.init)
+        added = [p.post_attention_norm, p.post_mlp_norm]
+        if input_norm in added:
+            raise ctx.precondition(
+                f"{self.ID}: a new norm is named like the input norm ({input_norm})", layer.cls, module
+            )
+        removed = [input_norm] if p.placement == "post" else []
+        edits = self._init_edits(layer, assignments, input_norm, removed, added, module, ctx)
+        guards, guarded = guard_fused(
+            module,
+            ctx,
+            layer,
+            f"{p.placement} norm placement: the FP8 kernels fuse a norm before the sublayer",
+        )
+        edits.update(guards)
+        calls = layer.unfused()
+        self._forward_edits(layer, calls, input_norm, edits, module)
+        mlp_attrs = [a for a, kind in layer.sublayers.items() if kind == "mlp"]
+        for found in experts:
+            if p.placement == "post":
+                self._drop_experts_norm(found, module, ctx, edits)
+            experts_mapping_edits(self.ID, found, mlp_attrs, p, module, ctx, edits)
+        _mapping_edits(module, input_norm, added, removed, edits)
+        handled = (
+            [assignments[input_norm][0]] + [c.pre_norm for c in calls if c.pre_norm is not None] + guarded
+        )
+        use = other_uses(module, input_norm, handled) if removed else None
+        if use is not None:
+            line, column = locate(module, use)
+            raise ctx.precondition(
+                f"{self.ID}: the norm {input_norm} would be removed but is still used at line {line}, column {column}",
+                use,
+                module,
+            )
+        return rewrite(module, edits)
+
+    def _drop_experts_norm(self, found: ExpertsNorm, module, ctx, edits: dict) -> None:
+        """Post-norm: the experts' input norm goes. ``x = self.<norm>(x)`` is
+        removed, ``y = self.<norm>(x)`` becomes ``y = x``; a kernel handed
+        the norm's weight (the fused decode kernel) is guarded and the
+        ``fused_decode`` flag turned off, so that decode runs the unfused
+        path; any other use is refused."""
+        name, attr = found.cls.name.value, found.attr
+        handled: list[cst.CSTNode] = [found.assignment]
+        doomed = [found.assignment]
+        fused = []
+        for method in layer_methods(found.cls):
+            for stmt in deep_statements(method):
+                pair = simple_assign(stmt)
+                if pair is not None and isinstance(pair[1], cst.Call) and self_attr(pair[1].func) == attr:
+                    if isinstance(pair[0], cst.Name) and one_argument(pair[1]) == pair[0].value:
+                        doomed.append(stmt)
+                        handled.append(stmt)
+            removed = {id(n) for stmt in doomed for n in walk(stmt)}
+            for node in walk(method):
+                if isinstance(node, cst.Call) and self_attr(node.func) == attr and id(node) not in removed:
+                    self._norm_call_edit(found, node, module, ctx, edits)
+                    handled.append(node)
+            for node in walk(method):
+                if isinstance(node, cst.Call) and self_attr(node.func) != attr and reads_attr(node, attr):
+                    fused.append((method, node))
+        for key, edit in removal_edits(found.cls, doomed).items():
+            add_edit(edits, key, edit)
+        for method, call in fused:
+            holder = innermost_statement(method, call)
+            flag = flag_value(found.cls)
+            if flag is None or holder is None:
+                raise ctx.precondition(
+                    f"{self.ID}: {name}.{method.name.value}: {dotted(call.func) or 'a kernel'} normalizes the MoE "
+                    f"input with self.{attr}, which post-norm removes, and {name} has no self.{FUSED_FLAG} flag "
+                    "to run an unfused decode instead",
+                    call,
+                    module,
+                )
+            edits[id(flag)] = lambda updated: parse_expr("False", module)
+            message = (
+                f"{self.params.placement} norm placement: {dotted(call.func)} normalizes its input, "
+                "and this model has no norm before the MoE"
+            )
+            guard = parse_statement(f'raise NotImplementedError("{message}")', module)
+            insert_before(edits, holder, [with_comment(guard, "<-- MODEL-SPECIFIC: no norm before the MoE")])
+            handled.append(holder)
+        use = other_uses(module, attr, handled)
+        if use is not None:
+            raise ctx.precondition(
+                f"{self.ID}: {name} uses self.{attr} here, neither as x = self.{attr}(x) nor in a kernel call "
+                "post-norm can guard",
+                use,
+                module,
+            )
+
+    def _norm_call_edit(self, found, call: cst.Call, module, ctx, edits: dict) -> None:
+        """``self.<norm>(x)`` -> ``x``."""
+        if one_argument(call) is None:
+            raise ctx.precondition(
+                f"{self.ID}: {found.cls.name.value} calls self.{found.attr} with other than one positional "
+                "argument",
+                call,
+                module,
+            )
+        source = call.args[0].value
+        edits[id(call)] = lambda updated, source=source: source
 
     def _pre_norms(self, layer, module, ctx) -> tuple[str, str]:
         """The input norm and the pre-MLP norm of a pre-norm layer (refused otherwise)."""
@@ -392,9 +646,13 @@ class NormPlacement(Codemod):
             )
         template = assignments[pre_mlp][0]
         clones = [_renamed_assignment(template, a) for a in added]
-        edits: dict = removal_edits(layer.init, [assignments[a][0] for a in removed if a in assignments])
+        edits: dict = removal_edits(
+            layer.init, [assignments[a][0] for a in removed if a in assignments and a != pre_mlp]
+        )
         if clones:
-            add_edit(edits, id(template), lambda updated: cst.FlattenSentinel([updated, *clones]))
+            # a removed template (post-norm of a MoE layer: the input norm) is replaced by the clones
+            kept = [] if pre_mlp in removed else [template]
+            add_edit(edits, id(template), lambda updated: cst.FlattenSentinel([*kept, *clones]))
         return edits
 
     def _forward_edits(self, layer, calls, pre_mlp: str, edits: dict, module) -> None:
@@ -402,10 +660,17 @@ class NormPlacement(Codemod):
         (post) or renamed (sandwich), a norm of its output added after it."""
         p = self.params
         if p.placement == "post":
-            for key, edit in removal_edits(layer.cls, [c.pre_norm for c in calls]).items():
+            for key, edit in removal_edits(
+                layer.cls, [c.pre_norm for c in calls if c.pre_norm is not None]
+            ).items():
                 add_edit(edits, key, edit)
         for call in calls:
-            if p.placement == "sandwich" and call.kind == "mlp" and pre_mlp != p.pre_mlp_norm:
+            if (
+                p.placement == "sandwich"
+                and call.kind == "mlp"
+                and call.pre_norm is not None
+                and pre_mlp != p.pre_mlp_norm
+            ):
                 norm_call = call.pre_norm.body[0].value  # type: ignore[union-attr]
                 edits[id(norm_call.func)] = lambda updated: updated.with_changes(
                     attr=cst.Name(p.pre_mlp_norm)
@@ -439,12 +704,18 @@ def _mapping_edits(module: cst.Module, pre_mlp: str, added, removed, edits: dict
             if key is not None:
                 new_entries.append(entry_statement(entry, key, value))
     if new_entries:
+        keep = pre_mlp not in removed
         add_edit(
             edits,
             id(template_entries[-1].statement),
-            lambda updated: cst.FlattenSentinel([updated, *new_entries]),
+            lambda updated: cst.FlattenSentinel([updated, *new_entries] if keep else new_entries),
         )
     for attr in removed:
+        if attr == pre_mlp and new_entries:
+            template_entries = template_entries[:-1]  # replaced by the new entries
+            for entry in template_entries:
+                add_edit(edits, id(entry.statement), lambda updated: cst.RemoveFromParent())
+            continue
         for entry in mapping_entries_of_attr(module, attr):
             add_edit(edits, id(entry.statement), lambda updated: cst.RemoveFromParent())
 

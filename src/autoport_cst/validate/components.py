@@ -27,6 +27,8 @@ ATTENTION_NORM_NAMES = ("input_layernorm", "ln_1", "attention_norm", "pre_attent
 # pre_feedforward_layernorm first: in sandwich layers (Gemma 2, GLM-4 ports) post_attention_layernorm
 # is the norm on the attention output, and pre_feedforward_layernorm the one before the MLP
 MLP_NORM_NAMES = ("pre_feedforward_layernorm", "post_attention_layernorm", "ln_2", "ffn_norm")
+# the norm on the MLP output of post-norm and sandwich layers
+POST_MLP_NORM_NAMES = ("post_feedforward_layernorm", "post_mlp_layernorm")
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f")
 # inside a multi-latent attention (DeepSeek-V2/V3 names, kept by ports): the normed query latent
 # (the query LoRA's norm) and the normed KV latent, compared before the attention output
@@ -69,6 +71,8 @@ def find_components(model: nn.Module) -> list[Component]:
                 ("mlp", MLP_NAMES),
             ):
                 child = _child(layer, names)
+                if role == "post_attention_norm":
+                    child = _mlp_input_norm(layer, child)
                 if child is not None:
                     if role == "attention":
                         found.extend(_latents(child[1], index, f"{base}.{child[0]}"))
@@ -78,6 +82,23 @@ def find_components(model: nn.Module) -> list[Component]:
     if norm is not None:
         found.append(Component("final_norm", prefix + norm[0]))
     return found
+
+
+def _mlp_input_norm(layer: nn.Module, found: tuple[str, nn.Module] | None) -> tuple[str, nn.Module] | None:
+    """``found`` (the layer's norm named like the one before the MLP), but
+    None in a sandwich layer whose MLP applies its input norm itself (a MoE
+    port: the norm lives in the experts, next to the router, for the decode
+    kernel to fuse it): the layer's ``post_attention_layernorm`` is then the
+    norm on the attention output, and the norm before the MLP is not a
+    module the layer calls once per step (the shared expert calls it again),
+    so it is not compared, as in a pre-norm MoE port."""
+    if _child(layer, POST_MLP_NORM_NAMES) is None or found is None or found[0] not in MLP_NORM_NAMES[1:]:
+        return found
+    mlp = _child(layer, MLP_NAMES)
+    if mlp is None:
+        return found
+    own = [p for p, _ in mlp[1].named_modules() if p and p.rsplit(".", 1)[-1] in MLP_NORM_NAMES]
+    return None if own else found
 
 
 def _latents(attention: nn.Module, index: int, path: str) -> list[Component]:

@@ -1,0 +1,137 @@
+"""The pre-MLP norm of the MoE references, which lives in the experts class
+(next to the router, so that the decode kernel can fuse it), for the
+codemods that move a decoder layer's norms (``norm-placement``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from autoport_cst.transform.anatomy.classes import self_assignments
+from autoport_cst.transform.anatomy.decoder import layer_methods, norm_attrs
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.vocabulary import (
+    classes_with_role,
+    deep_statements,
+    self_assignment,
+    self_attr,
+    walk,
+)
+from autoport_cst.transform.edit.mappings import (
+    has_segment,
+    map_value_strings,
+    mapping_entries_of_attr,
+    replace_segment,
+)
+from autoport_cst.transform.edit.tree import add_edit
+
+# the flag of an experts class whose decode runs one kernel fusing its input norm (``NF.moe_block_tkg``)
+FUSED_FLAG = "fused_decode"
+
+
+@dataclass(frozen=True)
+class ExpertsNorm:
+    """The norm an experts class applies to its input: in the MoE
+    references the decoder layer's pre-MLP norm lives there, next to the
+    router, so that the decode kernel can fuse it."""
+
+    cls: cst.ClassDef
+    attr: str
+    assignment: cst.SimpleStatementLine
+
+
+def experts_norms(layer, module: cst.Module, ctx) -> list[ExpertsNorm]:
+    """The norms of the experts classes when the layer is pre-norm but for
+    its MLP calls, which no norm statement surrounds because the experts
+    apply their own (the MoE references); [] for another layer."""
+    if moe_placement(layer) != "pre":
+        return []
+    found = []
+    for cls in classes_with_role(module, "experts") + classes_with_role(module, "mlp"):
+        norms = [n for n in norm_attrs(cls) if self_assignments(cls).get(n)]
+        if not norms:
+            continue
+        if class_role_of(cls) == "mlp" or len(norms) > 1:
+            raise ctx.refuse(
+                f"{cls.name.value} holds the MoE layers' pre-MLP norm ({', '.join(norms)}), which this codemod "
+                "places only when one experts class holds it",
+                cls,
+                module,
+            )
+        found.append(ExpertsNorm(cls, norms[0], self_assignments(cls)[norms[0]][0]))
+    return found
+
+
+def moe_placement(layer) -> str | None:
+    """``pre`` or ``sandwich`` for a layer whose MLP calls no norm statement
+    precedes (its experts apply the pre-MLP norm): the attention calls
+    pre-normed, and both sublayers' outputs normed (sandwich) or neither
+    (pre); None for another layer."""
+    attention = layer.unfused("attention")
+    mlp = layer.unfused("mlp")
+    if not attention or not mlp or any(c.pre_norm is None for c in attention):
+        return None
+    if any(c.pre_norm is not None for c in mlp):
+        return None
+    shapes = {c.post_norm is not None for c in attention + mlp}
+    if len(shapes) != 1:
+        return None
+    return "sandwich" if shapes.pop() else "pre"
+
+
+def class_role_of(cls: cst.ClassDef) -> str | None:
+    return class_role(cls.name.value)
+
+
+def one_argument(call: cst.Call) -> str | None:
+    """The code of the one positional argument of ``call``, or None."""
+    args = call.args
+    if len(args) != 1 or args[0].keyword is not None or args[0].star:
+        return None
+    return cst.Module([]).code_for_node(args[0].value)
+
+
+def reads_attr(call: cst.Call, attr: str) -> bool:
+    """Whether an argument of ``call`` reads ``self.<attr>`` (its weight, its epsilon)."""
+    return any(self_attr(n) == attr for arg in call.args for n in walk(arg.value))
+
+
+def flag_value(cls: cst.ClassDef) -> cst.BaseExpression | None:
+    for method in layer_methods(cls):
+        for stmt in deep_statements(method):
+            pair = self_assignment(stmt)
+            if pair is not None and pair[0] == FUSED_FLAG:
+                return pair[1]
+    return None
+
+
+def experts_mapping_edits(codemod: str, found: ExpertsNorm, mlp_attrs, p, module, ctx, edits: dict) -> None:
+    """``load_weights``: the experts' norm (``<layer>.<mlp>....<norm>``)
+    loaded from ``pre_mlp_norm``'s checkpoint key (sandwich), or no longer
+    loaded (post)."""
+    entries = [
+        e
+        for e in mapping_entries_of_attr(module, found.attr)
+        if any(has_segment(e.key, m) for m in mlp_attrs)
+    ]
+    if not entries:
+        raise ctx.precondition(
+            f"{codemod}: load_weights has no mappings[...] entry for {found.cls.name.value}.{found.attr} "
+            f"(a key naming {' / '.join(mlp_attrs)} and {found.attr})",
+            found.assignment,
+            module,
+        )
+    for entry in entries:
+        if p.placement == "post":
+            add_edit(edits, id(entry.statement), lambda updated: cst.RemoveFromParent())
+            continue
+        value = map_value_strings(entry.value, lambda node: replace_segment(node, found.attr, p.pre_mlp_norm))
+        if value is None:
+            raise ctx.precondition(
+                f"{codemod}: the checkpoint key of {found.cls.name.value}.{found.attr} does not name "
+                f"{found.attr}, so it cannot become {p.pre_mlp_norm}'s",
+                entry.statement,
+                module,
+            )
+        add_edit(edits, id(entry.value), lambda updated, value=value: value)
