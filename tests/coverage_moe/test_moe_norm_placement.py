@@ -8,7 +8,8 @@ and turns decode to the unfused path; sandwich norms keep it and load it from
 the pre-MLP norm's checkpoint key; gpt_oss, whose decode always runs the
 fused kernel, is refused post-norm at that kernel call. FlexOlmo (OLMo 2's
 post-norm on MoE layers) ports and validates; a copy of its port without the
-post-norms fails validation.
+post-norms fails validation. Kolibri 1 (sandwich norms) is refused for its
+router, which adds the routing bias to the logits before the activation.
 """
 
 from __future__ import annotations
@@ -136,3 +137,11 @@ def test_flex_olmo_validates_on_two_ranks(tmp_path_factory):
     tp2 = [run for run in outcome.runs if run.tp == 2]
     assert tp2 and all(run.equivalent for run in tp2), [run.summary for run in tp2]
 
+
+def test_kolibri_is_refused_for_its_routing_bias_on_the_logits(tmp_path_factory):
+    from autoport_cst.research import research
+
+    spec = research(str(build(tmp_path_factory, "Kolibri1ForCausalLM", {}, "src-kolibri1"))).spec
+    assert spec.norm.placement == "sandwich"
+    assert spec.unsupported is not None
+    assert [i for i in spec.unsupported if i.startswith("routing_bias_on_logits:")], spec.unsupported

@@ -96,6 +96,8 @@ COMPUTATIONS = {
     "sublayer_residual": "the residual added inside the attention or MLP module",
     "sparse_indexer": "DSA lightning indexer (index top-k selection of keys)",
     "derived_multiplier": "a residual multiplier computed from several config fields (no one field a port reads)",
+    "routing_bias_on_logits": "a routing bias added to the router logits before the activation "
+    "(the references choose experts by activated scores plus the bias)",
 }
 # sizes the code builds other than the config field a port reads (research/decide/unsupported.py)
 BUILT_SIZES = {

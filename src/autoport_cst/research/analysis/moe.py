@@ -131,6 +131,15 @@ def _routing_findings(
             st.add(unknown(name, CODE, evidence))
         else:
             st.add(known(value, name, CODE, evidence))
+    if facts.get("routing_bias_on_logits"):
+        st.add(
+            known(
+                True,
+                "unsupported.routing_bias_on_logits",
+                CODE,
+                f"{rwhere}: {facts['routing_bias_on_logits']}",
+            )
+        )
 
 
 def _router_dtype(
@@ -297,6 +306,12 @@ def _routing(st: AnalyzerState, owner: Instance, value: Any, block: Instance | N
         if elsewhere:
             facts["routing_bias"] = True
             facts["routing_bias_evidence"] = elsewhere
+    if facts["routing_bias"] and str(facts.get("activation_evidence", "")).startswith("top-k of the logits"):
+        # the port chooses by scores + bias (the activation first): not the same experts
+        facts["routing_bias_on_logits"] = (
+            "a per-expert bias is added to the router logits before top-k, and the activation "
+            "is applied to the k chosen values only"
+        )
     facts.update(_routed_scaling(nodes, topk))
     facts.update(_group_routing(nodes, topk, facts.get("router_width")))
     return facts
