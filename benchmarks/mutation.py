@@ -14,7 +14,7 @@ checkpoint, which goes on, when it passes, to the config variants the port's
 ``reference.json`` declares and to the parallel layouts of
 ``validate.parallel_checks``: TP=2, attention data parallelism 2, data
 parallelism 2 of the MLP, embedding and LM head, and of the embedding alone,
-their ranks as local processes).
+prompt embeddings at TP=1 and TP=2, their ranks as local processes).
 
 Scope. The lines each port executes in the default validation of the
 unmutated port, traced in this process (``mutation_setup.py``), are measured
