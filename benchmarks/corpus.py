@@ -41,7 +41,10 @@ from corpus_runs import full_size_refusal, new_row, run_one  # noqa: E402, F401 
 from corpus_table import markdown as table_markdown  # noqa: E402
 from corpus_table import merge, parse_table, readme_table, update_readme  # noqa: E402
 
-DECODER_ONLY_SUFFIX = "ForCausalLM"
+# AutoModelForCausalLM also maps multimodal models (their text part is ported
+# from the VLM references, not here) and the older "LM head" names of causal
+# decoders (GPT-2's GPT2LMHeadModel, OpenAI GPT, CTRL, ...), which are kept.
+MULTIMODAL_SUFFIX = "ForConditionalGeneration"
 # imported before the workers fork (each worker then pays only its model's own modules)
 PRELOAD = (
     "torch",
@@ -60,14 +63,15 @@ PRELOAD = (
 
 def causal_lm_architectures() -> list[tuple[str, str]]:
     """(model_type, architecture) of the decoder-only causal LMs transformers
-    registers for AutoModelForCausalLM."""
+    registers for AutoModelForCausalLM, whatever their class is called
+    (``...ForCausalLM`` or ``...LMHeadModel``), multimodal ones left out."""
     from transformers import AutoConfig
     from transformers.models.auto import modeling_auto
 
     pairs = []
     for model_type, names in sorted(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()):
         for name in (names,) if isinstance(names, str) else tuple(names):
-            if not name.endswith(DECODER_ONLY_SUFFIX):
+            if name.endswith(MULTIMODAL_SUFFIX):
                 continue
             try:
                 config = AutoConfig.for_model(model_type)

@@ -11,7 +11,12 @@ from typing import Any
 
 from autoport_cst.research.interp.config_proxy import ConfigProxy
 from autoport_cst.research.interp.core import MAX_DEPTH, PLAIN, CallOptions, FunctionNode
-from autoport_cst.research.interp.externals import EXTERNAL_MODULES, call_external, external_instance
+from autoport_cst.research.interp.externals import (
+    EXTERNAL_MODULES,
+    call_external,
+    external_instance,
+    transformers_activation,
+)
 from autoport_cst.research.interp.python_builtins import BUILTIN_FUNCS
 from autoport_cst.research.interp.statements import Statements
 from autoport_cst.research.interp.values import (
@@ -151,6 +156,9 @@ class Calls(Statements):
                 return call_node("call", f"{func.module.dotted}.{func.name}", args, kwargs)
             return self.instantiate(func, args, kwargs, self.constructor_reads(func, reads))
         if isinstance(func, External):
+            act = transformers_activation(func)
+            if act is not None:
+                return Node("act", act.name, tuple(symbolic(a) for a in args), ref=act)
             return call_external(func, args, kwargs, reads)
         if isinstance(func, BoundMethod):
             call_args = ([func.obj] if func.obj is not None else []) + args

@@ -45,6 +45,29 @@ EXTERNAL_MODULES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
 MODULE_ATTRIBUTES = {"training", "dtype", "device", "_parameters", "_buffers", "_modules"}
 _ACTIVATION_MODULES = {"SiLU": "silu", "GELU": "gelu", "ReLU": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid"}
 _TENSOR_FACTORIES = ("empty", "zeros", "ones", "randn", "rand", "full")
+# the activation objects transformers.activations defines at module level
+# (``gelu_new = get_activation("gelu_new")``, ...), which older modeling code
+# imports by name (OpenAI GPT's ``ACT_FNS``): their ACT2FN names
+_TRANSFORMERS_ACTIVATION_OBJECTS = {
+    "gelu": "gelu",
+    "gelu_fast": "gelu_fast",
+    "gelu_new": "gelu_new",
+    "gelu_python": "gelu_python",
+    "gelu_pytorch_tanh": "gelu_pytorch_tanh",
+    "quick_gelu": "quick_gelu",
+    "silu": "silu",
+    "mish": "mish",
+    "linear_act": "linear",
+}
+
+
+def transformers_activation(func: External) -> ActFn | None:
+    """The activation ``func`` is when it names one of the activation objects
+    of transformers.activations, else None."""
+    module, _, short = func.qualname.rpartition(".")
+    if module != "transformers.activations" or short not in _TRANSFORMERS_ACTIVATION_OBJECTS:
+        return None
+    return ActFn(_TRANSFORMERS_ACTIVATION_OBJECTS[short])
 
 
 def external_instance(cls: External, args: list, kwargs: dict, reads: dict) -> Any:
