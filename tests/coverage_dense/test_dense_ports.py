@@ -2,7 +2,8 @@
 validates with no hand edits, from a tiny checkpoint of the transformers
 architecture: the research derives the spec (checkpoint key names, fused
 per-head QKV, attention scale key and form, logit multipliers) and the
-composer realizes it. Each port is validated at TP=1 in fp32 and bf16."""
+composer realizes it. Each port is validated at TP=1 in fp32 and bf16 (the
+validation's follow-ups: ``FULLY_VALIDATED``, every port with --run-slow)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from autoport_cst.port import port
 from autoport_cst.validate import build_tiny_checkpoint
+from tests.validation_depth import port_at_depth, validates_fully
 
 pytest.importorskip("transformers")
 
@@ -119,11 +121,18 @@ def snake(architecture: str) -> str:
     return "port_" + "".join(c for c in architecture.removesuffix("ForCausalLM").lower() if c.isalnum())
 
 
+# validated with the follow-ups of the validation (config variants, FP8, parallel layouts)
+# in the default suite: a fused per-head QKV sharded across ranks; every architecture
+# with --run-slow (tests/validation_depth.py)
+FULLY_VALIDATED = frozenset({"GPTNeoXForCausalLM"})
+
+
 @pytest.mark.parametrize("architecture", _ports())
-def test_port_validates(architecture, workdir):
+def test_port_validates(architecture, workdir, request):
     source = workdir / f"{architecture}-src"
     build_tiny_checkpoint(architecture, source, seed=0)
-    outcome = port(str(source), snake(architecture), workdir / "out", force=True, steps=8)
+    full = validates_fully(request.config, architecture, FULLY_VALIDATED)
+    outcome = port_at_depth(full, str(source), snake(architecture), workdir / "out", force=True, steps=8)
     failures = "; ".join(f"tp{r.tp} {r.dtype}: {r.first_diverging}" for r in outcome.runs if not r.equivalent)
     assert outcome.validated, failures
     assert [(r.tp, r.dtype) for r in outcome.runs] == [(1, "fp32"), (1, "bf16")]

@@ -112,11 +112,17 @@ def tiny_moe(tmp_path_factory):
     return make
 
 
+# the architectures validated with their follow-ups (config variants, FP8, parallel
+# layouts) in the default suite; the others are with --run-slow (tests/validation_depth.py)
+FULLY_VALIDATED = frozenset({"Glm4MoeForCausalLM"})
+
+
 @pytest.fixture(scope="session")
-def ported(tmp_path_factory, tiny_moe):
+def ported(tmp_path_factory, tiny_moe, request):
     """``ported(architecture, tp=1)`` -> the PortOutcome of ``autoport_cst.port.port``
-    on its tiny checkpoint (built once per TP size)."""
-    from autoport_cst.port import port
+    on its tiny checkpoint (built once per TP size), validated in full for
+    ``FULLY_VALIDATED`` (every architecture with --run-slow)."""
+    from tests.validation_depth import port_at_depth, validates_fully
 
     done: dict[tuple[str, int], object] = {}
 
@@ -125,7 +131,10 @@ def ported(tmp_path_factory, tiny_moe):
         if key not in done:
             name = "cov_" + "".join(c if c.isalnum() else "_" for c in architecture.lower())
             out = tmp_path_factory.mktemp(f"out-{architecture}-tp{tp}")
-            done[key] = port(str(tiny_moe(architecture)), name, out, tp=tp, steps=8, force=True)
+            full = validates_fully(request.config, architecture, FULLY_VALIDATED)
+            done[key] = port_at_depth(
+                full, str(tiny_moe(architecture)), name, out, tp=tp, steps=8, force=True
+            )
         return done[key]
 
     return make

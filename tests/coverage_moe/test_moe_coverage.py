@@ -25,7 +25,9 @@ not the one the reference declares (``tests/moe/spec_steps.py``).
 Every port validates in float32 at TP=1, but those in ``KNOWN_WRONG`` (named, strict xfail). In bf16 a port either validates or
 fails only on routing near-ties (``ties.py``): with those tokens left out it
 keeps the gate. TP=2 runs for GLM-4-MoE here and for every architecture in
-the slow test.
+the slow test. The validation's follow-ups (declared config variants, FP8,
+parallel layouts) run for GLM-4-MoE by default and for every architecture
+with --run-slow (``conftest.FULLY_VALIDATED``, tests/validation_depth.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 edit, each from a tiny checkpoint of transformers' default config (seed 0, as
 the corpus benchmark builds them): research picks the reference and the
 codemods, and validation runs prefill and decode in fp32 and bf16 at TP=1
-(TP=2 in fp32 too in the slow run; the corpus runs it for all of them)."""
+(TP=2 in fp32 too in the slow run; the corpus runs it for all of them); the
+validation's follow-ups (config variants, FP8, parallel layouts) for one
+architecture per reference (``FULLY_VALIDATED``), for all with --run-slow."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from autoport_cst.port import port  # noqa: E402
 from autoport_cst.validate import build_tiny_checkpoint  # noqa: E402
+from tests.validation_depth import port_at_depth, validates_fully  # noqa: E402
 
 # architecture -> the built-in reference its port starts from
 REQUIRED = {
@@ -40,12 +42,27 @@ def workdir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("required")
 
 
-def _port(architecture: str, workdir: Path, tp: int):
+# validated with the follow-ups of the validation (config variants, FP8, parallel
+# layouts) in the default suite: one architecture per reference; every
+# architecture with --run-slow (tests/validation_depth.py)
+FULLY_VALIDATED = frozenset(
+    {
+        "LlamaForCausalLM",
+        "Qwen3ForCausalLM",
+        "Gemma2ForCausalLM",
+        "Starcoder2ForCausalLM",
+        "Qwen3MoeForCausalLM",
+    }
+)
+
+
+def _port(architecture: str, workdir: Path, tp: int, config: pytest.Config):
     source = workdir / f"{architecture}-src"
     if not source.exists():
         build_tiny_checkpoint(architecture, source, seed=0)
     name = "port_" + architecture.removesuffix("ForCausalLM").lower() + f"_tp{tp}"
-    return port(str(source), name, workdir / "out", tp=tp, force=True, steps=8)
+    full = validates_fully(config, architecture, FULLY_VALIDATED)
+    return port_at_depth(full, str(source), name, workdir / "out", tp=tp, force=True, steps=8)
 
 
 # Ports the validation shows wrong; strict: the day they validate, the mark goes.
@@ -62,8 +79,8 @@ def _required() -> list:
 
 
 @pytest.mark.parametrize("architecture", _required())
-def test_ports_and_validates(architecture, workdir):
-    outcome = _port(architecture, workdir, tp=1)
+def test_ports_and_validates(architecture, workdir, request):
+    outcome = _port(architecture, workdir, tp=1, config=request.config)
     failures = [f"tp{r.tp} {r.dtype}: {r.first_diverging}" for r in outcome.runs if not r.equivalent]
     assert outcome.validated, failures
     assert [(r.tp, r.dtype) for r in outcome.runs] == [(1, "fp32"), (1, "bf16")]
@@ -72,7 +89,7 @@ def test_ports_and_validates(architecture, workdir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("architecture", sorted(REQUIRED))
-def test_ports_and_validates_on_two_ranks(architecture, workdir):
-    outcome = _port(architecture, workdir, tp=2)
+def test_ports_and_validates_on_two_ranks(architecture, workdir, request):
+    outcome = _port(architecture, workdir, tp=2, config=request.config)
     assert outcome.validated, [(r.tp, r.dtype, r.first_diverging) for r in outcome.runs]
     assert (2, "fp32") in [(r.tp, r.dtype) for r in outcome.runs]
