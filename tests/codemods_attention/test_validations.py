@@ -2,7 +2,8 @@
 applied to a reference, and the port must match the transformers architecture
 it targets on a tiny random checkpoint, in fp32 and bf16 (TP=1), and at TP=2
 for at least one architecture per codemod (the rest of the TP=2 matrix is
-behind ``--run-slow``).
+behind ``--run-slow``, as are the follow-ups of a passing fp32 run for the
+cases not in ``FULLY_VALIDATED``).
 
 Checkpoint configs are chosen so that each feature changes the outputs: a
 sliding window shorter than the prompts (8, 12 and 20 tokens), a NoPE layer,
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from autoport_cst.validate import validate_model
+from tests.validation_depth import follow_up_options, validates_fully
 
 from .conftest import ROOT
 
@@ -329,10 +331,17 @@ def test_cases_cover_every_attention_codemod():
     assert mine <= with_tp2
 
 
+# the cases validated with the follow-ups of a passing fp32 run (config variants, FP8,
+# parallel layouts) in the default suite, one per reference; every case with --run-slow
+# (tests/validation_depth.py)
+FULLY_VALIDATED = frozenset({"granite-swa", "qwen3-reference-sliding-yarn", "smollm3-reference-sliding"})
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_port_validates(case, dtype, package_of, checkpoint_of):
-    report = validate_model(package_of(case), checkpoint_of(case), dtype=dtype, steps=STEPS)
+def test_port_validates(case, dtype, package_of, checkpoint_of, request):
+    follow_ups = follow_up_options(validates_fully(request.config, case.id, FULLY_VALIDATED))
+    report = validate_model(package_of(case), checkpoint_of(case), dtype=dtype, steps=STEPS, **follow_ups)
     assert report.equivalent, report.summary()
 
 

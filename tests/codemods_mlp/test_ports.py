@@ -5,7 +5,9 @@ at TP=1, and TP=2 for at least one port per codemod).
 
 Each case names the codemods it exercises. TP=2 runs start two rank
 processes (about 10 s each on a small machine); the ones that only repeat a
-codemod already covered at TP=2 are marked slow."""
+codemod already covered at TP=2 are marked slow, as are the follow-ups of a
+passing fp32 run (config variants, FP8, parallel layouts) of the cases not in
+``FULLY_VALIDATED``."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from autoport_cst.validate import validate_model  # noqa: E402
+from tests.validation_depth import follow_up_options, validates_fully  # noqa: E402
 
 STARCODER2_REF = ROOT / "reference_models" / "starcoder2"
 
@@ -126,9 +129,18 @@ def _checkpoint(case: str, checkpoints) -> Path:
     return checkpoints.get(architecture, **overrides)
 
 
+# the cases validated with the follow-ups of a passing fp32 run (config variants, FP8,
+# parallel layouts) in the default suite, one per reference; every case with --run-slow
+# (tests/validation_depth.py)
+FULLY_VALIDATED = frozenset({"gpt_neox", "starcoder2-reference"})
+
+
 @pytest.mark.parametrize("case, dtype", TP1)
-def test_port_validates_at_tp1(case, dtype, ports, checkpoints):
-    report = validate_model(_package(case, ports), _checkpoint(case, checkpoints), tp=1, dtype=dtype)
+def test_port_validates_at_tp1(case, dtype, ports, checkpoints, request):
+    follow_ups = follow_up_options(validates_fully(request.config, case, FULLY_VALIDATED))
+    report = validate_model(
+        _package(case, ports), _checkpoint(case, checkpoints), tp=1, dtype=dtype, **follow_ups
+    )
     assert report.equivalent, report.summary()
 
 
