@@ -9,27 +9,60 @@ import libcst as cst
 
 from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
-from autoport_cst.transform.anatomy.mlp import MLP_KEYWORDS, TORCH_MLP, mlp_classes, parse_mlp_call
+from autoport_cst.transform.anatomy.classes import param_ctor, parameters
+from autoport_cst.transform.anatomy.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.anatomy.mlp import (
+    MLP_KEYWORDS,
+    TORCH_MLP,
+    mlp_classes,
+    mlp_mapping_weights,
+    parse_mlp_call,
+)
 from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
-from autoport_cst.transform.cst.vocabulary import dotted, keyword_arg, walk
+from autoport_cst.transform.cst.vocabulary import code_of, dotted, keyword_arg, walk
 from autoport_cst.transform.edit.arguments import set_keyword
 from autoport_cst.transform.edit.guards import declare_guarded, guard_edit
 from autoport_cst.transform.edit.imports import ensure_import_from
-from autoport_cst.transform.edit.parameters import ACT_TYPES
-from autoport_cst.transform.edit.tree import rewrite
+from autoport_cst.transform.edit.mappings import map_value_strings
+from autoport_cst.transform.edit.parameters import ACT_TYPES, WEIGHT_LOADERS
+from autoport_cst.transform.edit.tree import replace_string_suffix, rewrite, with_comment
 
 # spec activation -> NF.mlp kernel activation (nkilib ActFnType member)
 KERNEL = {"silu": "SiLU", "gelu": "GELU", "gelu_tanh": "GELU_Tanh_Approx"}
 # activations the kernel lacks: computed by torch_mlp, added to the model file
-OUTSIDE_KERNEL = ("relu", "relu2", "quick_gelu")
+OUTSIDE_KERNEL = ("relu", "relu2", "quick_gelu", "xielu")
 GUARD = "mlp-activation: an activation outside the NF.mlp kernel is not implemented for this quantized MLP"
-KERNEL_OPTIONS = ("hidden", "gate_w", "up_w", "down_w", "skip_gate", "act_fn", "gate_b", "up_b", "down_b")
+KERNEL_OPTIONS = (
+    "hidden",
+    "gate_w",
+    "up_w",
+    "down_w",
+    "skip_gate",
+    "act_fn",
+    "act_params",
+    "gate_b",
+    "up_b",
+    "down_b",
+)
+# xIELU's learned parameters: (MLP attribute, its name under the activation
+# module in the checkpoint, shape as transformers stores it)
+XIELU_PARAMETERS = (
+    ("act_alpha_p", "alpha_p", "1"),
+    ("act_alpha_n", "alpha_n", "1"),
+    ("act_beta", "beta", "()"),
+    ("act_eps", "eps", "()"),
+)
+# the MLP's attribute holding the activation module in transformers' models
+# (``self.act_fn``): the checkpoint keys of xIELU's parameters are beside the
+# MLP's projections, ``<mlp>.act_fn.<parameter>``
+ACTIVATION_MODULE = "act_fn"
 
 TORCH_MLP_CODE = '''
-def torch_mlp(hidden, gate_w, up_w, down_w, skip_gate=False, act_fn="relu", gate_b=None, up_b=None, down_b=None):
+def torch_mlp(hidden, gate_w, up_w, down_w, skip_gate=False, act_fn="relu", act_params=None, gate_b=None, up_b=None, down_b=None):
     """The dense MLP of NF.mlp in plain torch, for an activation the kernel
-    does not provide: "relu", "relu2" (squared ReLU) or "quick_gelu"
-    (x * sigmoid(1.702 x)). Same arguments and layouts as NF.mlp: weights
+    does not provide: "relu", "relu2" (squared ReLU), "quick_gelu"
+    (x * sigmoid(1.702 x)) or "xielu" (act_params: its stored alpha_p,
+    alpha_n, beta and eps). Same arguments and layouts as NF.mlp: weights
     [H, I], [H, I] and [I, H], biases [1, N]; with skip_gate, act(x @ up + up_b)."""
     up = hidden @ up_w
     if up_b is not None:
@@ -43,6 +76,10 @@ def torch_mlp(hidden, gate_w, up_w, down_w, skip_gate=False, act_fn="relu", gate
         inner = torch.square(torch.relu(inner))
     elif act_fn == "quick_gelu":
         inner = inner * torch.sigmoid(1.702 * inner)
+    elif act_fn == "xielu":  # quadratic above 0, exponential below (clamped at eps); softplus of the stored alphas
+        alpha_p, alpha_n, beta, eps = act_params
+        negative = (torch.expm1(torch.minimum(inner, eps)) - inner) * (beta + torch.nn.functional.softplus(alpha_n))
+        inner = torch.where(inner > 0, torch.nn.functional.softplus(alpha_p) * inner * inner, negative) + beta * inner
     else:
         raise ValueError(f"torch_mlp: unknown activation {act_fn!r}")
     if not skip_gate:
@@ -56,11 +93,12 @@ def torch_mlp(hidden, gate_w, up_w, down_w, skip_gate=False, act_fn="relu", gate
 
 @dataclass(frozen=True)
 class MlpActivationParams:
-    activation: Literal["silu", "gelu", "gelu_tanh", "relu", "relu2", "quick_gelu"] = field(
+    activation: Literal["silu", "gelu", "gelu_tanh", "relu", "relu2", "quick_gelu", "xielu"] = field(
         default="silu",
         metadata={
             "doc": "Activation: silu; gelu (exact, erf); gelu_tanh (tanh approximation: HF gelu_new, "
-            "gelu_pytorch_tanh, gelu_fast); relu, relu2, quick_gelu (computed outside the kernel)."
+            "gelu_pytorch_tanh, gelu_fast); relu, relu2, quick_gelu, xielu (computed outside the kernel; "
+            "xielu with its learned parameters loaded per MLP)."
         },
     )
 
@@ -75,13 +113,24 @@ class MlpActivation(Codemod):
     as: ``silu``/``swish`` -> silu; ``gelu`` -> gelu (erf, ``nn.functional.gelu``);
     ``gelu_new``, ``gelu_pytorch_tanh``, ``gelu_fast`` -> gelu_tanh (the same
     tanh formula, written three ways); ``relu``, ``relu2``, ``quick_gelu`` as
-    named. Gemma configs that say ``gelu`` mean the tanh form (transformers
+    named (and ``xielu``). Gemma configs that say ``gelu`` mean the tanh form (transformers
     rewrites it to ``gelu_pytorch_tanh``).
 
-    ``relu``, ``relu2`` and ``quick_gelu`` are not kernel activations: the call
+    ``relu``, ``relu2``, ``quick_gelu`` and ``xielu`` are not kernel activations: the call
     becomes ``torch_mlp(...)``, a plain-torch function with the same arguments
     (added to the model file), with ``act_fn="relu"`` etc. Switching back to a
     kernel activation turns it into ``NF.mlp`` again.
+
+    ``xielu`` (Apertus) has learned parameters per MLP: ``alpha_p`` and
+    ``alpha_n`` (``[1]``, stored before softplus) and the scalars ``beta``
+    and ``eps``. Each MLP class gets ``self.act_alpha_p`` etc. after its down
+    weight (same dtype; replicated: every rank loads them whole, the 0-dim
+    ones through a loader reading ``[...]``), the calls pass them as
+    ``act_params=(...)``, and ``load_weights`` maps them from the keys of
+    transformers' activation module beside the projections
+    (``...mlp.act_fn.alpha_p``: the down weight's key with ``down_proj.weight``
+    replaced). Another activation on a call with ``act_params`` is refused
+    (the parameters would stay loaded and unused).
 
     Every ``NF.mlp`` call of every ``<Prefix>MLP`` class changes, those of
     quantized MLPs (``quantization_type=``, the FP8 classes) included for a
@@ -155,10 +204,11 @@ class MlpActivation(Codemod):
                         )
 
 
-                def torch_mlp(hidden, gate_w, up_w, down_w, skip_gate=False, act_fn="relu", gate_b=None, up_b=None, down_b=None):
+                def torch_mlp(hidden, gate_w, up_w, down_w, skip_gate=False, act_fn="relu", act_params=None, gate_b=None, up_b=None, down_b=None):
                     """The dense MLP of NF.mlp in plain torch, for an activation the kernel
-                    does not provide: "relu", "relu2" (squared ReLU) or "quick_gelu"
-                    (x * sigmoid(1.702 x)). Same arguments and layouts as NF.mlp: weights
+                    does not provide: "relu", "relu2" (squared ReLU), "quick_gelu"
+                    (x * sigmoid(1.702 x)) or "xielu" (act_params: its stored alpha_p,
+                    alpha_n, beta and eps). Same arguments and layouts as NF.mlp: weights
                     [H, I], [H, I] and [I, H], biases [1, N]; with skip_gate, act(x @ up + up_b)."""
                     up = hidden @ up_w
                     if up_b is not None:
@@ -172,6 +222,10 @@ class MlpActivation(Codemod):
                         inner = torch.square(torch.relu(inner))
                     elif act_fn == "quick_gelu":
                         inner = inner * torch.sigmoid(1.702 * inner)
+                    elif act_fn == "xielu":  # quadratic above 0, exponential below (clamped at eps); softplus of the stored alphas
+                        alpha_p, alpha_n, beta, eps = act_params
+                        negative = (torch.expm1(torch.minimum(inner, eps)) - inner) * (beta + torch.nn.functional.softplus(alpha_n))
+                        inner = torch.where(inner > 0, torch.nn.functional.softplus(alpha_p) * inner * inner, negative) + beta * inner
                     else:
                         raise ValueError(f"torch_mlp: unknown activation {act_fn!r}")
                     if not skip_gate:
@@ -180,6 +234,94 @@ class MlpActivation(Codemod):
                     if down_b is not None:
                         output = output + down_b
                     return output
+            ''',
+        ),
+        Example(
+            title="xIELU (Apertus): its learned parameters loaded per MLP from the activation module's keys",
+            params={"activation": "xielu"},
+            before="""
+                from vllm_neuron.utils.weight_loader import sharding_weight_loader
+
+
+                class LlamaMLP(nn.Module):
+                    def __init__(self, config):
+                        self.up_proj_weight = nn.Parameter(torch.empty(h, i, dtype=self.dtype))
+                        self.down_proj_weight = nn.Parameter(torch.empty(i, h, dtype=self.dtype))
+
+                    def forward(self, x, is_prefill):
+                        return NF.mlp(x, self.up_proj_weight, self.up_proj_weight, self.down_proj_weight, skip_gate=True)
+
+
+                class LlamaForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.mlp.down_proj_weight"] = f"{prefix}.mlp.down_proj.weight"
+            """,
+            after='''
+                from vllm_neuron.utils.weight_loader import SafetensorsWeightLoader, set_weight_loader, sharding_weight_loader
+
+
+                class LlamaMLP(nn.Module):
+                    def __init__(self, config):
+                        self.up_proj_weight = nn.Parameter(torch.empty(h, i, dtype=self.dtype))
+                        self.down_proj_weight = nn.Parameter(torch.empty(i, h, dtype=self.dtype))
+                        # xIELU's learned parameters, as stored (the alphas before softplus)
+                        self.act_alpha_p = nn.Parameter(torch.zeros(1, dtype=self.dtype))
+                        self.act_alpha_n = nn.Parameter(torch.zeros(1, dtype=self.dtype))
+                        self.act_beta = nn.Parameter(torch.zeros((), dtype=self.dtype))
+                        self.act_eps = nn.Parameter(torch.zeros((), dtype=self.dtype))
+                        # 0-dim tensors: read whole ([:] does not index them), the same on every rank
+                        for scalar in (self.act_beta, self.act_eps):
+                            set_weight_loader(scalar, SafetensorsWeightLoader(lambda slices, rank: slices[0][...]))
+
+                    def forward(self, x, is_prefill):
+                        return torch_mlp(x, self.up_proj_weight, self.up_proj_weight, self.down_proj_weight, skip_gate=True, act_fn="xielu", act_params=(self.act_alpha_p, self.act_alpha_n, self.act_beta, self.act_eps))
+
+
+                def torch_mlp(hidden, gate_w, up_w, down_w, skip_gate=False, act_fn="relu", act_params=None, gate_b=None, up_b=None, down_b=None):
+                    """The dense MLP of NF.mlp in plain torch, for an activation the kernel
+                    does not provide: "relu", "relu2" (squared ReLU), "quick_gelu"
+                    (x * sigmoid(1.702 x)) or "xielu" (act_params: its stored alpha_p,
+                    alpha_n, beta and eps). Same arguments and layouts as NF.mlp: weights
+                    [H, I], [H, I] and [I, H], biases [1, N]; with skip_gate, act(x @ up + up_b)."""
+                    up = hidden @ up_w
+                    if up_b is not None:
+                        up = up + up_b
+                    inner = up if skip_gate else hidden @ gate_w
+                    if not skip_gate and gate_b is not None:
+                        inner = inner + gate_b
+                    if act_fn == "relu":
+                        inner = torch.relu(inner)
+                    elif act_fn == "relu2":
+                        inner = torch.square(torch.relu(inner))
+                    elif act_fn == "quick_gelu":
+                        inner = inner * torch.sigmoid(1.702 * inner)
+                    elif act_fn == "xielu":  # quadratic above 0, exponential below (clamped at eps); softplus of the stored alphas
+                        alpha_p, alpha_n, beta, eps = act_params
+                        negative = (torch.expm1(torch.minimum(inner, eps)) - inner) * (beta + torch.nn.functional.softplus(alpha_n))
+                        inner = torch.where(inner > 0, torch.nn.functional.softplus(alpha_p) * inner * inner, negative) + beta * inner
+                    else:
+                        raise ValueError(f"torch_mlp: unknown activation {act_fn!r}")
+                    if not skip_gate:
+                        inner = inner * up
+                    output = inner @ down_w
+                    if down_b is not None:
+                        output = output + down_b
+                    return output
+
+
+                class LlamaForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.mlp.down_proj_weight"] = f"{prefix}.mlp.down_proj.weight"
+                            mappings[f"{prefix}.mlp.act_alpha_p"] = f"{prefix}.mlp.act_fn.alpha_p"
+                            mappings[f"{prefix}.mlp.act_alpha_n"] = f"{prefix}.mlp.act_fn.alpha_n"
+                            mappings[f"{prefix}.mlp.act_beta"] = f"{prefix}.mlp.act_fn.beta"
+                            mappings[f"{prefix}.mlp.act_eps"] = f"{prefix}.mlp.act_fn.eps"
             ''',
         ),
         Example(
@@ -228,6 +370,16 @@ class MlpActivation(Codemod):
             """,
         ),
         Example(
+            title="xIELU's parameters are not dropped for another activation",
+            params={"activation": "relu2"},
+            before="""
+                class LlamaMLP(nn.Module):
+                    def forward(self, x, is_prefill):
+                        return torch_mlp(x, self.up_proj_weight, self.up_proj_weight, self.down_proj_weight, skip_gate=True, act_fn="xielu", act_params=(self.act_alpha_p, self.act_alpha_n, self.act_beta, self.act_eps))
+            """,
+            raises="the MLP computes xIELU with learned parameters",
+        ),
+        Example(
             title="no NF.mlp call",
             params={"activation": "gelu"},
             before="""
@@ -247,14 +399,25 @@ class MlpActivation(Codemod):
         activation = self.params.activation
         edits: dict = {}
         torch_after: list[str] = []  # MLP classes whose calls become torch_mlp
-        for mlp in mlp_classes(module, ctx):
+        mlps = mlp_classes(module, ctx)
+        down_weights: list[str] = []  # the down weights of the MLPs given xIELU's parameters
+        for mlp in mlps:
             if mlp.quantized and activation not in KERNEL:
                 edits.update(guard_edit(mlp.cls, GUARD, module))
                 declare_guarded(mlp.cls, ctx, GUARD)
                 continue
             for call in mlp.calls:
                 if not mlp.quantized:
-                    parse_mlp_call(module, ctx, call)
+                    parsed = parse_mlp_call(module, ctx, call)
+                    if activation == "xielu" and parsed.down not in down_weights:
+                        down_weights.append(parsed.down)
+                if activation != "xielu" and keyword_arg(call, "act_params") is not None:
+                    raise ctx.precondition(
+                        f"{self.ID}: the MLP computes xIELU with learned parameters; another "
+                        "activation would leave them loaded and unused",
+                        call,
+                        module,
+                    )
                 edit = (
                     self._kernel_edit(call, module)
                     if activation in KERNEL
@@ -264,9 +427,19 @@ class MlpActivation(Codemod):
                     edits[id(call)] = edit
                     if activation not in KERNEL and mlp.name not in torch_after:
                         torch_after.append(mlp.name)
+        if activation == "xielu":
+            for mlp in mlps:
+                if not mlp.quantized:
+                    edits.update(xielu_parameter_edits(mlp, module, ctx, self.ID))
+            if not mlps:
+                down_weights = [w for w in mlp_mapping_weights(module) if w.startswith("down")]
+            edits.update(xielu_mapping_edits(module, down_weights, ctx, self.ID, required=bool(mlps)))
         if not edits:
             return module
         module = rewrite(module, edits)
+        if activation == "xielu" and any(not mlp.quantized for mlp in mlps):
+            for name in ("SafetensorsWeightLoader", "set_weight_loader"):
+                module = ensure_import_from(module, WEIGHT_LOADERS, name)
         if activation in KERNEL:
             module = ensure_import_from(module, ACT_TYPES, "ActFnType")
             return self._drop_unused_helper(module)
@@ -322,16 +495,25 @@ class MlpActivation(Codemod):
             )
         value = cst.SimpleString(f'"{activation}"')
         current = keyword_arg(call, "act_fn")
+        params = parse_expr(XIELU_ARGUMENT, module) if activation == "xielu" else None
         if (
             dotted(call.func) == TORCH_MLP
             and current is not None
             and isinstance(current.value, cst.SimpleString)
             and current.value.evaluated_value == activation
+            and (params is None or keyword_arg(call, "act_params") is not None)
         ):
             return None
-        return lambda updated: set_keyword(
-            updated.with_changes(func=cst.Name(TORCH_MLP)), "act_fn", value, order=MLP_KEYWORDS
-        )
+
+        def edit(updated: cst.Call) -> cst.Call:
+            updated = set_keyword(
+                updated.with_changes(func=cst.Name(TORCH_MLP)), "act_fn", value, order=MLP_KEYWORDS
+            )
+            if params is not None:
+                updated = set_keyword(updated, "act_params", params, order=MLP_KEYWORDS)
+            return updated
+
+        return edit
 
     @staticmethod
     def _drop_unused_helper(module: cst.Module) -> cst.Module:
@@ -350,3 +532,86 @@ class MlpActivation(Codemod):
         if used:
             return module
         return module.with_changes(body=[s for s in module.body if s is not helper])
+
+
+XIELU_ARGUMENT = "(" + ", ".join(f"self.{attr}" for attr, _, _ in XIELU_PARAMETERS) + ")"
+
+
+def xielu_parameter_edits(mlp, module: cst.Module, ctx: FileContext, codemod: str) -> dict:
+    """xIELU's parameters in one MLP class, created right after its down
+    weight with that weight's dtype: ``self.act_alpha_p =
+    nn.Parameter(torch.zeros(1, dtype=...))`` and the like (the shapes
+    transformers stores: the alphas [1], beta and eps scalars). They carry
+    no loader: every rank loads them whole (replicated)."""
+    params = parameters(mlp.cls)
+    if all(attr in params for attr, _, _ in XIELU_PARAMETERS):
+        return {}
+    down = parse_mlp_call(module, ctx, mlp.calls[0]).down
+    if down is None or down not in params or param_ctor(params[down]) is None:
+        raise ctx.precondition(
+            f"{codemod}: {mlp.name} has no self.<down> = nn.Parameter(torch.<ctor>(...)) for its NF.mlp down weight",
+            mlp.cls,
+            module,
+        )
+    ctor = param_ctor(params[down])
+    assert ctor is not None  # checked above
+    dtype = keyword_arg(ctor, "dtype")
+    dtype_code = f", dtype={code_of(dtype.value)}" if dtype is not None else ""
+    new = [
+        parse_statement(f"self.{attr} = nn.Parameter(torch.zeros({shape}{dtype_code}))", module)
+        for attr, _, shape in XIELU_PARAMETERS
+        if attr not in params
+    ]
+    new[0] = with_comment(new[0], "xIELU's learned parameters, as stored (the alphas before softplus)")
+    scalars = ", ".join(f"self.{attr}" for attr, _, shape in XIELU_PARAMETERS if shape == "()")
+    new.append(
+        with_comment(
+            parse_statement(
+                f"for scalar in ({scalars}):\n"
+                "    set_weight_loader(scalar, SafetensorsWeightLoader(lambda slices, rank: slices[0][...]))\n",
+                module,
+            ),
+            "0-dim tensors: read whole ([:] does not index them), the same on every rank",
+        )
+    )
+    return {id(params[down]): lambda updated: cst.FlattenSentinel([updated, *new])}
+
+
+def xielu_mapping_edits(
+    module: cst.Module, down_weights: list[str], ctx: FileContext, codemod: str, required: bool
+) -> dict:
+    """A mapping entry per xIELU parameter after each ``...mlp.<down>``
+    entry: ``...mlp.act_alpha_p`` from the checkpoint's
+    ``...mlp.act_fn.alpha_p`` (the down weight's key with its module and
+    ``.weight`` replaced)."""
+    entries = mapping_entries(module)
+    keys = {e.key for e in entries}
+    edits: dict = {}
+    for weight in down_weights:
+        found = [e for e in entries if e.key.endswith("." + weight)]
+        if not found and required:
+            raise ctx.precondition(f"{codemod}: load_weights has no mappings[...{weight}] entry")
+        stored = "." + weight.removesuffix("_weight") + ".weight"
+        for entry in found:
+            new = []
+            for attr, name, _ in XIELU_PARAMETERS:
+                if entry.key[: -len(weight)] + attr in keys:
+                    continue
+                key = replace_string_suffix(entry.key_node, weight, attr)
+                value = map_value_strings(
+                    entry.value,
+                    lambda text, name=name, stored=stored: replace_string_suffix(
+                        text, stored, f".{ACTIVATION_MODULE}.{name}"
+                    ),
+                )
+                if key is None or value is None:
+                    raise ctx.precondition(
+                        f"{codemod}: cannot derive xIELU's checkpoint keys from the mapping of {entry.key} "
+                        f"(expected checkpoint keys ending in {stored})",
+                        entry.statement,
+                        module,
+                    )
+                new.append(entry_statement(entry, key, value))
+            if new:
+                edits[id(entry.statement)] = lambda updated, new=new: cst.FlattenSentinel([updated, *new])
+    return edits

@@ -37,6 +37,7 @@ ACTIVATIONS = {
     "relu": "relu",
     "relu2": "relu2",
     "quick_gelu": "quick_gelu",
+    "xielu": "xielu",  # learned parameters (alpha_p, alpha_n, beta, eps) in the activation module
 }
 
 

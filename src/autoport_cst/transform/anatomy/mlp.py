@@ -121,4 +121,15 @@ def parse_mlp_call(module: cst.Module, ctx: FileContext, call: cst.Call) -> MLPC
 
 # Keyword order of NF.mlp (its signature): codemods insert keywords in this
 # order whatever order they run in, so that they commute.
-MLP_KEYWORDS = ("eps", "ln_w", "skip_gate", "act_fn", "gate_b", "up_b", "down_b", "norm_b", "norm_type")
+MLP_KEYWORDS = (
+    "eps",
+    "ln_w",
+    "skip_gate",
+    "act_fn",
+    "act_params",
+    "gate_b",
+    "up_b",
+    "down_b",
+    "norm_b",
+    "norm_type",
+)
