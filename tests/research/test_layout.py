@@ -27,7 +27,8 @@ LAYERS = {
 # attention decisions whether a config flag sets one KV head
 SECTION_EDGES = {
     ("analysis", "moe"): {"mlp"},
-    ("analysis", "attention"): {"latent", "scores", "output_gate"},
+    # ... and a position-dependent query scaling (attention temperature) is read off the traced attention
+    ("analysis", "attention"): {"latent", "scores", "output_gate", "temperature"},
     ("analysis", "rope"): {"nope_rule"},  # the rule that picks the layers without RoPE
     ("analysis", "head"): {"multiplier_keys"},  # multipliers computed from several config fields
     ("decide", "unsupported"): {"attention"},
