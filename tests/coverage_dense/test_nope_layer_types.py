@@ -59,16 +59,18 @@ def test_the_rule_is_read_from_the_rotation_guard(architecture, model_type, rule
     assert "unsupported.nope_layers" not in found
 
 
-def test_a_guard_reading_other_config_fields_is_refused_naming_them(workdir):
+def test_a_clause_reading_other_config_fields_is_left_out_when_false(workdir):
     """Cohere 2 MoE also rotates the dense layers of its prefix
     (``self.force_rope``, from mlp_layer_types and
-    prefix_dense_sliding_window_pattern): no rule of the codemod says that."""
+    prefix_dense_sliding_window_pattern); on a config without dense layers
+    that clause is false on every layer: the rule is read from the rest of
+    the guard, and the evidence names the clause and its fields."""
     found = _code_findings("Cohere2MoeForCausalLM", "cohere2_moe", workdir)
-    refusal = found["unsupported.nope_layers"]
-    assert refusal.value is True
-    assert "config.mlp_layer_types" in refusal.evidence
-    assert "config.prefix_dense_sliding_window_pattern" in refusal.evidence
-    assert "rope.nope_rule" not in found
+    assert "unsupported.nope_layers" not in found
+    assert found["rope.nope_rule"].value == "sliding"
+    evidence = found["rope.nope_rule"].evidence
+    assert "`self.force_rope`" in evidence and "is false on every layer" in evidence, evidence
+    assert "config.mlp_layer_types" in evidence and "config.prefix_dense_sliding_window_pattern" in evidence
 
 
 def _edited_cohere2(workdir: Path, guard: str) -> dict:

@@ -23,10 +23,9 @@ REFUSALS = {
     "RobertaForCausalLM": ("unsupported", "attention.self (RobertaAttention around RobertaSelfAttention)"),
     # dynamic mask attention: a bias from dt_proj(values) scaled by the learned A, added to the scores
     "DogeForCausalLM": ("unsupported", "learned parameters in the attention computation"),
-    # full-attention layers without RoPE, chosen by layer_types (the NoPE codemod reads other fields)
-    # Cohere 2 MoE: no RoPE on full attention, except where force_rope (read from mlp_layer_types and
-    # prefix_dense_sliding_window_pattern) rotates a dense prefix layer: a rule no port reads
-    "Cohere2MoeForCausalLM": ("unsupported", "nope_layers: Cohere2MoeAttention.forward"),
+    # Cohere 2 MoE: its layers without RoPE are realized (rope.nope_rule sliding, its force_rope false on
+    # every layer); its parallel residual is not, on the MoE reference (the pre-MLP norm is the experts')
+    "Cohere2MoeForCausalLM": ("residual.parallel", "shared_norm"),
     # blocks under transformer.h / transformer.blocks: found, and refused for their ALiBi bias per head
     "BloomForCausalLM": ("unsupported", "alibi_positions: _get_alibi_slopes in BloomModel.forward"),
     "MptForCausalLM": ("unsupported", "alibi_positions: build_mpt_alibi_tensor in MptModel.forward"),
@@ -62,16 +61,21 @@ def test_refused_with_the_feature_named(architecture, workdir):
         assert field in refused.value.features
 
 
-def test_nope_by_a_guard_reading_other_fields_is_named(workdir):
-    """Layers without RoPE chosen by a guard that reads more than the layer
-    types and the window (Cohere 2 MoE's force_rope): the refusal names
-    config.layer_types, the layer type that takes no RoPE and the fields the
-    guard reads."""
+def test_nope_by_a_guard_with_a_clause_false_on_every_layer(workdir):
+    """Layers without RoPE chosen by a guard that also reads other fields
+    (Cohere 2 MoE's ``self.sliding_window is not None or self.force_rope``,
+    force_rope from mlp_layer_types and prefix_dense_sliding_window_pattern):
+    the clause false on every layer of the config is named and left out, and
+    the rule is the sliding window's; the config guards refuse a dense layer."""
     source = workdir / "cohere2-moe-types"
     build_tiny_checkpoint("Cohere2MoeForCausalLM", source, seed=0)
-    (entry,) = [e for e in research(str(source)).spec.unsupported or () if e.startswith("nope_layers:")]
-    assert "config.layer_types" in entry and "no RoPE on its full_attention layers" in entry, entry
-    assert "config.prefix_dense_sliding_window_pattern" in entry, entry
+    found = research(str(source))
+    assert found.spec.rope.nope_layers == (3,) and found.spec.rope.nope_rule == "sliding"
+    assert not [e for e in found.spec.unsupported or () if e.startswith("nope_layers:")]
+    evidence = found.decision("rope.nope_rule").evidence
+    assert "`self.force_rope`" in evidence and "config.prefix_dense_sliding_window_pattern" in evidence, (
+        evidence
+    )
 
 
 def test_flint_is_planned_as_moe_with_dense_layers(workdir):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from autoport_cst.research import config_analysis as config_keys
 from autoport_cst.research.analysis import layer_inputs
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.interp.config_proxy import ConfigProxy
@@ -36,6 +37,14 @@ from autoport_cst.research.interp.walk import walk
 # the config fields a guard realized by the nope-layers codemod may depend on
 RULE_FIELDS = frozenset({"layer_types", "sliding_window"})
 ROTATING, NOPE = "sliding_attention", "full_attention"
+# config fields a port reads as sizes at run time: the config guards never hold them (a clause
+# reading one may turn true on a real config the guards let through), so no clause reading one is
+# left out of a guard
+SIZE_FIELDS = frozenset(
+    (*config_keys.LAYER_KEYS, *config_keys.HIDDEN_KEYS, *config_keys.HEAD_KEYS, *config_keys.KV_KEYS)
+    + (*config_keys.INTERMEDIATE_KEYS, *config_keys.POSITION_KEYS, *config_keys.EXPERT_KEYS)
+    + (*config_keys.TOPK_KEYS, *config_keys.MOE_INTERMEDIATE_KEYS, "head_dim", "vocab_size", "layer_types")
+)
 # what a layer does on a config without a sliding window -> the rule's name (spec rope.nope_rule)
 RULES = {True: "sliding_or_no_window", False: "sliding"}
 # the sliding layers rotate, the others not, whatever the window (AfMoE: ``if self.is_local_attention:``)
@@ -59,6 +68,10 @@ def recognize(st: AnalyzerState, rotary: list[bool], kept: list[int]) -> tuple[s
         return None, "no `if` around the rotation call in the attention's forward"
     module, test = found
     fields = _guard_fields(st, cls, test)
+    dropped = ""
+    if fields is not None and not fields <= RULE_FIELDS:
+        test, dropped = _without_false_clauses(st, cls, module, test, attns)
+        fields = _guard_fields(st, cls, test)
     if fields is None or not fields <= RULE_FIELDS:
         told = ", ".join(f"config.{f}" for f in sorted(fields or ())) or "values the analysis cannot follow"
         return None, f"the rotation's guard `{ast.unparse(test)}` reads {told}"
@@ -77,7 +90,43 @@ def recognize(st: AnalyzerState, rotary: list[bool], kept: list[int]) -> tuple[s
         rule = None
     if not isinstance(rule, str):
         return None, f"without a sliding window, `{ast.unparse(test)}` rotates other layers than with one"
-    return rule, f"{st.where(attns[0])}: no RoPE where `{ast.unparse(test)}` is false"
+    return rule, f"{st.where(attns[0])}: no RoPE where `{ast.unparse(test)}` is false{dropped}"
+
+
+def _without_false_clauses(
+    st: AnalyzerState, cls: SourceClass, module: Any, test: ast.expr, attns: list[Instance]
+) -> tuple[ast.expr, str]:
+    """``a or b``, whose clause ``b`` reads config fields other than the
+    rule's and is false on every layer of this config (Cohere 2 MoE's
+    ``self.force_rope``: its dense prefix layers, none here), as ``a``, and
+    the evidence saying so; ``test`` as it is otherwise. Other configs are
+    the config guards' business: the research varies those fields, and a
+    config that makes ``b`` true somewhere plans another rotation, so that
+    the port refuses it (Cohere 2 MoE: ``mlp_layer_types`` entries in
+    ``["sparse"]``). A clause reading a size (``SIZE_FIELDS``), which no guard
+    holds, stays."""
+    if not isinstance(test, ast.BoolOp) or not isinstance(test.op, ast.Or):
+        return test, ""
+    kept, dropped = [], []
+    for clause in test.values:
+        reads = _guard_fields(st, cls, clause)
+        if (
+            reads is not None
+            and not reads <= RULE_FIELDS
+            and not reads & SIZE_FIELDS
+            and not any(_evaluate(st, module, clause, a) for a in attns)
+        ):
+            dropped.append((clause, reads))
+        else:
+            kept.append(clause)
+    if not dropped or not kept:
+        return test, ""
+    rest = kept[0] if len(kept) == 1 else ast.BoolOp(op=ast.Or(), values=kept)
+    said = "; ".join(
+        f"`{ast.unparse(c)}` (config.{', config.'.join(sorted(r))}) is false on every layer"
+        for c, r in dropped
+    )
+    return rest, f" ({said})"
 
 
 def _rotation_names(st: AnalyzerState, rotating: list[int]) -> set[str]:
