@@ -1,0 +1,42 @@
+"""tests/validation_depth.py: within ``without_follow_ups`` the
+``validate_model`` that ``port`` imports runs without follow-ups, and after
+it the package's own function is back; with --run-slow every architecture
+is validated in full."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.validation_depth import follow_up_options, validates_fully, without_follow_ups
+
+
+def test_the_port_s_validate_model_runs_without_follow_ups_then_is_restored(monkeypatch):
+    import autoport_cst.validate as validate
+    import autoport_cst.validate.api as api
+
+    seen: list[dict] = []
+    monkeypatch.setattr(api, "validate_model", lambda *args, **options: seen.append(options))
+    with without_follow_ups() as calls:
+        from autoport_cst.validate import validate_model  # as port() and port_variants import it
+
+        validate_model("package", "checkpoint", dtype="fp32", config_variants=True)
+    assert calls == [("package", "checkpoint")]
+    assert seen == [{"dtype": "fp32", "config_variants": False, "parallel_layouts": False}]
+    assert "validate_model" not in vars(validate)
+    assert validate.validate_model is api.validate_model
+
+
+def test_every_architecture_is_validated_in_full_with_run_slow(pytestconfig, monkeypatch):
+    monkeypatch.delenv("AUTOPORT_RUN_SLOW", raising=False)
+    slow = bool(pytestconfig.getoption("--run-slow"))
+    assert validates_fully(pytestconfig, "A", frozenset({"A"}))
+    assert validates_fully(pytestconfig, "B", frozenset({"A"})) is slow
+    monkeypatch.setenv("AUTOPORT_RUN_SLOW", "1")
+    assert validates_fully(pytestconfig, "B", frozenset({"A"}))
+
+
+@pytest.mark.parametrize(
+    "full, options", [(True, {}), (False, {"config_variants": False, "parallel_layouts": False})]
+)
+def test_follow_up_options(full, options):
+    assert follow_up_options(full) == options
