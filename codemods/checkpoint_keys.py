@@ -175,6 +175,7 @@ class CheckpointKeys(Codemod):
     # every codemod that adds, removes or rewrites mapping entries
     AFTER = (
         "add-qkv-bias",
+        "attention-output-gate",
         "attention-sinks",
         "dense-layers",
         "fused-checkpoint",

@@ -34,6 +34,7 @@ TERMS: dict[str, str | dict[Any, str]] = {
         "latent": "multi-latent attention (queries, keys and values from low-rank projections)",
     },
     "attention.output_norm": "a norm between the attention and its output projection",
+    "attention.output_gate": "a {value} gate on the attention output (a projection of the layer input)",
     "attention.other_mixer_layers": "layers mixing tokens by something other than softmax attention",
     "embedding.learned_positions": "learned absolute position embeddings",
     "embedding.scale": "a token embedding scaled by {value}",

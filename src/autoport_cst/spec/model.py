@@ -66,6 +66,7 @@ LinearLayout = Literal["out_in", "in_out"]
 ScaleForm = Literal["multiplier", "inverse_sqrt"]
 LogitsForm = Literal["divisor", "multiplier"]
 AttentionKind = Literal["softmax", "differential", "latent"]
+OutputGate = Literal["none", "sigmoid"]
 GroupLimit = Literal["none", "sum_top2", "max"]
 TemperatureLayers = Literal["all", "nope"]
 
@@ -132,6 +133,12 @@ class AttentionSpec:
     )
     output_norm: bool = feature(
         False, "A norm on the attention output before the output projection (BitNet's attn_sub_norm)."
+    )
+    output_gate: OutputGate = feature(
+        "none",
+        "A gate on the attention output before the output projection: sigmoid: the output multiplied, "
+        "element by element, by the sigmoid of a bias-free projection of the layer input to every head's "
+        "width (AfMoE's gate_proj); none: no gate.",
     )
     q_lora: bool = feature(
         False,

@@ -76,6 +76,7 @@ def attention(d: Decider, head_size: Any) -> AttentionSpec:
         scale_form=scale_form,
         kind=d.flag("attention.kind", "softmax"),
         output_norm=d.flag("attention.output_norm", False),
+        output_gate=d.flag("attention.output_gate", "none"),
         other_mixer_layers=d.flag("attention.other_mixer_layers", None),
         multi_query_key=multi_query_key(d),
         **_temperature(d),
