@@ -59,3 +59,17 @@ def test_an_edited_class_prints_its_kept_statements_at_their_new_indentation():
     assert module_code(new) == new.code
     tabs = new.with_changes(default_indent="\t")  # another layout: printed, not spliced
     assert node_code(tabs, edited) == tabs.code_for_node(edited)
+
+
+def test_parenthesized_expressions_print_as_libcst_prints_them_and_positions_stay_libcsts():
+    """A ``SplicingState`` writes an expression's parentheses without LibCST's
+    generator context (it records no positions); LibCST's own states, which
+    do, still place an expression inside its parentheses."""
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    source = "x = ((a + b) * (c))\ny = f(((d)), [(e)], -(g))\n"
+    module = cst.parse_module(source)
+    assert node_code(module, module) == source
+    product = module.body[0].body[0].value  # type: ignore[attr-defined]
+    position = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)[product]
+    assert (position.start.line, position.start.column, position.end.column) == (1, 5, 18)

@@ -22,6 +22,7 @@ node is printed by LibCST.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import libcst as cst
@@ -35,6 +36,7 @@ _KEPT = 65536
 # (id, default indent, default newline) -> (statement, its code cut where the enclosing indentation goes)
 _CODES: dict[tuple[int, str, str], tuple[cst.CSTNode, list[str]]] = {}
 _ORIGINAL = cst.CSTNode._codegen
+_NO_POSITION = nullcontext()
 
 
 def node_code(module: cst.Module, node: cst.CSTNode) -> str:
@@ -96,6 +98,13 @@ if _CodegenState is not None:
             parts.append("".join(tokens[begin:]))
             return parts
 
+        def record_syntactic_position(
+            self, node: Any, *, start_node: Any = None, end_node: Any = None
+        ) -> Any:
+            """Nothing (as LibCST's, which records no position either, but
+            as a generator context made for each node printed)."""
+            return _NO_POSITION
+
         def splice(self, parts: list[str]) -> None:
             """Write kept code at the current indentation (noting where it goes)."""
             tokens = self.tokens
@@ -108,6 +117,40 @@ if _CodegenState is not None:
     _STATES: set[type] = {SplicingState}
     # every statement is printed through ``_codegen`` (no LibCST statement class has its own)
     setattr(cst.BaseStatement, "_codegen", _codegen)  # noqa: B010
+
+    from libcst._nodes.expression import _BaseParenthesizedNode
+
+    _PARENTHESIZE = _BaseParenthesizedNode._parenthesize
+
+    class _Parenthesized:
+        """The parentheses of ``node`` written around its code, as LibCST's
+        ``_parenthesize`` writes them, without its generator context."""
+
+        __slots__ = ("node", "state")
+
+        def __init__(self, node: Any, state: Any) -> None:
+            self.node, self.state = node, state
+
+        def __enter__(self) -> None:
+            for lpar in self.node.lpar:
+                lpar._codegen(self.state)
+
+        def __exit__(self, kind: Any, value: Any, traceback: Any) -> None:
+            if kind is None:  # as LibCST's: nothing more written when the code generation raised
+                for rpar in self.node.rpar:
+                    rpar._codegen(self.state)
+
+    def _parenthesize(node: Any, state: Any) -> Any:
+        """LibCST's for its own states; for a ``SplicingState`` (which records
+        no positions) a plain context, none at all for an expression without
+        parentheses (most of them)."""
+        if type(state) not in _STATES:
+            return _PARENTHESIZE(node, state)
+        if not node.lpar and not node.rpar:
+            return _NO_POSITION
+        return _Parenthesized(node, state)
+
+    setattr(_BaseParenthesizedNode, "_parenthesize", _parenthesize)  # noqa: B010
 
 
 def register(state_type: type) -> None:
