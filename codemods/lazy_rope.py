@@ -20,6 +20,7 @@ from autoport_cst.transform.cst.vocabulary import (
     is_none,
     keyword_arg,
     method,
+    nodes_of,
     self_assignment,
     self_attr,
     statements,
@@ -270,9 +271,7 @@ class LazyRope(Codemod):
         for stmt in deep_statements(init):
             if id(stmt) in top_level:
                 continue
-            for node in walk(stmt):
-                if not isinstance(node, cst.Call):
-                    continue
+            for node in nodes_of(stmt, cst.Call):
                 name = dotted(node.func) or ""
                 stored = None
                 if name == "self.register_buffer" and node.args:
@@ -512,14 +511,10 @@ def _assigned_names(stmt: cst.CSTNode) -> set[str]:
     """Names a statement binds (plain, annotated, augmented and tuple targets,
     loop targets)."""
     names = set()
-    for n in walk(stmt):
-        targets = []
-        if isinstance(n, (cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.For)):
-            targets = [n.target]
-        for target in targets:
-            for leaf in walk(target):
-                if isinstance(leaf, cst.Name) and not isinstance(target, cst.Attribute):
-                    names.add(leaf.value)
+    for n in nodes_of(stmt, cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.For):
+        target = n.target  # type: ignore[attr-defined]
+        if not isinstance(target, cst.Attribute):
+            names.update(leaf.value for leaf in nodes_of(target, cst.Name))  # type: ignore[attr-defined]
     return names
 
 

@@ -576,7 +576,7 @@ class SwapNorm(Codemod):
         entry of every attribute that holds the norm."""
         attrs = set()
         for node in nodes:
-            found = self_assignment(node) if isinstance(node, cst.SimpleStatementLine) else None
+            found = self_assignment(node) if type(node) is cst.SimpleStatementLine else None
             if found and isinstance(found[1], cst.Call) and dotted(found[1].func) == norm_name:
                 attrs.add(found[0])
         if not attrs:

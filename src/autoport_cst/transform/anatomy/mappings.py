@@ -26,8 +26,9 @@ def mapping_entries(node: cst.CSTNode | list[cst.CSTNode]) -> list[MappingEntry]
     """Every ``mappings[key] = value`` statement under ``node`` (or among
     already walked ``nodes``)."""
     entries = []
-    for stmt in nodes_of(node, cst.SimpleStatementLine) if isinstance(node, cst.CSTNode) else node:
-        if not isinstance(stmt, cst.SimpleStatementLine):
+    # ``type(...) is``: an isinstance check against a LibCST node class goes through its abstract base
+    for stmt in node if isinstance(node, (list, tuple)) else nodes_of(node, cst.SimpleStatementLine):
+        if type(stmt) is not cst.SimpleStatementLine:
             continue
         pair = simple_assign(stmt)
         if pair is None:
