@@ -113,7 +113,8 @@ def tiny_moe(tmp_path_factory):
 
 
 # the architectures validated with their follow-ups (config variants, FP8, parallel
-# layouts) in the default suite; the others are with --run-slow (tests/validation_depth.py)
+# layouts) in the default suite, at TP=1 (the --tp 2 port repeats them); the others,
+# and every TP size, with --run-slow (tests/validation_depth.py)
 FULLY_VALIDATED = frozenset({"Glm4MoeForCausalLM"})
 
 
@@ -121,8 +122,8 @@ FULLY_VALIDATED = frozenset({"Glm4MoeForCausalLM"})
 def ported(tmp_path_factory, tiny_moe, request):
     """``ported(architecture, tp=1)`` -> the PortOutcome of ``autoport_cst.port.port``
     on its tiny checkpoint (built once per TP size), validated in full for
-    ``FULLY_VALIDATED`` (every architecture with --run-slow)."""
-    from tests.validation_depth import port_at_depth, validates_fully
+    ``FULLY_VALIDATED`` at TP=1 (every port with --run-slow)."""
+    from tests.validation_depth import port_at_depth, slow_run
 
     done: dict[tuple[str, int], object] = {}
 
@@ -131,7 +132,7 @@ def ported(tmp_path_factory, tiny_moe, request):
         if key not in done:
             name = "cov_" + "".join(c if c.isalnum() else "_" for c in architecture.lower())
             out = tmp_path_factory.mktemp(f"out-{architecture}-tp{tp}")
-            full = validates_fully(request.config, architecture, FULLY_VALIDATED)
+            full = (architecture in FULLY_VALIDATED and tp == 1) or slow_run(request.config)
             done[key] = port_at_depth(
                 full, str(tiny_moe(architecture)), name, out, tp=tp, steps=8, force=True
             )
