@@ -136,6 +136,14 @@ def _containers(out: KeyMatch) -> None:
             parents.setdefault(parent, set()).add(stored[: -len(child) - 1])
         elif parent:
             parents.setdefault(parent, set()).add("")
+        # a deeper descendant stored under its own path says where each of
+        # its ancestors is (AfMoE's experts under mlp, its router one level
+        # down in mlp.router.gate: mlp is not renamed to mlp.router)
+        parts = canonical.split(".")
+        for depth in range(1, len(parts) - 1):
+            ancestor, rest = ".".join(parts[:depth]), ".".join(parts[depth:])
+            if "*" not in canonical and stored.endswith("." + rest):
+                parents.setdefault(ancestor, set()).add(stored[: -len(rest) - 1])
     for parent, holders in parents.items():
         if len(holders) == 1 and "" not in holders and parent not in out.modules:
             out.modules[parent] = holders.pop()
