@@ -13,6 +13,9 @@ from autoport_cst.validate.standin.common_types import ActFnType, ExpertAffinity
 from autoport_cst.validate.standin.moe import MoECTEImplementation
 
 T, H, E, I, K = 6, 16, 8, 8, 2
+# the ports pass the compute dtype of their NF.moe_cte call on to the substitute
+# (moe_cte's own default is bf16, as the kernel's); these checks run in fp32
+COMPUTE_DTYPE = torch.float32
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +69,12 @@ def test_the_decode_substitute_computes_the_fused_kernel(subs, act, pre_norm, no
     args = _block_args(w, act, pre_norm, norm)
     fused = NF.moe_block_tkg(**args)
     unfused = subs["_moe_block_tkg_unfused"](
-        **args, implementation=MoECTEImplementation.shard_on_block, block_size=4, moe_group=None, tp_degree=1
+        **args,
+        implementation=MoECTEImplementation.shard_on_block,
+        block_size=4,
+        moe_group=None,
+        tp_degree=1,
+        compute_dtype=COMPUTE_DTYPE,
     )
     torch.testing.assert_close(unfused, fused, rtol=1e-4, atol=1e-4)
 
@@ -82,7 +90,12 @@ def test_the_decode_substitute_runs_this_ranks_experts(subs):
     )
     fused = NF.moe_block_tkg(**local)
     unfused = subs["_moe_block_tkg_unfused"](
-        **local, implementation=MoECTEImplementation.shard_on_block, block_size=4, moe_group=None, tp_degree=1
+        **local,
+        implementation=MoECTEImplementation.shard_on_block,
+        block_size=4,
+        moe_group=None,
+        tp_degree=1,
+        compute_dtype=COMPUTE_DTYPE,
     )
     torch.testing.assert_close(unfused, fused, rtol=1e-4, atol=1e-4)
 
