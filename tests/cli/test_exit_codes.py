@@ -106,6 +106,10 @@ def test_ctrl_c_exits_130(fake_llama, tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 CTRL_C_TARGET = """
 import sys, time
 import autoport_cst.preflight as preflight
@@ -127,6 +131,10 @@ def test_ctrl_c_of_the_console_script_exits_130(fake_llama, tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
+        # as from a terminal: an ignored SIGINT is inherited across exec (a test
+        # run before this one in the same worker may leave it ignored), and
+        # Python then installs no KeyboardInterrupt handler
+        preexec_fn=_sigint_default,
     )
     assert process.stderr.readline().strip() == "waiting"
     process.send_signal(signal.SIGINT)
