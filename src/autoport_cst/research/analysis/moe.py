@@ -287,7 +287,7 @@ def _routing(st: AnalyzerState, owner: Instance, value: Any, block: Instance | N
     scores = topk.args[0] if topk.args else None
     before = list(walk(scores))
     _score_function(nodes, before, topk, facts)
-    _router_projection(st, before, facts)
+    _router_projection(st, before, facts, owner)
     added = [
         n
         for n in before
@@ -367,12 +367,24 @@ def _score_function(nodes: list[Node], before: list[Node], topk: Node, facts: di
         )
 
 
-def _router_projection(st: AnalyzerState, before: list[Node], facts: dict[str, Any]) -> None:
-    """The projection producing the router logits: its bias and width."""
+def _router_projection(
+    st: AnalyzerState, before: list[Node], facts: dict[str, Any], owner: Instance | None = None
+) -> None:
+    """The projection producing the router logits: its bias and width. A
+    router that subclasses torch's Linear and projects with
+    ``super().forward(x)`` (Llama 4's ``Llama4Router(nn.Linear)``) is read as
+    that Linear: the arguments its constructor passed to ``nn.Linear``."""
     proj = [n for n in before if n.kind == "call" and n.name.endswith(".linear")]
     lin = [
         n for n in before if n.kind == "module" and n.ref is not None and st.base_module(n.ref) == "Linear"
     ]
+    if not proj and not lin and owner is not None and _projects_as_linear(st, owner, before):
+        facts["router_bias"] = bool(owner.args.get("bias"))
+        facts["router_bias_evidence"] = (
+            f"router {owner.name}(nn.Linear, bias={owner.args.get('bias')}): super().forward(x)"
+        )
+        facts["router_width"] = owner.args.get("out_features")
+        return
     if proj:
         bias = proj[0].args[2] if len(proj[0].args) > 2 else proj[0].kwarg("bias")
         facts["router_bias"] = isinstance(bias, Node) and bias.kind == "param"
@@ -388,6 +400,14 @@ def _router_projection(st: AnalyzerState, before: list[Node], facts: dict[str, A
         facts["router_width"] = lin[0].ref.args.get("out_features")
     else:
         facts["router_bias_evidence"] = "router projection not found"
+
+
+def _projects_as_linear(st: AnalyzerState, owner: Instance, before: list[Node]) -> bool:
+    """Whether ``owner`` is a subclass of torch's Linear whose logits come
+    from its base class's forward (``super().forward(x)``)."""
+    return st.base_module(owner) == "Linear" and any(
+        n.kind == "call" and n.name == "super.forward" for n in before
+    )
 
 
 def _output_norm(st: AnalyzerState, block: Instance, experts: Instance, where: str) -> None:
