@@ -43,3 +43,14 @@ def test_a_changed_moe_cte_option_fails(tmp_path, tiny_qwen3_moe, pattern, repla
         assert report.first_diverging.component.endswith(".mlp"), report.summary()
     else:
         assert report.failure.stage == stage and message in report.failure.message
+
+
+def test_the_decode_kernel_without_all_expert_mode_fails_at_expert_parallelism(tmp_path, tiny_qwen3_moe):
+    # only expert parallelism (a default layout of an MoE checkpoint: parallel_checks.MOE_LAYOUTS)
+    # gives a rank fewer experts than the router scores; the selective-expert mode looks the
+    # top-k's global ids up in the local weights and reads no rank_id
+    mutant = _mutant(tmp_path, r"\n\s*is_all_expert=use_all_experts,", "")
+    report = validate_model(mutant, tiny_qwen3_moe, steps=2, tp=2, ep=2)
+    assert not report.equivalent and report.exit_code == 1
+    assert report.failure.stage == "decode" and "selective-expert mode" in report.failure.message
+    assert validate_model(QWEN3_MOE, tiny_qwen3_moe, steps=2, tp=2, ep=2).equivalent

@@ -87,6 +87,7 @@ def test_the_decode_substitute_runs_this_ranks_experts(subs):
         expert_gate_up_weights=w["gate_up"][4:],
         expert_down_weights=w["down"][4:],
         rank_id=torch.tensor([[1]], dtype=torch.int32),
+        is_all_expert=True,
     )
     fused = NF.moe_block_tkg(**local)
     unfused = subs["_moe_block_tkg_unfused"](

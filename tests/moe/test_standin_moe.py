@@ -251,16 +251,25 @@ def test_moe_block_tkg_local_experts_need_an_int32_rank(data):
         top_k=K,
         expert_affinities_scaling_mode=ExpertAffinityScaleMode.POST_SCALE,
         skip_router_logits=True,
+        is_all_expert=True,
     )
     with pytest.raises(KernelConstraintError, match="rank_id"):
         NF.moe_block_tkg(**kwargs)
+    # the selective-expert mode looks global expert ids up in the weights: it needs all of them
+    with pytest.raises(KernelConstraintError, match="selective-expert mode"):
+        NF.moe_block_tkg(**{**kwargs, "is_all_expert": False}, rank_id=torch.ones(1, 1, dtype=torch.int32))
     upper = NF.moe_block_tkg(**kwargs, rank_id=torch.ones(1, 1, dtype=torch.int32))
     lower = NF.moe_block_tkg(
         **{**kwargs, "expert_gate_up_weights": data["gate_up"][:2], "expert_down_weights": data["down"][:2]},
         rank_id=torch.zeros(1, 1, dtype=torch.int32),
     )
     full = NF.moe_block_tkg(
-        **{**kwargs, "expert_gate_up_weights": data["gate_up"], "expert_down_weights": data["down"]}
+        **{
+            **kwargs,
+            "expert_gate_up_weights": data["gate_up"],
+            "expert_down_weights": data["down"],
+            "is_all_expert": False,
+        }
     )
     torch.testing.assert_close(upper + lower, full)
 

@@ -12,7 +12,7 @@ import pytest
 
 from autoport_cst.errors import InputError
 from autoport_cst.validate import validate_model
-from autoport_cst.validate.parallel_checks import LAYOUTS, check_parallel_layouts
+from autoport_cst.validate.parallel_checks import LAYOUTS, MOE_LAYOUTS, check_parallel_layouts
 from autoport_cst.validate.report import REPORT_SCHEMA, ValidationReport
 
 ATTENTION_DP, OTHER_DP, EMBEDDING_DP, EMBEDS, EMBEDS_TP2 = (label for label, _ in LAYOUTS[1:])
@@ -128,3 +128,21 @@ def test_a_layout_the_checkpoint_cannot_take_is_reported_not_run() -> None:
             "summary": "not run: --tp 2: TP 2 breaks the tensor-parallel rules",
         },
     ]
+
+
+def test_expert_parallelism_runs_for_a_checkpoint_with_experts_only() -> None:
+    passing = SimpleNamespace(equivalent=True, failure=None, summary=lambda: "equivalent within tolerances")
+    seen: list[dict] = []
+
+    def validate(**options):
+        seen.append(options)
+        return passing
+
+    dense = SimpleNamespace(parallel_layouts=[], equivalent=True)
+    check_parallel_layouts(dense, validate)
+    assert [e["label"] for e in dense.parallel_layouts] == [label for label, _ in LAYOUTS]
+    assert all("ep" not in options for options in seen)
+    moe = SimpleNamespace(parallel_layouts=[], equivalent=True)
+    check_parallel_layouts(moe, validate, experts=4)
+    assert [e["label"] for e in moe.parallel_layouts] == [label for label, _ in LAYOUTS + MOE_LAYOUTS]
+    assert seen[-1] == {"tp": 2, "ep": 2}

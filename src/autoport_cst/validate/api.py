@@ -243,7 +243,11 @@ class _FollowUps:
             report.timings["config_variants"] = time.perf_counter() - start
         if layouts and report.equivalent:
             start = time.perf_counter()
-            check_parallel_layouts(report, lambda **options: self.run(checkpoint_dir, **options))
+            config = parse_config_text((Path(checkpoint_dir) / "config.json").read_text("utf-8"))
+            experts = _expert_count(config) if isinstance(config, dict) else None
+            check_parallel_layouts(
+                report, lambda **options: self.run(checkpoint_dir, **options), experts=experts
+            )
             report.timings["parallel_layouts"] = round(time.perf_counter() - start, 4)
 
     def run(
@@ -258,20 +262,28 @@ class _FollowUps:
         seed: int | None = None,
         prefill: str | None = None,
         prompt_embeds: bool = False,
+        ep: int = 1,
     ) -> ValidationReport:
         """The port on ``checkpoint`` in fp32 at TP ``tp`` with those data-parallel degrees
         (and that KV-cache dtype; the prompts of ``seed``, default the validation's; the
         prefill mode ``prefill``, default the validation's, none of the cache paths with
-        an FP8 cache; ``prompt_embeds``: prompts fed partly as embeddings)."""
+        an FP8 cache; ``prompt_embeds``: prompts fed partly as embeddings; ``ep``
+        expert-parallel partitions of the TP ranks)."""
         if prefill is None:
             prefill = self.prefill if kv_cache_dtype == "auto" else "auto"  # an FP8 cache: no cache paths
         layout = ParallelLayout(
-            tp=tp, attention_dp=attention_dp, mlp_dp=mlp_dp, embedding_dp=embedding_dp, lm_head_dp=lm_head_dp
+            tp=tp,
+            attention_dp=attention_dp,
+            mlp_dp=mlp_dp,
+            embedding_dp=embedding_dp,
+            lm_head_dp=lm_head_dp,
+            ep=ep,
         )
         return _validate(
             self.model_dir,
             checkpoint,
             tp=tp,
+            ep=ep,
             dtype="fp32",
             steps=self.steps,
             prompt_lengths=self.prompt_lengths,

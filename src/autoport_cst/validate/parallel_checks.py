@@ -24,7 +24,14 @@ other values (``LAYOUTS``):
   (``inputs_embeds``, ``is_token_ids`` false), as vllm_neuron's runner does
   with ``enable_prompt_embeds``; at TP=2 the port cuts them to its
   sequence-parallel slice (``driver._embed_prompt``). A port whose forward
-  does not name both arguments is reported as refusing them.
+  does not name both arguments is reported as refusing them;
+- ``EP 2 at TP=2``, for a mixture-of-experts checkpoint only (``MOE_LAYOUTS``):
+  the experts split into two expert-parallel partitions of one rank each, so
+  each rank holds half of the experts whole (at TP=2 without EP each holds
+  every expert's half). The code only expert parallelism runs (the local
+  expert range, the decode kernel's all-expert mode with the rank's
+  ``rank_id``) gets other values than at TP=1, where a rank holds every
+  expert. A port that refuses EP by its own guard is reported as not run.
 
 Each runs as ``validate --tp 2`` / ``--attention-dp 2`` / ``--mlp-dp 2
 --embedding-dp 2 --lm-head-dp 2`` / ``--embedding-dp 2`` would, with its ranks
@@ -53,13 +60,16 @@ LAYOUTS: tuple[tuple[str, dict[str, int]], ...] = (
     ("prompt embeddings", {"prompt_embeds": True}),
     ("prompt embeddings at TP=2", {"tp": 2, "prompt_embeds": True}),
 )
+# after LAYOUTS, for a checkpoint with routed experts (their count, split in two)
+MOE_LAYOUTS: tuple[tuple[str, dict[str, int]], ...] = (("EP 2 at TP=2", {"tp": 2, "ep": 2}),)
 
 
-def check_parallel_layouts(report: Any, validate: Callable[..., Any]) -> None:
+def check_parallel_layouts(report: Any, validate: Callable[..., Any], experts: int | None = None) -> None:
     """Validate the port at each of ``LAYOUTS`` (``validate(**options) ->
-    ValidationReport``), into ``report.parallel_layouts``, until one fails:
-    it makes ``report`` fail, named after it (the later ones are not run)."""
-    for label, options in LAYOUTS:
+    ValidationReport``), and of ``MOE_LAYOUTS`` when the checkpoint has
+    ``experts`` routed experts, into ``report.parallel_layouts``, until one
+    fails: it makes ``report`` fail, named after it (the later ones are not run)."""
+    for label, options in LAYOUTS + (MOE_LAYOUTS if experts else ()):
         entry: dict[str, Any] = {"label": label, "equivalent": None, "summary": None}
         report.parallel_layouts.append(entry)
         try:

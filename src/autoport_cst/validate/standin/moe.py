@@ -391,7 +391,9 @@ def moe_block_tkg(
     ``inp`` is ``[B, S, H]`` or ``[T, H]``; returns ``[T, H]`` (and the
     ``[T, E]`` router logits unless ``skip_router_logits``). With fewer local
     than global experts, ``rank_id [1, 1]`` int32 names the rank owning
-    experts ``[E_L * rank_id, E_L * (rank_id + 1))``.
+    experts ``[E_L * rank_id, E_L * (rank_id + 1))``, in the all-expert mode
+    (``is_all_expert``) only: the selective-expert mode indexes the weights
+    by global expert id and is refused with fewer local than global experts.
     """
     kernel_phases.record("moe_block_tkg")
     refuse_bools("moe_block_tkg", top_k=top_k, hidden_actual=hidden_actual)

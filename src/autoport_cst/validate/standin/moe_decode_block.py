@@ -117,9 +117,19 @@ def _check_weights(call: BlockTkgCall, hidden: int) -> int:
 def _local_start(
     experts_local: int, experts_global: int, rank_id: torch.Tensor | None, is_all_expert: bool
 ) -> int:
-    """The first global expert of this rank's ``experts_local``."""
+    """The first global expert of this rank's ``experts_local``. Only the
+    all-expert mode (``is_all_expert``) reads ``rank_id``: the selective-expert
+    mode looks the top-k's global expert ids up in the weights it is given,
+    so it needs every expert there."""
     start = 0
     if experts_local < experts_global:
+        if not is_all_expert:
+            raise KernelConstraintError(
+                f"NF.moe_block_tkg: {experts_local} local experts of {experts_global}: the "
+                "selective-expert mode (is_all_expert=False) indexes the expert weights by the "
+                "global expert ids of the top-k and reads no rank_id; local experts need "
+                "is_all_expert=True with rank_id"
+            )
         if rank_id is None:
             raise KernelConstraintError("NF.moe_block_tkg: rank_id [1, 1] is required with local experts")
         if rank_id.dtype != torch.int32 or tuple(rank_id.shape) != (1, 1):
