@@ -29,6 +29,7 @@ TERMS: dict[str, str | dict[Any, str]] = {
     "attention.qk_norm": "{value} query/key norms",
     "attention.qk_norm_position": "query/key norms applied {value}",
     "attention.sliding_window": "sliding-window attention ({value})",
+    "attention.chunked": "attention within chunks of attention_chunk_size tokens (a chunked causal mask)",
     "attention.kind": {
         "differential": "differential attention (two softmax maps, subtracted)",
         "latent": "multi-latent attention (queries, keys and values from low-rank projections)",

@@ -69,6 +69,7 @@ AttentionKind = Literal["softmax", "differential", "latent"]
 OutputGate = Literal["none", "sigmoid"]
 GroupLimit = Literal["none", "sum_top2", "max"]
 TemperatureLayers = Literal["all", "nope"]
+ChunkedAttention = Literal["none", "per_layer"]
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,13 @@ class AttentionSpec:
     layer_types: tuple[str, ...] | None = value(
         None, "Per-layer attention type (for example full_attention / sliding_attention)."
     )
+    chunked: ChunkedAttention = feature(
+        "none",
+        "Chunked attention: per_layer: the layers config.layer_types marks 'chunked_attention' attend "
+        "only to the earlier tokens of their own chunk of config.attention_chunk_size positions (a "
+        "block-diagonal causal mask, Llama 4's RoPE layers); none: no layer.",
+    )
+    chunk_size: int | None = value(None, "Chunked attention: chunk length in tokens.")
     sinks: bool = feature(False, "Learned attention-sink logits per head (GPT-OSS).")
     softcap: float | None = optional("tanh softcapping of attention logits (Gemma 2).")
     scale: float | None = optional(

@@ -43,12 +43,14 @@ def plan_scenario(
 
 
 def _sliding_windows(config: dict) -> list[int]:
-    """Sliding windows the checkpoint's attention uses (the block size must
-    divide them for segmented prefill)."""
+    """Sliding windows and attention chunks the checkpoint's attention uses
+    (the block size must divide them for segmented prefill)."""
     window = config.get("sliding_window")
+    chunk = config.get("attention_chunk_size")  # chunked attention: whole blocks per chunk too
+    chunks = [chunk] if isinstance(chunk, int) and not isinstance(chunk, bool) and chunk > 0 else []
     if not isinstance(window, int) or window <= 0 or config.get("use_sliding_window") is False:
-        return []
-    return [window]
+        return chunks
+    return [window, *chunks]
 
 
 def _context_parallel_blocks(layout: ParallelLayout) -> list[int]:

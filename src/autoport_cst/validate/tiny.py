@@ -76,6 +76,11 @@ MAX_TINY_PARAMETERS = 5_000_000
 # Sliding windows shrink below the validation prompts (8 to 20 tokens plus the
 # decode steps), so a port that ignores the window shows it.
 TINY_WINDOW = 6
+# Attention chunks (Llama 4's attention_chunk_size) shrink below the prompts
+# too: the 20-token prompt crosses a chunk in its prefill, every prompt in
+# its decode steps, and the segmented calls (from position 0 and 32) span
+# chunks; a port that attends across chunks shows it.
+TINY_CHUNK = 12
 # Attention-temperature steps (Llama 4's floor_scale, Ministral 3's
 # rope_parameters original_max_position_embeddings when it sets
 # llama_4_scaling_beta) shrink below the prompts too, so that the factor
@@ -204,6 +209,9 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
     window = getattr(config, "sliding_window", None)
     if isinstance(window, int) and not isinstance(window, bool) and window > TINY_WINDOW:
         config.sliding_window = TINY_WINDOW
+    chunk = getattr(config, "attention_chunk_size", None)
+    if isinstance(chunk, int) and not isinstance(chunk, bool) and chunk > TINY_CHUNK:
+        config.attention_chunk_size = TINY_CHUNK
     _shrink_temperature_floor(config)
     vocab = getattr(config, "vocab_size", None)
     for name in _TOKEN_ID_ATTRIBUTES:

@@ -3,11 +3,16 @@ of their own chunk of ``attention_chunk_size`` positions (Llama 4's RoPE
 layers). The backbone builds that mask itself, with transformers'
 ``create_chunked_causal_mask``, and hands it to the layers whose
 ``config.layer_types`` entry is the mapping's key for it; the attention
-then reads a mask, not a window the kernels could take. No spec field holds
-it and no codemod masks by chunk, so a model that builds it is refused
-(``unsupported.chunked_attention``), naming the layers, the field and where
-the mask is built, instead of ported as if every layer saw the whole
-context (wrong past the first chunk, invisible on short prompts)."""
+then reads a mask, not a window the kernels could take.
+
+When that key is ``"chunked_attention"`` (what a port reads from
+``config.layer_types``) the spec says ``attention.chunked = "per_layer"``
+with the chunk length (``attention.chunk_size``), naming the layers, the
+field and where the mask is built. A chunked mask keyed by another layer
+type, or handed to layers research cannot name, stays refused
+(``unsupported.chunked_attention``) instead of ported as if every layer saw
+the whole context (wrong past the first chunk, invisible on short
+prompts)."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from autoport_cst.research.interp.values import Instance, SourceClass
 
 CHUNKED_MASK = "create_chunked_causal_mask"
 CHUNK_FIELD = "attention_chunk_size"
+CHUNKED_TYPE = "chunked_attention"  # the layer type a port reads from config.layer_types
 
 
 def _calls_chunked_mask(node: ast.AST) -> ast.Call | None:
@@ -69,13 +75,20 @@ def analyze(st: AnalyzerState, backbone: Instance) -> None:
         [i for i, t in enumerate(types) if t == key] if key and isinstance(types, (list, tuple)) else None
     )
     on = f"layers {ranges(layers)} (layer_types {key!r})" if layers is not None else "some layers"
+    evidence = (
+        f"{owner.name}.forward ({owner.module.path.name}:{call.lineno}): {on} attend only within chunks "
+        f"of {CHUNK_FIELD} = {chunk} tokens ({CHUNKED_MASK})"
+    )
+    if key == CHUNKED_TYPE and layers:
+        st.add(known("per_layer", "attention.chunked", CODE, evidence))
+        st.add(known(chunk, "attention.chunk_size", CODE, f"config {CHUNK_FIELD} = {chunk}"))
+        return
     st.add(
         known(
             True,
             "unsupported.chunked_attention",
             CODE,
-            f"{owner.name}.forward ({owner.module.path.name}:{call.lineno}): {on} attend only within chunks "
-            f"of {CHUNK_FIELD} = {chunk} tokens ({CHUNKED_MASK}); a port that ignores it is wrong past the "
-            "first chunk",
+            f"{evidence}; a port that ignores it is wrong past the first chunk (the port reads the layers "
+            f"config.layer_types marks {CHUNKED_TYPE!r})",
         )
     )

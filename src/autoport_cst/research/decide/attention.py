@@ -69,6 +69,8 @@ def attention(d: Decider, head_size: Any) -> AttentionSpec:
         sliding_window=sliding,
         sliding_window_size=window_size,
         layer_types=tuple(layer_types) if layer_types else None,
+        chunked=d.flag("attention.chunked", "none"),
+        chunk_size=d.flag("attention.chunk_size", None),
         sinks=d.decide("attention.sinks", False, (CODE,)),
         softcap=d.decide("attention.softcap", None, (CODE,)),
         scale=scale,

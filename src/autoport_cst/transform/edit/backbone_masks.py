@@ -21,6 +21,8 @@ attention's own masks use it too).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import libcst as cst
 
 from autoport_cst.transform.anatomy.attention import calls_in
@@ -43,6 +45,24 @@ MASKS_COMMENT = (
 )
 
 
+@dataclass(frozen=True)
+class MaskStart:
+    """What bounds the prior positions a layer's decode mask shows: the
+    attention attribute holding the layer's bound (None: none), the mask
+    function's parameter that takes it, the statements computing
+    ``start_pos`` from ``{positions}`` and ``{window}`` (the bound's code),
+    and the comments of the edits."""
+
+    attr: str = "sliding_window"
+    param: str = WINDOW_PARAM
+    start: str = START_POS
+    start_comment: str = START_COMMENT
+    masks_comment: str = MASKS_COMMENT
+
+
+WINDOW = MaskStart()
+
+
 def mask_functions(module: cst.Module) -> list[cst.FunctionDef]:
     """Module-level functions that build a decode mask without a window."""
     found = []
@@ -57,14 +77,17 @@ def mask_functions(module: cst.Module) -> list[cst.FunctionDef]:
     return found
 
 
-def window_backbone_masks(module: cst.Module, ctx, attention_attr: str, edits: dict) -> bool:
-    """Record the edits that make the backbone's decode masks per window;
-    False when no module function builds a mask without a window."""
+def window_backbone_masks(
+    module: cst.Module, ctx, attention_attr: str, edits: dict, bound: MaskStart = WINDOW
+) -> bool:
+    """Record the edits that make the backbone's decode masks per window
+    (per value of ``bound.attr``); False when no module function builds a
+    mask without a window."""
     functions = mask_functions(module)
     if not functions:
         return False
     for function in functions:
-        _function_edits(function, module, ctx, edits)
+        _function_edits(function, module, ctx, edits, bound)
         callers = [
             (cls, call)
             for cls in module.body
@@ -79,42 +102,44 @@ def window_backbone_masks(module: cst.Module, ctx, attention_attr: str, edits: d
                 module,
             )
         for cls, call in callers:
-            _backbone_edits(cls, call, attention_attr, module, ctx, edits)
+            _backbone_edits(cls, call, attention_attr, module, ctx, edits, bound)
     return True
 
 
-def _function_edits(function: cst.FunctionDef, module, ctx, edits) -> None:
+def _function_edits(function: cst.FunctionDef, module, ctx, edits, bound: MaskStart) -> None:
     """``window`` parameter; ``start_pos`` from it on each windowless mask."""
     params = function.params
-    if any(p.name.value == WINDOW_PARAM for p in params.params):
+    if any(p.name.value == bound.param for p in params.params):
         raise ctx.refuse(
-            f"{function.name.value} already takes a {WINDOW_PARAM!r} it does not mask with",
+            f"{function.name.value} already takes a {bound.param!r} it does not mask with",
             function,
             module,
         )
     param = cst.Param(
-        name=cst.Name(WINDOW_PARAM),
+        name=cst.Name(bound.param),
         annotation=cst.Annotation(parse_expr("int | None", module)),
         default=cst.Name("None"),
         equal=cst.AssignEqual(cst.SimpleWhitespace(" "), cst.SimpleWhitespace(" ")),
     )
     edits[id(params)] = lambda updated, param=param: _append_param(updated, param)
     for mask in calls_in(function, MASK_KERNEL):
-        mask_start_edits(module, ctx, function, mask, WINDOW_PARAM, function.name.value, edits)
+        mask_start_edits(module, ctx, function, mask, bound.param, function.name.value, edits, bound)
 
 
-def mask_start_edits(module, ctx, function, mask: cst.Call, window: str, where: str, edits) -> None:
+def mask_start_edits(
+    module, ctx, function, mask: cst.Call, window: str, where: str, edits, bound: MaskStart = WINDOW
+) -> None:
     """``start_pos`` of the decode mask ``mask`` in ``function``: from its
     ``pos_ids`` and ``window`` (the code of an ``int | None``), computed
     right before the statement holding it, so that the mask hides the prior
-    positions before ``p - window + 1``."""
+    positions before ``p - window + 1`` (or the start ``bound`` computes)."""
     positions = keyword_arg(mask, "pos_ids")
     if positions is None:
         raise ctx.refuse(f"{MASK_KERNEL} in {where} has no pos_ids= argument", mask, module)
     new = parse_statements(
-        START_POS.format(positions=code_of(positions.value), window=window).strip("\n"), module
+        bound.start.format(positions=code_of(positions.value), window=window).strip("\n"), module
     )
-    new[0] = with_comment(new[0], START_COMMENT)
+    new[0] = with_comment(new[0], bound.start_comment)
     start = parse_expr("start_pos", module)
     edits[id(mask)] = lambda updated: set_keyword(updated, "start_pos", start)
     holder = innermost_statement(function, mask)
@@ -130,7 +155,9 @@ def _append_param(params: cst.Parameters, param: cst.Param) -> cst.Parameters:
     return params.with_changes(params=[*existing, param])
 
 
-def _backbone_edits(cls: cst.ClassDef, call: cst.Call, attention_attr: str, module, ctx, edits):
+def _backbone_edits(
+    cls: cst.ClassDef, call: cst.Call, attention_attr: str, module, ctx, edits, bound: MaskStart
+):
     """``M = mask(...)`` -> one mask per window; ``layer(..., attn_mask=M)``
     inside the loop over ``self.layers`` -> the mask of the layer's window."""
     where = cls.name.value
@@ -168,26 +195,26 @@ def _backbone_edits(cls: cst.ClassDef, call: cst.Call, attention_attr: str, modu
             call,
             module,
         )
-    windows = f"{{layer.{attention_attr}.sliding_window for layer in self.layers}}"
+    windows = f"{{layer.{attention_attr}.{bound.attr} for layer in self.layers}}"
     args = ", ".join(
         [
             *(f"{a.keyword.value}={code_of(a.value)}" if a.keyword else code_of(a.value) for a in call.args),
-            WINDOW_PARAM,
+            bound.param,
         ]
     )
     per_window = parse_expr(
-        f"{{{WINDOW_PARAM}: {code_of(call.func)}({args}) for {WINDOW_PARAM} in {windows}}}", module
+        f"{{{bound.param}: {code_of(call.func)}({args}) for {bound.param} in {windows}}}", module
     )
     edits[id(call)] = lambda updated, per_window=per_window: per_window
     holder = next(s for s in walk(cls) if isinstance(s, cst.SimpleStatementLine) and assignment in s.body)
-    comment = cst.EmptyLine(comment=cst.Comment(f"# {MASKS_COMMENT}"))
+    comment = cst.EmptyLine(comment=cst.Comment(f"# {bound.masks_comment}"))
     edits[id(holder)] = lambda updated, comment=comment: updated.with_changes(
         leading_lines=[*updated.leading_lines, comment]
     )
     for loop, arg in uses:
         layer = _layer_name(loop)
         chosen = parse_expr(
-            f"None if {target} is None else {target}[{layer}.{attention_attr}.sliding_window]", module
+            f"None if {target} is None else {target}[{layer}.{attention_attr}.{bound.attr}]", module
         )
         edits[id(arg)] = lambda updated, chosen=chosen: updated.with_changes(value=chosen)
 
