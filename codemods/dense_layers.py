@@ -32,12 +32,15 @@ DENSE_SUFFIX = "DenseMLP"
 CONFIG_FIELDS = [
     ("decoder_sparse_step: int | None = None", ""),
     ("first_k_dense_replace: int | None = None", ""),
+    ("interleave_moe_layer_step: int | None = None", ""),
     ("intermediate_size: int | None = None", ""),
+    ("intermediate_size_mlp: int | None = None", ""),
     ("mlp_layer_types: list[str] | None = None", ""),
     ("mlp_only_layers: list[int] | None = None", ""),
     ("moe_layer_end_index: int | None = None", ""),
     ("moe_layer_interval: int | None = None", ""),
     ("moe_layer_start_index: int | None = None", ""),
+    ("moe_layers: list[int] | None = None", ""),
     ("num_dense_layers: int | None = None", ""),
 ]
 
@@ -54,12 +57,15 @@ class DenseLayers(Codemod):
 
     DeepSeek-V3, GLM-4-MoE, Dots1, ERNIE-4.5-MoE and others replace the
     experts of some layers (usually the first few) by a dense MLP of width
-    ``intermediate_size``. Which layers is read from the config at run time by
+    ``intermediate_size`` (``intermediate_size_mlp`` when the config gives it,
+    Llama 4's, whose ``intermediate_size`` is the experts' width). Which
+    layers is read from the config at run time by
     ``_layer_is_dense(config, layer_idx)`` (added to the model file), which
     understands the forms the configs use: ``mlp_layer_types``,
     ``first_k_dense_replace``, ``num_dense_layers``, ``moe_layer_interval``
-    with ``moe_layer_start_index`` / ``moe_layer_end_index``, and
-    ``mlp_only_layers`` with ``decoder_sparse_step``.
+    with ``moe_layer_start_index`` / ``moe_layer_end_index``, ``moe_layers``
+    or ``interleave_moe_layer_step`` (Llama 4), and ``mlp_only_layers`` with
+    ``decoder_sparse_step``.
 
     Model file:
 
@@ -168,6 +174,8 @@ class DenseLayers(Codemod):
                     ``first_k_dense_replace`` or ``num_dense_layers`` (the first k layers are
                     dense); ``moe_layer_interval`` with ``moe_layer_start_index`` and
                     ``moe_layer_end_index`` (experts on every interval-th layer of that range);
+                    ``moe_layers`` (the layers with experts, listed) or
+                    ``interleave_moe_layer_step`` (experts on every step-th layer: Llama 4);
                     ``mlp_only_layers`` (listed layers are dense) with ``decoder_sparse_step``
                     (experts on every step-th layer). A config with none of them has experts
                     on every layer.
@@ -184,6 +192,10 @@ class DenseLayers(Codemod):
                         if end is None or end < 0:
                             end = config.num_hidden_layers - 1
                         return not (start <= layer_idx <= end and (layer_idx + 1) % config.moe_layer_interval == 0)
+                    if config.moe_layers is not None:
+                        return layer_idx not in config.moe_layers
+                    if config.interleave_moe_layer_step is not None:
+                        return (layer_idx + 1) % config.interleave_moe_layer_step != 0
                     if layer_idx in (config.mlp_only_layers or ()):
                         return True
                     return (layer_idx + 1) % (config.decoder_sparse_step or 1) != 0
@@ -221,7 +233,8 @@ class DenseLayers(Codemod):
                         self.world_size = self.tp_group.world_size
 
                         # >>> PARALLELISM: intermediate dimension sharded over TP <<<
-                        self.intermediate_size_per_rank = config.intermediate_size // self.world_size
+                        # <-- MODEL-SPECIFIC: the dense width (intermediate_size_mlp when the config gives one: Llama 4)
+                        self.intermediate_size_per_rank = (config.intermediate_size_mlp or config.intermediate_size) // self.world_size
 
                         # <-- MODEL-SPECIFIC: pre-MLP norm (the decoder layer's post-attention norm)
                         self.post_attention_layernorm = Qwen3MoeRMSNorm(
@@ -318,12 +331,15 @@ class DenseLayers(Codemod):
                     # <-- MODEL-SPECIFIC: fields of this architecture's features (sorted by name)
                     decoder_sparse_step: int | None = None
                     first_k_dense_replace: int | None = None
+                    interleave_moe_layer_step: int | None = None
                     intermediate_size: int | None = None
+                    intermediate_size_mlp: int | None = None
                     mlp_layer_types: list[str] | None = None
                     mlp_only_layers: list[int] | None = None
                     moe_layer_end_index: int | None = None
                     moe_layer_interval: int | None = None
                     moe_layer_start_index: int | None = None
+                    moe_layers: list[int] | None = None
                     num_dense_layers: int | None = None
                     torch_dtype: torch.dtype = torch.bfloat16
             """,

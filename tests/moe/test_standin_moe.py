@@ -145,6 +145,63 @@ def test_moe_cte_matches_a_dense_loop(data, dtype):
     torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
 
 
+def dense_moe_pre_scaled(x, affinities, gate_up, down, act=F.silu):
+    """Reference of PRE_SCALE: every expert on every token scaled by its
+    affinity (Llama 4's experts(x * score)), the outputs summed unweighted;
+    an expert a token does not use reads zeros and adds nothing."""
+    out = torch.zeros_like(x)
+    for e in range(gate_up.shape[0]):
+        xs = x * affinities[:, e : e + 1]
+        out += (act(xs @ gate_up[e, :, 0]) * (xs @ gate_up[e, :, 1])) @ down[e]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_moe_cte_pre_scale_weighs_the_expert_inputs(data, dtype):
+    """PRE_SCALE: each block's rows are multiplied by their affinities
+    before the gate/up projection and the outputs are accumulated
+    unweighted; not the POST_SCALE result (the experts are not linear)."""
+    affinities = NF.router(data["x"], data["w"], top_k=K)
+    masked, positions, block_to_expert, conditions = NF.build_blockwise_mapping(affinities, E, K, 256)
+
+    def run(mode):
+        return NF.moe_cte(
+            hidden_states=data["x"].to(dtype),
+            expert_affinities_masked=masked,
+            gate_up_proj_weight=data["gate_up"].to(dtype),
+            down_proj_weight=data["down"].to(dtype),
+            token_position_to_id=positions,
+            block_to_expert=block_to_expert,
+            block_size=256,
+            implementation=MoECTEImplementation.shard_on_block,
+            conditions=conditions,
+            skip_token=True,
+            expert_affinities_scaling_mode=mode,
+            compute_dtype=dtype,
+        )
+
+    out = run(ExpertAffinityScaleMode.PRE_SCALE)
+    expected = dense_moe_pre_scaled(data["x"], affinities, data["gate_up"], data["down"])
+    tolerance = 1e-5 if dtype == torch.float32 else 3e-2
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+    post = run(ExpertAffinityScaleMode.POST_SCALE).float()
+    assert (post - expected).abs().max() > 5 * tolerance
+
+
+def test_moe_block_tkg_refuses_pre_scale_as_the_kernel_does(data):
+    with pytest.raises(KernelConstraintError, match="does not support pre-scale"):
+        NF.moe_block_tkg(
+            inp=data["x"],
+            gamma=data["gamma"].unsqueeze(0),
+            router_weights=data["w"],
+            expert_gate_up_weights=data["gate_up"],
+            expert_down_weights=data["down"],
+            top_k=K,
+            expert_affinities_scaling_mode=ExpertAffinityScaleMode.PRE_SCALE,
+        )
+
+
 def test_moe_cte_computes_in_bfloat16_unless_told(data):
     """The kernel's documented ``compute_dtype`` default is ``nl.bfloat16``:
     left out, float32 hidden states still go through the experts in bf16."""

@@ -61,6 +61,7 @@ TERMS: dict[str, str | dict[Any, str]] = {
     "moe.shared_experts": "{value} shared expert(s)",
     "moe.routing_bias": "a per-expert bias that moves the expert choice",
     "moe.router_bias": "a router bias",
+    "moe.expert_input_scaling": "experts that read the hidden states multiplied by the router scores",
     "moe.router_activation": "{value} router scores",
     "lm_head.bias": "an LM-head bias",
     "lm_head.softcap": "soft-capped logits",

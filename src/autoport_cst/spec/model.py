@@ -259,6 +259,12 @@ class MoESpec:
     dense_layers: tuple[int, ...] | None = optional(
         "Layers with a dense MLP instead of experts (first_k_dense_replace, mlp_only_layers)."
     )
+    expert_input_scaling: bool = feature(
+        False,
+        "Each routed expert reads the token's hidden state multiplied by its router score, and the experts' "
+        "outputs are summed unweighted (Llama 4); false: the experts read the hidden state and their outputs "
+        "are weighted by the scores.",
+    )
     group_limit: GroupLimit = feature(
         "none",
         "Group-limited routing (n_group, topk_group): the top-k experts chosen among the topk_group best of "

@@ -438,32 +438,65 @@ def _output_norm(st: AnalyzerState, block: Instance, experts: Instance, where: s
 
 def _expert_input(st: AnalyzerState, block: Instance, experts: Instance, where: str) -> None:
     """Experts that read the router-weighted input (Llama 4: experts(x *
-    score), weights not applied to their outputs): no spec field describes it."""
+    score), their outputs summed unweighted): ``moe.expert_input_scaling``.
+    Outputs weighted by the scores as well stay unsupported (no spec field
+    describes both)."""
     for out in st.outputs(block):
         nodes = list(walk(out))
         topks = [n for n in nodes if n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "topk"]
         routed = [n for n in nodes if n.kind == "module" and n.ref is experts]
+        scores = [
+            n
+            for n in nodes
+            if n.kind == "module"
+            and isinstance(n.ref, Instance)
+            and n.ref is not experts
+            and st.role(n.ref) in ("router", "linear")
+        ]
         for call in routed:
             first = call.args[0] if call.args else call.kwarg("hidden_states")
-            scores = [
-                n
-                for n in nodes
-                if n.kind == "module"
-                and isinstance(n.ref, Instance)
-                and n.ref is not experts
-                and st.role(n.ref) in ("router", "linear")
-            ]
-            if isinstance(first, Node) and any(depends_on(first, t) for t in topks + scores):
+            if not (isinstance(first, Node) and any(depends_on(first, t) for t in topks + scores)):
+                continue
+            if _weighted_output(nodes, call, topks + scores):
                 st.add(
                     known(
-                        "router-weighted expert input",
+                        "router-weighted expert input and output",
                         "unsupported.moe.expert_input_scaling",
                         CODE,
                         f"{where}: the experts read the hidden states multiplied by the router "
-                        "scores, not the hidden states",
+                        "scores, and their outputs are weighted by the scores too",
                     )
                 )
                 return
+            st.add(
+                known(
+                    True,
+                    "moe.expert_input_scaling",
+                    CODE,
+                    f"{where}: the experts read the hidden states multiplied by the router "
+                    "scores; their outputs are summed unweighted",
+                )
+            )
+            return
+
+
+def _weighted_output(nodes: list[Node], call: Node, routing: list[Node]) -> bool:
+    """Whether a product of the experts' output ``call`` and something the
+    routing computed is taken after the experts."""
+    for n in nodes:
+        if n.kind != "binop" or n.name != "mul" or len(n.args) != 2:
+            continue
+        sides = [a for a in n.args if isinstance(a, Node)]
+        if len(sides) != 2:
+            continue
+        for this, other in ((sides[0], sides[1]), (sides[1], sides[0])):
+            if (
+                depends_on(this, call)
+                and not depends_on(other, call)
+                and any(depends_on(other, r) for r in routing)
+            ):
+                return True
+    return False
 
 
 def _extras(

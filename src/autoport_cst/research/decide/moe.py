@@ -47,6 +47,7 @@ def moe(d: Decider) -> MoESpec | None:
         routed_scaling_factor=d.decide("moe.routed_scaling_factor", None, (CODE,)),
         dense_layers=d.decide("moe.dense_layers", None, (CODE,)),
         group_limit=d.flag("moe.group_limit", "none"),
+        expert_input_scaling=d.flag("moe.expert_input_scaling", False),
     )
     for name in ("num_experts", "top_k", "intermediate_size"):
         c, k = d.cfg_finding(f"moe.{name}"), d.code_finding(f"moe.{name}")

@@ -7,6 +7,8 @@ A plan carrying any is refused."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from autoport_cst.research.decide.attention import multi_query_key
 from autoport_cst.research.decide.state import Decider
 from autoport_cst.research.findings import CONFIG, DERIVED, known
@@ -67,6 +69,8 @@ def unsupported(d: Decider) -> tuple[str, ...] | None:
         cfg, code = d.cfg_finding(name), d.code_finding(name)
         if name == "attention.num_kv_heads" and multi_query_key(d) is not None:
             continue  # the port reads the multi-query flag (multi-query codemod)
+        if name == "mlp.intermediate_size" and _dense_width_given(d, code):
+            continue  # the dense MLP of an MoE model reads intermediate_size_mlp (dense-layers)
         if (
             cfg is not None
             and code is not None
@@ -91,6 +95,21 @@ def unsupported(d: Decider) -> tuple[str, ...] | None:
         known(tuple(items), "unsupported", DERIVED, f"{len(items)} computation(s) the spec cannot describe")
     )
     return tuple(items)
+
+
+def _dense_width_given(d: Decider, code: Any) -> bool:
+    """The dense layers of an MoE model as wide as config.json's
+    ``intermediate_size_mlp`` (Llama 4, whose ``intermediate_size`` is the
+    experts' width): the dense MLP of a port reads that field."""
+    raw = d.cfg.raw if d.cfg is not None else {}
+    dense = d.code_finding("moe.dense_layers")
+    return (
+        code is not None
+        and code.known
+        and raw.get("intermediate_size_mlp") == code.value
+        and dense is not None
+        and bool(dense.value)
+    )
 
 
 def _explained_sections(d: Decider) -> set[str]:

@@ -19,6 +19,8 @@ def _layer_is_dense(config, layer_idx: int) -> bool:
     ``first_k_dense_replace`` or ``num_dense_layers`` (the first k layers are
     dense); ``moe_layer_interval`` with ``moe_layer_start_index`` and
     ``moe_layer_end_index`` (experts on every interval-th layer of that range);
+    ``moe_layers`` (the layers with experts, listed) or
+    ``interleave_moe_layer_step`` (experts on every step-th layer: Llama 4);
     ``mlp_only_layers`` (listed layers are dense) with ``decoder_sparse_step``
     (experts on every step-th layer). A config with none of them has experts
     on every layer.
@@ -35,6 +37,10 @@ def _layer_is_dense(config, layer_idx: int) -> bool:
         if end is None or end < 0:
             end = config.num_hidden_layers - 1
         return not (start <= layer_idx <= end and (layer_idx + 1) % config.moe_layer_interval == 0)
+    if config.moe_layers is not None:
+        return layer_idx not in config.moe_layers
+    if config.interleave_moe_layer_step is not None:
+        return (layer_idx + 1) % config.interleave_moe_layer_step != 0
     if layer_idx in (config.mlp_only_layers or ()):
         return True
     return (layer_idx + 1) % (config.decoder_sparse_step or 1) != 0
@@ -56,7 +62,8 @@ class {name}(nn.Module):
         self.world_size = self.tp_group.world_size
 
         # >>> PARALLELISM: intermediate dimension sharded over TP <<<
-        self.intermediate_size_per_rank = config.intermediate_size // self.world_size
+        # <-- MODEL-SPECIFIC: the dense width (intermediate_size_mlp when the config gives one: Llama 4)
+        self.intermediate_size_per_rank = (config.intermediate_size_mlp or config.intermediate_size) // self.world_size
 
         # <-- MODEL-SPECIFIC: pre-MLP norm (the decoder layer's post-attention norm)
         {norm}
@@ -136,7 +143,8 @@ class {name}(nn.Module):
         self.mlp_tp_group = get_neuron_mlp_tp_group()
         self.mlp_tp_size = self.mlp_tp_group.world_size
         self.mlp_tp_rank = self.mlp_tp_group.rank_in_group
-        self.intermediate_size_per_rank = config.intermediate_size // self.mlp_tp_size
+        # <-- MODEL-SPECIFIC: the dense width (intermediate_size_mlp when the config gives one: Llama 4)
+        self.intermediate_size_per_rank = (config.intermediate_size_mlp or config.intermediate_size) // self.mlp_tp_size
 
         # <-- MODEL-SPECIFIC: pre-MLP norm (the decoder layer's post-attention norm)
         {norm}

@@ -99,16 +99,22 @@ def _run_blocks(
         call.gate_and_up_proj_bias,
         call.down_proj_bias,
     )
+    pre_scale = call.expert_affinities_scaling_mode == ExpertAffinityScaleMode.PRE_SCALE
     for block in range(block_expert.numel()):
         ids = positions[block * block_size : (block + 1) * block_size].to(torch.long)
         ids = ids[(ids >= 0) & (ids < tokens)]  # -1 skipped; T: the zero padding row
         expert = int(block_expert[block])
         if ids.numel() == 0 or not active[block] or expert < 0:
             continue
+        rows, affinity = hidden_states[ids], affinities[ids, expert].unsqueeze(1)
+        if pre_scale:
+            # the kernel multiplies the block's rows, loaded in compute_dtype, by their
+            # float32 affinities before the gate/up projection; the outputs are not weighted
+            rows = (rows.to(compute) * affinity).to(compute)
         out = stacked_expert_mlp(
-            hidden_states[ids], expert, stacked, call.activation_function, call.clamps, "moe_cte", compute
+            rows, expert, stacked, call.activation_function, call.clamps, "moe_cte", compute
         )
-        weighted = out * affinities[ids, expert].unsqueeze(1)
+        weighted = out if pre_scale else out * affinity
         if call.is_tensor_update_accumulating:
             output.index_add_(0, ids, weighted)
         else:  # each block writes its tokens' rows: a token keeps its last expert's output
@@ -130,6 +136,7 @@ def _check_variant(implementation: Any, gate_up_scale: Any, down_scale: Any, sca
         raise NotImplementedError("NF.moe_cte: quantized experts are not in the CPU stand-in")
     if scaling_mode not in (
         ExpertAffinityScaleMode.POST_SCALE,
+        ExpertAffinityScaleMode.PRE_SCALE,
         getattr(ExpertAffinityScaleMode, "PRE_SCALE_DELAYED", None),
     ):
         raise NotImplementedError(

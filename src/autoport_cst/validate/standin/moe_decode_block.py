@@ -188,9 +188,16 @@ def _affinities(
 
 
 def _scaled(local: torch.Tensor, mode: Any) -> torch.Tensor:
-    """The experts' output weights: the affinities (POST_SCALE) or 1 (NO_SCALE)."""
+    """The experts' output weights: the affinities (POST_SCALE) or 1 (NO_SCALE).
+    PRE_SCALE is refused as the kernel refuses it (its token-generation MoE
+    asserts that it does not support pre-scaling)."""
     if mode == ExpertAffinityScaleMode.NO_SCALE:
         return (local > 0).to(torch.float32)
+    if mode == ExpertAffinityScaleMode.PRE_SCALE:
+        raise KernelConstraintError(
+            "NF.moe_block_tkg: the kernel does not support pre-scale mode (ExpertAffinityScaleMode.PRE_SCALE); "
+            "experts that read router-weighted inputs run the blockwise NF.moe_cte with PRE_SCALE"
+        )
     if mode != ExpertAffinityScaleMode.POST_SCALE:
         raise NotImplementedError(
             f"NF.moe_block_tkg: expert_affinities_scaling_mode {mode} is not in the CPU stand-in"
