@@ -48,7 +48,7 @@ from autoport_cst.transform.realizes import Realizes, not_to
 
 ID = "chunked-attention"
 ATTR = "attention_chunk_size"
-HELPER = "_AttentionChunks"
+HELPER = "_PrefillChunks"
 LOCAL = "attention_chunks"
 
 LAYER_FUNCTION = '''
@@ -75,7 +75,7 @@ def _chunk_start(pos_ids, chunk):
 '''
 
 HELPER_CLASS = '''
-class _AttentionChunks:
+class _PrefillChunks:
     """Prefill attention within chunks of ``size`` positions (None: one chunk).
 
     Flash attention (a whole prompt from position 0): ``fold`` makes every
@@ -226,7 +226,7 @@ class ChunkedAttention(Codemod):
 
     - ``NF.flash_attention`` (or its op-by-op substitute): its q, k and v are
       folded, each chunk of a head one row of the kernel's batch, and its
-      output unfolded (``_AttentionChunks``, added to the module), so the
+      output unfolded (``_PrefillChunks``, added to the module), so the
       kernel's causal mask is the chunked one; a flash call with a ``sink``
       (one value per batch row) is refused;
     - ``NF.segmented_attention`` (chunked prefill, prefix-cache hits, or its
@@ -302,7 +302,7 @@ class ChunkedAttention(Codemod):
 
                     def forward_prefill(self, q, k, v):
                         # <-- MODEL-SPECIFIC: chunked attention: attend within chunks of attention_chunk_size tokens
-                        attention_chunks = _AttentionChunks(self.attention_chunk_size)
+                        attention_chunks = _PrefillChunks(self.attention_chunk_size)
                         out = attention_chunks.unfold(NF.flash_attention(attention_chunks.fold(q.transpose(1, 2), 2), attention_chunks.fold(k.transpose(1, 2), 2), attention_chunks.fold(v, 1), scale=self.scaling, tp_q=False, tp_out=True), 2)
                         return out
 
@@ -355,11 +355,11 @@ class ChunkedAttention(Codemod):
                             out = NF.segmented_attention_cp(q=q, k_local=k, v_local=v)
                         elif meta["kv_segment_size"]:
                             # <-- MODEL-SPECIFIC: chunked attention: attend within chunks of attention_chunk_size tokens
-                            attention_chunks = _AttentionChunks(self.attention_chunk_size)
+                            attention_chunks = _PrefillChunks(self.attention_chunk_size)
                             out = attention_chunks.merge([NF.segmented_attention(attention_chunks.queries(q, segment_call, 1), k_cache=self.k_cache, v_cache=self.v_cache, block_tables=attention_chunks.block_table(table, segment_call), prior_tokens=attention_chunks.prior_tokens(cached, segment_call), block_size=block_size, kv_segment_size=segment, tp_q=True, tp_out=True) for segment_call in attention_chunks.segments(cached, block_size, segment)], 2)
                         else:
                             # <-- MODEL-SPECIFIC: chunked attention: attend within chunks of attention_chunk_size tokens
-                            attention_chunks = _AttentionChunks(self.attention_chunk_size)
+                            attention_chunks = _PrefillChunks(self.attention_chunk_size)
                             out = attention_chunks.unfold(NF.flash_attention(attention_chunks.fold(q, 1), attention_chunks.fold(k, 2), attention_chunks.fold(v, 1)), 1)
                         return out
 
@@ -494,7 +494,7 @@ class ChunkedAttention(Codemod):
             edits[id(body[0])] = lambda updated, stmt=stmt: cst.FlattenSentinel([stmt, updated])
 
     def _holder(self, site: KernelSite, cls, module, ctx, edits) -> None:
-        """``attention_chunks = _AttentionChunks(...)`` before the kernel's statement."""
+        """``attention_chunks = _PrefillChunks(...)`` before the kernel's statement."""
         holder = innermost_statement(site.method, site.call)
         if holder is None:  # pragma: no cover - a call always sits in a statement
             raise ctx.precondition(f"{ID}: cannot place the chunks before a kernel call", site.call, module)
@@ -694,7 +694,7 @@ def _refuse_memoized(mask: cst.Call, decode: cst.FunctionDef, where: str, module
 
 
 def _add_helper_class(module: cst.Module) -> cst.Module:
-    """``_AttentionChunks`` before the first class of the module (replaced when present)."""
+    """``_PrefillChunks`` before the first class of the module (replaced when present)."""
     helper = parse_statement(HELPER_CLASS.strip("\n"), module)
     body = list(module.body)
     for i, stmt in enumerate(body):

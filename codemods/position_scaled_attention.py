@@ -324,6 +324,80 @@ class PositionScaledAttention(Codemod):
             """,
         ),
         Example(
+            title="q assigned on each path, in the block of its kernel (qwen3_moe's prefill)",
+            params={"offset": 1.0},
+            before="""
+                def _query_temperature(positions, temperature, offset, dtype=None):
+                    ...
+
+
+                def _with_temperature(q, factor):
+                    ...
+
+
+                def _attention_decode_unfused(X, q_scale=None, **kernel_options):
+                    ...
+
+
+                class Llama4TextAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.scaling = self.head_dim**-0.5
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward_prefill(self, hidden_states, positions, meta):
+                        if meta["kv_segment_size"]:
+                            q_flat, _, _ = NF.qkv_proj(hidden=hidden_states, k_cache=self.k_cache)
+                            q = q_flat.transpose(0, 1)
+                            out = NF.segmented_attention(q, k_cache=self.k_cache, v_cache=self.v_cache)
+                        else:
+                            q, k, v = NF.qkv_proj(hidden=hidden_states)
+                            self._write_paged_kv_cache(k, v)
+                            out = NF.flash_attention(q.transpose(1, 2), k, v)
+                        return out
+
+                    def forward_decode(self, hidden_states, positions, mask):
+                        return NF.attention_decode(X=hidden_states, attention_mask=mask)
+            """,
+            after="""
+                def _query_temperature(positions, temperature, offset, dtype=None):
+                    ...
+
+
+                def _with_temperature(q, factor):
+                    ...
+
+
+                def _attention_decode_unfused(X, q_scale=None, **kernel_options):
+                    ...
+
+
+                class Llama4TextAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.scaling = self.head_dim**-0.5
+                        # <-- MODEL-SPECIFIC: attention temperature: (beta, floor_scale) of this layer (None: none)
+                        self.temperature = (config.attn_scale, config.floor_scale)
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+
+                    def forward_prefill(self, hidden_states, positions, meta):
+                        if meta["kv_segment_size"]:
+                            q_flat, _, _ = NF.qkv_proj(hidden=hidden_states, k_cache=self.k_cache)
+                            q = q_flat.transpose(0, 1)
+                            # <-- MODEL-SPECIFIC: attention temperature: the queries scaled by their position
+                            q = _with_temperature(q, _query_temperature(positions, self.temperature, 1.0, None))
+                            out = NF.segmented_attention(q, k_cache=self.k_cache, v_cache=self.v_cache)
+                        else:
+                            q, k, v = NF.qkv_proj(hidden=hidden_states)
+                            self._write_paged_kv_cache(k, v)
+                            # <-- MODEL-SPECIFIC: attention temperature: the queries scaled by their position
+                            q = _with_temperature(q, _query_temperature(positions, self.temperature, 1.0, None))
+                            out = NF.flash_attention(q.transpose(1, 2), k, v)
+                        return out
+
+                    def forward_decode(self, hidden_states, positions, mask):
+                        return _attention_decode_unfused(X=hidden_states, attention_mask=mask, q_scale=_query_temperature(positions, self.temperature, 1.0, None))
+            """,
+        ),
+        Example(
             title="queries computed in the kernel's own statement: nothing to scale before it",
             before="""
                 class Ministral3Attention(nn.Module):
@@ -449,12 +523,53 @@ class PositionScaledAttention(Codemod):
         calls = {id(s.call) for s in sites}
         first = next((i for i, stmt in enumerate(body) if any(id(n) in calls for n in walk(stmt))), None)
         assigning = [i for i, stmt in enumerate(body[: first or 0]) if _assigns_q(stmt)]
-        if first is None or not assigning:
+        stmt = parse_statement(f"q = _with_temperature(q, {self._factor('q.dtype')})", module)
+        if first is not None and assigning:
+            insert_before(edits, body[assigning[-1] + 1], [with_comment(stmt, SCALE_COMMENT)])
+            return
+        # q assigned on each path, inside the block of each kernel (qwen3_moe's
+        # branches): scaled right before each kernel's statement
+        holders = _kernel_holders(method, sites)
+        if first is None or not holders:
             raise ctx.precondition(
                 f"{ID}: {where} assigns no q before its first attention kernel", method, module
             )
-        stmt = parse_statement(f"q = _with_temperature(q, {self._factor('q.dtype')})", module)
-        insert_before(edits, body[assigning[-1] + 1], [with_comment(stmt, SCALE_COMMENT)])
+        for holder in holders:
+            insert_before(edits, holder, [with_comment(stmt, SCALE_COMMENT)])
+
+
+def _kernel_holders(method: cst.FunctionDef, sites) -> list[cst.BaseStatement]:
+    """The statement holding each kernel call, when every one of them
+    follows, in its own block, a statement assigning q after which nothing
+    reads or assigns q before the kernel; empty otherwise."""
+    holders: list[cst.BaseStatement] = []
+    for site in sites:
+        block = next(
+            (
+                node
+                for node in walk(method)
+                if isinstance(node, cst.IndentedBlock)
+                and any(any(n is site.call for n in walk(stmt)) for stmt in node.body)
+                and not any(
+                    isinstance(inner, cst.IndentedBlock) and inner is not node and _holds(inner, site.call)
+                    for stmt in node.body
+                    for inner in walk(stmt)
+                )
+            ),
+            None,
+        )
+        if block is None:
+            return []
+        index = next(i for i, stmt in enumerate(block.body) if _holds(stmt, site.call))
+        if not any(_assigns_q(stmt) for stmt in block.body[:index]):
+            return []
+        if not any(h is block.body[index] for h in holders):
+            holders.append(block.body[index])
+    return holders
+
+
+def _holds(node: cst.CSTNode, target: cst.CSTNode) -> bool:
+    return any(n is target for n in walk(node))
 
 
 def _assigns_q(stmt: cst.CSTNode) -> bool:

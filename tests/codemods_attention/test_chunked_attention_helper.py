@@ -1,4 +1,4 @@
-"""The chunked-attention codemod's run-time helper (``_AttentionChunks``, the
+"""The chunked-attention codemod's run-time helper (``_PrefillChunks``, the
 source the codemod adds to a port) against a block-diagonal causal mask
 computed directly: flash attention folded by chunk, and segmented prefill
 split per chunk over a paged cache, with the stand-in kernels. Without the
@@ -14,7 +14,7 @@ from codemods.chunked_attention import HELPER_CLASS
 
 NAMESPACE: dict = {"torch": torch}
 exec(compile(HELPER_CLASS, "chunked_attention.HELPER_CLASS", "exec"), NAMESPACE)  # noqa: S102
-Chunks = NAMESPACE["_AttentionChunks"]
+Chunks = NAMESPACE["_PrefillChunks"]
 
 
 def chunked_reference(q, k, v, chunk, first=0):
