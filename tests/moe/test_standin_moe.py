@@ -202,6 +202,44 @@ def test_moe_block_tkg_refuses_pre_scale_as_the_kernel_does(data):
         )
 
 
+@pytest.mark.parametrize(
+    "mode", [ExpertAffinityScaleMode.PRE_SCALE_DELAYED, ExpertAffinityScaleMode.NO_SCALE]
+)
+def test_moe_cte_refuses_the_modes_it_does_not_compute(data, mode):
+    """PRE_SCALE_DELAYED (affinities between the gate/up matmul and the
+    activation, in the kernel's documentation) and NO_SCALE are refused,
+    naming the mode, never computed as another mode."""
+    affinities = NF.router(data["x"], data["w"], top_k=K)
+    masked, positions, block_to_expert, conditions = NF.build_blockwise_mapping(affinities, E, K, 256)
+    with pytest.raises(NotImplementedError, match=f"expert_affinities_scaling_mode {mode}"):
+        NF.moe_cte(
+            hidden_states=data["x"],
+            expert_affinities_masked=masked,
+            gate_up_proj_weight=data["gate_up"],
+            down_proj_weight=data["down"],
+            token_position_to_id=positions,
+            block_to_expert=block_to_expert,
+            block_size=256,
+            implementation=MoECTEImplementation.shard_on_block,
+            conditions=conditions,
+            skip_token=True,
+            expert_affinities_scaling_mode=mode,
+        )
+
+
+def test_moe_block_tkg_refuses_pre_scale_delayed(data):
+    with pytest.raises(NotImplementedError, match="PRE_SCALE_DELAYED"):
+        NF.moe_block_tkg(
+            inp=data["x"],
+            gamma=data["gamma"].unsqueeze(0),
+            router_weights=data["w"],
+            expert_gate_up_weights=data["gate_up"],
+            expert_down_weights=data["down"],
+            top_k=K,
+            expert_affinities_scaling_mode=ExpertAffinityScaleMode.PRE_SCALE_DELAYED,
+        )
+
+
 def test_moe_cte_computes_in_bfloat16_unless_told(data):
     """The kernel's documented ``compute_dtype`` default is ``nl.bfloat16``:
     left out, float32 hidden states still go through the experts in bf16."""

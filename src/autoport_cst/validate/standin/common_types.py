@@ -27,6 +27,8 @@ class ExpertAffinityScaleMode(enum.Enum):
     NO_SCALE = "no_scale"
     POST_SCALE = "post_scale"
     PRE_SCALE = "pre_scale"
+    # the kernels' fourth mode: refused by every stand-in that takes a mode (moe_blockwise, moe_decode_block)
+    PRE_SCALE_DELAYED = "pre_scale_delayed"
 
 
 class QuantizationType(enum.Enum):

@@ -330,10 +330,10 @@ def moe_cte(
     [E, I, H]``; ``token_position_to_id [N * block_size]`` int32;
     ``block_to_expert [N]`` (or ``[N, 1]``) int32; biases ``[E, 2, I]`` and
     ``[E, H]``. Each token of block ``n`` goes through expert
-    ``block_to_expert[n]``; its output is scaled by the affinity (POST_SCALE,
-    or before the down projection for PRE_SCALE_DELAYED), or its input rows
-    are, in ``compute_dtype``, before the gate/up projection and its output
-    is not (PRE_SCALE); the results are accumulated
+    ``block_to_expert[n]``; its output is scaled by the affinity
+    (POST_SCALE), or its input rows are, in ``compute_dtype``, before the
+    gate/up projection and its output is not (PRE_SCALE); any other mode
+    (NO_SCALE, PRE_SCALE_DELAYED) is refused; the results are accumulated
     into the token's row (``is_tensor_update_accumulating``; without it a
     block's rows are overwritten, so a token keeps one expert's output).
     Blocks whose ``conditions`` entry is 0 are not computed; -1 slots and

@@ -134,13 +134,12 @@ def _check_variant(implementation: Any, gate_up_scale: Any, down_scale: Any, sca
         )
     if gate_up_scale is not None or down_scale is not None:
         raise NotImplementedError("NF.moe_cte: quantized experts are not in the CPU stand-in")
-    if scaling_mode not in (
-        ExpertAffinityScaleMode.POST_SCALE,
-        ExpertAffinityScaleMode.PRE_SCALE,
-        getattr(ExpertAffinityScaleMode, "PRE_SCALE_DELAYED", None),
-    ):
+    if scaling_mode not in (ExpertAffinityScaleMode.POST_SCALE, ExpertAffinityScaleMode.PRE_SCALE):
+        # PRE_SCALE_DELAYED (the affinities applied between the gate/up matmul and the
+        # activation, in the kernel's documentation) and NO_SCALE are not computed here
         raise NotImplementedError(
-            f"NF.moe_cte: expert_affinities_scaling_mode {scaling_mode} is not in the CPU stand-in"
+            f"NF.moe_cte: expert_affinities_scaling_mode {scaling_mode} is not in the CPU stand-in "
+            "(it computes POST_SCALE and PRE_SCALE)"
         )
 
 
