@@ -49,8 +49,12 @@ Classes:
   passes its declared default dropped, an enum member argument compared as
   the member its stand-in import names), or a removed loader entry mapping a
   parameter to the checkpoint key of its own name, which the checkpoint
-  readers' ``mappings.get(name, name)`` supplies (``mutation_proofs``). Only
-  these are left out of the kill rate.
+  readers' ``mappings.get(name, name)`` supplies (``mutation_proofs``), or a
+  literal default that no run takes: a module-level function's default that
+  every call passes, or ``R.get(key, default)`` on the RoPE parameters read
+  only for RoPE types whose parameters transformers' own validation requires
+  to hold ``key`` (``mutation_proof_defaults``). Only these are left out of
+  the kill rate.
 
 Printed per partition: killed, survived, exit 2 and equivalent counts, the
 kill rate over the non-equivalent mutants, and each survivor with its line
@@ -85,6 +89,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
 from mutation_operators import ANY, IMPORTABLE, POSITIONAL, Mutant, ParsedModule, normalised, parse_mutants  # noqa: E402
+from mutation_proof_defaults import required_key, transformers_requires, unused_default  # noqa: E402
 from mutation_proofs import identity_mapping  # noqa: E402
 from mutation_setup import PORTS, Port, prepare  # noqa: E402
 
@@ -278,7 +283,34 @@ class PortRun:
         found = self.equivalence(code)
         if found is None and mutant.operator == "stmt":
             found = identity_mapping(self.original, mutant.line, mapping_readers())
+        if found is None:
+            found = unused_default(self.original, mutant, self.elsewhere()) or required_key(
+                self.original, mutant, self.rope_requires(), self.elsewhere()
+            )
         return found
+
+    def elsewhere(self) -> list[str]:
+        """The texts that could name one of the port's functions or attributes
+        besides its ``model.py``: the package's other Python files and the stand-in's."""
+        if not hasattr(self, "_elsewhere"):
+            from autoport_cst.validate import standin
+
+            files = [p for p in self.port.package.glob("*.py") if p != self.port.model_file]
+            files += sorted(Path(standin.__file__).parent.rglob("*.py"))
+            self._elsewhere = [p.read_text(encoding="utf-8") for p in files]
+        return self._elsewhere
+
+    def rope_requires(self):
+        """Whether transformers' validation requires a key of RoPE parameters of a
+        type, for the config class of the port's checkpoint."""
+        if not hasattr(self, "_requires"):
+            import json
+
+            from transformers import CONFIG_MAPPING
+
+            config = json.loads((self.port.checkpoint / "config.json").read_text(encoding="utf-8"))
+            self._requires = transformers_requires(CONFIG_MAPPING[config["model_type"]])
+        return self._requires
 
     def in_scope(self, part: str) -> list[Mutant]:
         return [
