@@ -15,7 +15,7 @@ from autoport_cst.validate import validate_model
 from autoport_cst.validate.parallel_checks import LAYOUTS, MOE_LAYOUTS, check_parallel_layouts
 from autoport_cst.validate.report import REPORT_SCHEMA, ValidationReport
 
-ATTENTION_DP, OTHER_DP, EMBEDDING_DP, EMBEDS, EMBEDS_TP2 = (label for label, _ in LAYOUTS[1:])
+ATTENTION_DP, OTHER_DP, EMBEDDING_DP, TWO_TOKENS, EMBEDS, EMBEDS_TP2 = (label for label, _ in LAYOUTS[1:])
 
 
 def _run(port: Path, checkpoint: Path, **options) -> ValidationReport:
@@ -30,6 +30,7 @@ def test_a_correct_port_validates_at_every_default_layout(llama3_dir: Path, tiny
         (ATTENTION_DP, True),
         (OTHER_DP, True),
         (EMBEDDING_DP, True),
+        (TWO_TOKENS, True),
         (EMBEDS, True),
         (EMBEDS_TP2, True),
     ]
@@ -121,6 +122,7 @@ def test_a_layout_the_checkpoint_cannot_take_is_reported_not_run() -> None:
         {"label": ATTENTION_DP, "equivalent": True, "summary": "equivalent within tolerances"},
         {"label": OTHER_DP, "equivalent": True, "summary": "equivalent within tolerances"},
         {"label": EMBEDDING_DP, "equivalent": True, "summary": "equivalent within tolerances"},
+        {"label": TWO_TOKENS, "equivalent": True, "summary": "equivalent within tolerances"},
         {"label": EMBEDS, "equivalent": True, "summary": "equivalent within tolerances"},
         {
             "label": EMBEDS_TP2,

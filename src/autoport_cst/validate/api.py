@@ -42,7 +42,7 @@ from .reference_reuse import keep_run, kept_run, sharing_reference_runs
 from .report import PortFailureInfo, ValidationReport
 from .routing import ForcedTeacher, RoutedRun, RoutingRecord, run_reference_routed
 from .run_reuse import reused_run
-from .run_scenario import plan_scenario
+from .run_scenario import plan_scenario, with_decode_tokens
 from .scenario import DEFAULT_STEPS, Scenario
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -155,6 +155,7 @@ def validate_model(
     prefill_dcp: bool = False,
     config_variants: bool = True,
     parallel_layouts: bool = True,
+    decode_tokens: int = 1,
 ) -> ValidationReport:
     """Run the port in ``model_dir`` and transformers on ``checkpoint_dir``
     through prefill and ``steps`` decode steps, and compare them.
@@ -175,7 +176,11 @@ def validate_model(
     port reads ``kv_segment_size``, ``"segmented"`` always, ``"off"`` never.
     ``kv_cache_dtype="fp8"`` runs with an FP8 KV cache (emulated in
     ``float8_e4m3fn``); the cache paths then stay off unless asked for
-    (segmented prefill needs a packed FP8 cache).
+    (segmented prefill needs a packed FP8 cache). ``decode_tokens > 1`` feeds
+    that many new tokens per sequence in each decode call, as the runner's
+    verification step of speculative decoding (``decode_tokens - 1`` draft
+    tokens) does; a port whose forward takes no ``spec_decode_metadata``
+    refuses it.
 
     ``config_variants``, ``parallel_layouts``: a passing plain TP=1 fp32 run
     goes on to its ``_FollowUps``; the first that fails fails the report."""
@@ -204,8 +209,9 @@ def validate_model(
                 prefill_dcp=prefill_dcp,
                 ep=ep,
             ),
+            decode_tokens=decode_tokens,
         )
-        plain = (tp, ep, attention_dp, mlp_dp, embedding_dp, lm_head_dp, dcp) == (1,) * 7
+        plain = (tp, ep, attention_dp, mlp_dp, embedding_dp, lm_head_dp, dcp, decode_tokens) == (1,) * 8
         if report.equivalent and plain and (dtype, kv_cache_dtype) == ("fp32", "auto"):
             _FollowUps(model_dir, steps, prompt_lengths, seed, prefill).check(
                 report, checkpoint_dir, config_variants, parallel_layouts
@@ -263,12 +269,14 @@ class _FollowUps:
         prefill: str | None = None,
         prompt_embeds: bool = False,
         ep: int = 1,
+        decode_tokens: int = 1,
     ) -> ValidationReport:
         """The port on ``checkpoint`` in fp32 at TP ``tp`` with those data-parallel degrees
         (and that KV-cache dtype; the prompts of ``seed``, default the validation's; the
         prefill mode ``prefill``, default the validation's, none of the cache paths with
         an FP8 cache; ``prompt_embeds``: prompts fed partly as embeddings; ``ep``
-        expert-parallel partitions of the TP ranks)."""
+        expert-parallel partitions of the TP ranks; ``decode_tokens`` new tokens per
+        sequence in each decode call, as in speculative decoding)."""
         if prefill is None:
             prefill = self.prefill if kv_cache_dtype == "auto" else "auto"  # an FP8 cache: no cache paths
         layout = ParallelLayout(
@@ -294,6 +302,7 @@ class _FollowUps:
             kv_cache_dtype=kv_cache_dtype,
             layout=layout,
             prompt_embeds=prompt_embeds,
+            decode_tokens=decode_tokens,
         )
 
 
@@ -333,6 +342,7 @@ def _validate_run(
     kv_cache_dtype: str = "auto",
     layout: ParallelLayout | None = None,
     prompt_embeds: bool = False,
+    decode_tokens: int = 1,
 ) -> ValidationReport:
     package_dir, checkpoint, config = _check_inputs(model_dir, checkpoint_dir, tp, dtype, ep)
     layout = layout or ParallelLayout(tp=tp, ep=ep)
@@ -342,6 +352,7 @@ def _validate_run(
     timings: dict[str, float] = {}
     started = time.perf_counter()
     scenario = plan_scenario(config, checkpoint, layout, tp, steps, prompt_lengths, block_size, seed)
+    scenario = with_decode_tokens(scenario, decode_tokens, config, layout)
     report = ValidationReport(
         model_dir=str(package_dir),
         checkpoint_dir=str(checkpoint),
@@ -415,6 +426,8 @@ def _settings(
         "prefill": run.prefill,
         "kv_cache_dtype": run.kv_cache_dtype,
     }
+    if scenario.decode_tokens > 1:
+        settings["decode_tokens"] = scenario.decode_tokens
     if layout.disaggregated:
         settings["layout"] = layout.describe()
     return settings

@@ -182,6 +182,12 @@ class PortSession:
                 "the model's forward takes no prompt embeddings (inputs_embeds, is_token_ids)",
                 refusal=True,
             )
+        if scenario.decode_tokens > 1 and not _takes_named(self.model, "spec_decode_metadata"):
+            raise PortFailure(
+                "decode",
+                "the model's forward takes no spec_decode_metadata (no speculative decoding)",
+                refusal=True,
+            )
 
     @staticmethod
     def _build(factory: Any, hf_config: Any) -> Any:
@@ -274,32 +280,40 @@ class PortSession:
                 block_size=self.scenario.layout.block_size,
                 cached=[call.start],
                 kv_segment_size=call.segment,
+                decode_token_threshold=self.scenario.decode_tokens,
             ),
         )
         if self.scenario.prompt_embeds is not None:
             _embed_prompt(step, self.scenario.prompt_embeds[call.sequence], call)
         return step
 
-    def _decode_inputs(self, step: int, tokens: list[int], sequences: tuple[int, ...]) -> StepInputs:
+    def _decode_inputs(
+        self, step: int, tokens: list[int], sequences: tuple[int, ...], width: int = 1
+    ) -> StepInputs:
+        """The decode call of steps ``[step, step + width)``: ``width`` new
+        tokens per sequence, sequence by sequence, every row sampled."""
         scenario = self.scenario
-        positions = [len(scenario.prompts[b]) + step for b in sequences]
+        cached = [len(scenario.prompts[b]) + step for b in sequences]
+        positions = [first + j for first in cached for j in range(width)]
         tables = [scenario.block_table(b) for b in sequences]
         return StepInputs(
             input_ids=torch.tensor(tokens, dtype=torch.int64),
             positions=torch.tensor(positions, dtype=torch.int64),
-            sampling_positions=torch.arange(len(sequences), dtype=torch.int64),
+            sampling_positions=torch.arange(len(positions), dtype=torch.int64),
             metadata=build_metadata(
                 self.layer_names,
                 self.reads,
-                max_query_len=1,
+                max_query_len=width,
                 slots=[
-                    scenario.layout.slot(table, position)
-                    for table, position in zip(tables, positions, strict=False)
+                    scenario.layout.slot(table, first + j)
+                    for table, first in zip(tables, cached, strict=True)
+                    for j in range(width)
                 ],
                 tables=tables,
                 block_size=scenario.layout.block_size,
-                cached=positions,
+                cached=cached,
                 kv_segment_size=0,
+                decode_token_threshold=scenario.decode_tokens,
             ),
         )
 
@@ -383,14 +397,18 @@ class PortSession:
         return calls, logits
 
     def _run_decode(self, teacher, recorder, sequences: tuple[int, ...]) -> list[torch.Tensor]:
+        """The decode steps, ``Scenario.decode_tokens`` per call; the logits per step."""
         start = time.perf_counter()
-        logits = []
-        for step in range(self.scenario.steps):
+        logits: list[torch.Tensor] = []
+        for step, width in self.scenario.decode_calls():
             if recorder:
                 recorder.set_tag(("decode", step))
-            tokens = [teacher[b][step] for b in sequences]
-            self._route_rows([(b, len(self.scenario.prompts[b]) + step) for b in sequences])
-            logits.append(self._forward("decode", self._decode_inputs(step, tokens, sequences)))
+            tokens = [teacher[b][step + j] for b in sequences for j in range(width)]
+            self._route_rows(
+                [(b, len(self.scenario.prompts[b]) + step + j) for b in sequences for j in range(width)]
+            )
+            rows = self._forward("decode", self._decode_inputs(step, tokens, sequences, width))
+            logits += _per_step(rows, width)
         self.timings["decode"] = time.perf_counter() - start
         return logits
 
@@ -405,7 +423,7 @@ class PortSession:
                 if phase == "prefill":
                     output.prefill_records[name].append(_real_rows(rows, calls[index], self.rank, self.tp))
                 else:
-                    output.decode_records[name].append(rows)
+                    output.decode_records[name] += _per_step(rows, self.scenario.decode_width(index))
 
 
 def _embed_prompt(step: StepInputs, embeddings: torch.Tensor, call: PrefillCall) -> None:
@@ -421,6 +439,25 @@ def _embed_prompt(step: StepInputs, embeddings: torch.Tensor, call: PrefillCall)
             inputs[row] = embeddings[position]
             step.input_ids[row] = 0
     step.inputs_embeds, step.is_token_ids = inputs, is_token
+
+
+def _per_step(rows: torch.Tensor, width: int) -> list[torch.Tensor]:
+    """A decode call's rows (``width`` per sequence, sequence by sequence)
+    as one ``[B, ...]`` tensor per step."""
+    if width == 1:
+        return [rows]
+    grouped = rows.reshape(-1, width, *rows.shape[1:])
+    return [grouped[:, j] for j in range(width)]
+
+
+def _takes_named(model: Any, name: str) -> bool:
+    """Whether the model's forward names the argument ``name``."""
+    import inspect
+
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _takes_prompt_embeds(model: Any) -> bool:

@@ -19,6 +19,12 @@ other values (``LAYOUTS``):
   every component at DP 2 the embedding's and the MLP's DP groups are the
   same, and the transition of the decode batch between them is the identity;
   here they differ;
+- ``2 tokens per decode step`` (TP=1): every decode call feeds two new
+  tokens per sequence (the teacher's next two, with
+  ``decode_token_threshold`` 2), as the runner's verification step of
+  speculative decoding with one draft token does; the logits of both rows
+  are compared. A port whose forward takes no ``spec_decode_metadata`` (no
+  speculative decoding) is reported as refusing it;
 - ``prompt embeddings`` (TP=1) and ``prompt embeddings at TP=2``: every odd
   prompt position fed as transformers' input embedding of its id
   (``inputs_embeds``, ``is_token_ids`` false), as vllm_neuron's runner does
@@ -57,6 +63,7 @@ LAYOUTS: tuple[tuple[str, dict[str, int]], ...] = (
     ("attention DP 2", {"attention_dp": 2}),
     ("DP 2 (MLP, embedding, LM head)", {"mlp_dp": 2, "embedding_dp": 2, "lm_head_dp": 2}),
     ("embedding DP 2", {"embedding_dp": 2}),
+    ("2 tokens per decode step", {"decode_tokens": 2}),
     ("prompt embeddings", {"prompt_embeds": True}),
     ("prompt embeddings at TP=2", {"tp": 2, "prompt_embeds": True}),
 )

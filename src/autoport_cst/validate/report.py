@@ -308,6 +308,11 @@ REPORT_SCHEMA: dict[str, Any] = {
                 "seed": {"type": "integer"},
                 "prefill": {"enum": ["auto", "segmented", "off"]},
                 "kv_cache_dtype": {"enum": ["auto", "fp8"]},
+                "decode_tokens": {
+                    "type": "integer",
+                    "minimum": 2,
+                    "description": "new tokens per sequence in each decode call (speculative decoding)",
+                },
                 "prefill_calls": {"type": "array", "items": {"type": "object"}},
                 "layout": {
                     "type": "object",

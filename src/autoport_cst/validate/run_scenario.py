@@ -3,6 +3,7 @@ run's parallel layout: the prompts, decode steps and KV-cache block size."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from autoport_cst.errors import InputError
@@ -40,6 +41,27 @@ def plan_scenario(
     return Scenario.build(
         vocab_size, tp, steps, prompt_lengths, block_size, seed, cache_paths=cache_paths_fit(tp)
     )
+
+
+def with_decode_tokens(
+    scenario: Scenario, decode_tokens: int, config: dict, layout: ParallelLayout
+) -> Scenario:
+    """The scenario with ``decode_tokens`` new tokens per sequence in each
+    decode call (a speculative decoding verification step), validated with
+    plain TP and without a sliding window: the decode kernel's mask takes one
+    window start per sequence, its latest active token's
+    (``gen_attention_decode_mask``), so on the device the earlier tokens of
+    the step see a narrower window than transformers gives them."""
+    if decode_tokens == 1:
+        return scenario
+    if layout.disaggregated:
+        raise InputError("decode steps of several tokens are validated with plain TP")
+    if _sliding_windows(config):
+        raise InputError(
+            "decode steps of several tokens with a sliding window: the decode kernel's mask takes "
+            "one window start per sequence, so its earlier tokens see a narrower window than in transformers"
+        )
+    return replace(scenario, decode_tokens=decode_tokens)
 
 
 def _sliding_windows(config: dict) -> list[int]:

@@ -7,7 +7,7 @@ Every entry holds the keys the runner passes:
 | key | value |
 |---|---|
 | ``max_query_len`` | rows per sequence in the call (the padded chunk in segmented prefill, 1 in decode) |
-| ``decode_token_threshold`` | 1: more rows than that is a prefill |
+| ``decode_token_threshold`` | 1 (the new tokens per sequence of a speculative decode step with speculation): more rows than that is a prefill |
 | ``slot_mapping`` | int64 ``[T]``, ``block * block_size + offset`` per row; -1 for padding rows |
 | ``block_size``, ``max_blocks_per_seq`` | the paged layout |
 | ``block_table_tensor``, ``full_block_table_tensor`` | int32 ``[B, blocks_per_seq]`` |
@@ -77,6 +77,7 @@ def build_metadata(
     cached: list[int],
     kv_segment_size: int,
     cached_per_sequence: bool = False,
+    decode_token_threshold: int = DECODE_TOKEN_THRESHOLD,
 ) -> dict[str, RecordingEntry]:
     """One entry per layer (see the module docstring)."""
     table = torch.tensor(tables, dtype=torch.int32)
@@ -86,7 +87,7 @@ def build_metadata(
         cached_seq_len = torch.tensor([[max(cached)]], dtype=torch.int32)
     values = {
         "max_query_len": max_query_len,
-        "decode_token_threshold": DECODE_TOKEN_THRESHOLD,
+        "decode_token_threshold": decode_token_threshold,
         "slot_mapping": torch.tensor(slots, dtype=torch.int64),
         "block_size": block_size,
         "block_table_tensor": table,

@@ -146,6 +146,21 @@ class Scenario:
     # the token ids): a run with them feeds these rows instead of the ids at ``embedded``
     # positions, as vllm_neuron's runner does with ``enable_prompt_embeds``
     prompt_embeds: tuple[Any, ...] | None = None
+    # new tokens per sequence in each decode call: 1, or k + 1 as in a speculative decoding
+    # verification step of k draft tokens (the runner's decode_token_threshold is then k + 1)
+    decode_tokens: int = 1
+
+    def decode_calls(self) -> tuple[tuple[int, int], ...]:
+        """``(first step, new tokens per sequence)`` of each decode call:
+        ``decode_tokens`` steps at a time, the last call taking what is left."""
+        return tuple(
+            (step, min(self.decode_tokens, self.steps - step))
+            for step in range(0, self.steps, self.decode_tokens)
+        )
+
+    def decode_width(self, step: int) -> int:
+        """The new tokens per sequence of the decode call starting at ``step``."""
+        return min(self.decode_tokens, self.steps - step)
 
     @staticmethod
     def embedded(position: int) -> bool:
