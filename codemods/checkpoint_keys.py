@@ -190,6 +190,7 @@ class CheckpointKeys(Codemod):
         "routing-bias",
         "shared-experts",
         "swap-norm",
+        "weightless-qk-norm",
     )
     EXAMPLES = (
         Example(

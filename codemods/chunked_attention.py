@@ -265,7 +265,7 @@ class ChunkedAttention(Codemod):
     NEEDS_REAL_MODEL = True
     PITFALLS = (
         Pitfall(
-            70,
+            71,
             lambda spec, facts: spec.attention.chunked != "none",
             "chunked attention ({spec.attention.chunk_size} tokens): every prefill path masks by chunk and "
             "every decode mask starts at the chunk of its position; a port that ignores it is wrong past "

@@ -91,4 +91,8 @@ def test_llama4_reads_its_temperature_on_the_layers_without_rope_and_its_chunked
     assert (attention.temperature_offset, attention.temperature_layers) == (1.0, "nope")
     assert attention.temperature_rounded is False
     assert (attention.chunked, attention.chunk_size) == ("per_layer", 12)
+    # its L2 norm of the rotated q/k heads: per head, no weight, on the RoPE layers only
+    assert (attention.qk_norm, attention.qk_norm_position) == ("per_head", "after_rope")
+    assert (attention.qk_norm_affine, attention.qk_norm_layers) == (False, "rope")
+    assert not any("norm" in key for key in result.spec.checkpoint.key_map or {})
     assert not [u for u in result.spec.unsupported or () if u.startswith("chunked_attention")]

@@ -28,6 +28,8 @@ TERMS: dict[str, str | dict[Any, str]] = {
     "attention.scale": "attention scores scaled by {value}",
     "attention.qk_norm": "{value} query/key norms",
     "attention.qk_norm_position": "query/key norms applied {value}",
+    "attention.qk_norm_affine": "query/key norms without a learned weight",
+    "attention.qk_norm_layers": "query/key norms on the RoPE layers only",
     "attention.sliding_window": "sliding-window attention ({value})",
     "attention.chunked": "attention within chunks of attention_chunk_size tokens (a chunked causal mask)",
     "attention.kind": {

@@ -49,6 +49,7 @@ NormKind = Literal["rmsnorm", "layernorm"]
 NormPlacement = Literal["pre", "post", "sandwich"]
 QKNorm = Literal["none", "per_head", "full_width"]
 QKNormPosition = Literal["before_rope", "after_rope"]
+QKNormLayers = Literal["all", "rope"]
 SlidingWindow = Literal["none", "all", "per_layer"]
 RopeType = Literal["default", "llama3", "linear", "dynamic", "yarn", "longrope", "none"]
 RopeStyle = Literal["rotate_half", "interleaved"]
@@ -104,6 +105,14 @@ class AttentionSpec:
         "before_rope",
         "Where the q/k norms apply: to the projected queries and keys (before RoPE, Qwen3) or to the "
         "rotated ones (after RoPE, HunYuan).",
+    )
+    qk_norm_affine: bool = feature(
+        True,
+        "The q/k norms have a learned weight (False: Llama 4's x * rsqrt(mean(x^2) + eps), no weight "
+        "and no checkpoint tensor).",
+    )
+    qk_norm_layers: QKNormLayers = feature(
+        "all", "The layers with q/k norms: every layer, or the layers with RoPE only (Llama 4)."
     )
     sliding_window: SlidingWindow = feature(
         "none", "Sliding-window attention on no layer, every layer, or some layers."

@@ -299,15 +299,19 @@ def _qk_norm(st: AnalyzerState, g: AttentionGraph, qk: list[Instance], nh: Any, 
     if not qk:
         st.add(known("none", "attention.qk_norm", CODE, f"{where}: no norm applied to queries or keys"))
         return
-    widths = {_norm_width(st, q) for q in qk}
+    widths = {_norm_width(st, q) or _applied_width(st, g, q) for q in qk}
     kinds = {st.norm_info(q)["kind"] or _child_norm_kind(st, q) for q in qk}
+    if not any(st.norm_info(q)["affine"] for q in qk):
+        st.add(
+            known(False, "attention.qk_norm_affine", CODE, f"{where}: the q/k norms have no learned weight")
+        )
     if widths == {hd}:
         verdict = "per_head"
     elif isinstance(nh, int) and isinstance(hd, int) and widths <= {nh * hd, (nkv or 0) * hd} and widths:
         verdict = "full_width"
     else:
         verdict = None
-    names = ", ".join(f"{q.name}(width {_norm_width(st, q)})" for q in qk)
+    names = ", ".join(f"{q.name}(width {_norm_width(st, q) or _applied_width(st, g, q)})" for q in qk)
     if verdict is None:
         st.add(unknown("attention.qk_norm", CODE, f"{where}: q/k norms {names}, width not classified"))
     else:
@@ -354,10 +358,32 @@ def _names(
                 names[f"self_attn.{role}"] = f"{base}.{inst.name}"
     for n in nodes:
         if n.kind == "module" and n.ref is not None and st.role(n.ref) == "norm" and n.args and n.ref.name:
+            if not st.norm_info(n.ref)["affine"]:
+                continue  # no weight: nothing a port loads under its name
             normed = _unrotated(st, n.args[0])
             for role, proj in (("q_norm", roles.get("q_proj")), ("k_norm", roles.get("k_proj"))):
                 if proj is not None and any(depends_on(normed, c) for c in inputs if c.ref is proj):
                     names[f"self_attn.{role}"] = f"{base}.{n.ref.name}"
+
+
+def _qk_norm_layers(st: AnalyzerState, rotary: list[bool], normed: list[bool], where: str) -> None:
+    """q/k norms on some layers only: on exactly the layers that rotate
+    (Llama 4's ``if use_qk_norm and use_rope``) they are
+    ``attention.qk_norm_layers = "rope"``; on another subset, unknown."""
+    if not st.result.qk_norm_modules or all(normed) or len(normed) != len(rotary):
+        return
+    on = [i for i, x in enumerate(normed) if x]
+    if normed == rotary:
+        st.add(
+            known(
+                "rope",
+                "attention.qk_norm_layers",
+                CODE,
+                f"{where}: q/k norms on the RoPE layers {ranges(on)} only",
+            )
+        )
+    else:
+        st.add(unknown("attention.qk_norm", CODE, f"{where}: q/k norms on layers {ranges(on)} only"))
 
 
 def _value_norm(st: AnalyzerState, g: AttentionGraph) -> None:
@@ -400,6 +426,44 @@ def _unrotated(st: AnalyzerState, value: Any) -> Any:
         ):
             return call.args[index]
     return value
+
+
+# shape-keeping steps between a q/k view and the norm that reads it
+_SAME_WIDTH = ("to", "float", "type_as", "contiguous", "clone")
+
+
+def _applied_width(st: AnalyzerState, g: AttentionGraph, inst: Instance) -> int | None:
+    """The width a norm without a learned weight (no size of its own)
+    normalises: the last size of the view of a projection it reads, followed
+    through the rotation and dtype casts only (Llama 4's L2 norm of
+    ``q_proj(x).view(..., -1, head_dim)`` rotated); None when the norm's
+    inputs do not all end in the same literal size."""
+    if st.norm_info(inst)["affine"]:
+        return None
+    widths = set()
+    for node in g.nodes:
+        if node.kind == "module" and node.ref is inst and node.args:
+            widths.add(_view_width(st, node.args[0]))
+    return widths.pop() if len(widths) == 1 else None
+
+
+def _view_width(st: AnalyzerState, value: Any) -> int | None:
+    for _ in range(8):
+        if not isinstance(value, Node) or not value.args:
+            return None
+        if value.kind == "item" or (value.kind == "method" and value.name in _SAME_WIDTH):
+            value = value.args[0]
+        elif value.kind == "func" and st.is_rotation(value):
+            value = value.args[0]
+        elif value.kind == "method" and value.name in ("view", "reshape"):
+            shape = value.args[1:] if len(value.args) > 2 else value.args[1:2]
+            last = shape[-1] if shape else None
+            if isinstance(last, tuple) and last:
+                last = last[-1]
+            return last if isinstance(last, int) and not isinstance(last, bool) else None
+        else:
+            return None
+    return None
 
 
 def _norm_width(st: AnalyzerState, inst: Instance) -> int | None:
@@ -704,6 +768,8 @@ def _per_layer(st: AnalyzerState, where: str) -> None:
         tuple[Instance, temperature.Scaling | None]
     ] = []  # per traced layer: a position-dependent query scale
     sinks: list[bool] = []  # per traced layer: a learned parameter passed to its kernel
+    normed: list[bool] = []  # per traced layer: does it apply the q/k norms
+    qk_names = {name.rsplit(".", 1)[-1] for name in st.result.qk_norm_modules}
     for index, layer in enumerate(st.layers):
         attn = dict(layer.children()).get(st.attn_name)
         if attn is None:
@@ -724,8 +790,10 @@ def _per_layer(st: AnalyzerState, where: str) -> None:
             kernel is not None and any(isinstance(v, Node) and v.kind == "param" for _, v in kernel.kwargs)
         )
         rotary.append(any(n.kind == "func" for n in nodes if st.is_rotation(n)))
+        normed.append(any(n.kind == "module" and n.ref is not None and n.ref.name in qk_names for n in nodes))
         scaled.append((attn, _input_scaling(st, attn, nodes)))
     st.layer_rotation = rotary
+    _qk_norm_layers(st, rotary, normed, where)
     temperature.refuse_or_read(st, scaled)
     if any(sinks) and not all(sinks):
         on = [i for i, x in enumerate(sinks) if x]

@@ -66,6 +66,8 @@ def attention(d: Decider, head_size: Any) -> AttentionSpec:
         o_bias=d.decide("attention.o_bias", False, (CODE,)),
         qk_norm=d.decide("attention.qk_norm", "none", (CODE,)),
         qk_norm_position=d.flag("attention.qk_norm_position", "before_rope"),
+        qk_norm_affine=d.flag("attention.qk_norm_affine", True),
+        qk_norm_layers=d.flag("attention.qk_norm_layers", "all"),
         sliding_window=sliding,
         sliding_window_size=window_size,
         layer_types=tuple(layer_types) if layer_types else None,

@@ -265,7 +265,9 @@ def _missing_names(d: Decider, names: dict[str, str], qkv: str, gate_up: str, is
     wanted += (
         ["self_attn.qkv_proj"] if fused else ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]
     )
-    if spec_qk is not None and spec_qk.known and spec_qk.value != "none" and not fused:
+    qk_affine = d.code_finding("attention.qk_norm_affine")
+    weightless = qk_affine is not None and qk_affine.known and qk_affine.value is False
+    if spec_qk is not None and spec_qk.known and spec_qk.value != "none" and not fused and not weightless:
         wanted += ["self_attn.q_norm", "self_attn.k_norm"]
     if not is_moe:
         wanted += ["mlp", "mlp.down_proj"]
