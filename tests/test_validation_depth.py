@@ -1,13 +1,23 @@
 """tests/validation_depth.py: within ``without_follow_ups`` the
-``validate_model`` that ``port`` imports runs without follow-ups, and after
-it the package's own function is back; with --run-slow every architecture
-is validated in full."""
+``validate_model`` that ``port`` imports runs without follow-ups (but on the
+first checkpoint it is given, with ``planned_too`` false), and after it the
+package's own function is back; with --run-slow every architecture is
+validated in full."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.validation_depth import follow_up_options, validates_fully, without_follow_ups
+from tests.validation_depth import (
+    FULL,
+    OWN,
+    PLANNED,
+    feature_depth,
+    follow_up_options,
+    port_depth,
+    validates_fully,
+    without_follow_ups,
+)
 
 
 def test_the_port_s_validate_model_runs_without_follow_ups_then_is_restored(monkeypatch):
@@ -24,6 +34,39 @@ def test_the_port_s_validate_model_runs_without_follow_ups_then_is_restored(monk
     assert seen == [{"dtype": "fp32", "config_variants": False, "parallel_layouts": False}]
     assert "validate_model" not in vars(validate)
     assert validate.validate_model is api.validate_model
+
+
+def test_follow_ups_on_the_planned_config_only(monkeypatch):
+    """``port`` validates the planned checkpoint (fp32, then bf16), then the
+    varied one (``port_variants``): only the planned keeps its follow-ups."""
+    import autoport_cst.validate.api as api
+
+    seen: list[tuple[str, dict]] = []
+    monkeypatch.setattr(api, "validate_model", lambda *args, **options: seen.append((args[1], options)))
+    with without_follow_ups(planned_too=False) as calls:
+        from autoport_cst.validate import validate_model
+
+        validate_model("package", "planned", dtype="fp32")
+        validate_model("package", "planned", dtype="bf16")
+        validate_model("package", "varied", dtype="fp32")
+    assert [args[1] for args in calls] == ["planned", "planned", "varied"]
+    off = {"config_variants": False, "parallel_layouts": False}
+    assert seen == [
+        ("planned", {"dtype": "fp32"}),
+        ("planned", {"dtype": "bf16"}),
+        ("varied", {"dtype": "fp32", **off}),
+    ]
+
+
+def test_port_depths(pytestconfig, monkeypatch):
+    monkeypatch.delenv("AUTOPORT_RUN_SLOW", raising=False)
+    if pytestconfig.getoption("--run-slow"):
+        assert port_depth(pytestconfig, "B", frozenset({"A"})) == FULL == feature_depth(pytestconfig)
+        return
+    assert port_depth(pytestconfig, "A", frozenset({"A"})) == PLANNED == feature_depth(pytestconfig)
+    assert port_depth(pytestconfig, "B", frozenset({"A"})) == OWN
+    monkeypatch.setenv("AUTOPORT_RUN_SLOW", "1")
+    assert port_depth(pytestconfig, "B", frozenset({"A"})) == FULL == feature_depth(pytestconfig)
 
 
 def test_every_architecture_is_validated_in_full_with_run_slow(pytestconfig, monkeypatch):

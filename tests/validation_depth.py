@@ -16,6 +16,15 @@ architectures it names (one per family, at least) and the others on their
 own runs: TP=1 in fp32 and bf16, the varied config and the config guards,
 each without follow-ups. With ``--run-slow`` (or ``AUTOPORT_RUN_SLOW=1``)
 every architecture is validated in full, as ``autoport-cst port`` does.
+
+A port validated ``full`` runs the follow-ups twice: on the planned config,
+then again on the varied one. The second pass proves nothing of the
+codemods the first does not (the same port, layouts and cache dtypes, on
+other field values, which the varied run itself already covers), so in
+the default suite a test ports at ``PLANNED`` depth (follow-ups on the
+planned config only) unless it is the one that checks the whole of
+``autoport-cst port``: ``tests/port/test_port_cli.py``'s
+``test_port_validates_a_llama`` runs at ``FULL`` depth.
 """
 
 from __future__ import annotations
@@ -26,6 +35,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+
+# depths of a port's validations (``port_at_depth``)
+FULL = "full"  # as ``autoport-cst port``: follow-ups on the planned and the varied config
+PLANNED = "planned"  # follow-ups on the planned config only
+OWN = "own"  # no follow-ups
 
 
 def slow_run(config: pytest.Config) -> bool:
@@ -38,16 +52,34 @@ def validates_fully(config: pytest.Config, architecture: str, full: frozenset[st
     return architecture in full or slow_run(config)
 
 
+def port_depth(config: pytest.Config, architecture: str, full: frozenset[str] | set[str]) -> str:
+    """The depth of a port of ``architecture`` in this run: ``FULL`` with
+    --run-slow, else ``PLANNED`` for the architectures in ``full``, ``OWN``
+    for the others."""
+    if slow_run(config):
+        return FULL
+    return PLANNED if architecture in full else OWN
+
+
+def feature_depth(config: pytest.Config) -> str:
+    """The depth of a test's port of the one architecture that shows its
+    feature: ``FULL`` with --run-slow, else ``PLANNED``."""
+    return FULL if slow_run(config) else PLANNED
+
+
 def follow_up_options(full: bool) -> dict[str, bool]:
     """``validate_model``'s options: its follow-ups only when ``full``."""
     return {} if full else {"config_variants": False, "parallel_layouts": False}
 
 
 @contextmanager
-def without_follow_ups() -> Iterator[list[Any]]:
+def without_follow_ups(planned_too: bool = True) -> Iterator[list[Any]]:
     """Within: ``autoport_cst.validate.validate_model`` (what ``port`` and
-    ``port_variants`` call) runs no follow-ups. Yields the list of the calls
-    it saw, so that a caller can check that the port went through it."""
+    ``port_variants`` call) runs no follow-ups; with ``planned_too`` false,
+    except on the first checkpoint it validates (``port``'s planned config:
+    its follow-ups run there, not on ``port_variants``' varied config).
+    Yields the list of the calls it saw, so that a caller can check that the
+    port went through it."""
     import autoport_cst.validate as validate
     from autoport_cst.validate.api import validate_model
 
@@ -55,6 +87,8 @@ def without_follow_ups() -> Iterator[list[Any]]:
 
     def own_runs_only(*args: Any, **options: Any) -> Any:
         calls.append(args)
+        if not planned_too and calls[0][1:2] == args[1:2]:  # the first call's checkpoint
+            return validate_model(*args, **options)
         return validate_model(*args, **{**options, **follow_up_options(False)})
 
     missing = object()
@@ -69,14 +103,15 @@ def without_follow_ups() -> Iterator[list[Any]]:
             validate.validate_model = before  # type: ignore[attr-defined]
 
 
-def port_at_depth(full: bool, source: str, name: str, out: Any, **options: Any) -> Any:
+def port_at_depth(depth: str, source: str, name: str, out: Any, **options: Any) -> Any:
     """``autoport_cst.port.port(source, name, out, **options)``, its
-    validations without follow-ups unless ``full``."""
+    validations at ``depth`` (``FULL``, ``PLANNED`` or ``OWN``)."""
     from autoport_cst.port import port
 
-    if full:
+    if depth == FULL:
         return port(source, name, out, **options)
-    with without_follow_ups() as calls:
+    assert depth in (PLANNED, OWN), depth
+    with without_follow_ups(planned_too=depth == OWN) as calls:
         outcome = port(source, name, out, **options)
     # a port that validated must have gone through the patched function (else
     # this module no longer shortens anything: port imports validate_model elsewhere)

@@ -14,7 +14,7 @@ import pytest
 
 from autoport_cst.port import port
 from autoport_cst.validate import build_tiny_checkpoint
-from tests.validation_depth import port_at_depth, validates_fully
+from tests.validation_depth import feature_depth, port_at_depth, port_depth
 
 pytest.importorskip("transformers")
 
@@ -122,8 +122,8 @@ def snake(architecture: str) -> str:
 
 
 # validated with the follow-ups of the validation (config variants, FP8, parallel layouts)
-# in the default suite: a fused per-head QKV sharded across ranks; every architecture
-# with --run-slow (tests/validation_depth.py)
+# on the planned config in the default suite: a fused per-head QKV sharded across ranks;
+# every architecture, on the varied config too, with --run-slow (tests/validation_depth.py)
 FULLY_VALIDATED = frozenset({"GPTNeoXForCausalLM"})
 
 
@@ -131,8 +131,8 @@ FULLY_VALIDATED = frozenset({"GPTNeoXForCausalLM"})
 def test_port_validates(architecture, workdir, request):
     source = workdir / f"{architecture}-src"
     build_tiny_checkpoint(architecture, source, seed=0)
-    full = validates_fully(request.config, architecture, FULLY_VALIDATED)
-    outcome = port_at_depth(full, str(source), snake(architecture), workdir / "out", force=True, steps=8)
+    depth = port_depth(request.config, architecture, FULLY_VALIDATED)
+    outcome = port_at_depth(depth, str(source), snake(architecture), workdir / "out", force=True, steps=8)
     failures = "; ".join(f"tp{r.tp} {r.dtype}: {r.first_diverging}" for r in outcome.runs if not r.equivalent)
     assert outcome.validated, failures
     assert [(r.tp, r.dtype) for r in outcome.runs] == [(1, "fp32"), (1, "bf16")]
@@ -159,7 +159,7 @@ def test_port_validates_on_two_ranks(architecture, workdir):
     assert outcome.validated, [(r.tp, r.dtype, r.first_diverging) for r in outcome.runs]
 
 
-def test_gemma3_with_both_layer_types_validates(workdir):
+def test_gemma3_with_both_layer_types_validates(workdir, request):
     """Gemma 3 as its larger checkpoints set RoPE: sliding layers with the
     default RoPE at base 1e4, full-attention layers with linear scaling (factor
     8) at base 1e6 (the tiny config of the corpus has sliding layers only)."""
@@ -174,7 +174,9 @@ def test_gemma3_with_both_layer_types_validates(workdir):
         "factor": 8.0,
     }
     (source / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-    outcome = port(str(source), "port_gemma3_mixed", workdir / "out", force=True, steps=8)
+    outcome = port_at_depth(
+        feature_depth(request.config), str(source), "port_gemma3_mixed", workdir / "out", force=True, steps=8
+    )
     assert outcome.validated, [(r.dtype, r.first_diverging) for r in outcome.runs]
     assert {"rope-layer-parameters", "rope-scaling"} <= set(outcome.steps)
     plan = json.loads(outcome.plan_path.read_text(encoding="utf-8"))
@@ -182,14 +184,21 @@ def test_gemma3_with_both_layer_types_validates(workdir):
     assert plan["spec"]["attention"]["layer_types"] == ["sliding_attention", "full_attention"]
 
 
-def test_granite_with_its_multipliers_validates(workdir):
+def test_granite_with_its_multipliers_validates(workdir, request):
     """Granite's four multipliers as a real checkpoint sets them (the tiny
     checkpoint of the corpus leaves them at 1.0): the scale and the logits
     divisor come from the config fields the code reads."""
     from tests.research.tiny_models import build
 
     source = build("granite", workdir / "granite-src")
-    outcome = port(str(source), "port_granite_multipliers", workdir / "out", force=True, steps=8)
+    outcome = port_at_depth(
+        feature_depth(request.config),
+        str(source),
+        "port_granite_multipliers",
+        workdir / "out",
+        force=True,
+        steps=8,
+    )
     assert outcome.validated, [(r.dtype, r.first_diverging) for r in outcome.runs]
     assert {"attention-scale", "logits-divisor", "embedding-multiplier", "residual-multiplier"} <= set(
         outcome.steps

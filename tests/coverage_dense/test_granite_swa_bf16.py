@@ -28,12 +28,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autoport_cst.port import port
 from autoport_cst.validate import build_tiny_checkpoint, validate_model
 from autoport_cst.validate import metrics as M
 from autoport_cst.validate.compare import _ref_rows
 from autoport_cst.validate.reference import greedy_teacher, load_reference, run_reference
 from autoport_cst.validate.scenario import Scenario, cache_paths_fit
+from tests.validation_depth import FULL, OWN, port_at_depth, slow_run
 
 pytest.importorskip("transformers")
 granite_swa = pytest.importorskip("transformers.models.granite_swa.modeling_granite_swa")
@@ -85,10 +85,15 @@ def _control_r_ratios(checkpoint: Path, seed: int, prompt_lengths, block_size: i
 
 
 @pytest.fixture(scope="module")
-def ported(tmp_path_factory):
+def ported(tmp_path_factory, request):
+    """The port on its own runs: these tests are about its bf16 run, and the
+    validation's follow-ups of a granite_swa port run in
+    tests/codemods_attention/test_multipath_ports.py (all of them here with
+    --run-slow: tests/validation_depth.py)."""
     work = tmp_path_factory.mktemp("granite-swa")
     build_tiny_checkpoint("GraniteSWAForCausalLM", work / "src", seed=0)
-    return port(str(work / "src"), "port_granite_swa", work / "out", force=True, steps=STEPS)
+    depth = FULL if slow_run(request.config) else OWN
+    return port_at_depth(depth, str(work / "src"), "port_granite_swa", work / "out", force=True, steps=STEPS)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.validation_depth import FULL, feature_depth, port_at_depth
+
 pytest.importorskip("transformers")
 
 
@@ -118,14 +120,13 @@ def test_a_guard_reading_another_field_through_the_config_is_refused(workdir):
     assert "config.num_hidden_layers" in found["unsupported.nope_layers"].evidence
 
 
-def _port(workdir: Path, architecture: str, tp: int = 1, seed: int = 0):
-    from autoport_cst.port import port
+def _port(workdir: Path, architecture: str, tp: int = 1, seed: int = 0, depth: str = FULL):
     from autoport_cst.validate import build_tiny_checkpoint
 
     source = workdir / f"{architecture}-port-src{seed}"
     build_tiny_checkpoint(architecture, source, seed=seed)
     name = "port_" + "".join(c for c in architecture.removesuffix("ForCausalLM").lower() if c.isalnum())
-    outcome = port(str(source), f"{name}_tp{tp}", workdir / "out", tp=tp, force=True, steps=8)
+    outcome = port_at_depth(depth, str(source), f"{name}_tp{tp}", workdir / "out", tp=tp, force=True, steps=8)
     failures = [(r.tp, r.dtype, r.first_diverging) for r in outcome.runs if not r.equivalent]
     assert outcome.validated, failures
     assert "nope-layers" in outcome.steps
@@ -133,8 +134,8 @@ def _port(workdir: Path, architecture: str, tp: int = 1, seed: int = 0):
 
 
 @pytest.fixture(scope="module")
-def exaone4(workdir):
-    return _port(workdir, "Exaone4ForCausalLM")
+def exaone4(workdir, request):
+    return _port(workdir, "Exaone4ForCausalLM", depth=feature_depth(request.config))
 
 
 def test_exaone4_ports_and_validates(exaone4):

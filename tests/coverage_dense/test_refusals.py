@@ -10,6 +10,7 @@ from autoport_cst.errors import UnrealizableDiffError
 from autoport_cst.port import port
 from autoport_cst.research import research
 from autoport_cst.validate import build_tiny_checkpoint
+from tests.validation_depth import feature_depth, port_at_depth
 
 pytest.importorskip("transformers")
 
@@ -114,13 +115,15 @@ def test_clipped_qkv_is_refused(workdir):
     assert "unsupported" in refused.value.fields
 
 
-def test_full_width_qk_norms_replace_per_head_ones(workdir):
+def test_full_width_qk_norms_replace_per_head_ones(workdir, request):
     """OLMo 3 has full-width q/k norms: from the qwen3 reference, qk-norm
     removes the per-head norms and adds full-width ones."""
     source = workdir / "olmo3"
     build_tiny_checkpoint("Olmo3ForCausalLM", source, seed=0)
     assert research(str(source)).spec.attention.qk_norm == "full_width"
-    outcome = port(str(source), "port_olmo3", workdir / "out", force=True, steps=8)
+    outcome = port_at_depth(
+        feature_depth(request.config), str(source), "port_olmo3", workdir / "out", force=True, steps=8
+    )
     assert outcome.reference == "qwen3" and "qk-norm" in outcome.steps
     text = (outcome.package_dir / "model.py").read_text()
     assert "_full_width_qk_norm" in text and "rmsnorm_QK_pre_rope_enabled=True" not in text

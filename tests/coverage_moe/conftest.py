@@ -113,8 +113,9 @@ def tiny_moe(tmp_path_factory):
 
 
 # the architectures validated with their follow-ups (config variants, FP8, parallel
-# layouts) in the default suite, at TP=1 (the --tp 2 port repeats them); the others,
-# and every TP size, with --run-slow (tests/validation_depth.py)
+# layouts) on the planned config in the default suite, at TP=1 (the --tp 2 port
+# repeats them); the others, and every TP size, with --run-slow
+# (tests/validation_depth.py)
 FULLY_VALIDATED = frozenset({"Glm4MoeForCausalLM"})
 
 
@@ -122,8 +123,9 @@ FULLY_VALIDATED = frozenset({"Glm4MoeForCausalLM"})
 def ported(tmp_path_factory, tiny_moe, request):
     """``ported(architecture, tp=1)`` -> the PortOutcome of ``autoport_cst.port.port``
     on its tiny checkpoint (built once per TP size), validated in full for
-    ``FULLY_VALIDATED`` at TP=1 (every port with --run-slow)."""
-    from tests.validation_depth import port_at_depth, slow_run
+    ``FULLY_VALIDATED`` at TP=1, the follow-ups on the planned config only
+    (every port in full with --run-slow: tests/validation_depth.py)."""
+    from tests.validation_depth import port_at_depth, port_depth
 
     done: dict[tuple[str, int], object] = {}
 
@@ -132,9 +134,9 @@ def ported(tmp_path_factory, tiny_moe, request):
         if key not in done:
             name = "cov_" + "".join(c if c.isalnum() else "_" for c in architecture.lower())
             out = tmp_path_factory.mktemp(f"out-{architecture}-tp{tp}")
-            full = (architecture in FULLY_VALIDATED and tp == 1) or slow_run(request.config)
+            depth = port_depth(request.config, architecture, FULLY_VALIDATED if tp == 1 else ())
             done[key] = port_at_depth(
-                full, str(tiny_moe(architecture)), name, out, tp=tp, steps=8, force=True
+                depth, str(tiny_moe(architecture)), name, out, tp=tp, steps=8, force=True
             )
         return done[key]
 

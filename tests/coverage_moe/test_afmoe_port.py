@@ -22,14 +22,15 @@ GATED = "return attn * torch.sigmoid(gate).to(attn.dtype)\n"
 
 
 @pytest.fixture(scope="module")
-def afmoe(tmp_path_factory):
-    from autoport_cst.port import port
+def afmoe(tmp_path_factory, request):
     from autoport_cst.validate import build_tiny_checkpoint
+    from tests.validation_depth import feature_depth, port_at_depth
 
     source = tmp_path_factory.mktemp("src-afmoe")
     build_tiny_checkpoint("AfmoeForCausalLM", source, seed=0, dimensions={"num_dense_layers": 0})
     out = tmp_path_factory.mktemp("out-afmoe")
-    return source, port(str(source), "cov_afmoe", out, tp=1, steps=8, force=True)
+    depth = feature_depth(request.config)
+    return source, port_at_depth(depth, str(source), "cov_afmoe", out, tp=1, steps=8, force=True)
 
 
 def test_afmoe_ports_with_its_output_gate(afmoe):

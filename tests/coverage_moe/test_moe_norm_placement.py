@@ -92,12 +92,14 @@ def test_post_norm_is_refused_at_a_fused_kernel_without_an_unfused_path():
 
 
 @pytest.fixture(scope="module")
-def flex_olmo(tmp_path_factory):
-    from autoport_cst.port import port
+def flex_olmo(tmp_path_factory, request):
+    from tests.validation_depth import feature_depth, port_at_depth
 
     source = build(tmp_path_factory, "FlexOlmoForCausalLM", {}, "src-flex-olmo")
     out = tmp_path_factory.mktemp("out-flex-olmo")
-    return port(str(source), "cov_flex_olmo", out, tp=1, steps=8, force=True)
+    return port_at_depth(
+        feature_depth(request.config), str(source), "cov_flex_olmo", out, tp=1, steps=8, force=True
+    )
 
 
 def test_flex_olmo_ports_with_post_norms(flex_olmo):

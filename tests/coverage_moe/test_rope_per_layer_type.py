@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.validation_depth import FULL, feature_depth, port_at_depth
+
 pytest.importorskip("transformers")
 
 
@@ -49,19 +51,20 @@ def test_a_partial_factor_per_layer_type_is_refused_naming_it(workdir):
     assert "RoPE parameters of each layer type" in found.evidence
 
 
-def _port(workdir: Path, tp: int, seed: int):
-    from autoport_cst.port import port
+def _port(workdir: Path, tp: int, seed: int, depth: str = FULL):
     from autoport_cst.validate import build_tiny_checkpoint
 
     source = workdir / f"mellum-src{seed}"
     build_tiny_checkpoint("MellumForCausalLM", source, seed=seed)
-    outcome = port(str(source), f"port_mellum_tp{tp}", workdir / "out", tp=tp, force=True, steps=8)
+    outcome = port_at_depth(
+        depth, str(source), f"port_mellum_tp{tp}", workdir / "out", tp=tp, force=True, steps=8
+    )
     assert outcome.validated, [(r.tp, r.dtype, r.first_diverging) for r in outcome.runs]
     return outcome
 
 
-def test_mellum_ports_and_validates(workdir):
-    outcome = _port(workdir, tp=1, seed=0)
+def test_mellum_ports_and_validates(workdir, request):
+    outcome = _port(workdir, tp=1, seed=0, depth=feature_depth(request.config))
     assert [(r.tp, r.dtype) for r in outcome.runs] == [(1, "fp32"), (1, "bf16")]
     assert "partial-rotary" not in outcome.steps
 

@@ -14,12 +14,14 @@ from tests.moe.spec_steps import IDENTITY, IDENTITY_AND_GUARDS, declared_steps
 from .explain import explain_bf16_failure
 
 
-def test_port_end_to_end(tiny_gpt_oss, tmp_path):
+def test_port_end_to_end(tiny_gpt_oss, tmp_path, request):
     from autoport_cst.apply.reference import load_reference
-    from autoport_cst.port import port
     from autoport_cst.research import research
+    from tests.validation_depth import feature_depth, port_at_depth
 
-    outcome = port(str(tiny_gpt_oss), "gpt_oss_port", tmp_path, tp=2, steps=8)
+    outcome = port_at_depth(
+        feature_depth(request.config), str(tiny_gpt_oss), "gpt_oss_port", tmp_path, tp=2, steps=8
+    )
     assert outcome.reference == "gpt_oss"
     declared = declared_steps(research(str(tiny_gpt_oss)).spec, load_reference("gpt_oss").spec)
     assert IDENTITY <= set(outcome.steps)

@@ -11,12 +11,25 @@ from click.testing import CliRunner
 
 from autoport_cst.cli import cli
 from autoport_cst.validate import build_tiny_checkpoint
+from tests.validation_depth import slow_run, without_follow_ups
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def run_without_follow_ups(config: pytest.Config, *args):
+    """``run``, the port's validations without their follow-ups unless
+    --run-slow: ``test_port_validates_a_llama`` runs them on this same
+    checkpoint, at the command's full depth (tests/validation_depth.py)."""
+    if slow_run(config):
+        return run(*args)
+    with without_follow_ups() as calls:
+        result = run(*args)
+    assert calls, "port no longer calls autoport_cst.validate.validate_model"
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +40,9 @@ def tiny_llama(tmp_path_factory) -> Path:
 
 
 def test_port_validates_a_llama(tiny_llama, tmp_path):
+    """The whole command, its validations with every follow-up on the
+    planned and the varied config (the other tests of ``port`` run them on
+    the planned config at most: tests/validation_depth.py)."""
     report = tmp_path / "outcome.json"
     result = run("port", tiny_llama, "--name", "my_llama", "--out", tmp_path / "out", "--json", report)
     assert result.exit_code == 0, result.output
@@ -45,10 +61,20 @@ def test_port_validates_a_llama(tiny_llama, tmp_path):
     assert all(r["config"] == validated_on for r in planned)
 
 
-def test_port_at_tp2(tiny_llama, tmp_path):
+def test_port_at_tp2(tiny_llama, tmp_path, request):
     report = tmp_path / "outcome.json"
-    result = run(
-        "port", tiny_llama, "--name", "my_llama", "--out", tmp_path / "out", "--tp", "2", "--json", report
+    result = run_without_follow_ups(
+        request.config,
+        "port",
+        tiny_llama,
+        "--name",
+        "my_llama",
+        "--out",
+        tmp_path / "out",
+        "--tp",
+        "2",
+        "--json",
+        report,
     )
     assert result.exit_code == 0, result.output
     runs = json.loads(report.read_text())["runs"]
@@ -88,12 +114,22 @@ def test_bad_input(tmp_path):
     assert result.exit_code == 2 and "snake_case" in result.output
 
 
-def test_seed_is_used_and_recorded(tiny_llama, tmp_path):
+def test_seed_is_used_and_recorded(tiny_llama, tmp_path, request):
     """--seed sets the tiny checkpoint's weights and the prompts; the JSON
     outcome records it."""
     report = tmp_path / "outcome.json"
-    result = run(
-        "port", tiny_llama, "--name", "seeded", "--out", tmp_path / "out", "--seed", "3", "--json", report
+    result = run_without_follow_ups(
+        request.config,
+        "port",
+        tiny_llama,
+        "--name",
+        "seeded",
+        "--out",
+        tmp_path / "out",
+        "--seed",
+        "3",
+        "--json",
+        report,
     )
     assert result.exit_code == 0, result.output
     data = json.loads(report.read_text())

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from autoport_cst.cli import cli
 from autoport_cst.port import PortOutcome, port
 from autoport_cst.validate import api, build_tiny_checkpoint
+from tests.validation_depth import feature_depth, port_at_depth
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,9 @@ def tiny_llama(tmp_path_factory) -> Path:
     return directory
 
 
-def test_the_validation_runs_share_one_transformers_run(tiny_llama: Path, tmp_path: Path, monkeypatch):
+def test_the_validation_runs_share_one_transformers_run(
+    tiny_llama: Path, tmp_path: Path, monkeypatch, request
+):
     loaded: list[tuple[str, str]] = []
     original = api.load_reference
 
@@ -30,7 +33,10 @@ def test_the_validation_runs_share_one_transformers_run(tiny_llama: Path, tmp_pa
         return original(checkpoint, dtype, *args, **kwargs)
 
     monkeypatch.setattr(api, "load_reference", counted)
-    outcome = port(str(tiny_llama), "my_llama", tmp_path / "out", steps=4)
+    # the follow-ups on the planned config (and, with --run-slow, the varied one) share it too
+    outcome = port_at_depth(
+        feature_depth(request.config), str(tiny_llama), "my_llama", tmp_path / "out", steps=4
+    )
     assert outcome.validated
     assert [(r.tp, r.dtype) for r in outcome.runs] == [(1, "fp32"), (1, "bf16")]
     planned = [dtype for name, dtype in loaded if name == "my_llama-tiny"]

@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from autoport_cst.validate import build_tiny_checkpoint  # noqa: E402
-from tests.validation_depth import port_at_depth, validates_fully  # noqa: E402
+from tests.validation_depth import port_at_depth, port_depth  # noqa: E402
 
 # architecture -> the built-in reference its port starts from
 REQUIRED = {
@@ -43,8 +43,9 @@ def workdir(tmp_path_factory) -> Path:
 
 
 # validated with the follow-ups of the validation (config variants, FP8, parallel
-# layouts) in the default suite: one architecture per reference; every
-# architecture with --run-slow (tests/validation_depth.py)
+# layouts) on the planned config in the default suite: one architecture per
+# reference; every architecture, on the varied config too, with --run-slow
+# (tests/validation_depth.py)
 FULLY_VALIDATED = frozenset(
     {
         "LlamaForCausalLM",
@@ -61,8 +62,8 @@ def _port(architecture: str, workdir: Path, tp: int, config: pytest.Config):
     if not source.exists():
         build_tiny_checkpoint(architecture, source, seed=0)
     name = "port_" + architecture.removesuffix("ForCausalLM").lower() + f"_tp{tp}"
-    full = validates_fully(config, architecture, FULLY_VALIDATED)
-    return port_at_depth(full, str(source), name, workdir / "out", tp=tp, force=True, steps=8)
+    depth = port_depth(config, architecture, FULLY_VALIDATED)
+    return port_at_depth(depth, str(source), name, workdir / "out", tp=tp, force=True, steps=8)
 
 
 # Ports the validation shows wrong; strict: the day they validate, the mark goes.
