@@ -172,7 +172,8 @@ CASES = {
     [
         ("mlp_bias", 1, "fp32"),
         ("mlp_bias", 1, "bf16"),
-        ("mlp_bias", 2, "fp32"),
+        # slow: mlp_bias at TP=1 in fp32 runs the TP=2 layout among the validation's follow-ups
+        pytest.param("mlp_bias", 2, "fp32", marks=pytest.mark.slow),
         ("phi3", 2, "bf16"),
         pytest.param("starcoder2", 2, "bf16", marks=pytest.mark.slow),
     ],

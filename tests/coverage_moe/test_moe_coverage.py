@@ -149,6 +149,9 @@ def test_port_validates(ported, tiny_moe, architecture):
         )
 
 
+# slow: by default, the TP=2 and EP 2 layouts among the follow-ups of Glm4Moe's TP=1
+# port (FULLY_VALIDATED), and `port --tp 2` in tests/port/test_port_cli.py::test_port_at_tp2
+@pytest.mark.slow
 def test_glm4_moe_validates_on_two_ranks(ported):
     outcome = ported("Glm4MoeForCausalLM", tp=2)
     tp2 = [run for run in outcome.runs if run.tp == 2]

@@ -79,6 +79,7 @@ def test_port_validates(request, port_of, plan, dtype):
     assert report.unused_checkpoint_keys == []
 
 
+@pytest.mark.slow  # by default: the TP=2 and EP 2 layouts among the follow-ups of test_port_validates[qwen2_moe-fp32]
 def test_qwen2_moe_port_validates_on_two_ranks(port_of, tiny_qwen2_moe):
     report = validate_model(port_of("qwen2_moe"), tiny_qwen2_moe, tp=2, dtype="fp32", steps=STEPS)
     assert report.equivalent, report.summary()
