@@ -96,3 +96,21 @@ def test_llama4_reads_its_temperature_on_the_layers_without_rope_and_its_chunked
     assert (attention.qk_norm_affine, attention.qk_norm_layers) == (False, "rope")
     assert not any("norm" in key for key in result.spec.checkpoint.key_map or {})
     assert not [u for u in result.spec.unsupported or () if u.startswith("chunked_attention")]
+
+
+@pytest.mark.slow
+def test_llama4_with_no_chunked_layer_has_no_chunked_attention(tmp_path):
+    """A chunk size with no layer marked chunked_attention: nothing to port, nothing refused."""
+    import json
+
+    from autoport_cst.research import research
+    from autoport_cst.validate.tiny import build_tiny_checkpoint
+
+    build_tiny_checkpoint("Llama4ForCausalLM", tmp_path / "llama4", seed=0)
+    path = tmp_path / "llama4" / "config.json"
+    config = json.loads(path.read_text())
+    config["layer_types"] = ["full_attention"] * len(config["layer_types"])
+    path.write_text(json.dumps(config))
+    result = research(str(tmp_path / "llama4"))
+    assert result.spec.attention.chunked == "none"
+    assert not [u for u in result.spec.unsupported or () if u.startswith("chunked_attention")]

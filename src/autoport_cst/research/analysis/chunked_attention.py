@@ -74,6 +74,8 @@ def analyze(st: AnalyzerState, backbone: Instance) -> None:
     layers = (
         [i for i, t in enumerate(types) if t == key] if key and isinstance(types, (list, tuple)) else None
     )
+    if layers == []:
+        return  # layer_types marks no layer chunked: every layer attends to its whole context
     on = f"layers {ranges(layers)} (layer_types {key!r})" if layers is not None else "some layers"
     evidence = (
         f"{owner.name}.forward ({owner.module.path.name}:{call.lineno}): {on} attend only within chunks "
