@@ -58,8 +58,9 @@ def with_decode_tokens(
         raise InputError("decode steps of several tokens are validated with plain TP")
     if _sliding_windows(config):
         raise InputError(
-            "decode steps of several tokens with a sliding window: the decode kernel's mask takes "
-            "one window start per sequence, so its earlier tokens see a narrower window than in transformers"
+            "decode steps of several tokens with a sliding window (or attention chunks): the decode kernel's "
+            "mask takes one window start per sequence, so its earlier tokens see a narrower window (or "
+            "chunk) than in transformers"
         )
     return replace(scenario, decode_tokens=decode_tokens)
 
