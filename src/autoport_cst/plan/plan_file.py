@@ -183,6 +183,7 @@ def from_research(
     guards = assumptions_of(found, reference).step()
     steps = [PlanStep(guards["codemod"], guards["params"])] if guards else []
     steps.extend(key_format_steps(found.architecture))
+    steps.extend(code_fixed_plan_steps(found, reference))
     plan = Plan(
         version=PLAN_VERSION,
         name=name,
@@ -205,6 +206,22 @@ def key_format_steps(architecture: str) -> list[PlanStep]:
 
     renames = key_format_renames(architecture)
     return [PlanStep("key-formats", {"renames": dict(renames)})] if renames else []
+
+
+def code_fixed_plan_steps(found: Researched, reference: str | None) -> list[PlanStep]:
+    """Steps that fix in code a feature the reference reads from a config key
+    the model's config lacks (:mod:`autoport_cst.plan.code_fixed`)."""
+    from autoport_cst.apply.reference import load_reference
+    from autoport_cst.errors import InputError
+    from autoport_cst.plan.code_fixed import code_fixed_steps
+
+    if reference is None:
+        return []
+    try:
+        manifest = load_reference(reference).manifest
+    except InputError:
+        return []  # a reference directory named by its manifest's name: nothing read from the config
+    return [PlanStep(c, p) for c, p in code_fixed_steps(found, manifest.spec, manifest.config_driven)]
 
 
 def assumptions_of(found: Researched, reference: str | None):
