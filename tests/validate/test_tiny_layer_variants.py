@@ -86,3 +86,41 @@ def test_uniform_layers_keep_the_default_depth_and_a_set_depth_is_kept() -> None
         getattr(transformers, architecture), exaone, architecture, {"num_hidden_layers": 2}
     )
     assert sizes == {"num_hidden_layers": 2}
+
+
+def test_interleaved_dense_and_moe_layers_are_built() -> None:
+    """Llama 4's default config makes every layer MoE (interleave_moe_layer_step
+    1, moe_layers derived from it) but can express dense layers: the tiny
+    model alternates them (step 2, moe_layers derived again for its depth),
+    keeps its NoPE layer, and its dense MLP width (intermediate_size_mlp,
+    16384 by default) shrinks like intermediate_size."""
+    config, model_class = _tiny_config("llama4_text")
+    assert config.interleave_moe_layer_step == 2
+    assert config.moe_layers == list(range(1, config.num_hidden_layers, 2))
+    assert config.intermediate_size_mlp == config.intermediate_size == 128
+    layers = _layers(config, model_class)
+    kinds = {type(layer.feed_forward).__name__ for layer in layers}
+    assert kinds == {"Llama4TextMoe", "Llama4TextMLP"}
+    assert {layer.feed_forward.gate_proj.out_features for layer in layers if not layer.is_moe_layer} == {128}
+    assert set(config.no_rope_layers) == {0, 1}
+
+
+def test_a_given_interleave_step_and_an_explicit_moe_layer_list_are_kept(tmp_path: Path) -> None:
+    """A step set with the dimensions is taken as given (moe_layers derived for
+    it); a config.json listing its MoE layers (not the step's derivation)
+    keeps that list."""
+    from transformers import Llama4TextConfig
+
+    config, architecture = resolve_config("llama4_text")
+    import transformers
+
+    model_class = getattr(transformers, architecture)
+    given = {"interleave_moe_layer_step": 1}
+    kept = shrink_config(config, architecture, tiny_dimensions(model_class, config, architecture, given))
+    assert kept.interleave_moe_layer_step == 1
+    assert kept.moe_layers == list(range(kept.num_hidden_layers))
+    values = Llama4TextConfig(num_hidden_layers=8, moe_layers=[0, 2]).to_dict()
+    values["architectures"] = ["Llama4ForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(values), encoding="utf-8")
+    listed, _ = _tiny_config(tmp_path / "config.json")
+    assert listed.moe_layers == [0, 2] and listed.interleave_moe_layer_step == 1

@@ -12,8 +12,11 @@ attribute the config class has (``hidden_size``, ``num_attention_heads``,
 new layer count, and a sliding window shrinks below the validation prompts so
 that it takes effect. The layer count is 2, or as many as it takes for every
 kind of layer the config expresses (sliding and full attention, RoPE and
-NoPE, dense and MoE...) to be built at least once (``layer_variants``). No
-table is keyed by model name.
+NoPE, dense and MoE...) to be built at least once (``layer_variants``). A
+config that interleaves MoE layers by a step (``interleave_moe_layer_step``)
+set to 1 (every layer MoE) gets a step of 2, so that its dense layers are
+built too, their width (``intermediate_size_mlp``) shrunk like
+``intermediate_size``. No table is keyed by model name.
 
 Random initialisation uses ``initializer_range`` (see ``TINY_INIT_STD``): the
 transformers default of 0.02 gives near-uniform next-token distributions on a
@@ -190,6 +193,8 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
     _fit_rotary_dim(config, original_head, set(dimensions or {}))
     _fit_latent_attention(config, set(dimensions or {}))
     _fit_expert_groups(config, set(dimensions or {}))
+    _fit_dense_widths(config, sizes, set(dimensions or {}))
+    _interleave_dense_layers(config, original_layers, set(dimensions or {}))
     layers = getattr(config, "num_hidden_layers", None)
     for name, value in list(vars(config).items()):
         # per-layer lists (layer_types, mlp_only_layers patterns...) follow the layer count
@@ -294,6 +299,42 @@ def _fit_expert_groups(config: Any, given: set[str]) -> None:
     topk = getattr(config, "topk_group", None)
     if isinstance(topk, int) and "topk_group" not in given:
         config.topk_group = max(1, min(topk, config.n_group - 1))
+
+
+def _fit_dense_widths(config: Any, sizes: dict[str, int], given: set[str]) -> None:
+    """Widths the config class declares as variants of ``intermediate_size``
+    (Llama 4's ``intermediate_size_mlp``, its dense layers' MLP beside the
+    experts' ``intermediate_size``) shrink to the tiny ``intermediate_size``."""
+    for name, value in list(vars(config).items()):
+        if (
+            name.startswith("intermediate_size_")
+            and name not in given
+            and isinstance(value, int)
+            and not isinstance(value, bool)
+            and value > sizes["intermediate_size"]
+        ):
+            setattr(config, name, sizes["intermediate_size"])
+
+
+def _interleave_dense_layers(config: Any, original_layers: Any, given: set[str]) -> None:
+    """A config that chooses its MoE layers by a list of their indices
+    (``moe_layers``) derived from an interleave step
+    (``interleave_moe_layer_step``, Llama 4) can express dense layers; with a
+    step of 1 every layer is MoE and the tiny model would build no dense
+    layer. The step becomes 2 (dense and MoE layers alternate, as in Llama 4
+    Maverick) unless given, and a list derived from the step is derived again
+    for the new step and layer count; an explicit list is kept."""
+    step, chosen = getattr(config, "interleave_moe_layer_step", None), getattr(config, "moe_layers", None)
+    layers = getattr(config, "num_hidden_layers", None)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1 or not isinstance(layers, int):
+        return
+    if not isinstance(chosen, list) or not isinstance(original_layers, int):
+        return
+    if chosen != list(range(step - 1, original_layers, step)):
+        return
+    if step == 1 and "interleave_moe_layer_step" not in given:
+        step = config.interleave_moe_layer_step = 2
+    config.moe_layers = list(range(step - 1, layers, step))
 
 
 def tiny_dimensions(
