@@ -1,11 +1,11 @@
 """Port every decoder-only causal-LM architecture of the installed transformers.
 
 For each architecture: build a tiny random checkpoint, research it, compose and
-apply the port, and validate it on CPU against transformers: TP=1 in fp32
-(and its FP8 KV-cache follow-up), TP=1 in bf16, TP=2 in fp32 (``--full``:
-everything ``port --tp 2`` runs, see ``corpus_runs``). Prints one row per
-architecture (reference, codemods, verdict, max logit error, seconds), the
-totals, and the features that block the refused ones, by name.
+apply the port, and validate it on CPU against transformers: TP=1 in fp32,
+TP=1 in bf16, TP=2 in fp32 (``--full``: everything ``port --tp 2`` runs,
+its FP8 KV-cache follow-up included, see ``corpus_runs``). Prints one row per
+architecture (reference, codemods, verdict, max logit error, seconds and CPU
+seconds), the totals, and the features that block the refused ones, by name.
 
     python benchmarks/corpus.py                     # everything (6 min of CPU, in 2 workers)
     python benchmarks/corpus.py --only llama,qwen2  # some model types
@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # corpus_runs, corpus_table
 
-from corpus_runs import full_size_refusal, new_row, run_one  # noqa: E402, F401 - the former names
+from corpus_runs import cpu_seconds, full_size_refusal, new_row, run_one  # noqa: E402, F401 - the former names
 from corpus_table import markdown as table_markdown  # noqa: E402
 from corpus_table import merge, parse_table, readme_table, update_readme  # noqa: E402
 
@@ -57,21 +57,26 @@ PRELOAD = (
     "autoport_cst.validate",
     "autoport_cst.validate.api",
     "autoport_cst.validate.tiny",
-    "autoport_cst.validate.kv_scale_variant",
 )
 
 
-def causal_lm_architectures() -> list[tuple[str, str]]:
+def causal_lm_architectures(only: str = "") -> list[tuple[str, str]]:
     """(model_type, architecture) of the decoder-only causal LMs transformers
     registers for AutoModelForCausalLM, whatever their class is called
-    (``...ForCausalLM`` or ``...LMHeadModel``), multimodal ones left out."""
+    (``...ForCausalLM`` or ``...LMHeadModel``), multimodal ones left out;
+    with ``only`` (``--only``), of those it names (model types or
+    architectures) alone: the configs of the others are not built (all of
+    them take 9 s of CPU)."""
     from transformers import AutoConfig
     from transformers.models.auto import modeling_auto
 
+    wanted = _names(only)
     pairs = []
     for model_type, names in sorted(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()):
         for name in (names,) if isinstance(names, str) else tuple(names):
             if name.endswith(MULTIMODAL_SUFFIX):
+                continue
+            if wanted and model_type not in wanted and name not in wanted:
                 continue
             try:
                 config = AutoConfig.for_model(model_type)
@@ -89,9 +94,13 @@ def markdown(rows: list[dict], total: float) -> str:
     return table_markdown(rows, f"{total / 60:.1f} min")
 
 
+def _names(only: str) -> set[str]:
+    return {name.strip() for name in only.split(",") if name.strip()}
+
+
 def selected(pairs: list[tuple[str, str]], only: str, limit: int) -> list[tuple[str, str]]:
     if only:
-        wanted = {name.strip() for name in only.split(",") if name.strip()}
+        wanted = _names(only)
         unknown = wanted - {name for pair in pairs for name in pair}
         if unknown:
             print(f"--only: not a decoder-only causal LM here: {', '.join(sorted(unknown))}", file=sys.stderr)
@@ -122,14 +131,14 @@ def main() -> None:
     args = _arguments()
     start = time.perf_counter()
     load = os.getloadavg()
-    pairs = selected(causal_lm_architectures(), args.only, args.limit)
+    pairs = selected(causal_lm_architectures(args.only), args.only, args.limit)
     order = longest_first(pairs, args.readme) if args.workers > 1 else pairs
     runs = "full" if args.full else "table"
     with tempfile.TemporaryDirectory(prefix="autoport-corpus-") as tmp:
         found = run_all(order, Path(tmp), not args.no_tp2, runs, args.workers)
     rows = [found[p[0]] for p in pairs]
     total = time.perf_counter() - start
-    cpu = _cpu_seconds()
+    cpu = cpu_seconds()
     table = markdown(rows, total)
     print()
     print(table)
@@ -183,14 +192,6 @@ def _arguments() -> argparse.Namespace:
     return args
 
 
-def _cpu_seconds() -> float:
-    import resource
-
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
 def run_all(pairs: list[tuple[str, str]], work: Path, tp2: bool, runs: str, workers: int) -> dict[str, dict]:
     """The row of each model type, by model type, printed as each ends."""
     from corpus_workers import run_forked
@@ -218,7 +219,7 @@ def _print(row: dict, index: int, count: int) -> dict:
     print(
         f"[{index}/{count}] {row['architecture']}: {row['verdict']}"
         + (f" ({row['detail']})" if row["detail"] else "")
-        + f" {row['seconds']:.1f}s",
+        + f" {row['seconds']:.1f}s (CPU {row.get('cpu_seconds', 0.0):.1f}s)",
         flush=True,
     )
     return row

@@ -139,3 +139,28 @@ def test_the_table_runs_give_port_s_reference_codemods_and_verdict(corpus, tmp_p
     for key in ("reference", "steps", "verdict", "detail", "max_error"):
         assert table[key] == full[key], key
     assert table["verdict"] == "ported"
+
+
+def test_only_builds_the_configs_of_the_model_types_it_names(corpus):
+    """``--only`` selects before any config is built (by model type or by
+    architecture), with the same pairs as the whole list gives them."""
+    pairs = corpus.causal_lm_architectures("llama, MistralForCausalLM")
+    assert pairs == [("llama", "LlamaForCausalLM"), ("mistral", "MistralForCausalLM")]
+    assert corpus.selected(pairs, "llama, MistralForCausalLM", 0) == pairs
+
+
+def test_a_row_has_its_cpu_seconds(corpus, tmp_path, monkeypatch):
+    """A row's CPU time is its process's and its waited-for children's."""
+    import corpus_runs
+
+    def spin(architecture, source, seed):
+        end = corpus_runs.cpu_seconds() + 0.2
+        while corpus_runs.cpu_seconds() < end:
+            pass
+        raise ValueError("no tiny checkpoint here")
+
+    monkeypatch.setattr("autoport_cst.validate.build_tiny_checkpoint", spin)
+    monkeypatch.setattr(corpus_runs, "full_size_refusal", lambda architecture, directory: [])
+    found = corpus_runs.run_one("llama", "LlamaForCausalLM", tmp_path, True)
+    assert found["verdict"] == "no tiny checkpoint"
+    assert found["cpu_seconds"] >= 0.2
