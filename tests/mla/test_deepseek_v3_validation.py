@@ -49,10 +49,13 @@ def test_default_run_validates_every_declared_variant_and_layout(tiny_deepseek_v
     assert report.equivalent, _failure(report)
     labels = {entry["label"]: entry["equivalent"] for entry in report.config_variants}
     assert labels['rope.type="yarn"']
-    # the reference's forward takes no prompt embeddings: those runs are reported not run
-    embeds = [e for e in report.parallel_layouts if e["label"].startswith("prompt embeddings")]
-    assert embeds and all(e["summary"].startswith("not run: the port refuses it") for e in embeds)
+    # the reference's forward takes no prompt embeddings and no spec_decode_metadata (no
+    # speculative decoding): those runs are reported not run
+    refused = ("prompt embeddings", "2 tokens per decode step")
+    embeds = [e for e in report.parallel_layouts if e["label"].startswith(refused)]
+    assert len(embeds) == 3 and all(e["summary"].startswith("not run: the port refuses it") for e in embeds)
     others = [e for e in report.parallel_layouts if e not in embeds]
+    assert [e["label"] for e in others][-1] == "EP 2 at TP=2"
     assert all(entry["equivalent"] for entry in others), report.parallel_layouts
 
 
