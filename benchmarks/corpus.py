@@ -7,12 +7,17 @@ its FP8 KV-cache follow-up included, see ``corpus_runs``). Prints one row per
 architecture (reference, codemods, verdict, max logit error, seconds and CPU
 seconds), the totals, and the features that block the refused ones, by name.
 
-    python benchmarks/corpus.py                     # everything (6 min of CPU, in 2 workers)
+    python benchmarks/corpus.py                     # everything, in 2 workers (see below)
     python benchmarks/corpus.py --only llama,qwen2  # some model types
     python benchmarks/corpus.py --no-tp2 --markdown corpus.md
     python benchmarks/corpus.py --readme README.md  # refresh the README's table
     python benchmarks/corpus.py --only glm4_moe --readme README.md  # refresh those rows only
     python benchmarks/corpus.py --full --only llama # port as a user runs it
+
+A row takes 0.3 to 25 s of CPU (a ported one 6 to 27 s; the FP8 KV-cache
+run left out, see ``corpus_runs``), each row's printed with it: the whole
+run, by those figures about 15 min of CPU (not yet measured whole), more
+than the 6 min it took when 46 model types ported.
 
 The model types run in ``--workers`` processes at a time (2), each forked
 for one model type from this process once it has imported torch,
