@@ -22,18 +22,16 @@ from autoport_cst.transform.anatomy.attention import (
 from autoport_cst.transform.anatomy.classes import require_method
 from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
 from autoport_cst.transform.cst.vocabulary import (
-    classes_with_role,
     code_of,
     dotted,
     find_self_assignment,
     is_none,
     keyword_arg,
-    self_assignment,
     walk,
 )
 from autoport_cst.transform.edit.arguments import set_keyword
 from autoport_cst.transform.edit.attention import place_setting
-from autoport_cst.transform.edit.backbone_masks import MaskStart, mask_start_edits, window_backbone_masks
+from autoport_cst.transform.edit.backbone_masks import MaskStart, caller_mask_edits, mask_start_edits
 from autoport_cst.transform.edit.config_fields import add_config_fields
 from autoport_cst.transform.edit.functions import add_functions
 from autoport_cst.transform.edit.kernels import (
@@ -604,32 +602,8 @@ class ChunkedAttention(Codemod):
             mask_start_edits(module, ctx, site.method, mask, f"self.{ATTR}", where, edits, MASK)
 
     def _backbone_mask_edits(self, module, attention, ctx, edits) -> None:
-        names = {cls.name.value for cls in attention}
-        attrs = {
-            pair[0]
-            for layer in classes_with_role(module, "decoder_layer")
-            for node in walk(layer)
-            if isinstance(node, cst.SimpleStatementLine)
-            and (pair := self_assignment(node)) is not None
-            and isinstance(pair[1], cst.Call)
-            and dotted(pair[1].func) in names
-        }
-        site = self._outside_masks[0]
-        if len(attrs) != 1:
-            raise ctx.precondition(
-                f"{ID}: {site.method.name.value} takes its decode mask from its caller, and no decoder layer "
-                f"of this file holds the attention under one name (found {sorted(attrs)})",
-                site.method,
-                module,
-            )
-        chunked = window_backbone_masks(module, ctx, attrs.pop(), edits, MASK)
-        if not chunked and not any(calls_in(f, "NF.gen_attention_decode_mask") for f in module.body):
-            raise ctx.precondition(
-                f"{ID}: {site.method.name.value} takes its decode mask from its caller, and nothing in this "
-                "file builds it without a start (NF.gen_attention_decode_mask(..., start_pos=None))",
-                site.method,
-                module,
-            )
+        method = self._outside_masks[0].method
+        caller_mask_edits(module, ctx, attention, method, ID, edits, MASK)
 
 
 def _done(call: cst.Call) -> bool:

@@ -24,19 +24,17 @@ from autoport_cst.transform.anatomy.classes import require_method
 from autoport_cst.transform.cst.roles import class_role
 from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
 from autoport_cst.transform.cst.vocabulary import (
-    classes_with_role,
     code_of,
     dotted,
     find_self_assignment,
     is_none,
     keyword_arg,
-    self_assignment,
     statements,
     walk,
 )
 from autoport_cst.transform.edit.arguments import set_keyword
 from autoport_cst.transform.edit.attention import drop_unused_function, place_setting
-from autoport_cst.transform.edit.backbone_masks import mask_start_edits, window_backbone_masks
+from autoport_cst.transform.edit.backbone_masks import caller_mask_edits, mask_start_edits
 from autoport_cst.transform.edit.config_fields import add_config_fields
 from autoport_cst.transform.edit.functions import add_functions
 from autoport_cst.transform.edit.kernels import argument, guard, guard_statement, innermost_statement
@@ -670,33 +668,7 @@ class SlidingWindow(Codemod):
         mask built once per step becomes one per window
         (``autoport_cst.transform.edit.backbone_masks``); a mask already built
         with a window is left alone."""
-        names = {cls.name.value for cls in attention}
-        attrs = {
-            pair[0]
-            for layer in classes_with_role(module, "decoder_layer")
-            for node in walk(layer)
-            if isinstance(node, cst.SimpleStatementLine)
-            and (pair := self_assignment(node)) is not None
-            and isinstance(pair[1], cst.Call)
-            and dotted(pair[1].func) in names
-        }
-        if len(attrs) != 1:
-            site = self._outside_masks[0]
-            raise ctx.precondition(
-                f"{ID}: {site.method.name.value} takes its decode mask from its caller, and no decoder layer "
-                f"of this file holds the attention under one name (found {sorted(attrs)})",
-                site.method,
-                module,
-            )
-        windowed = window_backbone_masks(module, ctx, attrs.pop(), edits)
-        if not windowed and not any(calls_in(f, "NF.gen_attention_decode_mask") for f in module.body):
-            site = self._outside_masks[0]
-            raise ctx.precondition(
-                f"{ID}: {site.method.name.value} takes its decode mask from its caller, and nothing in this "
-                "file builds it (NF.gen_attention_decode_mask)",
-                site.method,
-                module,
-            )
+        caller_mask_edits(module, ctx, attention, self._outside_masks[0].method, ID, edits)
 
     def _kv_spec_edits(self, module: cst.Module, ctx: FileContext, edits: dict) -> None:
         specs = [n for n in walk(module) if isinstance(n, cst.Call) and dotted(n.func) == "LayerSpec"]

@@ -16,7 +16,8 @@ and a full one):
 
 A mask function that already passes a ``start_pos`` is left alone.
 ``mask_start_edits`` gives one decode mask the start of its window (the
-attention's own masks use it too).
+attention's own masks use it too). ``caller_mask_edits`` is the entry of a
+codemod whose attention takes its decode mask from its caller.
 """
 
 from __future__ import annotations
@@ -27,7 +28,15 @@ import libcst as cst
 
 from autoport_cst.transform.anatomy.attention import calls_in
 from autoport_cst.transform.cst.snippets import parse_expr, parse_statements
-from autoport_cst.transform.cst.vocabulary import code_of, dotted, is_none, keyword_arg, walk
+from autoport_cst.transform.cst.vocabulary import (
+    classes_with_role,
+    code_of,
+    dotted,
+    is_none,
+    keyword_arg,
+    self_assignment,
+    walk,
+)
 from autoport_cst.transform.edit.arguments import set_keyword
 from autoport_cst.transform.edit.kernels import innermost_statement, insert_before
 from autoport_cst.transform.edit.tree import with_comment
@@ -104,6 +113,48 @@ def window_backbone_masks(
         for cls, call in callers:
             _backbone_edits(cls, call, attention_attr, module, ctx, edits, bound)
     return True
+
+
+def caller_mask_edits(
+    module: cst.Module,
+    ctx,
+    attention: list[cst.ClassDef],
+    method: cst.FunctionDef,
+    codemod: str,
+    edits: dict,
+    bound: MaskStart = WINDOW,
+) -> None:
+    """Record the edits for an attention whose decode ``method`` takes its
+    mask from its caller: the backbone's masks become one per value of
+    ``bound.attr`` of the attention the decoder layers hold. ``codemod``
+    refuses when the layers hold the attention under no single name, or when
+    nothing in this file builds a mask."""
+    names = {cls.name.value for cls in attention}
+    attrs = {
+        pair[0]
+        for layer in classes_with_role(module, "decoder_layer")
+        for node in walk(layer)
+        if isinstance(node, cst.SimpleStatementLine)
+        and (pair := self_assignment(node)) is not None
+        and isinstance(pair[1], cst.Call)
+        and dotted(pair[1].func) in names
+    }
+    if len(attrs) != 1:
+        raise ctx.precondition(
+            f"{codemod}: {method.name.value} takes its decode mask from its caller, and no decoder layer "
+            f"of this file holds the attention under one name (found {sorted(attrs)})",
+            method,
+            module,
+        )
+    if window_backbone_masks(module, ctx, attrs.pop(), edits, bound):
+        return
+    if not any(calls_in(function, MASK_KERNEL) for function in module.body):
+        raise ctx.precondition(
+            f"{codemod}: {method.name.value} takes its decode mask from its caller, and nothing in this "
+            f"file builds it ({MASK_KERNEL})",
+            method,
+            module,
+        )
 
 
 def _function_edits(function: cst.FunctionDef, module, ctx, edits, bound: MaskStart) -> None:
