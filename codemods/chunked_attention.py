@@ -258,7 +258,14 @@ class ChunkedAttention(Codemod):
 
     ID = ID
     REALIZES = Realizes({"attention.chunked": not_to("none")})
-    AFTER = ("attention-sinks", "sliding-window", "position-scaled-attention", "nope-layers")
+    AFTER = (
+        "attention-sinks",
+        "attention-softcap",
+        "attention-output-gate",
+        "sliding-window",
+        "position-scaled-attention",
+        "nope-layers",
+    )
     Params = NoParams
     NEEDS_REAL_MODEL = True
     PITFALLS = (

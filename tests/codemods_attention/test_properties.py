@@ -131,6 +131,22 @@ def _in_after_order(ids: list[str]) -> list[str]:
     return order
 
 
+# Codemods left out of the composition of all, each the alternative of one in
+# it (a model has one or the other); their own port tests compose them with
+# the rest of a model's codemods.
+ALTERNATIVES = {
+    # removes RoPE, which the RoPE codemods edit (tests/coverage_dense/test_learned_positions.py)
+    "learned-positions",
+    # a layer slides or attends in chunks, and a sink per batch row cannot be
+    # repeated over the folded chunks: refuses beside sliding-window and
+    # attention-sinks (tests/coverage_moe/test_llama4_port.py)
+    "chunked-attention",
+    # q/k norms with no weight, the alternative of qk-norm's learned ones
+    # (tests/coverage_moe/test_llama4_port.py)
+    "weightless-qk-norm",
+}
+
+
 @pytest.mark.parametrize("qk_norm", ["full_width", "per_head"])
 def test_all_codemods_compose_on_llama3(qk_norm):
     """Every codemod, applied one after the other (in an order their AFTER
@@ -140,8 +156,9 @@ def test_all_codemods_compose_on_llama3(qk_norm):
     with per-head ones moved after RoPE (qk-norm then finds its norms there).
     Without learned-positions: it removes RoPE, which the RoPE codemods edit
     (a model has one or the other; its own tests compose it with the rest of
-    a GPT-2 port, tests/coverage_dense/test_learned_positions.py)."""
-    ids = [i for i in IDS if (qk_norm == "per_head" or i != "qk-norm-position") and i != "learned-positions"]
+    a GPT-2 port, tests/coverage_dense/test_learned_positions.py); without
+    the other ``ALTERNATIVES``, each the alternative of a codemod in the run."""
+    ids = [i for i in IDS if (qk_norm == "per_head" or i != "qk-norm-position") and i not in ALTERNATIVES]
     order = _in_after_order(ids)
     params = {codemod_id: {} for codemod_id in order} | {"qk-norm": {"kind": qk_norm}}
     source = variant_source(Variant())

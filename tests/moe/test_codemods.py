@@ -186,7 +186,8 @@ def test_dense_layers_follows_the_real_wrapper_signature():
     signature = "self,\n        hidden_states: torch.Tensor,\n        positions: torch.Tensor,\n"
     assert f"def forward(\n        {signature}        is_decode: bool,\n" in dense
     assert "rank: torch.Tensor | None = None," in dense
-    assert "self.intermediate_size_per_rank = config.intermediate_size // self.mlp_tp_size" in dense
+    width = "(config.intermediate_size_mlp or config.intermediate_size)"  # Llama 4's dense width when given
+    assert f"self.intermediate_size_per_rank = {width} // self.mlp_tp_size" in dense
     assert "with_rank_override(gate_up_loader, rank=self.mlp_tp_rank)" in dense
     assert "output = self.mlp_tp_group.all_reduce(output)" in dense
     assert "if not is_decode and self.world_size > 1:" in dense

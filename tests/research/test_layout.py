@@ -28,7 +28,8 @@ LAYERS = {
 SECTION_EDGES = {
     ("analysis", "moe"): {"mlp"},
     # ... and a position-dependent query scaling (attention temperature) is read off the traced attention
-    ("analysis", "attention"): {"latent", "scores", "output_gate", "temperature"},
+    # ... its norms (q/k, output and value norms) are read by a module of their own
+    ("analysis", "attention"): {"latent", "scores", "output_gate", "temperature", "attention_norms"},
     ("analysis", "rope"): {"nope_rule"},  # the rule that picks the layers without RoPE
     ("analysis", "head"): {"multiplier_keys"},  # multipliers computed from several config fields
     ("decide", "unsupported"): {"attention"},

@@ -1,0 +1,219 @@
+"""The attention's norms, as the attention section reads them: q/k norms
+(their width, per head or full width, affine or not, and whether they
+normalise the rotated queries and keys, on which layers), a norm of the
+attention output, and a norm of the values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoport_cst.research.analysis.graph import first_int, ranges, unique
+from autoport_cst.research.analysis.state import AnalyzerState, AttentionGraph
+from autoport_cst.research.findings import CODE, known, unknown
+from autoport_cst.research.interp.values import Instance, Node
+from autoport_cst.research.interp.walk import depends_on
+
+
+def qk_and_output_norms(
+    st: AnalyzerState, g: AttentionGraph, kernels: list[Node], latent_norms: list[Instance]
+) -> list[Instance]:
+    """q/k norms: norms applied to a projection before the scores (and
+    whether they read the rotated q or k), not the norms of a latent
+    attention's latents (``latent_norms``); a norm of the attention's result
+    before the output projection is an output norm. Returns the q/k norms."""
+    where, nodes = g.where, g.nodes
+    mixers = kernels + [
+        n
+        for n in nodes
+        if n.kind in ("call", "method")
+        and n.name.rsplit(".", 1)[-1] in ("softmax", "scaled_dot_product_attention")
+    ]
+    qk, after = [], []
+    for n in nodes:
+        if n.kind == "module" and n.ref is not None and st.role(n.ref) == "norm":
+            if any(n.ref is x for x in latent_norms):
+                continue
+            arg = n.args[0] if n.args else None
+            if any(depends_on(arg, m) for m in mixers):
+                after.append(n)
+            elif any(depends_on(arg, c) for c in g.inputs):
+                qk.append(n.ref)
+                if any(depends_on(arg, r) for r in nodes if st.is_rotation(r)):
+                    st.add(
+                        known(
+                            "after_rope",
+                            "attention.qk_norm_position",
+                            CODE,
+                            f"{where}: {n.ref.name} normalises the rotated {n.ref.name[:1]} (after RoPE)",
+                        )
+                    )
+    qk = unique(qk)
+    out_norms = unique(
+        [n.ref for n in after if any(depends_on(o.args[0] if o.args else None, n) for o in g.outputs)]
+    )
+    if out_norms:
+        st.add(
+            known(
+                True,
+                "attention.output_norm",
+                CODE,
+                f"{where}: {', '.join(q.name or '?' for q in out_norms)} normalises the attention "
+                "output before the output projection",
+            )
+        )
+    else:
+        st.add(
+            known(
+                False,
+                "attention.output_norm",
+                CODE,
+                f"{where}: the output projection reads the attention output directly",
+            )
+        )
+    return qk
+
+
+def qk_norm(st: AnalyzerState, g: AttentionGraph, qk: list[Instance], nh: Any, nkv: Any, hd: Any) -> None:
+    """The q/k norms' width (per head or full width) and kind."""
+    where = g.where
+    st.result.qk_norm_modules = [f"{st.layer_prefix}0.{st.attn_name}." + (q.name or "?") for q in qk]
+    if not qk:
+        st.add(known("none", "attention.qk_norm", CODE, f"{where}: no norm applied to queries or keys"))
+        return
+    widths = {_norm_width(st, q) or _applied_width(st, g, q) for q in qk}
+    kinds = {st.norm_info(q)["kind"] or _child_norm_kind(st, q) for q in qk}
+    if not any(st.norm_info(q)["affine"] for q in qk):
+        st.add(
+            known(False, "attention.qk_norm_affine", CODE, f"{where}: the q/k norms have no learned weight")
+        )
+    if widths == {hd}:
+        verdict = "per_head"
+    elif isinstance(nh, int) and isinstance(hd, int) and widths <= {nh * hd, (nkv or 0) * hd} and widths:
+        verdict = "full_width"
+    else:
+        verdict = None
+    names = ", ".join(f"{q.name}(width {_norm_width(st, q) or _applied_width(st, g, q)})" for q in qk)
+    if verdict is None:
+        st.add(unknown("attention.qk_norm", CODE, f"{where}: q/k norms {names}, width not classified"))
+    else:
+        st.add(known(verdict, "attention.qk_norm", CODE, f"{where}: {names} applied to the projections"))
+    if kinds and kinds != {"rmsnorm"}:
+        st.add(
+            known(
+                sorted(k or "unknown" for k in kinds)[0],
+                "code.qk_norm_kind",
+                CODE,
+                f"{where}: q/k norm computes {kinds}",
+            )
+        )
+
+
+def qk_norm_layers(st: AnalyzerState, rotary: list[bool], normed: list[bool], where: str) -> None:
+    """q/k norms on some layers only: on exactly the layers that rotate
+    (Llama 4's ``if use_qk_norm and use_rope``) they are
+    ``attention.qk_norm_layers = "rope"``; on another subset, unknown."""
+    if not st.result.qk_norm_modules or all(normed) or len(normed) != len(rotary):
+        return
+    on = [i for i, x in enumerate(normed) if x]
+    if normed == rotary:
+        st.add(
+            known(
+                "rope",
+                "attention.qk_norm_layers",
+                CODE,
+                f"{where}: q/k norms on the RoPE layers {ranges(on)} only",
+            )
+        )
+    else:
+        st.add(unknown("attention.qk_norm", CODE, f"{where}: q/k norms on layers {ranges(on)} only"))
+
+
+def value_norm(st: AnalyzerState, g: AttentionGraph) -> None:
+    """A norm applied to the value projection's output alone (Gemma 3n,
+    Gemma 4's ``v_norm``): q/k norms do not describe it."""
+    v_name = st.result.module_names.get("self_attn.v_proj", "").rsplit(".", 1)[-1]
+    values = [c for c in g.inputs if c.ref is not None and c.ref.name == v_name]
+    others = [c for c in g.inputs if all(c is not v for v in values)]
+    if not values or not others:  # no separate value projection
+        return
+    for n in g.nodes:
+        if not (n.kind == "module" and n.ref is not None and st.role(n.ref) == "norm" and n.args):
+            continue
+        normed = n.args[0]
+        if any(depends_on(normed, v) for v in values) and not any(depends_on(normed, o) for o in others):
+            st.add(
+                known(
+                    True,
+                    "code.value_norm",
+                    CODE,
+                    f"{g.where}: {n.ref.name} normalises the values before the attention",
+                )
+            )
+            return
+
+
+def unrotated(st: AnalyzerState, value: Any) -> Any:
+    """What a rotated query or key was rotated from: the ``i``-th result
+    of a RoPE function (``q, k = apply_rotary_pos_emb(q, k, cos, sin)``)
+    is its ``i``-th argument rotated. Any other value is returned as it
+    is. (Both results depend on both arguments through the call, so a
+    norm after RoPE would otherwise read as a norm of q and of k.)"""
+    if isinstance(value, Node) and value.kind == "item" and len(value.args) == 2:
+        call, index = value.args
+        if (
+            isinstance(call, Node)
+            and isinstance(index, int)
+            and st.is_rotation(call)
+            and index < len(call.args)
+        ):
+            return call.args[index]
+    return value
+
+
+_SAME_WIDTH = ("to", "float", "type_as", "contiguous", "clone")
+
+
+def _applied_width(st: AnalyzerState, g: AttentionGraph, inst: Instance) -> int | None:
+    """The width a norm without a learned weight (no size of its own)
+    normalises: the last size of the view of a projection it reads, followed
+    through the rotation and dtype casts only (Llama 4's L2 norm of
+    ``q_proj(x).view(..., -1, head_dim)`` rotated); None when the norm's
+    inputs do not all end in the same literal size."""
+    if st.norm_info(inst)["affine"]:
+        return None
+    widths = set()
+    for node in g.nodes:
+        if node.kind == "module" and node.ref is inst and node.args:
+            widths.add(_view_width(st, node.args[0]))
+    return widths.pop() if len(widths) == 1 else None
+
+
+def _view_width(st: AnalyzerState, value: Any) -> int | None:
+    for _ in range(8):
+        if not isinstance(value, Node) or not value.args:
+            return None
+        if value.kind == "item" or (value.kind == "method" and value.name in _SAME_WIDTH):
+            value = value.args[0]
+        elif value.kind == "func" and st.is_rotation(value):
+            value = value.args[0]
+        elif value.kind == "method" and value.name in ("view", "reshape"):
+            shape = value.args[1:] if len(value.args) > 2 else value.args[1:2]
+            last = shape[-1] if shape else None
+            if isinstance(last, tuple) and last:
+                last = last[-1]
+            return last if isinstance(last, int) and not isinstance(last, bool) else None
+        else:
+            return None
+    return None
+
+
+def _norm_width(st: AnalyzerState, inst: Instance) -> int | None:
+    width = st.norm_info(inst)["width"]
+    if width is None:
+        width = first_int(inst.args)
+    return width
+
+
+def _child_norm_kind(st: AnalyzerState, inst: Instance) -> str | None:
+    kinds = {st.norm_info(c)["kind"] for _, c in inst.children()}
+    return kinds.pop() if len(kinds) == 1 else None
