@@ -12,6 +12,7 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext
 from autoport_cst.transform.anatomy.config import config_class, method_of
+from autoport_cst.transform.anatomy.config_values import CONVENTIONAL, config_values
 from autoport_cst.transform.cst.snippets import parse_statement
 from autoport_cst.transform.cst.vocabulary import walk
 from autoport_cst.transform.edit.functions import add_functions
@@ -19,7 +20,6 @@ from autoport_cst.transform.edit.tree import insert_after, with_comment
 
 ID = "config-guards"
 CHECK = "check_assumed_config"
-VALUES = "values"
 COMMENT = "<-- MODEL-SPECIFIC: refuse a config this port's code was not written for"
 _FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
 
@@ -78,8 +78,11 @@ class ConfigGuards(Codemod):
     wrong model.
 
     Preconditions: one config dataclass whose ``from_configs`` binds the
-    model config's values to a local ``values``; every field is a dotted
-    identifier and every value a JSON scalar.
+    model config's values to a local on every path before the dataclass is
+    built: ``values``, or a name assigned ``<config>.to_dict()`` or
+    ``dict(<config>)`` in some branch, as the production packages'
+    ``config_dict`` (``autoport_cst.transform.anatomy.config_values``);
+    every field is a dotted identifier and every value a JSON scalar.
     """
 
     ID = ID
@@ -357,6 +360,115 @@ class ConfigGuards(Codemod):
             """,
         ),
         Example(
+            title="the production packages' from_configs: the config's dict bound in each branch of its type",
+            role="config",
+            path="config.py",
+            params={
+                "assumed": [
+                    {"field": "use_qk_norm", "value": True, "default": True, "fixes": "attention.qk_norm"}
+                ]
+            },
+            before="""
+                @dataclass
+                class MixtralConfig:
+                    hidden_size: int = 4096
+
+                    @classmethod
+                    def from_configs(cls, hf_config, neuron_config):
+                        if isinstance(hf_config, str):
+                            with open(hf_config) as handle:
+                                config_dict = json.load(handle)
+                        elif isinstance(hf_config, PretrainedConfig):
+                            if getattr(hf_config, "quantization_config", 0) is None:
+                                del hf_config.quantization_config
+                                config_dict = hf_config.to_dict()
+                                hf_config.quantization_config = None
+                            else:
+                                config_dict = hf_config.to_dict()
+                        else:
+                            config_dict = hf_config
+
+                        kept = {key: value for key, value in config_dict.items() if key in cls.__dataclass_fields__}
+                        kept["neuron_config"] = neuron_config
+                        return cls(**kept)
+            """,
+            after="""
+                def check_assumed_config(values: dict) -> None:
+                    \"\"\"Refuse a model config that differs from the one this port was made for
+                    in a field its code does not read (written by autoport-cst config-guards).
+
+                    Each entry: the field (dotted into a dict field), the value the port was
+                    made for, the value transformers takes when a config lacks the field, the
+                    entries it handles when the field is a list of per-layer types, and what
+                    the port's code fixes for that value.\"\"\"
+                    assumed = (
+                        ("use_qk_norm", True, True, None, "attention.qk_norm"),
+                    )
+                    for name, expected, default, allowed, fixes in assumed:
+                        value = values
+                        for key in name.split("."):
+                            value = value.get(key, default) if isinstance(value, dict) else default
+                        if allowed is not None:
+                            wrong = [entry for entry in value or () if entry not in allowed]
+                            if wrong:
+                                raise ValueError(
+                                    f"config field {name} holds {wrong[0]!r}, but this port was made for {name} entries in "
+                                    f"{list(allowed)!r} ({fixes} fixed in its code): port this checkpoint again"
+                                )
+                        elif value != expected:
+                            raise ValueError(
+                                f"config field {name} is {value!r}, but this port was made for {name} = {expected!r} "
+                                f"({fixes} fixed in its code): port this checkpoint again"
+                            )
+
+
+                @dataclass
+                class MixtralConfig:
+                    hidden_size: int = 4096
+
+                    @classmethod
+                    def from_configs(cls, hf_config, neuron_config):
+                        if isinstance(hf_config, str):
+                            with open(hf_config) as handle:
+                                config_dict = json.load(handle)
+                        elif isinstance(hf_config, PretrainedConfig):
+                            if getattr(hf_config, "quantization_config", 0) is None:
+                                del hf_config.quantization_config
+                                config_dict = hf_config.to_dict()
+                                hf_config.quantization_config = None
+                            else:
+                                config_dict = hf_config.to_dict()
+                        else:
+                            config_dict = hf_config
+                        # <-- MODEL-SPECIFIC: refuse a config this port's code was not written for
+                        check_assumed_config(config_dict)
+
+                        kept = {key: value for key, value in config_dict.items() if key in cls.__dataclass_fields__}
+                        kept["neuron_config"] = neuron_config
+                        return cls(**kept)
+            """,
+        ),
+        Example(
+            title="a config dict some branch leaves unbound",
+            role="config",
+            path="config.py",
+            params={"assumed": [{"field": "use_qk_norm", "value": True}]},
+            before="""
+                @dataclass
+                class MixtralConfig:
+                    hidden_size: int = 4096
+
+                    @classmethod
+                    def from_configs(cls, hf_config, neuron_config):
+                        if isinstance(hf_config, dict):
+                            config_dict = hf_config
+                        elif hasattr(hf_config, "to_dict"):
+                            config_dict = hf_config.to_dict()
+                        return cls(**config_dict)
+            """,
+            raises="config-guards: MixtralConfig.from_configs binds 'config_dict' on some paths only",
+        ),
+        Example(
             title="from_configs without a values dict",
             role="config",
             path="config.py",
@@ -370,7 +482,7 @@ class ConfigGuards(Codemod):
                     def from_configs(cls, hf_config, neuron_config=None):
                         return cls(hidden_size=hf_config.hidden_size)
             """,
-            raises="config-guards: Gemma2Config.from_configs binds no local 'values'",
+            raises="config-guards: Gemma2Config.from_configs binds no local to the model config's values",
         ),
     )
 
@@ -400,13 +512,23 @@ class ConfigGuards(Codemod):
         if method is None:
             raise ctx.precondition(f"{ID}: {cls.name.value} has no from_configs", cls, module)
         if not _calls_check(method):
-            anchor = _binding(method)
-            if anchor is None:
+            found = config_values(method)
+            if found is None:
                 raise ctx.precondition(
-                    f"{ID}: {cls.name.value}.from_configs binds no local {VALUES!r}", method, module
+                    f"{ID}: {cls.name.value}.from_configs binds no local to the model config's values "
+                    f"({CONVENTIONAL!r}, or a name assigned <config>.to_dict() or dict(<config>))",
+                    method,
+                    module,
                 )
-            call = with_comment(parse_statement(f"{CHECK}({VALUES})", module), COMMENT)
-            module = insert_after(module, anchor, [call])  # type: ignore[assignment]
+            if found.statement is None:
+                raise ctx.precondition(
+                    f"{ID}: {cls.name.value}.from_configs binds {found.name!r} on some paths only: "
+                    "the guard would read it unbound",
+                    found.partial or method,
+                    module,
+                )
+            call = with_comment(parse_statement(f"{CHECK}({found.name})", module), COMMENT)
+            module = insert_after(module, found.statement, [call])  # type: ignore[assignment]
         return add_functions(module, [self._function()], replace=True)
 
     def _function(self) -> str:
@@ -492,14 +614,3 @@ def _calls_check(method: cst.FunctionDef) -> bool:
         isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == CHECK
         for node in walk(method)
     )
-
-
-def _binding(method: cst.FunctionDef) -> cst.BaseStatement | None:
-    """The first statement of ``from_configs``' body that binds ``values``
-    (an assignment, or a branch or block that assigns it)."""
-    for stmt in method.body.body:
-        for node in walk(stmt):
-            if isinstance(node, cst.AssignTarget) and isinstance(node.target, cst.Name):
-                if node.target.value == VALUES:
-                    return stmt
-    return None

@@ -3,6 +3,7 @@ config takes it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,101 @@ def test_parameters_must_be_json_scalars_and_dotted_names():
         ConfigGuards.parse_params({"assumed": [{"field": "a b", "value": {"x": 1}}]})
     text = "\n".join(str(e) for e in info.value.errors)
     assert "not a dotted identifier" in text and "JSON scalars" in text
+
+
+# -- a from_configs in the production packages' shape: the dict named otherwise, bound per branch --
+
+PRODUCTION_SHAPED = """
+import json
+from dataclasses import dataclass
+
+
+class PretrainedConfig:
+    def __init__(self, **values):
+        self.values = values
+
+    def to_dict(self):
+        return dict(self.values)
+
+
+@dataclass
+class MyConfig:
+    hidden_size: int = 8
+    neuron_config: object = None
+
+    @classmethod
+    def from_configs(cls, hf_config, neuron_config):
+        if isinstance(hf_config, str):
+            with open(hf_config) as handle:
+                config_dict = json.load(handle)
+        elif isinstance(hf_config, PretrainedConfig):
+            if hf_config.values.get("quantization_config", 0) is None:
+                config_dict = hf_config.to_dict()
+                config_dict.pop("quantization_config")
+            else:
+                config_dict = hf_config.to_dict()
+        else:
+            config_dict = hf_config
+        kept = {k: v for k, v in config_dict.items() if k in cls.__dataclass_fields__}
+        kept["neuron_config"] = neuron_config
+        return cls(**kept)
+"""
+
+
+def test_the_guard_reads_the_dict_every_branch_binds(tmp_path):
+    codemod = ConfigGuards(ConfigGuards.parse_params(ASSUMED))
+    output, _ = run_on_source(codemod, PRODUCTION_SHAPED, "config.py", "config")
+    assert output.count("check_assumed_config(config_dict)") == 1
+    namespace: dict = {}
+    exec(output, namespace)  # noqa: S102 - the written guard is under test
+    config_class, pretrained = namespace["MyConfig"], namespace["PretrainedConfig"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"hidden_size": 4, "attention_bias": True}))
+    # each branch: a path, a PretrainedConfig (with and without the quantization key), a dict
+    for wrong in (
+        str(path),
+        pretrained(hidden_size=4, attention_bias=True),
+        pretrained(hidden_size=4, attention_bias=True, quantization_config=None),
+        {"hidden_size": 4, "attention_bias": True},
+    ):
+        with pytest.raises(ValueError, match="attention_bias is True"):
+            config_class.from_configs(wrong, None)
+    assert config_class.from_configs(pretrained(hidden_size=4, attention_bias=False), None).hidden_size == 4
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("config_dict = hf_config.to_dict()\nreturn cls()", ("config_dict", 1)),
+        (
+            "if hf_config is None:\n    raise ValueError('no config')\nelse:\n    d = dict(hf_config)\nreturn cls()",
+            ("d", 1),
+        ),
+        (
+            "try:\n    d = hf_config.to_dict()\nexcept AttributeError:\n    d = dict(hf_config)\nreturn cls()",
+            ("d", 1),
+        ),
+        ("d = {}\nif hf_config:\n    d = hf_config.to_dict()\nreturn cls(**d)", ("d", 2)),
+        ("d = hf_config.to_dict()\nkept = dict(d)\nd = None\nreturn cls(**kept)", ("d", 1)),
+        ("for _ in range(1):\n    d = hf_config.to_dict()\nreturn cls(**d)", ("d", None)),
+        ("values = load(hf_config)\nd = hf_config.to_dict()\nreturn cls()", ("values", 1)),
+        ("d = other.to_dict()\nreturn cls()", None),
+    ],
+)
+def test_the_config_dict_and_the_statement_binding_it_on_every_path(body, expected):
+    import libcst as cst
+
+    from autoport_cst.transform.anatomy.config_values import config_values
+
+    source = "def from_configs(cls, hf_config):\n" + "".join(f"    {line}\n" for line in body.splitlines())
+    method = cst.parse_module(source).body[0]
+    found = config_values(method)
+    if expected is None:
+        assert found is None
+        return
+    name, index = expected
+    assert found.name == name
+    if index is None:
+        assert found.statement is None and found.partial is method.body.body[0]
+    else:
+        assert found.statement is method.body.body[index - 1]
