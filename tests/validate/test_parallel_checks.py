@@ -12,10 +12,17 @@ import pytest
 
 from autoport_cst.errors import InputError
 from autoport_cst.validate import validate_model
-from autoport_cst.validate.parallel_checks import LAYOUTS, MOE_LAYOUTS, check_parallel_layouts
+from autoport_cst.validate.parallel_checks import (
+    LAYOUTS,
+    MOE_LAYOUTS,
+    REPLICATED_KV,
+    check_parallel_layouts,
+)
 from autoport_cst.validate.report import REPORT_SCHEMA, ValidationReport
 
-ATTENTION_DP, OTHER_DP, EMBEDDING_DP, TWO_TOKENS, EMBEDS, EMBEDS_TP2 = (label for label, _ in LAYOUTS[1:])
+ATTENTION_DP, OTHER_DP, EMBEDDING_DP, TWO_TOKENS, EMBEDS, EMBEDS_TP2, TP2_MLP_DP2 = (
+    label for label, _ in LAYOUTS[1:]
+)
 
 
 def _run(port: Path, checkpoint: Path, **options) -> ValidationReport:
@@ -33,6 +40,8 @@ def test_a_correct_port_validates_at_every_default_layout(llama3_dir: Path, tiny
         (TWO_TOKENS, True),
         (EMBEDS, True),
         (EMBEDS_TP2, True),
+        (TP2_MLP_DP2, True),
+        (REPLICATED_KV[0], True),
     ]
     assert "parallel_layouts" in report.timings
     jsonschema = pytest.importorskip("jsonschema")
@@ -126,6 +135,11 @@ def test_a_layout_the_checkpoint_cannot_take_is_reported_not_run() -> None:
         {"label": EMBEDS, "equivalent": True, "summary": "equivalent within tolerances"},
         {
             "label": EMBEDS_TP2,
+            "equivalent": None,
+            "summary": "not run: --tp 2: TP 2 breaks the tensor-parallel rules",
+        },
+        {
+            "label": TP2_MLP_DP2,
             "equivalent": None,
             "summary": "not run: --tp 2: TP 2 breaks the tensor-parallel rules",
         },

@@ -1,61 +1,117 @@
-"""Rank arithmetic that the default layouts (TP=2 and data parallelism 2 of
-one component at a time, ``parallel_checks``) cannot tell apart, and the
-smallest layouts of four ranks that do. They cost a run of four rank
-processes each (the TP=4 one on a checkpoint of its own, with its own
-transformers run), so they are not default layouts: slow tests."""
+"""The default layouts of four ranks (``parallel_checks``): TP=2 with MLP DP 2
+on the checkpoint, and TP=4 with the KV heads replicated over the TP ranks.
+Rank arithmetic that TP=2 and data parallelism 2 of one component at a time
+cannot tell apart fails the default validation there (mutation survivors
+phi3:336 and qwen2:1057 of ``benchmarks/mutation.py``, the same edits made to
+the llama3 reference, which the phi3 and qwen2 ports are applied on); the
+unmutated reference passes every default layout (``test_parallel_checks``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-
-import pytest
+from types import SimpleNamespace
 
 from autoport_cst.validate import validate_model
+from autoport_cst.validate.parallel_checks import (
+    LAYOUTS,
+    REPLICATED_KV,
+    REPLICATED_KV_HEADS,
+    check_parallel_layouts,
+    replicated_kv_run,
+)
 
-from .conftest import LLAMA3
-
-pytestmark = pytest.mark.slow
+TP2_MLP_DP2 = "TP=2 with MLP DP 2"
 
 
 def _run(port: Path, checkpoint: Path, **options):
-    return validate_model(port, checkpoint, steps=2, config_variants=False, parallel_layouts=False, **options)
+    return validate_model(port, checkpoint, steps=2, config_variants=False, **options)
 
 
-def test_the_decode_rows_gathered_for_the_lm_head_fail_at_tp2_with_mlp_dp2(
+def _labels(report) -> list[tuple[str, bool | None]]:
+    return [(e["label"], e["equivalent"]) for e in report.parallel_layouts]
+
+
+def test_the_decode_rows_gathered_over_tp_fail_the_default_at_tp2_with_mlp_dp2(
     broken_port, tiny_llama: Path
 ) -> None:
-    # decode rows are replicated over TP: gathered, they are TP copies of the same rows, which
-    # TP=2 alone samples the first of; with MLP DP 2 the rank's slice of the gathered MLP-DP
-    # batch is then another replica's rows
+    # qwen2:1057. Decode rows are replicated over TP: gathered, they are TP copies of the same
+    # rows, whose first are the right ones at TP=2 alone; with MLP DP 2 a rank keeps its
+    # MLP-DP slice of the gathered batch, another replica's rows
     port = broken_port(
         "        if is_prefill and self.world_size > 1:\n            hidden_states = self.tp_group.all_gather(hidden_states, dim=0)\n"
         "            aux_hidden_states",
         "        if is_prefill or self.world_size > 1:\n            hidden_states = self.tp_group.all_gather(hidden_states, dim=0)\n"
         "            aux_hidden_states",
     )
-    assert _run(port, tiny_llama, tp=2).equivalent
-    assert _run(port, tiny_llama, mlp_dp=2).equivalent
-    report = _run(port, tiny_llama, tp=2, mlp_dp=2)
+    report = _run(port, tiny_llama)
     assert not report.equivalent and report.exit_code == 1
-    assert _run(LLAMA3, tiny_llama, tp=2, mlp_dp=2).equivalent
+    labels = _labels(report)
+    assert labels[-1] == (TP2_MLP_DP2, False), report.parallel_layouts
+    # every earlier default layout, TP=2 and the MLP's DP 2 among them, passes it
+    assert labels[:-1] == [(label, True) for label, _ in LAYOUTS[:-1]], report.parallel_layouts
+    assert report.summary().startswith(f"not equivalent: {TP2_MLP_DP2}: "), report.summary()
 
 
-def test_the_q_shard_of_a_negative_attention_rank_fails_at_tp4(broken_port, tmp_path: Path) -> None:
-    # attention_dp_rank - rank * attention_dp_size equals the right shard modulo the shard
-    # count tp * dp for every rank when tp is 2, whatever the attention-DP degree; TP=4 (on 8
-    # heads: the rules want an even head count per rank) tells
-    from autoport_cst.validate.tiny import build_tiny_checkpoint
-
+def test_a_q_shard_of_a_negative_tp_rank_fails_the_default_with_kv_heads_replicated(
+    broken_port, tiny_llama: Path
+) -> None:
+    # phi3:336. attention_dp_rank - rank * attention_dp_size equals the right shard modulo
+    # the shard count tp * dp for every rank when tp is 2, whatever the attention-DP degree;
+    # TP=4 tells (on the stand-in checkpoint of 8 heads: the rules want an even head count
+    # per rank, and the tiny checkpoint has 4)
     port = broken_port(
         "effective_q_rank = self.attention_dp_rank + self.rank * self.attention_dp_size",
         "effective_q_rank = self.attention_dp_rank - self.rank * self.attention_dp_size",
     )
-    checkpoint = build_tiny_checkpoint(
-        "LlamaForCausalLM", tmp_path / "tiny-8-heads", seed=0, dimensions={"num_attention_heads": 8}
-    ).directory
-    assert _run(port, checkpoint, tp=2).equivalent
-    assert _run(port, checkpoint, tp=2, attention_dp=2).equivalent
-    report = _run(port, checkpoint, tp=4)
+    report = _run(port, tiny_llama)
     assert not report.equivalent and report.exit_code == 1
+    assert _labels(report) == [(label, True) for label, _ in LAYOUTS] + [(REPLICATED_KV[0], False)]
+    assert report.summary().startswith(f"not equivalent: {REPLICATED_KV[0]}: "), report.summary()
     assert report.first_diverging.component == "layers.0.attention", report.summary()
-    assert _run(LLAMA3, checkpoint, tp=4).equivalent
+
+
+def test_the_replicated_kv_run_comes_after_the_layouts_and_a_refusal_is_not_run() -> None:
+    from autoport_cst.errors import InputError
+
+    passing = SimpleNamespace(equivalent=True, failure=None, summary=lambda: "equivalent within tolerances")
+
+    def refused():
+        raise InputError("--tp 4: TP 4 breaks the tensor-parallel rules: rule 1\n(more)")
+
+    report = SimpleNamespace(parallel_layouts=[], equivalent=True)
+    check_parallel_layouts(report, lambda **_options: passing, experts=4, replicated_kv=refused)
+    assert report.equivalent
+    kv = report.parallel_layouts[len(LAYOUTS)]
+    assert kv == {
+        "label": REPLICATED_KV[0],
+        "equivalent": None,
+        "summary": "not run: --tp 4: TP 4 breaks the tensor-parallel rules: rule 1",
+    }
+    assert report.parallel_layouts[-1]["label"] == "EP 2 at TP=2"
+
+
+def test_a_checkpoint_that_takes_tp4_with_fewer_kv_heads_is_run_itself(tmp_path: Path) -> None:
+    config = {"num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512}
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    seen: list[tuple[Path, dict]] = []
+    replicated_kv_run(lambda checkpoint, **options: seen.append((checkpoint, options)), tmp_path)
+    assert seen == [(tmp_path, REPLICATED_KV[1])]
+
+
+def test_the_tiny_checkpoint_is_stood_in_for_by_one_of_eight_heads(tiny_llama: Path) -> None:
+    # 4 heads at TP=4 is one head per rank, which the rules refuse (rule 2)
+    seen: list[dict] = []
+
+    def validate_on(checkpoint: Path, **options):
+        config = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))
+        seen.append({"options": options, "directory": Path(checkpoint), "config": config})
+
+    replicated_kv_run(validate_on, tiny_llama)
+    (run,) = seen
+    original = json.loads((tiny_llama / "config.json").read_text(encoding="utf-8"))
+    assert original["num_attention_heads"] == 4 and original["num_key_value_heads"] == 2
+    assert run["options"] == REPLICATED_KV[1]
+    assert {k: run["config"][k] for k in REPLICATED_KV_HEADS} == REPLICATED_KV_HEADS
+    assert run["config"]["architectures"] == original["architectures"]
+    assert not run["directory"].exists()  # removed after the run

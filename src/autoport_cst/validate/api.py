@@ -238,7 +238,7 @@ class _FollowUps:
         from .config_variants import check_config_variants
         from .guard_checks import check_fp8_segmented_guard
         from .kv_scale_variant import check_kv_scale_variant
-        from .parallel_checks import check_parallel_layouts
+        from .parallel_checks import check_parallel_layouts, replicated_kv_run
 
         if variants:
             start = time.perf_counter()
@@ -252,7 +252,10 @@ class _FollowUps:
             config = parse_config_text((Path(checkpoint_dir) / "config.json").read_text("utf-8"))
             experts = _expert_count(config) if isinstance(config, dict) else None
             check_parallel_layouts(
-                report, lambda **options: self.run(checkpoint_dir, **options), experts=experts
+                report,
+                lambda **options: self.run(checkpoint_dir, **options),
+                experts=experts,
+                replicated_kv=lambda: replicated_kv_run(self.run, checkpoint_dir),
             )
             report.timings["parallel_layouts"] = round(time.perf_counter() - start, 4)
 

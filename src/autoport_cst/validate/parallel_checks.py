@@ -31,6 +31,24 @@ other values (``LAYOUTS``):
   with ``enable_prompt_embeds``; at TP=2 the port cuts them to its
   sequence-parallel slice (``driver._embed_prompt``). A port whose forward
   does not name both arguments is reported as refusing them;
+- ``TP=2 with MLP DP 2`` (four ranks): the decode rows come back from the
+  MLP in its DP state, every replica's batch; a rank keeps its own slice of
+  them. At TP=2 alone, or MLP DP 2 alone, a decode batch gathered over the TP
+  group by mistake (TP copies of the same rows) still yields the right rows
+  first; here a rank's slice is another replica's rows;
+- ``TP=4, KV heads replicated`` (``REPLICATED_KV``, four ranks): more TP ranks
+  than KV heads, as in production (TP 16, 32 or 64 with 8 KV heads or fewer),
+  so each KV head is held by several ranks (``num_kv_replicas``: the fused QKV
+  loader's K/V shard, the KV cache of one head per rank). TP=4 also tells rank
+  arithmetic that TP=2 cannot: a shard index ``d - k r`` for ``d + k r`` picks
+  the same shard modulo ``k T`` for both ranks of TP=2. The rules want an even
+  head count per rank (rule 2 of ``research.parallelism``), which the tiny
+  checkpoint's 4 heads do not give at TP=4, so a checkpoint that cannot take
+  TP=4 with fewer than 4 KV heads is stood in for by a tiny checkpoint of its
+  config with 8 attention heads and 2 KV heads (``tiny``, seed 0; latent
+  attention keeps as many KV heads as heads), with a transformers run of its
+  own; one that the rules still refuse, or that transformers cannot build or
+  run, is reported as not run;
 - ``EP 2 at TP=2``, for a mixture-of-experts checkpoint only (``MOE_LAYOUTS``):
   the experts split into two expert-parallel partitions of one rank each, so
   each rank holds half of the experts whole (at TP=2 without EP each holds
@@ -40,9 +58,10 @@ other values (``LAYOUTS``):
   expert. A port that refuses EP by its own guard is reported as not run.
 
 Each runs as ``validate --tp 2`` / ``--attention-dp 2`` / ``--mlp-dp 2
---embedding-dp 2 --lm-head-dp 2`` / ``--embedding-dp 2`` would, with its ranks
-as local processes;
-the transformers run of the TP=1 validation is reused (``reference_reuse``).
+--embedding-dp 2 --lm-head-dp 2`` / ``--embedding-dp 2`` / ``--tp 2 --mlp-dp
+2`` / ``--tp 4`` would, with its ranks as local processes; on the same
+checkpoint, the transformers run of the TP=1 validation is reused
+(``reference_reuse``).
 A layout the checkpoint cannot take (the tensor-parallel rules refuse TP=2,
 prompt lengths given that it cannot split), or that the port refuses with a
 NotImplementedError of its own (a guard a codemod wrote: q/k norms over all
@@ -52,9 +71,13 @@ layout that fails fails the report, named after it, and ends the checks.
 
 from __future__ import annotations
 
+import functools
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from autoport_cst.config_json import parse_config_text
 from autoport_cst.errors import InputError
 
 # (label, validate_model's options) of each layout, in the order they run
@@ -66,21 +89,38 @@ LAYOUTS: tuple[tuple[str, dict[str, int]], ...] = (
     ("2 tokens per decode step", {"decode_tokens": 2}),
     ("prompt embeddings", {"prompt_embeds": True}),
     ("prompt embeddings at TP=2", {"tp": 2, "prompt_embeds": True}),
+    ("TP=2 with MLP DP 2", {"tp": 2, "mlp_dp": 2}),
 )
+# after LAYOUTS: KV heads replicated over the TP ranks (``replicated_kv_run``)
+REPLICATED_KV = ("TP=4, KV heads replicated", {"tp": 4})
+# the attention of the checkpoint that stands in when the validated one cannot take REPLICATED_KV
+REPLICATED_KV_HEADS = {"num_attention_heads": 8, "num_key_value_heads": 2}
 # after LAYOUTS, for a checkpoint with routed experts (their count, split in two)
 MOE_LAYOUTS: tuple[tuple[str, dict[str, int]], ...] = (("EP 2 at TP=2", {"tp": 2, "ep": 2}),)
 
 
-def check_parallel_layouts(report: Any, validate: Callable[..., Any], experts: int | None = None) -> None:
+def check_parallel_layouts(
+    report: Any,
+    validate: Callable[..., Any],
+    experts: int | None = None,
+    replicated_kv: Callable[[], Any] | None = None,
+) -> None:
     """Validate the port at each of ``LAYOUTS`` (``validate(**options) ->
-    ValidationReport``), and of ``MOE_LAYOUTS`` when the checkpoint has
+    ValidationReport``), at ``REPLICATED_KV`` when given ``replicated_kv()``
+    (``replicated_kv_run``), and at ``MOE_LAYOUTS`` when the checkpoint has
     ``experts`` routed experts, into ``report.parallel_layouts``, until one
     fails: it makes ``report`` fail, named after it (the later ones are not run)."""
-    for label, options in LAYOUTS + (MOE_LAYOUTS if experts else ()):
+    runs: list[tuple[str, Callable[[], Any]]] = [
+        (label, functools.partial(validate, **options)) for label, options in LAYOUTS
+    ]
+    if replicated_kv is not None:
+        runs.append((REPLICATED_KV[0], replicated_kv))
+    runs += [(label, functools.partial(validate, **options)) for label, options in MOE_LAYOUTS if experts]
+    for label, run in runs:
         entry: dict[str, Any] = {"label": label, "equivalent": None, "summary": None}
         report.parallel_layouts.append(entry)
         try:
-            found = validate(**options)
+            found = run()
         except InputError as refused:
             entry["summary"] = f"not run: {_first_line(refused)}"
             continue
@@ -99,3 +139,58 @@ def check_parallel_layouts(report: Any, validate: Callable[..., Any], experts: i
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def replicated_kv_run(validate_on: Callable[..., Any], checkpoint: str | Path) -> Any:
+    """The port at ``REPLICATED_KV`` (``validate_on(checkpoint, **options) ->
+    ValidationReport``): on ``checkpoint`` when the rules take its TP with fewer
+    KV heads than TP ranks, else on a tiny checkpoint of its config with
+    ``REPLICATED_KV_HEADS`` (in a temporary directory, removed after the run).
+    ``InputError`` when the rules refuse that one too, or transformers cannot
+    build it."""
+    from autoport_cst.research.parallelism import tp_refusal
+
+    from .config_variants import _raised_in_transformers
+    from .tiny import build_tiny_checkpoint, key_format_of
+
+    tp = REPLICATED_KV[1]["tp"]
+    config_path = Path(checkpoint) / "config.json"
+    config = parse_config_text(config_path.read_text(encoding="utf-8"))
+    if not isinstance(config, dict):
+        raise InputError(f"{config_path}: not a JSON object")
+    heads = config.get("num_attention_heads")
+    kv_heads = config.get("num_key_value_heads") or heads
+    if isinstance(kv_heads, int) and kv_heads < tp and tp_refusal(config, tp) is None:
+        return validate_on(checkpoint, **REPLICATED_KV[1])
+    heads_of = _stand_in_heads(config)
+    described = ", ".join(f"{name} {value}" for name, value in heads_of.items())
+    with tempfile.TemporaryDirectory(prefix="autoport-kv-replicated-") as scratch:
+        try:
+            wide = build_tiny_checkpoint(
+                config_path, scratch, seed=0, dimensions=heads_of, key_format=key_format_of(checkpoint)
+            ).directory
+        except (InputError, ValueError, TypeError) as error:  # the config class refuses those heads
+            raise InputError(
+                f"transformers cannot build {checkpoint}'s config with {described}: {type(error).__name__}: {error}"
+            ) from error
+        try:
+            return validate_on(wide, **REPLICATED_KV[1])
+        except Exception as error:
+            if not _raised_in_transformers(error):
+                raise
+            raise InputError(
+                f"transformers cannot run {checkpoint}'s config with {described}: {type(error).__name__}: {error}"
+            ) from error
+
+
+def _stand_in_heads(config: dict) -> dict[str, int]:
+    """The attention of the stand-in checkpoint: ``REPLICATED_KV_HEADS``, or,
+    for latent attention (one latent row per token, the same on every rank:
+    rule 3 does not apply), as many KV heads as heads, as its config has them."""
+    from autoport_cst.research.parallelism import config_dims
+
+    dims = config_dims(config)
+    if dims is not None and dims.latent_width:
+        heads = REPLICATED_KV_HEADS["num_attention_heads"]
+        return {"num_attention_heads": heads, "num_key_value_heads": heads}
+    return dict(REPLICATED_KV_HEADS)
