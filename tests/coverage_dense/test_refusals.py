@@ -20,8 +20,9 @@ REFUSALS = {
     "BitNetForCausalLM": ("attention.output_norm", "True"),  # attn_sub_norm before o_proj
     "PersimmonForCausalLM": ("unsupported", "q/k norms that are not RMSNorms"),
     "Lfm2ForCausalLM": ("unsupported", "mlp.intermediate_size: the code builds"),  # adjusted FFN width
-    # BERT-style post-LN encoder: its layers are found, its attention is one module down (attention.self)
-    "RobertaForCausalLM": ("unsupported", "attention.self (RobertaAttention around RobertaSelfAttention)"),
+    # BERT-style post-LN encoder: its layers are found, its attention is one module down (attention.self),
+    # the residual added and normed in RobertaSelfOutput
+    "RobertaForCausalLM": ("unsupported", "sublayer_residual: RobertaAttention.forward"),
     # dynamic mask attention: a bias from dt_proj(values) scaled by the learned A, added to the scores
     "DogeForCausalLM": ("unsupported", "learned parameters in the attention computation"),
     # Cohere 2 MoE: its layers without RoPE are realized (rope.nope_rule sliding, its force_rope false on

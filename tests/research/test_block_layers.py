@@ -25,10 +25,11 @@ BLOCKS = {
     ),
     "mpt": ("MptModel.blocks", {"alibi_positions", "sublayer_residual"}, "position_bias"),
     "biogpt": ("BioGptModel.layers", set(), ""),  # its feed-forward in the layer is read as an MLP
+    # its attention one module down (attn.attention) writes out its scores and softmax
     "gpt_neo": (
         "GPTNeoModel.h",
-        {"code.attention"},
-        "attn.attention (GPTNeoAttention around GPTNeoSelfAttention)",
+        {"explicit_attention"},
+        "GPTNeoSelfAttention.forward (modeling_gpt_neo.py:",
     ),
 }
 

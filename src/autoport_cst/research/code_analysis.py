@@ -39,6 +39,7 @@ from autoport_cst.research.analysis import (
     chunked_attention,
     decoder,
     head,
+    mixers,
     mlp,
     moe,
     rope,
@@ -102,6 +103,9 @@ def _run(st: AnalyzerState) -> None:
                 f"no list of decoder layers found under {st.cls.name}" + decoder.layer_list_shape(st),
             )
         )
+        block = decoder.first_listed_block(st)
+        if block is not None:
+            mixers.name_block(st, block, ("code.decoder_layers",))
         return
     backbone_path, backbone_inst = backbone
     r.layer_count = len(layers)
@@ -121,6 +125,7 @@ def _run(st: AnalyzerState) -> None:
     decoder.mixer_layers(st, backbone_inst, layers_attr)
     if decoder.attention_child(st):
         layer0 = st.layers[0]
+        mixers.name_block(st, layer0, ("norm", "residual"), routing=False)  # a mixer beside the attention
         inline = decoder.inline_mlp(st, layer0)
         decoder.analyze_flow(st, layer0)
         if not inline and _unclassified(r, "norm.placement"):

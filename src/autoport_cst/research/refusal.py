@@ -100,6 +100,12 @@ COMPUTATIONS = {
     "explicit_attention": "attention written out (scores, softmax) instead of an attention kernel call",
     "sublayer_residual": "the residual added inside the attention or MLP module",
     "sparse_indexer": "DSA lightning indexer (index top-k selection of keys)",
+    "recurrent_mixer": "a token mixer other than softmax attention that carries a state from position to "
+    "position (a recurrence: state-space scan, linear attention or RNN cell)",
+    "convolution_mixer": "a token mixer other than softmax attention that convolves over the positions",
+    "routing_without_topk": "routed experts chosen without a top-k of the router scores",
+    "several_attentions": "several attention sublayers in one decoder layer",
+    "qkv_clip": "queries, keys and values clamped to a range (clip_qkv)",
     "derived_multiplier": "a residual multiplier computed from several config fields (no one field a port reads)",
     "routing_bias_on_logits": "a routing bias added to the router logits before the activation "
     "(the references choose experts by activated scores plus the bias)",

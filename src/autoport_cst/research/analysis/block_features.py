@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from autoport_cst.research.analysis import mixers
 from autoport_cst.research.analysis.graph import strip_casts
 from autoport_cst.research.analysis.layer_inputs import layer_arguments, layer_calls
 from autoport_cst.research.analysis.state import AnalyzerState
@@ -107,23 +108,11 @@ def score_bias(st: AnalyzerState) -> None:
 def explicit_attention(st: AnalyzerState) -> None:
     """Attention written out (the scores as a product of queries and keys, a
     softmax) with no kernel call, whose scale, softcap, sinks and window
-    research reads from a kernel's arguments."""
+    research reads from a kernel's arguments (:func:`.mixers.explicit_scores`)."""
     attn = dict(st.layers[0].children()).get(st.attn_name)
     if attn is None or st.result.get("unsupported.alibi_positions") is not None:
         return
-    for value in st.outputs(attn)[:1]:
-        nodes = list(walk(value))
-        softmax = any(n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "softmax" for n in nodes)
-        scores = any(n.kind in ("binop", "call") and n.name.rsplit(".", 1)[-1] == "matmul" for n in nodes)
-        if softmax and scores:
-            st.add(
-                known(
-                    ("attention",),
-                    "unsupported.explicit_attention",
-                    CODE,
-                    f"{st.where(attn)} computes q @ k^T and a softmax itself (no attention kernel call)",
-                )
-            )
+    mixers.explicit_scores(st, attn, ("attention",))
 
 
 def _builder_with(value: Any, heads: int) -> Node | None:

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from autoport_cst.research.analysis import mixers
 from autoport_cst.research.analysis.config_expressions import (
     add_config_key,
     assigned_in,
@@ -115,6 +116,23 @@ def _runs_layers(st: AnalyzerState, owner: Instance, items: list[Instance]) -> b
     )
 
 
+def first_listed_block(st: AnalyzerState) -> Instance | None:
+    """The first item of the first list of modules under the causal LM
+    (breadth first), the block ``layer_list_shape`` describes."""
+    queue: list[Instance] = [st.top]
+    seen = 0
+    while queue and seen < 64:
+        inst = queue.pop(0)
+        seen += 1
+        for value in inst.attrs.values():
+            if isinstance(value, Instance) and value.cls == MODULE_LIST:
+                items = [i for i in value.attrs.get("items", []) if isinstance(i, Instance)]
+                if items:
+                    return items[0]
+        queue += [c for n, c in inst.children() if "." not in n]
+    return None
+
+
 def layer_list_shape(st: AnalyzerState) -> str:
     """What the first list of modules holds, when it is not a list of
     decoder layers with one attention and one MLP module; and whether
@@ -185,6 +203,8 @@ def mixer_layers(st: AnalyzerState, backbone: Instance, layers_attr: str) -> Non
         and not wrapped_attention(st, layer)
     ]
     if others:
+        explains = ("attention.other_mixer_layers",) + (("code.attention",) if others[0] == 0 else ())
+        mixers.name_block(st, layers[others[0]], explains)
         kinds = sorted({layers[i].class_name for i in others})
         st.add(
             known(
@@ -205,6 +225,10 @@ def attention_child(st: AnalyzerState) -> bool:
     attn_names = [n for n, c in children.items() if st.role(c) == "attention"]
     if len(attn_names) != 1:
         wrapped = wrapped_attention(st, layer0) if not attn_names else []
+        if wrapped:
+            mixers.name_wrapped(st, layer0)
+        elif len(attn_names) > 1:
+            mixers.several_attentions(st, layer0, attn_names)
         st.add(
             unknown(
                 "code.attention",

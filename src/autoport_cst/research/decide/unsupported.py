@@ -52,12 +52,15 @@ def unsupported(d: Decider) -> tuple[str, ...] | None:
     epsilon's config key are not computations (a wrong guess fails to
     load, or reads the same value)."""
     items: list[str] = list(_features(d) or ())
+    explained = _explained_sections(d)
+    failed = False
     for name in ANALYSIS_FAILURES:
         finding = d.code_finding(name)
         if finding is not None and not finding.known:
-            items.append(f"{name}: {_short(finding.evidence)}")
-    explained = _explained_sections(d)
-    if not any(item.split(":", 1)[0] in ANALYSIS_FAILURES for item in items):
+            failed = True
+            if name not in explained:  # else a named computation is why (analysis/mixers.py)
+                items.append(f"{name}: {_short(finding.evidence)}")
+    if not failed:
         for name in sorted(set(d.unknown)):
             if name.startswith("checkpoint.") or name in NOT_COMPUTATIONS:
                 continue

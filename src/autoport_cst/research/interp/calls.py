@@ -250,6 +250,11 @@ class Calls(Statements):
                 elif isinstance(args[0], (list, tuple)):
                     items.extend(args[0])
             return None
+        if isinstance(obj, list) and name == "append":
+            if len(args) != 1 or not isinstance(args[0], Instance):
+                return UNKNOWN  # only modules are appended (Jamba's decoder_layers.append(layer_class(...)))
+            obj.append(args[0])
+            return None
         if not all(is_concrete(a) for a in [*args, *kwargs.values()]):
             return UNKNOWN
         try:

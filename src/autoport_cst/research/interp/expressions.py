@@ -91,6 +91,8 @@ class Expressions(Classes):
             if name in _IDENTITY_METHODS:
                 return BoundBuiltin(base, "__identity__")
             return UNKNOWN
+        if isinstance(base, list) and name == "append":
+            return BoundBuiltin(base, name)  # modules appended to a list (calls.call_builtin_method)
         for kind, allowed in SAFE_METHODS.items():
             if isinstance(base, kind) and name in allowed:
                 return BoundBuiltin(base, name)

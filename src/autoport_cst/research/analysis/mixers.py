@@ -1,0 +1,388 @@
+"""What a block computes when research cannot read it as one softmax
+attention and one feed-forward, named from its code: a token mixer that
+carries a state from position to position (a loop over the positions:
+state-space scans, linear attention, RNN cells: Mamba, RWKV, xLSTM, the
+linear-attention layers of hybrids), one that mixes positions by a causal
+convolution alone (LFM's short convolution), routed experts chosen without a
+top-k of the router scores (PhiMoE's sparsemixer), several attention
+sublayers in one layer, and, for an attention one module down, what its
+wrapper and the attention inside compute (the residual added and normed in
+the wrapper: BERT's ``BertSelfOutput``, DBRX's ``DbrxNormAttentionNorm``;
+scores and softmax written out: GPT-Neo; clamped projections: DBRX's
+``clip_qkv``).
+
+Each is an ``unsupported.<name>`` finding whose value names the analysis
+failure it explains (``code.decoder_layers``, ``code.attention``): the
+refusal then names the computation, not layers or an attention not found
+(research/decide/unsupported.py). What matches none of these is left to the
+failure's own text."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from autoport_cst.research.analysis.state import AnalyzerState
+from autoport_cst.research.findings import CODE, known
+from autoport_cst.research.interp.values import Instance, Node, SourceClass
+from autoport_cst.research.interp.walk import depends_on, walk
+
+# roles whose computation another section reads
+READ_ROLES = ("attention", "norm", "linear", "dropout", "embedding", "mlp", "moe", "rotary", "activation")
+CLAMPS = ("clamp", "clamp_", "clip", "clip_")
+
+
+def name_block(st: AnalyzerState, block: Instance, explains: tuple[str, ...], routing: bool = True) -> bool:
+    """Name what the children of ``block`` that no section reads compute
+    (routing without top-k unless not ``routing``, a recurrent or
+    convolutional token mixer); True when one is named. In a block without
+    attention holding several feed-forwards, those are looked at too (one of
+    them mixes the positions: RecurrentGemma's temporal block)."""
+    children = [(n, c) for n, c in block.children() if "." not in n]
+    roles = [st.role(c) for _, c in children]
+    several = "attention" not in roles and sum(r in ("mlp", "moe") for r in roles) > 1
+    named = False
+    for (name, child), role in zip(children, roles, strict=True):
+        if role in READ_ROLES and not (several and role == "mlp"):
+            continue
+        if routing and role not in READ_ROLES and _routing_without_topk(st, name, child, explains):
+            named = True
+        elif _token_mixer(st, block, name, child, explains):
+            named = True
+    return named
+
+
+def several_attentions(st: AnalyzerState, layer: Instance, names: list[str]) -> None:
+    """A layer with several attention sublayers (each its own projections),
+    named with them."""
+    shown = ", ".join(f"{n} ({dict(layer.children())[n].class_name})" for n in names)
+    st.add(
+        known(
+            ("code.attention",),
+            "unsupported.several_attentions",
+            CODE,
+            f"{st.where(layer)} runs {len(names)} attention sublayers: {shown}",
+        )
+    )
+
+
+def name_wrapped(st: AnalyzerState, layer: Instance) -> bool:
+    """For each attention one module down (``child.inner``): the residual
+    the wrapper adds to the attention output itself, scores and softmax the
+    attention computes itself, projections it clamps; True when one is
+    named."""
+    named = False
+    for name, wrapper in layer.children():
+        if "." in name:
+            continue
+        for inner_name, inner in wrapper.children():
+            if "." in inner_name or st.role(inner) != "attention":
+                continue
+            named = _wrapper_residual(st, wrapper, inner) or named
+            named = explicit_scores(st, inner, ("code.attention",)) or named
+            named = _clamped_projections(st, inner) or named
+    return named
+
+
+def explicit_scores(st: AnalyzerState, attn: Instance, explains: tuple[str, ...]) -> bool:
+    """Attention written out (the scores as a product of queries and keys:
+    matmul or bmm, then a softmax) with no kernel call, whose scale, softcap,
+    sinks and window research reads from a kernel's arguments."""
+    for value in st.outputs(attn)[:1]:
+        names = {n.name.rsplit(".", 1)[-1] for n in walk(value) if n.kind in ("binop", "call", "method")}
+        if "softmax" in names and names & {"matmul", "bmm"}:
+            product = "bmm" if "bmm" in names else "matmul"
+            st.add(
+                known(
+                    explains,
+                    "unsupported.explicit_attention",
+                    CODE,
+                    f"{st.where(attn)} computes q @ k^T ({product}) and a softmax itself "
+                    "(no attention kernel call)",
+                )
+            )
+            return True
+    return False
+
+
+def _wrapper_residual(st: AnalyzerState, wrapper: Instance, inner: Instance) -> bool:
+    """The wrapper adds its own input to what the attention inside returns
+    (and may norm the sum), itself or in a module it gives both (BERT's
+    ``BertSelfOutput``): the residual inside the attention sublayer."""
+    params = _parameters(st, wrapper)
+    for value in st.outputs(wrapper)[:1] if params else ():
+        calls = [n for n in walk(value) if n.kind == "module" and n.ref is inner]
+        for node in walk(value):
+            if not calls or not _sums_input(st, node, calls, params[0]):
+                continue
+            where = "" if node.kind == "binop" else f" in {node.ref.class_name}"
+            norms = [n.ref.class_name for n in walk(value) if n.kind == "module" and st.role(n.ref) == "norm"]
+            if node.kind == "module":
+                norms += [d.class_name for d in _descendants(node.ref) if st.role(d) == "norm"]
+            normed = f", then a norm ({', '.join(sorted(set(norms)))})" if norms else ""
+            st.add(
+                known(
+                    ("code.attention",),
+                    "unsupported.sublayer_residual",
+                    CODE,
+                    f"{st.where(wrapper)} adds its input {params[0]!r} to the output of "
+                    f"{inner.class_name}{where}{normed}",
+                )
+            )
+            return True
+    return False
+
+
+def _sums_input(st: AnalyzerState, node: Node, calls: list[Node], param: str) -> bool:
+    """``node`` adds the wrapper's input ``param`` to a value computed from
+    the attention ``calls``: an add, or a module given both whose forward
+    adds those two arguments."""
+    if node.kind == "binop" and node.name == "add":
+        args = list(node.args)
+    elif (
+        node.kind == "module"
+        and node.ref is not None
+        and node.args
+        and node.ref not in [c.ref for c in calls]
+    ):
+        names = _parameters(st, node.ref)
+        args = list(node.args[: len(names)])
+        if len(args) < 2 or not _module_adds(st, node.ref, names[: len(args)]):
+            return False
+    else:
+        return False
+    through = [any(arg is c or depends_on(arg, c) for c in calls) for arg in args]
+    return through.count(True) == 1 and any(
+        _is_input(arg, param) for arg, t in zip(args, through, strict=True) if not t
+    )
+
+
+def _module_adds(st: AnalyzerState, inst: Instance, names: list[str]) -> bool:
+    """``inst``'s forward output holds an add of two of its arguments."""
+    for value in st.outputs(inst)[:1]:
+        for node in walk(value):
+            if node.kind == "binop" and node.name == "add" and len(node.args) == 2:
+                sides = [{n.name for n in walk(a) if n.kind == "input"} & set(names) for a in node.args]
+                if all(sides) and sides[0] != sides[1]:
+                    return True
+    return False
+
+
+def _is_input(value: object, name: str) -> bool:
+    """``value`` is the forward argument ``name`` (through casts and
+    dropouts at most: no module but a dropout in between)."""
+    nodes = list(walk(value)) if isinstance(value, Node) else []
+    inputs = [n for n in nodes if n.kind == "input" and n.name == name]
+    modules = [n for n in nodes if n.kind == "module" and "Dropout" not in n.ref.class_name]
+    return bool(inputs) and not modules
+
+
+def _clamped_projections(st: AnalyzerState, attn: Instance) -> bool:
+    """Projections of the attention clamped to a range before the scores
+    (DBRX's ``clip_qkv``), on the path the config takes."""
+    linears = {id(c) for _, c in attn.children() if st.role(c) == "linear"}
+    for value in st.outputs(attn)[:1]:
+        for node in walk(value):
+            if node.kind not in ("method", "call") or not node.args:
+                continue
+            if node.name.rsplit(".", 1)[-1] not in CLAMPS:
+                continue
+            bounds = [*node.args[1:], *(v for k, v in node.kwargs if k in ("min", "max"))]
+            if all(b is None for b in bounds):
+                continue  # clamp(min=None, max=None): DBRX without clip_qkv clamps nothing
+            if any(n.kind == "module" and id(n.ref) in linears for n in walk(node.args[0])):
+                st.add(
+                    known(
+                        ("code.attention",),
+                        "unsupported.qkv_clip",
+                        CODE,
+                        f"{st.where(attn)}: the projections are clamped to a range before the attention "
+                        f"({node.name})",
+                    )
+                )
+                return True
+    return False
+
+
+def _routing_without_topk(st: AnalyzerState, name: str, child: Instance, explains: tuple[str, ...]) -> bool:
+    """Routed experts (a descendant with 3-D expert weights, or a list of
+    MLPs) chosen by code without a top-k of the router scores: the
+    functions that choose them are named."""
+    experts = [d for d in _descendants(child) if _expert_bank(st, d)]
+    if not experts:
+        return False
+    classes = _classes(child)
+    if any(_calls(c.node, "topk") for c in classes):
+        return False
+    functions = _reachable_functions(classes)
+    chooser = ", ".join(f"{f.name} ({module}:{f.lineno})" for f, module in functions) or "its own forward"
+    st.add(
+        known(
+            explains,
+            "unsupported.routing_without_topk",
+            CODE,
+            f"{st.where(child)}: {name} routes to {experts[0].class_name} without a top-k of the router "
+            f"scores; the experts are chosen by {chooser}",
+        )
+    )
+    return True
+
+
+def _expert_bank(st: AnalyzerState, inst: Instance) -> bool:
+    if st.role(inst) == "experts":
+        return True
+    items = [c for n, c in inst.children() if "." in n]
+    return len(items) > 1 and all(st.role(c) == "mlp" for c in items)
+
+
+def _token_mixer(
+    st: AnalyzerState, block: Instance, name: str, child: Instance, explains: tuple[str, ...]
+) -> bool:
+    """A child mixing positions without softmax attention: with a loop over
+    positions (a state carried from one to the next) in its code or the
+    functions it calls, a recurrent mixer; with a convolution alone, a
+    convolutional one."""
+    classes = _classes(child)
+    loops = [
+        f"{where} ({module}:{line})"
+        for cls in classes
+        for where, module, line in _range_loops(cls.node, cls.module.path.name)
+    ]
+    loops += [
+        f"{fn.name} ({module}:{line})"
+        for fn, module in _reachable_functions(classes)
+        for _, _, line in _range_loops(fn, module)
+    ]
+    loops += [
+        f"{name} ({module}:{line})"
+        for fn, module in [
+            *((c.node, c.module.path.name) for c in classes),
+            *_reachable_functions(classes),
+        ]
+        for name, line in _cumulative_sums(fn)
+    ]
+    convs = [
+        f"{path}{attr}"
+        for path, inst in [("", child), *((f"{n}.", d) for n, d in _named_descendants(child))]
+        for attr, value in inst.attrs.items()
+        if _is_convolution(value)
+    ]
+    if not loops and not convs:
+        return False
+    beside = " beside the attention" if any(st.role(c) == "attention" for _, c in block.children()) else ""
+    what = f"{st.where(child)}: {name} ({child.class_name}){beside}"
+    parts = []
+    if convs:
+        parts.append(f"a convolution over the positions ({', '.join(convs[:2])})")
+    if loops:
+        parts.append(
+            f"a scan over the positions (a loop or a cumulative sum) in {', '.join(dict.fromkeys(loops[:3]))}"
+        )
+    kind = "recurrent_mixer" if loops else "convolution_mixer"
+    st.add(known(explains, f"unsupported.{kind}", CODE, f"{what} computes {' and '.join(parts)}"))
+    return True
+
+
+def _is_convolution(value: object) -> bool:
+    """A torch convolution module (kept by the interpreter as the call that
+    constructs it, or an instance of it)."""
+    if isinstance(value, Instance):
+        return value.class_name in ("Conv1d", "Conv2d")
+    return (
+        isinstance(value, Node)
+        and value.kind == "call"
+        and value.name.rsplit(".", 1)[-1] in ("Conv1d", "Conv2d")
+    )
+
+
+def _range_loops(node: ast.AST, module: str) -> Iterator[tuple[str, str, int]]:
+    """``for ... in range(...)`` loops in the function or class ``node``:
+    (the enclosing function, the file, the line)."""
+    functions = [node] if isinstance(node, ast.FunctionDef) else list(ast.walk(node))
+    for fn in functions:
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        for loop in ast.walk(fn):
+            if (
+                isinstance(loop, ast.For)
+                and isinstance(loop.iter, ast.Call)
+                and isinstance(loop.iter.func, ast.Name)
+                and loop.iter.func.id == "range"
+            ):
+                owner = fn.name if isinstance(node, ast.FunctionDef) else f"{_class_name(node)}.{fn.name}"
+                yield owner, module, loop.lineno
+                break
+
+
+def _cumulative_sums(node: ast.AST) -> Iterator[tuple[str, int]]:
+    """``cumsum`` calls in the function or class ``node`` (a chunked scan:
+    Mamba-2's ``segment_sum``): (the enclosing function, the line)."""
+    functions = [node] if isinstance(node, ast.FunctionDef) else list(ast.walk(node))
+    for fn in functions:
+        if isinstance(fn, ast.FunctionDef) and _calls(fn, "cumsum"):
+            owner = fn.name if isinstance(node, ast.FunctionDef) else f"{_class_name(node)}.{fn.name}"
+            line = next(c.lineno for c in ast.walk(fn) if isinstance(c, ast.Call) and _calls(c, "cumsum"))
+            yield owner, line
+
+
+def _class_name(node: ast.AST) -> str:
+    return node.name if isinstance(node, ast.ClassDef) else "?"
+
+
+def _reachable_functions(classes: list[SourceClass]) -> list[tuple[ast.FunctionDef, str]]:
+    """Module-level functions the methods of ``classes`` call, and the ones
+    those call, in the order first reached."""
+    found: dict[str, tuple[ast.FunctionDef, str]] = {}
+    queue: list[tuple[ast.AST, SourceClass]] = [(c.node, c) for c in classes]
+    while queue:
+        node, cls = queue.pop(0)
+        functions = {f.name: f for f in cls.module.tree.body if isinstance(f, ast.FunctionDef)}
+        for call in ast.walk(node):
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in functions:
+                fn = functions[call.func.id]
+                if fn.name not in found:
+                    found[fn.name] = (fn, cls.module.path.name)
+                    queue.append((fn, cls))
+    return list(found.values())
+
+
+def _calls(node: ast.AST, name: str) -> bool:
+    return any(
+        isinstance(c, ast.Call)
+        and (getattr(c.func, "attr", None) == name or getattr(c.func, "id", None) == name)
+        for c in ast.walk(node)
+    )
+
+
+def _classes(inst: Instance) -> list[SourceClass]:
+    """The source classes of ``inst`` and its descendants, each once."""
+    out: dict[str, SourceClass] = {}
+    for node in [inst, *_descendants(inst)]:
+        if isinstance(node.cls, SourceClass):
+            out.setdefault(node.cls.qualname, node.cls)
+    return list(out.values())
+
+
+def _descendants(inst: Instance) -> list[Instance]:
+    return [d for _, d in _named_descendants(inst)]
+
+
+def _named_descendants(inst: Instance, prefix: str = "", depth: int = 0) -> list[tuple[str, Instance]]:
+    out: list[tuple[str, Instance]] = []
+    if depth > 6:
+        return out
+    for name, child in inst.children():
+        path = f"{prefix}{name}"
+        out.append((path, child))
+        out += _named_descendants(child, path + ".", depth + 1)
+    return out
+
+
+def _parameters(st: AnalyzerState, instance: Instance) -> list[str]:
+    if not isinstance(instance.cls, SourceClass):
+        return []
+    found = st.interp.find_method(instance.cls, "forward")
+    if found is None:
+        return []
+    args = found[1].args
+    return [a.arg for a in [*args.posonlyargs, *args.args][1:]]

@@ -1,0 +1,126 @@
+"""What research does not read as one softmax attention and one feed-forward
+is refused by the computation its code performs, found in that code (never
+by the model's name), with the source position: a token mixer looping over
+the positions (Mamba, RWKV, the gated delta rule of a hybrid, Jamba's layers, the Mamba-2 mixer
+beside FalconH1's attention), a
+convolutional mixer (LFM), experts chosen without a top-k (PhiMoE's
+sparsemixer), an attention one module down whose wrapper adds and norms the
+residual (BERT as a decoder, DBRX) or that writes out its scores (GPT-Neo),
+DBRX's clamped projections, several attentions in one layer (LongCat
+Flash); never "decoder layers / an attention research could not find". The
+refusal names only what the model computes: XGLM's is its sinusoidal
+positions and its written-out attention, not sinks, softcap or a window."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+FAILURES = ("code.decoder_layers", "code.attention")
+
+# architecture -> (the features its refusal names, words the message must hold)
+NAMED = {
+    "MambaForCausalLM": (
+        {"recurrent_mixer"},
+        ["MambaMixer", "mamba_selective_scan (modeling_mamba.py:", "conv1d"],
+    ),
+    "RwkvForCausalLM": ({"recurrent_mixer"}, ["rwkv_linear_attention_cpu (modeling_rwkv.py:"]),
+    "Qwen3NextForCausalLM": (
+        {"attention.other_mixer_layers", "recurrent_mixer"},
+        ["Qwen3NextGatedDeltaNet", "gated_delta_rule (modeling_qwen3_next.py:"],
+    ),
+    # its layers a list built by appending each layer's class (attention or Mamba) in a loop
+    "JambaForCausalLM": (
+        {"attention.other_mixer_layers", "recurrent_mixer"},
+        ["JambaMambaMixer", "conv1d", "mamba_selective_scan (modeling_jamba.py:"],
+    ),
+    # a Mamba-2 mixer beside the attention in every layer, its scan a cumulative sum (segment_sum)
+    "FalconH1ForCausalLM": (
+        {"recurrent_mixer"},
+        ["beside the attention", "segment_sum (modeling_falcon_h1.py:"],
+    ),
+    "Lfm3ForCausalLM": (
+        {"attention.other_mixer_layers", "convolution_mixer"},
+        ["Lfm3ShortConv.forward (modeling_lfm3.py:", "a convolution over the positions"],
+    ),
+    "PhimoeForCausalLM": ({"routing_without_topk"}, ["sparsemixer (modeling_phimoe.py:", "PhimoeExperts"]),
+    "BertLMHeadModel": (
+        {"sublayer_residual"},
+        ["BertAttention.forward (modeling_bert.py:", "in BertSelfOutput, then a norm (LayerNorm)"],
+    ),
+    "GPTNeoForCausalLM": (
+        {"explicit_attention"},
+        ["GPTNeoSelfAttention.forward (modeling_gpt_neo.py:", "(matmul) and a softmax"],
+    ),
+    "LongcatFlashForCausalLM": ({"several_attentions"}, ["runs 2 attention sublayers: self_attn.0"]),
+    "XGLMForCausalLM": (
+        {"sinusoidal_positions", "explicit_attention"},
+        ["XGLMAttention.forward (modeling_xglm.py:", "(bmm) and a softmax"],
+    ),
+}
+
+
+def _refusal(found):
+    from autoport_cst.port import refusal
+    from autoport_cst.research import choose_reference
+
+    return refusal(found, choose_reference(found.spec, "tiny", found.architecture, None))
+
+
+@pytest.fixture(scope="module")
+def researched(tmp_path_factory):
+    from autoport_cst.research import research
+    from autoport_cst.validate import build_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("named")
+    cache: dict[str, object] = {}
+
+    def get(architecture: str):
+        if architecture not in cache:
+            build_tiny_checkpoint(architecture, root / architecture, seed=0)
+            cache[architecture] = research(str(root / architecture))
+        return cache[architecture]
+
+    return get
+
+
+@pytest.mark.parametrize("architecture", sorted(NAMED))
+def test_the_refusal_names_the_computation(researched, architecture):
+    features, words = NAMED[architecture]
+    error = _refusal(researched(architecture))
+    assert error is not None
+    assert set(error.features) == features, error.features
+    message = str(error)
+    assert all(w in message for w in words), message
+    assert not any(f"[{failure}]" in message for failure in FAILURES), message
+
+
+def test_xglm_names_no_attention_feature_it_does_not_compute(researched):
+    """XGLM scales its queries by head_dim ** -0.5 and attends over a causal
+    mask: its refusal names no sinks, softcap, sliding window or scale."""
+    error = _refusal(researched("XGLMForCausalLM"))
+    assert error is not None
+    for field in ("attention.sinks", "attention.softcap", "attention.sliding_window", "attention.scale"):
+        assert field not in error.features and f"[{field}]" not in str(error), str(error)
+
+
+@pytest.mark.parametrize("clip", [8.0, None])
+def test_dbrx_is_refused_for_clip_qkv_and_its_residual_in_the_wrapper(tmp_path: Path, clip):
+    """DBRX (full-size config: research needs no weights): the projections
+    clamped when clip_qkv is set (the path the config takes), and the
+    residual DbrxNormAttentionNorm adds."""
+    from autoport_cst.research import research
+    from autoport_cst.validate.tiny import resolve_config, write_config_json
+
+    config, _ = resolve_config("DbrxForCausalLM")
+    config.architectures = ["DbrxForCausalLM"]
+    config.attn_config.clip_qkv = clip
+    write_config_json(config, tmp_path / "config.json")
+    error = _refusal(research(str(tmp_path)))
+    expected = {"qkv_clip", "sublayer_residual"} if clip else {"sublayer_residual"}
+    assert error is not None and set(error.features) == expected, error
+    assert "DbrxNormAttentionNorm.forward (modeling_dbrx.py:" in str(error)
+    assert ("DbrxAttention.forward (modeling_dbrx.py:" in str(error)) == bool(clip)
