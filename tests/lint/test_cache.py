@@ -72,3 +72,18 @@ def test_cache_dir_option_and_environment(write, in_tmp, monkeypatch, tmp_path_f
     run(".")
     assert list(other.glob("lint-v*.json"))
     assert run(".").cache_hits == 1
+
+
+def test_memory_cache_reuses_results_in_the_process_only(write, in_tmp):
+    path = write("m.py", BAD)
+    cold = run(".", use_cache=False, memory_cache=True)
+    warm = run(".", use_cache=False, memory_cache=True)
+    assert (cold.cache_hits, warm.cache_hits) == (0, 1)
+    assert warm.diagnostics == cold.diagnostics and len(warm.diagnostics) == 1
+    assert list(in_tmp.iterdir()) == [path], "nothing written on disk"
+    assert run(".", use_cache=False, memory_cache=True, select=["NRN003"]).cache_hits == 0, (
+        "another rule selection"
+    )
+    assert run(".", use_cache=False).cache_hits == 0, "no cache at all without memory_cache"
+    path.write_text(BAD.replace("cpu()", "cpu() + 1"))
+    assert run(".", use_cache=False, memory_cache=True).cache_hits == 0, "another content"

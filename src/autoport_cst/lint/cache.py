@@ -5,7 +5,8 @@ a signature of the lint package's files, enabled rules, their options and
 the forward-path settings). Value: the file's diagnostics without the path.
 A changed file, rule set, option or tool version misses; renaming a file
 hits. One JSON file per cache directory, read once and written once per run
-(atomically); the directory gets a ``.gitignore`` of ``*``.
+(atomically); the directory gets a ``.gitignore`` of ``*``. ``MemoryCache``
+keeps the same keys and rows in this process only.
 """
 
 from __future__ import annotations
@@ -81,4 +82,27 @@ class Cache:
             )
         except OSError:
             pass  # a read-only tree: run without a cache
+        self.dirty = False
+
+
+_MEMORY: dict[str, list] = {}
+
+
+class MemoryCache(Cache):
+    """The cache's keys and rows held in this process, nothing read from or
+    written to disk: for a caller that lints the same files again and again
+    without a cache directory of its own (the validator's lint gate lints a
+    port before each of its validations). A key holds the file's bytes and
+    the settings fingerprint, so a changed file, rule set or option misses."""
+
+    def __init__(self) -> None:
+        self.directory = ""
+        self.path = ""
+        self.entries = _MEMORY
+        self.dirty = False
+        self.hits = 0
+
+    def save(self) -> None:
+        while len(self.entries) > MAX_ENTRIES:  # drop the oldest written
+            del self.entries[next(iter(self.entries))]
         self.dirty = False

@@ -36,6 +36,8 @@ class RunOptions:
     force_exclude: bool = False
     jobs: int | None = None
     cache_dir: str | None = None
+    # with use_cache False: keep results in this process only (cache.MemoryCache)
+    memory_cache: bool = False
 
 
 @dataclass
@@ -134,6 +136,12 @@ def cache_directory(options: RunOptions) -> str:
     return os.path.join(os.getcwd(), cache_mod.DEFAULT_DIR)
 
 
+def _result_cache(options: RunOptions) -> cache_mod.Cache | None:
+    if options.use_cache:
+        return cache_mod.Cache(cache_directory(options))
+    return cache_mod.MemoryCache() if options.memory_cache else None
+
+
 # -- one file ---------------------------------------------------------------------
 
 
@@ -205,7 +213,7 @@ def run(paths: list[str], options: RunOptions | None = None) -> Report:
     registry()  # import the rules once, before any fork
     files = discover(paths, options)
     report = Report()
-    cache = cache_mod.Cache(cache_directory(options)) if options.use_cache else None
+    cache = _result_cache(options)
     fingerprints: dict[tuple[int, frozenset[str]], str] = {}
 
     results: dict[str, FileResult] = {}
