@@ -1041,6 +1041,15 @@ def moe_checkpoint_keys(names, module: str, num_experts: int) -> MoECheckpointKe
     )
 
 
+def _mask_padded_vocabulary(logits: torch.Tensor, vocab_size: int, rank) -> torch.Tensor:
+    """This LM-head rank's logits ``[N, V_padded / tp]`` with the columns of
+    the vocabulary's padding (ids from ``vocab_size`` on) at -inf, so that a
+    sampler over the shards never picks one."""
+    width = logits.shape[-1]
+    columns = torch.arange(width, device=logits.device) + rank * width
+    return logits.masked_fill(columns >= vocab_size, float("-inf"))
+
+
 class DeepseekV3ForCausalLM(nn.Module):
     def __init__(self, config: DeepseekV3Config):
         super().__init__()
@@ -1058,10 +1067,15 @@ class DeepseekV3ForCausalLM(nn.Module):
         self.on_device_sampling_config = (
             neuron_config.on_device_sampling_config if neuron_config is not None else None
         )
+        # >>> PARALLELISM: the vocabulary padded to a multiple of the TP size <<<
+        # (ColumnParallelLinear shards evenly: the last shard ends in zero rows, whose
+        # logits forward drops or masks)
+        self.vocab_size = config.vocab_size
+        padded_vocab_size = -(-config.vocab_size // self.world_size) * self.world_size
         # <-- MODEL-SPECIFIC: no LM-head bias; a tied LM head loads the embedding (load_weights)
         self.lm_head = neuron_nn.ColumnParallelLinear(
             config.hidden_size,
-            config.vocab_size,
+            padded_vocab_size,
             bias=False,
             dtype=config.torch_dtype,
             gather_output=self.on_device_sampling_config is None,
@@ -1074,6 +1088,7 @@ class DeepseekV3ForCausalLM(nn.Module):
                 shard_size=self.lm_head.out_features_per_rank,
                 num_shards=self.lm_head.tp_size,
                 is_storage_transposed=False,
+                pad_shard=True,
             ),
         )
         self.sampler = None
@@ -1112,7 +1127,13 @@ class DeepseekV3ForCausalLM(nn.Module):
             hidden_states = torch.index_select(hidden_states, 0, sampling_positions)
         logits = self.lm_head(hidden_states)
         if self.sampler is None:
-            return logits
+            # >>> PARALLELISM: the padded vocabulary's logits dropped <<<
+            return logits[:, : self.vocab_size]
+        # >>> PARALLELISM: the padded vocabulary's columns of this shard never sampled <<<
+        if self.lm_head.out_features != self.vocab_size:
+            logits = _mask_padded_vocabulary(
+                logits, self.vocab_size, self.rank if rank is None else rank
+            )
         return self.sampler(logits, sampling_params, logit_mask=logit_mask, tp_rank=rank)
 
     # -- KV cache -------------------------------------------------------------------

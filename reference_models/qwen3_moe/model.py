@@ -1333,6 +1333,15 @@ def moe_checkpoint_keys(names, layer_prefix: str, num_experts: int) -> MoECheckp
     raise KeyError(f"no MoE router in the checkpoint for {layer_prefix} (looked for {looked_for})")
 
 
+def _mask_padded_vocabulary(logits: torch.Tensor, vocab_size: int, rank) -> torch.Tensor:
+    """This LM-head rank's logits ``[N, V_padded / tp]`` with the columns of
+    the vocabulary's padding (ids from ``vocab_size`` on) at -inf, so that a
+    sampler over the shards never picks one."""
+    width = logits.shape[-1]
+    columns = torch.arange(width, device=logits.device) + rank * width
+    return logits.masked_fill(columns >= vocab_size, float("-inf"))
+
+
 @async_speculative_decoding
 class Qwen3MoeForCausalLM(nn.Module, SupportsEagle3):
     def __init__(self, config: Qwen3MoeConfig):
@@ -1360,10 +1369,16 @@ class Qwen3MoeForCausalLM(nn.Module, SupportsEagle3):
             neuron_config.max_logprobs != 0 or neuron_config.debug_logits_dir is not None
         )
 
+        # >>> PARALLELISM: the vocabulary padded to a multiple of the LM-head TP size <<<
+        # (ColumnParallelLinear shards evenly: the last shard ends in zero rows, whose
+        # logits forward drops or masks)
+        self.vocab_size = config.vocab_size
+        lm_head_shards = self.lm_head_tp_group.world_size
+        padded_vocab_size = -(-config.vocab_size // lm_head_shards) * lm_head_shards
         # <-- MODEL-SPECIFIC: no LM-head bias; a tied LM head loads the embedding (load_weights)
         self.lm_head = neuron_nn.ColumnParallelLinear(
             config.hidden_size,
-            config.vocab_size,
+            padded_vocab_size,
             bias=False,
             dtype=config.torch_dtype,
             gather_output=self.on_device_sampling_config is None,
@@ -1374,6 +1389,7 @@ class Qwen3MoeForCausalLM(nn.Module, SupportsEagle3):
             shard_size=self.lm_head.out_features_per_rank,
             num_shards=self.lm_head.tp_size,
             is_storage_transposed=False,
+            pad_shard=True,
         )
         lm_head_loader = with_rank_override(lm_head_loader, rank=self.lm_head_tp_group.rank_in_group)
         set_weight_loader(self.lm_head.weight, lm_head_loader)
@@ -1442,6 +1458,8 @@ class Qwen3MoeForCausalLM(nn.Module, SupportsEagle3):
             gathered_logits = (
                 logits if self.lm_head.gather_output else self.lm_head_tp_group.all_gather(logits, dim=1)
             )
+            # >>> PARALLELISM: the padded vocabulary's logits dropped <<<
+            gathered_logits = gathered_logits[:, : self.vocab_size]
         if self.lm_head_dp_size > 1:
             # >>> PARALLELISM: back to this rank's rows <<<
             rows = logits.shape[0] // self.lm_head_dp_size
@@ -1453,8 +1471,16 @@ class Qwen3MoeForCausalLM(nn.Module, SupportsEagle3):
         # Eagle3: the drafter reads the auxiliary hidden states as one tensor
         aux = torch.cat(aux_hidden_states, dim=-1) if aux_hidden_states else None
         if self.sampler is None:
+            # >>> PARALLELISM: the padded vocabulary's logits dropped <<<
+            logits = logits[:, : self.vocab_size]
             return logits if aux is None else (logits, aux)
 
+        # >>> PARALLELISM: the padded vocabulary's columns of this shard never sampled <<<
+        if self.lm_head.out_features != self.vocab_size:
+            lm_head_rank = self.lm_head_tp_group.rank_in_group
+            if rank is not None:
+                lm_head_rank = rank + (lm_head_rank - self.rank)
+            logits = _mask_padded_vocabulary(logits, self.vocab_size, lm_head_rank)
         sampled_tokens = self.sampler(logits, sampling_params, logit_mask=logit_mask, tp_rank=rank)
         if spec_decode_metadata is not None:
             from vllm_neuron.nn.rejection_sampler import rejection_sampler

@@ -682,6 +682,15 @@ class Qwen3VLTextModel(nn.Module):
 # =============================================================================
 
 
+def _mask_padded_vocabulary(logits: torch.Tensor, vocab_size: int, rank) -> torch.Tensor:
+    """This LM-head rank's logits ``[N, V_padded / tp]`` with the columns of
+    the vocabulary's padding (ids from ``vocab_size`` on) at -inf, so that a
+    sampler over the shards never picks one."""
+    width = logits.shape[-1]
+    columns = torch.arange(width, device=logits.device) + rank * width
+    return logits.masked_fill(columns >= vocab_size, float("-inf"))
+
+
 class Qwen3VLForConditionalGeneration(nn.Module):
     def __init__(self, config: Qwen3VLConfig):
         super().__init__()
@@ -703,10 +712,15 @@ class Qwen3VLForConditionalGeneration(nn.Module):
         self._gather_logits = neuron_config is not None and (
             neuron_config.max_logprobs != 0 or neuron_config.debug_logits_dir is not None
         )
+        # >>> PARALLELISM: the vocabulary padded to a multiple of the TP size <<<
+        # (ColumnParallelLinear shards evenly: the last shard ends in zero rows, whose
+        # logits forward drops or masks)
+        self.vocab_size = self.text_config.vocab_size
+        padded_vocab_size = -(-self.text_config.vocab_size // self.world_size) * self.world_size
         # <-- MODEL-SPECIFIC: no LM-head bias; a tied LM head loads the embedding (load_weights)
         self.lm_head = neuron_nn.ColumnParallelLinear(
             self.text_config.hidden_size,
-            self.text_config.vocab_size,
+            padded_vocab_size,
             bias=False,
             dtype=self.text_config.torch_dtype,
             gather_output=self.on_device_sampling_config is None,
@@ -719,6 +733,7 @@ class Qwen3VLForConditionalGeneration(nn.Module):
                 shard_size=self.lm_head.out_features_per_rank,
                 num_shards=self.lm_head.tp_size,
                 is_storage_transposed=False,
+                pad_shard=True,
             ),
         )
         self.sampler = None
@@ -824,7 +839,13 @@ class Qwen3VLForConditionalGeneration(nn.Module):
             hidden_states = torch.index_select(hidden_states, 0, sampling_positions)
         logits = self.lm_head(hidden_states)
         if self.sampler is None:
-            return logits
+            # >>> PARALLELISM: the padded vocabulary's logits dropped <<<
+            return logits[:, : self.vocab_size]
+        # >>> PARALLELISM: the padded vocabulary's columns of this shard never sampled <<<
+        if self.lm_head.out_features != self.vocab_size:
+            logits = _mask_padded_vocabulary(
+                logits, self.vocab_size, self.rank if rank is None else rank
+            )
 
         sampled_tokens = self.sampler(logits, sampling_params, logit_mask=logit_mask, tp_rank=rank)
         gathered_logits = None
@@ -832,6 +853,8 @@ class Qwen3VLForConditionalGeneration(nn.Module):
             gathered_logits = (
                 logits if self.lm_head.gather_output else self.tp_group.all_gather(logits, dim=1)
             )
+            # >>> PARALLELISM: the padded vocabulary's logits dropped <<<
+            gathered_logits = gathered_logits[:, : self.vocab_size]
         if spec_decode_metadata is not None:
             from vllm_neuron.nn.rejection_sampler import rejection_sampler
 

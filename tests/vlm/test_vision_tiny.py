@@ -12,7 +12,7 @@ from autoport_cst.errors import InputError
 from autoport_cst.validate.driver import port_hf_config
 from autoport_cst.validate.vision_prompts import vision_prompts
 from autoport_cst.validate.vision_reference import run_vision_reference
-from autoport_cst.validate.vision_tiny import build_tiny_vlm_checkpoint, tiny_vlm_config
+from autoport_cst.validate.vision_tiny import TINY_VOCAB, build_tiny_vlm_checkpoint, tiny_vlm_config
 
 from .conftest import QWEN_VL_ARCHITECTURES
 
@@ -23,7 +23,7 @@ def test_tiny_checkpoint_runs_the_validation_prompts(tmp_path, architecture):
     image, text = vision_prompts(port_hf_config(checkpoint, torch.float32))
     assert len(image.input_ids) == len(text.input_ids) == 24
     (image_run, text_run), _ = run_vision_reference(checkpoint, (image, text), steps=1, bf16=False)
-    assert image_run.logits.shape == (25, 256) and torch.isfinite(image_run.logits).all()
+    assert image_run.logits.shape == (25, TINY_VOCAB) and torch.isfinite(image_run.logits).all()
     tower = {name for name in image_run.records if name.startswith("vision.")}
     assert {"vision.blocks.0", "vision.blocks.2", "vision.merger"} <= tower
     assert ("vision.deepstack.0" in tower) == (architecture == "Qwen3VLForConditionalGeneration")

@@ -54,7 +54,9 @@ TINY_DIMENSIONS: dict[str, int] = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "intermediate_size": 128,
-    "vocab_size": 512,
+    # odd, so that no TP size divides it: the default TP=2 runs shard a padded
+    # vocabulary (the embedding's and the LM head's last shard end in padding)
+    "vocab_size": 511,
     "max_position_embeddings": 512,
     # mixture of experts
     "num_experts": 4,

@@ -10,7 +10,8 @@ query and 2 KV heads of 16, M-RoPE sections [4, 2, 2] of the 8 frequency
 pairs) and a 3-block vision tower (hidden 32, 2 heads, patch 4, temporal
 patch 2, merge 2, a 4 x 4 position table resampled to each image, deep-stack
 taps after blocks 0 and 1, so two decoder layers receive deep-stack
-features). The special tokens sit at the top of a 256-token vocabulary.
+features). The special tokens sit near the top of a 255-token vocabulary
+(odd, so that the TP=2 runs shard a padded one).
 
 ``tiny_images`` makes the ``pixel_values`` of images with the given patch
 grids (``[patches, C * t * p * p]``, in the processor's patch order) from a
@@ -29,7 +30,7 @@ import torch
 
 from autoport_cst.errors import InputError
 
-TINY_VOCAB = 256
+TINY_VOCAB = 255  # odd: the TP=2 runs shard a padded vocabulary
 IMAGE_TOKEN_ID = 250
 VIDEO_TOKEN_ID = 251
 VISION_START_TOKEN_ID = 248
