@@ -285,6 +285,8 @@ def _validation_runs(
                 seconds=time.perf_counter() - t0,
             )
         )
+        if report.failure is not None and report.failure.stage == "lint":
+            break  # a broken hardware rule: every run would refuse it alike (validate.lint_gate)
 
 
 def _vision_language_run(

@@ -129,6 +129,7 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "dcp": 1,
     "dcp_interleave": 1,
     "prefill_dcp": False,
+    "decode_tokens": 1,
 }
 
 

@@ -72,7 +72,10 @@ def test_tensor_computed_in_init_and_read_fails_loudly(broken_port, tiny_llama: 
         ),
         encoding="utf-8",
     )
-    report = validate_model(port, tiny_llama, steps=2)
+    linted = validate_model(port, tiny_llama, steps=2)  # the hardware rule, before any run
+    assert not linted.equivalent and linted.exit_code == 1 and linted.failure.stage == "lint"
+    assert "NRN001 no-tensor-compute-in-init" in linted.failure.message
+    report = validate_model(port, tiny_llama, steps=2, lint=False)  # the run's own check
     assert not report.equivalent and report.exit_code == 1
     assert report.failure.stage == "prefill"
     assert "'model.rotary_emb.inv_freq_scale'" in report.failure.message
@@ -81,14 +84,18 @@ def test_tensor_computed_in_init_and_read_fails_loudly(broken_port, tiny_llama: 
 
 def test_tensor_attribute_never_read_is_allowed(broken_port, tiny_llama: Path) -> None:
     """Real models keep FP8 KV-cache scales as plain attributes made in
-    __init__ and read them only with an FP8 cache: unread, they pass."""
+    __init__ and read them only with an FP8 cache: unread, the run's meta-tensor
+    check lets them pass. The lint rule NRN001 refuses a tensor made in
+    __init__ whether read or not, before any run."""
     port = broken_port(
         "        self.head_dim = config.head_dim\n        self.rope_parameters",
         "        self.head_dim = config.head_dim\n"
         "        self.unused_scale = torch.ones(1, 1)\n"
         "        self.rope_parameters",
     )
-    report = validate_model(port, tiny_llama, steps=2, dtype="fp32")
+    linted = validate_model(port, tiny_llama, steps=2, dtype="fp32")
+    assert linted.failure.stage == "lint" and "NRN001 no-tensor-compute-in-init" in linted.failure.message
+    report = validate_model(port, tiny_llama, steps=2, dtype="fp32", lint=False)
     assert report.equivalent, report.summary()
 
 
@@ -97,7 +104,10 @@ def test_1d_bias_to_the_decode_kernel_fails_like_hardware(broken_port, tiny_llam
         "            bias_out=None,\n",
         "            bias_out=torch.zeros(self.hidden_size, dtype=self.dtype),\n",
     )
-    report = validate_model(port, tiny_llama, steps=2)
+    linted = validate_model(port, tiny_llama, steps=2)  # the hardware rule, before any run
+    assert linted.failure.stage == "lint" and "NRN004 decode-bias-2d" in linted.failure.message
+    assert f"fix: `autoport-cst lint --fix {port}`" in linted.failure.message
+    report = validate_model(port, tiny_llama, steps=2, lint=False)  # the stand-in's own check
     assert not report.equivalent
     assert report.failure.stage == "decode"
     assert "Bias shape must be [1, 64], got (64,)" in report.failure.message

@@ -65,3 +65,32 @@ def test_validate_exit_2_on_bad_input(tmp_path: Path, llama3_dir: Path, tiny_lla
     assert result.exit_code == 2
     result = runner.invoke(tiny_command, ["NotAnArchitecture", str(tmp_path / "x")])
     assert result.exit_code == 2 and "NotAnArchitecture" in result.output
+
+
+def test_decode_tokens_is_checked_and_reaches_the_report(
+    tmp_path: Path, llama3_dir: Path, tiny_llama: Path
+) -> None:
+    import pytest
+
+    from autoport_cst.errors import InputError
+    from autoport_cst.validate import validate_model
+
+    runner = CliRunner()
+    base = [str(llama3_dir), "--hf", str(tiny_llama), "--steps", "3"]
+    for value, message in (
+        ("0", "--decode-tokens must be a positive integer (1: one new token per decode step), got 0"),
+        ("-2", "--decode-tokens must be a positive integer"),
+        ("4", "--decode-tokens 4 exceeds --steps 3"),
+        ("two", "'two' is not a valid integer"),
+    ):
+        result = runner.invoke(validate_command, [*base, "--decode-tokens", value])
+        assert result.exit_code == 2 and message in result.output, (value, result.output)
+    with pytest.raises(InputError, match="--decode-tokens must be a positive integer"):
+        validate_model(llama3_dir, tiny_llama, steps=3, decode_tokens=0)
+    report_path = tmp_path / "report.json"
+    result = runner.invoke(validate_command, [*base, "--decode-tokens", "2", "--json", str(report_path)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(report_path.read_text())
+    jsonschema.validate(data, REPORT_SCHEMA)
+    assert data["settings"]["decode_tokens"] == 2
+    assert data["parallel_layouts"] == []  # the layouts follow a plain run of one token per step

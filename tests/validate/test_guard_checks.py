@@ -96,13 +96,18 @@ def _without_guard(tmp_path: Path, replacement: str) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("replacement", ["pass", GUARD.replace("fp8_packed=False", "fp8_packed=True")])
+@pytest.mark.parametrize(
+    ("replacement", "rule"),
+    [("pass", "NRN009"), (GUARD.replace("fp8_packed=False", "fp8_packed=True"), None)],
+)
 def test_a_dropped_or_weakened_guard_leaves_the_refusal_to_the_kernel(
-    tmp_path: Path, replacement: str
+    tmp_path: Path, replacement: str, rule: str | None
 ) -> None:
     """Without the guard the segmented kernel refuses the non-packed FP8 cache itself (on the
-    device, an assertion instead of a clear message): no wrong attention, so the port validates
-    and the guard run's entry names the missing guard."""
+    device, an assertion instead of a clear message): no wrong attention, so the run passes
+    and the guard run's entry names the missing guard. A dropped guard breaks the lint rule
+    NRN009, so ``validate`` fails it before any run (``lint_gate``); a weakened one passes the
+    rule, which does not judge the guard's arguments."""
     from autoport_cst.validate import validate_model
     from autoport_cst.validate.tiny import build_tiny_checkpoint
 
@@ -112,7 +117,14 @@ def test_a_dropped_or_weakened_guard_leaves_the_refusal_to_the_kernel(
     assert report.equivalent, report.summary()
     (entry,) = [e for e in report.config_variants if e["label"] == G.LABEL]
     assert entry["equivalent"] is True and entry["summary"].startswith("refused"), entry
-    mutant = validate_model(_without_guard(tmp_path, replacement), tiny, steps=4, parallel_layouts=False)
+    port = _without_guard(tmp_path, replacement)
+    linted = validate_model(port, tiny, steps=4, parallel_layouts=False)
+    if rule is not None:
+        assert linted.exit_code == 1 and linted.failure.stage == "lint", linted.summary()
+        assert f"{rule} fp8-segmented-guard" in linted.failure.message
+    mutant = (
+        linted if rule is None else validate_model(port, tiny, steps=4, parallel_layouts=False, lint=False)
+    )
     assert mutant.exit_code == 0, mutant.summary()
     (entry,) = [e for e in mutant.config_variants if e["label"] == G.LABEL]
     assert entry["equivalent"] is True and entry["summary"].startswith("refused by the kernel"), entry

@@ -22,6 +22,7 @@ from autoport_cst.cli.progress import StageProgress
 from autoport_cst.errors import InputError
 from autoport_cst.preflight import check_checkpoint_dir, check_output_file, require_extra
 from autoport_cst.validate.package import check_package_dir
+from autoport_cst.validate.scenario import check_decode_tokens
 
 
 @click.command("tiny")
@@ -167,6 +168,14 @@ def tiny_command(arch_or_config: str, outdir: Path, seed: int, settings: tuple[s
     default=False,
     help="Context-parallel prefill graph too (apply_prefill_dcp; needs --tp equal to --dcp).",
 )
+@click.option(
+    "--decode-tokens",
+    type=int,
+    default=1,
+    show_default=True,
+    help="New tokens per sequence in each decode call, as speculative decoding's verification step "
+    "feeds them (N - 1 draft tokens); at most --steps. The default run goes on to 2 after a passing 1.",
+)
 @error_boundary
 def validate_command(
     model_dir: Path,
@@ -186,6 +195,7 @@ def validate_command(
     dcp: int,
     dcp_interleave: int,
     prefill_dcp: bool,
+    decode_tokens: int,
 ) -> None:
     """Run the port in MODEL_DIR and transformers on the same checkpoint
     through prefill and decode, and compare them.
@@ -200,6 +210,7 @@ def validate_command(
 
     if steps < 1:
         raise InputError(f"--steps must be at least 1, got {steps}")
+    check_decode_tokens(decode_tokens, steps)
     check_package_dir(model_dir)
     config = check_checkpoint_dir(checkpoint_dir, tp)
     check_output_file(json_path, "--json")
@@ -220,6 +231,7 @@ def validate_command(
         dcp=dcp,
         dcp_interleave=dcp_interleave,
         prefill_dcp=prefill_dcp,
+        decode_tokens=decode_tokens,
     )
     from autoport_cst.config_json import is_vision_language
 
@@ -262,6 +274,10 @@ def print_report(report) -> None:
 
     console = stdout_console()
     _print_settings(console, report)
+    if report.failure is not None and report.failure.stage == "lint":  # not run (validate.lint_gate)
+        console.print("[bold red]DOES NOT VALIDATE[/]: it breaks a Trainium hardware rule")
+        console.print(escape(report.failure.message))
+        return
     if report.failure is not None:
         console.print(f"[bold red]NOT EQUIVALENT[/]: the port failed at {report.failure.stage}")
         console.print(escape(report.failure.message))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -27,95 +26,33 @@ import torch
 
 from autoport_cst.config_json import parse_config_text
 from autoport_cst.errors import InputError
-from autoport_cst.research.checkpoint import read_checkpoint
-from autoport_cst.research.parallelism import tp_refusal
 
-from . import compare
-from .driver import PREFILL_MODES, PortFailure, PortOutput, PortSession, port_hf_config
+from . import compare, lint_gate
+from .driver import PortFailure, PortOutput, PortSession, port_hf_config
 from .forced_routing_verdict import forced_routing_verdict
 from .fp8_cache_forcing import ForcingTally, port_cache_contents
+from .inputs import MAX_TP, RunOptions
+from .inputs import check_inputs as _check_inputs
+from .inputs import check_prefill as _check_prefill
+from .inputs import expert_count as _expert_count
 from .kernel_precision import PolicyUnavailable, run_kernel_precision_reference
 from .layout import ParallelLayout, check_layout
-from .package import PortImportError, check_package_dir, imported_package
+from .package import PortImportError, imported_package
 from .reference import ReferenceOutput, greedy_teacher, load_reference, prompt_embeddings, run_reference
 from .reference_reuse import keep_run, kept_run, sharing_reference_runs
 from .report import PortFailureInfo, ValidationReport
 from .routing import ForcedTeacher, RoutedRun, RoutingRecord, run_reference_routed
 from .run_reuse import reused_run
-from .run_scenario import plan_scenario, with_decode_tokens
+from .run_scenario import describe_calls, plan_scenario, report_settings, with_decode_tokens
 from .scenario import DEFAULT_STEPS, Scenario
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-KV_CACHE_DTYPE_NAMES = ("auto", "fp8")
-MAX_TP = 8
-# config.json keys that hold the number of routed experts (mixture-of-experts
-# configs spell it differently); the first one present is used
-EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-
-
-def _expert_count(config: dict) -> int | None:
-    return next((config[k] for k in EXPERT_COUNT_KEYS if isinstance(config.get(k), int)), None)
-
-
 VALIDATION_THREADS = 1  # torch intra-op threads per process (see _intra_op_threads)
 
 # The stages ``on_stage`` reports, in order.
 STAGES = ("load port", "reference fp32", "reference bf16", "run port", "compare")
 
 StageCallback = Callable[[str], None]
-
-
-def _check_inputs(
-    model_dir: str | Path, checkpoint_dir: str | Path, tp: int, dtype: str, ep: int = 1
-) -> tuple[Path, Path, dict]:
-    package = check_package_dir(model_dir)
-    checkpoint = Path(checkpoint_dir)
-    if not checkpoint.is_dir():
-        raise InputError(f"{checkpoint}: no such checkpoint directory")
-    config_path = checkpoint / "config.json"
-    if not config_path.is_file():
-        raise InputError(f"{checkpoint}: no config.json")
-    if not any(checkpoint.glob("*.safetensors")):
-        raise InputError(f"{checkpoint}: no .safetensors file")
-    read_checkpoint(checkpoint)  # every header, and each file's size against it
-    try:
-        config = parse_config_text(config_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise InputError(f"{config_path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}") from error
-    if dtype not in DTYPES:
-        raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if not 1 <= tp <= MAX_TP:
-        raise InputError(f"--tp must be between 1 and {MAX_TP}, got {tp}")
-    refusal = tp_refusal(config, tp) if isinstance(config, dict) else None
-    if refusal is not None:
-        raise InputError(f"--tp {tp}: {refusal} (sizes from {config_path})")
-    _check_expert_parallel(ep, tp, config, config_path)
-    return package, checkpoint, config
-
-
-def _check_expert_parallel(ep: int, tp: int, config: dict, config_path: Path) -> None:
-    """EP runs inside the TP world: ``ep`` partitions of the experts, each
-    held by ``tp / ep`` ranks. 1 turns it off."""
-    if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1:
-        raise InputError(f"--ep must be a positive integer (1: no expert parallelism), got {ep!r}")
-    if ep == 1:
-        return
-    if tp % ep != 0:
-        raise InputError(
-            f"--ep {ep} needs --tp to be a multiple of it (expert parallelism splits the experts "
-            f"among the TP ranks), got --tp {tp}"
-        )
-    experts = _expert_count(config)
-    if experts is None:
-        raise InputError(
-            f"--ep {ep} needs a mixture-of-experts checkpoint: {config_path} has no expert count "
-            f"({', '.join(EXPERT_COUNT_KEYS)})"
-        )
-    if experts % ep != 0:
-        raise InputError(
-            f"--ep {ep}: the {experts} experts of {config_path} do not split into {ep} equal "
-            f"partitions ({experts} is not a multiple of {ep})"
-        )
 
 
 @contextlib.contextmanager
@@ -156,6 +93,7 @@ def validate_model(
     config_variants: bool = True,
     parallel_layouts: bool = True,
     decode_tokens: int = 1,
+    lint: bool = True,
 ) -> ValidationReport:
     """Run the port in ``model_dir`` and transformers on ``checkpoint_dir``
     through prefill and ``steps`` decode steps, and compare them.
@@ -183,40 +121,80 @@ def validate_model(
     refuses it.
 
     ``config_variants``, ``parallel_layouts``: a passing plain TP=1 fp32 run
-    goes on to its ``_FollowUps``; the first that fails fails the report."""
+    goes on to its ``_FollowUps``; the first that fails fails the report.
+
+    ``lint``: once the input is checked, the package is linted with autoport-cst's
+    hardware rules (``lint_gate``); an error fails the report at stage ``lint``
+    without running the port, and the report's ``lint`` lists every finding."""
+    layout = ParallelLayout(
+        tp=tp,
+        attention_dp=attention_dp,
+        mlp_dp=mlp_dp,
+        embedding_dp=embedding_dp,
+        lm_head_dp=lm_head_dp,
+        dcp=dcp,
+        dcp_interleave=dcp_interleave,
+        prefill_dcp=prefill_dcp,
+        ep=ep,
+    )
+    options = {name: value for name, value in locals().items() if name in _RUN_OPTIONS}
+    plain = (tp, ep, attention_dp, mlp_dp, embedding_dp, lm_head_dp, dcp, decode_tokens) == (1,) * 8
+    follow_ups = None
+    if plain and (dtype, kv_cache_dtype) == ("fp32", "auto"):
+        follow_ups = _FollowUps(model_dir, steps, prompt_lengths, seed, prefill)
     with _intra_op_threads(VALIDATION_THREADS), sharing_reference_runs():
-        report = _validate(
-            model_dir,
-            checkpoint_dir,
-            tp=tp,
-            dtype=dtype,
-            steps=steps,
-            prompt_lengths=prompt_lengths,
-            block_size=block_size,
-            seed=seed,
-            on_stage=on_stage,
-            ep=ep,
-            prefill=prefill,
-            kv_cache_dtype=kv_cache_dtype,
-            layout=ParallelLayout(
-                tp=tp,
-                attention_dp=attention_dp,
-                mlp_dp=mlp_dp,
-                embedding_dp=embedding_dp,
-                lm_head_dp=lm_head_dp,
-                dcp=dcp,
-                dcp_interleave=dcp_interleave,
-                prefill_dcp=prefill_dcp,
-                ep=ep,
-            ),
-            decode_tokens=decode_tokens,
-        )
-        plain = (tp, ep, attention_dp, mlp_dp, embedding_dp, lm_head_dp, dcp, decode_tokens) == (1,) * 8
-        if report.equivalent and plain and (dtype, kv_cache_dtype) == ("fp32", "auto"):
-            _FollowUps(model_dir, steps, prompt_lengths, seed, prefill).check(
-                report, checkpoint_dir, config_variants, parallel_layouts
-            )
+        report = _linted_run(model_dir, checkpoint_dir, on_stage, options, lint)
+        if report.equivalent and follow_ups is not None:
+            follow_ups.check(report, checkpoint_dir, config_variants, parallel_layouts)
         return report
+
+
+# validate_model's arguments that say what one run is (``_plan``'s and ``_validate_run``'s)
+_RUN_OPTIONS = frozenset(
+    (
+        "tp",
+        "dtype",
+        "steps",
+        "prompt_lengths",
+        "block_size",
+        "seed",
+        "ep",
+        "prefill",
+        "kv_cache_dtype",
+        "layout",
+        "decode_tokens",
+    )
+)
+
+
+def _linted_run(
+    model_dir: str | Path,
+    checkpoint_dir: str | Path,
+    on_stage: StageCallback | None,
+    options: dict[str, Any],
+    lint: bool,
+) -> ValidationReport:
+    """The run's input checked, the package linted (``lint_gate``, unless
+    ``lint`` is false), then the run, unless a hardware rule is broken."""
+    planned = _plan(model_dir, checkpoint_dir, **options)  # bad input first
+    findings = lint_gate.lint_findings(planned.package_dir) if lint else []
+    if lint_gate.failing(findings):
+        return _broken_rules(planned, findings)
+    report = _validate(model_dir, checkpoint_dir, on_stage=on_stage, **options)
+    report.lint = [finding.to_dict() for finding in findings]
+    return report
+
+
+def _broken_rules(planned: _Planned, findings: list[Any]) -> ValidationReport:
+    """The report of a port that breaks a hardware rule: not run, failed at
+    ``lint``, each error named with its position and its fix."""
+    errors = lint_gate.failing(findings)
+    report = planned.report
+    report.lint = [finding.to_dict() for finding in findings]
+    report.failure = PortFailureInfo(lint_gate.STAGE, lint_gate.failure_message(errors, planned.package_dir))
+    report.failed_checks = lint_gate.failed_checks(errors)
+    report.timings = _finish({}, planned.started)
+    return report
 
 
 @dataclass(frozen=True)
@@ -347,12 +325,74 @@ def _validate_run(
     prompt_embeds: bool = False,
     decode_tokens: int = 1,
 ) -> ValidationReport:
+    planned = _plan(
+        model_dir,
+        checkpoint_dir,
+        tp=tp,
+        dtype=dtype,
+        steps=steps,
+        prompt_lengths=prompt_lengths,
+        block_size=block_size,
+        seed=seed,
+        ep=ep,
+        prefill=prefill,
+        kv_cache_dtype=kv_cache_dtype,
+        layout=layout,
+        decode_tokens=decode_tokens,
+    )
+    notify = on_stage or (lambda _stage: None)
+    timings: dict[str, float] = {}
+    report, scenario = planned.report, planned.scenario
+    reference = _ReferenceRun(
+        planned.checkpoint, scenario, steps, notify, timings, kv_cache_dtype=kv_cache_dtype
+    )
+    if prompt_embeds:
+        scenario = reference.with_prompt_embeds(planned.layout, kv_cache_dtype, report.settings)
+    ran = _run_port(planned, scenario, notify, reference, timings)
+    if ran is None:
+        report.failed_checks = [f"port failed at {report.failure.stage}"]  # type: ignore[union-attr]
+        report.timings = _finish(timings, planned.started)
+        return report
+    _compared(planned, scenario, reference, ran, timings)
+    return report
+
+
+@dataclass
+class _Planned:
+    """A run's checked input, its scenario and its report before anything runs."""
+
+    package_dir: Path
+    checkpoint: Path
+    config: dict
+    layout: ParallelLayout
+    run: RunOptions
+    scenario: Scenario
+    report: ValidationReport
+    started: float
+
+
+def _plan(
+    model_dir: str | Path,
+    checkpoint_dir: str | Path,
+    *,
+    tp: int,
+    dtype: str,
+    steps: int,
+    prompt_lengths: tuple[int, ...] | None,
+    block_size: int | None,
+    seed: int,
+    ep: int = 1,
+    prefill: str = "auto",
+    kv_cache_dtype: str = "auto",
+    layout: ParallelLayout | None = None,
+    decode_tokens: int = 1,
+) -> _Planned:
+    """Check the run's input (``InputError``) and plan it: its layout, scenario
+    and the report it fills."""
     package_dir, checkpoint, config = _check_inputs(model_dir, checkpoint_dir, tp, dtype, ep)
     layout = layout or ParallelLayout(tp=tp, ep=ep)
     check_layout(layout, config, MAX_TP)
-    run = _RunOptions(dtype, _check_prefill(prefill, kv_cache_dtype), kv_cache_dtype)
-    notify = on_stage or (lambda _stage: None)
-    timings: dict[str, float] = {}
+    run = RunOptions(dtype, _check_prefill(prefill, kv_cache_dtype), kv_cache_dtype)
     started = time.perf_counter()
     scenario = plan_scenario(config, checkpoint, layout, tp, steps, prompt_lengths, block_size, seed)
     scenario = with_decode_tokens(scenario, decode_tokens, config, layout)
@@ -361,79 +401,76 @@ def _validate_run(
         checkpoint_dir=str(checkpoint),
         architecture=(config.get("architectures") or [None])[0],
         factory=None,
-        settings=_settings(run, layout, steps, seed, scenario),
+        settings=report_settings(run, layout, steps, seed, scenario),
         equivalent=False,
         tolerances=compare.tolerances(dtype),
     )
-    reference = _ReferenceRun(checkpoint, scenario, steps, notify, timings, kv_cache_dtype=kv_cache_dtype)
-    if prompt_embeds:
-        scenario = reference.with_prompt_embeds(layout, kv_cache_dtype, report.settings)
+    return _Planned(package_dir, checkpoint, config, layout, run, scenario, report, started)
+
+
+def _run_port(
+    planned: _Planned,
+    scenario: Scenario,
+    notify: StageCallback,
+    reference: _ReferenceRun,
+    timings: dict[str, float],
+) -> tuple[PortOutput, list[list[int]], str, dict] | None:
+    """The port's run (in this process, or its ranks): its output, the
+    teacher tokens, its factory and the stand-in's description; None when
+    the port failed (``planned.report.failure`` says where)."""
+    package_dir, checkpoint, run, layout = (
+        planned.package_dir,
+        planned.checkpoint,
+        planned.run,
+        planned.layout,
+    )
     try:
         if layout.world == 1:
-            port, teacher, factory_name, standin = _run_in_process(
-                package_dir, checkpoint, run, scenario, notify, reference, timings
-            )
-        else:
-            port, teacher, factory_name, standin = _run_ranks(
-                package_dir, checkpoint, run, scenario, layout, notify, reference, timings
-            )
+            return _run_in_process(package_dir, checkpoint, run, scenario, notify, reference, timings)
+        return _run_ranks(package_dir, checkpoint, run, scenario, layout, notify, reference, timings)
     except PortFailure as failure:
-        report.failure = PortFailureInfo(failure.stage, failure.message, failure.refusal)
+        planned.report.failure = PortFailureInfo(failure.stage, failure.message, failure.refusal)
     except PortImportError as error:
-        report.failure = PortFailureInfo("import", str(error))
-    if report.failure is not None:
-        report.failed_checks = [f"port failed at {report.failure.stage}"]
-        report.timings = _finish(timings, started)
-        return report
+        planned.report.failure = PortFailureInfo("import", str(error))
+    return None
 
+
+def _compared(
+    planned: _Planned,
+    scenario: Scenario,
+    reference: _ReferenceRun,
+    ran: tuple[PortOutput, list[list[int]], str, dict],
+    timings: dict[str, float],
+) -> None:
+    """The port's run against transformers', into ``planned.report``: the
+    reference runs an FP8 cache needs, the comparison, the forced-routing
+    verdict of an MoE port, the timings."""
+    port, teacher, factory_name, standin = ran
+    report, dtype = planned.report, planned.run.dtype
     reference.complete(port, dtype)
     report.factory = factory_name
-    report.settings["prefill_calls"] = _describe_calls(port, scenario)
+    report.settings["prefill_calls"] = describe_calls(port, scenario)
     report.environment = {
         "stand_in": standin,
         "torch": torch.__version__,
         "transformers": _transformers_version(),
     }
-    notify("compare")
+    reference.notify("compare")
     start = time.perf_counter()
     _compare(report, port, reference, scenario, teacher, dtype)
     report.kv_cache = reference.tally.describe() if reference.tally is not None else None
     timings["compare"] = time.perf_counter() - start
     forced_routing_verdict(
         report,
-        _PortRun(package_dir, checkpoint, run, scenario, layout),
-        _expert_count(config),
+        _PortRun(planned.package_dir, planned.checkpoint, planned.run, scenario, planned.layout),
+        _expert_count(planned.config),
         teacher,
         timings,
     )
     for key, value in port.timings.items():
         timings[f"port_{key}"] = value
-    report.timings = _finish(timings, started)
+    report.timings = _finish(timings, planned.started)
     report.port_output = port
-    return report
-
-
-def _settings(
-    run: _RunOptions, layout: ParallelLayout, steps: int, seed: int, scenario: Scenario
-) -> dict[str, Any]:
-    """The report's ``settings``: what was run."""
-    settings: dict[str, Any] = {
-        "tp": layout.tp,
-        "ep": layout.ep,
-        "dtype": run.dtype,
-        "steps": steps,
-        "prompt_lengths": list(scenario.prompt_lengths),
-        "block_size": scenario.layout.block_size,
-        "blocks_per_seq": scenario.layout.blocks_per_seq,
-        "seed": seed,
-        "prefill": run.prefill,
-        "kv_cache_dtype": run.kv_cache_dtype,
-    }
-    if scenario.decode_tokens > 1:
-        settings["decode_tokens"] = scenario.decode_tokens
-    if layout.disaggregated:
-        settings["layout"] = layout.describe()
-    return settings
 
 
 def _compare(
@@ -595,7 +632,7 @@ class _PortRun:
 
     package_dir: Path
     checkpoint: Path
-    run: _RunOptions
+    run: RunOptions
     scenario: Scenario
     layout: ParallelLayout
 
@@ -637,42 +674,6 @@ class _GivenTeacher:
         pass
 
 
-@dataclass(frozen=True)
-class _RunOptions:
-    dtype: str
-    prefill: str
-    kv_cache_dtype: str
-
-
-def _check_prefill(prefill: str, kv_cache_dtype: str) -> str:
-    if prefill not in PREFILL_MODES:
-        raise InputError(f"--prefill must be one of {', '.join(PREFILL_MODES)}, got {prefill!r}")
-    if kv_cache_dtype not in KV_CACHE_DTYPE_NAMES:
-        raise InputError(
-            f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPE_NAMES)}, got {kv_cache_dtype!r}"
-        )
-    if kv_cache_dtype == "fp8" and prefill == "auto":
-        return "off"  # segmented prefill reads only a packed FP8 cache
-    return prefill
-
-
-def _describe_calls(port: PortOutput, scenario: Scenario) -> list[dict]:
-    """The prefill calls the port ran, as data for the report."""
-    kinds = {scenario.chunked: "chunked", scenario.prefix_hit: "prefix_cache_hit"}
-    return [
-        {
-            "sequence": call.sequence,
-            "kind": kinds.get(call.sequence, "whole") if call.segment else "whole",
-            "positions": [call.start, call.end],
-            "cached_seq_len": call.start,
-            "kv_segment_size": call.segment,
-            "rows": call.rows,
-            "sampled_positions": list(call.sampled_positions),
-        }
-        for call in port.prefill_calls
-    ]
-
-
 def _finish(timings: dict[str, float], started: float) -> dict[str, float]:
     timings["total"] = time.perf_counter() - started
     return {key: round(value, 4) for key, value in timings.items()}
@@ -701,7 +702,7 @@ def _checkpoint_load_failure(checkpoint: Path, error: Exception) -> Exception:
 def _run_in_process(
     package_dir: Path,
     checkpoint: Path,
-    run: _RunOptions,
+    run: RunOptions,
     scenario: Scenario,
     notify: StageCallback,
     reference: _TeacherSource,
@@ -743,7 +744,7 @@ def _run_in_process(
 def _run_ranks(
     package_dir: Path,
     checkpoint: Path,
-    run: _RunOptions,
+    run: RunOptions,
     scenario: Scenario,
     layout: ParallelLayout,
     notify: StageCallback,

@@ -16,11 +16,15 @@ when the port refuses by a guard (its own ``NotImplementedError``, or the API's
 guard it calls) or validates (a port that packs its FP8 cache); a port that
 crashes otherwise or diverges fails. Its entry is one of ``report.config_variants``.
 
-A port without the guard reaches the segmented kernel with the non-packed cache,
-and the kernel itself refuses it: on the device its K load asserts (the API's
-guard exists to fail fast with a clear message instead of that kernel abort).
-No wrong attention is computed, so that run passes too, with a warning that
-names the missing guard in its entry's summary (the real qwen3 package of vllm_neuron has none).
+A port without the guard breaks the lint rule NRN009 and fails before it runs
+(``lint_gate``; the real qwen3 package of vllm_neuron has no guard, and is
+reported so). One that still reaches the segmented kernel with the non-packed
+cache (its guard weakened to ``fp8_packed=True``, which the rule does not
+judge, or ``validate_model(..., lint=False)``) is refused by the kernel itself:
+on the device its K load asserts (the API's guard exists to fail fast with a
+clear message instead of that kernel abort). No wrong attention is computed,
+so that run passes too, with a warning that names the missing guard in its
+entry's summary.
 """
 
 from __future__ import annotations

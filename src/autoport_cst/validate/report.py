@@ -67,6 +67,9 @@ class ValidationReport:
     # the parallel layouts a passing TP=1 fp32 run goes on to (validate.parallel_checks), each in
     # fp32 on the same checkpoint: label, equivalent (None: not run) and summary
     parallel_layouts: list[dict[str, Any]] = field(default_factory=list)
+    # the findings of autoport-cst's lint rules on the port package, checked before it runs
+    # (validate.lint_gate): an error fails the report at stage "lint"; warnings do not
+    lint: list[dict[str, Any]] = field(default_factory=list)
     version: int = REPORT_VERSION
     kind: str = REPORT_KIND
     # In memory only (not in the JSON report): the port's logits and component
@@ -89,6 +92,8 @@ class ValidationReport:
             if routing.get("used") == "teacher_forced":
                 return "equivalent within tolerances with expert routing " + _teacher_forced(routing)
             return "equivalent within tolerances"
+        if self.failure is not None and self.failure.stage == "lint":  # validate.lint_gate: not run
+            return f"does not validate: {self.failure.message}"
         if self.failure is not None:
             return f"not equivalent: the port failed at {self.failure.stage}: {self.failure.message}"
         if self.first_diverging is not None:
@@ -267,6 +272,28 @@ _LABELLED_RUNS = {
     },
 }
 
+_LINT_FINDING = {
+    "type": "object",
+    "required": ["path", "line", "column", "code", "name", "severity", "message", "fix"],
+    "properties": {
+        "path": {"type": "string"},
+        "line": {"type": "integer", "minimum": 1},
+        "column": {"type": "integer", "minimum": 1},
+        "end_line": {"type": "integer"},
+        "end_column": {"type": "integer"},
+        "code": {"type": "string"},
+        "name": {"type": "string"},
+        "severity": {"enum": ["error", "warning"]},
+        "message": {"type": "string"},
+        "fix": {
+            "type": ["object", "null"],
+            "description": "the codemod `autoport-cst lint --fix` runs (safe: false needs --unsafe-fixes)",
+            "properties": {"codemod": {"type": "string"}, "safe": {"type": "boolean"}},
+        },
+        "note": {"type": ["string", "null"]},
+    },
+}
+
 REPORT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "https://autoport-cst/schemas/validation-report-1.json",
@@ -383,6 +410,12 @@ REPORT_SCHEMA: dict[str, Any] = {
         "kv_cache": _KV_CACHE,
         "config_variants": _LABELLED_RUNS,
         "parallel_layouts": _LABELLED_RUNS,
+        "lint": {
+            "type": "array",
+            "description": "autoport-cst lint's findings on the port package, checked before it runs: "
+            "one of severity error fails the report at stage lint (the port is not run)",
+            "items": _LINT_FINDING,
+        },
     },
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from autoport_cst.errors import InputError
 
@@ -14,9 +15,14 @@ from .scenario import (
     PREFIX_TOKENS,
     Scenario,
     cache_paths_fit,
+    check_decode_tokens,
     default_prompt_lengths,
     segment_block_size,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .driver import PortOutput
+    from .inputs import RunOptions
 
 
 def plan_scenario(
@@ -52,6 +58,7 @@ def with_decode_tokens(
     window start per sequence, its latest active token's
     (``gen_attention_decode_mask``), so on the device the earlier tokens of
     the step see a narrower window than transformers gives them."""
+    check_decode_tokens(decode_tokens, scenario.steps)
     if decode_tokens == 1:
         return scenario
     if layout.disaggregated:
@@ -89,3 +96,43 @@ def _check_interleave(layout: ParallelLayout, block_size: int) -> None:
             f"--dcp-interleave {layout.dcp_interleave} must divide the block size {block_size} "
             "(the KV cache is dealt to the DCP ranks in runs of that many positions within each block)"
         )
+
+
+def report_settings(
+    run: RunOptions, layout: ParallelLayout, steps: int, seed: int, scenario: Scenario
+) -> dict[str, Any]:
+    """The report's ``settings``: what was run."""
+    settings: dict[str, Any] = {
+        "tp": layout.tp,
+        "ep": layout.ep,
+        "dtype": run.dtype,
+        "steps": steps,
+        "prompt_lengths": list(scenario.prompt_lengths),
+        "block_size": scenario.layout.block_size,
+        "blocks_per_seq": scenario.layout.blocks_per_seq,
+        "seed": seed,
+        "prefill": run.prefill,
+        "kv_cache_dtype": run.kv_cache_dtype,
+    }
+    if scenario.decode_tokens > 1:
+        settings["decode_tokens"] = scenario.decode_tokens
+    if layout.disaggregated:
+        settings["layout"] = layout.describe()
+    return settings
+
+
+def describe_calls(port: PortOutput, scenario: Scenario) -> list[dict]:
+    """The prefill calls the port ran, as data for the report."""
+    kinds = {scenario.chunked: "chunked", scenario.prefix_hit: "prefix_cache_hit"}
+    return [
+        {
+            "sequence": call.sequence,
+            "kind": kinds.get(call.sequence, "whole") if call.segment else "whole",
+            "positions": [call.start, call.end],
+            "cached_seq_len": call.start,
+            "kv_segment_size": call.segment,
+            "rows": call.rows,
+            "sampled_positions": list(call.sampled_positions),
+        }
+        for call in port.prefill_calls
+    ]

@@ -302,3 +302,18 @@ def segment_block_size(sliding_windows: list[int], default: int = DEFAULT_BLOCK_
     for window in sliding_windows:
         size = math.gcd(size, window)
     return size
+
+
+def check_decode_tokens(decode_tokens: object, steps: int) -> int:
+    """``--decode-tokens``: new tokens per sequence in each decode call, from 1
+    to the run's decode steps (a call takes at most the steps left)."""
+    if not isinstance(decode_tokens, int) or isinstance(decode_tokens, bool) or decode_tokens < 1:
+        raise InputError(
+            f"--decode-tokens must be a positive integer (1: one new token per decode step), got {decode_tokens!r}"
+        )
+    if decode_tokens > steps:
+        raise InputError(
+            f"--decode-tokens {decode_tokens} exceeds --steps {steps}: a decode call takes at most the "
+            "steps left, so no call would feed that many tokens"
+        )
+    return decode_tokens

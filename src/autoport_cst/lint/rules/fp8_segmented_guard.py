@@ -39,8 +39,8 @@ class Fp8SegmentedGuard(Rule):
     asserts on the device and the run aborts inside the kernel. The references
     call ``validate_fp8_segmented_supported(kv_is_fp8, fp8_packed=False)``
     first, which raises ``NotImplementedError`` with a clear message instead
-    (``validate``'s FP8 segmented-prefill run warns about the same missing
-    guard, see ``validate/guard_checks.py``).
+    (``validate`` lints a port before it runs it, so a port with this finding
+    does not validate: ``validate/lint_gate.py``).
 
     "Before it" means: a guard call earlier in the same function or in an
     enclosing function, or, when the function is reached from other functions
