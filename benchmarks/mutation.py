@@ -1,6 +1,7 @@
 """Mutation score of the validator: how many wrong ports does it catch?
 
     python benchmarks/mutation.py [--sample 30] [--held-out 10] [--seed 0] [--full] [--only qwen2,...]
+    python benchmarks/mutation.py --mutants qwen2:438,phi3:336
 
 Five verified ports: ``qwen2``, ``phi3`` and ``gemma2`` (applied from their
 example plans on llama3), ``mixtral`` (on qwen3_moe) and the ``qwen3``
@@ -38,12 +39,22 @@ the port's name; ``--full`` validates every mutant in scope.
 
 Classes:
 
-- ``killed``: the validation fails (exit 1): a component or logit gate, or
-  the port fails to import, build, load or run (a timeout counts);
+- ``killed``: the validation fails (exit 1): a hardware rule the port breaks
+  (``validate.lint_gate``, before it runs), a component or logit gate, or the
+  port fails to import, build, load or run;
 - ``survived``: the mutant validates (exit 0);
 - ``exit 2``: the validator refused the run as bad input (``InputError``) or
   failed itself: a wrong port reported as if the input were wrong; counted
   with the survivors in the kill rate;
+- ``timeout``: no verdict within the mutant's budget, counted with the
+  survivors in the kill rate (a validation that does not end catches nothing).
+  The budget is CPU time, so that load on the machine does not turn slow
+  verdicts into timeouts: ``CPU_FACTOR`` times the CPU time the unmutated
+  port's own default validation took in the same run (measured after its
+  preparation), at least ``CPU_FLOOR_S``, counted over the validating process
+  tree (this process, its finished rank processes, and its live descendants
+  read from ``/proc``: ``tree_cpu_seconds``); and ``WALL_BACKSTOP_S`` of wall
+  time for a run that waits without computing;
 - ``equivalent``: proved equivalent, the mutant's AST equals the original's
   once normalised (``mutation_operators.normalised``: formatting dropped, the
   two dimensions of ``transpose`` in a fixed order; a kernel argument that
@@ -57,9 +68,11 @@ Classes:
   to hold ``key`` (``mutation_proof_defaults``). Only these are left out of
   the kill rate.
 
-Printed per partition: killed, survived, exit 2 and equivalent counts, the
-kill rate over the non-equivalent mutants, and each survivor with its line
-before and after. ``--explain`` runs each survivor again on what the default
+Printed per partition: killed, survived, exit 2, timeout and equivalent
+counts, the kill rate over the non-equivalent mutants, and each survivor,
+exit 2 and timeout with its line before and after. ``--mutants port:line,...``
+validates every mutant of those lines (whatever its partition and scope)
+instead of a sample, with the same classification and budget. ``--explain`` runs each survivor again on what the default
 run does not drive, until one run catches it: the declared variants whose
 lines it changes, then bf16, an FP8 KV cache, data parallelism of each
 component alone, TP=2 with expert parallelism (``LADDER``; a setting counts
@@ -70,6 +83,7 @@ validates with it), and prints the first that catches it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import hashlib
 import inspect
@@ -97,7 +111,13 @@ from mutation_setup import PORTS, Port, prepare  # noqa: E402
 HOLD_OUT = 5  # one mutant in HOLD_OUT is held out
 HOLD_OUT_SALT = "autoport-cst mutation hold-out v1"
 TARGET = 0.98
-TIMEOUT_S = 120
+# A mutant's budget: CPU seconds of the validating process tree, scaled from the
+# unmutated port's default validation in the same run; a wall-clock backstop
+CPU_FACTOR = 5
+CPU_FLOOR_S = 60.0
+WALL_BACKSTOP_S = 3600.0
+CHECK_EVERY_S = 1.0
+VERDICTS = ("killed", "survived", "exit 2", "timeout", "equivalent")
 PARTITIONS = ("tune", "held-out")
 # What ``--explain`` runs a survivor on after the declared variants: the
 # validator's settings its default run leaves out (TP=2, attention DP 2, MLP,
@@ -136,7 +156,7 @@ class Outcome:
     mutant: Mutant
     partition: str
     scope: str
-    verdict: str  # killed, survived, exit 2, equivalent
+    verdict: str  # killed, survived, exit 2, timeout, equivalent
     detail: str = ""
     before: str = ""
     after: str = ""
@@ -148,31 +168,97 @@ class _Timeout(Exception):
     pass
 
 
-def _on_alarm(_signum, _frame):
-    raise _Timeout(f"no verdict within {TIMEOUT_S} s")
+def tree_cpu_seconds() -> float:
+    """CPU time (user and system) of this process, of its children it has
+    waited for (the rank processes of finished runs, with theirs), and of its
+    live descendants (from ``/proc``, where there is one)."""
+    own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+    return total + _live_descendants_cpu()
 
 
-def validate(port: Port, checkpoint: Path, steps: int, **settings: object) -> tuple[str, str]:
+def _live_descendants_cpu() -> float:
+    """utime + stime + cutime + cstime of every live descendant of this process."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # from field 3 (state) on
+        parents[int(entry.name)] = int(fields[1])
+        ticks[int(entry.name)] = sum(int(f) for f in fields[11:15])
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    found, todo = 0, list(children.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        found += ticks[pid]
+        todo += children.get(pid, [])
+    return found / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much a validation may take before it is a ``timeout``: CPU seconds
+    of the validating process tree (``tree_cpu_seconds``), and wall seconds."""
+
+    cpu_s: float = float("inf")
+    wall_s: float = WALL_BACKSTOP_S
+
+    @classmethod
+    def scaled(cls, baseline_cpu_s: float) -> Budget:
+        """``CPU_FACTOR`` times the unmutated port's validation, at least ``CPU_FLOOR_S``."""
+        return cls(cpu_s=max(CPU_FLOOR_S, CPU_FACTOR * baseline_cpu_s))
+
+
+@contextlib.contextmanager
+def _watched(budget: Budget):
+    """Raise ``_Timeout`` in this (main) thread once the code inside has used
+    up ``budget``, checked every ``CHECK_EVERY_S`` of wall time (a one-shot
+    timer re-armed after each check, so that checks never nest)."""
+    cpu0, wall0 = tree_cpu_seconds(), time.monotonic()
+
+    def check(_signum, _frame):
+        cpu, wall = tree_cpu_seconds() - cpu0, time.monotonic() - wall0
+        if cpu > budget.cpu_s:
+            raise _Timeout(f"no verdict within {budget.cpu_s:.0f} s of CPU ({wall:.0f} s wall)")
+        if wall > budget.wall_s:
+            raise _Timeout(f"no verdict within {budget.wall_s:.0f} s wall ({cpu:.0f} s of CPU)")
+        signal.setitimer(signal.ITIMER_REAL, CHECK_EVERY_S)
+
+    previous = signal.signal(signal.SIGALRM, check)
+    signal.setitimer(signal.ITIMER_REAL, CHECK_EVERY_S)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def validate(
+    port: Port, checkpoint: Path, steps: int, budget: Budget | None = None, **settings: object
+) -> tuple[str, str]:
     """(verdict, detail) of validating the port's package as it is on disk,
     as ``validate`` does by default (TP=1 in fp32, then the declared config
     variants and the parallel layouts) unless ``settings`` (``validate_model``'s
-    options) say otherwise."""
+    options) say otherwise; ``timeout`` past ``budget`` (default: the wall
+    backstop alone)."""
     from autoport_cst.errors import InputError
     from autoport_cst.validate import validate_model
 
     options: dict = {"tp": 1, "dtype": "fp32", **settings}
-    signal.signal(signal.SIGALRM, _on_alarm)
-    signal.alarm(TIMEOUT_S)
     try:
-        report = validate_model(port.package, checkpoint, steps=steps, **options)
+        with _watched(budget or Budget()):
+            report = validate_model(port.package, checkpoint, steps=steps, **options)
     except _Timeout as error:
-        return "killed", f"timeout: {error}"
+        return "timeout", str(error)
     except InputError as error:
         return "exit 2", f"bad input: {_first_line(error)}"
     except Exception as error:  # noqa: BLE001 - the validator's own failure is a finding
         return "exit 2", f"validator error: {type(error).__name__}: {_first_line(error)}"
-    finally:
-        signal.alarm(0)
     if report.equivalent:
         return "survived", ""
     if report.failure is not None:
@@ -259,6 +345,7 @@ class PortRun:
     partitions: dict[str, str]  # mutant key -> partition
     defaults: dict[str, dict[str, object]]  # declared_defaults()
     controls: dict[str, bool] = field(default_factory=dict)  # explain's settings the port validates with
+    budget: Budget = field(default_factory=Budget)  # a mutant's (``measure_budget``)
 
     @classmethod
     def of(cls, port: Port, defaults: dict[str, dict[str, object]]) -> PortRun:
@@ -327,6 +414,20 @@ class PortRun:
         chosen = random.Random(f"{seed}|{self.port.name}|{part}").sample(population, count)
         return sorted(chosen, key=lambda m: (m.line, m.column, m.key))
 
+    def measure_budget(self, steps: int) -> str:
+        """Validate the unmutated port as a mutant is validated, and scale a
+        mutant's budget from the CPU time it took; returns what was measured."""
+        cpu, wall = tree_cpu_seconds(), time.perf_counter()
+        verdict, detail = validate(self.port, self.port.checkpoint, steps)
+        cpu, wall = tree_cpu_seconds() - cpu, time.perf_counter() - wall
+        if verdict != "survived":
+            raise RuntimeError(f"{self.port.name}: the unmutated port does not validate: {verdict} {detail}")
+        self.budget = Budget.scaled(cpu)
+        return (
+            f"{self.port.name}: the unmutated port validates in {cpu:.1f} s of CPU ({wall:.1f} s wall); "
+            f"a mutant's budget: {self.budget.cpu_s:.0f} s of CPU"
+        )
+
     def run(self, mutant: Mutant, steps: int) -> Outcome:
         code = self.parsed.mutated(mutant)
         outcome = Outcome(
@@ -344,7 +445,7 @@ class PortRun:
         started = time.perf_counter()
         self.port.model_file.write_text(code, encoding="utf-8")
         try:
-            outcome.verdict, outcome.detail = validate(self.port, self.port.checkpoint, steps)
+            outcome.verdict, outcome.detail = validate(self.port, self.port.checkpoint, steps, self.budget)
         finally:
             self.port.model_file.write_text(self.original, encoding="utf-8")
         outcome.seconds = time.perf_counter() - started
@@ -368,7 +469,7 @@ class PortRun:
                 continue
             self.port.model_file.write_text(self.parsed.mutated(outcome.mutant), encoding="utf-8")
             try:
-                verdict, _ = validate(self.port, checkpoint, steps, **settings)
+                verdict, _ = validate(self.port, checkpoint, steps, self.budget, **settings)
             finally:
                 self.port.model_file.write_text(self.original, encoding="utf-8")
             if verdict == "killed":
@@ -378,7 +479,8 @@ class PortRun:
     def control(self, label: str, checkpoint: Path, settings: dict, steps: int) -> bool:
         """Whether the unmutated port validates with these settings (once)."""
         if label not in self.controls:
-            self.controls[label] = validate(self.port, checkpoint, steps, **settings)[0] == "survived"
+            verdict = validate(self.port, checkpoint, steps, self.budget, **settings)[0]
+            self.controls[label] = verdict == "survived"
         return self.controls[label]
 
 
@@ -397,13 +499,14 @@ class Tally:
 
     @property
     def rate(self) -> float | None:
+        """Killed over the non-equivalent mutants (survived, exit 2 and timeout count against it)."""
         return self.count("killed") / self.non_equivalent if self.non_equivalent else None
 
     def line(self) -> str:
         rate = "n/a" if self.rate is None else f"{100 * self.rate:.1f}%"
+        counts = ", ".join(f"{verdict} {self.count(verdict)}" for verdict in VERDICTS[:-1])
         return (
-            f"{len(self.outcomes)} mutants: killed {self.count('killed')}, survived {self.count('survived')}, "
-            f"exit 2 {self.count('exit 2')}, equivalent {self.count('equivalent')}; "
+            f"{len(self.outcomes)} mutants: {counts}, equivalent {self.count('equivalent')}; "
             f"kill rate {rate} ({self.count('killed')} of {self.non_equivalent} non-equivalent)"
         )
 
@@ -430,12 +533,10 @@ def print_partition(name: str, outcomes: list[Outcome]) -> Tally:
     by_operator = Counter((o.mutant.operator, o.verdict) for o in outcomes)
     for operator in sorted({o.mutant.operator for o in outcomes}):
         counts = ", ".join(
-            f"{v} {by_operator[(operator, v)]}"
-            for v in ("killed", "survived", "exit 2", "equivalent")
-            if by_operator[(operator, v)]
+            f"{v} {by_operator[(operator, v)]}" for v in VERDICTS if by_operator[(operator, v)]
         )
         print(f"  {operator:<10} {counts}")
-    for verdict in ("equivalent", "exit 2", "survived"):
+    for verdict in ("equivalent", "exit 2", "timeout", "survived"):
         listed = [o for o in outcomes if o.verdict == verdict]
         if listed:
             print(f"{verdict} ({len(listed)}):")
@@ -452,20 +553,45 @@ def print_partition(name: str, outcomes: list[Outcome]) -> Tally:
     return tally
 
 
+def chosen_lines(text: str) -> dict[str, set[int]]:
+    """``--mutants``: port -> the lines of its ``model.py`` whose mutants to validate."""
+    chosen: dict[str, set[int]] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, line = item.partition(":")
+        if name not in {s.name for s in PORTS} or not line.isdigit():
+            raise ValueError(
+                f"--mutants: {item!r} is not PORT:LINE with PORT one of {', '.join(s.name for s in PORTS)}"
+            )
+        chosen.setdefault(name, set()).add(int(line))
+    return chosen
+
+
+def drawn(run: PortRun, part: str, count: int, args: argparse.Namespace) -> list[Mutant]:
+    """The mutants of one port and partition to validate: ``--mutants``' lines, or the sample."""
+    if args.mutants:
+        lines = chosen_lines(args.mutants).get(run.port.name, set())
+        return [m for m in run.parsed.mutants if m.line in lines and run.partitions[m.key] == part]
+    return run.sample(part, None if args.full else count, args.seed)
+
+
 def run_benchmark(args: argparse.Namespace, workdir: Path) -> dict[str, Tally]:
-    sources = [s for s in PORTS if not args.only or s.name in args.only.split(",")]
+    names = set(args.only.split(",")) if args.only else None
+    if args.mutants:
+        names = set(chosen_lines(args.mutants))
+    sources = [s for s in PORTS if names is None or s.name in names]
     runs = []
     for source in sources:
         started = time.perf_counter()
         port = prepare(source, workdir, args.steps)
         runs.append(PortRun.of(port, declared_defaults()))
         print(f"prepared {source.name} in {time.perf_counter() - started:.1f} s", flush=True)
+        print(runs[-1].measure_budget(args.steps), flush=True)
     print()
     print_population(runs)
     outcomes: dict[str, list[Outcome]] = {p: [] for p in PARTITIONS}
     for part, count in (("tune", args.sample), ("held-out", args.held_out)):
         for run in runs:
-            for mutant in run.sample(part, None if args.full else count, args.seed):
+            for mutant in drawn(run, part, count, args):
                 outcome = run.run(mutant, args.steps)
                 detail = f" ({outcome.detail})" if outcome.detail else ""
                 print(
@@ -489,10 +615,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling")
     parser.add_argument("--full", action="store_true", help="every mutant in scope (hours)")
     parser.add_argument("--only", default="", help="comma-separated port names")
+    parser.add_argument(
+        "--mutants",
+        default="",
+        metavar="PORT:LINE,...",
+        help="validate every mutant of these lines of the ports' model.py instead of a sample",
+    )
     parser.add_argument("--steps", type=int, default=16, help="decode steps of each validation")
     parser.add_argument("--explain", action="store_true", help="run survivors on variants and bf16")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the ports and checkpoints here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        chosen_lines(args.mutants)
+    except ValueError as error:
+        parser.error(str(error))  # exit 2
+    return args
 
 
 def _cpu_seconds() -> float:
@@ -509,8 +646,14 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"mutation benchmark: validate's default (TP=1 fp32, config variants, TP=2 and DP 2), "
         f"{args.steps} decode steps, seed {args.seed}, "
-        f"1 in {HOLD_OUT} mutants held out; sample {'all' if args.full else args.sample} + "
-        f"{'all' if args.full else args.held_out} per port; load average {one:.1f} on {os.cpu_count()} cores"
+        f"1 in {HOLD_OUT} mutants held out; "
+        + (
+            f"every mutant of {args.mutants}"
+            if args.mutants
+            else f"sample {'all' if args.full else args.sample} + {'all' if args.full else args.held_out} per port"
+        )
+        + f"; a mutant's budget {CPU_FACTOR}x the unmutated port's CPU time, at least {CPU_FLOOR_S:.0f} s; "
+        f"load average {one:.1f} on {os.cpu_count()} cores"
     )
     if args.workdir is not None:
         tallies = run_benchmark(args, args.workdir)

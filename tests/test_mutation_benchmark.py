@@ -6,8 +6,11 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
+import signal
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -119,33 +122,33 @@ def test_the_tally_line_adds_up(mutation, operators):
     mutant = operators.parse_mutants(SOURCE).mutants[0]
     outcomes = [
         mutation.Outcome("p", mutant, "tune", "run", verdict)
-        for verdict in ("killed", "killed", "killed", "survived", "exit 2", "equivalent")
+        for verdict in ("killed", "killed", "killed", "survived", "exit 2", "timeout", "equivalent")
     ]
     line = mutation.Tally(outcomes).line()
     assert line == (
-        "6 mutants: killed 3, survived 1, exit 2 1, equivalent 1; kill rate 60.0% (3 of 5 non-equivalent)"
+        "7 mutants: killed 3, survived 1, exit 2 1, timeout 1, equivalent 1; "
+        "kill rate 50.0% (3 of 6 non-equivalent)"
     )
 
 
 TALLY = re.compile(
-    r"^(\d+) mutants: killed (\d+), survived (\d+), exit 2 (\d+), equivalent (\d+); "
+    r"^(\d+) mutants: killed (\d+), survived (\d+), exit 2 (\d+), timeout (\d+), equivalent (\d+); "
     r"kill rate (n/a|[\d.]+%) \((\d+) of (\d+) non-equivalent\)$",
     re.M,
 )
 
 
-def _check_tally(section: str, listed: bool = True) -> tuple[int, int, int, int, int]:
-    total, killed, survived, exit2, equivalent, rate, killed_again, non_equivalent = TALLY.search(
-        section
-    ).groups()
-    total, killed, survived, exit2, equivalent = map(int, (total, killed, survived, exit2, equivalent))
-    assert total == killed + survived + exit2 + equivalent
-    assert int(non_equivalent) == killed + survived + exit2 and int(killed_again) == killed
+def _check_tally(section: str, listed: bool = True) -> tuple[int, ...]:
+    *counts, rate, killed_again, non_equivalent = TALLY.search(section).groups()
+    total, killed, survived, exit2, timeout, equivalent = map(int, counts)
+    assert total == killed + survived + exit2 + timeout + equivalent
+    assert int(non_equivalent) == killed + survived + exit2 + timeout and int(killed_again) == killed
     if non_equivalent != "0":
         assert rate == f"{100 * killed / int(non_equivalent):.1f}%"
-    for verdict, count in (("survived", survived), ("exit 2", exit2), ("equivalent", equivalent)):
+    listing = (("survived", survived), ("exit 2", exit2), ("timeout", timeout), ("equivalent", equivalent))
+    for verdict, count in listing:
         assert not listed or len(re.findall(rf"^  {verdict}: ", section, re.M)) == count, verdict
-    return total, killed, survived, exit2, equivalent
+    return total, killed, survived, exit2, timeout, equivalent
 
 
 @pytest.mark.slow
@@ -191,7 +194,74 @@ def test_each_mutant_is_validated_as_validate_runs_by_default(mutation, monkeypa
         if p.default is not inspect.Parameter.empty
     }
     assert defaults["config_variants"] is True and defaults["parallel_layouts"] is True
+    assert defaults["lint"] is True  # the hardware rules first (validate.lint_gate)
     assert calls == [{"steps": 4, "tp": 1, "dtype": "fp32"}]
+
+
+def _port(tmp_path):
+    return sys.modules["mutation_setup"].Port("p", tmp_path, "A", tmp_path)
+
+
+def test_a_validation_past_its_cpu_budget_is_a_timeout(mutation, monkeypatch, tmp_path):
+    """A validation that computes on without a verdict is its own verdict,
+    ``timeout``, after the budget's CPU seconds (not wall: load stretches wall time)."""
+    import autoport_cst.validate as validate_package
+
+    def spinning(package, checkpoint, **options):
+        started = time.process_time()
+        while time.process_time() - started < 30:
+            pass
+        raise AssertionError("not stopped")
+
+    monkeypatch.setattr(validate_package, "validate_model", spinning)
+    started = time.perf_counter()
+    verdict, detail = mutation.validate(_port(tmp_path), tmp_path, 4, mutation.Budget(cpu_s=0.5))
+    assert verdict == "timeout" and detail.startswith("no verdict within 0 s of CPU"), detail
+    assert time.perf_counter() - started < 25
+
+
+def test_a_validation_that_waits_past_the_wall_backstop_is_a_timeout(mutation, monkeypatch, tmp_path):
+    import autoport_cst.validate as validate_package
+
+    monkeypatch.setattr(validate_package, "validate_model", lambda *a, **k: time.sleep(30))
+    verdict, detail = mutation.validate(_port(tmp_path), tmp_path, 4, mutation.Budget(wall_s=1.5))
+    assert verdict == "timeout" and detail.startswith("no verdict within 2 s wall"), detail
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # no timer left behind
+
+
+def test_the_cpu_time_of_live_rank_processes_counts(mutation):
+    """The ranks of a layout run are child processes: their CPU time counts
+    while they run (from /proc), not only once they are waited for."""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass\ntime.sleep(60)",
+        ]
+    )
+    try:
+        before = mutation.tree_cpu_seconds()
+        deadline = time.monotonic() + 60
+        while mutation.tree_cpu_seconds() - before < 1.0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert mutation.tree_cpu_seconds() - before >= 1.0
+        assert child.poll() is None  # still running: not yet in RUSAGE_CHILDREN
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_mutants_budget_scales_with_the_unmutated_ports_cpu_time(mutation):
+    assert mutation.Budget.scaled(40.0).cpu_s == mutation.CPU_FACTOR * 40.0
+    assert mutation.Budget.scaled(1.0).cpu_s == mutation.CPU_FLOOR_S
+
+
+def test_mutants_names_lines_of_the_ports(mutation):
+    assert mutation.chosen_lines("qwen2:438, phi3:336,qwen2:1057") == {"qwen2": {438, 1057}, "phi3": {336}}
+    for bad in ("qwen9:4", "qwen2", "qwen2:x"):
+        with pytest.raises(SystemExit) as raised:
+            mutation.parse_args(["--mutants", bad])
+        assert raised.value.code == 2
 
 
 LOADER = """
