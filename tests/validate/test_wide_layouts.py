@@ -12,6 +12,9 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
+from autoport_cst.errors import InputError
 from autoport_cst.validate import validate_model
 from autoport_cst.validate.parallel_checks import (
     LAYOUTS,
@@ -72,8 +75,6 @@ def test_a_q_shard_of_a_negative_tp_rank_fails_the_default_with_kv_heads_replica
 
 
 def test_the_replicated_kv_run_comes_after_the_layouts_and_a_refusal_is_not_run() -> None:
-    from autoport_cst.errors import InputError
-
     passing = SimpleNamespace(equivalent=True, failure=None, summary=lambda: "equivalent within tolerances")
 
     def refused():
@@ -115,3 +116,11 @@ def test_the_tiny_checkpoint_is_stood_in_for_by_one_of_eight_heads(tiny_llama: P
     assert {k: run["config"][k] for k in REPLICATED_KV_HEADS} == REPLICATED_KV_HEADS
     assert run["config"]["architectures"] == original["architectures"]
     assert not run["directory"].exists()  # removed after the run
+
+
+def test_multi_head_attention_has_no_kv_heads_to_replicate(tmp_path: Path) -> None:
+    # GPT-NeoX's config: no num_key_value_heads, as many KV heads as heads
+    config = {"num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 512}
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(InputError, match="multi-head attention"):
+        replicated_kv_run(lambda *_a, **_k: pytest.fail("run"), tmp_path)

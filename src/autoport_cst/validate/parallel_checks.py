@@ -48,7 +48,11 @@ other values (``LAYOUTS``):
   config with 8 attention heads and 2 KV heads (``tiny``, seed 0; latent
   attention keeps as many KV heads as heads), with a transformers run of its
   own; one that the rules still refuse, or that transformers cannot build or
-  run, is reported as not run;
+  run, or a config without ``num_key_value_heads`` (multi-head attention), is
+  reported as not run. The two runs of four ranks (forked from this
+  process, ``rank_start``) add 4 to 7 s of CPU to the default validation of
+  the tiny Qwen3 or Mixtral, 2 to 4 s each (docs/validation.md, "Four ranks":
+  measured at load average 10 to 20 on 2 cores);
 - ``EP 2 at TP=2``, for a mixture-of-experts checkpoint only (``MOE_LAYOUTS``):
   the experts split into two expert-parallel partitions of one rank each, so
   each rank holds half of the experts whole (at TP=2 without EP each holds
@@ -167,7 +171,12 @@ def replicated_kv_run(validate_on: Callable[..., Any], checkpoint: str | Path) -
     with tempfile.TemporaryDirectory(prefix="autoport-kv-replicated-") as scratch:
         try:
             wide = build_tiny_checkpoint(
-                config_path, scratch, seed=0, dimensions=heads_of, key_format=key_format_of(checkpoint)
+                config_path,
+                scratch,
+                seed=0,
+                dimensions=heads_of,
+                key_format=key_format_of(checkpoint),
+                keep_layer_kinds=True,  # the checkpoint's dense / MoE layers
             ).directory
         except (InputError, ValueError, TypeError) as error:  # the config class refuses those heads
             raise InputError(
@@ -186,11 +195,17 @@ def replicated_kv_run(validate_on: Callable[..., Any], checkpoint: str | Path) -
 def _stand_in_heads(config: dict) -> dict[str, int]:
     """The attention of the stand-in checkpoint: ``REPLICATED_KV_HEADS``, or,
     for latent attention (one latent row per token, the same on every rank:
-    rule 3 does not apply), as many KV heads as heads, as its config has them."""
+    rule 3 does not apply), as many KV heads as heads, as its config has them.
+    ``InputError`` for a config without a KV-head count (multi-head attention,
+    whose KV heads are as many as its heads: never fewer than the TP ranks)."""
     from autoport_cst.research.parallelism import config_dims
 
     dims = config_dims(config)
     if dims is not None and dims.latent_width:
         heads = REPLICATED_KV_HEADS["num_attention_heads"]
         return {"num_attention_heads": heads, "num_key_value_heads": heads}
+    if "num_key_value_heads" not in config:
+        raise InputError(
+            "multi-head attention (its config has no num_key_value_heads): no KV heads fewer than the TP ranks"
+        )
     return dict(REPLICATED_KV_HEADS)
