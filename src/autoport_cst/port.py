@@ -374,12 +374,13 @@ def _validation_checkpoint(found, out: Path, name: str, checkpoint: str, seed: i
 
         return build_tiny_vlm_checkpoint(target, seed=seed, architecture=found.architecture)
     arch = str(config) if config and config.is_file() else found.architecture
-    build_tiny_checkpoint(arch, target, seed=seed)
+    # the planned config's dense / MoE layers: the port's config guard refuses others
+    build_tiny_checkpoint(arch, target, seed=seed, keep_layer_kinds=True)
     if _key_format_differs(source_dir, target):
         # the port loads the source's keys: write the tiny checkpoint as the
         # source was written (save_pretrained's hub layout) when that fits better
         saved = out / "checkpoints" / f"{name}-tiny-saved"
-        build_tiny_checkpoint(arch, saved, seed=seed, key_format="saved")
+        build_tiny_checkpoint(arch, saved, seed=seed, key_format="saved", keep_layer_kinds=True)
         if _key_overlap(source_dir, saved) > _key_overlap(source_dir, target):
             return saved
     return target

@@ -124,3 +124,26 @@ def test_a_given_interleave_step_and_an_explicit_moe_layer_list_are_kept(tmp_pat
     (tmp_path / "config.json").write_text(json.dumps(values), encoding="utf-8")
     listed, _ = _tiny_config(tmp_path / "config.json")
     assert listed.moe_layers == [0, 2] and listed.interleave_moe_layer_step == 1
+
+
+@pytest.mark.parametrize("source", ["qwen2_moe", "qwen3_moe"])
+def test_sparse_step_dense_and_moe_layers_are_built(source: str) -> None:
+    """Qwen2-MoE's and Qwen3-MoE's default configs make every layer MoE
+    (decoder_sparse_step 1, no mlp_only_layers) but can express dense layers:
+    the tiny model gets a step of 2, a dense layer 0 and an MoE layer 1."""
+    config, model_class = _tiny_config(source)
+    assert config.decoder_sparse_step == 2 and config.mlp_only_layers == []
+    kinds = [type(layer.mlp).__name__ for layer in _layers(config, model_class)]
+    assert len(kinds) == 2 and kinds[0].endswith("MLP") and kinds[1].endswith("SparseMoeBlock")
+
+
+def test_a_given_sparse_step_is_kept() -> None:
+    import transformers
+
+    config, architecture = resolve_config("qwen3_moe")
+    model_class = getattr(transformers, architecture)
+    given = {"decoder_sparse_step": 1}
+    kept = shrink_config(config, architecture, tiny_dimensions(model_class, config, architecture, given))
+    assert kept.decoder_sparse_step == 1
+    kinds = {type(layer.mlp).__name__ for layer in _layers(kept, model_class)}
+    assert kinds == {"Qwen3MoeSparseMoeBlock"}

@@ -69,6 +69,7 @@ def rebuild_checkpoint(run: dict[str, Any], outdir: Path) -> Path:
         run["weights_seed"],
         kept,
         key_format=run.get("key_format", "model"),
+        keep_layer_kinds=True,
     )
     rebuilt = json.loads((built.directory / "config.json").read_text(encoding="utf-8"))
     differing = sorted(k for k in config if rebuilt.get(k) != config[k])

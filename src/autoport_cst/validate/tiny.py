@@ -16,7 +16,9 @@ NoPE, dense and MoE...) to be built at least once (``layer_variants``). A
 config that interleaves MoE layers by a step (``interleave_moe_layer_step``)
 set to 1 (every layer MoE) gets a step of 2, so that its dense layers are
 built too, their width (``intermediate_size_mlp``) shrunk like
-``intermediate_size``. No table is keyed by model name.
+``intermediate_size``; one that makes every ``decoder_sparse_step``-th layer
+MoE with a step of 1 and no ``mlp_only_layers`` gets a step of 2 for the same
+reason. No table is keyed by model name.
 
 Random initialisation uses ``initializer_range`` (see ``TINY_INIT_STD``): the
 transformers default of 0.02 gives near-uniform next-token distributions on a
@@ -91,6 +93,10 @@ TINY_CHUNK = 12
 # llama_4_scaling_beta) shrink below the prompts too, so that the factor
 # changes within them and a port that ignores it shows it.
 TINY_TEMPERATURE_FLOOR = 5  # no tiny size equals it (a field equal to it would make it ambiguous)
+
+# Steps that choose the MoE layers among dense ones; a step of 1 (every layer
+# MoE) becomes 2 unless given (_interleave_dense_layers, _sparse_step_dense_layers).
+LAYER_KIND_STEPS = ("interleave_moe_layer_step", "decoder_sparse_step")
 
 # Attributes that name token ids: kept inside the tiny vocabulary.
 _TOKEN_ID_ATTRIBUTES = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -197,6 +203,7 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
     _fit_expert_groups(config, set(dimensions or {}))
     _fit_dense_widths(config, sizes, set(dimensions or {}))
     _interleave_dense_layers(config, original_layers, set(dimensions or {}))
+    _sparse_step_dense_layers(config, set(dimensions or {}))
     layers = getattr(config, "num_hidden_layers", None)
     for name, value in list(vars(config).items()):
         # per-layer lists (layer_types, mlp_only_layers patterns...) follow the layer count
@@ -339,6 +346,20 @@ def _interleave_dense_layers(config: Any, original_layers: Any, given: set[str])
     config.moe_layers = list(range(step - 1, layers, step))
 
 
+def _sparse_step_dense_layers(config: Any, given: set[str]) -> None:
+    """A config that makes every ``decoder_sparse_step``-th layer MoE, the
+    others and those listed in ``mlp_only_layers`` dense (Qwen2-MoE,
+    Qwen3-MoE), can express dense layers; with a step of 1 and no layer
+    listed every layer is MoE and the tiny model would build no dense layer.
+    The step becomes 2 (layer 0 dense, layer 1 MoE) unless given or a layer
+    is listed (those are kept)."""
+    step, listed = getattr(config, "decoder_sparse_step", None), getattr(config, "mlp_only_layers", None)
+    if not isinstance(step, int) or isinstance(step, bool) or "decoder_sparse_step" in given:
+        return
+    if step == 1 and isinstance(listed, list) and not listed:
+        config.decoder_sparse_step = 2
+
+
 def tiny_dimensions(
     model_class: Any, config: Any, architecture: str, dimensions: dict[str, int] | None = None
 ) -> dict[str, int]:
@@ -392,6 +413,7 @@ def build_tiny_checkpoint(
     seed: int = 0,
     dimensions: dict[str, int] | None = None,
     key_format: str = "model",
+    keep_layer_kinds: bool = False,
 ) -> TinyCheckpoint:
     """Build a tiny random model and save ``config.json`` + ``model.safetensors``.
 
@@ -405,7 +427,14 @@ def build_tiny_checkpoint(
     attributes (``{"num_key_value_heads": 1}``: a layout that needs one KV
     head). The same ``source``, ``seed`` and ``dimensions`` give
     byte-identical tensors.
+
+    ``keep_layer_kinds`` keeps the source's dense / MoE layer steps
+    (``LAYER_KIND_STEPS``) as given instead of making a config whose every
+    layer is MoE build a dense layer too: the checkpoint of a port planned on
+    that config, whose config guard refuses another step.
     """
+    if keep_layer_kinds:
+        dimensions = {**_layer_kind_steps(source), **(dimensions or {})}
     config, architecture, model_class = _tiny_config(source, dimensions)
     _check_parameter_count(model_class, config, architecture)
     directory = Path(outdir)
@@ -423,6 +452,13 @@ def build_tiny_checkpoint(
         seed=seed,
         num_parameters=sum(t.numel() for t in state.values()),
     )
+
+
+def _layer_kind_steps(source: str | os.PathLike[str]) -> dict[str, int]:
+    """The source config's own ``LAYER_KIND_STEPS`` values."""
+    config, _architecture = resolve_config(source)
+    found = {name: getattr(config, name, None) for name in LAYER_KIND_STEPS}
+    return {name: v for name, v in found.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
 def _tiny_config(source: str | os.PathLike[str], dimensions: dict[str, int] | None) -> tuple[Any, str, Any]:
