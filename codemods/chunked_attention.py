@@ -16,7 +16,6 @@ from autoport_cst.transform.anatomy.attention import (
     SEGMENTED_CP,
     KernelSite,
     attention_classes_in,
-    calls_in,
     kernel_sites,
 )
 from autoport_cst.transform.anatomy.classes import require_method
@@ -29,15 +28,18 @@ from autoport_cst.transform.cst.vocabulary import (
     keyword_arg,
     walk,
 )
-from autoport_cst.transform.edit.arguments import set_keyword
 from autoport_cst.transform.edit.attention import place_setting
-from autoport_cst.transform.edit.backbone_masks import MaskStart, caller_mask_edits, mask_start_edits
+from autoport_cst.transform.edit.backbone_masks import (
+    DecodeMasks,
+    MaskStart,
+    caller_mask_edits,
+    decode_mask_start_edits,
+)
 from autoport_cst.transform.edit.config_fields import add_config_fields
 from autoport_cst.transform.edit.functions import add_functions
 from autoport_cst.transform.edit.kernels import (
     argument,
     guard,
-    guard_statement,
     innermost_statement,
     insert_before,
 )
@@ -176,20 +178,6 @@ class _PrefillChunks:
         return stacked[call, source].movedim(0, dim)
 '''
 
-MASK = MaskStart(
-    attr=ATTR,
-    param="chunk",
-    start="""
-start_pos = None
-if {window} is not None:
-    start_pos = torch.div({positions}, {window}, rounding_mode="floor") * {window}
-""",
-    start_comment="<-- MODEL-SPECIFIC: chunked attention: mask prior positions before the chunk's start",
-    masks_comment=(
-        "<-- MODEL-SPECIFIC: chunked attention: one decode mask per chunk size of the layers, built once per step"
-    ),
-)
-
 
 def _helpers_and(functions: tuple[str, ...], classes: str) -> str:
     """An example's output: the module functions and the helper class, then ``classes``."""
@@ -205,6 +193,23 @@ GUARD_COMMENT = "<-- MODEL-SPECIFIC: chunked attention: a path whose kernel cann
 CP_MESSAGE = "chunked attention: NF.segmented_attention_cp (context-parallel prefill) takes no chunk mask"
 DCP_MESSAGE = "chunked attention: the context-parallel decode mask (local_filled_slots) takes no chunk start"
 FOLD_COMMENT = "<-- MODEL-SPECIFIC: chunked attention: attend within chunks of attention_chunk_size tokens"
+
+MASK = MaskStart(
+    attr=ATTR,
+    param="chunk",
+    start="""
+start_pos = None
+if {window} is not None:
+    start_pos = torch.div({positions}, {window}, rounding_mode="floor") * {window}
+""",
+    start_comment="<-- MODEL-SPECIFIC: chunked attention: mask prior positions before the chunk's start",
+    start_function="_chunk_start",
+    dcp_message=DCP_MESSAGE,
+    guard_comment=GUARD_COMMENT,
+    masks_comment=(
+        "<-- MODEL-SPECIFIC: chunked attention: one decode mask per chunk size of the layers, built once per step"
+    ),
+)
 
 
 class ChunkedAttention(Codemod):
@@ -446,16 +451,16 @@ class ChunkedAttention(Codemod):
             return add_config_fields(module, ctx, CONFIG_FIELDS)
         edits: dict = {}
         self._functions: set[str] = set()
-        self._outside_masks: list[KernelSite] = []
+        self._decodes = DecodeMasks()
         attention = attention_classes_in(module, ctx)
         for cls in attention:
             self._attention_edits(cls, module, ctx, edits)
-        if self._outside_masks:
+        if self._decodes.outside:
             self._backbone_mask_edits(module, attention, ctx, edits)
         module = rewrite(module, edits)
         if not attention:
             return module
-        functions = [LAYER_FUNCTION] + ([CHUNK_START] if "start" in self._functions else [])
+        functions = [LAYER_FUNCTION] + ([CHUNK_START] if self._decodes.start_function else [])
         module = add_functions(module, functions, replace=True)
         return _add_helper_class(module) if "helper" in self._functions else module
 
@@ -471,7 +476,6 @@ class ChunkedAttention(Codemod):
         for kind in (FLASH, DECODE):
             if not any(site.kind == kind for site in sites):
                 raise ctx.precondition(f"{ID}: no {KERNEL_NAMES[kind]}(...) call in {name}", cls, module)
-        decodes: set[int] = set()
         for site in sites:
             if site.kind == FLASH:
                 self._flash_edits(site, cls, module, ctx, edits)
@@ -480,7 +484,9 @@ class ChunkedAttention(Codemod):
             elif site.kind == SEGMENTED_CP:
                 guard(module, ctx, site, f"self.{ATTR} is not None", CP_MESSAGE, edits, GUARD_COMMENT)
             elif site.kind == DECODE:
-                self._decode_edits(site, cls, module, ctx, edits, decodes)
+                decode_mask_start_edits(
+                    site, cls, module, ctx, edits, self._decodes, ID, MASK, _refuse_memoized
+                )
 
     def _init_edit(self, cls, init, module, ctx, edits) -> None:
         params = [p.name.value for p in init.params.params]
@@ -572,44 +578,8 @@ class ChunkedAttention(Codemod):
 
         edits[id(site.call)] = edit
 
-    def _decode_edits(self, site: KernelSite, cls, module, ctx, edits, done: set[int]) -> None:
-        masks = calls_in(site.method, "NF.gen_attention_decode_mask")
-        positions = argument(site.call, "pos_ids")
-        if positions is not None and not is_none(positions):
-            start = parse_expr(f"_chunk_start({code_of(positions)}, self.{ATTR})", module)
-            edits[id(site.call)] = lambda updated: set_keyword(
-                updated, "swa_start_pos_ids", start, after=("pos_ids",)
-            )
-            self._functions.add("start")
-        elif not masks:
-            raise ctx.precondition(
-                f"{ID}: no NF.gen_attention_decode_mask(...) call in {site.where(cls)}", site.method, module
-            )
-        given = argument(site.call, "attention_mask")
-        params = {p.name.value for p in site.method.params.params}
-        if not masks and isinstance(given, cst.Name) and given.value in params:
-            self._outside_masks.append(site)
-        where = site.where(cls)
-        for mask in masks:
-            if id(mask) in done:
-                continue
-            done.add(id(mask))
-            filled = keyword_arg(mask, "local_filled_slots")
-            if filled is not None and not is_none(filled.value):
-                condition = f"self.{ATTR} is not None and {code_of(filled.value)} is not None"
-                guard_statement(module, ctx, site.method, mask, condition, DCP_MESSAGE, edits, GUARD_COMMENT)
-            current = keyword_arg(mask, "start_pos")
-            if current is not None and dotted(current.value) == "start_pos":
-                continue  # masked already (this codemod's start_pos)
-            if current is not None and not is_none(current.value):
-                raise ctx.precondition(
-                    f"{ID}: {where} already passes start_pos={code_of(current.value)}", mask, module
-                )
-            _refuse_memoized(mask, site.method, where, module, ctx)
-            mask_start_edits(module, ctx, site.method, mask, f"self.{ATTR}", where, edits, MASK)
-
     def _backbone_mask_edits(self, module, attention, ctx, edits) -> None:
-        method = self._outside_masks[0].method
+        method = self._decodes.outside[0].method
         caller_mask_edits(module, ctx, attention, method, ID, edits, MASK)
 
 
@@ -652,7 +622,7 @@ def _map_arguments(call: cst.Call, positions: dict[str, int], wrap) -> cst.Call:
     return call.with_changes(args=args)
 
 
-def _refuse_memoized(mask: cst.Call, decode: cst.FunctionDef, where: str, module, ctx) -> None:
+def _refuse_memoized(mask: cst.Call, decode: cst.FunctionDef, where: str, module, ctx, _edits: dict) -> None:
     """A decode mask kept in a dict for the next layers holds one layer's
     start: not handled."""
     holder = innermost_statement(decode, mask)

@@ -17,7 +17,6 @@ from autoport_cst.transform.anatomy.attention import (
     SEGMENTED_CP,
     KernelSite,
     attention_classes_in,
-    calls_in,
     kernel_sites,
 )
 from autoport_cst.transform.anatomy.classes import require_method
@@ -34,7 +33,12 @@ from autoport_cst.transform.cst.vocabulary import (
 )
 from autoport_cst.transform.edit.arguments import set_keyword
 from autoport_cst.transform.edit.attention import drop_unused_function, place_setting
-from autoport_cst.transform.edit.backbone_masks import caller_mask_edits, mask_start_edits
+from autoport_cst.transform.edit.backbone_masks import (
+    DecodeMasks,
+    MaskStart,
+    caller_mask_edits,
+    decode_mask_start_edits,
+)
 from autoport_cst.transform.edit.config_fields import add_config_fields
 from autoport_cst.transform.edit.functions import add_functions
 from autoport_cst.transform.edit.kernels import argument, guard, guard_statement, innermost_statement
@@ -98,6 +102,7 @@ DCP_MESSAGE = (
     "sliding-window attention: the context-parallel decode mask (local_filled_slots) takes no window"
 )
 BLOCKS_MESSAGE = "sliding-window attention: NF.segmented_attention needs a window of whole KV-cache blocks"
+MASK = MaskStart(start_function="_window_start", dcp_message=DCP_MESSAGE, guard_comment=GUARD_COMMENT)
 
 
 @dataclass(frozen=True)
@@ -541,18 +546,17 @@ class SlidingWindow(Codemod):
                     fields += MAX_WINDOW_FIELD
             return add_config_fields(module, ctx, fields)
         edits: dict = {}
-        self._helpers: set[str] = set()
-        self._outside_masks: list[KernelSite] = []
+        self._decodes = DecodeMasks()
         attention = attention_classes_in(module, ctx)
         for cls in attention:
             self._attention_edits(cls, module, ctx, edits)
-        if self._outside_masks:
+        if self._decodes.outside:
             self._backbone_mask_edits(module, attention, ctx, edits)
         self._kv_spec_edits(module, ctx, edits)
         module = rewrite(module, edits)
         if self.params.layers == "all":
             module = drop_unused_function(module, "_layer_sliding_window")
-        functions = [WINDOW_START] if self._helpers else []
+        functions = [WINDOW_START] if self._decodes.start_function else []
         if self.params.layers == "per_layer" and attention:
             doc, code = FALLBACKS[self.params.without_layer_types]
             functions.append(LAYER_FUNCTION.format(fallback_doc=doc, fallback_code=code))
@@ -567,7 +571,6 @@ class SlidingWindow(Codemod):
             if not any(site.kind == kind for site in sites):
                 raise ctx.precondition(f"{ID}: no {KERNEL_NAMES[kind]}(...) call in {name}", cls, module)
         window = parse_expr("self.sliding_window", module)
-        decodes: set[int] = set()
         for site in sites:
             if site.kind in (FLASH, SEGMENTED):
                 edits[id(site.call)] = lambda updated: set_keyword(
@@ -578,7 +581,9 @@ class SlidingWindow(Codemod):
             elif site.kind == SEGMENTED_CP:
                 guard(module, ctx, site, "self.sliding_window is not None", CP_MESSAGE, edits, GUARD_COMMENT)
             elif site.kind == DECODE:
-                self._decode_edits(site, cls, module, ctx, edits, decodes)
+                decode_mask_start_edits(
+                    site, cls, module, ctx, edits, self._decodes, ID, MASK, _memoized_mask_edits
+                )
 
     def _init_edit(self, cls, init, module, ctx, edits) -> None:
         """``self.sliding_window``: the layer's window, or None."""
@@ -622,53 +627,12 @@ class SlidingWindow(Codemod):
         condition = f"self.sliding_window is not None and self.sliding_window % {code_of(block)} != 0"
         guard_statement(module, ctx, site.method, site.call, condition, BLOCKS_MESSAGE, edits, GUARD_COMMENT)
 
-    def _decode_edits(self, site: KernelSite, cls, module, ctx, edits, done: set[int]) -> None:
-        """The decode mask starts at p - window + 1: ``start_pos`` of each
-        mask the decode method builds, ``swa_start_pos_ids`` of a kernel
-        that builds its own from ``pos_ids`` (bounded gather)."""
-        masks = calls_in(site.method, "NF.gen_attention_decode_mask")
-        positions = argument(site.call, "pos_ids")
-        if positions is not None and not is_none(positions):
-            start = parse_expr(f"_window_start({code_of(positions)}, self.sliding_window)", module)
-            edits[id(site.call)] = lambda updated: set_keyword(
-                updated, "swa_start_pos_ids", start, after=("pos_ids",)
-            )
-            self._helpers.add("window_start")
-        elif not masks:
-            raise ctx.precondition(
-                f"{ID}: no NF.gen_attention_decode_mask(...) call in {site.where(cls)}", site.method, module
-            )
-        given = argument(site.call, "attention_mask")
-        params = {p.name.value for p in site.method.params.params}
-        if not masks and isinstance(given, cst.Name) and given.value in params:
-            self._outside_masks.append(site)  # a mask its caller built (the backbone, once per step)
-        for mask in masks:
-            if id(mask) not in done:
-                done.add(id(mask))
-                self._mask_edits(mask, site.method, cls, module, ctx, edits)
-
-    def _mask_edits(self, mask: cst.Call, decode: cst.FunctionDef, cls, module, ctx, edits) -> None:
-        where = f"{cls.name.value}.{decode.name.value}"
-        filled = keyword_arg(mask, "local_filled_slots")
-        if filled is not None and not is_none(filled.value):
-            condition = f"self.sliding_window is not None and {code_of(filled.value)} is not None"
-            guard_statement(module, ctx, decode, mask, condition, DCP_MESSAGE, edits, GUARD_COMMENT)
-        _memoized_mask_edits(mask, decode, where, module, ctx, edits)
-        current = keyword_arg(mask, "start_pos")
-        if current is not None and dotted(current.value) == "start_pos":
-            return
-        if current is not None and not is_none(current.value):
-            raise ctx.precondition(
-                f"{ID}: {where} already passes start_pos={code_of(current.value)}", mask, module
-            )
-        mask_start_edits(module, ctx, decode, mask, "self.sliding_window", where, edits)
-
     def _backbone_mask_edits(self, module, attention, ctx, edits) -> None:
         """Decode masks handed to the attention by its caller: the backbone's
         mask built once per step becomes one per window
         (``autoport_cst.transform.edit.backbone_masks``); a mask already built
         with a window is left alone."""
-        caller_mask_edits(module, ctx, attention, self._outside_masks[0].method, ID, edits)
+        caller_mask_edits(module, ctx, attention, self._decodes.outside[0].method, ID, edits, MASK)
 
     def _kv_spec_edits(self, module: cst.Module, ctx: FileContext, edits: dict) -> None:
         specs = [n for n in walk(module) if isinstance(n, cst.Call) and dotted(n.func) == "LayerSpec"]

@@ -18,15 +18,19 @@ A mask function that already passes a ``start_pos`` is left alone.
 ``mask_start_edits`` gives one decode mask the start of its window (the
 attention's own masks use it too). ``caller_mask_edits`` is the entry of a
 codemod whose attention takes its decode mask from its caller.
+``decode_mask_start_edits`` is the decode edit of a codemod that bounds the
+prior positions a layer sees (sliding-window, chunked-attention): every
+decode kernel call of the attention starts its mask at the layer's bound.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import libcst as cst
 
-from autoport_cst.transform.anatomy.attention import calls_in
+from autoport_cst.transform.anatomy.attention import KernelSite, calls_in
 from autoport_cst.transform.cst.snippets import parse_expr, parse_statements
 from autoport_cst.transform.cst.vocabulary import (
     classes_with_role,
@@ -38,7 +42,7 @@ from autoport_cst.transform.cst.vocabulary import (
     walk,
 )
 from autoport_cst.transform.edit.arguments import set_keyword
-from autoport_cst.transform.edit.kernels import innermost_statement, insert_before
+from autoport_cst.transform.edit.kernels import argument, guard_statement, innermost_statement, insert_before
 from autoport_cst.transform.edit.tree import with_comment
 
 MASK_KERNEL = "NF.gen_attention_decode_mask"
@@ -67,6 +71,11 @@ class MaskStart:
     start: str = START_POS
     start_comment: str = START_COMMENT
     masks_comment: str = MASKS_COMMENT
+    # the module function giving a kernel that masks from pos_ids= its swa_start_pos_ids
+    start_function: str = "_window_start"
+    # the guard of a context-parallel decode mask (local_filled_slots), which takes no start
+    dcp_message: str = ""
+    guard_comment: str = ""
 
 
 WINDOW = MaskStart()
@@ -157,6 +166,105 @@ def caller_mask_edits(
         )
 
 
+@dataclass
+class DecodeMasks:
+    """What ``decode_mask_start_edits`` found over the decode kernel calls of
+    a codemod's attention classes: whether the module needs
+    ``bound.start_function``, the calls whose mask the caller builds, and the
+    masks already edited."""
+
+    start_function: bool = False
+    outside: list[KernelSite] = field(default_factory=list)
+    done: set[int] = field(default_factory=set)
+
+
+def decode_mask_start_edits(
+    site: KernelSite,
+    cls: cst.ClassDef,
+    module: cst.Module,
+    ctx,
+    edits: dict,
+    found: DecodeMasks,
+    codemod: str,
+    bound: MaskStart,
+    memoized: Callable[..., None],
+) -> None:
+    """The decode edit of a codemod bounding the prior positions a layer
+    sees (``self.<bound.attr>``), for one decode kernel call:
+
+    - a kernel that masks from ``pos_ids=`` gets ``swa_start_pos_ids=
+      <bound.start_function>(pos_ids, self.<attr>)``; a start it is already
+      given (anything but None, or a local only ever None) is refused;
+    - each ``NF.gen_attention_decode_mask`` of the decode method gets the
+      start (``mask_start_edits``), the context-parallel one
+      (``local_filled_slots``) a guard raising ``bound.dcp_message`` when the
+      layer is bounded, and ``memoized(mask, method, where, module, ctx,
+      edits)`` handles a mask kept for the next layers; a mask that passes
+      another ``start_pos`` is refused;
+    - a mask handed in by the caller (a parameter of the decode method) is
+      recorded in ``found.outside`` for ``caller_mask_edits``.
+
+    Refuses a decode method that builds no mask and passes no positions."""
+    masks = calls_in(site.method, MASK_KERNEL)
+    where = site.where(cls)
+    own = f"self.{bound.attr}"
+    positions = argument(site.call, "pos_ids")
+    if positions is not None and not is_none(positions):
+        _refuse_given_start(site, where, module, ctx, codemod, bound)
+        start = parse_expr(f"{bound.start_function}({code_of(positions)}, {own})", module)
+        edits[id(site.call)] = lambda updated: set_keyword(
+            updated, "swa_start_pos_ids", start, after=("pos_ids",)
+        )
+        found.start_function = True
+    elif not masks:
+        raise ctx.precondition(f"{codemod}: no {MASK_KERNEL}(...) call in {where}", site.method, module)
+    given = argument(site.call, "attention_mask")
+    params = {p.name.value for p in site.method.params.params}
+    if not masks and isinstance(given, cst.Name) and given.value in params:
+        found.outside.append(site)  # a mask its caller built (the backbone, once per step)
+    for mask in masks:
+        if id(mask) in found.done:
+            continue
+        found.done.add(id(mask))
+        filled = keyword_arg(mask, "local_filled_slots")
+        if filled is not None and not is_none(filled.value):
+            condition = f"{own} is not None and {code_of(filled.value)} is not None"
+            guard_statement(
+                module, ctx, site.method, mask, condition, bound.dcp_message, edits, bound.guard_comment
+            )
+        current = keyword_arg(mask, "start_pos")
+        if current is not None and dotted(current.value) == "start_pos":
+            continue  # masked already (this edit's start_pos)
+        if current is not None and not is_none(current.value):
+            raise ctx.precondition(
+                f"{codemod}: {where} already passes start_pos={code_of(current.value)}", mask, module
+            )
+        memoized(mask, site.method, where, module, ctx, edits)
+        mask_start_edits(module, ctx, site.method, mask, own, where, edits, bound)
+
+
+def _refuse_given_start(site: KernelSite, where: str, module, ctx, codemod: str, bound: MaskStart) -> None:
+    """A decode kernel already given a start of its prior positions (another
+    bound than this edit's, or a local set to one) is not bounded twice."""
+    given = argument(site.call, "swa_start_pos_ids")
+    if given is None or is_none(given) or code_of(given).startswith(f"{bound.start_function}("):
+        return
+    if isinstance(given, cst.Name):
+        values = [
+            node.value
+            for node in walk(site.method)
+            if isinstance(node, cst.Assign)
+            and any(isinstance(t.target, cst.Name) and t.target.value == given.value for t in node.targets)
+        ]
+        if values and all(is_none(value) for value in values):
+            return  # a local the method only ever sets to None
+    raise ctx.precondition(
+        f"{codemod}: {where} already passes swa_start_pos_ids={code_of(given)} to its decode kernel",
+        site.call,
+        module,
+    )
+
+
 def _function_edits(function: cst.FunctionDef, module, ctx, edits, bound: MaskStart) -> None:
     """``window`` parameter; ``start_pos`` from it on each windowless mask."""
     params = function.params
@@ -201,6 +309,11 @@ def mask_start_edits(
 
 def _append_param(params: cst.Parameters, param: cst.Param) -> cst.Parameters:
     existing = list(params.params)
+    if len(existing) > 1 and all(isinstance(p.comma, cst.Comma) for p in existing[-2:]):
+        # one parameter a line with a trailing comma: the new one on a line of its own, before ")"
+        last = existing[-1].comma
+        existing[-1] = existing[-1].with_changes(comma=existing[-2].comma)
+        return params.with_changes(params=[*existing, param.with_changes(comma=last)])
     if existing and existing[-1].comma is cst.MaybeSentinel.DEFAULT:
         existing[-1] = existing[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
     return params.with_changes(params=[*existing, param])
@@ -247,10 +360,12 @@ def _backbone_edits(
             module,
         )
     windows = f"{{layer.{attention_attr}.{bound.attr} for layer in self.layers}}"
+    # the bound after the call's arguments: by keyword after keywords (the real backbone's call)
+    by_keyword = any(a.keyword is not None for a in call.args)
     args = ", ".join(
         [
             *(f"{a.keyword.value}={code_of(a.value)}" if a.keyword else code_of(a.value) for a in call.args),
-            bound.param,
+            f"{bound.param}={bound.param}" if by_keyword else bound.param,
         ]
     )
     per_window = parse_expr(
