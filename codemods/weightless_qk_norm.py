@@ -185,6 +185,21 @@ class WeightlessQkNorm(Codemod):
             """,
         ),
         Example(
+            title="norm weights held as parameters the kernels read (the production packages)",
+            params={"layers": "rope"},
+            before="""
+                class Llama4TextAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(8, 24, dtype=self.dtype))
+                        self.q_norm_weight = nn.Parameter(torch.empty(self.head_dim, dtype=torch.float32))
+                        self.k_norm_weight = nn.Parameter(torch.empty(self.head_dim, dtype=torch.float32))
+
+                    def forward_prefill(self, x):
+                        return NF.qkv_proj(hidden=x, qk_norm_pre_rope_q_gamma=self.q_norm_weight)
+            """,
+            raises="holds its q/k norm weights as parameters",
+        ),
+        Example(
             title="a norm called on the queries (not fused in a kernel)",
             before="""
                 class Qwen3Attention(nn.Module):
@@ -226,6 +241,15 @@ class WeightlessQkNorm(Codemod):
         if built[0] is None and built[1] is None:
             if find_self_assignment(init, "qk_norm_eps") is not None:
                 return []  # weightless already
+            held = [s for norm in NORMS if (s := find_self_assignment(init, f"{norm}_weight")) is not None]
+            if held:  # the production packages' shape: parameters handed to the kernels
+                raise ctx.precondition(
+                    f"{ID}: {name} holds its q/k norm weights as parameters (self.q_norm_weight / "
+                    "self.k_norm_weight, handed to the kernels), not as norm modules self.q_norm / "
+                    "self.k_norm: not handled",
+                    held[0],
+                    module,
+                )
             raise ctx.precondition(f"{ID}: {name}.__init__ builds no self.q_norm / self.k_norm", init, module)
         if built[0] is None or built[1] is None:
             raise ctx.precondition(f"{ID}: {name}.__init__ builds only one of q_norm / k_norm", init, module)
