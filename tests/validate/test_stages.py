@@ -17,7 +17,10 @@ def test_stages_in_order_and_the_port_output_stays_out_of_the_json(
     llama3_dir: Path, tiny_llama: Path
 ) -> None:
     stages: list[str] = []
-    report = validate_model(llama3_dir, tiny_llama, steps=2, on_stage=stages.append)
+    # the follow-ups of llama3 on this checkpoint: test_validate_llama3's fp32_report
+    report = validate_model(
+        llama3_dir, tiny_llama, steps=2, on_stage=stages.append, config_variants=False, parallel_layouts=False
+    )
     assert report.equivalent, report.summary()
     assert stages == list(STAGES)
     assert report.port_output is not None and report.port_output.sequences
