@@ -1,6 +1,6 @@
 """Speed of ``apply`` against LibCST's bare parse of the files it transforms.
 
-    python benchmarks/apply.py [--rounds 7] [--repeat 5] [--only NAME]
+    python benchmarks/apply.py [--rounds 7] [--repeat 5] [--only NAME] [--before SRC]
 
 Three ports, each on the reference it names:
 
@@ -27,6 +27,11 @@ against ``libcst.parse_module`` of the same files in this process: best and
 median.
 The machine's other load is not controlled (its load average is printed):
 compare figures of the same run.
+
+``--before SRC``: the ``src`` directory of earlier code (a copy of the tree
+before a change), whose ``apply`` (``SRC`` first on ``PYTHONPATH``) runs in
+the same rounds, A B C A B C ..., its ratio to the same bare parses printed
+beside the current code's: a before/after comparison under one load.
 """
 
 from __future__ import annotations
@@ -95,9 +100,12 @@ def run(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
 
 
-def whole_process(plan: Path, files: list[Path], out: Path, rounds: int) -> dict[str, float]:
+def whole_process(
+    plan: Path, files: list[Path], out: Path, rounds: int, before: Path | None = None
+) -> dict[str, float]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     apply = [sys.executable, "-m", "autoport_cst", "apply", "--plan", str(plan), "--out", str(out), "--force"]
+    earlier = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [str(before), env.get("PYTHONPATH")])))
     parse = [
         sys.executable,
         "-c",
@@ -105,13 +113,18 @@ def whole_process(plan: Path, files: list[Path], out: Path, rounds: int) -> dict
         *map(str, files),
     ]
     run(apply, env), run(parse, env)  # warm-up: bytecode caches, file cache
-    a_cpu, a_wall, b_cpu, b_wall, cpu_ratio, wall_ratio = [], [], [], [], [], []
+    if before is not None:
+        run(apply, earlier)
+    a_cpu, a_wall, b_cpu, b_wall, cpu_ratio, wall_ratio, c_cpu, c_ratio = [], [], [], [], [], [], [], []
     for _ in range(rounds):
         (ac, aw), (bc, bw) = run(apply, env), run(parse, env)
         a_cpu.append(ac), a_wall.append(aw), b_cpu.append(bc), b_wall.append(bw)
         cpu_ratio.append(ac / bc), wall_ratio.append(aw / bw)
+        if before is not None:
+            cc = run(apply, earlier)[0]
+            c_cpu.append(cc), c_ratio.append(cc / bc)
     median = statistics.median
-    return {
+    figures = {
         "apply_cpu": median(a_cpu),
         "apply_wall": median(a_wall),
         "parse_cpu": median(b_cpu),
@@ -119,6 +132,9 @@ def whole_process(plan: Path, files: list[Path], out: Path, rounds: int) -> dict
         "cpu_ratio": median(cpu_ratio),
         "wall_ratio": median(wall_ratio),
     }
+    if before is not None:
+        figures.update(before_cpu=median(c_cpu), before_ratio=median(c_ratio))
+    return figures
 
 
 def in_process(plan_path: Path, files: list[Path], out: Path, repeat: int) -> dict[str, float]:
@@ -159,6 +175,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7, help="whole-process rounds (A and B each)")
     parser.add_argument("--repeat", type=int, default=5, help="in-process repetitions")
     parser.add_argument("--only", help="one of llama3-bench, qwen2, gemma2")
+    parser.add_argument("--before", type=Path, help="src directory of earlier code, run in the same rounds")
     args = parser.parse_args()
 
     one, five, _ = os.getloadavg()
@@ -170,7 +187,7 @@ def main() -> None:
                 continue
             files = reference_files(plan)
             lines = sum(f.read_text(encoding="utf-8").count("\n") for f in files)
-            whole = whole_process(plan, files, Path(tmp) / "whole", args.rounds)
+            whole = whole_process(plan, files, Path(tmp) / "whole", args.rounds, args.before)
             inner = in_process(plan, files, Path(tmp) / "inner", args.repeat)
             target = TARGETS[name]
             verdict = "met" if whole["cpu_ratio"] <= target else "MISSED"
@@ -185,6 +202,11 @@ def main() -> None:
                 f"  ratio apply / parse: {whole['cpu_ratio']:.2f}x CPU ({whole['wall_ratio']:.2f}x wall); "
                 f"target <= {target}x CPU: {verdict}"
             )
+            if args.before is not None:
+                print(
+                    f"  earlier code ({args.before}), same rounds: apply {whole['before_cpu']:.2f} s CPU, "
+                    f"ratio {whole['before_ratio']:.2f}x CPU"
+                )
             print(
                 f"  in process, CPU: build_port {inner['build_min']:.3f} s best, {inner['build_median']:.3f} s "
                 f"median (write_port {inner['write_median']:.3f} s); parse {inner['parse_min']:.3f} s best, "

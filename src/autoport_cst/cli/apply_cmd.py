@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import click
 from autoport_cst.cli.common import (
     EXIT_FOUND,
     EXIT_OK,
+    collector_paused,
     error_boundary,
     stderr_console,
     stdout_console,
@@ -69,6 +69,11 @@ def apply_command(plan_path, ref, out_dir, show_diff, check, force, output_forma
     nothing. Exit codes: 0 done, 1 `--check` found differences, 2 bad input
     or a failed codemod precondition (nothing written), 130 interrupted.
     """
+    with collector_paused():
+        _apply(plan_path, ref, out_dir, show_diff, check, force, output_format, quiet)
+
+
+def _apply(plan_path, ref, out_dir, show_diff, check, force, output_format, quiet) -> None:
     from autoport_cst.apply import build_port, differences, load_reference, write_port
     from autoport_cst.apply.engine import REGISTRY
     from autoport_cst.plan import load_plan
@@ -131,6 +136,8 @@ def apply_command(plan_path, ref, out_dir, show_diff, check, force, output_forma
 
 
 def _print_diff(result, reference) -> None:
+    import difflib
+
     console = stdout_console()
     chunks: list[str] = []
     for path, new in result.files.items():

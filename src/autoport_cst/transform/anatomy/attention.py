@@ -5,6 +5,7 @@ op-by-op substitutes)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import libcst as cst
 
@@ -81,8 +82,8 @@ def kernel_sites(cls: cst.ClassDef) -> list[KernelSite]:
     for func in body:
         if not isinstance(func, cst.FunctionDef) or not is_forward_method(func):
             continue
-        for node in walk(func):
-            if isinstance(node, cst.Call) and (kind := kernel_kind(node)) is not None:
+        for node in cast(list[cst.Call], nodes_of(func, cst.Call)):
+            if (kind := kernel_kind(node)) is not None:
                 sites.append(KernelSite(node, kind, func))
     return sites
 

@@ -5,6 +5,7 @@ parameters or modules of a role. Missing ones are positioned preconditions."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 import libcst as cst
 
@@ -131,11 +132,8 @@ def param_ctor(stmt: cst.SimpleStatementLine) -> cst.Call | None:
 def forward_path_functions(module: cst.Module) -> list[cst.FunctionDef]:
     """Functions and methods that are not load-time code (``__init__``,
     loader setup, ``load_weights``...)."""
-    out = []
-    for node in walk(module):
-        if isinstance(node, cst.FunctionDef) and node.name.value not in LOAD_TIME:
-            out.append(node)
-    return out
+    functions = cast(list[cst.FunctionDef], nodes_of(module, cst.FunctionDef))
+    return [node for node in functions if node.name.value not in LOAD_TIME]
 
 
 def assigned_name(stmt: cst.CSTNode | None) -> str | None:

@@ -29,6 +29,7 @@ Words used here:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import libcst as cst
 
@@ -45,6 +46,7 @@ from autoport_cst.transform.anatomy.classes import (
 from autoport_cst.transform.cst.roles import class_role
 from autoport_cst.transform.cst.vocabulary import (
     dotted,
+    nodes_of,
     self_attr,
     walk,
 )
@@ -194,7 +196,7 @@ def layer_methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:
 
 
 def sublayer_calls(node: cst.CSTNode, attrs: dict[str, str]) -> list[cst.Call]:
-    return [n for n in walk(node) if isinstance(n, cst.Call) and self_attr(n.func) in attrs]
+    return [n for n in cast(list[cst.Call], nodes_of(node, cst.Call)) if self_attr(n.func) in attrs]
 
 
 def _slots(func, attrs, norms, ctx, module, cls) -> dict[str, Slot]:
@@ -334,7 +336,7 @@ def logits_site(module: cst.Module, ctx: FileContext):
     if lm is None:
         return None
     forward = require_method(module, ctx, lm, "forward")
-    calls = [n for n in walk(forward) if isinstance(n, cst.Call) and self_attr(n.func) == "lm_head"]
+    calls = [n for n in cast(list[cst.Call], nodes_of(forward, cst.Call)) if self_attr(n.func) == "lm_head"]
     heads = [
         s
         for s in forward.body.body

@@ -14,6 +14,8 @@ implemented or refused by name when set.
 
 from __future__ import annotations
 
+from typing import cast
+
 import libcst as cst
 
 from autoport_cst.transform import FileContext
@@ -31,6 +33,7 @@ from autoport_cst.transform.cst.vocabulary import (
     deep_statements,
     dotted,
     keyword_arg,
+    nodes_of,
     walk,
 )
 from autoport_cst.transform.edit.tree import with_comment
@@ -95,7 +98,7 @@ def guard_statement(
     before the statement of ``func`` that holds ``target`` (once: a method
     that already raises this message is left as it is)."""
     text = message.replace("\\", "\\\\").replace('"', '\\"')
-    if any(isinstance(n, cst.SimpleString) and n.value == f'"{text}"' for n in walk(func)):
+    if any(n.value == f'"{text}"' for n in cast(list[cst.SimpleString], nodes_of(func, cst.SimpleString))):
         return
     holder = innermost_statement(func, target)
     if holder is None:  # pragma: no cover - a call always sits in a statement
