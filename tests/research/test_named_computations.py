@@ -124,3 +124,26 @@ def test_dbrx_is_refused_for_clip_qkv_and_its_residual_in_the_wrapper(tmp_path: 
     assert error is not None and set(error.features) == expected, error
     assert "DbrxNormAttentionNorm.forward (modeling_dbrx.py:" in str(error)
     assert ("DbrxAttention.forward (modeling_dbrx.py:" in str(error)) == bool(clip)
+
+
+def test_a_cause_is_named_once(tmp_path: Path):
+    """XLNet (full-size config): its attention computes with its own
+    parameters (q, k, v, o, r and the relative-position biases), which is
+    named; the kernel arguments it has no kernel call for (scale, sinks,
+    softcap, window, biases) are not listed beside it, nor the norms' kind,
+    bias and offset and the parallel residual that follow from the layer's
+    flow research did not follow (norm.placement says why)."""
+    from autoport_cst.research import research
+    from autoport_cst.validate.tiny import resolve_config, write_config_json
+
+    config, _ = resolve_config("XLNetLMHeadModel")
+    config.architectures = ["XLNetLMHeadModel"]
+    write_config_json(config, tmp_path / "config.json")
+    error = _refusal(research(str(tmp_path)))
+    assert error is not None
+    assert set(error.features) == {
+        "learned parameters in the attention computation",
+        "norm.placement",
+        "embedding.scale",
+    }, error.features
+    assert "r_w_bias" in str(error) and "found 1 attention and 0 MLP calls" in str(error), str(error)

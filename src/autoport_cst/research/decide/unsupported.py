@@ -31,6 +31,8 @@ CONFIG_READ_SIZES = (
 )
 # unknown spec fields whose default is not a guess at the computation
 NOT_COMPUTATIONS = ("norm.eps_key",)
+# the evidence of a field nothing read (research/decide/state.py)
+NOT_DESCRIBED = "no source describes it"
 # code facts the spec has no field for, and that no reference computes
 FEATURE_FINDINGS = {
     "code.qkv_clip": "queries, keys and values clamped to a range (clip_qkv)",
@@ -53,6 +55,9 @@ def unsupported(d: Decider) -> tuple[str, ...] | None:
     load, or reads the same value)."""
     items: list[str] = list(_features(d) or ())
     explained = _explained_sections(d)
+    parameters = d.code_finding("code.attention_parameters")
+    if parameters is not None and parameters.known and parameters.value:
+        explained.add("attention")  # its own parameters are why its kernel arguments were not read (XLNet)
     failed = False
     for name in ANALYSIS_FAILURES:
         finding = d.code_finding(name)
@@ -61,13 +66,17 @@ def unsupported(d: Decider) -> tuple[str, ...] | None:
             if name not in explained:  # else a named computation is why (analysis/mixers.py)
                 items.append(f"{name}: {_short(finding.evidence)}")
     if not failed:
-        for name in sorted(set(d.unknown)):
-            if name.startswith("checkpoint.") or name in NOT_COMPUTATIONS:
-                continue
+        unknown = {
+            name: next((x.evidence for x in reversed(d.decisions) if x.field == name), "")
+            for name in sorted(set(d.unknown))
+            if not name.startswith("checkpoint.") and name not in NOT_COMPUTATIONS
+        }
+        following = _following(unknown)
+        for name, evidence in unknown.items():
             if name.split(".", 1)[0] in explained:
                 continue  # the named computation is why research could not classify it
-            evidence = next((x.evidence for x in reversed(d.decisions) if x.field == name), "")
-            items.append(f"{name}: {_short(evidence)}")
+            if name not in following:
+                items.append(f"{name}: {_short(evidence)}")
     for name in CONFIG_READ_SIZES:
         cfg, code = d.cfg_finding(name), d.code_finding(name)
         if name == "attention.num_kv_heads" and multi_query_key(d) is not None:
@@ -98,6 +107,35 @@ def unsupported(d: Decider) -> tuple[str, ...] | None:
         known(tuple(items), "unsupported", DERIVED, f"{len(items)} computation(s) the spec cannot describe")
     )
     return tuple(items)
+
+
+def _following(unknown: dict[str, str]) -> set[str]:
+    """The unclassified fields that follow from another one listed, so that
+    a refusal names each cause once: a field no source describes where
+    another field of its section was looked at and not classified (XLNet's
+    sinks and softcap beside its scale read from no kernel call); the
+    norms' kind, bias and offset where no norm was found because the layer's
+    flow was not followed, and the parallel residual read from that same
+    flow (``norm.placement`` says why)."""
+    described = {name.split(".", 1)[0] for name, ev in unknown.items() if NOT_DESCRIBED not in ev}
+    out = {name for name, ev in unknown.items() if NOT_DESCRIBED in ev and name.split(".", 1)[0] in described}
+    placement = unknown.get("norm.placement")
+    if placement is not None:
+        out |= {
+            name
+            for name in ("norm.kind", "norm.bias", "norm.unit_offset")
+            if "no norm found" in unknown.get(name, "")
+        }
+        parallel = unknown.get("residual.parallel")
+        if parallel is not None and (_why(parallel).endswith(":") or _why(parallel) == _why(placement)):
+            out.add("residual.parallel")  # no reason of its own, or the placement's
+    return out
+
+
+def _why(evidence: str) -> str:
+    """The reason of an unclassified field's evidence, without the default
+    the spec keeps."""
+    return evidence.split(" (spec keeps", 1)[0].strip()
 
 
 def _dense_width_given(d: Decider, code: Any) -> bool:
