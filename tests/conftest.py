@@ -70,3 +70,17 @@ def pytest_unconfigure(config):
 @pytest.fixture
 def repo_root() -> Path:
     return ROOT
+
+
+@pytest.fixture(scope="module")
+def shared_reference_runs():
+    """For a module that validates ports on the same checkpoints again and
+    again (``pytestmark = pytest.mark.usefixtures("shared_reference_runs")``):
+    its validations on the same checkpoint files, prompts and decode steps
+    share one transformers run (``reusing_reference_runs``, as ``port`` does
+    for its own), whatever the port, its dtype or TP size; transformers' side
+    does not depend on them. Each validation still runs and compares its port."""
+    from autoport_cst.validate.reference_reuse import reusing_reference_runs
+
+    with reusing_reference_runs():
+        yield

@@ -83,3 +83,17 @@ def test_every_architecture_is_validated_in_full_with_run_slow(pytestconfig, mon
 )
 def test_follow_up_options(full, options):
     assert follow_up_options(full) == options
+
+
+@pytest.mark.usefixtures("shared_reference_runs")
+def test_a_module_with_shared_reference_runs_keeps_them(tmp_path):
+    """tests/conftest.py's ``shared_reference_runs``: within, a transformers run
+    kept on a checkpoint is found again (the module's validations reuse it)."""
+    from autoport_cst.validate.reference_reuse import keep_run, kept_run
+
+    (tmp_path / "config.json").write_text("{}", encoding="utf-8")
+    prompts = ((1, 2, 3),)
+    assert kept_run(tmp_path, prompts, 4) is None
+    keep_run(tmp_path, prompts, 4, [[5, 6]], {"fp32": "outputs"})
+    assert kept_run(tmp_path, prompts, 4) == ([[5, 6]], {"fp32": "outputs"})
+    assert kept_run(tmp_path, prompts, 8) is None, "another number of decode steps"

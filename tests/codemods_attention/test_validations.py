@@ -25,6 +25,9 @@ from tests.validation_depth import follow_up_options, validates_fully
 
 from .conftest import ROOT
 
+# the fp32 and bf16 (and TP=2, control) validations of a case share its transformers run
+pytestmark = pytest.mark.usefixtures("shared_reference_runs")
+
 EXAMPLES = ROOT / "examples"
 STEPS = 8
 

@@ -23,6 +23,9 @@ pytest.importorskip("transformers")
 from autoport_cst.validate import validate_model  # noqa: E402
 from tests.validation_depth import follow_up_options, validates_fully  # noqa: E402
 
+# the fp32 and bf16 (and TP=2) validations of a case share its transformers run
+pytestmark = pytest.mark.usefixtures("shared_reference_runs")
+
 STARCODER2_REF = ROOT / "reference_models" / "starcoder2"
 
 GRANITE_CONFIG = dict(

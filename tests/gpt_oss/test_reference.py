@@ -22,6 +22,9 @@ from autoport_cst.validate import validate_model
 from .conftest import GPT_OSS
 from .explain import explain_bf16_failure, isolated_r_ratios
 
+# validations on one checkpoint share its transformers run (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("shared_reference_runs")
+
 STEPS = 8
 BF16_SEED = 5  # tiny weights on which bf16 validates at one rank and two, with and without EP
 

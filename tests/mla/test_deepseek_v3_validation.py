@@ -13,6 +13,9 @@ from autoport_cst.validate import validate_model
 
 from .conftest import REFERENCE
 
+# validations on one checkpoint share its transformers run (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("shared_reference_runs")
+
 
 def _failure(report) -> str:
     return f"{report.first_diverging} {report.failure} {report.failed_checks}"

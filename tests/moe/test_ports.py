@@ -27,6 +27,9 @@ from autoport_cst.validate import validate_model
 from .conftest import EXAMPLES, hub_layout
 from .spec_steps import declared_steps
 
+# validations on one checkpoint share its transformers run (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("shared_reference_runs")
+
 STEPS = 8
 TARGETS = {"mixtral": "tiny_mixtral", "qwen2_moe": "tiny_qwen2_moe", "dots1": "tiny_dots1"}
 

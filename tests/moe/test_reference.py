@@ -10,6 +10,9 @@ from autoport_cst.validate import validate_model
 
 from .conftest import QWEN3_MOE, hub_layout, tiny
 
+# validations on one checkpoint share its transformers run (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("shared_reference_runs")
+
 STEPS = 8
 
 

@@ -32,6 +32,9 @@ from autoport_cst.validate.standin.common_types import ExpertAffinityScaleMode, 
 
 from .conftest import ROOT
 
+# validations on one checkpoint share its transformers run (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("shared_reference_runs")
+
 GPT_OSS = ROOT / "reference_models" / "gpt_oss"
 EXPERTS, TOP_K, HIDDEN = 4, 2, 8
 

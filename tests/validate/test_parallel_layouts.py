@@ -23,6 +23,9 @@ from autoport_cst.validate.scenario import Scenario
 from .conftest import ROOT
 
 LLAMA3 = ROOT / "reference_models" / "llama3"
+# validations on one checkpoint share its transformers run (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("shared_reference_runs")
+
 RUN = dict(steps=3, prompt_lengths=(8, 12, 20))
 
 

@@ -14,6 +14,9 @@ from autoport_cst.validate import REPORT_SCHEMA, validate_model
 from autoport_cst.validate.metrics import FP32_REL_ERROR_TOLERANCE, R_RATIO_TOLERANCE
 
 # The component names every decoder of the reference exposes, in order.
+# validations on one checkpoint share its transformers run (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("shared_reference_runs")
+
 EXPECTED_COMPONENTS = (
     ["embedding"]
     + [
