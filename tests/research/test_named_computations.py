@@ -7,7 +7,7 @@ convolutional mixer (LFM), experts chosen without a top-k (PhiMoE's
 sparsemixer), an attention one module down whose wrapper adds and norms the
 residual (BERT as a decoder, DBRX) or that writes out its scores (GPT-Neo),
 DBRX's clamped projections, several attentions in one layer (LongCat
-Flash); never "decoder layers / an attention research could not find". The
+Flash, TrOCR's cross-attention), layers as parallel lists (XLM); never "decoder layers / an attention research could not find". The
 refusal names only what the model computes: XGLM's is its sinusoidal
 positions and its written-out attention, not sinks, softcap or a window."""
 
@@ -55,7 +55,17 @@ NAMED = {
         {"explicit_attention"},
         ["GPTNeoSelfAttention.forward (modeling_gpt_neo.py:", "(matmul) and a softmax"],
     ),
-    "LongcatFlashForCausalLM": ({"several_attentions"}, ["runs 2 attention sublayers: self_attn.0"]),
+    "LongcatFlashForCausalLM": ({"several_attentions"}, ["holds 2 attention sublayers: self_attn.0"]),
+    # a self-attention and a cross-attention (encoder_attn) in one layer
+    "TrOCRForCausalLM": ({"several_attentions"}, ["holds 2 attention sublayers: self_attn", "encoder_attn"]),
+    # attentions[i], ffns[i], layer_norm1[i], layer_norm2[i]: no one list of layers
+    "XLMWithLMHeadModel": (
+        {"parallel_layer_lists"},
+        [
+            "XLMModel.forward (modeling_xlm.py:",
+            "attentions (2 x MultiHeadAttention), ffns (2 x TransformerFFN)",
+        ],
+    ),
     "XGLMForCausalLM": (
         {"sinusoidal_positions", "explicit_attention"},
         ["XGLMAttention.forward (modeling_xglm.py:", "(bmm) and a softmax"],

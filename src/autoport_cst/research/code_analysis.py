@@ -103,9 +103,9 @@ def _run(st: AnalyzerState) -> None:
                 f"no list of decoder layers found under {st.cls.name}" + decoder.layer_list_shape(st),
             )
         )
-        block = decoder.first_listed_block(st)
-        if block is not None:
-            mixers.name_block(st, block, ("code.decoder_layers",))
+        listed = decoder.first_listed_block(st)
+        if listed is not None and not mixers.parallel_lists(st, listed[1]):
+            mixers.name_block(st, listed[0], ("code.decoder_layers",))
         return
     backbone_path, backbone_inst = backbone
     r.layer_count = len(layers)

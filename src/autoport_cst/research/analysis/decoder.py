@@ -116,9 +116,10 @@ def _runs_layers(st: AnalyzerState, owner: Instance, items: list[Instance]) -> b
     )
 
 
-def first_listed_block(st: AnalyzerState) -> Instance | None:
+def first_listed_block(st: AnalyzerState) -> tuple[Instance, Instance] | None:
     """The first item of the first list of modules under the causal LM
-    (breadth first), the block ``layer_list_shape`` describes."""
+    (breadth first), the block ``layer_list_shape`` describes, and the
+    module holding the list."""
     queue: list[Instance] = [st.top]
     seen = 0
     while queue and seen < 64:
@@ -128,7 +129,7 @@ def first_listed_block(st: AnalyzerState) -> Instance | None:
             if isinstance(value, Instance) and value.cls == MODULE_LIST:
                 items = [i for i in value.attrs.get("items", []) if isinstance(i, Instance)]
                 if items:
-                    return items[0]
+                    return items[0], inst
         queue += [c for n, c in inst.children() if "." not in n]
     return None
 

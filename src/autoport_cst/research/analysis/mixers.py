@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, known
-from autoport_cst.research.interp.values import Instance, Node, SourceClass
+from autoport_cst.research.interp.values import MODULE_LIST, Instance, Node, SourceClass
 from autoport_cst.research.interp.walk import depends_on, walk
 
 # roles whose computation another section reads
@@ -40,6 +40,10 @@ def name_block(st: AnalyzerState, block: Instance, explains: tuple[str, ...], ro
     them mixes the positions: RecurrentGemma's temporal block)."""
     children = [(n, c) for n, c in block.children() if "." not in n]
     roles = [st.role(c) for _, c in children]
+    attentions = [n for (n, _), r in zip(children, roles, strict=True) if r == "attention"]
+    if len(attentions) > 1 and "code.decoder_layers" in explains:
+        several_attentions(st, block, attentions, explains)  # TrOCR's self_attn and encoder_attn
+        return True
     several = "attention" not in roles and sum(r in ("mlp", "moe") for r in roles) > 1
     named = False
     for (name, child), role in zip(children, roles, strict=True):
@@ -52,17 +56,54 @@ def name_block(st: AnalyzerState, block: Instance, explains: tuple[str, ...], ro
     return named
 
 
-def several_attentions(st: AnalyzerState, layer: Instance, names: list[str]) -> None:
+def several_attentions(
+    st: AnalyzerState, layer: Instance, names: list[str], explains: tuple[str, ...] = ("code.attention",)
+) -> None:
     """A layer with several attention sublayers (each its own projections),
     named with them."""
     shown = ", ".join(f"{n} ({dict(layer.children())[n].class_name})" for n in names)
     st.add(
         known(
-            ("code.attention",),
+            explains,
             "unsupported.several_attentions",
             CODE,
-            f"{st.where(layer)} runs {len(names)} attention sublayers: {shown}",
+            f"{st.where(layer)} holds {len(names)} attention sublayers: {shown}",
         )
+    )
+
+
+def parallel_lists(st: AnalyzerState, owner: Instance) -> bool:
+    """Decoder layers held as parallel module lists of one length (XLM's
+    ``attentions[i]``, ``ffns[i]``, ``layer_norm1[i]``), one of attentions
+    and one of feed-forwards, rather than one list of layers."""
+    lists = {
+        name: [i for i in value.attrs.get("items", []) if isinstance(i, Instance)]
+        for name, value in owner.attrs.items()
+        if isinstance(value, Instance) and value.cls == MODULE_LIST
+    }
+    kinds = {name: {st.role(i) for i in items} for name, items in lists.items() if items}
+    attn = [n for n, k in kinds.items() if k == {"attention"}]
+    ffn = [n for n, k in kinds.items() if k and (k <= {"mlp", "moe"} or _projections(st, lists[n]))]
+    if not attn or not ffn or len(lists[attn[0]]) != len(lists[ffn[0]]):
+        return False
+    shown = ", ".join(f"{n} ({len(lists[n])} x {lists[n][0].class_name})" for n in sorted(kinds))
+    st.add(
+        known(
+            ("code.decoder_layers",),
+            "unsupported.parallel_layer_lists",
+            CODE,
+            f"{st.where(owner)}: its layers are parallel module lists indexed together: {shown}",
+        )
+    )
+    return True
+
+
+def _projections(st: AnalyzerState, items: list[Instance]) -> bool:
+    """Each item a module of two linear layers or more (XLM's
+    ``TransformerFFN``, its activation a function research reads as other)."""
+    return all(
+        st.role(i) not in ("attention", "norm") and sum(st.role(c) == "linear" for _, c in i.children()) >= 2
+        for i in items
     )
 
 
