@@ -112,3 +112,28 @@ def test_the_cli_says_it_does_not_validate_and_writes_the_findings(
     assert "DOES NOT VALIDATE" in result.output and "NRN009 fp8-segmented-guard" in result.output
     data = json.loads(report_path.read_text(encoding="utf-8"))
     assert data["failure"]["stage"] == "lint" and {d["code"] for d in data["lint"]} == {"NRN009"}
+
+
+def test_a_vision_language_port_is_linted_first_too(tmp_path: Path, monkeypatch) -> None:
+    """``validate_vlm`` (``validate`` on a vision-language checkpoint) lints
+    the package once the checkpoint's config is read, before any reference or
+    port run."""
+    from autoport_cst.validate import vision_validate
+    from autoport_cst.validate.vision_tiny import build_tiny_vlm_checkpoint
+
+    checkpoint = build_tiny_vlm_checkpoint(tmp_path / "tiny-vl", seed=0)
+    port = shutil.copytree(
+        ROOT / "reference_models" / "qwen3_vl",
+        tmp_path / "qwen3_vl",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    model = port / "model.py"
+    probe = "\n\nclass Probe(nn.Module):\n    def forward(self, x):\n        return x.item()\n"  # NRN003
+    model.write_text(model.read_text(encoding="utf-8") + probe, encoding="utf-8")
+    monkeypatch.setattr(vision_validate, "run_vision_reference", lambda *a, **k: pytest.fail("ran"))
+    findings = lint_gate.failing(lint_gate.lint_findings(port))
+    assert [d.code for d in findings] == ["NRN003"]
+    report = vision_validate.validate_vlm(port, checkpoint, steps=2)
+    assert not report.equivalent and report.failure_stage == "lint"
+    assert report.summary().startswith("does not validate: the port breaks ")
+    assert [d["code"] for d in report.lint] == [d.code for d in findings]

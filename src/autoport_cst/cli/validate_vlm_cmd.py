@@ -100,6 +100,8 @@ def _print(report: Any) -> None:
         console.print(f"the port failed at {report.failure_stage}: {report.failure}")
     if report.equivalent:
         verdict = "equivalent"
+    elif report.failure_stage == "lint":  # validate.lint_gate: not run
+        verdict = "DOES NOT VALIDATE (it breaks a Trainium hardware rule; the port was not run)"
     elif report.failure:
         verdict = f"NOT equivalent (the port failed at {report.failure_stage})"
     else:

@@ -22,6 +22,7 @@ import torch
 
 from autoport_cst.errors import InputError
 
+from . import lint_gate
 from .driver import PortFailure, port_hf_config
 from .metrics import component_metrics
 from .package import imported_package
@@ -45,6 +46,7 @@ class VisionValidationReport:
     failure: str | None = None
     failure_stage: str | None = None
     kernel_calls: dict[str, dict[str, int]] = field(default_factory=dict)
+    lint: list[dict[str, Any]] = field(default_factory=list)  # lint_gate's findings on the package
 
     @property
     def equivalent(self) -> bool:
@@ -61,6 +63,8 @@ class VisionValidationReport:
         """One line: the verdict, and where a failing run failed."""
         if self.equivalent:
             return "equivalent within tolerances (vision-language: tower, M-RoPE positions, decoder, logits)"
+        if self.failure is not None and self.failure_stage == lint_gate.STAGE:  # not run
+            return f"does not validate: {self.failure}"
         if self.failure is not None:
             return f"not equivalent: the port failed at {self.failure_stage}: {self.failure}"
         return f"not equivalent: first diverging check: {self.first_diverging}"
@@ -150,9 +154,17 @@ def validate_vlm(
     if dtype not in DTYPES:
         raise InputError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     hf_config = port_hf_config(checkpoint_dir, torch.float32)
+    findings = lint_gate.lint_findings(package_dir)  # the hardware rules first (lint_gate)
+    errors = lint_gate.failing(findings)
+    if errors:
+        message = lint_gate.failure_message(errors, package_dir)
+        lint = [finding.to_dict() for finding in findings]
+        return VisionValidationReport(
+            dtype, steps, tp, failure=message, failure_stage=lint_gate.STAGE, lint=lint
+        )
     prompts: tuple[VisionPrompt, ...] = vision_prompts(hf_config, seed)
     fp32, bf16 = run_vision_reference(checkpoint_dir, prompts, steps, bf16=dtype == "bf16")
-    report = VisionValidationReport(dtype, steps, tp)
+    report = VisionValidationReport(dtype, steps, tp, lint=[finding.to_dict() for finding in findings])
     try:
         runs = _port_runs(package_dir, checkpoint_dir, dtype, prompts, [r.tokens for r in fp32], tp, report)
     except PortFailure as failure:
