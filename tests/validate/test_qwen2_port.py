@@ -14,6 +14,8 @@ from autoport_cst.cli import cli
 from autoport_cst.validate import build_tiny_checkpoint, validate_model
 
 ROOT = Path(__file__).resolve().parents[2]
+# validations on one checkpoint share its transformers run (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("shared_reference_runs")
 
 
 @pytest.fixture(scope="module")
