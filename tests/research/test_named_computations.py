@@ -157,3 +157,19 @@ def test_a_cause_is_named_once(tmp_path: Path):
         "embedding.scale",
     }, error.features
     assert "r_w_bias" in str(error) and "found 1 attention and 0 MLP calls" in str(error), str(error)
+
+
+def test_a_mixer_built_beside_the_attention_only_for_an_unknown_layer_kind_is_not_named(tmp_path: Path):
+    """LFM2-MoE's default config has no layer_types: research builds both the
+    attention and the short convolution of a layer (its kind unknown), but no
+    forward path calls both. Nothing is named as computed beside the
+    attention (FalconH1's mixer is: both on one path)."""
+    from autoport_cst.research import research
+    from autoport_cst.validate.tiny import resolve_config, write_config_json
+
+    config, _ = resolve_config("Lfm2MoeForCausalLM")
+    config.architectures = ["Lfm2MoeForCausalLM"]
+    write_config_json(config, tmp_path / "config.json")
+    error = _refusal(research(str(tmp_path)))
+    assert error is not None
+    assert "convolution_mixer" not in error.features and "beside the attention" not in str(error), str(error)

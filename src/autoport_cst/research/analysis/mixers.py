@@ -49,11 +49,23 @@ def name_block(st: AnalyzerState, block: Instance, explains: tuple[str, ...], ro
     for (name, child), role in zip(children, roles, strict=True):
         if role in READ_ROLES and not (several and role == "mlp"):
             continue
+        if attentions and not _called_with_attention(st, block, child):
+            continue  # built beside it only where the config leaves the layer's kind unknown (LFM2-MoE)
         if routing and role not in READ_ROLES and _routing_without_topk(st, name, child, explains):
             named = True
         elif _token_mixer(st, block, name, child, explains):
             named = True
     return named
+
+
+def _called_with_attention(st: AnalyzerState, block: Instance, child: Instance) -> bool:
+    """One forward path of ``block`` calls both ``child`` and an attention
+    (FalconH1's Mamba mixer and attention, summed), not one or the other."""
+    for value in st.outputs(block):
+        called = [n.ref for n in walk(value) if n.kind == "module"]
+        if any(c is child for c in called) and any(st.role(c) == "attention" for c in called):
+            return True
+    return False
 
 
 def several_attentions(
