@@ -9,6 +9,9 @@ import pytest
 
 from autoport_cst.validate import validate_model
 
+# validations on one checkpoint share its transformers run (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("shared_reference_runs")
+
 RMSNORM_VARIANCE = "        variance = hidden_states.pow(2).mean(-1, keepdim=True)\n"
 LAYERNORM_VARIANCE = (
     "        hidden_states = hidden_states - hidden_states.mean(-1, keepdim=True)\n" + RMSNORM_VARIANCE

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from autoport_cst.validate import validate_model
+
+# validations on one checkpoint share its transformers run (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("shared_reference_runs")
 
 # The reference prefills a chunk through segmented attention when the runner
 # sets ``kv_segment_size``; this edit gives a copy that never reads it (flash
