@@ -173,3 +173,13 @@ def test_a_mixer_built_beside_the_attention_only_for_an_unknown_layer_kind_is_no
     error = _refusal(research(str(tmp_path)))
     assert error is not None
     assert "convolution_mixer" not in error.features and "beside the attention" not in str(error), str(error)
+
+
+def test_a_mixture_of_attention_heads_is_named(researched):
+    """JetMoE's attention routes each token to top-k experts for its query
+    and output projections (JetMoeMoA): named as routed attention, not as an
+    attention output bias research could not classify."""
+    error = _refusal(researched("JetMoeForCausalLM"))
+    assert error is not None and "routed_attention" in error.features, error.features
+    assert "attention.o_bias" not in error.features
+    assert "JetMoeMoA.forward (modeling_jetmoe.py:" in str(error)

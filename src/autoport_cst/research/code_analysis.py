@@ -126,6 +126,7 @@ def _run(st: AnalyzerState) -> None:
     if decoder.attention_child(st):
         layer0 = st.layers[0]
         mixers.name_block(st, layer0, ("norm", "residual"), routing=False)  # a mixer beside the attention
+        mixers.routed_attention(st, dict(layer0.children())[st.attn_name])
         inline = decoder.inline_mlp(st, layer0)
         decoder.analyze_flow(st, layer0)
         if not inline and _unclassified(r, "norm.placement"):

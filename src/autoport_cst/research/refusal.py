@@ -105,6 +105,7 @@ COMPUTATIONS = {
     "convolution_mixer": "a token mixer other than softmax attention that convolves over the positions",
     "routing_without_topk": "routed experts chosen without a top-k of the router scores",
     "several_attentions": "several attention sublayers in one decoder layer",
+    "routed_attention": "attention projections chosen per token among experts (a mixture of attention heads)",
     "parallel_layer_lists": "decoder layers held as parallel lists of attentions and feed-forwards",
     "qkv_clip": "queries, keys and values clamped to a range (clip_qkv)",
     "derived_multiplier": "a residual multiplier computed from several config fields (no one field a port reads)",

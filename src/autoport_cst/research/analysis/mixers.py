@@ -58,6 +58,24 @@ def name_block(st: AnalyzerState, block: Instance, explains: tuple[str, ...], ro
     return named
 
 
+def routed_attention(st: AnalyzerState, attn: Instance) -> None:
+    """An attention holding a routed module (a top-k of router scores
+    inside): projections chosen per token among experts (JetMoE's mixture
+    of attention heads, ``JetMoeMoA``), named with the module."""
+    routed = [(n, c) for n, c in attn.children() if "." not in n and st.role(c) == "moe"]
+    if routed:
+        name, child = routed[0]
+        st.add(
+            known(
+                ("attention",),
+                "unsupported.routed_attention",
+                CODE,
+                f"{st.where(attn)}: {name} ({child.class_name}, {st.where(child)}) routes each token to "
+                "top-k experts for the attention's projections",
+            )
+        )
+
+
 def _called_with_attention(st: AnalyzerState, block: Instance, child: Instance) -> bool:
     """One forward path of ``block`` calls both ``child`` and an attention
     (FalconH1's Mamba mixer and attention, summed), not one or the other."""
