@@ -52,6 +52,14 @@ def test_documented_flags_exist(repo_root):
         command, rest = match.groups()
         for flag in re.findall(r"(--[a-z][a-z-]*)", rest.split("#")[0]):
             assert flag in helps[command], f"README: `autoport-cst {command} ... {flag}` does not exist"
+    # flags in benchmark examples belong to that benchmark script
+    for segment in re.split(r"\n|`", readme):
+        match = re.search(r"(benchmarks/\w+\.py) (.*)", segment)
+        if not match or not (repo_root / match.group(1)).is_file():
+            continue
+        script = (repo_root / match.group(1)).read_text()
+        for flag in re.findall(r"(--[a-z][a-z-]*)", match.group(2)):
+            assert f'"{flag}"' in script, f"README: `{match.group(1)} ... {flag}` does not exist"
     # every other documented flag exists on some command
     for flag in set(re.findall(r"`(--[a-z][a-z-]*)", readme)) - {"--run-slow"}:
         assert any(flag in text for text in helps.values()), f"README documents {flag}, which no command has"
