@@ -175,7 +175,7 @@ def test_qwen3_moe_validates_with_expert_parallelism(tmp_path):
     world, as gpt_oss does."""
     from autoport_cst.validate import build_tiny_checkpoint
 
-    build_tiny_checkpoint("Qwen3MoeForCausalLM", tmp_path / "qwen3-moe", seed=0)
+    build_tiny_checkpoint("Qwen3MoeForCausalLM", tmp_path / "qwen3-moe", seed=0, keep_layer_kinds=True)
     result = _validate_cli(ROOT / "reference_models" / "qwen3_moe", tmp_path / "qwen3-moe", "--ep", "2")
     assert result.exit_code == 0, result.output
 
@@ -186,7 +186,7 @@ def test_a_port_without_expert_parallelism_is_refused_with_ep(tmp_path):
     not a silent MoE-inside-TP run."""
     from autoport_cst.validate import build_tiny_checkpoint
 
-    build_tiny_checkpoint("Qwen3MoeForCausalLM", tmp_path / "qwen3-moe", seed=0)
+    build_tiny_checkpoint("Qwen3MoeForCausalLM", tmp_path / "qwen3-moe", seed=0, keep_layer_kinds=True)
     package = tmp_path / "qwen3_moe_no_ep"
     shutil.copytree(ROOT / "reference_models" / "qwen3_moe", package)
     model = (package / "model.py").read_text(encoding="utf-8")

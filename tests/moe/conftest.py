@@ -35,7 +35,11 @@ DOTS1_CONFIG = {
 
 def tiny(tmp_path_factory, source: str, name: str, overrides: dict | None = None) -> Path:
     """A tiny checkpoint of ``source`` (an architecture), with config
-    ``overrides`` applied to the architecture's default config first."""
+    ``overrides`` applied to the architecture's default config first. Its
+    dense / MoE layer steps stay the default config's (every Qwen-MoE layer
+    MoE): the qwen3_moe reference and the example plans are written for
+    those; ports with dense layers are validated in tests/validate and
+    tests/coverage_moe."""
     from autoport_cst.validate import build_tiny_checkpoint
 
     directory = tmp_path_factory.mktemp(name)
@@ -47,9 +51,9 @@ def tiny(tmp_path_factory, source: str, name: str, overrides: dict | None = None
         config["architectures"] = [source]
         config_dir = tmp_path_factory.mktemp(f"{name}-config")
         (config_dir / "config.json").write_text(json.dumps(config), encoding="utf-8")
-        build_tiny_checkpoint(config_dir / "config.json", directory, seed=0)
+        build_tiny_checkpoint(config_dir / "config.json", directory, seed=0, keep_layer_kinds=True)
     else:
-        build_tiny_checkpoint(source, directory, seed=0)
+        build_tiny_checkpoint(source, directory, seed=0, keep_layer_kinds=True)
     return directory
 
 

@@ -32,6 +32,10 @@ SECTION_EDGES = {
     ("analysis", "attention"): {"latent", "scores", "output_gate", "temperature", "attention_norms"},
     ("analysis", "rope"): {"nope_rule"},  # the rule that picks the layers without RoPE
     ("analysis", "head"): {"multiplier_keys"},  # multipliers computed from several config fields
+    # attention written out in the layer is recognized as the mixers section recognizes it in a mixer
+    ("analysis", "block_features"): {"mixers"},
+    # a decoder whose layers are not attention blocks is named by what its blocks compute
+    ("analysis", "decoder"): {"mixers"},
     ("decide", "unsupported"): {"attention"},
 }
 MAX_FILE_LINES = 800
