@@ -79,6 +79,10 @@ def test_in_out_projections_load_untransposed(tmp_path, in_out_checkpoint):
     # no config variants: a variant checkpoint, written by transformers, lacks the hand-made [in, out] copies
     report = validate_model(package, in_out_checkpoint, tp=1, dtype="fp32", steps=4, config_variants=False)
     assert report.equivalent, report.summary()
+    # nor does the stand-in of TP=4 with KV heads replicated: reported as not run, naming the copies
+    (replicated,) = [e for e in report.parallel_layouts if e["label"] == "TP=4, KV heads replicated"]
+    assert replicated["equivalent"] is None
+    assert "lacks 7 of its tensor names: model.layers.*.mlp.down_proj_t.weight" in replicated["summary"]
 
 
 def test_out_in_loaders_on_in_out_tensors_do_not_load(tmp_path, in_out_checkpoint):

@@ -20,11 +20,10 @@ SEGMENT = 512
 
 
 def test_image_prompt_in_segments_is_refused(tiny_qwen3_vl):
-    image, text = vision_prompts(port_hf_config(tiny_qwen3_vl, torch.float32))
+    hf_config = port_hf_config(tiny_qwen3_vl, torch.float32)
+    image, text = vision_prompts(hf_config)
     with standin_installed(), imported_package(REFERENCE) as package:
-        session = VisionPortSession(
-            package.factory, tiny_qwen3_vl, port_hf_config(tiny_qwen3_vl, torch.float32), 2
-        )
+        session = VisionPortSession(package.factory, tiny_qwen3_vl, hf_config, 2)
         model = session.model
         rows = len(image.input_ids)
         metadata = build_metadata(
@@ -46,4 +45,5 @@ def test_image_prompt_in_segments_is_refused(tiny_qwen3_vl):
         embeddings = model.embed_multimodal(image.images.pixel_values, image.images.grid_thw)
         with pytest.raises(NotImplementedError, match="in one call"):
             model(**inputs, vision_embeddings=embeddings)
-        assert model(**inputs).shape == (1, 256)  # the same call without images: the text path
+        vocab = hf_config.get_text_config().vocab_size
+        assert model(**inputs).shape == (1, vocab)  # the same call without images: the text path

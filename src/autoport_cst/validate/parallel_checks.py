@@ -48,8 +48,9 @@ other values (``LAYOUTS``):
   config with 8 attention heads and 2 KV heads (``tiny``, seed 0; latent
   attention keeps as many KV heads as heads), with a transformers run of its
   own; one that the rules still refuse, or that transformers cannot build or
-  run, or a config without ``num_key_value_heads`` (multi-head attention), is
-  reported as not run. The two runs of four ranks (forked from this
+  run, or a config without ``num_key_value_heads`` (multi-head attention), or
+  a checkpoint holding tensors the stand-in lacks (names transformers does not
+  write, layer indices aside), is reported as not run. The two runs of four ranks (forked from this
   process, ``rank_start``) add 4 to 7 s of CPU to the default validation of
   the tiny Qwen3 or Mixtral, 2 to 4 s each (docs/validation.md, "Four ranks":
   measured at load average 10 to 20 on 2 cores);
@@ -182,6 +183,7 @@ def replicated_kv_run(validate_on: Callable[..., Any], checkpoint: str | Path) -
             raise InputError(
                 f"transformers cannot build {checkpoint}'s config with {described}: {type(error).__name__}: {error}"
             ) from error
+        _check_same_tensor_names(checkpoint, wide, described)
         try:
             return validate_on(wide, **REPLICATED_KV[1])
         except Exception as error:
@@ -190,6 +192,26 @@ def replicated_kv_run(validate_on: Callable[..., Any], checkpoint: str | Path) -
             raise InputError(
                 f"transformers cannot run {checkpoint}'s config with {described}: {type(error).__name__}: {error}"
             ) from error
+
+
+def _check_same_tensor_names(checkpoint: str | Path, stand_in: str | Path, described: str) -> None:
+    """``InputError`` when the stand-in checkpoint transformers writes lacks
+    tensor names (layer indices aside) of the validated ``checkpoint``: one
+    carrying tensors transformers does not write (copies under other names,
+    extra heads) is not stood in for by it, and a port reading those would
+    fail there through no fault of its own."""
+    from autoport_cst.research.checkpoint import pattern, read_checkpoint
+
+    ours, theirs = read_checkpoint(checkpoint), read_checkpoint(stand_in)
+    if ours is None or theirs is None:
+        return
+    missing = sorted({pattern(n) for n in ours.tensors} - {pattern(n) for n in theirs.tensors})
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" (and {len(missing) - 3} more)" if len(missing) > 3 else "")
+        raise InputError(
+            f"the checkpoint transformers writes for {checkpoint}'s config with {described} lacks "
+            f"{len(missing)} of its tensor names: {shown}"
+        )
 
 
 def _stand_in_heads(config: dict) -> dict[str, int]:
