@@ -90,7 +90,7 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     ``choices`` (difflib), else ``""``: appended to an "unknown X" message."""
     import difflib
 
-    options = list(choices)
+    options = list(dict.fromkeys(choices))  # each once: a mapping's values repeat
     lowered = {option.lower(): option for option in options}
     if name.lower() in lowered:  # a difference of case only
         close = [lowered[name.lower()]]

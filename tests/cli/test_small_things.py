@@ -147,6 +147,8 @@ def test_reserved_words_cannot_name_a_port(fake_llama, tmp_path):
         (("codemods", "show", "rename-class"), "did you mean 'rename-classes'?"),
         (("port", "{ckpt}", "--name", "x", "--out", "{tmp}", "--ref", "lama3"), "did you mean 'llama3'?"),
         (("tiny", "LlamaForCausalLm", "{tmp}"), "did you mean 'LlamaForCausalLM'?"),
+        # each suggestion once: the causal-LM mapping names an architecture under several model types
+        (("tiny", "LlamForCausalLM", "{tmp}"), "did you mean 'LlamaForCausalLM' or 'Llama4ForCausalLM' or "),
         (("valdate",), "did you mean 'validate'?"),
     ],
 )
@@ -154,6 +156,12 @@ def test_did_you_mean(args, suggestion, fake_llama, tmp_path):
     result = invoke(*(a.format(ckpt=fake_llama, tmp=tmp_path / "out") for a in args))
     assert result.exit_code == 2, result.output
     assert suggestion in result.output
+
+
+def test_did_you_mean_names_each_choice_once():
+    from autoport_cst.errors import did_you_mean
+
+    assert did_you_mean("lama3", ["llama3", "llama3", "qwen3"]) == " (did you mean 'llama3'?)"
 
 
 def test_did_you_mean_for_a_plan_step(tmp_path):
