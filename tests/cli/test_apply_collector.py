@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 import autoport_cst.apply as apply_package
 from autoport_cst.cli import cli
-from autoport_cst.cli.common import collector_paused
+from autoport_cst.collector import collector_paused
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN2_PLAN = ROOT / "examples" / "qwen2.plan.json"

@@ -14,12 +14,9 @@ Output layout, relative to the output directory::
 from __future__ import annotations
 
 import dataclasses
-import gc
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +34,7 @@ from autoport_cst.apply.reference import (
     Provenance,
     Reference,
 )
+from autoport_cst.collector import collector_paused
 from autoport_cst.errors import AutoportError, InputError, Position, PreconditionError
 from autoport_cst.plan import Plan, plan_to_json
 from autoport_cst.spec import to_json
@@ -123,22 +121,8 @@ def build_port(
 ) -> PortResult:
     """Compose and run the codemods; return the files of the port. Never raises
     for bad input or failed preconditions: those become ``result.failure``."""
-    with _no_cycle_collection():
+    with collector_paused():
         return _build_port(plan, reference, existing_registry, plan_source, replace_registry_entry)
-
-
-@contextmanager
-def _no_cycle_collection() -> Iterator[None]:
-    """The cycle collector paused: a port makes and drops hundreds of
-    thousands of syntax-tree nodes, which hold no cycles (reference counting
-    frees them), and each collection would walk every node the steps keep."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _build_port(

@@ -11,12 +11,12 @@ import click
 from autoport_cst.cli.common import (
     EXIT_FOUND,
     EXIT_OK,
-    collector_paused,
     error_boundary,
     stderr_console,
     stdout_console,
 )
 from autoport_cst.cli.plain_table import plain_table
+from autoport_cst.collector import collector_paused
 from autoport_cst.errors import InputError
 
 

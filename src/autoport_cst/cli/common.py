@@ -1,5 +1,5 @@
 """Helpers shared by the CLI commands: the exit codes, consoles and the error
-boundary, the collector paused for a command.
+boundary.
 
 The exit codes mean one thing each, in every command:
 
@@ -15,11 +15,9 @@ The exit codes mean one thing each, in every command:
 from __future__ import annotations
 
 import functools
-import gc
 import os
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 import click
@@ -65,22 +63,6 @@ def report_error(error: BaseException) -> None:
     console.print(f"[bold red]error:[/] {escape(first)}")
     if rest:
         console.print(escape(rest))
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector paused while a command runs (restored
-    after, for a caller in the same process): its imports and its work make
-    long-lived objects and next to no cyclic garbage, so each collection
-    would walk everything made so far and free next to nothing. For
-    commands of bounded size, whose process ends when they do."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def error_boundary(func: Callable[P, R]) -> Callable[P, R]:
