@@ -137,7 +137,6 @@ def port(
     outcome.checkpoint_dir = _validation_checkpoint(found, out, name, checkpoint, seed)
     outcome.seconds["checkpoint"] = time.perf_counter() - start
 
-    stage("validate")
     _validate(outcome, found, checkpoint, tp, steps, seed, stage)
     _record_validations(outcome, out, checkpoint, steps, seed)
     return outcome
@@ -254,14 +253,24 @@ def _validation_runs(
     runs = [(1, "fp32"), (1, "bf16")] + ([(tp, "fp32")] if tp > 1 else [])
     vision_language = checkpoint_is_vision_language(outcome.checkpoint_dir or ".")
     for run_tp, dtype in runs:
-        stage(f"validate tp={run_tp} {dtype}")
+        label = f"validate tp={run_tp} {dtype}"
+        stage(label)
+        # the TP=1 runs report their own stages and follow-up runs; the --tp run is
+        # the TP=1 run's layout of that size when there was one (run_reuse), unannounced
+        within = None if run_tp > 1 else (lambda inner, label=label: stage(f"{label}: {inner}"))
         t0 = time.perf_counter()
         if vision_language:
             outcome.runs.append(_vision_language_run(outcome, run_tp, dtype, steps, seed, t0))
             continue
         try:
             report = validate_model(
-                outcome.package_dir, outcome.checkpoint_dir, tp=run_tp, dtype=dtype, steps=steps, seed=seed
+                outcome.package_dir,
+                outcome.checkpoint_dir,
+                tp=run_tp,
+                dtype=dtype,
+                steps=steps,
+                seed=seed,
+                on_stage=within,
             )
         except InputError as error:
             # The checkpoint was made from the model's own config, so a tensor

@@ -50,7 +50,7 @@ def check_config_variants(
         if not changed:
             return
         stage("config variant")
-        run, report = _variant_run(outcome, values, changed, steps, seed)
+        run, report = _variant_run(outcome, values, changed, steps, seed, stage)
         refused = _refused_field(report, changed)
         if refused is None:
             outcome.variant = {name: list(pair) for name, pair in changed.items()}
@@ -88,7 +88,9 @@ def _refused_field(report: Any, changed: dict) -> str | None:
     )
 
 
-def _variant_run(outcome: Any, values: dict, changed: dict, steps: int, seed: int) -> tuple[Any, Any]:
+def _variant_run(
+    outcome: Any, values: dict, changed: dict, steps: int, seed: int, stage: Callable[[str], None]
+) -> tuple[Any, Any]:
     from autoport_cst.errors import InputError
     from autoport_cst.validate import validate_model
     from autoport_cst.validate.tiny import key_format_of
@@ -104,7 +106,15 @@ def _variant_run(outcome: Any, values: dict, changed: dict, steps: int, seed: in
         reason = f"transformers cannot build the varied config ({type(error).__name__}: {error})"
         return ValidationRun(1, "fp32", False, reason, "variant: build", None, 0.0, label), None
     try:
-        report = validate_model(outcome.package_dir, directory, tp=1, dtype="fp32", steps=steps, seed=seed)
+        report = validate_model(
+            outcome.package_dir,
+            directory,
+            tp=1,
+            dtype="fp32",
+            steps=steps,
+            seed=seed,
+            on_stage=lambda inner: stage(f"config variant: {inner}"),
+        )
     except InputError as error:  # made from a config transformers builds: the port's fault
         run = ValidationRun(
             1, "fp32", False, str(error), f"load: {error}", None, time.perf_counter() - start, label

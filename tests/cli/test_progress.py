@@ -49,21 +49,55 @@ def test_validate_reports_its_stages_when_piped(tiny_llama):
         "validate: reference bf16",
         "validate: run port",
     ]
+    # the follow-ups of a passing plain run (config variants, parallel layouts): a line each
+    assert "validate: config variant 1" in stages
+    assert "validate: parallel layout 1 (tp=2)" in stages
+    assert len([s for s in stages if s.startswith("validate: parallel layout ")]) >= 4
 
 
-def test_port_reports_its_stages_when_piped(fake_llama, tmp_path, monkeypatch):
-    import autoport_cst.port
+def test_follow_up_runs_are_announced_in_order():
+    import doctest
+
+    from autoport_cst.validate import follow_up_stages
+
+    assert doctest.testmod(follow_up_stages).failed == 0
+    run = object()
+    assert follow_up_stages.announced(run, None, "config variant") is run  # nobody to tell
+
+
+def test_port_reports_the_stages_of_its_tp1_runs(tmp_path, monkeypatch):
+    """The TP=1 runs pass their stages (and their follow-ups') on; the --tp
+    run, the TP=1 run's layout of that size (run_reuse), stays one stage."""
+    from types import SimpleNamespace
+
+    import autoport_cst.validate
+    from autoport_cst import port as port_module
     from autoport_cst.port import PortOutcome
 
-    def staged(source, name, out, *, on_stage, **kwargs):
-        for stage in ("research", "apply", "checkpoint", "validate tp=1 fp32"):
-            on_stage(stage)
-        return PortOutcome(name, "LlamaForCausalLM")
+    calls = []
 
-    monkeypatch.setattr(autoport_cst.port, "port", staged)
-    result = CliRunner().invoke(cli, ["port", str(fake_llama), "--name", "x", "--out", str(tmp_path)])
-    stages = [line.split("...")[0] for line in result.stderr.splitlines() if line.startswith("port: ")]
-    assert stages[:4] == ["port: research", "port: apply", "port: checkpoint", "port: validate tp=1 fp32"]
+    def fake_validate(package, checkpoint, *, tp, dtype, steps, seed, on_stage=None):
+        calls.append((tp, dtype, on_stage is not None))
+        if on_stage is not None:
+            on_stage("parallel layout 1 (tp=2)")
+        return SimpleNamespace(equivalent=True, failure=None, summary=lambda: "equivalent")
+
+    monkeypatch.setattr(autoport_cst.validate, "validate_model", fake_validate)
+    monkeypatch.setattr(port_module, "first_diverging", lambda report: None)
+    monkeypatch.setattr(port_module, "max_abs", lambda report: 0.0)
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}', encoding="utf-8")
+    outcome = PortOutcome("x", "LlamaForCausalLM")
+    outcome.checkpoint_dir = tmp_path
+    seen: list[str] = []
+    port_module._validation_runs(outcome, "tiny", 2, 1, 0, seen.append)
+    assert seen == [
+        "validate tp=1 fp32",
+        "validate tp=1 fp32: parallel layout 1 (tp=2)",
+        "validate tp=1 bf16",
+        "validate tp=1 bf16: parallel layout 1 (tp=2)",
+        "validate tp=2 fp32",
+    ]
+    assert calls == [(1, "fp32", True), (1, "bf16", True), (2, "fp32", False)]
 
 
 # A module global whose finalizer takes 5 s: the interpreter's teardown runs

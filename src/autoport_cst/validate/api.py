@@ -145,7 +145,7 @@ def validate_model(
     with _intra_op_threads(VALIDATION_THREADS), sharing_reference_runs():
         report = _linted_run(model_dir, checkpoint_dir, on_stage, options, lint)
         if report.equivalent and follow_ups is not None:
-            follow_ups.check(report, checkpoint_dir, config_variants, parallel_layouts)
+            follow_ups.check(report, checkpoint_dir, config_variants, parallel_layouts, on_stage)
         return report
 
 
@@ -211,29 +211,30 @@ class _FollowUps:
     prefill: str
 
     def check(
-        self, report: ValidationReport, checkpoint_dir: str | Path, variants: bool, layouts: bool
+        self, report: ValidationReport, checkpoint_dir: str | Path, variants: bool, layouts: bool, notify=None
     ) -> None:
         from .config_variants import check_config_variants
+        from .follow_up_stages import announced
         from .guard_checks import check_fp8_segmented_guard
         from .kv_scale_variant import check_kv_scale_variant
         from .parallel_checks import check_parallel_layouts, replicated_kv_run
 
         if variants:
-            start = time.perf_counter()
-            check_config_variants(report, report.model_dir, checkpoint_dir, self.run)
-            fp8 = functools.partial(self.run, kv_cache_dtype="fp8")
+            start, run = time.perf_counter(), announced(self.run, notify, "config variant")
+            check_config_variants(report, report.model_dir, checkpoint_dir, run)
+            fp8 = functools.partial(run, kv_cache_dtype="fp8")
             check_kv_scale_variant(report, report.model_dir, checkpoint_dir, fp8, self.seed)
-            check_fp8_segmented_guard(report, report.model_dir, functools.partial(self.run, checkpoint_dir))
+            check_fp8_segmented_guard(report, report.model_dir, functools.partial(run, checkpoint_dir))
             report.timings["config_variants"] = time.perf_counter() - start
         if layouts and report.equivalent:
-            start = time.perf_counter()
+            start, run = time.perf_counter(), announced(self.run, notify, "parallel layout")
             config = parse_config_text((Path(checkpoint_dir) / "config.json").read_text("utf-8"))
             experts = _expert_count(config) if isinstance(config, dict) else None
             check_parallel_layouts(
                 report,
-                lambda **options: self.run(checkpoint_dir, **options),
+                lambda **options: run(checkpoint_dir, **options),
                 experts=experts,
-                replicated_kv=lambda: replicated_kv_run(self.run, checkpoint_dir),
+                replicated_kv=lambda: replicated_kv_run(run, checkpoint_dir),
             )
             report.timings["parallel_layouts"] = round(time.perf_counter() - start, 4)
 
