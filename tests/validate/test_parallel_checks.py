@@ -20,7 +20,7 @@ from autoport_cst.validate.parallel_checks import (
 )
 from autoport_cst.validate.report import REPORT_SCHEMA, ValidationReport
 
-ATTENTION_DP, OTHER_DP, EMBEDDING_DP, TWO_TOKENS, EMBEDS, EMBEDS_TP2, TP2_MLP_DP2 = (
+ATTENTION_DP, OTHER_DP, EMBEDDING_DP, TWO_TOKENS, EMBEDS, EMBEDS_TP2, TP2_MLP_DP2, SAMPLING = (
     label for label, _ in LAYOUTS[1:]
 )
 
@@ -41,6 +41,7 @@ def test_a_correct_port_validates_at_every_default_layout(llama3_dir: Path, tiny
         (EMBEDS, True),
         (EMBEDS_TP2, True),
         (TP2_MLP_DP2, True),
+        (SAMPLING, True),
         (REPLICATED_KV[0], True),
     ]
     assert "parallel_layouts" in report.timings
@@ -140,6 +141,11 @@ def test_a_layout_the_checkpoint_cannot_take_is_reported_not_run() -> None:
         },
         {
             "label": TP2_MLP_DP2,
+            "equivalent": None,
+            "summary": "not run: --tp 2: TP 2 breaks the tensor-parallel rules",
+        },
+        {
+            "label": SAMPLING,
             "equivalent": None,
             "summary": "not run: --tp 2: TP 2 breaks the tensor-parallel rules",
         },

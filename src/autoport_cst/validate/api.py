@@ -252,13 +252,15 @@ class _FollowUps:
         prompt_embeds: bool = False,
         ep: int = 1,
         decode_tokens: int = 1,
+        on_device_sampling: bool = False,
     ) -> ValidationReport:
         """The port on ``checkpoint`` in fp32 at TP ``tp`` with those data-parallel degrees
         (and that KV-cache dtype; the prompts of ``seed``, default the validation's; the
         prefill mode ``prefill``, default the validation's, none of the cache paths with
         an FP8 cache; ``prompt_embeds``: prompts fed partly as embeddings; ``ep``
         expert-parallel partitions of the TP ranks; ``decode_tokens`` new tokens per
-        sequence in each decode call, as in speculative decoding)."""
+        sequence in each decode call, as in speculative decoding; ``on_device_sampling``:
+        the port samples on the device and returns the logits too, ``sampled_output``)."""
         if prefill is None:
             prefill = self.prefill if kv_cache_dtype == "auto" else "auto"  # an FP8 cache: no cache paths
         layout = ParallelLayout(
@@ -285,6 +287,7 @@ class _FollowUps:
             layout=layout,
             prompt_embeds=prompt_embeds,
             decode_tokens=decode_tokens,
+            on_device_sampling=on_device_sampling,
         )
 
 
@@ -325,6 +328,7 @@ def _validate_run(
     layout: ParallelLayout | None = None,
     prompt_embeds: bool = False,
     decode_tokens: int = 1,
+    on_device_sampling: bool = False,
 ) -> ValidationReport:
     planned = _plan(
         model_dir,
@@ -349,6 +353,9 @@ def _validate_run(
     )
     if prompt_embeds:
         scenario = reference.with_prompt_embeds(planned.layout, kv_cache_dtype, report.settings)
+    if on_device_sampling:
+        scenario = replace(scenario, on_device_sampling=True)
+        report.settings["on_device_sampling"] = "greedy, with logprobs (sampled_output)"
     ran = _run_port(planned, scenario, notify, reference, timings)
     if ran is None:
         report.failed_checks = [f"port failed at {report.failure.stage}"]  # type: ignore[union-attr]

@@ -158,8 +158,9 @@ class PortSession:
         self.scenario, self.rank, self.tp, self.prefill = scenario, rank, tp, prefill
         self.timings: dict[str, float] = {}
         self.reads: set[str] = set()
+        self.vocab_size = int(hf_config.get_text_config().vocab_size)
         start = time.perf_counter()
-        self.model = self._build(factory, hf_config)
+        self.model = self._build(factory, hf_config, scenario.on_device_sampling)
         try:
             self.kv_spec = self.model.get_kv_spec()
             oversized = oversized_latent_layers(self.kv_spec, hf_config)
@@ -190,12 +191,19 @@ class PortSession:
             )
 
     @staticmethod
-    def _build(factory: Any, hf_config: Any) -> Any:
+    def _build(factory: Any, hf_config: Any, on_device_sampling: bool = False) -> Any:
         """The port's model: an ``nn.Module`` with the vllm_neuron model API
-        (``get_kv_spec``, ``bind_kv_cache``, ``load_weights``, ...)."""
+        (``get_kv_spec``, ``bind_kv_cache``, ``load_weights``, ...); with
+        ``on_device_sampling``, given the neuron config of a sampling run
+        (``sampled_output``)."""
+        neuron_config = None
+        if on_device_sampling:
+            from .sampled_output import sampling_neuron_config
+
+            neuron_config = sampling_neuron_config()
         try:
             with torch.device("meta"):
-                model = factory.from_configs(hf_config, None)
+                model = factory.from_configs(hf_config, neuron_config)
         except Exception as error:
             raise PortFailure(
                 "build", f"{_describe(error)} while building the model on the meta device"
@@ -238,6 +246,10 @@ class PortSession:
             embeds = {}
             if step.inputs_embeds is not None:
                 embeds = {"inputs_embeds": step.inputs_embeds, "is_token_ids": step.is_token_ids}
+            if self.scenario.on_device_sampling:
+                from .sampled_output import forget_sampled
+
+                forget_sampled(self.model)
             with kernel_phases.phase(stage):
                 output = self.model(
                     input_ids=step.input_ids,
@@ -249,6 +261,11 @@ class PortSession:
                 )
         except Exception as error:
             raise PortFailure(stage, f"{_describe(error)} in the {stage} forward") from error
+        if self.scenario.on_device_sampling:
+            from .sampled_output import sampled_logits
+
+            rows = step.sampling_positions.numel()
+            return sampled_logits(output, self.model, self.vocab_size, stage, rows).detach().clone()
         logits = output[0] if isinstance(output, (tuple, list)) else output
         if not isinstance(logits, torch.Tensor) or logits.is_meta:
             raise PortFailure(stage, f"the {stage} forward returned {type(logits).__name__}, not logits")

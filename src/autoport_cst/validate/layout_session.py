@@ -112,6 +112,12 @@ class LayoutSession:
             apply_prefill_dcp=sizes.prefill_dcp,
             on_device_sampling_config=None,
         )
+        if self.scenario.on_device_sampling:  # the runner's default sampling, with logprobs
+            from .sampled_output import LOGPROBS
+
+            config = replace(
+                config, on_device_sampling_config=nc.OnDeviceSamplingConfig(), max_logprobs=LOGPROBS
+            )
         current = vllm_config.get_current_vllm_config()
         graph_config = replace(
             current,

@@ -36,6 +36,14 @@ other values (``LAYOUTS``):
   them. At TP=2 alone, or MLP DP 2 alone, a decode batch gathered over the TP
   group by mistake (TP copies of the same rows) still yields the right rows
   first; here a rank's slice is another replica's rows;
+- ``on-device sampling at TP=2``: the port built as the runner builds it by
+  default, sampling on the device, with logprobs asked for: the forward's
+  other branch, which hands the logits to the sampler and returns the
+  sampled tokens and the logits. At TP=2 the tiny checkpoint's odd
+  vocabulary is padded in the LM head, and the padding's ids must reach the
+  sampler masked, the returned logits cut (``sampled_output``: checked on
+  what the sampler is handed, as a greedy choice lands on the padding only
+  for some weights). No other run takes that branch;
 - ``TP=4, KV heads replicated`` (``REPLICATED_KV``, four ranks): more TP ranks
   than KV heads, as in production (TP 16, 32 or 64 with 8 KV heads or fewer),
   so each KV head is held by several ranks (``num_kv_replicas``: the fused QKV
@@ -95,6 +103,7 @@ LAYOUTS: tuple[tuple[str, dict[str, int]], ...] = (
     ("prompt embeddings", {"prompt_embeds": True}),
     ("prompt embeddings at TP=2", {"tp": 2, "prompt_embeds": True}),
     ("TP=2 with MLP DP 2", {"tp": 2, "mlp_dp": 2}),
+    ("on-device sampling at TP=2", {"tp": 2, "on_device_sampling": True}),
 )
 # after LAYOUTS: KV heads replicated over the TP ranks (``replicated_kv_run``)
 REPLICATED_KV = ("TP=4, KV heads replicated", {"tp": 4})

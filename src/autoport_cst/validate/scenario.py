@@ -149,6 +149,9 @@ class Scenario:
     # new tokens per sequence in each decode call: 1, or k + 1 as in a speculative decoding
     # verification step of k draft tokens (the runner's decode_token_threshold is then k + 1)
     decode_tokens: int = 1
+    # the port built with on-device sampling and logprobs (the runner's default sampling):
+    # its forward returns the sampled tokens and the logits, checked by ``sampled_output``
+    on_device_sampling: bool = False
 
     def decode_calls(self) -> tuple[tuple[int, int], ...]:
         """``(first step, new tokens per sequence)`` of each decode call:

@@ -151,12 +151,16 @@ class VocabDimShardedEmbedding(nn.Module):
 
 class Sampler(nn.Module):
     """On-device sampling stand-in: greedy (argmax) over the full vocabulary.
-    Returns ``(tokens int32 [N], logits [N, V])``."""
+    Returns ``(tokens int32 [N], logits [N, V])``. ``sampled_from`` keeps the
+    logits of its last call, gathered over the ranks, before ``logit_mask``:
+    what the model handed it, every column of its (padded) vocabulary, for
+    the validator to check (``validate.sampled_output``)."""
 
     def __init__(self, on_device_sampling_config: Any = None, process_group: Any = None) -> None:
         super().__init__()
         self.config = on_device_sampling_config
         self.process_group = process_group
+        self.sampled_from: torch.Tensor | None = None
 
     def forward(
         self,
@@ -166,6 +170,7 @@ class Sampler(nn.Module):
         tp_rank: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = collectives.all_gather(logits, -1, self.process_group)
+        self.sampled_from = logits.detach().clone()
         if logit_mask is not None:
             logits = logits.masked_fill(~logit_mask.bool(), float("-inf"))
         return torch.argmax(logits, dim=-1).to(torch.int32), logits

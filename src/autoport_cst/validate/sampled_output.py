@@ -1,0 +1,135 @@
+"""On-device sampling: what a port hands the sampler and returns when it
+samples on the device, checked in a validation run that asks for it
+(``Scenario.on_device_sampling``: the ``on-device sampling at TP=2`` layout
+of ``parallel_checks``).
+
+vllm_neuron's runner samples on the device by default (the NeuronConfig's
+``on_device_sampling_config``): the port's forward hands its logits to the
+sampler and returns what the sampler returned (the sampled token ids, first),
+and, when logprobs are asked for (``max_logprobs`` not 0), the logits too,
+last: ``(tokens, ..., logits)``.
+The runs without sampling never take that branch of the port's forward.
+
+The LM head computes a vocabulary padded to a multiple of its TP size (a
+``ColumnParallelLinear`` shards evenly; the last shard ends in zero rows):
+the padding's columns, ids from ``vocab_size`` on, are ids the tokenizer
+does not have. A sampler handed them can return one (greedy, as soon as
+every real logit of a row is below the padding's zero), so they must reach
+it at -inf; and the logits returned must be cut to ``vocab_size``. Whether a
+greedy choice happens to land on the padding depends on the weights, so the
+check is on what the sampler was handed (the stand-in's ``Sampler`` keeps
+it: ``sampled_from``), every forward:
+
+- every padding id at -inf, never sampled;
+- every id of the vocabulary with the logit the forward returns for it, the
+  same numbers (the port computes both from one LM-head output: a mask over
+  the wrong columns hides real ids);
+- the tokens returned are the sampler's greedy choice over those logits;
+- the logits returned have ``vocab_size`` columns, one row per sampling
+  position; the validation compares them with transformers' as in any run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .driver import PortFailure
+
+LOGPROBS = 1  # max_logprobs of the sampling run: the forward returns the logits beside the tokens
+
+
+def sampling_neuron_config(**sizes: Any) -> Any:
+    """The stand-in NeuronConfig of a run with on-device sampling (its
+    default sampling config) and logprobs, with the given layout fields."""
+    from .standin import neuron_config as nc
+
+    return nc.NeuronConfig(max_logprobs=LOGPROBS, **sizes)
+
+
+def _samplers(model: Any) -> list[Any]:
+    from .standin.layers import Sampler
+
+    return [module for module in model.modules() if isinstance(module, Sampler)]
+
+
+def forget_sampled(model: Any) -> None:
+    """Clear what the model's samplers were handed (before each forward)."""
+    for sampler in _samplers(model):
+        sampler.sampled_from = None
+
+
+def sampled_logits(output: Any, model: Any, vocab_size: int, stage: str, rows: int) -> torch.Tensor:
+    """The logits of a forward with on-device sampling, after the checks of
+    the module docstring; ``PortFailure`` naming the first that fails."""
+    if not isinstance(output, (tuple, list)) or len(output) < 2:
+        raise PortFailure(
+            stage,
+            f"with on-device sampling and logprobs the {stage} forward returned {type(output).__name__}, "
+            "not (sampled tokens, ..., logits)",
+        )
+    tokens, logits = output[0], output[-1]
+    if isinstance(tokens, (tuple, list)) and tokens:  # the sampler's own output: (tokens, its logits)
+        tokens = tokens[0]
+    if not isinstance(tokens, torch.Tensor) or tokens.is_floating_point() or list(tokens.shape) != [rows]:
+        shape = list(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise PortFailure(
+            stage, f"the {stage} forward's sampled tokens are {shape}: one integer id per sampling position"
+        )
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != rows:
+        shape = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise PortFailure(
+            stage,
+            f"with logprobs asked for (max_logprobs {LOGPROBS}) the {stage} forward returned {shape} "
+            f"last, not the logits of its {rows} sampling position(s)",
+        )
+    if logits.shape[1] != vocab_size:
+        raise PortFailure(
+            stage,
+            f"the {stage} forward returned logits of {logits.shape[1]} ids for a vocabulary of {vocab_size}: "
+            "the LM head's padded vocabulary must be cut",
+        )
+    handed = [s.sampled_from for s in _samplers(model) if s.sampled_from is not None]
+    if len(handed) != 1:
+        raise PortFailure(
+            stage,
+            f"with on-device sampling the {stage} forward called a sampler {len(handed)} times, not once",
+        )
+    _check_handed(handed[0], logits, vocab_size, stage)
+    chosen = logits.argmax(dim=-1)
+    if not torch.equal(tokens.to(torch.int64), chosen):
+        row = int((tokens.to(torch.int64) != chosen).nonzero()[0])
+        raise PortFailure(
+            stage,
+            f"the {stage} forward returned token {int(tokens[row])} at sampling row {row}, not the greedy "
+            f"sampler's {int(chosen[row])}",
+        )
+    return logits
+
+
+def _check_handed(seen: torch.Tensor, logits: torch.Tensor, vocab_size: int, stage: str) -> None:
+    if seen.dim() != 2 or seen.shape[0] != logits.shape[0] or seen.shape[1] < vocab_size:
+        raise PortFailure(
+            stage,
+            f"the {stage} forward handed the sampler logits of shape {list(seen.shape)}: "
+            f"{logits.shape[0]} row(s) of at least the {vocab_size} ids of the vocabulary",
+        )
+    padding = seen[:, vocab_size:]
+    unmasked = padding != float("-inf")
+    if bool(unmasked.any()):
+        ids = (unmasked.any(dim=0).nonzero().reshape(-1) + vocab_size).tolist()
+        raise PortFailure(
+            stage,
+            f"the {stage} forward handed the sampler the padded vocabulary's id(s) {ids[:8]} unmasked "
+            f"(logit {float(padding[unmasked][0]):.4g}): ids from vocab_size {vocab_size} on are no tokens "
+            "and must be at -inf, never sampled",
+        )
+    real = seen[:, :vocab_size]
+    if not torch.equal(real, logits):
+        differ = (real != logits).any(dim=0).nonzero().reshape(-1).tolist()
+        raise PortFailure(
+            stage,
+            f"the {stage} forward handed the sampler other logits than it returned for {len(differ)} "
+            f"id(s) of the vocabulary, first {differ[:8]}: the sampler must see every id with its logit",
+        )
