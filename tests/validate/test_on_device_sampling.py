@@ -61,6 +61,20 @@ def test_masked_padding_and_the_cut_logits_pass():
     assert torch.equal(_check(((tokens, _padded(logits)), logits), _padded(logits)), logits)
 
 
+def test_the_samplers_own_output_is_compared_on_what_it_was_handed():
+    """A forward without logprobs of its own returns the sampler's output as
+    it is (deepseek_v3's): its logits are those the sampler sampled from."""
+    logits = _logits()
+    for fill, failure in ((float("-inf"), None), (0.0, "unmasked")):
+        model = _Model(_padded(logits, fill))
+        model.sampler.returned = (torch.tensor([2, 2], dtype=torch.int32), _padded(logits, fill))
+        if failure is None:
+            assert torch.equal(sampled_logits(model.sampler.returned, model, VOCAB, "decode", ROWS), logits)
+        else:
+            with pytest.raises(PortFailure, match=failure):
+                sampled_logits(model.sampler.returned, model, VOCAB, "decode", ROWS)
+
+
 def test_an_unmasked_padding_id_fails_though_greedy_would_not_pick_it():
     logits = _logits()  # row 0's best logit 0.3 beats the padding's 0
     with pytest.raises(PortFailure, match=r"padded vocabulary's id\(s\) \[5\] unmasked"):

@@ -27,6 +27,9 @@ it: ``sampled_from``), every forward:
 - the tokens returned are the sampler's greedy choice over those logits;
 - the logits returned have ``vocab_size`` columns, one row per sampling
   position; the validation compares them with transformers' as in any run.
+  A forward that returns the sampler's output as it is (no logprobs of its
+  own: deepseek_v3's) is compared on the logits the sampler was handed, cut
+  to the vocabulary once its padding is checked masked.
 """
 
 from __future__ import annotations
@@ -62,7 +65,43 @@ def forget_sampled(model: Any) -> None:
 
 def sampled_logits(output: Any, model: Any, vocab_size: int, stage: str, rows: int) -> torch.Tensor:
     """The logits of a forward with on-device sampling, after the checks of
-    the module docstring; ``PortFailure`` naming the first that fails."""
+    the module docstring; ``PortFailure`` naming the first that fails. A
+    forward that returns the sampler's output as it is (no logits of its own
+    for logprobs: deepseek_v3's) is compared on the logits the sampler was
+    handed, cut to the vocabulary once the padding is checked masked."""
+    called = [s for s in _samplers(model) if s.sampled_from is not None]
+    if len(called) != 1:
+        raise PortFailure(
+            stage,
+            f"with on-device sampling the {stage} forward called a sampler {len(called)} times, not once",
+        )
+    sampler = called[0]
+    if _is_samplers_own(output, sampler.returned):
+        tokens, logits = output[0], sampler.sampled_from[:, :vocab_size]
+    else:
+        tokens, logits = _tokens_and_logits(output, stage, rows, vocab_size)
+    _check_handed(sampler.sampled_from, logits, vocab_size, stage)
+    chosen = logits.argmax(dim=-1)
+    if not torch.equal(tokens.to(torch.int64), chosen):
+        row = int((tokens.to(torch.int64) != chosen).nonzero()[0])
+        raise PortFailure(
+            stage,
+            f"the {stage} forward returned token {int(tokens[row])} at sampling row {row}, not the greedy "
+            f"sampler's {int(chosen[row])}",
+        )
+    return logits
+
+
+def _is_samplers_own(output: Any, returned: Any) -> bool:
+    if returned is None or not isinstance(output, (tuple, list)) or len(output) != len(returned):
+        return False
+    return all(mine is theirs for mine, theirs in zip(output, returned, strict=True))
+
+
+def _tokens_and_logits(
+    output: Any, stage: str, rows: int, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampled tokens (first) and the logits (last) a forward returned."""
     if not isinstance(output, (tuple, list)) or len(output) < 2:
         raise PortFailure(
             stage,
@@ -90,22 +129,7 @@ def sampled_logits(output: Any, model: Any, vocab_size: int, stage: str, rows: i
             f"the {stage} forward returned logits of {logits.shape[1]} ids for a vocabulary of {vocab_size}: "
             "the LM head's padded vocabulary must be cut",
         )
-    handed = [s.sampled_from for s in _samplers(model) if s.sampled_from is not None]
-    if len(handed) != 1:
-        raise PortFailure(
-            stage,
-            f"with on-device sampling the {stage} forward called a sampler {len(handed)} times, not once",
-        )
-    _check_handed(handed[0], logits, vocab_size, stage)
-    chosen = logits.argmax(dim=-1)
-    if not torch.equal(tokens.to(torch.int64), chosen):
-        row = int((tokens.to(torch.int64) != chosen).nonzero()[0])
-        raise PortFailure(
-            stage,
-            f"the {stage} forward returned token {int(tokens[row])} at sampling row {row}, not the greedy "
-            f"sampler's {int(chosen[row])}",
-        )
-    return logits
+    return tokens, logits
 
 
 def _check_handed(seen: torch.Tensor, logits: torch.Tensor, vocab_size: int, stage: str) -> None:

@@ -154,13 +154,15 @@ class Sampler(nn.Module):
     Returns ``(tokens int32 [N], logits [N, V])``. ``sampled_from`` keeps the
     logits of its last call, gathered over the ranks, before ``logit_mask``:
     what the model handed it, every column of its (padded) vocabulary, for
-    the validator to check (``validate.sampled_output``)."""
+    the validator to check (``validate.sampled_output``); ``returned`` its
+    output."""
 
     def __init__(self, on_device_sampling_config: Any = None, process_group: Any = None) -> None:
         super().__init__()
         self.config = on_device_sampling_config
         self.process_group = process_group
         self.sampled_from: torch.Tensor | None = None
+        self.returned: tuple[torch.Tensor, torch.Tensor] | None = None  # its last output, as returned
 
     def forward(
         self,
@@ -173,4 +175,5 @@ class Sampler(nn.Module):
         self.sampled_from = logits.detach().clone()
         if logit_mask is not None:
             logits = logits.masked_fill(~logit_mask.bool(), float("-inf"))
-        return torch.argmax(logits, dim=-1).to(torch.int32), logits
+        self.returned = (torch.argmax(logits, dim=-1).to(torch.int32), logits)
+        return self.returned
