@@ -5,6 +5,7 @@ results either way."""
 from __future__ import annotations
 
 import pickle
+import signal
 import sys
 from pathlib import Path
 
@@ -67,6 +68,59 @@ def test_a_rank_sees_the_end_of_its_pipe_when_the_parent_stops_without_sending(t
     finally:
         for rank in ranks:
             rank.stop()
+
+
+# Ctrl-C landing while a rank is forked: the at-fork hook below stands in for
+# the terminal's SIGINT arriving during the fork, where Python runs its
+# at-fork handlers (logging's among them) and drops what they raise.
+CTRL_C_DURING_THE_FORK = """
+import os, signal, sys
+from pathlib import Path
+from autoport_cst.validate.rank_start import start_forked_ranks
+
+def rank_main(job_path, rank, teacher):
+    return 0 if signal.getsignal(signal.SIGINT) is signal.default_int_handler else 5
+
+os.register_at_fork(before=lambda: os.kill(os.getpid(), signal.SIGINT))
+try:
+    ranks = start_forked_ranks(Path(sys.argv[1]) / "job.pkl", 2, rank_main)
+except KeyboardInterrupt:
+    sys.exit(130)
+print("started", len(ranks), "ranks: the Ctrl-C was lost", file=sys.stderr)
+sys.exit(0)
+"""
+
+
+@linux_only
+def test_ctrl_c_while_the_ranks_are_forked_interrupts_the_parent(tmp_path):
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "-c", CTRL_C_DURING_THE_FORK, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(root / "src"), "PATH": "/usr/bin:/bin"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal
+    )
+    assert result.returncode == 130, result.stderr
+    assert "Exception ignored" not in result.stderr
+
+
+def _interrupt_default(job_path: Path, rank: int, teacher) -> int:
+    return 0 if signal.getsignal(signal.SIGINT) is signal.default_int_handler else 5
+
+
+@linux_only
+def test_a_forked_rank_handles_ctrl_c_as_its_parent_does(tmp_path):
+    ranks = start_forked_ranks(tmp_path / "job.pkl", 1, _interrupt_default)
+    try:
+        assert _wait(ranks, 30) == [0]
+    finally:
+        for rank in ranks:
+            rank.stop()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the parent's, restored
 
 
 def _matmul_rank(job_path: Path, rank: int, teacher) -> int:
