@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 from autoport_cst.config_json import parse_config_text
@@ -47,6 +48,32 @@ def default_model_name(config: dict | None, source: str, option: str = "--name")
         )
         raise InputError(f"{source}: give {option} ({why}, so no name can be derived from it)")
     return name_for_model_type(model_type)
+
+
+def check_one_port_per_architecture(out: Path, config: dict | None, name: str, source: str) -> None:
+    """``port`` into an ``out`` whose registry already maps the checkpoint's
+    architecture to a port of another name: refused before the research (the
+    register-model step would refuse it after), naming ``--force``."""
+    registry = Path(out) / "vllm_neuron" / "model" / "registry.py"
+    architectures = (config or {}).get("architectures") or [None]
+    if not isinstance(architectures[0], str) or not registry.is_file():
+        return
+    text = registry.read_text(encoding="utf-8")
+    entry = re.search(rf"""\(\s*["']{re.escape(architectures[0])}["']\s*,\s*(\w+)\s*\)""", text)
+    if entry is None:
+        return
+    imported = re.search(
+        rf"^from\s+(?:vllm_neuron\.model)?\.(\w+)[\w.]*\s+import\b[^\n]*\b{entry.group(1)}\b", text, re.M
+    )
+    if imported is not None and imported.group(1) == name:
+        return  # this port again: apply says what --force replaces
+    line = text.count("\n", 0, entry.start()) + 1
+    raise InputError(
+        f"{out} already holds a port of {architectures[0]} (its registry maps each architecture to one "
+        f"port): port into another --out, or map the architecture to this port instead: autoport-cst port "
+        f"{source} --name {name} --out {out} --force\n({registry}:{line}: the registry maps "
+        f"{architectures[0]!r} to {entry.group(1)}; --force replaces that entry)"
+    )
 
 
 def check_reference(ref: str | None) -> None:

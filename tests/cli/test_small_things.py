@@ -67,7 +67,41 @@ def test_a_second_port_of_an_architecture_names_port_and_the_way_on(tiny_llama, 
     assert "already holds a port of LlamaForCausalLM" in result.output
     assert f"autoport-cst port {tiny_llama} --name second --out {out} --force" in result.output
     assert "apply --force" not in result.output
+    assert f"{registry}:5: the registry maps 'LlamaForCausalLM' to FirstLlamaForCausalLM" in result.output
     assert not (out / "vllm_neuron" / "model" / "second").exists()
+
+
+REGISTRY = """from .first import FirstLlamaForCausalLM
+
+
+def get_models() -> list[tuple[str, type]]:
+    models = [
+        ("LlamaForCausalLM", FirstLlamaForCausalLM),
+    ]
+    return models
+"""
+
+
+def test_a_second_port_of_an_architecture_is_refused_before_torch(fake_llama, tmp_path):
+    """As a first port writes its registry: found before the research, not
+    after it (45 s of research and apply under load before)."""
+    from autoport_cst.preflight import check_one_port_per_architecture
+
+    from .conftest import LLAMA_CONFIG, run_cli
+
+    out = tmp_path / "out"
+    registry = out / "vllm_neuron" / "model" / "registry.py"
+    registry.parent.mkdir(parents=True)
+    registry.write_text(REGISTRY, encoding="utf-8")
+    result = run_cli("port", fake_llama, "--name", "second", "--out", out)
+    assert result.returncode == 2, result.stderr
+    assert "already holds a port of LlamaForCausalLM" in result.stderr
+    assert result.stderr.rstrip().endswith("torch not imported")
+    assert not (out / "vllm_neuron" / "model" / "second").exists()
+    # the same port again, and another architecture, are not this check's
+    check_one_port_per_architecture(out, LLAMA_CONFIG, "first", str(fake_llama))
+    check_one_port_per_architecture(out, {"architectures": ["Qwen2ForCausalLM"]}, "second", "q")
+    check_one_port_per_architecture(out, None, "second", "someone/hub-model")
 
 
 def test_tables_are_not_clipped_at_80_columns_in_a_log():

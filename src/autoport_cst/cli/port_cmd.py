@@ -14,6 +14,7 @@ from autoport_cst.cli.progress import StageProgress
 from autoport_cst.errors import InputError
 from autoport_cst.preflight import (
     check_model_name,
+    check_one_port_per_architecture,
     check_output_file,
     check_reference,
     check_source,
@@ -86,7 +87,9 @@ def port_command(source, name, out_dir, tp, ref, checkpoint, steps, seed, force,
     corrupt checkpoint) or an architecture with a feature no codemod realizes
     (named); 130 on Ctrl-C.
     """
-    name = _check_input(source, name, tp, ref, checkpoint, steps, json_path)
+    name, config = _check_input(source, name, tp, ref, checkpoint, steps, json_path)
+    if not force:
+        check_one_port_per_architecture(out_dir, config, name, source)
     if serve:
         from autoport_cst.serve.smoke import serve_python
 
@@ -131,9 +134,10 @@ def port_command(source, name, out_dir, tp, ref, checkpoint, steps, seed, force,
     sys.exit(EXIT_OK if outcome.validated else EXIT_FOUND)
 
 
-def _check_input(source, name, tp, ref, checkpoint, steps, json_path) -> str:
+def _check_input(source, name, tp, ref, checkpoint, steps, json_path) -> tuple[str, dict | None]:
     """Everything about the input that can be known before torch is imported;
-    the model name (given, or derived from the checkpoint's model_type)."""
+    the model name (given, or derived from the checkpoint's model_type) and the
+    local checkpoint's config (None for a hub id)."""
     if name is not None:
         check_model_name(name)
     if steps < 1:
@@ -144,7 +148,7 @@ def _check_input(source, name, tp, ref, checkpoint, steps, json_path) -> str:
     if checkpoint == "source" and (config is None or not any(_source_dir(source).glob("*.safetensors"))):
         raise InputError(f"{source}: --checkpoint source needs a local directory with safetensors")
     require_extra("port")
-    return name if name is not None else default_model_name(config, source)
+    return (name if name is not None else default_model_name(config, source)), config
 
 
 def _source_dir(source: str) -> Path:
