@@ -28,16 +28,21 @@ keeps the gate. TP=2 runs for GLM-4-MoE here and for every architecture in
 the slow test. The validation's follow-ups (declared config variants, FP8,
 parallel layouts) run for GLM-4-MoE by default and for every architecture
 with --run-slow (``conftest.FULLY_VALIDATED``, tests/validation_depth.py).
+
+The ports are tested by kind over ``test_moe_ports_*.py`` (sigmoid routers
+with a routing bias, the Granite MoE family, the others: ``GROUPS``) so that
+the suite's ``--dist loadfile`` can share them out between its workers; the
+research and refusal tests are in ``test_moe_research_and_refusals.py``. This
+module holds what they share.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from autoport_cst.errors import UnrealizableDiffError
 from tests.moe.spec_steps import IDENTITY_AND_GUARDS, declared_steps
 
-from .conftest import CONFIGS, REFUSALS, build
+from .conftest import CONFIGS
 from .ties import bf16_failure_is_a_routing_tie
 
 STEPS = 8
@@ -119,18 +124,43 @@ KNOWN_WRONG: dict[str, str] = {}
 # loads it under those names (key-formats: transformers' conversion mapping).
 WRONG_ON_A_VARIANT: dict[str, str] = {}
 
+# the test file of each architecture's port (test_moe_ports_<group>.py)
+GROUPS: dict[str, list[str]] = {
+    # sigmoid routers with a selection-only routing bias
+    "sigmoid_routers": [
+        "Dots1ForCausalLM",
+        "Glm4MoeForCausalLM",
+        "HYV3ForCausalLM",
+        "MiniMaxM2ForCausalLM",
+        "SolarOpenForCausalLM",
+    ],
+    # router under block_sparse_moe, the multipliers and divisor
+    "granite": ["GraniteMoeForCausalLM", "GraniteMoeSWAForCausalLM", "GraniteMoeSharedForCausalLM"],
+    # softmax routers: q/k norms, shared experts, interleaved RoPE, experts stored [in, out]
+    "softmax_routers": [
+        "AriaTextForCausalLM",
+        "Ernie4_5_MoeForCausalLM",
+        "HunYuanMoEV1ForCausalLM",
+        "OlmoeForCausalLM",
+    ],
+}
+assert sorted(a for names in GROUPS.values() for a in names) == sorted(CONFIGS), "an architecture in no group"
 
-def _architectures(known_wrong: dict[str, str] = KNOWN_WRONG) -> list:
+
+def architectures(group: str, known_wrong: dict[str, str] = KNOWN_WRONG) -> list:
+    """The architectures of ``group`` (``GROUPS``) as parameters, those in
+    ``known_wrong`` as strict xfails."""
     return [
         pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=known_wrong[name]))
         if name in known_wrong
         else name
-        for name in sorted(CONFIGS)
+        for name in GROUPS[group]
     ]
 
 
-@pytest.mark.parametrize("architecture", _architectures(KNOWN_WRONG | WRONG_ON_A_VARIANT))
-def test_port_validates(ported, tiny_moe, architecture):
+def check_port_validates(ported, tiny_moe, architecture: str) -> None:
+    """The port of ``architecture``'s tiny checkpoint takes its expected steps
+    from qwen3_moe and validates in fp32, and in bf16 but for routing near-ties."""
     from autoport_cst.apply.reference import load_reference
     from autoport_cst.research import research
 
@@ -149,71 +179,7 @@ def test_port_validates(ported, tiny_moe, architecture):
         )
 
 
-# slow: by default, the TP=2 and EP 2 layouts among the follow-ups of Glm4Moe's TP=1
-# port (FULLY_VALIDATED), and `port --tp 2` in tests/port/test_port_cli.py::test_port_at_tp2
-@pytest.mark.slow
-def test_glm4_moe_validates_on_two_ranks(ported):
-    outcome = ported("Glm4MoeForCausalLM", tp=2)
-    tp2 = [run for run in outcome.runs if run.tp == 2]
-    assert tp2 and all(run.equivalent for run in tp2), [run.summary for run in tp2]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("architecture", _architectures())
-def test_port_validates_on_two_ranks(ported, architecture):
+def check_validates_on_two_ranks(ported, architecture: str) -> None:
     outcome = ported(architecture, tp=2)
     tp2 = [run for run in outcome.runs if run.tp == 2]
     assert tp2 and all(run.equivalent for run in tp2), [run.summary for run in tp2]
-
-
-def test_research_fills_the_moe_fields(tiny_moe):
-    from autoport_cst.research import research
-
-    glm = research(str(tiny_moe("Glm4MoeForCausalLM")))
-    assert glm.spec.moe.dense_layers == (0,)
-    assert glm.spec.moe.routed_scaling_factor == 2.5
-    assert glm.spec.moe.routing_bias is True
-    assert glm.spec.unsupported is None  # every group kept: no group restriction
-    hy = research(str(tiny_moe("HYV3ForCausalLM")))
-    assert hy.spec.moe.routed_scaling_factor == pytest.approx(2.826)
-    assert hy.spec.moe.dense_layers == (0,) and hy.spec.moe.routing_bias is True
-    ernie = research(str(tiny_moe("Ernie4_5_MoeForCausalLM")))
-    assert ernie.spec.moe.routing_bias is True and ernie.spec.moe.routed_scaling_factor is None
-    assert "moe_statics" in ernie.decision("moe.routing_bias").evidence
-    aria = research(str(tiny_moe("AriaTextForCausalLM")))
-    assert aria.spec.moe.dense_layers is None and aria.spec.moe.shared_experts == 1
-
-
-@pytest.mark.parametrize("case", sorted(REFUSALS))
-def test_named_refusal(tmp_path_factory, case):
-    from autoport_cst.port import port
-    from autoport_cst.research import research
-
-    architecture, overrides, feature = REFUSALS[case]
-    source = build(tmp_path_factory, architecture, overrides, f"refused-{case}")
-    spec = research(str(source)).spec
-    assert spec.unsupported is not None
-    assert any(item.startswith(f"{feature}:") for item in spec.unsupported), spec.unsupported
-    with pytest.raises(UnrealizableDiffError) as refused:
-        port(str(source), "refused", tmp_path_factory.mktemp(f"refused-out-{case}"))
-    assert "unsupported" in refused.value.fields
-    assert not (tmp_path_factory.getbasetemp() / "refused" / "vllm_neuron").exists()
-
-
-def test_group_limited_routing_without_latent_attention_is_refused_by_name(tmp_path_factory):
-    """GLM-4-MoE restricting experts to the best groups: research reads the
-    group limit (moe.group_limit, sum_top2), which only the deepseek_v3
-    reference realizes, and GLM-4-MoE's attention is not latent attention:
-    the port is refused naming the field and the codemod's missing site in
-    qwen3_moe, nothing written."""
-    from autoport_cst.port import port
-    from autoport_cst.research import research
-
-    overrides = {"n_group": 2, "topk_group": 1, "n_routed_experts": 8}
-    source = build(tmp_path_factory, "Glm4MoeForCausalLM", overrides, "refused-glm4-moe-groups")
-    assert research(str(source)).spec.moe.group_limit == "sum_top2"
-    out = tmp_path_factory.mktemp("refused-glm4-moe-groups-out")
-    with pytest.raises(UnrealizableDiffError) as refused:
-        port(str(source), "refused_glm4_groups", out)
-    assert "moe.group_limit" in str(refused.value) and "group-limit" in str(refused.value)
-    assert not (out / "vllm_neuron").exists()
