@@ -66,7 +66,10 @@ def test_port_at_tp2_runs_tp2_once(tiny_llama: Path, tmp_path: Path, monkeypatch
 
     def counted(model_dir, checkpoint_dir, dtype_name, scenario, world_size, *args, **kwargs):
         if Path(checkpoint_dir).name == "my_llama-tiny":
-            worlds.append((world_size, kwargs.get("layout") is None))
+            # plain: no data-parallel layout, no prompt embeddings, no on-device sampling
+            # (the follow-ups run TP=2 with each of those too)
+            plain = scenario.prompt_embeds is None and not scenario.on_device_sampling
+            worlds.append((world_size, kwargs.get("layout") is None and plain))
         return original(model_dir, checkpoint_dir, dtype_name, scenario, world_size, *args, **kwargs)
 
     monkeypatch.setattr(distributed, "run_port_ranks", counted)
