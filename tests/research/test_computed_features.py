@@ -95,3 +95,28 @@ def test_rope_frequencies_rewritten_in_place_are_unknown(tmp_path):
     style is unknown (it was planned as plain rotate-half)."""
     result = _research(tmp_path, "cohere_compass_text")
     assert "rope.style" in result.unknown
+
+
+def test_inkling_routed_experts_are_the_module_that_selects_per_expert(tmp_path):
+    """Inkling's MoE block holds two modules of 3-D expert parameters: the
+    routed experts (one expert's fused gate_up chosen by index) and two
+    shared experts stacked (every token, torch.bmm). The shared stack was
+    read as the experts (2 experts, separate gate/up, no shared expert) and
+    the routing bias added as ``self.e_score_correction_bias.float()`` as
+    none; the shared stack is refused by name."""
+    from transformers import AutoConfig
+
+    from autoport_cst.research import research
+    from autoport_cst.validate.tiny import shrink_config, write_config_json
+
+    config = shrink_config(AutoConfig.for_model("inkling_text"), "InklingForCausalLM")
+    directory = tmp_path / "inkling"
+    directory.mkdir()
+    write_config_json(config, directory / "config.json")
+    result = research(str(directory))
+    moe = result.spec.moe
+    assert moe is not None and moe.num_experts == config.n_routed_experts
+    assert moe.shared_experts == config.n_shared_experts
+    assert moe.routing_bias is True
+    assert result.spec.mlp.kind == "gated" and result.spec.checkpoint.gate_up == "fused"
+    assert any(u.startswith("stacked_shared_experts: ") for u in result.spec.unsupported or ())

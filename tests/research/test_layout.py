@@ -26,7 +26,8 @@ LAYERS = {
 # output gate is taken out of the attention's projections; the unsupported-feature decisions ask the
 # attention decisions whether a config flag sets one KV head
 SECTION_EDGES = {
-    ("analysis", "moe"): {"mlp"},
+    # ... and which of several expert modules is routed (the others stacked shared experts) by its own module
+    ("analysis", "moe"): {"mlp", "moe_experts"},
     # ... and a position-dependent query scaling (attention temperature) is read off the traced attention
     # ... its norms (q/k, output and value norms) are read by a module of their own
     ("analysis", "attention"): {"latent", "scores", "output_gate", "temperature", "attention_norms"},

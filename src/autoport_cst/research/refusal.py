@@ -111,6 +111,8 @@ COMPUTATIONS = {
     "derived_multiplier": "a residual multiplier computed from several config fields (no one field a port reads)",
     "routing_bias_on_logits": "a routing bias added to the router logits before the activation "
     "(the references choose experts by activated scores plus the bias)",
+    "stacked_shared_experts": "several shared experts stored stacked in one module (3-D parameters), "
+    "each run on every token",
 }
 # sizes the code builds other than the config field a port reads (research/decide/unsupported.py)
 BUILT_SIZES = {

@@ -14,6 +14,7 @@ from typing import Any
 
 from autoport_cst.research.analysis import mlp
 from autoport_cst.research.analysis.graph import number, ranges, strip_casts, strip_shape, vector_shape
+from autoport_cst.research.analysis.moe_experts import routed_among, stacked_shared, uncast
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, known, unknown
 from autoport_cst.research.interp.values import MODULE_LIST, UNKNOWN, Instance, Node, Param
@@ -64,7 +65,7 @@ def analyze(st: AnalyzerState, block: Instance, prefix: str) -> None:
     rwhere = st.where(routing_owner) if routing_owner else where
     if routing_owner is not None and routing_out is not None:  # (found together)
         facts.update(_routing(st, routing_owner, routing_out, block))
-    experts, experts_name = _experts(st, block)
+    experts, experts_name, stacked_shared = _experts(st, block)
     num_experts, intermediate, expert_facts = _expert_sizes(st, experts, facts)
     st.result.router_modules = [
         prefix + n
@@ -72,7 +73,7 @@ def analyze(st: AnalyzerState, block: Instance, prefix: str) -> None:
         if c is routing_owner or (st.base_module(c) == "Linear" and c.args.get("out_features") == num_experts)
     ]
     _routing_findings(st, facts, num_experts, experts_name, intermediate, where, rwhere)
-    _shared_experts(st, children, experts_name, where)
+    _shared_experts(st, children, experts_name, where, stacked_shared)
     if expert_facts is not None:
         mlp.mlp_findings(
             st, expert_facts, st.where(experts[0] if isinstance(experts, list) else experts), "mlp"
@@ -170,19 +171,27 @@ def _routing_forward(
     return None, None
 
 
-def _experts(st: AnalyzerState, block: Instance) -> tuple[Any, str | None]:
-    """The experts: a list of MLPs, or a module of 3-D parameters (the
-    last one declared), and its attribute name."""
-    experts = None
-    experts_name = None
-    for name, child in block.attrs.items():
+def _experts(st: AnalyzerState, block: Instance) -> tuple[Any, str | None, list[tuple[str, Instance]]]:
+    """The experts: a list of MLPs, or a module of 3-D parameters (the one
+    that selects per expert among several: moe_experts.routed_among), the
+    last one declared, its attribute name, and the other modules of 3-D
+    parameters (shared experts)."""
+    found: list[tuple[int, Any, str]] = []
+    stacked: list[tuple[str, Instance]] = []
+    for at, (name, child) in enumerate(block.attrs.items()):
         if isinstance(child, Instance) and child.cls == MODULE_LIST:
             items = child.attrs.get("items", [])
             if len(items) > 1 and all(isinstance(i, Instance) and st.role(i) == "mlp" for i in items[:2]):
-                experts, experts_name = items, name
+                found.append((at, items, name))
         elif isinstance(child, Instance) and st.role(child) == "experts":
-            experts, experts_name = child, name
-    return experts, experts_name
+            stacked.append((name, child))
+    routed, shared = routed_among(st, stacked)
+    if routed is not None:
+        found.append((list(block.attrs).index(routed[0]), routed[1], routed[0]))
+    if not found:
+        return None, None, shared
+    _, experts, experts_name = max(found, key=lambda f: f[0])
+    return experts, experts_name, shared
 
 
 def _expert_sizes(
@@ -209,12 +218,21 @@ def _expert_sizes(
 
 
 def _shared_experts(
-    st: AnalyzerState, children: list[tuple[str, Instance]], experts_name: str | None, where: str
+    st: AnalyzerState,
+    children: list[tuple[str, Instance]],
+    experts_name: str | None,
+    where: str,
+    stacked: list[tuple[str, Instance]],
 ) -> None:
-    """Always-on experts (other MLP children) and a width-1 gate on them."""
+    """Always-on experts (other MLP children) and a width-1 gate on them;
+    ``stacked``: modules of several shared experts' 3-D parameters, which
+    no spec field describes (a shared expert is one MLP)."""
     shared = [
         (n, c) for n, c in children if n != experts_name and "." not in n and _feed_forward_module(st, c)
     ]
+    if stacked:
+        stacked_shared(st, stacked, len(shared), where)
+        return
     gates = [(n, c) for n, c in children if st.base_module(c) == "Linear" and c.args.get("out_features") == 1]
     st.add(
         known(
@@ -761,7 +779,7 @@ def _added_buffers(owner: Instance) -> list[str]:
     added = []
     for expr in ast.walk(node):
         if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
-            for side in (expr.left, expr.right):
+            for side in map(uncast, (expr.left, expr.right)):
                 if (
                     isinstance(side, ast.Attribute)
                     and isinstance(side.value, ast.Name)
