@@ -87,3 +87,24 @@ def test_tp2_a_port_whose_parameters_do_not_fit_fails_at_load(broken_port, tiny_
     report = validate_model(broken_port(*WIDE_MLP), tiny_llama, steps=2, tp=2)
     assert not report.equivalent and report.exit_code == 1
     assert report.failure.stage == "load" and "parameter 'model.layers.0.mlp." in report.failure.message
+
+
+# The port's loader looks for the up projection under a key the checkpoint
+# does not use (as a port guessing GPT-NeoX's head at lm_head.weight did).
+WRONG_KEY = (
+    '= f"{prefix}.mlp.up_proj.weight"\n',
+    '= f"{prefix}.mlp.upp_proj.weight"\n',
+)
+
+
+def test_a_port_that_looks_for_a_key_a_valid_checkpoint_lacks_fails_at_load(
+    broken_port, tiny_llama: Path
+) -> None:
+    """The checkpoint is fine (transformers loads it); the port's key map is
+    wrong: exit 1 at load, naming the key looked for and the parameter."""
+    report = validate_model(broken_port(*WRONG_KEY), tiny_llama, steps=2)
+    assert not report.equivalent and report.exit_code == 1
+    assert report.failure.stage == "load"
+    message = report.failure.message
+    assert "no tensor 'model.layers.0.mlp.upp_proj.weight'" in message
+    assert "parameter 'model.layers.0.mlp.up_proj_weight'" in message
