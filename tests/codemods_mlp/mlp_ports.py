@@ -7,7 +7,13 @@ Each case names the codemods it exercises. TP=2 runs start two rank
 processes (about 10 s each on a small machine); the ones that only repeat a
 codemod already covered at TP=2 are marked slow, as are the follow-ups of a
 passing fp32 run (config variants, FP8, parallel layouts) of the cases not in
-``FULLY_VALIDATED``."""
+``FULLY_VALIDATED``.
+
+The cases are tested by group over ``test_ports_*.py`` (``GROUPS``) so that
+the suite's ``--dist loadfile`` can share them out between its workers; this
+module holds what they share. Each group's file shares its checkpoints'
+transformers runs (``shared_reference_runs``).
+"""
 
 from __future__ import annotations
 
@@ -15,16 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from autoport_cst.validate import validate_model
+from tests.validation_depth import follow_up_options, validates_fully
+
 from .conftest import ROOT, plan_dict
-
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from autoport_cst.validate import validate_model  # noqa: E402
-from tests.validation_depth import follow_up_options, validates_fully  # noqa: E402
-
-# the fp32 and bf16 (and TP=2) validations of a case share its transformers run
-pytestmark = pytest.mark.usefixtures("shared_reference_runs")
 
 STARCODER2_REF = ROOT / "reference_models" / "starcoder2"
 
@@ -105,13 +105,14 @@ CASES = {
     ),
 }
 
-TP1 = [pytest.param(case, dtype, id=f"{case}-tp1-{dtype}") for case in CASES for dtype in ("fp32", "bf16")]
-TP2 = [
+_TP1 = [pytest.param(case, dtype, id=f"{case}-tp1-{dtype}") for case in CASES for dtype in ("fp32", "bf16")]
+_TP2 = [
     pytest.param("gemma2", "bf16", id="gemma2-tp2-bf16"),
     pytest.param("granite", "bf16", id="granite-tp2-bf16"),
     pytest.param("phi3", "bf16", id="phi3-tp2-bf16"),
     pytest.param("starcoder2", "bf16", id="starcoder2-tp2-bf16"),
-    # slow: gpt_neox-tp1-fp32 (FULLY_VALIDATED) runs the TP=2 layout among its follow-ups
+    # slow: the TP=2 layout runs among the follow-ups of the same port on the same checkpoint
+    # in tests/coverage_dense/test_dense_ports.py::test_port_validates[GPTNeoXForCausalLM]
     pytest.param("gpt_neox", "fp32", id="gpt_neox-tp2-fp32", marks=pytest.mark.slow),
     pytest.param("phi", "bf16", id="phi-tp2-bf16"),
     pytest.param("gemma", "bf16", id="gemma-tp2-bf16", marks=pytest.mark.slow),
@@ -123,54 +124,76 @@ TP2 = [
 ]
 
 
-def _package(case: str, ports) -> Path:
+def package(case: str, ports) -> Path:
     plan = CASES[case][0]
     return plan if isinstance(plan, Path) else ports.build(plan)
 
 
-def _checkpoint(case: str, checkpoints) -> Path:
+def checkpoint(case: str, checkpoints) -> Path:
     architecture, overrides = CASES[case][1]
     return checkpoints.get(architecture, **overrides)
 
 
 # the cases validated with the follow-ups of a passing fp32 run (config variants, FP8,
-# parallel layouts) in the default suite, one per reference; every case with --run-slow
-# (tests/validation_depth.py)
-FULLY_VALIDATED = frozenset({"gpt_neox", "starcoder2-reference"})
+# parallel layouts) in the default suite; every case with --run-slow
+# (tests/validation_depth.py). Not gpt_neox: its follow-ups run in the default suite in
+# tests/coverage_dense/test_dense_ports.py::test_port_validates[GPTNeoXForCausalLM], a port
+# from the same reference (starcoder2) with the same codemods (and config guards) on the
+# same checkpoint (GPT-NeoX's tiny default config, seed 0)
+FULLY_VALIDATED = frozenset({"starcoder2-reference"})
 
 
-@pytest.mark.parametrize("case, dtype", TP1)
-def test_port_validates_at_tp1(case, dtype, ports, checkpoints, request):
-    follow_ups = follow_up_options(validates_fully(request.config, case, FULLY_VALIDATED))
+# the test file of each case (test_ports_<group>.py)
+GROUPS: dict[str, list[str]] = {
+    # norm offset and placement, embedding scale and multipliers, softcap, logits divisor
+    "norms_and_scales": ["gemma", "gemma2", "granite", "olmo2"],
+    # parallel residuals, fused checkpoints, LM-head bias
+    "parallel_and_fused": ["gpt_neox", "phi", "phi3"],
+    # MLP kind, bias and activations, checkpoint keys, the starcoder2 reference
+    "starcoder2": ["quick_gelu", "relu2", "starcoder2", "starcoder2-reference"],
+}
+assert sorted(c for cases in GROUPS.values() for c in cases) == sorted(CASES), "a case in no group"
+
+# case -> the component where validation fails without its codemods
+WITHOUT_THE_CODEMODS = {
+    "gemma": "embedding",  # embeddings not scaled
+    # no embedding multiplier: the first norm's input is 12 times too small (RMSNorm hides most of it)
+    "granite": "layers.0.input_norm",
+    "starcoder2-reference": "layers.0.attention",  # sliding window ignored (llama-derived port below)
+}
+
+
+def tp1_params(group: str) -> list:
+    return [p for p in _TP1 if p.values[0] in GROUPS[group]]
+
+
+def tp2_params(group: str) -> list:
+    return [p for p in _TP2 if p.values[0] in GROUPS[group]]
+
+
+def without_params(group: str) -> list:
+    return [(case, where) for case, where in WITHOUT_THE_CODEMODS.items() if case in GROUPS[group]]
+
+
+def check_validates_at_tp1(case: str, dtype: str, ports, checkpoints, config: pytest.Config) -> None:
+    follow_ups = follow_up_options(validates_fully(config, case, FULLY_VALIDATED))
     report = validate_model(
-        _package(case, ports), _checkpoint(case, checkpoints), tp=1, dtype=dtype, **follow_ups
+        package(case, ports), checkpoint(case, checkpoints), tp=1, dtype=dtype, **follow_ups
     )
     assert report.equivalent, report.summary()
 
 
-@pytest.mark.parametrize("case, dtype", TP2)
-def test_port_validates_at_tp2(case, dtype, ports, checkpoints):
-    report = validate_model(_package(case, ports), _checkpoint(case, checkpoints), tp=2, dtype=dtype)
+def check_validates_at_tp2(case: str, dtype: str, ports, checkpoints) -> None:
+    report = validate_model(package(case, ports), checkpoint(case, checkpoints), tp=2, dtype=dtype)
     assert report.equivalent, report.summary()
 
 
-# -- the checkpoints exercise the features: without the codemods, validation fails -------------
-
-
-@pytest.mark.parametrize(
-    "case, where",
-    [
-        ("gemma", "embedding"),  # embeddings not scaled
-        # no embedding multiplier: the first norm's input is 12 times too small (RMSNorm hides most of it)
-        ("granite", "layers.0.input_norm"),
-        ("starcoder2-reference", "layers.0.attention"),  # sliding window ignored (llama-derived port below)
-    ],
-)
-def test_without_the_codemods_validation_fails(case, where, ports, checkpoints):
+def check_fails_without_the_codemods(case: str, where: str, ports, checkpoints) -> None:
+    """The checkpoints exercise the features: without the codemods, validation fails."""
     if case == "starcoder2-reference":
-        package = ports.build("starcoder2")  # same architecture, no sliding window
+        built = ports.build("starcoder2")  # same architecture, no sliding window
     else:
-        package = ROOT / "reference_models" / "llama3"
-    report = validate_model(package, _checkpoint(case, checkpoints), tp=1, dtype="fp32", steps=4)
+        built = ROOT / "reference_models" / "llama3"
+    report = validate_model(built, checkpoint(case, checkpoints), tp=1, dtype="fp32", steps=4)
     assert not report.equivalent
     assert where in str(report.first_diverging), report.summary()
