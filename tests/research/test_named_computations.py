@@ -70,6 +70,33 @@ NAMED = {
         {"sinusoidal_positions", "explicit_attention"},
         ["XGLMAttention.forward (modeling_xglm.py:", "(bmm) and a softmax"],
     ),
+    # its feed-forward an nn.Sequential (Linear, ReLU, Linear), its embeddings scaled by np.sqrt(d_model): an
+    # ordinary block; the positions a buffer of sines and cosines a function of the file computes
+    "CTRLLMHeadModel": (
+        {"sinusoidal_positions"},
+        ["adds positional_encoding (a function, modeling_ctrl.py:"],
+    ),
+    # the norm and the residual inside each sublayer's block, scores and an nn.Softmax module written out
+    "CpmAntForCausalLM": (
+        {"explicit_attention", "sublayer_residual"},
+        [
+            "CpmAntAttention.forward (modeling_cpmant.py:",
+            "CpmAntSelfAttentionBlock.forward (modeling_cpmant.py:",
+            "to the output of CpmAntAttention)",
+        ],
+    ),
+    # the text model built by MllamaTextModel._from_config(config.get_text_config()); layers attending to images
+    "MllamaForCausalLM": (
+        {"cross_attention_layers"},
+        ["MllamaCrossAttentionDecoderLayer (layers 3 of 4)", "k_proj from cross_attention_states"],
+    ),
+    # classes defined under `else:` of `if is_xlstm_available():`, the kernels kept as attributes
+    "xLSTMForCausalLM": (
+        {"recurrent_mixer"},
+        ["mlstm_layer (xLSTMLayer)", "mlstm_recurrent_sequence_native (modeling_xlstm.py:"],
+    ),
+    # layer classes chosen from a dict keyed by (is_sliding, is_loop_layer)
+    "Inkling2LoopForCausalLM": ({"several_attentions"}, ["Inkling2LoopSlidingAttention"]),
 }
 
 
@@ -183,3 +210,59 @@ def test_a_mixture_of_attention_heads_is_named(researched):
     assert error is not None and "routed_attention" in error.features, error.features
     assert "attention.o_bias" not in error.features
     assert "JetMoeMoA.forward (modeling_jetmoe.py:" in str(error)
+
+
+def _full_size(tmp_path: Path, architecture: str):
+    from autoport_cst.research import research
+    from autoport_cst.validate.tiny import resolve_config, write_config_json
+
+    config, _ = resolve_config(architecture)
+    config.architectures = [architecture]
+    write_config_json(config, tmp_path / "config.json")
+    return research(str(tmp_path))
+
+
+def test_a_reversible_residual_is_named(tmp_path: Path):
+    """Reformer (full-size config): each layer adds its attention's output
+    to the other of two residual streams (``prev_attn_output``), named as a
+    reversible residual, not as decoder layers not found."""
+    error = _refusal(_full_size(tmp_path, "ReformerModelWithLMHead"))
+    assert error is not None and set(error.features) == {"reversible_residual"}, error
+    assert "ReformerLayer.forward (modeling_reformer.py:" in str(error)
+    assert "computed from hidden_states, to another input, prev_attn_output" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("architecture", "decoder"),
+    [
+        ("FuyuForCausalLM", "modeling_persimmon.py"),
+        ("Gemma4UnifiedAssistantForCausalLM", "modeling_gemma4_unified.py"),
+    ],
+)
+def test_a_decoder_built_by_auto_model_from_config_is_found(tmp_path: Path, architecture, decoder):
+    """Fuyu and the Gemma 4 assistant build their decoder with
+    ``AutoModel.from_config(text_config)``: research follows it to the class
+    transformers maps the sub-config's model_type to (full-size configs) and
+    refuses them for what that decoder computes, not for layers not found."""
+    found = _full_size(tmp_path, architecture)
+    layers = next(f for f in found.findings if f.field == "num_layers" and f.source == "code")
+    assert layers.known and layers.value == found_layers(architecture), layers
+    error = _refusal(found)
+    assert error is not None and "code.decoder_layers" not in error.features, error
+    assert decoder in str(error), str(error)
+
+
+def found_layers(architecture: str) -> int:
+    from autoport_cst.validate.tiny import resolve_config
+
+    config, _ = resolve_config(architecture)
+    return config.text_config.num_hidden_layers
+
+
+def test_inkling_s_attention_built_with_a_cast_module_is_found(researched):
+    """Inkling builds its key and value convolutions as ``Module(...).to(dtype=...)``
+    (the module itself): the attention is found and the short convolution
+    beside it named, not decoder layers not found."""
+    error = _refusal(researched("InklingForCausalLM"))
+    assert error is not None and "convolution_mixer" in error.features, error.features
+    assert "code.decoder_layers" not in error.features

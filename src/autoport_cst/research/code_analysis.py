@@ -105,7 +105,10 @@ def _run(st: AnalyzerState) -> None:
         )
         listed = decoder.first_listed_block(st)
         if listed is not None and not mixers.parallel_lists(st, listed[1]):
-            mixers.name_block(st, listed[0], ("code.decoder_layers",))
+            if not mixers.name_block(st, listed[0], ("code.decoder_layers",)):
+                # CPM-Ant's self_att.self_attention; Reformer's two residual streams
+                mixers.name_wrapped(st, listed[0], ("code.decoder_layers",))
+                mixers.two_streams(st, listed[0])
         return
     backbone_path, backbone_inst = backbone
     r.layer_count = len(layers)
@@ -123,10 +126,12 @@ def _run(st: AnalyzerState) -> None:
     r.module_names["model"] = backbone_path
     r.module_names["model.layers"] = st.layer_prefix[:-1]
     decoder.mixer_layers(st, backbone_inst, layers_attr)
+    mixers.cross_attention_layers(st)
     if decoder.attention_child(st):
         layer0 = st.layers[0]
         mixers.name_block(st, layer0, ("norm", "residual"), routing=False)  # a mixer beside the attention
         mixers.routed_attention(st, dict(layer0.children())[st.attn_name])
+        mixers.routing_beside_attention(st, layer0)
         inline = decoder.inline_mlp(st, layer0)
         decoder.analyze_flow(st, layer0)
         if not inline and _unclassified(r, "norm.placement"):

@@ -105,6 +105,10 @@ COMPUTATIONS = {
     "convolution_mixer": "a token mixer other than softmax attention that convolves over the positions",
     "routing_without_topk": "routed experts chosen without a top-k of the router scores",
     "several_attentions": "several attention sublayers in one decoder layer",
+    "reversible_residual": "a reversible residual (two residual streams: a sublayer's output added to the "
+    "other stream)",
+    "cross_attention_layers": "cross-attention layers (keys and values computed from another input than the "
+    "layer's hidden states, such as image states)",
     "routed_attention": "attention projections chosen per token among experts (a mixture of attention heads)",
     "parallel_layer_lists": "decoder layers held as parallel lists of attentions and feed-forwards",
     "qkv_clip": "queries, keys and values clamped to a range (clip_qkv)",

@@ -28,12 +28,31 @@ class SourceModule:
     library: SourceLibrary = field(repr=False)
 
     @cached_property
+    def statements(self) -> list[ast.stmt]:
+        """The module-level statements, those under a module-level ``if`` or
+        ``try`` included, the ``else`` after the ``if`` (xLSTM defines its
+        pure-torch classes under ``else:`` of ``if is_xlstm_available():``,
+        which runs when the optional package is not installed): a name
+        defined in both is the one defined last."""
+        out: list[ast.stmt] = []
+        pending = list(self.tree.body)
+        while pending:
+            node = pending.pop(0)
+            if isinstance(node, ast.If):
+                pending[:0] = [*node.body, *node.orelse]
+            elif isinstance(node, ast.Try):
+                pending[:0] = [*node.body, *node.orelse, *node.finalbody]
+            else:
+                out.append(node)
+        return out
+
+    @cached_property
     def classes(self) -> dict[str, ast.ClassDef]:
-        return {n.name: n for n in self.tree.body if isinstance(n, ast.ClassDef)}
+        return {n.name: n for n in self.statements if isinstance(n, ast.ClassDef)}
 
     @cached_property
     def functions(self) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
-        return {n.name: n for n in self.tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        return {n.name: n for n in self.statements if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
     @cached_property
     def imports(self) -> dict[str, str]:
@@ -55,7 +74,7 @@ class SourceModule:
     def assignments(self) -> dict[str, ast.expr]:
         """Module-level ``NAME = expr`` assignments."""
         found: dict[str, ast.expr] = {}
-        for node in self.tree.body:
+        for node in self.statements:
             if isinstance(node, ast.Assign):
                 for target in node.targets:
                     if isinstance(target, ast.Name):

@@ -14,7 +14,7 @@ import ast
 from typing import Any
 
 from autoport_cst.research.analysis import mixers
-from autoport_cst.research.analysis.graph import strip_casts
+from autoport_cst.research.analysis.graph import sin_cos_table, strip_casts
 from autoport_cst.research.analysis.layer_inputs import layer_arguments, layer_calls
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, known
@@ -168,7 +168,7 @@ def _constant_base(st: AnalyzerState, cls: SourceClass) -> tuple[float, str] | N
     if found is None:
         return None
     init = found[1]
-    functions = {f.name: f for f in cls.module.tree.body if isinstance(f, ast.FunctionDef)}
+    functions = {f.name: f for f in cls.module.statements if isinstance(f, ast.FunctionDef)}
     called = [
         functions[n.func.id]
         for n in ast.walk(init)
@@ -203,9 +203,12 @@ def sinusoidal_positions(st: AnalyzerState, backbone: Instance) -> None:
         for call in walk(state.value):
             if call.kind != "module" or call.ref is not st.layers[0]:
                 continue
-            for node in walk(call.args[0] if call.args else call.kwarg("hidden_states")):
+            value = call.args[0] if call.args else call.kwarg("hidden_states")
+            for node in walk(value):
                 if node.kind == "module" and id(node.ref) in children and _computes_sin_cos(node.ref):
                     found[children[id(node.ref)]] = node.ref.class_name
+            if (table := sin_cos_table(value)) is not None:  # a buffer a function of the source fills (CTRL)
+                found[table.name] = f"a function, {table.module.line_of(table.node)}"
     if found:
         shown = ", ".join(f"{name} ({cls})" for name, cls in sorted(found.items()))
         st.add(

@@ -148,6 +148,22 @@ def peel_scalars(value: Any) -> Any:
     return value
 
 
+def sin_cos_table(value: Any) -> FuncRef | None:
+    """A call in ``value`` of a source function computing sines and cosines
+    (a table of fixed sinusoidal positions: CTRL's ``positional_encoding``),
+    or None."""
+    for node in walk(value):
+        if node.kind == "func" and isinstance(node.ref, FuncRef):
+            called = {
+                c.func.attr if isinstance(c.func, ast.Attribute) else getattr(c.func, "id", None)
+                for c in ast.walk(node.ref.node)
+                if isinstance(c, ast.Call)
+            }
+            if {"sin", "cos"} <= called:
+                return node.ref
+    return None
+
+
 def unique(items: list) -> list:
     out: list = []
     for item in items:

@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from autoport_cst.research.analysis.config_expressions import add_config_key
-from autoport_cst.research.analysis.graph import number, scalar_path, strip_casts, unique
+from autoport_cst.research.analysis.graph import number, scalar_path, sin_cos_table, strip_casts, unique
 from autoport_cst.research.analysis.multiplier_keys import (
     derived_property,
     embedding_multiplier_key,
@@ -191,7 +191,9 @@ def _without_positions(st: AnalyzerState, value: Any, embed: Instance) -> Any:
     ]
     for index, side in enumerate(sides):
         other = sides[1 - index]
-        if side == {id(embed)} and other and id(embed) not in other:
+        # CTRL's sinusoidal positions (block_features names them)
+        table = sin_cos_table(value.args[1 - index])
+        if side == {id(embed)} and (other or table is not None) and id(embed) not in other:
             return value.args[index]
     return None
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from autoport_cst.research.analysis.state import AnalyzerState
+from autoport_cst.research.analysis.graph import ranges
+from autoport_cst.research.analysis.state import AnalyzerState, softmax_modules
 from autoport_cst.research.findings import CODE, known
 from autoport_cst.research.interp.values import MODULE_LIST, Instance, Node, SourceClass
 from autoport_cst.research.interp.walk import depends_on, walk
@@ -58,6 +59,16 @@ def name_block(st: AnalyzerState, block: Instance, explains: tuple[str, ...], ro
     return named
 
 
+def routing_beside_attention(st: AnalyzerState, layer: Instance) -> None:
+    """The feed-forward of a layer with an attention, when it routes to
+    experts without a top-k of the router scores (DeepSeek-V4's hash
+    layers), named as explaining the MLP and MoE sections."""
+    for name, child in layer.children():
+        if "." not in name and st.role(child) in ("mlp", "other"):
+            if _routing_without_topk(st, name, child, ("mlp", "moe")):
+                return
+
+
 def routed_attention(st: AnalyzerState, attn: Instance) -> None:
     """An attention holding a routed module (a top-k of router scores
     inside): projections chosen per token among experts (JetMoE's mixture
@@ -74,6 +85,93 @@ def routed_attention(st: AnalyzerState, attn: Instance) -> None:
                 "top-k experts for the attention's projections",
             )
         )
+
+
+def cross_attention_layers(st: AnalyzerState) -> None:
+    """Layers whose attention projects its forward arguments, and whose
+    forward gives some of them another value than the input of the others
+    (Mllama's cross-attention layers: keys and values of the image states,
+    ``cross_attention_states``; CTRL gives its ``v``, ``k`` and ``q`` one
+    value), named with the layers of each such class."""
+    seen: dict[str, list[int]] = {}
+    named: dict[str, str] = {}
+    for index, layer in enumerate(st.layers):
+        seen.setdefault(layer.class_name, []).append(index)
+        if len(seen[layer.class_name]) > 1:
+            continue
+        for name, attn in layer.children():
+            if "." not in name and st.role(attn) == "attention" and (other := _other_input(st, layer, attn)):
+                named[layer.class_name] = (
+                    f"{name} ({st.where(attn)}) projects {other[0]} and {other[1]}, inputs the layer gives "
+                    "different values"
+                )
+    if named:
+        shown = "; ".join(
+            f"{cls} (layers {ranges(seen[cls])} of {len(st.layers)}): {text}" for cls, text in named.items()
+        )
+        st.add(known(("attention",), "unsupported.cross_attention_layers", CODE, shown))
+
+
+def _other_input(st: AnalyzerState, layer: Instance, attn: Instance) -> tuple[str, str] | None:
+    """Two forward arguments of ``attn`` its projections read and ``layer``
+    gives different values (each shown with its projections), or None."""
+    params = _parameters(st, attn)
+    linears = {id(c): n for n, c in attn.children() if "." not in n and st.role(c) == "linear"}
+    reads: dict[str, list[str]] = {}
+    for value in st.outputs(attn)[:1]:
+        for node in walk(value):
+            if node.kind == "module" and id(node.ref) in linears and node.args:
+                for read in [p for p in params if _is_input(node.args[0], p)]:  # not o_proj: modules between
+                    reads.setdefault(read, []).append(linears[id(node.ref)])
+    if len(reads) < 2:
+        return None
+    for value in st.outputs(layer)[:1]:
+        for call in walk(value):
+            if call.kind != "module" or call.ref is not attn:
+                continue
+            given = dict(zip(params, call.args, strict=False)) | dict(call.kwargs)
+            first, *others = reads
+            for other in others:
+                if other in given and first in given and given[other] is not given[first]:
+                    shown = [f"{', '.join(dict.fromkeys(reads[p]))} from {p}" for p in sorted((first, other))]
+                    return shown[0], shown[1]
+    return None
+
+
+def two_streams(st: AnalyzerState, block: Instance) -> bool:
+    """A block that adds a sublayer's output to a forward argument other
+    than the one the sublayer reads: two residual streams carried from layer
+    to layer (Reformer's reversible residual, ``prev_attn_output +
+    attention(hidden_states)``), named with the sublayer and both arguments."""
+    params = _parameters(st, block)
+    children = {id(c): n for n, c in block.children() if "." not in n}
+    for state in st.forward(block)[:1]:
+        for node in walk(state.value):
+            if node.kind != "binop" or node.name != "add" or len(node.args) != 2:
+                continue
+            for index, side in enumerate(node.args):
+                other = node.args[1 - index]
+                calls = [
+                    n
+                    for n in walk(side)
+                    if n.kind == "module" and id(n.ref) in children and n.args + n.kwargs
+                ]
+                added = [p for p in params if _is_input(other, p)]
+                main = [c.args[0] if c.args else c.kwarg("hidden_states") for c in calls[:1]]
+                read = {n.name for m in main for n in walk(m) if n.kind == "input"} & set(params)
+                if calls and added and read and added[0] not in read:
+                    name = children[id(calls[0].ref)]
+                    st.add(
+                        known(
+                            ("code.decoder_layers",),
+                            "unsupported.reversible_residual",
+                            CODE,
+                            f"{st.where(block)} adds the output of {name} ({calls[0].ref.class_name}), computed "
+                            f"from {', '.join(sorted(read))}, to another input, {added[0]}: two residual streams",
+                        )
+                    )
+                    return True
+    return False
 
 
 def _called_with_attention(st: AnalyzerState, block: Instance, child: Instance) -> bool:
@@ -137,7 +235,7 @@ def _projections(st: AnalyzerState, items: list[Instance]) -> bool:
     )
 
 
-def name_wrapped(st: AnalyzerState, layer: Instance) -> bool:
+def name_wrapped(st: AnalyzerState, layer: Instance, explains: tuple[str, ...] = ("code.attention",)) -> bool:
     """For each attention one module down (``child.inner``): the residual
     the wrapper adds to the attention output itself, scores and softmax the
     attention computes itself, projections it clamps; True when one is
@@ -149,9 +247,9 @@ def name_wrapped(st: AnalyzerState, layer: Instance) -> bool:
         for inner_name, inner in wrapper.children():
             if "." in inner_name or st.role(inner) != "attention":
                 continue
-            named = _wrapper_residual(st, wrapper, inner) or named
-            named = explicit_scores(st, inner, ("code.attention",)) or named
-            named = _clamped_projections(st, inner) or named
+            named = _wrapper_residual(st, wrapper, inner, explains) or named
+            named = explicit_scores(st, inner, explains) or named
+            named = _clamped_projections(st, inner, explains) or named
     return named
 
 
@@ -160,7 +258,10 @@ def explicit_scores(st: AnalyzerState, attn: Instance, explains: tuple[str, ...]
     matmul or bmm, then a softmax) with no kernel call, whose scale, softcap,
     sinks and window research reads from a kernel's arguments."""
     for value in st.outputs(attn)[:1]:
-        names = {n.name.rsplit(".", 1)[-1] for n in walk(value) if n.kind in ("binop", "call", "method")}
+        nodes = list(walk(value))
+        names = softmax_modules(nodes) | {
+            n.name.rsplit(".", 1)[-1] for n in nodes if n.kind in ("binop", "call", "method")
+        }
         if "softmax" in names and names & {"matmul", "bmm"}:
             product = "bmm" if "bmm" in names else "matmul"
             st.add(
@@ -176,7 +277,9 @@ def explicit_scores(st: AnalyzerState, attn: Instance, explains: tuple[str, ...]
     return False
 
 
-def _wrapper_residual(st: AnalyzerState, wrapper: Instance, inner: Instance) -> bool:
+def _wrapper_residual(
+    st: AnalyzerState, wrapper: Instance, inner: Instance, explains: tuple[str, ...]
+) -> bool:
     """The wrapper adds its own input to what the attention inside returns
     (and may norm the sum), itself or in a module it gives both (BERT's
     ``BertSelfOutput``): the residual inside the attention sublayer."""
@@ -187,13 +290,17 @@ def _wrapper_residual(st: AnalyzerState, wrapper: Instance, inner: Instance) -> 
             if not calls or not _sums_input(st, node, calls, params[0]):
                 continue
             where = "" if node.kind == "binop" else f" in {node.ref.class_name}"
-            norms = [n.ref.class_name for n in walk(value) if n.kind == "module" and st.role(n.ref) == "norm"]
+            norms = [  # applied to the sum, not to the attention's input (CPM-Ant's norm before it)
+                n.ref.class_name
+                for n in walk(value)
+                if n.kind == "module" and st.role(n.ref) == "norm" and depends_on(n, node)
+            ]
             if node.kind == "module":
                 norms += [d.class_name for d in _descendants(node.ref) if st.role(d) == "norm"]
             normed = f", then a norm ({', '.join(sorted(set(norms)))})" if norms else ""
             st.add(
                 known(
-                    ("code.attention",),
+                    explains,
                     "unsupported.sublayer_residual",
                     CODE,
                     f"{st.where(wrapper)} adds its input {params[0]!r} to the output of "
@@ -248,7 +355,7 @@ def _is_input(value: object, name: str) -> bool:
     return bool(inputs) and not modules
 
 
-def _clamped_projections(st: AnalyzerState, attn: Instance) -> bool:
+def _clamped_projections(st: AnalyzerState, attn: Instance, explains: tuple[str, ...]) -> bool:
     """Projections of the attention clamped to a range before the scores
     (DBRX's ``clip_qkv``), on the path the config takes."""
     linears = {id(c) for _, c in attn.children() if st.role(c) == "linear"}
@@ -264,7 +371,7 @@ def _clamped_projections(st: AnalyzerState, attn: Instance) -> bool:
             if any(n.kind == "module" and id(n.ref) in linears for n in walk(node.args[0])):
                 st.add(
                     known(
-                        ("code.attention",),
+                        explains,
                         "unsupported.qkv_clip",
                         CODE,
                         f"{st.where(attn)}: the projections are clamped to a range before the attention "
@@ -401,16 +508,18 @@ def _class_name(node: ast.AST) -> str:
 
 
 def _reachable_functions(classes: list[SourceClass]) -> list[tuple[ast.FunctionDef, str]]:
-    """Module-level functions the methods of ``classes`` call, and the ones
-    those call, in the order first reached."""
+    """Module-level functions the methods of ``classes`` call or refer to
+    (a kernel kept as an attribute or bound by ``partial``: xLSTM's
+    ``self.sequence_kernel_fn = mlstm_recurrent_sequence_native``), and the
+    ones those reach, in the order first reached."""
     found: dict[str, tuple[ast.FunctionDef, str]] = {}
     queue: list[tuple[ast.AST, SourceClass]] = [(c.node, c) for c in classes]
     while queue:
         node, cls = queue.pop(0)
-        functions = {f.name: f for f in cls.module.tree.body if isinstance(f, ast.FunctionDef)}
-        for call in ast.walk(node):
-            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in functions:
-                fn = functions[call.func.id]
+        functions = {f.name: f for f in cls.module.statements if isinstance(f, ast.FunctionDef)}
+        for name in ast.walk(node):
+            if isinstance(name, ast.Name) and isinstance(name.ctx, ast.Load) and name.id in functions:
+                fn = functions[name.id]
                 if fn.name not in found:
                     found[fn.name] = (fn, cls.module.path.name)
                     queue.append((fn, cls))

@@ -209,17 +209,20 @@ class AnalyzerState:
         if instance.is_external:
             return "other"
         nodes = [n for state in self.forward(instance) for n in walk(state.value)]
-        names = {n.name.rsplit(".", 1)[-1] for n in nodes if n.kind in ("call", "method")}
+        names = softmax_modules(nodes) | {
+            n.name.rsplit(".", 1)[-1] for n in nodes if n.kind in ("call", "method")
+        }
         if "topk" in names:
             return "moe"
         # a child's top-k makes a router, unless this module attends itself (DSA's
         # lightning indexer chooses the keys of an attention: research/analysis/latent.py)
         if self.topk_children(instance) and not self._calls_attention_kernel(instance, nodes):
             return "moe"
-        if self._calls_attention_kernel(instance, nodes) or names & {
-            "softmax",
-            "scaled_dot_product_attention",
-        }:
+        if (
+            self._calls_attention_kernel(instance, nodes)
+            or "scaled_dot_product_attention" in names
+            or ("softmax" in names and self._scores_product(instance, nodes, names))
+        ):
             return "attention"
         if self.norm_info(instance)["kind"] is not None:
             return "norm"
@@ -279,6 +282,16 @@ class AnalyzerState:
         calls = [n for n in nodes if n.kind in ("call", "func", "act")]
         matmul = any(n.kind == "binop" and n.name == "matmul" for n in nodes)
         return len(inputs) == 1 and bool(calls) and not matmul
+
+    def _scores_product(self, instance: Instance, nodes: list[Node], names: set[str]) -> bool:
+        """A softmax in an attention: the module projects with linear children
+        or multiplies tensors (matmul, bmm, einsum); DeepSeek-V4's
+        hyper-connection, a softmax over mixing weights of its own parameter
+        (``F.linear(x, self.fn)``), does neither."""
+        if any(self.role(c) == "linear" for _, c in instance.children()):
+            return True
+        products = {n.name for n in nodes if n.kind == "binop"} | names
+        return bool(products & {"matmul", "bmm", "baddbmm", "einsum"})
 
     def _calls_attention_kernel(self, instance: Instance, nodes: list[Node]) -> bool:
         for node in nodes:
@@ -420,3 +433,17 @@ def _bias_removed(instance: Instance) -> bool:
     """The code set the module's bias to None after building it (MPT's
     ``norm.bias = None``): no bias tensor, no bias added."""
     return "bias" in instance.attrs and instance.attrs["bias"] is None
+
+
+def softmax_modules(nodes: list[Node]) -> set[str]:
+    """``{"softmax"}`` when one of ``nodes`` calls a torch ``nn.Softmax``
+    module (CPM-Ant's ``self.softmax = nn.Softmax(dim=-1)``), as a call of
+    ``softmax`` would."""
+    return {
+        "softmax"
+        for n in nodes
+        if n.kind == "module"
+        and isinstance(n.ref, Instance)
+        and n.ref.is_external
+        and n.ref.class_name == "Softmax"
+    }

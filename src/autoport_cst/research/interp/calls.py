@@ -11,6 +11,7 @@ from typing import Any
 
 from autoport_cst.research.interp.config_proxy import ConfigProxy
 from autoport_cst.research.interp.core import MAX_DEPTH, PLAIN, CallOptions, FunctionNode
+from autoport_cst.research.interp.expressions import AUTO
 from autoport_cst.research.interp.externals import (
     EXTERNAL_MODULES,
     call_external,
@@ -38,7 +39,7 @@ from autoport_cst.research.interp.values import (
     merge_returns,
     symbolic,
 )
-from autoport_cst.research.sources import SourceModule
+from autoport_cst.research.sources import SourceModule, module_directory_name
 
 
 class Calls(Statements):
@@ -172,7 +173,7 @@ class Calls(Statements):
             return self._call_source_function(func, args, kwargs)
         if isinstance(func, Instance):
             if func.cls == MODULE_LIST:
-                return UNKNOWN
+                return self._sequential(func, args, kwargs, expr, module, env)
             return call_node("module", func.name or "", args, kwargs, ref=func)
         if isinstance(func, ActFn):
             return Node("act", func.name, tuple(symbolic(a) for a in args), ref=func)
@@ -185,6 +186,35 @@ class Calls(Statements):
                 return SuperRef(obj, owner)
             return UNKNOWN
         return self._call_value(func, args, kwargs)
+
+    def _sequential(self, modules: Instance, args: list, kwargs: dict, expr: ast.Call, module, env) -> Any:
+        """An ``nn.Sequential`` called on one input: each item called on what
+        the one before returned (CTRL's ``ffn``: Linear, ReLU, Linear);
+        unknown for a module list, which is not callable."""
+        items = modules.attrs.get("items", [])
+        if not modules.attrs.get("sequential") or len(args) != 1 or kwargs or not items:
+            return UNKNOWN
+        value = args[0]
+        for item in items:
+            value = self.call(item, [value], {}, {}, expr, module, env)
+        return value
+
+    def from_config(self, cls: SourceClass, config: Any, kwargs: dict) -> Any:
+        """``cls._from_config(config, **kwargs)``: the class constructed on
+        ``config``, the keywords PreTrainedModel takes for itself (dtype,
+        attention implementation) left out, the others given to ``__init__``;
+        for an auto class (``AutoModel.from_config(config.text_config)``),
+        the base model class transformers maps the config's model_type to."""
+        if cls.module.dotted.startswith(AUTO):
+            if not isinstance(config, ConfigProxy) or cls.name != "AutoModel":
+                return UNKNOWN
+            dotted = base_model_class(config.read("model_type", None))
+            found = self.resolve_dotted(dotted) if dotted else None
+            if not isinstance(found, SourceClass):
+                return UNKNOWN
+            cls = found
+        own = {k: v for k, v in kwargs.items() if k not in ("dtype", "torch_dtype", "attn_implementation")}
+        return self.instantiate(cls, [config], own, {})
 
     def _unpackable(self, value: Any) -> Any:
         """A starred argument: a call of a source function on tensors (a
@@ -237,6 +267,10 @@ class Calls(Statements):
         obj, name = func.obj, func.name
         if name == "__identity__":
             return obj
+        if name == "get_text_config" and isinstance(obj, ConfigProxy):
+            return obj.text_config()
+        if name == "__from_config__" and isinstance(obj, SourceClass) and args:
+            return self.from_config(obj, args[0], kwargs)
         if isinstance(obj, SuperRef):
             if name == "__init__":
                 self._super_init(obj, args, kwargs)
@@ -308,3 +342,20 @@ def _literal(expr: ast.expr) -> Any:
 
 def _is_staticmethod(fn: FunctionNode) -> bool:
     return any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in fn.decorator_list)
+
+
+def base_model_class(model_type: Any) -> str | None:
+    """The dotted name of the base model class transformers maps
+    ``model_type`` to (``AutoModel``), in the modeling file of its
+    directory, or None."""
+    if not isinstance(model_type, str):
+        return None
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+    except Exception:  # transformers missing or changed
+        return None
+    name = MODEL_MAPPING_NAMES.get(model_type)
+    if not isinstance(name, str):
+        return None
+    directory = module_directory_name(model_type)
+    return f"transformers.models.{directory}.modeling_{directory}.{name}"

@@ -37,6 +37,15 @@ class ConfigProxy:
             return default
         return _freeze_config_value(value, self._log)
 
+    def text_config(self) -> ConfigProxy:
+        """``config.get_text_config()``: the sub-config of the text model
+        (this configuration itself when it has none), logged like it."""
+        try:
+            value = self._config.get_text_config()
+        except Exception:  # a dict, or a config without the method
+            return self
+        return self if value is self._config else _freeze_config_value(value, self._log)
+
     def has(self, name: str) -> bool:
         if self.overrides is not None and name in self.overrides:
             return True

@@ -37,6 +37,12 @@ from autoport_cst.research.interp.values import (
 from autoport_cst.research.sources import SourceModule
 
 _IDENTITY_METHODS = ("to", "float", "item", "type_as", "clone", "detach", "half", "bfloat16")
+# torch.nn.Module methods that return the module itself (moved or cast: InklingShortConvolution(...).to(dtype=...))
+_MODULE_SELF_METHODS = ("to", "float", "half", "bfloat16", "double", "cpu", "requires_grad_", "train", "eval")
+# the PreTrainedModel class methods that construct the class from a config (``MllamaTextModel._from_config``)
+FROM_CONFIG = ("_from_config", "from_config")
+# the package of transformers' auto classes (AutoModel.from_config builds the class of the config's model_type)
+AUTO = "transformers.models.auto."
 
 
 class Expressions(Classes):
@@ -66,6 +72,8 @@ class Expressions(Classes):
 
     def getattr(self, base: Any, name: str, default: Any = UNKNOWN) -> Any:
         if isinstance(base, ConfigProxy):
+            if name == "get_text_config":
+                return BoundBuiltin(base, name)  # calls.call_builtin_method
             return base.read(name, default)
         if isinstance(base, Instance):
             return self._instance_attribute(base, name, default)
@@ -78,6 +86,8 @@ class Expressions(Classes):
             return External(f"{base.qualname}.{name}")
         if isinstance(base, SourceClass):
             found = self.find_method(base, name)
+            if name in FROM_CONFIG and (found is None or base.module.dotted.startswith(AUTO)):
+                return BoundBuiltin(base, "__from_config__")  # calls.call_builtin_method
             if found is not None:
                 return BoundMethod(None, found[0], found[1])
             return self.class_attribute(base, name)
@@ -124,6 +134,8 @@ class Expressions(Classes):
                 return value
         if base.cls == MODULE_LIST:
             return BoundBuiltin(base, name)
+        if name in _MODULE_SELF_METHODS:
+            return BoundBuiltin(base, "__identity__")
         if name in base.args:
             return base.args[name]
         if default is not UNKNOWN:
@@ -201,7 +213,7 @@ class Expressions(Classes):
                     result.update(unpacked)
                 continue
             k = self.eval(key, env, module, state)
-            if isinstance(k, (str, int, float, bool)) or k is None:
+            if isinstance(k, (str, int, float, bool)) or k is None or _hashable_tuple(k):
                 result[k] = self.eval(value, env, module, state)
         return result
 
@@ -319,6 +331,14 @@ class Expressions(Classes):
                 continue
             out.append(self.eval(expr.elt, local, module, state))
         return out
+
+
+def _hashable_tuple(value: Any) -> bool:
+    """A tuple of plain values, usable as a dict key (Inkling 2 Loop's layer
+    classes keyed by ``(is_sliding, is_loop_layer)``)."""
+    return isinstance(value, tuple) and all(
+        isinstance(v, (str, int, float, bool)) or v is None or _hashable_tuple(v) for v in value
+    )
 
 
 def _config_key_in(expr: ast.expr) -> str | None:

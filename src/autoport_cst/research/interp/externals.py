@@ -15,6 +15,7 @@ from autoport_cst.research.interp.values import (
     ActFn,
     External,
     Instance,
+    Node,
     Param,
     TensorInit,
     call_node,
@@ -40,6 +41,7 @@ EXTERNAL_MODULES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "ReLU": ((), {}),
     "Tanh": ((), {}),
     "Sigmoid": ((), {}),
+    "Softmax": (("dim",), {"dim": None}),  # called, a softmax (analysis.state.softmax_modules)
 }
 # attributes every torch.nn.Module has without setting them
 MODULE_ATTRIBUTES = {"training", "dtype", "device", "_parameters", "_buffers", "_modules"}
@@ -81,11 +83,15 @@ def external_instance(cls: External, args: list, kwargs: dict, reads: dict) -> A
             items = list(args[0])
         elif cls.qualname.endswith("Sequential"):
             items = list(args)
+        if cls.qualname.endswith("Sequential"):  # called, it runs its items in turn (calls.Calls.call)
+            return Instance(MODULE_LIST, attrs={"items": items, "sequential": True})
         return Instance(MODULE_LIST, attrs={"items": items})
     if short in ("Parameter", "Buffer"):
         data = args[0] if args else kwargs.get("data", UNKNOWN)
-        if short == "Buffer":
-            return data if is_concrete(data) else UNKNOWN
+        if (
+            short == "Buffer"
+        ):  # a table computed by a function of the source stays that call (CTRL's positions)
+            return data if is_concrete(data) or (isinstance(data, Node) and data.kind == "func") else UNKNOWN
         if isinstance(data, TensorInit):
             return Param(data.shape, data.fill, float32=data.float32)
         return Param(None)
@@ -120,7 +126,7 @@ def call_external(func: External, args: list, kwargs: dict, reads: dict) -> Any:
         return _tensor_init(short, args, kwargs)
     if short == "tensor" and qual.startswith("torch") and args and number_like(args[0]):
         return args[0]
-    if qual.startswith("math.") and all(number_like(a) for a in args):
+    if qual.startswith(("math.", "numpy.")) and all(number_like(a) for a in args):  # np.sqrt(d) on a number
         fn = getattr(math, short, None)
         if fn is not None:
             try:
