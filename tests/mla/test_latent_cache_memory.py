@@ -15,6 +15,7 @@ from autoport_cst.validate import validate_model
 from autoport_cst.validate.driver import PortFailure, PortSession
 from autoport_cst.validate.latent_cache import oversized_latent_layers, values_per_token
 from autoport_cst.validate.package import imported_package
+from autoport_cst.validate.scenario import PagedLayout, Scenario
 from autoport_cst.validate.standin import standin_installed
 from autoport_cst.validate.standin.kv_cache import KVSpec, LayerSpec
 
@@ -74,7 +75,8 @@ def _session(port, tmp_path):
     hf_config = DeepseekV3Config(**MLA_DIMENSIONS, **sizes, intermediate_size=128, moe_intermediate_size=64)
     hf_config.dtype = torch.float32
     with standin_installed(), imported_package(port) as package:
-        return PortSession(package.factory, tmp_path / "unread", hf_config, scenario=None)
+        scenario = Scenario(prompts=((1, 2),), steps=1, layout=PagedLayout.plan(1, 4, 4, seed=0))
+        return PortSession(package.factory, tmp_path / "unread", hf_config, scenario)
 
 
 def test_the_engine_set_up_refuses_a_full_kv_cache_for_a_latent_model(tmp_path):

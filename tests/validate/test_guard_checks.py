@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autoport_cst.validate import guard_checks as G
-from autoport_cst.validate.driver import is_port_refusal
+from autoport_cst.validate.port_failure import is_port_refusal
 from autoport_cst.validate.report import PortFailureInfo
 from autoport_cst.validate.standin.prefill_attention import NON_PACKED_FP8
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from autoport_cst.validate.driver import PortFailure, is_port_refusal
 from autoport_cst.validate.parallel_checks import LAYOUTS, check_parallel_layouts
+from autoport_cst.validate.port_failure import PortFailure, is_port_refusal
 from autoport_cst.validate.report import PortFailureInfo, ValidationReport
 
 

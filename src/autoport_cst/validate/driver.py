@@ -36,56 +36,13 @@ from .components import Component, ComponentRecorder, find_components
 from .config_reading import aliased_fields_missed
 from .latent_cache import oversized_latent_layers
 from .meta_tensors import guard_meta_attributes, unloaded_parameters_and_buffers
+from .port_failure import PortFailure, is_port_code
 from .routing import ForcedTeacher, RoutedRun, RoutingMode, routing_mode
 from .runner_metadata import PAD_SLOT, StepInputs, build_metadata
 from .scenario import PrefillCall, Scenario
 from .standin import kernel_phases
 
 PREFILL_MODES = ("auto", "segmented", "off")
-
-
-class PortFailure(Exception):
-    """The port failed at a stage of the run (build, load, prefill, decode).
-    The message says what and where; ``stage`` names the stage. ``refusal``:
-    the port's own code raised NotImplementedError (a guard: something it
-    declares unsupported), not a crash of the kernels or a wrong result;
-    derived from the exception it was raised from unless given."""
-
-    def __init__(self, stage: str, message: str, refusal: bool | None = None) -> None:
-        super().__init__(message)
-        self.stage = stage
-        self.message = message
-        self._refusal = refusal
-
-    @property
-    def refusal(self) -> bool:
-        if self._refusal is not None:
-            return self._refusal
-        return is_port_refusal(self.__cause__)
-
-
-def is_port_refusal(error: BaseException | None) -> bool:
-    """Whether ``error`` is a NotImplementedError raised by the port's own
-    code: its innermost frame is neither this package (the stand-in's
-    refusals of kernel options are its own) nor torch."""
-    if not isinstance(error, NotImplementedError) or error.__traceback__ is None:
-        return False
-    import traceback
-
-    frames = traceback.extract_tb(error.__traceback__)
-    return bool(frames) and (_is_port_code(frames[-1].filename) or _is_api_guard(frames[-1]))
-
-
-def _is_api_guard(frame: Any) -> bool:
-    """Whether a frame is a guard of the vllm_neuron API that models call to
-    refuse what they do not support (``dtype_utils.validate_*``): it refuses
-    on the port's behalf."""
-    return frame.filename.endswith("dtype_utils.py") and frame.name.startswith("validate_")
-
-
-def _is_port_code(filename: str) -> bool:
-    """Whether a frame's file is the port's own code (neither this package nor torch)."""
-    return "autoport_cst" not in filename and "/torch/" not in filename
 
 
 @dataclass
@@ -523,7 +480,7 @@ def _describe(error: BaseException) -> str:
     frames = traceback.extract_tb(error.__traceback__)
     where = ""
     for frame in reversed(frames):
-        if _is_port_code(frame.filename):
+        if is_port_code(frame.filename):
             where = f" (at {frame.filename}:{frame.lineno}, in {frame.name})"
             break
     return f"{type(error).__name__}: {error}{where}"

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from .driver import PortFailure
+from .port_failure import PortFailure
 
 LOGPROBS = 1  # max_logprobs of the sampling run: the forward returns the logits beside the tokens
 
