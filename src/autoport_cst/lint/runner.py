@@ -176,27 +176,44 @@ def _pool_task(index: int) -> FileResult:
     return lint_one(path, data, settings, enabled)
 
 
+def _worker_ignores_ctrl_c() -> None:
+    """A worker leaves Ctrl-C to the parent, which stops it."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _lint_many(
     items: list[tuple[str, bytes, LintSettings, frozenset[str]]], jobs: int | None
 ) -> list[FileResult]:
+    """Lint ``items``, in ``jobs`` forked workers when it pays. Ctrl-C
+    (KeyboardInterrupt in the parent, ignored by the workers) stops the
+    workers at once, mid-file, instead of waiting for their chunks; a Ctrl-C
+    while they are forked is deferred until they are, not lost."""
     cpus = os.cpu_count() or 1
     if jobs is None:
         jobs = min(cpus, max(1, (len(items) + 3) // 4))
     if jobs <= 1 or len(items) < 4 or sys.platform == "win32":
         return [lint_one(*item) for item in items]
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
 
     import libcst
 
+    from autoport_cst.interrupts import interrupts_deferred
+
     libcst.parse_module("pass\n")  # warm the parser before forking
     _POOL_STATE[:] = items  # inherited by the forked workers
+    pool = None
     try:
         context = multiprocessing.get_context("fork")
         chunk = max(1, len(items) // (jobs * 8))
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-            return list(pool.map(_pool_task, range(len(items)), chunksize=chunk))
+        with interrupts_deferred():
+            pool = context.Pool(jobs, initializer=_worker_ignores_ctrl_c)
+        return pool.map(_pool_task, range(len(items)), chunksize=chunk)
     finally:
+        if pool is not None:
+            with interrupts_deferred():  # a second Ctrl-C does not leave workers behind
+                pool.terminate()
         _POOL_STATE.clear()
 
 

@@ -24,19 +24,18 @@ driven through the same small interface: ``send``, ``exit_code``,
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, BinaryIO
 
 from autoport_cst.errors import InputError
+from autoport_cst.interrupts import forked_while_deferred, interrupts_deferred
 
 START_ENV = "AUTOPORT_CST_RANK_START"
 START_METHODS = ("fork", "interpreter")
@@ -151,7 +150,7 @@ def start_forked_ranks(job_path: Path, world_size: int, main: RankMain) -> list[
     every_end = [fd for pipe in pipes for fd in pipe]
     ranks: list[ForkedRank] = []
     try:
-        with _interrupts_deferred():
+        with interrupts_deferred():  # a Ctrl-C at a fork is not lost
             for rank, (read_end, write_end) in enumerate(pipes):
                 log = job_path.parent / f"rank{rank}.log"
                 others = [fd for fd in every_end if fd != read_end]
@@ -175,39 +174,8 @@ def start_forked_ranks(job_path: Path, world_size: int, main: RankMain) -> list[
     return ranks
 
 
-_DEFERRED: list[int] = []  # the Ctrl-C that came while ranks were forked
-
-
-def _defer_interrupt(signum: int, frame: object) -> None:
-    _DEFERRED.append(signum)
-
-
-@contextlib.contextmanager
-def _interrupts_deferred() -> Iterator[None]:
-    """Ctrl-C while the ranks are forked raises KeyboardInterrupt once they
-    are, not inside the fork. Python runs its at-fork handlers around each
-    fork (logging's ``_releaseLock`` among them) and drops an exception raised
-    in one with "Exception ignored": a Ctrl-C landing there was lost, and
-    ``port`` went on to validate and exit 0. Where Ctrl-C does not raise
-    KeyboardInterrupt (ignored, another handler, not the main thread) nothing
-    changes."""
-    main_thread = threading.current_thread() is threading.main_thread()
-    if not main_thread or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
-    _DEFERRED.clear()
-    signal.signal(signal.SIGINT, _defer_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if _DEFERRED:
-        _DEFERRED.clear()
-        raise KeyboardInterrupt
-
-
 def _forked_rank(main: RankMain, job_path: Path, rank: int, read_end: int, others: list[int], log: Path):
-    if signal.getsignal(signal.SIGINT) is _defer_interrupt:  # forked inside _interrupts_deferred
+    if forked_while_deferred():
         signal.signal(signal.SIGINT, signal.default_int_handler)
     torch = sys.modules.get("torch")
     if torch is not None:  # before any tensor work: the parent's OpenMP pool is not the child's
