@@ -1067,6 +1067,10 @@ class DeepseekV3ForCausalLM(nn.Module):
         self.on_device_sampling_config = (
             neuron_config.on_device_sampling_config if neuron_config is not None else None
         )
+        # full logits are gathered when logprobs or logit dumps are asked for
+        self._gather_logits = neuron_config is not None and (
+            neuron_config.max_logprobs != 0 or neuron_config.debug_logits_dir is not None
+        )
         # >>> PARALLELISM: the vocabulary padded to a multiple of the TP size <<<
         # (ColumnParallelLinear shards evenly: the last shard ends in zero rows, whose
         # logits forward drops or masks)
@@ -1129,12 +1133,18 @@ class DeepseekV3ForCausalLM(nn.Module):
         if self.sampler is None:
             # >>> PARALLELISM: the padded vocabulary's logits dropped <<<
             return logits[:, : self.vocab_size]
+        gathered_logits = None
+        if self._gather_logits:
+            # >>> PARALLELISM: the LM head's shards gathered, the padded vocabulary's logits dropped <<<
+            gathered_logits = self.tp_group.all_gather(logits, dim=1)[:, : self.vocab_size]
         # >>> PARALLELISM: the padded vocabulary's columns of this shard never sampled <<<
         if self.lm_head.out_features != self.vocab_size:
             logits = _mask_padded_vocabulary(
                 logits, self.vocab_size, self.rank if rank is None else rank
             )
-        return self.sampler(logits, sampling_params, logit_mask=logit_mask, tp_rank=rank)
+        sampled_tokens = self.sampler(logits, sampling_params, logit_mask=logit_mask, tp_rank=rank)
+        # the sampler returns the token ids only: the runner reads (tokens, logits or None)
+        return sampled_tokens, gathered_logits
 
     # -- KV cache -------------------------------------------------------------------
 

@@ -203,10 +203,12 @@ class PortSession:
             embeds = {}
             if step.inputs_embeds is not None:
                 embeds = {"inputs_embeds": step.inputs_embeds, "is_token_ids": step.is_token_ids}
-            if self.scenario.on_device_sampling:
+            if self.scenario.on_device_sampling:  # the runner's sampling parameters: greedy requests
                 from .sampled_output import forget_sampled
+                from .standin.layers import greedy_sampling_params
 
                 forget_sampled(self.model)
+                embeds["sampling_params"] = greedy_sampling_params(step.sampling_positions.numel())
             with kernel_phases.phase(stage):
                 output = self.model(
                     input_ids=step.input_ids,

@@ -149,31 +149,84 @@ class VocabDimShardedEmbedding(nn.Module):
         return collectives.all_reduce(output, self.tp_group)
 
 
-class Sampler(nn.Module):
-    """On-device sampling stand-in: greedy (argmax) over the full vocabulary.
-    Returns ``(tokens int32 [N], logits [N, V])``. ``sampled_from`` keeps the
-    logits of its last call, gathered over the ranks, before ``logit_mask``:
-    what the model handed it, every column of its (padded) vocabulary, for
-    the validator to check (``validate.sampled_output``); ``returned`` its
-    output."""
+GREEDY_BELOW = 1e-5  # vllm_neuron's sample(): a row whose temperature is below this is greedy
 
-    def __init__(self, on_device_sampling_config: Any = None, process_group: Any = None) -> None:
+
+def greedy_sampling_params(rows: int) -> torch.Tensor:
+    """The runner's ``sampling_params`` of ``rows`` greedy requests: ``[rows,
+    3]`` stacked (top_k, top_p, temperature), top-k off (-1), top-p 1,
+    temperature 0."""
+    return torch.tensor([[-1.0, 1.0, 0.0]]).repeat(rows, 1)
+
+
+class Sampler(nn.Module):
+    """On-device sampling stand-in, ``vllm_neuron.nn.sampler.Sampler``'s
+    interface: ``Sampler(sampling_config, process_group=None,
+    vocab_size=None)``, called with this rank's shard of the logits ``[N, V /
+    tp]`` over ``process_group`` and the runner's ``sampling_params`` ``[N, 3]``
+    (top_k, top_p, temperature); returns what vllm_neuron's ``sample`` returns:
+    the sampled token ids, int32 ``[N]``, nothing else (a forward that returns
+    logits for logprobs gathers its own). Given ``vocab_size`` it sets the
+    ids from there on to -inf itself (the real Sampler's padded-vocabulary
+    mask); ``logit_mask`` (bool, False = disallowed) spans the full (padded)
+    vocabulary.
+
+    Greedy only (argmax): a row vllm_neuron samples at a temperature, or a
+    call without ``sampling_params`` and without ``all_greedy`` (``sample``
+    then draws at temperature 1.0), is refused. ``sampled_from`` keeps the
+    logits of its last call, gathered over the ranks, after its own padding
+    mask and before ``logit_mask``: what the model handed it, every column of
+    its (padded) vocabulary, for the validator to check
+    (``validate.sampled_output``); ``returned`` its output."""
+
+    def __init__(
+        self, sampling_config: Any = None, process_group: Any = None, vocab_size: int | None = None
+    ) -> None:
         super().__init__()
-        self.config = on_device_sampling_config
+        self.config = sampling_config
+        self.all_greedy = bool(getattr(sampling_config, "all_greedy", False))
         self.process_group = process_group
+        self.vocab_size = vocab_size
         self.sampled_from: torch.Tensor | None = None
-        self.returned: tuple[torch.Tensor, torch.Tensor] | None = None  # its last output, as returned
+        self.returned: torch.Tensor | None = None  # its last output, as returned
 
     def forward(
         self,
         logits: torch.Tensor,
-        sampling_params: Any = None,
+        sampling_params: torch.Tensor | None = None,
         logit_mask: torch.Tensor | None = None,
-        tp_rank: int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        tp_rank: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         logits = collectives.all_gather(logits, -1, self.process_group)
+        if self.vocab_size is not None and self.vocab_size < logits.shape[-1]:
+            ids = torch.arange(logits.shape[-1], device=logits.device)
+            logits = logits.masked_fill(ids >= self.vocab_size, float("-inf"))
         self.sampled_from = logits.detach().clone()
         if logit_mask is not None:
-            logits = logits.masked_fill(~logit_mask.bool(), float("-inf"))
-        self.returned = (torch.argmax(logits, dim=-1).to(torch.int32), logits)
+            if logit_mask.dtype != torch.bool:
+                raise TypeError(f"Sampler: logit_mask must be bool (True = allowed), got {logit_mask.dtype}")
+            logits = logits.masked_fill(~logit_mask, float("-inf"))
+        self._refuse_non_greedy(sampling_params, logits.shape[0])
+        self.returned = torch.argmax(logits, dim=-1).to(torch.int32)
         return self.returned
+
+    def _refuse_non_greedy(self, sampling_params: torch.Tensor | None, rows: int) -> None:
+        if self.all_greedy:
+            return
+        if sampling_params is None:
+            raise ValueError(
+                "Sampler called without sampling_params and all_greedy off: vllm_neuron's sample() "
+                "then draws at temperature 1.0, not greedily; the runner's sampling_params [N, 3] "
+                "(top_k, top_p, temperature) must reach the sampler"
+            )
+        if tuple(sampling_params.shape) != (rows, 3):
+            raise ValueError(
+                f"Sampler: sampling_params of shape {list(sampling_params.shape)} for {rows} row(s) "
+                "of logits: [rows, 3] (top_k, top_p, temperature) expected"
+            )
+        hot = (sampling_params[:, 2] >= GREEDY_BELOW).nonzero().reshape(-1).tolist()
+        if hot:
+            raise NotImplementedError(
+                f"the stand-in Sampler samples greedily only: row(s) {hot[:8]} ask for temperature "
+                f"{float(sampling_params[hot[0], 2]):.3g}"
+            )

@@ -9,13 +9,15 @@ from typing import Any
 
 @dataclass
 class OnDeviceSamplingConfig:
-    do_sample: bool = False
-    top_k: int = 1
-    top_p: float = 1.0
-    temperature: float = 1.0
-    global_topk: int = 256
-    deterministic: bool = True
+    """vllm_neuron's fields (``OnDeviceSamplingConfig(**kwargs)``, unknown
+    keys ignored): greedy only when ``all_greedy``; otherwise each request's
+    ``sampling_params`` decide."""
+
     all_greedy: bool = False
+    max_top_k: int = 256
+    deterministic: bool = False
+    sampling_dp_degree: int = 1
+    capture_topk: bool = False
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> OnDeviceSamplingConfig:

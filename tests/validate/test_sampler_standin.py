@@ -1,0 +1,124 @@
+"""The stand-in ``Sampler`` and ``OnDeviceSamplingConfig`` against
+vllm_neuron's: ``Sampler.forward`` returns the sampled token ids only (int32
+``[N]``, what ``vllm_neuron.functional.sample`` returns), not a tuple with
+logits; it samples greedily only where vllm_neuron's would (``all_greedy``, or
+the runner's ``sampling_params`` at temperature 0: called without them,
+vllm_neuron draws at temperature 1.0); the config has vllm_neuron's fields
+(``all_greedy``, ``max_top_k``, ``deterministic``, ``sampling_dp_degree``,
+``capture_topk``). The stand-in returned ``(tokens, logits)`` and sampled
+greedily whatever it was given, so a port that returned the sampler's output
+as its logprobs or dropped the runner's sampling parameters validated.
+
+Fast: the sampler's calls. Then a copy of the llama3 reference that hands the
+sampler no sampling parameters fails the on-device sampling run (TP=2; the
+reference itself validates there: test_on_device_sampling.py)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from autoport_cst.validate.api import _FollowUps
+from autoport_cst.validate.driver import PortFailure
+from autoport_cst.validate.sampled_output import sampled_logits
+from autoport_cst.validate.standin import neuron_config as nc
+from autoport_cst.validate.standin.layers import Sampler, greedy_sampling_params
+
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA3 = ROOT / "reference_models" / "llama3"
+
+pytestmark = pytest.mark.usefixtures("shared_reference_runs")
+
+
+def _logits() -> torch.Tensor:
+    return torch.tensor([[0.1, -0.2, 0.3, -0.4, -0.5], [-1.0, -0.3, -0.2, -0.6, -0.9]])
+
+
+def test_the_sampler_returns_the_token_ids_only():
+    tokens = Sampler(nc.OnDeviceSamplingConfig())(_logits(), greedy_sampling_params(2))
+    assert isinstance(tokens, torch.Tensor)
+    assert tokens.dtype == torch.int32
+    assert tokens.tolist() == [2, 2]
+
+
+def test_without_sampling_params_only_all_greedy_samples():
+    with pytest.raises(ValueError, match="without sampling_params and all_greedy off"):
+        Sampler(nc.OnDeviceSamplingConfig())(_logits())
+    assert Sampler(nc.OnDeviceSamplingConfig(all_greedy=True))(_logits()).tolist() == [2, 2]
+
+
+def test_a_temperature_or_a_wrong_shape_is_refused():
+    hot = greedy_sampling_params(2)
+    hot[1, 2] = 0.7
+    with pytest.raises(NotImplementedError, match=r"greedily only: row\(s\) \[1\] ask for temperature 0.7"):
+        Sampler(nc.OnDeviceSamplingConfig())(_logits(), hot)
+    with pytest.raises(ValueError, match=r"sampling_params of shape \[1, 3\] for 2 row"):
+        Sampler(nc.OnDeviceSamplingConfig())(_logits(), greedy_sampling_params(1))
+
+
+def test_given_the_vocabulary_the_sampler_masks_its_padding():
+    """vllm_neuron's Sampler(..., vocab_size=) sets the padded ids to -inf
+    itself: the padding it was handed at 0 (above every real logit of row 1)
+    is not sampled, and what it samples from has it at -inf."""
+    padded = torch.cat([_logits(), torch.zeros(2, 1)], dim=1)
+    sampler = Sampler(nc.OnDeviceSamplingConfig(), vocab_size=5)
+    assert sampler(padded, greedy_sampling_params(2)).tolist() == [2, 2]
+    assert torch.isneginf(sampler.sampled_from[:, 5]).all()
+    assert Sampler(nc.OnDeviceSamplingConfig())(padded, greedy_sampling_params(2)).tolist() == [2, 5]
+
+
+def test_the_logit_mask_is_boolean():
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    mask[:, 2] = False
+    sampler = Sampler(nc.OnDeviceSamplingConfig())
+    assert sampler(_logits(), greedy_sampling_params(2), logit_mask=mask).tolist() == [0, 1]
+    with pytest.raises(TypeError, match="logit_mask must be bool"):
+        sampler(_logits(), greedy_sampling_params(2), logit_mask=mask.to(torch.int32))
+
+
+def test_the_config_has_vllm_neurons_fields():
+    config = nc.NeuronConfig.from_dict(
+        {"on_device_sampling_config": {"all_greedy": True, "max_top_k": 8, "global_topk": 3}}
+    ).on_device_sampling_config
+    assert (config.all_greedy, config.max_top_k, config.deterministic) == (True, 8, False)
+    assert (config.sampling_dp_degree, config.capture_topk) == (1, False)
+    assert not hasattr(config, "global_topk") and not hasattr(config, "do_sample")
+
+
+def test_a_forward_returning_the_samplers_output_as_it_is_has_no_logits():
+    """With logprobs asked for, vllm_neuron's models return (tokens,
+    gathered logits); the sampler's own output is the tokens alone."""
+
+    class _Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sampler = Sampler(nc.OnDeviceSamplingConfig())
+
+    model = _Model()
+    tokens = model.sampler(_logits(), greedy_sampling_params(2))
+    with pytest.raises(PortFailure, match="returned Tensor, not \\(sampled tokens, ..., logits\\)"):
+        sampled_logits(tokens, model, 5, "decode", 2)
+    assert torch.equal(sampled_logits((tokens, _logits()), model, 5, "decode", 2), _logits())
+
+
+# -- whole validations at TP=2 --------------------------------------------------------------
+
+
+def _sampling_run(package: Path, checkpoint: Path):
+    follow_ups = _FollowUps(package, steps=4, prompt_lengths=None, seed=0, prefill="auto")
+    return follow_ups.run(checkpoint, tp=2, on_device_sampling=True)
+
+
+def test_a_port_that_drops_the_sampling_params_fails_the_sampling_run(tmp_path, tiny_llama):
+    mutant = tmp_path / "llama3"
+    shutil.copytree(LLAMA3, mutant)
+    source = (mutant / "model.py").read_text()
+    call = "self.sampler(logits, sampling_params, logit_mask=logit_mask, tp_rank=rank)"
+    assert source.count(call) == 1
+    (mutant / "model.py").write_text(source.replace(call, call.replace("sampling_params,", "None,")))
+    report = _sampling_run(mutant, tiny_llama)
+    assert not report.equivalent
+    assert "without sampling_params and all_greedy off" in report.failure.message
