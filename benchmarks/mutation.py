@@ -65,8 +65,10 @@ Classes:
   literal default that no run takes: a module-level function's default that
   every call passes, or ``R.get(key, default)`` on the RoPE parameters read
   only for RoPE types whose parameters transformers' own validation requires
-  to hold ``key`` (``mutation_proof_defaults``). Only these are left out of
-  the kill rate.
+  to hold ``key`` (``mutation_proof_defaults``), or a removed ``a = <constant>``
+  in the ``then`` branch of an ``if`` after which every read of ``a`` sits
+  under a later test that branch's conjuncts rule out (``mutation_proof_paths``).
+  Only these are left out of the kill rate.
 
 Printed per partition: killed, survived, exit 2, timeout and equivalent
 counts, the kill rate over the non-equivalent mutants, and each survivor,
@@ -105,6 +107,7 @@ sys.path.insert(0, str(HERE))
 
 from mutation_operators import ANY, IMPORTABLE, POSITIONAL, Mutant, ParsedModule, normalised, parse_mutants  # noqa: E402
 from mutation_proof_defaults import required_key, transformers_requires, unused_default  # noqa: E402
+from mutation_proof_paths import dead_store  # noqa: E402
 from mutation_proofs import identity_mapping  # noqa: E402
 from mutation_setup import PORTS, Port, prepare  # noqa: E402
 
@@ -366,11 +369,14 @@ class PortRun:
         return None
 
     def proof(self, mutant: Mutant, code: str) -> str | None:
-        """Why the mutant is proved equivalent (``equivalence``, or a removed
-        loader entry mapping a parameter to its own name: ``mutation_proofs``), or None."""
+        """Why the mutant is proved equivalent (``equivalence``, a removed
+        loader entry mapping a parameter to its own name: ``mutation_proofs``, or
+        a removed store no path reads: ``mutation_proof_paths``), or None."""
         found = self.equivalence(code)
         if found is None and mutant.operator == "stmt":
-            found = identity_mapping(self.original, mutant.line, mapping_readers())
+            found = identity_mapping(self.original, mutant.line, mapping_readers()) or dead_store(
+                self.original, mutant.line, self.elsewhere()
+            )
         if found is None:
             found = unused_default(self.original, mutant, self.elsewhere()) or required_key(
                 self.original, mutant, self.rope_requires(), self.elsewhere()
