@@ -20,7 +20,10 @@ It prints two tables:
    every setting), or ``WRONG`` (written but not equivalent at some setting,
    or failing to build or load).
 
-``--set NAME:key=value`` gives a package's own checkpoint a config value (a
+``--vocab-size N`` builds every tiny checkpoint with a vocabulary of N (the
+default, 511, is one no TP size divides: vllm_neuron's llama3 and qwen3 build
+their LM head over config.vocab_size, which its ColumnParallelLinear then
+refuses at TP=2). ``--set NAME:key=value`` gives a package's own checkpoint a config value (a
 package may declare a fixed value, as the real qwen3_moe's top-k renormalization,
 that transformers' default config lacks); the table shows it. ``--quick``
 validates ports at TP=1 fp32 only. Tiny checkpoints are built once
@@ -63,12 +66,14 @@ def _pairs(values: list[str]) -> dict[str, Path]:
 class Checkpoints:
     """Tiny checkpoints, one per architecture, built on first use."""
 
-    def __init__(self, root: Path, key_format: str) -> None:
+    def __init__(self, root: Path, key_format: str, common: dict | None = None) -> None:
         self.root = root
         self.key_format = key_format
+        self.common = dict(common or {})  # config values of every checkpoint (--vocab-size)
         self.made: dict[str, Path] = {}
 
     def get(self, architecture: str, values: dict | None = None) -> Path:
+        values = {**self.common, **(values or {})}
         key = architecture + "".join(f",{k}={v}" for k, v in sorted((values or {}).items()))
         if key not in self.made:
             from autoport_cst.validate import build_tiny_checkpoint
@@ -141,13 +146,19 @@ def main() -> None:
         help="NAME:key=value (JSON value): a config value of the package's own tiny checkpoint, for a "
         "package that declares a fixed value transformers' default config does not have",
     )
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        help="vocabulary of every tiny checkpoint (default: the tiny default, 511, which no TP size divides)",
+    )
     args = parser.parse_args()
     overrides = _settings(args.set)
     dense, moe = _pairs(args.dense), _pairs(args.moe)
     port_settings = DENSE_SETTINGS[:1] if args.quick else DENSE_SETTINGS
 
     with tempfile.TemporaryDirectory() as scratch:
-        checkpoints = Checkpoints(Path(scratch) / "checkpoints", args.key_format)
+        common = {"vocab_size": args.vocab_size} if args.vocab_size else {}
+        checkpoints = Checkpoints(Path(scratch) / "checkpoints", args.key_format, common)
         print("## The real packages through the stand-in\n")
         print("| package | settings | verdict | detail |\n|---|---|---|---|")
         for name, path in {**dense, **moe}.items():

@@ -125,3 +125,23 @@ def test_multi_head_attention_has_no_kv_heads_to_replicate(tmp_path: Path) -> No
     (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
     with pytest.raises(InputError, match="multi-head attention"):
         replicated_kv_run(lambda *_a, **_k: pytest.fail("run"), tmp_path)
+
+
+def test_the_stand_in_checkpoint_keeps_the_checkpoints_vocabulary(tmp_path: Path) -> None:
+    """A vocabulary the four ranks divide stays one they divide: the stand-in
+    was built with the tiny default (511), and a port whose LM head needs a
+    vocabulary the TP size divides (vllm_neuron's llama3 and qwen3:
+    ColumnParallelLinear over config.vocab_size) failed the run at build on a
+    checkpoint of 512."""
+    from autoport_cst.validate.tiny import build_tiny_checkpoint
+
+    build_tiny_checkpoint("LlamaForCausalLM", tmp_path / "v512", seed=0, dimensions={"vocab_size": 512})
+    seen: list[dict] = []
+
+    def validate_on(checkpoint: Path, **options):
+        seen.append(json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8")))
+
+    replicated_kv_run(validate_on, tmp_path / "v512")
+    (config,) = seen
+    assert config["vocab_size"] == 512
+    assert {k: config[k] for k in REPLICATED_KV_HEADS} == REPLICATED_KV_HEADS

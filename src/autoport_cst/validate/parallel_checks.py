@@ -159,7 +159,8 @@ def replicated_kv_run(validate_on: Callable[..., Any], checkpoint: str | Path) -
     """The port at ``REPLICATED_KV`` (``validate_on(checkpoint, **options) ->
     ValidationReport``): on ``checkpoint`` when the rules take its TP with fewer
     KV heads than TP ranks, else on a tiny checkpoint of its config with
-    ``REPLICATED_KV_HEADS`` (in a temporary directory, removed after the run).
+    ``REPLICATED_KV_HEADS`` and its vocabulary (in a temporary directory,
+    removed after the run).
     ``InputError`` when the rules refuse that one too, or transformers cannot
     build it."""
     from autoport_cst.research.parallelism import tp_refusal
@@ -178,13 +179,16 @@ def replicated_kv_run(validate_on: Callable[..., Any], checkpoint: str | Path) -
         return validate_on(checkpoint, **REPLICATED_KV[1])
     heads_of = _stand_in_heads(config)
     described = ", ".join(f"{name} {value}" for name, value in heads_of.items())
+    # the checkpoint's own vocabulary: whether the TP ranks divide it is the checkpoint's, not the
+    # tiny default's (a port whose LM head needs a vocabulary they divide, as vllm_neuron's do)
+    vocabulary = {"vocab_size": config["vocab_size"]} if isinstance(config.get("vocab_size"), int) else {}
     with tempfile.TemporaryDirectory(prefix="autoport-kv-replicated-") as scratch:
         try:
             wide = build_tiny_checkpoint(
                 config_path,
                 scratch,
                 seed=0,
-                dimensions=heads_of,
+                dimensions={**heads_of, **vocabulary},
                 key_format=key_format_of(checkpoint),
                 keep_layer_kinds=True,  # the checkpoint's dense / MoE layers
             ).directory
