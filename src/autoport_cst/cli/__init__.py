@@ -4,7 +4,8 @@ Exit codes (``autoport_cst.cli.common``): 0 done; 1 the result is written
 and wrong (a port that does not validate or cannot load a valid checkpoint,
 lint violations, ``apply --check`` differences); 2 bad input, usage,
 configuration or internal error, with nothing written; 130 interrupted
-(Ctrl-C). Commands are imported lazily so that ``autoport-cst lint`` (a
+(Ctrl-C); 141 the reader of the output went away (``| head``), quietly.
+Commands are imported lazily so that ``autoport-cst lint`` (a
 pre-commit hook) never pays for torch or for the other commands' imports,
 and every command checks its input before it imports torch.
 """
@@ -18,7 +19,15 @@ import sys
 import click
 
 from autoport_cst import __version__
-from autoport_cst.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
+from autoport_cst.cli.common import (
+    EXIT_ERROR,
+    EXIT_FOUND,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_OUTPUT_CLOSED,
+    exit_output_closed,
+    is_output_closed,
+)
 from autoport_cst.errors import did_you_mean
 
 # command name -> "module:attribute" (modules under autoport_cst.cli)
@@ -56,11 +65,24 @@ class LazyGroup(click.Group):
             ctx.fail(f"no such command {name!r}{did_you_mean(name, self.list_commands(ctx))}")
         return super().resolve_command(ctx, args)
 
+    def make_context(self, *args, **kwargs) -> click.Context:
+        try:  # --help and --version print here
+            return super().make_context(*args, **kwargs)
+        except OSError as error:
+            if is_output_closed(error):
+                exit_output_closed()
+            raise
+
     def invoke(self, ctx: click.Context):
         """Ctrl-C exits 130 wherever it lands; a prompt that meets the end of
-        its input is bad input (2), not an internal error."""
+        its input is bad input (2), not an internal error; output whose
+        reader went away (``| head``) exits 141 quietly (click says 1)."""
         try:
             return super().invoke(ctx)
+        except OSError as error:
+            if is_output_closed(error):
+                exit_output_closed()
+            raise
         except KeyboardInterrupt:
             _interrupted()
             ctx.exit(EXIT_INTERRUPTED)
@@ -84,7 +106,7 @@ def cli() -> None:
     CPU against transformers.
 
     Exit codes: 0 done; 1 the port (or file) is written and wrong; 2 bad
-    input, nothing written; 130 interrupted."""
+    input, nothing written; 130 interrupted; 141 output cut (`| head`)."""
 
 
 def main() -> None:
@@ -111,7 +133,8 @@ def _exit_code(code: object) -> int:
 def exit_now(code: int) -> None:
     """Leave at once once the verdict is out: the atexit handlers run and the
     output is flushed, but the interpreter's teardown (seconds of collecting
-    and freeing the torch and transformers objects) is skipped."""
+    and freeing the torch and transformers objects) is skipped. Output the
+    flush cannot write (its reader went away) makes a 0 or 1 a 141."""
     import atexit
     import gc
     import os
@@ -124,6 +147,9 @@ def exit_now(code: int) -> None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except (OSError, ValueError):  # a closed pipe (`| head`)
+            except BrokenPipeError:  # `| head`: the output was cut
+                if code in (EXIT_OK, EXIT_FOUND):
+                    code = EXIT_OUTPUT_CLOSED
+            except (OSError, ValueError):
                 pass
         os._exit(code)

@@ -9,7 +9,10 @@ The exit codes mean one thing each, in every command:
   (``lint``), files differ (``apply --check``);
 - 2: the user's input is wrong (a path, a plan, a name, a TP size the rules
   refuse, a corrupt checkpoint), or an internal error; nothing was written;
-- 130: interrupted (Ctrl-C); nothing is left half-written.
+- 130: interrupted (Ctrl-C); nothing is left half-written;
+- 141: the reader of the output went away (``| head``): the command stops
+  quietly where its output was cut, as ``cat`` killed by SIGPIPE does
+  (128 + 13); never 1, which would say the result is wrong.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import NoReturn, ParamSpec, TypeVar
 
 import click
 
@@ -31,16 +34,52 @@ EXIT_OK = 0
 EXIT_FOUND = 1
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
+EXIT_OUTPUT_CLOSED = 141  # 128 + SIGPIPE
 
 # Width of output that goes to a file or a pipe (rich's default is 80
 # columns, which clips the tables of a CI log); COLUMNS still wins.
 PIPE_WIDTH = 200
 
 
+def _closed_outputs() -> list[int]:
+    """Standard output and error (1, 2) whose reader is gone (the ``head``
+    of ``| head -1`` has exited): a pipe's write end without a reader polls
+    as an error."""
+    import select
+
+    if not hasattr(select, "poll"):
+        return [1]  # cannot tell: the EPIPE came from writing our output
+    poller = select.poll()
+    for fd in (1, 2):
+        poller.register(fd, select.POLLOUT)
+    return [fd for fd, event in poller.poll(0) if event & (select.POLLERR | select.POLLHUP)]
+
+
+def exit_output_closed() -> NoReturn:
+    """Exit 141 without a word: the closed outputs point at /dev/null, so
+    that no later write, nor the flush at exit, fails again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in _closed_outputs() or [1]:
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    raise SystemExit(EXIT_OUTPUT_CLOSED)
+
+
+def is_output_closed(error: BaseException) -> bool:
+    """A BrokenPipeError from writing our own output (not from another
+    pipe, such as a rank's)."""
+    return isinstance(error, BrokenPipeError) and bool(_closed_outputs())
+
+
 def _console(stderr: bool):
     from rich.console import Console
 
-    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    class QuietOnClosedOutput(Console):
+        def on_broken_pipe(self) -> None:  # rich's default exits 1
+            self.quiet = True
+            exit_output_closed()
+
+    console = QuietOnClosedOutput(stderr=stderr, highlight=False, soft_wrap=True)
     if not console.is_terminal and not os.environ.get("COLUMNS"):
         console.width = PIPE_WIDTH
     return console
@@ -80,6 +119,8 @@ def error_boundary(func: Callable[P, R]) -> Callable[P, R]:
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
             raise
         except Exception as error:  # an internal error is still exit code 2
+            if is_output_closed(error):  # `| head`
+                exit_output_closed()
             report_error(RuntimeError(f"internal error: {type(error).__name__}: {error}"))
             if "--debug" in sys.argv:
                 raise

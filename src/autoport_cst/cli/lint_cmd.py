@@ -2,7 +2,8 @@
 
 Exit codes: 0 clean, 1 violations remain (or ``--diff`` found changes, or
 ``--exit-non-zero-on-fix`` changed a file), 2 usage, configuration or
-internal error. Diagnostics go to stdout, the summary to stderr.
+internal error, 141 the reader of the output went away (``| head``).
+Diagnostics go to stdout, the summary to stderr.
 """
 
 from __future__ import annotations
@@ -80,14 +81,7 @@ def lint_command(*args, **kwargs):
     Suppress one finding with a trailing comment naming the code and a reason:
     `# autoport: ignore[NRN002] reason`. Configure in [tool.autoport-cst.lint]
     of pyproject.toml."""
-    try:
-        return _lint(*args, **kwargs)
-    except BrokenPipeError:  # `autoport-cst lint | head`
-        import os
-
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        sys.exit(EXIT_FOUND)
+    return _lint(*args, **kwargs)  # `| head`: error_boundary exits 141
 
 
 def _lint(
