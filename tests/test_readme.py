@@ -83,3 +83,23 @@ def test_the_codemods_command_prints_the_table():
     result = CliRunner().invoke(cli, ["codemods", "--output-format", "markdown"])
     assert result.exit_code == 0, result.output
     assert result.output == markdown_table(library())
+
+
+def test_the_setup_says_its_validation_is_not_ports_config_variant(repo_root):
+    """The set-up validates an applied port (`apply` + `validate`): the
+    planned config, the reference's declared config variants, the parallel
+    layouts. The config variant that differs in every field the port reads at
+    run time, and the config guards, are `port`'s alone
+    (autoport_cst.port_variants, which no validate code runs): the set-up says
+    so, and names the `port` command that runs them on its example."""
+    src = repo_root / "src" / "autoport_cst"
+    validating = [*sorted((src / "validate").rglob("*.py")), src / "cli" / "validate_cmd.py"]
+    assert not [p for p in validating if "port_variants" in p.read_text()]
+    assert "check_config_variants" in (src / "port.py").read_text()
+    readme = (repo_root / "README.md").read_text()
+    described = " ".join(readme.split("## Set-up", 1)[1].split("## ", 1)[0].split())
+    assert "It does not check the port on a config that differs in every field the port reads" in described
+    assert "nor its config guards" in described and "only `port` (below) goes on to those" in described
+    assert "`autoport-cst port out/tiny-qwen2 --out out/ported`" in described
+    walkthrough = " ".join(readme.split("## Walkthrough", 1)[1].split("### 0.", 1)[0].split())
+    assert "a second random checkpoint whose config differs in every field the port reads" in walkthrough
