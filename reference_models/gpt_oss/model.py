@@ -1384,6 +1384,14 @@ class GptOssModel(nn.Module):
 # =============================================================================
 
 
+def _own_rows(sampled, rows: slice):
+    """This LM-head-DP rank's rows of the sampler's output: its tokens, or a
+    tuple led by them."""
+    if isinstance(sampled, tuple):
+        return tuple(tensor[rows] for tensor in sampled)
+    return sampled[rows]
+
+
 def _mask_padded_vocabulary(logits: torch.Tensor, vocab_size: int, rank) -> torch.Tensor:
     """This LM-head rank's logits ``[N, V_padded / tp]`` with the columns of
     the vocabulary's padding (ids from ``vocab_size`` on) at -inf, so that a
@@ -1511,19 +1519,20 @@ class GptOssForCausalLM(nn.Module, SupportsEagle3):
             )
             # >>> PARALLELISM: the padded vocabulary's logits dropped <<<
             gathered_logits = gathered_logits[:, : self.vocab_size]
+        own_rows = slice(None)
         if self.lm_head_dp_size > 1:
             # >>> PARALLELISM: back to this rank's rows <<<
             rows = logits.shape[0] // self.lm_head_dp_size
             first_row = self.lm_head_dp_group.rank_in_group * rows
-            logits = logits[first_row : first_row + rows]
+            own_rows = slice(first_row, first_row + rows)
             if gathered_logits is not None:
-                gathered_logits = gathered_logits[first_row : first_row + rows]
+                gathered_logits = gathered_logits[own_rows]
 
         # Eagle3: the drafter reads the auxiliary hidden states as one tensor
         aux = torch.cat(aux_hidden_states, dim=-1) if aux_hidden_states else None
         if self.sampler is None:
             # >>> PARALLELISM: the padded vocabulary's logits dropped <<<
-            logits = logits[:, : self.vocab_size]
+            logits = logits[own_rows, : self.vocab_size]
             return logits if aux is None else (logits, aux)
 
         # >>> PARALLELISM: the padded vocabulary's columns of this shard never sampled <<<
@@ -1532,7 +1541,16 @@ class GptOssForCausalLM(nn.Module, SupportsEagle3):
             if rank is not None:
                 lm_head_rank = rank + (lm_head_rank - self.rank)
             logits = _mask_padded_vocabulary(logits, self.vocab_size, lm_head_rank)
+        # >>> PARALLELISM: LM-head DP: the sampler reduces over the LM-head TP group, whose ranks
+        # hold the rows of different LM-head-DP ranks once cut back to their own: it samples every
+        # LM-head-DP rank's rows (their sampling parameters gathered alike), this rank keeps its own <<<
+        if self.lm_head_dp_size > 1 and sampling_params is not None:
+            sampling_params = self.lm_head_dp_group.all_gather(sampling_params, dim=0)
+        if self.lm_head_dp_size > 1 and logit_mask is not None:
+            logit_mask = self.lm_head_dp_group.all_gather(logit_mask, dim=0)
         sampled_tokens = self.sampler(logits, sampling_params, logit_mask=logit_mask, tp_rank=rank)
+        if self.lm_head_dp_size > 1:
+            sampled_tokens = _own_rows(sampled_tokens, own_rows)
         if spec_decode_metadata is not None:
             from vllm_neuron.nn.rejection_sampler import rejection_sampler
 

@@ -1,16 +1,20 @@
 """On-device sampling (``validate.sampled_output``; parallel_checks' ``on-device
-sampling at TP=2``): the port built as the runner builds it by default,
-sampling on the device, with logprobs. Before that layout no validation
-built a port with a sampler, so the branch of the forward that hands the
-padded vocabulary's logits to it was never run: a port that dropped the
--inf mask over the padding's ids, or the cut of the logits it returns,
-validated at every default run.
+sampling at TP=2, LM-head DP 2``): the port built as the runner builds it by
+default, sampling on the device, with logprobs. Before that layout no
+validation built a port with a sampler, so the branch of the forward that
+hands the padded vocabulary's logits to it was never run: a port that
+dropped the -inf mask over the padding's ids, or the cut of the logits it
+returns, validated at every default run.
 
 Fast: each check of ``sampled_logits`` on hand-made outputs. Then the
 llama3 reference on the tiny Llama (odd vocabulary, padded at TP=2)
 validates with sampling, and copies of it without the mask, without the cut
 or with the mask's guard inverted pass the plain TP=2 run and fail the
-sampling one, naming the padding."""
+sampling one, naming the padding. Copies with the mask at the wrong LM-head
+rank (placed by the TP rank; the offset between the LM-head rank and the TP
+rank subtracted) or that hand the sampler their own LM-head-DP rows only
+validate with sampling at TP=2 without LM-head DP, where every LM-head rank
+is its TP rank, and fail the default layout's LM-head DP 2."""
 
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from torch import nn
 from autoport_cst.validate.api import _FollowUps
 from autoport_cst.validate.driver import PortFailure
 from autoport_cst.validate.parallel_checks import LAYOUTS
-from autoport_cst.validate.sampled_output import sampled_logits
+from autoport_cst.validate.sampled_output import _own_block, sampled_logits
 from autoport_cst.validate.standin.layers import Sampler
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,8 +113,39 @@ def test_no_logits_no_sampler_call_fail():
         _check((torch.tensor([2, 2]), logits), None)
 
 
+def test_every_lm_head_dp_rows_handed_are_checked_and_cut_to_this_ranks():
+    """With LM-head DP 2 the sampler is handed both LM-head-DP ranks' rows
+    (``2 * ROWS``): the padding is checked on all of them, the rest on this
+    rank's block (its place in the LM-head DP group)."""
+    logits, theirs = _logits(), _logits() + 1.0
+    both = torch.cat([_padded(theirs), _padded(logits)])
+    assert torch.equal(_own_block(both, VOCAB, "decode", ROWS, (2, 1)), _padded(logits))
+    model = _Model(both)
+    tokens = torch.tensor([2, 2], dtype=torch.int32)
+    assert torch.equal(sampled_logits((tokens, logits), model, VOCAB, "decode", ROWS, (2, 1)), logits)
+    with pytest.raises(PortFailure, match="other logits than it returned"):  # rank 0's block is theirs
+        sampled_logits((tokens, logits), model, VOCAB, "decode", ROWS, (2, 0))
+    unmasked = torch.cat([_padded(theirs, 0.0), _padded(logits)])  # the other rank's padding
+    with pytest.raises(PortFailure, match=r"padded vocabulary's id\(s\) \[5\] unmasked"):
+        sampled_logits((tokens, logits), _Model(unmasked), VOCAB, "decode", ROWS, (2, 1))
+
+
+def test_own_rows_handed_at_lm_head_dp_2_name_the_rows():
+    """This rank's rows alone, sharded over the LM-head TP group, reach the
+    sampler beside other replicas' columns: the message says why."""
+    logits = _logits()
+    mixed = _padded(logits)
+    mixed[:, 3:] = torch.cat([(logits + 1.0)[:, 3:], torch.full((ROWS, 1), float("-inf"))], dim=1)
+    with pytest.raises(PortFailure, match="with LM-head DP 2 the sampler reduces over the LM-head TP group"):
+        sampled_logits((torch.tensor([2, 2]), logits), _Model(mixed), VOCAB, "decode", ROWS, (2, 0))
+
+
 def test_the_sampling_layout_is_a_default_one():
-    assert ("on-device sampling at TP=2", {"tp": 2, "on_device_sampling": True}) in LAYOUTS
+    layout = (
+        "on-device sampling at TP=2, LM-head DP 2",
+        {"tp": 2, "lm_head_dp": 2, "on_device_sampling": True},
+    )
+    assert layout in LAYOUTS
 
 
 # -- whole validations at TP=2 --------------------------------------------------------------
@@ -131,17 +166,52 @@ FAILURES = {
     "cut dropped": "logits of 512 ids for a vocabulary of 511",
     "mask guard inverted": "padded vocabulary's id(s) [511] unmasked",
 }
+# the vocabulary of 511 padded to 512 over the 4 ranks of the LM-head TP group at TP=2 with
+# LM-head DP 2 (the supergroup of two replicas' TP groups): id 511 is on LM-head rank 3, TP rank 1
+LM_HEAD_DP_MUTANTS = {
+    "mask at the TP rank": (
+        "            lm_head_rank = self.lm_head_tp_group.rank_in_group\n",
+        "            lm_head_rank = self.rank\n",
+    ),
+    "LM-head rank offset subtracted": (
+        "lm_head_rank = rank + (lm_head_rank - self.rank)",
+        "lm_head_rank = rank - (lm_head_rank - self.rank)",
+    ),
+    # the reference before 'on-device sampling at TP=2, LM-head DP 2' found it: each rank samples
+    # its own rows, which its LM-head TP group's ranks of the other replica do not hold
+    "own rows sampled": (
+        "        if self.lm_head_dp_size > 1 and sampling_params is not None:\n"
+        "            sampling_params = self.lm_head_dp_group.all_gather(sampling_params, dim=0)\n"
+        "        if self.lm_head_dp_size > 1 and logit_mask is not None:\n"
+        "            logit_mask = self.lm_head_dp_group.all_gather(logit_mask, dim=0)\n"
+        "        sampled_tokens = self.sampler(logits, sampling_params, logit_mask=logit_mask, tp_rank=rank)\n"
+        "        if self.lm_head_dp_size > 1:\n"
+        "            sampled_tokens = _own_rows(sampled_tokens, own_rows)\n",
+        "        sampled_tokens = self.sampler(logits[own_rows], sampling_params, logit_mask=logit_mask, tp_rank=rank)\n",
+    ),
+}
+LM_HEAD_DP_FAILURES = {
+    "mask at the TP rank": "the decode forward handed the sampler the padded vocabulary's id(s) [511] unmasked",
+    "LM-head rank offset subtracted": "the decode forward handed the sampler the padded vocabulary's id(s) [511] unmasked",
+    "own rows sampled": "with LM-head DP 2 the sampler reduces over the LM-head TP group",
+}
+SAMPLING = dict(LAYOUTS)["on-device sampling at TP=2, LM-head DP 2"]
 
 
-def _run(package: Path, checkpoint: Path, sampling: bool):
+def _run(package: Path, checkpoint: Path, sampling: bool, lm_head_dp: int = 1):
     follow_ups = _FollowUps(package, steps=4, prompt_lengths=None, seed=0, prefill="auto")
-    return follow_ups.run(checkpoint, tp=2, on_device_sampling=sampling)
+    return follow_ups.run(checkpoint, tp=2, on_device_sampling=sampling, lm_head_dp=lm_head_dp)
+
+
+def _run_default_sampling(package: Path, checkpoint: Path):
+    follow_ups = _FollowUps(package, steps=4, prompt_lengths=None, seed=0, prefill="auto")
+    return follow_ups.run(checkpoint, **SAMPLING)
 
 
 def test_the_llama3_reference_validates_with_on_device_sampling(tiny_llama: Path):
-    report = _run(LLAMA3, tiny_llama, sampling=True)
-    assert report.equivalent, report.summary()
-    assert report.settings["on_device_sampling"]
+    for report in (_run(LLAMA3, tiny_llama, sampling=True), _run_default_sampling(LLAMA3, tiny_llama)):
+        assert report.equivalent, report.summary()
+        assert report.settings["on_device_sampling"]
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))
@@ -149,6 +219,17 @@ def test_padding_reaching_the_sampler_or_the_logits_fails(broken_port, tiny_llam
     package = broken_port(*MUTANTS[mutant])
     plain = _run(package, tiny_llama, sampling=False)
     assert plain.equivalent, plain.summary()  # the runs without a sampler never take that branch
-    report = _run(package, tiny_llama, sampling=True)
+    report = _run_default_sampling(package, tiny_llama)
     assert not report.equivalent and report.exit_code == 1
     assert FAILURES[mutant] in report.failure.message, report.summary()
+
+
+@pytest.mark.parametrize("mutant", sorted(LM_HEAD_DP_MUTANTS))
+def test_the_wrong_lm_head_rank_fails_at_lm_head_dp_2(broken_port, tiny_llama: Path, mutant: str):
+    package = broken_port(*LM_HEAD_DP_MUTANTS[mutant])
+    # at TP=2 alone every LM-head rank is its TP rank and each rank samples its own rows
+    at_tp2 = _run(package, tiny_llama, sampling=True)
+    assert at_tp2.equivalent, at_tp2.summary()
+    report = _run_default_sampling(package, tiny_llama)
+    assert not report.equivalent and report.exit_code == 1
+    assert LM_HEAD_DP_FAILURES[mutant] in report.failure.message, report.summary()

@@ -221,10 +221,11 @@ class PortSession:
         except Exception as error:
             raise PortFailure(stage, f"{_describe(error)} in the {stage} forward") from error
         if self.scenario.on_device_sampling:
-            from .sampled_output import sampled_logits
+            from .sampled_output import lm_head_dp, sampled_logits
 
             rows = step.sampling_positions.numel()
-            return sampled_logits(output, self.model, self.vocab_size, stage, rows).detach().clone()
+            logits = sampled_logits(output, self.model, self.vocab_size, stage, rows, lm_head_dp())
+            return logits.detach().clone()
         logits = output[0] if isinstance(output, (tuple, list)) else output
         if not isinstance(logits, torch.Tensor) or logits.is_meta:
             raise PortFailure(stage, f"the {stage} forward returned {type(logits).__name__}, not logits")

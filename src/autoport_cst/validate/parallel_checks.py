@@ -36,14 +36,19 @@ other values (``LAYOUTS``):
   them. At TP=2 alone, or MLP DP 2 alone, a decode batch gathered over the TP
   group by mistake (TP copies of the same rows) still yields the right rows
   first; here a rank's slice is another replica's rows;
-- ``on-device sampling at TP=2``: the port built as the runner builds it by
-  default, sampling on the device, with logprobs asked for: the forward's
-  other branch, which hands the logits to the sampler and returns the
-  sampled tokens and the logits. At TP=2 the tiny checkpoint's odd
-  vocabulary is padded in the LM head, and the padding's ids must reach the
-  sampler masked, the returned logits cut (``sampled_output``: checked on
-  what the sampler is handed, as a greedy choice lands on the padding only
-  for some weights). No other run takes that branch;
+- ``on-device sampling at TP=2, LM-head DP 2`` (four ranks): the port built
+  as the runner builds it by default, sampling on the device, with logprobs
+  asked for: the forward's other branch, which hands the logits to the
+  sampler and returns the sampled tokens and the logits. The tiny
+  checkpoint's odd vocabulary is padded in the LM head (over 2 ranks in the
+  TP=2 prefill graph, over the 4 of the LM-head TP group in the decode
+  graph), and the padding's ids must reach the sampler masked, the returned
+  logits cut (``sampled_output``: checked on what the sampler is handed, as
+  a greedy choice lands on the padding only for some weights). With LM-head
+  DP 2 the padding sits on LM-head rank 3, TP rank 1, so a mask placed by
+  the wrong rank leaves it unmasked (at TP=2 alone the two ranks agree), and
+  the sampler, which reduces over the LM-head TP group, must be handed every
+  LM-head-DP rank's rows. No other run takes that branch;
 - ``TP=4, KV heads replicated`` (``REPLICATED_KV``, four ranks): more TP ranks
   than KV heads, as in production (TP 16, 32 or 64 with 8 KV heads or fewer),
   so each KV head is held by several ranks (``num_kv_replicas``: the fused QKV
@@ -103,7 +108,7 @@ LAYOUTS: tuple[tuple[str, dict[str, int]], ...] = (
     ("prompt embeddings", {"prompt_embeds": True}),
     ("prompt embeddings at TP=2", {"tp": 2, "prompt_embeds": True}),
     ("TP=2 with MLP DP 2", {"tp": 2, "mlp_dp": 2}),
-    ("on-device sampling at TP=2", {"tp": 2, "on_device_sampling": True}),
+    ("on-device sampling at TP=2, LM-head DP 2", {"tp": 2, "lm_head_dp": 2, "on_device_sampling": True}),
 )
 # after LAYOUTS: KV heads replicated over the TP ranks (``replicated_kv_run``)
 REPLICATED_KV = ("TP=4, KV heads replicated", {"tp": 4})

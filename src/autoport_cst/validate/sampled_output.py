@@ -30,6 +30,18 @@ it: ``sampled_from``), every forward:
   A forward that returns the sampler's output as it is (no logprobs of its
   own: deepseek_v3's) is compared on the logits the sampler was handed, cut
   to the vocabulary once its padding is checked masked.
+
+With LM-head data parallelism (``lm_head_dp`` k > 1: the layout runs at TP=2
+with LM-head DP 2) the LM head is sharded over TP x k ranks, k replicas'
+batches, and the sampler reduces over that group: each rank must hand it the
+same rows, every replica's (k x its own, gathered), and keep its own tokens
+(the ``k``-th block of rows, its LM-head DP rank's). A rank that hands it only
+its own rows hands it columns of other replicas' rows: the real ids then
+differ from the logits it returns. Only there the padded tail of the
+vocabulary sits on an LM-head rank that is not the TP rank (at TP=2 with
+LM-head DP 2 the padding is on LM-head rank 3, TP rank 1): a mask placed by
+the TP rank, or with the sign of the offset between the two ranks flipped,
+leaves it unmasked.
 """
 
 from __future__ import annotations
@@ -63,12 +75,23 @@ def forget_sampled(model: Any) -> None:
         sampler.sampled_from = None
 
 
-def sampled_logits(output: Any, model: Any, vocab_size: int, stage: str, rows: int) -> torch.Tensor:
+def lm_head_dp() -> tuple[int, int]:
+    """(size, this rank's place) of the active layout's LM-head DP group."""
+    from .standin import parallel_state
+
+    group = parallel_state.get_neuron_lm_head_dp_group()
+    return group.world_size, group.rank_in_group
+
+
+def sampled_logits(
+    output: Any, model: Any, vocab_size: int, stage: str, rows: int, dp: tuple[int, int] = (1, 0)
+) -> torch.Tensor:
     """The logits of a forward with on-device sampling, after the checks of
     the module docstring; ``PortFailure`` naming the first that fails. A
     forward that returns the sampler's output as it is (no logits of its own
     for logprobs: deepseek_v3's) is compared on the logits the sampler was
-    handed, cut to the vocabulary once the padding is checked masked."""
+    handed, cut to the vocabulary once the padding is checked masked. ``dp``:
+    the LM-head DP group's (size, this rank's place) (``lm_head_dp``)."""
     called = [s for s in _samplers(model) if s.sampled_from is not None]
     if len(called) != 1:
         raise PortFailure(
@@ -76,12 +99,19 @@ def sampled_logits(output: Any, model: Any, vocab_size: int, stage: str, rows: i
             f"with on-device sampling the {stage} forward called a sampler {len(called)} times, not once",
         )
     sampler = called[0]
+    handed = _own_block(sampler.sampled_from, vocab_size, stage, rows, dp)
     if _is_samplers_own(output, sampler.returned):
-        tokens, logits = output[0], sampler.sampled_from[:, :vocab_size]
+        tokens, logits = output[0], handed[:, :vocab_size]
     else:
         tokens, logits = _tokens_and_logits(output, stage, rows, vocab_size)
-    _check_handed(sampler.sampled_from, logits, vocab_size, stage)
+    _check_handed(handed, logits, vocab_size, stage, dp[0])
     chosen = logits.argmax(dim=-1)
+    if tokens.shape != chosen.shape:
+        raise PortFailure(
+            stage,
+            f"the {stage} forward returned {list(tokens.shape)} sampled tokens for {rows} sampling "
+            "position(s): one per position of this rank",
+        )
     if not torch.equal(tokens.to(torch.int64), chosen):
         row = int((tokens.to(torch.int64) != chosen).nonzero()[0])
         raise PortFailure(
@@ -132,13 +162,20 @@ def _tokens_and_logits(
     return tokens, logits
 
 
-def _check_handed(seen: torch.Tensor, logits: torch.Tensor, vocab_size: int, stage: str) -> None:
-    if seen.dim() != 2 or seen.shape[0] != logits.shape[0] or seen.shape[1] < vocab_size:
-        raise PortFailure(
-            stage,
-            f"the {stage} forward handed the sampler logits of shape {list(seen.shape)}: "
-            f"{logits.shape[0]} row(s) of at least the {vocab_size} ids of the vocabulary",
-        )
+def _own_block(
+    seen: torch.Tensor, vocab_size: int, stage: str, rows: int, dp: tuple[int, int]
+) -> torch.Tensor:
+    """What the sampler was handed for this rank's rows: all of it, or, when
+    handed every LM-head-DP rank's rows, the block of this rank's place, once
+    every row's padding is checked masked."""
+    size, place = dp
+    if size > 1 and seen.dim() == 2 and seen.shape[0] == size * rows != rows:
+        _check_padding(seen, vocab_size, stage)
+        return seen[place * rows : (place + 1) * rows]
+    return seen
+
+
+def _check_padding(seen: torch.Tensor, vocab_size: int, stage: str) -> None:
     padding = seen[:, vocab_size:]
     unmasked = padding != float("-inf")
     if bool(unmasked.any()):
@@ -149,11 +186,27 @@ def _check_handed(seen: torch.Tensor, logits: torch.Tensor, vocab_size: int, sta
             f"(logit {float(padding[unmasked][0]):.4g}): ids from vocab_size {vocab_size} on are no tokens "
             "and must be at -inf, never sampled",
         )
+
+
+def _check_handed(seen: torch.Tensor, logits: torch.Tensor, vocab_size: int, stage: str, dp: int = 1) -> None:
+    if seen.dim() != 2 or seen.shape[0] != logits.shape[0] or seen.shape[1] < vocab_size:
+        raise PortFailure(
+            stage,
+            f"the {stage} forward handed the sampler logits of shape {list(seen.shape)}: "
+            f"{logits.shape[0]} row(s) of at least the {vocab_size} ids of the vocabulary",
+        )
+    _check_padding(seen, vocab_size, stage)
     real = seen[:, :vocab_size]
     if not torch.equal(real, logits):
         differ = (real != logits).any(dim=0).nonzero().reshape(-1).tolist()
+        hint = ""
+        if dp > 1:
+            hint = (
+                f" (with LM-head DP {dp} the sampler reduces over the LM-head TP group, whose ranks hold "
+                "different replicas' rows: each must hand it every LM-head-DP rank's rows and keep its own tokens)"
+            )
         raise PortFailure(
             stage,
             f"the {stage} forward handed the sampler other logits than it returned for {len(differ)} "
-            f"id(s) of the vocabulary, first {differ[:8]}: the sampler must see every id with its logit",
+            f"id(s) of the vocabulary, first {differ[:8]}: the sampler must see every id with its logit{hint}",
         )
