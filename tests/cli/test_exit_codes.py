@@ -48,6 +48,16 @@ def test_missing_paths_are_found_before_torch(tmp_path):
         assert result.stderr.rstrip().endswith("torch not imported"), (args, result.stderr)
 
 
+def test_a_misspelt_architecture_is_found_before_torch(tmp_path):
+    """`tiny LlamaForCausalLm` imported torch (5-10 s) before its "did you
+    mean"; transformers' top-level module lists the class names without it."""
+    result = run_cli("tiny", "LlamaForCausalLm", tmp_path / "out")
+    assert result.returncode == 2, result.stderr
+    assert "did you mean 'LlamaForCausalLM'?" in result.stderr
+    assert result.stderr.rstrip().endswith("torch not imported"), result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_validate_library_refuses_the_tp_size_too(tiny_llama):
     import pytest
 

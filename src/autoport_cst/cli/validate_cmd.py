@@ -57,6 +57,10 @@ def tiny_command(arch_or_config: str, outdir: Path, seed: int, settings: tuple[s
     if outdir.exists() and not outdir.is_dir():
         raise InputError(f"{outdir}: exists and is not a directory")
     require_extra("tiny")
+    if not looks_like_path:
+        from autoport_cst.validate.tiny import check_architecture_name
+
+        check_architecture_name(arch_or_config)  # a misspelt class, before torch
     from autoport_cst.cli.validate_vlm_cmd import tiny_vision_language
 
     if not looks_like_path and tiny_vision_language(arch_or_config, outdir, seed, dimensions):

@@ -172,12 +172,31 @@ def resolve_config(source: str | os.PathLike[str]) -> tuple[Any, str]:
     config_class = getattr(model_class, "config_class", None)
     if config_class is None or not hasattr(config_class, "model_type"):
         mapping = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-        known = [name for name in (*mapping, *mapping.values()) if isinstance(name, str)]
-        raise InputError(
-            f"{text!r} is neither a transformers architecture (e.g. LlamaForCausalLM), "
-            f"a model_type (e.g. llama) nor a config.json path{did_you_mean(text, known)}"
-        )
+        raise _unknown_source(text, [name for name in (*mapping, *mapping.values()) if isinstance(name, str)])
     return config_class(), text
+
+
+_ARCHITECTURE_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def check_architecture_name(text: str) -> None:
+    """Refuse a class name transformers does not export before torch is
+    imported (``tiny LlamaForCausalLm`` imported torch, 5-10 s, to say so):
+    transformers' top-level module lists its names lazily, without torch.
+    Only a name that starts with a capital is judged: model types are lower
+    case (the one that is not, EvollaModel, is a class name too)."""
+    if not text[:1].isupper():
+        return
+    names = dir(_import_transformers())
+    if text not in names:
+        raise _unknown_source(text, [name for name in names if name.endswith(_ARCHITECTURE_SUFFIXES)])
+
+
+def _unknown_source(text: str, known: list[str]) -> InputError:
+    return InputError(
+        f"{text!r} is neither a transformers architecture (e.g. LlamaForCausalLM), "
+        f"a model_type (e.g. llama) nor a config.json path{did_you_mean(text, known)}"
+    )
 
 
 def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | None = None) -> Any:
