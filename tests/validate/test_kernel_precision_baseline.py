@@ -1,9 +1,18 @@
 """The second bf16 baseline: transformers at the kernels' precision policy
 (validate/kernel_precision.py). The policy's attention is the stand-in's;
-it is consulted only when a port fails against eager bf16; the GraniteSWA
-port, whose prefill logits fail against eager bf16 (R-ratio 1.45 on seed 0,
-from the norm weight applied before rounding), validates against it, while
-wrong attention (scale x 1.05, window one token wider) fails against both."""
+it is consulted only when a port fails against eager bf16.
+
+The GraniteSWA port's bf16 error is about eager bf16's own (R-ratios of
+1.0 to 1.2 at its last norm and logits), so whether it passes the eager gate
+(R < 1.2) depends on the weights: on the tiny checkpoint of seed 0 it failed
+there (logits R 1.45) until the tiny vocabulary went from 512 to 511, which
+redrew every weight; since then seeds 0 to 14 pass eager and 15, 17, 22 of
+the first 24 fail it. So the checkpoint on which the policy baseline is
+exercised is derived, not looked up: the first seed of the tiny GraniteSWA
+whose port fails against eager bf16 (``EAGER_APART``, at most
+``SEEDS_SEARCHED`` seeds). The port validates there against the policy,
+while wrong attention (scale x 1.05, window one token wider) fails against
+both, first at the attention."""
 
 from __future__ import annotations
 
@@ -77,10 +86,13 @@ def test_the_policy_baseline_is_run_only_when_eager_fails(monkeypatch) -> None:
     assert used["kernel_precision"] == {"failed_checks": ["layers.0.attention (prefill): r_ratio"]}
 
 
-@pytest.fixture(scope="module")
-def granite_swa(tmp_path_factory) -> tuple[Path, Path]:
-    from autoport_cst.validate import build_tiny_checkpoint
+SEEDS_SEARCHED = 64
 
+
+@pytest.fixture(scope="module")
+def granite_swa(tmp_path_factory) -> tuple[Path, Path, object]:
+    """The GraniteSWA port, the first tiny checkpoint (by seed) whose bf16
+    validation fails against eager bf16, and that validation's report."""
     work = tmp_path_factory.mktemp("granite-swa-policy")
     plan = ROOT / "examples" / "granite_swa.plan.json"
     cli = [
@@ -95,19 +107,36 @@ def granite_swa(tmp_path_factory) -> tuple[Path, Path]:
         "--force",
     ]
     subprocess.run(cli, check=True, capture_output=True)
-    build_tiny_checkpoint("GraniteSWAForCausalLM", work / "tg", seed=0)
-    return work / "g" / "vllm_neuron" / "model" / "granite_swa", work / "tg"
+    package = work / "g" / "vllm_neuron" / "model" / "granite_swa"
+    return (package, *_eager_apart(package, work))
+
+
+def _eager_apart(package: Path, work: Path) -> tuple[Path, object]:
+    from autoport_cst.validate import build_tiny_checkpoint, validate_model
+
+    for seed in range(SEEDS_SEARCHED):
+        checkpoint = build_tiny_checkpoint("GraniteSWAForCausalLM", work / f"tg{seed}", seed=seed).directory
+        report = validate_model(
+            package, checkpoint, dtype="bf16", config_variants=False, parallel_layouts=False
+        )
+        if _eager_failed(report):
+            return Path(checkpoint), report
+        shutil.rmtree(checkpoint)
+    pytest.fail(f"the GraniteSWA port passes eager bf16 on the tiny seeds 0 to {SEEDS_SEARCHED - 1}")
+
+
+def _eager_failed(report) -> bool:
+    """Whether the port failed against eager bf16 (the policy was consulted)."""
+    baseline = report.bf16_baseline
+    return baseline["used"] == "kernel_precision" or "kernel_precision" in baseline
 
 
 @pytest.mark.slow
 def test_granite_swa_validates_in_bf16_against_the_policy_baseline(granite_swa) -> None:
-    from autoport_cst.validate import validate_model
-
-    package, checkpoint = granite_swa
-    report = validate_model(package, checkpoint, dtype="bf16")
+    _package, _checkpoint, report = granite_swa
     assert report.equivalent, report.failed_checks
     assert report.bf16_baseline["used"] == "kernel_precision"
-    assert report.bf16_baseline["eager"]["failed_checks"] == ["logits (prefill): r_ratio"]
+    assert report.bf16_baseline["eager"]["failed_checks"], report.bf16_baseline
     assert "kernels' precision policy" in report.summary()
 
 
@@ -141,7 +170,7 @@ def test_wrong_attention_fails_against_both_baselines(
 ) -> None:
     from autoport_cst.validate import validate_model
 
-    package, checkpoint = granite_swa
+    package, checkpoint, _report = granite_swa
     report = validate_model(_mutant(tmp_path, package, pattern, replacement, count), checkpoint, dtype="bf16")
     assert not report.equivalent and report.exit_code == 1
     assert report.bf16_baseline["used"] == "eager"
