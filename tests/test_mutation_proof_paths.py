@@ -104,3 +104,30 @@ def test_an_attribute_stored_elsewhere_is_no_fact():
         "    def forward", "    def grow(self):\n        self.size += 1\n\n    def forward"
     )
     assert not _proof(outside_init)
+
+
+def test_the_benchmark_counts_a_dead_store_as_equivalent(tmp_path):
+    """PortRun.proof calls dead_store for a removed statement, on the port's
+    package and the stand-in as the other texts that could store an attribute."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "mutation_benchmark_paths", ROOT / "benchmarks" / "mutation.py"
+    )
+    mutation = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mutation
+    try:
+        spec.loader.exec_module(mutation)
+        from mutation_setup import Port
+
+        (tmp_path / "model.py").write_text(ATTENTION, encoding="utf-8")
+        (tmp_path / "config.json").write_text('{"model_type": "qwen3"}', encoding="utf-8")
+        run = mutation.PortRun.of(Port("p", tmp_path, "A", tmp_path), {})
+        line = _line(ATTENTION, "k = v = None")
+        removed = next(m for m in run.parsed.mutants if m.line == line and m.operator == "stmt")
+        assert "no read of it can run" in run.proof(removed, run.parsed.mutated(removed))
+        (tmp_path / "other.py").write_text("def grow(layer):\n    layer.size = 2\n", encoding="utf-8")
+        run = mutation.PortRun.of(Port("p", tmp_path, "A", tmp_path), {})
+        assert run.proof(removed, run.parsed.mutated(removed)) is None
+    finally:
+        del sys.modules[spec.name]
