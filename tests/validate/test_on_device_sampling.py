@@ -61,22 +61,19 @@ def test_masked_padding_and_the_cut_logits_pass():
     logits = _logits()
     tokens = torch.tensor([2, 2], dtype=torch.int32)
     assert torch.equal(_check((tokens, logits), _padded(logits)), logits)
-    # the sampler's own output (tokens, its logits) handed on first
-    assert torch.equal(_check(((tokens, _padded(logits)), logits), _padded(logits)), logits)
 
 
-def test_the_samplers_own_output_is_compared_on_what_it_was_handed():
-    """A forward without logprobs of its own returns the sampler's output as
-    it is (deepseek_v3's): its logits are those the sampler sampled from."""
+def test_a_tuple_in_place_of_the_tokens_fails():
+    """vllm_neuron's sampler returns the token ids only: a forward handing on
+    a (tokens, logits) pair first, or returning only the sampler's output,
+    returns no tokens, or no logits, of its own (the stand-in's Sampler
+    returned such a pair until it took vllm_neuron's interface)."""
     logits = _logits()
-    for fill, failure in ((float("-inf"), None), (0.0, "unmasked")):
-        model = _Model(_padded(logits, fill))
-        model.sampler.returned = (torch.tensor([2, 2], dtype=torch.int32), _padded(logits, fill))
-        if failure is None:
-            assert torch.equal(sampled_logits(model.sampler.returned, model, VOCAB, "decode", ROWS), logits)
-        else:
-            with pytest.raises(PortFailure, match=failure):
-                sampled_logits(model.sampler.returned, model, VOCAB, "decode", ROWS)
+    tokens = torch.tensor([2, 2], dtype=torch.int32)
+    with pytest.raises(PortFailure, match="sampled tokens are tuple"):
+        _check(((tokens, _padded(logits)), logits), _padded(logits))
+    with pytest.raises(PortFailure, match=r"returned Tensor, not \(sampled tokens, ..., logits\)"):
+        _check(tokens, _padded(logits))
 
 
 def test_an_unmasked_padding_id_fails_though_greedy_would_not_pick_it():

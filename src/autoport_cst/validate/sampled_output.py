@@ -5,9 +5,10 @@ of ``parallel_checks``).
 
 vllm_neuron's runner samples on the device by default (the NeuronConfig's
 ``on_device_sampling_config``): the port's forward hands its logits to the
-sampler and returns what the sampler returned (the sampled token ids, first),
-and, when logprobs are asked for (``max_logprobs`` not 0), the logits too,
-last: ``(tokens, ..., logits)``.
+sampler and returns what the sampler returned (the sampled token ids,
+first: vllm_neuron's ``Sampler`` returns nothing else) and, when logprobs are
+asked for (``max_logprobs`` not 0), the logits it gathers itself, last:
+``(tokens, ..., logits)``.
 The runs without sampling never take that branch of the port's forward.
 
 The LM head computes a vocabulary padded to a multiple of its TP size (a
@@ -26,10 +27,8 @@ it: ``sampled_from``), every forward:
   the wrong columns hides real ids);
 - the tokens returned are the sampler's greedy choice over those logits;
 - the logits returned have ``vocab_size`` columns, one row per sampling
-  position; the validation compares them with transformers' as in any run.
-  A forward that returns the sampler's output as it is (no logprobs of its
-  own: deepseek_v3's) is compared on the logits the sampler was handed, cut
-  to the vocabulary once its padding is checked masked.
+  position; the validation compares them with transformers' as in any run
+  (a forward that returns the sampler's output as it is returns no logits).
 
 With LM-head data parallelism (``lm_head_dp`` k > 1: the layout runs at TP=2
 with LM-head DP 2) the LM head is sharded over TP x k ranks, k replicas'
@@ -87,11 +86,8 @@ def sampled_logits(
     output: Any, model: Any, vocab_size: int, stage: str, rows: int, dp: tuple[int, int] = (1, 0)
 ) -> torch.Tensor:
     """The logits of a forward with on-device sampling, after the checks of
-    the module docstring; ``PortFailure`` naming the first that fails. A
-    forward that returns the sampler's output as it is (no logits of its own
-    for logprobs: deepseek_v3's) is compared on the logits the sampler was
-    handed, cut to the vocabulary once the padding is checked masked. ``dp``:
-    the LM-head DP group's (size, this rank's place) (``lm_head_dp``)."""
+    the module docstring; ``PortFailure`` naming the first that fails.
+    ``dp``: the LM-head DP group's (size, this rank's place) (``lm_head_dp``)."""
     called = [s for s in _samplers(model) if s.sampled_from is not None]
     if len(called) != 1:
         raise PortFailure(
@@ -100,10 +96,7 @@ def sampled_logits(
         )
     sampler = called[0]
     handed = _own_block(sampler.sampled_from, vocab_size, stage, rows, dp)
-    if _is_samplers_own(output, sampler.returned):
-        tokens, logits = output[0], handed[:, :vocab_size]
-    else:
-        tokens, logits = _tokens_and_logits(output, stage, rows, vocab_size)
+    tokens, logits = _tokens_and_logits(output, stage, rows, vocab_size)
     _check_handed(handed, logits, vocab_size, stage, dp[0])
     chosen = logits.argmax(dim=-1)
     if tokens.shape != chosen.shape:
@@ -122,12 +115,6 @@ def sampled_logits(
     return logits
 
 
-def _is_samplers_own(output: Any, returned: Any) -> bool:
-    if returned is None or not isinstance(output, (tuple, list)) or len(output) != len(returned):
-        return False
-    return all(mine is theirs for mine, theirs in zip(output, returned, strict=True))
-
-
 def _tokens_and_logits(
     output: Any, stage: str, rows: int, vocab_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,8 +126,6 @@ def _tokens_and_logits(
             "not (sampled tokens, ..., logits)",
         )
     tokens, logits = output[0], output[-1]
-    if isinstance(tokens, (tuple, list)) and tokens:  # the sampler's own output: (tokens, its logits)
-        tokens = tokens[0]
     if not isinstance(tokens, torch.Tensor) or tokens.is_floating_point() or list(tokens.shape) != [rows]:
         shape = list(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
         raise PortFailure(
