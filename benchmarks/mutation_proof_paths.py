@@ -124,6 +124,8 @@ def _stable(
 ) -> bool:
     """Whether ``fact`` has the same value wherever it is evaluated after ``branch``'s test."""
     this = function.args.args[0].arg if function.args.args else None
+    if this is not None and not _local_bound_before(function, this, branch):
+        this = None  # ``self`` bound again after the test: no attribute of it is a fact
     for node in ast.walk(fact):
         if isinstance(node, ast.Attribute):
             if not (isinstance(node.value, ast.Name) and node.value.id == this):
@@ -131,7 +133,7 @@ def _stable(
             if not _set_in_init_only(node.attr, tree, elsewhere):
                 return False
         elif isinstance(node, ast.Name):
-            if any(b.lineno >= branch.lineno for b in _bindings(function, node.id)):
+            if node.id != this and not _local_bound_before(function, node.id, branch):
                 return False
         elif not isinstance(
             node, (ast.Compare, ast.UnaryOp, ast.Constant, ast.expr_context, ast.cmpop, ast.Not)
@@ -140,14 +142,20 @@ def _stable(
     return True
 
 
-def _bindings(function: ast.AST, name: str) -> list[ast.AST]:
-    found = []
+def _local_bound_before(function: ast.AST, name: str, branch: ast.If) -> bool:
+    """Whether ``name`` is a local of ``function`` (a parameter, or bound in its
+    body) bound only before ``branch``, and declared ``global``/``nonlocal`` nowhere
+    in it (a nested function could rebind it when called later)."""
+    parameters = {a.arg for a in ast.walk(function.args) if isinstance(a, ast.arg)}
+    bindings = []
     for node in ast.walk(function):
+        if isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
+            return False
         if isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load):
-            found.append(node)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
-            found.append(node)
-    return found
+            bindings.append(node)
+    if not bindings and name not in parameters:
+        return False  # a global: any call could store it
+    return all(b.lineno < branch.lineno for b in bindings)
 
 
 def _set_in_init_only(attribute: str, tree: ast.Module, elsewhere: Iterable[str]) -> bool:

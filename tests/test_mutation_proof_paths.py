@@ -73,6 +73,13 @@ def test_a_store_every_later_read_is_ruled_out_for_is_proved():
         ("        return out", "        return (lambda: k)()"),  # read by a nested function
         ("        return out", "        k += 1\n        return out"),  # read by an augmented store
         ("if chunk and self.size <= 1:", "if chunk or self.size <= 1:"),  # not a conjunct
+        ('        chunk = segment.get("chunk")\n', ""),  # a global: any call could store it
+        ("        if self.size > 1:", "        self = segment\n        if self.size > 1:"),  # self rebound
+        (  # a nested function that rebinds a conjunct's local when called later
+            "        if self.size > 1:",
+            "        def reset():\n            nonlocal chunk\n            chunk = None\n\n"
+            "        reset()\n        if self.size > 1:",
+        ),
     ],
 )
 def test_a_store_some_path_reads_is_not_proved(edit):
