@@ -35,19 +35,57 @@ def _unsupported(result) -> str:
     return "\n".join(result.spec.unsupported or ())
 
 
-def test_qk_norms_written_with_a_power_of_minus_one_half_are_rmsnorms(tmp_path):
-    """Gemma 3n's RMSNorm divides by torch.pow(mean_squared, -0.5): its
-    q/k norms are per-head RMSNorms (read as no q/k norm before), and its
-    norm on the values is named as what no spec field describes."""
-    result = _research(tmp_path, "gemma3n_text")
-    assert result.spec.attention.qk_norm == "per_head"
-    assert result.spec.norm.kind == "rmsnorm"
-    assert "a norm applied to the attention's values" in _unsupported(result)
+def _rmsnorm_weight_form(module_path: str, norm_class: str) -> str:
+    """What transformers' norm class computes, measured: ``x * weight`` or
+    ``x * (1 + weight)`` after dividing by the root mean square."""
+    import importlib
+
+    import torch
+
+    norm = getattr(importlib.import_module(module_path), norm_class)(8, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(-0.5, 0.7, 8))
+        x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+        normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        out = norm(x)
+    if torch.allclose(out, normed * norm.weight, atol=1e-5):
+        return "weight"
+    if torch.allclose(out, normed * (1 + norm.weight), atol=1e-5):
+        return "1 + weight"
+    return "other"
 
 
-def test_qk_norms_the_research_cannot_size_are_unknown_not_none(tmp_path):
-    result = _research(tmp_path, "gemma4_text")
-    assert result.spec.attention.qk_norm != "none" or "attention.qk_norm" in result.unknown
+@pytest.mark.parametrize(
+    ("model_type", "module_path", "norm_class"),
+    [
+        ("gemma3n_text", "transformers.models.gemma3n.modeling_gemma3n", "Gemma3nRMSNorm"),
+        ("gemma4_text", "transformers.models.gemma4.modeling_gemma4", "Gemma4RMSNorm"),
+    ],
+)
+def test_qk_norms_written_with_a_power_of_minus_one_half_are_rmsnorms(
+    tmp_path, model_type, module_path, norm_class
+):
+    """Gemma 3n's and Gemma 4's RMSNorm divides by torch.pow(mean_squared,
+    -0.5) and multiplies by its weight (measured on transformers' class):
+    their q/k norms are per-head RMSNorms with a plain learned weight,
+    applied before RoPE. Gemma 4's were read as unknown (its head_dim comes
+    from ``config.per_layer_config[layer_idx]``, which the interpreter did
+    not follow); the placement was the spec's default, not read, and the
+    weight's form not read at all. The norm on the values is named as what
+    no spec field describes."""
+    assert _rmsnorm_weight_form(module_path, norm_class) == "weight"
+    result = _research(tmp_path, model_type)
+    attention = result.spec.attention
+    assert attention.qk_norm == "per_head" and "attention.qk_norm" not in result.unknown
+    assert result.finding("attention.qk_norm").known
+    position = result.finding("attention.qk_norm_position")
+    assert position is not None and position.known and position.value == "before_rope"
+    assert attention.qk_norm_position == "before_rope" and attention.qk_norm_affine is True
+    offset = result.finding("code.qk_norm_unit_offset")
+    assert offset is not None and offset.known and offset.value is False
+    assert result.spec.norm.kind == "rmsnorm" and result.spec.norm.unit_offset is False
+    assert "q/k norms that are not RMSNorms" not in _unsupported(result)
+    assert "q/k norms weighted unlike the layer norms" not in _unsupported(result)
     assert "a norm applied to the attention's values" in _unsupported(result)
 
 

@@ -146,6 +146,7 @@ def _head_counts(st: AnalyzerState, g: AttentionGraph) -> tuple[Any, Any, Any]:
         and widths
         and q_width % hd == 0
         and (total - q_width) % (2 * hd) == 0
+        and total > q_width  # a layer that reads its keys and values from another builds no KV projection
     ):
         nh, nkv = q_width // hd, (total - q_width) // (2 * hd)
         st.add(

@@ -28,7 +28,8 @@ def qk_and_output_norms(
         if n.kind in ("call", "method")
         and n.name.rsplit(".", 1)[-1] in ("softmax", "scaled_dot_product_attention")
     ]
-    qk, after = [], []
+    qk, after, rotated_after = [], [], []
+    rotations = [r for r in nodes if st.is_rotation(r)]
     for n in nodes:
         if n.kind == "module" and n.ref is not None and st.role(n.ref) == "norm":
             if any(n.ref is x for x in latent_norms):
@@ -38,7 +39,9 @@ def qk_and_output_norms(
                 after.append(n)
             elif any(depends_on(arg, c) for c in g.inputs):
                 qk.append(n.ref)
-                if any(depends_on(arg, r) for r in nodes if st.is_rotation(r)):
+                if any(depends_on(r, n) for r in rotations):
+                    rotated_after.append(n.ref.name or "?")
+                if any(depends_on(arg, r) for r in rotations):
                     st.add(
                         known(
                             "after_rope",
@@ -48,6 +51,7 @@ def qk_and_output_norms(
                         )
                     )
     qk = unique(qk)
+    _before_rope(st, where, rotated_after)
     out_norms = unique(
         [n.ref for n in after if any(depends_on(o.args[0] if o.args else None, n) for o in g.outputs)]
     )
@@ -71,6 +75,22 @@ def qk_and_output_norms(
             )
         )
     return qk
+
+
+def _before_rope(st: AnalyzerState, where: str, rotated_after: list[str]) -> None:
+    """q/k norms whose output the rotation reads (and none that reads a
+    rotated query or key): ``before_rope`` as read, not as the default."""
+    position = st.result.get("attention.qk_norm_position")
+    if not rotated_after or (position is not None and position.value == "after_rope"):
+        return
+    st.add(
+        known(
+            "before_rope",
+            "attention.qk_norm_position",
+            CODE,
+            f"{where}: RoPE rotates the output of {', '.join(dict.fromkeys(rotated_after))} (before RoPE)",
+        )
+    )
 
 
 def qk_norm(st: AnalyzerState, g: AttentionGraph, qk: list[Instance], nh: Any, nkv: Any, hd: Any) -> None:
@@ -97,6 +117,7 @@ def qk_norm(st: AnalyzerState, g: AttentionGraph, qk: list[Instance], nh: Any, n
         st.add(unknown("attention.qk_norm", CODE, f"{where}: q/k norms {names}, width not classified"))
     else:
         st.add(known(verdict, "attention.qk_norm", CODE, f"{where}: {names} applied to the projections"))
+    _qk_norm_weight(st, qk, where)
     if kinds and kinds != {"rmsnorm"}:
         st.add(
             known(
@@ -106,6 +127,24 @@ def qk_norm(st: AnalyzerState, g: AttentionGraph, qk: list[Instance], nh: Any, n
                 f"{where}: q/k norm computes {kinds}",
             )
         )
+
+
+def _qk_norm_weight(st: AnalyzerState, qk: list[Instance], where: str) -> None:
+    """How the q/k norms apply their learned weight: ``x * weight`` or
+    ``x * (1 + weight)`` (``code.qk_norm_unit_offset``; a port applies the
+    layer norms' form, decide/unsupported compares them)."""
+    offsets = {st.norm_info(q)["unit_offset"] for q in qk if st.norm_info(q)["affine"]}
+    if len(offsets) != 1 or None in offsets:
+        return
+    offset = bool(offsets.pop())
+    st.add(
+        known(
+            offset,
+            "code.qk_norm_unit_offset",
+            CODE,
+            f"{where}: the q/k norms scale by {'(1 + weight)' if offset else 'weight'}",
+        )
+    )
 
 
 def qk_norm_layers(st: AnalyzerState, rotary: list[bool], normed: list[bool], where: str) -> None:

@@ -101,12 +101,25 @@ def unsupported(d: Decider) -> tuple[str, ...] | None:
         finding = d.code_finding(name)
         if finding is not None and finding.known and finding.value:
             items.append(f"{what}: {_short(finding.evidence)}")
+    offset = _qk_norm_offset_differs(d)
+    if offset is not None:
+        items.append(offset)
     if not items:
         return None
     d.decisions.append(
         known(tuple(items), "unsupported", DERIVED, f"{len(items)} computation(s) the spec cannot describe")
     )
     return tuple(items)
+
+
+def _qk_norm_offset_differs(d: Decider) -> str | None:
+    """q/k norms that apply their weight in another form than the layer
+    norms (``x * weight`` against ``x * (1 + weight)``): a port gives both
+    the spec's one ``norm.unit_offset``."""
+    qk, layers = d.code_finding("code.qk_norm_unit_offset"), d.code_finding("norm.unit_offset")
+    if qk is None or layers is None or not qk.known or not layers.known or qk.value == layers.value:
+        return None
+    return f"q/k norms weighted unlike the layer norms: {_short(qk.evidence)}; {_short(layers.evidence)}"
 
 
 def _following(unknown: dict[str, str]) -> set[str]:

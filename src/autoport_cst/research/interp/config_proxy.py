@@ -3,6 +3,7 @@ logged (so an analysis can name the config key that holds a value)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from autoport_cst.research.interp.values import UNKNOWN
@@ -59,6 +60,25 @@ class ConfigProxy:
 
 
 def _freeze_config_value(value: Any, log: list[set[str]]) -> Any:
-    if hasattr(value, "to_dict") and hasattr(value, "model_type"):
+    if _is_config(value):
         return ConfigProxy(value, log)  # a nested sub-config
+    if _is_per_layer_view(value):
+        # a heterogeneous config's ``per_layer_config``: each layer's own
+        # config (its overrides applied: Gemma 4's full-attention head_dim)
+        return tuple(ConfigProxy(layer, log) for layer in value)
     return value
+
+
+def _is_config(value: Any) -> bool:
+    return hasattr(value, "to_dict") and hasattr(value, "model_type")
+
+
+def _is_per_layer_view(value: Any) -> bool:
+    """transformers' per-layer view of a heterogeneous config (a sequence of
+    the layers' configs), not a plain list or tuple of config values."""
+    if isinstance(value, (str, bytes, list, tuple, dict)) or not isinstance(value, Sequence):
+        return False
+    try:
+        return len(value) > 0 and all(_is_config(layer) for layer in value)
+    except Exception:  # noqa: BLE001 - a view that refuses to be read
+        return False

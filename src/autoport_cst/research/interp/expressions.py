@@ -163,6 +163,9 @@ class Expressions(Classes):
             if isinstance(index, slice):
                 return Instance(MODULE_LIST, attrs={"items": items[index]})
             return items[0] if items else UNKNOWN
+        if isinstance(base, tuple) and base and all(isinstance(b, ConfigProxy) for b in base):
+            # a heterogeneous config's per-layer configs (config.per_layer_config[layer_idx])
+            return base[index] if isinstance(index, int) and -len(base) <= index < len(base) else UNKNOWN
         if is_concrete(base) and is_concrete(index):
             try:
                 return base[index]
