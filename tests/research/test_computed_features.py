@@ -158,3 +158,54 @@ def test_inkling_routed_experts_are_the_module_that_selects_per_expert(tmp_path)
     assert moe.routing_bias is True
     assert result.spec.mlp.kind == "gated" and result.spec.checkpoint.gate_up == "fused"
     assert any(u.startswith("stacked_shared_experts: ") for u in result.spec.unsupported or ())
+
+
+def _inkling_router_weights(config, global_scale: float):
+    """transformers' Inkling router run on random input: the k routed
+    weights and the shared experts' gammas."""
+    import torch
+    from transformers.models.inkling.modeling_inkling import InklingTopkRouter
+
+    router = InklingTopkRouter(config)
+    with torch.no_grad():
+        router.weight.normal_(generator=torch.Generator().manual_seed(0))
+        router.global_scale.fill_(global_scale)
+        x = torch.randn(5, config.hidden_size, generator=torch.Generator().manual_seed(1))
+        _, weights, _, gammas = router(x)
+    return weights, gammas
+
+
+def test_inkling_routing_weights_normalised_with_the_shared_experts_are_not_stated(tmp_path):
+    """Inkling's router normalises the k chosen experts' sigmoid weights
+    together with the shared experts' (exp(x - logsumexp(x)) over both,
+    then cut), and scales them by route_scale and the learned global_scale
+    (measured on transformers' router). Research stated the k weights not
+    renormalised (norm_topk_prob False) and scaled by route_scale alone, as
+    certain; both are now unknown, with the reason, and the plan refused."""
+    import torch
+    from transformers import AutoConfig
+
+    from autoport_cst.research import research
+    from autoport_cst.validate.tiny import shrink_config, write_config_json
+
+    config = shrink_config(AutoConfig.for_model("inkling_text"), "InklingForCausalLM")
+    config.route_scale = 1.0
+    weights, gammas = _inkling_router_weights(config, 1.0)
+    total = weights.float().sum(-1) + gammas.float().sum(-1)
+    assert torch.allclose(total, torch.ones_like(total), atol=1e-5)  # normalised together
+    assert not torch.allclose(weights.float().sum(-1), torch.ones(5), atol=1e-2)  # the k alone: not
+    doubled, _ = _inkling_router_weights(config, 2.0)
+    assert torch.allclose(doubled, 2 * weights, atol=1e-6)  # the learned scale multiplies them
+
+    directory = tmp_path / "inkling"
+    directory.mkdir()
+    write_config_json(config, directory / "config.json")
+    result = research(str(directory))
+    assert result.spec.moe is not None and result.spec.moe.router_activation == "sigmoid"
+    for field in ("moe.norm_topk_prob", "moe.routed_scaling_factor"):
+        assert field in result.unknown
+        assert not result.finding(field, "code").known
+    assert "together with" in result.finding("moe.norm_topk_prob", "code").evidence
+    assert "global_scale" in result.finding("moe.routed_scaling_factor", "code").evidence
+    unsupported = _unsupported(result)
+    assert "moe.norm_topk_prob: " in unsupported and "moe.routed_scaling_factor: " in unsupported

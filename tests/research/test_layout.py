@@ -27,7 +27,8 @@ LAYERS = {
 # attention decisions whether a config flag sets one KV head
 SECTION_EDGES = {
     # ... and which of several expert modules is routed (the others stacked shared experts) by its own module
-    ("analysis", "moe"): {"mlp", "moe_experts"},
+    # ... and what the router does to the chosen experts' weights (renormalised, scaled) by its own
+    ("analysis", "moe"): {"mlp", "moe_experts", "routing_weights"},
     # ... and a position-dependent query scaling (attention temperature) is read off the traced attention
     # ... its norms (q/k, output and value norms) are read by a module of their own
     ("analysis", "attention"): {"latent", "scores", "output_gate", "temperature", "attention_norms"},

@@ -12,7 +12,7 @@ import ast
 import math
 from typing import Any
 
-from autoport_cst.research.analysis import mlp
+from autoport_cst.research.analysis import mlp, routing_weights
 from autoport_cst.research.analysis.graph import number, ranges, strip_casts, strip_shape, vector_shape
 from autoport_cst.research.analysis.moe_experts import routed_among, stacked_shared, uncast
 from autoport_cst.research.analysis.state import AnalyzerState
@@ -90,7 +90,11 @@ def analyze(st: AnalyzerState, block: Instance, prefix: str) -> None:
     if not st.result.dense_layers:
         st.add(known(None, "mlp.intermediate_size", CODE, f"{where}: no dense MLP layer"))
     _router_dtype(st, children, routing_owner, rwhere)
-    if facts.get("routed_scaling") is None and experts is not None:
+    if (
+        facts.get("routed_scaling") is None
+        and not facts.get("routed_scaling_learned")
+        and experts is not None
+    ):
         scaled = _block_scaling(st, block, experts)
         if scaled is not None:
             facts["routed_scaling"], facts["routed_scaling_evidence"] = scaled
@@ -330,7 +334,7 @@ def _routing(st: AnalyzerState, owner: Instance, value: Any, block: Instance | N
             "a per-expert bias is added to the router logits before top-k, and the activation "
             "is applied to the k chosen values only"
         )
-    facts.update(_routed_scaling(nodes, topk))
+    facts.update(routing_weights.routed_scaling(nodes, topk))
     facts.update(_group_routing(nodes, topk, facts.get("router_width")))
     return facts
 
@@ -363,26 +367,14 @@ def _score_function(nodes: list[Node], before: list[Node], topk: Node, facts: di
         facts["activation_evidence"] = "top-k of the logits, then sigmoid of the k values"
     else:
         facts["activation_evidence"] = "no softmax or sigmoid around the top-k"
-    renorm = any(
-        n.kind == "binop"
-        and n.name == "div"
-        and depends_on(n.args[0], topk)
-        and any(m.kind == "method" and m.name == "sum" for m in walk(n.args[1]))
-        for n in nodes
+    renorm, renorm_evidence = routing_weights.renormalisation(nodes, topk) or (
+        False,
+        "top-k weights used as computed",
     )
-    if fn_before:
-        facts["renorm"] = renorm
-        facts["renorm_evidence"] = (
-            "top-k weights divided by their sum" if renorm else "top-k weights used as computed"
-        )
-    elif after_softmax:
-        facts["renorm"] = True
-        facts["renorm_evidence"] = "softmax over the top-k values sums to 1"
-    elif facts.get("activation") == "sigmoid":
-        facts["renorm"] = renorm
-        facts["renorm_evidence"] = (
-            "top-k weights divided by their sum" if renorm else "top-k weights used as computed"
-        )
+    if after_softmax and not fn_before:
+        renorm, renorm_evidence = True, "softmax over the top-k values sums to 1"
+    if fn_before or after_softmax or facts.get("activation") == "sigmoid":
+        facts["renorm"], facts["renorm_evidence"] = renorm, renorm_evidence
 
 
 def _router_projection(
@@ -528,14 +520,12 @@ def _extras(
     """The routed scaling factor, the dense layers, and what the spec cannot
     describe (``unsupported.moe.*`` findings: the plan refuses them)."""
     if "routed_scaling_evidence" in facts:
-        st.add(
-            known(
-                facts.get("routed_scaling"),
-                "moe.routed_scaling_factor",
-                CODE,
-                f"{rwhere}: {facts['routed_scaling_evidence']}",
-            )
-        )
+        scaling = facts.get("routed_scaling")
+        evidence = f"{rwhere}: {facts['routed_scaling_evidence']}"
+        if facts.get("routed_scaling_learned"):
+            st.add(unknown("moe.routed_scaling_factor", CODE, evidence))
+        else:
+            st.add(known(scaling, "moe.routed_scaling_factor", CODE, evidence))
     dense = tuple(st.result.dense_layers) if st.result.moe_layers and st.result.dense_layers else None
     st.add(
         known(
@@ -619,30 +609,6 @@ def _routing_bias_elsewhere(
                 if buffers:
                     return f"the per-expert buffer self.{buffers[0]} is added to the scores before top-k"
     return None
-
-
-def _routed_scaling(nodes: list[Any], topk: Node) -> dict[str, Any]:
-    """A constant the chosen experts' weights are multiplied by."""
-    for n in nodes:
-        if n.kind != "binop" or n.name != "mul":
-            continue
-        for x, y in (n.args, tuple(reversed(n.args))):
-            if (
-                isinstance(y, (int, float))
-                and not isinstance(y, bool)
-                and isinstance(x, Node)
-                and depends_on(x, topk)
-            ):
-                if math.isclose(float(y), 1.0):
-                    return {
-                        "routed_scaling": None,
-                        "routed_scaling_evidence": "top-k weights multiplied by 1.0 (no scaling)",
-                    }
-                return {
-                    "routed_scaling": float(y),
-                    "routed_scaling_evidence": f"top-k weights multiplied by {float(y):g}",
-                }
-    return {"routed_scaling": None, "routed_scaling_evidence": "top-k weights not scaled by a constant"}
 
 
 def _group_findings(st: AnalyzerState, facts: dict[str, Any], rwhere: str) -> None:
