@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from autoport_cst.research.analysis.state import CodeAnalysis
 from autoport_cst.research.checkpoint import TensorInfo, pattern
+from autoport_cst.research.checkpoint_conversion import same_modules, split_of
 from autoport_cst.research.checkpoint_keys import (
     FUSED_GATE_UP,
     dense_wanted,
@@ -32,7 +33,9 @@ def layout(d: Decider, is_moe: bool) -> CheckpointSpec:
     tensors the code creates."""
     code, ckpt = d.code, d.ckpt
     stored = ckpt.tensors if ckpt is not None else None
-    qkv: QKVLayout = _fusion(
+    qkv: QKVLayout = _converted(
+        d, stored, "checkpoint.qkv", code.qkv_modules if code else [], _QKV
+    ) or _fusion(
         d,
         stored,
         "checkpoint.qkv",
@@ -119,6 +122,40 @@ def _fusion(
     return "separate"
 
 
+_QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+_GATE_UP = ("mlp.gate_proj", "mlp.up_proj")
+
+
+def _converted(
+    d: Decider, stored: dict | None, field: str, modules: list[str], canonical: tuple[str, ...]
+) -> CheckpointFusion | None:
+    """The layout of tensors transformers splits at load into some of
+    ``modules`` (research/checkpoint_conversion.py): fused when the chunks
+    are the spec's fused rows in order, else unknown; None when no load-time
+    split concerns them or the checkpoint holds the code's own tensors."""
+    if (
+        d.code is None
+        or not modules
+        or (stored is not None and all(f"{m}.weight" in stored for m in modules))
+    ):
+        return None
+    raw = d.cfg.raw if d.cfg is not None else {}
+    architectures = raw.get("architectures") or [None]
+    split = split_of(raw.get("model_type"), architectures[0], modules)
+    if split is None:
+        return None
+    wanted = [d.code.module_names.get(name, name) for name in canonical]
+    rows = " | ".join(wanted)
+    if split.plain and same_modules(split, wanted):
+        d.decisions.append(known("fused", field, CODE, f"{split.describe()}: the fused [{rows}] rows"))
+        return "fused"
+    d.decisions.append(
+        unknown(field, CODE, f"{split.describe()}: not the fused [{rows}] rows a spec layout describes")
+    )
+    d.unknown.append(field)
+    return "separate"
+
+
 def _fused_or_separate(fused: object) -> CheckpointFusion:
     return "fused" if fused else "separate"
 
@@ -132,7 +169,7 @@ def _gate_up(d: Decider, stored: dict | None, is_moe: bool) -> CheckpointFusion:
         expert_layout = d.ckpt_finding("checkpoint.expert_layout")
         if expert_layout is not None and expert_layout.value == "per_expert":
             gate_modules = []  # per-expert keys: decided by shapes below
-    gate_up = _fusion(
+    gate_up = _converted(d, stored, "checkpoint.gate_up", gate_modules, _GATE_UP) or _fusion(
         d, stored, "checkpoint.gate_up", "code.fused_gate_up", gate_modules, "checkpoint.fused_gate_up"
     )
     if is_moe and stored is not None and d.ckpt_finding("checkpoint.fused_gate_up") is None:
