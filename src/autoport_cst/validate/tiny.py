@@ -44,6 +44,12 @@ from autoport_cst.config_json import config_object, decode_floats, load_config_v
 from autoport_cst.errors import InputError, did_you_mean
 
 from .layer_variants import layer_count_for_variants
+from .tiny_fit import (
+    fit_layer_counts,
+    rederive_placeholders,
+    restore_per_layer_overrides,
+    take_per_layer_overrides,
+)
 from .tiny_tokenizer import write_tiny_tokenizer
 
 # Small dimensions applied to every config attribute of that name that exists.
@@ -97,6 +103,9 @@ TINY_TEMPERATURE_FLOOR = 5  # no tiny size equals it (a field equal to it would 
 # Steps that choose the MoE layers among dense ones; a step of 1 (every layer
 # MoE) becomes 2 unless given (_interleave_dense_layers, _sparse_step_dense_layers).
 LAYER_KIND_STEPS = ("interleave_moe_layer_step", "decoder_sparse_step")
+
+# Sizes whose variants (``<size>_<what>``) shrink with them (_fit_dense_widths).
+_VARIED_SIZES = ("intermediate_size", "hidden_size", "vocab_size")
 
 # Attributes that name token ids: kept inside the tiny vocabulary.
 _TOKEN_ID_ATTRIBUTES = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -202,6 +211,7 @@ def _unknown_source(text: str, known: list[str]) -> InputError:
 def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | None = None) -> Any:
     """Apply the tiny dimensions (``TINY_DIMENSIONS``, updated with
     ``dimensions``) to the attributes this config class has."""
+    per_layer = take_per_layer_overrides(config)  # put back on the kept layers at the end
     original_layers = getattr(config, "num_hidden_layers", None)
     original_head = _head_size(config)
     sizes = {**TINY_DIMENSIONS, **(dimensions or {})}
@@ -209,7 +219,10 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
         if not hasattr(config, name):
             raise InputError(f"{architecture}: its config has no {name!r} to set")
     for name, value in sizes.items():
-        if hasattr(config, name) and getattr(config, name) is not None:
+        current = getattr(config, name, None)
+        if isinstance(current, (list, tuple)) and all(isinstance(v, int) for v in current):
+            setattr(config, name, type(current)(value for _ in current))  # one per layer (Gemma 3n's widths)
+        elif current is not None:
             setattr(config, name, value)
     hidden = getattr(config, "hidden_size", None)
     heads = getattr(config, "num_attention_heads", None)
@@ -223,6 +236,7 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
     _fit_dense_widths(config, sizes, set(dimensions or {}))
     _interleave_dense_layers(config, original_layers, set(dimensions or {}))
     _sparse_step_dense_layers(config, set(dimensions or {}))
+    fit_layer_counts(config, original_layers, set(dimensions or {}))
     layers = getattr(config, "num_hidden_layers", None)
     for name, value in list(vars(config).items()):
         # per-layer lists (layer_types, mlp_only_layers patterns...) follow the layer count
@@ -254,6 +268,8 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
     if hasattr(config, "initializer_range"):
         config.initializer_range = TINY_INIT_STD
     config.architectures = [architecture]
+    restore_per_layer_overrides(config, per_layer)
+    rederive_placeholders(config, set(dimensions or {}), config_values(config))
     return config
 
 
@@ -330,18 +346,22 @@ def _fit_expert_groups(config: Any, given: set[str]) -> None:
 
 
 def _fit_dense_widths(config: Any, sizes: dict[str, int], given: set[str]) -> None:
-    """Widths the config class declares as variants of ``intermediate_size``
+    """Sizes the config class declares as variants of ``intermediate_size``
     (Llama 4's ``intermediate_size_mlp``, its dense layers' MLP beside the
-    experts' ``intermediate_size``) shrink to the tiny ``intermediate_size``."""
+    experts' ``intermediate_size``), of ``hidden_size`` or ``vocab_size``
+    (Gemma 3n's and Gemma 4's per-layer input embedding,
+    ``hidden_size_per_layer_input`` wide over ``vocab_size_per_layer_input``
+    tokens) shrink to the tiny size they vary."""
     for name, value in list(vars(config).items()):
+        base = next((b for b in _VARIED_SIZES if name.startswith(b + "_")), None)
         if (
-            name.startswith("intermediate_size_")
+            base is not None
             and name not in given
             and isinstance(value, int)
             and not isinstance(value, bool)
-            and value > sizes["intermediate_size"]
+            and value > sizes[base]
         ):
-            setattr(config, name, sizes["intermediate_size"])
+            setattr(config, name, sizes[base])
 
 
 def _interleave_dense_layers(config: Any, original_layers: Any, given: set[str]) -> None:

@@ -1,0 +1,109 @@
+"""What a shrunk config must be given besides the tiny dimensions, read from
+the config itself (no table keyed by model name):
+
+- per-layer overrides of a heterogeneous config (transformers'
+  ``per_layer_config``: Gemma 4's full-attention layers with a ``head_dim``
+  of 512 beside 256) are taken off while the global values shrink, then put
+  back on the layers the tiny model keeps, each overridden size keeping its
+  ratio to the global one (512 / 256: 32 beside 16);
+- a count of layers (``num_*_layers``) that would cover every layer of the
+  tiny model keeps its share of the original depth, at least one layer on
+  either side (Gemma 3n's ``num_kv_shared_layers``, 15 of 35 layers reading
+  the keys and values of earlier ones: 4 of 10), so that the layers it
+  counts and the others are both built;
+- a field the config class declares with a string placeholder it resolves
+  at init from other fields (Bamba's and Granite-MoE-Hybrid's
+  ``mamba_d_head = "auto"``: ``mamba_expand * hidden_size //
+  mamba_n_heads``) is resolved again from the shrunk values.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, TypeGuard
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def take_per_layer_overrides(config: Any) -> tuple[dict[int, dict[str, Any]], dict[str, Any]] | None:
+    """The per-layer overrides of a heterogeneous config, taken off it (its
+    global values then read and set as any config's), and the global values
+    of the attributes they override; None for a homogeneous config."""
+    spec = vars(config).get("_heterogeneity_spec")
+    if spec is None:
+        return None
+    overrides = copy.deepcopy(spec.per_layer_overrides)
+    config.per_layer_config = None
+    names = {name for values in overrides.values() for name in values}
+    return overrides, {name: getattr(config, name, None) for name in names}
+
+
+def restore_per_layer_overrides(
+    config: Any, taken: tuple[dict[int, dict[str, Any]], dict[str, Any]] | None
+) -> None:
+    """Put the overrides back on the layers the shrunk config keeps, each
+    overridden integer size scaled as its global value was."""
+    if taken is None:
+        return
+    overrides, before = taken
+    layers = getattr(config, "num_hidden_layers", None)
+    kept: dict[int, dict[str, Any]] = {}
+    for index, values in overrides.items():
+        if _is_int(layers) and index >= layers:
+            continue
+        layer: dict[str, Any] = {}
+        for name, value in values.items():
+            old, new = before.get(name), getattr(config, name, None)
+            if _is_int(value) and _is_int(old) and _is_int(new) and old and new != old:
+                value = max(1, value * new // old)
+            layer[name] = value
+        kept[index] = layer
+    config.per_layer_config = kept
+
+
+def fit_layer_counts(config: Any, original_layers: Any, given: set[str]) -> None:
+    """A ``num_*_layers`` count (not the layer count itself, nor given)
+    that would cover every layer of the tiny model keeps its share of the
+    original depth, between 1 and the tiny depth less 1."""
+    layers = getattr(config, "num_hidden_layers", None)
+    if not _is_int(layers) or not _is_int(original_layers) or original_layers <= layers or layers < 2:
+        return
+    aliases = set(getattr(type(config), "attribute_map", {}).values())
+    for name, value in list(vars(config).items()):
+        if (
+            name.startswith("num_")
+            and name.endswith("_layers")
+            and name != "num_hidden_layers"
+            and name not in aliases
+            and name not in given
+            and _is_int(value)
+            and layers <= value < original_layers
+        ):
+            setattr(config, name, min(layers - 1, max(1, round(value * layers / original_layers))))
+
+
+def rederive_placeholders(config: Any, given: set[str], values: dict[str, Any]) -> None:
+    """Fields declared with a string placeholder (``"auto"``) that the
+    config resolved at init: resolved again from ``values`` (the shrunk
+    config's), unless given; left as they are when the class refuses."""
+    config_class: Any = type(config)
+    if not dataclasses.is_dataclass(config_class):
+        return
+    pending = {
+        field.name: field.default
+        for field in dataclasses.fields(config_class)
+        if isinstance(field.default, str)
+        and field.name not in given
+        and not isinstance(getattr(config, field.name, None), (str, type(None)))
+    }
+    if not pending:
+        return
+    try:
+        fresh = getattr(config_class, "from_dict")({**values, **pending})  # noqa: B009 - not typed as a dataclass's
+    except Exception:  # noqa: BLE001 - the config class's own validators
+        return
+    for name in pending:
+        setattr(config, name, getattr(fresh, name))
