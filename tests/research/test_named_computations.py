@@ -96,7 +96,40 @@ NAMED = {
         ["mlstm_layer (xLSTMLayer)", "mlstm_recurrent_sequence_native (modeling_xlstm.py:"],
     ),
     # layer classes chosen from a dict keyed by (is_sliding, is_loop_layer)
-    "Inkling2LoopForCausalLM": ({"several_attentions"}, ["Inkling2LoopSlidingAttention"]),
+    # (its token embedding normalizes its own output: Inkling2LoopNormedEmbedding)
+    "Inkling2LoopForCausalLM": (
+        {"several_attentions", "embedding_norm"},
+        [
+            "Inkling2LoopSlidingAttention",
+            "embed_tokens (Inkling2LoopNormedEmbedding) normalizes its own output",
+        ],
+    ),
+    # several residual streams mixed by learned weights (attn_hc, ffn_hc), the embeddings copied into them:
+    # not an embedding scale or a norm placement research could not classify
+    "DeepseekV4ForCausalLM": (
+        {
+            "attention.latent",
+            "hyper_connections",
+            "routing_without_topk",
+            "attention.o_bias",
+            "attention.qk_norm",
+        },
+        [
+            "the residual is several streams mixed by learned weights: attn_hc (DeepseekV4HyperConnection",
+            "ffn_hc (DeepseekV4HyperConnection",
+            "DeepseekV4Model copies the token embeddings into the streams (expand)",
+        ],
+    ),
+    # the attention's experts (JetMoeMoA) and the MLP's: two modules of 3-D weights chained by the block
+    "JetMoeForCausalLM": (
+        {"routed_attention", "split_expert_projections"},
+        [
+            "the experts' weights: input_linear (JetMoeParallelExperts: weight [",
+            "JetMoeMoE.forward (modeling_jetmoe.py:",
+            "input_linear weight [4, 256, 64] then output_linear weight [4, 64, 128] (JetMoeParallelExperts), "
+            "the activation applied between them by JetMoeMoE, which adds its parameter bias",
+        ],
+    ),
 }
 
 
@@ -157,10 +190,14 @@ def test_dbrx_is_refused_for_clip_qkv_and_its_residual_in_the_wrapper(tmp_path: 
     config.attn_config.clip_qkv = clip
     write_config_json(config, tmp_path / "config.json")
     error = _refusal(research(str(tmp_path)))
-    expected = {"qkv_clip", "sublayer_residual"} if clip else {"sublayer_residual"}
+    expected = {"fused_expert_rows", "sublayer_residual"} | ({"qkv_clip"} if clip else set())
     assert error is not None and set(error.features) == expected, error
     assert "DbrxNormAttentionNorm.forward (modeling_dbrx.py:" in str(error)
     assert ("DbrxAttention.forward (modeling_dbrx.py:" in str(error)) == bool(clip)
+    # the experts' layout: w1, v1, w2 each [experts x ffn_hidden_size, hidden], viewed per expert
+    width = config.ffn_config.moe_num_experts * config.ffn_config.ffn_hidden_size
+    assert f"mlp.w1 [{width}, {config.d_model}]" in str(error), str(error)
+    assert "split per expert by a view to 3-D and an index (modeling_dbrx.py:" in str(error)
 
 
 def test_a_cause_is_named_once(tmp_path: Path):
@@ -266,3 +303,109 @@ def test_inkling_s_attention_built_with_a_cast_module_is_found(researched):
     error = _refusal(researched("InklingForCausalLM"))
     assert error is not None and "convolution_mixer" in error.features, error.features
     assert "code.decoder_layers" not in error.features
+
+
+@pytest.mark.parametrize(
+    ("architecture", "features", "words"),
+    [
+        # Persimmon's LayerNorm q/k norms only: its LM head, rotary fraction and RoPE read from text_config
+        ("FuyuForCausalLM", {"q/k norms that are not RMSNorms"}, ["q/k norm computes {'layernorm'}"]),
+        (
+            "Gemma4UnifiedAssistantForCausalLM",
+            {"external_inputs"},
+            ["gives Gemma4UnifiedTextModel no token ids: its input is pre_projection (", "shared_kv_states"],
+        ),
+    ],
+)
+def test_a_model_delegating_to_a_text_model_is_researched_on_its_text_config(
+    tmp_path: Path, architecture, features, words
+):
+    """Fuyu and the Gemma 4 assistant (full-size configs) hold their text
+    model's sizes in ``text_config``: research reads them there (the top
+    level's identity and tying kept), so that no field of the top level is
+    refused as unclassified (Fuyu's LM head bias, rope type and rotary
+    fraction were). The assistant runs its decoder on another model's
+    states: named, not an embedding scale not traced."""
+    from autoport_cst.validate.tiny import resolve_config
+
+    found = _full_size(tmp_path, architecture)
+    text = resolve_config(architecture)[0].get_text_config()
+    assert found.spec.hidden_size == text.hidden_size and found.spec.embedding.vocab_size == text.vocab_size
+    assert found.model_type == resolve_config(architecture)[0].model_type
+    error = _refusal(found)
+    assert error is not None and features <= set(error.features), error.features
+    for field in ("lm_head.bias", "embedding.scale", "attention.scale"):
+        assert field not in error.features, error.features
+    assert all(w in str(error) for w in words), str(error)
+
+
+def test_text_model_config_is_the_sub_config_only_where_the_model_delegates():
+    """A config whose get_text_config() is itself (Llama) is read as it is;
+    Fuyu's is read from text_config, with the top level's identity, tying
+    and dtype."""
+    from autoport_cst.research.config_analysis import text_model_config
+    from autoport_cst.validate.tiny import resolve_config
+
+    llama, _ = resolve_config("LlamaForCausalLM")
+    raw = llama.to_dict()
+    assert text_model_config(raw, llama) == (raw, llama)
+    fuyu, _ = resolve_config("FuyuForCausalLM")
+    raw = {**fuyu.to_dict(), "architectures": ["FuyuForCausalLM"], "tie_word_embeddings": True}
+    values, resolved = text_model_config(raw, fuyu)
+    assert resolved is fuyu.text_config
+    assert values["hidden_size"] == fuyu.text_config.hidden_size and "text_config" not in values
+    assert values["model_type"] == "fuyu" and values["architectures"] == ["FuyuForCausalLM"]
+    assert values["tie_word_embeddings"] is True
+
+
+def test_no_hyper_connections_expert_layouts_or_external_inputs_in_a_plain_model(researched):
+    """A Llama (one residual stream, no experts, its own token embeddings)
+    and a Qwen3-MoE (its experts one module computing act(x W_gate) * (x
+    W_up) W_down) name none of these computations."""
+    names = (
+        "hyper_connections",
+        "split_expert_projections",
+        "fused_expert_rows",
+        "external_inputs",
+        "relative_position_bias",
+        "attention_sizes_per_layer",
+    )
+    for architecture in ("LlamaForCausalLM", "Qwen3MoeForCausalLM"):
+        found = researched(architecture)
+        assert not any(f.field == f"unsupported.{n}" for f in found.findings for n in names), architecture
+        assert _refusal(found) is None, architecture
+
+
+def test_inkling_is_refused_by_what_it_computes_each_named_once(researched):
+    """Inkling: the sliding layers' own head count and size (swa_*), the
+    relative-position logits computed from r_proj, the token embedding's own
+    norm, the short convolutions and the stacked shared experts, each named;
+    not the sizes built other than the config's, the KV head count r_proj
+    was counted in, the embedding scale and tying (the class declares no
+    tied weights), or the shared-expert gate, which follow from them."""
+    error = _refusal(researched("InklingForCausalLM"))
+    assert error is not None
+    named = {
+        "attention_sizes_per_layer",
+        "convolution_mixer",
+        "embedding_norm",
+        "relative_position_bias",
+        "stacked_shared_experts",
+    }
+    assert named <= set(error.features), error.features
+    followed = {
+        "attention.num_heads",
+        "attention.num_kv_heads",
+        "attention.head_dim",
+        "embedding.scale",
+        "embedding.tied",
+        "moe.shared_expert_gate",
+    }
+    assert not followed & set(error.features), error.features
+    for words in (
+        "layers 0-4: q_proj 8192",
+        "layer 5: q_proj 64",
+        "rel_logits_proj (InklingRelativeLogits) computes from r_proj",
+        "embed_tokens (InklingNormedEmbedding) normalizes its own output with embed_norm",
+    ):
+        assert words in str(error), str(error)

@@ -35,10 +35,14 @@ from typing import Any
 
 from autoport_cst.research.analysis import (
     attention,
+    attention_variants,
     block_features,
     chunked_attention,
     decoder,
+    expert_layouts,
+    external_inputs,
     head,
+    hyper_connections,
     mixers,
     mlp,
     moe,
@@ -132,12 +136,15 @@ def _run(st: AnalyzerState) -> None:
         mixers.name_block(st, layer0, ("norm", "residual"), routing=False)  # a mixer beside the attention
         mixers.routed_attention(st, dict(layer0.children())[st.attn_name])
         mixers.routing_beside_attention(st, layer0)
+        hyper_connections.hyper_connections(st, layer0, st.backbone)
         inline = decoder.inline_mlp(st, layer0)
         decoder.analyze_flow(st, layer0)
         if not inline and _unclassified(r, "norm.placement"):
             block_features.sublayer_residual(st, layer0)
         graph = attention.analyze(st, layer0)
+        attention_variants.sizes_per_layer(st)
         if graph is not None:
+            attention_variants.relative_position_bias(st, graph)
             rope.analyze(st, graph)
             if (style := r.get("rope.style")) is not None and style.known:
                 block_features.rope_base_in_code(st)
@@ -150,8 +157,9 @@ def _run(st: AnalyzerState) -> None:
             _inline_feed_forward(st)
         else:
             _feed_forward(st)
+    expert_layouts.name_expert_layouts(st, st.layers[0])  # read or not (DBRX's wrapped attention)
     head.analyze_backbone(st, backbone_path, backbone_inst)
-    if _unclassified(r, "embedding.scale"):
+    if _unclassified(r, "embedding.scale") and not external_inputs.external_inputs(st):
         block_features.embedding_norm(st, backbone_inst)
     block_features.sinusoidal_positions(st, backbone_inst)
     block_features.embedding_projection(st, backbone_inst)

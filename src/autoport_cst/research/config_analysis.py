@@ -123,6 +123,33 @@ def resolve_config(raw: dict[str, Any], path: str) -> Any:
         ) from None
 
 
+# what the top level of a model delegating to a text model says of the model as a
+# whole: its identity, the tying of its head to the embeddings, its dtype and quantization
+_TOP_LEVEL_KEYS = (
+    "model_type",
+    "architectures",
+    "tie_word_embeddings",
+    "torch_dtype",
+    "dtype",
+    "quantization_config",
+)
+
+
+def text_model_config(raw: dict[str, Any], resolved: Any) -> tuple[dict[str, Any], Any]:
+    """The config.json values and configuration the model's text model reads:
+    ``raw`` and ``resolved`` themselves, or, where the configuration's
+    ``get_text_config()`` is a sub-config (Fuyu's Persimmon ``text_config``,
+    the Gemma 4 assistant's text model), that sub-config's values with the
+    top level's identity, tying, dtype and quantization."""
+    text = getattr(resolved, "get_text_config", None)
+    sub = text() if callable(text) else resolved
+    if sub is None or sub is resolved or not isinstance(raw.get("text_config"), dict):
+        return raw, resolved
+    values = {k: v for k, v in raw["text_config"].items() if k not in ("model_type", "architectures")}
+    values.update({k: raw[k] for k in _TOP_LEVEL_KEYS if k in raw})
+    return values, sub
+
+
 def _lookup(raw: dict[str, Any], resolved: Any, keys: tuple[str, ...]) -> tuple[str | None, Any, str]:
     """First key present: (key, value, where) with where = 'config.json' or
     'class default'."""

@@ -10,7 +10,13 @@ from typing import Any
 from autoport_cst.config_json import is_vision_language
 from autoport_cst.research.checkpoint import CheckpointHeader, checkpoint_findings, pattern, read_checkpoint
 from autoport_cst.research.code_analysis import CodeAnalysis, analyze_code
-from autoport_cst.research.config_analysis import ConfigAnalysis, analyze_config, read_config, resolve_config
+from autoport_cst.research.config_analysis import (
+    ConfigAnalysis,
+    analyze_config,
+    read_config,
+    resolve_config,
+    text_model_config,
+)
 from autoport_cst.research.config_dependence import ConfigDependence, probe_config
 from autoport_cst.research.crosscheck import ParameterCount, count_parameters, decide_spec
 from autoport_cst.research.findings import Conflict, Finding
@@ -79,7 +85,7 @@ def research_resolved(resolved: ResolvedSource) -> Research:
         from autoport_cst.research.vlm import research_vlm
 
         return Research(**research_vlm(resolved, raw, config_obj, header, safe_analyze_code, parallel_dims))
-    cfg = analyze_config(raw, config_obj, config_path)
+    cfg = analyze_config(*text_model_config(raw, config_obj), config_path)
     modeling = locate_modeling_source(cfg.model_type, config_path)
     architecture = cfg.architecture or _causal_lm_name(cfg.model_type)
     code = safe_analyze_code(modeling, config_obj if config_obj is not None else raw, architecture, cfg.dims)

@@ -109,6 +109,18 @@ COMPUTATIONS = {
     "other stream)",
     "cross_attention_layers": "cross-attention layers (keys and values computed from another input than the "
     "layer's hidden states, such as image states)",
+    "hyper_connections": "hyper-connections (several residual streams, mixed by learned weights, in place of "
+    "one residual)",
+    "relative_position_bias": "a learned relative-position bias on the attention scores (computed from a "
+    "projection of the hidden states and the query and key positions)",
+    "attention_sizes_per_layer": "attention heads or head sizes that differ between layers (from config fields "
+    "a port does not read)",
+    "split_expert_projections": "experts whose projections are separate modules of every expert's weights, "
+    "the activation applied between them by the routed block",
+    "fused_expert_rows": "every expert's weights stored as one 2-D tensor (the experts' rows one after another), "
+    "split per expert in the forward",
+    "external_inputs": "a decoder run on another model's states (no token ids: its input a projection of "
+    "embeddings the caller passes)",
     "routed_attention": "attention projections chosen per token among experts (a mixture of attention heads)",
     "parallel_layer_lists": "decoder layers held as parallel lists of attentions and feed-forwards",
     "qkv_clip": "queries, keys and values clamped to a range (clip_qkv)",

@@ -234,32 +234,48 @@ def _computes_sin_cos(instance: Instance) -> bool:
 
 
 def embedding_norm(st: AnalyzerState, backbone: Instance) -> None:
-    """A norm applied to the token embedding before the first layer."""
-    calls = layer_calls(st).get(0, [])
-    if not calls or not calls[0].args:
-        return
-    value = strip_casts(calls[0].args[0])
+    """A norm applied to the token embedding before the first layer, in the
+    backbone (BLOOM's ``word_embeddings_layernorm``) or in the embedding
+    module's own forward (Inkling's ``InklingNormedEmbedding``), on one of
+    the paths the backbone's forward takes."""
+    for call in layer_calls(st).get(0, []):
+        text = _normed_embedding(st, strip_casts(call.args[0])) if call.args else None
+        if text is not None:
+            st.add(known(("embedding",), "unsupported.embedding_norm", CODE, f"{st.where(backbone)}: {text}"))
+            return
+
+
+def _normed_embedding(st: AnalyzerState, value: Any) -> str | None:
+    """How ``value``, the first layer's input, normalizes the token
+    embeddings (through dropouts at most), or None."""
     for _ in range(4):
         if not (isinstance(value, Node) and value.kind == "module" and value.args):
-            return
+            return None
         role = st.role(value.ref)
+        if role == "embedding":
+            return _own_norm(st, value.ref)
         if role == "norm":
             break
         if role != "dropout":
-            return
+            return None
         value = strip_casts(value.args[0])
     else:
-        return
+        return None
     if any(n.kind == "module" and st.role(n.ref) == "embedding" for n in walk(value.args[0])):
-        st.add(
-            known(
-                ("embedding",),
-                "unsupported.embedding_norm",
-                CODE,
-                f"{st.where(backbone)}: {value.ref.name} ({value.ref.class_name}) normalizes the token "
-                "embeddings before the first layer",
+        return f"{value.ref.name} ({value.ref.class_name}) normalizes the token embeddings before the first layer"
+    return None
+
+
+def _own_norm(st: AnalyzerState, embed: Instance) -> str | None:
+    """The norm an embedding module applies to its own output, as a clause."""
+    for value in st.outputs(embed)[:1]:
+        top = strip_casts(value)
+        if isinstance(top, Node) and top.kind == "module" and st.role(top.ref) == "norm":
+            return (
+                f"{embed.name} ({embed.class_name}) normalizes its own output with {top.ref.name} "
+                f"({top.ref.class_name}) before the first layer"
             )
-        )
+    return None
 
 
 def embedding_projection(st: AnalyzerState, backbone: Instance) -> None:

@@ -265,6 +265,9 @@ def analyze_head(st: AnalyzerState) -> None:
     )
     tied = st.interp.class_attribute(st.cls, "_tied_weights_keys")
     st.result.tied_keys_declared = bool(tied) if tied is not UNKNOWN else False
+    # what decides the tying where config.json says nothing of it (Inkling's text config)
+    if tied is not UNKNOWN and not tied:
+        st.add(known(False, "embedding.tied", CODE, f"{where}: {st.cls.name} declares no _tied_weights_keys"))
     verdicts = set()
     for state in st.forward(st.top):
         logits = _logits_of(state.value, head)

@@ -76,13 +76,19 @@ def routed_attention(st: AnalyzerState, attn: Instance) -> None:
     routed = [(n, c) for n, c in attn.children() if "." not in n and st.role(c) == "moe"]
     if routed:
         name, child = routed[0]
+        banks = [
+            f"{n} ({c.class_name}: {', '.join(f'{k} {list(p.shape)}' for k, p in c.params() if p.shape)})"
+            for n, c in child.children()
+            if "." not in n and st.role(c) == "experts"
+        ]
+        held = f"; the experts' weights: {', '.join(banks)}" if banks else ""
         st.add(
             known(
                 ("attention",),
                 "unsupported.routed_attention",
                 CODE,
                 f"{st.where(attn)}: {name} ({child.class_name}, {st.where(child)}) routes each token to "
-                "top-k experts for the attention's projections",
+                f"top-k experts for the attention's projections{held}",
             )
         )
 

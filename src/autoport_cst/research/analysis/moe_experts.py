@@ -78,7 +78,8 @@ def stacked_shared(st: AnalyzerState, stacked: list[tuple[str, Instance]], mlps:
         st.add(unknown("moe.shared_experts", CODE, evidence))
     else:
         st.add(known(mlps + sum(c for c in counts if c is not None), "moe.shared_experts", CODE, evidence))
-    st.add(known(True, "unsupported.stacked_shared_experts", CODE, evidence))
+    # their gate (Inkling's router-given gammas) is why no shared-expert gate was read
+    st.add(known(("moe.shared_expert_gate",), "unsupported.stacked_shared_experts", CODE, evidence))
 
 
 def uncast(expr: ast.expr) -> ast.expr:

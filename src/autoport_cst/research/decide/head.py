@@ -77,7 +77,7 @@ def lm_head(d: Decider) -> LMHeadSpec:
 
 
 def _tied(d: Decider) -> bool:
-    tied = d.decide("embedding.tied", False, (CONFIG,))
+    tied = d.decide("embedding.tied", False, (CONFIG, CODE))  # the code's only where the config says nothing
     if d.code is not None and tied and not d.code.tied_keys_declared:
         d.conflict(
             "embedding.tied",

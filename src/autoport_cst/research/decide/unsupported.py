@@ -53,8 +53,8 @@ def unsupported(d: Decider) -> tuple[str, ...] | None:
     (its default would be a guess). Checkpoint layout fields and the
     epsilon's config key are not computations (a wrong guess fails to
     load, or reads the same value)."""
-    items: list[str] = list(_features(d) or ())
     explained = _explained_sections(d)
+    items: list[str] = list(_features(d, explained) or ())
     parameters = d.code_finding("code.attention_parameters")
     if parameters is not None and parameters.known and parameters.value:
         explained.add("attention")  # its own parameters are why its kernel arguments were not read (XLNet)
@@ -73,11 +73,13 @@ def unsupported(d: Decider) -> tuple[str, ...] | None:
         }
         following = _following(unknown)
         for name, evidence in unknown.items():
-            if name.split(".", 1)[0] in explained:
+            if name.split(".", 1)[0] in explained or name in explained:
                 continue  # the named computation is why research could not classify it
             if name not in following:
                 items.append(f"{name}: {_short(evidence)}")
     for name in CONFIG_READ_SIZES:
+        if name in explained:
+            continue  # built by a computation named (sizes per layer, a projection counted with q, k, v)
         cfg, code = d.cfg_finding(name), d.code_finding(name)
         if name == "attention.num_kv_heads" and multi_query_key(d) is not None:
             continue  # the port reads the multi-query flag (multi-query codemod)
@@ -167,8 +169,8 @@ def _dense_width_given(d: Decider, code: Any) -> bool:
 
 
 def _explained_sections(d: Decider) -> set[str]:
-    """The spec sections a named computation of the code analysis accounts
-    for (the value of its ``unsupported.<name>`` finding)."""
+    """The spec sections (or single fields) a named computation of the code
+    analysis accounts for (the value of its ``unsupported.<name>`` finding)."""
     if d.code is None:
         return set()
     return {
@@ -180,16 +182,19 @@ def _explained_sections(d: Decider) -> set[str]:
     }
 
 
-def _features(d: Decider) -> tuple[str, ...] | None:
+def _features(d: Decider, explained: set[str]) -> tuple[str, ...] | None:
     """What the code computes that no spec field describes: every
     ``unsupported.<name>`` finding of the code analysis, as
-    ``"<name>: <evidence>"`` (sorted)."""
+    ``"<name>: <evidence>"`` (sorted), but those another one explains
+    (``moe.expert_mlp`` where the experts' layout is named)."""
     if d.code is None:
         return None
     found: dict[str, str] = {}
     for finding in d.code.findings:
         if finding.field.startswith("unsupported.") and finding.known and finding.value:
             name = finding.field[len("unsupported.") :]
+            if name in explained:
+                continue
             found.setdefault(name, f"{name}: {finding.evidence}")
             d.decisions.append(finding)
     return tuple(found[name] for name in sorted(found)) or None
