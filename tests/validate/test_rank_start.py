@@ -114,13 +114,19 @@ def _interrupt_default(job_path: Path, rank: int, teacher) -> int:
 
 @linux_only
 def test_a_forked_rank_handles_ctrl_c_as_its_parent_does(tmp_path):
-    ranks = start_forked_ranks(tmp_path / "job.pkl", 1, _interrupt_default)
+    # the parent as a command run from a terminal has it: Python's default handler (an
+    # earlier test in this worker, or a library it imported, may have set another)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        assert _wait(ranks, 30) == [0]
+        ranks = start_forked_ranks(tmp_path / "job.pkl", 1, _interrupt_default)
+        try:
+            assert _wait(ranks, 30) == [0]
+        finally:
+            for rank in ranks:
+                rank.stop()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the parent's, restored
     finally:
-        for rank in ranks:
-            rank.stop()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the parent's, restored
+        signal.signal(signal.SIGINT, before)
 
 
 def _matmul_rank(job_path: Path, rank: int, teacher) -> int:
