@@ -127,17 +127,26 @@ def port(
 
     stage("apply")
     start = time.perf_counter()
-    _apply(outcome, found, choice, source, out, ref, force)
+    written = _apply(outcome, found, choice, source, out, ref, force)
     outcome.seconds["apply"] = time.perf_counter() - start
 
-    stage("checkpoint")
-    start = time.perf_counter()
-    if settle_imports:
-        import_settled(VALIDATION_IMPORTS)
-    outcome.checkpoint_dir = _validation_checkpoint(found, out, name, checkpoint, seed)
-    outcome.seconds["checkpoint"] = time.perf_counter() - start
+    try:
+        stage("checkpoint")
+        start = time.perf_counter()
+        if settle_imports:
+            import_settled(VALIDATION_IMPORTS)
+        outcome.checkpoint_dir = _validation_checkpoint(found, out, name, checkpoint, seed)
+        outcome.seconds["checkpoint"] = time.perf_counter() - start
+        _validate(outcome, found, checkpoint, tp, steps, seed, stage)
+    except BaseException:
+        # no verdict (Ctrl-C, bad input found late, an error): no port of this
+        # run stays registered; an earlier port under ``out`` is put back
+        from autoport_cst.interrupts import interrupts_deferred
 
-    _validate(outcome, found, checkpoint, tp, steps, seed, stage)
+        with interrupts_deferred():  # a second Ctrl-C does not stop the rollback halfway
+            written.rollback()
+        raise
+    written.commit()  # a verdict: the port stays, validated or not (exit 0 or 1)
     _record_validations(outcome, out, checkpoint, steps, seed)
     return outcome
 
@@ -197,11 +206,13 @@ def _validate(
 
 def _apply(
     outcome: PortOutcome, found: Any, choice: Any, source: str, out: Path, ref: str | None, force: bool
-) -> None:
+) -> Any:
     """Write the port and its plan from the first realizable reference whose
-    code has the shape the codemods need (only ``ref`` when given)."""
-    from autoport_cst.apply import build_port, load_reference, write_port
+    code has the shape the codemods need (only ``ref`` when given); the
+    write is pending (``apply.writer.PendingWrite``) until the verdict."""
+    from autoport_cst.apply import build_port, load_reference
     from autoport_cst.apply.engine import REGISTRY
+    from autoport_cst.apply.writer import write_port_pending
     from autoport_cst.plan import from_research, plan_to_json
 
     name = outcome.name
@@ -237,10 +248,11 @@ def _apply(
     plan_file = f"plans/{name}.plan.json"
     files = dict(result.files)
     files[plan_file] = json.dumps(plan_to_json(plan), indent=2) + "\n"
-    write_port(out, files, result.package_dir, force)
+    written = write_port_pending(out, files, result.package_dir, force)
     outcome.plan_path = out / plan_file
     outcome.package_dir = out / result.package_dir
     outcome.steps = [s.codemod for s in result.steps]
+    return written
 
 
 def _validation_runs(
@@ -351,7 +363,7 @@ def _second_port(failure, source: str, name: str, out: Path, architecture: str) 
 
 def _check_validation_tp(outcome: PortOutcome, tp: int) -> None:
     """A TP size the rules refuse for the validation checkpoint is refused
-    before any rank process starts (the written port stays whole)."""
+    before any rank process starts (``port`` then keeps no port of this run)."""
     from autoport_cst.research.parallelism import tp_refusal
     from autoport_cst.validate.api import MAX_TP
 
@@ -363,8 +375,8 @@ def _check_validation_tp(outcome: PortOutcome, tp: int) -> None:
         refusal = f"validation runs at most {MAX_TP} local ranks"
     if refusal is not None:
         raise InputError(
-            f"--tp {tp}: {refusal} (sizes of the validation checkpoint {config_path}); the port is "
-            f"written under {outcome.package_dir}: validate it at a TP the rules accept"
+            f"--tp {tp}: {refusal} (sizes of the validation checkpoint {config_path}); no port is "
+            f"kept under {outcome.package_dir}: port again at a TP the rules accept"
         )
 
 

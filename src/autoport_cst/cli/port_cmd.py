@@ -85,7 +85,9 @@ def port_command(source, name, out_dir, tp, ref, checkpoint, steps, seed, force,
     first diverging component, or why it cannot load the checkpoint); 2 on
     bad input (nothing written; a TP size the tensor-parallel rules refuse, a
     corrupt checkpoint) or an architecture with a feature no codemod realizes
-    (named); 130 on Ctrl-C.
+    (named); 130 on Ctrl-C. Until the verdict the port is pending: Ctrl-C or
+    an error before it keeps no port of this run (an earlier one under
+    --out is put back as it was).
     """
     name, config = _check_input(source, name, tp, ref, checkpoint, steps, json_path)
     if not force:
@@ -112,10 +114,10 @@ def port_command(source, name, out_dir, tp, ref, checkpoint, steps, seed, force,
                 settle_imports=True,  # this process ends with the port
             )
         except KeyboardInterrupt:
-            if progress.current not in (None, "research", "apply"):
+            if progress.current not in (None, "research"):
                 stderr_console().print(
-                    f"interrupted while validating: the port under {out_dir} is written whole but "
-                    "not validated (run `autoport-cst validate` on it, or port again)",
+                    f"interrupted before the verdict: no port of this run is kept under {out_dir} "
+                    "(an earlier one is as it was); port again",
                     markup=False,
                 )
             raise
