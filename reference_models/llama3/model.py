@@ -1169,11 +1169,13 @@ class LlamaForCausalLM(nn.Module, SupportsEagle3):
             logits = logits[own_rows, : self.vocab_size]
             return logits if aux is None else (logits, aux)
 
+        # >>> PARALLELISM: this shard's place in the LM-head TP group, the sampler's group: its
+        # padding mask, the sampler's id offset and its logit_mask columns are at this rank <<<
+        lm_head_rank = self.lm_head_tp_group.rank_in_group
+        if rank is not None:
+            lm_head_rank = rank + (lm_head_rank - self.rank)
         # >>> PARALLELISM: the padded vocabulary's columns of this shard never sampled <<<
         if self.lm_head.out_features != self.vocab_size:
-            lm_head_rank = self.lm_head_tp_group.rank_in_group
-            if rank is not None:
-                lm_head_rank = rank + (lm_head_rank - self.rank)
             logits = _mask_padded_vocabulary(logits, self.vocab_size, lm_head_rank)
         # >>> PARALLELISM: LM-head DP: the sampler reduces over the LM-head TP group, whose ranks
         # hold the rows of different LM-head-DP ranks once cut back to their own: it samples every
@@ -1182,7 +1184,7 @@ class LlamaForCausalLM(nn.Module, SupportsEagle3):
             sampling_params = self.lm_head_dp_group.all_gather(sampling_params, dim=0)
         if self.lm_head_dp_size > 1 and logit_mask is not None:
             logit_mask = self.lm_head_dp_group.all_gather(logit_mask, dim=0)
-        sampled_tokens = self.sampler(logits, sampling_params, logit_mask=logit_mask, tp_rank=rank)
+        sampled_tokens = self.sampler(logits, sampling_params, logit_mask=logit_mask, tp_rank=lm_head_rank)
         if self.lm_head_dp_size > 1:
             sampled_tokens = _own_rows(sampled_tokens, own_rows)
         if spec_decode_metadata is not None:

@@ -12,8 +12,10 @@ validates with sampling, and copies of it without the mask, without the cut
 or with the mask's guard inverted pass the plain TP=2 run and fail the
 sampling one, naming the padding. Copies with the mask at the wrong LM-head
 rank (placed by the TP rank; the offset between the LM-head rank and the TP
-rank subtracted) or that hand the sampler their own LM-head-DP rows only
-validate with sampling at TP=2 without LM-head DP, where every LM-head rank
+rank subtracted), that hand the sampler their own LM-head-DP rows only or
+that give it the TP rank (``tp_rank=self.rank``: vllm_neuron's sampler
+offsets its shard's ids by the rank it is given, its place in the LM-head TP
+group) validate with sampling at TP=2 without LM-head DP, where every LM-head rank
 is its TP rank, and fail the default layout's LM-head DP 2."""
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from autoport_cst.validate.driver import PortFailure
 from autoport_cst.validate.parallel_checks import LAYOUTS
 from autoport_cst.validate.sampled_output import _own_block, sampled_logits
 from autoport_cst.validate.standin.layers import Sampler
+from autoport_cst.validate.standin.neuron_config import OnDeviceSamplingConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA3 = ROOT / "reference_models" / "llama3"
@@ -41,7 +44,7 @@ pytestmark = pytest.mark.usefixtures("shared_reference_runs")
 class _Model(nn.Module):
     def __init__(self, handed: torch.Tensor | None) -> None:
         super().__init__()
-        self.sampler = Sampler()
+        self.sampler = Sampler(OnDeviceSamplingConfig())
         self.sampler.sampled_from = handed
 
 
@@ -150,7 +153,7 @@ def test_the_sampling_layout_is_a_default_one():
 MUTANTS = {
     "mask dropped": (
         "            logits = _mask_padded_vocabulary(logits, self.vocab_size, lm_head_rank)\n",
-        "",
+        "            pass\n",
     ),
     "cut dropped": ("            gathered_logits = gathered_logits[:, : self.vocab_size]\n", ""),
     "mask guard inverted": (
@@ -167,8 +170,8 @@ FAILURES = {
 # LM-head DP 2 (the supergroup of two replicas' TP groups): id 511 is on LM-head rank 3, TP rank 1
 LM_HEAD_DP_MUTANTS = {
     "mask at the TP rank": (
-        "            lm_head_rank = self.lm_head_tp_group.rank_in_group\n",
-        "            lm_head_rank = self.rank\n",
+        "        lm_head_rank = self.lm_head_tp_group.rank_in_group\n",
+        "        lm_head_rank = self.rank\n",
     ),
     "LM-head rank offset subtracted": (
         "lm_head_rank = rank + (lm_head_rank - self.rank)",
@@ -181,16 +184,20 @@ LM_HEAD_DP_MUTANTS = {
         "            sampling_params = self.lm_head_dp_group.all_gather(sampling_params, dim=0)\n"
         "        if self.lm_head_dp_size > 1 and logit_mask is not None:\n"
         "            logit_mask = self.lm_head_dp_group.all_gather(logit_mask, dim=0)\n"
-        "        sampled_tokens = self.sampler(logits, sampling_params, logit_mask=logit_mask, tp_rank=rank)\n"
+        "        sampled_tokens = self.sampler(logits, sampling_params, logit_mask=logit_mask, tp_rank=lm_head_rank)\n"
         "        if self.lm_head_dp_size > 1:\n"
         "            sampled_tokens = _own_rows(sampled_tokens, own_rows)\n",
         "        sampled_tokens = self.sampler(logits[own_rows], sampling_params, logit_mask=logit_mask, tp_rank=rank)\n",
     ),
+    # vllm_neuron's sampler offsets its shard's ids by the rank it is given (its distributed
+    # top-k): the TP rank puts LM-head ranks 2 and 3 at ids 0 and 128, not 256 and 384
+    "sampler given the TP rank": ("tp_rank=lm_head_rank)", "tp_rank=self.rank)"),
 }
 LM_HEAD_DP_FAILURES = {
     "mask at the TP rank": "the decode forward handed the sampler the padded vocabulary's id(s) [511] unmasked",
     "LM-head rank offset subtracted": "the decode forward handed the sampler the padded vocabulary's id(s) [511] unmasked",
     "own rows sampled": "with LM-head DP 2 the sampler reduces over the LM-head TP group",
+    "sampler given the TP rank": "the sampler was given tp_rank 0 on rank 2 of its group of 4",
 }
 SAMPLING = dict(LAYOUTS)["on-device sampling at TP=2, LM-head DP 2"]
 

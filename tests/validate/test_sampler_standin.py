@@ -1,13 +1,16 @@
 """The stand-in ``Sampler`` and ``OnDeviceSamplingConfig`` against
 vllm_neuron's: ``Sampler.forward`` returns the sampled token ids only (int32
 ``[N]``, what ``vllm_neuron.functional.sample`` returns), not a tuple with
-logits; it samples greedily only where vllm_neuron's would (``all_greedy``, or
-the runner's ``sampling_params`` at temperature 0: called without them,
-vllm_neuron draws at temperature 1.0); the config has vllm_neuron's fields
-(``all_greedy``, ``max_top_k``, ``deterministic``, ``sampling_dp_degree``,
-``capture_topk``). The stand-in returned ``(tokens, logits)`` and sampled
-greedily whatever it was given, so a port that returned the sampler's output
-as its logprobs or dropped the runner's sampling parameters validated.
+logits; it needs its sampling config and uses ``tp_rank`` where vllm_neuron's
+does (the padding mask, a logit mask wider than the shard, the distributed
+top-k's id offset), refusing those calls without it; it samples greedily
+only where vllm_neuron's would (``all_greedy``, or the runner's
+``sampling_params`` at temperature 0: called without them, vllm_neuron draws
+at temperature 1.0); the config has vllm_neuron's fields (``all_greedy``,
+``max_top_k``, ``deterministic``, ``sampling_dp_degree``, ``capture_topk``).
+The stand-in returned ``(tokens, logits)`` and sampled greedily whatever it
+was given, so a port that returned the sampler's output as its logprobs or
+dropped the runner's sampling parameters validated.
 
 Fast: the sampler's calls. Then a copy of the llama3 reference that hands the
 sampler no sampling parameters fails the on-device sampling run (TP=2; the
@@ -25,6 +28,7 @@ from autoport_cst.validate.api import _FollowUps
 from autoport_cst.validate.driver import PortFailure
 from autoport_cst.validate.sampled_output import sampled_logits
 from autoport_cst.validate.standin import neuron_config as nc
+from autoport_cst.validate.standin.collectives import LOCAL_GROUP
 from autoport_cst.validate.standin.layers import Sampler, greedy_sampling_params
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,6 +83,49 @@ def test_the_logit_mask_is_boolean():
         sampler(_logits(), greedy_sampling_params(2), logit_mask=mask.to(torch.int32))
 
 
+def test_the_sampler_needs_its_config():
+    """vllm_neuron's Sampler reads all_greedy, max_top_k, deterministic and
+    capture_topk from its config at construction."""
+    with pytest.raises(TypeError, match="reads its sampling_config"):
+        Sampler(None)
+    with pytest.raises(TypeError):
+        Sampler()  # type: ignore[call-arg]
+
+
+def test_the_padding_mask_is_placed_at_the_rank_given():
+    """Over a process group the padding mask needs ``tp_rank`` (a tensor):
+    its shard's ids start at ``tp_rank * width``. Rank 1 of a shard of 6
+    columns holds ids 6-11, every one past the vocabulary of 5."""
+    padded = torch.cat([_logits(), torch.zeros(2, 1)], dim=1)
+    sampler = Sampler(nc.OnDeviceSamplingConfig(), process_group=LOCAL_GROUP, vocab_size=5)
+    params = greedy_sampling_params(2)
+    with pytest.raises(ValueError, match="tp_rank must be provided for masking padded vocabulary"):
+        sampler(padded, params)
+    with pytest.raises(TypeError, match="tp_rank must be a tensor"):
+        sampler(padded, params, tp_rank=0)
+    assert sampler(padded, params, tp_rank=torch.tensor(0, dtype=torch.int32)).tolist() == [2, 2]
+    assert sampler.sampled_from[:, 5].isneginf().all() and sampler.rank_used == [0]
+    sampler(padded, params, tp_rank=torch.tensor(1, dtype=torch.int32))
+    assert sampler.sampled_from.isneginf().all() and sampler.rank_used == [1]
+
+
+def test_a_logit_mask_one_shard_wide_or_sliced_at_the_rank_given():
+    """A mask as wide as the shard is taken as it is (no tp_rank needed); a
+    wider one, divisible into shards, is sliced at ``tp_rank``."""
+    sampler = Sampler(nc.OnDeviceSamplingConfig(), process_group=LOCAL_GROUP)
+    params = greedy_sampling_params(2)
+    shard = torch.ones(2, 5, dtype=torch.bool)
+    shard[:, 2] = False
+    assert sampler(_logits(), params, logit_mask=shard).tolist() == [0, 1]
+    full = torch.cat([torch.ones(2, 5, dtype=torch.bool), shard], dim=1)  # shard 1 is `shard`
+    with pytest.raises(ValueError, match="tp_rank must be provided for a logit_mask wider"):
+        sampler(_logits(), params, logit_mask=full)
+    assert sampler(_logits(), params, logit_mask=full, tp_rank=torch.tensor(0)).tolist() == [2, 2]
+    assert sampler(_logits(), params, logit_mask=full, tp_rank=torch.tensor(1)).tolist() == [0, 1]
+    with pytest.raises(ValueError, match="divisible by the shard's: 7 by 5"):
+        sampler(_logits(), params, logit_mask=full[:, :7], tp_rank=torch.tensor(0))
+
+
 def test_the_config_has_vllm_neurons_fields():
     config = nc.NeuronConfig.from_dict(
         {"on_device_sampling_config": {"all_greedy": True, "max_top_k": 8, "global_topk": 3}}
@@ -116,7 +163,7 @@ def test_a_port_that_drops_the_sampling_params_fails_the_sampling_run(tmp_path, 
     mutant = tmp_path / "llama3"
     shutil.copytree(LLAMA3, mutant)
     source = (mutant / "model.py").read_text()
-    call = "self.sampler(logits, sampling_params, logit_mask=logit_mask, tp_rank=rank)"
+    call = "self.sampler(logits, sampling_params, logit_mask=logit_mask, tp_rank=lm_head_rank)"
     assert source.count(call) == 1
     (mutant / "model.py").write_text(source.replace(call, call.replace("sampling_params,", "None,")))
     report = _sampling_run(mutant, tiny_llama)

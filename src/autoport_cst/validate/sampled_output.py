@@ -110,9 +110,23 @@ def sampled_logits(
         raise PortFailure(
             stage,
             f"the {stage} forward returned token {int(tokens[row])} at sampling row {row}, not the greedy "
-            f"sampler's {int(chosen[row])}",
+            f"sampler's {int(chosen[row])}{_rank_hint(sampler)}",
         )
     return logits
+
+
+def _rank_hint(sampler: Any) -> str:
+    """Why, when a shard of the sampler's group was given another rank than
+    its place: vllm_neuron's sampler offsets the shard's ids by it."""
+    given = sampler.rank_used or []
+    wrong = [place for place, rank in enumerate(given) if rank != place]
+    if not wrong:
+        return ""
+    return (
+        f" (the sampler was given tp_rank {given[wrong[0]]} on rank {wrong[0]} of its group of {len(given)}: "
+        "vllm_neuron's sampler takes a shard's ids, padding and logit_mask columns from the rank it is "
+        "given, its place in the sampler's process group: with LM-head DP the LM-head TP group's)"
+    )
 
 
 def _tokens_and_logits(

@@ -162,14 +162,23 @@ def greedy_sampling_params(rows: int) -> torch.Tensor:
 class Sampler(nn.Module):
     """On-device sampling stand-in, ``vllm_neuron.nn.sampler.Sampler``'s
     interface: ``Sampler(sampling_config, process_group=None,
-    vocab_size=None)``, called with this rank's shard of the logits ``[N, V /
-    tp]`` over ``process_group`` and the runner's ``sampling_params`` ``[N, 3]``
-    (top_k, top_p, temperature); returns what vllm_neuron's ``sample`` returns:
-    the sampled token ids, int32 ``[N]``, nothing else (a forward that returns
-    logits for logprobs gathers its own). Given ``vocab_size`` it sets the
-    ids from there on to -inf itself (the real Sampler's padded-vocabulary
-    mask); ``logit_mask`` (bool, False = disallowed) spans the full (padded)
-    vocabulary.
+    vocab_size=None)`` (the config is required: the real one reads its
+    ``all_greedy``, ``max_top_k``, ``deterministic``, ``capture_topk``),
+    called with this rank's shard of the logits ``[N, V / tp]`` over
+    ``process_group``, the runner's ``sampling_params`` ``[N, 3]`` (top_k,
+    top_p, temperature) and ``tp_rank``; returns what vllm_neuron's ``sample``
+    returns: the sampled token ids, int32 ``[N]``, nothing else (a forward that
+    returns logits for logprobs gathers its own).
+
+    ``tp_rank`` is used as the real one uses it, never checked against the
+    group: it is the shard's place in ``process_group`` for the padding mask
+    (given ``vocab_size``, ids from ``tp_rank * V / tp`` on), for the slice of
+    a ``logit_mask`` wider than the shard, and for the distributed top-k's
+    index offset (every call without ``all_greedy``): a rank handing the rank
+    of another group (the TP rank to a sampler over the LM-head TP group)
+    masks, and returns, other ids. Without ``tp_rank`` those calls are
+    refused, as the real one refuses them. ``logit_mask`` (bool, False =
+    disallowed) is one shard wide or divisible into shards.
 
     Greedy only (argmax): a row vllm_neuron samples at a temperature, or a
     call without ``sampling_params`` and without ``all_greedy`` (``sample``
@@ -177,18 +186,28 @@ class Sampler(nn.Module):
     logits of its last call, gathered over the ranks, after its own padding
     mask and before ``logit_mask``: what the model handed it, every column of
     its (padded) vocabulary, for the validator to check
-    (``validate.sampled_output``); ``returned`` its output."""
+    (``validate.sampled_output``); ``returned`` its output; ``rank_used`` the
+    rank each place of the group was given, when a call used ``tp_rank``."""
 
     def __init__(
-        self, sampling_config: Any = None, process_group: Any = None, vocab_size: int | None = None
+        self, sampling_config: Any, process_group: Any = None, vocab_size: int | None = None
     ) -> None:
         super().__init__()
+        if sampling_config is None:
+            raise TypeError(
+                "Sampler: vllm_neuron's Sampler reads its sampling_config (all_greedy, max_top_k, "
+                "deterministic, capture_topk): the NeuronConfig's on_device_sampling_config, not None"
+            )
         self.config = sampling_config
-        self.all_greedy = bool(getattr(sampling_config, "all_greedy", False))
+        self.all_greedy = bool(sampling_config.all_greedy)
+        self.max_top_k = sampling_config.max_top_k
+        self.deterministic = sampling_config.deterministic
+        self.capture_topk = sampling_config.capture_topk
         self.process_group = process_group
         self.vocab_size = vocab_size
         self.sampled_from: torch.Tensor | None = None
         self.returned: torch.Tensor | None = None  # its last output, as returned
+        self.rank_used: list[int] | None = None
 
     def forward(
         self,
@@ -197,18 +216,66 @@ class Sampler(nn.Module):
         logit_mask: torch.Tensor | None = None,
         tp_rank: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        logits = collectives.all_gather(logits, -1, self.process_group)
-        if self.vocab_size is not None and self.vocab_size < logits.shape[-1]:
-            ids = torch.arange(logits.shape[-1], device=logits.device)
+        self.rank_used = None
+        shards = collectives.group_size(self.process_group) if self.process_group is not None else 1
+        width = logits.shape[-1]
+        if self.vocab_size is not None and self.vocab_size < width * shards:
+            rank = self._rank(tp_rank, "masking padded vocabulary shards", default=0)
+            ids = torch.arange(width, device=logits.device) + rank * width
             logits = logits.masked_fill(ids >= self.vocab_size, float("-inf"))
-        self.sampled_from = logits.detach().clone()
+        self.sampled_from = collectives.all_gather(logits, -1, self.process_group).detach().clone()
         if logit_mask is not None:
-            if logit_mask.dtype != torch.bool:
-                raise TypeError(f"Sampler: logit_mask must be bool (True = allowed), got {logit_mask.dtype}")
-            logits = logits.masked_fill(~logit_mask, float("-inf"))
+            logits = logits.masked_fill(~self._own_mask(logit_mask, width, tp_rank), float("-inf"))
         self._refuse_non_greedy(sampling_params, logits.shape[0])
-        self.returned = torch.argmax(logits, dim=-1).to(torch.int32)
+        if self.all_greedy or shards == 1:  # the distributed argmax, or a single shard's top-k
+            tokens = torch.argmax(collectives.all_gather(logits, -1, self.process_group), dim=-1)
+        else:  # the distributed top-k: each shard's ids offset by the rank it is given
+            rank = self._rank(tp_rank, "the distributed top-k (sampling without all_greedy)", tensor=False)
+            best, index = logits.max(dim=-1, keepdim=True)
+            values = collectives.all_gather(best.float(), -1, self.process_group)
+            indices = collectives.all_gather(index + rank * width, -1, self.process_group)
+            tokens = indices.gather(-1, values.argmax(dim=-1, keepdim=True)).squeeze(-1)
+        self.returned = tokens.to(torch.int32)
         return self.returned
+
+    def _rank(self, tp_rank: Any, use: str, default: int | None = None, tensor: bool = True) -> int:
+        """The rank a call uses (``tp_rank``), as the real sampler takes it."""
+        if tp_rank is None:
+            if self.process_group is None and default is not None:
+                return default
+            raise ValueError(
+                f"Sampler: tp_rank must be provided for {use} (vllm_neuron's Sampler refuses it)"
+            )
+        if tensor and not isinstance(tp_rank, torch.Tensor):
+            raise TypeError(
+                f"Sampler: tp_rank must be a tensor for {use}, got {type(tp_rank).__name__} "
+                "(vllm_neuron's Sampler takes the rank as a tensor)"
+            )
+        if isinstance(tp_rank, torch.Tensor) and tp_rank.numel() != 1:
+            raise ValueError(f"Sampler: tp_rank must hold one element, got shape {list(tp_rank.shape)}")
+        rank = int(tp_rank)
+        given = collectives.all_gather(torch.tensor([rank]), 0, self.process_group)
+        self.rank_used = [int(r) for r in given]  # every shard's, by its place in the group
+        return rank
+
+    def _own_mask(self, logit_mask: torch.Tensor, width: int, tp_rank: Any) -> torch.Tensor:
+        """This shard's columns of ``logit_mask``: as it is when one shard
+        wide (or without a group), else the slice at ``tp_rank``."""
+        if logit_mask.dtype != torch.bool:
+            raise TypeError(f"Sampler: logit_mask must be bool (True = allowed), got {logit_mask.dtype}")
+        full = logit_mask.shape[-1]
+        if self.process_group is None or full == width:
+            if full != width:
+                raise ValueError(f"Sampler: logit_mask of {full} columns for logits of {width}")
+            return logit_mask
+        rank = self._rank(tp_rank, "a logit_mask wider than the shard")
+        if full % width != 0:
+            raise ValueError(
+                f"Sampler: a full logit_mask's width must be divisible by the shard's: {full} by {width}"
+            )
+        if not 0 <= rank < full // width:
+            raise IndexError(f"Sampler: tp_rank {rank} selects no shard of a logit_mask of {full} columns")
+        return logit_mask[..., rank * width : (rank + 1) * width]
 
     def _refuse_non_greedy(self, sampling_params: torch.Tensor | None, rows: int) -> None:
         if self.all_greedy:
