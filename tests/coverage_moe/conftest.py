@@ -71,8 +71,9 @@ CONFIGS: dict[str, dict] = {
 # architectures the planner must refuse, with the config overrides that make
 # the tiny model show the feature, and the feature the refusal names
 REFUSALS: dict[str, tuple[str, dict, str]] = {
-    # JetMoe: experts without a classifiable gated MLP (and mixture-of-attention heads)
-    "jetmoe": ("JetMoeForCausalLM", {}, "moe.expert_mlp"),
+    # JetMoe: experts whose input and output projections are separate modules run by the
+    # MoE block with its activation between them (and mixture-of-attention heads)
+    "jetmoe": ("JetMoeForCausalLM", {}, "split_expert_projections"),
     # (EXAONE MoE, once refused for its layers without RoPE chosen by layer_types, ports since
     # rope.nope_rule: tests/coverage_dense/test_nope_layer_types.py)
 }

@@ -15,7 +15,7 @@ from typing import Any
 
 from autoport_cst.research.analysis import mixers
 from autoport_cst.research.analysis.graph import sin_cos_table, strip_casts
-from autoport_cst.research.analysis.layer_inputs import layer_arguments, layer_calls
+from autoport_cst.research.analysis.layer_inputs import forward_parameters, layer_arguments, layer_calls
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, known
 from autoport_cst.research.interp.values import Instance, Node, SourceClass
@@ -50,7 +50,7 @@ def _residual_parameter(st: AnalyzerState, call: Node) -> str | None:
     if not call.args:
         return None
     first = call.args[0]
-    names = _parameters(st, call.ref)
+    names = forward_parameters(st, call.ref)
     for index, arg in enumerate(call.args[1:], start=1):
         if not isinstance(arg, Node) or index >= len(names) or not _computed_from(first, arg):
             continue
@@ -64,16 +64,6 @@ def _residual_parameter(st: AnalyzerState, call: Node) -> str | None:
 
 def _computed_from(value: Any, source: Node) -> bool:
     return value is source or depends_on(value, source)
-
-
-def _parameters(st: AnalyzerState, instance: Instance) -> list[str]:
-    if not isinstance(instance.cls, SourceClass):
-        return []
-    found = st.interp.find_method(instance.cls, "forward")
-    if found is None:
-        return []
-    args = found[1].args
-    return [a.arg for a in [*args.posonlyargs, *args.args][1:]]
 
 
 def score_bias(st: AnalyzerState) -> None:

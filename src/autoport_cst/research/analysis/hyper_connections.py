@@ -14,7 +14,7 @@ input when the backbone copies the token embeddings into the streams."""
 
 from __future__ import annotations
 
-from autoport_cst.research.analysis.mixers import _parameters
+from autoport_cst.research.analysis.layer_inputs import forward_parameters
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, known
 from autoport_cst.research.interp.values import Instance, Node
@@ -31,7 +31,7 @@ def hyper_connections(st: AnalyzerState, layer: Instance, backbone: Instance | N
     """Name the layer's hyper-connections (the modules computing the mixing
     weights, and what they mix); True when named."""
     children = {id(c): (n, c) for n, c in layer.children() if "." not in n}
-    params = _parameters(st, layer)
+    params = forward_parameters(st, layer)
     if not params:
         return False
     mixers: dict[str, Instance] = {}

@@ -56,7 +56,7 @@ def _layer_calls(st: AnalyzerState) -> dict[int, list[Node]]:
 def layer_arguments(st: AnalyzerState, index: int, call: Node) -> dict[str, Any]:
     """The arguments of one call of layer ``index``, by the names of its
     ``forward``'s parameters."""
-    names = _parameters(st, st.layers[index])
+    names = forward_parameters(st, st.layers[index])
     bound = dict(zip(names, call.args, strict=False))
     bound.update(dict(call.kwargs))
     return bound
@@ -100,7 +100,7 @@ def _attention_nones(st: AnalyzerState, layer: Instance, attn: Instance, nones: 
     one of its own parameters named in ``nones``."""
     if not nones:
         return set()
-    names = _parameters(st, attn)
+    names = forward_parameters(st, attn)
     found: set[str] = set()
     for state in st.forward(layer):
         for node in walk(state.value):
@@ -141,7 +141,7 @@ def attention_argument(st: AnalyzerState, index: int, name: str) -> list[Any]:
     attn = dict(layer.children()).get(st.attn_name)
     if attn is None:
         return []
-    names = _parameters(st, attn)
+    names = forward_parameters(st, attn)
     given: set[str] = set()
     for state in st.forward(layer):
         for node in walk(state.value):
@@ -189,7 +189,7 @@ def _walk_before(call: Node, layers: set[int]) -> list[Node]:
     return out
 
 
-def _parameters(st: AnalyzerState, instance: Instance) -> list[str]:
+def forward_parameters(st: AnalyzerState, instance: Instance) -> list[str]:
     """The parameter names of an instance's ``forward`` after ``self``."""
     if not isinstance(instance.cls, SourceClass):
         return []

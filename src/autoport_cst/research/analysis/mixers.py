@@ -23,6 +23,7 @@ import ast
 from collections.abc import Iterator
 
 from autoport_cst.research.analysis.graph import ranges
+from autoport_cst.research.analysis.layer_inputs import forward_parameters
 from autoport_cst.research.analysis.state import AnalyzerState, softmax_modules
 from autoport_cst.research.findings import CODE, known
 from autoport_cst.research.interp.values import MODULE_LIST, Instance, Node, SourceClass
@@ -121,7 +122,7 @@ def cross_attention_layers(st: AnalyzerState) -> None:
 def _other_input(st: AnalyzerState, layer: Instance, attn: Instance) -> tuple[str, str] | None:
     """Two forward arguments of ``attn`` its projections read and ``layer``
     gives different values (each shown with its projections), or None."""
-    params = _parameters(st, attn)
+    params = forward_parameters(st, attn)
     linears = {id(c): n for n, c in attn.children() if "." not in n and st.role(c) == "linear"}
     reads: dict[str, list[str]] = {}
     for value in st.outputs(attn)[:1]:
@@ -149,7 +150,7 @@ def two_streams(st: AnalyzerState, block: Instance) -> bool:
     than the one the sublayer reads: two residual streams carried from layer
     to layer (Reformer's reversible residual, ``prev_attn_output +
     attention(hidden_states)``), named with the sublayer and both arguments."""
-    params = _parameters(st, block)
+    params = forward_parameters(st, block)
     children = {id(c): n for n, c in block.children() if "." not in n}
     for state in st.forward(block)[:1]:
         for node in walk(state.value):
@@ -289,7 +290,7 @@ def _wrapper_residual(
     """The wrapper adds its own input to what the attention inside returns
     (and may norm the sum), itself or in a module it gives both (BERT's
     ``BertSelfOutput``): the residual inside the attention sublayer."""
-    params = _parameters(st, wrapper)
+    params = forward_parameters(st, wrapper)
     for value in st.outputs(wrapper)[:1] if params else ():
         calls = [n for n in walk(value) if n.kind == "module" and n.ref is inner]
         for node in walk(value):
@@ -329,7 +330,7 @@ def _sums_input(st: AnalyzerState, node: Node, calls: list[Node], param: str) ->
         and node.args
         and node.ref not in [c.ref for c in calls]
     ):
-        names = _parameters(st, node.ref)
+        names = forward_parameters(st, node.ref)
         args = list(node.args[: len(names)])
         if len(args) < 2 or not _module_adds(st, node.ref, names[: len(args)]):
             return False
@@ -562,13 +563,3 @@ def _named_descendants(inst: Instance, prefix: str = "", depth: int = 0) -> list
         out.append((path, child))
         out += _named_descendants(child, path + ".", depth + 1)
     return out
-
-
-def _parameters(st: AnalyzerState, instance: Instance) -> list[str]:
-    if not isinstance(instance.cls, SourceClass):
-        return []
-    found = st.interp.find_method(instance.cls, "forward")
-    if found is None:
-        return []
-    args = found[1].args
-    return [a.arg for a in [*args.posonlyargs, *args.args][1:]]
