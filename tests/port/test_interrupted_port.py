@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from autoport_cst.validate import build_tiny_checkpoint
+from tests.validation_depth import OWN, port_at_depth
 
 ROOT = Path(__file__).resolve().parents[2]
 REGISTRY = "vllm_neuron/model/registry.py"
@@ -84,16 +85,11 @@ def test_ctrl_c_while_validating_keeps_no_port_and_restores_an_earlier_one(tiny_
     assert not (out / "vllm_neuron").exists() and not (out / "plans").exists(), _files(out)
     assert not [p.name for p in out.iterdir() if p.name.startswith(".autoport-")]
 
-    # an earlier port, validated, then replaced with --force from another
-    # path (its plan names the source, so this run writes over it) and interrupted
-    done = subprocess.run(
-        [sys.executable, "-m", "autoport_cst", "port", tiny_llama, "--name", "llama", "--out", out],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    # an earlier port, validated (its own runs, without the follow-ups: what it
+    # writes is the same), then replaced with --force from another path (its plan
+    # names the source, so this run writes over it) and interrupted
+    done = port_at_depth(OWN, str(tiny_llama), "llama", out)
+    assert done.validated, done
     earlier = _files(out)
     assert REGISTRY in earlier and "plans/llama.plan.json" in earlier
     moved = tmp_path / "elsewhere"
