@@ -17,11 +17,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoport_cst.config_json import checkpoint_is_vision_language, parse_config_text
 from autoport_cst.errors import InputError, PreconditionError, UnrealizableDiffError
 from autoport_cst.validation_runs import ValidationRun, first_diverging, max_abs
+
+if TYPE_CHECKING:
+    from autoport_cst.apply.writer import PendingWrite
 
 STAGES = ("research", "apply", "checkpoint", "validate")
 
@@ -206,7 +209,7 @@ def _validate(
 
 def _apply(
     outcome: PortOutcome, found: Any, choice: Any, source: str, out: Path, ref: str | None, force: bool
-) -> Any:
+) -> PendingWrite:
     """Write the port and its plan from the first realizable reference whose
     code has the shape the codemods need (only ``ref`` when given); the
     write is pending (``apply.writer.PendingWrite``) until the verdict."""
