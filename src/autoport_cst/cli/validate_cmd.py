@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from autoport_cst.atomic import write_atomic
-from autoport_cst.cli.common import EXIT_ERROR, error_boundary, stdout_console
+from autoport_cst.cli.common import EXIT_ERROR, error_boundary, stderr_console, stdout_console
 from autoport_cst.cli.progress import StageProgress
 from autoport_cst.errors import InputError
 from autoport_cst.preflight import check_checkpoint_dir, check_output_file, require_extra
@@ -36,31 +36,50 @@ from autoport_cst.validate.scenario import check_decode_tokens
     metavar="NAME=INT",
     help="Set an integer config attribute after shrinking (e.g. num_key_value_heads=1); repeatable.",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Write into an OUTDIR that holds something else than a tiny checkpoint of this model "
+    "(its config.json, model.safetensors and tokenizer files are replaced; other files stay).",
+)
 @error_boundary
-def tiny_command(arch_or_config: str, outdir: Path, seed: int, settings: tuple[str, ...]) -> None:
+def tiny_command(
+    arch_or_config: str, outdir: Path, seed: int, settings: tuple[str, ...], force: bool
+) -> None:
     """Build a tiny random checkpoint (config.json + model.safetensors, and a
     byte-level tokenizer of its vocabulary: tokenizer.json).
 
     ARCH_OR_CONFIG is a transformers architecture (LlamaForCausalLM), a
-    model_type (llama) or a config.json path. The same seed gives
-    byte-identical tensors.
+    model_type (llama) or a config.json path. It is a path when it contains
+    a / or ends in .json (config.json, ./llama, llama/); a bare word is
+    always an architecture or a model_type, even where a file or directory
+    of that name exists. The same seed gives byte-identical tensors.
+
+    OUTDIR must be new, empty, or hold a tiny checkpoint of the same model
+    (which is replaced); anything else is refused (exit 2) unless --force.
     """
-    dimensions = {}
-    for setting in settings:
-        name, _, value = setting.partition("=")
-        if not name or not value.lstrip("-").isdigit():
-            raise InputError(f"--set takes NAME=INT, got {setting!r}")
-        dimensions[name] = int(value)
-    looks_like_path = arch_or_config.endswith(".json") or "/" in arch_or_config
+    from autoport_cst.validate.tiny import check_architecture_name, check_model_type_name, source_is_path
+
+    dimensions = _tiny_dimensions(settings)
+    looks_like_path = source_is_path(arch_or_config)
     if looks_like_path and not Path(arch_or_config).exists():
         raise InputError(f"{arch_or_config}: no such config file or directory")
     if outdir.exists() and not outdir.is_dir():
         raise InputError(f"{outdir}: exists and is not a directory")
     require_extra("tiny")
-    if not looks_like_path:
-        from autoport_cst.validate.tiny import check_architecture_name
+    if not looks_like_path:  # a misspelt class or model type, before torch
+        check_architecture_name(arch_or_config)
+        check_model_type_name(arch_or_config)
+    if not force:
+        from autoport_cst.cli.tiny_target import check_tiny_outdir
 
-        check_architecture_name(arch_or_config)  # a misspelt class, before torch
+        check_tiny_outdir(outdir, arch_or_config, looks_like_path)
+    if not looks_like_path and Path(arch_or_config).exists():
+        stderr_console().print(
+            f"note: {arch_or_config!r} is read as a model name, not as the ./{arch_or_config} here "
+            f"(give ./{arch_or_config} to build from its config.json)",
+            markup=False,
+        )
     from autoport_cst.cli.validate_vlm_cmd import tiny_vision_language
 
     if not looks_like_path and tiny_vision_language(arch_or_config, outdir, seed, dimensions):
@@ -72,6 +91,16 @@ def tiny_command(arch_or_config: str, outdir: Path, seed: int, settings: tuple[s
         f"wrote {result.directory}/config.json, model.safetensors and tokenizer: {result.architecture} "
         f"({result.model_type}), {result.num_parameters:,} parameters, seed {result.seed}"
     )
+
+
+def _tiny_dimensions(settings: tuple[str, ...]) -> dict[str, int]:
+    dimensions = {}
+    for setting in settings:
+        name, _, value = setting.partition("=")
+        if not name or not value.lstrip("-").isdigit():
+            raise InputError(f"--set takes NAME=INT, got {setting!r}")
+        dimensions[name] = int(value)
+    return dimensions
 
 
 @click.command("validate")

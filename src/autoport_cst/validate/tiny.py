@@ -32,7 +32,9 @@ bias or forgets a norm weight must change the outputs.
 
 from __future__ import annotations
 
+import ast
 import copy
+import importlib.util
 import json
 import os
 from dataclasses import dataclass
@@ -132,45 +134,29 @@ def _import_transformers():
     return transformers
 
 
+def source_is_path(source: str | os.PathLike[str]) -> bool:
+    """How ``tiny`` and :func:`resolve_config` read their source: a path
+    object, or text with a path separator or ending in ``.json``, is a
+    config.json or a directory holding one (``./llama``, ``llama/``,
+    ``config.json``); any other word is an architecture or a model_type,
+    even where a file or directory of that name exists (``llama``)."""
+    if not isinstance(source, str):
+        return True
+    return source.endswith(".json") or "/" in source or os.sep in source
+
+
 def resolve_config(source: str | os.PathLike[str]) -> tuple[Any, str]:
     """Return ``(config, architecture)`` for an architecture name, a model_type
-    or a config.json path (a directory holding one is accepted)."""
+    or a config.json path (a directory holding one is accepted; which one a
+    source is: :func:`source_is_path`)."""
     transformers = _import_transformers()
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    if source_is_path(source):
+        return _config_file(Path(source))
     text = os.fspath(source)
-    path = Path(text)
-    if path.is_dir():
-        path = path / "config.json"
-    if path.suffix == ".json" or path.is_file():
-        if not path.is_file():
-            raise InputError(f"{path}: no such config file")
-        try:
-            values = load_config_values(path)  # tagged floats decoded, as transformers reads it
-        except json.JSONDecodeError as error:
-            raise InputError(f"{path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}") from None
-        if not isinstance(values, dict):
-            raise InputError(f"{path}: a config.json holds a JSON object")
-        model_type = values.get("model_type")
-        if model_type not in CONFIG_MAPPING:
-            hint = did_you_mean(model_type, CONFIG_MAPPING) if isinstance(model_type, str) else ""
-            raise InputError(f"{path}: unknown or missing model_type {model_type!r}{hint}")
-        try:
-            config = config_object(values)
-        except Exception as error:  # noqa: BLE001 - the config class's own validators
-            raise InputError(
-                f"{path}: transformers cannot build a {model_type} configuration: {error}"
-            ) from None
-        architectures = values.get("architectures") or []
-        architecture = architectures[0] if architectures else None
-        if architecture is None:
-            architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(str(model_type))
-        if architecture is None:
-            raise InputError(f"{path}: no 'architectures' and no causal-LM class for {model_type!r}")
-        return config, architecture
-
     if text in CONFIG_MAPPING:
         architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(text)
         if architecture is None:
@@ -183,6 +169,38 @@ def resolve_config(source: str | os.PathLike[str]) -> tuple[Any, str]:
         mapping = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
         raise _unknown_source(text, [name for name in (*mapping, *mapping.values()) if isinstance(name, str)])
     return config_class(), text
+
+
+def _config_file(path: Path) -> tuple[Any, str]:
+    """``(config, architecture)`` of a config.json (or a directory holding one)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise InputError(f"{path}: no such config file")
+    try:
+        values = load_config_values(path)  # tagged floats decoded, as transformers reads it
+    except json.JSONDecodeError as error:
+        raise InputError(f"{path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}") from None
+    if not isinstance(values, dict):
+        raise InputError(f"{path}: a config.json holds a JSON object")
+    model_type = values.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        hint = did_you_mean(model_type, CONFIG_MAPPING) if isinstance(model_type, str) else ""
+        raise InputError(f"{path}: unknown or missing model_type {model_type!r}{hint}")
+    try:
+        config = config_object(values)
+    except Exception as error:  # noqa: BLE001 - the config class's own validators
+        raise InputError(f"{path}: transformers cannot build a {model_type} configuration: {error}") from None
+    architectures = values.get("architectures") or []
+    architecture = architectures[0] if architectures else None
+    if architecture is None:
+        architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(str(model_type))
+    if architecture is None:
+        raise InputError(f"{path}: no 'architectures' and no causal-LM class for {model_type!r}")
+    return config, architecture
 
 
 _ARCHITECTURE_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
@@ -199,6 +217,47 @@ def check_architecture_name(text: str) -> None:
     names = dir(_import_transformers())
     if text not in names:
         raise _unknown_source(text, [name for name in names if name.endswith(_ARCHITECTURE_SUFFIXES)])
+
+
+def known_model_types() -> frozenset[str] | None:
+    """transformers' model types, read without importing torch:
+    ``configuration_auto`` imports it (2.6 s CPU under ``-X importtime``) but
+    takes its names from ``auto_mappings`` (generated, imports nothing) and
+    adds a few in its own source (``gpt-sw3``, ``mimi_decoder``...), read
+    here as the string keys of its dict literals. None when this
+    transformers lays them out otherwise (the names are then judged after
+    torch, by :func:`resolve_config`)."""
+    try:
+        from transformers.models.auto import auto_mappings
+
+        spec = importlib.util.find_spec("transformers.models.auto.configuration_auto")
+        source = Path(spec.origin).read_text(encoding="utf-8") if spec and spec.origin else None
+        names = set(auto_mappings.CONFIG_MAPPING_NAMES)
+    except (ImportError, AttributeError, OSError):
+        return None
+    if source is None:
+        return None
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Dict):
+            names.update(
+                k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)
+            )
+    return frozenset(names)
+
+
+def check_model_type_name(text: str) -> None:
+    """Refuse a lower-case word that is no transformers model type before
+    torch is imported (``tiny lama`` imported torch to say so); a directory
+    of that name is named as the way to build from its config.json."""
+    if not text[:1].islower() or source_is_path(text):
+        return
+    known = known_model_types()
+    if known is None or text in known:
+        return
+    error = _unknown_source(text, sorted(known))
+    if Path(text).exists():
+        error = InputError(f"{error.message}; to build from the config.json in ./{text}, give ./{text}")
+    raise error
 
 
 def _unknown_source(text: str, known: list[str]) -> InputError:

@@ -1,0 +1,110 @@
+"""Where ``autoport-cst tiny`` may write: checked before torch is imported.
+
+OUTDIR may be new, empty, or hold a tiny checkpoint of the same model that
+``tiny`` wrote before (its ``model.safetensors`` carries the ``key_format``
+metadata ``tiny`` writes): a second run with another seed or ``--set``
+replaces it, as the README's one-liner does when run again. Anything else
+(a checkpoint of another model, a checkpoint ``tiny`` did not write, other
+files) is refused with exit 2, naming the directory and what it holds,
+unless ``--force``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from autoport_cst.errors import InputError, Position
+
+TINY_METADATA_KEY = (
+    "key_format"  # autoport_cst.validate.tiny.KEY_FORMAT (not imported: it imports torch lazily)
+)
+_HEADER_LIMIT = 100_000_000
+
+
+@dataclass(frozen=True)
+class HeldCheckpoint:
+    """The checkpoint a directory holds, as its config.json names it."""
+
+    model_type: str | None
+    architectures: tuple[str, ...]
+    tiny: bool  # written by ``autoport-cst tiny``
+
+    def describe(self) -> str:
+        kind = "a tiny checkpoint (written by `autoport-cst tiny`)" if self.tiny else "a checkpoint"
+        names = ", ".join(self.architectures) or "no architectures"
+        return f"{kind} of model_type {self.model_type!r} ({names})"
+
+
+def check_tiny_outdir(outdir: Path, source: str, source_is_path: bool) -> None:
+    """Refuse an OUTDIR whose contents ``tiny`` would overwrite and that is
+    not a tiny checkpoint of the same model (see the module docstring)."""
+    if not outdir.is_dir():
+        return
+    entries = sorted(p.name for p in outdir.iterdir())
+    if not entries:
+        return
+    held = held_checkpoint(outdir)
+    if held is not None and held.tiny and _same_model(held, source, source_is_path):
+        return
+    if held is not None:
+        what = f"holds {held.describe()}"
+    else:
+        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+        what = f"is not empty and holds no checkpoint ({len(entries)} entries: {shown})"
+    raise InputError(
+        f"OUTDIR {what}; `tiny {source}` would overwrite its config.json, model.safetensors and "
+        "tokenizer files: give a new or empty directory, or --force to write over it",
+        Position(str(outdir)),
+    )
+
+
+def held_checkpoint(directory: Path) -> HeldCheckpoint | None:
+    """The checkpoint ``directory`` holds (None without a readable config.json)."""
+    config = _config_named(directory / "config.json")
+    if config is None:
+        return None
+    return HeldCheckpoint(
+        *config, TINY_METADATA_KEY in _safetensors_metadata(directory / "model.safetensors")
+    )
+
+
+def _config_named(path: Path) -> tuple[str | None, tuple[str, ...]] | None:
+    """The model_type and architectures a config.json names."""
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(values, dict):
+        return None
+    model_type = values.get("model_type")
+    architectures = values.get("architectures")
+    return (
+        model_type if isinstance(model_type, str) else None,
+        tuple(a for a in architectures if isinstance(a, str)) if isinstance(architectures, list) else (),
+    )
+
+
+def _safetensors_metadata(path: Path) -> dict:
+    try:
+        with path.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > _HEADER_LIMIT:
+                return {}
+            header = json.loads(handle.read(length))
+    except (OSError, struct.error, ValueError):
+        return {}
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def _same_model(held: HeldCheckpoint, source: str, source_is_path: bool) -> bool:
+    if not source_is_path:
+        return source == held.model_type or source in held.architectures
+    path = Path(source)
+    wanted = _config_named(path / "config.json" if path.is_dir() else path)
+    if wanted is None or wanted[0] != held.model_type:
+        return False
+    return not wanted[1] or wanted[1][:1] == held.architectures[:1]
