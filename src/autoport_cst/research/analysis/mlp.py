@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autoport_cst.research.activation_values import activation_by_values
 from autoport_cst.research.analysis.graph import (
     has_step2,
     is_one,
@@ -20,7 +21,7 @@ from autoport_cst.research.analysis.graph import (
 )
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, known, unknown
-from autoport_cst.research.interp.values import Instance, Node
+from autoport_cst.research.interp.values import Instance, Node, SourceClass
 from autoport_cst.research.interp.walk import depends_on, walk
 
 # transformers activation names -> spec activation (a property of the
@@ -119,9 +120,7 @@ def mlp_facts(st: AnalyzerState, inst: Instance) -> dict[str, Any]:
         n for n in nodes if n.kind == "module" and n.ref is not None and st.role(n.ref) == "activation"
     ]
     if modules and not acts and facts["act"] is None:
-        facts["evidence"] = (
-            f"activation computed by {st.where(modules[0].ref)}, not a function research names"
-        )
+        _activation_by_values(st, facts, modules[0].ref)
     gated = _gated(nodes, linear_calls + param_mm)
     if acts or modules or gated:
         facts["kind"] = "gated" if gated else "plain"
@@ -155,6 +154,22 @@ def mlp_facts(st: AnalyzerState, inst: Instance) -> dict[str, Any]:
     facts["linears"] = [(i.name, i.args.get("out_features"), i.args.get("bias")) for i in lin_insts]
     facts["roles"] = _roles(linear_calls, acts, gated, fused)
     return facts
+
+
+def _activation_by_values(st: AnalyzerState, facts: dict[str, Any], module: Instance) -> None:
+    """An activation module written out (BLOOM's ``BloomGelu``): named when
+    its values are those of one of transformers' activations."""
+    where = st.where(module)
+    cls = module.cls
+    found = activation_by_values(cls.module.dotted, cls.name) if isinstance(cls, SourceClass) else None
+    if found is None:
+        facts["evidence"] = f"activation computed by {where}, not a function research names"
+        return
+    facts["act"], facts["by_values"] = found[0], True
+    facts["evidence"] = (
+        f"activation computed by {where}: its values on [-20, 20] are transformers' {found[0]!r} "
+        f"(largest relative difference {found[1]:.1e})"
+    )
 
 
 def _projections(
@@ -301,7 +316,8 @@ def _activation_findings(st: AnalyzerState, facts: dict[str, Any], where: str, f
         st.add(unknown(f"{field_prefix}.activation", CODE, f"{where}: activation {act!r} has no spec value"))
     else:
         key = f" (config.{facts['act_key']} = {act!r})" if facts["act_key"] else f" ({act})"
-        st.add(known(ACTIVATIONS[act], f"{field_prefix}.activation", CODE, f"{where}: ACT2FN{key}"))
+        text = facts["evidence"] if facts.get("by_values") else f"ACT2FN{key}"
+        st.add(known(ACTIVATIONS[act], f"{field_prefix}.activation", CODE, f"{where}: {text}"))
     if facts["act_key"]:
         st.add(
             known(
