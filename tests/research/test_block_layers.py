@@ -18,12 +18,13 @@ BLOCKS = {
     "gpt2": ("GPT2Model.h", set(), ""),
     "opt": ("OPTDecoder.layers", set(), ""),  # fc1/fc2 in the layer are read as an MLP
     "falcon": ("FalconModel.h", set(), ""),
+    # the residual its attention and MLP add themselves is the block's (tests/research/test_residual_in_sublayer.py)
     "bloom": (
         "BloomModel.h",
-        {"alibi_positions", "embedding_norm", "sublayer_residual", "mlp.activation"},
-        "activation computed by BloomGelu.forward",
+        {"alibi_positions", "embedding_norm"},
+        "word_embeddings_layernorm (LayerNorm)",
     ),
-    "mpt": ("MptModel.blocks", {"alibi_positions", "sublayer_residual"}, "position_bias"),
+    "mpt": ("MptModel.blocks", {"alibi_positions"}, "position_bias"),
     "biogpt": ("BioGptModel.layers", set(), ""),  # its feed-forward in the layer is read as an MLP
     # its attention one module down (attn.attention) writes out its scores and softmax
     "gpt_neo": (

@@ -99,6 +99,8 @@ COMPUTATIONS = {
     "sinusoidal_positions": "sinusoidal absolute position embeddings (a fixed table added to the token embeddings)",
     "explicit_attention": "attention written out (scores, softmax) instead of an attention kernel call",
     "sublayer_residual": "the residual added inside the attention or MLP module",
+    "residual_after_norm": "the residual taken after the norm (the sublayer's normed input added back to its "
+    "output)",
     "sparse_indexer": "DSA lightning indexer (index top-k selection of keys)",
     "recurrent_mixer": "a token mixer other than softmax attention that carries a state from position to "
     "position (a recurrence: state-space scan, linear attention or RNN cell)",

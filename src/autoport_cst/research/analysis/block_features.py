@@ -25,23 +25,34 @@ from autoport_cst.research.interp.walk import depends_on, walk
 def sublayer_residual(st: AnalyzerState, layer: Instance) -> None:
     """The attention or MLP module given the residual with its input, and
     adding it to its output itself (no residual add in the layer)."""
-    named = []
+    named: dict[str, list[str]] = {"sublayer_residual": [], "residual_after_norm": []}
     for value in st.outputs(layer)[:1]:
         for call in walk(value):
             if call.kind != "module" or st.role(call.ref) not in ("attention", "mlp", "moe"):
                 continue
             param = _residual_parameter(st, call)
-            if param is not None:
-                named.append(f"{st.where(call.ref)} adds its argument {param!r} to its output")
-    if named:
-        st.add(
-            known(
-                ("norm", "residual"),
-                "unsupported.sublayer_residual",
-                CODE,
-                f"{st.where(layer)}: " + "; ".join(sorted(set(named))),
-            )
-        )
+            if param is None:
+                continue
+            text = f"{st.where(call.ref)} adds its argument {param!r} to its output"
+            norm = _normed_residual(st, call, param)
+            if norm is not None:
+                text += f", given the output of the norm before it ({norm}) as {param!r}"
+            named["residual_after_norm" if norm is not None else "sublayer_residual"].append(text)
+    for name, texts in named.items():
+        if texts:
+            where = f"{st.where(layer)}: " + "; ".join(sorted(set(texts)))
+            st.add(known(("norm", "residual"), f"unsupported.{name}", CODE, where))
+
+
+def _normed_residual(st: AnalyzerState, call: Node, param: str) -> str | None:
+    """The name of the norm whose output the sublayer ``call`` is given both
+    as its input and as the residual ``param`` it adds (BLOOM with
+    ``apply_residual_connection_post_layernorm``), or None."""
+    given = dict(zip(forward_parameters(st, call.ref), call.args, strict=False)) | dict(call.kwargs)
+    first, residual = strip_casts(call.args[0]), strip_casts(given.get(param))
+    if not (isinstance(first, Node) and first.kind == "module" and st.role(first.ref) == "norm"):
+        return None
+    return first.ref.name if residual is first else None
 
 
 def _residual_parameter(st: AnalyzerState, call: Node) -> str | None:

@@ -22,6 +22,7 @@ from autoport_cst.research.analysis.config_expressions import (
     simplified,
 )
 from autoport_cst.research.analysis.graph import peel_scalars, ranges, scalar_path, strip_casts, unique
+from autoport_cst.research.analysis.layer_inputs import added_argument
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, known, unknown
 from autoport_cst.research.interp.values import MODULE_LIST, Instance, Node, SourceClass
@@ -388,6 +389,8 @@ def _verdict(st: AnalyzerState, layer: Instance, value: Any) -> dict[str, Any]:
     for kind, call in S.items():
         pre[kind] = _norm_call(st, _sublayer_input(entries[id(call)]))
         branch = _residual_branch(st, value, call)
+        if branch is None and _adds_own_residual(st, entries[id(call)], call):
+            branch = call  # the sublayer adds the block's residual itself (BLOOM, MPT's MLP)
         if branch is None:
             verdict["why_placement"] = f"no residual add found around the {kind} output"
             return verdict
@@ -401,6 +404,24 @@ def _verdict(st: AnalyzerState, layer: Instance, value: Any) -> dict[str, Any]:
     else:
         verdict["why_multiplier"] = f"different scalars on the sublayer outputs: {mults}"
     return verdict
+
+
+def _adds_own_residual(st: AnalyzerState, entry: Node, call: Node) -> bool:
+    """The sublayer ``call`` is given the block's residual and adds it to
+    its output itself: the argument it adds is the value its input norm
+    reads (``attn(norm(h), h)`` computes ``h + attn'(norm(h))``). A residual
+    taken after the norm (BLOOM's ``apply_residual_connection_post_layernorm``)
+    is not that; the block is then named (``block_features.sublayer_residual``)."""
+    if entry is not call:
+        return False
+    added = added_argument(st, call)
+    normed = strip_casts(_sublayer_input(call))
+    if added is None or not (isinstance(normed, Node) and normed.kind == "module" and normed.args):
+        return False
+    if _norm_call(st, normed) is not normed.ref:
+        return False
+    residual, norm_input = strip_casts(added[1]), strip_casts(normed.args[0])
+    return residual is norm_input or residual == norm_input
 
 
 def _sublayer_input(call: Node) -> Any:

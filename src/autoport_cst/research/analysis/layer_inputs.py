@@ -18,7 +18,7 @@ import ast
 from typing import Any
 
 from autoport_cst.research.analysis.state import AnalyzerState
-from autoport_cst.research.interp.values import Instance, Node, SourceClass
+from autoport_cst.research.interp.values import FuncRef, Instance, Node, SourceClass, merge_returns
 from autoport_cst.research.interp.walk import children_of, walk
 
 
@@ -199,3 +199,45 @@ def forward_parameters(st: AnalyzerState, instance: Instance) -> list[str]:
     fn = found[1]
     args: ast.arguments = fn.args
     return [a.arg for a in [*args.posonlyargs, *args.args][1:]]
+
+
+def added_argument(st: AnalyzerState, call: Node) -> tuple[str, Any] | None:
+    """The argument of the sublayer ``call`` that the sublayer adds to its
+    own output, as ``(parameter, value)``: on every forward path its main
+    output is ``parameter + f(...)`` with ``f`` not reading the parameter
+    (through a function of the source such as BLOOM's ``dropout_add``, run
+    on the symbolic arguments); None otherwise. BLOOM's attention and MLP,
+    MPT's MLP: the residual add of the block, written inside the sublayer."""
+    sub = call.ref
+    if not isinstance(sub, Instance):
+        return None
+    names = forward_parameters(st, sub)
+    given = {**dict(zip(names, call.args, strict=False)), **dict(call.kwargs)}
+    outputs = st.outputs(sub)
+    added = {_added_input(st, value) for value in outputs}
+    param = added.pop() if len(added) == 1 else None
+    if param is None or param not in given or param not in names[1:]:
+        return None
+    return param, given[param]
+
+
+def _added_input(st: AnalyzerState, value: Any) -> str | None:
+    """The input ``name`` when ``value`` is ``<name> + other`` and ``other``
+    does not read it (a source function returning that is run first)."""
+    for _ in range(3):
+        if isinstance(value, Node) and value.kind == "func" and isinstance(value.ref, FuncRef):
+            ref = value.ref
+            value = merge_returns(
+                st.interp.call_function(ref.module, ref.node, list(value.args), dict(value.kwargs))
+            )
+            continue
+        break
+    if not (
+        isinstance(value, Node) and value.kind == "binop" and value.name == "add" and len(value.args) == 2
+    ):
+        return None
+    for mine, other in (value.args, value.args[::-1]):
+        if isinstance(mine, Node) and mine.kind == "input":
+            if not any(n.kind == "input" and n.name == mine.name for n in walk(other)):
+                return mine.name
+    return None
