@@ -133,6 +133,7 @@ def port(
     written = _apply(outcome, found, choice, source, out, ref, force)
     outcome.seconds["apply"] = time.perf_counter() - start
 
+    checkpoints_before = _checkpoint_entries(out)
     try:
         stage("checkpoint")
         start = time.perf_counter()
@@ -143,11 +144,13 @@ def port(
         _validate(outcome, found, checkpoint, tp, steps, seed, stage)
     except BaseException:
         # no verdict (Ctrl-C, bad input found late, an error): no port of this
-        # run stays registered; an earlier port under ``out`` is put back
+        # run stays registered; an earlier port under ``out`` is put back, and
+        # the checkpoints this run made are removed
         from autoport_cst.interrupts import interrupts_deferred
 
         with interrupts_deferred():  # a second Ctrl-C does not stop the rollback halfway
             written.rollback()
+            _remove_new_checkpoints(out, name, checkpoints_before)
         raise
     written.commit()  # a verdict: the port stays, validated or not (exit 0 or 1)
     _record_validations(outcome, out, checkpoint, steps, seed)
@@ -408,6 +411,32 @@ def _validation_checkpoint(found, out: Path, name: str, checkpoint: str, seed: i
         if _key_overlap(source_dir, saved) > _key_overlap(source_dir, target):
             return saved
     return target
+
+
+def _checkpoint_entries(out: Path) -> set[str] | None:
+    """The names under OUT/checkpoints (None: there is no such directory)."""
+    directory = out / "checkpoints"
+    return {p.name for p in directory.iterdir()} if directory.is_dir() else None
+
+
+def _remove_new_checkpoints(out: Path, name: str, before: set[str] | None) -> None:
+    """Remove the checkpoints of port ``name`` that this run made under
+    OUT/checkpoints (``{name}-tiny``, ``-tiny-saved``, their ``-variant``), and
+    the directory itself when the run made it and it is left empty; what was
+    there before the run stays."""
+    import shutil
+
+    directory = out / "checkpoints"
+    if not directory.is_dir():
+        return
+    for path in directory.iterdir():
+        if path.name not in (before or set()) and path.name.startswith(f"{name}-tiny"):
+            shutil.rmtree(path, ignore_errors=True)
+    if before is None:
+        try:
+            directory.rmdir()
+        except OSError:  # not empty: another run's files
+            pass
 
 
 def _key_patterns(directory: Path) -> set[str]:

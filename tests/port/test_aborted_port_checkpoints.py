@@ -1,0 +1,66 @@
+"""A `port` stopped before its verdict (Ctrl-C, an error) removes the tiny
+checkpoints it made under OUT/checkpoints, and only those (issue 18): what
+was there before the run stays."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autoport_cst.port import port
+from autoport_cst.validate import build_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("source-llama")
+    build_tiny_checkpoint("LlamaForCausalLM", directory, seed=1)
+    return directory
+
+
+def _stop_at(label: str, error: BaseException):
+    def on_stage(stage: str) -> None:
+        if stage == label:
+            raise error
+
+    return on_stage
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), RuntimeError("failed while validating")])
+def test_the_run_s_checkpoints_go_what_was_there_stays(source, tmp_path, error):
+    out = tmp_path / "out"
+    kept = out / "checkpoints" / "other-tiny"
+    kept.mkdir(parents=True)
+    (kept / "config.json").write_text("{}")
+    seen = []
+
+    def on_stage(stage: str) -> None:
+        seen.append(stage)
+        if stage == "validate tp=1 fp32":
+            assert (out / "checkpoints" / "x-tiny" / "model.safetensors").is_file()  # made by this run
+            raise error
+
+    with pytest.raises(type(error)):
+        port(str(source), "x", out, steps=1, on_stage=on_stage)
+    assert "validate tp=1 fp32" in seen
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["other-tiny"]
+    assert (kept / "config.json").read_text() == "{}"
+    assert not (out / "vllm_neuron").exists()
+
+
+def test_a_checkpoints_directory_the_run_made_goes_too(source, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        port(str(source), "x", out, steps=1, on_stage=_stop_at("validate tp=1 fp32", KeyboardInterrupt()))
+    assert not (out / "checkpoints").exists()
+
+
+def test_a_checkpoint_directory_of_an_earlier_run_stays(source, tmp_path):
+    out = tmp_path / "out"
+    earlier = out / "checkpoints" / "x-tiny"
+    earlier.mkdir(parents=True)
+    (earlier / "notes.txt").write_text("earlier")
+    with pytest.raises(KeyboardInterrupt):
+        port(str(source), "x", out, steps=1, on_stage=_stop_at("validate tp=1 fp32", KeyboardInterrupt()))
+    assert (earlier / "notes.txt").read_text() == "earlier"
