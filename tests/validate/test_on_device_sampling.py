@@ -101,7 +101,9 @@ def test_a_mask_over_a_real_id_fails():
 
 def test_tokens_other_than_the_greedy_choice_fail():
     logits = _logits()
-    with pytest.raises(PortFailure, match="returned token 1 at sampling row 1, not the greedy sampler's 2"):
+    with pytest.raises(
+        PortFailure, match=r"returned token 1 at sampling row 1, not the sampler's 2 \(greedy\)"
+    ):
         _check((torch.tensor([2, 1]), logits), _padded(logits))
 
 
@@ -166,6 +168,7 @@ FAILURES = {
     "cut dropped": "logits of 512 ids for a vocabulary of 511",
     "mask guard inverted": "padded vocabulary's id(s) [511] unmasked",
 }
+CALL = "        sampled_tokens = self.sampler(logits, sampling_params, logit_mask=logit_mask, tp_rank=lm_head_rank)\n"
 # the vocabulary of 511 padded to 512 over the 4 ranks of the LM-head TP group at TP=2 with
 # LM-head DP 2 (the supergroup of two replicas' TP groups): id 511 is on LM-head rank 3, TP rank 1
 LM_HEAD_DP_MUTANTS = {
@@ -191,13 +194,49 @@ LM_HEAD_DP_MUTANTS = {
     ),
     # vllm_neuron's sampler offsets its shard's ids by the rank it is given (its distributed
     # top-k): the TP rank puts LM-head ranks 2 and 3 at ids 0 and 128, not 256 and 384
-    "sampler given the TP rank": ("tp_rank=lm_head_rank)", "tp_rank=self.rank)"),
+    "sampler given the TP rank": ("tp_rank=lm_head_rank)", "tp_rank=rank)"),
+    # the runner's logit mask cut to this shard by the port at the runner's TP rank: LM-head
+    # ranks 2 and 3 take the columns of ids 0-255 (validated before the run drove a mask)
+    "logit mask cut at the TP rank": (
+        CALL,
+        "        if logit_mask is not None:\n"
+        "            width = logits.shape[-1]\n"
+        "            logit_mask = logit_mask[:, rank * width : (rank + 1) * width]\n" + CALL,
+    ),
 }
 LM_HEAD_DP_FAILURES = {
     "mask at the TP rank": "the decode forward handed the sampler the padded vocabulary's id(s) [511] unmasked",
-    "LM-head rank offset subtracted": "the decode forward handed the sampler the padded vocabulary's id(s) [511] unmasked",
+    # LM-head rank 2 (TP rank 0) gives -2: the sampler cannot slice the runner's logit mask there
+    "LM-head rank offset subtracted": "tp_rank -2 selects no shard of a logit_mask of 512 columns",
     "own rows sampled": "with LM-head DP 2 the sampler reduces over the LM-head TP group",
     "sampler given the TP rank": "the sampler was given tp_rank 0 on rank 2 of its group of 4",
+    "logit mask cut at the TP rank": "the decode forward returned token",
+}
+# the runner's requests (sampled_output.runner_sampling: sampling parameters per row, a logit
+# mask) not reaching the sampler as the runner gave them; each validated while the run asked
+# for greedy rows without a mask, but "sampling params not gathered" (refused for its shape)
+REQUEST_MUTANTS = {
+    "logit mask rows not gathered": (
+        "        if self.lm_head_dp_size > 1 and logit_mask is not None:\n"
+        "            logit_mask = self.lm_head_dp_group.all_gather(logit_mask, dim=0)\n",
+        "",
+    ),
+    "greedy params made by the port": (
+        CALL,
+        CALL.replace("sampling_params,", "torch.tensor([[-1.0, 1.0, 0.0]]).repeat(logits.shape[0], 1),"),
+    ),
+    "logit mask dropped": (CALL, CALL.replace("logit_mask=logit_mask", "logit_mask=None")),
+    "sampling params not gathered": (
+        "        if self.lm_head_dp_size > 1 and sampling_params is not None:\n"
+        "            sampling_params = self.lm_head_dp_group.all_gather(sampling_params, dim=0)\n",
+        "",
+    ),
+}
+REQUEST_FAILURES = {
+    "logit mask rows not gathered": "The size of tensor a (3) must match the size of tensor b (6)",
+    "greedy params made by the port": "not the sampler's",
+    "logit mask dropped": "not the sampler's",
+    "sampling params not gathered": "sampling_params of shape [3, 3] for 6 row(s)",
 }
 SAMPLING = dict(LAYOUTS)["on-device sampling at TP=2, LM-head DP 2"]
 
@@ -237,3 +276,23 @@ def test_the_wrong_lm_head_rank_fails_at_lm_head_dp_2(broken_port, tiny_llama: P
     report = _run_default_sampling(package, tiny_llama)
     assert not report.equivalent and report.exit_code == 1
     assert LM_HEAD_DP_FAILURES[mutant] in report.failure.message, report.summary()
+
+
+# "sampling params not gathered" failed before the run drove requests (their shape): slow
+REQUEST_CASES = [
+    pytest.param(name, marks=pytest.mark.slow) if name == "sampling params not gathered" else name
+    for name in sorted(REQUEST_MUTANTS)
+]
+
+
+@pytest.mark.parametrize("mutant", REQUEST_CASES)
+def test_the_runners_requests_reach_the_sampler_as_given(broken_port, tiny_llama: Path, mutant: str):
+    """The sampling run hands each row a request (greedy, top-k 1 at a
+    temperature, draws at 0.5 under top-k / top-p) and a logit mask over the
+    padded vocabulary; the returned tokens must be the sampler's choice with
+    them. A port that replaces them, drops the mask, or hands the LM-head TP
+    group one replica's rows of them fails."""
+    package = broken_port(*REQUEST_MUTANTS[mutant])
+    report = _run_default_sampling(package, tiny_llama)
+    assert not report.equivalent and report.exit_code == 1
+    assert REQUEST_FAILURES[mutant] in report.failure.message, report.summary()

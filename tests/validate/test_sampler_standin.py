@@ -54,13 +54,68 @@ def test_without_sampling_params_only_all_greedy_samples():
     assert Sampler(nc.OnDeviceSamplingConfig(all_greedy=True))(_logits()).tolist() == [2, 2]
 
 
-def test_a_temperature_or_a_wrong_shape_is_refused():
+def test_a_random_draw_or_a_wrong_shape_is_refused():
+    """A row at a temperature among several candidates draws at a random
+    point unless the config is deterministic: the stand-in cannot know it."""
     hot = greedy_sampling_params(2)
     hot[1, 2] = 0.7
-    with pytest.raises(NotImplementedError, match=r"greedily only: row\(s\) \[1\] ask for temperature 0.7"):
+    with pytest.raises(
+        NotImplementedError, match=r"cannot draw at random: row\(s\) \[1\] .* temperature 0.7"
+    ):
         Sampler(nc.OnDeviceSamplingConfig())(_logits(), hot)
     with pytest.raises(ValueError, match=r"sampling_params of shape \[1, 3\] for 2 row"):
         Sampler(nc.OnDeviceSamplingConfig())(_logits(), greedy_sampling_params(1))
+
+
+def _params(*rows: tuple[float, float, float]) -> torch.Tensor:
+    return torch.tensor(rows)
+
+
+def test_sampling_as_vllm_neurons_sample():
+    """Row 0's logits sorted: ids 2, 0, 1, 3, 4 (0.3, 0.1, -0.2, -0.4, -0.5);
+    at temperature 1 their probabilities are 0.297, 0.243, 0.180, 0.147,
+    0.133, whose cumulative sum passes 0.5 at id 0: a deterministic draw
+    (at 0.5) returns id 0, where greedy returns id 2. Top-k 1, a top-p below
+    the first probability or a low temperature leave id 2; top-k 3 at
+    temperature 1 renormalizes 0.297, 0.243, 0.180 (cumulative 0.41, 0.75):
+    id 0. Top-k 1 needs no deterministic config (one candidate)."""
+    deterministic = Sampler(nc.OnDeviceSamplingConfig(deterministic=True))
+    row = _logits()[:1]
+    expected = {
+        (-1.0, 1.0, 0.0): 2,
+        (-1.0, 1.0, 1.0): 0,
+        (1.0, 1.0, 1.0): 2,
+        (-1.0, 0.25, 1.0): 2,
+        (-1.0, 1.0, 0.1): 2,
+        (3.0, 1.0, 1.0): 0,
+        (2.0, 0.5, 1.0): 2,
+    }
+    for request, token in expected.items():
+        assert deterministic(row, _params(request)).tolist() == [token], request
+        assert deterministic.choice(row, _params(request), None).tolist() == [token], request
+    assert Sampler(nc.OnDeviceSamplingConfig())(row, _params((1.0, 1.0, 0.7))).tolist() == [2]
+    # without sampling_params a deterministic sampler draws every row at temperature 1.0
+    assert deterministic(row).tolist() == [0]
+
+
+def test_the_candidates_are_capped_by_max_top_k():
+    """vllm_neuron's top-k keeps min(max_top_k, shard width) candidates:
+    with max_top_k 2, ids 2 and 0 (probabilities 0.55, 0.45 at temperature
+    1): the draw at 0.5 returns id 2."""
+    sampler = Sampler(nc.OnDeviceSamplingConfig(deterministic=True, max_top_k=2))
+    assert sampler(_logits()[:1], _params((-1.0, 1.0, 1.0))).tolist() == [2]
+    assert sampler.cap == 2
+
+
+def test_a_logit_mask_changes_what_a_drawn_row_returns():
+    """The mask applies before the top-k: without id 2, row 0's candidates
+    are ids 0, 1, 3, 4 and greedy returns id 0, the draw at 0.5 id 1."""
+    sampler = Sampler(nc.OnDeviceSamplingConfig(deterministic=True))
+    mask = torch.ones(1, 5, dtype=torch.bool)
+    mask[0, 2] = False
+    assert sampler(_logits()[:1], _params((-1.0, 1.0, 0.0)), logit_mask=mask).tolist() == [0]
+    assert sampler(_logits()[:1], _params((-1.0, 1.0, 1.0)), logit_mask=mask).tolist() == [1]
+    assert sampler.choice(_logits()[:1], _params((-1.0, 1.0, 1.0)), mask).tolist() == [1]
 
 
 def test_given_the_vocabulary_the_sampler_masks_its_padding():
@@ -168,4 +223,6 @@ def test_a_port_that_drops_the_sampling_params_fails_the_sampling_run(tmp_path, 
     (mutant / "model.py").write_text(source.replace(call, call.replace("sampling_params,", "None,")))
     report = _sampling_run(mutant, tiny_llama)
     assert not report.equivalent
-    assert "without sampling_params and all_greedy off" in report.failure.message
+    # the run's sampling config is deterministic: without them the sampler draws every row at
+    # temperature 1.0 (at 0.5), not what the runner asked
+    assert "not the sampler's" in report.failure.message, report.summary()

@@ -203,12 +203,14 @@ class PortSession:
             embeds = {}
             if step.inputs_embeds is not None:
                 embeds = {"inputs_embeds": step.inputs_embeds, "is_token_ids": step.is_token_ids}
-            if self.scenario.on_device_sampling:  # the runner's sampling parameters: greedy requests
-                from .sampled_output import forget_sampled
-                from .standin.layers import greedy_sampling_params
+            requests: tuple[torch.Tensor, torch.Tensor] | None = None
+            if self.scenario.on_device_sampling:  # the runner's sampling parameters and logit mask
+                from .sampled_output import forget_sampled, mask_width, runner_sampling
 
                 forget_sampled(self.model)
-                embeds["sampling_params"] = greedy_sampling_params(step.sampling_positions.numel())
+                width = mask_width(self.model, self.vocab_size)
+                requests = runner_sampling(step.input_ids, step.positions, step.sampling_positions, width)
+                embeds["sampling_params"], embeds["logit_mask"] = requests
             with kernel_phases.phase(stage):
                 output = self.model(
                     input_ids=step.input_ids,
@@ -224,7 +226,7 @@ class PortSession:
             from .sampled_output import lm_head_dp, sampled_logits
 
             rows = step.sampling_positions.numel()
-            logits = sampled_logits(output, self.model, self.vocab_size, stage, rows, lm_head_dp())
+            logits = sampled_logits(output, self.model, self.vocab_size, stage, rows, lm_head_dp(), requests)
             return logits.detach().clone()
         logits = output[0] if isinstance(output, (tuple, list)) else output
         if not isinstance(logits, torch.Tensor) or logits.is_meta:

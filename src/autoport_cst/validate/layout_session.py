@@ -112,12 +112,10 @@ class LayoutSession:
             apply_prefill_dcp=sizes.prefill_dcp,
             on_device_sampling_config=None,
         )
-        if self.scenario.on_device_sampling:  # the runner's default sampling, with logprobs
-            from .sampled_output import LOGPROBS
+        if self.scenario.on_device_sampling:  # the runner's sampling (deterministic), with logprobs
+            from .sampled_output import LOGPROBS, sampling_config
 
-            config = replace(
-                config, on_device_sampling_config=nc.OnDeviceSamplingConfig(), max_logprobs=LOGPROBS
-            )
+            config = replace(config, on_device_sampling_config=sampling_config(), max_logprobs=LOGPROBS)
         current = vllm_config.get_current_vllm_config()
         graph_config = replace(
             current,

@@ -25,7 +25,8 @@ it: ``sampled_from``), every forward:
 - every id of the vocabulary with the logit the forward returns for it, the
   same numbers (the port computes both from one LM-head output: a mask over
   the wrong columns hides real ids);
-- the tokens returned are the sampler's greedy choice over those logits;
+- the tokens returned are the sampler's choice over those logits, with the
+  runner's sampling parameters and logit mask of each row (``runner_sampling``);
 - the logits returned have ``vocab_size`` columns, one row per sampling
   position; the validation compares them with transformers' as in any run
   (a forward that returns the sampler's output as it is returns no logits).
@@ -40,7 +41,10 @@ differ from the logits it returns. Only there the padded tail of the
 vocabulary sits on an LM-head rank that is not the TP rank (at TP=2 with
 LM-head DP 2 the padding is on LM-head rank 3, TP rank 1): a mask placed by
 the TP rank, or with the sign of the offset between the two ranks flipped,
-leaves it unmasked.
+leaves it unmasked. The rows' requests and logit masks (``runner_sampling``)
+differ between the replicas, so they must reach the sampler gathered alike,
+and the mask's columns at the LM-head rank (the sampler slices it by the rank
+it is given; a port that cuts it at the TP rank masks other ids).
 """
 
 from __future__ import annotations
@@ -54,12 +58,63 @@ from .port_failure import PortFailure
 LOGPROBS = 1  # max_logprobs of the sampling run: the forward returns the logits beside the tokens
 
 
-def sampling_neuron_config(**sizes: Any) -> Any:
-    """The stand-in NeuronConfig of a run with on-device sampling (its
-    default sampling config) and logprobs, with the given layout fields."""
+# the runner's requests of a sampling run, chosen per row (``runner_sampling``): (top_k, top_p,
+# temperature): greedy; top-k 1 at a temperature (one candidate: the same token at any random
+# point); top-k 8 with top-p 0.9 and top-k off with top-p 0.6 at temperatures, drawn at 0.5
+# (the sampling config is deterministic)
+REQUESTS = ((-1.0, 1.0, 0.0), (1.0, 1.0, 0.7), (8.0, 0.9, 1.0), (-1.0, 0.6, 0.8))
+ALLOWED = 0.5  # the share of the vocabulary each row's logit mask allows
+
+
+def sampling_config() -> Any:
+    """The sampling config of a run with on-device sampling: vllm_neuron's
+    defaults (not all-greedy: every call goes through the distributed top-k),
+    deterministic, so that a row sampled at a temperature draws at 0.5."""
     from .standin import neuron_config as nc
 
-    return nc.NeuronConfig(max_logprobs=LOGPROBS, **sizes)
+    return nc.OnDeviceSamplingConfig(deterministic=True)
+
+
+def sampling_neuron_config(**sizes: Any) -> Any:
+    """The stand-in NeuronConfig of a run with on-device sampling
+    (``sampling_config``) and logprobs, with the given layout fields."""
+    from .standin import neuron_config as nc
+
+    return nc.NeuronConfig(max_logprobs=LOGPROBS, on_device_sampling_config=sampling_config(), **sizes)
+
+
+def runner_sampling(
+    input_ids: torch.Tensor, positions: torch.Tensor, sampling_positions: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The runner's ``sampling_params`` ``[rows, 3]`` and ``logit_mask``
+    ``[rows, width]`` (bool, True = allowed) of a forward's sampling rows.
+    Each row's are drawn from a generator seeded by the row's position and
+    token, so that every rank holding a row hands the same, and rows of
+    different sequences (other replicas' under DP) differ: a request of
+    ``REQUESTS`` and a mask allowing about half the ids. ``width`` is the
+    LM head's padded vocabulary (``mask_width``), which the sampler slices by
+    the rank it is given."""
+    params, masks = [], []
+    for row in sampling_positions.tolist():
+        seed = int(positions[row]) * 1_000_003 + int(input_ids[row]) + 7
+        generator = torch.Generator().manual_seed(seed)
+        kind = int(torch.randint(len(REQUESTS), (1,), generator=generator))
+        params.append(REQUESTS[kind])
+        masks.append(torch.rand(width, generator=generator) < ALLOWED)
+    return torch.tensor(params), torch.stack(masks)
+
+
+def mask_width(model: Any, vocab_size: int) -> int:
+    """The width of the runner's logit mask: the model's padded vocabulary
+    (its ``lm_head``'s ``out_features``), else the vocabulary padded to a
+    multiple of the LM-head TP group's size."""
+    width = getattr(getattr(model, "lm_head", None), "out_features", None)
+    if isinstance(width, int) and width >= vocab_size:
+        return width
+    from .standin import parallel_state
+
+    shards = parallel_state.get_neuron_lm_head_tp_group().world_size
+    return -(-vocab_size // shards) * shards
 
 
 def _samplers(model: Any) -> list[Any]:
@@ -83,11 +138,19 @@ def lm_head_dp() -> tuple[int, int]:
 
 
 def sampled_logits(
-    output: Any, model: Any, vocab_size: int, stage: str, rows: int, dp: tuple[int, int] = (1, 0)
+    output: Any,
+    model: Any,
+    vocab_size: int,
+    stage: str,
+    rows: int,
+    dp: tuple[int, int] = (1, 0),
+    requests: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The logits of a forward with on-device sampling, after the checks of
     the module docstring; ``PortFailure`` naming the first that fails.
-    ``dp``: the LM-head DP group's (size, this rank's place) (``lm_head_dp``)."""
+    ``dp``: the LM-head DP group's (size, this rank's place) (``lm_head_dp``);
+    ``requests``: the ``sampling_params`` and ``logit_mask`` of this rank's
+    rows the forward was given (``runner_sampling``; None: greedy, no mask)."""
     called = [s for s in _samplers(model) if s.sampled_from is not None]
     if len(called) != 1:
         raise PortFailure(
@@ -98,7 +161,8 @@ def sampled_logits(
     handed = _own_block(sampler.sampled_from, vocab_size, stage, rows, dp)
     tokens, logits = _tokens_and_logits(output, stage, rows, vocab_size)
     _check_handed(handed, logits, vocab_size, stage, dp[0])
-    chosen = logits.argmax(dim=-1)
+    params, mask = requests if requests is not None else (None, None)
+    chosen = sampler.choice(logits, params, mask)
     if tokens.shape != chosen.shape:
         raise PortFailure(
             stage,
@@ -109,10 +173,22 @@ def sampled_logits(
         row = int((tokens.to(torch.int64) != chosen).nonzero()[0])
         raise PortFailure(
             stage,
-            f"the {stage} forward returned token {int(tokens[row])} at sampling row {row}, not the greedy "
-            f"sampler's {int(chosen[row])}{_rank_hint(sampler)}",
+            f"the {stage} forward returned token {int(tokens[row])} at sampling row {row}, not the "
+            f"sampler's {int(chosen[row])} ({_request(params, mask, row)}){_rank_hint(sampler)}",
         )
     return logits
+
+
+def _request(params: torch.Tensor | None, mask: torch.Tensor | None, row: int) -> str:
+    """What the runner asked of a row, in words."""
+    if params is None:
+        asked = "greedy"
+    else:
+        top_k, top_p, temperature = (float(v) for v in params[row])
+        asked = f"top_k {top_k:g}, top_p {top_p:g}, temperature {temperature:g}"
+    if mask is not None:
+        asked += f", a logit_mask allowing {int(mask[row].sum())} of its {mask.shape[-1]} ids"
+    return asked
 
 
 def _rank_hint(sampler: Any) -> str:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import collectives
+from . import collectives, sampling
 
 
 class ColumnParallelLinear(nn.Module):
@@ -149,14 +149,11 @@ class VocabDimShardedEmbedding(nn.Module):
         return collectives.all_reduce(output, self.tp_group)
 
 
-GREEDY_BELOW = 1e-5  # vllm_neuron's sample(): a row whose temperature is below this is greedy
-
-
 def greedy_sampling_params(rows: int) -> torch.Tensor:
     """The runner's ``sampling_params`` of ``rows`` greedy requests: ``[rows,
     3]`` stacked (top_k, top_p, temperature), top-k off (-1), top-p 1,
     temperature 0."""
-    return torch.tensor([[-1.0, 1.0, 0.0]]).repeat(rows, 1)
+    return sampling.greedy_params(rows)
 
 
 class Sampler(nn.Module):
@@ -166,9 +163,9 @@ class Sampler(nn.Module):
     ``all_greedy``, ``max_top_k``, ``deterministic``, ``capture_topk``),
     called with this rank's shard of the logits ``[N, V / tp]`` over
     ``process_group``, the runner's ``sampling_params`` ``[N, 3]`` (top_k,
-    top_p, temperature) and ``tp_rank``; returns what vllm_neuron's ``sample``
-    returns: the sampled token ids, int32 ``[N]``, nothing else (a forward that
-    returns logits for logprobs gathers its own).
+    top_p, temperature), a ``logit_mask`` and ``tp_rank``; returns what
+    vllm_neuron's ``sample`` returns: the sampled token ids, int32 ``[N]``,
+    nothing else (a forward that returns logits for logprobs gathers its own).
 
     ``tp_rank`` is used as the real one uses it, never checked against the
     group: it is the shard's place in ``process_group`` for the padding mask
@@ -180,14 +177,19 @@ class Sampler(nn.Module):
     refused, as the real one refuses them. ``logit_mask`` (bool, False =
     disallowed) is one shard wide or divisible into shards.
 
-    Greedy only (argmax): a row vllm_neuron samples at a temperature, or a
-    call without ``sampling_params`` and without ``all_greedy`` (``sample``
-    then draws at temperature 1.0), is refused. ``sampled_from`` keeps the
-    logits of its last call, gathered over the ranks, after its own padding
-    mask and before ``logit_mask``: what the model handed it, every column of
-    its (padded) vocabulary, for the validator to check
+    With ``all_greedy`` it takes the argmax; otherwise each row is sampled as
+    ``vllm_neuron.functional.sample`` samples it (``sampling``: top-k, top-p,
+    temperature, greedy below temperature 1e-5, a draw at 0.5 when the config
+    is ``deterministic``); a random draw among several tokens is refused, and
+    so is a call without ``sampling_params`` unless ``deterministic`` (the
+    real one then samples every row at temperature 1.0). ``sampled_from``
+    keeps the logits of its last call, gathered over the ranks, after its own
+    padding mask and before ``logit_mask``: what the model handed it, every
+    column of its (padded) vocabulary, for the validator to check
     (``validate.sampled_output``); ``returned`` its output; ``rank_used`` the
-    rank each place of the group was given, when a call used ``tp_rank``."""
+    rank each place of the group was given, when a call used ``tp_rank``;
+    ``cap`` the number of candidates of its last top-k
+    (``min(max_top_k, shard width)``, as the real one's)."""
 
     def __init__(
         self, sampling_config: Any, process_group: Any = None, vocab_size: int | None = None
@@ -201,13 +203,14 @@ class Sampler(nn.Module):
         self.config = sampling_config
         self.all_greedy = bool(sampling_config.all_greedy)
         self.max_top_k = sampling_config.max_top_k
-        self.deterministic = sampling_config.deterministic
+        self.deterministic = bool(sampling_config.deterministic)
         self.capture_topk = sampling_config.capture_topk
         self.process_group = process_group
         self.vocab_size = vocab_size
         self.sampled_from: torch.Tensor | None = None
         self.returned: torch.Tensor | None = None  # its last output, as returned
         self.rank_used: list[int] | None = None
+        self.cap: int | None = None
 
     def forward(
         self,
@@ -226,17 +229,29 @@ class Sampler(nn.Module):
         self.sampled_from = collectives.all_gather(logits, -1, self.process_group).detach().clone()
         if logit_mask is not None:
             logits = logits.masked_fill(~self._own_mask(logit_mask, width, tp_rank), float("-inf"))
-        self._refuse_non_greedy(sampling_params, logits.shape[0])
-        if self.all_greedy or shards == 1:  # the distributed argmax, or a single shard's top-k
+        if self.all_greedy:  # the distributed argmax
             tokens = torch.argmax(collectives.all_gather(logits, -1, self.process_group), dim=-1)
-        else:  # the distributed top-k: each shard's ids offset by the rank it is given
-            rank = self._rank(tp_rank, "the distributed top-k (sampling without all_greedy)", tensor=False)
-            best, index = logits.max(dim=-1, keepdim=True)
-            values = collectives.all_gather(best.float(), -1, self.process_group)
-            indices = collectives.all_gather(index + rank * width, -1, self.process_group)
-            tokens = indices.gather(-1, values.argmax(dim=-1, keepdim=True)).squeeze(-1)
+        else:
+            tokens = self._top_k_sample(logits, self._params(sampling_params, logits.shape[0]), tp_rank)
         self.returned = tokens.to(torch.int32)
         return self.returned
+
+    def _top_k_sample(self, logits: torch.Tensor, params: torch.Tensor, tp_rank: Any) -> torch.Tensor:
+        """The distributed top-k (each shard's ``cap`` largest, its ids offset
+        by the rank given, gathered, the ``cap`` largest kept), then each
+        row's choice (``sampling.choose``)."""
+        width = logits.shape[-1]
+        shards = collectives.group_size(self.process_group) if self.process_group is not None else 1
+        offset = 0
+        if shards > 1:
+            offset = self._rank(tp_rank, "the distributed top-k (sampling without all_greedy)", tensor=False)
+        self.cap = min(int(self.max_top_k), width)
+        ids = torch.arange(width, device=logits.device).expand(logits.shape[0], -1) + offset * width
+        values, ids = sampling.ordered(logits.float(), ids, self.cap)
+        values = collectives.all_gather(values, -1, self.process_group)
+        ids = collectives.all_gather(ids, -1, self.process_group)
+        values, ids = sampling.ordered(values, ids, self.cap)
+        return sampling.choose(values, ids, params, self.deterministic)
 
     def _rank(self, tp_rank: Any, use: str, default: int | None = None, tensor: bool = True) -> int:
         """The rank a call uses (``tp_rank``), as the real sampler takes it."""
@@ -277,23 +292,33 @@ class Sampler(nn.Module):
             raise IndexError(f"Sampler: tp_rank {rank} selects no shard of a logit_mask of {full} columns")
         return logit_mask[..., rank * width : (rank + 1) * width]
 
-    def _refuse_non_greedy(self, sampling_params: torch.Tensor | None, rows: int) -> None:
-        if self.all_greedy:
-            return
+    def _params(self, sampling_params: torch.Tensor | None, rows: int) -> torch.Tensor:
+        """The rows' ``sampling_params``: as given (``[rows, 3]``), or, when
+        not given, vllm_neuron's defaults (top-k off, top-p 1, temperature
+        1.0), which only a ``deterministic`` sampler draws from."""
         if sampling_params is None:
-            raise ValueError(
-                "Sampler called without sampling_params and all_greedy off: vllm_neuron's sample() "
-                "then draws at temperature 1.0, not greedily; the runner's sampling_params [N, 3] "
-                "(top_k, top_p, temperature) must reach the sampler"
-            )
+            if not self.deterministic:
+                raise ValueError(
+                    "Sampler called without sampling_params and all_greedy off: vllm_neuron's sample() "
+                    "then draws at temperature 1.0, not greedily; the runner's sampling_params [N, 3] "
+                    "(top_k, top_p, temperature) must reach the sampler"
+                )
+            return torch.tensor([[-1.0, 1.0, 1.0]]).repeat(rows, 1)
         if tuple(sampling_params.shape) != (rows, 3):
             raise ValueError(
                 f"Sampler: sampling_params of shape {list(sampling_params.shape)} for {rows} row(s) "
                 "of logits: [rows, 3] (top_k, top_p, temperature) expected"
             )
-        hot = (sampling_params[:, 2] >= GREEDY_BELOW).nonzero().reshape(-1).tolist()
-        if hot:
-            raise NotImplementedError(
-                f"the stand-in Sampler samples greedily only: row(s) {hot[:8]} ask for temperature "
-                f"{float(sampling_params[hot[0], 2]):.3g}"
-            )
+        return sampling_params
+
+    def choice(
+        self, logits: torch.Tensor, sampling_params: torch.Tensor | None, logit_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """What this sampler returns, as its last call did (its candidate
+        cap), for ``logits`` over the whole vocabulary ``[rows, V]``, their
+        ``sampling_params`` (None: greedy) and ``logit_mask`` (its first
+        ``V`` columns): the validator's expectation of its output."""
+        if self.all_greedy or self.cap is None:
+            sampling_params = None
+        cap = logits.shape[-1] if self.cap is None else self.cap
+        return sampling.full_vocabulary_choice(logits, sampling_params, logit_mask, cap, self.deterministic)
