@@ -239,6 +239,12 @@ class PortSession:
                 f"{sampled} sampling position(s) {step.sampling_positions.tolist()[:8]} of "
                 f"{step.input_ids.shape[0]} rows: one row of logits per sampling position",
             )
+        if logits.shape[1] != self.vocab_size:  # an LM head over a padded vocabulary, returned uncut
+            raise PortFailure(
+                stage,
+                f"the {stage} forward returned logits of {logits.shape[1]} ids for a vocabulary of "
+                f"{self.vocab_size}: the LM head's padded vocabulary must be cut",
+            )
         return logits.detach().clone()
 
     def _prefill_inputs(self, call: PrefillCall) -> StepInputs:
