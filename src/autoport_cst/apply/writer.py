@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autoport_cst.apply.leftovers import MANIFEST, recover_leftovers, write_manifest
 from autoport_cst.errors import InputError
 
 
@@ -68,6 +69,8 @@ class PendingWrite:
     scratch: list[Path] = field(default_factory=list)  # the staging and backup directories
 
     def commit(self) -> None:
+        for directory in self.scratch:  # the manifest first: a backup without one is no pending write
+            (directory / MANIFEST).unlink(missing_ok=True)
         for directory in self.scratch:
             shutil.rmtree(directory, ignore_errors=True)
         self.moved.clear()
@@ -98,6 +101,7 @@ def write_port_pending(out_dir: Path, files: dict[str, str], package_dir: str, f
     package = out_dir / package_dir
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"output path {out_dir} exists and is not a directory")
+    recover_leftovers(out_dir)  # a write killed before its end: put back, or refused with how to
     pending = differences(out_dir, files, package_dir) if out_dir.is_dir() else sorted(files)
     if package.exists() and pending and not force:
         raise InputError(f"{package} already exists and differs from this port; use --force to replace it")
@@ -107,10 +111,12 @@ def write_port_pending(out_dir: Path, files: dict[str, str], package_dir: str, f
     if not to_write and not stale:
         return PendingWrite(WriteReport((), unchanged, ()))
     out_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".autoport-stage-", dir=out_dir))
     backups = Path(tempfile.mkdtemp(prefix=".autoport-backup-", dir=out_dir))
+    staging = Path(tempfile.mkdtemp(prefix=".autoport-stage-", dir=out_dir))
     write = PendingWrite(WriteReport(tuple(to_write), unchanged, tuple(stale)), scratch=[staging, backups])
     try:
+        # what a run killed before commit/rollback leaves is put back from this (apply.leftovers)
+        write_manifest(out_dir, backups, staging, {rel: files[rel] for rel in to_write}, stale)
         _move_into_place(out_dir, files, to_write, stale, write)
     except BaseException:
         write.rollback()

@@ -12,6 +12,7 @@ from autoport_cst.cli.common import (
     EXIT_FOUND,
     EXIT_OK,
     error_boundary,
+    put_back_leftovers,
     stderr_console,
     stdout_console,
 )
@@ -91,6 +92,8 @@ def _apply(plan_path, ref, out_dir, show_diff, check, force, output_format, quie
     reference = load_reference(ref_name)
 
     out = Path(out_dir) if out_dir else None
+    if out is not None and not show_diff:  # --check writes nothing: a leftover is refused there
+        put_back_leftovers(out, restore=not check)
     existing_registry = None
     if out is not None and (out / REGISTRY).is_file():
         existing_registry = (out / REGISTRY).read_text(encoding="utf-8")

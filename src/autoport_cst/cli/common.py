@@ -21,6 +21,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn, ParamSpec, TypeVar
 
 import click
@@ -127,3 +128,13 @@ def error_boundary(func: Callable[P, R]) -> Callable[P, R]:
             sys.exit(EXIT_ERROR)
 
     return wrapper
+
+
+def put_back_leftovers(out: Path, restore: bool = True) -> None:
+    """Before a command writes a port into ``out``: what an earlier write
+    killed before its end left there is put back, said on stderr, or refused
+    with how to restore it by hand (``autoport_cst.apply.leftovers``)."""
+    from autoport_cst.apply.leftovers import recover_leftovers
+
+    for line in recover_leftovers(out, restore):
+        stderr_console().print(f"note: {line}", markup=False)

@@ -9,7 +9,14 @@ from pathlib import Path
 import click
 
 from autoport_cst.atomic import write_atomic
-from autoport_cst.cli.common import EXIT_FOUND, EXIT_OK, error_boundary, stderr_console, stdout_console
+from autoport_cst.cli.common import (
+    EXIT_FOUND,
+    EXIT_OK,
+    error_boundary,
+    put_back_leftovers,
+    stderr_console,
+    stdout_console,
+)
 from autoport_cst.cli.progress import StageProgress
 from autoport_cst.errors import InputError
 from autoport_cst.preflight import (
@@ -90,6 +97,7 @@ def port_command(source, name, out_dir, tp, ref, checkpoint, steps, seed, force,
     --out is put back as it was).
     """
     name, config = _check_input(source, name, tp, ref, checkpoint, steps, json_path)
+    put_back_leftovers(out_dir)  # a port killed before its verdict (SIGKILL) left its backup
     if not force:
         check_one_port_per_architecture(out_dir, config, name, source)
     if serve:
