@@ -127,3 +127,17 @@ def test_the_help_states_the_rule():
     text = " ".join(result.output.split())
     assert "a bare word is always an architecture or a model_type" in text
     assert "--force" in text
+
+
+def test_a_count_or_size_set_below_its_least_is_refused_before_torch(tmp_path):
+    """--set num_hidden_layers=0 (or -1) wrote a model of no layers with exit
+    0; a negative size failed only after torch, at build."""
+    for setting, least in (("num_hidden_layers=0", 1), ("vocab_size=0", 1), ("num_key_value_heads=-2", 1)):
+        result = run_cli("tiny", "LlamaForCausalLM", tmp_path / "out", "--set", setting)
+        assert result.returncode == 2, (setting, result.stderr)
+        name = setting.partition("=")[0]
+        assert f"--set {setting}: {name} is a count or size, at least {least}" in result.stderr
+        assert result.stderr.rstrip().endswith("torch not imported"), result.stderr
+    result = run_cli("tiny", "LlamaForCausalLM", tmp_path / "out", "--set", "moe_intermediate_size=-1")
+    assert result.returncode == 2 and "at least 0" in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()

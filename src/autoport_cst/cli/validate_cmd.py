@@ -11,6 +11,7 @@ imported), 130 interrupted.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -93,12 +94,32 @@ def tiny_command(
     )
 
 
+# sizes a model cannot have none of (num_hidden_layers=0 built a model of no
+# layers, vocab_size=0 one of no tokens, exit 0); any other count or size
+# (num_*, n_*, *_size, *_dim, *_layers...) may be 0 (num_kv_shared_layers) but
+# not negative (transformers refused those only after torch, at build)
+_AT_LEAST_ONE = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "head_dim",
+    "max_position_embeddings",
+)
+_COUNT_OR_SIZE = re.compile(r"^(num|n)_|_(size|dim|layers|heads|experts|rank)$")
+
+
 def _tiny_dimensions(settings: tuple[str, ...]) -> dict[str, int]:
     dimensions = {}
     for setting in settings:
         name, _, value = setting.partition("=")
         if not name or not value.lstrip("-").isdigit():
             raise InputError(f"--set takes NAME=INT, got {setting!r}")
+        least = 1 if name in _AT_LEAST_ONE else 0 if _COUNT_OR_SIZE.search(name) else None
+        if least is not None and int(value) < least:
+            raise InputError(f"--set {setting}: {name} is a count or size, at least {least}")
         dimensions[name] = int(value)
     return dimensions
 
