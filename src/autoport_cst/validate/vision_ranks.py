@@ -41,6 +41,7 @@ class VisionRankJob:
     dtype_name: str
     prompts: tuple[VisionPrompt, ...]
     teachers: tuple[tuple[int, ...], ...]
+    on_device_sampling: bool = False
 
 
 def _rank_main(job_path: Path, rank: int, teacher_stream: BinaryIO) -> int:
@@ -85,7 +86,12 @@ def _run_prompts(job: VisionRankJob, group: Any) -> list[VisionPortRun]:
         with imported_package(job.model_dir) as package:
             hf_config = port_hf_config(job.checkpoint_dir, _DTYPES[job.dtype_name])
             session = VisionPortSession(
-                package.factory, job.checkpoint_dir, hf_config, len(job.prompts), group.rank()
+                package.factory,
+                job.checkpoint_dir,
+                hf_config,
+                len(job.prompts),
+                group.rank(),
+                on_device_sampling=job.on_device_sampling,
             )
             return session.run(job.prompts, [list(teacher) for teacher in job.teachers])
 
@@ -113,8 +119,10 @@ def run_vision_ranks(
     prompts: tuple[VisionPrompt, ...],
     teachers: list[list[int]],
     world_size: int,
+    on_device_sampling: bool = False,
 ) -> list[VisionPortRun]:
-    """Per prompt, the ranks' runs merged (a failing rank raises ``PortFailure``)."""
+    """Per prompt, the ranks' runs merged (a failing rank raises ``PortFailure``);
+    ``on_device_sampling``: the port built with a sampler (``VisionPortSession``)."""
     with tempfile.TemporaryDirectory(prefix="autoport-validate-vlm-") as tmp:
         job_path = Path(tmp) / "job.pkl"
         job = VisionRankJob(
@@ -125,6 +133,7 @@ def run_vision_ranks(
             dtype_name,
             prompts,
             tuple(tuple(t) for t in teachers),
+            on_device_sampling,
         )
         job_path.write_bytes(pickle.dumps(job))
         _preload_rank_modules(RankJob(world_size, 0, str(model_dir), str(checkpoint_dir), dtype_name, None))  # type: ignore[arg-type]

@@ -16,6 +16,14 @@ lifecycle, in ``driver``). A prompt then runs as the runner runs it:
 Prefill samples every position; forward hooks record each component's
 output (``vision_components``). The stand-in must be installed and the
 package imported around the session.
+
+With ``on_device_sampling`` the port is built as the runner builds it by
+default, with a sampler (``sampled_output.sampling_neuron_config``: logprobs
+asked for), handed greedy requests: every call's logits are the ones it
+returns beside the sampled tokens, after ``sampled_output``'s checks (the
+padded vocabulary's ids masked before the sampler, the logits cut to the
+vocabulary, the tokens the greedy choice). Without it a call's logits must
+be as wide as the vocabulary too (a padded LM head's, cut).
 """
 
 from __future__ import annotations
@@ -53,10 +61,18 @@ class VisionPortSession:
     """A vision-language port built, bound to its KV cache and loaded."""
 
     def __init__(
-        self, factory: Any, checkpoint_dir: str | Path, hf_config: Any, sequences: int, rank: int = 0
+        self,
+        factory: Any,
+        checkpoint_dir: str | Path,
+        hf_config: Any,
+        sequences: int,
+        rank: int = 0,
+        on_device_sampling: bool = False,
     ) -> None:
         self.rank = rank
-        self.model = PortSession._build(factory, hf_config)
+        self.on_device_sampling = on_device_sampling
+        self.vocab_size = int(hf_config.get_text_config().vocab_size)
+        self.model = PortSession._build(factory, hf_config, on_device_sampling)
         self.tables = [
             tuple(2 + 2 * b + s * 2 * sequences for s in range(BLOCKS_PER_SEQUENCE)) for b in range(sequences)
         ]
@@ -85,16 +101,32 @@ class VisionPortSession:
         return table[position // BLOCK_SIZE] * BLOCK_SIZE + position % BLOCK_SIZE
 
     def _call(self, stage: str, **inputs: Any) -> torch.Tensor:
+        rows = inputs["sampling_positions"].numel()
+        if self.on_device_sampling:  # the runner's sampling parameters: greedy requests
+            from .sampled_output import forget_sampled
+            from .standin.layers import greedy_sampling_params
+
+            forget_sampled(self.model)
+            inputs["sampling_params"] = greedy_sampling_params(rows)
         try:
             with kernel_phases.phase(stage):
                 output = self.model(rank=torch.tensor(self.rank, dtype=torch.int32), **inputs)
         except Exception as error:
             raise PortFailure(stage, f"{_describe(error)} in the {stage} forward") from error
+        if self.on_device_sampling:
+            from .sampled_output import sampled_logits
+
+            return sampled_logits(output, self.model, self.vocab_size, stage, rows).detach().float()
         logits = output[0] if isinstance(output, (tuple, list)) else output
-        rows = inputs["sampling_positions"].numel()
         if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != rows:
             raise PortFailure(
                 stage, f"the {stage} forward did not return one row of logits per sampling position"
+            )
+        if logits.shape[1] != self.vocab_size:  # an LM head over a padded vocabulary, returned uncut
+            raise PortFailure(
+                stage,
+                f"the {stage} forward returned logits of {logits.shape[1]} ids for a vocabulary of "
+                f"{self.vocab_size}: the LM head's padded vocabulary must be cut",
             )
         return logits.detach().float()
 

@@ -10,6 +10,14 @@ the logits. A component passes as in the text validator
 (``metrics.component_metrics``: relative Frobenius error at most 1e-5 in
 float32, R-ratio under 1.2 against transformers' own bfloat16 error in
 bfloat16). The first failing component is ``first_diverging``.
+
+A float32 run at TP > 1 that passes runs again with on-device sampling, as
+the runner builds the port by default (``VisionPortSession``): the logits
+each prompt returns beside its sampled tokens are checked
+(``sampled_output``: the padded vocabulary's ids masked before the sampler,
+the logits cut) and compared with transformers' (``logits (on-device
+sampling)``). The tiny checkpoint's odd vocabulary is padded in the LM head
+at TP=2, so that run is where a port that samples over the padding fails.
 """
 
 from __future__ import annotations
@@ -121,18 +129,25 @@ def _port_runs(
     teachers: list[list[int]],
     tp: int,
     report: VisionValidationReport,
+    on_device_sampling: bool = False,
 ) -> list[VisionPortRun]:
     """The port's run of each prompt, in process at TP=1, on ``tp`` ranks otherwise."""
     if tp > 1:
         from .vision_ranks import run_vision_ranks
 
-        return run_vision_ranks(package_dir, checkpoint_dir, dtype, prompts, teachers, tp)
+        return run_vision_ranks(package_dir, checkpoint_dir, dtype, prompts, teachers, tp, on_device_sampling)
     from .standin.checkpoints import CheckpointError
 
     with standin_installed(), imported_package(package_dir) as package:
         try:
             hf_config = port_hf_config(checkpoint_dir, DTYPES[dtype])
-            session = VisionPortSession(package.factory, checkpoint_dir, hf_config, len(prompts))
+            session = VisionPortSession(
+                package.factory,
+                checkpoint_dir,
+                hf_config,
+                len(prompts),
+                on_device_sampling=on_device_sampling,
+            )
             return session.run(prompts, teachers)
         except CheckpointError as error:  # transformers loaded it: the port's failure
             raise PortFailure(
@@ -174,4 +189,32 @@ def validate_vlm(
         report.checks.append(_rope_check(prompt.label, run, fp32[index]))
         baseline = bf16[index] if bf16 is not None else None
         report.checks += _component_checks(prompt.label, run, fp32[index], baseline, dtype)
+    if tp > 1 and dtype == "fp32" and report.equivalent:
+        _sampling_checks(report, package_dir, checkpoint_dir, prompts, fp32, tp)
     return report
+
+
+def _sampling_checks(
+    report: VisionValidationReport,
+    package_dir: str | Path,
+    checkpoint_dir: str | Path,
+    prompts: tuple[VisionPrompt, ...],
+    fp32: list[VisionReferenceRun],
+    tp: int,
+) -> None:
+    """The TP run again with on-device sampling (module docstring): each
+    prompt's returned logits against transformers', or the port's failure."""
+    teachers = [run.tokens for run in fp32]
+    try:
+        runs = _port_runs(package_dir, checkpoint_dir, "fp32", prompts, teachers, tp, report, True)
+    except PortFailure as failure:
+        report.failure = f"with on-device sampling at TP={tp}: {failure.message}"
+        report.failure_stage = failure.stage
+        return
+    for prompt, run, reference in zip(prompts, runs, fp32, strict=True):
+        metrics = component_metrics(
+            "logits", "sampling", "logits", run.logits, reference.logits, None, "fp32"
+        )
+        report.checks.append(
+            {"prompt": prompt.label, **asdict(metrics), "name": "logits (on-device sampling)"}
+        )
