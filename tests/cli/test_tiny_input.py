@@ -141,3 +141,26 @@ def test_a_count_or_size_set_below_its_least_is_refused_before_torch(tmp_path):
     result = run_cli("tiny", "LlamaForCausalLM", tmp_path / "out", "--set", "moe_intermediate_size=-1")
     assert result.returncode == 2 and "at least 0" in result.stderr, result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_config_json_source_is_checked_before_torch(tmp_path):
+    """A config.json tiny cannot read was judged after the torch import (3 s
+    of CPU); plan and port judge theirs before it."""
+    (tmp_path / "broken.json").write_text('{"model_type": "llama",\n')
+    (tmp_path / "unknown.json").write_text('{"model_type": "lama"}')
+    (tmp_path / "empty").mkdir()
+    cases = [
+        (tmp_path / "broken.json", f"{tmp_path / 'broken.json'}:2:1: invalid JSON"),
+        (
+            tmp_path / "unknown.json",
+            f"{tmp_path / 'unknown.json'} at $.model_type: unknown or missing model_type 'lama'",
+        ),
+        (tmp_path / "empty", f"{tmp_path / 'empty' / 'config.json'}: no such config file"),
+    ]
+    for source, message in cases:
+        result = run_cli("tiny", source, tmp_path / "out")
+        assert result.returncode == 2, (source, result.stderr)
+        assert message in result.stderr, result.stderr
+        assert result.stderr.rstrip().endswith("torch not imported"), result.stderr
+    assert "did you mean 'llama'" in run_cli("tiny", tmp_path / "unknown.json", tmp_path / "out").stderr
+    assert not (tmp_path / "out").exists()

@@ -1,4 +1,9 @@
-"""Where ``autoport-cst tiny`` may write: checked before torch is imported.
+"""What ``autoport-cst tiny`` reads and where it may write: checked before
+torch is imported.
+
+A config.json source (a path: ``validate.tiny.source_is_path``) must exist,
+parse, hold an object and name a model_type transformers knows
+(``check_config_source``), as ``plan`` checks its source before torch.
 
 OUTDIR may be new, empty, or hold a tiny checkpoint of the same model that
 ``tiny`` wrote before (its ``model.safetensors`` carries the ``key_format``
@@ -16,7 +21,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoport_cst.errors import InputError, Position
+from autoport_cst.config_json import parse_config_text
+from autoport_cst.errors import InputError, Position, did_you_mean
 
 TINY_METADATA_KEY = (
     "key_format"  # autoport_cst.validate.tiny.KEY_FORMAT (not imported: it imports torch lazily)
@@ -36,6 +42,37 @@ class HeldCheckpoint:
         kind = "a tiny checkpoint (written by `autoport-cst tiny`)" if self.tiny else "a checkpoint"
         names = ", ".join(self.architectures) or "no architectures"
         return f"{kind} of model_type {self.model_type!r} ({names})"
+
+
+def check_config_source(source: str) -> None:
+    """A config.json source (or a directory holding one) that ``tiny`` can
+    read: refused with its position before torch (it was judged after the
+    torch import, 3 s of CPU, by ``resolve_config``)."""
+    from autoport_cst.validate.tiny import known_model_types
+
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise InputError(f"{path}: no such config file")
+    try:
+        values = parse_config_text(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"cannot read {path}: {error}") from None
+    except json.JSONDecodeError as error:
+        raise InputError(
+            f"invalid JSON: {error.msg}", Position(str(path), error.lineno, error.colno)
+        ) from None
+    if not isinstance(values, dict):
+        raise InputError("a config.json holds a JSON object", Position(str(path), json_path="$"))
+    model_type = values.get("model_type")
+    known = known_model_types()
+    if known is not None and model_type not in known:
+        hint = did_you_mean(model_type, sorted(known)) if isinstance(model_type, str) else ""
+        raise InputError(
+            f"unknown or missing model_type {model_type!r}{hint}",
+            Position(str(path), json_path="$.model_type"),
+        )
 
 
 def check_tiny_outdir(outdir: Path, source: str, source_is_path: bool) -> None:

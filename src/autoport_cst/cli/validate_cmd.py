@@ -68,12 +68,14 @@ def tiny_command(
     if outdir.exists() and not outdir.is_dir():
         raise InputError(f"{outdir}: exists and is not a directory")
     require_extra("tiny")
-    if not looks_like_path:  # a misspelt class or model type, before torch
+    from autoport_cst.cli.tiny_target import check_config_source, check_tiny_outdir
+
+    if looks_like_path:
+        check_config_source(arch_or_config)
+    else:  # a misspelt class or model type, before torch
         check_architecture_name(arch_or_config)
         check_model_type_name(arch_or_config)
     if not force:
-        from autoport_cst.cli.tiny_target import check_tiny_outdir
-
         check_tiny_outdir(outdir, arch_or_config, looks_like_path)
     if not looks_like_path and Path(arch_or_config).exists():
         stderr_console().print(
