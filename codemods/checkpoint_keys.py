@@ -178,6 +178,7 @@ class CheckpointKeys(Codemod):
         "attention-output-gate",
         "attention-sinks",
         "dense-layers",
+        "embedding-norm",
         "fused-checkpoint",
         "lm-head-bias",
         "mlp-bias",

@@ -19,11 +19,8 @@ BLOCKS = {
     "opt": ("OPTDecoder.layers", set(), ""),  # fc1/fc2 in the layer are read as an MLP
     "falcon": ("FalconModel.h", set(), ""),
     # the residual its attention and MLP add themselves is the block's (tests/research/test_residual_in_sublayer.py)
-    "bloom": (
-        "BloomModel.h",
-        {"alibi_positions", "embedding_norm"},
-        "word_embeddings_layernorm (LayerNorm)",
-    ),
+    # ... and its embedding LayerNorm is a norm like its layers' (tests/research/test_embedding_norm.py)
+    "bloom": ("BloomModel.h", {"alibi_positions"}, "BloomAttention.forward"),
     "mpt": ("MptModel.blocks", {"alibi_positions"}, "position_bias"),
     "biogpt": ("BioGptModel.layers", set(), ""),  # its feed-forward in the layer is read as an MLP
     # its attention one module down (attn.attention) writes out its scores and softmax

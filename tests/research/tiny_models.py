@@ -121,6 +121,7 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
     "opt": ("opt", {"ffn_dim": 96}),  # model.decoder.layers[i], fc1/fc2 in the layer itself
     "falcon": ("falcon", {}),  # transformer.h[i].self_attention.query_key_value, multi-query
     "bloom": ("bloom", {}),  # transformer.h[i].self_attention, ALiBi, embedding LayerNorm
+    "nanochat": ("nanochat", {}),  # one weightless RMSNorm on the embeddings and after the last layer
     "mpt": ("mpt", {"d_model": 64, "n_heads": 4, "n_layers": 2}),  # transformer.blocks[i].attn.Wqkv, ALiBi
     "gptj": ("gptj", {"rotary_dim": 8}),  # transformer.h[i].attn.q_proj, parallel attention and MLP
     # BART-style attention (keys and values from a cross-attention cache on one path), fc1/fc2 in the layer

@@ -158,6 +158,7 @@ def _run(st: AnalyzerState) -> None:
         else:
             _feed_forward(st)
     expert_layouts.name_expert_layouts(st, st.layers[0])  # read or not (DBRX's wrapped attention)
+    block_features.embedding_norm_like_layers(st, backbone_inst)  # the scale is read through it
     head.analyze_backbone(st, backbone_path, backbone_inst)
     if _unclassified(r, "embedding.scale") and not external_inputs.external_inputs(st):
         block_features.embedding_norm(st, backbone_inst)

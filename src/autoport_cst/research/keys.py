@@ -20,7 +20,15 @@ applies the same rule.
 from __future__ import annotations
 
 # canonical containers and the canonical children they hold
-TOP_LEVEL = ("model", "model.layers", "model.embed_tokens", "model.embed_positions", "model.norm", "lm_head")
+TOP_LEVEL = (
+    "model",
+    "model.layers",
+    "model.embed_tokens",
+    "model.embed_positions",
+    "model.embed_norm",
+    "model.norm",
+    "lm_head",
+)
 CONTAINERS = ("self_attn", "mlp")
 
 

@@ -302,6 +302,12 @@ class EmbeddingSpec:
     positions_offset: int = value(
         0, "Rows of the learned position table before position 0 (OPT and BioGPT: 2)."
     )
+    norm: bool = feature(
+        False,
+        "The token embeddings pass through a norm of the layers' kind (norm.kind, bias, affine, epsilon) "
+        "before the first layer (BLOOM's word_embeddings_layernorm, NanoChat's norm); its weights under "
+        "model.embed_norm.",
+    )
 
 
 @dataclass(frozen=True)

@@ -234,16 +234,84 @@ def _computes_sin_cos(instance: Instance) -> bool:
     return {"sin", "cos"} <= called
 
 
+def embedding_norm_like_layers(st: AnalyzerState, backbone: Instance) -> None:
+    """A norm of the backbone applied to the token embedding before the
+    first layer that computes what the decoder layers' norms do (BLOOM's
+    ``word_embeddings_layernorm``, NanoChat's shared ``norm``):
+    ``embedding.norm``, its module path as ``model.embed_norm``. Run before
+    the embedding's scale is read, which looks through it."""
+    found = _first_normed(st)
+    if found is None:
+        return
+    text, norm = found
+    if norm is None or _unlike_layer_norms(st, norm) is not None:
+        return
+    if st.norm_info(norm)["affine"]:  # its tensors' checkpoint module (none without a weight: NanoChat)
+        path = st.result.module_names.get("model")
+        st.result.module_names["model.embed_norm"] = f"{path}.{norm.name}" if path else str(norm.name)
+    st.add(known(True, "embedding.norm", CODE, f"{st.where(backbone)}: {text}, a norm like the layers'"))
+
+
 def embedding_norm(st: AnalyzerState, backbone: Instance) -> None:
     """A norm applied to the token embedding before the first layer, in the
     backbone (BLOOM's ``word_embeddings_layernorm``) or in the embedding
     module's own forward (Inkling's ``InklingNormedEmbedding``), on one of
-    the paths the backbone's forward takes."""
+    the paths the backbone's forward takes, that no port computes: named
+    with how it differs from the layers' norms."""
+    found = _first_normed(st)
+    known_norm = st.result.get("embedding.norm")
+    if found is None or (known_norm is not None and known_norm.value is True):
+        return
+    text, norm = found
+    differs = _unlike_layer_norms(st, norm) if norm is not None else "the embedding module's own"
+    st.add(
+        known(("embedding",), "unsupported.embedding_norm", CODE, f"{st.where(backbone)}: {text} ({differs})")
+    )
+
+
+def _first_normed(st: AnalyzerState) -> tuple[str, Instance | None] | None:
+    """How the first layer's input normalizes the token embeddings, and the
+    backbone's norm that does it (None: the embedding module's own)."""
     for call in layer_calls(st).get(0, []):
         text = _normed_embedding(st, strip_casts(call.args[0])) if call.args else None
         if text is not None:
-            st.add(known(("embedding",), "unsupported.embedding_norm", CODE, f"{st.where(backbone)}: {text}"))
-            return
+            return text, _backbone_norm(st, strip_casts(call.args[0]))
+    return None
+
+
+# what a norm computes, as AnalyzerState.norm_info reads it
+NORM_FACTS = ("kind", "bias", "unit_offset", "affine", "eps", "eps_key")
+# the decoder-layer norms, by their canonical names, the first a layer has compared
+LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm")
+
+
+def _backbone_norm(st: AnalyzerState, value: Any) -> Instance | None:
+    """The backbone's norm module whose output ``value`` is (through dropouts)."""
+    for _ in range(4):
+        if not (isinstance(value, Node) and value.kind == "module" and value.args):
+            return None
+        if st.role(value.ref) == "norm":
+            return value.ref
+        value = strip_casts(value.args[0])
+    return None
+
+
+def _unlike_layer_norms(st: AnalyzerState, norm: Instance) -> str | None:
+    """How the embedding norm differs from the decoder layers' norms (its
+    kind, bias, weight form, affinity, epsilon), or None when it computes
+    what they do."""
+    children = dict(st.layers[0].children())
+    names = st.result.module_names
+    layer_norm = next((children[n] for key in LAYER_NORMS if (n := names.get(key)) in children), None)
+    if layer_norm is None:
+        return "no decoder-layer norm to compare it with"
+    mine, theirs = st.norm_info(norm), st.norm_info(layer_norm)
+    if mine["kind"] is None:
+        return "its computation is not classified"
+    differs = [
+        f"{k} {mine[k]!r} where the layers' is {theirs[k]!r}" for k in NORM_FACTS if mine[k] != theirs[k]
+    ]
+    return "; ".join(differs) or None
 
 
 def _normed_embedding(st: AnalyzerState, value: Any) -> str | None:

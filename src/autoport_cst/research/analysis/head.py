@@ -146,7 +146,7 @@ def _embedding_factors(
     for state in st.forward(backbone):
         calls = [n for n in walk(state.value) if n.kind == "module" and n.ref is first_layer]
         for call in calls:
-            arg = call.args[0] if call.args else call.kwarg("hidden_states")
+            arg = _through_embedding_norm(st, call.args[0] if call.args else call.kwarg("hidden_states"))
             f, ops, reached = scalar_path(
                 arg,
                 lambda v: isinstance(v, Node) and v.kind == "module" and v.ref is embed,
@@ -166,6 +166,27 @@ def _embedding_factors(
                     factors.add(round(f * inner, 9))
                     evidence = ops + inner_ops
     return factors, untraced, evidence
+
+
+def _through_embedding_norm(st: AnalyzerState, value: Any) -> Any:
+    """The input of the embedding norm (research's ``embedding.norm``:
+    ``block_features.embedding_norm_like_layers``) when ``value`` is its output through
+    casts and dropout only (nothing scales it after the norm: a port norms
+    the embedding module's output, scaled there); else ``value``."""
+    found = st.result.get("embedding.norm")
+    if found is None or found.value is not True:
+        return value
+    current = value
+    for _ in range(8):
+        current = strip_casts(current)
+        if not (isinstance(current, Node) and current.kind == "module" and current.args):
+            return value
+        if st.role(current.ref) == "norm":
+            return current.args[0]
+        if st.role(current.ref) != "dropout":
+            return value
+        current = current.args[0]
+    return value
 
 
 def _without_positions(st: AnalyzerState, value: Any, embed: Instance) -> Any:

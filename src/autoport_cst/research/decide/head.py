@@ -22,6 +22,7 @@ def embedding(d: Decider) -> EmbeddingSpec:
         learned_positions=learned,
         positions_key=key,
         positions_offset=offset,
+        norm=d.flag("embedding.norm", False),
     )
 
 
