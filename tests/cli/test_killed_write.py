@@ -152,3 +152,19 @@ def test_a_write_still_running_is_left_alone(tmp_path):
     finally:
         pending.rollback()
     assert tree(out) == EARLIER
+
+
+def test_a_write_made_on_another_host_is_not_put_back(tmp_path):
+    """Its process cannot be looked up here: it may still be running."""
+    out = tmp_path / "out"
+    write_port(out, EARLIER, PACKAGE, force=False)
+    killed_write(out, LATER)
+    (backup,) = out.glob(".autoport-backup-*")
+    record = json.loads((backup / ".autoport-write.json").read_text())
+    (backup / ".autoport-write.json").write_text(json.dumps({**record, "host": "elsewhere"}))
+    after_kill = tree(out)
+    with pytest.raises(
+        InputError, match=r"made on another host \(elsewhere\), where it may still be running"
+    ):
+        recover_leftovers(out)
+    assert tree(out) == after_kill

@@ -10,7 +10,7 @@ and the SHA-256 of what it writes.
 
 The next write into the same OUT (``apply``, ``port``, ``write_port``)
 puts the earlier files back by itself when that is unambiguous: the run
-that made the folder is no longer running, and every file it touched is
+that made the folder, on this host, is no longer running, and every file it touched is
 either as it was before or as the run wrote it. Otherwise nothing is
 changed and the user is told what the folder is and how to restore or
 remove it by hand (exit 2): a folder without a record (written by an older
@@ -95,7 +95,9 @@ def _problem(out_dir: Path, backup: Path, record: dict | None) -> str | None:
     """Why the folder cannot be put back by itself (None: it can)."""
     if record is None:
         return "it has no record of the write that made it (an older autoport-cst, or a write that had ended)"
-    if record.get("host") == socket.gethostname() and _running(record.get("pid")):
+    if record.get("host") != socket.gethostname():
+        return f"it was made on another host ({record.get('host')}), where it may still be running"
+    if _running(record.get("pid")):
         return (
             f"the autoport-cst process that made it (pid {record['pid']}, started {record['started']}) is "
             "still running: let it end first"
