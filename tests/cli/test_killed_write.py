@@ -168,3 +168,12 @@ def test_a_write_made_on_another_host_is_not_put_back(tmp_path):
     ):
         recover_leftovers(out)
     assert tree(out) == after_kill
+
+
+def test_a_killed_first_write_leaves_nothing_once_put_back(tmp_path):
+    """Under a fresh OUT the killed write's files and directories all go."""
+    out = tmp_path / "out"
+    killed_write(out, LATER, kill_after=3)
+    assert tree(out)
+    recover_leftovers(out)
+    assert list(out.iterdir()) == []
