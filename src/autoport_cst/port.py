@@ -134,6 +134,8 @@ def port(
     outcome.seconds["apply"] = time.perf_counter() - start
 
     checkpoints_before = _checkpoint_entries(out)
+    # a run killed outright (SIGKILL) has these removed with its port by the next write into out
+    written.will_create(out, [out / "checkpoints" / f"{name}-tiny{kind}" for kind in CHECKPOINT_KINDS])
     try:
         stage("checkpoint")
         start = time.perf_counter()
@@ -411,6 +413,10 @@ def _validation_checkpoint(found, out: Path, name: str, checkpoint: str, seed: i
         if _key_overlap(source_dir, saved) > _key_overlap(source_dir, target):
             return saved
     return target
+
+
+# the checkpoints a port makes under OUT/checkpoints: <name>-tiny<kind> (_validation_checkpoint, port_variants)
+CHECKPOINT_KINDS = ("", "-saved", "-variant", "-saved-variant")
 
 
 def _checkpoint_entries(out: Path) -> set[str] | None:

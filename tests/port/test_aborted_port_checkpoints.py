@@ -64,3 +64,29 @@ def test_a_checkpoint_directory_of_an_earlier_run_stays(source, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         port(str(source), "x", out, steps=1, on_stage=_stop_at("validate tp=1 fp32", KeyboardInterrupt()))
     assert (earlier / "notes.txt").read_text() == "earlier"
+
+
+def test_the_checkpoints_a_port_makes_are_recorded_before_they_are_made(source, tmp_path):
+    """What a SIGKILL'd port leaves is removed from this record (apply.leftovers;
+    the killed run itself: tests/port/test_killed_port.py, --run-slow)."""
+    import json
+
+    out = tmp_path / "out"
+    (out / "checkpoints" / "x-tiny-saved").mkdir(parents=True)  # not this run's
+    recorded = []
+
+    def on_stage(stage: str) -> None:
+        if stage == "checkpoint":
+            (backup,) = out.glob(".autoport-backup-*")
+            recorded.append(json.loads((backup / ".autoport-write.json").read_text()))
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        port(str(source), "x", out, steps=1, on_stage=on_stage)
+    (record,) = recorded
+    assert record["created_trees"] == [
+        "checkpoints/x-tiny",
+        "checkpoints/x-tiny-variant",
+        "checkpoints/x-tiny-saved-variant",
+    ]
+    assert "checkpoints" not in record["created_dirs"]  # it was there

@@ -10,9 +10,11 @@ and the SHA-256 of what it writes.
 
 The next write into the same OUT (``apply``, ``port``, ``write_port``)
 puts the earlier files back by itself when that is unambiguous: the run
-that made the folder, on this host, is no longer running, and every file it touched is
-either as it was before or as the run wrote it. Otherwise nothing is
-changed and the user is told what the folder is and how to restore or
+that made the folder, on this host, is no longer running, and every file it
+touched is either as it was before or as the run wrote it (the directories
+the run recorded it was making beside the port, ``port``'s tiny checkpoints,
+are removed with it); a folder killed before its record was written holds
+nothing and is removed. Otherwise nothing is changed and the user is told what the folder is and how to restore or
 remove it by hand (exit 2): a folder without a record (written by an older
 autoport-cst), a file changed since, or a run still going.
 """
@@ -50,7 +52,28 @@ def write_manifest(
         "files": files,
         "created_dirs": [d for d in created if not (out_dir / d).exists()],
     }
-    (backups / MANIFEST).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    _write_record(backups, record)
+
+
+def record_trees(out_dir: Path, backups: Path, trees: list[Path]) -> None:
+    """Add to the record of a pending write the directories its run is about
+    to make beside the port (``port``'s tiny checkpoints under
+    OUT/checkpoints); those that exist already are not the run's."""
+    record = _read_record(backups)
+    if record is None:
+        return
+    new = [tree.relative_to(out_dir) for tree in trees if not tree.exists()]
+    record["created_trees"] = [*record.get("created_trees", []), *(rel.as_posix() for rel in new)]
+    parents = {parent.as_posix() for rel in new for parent in rel.parents} - {"."}
+    missing = {d for d in parents if not (out_dir / d).exists()}
+    record["created_dirs"] = sorted({*record.get("created_dirs", []), *missing})
+    _write_record(backups, record)
+
+
+def _write_record(backups: Path, record: dict) -> None:
+    staged = backups / (MANIFEST + ".tmp")
+    staged.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    os.replace(staged, backups / MANIFEST)  # a kill leaves the old record or the new one
 
 
 def recover_leftovers(out_dir: Path, restore: bool = True) -> list[str]:
@@ -64,6 +87,12 @@ def recover_leftovers(out_dir: Path, restore: bool = True) -> list[str]:
     restored = []
     for backup in sorted(out_dir.glob(BACKUP_PREFIX + "*")):
         record = _read_record(backup)
+        if record is None and _holds_nothing(backup):  # killed before its record was in place
+            _remove_empty(out_dir, backup)
+            restored.append(
+                f"{out_dir}: removed {backup.name}, left by a write killed before it moved anything"
+            )
+            continue
         problem = _problem(out_dir, backup, record)
         if problem is not None:
             raise InputError(_by_hand(out_dir, backup, problem), Position(str(backup)))
@@ -81,6 +110,18 @@ def recover_leftovers(out_dir: Path, restore: bool = True) -> list[str]:
             f"its backup {backup.name} removed)"
         )
     return restored
+
+
+def _holds_nothing(backup: Path) -> bool:
+    """No file but a half-written record: the write moved nothing yet."""
+    return all(p.is_dir() or p.name == MANIFEST + ".tmp" for p in backup.rglob("*"))
+
+
+def _remove_empty(out_dir: Path, backup: Path) -> None:
+    shutil.rmtree(backup)
+    for staging in out_dir.glob(".autoport-stage-*"):
+        if not any(p.is_file() for p in staging.rglob("*")):
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _read_record(backup: Path) -> dict | None:
@@ -131,6 +172,8 @@ def _restore(out_dir: Path, backup: Path, record: dict) -> None:
                 os.replace(kept, target)
             elif not entry.get("existed"):
                 target.unlink(missing_ok=True)
+        for rel in record.get("created_trees", []):  # the run's own, e.g. its tiny checkpoints
+            shutil.rmtree(out_dir / rel, ignore_errors=True)
         for rel in sorted(record.get("created_dirs", []), key=len, reverse=True):
             shutil.rmtree(out_dir / rel / "__pycache__", ignore_errors=True)
             try:

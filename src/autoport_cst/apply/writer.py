@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autoport_cst.apply.leftovers import MANIFEST, recover_leftovers, write_manifest
+from autoport_cst.apply.leftovers import MANIFEST, record_trees, recover_leftovers, write_manifest
 from autoport_cst.errors import InputError
 
 
@@ -75,6 +75,14 @@ class PendingWrite:
             shutil.rmtree(directory, ignore_errors=True)
         self.moved.clear()
         self.created_dirs.clear()
+
+    def will_create(self, out_dir: Path, directories: list[Path]) -> None:
+        """Directories the caller is about to make beside the port (``port``'s
+        tiny checkpoints): a run killed before :meth:`commit` or
+        :meth:`rollback` has them removed too when its write is put back
+        (``apply.leftovers``)."""
+        if self.scratch:
+            record_trees(Path(out_dir), self.scratch[-1], directories)
 
     def rollback(self) -> None:
         for target, backup in reversed(self.moved):
