@@ -44,6 +44,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+def pytest_configure(config):
+    # README's test command (-n 2 --dist loadfile): the costliest files first (tests/xdist_order.py)
+    if config.pluginmanager.hasplugin("xdist"):
+        from tests import xdist_order
+
+        config.pluginmanager.register(xdist_order, "autoport-xdist-order")
+
+
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow")
 
