@@ -200,6 +200,19 @@ class AttentionSpec:
         "Attention temperature: the factor is cast to the queries' dtype before it multiplies them "
         "(Ministral 3); False: the product is (Llama 4).",
     )
+    alibi_bias_max: float | None = feature(
+        None,
+        "ALiBi positions (BLOOM, MPT, Falcon-RW): each score plus slope_h * (key position - query "
+        "position); the slopes 2 ** -(alibi_bias_max * i / n), i = 1..n, n the power of two at or above the "
+        "head count; for a head count that is not a power of two, the slopes of the even i, then of "
+        "the odd i, cut to the head count. 8 for BLOOM's and Falcon's build_alibi_tensor; MPT: the "
+        "alibi_bias_max its build_mpt_alibi_tensor is called with (8); null: no ALiBi.",
+    )
+    alibi_scaled: bool = feature(
+        False,
+        "ALiBi: the bias is multiplied by the attention scale with the scores (Falcon-RW); False: added "
+        "after the scale (BLOOM, MPT).",
+    )
 
 
 @dataclass(frozen=True)

@@ -192,6 +192,8 @@ def _attention_decode_unfused(
     qk_norm=None,
     softcap=None,
     q_scale=None,
+    alibi_slopes=None,
+    alibi_positions=None,
     **kernel_options,
 ):
     """NF.attention_decode computed op by op, for what the fused decode kernel
@@ -199,7 +201,11 @@ def _attention_decode_unfused(
     applied before RoPE, such as a norm over all heads), ``softcap`` (tanh
     softcapping of the attention scores, before the mask) and ``q_scale`` (a
     factor per token [B * S], multiplying the rotated queries: an attention
-    temperature; the product in the factor's dtype, rounded to the queries').
+    temperature; the product in the factor's dtype, rounded to the queries') and
+    ``alibi_slopes`` (ALiBi: a slope per query head [Nq] in float32, each score
+    plus slope * (key position - query position), after the scale; prior slot s
+    holds position s, the step's tokens are at ``alibi_positions`` [B * S], or
+    at ``pos_ids`` when that is given).
 
     The kernel's arguments, layouts and results: X [B, S, H]; caches
     [blocks, Nkv, block, Dh] or [blocks, block, Dh] (one KV head); cos/sin
@@ -308,6 +314,16 @@ def _attention_decode_unfused(
     scores = torch.matmul(q.to(torch.float32), keys.transpose(-1, -2)) * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
+    if alibi_slopes is not None:
+        step_pos = alibi_positions if pos_ids is None else pos_ids
+        if step_pos is None:
+            raise ValueError("ALiBi decode needs the positions of the step's tokens (alibi_positions or pos_ids)")
+        q_pos = step_pos.reshape(batch, seq).to(torch.float32)
+        k_pos = torch.arange(context, device=X.device, dtype=torch.float32).expand(batch, context).clone()
+        k_pos[:, context - seq :] = q_pos
+        distance = (k_pos[:, None, :] - q_pos[:, :, None]).unsqueeze(1)  # [B, 1, S, context]
+        slopes = alibi_slopes.to(torch.float32).reshape(1, q_heads, 1, 1)
+        scores = scores + slopes * distance
     scores = scores.masked_fill(~visible, float("-inf"))
     if sink is not None:
         column = sink.to(torch.float32).reshape(1, q_heads, 1, 1).expand(batch, q_heads, seq, 1)
@@ -349,10 +365,13 @@ def _flash_attention_unfused(
     tp_k=False,
     tp_out=False,
     softcap=None,
+    alibi_slopes=None,
     **kernel_options,
 ):
     """NF.flash_attention computed op by op, for what the kernel cannot do:
-    ``softcap`` (tanh softcapping of the attention scores, before the mask).
+    ``softcap`` (tanh softcapping of the attention scores, before the mask)
+    and ``alibi_slopes`` (ALiBi: one slope per row of q's first dimension,
+    each score plus slope * (key position - query position), after the scale).
 
     Same arguments and layouts as the kernel: q [B, S, D] with ``tp_q``, else
     [B, D, S]; k [B, S, D] with ``tp_k``, else [B, D, S]; v [B, S, D]; B may
@@ -375,7 +394,10 @@ def _flash_attention_unfused(
         visible = visible & (k_pos <= q_pos)
     if sliding_window:
         visible = visible & (q_pos < k_pos + sliding_window)
-    return _softmax_attention(q, k, v, q.shape[-1] ** -0.5 if scale is None else scale, visible, sink, softcap, tp_out)
+    bias = None if alibi_slopes is None else _alibi_bias(alibi_slopes, q.shape[0], k_pos - q_pos)
+    return _softmax_attention(
+        q, k, v, q.shape[-1] ** -0.5 if scale is None else scale, visible, sink, softcap, tp_out, bias
+    )
 '''
 
 SEGMENTED_UNFUSED = '''
@@ -396,9 +418,12 @@ def _segmented_attention_unfused(
     k_scale=None,
     v_scale=None,
     softcap=None,
+    alibi_slopes=None,
 ):
     """NF.segmented_attention computed op by op, for what the kernel cannot
-    do: ``softcap`` (tanh softcapping of the attention scores, before the mask).
+    do: ``softcap`` (tanh softcapping of the attention scores, before the mask)
+    and ``alibi_slopes`` (ALiBi: a slope per query head, each score plus
+    slope * (cache position - query position), after the scale).
 
     One chunk of one sequence attends to the sequence's cached tokens (the
     chunk's own K/V already written): query i sees cache positions
@@ -431,19 +456,25 @@ def _segmented_attention_unfused(
     visible = (k_pos <= q_pos) & (k_pos < prior + q_len)
     if sliding_window:
         visible = visible & (k_pos > q_pos - sliding_window)
-    return _softmax_attention(q, k, v, q.shape[-1] ** -0.5 if scale is None else scale, visible, sink, softcap, tp_out)
+    bias = None if alibi_slopes is None else _alibi_bias(alibi_slopes, heads, k_pos - q_pos)
+    return _softmax_attention(
+        q, k, v, q.shape[-1] ** -0.5 if scale is None else scale, visible, sink, softcap, tp_out, bias
+    )
 '''
 
 SOFTMAX_ATTENTION = '''
-def _softmax_attention(q, k, v, scale, visible, sink, softcap, tp_out):
+def _softmax_attention(q, k, v, scale, visible, sink, softcap, tp_out, bias=None):
     """Attention of q [N, Sq, D] over k, v [N, Sk, D] where ``visible``
     [Sq, Sk] allows, as the prefill kernels compute it: scores and softmax in
-    float32 (softcapped, then masked; a sink logit per head as one more
-    column), probabilities rounded to v's dtype; a query that sees nothing
-    gets zeros. Returns [N, D, Sq] with ``tp_out``, else [N, Sq, D]."""
+    float32 (softcapped, plus ``bias`` [N, Sq, Sk] when given, then masked; a
+    sink logit per head as one more column), probabilities rounded to v's
+    dtype; a query that sees nothing gets zeros. Returns [N, D, Sq] with
+    ``tp_out``, else [N, Sq, D]."""
     scores = torch.matmul(q.to(torch.float32), k.to(torch.float32).transpose(-1, -2)) * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias
     scores = scores.masked_fill(~visible, float("-inf"))
     if sink is not None:
         column = sink.to(torch.float32).reshape(-1, 1, 1).expand(scores.shape[0], scores.shape[1], 1)
@@ -453,6 +484,17 @@ def _softmax_attention(q, k, v, scale, visible, sink, softcap, tp_out):
         probs = probs[..., :-1]
     output = torch.matmul(probs.to(v.dtype).to(torch.float32), v.to(torch.float32)).to(v.dtype)
     return output.transpose(1, 2) if tp_out else output
+'''
+
+# the prefill substitutes call it only when given ALiBi slopes (alibi-positions adds it)
+ALIBI_BIAS = '''
+def _alibi_bias(slopes, rows, distance):
+    """The ALiBi bias [rows, Sq, Sk] in float32: slope * distance (key
+    position - query position, [Sq, Sk]) for each of the ``rows`` heads."""
+    slopes = slopes.to(torch.float32).reshape(-1)
+    if slopes.shape[0] != rows:
+        raise ValueError(f"ALiBi: {slopes.shape[0]} slopes for {rows} query heads")
+    return slopes.reshape(-1, 1, 1) * distance.to(torch.float32).unsqueeze(0)
 '''
 
 

@@ -1,0 +1,134 @@
+"""RoPE taken out of a port's attention methods and module (learned-positions,
+alibi-positions): the ``cos, sin = position_embeddings`` unpacking removed,
+what is computed from it bound to None, any other use of the rotation
+refused; the rotary class and the rotation helpers dropped when nothing
+else names them."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from autoport_cst.transform import FileContext
+from autoport_cst.transform.cst.roles import class_role
+from autoport_cst.transform.cst.snippets import parse_statement
+from autoport_cst.transform.cst.vocabulary import deep_statements, dotted, simple_assign, walk
+
+
+def unrotated(
+    cls_name: str, func: cst.FunctionDef, module: cst.Module, ctx: FileContext, edits: dict
+) -> None:
+    """In one attention method: the ``cos, sin = position_embeddings``
+    unpacking removed, the assignments computed from the rotation bound to
+    None (a reassignment dropped); its None-bound names may still be passed
+    as call arguments; any other use of the rotation refuses."""
+    roots: set[str] = set()
+    derived: set[str] = set()
+    params = {p.name.value for p in func.params.params}
+    for stmt in deep_statements(func):
+        if isinstance(stmt, cst.BaseCompoundStatement):
+            if _header_names(stmt) & (roots | derived):
+                raise _uses(cls_name, func, stmt, module, ctx)
+            continue
+        if any(dotted(c.func) in ("apply_rotary_pos_emb", "_apply_rotary_emb") for c in _calls(stmt)):
+            raise _uses(cls_name, func, stmt, module, ctx)
+        pair = simple_assign(stmt)
+        if pair is not None and dotted(pair[1]) == "position_embeddings" and isinstance(pair[0], cst.Tuple):
+            roots |= {dotted(e.value) or "" for e in pair[0].elements}
+            edits[id(stmt)] = lambda updated: cst.RemoveFromParent()
+            continue
+        used = [n for n in _read_names(stmt) if n.value in roots | derived]
+        if not used:
+            continue
+        passed = {id(a.value) for c in _calls(stmt) for a in c.args if isinstance(a.value, cst.Name)}
+        if all(id(n) in passed and n.value in derived for n in used):
+            continue  # a None-bound name handed to a kernel: no rotation
+        target = dotted(pair[0]) if pair is not None else None
+        if target is None:
+            raise _uses(cls_name, func, stmt, module, ctx)
+        if target in derived or target in params:
+            edits[id(stmt)] = lambda updated: cst.RemoveFromParent()
+        else:
+            edits[id(stmt)] = lambda updated, t=target: parse_statement(f"{t} = None", module).with_changes(
+                leading_lines=updated.leading_lines
+            )
+            derived.add(target)
+    _drop_orphans(func, edits)
+
+
+def _drop_orphans(func: cst.FunctionDef, edits: dict) -> None:
+    """Assignments of a plain name, computed without a call, that only the
+    removed rotation read (decode's ``half``): dropped too."""
+    body = list(deep_statements(func))
+    freed = {n.value for s in body if id(s) in edits for n in _read_names(s)}
+    reads: dict[str, int] = {}
+    for stmt in body:
+        if id(stmt) in edits:
+            continue
+        names = _header_names(stmt) if isinstance(stmt, cst.BaseCompoundStatement) else _read_names(stmt)
+        for name in names:
+            value = name if isinstance(name, str) else name.value
+            reads[value] = reads.get(value, 0) + 1
+    for stmt in body:
+        pair = simple_assign(stmt) if id(stmt) not in edits else None
+        if pair is None or not isinstance(pair[0], cst.Name) or _calls(pair[1]):
+            continue
+        name = pair[0].value
+        if name in freed and reads.get(name) == 1:  # its own binding only
+            edits[id(stmt)] = lambda updated: cst.RemoveFromParent()
+
+
+def _read_names(node: cst.CSTNode) -> list[cst.Name]:
+    """The names ``node`` reads or binds: not keyword labels, not attribute names."""
+    labels = {id(a.keyword) for c in _calls(node) for a in c.args if a.keyword is not None}
+    labels |= {id(n.attr) for n in walk(node) if isinstance(n, cst.Attribute)}
+    return [n for n in walk(node) if isinstance(n, cst.Name) and id(n) not in labels]
+
+
+def _header_names(stmt: cst.BaseCompoundStatement) -> set[str]:
+    """Names a compound statement reads outside its blocks (an ``if``'s test)."""
+    inner = {id(n) for s in deep_statements(stmt) if s is not stmt for n in walk(s)}
+    return {n.value for n in _read_names(stmt) if id(n) not in inner}
+
+
+def _calls(stmt: cst.CSTNode) -> list[cst.Call]:
+    return [n for n in walk(stmt) if isinstance(n, cst.Call)]
+
+
+def _uses(cls_name, func, stmt, module, ctx):
+    return ctx.refuse(
+        f"{cls_name}.{func.name.value} uses the rotation in `{module.code_for_node(stmt).strip()}`; "
+        "only assignments computed from (cos, sin) are removed",
+        stmt,
+        module,
+    )
+
+
+# the reference's helpers that rotate outside the kernels
+ROTATION_HELPERS = ("apply_rotary_pos_emb", "_apply_rotary_emb")
+
+
+def without_rotary_class(module: cst.Module) -> cst.Module:
+    """The rotary class, then the rotation helpers, removed when nothing
+    else in the file names them."""
+    rotary: list[cst.ClassDef | cst.FunctionDef] = [
+        s for s in module.body if isinstance(s, cst.ClassDef) and class_role(s.name.value) == "rotary"
+    ]
+    rotary += [
+        s
+        for h in ROTATION_HELPERS
+        for s in module.body
+        if isinstance(s, cst.FunctionDef) and s.name.value == h
+    ]
+    kept = list(module.body)
+    for cls in rotary:
+        others = [s for s in kept if s is not cls]
+        if any(isinstance(n, cst.Name) and n.value == cls.name.value for s in others for n in walk(s)):
+            continue
+        index = kept.index(cls)
+        following = kept[index + 1] if index + 1 < len(kept) else None
+        if following is not None and cls.leading_lines and not following.leading_lines:
+            kept[index + 1] = following.with_changes(leading_lines=cls.leading_lines)
+        kept.remove(cls)
+    if len(kept) == len(module.body):
+        return module
+    return module.with_changes(body=kept)
