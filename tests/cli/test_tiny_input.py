@@ -164,3 +164,19 @@ def test_a_config_json_source_is_checked_before_torch(tmp_path):
         assert result.stderr.rstrip().endswith("torch not imported"), result.stderr
     assert "did you mean 'llama'" in run_cli("tiny", tmp_path / "unknown.json", tmp_path / "out").stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_type_without_a_causal_lm_is_refused_before_torch(tmp_path):
+    result = run_cli("tiny", "vit", tmp_path / "out")
+    assert result.returncode == 2, result.stderr
+    assert "model_type 'vit' has no causal-LM class in transformers" in result.stderr
+    assert result.stderr.rstrip().endswith("torch not imported"), result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_causal_lm_model_types_read_without_torch_are_transformers_own():
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from autoport_cst.cli.tiny_target import causal_lm_model_types
+
+    assert causal_lm_model_types() == frozenset(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)

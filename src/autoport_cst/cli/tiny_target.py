@@ -75,6 +75,41 @@ def check_config_source(source: str) -> None:
         )
 
 
+def check_causal_lm_model_type(model_type: str) -> None:
+    """A model_type transformers knows but has no causal-LM class for
+    (``tiny bert``): refused before torch (``resolve_config`` said so after
+    the torch import)."""
+    causal = causal_lm_model_types()
+    if causal is None or model_type in causal:
+        return
+    from autoport_cst.validate.tiny import known_model_types
+
+    if model_type in (known_model_types() or ()):
+        raise InputError(
+            f"model_type {model_type!r} has no causal-LM class in transformers: tiny builds decoder "
+            "language models (an architecture name or a config.json of one)"
+        )
+
+
+def causal_lm_model_types() -> frozenset[str] | None:
+    """The keys of transformers' ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``,
+    read from ``modeling_auto``'s source (importing it imports torch): the
+    literal list of its assignment. None when it is written otherwise."""
+    import ast
+    import importlib.util
+
+    name = "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = OrderedDict("
+    try:
+        spec = importlib.util.find_spec("transformers.models.auto.modeling_auto")
+        source = Path(spec.origin).read_text(encoding="utf-8") if spec and spec.origin else ""
+        start = source.index(name)
+        call = ast.parse(source[start + len(name) - len("OrderedDict(") : source.index("\n)\n", start) + 2])
+        pairs = ast.literal_eval(call.body[0].value.args[0])  # type: ignore[attr-defined]
+        return frozenset(key for key, _ in pairs)
+    except (ImportError, OSError, ValueError, SyntaxError, AttributeError, IndexError, TypeError):
+        return None
+
+
 def check_tiny_outdir(outdir: Path, source: str, source_is_path: bool) -> None:
     """Refuse an OUTDIR whose contents ``tiny`` would overwrite and that is
     not a tiny checkpoint of the same model (see the module docstring)."""

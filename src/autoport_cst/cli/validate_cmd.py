@@ -68,13 +68,18 @@ def tiny_command(
     if outdir.exists() and not outdir.is_dir():
         raise InputError(f"{outdir}: exists and is not a directory")
     require_extra("tiny")
-    from autoport_cst.cli.tiny_target import check_config_source, check_tiny_outdir
+    from autoport_cst.cli.tiny_target import (
+        check_causal_lm_model_type,
+        check_config_source,
+        check_tiny_outdir,
+    )
 
     if looks_like_path:
         check_config_source(arch_or_config)
-    else:  # a misspelt class or model type, before torch
+    else:  # a misspelt class or model type, or a model type of no decoder, before torch
         check_architecture_name(arch_or_config)
         check_model_type_name(arch_or_config)
+        check_causal_lm_model_type(arch_or_config)
     if not force:
         check_tiny_outdir(outdir, arch_or_config, looks_like_path)
     if not looks_like_path and Path(arch_or_config).exists():
