@@ -28,9 +28,7 @@ REFUSALS = {
     # Cohere 2 MoE: its layers without RoPE are realized (rope.nope_rule sliding, its force_rope false on
     # every layer); its parallel residual is not, on the MoE reference (the pre-MLP norm is the experts')
     "Cohere2MoeForCausalLM": ("residual.parallel", "shared_norm"),
-    # blocks under transformer.h / transformer.blocks: found, and refused for their ALiBi bias per head
-    "BloomForCausalLM": ("unsupported", "alibi_positions: _get_alibi_slopes in BloomModel.forward"),
-    "MptForCausalLM": ("unsupported", "alibi_positions: build_mpt_alibi_tensor in MptModel.forward"),
+    # (BLOOM's and MPT's ALiBi is realized: alibi-positions; Falcon-RW's stays refused: tests/coverage_dense/test_falcon.py)
     # a fixed table of sines and cosines of the positions added to the token embeddings, not learned
     "XGLMForCausalLM": ("unsupported", "sinusoidal_positions: XGLMModel.forward"),
 }

@@ -19,9 +19,10 @@ BLOCKS = {
     "opt": ("OPTDecoder.layers", set(), ""),  # fc1/fc2 in the layer are read as an MLP
     "falcon": ("FalconModel.h", set(), ""),
     # the residual its attention and MLP add themselves is the block's (tests/research/test_residual_in_sublayer.py)
-    # ... and its embedding LayerNorm is a norm like its layers' (tests/research/test_embedding_norm.py)
-    "bloom": ("BloomModel.h", {"alibi_positions"}, "BloomAttention.forward"),
-    "mpt": ("MptModel.blocks", {"alibi_positions"}, "position_bias"),
+    # ... its embedding LayerNorm is a norm like its layers' (tests/research/test_embedding_norm.py)
+    # ... and its ALiBi bias is read (tests/research/test_alibi_research.py)
+    "bloom": ("BloomModel.h", set(), ""),
+    "mpt": ("MptModel.blocks", set(), ""),
     "biogpt": ("BioGptModel.layers", set(), ""),  # its feed-forward in the layer is read as an MLP
     # its attention one module down (attn.attention) writes out its scores and softmax
     "gpt_neo": (
@@ -50,13 +51,6 @@ def test_the_refusal_names_the_computation(tiny, name, tmp_path):
     assert "code.decoder_layers" not in str(refused.value)
     assert words in str(refused.value), str(refused.value)
     assert not (tmp_path / "out" / "vllm_neuron").exists()
-
-
-def test_alibi_is_named_with_the_function_that_builds_it(tiny):
-    """BLOOM's bias per head is named with the backbone function that builds
-    it and the attention that adds it to the scores."""
-    (entry,) = [e for e in tiny.research("bloom").spec.unsupported or () if e.startswith("alibi_positions")]
-    assert "BloomModel.forward" in entry and "BloomAttention.forward" in entry and "4 heads" in entry
 
 
 def test_falcon_rotates_on_the_path_its_layer_takes(tiny):

@@ -35,7 +35,8 @@ SECTION_EDGES = {
     ("analysis", "rope"): {"nope_rule"},  # the rule that picks the layers without RoPE
     ("analysis", "head"): {"multiplier_keys"},  # multipliers computed from several config fields
     # attention written out in the layer is recognized as the mixers section recognizes it in a mixer
-    ("analysis", "block_features"): {"mixers"},
+    # ... and a bias per head on the scores is read as ALiBi by a module of its own
+    ("analysis", "block_features"): {"mixers", "alibi"},
     # a decoder whose layers are not attention blocks is named by what its blocks compute
     ("analysis", "decoder"): {"mixers"},
     ("decide", "unsupported"): {"attention"},

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from autoport_cst.research.analysis import mixers
+from autoport_cst.research.analysis import alibi, mixers
 from autoport_cst.research.analysis.graph import sin_cos_table, strip_casts
 from autoport_cst.research.analysis.layer_inputs import forward_parameters, layer_arguments, layer_calls
 from autoport_cst.research.analysis.state import AnalyzerState
@@ -80,7 +80,9 @@ def _computed_from(value: Any, source: Node) -> bool:
 def score_bias(st: AnalyzerState) -> None:
     """A tensor the backbone builds from the number of heads and passes to
     the layers, which the attention adds to its scores before the softmax:
-    a per-head position bias (ALiBi)."""
+    a per-head position bias (ALiBi), read as ``attention.alibi_*`` by
+    :func:`.alibi.read`, or refused (``unsupported.alibi_positions``) saying
+    what was not read."""
     heads = st.dims.get("num_heads")
     calls = layer_calls(st).get(0, [])
     if not calls or not isinstance(heads, int) or st.backbone is None:
@@ -94,13 +96,16 @@ def score_bias(st: AnalyzerState) -> None:
         builder = _builder_with(value, heads)
         if builder is None or not any(n.kind == "input" and n.name == name for s in scores for n in walk(s)):
             continue
+        why = alibi.read(st, builder, value, scores, attn, name)
+        if why is None:
+            return
         st.add(
             known(
                 ("attention",),
                 "unsupported.alibi_positions",
                 CODE,
                 f"{builder.name} in {st.where(st.backbone)} builds a bias per head ({heads} heads) that "
-                f"{st.where(attn)} adds to the attention scores ({name})",
+                f"{st.where(attn)} adds to the attention scores ({name}); not read: {why}",
             )
         )
         return

@@ -85,6 +85,8 @@ def attention(d: Decider, head_size: Any) -> AttentionSpec:
         multi_query_key=multi_query_key(d),
         **_temperature(d),
         **_latent(d),
+        alibi_bias_max=d.flag("attention.alibi_bias_max", None),
+        alibi_scaled=d.flag("attention.alibi_scaled", False),
     )
 
 
