@@ -125,9 +125,11 @@ def resolve_reference(ref: str) -> Path:
     path = Path(ref)
     if path.is_dir():
         if not (path / MANIFEST).is_file():
+            # a bare word meant as a built-in (--ref llama beside a llama/ directory)
+            hint = did_you_mean(ref, builtins) if "/" not in ref else ""
             raise InputError(
                 f"{path} is not a reference package: it has no {MANIFEST} "
-                f"(see `autoport-cst schema reference`)"
+                f"(see `autoport-cst schema reference`){hint}"
             )
         return path
     known = ", ".join(builtins) or "none"
