@@ -12,10 +12,12 @@ recognised.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 BACKBONE_NAMES = ("model", "transformer", "gpt_neox", "backbone", "language_model")
@@ -111,6 +113,25 @@ def _latents(attention: nn.Module, index: int, path: str) -> list[Component]:
     return found
 
 
+# the forward parameter of a sublayer that adds the block's residual itself
+# (BLOOM's attention and MLP, MPT's MLP: ``output + residual``)
+RESIDUAL = "residual"
+
+
+def _residual_given(module: nn.Module, args: Any, kwargs: Any) -> Any:
+    """The tensor a sublayer is given as its ``residual`` and adds to its
+    output (research reads that add: ``layer_inputs.added_argument``), or
+    None. Such a module's output is ``residual + f(x)``: the component is
+    ``f(x)``, what a port's attention or MLP returns (it adds the residual
+    in the layer)."""
+    try:
+        bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+    value = bound.arguments.get(RESIDUAL)
+    return value if isinstance(value, torch.Tensor) else None
+
+
 class ComponentRecorder:
     """Forward hooks that record each component's output per call.
 
@@ -125,11 +146,14 @@ class ComponentRecorder:
         self._handles = []
         for component in components:
             module = model.get_submodule(component.module_path)
-            self._handles.append(module.register_forward_hook(self._hook(component.name)))
+            self._handles.append(module.register_forward_hook(self._hook(component.name), with_kwargs=True))
 
     def _hook(self, name: str) -> Callable[..., None]:
-        def record(module: nn.Module, args: Any, output: Any) -> None:
+        def record(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             tensor = output[0] if isinstance(output, (tuple, list)) else output
+            residual = _residual_given(module, args, kwargs)
+            if residual is not None and residual.shape == tensor.shape:
+                tensor = tensor - residual
             self.records[name].append((self.tag, tensor.detach().clone()))
 
         return record

@@ -330,6 +330,8 @@ def fused_qkv_layout(
     (``concatenated``)."""
     for n in nodes:
         if n.kind == "method" and n.name in ("view", "reshape") and n.args and n.args[0] is proj:
+            if tuple(n.args[-2:]) == (3, hd):  # [..., heads, 3, head_dim]: each head's [q k v] (BLOOM)
+                return "per_head_interleaved", None
             for m in nodes:
                 if (
                     m.kind == "method"
