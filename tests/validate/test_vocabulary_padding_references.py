@@ -9,7 +9,10 @@ own LM-head code fail, each at the run that takes that code:
 - ``gathered logits uncut``: the logits returned beside the sampled tokens
   keep the padding (the sampling layout names their 512 ids);
 - ``returned logits uncut``: the logits of the forward without a sampler
-  keep the padding (the plain TP=2 run).
+  keep the padding (the plain TP=2 run);
+- the embedding's or the LM head's loader without ``pad_shard``: the last
+  shard's checkpoint rows are not zero-padded to the shard (the plain TP=2
+  run cannot load them).
 
 tests/validate/test_on_device_sampling.py does the same, with the LM-head
 rank mutants, for llama3; tests/vlm/test_vocabulary_padding_vlm.py for
@@ -136,6 +139,28 @@ def test_padding_reaching_the_sampler_or_the_logits_fails(
     report = _run(package, checkpoint, **SAMPLING)
     assert not report.equivalent and report.exit_code == 1
     assert FAILURES[mutant] in report.failure.message, report.summary()
+
+
+@pytest.mark.parametrize(
+    "anchor", ["self.embed_tokens.vocab_size_per_rank", "self.lm_head.out_features_per_rank"]
+)
+@pytest.mark.parametrize("reference", _marked(REFERENCES))
+def test_a_loader_that_does_not_pad_fails_at_tp2(
+    tmp_path: Path, checkpoints, reference: str, anchor: str
+) -> None:
+    target = tmp_path / reference
+    shutil.copytree(
+        ROOT / "reference_models" / reference, target, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    model = target / "model.py"
+    text = model.read_text(encoding="utf-8")
+    at = text.index(anchor)
+    flag = text.index("pad_shard=True", at)
+    assert text.count(anchor) == 1 and flag - at < 200, "the pad_shard=True of that loader"
+    model.write_text(text[:flag] + "pad_shard=False" + text[flag + len("pad_shard=True") :], encoding="utf-8")
+    report = _run(target, checkpoints(reference), tp=2)
+    assert not report.equivalent and report.exit_code == 1, report.summary()
+    assert report.failure.stage == "load", report.summary()
 
 
 @pytest.mark.parametrize("reference", _marked(REFERENCES))
