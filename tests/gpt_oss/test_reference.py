@@ -18,6 +18,7 @@ from __future__ import annotations
 import pytest
 
 from autoport_cst.validate import validate_model
+from tests.validation_depth import follow_up_options, slow_run
 
 from .conftest import GPT_OSS
 from .explain import explain_bf16_failure, isolated_r_ratios
@@ -29,8 +30,12 @@ STEPS = 8
 BF16_SEED = 5  # tiny weights on which bf16 validates at one rank and two, with and without EP
 
 
-def test_reference_validates_in_float32(tiny_gpt_oss):
-    report = validate_model(GPT_OSS, tiny_gpt_oss, dtype="fp32", steps=STEPS)
+def test_reference_validates_in_float32(tiny_gpt_oss, request):
+    # its follow-ups (config variants, FP8, parallel layouts) with --run-slow only: in the
+    # default suite TP=2 and EP 2 at TP=2 run below, on this checkpoint, and every follow-up
+    # runs on the port of it (test_port.py's test_port_end_to_end: the reference renamed)
+    follow_ups = follow_up_options(slow_run(request.config))
+    report = validate_model(GPT_OSS, tiny_gpt_oss, dtype="fp32", steps=STEPS, **follow_ups)
     assert report.equivalent, report.summary()
     assert report.unused_checkpoint_keys == []
     compared = {c["name"] for c in report.components}

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from autoport_cst.validate import validate_model
+from tests.validation_depth import follow_up_options, slow_run
 
 # validations on one checkpoint share its transformers run (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("shared_reference_runs")
@@ -85,7 +86,7 @@ def test_tensor_computed_in_init_and_read_fails_loudly(broken_port, tiny_llama: 
     assert "meta" in report.failure.message and "__init__" in report.failure.message
 
 
-def test_tensor_attribute_never_read_is_allowed(broken_port, tiny_llama: Path) -> None:
+def test_tensor_attribute_never_read_is_allowed(broken_port, tiny_llama: Path, request) -> None:
     """Real models keep FP8 KV-cache scales as plain attributes made in
     __init__ and read them only with an FP8 cache: unread, the run's meta-tensor
     check lets them pass. The lint rule NRN001 refuses a tensor made in
@@ -98,7 +99,9 @@ def test_tensor_attribute_never_read_is_allowed(broken_port, tiny_llama: Path) -
     )
     linted = validate_model(port, tiny_llama, steps=2, dtype="fp32")
     assert linted.failure.stage == "lint" and "NRN001 no-tensor-compute-in-init" in linted.failure.message
-    report = validate_model(port, tiny_llama, steps=2, dtype="fp32", lint=False)
+    # the run's follow-ups (each layout's ranks build the port too) with --run-slow only
+    follow_ups = follow_up_options(slow_run(request.config))
+    report = validate_model(port, tiny_llama, steps=2, dtype="fp32", lint=False, **follow_ups)
     assert report.equivalent, report.summary()
 
 

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from autoport_cst.cli import cli
 from autoport_cst.validate import build_tiny_checkpoint, validate_model
+from tests.validation_depth import follow_up_options, slow_run
 
 ROOT = Path(__file__).resolve().parents[2]
 # validations on one checkpoint share its transformers run (tests/conftest.py)
@@ -36,8 +37,14 @@ def tiny_qwen2(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_qwen2_port_validates(qwen2_port, tiny_qwen2, dtype):
-    report = validate_model(qwen2_port / "vllm_neuron/model/qwen2", tiny_qwen2, dtype=dtype, steps=8)
+def test_qwen2_port_validates(qwen2_port, tiny_qwen2, dtype, request):
+    # the fp32 run's follow-ups (config variants, FP8, parallel layouts) with --run-slow only:
+    # in the default suite the validate command of test_generated_logit_test_reruns_the_recorded_validation
+    # runs them on the same port and checkpoint, and the generated test once more
+    follow_ups = follow_up_options(slow_run(request.config))
+    report = validate_model(
+        qwen2_port / "vllm_neuron/model/qwen2", tiny_qwen2, dtype=dtype, steps=8, **follow_ups
+    )
     assert report.equivalent, report.summary()
 
 
@@ -55,6 +62,8 @@ def test_generated_logit_test_reruns_the_recorded_validation(qwen2_port, tiny_qw
         ["validate", str(qwen2_port / "vllm_neuron/model/qwen2"), "--hf", str(tiny_qwen2), "--steps", "4"],
     )
     assert validated.exit_code == 0, validated.output
+    # its follow-ups ran: in the default suite, test_qwen2_port_validates' fp32 run leaves them to it
+    assert "parallel layouts:" in validated.output, validated.output
     test = qwen2_port / "test/vllm_neuron/model/qwen2/test_qwen2_logits.py"
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(test)],

@@ -12,6 +12,7 @@ import torch
 
 from autoport_cst.validate import REPORT_SCHEMA, validate_model
 from autoport_cst.validate.metrics import FP32_REL_ERROR_TOLERANCE, R_RATIO_TOLERANCE
+from tests.validation_depth import follow_up_options, slow_run
 
 # The component names every decoder of the reference exposes, in order.
 # validations on one checkpoint share its transformers run (tests/conftest.py)
@@ -29,8 +30,13 @@ EXPECTED_COMPONENTS = (
 
 
 @pytest.fixture(scope="module")
-def fp32_report(llama3_dir: Path, tiny_llama: Path):
-    return validate_model(llama3_dir, tiny_llama, dtype="fp32", steps=8)
+def fp32_report(llama3_dir: Path, tiny_llama: Path, request: pytest.FixtureRequest):
+    # its follow-ups (config variants, FP8, parallel layouts) with --run-slow only: in the
+    # default suite they run on the llama3 reference in tests/validate/test_cli.py's
+    # test_tiny_then_validate_exit_0_with_json (its JSON report checked against the schema)
+    # and on the port of a tiny Llama in tests/port/test_port_cli.py
+    follow_ups = follow_up_options(slow_run(request.config))
+    return validate_model(llama3_dir, tiny_llama, dtype="fp32", steps=8, **follow_ups)
 
 
 def _components(report) -> dict[tuple[str, str], dict]:
