@@ -24,9 +24,6 @@ from pathlib import Path
 from autoport_cst.config_json import parse_config_text
 from autoport_cst.errors import InputError, Position, did_you_mean
 
-TINY_METADATA_KEY = (
-    "key_format"  # autoport_cst.validate.tiny.KEY_FORMAT (not imported: it imports torch lazily)
-)
 _HEADER_LIMIT = 100_000_000
 
 
@@ -77,7 +74,7 @@ def check_config_source(source: str) -> None:
 
 def check_causal_lm_model_type(model_type: str) -> None:
     """A model_type transformers knows but has no causal-LM class for
-    (``tiny bert``): refused before torch (``resolve_config`` said so after
+    (``tiny vit``): refused before torch (``resolve_config`` said so after
     the torch import)."""
     causal = causal_lm_model_types()
     if causal is None or model_type in causal:
@@ -135,12 +132,12 @@ def check_tiny_outdir(outdir: Path, source: str, source_is_path: bool) -> None:
 
 def held_checkpoint(directory: Path) -> HeldCheckpoint | None:
     """The checkpoint ``directory`` holds (None without a readable config.json)."""
+    from autoport_cst.validate.tiny import KEY_FORMAT  # the safetensors metadata tiny writes
+
     config = _config_named(directory / "config.json")
     if config is None:
         return None
-    return HeldCheckpoint(
-        *config, TINY_METADATA_KEY in _safetensors_metadata(directory / "model.safetensors")
-    )
+    return HeldCheckpoint(*config, KEY_FORMAT in _safetensors_metadata(directory / "model.safetensors"))
 
 
 def _config_named(path: Path) -> tuple[str | None, tuple[str, ...]] | None:
