@@ -133,10 +133,11 @@ def port(
     written = _apply(outcome, found, choice, source, out, ref, force)
     outcome.seconds["apply"] = time.perf_counter() - start
 
-    checkpoints_before = _checkpoint_entries(out)
-    # a run killed outright (SIGKILL) has these removed with its port by the next write into out
-    written.will_create(out, [out / "checkpoints" / f"{name}-tiny{kind}" for kind in CHECKPOINT_KINDS])
+    checkpoints_before: Any = _UNLISTED
     try:
+        checkpoints_before = _checkpoint_entries(out)
+        # a run killed outright (SIGKILL) has these removed with its port by the next write into out
+        written.will_create(out, [out / "checkpoints" / f"{name}-tiny{kind}" for kind in CHECKPOINT_KINDS])
         stage("checkpoint")
         start = time.perf_counter()
         if settle_imports:
@@ -152,7 +153,8 @@ def port(
 
         with interrupts_deferred():  # a second Ctrl-C does not stop the rollback halfway
             written.rollback()
-            _remove_new_checkpoints(out, name, checkpoints_before)
+            if checkpoints_before is not _UNLISTED:
+                _remove_new_checkpoints(out, name, checkpoints_before)
         raise
     written.commit()  # a verdict: the port stays, validated or not (exit 0 or 1)
     _record_validations(outcome, out, checkpoint, steps, seed)
@@ -417,6 +419,7 @@ def _validation_checkpoint(found, out: Path, name: str, checkpoint: str, seed: i
 
 # the checkpoints a port makes under OUT/checkpoints: <name>-tiny<kind> (_validation_checkpoint, port_variants)
 CHECKPOINT_KINDS = ("", "-saved", "-variant", "-saved-variant")
+_UNLISTED = object()  # OUT/checkpoints not listed yet: nothing of it is removed
 
 
 def _checkpoint_entries(out: Path) -> set[str] | None:

@@ -90,3 +90,18 @@ def test_the_checkpoints_a_port_makes_are_recorded_before_they_are_made(source, 
         "checkpoints/x-tiny-saved-variant",
     ]
     assert "checkpoints" not in record["created_dirs"]  # it was there
+
+
+def test_a_failure_recording_the_checkpoints_rolls_the_port_back(source, tmp_path, monkeypatch):
+    """Between the apply and the checkpoint stage nothing escapes the rollback."""
+    from autoport_cst.apply.writer import PendingWrite
+
+    def full_disk(self, out, directories):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(PendingWrite, "will_create", full_disk)
+    out = tmp_path / "out"
+    with pytest.raises(OSError, match="No space left"):
+        port(str(source), "x", out, steps=1)
+    assert not (out / "vllm_neuron").exists() and not (out / "plans").exists()
+    assert not list(out.glob(".autoport-*"))
