@@ -241,5 +241,7 @@ def _mapping_edits(module: cst.Module, edits: dict) -> None:
         return
     for entry in entries:
         if entry.key.startswith(prefix):
-            key = cst.SimpleString(f'"model.{ATTR}.{entry.key[len(prefix) :]}"')
-            edits[id(entry.statement)] = followed_by(entry_statement(entry, key, key))
+            text = f'"model.{ATTR}.{entry.key[len(prefix) :]}"'
+            # two nodes: checkpoint-keys renames the value's (the checkpoint key), never the parameter's
+            added = entry_statement(entry, cst.SimpleString(text), cst.SimpleString(text))
+            edits[id(entry.statement)] = followed_by(added)
