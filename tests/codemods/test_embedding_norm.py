@@ -33,3 +33,22 @@ def test_the_norm_is_built_applied_and_mapped_like_the_final_one(reference):
         assert line.replace("model.norm.", "model.embed_norm.") in lines
     again, _ = run_on_source(cls(cls.Params()), output)
     assert again == output
+
+
+def test_checkpoint_keys_renames_the_checkpoint_key_only():
+    """The entries embedding-norm adds keep the parameter's name when
+    checkpoint-keys renames the module to the checkpoint's (BLOOM), the two
+    run on the same tree as apply runs them (not re-parsed in between)."""
+    import libcst as cst
+
+    from autoport_cst.transform.base import FileContext, PortContext
+
+    module = cst.parse_module((REFERENCES / "llama3" / "model.py").read_text())
+    norm, keys = get_codemod("embedding-norm"), get_codemod("checkpoint-keys")
+    renames = {"model.embed_norm": "transformer.word_embeddings_layernorm"}
+    port = PortContext()
+    for codemod in (norm(norm.Params()), keys(keys.parse_params({"renames": renames}))):
+        module = codemod.transform_module(module, FileContext("model.py", "model", port, codemod.ID))
+    lines = {line.strip() for line in module.code.splitlines()}
+    expected = 'mappings["model.embed_norm.weight"] = "transformer.word_embeddings_layernorm.weight"'
+    assert expected in lines
