@@ -182,3 +182,10 @@ def test_a_killed_first_write_leaves_nothing_once_put_back(tmp_path):
     assert tree(out)
     recover_leftovers(out)
     assert list(out.iterdir()) == []
+
+
+def test_port_help_says_what_happens_to_a_killed_run():
+    result = CliRunner().invoke(cli, ["port", "--help"])
+    text = " ".join(result.output.split())
+    assert "none of the tiny checkpoints it made" in text
+    assert "what a run killed outright left is put back by the next port or apply" in text

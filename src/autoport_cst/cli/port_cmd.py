@@ -93,8 +93,10 @@ def port_command(source, name, out_dir, tp, ref, checkpoint, steps, seed, force,
     bad input (nothing written; a TP size the tensor-parallel rules refuse, a
     corrupt checkpoint) or an architecture with a feature no codemod realizes
     (named); 130 on Ctrl-C. Until the verdict the port is pending: Ctrl-C or
-    an error before it keeps no port of this run (an earlier one under
-    --out is put back as it was).
+    an error before it keeps no port of this run and none of the tiny
+    checkpoints it made (an earlier port under --out is put back as it was);
+    what a run killed outright left is put back by the next port or apply
+    into --out, or named with how to restore it (exit 2).
     """
     name, config = _check_input(source, name, tp, ref, checkpoint, steps, json_path)
     put_back_leftovers(out_dir)  # a port killed before its verdict (SIGKILL) left its backup
