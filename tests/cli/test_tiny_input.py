@@ -180,3 +180,19 @@ def test_the_causal_lm_model_types_read_without_torch_are_transformers_own():
     from autoport_cst.cli.tiny_target import causal_lm_model_types
 
     assert causal_lm_model_types() == frozenset(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def test_force_never_mixes_its_weights_with_other_shards(tmp_path):
+    """A reader that follows model.safetensors.index.json (ours does) would
+    read the old shards beside the new model.safetensors."""
+    out = checkpoint(tmp_path / "sharded", LLAMA_CONFIG, tiny=False)
+    (out / "model.safetensors").rename(out / "model-00001-of-00001.safetensors")
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"lm_head.weight": "model-00001-of-00001.safetensors"}})
+    )
+    result = run_cli("tiny", "llama", out, "--force")
+    assert result.returncode == 2, result.stderr
+    assert f"{out}: OUTDIR holds weight files tiny does not write" in result.stderr
+    assert "model-00001-of-00001.safetensors, model.safetensors.index.json" in result.stderr
+    assert result.stderr.rstrip().endswith("torch not imported"), result.stderr
+    assert not (out / "model.safetensors").exists()

@@ -130,6 +130,28 @@ def check_tiny_outdir(outdir: Path, source: str, source_is_path: bool) -> None:
     )
 
 
+def check_forced_outdir(outdir: Path) -> None:
+    """``--force`` over weight files ``tiny`` does not write (shards and
+    their index, ``.bin`` files): refused, as the checkpoint would mix both
+    (the index names the old shards to a reader that follows it)."""
+    if not outdir.is_dir():
+        return
+    foreign = sorted(
+        p.name
+        for p in outdir.iterdir()
+        if p.name != "model.safetensors"
+        and p.name.endswith((".safetensors", ".safetensors.index.json", ".bin"))
+    )
+    if foreign:
+        shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
+        raise InputError(
+            f"OUTDIR holds weight files tiny does not write ({shown}); its config.json and "
+            "model.safetensors would be replaced beside them, a checkpoint of both: remove them or give "
+            "another directory",
+            Position(str(outdir)),
+        )
+
+
 def held_checkpoint(directory: Path) -> HeldCheckpoint | None:
     """The checkpoint ``directory`` holds (None without a readable config.json)."""
     from autoport_cst.validate.tiny import KEY_FORMAT  # the safetensors metadata tiny writes

@@ -41,7 +41,8 @@ from autoport_cst.validate.scenario import check_decode_tokens
     "--force",
     is_flag=True,
     help="Write into an OUTDIR that holds something else than a tiny checkpoint of this model "
-    "(its config.json, model.safetensors and tokenizer files are replaced; other files stay).",
+    "(its config.json, model.safetensors and tokenizer files are replaced; other files stay, "
+    "but other weight files, shards or their index, are refused even then).",
 )
 @error_boundary
 def tiny_command(
@@ -71,6 +72,7 @@ def tiny_command(
     from autoport_cst.cli.tiny_target import (
         check_causal_lm_model_type,
         check_config_source,
+        check_forced_outdir,
         check_tiny_outdir,
     )
 
@@ -82,6 +84,7 @@ def tiny_command(
         check_causal_lm_model_type(arch_or_config)
     if not force:
         check_tiny_outdir(outdir, arch_or_config, looks_like_path)
+    check_forced_outdir(outdir)  # never a mix of its weights and others (without --force: refused above)
     if not looks_like_path and Path(arch_or_config).exists():
         stderr_console().print(
             f"note: {arch_or_config!r} is read as a model name, not as the ./{arch_or_config} here "
