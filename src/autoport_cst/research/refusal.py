@@ -39,6 +39,9 @@ TERMS: dict[str, str | dict[Any, str]] = {
     "attention.output_norm": "a norm between the attention and its output projection",
     "attention.output_gate": "a {value} gate on the attention output (a projection of the layer input)",
     "attention.other_mixer_layers": "layers mixing tokens by something other than softmax attention",
+    "attention.alibi_bias_max": "ALiBi positions (a per-head bias on the attention scores, slopes "
+    "2 ** -({value} * i / n), instead of RoPE)",
+    "attention.alibi_scaled": "an ALiBi bias scaled with the attention scores",
     "embedding.learned_positions": "learned absolute position embeddings",
     "embedding.scale": "a token embedding scaled by {value}",
     "embedding.multiplier": "a token embedding multiplied by {value}",
