@@ -363,6 +363,16 @@ class _Runner:
         return FieldProbe(name, value, varied, changes=changes, unknown=unknown), outcome
 
 
+def _read_properties(config: Any) -> None:
+    """Read every property of the config class: one that the cut refuses
+    raises (Gemma 3n's ``kv_sharing_modes`` with more KV-sharing layers than
+    layers), and the full config is probed instead."""
+    for klass in type(config).__mro__ if config is not None else ():
+        for name, attribute in vars(klass).items():
+            if isinstance(attribute, property):
+                getattr(config, name)
+
+
 def _fewer_layers(
     raw: dict, resolved: Any, path: str, modeling: Any, architecture: str
 ) -> tuple[dict, Any, int | None]:
@@ -379,6 +389,7 @@ def _fewer_layers(
         fewer = with_field(raw, key, count)
         try:
             fewer_resolved = resolve_config(fewer, path)
+            _read_properties(fewer_resolved)
             full = full or _research(raw, resolved, path, modeling, architecture)
             cut = _research(fewer, fewer_resolved, path, modeling, architecture)
         except Exception:  # noqa: BLE001 - the config class refuses the cut: probe the full config

@@ -134,6 +134,11 @@ COMPUTATIONS = {
     "(the references choose experts by activated scores plus the bias)",
     "stacked_shared_experts": "several shared experts stored stacked in one module (3-D parameters), "
     "each run on every token",
+    "proportional_rope": "a rotary embedding on the first pairs of each head only, at the whole head's "
+    "frequencies (transformers' 'proportional' RoPE: the other pairs unrotated)",
+    "rope_frequencies": "RoPE frequencies of a rope_type no reference computes",
+    "latent_norm_epsilon": "latent-attention norms with another epsilon than the latent reference's 1e-6",
+    "rotary_key_norm": "a norm on the rotary key shared by the heads of latent attention",
 }
 # sizes the code builds other than the config field a port reads (research/decide/unsupported.py)
 BUILT_SIZES = {

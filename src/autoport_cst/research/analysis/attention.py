@@ -516,9 +516,24 @@ def _scale_source(st: AnalyzerState, attn: Instance, scaling: float, where: str)
         key, form, evidence = candidates[0]
         st.add(known(key, "attention.scale_key", CODE, f"{where}: {evidence}"))
         st.add(known(form, "attention.scale_form", CODE, f"{where}: {evidence}"))
+    elif not candidates and (constant := _constant_scale(attn, scaling)) is not None:
+        # a constant of the code: no config field to read, the port writes the value (Gemma 4's 1.0)
+        st.add(
+            known(None, "attention.scale_key", CODE, f"{where}: self.{constant} = {scaling:g}, a constant")
+        )
     else:
         seen = ", ".join(e for _, _, e in candidates) or "no config field gives it"
         st.add(unknown("attention.scale_key", CODE, f"{where}: scaling {scaling:g}: {seen}"))
+
+
+def _constant_scale(attn: Instance, scaling: float) -> str | None:
+    """The attention attribute equal to ``scaling`` that the code assigns a
+    constant written in it (``self.scaling = 1.0``), or None: the scale is
+    then the code's whatever the config says."""
+    for attr, value in attn.attrs.items():
+        if attr in attn.literal_attrs and number(value) and math.isclose(value, scaling, rel_tol=1e-9):
+            return attr
+    return None
 
 
 def _default_scale_source(st: AnalyzerState, attn: Instance, scaling: float, where: str) -> None:

@@ -26,6 +26,12 @@ DIMS = {
     "attention.num_kv_heads": "num_kv_heads",
     "attention.head_dim": "head_dim",
 }
+# the attention module attributes holding each size (the first one an attention sets)
+ATTRIBUTES = {
+    "attention.head_dim": ("head_dim",),
+    "attention.num_heads": ("num_heads", "num_attention_heads"),
+    "attention.num_kv_heads": ("num_key_value_heads", "num_kv_heads"),
+}
 # roles of the attention's children that the attention section reads
 READ = ("linear", "norm", "rotary", "dropout", "activation")
 
@@ -68,32 +74,24 @@ def relative_position_bias(st: AnalyzerState, g: AttentionGraph) -> None:
 def sizes_per_layer(st: AnalyzerState) -> None:
     """Attention projections of other widths in some decoder layers than in
     others, named with the layers of each, where the sizes the code builds
-    in the first layer are not the config's (a port reads one size from the
-    config for every layer)."""
-    differ = [
-        name
-        for name in SIZES
-        if (f := st.result.get(name)) is not None
-        and f.known
-        and isinstance(st.dims.get(DIMS[name]), int)
-        and f.value != st.dims[DIMS[name]]
-    ]
-    if not differ:
+    in the first layer are not the config's, or where a head size or count
+    the attention modules hold differs between layers (Gemma 4's
+    full-attention layers, twice as wide per head as the sliding ones): a
+    port reads one size from the config for every layer."""
+    found = [dict(layer.children()).get(st.attn_name or "") for layer in st.layers]
+    attns = [a for a in found if isinstance(a, Instance)]
+    if not attns or len(attns) != len(found):
         return
     widths: dict[tuple, list[int]] = {}
-    first: Instance | None = None
-    for index, layer in enumerate(st.layers):
-        attn = dict(layer.children()).get(st.attn_name or "")
-        if not isinstance(attn, Instance):
-            return
-        first = first or attn
+    for index, attn in enumerate(attns):
         shape = tuple(
             (n, c.args.get("out_features"))
             for n, c in attn.children()
             if "." not in n and st.role(c) == "linear"
         )
         widths.setdefault(shape, []).append(index)
-    if len(widths) < 2 or first is None:
+    differ = _first_layer_differs(st) or (_varying_sizes(attns) if len(widths) > 1 else [])
+    if not differ or len(widths) < 2:
         return
     shown = "; ".join(
         f"{'layer' if len(indices) == 1 else 'layers'} {ranges(indices)}: "
@@ -102,10 +100,40 @@ def sizes_per_layer(st: AnalyzerState) -> None:
     )
     st.add(
         known(
-            tuple(differ),
+            tuple(f for f, _ in differ),
             "unsupported.attention_sizes_per_layer",
             CODE,
-            f"{st.where(first)}: projections of other widths in some layers than in others ({shown}); "
-            f"the first layer's {', '.join(differ)} not the config's",
+            f"{st.where(attns[0])}: projections of other widths in some layers than in others ({shown}); "
+            + "; ".join(why for _, why in differ),
         )
     )
+
+
+def _first_layer_differs(st: AnalyzerState) -> list[tuple[str, str]]:
+    """The sizes the first layer's code builds other than the config's."""
+    names = [
+        name
+        for name in SIZES
+        if (f := st.result.get(name)) is not None
+        and f.known
+        and isinstance(st.dims.get(DIMS[name]), int)
+        and f.value != st.dims[DIMS[name]]
+    ]
+    return [(name, f"the first layer's {name} not the config's") for name in names]
+
+
+def _varying_sizes(attns: list[Instance]) -> list[tuple[str, str]]:
+    """The head sizes and counts the attention modules hold (``head_dim``,
+    ``num_heads``...) that differ between layers, with their values."""
+    out = []
+    for name, attrs in ATTRIBUTES.items():
+        for attr in attrs:
+            values = [a.attrs.get(attr) for a in attns]
+            if all(isinstance(v, int) for v in values) and len(set(values)) > 1:
+                per = {v: [i for i, w in enumerate(values) if w == v] for v in dict.fromkeys(values)}
+                shown = ", ".join(
+                    f"{v} on {'layer' if len(i) == 1 else 'layers'} {ranges(i)}" for v, i in per.items()
+                )
+                out.append((name, f"{attr} {shown}"))
+                break
+    return out

@@ -102,6 +102,17 @@ def _norm_calls(st: AnalyzerState, nodes: list[Node]) -> list[Node]:
     ]
 
 
+def _rotary_key_norms(st: AnalyzerState, g: AttentionGraph, kv_split: Node) -> list[Node]:
+    """Norm calls on the rotary key of the latent projection's split: a norm
+    of its output that the rotation reads (Dots3's k_rope_only_layernorm)."""
+    rotations = [r for r in g.nodes if st.is_rotation(r)]
+    return [
+        n
+        for n in _norm_calls(st, g.nodes)
+        if depends_on(n.args[0], kv_split) and any(depends_on(r, n) for r in rotations)
+    ]
+
+
 def _splits(nodes: list[Node]) -> list[Node]:
     """``torch.split(x, [a, b])`` / ``x.split([a, b])`` with two constant sizes."""
     return [
@@ -128,10 +139,11 @@ def _structure(st: AnalyzerState, g: AttentionGraph, latent: list[Node]) -> dict
         return "no input projection split into a latent and a rotary key"
     kv_a = next(c for c in g.inputs if kv_split.args[0] is c)
     rank, rope = kv_split.args[1]
+    rotary_norms = _rotary_key_norms(st, g, kv_split)
     expanded = [
         (n, c)
         for n in _norm_calls(st, g.nodes)
-        if depends_on(n.args[0], kv_split)
+        if depends_on(n.args[0], kv_split) and all(n is not r for r in rotary_norms)
         for c in latent
         if depends_on(c.args[0], n)
     ]
@@ -160,6 +172,16 @@ def _structure(st: AnalyzerState, g: AttentionGraph, latent: list[Node]) -> dict
     )
     if not widths_agree:
         return "projection widths do not match the latent, head and rotary sizes"
+    if rotary_norms:
+        names = ", ".join(_names(rotary_norms))
+        st.add(
+            known(
+                ("attention.qk_norm",),
+                "unsupported.rotary_key_norm",
+                CODE,
+                f"{g.where}: {names} normalises the rotary key split from {kv_a.ref.name} before the rotation",
+            )
+        )
     return {
         "kv_a": kv_a.ref.name,
         "kv_b": kv_b.ref.name,
@@ -241,7 +263,7 @@ def _norm_eps(st: AnalyzerState, where: str, norms: list[Instance]) -> None:
             st.add(
                 known(
                     "latent norm epsilon",
-                    "unsupported.attention.latent_norm_eps",
+                    "unsupported.latent_norm_epsilon",
                     CODE,
                     f"{where}: the latent norm {norm.name} uses epsilon {shown}, not {LATENT_NORM_EPS}",
                 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from autoport_cst.research.analysis import layer_inputs, nope_rule
+from autoport_cst.research.analysis import layer_inputs, nope_rule, rope_variants
 from autoport_cst.research.analysis.graph import ranges, rotation_style
 from autoport_cst.research.analysis.state import AnalyzerState, AttentionGraph
 from autoport_cst.research.findings import CODE, known, unknown
@@ -297,6 +297,7 @@ def _style(st: AnalyzerState, g: AttentionGraph) -> None:
     else:
         st.add(unknown("rope.style", CODE, f"{where}: {names}"))
     _rotary_dim(st, where)
+    rope_variants.analyze(st, where)
 
 
 def _frequency_writes(st: AnalyzerState) -> str | None:

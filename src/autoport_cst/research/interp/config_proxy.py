@@ -24,6 +24,12 @@ class ConfigProxy:
         """The class of the model configuration (its properties are code)."""
         return type(self._config)
 
+    @property
+    def wrapped(self) -> Any:
+        """The model configuration itself, unlogged: for transformers'
+        own functions of it (the RoPE frequencies), not for reads."""
+        return self._config
+
     def copy(self) -> ConfigProxy:
         return ConfigProxy(self._config, self._log, dict(self.overrides or {}))
 

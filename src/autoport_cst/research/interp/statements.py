@@ -69,6 +69,10 @@ class Statements(Expressions):
                 base = env.get(target.value.id) if isinstance(target.value, ast.Name) else None
                 if isinstance(base, Instance):
                     base.attr_reads[target.attr] = frozenset(frame)
+                    if _literal(stmt.value):
+                        base.literal_attrs.add(target.attr)
+                    else:
+                        base.literal_attrs.discard(target.attr)
         return [state]
 
     def _exec_AnnAssign(self, stmt: ast.AnnAssign, state: State, module: SourceModule) -> list[State]:
@@ -239,3 +243,10 @@ def _load(target: ast.expr) -> ast.expr:
     clone: Any = ast.copy_location(type(target)(**{f: getattr(target, f) for f in target._fields}), target)
     clone.ctx = ast.Load()  # a Name, Attribute, Subscript, ... target: each has a ctx
     return clone
+
+
+def _literal(expr: ast.expr) -> bool:
+    """An expression of constants only (``1.0``, ``-1``, ``2 ** -0.5``): no
+    name, attribute or call, so its value is the code's, never the config's."""
+    allowed = (ast.Constant, ast.UnaryOp, ast.BinOp, ast.unaryop, ast.operator, ast.expr_context)
+    return all(isinstance(node, allowed) for node in ast.walk(expr))

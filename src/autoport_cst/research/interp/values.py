@@ -140,6 +140,8 @@ class Instance:
     reads: dict[str, frozenset[str]] = field(default_factory=dict)
     name: str | None = None
     attr_reads: dict[str, frozenset[str]] = field(default_factory=dict)
+    # attributes last assigned a constant written in the code (``self.scaling = 1.0``)
+    literal_attrs: set[str] = field(default_factory=set)
 
     @property
     def class_name(self) -> str:
@@ -264,4 +266,5 @@ def clone_instance(instance: Instance) -> Instance:
         dict(instance.reads),
         instance.name,
         dict(instance.attr_reads),
+        set(instance.literal_attrs),
     )
