@@ -105,6 +105,16 @@ def report_error(error: BaseException) -> None:
         console.print(escape(rest))
 
 
+def describe_unexpected(error: Exception) -> str:
+    """One line for an error no command expected. An error of the system
+    (a full disk, a missing permission) is named as such with the file it
+    concerns, not as our internal error."""
+    if isinstance(error, OSError) and error.strerror:
+        where = f": {error.filename}" if error.filename else ""
+        return f"system error{where}: {error.strerror}"
+    return f"internal error: {type(error).__name__}: {error}"
+
+
 def error_boundary(func: Callable[P, R]) -> Callable[P, R]:
     """Turn an AutoportError into one clear message on stderr and exit code 2.
     Ctrl-C and click's own exits pass through (``LazyGroup.invoke`` maps
@@ -122,7 +132,7 @@ def error_boundary(func: Callable[P, R]) -> Callable[P, R]:
         except Exception as error:  # an internal error is still exit code 2
             if is_output_closed(error):  # `| head`
                 exit_output_closed()
-            report_error(RuntimeError(f"internal error: {type(error).__name__}: {error}"))
+            report_error(RuntimeError(describe_unexpected(error)))
             if "--debug" in sys.argv:
                 raise
             sys.exit(EXIT_ERROR)
