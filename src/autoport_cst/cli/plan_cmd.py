@@ -228,7 +228,8 @@ def analysis_rows(result, choice) -> list[tuple[str, str, str, str]]:
         else:
             change = plan.how
         if path in unknown:
-            change = f"UNKNOWN (default kept); {change}"
+            kept = "the value says so" if target == "unknown" else "default kept"
+            change = f"UNKNOWN ({kept}); {change}"
         ref_text = _show(reference) if reference is not None or role != "value" else "(config)"
         rows.append((path, ref_text, _show(target), change))
     return rows

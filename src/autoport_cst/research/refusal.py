@@ -73,6 +73,8 @@ TERMS: dict[str, str | dict[Any, str]] = {
     "lm_head.logits_divisor": "logits divided by {value}",
     "checkpoint.qkv": "Q, K and V stored {value}",
     "checkpoint.gate_up": "gate and up stored {value}",
+    "checkpoint.qkv=unknown": "Q, K and V stored in a layout research could not read",
+    "checkpoint.gate_up=unknown": "gate and up stored in a layout research could not read",
     "checkpoint.key_map": "the checkpoint's own tensor names",
     "checkpoint.linear_layout": "linear weights stored [in, out]",
 }
@@ -204,7 +206,7 @@ def term(path: str, value: Any) -> str:
     """What the spec field ``path`` with ``value`` computes, in words."""
     if path == "moe":
         return "a dense MLP (no routed experts)" if value is None else "routed experts (a mixture of experts)"
-    phrase = TERMS.get(path)
+    phrase = TERMS.get(f"{path}={value}", TERMS.get(path)) if isinstance(value, str) else TERMS.get(path)
     if isinstance(phrase, dict):
         phrase = phrase.get(value)
     if phrase is None:

@@ -61,8 +61,10 @@ ParallelResidual = Literal["none", "shared_norm", "separate_norms"]
 EmbeddingScale = Literal["none", "sqrt_hidden", "multiplier"]
 RouterActivation = Literal["softmax", "sigmoid"]
 RouterDtype = Literal["float32", "bfloat16"]
-CheckpointFusion = Literal["separate", "fused"]
-QKVLayout = Literal["separate", "fused", "fused_per_head", "fused_grouped"]
+# "unknown": a layout research could not read (a split transformers makes at load that no
+# other value describes); no codemod realizes it, so a plan carrying it is refused
+CheckpointFusion = Literal["separate", "fused", "unknown"]
+QKVLayout = Literal["separate", "fused", "fused_per_head", "fused_grouped", "unknown"]
 LinearLayout = Literal["out_in", "in_out"]
 ScaleForm = Literal["multiplier", "inverse_sqrt"]
 LogitsForm = Literal["divisor", "multiplier"]
@@ -354,7 +356,8 @@ class CheckpointSpec:
         "separate",
         "Q, K and V stored as separate q/k/v tensors, as one fused [q | k | v] tensor, fused per "
         "head ([h0: q k v, h1: q k v, ...], GPT-NeoX), or fused in groups (qkv_groups equal groups of "
-        "rows, each its share of q, k and v in the order qkv_order: CodeGen's four [q v k]).",
+        "rows, each its share of q, k and v in the order qkv_order: CodeGen's four [q v k]); unknown: "
+        "stored in a layout research could not read (refused).",
     )
     qkv_groups: int | None = optional(
         "fused_grouped: the number of groups of rows of the fused tensor (CodeGen: 4, the model-parallel "
@@ -364,7 +367,9 @@ class CheckpointSpec:
         "fused_grouped: the order of the query, key and value rows in each group ('qvk': CodeGen)."
     )
     gate_up: CheckpointFusion = feature(
-        "separate", "Gate and up projections stored separately, or as one fused gate_up tensor."
+        "separate",
+        "Gate and up projections stored separately, or as one fused gate_up tensor; unknown: stored in a "
+        "layout research could not read (refused).",
     )
     lm_head_stored: bool | None = value(
         None, "Whether the checkpoint stores lm_head.weight (tied models usually do not)."

@@ -153,7 +153,7 @@ def _converted(
         unknown(field, CODE, f"{split.describe()}: not the fused [{rows}] rows a spec layout describes")
     )
     d.unknown.append(field)
-    return "separate"
+    return "unknown"  # never a layout the split does not have: a plan carrying it is refused
 
 
 def _fused_or_separate(fused: object) -> CheckpointFusion:
