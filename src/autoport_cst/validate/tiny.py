@@ -50,7 +50,9 @@ from .tiny_fit import (
     fit_layer_counts,
     rederive_placeholders,
     restore_per_layer_overrides,
+    shrink_text_sub_config,
     take_per_layer_overrides,
+    text_sub_config,
 )
 from .tiny_tokenizer import write_tiny_tokenizer
 
@@ -269,7 +271,14 @@ def _unknown_source(text: str, known: list[str]) -> InputError:
 
 def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | None = None) -> Any:
     """Apply the tiny dimensions (``TINY_DIMENSIONS``, updated with
-    ``dimensions``) to the attributes this config class has."""
+    ``dimensions``) to the attributes this config class has, and to its
+    nested text config (``shrink_text_sub_config``)."""
+    text = text_sub_config(config)
+    if text is not None:  # the given sizes are the text model's (--set num_key_value_heads=1)
+        shrink_text_sub_config(config, lambda sub: shrink_config(sub, architecture, dimensions))
+        dimensions = {
+            k: v for k, v in (dimensions or {}).items() if not hasattr(text, k) or hasattr(config, k)
+        }
     per_layer = take_per_layer_overrides(config)  # put back on the kept layers at the end
     original_layers = getattr(config, "num_hidden_layers", None)
     original_head = _head_size(config)
@@ -467,14 +476,15 @@ def tiny_dimensions(
     layers, dense and MoE layers...) is instantiated at least once
     (``layer_variants``)."""
     sizes = dict(dimensions or {})
-    if "num_hidden_layers" in sizes or not isinstance(getattr(config, "num_hidden_layers", None), int):
+    layered = text_sub_config(config) or config  # a nested text config holds the layers
+    if "num_hidden_layers" in sizes or not isinstance(getattr(layered, "num_hidden_layers", None), int):
         return sizes
     minimum = TINY_DIMENSIONS["num_hidden_layers"]
 
     def shrink_to(layers: int) -> Any:
         return shrink_config(copy.deepcopy(config), architecture, {**sizes, "num_hidden_layers": layers})
 
-    layers, _variants = layer_count_for_variants(model_class, config, shrink_to, minimum)
+    layers, _variants = layer_count_for_variants(model_class, layered, shrink_to, minimum)
     sizes["num_hidden_layers"] = layers
     return sizes
 

@@ -14,14 +14,50 @@ the config itself (no table keyed by model name):
 - a field the config class declares with a string placeholder it resolves
   at init from other fields (Bamba's and Granite-MoE-Hybrid's
   ``mamba_d_head = "auto"``: ``mamba_expand * hidden_size //
-  mamba_n_heads``) is resolved again from the shrunk values.
+  mamba_n_heads``) is resolved again from the shrunk values;
+- a config whose text model has a config of its own (``get_text_config()``
+  another object: Fuyu's Persimmon ``text_config``, the Gemma 4 assistant's
+  Gemma 4 text config) has that one shrunk as any config, and the top
+  level's own widths of a hidden state (``*hidden_size``: the assistant's
+  ``backbone_hidden_size``, the width of the target model's states it
+  projects) set to the shrunk text model's.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 from typing import Any, TypeGuard
+
+
+def text_sub_config(config: Any) -> Any:
+    """The config of the text model when it is another object than
+    ``config`` (a ``text_config`` nested in it), else None."""
+    try:
+        text = config.get_text_config()
+    except Exception:  # noqa: BLE001 - a config without sub-configs
+        return None
+    return None if text is config or text is None else text
+
+
+def shrink_text_sub_config(config: Any, shrink: Callable[[Any], Any]) -> None:
+    """Shrink the nested text config of ``config`` with ``shrink`` (the
+    shrinker of any config; the names it sets on the whole model's config,
+    ``architectures``, kept as they were), then the top level's integer
+    ``*hidden_size`` fields to the text model's hidden size."""
+    text = text_sub_config(config)
+    if text is None:
+        return
+    architectures = getattr(text, "architectures", None)
+    shrink(text)
+    text.architectures = architectures
+    hidden = getattr(text, "hidden_size", None)
+    if not _is_int(hidden):
+        return
+    for name, value in list(vars(config).items()):
+        if name.endswith("hidden_size") and _is_int(value):
+            setattr(config, name, hidden)
 
 
 def _is_int(value: Any) -> TypeGuard[int]:
@@ -67,7 +103,9 @@ def restore_per_layer_overrides(
 def fit_layer_counts(config: Any, original_layers: Any, given: set[str]) -> None:
     """A ``num_*_layers`` count (not the layer count itself, nor given)
     that would cover every layer of the tiny model keeps its share of the
-    original depth, between 1 and the tiny depth less 1."""
+    original depth, between 1 and the tiny depth less 1; one that counts
+    every layer still does (the Gemma 4 assistant's ``num_kv_shared_layers``:
+    all its layers read the keys and values of the target model)."""
     layers = getattr(config, "num_hidden_layers", None)
     if not _is_int(layers) or not _is_int(original_layers) or original_layers <= layers or layers < 2:
         return
@@ -80,9 +118,10 @@ def fit_layer_counts(config: Any, original_layers: Any, given: set[str]) -> None
             and name not in aliases
             and name not in given
             and _is_int(value)
-            and layers <= value < original_layers
+            and layers <= value <= original_layers
         ):
-            setattr(config, name, min(layers - 1, max(1, round(value * layers / original_layers))))
+            share = min(layers - 1, max(1, round(value * layers / original_layers)))
+            setattr(config, name, layers if value == original_layers else share)
 
 
 def rederive_placeholders(config: Any, given: set[str], values: dict[str, Any]) -> None:
