@@ -144,3 +144,26 @@ def test_dots3_rotary_key_norm_and_latent_epsilon_are_named(dots3):
     assert "k_rope_only_layernorm normalises the rotary key" in named["rotary_key_norm"]
     assert "kv_a_layernorm uses epsilon config.rms_norm_eps" in named["latent_norm_epsilon"]
     assert "attention.latent_norm_eps" not in named
+
+
+def test_inkling_scale_of_one_over_head_dim_is_named(tmp_path):
+    """Inkling's attention scales its scores by 1 / head_dim (its q/k are
+    RMS-normalised per head), computed from the layer's head size: no config
+    field gives it and no scale form describes it (attention.scale_key was
+    listed as unclassified)."""
+    from transformers import AutoConfig
+    from transformers.models.inkling.modeling_inkling import InklingAttention
+
+    from autoport_cst.research import research
+    from autoport_cst.validate.tiny import build_tiny_checkpoint
+
+    tiny = build_tiny_checkpoint("inkling_text", tmp_path / "inkling", seed=0)
+    values = json.loads((tiny.directory / "config.json").read_text())
+    full = next(i for i, kind in enumerate(values["layer_types"]) if kind != "hybrid_sliding")
+    for head_dim in (16, 32):
+        config = AutoConfig.for_model(**{**values, "head_dim": head_dim})
+        assert InklingAttention(config, full).scaling == 1 / head_dim
+    found = research(str(tiny.directory))
+    named = _unsupported(found)
+    assert "inverse_head_dim_scale" in named and "attention.scale_key" not in named
+    assert "= 1 / head_dim (" in named["inverse_head_dim_scale"]

@@ -456,7 +456,7 @@ def _kernel_arguments(
                     f"{where}: scaling = {scaling:g} (head_dim ** -0.5 would be {default:g})",
                 )
             )
-            _scale_source(st, attn, float(scaling), where)
+            _scale_source(st, attn, float(scaling), where, hd)
     else:
         st.add(unknown("attention.scale", CODE, f"{where}: scaling not computable from the config"))
     softcap = kwargs.get("softcap", None)
@@ -506,10 +506,14 @@ def _latent_scale(st: AnalyzerState, kernel: Node, where: str, query_head_dim: i
         st.add(known(None, "attention.scale_key", CODE, evidence))
 
 
-def _scale_source(st: AnalyzerState, attn: Instance, scaling: float, where: str) -> None:
+def _scale_source(
+    st: AnalyzerState, attn: Instance, scaling: float, where: str, hd: int | None = None
+) -> None:
     """The config field a non-default attention scale comes from, and how:
     the field itself (Granite's attention_multiplier) or its inverse
-    square root (Gemma's query_pre_attn_scalar ** -0.5)."""
+    square root (Gemma's query_pre_attn_scalar ** -0.5); a constant of the
+    code; or, named, a scale of ``1 / head_dim`` the code computes (Inkling,
+    whose q/k norms make 1/d the scale), which no scale form describes."""
     candidates = _scale_candidates(st, attn, scaling)
     found = {(k, f) for k, f, _ in candidates}
     if len(found) == 1:
@@ -524,6 +528,9 @@ def _scale_source(st: AnalyzerState, attn: Instance, scaling: float, where: str)
     else:
         seen = ", ".join(e for _, _, e in candidates) or "no config field gives it"
         st.add(unknown("attention.scale_key", CODE, f"{where}: scaling {scaling:g}: {seen}"))
+        if not candidates and isinstance(hd, int) and hd > 0 and math.isclose(scaling, 1 / hd, rel_tol=1e-9):
+            evidence = f"{where}: scaling = {scaling:g} = 1 / head_dim ({hd}), not head_dim ** -0.5"
+            st.add(known(("attention.scale_key",), "unsupported.inverse_head_dim_scale", CODE, evidence))
 
 
 def _constant_scale(attn: Instance, scaling: float) -> str | None:
