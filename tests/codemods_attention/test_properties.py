@@ -158,6 +158,8 @@ def _in_after_order(ids: list[str]) -> list[str]:
 ALTERNATIVES = {
     # removes RoPE, which the RoPE codemods edit (tests/coverage_dense/test_learned_positions.py)
     "learned-positions",
+    # removes RoPE too, ALiBi instead (tests/coverage_dense/test_mpt.py)
+    "alibi-positions",
     # a layer slides or attends in chunks, and a sink per batch row cannot be
     # repeated over the folded chunks: refuses beside sliding-window and
     # attention-sinks (tests/coverage_moe/test_llama4_port.py)
