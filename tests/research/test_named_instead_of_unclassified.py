@@ -167,3 +167,25 @@ def test_inkling_scale_of_one_over_head_dim_is_named(tmp_path):
     named = _unsupported(found)
     assert "inverse_head_dim_scale" in named and "attention.scale_key" not in named
     assert "= 1 / head_dim (" in named["inverse_head_dim_scale"]
+
+
+def test_gemma3n_widths_per_layer_are_named(tmp_path):
+    """Gemma 3n's config gives intermediate_size one width per layer (a
+    list): the refusal said 'an MLP width the code builds other than the
+    config's: the code builds 128 where the config says [128, 128, ...]',
+    which is not so; it names the list a port cannot read as one value."""
+    import transformers
+
+    from autoport_cst.port import refusal
+    from autoport_cst.research import choose_reference, research
+    from autoport_cst.validate.tiny import build_tiny_checkpoint
+
+    tiny = build_tiny_checkpoint("gemma3n_text", tmp_path / "gemma3n", seed=0)
+    widths = json.loads((tiny.directory / "config.json").read_text())["intermediate_size"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tiny.directory))
+    assert [layer.mlp.up_proj.out_features for layer in model.model.layers] == widths
+    found = research(str(tiny.directory))
+    error = refusal(found, choose_reference(found.spec, "gemma3n_text", found.architecture, None))
+    assert error is not None and "per_layer_sizes" in error.features
+    assert "mlp.intermediate_size" not in error.features and "the code builds" not in str(error)
+    assert f"one value per layer ({len(widths)} entries" in str(error)

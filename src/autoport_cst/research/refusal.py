@@ -142,6 +142,8 @@ COMPUTATIONS = {
     "latent_norm_epsilon": "latent-attention norms with another epsilon than the latent reference's 1e-6",
     "rotary_key_norm": "a norm on the rotary key shared by the heads of latent attention",
     "inverse_head_dim_scale": "attention scores scaled by 1 / head_dim (not head_dim ** -0.5)",
+    "per_layer_sizes": "a size config.json gives per layer (a list, such as one MLP width per layer), where "
+    "a port reads one value",
 }
 # sizes the code builds other than the config field a port reads (research/decide/unsupported.py)
 BUILT_SIZES = {

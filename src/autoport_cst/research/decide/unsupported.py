@@ -85,6 +85,14 @@ def unsupported(d: Decider) -> tuple[str, ...] | None:
             continue  # the port reads the multi-query flag (multi-query codemod)
         if name == "mlp.intermediate_size" and _dense_width_given(d, code):
             continue  # the dense MLP of an MoE model reads intermediate_size_mlp (dense-layers)
+        if cfg is not None and cfg.known and isinstance(cfg.value, (list, tuple)) and cfg.value:
+            # one value per layer (Gemma 3n's intermediate_size): not a size the code builds otherwise
+            shown = ", ".join(str(v) for v in dict.fromkeys(cfg.value))
+            items.append(
+                f"per_layer_sizes: config.json gives {name} one value per layer ({len(cfg.value)} "
+                f"entries: {shown}); a port reads one value"
+            )
+            continue
         if (
             cfg is not None
             and code is not None
