@@ -19,10 +19,11 @@ package imported around the session.
 
 With ``on_device_sampling`` the port is built as the runner builds it by
 default, with a sampler (``sampled_output.sampling_neuron_config``: logprobs
-asked for), handed greedy requests: every call's logits are the ones it
+asked for), handed the runner's requests and a logit mask per row
+(``sampled_output.runner_sampling``): every call's logits are the ones it
 returns beside the sampled tokens, after ``sampled_output``'s checks (the
 padded vocabulary's ids masked before the sampler, the logits cut to the
-vocabulary, the tokens the greedy choice). Without it a call's logits must
+vocabulary, the tokens the sampler's choice with those requests). Without it a call's logits must
 be as wide as the vocabulary too (a padded LM head's, cut).
 """
 
@@ -102,12 +103,16 @@ class VisionPortSession:
 
     def _call(self, stage: str, **inputs: Any) -> torch.Tensor:
         rows = inputs["sampling_positions"].numel()
-        if self.on_device_sampling:  # the runner's sampling parameters: greedy requests
-            from .sampled_output import forget_sampled
-            from .standin.layers import greedy_sampling_params
+        requests = None
+        if self.on_device_sampling:  # the runner's sampling parameters and logit mask, per row
+            from .sampled_output import forget_sampled, mask_width, runner_sampling
 
             forget_sampled(self.model)
-            inputs["sampling_params"] = greedy_sampling_params(rows)
+            width = mask_width(self.model, self.vocab_size)
+            requests = runner_sampling(
+                inputs["input_ids"], inputs["positions"], inputs["sampling_positions"], width
+            )
+            inputs["sampling_params"], inputs["logit_mask"] = requests
         try:
             with kernel_phases.phase(stage):
                 output = self.model(rank=torch.tensor(self.rank, dtype=torch.int32), **inputs)
@@ -116,7 +121,8 @@ class VisionPortSession:
         if self.on_device_sampling:
             from .sampled_output import sampled_logits
 
-            return sampled_logits(output, self.model, self.vocab_size, stage, rows).detach().float()
+            logits = sampled_logits(output, self.model, self.vocab_size, stage, rows, requests=requests)
+            return logits.detach().float()
         logits = output[0] if isinstance(output, (tuple, list)) else output
         if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != rows:
             raise PortFailure(
