@@ -144,7 +144,8 @@ class AlibiPositions(Codemod):
 
     ID = ID
     REALIZES = Realizes({"attention.alibi_bias_max": not_to(None), "attention.alibi_scaled": ANY})
-    TOUCHES = ("rope.frequencies", "rope.application")
+    # every attention kernel call (the census stops a port that leaves one unchanged) and every RoPE site
+    TOUCHES = ("attention.kernel", "rope.frequencies", "rope.application")
     Params = AlibiPositionsParams
     NEEDS_REAL_MODEL = True
     PITFALLS = (
