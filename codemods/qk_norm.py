@@ -1,4 +1,5 @@
-"""qk-norm: RMSNorm of queries and keys before RoPE, per head (Qwen3) or over all heads (OLMo 2)."""
+"""qk-norm: RMSNorm of queries and keys before RoPE, per head (Qwen3) or over all heads (OLMo 2);
+LayerNorm per head (Persimmon)."""
 
 from __future__ import annotations
 
@@ -11,28 +12,21 @@ from autoport_cst.spec.pitfalls import Pitfall
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.anatomy.attention import attention_classes_in, statement_containing
 from autoport_cst.transform.anatomy.classes import is_quantized, require_method
-from autoport_cst.transform.anatomy.mappings import entry_statement, mapping_entries
-from autoport_cst.transform.anatomy.norm import eps_attribute, norm_class, norm_is_full_width
+from autoport_cst.transform.anatomy.norm import eps_attribute, norm_has_bias, norm_is_full_width
 from autoport_cst.transform.anatomy.qkv import (
     QKV_PROJ_UNFUSED,
     after_attrs,
     forward_methods,
     projections,
-    qkv_loader_arguments,
-    self_attribute_behind,
     stray_reads,
     unsupported_arguments,
 )
 from autoport_cst.transform.cst.snippets import parse_expr, parse_statements
 from autoport_cst.transform.cst.vocabulary import (
-    code_of,
     dotted,
     find_self_assignment,
     is_call,
     positional_args,
-    self_assignment,
-    statements,
-    string_text,
     walk,
 )
 from autoport_cst.transform.edit import qk_norm_code as code
@@ -41,13 +35,10 @@ from autoport_cst.transform.edit.functions import add_functions, parse_method
 from autoport_cst.transform.edit.guards import declare_guarded, guard_edit
 from autoport_cst.transform.edit.imports import ensure_import_from
 from autoport_cst.transform.edit.kernels import DECODE_UNFUSED, to_unfused_decode
-from autoport_cst.transform.edit.loaders import LoaderEdits
 from autoport_cst.transform.edit.qkv import QKV_PROJ_UNFUSED_FUNCTION, QKV_PROJ_UNFUSED_PARAMETERS
 from autoport_cst.transform.edit.rope_columns import append_after
 from autoport_cst.transform.edit.tree import (
     add_edit,
-    insert_many_after,
-    replace_string_suffix,
     rewrite,
     with_comment,
 )
@@ -69,10 +60,18 @@ class QkNormParams:
             "RMSNorm over all query heads and over all key heads (OLMo 2)."
         },
     )
+    norm: Literal["rmsnorm", "layernorm"] = field(
+        default="rmsnorm",
+        metadata={
+            "doc": "the layer norms' kind, which the q/k norms compute (research refuses other q/k norms): "
+            "rmsnorm: the kernels' own pre-RoPE q/k RMSNorm; layernorm: per head only, the model's "
+            "LayerNorm class (with its bias, Persimmon) applied op by op on every attention path."
+        },
+    )
 
 
 class QkNorm(Codemod):
-    """RMSNorm of the queries and keys before RoPE.
+    """RMSNorm (or the layer norms' LayerNorm) of the queries and keys before RoPE.
 
     Model file, attention class (``<Prefix>Attention``), with the model's own
     RMSNorm class (``<Prefix>RMSNorm``, built like the decoder layer's norms,
@@ -104,6 +103,13 @@ class QkNorm(Codemod):
     (the QKV loader's ``attention_dp_size``) the query heads are spread over
     more ranks than the TP group: ``__init__`` raises NotImplementedError
     when it is on.
+
+    ``norm="layernorm"`` (Persimmon; per head only): the model's LayerNorm
+    class, its weight and bias replicated; no kernel normalises q/k heads with
+    a mean and a bias, so every rotating ``NF.qkv_proj`` becomes
+    ``_qkv_proj_unfused`` and every decode kernel call its op-by-op
+    substitute, both with ``qk_norm=self._per_head_qk_norm``; the biases are
+    mapped beside the weights.
 
     ``load_weights`` (of every file that maps the attention) maps
     ``...self_attn.q_norm.weight`` and ``...self_attn.k_norm.weight`` to the
@@ -344,6 +350,117 @@ class QkNorm(Codemod):
             """,
         ),
         Example(
+            title="LayerNorms with bias (Persimmon): op by op on every path, weight and bias mapped",
+            params={"kind": "per_head", "norm": "layernorm"},
+            before="""
+                import torch
+
+
+                def _qkv_proj_unfused(hidden, qkv_weights, cos_cache=None, sin_cache=None, qk_norm=None):
+                    return NF.qkv_proj(hidden=hidden, qkv_weights=qkv_weights)
+
+
+                def apply_rotary_pos_emb(q, k, cos, sin):
+                    return q, k
+
+
+                def _attention_decode_unfused(X, W_qkv, qk_norm=None, **kernel_options):
+                    return X
+
+
+                class PersimmonLayerNorm(nn.Module):
+                    def __init__(self, hidden_size, eps, dtype):
+                        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+                        self.bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype))
+                        self.variance_epsilon = eps
+
+
+                class PersimmonAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, qkv_size))
+                        self.o_proj_weight = nn.Parameter(torch.empty(o_in, self.hidden_size))
+
+                    def forward_prefill(self, x, cos, sin):
+                        return NF.qkv_proj(hidden=x, qkv_weights=self.qkv_proj_weight, cos_cache=cos, sin_cache=sin)
+
+                    def forward_decode(self, x):
+                        return NF.attention_decode(X=x, W_qkv=self.qkv_proj_weight, rmsnorm_QK_pre_rope_enabled=False)
+
+
+                class PersimmonDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.input_layernorm = PersimmonLayerNorm(config.hidden_size, config.layer_norm_eps, config.torch_dtype)
+
+
+                class PersimmonForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        for layer_id in range(2):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.self_attn.o_proj_weight"] = f"{prefix}.self_attn.o_proj.weight"
+            """,
+            after='''
+                import torch
+
+
+                def _qkv_proj_unfused(hidden, qkv_weights, cos_cache=None, sin_cache=None, qk_norm=None):
+                    return NF.qkv_proj(hidden=hidden, qkv_weights=qkv_weights)
+
+
+                def apply_rotary_pos_emb(q, k, cos, sin):
+                    return q, k
+
+
+                def _attention_decode_unfused(X, W_qkv, qk_norm=None, **kernel_options):
+                    return X
+
+
+                class PersimmonLayerNorm(nn.Module):
+                    def __init__(self, hidden_size, eps, dtype):
+                        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+                        self.bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype))
+                        self.variance_epsilon = eps
+
+
+                class PersimmonAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, qkv_size))
+                        self.o_proj_weight = nn.Parameter(torch.empty(o_in, self.hidden_size))
+                        # <-- MODEL-SPECIFIC: LayerNorm of each query and key head before RoPE
+                        self.q_norm = PersimmonLayerNorm(self.head_dim, config.layer_norm_eps, config.torch_dtype)
+                        self.k_norm = PersimmonLayerNorm(self.head_dim, config.layer_norm_eps, config.torch_dtype)
+
+                    def forward_prefill(self, x, cos, sin):
+                        return _qkv_proj_unfused(hidden=x, qkv_weights=self.qkv_proj_weight, cos_cache=cos, sin_cache=sin, qk_norm=self._per_head_qk_norm)
+
+                    def forward_decode(self, x):
+                        return _attention_decode_unfused(X=x, W_qkv=self.qkv_proj_weight, rmsnorm_QK_pre_rope_enabled=False, qk_norm=self._per_head_qk_norm)
+
+                    def _per_head_qk_norm(self, q, k):
+                        """The query and key norms of each head (q: [Nq, T, Dh], k: [Nkv, T, Dh]),
+                        op by op: the model's norm over the last dimension, its weight and bias
+                        of head_dim replicated on every rank."""
+                        return self.q_norm(q), self.k_norm(k)
+
+
+                class PersimmonDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.input_layernorm = PersimmonLayerNorm(config.hidden_size, config.layer_norm_eps, config.torch_dtype)
+
+
+                class PersimmonForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        for layer_id in range(2):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.self_attn.o_proj_weight"] = f"{prefix}.self_attn.o_proj.weight"
+                            mappings[f"{prefix}.self_attn.q_norm.weight"] = f"{prefix}.self_attn.q_norm.weight"
+                            mappings[f"{prefix}.self_attn.q_norm.bias"] = f"{prefix}.self_attn.q_norm.bias"
+                            mappings[f"{prefix}.self_attn.k_norm.weight"] = f"{prefix}.self_attn.k_norm.weight"
+                            mappings[f"{prefix}.self_attn.k_norm.bias"] = f"{prefix}.self_attn.k_norm.bias"
+            ''',
+        ),
+        Example(
             title="attributes the full-width norms read that __init__ never assigns",
             params={"kind": "full_width"},
             before="""
@@ -391,29 +508,19 @@ class QkNorm(Codemod):
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> QkNormParams:
-        return QkNormParams(kind=target.attention.qk_norm)
+        return QkNormParams(kind=target.attention.qk_norm, norm=target.norm.kind)
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         attention = attention_classes_in(module, ctx)
         if not any(not is_quantized(c) for c in attention):
             return self._mappings(rewrite(module, self._guards(module, ctx)), ctx, required=False)
-        norm = norm_class(module)
-        if norm is None or not norm.name.value.endswith("RMSNorm"):
-            found = (
-                ", ".join(
-                    c.name.value
-                    for c in module.body
-                    if isinstance(c, cst.ClassDef) and c.name.value.endswith(("Norm",))
-                )
-                or "none"
-            )
-            raise ctx.precondition(f"{ID}: needs one RMSNorm class (<Prefix>RMSNorm), found {found}")
+        norm = code.norm_class_of_kind(module, ctx, self.params.norm, self.params.kind)
         eps_attr = eps_attribute(norm)
         if eps_attr is None:
             raise ctx.precondition(
                 f"{ID}: {norm.name.value}.__init__ stores no epsilon (self.<...eps...> = eps)", norm, module
             )
-        ctor_args = _norm_constructor_args(module, norm.name.value)
+        ctor_args = code.norm_constructor_args(module, norm.name.value)
         if ctor_args is None:
             raise ctx.precondition(
                 f"{ID}: {norm.name.value} is never built as {norm.name.value}(size, eps, dtype) "
@@ -441,8 +548,9 @@ class QkNorm(Codemod):
         module = self._mappings(module, ctx)
         if "unfused_prefill" in needs:
             module = add_functions(module, [QKV_PROJ_UNFUSED_FUNCTION])
-        if full:
+        if full or self.params.norm == "layernorm":
             module = add_functions(module, [DECODE_UNFUSED])
+        if full:
             module = ensure_import_from(module, WEIGHT_LOADERS, "with_rank_override")
             module = ensure_import_from(module, WEIGHT_LOADERS, "sharding_weight_loader")
             module = ensure_import_from(module, WEIGHT_LOADERS, "set_weight_loader")
@@ -502,14 +610,14 @@ class QkNorm(Codemod):
         full = self.params.kind == "full_width"
         init_params = [p.name.value for p in init.params.params]
         config = init_params[1] if len(init_params) > 1 else "config"
-        eps, dtype = (_rebase(a, config) for a in ctor_args)
+        eps, dtype = (code.rebase(a, config) for a in ctor_args)
         if full:
             text = code.FULL_WIDTH_NORMS.format(norm=norm_name, eps=eps, dtype=dtype)
             comment = (
                 "<-- MODEL-SPECIFIC: RMSNorm over all query / all key heads before RoPE, sharded by head"
             )
             reads = set(code.FULL_WIDTH_READS)
-            guard = self._attention_dp_guard(cls, module, ctx)
+            guard = code.attention_dp_guard(cls, module, ctx)
             if guard is not None:
                 text += guard[0]
                 reads.add(guard[1])
@@ -518,10 +626,10 @@ class QkNorm(Codemod):
                 f"self.q_norm = {norm_name}(self.head_dim, {eps}, {dtype})\n"
                 f"self.k_norm = {norm_name}(self.head_dim, {eps}, {dtype})\n"
             )
-            comment = "<-- MODEL-SPECIFIC: RMSNorm of each query and key head before RoPE"
+            comment = f"<-- MODEL-SPECIFIC: {code.NORM_NAMES[self.params.norm]} of each query and key head before RoPE"
             reads = {"head_dim"}
         reads |= {expr.split(".")[1] for expr in (eps, dtype) if expr.startswith("self.")}
-        anchor, missing = after_attrs(init, reads, _last_parameter_statement(init))
+        anchor, missing = after_attrs(init, reads, code.last_parameter_statement(init))
         if missing:
             raise ctx.precondition(
                 f"{ID}: {name}.__init__ assigns no self.{', self.'.join(sorted(missing))} "
@@ -536,34 +644,6 @@ class QkNorm(Codemod):
         new = parse_statements(text, module)
         new[0] = with_comment(new[0], comment)
         append_after(edits, id(anchor), new)
-
-    def _attention_dp_guard(self, cls, module, ctx) -> tuple[str, str] | None:
-        """``(statement, attribute)``: raise when attention data parallelism
-        is on (the norm sums the squares over the TP ranks only), read from the
-        ``attention_dp_size`` of the fused QKV weight's loader; None without it."""
-        loaders = LoaderEdits(module, ctx, cls)
-        for loader in loaders.of("qkv_proj_weight"):
-            if loader.base is None:
-                continue
-            arguments, _ = qkv_loader_arguments(loader.base)
-            if "attention_dp_size" not in arguments:
-                continue
-            attr = self_attribute_behind(loader, arguments["attention_dp_size"])
-            if attr is None:
-                raise ctx.precondition(
-                    f"{ID}: cannot tell which attribute holds the attention data-parallel size "
-                    f"(attention_dp_size={arguments['attention_dp_size']} of the QKV weight's loader)",
-                    loader.base,
-                    module,
-                )
-            return (
-                (
-                    f"if self.{attr} > 1:\n"
-                    '    raise NotImplementedError("q/k norms over all heads with attention data parallelism")\n'
-                ),
-                attr,
-            )
-        return None
 
     def _prefill_edits(self, cls, found, eps_attr, module, ctx, edits) -> set[str]:
         """The norms on every prefill path: fused into each ``NF.qkv_proj``
@@ -593,13 +673,15 @@ class QkNorm(Codemod):
         """The norms in each ``NF.qkv_proj`` that rotates: the kernel's
         pre-RoPE norm (per-head), or the op-by-op projection (full-width)."""
         full = self.params.kind == "full_width"
+        op_by_op = full or self.params.norm == "layernorm"
+        method = "self._full_width_qk_norm" if full else "self._per_head_qk_norm"
         needs: set[str] = set()
         for projection in fused:
-            if full:
+            if op_by_op:
                 unsupported = unsupported_arguments(projection.call, QKV_PROJ_UNFUSED_PARAMETERS)
                 if unsupported:
                     raise ctx.precondition(
-                        f"{ID}: the op-by-op projection that applies q/k norms over all heads does not take "
+                        f"{ID}: the op-by-op projection that applies the q/k norms does not take "
                         f"{', '.join(unsupported)} of this NF.qkv_proj call in {name}.{projection.method.name.value}",
                         projection.call,
                         module,
@@ -610,7 +692,7 @@ class QkNorm(Codemod):
                     lambda updated: set_keyword(
                         updated.with_changes(func=cst.Name(QKV_PROJ_UNFUSED)),
                         "qk_norm",
-                        parse_expr("self._full_width_qk_norm", module),
+                        parse_expr(method, module),
                     ),
                 )
                 needs.add("unfused_prefill")
@@ -681,22 +763,19 @@ class QkNorm(Codemod):
         kernels = [p for p in found if p.kind == "decode"]
         if not kernels:
             raise ctx.precondition(f"{ID}: no NF.attention_decode(...) call in {name}", cls, module)
-        if full:
+        if full or self.params.norm == "layernorm":
+            method = "_full_width_qk_norm" if full else "_per_head_qk_norm"
             for projection in kernels:
                 add_edit(
                     edits,
                     id(projection.call),
                     lambda updated: set_keyword(
-                        to_unfused_decode(updated), "qk_norm", parse_expr("self._full_width_qk_norm", module)
+                        to_unfused_decode(updated), "qk_norm", parse_expr(f"self.{method}", module)
                     ),
                 )
-            if all(
-                s.name.value != "_full_width_qk_norm" for s in cls.body.body if isinstance(s, cst.FunctionDef)
-            ):
-                methods = [
-                    parse_method(code.FULL_WIDTH_METHOD, module),
-                    parse_method(code.FULL_WIDTH_NORM, module),
-                ]
+            if all(s.name.value != method for s in cls.body.body if isinstance(s, cst.FunctionDef)):
+                texts = (code.FULL_WIDTH_METHOD, code.FULL_WIDTH_NORM) if full else (code.PER_HEAD_METHOD,)
+                methods = [parse_method(text, module) for text in texts]
                 methods = [m.with_changes(leading_lines=[cst.EmptyLine(indent=False)]) for m in methods]
                 append_after(edits, id(kernels[-1].method), methods)
             return
@@ -711,65 +790,10 @@ class QkNorm(Codemod):
     # -- load_weights ------------------------------------------------------------------
 
     def _mappings(self, module: cst.Module, ctx: FileContext, required: bool = True) -> cst.Module:
-        """``...q_norm.weight`` / ``...k_norm.weight`` entries after each
-        ``...self_attn.o_proj_weight`` one, their checkpoint keys derived from
-        its checkpoint key (``...o_proj.weight``)."""
-        entries = mapping_entries(module)
-        keys = {e.key for e in entries}
-        anchors = [e for e in entries if e.key.endswith(".self_attn.o_proj_weight")]
-        if not anchors and required:
-            raise ctx.precondition(f"{ID}: load_weights has no mappings[...self_attn.o_proj_weight] entry")
-        additions: dict[int, list[cst.BaseStatement]] = {}
-        for entry in anchors:
-            new = []
-            for which in ("q_norm", "k_norm"):
-                key_text = entry.key[: -len("o_proj_weight")] + f"{which}.weight"
-                if key_text in keys:
-                    continue
-                key = replace_string_suffix(entry.key_node, "o_proj_weight", f"{which}.weight")
-                value = replace_string_suffix(
-                    entry.value.with_changes(lpar=[], rpar=[]), "o_proj.weight", f"{which}.weight"
-                )
-                if key is None or value is None:
-                    raise ctx.precondition(
-                        f"{ID}: cannot derive the norms' checkpoint keys from the mapping of {entry.key} "
-                        "(expected one checkpoint key ending in o_proj.weight)",
-                        entry.statement,
-                        module,
-                    )
-                new.append(
-                    entry_statement(entry, key, key if string_text(value) == string_text(key) else value)
-                )
-            if new:
-                additions[id(entry.statement)] = new
-        return insert_many_after(module, additions)
-
-
-def _norm_constructor_args(module: cst.Module, norm_name: str) -> tuple[cst.BaseExpression, ...] | None:
-    """(eps, dtype) of the first ``<Norm>(size, eps, dtype)`` call outside the
-    attention classes."""
-    for node in walk(module):
-        if isinstance(node, cst.Call) and dotted(node.func) == norm_name:
-            args = node.args
-            if len(args) == 3 and all(a.keyword is None for a in args):
-                return args[1].value, args[2].value
-    return None
-
-
-def _rebase(node: cst.BaseExpression, config: str) -> str:
-    """``cfg.rms_norm_eps`` -> ``<config>.rms_norm_eps`` (other expressions as they are)."""
-    text = dotted(node)
-    if text is not None and text.count(".") == 1 and not text.startswith("self."):
-        return f"{config}.{text.split('.', 1)[1]}"
-    return code_of(node)
-
-
-def _last_parameter_statement(init: cst.FunctionDef) -> cst.BaseStatement | None:
-    from autoport_cst.transform.anatomy.classes import is_parameter
-
-    found = None
-    for stmt in statements(init):
-        pair = self_assignment(stmt)
-        if pair is not None and is_parameter(pair[1]) and pair[0].endswith(("_weight", "_bias")):
-            found = stmt
-    return found
+        """``...q_norm.weight`` / ``...k_norm.weight`` entries (and their
+        biases, for LayerNorms with bias) after each ``...self_attn.o_proj_weight``
+        one, their checkpoint keys derived from its checkpoint key."""
+        tensors = (
+            ("weight", "bias") if self.params.norm == "layernorm" and norm_has_bias(module) else ("weight",)
+        )
+        return code.norm_mappings(module, ctx, tensors, required)

@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 REFUSALS = {
     "DiffLlamaForCausalLM": ("attention.kind", "differential"),  # two softmax maps, subtracted
     "BitNetForCausalLM": ("attention.output_norm", "True"),  # attn_sub_norm before o_proj
-    "PersimmonForCausalLM": ("unsupported", "q/k norms that are not RMSNorms"),
+    # (Persimmon's LayerNorm q/k norms are realized: qk-norm; tests/codemods_attention/test_persimmon_qk_layernorm.py)
     "Lfm2ForCausalLM": ("unsupported", "mlp.intermediate_size: the code builds"),  # adjusted FFN width
     # BERT-style post-LN encoder: its layers are found, its attention is one module down (attention.self),
     # the residual added and normed in RobertaSelfOutput

@@ -127,6 +127,42 @@ def qk_norm(st: AnalyzerState, g: AttentionGraph, qk: list[Instance], nh: Any, n
                 f"{where}: q/k norm computes {kinds}",
             )
         )
+        biases = {st.norm_info(q)["bias"] for q in qk}
+        if len(biases) == 1 and None not in biases:
+            bias = bool(biases.pop())
+            st.add(
+                known(
+                    bias,
+                    "code.qk_norm_bias",
+                    CODE,
+                    f"{where}: q/k norms {'with' if bias else 'without'} bias",
+                )
+            )
+    _fused_qk_norm_names(st, g, qk)
+
+
+def _fused_qk_norm_names(st: AnalyzerState, g: AttentionGraph, qk: list[Instance]) -> None:
+    """Which q/k norm normalises the queries and which the keys, when one
+    fused projection makes both (Persimmon's ``q_layernorm`` and
+    ``k_layernorm`` of ``query_key_value``'s slices): the one whose output
+    the rotation's first argument (the query, ``apply_rotary_pos_emb(q, k,
+    ...)``) reads and its second does not, and the other way round.
+    Separate projections are named by the attention's names."""
+    if len(g.in_insts) != 1 or len(qk) != 2:
+        return
+    rotations = [r for r in g.nodes if st.is_rotation(r) and len(r.args) >= 2]
+    if len(rotations) != 1:
+        return
+    query, key = rotations[0].args[0], rotations[0].args[1]
+    names = st.result.module_names
+    for n in g.nodes:
+        if not (n.kind == "module" and n.ref is not None and any(n.ref is q for q in qk) and n.ref.name):
+            continue
+        if not st.norm_info(n.ref)["affine"]:
+            continue  # no weight: nothing a port loads under its name
+        into_q, into_k = depends_on(query, n), depends_on(key, n)
+        if into_q != into_k:
+            names.setdefault(f"self_attn.{'q_norm' if into_q else 'k_norm'}", f"{st.attn_name}.{n.ref.name}")
 
 
 def _qk_norm_weight(st: AnalyzerState, qk: list[Instance], where: str) -> None:

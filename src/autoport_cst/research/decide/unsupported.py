@@ -36,7 +36,6 @@ NOT_DESCRIBED = "no source describes it"
 # code facts the spec has no field for, and that no reference computes
 FEATURE_FINDINGS = {
     "code.qkv_clip": "queries, keys and values clamped to a range (clip_qkv)",
-    "code.qk_norm_kind": "q/k norms that are not RMSNorms",
     "code.mlp_inner_norm": "a norm inside the MLP before its output projection",
     "code.attention_parameters": "learned parameters in the attention computation",
     "code.value_norm": "a norm applied to the attention's values",
@@ -114,6 +113,9 @@ def unsupported(d: Decider) -> tuple[str, ...] | None:
     offset = _qk_norm_offset_differs(d)
     if offset is not None:
         items.append(offset)
+    kind = _qk_norm_kind_differs(d)
+    if kind is not None:
+        items.append(kind)
     if not items:
         return None
     d.decisions.append(
@@ -130,6 +132,34 @@ def _qk_norm_offset_differs(d: Decider) -> str | None:
     if qk is None or layers is None or not qk.known or not layers.known or qk.value == layers.value:
         return None
     return f"q/k norms weighted unlike the layer norms: {_short(qk.evidence)}; {_short(layers.evidence)}"
+
+
+def _qk_norm_kind_differs(d: Decider) -> str | None:
+    """q/k norms that compute another norm than the layer norms: a port
+    builds its q/k norms with the layer norms' class (the spec's one
+    ``norm.kind`` and ``norm.bias``), so RMSNorms with RMSNorm layers, or
+    LayerNorms whose bias is the layers' (Persimmon), and nothing else."""
+    qk_norm = d.code_finding("attention.qk_norm")
+    if qk_norm is None or not qk_norm.known or qk_norm.value == "none":
+        return None
+    qk, layers = d.code_finding("code.qk_norm_kind"), d.code_finding("norm.kind")
+    if qk is None or not qk.known or not qk.value:  # RMSNorms
+        if layers is None or not layers.known or layers.value == "rmsnorm":
+            return None
+        return f"q/k RMSNorms beside {layers.value} layer norms: {_short(qk_norm.evidence)}"
+    bias, layer_bias = d.code_finding("code.qk_norm_bias"), d.code_finding("norm.bias")
+    if (
+        layers is not None
+        and layers.known
+        and layers.value == qk.value
+        and bias is not None
+        and layer_bias is not None
+        and bias.known
+        and layer_bias.known
+        and bool(bias.value) == bool(layer_bias.value)
+    ):
+        return None  # the layer norms' kind and bias
+    return f"q/k norms that are not RMSNorms: {_short(qk.evidence)}"
 
 
 def _following(unknown: dict[str, str]) -> set[str]:

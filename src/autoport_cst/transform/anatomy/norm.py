@@ -10,6 +10,7 @@ from autoport_cst.transform.cst.vocabulary import (
     dotted,
     method,
     self_assignment,
+    statements,
     walk,
 )
 
@@ -41,3 +42,12 @@ def norm_is_full_width(cls: cst.ClassDef, norm: str) -> bool:
             if pair is not None and pair[0] == norm and isinstance(pair[1], cst.Call) and pair[1].args:
                 return dotted(pair[1].args[0].value) in ("self.q_size", "self.kv_size")
     return False
+
+
+def norm_has_bias(module: cst.Module) -> bool:
+    """Whether the module's norm class builds ``self.bias`` (LayerNorm with bias)."""
+    norm = norm_class(module)
+    init = method(norm, "__init__") if norm is not None else None
+    return init is not None and any(
+        (pair := self_assignment(s)) is not None and pair[0] == "bias" for s in statements(init)
+    )

@@ -277,10 +277,11 @@ BARE_NORM_GAMMAS = (("q_norm_weight", "self.head_dim"), ("k_norm_weight", "self.
 QK_CHECKPOINT_PARTS = (".q_proj.", ".k_proj.", ".q_norm.", ".k_norm.", "qkv_proj")
 
 
-def rope_targets(cls: cst.ClassDef) -> list[tuple[str, str]]:
+def rope_targets(cls: cst.ClassDef, norm_bias: bool = False) -> list[tuple[str, str]]:
     """``(parameter path after self., width of its query/key part)`` of every
     tensor of ``cls`` laid out in query/key head columns: the fused QKV weight
-    and bias, and the query/key norm gammas (per head, or over all heads)."""
+    and bias, and the query/key norm gammas (per head, or over all heads) and,
+    with ``norm_bias`` (the model's norm class has one: LayerNorm), their biases."""
     from autoport_cst.transform.anatomy.attention import find_self_assignment_deep, self_parameters
     from autoport_cst.transform.anatomy.norm import norm_is_full_width
 
@@ -294,7 +295,7 @@ def rope_targets(cls: cst.ClassDef) -> list[tuple[str, str]]:
             width = "self.head_dim"
             if norm_is_full_width(cls, norm):
                 width = "self.q_size" if norm == "q_norm" else "self.kv_size"
-            targets.append((f"{norm}.weight", width))
+            targets += [(f"{norm}.{t}", width) for t in ("weight", "bias") if t == "weight" or norm_bias]
     targets += [(p, width) for p, width in BARE_NORM_GAMMAS if p in params]
     return targets
 

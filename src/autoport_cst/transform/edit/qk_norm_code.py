@@ -1,15 +1,33 @@
 """The code qk-norm writes into an attention class: full-width query and
 key norms (RMSNorm over all heads, sharded by head like the projection) with
-their loaders and the methods computing them across TP ranks, and the
+their loaders and the methods computing them across TP ranks, the
 arguments that turn on the kernels' own per-head pre-RoPE q/k norm (the
-prefill ``NF.qkv_proj`` and the decode kernel)."""
+prefill ``NF.qkv_proj`` and the decode kernel), the method applying per-head
+LayerNorms op by op, and the norms' ``load_weights`` entries."""
 
 from __future__ import annotations
 
 import libcst as cst
 
+from autoport_cst.transform import FileContext
+from autoport_cst.transform.anatomy.classes import is_parameter
+from autoport_cst.transform.anatomy.mappings import entry_statement, mapping_entries
+from autoport_cst.transform.anatomy.norm import norm_class
+from autoport_cst.transform.anatomy.qkv import qkv_loader_arguments, self_attribute_behind
 from autoport_cst.transform.cst.snippets import parse_expr
+from autoport_cst.transform.cst.vocabulary import (
+    code_of,
+    dotted,
+    self_assignment,
+    statements,
+    string_text,
+    walk,
+)
 from autoport_cst.transform.edit.arguments import set_keyword
+from autoport_cst.transform.edit.loaders import LoaderEdits
+from autoport_cst.transform.edit.tree import insert_many_after, replace_string_suffix
+
+NORM_NAMES = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
 
 # full-width norms, sharded by head like the projection (TP ranks; a KV head
 # held by several ranks is loaded by each of them)
@@ -124,3 +142,136 @@ def decode_norm_args(call: cst.Call, eps_attr: str, module: cst.Module) -> cst.C
         call = set_keyword(call, key, parse_expr(code.format(eps=eps_attr), module), after=previous)
         previous = (key,)
     return call
+
+
+# per-head LayerNorms: no kernel normalises q/k heads with a mean and a bias
+PER_HEAD_METHOD = '''
+def _per_head_qk_norm(self, q, k):
+    """The query and key norms of each head (q: [Nq, T, Dh], k: [Nkv, T, Dh]),
+    op by op: the model's norm over the last dimension, its weight and bias
+    of head_dim replicated on every rank."""
+    return self.q_norm(q), self.k_norm(k)
+'''
+
+
+def norm_class_of_kind(module: cst.Module, ctx: FileContext, kind: str, width: str) -> cst.ClassDef:
+    """The module's one norm class, which computes ``kind`` (``<Prefix>RMSNorm``
+    or ``<Prefix>LayerNorm``); LayerNorm q/k norms per head only."""
+    norm = norm_class(module)
+    wanted = NORM_NAMES[kind]
+    name = norm.name.value if norm is not None else ""
+    if norm is None or not name.endswith(wanted) or (kind == "layernorm" and name.endswith("RMSNorm")):
+        found = (
+            ", ".join(
+                c.name.value
+                for c in module.body
+                if isinstance(c, cst.ClassDef) and c.name.value.endswith("Norm")
+            )
+            or "none"
+        )
+        raise ctx.precondition(f"qk-norm: needs one {wanted} class (<Prefix>{wanted}), found {found}")
+    if kind == "layernorm" and width != "per_head":
+        raise ctx.precondition(
+            "qk-norm: LayerNorm q/k norms over all heads (their mean and variance span the heads TP splits) "
+            "are not implemented",
+            norm,
+            module,
+        )
+    return norm
+
+
+def norm_mappings(
+    module: cst.Module, ctx: FileContext, tensors: tuple[str, ...], required: bool = True
+) -> cst.Module:
+    """``...q_norm.<t>`` / ``...k_norm.<t>`` entries (``tensors``: weight, and
+    bias) after each ``...self_attn.o_proj_weight`` one, their checkpoint keys
+    derived from its checkpoint key (``...o_proj.weight``)."""
+    entries = mapping_entries(module)
+    keys = {e.key for e in entries}
+    anchors = [e for e in entries if e.key.endswith(".self_attn.o_proj_weight")]
+    if not anchors and required:
+        raise ctx.precondition("qk-norm: load_weights has no mappings[...self_attn.o_proj_weight] entry")
+    additions: dict[int, list[cst.BaseStatement]] = {}
+    for entry in anchors:
+        new: list[cst.BaseStatement] = []
+        for which in ("q_norm", "k_norm"):
+            for tensor in tensors:
+                if entry.key[: -len("o_proj_weight")] + f"{which}.{tensor}" in keys:
+                    continue
+                key = replace_string_suffix(entry.key_node, "o_proj_weight", f"{which}.{tensor}")
+                value = replace_string_suffix(
+                    entry.value.with_changes(lpar=[], rpar=[]), "o_proj.weight", f"{which}.{tensor}"
+                )
+                if key is None or value is None:
+                    raise ctx.precondition(
+                        f"qk-norm: cannot derive the norms' checkpoint keys from the mapping of {entry.key} "
+                        "(expected one checkpoint key ending in o_proj.weight)",
+                        entry.statement,
+                        module,
+                    )
+                new.append(
+                    entry_statement(
+                        entry, key, key.deep_clone() if string_text(value) == string_text(key) else value
+                    )
+                )
+        if new:
+            additions[id(entry.statement)] = new
+    return insert_many_after(module, additions)
+
+
+def norm_constructor_args(module: cst.Module, norm_name: str) -> tuple[cst.BaseExpression, ...] | None:
+    """(eps, dtype) of the first ``<Norm>(size, eps, dtype)`` call outside the
+    attention classes."""
+    for node in walk(module):
+        if isinstance(node, cst.Call) and dotted(node.func) == norm_name:
+            args = node.args
+            if len(args) == 3 and all(a.keyword is None for a in args):
+                return args[1].value, args[2].value
+    return None
+
+
+def rebase(node: cst.BaseExpression, config: str) -> str:
+    """``cfg.rms_norm_eps`` -> ``<config>.rms_norm_eps`` (other expressions as they are)."""
+    text = dotted(node)
+    if text is not None and text.count(".") == 1 and not text.startswith("self."):
+        return f"{config}.{text.split('.', 1)[1]}"
+    return code_of(node)
+
+
+def last_parameter_statement(init: cst.FunctionDef) -> cst.BaseStatement | None:
+    """The last ``self.<...>_weight`` / ``self.<...>_bias = nn.Parameter(...)`` of ``__init__``."""
+    found = None
+    for stmt in statements(init):
+        pair = self_assignment(stmt)
+        if pair is not None and is_parameter(pair[1]) and pair[0].endswith(("_weight", "_bias")):
+            found = stmt
+    return found
+
+
+def attention_dp_guard(cls: cst.ClassDef, module: cst.Module, ctx: FileContext) -> tuple[str, str] | None:
+    """``(statement, attribute)``: raise when attention data parallelism
+    is on (the norm sums the squares over the TP ranks only), read from the
+    ``attention_dp_size`` of the fused QKV weight's loader; None without it."""
+    loaders = LoaderEdits(module, ctx, cls)
+    for loader in loaders.of("qkv_proj_weight"):
+        if loader.base is None:
+            continue
+        arguments, _ = qkv_loader_arguments(loader.base)
+        if "attention_dp_size" not in arguments:
+            continue
+        attr = self_attribute_behind(loader, arguments["attention_dp_size"])
+        if attr is None:
+            raise ctx.precondition(
+                f"qk-norm: cannot tell which attribute holds the attention data-parallel size "
+                f"(attention_dp_size={arguments['attention_dp_size']} of the QKV weight's loader)",
+                loader.base,
+                module,
+            )
+        return (
+            (
+                f"if self.{attr} > 1:\n"
+                '    raise NotImplementedError("q/k norms over all heads with attention data parallelism")\n'
+            ),
+            attr,
+        )
+    return None

@@ -120,11 +120,12 @@ def _order_setting(cls, module, ctx, rotary_dim, interleaved, edits) -> None:
 
 def _wrap_loaders(cls, module, ctx, edits) -> None:
     from autoport_cst.transform.anatomy.loaders import find_loaders
+    from autoport_cst.transform.anatomy.norm import norm_has_bias
     from autoport_cst.transform.cst.snippets import parse_statement
 
     name = cls.name.value
     found = find_loaders(cls)
-    targets = rope_targets(cls)
+    targets = rope_targets(cls, norm_has_bias(module))
     unknown = unknown_qk_tensors(cls, module, {t for t, _ in targets})
     if unknown:
         param, keys = unknown[0]
