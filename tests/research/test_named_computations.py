@@ -272,7 +272,7 @@ def test_a_reversible_residual_is_named(tmp_path: Path):
 @pytest.mark.parametrize(
     ("architecture", "decoder"),
     [
-        ("FuyuForCausalLM", "modeling_persimmon.py"),
+        ("FuyuForCausalLM", None),  # Persimmon's decoder, nothing refused (its q/k LayerNorms realized)
         ("Gemma4UnifiedAssistantForCausalLM", "modeling_gemma4_unified.py"),
     ],
 )
@@ -285,6 +285,9 @@ def test_a_decoder_built_by_auto_model_from_config_is_found(tmp_path: Path, arch
     layers = next(f for f in found.findings if f.field == "num_layers" and f.source == "code")
     assert layers.known and layers.value == found_layers(architecture), layers
     error = _refusal(found)
+    if decoder is None:
+        assert error is None, str(error)
+        return
     assert error is not None and "code.decoder_layers" not in error.features, error
     assert decoder in str(error), str(error)
 
