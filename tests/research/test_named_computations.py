@@ -272,7 +272,7 @@ def test_a_reversible_residual_is_named(tmp_path: Path):
 @pytest.mark.parametrize(
     ("architecture", "decoder"),
     [
-        ("FuyuForCausalLM", None),  # Persimmon's decoder, nothing refused (its q/k LayerNorms realized)
+        ("FuyuForCausalLM", "vision_embed_tokens"),  # Persimmon's decoder; its image-patch embedding refused
         ("Gemma4UnifiedAssistantForCausalLM", "modeling_gemma4_unified.py"),
     ],
 )
@@ -311,9 +311,10 @@ def test_inkling_s_attention_built_with_a_cast_module_is_found(researched):
 @pytest.mark.parametrize(
     ("architecture", "features", "words"),
     [
-        # nothing: its LM head, rotary fraction and RoPE read from text_config, and Persimmon's LayerNorm
-        # q/k norms the layer norms' kind (qk-norm builds them with the port's LayerNorm class)
-        ("FuyuForCausalLM", set(), []),
+        # its LM head, rotary fraction and RoPE read from text_config, and Persimmon's LayerNorm q/k
+        # norms the layer norms' kind (qk-norm builds them with the port's LayerNorm class): only the
+        # image-patch embedding beside the decoder, which a port would drop
+        ("FuyuForCausalLM", {"modules_beside_decoder"}, ["model.vision_embed_tokens (linear)"]),
         (
             "Gemma4UnifiedAssistantForCausalLM",
             {"external_inputs"},

@@ -67,7 +67,7 @@ def test_plan_refuses_them_by_named_features(built):
         error = refusal(found, choose_reference(found.spec, name, found.architecture, None))
         assert error is not None and "could not classify" not in str(error)
         named[name] = set(error.features)
-    assert named["fuyu"] == {"q/k norms that are not RMSNorms"}
+    assert named["fuyu"] == {"modules_beside_decoder"}  # its image-patch embedding
     assert {"external_inputs", "proportional_rope", "attention_sizes_per_layer"} <= named[
         "gemma4_unified_assistant"
     ]

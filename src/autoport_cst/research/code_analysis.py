@@ -36,6 +36,7 @@ from typing import Any
 from autoport_cst.research.analysis import (
     attention,
     attention_variants,
+    beside_decoder,
     block_features,
     chunked_attention,
     decoder,
@@ -166,6 +167,7 @@ def _run(st: AnalyzerState) -> None:
     block_features.embedding_projection(st, backbone_inst)
     chunked_attention.analyze(st, backbone_inst)
     head.analyze_head(st)
+    beside_decoder.modules_beside_decoder(st, backbone_path)
 
 
 def _unclassified(result: CodeAnalysis, *fields: str) -> bool:

@@ -128,6 +128,8 @@ COMPUTATIONS = {
     "split per expert in the forward",
     "external_inputs": "a decoder run on another model's states (no token ids: its input a projection of "
     "embeddings the caller passes)",
+    "modules_beside_decoder": "modules with weights beside the text decoder and its LM head (such as an "
+    "image-patch embedding feeding the token embeddings), which a port would drop",
     "routed_attention": "attention projections chosen per token among experts (a mixture of attention heads)",
     "parallel_layer_lists": "decoder layers held as parallel lists of attentions and feed-forwards",
     "qkv_clip": "queries, keys and values clamped to a range (clip_qkv)",
