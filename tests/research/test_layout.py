@@ -32,7 +32,8 @@ SECTION_EDGES = {
     # ... and a position-dependent query scaling (attention temperature) is read off the traced attention
     # ... its norms (q/k, output and value norms) are read by a module of their own
     ("analysis", "attention"): {"latent", "scores", "output_gate", "temperature", "attention_norms"},
-    ("analysis", "rope"): {"nope_rule"},  # the rule that picks the layers without RoPE
+    # the rule that picks the layers without RoPE; a rope_type's frequencies measured by a module of their own
+    ("analysis", "rope"): {"nope_rule", "rope_variants"},
     ("analysis", "head"): {"multiplier_keys"},  # multipliers computed from several config fields
     # attention written out in the layer is recognized as the mixers section recognizes it in a mixer
     # ... and a bias per head on the scores is read as ALiBi by a module of its own

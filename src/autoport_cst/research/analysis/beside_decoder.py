@@ -16,22 +16,38 @@ def modules_beside_decoder(st: AnalyzerState, backbone_path: str) -> None:
     """Name the modules whose parameters lie outside ``backbone_path`` (the
     module holding the decoder layers) and the LM head."""
     r = st.result
-    if not backbone_path:  # the causal LM holds its layers itself
-        return
     head = r.module_names.get("lm_head")
-    kept = [backbone_path, *([head] if head else [])]
-    outside = sorted({key.rsplit(".", 1)[0] for key in r.expected if not any(_under(key, p) for p in kept)})
+    if (
+        not backbone_path or not head
+    ):  # the causal LM holds its layers itself; a head not found is named apart
+        return
+    # the decoder, the head and the backbone's parts found beside the layers (embeddings, final norm)
+    kept = [
+        path for key, path in r.module_names.items() if path and (key == "lm_head" or key.startswith("model"))
+    ]
+    outside = sorted({_root(key, kept) for key in r.expected if not any(_under(key, p) for p in kept)})
     if not outside:
         return
-    listed = ", ".join(f"{path} ({r.roles.get(path, 'module')})" for path in outside)
+    listed = ", ".join(f"{path} ({r.roles.get(path, 'parameter')})" for path in outside)
     st.add(
         known(
-            ("embedding",),
+            True,  # explains no section: what else the code computes is still named
             "unsupported.modules_beside_decoder",
             CODE,
             f"{st.cls.name} holds {listed} beside its decoder ({backbone_path}) and its head ({head})",
         )
     )
+
+
+def _root(key: str, kept: list[str]) -> str:
+    """The outermost module holding ``key`` that holds nothing kept (the key
+    itself when its module also holds the decoder)."""
+    parts = key.split(".")
+    for end in range(1, len(parts)):
+        prefix = ".".join(parts[:end])
+        if not any(_under(path, prefix) for path in kept):
+            return prefix
+    return key
 
 
 def _under(key: str, path: str) -> bool:
