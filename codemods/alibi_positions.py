@@ -21,10 +21,9 @@ from autoport_cst.transform.anatomy.attention import (
 from autoport_cst.transform.anatomy.classes import one_class, require_method
 from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
 from autoport_cst.transform.cst.vocabulary import (
+    assigns_call_of,
     classes_with_role,
-    dotted,
     find_self_assignment,
-    simple_assign,
     statements,
 )
 from autoport_cst.transform.edit.arguments import set_keyword
@@ -552,7 +551,7 @@ def _backbone_edits(backbone: cst.ClassDef, module: cst.Module, ctx: FileContext
     rotary embedding's construction removed from ``__init__``."""
     forward = require_method(module, ctx, backbone, "forward")
     init = require_method(module, ctx, backbone, "__init__")
-    rotary = [s for s in statements(forward) if _assigns_call_of(s, "self.rotary_emb")]
+    rotary = [s for s in statements(forward) if assigns_call_of(s, "self.rotary_emb")]
     if not rotary:
         return  # already without RoPE
     none = with_comment(
@@ -563,8 +562,3 @@ def _backbone_edits(backbone: cst.ClassDef, module: cst.Module, ctx: FileContext
     for stmt in statements(init):
         if "self.rotary_emb" in module.code_for_node(stmt):
             edits[id(stmt)] = lambda updated: cst.RemoveFromParent()
-
-
-def _assigns_call_of(stmt: cst.BaseStatement, callee: str) -> bool:
-    pair = simple_assign(stmt)
-    return pair is not None and isinstance(pair[1], cst.Call) and dotted(pair[1].func) == callee

@@ -12,11 +12,10 @@ from autoport_cst.transform.anatomy.classes import one_class, require_method, se
 from autoport_cst.transform.anatomy.mappings import entry_statement, mapping_entries
 from autoport_cst.transform.cst.snippets import parse_statement, parse_statements
 from autoport_cst.transform.cst.vocabulary import (
+    assigns_call_of,
     classes_with_role,
     deep_statements,
-    dotted,
     free_names,
-    simple_assign,
     statements,
 )
 from autoport_cst.transform.edit.config_fields import add_config_fields
@@ -387,9 +386,9 @@ def _forward_edits(name, forward, module, ctx, edits: dict) -> None:
     """The positions added after the merged prompt embeddings (or the token
     lookup); ``position_embeddings`` bound to None instead of the rotary tables."""
     body = list(statements(forward))
-    rotary = [s for s in body if _assigns_call_of(s, "self.rotary_emb")]
-    anchors = [s for s in body if _assigns_call_of(s, "NF.merge_prompt_embeds")] or [
-        s for s in body if _assigns_call_of(s, "self.embed_tokens")
+    rotary = [s for s in body if assigns_call_of(s, "self.rotary_emb")]
+    anchors = [s for s in body if assigns_call_of(s, "NF.merge_prompt_embeds")] or [
+        s for s in body if assigns_call_of(s, "self.embed_tokens")
     ]
     if len(rotary) != 1 or not anchors:
         raise ctx.refuse(
@@ -409,11 +408,6 @@ def _forward_edits(name, forward, module, ctx, edits: dict) -> None:
         "<-- MODEL-SPECIFIC: no rotary embedding: the attention kernels rotate nothing",
     )
     edits[id(rotary[0])] = lambda updated: none
-
-
-def _assigns_call_of(stmt: cst.BaseStatement, callee: str) -> bool:
-    pair = simple_assign(stmt)
-    return pair is not None and isinstance(pair[1], cst.Call) and dotted(pair[1].func) == callee
 
 
 def _mapping_edit(module: cst.Module, ctx: FileContext, edits: dict) -> None:

@@ -340,6 +340,12 @@ def simple_assign(stmt: cst.CSTNode) -> tuple[cst.BaseExpression, cst.BaseExpres
     return None
 
 
+def assigns_call_of(stmt: cst.CSTNode, callee: str) -> bool:
+    """``stmt`` is a one-target ``x = callee(...)`` statement line."""
+    pair = simple_assign(stmt)
+    return pair is not None and isinstance(pair[1], cst.Call) and dotted(pair[1].func) == callee
+
+
 def self_assignment(stmt: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
     """(attr, value) for a ``self.attr = value`` statement line."""
     pair = simple_assign(stmt)
