@@ -17,9 +17,8 @@ def modules_beside_decoder(st: AnalyzerState, backbone_path: str) -> None:
     module holding the decoder layers) and the LM head."""
     r = st.result
     head = r.module_names.get("lm_head")
-    if (
-        not backbone_path or not head
-    ):  # the causal LM holds its layers itself; a head not found is named apart
+    # a causal LM holding its layers itself, or a head research did not find, is not judged here
+    if not backbone_path or not head:
         return
     # the decoder, the head and the backbone's parts found beside the layers (embeddings, final norm)
     kept = [
