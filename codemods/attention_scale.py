@@ -38,8 +38,9 @@ class AttentionScaleParams:
     config_key: str = field(
         default="attention_multiplier",
         metadata={
-            "doc": "Config field holding the scale (Granite: attention_multiplier; Gemma: query_pre_attn_scalar).",
-            "examples": ("query_pre_attn_scalar",),
+            "doc": "Config field holding the scale (Granite: attention_multiplier; Gemma: query_pre_attn_scalar); "
+            "dotted for a field of a sub-config config.json nests (MPT: attn_config.softmax_scale).",
+            "examples": ("query_pre_attn_scalar", "attn_config.softmax_scale"),
         },
     )
     form: Literal["scale", "inverse_sqrt"] = field(
@@ -54,8 +55,12 @@ class AttentionScaleParams:
 class AttentionScale(Codemod):
     """Scale attention scores by a value from the config instead of ``head_dim ** -0.5``.
 
-    ``config.attention_multiplier`` (Granite) or
-    ``config.query_pre_attn_scalar ** -0.5`` (Gemma 2 / 3).
+    ``config.attention_multiplier`` (Granite),
+    ``config.query_pre_attn_scalar ** -0.5`` (Gemma 2 / 3), or a field of a
+    sub-config config.json nests (MPT's ``attn_config.softmax_scale``, None
+    meaning ``head_dim ** -0.5``): the port's config keeps the sub-config as
+    the dict config.json holds (``attn_config: dict | None``) and the
+    attention reads the field from it.
 
     Model file, attention class (``<Prefix>Attention``): the value of
     ``self.scaling`` in ``__init__`` becomes the config expression. Every
@@ -63,12 +68,13 @@ class AttentionScale(Codemod):
     and context-parallel prefill pass it as ``scale=``, decode as
     ``softmax_scale=`` (``self.scaling / self.k_scale_float`` with an FP8
     cache), so none of them changes. Config file: the dataclass gains the
-    field (``float | None``; a config without it keeps ``head_dim ** -0.5``).
+    field (``float | None``; a config without it keeps ``head_dim ** -0.5``),
+    or the sub-config holding it.
 
     Preconditions: an attention class whose ``__init__`` sets
     ``self.scaling``, and whose kernel calls each pass a scale (a call left
     to the kernel's default ``head_dim ** -0.5`` would not follow);
-    ``config_key`` is a Python identifier.
+    ``config_key`` is a Python identifier, or two joined by a dot.
     """
 
     ID = ID
@@ -131,6 +137,48 @@ class AttentionScale(Codemod):
             """,
         ),
         Example(
+            title="MPT's attn_config.softmax_scale (None: head_dim ** -0.5)",
+            params={"config_key": "attn_config.softmax_scale"},
+            before="""
+                class MptAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
+                        self.scaling = self.head_dim**-0.5
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+            """,
+            after="""
+                class MptAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
+                        # <-- MODEL-SPECIFIC: attention score scale from the config (not head_dim ** -0.5)
+                        self.scaling = (
+                            (config.attn_config or {}).get("softmax_scale")
+                            if (config.attn_config or {}).get("softmax_scale") is not None
+                            else self.head_dim**-0.5
+                        )
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+            """,
+        ),
+        Example(
+            title="MPT's sub-config in the config",
+            role="config",
+            path="config.py",
+            params={"config_key": "attn_config.softmax_scale"},
+            before="""
+                @dataclass
+                class MptConfig:
+                    head_dim: int | None = None
+            """,
+            after="""
+                @dataclass
+                class MptConfig:
+                    head_dim: int | None = None
+                    # <-- MODEL-SPECIFIC: fields of this architecture's features (sorted by name)
+                    # sub-config of the attention score scale: softmax_scale (None: head_dim ** -0.5)
+                    attn_config: dict | None = None
+            """,
+        ),
+        Example(
             title="no scaling attribute",
             before="""
                 class GraniteAttention(nn.Module):
@@ -143,8 +191,8 @@ class AttentionScale(Codemod):
 
     @classmethod
     def check_params(cls, params: AttentionScaleParams) -> list[str]:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", params.config_key):
-            return [f"config_key {params.config_key!r} is not an identifier"]
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?", params.config_key):
+            return [f"config_key {params.config_key!r} is not an identifier, nor two joined by a dot"]
         return []
 
     @classmethod
@@ -158,13 +206,19 @@ class AttentionScale(Codemod):
         )
 
     def _value(self, config: str) -> str:
-        field_ = f"{config}.{self.params.config_key}"
+        outer, _, inner = self.params.config_key.partition(".")
+        field_ = f'({config}.{outer} or {{}}).get("{inner}")' if inner else f"{config}.{outer}"
         scale = field_ if self.params.form == "scale" else f"{field_}**-0.5"
         return f"{scale} if {field_} is not None else self.head_dim**-0.5"
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         key = self.params.config_key
         if ctx.role == "config":
+            outer, _, inner = key.partition(".")
+            if inner:
+                power = "" if self.params.form == "scale" else " ** -0.5"
+                comment = f"sub-config of the attention score scale: {inner}{power} (None: head_dim ** -0.5)"
+                return add_config_fields(module, ctx, [(f"{outer}: dict | None = None", comment)])
             what = "the scale itself" if self.params.form == "scale" else f"{key} ** -0.5"
             comment = (
                 f"attention score scale: {what}"
@@ -197,29 +251,29 @@ class AttentionScale(Codemod):
                 continue
             small = stmt.body[0]
             if isinstance(value, cst.IfExp):
-                value = value.with_changes(
-                    lpar=[
-                        cst.LeftParen(
-                            whitespace_after=cst.ParenthesizedWhitespace(
-                                first_line=cst.TrailingWhitespace(),
-                                indent=True,
-                                last_line=cst.SimpleWhitespace(module.default_indent),
-                            )
-                        )
-                    ],
-                    rpar=[
-                        cst.RightParen(
-                            whitespace_before=cst.ParenthesizedWhitespace(
-                                first_line=cst.TrailingWhitespace(),
-                                indent=True,
-                                last_line=cst.SimpleWhitespace(""),
-                            )
-                        )
-                    ],
-                )
+                value = _parenthesized(value, module, one_line="." not in key)
             new = stmt.with_changes(body=[small.with_changes(value=value)])
             new = with_comment(new, COMMENT).with_changes(
                 leading_lines=[*stmt.leading_lines, *with_comment(new, COMMENT).leading_lines]
             )
             edits[id(stmt)] = lambda updated, new=new: new
         return rewrite(module, edits)
+
+
+def _parenthesized(value: cst.IfExp, module: cst.Module, one_line: bool) -> cst.IfExp:
+    """``value`` in parentheses on lines of its own; unless ``one_line``,
+    its ``if`` and ``else`` parts each on a line too (a nested field's
+    lookup, written twice, is too long for one)."""
+
+    def line(indent: str) -> cst.ParenthesizedWhitespace:
+        return cst.ParenthesizedWhitespace(
+            first_line=cst.TrailingWhitespace(), indent=True, last_line=cst.SimpleWhitespace(indent)
+        )
+
+    indent = module.default_indent
+    value = value.with_changes(
+        lpar=[cst.LeftParen(whitespace_after=line(indent))], rpar=[cst.RightParen(whitespace_before=line(""))]
+    )
+    if one_line:
+        return value
+    return value.with_changes(whitespace_before_if=line(indent), whitespace_before_else=line(indent))

@@ -31,7 +31,16 @@ SECTION_EDGES = {
     ("analysis", "moe"): {"mlp", "moe_experts", "routing_weights"},
     # ... and a position-dependent query scaling (attention temperature) is read off the traced attention
     # ... its norms (q/k, output and value norms) are read by a module of their own
-    ("analysis", "attention"): {"latent", "scores", "output_gate", "temperature", "attention_norms"},
+    # ... and the config field its scale comes from, as for attention written out with ALiBi
+    ("analysis", "attention"): {
+        "latent",
+        "scores",
+        "output_gate",
+        "temperature",
+        "attention_norms",
+        "scale_source",
+    },
+    ("analysis", "alibi"): {"scale_source"},
     # the rule that picks the layers without RoPE; a rope_type's frequencies measured by a module of their own
     ("analysis", "rope"): {"nope_rule", "rope_variants"},
     ("analysis", "head"): {"multiplier_keys"},  # multipliers computed from several config fields

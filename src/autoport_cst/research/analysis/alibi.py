@@ -32,6 +32,7 @@ import math
 from typing import Any
 
 from autoport_cst.research.alibi_values import PROBED_HEADS, alibi_bias_max
+from autoport_cst.research.analysis import scale_source
 from autoport_cst.research.analysis.graph import strip_casts
 from autoport_cst.research.analysis.layer_inputs import CAUSAL_MASK, MASK_OVERLAYS, attention_argument
 from autoport_cst.research.analysis.state import AnalyzerState
@@ -92,6 +93,7 @@ def written_out(st: AnalyzerState, attn: Instance, scores: list[Any], name: str)
         st.add(known(None, "attention.scale", CODE, f"{where}: scores scaled by head_dim ** -0.5"))
     else:
         st.add(known(float(factor), "attention.scale", CODE, f"{where}: scores scaled by {factor:g}"))
+    scale_source.written_out(st, attn, where, hd)
     st.add(
         known(False, "attention.sinks", CODE, f"{where}: softmax over the scores only", confidence=INFERRED)
     )

@@ -15,7 +15,14 @@ import math
 from typing import Any
 
 from autoport_cst.research.analysis import attention_norms as norms
-from autoport_cst.research.analysis import latent, layer_inputs, output_gate, scores, temperature
+from autoport_cst.research.analysis import (
+    latent,
+    layer_inputs,
+    output_gate,
+    scale_source,
+    scores,
+    temperature,
+)
 from autoport_cst.research.analysis.graph import (
     fused_qkv_layout,
     heads_per_group,
@@ -60,6 +67,7 @@ def analyze(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
     kernel = _kernel_call(g.attn, g.nodes)
     if kernel is None:
         scores.analyze(st, g.nodes, g.inputs, g.where, hd)
+        scale_source.written_out(st, g.attn, g.where, hd)
     elif mla is not None and mla.query_head_dim is not None:
         _kernel_arguments(st, g.attn, kernel, g.where, mla.query_head_dim)
         _latent_scale(st, kernel, g.where, mla.query_head_dim)
@@ -446,7 +454,7 @@ def _kernel_arguments(
         default = hd**-0.5
         if math.isclose(scaling, default, rel_tol=1e-9):
             st.add(known(None, "attention.scale", CODE, f"{where}: scaling = head_dim ** -0.5"))
-            _default_scale_source(st, attn, float(scaling), where)
+            scale_source.default_scale(st, attn, float(scaling), where)
         else:
             st.add(
                 known(
@@ -456,7 +464,7 @@ def _kernel_arguments(
                     f"{where}: scaling = {scaling:g} (head_dim ** -0.5 would be {default:g})",
                 )
             )
-            _scale_source(st, attn, float(scaling), where, hd)
+            scale_source.from_scale(st, attn, float(scaling), where, hd)
     else:
         st.add(unknown("attention.scale", CODE, f"{where}: scaling not computable from the config"))
     softcap = kwargs.get("softcap", None)
@@ -504,77 +512,6 @@ def _latent_scale(st: AnalyzerState, kernel: Node, where: str, query_head_dim: i
         )
         st.add(known(None, "attention.scale", CODE, evidence))
         st.add(known(None, "attention.scale_key", CODE, evidence))
-
-
-def _scale_source(
-    st: AnalyzerState, attn: Instance, scaling: float, where: str, hd: int | None = None
-) -> None:
-    """The config field a non-default attention scale comes from, and how:
-    the field itself (Granite's attention_multiplier) or its inverse
-    square root (Gemma's query_pre_attn_scalar ** -0.5); a constant of the
-    code; or, named, a scale of ``1 / head_dim`` the code computes (Inkling,
-    whose q/k norms make 1/d the scale), which no scale form describes."""
-    candidates = _scale_candidates(st, attn, scaling)
-    found = {(k, f) for k, f, _ in candidates}
-    if len(found) == 1:
-        key, form, evidence = candidates[0]
-        st.add(known(key, "attention.scale_key", CODE, f"{where}: {evidence}"))
-        st.add(known(form, "attention.scale_form", CODE, f"{where}: {evidence}"))
-    elif not candidates and (constant := _constant_scale(attn, scaling)) is not None:
-        # a constant of the code: no config field to read, the port writes the value (Gemma 4's 1.0)
-        st.add(
-            known(None, "attention.scale_key", CODE, f"{where}: self.{constant} = {scaling:g}, a constant")
-        )
-    else:
-        seen = ", ".join(e for _, _, e in candidates) or "no config field gives it"
-        st.add(unknown("attention.scale_key", CODE, f"{where}: scaling {scaling:g}: {seen}"))
-        if not candidates and isinstance(hd, int) and hd > 0 and math.isclose(scaling, 1 / hd, rel_tol=1e-9):
-            evidence = f"{where}: scaling = {scaling:g} = 1 / head_dim ({hd}), not head_dim ** -0.5"
-            st.add(known(("attention.scale_key",), "unsupported.inverse_head_dim_scale", CODE, evidence))
-
-
-def _constant_scale(attn: Instance, scaling: float) -> str | None:
-    """The attention attribute equal to ``scaling`` that the code assigns a
-    constant written in it (``self.scaling = 1.0``), or None: the scale is
-    then the code's whatever the config says."""
-    for attr, value in attn.attrs.items():
-        if attr in attn.literal_attrs and number(value) and math.isclose(value, scaling, rel_tol=1e-9):
-            return attr
-    return None
-
-
-def _default_scale_source(st: AnalyzerState, attn: Instance, scaling: float, where: str) -> None:
-    """A scale equal to ``head_dim ** -0.5`` in this config that the code
-    computes from another config field (Gemma 2 with ``query_pre_attn_scalar
-    == head_dim``): the field and form are recorded all the same, so that a
-    port reads the field and stays right for configs where the two differ
-    (Gemma-2-9B and 27B). The head size's own field is no other source."""
-    candidates = [c for c in _scale_candidates(st, attn, scaling) if c[0] != "head_dim"]
-    if len({(k, f) for k, f, _ in candidates}) != 1:
-        return
-    key, form, evidence = candidates[0]
-    evidence = f"{where}: {evidence} (equal to head_dim ** -0.5 in this config only)"
-    st.add(known(key, "attention.scale_key", CODE, evidence))
-    st.add(known(form, "attention.scale_form", CODE, evidence))
-
-
-def _scale_candidates(st: AnalyzerState, attn: Instance, scaling: float) -> list[tuple[str, str, str]]:
-    """(config key, form, evidence) of every attention attribute equal to
-    ``scaling`` that its assignment computed from one config field."""
-    config = st.interp.config
-    candidates = []
-    for attr, value in attn.attrs.items():
-        if not (number(value) and math.isclose(value, scaling, rel_tol=1e-9)):
-            continue
-        for key in sorted(attn.attr_reads.get(attr, ())):
-            field_value = config.read(key, None) if config.has(key) else None
-            if not number(field_value) or field_value <= 0:
-                continue
-            if math.isclose(field_value, scaling, rel_tol=1e-9):
-                candidates.append((key, "multiplier", f"self.{attr} = config.{key}"))
-            elif math.isclose(field_value**-0.5, scaling, rel_tol=1e-9):
-                candidates.append((key, "inverse_sqrt", f"self.{attr} = config.{key} ** -0.5"))
-    return candidates
 
 
 def _per_layer(st: AnalyzerState, where: str) -> None:

@@ -64,15 +64,16 @@ class Statements(Expressions):
         finally:
             self.release(frame)
         for target in stmt.targets:
+            base = _attribute_base(target, env)
+            if isinstance(base, Instance) and isinstance(target, ast.Attribute):
+                _keep_none_reads(base, target.attr)
             self.assign(target, value, env, module, state)
-            if isinstance(target, ast.Attribute):
-                base = env.get(target.value.id) if isinstance(target.value, ast.Name) else None
-                if isinstance(base, Instance):
-                    base.attr_reads[target.attr] = frozenset(frame)
-                    if _literal(stmt.value):
-                        base.literal_attrs.add(target.attr)
-                    else:
-                        base.literal_attrs.discard(target.attr)
+            if isinstance(base, Instance) and isinstance(target, ast.Attribute):
+                base.attr_reads[target.attr] = frozenset(frame)
+                if _literal(stmt.value):
+                    base.literal_attrs.add(target.attr)
+                else:
+                    base.literal_attrs.discard(target.attr)
         return [state]
 
     def _exec_AnnAssign(self, stmt: ast.AnnAssign, state: State, module: SourceModule) -> list[State]:
@@ -250,3 +251,17 @@ def _literal(expr: ast.expr) -> bool:
     name, attribute or call, so its value is the code's, never the config's."""
     allowed = (ast.Constant, ast.UnaryOp, ast.BinOp, ast.unaryop, ast.operator, ast.expr_context)
     return all(isinstance(node, allowed) for node in ast.walk(expr))
+
+
+def _attribute_base(target: ast.expr, env: dict) -> Any:
+    """The object of an assignment to ``name.attr`` (``self.scaling``), or None."""
+    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
+        return env.get(target.value.id)
+    return None
+
+
+def _keep_none_reads(base: Instance, attr: str) -> None:
+    """Before ``attr`` is assigned again: the config keys it read while it
+    holds None (the field whose None the code is about to replace)."""
+    if base.attrs.get(attr, UNKNOWN) is None and base.attr_reads.get(attr):
+        base.none_reads[attr] = base.attr_reads[attr]

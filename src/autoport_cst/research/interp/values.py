@@ -142,6 +142,10 @@ class Instance:
     attr_reads: dict[str, frozenset[str]] = field(default_factory=dict)
     # attributes last assigned a constant written in the code (``self.scaling = 1.0``)
     literal_attrs: set[str] = field(default_factory=set)
+    # the config keys an attribute read while it held None, before it was
+    # assigned again (``self.s = config.s; if self.s is None: self.s = ...``):
+    # the field whose None the code replaces by a default
+    none_reads: dict[str, frozenset[str]] = field(default_factory=dict)
 
     @property
     def class_name(self) -> str:
@@ -267,4 +271,5 @@ def clone_instance(instance: Instance) -> Instance:
         instance.name,
         dict(instance.attr_reads),
         set(instance.literal_attrs),
+        dict(instance.none_reads),
     )
