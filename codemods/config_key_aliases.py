@@ -8,12 +8,14 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, PortContext
 from autoport_cst.transform.anatomy.config import config_class, method_of
+from autoport_cst.transform.anatomy.config_values import CONVENTIONAL, config_values
 from autoport_cst.transform.cst.snippets import parse_statement
 from autoport_cst.transform.cst.vocabulary import walk
 from autoport_cst.transform.edit.functions import add_functions
-from autoport_cst.transform.edit.tree import rewrite, with_comment
+from autoport_cst.transform.edit.tree import insert_after, with_comment
 
 FUNCTION = "_read_config_keys"
+COMMENT = "<-- MODEL-SPECIFIC: config.json names these fields otherwise"
 # arithmetic a source may use besides config.json keys and numbers
 _OPERATORS = (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.FloorDivide, cst.Power)
 
@@ -57,8 +59,14 @@ class ConfigKeyAliases(Codemod):
     computes each field still unset whose keys are set; ``from_configs``
     calls it on the config values before it first reads them.
 
-    Precondition: a config dataclass whose ``from_configs`` binds ``values``
-    at its top level and reads it after.
+    The dict is the one config-guards reads
+    (``autoport_cst.transform.anatomy.config_values``): ``values`` in our
+    references, ``config_dict`` (bound in an ``if``/``elif``/``else`` on the
+    config's type) in the real vllm_neuron packages; the call goes right
+    after the statement that binds it on every path.
+
+    Precondition: a config dataclass whose ``from_configs`` binds that dict
+    on every path before reading it.
     """
 
     ID = "config-key-aliases"
@@ -168,7 +176,7 @@ class ConfigKeyAliases(Codemod):
                 class LlamaConfig:
                     hidden_size: int = 4096
             """,
-            raises="needs from_configs binding `values`",
+            raises="LlamaConfig has no from_configs",
         ),
     )
 
@@ -188,33 +196,29 @@ class ConfigKeyAliases(Codemod):
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         cls = config_class(module, ctx)
         method = method_of(cls, "from_configs")
-        at = _first_read(method) if method is not None else None
-        if method is None or at is None:
+        if method is None:
             raise ctx.refuse(
-                f"{cls.name.value} needs from_configs binding `values` and reading it after", cls, module
+                f"{cls.name.value} has no from_configs to read config.json's keys in", cls, module
             )
-        edits = {}
         if not _calls_reader(method):
-            call = with_comment(
-                parse_statement(f"{FUNCTION}(values)", module),
-                "<-- MODEL-SPECIFIC: config.json names these fields otherwise",
-            )
-            edits[id(at)] = lambda updated: cst.FlattenSentinel([call, updated])
-        return add_functions(rewrite(module, edits), _functions(self.params.keys), replace=True)
-
-
-def _first_read(method: cst.FunctionDef) -> cst.BaseStatement | None:
-    """The first top-level statement after ``values`` is bound that reads it."""
-    bound = False
-    for stmt in method.body.body:
-        binds = any(
-            isinstance(n, cst.AssignTarget) and isinstance(n.target, cst.Name) and n.target.value == "values"
-            for n in walk(stmt)
-        )
-        if bound and not binds and any(isinstance(n, cst.Name) and n.value == "values" for n in walk(stmt)):
-            return stmt
-        bound = bound or binds
-    return None
+            found = config_values(method)
+            if found is None:
+                raise ctx.refuse(
+                    f"{cls.name.value}.from_configs binds no local to the model config's values "
+                    f"({CONVENTIONAL!r}, or a name assigned <config>.to_dict() or dict(<config>))",
+                    method,
+                    module,
+                )
+            if found.statement is None:
+                raise ctx.refuse(
+                    f"{cls.name.value}.from_configs binds {found.name!r} on some paths only: "
+                    "the keys would be read from it unbound",
+                    found.partial or method,
+                    module,
+                )
+            call = with_comment(parse_statement(f"{FUNCTION}({found.name})", module), COMMENT)
+            module = insert_after(module, found.statement, [call])  # type: ignore[assignment]
+        return add_functions(module, _functions(self.params.keys), replace=True)
 
 
 def _calls_reader(method: cst.FunctionDef) -> bool:

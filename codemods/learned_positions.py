@@ -13,13 +13,16 @@ from autoport_cst.transform.anatomy.mappings import entry_statement, mapping_ent
 from autoport_cst.transform.cst.snippets import parse_statement, parse_statements
 from autoport_cst.transform.cst.vocabulary import (
     assigns_call_of,
+    classes,
     classes_with_role,
     deep_statements,
     free_names,
+    method,
     statements,
 )
 from autoport_cst.transform.edit.config_fields import add_config_fields
 from autoport_cst.transform.edit.functions import parse_method
+from autoport_cst.transform.edit.key_renames import mappings_statement
 from autoport_cst.transform.edit.tree import followed_by, rewrite, with_comment
 from autoport_cst.transform.edit.unrotated import unrotated, without_rotary_class
 from autoport_cst.transform.realizes import Realizes, to
@@ -94,8 +97,11 @@ class LearnedPositions(Codemod):
     and sets the layout attributes (``world_size``, ``rank``,
     ``embedding_dp_size``, ``embedding_dp_group``, ``mlp_dp_group``), whose
     ``forward`` computes ``position_embeddings = self.rotary_emb(...)`` and
-    ``is_prefill``, a module-level ``_dp_transition``, and a
-    ``mappings["model.embed_tokens.weight"]`` entry.
+    ``is_prefill``, a module-level ``_dp_transition``, and in
+    ``load_weights`` a ``mappings["model.embed_tokens.weight"]`` entry (the
+    table's entry follows it) or, where the token embedding loads under its
+    own name (the real vllm_neuron llama3), one ``mappings = {}`` (the entry
+    follows it).
     """
 
     ID = ID
@@ -214,6 +220,29 @@ class LearnedPositions(Codemod):
                         mappings["model.embed_positions.weight"] = "model.embed_positions.weight"
                         return mappings
             ''',
+        ),
+        Example(
+            title="a load_weights that loads the token embedding under its own name (the real vllm_neuron llama3)",
+            before="""
+                class GPT2ForCausalLM(nn.Module):
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        mappings: dict[str, str | list[str]] = {}
+                        for layer_id in range(len(self.model.layers)):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.mlp.up_proj_weight"] = f"{prefix}.mlp.up_proj.weight"
+                        return mappings
+            """,
+            after="""
+                class GPT2ForCausalLM(nn.Module):
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        mappings: dict[str, str | list[str]] = {}
+                        # <-- MODEL-SPECIFIC: learned absolute positions: the table, loaded whole (the token embedding loads under its own name)
+                        mappings["model.embed_positions.weight"] = "model.embed_positions.weight"
+                        for layer_id in range(len(self.model.layers)):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.mlp.up_proj_weight"] = f"{prefix}.mlp.up_proj.weight"
+                        return mappings
+            """,
         ),
         Example(
             title="every rotation site of the attention: prefill, DCP share, decode",
@@ -411,13 +440,30 @@ def _forward_edits(name, forward, module, ctx, edits: dict) -> None:
 
 
 def _mapping_edit(module: cst.Module, ctx: FileContext, edits: dict) -> None:
-    """``mappings["model.embed_positions.weight"]`` after the token embedding's entry."""
+    """``mappings["model.embed_positions.weight"]`` after the token
+    embedding's entry; where ``load_weights`` loads the token embedding under
+    its own name (no entry: the real vllm_neuron llama3), right after its
+    ``mappings = {}``, so that checkpoint-keys renames the table's key."""
     entries = mapping_entries(module)
     key = f"model.{TABLE}.weight"
     if not entries or any(e.key == key for e in entries):
         return
     tokens = [e for e in entries if e.key == "model.embed_tokens.weight"]
-    if not tokens:
-        raise ctx.refuse('load_weights has no mappings["model.embed_tokens.weight"] entry')
-    new = entry_statement(tokens[0], cst.SimpleString(f'"{key}"'), cst.SimpleString(f'"{key}"'))
-    edits[id(tokens[0].statement)] = followed_by(new)
+    if tokens:
+        new = entry_statement(tokens[0], cst.SimpleString(f'"{key}"'), cst.SimpleString(f'"{key}"'))
+        edits[id(tokens[0].statement)] = followed_by(new)
+        return
+    loaders = [m for c in classes(module) if (m := method(c, "load_weights")) is not None]
+    anchors = [a for m in loaders if (a := mappings_statement(m)) is not None]
+    if len(anchors) != 1:
+        raise ctx.refuse(
+            f'load_weights has no mappings["model.embed_tokens.weight"] entry and {len(anchors)} '
+            "`mappings = {}` statements (one is needed to map the position table after)",
+            loaders[0] if loaders else None,
+            module if loaders else None,
+        )
+    new = with_comment(
+        parse_statement(f'mappings["{key}"] = "{key}"', module),
+        f"{MARK}: the table, loaded whole (the token embedding loads under its own name)",
+    )
+    edits[id(anchors[0])] = followed_by(new)
