@@ -114,7 +114,10 @@ class NormPlacement(Codemod):
     a kernel handed the norm's weight is guarded, with the experts'
     ``self.fused_decode`` flag turned off so that decode runs the unfused
     path (an experts class without the flag is refused at the kernel call).
-    A dense MLP class holding such a norm (``dense-layers``) is refused.
+    The dense MLP class ``dense-layers`` builds on the layers without experts
+    (``self.mlp = <Prefix>DenseMLP(config) if ... else <Prefix>MLP(config)``)
+    holds the same norm and is changed like the experts (its key
+    ``<layer>.mlp.<norm>``); another MLP class holding a norm is refused.
 
     Preconditions: one ``<Prefix>DecoderLayer`` (in a model file of the
     package) whose forwards each run the attention and the MLP in one
@@ -130,6 +133,8 @@ class NormPlacement(Codemod):
     REALIZES = Realizes({"norm.placement": to("post", "sandwich")})
     # where the norms sit around each sublayer call, not what a norm computes
     TOUCHES = ("decoder.sublayer",)
+    # the dense MLP class dense-layers adds holds the MoE layers' pre-MLP norm too
+    AFTER = ("dense-layers",)
     Params = NormPlacementParams
     PITFALLS = (
         Pitfall(
@@ -368,6 +373,11 @@ class NormPlacement(Codemod):
                         return self._experts(normalized)
 
 
+                class Qwen3MoeMLP(nn.Module):
+                    def __init__(self, config):
+                        self.experts = Qwen3MoeExperts(config)
+
+
                 class Qwen3MoeDecoderLayer(nn.Module):
                     def __init__(self, config, layer_idx):
                         self.input_layernorm = Qwen3MoeRMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -411,6 +421,11 @@ class NormPlacement(Codemod):
                             return self._run_moe_block_tkg(hidden_states)
                         normalized = hidden_states
                         return self._experts(normalized)
+
+
+                class Qwen3MoeMLP(nn.Module):
+                    def __init__(self, config):
+                        self.experts = Qwen3MoeExperts(config)
 
 
                 class Qwen3MoeDecoderLayer(nn.Module):
@@ -527,11 +542,12 @@ class NormPlacement(Codemod):
         edits.update(guards)
         calls = layer.unfused()
         self._forward_edits(layer, calls, input_norm, edits, module)
-        mlp_attrs = [a for a, kind in layer.sublayers.items() if kind == "mlp"]
         for found in experts:
             if p.placement == "post":
-                self._drop_experts_norm(found, module, ctx, edits)
-            experts_mapping_edits(self.ID, found, mlp_attrs, p, module, ctx, edits)
+                others = [e.cls for e in experts if e is not found]  # each checks its own uses
+                self._drop_experts_norm(found, module, ctx, edits, others)
+            new_key = None if p.placement == "post" else p.pre_mlp_norm
+            experts_mapping_edits(self.ID, found, new_key, module, ctx, edits)
         _mapping_edits(module, input_norm, added, removed, edits)
         handled = (
             [assignments[input_norm][0]] + [c.pre_norm for c in calls if c.pre_norm is not None] + guarded
@@ -546,7 +562,7 @@ class NormPlacement(Codemod):
             )
         return rewrite(module, edits)
 
-    def _drop_experts_norm(self, found: ExpertsNorm, module, ctx, edits: dict) -> None:
+    def _drop_experts_norm(self, found: ExpertsNorm, module, ctx, edits: dict, others) -> None:
         """Post-norm: the experts' input norm goes. ``x = self.<norm>(x)`` is
         removed, ``y = self.<norm>(x)`` becomes ``y = x``; a kernel handed
         the norm's weight (the fused decode kernel) is guarded and the
@@ -592,7 +608,7 @@ class NormPlacement(Codemod):
             guard = parse_statement(f'raise NotImplementedError("{message}")', module)
             insert_before(edits, holder, [with_comment(guard, "<-- MODEL-SPECIFIC: no norm before the MoE")])
             handled.append(holder)
-        use = other_uses(module, attr, handled)
+        use = other_uses(module, attr, handled + others)
         if use is not None:
             raise ctx.precondition(
                 f"{self.ID}: {name} uses self.{attr} here, neither as x = self.{attr}(x) nor in a kernel call "

@@ -1,11 +1,16 @@
 """AfMoE ports from qwen3_moe with its attention output gate
 (``attention-output-gate``: the attention output times the sigmoid of
 ``gate_proj`` of the layer input, before ``o_proj``), its sandwich norms on
-the MoE layers and its router one module down (``mlp.router.gate``, beside
-``mlp.experts`` and ``mlp.shared_experts``: the MoE block keeps its name in
-the key map). The checkpoint has no dense layer (``num_dense_layers=0``):
-a dense MLP holding the pre-MLP norm is refused by norm-placement. A copy of
-the port whose gate multiplies by 1 fails validation at the attention.
+every layer, MoE and dense, and its router one module down
+(``mlp.router.gate``, beside ``mlp.experts`` and ``mlp.shared_experts``: the
+MoE block keeps its name in the key map). The tiny checkpoint keeps the
+config's dense layer 0 (``num_dense_layers=1``): ``dense-layers`` builds
+``self.mlp = AfmoeDenseMLP(config) if _layer_is_dense(...) else
+AfmoeMLP(config)``, whose pre-MLP norm, like the experts', loads from
+``pre_mlp_layernorm`` (``norm-placement``). A copy of the port whose gate
+multiplies by 1 fails validation at the attention; one whose dense MLP
+loads its norm from ``post_attention_layernorm`` (the key before the
+sandwich placement) fails at layer 0's MLP.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ def afmoe(tmp_path_factory, request):
     from tests.validation_depth import feature_depth, port_at_depth
 
     source = tmp_path_factory.mktemp("src-afmoe")
-    build_tiny_checkpoint("AfmoeForCausalLM", source, seed=0, dimensions={"num_dense_layers": 0})
+    build_tiny_checkpoint("AfmoeForCausalLM", source, seed=0)
     out = tmp_path_factory.mktemp("out-afmoe")
     depth = feature_depth(request.config)
     return source, port_at_depth(depth, str(source), "cov_afmoe", out, tp=1, steps=8, force=True)
@@ -55,6 +60,29 @@ def test_afmoe_without_its_output_gate_fails_validation(afmoe, tmp_path):
     report = validate_model(package, source, dtype="fp32", steps=4)
     assert not report.equivalent
     assert report.first_diverging is not None and "attention" in report.first_diverging.component
+
+
+def test_afmoe_dense_layer_without_its_pre_mlp_norm_fails_validation(afmoe, tmp_path):
+    from autoport_cst.validate.api import validate_model
+
+    source, result = afmoe
+    package = tmp_path / Path(result.package_dir).name
+    shutil.copytree(result.package_dir, package)
+    model = package / "model.py"
+    text = model.read_text(encoding="utf-8")
+    placed = (
+        'mappings[f"{prefix}.mlp.post_attention_layernorm.weight"] = f"{prefix}.pre_mlp_layernorm.weight"'
+    )
+    assert text.count(placed) == 1
+    model.write_text(
+        text.replace(placed, placed.replace("pre_mlp_layernorm", "post_attention_layernorm")),
+        encoding="utf-8",
+    )
+    report = validate_model(
+        package, source, dtype="fp32", steps=4, config_variants=False, parallel_layouts=False
+    )
+    assert not report.equivalent
+    assert report.first_diverging is not None and report.first_diverging.component.startswith("layers.0.mlp")
 
 
 @pytest.mark.slow

@@ -147,3 +147,41 @@ def test_kolibri_is_refused_for_its_routing_bias_on_the_logits(tmp_path_factory)
     assert spec.norm.placement == "sandwich"
     assert spec.unsupported is not None
     assert [i for i in spec.unsupported if i.startswith("routing_bias_on_logits:")], spec.unsupported
+
+
+def _with_dense_layers() -> str:
+    cls = get_codemod("dense-layers")
+    text = (REFERENCES / "qwen3_moe" / "model.py").read_text(encoding="utf-8")
+    output, _ = run_on_source(cls(cls.parse_params({})), text, "model.py", "model", PortContext())
+    return output
+
+
+def test_sandwich_loads_the_dense_mlp_norm_from_the_pre_mlp_key():
+    # dense-layers builds Qwen3MoeDenseMLP (holding the pre-MLP norm) on the dense layers
+    output = _placed("qwen3_moe", "sandwich", _with_dense_layers())
+    dense = _class(output, "Qwen3MoeDenseMLP")
+    assert "self.post_attention_layernorm(hidden_states.to(self.dtype))" in dense
+    loads = output[output.index("def load_weights(") :]
+    assert (
+        'mappings[f"{prefix}.mlp.post_attention_layernorm.weight"] = f"{prefix}.pre_feedforward_layernorm.weight"'
+        in loads
+    )
+    entry = re.search(
+        r'mappings\[f"\{prefix\}\.mlp\.experts\.post_attention_layernorm\.weight"\] = \(\s*([^)]*)\)', loads
+    )
+    assert entry is not None and entry.group(1).strip() == 'f"{prefix}.pre_feedforward_layernorm.weight"'
+    assert 'f"{prefix}.post_attention_layernorm.weight"' in loads  # the layer's own post-attention norm
+    layer = _class(output, "Qwen3MoeDecoderLayer")
+    assert layer.count("hidden_states = self.post_feedforward_layernorm(hidden_states)") == 2
+    assert _placed("qwen3_moe", "sandwich", output) == output
+
+
+def test_post_norm_removes_the_dense_mlp_norm():
+    output = _placed("qwen3_moe", "post", _with_dense_layers())
+    dense = _class(output, "Qwen3MoeDenseMLP")
+    assert "layernorm" not in dense
+    assert "hidden_states = hidden_states.to(self.dtype)" in dense
+    loads = output[output.index("def load_weights(") :]
+    assert (
+        ".mlp.post_attention_layernorm" not in loads and ".mlp.experts.post_attention_layernorm" not in loads
+    )

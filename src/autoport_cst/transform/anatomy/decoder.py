@@ -143,13 +143,22 @@ def sublayer_attrs(cls: cst.ClassDef) -> dict[str, str]:
     """``attr -> kind`` of the attributes holding the attention and MLP modules."""
     found: dict[str, str] = {}
     for attr, (_, value) in self_assignments(cls).items():
-        if not isinstance(value, cst.Call):
-            continue
-        role = class_role((dotted(value.func) or "").split(".")[-1])
-        for kind in KINDS:
-            if role in ROLES[kind] or (role is None and attr in NAMES[kind]):
-                found[attr] = kind
+        # a class chosen per layer (``A(config) if dense else B(config)``: dense-layers) is
+        # a sublayer when both classes are of one kind
+        choices = [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]
+        kinds = {_sublayer_kind(attr, choice) for choice in choices}
+        kind = kinds.pop() if len(kinds) == 1 else None
+        if kind is not None:
+            found[attr] = kind
     return found
+
+
+def _sublayer_kind(attr: str, value: cst.BaseExpression) -> str | None:
+    if not isinstance(value, cst.Call):
+        return None
+    role = class_role((dotted(value.func) or "").split(".")[-1])
+    kinds = [k for k in KINDS if role in ROLES[k] or (role is None and attr in NAMES[k])]
+    return kinds[-1] if kinds else None
 
 
 def norm_attrs(cls: cst.ClassDef) -> list[str]:

@@ -14,6 +14,8 @@ from autoport_cst.transform.cst.roles import class_role
 from autoport_cst.transform.cst.vocabulary import (
     classes_with_role,
     deep_statements,
+    dotted,
+    nodes_of,
     self_assignment,
     self_attr,
     walk,
@@ -44,22 +46,55 @@ class ExpertsNorm:
 def experts_norms(layer, module: cst.Module, ctx) -> list[ExpertsNorm]:
     """The norms of the experts classes when the layer is pre-norm but for
     its MLP calls, which no norm statement surrounds because the experts
-    apply their own (the MoE references); [] for another layer."""
+    apply their own (the MoE references); [] for another layer. A dense MLP
+    class the layer builds on some layers instead of the experts
+    (``dense-layers``) holds the same norm, like the experts: it is one of
+    them."""
     if moe_placement(layer) != "pre":
         return []
+    built = layer_mlp_classes(layer)
     found = []
     for cls in classes_with_role(module, "experts") + classes_with_role(module, "mlp"):
         norms = [n for n in norm_attrs(cls) if self_assignments(cls).get(n)]
         if not norms:
             continue
-        if class_role_of(cls) == "mlp" or len(norms) > 1:
+        if (class_role_of(cls) == "mlp" and cls.name.value not in built) or len(norms) > 1:
             raise ctx.refuse(
                 f"{cls.name.value} holds the MoE layers' pre-MLP norm ({', '.join(norms)}), which this codemod "
-                "places only when one experts class holds it",
+                "places only when each experts class, or the dense MLP class the decoder layer builds "
+                "instead of them, holds one",
                 cls,
                 module,
             )
         found.append(ExpertsNorm(cls, norms[0], self_assignments(cls)[norms[0]][0]))
+    return found
+
+
+def layer_mlp_classes(layer) -> set[str]:
+    """The names of the classes the decoder layer builds as its MLP
+    (``self.mlp = A(config) if dense else B(config)``: both)."""
+    names = set()
+    for attr, kind in layer.sublayers.items():
+        value = self_assignments(layer.init).get(attr)
+        if kind != "mlp" or value is None:
+            continue
+        for node in walk(value[1]):
+            if isinstance(node, cst.Call):
+                names.add((dotted(node.func) or "").split(".")[-1])
+    return names
+
+
+def _holders(module: cst.Module, cls: cst.ClassDef) -> set[str]:
+    """The attributes that hold an instance of ``cls`` (``self.experts =
+    <Experts>(config)``, ``self.mlp = <DenseMLP>(config) if ... else ...``)."""
+    found = set()
+    for other in nodes_of(module, cst.ClassDef):
+        for attr, (_, value) in self_assignments(other).items():
+            if any(
+                isinstance(n, cst.Call) and (dotted(n.func) or "").split(".")[-1] == cls.name.value
+                for n in walk(value)
+            ):
+                found.add(attr)
     return found
 
 
@@ -106,31 +141,36 @@ def flag_value(cls: cst.ClassDef) -> cst.BaseExpression | None:
     return None
 
 
-def experts_mapping_edits(codemod: str, found: ExpertsNorm, mlp_attrs, p, module, ctx, edits: dict) -> None:
-    """``load_weights``: the experts' norm (``<layer>.<mlp>....<norm>``)
-    loaded from ``pre_mlp_norm``'s checkpoint key (sandwich), or no longer
-    loaded (post)."""
+def experts_mapping_edits(
+    codemod: str, found: ExpertsNorm, new_key: str | None, module, ctx, edits: dict
+) -> None:
+    """``load_weights``: the norm of an experts class (or of the dense MLP
+    built instead of them), whose keys name the attribute holding that class
+    and the norm (``<layer>.mlp.experts.<norm>``, ``<layer>.mlp.<norm>``),
+    loaded from the checkpoint key of ``new_key`` (the layer's norm it
+    computes), or no longer loaded (None)."""
+    holders = _holders(module, found.cls)
     entries = [
         e
         for e in mapping_entries_of_attr(module, found.attr)
-        if any(has_segment(e.key, m) for m in mlp_attrs)
+        if any(has_segment(e.key, f"{h}.{found.attr}") for h in holders)
     ]
     if not entries:
         raise ctx.precondition(
             f"{codemod}: load_weights has no mappings[...] entry for {found.cls.name.value}.{found.attr} "
-            f"(a key naming {' / '.join(mlp_attrs)} and {found.attr})",
+            f"(a key naming {' / '.join(sorted(holders)) or 'the attribute holding it'}.{found.attr})",
             found.assignment,
             module,
         )
     for entry in entries:
-        if p.placement == "post":
+        if new_key is None:
             add_edit(edits, id(entry.statement), lambda updated: cst.RemoveFromParent())
             continue
-        value = map_value_strings(entry.value, lambda node: replace_segment(node, found.attr, p.pre_mlp_norm))
+        value = map_value_strings(entry.value, lambda node: replace_segment(node, found.attr, new_key))
         if value is None:
             raise ctx.precondition(
                 f"{codemod}: the checkpoint key of {found.cls.name.value}.{found.attr} does not name "
-                f"{found.attr}, so it cannot become {p.pre_mlp_norm}'s",
+                f"{found.attr}, so it cannot become {new_key}'s",
                 entry.statement,
                 module,
             )
