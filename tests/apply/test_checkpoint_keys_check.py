@@ -52,6 +52,19 @@ def test_every_key_the_port_loads_is_stored():
     check_checkpoint_keys(STORED, {"pkg/model.py": LOAD_WEIGHTS}, tied=False)
 
 
+def test_a_key_formatted_from_a_load_time_lookup_is_not_checked():
+    # f"{moe.router}.weight" is a lookup among the names at load time, of any number of segments;
+    # read as "*.weight" it fitted only a two-segment key (lm_head.weight), absent when the head is tied
+    text = LOAD_WEIGHTS.replace(
+        '            mappings[f"{prefix}.mlp.experts.down_proj_weight"] = moe.down\n',
+        '            mappings[f"{prefix}.mlp.experts.down_proj_weight"] = moe.down\n'
+        '            mappings[f"{prefix}.mlp.experts.router_weight"] = f"{moe.router}.weight"\n',
+    )
+    assert "moe.router" in text
+    stored = tuple(k for k in STORED if k != "lm_head.weight") + ("model.embed_tokens.weight",)
+    check_checkpoint_keys(stored, {"pkg/model.py": text}, tied=True)
+
+
 def test_a_key_the_checkpoint_lacks_is_refused_at_its_entry():
     stored = tuple(k for k in STORED if "up_proj" not in k)
     with pytest.raises(InputError) as caught:

@@ -7,10 +7,11 @@ not at load.
 
 Keys are read statically: string and f-string values of ``mappings[...] =
 ...`` (lists, list comprehensions and their sums too), with the layer
-prefix variables expanded and every other f-string field a wildcard. A
-value computed at load time (a lookup among names) is not checked; of
-``if``/``else`` branches that map the same parameter one must fit; an entry
-under an ``if`` without ``else`` is optional.
+prefix variables expanded and every other name in an f-string a wildcard
+(one segment). A value computed at load time (a lookup among names, an
+f-string field other than a name: ``f"{moe.router}.weight"``) is not
+checked; of ``if``/``else`` branches that map the same parameter one must
+fit; an entry under an ``if`` without ``else`` is optional.
 """
 
 from __future__ import annotations
@@ -159,5 +160,6 @@ def _string(node: ast.expr, variables: dict[str, str]) -> str | None:
         elif isinstance(value, ast.FormattedValue) and isinstance(value.value, ast.Name):
             parts.append(variables.get(value.value.id, "*"))
         else:
-            parts.append("*")
+            # a value looked up at load time (f"{moe.router}.weight"), of any number of segments
+            return None
     return "".join(parts)
