@@ -85,3 +85,56 @@ def test_the_plan_holds_the_step_and_applies_it_before_the_config():
     with_key = Found(moe_spec(False), (CODE_SAYS_NO, CONFIG_SAYS[False]))
     read = from_research(with_key, "qwen2_moe", "qwen3_moe", "test")
     assert "norm-topk-prob" not in {s.codemod for s in read.steps}
+
+
+@dataclass(frozen=True)
+class Probe:
+    field: str
+    changes: tuple = ()
+    unknown: tuple = ()
+    error: str | None = None
+    given: tuple = ()
+
+
+@dataclass(frozen=True)
+class Change:
+    path: str
+
+
+@dataclass(frozen=True)
+class Dependence:
+    probes: tuple[Probe, ...]
+
+
+@dataclass(frozen=True)
+class FoundWithProbes(Found):
+    config_dependence: Dependence | None = None
+
+
+CODE_SAYS_YES = known(True, "moe.norm_topk_prob", CODE, "softmax over the top-k values sums to 1")
+
+
+def test_a_key_the_config_holds_but_the_code_does_not_follow_is_fixed_in_code():
+    """Cohere2 MoE: norm_topk_prob in its config (read by the sigmoid router
+    only), its softmax over the top-k logits renormalized whatever the key
+    says: research run again with the key flipped keeps the value."""
+    ignored = Dependence((Probe("norm_topk_prob"),))
+    found = FoundWithProbes(moe_spec(True), (CODE_SAYS_YES, CONFIG_SAYS[True]), config_dependence=ignored)
+    assert code_fixed_steps(found, QWEN3_MOE, READS) == [("norm-topk-prob", {"renormalize": True})]
+
+
+@pytest.mark.parametrize(
+    "probes",
+    [
+        (Probe("norm_topk_prob", changes=(Change("moe.norm_topk_prob"),)),),  # followed: read at run time
+        (Probe("norm_topk_prob", unknown=("moe.norm_topk_prob",)),),  # the varied config left it unclassified
+        (Probe("norm_topk_prob", error="could not research"),),
+        (),  # never varied
+    ],
+    ids=["followed", "unclassified", "probe-failed", "no-probe"],
+)
+def test_a_key_the_config_holds_is_read_at_run_time_unless_shown_ignored(probes):
+    found = FoundWithProbes(
+        moe_spec(True), (CODE_SAYS_YES, CONFIG_SAYS[True]), config_dependence=Dependence(probes)
+    )
+    assert code_fixed_steps(found, QWEN3_MOE, READS) == []

@@ -16,7 +16,10 @@ does not hold the key, the plan fixes the behaviour in code with an explicit
 step of the codemod that realizes the feature. A model whose code computes
 the reference's value without the key (Mixtral renormalizes, as qwen3_moe's
 default does) needs no step; a config that holds the key is read at run
-time as before.
+time as before, unless research, run again with the key varied, keeps the
+value: the code holds the key but does not follow it (Cohere2 MoE's softmax
+over the top-k logits sums to 1 whatever ``norm_topk_prob`` says); then the
+plan fixes it in code too.
 """
 
 from __future__ import annotations
@@ -45,13 +48,30 @@ def code_fixed_steps(found: Any, spec: Any, config_driven: dict[str, Any]) -> li
         if path not in config_driven or _section_absent(found.spec, path):
             continue
         held = finding(path, "config")
-        if held is not None and held.known:
-            continue
         value = get_field(found.spec, path)
-        if value is None or value == get_field(spec, path):
+        if value is None:
+            continue
+        if held is not None and held.known:
+            # read at run time, unless the model's computation does not follow the key
+            if _ignored(found, _key, path):
+                steps.append((codemod, {param: value}))
+            continue
+        if value == get_field(spec, path):
             continue
         steps.append((codemod, {param: value}))
     return steps
+
+
+def _ignored(found: Any, key: str, path: str) -> bool:
+    """Whether research, run again with the config's ``key`` varied, kept
+    ``path`` as it was: the model's code holds the key but does not follow it
+    (Cohere2 MoE reads ``norm_topk_prob`` for its sigmoid router only; its
+    softmax over the top-k logits sums to 1 whatever the key says)."""
+    dependence = getattr(found, "config_dependence", None)
+    probes = [p for p in getattr(dependence, "probes", ()) if p.field == key and not p.given]
+    return bool(probes) and all(
+        p.error is None and path not in p.unknown and all(c.path != path for c in p.changes) for p in probes
+    )
 
 
 def _section_absent(spec: Any, path: str) -> bool:

@@ -210,7 +210,8 @@ def key_format_steps(architecture: str) -> list[PlanStep]:
 
 def code_fixed_plan_steps(found: Researched, reference: str | None) -> list[PlanStep]:
     """Steps that fix in code a feature the reference reads from a config key
-    the model's config lacks (:mod:`autoport_cst.plan.code_fixed`)."""
+    the model's config lacks, or holds but does not follow
+    (:mod:`autoport_cst.plan.code_fixed`)."""
     from autoport_cst.apply.reference import load_reference
     from autoport_cst.errors import InputError
     from autoport_cst.plan.code_fixed import code_fixed_steps
