@@ -20,6 +20,7 @@ from autoport_cst.transform.anatomy.decoder import (
 )
 from autoport_cst.transform.cst.snippets import parse_statement
 from autoport_cst.transform.cst.vocabulary import code_of, positional_args, simple_assign
+from autoport_cst.transform.edit.experts_norm import experts_mapping_edits, experts_norms
 from autoport_cst.transform.edit.layer_guards import guard_fused, other_model_file
 from autoport_cst.transform.edit.mappings import mapping_entries_of_attr
 from autoport_cst.transform.edit.tree import add_edit, removal_edits, rewrite
@@ -71,6 +72,16 @@ class ParallelResidual(Codemod):
     the norm into the sequential layer) is guarded (raises
     ``NotImplementedError``). A drafter in a module file that subclasses the
     layer is guarded when the shared norm removes the norm it reads.
+
+    A MoE layer (the MoE references) applies no norm before its MLP call:
+    its experts class holds the pre-MLP norm (next to the router, for the
+    fused decode kernel), as does the dense MLP ``dense-layers`` builds
+    instead of them. The MLP then reads the layer input (the residual copy,
+    carried through the data-parallel transitions like the other terms) and
+    normalizes it itself: with ``shared_norm`` its norm loads the input
+    norm's checkpoint weights (Cohere2 MoE); with ``separate_norms`` it keeps
+    its own. Every site of that norm (prefill, the unfused decode and the
+    fused kernel's ``gamma``) reads the same module, so none is left.
 
     Preconditions: one ``<Prefix>DecoderLayer`` whose forwards are each the
     sequential pre-norm form: ``r = h``, ``h = self.<norm>(h)``, ``h =
@@ -191,6 +202,84 @@ class ParallelResidual(Codemod):
             """,
         ),
         Example(
+            title="Cohere2 MoE: one shared norm, the experts norming the MLP input",
+            params={"kind": "shared_norm"},
+            before="""
+                class Qwen3MoeExperts(nn.Module):
+                    def __init__(self, config):
+                        self.post_attention_layernorm = Qwen3MoeRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+                    def forward(self, hidden_states):
+                        return self._experts(self.post_attention_layernorm(hidden_states))
+
+
+                class Qwen3MoeMLP(nn.Module):
+                    def __init__(self, config):
+                        self.experts = Qwen3MoeExperts(config)
+
+
+                class Qwen3MoeDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.input_layernorm = Qwen3MoeRMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.self_attn = Qwen3MoeAttention(config, layer_idx)
+                        self.mlp = Qwen3MoeMLP(config)
+
+                    def forward(self, hidden_states, positions):
+                        residual = hidden_states
+                        hidden_states = self.input_layernorm(hidden_states)
+                        hidden_states = self.self_attn(hidden_states, positions)
+                        hidden_states = residual + hidden_states
+                        residual = hidden_states
+                        hidden_states = self.mlp(hidden_states, positions)
+                        return residual + hidden_states
+
+
+                class Qwen3MoeForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.input_layernorm.weight"] = f"{prefix}.input_layernorm.weight"
+                            mappings[f"{prefix}.mlp.experts.post_attention_layernorm.weight"] = f"{prefix}.post_attention_layernorm.weight"
+            """,
+            after="""
+                class Qwen3MoeExperts(nn.Module):
+                    def __init__(self, config):
+                        self.post_attention_layernorm = Qwen3MoeRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+                    def forward(self, hidden_states):
+                        return self._experts(self.post_attention_layernorm(hidden_states))
+
+
+                class Qwen3MoeMLP(nn.Module):
+                    def __init__(self, config):
+                        self.experts = Qwen3MoeExperts(config)
+
+
+                class Qwen3MoeDecoderLayer(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.input_layernorm = Qwen3MoeRMSNorm(config.hidden_size, config.rms_norm_eps)
+                        self.self_attn = Qwen3MoeAttention(config, layer_idx)
+                        self.mlp = Qwen3MoeMLP(config)
+
+                    def forward(self, hidden_states, positions):
+                        residual = hidden_states
+                        hidden_states = self.input_layernorm(hidden_states)
+                        attn_output = self.self_attn(hidden_states, positions)
+                        mlp_output = self.mlp(residual, positions)
+                        return attn_output + mlp_output + residual
+
+
+                class Qwen3MoeForCausalLM(nn.Module):
+                    def load_weights(self, path):
+                        mappings = {}
+                        for layer_id in range(n):
+                            prefix = f"model.layers.{layer_id}"
+                            mappings[f"{prefix}.input_layernorm.weight"] = f"{prefix}.input_layernorm.weight"
+                            mappings[f"{prefix}.mlp.experts.post_attention_layernorm.weight"] = f"{prefix}.input_layernorm.weight"
+            """,
+        ),
+        Example(
             title="post-norm layers are not rewritten",
             params={"kind": "shared_norm"},
             before="""
@@ -304,9 +393,15 @@ class ParallelResidual(Codemod):
                 guard=kind == "shared_norm" and inherits,
             )
         layer = decoder_layer(module, ctx)
-        if layer is None or self._already(layer, module, ctx):
+        if layer is None:
             return module
-        forms = [_sequential(layer, forward, module, ctx, self.ID) for forward in layer.forwards]
+        # a MoE layer: the experts (and a dense MLP built instead of them) apply the pre-MLP norm
+        experts = experts_norms(layer, module, ctx)
+        if self._already(layer, module, ctx, bool(experts)):
+            return module
+        forms = [
+            _sequential(layer, forward, module, ctx, self.ID, bool(experts)) for forward in layer.forwards
+        ]
         pre_mlp = {form.pre_mlp for form in forms}
         if len(pre_mlp) != 1 or len({form.input_norm for form in forms}) != 1:
             raise ctx.precondition(
@@ -323,15 +418,20 @@ class ParallelResidual(Codemod):
         for form in forms:
             for key, edit in form.edits(kind, module).items():
                 add_edit(edits, key, edit)
-        if kind == "shared_norm":
+        if kind == "shared_norm" and experts:
+            # the MLP reads the layer input, which its own norm normalizes with the input norm's weights
+            for found in experts:
+                experts_mapping_edits(self.ID, found, forms[0].input_norm, module, ctx, edits)
+        elif kind == "shared_norm":
             for key, edit in self._remove_norm(module, ctx, layer, pre_mlp.pop(), guarded).items():
                 add_edit(edits, key, edit)
         return rewrite(module, edits)
 
-    def _already(self, layer, module, ctx) -> bool:
+    def _already(self, layer, module, ctx, moe: bool) -> bool:
         """Whether every forward already computes both sublayers from the
         layer input (the attention's result is not its input's name); a
-        parallel layer with the other kind of norms is refused."""
+        parallel layer with the other kind of norms is refused. The MLP of a
+        MoE layer reads the layer input whatever the kind (its experts norm it)."""
         shapes = set()
         for forward in layer.forwards:
             attn = [c for c in forward.slots["attention"].calls if c.fused is None]
@@ -339,7 +439,7 @@ class ParallelResidual(Codemod):
             if not attn or not mlp or any(c.variable in _input_names(c.call) for c in attn):
                 return False
             shapes.add(_hidden_input(attn[0].call) == _hidden_input(mlp[0].call))
-        if shapes == {self.params.kind == "shared_norm"}:
+        if shapes == {self.params.kind == "shared_norm" and not moe}:
             return True
         raise ctx.precondition(
             f"{self.ID}: {layer.name} already computes attention and MLP in parallel, "
@@ -373,6 +473,7 @@ class _Sequential:
     f(h, ...)``), ``r = h``, the MLP slot, ``return r + h``."""
 
     forward: DecoderForward
+    moe: bool  # the MLP calls are not normed in the layer: their experts norm their input
     residual: str
     hidden: str
     attn: list[SublayerCall]  # the unfused calls (fused ones are guarded)
@@ -388,29 +489,27 @@ class _Sequential:
         return self.attn[0].pre_norm_attr  # type: ignore[return-value]
 
     @property
-    def pre_mlp(self) -> str:
-        return self.mlp[0].pre_norm_attr  # type: ignore[return-value]
+    def pre_mlp(self) -> str | None:
+        return self.mlp[0].pre_norm_attr
 
     def edits(self, kind: str, module: cst.Module) -> dict:
         r, h = self.residual, self.hidden
-        separate = kind == "separate_norms"
-        doomed = list(self.removed) + [c.pre_norm for c in self.mlp]
+        # a MoE layer's MLP reads the layer input (r), which its experts normalize
+        separate = kind == "separate_norms" and not self.moe
+        doomed = list(self.removed) + [c.pre_norm for c in self.mlp if c.pre_norm is not None]
         edits = removal_edits(self.forward.func, doomed)  # type: ignore[arg-type]
         for call in self.attn:
             source = "attn_input" if separate else h
             add_edit(edits, id(call.stmt), _assigning(call, "attn_output", h, source, module))
             if separate:
                 add_edit(edits, id(call.pre_norm), _renamed_target("attn_input"))
+        mlp_input = r if self.moe else "mlp_input" if separate else h
         for call in self.mlp:
-            add_edit(
-                edits,
-                id(call.stmt),
-                _assigning(call, "mlp_output", h, "mlp_input" if separate else h, module),
-            )
+            add_edit(edits, id(call.stmt), _assigning(call, "mlp_output", h, mlp_input, module))
         if separate:
             hoisted = parse_statement(f"mlp_input = self.{self.pre_mlp}({h})", module)
             add_edit(edits, id(self.anchor), lambda updated: cst.FlattenSentinel([updated, hoisted]))
-        carried = ["attn_output", r, "mlp_input" if separate else h]
+        carried = list(dict.fromkeys(["attn_output", r, mlp_input]))
         for stmt in self.middle:
             copies = [_rebound(stmt, h, name, module) for name in carried]
             add_edit(
@@ -428,7 +527,9 @@ class _Sequential:
         return edits
 
 
-def _sequential(layer: DecoderLayer, forward: DecoderForward, module, ctx, codemod_id: str) -> _Sequential:
+def _sequential(
+    layer: DecoderLayer, forward: DecoderForward, module, ctx, codemod_id: str, moe: bool
+) -> _Sequential:
     where = f"{layer.name}.{forward.func.name.value}"
 
     def refuse(what: str, node: cst.CSTNode):
@@ -447,7 +548,8 @@ def _sequential(layer: DecoderLayer, forward: DecoderForward, module, ctx, codem
         if not calls:
             raise refuse(f"every branch of the self.<{slot.kind}> call fuses its norm", slot.stmt)
         for call in calls:
-            if call.pre_norm is None or call.post_norm is not None:
+            # (a MoE layer's experts norm the MLP input themselves)
+            if call.post_norm is not None or (call.pre_norm is None and not (moe and slot.kind == "mlp")):
                 raise refuse(f"self.<{slot.kind}> is not preceded by h = self.<norm>(h) alone", call.stmt)
         top = calls[0].pre_norm if slot.stmt is calls[0].stmt else None
         starts.append((body.index(top) if top is not None else body.index(slot.stmt), top))
@@ -476,6 +578,7 @@ def _sequential(layer: DecoderLayer, forward: DecoderForward, module, ctx, codem
         raise refuse(f"the MLP is not followed by return {r} + {h}", slots[1].stmt)
     return _Sequential(
         forward,
+        moe,
         r,
         h,
         live[0],

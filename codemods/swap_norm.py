@@ -29,6 +29,7 @@ from autoport_cst.transform.cst.vocabulary import (
     statements,
     walk,
 )
+from autoport_cst.transform.edit.experts_norm import unfuse_norm_kernels
 from autoport_cst.transform.edit.layer_guards import guard_fused_norms, other_model_file
 from autoport_cst.transform.edit.scope_rename import rename_targets
 from autoport_cst.transform.edit.tree import (
@@ -102,7 +103,11 @@ class SwapNorm(Codemod):
     norm this codemod does not produce); and no decode kernel call that fuses
     an RMSNorm (``rmsnorm_X_enabled``, the q/k norms) when switching to
     LayerNorm: the decode kernel computes every decode step, it cannot be
-    guarded.
+    guarded. The MoE decode kernel (``NF.moe_block_tkg``, which RMS-normalizes
+    the experts' input with ``gamma``) can: with LayerNorm its experts class's
+    ``self.fused_decode`` flag turns ``False``, so that decode runs the norm
+    module, the router and the blockwise kernel (a class without the flag is
+    refused at the call).
     """
 
     ID = "swap-norm"
@@ -447,6 +452,8 @@ class SwapNorm(Codemod):
             edits.update(guards)
             guarded = {id(n) for block in blocks for n in walk(block)}
             self._check_no_fused_rmsnorm([n for n in nodes if id(n) not in guarded], module, ctx)
+            # the MoE decode kernel normalizes the experts' input with an RMSNorm: decode runs unfused
+            unfuse_norm_kernels(self.ID, "the experts' norm is a LayerNorm", module, ctx, edits)
 
         current_bias = find_self_assignment(init, "bias") is not None
         if (old_name, current_bias) != (new_name, self.params.bias):

@@ -1,6 +1,8 @@
 """The pre-MLP norm of the MoE references, which lives in the experts class
 (next to the router, so that the decode kernel can fuse it), for the
-codemods that move a decoder layer's norms (``norm-placement``)."""
+codemods that move a decoder layer's norms (``norm-placement``) or feed
+the MLP the layer input (``parallel-residual``), and the fused decode kernel
+that RMS-normalizes the experts' input (``swap-norm``)."""
 
 from __future__ import annotations
 
@@ -175,3 +177,35 @@ def experts_mapping_edits(
                 module,
             )
         add_edit(edits, id(entry.value), lambda updated, value=value: value)
+
+
+def unfuse_norm_kernels(codemod: str, why: str, module: cst.Module, ctx, edits: dict) -> None:
+    """Every fused decode kernel of the experts that RMS-normalizes their
+    input (``NF.moe_block_tkg``, handed the norm's weight as ``gamma``) is
+    left for the unfused path: its class's ``self.fused_decode`` flag
+    becomes ``False``, so decode runs the norm module, the router and the
+    blockwise kernel, and the call, no longer reached, is declared
+    unaffected. A class without the flag is refused at the call."""
+    from autoport_cst.transform.anatomy.experts import moe_sites, survey
+
+    classes = {c.name.value: c for c in nodes_of(module, cst.ClassDef) if isinstance(c, cst.ClassDef)}
+    for site in moe_sites(module, "moe.experts"):
+        if site.kind != "block" or not any(
+            a.keyword is not None and a.keyword.value == "gamma" for a in site.call.args
+        ):
+            continue
+        flag = survey(classes[site.cls]).assigned.get(FUSED_FLAG) if site.cls in classes else None
+        pair = self_assignment(flag) if flag is not None else None
+        if pair is None:
+            raise ctx.precondition(
+                f"{codemod}: {site.cls}.{site.function}: {site.name} fuses an RMSNorm of the MoE input "
+                f"({why}), and {site.cls} has no self.{FUSED_FLAG} flag to run an unfused decode instead",
+                site.call,
+                module,
+            )
+        value = pair[1]
+        if not (isinstance(value, cst.Name) and value.value == "False"):
+            edits[id(value)] = lambda updated: cst.Name("False")
+        ctx.unaffected(
+            site.call, f"not reached: self.{FUSED_FLAG} = False ({site.name} fuses an RMSNorm; {why})"
+        )
