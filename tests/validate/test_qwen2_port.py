@@ -3,6 +3,7 @@ logit test `apply` writes beside it reruns a recorded validation on its own."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from click.testing import CliRunner
 
 from autoport_cst.cli import cli
 from autoport_cst.validate import build_tiny_checkpoint, validate_model
+from tests.rerun_own_runs import SHORTENED
 from tests.validation_depth import follow_up_options, slow_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,8 +57,11 @@ def test_the_reference_does_not_validate_against_qwen2(tiny_qwen2):
     assert report.first_diverging is not None and "attention" in str(report.first_diverging)
 
 
-def test_generated_logit_test_reruns_the_recorded_validation(qwen2_port, tiny_qwen2):
-    """`validate` records its run beside the port's test; the test reruns it."""
+def test_generated_logit_test_reruns_the_recorded_validation(qwen2_port, tiny_qwen2, request):
+    """`validate` records its run beside the port's test; the test reruns it
+    (in the default suite without the follow-ups the validate command ran
+    just before on the same port, checkpoint, steps and seed:
+    tests/rerun_own_runs.py; with --run-slow, with them)."""
     validated = CliRunner().invoke(
         cli,
         ["validate", str(qwen2_port / "vllm_neuron/model/qwen2"), "--hf", str(tiny_qwen2), "--steps", "4"],
@@ -65,12 +70,17 @@ def test_generated_logit_test_reruns_the_recorded_validation(qwen2_port, tiny_qw
     # its follow-ups ran: in the default suite, test_qwen2_port_validates' fp32 run leaves them to it
     assert "parallel layouts:" in validated.output, validated.output
     test = qwen2_port / "test/vllm_neuron/model/qwen2/test_qwen2_logits.py"
+    shortened = [] if slow_run(request.config) else ["-p", "tests.rerun_own_runs"]
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(test)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *shortened, str(test)],
         cwd=qwen2_port,
         capture_output=True,
         text=True,
         timeout=600,
+        env={**os.environ, "PYTHONPATH": path},
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed" in result.stdout, result.stdout
+    if shortened:  # the rerun went through the validation the plugin shortens
+        assert f"{SHORTENED} 1" in result.stdout, result.stdout
