@@ -45,13 +45,20 @@ def test_follow_ups_on_the_planned_config_only(monkeypatch):
 
     seen: list[tuple[str, dict]] = []
     monkeypatch.setattr(api, "validate_model", lambda *args, **options: seen.append((args[1], options)))
-    with without_follow_ups(planned_too=False) as calls:
+    asked: list = []
+    with without_follow_ups(planned_too=False, asked=asked) as calls:
         from autoport_cst.validate import validate_model
 
         validate_model("package", "planned", dtype="fp32")
         validate_model("package", "planned", dtype="bf16")
-        validate_model("package", "varied", dtype="fp32")
+        validate_model("package", "varied", dtype="fp32", parallel_layouts=True)
     assert [args[1] for args in calls] == ["planned", "planned", "varied"]
+    # as the caller asked, before the follow-ups were turned off
+    assert [(args[1], options) for args, options in asked] == [
+        ("planned", {"dtype": "fp32"}),
+        ("planned", {"dtype": "bf16"}),
+        ("varied", {"dtype": "fp32", "parallel_layouts": True}),
+    ]
     off = {"config_variants": False, "parallel_layouts": False}
     assert seen == [
         ("planned", {"dtype": "fp32"}),

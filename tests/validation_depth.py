@@ -22,9 +22,10 @@ then again on the varied one. The second pass proves nothing of the
 codemods the first does not (the same port, layouts and cache dtypes, on
 other field values, which the varied run itself already covers), so in
 the default suite a test ports at ``PLANNED`` depth (follow-ups on the
-planned config only) unless it is the one that checks the whole of
-``autoport-cst port``: ``tests/port/test_port_cli.py``'s
-``test_port_validates_a_llama`` runs at ``FULL`` depth.
+planned config only). The one that checks the whole of ``autoport-cst
+port`` (``tests/port/test_port_cli.py``'s ``test_port_validates_a_llama``)
+checks there that ``port`` asks for the follow-ups on the varied config too
+(``without_follow_ups``' ``asked``), and runs them with --run-slow.
 """
 
 from __future__ import annotations
@@ -73,13 +74,14 @@ def follow_up_options(full: bool) -> dict[str, bool]:
 
 
 @contextmanager
-def without_follow_ups(planned_too: bool = True) -> Iterator[list[Any]]:
+def without_follow_ups(planned_too: bool = True, asked: list[Any] | None = None) -> Iterator[list[Any]]:
     """Within: ``autoport_cst.validate.validate_model`` (what ``port`` and
     ``port_variants`` call) runs no follow-ups; with ``planned_too`` false,
     except on the first checkpoint it validates (``port``'s planned config:
     its follow-ups run there, not on ``port_variants``' varied config).
     Yields the list of the calls it saw, so that a caller can check that the
-    port went through it."""
+    port went through it; ``asked`` gets each call's ``(args, options)`` as
+    the caller gave them, before the follow-ups are turned off."""
     import autoport_cst.validate as validate
     from autoport_cst.validate.api import validate_model
 
@@ -87,6 +89,8 @@ def without_follow_ups(planned_too: bool = True) -> Iterator[list[Any]]:
 
     def own_runs_only(*args: Any, **options: Any) -> Any:
         calls.append(args)
+        if asked is not None:
+            asked.append((args, dict(options)))
         if not planned_too and calls[0][1:2] == args[1:2]:  # the first call's checkpoint
             return validate_model(*args, **options)
         return validate_model(*args, **{**options, **follow_up_options(False)})

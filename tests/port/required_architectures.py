@@ -43,7 +43,7 @@ REQUIRED = {
 # varied config too, with --run-slow (tests/validation_depth.py). Not here, since
 # another default test already runs those follow-ups on the same code:
 # - LlamaForCausalLM: tests/port/test_port_cli.py::test_port_validates_a_llama ports
-#   the same architecture from llama3 at full depth (planned and varied config);
+#   the same architecture from llama3 with them (planned config; varied too with --run-slow);
 # - Qwen3ForCausalLM and Starcoder2ForCausalLM: their ports are the reference with
 #   the identity steps and the config guards only (rename-classes, config-guards,
 #   set-constants, register-model); the follow-ups of the qwen3 reference run in

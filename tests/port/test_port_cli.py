@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from autoport_cst.cli import cli
 from autoport_cst.validate import build_tiny_checkpoint
-from tests.validation_depth import slow_run, without_follow_ups
+from tests.validation_depth import follow_up_options, slow_run, without_follow_ups
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ def run(*args):
 def run_without_follow_ups(config: pytest.Config, *args):
     """``run``, the port's validations without their follow-ups unless
     --run-slow: ``test_port_validates_a_llama`` runs them on this same
-    checkpoint, at the command's full depth (tests/validation_depth.py)."""
+    checkpoint (tests/validation_depth.py)."""
     if slow_run(config):
         return run(*args)
     with without_follow_ups() as calls:
@@ -39,12 +39,27 @@ def tiny_llama(tmp_path_factory) -> Path:
     return directory
 
 
-def test_port_validates_a_llama(tiny_llama, tmp_path):
+def test_port_validates_a_llama(tiny_llama, tmp_path, request):
     """The whole command, its validations with every follow-up on the
-    planned and the varied config (the other tests of ``port`` run them on
-    the planned config at most: tests/validation_depth.py)."""
+    planned config; on the varied config the command asks for them too, and
+    they run with --run-slow (the same port, layouts and cache dtypes again
+    on other field values: tests/validation_depth.py). The other tests of
+    ``port`` run none."""
     report = tmp_path / "outcome.json"
-    result = run("port", tiny_llama, "--name", "my_llama", "--out", tmp_path / "out", "--json", report)
+    args = ("port", tiny_llama, "--name", "my_llama", "--out", tmp_path / "out", "--json", report)
+    if slow_run(request.config):
+        result = run(*args)
+    else:
+        asked: list = []
+        with without_follow_ups(planned_too=False, asked=asked):
+            result = run(*args)
+        # the planned fp32 and bf16 runs, then the varied config's, each with the follow-ups asked for
+        assert [(Path(a[1]).name, o.get("dtype")) for a, o in asked] == [
+            ("my_llama-tiny", "fp32"),
+            ("my_llama-tiny", "bf16"),
+            ("my_llama-tiny-variant", "fp32"),
+        ]
+        assert not [o for _, o in asked if any(o.get(k) is False for k in follow_up_options(False))], asked
     assert result.exit_code == 0, result.output
     assert "PORTED and validated" in result.output
     outcome = json.loads(report.read_text())
