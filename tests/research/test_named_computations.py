@@ -223,11 +223,16 @@ def test_a_cause_is_named_once(tmp_path: Path):
     assert "r_w_bias" in str(error) and "found 1 attention and 0 MLP calls" in str(error), str(error)
 
 
-def test_a_mixer_built_beside_the_attention_only_for_an_unknown_layer_kind_is_not_named(tmp_path: Path):
+def test_a_mixer_built_beside_the_attention_only_for_an_unknown_layer_kind_is_named_in_its_place(
+    tmp_path: Path,
+):
     """LFM2-MoE's default config has no layer_types: research builds both the
-    attention and the short convolution of a layer (its kind unknown), but no
-    forward path calls both. Nothing is named as computed beside the
-    attention (FalconH1's mixer is: both on one path)."""
+    attention and the short convolution of a layer (its kind unknown), and
+    forward runs one or the other by a run-time condition. The convolution is
+    named as computed in place of the attention, not beside it (FalconH1's
+    mixer is: both on one path), and explains the norm placement research
+    could not agree on between the two paths (refused as norm.placement
+    before)."""
     from autoport_cst.research import research
     from autoport_cst.validate.tiny import resolve_config, write_config_json
 
@@ -236,7 +241,9 @@ def test_a_mixer_built_beside_the_attention_only_for_an_unknown_layer_kind_is_no
     write_config_json(config, tmp_path / "config.json")
     error = _refusal(research(str(tmp_path)))
     assert error is not None
-    assert "convolution_mixer" not in error.features and "beside the attention" not in str(error), str(error)
+    assert set(error.features) == {"convolution_mixer"}, error.features
+    assert "beside the attention" not in str(error), str(error)
+    assert "conv (Lfm2MoeShortConv) in place of the attention" in str(error), str(error)
 
 
 def test_a_mixture_of_attention_heads_is_named(researched):

@@ -52,7 +52,11 @@ def name_block(st: AnalyzerState, block: Instance, explains: tuple[str, ...], ro
         if role in READ_ROLES and not (several and role == "mlp"):
             continue
         if attentions and not _called_with_attention(st, block, child):
-            continue  # built beside it only where the config leaves the layer's kind unknown (LFM2-MoE)
+            # built beside it only where the config leaves the layer's kind unknown (LFM2-MoE):
+            # named when forward runs it on another path, in place of the attention
+            if _called_instead_of_attention(st, block, child):
+                named = _token_mixer(st, block, name, child, explains, instead=True) or named
+            continue
         if routing and role not in READ_ROLES and _routing_without_topk(st, name, child, explains):
             named = True
         elif _token_mixer(st, block, name, child, explains):
@@ -187,6 +191,17 @@ def _called_with_attention(st: AnalyzerState, block: Instance, child: Instance) 
     for value in st.outputs(block):
         called = [n.ref for n in walk(value) if n.kind == "module"]
         if any(c is child for c in called) and any(st.role(c) == "attention" for c in called):
+            return True
+    return False
+
+
+def _called_instead_of_attention(st: AnalyzerState, block: Instance, child: Instance) -> bool:
+    """One forward path of ``block`` calls ``child`` and no attention (a
+    run-time condition picks it or the attention: LFM2's short convolution
+    on the layers its config marks ``conv``)."""
+    for value in st.outputs(block):
+        called = [n.ref for n in walk(value) if n.kind == "module"]
+        if any(c is child for c in called) and not any(st.role(c) == "attention" for c in called):
             return True
     return False
 
@@ -421,7 +436,12 @@ def _expert_bank(st: AnalyzerState, inst: Instance) -> bool:
 
 
 def _token_mixer(
-    st: AnalyzerState, block: Instance, name: str, child: Instance, explains: tuple[str, ...]
+    st: AnalyzerState,
+    block: Instance,
+    name: str,
+    child: Instance,
+    explains: tuple[str, ...],
+    instead: bool = False,
 ) -> bool:
     """A child mixing positions without softmax attention: with a loop over
     positions (a state carried from one to the next) in its code or the
@@ -455,6 +475,8 @@ def _token_mixer(
     if not loops and not convs:
         return False
     beside = " beside the attention" if any(st.role(c) == "attention" for _, c in block.children()) else ""
+    if instead:
+        beside = " in place of the attention (forward runs one or the other, by a run-time condition)"
     what = f"{st.where(child)}: {name} ({child.class_name}){beside}"
     parts = []
     if convs:
