@@ -14,13 +14,18 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def collector_paused() -> Iterator[None]:
+def collector_paused(lift: bool = True) -> Iterator[None]:
     """The cyclic garbage collector disabled while the block runs, and
-    restored after (for a caller in the same process) if it was enabled."""
+    restored after (for a caller in the same process) if it was enabled.
+    ``lift=False`` leaves it disabled, for a process that exits when the
+    block ends without collecting (``cli.exit_now``): lifting the pause there
+    has the next allocation collect the young generation, which holds every
+    object made during the pause (an apply's: 0.03-0.05 s of CPU spent on
+    objects about to be dropped with the process)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        if enabled:
+        if enabled and lift:
             gc.enable()

@@ -27,6 +27,7 @@ from autoport_cst.cli.common import (
     EXIT_OUTPUT_CLOSED,
     exit_output_closed,
     is_output_closed,
+    mark_process_ends_with_command,
 )
 from autoport_cst.errors import did_you_mean
 
@@ -110,6 +111,7 @@ def cli() -> None:
 
 
 def main() -> None:
+    mark_process_ends_with_command()  # exit_now ends the process after the command
     try:
         cli.main(prog_name="autoport-cst", standalone_mode=True)
         code = EXIT_OK

@@ -12,6 +12,7 @@ from autoport_cst.cli.common import (
     EXIT_FOUND,
     EXIT_OK,
     error_boundary,
+    process_ends_with_command,
     put_back_leftovers,
     stderr_console,
     stdout_console,
@@ -70,7 +71,7 @@ def apply_command(plan_path, ref, out_dir, show_diff, check, force, output_forma
     nothing. Exit codes: 0 done, 1 `--check` found differences, 2 bad input
     or a failed codemod precondition (nothing written), 130 interrupted.
     """
-    with collector_paused():
+    with collector_paused(lift=not process_ends_with_command()):  # the collector never runs in apply
         _apply(plan_path, ref, out_dir, show_diff, check, force, output_format, quiet)
 
 

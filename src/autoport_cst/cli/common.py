@@ -37,6 +37,20 @@ EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
 EXIT_OUTPUT_CLOSED = 141  # 128 + SIGPIPE
 
+# Whether the process ends when the command returns: set by ``cli.main``, which
+# then exits without collecting (``exit_now``); not by a caller that runs a
+# command in its own process (click's CliRunner in the tests).
+_ENDS_WITH_COMMAND = {"set": False}
+
+
+def process_ends_with_command() -> bool:
+    return _ENDS_WITH_COMMAND["set"]
+
+
+def mark_process_ends_with_command() -> None:
+    _ENDS_WITH_COMMAND["set"] = True
+
+
 # Width of output that goes to a file or a pipe (rich's default is 80
 # columns, which clips the tables of a CI log); COLUMNS still wins.
 PIPE_WIDTH = 200
