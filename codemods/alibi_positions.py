@@ -21,16 +21,14 @@ from autoport_cst.transform.anatomy.attention import (
 from autoport_cst.transform.anatomy.classes import one_class, require_method
 from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
 from autoport_cst.transform.cst.vocabulary import (
-    assigns_call_of,
     classes_with_role,
     find_self_assignment,
-    statements,
 )
 from autoport_cst.transform.edit.arguments import set_keyword
 from autoport_cst.transform.edit.functions import add_functions
 from autoport_cst.transform.edit.kernels import ALIBI_BIAS, guard, substitutes_for, to_unfused
 from autoport_cst.transform.edit.tree import followed_by, rewrite, with_comment
-from autoport_cst.transform.edit.unrotated import unrotated, without_rotary_class
+from autoport_cst.transform.edit.unrotated import unrotated, unrotated_backbone, without_rotary_class
 from autoport_cst.transform.realizes import ANY, Realizes, not_to
 
 ID = "alibi-positions"
@@ -548,17 +546,9 @@ def _slopes_call(site: KernelSite, name: str, module: cst.Module, ctx: FileConte
 
 def _backbone_edits(backbone: cst.ClassDef, module: cst.Module, ctx: FileContext, edits: dict) -> None:
     """``position_embeddings = None`` in place of ``self.rotary_emb(...)``; the
-    rotary embedding's construction removed from ``__init__``."""
+    rotary embedding's construction removed from ``__init__`` (a backbone
+    already without RoPE is left as it is)."""
     forward = require_method(module, ctx, backbone, "forward")
     init = require_method(module, ctx, backbone, "__init__")
-    rotary = [s for s in statements(forward) if assigns_call_of(s, "self.rotary_emb")]
-    if not rotary:
-        return  # already without RoPE
-    none = with_comment(
-        parse_statement("position_embeddings = None", module),
-        "<-- MODEL-SPECIFIC: no rotary embedding (ALiBi): the attention kernels rotate nothing",
-    )
-    edits[id(rotary[0])] = lambda updated: none
-    for stmt in statements(init):
-        if "self.rotary_emb" in module.code_for_node(stmt):
-            edits[id(stmt)] = lambda updated: cst.RemoveFromParent()
+    why = "no rotary embedding (ALiBi): the attention kernels rotate nothing"
+    unrotated_backbone(backbone.name.value, init, forward, module, ctx, edits, why, required=False)

@@ -24,7 +24,7 @@ from autoport_cst.transform.edit.config_fields import add_config_fields
 from autoport_cst.transform.edit.functions import parse_method
 from autoport_cst.transform.edit.key_renames import mappings_statement
 from autoport_cst.transform.edit.tree import followed_by, rewrite, with_comment
-from autoport_cst.transform.edit.unrotated import unrotated, without_rotary_class
+from autoport_cst.transform.edit.unrotated import unrotated, unrotated_backbone, without_rotary_class
 from autoport_cst.transform.realizes import Realizes, to
 
 ID = "learned-positions"
@@ -387,14 +387,15 @@ class LearnedPositions(Codemod):
             )
         _init_edits(name, init, module, ctx, self.params, edits)
         _forward_edits(name, forward, module, ctx, edits)
+        why = "no rotary embedding: the attention kernels rotate nothing"
+        unrotated_backbone(name, init, forward, module, ctx, edits, why, required=True)
         lookup = parse_method(LOOKUP, module).with_changes(leading_lines=[cst.EmptyLine(indent=False)])
         edits[id(forward)] = followed_by(lookup)
 
 
 def _init_edits(name, init, module, ctx, params: LearnedPositionsParams, edits: dict) -> None:
-    """The table after the token embedding's statements; the rotary embedding gone."""
+    """The table after the token embedding's statements."""
     body = list(statements(init))
-    rotary = [s for s in body if "self.rotary_emb" in module.code_for_node(s)]
     tokens = [i for i, s in enumerate(body) if "self.embed_tokens" in module.code_for_node(s)]
     if not tokens:
         raise ctx.refuse(f"{name}.__init__ builds no self.embed_tokens", init, module)
@@ -407,24 +408,16 @@ def _init_edits(name, init, module, ctx, params: LearnedPositionsParams, edits: 
     )
     table[0] = with_comment(table[0], f"{MARK} (row position + offset), on every rank")
     edits[id(body[tokens[-1]])] = followed_by(*table)
-    for stmt in rotary:
-        edits[id(stmt)] = lambda updated: cst.RemoveFromParent()
 
 
 def _forward_edits(name, forward, module, ctx, edits: dict) -> None:
-    """The positions added after the merged prompt embeddings (or the token
-    lookup); ``position_embeddings`` bound to None instead of the rotary tables."""
+    """The positions added after the merged prompt embeddings (or the token lookup)."""
     body = list(statements(forward))
-    rotary = [s for s in body if assigns_call_of(s, "self.rotary_emb")]
     anchors = [s for s in body if assigns_call_of(s, "NF.merge_prompt_embeds")] or [
         s for s in body if assigns_call_of(s, "self.embed_tokens")
     ]
-    if len(rotary) != 1 or not anchors:
-        raise ctx.refuse(
-            f"{name}.forward has no `position_embeddings = self.rotary_emb(...)` after the token embedding",
-            forward,
-            module,
-        )
+    if not anchors:
+        raise ctx.refuse(f"{name}.forward has no `hidden_states = self.embed_tokens(...)`", forward, module)
     if not any("is_prefill" in free_names(s) for s in body):
         raise ctx.refuse(f"{name}.forward computes no is_prefill", forward, module)
     add = parse_statement(
@@ -432,11 +425,6 @@ def _forward_edits(name, forward, module, ctx, edits: dict) -> None:
         module,
     )
     edits[id(anchors[-1])] = followed_by(with_comment(add, f"{MARK} added to the token embeddings"))
-    none = with_comment(
-        parse_statement("position_embeddings = None", module),
-        "<-- MODEL-SPECIFIC: no rotary embedding: the attention kernels rotate nothing",
-    )
-    edits[id(rotary[0])] = lambda updated: none
 
 
 def _mapping_edit(module: cst.Module, ctx: FileContext, edits: dict) -> None:

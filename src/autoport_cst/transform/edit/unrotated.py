@@ -1,8 +1,9 @@
-"""RoPE taken out of a port's attention methods and module (learned-positions,
-alibi-positions): the ``cos, sin = position_embeddings`` unpacking removed,
-what is computed from it bound to None, any other use of the rotation
-refused; the rotary class and the rotation helpers dropped when nothing
-else names them."""
+"""RoPE taken out of a port's attention methods, backbone and module
+(learned-positions, alibi-positions): the ``cos, sin = position_embeddings``
+unpacking removed, what is computed from it bound to None, any other use of
+the rotation refused; the backbone's ``self.rotary_emb`` call bound to None
+and its construction removed; the rotary class and the rotation helpers
+dropped when nothing else names them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ import libcst as cst
 from autoport_cst.transform import FileContext
 from autoport_cst.transform.cst.roles import class_role
 from autoport_cst.transform.cst.snippets import parse_statement
-from autoport_cst.transform.cst.vocabulary import deep_statements, dotted, simple_assign, walk
+from autoport_cst.transform.cst.vocabulary import (
+    assigns_call_of,
+    deep_statements,
+    dotted,
+    simple_assign,
+    statements,
+    walk,
+)
+from autoport_cst.transform.edit.tree import with_comment
 
 
 def unrotated(
@@ -101,6 +110,37 @@ def _uses(cls_name, func, stmt, module, ctx):
         stmt,
         module,
     )
+
+
+def unrotated_backbone(
+    name: str,
+    init: cst.FunctionDef,
+    forward: cst.FunctionDef,
+    module: cst.Module,
+    ctx: FileContext,
+    edits: dict,
+    why: str,
+    required: bool,
+) -> None:
+    """In the backbone ``name``: ``position_embeddings = None`` (its comment
+    says ``why`` the kernels rotate nothing) in place of ``forward``'s
+    ``position_embeddings = self.rotary_emb(...)``, and every ``__init__``
+    statement naming ``self.rotary_emb`` removed. A forward without that call
+    is refused when ``required`` (the codemod edits beside it), else left as
+    it is (already without RoPE); one with two such calls is refused."""
+    rotary = [s for s in statements(forward) if assigns_call_of(s, "self.rotary_emb")]
+    if len(rotary) > 1 or (required and not rotary):
+        count = "two or more" if rotary else "no"
+        raise ctx.refuse(
+            f"{name}.forward has {count} `position_embeddings = self.rotary_emb(...)`", forward, module
+        )
+    if not rotary:
+        return
+    none = with_comment(parse_statement("position_embeddings = None", module), f"<-- MODEL-SPECIFIC: {why}")
+    edits[id(rotary[0])] = lambda updated: none
+    for stmt in statements(init):
+        if "self.rotary_emb" in module.code_for_node(stmt):
+            edits[id(stmt)] = lambda updated: cst.RemoveFromParent()
 
 
 # the reference's helpers that rotate outside the kernels
