@@ -22,8 +22,10 @@ It prints two tables:
 
 ``--vocab-size N`` builds every tiny checkpoint with a vocabulary of N (the
 default, 511, is one no TP size divides: vllm_neuron's llama3 and qwen3 build
-their LM head over config.vocab_size, which its ColumnParallelLinear then
-refuses at TP=2). ``--set NAME:key=value`` gives a package's own checkpoint a config value (a
+their LM head over config.vocab_size, and the llama3 loads its embedding
+without padding, so a validation at TP=2 is refused, exit 2, naming those
+sites: ``autoport_cst.validate.vocab_shards``; a setting refused so is shown
+as refused beside the ones validated). ``--set NAME:key=value`` gives a package's own checkpoint a config value (a
 package may declare a fixed value, as the real qwen3_moe's top-k renormalization,
 that transformers' default config lacks); the table shows it. ``--quick``
 validates ports at TP=1 fp32 only. Tiny checkpoints are built once
@@ -97,22 +99,31 @@ def _settings(values: list[str]) -> dict[str, dict]:
 
 
 def validate_all(package: Path, checkpoint: Path, settings) -> Outcome:
-    from autoport_cst.errors import AutoportError
+    """Each setting: validated, refused (bad input, exit 2: a TP size the
+    package cannot shard the checkpoint's vocabulary over, say) or failed."""
+    from autoport_cst.errors import AutoportError, InputError
     from autoport_cst.validate import validate_model
 
-    failures = []
+    failures, refused, passed = [], [], []
     for dtype, tp, ep in settings:
         label = f"tp{tp}{'/ep' + str(ep) if ep > 1 else ''} {dtype}"
         try:
             report = validate_model(package, checkpoint, tp=tp, dtype=dtype, ep=ep)
+        except InputError as error:
+            refused.append(f"{label} refused: {str(error).splitlines()[0]}")
+            continue
         except AutoportError as error:
             failures.append(f"{label}: {str(error).splitlines()[0]}")
             continue
         if not report.equivalent:
             failures.append(f"{label}: {report.summary().splitlines()[0]}")
+        else:
+            passed.append(label)
     if failures:
-        return Outcome("WRONG", "; ".join(failures))
-    return Outcome("validated", ", ".join(f"tp{tp} {dtype}" for dtype, tp, _ in settings))
+        return Outcome("WRONG", "; ".join(failures + refused))
+    if not passed:
+        return Outcome("refused", "; ".join(refused))
+    return Outcome("validated", "; ".join([", ".join(passed), *refused]))
 
 
 def apply_plan(plan_path: Path, reference: Path, out: Path) -> tuple[Outcome, Path | None, str]:

@@ -142,7 +142,8 @@ def port(
         start = time.perf_counter()
         if settle_imports:
             import_settled(VALIDATION_IMPORTS)
-        outcome.checkpoint_dir = _validation_checkpoint(found, out, name, checkpoint, seed)
+        vocabulary = _tiny_vocabulary(outcome.package_dir)
+        outcome.checkpoint_dir = _validation_checkpoint(found, out, name, checkpoint, seed, vocabulary)
         outcome.seconds["checkpoint"] = time.perf_counter() - start
         _validate(outcome, found, checkpoint, tp, steps, seed, stage)
     except BaseException:
@@ -201,6 +202,7 @@ def _validate(
     from autoport_cst.validate.run_reuse import reusing_validation_runs
 
     start = time.perf_counter()
+    _check_source_vocabulary(outcome, found, tp)
     _check_validation_tp(outcome, tp)
     with reusing_reference_runs(), reusing_validation_runs():
         _validation_runs(outcome, checkpoint, tp, steps, seed, stage)
@@ -390,7 +392,41 @@ def _check_validation_tp(outcome: PortOutcome, tp: int) -> None:
         )
 
 
-def _validation_checkpoint(found, out: Path, name: str, checkpoint: str, seed: int) -> Path:
+def _check_source_vocabulary(outcome: PortOutcome, found, tp: int) -> None:
+    """A port that shards the vocabulary unpadded (the real vllm_neuron
+    llama3 and qwen3's LM heads) runs on device only at a TP size that
+    divides the model's own vocabulary: another ``--tp`` is refused (exit 2),
+    naming the site, whatever the tiny checkpoint's vocabulary."""
+    from autoport_cst.validate.vocab_shards import vocabulary_refusal
+
+    config_path = Path(found.source) / "config.json"
+    if tp == 1 or outcome.package_dir is None or not config_path.is_file():
+        return
+    config = parse_config_text(config_path.read_text(encoding="utf-8"))
+    refusal = (
+        vocabulary_refusal(outcome.package_dir, config, tp, for_port=True)
+        if isinstance(config, dict)
+        else None
+    )
+    if refusal is not None:
+        raise InputError(
+            f"--tp {tp}: {refusal} (the model's own vocabulary, {config_path}); no port is kept under "
+            f"{outcome.package_dir}"
+        )
+
+
+def _tiny_vocabulary(package_dir: Path | None) -> dict[str, int]:
+    """The tiny checkpoint's vocabulary: the tiny default (511, which no TP
+    size divides, so that the padding of the LM head and the embedding is
+    exercised), or 512 for a port that shards it unpadded (its TP and DP runs
+    then build; the model's own vocabulary is checked against ``--tp``
+    apart)."""
+    from autoport_cst.validate.vocab_shards import unpadded_site
+
+    return {"vocab_size": 512} if package_dir is not None and unpadded_site(package_dir) else {}
+
+
+def _validation_checkpoint(found, out: Path, name: str, checkpoint: str, seed: int, vocabulary: dict) -> Path:
     source_dir = Path(found.source)
     if checkpoint == "source":
         if not source_dir.is_dir() or not any(source_dir.glob("*.safetensors")):
@@ -406,12 +442,14 @@ def _validation_checkpoint(found, out: Path, name: str, checkpoint: str, seed: i
         return build_tiny_vlm_checkpoint(target, seed=seed, architecture=found.architecture)
     arch = str(config) if config and config.is_file() else found.architecture
     # the planned config's dense / MoE layers: the port's config guard refuses others
-    build_tiny_checkpoint(arch, target, seed=seed, keep_layer_kinds=True)
+    build_tiny_checkpoint(arch, target, seed=seed, dimensions=vocabulary or None, keep_layer_kinds=True)
     if _key_format_differs(source_dir, target):
         # the port loads the source's keys: write the tiny checkpoint as the
         # source was written (save_pretrained's hub layout) when that fits better
         saved = out / "checkpoints" / f"{name}-tiny-saved"
-        build_tiny_checkpoint(arch, saved, seed=seed, key_format="saved", keep_layer_kinds=True)
+        build_tiny_checkpoint(
+            arch, saved, seed=seed, dimensions=vocabulary or None, key_format="saved", keep_layer_kinds=True
+        )
         if _key_overlap(source_dir, saved) > _key_overlap(source_dir, target):
             return saved
     return target

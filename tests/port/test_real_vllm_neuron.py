@@ -18,6 +18,7 @@ they are refused for ``embedding.tied``."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import libcst as cst
@@ -130,3 +131,60 @@ def test_tied_ports_from_the_real_qwen3_are_refused(workdir):
     _, choice, _, _ = _plan("MptForCausalLM", workdir, "qwen3")
     assert not choice.realizable
     assert "embedding.tied" in choice.reason
+
+
+def test_a_tp_size_the_real_vocabulary_sites_cannot_take_is_refused(workdir):
+    """The real llama3 loads its embedding with no pad_shard and builds its LM head (both branches
+    of tie_word_embeddings) over config.vocab_size: TP 2 over 511 ids is refused naming the three
+    sites, before any rank runs; the real qwen3 (its embedding pads) names its LM head alone."""
+    from autoport_cst.errors import InputError
+    from autoport_cst.validate import build_tiny_checkpoint, validate_model
+
+    checkpoint = workdir / "llama-511"
+    build_tiny_checkpoint("LlamaForCausalLM", checkpoint, seed=0)
+    with pytest.raises(InputError) as refused:
+        validate_model(REAL / "llama3", checkpoint, tp=2)
+    message = str(refused.value)
+    sites = re.findall(r"its (embedding loader|LM head) \(model\.py:(\d+):\d+: ", message)
+    text = (REAL / "llama3" / "model.py").read_text().splitlines()
+    assert [kind for kind, _ in sites] == ["embedding loader", "LM head", "LM head"]
+    assert "sharding_weight_loader(" in text[int(sites[0][1]) - 1]
+    assert all("self.lm_head = neuron_nn.ColumnParallelLinear(" in text[int(n) - 1] for _, n in sites[1:])
+    with pytest.raises(InputError) as refused:
+        validate_model(REAL / "qwen3", checkpoint, tp=2, lint=False)
+    assert re.findall(r"its (embedding loader|LM head) \(", str(refused.value)) == ["LM head"]
+
+
+@pytest.mark.slow
+def test_port_refuses_a_tp_the_models_own_vocabulary_does_not_take(workdir, tmp_path):
+    """Persimmon (the tiny default's 511 ids as its own vocabulary) at --tp 2 from the real llama3:
+    refused (exit 2), whatever the tiny checkpoint's vocabulary; nothing is kept."""
+    from autoport_cst.errors import InputError
+    from autoport_cst.port import port
+    from autoport_cst.validate import build_tiny_checkpoint
+
+    source = tmp_path / "persimmon"
+    build_tiny_checkpoint("PersimmonForCausalLM", source, seed=0)
+    with pytest.raises(
+        InputError, match=r"--tp 2: the port shards the vocabulary of 511 unpadded"
+    ) as refused:
+        port(str(source), "persimmon", tmp_path / "out", tp=2, ref=str(REAL / "llama3"), steps=4)
+    assert "port at a --tp that divides 511" in str(refused.value)
+    assert not (tmp_path / "out" / "vllm_neuron" / "model" / "persimmon").exists()
+
+
+@pytest.mark.slow
+def test_persimmon_from_the_real_llama3_validates_at_tp2(tmp_path):
+    """Its own vocabulary 512: the tiny checkpoint takes 512 ids too (the port shards the vocabulary
+    unpadded), TP=2 and bf16 validate; the TP=1 run's layouts pass up to the real llama3's own
+    fault, on-device sampling with LM-head DP (README)."""
+    from autoport_cst.port import port
+    from autoport_cst.validate import build_tiny_checkpoint
+
+    source = tmp_path / "persimmon"
+    build_tiny_checkpoint("PersimmonForCausalLM", source, seed=0, dimensions={"vocab_size": 512})
+    outcome = port(str(source), "persimmon", tmp_path / "out", tp=2, ref=str(REAL / "llama3"), steps=4)
+    runs = {(r.tp, r.dtype): r for r in outcome.runs}
+    assert runs[(2, "fp32")].equivalent and runs[(1, "bf16")].equivalent
+    assert not runs[(1, "fp32")].equivalent
+    assert "on-device sampling at TP=2, LM-head DP 2" in str(runs[(1, "fp32")].first_diverging)

@@ -45,6 +45,7 @@ from .routing import ForcedTeacher, RoutedRun, RoutingRecord, run_reference_rout
 from .run_reuse import reused_run
 from .run_scenario import describe_calls, plan_scenario, report_settings, with_decode_tokens
 from .scenario import DEFAULT_STEPS, Scenario
+from .vocab_shards import check_vocabulary_shards
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 VALIDATION_THREADS = 1  # torch intra-op threads per process (see _intra_op_threads)
@@ -400,6 +401,7 @@ def _plan(
     package_dir, checkpoint, config = _check_inputs(model_dir, checkpoint_dir, tp, dtype, ep)
     layout = layout or ParallelLayout(tp=tp, ep=ep)
     check_layout(layout, config, MAX_TP)
+    check_vocabulary_shards(package_dir, checkpoint, config, layout)
     run = RunOptions(dtype, _check_prefill(prefill, kv_cache_dtype), kv_cache_dtype)
     started = time.perf_counter()
     scenario = plan_scenario(config, checkpoint, layout, tp, steps, prompt_lengths, block_size, seed)
