@@ -58,7 +58,11 @@ TERMS: dict[str, str | dict[Any, str]] = {
     "residual.parallel": "attention and MLP in parallel ({value})",
     "residual.multiplier": "residual branches multiplied by {value}",
     "rope.type": "{value} RoPE scaling",
-    "rope.style": "{value} rotary embedding",
+    "rope.style": {
+        "interleaved": "RoPE on adjacent pairs (interleaved)",
+        "rotate_half": "RoPE on the halves of each head",
+        "rotate_half_swapped": "RoPE turning each pair of halves the other way (rotate_half as cat(x2, -x1))",
+    },
     "rope.partial_rotary_factor": "rotary embedding on {value} of each head",
     "rope.nope_layers": "layers without rotary embedding",
     "rope.layer_parameters": "RoPE parameters per layer type",

@@ -52,7 +52,7 @@ QKNormPosition = Literal["before_rope", "after_rope"]
 QKNormLayers = Literal["all", "rope"]
 SlidingWindow = Literal["none", "all", "per_layer"]
 RopeType = Literal["default", "llama3", "linear", "dynamic", "yarn", "longrope", "none"]
-RopeStyle = Literal["rotate_half", "interleaved"]
+RopeStyle = Literal["rotate_half", "interleaved", "rotate_half_swapped"]
 NopeRule = Literal["sliding", "sliding_or_no_window", "layer_type"]
 MLPKind = Literal["gated", "plain"]
 GLUForm = Literal["standard", "clamped_swiglu"]
@@ -232,7 +232,10 @@ class RopeSpec:
         1.0, "Fraction of head_dim that is rotated; 1.0 rotates the whole head."
     )
     style: RopeStyle = feature(
-        "rotate_half", "Pairs (i, i + d/2) (rotate_half) or adjacent pairs (interleaved)."
+        "rotate_half",
+        "Pairs (i, i + d/2) (rotate_half) or adjacent pairs (interleaved); rotate_half_swapped: the pairs "
+        "(i, i + d/2) turned the other way (rotate_half as cat(x2, -x1), NanoChat), the usual turn of the head "
+        "with its halves swapped.",
     )
     nope_layers: tuple[int, ...] | None = optional("Layers that use no positional embedding (SmolLM3).")
     nope_rule: NopeRule | None = optional(

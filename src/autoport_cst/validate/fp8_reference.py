@@ -33,7 +33,7 @@ import torch
 
 from .components import ComponentRecorder, find_components
 from .fp8_cache_forcing import CacheContents, ForcingTally, column_order, forced_codes
-from .reference import ReferenceOutput
+from .reference import ReferenceOutput, last_per_forward
 
 # a scale under an indexed layer (model.layers.<i>.self_attn.k_scale, transformer.h.<i>.attn.v_scale):
 # the layer index is the last index segment before it
@@ -172,10 +172,15 @@ def run_fp8_cache_reference(
                 cache = _rounding_cache(model.config, scales, forced, tally if forced else None)
                 before = {name: len(entries) for name, entries in recorder.records.items()}
                 inputs = [list(prompt)] + [[token] for token in generated]
-                rows = [model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True) for ids in inputs]
+                rows = []
+                for step, ids in enumerate(inputs):
+                    recorder.set_tag((sequence, step))  # a module applied twice in a forward: its last
+                    rows.append(model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True))
                 logits.append(torch.cat([r.logits[0].detach().clone() for r in rows]))
                 for name, entries in recorder.records.items():
-                    new = [t.reshape(-1, t.shape[-1]) for _tag, t in entries[before.get(name, 0) :]]
+                    new = [
+                        t.reshape(-1, t.shape[-1]) for t in last_per_forward(entries[before.get(name, 0) :])
+                    ]
                     grouped.setdefault(name, []).append(torch.cat(new))
     finally:
         recorder.remove()

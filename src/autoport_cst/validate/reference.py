@@ -135,16 +135,30 @@ def run_reference(
     logits: list[torch.Tensor] = []
     try:
         with torch.no_grad():
-            for prompt, generated in zip(prompts, teacher, strict=False):
+            for index, (prompt, generated) in enumerate(zip(prompts, teacher, strict=False)):
+                recorder.set_tag(index)
                 output = model(input_ids=torch.tensor([list(prompt) + list(generated)]))
                 logits.append(output.logits[0].detach().clone())
     finally:
         recorder.remove()
     records = {
-        name: [tensor.reshape(-1, tensor.shape[-1]) for _tag, tensor in entries]
+        name: [tensor.reshape(-1, tensor.shape[-1]) for tensor in last_per_forward(entries)]
         for name, entries in recorder.records.items()
     }
     return ReferenceOutput(logits, components, records)
+
+
+def last_per_forward(entries: list[tuple[Any, Any]]) -> list[Any]:
+    """The tensors of ``(tag, tensor)`` records, one per forward (tag): the
+    last. A module applied at two sites of one forward (NanoChat's
+    ``model.norm``, on the token embeddings and on the last layer's output)
+    is the component at its last application, the one that feeds what
+    follows it in the component order (the final norm feeds the LM head)."""
+    last: dict[Any, Any] = {}
+    for tag, tensor in entries:
+        last.pop(tag, None)
+        last[tag] = tensor
+    return list(last.values())
 
 
 def prompt_embeddings(model: Any, prompts: tuple[tuple[int, ...], ...]) -> list[torch.Tensor]:

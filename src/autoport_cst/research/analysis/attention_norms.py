@@ -264,22 +264,74 @@ def _applied_width(st: AnalyzerState, g: AttentionGraph, inst: Instance) -> int 
 
 
 def _view_width(st: AnalyzerState, value: Any) -> int | None:
+    """The last size of the view a value is, through the rotation (the
+    query or the key the rotation returns), dtype casts and transposes of
+    other dimensions (NanoChat's ``q_proj(x).view(*x.shape[:-1], -1,
+    head_dim).transpose(1, 2)`` rotated)."""
+    transposed: set[int] = set()
+    index = 0
     for _ in range(8):
         if not isinstance(value, Node) or not value.args:
             return None
-        if value.kind == "item" or (value.kind == "method" and value.name in _SAME_WIDTH):
+        if value.kind == "item":
+            index = value.args[1] if len(value.args) > 1 and isinstance(value.args[1], int) else 0
+            value = value.args[0]
+        elif value.kind == "method" and value.name in _SAME_WIDTH:
             value = value.args[0]
         elif value.kind == "func" and st.is_rotation(value):
+            value = value.args[index] if index < len(value.args) else value.args[0]
+            index = 0
+        elif value.kind == "method" and value.name == "transpose" and len(value.args) == 3:
+            dims = value.args[1:]
+            if not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+                return None
+            transposed.update(dims)
             value = value.args[0]
         elif value.kind == "method" and value.name in ("view", "reshape"):
             shape = value.args[1:] if len(value.args) > 2 else value.args[1:2]
-            last = shape[-1] if shape else None
-            if isinstance(last, tuple) and last:
-                last = last[-1]
+            if len(shape) == 1 and isinstance(shape[0], tuple):
+                shape = shape[0]
+            rank = _view_rank(shape)
+            if not shape or (transposed and (rank is None or transposed & {-1, rank - 1})):
+                return None
+            last = shape[-1]
             return last if isinstance(last, int) and not isinstance(last, bool) else None
         else:
             return None
     return None
+
+
+def _view_rank(shape: Any) -> int | None:
+    """The number of dimensions of ``view(*shape)``: its sizes, a starred
+    ``x.shape[:-1]`` of a layer input counted as its two leading dimensions
+    (a decoder's hidden states are batch x sequence x hidden); None for
+    another starred size."""
+    rank = 0
+    for size in shape:
+        if isinstance(size, Node) and size.kind == "starred":
+            inner = size.args[0] if size.args else None
+            if not (_leading_input_dims(inner)):
+                return None
+            rank += 2
+        else:
+            rank += 1
+    return rank
+
+
+def _leading_input_dims(value: Any) -> bool:
+    """``x.shape[:-1]`` of an input of the forward."""
+    if not (isinstance(value, Node) and value.kind == "item" and len(value.args) == 2):
+        return False
+    shape, cut = value.args
+    return (
+        cut == slice(None, -1, None)
+        and isinstance(shape, Node)
+        and shape.kind == "attr"
+        and shape.name == "shape"
+        and bool(shape.args)
+        and isinstance(shape.args[0], Node)
+        and shape.args[0].kind == "input"
+    )
 
 
 def _norm_width(st: AnalyzerState, inst: Instance) -> int | None:
