@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from autoport_cst.spec import leaf_fields
 from autoport_cst.transform.library import codemod_ids, library, realizing
@@ -43,9 +44,19 @@ def test_a_port_imports_its_steps_and_the_codemods_of_its_diff_only(repo_root):
     )
     found = json.loads(out.stdout)
     allowed = {s.replace("-", "_") for s in found["steps"]}
-    for module in (repo_root / "codemods").glob("*.py"):  # the modules that mention a field of the diff
-        if any(path in module.read_text(encoding="utf-8") for path in found["diff"]):
+    for module in (repo_root / "codemods").glob("*.py"):  # the modules that spell a field of the diff
+        text = module.read_text(encoding="utf-8")
+        if any(f'"{path}"' in text or f"'{path}'" in text for path in found["diff"]):
             allowed.add(module.stem)
     assert {s.replace("-", "_") for s in found["steps"]} <= set(found["imported"])
     assert set(found["imported"]) <= allowed
     assert len(found["imported"]) < len(codemod_ids()) / 2
+    # config-guards names attention.qkv_bias only inside a longer string: not imported for it
+    assert "config_guards" not in found["imported"]
+
+
+def test_a_codemod_module_spells_its_realizes_paths_as_string_literals():
+    for codemod_id, cls in library().items():
+        text = (Path(sys.modules[cls.__module__].__file__ or "")).read_text(encoding="utf-8")
+        for path in cls.REALIZES:
+            assert f'"{path}"' in text or f"'{path}'" in text, (codemod_id, path)

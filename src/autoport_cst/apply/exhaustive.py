@@ -18,7 +18,6 @@ from autoport_cst.errors import Position, PreconditionError
 from autoport_cst.transform.anatomy.census import FileCensus, SiteCache, take_census, unhandled_sites
 from autoport_cst.transform.anatomy.sites import Site
 from autoport_cst.transform.base import locate
-from autoport_cst.transform.cst.positions import PositionMap
 
 CENSUS_ROLES = ("model", "module")
 
@@ -52,6 +51,8 @@ def reference_position(
 ) -> Position:
     """A position in ``text`` (the file after earlier steps) as a position
     in ``original`` (the reference file)."""
+    from autoport_cst.transform.cst.positions import PositionMap  # positions are mapped for errors only
+
     if line is None:
         return Position(label)
     mapped = PositionMap(original, text).original_line(line)

@@ -27,7 +27,6 @@ import fnmatch
 import hashlib
 import json
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -235,6 +234,8 @@ _TOML: dict[str, dict] = {}
 
 def _read_toml(path: str) -> dict:
     if path not in _TOML:
+        import tomllib  # only the lint command reads a configuration (apply lints with the defaults)
+
         try:
             with open(path, "rb") as handle:
                 _TOML[path] = tomllib.load(handle)

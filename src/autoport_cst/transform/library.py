@@ -3,10 +3,11 @@ module of ``autoport_cst.codemods``. Adding a codemod means adding one file;
 there is no list to edit.
 
 A codemod's module is named after its ID (``add-qkv-bias`` in
-``add_qkv_bias.py``), and spells each field path its ``REALIZES`` declares,
-so a port imports only the codemods it runs: ``get_codemod`` imports one
-module, and ``realizing`` reads the modules' text for a field's path and
-imports only those that mention it. ``library`` imports them all (and checks
+``add_qkv_bias.py``), and spells each field path its ``REALIZES`` declares as
+a string literal (``"attention.qkv_bias"``), so a port imports only the
+codemods it runs: ``get_codemod`` imports one module, and ``realizing`` reads
+the modules' text for a field's path and imports only those that spell it so
+(not those that name it in a longer string: ``"attention.qkv_bias, ..."``). ``library`` imports them all (and checks
 both conventions).
 """
 
@@ -66,9 +67,11 @@ def library() -> dict[str, type[Codemod]]:
     codemods = {codemod_id: _load(codemod_id) for codemod_id in _modules()}
     for codemod_id, cls in codemods.items():
         text = _source(codemod_id)
-        unspelled = [path for path in cls.REALIZES if text is not None and path not in text]
+        unspelled = [path for path in cls.REALIZES if text is not None and not _spells(text, path)]
         if unspelled:
-            raise RuntimeError(f"{cls.__module__} does not spell the REALIZES path(s) {unspelled}")
+            raise RuntimeError(
+                f"{cls.__module__} does not spell the REALIZES path(s) {unspelled} as string literals"
+            )
     return codemods
 
 
@@ -82,15 +85,21 @@ def get_codemod(codemod_id: str) -> type[Codemod]:
 
 def realizing(path: str) -> list[type[Codemod]]:
     """The codemods whose ``REALIZES`` names the spec field ``path``, by ID
-    (imported: those whose module's text mentions ``path``, or has no text)."""
+    (imported: those whose module's text spells ``path`` as a string literal,
+    or has no text)."""
     found = []
     for codemod_id in _modules():
         text = _source(codemod_id)
-        if text is None or path in text:
+        if text is None or _spells(text, path):
             cls = _load(codemod_id)
             if path in cls.REALIZES:
                 found.append(cls)
     return found
+
+
+def _spells(text: str, path: str) -> bool:
+    """Whether a module's ``text`` holds ``path`` as a whole string literal."""
+    return f'"{path}"' in text or f"'{path}'" in text
 
 
 @cache

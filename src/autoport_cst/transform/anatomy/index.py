@@ -70,9 +70,17 @@ class ClassFacts:
     methods: dict[str, cst.FunctionDef] = field(default_factory=dict)
 
 
+# One method's part of its class's facts: where it sets each attribute, and
+# where it calls each method through ``self``.
+MethodFacts = tuple[
+    dict[str, list[tuple[flow.FlatFunction, flow.Item]]],
+    dict[str, list[tuple[flow.FlatFunction, flow.Item, cst.Call]]],
+]
+
+
 class NodeMemo:
     """What is computed from a node alone (a method flattened, a class's
-    facts, what a subtree reads, the code of a node in a layout), kept across
+    or a method's facts, what a subtree reads, the code of a node in a layout), kept across
     the modules of one port: a step keeps the nodes it does not change, so a
     changed module's unchanged classes and methods are not read again. Holds
     the nodes it has seen, so their ids stay theirs."""
@@ -82,6 +90,7 @@ class NodeMemo:
         self.flat: dict[int, tuple[cst.CSTNode, flow.FlatFunction]] = {}
         self.owners: dict[int, tuple[cst.CSTNode, Owner]] = {}
         self.facts: dict[int, tuple[cst.CSTNode, ClassFacts]] = {}
+        self.method_facts: dict[int, tuple[cst.CSTNode, MethodFacts]] = {}
         self.reads: dict[int, tuple[cst.CSTNode, Reads]] = {}
         self.calls: dict[int, tuple[cst.CSTNode, list[cst.Call]]] = {}
 
@@ -99,6 +108,7 @@ class ModuleIndex:
         self._flat = memo.flat
         self._owners = memo.owners
         self._facts = memo.facts
+        self._method_facts = memo.method_facts
         self._reads = memo.reads
         self._calls = memo.calls
         # (kind, name) -> what a lookup by name found, while someone records them
@@ -170,9 +180,23 @@ class ModuleIndex:
         return found[1]
 
     def _class_facts(self, cls: cst.ClassDef) -> ClassFacts:
+        """The facts of each method, joined in the class's order (a class a
+        step edits keeps the methods it did not change, and their facts)."""
         facts = ClassFacts()
         for func in methods(cls):
             facts.methods[func.name.value] = func
+            setters, self_calls = self._facts_of_method(func)
+            for attr, where in setters.items():
+                facts.setters.setdefault(attr, []).extend(where)
+            for callee, calls in self_calls.items():
+                facts.self_calls.setdefault(callee, []).extend(calls)
+        return facts
+
+    def _facts_of_method(self, func: cst.FunctionDef) -> MethodFacts:
+        found = self._method_facts.get(id(func))
+        if found is None:
+            setters: dict[str, list[tuple[flow.FlatFunction, flow.Item]]] = {}
+            self_calls: dict[str, list[tuple[flow.FlatFunction, flow.Item, cst.Call]]] = {}
             flat = self.flat(func)
             for item in flat.items:
                 node = item.node
@@ -180,10 +204,11 @@ class ModuleIndex:
                     pair = self_assignment(node)
                     for attr in {pair[0] if pair else None, loaded_attr(node)} - {None}:
                         if attr is not None:
-                            facts.setters.setdefault(attr, []).append((flat, item))
+                            setters.setdefault(attr, []).append((flat, item))
                 for part in own_nodes(item):
                     for call in self.reads(part).calls:
                         callee = self_attr(call.func)
                         if callee is not None:
-                            facts.self_calls.setdefault(callee, []).append((flat, item, call))
-        return facts
+                            self_calls.setdefault(callee, []).append((flat, item, call))
+            found = self._method_facts[id(func)] = (func, (setters, self_calls))
+        return found[1]
