@@ -188,3 +188,25 @@ def test_persimmon_from_the_real_llama3_validates_at_tp2(tmp_path):
     assert runs[(2, "fp32")].equivalent and runs[(1, "bf16")].equivalent
     assert not runs[(1, "fp32")].equivalent
     assert "on-device sampling at TP=2, LM-head DP 2" in str(runs[(1, "fp32")].first_diverging)
+
+
+@pytest.mark.slow
+def test_plan_takes_only_a_tp_the_real_llama3_can_shard_the_vocabulary_over(workdir, tmp_path):
+    """The tiny GPT-2's 511 ids with the real llama3 as --ref: no TP >= 2 divides them, and the
+    plan's recommendation says so, naming the reference's sites (the plan is still written)."""
+    from click.testing import CliRunner
+
+    from autoport_cst.cli import cli
+    from autoport_cst.validate import build_tiny_checkpoint
+
+    source = tmp_path / "gpt2"
+    build_tiny_checkpoint("GPT2LMHeadModel", source, seed=0)
+    out = tmp_path / "gpt2.plan.json"
+    result = CliRunner().invoke(cli, ["plan", str(source), "--ref", str(REAL / "llama3"), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert (
+        "recommendation: no TP >= 2 is valid: the reference llama3 (its embedding loader (model.py:974:22)"
+        in text
+    )
+    assert out.is_file()

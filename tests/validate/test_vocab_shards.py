@@ -125,3 +125,35 @@ def test_a_vocabulary_the_ranks_divide_validates_and_511_leaves_those_layouts_no
     }
     assert {"TP=2", "DP 2 (MLP, embedding, LM head)", "on-device sampling at TP=2, LM-head DP 2"} <= skipped
     assert "embedding DP 2" not in skipped  # the embedding pads: that layout runs
+
+
+def test_the_tp_sizes_of_a_reference_that_shards_the_vocabulary_unpadded():
+    """plan's table with such a reference: a TP whose check padded the vocabulary is invalid (rule
+    5), and the recommendation moves to a TP that divides it, or says none fits."""
+    from autoport_cst.research.parallelism import ParallelDims, plan_parallelism, unpadded_vocabulary
+
+    def plan(vocab: int, parameters: int):
+        dims = ParallelDims(num_heads=32, num_kv_heads=8, intermediate_size=14336, vocab_size=vocab)
+        return plan_parallelism(dims, parameters)
+
+    named = "the reference real (its LM head (model.py:674:9))"
+    # 8 * 10**9 parameters: 16 GB of bf16 weights, TP 2 is the smallest that fits
+    padded = plan(128257, 8 * 10**9)
+    assert padded.recommended_tp == 2 and all(c.valid for c in padded.checks if c.tp <= 4)
+    adjusted = unpadded_vocabulary(padded, named)
+    assert adjusted.recommended_tp is None
+    assert adjusted.reason == f"no TP >= 2 is valid: {named} shards the vocabulary unpadded (rule 5)"
+    two = next(c for c in adjusted.checks if c.tp == 2)
+    assert (
+        not two.valid
+        and two.failures[-1] == f"rule 5: vocabulary 128257 not divisible by 2, which {named} shards unpadded"
+    )
+    assert not any("padded to" in note for c in adjusted.checks for note in c.notes)
+    # 100002 ids: TP 2 divides them and does not fit (24 GB per rank), TP 4 fits (12 GB) and does not
+    wide = plan(100002, 24 * 10**9)
+    assert wide.recommended_tp == 4
+    moved = unpadded_vocabulary(wide, named)
+    assert moved.recommended_tp is None and moved.reason.startswith("no TP >= 2 fits: ")
+    # a vocabulary every TP divides: nothing changes
+    even = plan(128256, 8 * 10**9)
+    assert unpadded_vocabulary(even, named) == even

@@ -90,6 +90,8 @@ def plan_command(source: str, name: str | None, output: Path, ref: str | None, r
         load_reference(ref)
     result = research(source)
     choice = choose_reference(result.spec, name, result.architecture, [ref] if ref else None, result)
+    # the reference as given (a directory): the chosen name is its manifest's
+    result = _with_reference_vocabulary(result, (ref or choice.chosen) if choice.chosen else None)
     description = _description(result, choice)
     plan = from_research(result, name, choice.chosen, description)  # the written plan always loads
     data = plan_to_json(plan)
@@ -124,6 +126,27 @@ def plan_command(source: str, name: str | None, output: Path, ref: str | None, r
 
         stderr_console().print(f"[bold]not portable[/]: {escape(blocked)}")
         sys.exit(EXIT_FOUND)
+
+
+def _with_reference_vocabulary(result: Any, chosen: str | None) -> Any:
+    """The research with its TP sizes checked against the chosen reference:
+    one that shards the vocabulary unpadded (the real vllm_neuron llama3 and
+    qwen3) takes only a TP that divides it
+    (``research.parallelism.unpadded_vocabulary``)."""
+    if chosen is None:
+        return result
+    import dataclasses
+
+    from autoport_cst.apply.reference import load_reference
+    from autoport_cst.research.parallelism import unpadded_vocabulary
+    from autoport_cst.validate.vocab_shards import unpadded_sites_named
+
+    reference = load_reference(chosen)
+    sites = unpadded_sites_named(reference.files)
+    if sites is None:
+        return result
+    named = f"the reference {reference.manifest.name} ({sites})"
+    return dataclasses.replace(result, parallel=unpadded_vocabulary(result.parallel, named))
 
 
 def _not_portable(plan, choice, edited: bool) -> str | None:

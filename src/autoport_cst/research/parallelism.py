@@ -9,7 +9,10 @@ Valid tensor-parallel (TP) degrees are the divisors of the world size
 4. the intermediate size divisible by TP (for MoE, the expert intermediate
    size: every rank holds a slice of every expert);
 5. the vocabulary divisible by TP, or padded to a multiple of TP (the
-   embedding pads; the LM head's ColumnParallelLinear needs the padding).
+   embedding pads; the LM head's ColumnParallelLinear needs the padding);
+   with a reference that shards it unpadded (the real vllm_neuron llama3
+   and qwen3), divisible by TP (``unpadded_vocabulary``, applied by ``plan``
+   once the reference is chosen).
 
 Memory: bf16 weights (2 bytes per parameter) divided evenly over the ranks
 must stay under a per-rank budget (20 GB of the ~24 GB HBM per rank; the
@@ -45,7 +48,7 @@ TP (EP dividing the experts and TP, the slice dividing evenly).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 WORLD_SIZE = 64
 RANK_BUDGET_BYTES = 20 * 10**9
@@ -225,6 +228,44 @@ def plan_parallelism(
         ep_options=tuple(ep_options),
         reason=reason,
     )
+
+
+def unpadded_vocabulary(plan: ParallelPlan, reference: str) -> ParallelPlan:
+    """``plan`` for a reference that shards the vocabulary unpadded
+    (``reference`` names it and its sites; the real vllm_neuron llama3 and
+    qwen3): rule 5 then wants the vocabulary divisible by TP, which its
+    ``ColumnParallelLinear`` and unpadded loaders need on device. A TP whose
+    check padded the vocabulary becomes invalid; the recommendation is the
+    smallest valid TP >= 2 that fits among the others, and EP splits keep
+    only valid TPs."""
+    checks = []
+    for check in plan.checks:
+        padded = [note for note in check.notes if note.startswith("rule 5: vocabulary ")]
+        if not padded:
+            checks.append(check)
+            continue
+        vocab = padded[0].split()[3]
+        failure = f"rule 5: vocabulary {vocab} not divisible by {check.tp}, which {reference} shards unpadded"
+        notes = tuple(note for note in check.notes if note not in padded)
+        checks.append(replace(check, valid=False, failures=(*check.failures, failure), notes=notes))
+    valid = {c.tp for c in checks if c.valid}
+    if plan.recommended_tp is None or plan.recommended_tp in valid:
+        ep_options = tuple(o for o in plan.ep_options if o.tp in valid)
+        chosen = plan.ep if plan.ep is not None and plan.ep.tp in valid else None
+        reason = plan.reason if chosen == plan.ep else f"no EP split over a TP that {reference} can take"
+        return replace(plan, checks=tuple(checks), ep_options=ep_options, ep=chosen, reason=reason)
+    fitting = [c for c in checks if c.valid and c.tp >= 2 and c.fits]
+    if fitting:
+        reason = (
+            f"TP {fitting[0].tp}: the smallest valid TP >= 2 whose bf16 weights fit "
+            f"({fitting[0].bytes_per_rank / 1e9:.1f} GB per rank <= {plan.budget_bytes / 1e9:.0f} GB); "
+            f"{reference} shards the vocabulary unpadded"
+        )
+    else:
+        which = "fits" if any(c.valid and c.tp >= 2 for c in checks) else "is valid"
+        reason = f"no TP >= 2 {which}: {reference} shards the vocabulary unpadded (rule 5)"
+    recommended = fitting[0].tp if fitting else None
+    return replace(plan, checks=tuple(checks), recommended_tp=recommended, reason=reason)
 
 
 def _expert_parallelism(

@@ -55,6 +55,19 @@ def unpadded_site(package_dir: str | Path) -> tuple[str, UnpaddedShards] | None:
     return None
 
 
+def unpadded_sites_named(files: dict[str, str]) -> str | None:
+    """The sites of a package's ``files`` (relative path -> text) that shard
+    the vocabulary unpadded, in words (``its LM head (model.py:674:9)``), or
+    None: every site pads."""
+    named = [
+        f"its {SITES[site.component]} ({name}:{site.line}:{site.column})"
+        for name, text in sorted(files.items())
+        if name.endswith(".py")
+        for site in _sites(text)[0]
+    ]
+    return ", ".join(named) or None
+
+
 def check_vocabulary_shards(package_dir: str | Path, checkpoint: Path, config: dict, layout: Any) -> None:
     """``InputError`` when the ranks of ``layout`` (a ``ParallelLayout``)
     cannot shard the checkpoint's vocabulary as the port's code does
