@@ -1,4 +1,4 @@
-"""alibi-positions: ALiBi, a per-head linear bias on the attention scores instead of RoPE (BLOOM, MPT, Falcon-RW)."""
+"""alibi-positions: ALiBi, a per-head linear bias on the attention scores instead of RoPE (BLOOM, MPT)."""
 
 from __future__ import annotations
 
@@ -69,23 +69,28 @@ class AlibiPositionsParams:
     )
     scaled: bool = field(
         default=False,
-        metadata={"doc": "The bias is multiplied by the attention scale with the scores (Falcon-RW)."},
+        metadata={
+            "doc": "The bias is multiplied by the attention scale with the scores (Falcon-RW's eager form)."
+        },
     )
 
 
 class AlibiPositions(Codemod):
-    """ALiBi positions instead of RoPE (BLOOM, MPT, Falcon-RW): every attention
-    path adds ``slope_h * (key position - query position)`` to the scores,
+    """ALiBi positions instead of RoPE (BLOOM, MPT): every attention path
+    adds ``slope_h * (key position - query position)`` to the scores,
     computed op by op (no attention kernel takes a bias), each TP rank with
     the slopes of its own query heads.
 
     Each score of head h gets ``slope_h * (key position - query position)``
     after the scale (``scaled``: the bias is multiplied by the scale too, as
-    Falcon-RW's ``(scores + alibi) * inv_norm_factor``). transformers adds
-    ``slope_h * key position`` (BLOOM's ``build_alibi_tensor``; Falcon-RW's,
-    whose SDPA path adds ``alibi / sqrt(head_dim)``) or ``slope_h * (key
-    position - last position)`` (MPT's ``build_mpt_alibi_tensor``): the same
-    softmax, each query's row shifted by a constant. The slopes are
+    in Falcon-RW's eager ``(scores + alibi) * inv_norm_factor``; Falcon-RW
+    itself is refused by research, ``alibi_in_mask``: its backbone also
+    folds the bias into the attention mask, so transformers' eager attention
+    adds it twice and its SDPA attention once). transformers adds
+    ``slope_h * key position`` (BLOOM's ``build_alibi_tensor``) or
+    ``slope_h * (key position - last position)`` (MPT's
+    ``build_mpt_alibi_tensor``): the same softmax, each query's row shifted
+    by a constant. The slopes are
     ``2 ** -(bias_max * i / n)``, ``i = 1..n``, ``n`` the power of two at or
     above the head count; for another head count (not a power of two) the
     slopes of the even ``i``, then the odd ones, cut to the head count: MPT's

@@ -9,6 +9,7 @@ with the smallest realizable diff validates."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -57,14 +58,55 @@ def test_research_reads_the_written_out_attention(falcon):
 
 
 def test_alibi_configs_are_refused_by_name(workdir, falcon):
-    """With ``alibi`` the backbone builds a per-head bias the scores add:
-    the refusal names ALiBi, not the attention written out."""
+    """With ``alibi`` the backbone builds a per-head bias that it passes to
+    the layers and also folds into the attention mask: the refusal names
+    that (alibi_in_mask), not the attention written out."""
     source = _variant(workdir, falcon, "falcon_alibi", alibi=True)
     with pytest.raises(UnrealizableDiffError) as refused:
         port(source, "falcon_alibi", workdir / "out_alibi")
-    assert "alibi_positions" in str(refused.value)
-    assert "ALiBi" in str(refused.value)
-    assert "explicit_attention" not in str(refused.value)
+    assert set(refused.value.features) == {"alibi_in_mask"}
+    assert "transformers' attention implementations disagree" in str(refused.value)
+    assert not (workdir / "out_alibi" / "vllm_neuron").exists()
+
+
+def test_transformers_adds_the_alibi_bias_twice_in_eager_and_once_in_sdpa(workdir, falcon, monkeypatch):
+    """Why alibi_in_mask is refused, measured on the installed transformers:
+    with alibi=True, the eager attention's logits are SDPA's with the bias
+    doubled (SDPA adds the mask alone, eager the mask and alibi again), so
+    the two implementations of one checkpoint disagree."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+    from transformers.models.falcon import modeling_falcon
+
+    source = workdir / "falcon_alibi_weights"
+    shutil.copytree(falcon, source, dirs_exist_ok=True)
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "alibi": True}))
+    ids = torch.randint(0, config["vocab_size"], (1, 12), generator=torch.Generator().manual_seed(0))
+    built = modeling_falcon.build_alibi_tensor
+
+    def logits(implementation: str, factor: float):
+        monkeypatch.setattr(modeling_falcon, "build_alibi_tensor", lambda *a, **k: factor * built(*a, **k))
+        model = AutoModelForCausalLM.from_pretrained(
+            source, attn_implementation=implementation, dtype=torch.float32
+        )
+        with torch.no_grad():
+            return model.eval()(ids).logits
+
+    eager, sdpa, sdpa_doubled = logits("eager", 1.0), logits("sdpa", 1.0), logits("sdpa", 2.0)
+    assert (eager - sdpa).abs().max() > 1e-3
+    torch.testing.assert_close(eager, sdpa_doubled, rtol=1e-5, atol=1e-5)
+
+
+def test_the_rotary_port_guards_alibi(falcon):
+    """The port of the rotary Falcon computes no ALiBi: config-guards refuses
+    a config with alibi=True (the fields it fixes: the RoPE and the scores)."""
+    from autoport_cst.plan.plan_file import assumptions_of
+
+    guards = assumptions_of(research(str(falcon)), "llama3").step()
+    assumed = {entry["field"]: entry for entry in guards["params"]["assumed"]}
+    assert assumed["alibi"]["value"] is False
+    assert "rope.type" in assumed["alibi"]["fixes"]
 
 
 @pytest.mark.slow

@@ -4,7 +4,8 @@ build_mpt_alibi_tensor with the alibi_bias_max it is called with, BLOOM's
 _get_alibi_slopes), for head counts that are powers of two and others; where
 the attention adds the bias (after the scale: BLOOM, MPT); and the written-out
 attention's scale, sinks, softcap and window read past the bias. What is not
-read stays refused as ALiBi, saying why (Falcon-RW)."""
+read stays refused as ALiBi, saying why; a bias the backbone also folds into
+the mask (Falcon-RW) is named alibi_in_mask."""
 
 from __future__ import annotations
 
@@ -98,12 +99,15 @@ def test_mpt_ignores_the_configs_alibi_bias_max(researched):
     assert researched["alibi_mpt_max16"].spec.attention.alibi_bias_max == 8.0
 
 
-def test_falcon_rw_stays_refused_as_alibi_saying_why(researched):
-    """Falcon-RW builds its bias from the attention mask (build_alibi_tensor(mask,
-    ...)), which the builder cannot be run without: refused, naming ALiBi."""
+def test_falcon_rw_is_refused_for_its_bias_in_the_mask_too(researched):
+    """Falcon-RW's backbone folds the bias build_alibi_tensor builds into the
+    attention mask and passes it as alibi too, both of which the written-out
+    scores add: refused as alibi_in_mask naming both, not read as ALiBi."""
     spec = researched["falcon_rw"].spec
-    (entry,) = [e for e in spec.unsupported or () if e.startswith("alibi_positions")]
-    assert "build_alibi_tensor in FalconModel.forward" in entry and "not read:" in entry
+    (entry,) = [e for e in spec.unsupported or () if e.startswith("alibi_in_mask")]
+    assert "build_alibi_tensor in FalconModel.forward" in entry
+    assert "adds to its scores twice, as attention_mask and as alibi" in entry
+    assert not any(e.startswith(("alibi_positions", "explicit_attention")) for e in spec.unsupported or ())
     assert spec.attention.alibi_bias_max is None
 
 

@@ -13,7 +13,10 @@ the spec's ``attention.alibi_bias_max`` and ``attention.alibi_scaled`` when
   ``torch.arange`` positions (BLOOM's ``_get_alibi_slopes``);
 - the attention adds that value to its scores in one way: ``scores + bias``
   after the scale (MPT), ``bias.baddbmm(q, k, beta=1, alpha=scale)`` (BLOOM),
-  or ``(scores + bias) * scale`` (Falcon-RW: ``alibi_scaled``).
+  or ``(scores + bias) * scale`` (``alibi_scaled``: Falcon-RW's eager
+  form; Falcon-RW is named ``alibi_in_mask`` before this is read, by
+  :func:`.block_features.score_bias`: its backbone folds the bias into the
+  attention mask too, which the scores add as well).
 
 Anything else stays refused (``unsupported.alibi_positions``), with what was
 not read.

@@ -21,6 +21,10 @@ from autoport_cst.research.findings import CODE, known
 from autoport_cst.research.interp.values import Instance, Node, SourceClass
 from autoport_cst.research.interp.walk import depends_on, walk
 
+# the findings of a per-head bias on the scores, read or not, beside which
+# the attention written out is not named again
+ALIBI_NAMES = ("alibi_positions", "alibi_in_mask")
+
 
 def sublayer_residual(st: AnalyzerState, layer: Instance) -> None:
     """The attention or MLP module given the residual with its input, and
@@ -92,10 +96,14 @@ def score_bias(st: AnalyzerState) -> None:
     if attn is None:
         return
     scores = _softmax_inputs(st, attn)
+    carriers: dict[str, tuple[Any, Node]] = {}
     for name, value in layer_arguments(st, 0, calls[0]).items():
         builder = _builder_with(value, heads)
-        if builder is None or not any(n.kind == "input" and n.name == name for s in scores for n in walk(s)):
-            continue
+        if builder is not None and any(n.kind == "input" and n.name == name for s in scores for n in walk(s)):
+            carriers[name] = (value, builder)
+    if _bias_in_mask(st, attn, heads, carriers):
+        return
+    for name, (value, builder) in carriers.items():
         why = alibi.read(st, builder, value, scores, attn, name)
         if why is None:
             return
@@ -111,12 +119,37 @@ def score_bias(st: AnalyzerState) -> None:
         return
 
 
+def _bias_in_mask(
+    st: AnalyzerState, attn: Instance, heads: int, carriers: dict[str, tuple[Any, Node]]
+) -> bool:
+    """One bias built per head and given to the attention as two arguments
+    its scores add (Falcon-RW: ``alibi``, and ``attention_mask``, into which
+    the backbone folds the same bias): named ``unsupported.alibi_in_mask``
+    (the written-out scores add it twice, a kernel given the mask alone
+    once), not read as ALiBi."""
+    builders = {id(builder) for _, builder in carriers.values()}
+    if len(carriers) < 2 or len(builders) != 1 or st.backbone is None:
+        return False
+    builder = next(iter(carriers.values()))[1]
+    st.add(
+        known(
+            ("attention",),
+            "unsupported.alibi_in_mask",
+            CODE,
+            f"{builder.name} in {st.where(st.backbone)} builds a bias per head ({heads} heads) that "
+            f"{st.where(attn)} adds to its scores twice, as {' and as '.join(carriers)}, each computed from "
+            "it; an attention given one of them alone adds it once",
+        )
+    )
+    return True
+
+
 def explicit_attention(st: AnalyzerState) -> None:
     """Attention written out (the scores as a product of queries and keys, a
     softmax) with no kernel call, whose scale, softcap, sinks and window
     research reads from a kernel's arguments (:func:`.mixers.explicit_scores`)."""
     attn = dict(st.layers[0].children()).get(st.attn_name)
-    if attn is None or st.result.get("unsupported.alibi_positions") is not None:
+    if attn is None or any(st.result.get(f"unsupported.{n}") is not None for n in ALIBI_NAMES):
         return
     mixers.explicit_scores(st, attn, ("attention",))
 
