@@ -368,6 +368,29 @@ class RopeScaling(Codemod):
             """,
         ),
         Example(
+            title="no positional embedding, frequencies returned as computed (the real vllm_neuron qwen3)",
+            params={"variant": "none"},
+            before="""
+                class Qwen3RotaryEmbedding(nn.Module):
+                    def __init__(self, config):
+                        self.rope_theta = config.rope_theta
+
+                    def _compute_inv_freq(self, device):
+                        return 1.0 / (self.rope_theta ** (torch.arange(0, self.head_dim, 2, device=device).float() / self.head_dim))
+            """,
+            after="""
+                class Qwen3RotaryEmbedding(nn.Module):
+                    def __init__(self, config):
+                        self.rope_theta = config.rope_theta
+
+                    def _compute_inv_freq(self, device):
+                        inv_freq = 1.0 / (self.rope_theta ** (torch.arange(0, self.head_dim, 2, device=device).float() / self.head_dim))
+                        # <-- MODEL-SPECIFIC: no positional embedding: zero frequencies, cos = 1 and sin = 0
+                        inv_freq = torch.zeros_like(inv_freq)
+                        return inv_freq
+            """,
+        ),
+        Example(
             title="the config field",
             role="config",
             path="config.py",
@@ -569,10 +592,27 @@ class RopeScaling(Codemod):
         return {id(holder): followed_by(*branch), id(compute): followed_by(method_stmt)}
 
     def _no_rope(self, cls, compute, module, ctx) -> cst.Module:
-        returns = [s for s in statements(compute) if _returns_name(s, "inv_freq")]
-        if not returns:
+        """Zero frequencies before ``_compute_inv_freq``'s ``return
+        inv_freq``, or, where it returns the expression itself (the real
+        vllm_neuron qwen3: ``return 1.0 / (...)``), that expression bound to
+        ``inv_freq`` first."""
+        body = list(statements(compute))
+        returns = [s for s in body if _returns_name(s, "inv_freq")]
+        last = body[-1] if body else None
+        computed = (
+            last.body[0].value
+            if not returns
+            and isinstance(last, cst.SimpleStatementLine)
+            and isinstance(last.body[0], cst.Return)
+            and last.body[0].value is not None
+            else None
+        )
+        if not returns and computed is None:
             raise ctx.precondition(
-                f"{ID}: {cls.name.value}._compute_inv_freq must end with `return inv_freq`", compute, module
+                f"{ID}: {cls.name.value}._compute_inv_freq must end with `return inv_freq` or return the "
+                "frequencies it computes",
+                compute,
+                module,
             )
         if has_comment(compute, "no positional embedding"):
             return module
@@ -580,7 +620,11 @@ class RopeScaling(Codemod):
             parse_statement("inv_freq = torch.zeros_like(inv_freq)", module),
             "<-- MODEL-SPECIFIC: no positional embedding: zero frequencies, cos = 1 and sin = 0",
         )
-        return rewrite(module, {id(returns[-1]): lambda updated: cst.FlattenSentinel([zero, updated])})
+        if returns:
+            return rewrite(module, {id(returns[-1]): lambda updated: cst.FlattenSentinel([zero, updated])})
+        bound = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("inv_freq"))], computed)])
+        ending = parse_statement("return inv_freq", module)
+        return rewrite(module, {id(last): lambda updated: cst.FlattenSentinel([bound, zero, ending])})
 
 
 def _guard(init: cst.FunctionDef) -> tuple[cst.If, cst.Tuple, str] | None:

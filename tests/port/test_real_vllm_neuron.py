@@ -13,7 +13,10 @@ learned-positions maps the position table after the real ``mappings = {}``
 no entry to follow). MPT and BLOOM (ALiBi, BLOOM's embedding norm) and GPT-2
 (learned positions) from the real llama3 then validate at TP=1 fp32 and bf16
 and at TP=2 (vocabulary 512); from the real qwen3, which has no tied LM head,
-they are refused for ``embedding.tied``."""
+they are refused for ``embedding.tied``; with that refusal lifted by hand (a
+plan of an untied model), rope-scaling's 'none' variant now takes the real
+qwen3's rotary class, and alibi-positions and learned-positions refuse at
+its explicit ``q, k = apply_rotary_pos_emb(q, k, cos, sin)`` (README)."""
 
 from __future__ import annotations
 
@@ -78,6 +81,16 @@ def test_learned_positions_map_the_table_after_the_real_mappings():
     at = next(i for i, line in enumerate(code) if line.startswith("mappings: dict"))
     assert code[at + 1].endswith('mappings["model.embed_positions.weight"] = "model.embed_positions.weight"')
     assert "self.embed_positions = nn.Embedding(" in out and "LlamaRotaryEmbedding" not in out
+
+
+def test_rope_scaling_none_zeroes_the_frequencies_the_real_qwen3_returns():
+    """The real qwen3's _compute_inv_freq returns its expression (no `return inv_freq`), where
+    rope-scaling 'none' (MPT, BLOOM, GPT-2 plans) refused at model.py:71:5."""
+    out = _run("rope-scaling", {"variant": "none"}, REAL / "qwen3" / "model.py", "model")
+    body = _method_body(out, "Qwen3RotaryEmbedding", "_compute_inv_freq")
+    code = [cst.Module([]).code_for_node(s).strip() for s in body]
+    assert code[0].startswith("inv_freq = 1.0 / (")
+    assert code[1].endswith("inv_freq = torch.zeros_like(inv_freq)") and code[2] == "return inv_freq"
 
 
 @pytest.fixture(scope="module")
