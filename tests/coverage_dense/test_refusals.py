@@ -25,9 +25,8 @@ REFUSALS = {
     "RobertaForCausalLM": ("unsupported", "sublayer_residual: RobertaAttention.forward"),
     # dynamic mask attention: a bias from dt_proj(values) scaled by the learned A, added to the scores
     "DogeForCausalLM": ("unsupported", "learned parameters in the attention computation"),
-    # Cohere 2 MoE: its layers without RoPE are realized (rope.nope_rule sliding, its force_rope false on
-    # every layer); its parallel residual is not, on the MoE reference (the pre-MLP norm is the experts')
-    "Cohere2MoeForCausalLM": ("residual.parallel", "shared_norm"),
+    # (Cohere 2 MoE, its layers without RoPE and its parallel residual, is realized on the MoE reference:
+    # tests/coverage_moe/test_cohere2_moe_port.py)
     # (BLOOM's and MPT's ALiBi is realized: alibi-positions; Falcon-RW's stays refused: tests/coverage_dense/test_falcon.py)
     # a fixed table of sines and cosines of the positions added to the token embeddings, not learned
     "XGLMForCausalLM": ("unsupported", "sinusoidal_positions: XGLMModel.forward"),
@@ -130,11 +129,22 @@ def test_full_width_qk_norms_replace_per_head_ones(workdir, request):
 
 
 def test_a_failed_codemod_precondition_refuses_with_the_feature(workdir):
-    """Cohere 2 MoE has a parallel residual; the only MoE reference's decoder
-    layer is not in the form parallel-residual rewrites, so the port is refused
-    naming residual.parallel and the position, and nothing is written."""
+    """Cohere 2 MoE's LayerNorm leaves the MoE reference's fused decode kernel
+    (an RMSNorm of the experts' input) for the unfused path by its experts'
+    ``self.fused_decode`` flag; on a copy of the reference whose experts call
+    that flag by another name the swap-norm precondition fails: the port is
+    refused naming the feature and the kernel's position, and nothing is
+    written."""
     import json
+    import shutil
+    from pathlib import Path
 
+    reference = workdir / "renamed-flag" / "qwen3_moe"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "reference_models" / "qwen3_moe", reference)
+    model = reference / "model.py"
+    text = model.read_text(encoding="utf-8")
+    assert text.count("self.fused_decode") >= 2
+    model.write_text(text.replace("self.fused_decode", "self.decode_fused"), encoding="utf-8")
     source = workdir / "cohere2_moe"
     build_tiny_checkpoint("Cohere2MoeForCausalLM", source, seed=0)
     # sliding layers only: its full-attention layers take no RoPE, which research refuses first
@@ -143,7 +153,8 @@ def test_a_failed_codemod_precondition_refuses_with_the_feature(workdir):
     (source / "config.json").write_text(json.dumps(config), encoding="utf-8")
     out = workdir / "cohere2-out"
     with pytest.raises(UnrealizableDiffError) as refused:
-        port(str(source), "refused_cohere2_moe", out)
-    assert refused.value.features == ["residual.parallel"]
+        port(str(source), "refused_cohere2_moe", out, ref=str(reference))
+    assert "norm.kind" in refused.value.features, refused.value.features
     assert "qwen3_moe/model.py:" in str(refused.value)
+    assert "has no self.fused_decode flag" in str(refused.value)
     assert not (out / "vllm_neuron" / "model" / "refused_cohere2_moe").exists()
