@@ -45,8 +45,16 @@ def check_config_variants(
         return
     fields = list(assumptions.runtime)
     tied = [(g.field, g.same_as) for g in assumptions.guards if getattr(g, "same_as", None) is not None]
+    dependence = getattr(found, "config_dependence", None)
+    # an entry of a part's config that is None here (MPT's attn_config.softmax_scale) is varied
+    # to the value research varied it to, by its class's annotation
+    given = {
+        p.field: p.varied
+        for p in getattr(dependence, "probes", ())
+        if p.value is None and "." in p.field and not p.given
+    }
     while True:
-        values, changed = variant_values(base, fields, tied)
+        values, changed = variant_values(base, fields, tied, given)
         if not changed:
             return
         stage("config variant")

@@ -6,7 +6,10 @@ the attribute held the field's None before the default replaced it), so a port
 reads it at run time whichever value its planned config has: the port planned
 on a config with softmax_scale 0.2 validates on it (TP=1 fp32/bf16, TP=2, and
 the config variant 0.2 -> 0.4) and on a checkpoint that leaves it None; a copy
-that ignores the field fails at the first attention."""
+that ignores the field fails at the first attention. Config dependence varies
+the None entries of the attention config by their annotation: a port planned
+where softmax_scale is None validates on it set (its config variant), and
+clip_qkv, which no port realizes, is guarded by name."""
 
 from __future__ import annotations
 
@@ -44,6 +47,24 @@ def test_research_reads_the_nested_scale_field(tmp_path, softmax_scale):
     assert "attention.scale_key" not in found.unknown
 
 
+def test_none_entries_of_the_attention_config_are_varied_by_their_annotation():
+    from transformers import MptConfig
+
+    from autoport_cst.research.config_dependence import _dict_variations, _part_config
+    from autoport_cst.validate.variants import variant_values
+
+    config = MptConfig()
+    entries = config.to_dict()["attn_config"]
+    varied = {
+        f: (v, w)
+        for f, v, w, _ in _dict_variations("attn_config", entries, _part_config(config, "attn_config"))
+    }
+    assert varied["attn_config.clip_qkv"] == (None, 0.5) and varied[KEY] == (None, 0.5)
+    values, changed = variant_values({"attn_config": entries}, [KEY], given={KEY: 0.5})
+    assert changed == {KEY: (None, 0.5)} and values["attn_config"]["softmax_scale"] == 0.5
+    assert variant_values({"attn_config": entries}, [KEY])[1] == {}  # None alone: nothing to try
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     return tmp_path_factory.mktemp("mpt_softmax_scale")
@@ -59,8 +80,12 @@ def ported(workdir):
 def test_the_port_reads_the_scale_at_run_time(ported):
     assert ported.validated, [(r.tp, r.dtype, r.first_diverging) for r in ported.runs]
     assert [(r.tp, r.dtype) for r in ported.runs] == [(1, "fp32"), (1, "bf16"), (2, "fp32")]
-    assert "attention-scale" in ported.steps and "config-guards" not in ported.steps
+    assert "attention-scale" in ported.steps
     assert ported.variant[KEY] == [SCALE, 2 * SCALE]
+    # the port reads the scale, and refuses by name a clip_qkv it was not made for (None here)
+    assert [(g.field, g.value, g.expected, g.refused) for g in ported.guards] == [
+        ("attn_config.clip_qkv", 0.5, None, True)
+    ]
     assert ported.variant_runs and all(r.equivalent for r in ported.variant_runs)
     model = (ported.package_dir / "model.py").read_text()
     assert '(config.attn_config or {}).get("softmax_scale")' in model

@@ -18,7 +18,9 @@ against the port's reference in :mod:`autoport_cst.plan.assumptions`.
 The varied value of a field: a boolean flipped, a number doubled (0 becomes
 1 or 0.5), a string replaced by one no code knows, ``None`` replaced by a
 value of the type the config class annotates (4, 0.5 or True), and numbers
-and booleans inside a dict field (``rope_parameters.rope_theta``) one by one.
+and booleans inside a dict field (``rope_parameters.rope_theta``) one by one,
+with the None entries of the config of a part of the model (MPT's
+``attn_config``, no model_type of its own) by their class's annotation.
 Lists (per-layer settings), strings inside dicts (the RoPE type, which every
 reference reads and refuses at run time when it does not implement it) and
 private fields (``_attn_implementation``) are not varied; they are listed
@@ -213,7 +215,7 @@ def _variations(name: str, raw: dict, resolved: Any, layer_types: tuple[str, ...
         return
     value = _current(name, raw, resolved)
     if isinstance(value, dict):
-        yield from _dict_variations(name, value)
+        yield from _dict_variations(name, value, _part_config(resolved, name))
         return
     if isinstance(value, (list, tuple)):
         others = [t for t in layer_types if t not in value] if _per_layer_types(value) else []
@@ -259,16 +261,33 @@ def _layer_types_mentioned(modeling: Any) -> tuple[str, ...]:
     return tuple(t for t in ALLOWED_LAYER_TYPES if f'"{t}"' in text or f"'{t}'" in text)
 
 
-def _dict_variations(name: str, value: dict, depth: int = 0):
+def _part_config(resolved: Any, name: str) -> Any:
+    """The config object of dict field ``name`` when it configures a part of
+    this model (MPT's ``attn_config``: no model_type of its own), else None;
+    a whole sub-model's config (a vision-language model's ``text_config``)
+    is not one."""
+    part = getattr(resolved, name, None) if resolved is not None else None
+    return part if hasattr(part, "to_dict") and not getattr(part, "model_type", None) else None
+
+
+def _dict_variations(name: str, value: dict, part: Any = None, depth: int = 0):
+    """Each number and boolean of a dict field, and each None entry of a
+    part's config that its class annotates as a number or a boolean (MPT's
+    ``attn_config.clip_qkv`` and ``softmax_scale``: a port planned where
+    they are None must read or refuse another value)."""
     for key in sorted(value, key=str):
         inner = value[key]
         dotted = f"{name}.{key}"
         if isinstance(inner, dict) and depth == 0:
-            yield from _dict_variations(dotted, inner, depth + 1)
+            yield from _dict_variations(dotted, inner, None, depth + 1)
         elif isinstance(inner, (bool, int, float)):
             yield dotted, inner, varied_value(inner), ""
         elif isinstance(inner, str):
             yield dotted, inner, _SAME, "a setting named inside a dict (the port reads and checks it)"
+        elif inner is None and part is not None and not str(key).startswith("_"):
+            varied = _none_varied(_annotation(part, str(key)))
+            if varied is not _SAME:
+                yield dotted, None, varied, ""
 
 
 def _current(name: str, raw: dict, resolved: Any) -> Any:

@@ -46,21 +46,30 @@ def read_values(checkpoint_dir: str | Path) -> dict[str, Any]:
 
 
 def variant_values(
-    base: dict[str, Any], fields: Sequence[str], tied: Sequence[tuple[str, str]] = ()
+    base: dict[str, Any],
+    fields: Sequence[str],
+    tied: Sequence[tuple[str, str]] = (),
+    given: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
     """``base`` with every field of ``fields`` (dotted into dicts) varied, and
     ``{field: (before, after)}``. A field ``base`` lacks, or that has no other
-    value to try, stays. ``tied``: (list, field) pairs whose list holds per
-    layer the value the model uses in place of the field's (GraniteSWA's
-    ``layer_rope_theta`` for ``rope_parameters.rope_theta``, which its port
-    guards to be equal): the entries equal to a varied field's value follow it."""
+    value to try, stays; ``given``: the value to try for a field that is None
+    (the research's variation of it, by its class's annotation: MPT's
+    ``attn_config.softmax_scale``). ``tied``: (list, field) pairs whose list
+    holds per layer the value the model uses in place of the field's
+    (GraniteSWA's ``layer_rope_theta`` for ``rope_parameters.rope_theta``,
+    which its port guards to be equal): the entries equal to a varied field's
+    value follow it."""
     values = base
     changed: dict[str, tuple[Any, Any]] = {}
     for name in fields:
         found, current = _lookup(values, name)
-        if not found or not can_vary(current):
+        if found and current is None and name in (given or {}):
+            new = (given or {})[name]
+        elif not found or not can_vary(current):
             continue
-        new = varied_value(current)
+        else:
+            new = varied_value(current)
         values = with_field(values, name, new)
         changed[name] = (current, new)
     for name, field_name in tied:
