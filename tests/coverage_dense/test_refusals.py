@@ -28,8 +28,9 @@ REFUSALS = {
     # (Cohere 2 MoE, its layers without RoPE and its parallel residual, is realized on the MoE reference:
     # tests/coverage_moe/test_cohere2_moe_port.py)
     # (BLOOM's and MPT's ALiBi is realized: alibi-positions; Falcon-RW's stays refused: tests/coverage_dense/test_falcon.py)
-    # a fixed table of sines and cosines of the positions added to the token embeddings, not learned
-    "XGLMForCausalLM": ("unsupported", "sinusoidal_positions: XGLMModel.forward"),
+    # a fixed table of sines and cosines of the positions, a buffer a function of the file fills, added to
+    # the token embeddings (XGLM's, a module whose table research reads, is realized: tests/coverage_dense/test_xglm.py)
+    "CTRLLMHeadModel": ("unsupported", "sinusoidal_positions: CTRLModel.forward"),
 }
 
 

@@ -7,9 +7,9 @@ convolutional mixer (LFM), experts chosen without a top-k (PhiMoE's
 sparsemixer), an attention one module down whose wrapper adds and norms the
 residual (BERT as a decoder, DBRX) or that writes out its scores (GPT-Neo),
 DBRX's clamped projections, several attentions in one layer (LongCat
-Flash, TrOCR's cross-attention), layers as parallel lists (XLM); never "decoder layers / an attention research could not find". The
-refusal names only what the model computes: XGLM's is its sinusoidal
-positions and its written-out attention, not sinks, softcap or a window."""
+Flash, TrOCR's cross-attention), layers as parallel lists (XLM); never "decoder layers / an attention research could not find".
+(XGLM's attention written out with torch.bmm and its sinusoidal positions are read:
+tests/research/test_sinusoidal_positions.py.)"""
 
 from __future__ import annotations
 
@@ -65,10 +65,6 @@ NAMED = {
             "XLMModel.forward (modeling_xlm.py:",
             "attentions (2 x MultiHeadAttention), ffns (2 x TransformerFFN)",
         ],
-    ),
-    "XGLMForCausalLM": (
-        {"sinusoidal_positions", "explicit_attention"},
-        ["XGLMAttention.forward (modeling_xglm.py:", "(bmm) and a softmax"],
     ),
     # its feed-forward an nn.Sequential (Linear, ReLU, Linear), its embeddings scaled by np.sqrt(d_model): an
     # ordinary block; the positions a buffer of sines and cosines a function of the file computes
@@ -166,15 +162,6 @@ def test_the_refusal_names_the_computation(researched, architecture):
     message = str(error)
     assert all(w in message for w in words), message
     assert not any(f"[{failure}]" in message for failure in FAILURES), message
-
-
-def test_xglm_names_no_attention_feature_it_does_not_compute(researched):
-    """XGLM scales its queries by head_dim ** -0.5 and attends over a causal
-    mask: its refusal names no sinks, softcap, sliding window or scale."""
-    error = _refusal(researched("XGLMForCausalLM"))
-    assert error is not None
-    for field in ("attention.sinks", "attention.softcap", "attention.sliding_window", "attention.scale"):
-        assert field not in error.features and f"[{field}]" not in str(error), str(error)
 
 
 @pytest.mark.parametrize("clip", [8.0, None])

@@ -43,6 +43,7 @@ TERMS: dict[str, str | dict[Any, str]] = {
     "2 ** -({value} * i / n), instead of RoPE)",
     "attention.alibi_scaled": "an ALiBi bias scaled with the attention scores",
     "embedding.learned_positions": "learned absolute position embeddings",
+    "embedding.sinusoidal_positions": "fixed sinusoidal absolute position embeddings added to the token embeddings",
     "embedding.scale": "a token embedding scaled by {value}",
     "embedding.multiplier": "a token embedding multiplied by {value}",
     "embedding.tied": "an LM head tied to the embedding",

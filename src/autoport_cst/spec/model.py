@@ -318,7 +318,21 @@ class EmbeddingSpec:
         None, "Config field holding the number of learned positions (n_positions, max_position_embeddings)."
     )
     positions_offset: int = value(
-        0, "Rows of the learned position table before position 0 (OPT and BioGPT: 2)."
+        0,
+        "Rows of the learned or sinusoidal position table before position 0 (OPT and BioGPT: 2; XGLM's "
+        "sinusoidal table: 2).",
+    )
+    sinusoidal_positions: bool = feature(
+        False,
+        "Fixed sinusoidal positions added to the token embeddings (XGLM): row position + positions_offset of "
+        "the table whose row p is [sin(p * f_i), cos(p * f_i)] for i < hidden_size // 2, f_i = "
+        "exp(-i * log(positions_base) / (hidden_size // 2 - 1)) (a zero column for an odd width), the row "
+        "config.<positions_padding_key> zero; computed, not loaded.",
+    )
+    positions_base: float | None = value(None, "Base of the sinusoidal positions' frequencies (XGLM: 10000).")
+    positions_padding_key: str | None = value(
+        None,
+        "Config field of the sinusoidal table's row set to zero (XGLM: pad_token_id); None: no such row.",
     )
     norm: bool = feature(
         False,

@@ -252,7 +252,8 @@ def _names(
 ) -> None:
     """Canonical names of the attention's modules: which input projection
     produces the queries, keys and values (the kernel's query, key and
-    value arguments), the output projection, and the q/k norms."""
+    value arguments, or the operands of the products of attention written
+    out), the output projection, and the q/k norms."""
     names = st.result.module_names
     base = st.attn_name
     names["self_attn"] = base
@@ -266,6 +267,8 @@ def _names(
     if len(in_insts) == 3:
         if kernel is not None:
             roles = qkv_roles(st.outputs(kernel_instance(kernel)), kernel, in_insts)
+        else:  # attention written out: the operands of its two products
+            roles = scores.roles(nodes, inputs)
         if len({id(v) for v in roles.values()}) != 3:
             roles = dict(zip(("q_proj", "k_proj", "v_proj"), in_insts, strict=False))  # declaration order
         for role, inst in roles.items():

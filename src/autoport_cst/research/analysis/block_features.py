@@ -13,8 +13,8 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from autoport_cst.research.analysis import alibi, mixers
-from autoport_cst.research.analysis.graph import sin_cos_table, strip_casts
+from autoport_cst.research.analysis import alibi, mixers, sinusoidal
+from autoport_cst.research.analysis.graph import computes_sin_cos, sin_cos_table, strip_casts
 from autoport_cst.research.analysis.layer_inputs import forward_parameters, layer_arguments, layer_calls
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, known
@@ -233,43 +233,47 @@ def _constant_base(st: AnalyzerState, cls: SourceClass) -> tuple[float, str] | N
 def sinusoidal_positions(st: AnalyzerState, backbone: Instance) -> None:
     """A module of the backbone, not an embedding, whose output enters the
     first layer's input and whose class computes sines and cosines: a table
-    of fixed sinusoidal positions added to the token embedding (XGLM)."""
+    of fixed sinusoidal positions added to the token embedding. One module
+    whose table :func:`.sinusoidal.read` reads (XGLM) is
+    ``embedding.sinusoidal_positions`` with its base, offset and padding
+    field; anything else (CTRL's function filling a buffer) is named."""
     children = {
-        id(c): n for n, c in backbone.children() if st.role(c) not in ("embedding", "norm", "dropout")
+        id(c): (n, c) for n, c in backbone.children() if st.role(c) not in ("embedding", "norm", "dropout")
     }
-    found = {}
+    found: dict[str, str] = {}
+    modules: dict[str, Instance] = {}
     for state in st.forward(backbone):
         for call in walk(state.value):
             if call.kind != "module" or call.ref is not st.layers[0]:
                 continue
             value = call.args[0] if call.args else call.kwarg("hidden_states")
             for node in walk(value):
-                if node.kind == "module" and id(node.ref) in children and _computes_sin_cos(node.ref):
-                    found[children[id(node.ref)]] = node.ref.class_name
+                if node.kind == "module" and id(node.ref) in children and computes_sin_cos(node.ref):
+                    name, module = children[id(node.ref)]
+                    found[name], modules[name] = node.ref.class_name, module
             if (table := sin_cos_table(value)) is not None:  # a buffer a function of the source fills (CTRL)
                 found[table.name] = f"a function, {table.module.line_of(table.node)}"
-    if found:
-        shown = ", ".join(f"{name} ({cls})" for name, cls in sorted(found.items()))
-        st.add(
-            known(
-                ("embedding",),
-                "unsupported.sinusoidal_positions",
-                CODE,
-                f"{st.where(backbone)}: the first layer's input adds {shown}, a table of sines and cosines of "
-                "the positions computed in the code, to the token embedding",
-            )
+    if not found:
+        return
+    shown = ", ".join(f"{name} ({cls})" for name, cls in sorted(found.items()))
+    where = f"{st.where(backbone)}: the first layer's input adds {shown}"
+    read = sinusoidal.read(st, next(iter(modules.values()))) if len(found) == len(modules) == 1 else None
+    if isinstance(read, sinusoidal.SinusoidalTable):
+        st.add(known(True, "embedding.sinusoidal_positions", CODE, f"{where}: {read.evidence}"))
+        st.add(known(read.base, "embedding.positions_base", CODE, read.evidence))
+        st.add(known(read.offset, "embedding.positions_offset", CODE, read.evidence))
+        st.add(known(read.padding_key, "embedding.positions_padding_key", CODE, read.evidence))
+        return
+    why = f"; not read: {read}" if read is not None else ""
+    st.add(
+        known(
+            ("embedding",),
+            "unsupported.sinusoidal_positions",
+            CODE,
+            f"{where}, a table of sines and cosines of the positions computed in the code, to the token "
+            f"embedding{why}",
         )
-
-
-def _computes_sin_cos(instance: Instance) -> bool:
-    if not isinstance(instance.cls, SourceClass):
-        return False
-    called = {
-        n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", None)
-        for n in ast.walk(instance.cls.node)
-        if isinstance(n, ast.Call)
-    }
-    return {"sin", "cos"} <= called
+    )
 
 
 def embedding_norm_like_layers(st: AnalyzerState, backbone: Instance) -> None:

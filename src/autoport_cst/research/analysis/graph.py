@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, TypeGuard
 
 from autoport_cst.research.interp.interpreter import Interpreter
-from autoport_cst.research.interp.values import FuncRef, Instance, Node, SliceSym
+from autoport_cst.research.interp.values import FuncRef, Instance, Node, SliceSym, SourceClass
 from autoport_cst.research.interp.walk import children_of, depends_on, walk
 
 _TORCH_ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "relu": "relu"}
@@ -162,6 +162,19 @@ def sin_cos_table(value: Any) -> FuncRef | None:
             if {"sin", "cos"} <= called:
                 return node.ref
     return None
+
+
+def computes_sin_cos(instance: Instance) -> bool:
+    """The module's class calls ``sin`` and ``cos`` (a sinusoidal table:
+    XGLM's positions)."""
+    if not isinstance(instance.cls, SourceClass):
+        return False
+    called = {
+        n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", None)
+        for n in ast.walk(instance.cls.node)
+        if isinstance(n, ast.Call)
+    }
+    return {"sin", "cos"} <= called
 
 
 def unique(items: list) -> list:

@@ -11,7 +11,14 @@ import math
 from typing import Any
 
 from autoport_cst.research.analysis.config_expressions import add_config_key
-from autoport_cst.research.analysis.graph import number, scalar_path, sin_cos_table, strip_casts, unique
+from autoport_cst.research.analysis.graph import (
+    computes_sin_cos,
+    number,
+    scalar_path,
+    sin_cos_table,
+    strip_casts,
+    unique,
+)
 from autoport_cst.research.analysis.multiplier_keys import (
     derived_property,
     embedding_multiplier_key,
@@ -212,10 +219,19 @@ def _without_positions(st: AnalyzerState, value: Any, embed: Instance) -> Any:
     ]
     for index, side in enumerate(sides):
         other = sides[1 - index]
-        # CTRL's sinusoidal positions (block_features names them)
-        table = sin_cos_table(value.args[1 - index])
+        # sinusoidal positions (CTRL's function, XGLM's module: block_features reads or names them)
+        table = sin_cos_table(value.args[1 - index]) or _sin_cos_module(value.args[1 - index])
         if side == {id(embed)} and (other or table is not None) and id(embed) not in other:
             return value.args[index]
+    return None
+
+
+def _sin_cos_module(value: Any) -> Instance | None:
+    """The module computing sines and cosines whose output ``value`` is,
+    through casts (XGLM's ``embed_positions(...).to(device)``), or None."""
+    value = strip_casts(value)
+    if isinstance(value, Node) and value.kind == "module" and computes_sin_cos(value.ref):
+        return value.ref
     return None
 
 

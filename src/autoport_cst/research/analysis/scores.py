@@ -1,10 +1,14 @@
 """Attention written out instead of an attention kernel call: the scores
-``q @ k^T`` (``torch.matmul`` or ``@``) of the input projections, the scalar
-they are scaled by, the attention mask added to them before the softmax,
-and from that mask the sliding window (none when it is transformers' plain
-causal mask: :func:`layer_inputs.plain_causal_mask`). What a kernel's
-arguments say for attention that calls one (scale, softcap, sinks, window),
-read from the computation itself."""
+``q @ k^T`` (``torch.matmul``, ``@`` or ``torch.bmm``) of the input
+projections, the scalar they are scaled by (applied to the scores, or to
+the queries or keys before the product: XGLM's ``q_proj(x) * scaling``),
+the attention mask added to them before the softmax (through reshapes and a
+clamp to the dtype's minimum), and from that mask the sliding window (none
+when it is transformers' plain causal mask:
+:func:`layer_inputs.plain_causal_mask`); which projection gives the
+queries, the keys and the values. What a kernel's arguments say for
+attention that calls one (scale, softcap, sinks, window), read from the
+computation itself."""
 
 from __future__ import annotations
 
@@ -12,27 +16,37 @@ import math
 from typing import Any
 
 from autoport_cst.research.analysis import layer_inputs
-from autoport_cst.research.analysis.graph import scalar_path, strip_casts
+from autoport_cst.research.analysis.graph import number, scalar_path, strip_casts
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, INFERRED, known, unknown
-from autoport_cst.research.interp.values import UNKNOWN, Node
+from autoport_cst.research.interp.values import UNKNOWN, Node, TensorInit
 from autoport_cst.research.interp.walk import depends_on
 
 
 def analyze(st: AnalyzerState, nodes: list[Node], inputs: list[Node], where: str, hd: Any) -> None:
     """Attention written out (matmul, softmax) instead of a kernel call:
-    the scale is the scalar applied to q @ k^T (``torch.matmul`` or ``@``)
-    before an attention mask the forward is given is added."""
+    the scale is the scalar applied to q @ k^T (``torch.matmul``, ``@`` or
+    ``torch.bmm``) before an attention mask the forward is given is added,
+    times the scalars applied to the queries and keys before the product."""
     scores = _score_products(nodes, inputs)
     softmax = _softmaxes(nodes)
     if not scores or not softmax:
         st.add(unknown("attention.scale", CODE, f"{where}: attention kernel call not found"))
         return
     logits, _ = _score_masks(softmax[0])
-    factor, ops, reached = scalar_path(logits, lambda v: any(v is s for s in scores))
+    reached_at: list[Node] = []
+
+    def at_scores(value: Any) -> bool:
+        reached_at[:] = [s for s in scores if value is s]
+        return bool(reached_at)
+
+    factor, ops, reached = scalar_path(logits, at_scores)
     if not reached or not isinstance(hd, int):
         st.add(unknown("attention.scale", CODE, f"{where}: scores scaling not traced"))
         return
+    for operand in reached_at[0].args:  # the queries or keys scaled before the product
+        scalar, _, seen = _operand(operand, inputs)
+        factor, ops = factor * scalar, ops + seen
     default = hd**-0.5
     if math.isclose(factor, default, rel_tol=1e-9):
         st.add(known(None, "attention.scale", CODE, f"{where}: scores scaled by head_dim ** -0.5"))
@@ -58,16 +72,90 @@ def analyze(st: AnalyzerState, nodes: list[Node], inputs: list[Node], where: str
 
 
 def _score_products(nodes: list[Node], inputs: list[Node]) -> list[Node]:
-    """The products of two tensors both computed from the input projections
-    (the scores q @ k^T)."""
+    """The products of two tensors both computed from the input projections,
+    not from a softmax's output (the scores q @ k^T, not probs @ v)."""
+    softmax = _softmaxes(nodes)
+    return [
+        n
+        for n in _products(nodes)
+        if all(any(depends_on(a, c) for c in inputs) for a in n.args)
+        and not any(depends_on(a, m) for a in n.args for m in softmax)
+    ]
+
+
+def _products(nodes: list[Node]) -> list[Node]:
+    """Batched matrix products of two tensors (``matmul``, ``@``, ``bmm``)."""
     return [
         n
         for n in nodes
-        if n.kind in ("call", "binop")
-        and n.name.rsplit(".", 1)[-1] == "matmul"
-        and len(n.args) == 2
-        and all(any(depends_on(a, c) for c in inputs) for a in n.args)
+        if n.kind in ("call", "binop") and n.name.rsplit(".", 1)[-1] in ("matmul", "bmm") and len(n.args) == 2
     ]
+
+
+def roles(nodes: list[Node], inputs: list[Node]) -> dict[str, Any]:
+    """The projection instances giving the queries and the keys (the first
+    and second operands of the scores product) and the values (the second
+    operand of the product of the softmax's output), each traced through
+    reshapes and scalars; empty unless all three are found and distinct."""
+    softmax = _softmaxes(nodes)
+    scores = _score_products(nodes, inputs)
+    weighted = [p for p in _products(nodes) if softmax and depends_on(p.args[0], softmax[0])]
+    if len(scores) != 1 or len(weighted) != 1:
+        return {}
+    found = [_operand(a, inputs)[1] for a in (*scores[0].args, weighted[0].args[1])]
+    refs = [f.ref for f in found if f is not None]
+    if len(refs) != 3 or len({id(r) for r in refs}) != 3:
+        return {}
+    return dict(zip(("q_proj", "k_proj", "v_proj"), refs, strict=True))
+
+
+# methods that change a tensor's shape or layout, not its values
+_SHAPES = ("view", "reshape", "transpose", "permute", "contiguous", "unflatten", "flatten")
+
+
+def _operand(value: Any, inputs: list[Node]) -> tuple[float, Node | None, list[str]]:
+    """An operand of a product followed down to the input projection call
+    it is, through shape changes, scalar products and quotients and a cache
+    update (which returns the keys and values it is given: ``k, v =
+    cache.update(k, v, i)``): the scalars met, the call (None where the
+    operand is computed otherwise, a rotation for one: the scalars met
+    until there) and the operations seen."""
+    factor, ops = 1.0, list[str]()
+    for _ in range(32):
+        value = strip_casts(value)
+        if any(value is c for c in inputs):
+            return factor, value, ops
+        if not isinstance(value, Node) or not value.args:
+            break
+        if value.kind == "method" and value.name in _SHAPES:
+            value = value.args[0]
+        elif value.kind == "binop" and value.name in ("mul", "div") and number(value.args[1]):
+            op, scalar = ("*", value.args[1]) if value.name == "mul" else ("/", value.args[1])
+            factor, ops, value = (
+                factor * scalar if op == "*" else factor / scalar,
+                [*ops, f"{op} {scalar:g}"],
+                value.args[0],
+            )
+        elif value.kind == "binop" and value.name == "mul" and number(value.args[0]):
+            factor, ops, value = factor * value.args[0], [*ops, f"* {value.args[0]:g}"], value.args[1]
+        elif value.kind == "item" and len(value.args) == 2 and _cache_update(value.args[0], value.args[1]):
+            value = value.args[0].args[1 + value.args[1]]
+        else:
+            break
+    return factor, None, ops
+
+
+def _cache_update(update: Any, index: Any) -> bool:
+    """``update`` is a cache's ``update(keys, values, ...)`` and ``index``
+    picks the keys (0) or the values (1) it returns."""
+    return (
+        isinstance(index, int)
+        and index in (0, 1)
+        and isinstance(update, Node)
+        and update.kind == "method"
+        and update.name == "update"
+        and len(update.args) > 2
+    )
 
 
 def _softmaxes(nodes: list[Node]) -> list[Node]:
@@ -76,16 +164,59 @@ def _softmaxes(nodes: list[Node]) -> list[Node]:
 
 def _score_masks(softmax: Node) -> tuple[Any, list[str]]:
     """The softmax's input without the tensors the forward is given and adds
-    to it as they are (an attention mask), and those parameters' names."""
-    value = strip_casts(softmax.args[0]) if softmax.args else None
+    to it as they are (an attention mask), and those parameters' names;
+    through reshapes (``view``, ``reshape``: the values unchanged) and a
+    clamp to the dtype's minimum (XGLM's ``torch.max(w, full((),
+    finfo(dtype).min))``, which changes no value the softmax gives weight)."""
+    value = softmax.args[0] if softmax.args else None
     masks: list[str] = []
-    while isinstance(value, Node) and value.kind == "binop" and value.name == "add":
-        given = [a for a in value.args if isinstance(a, Node) and a.kind == "input"]
-        if len(given) != 1:
+    while True:
+        value = _reshaped(strip_casts(value))
+        if isinstance(value, Node) and value.kind == "binop" and value.name == "add":
+            given = [a for a in value.args if isinstance(a, Node) and a.kind == "input"]
+            if len(given) != 1:
+                break
+            masks.append(given[0].name)
+            value = next(a for a in value.args if a is not given[0])
+        elif _clamped_to_dtype_min(value):
+            value = value.args[0]
+        else:
             break
-        masks.append(given[0].name)
-        value = strip_casts(next(a for a in value.args if a is not given[0]))
     return value, masks
+
+
+def _reshaped(value: Any) -> Any:
+    while (
+        isinstance(value, Node)
+        and value.kind == "method"
+        and value.name in ("view", "reshape")
+        and value.args
+    ):
+        value = value.args[0]
+    return value
+
+
+def _clamped_to_dtype_min(value: Any) -> bool:
+    """``torch.max(x, torch.full((), torch.finfo(dtype).min))``."""
+    if not (
+        isinstance(value, Node)
+        and value.kind == "call"
+        and value.name in ("torch.max", "torch.maximum")
+        and len(value.args) == 2
+    ):
+        return False
+    bound = value.args[1]
+    fill = (
+        bound.value if isinstance(bound, TensorInit) and bound.fill == "full" and bound.shape == () else None
+    )
+    return (
+        isinstance(fill, Node)
+        and fill.kind == "attr"
+        and fill.name == "min"
+        and bool(fill.args)
+        and isinstance(fill.args[0], Node)
+        and fill.args[0].name == "torch.finfo"
+    )
 
 
 def window(st: AnalyzerState, index: int, nodes: list[Node]) -> Any:

@@ -13,7 +13,10 @@ from autoport_cst.spec.model import LogitsForm
 
 def embedding(d: Decider) -> EmbeddingSpec:
     learned = d.flag("embedding.learned_positions", False)
+    sinusoidal = d.flag("embedding.sinusoidal_positions", False)
     key, offset = _positions_table(d) if learned else (None, 0)
+    if sinusoidal and not learned:
+        offset = d.flag("embedding.positions_offset", 0)
     return EmbeddingSpec(
         vocab_size=d.cfg.dims.get("vocab_size"),
         tied=_tied(d),
@@ -23,6 +26,9 @@ def embedding(d: Decider) -> EmbeddingSpec:
         positions_key=key,
         positions_offset=offset,
         norm=d.flag("embedding.norm", False),
+        sinusoidal_positions=sinusoidal,
+        positions_base=d.flag("embedding.positions_base", None) if sinusoidal else None,
+        positions_padding_key=d.flag("embedding.positions_padding_key", None) if sinusoidal else None,
     )
 
 

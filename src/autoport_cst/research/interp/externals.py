@@ -153,7 +153,10 @@ def _tensor_init(short: str, args: list, kwargs: dict) -> TensorInit:
     shape = tuple(dims) if all(isinstance(d, int) for d in dims) else None
     dtype = kwargs.get("dtype")
     f32 = isinstance(dtype, External) and dtype.short in ("float32", "float")
-    return TensorInit(shape, short, f32)
+    value = None
+    if short == "full":
+        value = args[1] if len(args) > 1 else kwargs.get("fill_value")
+    return TensorInit(shape, short, f32, value)
 
 
 def _map_external_reads(short: str, reads: dict) -> dict[str, frozenset[str]]:

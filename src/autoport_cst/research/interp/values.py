@@ -119,6 +119,8 @@ class TensorInit:
     shape: tuple | None
     fill: str | None
     float32: bool = False
+    # what ``torch.full`` fills the tensor with (``torch.finfo(x.dtype).min``: a node), else None
+    value: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
