@@ -108,7 +108,6 @@ NAMED = {
             "hyper_connections",
             "routing_without_topk",
             "attention.o_bias",
-            "attention.qk_norm",
         },
         [
             "the residual is several streams mixed by learned weights: attn_hc (DeepseekV4HyperConnection",
