@@ -47,6 +47,7 @@ from autoport_cst.errors import InputError, did_you_mean
 
 from .layer_variants import layer_count_for_variants
 from .tiny_fit import (
+    fit_kv_head_fields,
     fit_layer_counts,
     rederive_placeholders,
     restore_per_layer_overrides,
@@ -55,6 +56,7 @@ from .tiny_fit import (
     text_sub_config,
 )
 from .tiny_tokenizer import write_tiny_tokenizer
+from .tiny_unset import fill_unset_counts
 
 # Small dimensions applied to every config attribute of that name that exists.
 TINY_DIMENSIONS: dict[str, int] = {
@@ -282,6 +284,7 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
     per_layer = take_per_layer_overrides(config)  # put back on the kept layers at the end
     original_layers = getattr(config, "num_hidden_layers", None)
     original_head = _head_size(config)
+    original_heads = getattr(config, "num_attention_heads", None)
     sizes = {**TINY_DIMENSIONS, **(dimensions or {})}
     for name in dimensions or {}:
         if not hasattr(config, name):
@@ -296,6 +299,7 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
     heads = getattr(config, "num_attention_heads", None)
     if hasattr(config, "num_key_value_heads") and config.num_key_value_heads is None and heads:
         config.num_key_value_heads = heads  # None means one KV head per query head
+    fit_kv_head_fields(config, sizes["num_key_value_heads"], original_heads, set(dimensions or {}))
     if _settable(config, "head_dim") and hidden and heads and "head_dim" not in (dimensions or {}):
         config.head_dim = hidden // heads  # a head_dim given with --set is taken as given
     _fit_rotary_dim(config, original_head, set(dimensions or {}))
@@ -580,6 +584,7 @@ def _tiny_config(source: str | os.PathLike[str], dimensions: dict[str, int] | No
     config = shrink_config(
         config, architecture, tiny_dimensions(model_class, config, architecture, dimensions)
     )
+    fill_unset_counts(model_class, config, {**TINY_DIMENSIONS, **(dimensions or {})})
     try:  # the saved config.json must load back
         type(config).from_dict(config_values(config))
     except Exception as error:  # noqa: BLE001 - transformers' own validators

@@ -20,13 +20,20 @@ the config itself (no table keyed by model name):
   Gemma 4 text config) has that one shrunk as any config, and the top
   level's own widths of a hidden state (``*hidden_size``: the assistant's
   ``backbone_hidden_size``, the width of the target model's states it
-  projects) set to the shrunk text model's.
+  projects) set to the shrunk text model's;
+- a KV head count under another name than ``num_key_value_heads``
+  (Falcon's ``num_kv_heads``: a field whose name reads so with ``kv`` for
+  ``key_value``, or an ``attribute_map`` alias of it) shrinks too: to the
+  tiny query heads when it equals the original ones, else to the tiny KV
+  head count; left at 71 (of 71 query heads, Falcon's default), a Falcon
+  without multi-query attention and its 4 tiny query heads would not load.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
@@ -122,6 +129,46 @@ def fit_layer_counts(config: Any, original_layers: Any, given: set[str]) -> None
         ):
             share = min(layers - 1, max(1, round(value * layers / original_layers)))
             setattr(config, name, layers if value == original_layers else share)
+
+
+KV_HEADS = "num_key_value_heads"
+
+
+def _names_kv_heads(name: str) -> bool:
+    spelled = re.sub(r"(^|_)kv(_|$)", r"\1key_value\2", name)
+    return re.sub(r"^n_", "num_", spelled) == KV_HEADS
+
+
+def kv_head_fields(config: Any) -> list[str]:
+    """The fields of ``config`` other than ``num_key_value_heads`` that
+    hold its KV head count: named so with ``kv`` for ``key_value`` (and
+    ``n_`` for ``num_``), or mapped to or from it by the class's
+    ``attribute_map``."""
+    mapped = getattr(type(config), "attribute_map", {}) or {}
+    aliases = {key for key, value in mapped.items() if value == KV_HEADS}
+    aliases |= {value for key, value in mapped.items() if key == KV_HEADS}
+    return [
+        name
+        for name, value in vars(config).items()
+        if name != KV_HEADS and _is_int(value) and (name in aliases or _names_kv_heads(name))
+    ]
+
+
+def fit_kv_head_fields(config: Any, size: int, original_heads: Any, given: set[str]) -> None:
+    """Each of ``kv_head_fields`` not given shrinks: one equal to the
+    original query heads (a KV head per query head, as Falcon's code needs
+    without ``new_decoder_architecture``) to the tiny query heads, any other
+    to ``size``, the tiny KV head count, when it divides the query heads."""
+    heads = getattr(config, "num_attention_heads", None)
+    if not _is_int(heads):
+        return
+    for name in kv_head_fields(config):
+        if name in given:
+            continue
+        if getattr(config, name) == original_heads:
+            setattr(config, name, heads)
+        elif heads % size == 0:
+            setattr(config, name, size)
 
 
 def rederive_placeholders(config: Any, given: set[str], values: dict[str, Any]) -> None:
