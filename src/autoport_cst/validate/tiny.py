@@ -47,6 +47,7 @@ from autoport_cst.errors import InputError, did_you_mean
 
 from .layer_variants import layer_count_for_variants
 from .tiny_fit import (
+    fit_kv_head_fields,
     fit_layer_counts,
     rederive_placeholders,
     restore_per_layer_overrides,
@@ -283,6 +284,7 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
     per_layer = take_per_layer_overrides(config)  # put back on the kept layers at the end
     original_layers = getattr(config, "num_hidden_layers", None)
     original_head = _head_size(config)
+    original_heads = getattr(config, "num_attention_heads", None)
     sizes = {**TINY_DIMENSIONS, **(dimensions or {})}
     for name in dimensions or {}:
         if not hasattr(config, name):
@@ -297,6 +299,7 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
     heads = getattr(config, "num_attention_heads", None)
     if hasattr(config, "num_key_value_heads") and config.num_key_value_heads is None and heads:
         config.num_key_value_heads = heads  # None means one KV head per query head
+    fit_kv_head_fields(config, sizes["num_key_value_heads"], original_heads, set(dimensions or {}))
     if _settable(config, "head_dim") and hidden and heads and "head_dim" not in (dimensions or {}):
         config.head_dim = hidden // heads  # a head_dim given with --set is taken as given
     _fit_rotary_dim(config, original_head, set(dimensions or {}))
