@@ -20,6 +20,7 @@ from autoport_cst.research.analysis.graph import (
     unique,
 )
 from autoport_cst.research.analysis.state import AnalyzerState
+from autoport_cst.research.analysis.width_source import width_fields
 from autoport_cst.research.findings import CODE, known, unknown
 from autoport_cst.research.interp.values import Instance, Node, SourceClass
 from autoport_cst.research.interp.walk import depends_on, walk
@@ -59,12 +60,18 @@ def analyze(st: AnalyzerState, mlp: Instance, prefix: str, field_prefix: str) ->
     mlp_findings(st, facts, where, field_prefix)
     inner_norm(st, mlp, where)
     if facts["intermediate"] is not None:
+        fields = width_fields(mlp)
+        derived = (
+            f"; {mlp.class_name}.__init__ computes it from config {', '.join(fields)}"
+            if fields and fields != ("intermediate_size",)
+            else ""
+        )
         st.add(
             known(
                 facts["intermediate"],
                 "mlp.intermediate_size",
                 CODE,
-                f"{where}: projection width {facts['intermediate']}",
+                f"{where}: projection width {facts['intermediate']}{derived}",
             )
         )
 

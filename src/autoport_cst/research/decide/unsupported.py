@@ -102,10 +102,7 @@ def unsupported(d: Decider) -> tuple[str, ...] | None:
             and code.value is not None
             and cfg.value != code.value
         ):
-            items.append(
-                f"{name}: the code builds {code.value} where the config says {cfg.value} "
-                f"({_short(code.evidence, 100)}); a port reads the config's value"
-            )
+            items.append(_size_differs(name, code.value, cfg.value, code.evidence))
     for name, what in FEATURE_FINDINGS.items():
         finding = d.code_finding(name)
         if finding is not None and finding.known and finding.value:
@@ -122,6 +119,23 @@ def unsupported(d: Decider) -> tuple[str, ...] | None:
         known(tuple(items), "unsupported", DERIVED, f"{len(items)} computation(s) the spec cannot describe")
     )
     return tuple(items)
+
+
+def _size_differs(name: str, built: Any, given: Any, evidence: str) -> str:
+    """A size the code builds other than config.json's, with the config
+    fields the code computes it from when research read them
+    (analysis/width_source.py: LFM2's MLP width)."""
+    derived = "computes it from config" in evidence
+    why = (
+        f"a port builds {name.split('.')[-1]} as config.json gives it (no codemod computes the width "
+        "from other fields)"
+        if derived
+        else "a port reads the config's value"
+    )
+    return (
+        f"{name}: the code builds {built} where the config says {given} "
+        f"({_short(evidence, 240 if derived else 100)}); {why}"
+    )
 
 
 def _qk_norm_offset_differs(d: Decider) -> str | None:
