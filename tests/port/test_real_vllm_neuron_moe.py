@@ -1,0 +1,77 @@
+"""Ports from the real vllm_neuron qwen3_moe package (vllm-project/vllm-neuron,
+third-party: never shipped; README, "The real vllm_neuron packages"). They run
+only where a local rebuild is present: ``AUTOPORT_REAL_VLLM_NEURON`` names the
+directory holding ``qwen3_moe/`` (``model_bf16.py``, ``config.py``,
+``weight_loaders_bf16.py`` and a hand-written ``reference.json``), by default
+``/work/real/vllm_neuron/model``; skipped otherwise.
+
+What is measured here is where the MoE ports from the real code stop: each
+refusal names the codemod and the real file, and nothing is written. The real
+router always renormalizes its softmax top-k (``NF.moe_block_tkg`` in
+``_run_moe_block_tkg``, ``NF.router`` in ``forward_prefill``, with no switch),
+so norm-topk-prob refuses a model that does not renormalize (OLMoE) naming
+every site it would leave; the real attention loader fuses Q/K/V without a
+bias, so add-qkv-bias refuses Qwen2-MoE; fused-checkpoint finds no dense
+``NF.mlp`` in the real file for a checkpoint whose experts store gate and up
+fused (transformers 5's own layout of Mixtral and OLMoE)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REAL = Path(os.environ.get("AUTOPORT_REAL_VLLM_NEURON", "/work/real/vllm_neuron/model"))
+pytestmark = pytest.mark.skipif(
+    not (REAL / "qwen3_moe" / "reference.json").is_file(),
+    reason=f"no local rebuild of the real vllm_neuron qwen3_moe under {REAL} (AUTOPORT_REAL_VLLM_NEURON)",
+)
+
+
+def _refusal(architecture: str, key_format: str, tmp_path: Path) -> str:
+    """The failure of applying the plan of a tiny ``architecture`` (vocabulary 512) onto the real
+    qwen3_moe; asserts that nothing was built."""
+    from autoport_cst.apply import build_port, load_reference
+    from autoport_cst.plan import from_research
+    from autoport_cst.research import choose_reference, research
+    from autoport_cst.validate import build_tiny_checkpoint
+
+    checkpoint = tmp_path / architecture
+    build_tiny_checkpoint(
+        architecture, checkpoint, seed=0, dimensions={"vocab_size": 512}, key_format=key_format
+    )
+    found = research(str(checkpoint))
+    ref = str(REAL / "qwen3_moe")
+    choice = choose_reference(found.spec, "port", found.architecture, [ref], found)
+    plan = from_research(found, "port", choice.chosen, "real-code test")
+    result = build_port(plan, load_reference(ref))
+    assert not result.ok
+    return str(result.failure)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "architecture, key_format, expected",
+    [
+        ("MixtralForCausalLM", "model", ("fused-checkpoint", "qwen3_moe/model_bf16.py")),
+        ("Qwen2MoeForCausalLM", "model", ("add-qkv-bias", "qwen3_moe/model_bf16.py:385:22")),
+        (
+            "OlmoeForCausalLM",
+            "saved",
+            (
+                "norm-topk-prob",
+                "model_bf16.py:1072:16",
+                "NF.moe_block_tkg on the path if use_all_experts",
+                "NF.moe_block_tkg on the path not (if use_all_experts)",
+                "model_bf16.py:1138:29",
+            ),
+        ),
+    ],
+)
+def test_moe_ports_from_the_real_qwen3_moe_refuse_naming_the_site(
+    architecture, key_format, expected, tmp_path
+):
+    failure = _refusal(architecture, key_format, tmp_path)
+    for text in expected:
+        assert text in failure, failure
