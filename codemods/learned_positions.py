@@ -49,6 +49,19 @@ def _position_embeddings(self, positions: torch.Tensor, is_prefill: bool, rows: 
     return self.embed_positions(positions.to(torch.long) + self.position_offset)
 '''
 
+# a backbone setting none of these (and no _dp_transition) has no embedding or MLP DP
+DP_LAYOUT = ("embedding_dp_size", "embedding_dp_group", "mlp_dp_group")
+
+LOOKUP_WITHOUT_DP = '''
+def _position_embeddings(self, positions: torch.Tensor, is_prefill: bool, rows: int) -> torch.Tensor:
+    """The learned embeddings of ``positions`` in the layout of the token
+    embeddings: this rank's SP slice in prefill; in decode every token's (this
+    backbone has no embedding or MLP DP). Row ``position + offset`` of the table."""
+    if is_prefill and self.world_size > 1:
+        positions = positions[self.rank * rows : (self.rank + 1) * rows]
+    return self.embed_positions(positions.to(torch.long) + self.position_offset)
+'''
+
 
 @dataclass(frozen=True)
 class LearnedPositionsParams:
@@ -86,8 +99,8 @@ class LearnedPositions(Codemod):
     ``None`` (a later reassignment is dropped, and so is a call-free
     assignment only they read: decode's ``half``), so ``NF.qkv_proj`` and
     ``NF.attention_decode`` are called without a rotation. Any other use of
-    the rotation (a statement that is not such an assignment, a call of
-    ``apply_rotary_pos_emb``) refuses. The rotary class and the rotation
+    the rotation refuses, but for an explicit ``q, k =
+    apply_rotary_pos_emb(q, k, cos, sin)``, dropped (q and k unrotated). The rotary class and the rotation
     helpers (``apply_rotary_pos_emb``, ``_apply_rotary_emb``) go when nothing
     else uses them. ``load_weights`` maps the table after the token embedding;
     ``checkpoint-keys`` then renames it to the checkpoint's key
@@ -95,7 +108,10 @@ class LearnedPositions(Codemod):
 
     Preconditions: a backbone whose ``__init__`` builds the token embedding
     and sets the layout attributes (``world_size``, ``rank``,
-    ``embedding_dp_size``, ``embedding_dp_group``, ``mlp_dp_group``), whose
+    ``embedding_dp_size``, ``embedding_dp_group``, ``mlp_dp_group``; or
+    ``world_size`` and ``rank`` alone, with no module-level ``_dp_transition``:
+    no embedding or MLP DP, every token's row in decode, the real vllm_neuron
+    qwen3), whose
     ``forward`` computes ``position_embeddings = self.rotary_emb(...)`` and
     ``is_prefill``, a module-level ``_dp_transition``, and in
     ``load_weights`` a ``mappings["model.embed_tokens.weight"]`` entry (the
@@ -376,9 +392,13 @@ class LearnedPositions(Codemod):
             return
         assigned = self_assignments(init)
         missing = [a for a in LAYOUT if a not in assigned]
-        if missing or not any(
+        transition = any(
             isinstance(n, cst.FunctionDef) and n.name.value == "_dp_transition" for n in module.body
-        ):
+        )
+        lookup_code = LOOKUP
+        if missing == list(DP_LAYOUT) and not transition:  # no DP: decode rows are every token (real qwen3)
+            lookup_code = LOOKUP_WITHOUT_DP
+        elif missing or not transition:
             raise ctx.refuse(
                 f"{name}.__init__ sets no {', '.join(missing) or 'module-level _dp_transition'} "
                 "(the token rows' layout the positions must follow)",
@@ -389,7 +409,7 @@ class LearnedPositions(Codemod):
         _forward_edits(name, forward, module, ctx, edits)
         why = "no rotary embedding: the attention kernels rotate nothing"
         unrotated_backbone(name, init, forward, module, ctx, edits, why, required=True)
-        lookup = parse_method(LOOKUP, module).with_changes(leading_lines=[cst.EmptyLine(indent=False)])
+        lookup = parse_method(lookup_code, module).with_changes(leading_lines=[cst.EmptyLine(indent=False)])
         edits[id(forward)] = followed_by(lookup)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import libcst as cst
 
 from autoport_cst.transform import FileContext
+from autoport_cst.transform.base import locate
 from autoport_cst.transform.cst.roles import class_role
 from autoport_cst.transform.cst.snippets import parse_statement
 from autoport_cst.transform.cst.vocabulary import (
@@ -29,7 +30,9 @@ def unrotated(
     """In one attention method: the ``cos, sin = position_embeddings``
     unpacking removed, the assignments computed from the rotation bound to
     None (a reassignment dropped); its None-bound names may still be passed
-    as call arguments; any other use of the rotation refuses."""
+    as call arguments; an explicit ``q, k = apply_rotary_pos_emb(q, k, cos,
+    sin)`` (a forward path rotating outside a kernel) dropped, q and k left
+    unrotated; any other use of the rotation refuses, naming its statement."""
     roots: set[str] = set()
     derived: set[str] = set()
     params = {p.name.value for p in func.params.params}
@@ -38,9 +41,13 @@ def unrotated(
             if _header_names(stmt) & (roots | derived):
                 raise _uses(cls_name, func, stmt, module, ctx)
             continue
-        if any(dotted(c.func) in ("apply_rotary_pos_emb", "_apply_rotary_emb") for c in _calls(stmt)):
-            raise _uses(cls_name, func, stmt, module, ctx)
         pair = simple_assign(stmt)
+        if any(dotted(c.func) in ROTATION_HELPERS for c in _calls(stmt)):
+            kept = _unrotated_call(pair, roots | derived, module)
+            if kept is None:
+                raise _rotations_kept(cls_name, func, stmt, module, ctx)
+            edits[id(stmt)] = kept
+            continue
         if pair is not None and dotted(pair[1]) == "position_embeddings" and isinstance(pair[0], cst.Tuple):
             roots |= {dotted(e.value) or "" for e in pair[0].elements}
             edits[id(stmt)] = lambda updated: cst.RemoveFromParent()
@@ -62,6 +69,74 @@ def unrotated(
             )
             derived.add(target)
     _drop_orphans(func, edits)
+
+
+def _unrotated_call(pair, rotation: set[str], module: cst.Module):
+    """The edit of ``q, k = apply_rotary_pos_emb(q, k, cos, sin)`` (or
+    ``x = _apply_rotary_emb(x, cos, sin)``) applied on a forward path: the
+    rotation dropped, the targets bound to the tensors unrotated (the
+    statement removed when they are the same names); None when the statement
+    is not such a call of a helper on the unpacked ``(cos, sin)`` alone."""
+    if pair is None or not isinstance(pair[1], cst.Call) or dotted(pair[1].func) not in ROTATION_HELPERS:
+        return None
+    targets = [e.value for e in pair[0].elements] if isinstance(pair[0], cst.Tuple) else [pair[0]]
+    args = pair[1].args
+    if any(a.star or (a.keyword is not None and not _rotation_or_literal(a.value, rotation)) for a in args):
+        return None
+    positional = [a.value for a in args if a.keyword is None]
+    tensors = [v for v in positional if not (isinstance(v, cst.Name) and v.value in rotation)]
+    if (
+        len(tensors) == len(positional)
+        or len(tensors) != len(targets)
+        or not all(isinstance(v, cst.Name) for v in tensors + targets)
+    ):
+        return None
+    names = [t.value for t in targets if isinstance(t, cst.Name)]
+    values = [v.value for v in tensors if isinstance(v, cst.Name)]
+    if names == values:
+        return lambda updated: cst.RemoveFromParent()
+    code = f"{', '.join(names)} = {', '.join(values)}  # <-- MODEL-SPECIFIC: no rotation"
+    return lambda updated: parse_statement(code, module).with_changes(leading_lines=updated.leading_lines)
+
+
+def _rotations_kept(cls_name, func, stmt, module, ctx):
+    """The refusal of a rotation helper call the edit cannot drop, naming
+    every such call of the file's methods (not the first alone)."""
+    sites = []
+    for other in walk(module):
+        if not isinstance(other, cst.FunctionDef) or other.name.value in ROTATION_HELPERS:
+            continue
+        roots = {
+            dotted(e.value) or ""
+            for s in deep_statements(other)
+            if (p := simple_assign(s)) is not None
+            and dotted(p[1]) == "position_embeddings"
+            and isinstance(p[0], cst.Tuple)
+            for e in p[0].elements
+        }
+        for s in deep_statements(other):
+            if isinstance(s, cst.BaseCompoundStatement) or not any(
+                dotted(c.func) in ROTATION_HELPERS for c in _calls(s)
+            ):
+                continue
+            if s is stmt or _unrotated_call(simple_assign(s), roots, module) is None:
+                line = locate(module, s)[0]
+                sites.append(f"{other.name.value} (line {line}): `{module.code_for_node(s).strip()}`")
+    return ctx.refuse(
+        f"{cls_name}.{func.name.value} rotates q/k outside a kernel where the rotation cannot be "
+        f"dropped (only `a, b = apply_rotary_pos_emb(a, b, cos, sin)` and the like are); "
+        f"{len(sites)} such call(s): " + "; ".join(sites),
+        stmt,
+        module,
+    )
+
+
+def _rotation_or_literal(value: cst.BaseExpression, rotation: set[str]) -> bool:
+    """A helper's keyword argument that leaves the tensors alone: the
+    rotation itself or a constant (``unsqueeze_dim=1``)."""
+    if isinstance(value, cst.Name):
+        return value.value in rotation or value.value in ("None", "True", "False")
+    return isinstance(value, (cst.Integer, cst.Float, cst.SimpleString))
 
 
 def _drop_orphans(func: cst.FunctionDef, edits: dict) -> None:
@@ -106,7 +181,7 @@ def _calls(stmt: cst.CSTNode) -> list[cst.Call]:
 def _uses(cls_name, func, stmt, module, ctx):
     return ctx.refuse(
         f"{cls_name}.{func.name.value} uses the rotation in `{module.code_for_node(stmt).strip()}`; "
-        "only assignments computed from (cos, sin) are removed",
+        "only assignments computed from (cos, sin) and `a, b = apply_rotary_pos_emb(a, b, cos, sin)` are removed",
         stmt,
         module,
     )
