@@ -25,6 +25,8 @@ import time
 import traceback
 from pathlib import Path
 
+from corpus_table import refusal_detail
+
 RUNS = ("table", "full")
 STEPS = 16
 SEED = 0
@@ -59,6 +61,11 @@ def full_size_refusal(architecture: str, directory: Path) -> list[str]:
     """The features that refuse ``architecture``, researched from its
     transformers default config alone, when no tiny checkpoint can be built;
     empty when the research does not refuse it (or cannot run)."""
+    return full_size_refusal_error(architecture, directory)[0]
+
+
+def full_size_refusal_error(architecture: str, directory: Path) -> tuple[list[str], str]:
+    """``full_size_refusal``'s features and the refusal's text."""
     from autoport_cst.port import refusal
     from autoport_cst.research import choose_reference, research
     from autoport_cst.validate.tiny import resolve_config, write_config_json
@@ -71,8 +78,8 @@ def full_size_refusal(architecture: str, directory: Path) -> list[str]:
         found = research(str(directory))
         error = refusal(found, choose_reference(found.spec, "full_size", found.architecture, None))
     except Exception:  # noqa: BLE001 - the row keeps its tiny-checkpoint error
-        return []
-    return list(error.features) if error is not None else []
+        return [], ""
+    return (list(error.features), str(error)) if error is not None else ([], "")
 
 
 def run_one(model_type: str, architecture: str, work: Path, tp2: bool, runs: str = "table") -> dict:
@@ -86,13 +93,13 @@ def run_one(model_type: str, architecture: str, work: Path, tp2: bool, runs: str
         build_tiny_checkpoint(architecture, source, seed=SEED)
     except Exception as error:  # noqa: BLE001
         row.update(verdict="no tiny checkpoint", detail=f"{type(error).__name__}: {error}"[:160])
-        features = full_size_refusal(architecture, work / f"{model_type}-full")
+        features, message = full_size_refusal_error(architecture, work / f"{model_type}-full")
         if features:
             # refused by research on the full-size config (no weights needed)
             row.update(
                 verdict="refused",
                 blocked=features,
-                detail="no codemod realizes " + ", ".join(features) + " (full-size config)",
+                detail=refusal_detail(features, message, full_size=True),
             )
     else:
         _port_row(row, source, work / "out", tp2, runs)
@@ -112,7 +119,7 @@ def _port_row(row: dict, source: Path, out: Path, tp2: bool, runs: str) -> None:
         row.update(
             verdict="refused",
             blocked=list(error.features),
-            detail="no codemod realizes " + ", ".join(error.features),
+            detail=refusal_detail(list(error.features), str(error)),
         )
     except AutoportError as error:
         row.update(verdict="error", detail=str(error).splitlines()[0][:200])

@@ -21,6 +21,10 @@ HEADER = (
 )
 VERDICTS = ("ported", "refused", "does not validate", "no tiny checkpoint", "error", "crash")
 REALIZES = "no codemod realizes "
+# a spec field research could not classify (refusal.py's term for it): no codemod is
+# missing for it, research is (README rows said 'no codemod realizes embedding.scale'
+# while codemods/embedding_scale.py exists)
+UNCLASSIFIED = "research could not classify "
 FULL_SIZE = " (full-size config)"
 # the steps every port has (not shown in the codemods column)
 ROUTINE_STEPS = ("rename-classes", "set-constants", "register-model")
@@ -64,6 +68,17 @@ def markdown(rows: list[dict], total: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def refusal_detail(features: list[str], message: str, full_size: bool = False) -> str:
+    """A refused row's detail: the features no codemod realizes, then the
+    spec fields research could not classify (``message``, the refusal's
+    text, calls each 'which research could not classify [field]')."""
+    unclassified = [f for f in features if f"which research could not classify [{f}]" in message]
+    realized = [f for f in features if f not in unclassified]
+    parts = [REALIZES + ", ".join(realized)] if realized else []
+    parts += [UNCLASSIFIED + ", ".join(unclassified)] if unclassified else []
+    return "; ".join(parts) + (FULL_SIZE if full_size else "")
+
+
 def parse_row(line: str) -> dict | None:
     """A row of a written table (None for any other line)."""
     parts = [p.strip() for p in line.strip().strip("|").split("|")]
@@ -77,9 +92,10 @@ def parse_row(line: str) -> dict | None:
     )
     detail = verdict_cell[len(verdict) + 1 :].strip()
     blocked: list[str] = []
-    if verdict == "refused" and detail.startswith(REALIZES):
-        named = detail[len(REALIZES) :].removesuffix(FULL_SIZE)
-        blocked = [f for f in named.split(", ") if f]
+    if verdict == "refused" and detail.startswith((REALIZES, UNCLASSIFIED)):
+        for part in detail.removesuffix(FULL_SIZE).split("; "):
+            named = part.removeprefix(REALIZES).removeprefix(UNCLASSIFIED)
+            blocked += [f for f in named.split(", ") if f]
     return {
         "architecture": found[0],
         "model_type": found[1],
