@@ -25,7 +25,14 @@ from autoport_cst.research.analysis.graph import peel_scalars, ranges, scalar_pa
 from autoport_cst.research.analysis.layer_inputs import added_argument
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, known, unknown
-from autoport_cst.research.interp.values import MODULE_LIST, Instance, Node, SourceClass
+from autoport_cst.research.interp.values import (
+    MODULE_LIST,
+    FuncRef,
+    Instance,
+    Node,
+    SourceClass,
+    merge_returns,
+)
 from autoport_cst.research.interp.walk import depends_on, walk
 
 
@@ -510,11 +517,11 @@ def _norm_call(st: AnalyzerState, value: Any) -> Instance | None:
 
 def _residual_branch(st: AnalyzerState, value: Any, call: Node) -> Any:
     """The operand that carries ``call``'s output into the residual add
-    closest to it."""
+    closest to it; an add inside a source function the forward calls on
+    tensors is seen by running it (Falcon's ``dropout_add(x, residual, ...)``
+    returns ``residual + dropout(x)``)."""
     candidates = []
-    for node in walk(value):
-        if node.kind != "binop" or node.name != "add":
-            continue
+    for anchor, node in _adds(st, value):
         a_in, b_in = depends_on(node.args[0], call), depends_on(node.args[1], call)
         if a_in == b_in:
             continue
@@ -528,11 +535,36 @@ def _residual_branch(st: AnalyzerState, value: Any, call: Node) -> Any:
             and depends_on(n, call)
         ]
         if not other_subs:
-            candidates.append((node, branch))
-    for node, branch in candidates:  # the innermost add: no other candidate inside its branch
-        if not any(other is not node and depends_on(branch, other) for other, _ in candidates):
+            candidates.append((anchor, branch))
+    for anchor, branch in candidates:  # the innermost add: no other candidate inside its branch
+        if not any(other is not anchor and depends_on(branch, other) for other, _ in candidates):
             return branch
     return None
+
+
+def _adds(st: AnalyzerState, value: Any) -> list[tuple[Node, Node]]:
+    """Every add of ``value`` as (the node standing for it in ``value``, the
+    add): an add itself, or a source function's call whose run returns an
+    add with one of the call's operands as it was given (Falcon's
+    ``residual + dropout(x)``; not Beam's ``depth_scaled_residual_add``,
+    which scales the residual too)."""
+    found = []
+    for node in walk(value):
+        if node.kind == "binop" and node.name == "add":
+            found.append((node, node))
+        elif node.kind == "func" and isinstance(node.ref, FuncRef):
+            operands = [*node.args, *dict(node.kwargs).values()]
+            returned = merge_returns(
+                st.interp.call_function(node.ref.module, node.ref.node, list(node.args), dict(node.kwargs))
+            )
+            if (
+                isinstance(returned, Node)
+                and returned.kind == "binop"
+                and returned.name == "add"
+                and any(any(arg is given for given in operands) for arg in returned.args)
+            ):
+                found.append((node, returned))
+    return found
 
 
 def _post_of(st: AnalyzerState, branch: Any, call: Node) -> tuple[Instance | None, float]:
