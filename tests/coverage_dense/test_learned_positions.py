@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from autoport_cst.errors import PreconditionError
 from autoport_cst.port import port
 from autoport_cst.research import research
 from autoport_cst.transform.base import run_on_source
@@ -62,13 +61,15 @@ def test_an_offset_table_reads_its_rows_past_the_offset():
     assert "positions.to(torch.long) + self.position_offset" in code
 
 
-def test_a_reference_rotating_outside_the_kernels_is_refused():
-    """qwen3 rotates q and k in Python on its prefill path: the codemod
-    cannot remove that site by binding None, and says where it is."""
-    with pytest.raises(PreconditionError) as refused:
-        _ported("qwen3")
-    assert "uses the rotation" in str(refused.value)
-    assert "apply_rotary_pos_emb" in str(refused.value)
+def test_a_reference_rotating_outside_the_kernels_loses_that_rotation():
+    """qwen3 rotates q and k in Python on its prefill path (``q, k =
+    apply_rotary_pos_emb(q, k, cos, sin)``): that statement goes, q and k
+    unrotated (transform.edit.unrotated; it was refused), and the helpers with it."""
+    code = _ported("qwen3")
+    assert "q, k = apply_rotary_pos_emb(" in (REFERENCES / "qwen3" / "model.py").read_text()
+    assert "apply_rotary_pos_emb(q" not in code and "def apply_rotary_pos_emb" not in code
+    assert "def _apply_rotary_emb" not in code and "cos, sin = position_embeddings" not in code
+    assert "cos_kernel = None" in code
 
 
 def test_research_names_the_position_table(workdir):
