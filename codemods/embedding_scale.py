@@ -19,10 +19,18 @@ class EmbeddingScaleParams:
     scale: Literal["sqrt_hidden"] = field(
         default="sqrt_hidden", metadata={"doc": "sqrt_hidden: multiply by hidden_size ** 0.5."}
     )
+    dtype: Literal["model", "float"] = field(
+        default="model",
+        metadata={
+            "doc": "model: the factor rounded to the output's dtype first (Gemma); "
+            "float: a Python float multiplied in, unrounded (XGLM, BioGPT)."
+        },
+    )
 
 
 class EmbeddingScale(Codemod):
-    """Multiply the token embeddings by ``sqrt(hidden_size)``, rounded to the model dtype.
+    """Multiply the token embeddings by ``sqrt(hidden_size)``, rounded to the
+    model dtype (Gemma) or not (XGLM, BioGPT): the spec's ``embedding.scale_dtype``.
 
     Gemma's embedding module multiplies its output by ``hidden_size ** 0.5``,
     held in a float32 tensor and cast to the weights' dtype before the
@@ -38,6 +46,11 @@ class EmbeddingScale(Codemod):
     through the module (embedding data parallelism: gathered token ids, rank
     offsets), so every one is scaled.
 
+    XGLM and BioGPT multiply by a Python float (``math.sqrt(d_model)``), which
+    a bfloat16 tensor takes unrounded (in bfloat16, ``sqrt(2048) = 45.25`` is
+    ``45.25``, the float 45.2548); with ``dtype="float"`` the module's forward
+    multiplies by ``self.embed_scale`` itself.
+
     Prompt embeddings merged after the lookup (``NF.merge_prompt_embeds``) are
     not scaled: that is Gemma 3, whose transformers embedding module scales
     (embeddings handed in are taken as scaled). Gemma and Gemma 2 scale the
@@ -50,14 +63,15 @@ class EmbeddingScale(Codemod):
     """
 
     ID = "embedding-scale"
-    REALIZES = Realizes({"embedding.scale": to("sqrt_hidden")})
+    REALIZES = Realizes({"embedding.scale": to("sqrt_hidden"), "embedding.scale_dtype": to("float")})
     Params = EmbeddingScaleParams
     PITFALLS = (
         Pitfall(
             260,
             lambda spec, facts: spec.embedding.scale == "sqrt_hidden",
-            "embeddings scaled by sqrt(hidden_size): transformers multiplies in the model dtype "
-            "(the bf16 scalar rounds), match it",
+            "embeddings scaled by sqrt(hidden_size): transformers multiplies by the factor rounded to the "
+            "model dtype (Gemma) or by the unrounded Python float (XGLM, BioGPT; embedding.scale_dtype): "
+            "match it, the two differ in bf16 where the square root is not exact",
         ),
     )
     FILES = ("model", "module")
@@ -102,6 +116,43 @@ class EmbeddingScale(Codemod):
             ''',
         ),
         Example(
+            title="XGLM: a Python float",
+            params={"dtype": "float"},
+            before="""
+                class LlamaModel(nn.Module):
+                    def __init__(self, config):
+                        super().__init__()
+                        self.embed_tokens = VocabDimShardedEmbedding(
+                            vocab_size=config.vocab_size,
+                            embed_dim=config.hidden_size,
+                        )
+            """,
+            after='''
+                class ScaledVocabEmbedding(VocabDimShardedEmbedding):
+                    """The vocabulary-sharded token embedding with its output multiplied by a
+                    constant factor, a Python float (not rounded to the output's dtype: a
+                    bfloat16 model multiplies by the exact factor, as transformers does)."""
+
+                    def __init__(self, *args, embed_scale: float = 1.0, **kwargs):
+                        super().__init__(*args, **kwargs)
+                        self.embed_scale = embed_scale
+
+                    def forward(self, *args, **kwargs):
+                        output = super().forward(*args, **kwargs)
+                        return output * self.embed_scale
+
+
+                class LlamaModel(nn.Module):
+                    def __init__(self, config):
+                        super().__init__()
+                        self.embed_tokens = ScaledVocabEmbedding(
+                            vocab_size=config.vocab_size,
+                            embed_dim=config.hidden_size,
+                            embed_scale=config.hidden_size**0.5,
+                        )
+            ''',
+        ),
+        Example(
             title="no embedding in the backbone",
             before="""
                 class LlamaModel(nn.Module):
@@ -114,9 +165,10 @@ class EmbeddingScale(Codemod):
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> EmbeddingScaleParams:
-        return EmbeddingScaleParams()
+        return EmbeddingScaleParams(dtype=target.embedding.scale_dtype)
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         if ctx.role == "module":
             return other_model_file(module, ctx, self.touches(), "the embedding scale")
-        return scaled_embedding(module, ctx, "config.hidden_size**0.5")
+        rounded = self.params.dtype == "model"
+        return scaled_embedding(module, ctx, "config.hidden_size**0.5", rounded=rounded)

@@ -59,6 +59,7 @@ GLUForm = Literal["standard", "clamped_swiglu"]
 Activation = Literal["silu", "gelu", "gelu_tanh", "relu", "relu2", "quick_gelu", "xielu"]
 ParallelResidual = Literal["none", "shared_norm", "separate_norms"]
 EmbeddingScale = Literal["none", "sqrt_hidden", "multiplier"]
+EmbeddingScaleDtype = Literal["model", "float"]
 RouterActivation = Literal["softmax", "sigmoid"]
 RouterDtype = Literal["float32", "bfloat16"]
 # "unknown": a layout research could not read (a split transformers makes at load that no
@@ -308,6 +309,12 @@ class EmbeddingSpec:
         "none",
         "Embeddings multiplied by sqrt(hidden_size) (Gemma), or by the embedding multiplier inside the "
         "embedding module (multiplier: MiniCPM3).",
+    )
+    scale_dtype: EmbeddingScaleDtype = feature(
+        "model",
+        "How the sqrt(hidden_size) scale is multiplied in. model: made a tensor of the activations' dtype "
+        "first, so a bfloat16 model multiplies by it rounded to bfloat16 (Gemma: sqrt(3072) = 55.43 becomes "
+        "55.5); float: a Python float multiplied into the tensor, unrounded (XGLM, BioGPT).",
     )
     multiplier: float | None = optional("Constant embedding multiplier (Granite).")
     learned_positions: bool = feature(

@@ -26,7 +26,7 @@ from autoport_cst.research.analysis.multiplier_keys import (
 )
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, known, unknown
-from autoport_cst.research.interp.values import UNKNOWN, Instance, Node
+from autoport_cst.research.interp.values import UNKNOWN, Instance, Node, ScalarTensor
 from autoport_cst.research.interp.walk import walk
 
 
@@ -116,6 +116,7 @@ def _embedding_scale(
                 f"{where}: embeddings multiplied by {factor:g} = sqrt(hidden_size) ({shown})",
             )
         )
+        _scale_dtype(st, backbone, embed, where)
         st.add(known(None, "embedding.multiplier", CODE, f"{where}: the scale is sqrt(hidden_size)"))
     else:
         inner, _ = _embedding_factor(st, embed)
@@ -138,6 +139,33 @@ def _embedding_scale(
             )
         )
         embedding_multiplier_key(st, [backbone, embed], factor, where)
+
+
+def _scale_dtype(st: AnalyzerState, backbone: Instance, embed: Instance, where: str) -> None:
+    """How the scale is multiplied in: a 0-dim tensor made in (or cast to)
+    the activations' dtype (Gemma: rounded to bfloat16 in a bfloat16 model),
+    or a Python float (XGLM, BioGPT: unrounded)."""
+    first_layer = st.layers[0]
+    values = [] if embed.is_external else list(st.outputs(embed))
+    for state in st.forward(backbone):
+        for call in walk(state.value):
+            if call.kind == "module" and call.ref is first_layer:
+                values.append(call.args[0] if call.args else call.kwarg("hidden_states"))
+    rounded = [
+        a
+        for value in values
+        for n in walk(value)
+        if n.kind == "binop" and n.name == "mul"
+        for a in n.args
+        if isinstance(a, ScalarTensor) and a.rounded
+    ]
+    if rounded:
+        why = f"{rounded[0]:g} made a tensor in the activations' dtype before the multiply (rounded)"
+    else:
+        why = "a Python float (or float32 scalar) multiplied into the embeddings (unrounded)"
+    st.add(
+        known("model" if rounded else "float", "embedding.scale_dtype", CODE, f"{where}: the scale is {why}")
+    )
 
 
 def _embedding_factors(

@@ -21,6 +21,7 @@ def embedding(d: Decider) -> EmbeddingSpec:
         vocab_size=d.cfg.dims.get("vocab_size"),
         tied=_tied(d),
         scale=d.decide("embedding.scale", "none", (CODE,)),
+        scale_dtype=d.flag("embedding.scale_dtype", "model"),
         multiplier=d.decide("embedding.multiplier", None, (CODE,)),
         learned_positions=learned,
         positions_key=key,

@@ -31,10 +31,12 @@ from autoport_cst.research.interp.values import (
     Instance,
     Node,
     Param,
+    ScalarTensor,
     SourceClass,
     State,
     SuperRef,
     call_node,
+    float32_dtype,
     is_concrete,
     merge_returns,
     symbolic,
@@ -267,6 +269,12 @@ class Calls(Statements):
         obj, name = func.obj, func.name
         if name == "__identity__":
             return obj
+        if isinstance(obj, ScalarTensor) and name.startswith("__scalar_"):
+            cast = name[len("__scalar_") : -2]
+            target = args[0] if args else kwargs.get("dtype")
+            if cast == "to" and (target is None or (isinstance(target, Node) and target.name == "device")):
+                return obj  # moved, not cast
+            return ScalarTensor(obj, cast != "float" and not (cast == "to" and float32_dtype(target)))
         if name == "get_text_config" and isinstance(obj, ConfigProxy):
             return obj.text_config()
         if name == "__from_config__" and isinstance(obj, SourceClass) and args:

@@ -24,6 +24,7 @@ from autoport_cst.research.interp.values import (
     Node,
     Param,
     Raised,
+    ScalarTensor,
     SliceSym,
     SourceClass,
     State,
@@ -36,6 +37,8 @@ from autoport_cst.research.interp.values import (
 )
 from autoport_cst.research.sources import SourceModule
 
+# casts of a 0-dim tensor: its dtype (values.ScalarTensor.rounded) follows
+_SCALAR_CASTS = ("to", "type_as", "half", "bfloat16", "float")
 _IDENTITY_METHODS = ("to", "float", "item", "type_as", "clone", "detach", "half", "bfloat16")
 # torch.nn.Module methods that return the module itself (moved or cast: InklingShortConvolution(...).to(dtype=...))
 _MODULE_SELF_METHODS = ("to", "float", "half", "bfloat16", "double", "cpu", "requires_grad_", "train", "eval")
@@ -97,6 +100,8 @@ class Expressions(Classes):
             return Node("attr", name, (base,))
         if isinstance(base, Param):
             return Node("attr", name, (Node("param", base.name or "", ref=base),))
+        if isinstance(base, ScalarTensor) and name in _SCALAR_CASTS:
+            return BoundBuiltin(base, f"__scalar_{name}__")  # calls.call_builtin_method: the cast
         if isinstance(base, (int, float)) and not isinstance(base, bool):
             if name in _IDENTITY_METHODS:
                 return BoundBuiltin(base, "__identity__")

@@ -17,8 +17,10 @@ from autoport_cst.research.interp.values import (
     Instance,
     Node,
     Param,
+    ScalarTensor,
     TensorInit,
     call_node,
+    float32_dtype,
     is_concrete,
     number_like,
 )
@@ -125,6 +127,9 @@ def call_external(func: External, args: list, kwargs: dict, reads: dict) -> Any:
     if short in _TENSOR_FACTORIES and qual.startswith("torch"):
         return _tensor_init(short, args, kwargs)
     if short == "tensor" and qual.startswith("torch") and args and number_like(args[0]):
+        if isinstance(args[0], float):  # a 0-dim tensor: rounded when made in the activations' dtype
+            dtype = kwargs.get("dtype")
+            return ScalarTensor(args[0], dtype is not None and not float32_dtype(dtype))
         return args[0]
     if qual.startswith(("math.", "numpy.")) and all(number_like(a) for a in args):  # np.sqrt(d) on a number
         fn = getattr(math, short, None)

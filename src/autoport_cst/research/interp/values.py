@@ -216,6 +216,26 @@ class FirstOnly:
     value: Any
 
 
+class ScalarTensor(float):
+    """A number made a 0-dim tensor (``torch.tensor(x)``, a buffer of one).
+    ``rounded``: made in, or cast to, a dtype other than float32 (Gemma's
+    ``torch.tensor(s, dtype=hidden_states.dtype)``, ``embed_scale.to(weight.dtype)``):
+    multiplied into a bfloat16 tensor it is the number rounded to bfloat16;
+    a float32 one, like a Python float, multiplies unrounded."""
+
+    rounded: bool
+
+    def __new__(cls, value: float, rounded: bool) -> ScalarTensor:
+        made = super().__new__(cls, value)
+        made.rounded = rounded
+        return made
+
+
+def float32_dtype(value: Any) -> bool:
+    """``value`` names float32 or float64 (``torch.float32``, ``torch.float``)."""
+    return isinstance(value, External) and value.short in ("float32", "float", "float64", "double")
+
+
 _CONCRETE = (int, float, str, bool, type(None), tuple, list, dict, set, frozenset, range, slice)
 
 

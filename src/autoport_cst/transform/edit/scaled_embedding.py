@@ -36,11 +36,29 @@ class {SCALED}({BASE}):
         return output * output.new_tensor(self.embed_scale)
 '''
 
+# the factor a Python float multiplied into the output, unrounded (XGLM, BioGPT)
+FLOAT_SCALED_CLASS = f'''
+class {SCALED}({BASE}):
+    """The vocabulary-sharded token embedding with its output multiplied by a
+    constant factor, a Python float (not rounded to the output's dtype: a
+    bfloat16 model multiplies by the exact factor, as transformers does)."""
 
-def scaled_embedding(module: cst.Module, ctx: FileContext, scale: str) -> cst.Module:
+    def __init__(self, *args, embed_scale: float = 1.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.embed_scale = embed_scale
+
+    def forward(self, *args, **kwargs):
+        output = super().forward(*args, **kwargs)
+        return output * self.embed_scale
+'''
+
+
+def scaled_embedding(module: cst.Module, ctx: FileContext, scale: str, rounded: bool = True) -> cst.Module:
     """The backbone (``<Prefix>Model``) builds its one ``VocabDimShardedEmbedding``
     as a ``ScaledVocabEmbedding`` with ``embed_scale=<scale>`` (an expression
-    of ``config``); the class is added before the backbone when missing."""
+    of ``config``); the class is added before the backbone when missing,
+    multiplying by the factor rounded to the output's dtype (``rounded``) or
+    by the Python float."""
     backbone = class_here(module, ctx, "backbone", "<Prefix>Model backbone")
     if backbone is None:
         return module
@@ -69,7 +87,10 @@ def scaled_embedding(module: cst.Module, ctx: FileContext, scale: str) -> cst.Mo
             for i, s in enumerate(body)
             if isinstance(s, cst.ClassDef) and class_role(s.name.value) == "backbone"
         )
-        new_class = cast(cst.ClassDef, parse_statement(SCALED_CLASS.strip("\n"), module))
+        new_class = cast(
+            cst.ClassDef,
+            parse_statement((SCALED_CLASS if rounded else FLOAT_SCALED_CLASS).strip("\n"), module),
+        )
         anchor = body[index]
         body[index] = anchor.with_changes(
             leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(indent=False)]
