@@ -13,10 +13,9 @@ learned-positions maps the position table after the real ``mappings = {}``
 no entry to follow). MPT and BLOOM (ALiBi, BLOOM's embedding norm) and GPT-2
 (learned positions) from the real llama3 then validate at TP=1 fp32 and bf16
 and at TP=2 (vocabulary 512); from the real qwen3, which has no tied LM head,
-they are refused for ``embedding.tied``; with that refusal lifted by hand (a
-plan of an untied model), rope-scaling's 'none' variant now takes the real
-qwen3's rotary class, and alibi-positions and learned-positions refuse at
-its explicit ``q, k = apply_rotary_pos_emb(q, k, cos, sin)`` (README)."""
+they are refused for ``embedding.tied``; rope-scaling's 'none' variant takes
+the real qwen3's rotary class, and their untied variants port from it
+(tests/port/test_real_qwen3_untied.py; README)."""
 
 from __future__ import annotations
 
