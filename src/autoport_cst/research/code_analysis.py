@@ -47,6 +47,7 @@ from autoport_cst.research.analysis import (
     mixers,
     mlp,
     moe,
+    passthrough,
     rope,
 )
 from autoport_cst.research.analysis.graph import kernel_calls
@@ -132,6 +133,7 @@ def _run(st: AnalyzerState) -> None:
     r.module_names["model.layers"] = st.layer_prefix[:-1]
     decoder.mixer_layers(st, backbone_inst, layers_attr)
     mixers.cross_attention_layers(st)
+    st.attn_path = passthrough.splice(st, layers) or ""
     if decoder.attention_child(st):
         layer0 = st.layers[0]
         mixers.name_block(st, layer0, ("norm", "residual"), routing=False)  # a mixer beside the attention

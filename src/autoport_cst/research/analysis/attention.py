@@ -96,7 +96,7 @@ def _trace(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
     not reading another projection) and output projections."""
     attn = dict(layer0.children())[st.attn_name]
     where = st.where(attn)
-    prefix = f"{st.layer_prefix}0.{st.attn_name}."
+    prefix = f"{st.layer_prefix}0.{st.attn_path or st.attn_name}."
     outs = _traced_outputs(st, attn)
     if not outs:
         st.add(unknown("attention.qkv_bias", CODE, f"{where}: forward could not be followed"))
@@ -255,7 +255,7 @@ def _names(
     value arguments, or the operands of the products of attention written
     out), the output projection, and the q/k norms."""
     names = st.result.module_names
-    base = st.attn_name
+    base = st.attn_path or st.attn_name
     names["self_attn"] = base
     for inst in in_insts + out_insts:
         st.result.linear_modules.append(st.base_module(inst) or "?")

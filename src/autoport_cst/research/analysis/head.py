@@ -239,6 +239,7 @@ def _without_positions(st: AnalyzerState, value: Any, embed: Instance) -> Any:
             value = value.args[0]
             continue
         break
+    value = _without_token_types(value, embed)
     if not (isinstance(value, Node) and value.kind == "binop" and value.name == "add"):
         return None
     sides = [  # through casts: OPT's pos_embeds.to(inputs_embeds.device) reads only the device
@@ -252,6 +253,29 @@ def _without_positions(st: AnalyzerState, value: Any, embed: Instance) -> Any:
         if side == {id(embed)} and (other or table is not None) and id(embed) not in other:
             return value.args[index]
     return None
+
+
+def _without_token_types(value: Any, embed: Instance) -> Any:
+    """``value`` without a second call of the token embedding added to it
+    (GPT-Neo's ``hidden_states + wte(token_type_ids)``, on a path given
+    token types: a port is given none), when the rest calls it on other
+    ids (not the same call read through: XGLM's positions from the embedding's shape)."""
+    if not (isinstance(value, Node) and value.kind == "binop" and value.name == "add"):
+        return value
+    for index, arg in enumerate(value.args):
+        arg, rest = strip_casts(arg), value.args[1 - index]
+        if (
+            isinstance(arg, Node)
+            and arg.kind == "module"
+            and arg.ref is embed
+            and arg.args
+            and any(
+                n.kind == "module" and n.ref is embed and n.args and n.args[0] is not arg.args[0]
+                for n in walk(rest)
+            )
+        ):
+            return rest
+    return value
 
 
 def _sin_cos_module(value: Any) -> Instance | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from autoport_cst.research.analysis import scores
 from autoport_cst.research.analysis.graph import ranges
 from autoport_cst.research.analysis.layer_inputs import forward_parameters
 from autoport_cst.research.analysis.state import AnalyzerState, softmax_modules
@@ -286,17 +287,28 @@ def explicit_scores(st: AnalyzerState, attn: Instance, explains: tuple[str, ...]
         }
         if "softmax" in names and names & {"matmul", "bmm"}:
             product = "bmm" if "bmm" in names else "matmul"
+            said = scores.computed(nodes, _input_projections(st, nodes), st.dims.get("head_dim"))
             st.add(
                 known(
                     explains,
                     "unsupported.explicit_attention",
                     CODE,
                     f"{st.where(attn)} computes q @ k^T ({product}) and a softmax itself "
-                    "(no attention kernel call)",
+                    "(no attention kernel call)" + (f": {'; '.join(said)}" if said else ""),
                 )
             )
             return True
     return False
+
+
+def _input_projections(st: AnalyzerState, nodes: list[Node]) -> list[Node]:
+    """The calls of linear modules that read no other linear call's output."""
+    linear = [n for n in nodes if n.kind == "module" and n.ref is not None and st.role(n.ref) == "linear"]
+    return [
+        c
+        for c in linear
+        if not any(depends_on(c.args[0] if c.args else None, o) for o in linear if o is not c)
+    ]
 
 
 def _wrapper_residual(

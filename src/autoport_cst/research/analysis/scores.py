@@ -33,20 +33,11 @@ def analyze(st: AnalyzerState, nodes: list[Node], inputs: list[Node], where: str
     if not scores or not softmax:
         st.add(unknown("attention.scale", CODE, f"{where}: attention kernel call not found"))
         return
-    logits, _ = _score_masks(softmax[0])
-    reached_at: list[Node] = []
-
-    def at_scores(value: Any) -> bool:
-        reached_at[:] = [s for s in scores if value is s]
-        return bool(reached_at)
-
-    factor, ops, reached = scalar_path(logits, at_scores)
-    if not reached or not isinstance(hd, int):
+    scaled = _scale(scores, softmax[0], inputs)
+    if scaled is None or not isinstance(hd, int):
         st.add(unknown("attention.scale", CODE, f"{where}: scores scaling not traced"))
         return
-    for operand in reached_at[0].args:  # the queries or keys scaled before the product
-        scalar, _, seen = _operand(operand, inputs)
-        factor, ops = factor * scalar, ops + seen
+    factor, ops = scaled
     default = hd**-0.5
     if math.isclose(factor, default, rel_tol=1e-9):
         st.add(known(None, "attention.scale", CODE, f"{where}: scores scaled by head_dim ** -0.5"))
@@ -69,6 +60,77 @@ def analyze(st: AnalyzerState, nodes: list[Node], inputs: list[Node], where: str
         st.add(unknown("attention.softcap", CODE, f"{where}: tanh applied to the scores"))
     else:
         st.add(known(None, "attention.softcap", CODE, f"{where}: no tanh on the scores"))
+
+
+def _scale(scores: list[Node], softmax: Node, inputs: list[Node]) -> tuple[float, list[str]] | None:
+    """The scalar the scores reach the softmax multiplied by (on the scores,
+    or on the queries or keys before the product) and its operations."""
+    logits, _ = _score_masks(softmax)
+    reached_at: list[Node] = []
+
+    def at_scores(value: Any) -> bool:
+        reached_at[:] = [s for s in scores if value is s]
+        return bool(reached_at)
+
+    factor, ops, reached = scalar_path(logits, at_scores)
+    if not reached:
+        return None
+    for operand in reached_at[0].args:  # the queries or keys scaled before the product
+        scalar, _, seen = _operand(operand, inputs)
+        factor, ops = factor * scalar, ops + seen
+    return factor, ops
+
+
+def computed(nodes: list[Node], inputs: list[Node], hd: Any) -> list[str]:
+    """What attention written out computes, in words, for a refusal that
+    cannot take it into the spec (an attention one module down): the scale,
+    scores computed in float32 (queries and keys cast before the product),
+    a mask selecting the scores with ``torch.where`` (not an attention
+    mask the forward is given: its window is not read)."""
+    scores, softmax = _score_products(nodes, inputs), _softmaxes(nodes)
+    if len(scores) != 1 or not softmax:
+        return []
+    said = []
+    scaled = _scale(scores, softmax[0], inputs)
+    if scaled is not None and isinstance(hd, int):
+        factor, ops = scaled
+        default = " (the kernel's default)" if math.isclose(factor, hd**-0.5, rel_tol=1e-9) else ""
+        said.append(f"scores scaled by {factor:g}{default}{': ' + ' '.join(ops) if ops else ' (unscaled)'}")
+    else:
+        said.append("a scale not traced")
+    if all(_cast_to_float32(a) for a in scores[0].args):
+        said.append("the scores computed in float32 (queries and keys cast before the product)")
+    if WHERE_MASK in _score_masks(softmax[0])[1]:
+        said.append(
+            "the scores selected by a boolean mask with torch.where (not an attention mask the forward "
+            "is given: a causal or sliding-window mask research does not read)"
+        )
+    return said
+
+
+def _cast_to_float32(value: Any) -> bool:
+    """``value`` is cast to float32 (``.to(torch.float32)``, ``.float()``),
+    through shape changes."""
+    for _ in range(16):
+        if not isinstance(value, Node) or not value.args:
+            return False
+        if value.kind == "method" and (
+            value.name == "float"
+            or (
+                value.name == "to"
+                and any(_is_float32(a) for a in [*value.args[1:], *(v for _, v in value.kwargs)])
+            )
+        ):
+            return True
+        if value.kind == "method" and value.name in (*_SHAPES, "to"):
+            value = value.args[0]
+        else:
+            return False
+    return False
+
+
+def _is_float32(value: Any) -> bool:
+    return getattr(value, "qualname", None) == "torch.float32"
 
 
 def _score_products(nodes: list[Node], inputs: list[Node]) -> list[Node]:
@@ -180,9 +242,40 @@ def _score_masks(softmax: Node) -> tuple[Any, list[str]]:
             value = next(a for a in value.args if a is not given[0])
         elif _clamped_to_dtype_min(value):
             value = value.args[0]
+        elif _filled_with_dtype_min(value):  # GPT-Neo's where(causal_mask, w, finfo(dtype).min)
+            masks.append(WHERE_MASK)
+            value = value.args[1]
         else:
             break
     return value, masks
+
+
+# what _score_masks records for a mask selecting the scores with torch.where
+WHERE_MASK = "<torch.where mask>"
+
+
+def _filled_with_dtype_min(value: Any) -> bool:
+    """``torch.where(mask, x, torch.tensor(torch.finfo(dtype).min))``: the
+    scores where a boolean mask holds, the dtype's minimum elsewhere."""
+    if not (isinstance(value, Node) and value.kind == "call" and value.name == "torch.where"):
+        return False
+    if len(value.args) != 3:
+        return False
+    fill = value.args[2]
+    if isinstance(fill, Node) and fill.kind == "call" and fill.name == "torch.tensor" and fill.args:
+        fill = fill.args[0]
+    return _dtype_min(fill)
+
+
+def _dtype_min(fill: Any) -> bool:
+    return (
+        isinstance(fill, Node)
+        and fill.kind == "attr"
+        and fill.name == "min"
+        and bool(fill.args)
+        and isinstance(fill.args[0], Node)
+        and fill.args[0].name == "torch.finfo"
+    )
 
 
 def _reshaped(value: Any) -> Any:
@@ -209,14 +302,7 @@ def _clamped_to_dtype_min(value: Any) -> bool:
     fill = (
         bound.value if isinstance(bound, TensorInit) and bound.fill == "full" and bound.shape == () else None
     )
-    return (
-        isinstance(fill, Node)
-        and fill.kind == "attr"
-        and fill.name == "min"
-        and bool(fill.args)
-        and isinstance(fill.args[0], Node)
-        and fill.args[0].name == "torch.finfo"
-    )
+    return _dtype_min(fill)
 
 
 def window(st: AnalyzerState, index: int, nodes: list[Node]) -> Any:

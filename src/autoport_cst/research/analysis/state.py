@@ -110,6 +110,8 @@ class AnalyzerState:
         self.layers: list[Instance] = []
         self.layer_prefix = ""  # state-dict prefix of the decoder layers ("model.layers.")
         self.attn_name = ""  # the attention child of a decoder layer
+        # its weights' path in a layer when not attn_name: a pass-through wrapper's ("attn.attention")
+        self.attn_path = ""
         self.layer_rotation: list[bool] = []  # per traced layer: does its attention rotate q/k
         self.backbone: Instance | None = None  # the module holding the decoder layers
         # per layer index, its calls in the backbone's forward run for every layer (layer_inputs)
@@ -118,6 +120,12 @@ class AnalyzerState:
         self._forward_cache: dict[int, list[PathState]] = {}
         self._role_cache: dict[int, str] = {}
         self._norm_cache: dict[int, dict[str, Any]] = {}
+
+    def reset_caches(self) -> None:
+        """Forget forwards, roles and norms read (the instance tree changed)."""
+        self._forward_cache.clear()
+        self._role_cache.clear()
+        self._norm_cache.clear()
 
     def add(self, finding: Finding) -> None:
         self.result.add(finding)

@@ -1,0 +1,41 @@
+"""An attention one module down whose wrapper only passes it through
+(GPT-Neo's ``attn.attention``: ``GPTNeoAttention.forward`` returns
+``self.attention(...)`` as it is) is read as the layer's attention: its
+norms, feed-forward, biases and checkpoint names are read, and its scores
+written out by what they compute (no scaling: scale 1). What is not read
+yet is named in the refusal: the scores computed in float32 and the
+boolean mask (a buffer: the sliding window of the local layers)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+
+def test_the_attention_inside_a_pass_through_wrapper_is_read(tiny):
+    found = tiny.research("gpt_neo")
+    spec = found.spec
+    assert (spec.norm.kind, spec.norm.bias, spec.norm.placement) == ("layernorm", True, "pre")
+    assert (spec.mlp.kind, spec.mlp.activation, spec.mlp.bias) == ("plain", "gelu_tanh", True)
+    assert (spec.attention.qkv_bias, spec.attention.o_bias) == (False, True)
+    assert spec.embedding.learned_positions is True
+    assert spec.checkpoint.key_map["self_attn"] == "attn.attention"
+    assert spec.checkpoint.key_map["self_attn.o_proj"] == "attn.attention.out_proj"
+    assert spec.checkpoint.key_map["mlp.up_proj"] == "mlp.c_fc"
+    assert not any(e.startswith("code.attention") for e in spec.unsupported or ())
+
+
+def test_unscaled_scores_read_as_scale_one(tiny):
+    scale = tiny.research("gpt_neo").finding("attention.scale", "code")
+    assert scale is not None and scale.value == 1.0, scale
+    assert "unscaled" in scale.evidence
+
+
+def test_the_refusal_names_what_is_not_read(tiny):
+    refusal = [
+        e for e in tiny.research("gpt_neo").spec.unsupported or () if e.startswith("explicit_attention")
+    ]
+    assert len(refusal) == 1, refusal
+    for words in ("scores scaled by 1 (unscaled)", "computed in float32", "boolean mask with torch.where"):
+        assert words in refusal[0], refusal[0]
