@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -459,6 +460,7 @@ class FusedCheckpoint(Codemod):
             if attention is not None:
                 helpers.append((QKV_SPLIT, QKV_SPLIT_CODE, attention))
         if self.params.gate_up:
+            self._refuse_per_expert_gate_up(module, ctx)
             mlp, attrs = self._gate_up_edits(module, ctx, edits)
             if mlp is not None:
                 helpers.append((PART, PART_CODE, mlp))
@@ -584,6 +586,24 @@ class FusedCheckpoint(Codemod):
             edits.update(loaders.edits())
             target = target or mlp.name
         return target, renamed
+
+    def _refuse_per_expert_gate_up(self, module: cst.Module, ctx: FileContext) -> None:
+        """A file that maps its experts' gate and up weights to per-expert keys
+        (``mappings[...] = [f"...experts.{e}.gate_proj.weight" ...]``, the real
+        vllm_neuron qwen3_moe) keeps them when only an ``NF.mlp`` is edited: with
+        gate and up stored fused, the experts would not load; refused, naming it.
+        A mapping that also takes the fused ``experts.gate_up_proj`` (as
+        checkpoint-keys writes it) is left alone."""
+        for node in _subscript_assignments(module):
+            value = code_of(node.value)
+            if PER_EXPERT_GATE_UP.search(value) and not FUSED_EXPERTS.search(value):
+                raise ctx.precondition(
+                    f"{self.ID}: the experts map gate and up to per-expert keys "
+                    f"({code_of(node.targets[0].target).strip()}), which this codemod does not change: "
+                    "with gate and up stored fused they would not load",
+                    node,
+                    module,
+                )
 
     def _parts(self, mlp, module: cst.Module, ctx: FileContext) -> dict[str, int]:
         """``attr -> part`` (0: gate, 1: up) of the weights and their biases."""
@@ -738,6 +758,23 @@ def _part_loader_edit(part: int):
         return updated.with_changes(func=cst.Name(PART), args=[*new, *args])
 
     return edit
+
+
+PER_EXPERT_GATE_UP = re.compile(r"\.experts\.\{[^}]*\}\.(gate_proj|up_proj|w1|w3)\b")
+FUSED_EXPERTS = re.compile(r"\.experts\.gate_up_proj\b")  # a mapping that takes the fused key too
+
+
+def _subscript_assignments(module: cst.Module) -> list[cst.Assign]:
+    """Every ``x[...] = value`` of the module."""
+    found: list[cst.Assign] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            if isinstance(node.targets[0].target, cst.Subscript):
+                found.append(node)
+
+    module.visit(Visitor())
+    return found
 
 
 def _add_function(module: cst.Module, name: str, code: str, after_class: str) -> cst.Module:

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _refusal(architecture: str, key_format: str, tmp_path: Path) -> str:
+def _refusal(architecture: str, key_format: str, tmp_path: Path, values: dict | None = None) -> str:
     """The failure of applying the plan of a tiny ``architecture`` (vocabulary 512) onto the real
     qwen3_moe; asserts that nothing was built."""
     from autoport_cst.apply import build_port, load_reference
@@ -39,7 +39,11 @@ def _refusal(architecture: str, key_format: str, tmp_path: Path) -> str:
 
     checkpoint = tmp_path / architecture
     build_tiny_checkpoint(
-        architecture, checkpoint, seed=0, dimensions={"vocab_size": 512}, key_format=key_format
+        architecture,
+        checkpoint,
+        seed=0,
+        dimensions={"vocab_size": 512, **(values or {})},
+        key_format=key_format,
     )
     found = research(str(checkpoint))
     ref = str(REAL / "qwen3_moe")
@@ -75,3 +79,15 @@ def test_moe_ports_from_the_real_qwen3_moe_refuse_naming_the_site(
     failure = _refusal(architecture, key_format, tmp_path)
     for text in expected:
         assert text in failure, failure
+
+
+@pytest.mark.slow
+def test_fused_experts_are_refused_where_the_real_experts_load_per_expert_keys(tmp_path):
+    """A Qwen3-MoE checkpoint in transformers 5's module layout stores each layer's experts'
+    gate and up fused (``mlp.experts.gate_up_proj``) and its dense layer's apart. The plan's
+    checkpoint.gate_up is fused; fused-checkpoint edited the dense layer's NF.mlp alone and left
+    the real load_weights' per-expert expert keys, and the written port failed at load. It is
+    refused now, naming the experts' mapping."""
+    failure = _refusal("Qwen3MoeForCausalLM", "model", tmp_path, {"norm_topk_prob": True})
+    assert "fused-checkpoint" in failure and "per-expert keys" in failure, failure
+    assert 'mappings[f"{layer_prefix}.mlp.experts.gate_up_proj_weight"]' in failure, failure
