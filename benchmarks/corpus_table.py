@@ -11,6 +11,7 @@ so the totals of a merged table count every row.
 from __future__ import annotations
 
 import collections
+import re
 from pathlib import Path
 
 README_START = "<!-- corpus table: written by benchmarks/corpus.py --readme -->"
@@ -26,6 +27,9 @@ REALIZES = "no codemod realizes "
 # while codemods/embedding_scale.py exists)
 UNCLASSIFIED = "research could not classify "
 FULL_SIZE = " (full-size config)"
+# no one feature blocks every reference: the closest one's blockers, named as such
+# (minimax_m3_vl_text's mlp.glu, which gpt_oss realizes, blocks qwen3_moe)
+CLOSEST = re.compile(r"the closest reference, [\w.-]+, does not realize ")
 # the steps every port has (not shown in the codemods column)
 ROUTINE_STEPS = ("rename-classes", "set-constants", "register-model")
 TOTAL = "; total "
@@ -74,7 +78,9 @@ def refusal_detail(features: list[str], message: str, full_size: bool = False) -
     text, calls each 'which research could not classify [field]')."""
     unclassified = [f for f in features if f"which research could not classify [{f}]" in message]
     realized = [f for f in features if f not in unclassified]
-    parts = [REALIZES + ", ".join(realized)] if realized else []
+    closest = re.search(r"the closest, ([\w.-]+), does not realize ", message)  # refusal.refusal_text
+    lead = f"the closest reference, {closest.group(1)}, does not realize " if closest else REALIZES
+    parts = [lead + ", ".join(realized)] if realized else []
     parts += [UNCLASSIFIED + ", ".join(unclassified)] if unclassified else []
     return "; ".join(parts) + (FULL_SIZE if full_size else "")
 
@@ -92,9 +98,9 @@ def parse_row(line: str) -> dict | None:
     )
     detail = verdict_cell[len(verdict) + 1 :].strip()
     blocked: list[str] = []
-    if verdict == "refused" and detail.startswith((REALIZES, UNCLASSIFIED)):
+    if verdict == "refused" and (detail.startswith((REALIZES, UNCLASSIFIED)) or CLOSEST.match(detail)):
         for part in detail.removesuffix(FULL_SIZE).split("; "):
-            named = part.removeprefix(REALIZES).removeprefix(UNCLASSIFIED)
+            named = CLOSEST.sub("", part.removeprefix(REALIZES).removeprefix(UNCLASSIFIED), count=1)
             blocked += [f for f in named.split(", ") if f]
     return {
         "architecture": found[0],

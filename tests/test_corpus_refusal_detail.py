@@ -37,3 +37,16 @@ def test_rows_parse_back_with_every_feature_counted():
     assert row["blocked"] == ["modules_beside_decoder", "embedding.scale"]
     only = parse_row("| X | x | - | - | refused: research could not classify norm.placement | - | 1.0 |")
     assert only is not None and only["blocked"] == ["norm.placement"]
+
+
+def test_the_closest_reference_named_when_no_feature_blocks_every_reference():
+    """minimax_m3_vl_text's clamped SwiGLU blocks qwen3_moe, the closest, and
+    gpt_oss realizes it: the row said 'no codemod realizes mlp.glu'."""
+    message = (
+        "not portable: no one feature blocks every reference; the closest, qwen3_moe, does not realize "
+        "gate and up combined as clamped_swiglu [mlp.glu] (...)"
+    )
+    detail = refusal_detail(["mlp.glu"], message)
+    assert detail == "the closest reference, qwen3_moe, does not realize mlp.glu"
+    row = parse_row(f"| MiniMaxM3VLForCausalLM | minimax_m3_vl_text | - | - | refused: {detail} | - | 2.9 |")
+    assert row is not None and row["blocked"] == ["mlp.glu"]
