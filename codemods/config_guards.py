@@ -47,7 +47,9 @@ class AssumedField:
         metadata={
             "doc": "For a list of per-layer values the model uses in place of a field's (GraniteSWA's "
             "layer_rope_theta for rope_parameters.rope_theta): that field, which the port reads for every "
-            "layer; each entry must equal it (value is then an example)."
+            "layer; each entry must equal it (value is then an example). For a single value (Falcon "
+            "without multi-query: num_kv_heads same_as num_attention_heads): the field it must equal, "
+            "both read by the port."
         },
     )
 
@@ -495,7 +497,9 @@ class ConfigGuards(Codemod):
             if entry.same_as is not None and not _FIELD.fullmatch(entry.same_as):
                 problems.append(f"assumed[{index}].same_as {entry.same_as!r} is not a dotted identifier")
             # a list of per-layer types and the entries it may hold, or of values equal to another field
-            listed = entry.allowed is not None or entry.same_as is not None
+            listed = entry.allowed is not None or (
+                entry.same_as is not None and isinstance(entry.value, list)
+            )
             values = [entry.default, *(entry.allowed or ())]
             values += list(entry.value) if listed and isinstance(entry.value, list) else [entry.value]
             if not all(_scalar(v) for v in values) or (listed and not isinstance(entry.value, list)):
@@ -541,10 +545,16 @@ class ConfigGuards(Codemod):
         per_layer = "".join(
             f"        ({_literal(e.field)}, {_literal(e.same_as)}, {_literal(e.fixes)}),\n"
             for e in self.params.assumed
-            if e.same_as is not None
+            if e.same_as is not None and isinstance(e.value, list)
+        )
+        related = "".join(
+            f"        ({_literal(e.field)}, {_literal(e.same_as)}, {_literal(e.fixes)}),\n"
+            for e in self.params.assumed
+            if e.same_as is not None and not isinstance(e.value, list)
         )
         function = FUNCTION.replace("{entries}", entries)
-        return function + PER_LAYER.replace("{entries}", per_layer) if per_layer else function
+        function += PER_LAYER.replace("{entries}", per_layer) if per_layer else ""
+        return function + RELATED.replace("{entries}", related) if related else function
 
 
 FUNCTION = '''
@@ -590,6 +600,24 @@ PER_LAYER = """    # per-layer values the model uses in place of a field this po
                 f"config field {name} holds {wrong[0]!r}, but this port computes every layer with "
                 f"{field_name} = {target!r} ({fixes} read from it): a per-layer value that differs "
                 "is not supported"
+            )
+"""
+
+# appended to FUNCTION's body for fields that must equal another (a relation the model needs)
+RELATED = """    # fields the model needs equal to another field (each read by the port)
+    related = (
+{entries}    )
+    for name, field_name, fixes in related:
+        pair = []
+        for dotted in (name, field_name):
+            value = values
+            for key in dotted.split("."):
+                value = value.get(key) if isinstance(value, dict) else None
+            pair.append(value)
+        if pair[0] != pair[1]:
+            raise ValueError(
+                f"config field {name} is {pair[0]!r}, but this port needs {name} equal to {field_name} "
+                f"(here {pair[1]!r}; {fixes} otherwise): port this checkpoint again"
             )
 """
 

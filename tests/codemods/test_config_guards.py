@@ -192,3 +192,24 @@ def test_the_config_dict_and_the_statement_binding_it_on_every_path(body, expect
         assert found.statement is None and found.partial is method.body.body[0]
     else:
         assert found.statement is method.body.body[index - 1]
+
+
+def test_a_field_related_to_another_is_refused_unless_equal():
+    """A single value with same_as: the model needs the two fields equal
+    (Falcon without multi-query), whatever value they share."""
+    related = {"assumed": [{"field": "num_kv_heads", "value": 4, "same_as": "num_attention_heads"}]}
+    source = "@dataclass\nclass MyConfig:\n    hidden_size: int = 8\n\n    @classmethod\n"
+    source += (
+        "    def from_configs(cls, hf_config):\n        values = dict(hf_config)\n        return cls()\n"
+    )
+    assert not ConfigGuards.check_params(ConfigGuards.parse_params(related))
+    output, _ = run_on_source(ConfigGuards(ConfigGuards.parse_params(related)), source, "config.py", "config")
+    namespace: dict = {}
+    exec(output.split("@dataclass", 1)[0], namespace)
+    check = namespace["check_assumed_config"]
+    check({"num_kv_heads": 4, "num_attention_heads": 4})
+    check({"num_kv_heads": 32, "num_attention_heads": 32})
+    with pytest.raises(
+        ValueError, match="num_kv_heads is 4, but this port needs num_kv_heads equal to num_att"
+    ):
+        check({"num_kv_heads": 4, "num_attention_heads": 8})

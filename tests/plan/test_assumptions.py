@@ -165,3 +165,46 @@ def test_unchanged_and_unresearched_fields_are_listed_apart():
     assert found.unseen == ("attention_dropout",)
     assert found.inconclusive == (("num_hidden_layers", "ValueError: layer_types"),)
     assert found.step() is None
+
+
+def test_two_fields_the_model_needs_equal_are_guarded_by_the_relation():
+    # Falcon without multi-query: either head count varied alone is unsupported,
+    # both varied together only change sizes the port reads at run time
+    unsupported = ("unsupported", "value", [], ["qkv_head_groups"])
+    heads = probe("num_attention_heads", 4, 8, unsupported)
+    kv = probe("num_kv_heads", 4, 8, unsupported)
+    joint = dataclasses.replace(
+        probe(
+            "num_kv_heads",
+            4,
+            8,
+            ("attention.num_heads", "value", 4, 8),
+            ("attention.num_kv_heads", "value", 4, 8),
+        ),
+        together="num_attention_heads",
+    )
+    found = judge(heads, kv, joint)
+    (guard,) = found.guards
+    assert (guard.field, guard.same_as, guard.value, guard.refused_entry()) == (
+        "num_kv_heads",
+        "num_attention_heads",
+        4,
+        8,
+    )
+    assert guard.params()["same_as"] == "num_attention_heads" and guard.fixes == ("unsupported",)
+    assert found.sizes == ("num_attention_heads", "num_kv_heads")
+
+
+def test_a_relation_the_port_does_not_follow_keeps_the_value_guards():
+    unsupported = ("unsupported", "value", [], ["qkv_head_groups"])
+    heads = probe("num_attention_heads", 4, 8, unsupported)
+    kv = probe("num_kv_heads", 4, 8, unsupported)
+    joint = dataclasses.replace(
+        probe("num_kv_heads", 4, 8, ("attention.multi_query_key", "feature", None, "x")),
+        together="num_attention_heads",
+    )
+    found = judge(heads, kv, joint)
+    assert [(g.field, g.same_as) for g in found.guards][:2] == [
+        ("num_attention_heads", None),
+        ("num_kv_heads", None),
+    ]

@@ -79,7 +79,8 @@ class Guard:
     fixes: tuple[str, ...]  # the spec fields the port's code fixes for that value
     varied: Any  # a value the port refuses
     allowed: tuple[Any, ...] | None = None
-    # for a per-layer list: the config field every entry must equal (the value the port reads)
+    # for a per-layer list: the config field every entry must equal (the value the port reads);
+    # for a single value: the config field it must equal (a relation the model needs)
     same_as: str | None = None
 
     def params(self) -> dict[str, Any]:
@@ -99,6 +100,8 @@ class Guard:
         """The value (for a list: the entry) the refusal must name."""
         if self.allowed is not None:
             return next(v for v in self.varied if v not in self.allowed)
+        if self.same_as is not None and not isinstance(self.value, list):
+            return self.varied
         if self.same_as is not None:
             return next(v for v, w in zip(self.varied, self.value, strict=True) if v != w)
         return self.varied
@@ -131,9 +134,12 @@ def config_assumptions(dependence: Any, spec: ArchSpec, config_driven: dict[str,
     runtime: list[str] = []
     sizes: list[str] = []
     unseen: list[str] = []
-    for name in dict.fromkeys(p.field for p, _ in judged if not p.given):
-        own = [(p, fixed) for p, fixed in judged if p.field == name and not p.given]
+    related = _relations(judged)
+    for name in dict.fromkeys(p.field for p, _ in judged if not p.given and not p.together):
+        own = [(p, fixed) for p, fixed in judged if p.field == name and not p.given and not p.together]
         under = [(p, fixed) for p, fixed in judged if p.given and p.given[0][0] == name]
+        if name in related:
+            own = [related[name], *(pair for pair in own if pair[0].varied != related[name][0].varied)]
         guard = _guard(name, own, under)
         if guard is not None:
             guards.append(guard)
@@ -144,7 +150,31 @@ def config_assumptions(dependence: Any, spec: ArchSpec, config_driven: dict[str,
         else:
             runtime.append(name)
     guards += _per_layer_guards(dependence)
+    guards += [_relation_guard(p, judged) for p, fixed in judged if p.together and not fixed]
     return ConfigAssumptions(tuple(guards), tuple(runtime), tuple(sizes), tuple(unseen), inconclusive)
+
+
+def _relations(judged: list) -> dict[str, tuple[Any, tuple[str, ...]]]:
+    """For each of two fields varied together that the port follows
+    (``together``: each alone leaves the model unsupported), the joint
+    probe stands for its own: the lone variation is refused by the relation
+    guard (:func:`_relation_guard`), not by a guard on its value."""
+    related: dict[str, tuple[Any, tuple[str, ...]]] = {}
+    for probe, fixed in judged:
+        if probe.together and not fixed:
+            related[probe.field] = related[probe.together] = (probe, fixed)
+    return related
+
+
+def _relation_guard(joint: Any, judged: list) -> Guard:
+    """``joint.field`` must equal ``joint.together`` (Falcon without
+    multi-query: num_kv_heads equal to num_attention_heads); refused example:
+    the field varied alone."""
+    alone = next(
+        (fixed for p, fixed in judged if p.field == joint.field and not p.given and not p.together), ()
+    )
+    fixes = alone or ("unsupported",)
+    return Guard(joint.field, joint.value, joint.default, fixes, joint.varied, same_as=joint.together)
 
 
 def _per_layer_guards(dependence: Any) -> list[Guard]:

@@ -74,6 +74,10 @@ class FieldProbe:
     # (field, value, varied) of a field varied first: the code reads ``field``
     # only under that variation (a second-order probe)
     given: tuple[tuple[str, Any, Any], ...] = ()
+    # a field varied to the same value with this one: alone, either leaves the
+    # model unsupported (Falcon without multi-query needs num_kv_heads equal to
+    # num_attention_heads), together they do not (a relation, not a value)
+    together: str | None = None
 
     @property
     def changes_computation(self) -> bool:
@@ -123,6 +127,7 @@ def probe_config(
             probes.append(dataclasses.replace(probe, default=value if default is _SAME else default))
             if outcome is not None:
                 probes += _second_order(run, probe, outcome, raw, baseline, skipped)
+    probes += _related(run, probes, raw, baseline)
     return ConfigDependence(tuple(reads), tuple(probes), tuple(skipped), layers, _per_layer(baseline, raw))
 
 
@@ -157,6 +162,31 @@ def _second_order(
             given = ((first.field, first.value, first.varied),)
             probes.append(dataclasses.replace(probe, default=value, given=given))
     return probes
+
+
+def _unsupported(probe: FieldProbe) -> bool:
+    return probe.error is None and (
+        "unsupported" in probe.unknown or any(c.path == "unsupported" for c in probe.changes)
+    )
+
+
+def _related(run: _Runner, probes: list[FieldProbe], raw: dict, baseline: _Outcome) -> list[FieldProbe]:
+    """Fields equal in the config whose variation alone leaves the model
+    unsupported, varied together (to the same value): a probe of the later
+    field ``together`` with the earlier when that is supported. A port is
+    then guarded on the relation (the two equal), not on either value."""
+    broken = [p for p in probes if not p.given and _unsupported(p)]
+    related = []
+    for index, probe in enumerate(broken):
+        for other in broken[:index]:
+            if (other.value, other.varied) != (probe.value, probe.varied) or isinstance(probe.value, bool):
+                continue
+            base = with_field(raw, other.field, other.varied)
+            joint, _ = run.probe(probe.field, probe.value, probe.varied, base, baseline)
+            if joint.error is None and not _unsupported(joint):
+                related.append(dataclasses.replace(joint, default=probe.default, together=other.field))
+                break
+    return related
 
 
 def _class_defaults(resolved: Any) -> dict | None:
