@@ -191,6 +191,7 @@ class CheckpointKeys(Codemod):
         "routing-bias",
         "shared-experts",
         "swap-norm",
+        "tie-embeddings",
         "weightless-qk-norm",
     )
     EXAMPLES = (
