@@ -21,7 +21,9 @@ class TieEmbeddings(Codemod):
     matrix. In ``load_weights``, every ``mappings["lm_head.weight"] = ...``
     (each branch of a tied/untied ``if`` included) takes the value of
     ``mappings["model.embed_tokens.weight"]``, the embedding's checkpoint
-    key, whatever names it (so it composes with ``checkpoint-keys`` in either
+    key, when ``self.config.tie_word_embeddings`` is true and keeps its own
+    value otherwise (a port is for the architecture: an untied checkpoint of
+    it still loads its own head), whatever names the key (so it composes with ``checkpoint-keys`` in either
     order; that codemod runs after this one and renames the copied key with
     the embedding's). The head keeps its own parameter and loader: the
     embedding's rows are loaded into it sharded over the vocabulary as the
@@ -31,7 +33,8 @@ class TieEmbeddings(Codemod):
     name (the real llama3): the head then takes ``"model.embed_tokens.weight"``
     when a causal LM class of the file has that parameter.
 
-    Preconditions: a ``mappings["lm_head.weight"]`` entry; exactly one
+    Preconditions: a ``mappings["lm_head.weight"]`` entry; a causal LM class
+    that keeps ``self.config``; exactly one
     checkpoint key mapped to ``model.embed_tokens.weight`` in the file, or
     none and that parameter in the causal LM class.
     """
@@ -47,6 +50,9 @@ class TieEmbeddings(Codemod):
             title="GPT-2 from the real qwen3 (untied head)",
             before="""
                 class Qwen3ForCausalLM(nn.Module):
+                    def __init__(self, config):
+                        self.config = config
+
                     def load_weights(self, checkpoint_path, device, cache_dir):
                         mappings = {}
                         mappings["model.embed_tokens.weight"] = "model.embed_tokens.weight"
@@ -56,10 +62,13 @@ class TieEmbeddings(Codemod):
             """,
             after="""
                 class Qwen3ForCausalLM(nn.Module):
+                    def __init__(self, config):
+                        self.config = config
+
                     def load_weights(self, checkpoint_path, device, cache_dir):
                         mappings = {}
                         mappings["model.embed_tokens.weight"] = "model.embed_tokens.weight"
-                        mappings["lm_head.weight"] = "model.embed_tokens.weight"
+                        mappings["lm_head.weight"] = "model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"
                         mappings["model.norm.weight"] = "model.norm.weight"
                         return mappings
             """,
@@ -68,6 +77,9 @@ class TieEmbeddings(Codemod):
             title="tied and untied branches, the embedding's key already renamed",
             before="""
                 class LlamaForCausalLM(nn.Module):
+                    def __init__(self, config):
+                        self.config = config
+
                     def load_weights(self, path):
                         mappings = {}
                         mappings["model.embed_tokens.weight"] = "transformer.wte.weight"
@@ -79,13 +91,16 @@ class TieEmbeddings(Codemod):
             """,
             after="""
                 class LlamaForCausalLM(nn.Module):
+                    def __init__(self, config):
+                        self.config = config
+
                     def load_weights(self, path):
                         mappings = {}
                         mappings["model.embed_tokens.weight"] = "transformer.wte.weight"
                         if self.config.tie_word_embeddings:
                             mappings["lm_head.weight"] = "transformer.wte.weight"
                         else:
-                            mappings["lm_head.weight"] = "transformer.wte.weight"
+                            mappings["lm_head.weight"] = "transformer.wte.weight" if self.config.tie_word_embeddings else "lm_head.weight"
                         return mappings
             """,
         ),
@@ -99,6 +114,7 @@ class TieEmbeddings(Codemod):
 
                 class LlamaForCausalLM(nn.Module):
                     def __init__(self, config):
+                        self.config = config
                         self.model = LlamaModel(config)
 
                     def load_weights(self, path):
@@ -114,13 +130,26 @@ class TieEmbeddings(Codemod):
 
                 class LlamaForCausalLM(nn.Module):
                     def __init__(self, config):
+                        self.config = config
                         self.model = LlamaModel(config)
 
                     def load_weights(self, path):
                         mappings = {}
-                        mappings["lm_head.weight"] = "model.embed_tokens.weight"
+                        mappings["lm_head.weight"] = "model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"
                         return mappings
             """,
+        ),
+        Example(
+            title="no self.config: an untied config could not be told apart",
+            before="""
+                class Qwen3ForCausalLM(nn.Module):
+                    def load_weights(self, checkpoint_path, device, cache_dir):
+                        mappings = {}
+                        mappings["model.embed_tokens.weight"] = "model.embed_tokens.weight"
+                        mappings["lm_head.weight"] = "lm_head.weight"
+                        return mappings
+            """,
+            raises="no causal LM class keeps self.config",
         ),
         Example(
             title="no LM-head entry",
@@ -156,10 +185,20 @@ class TieEmbeddings(Codemod):
         if not heads:
             raise ctx.precondition(f'{self.ID}: load_weights has no mappings["{HEAD_KEY}"] entry')
         key = self._embedding_key(module, ctx, entries, heads[0].statement)
+        if not any(
+            "self.config = " in cst.Module([]).code_for_node(c)
+            for c in classes_with_role(module, "causal_lm")
+        ):
+            raise ctx.precondition(
+                f"{self.ID}: no causal LM class keeps self.config: load_weights cannot read "
+                "tie_word_embeddings, and an untied checkpoint's head would load the embedding",
+                heads[0].statement,
+                module,
+            )
         edits = {
-            id(head.value): (lambda updated, key=key: key.deep_clone())
+            id(head.value): (lambda updated, key=key: _tied_or(key, updated))
             for head in heads
-            if string_text(head.value) != string_text(key)
+            if not _loads(head.value, key)
         }
         return rewrite(module, edits)
 
@@ -182,3 +221,18 @@ class TieEmbeddings(Codemod):
             head,
             module,
         )
+
+
+def _tied_or(key: cst.BaseExpression, value: cst.BaseExpression) -> cst.BaseExpression:
+    """``key if self.config.tie_word_embeddings else value``: a tied config
+    loads the head from the embedding, an untied one as before."""
+    return cst.IfExp(
+        test=cst.parse_expression("self.config.tie_word_embeddings"), body=key.deep_clone(), orelse=value
+    )
+
+
+def _loads(value: cst.BaseExpression, key: cst.BaseExpression) -> bool:
+    """Whether the head's entry already loads ``key`` (for a tied config)."""
+    if isinstance(value, cst.IfExp):
+        value = value.body
+    return string_text(value) == string_text(key)
