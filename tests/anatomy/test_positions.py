@@ -20,3 +20,21 @@ def test_a_line_written_by_an_earlier_step_is_marked():
     current = "a\nnew\nb\nc\n"
     mapped = PositionMap(original, current).original_line(2)
     assert (mapped.line, mapped.exact) == (1, False)
+
+
+def test_a_line_an_earlier_step_re_indented_maps_to_the_line_it_was():
+    """A step that wraps code in a block (dense-layers' ``if not dense:``)
+    re-indents it: a line of it maps to the reference line with its text, its
+    column dropped; a line no reference line reads like maps before it."""
+    original = "a\nb\nx = 1\ny = 2\nc\n"
+    current = "a\nb\nif ok:\n    x = 1\n    y = 2\nc\n"
+    mapping = PositionMap(original, current)
+    assert (mapping.original_line(5).line, mapping.original_line(5).exact) == (4, False)
+    assert mapping.original_line(4).line == 3
+    assert (mapping.original_line(3).line, mapping.original_line(3).exact) == (2, False)
+
+
+def test_a_rewritten_line_read_twice_in_the_replaced_lines_is_not_guessed():
+    original = "a\nx\nx\nc\n"
+    current = "a\n  x\n  x\nc\n"
+    assert PositionMap(original, current).original_line(3).line == 1

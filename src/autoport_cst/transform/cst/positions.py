@@ -25,10 +25,11 @@ class PositionMap:
         self.identity = original == current
         self._starts: list[int] = []
         self._blocks: list[tuple[int, int, int]] = []  # (current start, original start, length), 0-based
+        self._original: list[str] = []
+        self._current: list[str] = []
         if not self.identity:
-            matcher = difflib.SequenceMatcher(
-                None, original.splitlines(), current.splitlines(), autojunk=False
-            )
+            self._original, self._current = original.splitlines(), current.splitlines()
+            matcher = difflib.SequenceMatcher(None, self._original, self._current, autojunk=False)
             for block in matcher.get_matching_blocks():
                 if block.size:
                     self._blocks.append((block.b, block.a, block.size))
@@ -44,6 +45,19 @@ class PositionMap:
             current, original, size = self._blocks[at]
             if index < current + size:
                 return MappedLine(original + (index - current) + 1, True)
-            # inside written code: the last original line before it
-            return MappedLine(original + size, False)
-        return MappedLine(1, False)
+            # inside written code: the line it rewrote, else the last original line before it
+            return MappedLine(self._rewritten(index, at) or original + size, False)
+        return MappedLine(self._rewritten(index, at) or 1, False)
+
+    def _rewritten(self, index: int, at: int) -> int | None:
+        """The 1-based original line that line ``index`` (0-based, inside
+        written code after block ``at``) rewrote: the one line of the replaced
+        original lines with the same text but for its indentation (an earlier
+        step that wrapped code in a block re-indents it), or None."""
+        start = self._blocks[at][1] + self._blocks[at][2] if at >= 0 else 0
+        end = self._blocks[at + 1][1] if at + 1 < len(self._blocks) else len(self._original)
+        text = self._current[index].strip()
+        if not text:
+            return None
+        found = [i for i in range(start, end) if self._original[i].strip() == text]
+        return found[0] + 1 if len(found) == 1 else None
