@@ -69,7 +69,7 @@ class SwappedHalvesRope(Codemod):
     NEEDS_REAL_MODEL = True
     PITFALLS = (
         Pitfall(
-            150,
+            151,
             lambda spec, facts: spec.rope.style == "rotate_half_swapped",
             "rotate_half as cat(x2, -x1) turns each pair the other way: swap the halves of each Q/K head at load",
         ),

@@ -41,12 +41,17 @@ SECTION_EDGES = {
         "scale_source",
     },
     ("analysis", "alibi"): {"scale_source"},
+    # attention written out in a mixer: what its scores compute, read as the attention section reads them
+    ("analysis", "mixers"): {"scores"},
+    # an MLP width the code computes from other config fields: those fields, named by a module of their own
+    ("analysis", "mlp"): {"width_source"},
     # the rule that picks the layers without RoPE; a rope_type's frequencies measured by a module of their own
     ("analysis", "rope"): {"nope_rule", "rope_variants"},
     ("analysis", "head"): {"multiplier_keys"},  # multipliers computed from several config fields
     # attention written out in the layer is recognized as the mixers section recognizes it in a mixer
-    # ... and a bias per head on the scores is read as ALiBi by a module of its own
-    ("analysis", "block_features"): {"mixers", "alibi"},
+    # ... and a bias per head on the scores is read as ALiBi by a module of its own, a table of sines and
+    # cosines of the positions by another
+    ("analysis", "block_features"): {"mixers", "alibi", "sinusoidal"},
     # a decoder whose layers are not attention blocks is named by what its blocks compute
     ("analysis", "decoder"): {"mixers"},
     ("decide", "unsupported"): {"attention"},

@@ -70,8 +70,9 @@ DENSE_PITFALLS = [
     "MLP biases: down_proj bias is added before the TP sum, load it divided by TP",
     "tied embeddings: map lm_head.weight to the embedding in load_weights (the checkpoint has no head)",
     "LM head bias: a separate parameter added to the logits, mapped to lm_head.bias",
-    "embeddings scaled by sqrt(hidden_size): transformers multiplies in the model dtype (the bf16 scalar "
-    "rounds), match it",
+    "embeddings scaled by sqrt(hidden_size): transformers multiplies by the factor rounded to the model dtype "
+    "(Gemma) or by the unrounded Python float (XGLM, BioGPT; embedding.scale_dtype): match it, the two differ "
+    "in bf16 where the square root is not exact",
     "constant multipliers (embedding / residual / logits): read them from the config, do not hard-code",
     "final logits tanh-softcapped at 30",
     "parallel residual (shared_norm): attention and MLP outputs are summed, both must be computed in the "

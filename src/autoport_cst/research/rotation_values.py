@@ -14,6 +14,7 @@ halves). Both read as "halves and a negation" in the code; the function
 
 from __future__ import annotations
 
+import ast
 import importlib
 from typing import Literal
 
@@ -43,3 +44,64 @@ def halves_turn(module: str, function: str) -> Turn | None:
     if torch.equal(rotated, torch.cat((second, -first), dim=-1)):
         return "rotate_half_swapped"
     return None
+
+
+def reads_usual_turn(tree: ast.Module, function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Whether the text alone shows the usual turn, so that the module need
+    not be imported to run ``function``: it calls ``rotate_half`` by name,
+    and the module's ``rotate_half`` returns ``torch.cat((-x2, x1), ...)``
+    with ``x1`` a slice up to a bound and ``x2`` a slice from one (the first
+    and the second half)."""
+    if not any(isinstance(c, ast.Call) and _named(c.func, "rotate_half") for c in ast.walk(function)):
+        return False
+    helpers = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "rotate_half"]
+    if len(helpers) != 1 or not isinstance(last := helpers[0].body[-1], ast.Return):
+        return False
+    call = last.value
+    if not (isinstance(call, ast.Call) and _named(call.func, "cat") and call.args):
+        return False
+    parts = call.args[0]
+    if not (isinstance(parts, (ast.Tuple, ast.List)) and len(parts.elts) == 2):
+        return False
+    negated, kept = parts.elts
+    if not (isinstance(negated, ast.UnaryOp) and isinstance(negated.op, ast.USub)):
+        return False
+    halves = _slices(helpers[0])
+    return (
+        _name_of(negated.operand) in halves
+        and _name_of(kept) in halves
+        and (
+            halves[_name_of(negated.operand)],
+            halves[_name_of(kept)],
+        )
+        == ("second", "first")
+    )
+
+
+def _named(func: ast.expr, name: str) -> bool:
+    return (isinstance(func, ast.Name) and func.id == name) or (
+        isinstance(func, ast.Attribute) and func.attr == name
+    )
+
+
+def _name_of(node: ast.expr) -> str:
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _slices(helper: ast.FunctionDef) -> dict[str, str]:
+    """``name -> "first" | "second"``: names assigned ``x[..., :n]`` (an
+    upper bound only) or ``x[..., n:]`` (a lower bound only)."""
+    out = {}
+    for stmt in helper.body:
+        if not (
+            isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.value, ast.Subscript)
+        ):
+            continue
+        index = stmt.value.slice
+        last = index.elts[-1] if isinstance(index, ast.Tuple) and index.elts else index
+        if isinstance(last, ast.Slice) and last.step is None:
+            if last.lower is None and last.upper is not None:
+                out[_name_of(stmt.targets[0])] = "first"
+            elif last.lower is not None and last.upper is None:
+                out[_name_of(stmt.targets[0])] = "second"
+    return out

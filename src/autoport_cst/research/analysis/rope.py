@@ -22,7 +22,7 @@ from autoport_cst.research.interp.values import (
     is_concrete,
 )
 from autoport_cst.research.interp.walk import depends_on, walk
-from autoport_cst.research.rotation_values import halves_turn
+from autoport_cst.research.rotation_values import halves_turn, reads_usual_turn
 
 # the config fields a port reads its layers without RoPE from (the nope-layers codemod)
 NOPE_FIELDS = frozenset({"no_rope_layers", "no_rope_layer_interval"})
@@ -267,7 +267,11 @@ def _style(st: AnalyzerState, g: AttentionGraph) -> None:
     styles = {}
     for n in funcs:
         style = rotation_style(n.ref, st.interp)
-        if style == "rotate_half" and halves_turn(n.ref.module.dotted, n.ref.name) == "rotate_half_swapped":
+        if (
+            style == "rotate_half"
+            and not reads_usual_turn(n.ref.module.tree, n.ref.node)
+            and halves_turn(n.ref.module.dotted, n.ref.name) == "rotate_half_swapped"
+        ):
             style = "rotate_half_swapped"  # the halves turned the other way (NanoChat's rotate_half)
         if style is not None:
             styles[n.ref.name] = style
