@@ -120,6 +120,9 @@ class SinusoidalPositions(Codemod):
     Params = SinusoidalPositionsParams
     NEEDS_REAL_MODEL = True
     AFTER = (
+        # a model has one kind of absolute positions (research sets one of the two fields): never composed,
+        # the order only declared
+        "learned-positions",
         "rope-scaling",
         "lazy-rope",
         "partial-rotary",

@@ -167,6 +167,11 @@ ALTERNATIVES = {
     # q/k norms with no weight, the alternative of qk-norm's learned ones
     # (tests/coverage_moe/test_llama4_port.py)
     "weightless-qk-norm",
+    # removes RoPE too, a table of sines and cosines instead (tests/coverage_dense/test_xglm.py)
+    "sinusoidal-positions",
+    # the halves of a whole head turned the other way, the alternative of interleaved-rope's and
+    # partial-rotary's pairs: refuses beside them (tests/coverage_dense/test_nanochat.py)
+    "swapped-halves-rope",
 }
 
 
