@@ -36,7 +36,7 @@ def test_the_validation_checkpoint_names_its_tensors_as_the_source_does(saved, t
 
     source = saved("gpt_neox")
     found = SimpleNamespace(source=str(source), architecture="GPTNeoXForCausalLM")
-    tiny = _validation_checkpoint(found, tmp_path, "neox", "tiny", 0)
+    tiny = _validation_checkpoint(found, tmp_path, "neox", "tiny", 0, {})
     assert "embed_out.weight" in read_checkpoint(tiny).tensors and key_format_of(tiny) == "saved"
 
 
