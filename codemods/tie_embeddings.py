@@ -6,6 +6,7 @@ import libcst as cst
 
 from autoport_cst.transform import Codemod, Example, FileContext, NoParams, PortContext
 from autoport_cst.transform.anatomy.mappings import mapping_entries, parameter_names
+from autoport_cst.transform.anatomy.qkv import assigned_attrs
 from autoport_cst.transform.cst.vocabulary import classes_with_role, string_text
 from autoport_cst.transform.edit.tree import rewrite
 from autoport_cst.transform.realizes import Realizes, to
@@ -185,10 +186,7 @@ class TieEmbeddings(Codemod):
         if not heads:
             raise ctx.precondition(f'{self.ID}: load_weights has no mappings["{HEAD_KEY}"] entry')
         key = self._embedding_key(module, ctx, entries, heads[0].statement)
-        if not any(
-            "self.config = " in cst.Module([]).code_for_node(c)
-            for c in classes_with_role(module, "causal_lm")
-        ):
+        if not any("config" in assigned_attrs(c) for c in classes_with_role(module, "causal_lm")):
             raise ctx.precondition(
                 f"{self.ID}: no causal LM class keeps self.config: load_weights cannot read "
                 "tie_word_embeddings, and an untied checkpoint's head would load the embedding",
