@@ -108,3 +108,13 @@ def test_a_port_that_looks_for_a_key_a_valid_checkpoint_lacks_fails_at_load(
     message = report.failure.message
     assert "no tensor 'model.layers.0.mlp.upp_proj.weight'" in message
     assert "parameter 'model.layers.0.mlp.up_proj_weight'" in message
+
+
+def test_the_reference_is_transformers_own_code(tiny_llama: Path) -> None:
+    """transformers 5.25 turns hub kernels on by default in from_pretrained,
+    which could swap another layer implementation in (fetched at run time):
+    the reference validation compares against is loaded with them off."""
+    from autoport_cst.validate.reference import load_reference
+
+    model = load_reference(tiny_llama, torch.float32)
+    assert getattr(model, "use_kernels", False) is False

@@ -62,6 +62,9 @@ def load_reference(checkpoint_dir: str | Path, dtype: torch.dtype, attn_implemen
             dtype=dtype,
             attn_implementation=attn_implementation,
             output_loading_info=True,
+            # transformers' own code: 5.25 turns hub kernels on by default, which
+            # may fetch and swap in kernels (another computation, a download)
+            use_kernels=False,
         )
         model, info = loaded
     except (OSError, ValueError, RuntimeError) as error:
