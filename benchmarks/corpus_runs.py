@@ -162,8 +162,7 @@ def port_table_runs(source: Path, name: str, out: Path, tp2: bool):
     found, choice = port_module._research(str(source), name, None)
     outcome = port_module.PortOutcome(name, found.architecture, unknown=list(found.unknown), seed=SEED)
     port_module._apply(outcome, found, choice, str(source), out, None, True)
-    vocabulary = port_module._tiny_vocabulary(outcome.package_dir)
-    outcome.checkpoint_dir = port_module._validation_checkpoint(found, out, name, "tiny", SEED, vocabulary)
+    outcome.checkpoint_dir = port_module.port_checkpoint(outcome, found, out, "tiny")
     port_module._check_validation_tp(outcome, 2 if tp2 else 1)
     with reusing_reference_runs():
         for tp, dtype in [(1, "fp32"), (1, "bf16")] + ([(2, "fp32")] if tp2 else []):

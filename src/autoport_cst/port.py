@@ -142,8 +142,7 @@ def port(
         start = time.perf_counter()
         if settle_imports:
             import_settled(VALIDATION_IMPORTS)
-        vocabulary = _tiny_vocabulary(outcome.package_dir)
-        outcome.checkpoint_dir = _validation_checkpoint(found, out, name, checkpoint, seed, vocabulary)
+        outcome.checkpoint_dir = port_checkpoint(outcome, found, out, checkpoint)
         outcome.seconds["checkpoint"] = time.perf_counter() - start
         _validate(outcome, found, checkpoint, tp, steps, seed, stage)
     except BaseException:
@@ -413,6 +412,13 @@ def _check_source_vocabulary(outcome: PortOutcome, found, tp: int) -> None:
             f"--tp {tp}: {refusal} (the model's own vocabulary, {config_path}); no port is kept under "
             f"{outcome.package_dir}"
         )
+
+
+def port_checkpoint(outcome: PortOutcome, found, out: Path, checkpoint: str) -> Path:
+    """The checkpoint the written port is validated on (``checkpoint``:
+    ``tiny`` or ``source``), sized for how the port shards its vocabulary."""
+    vocabulary = _tiny_vocabulary(outcome.package_dir)
+    return _validation_checkpoint(found, out, outcome.name, checkpoint, outcome.seed, vocabulary)
 
 
 def _tiny_vocabulary(package_dir: Path | None) -> dict[str, int]:
