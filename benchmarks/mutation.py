@@ -107,6 +107,7 @@ sys.path.insert(0, str(HERE))
 
 from mutation_operators import ANY, IMPORTABLE, POSITIONAL, Mutant, ParsedModule, normalised, parse_mutants  # noqa: E402
 from mutation_proof_defaults import required_key, transformers_requires, unused_default  # noqa: E402
+from mutation_proof_guards import narrowed_refusal  # noqa: E402
 from mutation_proof_paths import dead_store  # noqa: E402
 from mutation_proofs import identity_mapping  # noqa: E402
 from mutation_setup import PORTS, Port, prepare  # noqa: E402
@@ -371,12 +372,15 @@ class PortRun:
     def proof(self, mutant: Mutant, code: str) -> str | None:
         """Why the mutant is proved equivalent (``equivalence``, a removed
         loader entry mapping a parameter to its own name: ``mutation_proofs``, or
-        a removed store no path reads: ``mutation_proof_paths``), or None."""
+        a removed store no path reads: ``mutation_proof_paths``, a refusal
+        narrowed: ``mutation_proof_guards``), or None."""
         found = self.equivalence(code)
         if found is None and mutant.operator == "stmt":
             found = identity_mapping(self.original, mutant.line, mapping_readers()) or dead_store(
                 self.original, mutant.line, self.elsewhere()
             )
+        if found is None and mutant.operator == "boolop":
+            found = narrowed_refusal(self.original, code)
         if found is None:
             found = unused_default(self.original, mutant, self.elsewhere()) or required_key(
                 self.original, mutant, self.rope_requires(), self.elsewhere()
