@@ -67,8 +67,12 @@ Classes:
   only for RoPE types whose parameters transformers' own validation requires
   to hold ``key`` (``mutation_proof_defaults``), or a removed ``a = <constant>``
   in the ``then`` branch of an ``if`` after which every read of ``a`` sits
-  under a later test that branch's conjuncts rule out (``mutation_proof_paths``).
-  Only these are left out of the kill rate.
+  under a later test that branch's conjuncts rule out (``mutation_proof_paths``),
+  or a removed ``self.A = <parallel-state getter>()`` of an ``__init__`` whose
+  class and the classes related to it by inheritance never read ``A``
+  (``mutation_proof_attributes``), or a refusal ``if T: raise`` whose last
+  conjunct's ``or`` became ``and``: the same path on every input the port
+  accepts (``mutation_proof_guards``). Only these are left out of the kill rate.
 
 Printed per partition: killed, survived, exit 2, timeout and equivalent
 counts, the kill rate over the non-equivalent mutants, and each survivor,
@@ -106,6 +110,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
 from mutation_operators import ANY, IMPORTABLE, POSITIONAL, Mutant, ParsedModule, normalised, parse_mutants  # noqa: E402
+from mutation_proof_attributes import unread_group  # noqa: E402
 from mutation_proof_defaults import required_key, transformers_requires, unused_default  # noqa: E402
 from mutation_proof_guards import narrowed_refusal  # noqa: E402
 from mutation_proof_paths import dead_store  # noqa: E402
@@ -338,6 +343,22 @@ def mapping_readers() -> frozenset[str]:
     )
 
 
+def group_getters() -> frozenset[str]:
+    """The API's parallel-state getters: the stand-in's ``parallel_state``
+    functions of no parameter that return a ``GroupCoordinator``."""
+    from autoport_cst.validate.standin import parallel_state
+
+    coordinator = parallel_state.GroupCoordinator
+    return frozenset(
+        name
+        for name, function in vars(parallel_state).items()
+        if inspect.isfunction(function)
+        and function.__module__ == parallel_state.__name__
+        and not inspect.signature(function).parameters
+        and inspect.signature(function).return_annotation in ("GroupCoordinator", coordinator)
+    )
+
+
 @dataclass
 class PortRun:
     """A prepared port, its parsed model file and its mutant population."""
@@ -372,12 +393,15 @@ class PortRun:
     def proof(self, mutant: Mutant, code: str) -> str | None:
         """Why the mutant is proved equivalent (``equivalence``, a removed
         loader entry mapping a parameter to its own name: ``mutation_proofs``, or
-        a removed store no path reads: ``mutation_proof_paths``, a refusal
-        narrowed: ``mutation_proof_guards``), or None."""
+        a removed store no path reads: ``mutation_proof_paths``, a removed
+        group attribute no instance reads: ``mutation_proof_attributes``, a
+        refusal narrowed: ``mutation_proof_guards``), or None."""
         found = self.equivalence(code)
         if found is None and mutant.operator == "stmt":
-            found = identity_mapping(self.original, mutant.line, mapping_readers()) or dead_store(
-                self.original, mutant.line, self.elsewhere()
+            found = (
+                identity_mapping(self.original, mutant.line, mapping_readers())
+                or dead_store(self.original, mutant.line, self.elsewhere())
+                or unread_group(self.original, mutant.line, self.elsewhere(), group_getters())
             )
         if found is None and mutant.operator == "boolop":
             found = narrowed_refusal(self.original, code)
