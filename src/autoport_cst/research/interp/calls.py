@@ -135,6 +135,8 @@ class Calls(Statements):
                 value = self._unpackable(value)
                 if isinstance(value, (list, tuple)):
                     args.extend(value)
+                elif isinstance(value, Node):  # its length unknown: kept in its place (view(*shape, -1, d))
+                    args.append(Node("starred", "", (value,)))
                 continue
             reads[str(index)] = frozenset(frame)
             args.append(value)
@@ -162,7 +164,10 @@ class Calls(Statements):
             act = transformers_activation(func)
             if act is not None:
                 return Node("act", act.name, tuple(symbolic(a) for a in args), ref=act)
-            return call_external(func, args, kwargs, reads)
+            value = call_external(func, args, kwargs, reads)
+            if isinstance(value, Node) and value.kind == "call":
+                return self._framework_function(func, args, kwargs, value)
+            return value
         if isinstance(func, BoundMethod):
             call_args = ([func.obj] if func.obj is not None else []) + args
             if _is_staticmethod(func.node):
@@ -239,6 +244,20 @@ class Calls(Statements):
             if value is not UNKNOWN and not isinstance(value, Node):
                 return value
         return call_node("func", func.name, args, kwargs, ref=func)
+
+    def _framework_function(self, func: External, args: list, kwargs: dict, node: Node) -> Any:
+        """A function of transformers outside the models (a helper the
+        modeling code imports, as ``modeling_rope_utils.yarn_apply_mscale``):
+        read from its source and computed, as a function of the modeling file
+        is, when its arguments are concrete and so is what it returns;
+        ``node``, the external call, otherwise."""
+        if not func.qualname.startswith("transformers.") or not (args or kwargs):
+            return node
+        found = self.library.resolve(func.qualname)
+        if found is None or found[1] not in found[0].functions:
+            return node
+        computed = self._call_source_function(FuncRef(found[0], found[0].functions[found[1]]), args, kwargs)
+        return node if isinstance(computed, Node) else computed
 
     def _call_value(self, func: Any, args: list, kwargs: dict) -> Any:
         """A call of a computed value: a tensor method, a builtin, a tensor
