@@ -24,10 +24,11 @@ BLOCKS = {
     "bloom": ("BloomModel.h", set(), ""),
     "mpt": ("MptModel.blocks", set(), ""),
     "biogpt": ("BioGptModel.layers", set(), ""),  # its feed-forward in the layer is read as an MLP
-    # its attention one module down (attn.attention) writes out its scores and softmax
+    # its attention one module down (attn.attention) writes out its scores and softmax, its local window
+    # from config fields a port does not read
     "gpt_neo": (
         "GPTNeoModel.h",
-        {"explicit_attention"},
+        {"window_fields"},
         "GPTNeoSelfAttention.forward (modeling_gpt_neo.py:",
     ),
 }

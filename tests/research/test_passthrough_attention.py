@@ -2,9 +2,10 @@
 (GPT-Neo's ``attn.attention``: ``GPTNeoAttention.forward`` returns
 ``self.attention(...)`` as it is) is read as the layer's attention: its
 norms, feed-forward, biases and checkpoint names are read, and its scores
-written out by what they compute (no scaling: scale 1). What is not read
-yet is named in the refusal: the scores computed in float32 and the
-boolean mask (a buffer: the sliding window of the local layers)."""
+written out by what they compute (no scaling: scale 1), and the boolean
+mask it selects them by (a buffer: the sliding window of the local layers,
+tests/coverage_dense/test_gpt_neo.py). The refusal names what no port
+reads: the config fields the window and the sliding layers come from."""
 
 from __future__ import annotations
 
@@ -33,9 +34,7 @@ def test_unscaled_scores_read_as_scale_one(tiny):
 
 
 def test_the_refusal_names_what_is_not_read(tiny):
-    refusal = [
-        e for e in tiny.research("gpt_neo").spec.unsupported or () if e.startswith("explicit_attention")
-    ]
-    assert len(refusal) == 1, refusal
-    for words in ("scores scaled by 1 (unscaled)", "computed in float32", "boolean mask with torch.where"):
+    refusal = tiny.research("gpt_neo").spec.unsupported or ()
+    assert len(refusal) == 1 and refusal[0].startswith("window_fields"), refusal
+    for words in ("(16 tokens) comes from config.window_size", "from config.attention_layers ('local'"):
         assert words in refusal[0], refusal[0]

@@ -101,6 +101,8 @@ COMPUTATIONS = {
     "position_scaled_attention": "queries scaled by a factor that grows with the position (attention temperature)",
     "chunked_attention": "attention within chunks of attention_chunk_size tokens (a chunked causal mask)",
     "nope_layers": "layers without RoPE chosen by config fields a port does not read",
+    "window_fields": "a sliding window, or the layers that slide, given by config fields a port does not read "
+    "(a port reads sliding_window and layer_types)",
     "layer_rope_bases": "a RoPE base per layer",
     "alibi_positions": "ALiBi positions (a per-head bias on the attention scores)",
     "alibi_in_mask": "an ALiBi bias also folded into the attention mask: the written-out (eager) attention adds "

@@ -22,6 +22,7 @@ from autoport_cst.research.analysis import (
     scale_source,
     scores,
     temperature,
+    window_source,
 )
 from autoport_cst.research.analysis.graph import (
     fused_qkv_layout,
@@ -66,8 +67,8 @@ def analyze(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
     # kernel keyword arguments
     kernel = _kernel_call(g.attn, g.nodes)
     if kernel is None:
-        scores.analyze(st, g.nodes, g.inputs, g.where, hd)
-        scale_source.written_out(st, g.attn, g.where, hd)
+        if not scores.analyze(st, g.nodes, g.inputs, g.where, hd):  # else unscaled: no field to read
+            scale_source.written_out(st, g.attn, g.where, hd)
     elif mla is not None and mla.query_head_dim is not None:
         _kernel_arguments(st, g.attn, kernel, g.where, mla.query_head_dim)
         _latent_scale(st, kernel, g.where, mla.query_head_dim)
@@ -559,6 +560,8 @@ def _per_layer(st: AnalyzerState, where: str) -> None:
         on = [i for i, x in enumerate(sinks) if x]
         st.add(unknown("attention.sinks", CODE, f"{where}: attention sinks on layers {ranges(on)} only"))
     _window_findings(st, windows, where)
+    if not any(w is UNKNOWN for w in windows):
+        window_source.check(st, windows, where)
 
 
 def _window_findings(st: AnalyzerState, windows: list[Any], where: str) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from autoport_cst.research.analysis import layer_inputs
+from autoport_cst.research.analysis import band_mask, layer_inputs
 from autoport_cst.research.analysis.graph import number, scalar_path, strip_casts
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, INFERRED, known, unknown
@@ -23,28 +23,34 @@ from autoport_cst.research.interp.values import UNKNOWN, Node, TensorInit
 from autoport_cst.research.interp.walk import depends_on
 
 
-def analyze(st: AnalyzerState, nodes: list[Node], inputs: list[Node], where: str, hd: Any) -> None:
+def analyze(st: AnalyzerState, nodes: list[Node], inputs: list[Node], where: str, hd: Any) -> bool:
     """Attention written out (matmul, softmax) instead of a kernel call:
     the scale is the scalar applied to q @ k^T (``torch.matmul``, ``@`` or
     ``torch.bmm``) before an attention mask the forward is given is added,
-    times the scalars applied to the queries and keys before the product."""
+    times the scalars applied to the queries and keys before the product.
+    True when the code scales the scores by nothing (GPT-Neo): the scale is
+    1 whatever the config, and no config field gives it (recorded)."""
     scores = _score_products(nodes, inputs)
     softmax = _softmaxes(nodes)
     if not scores or not softmax:
         st.add(unknown("attention.scale", CODE, f"{where}: attention kernel call not found"))
-        return
+        return False
     scaled = _scale(scores, softmax[0], inputs)
     if scaled is None or not isinstance(hd, int):
         st.add(unknown("attention.scale", CODE, f"{where}: scores scaling not traced"))
-        return
+        return False
     factor, ops = scaled
     default = hd**-0.5
+    unscaled = not ops and factor == 1.0
     if math.isclose(factor, default, rel_tol=1e-9):
         st.add(known(None, "attention.scale", CODE, f"{where}: scores scaled by head_dim ** -0.5"))
     else:
         st.add(
             known(float(factor), "attention.scale", CODE, f"{where}: scores {' '.join(ops) or 'unscaled'}")
         )
+    if unscaled and not math.isclose(factor, default, rel_tol=1e-9):
+        evidence = f"{where}: scores unscaled, 1 whatever the config (no config field read)"
+        st.add(known(None, "attention.scale_key", CODE, evidence))
     st.add(
         known(
             False,
@@ -60,6 +66,7 @@ def analyze(st: AnalyzerState, nodes: list[Node], inputs: list[Node], where: str
         st.add(unknown("attention.softcap", CODE, f"{where}: tanh applied to the scores"))
     else:
         st.add(known(None, "attention.softcap", CODE, f"{where}: no tanh on the scores"))
+    return unscaled and not math.isclose(factor, default, rel_tol=1e-9)
 
 
 def _scale(scores: list[Node], softmax: Node, inputs: list[Node]) -> tuple[float, list[str]] | None:
@@ -224,12 +231,14 @@ def _softmaxes(nodes: list[Node]) -> list[Node]:
     return [n for n in nodes if n.kind in ("call", "method") and n.name.rsplit(".", 1)[-1] == "softmax"]
 
 
-def _score_masks(softmax: Node) -> tuple[Any, list[str]]:
+def _score_masks(softmax: Node, conditions: list[Any] | None = None) -> tuple[Any, list[str]]:
     """The softmax's input without the tensors the forward is given and adds
     to it as they are (an attention mask), and those parameters' names;
     through reshapes (``view``, ``reshape``: the values unchanged) and a
     clamp to the dtype's minimum (XGLM's ``torch.max(w, full((),
-    finfo(dtype).min))``, which changes no value the softmax gives weight)."""
+    finfo(dtype).min))``, which changes no value the softmax gives weight);
+    the boolean masks that select the scores with ``torch.where`` are
+    appended to ``conditions``."""
     value = softmax.args[0] if softmax.args else None
     masks: list[str] = []
     while True:
@@ -244,6 +253,8 @@ def _score_masks(softmax: Node) -> tuple[Any, list[str]]:
             value = value.args[0]
         elif _filled_with_dtype_min(value):  # GPT-Neo's where(causal_mask, w, finfo(dtype).min)
             masks.append(WHERE_MASK)
+            if conditions is not None:
+                conditions.append(value.args[0])
             value = value.args[1]
         else:
             break
@@ -308,11 +319,25 @@ def _clamped_to_dtype_min(value: Any) -> bool:
 def window(st: AnalyzerState, index: int, nodes: list[Node]) -> Any:
     """The sliding window of attention written out on layer ``index``: None
     when the scores are masked by what transformers' causal mask builds
-    (:func:`layer_inputs.plain_causal_mask`), unknown otherwise."""
-    softmax = _softmaxes(nodes)
-    if len(softmax) != 1:
+    (:func:`layer_inputs.plain_causal_mask`) or selected by a causal mask the
+    module computes (GPT-Neo's ``torch.where(bias[..., K - Q:K, :K], w,
+    finfo.min)`` with ``bias = tril(ones)``), the window's length when that
+    mask keeps a causal band (``tril(ones) ^ tril(ones, -w)``:
+    :mod:`band_mask`); unknown otherwise."""
+    found = {_window(st, index, softmax) for softmax in _softmaxes(nodes)}  # one per path
+    return found.pop() if len(found) == 1 else UNKNOWN
+
+
+def _window(st: AnalyzerState, index: int, softmax: Node) -> Any:
+    conditions: list[Any] = []
+    _, masks = _score_masks(softmax, conditions)
+    given = [m for m in masks if m != WHERE_MASK]
+    read = [band_mask.causal_window(c) for c in conditions]
+    if not masks or not all(ok for ok, _ in read) or len(given) > 1:
         return UNKNOWN
-    _, masks = _score_masks(softmax[0])
-    if len(masks) == 1 and layer_inputs.plain_causal_mask(st, index, masks[0]):
-        return None
-    return UNKNOWN
+    if not all(layer_inputs.plain_causal_mask(st, index, m) for m in given):
+        return UNKNOWN
+    windows = {w for _, w in read if w is not None}
+    if len(windows) > 1:
+        return UNKNOWN
+    return windows.pop() if windows else None

@@ -93,7 +93,8 @@ def external_instance(cls: External, args: list, kwargs: dict, reads: dict) -> A
         if (
             short == "Buffer"
         ):  # a table computed by a function of the source stays that call (CTRL's positions)
-            return data if is_concrete(data) or (isinstance(data, Node) and data.kind == "func") else UNKNOWN
+            kept = is_concrete(data) or (isinstance(data, Node) and data.kind == "func") or _triangles(data)
+            return data if kept else UNKNOWN
         if isinstance(data, TensorInit):
             return Param(data.shape, data.fill, float32=data.float32)
         return Param(None)
@@ -147,6 +148,33 @@ def call_external(func: External, args: list, kwargs: dict, reads: dict) -> Any:
     if qual in ("torch.is_autocast_enabled", "torch.is_autocast_cpu_enabled"):
         return False  # inference runs outside autocast: a norm that casts under it (Nemotron's) does not
     return call_node("call", qual, args, kwargs)
+
+
+# what a boolean mask built from triangles of a tensor factory is computed with
+_MASK_OPS = frozenset(
+    {"tril", "triu", "bitwise_xor", "logical_xor", "bitwise_and", "logical_and", "xor", "and"}
+    | {"view", "reshape", "bool", "to", "contiguous"}
+)
+
+
+def _triangles(value: Any, depth: int = 0) -> bool:
+    """``value`` is a mask computed from tensor factories by triangles and
+    their combinations alone (GPT-Neo's ``tril(ones(n, n)) ^ tril(ones(n,
+    n), -window)``), none of the module's inputs or parameters: a buffer
+    that keeps it keeps the computation (``analysis.band_mask`` reads it)."""
+    if isinstance(value, TensorInit):
+        return True
+    if not isinstance(value, Node) or value.kind not in ("call", "method", "binop") or depth > 32:
+        return False
+    if value.kind == "call" and not value.name.startswith("torch."):
+        return False
+    if value.name.rsplit(".", 1)[-1] not in _MASK_OPS:
+        return False
+    operands = (*value.args, *(v for _, v in value.kwargs))
+    return all(
+        _triangles(a, depth + 1) if isinstance(a, Node) else isinstance(a, (int, TensorInit, External))
+        for a in operands
+    ) and any(isinstance(a, (Node, TensorInit)) for a in operands)
 
 
 def _tensor_init(short: str, args: list, kwargs: dict) -> TensorInit:
