@@ -101,12 +101,18 @@ def test_mpt_ignores_the_configs_alibi_bias_max(researched):
 
 def test_falcon_rw_is_refused_for_its_bias_in_the_mask_too(researched):
     """Falcon-RW's backbone folds the bias build_alibi_tensor builds into the
-    attention mask and passes it as alibi too, both of which the written-out
-    scores add: refused as alibi_in_mask naming both, not read as ALiBi."""
+    attention mask: refused as alibi_in_mask, not read as ALiBi, saying what
+    the code does with the mask. Up to transformers 5.24 the backbone passes
+    the bias as alibi too and the written-out scores add both (named twice);
+    since 5.25 the mask, the bias in it divided by sqrt(head_dim), goes to
+    the attention function alone. Which of the two the installed code does
+    is measured by tests/coverage_dense/test_falcon.py (alibi_adds)."""
     spec = researched["falcon_rw"].spec
     (entry,) = [e for e in spec.unsupported or () if e.startswith("alibi_in_mask")]
     assert "build_alibi_tensor in FalconModel.forward" in entry
-    assert "adds to its scores twice, as attention_mask and as alibi" in entry
+    twice = "adds to its scores twice, as attention_mask and as alibi" in entry
+    once = "folds, divided by 4, into attention_mask" in entry and "adds it to its scores once" in entry
+    assert twice != once, entry
     assert not any(e.startswith(("alibi_positions", "explicit_attention")) for e in spec.unsupported or ())
     assert spec.attention.alibi_bias_max is None
 

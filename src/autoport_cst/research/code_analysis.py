@@ -44,6 +44,7 @@ from autoport_cst.research.analysis import (
     external_inputs,
     head,
     hyper_connections,
+    mask_bias,
     mixers,
     mlp,
     moe,
@@ -152,6 +153,8 @@ def _run(st: AnalyzerState) -> None:
             if (style := r.get("rope.style")) is not None and style.known:
                 block_features.rope_base_in_code(st)
         written_out = graph is not None and not kernel_calls(graph.attn, graph.nodes)
+        if graph is not None and not written_out:
+            mask_bias.read(st, graph)  # a per-head bias inside the mask the kernel is given
         if written_out or _unclassified(r, "attention.scale", "attention.sliding_window"):
             block_features.score_bias(st)  # a bias on scores written out, whatever their scale
         if _unclassified(r, "attention.scale", "attention.sliding_window"):

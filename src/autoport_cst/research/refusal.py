@@ -105,9 +105,8 @@ COMPUTATIONS = {
     "(a port reads sliding_window and layer_types)",
     "layer_rope_bases": "a RoPE base per layer",
     "alibi_positions": "ALiBi positions (a per-head bias on the attention scores)",
-    "alibi_in_mask": "an ALiBi bias also folded into the attention mask: the written-out (eager) attention adds "
-    "it to the scores twice, an attention kernel given the mask alone once (transformers' attention "
-    "implementations disagree)",
+    "alibi_in_mask": "an ALiBi bias folded into the attention mask by the backbone (what the installed "
+    "transformers' attention then adds is said after this)",
     "embedding_norm": "a norm on the token embeddings",
     "qkv_head_groups": "a fused QKV projection whose rows are grouped per KV head (query heads, key, value)",
     "embedding_projection": "token embeddings of another width, projected to the hidden size and back",

@@ -47,9 +47,11 @@ from autoport_cst.errors import InputError, did_you_mean
 
 from .layer_variants import layer_count_for_variants
 from .tiny_fit import (
+    derived_sizes,
     fit_kv_head_fields,
     fit_layer_counts,
     rederive_placeholders,
+    rederive_sizes,
     restore_per_layer_overrides,
     shrink_text_sub_config,
     take_per_layer_overrides,
@@ -286,6 +288,7 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
     original_head = _head_size(config)
     original_heads = getattr(config, "num_attention_heads", None)
     sizes = {**TINY_DIMENSIONS, **(dimensions or {})}
+    derived = [n for n in derived_sizes(config, list(sizes)) if n not in (dimensions or {})]
     for name in dimensions or {}:
         if not hasattr(config, name):
             raise InputError(f"{architecture}: its config has no {name!r} to set")
@@ -342,6 +345,7 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
     config.architectures = [architecture]
     restore_per_layer_overrides(config, per_layer)
     rederive_placeholders(config, set(dimensions or {}), config_values(config))
+    rederive_sizes(config, derived, config_values(config))
     return config
 
 

@@ -26,7 +26,13 @@ the config itself (no table keyed by model name):
   ``key_value``, or an ``attribute_map`` alias of it) shrinks too: to the
   tiny query heads when it equals the original ones, else to the tiny KV
   head count; left at 71 (of 71 query heads, Falcon's default), a Falcon
-  without multi-query attention and its 4 tiny query heads would not load.
+  without multi-query attention and its 4 tiny query heads would not load;
+- a tiny size the config class derives at init instead of declaring it as
+  a field (FalconConfig's ``num_key_value_heads`` since transformers 5.25:
+  ``num_kv_heads``, or 1 with multi-query attention) is derived again from
+  the shrunk fields: set to the tiny KV head count, config.json would say 2
+  where the model builds 1 or 4 (transformers keeps a value config.json
+  gives, so the written file must agree with the fields it derives from).
 """
 
 from __future__ import annotations
@@ -193,3 +199,29 @@ def rederive_placeholders(config: Any, given: set[str], values: dict[str, Any]) 
         return
     for name in pending:
         setattr(config, name, getattr(fresh, name))
+
+
+def derived_sizes(config: Any, names: list[str]) -> list[str]:
+    """The ``names`` that ``config`` has as attributes but its class does
+    not declare as fields: values its ``__post_init__`` derives."""
+    config_class: Any = type(config)
+    if not dataclasses.is_dataclass(config_class):
+        return []
+    declared = {field.name for field in dataclasses.fields(config_class)}
+    return [name for name in names if name not in declared and name in vars(config)]
+
+
+def rederive_sizes(config: Any, names: list[str], values: dict[str, Any]) -> None:
+    """The derived attributes ``names`` set again as the config class derives
+    them from ``values`` (the shrunk config's, without ``names``); left as
+    they are when the class refuses."""
+    if not names:
+        return
+    config_class: Any = type(config)
+    try:
+        fresh = config_class.from_dict({k: v for k, v in values.items() if k not in names})
+    except Exception:  # noqa: BLE001 - the config class's own validators
+        return
+    for name in names:
+        if hasattr(fresh, name):
+            setattr(config, name, getattr(fresh, name))

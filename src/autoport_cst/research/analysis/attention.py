@@ -19,6 +19,7 @@ from autoport_cst.research.analysis import (
     latent,
     layer_inputs,
     output_gate,
+    qkv_rows,
     scale_source,
     scores,
     temperature,
@@ -219,6 +220,10 @@ def _fused_qkv(st: AnalyzerState, g: AttentionGraph, nh: Any, nkv: Any, hd: Any)
         )
         if width == (nh + 2 * nkv) * hd:
             st.add(known(True, "code.fused_qkv", CODE, evidence))
+            probed = qkv_rows.layout(st, g.attn, g.nodes, g.inputs[0], nh, nkv, hd)
+            if probed is not None:
+                _probed_layout(st, g, probed)
+                return
             layout, grouped = fused_qkv_layout(st.outputs(g.attn), g.attn, g.nodes, g.inputs[0], width, hd)
             if grouped is not None:
                 groups, order = grouped
@@ -241,6 +246,34 @@ def _fused_qkv(st: AnalyzerState, g: AttentionGraph, nh: Any, nkv: Any, hd: Any)
             st.add(unknown("code.fused_qkv", CODE, evidence))
     elif len(in_insts) == 3:
         st.add(known(False, "code.fused_qkv", CODE, f"{where}: separate projections {_describe(in_insts)}"))
+
+
+def _probed_layout(st: AnalyzerState, g: AttentionGraph, probed: tuple[str, int | None]) -> None:
+    """The fused projection's layout as :func:`.qkv_rows.layout` read it from
+    the rows each head reads; groups per KV head are named (no port splits
+    them)."""
+    layout, per_group = probed
+    name = g.in_insts[0].name
+    rows = {
+        "concatenated": "the query heads' rows, then the keys', then the values'",
+        "per_head_interleaved": "each head's query, key and value rows in turn",
+    }
+    if per_group is None:
+        evidence = (
+            f"{g.where}: the attention reads {rows[layout]} of {name}'s output (its split run on the rows)"
+        )
+        st.add(known(layout, "code.qkv_layout", CODE, evidence))
+        return
+    st.add(known("concatenated", "code.qkv_layout", CODE, f"{g.where}: {name}'s output split in groups"))
+    st.add(
+        known(
+            ("checkpoint",),
+            "unsupported.qkv_head_groups",
+            CODE,
+            f"{g.where}: {name}'s output read as groups of {per_group} heads "
+            f"({per_group - 2} query heads, a key and a value head per group; its split run on the rows)",
+        )
+    )
 
 
 def _names(
