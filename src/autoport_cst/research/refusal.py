@@ -108,6 +108,8 @@ COMPUTATIONS = {
     "alibi_in_mask": "an ALiBi bias folded into the attention mask by the backbone (what the installed "
     "transformers' attention then adds is said after this)",
     "embedding_norm": "a norm on the token embeddings",
+    "kv_repeat": "keys and values repeated to the query heads another number of times (num_key_value_groups) "
+    "than query heads / KV heads the projections build",
     "qkv_head_groups": "a fused QKV projection whose rows are grouped per KV head (query heads, key, value)",
     "embedding_projection": "token embeddings of another width, projected to the hidden size and back",
     "sinusoidal_positions": "sinusoidal absolute position embeddings (a fixed table added to the token embeddings)",

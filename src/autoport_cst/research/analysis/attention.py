@@ -175,7 +175,29 @@ def _head_counts(st: AnalyzerState, g: AttentionGraph) -> tuple[Any, Any, Any]:
                 f"{where}: input projections {widths} = q {q_width} + 2 x {nkv} KV heads x {hd}",
             )
         )
+        _kv_repeat(st, g, nh, nkv)
     return nh, nkv, hd
+
+
+def _kv_repeat(st: AnalyzerState, g: AttentionGraph, nh: int, nkv: int) -> None:
+    """The attention functions repeat each KV head ``num_key_value_groups``
+    times (``repeat_kv(key, module.num_key_value_groups)``): a module that
+    sets it to another number than query heads / KV heads its projections
+    build gives the kernel keys that do not match the queries (Falcon 5.25
+    without multi-query: ``num_heads // num_kv_heads``, while the fused
+    projection builds a KV head per query head)."""
+    groups = g.attn.attrs.get("num_key_value_groups")
+    if not isinstance(groups, int) or isinstance(groups, bool) or not nkv or groups * nkv == nh:
+        return
+    st.add(
+        known(
+            ("attention",),
+            "unsupported.kv_repeat",
+            CODE,
+            f"{g.where}: {g.attn.class_name}.num_key_value_groups = {groups}, the times the attention "
+            f"functions repeat each KV head, where its projections build {nkv} KV heads for {nh} query heads",
+        )
+    )
 
 
 def _describe(in_insts: list[Instance]) -> str:
