@@ -113,7 +113,7 @@ def probe_config(
     research the model again without a checkpoint."""
     defaults = _class_defaults(resolved)
     raw, resolved, layers = _fewer_layers(raw, resolved, path, modeling, architecture)
-    run = _Runner(path, modeling, architecture, _layer_types_mentioned(modeling))
+    run = _Runner(path, modeling, architecture, _layer_types_mentioned(modeling), derived_keys(raw, path))
     baseline = run.research(raw, resolved)
     probes: list[FieldProbe] = []
     skipped: list[tuple[str, str]] = []
@@ -162,6 +162,35 @@ def _second_order(
             given = ((first.field, first.value, first.varied),)
             probes.append(dataclasses.replace(probe, default=value, given=given))
     return probes
+
+
+def derived_keys(raw: dict, path: str) -> tuple[str, ...]:
+    """The keys of config.json that its config class does not declare as
+    fields but derives at init from the others, to the value config.json
+    holds (transformers 5.25's FalconConfig writes ``num_key_value_heads``,
+    ``num_kv_heads`` or 1 with multi-query): a config varied in another
+    field has them derived again, as transformers would write it (it keeps
+    a value config.json gives, so a stale one would stay)."""
+    try:
+        resolved = resolve_config(raw, path)
+        cls = type(resolved)
+        if resolved is None or not dataclasses.is_dataclass(cls):
+            return ()
+        declared = {f.name for f in dataclasses.fields(cls)}
+        loose = [k for k in raw if k not in declared and k in vars(resolved) and not k.startswith("_")]
+        fresh = resolve_config({k: v for k, v in raw.items() if k not in loose}, path)
+    except Exception:  # noqa: BLE001 - a config the class refuses without them: none derived
+        return ()
+    return tuple(k for k in loose if k in vars(fresh) and getattr(fresh, k) == raw[k])
+
+
+def rederive(raw: dict, keys: tuple[str, ...], path: str) -> dict:
+    """``raw`` with ``keys`` (:func:`derived_keys`) as its config class
+    derives them from the other fields."""
+    if not keys:
+        return raw
+    fresh = resolve_config({k: v for k, v in raw.items() if k not in keys}, path)
+    return {**raw, **{k: getattr(fresh, k) for k in keys if hasattr(fresh, k)}}
 
 
 def _unsupported(probe: FieldProbe) -> bool:
@@ -390,6 +419,8 @@ class _Runner:
     modeling: Any
     architecture: str
     layer_types: tuple[str, ...]  # the per-layer types the modeling code names
+    # config.json keys the config class derives from the others (derived_keys)
+    derived: tuple[str, ...] = ()
 
     def research(self, raw: dict, resolved: Any) -> _Outcome:
         return _research(raw, resolved, self.path, self.modeling, self.architecture)
@@ -401,6 +432,7 @@ class _Runner:
         with ``baseline``."""
         changed = with_field(raw, name, varied)
         try:
+            changed = rederive(changed, self.derived, self.path)
             outcome = self.research(changed, resolve_config(changed, self.path))
         except Exception as error:  # noqa: BLE001 - the config class or the analysis refuses the value
             first = str(error).strip().splitlines()[0] if str(error).strip() else ""
