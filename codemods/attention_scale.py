@@ -31,6 +31,9 @@ ID = "attention-scale"
 # where each kernel takes its scale when it is passed by position
 SCALE_POSITIONS = {FLASH: 3, SEGMENTED: 7, SEGMENTED_CP: 12}
 COMMENT = "<-- MODEL-SPECIFIC: attention score scale from the config (not head_dim ** -0.5)"
+CONSTANT_COMMENT = (
+    "<-- MODEL-SPECIFIC: attention score scale fixed by the model's code (not head_dim ** -0.5)"
+)
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,13 @@ class AttentionScaleParams:
         metadata={
             "doc": "scale: the field is the scale itself (Granite); inverse_sqrt: the scale is "
             "field ** -0.5 (Gemma's query_pre_attn_scalar)."
+        },
+    )
+    constant: float | None = field(
+        default=None,
+        metadata={
+            "doc": "A scale the model's code fixes whatever the config (GPT-Neo's unscaled scores: 1.0), "
+            "written as it is; config_key and form are then not read."
         },
     )
 
@@ -70,6 +80,10 @@ class AttentionScale(Codemod):
     cache), so none of them changes. Config file: the dataclass gains the
     field (``float | None``; a config without it keeps ``head_dim ** -0.5``),
     or the sub-config holding it.
+
+    A scale the model's code fixes (GPT-Neo multiplies its scores by
+    nothing: 1.0, whatever the config) is written as that number
+    (``constant``), and the config gains no field.
 
     Preconditions: an attention class whose ``__init__`` sets
     ``self.scaling``, and whose kernel calls each pass a scale (a call left
@@ -179,6 +193,25 @@ class AttentionScale(Codemod):
             """,
         ),
         Example(
+            title="GPT-Neo's unscaled scores: a scale of 1.0 the code fixes",
+            params={"constant": 1.0},
+            before="""
+                class GPTNeoAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
+                        self.scaling = self.head_dim**-0.5
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+            """,
+            after="""
+                class GPTNeoAttention(nn.Module):
+                    def __init__(self, config, layer_idx):
+                        self.head_dim = config.head_dim
+                        # <-- MODEL-SPECIFIC: attention score scale fixed by the model's code (not head_dim ** -0.5)
+                        self.scaling = 1.0
+                        self.qkv_proj_weight = nn.Parameter(torch.empty(self.hidden_size, self.qkv_size))
+            """,
+        ),
+        Example(
             title="no scaling attribute",
             before="""
                 class GraniteAttention(nn.Module):
@@ -199,13 +232,16 @@ class AttentionScale(Codemod):
     def params_for(cls, diffs, target, port: PortContext) -> AttentionScaleParams:
         attention = target.attention
         if attention.scale_key is None:
-            return AttentionScaleParams()
+            scale = attention.scale
+            return AttentionScaleParams(constant=float(scale) if isinstance(scale, (int, float)) else None)
         return AttentionScaleParams(
             config_key=attention.scale_key,
             form="inverse_sqrt" if attention.scale_form == "inverse_sqrt" else "scale",
         )
 
     def _value(self, config: str) -> str:
+        if self.params.constant is not None:
+            return repr(float(self.params.constant))
         outer, _, inner = self.params.config_key.partition(".")
         field_ = f'({config}.{outer} or {{}}).get("{inner}")' if inner else f"{config}.{outer}"
         scale = field_ if self.params.form == "scale" else f"{field_}**-0.5"
@@ -213,6 +249,8 @@ class AttentionScale(Codemod):
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
         key = self.params.config_key
+        if ctx.role == "config" and self.params.constant is not None:
+            return module  # the code's own number: no config field
         if ctx.role == "config":
             outer, _, inner = key.partition(".")
             if inner:
@@ -246,15 +284,18 @@ class AttentionScale(Codemod):
             value = parse_expr(self._value(config), module)
             current = self_assignment(stmt)[1]
             if code_of(current) == code_of(value) or (
-                isinstance(current, cst.IfExp) and code_of(current.test) == code_of(value.test)
+                isinstance(current, cst.IfExp)
+                and isinstance(value, cst.IfExp)
+                and code_of(current.test) == code_of(value.test)
             ):
                 continue
             small = stmt.body[0]
             if isinstance(value, cst.IfExp):
                 value = _parenthesized(value, module, one_line="." not in key)
             new = stmt.with_changes(body=[small.with_changes(value=value)])
-            new = with_comment(new, COMMENT).with_changes(
-                leading_lines=[*stmt.leading_lines, *with_comment(new, COMMENT).leading_lines]
+            comment = COMMENT if self.params.constant is None else CONSTANT_COMMENT
+            new = with_comment(new, comment).with_changes(
+                leading_lines=[*stmt.leading_lines, *with_comment(new, comment).leading_lines]
             )
             edits[id(stmt)] = lambda updated, new=new: new
         return rewrite(module, edits)

@@ -43,7 +43,7 @@ from autoport_cst.transform.edit.config_fields import add_config_fields
 from autoport_cst.transform.edit.functions import add_functions
 from autoport_cst.transform.edit.kernels import argument, guard, guard_statement, innermost_statement
 from autoport_cst.transform.edit.tree import rewrite, with_comment
-from autoport_cst.transform.realizes import Realizes, not_to
+from autoport_cst.transform.realizes import ANY, Realizes, not_to
 
 ID = "sliding-window"
 
@@ -51,13 +51,12 @@ LAYER_FUNCTION = '''
 def _layer_sliding_window(config, layer_idx: int) -> int | None:
     """The attention window of one layer in tokens, or None for full attention.
 
-    ``config.layer_types`` marks each layer "sliding_attention" or
-    "full_attention"; {fallback_doc}
+    ``config.{types_key}`` marks each layer {marks}; {fallback_doc}
     """
     if config.sliding_window is None or not config.use_sliding_window:
         return None
-    if config.layer_types is not None:
-        if config.layer_types[layer_idx] == "sliding_attention":
+    if config.{types_key} is not None:
+        if config.{types_key}[layer_idx] == "{sliding_type}":
             return config.sliding_window
         return None
 {fallback_code}
@@ -80,11 +79,27 @@ FALLBACKS = {
     ),
 }
 
+
+def layer_function(fallback: str, key: str = "layer_types", sliding: str = "sliding_attention") -> str:
+    """``_layer_sliding_window``: the layers ``config.<key>`` marks
+    ``sliding`` slide, and without that list, the ``fallback`` rule."""
+    doc, code = FALLBACKS[fallback]
+    marks = (
+        '"sliding_attention" or\n    "full_attention"'
+        if sliding == "sliding_attention"
+        else f'"{sliding}"\n    when it slides'
+    )
+    if key != "layer_types":
+        doc, code = doc.replace("layer_types", key), code.replace("layer_types", key)
+    return LAYER_FUNCTION.format(
+        types_key=key, sliding_type=sliding, marks=marks, fallback_doc=doc, fallback_code=code
+    )
+
+
 CONFIG_FIELDS = [
     ("sliding_window: int | None = None", "attention window in tokens (None: full attention)"),
     ("use_sliding_window: bool = True", ""),
 ]
-PER_LAYER_FIELDS = [("layer_types: list[str] | None = None", "")]
 MAX_WINDOW_FIELD = [("max_window_layers: int | None = None", "")]
 
 WINDOW_START = '''
@@ -110,6 +125,16 @@ class SlidingWindowParams:
     layers: Literal["all", "per_layer"] = field(
         default="all",
         metadata={"doc": "Every layer slides (Mistral), or the layers the config's layer_types marks."},
+    )
+    layer_types_key: str = field(
+        default="layer_types",
+        metadata={
+            "doc": "per_layer: the config field listing each layer's attention type (GPT-Neo: attention_layers)."
+        },
+    )
+    sliding_layer_type: str = field(
+        default="sliding_attention",
+        metadata={"doc": "per_layer: the entry of that list that marks a sliding layer (GPT-Neo: local)."},
     )
     without_layer_types: Literal["none", "max_window_layers", "even_layers"] = field(
         default="none",
@@ -176,7 +201,13 @@ class SlidingWindow(Codemod):
     """
 
     ID = ID
-    REALIZES = Realizes({"attention.sliding_window": not_to("none")})
+    REALIZES = Realizes(
+        {
+            "attention.sliding_window": not_to("none"),
+            "attention.layer_types_key": ANY,  # the per-layer list read, and its sliding entry
+            "attention.sliding_layer_type": ANY,
+        }
+    )
     # each guards the context-parallel prefill before its kernel: one order, one text
     AFTER = ("attention-sinks",)
     Params = SlidingWindowParams
@@ -532,8 +563,14 @@ class SlidingWindow(Codemod):
 
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> SlidingWindowParams:
-        layers = target.attention.sliding_window
-        return SlidingWindowParams(layers="per_layer" if layers == "per_layer" else "all")
+        attention = target.attention
+        if attention.sliding_window != "per_layer":
+            return SlidingWindowParams(layers="all")
+        return SlidingWindowParams(
+            layers="per_layer",
+            layer_types_key=attention.layer_types_key,
+            sliding_layer_type=attention.sliding_layer_type,
+        )
 
     # -- files -----------------------------------------------------------------------
 
@@ -541,7 +578,7 @@ class SlidingWindow(Codemod):
         if ctx.role == "config":
             fields = list(CONFIG_FIELDS)
             if self.params.layers == "per_layer":
-                fields += PER_LAYER_FIELDS
+                fields += [(f"{self.params.layer_types_key}: list[str] | None = None", "")]
                 if self.params.without_layer_types == "max_window_layers":
                     fields += MAX_WINDOW_FIELD
             return add_config_fields(module, ctx, fields)
@@ -558,8 +595,10 @@ class SlidingWindow(Codemod):
             module = drop_unused_function(module, "_layer_sliding_window")
         functions = [WINDOW_START] if self._decodes.start_function else []
         if self.params.layers == "per_layer" and attention:
-            doc, code = FALLBACKS[self.params.without_layer_types]
-            functions.append(LAYER_FUNCTION.format(fallback_doc=doc, fallback_code=code))
+            params = self.params
+            functions.append(
+                layer_function(params.without_layer_types, params.layer_types_key, params.sliding_layer_type)
+            )
         return add_functions(module, functions, replace=True) if functions else module
 
     def _attention_edits(self, cls: cst.ClassDef, module: cst.Module, ctx: FileContext, edits: dict) -> None:

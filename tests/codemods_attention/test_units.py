@@ -253,18 +253,12 @@ def _config(**values):
     ],
 )
 def test_layer_sliding_window(fallback, config, expected):
-    doc, code = sliding_window.FALLBACKS[fallback]
-    rule = _function(
-        sliding_window.LAYER_FUNCTION.format(fallback_doc=doc, fallback_code=code), "_layer_sliding_window"
-    )
+    rule = _function(sliding_window.layer_function(fallback), "_layer_sliding_window")
     assert [rule(config, i) for i in range(len(expected))] == expected
 
 
 def test_layer_sliding_window_without_layer_types_is_refused():
-    doc, code = sliding_window.FALLBACKS["none"]
-    rule = _function(
-        sliding_window.LAYER_FUNCTION.format(fallback_doc=doc, fallback_code=code), "_layer_sliding_window"
-    )
+    rule = _function(sliding_window.layer_function("none"), "_layer_sliding_window")
     with pytest.raises(ValueError, match="no layer_types"):
         rule(_config(), 0)
 

@@ -24,13 +24,8 @@ BLOCKS = {
     "bloom": ("BloomModel.h", set(), ""),
     "mpt": ("MptModel.blocks", set(), ""),
     "biogpt": ("BioGptModel.layers", set(), ""),  # its feed-forward in the layer is read as an MLP
-    # its attention one module down (attn.attention) writes out its scores and softmax, its local window
-    # from config fields a port does not read
-    "gpt_neo": (
-        "GPTNeoModel.h",
-        {"window_fields"},
-        "GPTNeoSelfAttention.forward (modeling_gpt_neo.py:",
-    ),
+    # its attention one module down (attn.attention) writes out its scores and softmax (read: it ports)
+    "gpt_neo": ("GPTNeoModel.h", set(), ""),
 }
 
 

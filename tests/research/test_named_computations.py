@@ -51,11 +51,6 @@ NAMED = {
         {"sublayer_residual"},
         ["BertAttention.forward (modeling_bert.py:", "in BertSelfOutput, then a norm (LayerNorm)"],
     ),
-    # its local layers' window read from the mask buffer, from fields a port does not read
-    "GPTNeoForCausalLM": (
-        {"window_fields"},
-        ["GPTNeoSelfAttention.forward (modeling_gpt_neo.py:", "comes from config.window_size"],
-    ),
     "LongcatFlashForCausalLM": ({"several_attentions"}, ["holds 2 attention sublayers: self_attn.0"]),
     # a self-attention and a cross-attention (encoder_attn) in one layer
     "TrOCRForCausalLM": ({"several_attentions"}, ["holds 2 attention sublayers: self_attn", "encoder_attn"]),

@@ -4,8 +4,8 @@
 norms, feed-forward, biases and checkpoint names are read, and its scores
 written out by what they compute (no scaling: scale 1), and the boolean
 mask it selects them by (a buffer: the sliding window of the local layers,
-tests/coverage_dense/test_gpt_neo.py). The refusal names what no port
-reads: the config fields the window and the sliding layers come from."""
+tests/coverage_dense/test_gpt_neo.py), with the config fields it and the
+sliding layers come from."""
 
 from __future__ import annotations
 
@@ -33,8 +33,11 @@ def test_unscaled_scores_read_as_scale_one(tiny):
     assert "unscaled" in scale.evidence
 
 
-def test_the_refusal_names_what_is_not_read(tiny):
-    refusal = tiny.research("gpt_neo").spec.unsupported or ()
-    assert len(refusal) == 1 and refusal[0].startswith("window_fields"), refusal
-    for words in ("(16 tokens) comes from config.window_size", "from config.attention_layers ('local'"):
-        assert words in refusal[0], refusal[0]
+def test_the_window_and_its_fields_are_read(tiny):
+    spec = tiny.research("gpt_neo").spec
+    assert (spec.attention.sliding_window, spec.attention.sliding_window_size) == ("per_layer", 16)
+    assert (spec.attention.layer_types_key, spec.attention.sliding_layer_type) == (
+        "attention_layers",
+        "local",
+    )
+    assert not spec.unsupported, spec.unsupported

@@ -124,6 +124,14 @@ class AttentionSpec:
     layer_types: tuple[str, ...] | None = value(
         None, "Per-layer attention type (for example full_attention / sliding_attention)."
     )
+    layer_types_key: str = feature(
+        "layer_types",
+        "The config field listing each layer's attention type, which marks the layers that slide "
+        "(GPT-Neo: attention_layers).",
+    )
+    sliding_layer_type: str = feature(
+        "sliding_attention", "The entry of that list that marks a sliding-window layer (GPT-Neo: local)."
+    )
     chunked: ChunkedAttention = feature(
         "none",
         "Chunked attention: per_layer: the layers config.layer_types marks 'chunked_attention' attend "

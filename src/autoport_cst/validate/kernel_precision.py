@@ -122,7 +122,12 @@ def _float32_forward(module: nn.Module) -> Callable[..., Any]:
 def load_kernel_precision_reference(checkpoint_dir: str | Path, dtype: torch.dtype) -> Any:
     """The checkpoint's transformers model in ``dtype`` at the policy."""
     _register()
-    model = load_reference(checkpoint_dir, dtype, attn_implementation=POLICY_NAME)
+    try:
+        model = load_reference(checkpoint_dir, dtype, attn_implementation=POLICY_NAME)
+    except KeyError as error:  # GPT-Neo looks its attention class up by implementation name
+        raise PolicyUnavailable(
+            f"the model's code does not take a registered attention function (KeyError: {error})"
+        ) from error
     norms = [m for m in model.modules() if is_norm(m)]
     for norm in norms:
         norm.forward = _float32_forward(norm)

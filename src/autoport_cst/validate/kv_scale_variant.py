@@ -54,8 +54,11 @@ _K_SCALES = (2.0, 8.0, 4.0, 16.0)
 _V_SCALES = (4.0, 2.0, 16.0, 8.0)
 # a weight of a module inside an attention module under an indexed layer of a layer list (the
 # attention's name holds "att": self_attn, attention, attn, self_attention; post_attention_layernorm
-# .weight is no such weight): (layer list, index, attention module)
-_ATTENTION_WEIGHT = re.compile(r"^(.*?)\.(\d+)\.([^.]*att[^.]*)\.(?:[^.]+\.)+weight$", re.IGNORECASE)
+# .weight is no such weight): (layer list, index, attention module); of an attention inside another
+# (GPT-Neo's attn.attention, a pass-through wrapper), the inner one, which holds the projections
+_ATTENTION_WEIGHT = re.compile(
+    r"^(.*?)\.(\d+)\.([^.]*att[^.]*(?:\.[^.]*att[^.]*)*)\.(?:[^.]+\.)+weight$", re.IGNORECASE
+)
 
 
 def reads_kv_scales(package_dir: str | Path) -> bool:

@@ -75,12 +75,13 @@ def with_decode_tokens(
 def _sliding_windows(config: dict) -> list[int]:
     """Sliding windows and attention chunks the checkpoint's attention uses
     (the block size must divide them for segmented prefill)."""
-    window = config.get("sliding_window")
     chunk = config.get("attention_chunk_size")  # chunked attention: whole blocks per chunk too
     chunks = [chunk] if isinstance(chunk, int) and not isinstance(chunk, bool) and chunk > 0 else []
-    if not isinstance(window, int) or window <= 0 or config.get("use_sliding_window") is False:
+    if config.get("use_sliding_window") is False:
         return chunks
-    return [window, *chunks]
+    # sliding_window, or GPT-Neo's window_size (the window of its local layers)
+    windows = [config.get(name) for name in ("sliding_window", "window_size")]
+    return [w for w in windows if isinstance(w, int) and not isinstance(w, bool) and w > 0] + chunks
 
 
 def _context_parallel_blocks(layout: ParallelLayout) -> list[int]:

@@ -97,6 +97,9 @@ MAX_TINY_PARAMETERS = 5_000_000
 # Sliding windows shrink below the validation prompts (8 to 20 tokens plus the
 # decode steps), so a port that ignores the window shows it.
 TINY_WINDOW = 6
+# the config fields that hold an attention window in tokens: sliding_window, and GPT-Neo's window_size
+# (its local layers' window)
+WINDOW_FIELDS = ("sliding_window", "window_size")
 # Attention chunks (Llama 4's attention_chunk_size) shrink below the prompts
 # too: the 20-token prompt crosses a chunk in its prefill, every prompt in
 # its decode steps, and the segmented calls (from position 0 and 32) span
@@ -328,9 +331,11 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
             # any other list with one entry per layer (mlp_layer_types,
             # attention_layers, ...) keeps its first entries
             setattr(config, name, type(value)(value[:layers]))
-    window = getattr(config, "sliding_window", None)
-    if isinstance(window, int) and not isinstance(window, bool) and window > TINY_WINDOW:
-        config.sliding_window = TINY_WINDOW
+    for name in WINDOW_FIELDS:
+        window = getattr(config, name, None)
+        given = name in (dimensions or {})  # a window given with --set is taken as given
+        if isinstance(window, int) and not isinstance(window, bool) and window > TINY_WINDOW and not given:
+            setattr(config, name, TINY_WINDOW)
     chunk = getattr(config, "attention_chunk_size", None)
     if isinstance(chunk, int) and not isinstance(chunk, bool) and chunk > TINY_CHUNK:
         config.attention_chunk_size = TINY_CHUNK

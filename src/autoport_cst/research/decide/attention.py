@@ -71,6 +71,8 @@ def attention(d: Decider, head_size: Any) -> AttentionSpec:
         sliding_window=sliding,
         sliding_window_size=window_size,
         layer_types=tuple(layer_types) if layer_types else None,
+        layer_types_key=d.flag("attention.layer_types_key", "layer_types"),
+        sliding_layer_type=d.flag("attention.sliding_layer_type", "sliding_attention"),
         chunked=d.flag("attention.chunked", "none"),
         chunk_size=d.flag("attention.chunk_size", None),
         sinks=d.decide("attention.sinks", False, (CODE,)),
