@@ -347,3 +347,36 @@ def test_an_enum_member_that_is_the_declared_default_is_dropped(mutation, operat
         ("", post),  # a name of unknown origin
     ):
         assert form(prefix + call(argument)) != form(prefix + call("")), (prefix, argument)
+
+
+WIRED = """from torch import nn
+from vllm_neuron.distributed import get_neuron_mlp_dp_group
+
+
+class MLP(nn.Module):
+    def __init__(self, size):
+        super().__init__()
+        self.mlp_dp_group = get_neuron_mlp_dp_group()
+        self.size = size
+
+    def forward(self, x, is_prefill):
+        tokens = x.shape[0]
+        if is_prefill and (tokens <= self.size or tokens % self.size != 0):
+            raise ValueError("length")
+        return x * self.size
+"""
+
+
+def test_the_benchmark_applies_the_group_and_refusal_proofs(mutation, operators, tmp_path):
+    """PortRun.proof reaches mutation_proof_attributes (with the stand-in's
+    parallel-state getters) and mutation_proof_guards."""
+    assert {"get_neuron_mlp_dp_group", "get_tp_group"} <= mutation.group_getters()
+    (tmp_path / "model.py").write_text(WIRED, encoding="utf-8")
+    run = mutation.PortRun.of(_port(tmp_path), {})
+    by_key = {m.key: m for m in run.parsed.mutants}
+    removed = next(m for k, m in by_key.items() if k.startswith("stmt@8:"))
+    narrowed = next(m for k, m in by_key.items() if k.startswith("boolop@") and "or -> and" in k)
+    widened = next(m for k, m in by_key.items() if k.startswith("boolop@") and "and -> or" in k)
+    assert "no instance of MLP reads mlp_dp_group" in run.proof(removed, run.parsed.mutated(removed))
+    assert "narrows the refusal" in run.proof(narrowed, run.parsed.mutated(narrowed))
+    assert run.equivalence(run.parsed.mutated(widened)) is None
