@@ -8,7 +8,8 @@ and ``config.attention_layers`` ('local'), found by changing them: the port
 reading window_size, attention-scale writing 1.0) validates at TP=1 fp32 and
 bf16 and TP=2 on a tiny checkpoint whose window (6) is shorter than the
 prompts; mutants (no window, a window on every layer, a shorter window, the
-default scale) fail at an attention."""
+default scale) fail at an attention. A window whose fields are not found is
+refused as window_fields, naming them."""
 
 from __future__ import annotations
 
@@ -180,3 +181,26 @@ def test_the_port_slides_the_layers_attention_layers_marks_local():
     assert [rule(config, i) for i in range(4)] == [None, 6, None, 6]
     with pytest.raises(ValueError, match="no attention_layers"):
         rule(SimpleNamespace(sliding_window=6, use_sliding_window=True, attention_layers=None), 0)
+
+
+@pytest.mark.slow
+def test_a_window_whose_fields_are_not_found_is_refused_naming_them(tmp_path, monkeypatch):
+    """Were the list marking the sliding layers not found (here: its search
+    disabled), the model is refused naming what is and is not found, not
+    ported with a window on no layer."""
+    pytest.importorskip("transformers")
+    from autoport_cst.research import research
+    from autoport_cst.research.analysis import window_source
+    from autoport_cst.validate import build_tiny_checkpoint
+
+    monkeypatch.setattr(window_source, "_layers_field", lambda st, sliding: None)
+    build_tiny_checkpoint("GPTNeoForCausalLM", tmp_path / "gpt_neo", seed=0, dimensions={"window_size": 12})
+    spec = research(str(tmp_path / "gpt_neo")).spec
+    assert [e.split(":")[0] for e in spec.unsupported or ()] == ["window_fields"], spec.unsupported
+    for words in (
+        "the window (12 tokens) comes from config.window_size",
+        "the layers that slide from no config field found",
+        "a port reads config.sliding_window and config.layer_types",
+    ):
+        assert words in spec.unsupported[0], spec.unsupported[0]
+    assert spec.attention.layer_types_key == "layer_types"
