@@ -248,4 +248,30 @@ def _stand_in_heads(config: dict) -> dict[str, int]:
         raise InputError(
             "multi-head attention (its config has no num_key_value_heads): no KV heads fewer than the TP ranks"
         )
+    if _derived_kv_heads(config):
+        raise InputError(
+            "its config class derives num_key_value_heads from other fields (no field of its own to set "
+            "fewer KV heads than the TP ranks with)"
+        )
     return dict(REPLICATED_KV_HEADS)
+
+
+def _derived_kv_heads(config: dict) -> bool:
+    """Whether the config class of ``config`` derives ``num_key_value_heads``
+    at init instead of declaring it (transformers 5.25's FalconConfig:
+    ``num_kv_heads``, or 1 with multi-query attention, and written to
+    config.json): set to the stand-in's 2 beside the fields it derives from,
+    it would say 2 where the model builds others (Falcon without multi-query
+    builds a KV head per query head)."""
+    import dataclasses
+
+    from autoport_cst.config_json import config_object
+
+    try:
+        resolved = config_object(config)
+    except Exception:  # noqa: BLE001 - no config class to ask: taken as declared
+        return False
+    cls = type(resolved)
+    return dataclasses.is_dataclass(cls) and "num_key_value_heads" not in {
+        f.name for f in dataclasses.fields(cls)
+    }
