@@ -112,7 +112,6 @@ sys.path.insert(0, str(HERE))
 from mutation_operators import ANY, IMPORTABLE, POSITIONAL, Mutant, ParsedModule, normalised, parse_mutants  # noqa: E402
 from mutation_proof_attributes import unread_group  # noqa: E402
 from mutation_proof_defaults import required_key, transformers_requires, unused_default  # noqa: E402
-from mutation_proof_guards import narrowed_refusal  # noqa: E402
 from mutation_proof_paths import dead_store  # noqa: E402
 from mutation_proofs import identity_mapping  # noqa: E402
 from mutation_setup import PORTS, Port, prepare  # noqa: E402
@@ -394,8 +393,9 @@ class PortRun:
         """Why the mutant is proved equivalent (``equivalence``, a removed
         loader entry mapping a parameter to its own name: ``mutation_proofs``, or
         a removed store no path reads: ``mutation_proof_paths``, a removed
-        group attribute no instance reads: ``mutation_proof_attributes``, a
-        refusal narrowed: ``mutation_proof_guards``), or None."""
+        group attribute no instance reads: ``mutation_proof_attributes``), or
+        None. A refusal narrowed (``or`` to ``and`` in an ``if ...: raise``) is
+        not proved: the mutant runs inputs the port refuses."""
         found = self.equivalence(code)
         if found is None and mutant.operator == "stmt":
             found = (
@@ -403,8 +403,6 @@ class PortRun:
                 or dead_store(self.original, mutant.line, self.elsewhere())
                 or unread_group(self.original, mutant.line, self.elsewhere(), group_getters())
             )
-        if found is None and mutant.operator == "boolop":
-            found = narrowed_refusal(self.original, code)
         if found is None:
             found = unused_default(self.original, mutant, self.elsewhere()) or required_key(
                 self.original, mutant, self.rope_requires(), self.elsewhere()
