@@ -40,6 +40,7 @@ SECTION_EDGES = {
         "attention_norms",
         "scale_source",
         "window_source",
+        "qkv_rows",  # a fused projection's layout read from the rows each head reads (2e27534)
     },
     ("analysis", "alibi"): {"scale_source"},
     # a mask the attention computes itself (a buffer of triangles) is read as a band of diagonals by a module
