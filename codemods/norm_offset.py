@@ -18,6 +18,7 @@ from autoport_cst.transform.cst.vocabulary import (
     dotted,
     find_self_assignment,
     method,
+    nodes_of,
     self_attr,
     walk,
 )
@@ -167,10 +168,9 @@ class NormOffset(Codemod):
                 init,
                 module,
             )
-        forward_nodes = walk(forward)
-        if any(_is_offset(n) for n in forward_nodes):
+        if any(_is_offset(n) for n in nodes_of(forward, cst.BinaryOperation)):
             return module
-        reads = [n for n in forward_nodes if self_attr(n) == "weight"]
+        reads = [n for n in walk(forward) if self_attr(n) == "weight"]
         if not reads:
             raise ctx.precondition(f"{self.ID}: {name}.forward does not read self.weight", forward, module)
         edits: dict = {id(n): (lambda updated: _offset("self.weight", module)) for n in reads}
@@ -182,12 +182,12 @@ class NormOffset(Codemod):
         for fn in forward_path_functions(module):
             if id(fn) in inside:
                 continue
-            nodes = walk(fn)
-            offset_parts = {id(m) for n in nodes if _is_offset(n) for m in walk(n)}
-            for node in nodes:
+            offset_parts = {
+                id(m) for n in nodes_of(fn, cst.BinaryOperation) if _is_offset(n) for m in walk(n)
+            }
+            for node in nodes_of(fn, cst.Attribute):
                 if (
-                    isinstance(node, cst.Attribute)
-                    and node.attr.value == "weight"
+                    node.attr.value == "weight"
                     and isinstance(node.value, cst.Attribute)
                     and node.value.attr.value in norm_attrs
                     and id(node) not in offset_parts

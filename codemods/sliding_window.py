@@ -28,6 +28,7 @@ from autoport_cst.transform.cst.vocabulary import (
     find_self_assignment,
     is_none,
     keyword_arg,
+    nodes_of,
     statements,
     walk,
 )
@@ -674,7 +675,7 @@ class SlidingWindow(Codemod):
         caller_mask_edits(module, ctx, attention, self._decodes.outside[0].method, ID, edits, MASK)
 
     def _kv_spec_edits(self, module: cst.Module, ctx: FileContext, edits: dict) -> None:
-        specs = [n for n in walk(module) if isinstance(n, cst.Call) and dotted(n.func) == "LayerSpec"]
+        specs = [n for n in nodes_of(module, cst.Call) if dotted(n.func) == "LayerSpec"]
         lm = any(isinstance(c, cst.ClassDef) and class_role(c.name.value) == "causal_lm" for c in module.body)
         if not specs and lm:
             raise ctx.precondition(f"{ID}: no LayerSpec(...) in the KV-cache spec of this file")
@@ -712,9 +713,8 @@ def _memoized_mask_edits(mask: cst.Call, decode: cst.FunctionDef, where: str, mo
     stores = (
         [
             node.targets[0].target.slice[0].slice.value
-            for node in walk(decode)
-            if isinstance(node, cst.Assign)
-            and len(node.targets) == 1
+            for node in nodes_of(decode, cst.Assign)
+            if len(node.targets) == 1
             and dotted(node.value) == target
             and isinstance(node.targets[0].target, cst.Subscript)
         ]

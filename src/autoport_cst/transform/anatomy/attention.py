@@ -108,13 +108,8 @@ def attention_classes_in(module: cst.Module, ctx: FileContext) -> list[cst.Class
 
 
 def _has_parameter(cls: cst.ClassDef, name: str) -> bool:
-    for node in walk(cls):
-        if (
-            isinstance(node, cst.Assign)
-            and len(node.targets) == 1
-            and self_attr(node.targets[0].target) == name
-            and is_parameter(node.value)
-        ):
+    for node in cast(list[cst.Assign], nodes_of(cls, cst.Assign)):
+        if len(node.targets) == 1 and self_attr(node.targets[0].target) == name and is_parameter(node.value):
             return True
     return False
 

@@ -14,7 +14,7 @@ codemod that inserts statements elsewhere does not rename them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -44,6 +44,9 @@ class FlatFunction:
     items: list[Item] = field(default_factory=list)
     if_tests: dict[str, cst.BaseExpression] = field(default_factory=dict)
     _by_node: dict[int, Item] | None = None
+    _slices: dict[tuple[int, frozenset[str]], tuple[Item, ...]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def item_of(self, node: cst.CSTNode) -> Item | None:
         """The innermost item whose node contains ``node``."""
@@ -53,6 +56,16 @@ class FlatFunction:
                 for n in walk(item.node):
                     self._by_node[id(n)] = item
         return self._by_node.get(id(node))
+
+    def slice_to(self, item: Item, names: frozenset[str]) -> tuple[Item, ...]:
+        """``backward(self.items, item, names)``, kept: the census asks the same
+        slices again (each footprint that reads an attribute slices its
+        setters), and a function is not changed once flattened."""
+        key = (item.index, names)
+        found = self._slices.get(key)
+        if found is None:
+            found = self._slices[key] = tuple(backward(self.items, item, names))
+        return found
 
 
 def _targets(node: cst.CSTNode) -> set[str]:
@@ -118,7 +131,8 @@ class _Flattener:
         return key
 
     def statement(self, stmt: cst.CSTNode, conditions: tuple[Branch, ...]) -> None:
-        if isinstance(stmt, cst.If):
+        # by type, not isinstance (LibCST's abstract base class makes each miss a call)
+        if type(stmt) is cst.If:
             key = self.if_key(stmt.test)
             self.add(stmt.test, conditions, set(), free_names(stmt.test), "if")
             self.block(stmt.body, (*conditions, (key, True)))
@@ -126,20 +140,20 @@ class _Flattener:
                 self.statement(stmt.orelse, (*conditions, (key, False)))
             elif isinstance(stmt.orelse, cst.Else):
                 self.block(stmt.orelse.body, (*conditions, (key, False)))
-        elif isinstance(stmt, cst.For):
+        elif type(stmt) is cst.For:
             self.add(stmt, conditions, _targets(stmt.target), free_names(stmt.iter), "for")
             self.block(stmt.body, conditions)
             if stmt.orelse is not None:
                 self.block(stmt.orelse.body, conditions)
-        elif isinstance(stmt, cst.While):
+        elif type(stmt) is cst.While:
             self.add(stmt.test, conditions, set(), free_names(stmt.test), "while")
             self.block(stmt.body, conditions)
-        elif isinstance(stmt, cst.With):
+        elif type(stmt) is cst.With:
             bound = {n for item in stmt.items if item.asname for n in _targets(item.asname.name)}
             uses = {n for item in stmt.items for n in free_names(item.item)}
             self.add(stmt, conditions, bound, uses, "with")
             self.block(stmt.body, conditions)
-        elif isinstance(stmt, cst.Try):
+        elif type(stmt) is cst.Try:
             self.block(stmt.body, conditions)
             for handler in stmt.handlers:
                 self.block(handler.body, conditions)
@@ -147,13 +161,9 @@ class _Flattener:
                 if extra is not None:
                     self.block(extra.body, conditions)
         else:
-            uses = free_names(stmt) if not isinstance(stmt, cst.ClassDef) else set()
-            self.add(
-                stmt,
-                conditions,
-                _defines(stmt),
-                uses - _defines(stmt) if isinstance(stmt, cst.FunctionDef) else uses,
-            )
+            uses = free_names(stmt) if type(stmt) is not cst.ClassDef else set()
+            defines = _defines(stmt)
+            self.add(stmt, conditions, defines, uses - defines if type(stmt) is cst.FunctionDef else uses)
 
 
 def flatten(func: cst.FunctionDef) -> FlatFunction:
@@ -192,7 +202,7 @@ def _certain(item: Item, path: dict[str, bool]) -> bool:
 
 
 def backward(
-    items: list[Item], start: Item, names: set[str], path: dict[str, bool] | None = None
+    items: list[Item], start: Item, names: Set[str], path: dict[str, bool] | None = None
 ) -> list[Item]:
     """Items along ``items`` (one path, in order) that reach ``names`` used
     at ``start``: for each use, the latest earlier definition, then its own

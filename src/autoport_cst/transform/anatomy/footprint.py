@@ -57,8 +57,7 @@ class Footprint:
             return
         self.done.add(("attr", attr))
         for flat, item in self.index.facts(self.cls).setters.get(attr, ()):
-            names = {n for n in item.uses if n != "self"}
-            self.add_items(flat, [item, *flow.backward(flat.items, item, names)])
+            self.add_items(flat, [item, *flat.slice_to(item, item.uses - {"self"})])
 
     def callers(self, func: cst.FunctionDef, used: set[str]) -> None:
         """For the parameters of ``func`` the slice reads: what the other
@@ -74,8 +73,8 @@ class Footprint:
         for flat, item, call in self.index.facts(self.cls).self_calls.get(func.name.value, ()):
             if flat.func is func:
                 continue
-            names = argument_names(call, params, wanted)
-            self.add_items(flat, [item, *flow.backward(flat.items, item, names)])
+            names = frozenset(argument_names(call, params, wanted))
+            self.add_items(flat, [item, *flat.slice_to(item, names)])
 
     def callee(self, call: cst.Call) -> None:
         attr = self_attr(call.func)

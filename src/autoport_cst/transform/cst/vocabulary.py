@@ -330,12 +330,12 @@ def statements(func: cst.FunctionDef | cst.ClassDef) -> Sequence[cst.BaseStateme
 
 def simple_assign(stmt: cst.CSTNode) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
     """(target, value) of a one-target ``x = v`` statement line."""
-    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+    if type(stmt) is not cst.SimpleStatementLine or len(stmt.body) != 1:
         return None
     small = stmt.body[0]
-    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+    if type(small) is cst.Assign and len(small.targets) == 1:
         return small.targets[0].target, small.value
-    if isinstance(small, cst.AnnAssign) and small.value is not None:
+    if type(small) is cst.AnnAssign and small.value is not None:
         return small.target, small.value
     return None
 
