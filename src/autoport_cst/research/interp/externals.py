@@ -93,7 +93,10 @@ def external_instance(cls: External, args: list, kwargs: dict, reads: dict) -> A
         if (
             short == "Buffer"
         ):  # a table computed by a function of the source stays that call (CTRL's positions)
-            kept = is_concrete(data) or (isinstance(data, Node) and data.kind == "func") or _triangles(data)
+            # a mask computed from triangles is kept; a bare factory (DeepSeek V3's
+            # Buffer(torch.zeros(n)), a learned routing bias) is not a value
+            computed = isinstance(data, Node) and (data.kind == "func" or _triangles(data))
+            kept = is_concrete(data) or computed
             return data if kept else UNKNOWN
         if isinstance(data, TensorInit):
             return Param(data.shape, data.fill, float32=data.float32)
