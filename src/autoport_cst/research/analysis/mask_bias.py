@@ -36,9 +36,9 @@ def read(st: AnalyzerState, g: AttentionGraph) -> None:
     masks = {n.name for k in kernels for n in walk(_mask_argument(k)) if n.kind == "input"}
     for name, value in layer_arguments(st, 0, calls[0]).items():
         builder = _builder_with(value, heads) if name in masks else None
-        if builder is None:
-            continue
-        factor = _factor(value, builder)
+        factor = _factor(value, builder) if builder is not None else None
+        if builder is None or factor is None:
+            continue  # a mask computed with the head count otherwise is no bias folded in
         scaled = f", divided by {1 / factor:g}," if factor not in (None, 1.0) else ""
         st.add(
             known(
@@ -65,8 +65,11 @@ def _mask_argument(kernel: Node) -> Any:
 
 def _builder_with(value: Any, heads: int) -> Node | None:
     """The source function or method call computing ``value`` given the
-    number of heads."""
+    number of heads (not a reshape or copy of a tensor to that many heads:
+    DeepSeek V4 expands its hidden states into as many residual streams)."""
     for node in walk(value) if isinstance(value, Node) else ():
+        if node.kind == "method" and node.name.rsplit(".", 1)[-1] in _CARRIERS | {"repeat"}:
+            continue
         if node.kind in ("func", "method") and any(
             a == heads and not isinstance(a, bool) for a in [*node.args, *(v for _, v in node.kwargs)]
         ):
