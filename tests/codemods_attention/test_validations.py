@@ -401,6 +401,8 @@ def test_the_same_port_without_one_feature_diverges(
     plan = json.loads(json.dumps(case.plan))
     plan["name"] = f"{plan['name']}_without_{feature}"
     plan["spec"][section][feature] = absent
+    if feature == "scale":  # and the config field it is read from
+        plan["spec"][section].pop("scale_key", None)
     report = validate_model(port_builder(plan), checkpoint_of(case), dtype="fp32", steps=4)
     assert not report.equivalent
     assert report.first_diverging is not None and "attention" in report.first_diverging.component
