@@ -203,12 +203,15 @@ def rederive_placeholders(config: Any, given: set[str], values: dict[str, Any]) 
 
 def derived_sizes(config: Any, names: list[str]) -> list[str]:
     """The ``names`` that ``config`` has as attributes but its class does
-    not declare as fields: values its ``__post_init__`` derives."""
+    not declare as fields: values its ``__post_init__`` derives. A name the
+    class's ``attribute_map`` aliases a declared field to (Kolibri's
+    ``num_local_experts`` for ``num_experts``) holds that field: not derived."""
     config_class: Any = type(config)
     if not dataclasses.is_dataclass(config_class):
         return []
     declared = {field.name for field in dataclasses.fields(config_class)}
-    return [name for name in names if name not in declared and name in vars(config)]
+    aliases = set(dict(getattr(config_class, "attribute_map", None) or {}).values())
+    return [name for name in names if name not in declared | aliases and name in vars(config)]
 
 
 def rederive_sizes(config: Any, names: list[str], values: dict[str, Any]) -> None:
