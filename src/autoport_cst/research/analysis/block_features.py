@@ -14,7 +14,7 @@ import ast
 from typing import Any
 
 from autoport_cst.research.analysis import alibi, mixers, sinusoidal
-from autoport_cst.research.analysis.graph import computes_sin_cos, sin_cos_table, strip_casts
+from autoport_cst.research.analysis.graph import call_given, computes_sin_cos, sin_cos_table, strip_casts
 from autoport_cst.research.analysis.layer_inputs import forward_parameters, layer_arguments, layer_calls
 from autoport_cst.research.analysis.state import AnalyzerState
 from autoport_cst.research.findings import CODE, known
@@ -98,7 +98,7 @@ def score_bias(st: AnalyzerState) -> None:
     scores = _softmax_inputs(st, attn)
     carriers: dict[str, tuple[Any, Node]] = {}
     for name, value in layer_arguments(st, 0, calls[0]).items():
-        builder = _builder_with(value, heads)
+        builder = call_given(value, heads)
         if builder is not None and any(n.kind == "input" and n.name == name for s in scores for n in walk(s)):
             carriers[name] = (value, builder)
     if _bias_in_mask(st, attn, heads, carriers):
@@ -152,17 +152,6 @@ def explicit_attention(st: AnalyzerState) -> None:
     if attn is None or any(st.result.get(f"unsupported.{n}") is not None for n in ALIBI_NAMES):
         return
     mixers.explicit_scores(st, attn, ("attention",))
-
-
-def _builder_with(value: Any, heads: int) -> Node | None:
-    """The source function or method call computing ``value`` that is given
-    the number of heads."""
-    for node in walk(value) if isinstance(value, Node) else ():
-        if node.kind in ("func", "method", "call") and any(
-            a == heads and not isinstance(a, bool) for a in [*node.args, *(v for _, v in node.kwargs)]
-        ):
-            return node
-    return None
 
 
 def _softmax_inputs(st: AnalyzerState, attn: Instance) -> list[Any]:

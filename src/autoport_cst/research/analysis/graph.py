@@ -460,3 +460,22 @@ def query_factor(kernel: Node, projections: list[Node]) -> float:
             elif number(a) and any(b is p for p in projections):
                 factor *= a
     return factor
+
+
+def call_given(
+    value: Any,
+    number: int,
+    kinds: tuple[str, ...] = ("func", "method", "call"),
+    skip: frozenset[str] = frozenset(),
+) -> Node | None:
+    """The first call of one of ``kinds`` in the computation of ``value``
+    that is given ``number`` as an argument (a bias builder given the head
+    count); methods named in ``skip`` are passed over."""
+    for node in walk(value) if isinstance(value, Node) else ():
+        if node.kind == "method" and node.name.rsplit(".", 1)[-1] in skip:
+            continue
+        if node.kind in kinds and any(
+            a == number and not isinstance(a, bool) for a in [*node.args, *(v for _, v in node.kwargs)]
+        ):
+            return node
+    return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoport_cst.research.analysis.graph import kernel_calls, number, strip_casts
+from autoport_cst.research.analysis.graph import call_given, kernel_calls, number, strip_casts
 from autoport_cst.research.analysis.layer_inputs import layer_arguments, layer_calls
 from autoport_cst.research.analysis.state import AnalyzerState, AttentionGraph
 from autoport_cst.research.findings import CODE, known
@@ -24,6 +24,7 @@ from autoport_cst.research.interp.values import Node
 from autoport_cst.research.interp.walk import walk
 
 _CARRIERS = {"view", "reshape", "to", "float", "type_as", "contiguous", "expand", "unsqueeze"}
+_NOT_BUILDERS = frozenset(_CARRIERS | {"repeat"})
 
 
 def read(st: AnalyzerState, g: AttentionGraph) -> None:
@@ -35,7 +36,9 @@ def read(st: AnalyzerState, g: AttentionGraph) -> None:
         return
     masks = {n.name for k in kernels for n in walk(_mask_argument(k)) if n.kind == "input"}
     for name, value in layer_arguments(st, 0, calls[0]).items():
-        builder = _builder_with(value, heads) if name in masks else None
+        # not a reshape or copy of a tensor to that many rows: DeepSeek V4 expands its hidden
+        # states into as many residual streams
+        builder = call_given(value, heads, ("func", "method"), _NOT_BUILDERS) if name in masks else None
         factor = _factor(value, builder) if builder is not None else None
         if builder is None or factor is None:
             continue  # a mask computed with the head count otherwise is no bias folded in
@@ -61,20 +64,6 @@ def _mask_argument(kernel: Node) -> Any:
     if len(kernel.args) > at + 4:
         return kernel.args[at + 4]
     return kernel.kwarg("attention_mask")
-
-
-def _builder_with(value: Any, heads: int) -> Node | None:
-    """The source function or method call computing ``value`` given the
-    number of heads (not a reshape or copy of a tensor to that many heads:
-    DeepSeek V4 expands its hidden states into as many residual streams)."""
-    for node in walk(value) if isinstance(value, Node) else ():
-        if node.kind == "method" and node.name.rsplit(".", 1)[-1] in _CARRIERS | {"repeat"}:
-            continue
-        if node.kind in ("func", "method") and any(
-            a == heads and not isinstance(a, bool) for a in [*node.args, *(v for _, v in node.kwargs)]
-        ):
-            return node
-    return None
 
 
 def _factor(value: Any, builder: Node) -> float | None:
