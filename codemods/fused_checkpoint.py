@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -14,9 +13,23 @@ from autoport_cst.transform.anatomy.classes import is_quantized
 from autoport_cst.transform.anatomy.mappings import mapping_entries
 from autoport_cst.transform.anatomy.mlp import mlp_classes, mlp_mapping_weights, parse_mlp_call
 from autoport_cst.transform.cst.roles import class_role
-from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
 from autoport_cst.transform.cst.vocabulary import classes_with_role, code_of, dotted, keyword_arg, string_text
-from autoport_cst.transform.edit.arguments import set_keyword
+from autoport_cst.transform.edit.fused_loaders import (
+    FUSED_EXPERTS,
+    PART,
+    PART_CODE,
+    PART_KWARGS,
+    PER_EXPERT_GATE_UP,
+    QKV_KWARGS,
+    QKV_LOADERS,
+    QKV_SPLIT,
+    QKV_SPLIT_CODE,
+    add_function_after,
+    entry_param,
+    part_loader_edit,
+    split_loader_edit,
+    subscript_assignments,
+)
 from autoport_cst.transform.edit.guards import declare_guarded, guard_edit
 from autoport_cst.transform.edit.imports import ensure_import_from
 from autoport_cst.transform.edit.loaders import LoaderEdits
@@ -25,123 +38,8 @@ from autoport_cst.transform.edit.parameters import WEIGHT_LOADERS
 from autoport_cst.transform.edit.tree import rewrite
 from autoport_cst.transform.realizes import Realizes, not_to, to
 
-QKV_LOADERS = ("fused_qkv_weight_loader", "fused_qkv_bias_loader")
-QKV_SPLIT = "fused_qkv_split_loader"
-PART = "fused_part_loader"
-QKV_KWARGS = (
-    "q_size",
-    "kv_size",
-    "num_shards",
-    "num_kv_replicas",
-    "is_storage_transposed",
-    "attention_dp_rank",
-    "attention_dp_size",
-    "kv_sharded_across_attention_dp",
-)
-PART_KWARGS = ("shard_size", "num_shards", "is_storage_transposed")
 GUARD_QKV = "fused-checkpoint: Q/K/V loaded from one fused checkpoint tensor is not implemented for this quantized attention"
 GUARD_GATE_UP = "fused-checkpoint: gate and up loaded from one fused checkpoint tensor is not implemented for this quantized MLP"
-
-QKV_SPLIT_CODE = f'''
-def {QKV_SPLIT}(
-    q_size,
-    kv_size,
-    num_shards,
-    num_kv_replicas=1,
-    is_storage_transposed=False,
-    per_head=False,
-    head_dim=None,
-    groups=None,
-    order="qkv",
-    attention_dp_rank=0,
-    attention_dp_size=1,
-    kv_sharded_across_attention_dp=False,
-):
-    """Loader for this rank's [q | k | v] slice of one checkpoint tensor that
-    fuses Q, K and V on its first dimension.
-
-    Concatenated layout (Phi-3 qkv_proj): every query row, then every key row, then
-    every value row. Per-head layout (GPT-NeoX query_key_value, per_head=True):
-    head by head, that head's query, key and value rows (head_dim each); it
-    needs as many key/value heads as query heads. With groups, the rows come
-    in that many equal groups instead of one per head, each its share of the
-    query, key and value rows in the order ``order`` (CodeGen: 4 groups of
-    [q v k]). Each rank takes its query
-    heads and the key/value heads it holds (ranks share a KV head when there
-    are fewer KV heads than ranks). With attention data parallelism the query
-    heads are sharded over num_shards x attention_dp_size ranks (this rank's:
-    attention_dp_rank + rank x attention_dp_size), the key/value heads too
-    with kv_sharded_across_attention_dp. Weights come out transposed to
-    [hidden, q | k | v] with is_storage_transposed; a weight stored [in, out]
-    already (GPT-2's Conv1D c_attn, not is_storage_transposed) fuses on its
-    last dimension and keeps its layout; biases stay 1-D.
-    """
-
-    def transform(slices, rank):
-        if len(slices) != 1:
-            raise ValueError(f"{QKV_SPLIT} takes one fused tensor, got {{len(slices)}}")
-        fused = slices[0]
-        in_out = not is_storage_transposed and len(fused.get_shape()) == 2
-        rows = fused.get_shape()[-1 if in_out else 0]
-
-        def take(start, stop):
-            """Rows start..stop of the fused dimension, as rows."""
-            return fused[:, start:stop].T if in_out else fused[start:stop]
-        tp_rank = rank % num_shards
-        q_rank = attention_dp_rank + tp_rank * attention_dp_size
-        kv_rank = q_rank if kv_sharded_across_attention_dp else tp_rank // num_kv_replicas
-        if per_head:
-            group = rows // (3 * groups) if groups else head_dim
-            if rows % (3 * group) != 0 or num_kv_replicas != 1:
-                raise ValueError("a per-head fused QKV tensor needs as many KV heads as query heads")
-
-            def heads(first, size, role):
-                """Rows first..first + size of one part, gathered from their groups."""
-                wanted = torch.arange(first, first + size)
-                stored = wanted // group * 3 * group + order.index(role) * group + wanted % group
-                low = int(stored.min())
-                return take(low, int(stored.max()) + 1)[stored - low]
-
-            parts = [
-                heads(q_rank * q_size, q_size, "q"),
-                heads(kv_rank * kv_size, kv_size, "k"),
-                heads(kv_rank * kv_size, kv_size, "v"),
-            ]
-        else:
-            q_total = q_size * num_shards * attention_dp_size
-            kv_total = (rows - q_total) // 2
-            k_start = q_total + kv_rank * kv_size
-            v_start = q_total + kv_total + kv_rank * kv_size
-            parts = [
-                take(q_rank * q_size, (q_rank + 1) * q_size),
-                take(k_start, k_start + kv_size),
-                take(v_start, v_start + kv_size),
-            ]
-        if is_storage_transposed or in_out:
-            parts = [part.T for part in parts]
-        return torch.cat(parts, dim=-1 if is_storage_transposed or in_out else 0)
-
-    return SafetensorsWeightLoader(transform)
-'''
-
-PART_CODE = f'''
-def {PART}(part, num_parts, shard_size, num_shards, is_storage_transposed=False):
-    """Loader for this rank's shard of one part of a checkpoint tensor made of
-    num_parts equal blocks on its first dimension (Phi-3 gate_up_proj:
-    [gate | up]); a weight comes out transposed with is_storage_transposed."""
-
-    def transform(slices, rank):
-        if len(slices) != 1:
-            raise ValueError(f"{PART} takes one fused tensor, got {{len(slices)}}")
-        rows = slices[0].get_shape()[0]
-        if rows % num_parts != 0:
-            raise ValueError(f"{PART}: {{rows}} rows do not split into {{num_parts}} parts")
-        start = part * (rows // num_parts) + (rank % num_shards) * shard_size
-        shard = slices[0][start : start + shard_size]
-        return shard.T if is_storage_transposed else shard
-
-    return SafetensorsWeightLoader(transform)
-'''
 
 
 QKV_EXAMPLE_AFTER = (
@@ -468,7 +366,7 @@ class FusedCheckpoint(Codemod):
         self._mapping_edits(module, ctx, edits, renamed_keys)
         module = rewrite(module, edits)
         for name, code, after in helpers:
-            module = _add_function(module, name, code, after)
+            module = add_function_after(module, name, code, after)
         if helpers:
             module = ensure_import_from(module, WEIGHT_LOADERS, "SafetensorsWeightLoader")
         return module
@@ -498,7 +396,12 @@ class FusedCheckpoint(Codemod):
                 elif names & set(QKV_LOADERS) or ("qkv" in key and any(s.problem for s in sites)):
                     for site in loaders.require(key):
                         self._check_qkv_loader(site, cls, module, ctx)
-                    loaders.replace_base(key, self._split_loader_edit(module))
+                    loaders.replace_base(
+                        key,
+                        split_loader_edit(
+                            module, self.params.qkv_layout, self.params.qkv_groups, self.params.qkv_order
+                        ),
+                    )
                     target = target or cls.name.value
             edits.update(loaders.edits())
         if target is None and plain:
@@ -537,25 +440,6 @@ class FusedCheckpoint(Codemod):
                 module,
             )
 
-    def _split_loader_edit(self, module: cst.Module):
-        per_head = self.params.qkv_layout in ("per_head", "grouped")
-        grouped = self.params.qkv_layout == "grouped"
-
-        def edit(updated: cst.Call) -> cst.Call:
-            kept = [a for a in updated.args if a.keyword is not None and a.keyword.value in QKV_KWARGS]
-            if kept and kept[-1] is not updated.args[-1]:
-                kept[-1] = kept[-1].with_changes(comma=updated.args[-1].comma)
-            call = updated.with_changes(func=cst.Name(QKV_SPLIT), args=kept)
-            if per_head:
-                call = set_keyword(call, "per_head", parse_expr("True", module))
-                call = set_keyword(call, "head_dim", parse_expr("self.head_dim", module))
-            if grouped:
-                call = set_keyword(call, "groups", parse_expr(str(self.params.qkv_groups), module))
-                call = set_keyword(call, "order", parse_expr(f'"{self.params.qkv_order}"', module))
-            return call
-
-        return edit
-
     # -- MLP ----------------------------------------------------------------------
 
     def _gate_up_edits(
@@ -581,7 +465,7 @@ class FusedCheckpoint(Codemod):
                 for site in loaders.require(attr):
                     self._check_part_loader(site, module, ctx)
                 if loaders.base_name(attr) != PART:
-                    loaders.replace_base(attr, _part_loader_edit(part))
+                    loaders.replace_base(attr, part_loader_edit(part))
                 renamed[attr] = self.params.gate_up_name
             edits.update(loaders.edits())
             target = target or mlp.name
@@ -594,7 +478,7 @@ class FusedCheckpoint(Codemod):
         gate and up stored fused, the experts would not load; refused, naming it.
         A mapping that also takes the fused ``experts.gate_up_proj`` (as
         checkpoint-keys writes it) is left alone."""
-        for node in _subscript_assignments(module):
+        for node in subscript_assignments(module):
             value = code_of(node.value)
             if PER_EXPERT_GATE_UP.search(value) and not FUSED_EXPERTS.search(value):
                 raise ctx.precondition(
@@ -679,7 +563,7 @@ class FusedCheckpoint(Codemod):
                 and "qkv" in entry.key.rsplit(".", 1)[-1]
             ):
                 self._qkv_entry_edit(entry, module, ctx, edits)
-            param = _entry_param(entry.key)
+            param = entry_param(entry.key)
             if param in renamed:
                 self._part_entry_edit(entry, param, renamed[param], module, ctx, edits)
 
@@ -723,67 +607,3 @@ class FusedCheckpoint(Codemod):
             edits[id(value)] = lambda updated, new_node=new_node: new_node.with_changes(
                 lpar=updated.lpar, rpar=updated.rpar
             )
-
-
-def _entry_param(key: str) -> str:
-    """The parameter a mapping key is for: its last segment, without the
-    ``{suffix}`` of a variant's copy (``gate_proj_weight{suffix}``: the FP8
-    ``_cte``/``_tkg``/``_plain`` buffers)."""
-    leaf = key.rsplit(".", 1)[-1]
-    if leaf.endswith("}") and leaf.count("{") == 1 and not leaf.startswith("{"):
-        return leaf[: leaf.index("{")]
-    return leaf
-
-
-def _part_loader_edit(part: int):
-    def edit(updated: cst.Call) -> cst.Call:
-        args = [a for a in updated.args if not (a.keyword is not None and a.keyword.value == "shard_dim")]
-        if args and updated.args[-1] not in args:
-            args[-1] = args[-1].with_changes(comma=updated.args[-1].comma)
-        first_comma = args[0].comma if args else cst.MaybeSentinel.DEFAULT
-        new = [
-            cst.Arg(
-                keyword=cst.Name("part"),
-                value=cst.Integer(str(part)),
-                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
-                comma=first_comma,
-            ),
-            cst.Arg(
-                keyword=cst.Name("num_parts"),
-                value=cst.Integer("2"),
-                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
-                comma=first_comma,
-            ),
-        ]
-        return updated.with_changes(func=cst.Name(PART), args=[*new, *args])
-
-    return edit
-
-
-PER_EXPERT_GATE_UP = re.compile(r"\.experts\.\{[^}]*\}\.(gate_proj|up_proj|w1|w3)\b")
-FUSED_EXPERTS = re.compile(r"\.experts\.gate_up_proj\b")  # a mapping that takes the fused key too
-
-
-def _subscript_assignments(module: cst.Module) -> list[cst.Assign]:
-    """Every ``x[...] = value`` of the module."""
-    found: list[cst.Assign] = []
-
-    class Visitor(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            if isinstance(node.targets[0].target, cst.Subscript):
-                found.append(node)
-
-    module.visit(Visitor())
-    return found
-
-
-def _add_function(module: cst.Module, name: str, code: str, after_class: str) -> cst.Module:
-    if any(isinstance(s, cst.FunctionDef) and s.name.value == name for s in module.body):
-        return module
-    helper = parse_statement(code.strip("\n"), module).with_changes(
-        leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(indent=False)]
-    )
-    body = list(module.body)
-    index = next(i for i, s in enumerate(body) if isinstance(s, cst.ClassDef) and s.name.value == after_class)
-    body.insert(index + 1, helper)
-    return module.with_changes(body=body)
