@@ -6,6 +6,7 @@ uses), and the edits each one promises."""
 from __future__ import annotations
 
 import functools
+import json
 
 import libcst as cst
 import pytest
@@ -34,8 +35,20 @@ FEW = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck
 
 
 def apply(codemod_id: str, params: dict, source: str) -> str:
+    """``codemod_id`` run on ``source``, its output compiled. Kept by content
+    (the codemod, its parameters and the source's text): the orders and
+    examples of this module run the same codemod on the same text again and
+    again (a permutation's prefix, the reference in sorted order, a drawn
+    prefix), and a codemod's output depends on nothing else."""
+    return _apply(codemod_id, json.dumps(params, sort_keys=True), source)
+
+
+@functools.lru_cache(maxsize=1024)
+def _apply(codemod_id: str, params: str, source: str) -> str:
     cls = get_codemod(codemod_id)
-    output, _ = run_on_source(cls(cls.parse_params(params)), source, "model.py", "model", PortContext())
+    output, _ = run_on_source(
+        cls(cls.parse_params(json.loads(params))), source, "model.py", "model", PortContext()
+    )
     compile(output, "model.py", "exec")
     return output
 
