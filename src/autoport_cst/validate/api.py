@@ -27,7 +27,7 @@ import torch
 from autoport_cst.config_json import parse_config_text
 from autoport_cst.errors import InputError
 
-from . import compare, lint_gate
+from . import compare, lint_gate, sp_length_check
 from .driver import PortFailure, PortOutput, PortSession, port_hf_config
 from .forced_routing_verdict import forced_routing_verdict
 from .fp8_cache_forcing import ForcingTally, port_cache_contents
@@ -428,12 +428,8 @@ def _run_port(
     """The port's run (in this process, or its ranks): its output, the
     teacher tokens, its factory and the stand-in's description; None when
     the port failed (``planned.report.failure`` says where)."""
-    package_dir, checkpoint, run, layout = (
-        planned.package_dir,
-        planned.checkpoint,
-        planned.run,
-        planned.layout,
-    )
+    package_dir, checkpoint = planned.package_dir, planned.checkpoint
+    run, layout = planned.run, planned.layout
     try:
         if layout.world == 1:
             return _run_in_process(package_dir, checkpoint, run, scenario, notify, reference, timings)
@@ -468,6 +464,7 @@ def _compared(
     reference.notify("compare")
     start = time.perf_counter()
     _compare(report, port, reference, scenario, teacher, dtype)
+    sp_length_check.apply(report, port.length_check)
     report.kv_cache = reference.tally.describe() if reference.tally is not None else None
     timings["compare"] = time.perf_counter() - start
     forced_routing_verdict(

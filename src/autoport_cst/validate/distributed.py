@@ -37,6 +37,7 @@ from .driver import PortFailure, PortOutput
 from .layout import ParallelLayout
 from .rank_start import start_forked_ranks, start_interpreter_ranks, start_method
 from .scenario import Scenario
+from .sp_length_check import LengthRule, declared_rule, merged, probe, sequence_parallel
 from .standin.dtype_utils import KV_CACHE_DTYPES
 
 WORKER_TIMEOUT_S = 600.0
@@ -59,6 +60,7 @@ class RankJob:
     prefill: str = "auto"
     kv_cache_dtype: str = "auto"
     layout: ParallelLayout | None = None  # data / context parallelism (layout_session)
+    length_rule: LengthRule | None = None  # the prefill-length check to ask for (sp_length_check)
 
 
 def _free_port() -> int:
@@ -176,6 +178,8 @@ def _load_and_run(
             if teacher is None:
                 return 0
             output = session.run(teacher)
+            if job.length_rule is not None and sequence_parallel(output, job.world_size):
+                output.length_check = probe(session, job.length_rule, job.world_size)
             description = installation.describe()
             if job.layout is not None and job.layout.disaggregated:
                 description["parallel_groups"] = _group_ranks(parallel_state)
@@ -270,6 +274,7 @@ def run_port_ranks(
             prefill,
             kv_cache_dtype,
             layout,
+            declared_rule(model_dir) if layout is None else None,
         )
         job_path.write_bytes(pickle.dumps(job))
         ranks = _start_ranks(job, job_path)
@@ -401,6 +406,7 @@ def merge_rank_outputs(outputs: list[PortOutput], scenario: Scenario) -> PortOut
         sequences=first.sequences,
         segmented=first.segmented,
         guarded_attributes=first.guarded_attributes,
+        length_check=merged([o.length_check for o in outputs]),
     )
 
 

@@ -71,6 +71,8 @@ class PortOutput:
     routing: RoutedRun | None = None
     # an FP8 KV-cache run in process: the values its cache stored (``fp8_cache_forcing``)
     fp8_cache: Any = None
+    # a TP > 1 run: the sequence-parallel prefill-length check's entries (``sp_length_check``)
+    length_check: list[dict[str, Any]] | None = None
 
 
 def port_hf_config(checkpoint_dir: str | Path, dtype: torch.dtype) -> Any:
@@ -246,6 +248,10 @@ class PortSession:
                 f"{self.vocab_size}: the LM head's padded vocabulary must be cut",
             )
         return logits.detach().clone()
+
+    def prefill_call(self, call: PrefillCall) -> torch.Tensor:
+        """One prefill forward of ``call`` (``PortFailure`` when the port raises)."""
+        return self._forward("prefill", self._prefill_inputs(call))
 
     def _prefill_inputs(self, call: PrefillCall) -> StepInputs:
         prompt = self.scenario.prompts[call.sequence]

@@ -7,10 +7,18 @@ vllm_neuron layers rely on: ``all_gather`` concatenates the ranks' tensors
 along ``dim`` in rank order, ``reduce_scatter`` sums over ranks and returns
 this rank's chunk of ``dim``, ``all_reduce`` sums in place and returns the
 same tensor.
+
+``refusing_collectives()`` makes every collective over more than one rank
+raise ``CollectiveReached`` before it communicates (on every rank alike, so
+no rank waits for another): the validation's prefill-length check
+(``validate.sp_length_check``) asks a port to refuse an input before any
+collective, and tells a refusal from a run that reached one.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -33,6 +41,29 @@ class LocalProcessGroup:
 LOCAL_GROUP = LocalProcessGroup()
 
 
+class CollectiveReached(Exception):
+    """A collective was called inside ``refusing_collectives()``."""
+
+
+_REFUSING: list[bool] = [False]
+
+
+@contextlib.contextmanager
+def refusing_collectives() -> Iterator[None]:
+    """Collectives over more than one rank raise ``CollectiveReached`` in the block."""
+    previous, _REFUSING[0] = _REFUSING[0], True
+    try:
+        yield
+    finally:
+        _REFUSING[0] = previous
+
+
+def reached(name: str, tensor: torch.Tensor, world: int) -> None:
+    """Called by each collective over ``world`` > 1 ranks before it communicates."""
+    if _REFUSING[0]:
+        raise CollectiveReached(f"{name} of shape {tuple(tensor.shape)} over {world} ranks")
+
+
 def group_size(group: Any) -> int:
     if group is None or isinstance(group, LocalProcessGroup):
         return 1
@@ -50,6 +81,7 @@ def all_gather(tensor: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
     world = group_size(group)
     if world == 1:
         return tensor
+    reached("all_gather", tensor, world)
     parts = [torch.empty_like(tensor) for _ in range(world)]
     dist.all_gather(parts, tensor.contiguous(), group=group)
     return torch.cat(parts, dim=dim)
@@ -60,6 +92,7 @@ def reduce_scatter(tensor: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
     world = group_size(group)
     if world == 1:
         return tensor
+    reached("reduce_scatter", tensor, world)
     dim = dim % tensor.dim()
     if tensor.shape[dim] % world != 0:
         raise ValueError(
@@ -76,6 +109,7 @@ def all_reduce(tensor: torch.Tensor, group: Any) -> torch.Tensor:
     """Sum ``tensor`` over ranks in place and return it."""
     if group_size(group) == 1:
         return tensor
+    reached("all_reduce", tensor, group_size(group))
     if not tensor.is_contiguous():
         summed = tensor.contiguous()
         dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=group)
@@ -92,6 +126,7 @@ def all_to_all(tensor: torch.Tensor, split_dim: int, concat_dim: int, group: Any
     world = group_size(group)
     if world == 1:
         return tensor
+    reached("all_to_all", tensor, world)
     if tensor.shape[split_dim] % world != 0:
         raise ValueError(
             f"all_to_all: dimension {split_dim} of shape {tuple(tensor.shape)} "

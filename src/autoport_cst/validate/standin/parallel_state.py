@@ -67,6 +67,7 @@ class GroupCoordinator:
 
     def barrier(self) -> None:
         if self.world_size > 1:
+            collectives.reached("barrier", torch.empty(0), self.world_size)
             torch.distributed.barrier(group=self.device_group)
 
     def __repr__(self) -> str:
