@@ -9,7 +9,8 @@ same checkpoint and prompts, to the smallest layouts that give that code
 other values (``LAYOUTS``):
 
 - ``TP=2``: two tensor-parallel ranks (sharded weights, the sequence-parallel
-  prefill, the collectives);
+  prefill, the collectives; every TP > 1 run without data parallelism also asks
+  for the prefill-length refusal the reference declares: ``sp_length_check``);
 - ``attention DP 2``: TP=1 with the attention data-parallel over 2 ranks in
   the decode graph (a disaggregated run: ``layout_session``);
 - ``DP 2 (MLP, embedding, LM head)``: TP=1 with the MLP, the embedding and
