@@ -107,3 +107,20 @@ def test_a_plan_from_a_reference_directory_named_by_its_manifest_is_still_guarde
     plan = from_research(tiny.research("gemma2"), "gemma2_again", "my_gemma2_port", "test")
     (step,) = plan.steps
     assert {a["field"] for a in step.params["assumed"]} >= {"attention_bias", "hidden_activation"}
+
+
+def test_a_kv_head_per_query_head_is_a_size_not_a_baked_in_value(tiny):
+    """Doubling num_key_value_heads of a model with a KV head per query head
+    gives more KV heads than query heads, which no attention computes; it is
+    not read as a repeat count the port fixes (before, every such port was
+    guarded on its KV head count and refused its own TP layouts that
+    replicate KV heads: Nemotron's in the corpus)."""
+    from autoport_cst.plan.plan_file import assumptions_of
+
+    found = tiny.research("llama_mha")
+    kv = found.config_dependence.probe("num_key_value_heads")
+    assert (kv.value, kv.varied) == (4, 8)
+    assert [(c.path, c.varied) for c in kv.changes] == [("attention.num_kv_heads", 8)]
+    assumptions = assumptions_of(found, "llama3")
+    assert "num_key_value_heads" not in {g.field for g in assumptions.guards}
+    assert "num_key_value_heads" in assumptions.sizes

@@ -31,6 +31,7 @@ MOE_SMALL: dict[str, Any] = {
 # name -> (model_type, config overrides)
 ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("llama", {}),
+    "llama_mha": ("llama", {"num_key_value_heads": 4}),  # a KV head per query head
     "mistral": ("mistral", {"sliding_window": 32}),
     "qwen2": ("qwen2", {}),
     "qwen2_sliding": ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}),

@@ -185,9 +185,16 @@ def _kv_repeat(st: AnalyzerState, g: AttentionGraph, nh: int, nkv: int) -> None:
     sets it to another number than query heads / KV heads its projections
     build gives the kernel keys that do not match the queries (Falcon 5.25
     without multi-query: ``num_heads // num_kv_heads``, while the fused
-    projection builds a KV head per query head)."""
+    projection builds a KV head per query head).
+
+    Projections that build more KV heads than query heads are no grouped
+    attention at all (no repeat count fits; transformers' own attention
+    repeats each KV head zero times): not a model, which only a varied
+    config makes (config dependence doubling Nemotron's num_key_value_heads
+    from the 4 of its 4 query heads), so nothing is read of it here; the
+    KV head count stays a size the port reads from the config."""
     groups = g.attn.attrs.get("num_key_value_groups")
-    if not isinstance(groups, int) or isinstance(groups, bool) or not nkv or groups * nkv == nh:
+    if not isinstance(groups, int) or isinstance(groups, bool) or not nkv or nkv > nh or groups * nkv == nh:
         return
     st.add(
         known(
@@ -272,30 +279,17 @@ def _fused_qkv(st: AnalyzerState, g: AttentionGraph, nh: Any, nkv: Any, hd: Any)
 
 def _probed_layout(st: AnalyzerState, g: AttentionGraph, probed: tuple[str, int | None]) -> None:
     """The fused projection's layout as :func:`.qkv_rows.layout` read it from
-    the rows each head reads; groups per KV head are named (no port splits
-    them)."""
+    the rows each head reads (``kv_groups``: a group per KV head, its query
+    heads, a key and a value head)."""
     layout, per_group = probed
     name = g.in_insts[0].name
     rows = {
         "concatenated": "the query heads' rows, then the keys', then the values'",
         "per_head_interleaved": "each head's query, key and value rows in turn",
+        "kv_groups": f"groups of {per_group} heads ({(per_group or 2) - 2} query heads, a key and a value head)",
     }
-    if per_group is None:
-        evidence = (
-            f"{g.where}: the attention reads {rows[layout]} of {name}'s output (its split run on the rows)"
-        )
-        st.add(known(layout, "code.qkv_layout", CODE, evidence))
-        return
-    st.add(known("concatenated", "code.qkv_layout", CODE, f"{g.where}: {name}'s output split in groups"))
-    st.add(
-        known(
-            ("checkpoint",),
-            "unsupported.qkv_head_groups",
-            CODE,
-            f"{g.where}: {name}'s output read as groups of {per_group} heads "
-            f"({per_group - 2} query heads, a key and a value head per group; its split run on the rows)",
-        )
-    )
+    evidence = f"{g.where}: the attention reads {rows[layout]} of {name}'s output (its split run on the rows)"
+    st.add(known(layout, "code.qkv_layout", CODE, evidence))
 
 
 def _names(
