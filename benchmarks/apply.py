@@ -29,9 +29,14 @@ The machine's other load is not controlled (its load average is printed):
 compare figures of the same run.
 
 ``--before SRC``: the ``src`` directory of earlier code (a copy of the tree
-before a change), whose ``apply`` (``SRC`` first on ``PYTHONPATH``) runs in
-the same rounds, A B C A B C ..., its ratio to the same bare parses printed
-beside the current code's: a before/after comparison under one load.
+before a change), whose ``apply`` runs in the same rounds, A B C A B C ...,
+its ratio to the same bare parses printed beside the current code's: a
+before/after comparison under one load. The codemods and the references sit
+beside ``src`` (``SRC/../codemods``, ``SRC/../reference_models``) and an
+editable install maps ``autoport_cst.codemods`` to this checkout's, so the
+earlier code runs from a copy of ``SRC/autoport_cst`` with its own two linked
+in, first on ``PYTHONPATH``; the benchmark checks that the earlier process
+imports them from there, and stops otherwise.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -100,12 +106,38 @@ def run(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
 
 
+def earlier_env(env: dict[str, str], src: Path, into: Path) -> dict[str, str]:
+    """The environment that runs the earlier code of ``src`` whole: its
+    package, codemods and references (see ``--before``), checked by import."""
+    if not (src / "autoport_cst").is_dir():
+        sys.exit(
+            f"--before {src}: no autoport_cst package there (give the src directory of a copy of the tree)"
+        )
+    tree = src.resolve().parent
+    package = into / "autoport_cst"
+    shutil.copytree(
+        src / "autoport_cst", package, symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    for name in ("codemods", "reference_models"):
+        if not (package / name).exists():
+            (package / name).symlink_to(tree / name, target_is_directory=True)
+    earlier = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [str(into), env.get("PYTHONPATH")])))
+    probe = "import autoport_cst.codemods as c, autoport_cst.reference_models as r; print(c.__path__[0], r.__path__[0])"
+    found = subprocess.run([sys.executable, "-c", probe], env=earlier, capture_output=True, text=True)
+    expected = f"{package / 'codemods'} {package / 'reference_models'}"
+    if found.returncode != 0 or found.stdout.strip() != expected:
+        sys.exit(
+            f"--before {src}: the earlier code imports {found.stdout.strip() or found.stderr.strip()}, not {expected}"
+        )
+    return earlier
+
+
 def whole_process(
     plan: Path, files: list[Path], out: Path, rounds: int, before: Path | None = None
 ) -> dict[str, float]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     apply = [sys.executable, "-m", "autoport_cst", "apply", "--plan", str(plan), "--out", str(out), "--force"]
-    earlier = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [str(before), env.get("PYTHONPATH")])))
+    earlier = earlier_env(env, before, out.parent / "earlier") if before is not None else env
     parse = [
         sys.executable,
         "-c",
