@@ -16,6 +16,7 @@ import json
 import pytest
 
 from autoport_cst.validate import validate_model
+from tests.validation_depth import follow_up_options, validates_fully
 
 from .conftest import ROOT
 
@@ -82,10 +83,19 @@ def _segmented(report) -> bool:
     return any(call["kind"] != "whole" for call in report.settings.get("prefill_calls", []))
 
 
+# cases validated with the follow-ups of a passing fp32 run (config variants, FP8, parallel
+# layouts) in the default suite; every case with --run-slow (tests/validation_depth.py). Not
+# granite_swa: its follow-ups run in the default suite in test_validations.py's
+# test_port_validates[granite-swa-fp32], the same port (examples/granite_swa.plan.json on
+# reference_models/llama3) on the same checkpoint (the same config, seed 0), over 8 decode steps
+FULLY_VALIDATED = frozenset({"mistral", "vaultgemma", "qwen3-window"})
+
+
 @pytest.mark.parametrize("name", list(CASES))
-def test_multipath_port_validates(name, case_of):
+def test_multipath_port_validates(name, case_of, request):
     package, checkpoint = case_of(name)
-    report = validate_model(package, checkpoint, dtype="fp32", steps=STEPS)
+    follow_ups = follow_up_options(validates_fully(request.config, name, FULLY_VALIDATED))
+    report = validate_model(package, checkpoint, dtype="fp32", steps=STEPS, **follow_ups)
     assert report.equivalent, report.summary()
     assert _segmented(report), "the chunked-prefill paths were not run"
 
@@ -94,7 +104,7 @@ def test_multipath_port_validates(name, case_of):
     "name, dtype, tp",
     [
         # the sinks' loader and the decode kernel's sinks, sharded: in the default run, the
-        # TP=2 layout among the follow-ups of test_multipath_port_validates[granite_swa]
+        # TP=2 layout among the follow-ups of test_validations.py's test_port_validates[granite-swa-fp32]
         pytest.param("granite_swa", "fp32", 2, marks=pytest.mark.slow),
         pytest.param("vaultgemma", "bf16", 1, marks=pytest.mark.slow),
         pytest.param("vaultgemma", "fp32", 2, marks=pytest.mark.slow),
