@@ -23,6 +23,7 @@ from autoport_cst.apply.composer import compose
 from autoport_cst.apply.reference import load_reference
 from autoport_cst.plan import load_plan
 from autoport_cst.validate import validate_model
+from tests.validation_depth import follow_up_options, slow_run, validates_fully
 
 from .conftest import EXAMPLES, hub_layout
 from .spec_steps import declared_steps
@@ -73,11 +74,20 @@ def _equivalent_or_a_routing_tie(report, package, checkpoint, dtype: str, tp: in
     bf16_failure_is_a_routing_tie(package, checkpoint, STEPS, moe.router_activation, moe.top_k, tp=tp)
 
 
+# plans whose fp32 validation runs its follow-ups (config variants, FP8, parallel layouts
+# with EP) in the default suite; every plan with --run-slow (tests/validation_depth.py). Not
+# mixtral: its port's codemods (rename-classes, remove-qk-norm, float32-router) are a subset
+# of qwen2_moe's (which adds add-qkv-bias and shared-experts) on the same reference, whose
+# follow-ups run the same declared config variants (reference.json's config_driven) and layouts
+FULLY_VALIDATED = frozenset({"qwen2_moe", "dots1"})
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("plan", sorted(TARGETS))
 def test_port_validates(request, port_of, plan, dtype):
     checkpoint = request.getfixturevalue(TARGETS[plan])
-    report = validate_model(port_of(plan), checkpoint, dtype=dtype, steps=STEPS)
+    follow_ups = follow_up_options(validates_fully(request.config, plan, FULLY_VALIDATED))
+    report = validate_model(port_of(plan), checkpoint, dtype=dtype, steps=STEPS, **follow_ups)
     _equivalent_or_a_routing_tie(report, port_of(plan), checkpoint, dtype)
     assert report.unused_checkpoint_keys == []
 
@@ -101,11 +111,17 @@ def test_port_validates_on_two_ranks(request, port_of, plan, dtype):
     _equivalent_or_a_routing_tie(report, port_of(plan), checkpoint, dtype, tp=2)
 
 
-def test_mixtral_port_reads_block_sparse_moe_checkpoints(port_of, tiny_mixtral, tmp_path):
+def test_mixtral_port_reads_block_sparse_moe_checkpoints(port_of, tiny_mixtral, tmp_path, request):
     """Released Mixtral checkpoints: block_sparse_moe.experts.J.w1/w3/w2 and
-    block_sparse_moe.gate, read by the reference's expert-layout probe."""
+    block_sparse_moe.gate, read by the reference's expert-layout probe. The
+    follow-ups with --run-slow: the per-expert layout's config variants and
+    sharded loads (TP=2, EP 2) run in the default suite in
+    tests/moe/test_reference.py's test_per_expert_checkpoint_with_renormalized_top_k
+    (qwen names, the same experts' loaders of the reference: mixtral's codemods do not edit
+    them; remove-qk-norm drops the q/k norms' mappings, float32-router the router's cast)."""
     checkpoint = hub_layout(tiny_mixtral, tmp_path / "mixtral-hub", "mixtral")
-    report = validate_model(port_of("mixtral"), checkpoint, dtype="fp32", steps=STEPS)
+    follow_ups = follow_up_options(slow_run(request.config))
+    report = validate_model(port_of("mixtral"), checkpoint, dtype="fp32", steps=STEPS, **follow_ups)
     assert report.equivalent, report.summary()
     assert report.unused_checkpoint_keys == []
 
