@@ -74,15 +74,42 @@ class LlamaForCausalLM(nn.Module):
 )
 
 
+KV_GROUPS_EXAMPLE_AFTER = (
+    """
+from vllm_neuron.utils.weight_loader import SafetensorsWeightLoader, fused_qkv_weight_loader, set_weight_loader
+
+
+class LlamaAttention(nn.Module):
+    def _setup_weight_loaders(self):
+        set_weight_loader(
+            self.qkv_proj_weight,
+            fused_qkv_split_loader(
+                q_size=self.q_size,
+                kv_size=self.kv_size,
+                num_shards=self.world_size,
+                is_storage_transposed=True,
+                num_kv_replicas=self.num_kv_replicas,
+                per_head=True,
+                head_dim=self.head_dim,
+                kv_groups=True,
+            ),
+        )
+
+"""
+    + QKV_SPLIT_CODE
+)
+
+
 @dataclass(frozen=True)
 class FusedCheckpointParams:
     qkv: bool = field(default=False, metadata={"doc": "Q, K and V come from one fused checkpoint tensor."})
-    qkv_layout: Literal["concatenated", "per_head", "grouped"] = field(
+    qkv_layout: Literal["concatenated", "per_head", "grouped", "kv_groups"] = field(
         default="concatenated",
         metadata={
             "doc": "concatenated: [all q | all k | all v] rows (Phi-3 qkv_proj); per_head: [q k v] rows per head "
             "(GPT-NeoX query_key_value; needs as many KV heads as query heads); grouped: qkv_groups equal "
-            "groups, each its share of q, k and v in the order qkv_order (CodeGen)."
+            "groups, each its share of q, k and v in the order qkv_order (CodeGen); kv_groups: a group per "
+            "KV head, its query heads, its key head, its value head (Falcon-40B/180B)."
         },
     )
     qkv_groups: int = field(
@@ -132,7 +159,11 @@ class FusedCheckpoint(Codemod):
     ``NotImplementedError``.
 
     Realizes ``checkpoint.qkv`` (``fused``: concatenated; ``fused_per_head``:
-    ``qkv_layout="per_head"``) and ``checkpoint.gate_up = fused``.
+    ``qkv_layout="per_head"``; ``fused_grouped``: ``"grouped"``;
+    ``fused_kv_groups``: ``"kv_groups"``, the split loader called with
+    ``per_head=True, head_dim=self.head_dim, kv_groups=True``: each rank takes
+    its query heads and their KV head from the groups, a KV head replicated on
+    the ranks that share it) and ``checkpoint.gate_up = fused``.
 
     Runs after ``add-qkv-bias`` and ``mlp-bias`` (their bias loaders are
     rewritten too). Preconditions: the parameters to change have the expected
@@ -144,7 +175,7 @@ class FusedCheckpoint(Codemod):
     ID = "fused-checkpoint"
     REALIZES = Realizes(
         {
-            "checkpoint.qkv": to("fused", "fused_per_head", "fused_grouped"),
+            "checkpoint.qkv": to("fused", "fused_per_head", "fused_grouped", "fused_kv_groups"),
             "checkpoint.gate_up": to("fused", "fused_per_head"),
             "checkpoint.qkv_groups": not_to(None),
             "checkpoint.qkv_order": not_to(None),
@@ -213,6 +244,29 @@ class FusedCheckpoint(Codemod):
                             ]
             """,
             after=QKV_EXAMPLE_AFTER,
+        ),
+        Example(
+            title="Falcon-40B: query_key_value in a group per KV head (its query heads, a key, a value)",
+            params={"qkv": True, "qkv_layout": "kv_groups"},
+            before="""
+                from vllm_neuron.utils.weight_loader import fused_qkv_weight_loader, set_weight_loader
+
+
+                class LlamaAttention(nn.Module):
+                    def _setup_weight_loaders(self):
+                        set_weight_loader(
+                            self.qkv_proj_weight,
+                            fused_qkv_weight_loader(
+                                q_size=self.q_size,
+                                kv_size=self.kv_size,
+                                shard_dim=1,
+                                num_shards=self.world_size,
+                                is_storage_transposed=True,
+                                num_kv_replicas=self.num_kv_replicas,
+                            ),
+                        )
+            """,
+            after=KV_GROUPS_EXAMPLE_AFTER,
         ),
         Example(
             title="gate and up share a local loader: each gets its own part, inside the same rank override",
@@ -331,9 +385,9 @@ class FusedCheckpoint(Codemod):
     @classmethod
     def params_for(cls, diffs, target, port: PortContext) -> FusedCheckpointParams:
         qkv = target.checkpoint.qkv
-        layouts = {"fused_per_head": "per_head", "fused_grouped": "grouped"}
+        layouts = {"fused_per_head": "per_head", "fused_grouped": "grouped", "fused_kv_groups": "kv_groups"}
         return FusedCheckpointParams(
-            qkv=qkv in ("fused", "fused_per_head", "fused_grouped"),
+            qkv=qkv in ("fused", "fused_per_head", "fused_grouped", "fused_kv_groups"),
             qkv_layout=layouts.get(qkv, "concatenated"),  # type: ignore[arg-type]
             qkv_groups=target.checkpoint.qkv_groups or 4,
             qkv_order=target.checkpoint.qkv_order or "qkv",

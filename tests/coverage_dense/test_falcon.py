@@ -143,21 +143,37 @@ def test_falcon_ports_and_validates(workdir, falcon):
     assert {"multi-query", "parallel-residual", "fused-checkpoint"} <= set(outcome.steps)
 
 
-def test_kv_head_groups_are_refused_by_name(workdir, falcon):
+@pytest.mark.parametrize(("norms", "parallel"), [(2, "separate_norms"), (1, "shared_norm")])
+def test_kv_head_groups_are_read_from_the_rows(workdir, falcon, norms, parallel):
     """The new decoder architecture (Falcon-40B/180B) stores its fused
     projection as groups per KV head, each its query heads, a key and a
-    value head: refused, named, nothing written (a port splitting it as
-    q, k, v in turn would load the wrong rows)."""
+    value head: research reads that from the rows each head reads (its split
+    run on the row numbers), as fused_kv_groups, and the KV head count from
+    num_kv_heads (config.json of transformers 5.24 has no
+    num_key_value_heads; 5.25 writes it). With num_ln_in_parallel_attn = 2
+    attention and MLP each read their own LayerNorm (ln_attn, ln_mlp), with
+    1 both read input_layernorm. Ported and validated in
+    tests/coverage_dense/test_falcon_layouts.py."""
     source = _variant(
         workdir,
         falcon,
-        "falcon_groups",
+        f"falcon_groups_{norms}",
         new_decoder_architecture=True,
         num_kv_heads=2,
-        num_ln_in_parallel_attn=2,
+        num_ln_in_parallel_attn=norms,
     )
-    with pytest.raises(UnrealizableDiffError) as refused:
-        port(source, "falcon_groups", workdir / "out_groups")
-    assert set(refused.value.features) == {"qkv_head_groups"}
-    assert "groups of 4 heads (2 query heads" in str(refused.value)
-    assert not (workdir / "out_groups" / "vllm_neuron").exists()
+    found = research(source)
+    spec = found.spec
+    assert not spec.unsupported and not found.unknown
+    assert (spec.checkpoint.qkv, spec.attention.num_kv_heads, spec.residual.parallel) == (
+        "fused_kv_groups",
+        2,
+        parallel,
+    )
+    keys = spec.checkpoint.config_keys or {}
+    config = json.loads((workdir / f"falcon_groups_{norms}" / "config.json").read_text())
+    assert keys.get("num_key_value_heads") == (None if "num_key_value_heads" in config else "num_kv_heads")
+    named = {k: v for k, v in (spec.checkpoint.key_map or {}).items() if "layernorm" in k}
+    assert named == (
+        {"input_layernorm": "ln_attn", "post_attention_layernorm": "ln_mlp"} if norms == 2 else {}
+    )

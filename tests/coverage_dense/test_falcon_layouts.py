@@ -8,11 +8,17 @@ from a copy of the default config with the fields real checkpoints set:
   residual.parallel were unclassified);
 - ``multi_query=False``: a KV head per query head, the fused projection
   stored head by head ([q, k, v] per head);
-- ``new_decoder_architecture=True`` (Falcon-40B/180B) is refused as
-  qkv_head_groups (tests/coverage_dense/test_falcon.py).
+- ``new_decoder_architecture=True`` (Falcon-40B/180B): the fused
+  projection stored as a group per KV head (its query heads, a key and a
+  value head), loaded by fused-checkpoint's kv_groups loader, with two
+  LayerNorms (``ln_attn``, ``ln_mlp``: num_ln_in_parallel_attn unset, as
+  in Falcon-40B's config.json; the model sets it to 2 when built, and the
+  tiny checkpoint's config.json holds that 2) or one (``groups_one_norm``:
+  num_ln_in_parallel_attn = 1).
 
 The port made on the default checkpoint refuses each other layout by its
-config field (config-guards), naming the field and both values."""
+config field (config-guards), naming the field and both values; so does
+the two-norm port for the one-norm config and the default one."""
 
 from __future__ import annotations
 
@@ -33,6 +39,13 @@ LAYOUTS = {
         "num_kv_heads": 8,
         "num_attention_heads": 128,
         "hidden_size": 8192,
+    },
+    "groups_one_norm": {
+        "new_decoder_architecture": True,
+        "num_kv_heads": 8,
+        "num_attention_heads": 128,
+        "hidden_size": 8192,
+        "num_ln_in_parallel_attn": 1,
     },
 }
 
@@ -83,6 +96,82 @@ def test_the_default_port_guards_the_layout_fields(workdir):
     }
 
 
+def test_the_kv_group_loader_gives_each_rank_its_heads_and_their_kv_head():
+    """fused_qkv_split_loader with kv_groups (the code fused-checkpoint writes
+    for Falcon-40B) gives each rank the rows the separate q, k, v loaders give
+    it, weights and biases, KV heads sharded or replicated across ranks; the
+    rows read as [q k v] per head in turn (no kv_groups) fail to load or are
+    other rows, and read as [q | k | v] blocks (per_head=False) other rows."""
+    import torch
+
+    from autoport_cst.transform.edit.fused_loaders import QKV_SPLIT_CODE
+    from autoport_cst.validate.standin import weight_loader as wl
+
+    namespace = {"torch": torch, "SafetensorsWeightLoader": wl.SafetensorsWeightLoader}
+    exec(QKV_SPLIT_CODE, namespace)  # noqa: S102 - the generated loader code itself is under test
+    split = namespace["fused_qkv_split_loader"]
+    hidden, head_dim, generator = 8, 4, torch.Generator().manual_seed(0)
+    for heads, kv_heads, shards in [
+        (4, 2, 1),
+        (4, 2, 2),
+        (4, 2, 4),
+        (8, 2, 2),
+        (6, 2, 2),
+        (4, 1, 2),
+        (4, 4, 2),
+    ]:
+        q, k, v = (
+            torch.randn(n * head_dim, hidden, generator=generator) for n in (heads, kv_heads, kv_heads)
+        )
+        per_kv = heads // kv_heads
+        grouped = torch.cat(
+            [
+                torch.cat(
+                    [
+                        q.view(kv_heads, per_kv * head_dim, hidden)[j],
+                        k.view(kv_heads, head_dim, hidden)[j],
+                        v.view(kv_heads, head_dim, hidden)[j],
+                    ]
+                )
+                for j in range(kv_heads)
+            ]
+        )
+        q_size = heads // shards * head_dim
+        replicas = max(1, shards // kv_heads)
+        kv_size = max(1, kv_heads // shards) * head_dim
+        separate = wl.fused_qkv_weight_loader(q_size, kv_size, 1, shards, True, replicas)
+        sizes = {"q_size": q_size, "kv_size": kv_size, "num_shards": shards, "num_kv_replicas": replicas}
+        loader = split(**sizes, is_storage_transposed=True, per_head=True, head_dim=head_dim, kv_groups=True)
+        bias = split(**sizes, per_head=True, head_dim=head_dim, kv_groups=True)
+        blocks = split(**sizes, is_storage_transposed=True)
+        for rank in range(shards):
+            expected = separate.load([wl.TensorSlice(t) for t in (q, k, v)], rank)
+            assert torch.equal(loader.load([wl.TensorSlice(grouped)], rank), expected)
+            assert torch.equal(bias.load([wl.TensorSlice(grouped[:, 0].contiguous())], rank), expected[0])
+            if per_kv > 1 and kv_heads > 1:  # one group is [q | k | v] (Falcon-7B's multi-query)
+                assert not torch.equal(blocks.load([wl.TensorSlice(grouped)], rank), expected)
+            if per_kv > 1:
+                assert _in_turn(split, sizes, head_dim, grouped, rank) != "equal"
+
+
+def _in_turn(split, sizes: dict, head_dim: int, grouped, rank: int) -> str:
+    """The rows read as [q k v] per head (the loader without kv_groups):
+    ``failed`` (the loader raises: the rows are no multiple of three heads,
+    or it reads past them) or ``other``/``equal`` compared with the
+    kv_groups loader's."""
+    import torch
+
+    from autoport_cst.validate.standin import weight_loader as wl
+
+    in_turn = split(**sizes, is_storage_transposed=True, per_head=True, head_dim=head_dim)
+    right = split(**sizes, is_storage_transposed=True, per_head=True, head_dim=head_dim, kv_groups=True)
+    try:
+        got = in_turn.load([wl.TensorSlice(grouped)], rank)
+    except (ValueError, IndexError):  # no multiple of 3 heads; rows past the tensor
+        return "failed"
+    return "equal" if torch.equal(got, right.load([wl.TensorSlice(grouped)], rank)) else "other"
+
+
 def _validate(package: Path, checkpoint: Path):
     from autoport_cst.validate import validate_model
 
@@ -95,12 +184,15 @@ def _validate(package: Path, checkpoint: Path):
     [
         ("sequential", None, None),
         ("multi_head", ("per_head=True,", "per_head=False,"), "layers.0.attention"),
+        ("groups", ("per_head=True,", "per_head=False,"), "layers.0.attention"),
+        ("groups_one_norm", ("per_head=True,", "per_head=False,"), "layers.0.attention"),
     ],
 )
 def test_the_layout_ports_and_validates_and_a_mutant_fails(workdir, layout, mutation, diverging):
     """TP=1 fp32 (with its config variants and layouts), bf16 and TP=2 on the
-    checkpoint's own weights; the multi-head port loading the fused rows as
-    [q | k | v] blocks (per_head=False) fails at the attention."""
+    checkpoint's own weights (the KV-group ports: 4 query heads, 2 KV heads,
+    one per rank at TP=2); the multi-head and KV-group ports loading the
+    fused rows as [q | k | v] blocks (per_head=False) fail at the attention."""
     from autoport_cst.port import port
 
     outcome = port(
@@ -127,10 +219,28 @@ def test_the_layout_ports_and_validates_and_a_mutant_fails(workdir, layout, muta
     assert report.first_diverging.component.startswith(diverging), report.first_diverging
 
 
+def _ported(workdir: Path, layout: str) -> Path:
+    """The package of ``layout``'s port (made by the port test when it ran
+    first, else here, at TP=1)."""
+    from autoport_cst.port import port
+
+    package = workdir / f"out_{layout}" / "vllm_neuron" / "model" / f"falcon_{layout}"
+    if not (package / "model.py").exists():
+        outcome = port(
+            str(_checkpoint(workdir, layout)),
+            f"falcon_{layout}",
+            workdir / f"out_{layout}",
+            checkpoint="source",
+        )
+        assert outcome.validated
+    return package
+
+
 @pytest.mark.slow
 def test_the_default_port_refuses_the_other_layouts(workdir):
     """The port of the default checkpoint fails at build on each other layout,
-    naming the field and both values; without its parallel_attn guard, it
+    naming the field and both values, and so does the KV-group port (two
+    LayerNorms) on the one-norm and the default checkpoints; without its parallel_attn guard, it
     computes the sequential checkpoint's MLP wrong (layers.0.mlp), where the
     sequential port validates."""
     from autoport_cst.port import port
@@ -148,6 +258,17 @@ def test_the_default_port_refuses_the_other_layouts(workdir):
     }
     for layout, message in refusals.items():
         report = _validate(package, _checkpoint(workdir, layout))
+        assert not report.equivalent and report.failure is not None
+        assert (report.failure.stage, message in report.failure.message) == ("build", True), report.failure
+    groups = _ported(workdir, "groups")
+    refusals = {
+        "groups_one_norm": "config field num_ln_in_parallel_attn is 1, but this port was made for "
+        "num_ln_in_parallel_attn = 2",
+        "default": "config field new_decoder_architecture is False, but this port was made for "
+        "new_decoder_architecture = True",
+    }
+    for layout, message in refusals.items():
+        report = _validate(groups, _checkpoint(workdir, layout))
         assert not report.equivalent and report.failure is not None
         assert (report.failure.stage, message in report.failure.message) == ("build", True), report.failure
     unguarded = workdir / "unguarded"

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from autoport_cst.research.analysis.config_expressions import fields_of
-from autoport_cst.research.config_analysis import INTERMEDIATE_KEYS
+from autoport_cst.research.config_analysis import INTERMEDIATE_KEYS, KV_KEYS
 from autoport_cst.research.decide.state import Decider
 from autoport_cst.research.findings import CONFIG, known, unknown
 
@@ -43,6 +43,9 @@ def config_keys(d: Decider) -> dict[str, str] | None:
         for name in PORT_FIELDS
         if name not in raw and isinstance(aliases.get(name), str) and aliases[name] in raw
     }
+    kv = _kv_heads_key(d, raw)
+    if "num_key_value_heads" not in keys and kv is not None:
+        keys["num_key_value_heads"] = kv
     built = d.code_finding("mlp.intermediate_size")
     width = _intermediate_key(
         raw,
@@ -62,6 +65,19 @@ def config_keys(d: Decider) -> dict[str, str] | None:
         known(keys, "checkpoint.config_keys", CONFIG, f"config.json names the fields a port reads: {shown}")
     )
     return keys
+
+
+def _kv_heads_key(d: Decider, raw: dict[str, Any]) -> str | None:
+    """The config field holding the KV head count under another name
+    (Falcon's ``num_kv_heads``), when config.json lacks
+    ``num_key_value_heads`` and that field holds as many KV heads as the
+    code's projections build (not Falcon-7B's: multi-query builds one KV head
+    whatever ``num_kv_heads`` says)."""
+    built = d.code_finding("attention.num_kv_heads")
+    if raw.get("num_key_value_heads") is not None or built is None or not built.known:
+        return None
+    found = [k for k in KV_KEYS[1:] if raw.get(k) is not None]
+    return found[0] if len(found) == 1 and raw[found[0]] == built.value else None
 
 
 def _intermediate_key(raw: dict[str, Any], hidden_key: str, built: int | None) -> str | None:

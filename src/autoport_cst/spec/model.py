@@ -65,7 +65,7 @@ RouterDtype = Literal["float32", "bfloat16"]
 # "unknown": a layout research could not read (a split transformers makes at load that no
 # other value describes); no codemod realizes it, so a plan carrying it is refused
 CheckpointFusion = Literal["separate", "fused", "unknown"]
-QKVLayout = Literal["separate", "fused", "fused_per_head", "fused_grouped", "unknown"]
+QKVLayout = Literal["separate", "fused", "fused_per_head", "fused_grouped", "fused_kv_groups", "unknown"]
 LinearLayout = Literal["out_in", "in_out"]
 ScaleForm = Literal["multiplier", "inverse_sqrt"]
 LogitsForm = Literal["divisor", "multiplier"]
@@ -388,7 +388,9 @@ class CheckpointSpec:
         "separate",
         "Q, K and V stored as separate q/k/v tensors, as one fused [q | k | v] tensor, fused per "
         "head ([h0: q k v, h1: q k v, ...], GPT-NeoX), or fused in groups (qkv_groups equal groups of "
-        "rows, each its share of q, k and v in the order qkv_order: CodeGen's four [q v k]); unknown: "
+        "rows, each its share of q, k and v in the order qkv_order: CodeGen's four [q v k]), or fused in "
+        "a group per KV head (its query heads, its key head, its value head: Falcon-40B's new decoder "
+        "architecture); unknown: "
         "stored in a layout research could not read (refused).",
     )
     qkv_groups: int | None = optional(

@@ -59,6 +59,16 @@ def layout(d: Decider, is_moe: bool) -> CheckpointSpec:
                 f"{qkv_layout.evidence}: the fused tensor's rows are [q k v] per head",
             )
         )
+    if qkv == "fused" and qkv_layout is not None and qkv_layout.known and qkv_layout.value == "kv_groups":
+        qkv = "fused_kv_groups"
+        d.decisions.append(
+            known(
+                qkv,
+                "checkpoint.qkv",
+                CODE,
+                f"{qkv_layout.evidence}: the fused tensor's rows are, per KV head, its query heads, key and value",
+            )
+        )
     groups, order = d.code_value("code.qkv_groups"), d.code_value("code.qkv_order")
     if qkv == "fused" and qkv_layout is not None and qkv_layout.value == "grouped":
         qkv = "fused_grouped"
@@ -298,7 +308,7 @@ def _missing_names(d: Decider, names: dict[str, str], qkv: str, gate_up: str, is
     kind = d.code_finding("mlp.kind")
     affine = d.code_finding("code.norm_affine")
     wanted = ["model", "model.layers", "model.embed_tokens", "lm_head", "self_attn", "self_attn.o_proj"]
-    fused = qkv in ("fused", "fused_per_head", "fused_grouped")
+    fused = qkv in ("fused", "fused_per_head", "fused_grouped", "fused_kv_groups")
     wanted += (
         ["self_attn.qkv_proj"] if fused else ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]
     )

@@ -38,6 +38,7 @@ def {QKV_SPLIT}(
     head_dim=None,
     groups=None,
     order="qkv",
+    kv_groups=False,
     attention_dp_rank=0,
     attention_dp_size=1,
     kv_sharded_across_attention_dp=False,
@@ -51,7 +52,10 @@ def {QKV_SPLIT}(
     needs as many key/value heads as query heads. With groups, the rows come
     in that many equal groups instead of one per head, each its share of the
     query, key and value rows in the order ``order`` (CodeGen: 4 groups of
-    [q v k]). Each rank takes its query
+    [q v k]). With kv_groups (and per_head), one group per KV head: its
+    query heads, then its key head, then its value head (Falcon-40B's new
+    decoder architecture; GPT-NeoX's layout when there are as many KV heads
+    as query heads). Each rank takes its query
     heads and the key/value heads it holds (ranks share a KV head when there
     are fewer KV heads than ranks). With attention data parallelism the query
     heads are sharded over num_shards x attention_dp_size ranks (this rank's:
@@ -75,15 +79,26 @@ def {QKV_SPLIT}(
         tp_rank = rank % num_shards
         q_rank = attention_dp_rank + tp_rank * attention_dp_size
         kv_rank = q_rank if kv_sharded_across_attention_dp else tp_rank // num_kv_replicas
+        q_total = q_size * num_shards * attention_dp_size
         if per_head:
-            group = rows // (3 * groups) if groups else head_dim
-            if rows % (3 * group) != 0 or num_kv_replicas != 1:
-                raise ValueError("a per-head fused QKV tensor needs as many KV heads as query heads")
+            if kv_groups:
+                kv_heads = (rows - q_total) // (2 * head_dim)
+                widths = dict(q=q_total // kv_heads, k=head_dim, v=head_dim)
+                roles = "qkv"
+                if rows != q_total + 2 * kv_heads * head_dim or q_total % (kv_heads * head_dim):
+                    raise ValueError(f"{{rows}} fused rows are no groups of query heads, a key and a value head")
+            else:
+                group = rows // (3 * groups) if groups else head_dim
+                if rows % (3 * group) != 0 or num_kv_replicas != 1:
+                    raise ValueError("a per-head fused QKV tensor needs as many KV heads as query heads")
+                widths, roles = dict.fromkeys("qkv", group), order
+            stride = sum(widths.values())
 
             def heads(first, size, role):
                 """Rows first..first + size of one part, gathered from their groups."""
                 wanted = torch.arange(first, first + size)
-                stored = wanted // group * 3 * group + order.index(role) * group + wanted % group
+                offset = sum(widths[r] for r in roles[: roles.index(role)])
+                stored = wanted // widths[role] * stride + offset + wanted % widths[role]
                 low = int(stored.min())
                 return take(low, int(stored.max()) + 1)[stored - low]
 
@@ -93,7 +108,6 @@ def {QKV_SPLIT}(
                 heads(kv_rank * kv_size, kv_size, "v"),
             ]
         else:
-            q_total = q_size * num_shards * attention_dp_size
             kv_total = (rows - q_total) // 2
             k_start = q_total + kv_rank * kv_size
             v_start = q_total + kv_total + kv_rank * kv_size
@@ -133,8 +147,8 @@ def split_loader_edit(module: cst.Module, layout: str, groups: int, order: str):
     """The edit of a ``fused_qkv_weight_loader(...)`` / ``fused_qkv_bias_loader(...)``
     call into ``fused_qkv_split_loader(...)`` for the fused tensor's ``layout``
     (``concatenated``, ``per_head``, ``grouped``: ``groups`` groups of rows in
-    the order ``order``), keeping the keyword arguments it takes."""
-    per_head = layout in ("per_head", "grouped")
+    the order ``order``, ``kv_groups``: a group per KV head), keeping the keyword arguments it takes."""
+    per_head = layout in ("per_head", "grouped", "kv_groups")
     grouped = layout == "grouped"
 
     def edit(updated: cst.Call) -> cst.Call:
@@ -148,6 +162,8 @@ def split_loader_edit(module: cst.Module, layout: str, groups: int, order: str):
         if grouped:
             call = set_keyword(call, "groups", parse_expr(str(groups), module))
             call = set_keyword(call, "order", parse_expr(f'"{order}"', module))
+        if layout == "kv_groups":
+            call = set_keyword(call, "kv_groups", parse_expr("True", module))
         return call
 
     return edit
