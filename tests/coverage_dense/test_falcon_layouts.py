@@ -237,6 +237,38 @@ def _ported(workdir: Path, layout: str) -> Path:
 
 
 @pytest.mark.slow
+def test_the_kv_group_port_replicates_kv_heads_across_ranks(workdir):
+    """The KV-group port on a checkpoint of 8 query heads and 2 KV heads
+    (the tiny groups config with its head count and width doubled, random
+    weights): at TP=4 each KV head is held by two ranks, each taking its own
+    two query heads from the group; at TP=2 with attention data parallelism 2
+    the query heads shard over 4 ranks."""
+    import torch
+    from transformers import FalconConfig, FalconForCausalLM
+
+    from autoport_cst.validate import validate_model
+
+    fields = json.loads((_checkpoint(workdir, "groups") / "config.json").read_text())
+    fields.pop("num_key_value_heads", None)  # derived again by 5.25's FalconConfig
+    config = FalconConfig(**{**fields, "num_attention_heads": 8, "hidden_size": 2 * fields["hidden_size"]})
+    torch.manual_seed(0)
+    wide = workdir / "groups_wide"
+    FalconForCausalLM(config).save_pretrained(wide)
+    package = _ported(workdir, "groups")
+    for tp, attention_dp in ((4, 1), (2, 2)):
+        report = validate_model(
+            package,
+            wide,
+            tp=tp,
+            attention_dp=attention_dp,
+            steps=4,
+            config_variants=False,
+            parallel_layouts=False,
+        )
+        assert report.equivalent, (tp, attention_dp, report.failure, report.first_diverging)
+
+
+@pytest.mark.slow
 def test_the_default_port_refuses_the_other_layouts(workdir):
     """The port of the default checkpoint fails at build on each other layout,
     naming the field and both values, and so does the KV-group port (two
