@@ -41,7 +41,10 @@ SECTION_EDGES = {
         "scale_source",
         "window_source",
         "qkv_rows",  # a fused projection's layout read from the rows each head reads (2e27534)
+        "query_gate",  # an output gate fused with the queries, per head (MiniCPM5-MoE's q_gate_proj)
     },
+    # ... whose rows are read by running the split on them, as a fused QKV projection's are
+    ("analysis", "query_gate"): {"qkv_rows"},
     ("analysis", "alibi"): {"scale_source"},
     # a mask the attention computes itself (a buffer of triangles) is read as a band of diagonals by a module
     # of its own; the config fields its window comes from, by another

@@ -66,6 +66,9 @@ RouterDtype = Literal["float32", "bfloat16"]
 # other value describes); no codemod realizes it, so a plan carrying it is refused
 CheckpointFusion = Literal["separate", "fused", "unknown"]
 QKVLayout = Literal["separate", "fused", "fused_per_head", "fused_grouped", "fused_kv_groups", "unknown"]
+# where an output gate's weights are stored: its own tensor, or fused with the queries, each head's
+# query rows then its gate rows (MiniCPM5-MoE's q_gate_proj)
+OutputGateLayout = Literal["separate", "fused_query_per_head"]
 LinearLayout = Literal["out_in", "in_out"]
 ScaleForm = Literal["multiplier", "inverse_sqrt"]
 LogitsForm = Literal["divisor", "multiplier"]
@@ -404,6 +407,12 @@ class CheckpointSpec:
         "separate",
         "Gate and up projections stored separately, or as one fused gate_up tensor; unknown: stored in a "
         "layout research could not read (refused).",
+    )
+    output_gate: OutputGateLayout = feature(
+        "separate",
+        "The attention output gate (attention.output_gate) stored as its own tensor, or fused with the "
+        "queries in one tensor whose rows are, head after head, the head's query rows then its gate rows "
+        "(fused_query_per_head: MiniCPM5-MoE's q_gate_proj).",
     )
     lm_head_stored: bool | None = value(
         None, "Whether the checkpoint stores lm_head.weight (tied models usually do not)."

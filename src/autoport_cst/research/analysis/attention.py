@@ -20,6 +20,7 @@ from autoport_cst.research.analysis import (
     layer_inputs,
     output_gate,
     qkv_rows,
+    query_gate,
     scale_source,
     scores,
     temperature,
@@ -49,6 +50,7 @@ def analyze(st: AnalyzerState, layer0: Instance) -> AttentionGraph | None:
     if g is None:
         return None
     g = output_gate.split(st, g)
+    g = query_gate.split(st, g)
     kernels = kernel_calls(g.attn, g.nodes)
     mla = latent.analyze(st, g, kernels)  # the output projection alone in g.outputs, latent norms
     if mla is not None:
@@ -146,7 +148,7 @@ def _head_counts(st: AnalyzerState, g: AttentionGraph) -> tuple[Any, Any, Any]:
     if isinstance(code_hd, int):
         hd = code_hd
     widths = [i.args.get("out_features") for i in in_insts]
-    total = sum(w for w in widths if isinstance(w, int))
+    total = sum(w for w in widths if isinstance(w, int)) - g.gate_rows
     q_width = out_insts[0].args.get("in_features") if len(out_insts) == 1 else None
     if (
         isinstance(hd, int)
@@ -159,6 +161,7 @@ def _head_counts(st: AnalyzerState, g: AttentionGraph) -> tuple[Any, Any, Any]:
         and total > q_width  # a layer that reads its keys and values from another builds no KV projection
     ):
         nh, nkv = q_width // hd, (total - q_width) // (2 * hd)
+        gated = f" (less {g.gate_rows} output gate rows)" if g.gate_rows else ""
         st.add(
             known(
                 nh,
@@ -172,7 +175,7 @@ def _head_counts(st: AnalyzerState, g: AttentionGraph) -> tuple[Any, Any, Any]:
                 nkv,
                 "attention.num_kv_heads",
                 CODE,
-                f"{where}: input projections {widths} = q {q_width} + 2 x {nkv} KV heads x {hd}",
+                f"{where}: input projections {widths}{gated} = q {q_width} + 2 x {nkv} KV heads x {hd}",
             )
         )
         _kv_repeat(st, g, nh, nkv)
@@ -320,7 +323,10 @@ def _names(
         else:  # attention written out: the operands of its two products
             roles = scores.roles(nodes, inputs)
         if len({id(v) for v in roles.values()}) != 3:
-            roles = dict(zip(("q_proj", "k_proj", "v_proj"), in_insts, strict=False))  # declaration order
+            # declaration order, a projection holding the queries' output gate first (query_gate)
+            gated = [i for i in in_insts if names.get("self_attn.gate_proj") == f"{base}.{i.name}"]
+            ordered = gated + [i for i in in_insts if not any(i is x for x in gated)]
+            roles = dict(zip(("q_proj", "k_proj", "v_proj"), ordered, strict=False))
         for role, inst in roles.items():
             if inst.name:
                 names[f"self_attn.{role}"] = f"{base}.{inst.name}"

@@ -217,3 +217,11 @@ class _Run:
 
     def _kwargs(self, node: Node) -> dict[str, Any]:
         return {key: self.value(value) for key, value in node.kwargs}
+
+
+# what the output gate fused with the queries (query_gate) runs of this probe
+NotRun = _NotRun
+Run = _Run
+head_rows = _head_rows
+attention_operands = _attention_operands
+PROBE_ERRORS = (_NotRun, RuntimeError, TypeError, ValueError, IndexError)

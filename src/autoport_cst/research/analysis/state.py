@@ -82,6 +82,9 @@ class AttentionGraph:
     outputs: list[Node]  # projection calls reading another projection's result (o)
     in_insts: list[Instance]  # the input projection modules, in declaration order
     out_insts: list[Instance]
+    # rows of the input projections that are an output gate's, not a query's, key's or value's
+    # (a gate fused with the queries: query_gate)
+    gate_rows: int = 0
 
 
 class AnalyzerState:

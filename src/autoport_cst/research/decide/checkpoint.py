@@ -24,7 +24,7 @@ from autoport_cst.research.decide.state import Decider
 from autoport_cst.research.findings import CHECKPOINT, CODE, DERIVED, INFERRED, known, unknown
 from autoport_cst.research.keys import derive_key_map
 from autoport_cst.spec import AttentionSpec, CheckpointSpec, EmbeddingSpec, LMHeadSpec
-from autoport_cst.spec.model import CheckpointFusion, LinearLayout, QKVLayout
+from autoport_cst.spec.model import CheckpointFusion, LinearLayout, OutputGateLayout, QKVLayout
 
 
 def layout(d: Decider, is_moe: bool) -> CheckpointSpec:
@@ -93,7 +93,25 @@ def layout(d: Decider, is_moe: bool) -> CheckpointSpec:
         config_keys=config_keys(d),
         qkv_groups=groups if qkv == "fused_grouped" else None,
         qkv_order=order if qkv == "fused_grouped" else None,
+        output_gate=_output_gate(d),
     )
+
+
+def _output_gate(d: Decider) -> OutputGateLayout:
+    """Where the output gate's weights are: fused with the queries, each
+    head's query rows then its gate rows, when the code splits one
+    projection so (analysis/query_gate); else its own tensor."""
+    if d.code_value("code.output_gate_layout") == "fused_query_per_head":
+        d.decisions.append(
+            known(
+                "fused_query_per_head",
+                "checkpoint.output_gate",
+                CODE,
+                "the output gate's rows are stored with the queries, per head (code.output_gate_layout)",
+            )
+        )
+        return "fused_query_per_head"
+    return "separate"
 
 
 def _fusion(
