@@ -44,6 +44,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+# The suite's processes hold torch, transformers and LibCST trees (millions of
+# objects, most alive to the end); at the interpreter's default thresholds
+# (700, 10, 10) parsing and printing a model file (a codemod run: tens of
+# thousands of nodes) sets off collections of the older generations over all
+# of them, a large share of the CPU of the codemod tests. Collecting less often
+# changes no result: the tests' objects are freed by reference counting, and a
+# cycle only later.
+gc.set_threshold(50_000, 50, 100)
+
+
 def pytest_configure(config):
     # README's test command (-n 2 --dist loadfile): the costliest files first (tests/xdist_order.py)
     if config.pluginmanager.hasplugin("xdist"):
