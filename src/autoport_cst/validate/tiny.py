@@ -47,6 +47,7 @@ from autoport_cst.errors import InputError, did_you_mean
 
 from .layer_variants import layer_count_for_variants
 from .tiny_fit import (
+    derived_defaults,
     derived_sizes,
     fit_kv_head_fields,
     fit_layer_counts,
@@ -292,6 +293,7 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
     original_heads = getattr(config, "num_attention_heads", None)
     sizes = {**TINY_DIMENSIONS, **(dimensions or {})}
     derived = [n for n in derived_sizes(config, list(sizes)) if n not in (dimensions or {})]
+    defaults = derived_defaults(config, config_values(config))
     for name in dimensions or {}:
         if not hasattr(config, name):
             raise InputError(f"{architecture}: its config has no {name!r} to set")
@@ -350,7 +352,11 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
     config.architectures = [architecture]
     restore_per_layer_overrides(config, per_layer)
     rederive_placeholders(config, set(dimensions or {}), config_values(config))
-    rederive_sizes(config, derived, config_values(config))
+    # a value the class derived that no step above changed follows the shrunk fields
+    untouched = [
+        n for n, v in defaults.items() if getattr(config, n, None) == v and n not in (dimensions or {})
+    ]
+    rederive_sizes(config, derived + untouched, config_values(config))
     return config
 
 
@@ -557,7 +563,7 @@ def build_tiny_checkpoint(
     if keep_layer_kinds:
         dimensions = {**_layer_kind_steps(source), **(dimensions or {})}
     config, architecture, model_class = _tiny_config(source, dimensions)
-    _check_parameter_count(model_class, config, architecture)
+    _check_parameter_count(model_class, copy.deepcopy(config), architecture)  # the model may set fields
     directory = Path(outdir)
     if directory.exists() and not directory.is_dir():
         raise InputError(f"{directory}: exists and is not a directory")
@@ -635,14 +641,19 @@ def save_seeded_checkpoint(
 ) -> dict:
     """Build ``model_class(config)`` seeded with ``seed`` and save its tensors
     (``seeded_state``) as ``model.safetensors`` beside ``config.json`` (both or
-    neither new) in ``directory``; the tensors saved."""
+    neither new) in ``directory``; the tensors saved. ``config.json`` holds
+    the config as given, not as the model's ``__init__`` left it (Falcon's
+    decoder layer sets ``num_ln_in_parallel_attn`` to 2 where it is None: a
+    port planned on a config without the field guards None)."""
     import torch
 
     from .checkpoint_file import save_state
 
+    written = copy.deepcopy(config)
     state = seeded_state(model_class, config, seed, key_format)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    config = written
     config.dtype = torch.float32
     with atomic_output(directory / "model.safetensors") as tmp:
         save_state(state, tmp, {"format": "pt", KEY_FORMAT: key_format})

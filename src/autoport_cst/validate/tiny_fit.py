@@ -228,3 +228,25 @@ def rederive_sizes(config: Any, names: list[str], values: dict[str, Any]) -> Non
     for name in names:
         if hasattr(fresh, name):
             setattr(config, name, getattr(fresh, name))
+
+
+def derived_defaults(config: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """The declared fields with a default of None that hold a number the
+    config class computes from the other fields when the field is absent
+    (Falcon's ``ffn_hidden_size``: 4 x ``hidden_size``, which a real
+    config.json leaves out): name -> value. ``values`` are the config's."""
+    config_class: Any = type(config)
+    if not dataclasses.is_dataclass(config_class):
+        return {}
+    found = {}
+    for field in dataclasses.fields(config_class):
+        value = getattr(config, field.name, None)
+        if field.default is not None or not _is_int(value):
+            continue
+        try:
+            fresh = config_class.from_dict({k: v for k, v in values.items() if k != field.name})
+        except Exception:  # noqa: BLE001 - the config class's own validators
+            continue
+        if getattr(fresh, field.name, None) == value:
+            found[field.name] = value
+    return found

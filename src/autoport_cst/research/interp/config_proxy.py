@@ -33,6 +33,16 @@ class ConfigProxy:
     def copy(self) -> ConfigProxy:
         return ConfigProxy(self._config, self._log, dict(self.overrides or {}))
 
+    def write(self, name: str, value: Any) -> None:
+        """``config.name = value`` in the model's code: later reads of this
+        configuration (or of the copy it is) see ``value``, as transformers'
+        modules see the one configuration object an ``__init__`` set a field
+        of (Falcon's decoder layer sets ``num_ln_in_parallel_attn`` to 2 where
+        config.json has none, and its forward reads the 2)."""
+        if self.overrides is None:
+            self.overrides = {}
+        self.overrides[name] = value
+
     def read(self, name: str, default: Any = UNKNOWN) -> Any:
         for frame in self._log:
             frame.add(name)

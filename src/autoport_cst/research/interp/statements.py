@@ -228,8 +228,8 @@ class Statements(Expressions):
         """``obj.name = value``: a module's attribute (naming the module or
         parameter assigned), or a field of a configuration copy."""
         base = self.eval(target.value, env, module, state)
-        if isinstance(base, ConfigProxy) and base.overrides is not None:
-            base.overrides[target.attr] = value  # a copy of the config the code modifies
+        if isinstance(base, ConfigProxy):
+            base.write(target.attr, value)
         if isinstance(base, Instance):
             if isinstance(value, (Instance, Param)) and value.name is None:
                 value.name = target.attr
