@@ -236,10 +236,8 @@ def derived_defaults(config: Any, values: dict[str, Any]) -> dict[str, Any]:
     (Falcon's ``ffn_hidden_size``: 4 x ``hidden_size``, which a real
     config.json leaves out): name -> value. ``values`` are the config's."""
     config_class: Any = type(config)
-    if not dataclasses.is_dataclass(config_class):
-        return {}
-    found = {}
-    for field in dataclasses.fields(config_class):
+    found: dict[str, Any] = {}
+    for field in dataclasses.fields(config_class) if dataclasses.is_dataclass(config_class) else ():
         value = getattr(config, field.name, None)
         if field.default is not None or not _is_int(value):
             continue
