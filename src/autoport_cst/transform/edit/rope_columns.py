@@ -11,6 +11,7 @@ from autoport_cst.transform.anatomy.qkv import after_attrs, rope_targets, unknow
 from autoport_cst.transform.cst.vocabulary import (
     dotted,
     keyword_arg,
+    nodes_of,
     self_assignment,
     statements,
     walk,
@@ -179,7 +180,10 @@ def append_after(edits: dict, key: int, new: list[cst.BaseStatement]) -> None:
 
 
 def _reorders(argument: cst.BaseExpression) -> bool:
-    return isinstance(argument, cst.Call) and dotted(argument.func) == "_rope_columns_loader"
+    """Whether a loader reorders the RoPE columns, itself or inside another
+    codemod's wrapper (fused-query-gate's ``query_gate_rows_loader(...)``)."""
+    calls = [node for node in nodes_of(argument, cst.Call) if isinstance(node, cst.Call)]
+    return any(dotted(call.func) == "_rope_columns_loader" for call in calls)
 
 
 def _nodes(updated) -> list:
