@@ -57,6 +57,7 @@ from .tiny_fit import (
     shrink_text_sub_config,
     take_per_layer_overrides,
     text_sub_config,
+    untouched,
 )
 from .tiny_tokenizer import write_tiny_tokenizer
 from .tiny_unset import fill_unset_counts
@@ -352,11 +353,7 @@ def shrink_config(config: Any, architecture: str, dimensions: dict[str, int] | N
     config.architectures = [architecture]
     restore_per_layer_overrides(config, per_layer)
     rederive_placeholders(config, set(dimensions or {}), config_values(config))
-    # a value the class derived that no step above changed follows the shrunk fields
-    untouched = [
-        n for n, v in defaults.items() if getattr(config, n, None) == v and n not in (dimensions or {})
-    ]
-    rederive_sizes(config, derived + untouched, config_values(config))
+    rederive_sizes(config, derived + untouched(config, defaults, dimensions), config_values(config))
     return config
 
 

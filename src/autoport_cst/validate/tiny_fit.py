@@ -248,3 +248,9 @@ def derived_defaults(config: Any, values: dict[str, Any]) -> dict[str, Any]:
         if getattr(fresh, field.name, None) == value:
             found[field.name] = value
     return found
+
+
+def untouched(config: Any, defaults: dict[str, Any], given: dict[str, int] | None) -> list[str]:
+    """The ``defaults`` (:func:`derived_defaults`) that shrinking left as they
+    were and the user did not give: derived again from the shrunk fields."""
+    return [n for n, v in defaults.items() if getattr(config, n, None) == v and n not in (given or {})]
