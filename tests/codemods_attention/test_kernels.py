@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from autoport_cst.transform.edit import kernels
+from autoport_cst.validate import kernel_substitutes
 from autoport_cst.validate.standin import functional as NF
 
 
@@ -23,25 +24,65 @@ def _functions(*sources: str) -> dict:
     return scope
 
 
-PREFILL = _functions(kernels.PREFILL_UNFUSED, kernels.SEGMENTED_UNFUSED, kernels.SOFTMAX_ATTENTION)
-DECODE = _functions(kernels.DECODE_UNFUSED)["_attention_decode_unfused"]
+SOURCES = (
+    kernels.PREFILL_UNFUSED,
+    kernels.SEGMENTED_UNFUSED,
+    kernels.SOFTMAX_ATTENTION,
+    kernels.DECODE_UNFUSED,
+)
+FUNCTIONS = _functions(*SOURCES)
+PREFILL = FUNCTIONS
+DECODE = FUNCTIONS["_attention_decode_unfused"]
 
 
-# -- prefill ---------------------------------------------------------------------------------
+# -- the validator's conformance cases (validate.kernel_substitutes) ----------------------------
 
 
-@pytest.mark.parametrize("window, sink", [(None, False), (3, False), (None, True), (4, True)])
-def test_flash_substitute_matches_the_kernel(window, sink):
-    unfused = PREFILL["_flash_attention_unfused"]
-    generator = torch.Generator().manual_seed(0)
-    q = torch.randn(4, 16, 7, generator=generator)  # [Nq, D, T]
-    k = torch.randn(2, 16, 7, generator=generator)
-    v = torch.randn(2, 7, 16, generator=generator)
-    sinks = torch.randn(4, 1, generator=generator) if sink else None
-    kwargs = {"scale": 0.3, "sliding_window": window, "sink": sinks, "tp_q": False, "tp_out": True}
-    torch.testing.assert_close(unfused(q, k, v, **kwargs), NF.flash_attention(q, k, v, **kwargs))
-    capped = unfused(q, k, v, softcap=0.5, **kwargs)
-    assert not torch.allclose(capped, NF.flash_attention(q, k, v, **kwargs))
+@pytest.mark.parametrize("name", sorted(kernel_substitutes.KERNELS))
+def test_substitute_matches_the_kernel_on_every_conformance_case(name):
+    cases = kernel_substitutes.cases_for(name, NF)
+    assert len(cases) >= 3
+    assert kernel_substitutes.check_functions({name: FUNCTIONS[name]}, NF) == []
+
+
+@pytest.mark.parametrize(
+    "name, old, new, case",
+    [
+        (
+            "_attention_decode_unfused",
+            "V_cache if V_cache.dim() == 4 else V_cache.unsqueeze(1)",
+            "V_cache if V_cache.dim() == 4 else V_cache.unsqueeze(2)",
+            "3d_cache, update_cache True",
+        ),
+        (
+            "_flash_attention_unfused",
+            "unsqueeze(1) + (seq_k - seq_q)",
+            "unsqueeze(1) - (seq_k - seq_q)",
+            "5 queries over 9 keys",
+        ),
+        (
+            "_segmented_attention_unfused",
+            "rows = view[table].to(q.dtype)",
+            "rows = view[table.flip(0)].to(q.dtype)",
+            "window",
+        ),
+        (
+            "_attention_decode_unfused",
+            "k_ctx[:, :, context - seq :]",
+            "k_ctx[:, :, context - seq - 1 :]",
+            "two_tokens",
+        ),
+    ],
+)
+def test_a_substitute_wrong_in_a_layout_the_port_never_passes_is_named(name, old, new, case):
+    """A one-KV-head cache, keys longer than the queries: what a port's own
+    calls never pass, the cases drive."""
+    source = next(text for text in SOURCES if f"def {name}(" in text)
+    assert old in source
+    mutated = _functions(*(text.replace(old, new) for text in SOURCES))
+    failures = kernel_substitutes.check_functions({name: mutated[name]}, NF)
+    assert failures and any(case in failure for failure in failures), failures
+    assert all(failure.startswith(f"{name} differs from NF.") for failure in failures)
 
 
 def _segmented_case(generator, kv_heads, block=4, blocks=256):
@@ -56,26 +97,12 @@ def _segmented_case(generator, kv_heads, block=4, blocks=256):
     return q, caches, table, prior, block, segment
 
 
-@pytest.mark.parametrize("kv_heads, window, sink", [(2, None, False), (2, 8, True), (1, 4, False)])
-def test_segmented_substitute_matches_the_kernel(kv_heads, window, sink):
-    unfused = PREFILL["_segmented_attention_unfused"]
-    generator = torch.Generator().manual_seed(2)
-    q, (k_cache, v_cache), table, prior, block, segment = _segmented_case(generator, kv_heads)
-    kwargs = {
-        "block_tables": table,
-        "prior_tokens": torch.tensor([prior]),
-        "block_size": block,
-        "kv_segment_size": segment,
-        "scale": 0.35,
-        "tp_q": True,
-        "tp_out": True,
-        "sliding_window": window,
-        "sink": torch.randn(4, 1, generator=generator) if sink else None,
-    }
-    expected = NF.segmented_attention(q, k_cache=k_cache, v_cache=v_cache, **kwargs)
-    torch.testing.assert_close(unfused(q, k_cache=k_cache, v_cache=v_cache, **kwargs), expected)
-    capped = unfused(q, k_cache=k_cache, v_cache=v_cache, softcap=0.5, **kwargs)
-    assert not torch.allclose(capped, expected)
+def test_softcap_changes_what_the_prefill_substitutes_compute():
+    for name in ("_flash_attention_unfused", "_segmented_attention_unfused"):
+        case = kernel_substitutes.cases_for(name, NF)[1]
+        kernel = getattr(NF, kernel_substitutes.KERNELS[name])
+        capped = FUNCTIONS[name](**case.kwargs, softcap=0.5)
+        assert not torch.allclose(capped, kernel(**case.kwargs))
 
 
 @pytest.mark.parametrize(
@@ -97,35 +124,12 @@ def test_flash_substitute_refuses_kernel_options_by_name():
 # -- decode ----------------------------------------------------------------------------------
 
 
-def _decode_case(seed: int, kv_heads: int = 2, seq: int = 1):
-    """Two sequences, the kernel's layouts; caches [blocks, Nkv, block, Dh],
-    or 3-D with one KV head."""
-    generator = torch.Generator().manual_seed(seed)
-    batch, hidden, d, q_heads, block, blocks = 2, 32, 8, 4, 32, 4
-    shape = (1 + batch * blocks, kv_heads, block, d) if kv_heads > 1 else (1 + batch * blocks, block, d)
-    caches = [torch.randn(*shape, generator=generator) for _ in range(2)]
-    table = torch.tensor([[4, 2, 6, 8], [1, 3, 5, 7]], dtype=torch.int32)
-    positions = torch.tensor([[37 + i for i in range(seq)], [90 + i for i in range(seq)]])  # [B, S]
-    slots = torch.stack(
-        [table[b, positions[b] // block] * block + positions[b] % block for b in range(batch)]
-    )
-    angles = torch.randn(d // 2, batch, seq, generator=generator)
-    width = (q_heads + 2 * kv_heads) * d
-    kwargs = {
-        "X": torch.randn(batch, seq, hidden, generator=generator),
-        "W_qkv": torch.randn(hidden, width, generator=generator) * 0.2,
-        "bias_qkv": torch.randn(1, width, generator=generator),
-        "active_blocks_table": table,
-        "cos": angles.cos(),
-        "sin": angles.sin(),
-        "softmax_scale": 0.4,
-        "kv_cache_update_idx": slots.to(torch.uint32),
-        "W_out": torch.randn(q_heads * d, hidden, generator=generator),
-        "bias_out": torch.randn(1, hidden, generator=generator),
-        "rope_contiguous_layout": True,
-    }
-    mask = {"q_head": q_heads, "s_active": seq, "s_prior": blocks * block, "block_len": block, "bs": batch}
-    return kwargs, caches, positions, mask, generator
+def _decode_case(seed: int):
+    """Two sequences in the kernel's layouts (the validator's own case
+    builder): the kwargs without the caches, the caches, positions, mask sizes."""
+    kwargs, positions, mask = kernel_substitutes.decode_kwargs(seed, "plain")
+    caches = [kwargs.pop("K_cache"), kwargs.pop("V_cache")]
+    return kwargs, caches, positions, mask, torch.Generator().manual_seed(seed)
 
 
 def _compare(kwargs, caches, update_cache: bool, softcap=None):
@@ -140,28 +144,6 @@ def _compare(kwargs, caches, update_cache: bool, softcap=None):
     return actual, expected
 
 
-@pytest.mark.parametrize("update_cache", [True, False])
-@pytest.mark.parametrize("variant", ["plain", "qk_norm", "sink", "window", "3d_cache", "two_tokens"])
-def test_decode_substitute_matches_the_kernel(variant, update_cache):
-    kwargs, caches, positions, mask, generator = _decode_case(
-        1, kv_heads=1 if variant == "3d_cache" else 2, seq=2 if variant == "two_tokens" else 1
-    )
-    pos_ids = positions.reshape(1, -1).float()
-    start = (pos_ids - 20).clamp(min=0) if variant == "window" else None
-    kwargs["attention_mask"] = NF.gen_attention_decode_mask(pos_ids=pos_ids, start_pos=start, **mask)
-    if variant == "qk_norm":
-        d = kwargs["cos"].shape[0] * 2
-        kwargs.update(
-            rmsnorm_QK_pre_rope_enabled=True,
-            rmsnorm_QK_pre_rope_eps=1e-6,
-            rmsnorm_QK_pre_rope_W_Q=torch.randn(1, d, generator=generator),
-            rmsnorm_QK_pre_rope_W_K=torch.randn(1, d, generator=generator),
-        )
-    if variant == "sink":
-        kwargs["sink"] = torch.randn(mask["q_head"], 1, generator=generator)
-    _compare(kwargs, caches, update_cache)
-
-
 def test_decode_substitute_without_cache_update_returns_the_new_keys_and_values():
     """qwen3 runs the kernel with update_cache=False and writes the cache
     itself from what the kernel returns: the caches stay as they are."""
@@ -170,35 +152,6 @@ def test_decode_substitute_without_cache_update_returns_the_new_keys_and_values(
     (output, k_new, v_new), _ = _compare(kwargs, caches, update_cache=False)
     assert k_new.shape == (8, 2 * 2, 1) and v_new.shape == (2, 2, 1, 8)  # [Dh, B * Nkv, S], [B, Nkv, S, Dh]
     assert output.shape == (2, 32)
-
-
-@pytest.mark.parametrize("window", [None, 20])
-def test_decode_substitute_bounded_gather(window):
-    """The in-kernel mask: no attention_mask, pos_ids (and the window's
-    start), the prior context read up to max_context_len."""
-    kwargs, caches, positions, _, _ = _decode_case(4)
-    pos_ids = positions.reshape(1, -1).float()
-    kwargs.update(
-        attention_mask=None,
-        pos_ids=pos_ids,
-        swa_start_pos_ids=None if window is None else (pos_ids - (window - 1)).clamp(min=0),
-        max_context_len=(positions.max() + 1).reshape(1).to(torch.int32),
-    )
-    _compare(kwargs, caches, update_cache=True)
-
-
-def test_decode_substitute_fused_input_norm_interleaved_rope_and_head_major_output():
-    kwargs, caches, positions, mask, generator = _decode_case(5)
-    kwargs["attention_mask"] = NF.gen_attention_decode_mask(pos_ids=positions.reshape(1, -1).float(), **mask)
-    kwargs.update(
-        rmsnorm_X_enabled=True,
-        rmsnorm_X_eps=1e-5,
-        rmsnorm_X_gamma=torch.randn(1, 32, generator=generator),
-        rope_contiguous_layout=False,
-        W_out=None,
-        bias_out=None,
-    )
-    _compare(kwargs, caches, update_cache=True)
 
 
 def test_decode_substitute_softcap_changes_only_the_scores():

@@ -27,7 +27,7 @@ import torch
 from autoport_cst.config_json import parse_config_text
 from autoport_cst.errors import InputError
 
-from . import compare, lint_gate, sp_length_check
+from . import compare, kernel_substitutes, lint_gate, sp_length_check
 from .driver import PortFailure, PortOutput, PortSession, port_hf_config
 from .forced_routing_verdict import forced_routing_verdict
 from .fp8_cache_forcing import ForcingTally, port_cache_contents
@@ -465,6 +465,13 @@ def _compared(
     start = time.perf_counter()
     _compare(report, port, reference, scenario, teacher, dtype)
     sp_length_check.apply(report, port.length_check)
+    from .rankless_check import apply as apply_rankless_check
+
+    apply_rankless_check(report, port.rankless_check)
+    kernel_substitutes.apply(
+        report,
+        kernel_substitutes.check_package(planned.package_dir, planned.checkpoint, planned.run.kv_cache_dtype),
+    )
     report.kv_cache = reference.tally.describe() if reference.tally is not None else None
     timings["compare"] = time.perf_counter() - start
     forced_routing_verdict(

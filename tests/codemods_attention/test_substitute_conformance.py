@@ -1,0 +1,75 @@
+"""The validator checks a port's op-by-op attention substitutes against the
+kernels they stand for (``validate.kernel_substitutes``): a Gemma 2 port
+edited wrongly where its own calls never go (a one-KV-head cache, keys
+longer than the queries) validated on its model run alone; it now fails,
+naming the substitute and the case."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from autoport_cst.validate import validate_model
+from autoport_cst.validate.kernel_substitutes import CHECK
+
+from .conftest import ROOT
+
+GEMMA2 = {
+    "model_type": "gemma2",
+    "num_hidden_layers": 2,
+    "sliding_window": 6,
+    "query_pre_attn_scalar": 25,
+    "attn_logit_softcapping": 1.5,
+    "final_logit_softcapping": 5.0,
+}
+
+
+@pytest.fixture(scope="module")
+def gemma2(port_builder, tiny_checkpoint):
+    plan = json.loads((ROOT / "examples" / "gemma2.plan.json").read_text(encoding="utf-8"))
+    return port_builder(plan), tiny_checkpoint(GEMMA2)
+
+
+def _mutated(package: Path, tmp_path: Path, old: str, new: str) -> Path:
+    copy = tmp_path / package.name
+    shutil.copytree(package, copy)
+    model = copy / "model.py"
+    text = model.read_text(encoding="utf-8")
+    assert text.count(old) == 1, old
+    model.write_text(text.replace(old, new), encoding="utf-8")
+    return copy
+
+
+def test_the_port_validates_with_its_substitutes_checked(gemma2):
+    package, checkpoint = gemma2
+    report = validate_model(package, checkpoint, dtype="fp32", steps=4)
+    assert report.equivalent, report.summary()
+    assert report.settings["kernel_substitutes"] == "checked against the stand-in kernels"
+
+
+@pytest.mark.parametrize(
+    "old, new, named",
+    [
+        (
+            "cache_view = V_cache if V_cache.dim() == 4 else V_cache.unsqueeze(1)",
+            "cache_view = V_cache if V_cache.dim() == 4 else V_cache.unsqueeze(2)",
+            "_attention_decode_unfused differs from NF.attention_decode on 3d_cache",
+        ),
+        (
+            "q_pos = torch.arange(seq_q, device=q.device).unsqueeze(1) + (seq_k - seq_q)",
+            "q_pos = torch.arange(seq_q, device=q.device).unsqueeze(1) - (seq_k - seq_q)",
+            "_flash_attention_unfused differs from NF.flash_attention on 5 queries over 9 keys",
+        ),
+    ],
+)
+def test_a_substitute_wrong_where_the_port_never_calls_it_fails(gemma2, tmp_path, old, new, named):
+    package, checkpoint = gemma2
+    report = validate_model(_mutated(package, tmp_path, old, new), checkpoint, dtype="fp32", steps=4)
+    assert not report.equivalent
+    assert report.failure is not None and report.failure.stage == CHECK
+    assert named in report.failure.message
+    # the model run itself still matches: only the new check sees the edit
+    assert report.first_diverging is None
