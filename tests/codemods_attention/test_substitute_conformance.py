@@ -6,7 +6,6 @@ naming the substitute and the case."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -15,22 +14,15 @@ import pytest
 from autoport_cst.validate import validate_model
 from autoport_cst.validate.kernel_substitutes import CHECK
 
-from .conftest import ROOT
+from .test_validations import CASES
 
-GEMMA2 = {
-    "model_type": "gemma2",
-    "num_hidden_layers": 2,
-    "sliding_window": 6,
-    "query_pre_attn_scalar": 25,
-    "attn_logit_softcapping": 1.5,
-    "final_logit_softcapping": 5.0,
-}
+# the Gemma 2 case of the attention validations: its tiny checkpoint bites on softcapping
+GEMMA2 = next(case for case in CASES if case.id == "gemma2")
 
 
 @pytest.fixture(scope="module")
 def gemma2(port_builder, tiny_checkpoint):
-    plan = json.loads((ROOT / "examples" / "gemma2.plan.json").read_text(encoding="utf-8"))
-    return port_builder(plan), tiny_checkpoint(GEMMA2)
+    return port_builder(GEMMA2.plan), tiny_checkpoint(GEMMA2.checkpoint)
 
 
 def _mutated(package: Path, tmp_path: Path, old: str, new: str) -> Path:
