@@ -38,6 +38,7 @@ from .inputs import expert_count as _expert_count
 from .kernel_precision import PolicyUnavailable, run_kernel_precision_reference
 from .layout import ParallelLayout, check_layout
 from .package import PortImportError, imported_package
+from .rankless_check import apply as apply_rankless_check
 from .reference import ReferenceOutput, greedy_teacher, load_reference, prompt_embeddings, run_reference
 from .reference_reuse import keep_run, kept_run, sharing_reference_runs
 from .report import PortFailureInfo, ValidationReport
@@ -465,8 +466,6 @@ def _compared(
     start = time.perf_counter()
     _compare(report, port, reference, scenario, teacher, dtype)
     sp_length_check.apply(report, port.length_check)
-    from .rankless_check import apply as apply_rankless_check
-
     apply_rankless_check(report, port.rankless_check)
     kernel_substitutes.apply(
         report,

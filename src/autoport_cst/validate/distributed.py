@@ -33,6 +33,7 @@ import torch
 from autoport_cst.atomic import atomic_output
 from autoport_cst.errors import InputError
 
+from . import rankless_check
 from .driver import PortFailure, PortOutput
 from .layout import ParallelLayout
 from .rank_start import start_forked_ranks, start_interpreter_ranks, start_method
@@ -61,6 +62,7 @@ class RankJob:
     kv_cache_dtype: str = "auto"
     layout: ParallelLayout | None = None  # data / context parallelism (layout_session)
     length_rule: LengthRule | None = None  # the prefill-length check to ask for (sp_length_check)
+    rank_default: str | None = None  # where the reference declares rank=None (rankless_check)
 
 
 def _free_port() -> int:
@@ -180,6 +182,10 @@ def _load_and_run(
             output = session.run(teacher)
             if job.length_rule is not None and sequence_parallel(output, job.world_size):
                 output.length_check = probe(session, job.length_rule, job.world_size)
+            if job.rank_default is not None and hasattr(session, "decode_batch"):
+                started = time.process_time()
+                output.rankless_check = rankless_check.probe(session, teacher, output)
+                output.timings["rankless_check_cpu"] = time.process_time() - started
             description = installation.describe()
             if job.layout is not None and job.layout.disaggregated:
                 description["parallel_groups"] = _group_ranks(parallel_state)
@@ -275,6 +281,7 @@ def run_port_ranks(
             kv_cache_dtype,
             layout,
             declared_rule(model_dir) if layout is None else None,
+            _rank_default(model_dir, layout, scenario),
         )
         job_path.write_bytes(pickle.dumps(job))
         ranks = _start_ranks(job, job_path)
@@ -295,6 +302,14 @@ def run_port_ranks(
                 rank.stop()
     outputs = [results[r]["output"] for r in range(world_size)]
     return outputs, results[0]["factory"], results[0]["stand_in"], teacher
+
+
+def _rank_default(model_dir: str | Path, layout: ParallelLayout | None, scenario: Scenario) -> str | None:
+    """Where the reference declares ``rank=None``, for a run that asks for the
+    rank-less forward check (``rankless_check``: embedding DP > 1, sampling off)."""
+    if layout is None or layout.embedding_dp <= 1 or scenario.on_device_sampling:
+        return None
+    return rankless_check.declared_default(model_dir)
 
 
 def _start_ranks(job: RankJob, job_path: Path) -> list:
@@ -440,6 +455,7 @@ def merge_layout_outputs(outputs: list[PortOutput], scenario: Scenario, layout: 
         sequences=[b for r in replicas for b in r.sequences],
         segmented=any(r.segmented for r in replicas),
         guarded_attributes=sorted({a for r in replicas for a in r.guarded_attributes}),
+        rankless_check=merged([o.rankless_check for o in outputs]),
     )
 
 

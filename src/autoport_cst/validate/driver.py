@@ -73,6 +73,8 @@ class PortOutput:
     fp8_cache: Any = None
     # a TP > 1 run: the sequence-parallel prefill-length check's entries (``sp_length_check``)
     length_check: list[dict[str, Any]] | None = None
+    # a run with embedding DP > 1: the rank-less forward check's entries (``rankless_check``)
+    rankless_check: list[dict[str, Any]] | None = None
 
 
 def port_hf_config(checkpoint_dir: str | Path, dtype: torch.dtype) -> Any:
@@ -198,13 +200,16 @@ class PortSession:
 
     # -- one call ---------------------------------------------------------------
 
-    def _forward(self, stage: str, step: StepInputs) -> torch.Tensor:
+    def _forward(self, stage: str, step: StepInputs, with_rank: bool = True) -> torch.Tensor:
         """One forward in phase ``stage`` (its kernels: ``kernel_phases``);
-        the logits of the sampled rows."""
+        the logits of the sampled rows. Without ``with_rank``, the call omits
+        ``rank`` (``rankless_check``)."""
         try:
-            embeds = {}
+            embeds: dict[str, Any] = {}
+            if with_rank:
+                embeds["rank"] = torch.tensor(self.rank, dtype=torch.int32)
             if step.inputs_embeds is not None:
-                embeds = {"inputs_embeds": step.inputs_embeds, "is_token_ids": step.is_token_ids}
+                embeds.update(inputs_embeds=step.inputs_embeds, is_token_ids=step.is_token_ids)
             requests: tuple[torch.Tensor, torch.Tensor] | None = None
             if self.scenario.on_device_sampling:  # the runner's sampling parameters and logit mask
                 from .sampled_output import forget_sampled, mask_width, runner_sampling
@@ -219,7 +224,6 @@ class PortSession:
                     positions=step.positions,
                     attn_metadata=step.metadata,
                     sampling_positions=step.sampling_positions,
-                    rank=torch.tensor(self.rank, dtype=torch.int32),
                     **embeds,
                 )
         except Exception as error:

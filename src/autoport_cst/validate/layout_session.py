@@ -356,7 +356,7 @@ class LayoutSession:
             output = self._forward(self.decode_graph, "decode", self._decode_inputs(step, tokens, batch))
             logits.append(output[: len(sequences)])
         self.decode_graph.session.timings["decode"] = time.perf_counter() - start
-        self.batch = len(batch)
+        self.batch, self.decode_batch = len(batch), batch
         return logits
 
     def _keep_records(self, recorders, calls, real: int, output: PortOutput) -> None:

@@ -19,7 +19,9 @@ other values (``LAYOUTS``):
 - ``embedding DP 2``: the embedding alone data-parallel over 2 ranks. With
   every component at DP 2 the embedding's and the MLP's DP groups are the
   same, and the transition of the decode batch between them is the identity;
-  here they differ;
+  here they differ. These two (embedding DP > 1) also repeat their last
+  decode step with ``rank`` omitted, the default the reference declares, and
+  ask for the same logits (``rankless_check``);
 - ``2 tokens per decode step`` (TP=1): every decode call feeds two new
   tokens per sequence (the teacher's next two, with
   ``decode_token_threshold`` 2), as the runner's verification step of
