@@ -122,7 +122,7 @@ def test_the_or_mutant_fails_named(tmp_path, tiny_qwen3_moe, label):
         f"{CHECK}: rank 0: decode step 2 again with rank omitted (embedding DP 2) raised:"
     )
     assert "TypeError: unsupported operand type(s) for +: 'NoneType' and 'int'" in failed
-    assert report.failure is not None and report.failure.stage == CHECK
+    assert report.failure is not None and report.failure.stage == CHECK and report.exit_code == 1
 
 
 def test_other_logits_without_rank_fail_named(tmp_path, tiny_qwen3_moe):
@@ -135,3 +135,16 @@ def test_other_logits_without_rank_fail_named(tmp_path, tiny_qwen3_moe):
 def test_a_run_without_embedding_dp_does_not_ask(tiny_qwen3_moe):
     report = _validated(QWEN3_MOE, tiny_qwen3_moe, "attention DP 2")
     assert report.equivalent and "rankless_check" not in report.settings
+
+
+def test_the_default_validation_of_the_or_mutant_fails_at_the_first_layout_that_asks(
+    tmp_path, tiny_qwen3_moe
+):
+    from autoport_cst.validate import validate_model
+
+    report = validate_model(_copy(tmp_path, SHIFT, MUTANT), tiny_qwen3_moe, **RUN)
+    assert not report.equivalent and report.exit_code == 1
+    (failed,) = report.failed_checks
+    assert failed.startswith(f"{ASKING[0]}: {CHECK}: rank 0: decode step 2 again with rank omitted"), failed
+    ran = {entry["label"]: entry["equivalent"] for entry in report.parallel_layouts}
+    assert ran["TP=2"] and ran["attention DP 2"] and ran[ASKING[0]] is False
