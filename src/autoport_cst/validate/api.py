@@ -27,7 +27,7 @@ import torch
 from autoport_cst.config_json import parse_config_text
 from autoport_cst.errors import InputError
 
-from . import compare, kernel_substitutes, lint_gate, sp_length_check
+from . import compare, kernel_substitutes, lint_gate, rankless_check, sp_length_check
 from .driver import PortFailure, PortOutput, PortSession, port_hf_config
 from .forced_routing_verdict import forced_routing_verdict
 from .fp8_cache_forcing import ForcingTally, port_cache_contents
@@ -38,7 +38,6 @@ from .inputs import expert_count as _expert_count
 from .kernel_precision import PolicyUnavailable, run_kernel_precision_reference
 from .layout import ParallelLayout, check_layout
 from .package import PortImportError, imported_package
-from .rankless_check import apply as apply_rankless_check
 from .reference import ReferenceOutput, greedy_teacher, load_reference, prompt_embeddings, run_reference
 from .reference_reuse import keep_run, kept_run, sharing_reference_runs
 from .report import PortFailureInfo, ValidationReport
@@ -466,7 +465,7 @@ def _compared(
     start = time.perf_counter()
     _compare(report, port, reference, scenario, teacher, dtype)
     sp_length_check.apply(report, port.length_check)
-    apply_rankless_check(report, port.rankless_check)
+    rankless_check.apply(report, port.rankless_check)
     kernel_substitutes.apply(
         report,
         kernel_substitutes.check_package(planned.package_dir, planned.checkpoint, planned.run.kv_cache_dtype),
