@@ -14,8 +14,11 @@ asks for the logits of the call with ``rank``.
 Fast: where the default is read from. Then the qwen3_moe reference and two
 copies of it at both layouts (``validate_model``, their options taken from
 ``parallel_checks.LAYOUTS``): the reference validates, the ``or`` mutant
-fails naming the check (the call raises), and a copy whose rank-less
-embedding takes shard 0 on every rank fails naming it (other logits).
+fails naming the check (the call raises), a copy whose rank-less
+embedding takes shard 0 on every rank fails naming it (other logits), and
+one raising on rank 1 only fails naming rank 1's error (rank 0 fails in the
+collective rank 1 left). Last, the default validation of the ``or`` mutant
+fails at the first layout that asks.
 """
 
 from __future__ import annotations
@@ -148,3 +151,17 @@ def test_the_default_validation_of_the_or_mutant_fails_at_the_first_layout_that_
     assert failed.startswith(f"{ASKING[0]}: {CHECK}: rank 0: decode step 2 again with rank omitted"), failed
     ran = {entry["label"]: entry["equivalent"] for entry in report.parallel_layouts}
     assert ran["TP=2"] and ran["attention DP 2"] and ran[ASKING[0]] is False
+
+
+def test_a_call_raising_on_one_rank_only_fails_naming_its_error(tmp_path, tiny_qwen3_moe):
+    raising = '        if rank is None and self.embedding_tp_rank == 1:\n            raise RuntimeError("rank 1 only")\n'
+    report = _validated(_copy(tmp_path, SHIFT, raising + SHIFT), tiny_qwen3_moe, "embedding DP 2")
+    (failed,) = report.failed_checks
+    # rank 0 fails in the collective rank 1 left; rank 1's own error is named too
+    assert failed.startswith(
+        f"{CHECK}: rank 0: decode step 2 again with rank omitted (embedding DP 2) raised:"
+    )
+    assert (
+        "; rank 1: decode step 2 again with rank omitted (embedding DP 2) raised: RuntimeError: rank 1 only"
+        in failed
+    )

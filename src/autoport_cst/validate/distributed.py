@@ -455,7 +455,7 @@ def merge_layout_outputs(outputs: list[PortOutput], scenario: Scenario, layout: 
         sequences=[b for r in replicas for b in r.sequences],
         segmented=any(r.segmented for r in replicas),
         guarded_attributes=sorted({a for r in replicas for a in r.guarded_attributes}),
-        rankless_check=merged([o.rankless_check for o in outputs]),
+        rankless_check=rankless_check.merged([o.rankless_check for o in outputs]),
     )
 
 

@@ -134,6 +134,22 @@ def _entry(passed: bool, message: str) -> dict[str, Any]:
 # -- in the parent -------------------------------------------------------------
 
 
+def merged(per_rank: list[list[dict[str, Any]] | None]) -> list[dict[str, Any]] | None:
+    """The ranks' entries as one: every failing rank's, named, in one entry
+    (a rank that raised ends the collectives of the others, which then fail
+    in them: its own error is among them), else rank 0's; None when no rank
+    was asked."""
+    failing = [
+        f"rank {rank}: {entry['message']}"
+        for rank, entries in enumerate(per_rank)
+        for entry in entries or []
+        if not entry["passed"]
+    ]
+    if failing:
+        return [_entry(False, "; ".join(failing))]
+    return per_rank[0] if per_rank and per_rank[0] is not None else None
+
+
 def apply(report: Any, entries: list[dict[str, Any]] | None) -> None:
     """The check's outcome into ``report``: its settings say what was asked;
     a failing entry fails the report, named after the check."""
