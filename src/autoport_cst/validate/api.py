@@ -466,10 +466,7 @@ def _compared(
     _compare(report, port, reference, scenario, teacher, dtype)
     sp_length_check.apply(report, port.length_check)
     rankless_check.apply(report, port.rankless_check)
-    kernel_substitutes.apply(
-        report,
-        kernel_substitutes.check_package(planned.package_dir, planned.checkpoint, planned.run.kv_cache_dtype),
-    )
+    kernel_substitutes.apply(report, planned.package_dir, planned.checkpoint)
     report.kv_cache = reference.tally.describe() if reference.tally is not None else None
     timings["compare"] = time.perf_counter() - start
     forced_routing_verdict(

@@ -260,7 +260,7 @@ def substitutes_of(package_name: str, files: list[Path]) -> dict[str, Callable]:
     return found
 
 
-def check_package(package_dir: Path, checkpoint: Path, cache_dtype: str) -> list[str] | None:
+def check_package(package_dir: Path, checkpoint: Path) -> list[str] | None:
     """The failing cases of the package's substitutes; None when it defines
     none. Once per content of the defining files in a process (the follow-up
     runs of a validation ask again)."""
@@ -270,36 +270,32 @@ def check_package(package_dir: Path, checkpoint: Path, cache_dtype: str) -> list
     key = tuple((str(path.resolve()), path.read_text()) for path in files)
     if key not in _CHECKED:
         _CHECKED.clear()
-        _CHECKED[key] = _checked(package_dir, files, checkpoint, cache_dtype)
+        _CHECKED[key] = _checked(package_dir, files, checkpoint)
     return _CHECKED[key]
 
 
 _CHECKED: dict[tuple, list[str] | None] = {}
 
 
-def _checked(package_dir: Path, files: list[Path], checkpoint: Path, cache_dtype: str) -> list[str] | None:
+def _checked(package_dir: Path, files: list[Path], checkpoint: Path) -> list[str] | None:
     from .package import imported_package
     from .standin import functional, standin_installed
 
     with (
-        standin_installed(model=str(checkpoint), cache_dtype=cache_dtype),
+        standin_installed(model=str(checkpoint)),
         imported_package(package_dir) as package,
     ):
         functions = substitutes_of(package.module.__name__, files)
         return check_functions(functions, functional) if functions else None
 
 
-def apply(report: Any, failures: list[str] | None) -> None:
-    """The check's outcome into ``report``: its settings say it ran; a failing
-    case fails the report, named after the check."""
-    from .report import PortFailureInfo
+def apply(report: Any, package_dir: Path, checkpoint: Path) -> None:
+    """The check of the package's substitutes into ``report``: its settings
+    say it ran; every failing case fails the report, named after the check."""
+    from .report import fail_at_check
 
+    failures = check_package(package_dir, checkpoint)
     if failures is None:
         return
     report.settings["kernel_substitutes"] = "checked against the stand-in kernels"
-    if not failures:
-        return
-    report.equivalent = False
-    report.failed_checks = [*report.failed_checks, *(f"{CHECK}: {failure}" for failure in failures)]
-    if report.failure is None:
-        report.failure = PortFailureInfo(CHECK, failures[0])
+    fail_at_check(report, CHECK, failures)

@@ -153,16 +153,10 @@ def merged(per_rank: list[list[dict[str, Any]] | None]) -> list[dict[str, Any]] 
 def apply(report: Any, entries: list[dict[str, Any]] | None) -> None:
     """The check's outcome into ``report``: its settings say what was asked;
     a failing entry fails the report, named after the check."""
-    from .report import PortFailureInfo
+    from .report import fail_at_check
 
     if entries is None:
         return
     report.settings["rankless_check"] = [entry["message"] for entry in entries]
-    failing = [entry for entry in entries if not entry["passed"]]
-    if not failing:
-        return
-    message = failing[0]["message"]
-    report.equivalent = False
-    report.failed_checks = [*report.failed_checks, f"{CHECK}: {message}"]
-    if report.failure is None:
-        report.failure = PortFailureInfo(CHECK, message)
+    failing = [entry["message"] for entry in entries if not entry["passed"]]
+    fail_at_check(report, CHECK, failing[:1])

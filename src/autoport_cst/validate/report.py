@@ -22,6 +22,18 @@ class PortFailureInfo:
     refusal: bool = False
 
 
+def fail_at_check(report: Any, check: str, messages: list[str]) -> None:
+    """Fail ``report`` at the run-time check ``check`` (the sequence-parallel
+    length check, the rank-less forward, the kernel substitutes): each message
+    a failed check, the first the report's failure unless one is set."""
+    if not messages:
+        return
+    report.equivalent = False
+    report.failed_checks = [*report.failed_checks, *(f"{check}: {message}" for message in messages)]
+    if report.failure is None:
+        report.failure = PortFailureInfo(check, messages[0])
+
+
 @dataclass
 class Divergence:
     """The first check that failed, in data-flow order."""
