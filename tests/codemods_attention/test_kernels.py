@@ -85,6 +85,17 @@ def test_a_substitute_wrong_in_a_layout_the_port_never_passes_is_named(name, old
     assert all(failure.startswith(f"{name} differs from NF.") for failure in failures)
 
 
+def test_a_substitute_refusing_a_layout_by_name_passes():
+    """Refusing is what a substitute may do with what it does not implement."""
+    old = "cache_view = V_cache if V_cache.dim() == 4 else V_cache.unsqueeze(1)"
+    new = "cache_view = V_cache if V_cache.dim() == 4 else _refuse_3d()"
+    source = kernels.DECODE_UNFUSED.replace(old, new)
+    refusing = "def _refuse_3d():\n    raise NotImplementedError('one-KV-head 3-D caches')\n"
+    decode = _functions(refusing, source)["_attention_decode_unfused"]
+    assert new in source
+    assert kernel_substitutes.check_functions({"_attention_decode_unfused": decode}, NF) == []
+
+
 def _segmented_case(generator, kv_heads, block=4, blocks=256):
     """A 3-block cached prefix and a chunk of 512 rows (the segment size)."""
     heads, d, prior, segment = 4, 8, 12, 512
