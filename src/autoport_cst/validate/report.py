@@ -353,6 +353,20 @@ REPORT_SCHEMA: dict[str, Any] = {
                     "description": "new tokens per sequence in each decode call (speculative decoding)",
                 },
                 "prefill_calls": {"type": "array", "items": {"type": "object"}},
+                "prefill_length_check": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "the sequence-parallel prefill-length refusals asked of a TP > 1 run",
+                },
+                "rankless_check": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "the decode step repeated without rank in a run with embedding DP > 1",
+                },
+                "kernel_substitutes": {
+                    "type": "string",
+                    "description": "the port's op-by-op attention substitutes were run beside the kernels",
+                },
                 "layout": {
                     "type": "object",
                     "description": "data / context parallelism of a disaggregated run (docs/validation.md)",
