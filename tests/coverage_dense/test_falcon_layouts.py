@@ -236,6 +236,28 @@ def _ported(workdir: Path, layout: str) -> Path:
     return package
 
 
+def _wide(workdir: Path) -> Path:
+    """The tiny groups checkpoint with 8 query heads (2 KV heads) and its
+    width doubled, random weights; its config.json holds the fields as given
+    (num_ln_in_parallel_attn unset, as the port was planned on: the decoder
+    layer sets it to 2 on the config object, which save_pretrained writes)."""
+    import torch
+    from transformers import FalconConfig, FalconForCausalLM
+
+    wide = workdir / "groups_wide"
+    if (wide / "config.json").exists():
+        return wide
+    fields = json.loads((_checkpoint(workdir, "groups") / "config.json").read_text())
+    fields.pop("num_key_value_heads", None)  # derived again by 5.25's FalconConfig
+    config = FalconConfig(**{**fields, "num_attention_heads": 8, "hidden_size": 2 * fields["hidden_size"]})
+    torch.manual_seed(0)
+    FalconForCausalLM(config).save_pretrained(wide)
+    saved = json.loads((wide / "config.json").read_text())
+    saved["num_ln_in_parallel_attn"] = fields.get("num_ln_in_parallel_attn")
+    (wide / "config.json").write_text(json.dumps(saved, indent=2))
+    return wide
+
+
 @pytest.mark.slow
 def test_the_kv_group_port_replicates_kv_heads_across_ranks(workdir):
     """The KV-group port on a checkpoint of 8 query heads and 2 KV heads
@@ -243,17 +265,9 @@ def test_the_kv_group_port_replicates_kv_heads_across_ranks(workdir):
     weights): at TP=4 each KV head is held by two ranks, each taking its own
     two query heads from the group; at TP=2 with attention data parallelism 2
     the query heads shard over 4 ranks."""
-    import torch
-    from transformers import FalconConfig, FalconForCausalLM
-
     from autoport_cst.validate import validate_model
 
-    fields = json.loads((_checkpoint(workdir, "groups") / "config.json").read_text())
-    fields.pop("num_key_value_heads", None)  # derived again by 5.25's FalconConfig
-    config = FalconConfig(**{**fields, "num_attention_heads": 8, "hidden_size": 2 * fields["hidden_size"]})
-    torch.manual_seed(0)
-    wide = workdir / "groups_wide"
-    FalconForCausalLM(config).save_pretrained(wide)
+    wide = _wide(workdir)
     package = _ported(workdir, "groups")
     for tp, attention_dp in ((4, 1), (2, 2)):
         report = validate_model(
@@ -312,3 +326,54 @@ def test_the_default_port_refuses_the_other_layouts(workdir):
     report = _validate(unguarded, _checkpoint(workdir, "sequential"))
     assert not report.equivalent and report.first_diverging is not None
     assert report.first_diverging.component == "layers.0.mlp", report.first_diverging
+
+
+_SWAPPED_SCALES = (
+    ("k_scale=self.k_scale if cache_is_fp8 else None,", "k_scale=self.v_scale if cache_is_fp8 else None,"),
+    ("v_scale=self.v_scale if cache_is_fp8 else None,", "v_scale=self.k_scale if cache_is_fp8 else None,"),
+)
+
+
+@pytest.mark.slow
+def test_the_kv_group_port_validates_with_an_fp8_kv_cache_and_swapped_scales_fail(workdir):
+    """The KV-group port on the 8-query-head, 2-KV-head checkpoint with an FP8
+    KV cache at TP=1, seed 0: transformers 5.24's Falcon hands its cache every
+    query head's copy of its group's K/V, which did not map onto the port's KV
+    heads, so the cache was not teacher-forced and one value at an FP8 rounding
+    boundary failed the correct port at layers.1.attention (decode, 9.0e-04;
+    the scaled-cache variant 7.8e-05). Forced through the groups, every value
+    the port stored is transformers' rounding but that one; the port with its
+    K and V scales swapped still fails at layers.0.attention (decode, 0.54)."""
+    from autoport_cst.validate import kv_scale_variant, validate_model
+
+    package = _ported(workdir, "groups")
+    report = validate_model(
+        package, _wide(workdir), kv_cache_dtype="fp8", config_variants=False, parallel_layouts=False
+    )
+    assert report.equivalent, (report.failure, report.first_diverging)
+    assert report.kv_cache["teacher_forced"] and report.kv_cache["differing"] == 0, report.kv_cache
+    mutant = workdir / "mutant_groups_scales"
+    shutil.copytree(package, mutant, dirs_exist_ok=True)
+    code = (mutant / "model.py").read_text()
+    for old, new in _SWAPPED_SCALES:
+        assert code.count(old) == 1, old
+        code = code.replace(old, new)
+    (mutant / "model.py").write_text(code)
+    runs = []
+
+    def validate(scaled: Path, seed: int):
+        runs.append(validate_model(mutant, scaled, kv_cache_dtype="fp8", seed=seed))
+        return runs[-1]
+
+    class Report:
+        def __init__(self) -> None:
+            self.equivalent, self.config_variants = True, []
+
+        def fail_as(self, named, found):
+            self.equivalent = False
+
+    verdict = Report()
+    kv_scale_variant.check_kv_scale_variant(verdict, mutant, _wide(workdir), validate, 0)
+    assert not verdict.equivalent and len(runs) == 1
+    first = runs[0].first_diverging
+    assert first is not None and (first.component, first.phase) == ("layers.0.attention", "decode"), first

@@ -86,6 +86,61 @@ def test_the_ports_cache_is_read_through_each_sequences_block_table() -> None:
     assert keys[1, 9].tolist() == [1.0, 2.0, 3.0, 4.0] and keys.abs().sum() == 10
 
 
+def _grouped_cache_update(port_k: torch.Tensor, states: torch.Tensor) -> tuple[torch.Tensor, FC.ForcingTally]:
+    """What transformers' FP8 cache stores for the prefill ``states`` (``[1, heads,
+    T, head_dim]`` K and V) of layer 0, forced from the port's K and V ``port_k``
+    (``[kv_heads, T, head_dim]``), and what it took."""
+    from autoport_cst.validate import fp8_reference as R
+
+    tally = FC.ForcingTally()
+    cache = R._rounding_cache(None, {}, {0: (port_k, port_k)}, tally)
+    cache.update(states, states, 0)
+    return cache.layers[0].keys, tally
+
+
+# two KV heads, two positions (the same values as K and V); KV head 1's first element at position 1 lies one float32 step below
+# the midpoint of the FP8 neighbours 1.0 and 1.125 (transformers rounds it to 1.0, the port to 1.125)
+_BELOW = float(torch.nextafter(torch.tensor(1.0625), torch.tensor(0.0)))
+_KV = torch.tensor(
+    [
+        [[3.0, 1.5, -2.0, 0.75], [2.5, -1.25, 0.5, 4.0]],
+        [[-0.5, 6.0, 1.75, -3.0], [_BELOW, 2.0, -0.625, 5.0]],
+    ]
+)
+
+
+def test_a_cache_of_kv_heads_repeated_per_query_head_is_forced_from_the_ports_kv_heads() -> None:
+    """Falcon's grouped layout (new_decoder_architecture) on transformers 5.24 hands the cache
+    each query head's copy of its group's K/V ([1, 4, T, d] for 2 KV heads), where the port
+    stores the KV heads: each copy takes its KV head's value (it was left unforced, and a
+    value at a boundary failed the 8-query-head, 2-KV-head port at layers.1.attention)."""
+    port = _KV.to(FP8).float()
+    port[1, 1, 0] = 1.125
+    states = _KV.repeat_interleave(2, dim=0).unsqueeze(0)  # heads 0, 1 read KV head 0; 2, 3 KV head 1
+    stored, tally = _grouped_cache_update(port, states)
+    assert stored[0, :, 1, 0].tolist() == [2.5, 2.5, 1.125, 1.125]
+    assert torch.equal(stored[0], port.repeat_interleave(2, dim=0))
+    assert (tally.layers, tally.unmatched, tally.rounded_apart, tally.differing) == (
+        {0},
+        set(),
+        4,
+        0,
+    )  # K and V
+
+
+def test_a_port_storing_the_wrong_kv_head_or_distinct_heads_is_not_taken() -> None:
+    own = _KV.repeat_interleave(2, dim=0).to(FP8).float()
+    swapped = _KV.to(FP8).float().flip(0)  # each query head's cache holds the other group's KV head
+    stored, tally = _grouped_cache_update(swapped, _KV.repeat_interleave(2, dim=0).unsqueeze(0))
+    assert (
+        torch.equal(stored[0], own) and tally.rounded_apart == 0 and tally.differing == 2 * 4 * 2 * 4
+    )  # K and V
+    # four distinct heads (no broadcast of two KV heads): the port's two do not map, nothing is forced
+    distinct = torch.cat([_KV, -_KV]).unsqueeze(0)
+    stored, tally = _grouped_cache_update(_KV.to(FP8).float(), distinct)
+    assert torch.equal(stored[0], distinct[0].to(FP8).float()) and tally.unmatched == {0}
+
+
 # -- ports ------------------------------------------------------------------------------------------
 
 

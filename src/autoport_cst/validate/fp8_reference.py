@@ -138,7 +138,10 @@ def _port_rows(
     port's cache of that layer does not map onto transformers' element-wise."""
     if port is None or layer not in port:
         return None, None
-    rows = [t[:, start : start + s.shape[2]].unsqueeze(0) for t, s in zip(port[layer], states, strict=True)]
+    rows = [
+        _per_state_head(t[:, start : start + s.shape[2]].unsqueeze(0), s)
+        for t, s in zip(port[layer], states, strict=True)
+    ]
     if any(r.shape != s.shape for r, s in zip(rows, states, strict=True)):
         if tally is not None:
             tally.unmatched.add(layer)
@@ -146,6 +149,25 @@ def _port_rows(
     if tally is not None:
         tally.layers.add(layer)
     return rows[0], rows[1]
+
+
+def _per_state_head(rows: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """The port's rows (``[1, kv_heads, T, head_dim]``) laid out as
+    transformers' cache holds ``state``: as they are, or each KV head
+    repeated for the query heads of its group when transformers' cache holds
+    every query head's copy of its group's K/V (Falcon's grouped layout,
+    ``new_decoder_architecture``, broadcasts them before the cache in
+    transformers 5.24 and keeps the KV heads in 5.25): ``state``'s heads a
+    multiple of the port's, the rows of each group identical (what a
+    broadcast gives, never distinct heads). Otherwise as they are (their
+    shape then does not match and the layer keeps transformers' rounding)."""
+    heads, kv_heads = state.shape[1], rows.shape[1]
+    if rows.shape == state.shape or kv_heads == 0 or heads % kv_heads or rows.shape[2:] != state.shape[2:]:
+        return rows
+    groups = state.unflatten(1, (kv_heads, heads // kv_heads))
+    if not torch.equal(groups, groups[:, :, :1].expand_as(groups)):
+        return rows
+    return rows.repeat_interleave(heads // kv_heads, dim=1)
 
 
 def run_fp8_cache_reference(
