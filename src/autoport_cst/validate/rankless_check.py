@@ -153,10 +153,6 @@ def merged(per_rank: list[list[dict[str, Any]] | None]) -> list[dict[str, Any]] 
 def apply(report: Any, entries: list[dict[str, Any]] | None) -> None:
     """The check's outcome into ``report``: its settings say what was asked;
     a failing entry fails the report, named after the check."""
-    from .report import fail_at_check
+    from .report import record_check
 
-    if entries is None:
-        return
-    report.settings["rankless_check"] = [entry["message"] for entry in entries]
-    failing = [entry["message"] for entry in entries if not entry["passed"]]
-    fail_at_check(report, CHECK, failing[:1])
+    record_check(report, CHECK, "rankless_check", entries)

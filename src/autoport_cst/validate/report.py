@@ -34,6 +34,16 @@ def fail_at_check(report: Any, check: str, messages: list[str]) -> None:
         report.failure = PortFailureInfo(check, messages[0])
 
 
+def record_check(report: Any, check: str, setting: str, entries: list[dict[str, Any]] | None) -> None:
+    """A run-time check's entries (``{"passed", "message"}``; None: not asked)
+    into ``report``: ``settings[setting]`` lists what was asked, and the first
+    failing entry fails the report at ``check``."""
+    if entries is None:
+        return
+    report.settings[setting] = [entry["message"] for entry in entries]
+    fail_at_check(report, check, [entry["message"] for entry in entries if not entry["passed"]][:1])
+
+
 @dataclass
 class Divergence:
     """The first check that failed, in data-flow order."""
