@@ -6,13 +6,13 @@ naming the substitute and the case."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 from autoport_cst.validate import validate_model
 from autoport_cst.validate.kernel_substitutes import CHECK
+from tests.edited_copies import edited_copy
 
 from .test_validations import CASES
 
@@ -26,13 +26,7 @@ def gemma2(port_builder, tiny_checkpoint):
 
 
 def _mutated(package: Path, tmp_path: Path, old: str, new: str) -> Path:
-    copy = tmp_path / package.name
-    shutil.copytree(package, copy)
-    model = copy / "model.py"
-    text = model.read_text(encoding="utf-8")
-    assert text.count(old) == 1, old
-    model.write_text(text.replace(old, new), encoding="utf-8")
-    return copy
+    return edited_copy(package, tmp_path / package.name, [(old, new)])
 
 
 def test_the_port_validates_with_its_substitutes_checked(gemma2):

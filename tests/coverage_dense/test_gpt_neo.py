@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 
 import pytest
 
 from autoport_cst.research.analysis import band_mask
 from autoport_cst.research.interp.values import Node, SliceSym, TensorInit
+from tests.edited_copies import edited_copy
 
 ONES = TensorInit((32, 32), "ones")
 END = Node("method", "size", (Node("input", "key"), -2))
@@ -156,11 +156,7 @@ def test_a_mutant_fails_validation(ported, mutant):
     workdir, outcome = ported
     old, new = MUTANTS[mutant]
     wrong = workdir / mutant.replace(" ", "_").replace("*", "") / "gpt_neo"
-    shutil.copytree(outcome.package_dir, wrong)
-    model = wrong / "model.py"
-    text = model.read_text()
-    assert text.count(old) == 1, old
-    model.write_text(text.replace(old, new))
+    wrong = edited_copy(outcome.package_dir, wrong, [(old, new)])
     report = validate_model(wrong, outcome.checkpoint_dir, tp=1, dtype="fp32", steps=4, config_variants=False)
     assert not report.equivalent
     assert report.first_diverging is not None

@@ -8,12 +8,11 @@ embedding scale, another base, no padding row) fail validation."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from autoport_cst.port import port
 from autoport_cst.validate import build_tiny_checkpoint, validate_model
+from tests.edited_copies import edited_copy
 
 pytest.importorskip("transformers")
 
@@ -52,12 +51,7 @@ MUTANTS = {
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))
 def test_a_mutant_fails_validation(workdir, ported, mutant):
     old, new = MUTANTS[mutant]
-    wrong = workdir / mutant.replace(" ", "_") / "xglm"
-    shutil.copytree(ported.package_dir, wrong)
-    model = wrong / "model.py"
-    text = model.read_text()
-    assert text.count(old) == 1, old
-    model.write_text(text.replace(old, new))
+    wrong = edited_copy(ported.package_dir, workdir / mutant.replace(" ", "_") / "xglm", [(old, new)])
     report = validate_model(wrong, ported.checkpoint_dir, tp=1, dtype="fp32", steps=4, config_variants=False)
     assert not report.equivalent
     assert report.first_diverging is not None

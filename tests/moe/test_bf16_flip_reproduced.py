@@ -19,7 +19,6 @@ bf16 resolution of 0.059, and the teacher-forced comparison passes.)
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ import torch
 from autoport_cst.validate import build_tiny_checkpoint, compare, validate_model
 from autoport_cst.validate.api import _plan
 from autoport_cst.validate.reference import greedy_teacher, load_reference, run_reference
+from tests.edited_copies import edited_copy
 
 from .conftest import QWEN3_MOE
 
@@ -89,14 +89,7 @@ def test_the_worst_row_is_transformers_own_bf16_flip(seed0: Path):
 @pytest.mark.slow
 @pytest.mark.parametrize("mutant", sorted(ROUTER_MUTANTS))
 def test_a_wrong_router_still_fails_in_bf16(seed0: Path, tmp_path: Path, mutant: str):
-    package = tmp_path / "qwen3_moe"
-    shutil.copytree(QWEN3_MOE, package, ignore=shutil.ignore_patterns("__pycache__"))
-    model = package / "model.py"
-    text = model.read_text(encoding="utf-8")
-    for old, new in ROUTER_MUTANTS[mutant]:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    model.write_text(text, encoding="utf-8")
+    package = edited_copy(QWEN3_MOE, tmp_path / "qwen3_moe", ROUTER_MUTANTS[mutant])
     report = validate_model(package, seed0, dtype="bf16", steps=STEPS)
     assert not report.equivalent
     assert report.first_diverging.component == "layers.0.mlp", report.summary()

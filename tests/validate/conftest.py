@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.edited_copies import edited_copy
+
 ROOT = Path(__file__).resolve().parents[2]
 
 LLAMA3 = ROOT / "reference_models" / "llama3"
@@ -32,13 +34,7 @@ def broken_port(tmp_path: Path):
     """Copy the llama3 reference to tmp_path and apply one text edit."""
 
     def make(old: str, new: str, name: str = "broken") -> Path:
-        target = tmp_path / name
-        shutil.copytree(LLAMA3, target, ignore=shutil.ignore_patterns("__pycache__"))
-        model = target / "model.py"
-        text = model.read_text(encoding="utf-8")
-        assert text.count(old) == 1, f"the edit anchor must occur once in model.py: {old!r}"
-        model.write_text(text.replace(old, new), encoding="utf-8")
-        return target
+        return edited_copy(LLAMA3, tmp_path / name, [(old, new)])
 
     return make
 

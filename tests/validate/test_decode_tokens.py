@@ -5,13 +5,13 @@ per step cannot tell apart is judged."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 from autoport_cst.validate import validate_model
 from autoport_cst.validate.scenario import Scenario
+from tests.edited_copies import edited_copy
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN3 = ROOT / "reference_models" / "qwen3"
@@ -42,13 +42,9 @@ def test_v_rows_of_a_decode_step_in_the_wrong_order_fail_at_two_tokens_per_step(
 ) -> None:
     # with one new token per sequence the step's V rows [B, Nkv, S, Dh] flatten alike
     # whether (B, Nkv) or (B, S) is transposed; with two they do not
-    port = tmp_path / "port"
-    shutil.copytree(QWEN3, port, ignore=shutil.ignore_patterns("__pycache__"))
-    model = port / "model.py"
-    text = model.read_text(encoding="utf-8")
     old = "v_rows = v_new.transpose(0, 1).reshape(-1, self.head_dim)"
-    assert text.count(old) == 1
-    model.write_text(text.replace(old, "v_rows = v_new.transpose(0, 2).reshape(-1, self.head_dim)"), "utf-8")
+    new = "v_rows = v_new.transpose(0, 2).reshape(-1, self.head_dim)"
+    port = edited_copy(QWEN3, tmp_path / "port", [(old, new)])
     assert _run(port, tiny_qwen3).equivalent  # one token per step cannot tell
     report = _run(port, tiny_qwen3, decode_tokens=2)
     assert not report.equivalent and report.exit_code == 1

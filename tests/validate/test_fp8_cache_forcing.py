@@ -6,7 +6,6 @@ at the right decode attention."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import torch
 from autoport_cst.validate import fp8_cache_forcing as FC
 from autoport_cst.validate import kv_scale_variant as KV
 from autoport_cst.validate.metrics import FP32_REL_ERROR_TOLERANCE
+from tests.edited_copies import edited_copy
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN3 = ROOT / "reference_models" / "qwen3"
@@ -254,13 +254,7 @@ def test_a_port_that_misuses_the_scales_fails_at_the_first_decode_attention(
 ) -> None:
     from autoport_cst.validate import build_tiny_checkpoint
 
-    port = tmp_path / "port"
-    shutil.copytree(QWEN3, port, ignore=shutil.ignore_patterns("__pycache__"))
-    text = (port / "model.py").read_text(encoding="utf-8")
-    for old, new in MUTANTS[mutant]:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    (port / "model.py").write_text(text, encoding="utf-8")
+    port = edited_copy(QWEN3, tmp_path / "port", MUTANTS[mutant])
     build_tiny_checkpoint("Qwen3ForCausalLM", tmp_path / "tiny", seed=0)
     for seed in (0, 1):
         entry, runs = _fp8_variant(port, tmp_path / "tiny", seed)

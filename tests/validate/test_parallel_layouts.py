@@ -8,7 +8,6 @@ small machine): one fast run per layout family, the rest ``slow``."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from autoport_cst.errors import InputError
 from autoport_cst.validate import validate_model
 from autoport_cst.validate.layout import ParallelLayout, check_layout, partitions
 from autoport_cst.validate.scenario import Scenario
+from tests.edited_copies import edited_copy
 
 from .conftest import ROOT
 
@@ -231,12 +231,7 @@ BROKEN = [
 def test_a_port_broken_for_one_layout_diverges_there(
     old, new, options, component, tmp_path: Path, tiny_llama: Path, tiny_llama_one_kv: Path
 ) -> None:
-    port = tmp_path / "llama3"
-    shutil.copytree(LLAMA3, port, ignore=shutil.ignore_patterns("__pycache__"))
-    model = port / "model.py"
-    text = model.read_text(encoding="utf-8")
-    assert text.count(old) == 1, old
-    model.write_text(text.replace(old, new), encoding="utf-8")
+    port = edited_copy(LLAMA3, tmp_path / "llama3", [(old, new)])
     checkpoint = tiny_llama_one_kv if "dcp" in options else tiny_llama
     report = validate_model(port, checkpoint, **options, **RUN)
     assert not report.equivalent

@@ -24,13 +24,13 @@ fails at the first layout that asks.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from autoport_cst.validate.parallel_checks import LAYOUTS
 from autoport_cst.validate.rankless_check import CHECK, _declares_in, declared_default
+from tests.edited_copies import edited_copy
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN3_MOE = ROOT / "reference_models" / "qwen3_moe"
@@ -86,13 +86,7 @@ def tiny_qwen3_moe(tmp_path_factory) -> Path:
 
 
 def _copy(tmp_path: Path, old: str, new: str) -> Path:
-    target = tmp_path / "qwen3_moe"
-    shutil.copytree(QWEN3_MOE, target, ignore=shutil.ignore_patterns("__pycache__"))
-    model = target / "model.py"
-    text = model.read_text(encoding="utf-8")
-    assert text.count(old) == 1, old
-    model.write_text(text.replace(old, new), encoding="utf-8")
-    return target
+    return edited_copy(QWEN3_MOE, tmp_path / "qwen3_moe", [(old, new)])
 
 
 def _validated(port: Path, checkpoint: Path, label: str):

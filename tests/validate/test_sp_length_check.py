@@ -20,12 +20,12 @@ check through ``validate_model`` at TP=2: the report fails, naming the check.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from autoport_cst.validate.sp_length_check import AT_MOST, CHECK, NOT_DIVISIBLE, _rule_in, declared_rule
+from tests.edited_copies import edited_copy
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA3 = ROOT / "reference_models" / "llama3"
@@ -83,13 +83,7 @@ def test_the_rule_comes_from_the_reference_the_port_names(tmp_path):
 
 
 def _copy(tmp_path: Path, name: str, old: str, new: str) -> Path:
-    target = tmp_path / name
-    shutil.copytree(LLAMA3, target, ignore=shutil.ignore_patterns("__pycache__"))
-    model = target / "model.py"
-    text = model.read_text(encoding="utf-8")
-    assert text.count(old) == 1
-    model.write_text(text.replace(old, new), encoding="utf-8")
-    return target
+    return edited_copy(LLAMA3, tmp_path / name, [(old, new)])
 
 
 def _asked(package: Path, checkpoint: Path) -> list[dict]:

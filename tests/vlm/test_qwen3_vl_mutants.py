@@ -9,11 +9,10 @@ loading the first rank's heads of the tower's fused QKV."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from autoport_cst.validate.vision_validate import validate_vlm
+from tests.edited_copies import edited_copy
 
 from .conftest import REFERENCE
 
@@ -78,13 +77,7 @@ MUTANTS = {
 
 
 def _mutant(tmp_path, file: str, old: str, new: str):
-    directory = tmp_path / "qwen3_vl"
-    shutil.copytree(REFERENCE, directory, ignore=shutil.ignore_patterns("__pycache__"))
-    path = directory / file
-    text = path.read_text()
-    assert text.count(old) == 1, f"{file}: the mutated line is not in the reference"
-    path.write_text(text.replace(old, new))
-    return directory
+    return edited_copy(REFERENCE, tmp_path / "qwen3_vl", [(old, new)], file=file)
 
 
 def _run(tmp_path, tiny, name, tp=1):

@@ -17,12 +17,12 @@ LM-head code fail:
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from autoport_cst.validate.vision_validate import validate_vlm
+from tests.edited_copies import edited_copy
 
 from .conftest import REFERENCE
 
@@ -46,13 +46,7 @@ MUTANTS = {
 
 def _mutant(tmp_path: Path, mutant: str) -> Path:
     old, new = MUTANTS[mutant]
-    directory = tmp_path / "qwen3_vl"
-    shutil.copytree(REFERENCE, directory, ignore=shutil.ignore_patterns("__pycache__"))
-    model = directory / "model.py"
-    text = model.read_text(encoding="utf-8")
-    assert text.count(old) == 1, f"the mutated lines are not in the reference once: {old!r}"
-    model.write_text(text.replace(old, new), encoding="utf-8")
-    return directory
+    return edited_copy(REFERENCE, tmp_path / "qwen3_vl", [(old, new)])
 
 
 def test_the_reference_validates_with_on_device_sampling_at_tp2(tiny_qwen3_vl: Path) -> None:
