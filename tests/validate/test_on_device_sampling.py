@@ -27,8 +27,9 @@ import pytest
 import torch
 from torch import nn
 
-from autoport_cst.validate.api import _FollowUps
+from autoport_cst.validate.api import _validate
 from autoport_cst.validate.driver import PortFailure
+from autoport_cst.validate.follow_ups import FollowUps
 from autoport_cst.validate.parallel_checks import LAYOUTS
 from autoport_cst.validate.sampled_output import _own_block, sampled_logits
 from autoport_cst.validate.standin.layers import Sampler
@@ -247,12 +248,12 @@ SAMPLING = dict(LAYOUTS)["on-device sampling at TP=2, LM-head DP 2"]
 
 
 def _run(package: Path, checkpoint: Path, sampling: bool, lm_head_dp: int = 1):
-    follow_ups = _FollowUps(package, steps=4, prompt_lengths=None, seed=0, prefill="auto")
+    follow_ups = FollowUps(package, steps=4, prompt_lengths=None, seed=0, prefill="auto", validate=_validate)
     return follow_ups.run(checkpoint, tp=2, on_device_sampling=sampling, lm_head_dp=lm_head_dp)
 
 
 def _run_default_sampling(package: Path, checkpoint: Path):
-    follow_ups = _FollowUps(package, steps=4, prompt_lengths=None, seed=0, prefill="auto")
+    follow_ups = FollowUps(package, steps=4, prompt_lengths=None, seed=0, prefill="auto", validate=_validate)
     return follow_ups.run(checkpoint, **SAMPLING)
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from autoport_cst.errors import InputError
 from autoport_cst.validate import validate_model
+from autoport_cst.validate.dcp_layouts import DCP_LAYOUTS
 from autoport_cst.validate.parallel_checks import (
     LAYOUTS,
     MOE_LAYOUTS,
@@ -43,6 +44,7 @@ def test_a_correct_port_validates_at_every_default_layout(llama3_dir: Path, tiny
         (TP2_MLP_DP2, True),
         (SAMPLING, True),
         (REPLICATED_KV[0], True),
+        *((label, True) for label, _, _ in DCP_LAYOUTS),  # llama3 takes DCP, prefill too
     ]
     assert "parallel_layouts" in report.timings
     jsonschema = pytest.importorskip("jsonschema")

@@ -96,6 +96,8 @@ def test_replicas_keep_the_cache_path_prompts_together() -> None:
     [
         (ParallelLayout(tp=1, dcp=2), {}, "multiple of it"),
         (ParallelLayout(tp=2, dcp=2), {"num_attention_heads": 4, "num_key_value_heads": 2}, "replicated"),
+        # multi-head attention under its own config names (Bloom's): 4 KV heads
+        (ParallelLayout(tp=2, dcp=2, prefill_dcp=True), {"n_head": 4}, "the 4 KV heads must be replicated"),
         (ParallelLayout(tp=2, dcp=2, attention_dp=2), {}, "does not combine with --attention-dp"),
         (ParallelLayout(tp=4, dcp=2, prefill_dcp=True), {}, "--tp equal to --dcp"),
         (ParallelLayout(tp=1, prefill_dcp=True), {}, "need --dcp 2"),

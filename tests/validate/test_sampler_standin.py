@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from autoport_cst.validate.api import _FollowUps
+from autoport_cst.validate.api import _validate
 from autoport_cst.validate.driver import PortFailure
+from autoport_cst.validate.follow_ups import FollowUps
 from autoport_cst.validate.sampled_output import sampled_logits
 from autoport_cst.validate.standin import neuron_config as nc
 from autoport_cst.validate.standin.collectives import LOCAL_GROUP
@@ -210,7 +211,7 @@ def test_a_forward_returning_the_samplers_output_as_it_is_has_no_logits():
 
 
 def _sampling_run(package: Path, checkpoint: Path):
-    follow_ups = _FollowUps(package, steps=4, prompt_lengths=None, seed=0, prefill="auto")
+    follow_ups = FollowUps(package, steps=4, prompt_lengths=None, seed=0, prefill="auto", validate=_validate)
     return follow_ups.run(checkpoint, tp=2, on_device_sampling=True)
 
 

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from autoport_cst.validate.api import _FollowUps
+from autoport_cst.validate.api import _validate
+from autoport_cst.validate.follow_ups import FollowUps
 from autoport_cst.validate.parallel_checks import LAYOUTS
 from autoport_cst.validate.tiny import build_tiny_checkpoint
 
@@ -115,7 +116,7 @@ def _mutant(tmp_path: Path, reference: str, mutant: str) -> Path:
 
 
 def _run(package: Path, checkpoint: Path, **layout):
-    follow_ups = _FollowUps(package, steps=4, prompt_lengths=None, seed=0, prefill="auto")
+    follow_ups = FollowUps(package, steps=4, prompt_lengths=None, seed=0, prefill="auto", validate=_validate)
     return follow_ups.run(checkpoint, **layout)
 
 

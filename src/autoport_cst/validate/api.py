@@ -14,7 +14,6 @@ transformers loads gives a report that is not equivalent and says where
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import time
 from collections.abc import Callable
@@ -24,11 +23,11 @@ from typing import Any, Protocol
 
 import torch
 
-from autoport_cst.config_json import parse_config_text
 from autoport_cst.errors import InputError
 
 from . import compare, kernel_substitutes, lint_gate, rankless_check, sp_length_check
 from .driver import PortFailure, PortOutput, PortSession, port_hf_config
+from .follow_ups import FollowUps
 from .forced_routing_verdict import forced_routing_verdict
 from .fp8_cache_forcing import ForcingTally, port_cache_contents
 from .inputs import MAX_TP, RunOptions
@@ -122,7 +121,7 @@ def validate_model(
     refuses it.
 
     ``config_variants``, ``parallel_layouts``: a passing plain TP=1 fp32 run
-    goes on to its ``_FollowUps``; the first that fails fails the report.
+    goes on to its ``follow_ups.FollowUps``; the first that fails fails the report.
 
     ``lint``: once the input is checked, the package is linted with autoport-cst's
     hardware rules (``lint_gate``); an error fails the report at stage ``lint``
@@ -142,7 +141,7 @@ def validate_model(
     plain = (tp, ep, attention_dp, mlp_dp, embedding_dp, lm_head_dp, dcp, decode_tokens) == (1,) * 8
     follow_ups = None
     if plain and (dtype, kv_cache_dtype) == ("fp32", "auto"):
-        follow_ups = _FollowUps(model_dir, steps, prompt_lengths, seed, prefill)
+        follow_ups = FollowUps(model_dir, steps, prompt_lengths, seed, prefill, _validate)
     with _intra_op_threads(VALIDATION_THREADS), sharing_reference_runs():
         report = _linted_run(model_dir, checkpoint_dir, on_stage, options, lint)
         if report.equivalent and follow_ups is not None:
@@ -196,100 +195,6 @@ def _broken_rules(planned: _Planned, findings: list[Any]) -> ValidationReport:
     report.failed_checks = lint_gate.failed_checks(errors)
     report.timings = _finish({}, planned.started)
     return report
-
-
-@dataclass(frozen=True)
-class _FollowUps:
-    """The fp32 runs a passing plain validation goes on to, of the same port
-    with the same steps, prompts, seed and prefill mode: a checkpoint of each
-    declared config variant (``config_variants``), then the parallel layouts
-    on the same checkpoint (``parallel_checks``)."""
-
-    model_dir: str | Path
-    steps: int
-    prompt_lengths: tuple[int, ...] | None
-    seed: int
-    prefill: str
-
-    def check(
-        self, report: ValidationReport, checkpoint_dir: str | Path, variants: bool, layouts: bool, notify=None
-    ) -> None:
-        from .config_variants import check_config_variants
-        from .follow_up_stages import announced
-        from .guard_checks import check_fp8_segmented_guard
-        from .kv_scale_variant import check_kv_scale_variant
-        from .parallel_checks import check_parallel_layouts, replicated_kv_run
-
-        if variants:
-            start, run = time.perf_counter(), announced(self.run, notify, "config variant")
-            check_config_variants(report, report.model_dir, checkpoint_dir, run)
-            fp8 = functools.partial(run, kv_cache_dtype="fp8")
-            check_kv_scale_variant(report, report.model_dir, checkpoint_dir, fp8, self.seed)
-            check_fp8_segmented_guard(report, report.model_dir, functools.partial(run, checkpoint_dir))
-            report.timings["config_variants"] = time.perf_counter() - start
-        if layouts and report.equivalent:
-            start, run = time.perf_counter(), announced(self.run, notify, "parallel layout")
-            config = parse_config_text((Path(checkpoint_dir) / "config.json").read_text("utf-8"))
-            experts = _expert_count(config) if isinstance(config, dict) else None
-            check_parallel_layouts(
-                report,
-                lambda **options: run(checkpoint_dir, **options),
-                experts=experts,
-                replicated_kv=lambda: replicated_kv_run(run, checkpoint_dir),
-            )
-            report.timings["parallel_layouts"] = round(time.perf_counter() - start, 4)
-
-    def run(
-        self,
-        checkpoint: str | Path,
-        tp: int = 1,
-        attention_dp: int = 1,
-        mlp_dp: int = 1,
-        embedding_dp: int = 1,
-        lm_head_dp: int = 1,
-        kv_cache_dtype: str = "auto",
-        seed: int | None = None,
-        prefill: str | None = None,
-        prompt_embeds: bool = False,
-        ep: int = 1,
-        decode_tokens: int = 1,
-        on_device_sampling: bool = False,
-    ) -> ValidationReport:
-        """The port on ``checkpoint`` in fp32 at TP ``tp`` with those data-parallel degrees
-        (and that KV-cache dtype; the prompts of ``seed``, default the validation's; the
-        prefill mode ``prefill``, default the validation's, none of the cache paths with
-        an FP8 cache; ``prompt_embeds``: prompts fed partly as embeddings; ``ep``
-        expert-parallel partitions of the TP ranks; ``decode_tokens`` new tokens per
-        sequence in each decode call, as in speculative decoding; ``on_device_sampling``:
-        the port samples on the device and returns the logits too, ``sampled_output``)."""
-        if prefill is None:
-            prefill = self.prefill if kv_cache_dtype == "auto" else "auto"  # an FP8 cache: no cache paths
-        layout = ParallelLayout(
-            tp=tp,
-            attention_dp=attention_dp,
-            mlp_dp=mlp_dp,
-            embedding_dp=embedding_dp,
-            lm_head_dp=lm_head_dp,
-            ep=ep,
-        )
-        return _validate(
-            self.model_dir,
-            checkpoint,
-            tp=tp,
-            ep=ep,
-            dtype="fp32",
-            steps=self.steps,
-            prompt_lengths=self.prompt_lengths,
-            block_size=None,
-            seed=self.seed if seed is None else seed,
-            on_stage=None,
-            prefill=prefill,
-            kv_cache_dtype=kv_cache_dtype,
-            layout=layout,
-            prompt_embeds=prompt_embeds,
-            decode_tokens=decode_tokens,
-            on_device_sampling=on_device_sampling,
-        )
 
 
 def _validate(

@@ -1,7 +1,7 @@
 """The follow-up runs of a validation as stages of its progress.
 
 A passing plain validation goes on to its config variants and parallel
-layouts (``api._FollowUps``): a dozen runs, tens of seconds under load. Each
+layouts (``follow_ups.FollowUps``): a dozen runs, tens of seconds under load. Each
 run is announced to the caller's ``on_stage`` as a stage of its own, so a
 piped ``validate`` or ``port`` prints a line per run instead of nothing for
 a minute (issue 18, item 5).

@@ -39,6 +39,7 @@ from functools import reduce
 from math import gcd
 
 from autoport_cst.errors import InputError
+from autoport_cst.research.parallelism import config_dims
 
 DP_COMPONENTS = ("attention", "mlp", "embedding", "lm_head")
 
@@ -204,9 +205,9 @@ def _check_dcp(layout: ParallelLayout, config: dict) -> None:
             f"--prefill-dcp needs --tp equal to --dcp (the prefill graph's context-parallel ranks hand "
             f"their cache to the decode graph's same ranks), got --tp {tp} --dcp {dcp}"
         )
-    heads = config.get("num_attention_heads")
-    kv_heads = config.get("num_key_value_heads") or heads
-    if isinstance(heads, int) and isinstance(kv_heads, int):
+    dims = config_dims(config)  # the head counts under any of their config names (Bloom's n_head)
+    if dims is not None:
+        heads, kv_heads = dims.num_heads, dims.num_kv_heads
         if kv_heads * dcp > tp:
             raise InputError(
                 f"--dcp {dcp}: the {kv_heads} KV heads must be replicated over each DCP group "

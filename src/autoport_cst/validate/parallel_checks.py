@@ -70,6 +70,9 @@ other values (``LAYOUTS``):
   process, ``rank_start``) add 4 to 7 s of CPU to the default validation of
   the tiny Qwen3 or Mixtral, 2 to 4 s each (docs/validation.md, "Four ranks":
   measured at load average 10 to 20 on 2 cores);
+- ``TP=4, DCP 2`` and ``TP=2, DCP 2 with a context-parallel prefill``, for a
+  port whose reference takes decode context parallelism (``dcp_layouts``,
+  on a stand-in checkpoint as above when the checkpoint cannot take them);
 - ``EP 2 at TP=2``, for a mixture-of-experts checkpoint only (``MOE_LAYOUTS``):
   the experts split into two expert-parallel partitions of one rank each, so
   each rank holds half of the experts whole (at TP=2 without EP each holds
@@ -94,7 +97,7 @@ from __future__ import annotations
 
 import functools
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -126,10 +129,12 @@ def check_parallel_layouts(
     validate: Callable[..., Any],
     experts: int | None = None,
     replicated_kv: Callable[[], Any] | None = None,
+    dcp: Sequence[tuple[str, Callable[[], Any]]] = (),
 ) -> None:
     """Validate the port at each of ``LAYOUTS`` (``validate(**options) ->
     ValidationReport``), at ``REPLICATED_KV`` when given ``replicated_kv()``
-    (``replicated_kv_run``), and at ``MOE_LAYOUTS`` when the checkpoint has
+    (``replicated_kv_run``), at the ``dcp`` (label, run) layouts
+    (``dcp_layouts``), and at ``MOE_LAYOUTS`` when the checkpoint has
     ``experts`` routed experts, into ``report.parallel_layouts``, until one
     fails: it makes ``report`` fail, named after it (the later ones are not run)."""
     runs: list[tuple[str, Callable[[], Any]]] = [
@@ -137,6 +142,7 @@ def check_parallel_layouts(
     ]
     if replicated_kv is not None:
         runs.append((REPLICATED_KV[0], replicated_kv))
+    runs += dcp
     runs += [(label, functools.partial(validate, **options)) for label, options in MOE_LAYOUTS if experts]
     for label, run in runs:
         entry: dict[str, Any] = {"label": label, "equivalent": None, "summary": None}
@@ -167,25 +173,41 @@ def replicated_kv_run(validate_on: Callable[..., Any], checkpoint: str | Path) -
     """The port at ``REPLICATED_KV`` (``validate_on(checkpoint, **options) ->
     ValidationReport``): on ``checkpoint`` when the rules take its TP with fewer
     KV heads than TP ranks, else on a tiny checkpoint of its config with
-    ``REPLICATED_KV_HEADS`` and its vocabulary (in a temporary directory,
-    removed after the run).
-    ``InputError`` when the rules refuse that one too, or transformers cannot
-    build it."""
+    ``REPLICATED_KV_HEADS`` (``run_on_stand_in``)."""
     from autoport_cst.research.parallelism import tp_refusal
 
+    tp = REPLICATED_KV[1]["tp"]
+
+    def takes(config: dict) -> bool:
+        kv_heads = config.get("num_key_value_heads") or config.get("num_attention_heads")
+        return isinstance(kv_heads, int) and kv_heads < tp and tp_refusal(config, tp) is None
+
+    return run_on_stand_in(validate_on, checkpoint, REPLICATED_KV[1], REPLICATED_KV_HEADS, takes)
+
+
+def run_on_stand_in(
+    validate_on: Callable[..., Any],
+    checkpoint: str | Path,
+    options: dict[str, Any],
+    heads: dict[str, int],
+    takes: Callable[[dict], bool],
+) -> Any:
+    """The port at ``options`` (``validate_on(checkpoint, **options) ->
+    ValidationReport``): on ``checkpoint`` when ``takes`` its config, else on
+    a tiny checkpoint of its config with the attention ``heads`` and its
+    vocabulary (in a temporary directory, removed after the run).
+    ``InputError`` when transformers cannot build or run that one, or it lacks
+    tensor names of ``checkpoint``."""
     from .config_variants import _raised_in_transformers
     from .tiny import build_tiny_checkpoint, key_format_of
 
-    tp = REPLICATED_KV[1]["tp"]
     config_path = Path(checkpoint) / "config.json"
     config = parse_config_text(config_path.read_text(encoding="utf-8"))
     if not isinstance(config, dict):
         raise InputError(f"{config_path}: not a JSON object")
-    heads = config.get("num_attention_heads")
-    kv_heads = config.get("num_key_value_heads") or heads
-    if isinstance(kv_heads, int) and kv_heads < tp and tp_refusal(config, tp) is None:
-        return validate_on(checkpoint, **REPLICATED_KV[1])
-    heads_of = _stand_in_heads(config)
+    if takes(config):
+        return validate_on(checkpoint, **options)
+    heads_of = _stand_in_heads(config, heads)
     described = ", ".join(f"{name} {value}" for name, value in heads_of.items())
     # the checkpoint's own vocabulary: whether the TP ranks divide it is the checkpoint's, not the
     # tiny default's (a port whose LM head needs a vocabulary they divide, as vllm_neuron's do)
@@ -206,7 +228,7 @@ def replicated_kv_run(validate_on: Callable[..., Any], checkpoint: str | Path) -
             ) from error
         _check_same_tensor_names(checkpoint, wide, described)
         try:
-            return validate_on(wide, **REPLICATED_KV[1])
+            return validate_on(wide, **options)
         except Exception as error:
             if not _raised_in_transformers(error):
                 raise
@@ -235,8 +257,8 @@ def _check_same_tensor_names(checkpoint: str | Path, stand_in: str | Path, descr
         )
 
 
-def _stand_in_heads(config: dict) -> dict[str, int]:
-    """The attention of the stand-in checkpoint: ``REPLICATED_KV_HEADS``, or,
+def _stand_in_heads(config: dict, heads: dict[str, int]) -> dict[str, int]:
+    """The attention of the stand-in checkpoint: ``heads``, or,
     for latent attention (one latent row per token, the same on every rank:
     rule 3 does not apply), as many KV heads as heads, as its config has them.
     ``InputError`` for a config without a KV-head count (multi-head attention,
@@ -245,8 +267,8 @@ def _stand_in_heads(config: dict) -> dict[str, int]:
 
     dims = config_dims(config)
     if dims is not None and dims.latent_width:
-        heads = REPLICATED_KV_HEADS["num_attention_heads"]
-        return {"num_attention_heads": heads, "num_key_value_heads": heads}
+        count = heads["num_attention_heads"]
+        return {"num_attention_heads": count, "num_key_value_heads": count}
     if "num_key_value_heads" not in config:
         raise InputError(
             "multi-head attention (its config has no num_key_value_heads): no KV heads fewer than the TP ranks"
@@ -256,7 +278,7 @@ def _stand_in_heads(config: dict) -> dict[str, int]:
             "its config class derives num_key_value_heads from other fields (no field of its own to set "
             "fewer KV heads than the TP ranks with)"
         )
-    return dict(REPLICATED_KV_HEADS)
+    return dict(heads)
 
 
 def _derived_kv_heads(config: dict) -> bool:

@@ -54,9 +54,9 @@ CHECK = "forward without rank"
 def declared_default(package_dir: str | Path) -> str | None:
     """Where the port's reference declares ``rank=None`` on its causal LM's
     forward (``"reference qwen3_moe (model.py)"``), or None: the port is not asked."""
-    from .sp_length_check import _reference_of
+    from .reference_source import reference_of
 
-    source, directory = _reference_of(Path(package_dir))
+    source, directory = reference_of(package_dir)
     for path in sorted(directory.glob("*.py")):
         if _declares_in(str(path), path.stat().st_mtime_ns):
             return f"{source} ({path.name})"

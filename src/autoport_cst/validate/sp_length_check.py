@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import json
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,38 +62,14 @@ class LengthRule:
 def declared_rule(package_dir: str | Path) -> LengthRule | None:
     """The check the port's reference declares, or None (no such check: the
     port is not asked)."""
-    source, directory = _reference_of(Path(package_dir))
+    from .reference_source import reference_of
+
+    source, directory = reference_of(package_dir)
     for path in sorted(directory.glob("*.py")):
         found = _rule_in(str(path), path.stat().st_mtime_ns)
         if found is not None:
             return LengthRule(found[0], found[1], f"{source} ({path.name})")
     return None
-
-
-def _reference_of(package_dir: Path) -> tuple[str, Path]:
-    """The reference package the port's check is read from: the one its
-    manifest's provenance names, or the built-in reference of its manifest's
-    name, else the port itself."""
-    from autoport_cst.errors import InputError
-    from autoport_cst.reference_models import builtin_references
-
-    try:
-        manifest = json.loads((package_dir / "reference.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        manifest = {}
-    named = (manifest.get("provenance") or {}).get("reference") if isinstance(manifest, dict) else None
-    if isinstance(named, str):
-        from autoport_cst.apply.reference import resolve_reference
-
-        try:
-            return f"reference {named}", resolve_reference(named)
-        except InputError:
-            pass
-    name = manifest.get("name") if isinstance(manifest, dict) else None
-    builtins = builtin_references()
-    if isinstance(name, str) and name in builtins:
-        return f"reference {name}", builtins[name]
-    return "the port's own code", package_dir
 
 
 @functools.lru_cache(maxsize=32)
