@@ -15,7 +15,9 @@ checkpoint, which goes on, when it passes, to the config variants the port's
 ``reference.json`` declares and to the parallel layouts of
 ``validate.parallel_checks``: TP=2, attention data parallelism 2, data
 parallelism 2 of the MLP, embedding and LM head, and of the embedding alone,
-two tokens per decode step, prompt embeddings at TP=1 and TP=2, and for a
+two tokens per decode step, prompt embeddings at TP=1 and TP=2, the
+four-rank layouts, for a port whose reference takes decode context
+parallelism its DCP layouts (``validate.dcp_layouts``), and for a
 mixture-of-experts checkpoint EP 2 at TP=2, their ranks as local processes).
 
 Scope. The lines each port executes in the default validation of the
