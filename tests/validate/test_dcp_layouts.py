@@ -114,3 +114,21 @@ def test_a_port_with_wrong_dcp_code_fails_its_dcp_layout(
     report = runs[layout]()
     assert not report.equivalent
     assert report.first_diverging is not None and report.first_diverging.component == "layers.0.attention"
+
+
+def test_the_replicated_kv_and_dcp_runs_share_their_stand_in(tiny_llama: Path) -> None:
+    from autoport_cst.validate.parallel_checks import StandIns, replicated_kv_run
+
+    seen: list[Path] = []
+
+    def validate_on(checkpoint: Path, **_options):
+        assert Path(checkpoint).exists()
+        seen.append(Path(checkpoint))
+
+    with StandIns() as stand_ins:
+        replicated_kv_run(validate_on, tiny_llama, stand_ins)
+        for _label, run in dcp_runs(LLAMA3, validate_on, tiny_llama, stand_ins):
+            run()
+    replicated, decode, prefill = seen
+    assert replicated == decode != prefill  # 8 / 2 heads twice, then 4 / 1
+    assert not any(path.exists() for path in seen)  # removed on exit

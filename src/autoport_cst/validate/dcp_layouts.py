@@ -34,7 +34,10 @@ import ast
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .parallel_checks import StandIns
 
 DECODE = ("TP=4, DCP 2", {"tp": 4, "dcp": 2}, {"num_attention_heads": 8, "num_key_value_heads": 2})
 PREFILL = (
@@ -77,25 +80,36 @@ def _declared_in(path: str, _mtime: int) -> bool | None:
 
 
 def dcp_runs(
-    package_dir: str | Path, validate_on: Callable[..., Any], checkpoint: str | Path
+    package_dir: str | Path,
+    validate_on: Callable[..., Any],
+    checkpoint: str | Path,
+    stand_ins: StandIns | None = None,
 ) -> list[tuple[str, Callable[[], Any]]]:
     """(label, run) of each layout of ``DCP_LAYOUTS`` the port's reference
     declares, for ``parallel_checks.check_parallel_layouts``
-    (``validate_on(checkpoint, **options) -> ValidationReport``)."""
+    (``validate_on(checkpoint, **options) -> ValidationReport``; the stand-in
+    checkpoints kept in ``stand_ins`` when given)."""
     declared = declared_dcp(package_dir)
     if declared is None:
         return []
     layouts = DCP_LAYOUTS if declared[1] else (DECODE,)
     return [
-        (label, functools.partial(_run, validate_on, checkpoint, options, heads))
+        (label, functools.partial(_run, validate_on, checkpoint, options, heads, stand_ins))
         for label, options, heads in layouts
     ]
 
 
-def _run(validate_on: Callable[..., Any], checkpoint: str | Path, options: dict, heads: dict) -> Any:
+def _run(
+    validate_on: Callable[..., Any],
+    checkpoint: str | Path,
+    options: dict,
+    heads: dict,
+    stand_ins: StandIns | None,
+) -> Any:
     from .parallel_checks import run_on_stand_in
 
-    return run_on_stand_in(validate_on, checkpoint, options, heads, functools.partial(_takes, options))
+    takes = functools.partial(_takes, options)
+    return run_on_stand_in(validate_on, checkpoint, options, heads, takes, stand_ins)
 
 
 def _takes(options: dict, config: dict) -> bool:

@@ -43,7 +43,7 @@ class FollowUps:
         from .follow_up_stages import announced
         from .guard_checks import check_fp8_segmented_guard
         from .kv_scale_variant import check_kv_scale_variant
-        from .parallel_checks import check_parallel_layouts, replicated_kv_run
+        from .parallel_checks import StandIns, check_parallel_layouts, replicated_kv_run
 
         if variants:
             start, run = time.perf_counter(), announced(self.run, notify, "config variant")
@@ -56,13 +56,14 @@ class FollowUps:
             start, run = time.perf_counter(), announced(self.run, notify, "parallel layout")
             config = parse_config_text((Path(checkpoint_dir) / "config.json").read_text("utf-8"))
             experts = expert_count(config) if isinstance(config, dict) else None
-            check_parallel_layouts(
-                report,
-                lambda **options: run(checkpoint_dir, **options),
-                experts=experts,
-                replicated_kv=lambda: replicated_kv_run(run, checkpoint_dir),
-                dcp=dcp_runs(report.model_dir, run, checkpoint_dir),
-            )
+            with StandIns() as stand_ins:  # the replicated-KV and DCP runs share theirs
+                check_parallel_layouts(
+                    report,
+                    lambda **options: run(checkpoint_dir, **options),
+                    experts=experts,
+                    replicated_kv=lambda: replicated_kv_run(run, checkpoint_dir, stand_ins),
+                    dcp=dcp_runs(report.model_dir, run, checkpoint_dir, stand_ins),
+                )
             report.timings["parallel_layouts"] = round(time.perf_counter() - start, 4)
 
     def run(

@@ -95,6 +95,7 @@ layout that fails fails the report, named after it, and ends the checks.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import tempfile
 from collections.abc import Callable, Sequence
@@ -169,7 +170,9 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def replicated_kv_run(validate_on: Callable[..., Any], checkpoint: str | Path) -> Any:
+def replicated_kv_run(
+    validate_on: Callable[..., Any], checkpoint: str | Path, stand_ins: StandIns | None = None
+) -> Any:
     """The port at ``REPLICATED_KV`` (``validate_on(checkpoint, **options) ->
     ValidationReport``): on ``checkpoint`` when the rules take its TP with fewer
     KV heads than TP ranks, else on a tiny checkpoint of its config with
@@ -182,7 +185,7 @@ def replicated_kv_run(validate_on: Callable[..., Any], checkpoint: str | Path) -
         kv_heads = config.get("num_key_value_heads") or config.get("num_attention_heads")
         return isinstance(kv_heads, int) and kv_heads < tp and tp_refusal(config, tp) is None
 
-    return run_on_stand_in(validate_on, checkpoint, REPLICATED_KV[1], REPLICATED_KV_HEADS, takes)
+    return run_on_stand_in(validate_on, checkpoint, REPLICATED_KV[1], REPLICATED_KV_HEADS, takes, stand_ins)
 
 
 def run_on_stand_in(
@@ -191,15 +194,16 @@ def run_on_stand_in(
     options: dict[str, Any],
     heads: dict[str, int],
     takes: Callable[[dict], bool],
+    stand_ins: StandIns | None = None,
 ) -> Any:
     """The port at ``options`` (``validate_on(checkpoint, **options) ->
     ValidationReport``): on ``checkpoint`` when ``takes`` its config, else on
     a tiny checkpoint of its config with the attention ``heads`` and its
-    vocabulary (in a temporary directory, removed after the run).
+    vocabulary (kept in ``stand_ins`` for the other layouts of the validation,
+    or in a temporary directory removed after the run).
     ``InputError`` when transformers cannot build or run that one, or it lacks
     tensor names of ``checkpoint``."""
     from .config_variants import _raised_in_transformers
-    from .tiny import build_tiny_checkpoint, key_format_of
 
     config_path = Path(checkpoint) / "config.json"
     config = parse_config_text(config_path.read_text(encoding="utf-8"))
@@ -212,21 +216,10 @@ def run_on_stand_in(
     # the checkpoint's own vocabulary: whether the TP ranks divide it is the checkpoint's, not the
     # tiny default's (a port whose LM head needs a vocabulary they divide, as vllm_neuron's do)
     vocabulary = {"vocab_size": config["vocab_size"]} if isinstance(config.get("vocab_size"), int) else {}
-    with tempfile.TemporaryDirectory(prefix="autoport-kv-replicated-") as scratch:
-        try:
-            wide = build_tiny_checkpoint(
-                config_path,
-                scratch,
-                seed=0,
-                dimensions={**heads_of, **vocabulary},
-                key_format=key_format_of(checkpoint),
-                keep_layer_kinds=True,  # the checkpoint's dense / MoE layers
-            ).directory
-        except (InputError, ValueError, TypeError) as error:  # the config class refuses those heads
-            raise InputError(
-                f"transformers cannot build {checkpoint}'s config with {described}: {type(error).__name__}: {error}"
-            ) from error
-        _check_same_tensor_names(checkpoint, wide, described)
+    with contextlib.ExitStack() as stack:
+        if stand_ins is None:
+            stand_ins = stack.enter_context(StandIns())
+        wide = stand_ins.checkpoint(checkpoint, {**heads_of, **vocabulary}, described)
         try:
             return validate_on(wide, **options)
         except Exception as error:
@@ -235,6 +228,47 @@ def run_on_stand_in(
             raise InputError(
                 f"transformers cannot run {checkpoint}'s config with {described}: {type(error).__name__}: {error}"
             ) from error
+
+
+class StandIns:
+    """The stand-in checkpoints of one validation's layouts (``run_on_stand_in``),
+    each built once: the replicated-KV run and the DCP run at TP=4 take the
+    same one, and its transformers run (``reference_reuse``). A context
+    manager: the checkpoints are removed on exit."""
+
+    def __enter__(self) -> StandIns:
+        self._scratch = tempfile.TemporaryDirectory(prefix="autoport-stand-in-")
+        self._built: dict[tuple[str, tuple[tuple[str, int], ...]], Path] = {}
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._scratch.cleanup()
+
+    def checkpoint(self, checkpoint: str | Path, dimensions: dict[str, int], described: str) -> Path:
+        """The tiny checkpoint of ``checkpoint``'s config with ``dimensions``
+        (seed 0, its layer kinds and tensor names), built on first use."""
+        from .tiny import build_tiny_checkpoint, key_format_of
+
+        key = (str(checkpoint), tuple(sorted(dimensions.items())))
+        if key not in self._built:
+            target = Path(self._scratch.name) / str(len(self._built))
+            try:
+                target = build_tiny_checkpoint(
+                    Path(checkpoint) / "config.json",
+                    target,
+                    seed=0,
+                    dimensions=dimensions,
+                    key_format=key_format_of(checkpoint),
+                    keep_layer_kinds=True,  # the checkpoint's dense / MoE layers
+                ).directory
+            except (InputError, ValueError, TypeError) as error:  # the config class refuses those heads
+                raise InputError(
+                    f"transformers cannot build {checkpoint}'s config with {described}: "
+                    f"{type(error).__name__}: {error}"
+                ) from error
+            _check_same_tensor_names(checkpoint, target, described)
+            self._built[key] = target
+        return self._built[key]
 
 
 def _check_same_tensor_names(checkpoint: str | Path, stand_in: str | Path, described: str) -> None:
