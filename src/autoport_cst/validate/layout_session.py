@@ -283,9 +283,17 @@ class LayoutSession:
         self._keep_records(recorders, calls, len(sequences), output)
         return output
 
-    def _forward(self, graph: _Graph, stage: str, step: StepInputs) -> torch.Tensor:
+    def _forward(self, graph: _Graph, stage: str, step: StepInputs, with_rank: bool = True) -> torch.Tensor:
         self._enter(graph.name, graph.vllm_config)
-        return graph.session._forward(stage, step)
+        return graph.session._forward(stage, step, with_rank=with_rank)
+
+    def decode_again(
+        self, step: int, tokens: list[int], batch: list[int | None], with_rank: bool = True
+    ) -> torch.Tensor:
+        """After ``run``: the decode call of ``step`` made again on the
+        decode graph with ``tokens`` for the rows of ``batch``, ``rank``
+        omitted without ``with_rank`` (``rankless_check``); its logits."""
+        return self._forward(self.decode_graph, "decode", self._decode_inputs(step, tokens, batch), with_rank)
 
     def _run_prefill(self, recorder: ComponentRecorder):
         start = time.perf_counter()

@@ -103,12 +103,8 @@ def probe(session: Any, teacher: list[list[int]], output: Any) -> list[dict[str,
     batch = session.decode_batch
     tokens = [0 if b is None else teacher[b][step] for b in batch]
     asked = f"decode step {step} again with rank omitted (embedding DP {session.layout.embedding_dp})"
-    graph = session.decode_graph
-    session._enter(graph.name, graph.vllm_config)
     try:
-        logits = graph.session._forward(
-            "decode", session._decode_inputs(step, tokens, batch), with_rank=False
-        )
+        logits = session.decode_again(step, tokens, batch, with_rank=False)
     except PortFailure as failure:
         return [_entry(False, f"{asked} raised: {failure.message}")]
     given = output.decode_logits[step]
