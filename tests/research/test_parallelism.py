@@ -103,3 +103,20 @@ def test_public_specs(public_research):
     assert qwen.finding("config.sliding_window_unused") is not None
     moe = public_research("qwen3-30b-a3b")
     assert moe.spec.moe.intermediate_size == 768 and moe.spec.attention.head_dim == 128
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"n_heads": 32, "vocab_size": 50432},  # MPT's config.json
+        {"attention_heads": 32, "vocab_size": 256008},  # XGLM's
+    ],
+)
+def test_head_counts_under_the_configs_own_names(config):
+    """The rules (and the DCP layouts' check) read the head count under the
+    name the config writes; without it they checked nothing (any TP taken)."""
+    from autoport_cst.research.parallelism import config_dims, tp_refusal
+
+    dims = config_dims(config)
+    assert dims is not None and (dims.num_heads, dims.num_kv_heads) == (32, 32)
+    assert tp_refusal(config, 3) is not None

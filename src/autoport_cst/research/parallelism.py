@@ -323,7 +323,7 @@ def ep_inside_tp(dims: ParallelDims, check: TPCheck) -> list[EPInsideTP]:
 
 
 # config.json spellings of the sizes the rules check (the first present is used)
-_HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
+_HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads", "attention_heads")
 _KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
