@@ -145,3 +145,41 @@ def test_the_stand_in_checkpoint_keeps_the_checkpoints_vocabulary(tmp_path: Path
     (config,) = seen
     assert config["vocab_size"] == 512
     assert {k: config[k] for k in REPLICATED_KV_HEADS} == REPLICATED_KV_HEADS
+
+
+def test_a_stand_in_the_ports_config_guards_refuse_is_not_run(tiny_llama: Path) -> None:
+    """Helium's port is made for its head_dim of 16; the stand-in of 8 heads
+    over the same width has 8: the guard's refusal says the layout cannot run
+    on the stand-in, not that the port is wrong. Any other build failure on
+    it still fails the layout."""
+    from autoport_cst.validate.report import PortFailureInfo
+
+    def failing(message: str):
+        def validate_on(_checkpoint: Path, **_options):
+            return SimpleNamespace(equivalent=False, failure=PortFailureInfo("build", message))
+
+        return validate_on
+
+    guard = (
+        "rank 0: ValueError: config field head_dim is 8, but this port was made for head_dim = 16 "
+        "(unsupported fixed in its code): port this checkpoint again (at /p/config.py:74, in "
+        "check_assumed_config) while building the model on the meta device"
+    )
+    with pytest.raises(InputError, match="the port's config guards refuse .*config field head_dim is 8"):
+        replicated_kv_run(failing(guard), tiny_llama)
+    other = "rank 0: AttributeError: no attribute 'qkv' (at /p/model.py:12, in __init__) while building"
+    assert replicated_kv_run(failing(other), tiny_llama).failure.message == other
+
+
+@pytest.mark.slow
+def test_the_helium_port_validates_with_its_head_dim_guarded(tmp_path: Path) -> None:
+    """``port`` of a tiny Helium guards its head_dim (16); the TP=4 stand-ins
+    (8 heads over the same width: head_dim 8) are reported as not run
+    (test_a_stand_in_the_ports_config_guards_refuse_is_not_run) where the port
+    failed to validate before."""
+    from autoport_cst.port import port
+    from autoport_cst.validate.tiny import build_tiny_checkpoint
+
+    build_tiny_checkpoint("HeliumForCausalLM", tmp_path / "src", seed=0)
+    outcome = port(str(tmp_path / "src"), "helium", tmp_path / "out", steps=4)
+    assert outcome.validated, [(r.tp, r.dtype, r.first_diverging) for r in outcome.runs]

@@ -221,13 +221,33 @@ def run_on_stand_in(
             stand_ins = stack.enter_context(StandIns())
         wide = stand_ins.checkpoint(checkpoint, {**heads_of, **vocabulary}, described)
         try:
-            return validate_on(wide, **options)
+            found = validate_on(wide, **options)
         except Exception as error:
             if not _raised_in_transformers(error):
                 raise
             raise InputError(
                 f"transformers cannot run {checkpoint}'s config with {described}: {type(error).__name__}: {error}"
             ) from error
+    refused = _guard_refusal(found)
+    if refused:
+        raise InputError(f"the port's config guards refuse {checkpoint}'s config with {described}: {refused}")
+    return found
+
+
+# the function config-guards writes into a port's config module: it refuses a config the port was not made for
+_GUARD_FUNCTION = "check_assumed_config"
+
+
+def _guard_refusal(report: Any) -> str | None:
+    """The refusal of the port's config guards when ``report`` failed at
+    build on one, else None. The stand-in is the validator's own config, not
+    the user's: a guard that refuses it (a head size the port was made for,
+    which more heads of the same width change: Helium's ``head_dim``) says
+    the layout cannot be run on it, not that the port is wrong."""
+    failure = getattr(report, "failure", None)
+    if failure is None or failure.stage != "build" or f"in {_GUARD_FUNCTION})" not in failure.message:
+        return None
+    return failure.message.split(" (at ", 1)[0]
 
 
 class StandIns:
