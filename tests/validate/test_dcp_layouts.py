@@ -132,3 +132,12 @@ def test_the_replicated_kv_and_dcp_runs_share_their_stand_in(tiny_llama: Path) -
     replicated, decode, prefill = seen
     assert replicated == decode != prefill  # 8 / 2 heads twice, then 4 / 1
     assert not any(path.exists() for path in seen)  # removed on exit
+
+
+def test_a_config_whose_head_counts_are_unknown_is_not_taken_as_fitting(tmp_path: Path) -> None:
+    # no head count under a name the layout checks know: the stand-in is asked for, never the checkpoint
+    (tmp_path / "config.json").write_text(json.dumps({"heads_of_some_kind": 4}), encoding="utf-8")
+    from autoport_cst.errors import InputError
+
+    with pytest.raises(InputError):
+        dict(dcp_runs(LLAMA3, lambda *_a, **_k: pytest.fail("run on the checkpoint"), tmp_path))[DECODE[0]]()

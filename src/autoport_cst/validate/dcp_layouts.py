@@ -116,10 +116,12 @@ def _takes(options: dict, config: dict) -> bool:
     """Whether a checkpoint of ``config`` can take the layout of ``options``
     itself (the layout rules and the tensor-parallel rules)."""
     from autoport_cst.errors import InputError
-    from autoport_cst.research.parallelism import tp_refusal
+    from autoport_cst.research.parallelism import config_dims, tp_refusal
 
     from .layout import ParallelLayout, check_layout
 
+    if config_dims(config) is None:  # head counts under no name the checks know: not taken as fitting
+        return False
     try:
         check_layout(ParallelLayout(**options), config, max_world=options["tp"])
     except InputError:
