@@ -36,6 +36,31 @@ def test_the_stand_in_refusing_an_option_is_not_the_ports_refusal():
     assert PortFailure("build", "rank 1: NotImplementedError", refusal=True).refusal  # from a rank
 
 
+def test_a_failure_names_the_function_of_the_port_it_came_from():
+    """``raised_in`` is read from the traceback, the innermost frame of the
+    port's own code (a config guard: ``check_assumed_config``), never from the
+    message; a failure passed on keeps the name given."""
+    code = compile(
+        "def check_assumed_config(values):\n    raise ValueError('head_dim is 8')\ncheck_assumed_config({})",
+        "/tmp/out/vllm_neuron/model/helium/config.py",
+        "exec",
+    )
+    try:
+        exec(code, {})
+    except ValueError as error:
+        guard = error
+    try:
+        raise PortFailure("build", "ValueError: in __init__)") from guard
+    except PortFailure as failure:
+        assert failure.raised_in == "check_assumed_config"
+        assert not failure.refusal
+    assert PortFailure("decode", "NotImplementedError").raised_in is None
+    assert (
+        PortFailure("build", "rank 1: ...", raised_in="check_assumed_config").raised_in
+        == "check_assumed_config"
+    )
+
+
 def _report(failure: PortFailureInfo | None = None) -> ValidationReport:
     report = ValidationReport("port", "ckpt", "LlamaForCausalLM", "factory", {}, equivalent=failure is None)
     report.failure = failure

@@ -154,9 +154,10 @@ def test_a_stand_in_the_ports_config_guards_refuse_is_not_run(tiny_llama: Path) 
     it still fails the layout."""
     from autoport_cst.validate.report import PortFailureInfo
 
-    def failing(message: str):
+    def failing(message: str, raised_in: str | None):
         def validate_on(_checkpoint: Path, **_options):
-            return SimpleNamespace(equivalent=False, failure=PortFailureInfo("build", message))
+            failure = PortFailureInfo("build", message, raised_in=raised_in)
+            return SimpleNamespace(equivalent=False, failure=failure)
 
         return validate_on
 
@@ -166,9 +167,13 @@ def test_a_stand_in_the_ports_config_guards_refuse_is_not_run(tiny_llama: Path) 
         "check_assumed_config) while building the model on the meta device"
     )
     with pytest.raises(InputError, match="the port's config guards refuse .*config field head_dim is 8"):
-        replicated_kv_run(failing(guard), tiny_llama)
+        replicated_kv_run(failing(guard, "check_assumed_config"), tiny_llama)
     other = "rank 0: AttributeError: no attribute 'qkv' (at /p/model.py:12, in __init__) while building"
-    assert replicated_kv_run(failing(other), tiny_llama).failure.message == other
+    assert replicated_kv_run(failing(other, "__init__"), tiny_llama).failure.message == other
+    # what the port's code raised in, not what its message says: a crash elsewhere that quotes the
+    # guard's name still fails the layout
+    quoting = "rank 0: KeyError: 'in check_assumed_config)' (at /p/model.py:12, in __init__) while building"
+    assert replicated_kv_run(failing(quoting, "__init__"), tiny_llama).failure.message == quoting
 
 
 @pytest.mark.slow

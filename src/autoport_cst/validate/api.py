@@ -340,7 +340,9 @@ def _run_port(
             return _run_in_process(package_dir, checkpoint, run, scenario, notify, reference, timings)
         return _run_ranks(package_dir, checkpoint, run, scenario, layout, notify, reference, timings)
     except PortFailure as failure:
-        planned.report.failure = PortFailureInfo(failure.stage, failure.message, failure.refusal)
+        planned.report.failure = PortFailureInfo(
+            failure.stage, failure.message, failure.refusal, failure.raised_in
+        )
     except PortImportError as error:
         planned.report.failure = PortFailureInfo("import", str(error))
     return None

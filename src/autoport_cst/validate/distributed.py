@@ -121,9 +121,18 @@ def _run_rank(
     from .package import PortImportError
     from .standin.checkpoints import CheckpointError
 
-    def error(category: str, stage: str, message: str, refusal: bool = False) -> int:
+    def error(
+        category: str, stage: str, message: str, refusal: bool = False, raised_in: str | None = None
+    ) -> int:
         finish(
-            {"kind": "error", "category": category, "stage": stage, "message": message, "refusal": refusal}
+            {
+                "kind": "error",
+                "category": category,
+                "stage": stage,
+                "message": message,
+                "refusal": refusal,
+                "raised_in": raised_in,
+            }
         )
         return 1
 
@@ -132,7 +141,7 @@ def _run_rank(
     except CheckpointError as failure:
         return error("checkpoint", "load", str(failure))
     except PortFailure as failure:
-        return error("port", failure.stage, failure.message, failure.refusal)
+        return error("port", failure.stage, failure.message, failure.refusal, failure.raised_in)
     except PortImportError as failure:
         return error("port", "import", str(failure))
     except InputError as failure:
@@ -246,7 +255,9 @@ def _raise_rank_error(rank: int, result: dict[str, Any]) -> None:
     if category == "checkpoint":
         raise RankCheckpointError(f"rank {rank}: {message}")
     if category == "port":
-        raise PortFailure(stage, f"rank {rank}: {message}", bool(result.get("refusal")))
+        raise PortFailure(
+            stage, f"rank {rank}: {message}", bool(result.get("refusal")), result.get("raised_in")
+        )
     if category == "input":
         raise InputError(f"rank {rank}: {message}")
     raise RuntimeError(f"TP rank {rank} failed ({stage}): {message}")

@@ -36,7 +36,7 @@ from .components import Component, ComponentRecorder, find_components
 from .config_reading import aliased_fields_missed
 from .latent_cache import oversized_latent_layers
 from .meta_tensors import guard_meta_attributes, unloaded_parameters_and_buffers
-from .port_failure import PortFailure, is_port_code
+from .port_failure import PortFailure, port_frame
 from .routing import ForcedTeacher, RoutedRun, RoutingMode, routing_mode
 from .runner_metadata import PAD_SLOT, StepInputs, build_metadata
 from .scenario import PrefillCall, Scenario
@@ -496,12 +496,6 @@ def _spans(calls: list[PrefillCall], sequences: tuple[int, ...]) -> list[tuple[i
 
 def _describe(error: BaseException) -> str:
     """``Type: message`` plus the innermost frame of the port's own code."""
-    import traceback
-
-    frames = traceback.extract_tb(error.__traceback__)
-    where = ""
-    for frame in reversed(frames):
-        if is_port_code(frame.filename):
-            where = f" (at {frame.filename}:{frame.lineno}, in {frame.name})"
-            break
+    frame = port_frame(error)
+    where = "" if frame is None else f" (at {frame.filename}:{frame.lineno}, in {frame.name})"
     return f"{type(error).__name__}: {error}{where}"

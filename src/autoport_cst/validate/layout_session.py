@@ -139,7 +139,9 @@ class LayoutSession:
                 kv_cache_dtype=self.kv_cache_dtype,
             )
         except PortFailure as failure:
-            raise PortFailure(failure.stage, f"{name} graph: {failure.message}", failure.refusal) from failure
+            raise PortFailure(
+                failure.stage, f"{name} graph: {failure.message}", failure.refusal, failure.raised_in
+            ) from failure
         return _Graph(name, session, config, graph_config)
 
     def _enter(self, name: str, config: Any) -> None:

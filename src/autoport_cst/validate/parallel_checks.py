@@ -245,7 +245,7 @@ def _guard_refusal(report: Any) -> str | None:
     which more heads of the same width change: Helium's ``head_dim``) says
     the layout cannot be run on it, not that the port is wrong."""
     failure = getattr(report, "failure", None)
-    if failure is None or failure.stage != "build" or f"in {_GUARD_FUNCTION})" not in failure.message:
+    if failure is None or failure.stage != "build" or failure.raised_in != _GUARD_FUNCTION:
         return None
     return failure.message.split(" (at ", 1)[0]
 

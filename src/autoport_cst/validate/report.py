@@ -15,11 +15,14 @@ REPORT_VERSION = 1
 @dataclass
 class PortFailureInfo:
     """The port crashed or broke a hardware rule at ``stage``; ``refusal``:
-    it raised NotImplementedError from its own code (``PortFailure.refusal``)."""
+    it raised NotImplementedError from its own code (``PortFailure.refusal``);
+    ``raised_in``: the function of the port's code the error came from
+    (``PortFailure.raised_in``), or None."""
 
     stage: str
     message: str
     refusal: bool = False
+    raised_in: str | None = None
 
 
 def fail_at_check(report: Any, check: str, messages: list[str]) -> None:
@@ -129,7 +132,10 @@ class ValidationReport:
         self.equivalent = False
         self.failed_checks = [f"{named}: {check}" for check in found.failed_checks]
         if found.failure is not None:
-            self.failure = PortFailureInfo(f"{named}: {found.failure.stage}", found.failure.message)
+            failure = found.failure
+            self.failure = PortFailureInfo(
+                f"{named}: {failure.stage}", failure.message, failure.refusal, failure.raised_in
+            )
         elif found.first_diverging is not None:
             first = found.first_diverging
             self.first_diverging = Divergence(**{**vars(first), "message": f"{named}: {first.message}"})
@@ -433,6 +439,7 @@ REPORT_SCHEMA: dict[str, Any] = {
                 "stage": {"type": "string"},
                 "message": {"type": "string"},
                 "refusal": {"type": "boolean"},
+                "raised_in": {"type": ["string", "null"]},
             },
         },
         "logits": _LOGITS,
