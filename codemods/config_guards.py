@@ -52,6 +52,14 @@ class AssumedField:
             "both read by the port."
         },
     )
+    also: tuple[Any, ...] = dataclasses.field(
+        default=(),
+        metadata={
+            "doc": "For a top-level field made for None: the values the model's own code sets in its place "
+            "(Falcon-40B's layers write num_ln_in_parallel_attn = 2, and a saved config states it): the same "
+            "model, accepted as the value."
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,11 @@ class ConfigGuards(Codemod):
     code fixes; ``from_configs`` calls it on the model config's values right
     after reading them, so a config that breaks an assumption raises
     ``ValueError`` naming the field and both values instead of building a
-    wrong model.
+    wrong model. A field made for None that the model's own code sets on its
+    config (Falcon-40B's decoder layers write ``num_ln_in_parallel_attn = 2``,
+    which any ``save_pretrained`` of the loaded model then states) lists that
+    value under ``also``: a config holding it is the model the port was made
+    for, not another.
 
     Preconditions: one config dataclass whose ``from_configs`` binds the
     model config's values to a local on every path before the dataclass is
@@ -451,6 +463,90 @@ class ConfigGuards(Codemod):
             """,
         ),
         Example(
+            title="a port made on Falcon-40B's config, which leaves a field None that the model's layers set to 2",
+            role="config",
+            path="config.py",
+            params={
+                "assumed": [
+                    {
+                        "field": "new_decoder_architecture",
+                        "value": True,
+                        "default": False,
+                        "fixes": "residual.parallel",
+                    },
+                    {
+                        "field": "num_ln_in_parallel_attn",
+                        "value": None,
+                        "default": None,
+                        "fixes": "norm.placement",
+                        "also": [2],
+                    },
+                ]
+            },
+            before="""
+                @dataclass
+                class FalconConfig:
+                    hidden_size: int = 8192
+
+                    @classmethod
+                    def from_configs(cls, hf_config, neuron_config=None):
+                        values = hf_config.to_dict()
+                        names = {f.name for f in fields(cls)}
+                        return cls(**{k: v for k, v in values.items() if k in names})
+            """,
+            after="""
+                def check_assumed_config(values: dict) -> None:
+                    \"\"\"Refuse a model config that differs from the one this port was made for
+                    in a field its code does not read (written by autoport-cst config-guards).
+
+                    Each entry: the field (dotted into a dict field), the value the port was
+                    made for, the value transformers takes when a config lacks the field, the
+                    entries it handles when the field is a list of per-layer types, and what
+                    the port's code fixes for that value.\"\"\"
+                    # values the model's own code sets on its config where a field made for None holds None
+                    written = (
+                        ("num_ln_in_parallel_attn", (2,)),
+                    )
+                    values = dict(values)
+                    for name, also in written:
+                        if values.get(name) in also:
+                            values[name] = None
+                    assumed = (
+                        ("new_decoder_architecture", True, False, None, "residual.parallel"),
+                        ("num_ln_in_parallel_attn", None, None, None, "norm.placement"),
+                    )
+                    for name, expected, default, allowed, fixes in assumed:
+                        value = values
+                        for key in name.split("."):
+                            value = value.get(key, default) if isinstance(value, dict) else default
+                        if allowed is not None:
+                            wrong = [entry for entry in value or () if entry not in allowed]
+                            if wrong:
+                                raise ValueError(
+                                    f"config field {name} holds {wrong[0]!r}, but this port was made for {name} entries in "
+                                    f"{list(allowed)!r} ({fixes} fixed in its code): port this checkpoint again"
+                                )
+                        elif value != expected:
+                            raise ValueError(
+                                f"config field {name} is {value!r}, but this port was made for {name} = {expected!r} "
+                                f"({fixes} fixed in its code): port this checkpoint again"
+                            )
+
+
+                @dataclass
+                class FalconConfig:
+                    hidden_size: int = 8192
+
+                    @classmethod
+                    def from_configs(cls, hf_config, neuron_config=None):
+                        values = hf_config.to_dict()
+                        # <-- MODEL-SPECIFIC: refuse a config this port's code was not written for
+                        check_assumed_config(values)
+                        names = {f.name for f in fields(cls)}
+                        return cls(**{k: v for k, v in values.items() if k in names})
+            """,
+        ),
+        Example(
             title="a config dict some branch leaves unbound",
             role="config",
             path="config.py",
@@ -506,6 +602,10 @@ class ConfigGuards(Codemod):
                 problems.append(
                     f"assumed[{index}]: value and default must be JSON scalars (with allowed: value a list of them)"
                 )
+            if entry.also and (entry.value is not None or "." in entry.field or listed or entry.same_as):
+                problems.append(f"assumed[{index}].also: only for a top-level field made for None")
+            if not all(_scalar(v) and v is not None for v in entry.also):
+                problems.append(f"assumed[{index}].also: JSON scalars other than null")
         return problems
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
@@ -552,7 +652,16 @@ class ConfigGuards(Codemod):
             for e in self.params.assumed
             if e.same_as is not None and not isinstance(e.value, list)
         )
+        written = "".join(
+            f"        ({_literal(e.field)}, {_allowed(tuple(e.also))}),\n"
+            for e in self.params.assumed
+            if e.also
+        )
         function = FUNCTION.replace("{entries}", entries)
+        if written:
+            function = function.replace(
+                "    assumed = (\n", WRITTEN.replace("{entries}", written) + "    assumed = (\n", 1
+            )
         function += PER_LAYER.replace("{entries}", per_layer) if per_layer else ""
         return function + RELATED.replace("{entries}", related) if related else function
 
@@ -585,6 +694,16 @@ def check_assumed_config(values: dict) -> None:
                 f"({fixes} fixed in its code): port this checkpoint again"
             )
 '''
+
+# put before FUNCTION's checks for fields made for None that the model's own code sets
+WRITTEN = """    # values the model's own code sets on its config where a field made for None holds None
+    written = (
+{entries}    )
+    values = dict(values)
+    for name, also in written:
+        if values.get(name) in also:
+            values[name] = None
+"""
 
 # appended to FUNCTION's body for lists whose entries must equal a field the port reads
 PER_LAYER = """    # per-layer values the model uses in place of a field this port reads for every layer

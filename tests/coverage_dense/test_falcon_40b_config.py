@@ -7,7 +7,10 @@ Before: research read the forward with the field None (one norm before the
 attention, none before the MLP: refused as a mixed norm placement), the tiny
 checkpoint kept the full-size MLP width (8.4 M parameters: refused) and its
 config.json the 2 the layer had set, which the port's guard (planned on None)
-refused at build."""
+refused at build. And a port planned on the published config (the field
+None) refused a config that states the 2 (any ``save_pretrained`` of the
+loaded model): the guard now takes the value the layers set as the same
+model."""
 
 from __future__ import annotations
 
@@ -65,6 +68,34 @@ def test_research_reads_the_two_norms_the_layer_sets(falcon_40b):
     spec = research(str(falcon_40b)).spec
     assert (spec.norm.placement, spec.residual.parallel) == ("pre", "separate_norms")
     assert spec.checkpoint.qkv == "fused_kv_groups"
+
+
+def test_the_guard_takes_the_value_the_layers_set_as_the_planned_none(falcon_40b):
+    """Research builds the model (meta device) and reads the 2 its layers set
+    where the config holds None; the guard the plan writes accepts None, a
+    missing field and 2, and still refuses 1 (one norm: another model)."""
+    from autoport_cst.codemods.config_guards import ConfigGuards
+
+    from autoport_cst.plan.plan_file import assumptions_of
+    from autoport_cst.research import research
+
+    step = assumptions_of(research(str(falcon_40b)), "llama3").step()
+    assumed = {entry["field"]: entry for entry in step["params"]["assumed"]}
+    assert assumed["num_ln_in_parallel_attn"]["value"] is None
+    assert assumed["num_ln_in_parallel_attn"]["also"] == [2]
+    assert assumed["new_decoder_architecture"]["value"] is True  # what the 2 depends on is guarded too
+    assert "also" not in assumed["parallel_attn"]  # set by no layer: nothing else accepted
+
+    codemod = ConfigGuards(ConfigGuards.parse_params(step["params"]))  # the plan's step, as apply reads it
+    namespace: dict = {}
+    exec(codemod._function(), namespace)  # noqa: S102 - the generated guard itself is under test
+    check = namespace["check_assumed_config"]
+    planned = {k: FALCON_40B.get(k, entry["default"]) for k, entry in assumed.items()}
+    for value in (None, 2):
+        check({**planned, "num_ln_in_parallel_attn": value})
+    check({k: v for k, v in planned.items() if k != "num_ln_in_parallel_attn"})
+    with pytest.raises(ValueError, match="num_ln_in_parallel_attn is 1, but this port was made for"):
+        check({**planned, "num_ln_in_parallel_attn": 1})
 
 
 @pytest.mark.slow

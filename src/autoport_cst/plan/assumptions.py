@@ -30,7 +30,7 @@ doubled) would hide the relation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autoport_cst.spec import ArchSpec, get_field
@@ -82,6 +82,8 @@ class Guard:
     # for a per-layer list: the config field every entry must equal (the value the port reads);
     # for a single value: the config field it must equal (a relation the model needs)
     same_as: str | None = None
+    # values the model's own code sets in place of ``value`` (None): the same model, accepted
+    also: tuple[Any, ...] = ()
 
     def params(self) -> dict[str, Any]:
         params = {
@@ -94,6 +96,8 @@ class Guard:
             params["allowed"] = list(self.allowed)
         if self.same_as is not None:
             params["same_as"] = self.same_as
+        if self.also:
+            params["also"] = list(self.also)
         return params
 
     def refused_entry(self) -> Any:
@@ -151,7 +155,19 @@ def config_assumptions(dependence: Any, spec: ArchSpec, config_driven: dict[str,
             runtime.append(name)
     guards += _per_layer_guards(dependence)
     guards += [_relation_guard(p, judged) for p, fixed in judged if p.together and not fixed]
+    guards = [_with_written(g, dict(getattr(dependence, "written", ()))) for g in guards]
     return ConfigAssumptions(tuple(guards), tuple(runtime), tuple(sizes), tuple(unseen), inconclusive)
+
+
+def _with_written(guard: Guard, written: dict[str, Any]) -> Guard:
+    """``guard`` accepting, for a field planned None, the value the model's
+    own construction sets in its place (``ConfigDependence.written``): a
+    config that states it (any ``save_pretrained`` of a loaded Falcon-40B
+    holds ``num_ln_in_parallel_attn: 2``) is the model the port was made for."""
+    value = written.get(guard.field)
+    if guard.value is not None or value is None or guard.allowed is not None or guard.same_as is not None:
+        return guard
+    return replace(guard, also=(value,))
 
 
 def _relations(judged: list) -> dict[str, tuple[Any, tuple[str, ...]]]:

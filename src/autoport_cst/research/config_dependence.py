@@ -95,6 +95,9 @@ class ConfigDependence:
     # (per-layer field, field, its entries): a list whose entries the code uses in
     # place of the field's value (GraniteSWA's layer_rope_theta for rope_theta)
     per_layer: tuple[tuple[str, str, tuple[Any, ...]], ...] = ()
+    # (field, value) of a field the model's own construction sets where the
+    # config holds None (Falcon's decoder layers: num_ln_in_parallel_attn 2)
+    written: tuple[tuple[str, Any], ...] = ()
 
     def probe(self, field: str) -> FieldProbe | None:
         return next((p for p in self.probes if p.field == field), None)
@@ -128,7 +131,44 @@ def probe_config(
             if outcome is not None:
                 probes += _second_order(run, probe, outcome, raw, baseline, skipped)
     probes += _related(run, probes, raw, baseline)
-    return ConfigDependence(tuple(reads), tuple(probes), tuple(skipped), layers, _per_layer(baseline, raw))
+    written = model_writes(resolved, architecture, probes)
+    return ConfigDependence(
+        tuple(reads), tuple(probes), tuple(skipped), layers, _per_layer(baseline, raw), written
+    )
+
+
+def model_writes(resolved: Any, architecture: str, probes: list[FieldProbe]) -> tuple[tuple[str, Any], ...]:
+    """(field, value) of each top-level config field that holds None in
+    ``resolved`` and that the transformers model's own construction sets
+    (Falcon's decoder layers write ``num_ln_in_parallel_attn = 2`` on the
+    config object when the new decoder architecture leaves it None): the
+    model computes with that value, and ``save_pretrained`` of a loaded model
+    writes it. Only the fields whose probe of None changed the computation
+    are looked at (the others get no guard), on the meta device; none when
+    the model cannot be built."""
+    names = [
+        p.field
+        for p in probes
+        if p.value is None and "." not in p.field and not p.given and p.changes_computation
+    ]
+    if not names or resolved is None:
+        return ()
+    try:
+        import torch
+        import transformers
+
+        config = copy.deepcopy(resolved)
+        with torch.device("meta"):
+            model = getattr(transformers, architecture)(config)
+    except Exception:  # noqa: BLE001 - no model to read writes from: nothing is taken as written
+        return ()
+    built = getattr(model, "config", config)
+    found = {name: getattr(built, name, None) for name in dict.fromkeys(names)}
+    return tuple((name, value) for name, value in found.items() if _scalar(value) and value is not None)
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (bool, int, float, str))
 
 
 def _per_layer(baseline: _Outcome, raw: dict) -> tuple[tuple[str, str, tuple[Any, ...]], ...]:
