@@ -15,6 +15,7 @@ model."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,15 @@ def test_the_published_config_ports_and_validates(falcon_40b, tmp_path):
     outcome = port(str(falcon_40b), "falcon_40b", tmp_path / "ports", tp=2, steps=8)
     assert outcome.validated, [(r.tp, r.dtype, r.first_diverging) for r in outcome.runs]
     assert [(r.tp, r.dtype) for r in outcome.runs] == [(1, "fp32"), (1, "bf16"), (2, "fp32")]
+    # the same checkpoint with the 2 the layers set stated, as save_pretrained writes it: the same model
+    from autoport_cst.validate import validate_model
+
+    assert outcome.checkpoint_dir is not None and outcome.package_dir is not None
+    stated = tmp_path / "stated"
+    shutil.copytree(outcome.checkpoint_dir, stated)
+    config = json.loads((stated / "config.json").read_text(encoding="utf-8"))
+    (stated / "config.json").write_text(
+        json.dumps({**config, "num_ln_in_parallel_attn": 2}), encoding="utf-8"
+    )
+    report = validate_model(outcome.package_dir, stated, steps=4)
+    assert report.equivalent, report.summary()

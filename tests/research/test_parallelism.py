@@ -120,3 +120,37 @@ def test_head_counts_under_the_configs_own_names(config):
     dims = config_dims(config)
     assert dims is not None and (dims.num_heads, dims.num_kv_heads) == (32, 32)
     assert tp_refusal(config, 3) is not None
+
+
+@pytest.mark.parametrize(
+    ("config", "kv_heads"),
+    [
+        # Falcon-7B: multi-query attention, one KV head whatever num_kv_heads says
+        ({"num_attention_heads": 71, "num_kv_heads": 71, "multi_query": True}, 1),
+        # Falcon-40B's new decoder architecture takes num_kv_heads; its config class writes multi_query true
+        (
+            {
+                "num_attention_heads": 128,
+                "num_kv_heads": 8,
+                "multi_query": True,
+                "new_decoder_architecture": True,
+            },
+            8,
+        ),
+        ({"num_attention_heads": 4, "num_kv_heads": 4, "multi_query": False}, 4),
+    ],
+)
+def test_kv_heads_as_falcons_layers_build_them(config, kv_heads):
+    """Before, a Falcon-40B config was read as one KV head: the TP rules and the
+    DCP layouts' check took layouts its 2 KV heads (tiny) cannot: the port of
+    the published Falcon-40B config failed at 'TP=2, DCP 2 with a
+    context-parallel prefill' (prefill and decode graphs asking for different
+    KV caches), a layout that needs one KV head."""
+    from autoport_cst.research.parallelism import config_dims
+    from autoport_cst.validate.dcp_layouts import PREFILL, _takes
+
+    dims = config_dims({**config, "vocab_size": 512})
+    assert dims is not None and dims.num_kv_heads == kv_heads
+    tiny = {**config, "num_attention_heads": 4, "vocab_size": 512}
+    if config.get("new_decoder_architecture"):
+        assert not _takes(PREFILL[1], {**tiny, "num_kv_heads": 2})  # 2 KV heads x DCP 2 > TP 2

@@ -342,7 +342,7 @@ def config_dims(config: dict) -> ParallelDims | None:
     heads = _first_int(config, _HEAD_KEYS)
     if heads is None:
         return None
-    kv_heads = 1 if config.get("multi_query") is True else _first_int(config, _KV_HEAD_KEYS)
+    kv_heads = 1 if _multi_query(config) else _first_int(config, _KV_HEAD_KEYS)
     rank, rope = _first_int(config, ("kv_lora_rank",)), _first_int(config, ("qk_rope_head_dim",))
     experts = _first_int(config, _EXPERT_KEYS)
     dense = _first_int(config, ("intermediate_size", "ffn_hidden_size", "n_inner"))
@@ -358,6 +358,13 @@ def config_dims(config: dict) -> ParallelDims | None:
         latent_width=rank + rope if rank and rope else None,
         num_layers=_first_int(config, ("num_hidden_layers",)),
     )
+
+
+def _multi_query(config: dict) -> bool:
+    """One KV head for every query head: ``multi_query``, which Falcon's new
+    decoder architecture (Falcon-40B/180B) ignores for its ``num_kv_heads``
+    (and its config class defaults to True, so config.json states it)."""
+    return config.get("multi_query") is True and config.get("new_decoder_architecture") is not True
 
 
 def tp_refusal(config: dict, tp: int) -> str | None:
