@@ -155,7 +155,8 @@ def config_assumptions(dependence: Any, spec: ArchSpec, config_driven: dict[str,
             runtime.append(name)
     guards += _per_layer_guards(dependence)
     guards += [_relation_guard(p, judged) for p, fixed in judged if p.together and not fixed]
-    guards = [_with_written(g, dict(getattr(dependence, "written", ()))) for g in guards]
+    written = dict(getattr(dependence, "written", ()))
+    guards = [_with_written(g, written) for g in guards]
     return ConfigAssumptions(tuple(guards), tuple(runtime), tuple(sizes), tuple(unseen), inconclusive)
 
 

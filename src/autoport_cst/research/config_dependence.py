@@ -164,10 +164,11 @@ def model_writes(resolved: Any, architecture: str, probes: list[FieldProbe]) -> 
         return ()
     built = getattr(model, "config", config)
     found = {name: getattr(built, name, None) for name in dict.fromkeys(names)}
-    return tuple((name, value) for name, value in found.items() if _scalar(value) and value is not None)
+    return tuple((name, value) for name, value in found.items() if _scalar(value))
 
 
 def _scalar(value: Any) -> bool:
+    """A JSON scalar other than null (what a guard can accept as written)."""
     return isinstance(value, (bool, int, float, str))
 
 

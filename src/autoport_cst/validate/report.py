@@ -132,10 +132,7 @@ class ValidationReport:
         self.equivalent = False
         self.failed_checks = [f"{named}: {check}" for check in found.failed_checks]
         if found.failure is not None:
-            failure = found.failure
-            self.failure = PortFailureInfo(
-                f"{named}: {failure.stage}", failure.message, failure.refusal, failure.raised_in
-            )
+            self.failure = PortFailureInfo(f"{named}: {found.failure.stage}", found.failure.message)
         elif found.first_diverging is not None:
             first = found.first_diverging
             self.first_diverging = Divergence(**{**vars(first), "message": f"{named}: {first.message}"})
