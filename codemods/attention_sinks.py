@@ -97,7 +97,9 @@ class AttentionSinks(Codemod):
       ``NotImplementedError``.
 
     ``load_weights`` maps ``...self_attn.sinks`` to the checkpoint key of the
-    same name (in the file that maps the keys).
+    same name (in the file that maps the keys), its entry after the output
+    projection's and after any q/k norm entries there, so that the order of
+    the entries does not depend on whether qk-norm ran first.
 
     Preconditions: an attention class with ``self.num_attention_heads_per_rank``
     set in ``__init__`` before its parameters, a sharding loader (with
@@ -457,9 +459,13 @@ class AttentionSinks(Codemod):
         for entry in anchors:
             if entry.key[: -len("o_proj_weight")] + "sinks" in keys:
                 continue
-            after = next(
-                (e for e in entries if e.key == entry.key[: -len("o_proj_weight")] + "k_norm.weight"), entry
-            )
+            norms = {
+                entry.key[: -len("o_proj_weight")] + f"{n}.{t}"
+                for n in ("q_norm", "k_norm")
+                for t in ("weight", "bias")
+            }
+            # after the q/k norms' entries, wherever qk-norm put them: the two codemods commute
+            after = [entry, *(e for e in entries if e.key in norms)][-1]
             key = replace_string_suffix(entry.key_node, "o_proj_weight", "sinks")
             additions[id(after.statement)] = [entry_statement(entry, key, key)]
         return insert_many_after(module, additions)

@@ -611,15 +611,15 @@ class QkNorm(Codemod):
         init_params = [p.name.value for p in init.params.params]
         config = init_params[1] if len(init_params) > 1 else "config"
         eps, dtype = (code.rebase(a, config) for a in ctor_args)
+        guard = code.attention_dp_guard(cls, module, ctx) if full else None
         if full:
             text = code.FULL_WIDTH_NORMS.format(norm=norm_name, eps=eps, dtype=dtype)
             comment = (
                 "<-- MODEL-SPECIFIC: RMSNorm over all query / all key heads before RoPE, sharded by head"
             )
             reads = set(code.FULL_WIDTH_READS)
-            guard = code.attention_dp_guard(cls, module, ctx)
-            if guard is not None:
-                text += guard[0]
+            if guard is not None:  # before the norms: a sinks parameter placed after them follows both
+                text = guard[0] + text
                 reads.add(guard[1])
         else:
             text = (
@@ -642,7 +642,8 @@ class QkNorm(Codemod):
                 f"{ID}: {name}.__init__ creates no nn.Parameter to place the norms after", init, module
             )
         new = parse_statements(text, module)
-        new[0] = with_comment(new[0], comment)
+        first_norm = 0 if guard is None else 1
+        new[first_norm] = with_comment(new[first_norm], comment)
         append_after(edits, id(anchor), new)
 
     def _prefill_edits(self, cls, found, eps_attr, module, ctx, edits) -> set[str]:

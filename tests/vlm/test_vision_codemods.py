@@ -183,6 +183,31 @@ def test_the_port_validates(qwen_vl_port, dtype, tp):
 
 
 @pytest.mark.slow
+def test_a_wrong_output_projection_fails_against_the_rank_sums_too(qwen_vl_port, tmp_path):
+    """The TP=2 bf16 baseline that sums the row-parallel projections as the
+    ranks do (``partial_sums``) still sees a port whose attention output is
+    1 % off: it fails against both baselines."""
+    import shutil
+
+    from autoport_cst.validate.vision_validate import validate_vlm
+
+    checkpoint, _, port_dir, _ = qwen_vl_port
+    mutant = tmp_path / port_dir.name
+    shutil.copytree(port_dir, mutant)
+    model = mutant / "model.py"
+    text = model.read_text()
+    for site in ("NF.o_proj(attn_output.unsqueeze(0), self.o_proj_weight,", "W_out=self.o_proj_weight "):
+        assert site in text, site
+        text = text.replace(site, site.replace("self.o_proj_weight", "(self.o_proj_weight * 1.01)"))
+    model.write_text(text)
+    report = validate_vlm(mutant, checkpoint, dtype="bf16", steps=2, tp=2)
+    assert not report.equivalent
+    assert report.first_diverging == "image:layers.0.attention"
+    assert report.bf16_baseline["used"] == "eager"
+    assert "image:layers.0.attention" in report.bf16_baseline["rank_partial_sums"]["failed_checks"]
+
+
+@pytest.mark.slow
 def test_the_windows_are_what_the_validation_sees(qwen_vl_port, tmp_path):
     """Every block given the frame spans (window attention undone) fails the
     tower's first block: the tiny images have more than one window."""

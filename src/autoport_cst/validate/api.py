@@ -255,7 +255,7 @@ def _validate_run(
     timings: dict[str, float] = {}
     report, scenario = planned.report, planned.scenario
     reference = _ReferenceRun(
-        planned.checkpoint, scenario, steps, notify, timings, kv_cache_dtype=kv_cache_dtype
+        planned.checkpoint, scenario, steps, notify, timings, kv_cache_dtype=kv_cache_dtype, tp=tp
     )
     if prompt_embeds:
         scenario = reference.with_prompt_embeds(planned.layout, kv_cache_dtype, report.settings)
@@ -431,6 +431,7 @@ class _ReferenceRun:
     teacher: list[list[int]] = field(default_factory=list)
     # an FP8 run in fp32: what its cache took from the port's (``fp8_cache_forcing``)
     tally: ForcingTally | None = None
+    tp: int = 1  # the kernels' precision policy sums the row-parallel projections over this many ranks
 
     def run(self) -> list[list[int]]:
         """Both reference runs; returns the teacher tokens (those of an
@@ -520,7 +521,9 @@ class _ReferenceRun:
 
         run = fp8_cache_runner(self.checkpoint) if self.kv_cache_dtype == "fp8" else run_reference
         try:
-            return run_kernel_precision_reference(self.checkpoint, self.scenario.prompts, teacher, run=run)
+            return run_kernel_precision_reference(
+                self.checkpoint, self.scenario.prompts, teacher, run=run, row_parallel=self.tp
+            )
         except PolicyUnavailable as reason:
             return str(reason)
         finally:

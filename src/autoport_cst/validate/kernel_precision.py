@@ -13,11 +13,16 @@ bf16 code in two places:
   applied before the one rounding of the output (eager's RMSNorms round the
   normalised input first, then multiply by the weight in bf16).
 
-This module runs transformers' own modeling code with exactly those two
+At TP > 1 a third difference is the parallelism's, not the kernels': each
+rank's share of a row-parallel projection is rounded before the all-reduce
+sums them in the model's dtype; the policy run does the same
+(``partial_sums``).
+
+This module runs transformers' own modeling code with exactly those
 changes: attention through an attention function registered with
 transformers under ``POLICY_NAME`` (the model's weights, masks and RoPE are
-its own), and every normalisation module run on a float32 copy of itself.
-Anything else stays the eager computation. A model whose attention does not
+its own), every normalisation module run on a float32 copy of itself, and
+at TP > 1 the row-parallel projections summed over the ranks. Anything else stays the eager computation. A model whose attention does not
 go through transformers' attention interface, or passes it an option the
 policy does not implement (softcapping), gets no such baseline.
 """
@@ -33,12 +38,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .partial_sums import split_row_parallel
 from .reference import ReferenceOutput, load_reference, run_reference
 
 POLICY_NAME = "autoport_kernel_precision"
 POLICY = (
     "attention scores, mask, sink and softmax in float32, probabilities rounded once before the value "
-    "matmul; normalisations in float32 with the weight applied before rounding"
+    "matmul; normalisations in float32 with the weight applied before rounding; at TP > 1 the "
+    "row-parallel projections summed over the ranks, each rank's share rounded"
 )
 # keyword arguments of transformers' attention functions that change the eager computation beyond
 # the mask (which carries the sliding window) and the sink; the policy does not implement them
@@ -140,11 +147,15 @@ def run_kernel_precision_reference(
     teacher: list[list[int]],
     dtype: torch.dtype = torch.bfloat16,
     run: Callable[..., ReferenceOutput] = run_reference,
+    row_parallel: int = 1,
 ) -> ReferenceOutput:
     """``run(model, prompts, teacher)`` (``run_reference``, or the FP8-cache
-    run) at the policy; ``PolicyUnavailable`` when some attention layer did
-    not run through the policy's attention function."""
+    run) at the policy, the row-parallel projections summed over
+    ``row_parallel`` ranks (``partial_sums``); ``PolicyUnavailable`` when
+    some attention layer did not run through the policy's attention function."""
     model = load_kernel_precision_reference(checkpoint_dir, dtype)
+    if row_parallel > 1:
+        split_row_parallel(model, row_parallel)
     output = run(model, prompts, teacher)
     for component in output.components:
         if component.name.endswith(".attention"):

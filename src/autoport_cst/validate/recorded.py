@@ -3,7 +3,9 @@
 The record (``validated.json``, format in ``autoport_cst.validation_record``)
 lists the runs a port was validated on. A run on a tiny checkpoint is
 rebuilt tensor for tensor: ``build_tiny_checkpoint`` of the recorded config with
-every dimension kept, the recorded weights seed and key format. A run on another
+every dimension kept, the recorded weights seed and key format; a
+vision-language one (``vision_tiny``: built at fixed sizes, never shrunk) from
+its recorded config as it stands, by ``save_seeded_checkpoint``. A run on another
 checkpoint uses the recorded directory, while it still holds the recorded
 config.
 """
@@ -59,6 +61,8 @@ def rebuild_checkpoint(run: dict[str, Any], outdir: Path) -> Path:
     from .tiny import build_tiny_checkpoint
 
     config = run["config"]
+    if "vision_config" in config:
+        return _rebuild_vision_language(run, outdir)
     source = outdir / "recorded"
     source.mkdir(parents=True, exist_ok=True)
     (source / "config.json").write_text(json.dumps(config), encoding="utf-8")
@@ -71,11 +75,42 @@ def rebuild_checkpoint(run: dict[str, Any], outdir: Path) -> Path:
         key_format=run.get("key_format", "model"),
         keep_layer_kinds=True,
     )
-    rebuilt = json.loads((built.directory / "config.json").read_text(encoding="utf-8"))
-    differing = sorted(k for k in config if rebuilt.get(k) != config[k])
+    _check_config(run, built.directory)
+    return built.directory
+
+
+def _rebuild_vision_language(run: dict[str, Any], outdir: Path) -> Path:
+    """A vision-language tiny checkpoint: its recorded config is the tiny one
+    (``vision_tiny`` sizes it, nothing shrinks it), so the weights are drawn
+    for that config as it stands."""
+    import transformers
+
+    from .tiny import save_seeded_checkpoint
+
+    config = run["config"]
+    architecture = (config.get("architectures") or [None])[0]
+    model_class = getattr(transformers, architecture or "", None)
+    if model_class is None:
+        raise ValueError(f"{run['label']}: transformers has no class {architecture!r} to rebuild")
+    directory = outdir / "checkpoint"
+    save_seeded_checkpoint(
+        directory,
+        model_class,
+        model_class.config_class.from_dict(config),
+        run["weights_seed"],
+        run.get("key_format", "model"),
+    )
+    _check_config(run, directory)
+    return directory
+
+
+def _check_config(run: dict[str, Any], directory: Path) -> None:
+    """Raises ValueError when the config written to ``directory`` is not the
+    recorded one."""
+    rebuilt = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    differing = sorted(k for k in run["config"] if rebuilt.get(k) != run["config"][k])
     if differing:
         raise ValueError(f"{run['label']}: the rebuilt checkpoint's config differs in {', '.join(differing)}")
-    return built.directory
 
 
 def rerun(package_dir: str | Path, run: dict[str, Any], checkpoint: Path):

@@ -6,7 +6,9 @@ teacher tokens), then one forward over the prompt and its continuation
 records every compared component (``vision_components``) and the logits at
 every position, the way the port's prefill and decode steps together cover
 them. A bfloat16 run of the same weights on the same tokens gives the
-baseline error of the R-ratio. ``get_rope_index`` gives the M-RoPE
+baseline error of the R-ratio (at TP > 1, where the eager one fails, a second
+one with the row-parallel projections summed as the ranks sum them:
+``partial_sums``). ``get_rope_index`` gives the M-RoPE
 positions the port's are checked against.
 """
 
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 
 from .components import ComponentRecorder
+from .partial_sums import split_row_parallel
 from .reference import load_reference
 from .vision_components import vision_language_components
 from .vision_prompts import VisionPrompt
@@ -96,5 +99,19 @@ def run_vision_reference(
         fp32.append(run)
     if not bf16:
         return fp32, None
+    return fp32, bf16_runs(checkpoint_dir, prompts, fp32)
+
+
+def bf16_runs(
+    checkpoint_dir: str | Path,
+    prompts: tuple[VisionPrompt, ...],
+    fp32: list[VisionReferenceRun],
+    row_parallel: int = 1,
+) -> list[VisionReferenceRun]:
+    """The bfloat16 run of each prompt on the float32 run's tokens; with
+    ``row_parallel`` N > 1, the row-parallel projections summed as N ranks
+    sum them (``partial_sums``)."""
     model = load_reference(checkpoint_dir, torch.bfloat16)
-    return fp32, [recorded_run(model, prompt, run.tokens) for prompt, run in zip(prompts, fp32, strict=True)]
+    if row_parallel > 1:
+        split_row_parallel(model, row_parallel)
+    return [recorded_run(model, prompt, run.tokens) for prompt, run in zip(prompts, fp32, strict=True)]

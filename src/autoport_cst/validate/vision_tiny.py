@@ -51,6 +51,7 @@ TINY_TEXT = {
         "mrope_section": [4, 2, 2],
     },
 }
+TINY_SPECIAL_TOKENS = {"bos_token_id": 1, "eos_token_id": 2}  # inside the tiny vocabulary
 # vision-config fields set where the architecture's vision config has them
 TINY_VISION = {
     "depth": 3,
@@ -93,7 +94,10 @@ def tiny_vlm_config(architecture: str = DEFAULT_ARCHITECTURE) -> Any:
     if config_class is None or "vision_config" not in getattr(config_class, "sub_configs", {}):
         raise InputError(f"{architecture}: not a transformers vision-language model class")
     text_class = config_class.sub_configs["text_config"]
-    text = {k: v for k, v in TINY_TEXT.items() if k in text_class().to_dict() or k == "rope_parameters"}
+    text_fields = text_class().to_dict()
+    text = {k: v for k, v in TINY_TEXT.items() if k in text_fields or k == "rope_parameters"}
+    # transformers 5.2x keeps the special tokens on the text config, earlier ones on the outer one
+    text.update({k: v for k, v in TINY_SPECIAL_TOKENS.items() if text_fields.get(k) is not None})
     config = config_class(
         text_config=text,
         vision_config=_tiny_vision(config_class.sub_configs["vision_config"]),
@@ -102,7 +106,7 @@ def tiny_vlm_config(architecture: str = DEFAULT_ARCHITECTURE) -> Any:
         vision_start_token_id=VISION_START_TOKEN_ID,
         vision_end_token_id=VISION_END_TOKEN_ID,
     )
-    for name, token in (("bos_token_id", 1), ("eos_token_id", 2)):  # inside the tiny vocabulary
+    for name, token in TINY_SPECIAL_TOKENS.items():
         if getattr(config, name, None) is not None:
             setattr(config, name, token)
     config.architectures = [architecture]
