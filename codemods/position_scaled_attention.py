@@ -102,7 +102,10 @@ class PositionScaledAttention(Codemod):
     is passed:
 
     - prefill (flash, segmented and context-parallel alike): right after the
-      statement that last assigns ``q`` before the first kernel,
+      statement that last assigns ``q`` before the first kernel (and the
+      statements right after it that assign ``k`` without reading ``q``,
+      such as a key norm: the order does not depend on whether qk-norm or
+      qk-norm-position ran first),
       ``q = _with_temperature(q, _query_temperature(positions, ...))``; the
       kernels then read the scaled queries (the context-parallel path gathers
       them, each rank's share scaled with its own positions);
@@ -525,7 +528,10 @@ class PositionScaledAttention(Codemod):
         assigning = [i for i, stmt in enumerate(body[: first or 0]) if _assigns_q(stmt)]
         stmt = parse_statement(f"q = _with_temperature(q, {self._factor('q.dtype')})", module)
         if first is not None and assigning:
-            insert_before(edits, body[assigning[-1] + 1], [with_comment(stmt, SCALE_COMMENT)])
+            index = assigning[-1] + 1
+            while index < first and _assigns(body[index], "k") and not _mentions_q(body[index]):
+                index += 1  # the key's own statements (a key norm) stay beside the query's
+            insert_before(edits, body[index], [with_comment(stmt, SCALE_COMMENT)])
             return
         # q assigned on each path, inside the block of each kernel (qwen3_moe's
         # branches): scaled right before each kernel's statement
@@ -573,14 +579,22 @@ def _holds(node: cst.CSTNode, target: cst.CSTNode) -> bool:
 
 
 def _assigns_q(stmt: cst.CSTNode) -> bool:
-    """``stmt`` assigns the name ``q`` (alone or in a tuple), at any depth."""
+    return _assigns(stmt, "q")
+
+
+def _mentions_q(stmt: cst.CSTNode) -> bool:
+    return any(isinstance(n, cst.Name) and n.value == "q" for n in walk(stmt))
+
+
+def _assigns(stmt: cst.CSTNode, name: str) -> bool:
+    """``stmt`` assigns ``name`` (alone or in a tuple), at any depth."""
     for node in walk(stmt):
         if isinstance(node, cst.Assign):
             for target in node.targets:
                 names = [target.target] if isinstance(target.target, cst.Name) else []
                 if isinstance(target.target, cst.Tuple):
                     names = [e.value for e in target.target.elements]
-                if any(isinstance(n, cst.Name) and n.value == "q" for n in names):
+                if any(isinstance(n, cst.Name) and n.value == name for n in names):
                     return True
     return False
 
