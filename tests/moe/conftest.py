@@ -33,7 +33,7 @@ DOTS1_CONFIG = {
 }
 
 
-def tiny(tmp_path_factory, source: str, name: str, overrides: dict | None = None) -> Path:
+def tiny(tmp_path_factory, source: str, name: str, overrides: dict | None = None, seed: int = 0) -> Path:
     """A tiny checkpoint of ``source`` (an architecture), with config
     ``overrides`` applied to the architecture's default config first. Its
     dense / MoE layer steps stay the default config's (every Qwen-MoE layer
@@ -51,9 +51,9 @@ def tiny(tmp_path_factory, source: str, name: str, overrides: dict | None = None
         config["architectures"] = [source]
         config_dir = tmp_path_factory.mktemp(f"{name}-config")
         (config_dir / "config.json").write_text(json.dumps(config), encoding="utf-8")
-        build_tiny_checkpoint(config_dir / "config.json", directory, seed=0, keep_layer_kinds=True)
+        build_tiny_checkpoint(config_dir / "config.json", directory, seed=seed, keep_layer_kinds=True)
     else:
-        build_tiny_checkpoint(source, directory, seed=0, keep_layer_kinds=True)
+        build_tiny_checkpoint(source, directory, seed=seed, keep_layer_kinds=True)
     return directory
 
 
