@@ -20,6 +20,7 @@ from autoport_cst.transform.anatomy.attention import (
     kernel_sites,
 )
 from autoport_cst.transform.anatomy.classes import require_method
+from autoport_cst.transform.anatomy.config import mentions
 from autoport_cst.transform.cst.snippets import parse_expr, parse_statement
 from autoport_cst.transform.cst.vocabulary import find_self_assignment, walk
 from autoport_cst.transform.edit.arguments import set_keyword
@@ -529,7 +530,7 @@ class PositionScaledAttention(Codemod):
         stmt = parse_statement(f"q = _with_temperature(q, {self._factor('q.dtype')})", module)
         if first is not None and assigning:
             index = assigning[-1] + 1
-            while index < first and _assigns(body[index], "k") and not _mentions_q(body[index]):
+            while index < first and _assigns(body[index], "k") and not mentions(body[index], "q"):
                 index += 1  # the key's own statements (a key norm) stay beside the query's
             insert_before(edits, body[index], [with_comment(stmt, SCALE_COMMENT)])
             return
@@ -580,10 +581,6 @@ def _holds(node: cst.CSTNode, target: cst.CSTNode) -> bool:
 
 def _assigns_q(stmt: cst.CSTNode) -> bool:
     return _assigns(stmt, "q")
-
-
-def _mentions_q(stmt: cst.CSTNode) -> bool:
-    return any(isinstance(n, cst.Name) and n.value == "q" for n in walk(stmt))
 
 
 def _assigns(stmt: cst.CSTNode, name: str) -> bool:

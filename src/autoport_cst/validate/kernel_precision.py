@@ -22,9 +22,10 @@ This module runs transformers' own modeling code with exactly those
 changes: attention through an attention function registered with
 transformers under ``POLICY_NAME`` (the model's weights, masks and RoPE are
 its own), every normalisation module run on a float32 copy of itself, and
-at TP > 1 the row-parallel projections summed over the ranks. Anything else stays the eager computation. A model whose attention does not
-go through transformers' attention interface, or passes it an option the
-policy does not implement (softcapping), gets no such baseline.
+at TP > 1 the row-parallel projections summed over the ranks. Anything else
+stays the eager computation. A model whose attention does not go through
+transformers' attention interface, or passes it an option the policy does
+not implement (softcapping), gets no such baseline.
 """
 
 from __future__ import annotations
@@ -154,8 +155,7 @@ def run_kernel_precision_reference(
     ``row_parallel`` ranks (``partial_sums``); ``PolicyUnavailable`` when
     some attention layer did not run through the policy's attention function."""
     model = load_kernel_precision_reference(checkpoint_dir, dtype)
-    if row_parallel > 1:
-        split_row_parallel(model, row_parallel)
+    split_row_parallel(model, row_parallel)
     output = run(model, prompts, teacher)
     for component in output.components:
         if component.name.endswith(".attention"):

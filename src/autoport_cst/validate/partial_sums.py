@@ -51,7 +51,10 @@ def row_parallel_patterns(config: Any) -> list[re.Pattern[str]]:
 def split_row_parallel(model: nn.Module, tp: int) -> list[str]:
     """Make every row-parallel ``nn.Linear`` of ``model`` (its config's plan)
     compute as ``tp`` ranks do (module docstring); the names of the modules
-    changed. A module whose input features ``tp`` does not divide is left."""
+    changed (none at ``tp`` 1). A module whose input features ``tp`` does
+    not divide is left."""
+    if tp <= 1:
+        return []
     patterns = row_parallel_patterns(model.config)
     changed = []
     for name, module in model.named_modules():

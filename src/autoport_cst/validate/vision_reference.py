@@ -112,6 +112,5 @@ def bf16_runs(
     ``row_parallel`` N > 1, the row-parallel projections summed as N ranks
     sum them (``partial_sums``)."""
     model = load_reference(checkpoint_dir, torch.bfloat16)
-    if row_parallel > 1:
-        split_row_parallel(model, row_parallel)
+    split_row_parallel(model, row_parallel)
     return [recorded_run(model, prompt, run.tokens) for prompt, run in zip(prompts, fp32, strict=True)]

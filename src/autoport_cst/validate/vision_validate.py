@@ -67,10 +67,7 @@ class VisionValidationReport:
 
     @property
     def first_diverging(self) -> str | None:
-        for check in self.checks:
-            if not check["passed"]:
-                return f"{check['prompt']}:{check['name']}"
-        return None
+        return next(iter(_failed(self.checks)), None)
 
     def summary(self) -> str:
         """One line: the verdict, and where a failing run failed."""
@@ -226,14 +223,19 @@ def _against_rank_sums(
     (``partial_sums``), every gate unchanged: the port validates when it
     passes every check against that baseline; ``bf16_baseline`` says which
     baseline the checks reported are against, and the other's failures."""
-    eager_failed = [f"{c['prompt']}:{c['name']}" for c in report.checks if not c["passed"]]
+    eager_failed = _failed(report.checks)
     summed = _all_checks(prompts, runs, fp32, bf16_runs(checkpoint_dir, prompts, fp32, report.tp), "bf16")
-    if all(c["passed"] for c in summed):
+    summed_failed = _failed(summed)
+    if not summed_failed:
         report.checks = summed
         report.bf16_baseline = {"used": "rank_partial_sums", "eager": {"failed_checks": eager_failed}}
         return
-    failed = [f"{c['prompt']}:{c['name']}" for c in summed if not c["passed"]]
-    report.bf16_baseline = {"used": "eager", "rank_partial_sums": {"failed_checks": failed}}
+    report.bf16_baseline = {"used": "eager", "rank_partial_sums": {"failed_checks": summed_failed}}
+
+
+def _failed(checks: list[dict[str, Any]]) -> list[str]:
+    """``prompt:name`` of each failing check, in order."""
+    return [f"{c['prompt']}:{c['name']}" for c in checks if not c["passed"]]
 
 
 def _sampling_checks(
