@@ -3,8 +3,11 @@ two rows before position 0) with the embeddings scaled by sqrt(hidden_size)
 and LayerNorms built as ``nn.LayerNorm(embed_dim)``: their epsilon is
 torch's default, 1e-5, while config.json holds ``layer_norm_eps`` 1e-12 that
 the code never reads. The port writes the code's epsilon (swap-norm's
-``fixed_eps``) and validates; a port reading config.json's epsilon fails at
-the logits (fp32), as the port did before."""
+``fixed_eps``) and validates. A port reading config.json's epsilon, as the
+port did before, passes the plain fp32 comparison on the tiny checkpoint
+(the embeddings' scale keeps the activations' variance far above either
+epsilon); it fails the follow-up that sets the fields transformers never
+reads far from their value (``validate.unread_fields``)."""
 
 from __future__ import annotations
 
@@ -58,6 +61,16 @@ def test_a_port_reading_config_json_s_epsilon_fails(workdir, ported):
     field = re.search(r"\n(    hidden_size: int = \d+\n)", text)
     assert field is not None
     config.write_text(text.replace(field.group(1), field.group(1) + "    layer_norm_eps: float = 1e-5\n", 1))
-    report = validate_model(wrong, ported.checkpoint_dir, tp=1, dtype="fp32", steps=4, config_variants=False)
+    report = validate_model(wrong, ported.checkpoint_dir, tp=1, dtype="fp32", steps=4, parallel_layouts=False)
+    assert report.unread_config_fields == {"layer_norm_eps": 1e-12}
     assert not report.equivalent
-    assert report.first_diverging is not None and report.first_diverging.component == "logits"
+    assert report.first_diverging is not None
+    assert (
+        "config fields transformers never reads: layer_norm_eps 1e-12 -> 0.5"
+        in report.first_diverging.message
+    )
+    # the port as written reads no such field: nothing to vary
+    right = validate_model(
+        ported.package_dir, ported.checkpoint_dir, tp=1, dtype="fp32", steps=4, parallel_layouts=False
+    )
+    assert right.equivalent and right.unread_config_fields == {}

@@ -44,6 +44,7 @@ from .routing import ForcedTeacher, RoutedRun, RoutingRecord, run_reference_rout
 from .run_reuse import reused_run
 from .run_scenario import describe_calls, plan_scenario, report_settings, with_decode_tokens
 from .scenario import DEFAULT_STEPS, Scenario
+from .unread_fields import recording_config_reads, unread_fields
 from .vocab_shards import check_vocabulary_shards
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -371,6 +372,8 @@ def _compared(
     reference.notify("compare")
     start = time.perf_counter()
     _compare(report, port, reference, scenario, teacher, dtype)
+    reads = reference.outputs["fp32"].config_reads
+    report.unread_config_fields = unread_fields(planned.config, reads, port.config_values)
     sp_length_check.apply(report, port.length_check)
     rankless_check.apply(report, port.rankless_check)
     kernel_substitutes.apply(report, planned.package_dir, planned.checkpoint)
@@ -445,10 +448,12 @@ class _ReferenceRun:
             return teacher
         start = time.perf_counter()
         self.notify("reference fp32")
-        model32 = load_reference(self.checkpoint, torch.float32)
-        teacher = greedy_teacher(model32, prompts, self.steps)
-        self.outputs["fp32"] = run_reference(model32, prompts, teacher)
+        with recording_config_reads() as reads:
+            model32 = load_reference(self.checkpoint, torch.float32)
+            teacher = greedy_teacher(model32, prompts, self.steps)
+            self.outputs["fp32"] = run_reference(model32, prompts, teacher)
         self.outputs["fp32"].input_embeddings = prompt_embeddings(model32, prompts)
+        self.outputs["fp32"].config_reads = frozenset(reads)
         del model32
         self.timings["reference_fp32"] = time.perf_counter() - start
         start = time.perf_counter()

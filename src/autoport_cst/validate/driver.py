@@ -41,6 +41,7 @@ from .routing import ForcedTeacher, RoutedRun, RoutingMode, routing_mode
 from .runner_metadata import PAD_SLOT, StepInputs, build_metadata
 from .scenario import PrefillCall, Scenario
 from .standin import kernel_phases
+from .unread_fields import port_float_values
 
 PREFILL_MODES = ("auto", "segmented", "off")
 
@@ -75,6 +76,8 @@ class PortOutput:
     length_check: list[dict[str, Any]] | None = None
     # a run with embedding DP > 1: the rank-less forward check's entries (``rankless_check``)
     rankless_check: list[dict[str, Any]] | None = None
+    # the float fields of the port's config dataclass (``unread_fields``)
+    config_values: dict[str, float] = field(default_factory=dict)
 
 
 def port_hf_config(checkpoint_dir: str | Path, dtype: torch.dtype) -> Any:
@@ -347,6 +350,7 @@ class PortSession:
             segmented=any(call.segment for call in calls),
             guarded_attributes=list(self.guarded),
             routing=self.routing.result() if self.routing is not None else None,
+            config_values=port_float_values(getattr(self.model, "config", None)),
         )
         if recorder:
             self._keep_records(recorder, calls, output)

@@ -44,10 +44,12 @@ class FollowUps:
         from .guard_checks import check_fp8_segmented_guard
         from .kv_scale_variant import check_kv_scale_variant
         from .parallel_checks import StandIns, check_parallel_layouts, replicated_kv_run
+        from .unread_fields import check_unread_fields
 
         if variants:
             start, run = time.perf_counter(), announced(self.run, notify, "config variant")
             check_config_variants(report, report.model_dir, checkpoint_dir, run)
+            check_unread_fields(report, checkpoint_dir, run)
             fp8 = functools.partial(run, kv_cache_dtype="fp8")
             check_kv_scale_variant(report, report.model_dir, checkpoint_dir, fp8, self.seed)
             check_fp8_segmented_guard(report, report.model_dir, functools.partial(run, checkpoint_dir))

@@ -31,6 +31,9 @@ class ReferenceOutput:
     records: dict[str, list[torch.Tensor]]
     # per prompt, the input embeddings of its ids (``prompt_embeddings``), for prompt-embedding runs
     input_embeddings: list[torch.Tensor] | None = None
+    # the attributes transformers read from its config objects while it loaded and ran the model
+    # (the fp32 run: ``unread_fields.recording_config_reads``); None when not recorded
+    config_reads: frozenset[str] | None = None
 
 
 def load_reference(checkpoint_dir: str | Path, dtype: torch.dtype, attn_implementation: str = "eager") -> Any:

@@ -92,6 +92,9 @@ class ValidationReport:
     # the parallel layouts a passing TP=1 fp32 run goes on to (validate.parallel_checks), each in
     # fp32 on the same checkpoint: label, equivalent (None: not run) and summary
     parallel_layouts: list[dict[str, Any]] = field(default_factory=list)
+    # float fields of config.json that transformers never read and the port's config holds
+    # (validate.unread_fields): a follow-up run sets each far from its value
+    unread_config_fields: dict[str, float] = field(default_factory=dict)
     # the findings of autoport-cst's lint rules on the port package, checked before it runs
     # (validate.lint_gate): an error fails the report at stage "lint"; warnings do not
     lint: list[dict[str, Any]] = field(default_factory=list)
@@ -450,6 +453,12 @@ REPORT_SCHEMA: dict[str, Any] = {
         "kv_cache": _KV_CACHE,
         "config_variants": _LABELLED_RUNS,
         "parallel_layouts": _LABELLED_RUNS,
+        "unread_config_fields": {
+            "type": "object",
+            "additionalProperties": {"type": "number"},
+            "description": "float fields of config.json transformers never read and the port's config "
+            "holds, each set far from its value in a run listed under config_variants",
+        },
         "lint": {
             "type": "array",
             "description": "autoport-cst lint's findings on the port package, checked before it runs: "
