@@ -14,13 +14,24 @@ FIELD = "rope_parameters: dict | None = None"
 
 LIFT = """
 if self.rope_parameters:
-    if "rope_theta" not in self.rope_parameters and any(
-        isinstance(value, dict) for value in self.rope_parameters.values()
+    rope_parameters = self.rope_parameters
+    if "rope_theta" not in rope_parameters and any(
+        isinstance(value, dict) for value in rope_parameters.values()
     ):
+        per_layer_type = [value for value in rope_parameters.values() if isinstance(value, dict)]
+        if any(value != per_layer_type[0] for value in per_layer_type):
+            raise ValueError(
+                f"rope_parameters differ between layer types ({rope_parameters!r}): "
+                "this config reads one set of RoPE parameters for every layer"
+            )
+        rope_parameters = per_layer_type[0]
+    rope_type = rope_parameters.get("rope_type", "default")
+    if rope_type != "default" and not getattr(self, "rope_scaling", None):
         raise ValueError(
-            "RoPE parameters given per layer type are not supported by this config"
+            f"rope_parameters rope_type {rope_type!r} is not read by this config, "
+            "which computes the default RoPE from rope_theta alone"
         )
-    self.rope_theta = self.rope_parameters.get("rope_theta", self.rope_theta)
+    self.rope_theta = rope_parameters.get("rope_theta", self.rope_theta)
 """
 
 
@@ -32,10 +43,16 @@ class ConfigRopeParameters(Codemod):
     ``rope_parameters`` keeps its default under transformers 5 (which no
     longer writes ``rope_theta`` at the top). The config gains a
     ``rope_parameters`` field, and ``__post_init__`` (added if absent) takes
-    ``rope_theta`` from it; RoPE parameters given per layer type (a dict of
-    dicts without a base of their own) are refused with a ValueError rather
-    than read as one. A config that sets ``rope_theta`` at the top and has no
-    ``rope_parameters`` reads as before. This is the fix of lint rule NRN007,
+    ``rope_theta`` from it. RoPE parameters given per layer type (a dict of
+    dicts without a base of their own, as Olmo 3 writes them) are read as
+    one set when every layer type has the same (the reference applies one
+    base to every layer), and refused with a ValueError naming them when
+    they differ. A RoPE type other than ``default`` there is refused too,
+    unless the config's own ``rope_scaling`` is set: a config class that
+    knew only ``rope_theta`` (and ``rope_scaling``, transformers 4's place
+    for a scaled RoPE) would otherwise compute the default RoPE for a YaRN
+    checkpoint without a word. A config that sets ``rope_theta`` at the top
+    and has no ``rope_parameters`` reads as before. This is the fix of lint rule NRN007,
     run by ``apply`` as a repair step on a reference that needs it.
     """
 
@@ -68,13 +85,24 @@ class ConfigRopeParameters(Codemod):
 
                     def __post_init__(self):
                         if self.rope_parameters:
-                            if "rope_theta" not in self.rope_parameters and any(
-                                isinstance(value, dict) for value in self.rope_parameters.values()
+                            rope_parameters = self.rope_parameters
+                            if "rope_theta" not in rope_parameters and any(
+                                isinstance(value, dict) for value in rope_parameters.values()
                             ):
+                                per_layer_type = [value for value in rope_parameters.values() if isinstance(value, dict)]
+                                if any(value != per_layer_type[0] for value in per_layer_type):
+                                    raise ValueError(
+                                        f"rope_parameters differ between layer types ({rope_parameters!r}): "
+                                        "this config reads one set of RoPE parameters for every layer"
+                                    )
+                                rope_parameters = per_layer_type[0]
+                            rope_type = rope_parameters.get("rope_type", "default")
+                            if rope_type != "default" and not getattr(self, "rope_scaling", None):
                                 raise ValueError(
-                                    "RoPE parameters given per layer type are not supported by this config"
+                                    f"rope_parameters rope_type {rope_type!r} is not read by this config, "
+                                    "which computes the default RoPE from rope_theta alone"
                                 )
-                            self.rope_theta = self.rope_parameters.get("rope_theta", self.rope_theta)
+                            self.rope_theta = rope_parameters.get("rope_theta", self.rope_theta)
                         if self.head_dim is None:
                             self.head_dim = 128
             """,

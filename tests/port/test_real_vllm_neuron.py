@@ -139,10 +139,16 @@ def test_ports_from_the_real_llama3_validate(architecture, steps, workdir):
 
 
 @pytest.mark.slow
-def test_tied_ports_from_the_real_qwen3_are_refused(workdir):
-    _, choice, _, _ = _plan("MptForCausalLM", workdir, "qwen3")
-    assert not choice.realizable
-    assert "embedding.tied" in choice.reason
+def test_tied_ports_from_the_real_qwen3_take_tie_embeddings(workdir):
+    """The real qwen3 has no tied LM head: a tied MPT is planned with tie-embeddings
+    (ead62fa; it validates: tests/port/test_real_qwen3_tied.py)."""
+    from autoport_cst.apply import build_port, load_reference
+
+    _, choice, plan, _ = _plan("MptForCausalLM", workdir, "qwen3")
+    assert choice.realizable, choice.reason
+    result = build_port(plan, load_reference(str(REAL / "qwen3")))
+    assert result.ok, str(result.failure)
+    assert "tie-embeddings" in {step.codemod for step in result.steps}
 
 
 def test_a_tp_size_the_real_vocabulary_sites_cannot_take_is_refused(workdir):
@@ -217,8 +223,13 @@ def test_plan_takes_only_a_tp_the_real_llama3_can_shard_the_vocabulary_over(work
     result = CliRunner().invoke(cli, ["plan", str(source), "--ref", str(REAL / "llama3"), "-o", str(out)])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
-    assert (
-        "recommendation: no TP >= 2 is valid: the reference llama3 (its embedding loader (model.py:974:22)"
-        in text
+    found = re.search(
+        r"recommendation: no TP >= 2 is valid: the reference llama3 \(its embedding loader \(model\.py:(\d+):22\)",
+        text,
     )
+    assert found is not None, text
+    lines = (REAL / "llama3" / "model.py").read_text().splitlines()
+    assert (
+        "sharding_weight_loader(" in lines[int(found.group(1)) - 1]
+    )  # the site, wherever the rebuild has it
     assert out.is_file()
