@@ -121,3 +121,27 @@ def test_a_port_reading_a_field_transformers_ignores_fails(tmp_path, tiny_llama,
     right = validate_model(llama3_dir, checkpoint, steps=2, parallel_layouts=False)
     assert right.equivalent and right.unread_config_fields == {"norm_epsilon": values["rms_norm_eps"]}
     assert [e["equivalent"] for e in right.config_variants if e["label"].startswith(label)] == [True]
+
+
+def test_a_varied_config_transformers_refuses_is_not_run(tmp_path):
+    """The field varied far from its value may be one the config class
+    checks (transformers never reads it in the model, its validation may
+    still refuse it): the run is listed not run, and the report keeps its verdict."""
+    from autoport_cst.errors import InputError
+    from autoport_cst.validate.report import ValidationReport
+    from autoport_cst.validate.unread_fields import check_unread_fields
+
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps({"embedding_fraction": 1.0}))
+    report = ValidationReport("port", str(checkpoint), None, None, {}, True)
+    report.unread_config_fields = {"embedding_fraction": 1.0}
+
+    def refused(directory):
+        assert json.loads((directory / "config.json").read_text()) == {"embedding_fraction": 2.5}
+        raise InputError(f"{directory}: transformers cannot load the checkpoint: out of range")
+
+    check_unread_fields(report, checkpoint, refused)
+    assert report.equivalent
+    [entry] = report.config_variants
+    assert entry["equivalent"] is None and entry["summary"].startswith("not run: transformers cannot run it")

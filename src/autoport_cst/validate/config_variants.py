@@ -274,7 +274,7 @@ def check_config_variants(
             try:
                 found = validate(directory)
             except Exception as error:
-                if not _raised_in_transformers(error):
+                if not raised_in_transformers(error):
                     raise
                 entry["summary"] = f"not run: the transformers run fails: {type(error).__name__}: {error}"
                 continue
@@ -294,7 +294,7 @@ def expert_layout(directory: str | Path) -> str:
     return "separate" if any(re.search(r"\.experts\.\d+\.", name) for name in names) else "fused"
 
 
-def _raised_in_transformers(error: BaseException) -> bool:
+def raised_in_transformers(error: BaseException) -> bool:
     """Whether ``error`` was raised inside transformers (the architecture
     cannot run the variant); anything else is the validator's to report."""
     import traceback

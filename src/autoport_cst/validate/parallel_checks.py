@@ -203,7 +203,7 @@ def run_on_stand_in(
     or in a temporary directory removed after the run).
     ``InputError`` when transformers cannot build or run that one, or it lacks
     tensor names of ``checkpoint``."""
-    from .config_variants import _raised_in_transformers
+    from .config_variants import raised_in_transformers
 
     config_path = Path(checkpoint) / "config.json"
     config = parse_config_text(config_path.read_text(encoding="utf-8"))
@@ -223,7 +223,7 @@ def run_on_stand_in(
         try:
             found = validate_on(wide, **options)
         except Exception as error:
-            if not _raised_in_transformers(error):
+            if not raised_in_transformers(error):
                 raise
             raise InputError(
                 f"transformers cannot run {checkpoint}'s config with {described}: {type(error).__name__}: {error}"
