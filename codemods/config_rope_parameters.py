@@ -25,10 +25,12 @@ if self.rope_parameters:
                 "this config reads one set of RoPE parameters for every layer"
             )
         rope_parameters = per_layer_type[0]
-    rope_type = rope_parameters.get("rope_type", "default")
-    if rope_type != "default" and not getattr(self, "rope_scaling", None):
+    per_layer = getattr(self, "rope_layer_parameters", None) or {}
+    rope_types = [value.get("rope_type", "default") for value in (rope_parameters, *per_layer.values())]
+    unread = [rope_type for rope_type in rope_types if rope_type != "default"]
+    if unread and not getattr(self, "rope_scaling", None):
         raise ValueError(
-            f"rope_parameters rope_type {rope_type!r} is not read by this config, "
+            f"rope_parameters rope_type {unread[0]!r} is not read by this config, "
             "which computes the default RoPE from rope_theta alone"
         )
     self.rope_theta = rope_parameters.get("rope_theta", self.rope_theta)
@@ -47,11 +49,13 @@ class ConfigRopeParameters(Codemod):
     dicts without a base of their own, as Olmo 3 writes them) are read as
     one set when every layer type has the same (the reference applies one
     base to every layer), and refused with a ValueError naming them when
-    they differ. A RoPE type other than ``default`` there is refused too,
-    unless the config's own ``rope_scaling`` is set: a config class that
-    knew only ``rope_theta`` (and ``rope_scaling``, transformers 4's place
-    for a scaled RoPE) would otherwise compute the default RoPE for a YaRN
-    checkpoint without a word. A config that sets ``rope_theta`` at the top
+    they differ. A RoPE type other than ``default`` there, or in the
+    per-layer-type parameters rope-layer-parameters splits off before
+    (``rope_layer_parameters``), is refused too, unless the config's own
+    ``rope_scaling`` is set: a config class that knew only ``rope_theta``
+    (and ``rope_scaling``, transformers 4's place for a scaled RoPE) would
+    otherwise compute the default RoPE for a YaRN checkpoint, or for
+    Gemma 3's linearly scaled global layers, without a word. A config that sets ``rope_theta`` at the top
     and has no ``rope_parameters`` reads as before. This is the fix of lint rule NRN007,
     run by ``apply`` as a repair step on a reference that needs it.
     """
@@ -96,10 +100,12 @@ class ConfigRopeParameters(Codemod):
                                         "this config reads one set of RoPE parameters for every layer"
                                     )
                                 rope_parameters = per_layer_type[0]
-                            rope_type = rope_parameters.get("rope_type", "default")
-                            if rope_type != "default" and not getattr(self, "rope_scaling", None):
+                            per_layer = getattr(self, "rope_layer_parameters", None) or {}
+                            rope_types = [value.get("rope_type", "default") for value in (rope_parameters, *per_layer.values())]
+                            unread = [rope_type for rope_type in rope_types if rope_type != "default"]
+                            if unread and not getattr(self, "rope_scaling", None):
                                 raise ValueError(
-                                    f"rope_parameters rope_type {rope_type!r} is not read by this config, "
+                                    f"rope_parameters rope_type {unread[0]!r} is not read by this config, "
                                     "which computes the default RoPE from rope_theta alone"
                                 )
                             self.rope_theta = rope_parameters.get("rope_theta", self.rope_theta)

@@ -74,3 +74,18 @@ def test_a_rope_type_the_config_does_not_read_is_refused():
     assert CONFIG.count(field) == 1
     scaled = _config_class(CONFIG.replace(field, field + "    rope_scaling: dict | None = None\n"))
     assert scaled(rope_parameters=yarn, rope_scaling=yarn).rope_theta == 500.0
+
+
+def test_a_rope_type_of_one_layer_type_split_off_before_is_refused():
+    """rope-layer-parameters splits per-layer-type parameters off into
+    rope_layer_parameters before this codemod's lines run (Gemma 3 from the
+    real qwen3): a linearly scaled global layer type is refused there too."""
+    field = "    rope_theta: float = 1_000_000.0\n"
+    config = _config_class(CONFIG.replace(field, field + "    rope_layer_parameters: dict | None = None\n"))
+    default = {"rope_type": "default", "rope_theta": 10_000.0}
+    linear = {"rope_type": "linear", "rope_theta": 1_000_000.0, "factor": 8.0}
+    split = {"sliding_attention": default, "full_attention": linear}
+    with pytest.raises(ValueError, match="rope_type 'linear' is not read by this config"):
+        config(rope_parameters=dict(default), rope_layer_parameters=split)
+    same = {"sliding_attention": default, "full_attention": dict(default, rope_theta=1_000_000.0)}
+    assert config(rope_parameters=dict(default), rope_layer_parameters=same).rope_theta == 10_000.0
