@@ -90,10 +90,16 @@ def unread_fields(
     """The float fields of ``config`` (config.json's top level) that
     transformers never read (``reads``; None: not recorded) and whose value
     the port's config holds (``port_values``): by name, or a nonzero value
-    held under another name."""
+    held under another name, one that is not itself a field of ``config``
+    transformers read (a port's ``rms_norm_eps`` read from the checkpoint's
+    own ``rms_norm_eps`` explains its value)."""
     if reads is None or not port_values:
         return {}
-    held = {value for value in port_values.values() if value != 0.0}
+    held = {
+        value
+        for name, value in port_values.items()
+        if value != 0.0 and not (name in config and name in reads)
+    }
     return {
         name: value
         for name, value in config.items()
