@@ -2,8 +2,9 @@
 real vllm_neuron qwen3 (third-party: never shipped; README, "The real
 vllm_neuron packages"), whose LM head is untied: tie-embeddings maps the head
 to the embedding's checkpoint key. Run only where a local rebuild is present
-(``AUTOPORT_REAL_VLLM_NEURON``). The real qwen3 breaks NRN009 itself (README),
-so the validations run with lint=False, as tests/port/test_real_qwen3_untied.py."""
+(``AUTOPORT_REAL_VLLM_NEURON``). The real qwen3 breaks NRN009 itself (README);
+its ports get the guard from apply's repair step (fp8-segmented-guard) and are
+validated with the lint gate, as tests/port/test_real_qwen3_untied.py."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def _port(model_type: str, workdir: Path) -> tuple[Path, Path]:
     assert result.ok, str(result.failure)
     steps = [s.codemod for s in result.steps]
     assert steps.index("tie-embeddings") < steps.index("checkpoint-keys")
+    assert "fp8-segmented-guard" in steps  # the repair of the real qwen3's NRN009
     write_port(workdir / "ports" / model_type, result.files, result.package_dir, force=True)
     return workdir / "ports" / model_type / result.package_dir, checkpoint
 
@@ -62,9 +64,7 @@ def test_tied_ports_from_the_real_qwen3_validate(model_type, workdir):
     if model_type == "gpt2":
         assert source.count(HEAD) == 1
     for tp, dtype in ((1, "fp32"), (1, "bf16"), (2, "fp32")):
-        report = validate_model(
-            package, checkpoint, tp=tp, dtype=dtype, steps=8, parallel_layouts=False, lint=False
-        )
+        report = validate_model(package, checkpoint, tp=tp, dtype=dtype, steps=8, parallel_layouts=False)
         assert report.equivalent, (tp, dtype, report.summary())
 
 

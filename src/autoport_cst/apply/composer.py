@@ -155,19 +155,19 @@ def compose(
 
 
 def repairs(reference: Reference, parsed: ParsedTexts | None = None) -> list[str]:
-    """Codemods that repair latent bugs of the reference's config: the fixes
-    of the lint rules marked ``REPAIR`` that its config files break (a field
-    read where transformers 5 no longer writes it, a default that hides a
-    derivation). Harmless for the reference's own model, they make ports to
-    other models read their configs right."""
+    """Codemods that repair latent bugs of the reference: the fixes of the
+    lint rules marked ``REPAIR`` that its files break (a config field read
+    where transformers 5 no longer writes it, a default that hides a
+    derivation, a segmented kernel with no FP8 guard). Harmless for the reference's
+    own model, they make ports to other models read their configs right and
+    pass the hardware rules their reference breaks."""
     from autoport_cst.lint import lint_source
     from autoport_cst.lint.rules import registry
-    from autoport_cst.transform.cst.roles import file_role
 
     fixes = {code: rule.FIX for code, rule in registry().items() if rule.REPAIR and rule.FIX}
     found: list[str] = []
     for rel, text in sorted(reference.files.items()):
-        if file_role(rel) != "config":
+        if not rel.endswith(".py"):
             continue
         module = None
         if parsed is not None:

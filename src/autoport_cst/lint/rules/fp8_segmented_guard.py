@@ -50,8 +50,10 @@ class Fp8SegmentedGuard(Rule):
     context-parallel branch of the same function); the rule does not follow
     conditions.
 
-    Fix: none (report-only). Call the guard before the kernel, with whether
-    the cache is FP8 and whether it is packed.
+    Fix: ``fp8-segmented-guard`` calls the guard right before each reported
+    kernel call, on the call's own ``k_cache`` (not packed); ``apply`` runs it
+    as a repair step on a reference that breaks this rule (the real
+    vllm_neuron qwen3 does), so its ports pass ``validate``'s lint gate.
 
     Example::
 
@@ -66,6 +68,8 @@ class Fp8SegmentedGuard(Rule):
     NAME = "fp8-segmented-guard"
     MESSAGE = "segmented attention with a possibly FP8 KV cache and no validate_fp8_segmented_supported guard"
     SCOPE = "forward"
+    FIX = "fp8-segmented-guard"
+    REPAIR = True
 
     VALID = (
         Valid(
@@ -109,6 +113,9 @@ class Fp8SegmentedGuard(Rule):
     INVALID = (
         Invalid(
             """
+            import torch
+
+
             class Attention(nn.Module):
                 def __init__(self, config):
                     self.k_scale = None
@@ -120,13 +127,16 @@ class Fp8SegmentedGuard(Rule):
                         return attn
                     return NF.flash_attention(q)
             """,
-            at=((7, 20),),
+            at=((10, 20),),
             message="validate_fp8_segmented_supported",
-            fixable=False,
+            fixable=True,
             title="the guard comes after the kernel",
         ),
         Invalid(
             """
+            import torch
+
+
             class Attention(nn.Module):
                 def forward(self, q, kv_cache_dtype):
                     validate_fp8_segmented_supported(kv_cache_dtype == "fp8", fp8_packed=False)
@@ -138,7 +148,8 @@ class Fp8SegmentedGuard(Rule):
                 def _segmented(self, q):
                     return NF.segmented_attention_cp(q, k_cache=self.k_cache)
             """,
-            at=((10, 16),),
+            at=((13, 16),),
+            fixable=True,
             title="one caller guards, another does not",
         ),
     )
