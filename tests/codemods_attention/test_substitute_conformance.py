@@ -1,7 +1,7 @@
 """The validator checks a port's op-by-op attention substitutes against the
 kernels they stand for (``validate.kernel_substitutes``): a Gemma 2 port
 edited wrongly where its own calls never go (a one-KV-head cache, keys
-longer than the queries) validated on its model run alone; it now fails,
+longer than the queries, a zero-padded hidden size) validated on its model run alone; it now fails,
 naming the substitute and the case."""
 
 from __future__ import annotations
@@ -48,6 +48,11 @@ def test_the_port_validates_with_its_substitutes_checked(gemma2):
             "q_pos = torch.arange(seq_q, device=q.device).unsqueeze(1) + (seq_k - seq_q)",
             "q_pos = torch.arange(seq_q, device=q.device).unsqueeze(1) - (seq_k - seq_q)",
             "_flash_attention_unfused differs from NF.flash_attention on 5 queries over 9 keys",
+        ),
+        (  # the port passes its hidden size unpadded: only a padded one takes this branch
+            "x32.pow(2).sum(-1, keepdim=True) / width",
+            "x32.pow(2).sum(-1, keepdim=True) / x32.shape[-1]",
+            "_attention_decode_unfused differs from NF.attention_decode on fused input norm over a zero-padded",
         ),
     ],
 )

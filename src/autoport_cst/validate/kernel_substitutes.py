@@ -111,7 +111,8 @@ def decode_cases(gen_mask: Callable[..., torch.Tensor]) -> Iterator[Case]:
     """Decode: the cache written in the kernel and the K/V returned instead,
     masks given and built from ``pos_ids`` with a bounded gather, 3-D caches,
     two tokens per sequence, QK norms, sinks, windows, the fused input norm
-    with interleaved RoPE and the head-major output. ``gen_mask`` is the
+    with interleaved RoPE and the head-major output, and over a zero-padded
+    hidden size. ``gen_mask`` is the
     stand-in's ``gen_attention_decode_mask``."""
     variants = ("plain", "qk_norm", "sink", "window", "3d_cache", "two_tokens")
     for variant in variants:
@@ -141,6 +142,25 @@ def decode_cases(gen_mask: Callable[..., torch.Tensor]) -> Iterator[Case]:
     kwargs.update(rmsnorm_X_enabled=True, rmsnorm_X_eps=1e-5, rmsnorm_X_gamma=torch.randn(1, 32))
     kwargs.update(rope_contiguous_layout=False, W_out=None, bias_out=None)
     yield Case("fused input norm, interleaved RoPE, head-major output", kwargs)
+    yield _padded_input_norm(gen_mask)
+
+
+def _padded_input_norm(gen_mask: Callable[..., torch.Tensor]) -> Case:
+    """The fused input norm over a zero-padded hidden size: ``X`` is 32 wide,
+    its real width 24 (``X_hidden_dim_actual``), the columns past it zero, and
+    the mean of squares divides by the real width."""
+    kwargs, positions, mask = decode_kwargs(6, "plain")
+    kwargs["X"][..., 24:] = 0.0
+    gamma = torch.randn(1, 32, generator=torch.Generator().manual_seed(6))
+    kwargs.update(
+        attention_mask=gen_mask(pos_ids=positions.reshape(1, -1).float(), **mask),
+        update_cache=True,
+        rmsnorm_X_enabled=True,
+        rmsnorm_X_eps=1e-5,
+        rmsnorm_X_gamma=gamma,
+        X_hidden_dim_actual=24,
+    )
+    return Case("fused input norm over a zero-padded hidden size (X_hidden_dim_actual 24 of 32)", kwargs)
 
 
 def decode_kwargs(seed: int, variant: str) -> tuple[dict[str, Any], torch.Tensor, dict[str, int]]:
