@@ -9,7 +9,7 @@ import libcst as cst
 
 from autoport_cst.lint.diagnostics import WARNING
 from autoport_cst.lint.exprs import tensor_call
-from autoport_cst.lint.index import FunctionInfo, Site
+from autoport_cst.lint.index import CallSite, FunctionInfo, ModuleIndex, Site
 from autoport_cst.lint.rule import Invalid, Option, Rule, Valid
 from autoport_cst.transform.cst.roles import class_role
 from autoport_cst.transform.cst.vocabulary import (
@@ -18,6 +18,7 @@ from autoport_cst.transform.cst.vocabulary import (
     keyword_arg,
     positional_args,
     receiver,
+    self_assignment,
     string_value,
 )
 
@@ -63,6 +64,7 @@ WRAPPERS = frozenset(
     }
 )
 ROPE_INIT = re.compile(r"(^|\.)(rope_init_fn|_?compute_\w*rope\w*)$")
+LOADER = re.compile(r"^(load_weights|_load_\w*)$")
 ROPE_TEXT = re.compile(r"inv_freq|rope|rotary|cos_cached|sin_cached|_cos\b|_sin\b", re.I)
 
 
@@ -73,6 +75,7 @@ class _Found:
     what: str  # "torch.arange", "ROPE_INIT_FUNCTIONS[...]"
     allocation: bool
     device: str | None  # "cpu", "other" or None (no device argument)
+    device_name: str | None = None  # the device argument when it is a bare name (a parameter, say)
 
 
 class NoTensorComputeInInit(Rule):
@@ -99,7 +102,14 @@ class NoTensorComputeInInit(Rule):
     with an explicit ``device="cpu"`` (and arithmetic on such tensors) is the
     grey zone of the real gpt_oss and qwen3_moe models, whose RoPE buffers
     follow ``model.to(device)``: it is reported as a warning, or not at all
-    with the option ``allow-cpu-device = true``.
+    with the option ``allow-cpu-device = true``; so is a call in ``__init__``
+    of a helper whose every tensor takes a device this call gives as CPU
+    (the real qwen3_moe's ``_compute_yarn_inv_freq_and_concentration("cpu")``).
+    A tensor allocated as ``self.A = torch.ones(...)`` where a load method of
+    the file (``load_weights``, ``_load_*``) sets ``A`` on a module (``x.A =
+    ...`` or ``setattr(x, "A", ...)``, the name a literal or a loop over
+    literals) is a placeholder the loader replaces: a warning, since a read
+    before the load still finds no data (the real qwen3_moe's ``k_scale``).
 
     Fix: the ``lazy-rope`` codemod, offered where the finding is RoPE (a
     rotary-embedding class, or ``inv_freq`` / cos / sin tables).
@@ -244,6 +254,45 @@ class NoTensorComputeInInit(Rule):
             message="grey zone",
             title="explicit CPU device: a warning",
         ),
+        Invalid(
+            """
+            class Qwen3MoeRotaryEmbedding(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    inv_freq, concentration = self._yarn_tables(config, "cpu")
+                    self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+                def _yarn_tables(self, config, device):
+                    freq = config.theta ** (torch.arange(0, config.head_dim, 2, device=device) / config.head_dim)
+                    return 1.0 / freq, torch.tensor(1.1, device=device)
+
+                def forward(self, positions):
+                    return torch.outer(positions, self.inv_freq)
+            """,
+            at=((4, 35),),
+            severity=WARNING,
+            message="explicit CPU device",
+            title="a helper given an explicit CPU device by the call in __init__: a warning",
+        ),
+        Invalid(
+            """
+            class Qwen3MoeAttention(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    self.k_scale = torch.ones(1, 1, dtype=torch.bfloat16)
+
+            class Qwen3MoeForCausalLM(nn.Module):
+                def _load_kv_cache_scales(self, checkpoint):
+                    for layer in self.model.layers:
+                        for scale_name in ("k_scale", "v_scale"):
+                            setattr(layer.self_attn, scale_name, checkpoint.scale(scale_name))
+            """,
+            at=((4, 24),),
+            severity=WARNING,
+            message="placeholder",
+            fixable=False,
+            title="a placeholder the file's loader replaces: a warning",
+        ),
     )
 
     def __init__(self, ctx, options=None) -> None:
@@ -288,7 +337,8 @@ class NoTensorComputeInInit(Rule):
             if id(outer) in self.found_ids:
                 return
         self.found_ids.add(id(node))
-        self.found.setdefault(fn, []).append(_Found(node, ctx.site(), what, allocation, _device(node)))
+        found = _Found(node, ctx.site(), what, allocation, _device(node), _device_name(node))
+        self.found.setdefault(fn, []).append(found)
 
     # -- after the traversal ---------------------------------------------------
 
@@ -299,32 +349,84 @@ class NoTensorComputeInInit(Rule):
             return
         root_set = set(roots)
         memo: dict[FunctionInfo, _Found | None] = {}
+        replaced = _loader_replaced(index)
         for root in roots:
             cpu = self._cpu_names(root)
             for found in self.found.get(root, ()):
-                self._report_direct(found, cpu)
+                self._report_direct(found, cpu, replaced)
             for site, target in index.init_callees(root):
                 if target in root_set:
                     continue  # super().__init__(): reported in that class
                 first = self._reaches(target, memo, set())
-                if first is None:
-                    continue
-                call = site.node
-                callee = self.ctx.module.code_for_node(call.func)
-                where = first.site.function.name if first.site.function else "?"
-                rope = self._rope_like(first.site, call, root)
-                self.report(
-                    call,
-                    f"`{callee}(...)` computes tensors in __init__ ({first.what} in `{where}`); "
-                    "the model is built on the meta device, so they hold no data ("
-                    '"Cannot copy out of meta tensor"): compute them lazily in forward',
-                    site=Site(root, root.cls, site.statement, False),
-                    fix=rope,
-                )
+                if first is not None:
+                    self._report_callee(root, site, target, first, memo)
 
-    def _report_direct(self, found: _Found, cpu: set[str]) -> None:
+    def _report_callee(
+        self, root: FunctionInfo, site: CallSite, target: FunctionInfo, first: _Found, memo: dict
+    ) -> None:
+        """A call in ``__init__`` of an in-file function that computes tensors:
+        the grey zone when it computes them all on an explicit CPU device,
+        given by this call (``helper("cpu")`` for a ``device`` parameter)."""
+        call = site.node
+        grey = self._cpu_helper(target, call, memo)
+        if grey and self.options["allow-cpu-device"]:
+            return
+        callee = self.ctx.module.code_for_node(call.func)
+        where = first.site.function.name if first.site.function else "?"
+        if grey:
+            message = (
+                f"`{callee}(...)` computes tensors in __init__ on an explicit CPU device "
+                f"({first.what} in `{where}`; grey zone: gpt_oss/qwen3_moe keep RoPE buffers this "
+                "way and rely on model.to(device)); prefer computing them lazily in forward"
+            )
+        else:
+            message = (
+                f"`{callee}(...)` computes tensors in __init__ ({first.what} in `{where}`); "
+                "the model is built on the meta device, so they hold no data ("
+                '"Cannot copy out of meta tensor"): compute them lazily in forward'
+            )
+        self.report(
+            call,
+            message,
+            site=Site(root, root.cls, site.statement, False),
+            severity=WARNING if grey else "error",
+            fix=self._rope_like(first.site, call, root),
+        )
+
+    def _cpu_helper(self, target: FunctionInfo, call: cst.Call, memo: dict) -> bool:
+        """Whether every tensor ``target`` computes itself is on an explicit
+        CPU device (given literally, or through a parameter this ``call``
+        binds to one), and it calls no other function that computes any."""
+        found = self.found.get(target, [])
+        if not found or any(
+            self._reaches(t, memo, set()) for _site, t in self.ctx.index.init_callees(target)
+        ):
+            return False
+        params = _cpu_parameters(target, call)
+        cpu = self._cpu_names(target, params)
+        return all(
+            f.device == "cpu"
+            or (f.device_name is not None and f.device_name in params)
+            or (f.device is None and self._from_cpu(f, cpu))
+            for f in found
+        )
+
+    def _report_direct(self, found: _Found, cpu: set[str], replaced: dict[str, str]) -> None:
         grey = found.device == "cpu" or (found.device is None and self._from_cpu(found, cpu))
         if grey and self.options["allow-cpu-device"]:
+            return
+        placeholder = _placeholder_of(found)
+        if placeholder is not None and placeholder in replaced:
+            self.report(
+                found.node,
+                f"{found.what} makes `self.{placeholder}` a placeholder in __init__ that "
+                f"`{replaced[placeholder]}` replaces when it loads the checkpoint; read before "
+                "that, it holds no data (the model is built on the meta device): prefer "
+                f'`self.register_buffer("{placeholder}", None, persistent=False)`',
+                site=found.site,
+                severity=WARNING,
+                fix=False,
+            )
             return
         if found.allocation and found.device != "cpu":
             message = (
@@ -388,9 +490,14 @@ class NoTensorComputeInInit(Rule):
 
     # -- the CPU grey zone -------------------------------------------------------
 
-    def _cpu_names(self, fn: FunctionInfo) -> set[str]:
-        """Locals of ``fn`` computed only from explicit-CPU tensors."""
-        cpu_ids = {id(f.node) for f in self.found.get(fn, ()) if f.device == "cpu"}
+    def _cpu_names(self, fn: FunctionInfo, cpu_params: frozenset[str] = frozenset()) -> set[str]:
+        """Locals of ``fn`` computed only from explicit-CPU tensors (``device``
+        given literally, or as one of ``cpu_params``)."""
+        cpu_ids = {
+            id(f.node)
+            for f in self.found.get(fn, ())
+            if f.device == "cpu" or (f.device_name is not None and f.device_name in cpu_params)
+        }
         if not cpu_ids:
             return set()
         names: set[str] = set()
@@ -452,11 +559,88 @@ def _device(call: cst.Call) -> str | None:
     arg = keyword_arg(call, "device")
     if arg is None:
         return None
-    value = arg.value
+    return "cpu" if _cpu_literal(arg.value) else "other"
+
+
+def _device_name(call: cst.Call) -> str | None:
+    arg = keyword_arg(call, "device")
+    return arg.value.value if arg is not None and isinstance(arg.value, cst.Name) else None
+
+
+def _cpu_literal(value: cst.BaseExpression | None) -> bool:
+    """``"cpu"``, ``"cpu:0"`` or ``torch.device("cpu")``."""
+    if value is None:
+        return False
     text = string_value(value)
     if text is None and isinstance(value, cst.Call) and dotted(value.func) in ("torch.device", "device"):
-        inner = value.args[0].value if value.args else None
-        text = string_value(inner)
-    if text is not None and text.split(":")[0] == "cpu":
-        return "cpu"
-    return "other"
+        text = string_value(value.args[0].value) if value.args else None
+    return text is not None and text.split(":")[0] == "cpu"
+
+
+def _cpu_parameters(target: FunctionInfo, call: cst.Call) -> frozenset[str]:
+    """The parameters of ``target`` that ``call`` binds to an explicit CPU
+    device, by position or keyword, or leaves at such a default."""
+    names = list(target.params)
+    if target.cls is not None and "staticmethod" not in target.decorators and names:
+        names = names[1:]  # self / cls, bound by the attribute access
+    bound: dict[str, cst.BaseExpression | None] = dict(target.params)
+    for index, arg in enumerate(call.args):
+        if arg.star:
+            return frozenset()  # *args / **kwargs: the binding is not read
+        if arg.keyword is not None:
+            bound[arg.keyword.value] = arg.value
+        elif index < len(names):
+            bound[names[index]] = arg.value
+    return frozenset(name for name in names if _cpu_literal(bound.get(name)))
+
+
+def _placeholder_of(found: _Found) -> str | None:
+    """``A`` when ``found`` is an allocation that is the whole value of a
+    ``self.A = ...`` statement."""
+    if not found.allocation or found.site.statement is None:
+        return None
+    assigned = self_assignment(found.site.statement)
+    return assigned[0] if assigned is not None and assigned[1] is found.node else None
+
+
+def _loader_replaced(index: ModuleIndex) -> dict[str, str]:
+    """Attribute -> the load method that sets it on a module of the file:
+    ``x.A = ...`` or ``setattr(x, "A", ...)`` (also with the name a loop
+    variable over string literals) in a function named ``load_weights`` or
+    ``_load_*``."""
+    found: dict[str, str] = {}
+    for fn in index.all_functions:
+        if not LOADER.match(fn.name):
+            continue
+        for node in iter_nodes(fn.node.body):
+            for attr in _set_attributes(node, fn):
+                found.setdefault(attr, fn.name)
+    return found
+
+
+def _set_attributes(node: cst.CSTNode, fn: FunctionInfo) -> list[str]:
+    if isinstance(node, cst.Assign):
+        return [t.target.attr.value for t in node.targets if isinstance(t.target, cst.Attribute)]
+    if isinstance(node, cst.Call) and dotted(node.func) == "setattr" and len(node.args) >= 3:
+        name = node.args[1].value
+        text = string_value(name)
+        if text is not None:
+            return [text]
+        if isinstance(name, cst.Name):
+            return _loop_strings(fn, name.value)
+    return []
+
+
+def _loop_strings(fn: FunctionInfo, variable: str) -> list[str]:
+    """The string literals a ``for variable in (<literals>)`` loop of ``fn`` ranges over."""
+    for node in iter_nodes(fn.node.body):
+        if (
+            isinstance(node, cst.For)
+            and isinstance(node.target, cst.Name)
+            and node.target.value == variable
+            and isinstance(node.iter, cst.Tuple | cst.List)
+        ):
+            texts = [string_value(element.value) for element in node.iter.elements]
+            if all(text is not None for text in texts):
+                return [text for text in texts if text is not None]
+    return []
