@@ -24,7 +24,10 @@ class ConfigWrittenNames(Codemod):
     ``from_configs`` like any other), ``__post_init__`` copies that value
     into ``num_experts``; a config written under the old name reads as
     before. The aliases come from the installed transformers (lint rule
-    NRN008); ``apply`` runs this as a repair step on a reference that needs it.
+    NRN008), its base config class's too: ``torch_dtype``, which
+    transformers 5 writes as ``dtype``, by name (``"float32"``): a
+    ``torch.dtype`` field takes ``getattr(torch, name)``. ``apply`` runs this
+    as a repair step on a reference that needs it.
     """
 
     ID = "config-written-names"
@@ -59,6 +62,37 @@ class ConfigWrittenNames(Codemod):
                         self.head_dim = self.hidden_size // 32
             """,
         ),
+        Example(
+            title="the dtype, which transformers 5 writes as dtype by name",
+            role="config",
+            path="config.py",
+            before="""
+                import torch
+
+
+                @dataclass
+                class Qwen3MoeConfig:
+                    hidden_size: int = 2048
+                    torch_dtype: torch.dtype = torch.bfloat16
+                    num_local_experts: int = 128
+            """,
+            after="""
+                import torch
+
+
+                @dataclass
+                class Qwen3MoeConfig:
+                    hidden_size: int = 2048
+                    torch_dtype: torch.dtype = torch.bfloat16
+                    # transformers writes `torch_dtype` as `dtype`
+                    dtype: torch.dtype | str | None = None
+                    num_local_experts: int = 128
+
+                    def __post_init__(self):
+                        if self.dtype is not None:
+                            self.torch_dtype = getattr(torch, self.dtype.replace("torch.", "")) if isinstance(self.dtype, str) else self.dtype
+            """,
+        ),
     )
 
     def transform_module(self, module: cst.Module, ctx: FileContext) -> cst.Module:
@@ -76,11 +110,21 @@ def _repaired(cls: cst.ClassDef, module: cst.Module) -> cst.ClassDef:
         body.append(statement)
         if statement in pairs:
             body.append(_companion(statement, pairs[statement], module))
-    copies = [
-        parse_statement(f"if self.{w} is not None:\n    self.{_name(s)} = self.{w}", module)
-        for s, w in pairs.items()
-    ]
+    copies = [parse_statement(_copy(s, w, module), module) for s, w in pairs.items()]
     return cls.with_changes(body=cls.body.with_changes(body=prepend_to_post_init(body, copies, module)))
+
+
+def _copy(statement: cst.SimpleStatementLine, written: str, module: cst.Module) -> str:
+    """The copy of the written name into the field; a ``torch.dtype`` field
+    takes the dtype's name, as ``to_dict()`` writes it (``"float32"``)."""
+    value = f"self.{written}"
+    if _annotation(statement, module) == "torch.dtype":
+        value = f'getattr(torch, {value}.replace("torch.", "")) if isinstance({value}, str) else {value}'
+    return f"if self.{written} is not None:\n    self.{_name(statement)} = {value}"
+
+
+def _annotation(statement: cst.SimpleStatementLine, module: cst.Module) -> str:
+    return module.code_for_node(statement.body[0].annotation.annotation)  # type: ignore[union-attr]
 
 
 def _name(statement: cst.SimpleStatementLine) -> str:
@@ -88,7 +132,9 @@ def _name(statement: cst.SimpleStatementLine) -> str:
 
 
 def _companion(statement: cst.SimpleStatementLine, written: str, module: cst.Module) -> cst.BaseStatement:
-    annotation = module.code_for_node(statement.body[0].annotation.annotation)  # type: ignore[union-attr]
+    annotation = _annotation(statement, module)
+    if annotation == "torch.dtype":
+        annotation = "torch.dtype | str"  # to_dict() writes a dtype by name
     field = parse_statement(f"{written}: {annotation} | None = None", module)
     comment = cst.EmptyLine(comment=cst.Comment(f"# transformers writes `{_name(statement)}` as `{written}`"))
     return field.with_changes(leading_lines=[comment])

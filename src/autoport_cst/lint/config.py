@@ -140,17 +140,36 @@ _SIGNATURE: str | None = None
 
 
 def _engine_signature() -> str:
-    """Changes whenever a file of the lint package changes (so a cache
-    written by an edited checkout is not reused)."""
+    """Changes whenever a file of the lint package or of the transform
+    package its rules read code with changes (so a cache written by an edited
+    checkout is not reused), and with the installed transformers' version
+    (NRN008 reads its config classes' aliases from its source)."""
     global _SIGNATURE
     if _SIGNATURE is None:
-        base = Path(__file__).parent
-        digest = hashlib.blake2b(digest_size=12)
+        _SIGNATURE = signature(Path(__file__).parent.parent, _installed_version("transformers"))
+    return _SIGNATURE
+
+
+def signature(package: Path, transformers_version: str | None) -> str:
+    """A digest of the size and modification time of each ``.py`` file under
+    ``package``'s ``lint`` and ``transform`` directories, and of the version
+    of transformers."""
+    digest = hashlib.blake2b(digest_size=12)
+    for base in (package / "lint", package / "transform"):
         for path in sorted(base.rglob("*.py")):
             stat = path.stat()
-            digest.update(f"{path.relative_to(base)}:{stat.st_size}:{stat.st_mtime_ns};".encode())
-        _SIGNATURE = digest.hexdigest()
-    return _SIGNATURE
+            digest.update(f"{path.relative_to(package)}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    digest.update(f"transformers {transformers_version}".encode())
+    return digest.hexdigest()
+
+
+def _installed_version(distribution: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 # -- selectors ------------------------------------------------------------------

@@ -20,7 +20,12 @@ class ConfigFieldAlias(Rule):
     fields, so the field keeps its default: a Qwen3-MoE config read this way
     has 128 experts whatever the checkpoint holds. The names come from the
     installed transformers' source, for the transformers class named like the
-    dataclass; without transformers the rule reports nothing.
+    dataclass: its ``attribute_map``, and the properties of the base config
+    class that read and write another attribute (``torch_dtype``, written as
+    ``dtype`` by transformers 5: a ``torch_dtype`` field read from
+    ``to_dict()`` stays bfloat16 for a float32 checkpoint). ``torch.dtype``
+    in an annotation is no read of ``dtype``. Without transformers the rule
+    reports nothing.
 
     Fix: the ``config-written-names`` codemod copies each such field from the
     name transformers writes when the config has no value under the field's

@@ -92,11 +92,17 @@ def derived_when_none(cls: cst.ClassDef) -> list[str]:
     return found
 
 
-def mentions(node: cst.CSTNode, word: str) -> bool:
+def mentions(node: cst.CSTNode, word: str, *, torch_attribute: bool = True) -> bool:
     """Whether the code under ``node`` reads ``word`` anywhere: as a name, an
-    attribute or a string key."""
+    attribute or a string key. ``torch_attribute=False``: ``torch.<word>``
+    (a type such as ``torch.dtype``) is no read of it."""
+    skipped = (
+        set()
+        if torch_attribute
+        else {id(f.attr) for f in walk(node) if isinstance(f, cst.Attribute) and dotted(f.value) == "torch"}
+    )
     for found in walk(node):
-        if isinstance(found, cst.Name) and found.value == word:
+        if isinstance(found, cst.Name) and found.value == word and id(found) not in skipped:
             return True
         if isinstance(found, cst.SimpleString) and found.evaluated_value == word:
             return True
@@ -113,7 +119,7 @@ def aliased_fields(cls: cst.ClassDef, module: cst.Module) -> list[tuple[ConfigFi
     return [
         (fields[alias], written)
         for alias, written in sorted(written_as(cls.name.value).items())
-        if alias in fields and written not in fields and not mentions(module, written)
+        if alias in fields and written not in fields and not mentions(module, written, torch_attribute=False)
     ]
 
 

@@ -6,7 +6,9 @@ its ``attribute_map`` (``Qwen3MoeConfig.num_experts`` reads
 ``num_local_experts``). ``to_dict()`` and ``config.json`` carry only the name
 it maps to. A vllm_neuron config dataclass named like the transformers class
 (``Qwen3MoeConfig``) that keeps the model config's keys matching its fields
-never sees the alias: the field keeps its default.
+never sees the alias: the field keeps its default. The base config class
+has such names too: a property with a setter that reads and writes another
+attribute (``torch_dtype``, which transformers 5 writes as ``dtype``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,69 @@ def written_as(class_name: str) -> dict[str, str]:
     class called ``class_name`` (empty when transformers is not installed or
     has no such class in the model directory its name implies)."""
     source = _config_source(class_name)
-    return {} if source is None else _attribute_map(source, class_name)
+    if source is None:
+        return {}
+    return {**_base_aliases(), **_attribute_map(source, class_name)}
+
+
+@functools.cache
+def _base_aliases() -> dict[str, str]:
+    """``{alias: name}`` of the base config class's properties that read and
+    write another attribute (``torch_dtype`` -> ``dtype`` in transformers 5)."""
+    models = _models_dir()
+    try:
+        tree = (
+            ast.parse((models.parent / "configuration_utils.py").read_text(encoding="utf-8"))
+            if models
+            else None
+        )
+    except (OSError, SyntaxError):
+        return {}
+    base = (
+        next(
+            (
+                n
+                for n in tree.body
+                if isinstance(n, ast.ClassDef) and n.name in ("PreTrainedConfig", "PretrainedConfig")
+            ),
+            None,
+        )
+        if tree is not None
+        else None
+    )
+    if base is None:
+        return {}
+    getters: dict[str, str] = {}
+    setters: dict[str, str] = {}
+    for node in base.body:
+        if isinstance(node, ast.FunctionDef) and node.body:
+            target = _property_target(node)
+            if target is None or target.startswith("_"):  # private storage: not a written name
+                continue
+            if _is_setter(node):
+                setters[node.name] = target
+            elif any(isinstance(d, ast.Name) and d.id == "property" for d in node.decorator_list):
+                getters[node.name] = target
+    return {name: target for name, target in getters.items() if setters.get(name) == target}
+
+
+def _property_target(fn: ast.FunctionDef) -> str | None:
+    """``Y`` when ``fn``'s last statement is ``return self.Y`` or ``self.Y = value``."""
+    last = fn.body[-1]
+    node = (
+        last.value
+        if isinstance(last, ast.Return)
+        else last.targets[0]
+        if isinstance(last, ast.Assign)
+        else None
+    )
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return node.attr
+    return None
+
+
+def _is_setter(fn: ast.FunctionDef) -> bool:
+    return any(isinstance(d, ast.Attribute) and d.attr == "setter" for d in fn.decorator_list)
 
 
 @functools.cache
