@@ -8,7 +8,7 @@ from autoport_cst.transform import Codemod, Example, FileContext
 from autoport_cst.transform.cst.snippets import parse_statement
 from autoport_cst.transform.cst.vocabulary import code_of, dotted, keyword_arg, nodes_of
 from autoport_cst.transform.edit.imports import ensure_import_from
-from autoport_cst.transform.edit.tree import preceded_by, rewrite, with_comment
+from autoport_cst.transform.edit.tree import preceded_under_its_comments, rewrite, with_comment
 
 RULE = "NRN009"
 GUARD = "validate_fp8_segmented_supported"
@@ -166,7 +166,7 @@ class Fp8SegmentedGuard(Codemod):
             guard = parse_statement(
                 f"{GUARD}({code_of(k_cache.value)}.dtype in {FP8_DTYPES}, fp8_packed=False)", module
             )
-            edits[id(statement)] = preceded_by(with_comment(guard, COMMENT))
+            edits[id(statement)] = preceded_under_its_comments(with_comment(guard, COMMENT))
         return ensure_import_from(rewrite(module, edits), GUARD_MODULE, GUARD)
 
 

@@ -76,6 +76,7 @@ def test_rule_set_is_stable():
         "NRN007": "config-rope-theta-top-level",
         "NRN008": "config-field-alias",
         "NRN009": "fp8-segmented-guard",
+        "NRN010": "lm-head-dp-sampling",
         "NRN900": "invalid-suppression",
         "NRN901": "unused-suppression",
         "NRN999": "syntax-error",

@@ -194,8 +194,10 @@ def test_port_refuses_a_tp_the_models_own_vocabulary_does_not_take(workdir, tmp_
 @pytest.mark.slow
 def test_persimmon_from_the_real_llama3_validates_at_tp2(tmp_path):
     """Its own vocabulary 512: the tiny checkpoint takes 512 ids too (the port shards the vocabulary
-    unpadded), TP=2 and bf16 validate; the TP=1 run's layouts pass up to the real llama3's own
-    fault, on-device sampling with LM-head DP (README)."""
+    unpadded), TP=2 and bf16 validate, and so does the TP=1 run with its layouts: the real llama3's
+    own fault, on-device sampling of logits cut to the LM-head-DP rows (NRN010, README), failed the
+    LM-head-DP sampling layout; the port now refuses that pair (the lm-head-dp-sampling-guard
+    repair), and the layout is reported as refused."""
     from autoport_cst.port import port
     from autoport_cst.validate import build_tiny_checkpoint
 
@@ -204,8 +206,9 @@ def test_persimmon_from_the_real_llama3_validates_at_tp2(tmp_path):
     outcome = port(str(source), "persimmon", tmp_path / "out", tp=2, ref=str(REAL / "llama3"), steps=4)
     runs = {(r.tp, r.dtype): r for r in outcome.runs}
     assert runs[(2, "fp32")].equivalent and runs[(1, "bf16")].equivalent
-    assert not runs[(1, "fp32")].equivalent
-    assert "on-device sampling at TP=2, LM-head DP 2" in str(runs[(1, "fp32")].first_diverging)
+    assert runs[(1, "fp32")].equivalent, runs[(1, "fp32")].summary
+    model = (tmp_path / "out" / "vllm_neuron" / "model" / "persimmon" / "model.py").read_text()
+    assert "raise NotImplementedError(\n                \"on-device sampling with LM-head data parallelism" in model
 
 
 @pytest.mark.slow

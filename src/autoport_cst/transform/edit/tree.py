@@ -113,6 +113,22 @@ def preceded_by(*new: cst.CSTNode) -> Edit:
     return lambda updated: cst.FlattenSentinel([*new, updated])
 
 
+def preceded_under_its_comments(*new: cst.BaseStatement) -> Edit:
+    """The edit that adds ``new`` before the statement, below the
+    statement's own leading comments (they head the section both now form)."""
+
+    def edit(updated: cst.CSTNode) -> object:
+        head = new[0] if new else None
+        if not isinstance(updated, cst.SimpleStatementLine | cst.BaseCompoundStatement) or not isinstance(
+            head, cst.SimpleStatementLine | cst.BaseCompoundStatement
+        ):
+            return cst.FlattenSentinel([*new, updated])
+        first = head.with_changes(leading_lines=[*updated.leading_lines, *head.leading_lines])
+        return cst.FlattenSentinel([first, *new[1:], updated.with_changes(leading_lines=[])])
+
+    return edit
+
+
 def rewrite(root: _Node, edits: dict[int, Edit]) -> _Node:
     """Apply ``edits`` (``id(original node)`` -> function of the updated node,
     returning a node, ``cst.FlattenSentinel`` or ``cst.RemoveFromParent()``)
