@@ -208,7 +208,10 @@ def test_persimmon_from_the_real_llama3_validates_at_tp2(tmp_path):
     assert runs[(2, "fp32")].equivalent and runs[(1, "bf16")].equivalent
     assert runs[(1, "fp32")].equivalent, runs[(1, "fp32")].summary
     model = (tmp_path / "out" / "vllm_neuron" / "model" / "persimmon" / "model.py").read_text()
-    assert "raise NotImplementedError(\n                \"on-device sampling with LM-head data parallelism" in model
+    assert (
+        'raise NotImplementedError(\n                "on-device sampling with LM-head data parallelism'
+        in model
+    )
 
 
 @pytest.mark.slow
