@@ -8,6 +8,7 @@ from autoport_cst.transform import Codemod, Example, FileContext
 from autoport_cst.transform.cst.snippets import parse_statement
 from autoport_cst.transform.cst.vocabulary import code_of, dotted, keyword_arg, nodes_of
 from autoport_cst.transform.edit.imports import ensure_import_from
+from autoport_cst.transform.edit.moe import module_imports_name
 from autoport_cst.transform.edit.tree import preceded_under_its_comments, rewrite, with_comment
 
 RULE = "NRN009"
@@ -198,12 +199,7 @@ def _check_module(module: cst.Module, ctx: FileContext, first: cst.Call) -> None
             first,
             module,
         )
-    imports_torch = any(
-        dotted(alias.name) == "torch" and alias.asname is None
-        for statement in nodes_of(module, cst.Import)
-        for alias in statement.names
-    )
-    if not imports_torch:
+    if not module_imports_name(module, "torch"):
         raise ctx.refuse(
             "the module does not import torch (the guard's FP8 test names torch dtypes)", first, module
         )
