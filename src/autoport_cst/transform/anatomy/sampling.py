@@ -46,8 +46,8 @@ def cut_samplings(func: cst.FunctionDef) -> list[CutSampling]:
                 cut.clear()  # a guard refuses LM-head DP from here on
             cut.update({name: statement.test for name in _cut_names(body)})
             continue
-        if not isinstance(statement, cst.SimpleStatementLine):
-            continue
+        if not cut or not isinstance(statement, cst.SimpleStatementLine):
+            continue  # no call is searched before a cut: most forwards never cut
         for call in nodes_of(statement, cst.Call):
             assert isinstance(call, cst.Call)
             name = _sampled_name(call)
