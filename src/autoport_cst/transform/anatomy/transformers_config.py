@@ -24,10 +24,11 @@ def written_as(class_name: str) -> dict[str, str]:
     """``{alias: name written to config.json}`` of the transformers config
     class called ``class_name`` (empty when transformers is not installed or
     has no such class in the model directory its name implies)."""
-    source = _config_source(class_name)
-    if source is None:
+    path = _config_path(class_name)
+    cls = _transformers_class(path, (class_name,)) if path is not None else None
+    if cls is None:
         return {}
-    return {**_base_aliases(), **_attribute_map(source, class_name)}
+    return {**_base_aliases(), **_class_attribute_map(cls)}
 
 
 @functools.cache
@@ -35,24 +36,11 @@ def _base_aliases() -> dict[str, str]:
     """``{alias: name}`` of the base config class's properties that read and
     write another attribute (``torch_dtype`` -> ``dtype`` in transformers 5)."""
     models = _models_dir()
-    try:
-        tree = (
-            ast.parse((models.parent / "configuration_utils.py").read_text(encoding="utf-8"))
-            if models
-            else None
-        )
-    except (OSError, SyntaxError):
-        return {}
     base = (
-        next(
-            (
-                n
-                for n in tree.body
-                if isinstance(n, ast.ClassDef) and n.name in ("PreTrainedConfig", "PretrainedConfig")
-            ),
-            None,
+        _transformers_class(
+            models.parent / "configuration_utils.py", ("PreTrainedConfig", "PretrainedConfig")
         )
-        if tree is not None
+        if models is not None
         else None
     )
     if base is None:
@@ -74,13 +62,11 @@ def _base_aliases() -> dict[str, str]:
 def _property_target(fn: ast.FunctionDef) -> str | None:
     """``Y`` when ``fn``'s last statement is ``return self.Y`` or ``self.Y = value``."""
     last = fn.body[-1]
-    node = (
-        last.value
-        if isinstance(last, ast.Return)
-        else last.targets[0]
-        if isinstance(last, ast.Assign)
-        else None
-    )
+    node: ast.expr | None = None
+    if isinstance(last, ast.Return):
+        node = last.value
+    elif isinstance(last, ast.Assign):
+        node = last.targets[0]
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
         return node.attr
     return None
@@ -101,30 +87,25 @@ def _models_dir() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)), "models")
 
 
-def _config_source(class_name: str) -> str | None:
-    """The source of ``models/<snake>/configuration_<snake>.py`` for
-    ``<Camel>Config`` (``Qwen3MoeConfig`` -> ``qwen3_moe``)."""
+def _config_path(class_name: str) -> Path | None:
+    """``models/<snake>/configuration_<snake>.py`` of the installed
+    transformers for ``<Camel>Config`` (``Qwen3MoeConfig`` -> ``qwen3_moe``)."""
     models = _models_dir()
     if models is None or not class_name.endswith("Config") or class_name == "Config":
         return None
     snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", class_name[: -len("Config")]).lower()
-    path = models / snake / f"configuration_{snake}.py"
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError:
-        return None
+    return models / snake / f"configuration_{snake}.py"
 
 
 @functools.cache
-def _attribute_map(source: str, class_name: str) -> dict[str, str]:
+def _transformers_class(path: Path, names: tuple[str, ...]) -> ast.ClassDef | None:
+    """The first top-level class of the file at ``path`` named one of
+    ``names`` (None when the file cannot be read or parsed, or has none)."""
     try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return {}
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == class_name:
-            return _class_attribute_map(node)
-    return {}
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    return next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in names), None)
 
 
 def _class_attribute_map(cls: ast.ClassDef) -> dict[str, str]:
