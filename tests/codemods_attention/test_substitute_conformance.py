@@ -54,6 +54,11 @@ def test_the_port_validates_with_its_substitutes_checked(gemma2):
             "x32.pow(2).sum(-1, keepdim=True) / x32.shape[-1]",
             "_attention_decode_unfused differs from NF.attention_decode on fused input norm over a zero-padded",
         ),
+        (  # the token axis read for the hidden one: differs only at a real width equal to the tokens
+            "if width in (None, x32.shape[-1])",
+            "if width in (None, x32.shape[-2])",
+            "X_hidden_dim_actual 2 of 32, 2 tokens a step",
+        ),
     ],
 )
 def test_a_substitute_wrong_where_the_port_never_calls_it_fails(gemma2, tmp_path, old, new, named):

@@ -142,15 +142,19 @@ def decode_cases(gen_mask: Callable[..., torch.Tensor]) -> Iterator[Case]:
     kwargs.update(rmsnorm_X_enabled=True, rmsnorm_X_eps=1e-5, rmsnorm_X_gamma=torch.randn(1, 32))
     kwargs.update(rope_contiguous_layout=False, W_out=None, bias_out=None)
     yield Case("fused input norm, interleaved RoPE, head-major output", kwargs)
-    yield _padded_input_norm(gen_mask)
+    yield _padded_input_norm(gen_mask, 24, "plain")
+    yield _padded_input_norm(gen_mask, 2, "two_tokens")
 
 
-def _padded_input_norm(gen_mask: Callable[..., torch.Tensor]) -> Case:
+def _padded_input_norm(gen_mask: Callable[..., torch.Tensor], width: int, variant: str) -> Case:
     """The fused input norm over a zero-padded hidden size: ``X`` is 32 wide,
-    its real width 24 (``X_hidden_dim_actual``), the columns past it zero, and
-    the mean of squares divides by the real width."""
-    kwargs, positions, mask = decode_kwargs(6, "plain")
-    kwargs["X"][..., 24:] = 0.0
+    its real width ``width`` (``X_hidden_dim_actual``), the columns past it
+    zero, and the mean of squares divides by the real width. Run at a real
+    width of 24 and at one equal to the tokens per sequence (2, two tokens a
+    step): the one width at which a norm that reads the token axis for the
+    hidden one still takes the padded branch's count."""
+    kwargs, positions, mask = decode_kwargs(6, variant)
+    kwargs["X"][..., width:] = 0.0
     gamma = torch.randn(1, 32, generator=torch.Generator().manual_seed(6))
     kwargs.update(
         attention_mask=gen_mask(pos_ids=positions.reshape(1, -1).float(), **mask),
@@ -158,9 +162,14 @@ def _padded_input_norm(gen_mask: Callable[..., torch.Tensor]) -> Case:
         rmsnorm_X_enabled=True,
         rmsnorm_X_eps=1e-5,
         rmsnorm_X_gamma=gamma,
-        X_hidden_dim_actual=24,
+        X_hidden_dim_actual=width,
     )
-    return Case("fused input norm over a zero-padded hidden size (X_hidden_dim_actual 24 of 32)", kwargs)
+    tokens = positions.shape[-1]
+    return Case(
+        f"fused input norm over a zero-padded hidden size (X_hidden_dim_actual {width} of 32, "
+        f"{tokens} token{'s' if tokens > 1 else ''} a step)",
+        kwargs,
+    )
 
 
 def decode_kwargs(seed: int, variant: str) -> tuple[dict[str, Any], torch.Tensor, dict[str, int]]:
