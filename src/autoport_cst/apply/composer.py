@@ -183,12 +183,15 @@ def repairs(reference: Reference, parsed: ParsedTexts | None = None) -> list[str
 
 
 def order_steps(steps: list[Step]) -> list[Step]:
-    """Topological order by AFTER constraints; ties: rename first, then by
+    """Topological order by AFTER constraints; ties: the repairs first (they
+    mend the reference as it is, under its own class names, which the repair
+    of a config alias looks up in transformers), then rename, then by
     codemod ID, then by position in the plan."""
 
     def priority(index: int) -> tuple:
         step = steps[index]
-        return (0 if step.id == RENAME else 1, step.id, index)
+        rank = 0 if step.codemod.PURPOSE == "repair" else 1 if step.id == RENAME else 2
+        return (rank, step.id, index)
 
     ids = {s.id for s in steps}
     indegree = [0] * len(steps)
