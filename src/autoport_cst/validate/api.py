@@ -27,6 +27,7 @@ from autoport_cst.errors import InputError
 
 from . import compare, kernel_substitutes, lint_gate, rankless_check, sp_length_check
 from .driver import PortFailure, PortOutput, PortSession, port_hf_config
+from .fixed_precision import fixed_precision_verdict
 from .follow_ups import FollowUps
 from .forced_routing_verdict import forced_routing_verdict
 from .fp8_cache_forcing import ForcingTally, port_cache_contents
@@ -372,6 +373,9 @@ def _compared(
     reference.notify("compare")
     start = time.perf_counter()
     _compare(report, port, reference, scenario, teacher, dtype)
+    fixed_precision_verdict(
+        report, port, reference.outputs, lambda: reference.kernel_precision(teacher), scenario, teacher, dtype
+    )
     reads = reference.outputs["fp32"].config_reads
     report.unread_config_fields = unread_fields(planned.config, reads, port.config_values)
     sp_length_check.apply(report, port.length_check)

@@ -34,7 +34,7 @@ from autoport_cst.atomic import atomic_output
 from autoport_cst.errors import InputError
 
 from . import rankless_check
-from .driver import PortFailure, PortOutput
+from .driver import PortFailure, PortOutput, distinct
 from .layout import ParallelLayout
 from .rank_start import start_forked_ranks, start_interpreter_ranks, start_method
 from .scenario import Scenario
@@ -433,6 +433,7 @@ def merge_rank_outputs(outputs: list[PortOutput], scenario: Scenario) -> PortOut
         segmented=first.segmented,
         guarded_attributes=first.guarded_attributes,
         length_check=merged([o.length_check for o in outputs]),
+        narrowed=distinct([entry for o in outputs for entry in o.narrowed]),
     )
 
 
@@ -467,6 +468,7 @@ def merge_layout_outputs(outputs: list[PortOutput], scenario: Scenario, layout: 
         segmented=any(r.segmented for r in replicas),
         guarded_attributes=sorted({a for r in replicas for a in r.guarded_attributes}),
         rankless_check=rankless_check.merged([o.rankless_check for o in outputs]),
+        narrowed=distinct([entry for r in replicas for entry in r.narrowed]),
     )
 
 

@@ -40,7 +40,7 @@ from .port_failure import PortFailure, port_frame
 from .routing import ForcedTeacher, RoutedRun, RoutingMode, routing_mode
 from .runner_metadata import PAD_SLOT, StepInputs, build_metadata
 from .scenario import PrefillCall, Scenario
-from .standin import kernel_phases
+from .standin import kernel_phases, precision_notes
 from .unread_fields import port_float_values
 
 PREFILL_MODES = ("auto", "segmented", "off")
@@ -78,6 +78,9 @@ class PortOutput:
     rankless_check: list[dict[str, Any]] | None = None
     # the float fields of the port's config dataclass (``unread_fields``)
     config_values: dict[str, float] = field(default_factory=dict)
+    # kernel calls that computed below their inputs' precision (``fixed_precision``): kernel,
+    # compute, given, site and the module paths on the stack, innermost first
+    narrowed: list[dict[str, Any]] = field(default_factory=list)
 
 
 def port_hf_config(checkpoint_dir: str | Path, dtype: torch.dtype) -> Any:
@@ -328,6 +331,7 @@ class PortSession:
         fed with ``teacher[b][j]``."""
         components = find_components(self.model) if capture else []
         recorder = ComponentRecorder(self.model, components) if capture else None
+        precision_notes.taken()  # a note from an earlier run is not this run's
         try:
             with torch.no_grad(), self._routing(teacher):
                 calls, prefill_logits = self._run_prefill(recorder)
@@ -351,6 +355,7 @@ class PortSession:
             guarded_attributes=list(self.guarded),
             routing=self.routing.result() if self.routing is not None else None,
             config_values=port_float_values(getattr(self.model, "config", None)),
+            narrowed=_narrowed(self.model, precision_notes.taken()),
         )
         if recorder:
             self._keep_records(recorder, calls, output)
@@ -423,6 +428,32 @@ class PortSession:
                     output.prefill_records[name].append(_real_rows(rows, calls[index], self.rank, self.tp))
                 else:
                     output.decode_records[name] += _per_step(rows, self.scenario.decode_width(index))
+
+
+def _narrowed(model: Any, notes: list[precision_notes.Narrowed]) -> list[dict[str, Any]]:
+    """The distinct narrowed kernel calls of a run, their modules named by path."""
+    paths = {id(module): name for name, module in model.named_modules()}
+    return distinct(
+        [
+            {
+                "kernel": item.kernel,
+                "compute": item.compute,
+                "given": item.given,
+                "site": item.site,
+                "modules": [paths[i] for i in item.module_ids if i in paths],
+            }
+            for item in notes
+        ]
+    )
+
+
+def distinct(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``entries`` without repeats, in order (every layer, step and rank notes the same call)."""
+    found: list[dict[str, Any]] = []
+    for entry in entries:
+        if entry not in found:
+            found.append(entry)
+    return found
 
 
 def _embed_prompt(step: StepInputs, embeddings: torch.Tensor, call: PrefillCall) -> None:

@@ -83,6 +83,9 @@ class ValidationReport:
     # bf16 MoE ports whose free-routing comparison failed: the teacher-forced routing comparison
     # (docs/validation.md, "MoE routing near-ties"): "used": "teacher_forced" when it validated the port
     routing: dict[str, Any] | None = None
+    # fp32 runs that failed where the port's own kernel call computes in a narrower dtype
+    # (validate.fixed_precision): the calls, the fp32 finding and the bf16 gates' verdict
+    precision: dict[str, Any] | None = None
     # an FP8 KV-cache run in fp32: the transformers cache teacher-forced from the port's stored K/V
     # (validate.fp8_cache_forcing): elements stored, rounded_apart (taken), differing (not taken)
     kv_cache: dict[str, Any] | None = None
@@ -115,6 +118,13 @@ class ValidationReport:
                 return (
                     "equivalent within tolerances against transformers at the kernels' precision policy "
                     "(not against eager bf16: " + ", ".join(baseline["eager"]["failed_checks"]) + ")"
+                )
+            precision = self.precision or {}
+            if precision.get("bf16_gates", {}).get("equivalent"):
+                return (
+                    "equivalent within the bf16 gates, not float32's: the port computes "
+                    + describe_narrowed(precision)
+                    + f" (at float32: {precision['fp32']['first_diverging']})"
                 )
             routing = self.routing or {}
             if routing.get("used") == "teacher_forced":
@@ -471,3 +481,10 @@ REPORT_SCHEMA: dict[str, Any] = {
 
 def report_schema_json() -> str:
     return json.dumps(REPORT_SCHEMA, indent=2) + "\n"
+
+
+def describe_narrowed(precision: dict[str, Any]) -> str:
+    """What a port computes narrower than the model's dtype, by its own kernel
+    calls, and where (``validate.fixed_precision``)."""
+    calls = {f"{e['kernel']} in {e['compute']} (called at {e['site']})" for e in precision["narrowed"]}
+    return "; ".join(sorted(calls))

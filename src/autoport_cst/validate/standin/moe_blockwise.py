@@ -12,6 +12,7 @@ import torch
 from .common_types import ExpertAffinityScaleMode
 from .moe_math import ExpertClamps, check_expert_weights, stacked_expert_mlp
 from .numerics import KernelConstraintError
+from .precision_notes import note
 
 
 class MoECTEImplementation(enum.Enum):
@@ -76,6 +77,7 @@ def run_moe_cte(call: CteCall) -> torch.Tensor:
     active = _active_blocks(call.conditions, block_expert.numel())
     _check_skips(positions, block_expert, call.skip_token, call.skip_weight)
     compute = _compute_dtype(call.compute_dtype, hidden_states.dtype)
+    note("NF.moe_cte", compute, hidden_states.dtype)  # bf16 experts in a float32 model, as the device
     return _run_blocks(call, positions, block_expert, affinities, active, compute)
 
 

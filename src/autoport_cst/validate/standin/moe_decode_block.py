@@ -11,6 +11,7 @@ import torch
 from .common_types import ExpertAffinityScaleMode, RouterActFnType
 from .moe_math import ExpertClamps, check_expert_weights, router_activation, stacked_expert_mlp
 from .numerics import KernelConstraintError
+from .precision_notes import note
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,7 @@ def _router_logits(normed: torch.Tensor, call: BlockTkgCall) -> torch.Tensor:
     """The router matmul takes its inputs in ``router_mm_dtype`` (float32
     unless given) and accumulates in float32; the bias is added after."""
     mm_dtype = call.router_mm_dtype if isinstance(call.router_mm_dtype, torch.dtype) else torch.float32
+    note("NF.moe_block_tkg's router matmul", mm_dtype, normed.dtype)
     logits = normed.to(mm_dtype).to(torch.float32) @ call.router_weights.to(mm_dtype).to(torch.float32)
     if call.router_bias is not None:
         logits = logits + call.router_bias.reshape(-1).to(torch.float32)
