@@ -25,7 +25,12 @@ checkpoint of its config with those heads
 ``NotImplementedError`` of its own (a sliding-window layer: the kernel's
 context-parallel decode mask takes no window) is reported as not run, as
 is a config without fewer KV heads than heads to give it (multi-head
-attention).
+attention). A checkpoint whose ``layer_types`` mix full attention with
+another kind (Gemma 2's sliding layers) refuses DCP decode at its first
+sliding layer, before any full-attention layer runs it; so ``TP=4, DCP 2``
+runs once more on a tiny checkpoint of its config with every layer full
+attention (``layer_types`` all ``full_attention``), which drives the
+full-attention layers' DCP decode (the context-parallel mask, the merge).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ PREFILL = (
     {"num_attention_heads": 4, "num_key_value_heads": 1},
 )
 DCP_LAYOUTS = (DECODE, PREFILL)
+FULL_ATTENTION = "full_attention"
 
 
 def declared_dcp(package_dir: str | Path) -> tuple[str, bool] | None:
@@ -93,10 +99,16 @@ def dcp_runs(
     if declared is None:
         return []
     layouts = DCP_LAYOUTS if declared[1] else (DECODE,)
-    return [
+    runs: list[tuple[str, Callable[[], Any]]] = [
         (label, functools.partial(_run, validate_on, checkpoint, options, heads, stand_ins))
         for label, options, heads in layouts
     ]
+    if _mixes_layer_types(checkpoint):
+        label, options, heads = DECODE
+        edits = {"layer_types": [FULL_ATTENTION]}
+        run = functools.partial(_run, validate_on, checkpoint, options, heads, stand_ins, edits)
+        runs.append((f"{label}, every layer full attention", run))
+    return runs
 
 
 def _run(
@@ -105,11 +117,24 @@ def _run(
     options: dict,
     heads: dict,
     stand_ins: StandIns | None,
+    edits: dict[str, Any] | None = None,
 ) -> Any:
     from .parallel_checks import run_on_stand_in
 
     takes = functools.partial(_takes, options)
-    return run_on_stand_in(validate_on, checkpoint, options, heads, takes, stand_ins)
+    return run_on_stand_in(validate_on, checkpoint, options, heads, takes, stand_ins, edits)
+
+
+def _mixes_layer_types(checkpoint: str | Path) -> bool:
+    """Whether the checkpoint's ``layer_types`` hold full attention and another kind."""
+    from autoport_cst.config_json import parse_config_text
+
+    try:
+        config = parse_config_text((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    kinds = config.get("layer_types") if isinstance(config, dict) else None
+    return isinstance(kinds, list) and FULL_ATTENTION in kinds and any(k != FULL_ATTENTION for k in kinds)
 
 
 def _takes(options: dict, config: dict) -> bool:

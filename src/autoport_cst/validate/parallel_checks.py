@@ -195,11 +195,13 @@ def run_on_stand_in(
     heads: dict[str, int],
     takes: Callable[[dict], bool],
     stand_ins: StandIns | None = None,
+    edits: dict[str, Any] | None = None,
 ) -> Any:
     """The port at ``options`` (``validate_on(checkpoint, **options) ->
-    ValidationReport``): on ``checkpoint`` when ``takes`` its config, else on
-    a tiny checkpoint of its config with the attention ``heads`` and its
-    vocabulary (kept in ``stand_ins`` for the other layouts of the validation,
+    ValidationReport``): on ``checkpoint`` when ``takes`` its config and no
+    ``edits`` are asked, else on a tiny checkpoint of its config with the
+    attention ``heads``, its vocabulary and the config values ``edits``
+    (kept in ``stand_ins`` for the other layouts of the validation,
     or in a temporary directory removed after the run).
     ``InputError`` when transformers cannot build or run that one, or it lacks
     tensor names of ``checkpoint``."""
@@ -209,9 +211,9 @@ def run_on_stand_in(
     config = parse_config_text(config_path.read_text(encoding="utf-8"))
     if not isinstance(config, dict):
         raise InputError(f"{config_path}: not a JSON object")
-    if takes(config):
+    if takes(config) and not edits:
         return validate_on(checkpoint, **options)
-    heads_of = _stand_in_heads(config, heads)
+    heads_of = {**_stand_in_heads(config, heads), **(edits or {})}
     described = ", ".join(f"{name} {value}" for name, value in heads_of.items())
     # the checkpoint's own vocabulary: whether the TP ranks divide it is the checkpoint's, not the
     # tiny default's (a port whose LM head needs a vocabulary they divide, as vllm_neuron's do)
@@ -258,18 +260,18 @@ class StandIns:
 
     def __enter__(self) -> StandIns:
         self._scratch = tempfile.TemporaryDirectory(prefix="autoport-stand-in-")
-        self._built: dict[tuple[str, tuple[tuple[str, int], ...]], Path] = {}
+        self._built: dict[tuple[str, str], Path] = {}
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self._scratch.cleanup()
 
-    def checkpoint(self, checkpoint: str | Path, dimensions: dict[str, int], described: str) -> Path:
+    def checkpoint(self, checkpoint: str | Path, dimensions: dict[str, Any], described: str) -> Path:
         """The tiny checkpoint of ``checkpoint``'s config with ``dimensions``
         (seed 0, its layer kinds and tensor names), built on first use."""
         from .tiny import build_tiny_checkpoint, key_format_of
 
-        key = (str(checkpoint), tuple(sorted(dimensions.items())))
+        key = (str(checkpoint), repr(sorted(dimensions.items())))
         if key not in self._built:
             target = Path(self._scratch.name) / str(len(self._built))
             try:
