@@ -52,7 +52,9 @@ def test_the_full_attention_run_is_asked_only_of_a_checkpoint_mixing_layer_types
     uniform = tmp_path / "uniform"
     uniform.mkdir()
     config = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))
-    (uniform / "config.json").write_text(json.dumps({**config, "layer_types": ["full_attention"] * len(kinds)}))
+    (uniform / "config.json").write_text(
+        json.dumps({**config, "layer_types": ["full_attention"] * len(kinds)})
+    )
     assert FULL not in dict(dcp_runs(package, validate_on, uniform))
 
 
