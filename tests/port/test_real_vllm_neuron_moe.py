@@ -17,7 +17,9 @@ fused (transformers 5's own layout of Mixtral and OLMoE)."""
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -91,3 +93,44 @@ def test_fused_experts_are_refused_where_the_real_experts_load_per_expert_keys(t
     failure = _refusal("Qwen3MoeForCausalLM", "model", tmp_path, {"norm_topk_prob": True})
     assert "fused-checkpoint" in failure and "per-expert keys" in failure, failure
     assert 'mappings[f"{layer_prefix}.mlp.experts.gate_up_proj_weight"]' in failure, failure
+
+
+@pytest.mark.slow
+def test_a_qwen3_moe_port_under_another_name_validates_fp32_by_the_bf16_gates(tmp_path):
+    """A tiny Qwen3-MoE (tensors named as the hub stores them, per expert; its
+    top-k renormalized) ported from the real qwen3_moe as ``tiny_q3m``. Its
+    config-written-names repair ran after rename-classes and found no
+    ``TinyQ3mConfig`` in transformers, so the port kept 128 experts and failed
+    at build; the repairs run first now. Its fp32 run fails float32's
+    tolerances at the first MoE layer by design (the real ``NF.moe_cte`` call
+    passes ``compute_dtype=nl.bfloat16``) and is judged by the bf16 gates from
+    there, naming that call."""
+    from autoport_cst.apply import build_port, load_reference, write_port
+    from autoport_cst.plan import from_research
+    from autoport_cst.research import choose_reference, research
+    from autoport_cst.validate import build_tiny_checkpoint, validate_model
+
+    checkpoint = tmp_path / "checkpoint"
+    build_tiny_checkpoint(
+        "Qwen3MoeForCausalLM", checkpoint, seed=0, dimensions={"vocab_size": 512}, key_format="saved"
+    )
+    config = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))
+    (checkpoint / "config.json").write_text(json.dumps({**config, "norm_topk_prob": True}), encoding="utf-8")
+    found = research(str(checkpoint))
+    ref = str(REAL / "qwen3_moe")
+    choice = choose_reference(found.spec, "port", found.architecture, [ref], found)
+    plan = from_research(found, "port", choice.chosen, "real-code test")
+    plan = replace(plan, name="tiny_q3m", class_prefix="TinyQ3m")
+    result = build_port(plan, load_reference(ref))
+    assert result.ok, result.failure
+    steps = [step.codemod for step in result.steps]
+    assert steps.index("config-written-names") < steps.index("rename-classes")
+    write_port(tmp_path / "out", result.files, result.package_dir, force=False)
+    package = tmp_path / "out" / result.package_dir
+    report = validate_model(
+        package, checkpoint, dtype="fp32", steps=4, config_variants=False, parallel_layouts=False
+    )
+    assert report.equivalent, report.summary()
+    assert report.precision is not None and report.precision["bf16_gates"]["equivalent"]
+    assert [call["kernel"] for call in report.precision["narrowed"]] == ["NF.moe_cte"]
+    assert "layers.1.mlp" in report.precision["fp32"]["first_diverging"]
