@@ -4,7 +4,8 @@ transformers by its name, which a port under another name renames. Ported as
 ``tiny_q3m`` from the real vllm_neuron qwen3_moe (whose config reads
 ``num_experts``, written by transformers 5 as ``num_local_experts``), the
 repair ran after the rename, found no ``TinyQ3mConfig`` in transformers and
-changed nothing: the port kept 128 experts and failed at build."""
+changed nothing: the port kept 128 experts and failed at build. A repair
+step whose rule still fires after it is now the step's error."""
 
 from __future__ import annotations
 
@@ -48,3 +49,25 @@ def test_a_config_alias_is_repaired_in_a_port_under_another_name(tmp_path, repo_
     assert "class TinyQ3mConfig" in config
     assert "    num_local_experts: int | None = None\n" in config
     assert "            self.num_experts = self.num_local_experts\n" in config
+
+
+def test_a_repair_that_leaves_its_finding_refuses_positioned(tmp_path, repo_root, monkeypatch):
+    """A repair step whose rule still fires after it (here: config-written-names
+    made to change nothing) is the step's error, at the finding in the
+    reference file: no port is written with the reference's latent bug."""
+    from autoport_cst.transform.library import get_codemod
+
+    reference = load_reference(str(_reading_num_experts_only(tmp_path)))
+    monkeypatch.setattr(
+        get_codemod("config-written-names"), "transform_module", lambda self, module, ctx: module
+    )
+    result = build_port(load_plan(repo_root / "examples" / "qwen3_moe.plan.json"), reference)
+    assert not result.ok
+    message = str(result.failure)
+    assert "repair step config-written-names left NRN008" in message
+    line = next(
+        number
+        for number, text in enumerate((tmp_path / "qwen3_moe" / "config.py").read_text().splitlines(), 1)
+        if text.strip().startswith("num_experts:")
+    )
+    assert message.startswith(f"qwen3_moe/config.py:{line}:5: ")

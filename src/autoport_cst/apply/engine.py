@@ -34,6 +34,7 @@ from autoport_cst.apply.reference import (
     Provenance,
     Reference,
 )
+from autoport_cst.apply.repair_check import findings_left
 from autoport_cst.collector import collector_paused
 from autoport_cst.errors import AutoportError, InputError, Position, PreconditionError
 from autoport_cst.plan import Plan, plan_to_json
@@ -234,6 +235,8 @@ def _run_step(
     except PreconditionError as error:
         error.step, error.realizes = step.id, tuple(step.realizes)
         raise
+    if step.origin == "repair":
+        _check_repaired(step, targets)
     return StepResult(
         label or step.id,
         step.params_json(),
@@ -243,6 +246,18 @@ def _run_step(
         tuple(notes),
         tuple(sorted(narrowed.items())),
     )
+
+
+def _check_repaired(step: Step, targets: list[_Unit]) -> None:
+    """A repair step's error when a finding it was chosen for is left (``repair_check``)."""
+    files = [(u.label, u.current(), u.module) for u in targets if u.module is not None]
+    error = findings_left(step.id, files)
+    if error is None:
+        return
+    error.step = step.id
+    owner = next(u for u in targets if u.label == error.position.path)  # type: ignore[union-attr]
+    _to_reference_position(error, owner)
+    raise error
 
 
 def _code_changed(unit: _Unit, after: cst.Module) -> bool:
