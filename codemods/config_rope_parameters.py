@@ -30,8 +30,12 @@ if self.rope_parameters:
     unread = [rope_type for rope_type in rope_types if rope_type != "default"]
     if unread and not getattr(self, "rope_scaling", None):
         raise ValueError(
-            f"rope_parameters rope_type {unread[0]!r} is not read by this config, "
-            "which computes the default RoPE from rope_theta alone"
+            f"rope_parameters rope_type {unread[0]!r} is not read by this config, which "
+            + (
+                "takes a scaled RoPE from rope_scaling alone (unset in this model config)"
+                if "rope_scaling" in getattr(self, "__dataclass_fields__", {})
+                else "computes the default RoPE from rope_theta alone"
+            )
         )
     self.rope_theta = rope_parameters.get("rope_theta", self.rope_theta)
 """
@@ -105,8 +109,12 @@ class ConfigRopeParameters(Codemod):
                             unread = [rope_type for rope_type in rope_types if rope_type != "default"]
                             if unread and not getattr(self, "rope_scaling", None):
                                 raise ValueError(
-                                    f"rope_parameters rope_type {unread[0]!r} is not read by this config, "
-                                    "which computes the default RoPE from rope_theta alone"
+                                    f"rope_parameters rope_type {unread[0]!r} is not read by this config, which "
+                                    + (
+                                        "takes a scaled RoPE from rope_scaling alone (unset in this model config)"
+                                        if "rope_scaling" in getattr(self, "__dataclass_fields__", {})
+                                        else "computes the default RoPE from rope_theta alone"
+                                    )
                                 )
                             self.rope_theta = rope_parameters.get("rope_theta", self.rope_theta)
                         if self.head_dim is None:

@@ -74,6 +74,9 @@ def test_a_rope_type_the_config_does_not_read_is_refused():
     assert CONFIG.count(field) == 1
     scaled = _config_class(CONFIG.replace(field, field + "    rope_scaling: dict | None = None\n"))
     assert scaled(rope_parameters=yarn, rope_scaling=yarn).rope_theta == 500.0
+    # one with a rope_scaling field says where it would have read the scaled RoPE
+    with pytest.raises(ValueError, match="takes a scaled RoPE from rope_scaling alone"):
+        scaled(rope_parameters=yarn)
 
 
 def test_a_rope_type_of_one_layer_type_split_off_before_is_refused():
