@@ -1,5 +1,5 @@
-"""DCP decode on the full-attention layers of a checkpoint that mixes layer
-types (``validate.dcp_layouts``). Gemma 2's tiny checkpoint has a sliding
+"""DCP on the full-attention layers of a checkpoint that mixes layer types
+(``validate.dcp_layouts``). Gemma 2's tiny checkpoint has a sliding
 layer first, where its port refuses DCP decode, so the default ``TP=4, DCP
 2`` run never reached a full-attention layer's DCP code: the decode mask
 built without the ranks' filled slots (the mutation benchmark's gemma2:1009)
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from autoport_cst.validate import validate_model
-from autoport_cst.validate.dcp_layouts import DECODE, dcp_runs
+from autoport_cst.validate.dcp_layouts import DECODE, PREFILL, dcp_runs
 from tests.edited_copies import edited_copy
 
 from .test_validations import CASES
@@ -47,8 +47,11 @@ def test_the_full_attention_run_is_asked_only_of_a_checkpoint_mixing_layer_types
     def validate_on(stand_in: Path, **options):
         seen.append(json.loads((Path(stand_in) / "config.json").read_text(encoding="utf-8"))["layer_types"])
 
-    dict(dcp_runs(package, validate_on, checkpoint))[FULL]()
+    runs = dict(dcp_runs(package, validate_on, checkpoint))
+    runs[FULL]()
     assert seen == [["full_attention"] * len(kinds)]
+    # the context-parallel prefill too, which the reference takes
+    assert f"{PREFILL[0]}, every layer full attention" in runs
     uniform = tmp_path / "uniform"
     uniform.mkdir()
     config = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))

@@ -27,10 +27,11 @@ context-parallel decode mask takes no window) is reported as not run, as
 is a config without fewer KV heads than heads to give it (multi-head
 attention). A checkpoint whose ``layer_types`` mix full attention with
 another kind (Gemma 2's sliding layers) refuses DCP decode at its first
-sliding layer, before any full-attention layer runs it; so ``TP=4, DCP 2``
-runs once more on a tiny checkpoint of its config with every layer full
-attention (``layer_types`` all ``full_attention``), which drives the
-full-attention layers' DCP decode (the context-parallel mask, the merge).
+sliding layer, before any full-attention layer runs it; so each of those
+layouts runs once more on a tiny checkpoint of its config with every layer
+full attention (``layer_types`` all ``full_attention``), which drives the
+full-attention layers' DCP code (the context-parallel mask and merge, and
+the context-parallel prefill).
 """
 
 from __future__ import annotations
@@ -104,10 +105,14 @@ def dcp_runs(
         for label, options, heads in layouts
     ]
     if _mixes_layer_types(checkpoint):
-        label, options, heads = DECODE
         edits = {"layer_types": [FULL_ATTENTION]}
-        run = functools.partial(_run, validate_on, checkpoint, options, heads, stand_ins, edits)
-        runs.append((f"{label}, every layer full attention", run))
+        runs += [
+            (
+                f"{label}, every layer full attention",
+                functools.partial(_run, validate_on, checkpoint, options, heads, stand_ins, edits),
+            )
+            for label, options, heads in layouts
+        ]
     return runs
 
 
