@@ -4,8 +4,10 @@ layer first, where its port refuses DCP decode, so the default ``TP=4, DCP
 2`` run never reached a full-attention layer's DCP code: the decode mask
 built without the ranks' filled slots (the mutation benchmark's gemma2:1009)
 validated. The run once more with every layer full attention reaches it:
-the port's mask is built and its op-by-op decode then refuses DCP by name
-(not run), while the mask without the filled slots fails there."""
+the port's mask is built and its op-by-op decode attends over each rank's
+share of the context (validates), while the mask without the filled slots,
+or the TP group of the context-parallel prefill taken for a DCP decode (the
+benchmark's gemma2:613), fails there."""
 
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ GEMMA2 = next(case for case in CASES if case.id == "gemma2")
 FULL = f"{DECODE[0]}, every layer full attention"
 RUN = dict(steps=3, prompt_lengths=(8, 12, 20), config_variants=False, parallel_layouts=False)
 FILLED = "                local_filled_slots=local_filled,\n"
+PREFILL_TEST = (
+    "        if self.apply_prefill_dcp and self.dcp_size > 1:\n            # Context-parallel prefill"
+)
 
 pytestmark = pytest.mark.usefixtures("shared_reference_runs")
 
@@ -61,11 +66,11 @@ def test_the_full_attention_run_is_asked_only_of_a_checkpoint_mixing_layer_types
     assert FULL not in dict(dcp_runs(package, validate_on, uniform))
 
 
-def test_the_full_attention_layers_dcp_mask_is_driven(gemma2, tmp_path):
+def test_the_full_attention_layers_dcp_decode_is_driven(gemma2, tmp_path):
     package, checkpoint = gemma2
     found = _runs(package, checkpoint)[FULL]()
-    assert found.failure is not None and found.failure.refusal
-    assert "does not implement dcp_size=2" in found.failure.message
+    assert found.equivalent and found.failure is None
+    assert found.settings["layout"]["dcp"] == 2
     assert (package / "model.py").read_text(encoding="utf-8").count(FILLED) == 1
     mutant = edited_copy(package, tmp_path / "mutant", [(FILLED, "")])
     runs = _runs(mutant, checkpoint)
@@ -73,3 +78,12 @@ def test_the_full_attention_layers_dcp_mask_is_driven(gemma2, tmp_path):
     found = runs[FULL]()
     assert not found.equivalent and found.failure is not None and not found.failure.refusal
     assert "dcp_active_mask needs local_filled_slots" in found.failure.message
+
+
+def test_a_dcp_decode_summing_over_the_prefill_tp_group_fails(gemma2, tmp_path):
+    package, checkpoint = gemma2
+    wrong = PREFILL_TEST.replace(" and ", " or ")
+    mutant = edited_copy(package, tmp_path / "mutant", [(PREFILL_TEST, wrong)])
+    found = _runs(mutant, checkpoint)[FULL]()
+    assert not found.equivalent and found.failure is None
+    assert (found.first_diverging.component, found.first_diverging.phase) == ("layers.0.attention", "decode")

@@ -179,7 +179,12 @@ def test_decode_substitute_softcap_changes_only_the_scores():
     [
         ("attention_dp", {"attention_dp": 2}),
         ("kv_needs_a2a", {"kv_needs_a2a": True}),
-        ("dcp_size", {"dcp_size": 2}),
+        ("sink with dcp_size=2", {"dcp_size": 2, "sink": torch.zeros(4, 1)}),
+        ("alibi_slopes with dcp_size=2", {"dcp_size": 2, "alibi_slopes": torch.zeros(4)}),
+        (
+            "max_context_len with dcp_size=2",
+            {"dcp_size": 2, "max_context_len": torch.ones(1, dtype=torch.int32)},
+        ),
         ("k_scale", {"k_scale": torch.ones(1), "v_scale": torch.ones(1)}),
         ("fp8_packed", {"fp8_packed": True}),
         ("quantization_type_qkv", {"quantization_type_qkv": "STATIC"}),
@@ -191,6 +196,13 @@ def test_decode_substitute_refuses_what_it_does_not_implement_by_name(name, opti
     kwargs["attention_mask"] = NF.gen_attention_decode_mask(pos_ids=positions.reshape(1, -1).float(), **mask)
     with pytest.raises(NotImplementedError, match=name):
         DECODE(K_cache=caches[0], V_cache=caches[1], update_cache=True, **kwargs, **option)
+
+
+def test_decode_substitute_needs_the_dcp_group_of_its_size():
+    kwargs, caches, positions, mask, _ = _decode_case(7)
+    kwargs["attention_mask"] = NF.gen_attention_decode_mask(pos_ids=positions.reshape(1, -1).float(), **mask)
+    with pytest.raises(ValueError, match="dcp_size=2 needs a dcp_group of that size"):
+        DECODE(K_cache=caches[0], V_cache=caches[1], update_cache=True, **kwargs, dcp_size=2)
 
 
 def test_decode_substitute_takes_neutral_options_and_hints():

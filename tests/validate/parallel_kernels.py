@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from autoport_cst.transform.edit.kernels import DECODE_UNFUSED
 from autoport_cst.validate.standin import functional as NF
 from autoport_cst.validate.standin.parallel_state import GroupCoordinator
 
@@ -78,7 +79,16 @@ def attention_dp(rank: int, tensors: dict, group) -> torch.Tensor:
     return output  # [2, HEADS * D]: each sequence's attention of every head
 
 
-def context_parallel_decode(rank: int, tensors: dict, coordinator: GroupCoordinator) -> torch.Tensor:
+def op_by_op_decode():
+    """The ports' op-by-op decode attention, as the codemods write it."""
+    namespace = {"torch": torch, "NF": NF}
+    exec(DECODE_UNFUSED, namespace)
+    return namespace["_attention_decode_unfused"]
+
+
+def context_parallel_decode(
+    rank: int, tensors: dict, coordinator: GroupCoordinator, kernel=NF.attention_decode
+) -> torch.Tensor:
     """Sequence 1 (position 9) with its context interleaved over two ranks
     (interleave 1): rank ``r`` holds positions ``p % 2 == r`` in order."""
     position = POSITIONS[1]
@@ -97,7 +107,7 @@ def context_parallel_decode(rank: int, tensors: dict, coordinator: GroupCoordina
         local_filled_slots=torch.tensor([float(len(owned))]),
         dcp_active_mask=torch.tensor([1.0 if position % 2 == rank else 0.0]),
     )
-    output = NF.attention_decode(
+    output = kernel(
         X=tensors["x"][1:],
         W_qkv=w_qkv,
         K_cache=k_cache,
@@ -150,6 +160,7 @@ def run(rank: int, port: int, directory: str) -> None:
         results = {
             "attention_dp": attention_dp(rank, tensors, dist.group.WORLD),
             "dcp": context_parallel_decode(rank, tensors, coordinator),
+            "dcp_op_by_op": context_parallel_decode(rank, tensors, coordinator, op_by_op_decode()),
             "segmented_cp": segmented_cp(rank, tensors, coordinator),
         }
         torch.save(results, Path(directory) / f"rank{rank}.pt")

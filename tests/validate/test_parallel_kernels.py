@@ -1,6 +1,7 @@
 """Attention data parallelism and decode context parallelism, split over two
 ranks joined by gloo (``parallel_kernels``), give what one process computes
-unsplit."""
+unsplit; so does the ports' op-by-op decode attention with decode context
+parallelism."""
 
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ def test_two_rank_splits_match_one_process(tmp_path: Path) -> None:
     heads = unsplit[1].reshape(P.HEADS, P.D)  # sequence 1, per head
     for r, rank in enumerate(ranks):  # DCP: rank r keeps heads 2r, 2r + 1
         assert torch.allclose(rank["dcp"][0, :, :, 0], heads[2 * r : 2 * r + 2], atol=1e-5)
+        torch.testing.assert_close(rank["dcp_op_by_op"], rank["dcp"])
     chunk = _unsplit_chunk(tensors)
     for r, rank in enumerate(ranks):  # segmented CP: rank r keeps chunk queries 2r, 2r + 1
         assert torch.allclose(rank["segmented_cp"].double(), chunk[:, 2 * r : 2 * r + 2], atol=1e-5)

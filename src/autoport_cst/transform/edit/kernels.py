@@ -214,9 +214,15 @@ def _attention_decode_unfused(
     ``max_context_len`` bounds the prior slots read. With ``update_cache`` the
     step's K/V go to the slots ``kv_cache_update_idx`` [B, S] (slots outside
     the cache skipped) and the output [B * S, H] is returned; without, the
-    output, K [Dh, B * Nkv, S] and V [B, Nkv, S, Dh]. FP8 caches, attention
-    data parallelism, decode context parallelism and the kernel's other
-    options are refused by name.
+    output, K [Dh, B * Nkv, S] and V [B, Nkv, S, Dh]. Decode context
+    parallelism (``dcp_size`` W over ``dcp_group``) as the kernel does it: each
+    rank holds an interleaved share of the context, the rotated queries of the
+    group's heads are gathered (the mask is for W times the local heads), each
+    rank attends over its share and the partial outputs are merged by their
+    log-sum-exp and scattered back by head; with it, ``sink``, ``alibi_slopes``,
+    ``pos_ids`` and ``max_context_len`` are refused by name. FP8 caches,
+    attention data parallelism and the kernel's other options are refused by
+    name.
     """
     refused = [
         name
@@ -225,9 +231,17 @@ def _attention_decode_unfused(
     ]
     refused += [name for name, value in (("k_scale", k_scale), ("v_scale", v_scale)) if value is not None]
     refused += [name for name, value in (("fp8_packed", fp8_packed), ("kv_needs_a2a", kv_needs_a2a)) if value]
-    refused += [f"{name}={value}" for name, value in (("attention_dp", attention_dp), ("dcp_size", dcp_size)) if value != 1]
+    if attention_dp != 1:
+        refused.append(f"attention_dp={attention_dp}")
+    if dcp_size != 1:
+        context_parallel_refused = (
+            ("sink", sink), ("alibi_slopes", alibi_slopes), ("pos_ids", pos_ids), ("max_context_len", max_context_len)
+        )
+        refused += [f"{name} with dcp_size={dcp_size}" for name, value in context_parallel_refused if value is not None]
     if refused:
         raise NotImplementedError(f"the op-by-op decode attention does not implement {', '.join(refused)}")
+    if dcp_size != 1 and (dcp_group is None or dcp_group.world_size != dcp_size):
+        raise ValueError(f"dcp_size={dcp_size} needs a dcp_group of that size")
 
     def rms_norm(x, eps, weight, width=None):
         x32 = x.to(torch.float32)
@@ -273,6 +287,8 @@ def _attention_decode_unfused(
         k = rms_norm(k, rmsnorm_QK_post_rope_eps, rmsnorm_QK_post_rope_W_K)
     if q_scale is not None:
         q = (q * q_scale.reshape(batch, 1, seq, 1)).to(q.dtype)
+    if dcp_size > 1:
+        q = dcp_group.all_gather(q.contiguous(), dim=1)  # the group's heads, this rank's share of the context
 
     # each sequence's context from its blocks, the step's tokens in the last S slots
     table = active_blocks_table.to(torch.int64).clamp(min=0)
@@ -307,7 +323,7 @@ def _attention_decode_unfused(
         limit = max_context_len.reshape(-1)[0].to(torch.int64)
         visible = visible & ((slots < limit) | (slots >= context - seq))
 
-    groups = q_heads // kv_heads
+    groups = q.shape[1] // kv_heads
     keys = k_ctx.repeat_interleave(groups, dim=1).to(torch.float32)
     values = v_ctx.repeat_interleave(groups, dim=1).to(torch.float32)
     scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
@@ -332,6 +348,11 @@ def _attention_decode_unfused(
     if sink is not None:
         probs = probs[..., :-1]
     attn = torch.matmul(probs.to(X.dtype).to(torch.float32), values).to(X.dtype)  # [B, Nq, S, Dh]
+    if dcp_size > 1:
+        lse = torch.logsumexp(scores, dim=-1)
+        every = dcp_group.all_gather(lse.contiguous(), dim=0).view(dcp_size, *lse.shape)
+        weight = torch.exp(lse - torch.logsumexp(every, dim=0)).unsqueeze(-1)
+        attn = dcp_group.reduce_scatter((attn.to(torch.float32) * weight).to(X.dtype).contiguous(), dim=1)
 
     if update_cache:
         slots = kv_cache_update_idx.to(torch.int64).reshape(-1)
