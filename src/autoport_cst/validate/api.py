@@ -412,13 +412,8 @@ def _compare(
         )
     else:
         result = compare.compare_all(port, fp32, bf16, scenario, teacher, dtype)
-    report.equivalent = result.equivalent
-    report.first_diverging = result.first
-    report.failed_checks = result.failed
-    report.components = [vars(c) for c in result.components]
-    report.not_compared = result.not_compared
+    report.take_comparison(result)
     report.unused_checkpoint_keys = list(port.unexpected_keys)
-    report.logits = vars(result.logits)
 
 
 @dataclass

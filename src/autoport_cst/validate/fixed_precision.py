@@ -60,11 +60,7 @@ def fixed_precision_verdict(
     report.precision["bf16_gates"] = {"equivalent": result.equivalent, "failed_checks": result.failed}
     if result.equivalent:
         report.precision["bf16_gates"]["baseline"] = baseline["used"]
-        report.equivalent = True
-        report.first_diverging = None
-        report.failed_checks = []
-        report.components = [vars(c) for c in result.components]
-        report.logits = vars(result.logits)
+        report.take_comparison(result)
 
 
 def _narrowed_up_to(port: PortOutput, component: str) -> list[dict[str, Any]]:

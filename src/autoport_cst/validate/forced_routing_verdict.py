@@ -45,9 +45,4 @@ def _forced_evidence(report: ValidationReport, port_run: Any, teacher: list[list
     report.routing = evidence.describe(report.failed_checks)
     report.routing["summary"] = evidence.summary()
     if evidence.validates and evidence.comparison is not None:
-        result = evidence.comparison
-        report.equivalent = True
-        report.first_diverging = None
-        report.failed_checks = []
-        report.components = [vars(c) for c in result.components]
-        report.logits = vars(result.logits)
+        report.take_comparison(evidence.comparison)

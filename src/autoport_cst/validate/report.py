@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .compare import Comparison
 
 REPORT_KIND = "autoport-cst/validation-report"
 REPORT_VERSION = 1
@@ -110,6 +113,15 @@ class ValidationReport:
     @property
     def exit_code(self) -> int:
         return 0 if self.equivalent else 1
+
+    def take_comparison(self, comparison: Comparison) -> None:
+        """The verdict, divergence, failed checks and metrics of ``comparison``."""
+        self.equivalent = comparison.equivalent
+        self.first_diverging = comparison.first
+        self.failed_checks = list(comparison.failed)
+        self.components = [vars(c) for c in comparison.components]
+        self.not_compared = list(comparison.not_compared)
+        self.logits = vars(comparison.logits)
 
     def summary(self) -> str:
         if self.equivalent:
