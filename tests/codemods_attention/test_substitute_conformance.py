@@ -59,6 +59,16 @@ def test_the_port_validates_with_its_substitutes_checked(gemma2):
             "if width in (None, x32.shape[-2])",
             "X_hidden_dim_actual 2 of 32, 2 tokens a step",
         ),
+        (  # the fused input norm's default epsilon: the port passes its own
+            "1e-3 if rmsnorm_X_eps is None",
+            "0.002 if rmsnorm_X_eps is None",
+            "on fused input norm at the default epsilon",
+        ),
+        (  # the QK norm after RoPE: no port of ours enables it
+            "k = rms_norm(k, rmsnorm_QK_post_rope_eps, rmsnorm_QK_post_rope_W_K)",
+            "k = rms_norm(k, rmsnorm_QK_post_rope_eps, rmsnorm_QK_post_rope_W_Q)",
+            "on post_rope_qk_norm",
+        ),
     ],
 )
 def test_a_substitute_wrong_where_the_port_never_calls_it_fails(gemma2, tmp_path, old, new, named):

@@ -110,11 +110,11 @@ def segmented_cases() -> Iterator[Case]:
 def decode_cases(gen_mask: Callable[..., torch.Tensor]) -> Iterator[Case]:
     """Decode: the cache written in the kernel and the K/V returned instead,
     masks given and built from ``pos_ids`` with a bounded gather, 3-D caches,
-    two tokens per sequence, QK norms, sinks, windows, the fused input norm
-    with interleaved RoPE and the head-major output, and over a zero-padded
-    hidden size. ``gen_mask`` is the
-    stand-in's ``gen_attention_decode_mask``."""
-    variants = ("plain", "qk_norm", "sink", "window", "3d_cache", "two_tokens")
+    two tokens per sequence, QK norms before and after RoPE, sinks, windows,
+    the fused input norm at the kernel's default epsilon with interleaved RoPE
+    and the head-major output, and over a zero-padded hidden size.
+    ``gen_mask`` is the stand-in's ``gen_attention_decode_mask``."""
+    variants = ("plain", "qk_norm", "post_rope_qk_norm", "sink", "window", "3d_cache", "two_tokens")
     for variant in variants:
         for update in (True, False):
             kwargs, positions, mask = decode_kwargs(len(variant), variant)
@@ -139,9 +139,9 @@ def decode_cases(gen_mask: Callable[..., torch.Tensor]) -> Iterator[Case]:
     kwargs.update(
         attention_mask=gen_mask(pos_ids=positions.reshape(1, -1).float(), **mask), update_cache=True
     )
-    kwargs.update(rmsnorm_X_enabled=True, rmsnorm_X_eps=1e-5, rmsnorm_X_gamma=torch.randn(1, 32))
+    kwargs.update(rmsnorm_X_enabled=True, rmsnorm_X_gamma=torch.randn(1, 32))  # the kernel's epsilon
     kwargs.update(rope_contiguous_layout=False, W_out=None, bias_out=None)
-    yield Case("fused input norm, interleaved RoPE, head-major output", kwargs)
+    yield Case("fused input norm at the default epsilon, interleaved RoPE, head-major output", kwargs)
     yield _padded_input_norm(gen_mask, 24, "plain")
     yield _padded_input_norm(gen_mask, 2, "two_tokens")
 
@@ -214,6 +214,13 @@ def _decode_variant(variant: str, kwargs: dict[str, Any], q_heads: int) -> dict[
             "rmsnorm_QK_pre_rope_eps": 1e-6,
             "rmsnorm_QK_pre_rope_W_Q": torch.randn(1, d, generator=generator),
             "rmsnorm_QK_pre_rope_W_K": torch.randn(1, d, generator=generator),
+        }
+    if variant == "post_rope_qk_norm":
+        return {
+            "rmsnorm_QK_post_rope_enabled": True,
+            "rmsnorm_QK_post_rope_eps": 1e-5,
+            "rmsnorm_QK_post_rope_W_Q": torch.randn(1, d, generator=generator),
+            "rmsnorm_QK_post_rope_W_K": torch.randn(1, d, generator=generator),
         }
     if variant == "sink":
         return {"sink": torch.randn(q_heads, 1, generator=generator)}
