@@ -15,6 +15,7 @@ import torch
 from autoport_cst.transform.edit import kernels
 from autoport_cst.validate import kernel_substitutes
 from autoport_cst.validate.standin import functional as NF
+from autoport_cst.validate.standin import standin_installed
 
 
 def _functions(*sources: str) -> dict:
@@ -42,7 +43,8 @@ DECODE = FUNCTIONS["_attention_decode_unfused"]
 def test_substitute_matches_the_kernel_on_every_conformance_case(name):
     cases = kernel_substitutes.cases_for(name, NF)
     assert len(cases) >= 3
-    assert kernel_substitutes.check_functions({name: FUNCTIONS[name]}, NF) == []
+    with standin_installed():  # the FP8 cases import the platform's FP8 range
+        assert kernel_substitutes.check_functions({name: FUNCTIONS[name]}, NF) == []
 
 
 @pytest.mark.parametrize(
@@ -72,6 +74,12 @@ def test_substitute_matches_the_kernel_on_every_conformance_case(name):
             "k_ctx[:, :, context - seq - 1 :]",
             "two_tokens",
         ),
+        (
+            "_attention_decode_unfused",
+            "stored(k, k_scale, K_cache), stored(v, v_scale, V_cache)",
+            "stored(k, v_scale, K_cache), stored(v, k_scale, V_cache)",
+            "FP8 cache with k_scale and v_scale",
+        ),
     ],
 )
 def test_a_substitute_wrong_in_a_layout_the_port_never_passes_is_named(name, old, new, case):
@@ -80,7 +88,8 @@ def test_a_substitute_wrong_in_a_layout_the_port_never_passes_is_named(name, old
     source = next(text for text in SOURCES if f"def {name}(" in text)
     assert old in source
     mutated = _functions(*(text.replace(old, new) for text in SOURCES))
-    failures = kernel_substitutes.check_functions({name: mutated[name]}, NF)
+    with standin_installed():
+        failures = kernel_substitutes.check_functions({name: mutated[name]}, NF)
     assert failures and any(case in failure for failure in failures), failures
     assert all(failure.startswith(f"{name} differs from NF.") for failure in failures)
 
@@ -93,7 +102,15 @@ def test_a_substitute_refusing_a_layout_by_name_passes():
     refusing = "def _refuse_3d():\n    raise NotImplementedError('one-KV-head 3-D caches')\n"
     decode = _functions(refusing, source)["_attention_decode_unfused"]
     assert new in source
-    assert kernel_substitutes.check_functions({"_attention_decode_unfused": decode}, NF) == []
+    with standin_installed():  # the FP8 cases import the platform's FP8 range
+        assert kernel_substitutes.check_functions({"_attention_decode_unfused": decode}, NF) == []
+
+
+def test_decode_substitute_needs_both_kv_scales():
+    kwargs, caches, positions, mask, _ = _decode_case(7)
+    kwargs["attention_mask"] = NF.gen_attention_decode_mask(pos_ids=positions.reshape(1, -1).float(), **mask)
+    with pytest.raises(ValueError, match="k_scale and v_scale go together"):
+        DECODE(K_cache=caches[0], V_cache=caches[1], update_cache=True, **kwargs, k_scale=torch.ones(1))
 
 
 def _segmented_case(generator, kv_heads, block=4, blocks=256):
@@ -185,7 +202,6 @@ def test_decode_substitute_softcap_changes_only_the_scores():
             "max_context_len with dcp_size=2",
             {"dcp_size": 2, "max_context_len": torch.ones(1, dtype=torch.int32)},
         ),
-        ("k_scale", {"k_scale": torch.ones(1), "v_scale": torch.ones(1)}),
         ("fp8_packed", {"fp8_packed": True}),
         ("quantization_type_qkv", {"quantization_type_qkv": "STATIC"}),
         ("K_cache_transposed", {"K_cache_transposed": True}),

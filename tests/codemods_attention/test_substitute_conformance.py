@@ -34,6 +34,21 @@ def test_the_port_validates_with_its_substitutes_checked(gemma2):
     report = validate_model(package, checkpoint, dtype="fp32", steps=4)
     assert report.equivalent, report.summary()
     assert report.settings["kernel_substitutes"] == "checked against the stand-in kernels"
+    # its FP8 KV cache runs through the op-by-op decode's step quantization (refused before)
+    fp8 = [v for v in report.config_variants if v["label"].startswith("kv_cache_dtype=fp8 (")]
+    assert [v["equivalent"] for v in fp8] == [True], fp8
+
+
+def test_an_fp8_cache_written_wrongly_at_prefill_fails_on_the_fp8_run(gemma2, tmp_path):
+    """The prefill's cache write clamps the scaled K to [max, max]: only an
+    FP8 cache takes that branch, which the op-by-op decode refused before."""
+    package, checkpoint = gemma2
+    old = "k_rows = (k_rows * self.k_scale).clamp(-FP8_CLAMP_MAX, FP8_CLAMP_MAX)"
+    report = validate_model(
+        _mutated(package, tmp_path, old, old.replace("(-FP8", "(FP8")), checkpoint, dtype="fp32", steps=4
+    )
+    assert not report.equivalent
+    assert report.summary().startswith("not equivalent: config variant kv_cache_dtype=fp8"), report.summary()
 
 
 @pytest.mark.parametrize(

@@ -112,7 +112,8 @@ def decode_cases(gen_mask: Callable[..., torch.Tensor]) -> Iterator[Case]:
     masks given and built from ``pos_ids`` with a bounded gather, 3-D caches,
     two tokens per sequence, QK norms before and after RoPE, sinks, windows,
     the fused input norm at the kernel's default epsilon with interleaved RoPE
-    and the head-major output, and over a zero-padded hidden size.
+    and the head-major output, over a zero-padded hidden size, and FP8 caches
+    with the step quantized by its scales.
     ``gen_mask`` is the stand-in's ``gen_attention_decode_mask``."""
     variants = ("plain", "qk_norm", "post_rope_qk_norm", "sink", "window", "3d_cache", "two_tokens")
     for variant in variants:
@@ -144,6 +145,23 @@ def decode_cases(gen_mask: Callable[..., torch.Tensor]) -> Iterator[Case]:
     yield Case("fused input norm at the default epsilon, interleaved RoPE, head-major output", kwargs)
     yield _padded_input_norm(gen_mask, 24, "plain")
     yield _padded_input_norm(gen_mask, 2, "two_tokens")
+    yield from _fp8_cache(gen_mask)
+
+
+def _fp8_cache(gen_mask: Callable[..., torch.Tensor]) -> Iterator[Case]:
+    """FP8 caches with the step's K/V quantized by ``k_scale`` and
+    ``v_scale`` (unequal, one a fraction), the cache written and not."""
+    for update in (True, False):
+        kwargs, positions, mask = decode_kwargs(12, "plain")
+        kwargs.update(
+            attention_mask=gen_mask(pos_ids=positions.reshape(1, -1).float(), **mask),
+            update_cache=update,
+            K_cache=kwargs["K_cache"].to(torch.float8_e4m3fn),
+            V_cache=kwargs["V_cache"].to(torch.float8_e4m3fn),
+            k_scale=torch.tensor([2.0]),
+            v_scale=torch.tensor([0.5]),
+        )
+        yield Case(f"FP8 cache with k_scale and v_scale, update_cache {update}", kwargs)
 
 
 def _padded_input_norm(gen_mask: Callable[..., torch.Tensor], width: int, variant: str) -> Case:

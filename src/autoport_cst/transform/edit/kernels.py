@@ -214,22 +214,25 @@ def _attention_decode_unfused(
     ``max_context_len`` bounds the prior slots read. With ``update_cache`` the
     step's K/V go to the slots ``kv_cache_update_idx`` [B, S] (slots outside
     the cache skipped) and the output [B * S, H] is returned; without, the
-    output, K [Dh, B * Nkv, S] and V [B, Nkv, S, Dh]. Decode context
+    output, K [Dh, B * Nkv, S] and V [B, Nkv, S, Dh]. With ``k_scale`` and
+    ``v_scale`` (an FP8 cache) the step's K/V are stored as ``x * scale``,
+    clamped to the platform's FP8 range, in the cache's FP8 format, and the
+    cache is read raw (the dequantization is the caller's, folded into
+    ``softmax_scale`` and ``W_out``). Decode context
     parallelism (``dcp_size`` W over ``dcp_group``) as the kernel does it: each
     rank holds an interleaved share of the context, the rotated queries of the
     group's heads are gathered (the mask is for W times the local heads), each
     rank attends over its share and the partial outputs are merged by their
     log-sum-exp and scattered back by head; with it, ``sink``, ``alibi_slopes``,
-    ``pos_ids`` and ``max_context_len`` are refused by name. FP8 caches,
-    attention data parallelism and the kernel's other options are refused by
-    name.
+    ``pos_ids`` and ``max_context_len`` are refused by name. The packed FP8 K
+    cache, attention data parallelism and the kernel's other options are
+    refused by name.
     """
     refused = [
         name
         for name, value in kernel_options.items()
         if not name.startswith("sbm_") and value is not None and value is not False
     ]
-    refused += [name for name, value in (("k_scale", k_scale), ("v_scale", v_scale)) if value is not None]
     refused += [name for name, value in (("fp8_packed", fp8_packed), ("kv_needs_a2a", kv_needs_a2a)) if value]
     if attention_dp != 1:
         refused.append(f"attention_dp={attention_dp}")
@@ -242,6 +245,8 @@ def _attention_decode_unfused(
         raise NotImplementedError(f"the op-by-op decode attention does not implement {', '.join(refused)}")
     if dcp_size != 1 and (dcp_group is None or dcp_group.world_size != dcp_size):
         raise ValueError(f"dcp_size={dcp_size} needs a dcp_group of that size")
+    if (k_scale is None) != (v_scale is None):
+        raise ValueError("k_scale and v_scale go together")
 
     def rms_norm(x, eps, weight, width=None):
         x32 = x.to(torch.float32)
@@ -287,6 +292,15 @@ def _attention_decode_unfused(
         k = rms_norm(k, rmsnorm_QK_post_rope_eps, rmsnorm_QK_post_rope_W_K)
     if q_scale is not None:
         q = (q * q_scale.reshape(batch, 1, seq, 1)).to(q.dtype)
+    if k_scale is not None:  # an FP8 cache: the step's K/V stored as x * scale in the cache's format
+        from vllm_neuron.utils.dtype_utils import FP8_CLAMP_MAX
+
+        def stored(x, scale, cache):
+            fp8 = cache.dtype if cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else torch.float8_e4m3fn
+            scaled = x.to(torch.float32) * scale.to(torch.float32).reshape(-1)[0]
+            return scaled.clamp(-FP8_CLAMP_MAX, FP8_CLAMP_MAX).to(fp8)
+
+        k, v = stored(k, k_scale, K_cache), stored(v, v_scale, V_cache)
     if dcp_size > 1:
         q = dcp_group.all_gather(q.contiguous(), dim=1)  # the group's heads, this rank's share of the context
 
