@@ -80,6 +80,18 @@ def test_substitute_matches_the_kernel_on_every_conformance_case(name):
             "stored(k, v_scale, K_cache), stored(v, k_scale, V_cache)",
             "FP8 cache with k_scale and v_scale",
         ),
+        (
+            "_attention_decode_unfused",
+            "keep = ((slots >= 0) & (slots < cache_view.shape[0] * block_size))",
+            "keep = ((slots >= 1) & (slots < cache_view.shape[0] * block_size))",
+            "block_0, update_cache True",
+        ),
+        (
+            "_segmented_attention_unfused",
+            "q = q if tp_q else q.transpose(1, 2)",
+            "q = q if tp_q else q.transpose(1, 2).flip(1)",
+            "queries [heads, D, S]",
+        ),
     ],
 )
 def test_a_substitute_wrong_in_a_layout_the_port_never_passes_is_named(name, old, new, case):

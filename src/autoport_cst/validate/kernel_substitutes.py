@@ -84,14 +84,21 @@ def flash_cases() -> Iterator[Case]:
 
 def segmented_cases() -> Iterator[Case]:
     """Chunked prefill over a cached prefix: 4-D caches and one-KV-head 3-D
-    caches, windows and sinks."""
+    caches, windows and sinks, queries ``[heads, S, D]`` with the output
+    ``[heads, D, S]``, and the other way round."""
     generator = torch.Generator().manual_seed(2)
     heads, d, prior, segment, block, blocks = 2, 8, 64, 512, 32, 24
-    for kv_heads, window, sink in ((2, None, False), (2, 64, True), (1, 96, False)):
+    for kv_heads, window, sink, token_first in (
+        (2, None, False, True),
+        (2, 64, True, True),
+        (1, 96, False, True),
+        (2, 64, False, False),
+    ):
         shape = (blocks, kv_heads, block, d) if kv_heads > 1 else (blocks, block, d)
         order = torch.randperm(blocks, generator=generator)[: (prior + segment) // block]
+        q = torch.randn(heads, segment, d, generator=generator)
         kwargs = {
-            "q": torch.randn(heads, segment, d, generator=generator),
+            "q": q if token_first else q.transpose(1, 2).contiguous(),
             "k_cache": torch.randn(*shape, generator=generator),
             "v_cache": torch.randn(*shape, generator=generator),
             "block_tables": order.view(1, -1).to(torch.int32),
@@ -99,23 +106,35 @@ def segmented_cases() -> Iterator[Case]:
             "block_size": block,
             "kv_segment_size": segment,
             "scale": 0.35,
-            "tp_q": True,
-            "tp_out": True,
+            "tp_q": token_first,
+            "tp_out": token_first,
             "sliding_window": window,
             "sink": torch.randn(heads, 1, generator=generator) if sink else None,
         }
-        yield Case(f"{kv_heads} KV heads ({len(shape)}-D caches), window {window}, sink {sink}", kwargs)
+        layout = "" if token_first else ", queries [heads, D, S], output [heads, S, D]"
+        yield Case(
+            f"{kv_heads} KV heads ({len(shape)}-D caches), window {window}, sink {sink}{layout}", kwargs
+        )
 
 
 def decode_cases(gen_mask: Callable[..., torch.Tensor]) -> Iterator[Case]:
     """Decode: the cache written in the kernel and the K/V returned instead,
     masks given and built from ``pos_ids`` with a bounded gather, 3-D caches,
-    two tokens per sequence, QK norms before and after RoPE, sinks, windows,
+    two tokens per sequence, a step written at slot 0, QK norms before and after RoPE, sinks, windows,
     the fused input norm at the kernel's default epsilon with interleaved RoPE
     and the head-major output, over a zero-padded hidden size, and FP8 caches
     with the step quantized by its scales.
     ``gen_mask`` is the stand-in's ``gen_attention_decode_mask``."""
-    variants = ("plain", "qk_norm", "post_rope_qk_norm", "sink", "window", "3d_cache", "two_tokens")
+    variants = (
+        "plain",
+        "qk_norm",
+        "post_rope_qk_norm",
+        "sink",
+        "window",
+        "3d_cache",
+        "two_tokens",
+        "block_0",
+    )
     for variant in variants:
         for update in (True, False):
             kwargs, positions, mask = decode_kwargs(len(variant), variant)
@@ -197,8 +216,10 @@ def decode_kwargs(seed: int, variant: str) -> tuple[dict[str, Any], torch.Tensor
     kv_heads, seq = (1 if variant == "3d_cache" else 2), (2 if variant == "two_tokens" else 1)
     batch, hidden, d, q_heads, block, blocks = 2, 32, 8, 4, 32, 4
     shape = (1 + batch * blocks, kv_heads, block, d) if kv_heads > 1 else (1 + batch * blocks, block, d)
-    table = torch.tensor([[4, 2, 6, 8], [1, 3, 5, 7]], dtype=torch.int32)
-    positions = torch.tensor([[37 + i for i in range(seq)], [90 + i for i in range(seq)]])  # [B, S]
+    # "block_0": the second sequence's step written at slot 0 (block 0 is a block like any other to the kernel)
+    table = torch.tensor([[4, 2, 6, 8], [1, 3, 0 if variant == "block_0" else 5, 7]], dtype=torch.int32)
+    second = 64 if variant == "block_0" else 90
+    positions = torch.tensor([[37 + i for i in range(seq)], [second + i for i in range(seq)]])  # [B, S]
     slots = torch.stack(
         [table[b, positions[b] // block] * block + positions[b] % block for b in range(batch)]
     )
