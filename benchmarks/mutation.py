@@ -72,9 +72,12 @@ Classes:
   under a later test that branch's conjuncts rule out (``mutation_proof_paths``),
   or a removed ``self.A = <parallel-state getter>()`` of an ``__init__`` whose
   class and the classes related to it by inheritance never read ``A``
-  (``mutation_proof_attributes``), or a refusal ``if T: raise`` whose last
-  conjunct's ``or`` became ``and``: the same path on every input the port
-  accepts (``mutation_proof_guards``). Only these are left out of the kill rate.
+  (``mutation_proof_attributes``), or the ``else`` constant of an
+  ``__init__``'s ``self.A = X if C else K`` where every read of ``A`` sits under
+  an ``if`` with ``C`` as a conjunct, ``C`` of attributes stored once before it
+  (``mutation_proof_alternatives``). Only these are left out of the kill rate
+  (a refusal narrowed, ``or`` to ``and`` in an ``if ...: raise``, is not: the
+  mutant runs inputs the port refuses).
 
 Printed per partition: killed, survived, exit 2, timeout and equivalent
 counts, the kill rate over the non-equivalent mutants, and each survivor,
@@ -112,6 +115,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
 from mutation_operators import ANY, IMPORTABLE, POSITIONAL, Mutant, ParsedModule, normalised, parse_mutants  # noqa: E402
+from mutation_proof_alternatives import unread_alternative  # noqa: E402
 from mutation_proof_attributes import unread_group  # noqa: E402
 from mutation_proof_defaults import required_key, transformers_requires, unused_default  # noqa: E402
 from mutation_proof_paths import dead_store  # noqa: E402
@@ -395,8 +399,9 @@ class PortRun:
         """Why the mutant is proved equivalent (``equivalence``, a removed
         loader entry mapping a parameter to its own name: ``mutation_proofs``, or
         a removed store no path reads: ``mutation_proof_paths``, a removed
-        group attribute no instance reads: ``mutation_proof_attributes``), or
-        None. A refusal narrowed (``or`` to ``and`` in an ``if ...: raise``) is
+        group attribute no instance reads: ``mutation_proof_attributes``, a
+        conditional attribute's ``else`` constant no read takes:
+        ``mutation_proof_alternatives``), or None. A refusal narrowed (``or`` to ``and`` in an ``if ...: raise``) is
         not proved: the mutant runs inputs the port refuses."""
         found = self.equivalence(code)
         if found is None and mutant.operator == "stmt":
@@ -409,7 +414,7 @@ class PortRun:
             found = unused_default(self.original, mutant, self.elsewhere()) or required_key(
                 self.original, mutant, self.rope_requires(), self.elsewhere()
             )
-        return found
+        return found or unread_alternative(self.original, code, mutant.line, self.elsewhere())
 
     def elsewhere(self) -> list[str]:
         """The texts that could name one of the port's functions or attributes

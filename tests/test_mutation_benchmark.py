@@ -358,18 +358,21 @@ class MLP(nn.Module):
         super().__init__()
         self.mlp_dp_group = get_neuron_mlp_dp_group()
         self.size = size
+        self.mlp_share_index = size // 2 if self.size > 1 else 0
 
     def forward(self, x, is_prefill):
         tokens = x.shape[0]
         if is_prefill and (tokens <= self.size or tokens % self.size != 0):
             raise ValueError("length")
+        if self.size > 1:
+            x = x + self.mlp_share_index
         return x * self.size
 """
 
 
 def test_the_benchmark_applies_the_group_proof_and_no_refusal_proof(mutation, operators, tmp_path):
     """PortRun.proof reaches mutation_proof_attributes (with the stand-in's
-    parallel-state getters); a refusal narrowed or widened is not proved
+    parallel-state getters) and mutation_proof_alternatives; a refusal narrowed or widened is not proved
     equivalent (the narrowed one runs inputs the port refuses: on the
     device, a collective over a length the TP size does not divide)."""
     assert {"get_neuron_mlp_dp_group", "get_tp_group"} <= mutation.group_getters()
@@ -383,3 +386,6 @@ def test_the_benchmark_applies_the_group_proof_and_no_refusal_proof(mutation, op
     assert "no instance of MLP reads mlp_dp_group" in run.proof(removed, run.parsed.mutated(removed))
     assert run.proof(narrowed, run.parsed.mutated(narrowed)) is None
     assert run.equivalence(run.parsed.mutated(widened)) is None
+    alternative = next(k for k in by_key if k.startswith("const@10:") and k.endswith(":0 -> 1"))
+    proof = run.proof(by_key[alternative], run.parsed.mutated(by_key[alternative]))
+    assert "every read of it runs under `if self.size > 1`" in proof
