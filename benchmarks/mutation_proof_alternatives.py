@@ -13,8 +13,10 @@ read of ``A`` runs only where ``C`` is true:
   as a conjunct (the same expression, ``self`` named alike), with no function,
   lambda or class between the read and that ``if``; no class of the module
   names ``D`` among its bases; no string of the module is ``"A"``, the module
-  reads no ``__dict__`` and calls no ``vars``, and the package's other files
-  and the stand-in (``elsewhere``) never name ``A``;
+  reads no ``__dict__``, calls no ``vars`` and names attributes (``getattr``,
+  ``setattr``, ...) only by string literals or by a ``for`` loop's variable
+  over string literals, and the package's other files and the stand-in
+  (``elsewhere``) never name ``A``;
 - ``C`` is built of comparisons, ``not``, ``and``, constants and attributes
   ``self.X``, and each such ``X`` is stored once in the module, by a statement
   of the same ``__init__``'s body before ``line``, named by no string of the
@@ -34,6 +36,7 @@ from collections.abc import Iterable
 from mutation_proof_paths import _conjuncts
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+_BY_NAME = {"getattr", "setattr", "delattr", "hasattr"}
 _CONDITION_NODES = (
     ast.Compare,
     ast.UnaryOp,
@@ -60,7 +63,7 @@ def unread_alternative(code: str, mutated: str, line: int, elsewhere: Iterable[s
     this = init.args.args[0].arg
     attribute = store.targets[0].attr
     condition = store.value.test
-    if not _stable(condition, this, init, store, tree, elsewhere):
+    if not _stable(condition, this, init, store, tree, elsewhere) or _reflective(tree, parents):
         return None
     if not _read_only_under(attribute, condition, cls, store, tree, parents, elsewhere):
         return None
@@ -148,7 +151,7 @@ def _read_only_under(
     parents,
     elsewhere,
 ) -> bool:
-    if _named(attribute, tree, elsewhere, stores_only=False) or _reflective(tree):
+    if _named(attribute, tree, elsewhere, stores_only=False):
         return False
     if any(isinstance(c, ast.ClassDef) and any(_names(b, cls.name) for b in c.bases) for c in ast.walk(tree)):
         return False
@@ -192,16 +195,44 @@ def _names(node: ast.expr, name: str) -> bool:
     )
 
 
-def _reflective(tree: ast.Module) -> bool:
+def _reflective(tree: ast.Module, parents: dict) -> bool:
+    """Whether the module reads ``__dict__``, calls ``vars``, or names an
+    attribute by a computed string (``getattr``/``setattr``/``delattr``/``hasattr``
+    with a name other than a string literal or a ``for`` loop's variable over
+    string literals)."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr == "__dict__":
             return True
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id in {"vars", "setattr"}
-        ):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+            continue
+        if node.func.id == "vars":
             return True
+        if node.func.id in _BY_NAME and not (len(node.args) > 1 and _literal_name(node.args[1], parents)):
+            return True
+    return False
+
+
+def _literal_name(name: ast.expr, parents: dict) -> bool:
+    """A string literal, or the variable of an enclosing ``for`` over string
+    literals that its body never binds."""
+    if isinstance(name, ast.Constant):
+        return isinstance(name.value, str)
+    if not isinstance(name, ast.Name):
+        return False
+    node = parents.get(name)
+    while node is not None and not isinstance(node, _SCOPES):
+        if isinstance(node, ast.For) and isinstance(node.target, ast.Name) and node.target.id == name.id:
+            literals = isinstance(node.iter, (ast.Tuple, ast.List)) and all(
+                isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.iter.elts
+            )
+            bound = [
+                n
+                for b in node.body
+                for n in ast.walk(b)
+                if isinstance(n, ast.Name) and n.id == name.id and not _loads(n)
+            ]
+            return literals and not bound
+        node = parents.get(node)
     return False
 
 

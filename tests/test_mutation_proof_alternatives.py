@@ -2,7 +2,8 @@
 ``__init__``'s ``self.A = X if C else K`` that every read of ``A`` guards with
 ``C`` is proved equivalent, and each near miss (a read outside the guard or in
 its ``else``, in a lambda, by another class or object, by name, by another
-file; ``C`` of an attribute stored again or after; another change beside it)
+file, by a computed name; ``C`` of an attribute stored again or after; another change
+beside it)
 is not."""
 
 from __future__ import annotations
@@ -103,3 +104,16 @@ def test_another_change_or_a_non_constant_is_not_proved():
     assert unread_alternative(PORT, both, line, []) is None
     then_changed = PORT.replace("group.rank // 2 if", "group.rank // 3 if")
     assert unread_alternative(PORT, then_changed, line, []) is None
+
+
+def test_attributes_named_by_literals_only_are_proved_and_computed_names_are_not():
+    loader = (
+        '\n\ndef load(model, value):\n    for name in ("k_scale", "v_scale"):\n'
+        "        setattr(model.attn, name, value)\n"
+    )
+    assert _proof(PORT + loader) is not None
+    computed = '\n\ndef read(model, prefix):\n    return getattr(model.attn, prefix + "_idx")\n'
+    assert _proof(PORT + computed) is None
+    rebound = loader.replace("        setattr", "        name = name.upper()\n        setattr")
+    assert _proof(PORT + rebound) is None
+    assert _proof(PORT + "\n\ndef state(model):\n    return vars(model.attn)\n") is None
