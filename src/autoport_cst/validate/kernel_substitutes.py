@@ -247,20 +247,11 @@ def decode_kwargs(seed: int, variant: str) -> tuple[dict[str, Any], torch.Tensor
 def _decode_variant(variant: str, kwargs: dict[str, Any], q_heads: int) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(11)
     d = kwargs["cos"].shape[0] * 2
-    if variant == "qk_norm":
-        return {
-            "rmsnorm_QK_pre_rope_enabled": True,
-            "rmsnorm_QK_pre_rope_eps": 1e-6,
-            "rmsnorm_QK_pre_rope_W_Q": torch.randn(1, d, generator=generator),
-            "rmsnorm_QK_pre_rope_W_K": torch.randn(1, d, generator=generator),
-        }
-    if variant == "post_rope_qk_norm":
-        return {
-            "rmsnorm_QK_post_rope_enabled": True,
-            "rmsnorm_QK_post_rope_eps": 1e-5,
-            "rmsnorm_QK_post_rope_W_Q": torch.randn(1, d, generator=generator),
-            "rmsnorm_QK_post_rope_W_K": torch.randn(1, d, generator=generator),
-        }
+    if variant in ("qk_norm", "post_rope_qk_norm"):
+        stage, eps = ("pre", 1e-6) if variant == "qk_norm" else ("post", 1e-5)
+        prefix = f"rmsnorm_QK_{stage}_rope"
+        w_q, w_k = torch.randn(1, d, generator=generator), torch.randn(1, d, generator=generator)
+        return {f"{prefix}_enabled": True, f"{prefix}_eps": eps, f"{prefix}_W_Q": w_q, f"{prefix}_W_K": w_k}
     if variant == "sink":
         return {"sink": torch.randn(q_heads, 1, generator=generator)}
     return {}
