@@ -33,7 +33,8 @@ import ast
 import re
 from collections.abc import Iterable
 
-from mutation_proof_paths import _conjuncts
+from mutation_proof_paths import _conjuncts, stored_elsewhere
+from mutation_proofs import _parsed
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 _BY_NAME = {"getattr", "setattr", "delattr", "hasattr"}
@@ -53,10 +54,9 @@ _CONDITION_NODES = (
 
 def unread_alternative(code: str, mutated: str, line: int, elsewhere: Iterable[str]) -> str | None:
     """Why the mutant ``mutated`` of ``code`` (changed at ``line``) is equivalent, or None."""
-    tree, changed = ast.parse(code), ast.parse(mutated)
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    tree, parents = _parsed(code)  # shared with the other proofs: left as it was found
     store = _store_at(tree, line, parents)
-    if store is None or not _only_the_alternative_differs(tree, changed, line):
+    if store is None or not _only_the_alternative_differs(tree, ast.parse(mutated), line):
         return None
     init = parents[store]
     cls = parents[init]
@@ -242,9 +242,6 @@ def _named(name: str, tree: ast.Module, elsewhere: Iterable[str], stores_only: b
     if any(isinstance(n, ast.Constant) and n.value == name for n in ast.walk(tree)):
         return True
     if stores_only:
-        pattern = re.compile(
-            rf"\.{re.escape(name)}\s*(?:[-+*/%&|^@]|//|\*\*|<<|>>)?=(?!=)|[\"']{re.escape(name)}[\"']"
-        )
-    else:
-        pattern = re.compile(rf"\b{re.escape(name)}\b")
+        return stored_elsewhere(name, elsewhere)
+    pattern = re.compile(rf"\b{re.escape(name)}\b")
     return any(pattern.search(text) for text in elsewhere)

@@ -169,10 +169,16 @@ def _set_in_init_only(attribute: str, tree: ast.Module, elsewhere: Iterable[str]
                 scope = parents.get(scope)
             if scope is None or scope.name != "__init__":
                 return False
+    return not stored_elsewhere(attribute, elsewhere)
+
+
+def stored_elsewhere(attribute: str, elsewhere: Iterable[str]) -> bool:
+    """Whether a text of ``elsewhere`` stores ``.attribute`` (plainly or
+    augmented) or names it as a string."""
     stored = re.compile(
         rf"\.{re.escape(attribute)}\s*(?:[-+*/%&|^@]|//|\*\*|<<|>>)?=(?!=)|[\"']{re.escape(attribute)}[\"']"
     )
-    return not any(stored.search(text) for text in elsewhere)
+    return any(stored.search(text) for text in elsewhere)
 
 
 def _unreachable(
