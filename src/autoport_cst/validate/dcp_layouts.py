@@ -100,20 +100,17 @@ def dcp_runs(
     if declared is None:
         return []
     layouts = DCP_LAYOUTS if declared[1] else (DECODE,)
-    runs: list[tuple[str, Callable[[], Any]]] = [
-        (label, functools.partial(_run, validate_on, checkpoint, options, heads, stand_ins))
+    variants: list[tuple[str, dict[str, Any] | None]] = [("", None)]
+    if _mixes_layer_types(checkpoint):
+        variants.append((", every layer full attention", {"layer_types": [FULL_ATTENTION]}))
+    return [
+        (
+            f"{label}{suffix}",
+            functools.partial(_run, validate_on, checkpoint, options, heads, stand_ins, edits),
+        )
+        for suffix, edits in variants
         for label, options, heads in layouts
     ]
-    if _mixes_layer_types(checkpoint):
-        edits = {"layer_types": [FULL_ATTENTION]}
-        runs += [
-            (
-                f"{label}, every layer full attention",
-                functools.partial(_run, validate_on, checkpoint, options, heads, stand_ins, edits),
-            )
-            for label, options, heads in layouts
-        ]
-    return runs
 
 
 def _run(

@@ -156,9 +156,7 @@ def decode_cases(gen_mask: Callable[..., torch.Tensor]) -> Iterator[Case]:
         )
         yield Case(f"mask from pos_ids, bounded gather, window {window}", kwargs)
     kwargs, positions, mask = decode_kwargs(5, "plain")
-    kwargs.update(
-        attention_mask=gen_mask(pos_ids=positions.reshape(1, -1).float(), **mask), update_cache=True
-    )
+    kwargs.update(attention_mask=_position_mask(gen_mask, positions, mask), update_cache=True)
     kwargs.update(rmsnorm_X_enabled=True, rmsnorm_X_gamma=torch.randn(1, 32))  # the kernel's epsilon
     kwargs.update(rope_contiguous_layout=False, W_out=None, bias_out=None)
     yield Case("fused input norm at the default epsilon, interleaved RoPE, head-major output", kwargs)
@@ -167,13 +165,20 @@ def decode_cases(gen_mask: Callable[..., torch.Tensor]) -> Iterator[Case]:
     yield from _fp8_cache(gen_mask)
 
 
+def _position_mask(
+    gen_mask: Callable[..., torch.Tensor], positions: torch.Tensor, mask: dict
+) -> torch.Tensor:
+    """The causal decode mask of ``positions`` [B, S] with ``decode_kwargs``' sizes ``mask``."""
+    return gen_mask(pos_ids=positions.reshape(1, -1).float(), **mask)
+
+
 def _fp8_cache(gen_mask: Callable[..., torch.Tensor]) -> Iterator[Case]:
     """FP8 caches with the step's K/V quantized by ``k_scale`` and
     ``v_scale`` (unequal, one a fraction), the cache written and not."""
     for update in (True, False):
         kwargs, positions, mask = decode_kwargs(12, "plain")
         kwargs.update(
-            attention_mask=gen_mask(pos_ids=positions.reshape(1, -1).float(), **mask),
+            attention_mask=_position_mask(gen_mask, positions, mask),
             update_cache=update,
             K_cache=kwargs["K_cache"].to(torch.float8_e4m3fn),
             V_cache=kwargs["V_cache"].to(torch.float8_e4m3fn),
@@ -194,7 +199,7 @@ def _padded_input_norm(gen_mask: Callable[..., torch.Tensor], width: int, varian
     kwargs["X"][..., width:] = 0.0
     gamma = torch.randn(1, 32, generator=torch.Generator().manual_seed(6))
     kwargs.update(
-        attention_mask=gen_mask(pos_ids=positions.reshape(1, -1).float(), **mask),
+        attention_mask=_position_mask(gen_mask, positions, mask),
         update_cache=True,
         rmsnorm_X_enabled=True,
         rmsnorm_X_eps=1e-5,
